@@ -1,0 +1,8 @@
+"""Command-line entry point (placeholder until its issue lands)."""
+
+import click
+
+
+@click.group()
+def main() -> None:
+    """helios-serve."""
