@@ -1,0 +1,1 @@
+"""Data-only types that cross the boundary between scheduler, worker and runtime."""

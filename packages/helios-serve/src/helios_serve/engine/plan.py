@@ -1,0 +1,129 @@
+"""Step plans: what the scheduler asks the runtime to execute in one graph launch.
+
+The scheduler produces a `StepPlan`; shared packing (helios_serve.runtime.packing)
+resolves the contract's value bindings from it; the backend executes one graph
+variant and returns the completion record (sampled ids per plan row). Plans are
+plain data (STYLE.md item 2): the scheduler never sees buffers, the runtime never
+sees the allocator's lists.
+
+Index spaces: `RowPlan.slot` is a physical request row (0 <= slot < geometry.slots);
+the position of a row in `StepPlan.rows` is its submission row.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class StepKind(enum.Enum):
+    """Which captured operation a step runs."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling parameters after defaults are applied.
+
+    temperature 0 selects greedy decoding; top_k 0, top_p 1, min_p 0,
+    penalties 0 (presence/frequency) and 1 (repetition) disable each filter.
+    seed is 64 bits; the worker draws one for requests that give none.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """One request lane of a step.
+
+    Attributes:
+        request_id: scheduler-internal id (never leaves the process).
+        slot: physical request row owning the page table and histogram row.
+        generation: slot generation; bumps each time the slot is reassigned.
+        tokens: token ids fed this step: a prefill chunk, or [pending token] for decode.
+        start_position: position (tokens) of tokens[0] in the request's sequence.
+        page_ids: the slot's full page list covering positions
+            [0, start_position + len(tokens)); page i holds positions
+            [i * page_tokens, (i + 1) * page_tokens).
+        sample: whether the sampled token is used (final prefill chunk, decode);
+            when False the histogram is not updated.
+        sampling: the request's sampling parameters.
+        histogram_tokens: set on the step that first places this request in its
+            slot (admission or readmission): the tokens whose counts initialize the
+            slot's histogram row (the prompt, plus output already generated on
+            readmission). None otherwise.
+        grammar_mask: int32 [mask_words] bitmask for a constrained row, else None.
+    """
+
+    request_id: int
+    slot: int
+    generation: int
+    tokens: tuple[int, ...]
+    start_position: int
+    page_ids: tuple[int, ...]
+    sample: bool
+    sampling: SamplingParams
+    histogram_tokens: tuple[int, ...] | None = None
+    grammar_mask: np.ndarray | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One graph launch: a PREFILL over packed chunks or a DECODE over rows.
+
+    Prefill packs every row's tokens back to back in row order (packed-token
+    index space); its total must fit one captured prefill token capacity and its
+    row count the prefill row capacity. Decode rows carry exactly one token each
+    and must fit one captured decode batch capacity.
+    """
+
+    kind: StepKind
+    rows: tuple[RowPlan, ...]
+
+    @property
+    def token_count(self) -> int:
+        """Packed tokens of the step."""
+        return sum(len(r.tokens) for r in self.rows)
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """Execution geometry the scheduler plans against (NativeModel.manifests).
+
+    Attributes:
+        page_tokens: tokens per page (CacheContract.page_tokens).
+        num_pages: physical pages backed at load.
+        slots: physical request rows (page-table and histogram rows).
+        max_pages_per_request: page-table width; context limit = this * page_tokens.
+        decode_capacities: captured decode batch capacities, ascending.
+        prefill_token_capacities: captured prefill packed-token capacities, ascending.
+        prefill_row_capacity: request rows of each prefill variant.
+        context_tokens: largest prompt + output of one request.
+        vocab_size: sampled vocabulary size.
+        mask_words: int32 words per grammar mask row.
+        eos_token_ids: ids that end generation.
+    """
+
+    page_tokens: int
+    num_pages: int
+    slots: int
+    max_pages_per_request: int
+    decode_capacities: tuple[int, ...]
+    prefill_token_capacities: tuple[int, ...]
+    prefill_row_capacity: int
+    context_tokens: int
+    vocab_size: int
+    mask_words: int
+    eos_token_ids: tuple[int, ...]
