@@ -1,0 +1,51 @@
+"""NumPy reference kernels: the CPU backend's ops and the oracle for the GPU kernels.
+
+Every op writes its outputs in place and takes arrays first, then scalars, exactly as the
+GPU kernel of the same name (see ``KERNEL_PARAMS``). Activations and caches are float32;
+index buffers are int32; a token with ``token_row < 0`` or a row with ``slot < 0`` is
+padding and writes no cache, histogram or completion.
+"""
+
+from .attention import attention_decode, attention_prefill
+from .cache import kv_write
+from .elementwise import add, silu_mul
+from .embedding import embedding, gather_last
+from .linear import linear
+from .norm import add_rmsnorm, rmsnorm
+from .registry import (
+    DTYPES,
+    KERNEL_PARAMS,
+    REFERENCE_OPS,
+    ParamSpec,
+    check_launch,
+    kernel_params,
+    reference_op,
+)
+from .rng import philox4x32_10, philox_uniform
+from .rope import rope
+from .sampling import grammar_mask_words, sample
+
+__all__ = [
+    "DTYPES",
+    "KERNEL_PARAMS",
+    "REFERENCE_OPS",
+    "ParamSpec",
+    "add",
+    "add_rmsnorm",
+    "attention_decode",
+    "attention_prefill",
+    "check_launch",
+    "embedding",
+    "gather_last",
+    "grammar_mask_words",
+    "kernel_params",
+    "kv_write",
+    "linear",
+    "philox4x32_10",
+    "philox_uniform",
+    "reference_op",
+    "rmsnorm",
+    "rope",
+    "sample",
+    "silu_mul",
+]

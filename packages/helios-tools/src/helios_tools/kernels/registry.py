@@ -1,0 +1,176 @@
+"""The kernel table: each op's exact parameter list and its NumPy reference.
+
+A launch record names an op and passes its arguments in ``KERNEL_PARAMS[op]`` order:
+buffers (device pointers on the GPU; NumPy views on the CPU) first, then scalars. Program
+capture and both backends check launches against this table with ``check_launch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from .attention import attention_decode, attention_prefill
+from .cache import kv_write
+from .elementwise import add, silu_mul
+from .embedding import embedding, gather_last
+from .linear import linear
+from .norm import add_rmsnorm, rmsnorm
+from .rope import rope
+from .sampling import sample
+
+ParamKind = Literal["buffer", "i32", "f32"]
+Direction = Literal["in", "out", "inout"]
+
+
+class ParamSpec(NamedTuple):
+    """One kernel parameter.
+
+    Attributes:
+        name: parameter name, as in the reference function.
+        kind: ``"buffer"`` (array / device pointer) or a scalar kind ``"i32"`` / ``"f32"``.
+        dtype: element dtype of a buffer (``"f32"``, ``"i32"``, ``"u32"``); None for scalars.
+        direction: ``"in"``, ``"out"`` or ``"inout"`` (scalars are always ``"in"``).
+    """
+
+    name: str
+    kind: ParamKind
+    dtype: str | None
+    direction: Direction
+
+
+DTYPES: dict[str, np.dtype] = {
+    "f32": np.dtype(np.float32),
+    "i32": np.dtype(np.int32),
+    "u32": np.dtype(np.uint32),
+}
+
+
+def _b(name: str, dtype: str, direction: Direction = "in") -> ParamSpec:
+    return ParamSpec(name, "buffer", dtype, direction)
+
+
+def _i(*names: str) -> tuple[ParamSpec, ...]:
+    return tuple(ParamSpec(n, "i32", None, "in") for n in names)
+
+
+def _f(*names: str) -> tuple[ParamSpec, ...]:
+    return tuple(ParamSpec(n, "f32", None, "in") for n in names)
+
+
+KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
+    "embedding": (_b("ids", "i32"), _b("table", "f32"), _b("out", "f32", "out"), *_i("T", "D")),
+    "rmsnorm": (
+        _b("x", "f32"), _b("weight", "f32"), _b("out", "f32", "out"),
+        *_i("T", "D"), *_f("eps"),
+    ),
+    "add_rmsnorm": (
+        _b("x", "f32"), _b("residual", "f32", "inout"), _b("weight", "f32"),
+        _b("out", "f32", "out"), *_i("T", "D"), *_f("eps"),
+    ),
+    "linear": (_b("x", "f32"), _b("weight", "f32"), _b("out", "f32", "out"), *_i("T", "N", "K")),
+    "rope": (
+        _b("qkv", "f32", "inout"), _b("positions", "i32"), _b("inv_freq", "f32"),
+        *_i("T", "H", "KVH", "HD"),
+    ),
+    "kv_write": (
+        _b("qkv", "f32"), _b("positions", "i32"), _b("token_row", "i32"), _b("slot", "i32"),
+        _b("page_table", "i32"), _b("k_cache", "f32", "inout"), _b("v_cache", "f32", "inout"),
+        *_i("T", "R", "MP", "PT", "H", "KVH", "HD"),
+    ),
+    "attention_prefill": (
+        _b("qkv", "f32"), _b("positions", "i32"), _b("token_row", "i32"), _b("slot", "i32"),
+        _b("page_table", "i32"), _b("k_cache", "f32"), _b("v_cache", "f32"),
+        _b("out", "f32", "out"),
+        *_i("T", "R", "MP", "PT", "H", "KVH", "HD"), *_f("scale"),
+    ),
+    "attention_decode": (
+        _b("qkv", "f32"), _b("positions", "i32"), _b("slot", "i32"), _b("page_table", "i32"),
+        _b("k_cache", "f32"), _b("v_cache", "f32"), _b("out", "f32", "out"),
+        *_i("B", "MP", "PT", "H", "KVH", "HD"), *_f("scale"),
+    ),
+    "silu_mul": (_b("gate_up", "f32"), _b("out", "f32", "out"), *_i("T", "F")),
+    "add": (_b("a", "f32"), _b("b", "f32"), _b("out", "f32", "out"), *_i("T", "D")),
+    "gather_last": (
+        _b("x", "f32"), _b("query_length", "i32"), _b("out", "f32", "out"), *_i("T", "R", "D"),
+    ),
+    "sample": (
+        _b("logits", "f32"), _b("slot", "i32"), _b("positions", "i32"),
+        _b("sampling_decision", "i32"), _b("seed", "u32"), _b("temperature", "f32"),
+        _b("top_p", "f32"), _b("top_k", "i32"), _b("min_p", "f32"), _b("presence", "f32"),
+        _b("frequency", "f32"), _b("repetition", "f32"), _b("histogram", "i32", "inout"),
+        _b("grammar_mask", "i32"), _b("use_mask", "i32"), _b("sampled", "i32", "out"),
+        *_i("R", "V", "W32"),
+    ),
+}  # fmt: skip
+
+REFERENCE_OPS: dict[str, Callable[..., None]] = {
+    "embedding": embedding,
+    "rmsnorm": rmsnorm,
+    "add_rmsnorm": add_rmsnorm,
+    "linear": linear,
+    "rope": rope,
+    "kv_write": kv_write,
+    "attention_prefill": attention_prefill,
+    "attention_decode": attention_decode,
+    "silu_mul": silu_mul,
+    "add": add,
+    "gather_last": gather_last,
+    "sample": sample,
+}
+
+
+def kernel_params(op: str) -> tuple[ParamSpec, ...]:
+    """The parameter list of ``op``.
+
+    Raises:
+        KeyError: for an unknown op, listing the known ones.
+    """
+    try:
+        return KERNEL_PARAMS[op]
+    except KeyError:
+        raise KeyError(f"unknown kernel op {op!r}; known ops: {', '.join(KERNEL_PARAMS)}") from None
+
+
+def reference_op(op: str) -> Callable[..., None]:
+    """The NumPy reference implementation of ``op``.
+
+    Raises:
+        KeyError: for an unknown op, listing the known ones.
+    """
+    kernel_params(op)
+    return REFERENCE_OPS[op]
+
+
+def check_launch(op: str, args: Sequence[Any]) -> None:
+    """Check a launch's arguments against ``KERNEL_PARAMS[op]``.
+
+    Buffers must be NumPy arrays of the declared dtype (or, for capture, any object with a
+    ``dtype`` attribute that compares equal); ``i32`` scalars must be integers and ``f32``
+    scalars real numbers.
+
+    Raises:
+        KeyError: for an unknown op.
+        TypeError: on a wrong argument count, kind or dtype (names the parameter).
+    """
+    params = kernel_params(op)
+    if len(args) != len(params):
+        raise TypeError(f"{op}: expected {len(params)} arguments, got {len(args)}")
+    for spec, arg in zip(params, args, strict=True):
+        if spec.kind == "buffer":
+            dtype = getattr(arg, "dtype", None)
+            if dtype is None or np.dtype(dtype) != DTYPES[spec.dtype]:
+                raise TypeError(f"{op}.{spec.name}: expected a {spec.dtype} buffer, got {dtype}")
+        elif spec.kind == "i32":
+            if isinstance(arg, bool) or not isinstance(arg, (int, np.integer)):
+                raise TypeError(f"{op}.{spec.name}: expected an i32 scalar, got {arg!r}")
+            if not -(2**31) <= int(arg) < 2**31:
+                raise TypeError(f"{op}.{spec.name}: {arg} does not fit in i32")
+        elif isinstance(arg, bool) or not isinstance(arg, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{op}.{spec.name}: expected an f32 scalar, got {arg!r}")
+
+
+# The table and the implementations must name the same ops.
+assert REFERENCE_OPS.keys() == KERNEL_PARAMS.keys()

@@ -1,0 +1,196 @@
+"""Token sampling: penalties, grammar mask, temperature, top-k/top-p/min-p, seeded draw.
+
+Invariant: a row's token depends only on that row's inputs (logits, histogram row, seed,
+position, parameters), never on its batch neighbours or its row index, because every random
+number is Philox(seed, position, token id) and the draw is an exponential race
+(Gumbel-max): ``argmax_i log p_i - log(-log u_i)`` samples ``i`` with probability ``p_i``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .rng import philox_uniform
+
+_BITS = np.arange(32, dtype=np.uint32)
+
+
+def grammar_mask_words(V: int) -> int:
+    """Number of 32-bit words in one row of the allowed-token bitmask: ``ceil(V / 32)``."""
+    return (V + 31) // 32
+
+
+def _allowed(words: NDArray[np.int32], V: int) -> NDArray[np.bool_]:
+    # bit j % 32 of word j // 32 set <=> token j allowed
+    w = words.view(np.uint32)
+    return (((w[:, None] >> _BITS[None, :]) & np.uint32(1)) != 0).reshape(-1)[:V]
+
+
+def _top_k(z: NDArray[np.float32], k: int) -> NDArray[np.int64]:
+    """Ascending ids of the k largest logits; ties at the boundary keep lower ids."""
+    kth = np.partition(z, z.size - k)[z.size - k]
+    above = np.flatnonzero(z > kth)
+    tied = np.flatnonzero(z == kth)[: k - above.size]
+    return np.sort(np.concatenate([above, tied]))
+
+
+def _sample_row(
+    z: NDArray[np.float32],
+    counts: NDArray[np.int32],
+    seed_lo: int,
+    seed_hi: int,
+    position: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    presence: float,
+    frequency: float,
+    repetition: float,
+    allowed: NDArray[np.bool_] | None,
+) -> int:
+    """One row of ``sample``; ``z`` is a private f32 copy that may be modified."""
+    if repetition != 1.0 or frequency != 0.0 or presence != 0.0:
+        seen = counts > 0
+        if repetition != 1.0:
+            rep = np.float32(repetition)
+            z = np.where(seen, np.where(z > 0, z / rep, z * rep), z)
+        if frequency != 0.0:
+            z = z - np.float32(frequency) * counts.astype(np.float32)
+        if presence != 0.0:
+            z = z - np.float32(presence) * seen.astype(np.float32)
+    if allowed is not None:
+        z = np.where(allowed, z, np.float32(-np.inf))
+    best = int(np.argmax(z))
+    # Greedy, and the degenerate row whose every token is masked (token 0, like argmax).
+    if temperature <= 0.0 or not np.isfinite(z[best]):
+        return best
+    z = z / np.float32(temperature)
+    V = z.size
+    if 0 < top_k < V:
+        cand = _top_k(z, top_k)
+        zc = z[cand]
+    else:
+        cand = np.arange(V)
+        zc = z
+    with np.errstate(under="ignore"):
+        p = np.exp(zc - zc.max())
+    p /= p.sum(dtype=np.float32)
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")  # descending, ties by lower id (cand ascending)
+        cum = np.cumsum(p[order], dtype=np.float32)
+        n = min(int(np.searchsorted(cum, np.float32(top_p), side="left")) + 1, order.size)
+        keep = np.sort(order[:n])
+        cand, p = cand[keep], p[keep]
+    if min_p > 0.0:
+        keep = p >= np.float32(min_p) * p.max()
+        cand, p = cand[keep], p[keep]
+    u = philox_uniform(seed_lo, seed_hi, position, cand)
+    with np.errstate(divide="ignore"):  # p may underflow to 0 -> -inf, never chosen
+        race = np.log(p.astype(np.float64)) - np.log(-np.log(u))
+    return int(cand[int(np.argmax(race))])
+
+
+def sample(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    positions: NDArray[np.int32],
+    sampling_decision: NDArray[np.int32],
+    seed: NDArray[np.uint32],
+    temperature: NDArray[np.float32],
+    top_p: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    min_p: NDArray[np.float32],
+    presence: NDArray[np.float32],
+    frequency: NDArray[np.float32],
+    repetition: NDArray[np.float32],
+    histogram: NDArray[np.int32],
+    grammar_mask: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    sampled: NDArray[np.int32],
+    R: int,
+    V: int,
+    W32: int,
+) -> None:
+    """Sample one token per request row and count it in the row's histogram.
+
+    Reference loop (per row; every step in this order)::
+
+        for r in range(R):
+            s = slot[r]
+            if s < 0:
+                sampled[r] = -1; continue                 # padding writes nothing else
+            l = logits[r].copy(); c = histogram[s]
+            for i in range(V):                             # penalties (c counts prompt+output)
+                if c[i] > 0 and repetition[r] != 1:
+                    l[i] = l[i] / repetition[r] if l[i] > 0 else l[i] * repetition[r]
+                l[i] -= frequency[r] * c[i]
+                l[i] -= presence[r] * (c[i] > 0)
+                if use_mask[r] and not (grammar_mask[r, i // 32] >> (i % 32)) & 1:
+                    l[i] = -inf
+            if temperature[r] <= 0:
+                tok = argmax(l)                            # first index on ties
+            else:
+                l /= temperature[r]
+                if top_k[r] > 0: keep the top_k[r] largest l (ties: lower ids)
+                p = softmax(l over kept)
+                if top_p[r] < 1: keep the shortest prefix of kept ids sorted by p
+                                 descending (ties: lower id) whose sum >= top_p[r] (>= 1 id)
+                if min_p[r] > 0: drop kept ids with p < min_p[r] * max(p)
+                tok = argmax over kept i of
+                      log(p[i]) - log(-log(philox_u(seed[r], positions[r], i)))
+            sampled[r] = tok
+            if sampling_decision[r] != 0:
+                histogram[s, tok] += 1
+
+    ``philox_u`` is ``rng.philox_uniform``: Philox4x32-10 with key ``(seed[r,0], seed[r,1])``,
+    counter ``(i, positions[r], 0, 0)``, word 0 mapped to ``((x0 >> 8) + 0.5) * 2**-24``.
+    The race is evaluated in float64; the probabilities are f32. A row whose every token is
+    masked samples ``argmax`` (token 0).
+
+    Args:
+        logits: ``[R, V]`` f32 (submission rows).
+        slot: ``[R]`` i32 physical request row, < 0 for padding.
+        positions: ``[R]`` i32 position of the token being sampled (RNG counter word 1).
+        sampling_decision: ``[R]`` i32, nonzero to count the token in ``histogram``.
+        seed: ``[R, 2]`` u32 (lo, hi) Philox key.
+        temperature: ``[R]`` f32, <= 0 means greedy.
+        top_p: ``[R]`` f32, >= 1 disables.
+        top_k: ``[R]`` i32, <= 0 disables.
+        min_p: ``[R]`` f32, <= 0 disables.
+        presence: ``[R]`` f32 presence penalty.
+        frequency: ``[R]`` f32 frequency penalty.
+        repetition: ``[R]`` f32 repetition penalty, 1 disables.
+        histogram: ``[S, V]`` i32 token counts per physical request row, updated in place.
+        grammar_mask: ``[R, W32]`` i32 allowed-token bitmask.
+        use_mask: ``[R]`` i32, nonzero to apply ``grammar_mask``.
+        sampled: ``[R]`` i32, written.
+        R: submission rows.
+        V: vocabulary size.
+        W32: mask words per row, ``grammar_mask_words(V)``.
+    """
+    for r in range(R):
+        s = int(slot[r])
+        if s < 0:
+            sampled[r] = -1
+            continue
+        allowed = _allowed(grammar_mask[r, :W32], V) if use_mask[r] else None
+        tok = _sample_row(
+            logits[r, :V].astype(np.float32, copy=True),
+            histogram[s, :V],
+            int(seed[r, 0]),
+            int(seed[r, 1]),
+            int(positions[r]),
+            float(temperature[r]),
+            float(top_p[r]),
+            int(top_k[r]),
+            float(min_p[r]),
+            float(presence[r]),
+            float(frequency[r]),
+            float(repetition[r]),
+            allowed,
+        )
+        sampled[r] = tok
+        if sampling_decision[r] != 0:
+            histogram[s, tok] += 1
