@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from helios_contract._gen.helios.v1 import contract_pb2 as helios_dot_v1_dot_contract__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18helios/v1/manifest.proto\x12\thelios.v1\x1a\x18helios/v1/contract.proto\"\xcc\x01\n\x11\x45xecutionManifest\x12\x0b\n\x03\x61\x62i\x18\x01 \x01(\t\x12\"\n\x07\x62uffers\x18\x02 \x03(\x0b\x32\x11.helios.v1.Buffer\x12\"\n\x07kernels\x18\x03 \x03(\x0b\x32\x11.helios.v1.Kernel\x12\'\n\x06graphs\x18\x04 \x03(\x0b\x32\x17.helios.v1.GraphProgram\x12(\n\x06tuning\x18\x05 \x01(\x0b\x32\x18.helios.v1.TuningCatalog\x12\x0f\n\x07targets\x18\x06 \x03(\t\"\x87\x01\n\x06\x42uffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.helios.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x04\x12#\n\x04role\x18\x04 \x01(\x0e\x32\x15.helios.v1.BufferRole\x12\x1a\n\x12weight_resource_id\x18\x05 \x01(\t\"?\n\x0bKernelParam\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.helios.v1.ParamKind\"\xad\x01\n\x0cKernelBinary\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x13\n\x0bresource_id\x18\x02 \x01(\t\x12\x12\n\nentry_name\x18\x03 \x01(\t\x12\x14\n\x0cshared_bytes\x18\x04 \x01(\r\x12\x11\n\tnum_warps\x18\x05 \x01(\r\x12\x1c\n\x14global_scratch_bytes\x18\x06 \x01(\x04\x12\x1d\n\x15profile_scratch_bytes\x18\x07 \x01(\x04\"\xe4\x01\n\x06Kernel\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0creference_op\x18\x02 \x01(\t\x12&\n\x06params\x18\x03 \x03(\x0b\x32\x16.helios.v1.KernelParam\x12\x33\n\tconstants\x18\x04 \x03(\x0b\x32 .helios.v1.Kernel.ConstantsEntry\x12)\n\x08\x62inaries\x18\x05 \x03(\x0b\x32\x17.helios.v1.KernelBinary\x1a\x30\n\x0e\x43onstantsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"1\n\nBufferView\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x13\n\x0b\x62yte_offset\x18\x02 \x01(\x04\"h\n\x08\x41rgument\x12\'\n\x06\x62uffer\x18\x01 \x01(\x0b\x32\x15.helios.v1.BufferViewH\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x03 \x01(\x01H\x00\x42\x07\n\x05value\"n\n\x06Launch\x12\x0e\n\x06kernel\x18\x01 \x01(\t\x12\x0c\n\x04grid\x18\x02 \x03(\r\x12\r\n\x05\x62lock\x18\x03 \x03(\r\x12\x14\n\x0cshared_bytes\x18\x04 \x01(\r\x12!\n\x04\x61rgs\x18\x05 \x03(\x0b\x32\x13.helios.v1.Argument\"0\n\tTransport\x12\x13\n\x0b\x64\x65stination\x18\x01 \x01(\t\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"0\n\x10\x43ompletionLayout\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\r\"\x8f\x02\n\x0cGraphProgram\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\toperation\x18\x02 \x01(\x0e\x32\x14.helios.v1.Operation\x12\x16\n\x0e\x62\x61tch_capacity\x18\x03 \x01(\r\x12\x16\n\x0etoken_capacity\x18\x04 \x01(\r\x12#\n\x08launches\x18\x05 \x03(\x0b\x32\x11.helios.v1.Launch\x12(\n\ntransports\x18\x06 \x03(\x0b\x32\x14.helios.v1.Transport\x12/\n\ncompletion\x18\x07 \x01(\x0b\x32\x1b.helios.v1.CompletionLayout\x12\x18\n\x10tuning_producers\x18\x08 \x03(\t\";\n\rTuningCatalog\x12*\n\tproducers\x18\x01 \x03(\x0b\x32\x17.helios.v1.GraphProgram*\x8f\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x0e\n\nD_TYPE_F32\x10\x01\x12\x0f\n\x0b\x44_TYPE_BF16\x10\x02\x12\x0e\n\nD_TYPE_F16\x10\x03\x12\x0e\n\nD_TYPE_I32\x10\x04\x12\x0e\n\nD_TYPE_U32\x10\x05\x12\x0e\n\nD_TYPE_I64\x10\x06\x12\r\n\tD_TYPE_U8\x10\x07*\xe7\x01\n\nBufferRole\x12\x1b\n\x17\x42UFFER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42UFFER_ROLE_WEIGHT\x10\x01\x12 \n\x1c\x42UFFER_ROLE_PERSISTENT_STATE\x10\x02\x12\x1b\n\x17\x42UFFER_ROLE_CACHE_PLANE\x10\x03\x12\x1d\n\x19\x42UFFER_ROLE_REQUEST_INPUT\x10\x04\x12\x16\n\x12\x42UFFER_ROLE_OUTPUT\x10\x05\x12\x17\n\x13\x42UFFER_ROLE_SCRATCH\x10\x06\x12\x15\n\x11\x42UFFER_ROLE_TUNED\x10\x07*z\n\tParamKind\x12\x1a\n\x16PARAM_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11PARAM_KIND_BUFFER\x10\x01\x12\x12\n\x0ePARAM_KIND_I32\x10\x02\x12\x12\n\x0ePARAM_KIND_F32\x10\x03\x12\x12\n\x0ePARAM_KIND_I64\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18helios/v1/manifest.proto\x12\thelios.v1\x1a\x18helios/v1/contract.proto\"\xcc\x01\n\x11\x45xecutionManifest\x12\x0b\n\x03\x61\x62i\x18\x01 \x01(\t\x12\"\n\x07\x62uffers\x18\x02 \x03(\x0b\x32\x11.helios.v1.Buffer\x12\"\n\x07kernels\x18\x03 \x03(\x0b\x32\x11.helios.v1.Kernel\x12\'\n\x06graphs\x18\x04 \x03(\x0b\x32\x17.helios.v1.GraphProgram\x12(\n\x06tuning\x18\x05 \x01(\x0b\x32\x18.helios.v1.TuningCatalog\x12\x0f\n\x07targets\x18\x06 \x03(\t\"\x87\x01\n\x06\x42uffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.helios.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x04\x12#\n\x04role\x18\x04 \x01(\x0e\x32\x15.helios.v1.BufferRole\x12\x1a\n\x12weight_resource_id\x18\x05 \x01(\t\"?\n\x0bKernelParam\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.helios.v1.ParamKind\"\xad\x01\n\x0cKernelBinary\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x13\n\x0bresource_id\x18\x02 \x01(\t\x12\x12\n\nentry_name\x18\x03 \x01(\t\x12\x14\n\x0cshared_bytes\x18\x04 \x01(\r\x12\x11\n\tnum_warps\x18\x05 \x01(\r\x12\x1c\n\x14global_scratch_bytes\x18\x06 \x01(\x04\x12\x1d\n\x15profile_scratch_bytes\x18\x07 \x01(\x04\"\xe4\x01\n\x06Kernel\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0creference_op\x18\x02 \x01(\t\x12&\n\x06params\x18\x03 \x03(\x0b\x32\x16.helios.v1.KernelParam\x12\x33\n\tconstants\x18\x04 \x03(\x0b\x32 .helios.v1.Kernel.ConstantsEntry\x12)\n\x08\x62inaries\x18\x05 \x03(\x0b\x32\x17.helios.v1.KernelBinary\x1a\x30\n\x0e\x43onstantsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"@\n\nBufferView\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x13\n\x0b\x62yte_offset\x18\x02 \x01(\x04\x12\r\n\x05shape\x18\x03 \x03(\x04\"h\n\x08\x41rgument\x12\'\n\x06\x62uffer\x18\x01 \x01(\x0b\x32\x15.helios.v1.BufferViewH\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x03 \x01(\x01H\x00\x42\x07\n\x05value\"n\n\x06Launch\x12\x0e\n\x06kernel\x18\x01 \x01(\t\x12\x0c\n\x04grid\x18\x02 \x03(\r\x12\r\n\x05\x62lock\x18\x03 \x03(\r\x12\x14\n\x0cshared_bytes\x18\x04 \x01(\r\x12!\n\x04\x61rgs\x18\x05 \x03(\x0b\x32\x13.helios.v1.Argument\"0\n\tTransport\x12\x13\n\x0b\x64\x65stination\x18\x01 \x01(\t\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"0\n\x10\x43ompletionLayout\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\r\"\x8f\x02\n\x0cGraphProgram\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\toperation\x18\x02 \x01(\x0e\x32\x14.helios.v1.Operation\x12\x16\n\x0e\x62\x61tch_capacity\x18\x03 \x01(\r\x12\x16\n\x0etoken_capacity\x18\x04 \x01(\r\x12#\n\x08launches\x18\x05 \x03(\x0b\x32\x11.helios.v1.Launch\x12(\n\ntransports\x18\x06 \x03(\x0b\x32\x14.helios.v1.Transport\x12/\n\ncompletion\x18\x07 \x01(\x0b\x32\x1b.helios.v1.CompletionLayout\x12\x18\n\x10tuning_producers\x18\x08 \x03(\t\";\n\rTuningCatalog\x12*\n\tproducers\x18\x01 \x03(\x0b\x32\x17.helios.v1.GraphProgram*\x8f\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x0e\n\nD_TYPE_F32\x10\x01\x12\x0f\n\x0b\x44_TYPE_BF16\x10\x02\x12\x0e\n\nD_TYPE_F16\x10\x03\x12\x0e\n\nD_TYPE_I32\x10\x04\x12\x0e\n\nD_TYPE_U32\x10\x05\x12\x0e\n\nD_TYPE_I64\x10\x06\x12\r\n\tD_TYPE_U8\x10\x07*\xe7\x01\n\nBufferRole\x12\x1b\n\x17\x42UFFER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42UFFER_ROLE_WEIGHT\x10\x01\x12 \n\x1c\x42UFFER_ROLE_PERSISTENT_STATE\x10\x02\x12\x1b\n\x17\x42UFFER_ROLE_CACHE_PLANE\x10\x03\x12\x1d\n\x19\x42UFFER_ROLE_REQUEST_INPUT\x10\x04\x12\x16\n\x12\x42UFFER_ROLE_OUTPUT\x10\x05\x12\x17\n\x13\x42UFFER_ROLE_SCRATCH\x10\x06\x12\x15\n\x11\x42UFFER_ROLE_TUNED\x10\x07*z\n\tParamKind\x12\x1a\n\x16PARAM_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11PARAM_KIND_BUFFER\x10\x01\x12\x12\n\x0ePARAM_KIND_I32\x10\x02\x12\x12\n\x0ePARAM_KIND_F32\x10\x03\x12\x12\n\x0ePARAM_KIND_I64\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,12 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_KERNEL_CONSTANTSENTRY']._loaded_options = None
   _globals['_KERNEL_CONSTANTSENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=1587
-  _globals['_DTYPE']._serialized_end=1730
-  _globals['_BUFFERROLE']._serialized_start=1733
-  _globals['_BUFFERROLE']._serialized_end=1964
-  _globals['_PARAMKIND']._serialized_start=1966
-  _globals['_PARAMKIND']._serialized_end=2088
+  _globals['_DTYPE']._serialized_start=1602
+  _globals['_DTYPE']._serialized_end=1745
+  _globals['_BUFFERROLE']._serialized_start=1748
+  _globals['_BUFFERROLE']._serialized_end=1979
+  _globals['_PARAMKIND']._serialized_start=1981
+  _globals['_PARAMKIND']._serialized_end=2103
   _globals['_EXECUTIONMANIFEST']._serialized_start=66
   _globals['_EXECUTIONMANIFEST']._serialized_end=270
   _globals['_BUFFER']._serialized_start=273
@@ -54,17 +54,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KERNEL_CONSTANTSENTRY']._serialized_start=832
   _globals['_KERNEL_CONSTANTSENTRY']._serialized_end=880
   _globals['_BUFFERVIEW']._serialized_start=882
-  _globals['_BUFFERVIEW']._serialized_end=931
-  _globals['_ARGUMENT']._serialized_start=933
-  _globals['_ARGUMENT']._serialized_end=1037
-  _globals['_LAUNCH']._serialized_start=1039
-  _globals['_LAUNCH']._serialized_end=1149
-  _globals['_TRANSPORT']._serialized_start=1151
-  _globals['_TRANSPORT']._serialized_end=1199
-  _globals['_COMPLETIONLAYOUT']._serialized_start=1201
-  _globals['_COMPLETIONLAYOUT']._serialized_end=1249
-  _globals['_GRAPHPROGRAM']._serialized_start=1252
-  _globals['_GRAPHPROGRAM']._serialized_end=1523
-  _globals['_TUNINGCATALOG']._serialized_start=1525
-  _globals['_TUNINGCATALOG']._serialized_end=1584
+  _globals['_BUFFERVIEW']._serialized_end=946
+  _globals['_ARGUMENT']._serialized_start=948
+  _globals['_ARGUMENT']._serialized_end=1052
+  _globals['_LAUNCH']._serialized_start=1054
+  _globals['_LAUNCH']._serialized_end=1164
+  _globals['_TRANSPORT']._serialized_start=1166
+  _globals['_TRANSPORT']._serialized_end=1214
+  _globals['_COMPLETIONLAYOUT']._serialized_start=1216
+  _globals['_COMPLETIONLAYOUT']._serialized_end=1264
+  _globals['_GRAPHPROGRAM']._serialized_start=1267
+  _globals['_GRAPHPROGRAM']._serialized_end=1538
+  _globals['_TUNINGCATALOG']._serialized_start=1540
+  _globals['_TUNINGCATALOG']._serialized_end=1599
 # @@protoc_insertion_point(module_scope)

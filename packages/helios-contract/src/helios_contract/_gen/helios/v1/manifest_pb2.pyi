@@ -138,12 +138,14 @@ class Kernel(_message.Message):
     def __init__(self, id: _Optional[str] = ..., reference_op: _Optional[str] = ..., params: _Optional[_Iterable[_Union[KernelParam, _Mapping]]] = ..., constants: _Optional[_Mapping[str, int]] = ..., binaries: _Optional[_Iterable[_Union[KernelBinary, _Mapping]]] = ...) -> None: ...
 
 class BufferView(_message.Message):
-    __slots__ = ("buffer", "byte_offset")
+    __slots__ = ("buffer", "byte_offset", "shape")
     BUFFER_FIELD_NUMBER: _ClassVar[int]
     BYTE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
     buffer: str
     byte_offset: int
-    def __init__(self, buffer: _Optional[str] = ..., byte_offset: _Optional[int] = ...) -> None: ...
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, buffer: _Optional[str] = ..., byte_offset: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Argument(_message.Message):
     __slots__ = ("buffer", "int_value", "float_value")
