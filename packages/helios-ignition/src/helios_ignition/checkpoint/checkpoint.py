@@ -1,0 +1,81 @@
+"""The loader-independent checkpoint: geometry, lazily read tensors, tokenizer and template.
+
+Invariant: a `Checkpoint` never holds dequantized weights. Each `tensor(name)` call reads,
+decodes and shape-checks one tensor and hands it over, so a multi-GB checkpoint is never
+materialized twice (once here, once in the consumer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import MissingTensorError, TensorShapeError
+from .geometry import LlamaGeometry
+
+# Reads one HF-named tensor as float32 `[out, in]` (the loader's own layout fixes applied).
+TensorReader = Callable[[str], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A Llama checkpoint as plain data plus a per-tensor reader.
+
+    Attributes:
+        source: file or directory it came from (used in every error message).
+        geometry: model shapes and constants.
+        tokenizer_json: HF `tokenizers` JSON text (`tokenizers.Tokenizer.from_str`).
+        chat_template: Jinja2 chat template, verbatim.
+        bos_token_id: beginning-of-sequence id, or None.
+        eos_token_ids: ids that end generation (first is the primary EOS).
+        special_tokens: template variables such as `bos_token`/`eos_token` -> token text,
+            passed to the chat template the way transformers passes `special_tokens_map`.
+        tensor_names: HF names available, canonical order.
+    """
+
+    source: str
+    geometry: LlamaGeometry
+    tokenizer_json: str
+    chat_template: str
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    special_tokens: dict[str, str]
+    tensor_names: tuple[str, ...]
+    _read: TensorReader = field(repr=False, compare=False)
+
+    def expected_shape(self, name: str) -> tuple[int, ...]:
+        """Shape the geometry implies for `name`.
+
+        Raises:
+            MissingTensorError: `name` is not a tensor of this geometry.
+        """
+        shape = self.geometry.tensor_shapes().get(name)
+        if shape is None:
+            raise MissingTensorError(self.source, name, "not a tensor of this geometry")
+        return shape
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Read one tensor as a float32 C-contiguous array (`[out, in]`; norms `[d]`).
+
+        Raises:
+            MissingTensorError: the checkpoint lacks it.
+            TensorShapeError: its shape disagrees with the geometry (names both shapes).
+        """
+        expected = self.expected_shape(name)
+        array = self._read(name)
+        if tuple(array.shape) != expected:
+            raise TensorShapeError(self.source, name, expected, tuple(array.shape))
+        return np.ascontiguousarray(array, dtype=np.float32)
+
+    def iter_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Yield `(name, float32 array)` one at a time in canonical order."""
+        for name in self.tensor_names:
+            yield name, self.tensor(name)
+
+    def lm_head(self) -> np.ndarray:
+        """The LM head `[vocab, d]`: `lm_head.weight`, or the embedding when tied."""
+        if self.geometry.tie_word_embeddings:
+            return self.tensor("model.embed_tokens.weight")
+        return self.tensor("lm_head.weight")

@@ -1,0 +1,203 @@
+"""Load a HF safetensors checkpoint directory (Llama architecture) as a `Checkpoint`.
+
+Expected files: `config.json`, `model.safetensors` or shards `model-*.safetensors`,
+`tokenizer.json`, and a chat template in `tokenizer_config.json["chat_template"]` or
+`chat_template.jinja`. Tensors are read one at a time with `safe_open(framework="numpy")`;
+BF16 has no NumPy dtype, so BF16 tensors are read as raw uint16 from the file (offsets from
+the safetensors header) and widened exactly: float32 bits = bf16 bits << 16.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .checkpoint import Checkpoint
+from .errors import (
+    CheckpointNotFoundError,
+    GeometryError,
+    MissingChatTemplateError,
+    MissingTensorError,
+    MissingTokenizerError,
+    UnsupportedTensorError,
+)
+from .geometry import LlamaGeometry
+
+_FLOAT_DTYPES = {"F32", "F16", "F64", "BF16"}
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """Widen raw bfloat16 bits (uint16, any shape) to float32 exactly."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """(header dict, byte offset where tensor data starts) of a safetensors file."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return header, 8 + n
+
+
+def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry:
+    archs = config.get("architectures") or []
+    model_type = config.get("model_type")
+    if model_type not in (None, "llama") and "LlamaForCausalLM" not in archs:
+        raise GeometryError(f"{source}: model_type {model_type!r} is not a Llama architecture")
+    try:
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        return LlamaGeometry(
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            rope_theta=float(config.get("rope_theta", 10000.0)),
+            rms_eps=float(config.get("rms_norm_eps", 1e-6)),
+            max_context=int(config.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            rope_scaling=dict(config["rope_scaling"]) if config.get("rope_scaling") else None,
+        )
+    except KeyError as exc:
+        raise GeometryError(f"{source}/config.json: missing key {exc.args[0]!r}") from exc
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _chat_template(folder: Path, tok_config: dict[str, Any]) -> str:
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if isinstance(template, str) and template:
+        return template
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    raise MissingChatTemplateError(
+        f"{folder}: no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja)"
+    )
+
+
+def load_safetensors_dir(folder: str | Path) -> Checkpoint:
+    """Open a HF-layout safetensors directory; tensors are read lazily, one per call.
+
+    Raises:
+        CheckpointNotFoundError: no directory, no config.json, or no *.safetensors file.
+        GeometryError: config.json lacks a required key or is not Llama.
+        MissingTokenizerError: no tokenizer.json.
+        MissingChatTemplateError: no chat template.
+        MissingTensorError: a tensor the geometry needs is in no shard.
+        UnsupportedTensorError: a tensor has a non-float dtype.
+    """
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    source = str(folder)
+    if not folder.is_dir():
+        raise CheckpointNotFoundError(f"{folder}: no such directory")
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise CheckpointNotFoundError(f"{folder}: no config.json")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    geometry = _geometry(config, source)
+
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointNotFoundError(f"{folder}: no *.safetensors files")
+    # HF name -> (shard path, dtype, shape, absolute data offset, nbytes)
+    where: dict[str, tuple[Path, str, tuple[int, ...], int, int]] = {}
+    for shard in shards:
+        header, data_start = _read_header(shard)
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            where[name] = (shard, info["dtype"], tuple(info["shape"]), data_start + begin,
+                           end - begin)
+    names = tuple(geometry.tensor_shapes())
+    for name in names:
+        if name not in where:
+            raise MissingTensorError(source, name, f"in none of {[s.name for s in shards]}")
+
+    tokenizer_path = folder / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise MissingTokenizerError(f"{folder}: no tokenizer.json")
+    tokenizer_json = tokenizer_path.read_text(encoding="utf-8")
+    tok_config_path = folder / "tokenizer_config.json"
+    tok_config = (
+        json.loads(tok_config_path.read_text(encoding="utf-8")) if tok_config_path.is_file()
+        else {}
+    )
+    chat_template = _chat_template(folder, tok_config)
+
+    vocab_ids = _token_ids(tokenizer_json)
+    special = {
+        key: text for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+        if (text := _token_text(tok_config.get(key))) is not None
+    }
+    eos_ids = _eos_ids(folder, config, special, vocab_ids)
+    bos = config.get("bos_token_id")
+    if bos is None and "bos_token" in special:
+        bos = vocab_ids.get(special["bos_token"])
+
+    def read(name: str) -> np.ndarray:
+        entry = where.get(name)
+        if entry is None:
+            raise MissingTensorError(source, name)
+        shard, dtype, shape, offset, nbytes = entry
+        if dtype not in _FLOAT_DTYPES:
+            raise UnsupportedTensorError(f"{shard}: tensor {name!r} has dtype {dtype}")
+        if dtype == "BF16":
+            bits = np.fromfile(shard, dtype="<u2", count=nbytes // 2, offset=offset)
+            return bf16_to_float32(bits).reshape(shape)
+        with safe_open(str(shard), framework="numpy") as f:
+            return np.asarray(f.get_tensor(name), dtype=np.float32)
+
+    return Checkpoint(
+        source=source,
+        geometry=geometry,
+        tokenizer_json=tokenizer_json,
+        chat_template=chat_template,
+        bos_token_id=int(bos) if bos is not None else None,
+        eos_token_ids=eos_ids,
+        special_tokens=special,
+        tensor_names=names,
+        _read=read,
+    )
+
+
+def _token_ids(tokenizer_json: str) -> dict[str, int]:
+    data = json.loads(tokenizer_json)
+    ids = dict((data.get("model") or {}).get("vocab") or {})
+    for added in data.get("added_tokens") or []:
+        ids[added["content"]] = int(added["id"])
+    return ids
+
+
+def _eos_ids(
+    folder: Path, config: dict[str, Any], special: dict[str, str], vocab_ids: dict[str, int]
+) -> tuple[int, ...]:
+    out: list[int] = []
+    gen_path = folder / "generation_config.json"
+    sources = [config.get("eos_token_id")]
+    if gen_path.is_file():
+        sources.insert(0, json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id"))
+    for value in sources:
+        for eos in value if isinstance(value, list) else [value]:
+            if eos is not None and int(eos) not in out:
+                out.append(int(eos))
+    if not out and special.get("eos_token") in vocab_ids:
+        out.append(vocab_ids[special["eos_token"]])
+    return tuple(out)

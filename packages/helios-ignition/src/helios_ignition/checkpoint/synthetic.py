@@ -1,0 +1,103 @@
+"""Seeded random checkpoints of real geometries (for benchmarks where no weights exist).
+
+Weights are never zeros: matrices are N(0, 1) * 0.02 and norms are 1 + N(0, 1) * 0.02, in
+float32. Tensor i (canonical order of `LlamaGeometry.tensor_shapes`) is drawn from its own
+PCG64 stream seeded by `SeedSequence([seed, i])`, so any tensor can be produced alone, in
+any order, and identically on every machine; nothing is generated until asked for.
+
+Tokenizer: the SmolLM2 tokenizer and chat template (from the verified GGUF) are reused.
+When the geometry's vocab exceeds SmolLM2's 49152 ids (llama-3.1-8b: 128256), the BPE vocab
+is extended with filler tokens `<|filler_{id}|>` for ids 49152..vocab-1. No merge produces
+them, so encoding text gives exactly SmolLM2's ids; they exist so every id of the embedding
+and LM head decodes and vocab-sized tables line up.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import numpy as np
+
+from .checkpoint import Checkpoint
+from .errors import CheckpointError
+from .geometry import NAMED_GEOMETRIES, LlamaGeometry
+
+WEIGHT_STD = 0.02
+NORM_NOISE_STD = 0.02
+
+
+@lru_cache(maxsize=1)
+def _smollm2_frontend() -> tuple[str, str, int | None, tuple[int, ...], tuple[tuple[str, str], ...]]:
+    from .gguf_loader import load_gguf
+    from .locate import smollm2_gguf_path
+
+    ck = load_gguf(smollm2_gguf_path())
+    return (ck.tokenizer_json, ck.chat_template, ck.bos_token_id, ck.eos_token_ids,
+            tuple(ck.special_tokens.items()))
+
+
+def extend_vocab_with_fillers(tokenizer_json: str, vocab_size: int) -> str:
+    """Add `<|filler_{id}|>` entries to a BPE vocab so ids up to `vocab_size - 1` exist."""
+    data = json.loads(tokenizer_json)
+    vocab = data["model"]["vocab"]
+    taken = set(vocab.values()) | {t["id"] for t in data.get("added_tokens") or []}
+    for i in range(vocab_size):
+        if i not in taken:
+            vocab[f"<|filler_{i}|>"] = i
+    return json.dumps(data, ensure_ascii=False)
+
+
+def synthetic_tensor(geometry: LlamaGeometry, seed: int, index: int, name: str) -> np.ndarray:
+    """The float32 tensor `name` (canonical position `index`) of a seeded random model."""
+    shape = geometry.tensor_shapes()[name]
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, index])))
+    out = rng.standard_normal(shape, dtype=np.float32)
+    if name.endswith("norm.weight"):
+        out *= np.float32(NORM_NOISE_STD)
+        out += np.float32(1.0)
+    else:
+        out *= np.float32(WEIGHT_STD)
+    return out
+
+
+def random_checkpoint(geometry_name: str, seed: int = 0) -> Checkpoint:
+    """A lazily generated checkpoint of a named real geometry.
+
+    Args:
+        geometry_name: one of `NAMED_GEOMETRIES` (`smollm2-135m`, `llama-3.1-8b`).
+        seed: base seed; tensor i uses `SeedSequence([seed, i])`.
+
+    Returns:
+        A `Checkpoint` whose `tensor(name)` draws the tensor on demand (an 8B embedding
+        is 2.1 GB of float32, so only what is asked for is produced).
+
+    Raises:
+        CheckpointError: unknown geometry name (the message lists the known ones).
+    """
+    geometry = NAMED_GEOMETRIES.get(geometry_name)
+    if geometry is None:
+        raise CheckpointError(
+            f"unknown geometry {geometry_name!r}; known: {', '.join(sorted(NAMED_GEOMETRIES))}"
+        )
+    tokenizer_json, template, bos, eos, special = _smollm2_frontend()
+    base_vocab = len(json.loads(tokenizer_json)["model"]["vocab"])
+    if geometry.vocab_size > base_vocab:
+        tokenizer_json = extend_vocab_with_fillers(tokenizer_json, geometry.vocab_size)
+    names = tuple(geometry.tensor_shapes())
+    index_of = {name: i for i, name in enumerate(names)}
+
+    def read(name: str) -> np.ndarray:
+        return synthetic_tensor(geometry, seed, index_of[name], name)
+
+    return Checkpoint(
+        source=f"synthetic:{geometry_name}:seed={seed}",
+        geometry=geometry,
+        tokenizer_json=tokenizer_json,
+        chat_template=template,
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        special_tokens=dict(special),
+        tensor_names=names,
+        _read=read,
+    )
