@@ -35,37 +35,34 @@ def _top_k(z: NDArray[np.float32], k: int) -> NDArray[np.int64]:
     return np.sort(np.concatenate([above, tied]))
 
 
-def _sample_row(
+def _penalize(
     z: NDArray[np.float32],
     counts: NDArray[np.int32],
-    seed_lo: int,
-    seed_hi: int,
-    position: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    min_p: float,
     presence: float,
     frequency: float,
     repetition: float,
-    allowed: NDArray[np.bool_] | None,
-) -> int:
-    """One row of ``sample``; ``z`` is a private f32 copy that may be modified."""
-    if repetition != 1.0 or frequency != 0.0 or presence != 0.0:
-        seen = counts > 0
-        if repetition != 1.0:
-            rep = np.float32(repetition)
-            z = np.where(seen, np.where(z > 0, z / rep, z * rep), z)
-        if frequency != 0.0:
-            z = z - np.float32(frequency) * counts.astype(np.float32)
-        if presence != 0.0:
-            z = z - np.float32(presence) * seen.astype(np.float32)
-    if allowed is not None:
-        z = np.where(allowed, z, np.float32(-np.inf))
-    best = int(np.argmax(z))
-    # Greedy, and the degenerate row whose every token is masked (token 0, like argmax).
-    if temperature <= 0.0 or not np.isfinite(z[best]):
-        return best
+) -> NDArray[np.float32]:
+    """Repetition, then frequency, then presence penalty over one row's f32 logits."""
+    if repetition == 1.0 and frequency == 0.0 and presence == 0.0:
+        return z
+    seen = counts > 0
+    if repetition != 1.0:
+        rep = np.float32(repetition)
+        z = np.where(seen, np.where(z > 0, z / rep, z * rep), z)
+    if frequency != 0.0:
+        z = z - np.float32(frequency) * counts.astype(np.float32)
+    if presence != 0.0:
+        z = z - np.float32(presence) * seen.astype(np.float32)
+    return z
+
+
+def _candidates(
+    z: NDArray[np.float32], temperature: float, top_k: int, top_p: float, min_p: float
+) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
+    """Surviving ids (ascending) and their f32 probabilities after the truncations.
+
+    ``z`` has a finite maximum and ``temperature > 0``.
+    """
     z = z / np.float32(temperature)
     V = z.size
     if 0 < top_k < V:
@@ -86,6 +83,33 @@ def _sample_row(
     if min_p > 0.0:
         keep = p >= np.float32(min_p) * p.max()
         cand, p = cand[keep], p[keep]
+    return cand, p
+
+
+def _sample_row(
+    z: NDArray[np.float32],
+    counts: NDArray[np.int32],
+    seed_lo: int,
+    seed_hi: int,
+    position: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    presence: float,
+    frequency: float,
+    repetition: float,
+    allowed: NDArray[np.bool_] | None,
+) -> int:
+    """One row of ``sample``; ``z`` is the row's f32 logits (not modified)."""
+    z = _penalize(z, counts, presence, frequency, repetition)
+    if allowed is not None:
+        z = np.where(allowed, z, np.float32(-np.inf))
+    best = int(np.argmax(z))
+    # Greedy, and the degenerate row whose every token is masked (token 0, like argmax).
+    if temperature <= 0.0 or not np.isfinite(z[best]):
+        return best
+    cand, p = _candidates(z, temperature, top_k, top_p, min_p)
     u = philox_uniform(seed_lo, seed_hi, position, cand)
     with np.errstate(divide="ignore"):  # p may underflow to 0 -> -inf, never chosen
         race = np.log(p.astype(np.float64)) - np.log(-np.log(u))
@@ -177,7 +201,7 @@ def sample(
             continue
         allowed = _allowed(grammar_mask[r, :W32], V) if use_mask[r] else None
         tok = _sample_row(
-            logits[r, :V].astype(np.float32, copy=True),
+            logits[r, :V].astype(np.float32, copy=False),
             histogram[s, :V],
             int(seed[r, 0]),
             int(seed[r, 1]),
