@@ -396,7 +396,7 @@ class TunedBinding(_message.Message):
     def __init__(self, buffer: _Optional[str] = ..., producer_graph: _Optional[str] = ...) -> None: ...
 
 class SpeculativeDescriptor(_message.Message):
-    __slots__ = ("batch_capacity", "draft_tokens", "token_capacity", "packed_token_capacity", "confidence_width", "length_source", "produces_confidence")
+    __slots__ = ("batch_capacity", "draft_tokens", "token_capacity", "packed_token_capacity", "confidence_width", "length_source", "produces_confidence", "lane_limit")
     BATCH_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -404,6 +404,7 @@ class SpeculativeDescriptor(_message.Message):
     CONFIDENCE_WIDTH_FIELD_NUMBER: _ClassVar[int]
     LENGTH_SOURCE_FIELD_NUMBER: _ClassVar[int]
     PRODUCES_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    LANE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     batch_capacity: int
     draft_tokens: int
     token_capacity: int
@@ -411,7 +412,8 @@ class SpeculativeDescriptor(_message.Message):
     confidence_width: int
     length_source: LengthSource
     produces_confidence: bool
-    def __init__(self, batch_capacity: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., token_capacity: _Optional[int] = ..., packed_token_capacity: _Optional[int] = ..., confidence_width: _Optional[int] = ..., length_source: _Optional[_Union[LengthSource, str]] = ..., produces_confidence: _Optional[bool] = ...) -> None: ...
+    lane_limit: int
+    def __init__(self, batch_capacity: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., token_capacity: _Optional[int] = ..., packed_token_capacity: _Optional[int] = ..., confidence_width: _Optional[int] = ..., length_source: _Optional[_Union[LengthSource, str]] = ..., produces_confidence: _Optional[bool] = ..., lane_limit: _Optional[int] = ...) -> None: ...
 
 class CompletionCursor(_message.Message):
     __slots__ = ("has_draft_cursor", "lag_tokens")
