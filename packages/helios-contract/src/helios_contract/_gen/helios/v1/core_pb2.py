@@ -27,29 +27,33 @@ from helios_contract._gen.helios.v1 import contract_pb2 as helios_dot_v1_dot_con
 from helios_contract._gen.helios.v1 import manifest_pb2 as helios_dot_v1_dot_manifest__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14helios/v1/core.proto\x12\thelios.v1\x1a\x18helios/v1/contract.proto\x1a\x18helios/v1/manifest.proto\"\xab\x01\n\x12\x45xecutableResource\x12\x13\n\x0bresource_id\x18\x01 \x01(\t\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.helios.v1.ResourceKind\x12\x15\n\rstored_nbytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x64\x65\x63oded_nbytes\x18\x04 \x01(\x04\x12\x14\n\x0c\x63hunk_nbytes\x18\x05 \x01(\r\x12\x14\n\x0c\x63hunk_sha256\x18\x06 \x03(\x0c\"\xbd\x01\n\x0e\x44\x65ploymentBody\x12\x1b\n\x13publisher_namespace\x18\x01 \x01(\t\x12,\n\x08\x63ontract\x18\x02 \x01(\x0b\x32\x1a.helios.v1.ServingContract\x12.\n\x08manifest\x18\x03 \x01(\x0b\x32\x1c.helios.v1.ExecutionManifest\x12\x30\n\tresources\x18\x04 \x03(\x0b\x32\x1d.helios.v1.ExecutableResource\"[\n\x0fPayloadEnvelope\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x14\n\x0cpayload_type\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"?\n\x08Location\x12\x13\n\x0bresource_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"5\n\x0bLocationSet\x12&\n\tlocations\x18\x01 \x03(\x0b\x32\x13.helios.v1.Location\"{\n\x08\x43oreBody\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12,\n\x08\x65nvelope\x18\x02 \x01(\x0b\x32\x1a.helios.v1.PayloadEnvelope\x12)\n\tlocations\x18\x03 \x01(\x0b\x32\x16.helios.v1.LocationSet\"\x87\x01\n\nModelIndex\x12,\n\x08\x63ontract\x18\x01 \x01(\x0b\x32\x1a.helios.v1.ServingContract\x12.\n\x08manifest\x18\x02 \x01(\x0b\x32\x1c.helios.v1.ExecutionManifest\x12\x1b\n\x13publisher_namespace\x18\x03 \x01(\t\"S\n\x0eProtectedIndex\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x30\n\tresources\x18\x02 \x03(\x0b\x32\x1d.helios.v1.ExecutableResource*\xc3\x01\n\x0cResourceKind\x12\x1d\n\x19RESOURCE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15RESOURCE_KIND_WEIGHTS\x10\x01\x12\x1f\n\x1bRESOURCE_KIND_KERNEL_BINARY\x10\x02\x12\x1a\n\x16RESOURCE_KIND_MANIFEST\x10\x03\x12\x1b\n\x17RESOURCE_KIND_TOKENIZER\x10\x04\x12\x1f\n\x1bRESOURCE_KIND_CHAT_TEMPLATE\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14helios/v1/core.proto\x12\thelios.v1\x1a\x18helios/v1/contract.proto\x1a\x18helios/v1/manifest.proto\"\xe1\x01\n\x12\x45xecutableResource\x12\x13\n\x0bresource_id\x18\x01 \x01(\t\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.helios.v1.ResourceKind\x12\x15\n\rstored_nbytes\x18\x03 \x01(\x04\x12\x16\n\x0e\x64\x65\x63oded_nbytes\x18\x04 \x01(\x04\x12\x14\n\x0c\x63hunk_nbytes\x18\x05 \x01(\r\x12\x14\n\x0c\x63hunk_sha256\x18\x06 \x03(\x0c\x12\x34\n\x10protected_chunks\x18\x07 \x01(\x0b\x32\x1a.helios.v1.ProtectedChunks\"<\n\x0fProtectedChunks\x12\x14\n\x0cnonce_prefix\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63hunk_count\x18\x02 \x01(\r\"\xbd\x01\n\x0e\x44\x65ploymentBody\x12\x1b\n\x13publisher_namespace\x18\x01 \x01(\t\x12,\n\x08\x63ontract\x18\x02 \x01(\x0b\x32\x1a.helios.v1.ServingContract\x12.\n\x08manifest\x18\x03 \x01(\x0b\x32\x1c.helios.v1.ExecutionManifest\x12\x30\n\tresources\x18\x04 \x03(\x0b\x32\x1d.helios.v1.ExecutableResource\"[\n\x0fPayloadEnvelope\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x14\n\x0cpayload_type\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"?\n\x08Location\x12\x13\n\x0bresource_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"5\n\x0bLocationSet\x12&\n\tlocations\x18\x01 \x03(\x0b\x32\x13.helios.v1.Location\"{\n\x08\x43oreBody\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12,\n\x08\x65nvelope\x18\x02 \x01(\x0b\x32\x1a.helios.v1.PayloadEnvelope\x12)\n\tlocations\x18\x03 \x01(\x0b\x32\x16.helios.v1.LocationSet\"\x87\x01\n\nModelIndex\x12,\n\x08\x63ontract\x18\x01 \x01(\x0b\x32\x1a.helios.v1.ServingContract\x12.\n\x08manifest\x18\x02 \x01(\x0b\x32\x1c.helios.v1.ExecutionManifest\x12\x1b\n\x13publisher_namespace\x18\x03 \x01(\t\"o\n\x13LogicalResourceBody\x12$\n\x05index\x18\x01 \x01(\x0b\x32\x15.helios.v1.ModelIndex\x12\x32\n\x0fprotected_index\x18\x02 \x01(\x0b\x32\x19.helios.v1.ProtectedIndex\"S\n\x0eProtectedIndex\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x30\n\tresources\x18\x02 \x03(\x0b\x32\x1d.helios.v1.ExecutableResource*\xc3\x01\n\x0cResourceKind\x12\x1d\n\x19RESOURCE_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15RESOURCE_KIND_WEIGHTS\x10\x01\x12\x1f\n\x1bRESOURCE_KIND_KERNEL_BINARY\x10\x02\x12\x1a\n\x16RESOURCE_KIND_MANIFEST\x10\x03\x12\x1b\n\x17RESOURCE_KIND_TOKENIZER\x10\x04\x12\x1f\n\x1bRESOURCE_KIND_CHAT_TEMPLATE\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'helios.v1.core_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RESOURCEKIND']._serialized_start=1015
-  _globals['_RESOURCEKIND']._serialized_end=1210
+  _globals['_RESOURCEKIND']._serialized_start=1244
+  _globals['_RESOURCEKIND']._serialized_end=1439
   _globals['_EXECUTABLERESOURCE']._serialized_start=88
-  _globals['_EXECUTABLERESOURCE']._serialized_end=259
-  _globals['_DEPLOYMENTBODY']._serialized_start=262
-  _globals['_DEPLOYMENTBODY']._serialized_end=451
-  _globals['_PAYLOADENVELOPE']._serialized_start=453
-  _globals['_PAYLOADENVELOPE']._serialized_end=544
-  _globals['_LOCATION']._serialized_start=546
-  _globals['_LOCATION']._serialized_end=609
-  _globals['_LOCATIONSET']._serialized_start=611
-  _globals['_LOCATIONSET']._serialized_end=664
-  _globals['_COREBODY']._serialized_start=666
-  _globals['_COREBODY']._serialized_end=789
-  _globals['_MODELINDEX']._serialized_start=792
-  _globals['_MODELINDEX']._serialized_end=927
-  _globals['_PROTECTEDINDEX']._serialized_start=929
-  _globals['_PROTECTEDINDEX']._serialized_end=1012
+  _globals['_EXECUTABLERESOURCE']._serialized_end=313
+  _globals['_PROTECTEDCHUNKS']._serialized_start=315
+  _globals['_PROTECTEDCHUNKS']._serialized_end=375
+  _globals['_DEPLOYMENTBODY']._serialized_start=378
+  _globals['_DEPLOYMENTBODY']._serialized_end=567
+  _globals['_PAYLOADENVELOPE']._serialized_start=569
+  _globals['_PAYLOADENVELOPE']._serialized_end=660
+  _globals['_LOCATION']._serialized_start=662
+  _globals['_LOCATION']._serialized_end=725
+  _globals['_LOCATIONSET']._serialized_start=727
+  _globals['_LOCATIONSET']._serialized_end=780
+  _globals['_COREBODY']._serialized_start=782
+  _globals['_COREBODY']._serialized_end=905
+  _globals['_MODELINDEX']._serialized_start=908
+  _globals['_MODELINDEX']._serialized_end=1043
+  _globals['_LOGICALRESOURCEBODY']._serialized_start=1045
+  _globals['_LOGICALRESOURCEBODY']._serialized_end=1156
+  _globals['_PROTECTEDINDEX']._serialized_start=1158
+  _globals['_PROTECTEDINDEX']._serialized_end=1241
 # @@protoc_insertion_point(module_scope)

@@ -26,20 +26,30 @@ RESOURCE_KIND_TOKENIZER: ResourceKind
 RESOURCE_KIND_CHAT_TEMPLATE: ResourceKind
 
 class ExecutableResource(_message.Message):
-    __slots__ = ("resource_id", "kind", "stored_nbytes", "decoded_nbytes", "chunk_nbytes", "chunk_sha256")
+    __slots__ = ("resource_id", "kind", "stored_nbytes", "decoded_nbytes", "chunk_nbytes", "chunk_sha256", "protected_chunks")
     RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STORED_NBYTES_FIELD_NUMBER: _ClassVar[int]
     DECODED_NBYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_NBYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PROTECTED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     resource_id: str
     kind: ResourceKind
     stored_nbytes: int
     decoded_nbytes: int
     chunk_nbytes: int
     chunk_sha256: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, resource_id: _Optional[str] = ..., kind: _Optional[_Union[ResourceKind, str]] = ..., stored_nbytes: _Optional[int] = ..., decoded_nbytes: _Optional[int] = ..., chunk_nbytes: _Optional[int] = ..., chunk_sha256: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    protected_chunks: ProtectedChunks
+    def __init__(self, resource_id: _Optional[str] = ..., kind: _Optional[_Union[ResourceKind, str]] = ..., stored_nbytes: _Optional[int] = ..., decoded_nbytes: _Optional[int] = ..., chunk_nbytes: _Optional[int] = ..., chunk_sha256: _Optional[_Iterable[bytes]] = ..., protected_chunks: _Optional[_Union[ProtectedChunks, _Mapping]] = ...) -> None: ...
+
+class ProtectedChunks(_message.Message):
+    __slots__ = ("nonce_prefix", "chunk_count")
+    NONCE_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    nonce_prefix: bytes
+    chunk_count: int
+    def __init__(self, nonce_prefix: _Optional[bytes] = ..., chunk_count: _Optional[int] = ...) -> None: ...
 
 class DeploymentBody(_message.Message):
     __slots__ = ("publisher_namespace", "contract", "manifest", "resources")
@@ -100,6 +110,14 @@ class ModelIndex(_message.Message):
     manifest: _manifest_pb2.ExecutionManifest
     publisher_namespace: str
     def __init__(self, contract: _Optional[_Union[_contract_pb2.ServingContract, _Mapping]] = ..., manifest: _Optional[_Union[_manifest_pb2.ExecutionManifest, _Mapping]] = ..., publisher_namespace: _Optional[str] = ...) -> None: ...
+
+class LogicalResourceBody(_message.Message):
+    __slots__ = ("index", "protected_index")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROTECTED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    index: ModelIndex
+    protected_index: ProtectedIndex
+    def __init__(self, index: _Optional[_Union[ModelIndex, _Mapping]] = ..., protected_index: _Optional[_Union[ProtectedIndex, _Mapping]] = ...) -> None: ...
 
 class ProtectedIndex(_message.Message):
     __slots__ = ("version", "resources")
