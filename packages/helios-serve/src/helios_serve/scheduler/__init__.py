@@ -1,0 +1,48 @@
+"""Host scheduler: continuous batching, paged KV, prefix reuse, preemption.
+
+Plain Python over plain data (STYLE.md item 3): no HTTP, no CUDA.
+"""
+
+from helios_serve.scheduler.pages import (
+    ROOT_HASH,
+    PageAllocator,
+    PageGrant,
+    PrefixMatch,
+    chain_hashes,
+    page_hash,
+)
+from helios_serve.scheduler.request import (
+    AdmissionError,
+    AdmissionReason,
+    FinishedRequest,
+    FinishReason,
+    RowResult,
+    SchedRequest,
+    SchedulerStats,
+)
+from helios_serve.scheduler.scheduler import (
+    MAX_FRAMES,
+    CompletionError,
+    Scheduler,
+    smallest_capacity,
+)
+
+__all__ = [
+    "MAX_FRAMES",
+    "ROOT_HASH",
+    "AdmissionError",
+    "AdmissionReason",
+    "CompletionError",
+    "FinishReason",
+    "FinishedRequest",
+    "PageAllocator",
+    "PageGrant",
+    "PrefixMatch",
+    "RowResult",
+    "SchedRequest",
+    "Scheduler",
+    "SchedulerStats",
+    "chain_hashes",
+    "page_hash",
+    "smallest_capacity",
+]

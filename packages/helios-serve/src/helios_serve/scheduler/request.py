@@ -1,0 +1,144 @@
+"""Data-only types crossing the scheduler boundary (STYLE.md item 2)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from helios_serve.engine.plan import SamplingParams
+
+
+@dataclass(frozen=True)
+class SchedRequest:
+    """A prepared request as the scheduler sees it.
+
+    Stop tokens, stop strings and grammar are the worker's business; the
+    scheduler only needs the token budget.
+
+    Attributes:
+        request_id: process-local id, unique among live requests.
+        prompt_tokens: prompt token ids (input vocabulary).
+        max_output_tokens: output limit (tokens), >= 1.
+        sampling: sampling parameters after defaults.
+    """
+
+    request_id: int
+    prompt_tokens: tuple[int, ...]
+    max_output_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+class AdmissionReason(enum.Enum):
+    """Why a request is outside the prepared capacities."""
+
+    EMPTY_PROMPT = "empty_prompt"
+    INVALID_OUTPUT_LIMIT = "invalid_output_limit"  # max_output_tokens < 1
+    CONTEXT_EXCEEDED = "context_exceeded"  # prompt + output > context_tokens
+    PAGE_TABLE_EXCEEDED = "page_table_exceeded"  # > max_pages_per_request pages
+    CACHE_EXCEEDED = "cache_exceeded"  # more pages than the cache has
+
+
+@dataclass(frozen=True)
+class AdmissionError:
+    """A rejected request (a value, not an exception: STYLE.md item 9).
+
+    Attributes:
+        request_id: the rejected request.
+        reason: which prepared capacity it exceeds.
+        detail: one human-readable line with the numbers.
+    """
+
+    request_id: int
+    reason: AdmissionReason
+    detail: str
+
+
+class FinishReason(enum.Enum):
+    """Why a request left the scheduler (decided by the worker, or cancel)."""
+
+    STOP = "stop"  # EOS, stop token or stop string
+    LENGTH = "length"  # output limit
+    CANCELLED = "cancelled"
+    ERROR = "error"  # execution failure
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """One completed plan row of a live request.
+
+    Attributes:
+        request_id: the request.
+        token_id: the sampled token appended to its output, or None for a row
+            that does not sample (a non-final prefill chunk).
+        output_tokens: output length after this row (tokens).
+    """
+
+    request_id: int
+    token_id: int | None
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    """Summary returned by `Scheduler.finish` / `Scheduler.cancel`.
+
+    Attributes:
+        request_id: the request.
+        reason: finish reason.
+        output_tokens: generated ids (including a final EOS/stop token).
+        reused_prompt_tokens: prompt tokens served from the prefix cache at first
+            admission (0 if it never ran).
+        preemptions: times it was preempted and recomputed.
+    """
+
+    request_id: int
+    reason: FinishReason
+    output_tokens: tuple[int, ...]
+    reused_prompt_tokens: int
+    preemptions: int
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Counters and gauges for the metrics layer (a snapshot; no request ids).
+
+    Gauges: running, waiting, outstanding_frames, slots_*, pages_*.
+    Counters: everything else, monotonic over the scheduler's life.
+    At idle: running == waiting == outstanding_frames == 0,
+    slots_free == slots_total and pages_used == 0 (see `idle`).
+    """
+
+    running: int
+    waiting: int
+    outstanding_frames: int
+    slots_total: int
+    slots_free: int
+    pages_total: int
+    pages_free: int
+    pages_used: int
+    pages_cached: int
+    pages_evictable: int
+    prefix_queries: int
+    prefix_hit_tokens: int
+    prefix_hit_pages: int
+    page_evictions: int
+    pages_published: int
+    preemptions: int
+    admitted: int
+    readmitted: int
+    prefill_steps: int
+    decode_steps: int
+    prompt_tokens_computed: int
+    rejected: dict[AdmissionReason, int]
+    finished: dict[FinishReason, int]
+
+    @property
+    def idle(self) -> bool:
+        """No requests, no frames, every slot free, no page referenced."""
+        return (
+            self.running == 0
+            and self.waiting == 0
+            and self.outstanding_frames == 0
+            and self.slots_free == self.slots_total
+            and self.pages_used == 0
+        )

@@ -1,0 +1,576 @@
+"""Continuous batching over prepared capacities, with paged KV and prefix reuse.
+
+The worker drives one loop (STYLE.md item 1):
+
+    plan = scheduler.schedule()          # StepPlan or None
+    sampled = runtime.execute(plan)      # one id per plan row, submission order
+    for r in scheduler.complete(plan, sampled):
+        ...stop logic...                 # the worker owns EOS / length / stops
+        scheduler.finish(r.request_id, reason)   # when it decides
+
+and must call `finish` for every decided request before the next `schedule()`.
+
+Two execution frames: `schedule()` may be called again before `complete()` of
+the previous plan only while `can_schedule_ahead()` is True, i.e. at most one
+plan is outstanding and none of its rows samples. Any row with sample=True (every
+decode row, a final prefill chunk) produces a token the next step of that
+request, the worker's stop logic or the histogram depend on, so the worker must
+complete that plan first. Rows of requests still in flight are never planned
+again until their sampled token is known. Plans complete in issue order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence as Seq
+
+from helios_serve.engine.plan import ModelGeometry, RowPlan, StepKind, StepPlan
+from helios_serve.scheduler.pages import PageAllocator, page_hash
+from helios_serve.scheduler.request import (
+    AdmissionError,
+    AdmissionReason,
+    FinishedRequest,
+    FinishReason,
+    RowResult,
+    SchedRequest,
+    SchedulerStats,
+)
+from helios_serve.scheduler.sequence import Sequence
+
+MAX_FRAMES = 2
+
+
+class CompletionError(RuntimeError):
+    """A completion record disagrees with the plan it claims to complete."""
+
+
+def smallest_capacity(capacities: Seq[int], n: int) -> int | None:
+    """Smallest captured capacity >= n (capacities ascending), or None."""
+    for c in capacities:
+        if c >= n:
+            return c
+    return None
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler:
+    """Plans steps for one model worker.
+
+    Args:
+        geometry: execution geometry (NativeModel.manifests).
+    """
+
+    def __init__(self, geometry: ModelGeometry) -> None:
+        g = geometry
+        if g.slots < 1 or g.prefill_row_capacity < 1:
+            raise ValueError("geometry needs at least one slot and one prefill row")
+        for name in ("decode_capacities", "prefill_token_capacities"):
+            caps = getattr(g, name)
+            if not caps or list(caps) != sorted(set(caps)) or caps[0] < 1:
+                raise ValueError(f"{name} must be nonempty, positive and ascending: {caps}")
+        self.geometry = g
+        self.pages = PageAllocator(g.num_pages, g.page_tokens)
+        self._free_slots = list(range(g.slots))  # min-heap: lowest slot first
+        self._generations = [0] * g.slots  # per physical request row
+        self._requests: dict[int, Sequence] = {}  # every live request
+        self._waiting: deque[Sequence] = deque()  # FIFO; preempted go to the front
+        self._running: list[Sequence] = []  # slot holders, admission order (oldest first)
+        self._outstanding: deque[StepPlan] = deque()  # issued, not completed; issue order
+        self._last_kind: StepKind | None = None
+        self._step = 0
+        self._order = 0
+        self._preemptions = 0
+        self._admitted = 0
+        self._readmitted = 0
+        self._prefill_steps = 0
+        self._decode_steps = 0
+        self._prompt_tokens_computed = 0
+        self._rejected = dict.fromkeys(AdmissionReason, 0)
+        self._finished = dict.fromkeys(FinishReason, 0)
+
+    # -- admission --------------------------------------------------------------
+
+    def add(self, request: SchedRequest) -> AdmissionError | None:
+        """Queue a request, or reject it if it exceeds the prepared capacities.
+
+        Rejected requests are never queued. Temporary shortages (slots, pages)
+        are not rejections: the request waits.
+
+        Raises:
+            ValueError: request_id is already live (a caller bug).
+        """
+        if request.request_id in self._requests:
+            raise ValueError(f"request {request.request_id} is already live")
+        error = self._check_capacity(request)
+        if error is not None:
+            self._rejected[error.reason] += 1
+            return error
+        seq = Sequence(request, order=-1)
+        self._requests[request.request_id] = seq
+        self._waiting.append(seq)
+        return None
+
+    def _check_capacity(self, request: SchedRequest) -> AdmissionError | None:
+        g = self.geometry
+        prompt = len(request.prompt_tokens)
+        total = prompt + request.max_output_tokens
+        pages = _ceil_div(total, g.page_tokens)
+        rid = request.request_id
+        if prompt == 0:
+            return AdmissionError(rid, AdmissionReason.EMPTY_PROMPT, "prompt has no tokens")
+        if request.max_output_tokens < 1:
+            return AdmissionError(
+                rid,
+                AdmissionReason.INVALID_OUTPUT_LIMIT,
+                f"max_output_tokens {request.max_output_tokens} < 1",
+            )
+        if total > g.context_tokens:
+            return AdmissionError(
+                rid,
+                AdmissionReason.CONTEXT_EXCEEDED,
+                f"prompt {prompt} + max output {request.max_output_tokens} tokens "
+                f"exceeds the context of {g.context_tokens} tokens",
+            )
+        if pages > g.max_pages_per_request:
+            return AdmissionError(
+                rid,
+                AdmissionReason.PAGE_TABLE_EXCEEDED,
+                f"{total} tokens need {pages} pages; the page table holds "
+                f"{g.max_pages_per_request}",
+            )
+        if pages > g.num_pages:
+            return AdmissionError(
+                rid,
+                AdmissionReason.CACHE_EXCEEDED,
+                f"{total} tokens need {pages} pages; the cache has {g.num_pages}",
+            )
+        return None
+
+    # -- planning ---------------------------------------------------------------
+
+    def can_schedule_ahead(self) -> bool:
+        """Whether `schedule()` may be called now.
+
+        True with no plan outstanding, or with one outstanding plan none of whose
+        rows samples (non-final prefill chunks only). False otherwise: a sampled
+        token of the outstanding plan is needed first, so complete it.
+        """
+        if not self._outstanding:
+            return True
+        return len(self._outstanding) < MAX_FRAMES and not any(
+            r.sample for r in self._outstanding[-1].rows
+        )
+
+    def schedule(self) -> StepPlan | None:
+        """Plan the next step, or None when nothing can run now.
+
+        Raises:
+            RuntimeError: `can_schedule_ahead()` is False (complete first).
+        """
+        # Invariant: every running request owns one slot and pages covering every
+        # position an issued plan writes ([0, num_scheduled)); each request has at
+        # most one sampling row in flight and is planned again only once that
+        # token is known; a page enters the prefix cache only after the plan that
+        # completed it has completed, and never for a retiring request. A step is
+        # one captured operation: PREFILL over packed chunks or DECODE over pending
+        # tokens. After a PREFILL, a DECODE goes first when any request has a
+        # pending token, so running requests are never starved by admissions.
+        # Page shortage: wait while frames are in flight (they may release pages);
+        # with nothing in flight and no plan possible, preempt the newest running
+        # request and retry without admitting in this call.
+        if not self.can_schedule_ahead():
+            raise RuntimeError("complete the outstanding plan before scheduling again")
+        admit = True
+        while True:
+            plan = self._build(admit)
+            if plan is not None:
+                return self._issue(plan)
+            if self._outstanding or not self._preempt_newest():
+                return None
+            admit = False
+
+    def _build(self, admit: bool) -> StepPlan | None:
+        decode_first = self._last_kind is StepKind.PREFILL and any(
+            s.can_decode for s in self._running
+        )
+        if decode_first:
+            return self._build_decode() or self._build_prefill(admit)
+        return self._build_prefill(admit) or self._build_decode()
+
+    def _build_prefill(self, admit: bool) -> StepPlan | None:
+        """Pack chunks up to the largest prefill token capacity and row capacity:
+        unfinished prompts first (admission order), then waiting requests FIFO."""
+        g = self.geometry
+        budget = g.prefill_token_capacities[-1]  # packed tokens left
+        rows: list[RowPlan] = []
+        for seq in self._running:
+            if budget == 0 or len(rows) == g.prefill_row_capacity:
+                break
+            if seq.can_prefill:
+                n = self._grow(seq, budget)
+                if n:
+                    rows.append(self._prefill_row(seq, n))
+                    budget -= n
+        while admit and self._waiting and self._free_slots:
+            if budget == 0 or len(rows) == g.prefill_row_capacity:
+                break
+            seq = self._waiting[0]
+            if not self._admit(seq, budget):
+                break  # strict FIFO: later requests don't overtake the head
+            self._waiting.popleft()
+            n = min(seq.prefill_tokens - seq.num_scheduled, budget)
+            n = min(n, len(seq.page_ids) * g.page_tokens - seq.num_scheduled)
+            rows.append(self._prefill_row(seq, n))
+            budget -= n
+        return StepPlan(StepKind.PREFILL, tuple(rows)) if rows else None
+
+    def _grow(self, seq: Sequence, budget: int) -> int:
+        """Take pages for the next prefill chunk of a running request.
+
+        Returns the chunk length (tokens): min(remaining, budget), shortened to
+        what the available pages cover; 0 when no page is available.
+        """
+        pt = self.geometry.page_tokens
+        start = seq.num_scheduled
+        n = min(seq.prefill_tokens - start, budget)
+        need = _ceil_div(start + n, pt) - len(seq.page_ids)
+        if need > 0:
+            need = min(need, self.pages.available_pages)
+            n = min(n, (len(seq.page_ids) + need) * pt - start)
+            if n <= 0:
+                return 0
+            if need:
+                grant = self.pages.acquire(None, need)
+                assert grant is not None
+                seq.page_ids.extend(grant.page_ids)
+        return n
+
+    def _admit(self, seq: Sequence, budget: int) -> bool:
+        """Give the waiting head a slot and pages for its first chunk, reusing
+        cached prefix pages; False (no change) if no page is available."""
+        pt = self.geometry.page_tokens
+        match = self.pages.match_prefix(seq.tokens)
+        start = match.matched_tokens
+        n = min(len(seq.tokens) - start, budget)
+        need = _ceil_div(start + n, pt) - len(match.page_ids)
+        need = min(need, self.pages.available_for(match))
+        if need <= 0:
+            return False  # the chunk always starts a fresh page
+        grant = self.pages.acquire(match, need)
+        assert grant is not None
+        slot = heapq.heappop(self._free_slots)
+        self._generations[slot] += 1
+        readmission = seq.order >= 0
+        self._order += 1
+        seq.order = self._order
+        seq.slot = slot
+        seq.generation = self._generations[slot]
+        seq.prefill_tokens = len(seq.tokens)
+        seq.page_ids = list(grant.page_ids)
+        seq.page_hashes = list(match.hashes)
+        seq.num_published = grant.shared_pages
+        seq.num_scheduled = seq.num_computed = start
+        seq.needs_histogram = True
+        if seq.reused_prompt_tokens is None:
+            seq.reused_prompt_tokens = grant.reused_tokens
+        if readmission:
+            self._readmitted += 1
+        else:
+            self._admitted += 1
+        self._running.append(seq)
+        return True
+
+    def _prefill_row(self, seq: Sequence, n: int) -> RowPlan:
+        assert seq.slot is not None and n > 0
+        start = seq.num_scheduled
+        end = start + n
+        histogram = tuple(seq.tokens) if seq.needs_histogram else None
+        return self._row(
+            seq, seq.tokens[start:end], sample=end == seq.prefill_tokens, histogram=histogram
+        )
+
+    def _build_decode(self) -> StepPlan | None:
+        """One row per request with a pending token, at most the largest decode
+        capacity (least recently served first when over it), pages permitting."""
+        pt = self.geometry.page_tokens
+        ready = [s for s in self._running if s.can_decode]
+        cap = self.geometry.decode_capacities[-1]
+        if len(ready) > cap:
+            keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
+            ready = [s for s in ready if id(s) in keep]
+        rows: list[RowPlan] = []
+        for seq in ready:
+            if seq.num_scheduled == len(seq.page_ids) * pt:  # pending token opens a page
+                grant = self.pages.acquire(None, 1)
+                if grant is None:
+                    continue  # waits for reclamation (or preemption)
+                seq.page_ids.extend(grant.page_ids)
+            pos = seq.num_scheduled
+            rows.append(self._row(seq, seq.tokens[pos : pos + 1], sample=True, histogram=None))
+        return StepPlan(StepKind.DECODE, tuple(rows)) if rows else None
+
+    def _row(
+        self,
+        seq: Sequence,
+        tokens: list[int],
+        sample: bool,
+        histogram: tuple[int, ...] | None,
+    ) -> RowPlan:
+        """Build a row and advance the request's scheduled state."""
+        assert seq.slot is not None
+        start = seq.num_scheduled
+        end = start + len(tokens)
+        row = RowPlan(
+            request_id=seq.request_id,
+            slot=seq.slot,
+            generation=seq.generation,
+            tokens=tuple(tokens),
+            start_position=start,
+            page_ids=tuple(seq.page_ids[: _ceil_div(end, self.geometry.page_tokens)]),
+            sample=sample,
+            sampling=seq.request.sampling,
+            histogram_tokens=histogram,
+        )
+        seq.num_scheduled = end
+        seq.inflight_rows += 1
+        seq.awaiting_sample = sample
+        seq.needs_histogram = False
+        seq.last_step = self._step
+        return row
+
+    def _issue(self, plan: StepPlan) -> StepPlan:
+        self._outstanding.append(plan)
+        self._step += 1
+        self._last_kind = plan.kind
+        if plan.kind is StepKind.PREFILL:
+            self._prefill_steps += 1
+            self._prompt_tokens_computed += plan.token_count
+        else:
+            self._decode_steps += 1
+        return plan
+
+    def _preempt_newest(self) -> bool:
+        """Recompute-preempt the newest running request if one is starved.
+
+        Only when some running request wants to progress (nothing is in flight,
+        so its only obstacle is pages). The victim releases slot and pages and
+        goes to the FRONT of the waiting queue with its output appended; it is
+        readmitted as a prefill of prompt + output (histogram_tokens likewise).
+        """
+        if not any(s.can_decode or s.can_prefill for s in self._running):
+            return False
+        victims = [s for s in self._running if not s.retiring]
+        victim = max(victims, key=lambda s: s.order)
+        self._release(victim)
+        victim.preemptions += 1
+        self._preemptions += 1
+        self._waiting.appendleft(victim)
+        return True
+
+    # -- completion ---------------------------------------------------------------
+
+    def complete(self, plan: StepPlan, sampled: Seq[int]) -> list[RowResult]:
+        """Apply the completion record of the oldest outstanding plan.
+
+        Args:
+            plan: the plan exactly as `schedule()` returned it.
+            sampled: one token id per plan row, submission-row order; entries of
+                rows with sample=False are ignored.
+
+        Returns:
+            One RowResult per row of a live request, in submission-row order;
+            rows of cancelled, failed or finished requests produce none.
+
+        Raises:
+            CompletionError: not the oldest outstanding plan, wrong length, a
+                slot generation mismatch or a sampled id outside the vocabulary;
+                nothing is changed then.
+        """
+        self._check_completion(plan, sampled)
+        self._outstanding.popleft()
+        results: list[RowResult] = []
+        for row, token in zip(plan.rows, sampled, strict=True):
+            seq = self._requests[row.request_id]
+            seq.inflight_rows -= 1
+            seq.num_computed = max(seq.num_computed, row.start_position + len(row.tokens))
+            if row.sample:
+                seq.awaiting_sample = False
+            if seq.retiring:
+                if seq.inflight_rows == 0:
+                    self._retire(seq)
+                continue
+            self._publish(seq)
+            if row.sample:
+                seq.tokens.append(int(token))
+            results.append(
+                RowResult(row.request_id, int(token) if row.sample else None, seq.num_output_tokens)
+            )
+        return results
+
+    def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> None:
+        if not self._outstanding or plan is not self._outstanding[0]:
+            raise CompletionError("plan is not the oldest outstanding plan")
+        if len(sampled) != len(plan.rows):
+            raise CompletionError(f"{len(sampled)} sampled ids for {len(plan.rows)} rows")
+        vocab = self.geometry.vocab_size
+        for i, (row, token) in enumerate(zip(plan.rows, sampled, strict=True)):
+            seq = self._requests.get(row.request_id)
+            if seq is None or seq.slot != row.slot or seq.inflight_rows < 1:
+                raise CompletionError(f"row {i}: request {row.request_id} not in flight")
+            if self._generations[row.slot] != row.generation:
+                raise CompletionError(f"row {i}: stale generation of slot {row.slot}")
+            if row.sample and not 0 <= int(token) < vocab:
+                raise CompletionError(f"row {i}: sampled id {int(token)} outside [0, {vocab})")
+
+    def fail(self, plan: StepPlan) -> list[FinishedRequest]:
+        """Retire the oldest outstanding plan after an execution failure.
+
+        Nothing it computed is published. Each live request in it finishes with
+        ERROR; resources return once its frames drain.
+
+        Raises:
+            CompletionError: not the oldest outstanding plan.
+        """
+        if not self._outstanding or plan is not self._outstanding[0]:
+            raise CompletionError("plan is not the oldest outstanding plan")
+        self._outstanding.popleft()
+        failed: list[FinishedRequest] = []
+        for row in plan.rows:
+            seq = self._requests[row.request_id]
+            seq.inflight_rows -= 1
+            if row.sample:
+                seq.awaiting_sample = False
+            if not seq.retiring:
+                seq.failed = True
+                seq.finish_reason = FinishReason.ERROR
+                failed.append(self._summary(seq))
+            if seq.inflight_rows == 0:
+                self._retire(seq)
+        return failed
+
+    def _publish(self, seq: Sequence) -> None:
+        """Publish pages completed by finished plans, in position order."""
+        pt = self.geometry.page_tokens
+        for i in range(seq.num_published, seq.num_computed // pt):
+            if i == len(seq.page_hashes):
+                parent = seq.page_hashes[-1] if seq.page_hashes else bytes(16)
+                seq.page_hashes.append(page_hash(parent, seq.tokens[i * pt : (i + 1) * pt]))
+            self.pages.publish(seq.page_ids[i], seq.page_hashes[i])
+            seq.num_published = i + 1
+
+    # -- leaving --------------------------------------------------------------------
+
+    def finish(self, request_id: int, reason: FinishReason) -> FinishedRequest:
+        """End a request the worker decided is done; release its slot and pages
+        now, or when its in-flight frames complete.
+
+        Returns the request's summary; an already retiring request keeps its
+        first reason.
+
+        Raises:
+            KeyError: unknown request (a caller bug).
+        """
+        seq = self._requests[request_id]
+        if not seq.retiring:
+            seq.finish_reason = reason
+            if reason is FinishReason.CANCELLED:
+                seq.cancelled = True
+            self._leave(seq)
+        return self._summary(seq)
+
+    def cancel(self, request_id: int) -> FinishedRequest | None:
+        """Cancel a request: nothing more is planned or published for it.
+
+        A waiting request leaves at once; a running one keeps its slot and pages
+        until the in-flight plan containing it completes (then releases).
+
+        Returns:
+            Its summary, or None if the request is no longer live (a race with
+            finish, not an error).
+        """
+        seq = self._requests.get(request_id)
+        if seq is None:
+            return None
+        return self.finish(request_id, FinishReason.CANCELLED)
+
+    def _leave(self, seq: Sequence) -> None:
+        if seq.slot is None:  # waiting
+            self._waiting.remove(seq)
+            self._retire(seq)
+        elif seq.inflight_rows == 0:
+            self._retire(seq)
+
+    def _retire(self, seq: Sequence) -> None:
+        if seq.slot is not None:
+            self._release(seq)
+        del self._requests[seq.request_id]
+        assert seq.finish_reason is not None
+        self._finished[seq.finish_reason] += 1
+
+    def _release(self, seq: Sequence) -> None:
+        assert seq.slot is not None and seq.inflight_rows == 0
+        self.pages.release(seq.page_ids)
+        heapq.heappush(self._free_slots, seq.slot)
+        self._running.remove(seq)
+        seq.slot = None
+        seq.page_ids = []
+        seq.page_hashes = []
+        seq.num_published = seq.num_scheduled = seq.num_computed = 0
+
+    def _summary(self, seq: Sequence) -> FinishedRequest:
+        assert seq.finish_reason is not None
+        return FinishedRequest(
+            request_id=seq.request_id,
+            reason=seq.finish_reason,
+            output_tokens=seq.output_tokens,
+            reused_prompt_tokens=seq.reused_prompt_tokens or 0,
+            preemptions=seq.preemptions,
+        )
+
+    # -- observation ------------------------------------------------------------------
+
+    @property
+    def outstanding_frames(self) -> int:
+        """Plans issued and not yet completed (0..MAX_FRAMES)."""
+        return len(self._outstanding)
+
+    def has_work(self) -> bool:
+        """Whether any request is waiting, running or in flight."""
+        return bool(self._requests or self._outstanding)
+
+    def slot_generation(self, slot: int) -> int:
+        """Current generation of a physical request row."""
+        return self._generations[slot]
+
+    def stats(self) -> SchedulerStats:
+        """Snapshot of counters and gauges for the metrics layer."""
+        p = self.pages
+        return SchedulerStats(
+            running=sum(not s.retiring for s in self._running),
+            waiting=len(self._waiting),
+            outstanding_frames=len(self._outstanding),
+            slots_total=self.geometry.slots,
+            slots_free=len(self._free_slots),
+            pages_total=p.num_pages,
+            pages_free=p.free_pages,
+            pages_used=p.used_pages,
+            pages_cached=p.cached_pages,
+            pages_evictable=p.evictable_pages,
+            prefix_queries=p.prefix_queries,
+            prefix_hit_tokens=p.prefix_hit_tokens,
+            prefix_hit_pages=p.prefix_hit_pages,
+            page_evictions=p.evictions,
+            pages_published=p.published,
+            preemptions=self._preemptions,
+            admitted=self._admitted,
+            readmitted=self._readmitted,
+            prefill_steps=self._prefill_steps,
+            decode_steps=self._decode_steps,
+            prompt_tokens_computed=self._prompt_tokens_computed,
+            rejected=dict(self._rejected),
+            finished=dict(self._finished),
+        )

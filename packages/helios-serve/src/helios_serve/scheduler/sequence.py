@@ -1,0 +1,75 @@
+"""Mutable per-request state owned by the scheduler (never leaves it)."""
+
+from __future__ import annotations
+
+from helios_serve.scheduler.request import FinishReason, SchedRequest
+
+
+class Sequence:
+    """One request's tokens, slot, pages and progress.
+
+    Token counts are positions in the request's own sequence (prompt then
+    output). `num_scheduled` counts positions handed to issued plans,
+    `num_computed` those whose plans completed; pages cover [0, num_scheduled).
+    """
+
+    def __init__(self, request: SchedRequest, order: int) -> None:
+        self.request = request
+        self.request_id = request.request_id
+        self.order = order  # admission order; larger is newer
+        self.tokens: list[int] = list(request.prompt_tokens)  # prompt + output
+        self.num_prompt_tokens = len(request.prompt_tokens)
+        # Set on (re)admission:
+        self.prefill_tokens = 0  # tokens to prefill since admission (len(tokens) then)
+        self.slot: int | None = None
+        self.generation = 0
+        self.page_ids: list[int] = []
+        self.page_hashes: list[bytes] = []  # chain hashes of complete pages, in order
+        self.num_published = 0  # leading pages whose publication was decided
+        self.num_scheduled = 0
+        self.num_computed = 0
+        self.needs_histogram = False  # next row carries histogram_tokens
+        # Frames:
+        self.inflight_rows = 0
+        self.awaiting_sample = False
+        self.last_step = -1  # step index of the latest row issued
+        # Lifecycle:
+        self.reused_prompt_tokens: int | None = None  # first admission only
+        self.preemptions = 0
+        self.cancelled = False
+        self.failed = False
+        self.finish_reason: FinishReason | None = None
+
+    @property
+    def output_tokens(self) -> tuple[int, ...]:
+        return tuple(self.tokens[self.num_prompt_tokens :])
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.tokens) - self.num_prompt_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        """Prompt (or recompute) tokens remain to be scheduled."""
+        return self.num_scheduled < self.prefill_tokens
+
+    @property
+    def retiring(self) -> bool:
+        """Cancelled, failed or finished: no more rows; released when frames drain."""
+        return self.cancelled or self.failed or self.finish_reason is not None
+
+    @property
+    def can_decode(self) -> bool:
+        """Exactly one pending host-fed token, its sample known, output budget left."""
+        return (
+            not self.retiring
+            and not self.awaiting_sample
+            and not self.in_prefill
+            and self.num_scheduled == len(self.tokens) - 1
+            and self.num_output_tokens < self.request.max_output_tokens
+        )
+
+    @property
+    def can_prefill(self) -> bool:
+        """Prompt tokens remain and no sampling row is outstanding."""
+        return not self.retiring and not self.awaiting_sample and self.in_prefill
