@@ -240,3 +240,32 @@ def test_temperature_reshapes_the_distribution(temperature):
     counts = np.bincount(b.run(), minlength=4)
     chi2 = float(((counts - target * n) ** 2 / (target * n)).sum())
     assert chi2 < 25, (counts, chi2)
+
+
+def _top_p_reference(p, top_p):
+    order = sorted(range(len(p)), key=lambda i: (-p[i], i))
+    total, kept = np.float32(0), []
+    for i in order:
+        kept.append(i)
+        total = np.float32(total + p[i])
+        if total >= top_p:
+            break
+    return sorted(kept)
+
+
+@pytest.mark.parametrize("shape", ["peaked", "flat", "ties"])
+def test_top_p_fast_path_equals_full_sort(shape):
+    from helios_tools.kernels.sampling import _top_p
+
+    rng = np.random.default_rng(3)
+    V = 5000
+    z = {
+        "peaked": rng.standard_normal(V) * 4,
+        "flat": rng.standard_normal(V) * 0.01,
+        "ties": np.round(rng.standard_normal(V) * 3),  # many equal values at every cut
+    }[shape]
+    p = np.exp(z - z.max()).astype(np.float32)
+    p /= p.sum(dtype=np.float32)
+    for top_p in (0.1, 0.5, 0.9, 0.99):
+        got = _top_p(p, np.float32(top_p)).tolist()
+        assert got == _top_p_reference(p.tolist(), np.float32(top_p))

@@ -35,6 +35,33 @@ def _top_k(z: NDArray[np.float32], k: int) -> NDArray[np.int64]:
     return np.sort(np.concatenate([above, tied]))
 
 
+# top-p first tries the most probable ids only; a peaked LM distribution almost always
+# reaches top_p inside them, saving the full sort of the vocabulary.
+_TOP_P_PARTIAL = 1024
+
+
+def _top_p_prefix(p: NDArray[np.float32], ids: NDArray[np.int64], top_p: np.float32) -> int:
+    """Length of the shortest prefix of ``ids`` (sorted by p descending) reaching top_p."""
+    cum = np.cumsum(p[ids], dtype=np.float32)
+    return int(np.searchsorted(cum, top_p, side="left")) + 1
+
+
+def _top_p(p: NDArray[np.float32], top_p: np.float32) -> NDArray[np.int64]:
+    """Ascending positions in ``p`` of the nucleus: the shortest prefix of ids sorted by p
+    descending (ties by lower position) whose sum reaches ``top_p``; at least one."""
+    m = _TOP_P_PARTIAL
+    if p.size > 2 * m:
+        top = np.sort(np.argpartition(-p, m)[:m])  # the m largest, in position order
+        order = top[np.argsort(-p[top], kind="stable")]
+        n = _top_p_prefix(p, order, top_p)
+        # Exact only if the prefix ends strictly above every id left out of ``top``.
+        if n < m and p[order[n - 1]] > p[order[-1]]:
+            return np.sort(order[:n])
+    order = np.argsort(-p, kind="stable")
+    n = min(_top_p_prefix(p, order, top_p), order.size)
+    return np.sort(order[:n])
+
+
 def _penalize(
     z: NDArray[np.float32],
     counts: NDArray[np.int32],
@@ -75,10 +102,7 @@ def _candidates(
         p = np.exp(zc - zc.max())
     p /= p.sum(dtype=np.float32)
     if top_p < 1.0:
-        order = np.argsort(-p, kind="stable")  # descending, ties by lower id (cand ascending)
-        cum = np.cumsum(p[order], dtype=np.float32)
-        n = min(int(np.searchsorted(cum, np.float32(top_p), side="left")) + 1, order.size)
-        keep = np.sort(order[:n])
+        keep = _top_p(p, np.float32(top_p))
         cand, p = cand[keep], p[keep]
     if min_p > 0.0:
         keep = p >= np.float32(min_p) * p.max()
