@@ -1,8 +1,60 @@
-"""Command-line entry point (placeholder until its issue lands)."""
+"""`ignition`: prepare models into signed cores."""
+
+from __future__ import annotations
+
+import sys
 
 import click
+
+from .checkpoint import CheckpointError
+from .export import ExportError, export_core
+from .recipe import RecipeError
 
 
 @click.group()
 def main() -> None:
-    """ignition: Helios preparation."""
+    """ignition: Helios preparation (recipes, checkpoints, program capture, export)."""
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.option("--checkpoint", help="smollm2 (the embedded GGUF), a .gguf file or a "
+              "safetensors directory.")
+@click.option("--random-weights", "random_seed", type=int, default=None,
+              help="Seeded random bf16 weights of --geometry's real shapes.")
+@click.option("--geometry", help="smollm2-135m or llama-3.1-8b (with --random-weights).")
+@click.option("--key", "key_path", required=True, type=click.Path(dir_okay=False),
+              help="Ed25519 private key (helios-tools keygen).")
+@click.option("--namespace", required=True, help="Publisher namespace signed into the core.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Core to write.")
+@click.option("--weight-dtype", type=click.Choice(["bf16", "f32"]), default=None,
+              help="Override the recipe's weight dtype.")
+@click.option("--target", "targets", multiple=True,
+              help="GPU target to compile kernels for (repeatable), e.g. sm_90.")
+def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, weight_dtype,
+           targets) -> None:
+    """Export RECIPE with a checkpoint to a signed core."""
+    bar = None
+
+    def progress(stage: str, done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = click.progressbar(length=total, label=f"writing {stage}", file=sys.stderr)
+            bar.__enter__()
+        bar.update(1)
+
+    try:
+        summary = export_core(recipe, checkpoint=checkpoint, key_path=key_path,
+                              namespace=namespace, out=out, weight_dtype=weight_dtype,
+                              random_seed=random_seed, geometry=geometry,
+                              targets=tuple(targets), progress=progress)
+    except (ExportError, RecipeError, CheckpointError) as exc:
+        if bar is not None:
+            bar.__exit__(None, None, None)
+        raise click.ClickException(str(exc)) from None
+    if bar is not None:
+        bar.__exit__(None, None, None)
+    click.echo(f"wrote {summary.path}: served id {summary.served_id}, "
+               f"{len(summary.graphs)} graphs ({', '.join(summary.graphs)}), "
+               f"{summary.resources} resources, {summary.decoded_bytes / 2**20:.1f} MiB decoded, "
+               f"{summary.core_bytes / 2**20:.1f} MiB stored, {summary.seconds:.1f} s")

@@ -1,0 +1,1 @@
+"""Program capture: a builder that records kernel launches over named buffers."""

@@ -1,0 +1,211 @@
+"""`ignition export`: recipe + checkpoint -> a signed payload core (DESIGN.md §4.5).
+
+Order of work: every cheap check first (recipe, checkpoint geometry, tokenizer,
+template, output path, key), then capture, then the streaming write through
+helios-tools' CoreWriter, which is atomic: a failure at any point leaves no file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from helios_contract.schema import contract_pb2 as cpb
+from helios_contract.schema import core_pb2
+from helios_tools.kernels import grammar_mask_words
+
+from .checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_gguf,
+    random_checkpoint,
+    smollm2_gguf_path,
+)
+from .families.llama import LlamaShapes, capture, weight_resource_id
+from .recipe import Recipe, RecipeError, load_recipe_module, validate_recipe
+from .weights import iter_weight_buffers
+
+CONTRACT_VERSION = 3
+
+
+class ExportError(ValueError):
+    """Export cannot proceed; the message names the input at fault."""
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What an export wrote (sizes in bytes, time in seconds)."""
+
+    path: str
+    served_id: str
+    graphs: tuple[str, ...]
+    resources: int
+    decoded_bytes: int
+    core_bytes: int
+    seconds: float
+
+
+def open_checkpoint(spec: str | None, random_seed: int | None, geometry: str | None):
+    """Resolve a checkpoint spec: "smollm2" (the embedded GGUF), a path, or random weights.
+
+    Raises:
+        ExportError: conflicting or missing choices.
+        CheckpointError: the checkpoint itself is bad (from the loaders).
+    """
+    if random_seed is not None:
+        if spec:
+            raise ExportError("--checkpoint and --random-weights are exclusive")
+        if not geometry:
+            raise ExportError("--random-weights needs --geometry (smollm2-135m or llama-3.1-8b)")
+        return random_checkpoint(geometry, random_seed)
+    if geometry:
+        raise ExportError("--geometry applies only with --random-weights")
+    if not spec:
+        raise ExportError("no checkpoint: pass --checkpoint PATH|smollm2 or --random-weights")
+    if spec == "smollm2":
+        return load_gguf(smollm2_gguf_path())
+    return load_checkpoint(spec)
+
+
+def resolve_recipe(recipe_path: str | Path, checkpoint) -> Recipe:
+    module = load_recipe_module(recipe_path)
+    recipe = module.RECIPE if hasattr(module, "RECIPE") else module.make_recipe(checkpoint)
+    if not isinstance(recipe, Recipe):
+        raise RecipeError(f"recipe {recipe_path}: RECIPE is a {type(recipe).__name__}, "
+                          "not a helios_ignition.recipe.Recipe")
+    return recipe
+
+
+def _check_output(out: Path) -> None:
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise ExportError(f"output directory does not exist: {parent}")
+    if not os.access(parent, os.W_OK):
+        raise ExportError(f"output directory is not writable: {parent}")
+    if out.is_dir():
+        raise ExportError(f"output path is a directory: {out}")
+
+
+def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
+                   graphs: list[cpb.GraphContract], manifest) -> cpb.ServingContract:
+    """Assemble the ServingContract (contract version 3) for the captured graphs."""
+    caps = recipe.capacities
+    eos = recipe.eos_token_ids or checkpoint.eos_token_ids
+    words = grammar_mask_words(shapes.vocab)
+    planes = [f"L{i}.{p}_cache" for i in range(shapes.layers) for p in ("k", "v")]
+    cache = cpb.CacheContract(page_tokens=caps.page_tokens)
+    cache.regions.add(name="kv", kind=cpb.HISTORY_KIND_PAGED_KV, planes=planes,
+                      tokens_per_record=1)
+    cache.page_table_views.add(region="kv", buffer="state.page_table", page_offset=0)
+    model = cpb.ModelContract(
+        version=CONTRACT_VERSION,
+        vocabulary=cpb.Vocabulary(sampled_tokens=shapes.vocab, histogram_width=shapes.vocab,
+                                  mask_words=words),
+        input_vocabulary=cpb.InputVocabulary(input_tokens=shapes.vocab),
+        vision=cpb.VisionContract(),
+        cache=cache, graphs=graphs, frontend=recipe.frontend)
+    s, d = recipe.sampling, recipe.serving
+    identity = hashlib.sha256(manifest.SerializeToString(deterministic=True)
+                              + checkpoint.tokenizer_json.encode()).hexdigest()[:16]
+    special = checkpoint.special_tokens
+    return cpb.ServingContract(
+        served_id=recipe.name, aliases=list(recipe.aliases),
+        cache_identity=f"{recipe.name}/{recipe.weight_dtype}/{identity}",
+        context_tokens=caps.context_tokens, prefill_chunk_tokens=max(caps.prefill_tokens),
+        prepared_pages=caps.prepared_pages, prepared_snapshots=0,
+        selected_concurrency=max(caps.decode_batch),
+        defaults=cpb.ServingDefaults(
+            sampling=cpb.SamplingDefaults(
+                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+                presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                repetition_penalty=s.repetition_penalty, max_output_tokens=s.max_output_tokens),
+            max_active=d.max_active, queue_capacity=d.queue_capacity,
+            frontend_workers=d.frontend_workers, event_capacity=d.event_capacity),
+        eos_token_ids=list(eos),
+        template_tokens=cpb.TemplateTokens(bos_token=special.get("bos_token", ""),
+                                           eos_token=special.get("eos_token", ""),
+                                           pad_token=special.get("pad_token", "")),
+        model=model)
+
+
+def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: str | Path,
+                namespace: str, out: str | Path, weight_dtype: str | None = None,
+                random_seed: int | None = None, geometry: str | None = None,
+                targets: tuple[str, ...] = (),
+                progress: Callable[[str, int, int], None] | None = None) -> ExportSummary:
+    """Export a recipe and checkpoint to a signed core at `out` (atomic).
+
+    Args:
+        recipe_path: a recipe file in recipes/.
+        checkpoint: "smollm2", a .gguf file or a safetensors directory (or None with
+            `random_seed` + `geometry`).
+        key_path: Ed25519 private key (PEM) from `helios-tools keygen`.
+        namespace: publisher namespace signed into the core.
+        out: core path to write.
+        weight_dtype: override the recipe's weight dtype ("bf16" or "f32").
+        targets: GPU targets to compile kernels for (e.g. "sm_90").
+        progress: called as progress(stage, done, total).
+
+    Raises:
+        ExportError, RecipeError, CheckpointError: bad input; no file is written.
+    """
+    from helios_tools.core import CoreWriter, load_private_key
+
+    started = time.perf_counter()
+    out = Path(out)
+    _check_output(out)
+    if not namespace:
+        raise ExportError("--namespace must be non-empty")
+    try:
+        key = load_private_key(key_path)
+    except FileNotFoundError:
+        raise ExportError(f"signing key not found: {key_path}") from None
+    ckpt = open_checkpoint(checkpoint, random_seed, geometry)
+    recipe = resolve_recipe(recipe_path, ckpt)
+    if weight_dtype:
+        recipe = replace(recipe, weight_dtype=weight_dtype)
+    validate_recipe(recipe)
+    if not ckpt.tokenizer_json:
+        raise CheckpointError(f"{ckpt.source}: no tokenizer")
+    if not ckpt.chat_template:
+        raise CheckpointError(f"{ckpt.source}: no chat template")
+    shapes = LlamaShapes.from_geometry(ckpt.geometry)
+    caps = recipe.capacities
+    if caps.context_tokens > ckpt.geometry.max_context:
+        caps = replace(caps, context_tokens=ckpt.geometry.max_context)
+        recipe = replace(recipe, capacities=caps)
+    manifest, graphs = capture(shapes, caps, recipe.weight_dtype)
+    if targets:
+        from .kernels_aot import compile_targets
+
+        compile_targets(manifest, targets)
+    contract = build_contract(recipe, ckpt, shapes, graphs, manifest)
+    weight_names = [b.name for b in manifest.buffers if b.weight_resource_id]
+    decoded = 0
+    with CoreWriter(out, signing_key=key, namespace=namespace) as writer:
+        tok = ckpt.tokenizer_json.encode()
+        writer.add_resource("tokenizer.json", core_pb2.RESOURCE_KIND_TOKENIZER, tok)
+        tpl = ckpt.chat_template.encode()
+        writer.add_resource("chat_template.jinja", core_pb2.RESOURCE_KIND_CHAT_TEMPLATE, tpl)
+        decoded += len(tok) + len(tpl)
+        for done, (name, array) in enumerate(iter_weight_buffers(ckpt, shapes,
+                                                                 recipe.weight_dtype)):
+            writer.add_resource(weight_resource_id(name), core_pb2.RESOURCE_KIND_WEIGHTS,
+                                memoryview(array).cast("B"))
+            decoded += array.nbytes
+            if progress:
+                progress("weights", done + 1, len(weight_names))
+        if targets:
+            from .kernels_aot import add_binaries
+
+            decoded += add_binaries(writer, manifest)
+        writer.finish(contract, manifest)
+    return ExportSummary(path=str(out), served_id=contract.served_id,
+                         graphs=tuple(g.name for g in manifest.graphs),
+                         resources=len(weight_names) + 2, decoded_bytes=decoded,
+                         core_bytes=out.stat().st_size,
+                         seconds=time.perf_counter() - started)

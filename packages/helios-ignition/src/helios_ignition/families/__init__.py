@@ -1,0 +1,1 @@
+"""Model families: forward passes written once against the program builder."""

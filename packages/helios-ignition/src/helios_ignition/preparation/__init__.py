@@ -1,0 +1,1 @@
+"""Reusable contract declarations for recipes (specification: Ownership and bootstrap)."""

@@ -1,0 +1,97 @@
+"""Reusable contract declarations recipes compose (specification: Ownership and bootstrap).
+
+Each function returns the value bindings or state accesses of one shared component,
+given the buffer names a family chose. A recipe may bind different buffer names to the
+same value source; it cannot install scheduling or state-update code. Components:
+
+- shared admission: request identity and lane geometry (slots, rows, lengths, tokens,
+  positions) for prefill (packed tokens) and decode (one pending token per row);
+- sampling: admission sampling parameters, seed bits, prompt histogram, grammar mask;
+- state transfer: the persistent per-slot state each graph reads or writes;
+- paged text: page tables of the paged KV history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from helios_contract.schema import contract_pb2 as cpb
+
+V = cpb  # enum access: V.VALUE_SOURCE_SLOT, V.INDEXING_ACTIVE_ROW, ...
+
+
+def binding(destination: str, source: int, indexing: int, *, padding: int = 0,
+            offset: int = 0, constant: int = 0) -> cpb.ValueBinding:
+    """One ValueBinding (specification: Host values and graph state)."""
+    return cpb.ValueBinding(destination=destination, source=source, indexing=indexing,
+                            padding=padding, offset=offset, constant_value=constant)
+
+
+def shared_admission(names: Mapping[str, str], *, prefill: bool) -> list[cpb.ValueBinding]:
+    """Lane geometry and token inputs.
+
+    Prefill packs prompt tokens (PACKED_TOKEN) with their row and position; decode feeds
+    the host-owned pending token of each submission row. Padding tokens carry row -1 and
+    padding rows slot -1, which kernels treat as inactive.
+
+    Args:
+        names: buffer names for keys tokens, positions, token_row, slot, query_length.
+    """
+    tokens_source = V.VALUE_SOURCE_PROMPT_TOKENS if prefill else V.VALUE_SOURCE_PENDING_TOKEN
+    tokens_indexing = V.INDEXING_PACKED_TOKEN if prefill else V.INDEXING_SUBMISSION_ROW
+    return [
+        binding(names["tokens"], tokens_source, tokens_indexing),
+        binding(names["positions"], V.VALUE_SOURCE_PROMPT_POSITIONS, V.INDEXING_PACKED_TOKEN),
+        binding(names["token_row"], V.VALUE_SOURCE_MIXED_PREFILL_ROW, V.INDEXING_PACKED_TOKEN,
+                padding=-1),
+        binding(names["slot"], V.VALUE_SOURCE_SLOT, V.INDEXING_SUBMISSION_ROW, padding=-1),
+        binding(names["query_length"], V.VALUE_SOURCE_QUERY_LENGTH, V.INDEXING_SUBMISSION_ROW),
+    ]
+
+
+SAMPLING_SOURCES = {
+    "sampling_decision": V.VALUE_SOURCE_SAMPLING_DECISION,
+    "seed": V.VALUE_SOURCE_SEED_BITS,
+    "temperature": V.VALUE_SOURCE_TEMPERATURE,
+    "top_p": V.VALUE_SOURCE_TOP_P,
+    "top_k": V.VALUE_SOURCE_TOP_K,
+    "min_p": V.VALUE_SOURCE_MIN_P,
+    "presence": V.VALUE_SOURCE_PRESENCE_PENALTY,
+    "frequency": V.VALUE_SOURCE_FREQUENCY_PENALTY,
+    "repetition": V.VALUE_SOURCE_REPETITION_PENALTY,
+    "grammar_mask": V.VALUE_SOURCE_GRAMMAR_MASK,
+    "use_mask": V.VALUE_SOURCE_GRAMMAR_MASK_ENABLED,
+}
+
+
+def sampling(names: Mapping[str, str]) -> list[cpb.ValueBinding]:
+    """Admission sampling inputs per submission row, plus the prompt histogram.
+
+    The histogram is persistent per physical request row: shared packing initializes a
+    slot's row once at admission, and the captured sampler counts each sampled token.
+
+    Args:
+        names: buffer names for the keys of SAMPLING_SOURCES plus ``histogram``.
+    """
+    rows = [binding(names[key], source, V.INDEXING_SUBMISSION_ROW)
+            for key, source in SAMPLING_SOURCES.items()]
+    rows.append(binding(names["histogram"], V.VALUE_SOURCE_PROMPT_HISTOGRAM,
+                        V.INDEXING_PHYSICAL_REQUEST_ROW))
+    return rows
+
+
+def state_transfer(histogram: str, row_bytes: int, slots: int) -> list[cpb.StateAccess]:
+    """The per-slot persistent state a generating graph reads and writes (histogram)."""
+    view = cpb.StateView(buffer=histogram, byte_offset=0, row_stride=row_bytes,
+                         byte_extent=row_bytes * slots)
+    return [cpb.StateAccess(view=view, access=V.ACCESS_READ_WRITE)]
+
+
+def paged_text(page_table: str, row_bytes: int, slots: int) -> tuple[
+        list[cpb.ValueBinding], list[cpb.StateAccess]]:
+    """Page-table binding (physical request rows) and its read access."""
+    bindings = [binding(page_table, V.VALUE_SOURCE_PAGE_TABLE, V.INDEXING_PHYSICAL_REQUEST_ROW,
+                        padding=0)]
+    view = cpb.StateView(buffer=page_table, byte_offset=0, row_stride=row_bytes,
+                         byte_extent=row_bytes * slots)
+    return bindings, [cpb.StateAccess(view=view, access=V.ACCESS_READ)]

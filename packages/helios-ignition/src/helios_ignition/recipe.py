@@ -1,0 +1,161 @@
+"""The recipe API: what a file in recipes/ declares (DESIGN.md §4.1).
+
+A recipe declares semantic metadata only: the model family, where its checkpoint comes
+from, frontend syntax, EOS and template tokens, model-card sampling defaults, captured
+capacities and the weight dtype. Geometry is read from the checkpoint. A recipe installs
+no scheduling or state-update code.
+
+A recipe module defines `RECIPE = Recipe(...)`, or `make_recipe(checkpoint) -> Recipe`
+when declarations depend on the checkpoint (a generic family recipe).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from helios_contract.schema import frontend_pb2
+
+
+class RecipeError(ValueError):
+    """A recipe file is missing, malformed, or declares something unsupported."""
+
+
+@dataclass(frozen=True)
+class Capacities:
+    """Captured capacities (graph variants are captured for each).
+
+    Attributes:
+        decode_batch: DECODE batch capacities (request rows), ascending.
+        prefill_tokens: PREFILL packed-token capacities, ascending; the largest is the
+            prefill chunk extent.
+        prefill_rows: request rows of every PREFILL variant.
+        context_tokens: context extent (prompt + output) of one request.
+        page_tokens: tokens per KV page.
+        prepared_pages: prepared page capacity (the load-time default).
+    """
+
+    decode_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    prefill_tokens: tuple[int, ...] = (16, 64, 256)
+    prefill_rows: int = 8
+    context_tokens: int = 8192
+    page_tokens: int = 16
+    prepared_pages: int = 1024
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """Model-card sampling recommendations (complete: every field is explicit)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_output_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class ServingDefaults:
+    """Core defaults for startup settings (explicit startup options win)."""
+
+    max_active: int = 8
+    queue_capacity: int = 64
+    frontend_workers: int = 2
+    event_capacity: int = 256
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything a recipe declares.
+
+    Attributes:
+        name: recipe name (also the default served id).
+        family: model family whose forward pass is captured ("llama").
+        checkpoint: default checkpoint spec ("smollm2" = the embedded GGUF, a path, or
+            "random:<geometry>" for seeded random weights).
+        frontend: tool/reasoning parser selectors and their syntax data.
+        eos_token_ids: ids that end generation; None reads them from the checkpoint.
+        sampling: model-card sampling defaults.
+        capacities: captured capacities.
+        weight_dtype: "bf16" or "f32".
+        aliases: extra served names.
+    """
+
+    name: str
+    family: str
+    checkpoint: str
+    frontend: frontend_pb2.FrontendContract
+    sampling: SamplingDefaults = SamplingDefaults()
+    capacities: Capacities = Capacities()
+    serving: ServingDefaults = ServingDefaults()
+    weight_dtype: str = "bf16"
+    eos_token_ids: tuple[int, ...] | None = None
+    aliases: tuple[str, ...] = field(default_factory=tuple)
+
+
+SUPPORTED_FAMILIES = ("llama",)
+SUPPORTED_WEIGHT_DTYPES = ("bf16", "f32")
+
+
+def load_recipe_module(path: str | Path) -> ModuleType:
+    """Import a recipe file by path.
+
+    Raises:
+        RecipeError: the file does not exist or fails to import.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe file not found: {path}")
+    spec = importlib.util.spec_from_file_location(f"helios_recipe_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise RecipeError(f"cannot import recipe {path}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # a recipe is user code: report, don't crash
+        raise RecipeError(f"recipe {path} failed to import: {exc}") from exc
+    if not hasattr(module, "RECIPE") and not hasattr(module, "make_recipe"):
+        raise RecipeError(f"recipe {path} defines neither RECIPE nor make_recipe(checkpoint)")
+    return module
+
+
+def validate_recipe(recipe: Recipe) -> None:
+    """Check a recipe's declarations before any work is done.
+
+    Raises:
+        RecipeError: unsupported family or dtype, empty or unsorted capacities, or a
+            parser selector left UNSPECIFIED.
+    """
+    if recipe.family not in SUPPORTED_FAMILIES:
+        raise RecipeError(f"recipe {recipe.name}: unsupported family {recipe.family!r}; "
+                          f"supported: {', '.join(SUPPORTED_FAMILIES)}")
+    if recipe.weight_dtype not in SUPPORTED_WEIGHT_DTYPES:
+        raise RecipeError(f"recipe {recipe.name}: unsupported weight dtype "
+                          f"{recipe.weight_dtype!r}; supported: bf16, f32")
+    caps = recipe.capacities
+    for label, values in (("decode_batch", caps.decode_batch),
+                          ("prefill_tokens", caps.prefill_tokens)):
+        if not values or list(values) != sorted(set(values)) or values[0] < 1:
+            raise RecipeError(f"recipe {recipe.name}: capacities.{label} must be ascending "
+                              f"positive and non-empty, got {values}")
+    if caps.context_tokens % caps.page_tokens:
+        raise RecipeError(f"recipe {recipe.name}: context_tokens {caps.context_tokens} is not "
+                          f"a multiple of page_tokens {caps.page_tokens}")
+    _check_frontend_selectors(recipe)
+
+
+def _check_frontend_selectors(recipe: Recipe) -> None:
+    for field_desc in recipe.frontend.DESCRIPTOR.fields:
+        if field_desc.enum_type is None:
+            continue
+        value = getattr(recipe.frontend, field_desc.name)
+        known = {v.number: v.name for v in field_desc.enum_type.values}
+        if value == 0 or value not in known:
+            names = ", ".join(n for num, n in sorted(known.items()) if num)
+            raise RecipeError(f"recipe {recipe.name}: frontend.{field_desc.name} = {value} is not "
+                              f"a supported parser; known: {names}")

@@ -1,0 +1,172 @@
+"""NativeModel.load: choose capacities, allocate every buffer once, bind every graph.
+
+Specification: "Ownership and bootstrap". NativeModel owns the backend (buffers,
+weights, cache storage, bound programs) and shared packing. `manifests` exposes the
+resulting execution geometry to the scheduler. `execute(plan)` selects the smallest
+captured variant that fits the plan, packs the plan's value bindings, runs the graph and
+returns the completion record: one sampled id per plan row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Protocol
+
+import numpy as np
+from helios_contract.schema import contract_pb2 as cpb
+from helios_contract.schema import manifest_pb2 as mpb
+
+from ..engine.plan import ModelGeometry, StepKind, StepPlan
+from .cpu_backend import CpuBackend
+from .errors import MissingGraphVariant, RuntimeLoadError, UnknownBackend
+from .packing import SharedPacking
+
+BACKENDS = ("cpu", "cuda")
+
+
+class CoreLike(Protocol):
+    """What NativeModel.load reads from a verified core."""
+
+    contract: cpb.ServingContract
+    manifest: mpb.ExecutionManifest
+
+    def read_resource(self, resource_id: str) -> bytes: ...
+
+
+class NativeModel:
+    """The loaded model: backend, packing and graph selection.
+
+    Use `NativeModel.load`; the constructor takes already-built parts.
+    """
+
+    def __init__(self, contract: cpb.ServingContract, manifest: mpb.ExecutionManifest,
+                 backend, geometry: ModelGeometry):
+        self.contract = contract
+        self.manifest = manifest
+        self.backend = backend
+        self.manifests = geometry
+        graphs = list(contract.model.graphs)
+        self._programs = {g.name: g for g in manifest.graphs}
+        self._decode = sorted((g.batch_capacity, g.name) for g in graphs
+                              if g.operation == cpb.OPERATION_DECODE
+                              and g.batch_capacity <= max(geometry.decode_capacities))
+        self._prefill = sorted((g.token_capacity, g.name) for g in graphs
+                               if g.operation == cpb.OPERATION_PREFILL)
+        self.packing = SharedPacking(graphs, backend.buffers)
+        completion = {g.completion.buffer for g in manifest.graphs}
+        if len(completion) != 1:
+            raise RuntimeLoadError(f"graphs disagree on the completion buffer: {completion}")
+        self._completion = backend.buffers[completion.pop()]
+        self.launches = Counter()  # graph launches by operation name
+
+    @classmethod
+    def load(cls, core: CoreLike, backend: str = "cpu", *, num_pages: int | None = None,
+             max_concurrency: int | None = None) -> NativeModel:
+        """Load `core` onto `backend`.
+
+        Args:
+            core: a verified, authorized core (helios_tools.core reader).
+            backend: "cpu" (NumPy reference kernels) or "cuda".
+            num_pages: physical KV pages; defaults to the contract's prepared pages.
+            max_concurrency: serve at most this many decode rows (load-time selection may
+                reduce captured concurrency, never raise it).
+
+        Raises:
+            UnknownBackend: `backend` is not one of BACKENDS.
+            MissingGraphVariant: contract and manifest disagree on graph variants.
+            RuntimeLoadError: another inconsistency between contract and manifest.
+        """
+        if backend not in BACKENDS:
+            raise UnknownBackend(f"unknown backend {backend!r}; known backends: "
+                                 f"{', '.join(BACKENDS)}")
+        contract, manifest = core.contract, core.manifest
+        _check_variants(contract, manifest)
+        pages = int(num_pages or contract.prepared_pages)
+        if pages < 1:
+            raise RuntimeLoadError(f"num_pages must be positive, got {pages}")
+        if backend == "cuda":
+            from .cuda_backend import CudaBackend  # imports cuda-python only when asked
+
+            engine = CudaBackend(manifest, core.read_resource, pages)
+        else:
+            engine = CpuBackend(manifest, core.read_resource, pages)
+        geometry = _geometry(contract, manifest, pages, max_concurrency)
+        return cls(contract, manifest, engine, geometry)
+
+    def select_graph(self, plan: StepPlan) -> str:
+        """The smallest captured variant that holds `plan`.
+
+        Raises:
+            ValueError: no captured variant holds it (the scheduler's admission bug).
+        """
+        if plan.kind is StepKind.DECODE:
+            need, table = len(plan.rows), self._decode
+        else:
+            need, table = plan.token_count, self._prefill
+            if len(plan.rows) > self.manifests.prefill_row_capacity:
+                raise ValueError(f"prefill plan has {len(plan.rows)} rows; capacity "
+                                 f"{self.manifests.prefill_row_capacity}")
+        for capacity, name in table:
+            if capacity >= need:
+                return name
+        raise ValueError(f"no captured {plan.kind.value} variant holds {need}")
+
+    def execute(self, plan: StepPlan) -> np.ndarray:
+        """Run one step; returns int32 `[len(plan.rows)]` sampled ids (submission rows)."""
+        name = self.select_graph(plan)
+        program = self._programs[name]
+        self.packing.pack(name, plan, program.batch_capacity, program.token_capacity)
+        self.backend.run(name)
+        self.launches[plan.kind.value] += 1
+        return self._completion[:len(plan.rows)].copy()
+
+    def close(self) -> None:
+        """Release the backend's storage."""
+        close = getattr(self.backend, "close", None)
+        if close:
+            close()
+
+
+def _check_variants(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest) -> None:
+    programs = {g.name: g for g in manifest.graphs}
+    for g in contract.model.graphs:
+        program = programs.get(g.name)
+        if program is None:
+            raise MissingGraphVariant(f"graph variant {g.name!r} "
+                                      f"({cpb.Operation.Name(g.operation)}) is missing from "
+                                      "the execution manifest")
+        if program.operation != g.operation:
+            raise MissingGraphVariant(f"graph {g.name!r}: contract operation "
+                                      f"{cpb.Operation.Name(g.operation)} != manifest "
+                                      f"{cpb.Operation.Name(program.operation)}")
+    ops = {g.operation for g in contract.model.graphs}
+    for needed in (cpb.OPERATION_PREFILL, cpb.OPERATION_DECODE):
+        if needed not in ops:
+            raise MissingGraphVariant(f"the contract selects no {cpb.Operation.Name(needed)} "
+                                      "graph")
+
+
+def _geometry(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest, pages: int,
+              max_concurrency: int | None) -> ModelGeometry:
+    model = contract.model
+    buffers = {b.name: b for b in manifest.buffers}
+    views = list(model.cache.page_table_views)
+    if not views:
+        raise RuntimeLoadError("the cache contract declares no page-table view")
+    table = buffers[views[0].buffer]
+    slots, width = int(table.shape[0]), int(table.shape[1])
+    decode = sorted(g.batch_capacity for g in model.graphs
+                    if g.operation == cpb.OPERATION_DECODE)
+    if max_concurrency is not None:
+        decode = [b for b in decode if b <= max_concurrency] or decode[:1]
+    prefill = [g for g in model.graphs if g.operation == cpb.OPERATION_PREFILL]
+    return ModelGeometry(
+        page_tokens=model.cache.page_tokens, num_pages=pages, slots=slots,
+        max_pages_per_request=width, decode_capacities=tuple(decode),
+        prefill_token_capacities=tuple(sorted(g.token_capacity for g in prefill)),
+        prefill_row_capacity=min(g.batch_capacity for g in prefill),
+        context_tokens=min(contract.context_tokens, width * model.cache.page_tokens),
+        vocab_size=model.vocabulary.sampled_tokens,
+        mask_words=model.vocabulary.mask_words or math.ceil(model.vocabulary.histogram_width / 32),
+        eos_token_ids=tuple(contract.eos_token_ids))
