@@ -102,7 +102,11 @@ class CpuBackend:
                 args.append(float(arg.float_value))
         return reference_op(kernel.reference_op), tuple(args)
 
-    def run(self, graph: str) -> None:
-        """Execute every launch of `graph` in order (synchronous)."""
+    def run(self, graph: str, dirty=()) -> None:
+        """Execute every launch of `graph` in order (synchronous).
+
+        `dirty` (physical-row ranges packing wrote) needs no upload here: the staging
+        arrays are the buffers.
+        """
         for fn, args in self._programs[graph]:
             fn(*args)

@@ -116,8 +116,8 @@ class NativeModel:
         """Run one step; returns int32 `[len(plan.rows)]` sampled ids (submission rows)."""
         name = self.select_graph(plan)
         program = self._programs[name]
-        self.packing.pack(name, plan, program.batch_capacity, program.token_capacity)
-        self.backend.run(name)
+        dirty = self.packing.pack(name, plan, program.batch_capacity, program.token_capacity)
+        self.backend.run(name, dirty)
         self.launches[plan.kind.value] += 1
         return self._completion[:len(plan.rows)].copy()
 

@@ -53,6 +53,16 @@ TOKEN_VALUES: dict[int, Callable[[int, RowPlan], np.ndarray]] = {
 
 
 @dataclass(frozen=True)
+class DirtyRange:
+    """Elements [start, end) of row `row` of physical-row buffer `destination`."""
+
+    destination: str
+    row: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
 class _Resolved:
     binding: cpb.ValueBinding
     dest: np.ndarray
@@ -84,18 +94,26 @@ class SharedPacking:
         # slot -> (generation, page entries uploaded); see the module docstring.
         self._uploaded: dict[tuple[str, int], tuple[int, int]] = {}
 
-    def pack(self, graph: str, plan: StepPlan, rows: int, tokens: int) -> None:
-        """Write every binding of `graph` for `plan` (rows/tokens: captured capacities)."""
+    def pack(self, graph: str, plan: StepPlan, rows: int, tokens: int) -> list[DirtyRange]:
+        """Write every binding of `graph` for `plan` (rows/tokens: captured capacities).
+
+        Returns:
+            The physical-request-row ranges written this step (destination, slot row,
+            first and end element within the row), so a device backend uploads only those
+            from its host mirror; the other bindings are rewritten whole every step.
+        """
+        dirty: list[DirtyRange] = []
         for item in self._graphs[graph]:
             b = item.binding
             if b.indexing == V.INDEXING_PHYSICAL_REQUEST_ROW:
-                self._pack_physical(b, item.dest, plan)
+                self._pack_physical(b, item.dest, plan, dirty)
             elif b.indexing == V.INDEXING_PACKED_TOKEN:
                 self._pack_tokens(b, item.dest, plan, tokens)
             elif b.indexing == V.INDEXING_SCALAR:
                 item.dest.reshape(-1)[0] = _scalar(b, plan)
             else:
                 self._pack_rows(b, item.dest, plan, rows)
+        return dirty
 
     def _pack_tokens(self, b, dest: np.ndarray, plan: StepPlan, capacity: int) -> None:
         values = np.concatenate([TOKEN_VALUES[b.source](i, r) for i, r in enumerate(plan.rows)])
@@ -123,7 +141,8 @@ class SharedPacking:
         dest[:n] = np.asarray(values, dtype=dest.dtype) + dest.dtype.type(b.offset)
         dest[n:pad_to] = b.padding
 
-    def _pack_physical(self, b, dest: np.ndarray, plan: StepPlan) -> None:
+    def _pack_physical(self, b, dest: np.ndarray, plan: StepPlan,
+                       dirty: list[DirtyRange]) -> None:
         if b.source == V.VALUE_SOURCE_PAGE_TABLE:
             for r in plan.rows:
                 key = (b.destination, r.slot)
@@ -132,6 +151,7 @@ class SharedPacking:
                     done = 0
                 if len(r.page_ids) > done:
                     dest[r.slot, done:len(r.page_ids)] = r.page_ids[done:]
+                    dirty.append(DirtyRange(b.destination, r.slot, done, len(r.page_ids)))
                 self._uploaded[key] = (r.generation, len(r.page_ids))
         elif b.source == V.VALUE_SOURCE_PROMPT_HISTOGRAM:
             for r in plan.rows:
@@ -139,6 +159,7 @@ class SharedPacking:
                     width = dest.shape[1]
                     dest[r.slot] = np.bincount(np.asarray(r.histogram_tokens, dtype=np.int64),
                                                minlength=width)[:width]
+                    dirty.append(DirtyRange(b.destination, r.slot, 0, width))
 
 
 def _scalar(b: cpb.ValueBinding, plan: StepPlan) -> int:
