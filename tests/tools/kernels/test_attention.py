@@ -179,3 +179,12 @@ def test_attention_rejects_positions_beyond_the_page_table():
     with pytest.raises(IndexError):
         attention_decode(qkv, np.array([MP * PT], np.int32), lay.slots[:1], lay.page_table,
                          lay.k_cache, lay.v_cache, out, 1, MP, PT, 2, 1, HD, 1.0)  # fmt: skip
+
+
+def test_kv_write_rejects_positions_outside_the_page_table():
+    lay = Layout(2, 1, [3])
+    qkv = lay.qkv[int(lay.slots[0])][:1]
+    for bad in (-1, MP * PT):
+        with pytest.raises(IndexError):
+            kv_write(qkv, np.array([bad], np.int32), np.zeros(1, np.int32), lay.slots[:1],
+                     lay.page_table, lay.k_cache, lay.v_cache, 1, 1, MP, PT, 2, 1, HD)  # fmt: skip

@@ -55,7 +55,7 @@ def kv_write(
         HD: head dim.
 
     Raises:
-        IndexError: if a real token's position lies beyond its page table (misuse).
+        IndexError: if a real token's position is negative or beyond its page table.
     """
     rows = token_row[:T]
     t_idx = np.flatnonzero(rows >= 0)
@@ -66,8 +66,8 @@ def kv_write(
         return
     pos = positions[t_idx].astype(np.int64)
     page_col = pos // PT
-    if page_col.max() >= MP:
-        raise IndexError(f"position {int(pos.max())} needs page {int(page_col.max())} >= MP={MP}")
+    if pos.min() < 0 or page_col.max() >= MP:
+        raise IndexError(f"positions {int(pos.min())}..{int(pos.max())} outside MP={MP} pages")
     page = page_table[s, page_col]
     off = pos % PT
     k0, v0 = H * HD, (H + KVH) * HD

@@ -194,8 +194,9 @@ def sample(
 
     ``philox_u`` is ``rng.philox_uniform``: Philox4x32-10 with key ``(seed[r,0], seed[r,1])``,
     counter ``(i, positions[r], 0, 0)``, word 0 mapped to ``((x0 >> 8) + 0.5) * 2**-24``.
-    The race is evaluated in float64; the probabilities are f32. A row whose every token is
-    masked samples ``argmax`` (token 0).
+    The race is evaluated in float64; the probabilities are f32. (A float32 ``u`` would
+    round ``(2**24 - 0.5) / 2**24`` up to 1, making ``-log(-log u)`` infinite: GPU kernels
+    must keep ``u < 1``.) A row whose every token is masked samples ``argmax`` (token 0).
 
     Args:
         logits: ``[R, V]`` f32 (submission rows).
