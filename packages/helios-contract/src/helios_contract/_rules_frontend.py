@@ -1,0 +1,298 @@
+"""Frontend rules: parser pairings, the syntax data each parser reads, image layout data,
+and the concrete checks behind "frontend identifiers cannot carry runtime policy".
+
+Pairings (shared/seed/model-contract.md, "Frontend implementations"):
+
+- XTML think reasoning requires the XTML tool parser;
+- recipient-header reasoning and ATEM tools are paired, both ways;
+- image preparation and image layout are NONE together or not at all;
+- every reasoning terminal marker equals the declared tool syntax's opener (call_open).
+
+Policy, made concrete: a frontend selector or syntax string can only describe text. So
+
+- syntax data for a parser that is not selected is rejected (it would be dead data a
+  runtime could key behavior on);
+- no frontend marker that does not end a message may spell the EOS token text (generation
+  ends only at the core's EOS IDs, a completion behavior);
+- no image layout token id may be an EOS id.
+"""
+
+from __future__ import annotations
+
+from helios_contract._gen.helios.v1 import contract_pb2 as pb
+from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
+from helios_contract._rules_contract import enum_name
+from helios_contract.errors import (
+    BindingError,
+    DuplicateIdentifierError,
+    ExtentError,
+    FrontendPairingError,
+    FrontendPolicyError,
+    FrontendSyntaxError,
+    MissingFieldError,
+    VocabularyRangeError,
+)
+
+F = "model.frontend"
+
+# ToolSyntax fields each tool parser reads and cannot do without.
+TOOL_SYNTAX_REQUIRED = {
+    fpb.TOOL_PARSER_NONE: (),
+    fpb.TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS: (
+        "call_open", "call_close", "function_name_open", "parameter_name_open",
+        "parameter_value_close",
+    ),
+    fpb.TOOL_PARSER_GLM_ARGUMENT_TAGS: (
+        "call_open", "call_close", "parameter_name_open", "parameter_value_open",
+        "parameter_value_close",
+    ),
+    fpb.TOOL_PARSER_DSML: (
+        "call_open", "call_close", "function_name_open", "parameter_name_open",
+        "parameter_kind_open", "parameter_value_close",
+    ),
+    fpb.TOOL_PARSER_XTML: ("call_open", "call_close"),
+    fpb.TOOL_PARSER_ATEM_RECIPIENT_HEADERS: ("call_open", "call_close"),
+    fpb.TOOL_PARSER_JSON_IN_TAGS: ("call_open", "call_close", "json_name_key",
+                                   "json_arguments_key"),
+}
+KIND_FIELDS = ("parameter_kind_open", "parameter_kind_close", "parameter_kind_string",
+               "parameter_kind_json")
+# ReasoningSyntax fields each reasoning parser needs.
+REASONING_SYNTAX_REQUIRED = {
+    fpb.REASONING_PARSER_NONE: (),
+    fpb.REASONING_PARSER_THINK_TAGS: ("open", "close"),
+    fpb.REASONING_PARSER_XTML_THINK: ("open", "close"),
+    fpb.REASONING_PARSER_RECIPIENT_HEADER: (),
+}
+RECIPIENT_REQUIRED = ("recipient_prefix", "message_open", "internal_message_end",
+                      "reasoning_recipient", "tool_recipient", "answer_recipient")
+IMAGE_SOURCES = (
+    pb.VALUE_SOURCE_IMAGE_FEATURE_INDEX,
+    pb.VALUE_SOURCE_IMAGE_CONTEXT_INDEX,
+    pb.VALUE_SOURCE_IMAGE_FEATURE_SLOT,
+    pb.VALUE_SOURCE_IMAGE_TENSOR,
+)
+
+
+def _require(message, fields, path: str, why: str) -> None:
+    for name in fields:
+        if not getattr(message, name):
+            raise FrontendSyntaxError(f"{path}.{name}", "", why)
+
+
+def _check_pairings(front: fpb.FrontendContract) -> None:
+    tool, reasoning = front.tool_parser, front.reasoning_parser
+    if reasoning == fpb.REASONING_PARSER_XTML_THINK and tool != fpb.TOOL_PARSER_XTML:
+        raise FrontendPairingError(
+            f"{F}.tool_parser", enum_name(fpb.ToolParser, tool),
+            "REASONING_PARSER_XTML_THINK requires TOOL_PARSER_XTML",
+        )
+    if reasoning == fpb.REASONING_PARSER_RECIPIENT_HEADER and \
+            tool != fpb.TOOL_PARSER_ATEM_RECIPIENT_HEADERS:
+        raise FrontendPairingError(
+            f"{F}.tool_parser", enum_name(fpb.ToolParser, tool),
+            "REASONING_PARSER_RECIPIENT_HEADER pairs with TOOL_PARSER_ATEM_RECIPIENT_HEADERS",
+        )
+    if tool == fpb.TOOL_PARSER_ATEM_RECIPIENT_HEADERS and \
+            reasoning != fpb.REASONING_PARSER_RECIPIENT_HEADER:
+        raise FrontendPairingError(
+            f"{F}.reasoning_parser", enum_name(fpb.ReasoningParser, reasoning),
+            "TOOL_PARSER_ATEM_RECIPIENT_HEADERS pairs with REASONING_PARSER_RECIPIENT_HEADER",
+        )
+    no_prep = front.image_preparation == fpb.IMAGE_PREPARATION_NONE
+    no_layout = front.image_layout == fpb.IMAGE_LAYOUT_NONE
+    if no_prep != no_layout:
+        raise FrontendPairingError(
+            f"{F}.image_layout", enum_name(fpb.ImageLayout, front.image_layout),
+            f"image preparation is {enum_name(fpb.ImagePreparation, front.image_preparation)}: "
+            "both or neither are NONE",
+        )
+
+
+def _check_tool_syntax(front: fpb.FrontendContract) -> None:
+    syntax, path = front.tool_syntax, f"{F}.tool_syntax"
+    if front.tool_parser == fpb.TOOL_PARSER_NONE:
+        if front.HasField("tool_syntax"):
+            raise FrontendSyntaxError(path, "set", "TOOL_PARSER_NONE reads no tool syntax")
+        return
+    name = enum_name(fpb.ToolParser, front.tool_parser)
+    _require(syntax, TOOL_SYNTAX_REQUIRED[front.tool_parser], path, f"{name} needs it")
+    if any(getattr(syntax, f) for f in KIND_FIELDS):
+        _require(syntax, KIND_FIELDS, path, "value-kind attributes are declared completely")
+        if syntax.parameter_kind_string == syntax.parameter_kind_json:
+            raise FrontendSyntaxError(
+                f"{path}.parameter_kind_json", syntax.parameter_kind_json,
+                "string and JSON parameter kinds must differ",
+            )
+    if front.tool_parser == fpb.TOOL_PARSER_JSON_IN_TAGS and \
+            syntax.json_name_key == syntax.json_arguments_key:
+        raise FrontendSyntaxError(
+            f"{path}.json_arguments_key", syntax.json_arguments_key, "must differ from json_name_key"
+        )
+
+
+def _check_reasoning_syntax(front: fpb.FrontendContract) -> None:
+    syntax, path = front.reasoning_syntax, f"{F}.reasoning_syntax"
+    reasoning = front.reasoning_parser
+    if reasoning == fpb.REASONING_PARSER_NONE and front.HasField("reasoning_syntax"):
+        raise FrontendSyntaxError(path, "set", "REASONING_PARSER_NONE reads no reasoning syntax")
+    name = enum_name(fpb.ReasoningParser, reasoning)
+    _require(syntax, REASONING_SYNTAX_REQUIRED[reasoning], path, f"{name} needs it")
+    opener = front.tool_syntax.call_open
+    for index, marker in enumerate(syntax.terminal_markers):
+        if not opener or marker != opener:
+            raise FrontendSyntaxError(
+                f"{path}.terminal_markers[{index}]", marker,
+                f"a reasoning terminal marker must be the tool syntax's opener "
+                f"(tool_syntax.call_open = {opener!r})",
+            )
+    if reasoning != fpb.REASONING_PARSER_NONE:
+        bounds = front.assistant_boundaries
+        bpath = f"{F}.assistant_boundaries"
+        if not bounds.assistant_header:
+            raise FrontendSyntaxError(
+                f"{bpath}.assistant_header", "", "initial reasoning state needs the header"
+            )
+        if not bounds.message_end_markers:
+            raise FrontendSyntaxError(
+                f"{bpath}.message_end_markers", "", "initial reasoning state needs end markers"
+            )
+        for index, marker in enumerate(bounds.message_end_markers):
+            if not marker:
+                raise FrontendSyntaxError(f"{bpath}.message_end_markers[{index}]", "",
+                                          "markers are nonempty")
+
+
+def _check_recipient_syntax(front: fpb.FrontendContract) -> None:
+    syntax, path = front.recipient_syntax, f"{F}.recipient_syntax"
+    if front.reasoning_parser != fpb.REASONING_PARSER_RECIPIENT_HEADER:
+        if front.HasField("recipient_syntax"):
+            raise FrontendSyntaxError(
+                path, "set", "only REASONING_PARSER_RECIPIENT_HEADER reads recipient syntax"
+            )
+        return
+    _require(syntax, RECIPIENT_REQUIRED, path, "recipient-header frames need it")
+    if not syntax.content_recipients or not all(syntax.content_recipients):
+        raise FrontendSyntaxError(
+            f"{path}.content_recipients", list(syntax.content_recipients),
+            "visible-content recipients are declared and nonempty",
+        )
+    if syntax.reasoning_recipient in syntax.content_recipients or \
+            syntax.tool_recipient in (syntax.reasoning_recipient, *syntax.content_recipients):
+        raise FrontendSyntaxError(
+            f"{path}.reasoning_recipient", syntax.reasoning_recipient,
+            "reasoning, content and tool recipients are distinct",
+        )
+    if syntax.answer_recipient not in syntax.content_recipients:
+        raise FrontendSyntaxError(
+            f"{path}.answer_recipient", syntax.answer_recipient,
+            "the answer recipient is one of the content recipients",
+        )
+
+
+def _check_prefix_rules(front: fpb.FrontendContract) -> None:
+    roles: set[int] = set()
+    for index, rule in enumerate(front.prefix_boundary_rules):
+        path = f"{F}.prefix_boundary_rules[{index}]"
+        if not rule.end_marker:
+            raise FrontendSyntaxError(f"{path}.end_marker", "", "boundaries follow an end marker")
+        if rule.role in roles:
+            raise DuplicateIdentifierError(
+                f"{path}.role", enum_name(fpb.FrontendMessageRole, rule.role), "one rule per role"
+            )
+        roles.add(rule.role)
+
+
+def _check_images(serving: pb.ServingContract) -> None:
+    model, front = serving.model, serving.model.frontend
+    layout, path = front.image_token_layout, f"{F}.image_token_layout"
+    vision = model.vision
+    if front.image_layout == fpb.IMAGE_LAYOUT_NONE:
+        if front.HasField("image_token_layout"):
+            raise FrontendSyntaxError(path, "set", "IMAGE_LAYOUT_NONE reads no image token layout")
+        if model.input_vocabulary.image_sentinel_ids:
+            raise VocabularyRangeError(
+                "model.input_vocabulary.image_sentinel_ids",
+                list(model.input_vocabulary.image_sentinel_ids),
+                "image sentinels without an image layout",
+            )
+        for g, graph in enumerate(model.graphs):
+            for b, binding in enumerate(graph.bindings):
+                if binding.source in IMAGE_SOURCES:
+                    raise BindingError(
+                        f"model.graphs[{g}].bindings[{b}].source",
+                        enum_name(pb.ValueSource, binding.source),
+                        "image inputs bound while the image layout is IMAGE_LAYOUT_NONE",
+                    )
+        return
+    for name in ("feature_slots", "features_per_window", "patches_per_feature"):
+        if getattr(vision, name) == 0:
+            raise ExtentError(f"model.vision.{name}", 0, "image models declare vision capacities")
+    if not vision.patch_capacities:
+        raise ExtentError("model.vision.patch_capacities", [], "image models capture patches")
+    if not front.HasField("image_token_layout"):
+        raise MissingFieldError(path, detail="image layouts read image token layout data")
+    if layout.feature_token_id not in model.input_vocabulary.image_sentinel_ids:
+        raise VocabularyRangeError(
+            f"{path}.feature_token_id", layout.feature_token_id,
+            "the feature token is a declared image sentinel (input_vocabulary.image_sentinel_ids)",
+        )
+    ids = ["span_start_token_id", "span_end_token_id"]
+    if front.image_layout == fpb.IMAGE_LAYOUT_ROW_SEPARATED_SPAN:
+        ids.append("row_separator_token_id")
+    for name in ids:
+        value = getattr(layout, name)
+        if not 0 <= value < model.input_vocabulary.input_tokens:
+            raise VocabularyRangeError(
+                f"{path}.{name}", value,
+                f"outside the input range [0, {model.input_vocabulary.input_tokens})",
+            )
+    if layout.patches_per_feature != vision.patches_per_feature:
+        raise FrontendSyntaxError(
+            f"{path}.patches_per_feature", layout.patches_per_feature,
+            f"disagrees with model.vision.patches_per_feature ({vision.patches_per_feature})",
+        )
+
+
+def _check_policy(serving: pb.ServingContract) -> None:
+    front = serving.model.frontend
+    eos_text = serving.template_tokens.eos_token
+    if eos_text:
+        markers = [
+            ("tool_syntax.call_open", front.tool_syntax.call_open),
+            ("tool_syntax.call_close", front.tool_syntax.call_close),
+            ("reasoning_syntax.open", front.reasoning_syntax.open),
+            ("reasoning_syntax.close", front.reasoning_syntax.close),
+            ("recipient_syntax.message_open", front.recipient_syntax.message_open),
+            ("recipient_syntax.internal_message_end", front.recipient_syntax.internal_message_end),
+        ]
+        for name, marker in markers:
+            if marker == eos_text:
+                raise FrontendPolicyError(
+                    f"{F}.{name}", marker,
+                    "spells the EOS token: generation ends only at the core's EOS IDs",
+                )
+    if front.HasField("image_token_layout"):
+        layout = front.image_token_layout
+        eos = set(serving.eos_token_ids)
+        for name in ("feature_token_id", "span_start_token_id", "span_end_token_id",
+                     "row_separator_token_id"):
+            if getattr(layout, name) in eos and (name != "row_separator_token_id" or
+                                                 front.image_layout ==
+                                                 fpb.IMAGE_LAYOUT_ROW_SEPARATED_SPAN):
+                raise FrontendPolicyError(
+                    f"{F}.image_token_layout.{name}", getattr(layout, name),
+                    "an image layout token cannot be an EOS id (completion behavior)",
+                )
+
+
+def check_frontend(serving: pb.ServingContract) -> None:
+    """Validate ``serving.model.frontend`` (selectors are already known to be specified)."""
+    front = serving.model.frontend
+    _check_pairings(front)
+    _check_tool_syntax(front)
+    _check_reasoning_syntax(front)
+    _check_recipient_syntax(front)
+    _check_prefix_rules(front)
+    _check_policy(serving)
+    _check_images(serving)

@@ -1,0 +1,255 @@
+"""PreparedContract: a validated, version 3 view of a ServingContract.
+
+Startup decodes the core's ``ServingContract`` (strictly, see ``helios_contract.strict``),
+then calls ``PreparedContract.from_contract``. Every rule of the specification
+(shared/seed/model-contract.md) is checked there once; the runtime then reads typed views
+and never re-validates. There is no per-model code and no model-name dispatch: everything
+below is keyed by contract enums and declared names.
+
+Validation order (first failure raises): version and upgrade, required messages, enum
+selectors, vocabulary, serving extents and sampling defaults, cache, graphs (bindings,
+speculative extents, pending tokens), frontend, then the execution manifest when given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from helios_contract import _rules_contract, _rules_frontend, _rules_manifest
+from helios_contract._gen.helios.v1 import contract_pb2 as pb
+from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
+from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
+from helios_contract.upgrade import upgrade_to_current
+
+__all__ = ["PreparedContract", "validate_contract"]
+
+
+def validate_contract(
+    serving: pb.ServingContract, manifest: mpb.ExecutionManifest | None = None
+) -> pb.ServingContract:
+    """Check every specification rule and return the version 3 view of ``serving``.
+
+    Args:
+        serving: Decoded contract of version 1, 2 or 3 (not modified).
+        manifest: The execution manifest of the same core; ``None`` skips the cross-checks
+            that need it (identifiers, operations, capacities, view bounds, tuning).
+
+    Returns:
+        A new ``ServingContract`` with ``model.version == 3``.
+
+    Raises:
+        ContractError: A subclass naming the field path and the offending value.
+    """
+    upgraded = upgrade_to_current(serving)
+    _rules_contract.check_required(upgraded)
+    _rules_contract.check_selectors(upgraded.model, "model")
+    _rules_contract.check_vocabulary(upgraded)
+    _rules_contract.check_serving_extents(upgraded)
+    _rules_contract.check_sampling_defaults(upgraded)
+    _rules_contract.check_cache(upgraded)
+    _rules_contract.check_graphs(upgraded)
+    _rules_frontend.check_frontend(upgraded)
+    if manifest is not None:
+        _rules_manifest.check_manifest(upgraded, manifest)
+    return upgraded
+
+
+@dataclass(frozen=True)
+class PreparedContract:
+    """A validated serving contract with the typed views the runtime reads.
+
+    Do not construct directly; use ``from_contract``. The protobuf messages it holds are
+    private copies: treat them as read-only.
+
+    Attributes:
+        serving: The version 3 view of the contract (``serving.model.version == 3``).
+        manifest: The execution manifest it was checked against, or ``None``.
+        source_version: ``model.version`` as decoded (1, 2 or 3).
+        graphs: Graph contracts by name, in declaration order.
+    """
+
+    serving: pb.ServingContract
+    manifest: mpb.ExecutionManifest | None
+    source_version: int
+    graphs: Mapping[str, pb.GraphContract] = field(repr=False)
+
+    @classmethod
+    def from_contract(
+        cls, serving: pb.ServingContract, manifest: mpb.ExecutionManifest | None = None
+    ) -> PreparedContract:
+        """Validate ``serving`` (and its cross-references into ``manifest``).
+
+        Args:
+            serving: Decoded ``ServingContract`` of version 1, 2 or 3 (not modified).
+            manifest: The core's ``ExecutionManifest``; ``None`` validates the contract alone.
+
+        Returns:
+            The prepared contract.
+
+        Raises:
+            ContractError: A subclass naming the field path and the offending value, for
+                the first rule ``serving`` breaks (see ``helios_contract.errors``).
+        """
+        upgraded = validate_contract(serving, manifest)
+        own_manifest = None
+        if manifest is not None:
+            own_manifest = mpb.ExecutionManifest()
+            own_manifest.CopyFrom(manifest)
+        graphs = MappingProxyType({g.name: g for g in upgraded.model.graphs})
+        return cls(upgraded, own_manifest, serving.model.version, graphs)
+
+    # --- identity and extents ---------------------------------------------------------------
+
+    @property
+    def model(self) -> pb.ModelContract:
+        return self.serving.model
+
+    @property
+    def served_id(self) -> str:
+        return self.serving.served_id
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return tuple(self.serving.aliases)
+
+    @property
+    def cache_identity(self) -> str:
+        return self.serving.cache_identity
+
+    @property
+    def context_tokens(self) -> int:
+        return self.serving.context_tokens
+
+    @property
+    def prefill_chunk_tokens(self) -> int:
+        return self.serving.prefill_chunk_tokens
+
+    # --- graphs -----------------------------------------------------------------------------
+
+    def graphs_for(self, operation: int) -> tuple[pb.GraphContract, ...]:
+        """Graphs of one ``Operation``, sorted by (batch_capacity, token_capacity, name)."""
+        chosen = [g for g in self.graphs.values() if g.operation == operation]
+        return tuple(sorted(chosen, key=lambda g: (g.batch_capacity, g.token_capacity, g.name)))
+
+    @property
+    def decode_capacities(self) -> tuple[int, ...]:
+        """Distinct captured DECODE batch capacities (request rows), ascending."""
+        return tuple(sorted({g.batch_capacity for g in self.graphs_for(pb.OPERATION_DECODE)}))
+
+    @property
+    def prefill_capacities(self) -> tuple[tuple[int, int], ...]:
+        """Distinct captured PREFILL (batch rows, chunk tokens) pairs, ascending."""
+        return tuple(sorted({(g.batch_capacity, g.token_capacity)
+                             for g in self.graphs_for(pb.OPERATION_PREFILL)}))
+
+    @property
+    def speculative_widths(self) -> tuple[int, ...]:
+        """Distinct captured speculative widths W (verify tokens per request), ascending."""
+        return tuple(sorted({g.speculative.token_capacity
+                             for g in self.graphs_for(pb.OPERATION_SPECULATIVE)}))
+
+    @property
+    def selected_concurrency(self) -> int:
+        return self.serving.selected_concurrency
+
+    @property
+    def state_rows_per_request(self) -> int:
+        """Maximum state rows per request among the graphs (partitions execution rows)."""
+        return max((g.state_rows_per_request for g in self.graphs.values()), default=0)
+
+    # --- vocabulary and sampling ------------------------------------------------------------
+
+    @property
+    def sampled_tokens(self) -> int:
+        return self.model.vocabulary.sampled_tokens
+
+    @property
+    def histogram_width(self) -> int:
+        return self.model.vocabulary.histogram_width
+
+    @property
+    def mask_words(self) -> int:
+        return self.model.vocabulary.mask_words
+
+    @property
+    def input_tokens(self) -> int:
+        return self.model.input_vocabulary.input_tokens
+
+    @property
+    def image_sentinel_ids(self) -> frozenset[int]:
+        return frozenset(self.model.input_vocabulary.image_sentinel_ids)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """EOS ids in declaration order (all < sampled_tokens)."""
+        return tuple(self.serving.eos_token_ids)
+
+    @property
+    def sampling_defaults(self) -> pb.SamplingDefaults:
+        return self.serving.defaults.sampling
+
+    @property
+    def defaults(self) -> pb.ServingDefaults:
+        return self.serving.defaults
+
+    @property
+    def template_tokens(self) -> pb.TemplateTokens:
+        return self.serving.template_tokens
+
+    # --- cache ------------------------------------------------------------------------------
+
+    @property
+    def page_tokens(self) -> int:
+        """Logical tokens represented by one page id."""
+        return self.model.cache.page_tokens
+
+    @property
+    def history_regions(self) -> tuple[pb.HistoryRegion, ...]:
+        return tuple(self.model.cache.regions)
+
+    @property
+    def cache_planes(self) -> tuple[str, ...]:
+        """Manifest buffer names of every history plane, in region order."""
+        return tuple(p for r in self.model.cache.regions for p in r.planes)
+
+    @property
+    def page_table_views(self) -> tuple[pb.PageTableView, ...]:
+        return tuple(self.model.cache.page_table_views)
+
+    # --- frontend ---------------------------------------------------------------------------
+
+    @property
+    def frontend(self) -> fpb.FrontendContract:
+        return self.model.frontend
+
+    @property
+    def tool_parser(self) -> int:
+        """``ToolParser`` enum value."""
+        return self.frontend.tool_parser
+
+    @property
+    def reasoning_parser(self) -> int:
+        """``ReasoningParser`` enum value."""
+        return self.frontend.reasoning_parser
+
+    @property
+    def tool_syntax(self) -> fpb.ToolSyntax:
+        return self.frontend.tool_syntax
+
+    @property
+    def reasoning_syntax(self) -> fpb.ReasoningSyntax:
+        return self.frontend.reasoning_syntax
+
+    @property
+    def recipient_syntax(self) -> fpb.RecipientSyntax:
+        return self.frontend.recipient_syntax
+
+    @property
+    def assistant_boundaries(self) -> fpb.AssistantBoundaries:
+        return self.frontend.assistant_boundaries
+
+    @property
+    def vision(self) -> pb.VisionContract:
+        return self.model.vision
