@@ -1,0 +1,131 @@
+"""Tiny in-memory models for tests: real capture, real contract, seeded random weights.
+
+`tiny_core(seed)` returns an object with `contract`, `manifest` and `read_resource`,
+which is what NativeModel.load reads from a verified core, so runtime tests run the full
+capture -> packing -> backend path in milliseconds. `dense_forward` is an independent
+plain NumPy implementation of the same model (contiguous cache, no paging) to check the
+paged, packed execution against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from helios_contract.schema import contract_pb2 as cpb
+from helios_contract.schema import frontend_pb2 as fe
+from helios_contract.schema import manifest_pb2 as mpb
+from helios_tools.kernels import grammar_mask_words
+
+from .families.llama import LlamaShapes, capture, rope_inv_freq, weight_layout, weight_resource_id
+from .recipe import Capacities
+
+TINY_SHAPES = LlamaShapes(vocab=96, hidden=32, ffn=48, layers=2, heads=4, kv_heads=2,
+                          head_dim=8, rope_theta=10000.0, rms_eps=1e-5, tied=True)
+TINY_CAPACITIES = Capacities(decode_batch=(1, 2, 4), prefill_tokens=(8, 16), prefill_rows=4,
+                             context_tokens=64, page_tokens=4, prepared_pages=32)
+
+
+@dataclass
+class TinyCore:
+    """What NativeModel.load reads, held in memory."""
+
+    contract: cpb.ServingContract
+    manifest: mpb.ExecutionManifest
+    weights: dict[str, np.ndarray]
+
+    def read_resource(self, resource_id: str) -> bytes:
+        return self.weights[resource_id].tobytes()
+
+
+def tiny_weights(shapes: LlamaShapes, seed: int) -> dict[str, np.ndarray]:
+    """Seeded random f32 weights by physical buffer name (norms near 1, never zero)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in weight_layout(shapes).items():
+        if name == "rope_inv_freq":
+            out[name] = rope_inv_freq(shapes, None)
+        elif len(shape) == 1:
+            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            out[name] = (0.3 * rng.standard_normal(shape)).astype(np.float32)
+    return out
+
+
+def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
+              caps: Capacities = TINY_CAPACITIES) -> TinyCore:
+    """Capture the tiny model and wrap it with seeded f32 weights and a full contract."""
+    manifest, graphs = capture(shapes, caps, "f32")
+    frontend = fe.FrontendContract(tool_parser=fe.TOOL_PARSER_NONE,
+                                   reasoning_parser=fe.REASONING_PARSER_NONE,
+                                   image_preparation=fe.IMAGE_PREPARATION_NONE,
+                                   image_layout=fe.IMAGE_LAYOUT_NONE)
+    cache = cpb.CacheContract(page_tokens=caps.page_tokens)
+    cache.regions.add(name="kv", kind=cpb.HISTORY_KIND_PAGED_KV, tokens_per_record=1,
+                      planes=[f"L{i}.{p}_cache" for i in range(shapes.layers) for p in "kv"])
+    cache.page_table_views.add(region="kv", buffer="state.page_table")
+    words = grammar_mask_words(shapes.vocab)
+    contract = cpb.ServingContract(
+        served_id="tiny", cache_identity="tiny/f32", context_tokens=caps.context_tokens,
+        prefill_chunk_tokens=max(caps.prefill_tokens), prepared_pages=caps.prepared_pages,
+        selected_concurrency=max(caps.decode_batch), eos_token_ids=[shapes.vocab - 1],
+        defaults=cpb.ServingDefaults(sampling=cpb.SamplingDefaults(top_p=1.0,
+                                                                   repetition_penalty=1.0,
+                                                                   max_output_tokens=16)),
+        model=cpb.ModelContract(
+            version=3, vocabulary=cpb.Vocabulary(sampled_tokens=shapes.vocab,
+                                                 histogram_width=shapes.vocab,
+                                                 mask_words=words),
+            input_vocabulary=cpb.InputVocabulary(input_tokens=shapes.vocab),
+            vision=cpb.VisionContract(), cache=cache, graphs=graphs, frontend=frontend))
+    weights = {weight_resource_id(k): v for k, v in tiny_weights(shapes, seed).items()}
+    return TinyCore(contract, manifest, weights)
+
+
+def dense_forward(weights: dict[str, np.ndarray], shapes: LlamaShapes,
+                  tokens: list[int]) -> np.ndarray:
+    """Plain causal forward over `tokens` (f32); returns logits `[len(tokens), vocab]`.
+
+    Independent of the kernel library: contiguous K/V, explicit loops over heads.
+    """
+    w = {k.removeprefix("weights/"): v for k, v in weights.items()}
+    s = shapes
+    n = len(tokens)
+
+    def norm(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + s.rms_eps) * g
+
+    pos = np.arange(n)
+    angles = pos[:, None] * w["rope_inv_freq"][None, :]
+    cos, sin = np.cos(angles), np.sin(angles)
+
+    def rope(x):  # [n, heads, hd], half-split
+        half = s.head_dim // 2
+        a, b = x[..., :half], x[..., half:]
+        return np.concatenate([a * cos[:, None] - b * sin[:, None],
+                               b * cos[:, None] + a * sin[:, None]], -1)
+
+    r = w["embed"][tokens].astype(np.float64)
+    hq, hk = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    for i in range(s.layers):
+        h = norm(r, w[f"L{i}.attn_norm"])
+        qkv = h @ w[f"L{i}.wqkv"].T
+        q = rope(qkv[:, :hq].reshape(n, s.heads, s.head_dim))
+        k = rope(qkv[:, hq:hq + hk].reshape(n, s.kv_heads, s.head_dim))
+        v = qkv[:, hq + hk:].reshape(n, s.kv_heads, s.head_dim)
+        out = np.zeros((n, s.heads, s.head_dim))
+        group = s.heads // s.kv_heads
+        for head in range(s.heads):
+            kv = head // group
+            scores = q[:, head] @ k[:, kv].T / np.sqrt(s.head_dim)
+            scores[np.triu_indices(n, 1)] = -np.inf
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            out[:, head] = p @ v[:, kv]
+        r = r + out.reshape(n, hq) @ w[f"L{i}.wo"].T
+        h = norm(r, w[f"L{i}.ffn_norm"])
+        gu = h @ w[f"L{i}.w_gate_up"].T
+        g, u = gu[:, :s.ffn], gu[:, s.ffn:]
+        r = r + (g / (1 + np.exp(-g)) * u) @ w[f"L{i}.w_down"].T
+    h = norm(r, w["final_norm"])
+    return (h @ w["embed"].T).astype(np.float32)

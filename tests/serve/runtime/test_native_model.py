@@ -1,0 +1,176 @@
+"""NativeModel on the CPU backend: capture -> shared packing -> reference kernels.
+
+The tiny model's paged, packed, chunked execution is checked against an independent
+dense forward pass (helios_ignition.testing.dense_forward).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helios_ignition.testing import TINY_SHAPES, dense_forward, tiny_core
+from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+from helios_serve.runtime import MissingGraphVariant, NativeModel, UnknownBackend
+
+GREEDY = SamplingParams()
+PT = 4
+
+
+def row(rid, slot, tokens, start, pages, *, sample=True, hist=None, gen=1, sampling=GREEDY):
+    return RowPlan(request_id=rid, slot=slot, generation=gen, tokens=tuple(tokens),
+                   start_position=start, page_ids=tuple(pages), sample=sample,
+                   sampling=sampling, histogram_tokens=None if hist is None else tuple(hist))
+
+
+@pytest.fixture
+def core():
+    return tiny_core(seed=3)
+
+
+@pytest.fixture
+def model(core):
+    return NativeModel.load(core, "cpu")
+
+
+def logits(model, n):
+    return model.backend.buffers["scratch.logits"][:n].copy()
+
+
+def test_geometry_from_contract_and_manifest(model):
+    g = model.manifests
+    assert (g.page_tokens, g.num_pages, g.slots, g.max_pages_per_request) == (4, 32, 4, 16)
+    assert g.decode_capacities == (1, 2, 4)
+    assert g.prefill_token_capacities == (8, 16)
+    assert (g.prefill_row_capacity, g.context_tokens, g.vocab_size) == (4, 64, 96)
+    assert (g.mask_words, g.eos_token_ids) == (3, (95,))
+
+
+def test_chunked_prefill_then_decode_matches_dense(core, model):
+    prompt = [5, 17, 3, 88, 41, 9, 60, 2, 33, 71, 14, 26]
+    pages = [7, 3, 12, 30]  # deliberately non-contiguous page ids
+    first = model.execute(StepPlan(StepKind.PREFILL, (
+        row(1, 2, prompt[:8], 0, pages[:2], sample=False, hist=prompt),)))
+    assert model.select_graph(StepPlan(StepKind.PREFILL, (
+        row(1, 2, prompt[:8], 0, pages[:2]),))) == "prefill_t8"
+    assert first.shape == (1,)
+    out = model.execute(StepPlan(StepKind.PREFILL, (row(1, 2, prompt[8:], 8, pages[:3]),)))
+    seq = list(prompt)
+    ref = dense_forward(core.weights, TINY_SHAPES, seq)
+    np.testing.assert_allclose(logits(model, 1)[0], ref[-1], atol=2e-4, rtol=1e-4)
+    assert int(out[0]) == int(np.argmax(ref[-1]))
+    for _ in range(6):  # crosses into the fourth page at position 12..17
+        seq.append(int(out[0]))
+        n = len(seq)
+        out = model.execute(StepPlan(StepKind.DECODE, (
+            row(1, 2, [seq[-1]], n - 1, pages[:(n + PT - 1) // PT]),)))
+        ref = dense_forward(core.weights, TINY_SHAPES, seq)
+        np.testing.assert_allclose(logits(model, 1)[0], ref[-1], atol=2e-4, rtol=1e-4)
+        assert int(out[0]) == int(np.argmax(ref[-1]))
+
+
+def test_packed_prefill_and_padded_decode_batch_match_dense(core, model):
+    prompts = {0: [1, 2, 3, 4, 5], 1: [9, 8, 7], 3: [40, 41, 42, 43, 44, 45, 46]}
+    pages = {0: [0, 1], 1: [5], 3: [9, 2]}
+    rows = tuple(row(10 + s, s, p, 0, pages[s], hist=p) for s, p in prompts.items())
+    out = model.execute(StepPlan(StepKind.PREFILL, rows))  # 15 tokens -> prefill_t16
+    got = logits(model, 3)
+    seqs = {}
+    for i, (s, p) in enumerate(prompts.items()):
+        ref = dense_forward(core.weights, TINY_SHAPES, p)[-1]
+        np.testing.assert_allclose(got[i], ref, atol=2e-4, rtol=1e-4)
+        seqs[s] = p + [int(out[i])]
+    # Decode the three rows in the 4-row variant (one padding row).
+    rows = tuple(row(10 + s, s, [q[-1]], len(q) - 1, pages[s] + ([20 + s] if len(q) > 8 else []))
+                 for s, q in seqs.items())
+    plan = StepPlan(StepKind.DECODE, rows)
+    assert model.select_graph(plan) == "decode_b4"
+    out = model.execute(plan)
+    got = logits(model, 3)
+    for i, q in enumerate(seqs.values()):
+        ref = dense_forward(core.weights, TINY_SHAPES, q)[-1]
+        np.testing.assert_allclose(got[i], ref, atol=2e-4, rtol=1e-4)
+        assert int(out[i]) == int(np.argmax(ref))
+
+
+def test_histogram_initialized_once_and_counts_sampled_tokens(model):
+    prompt = [4, 4, 7, 90]
+    out = model.execute(StepPlan(StepKind.PREFILL, (row(1, 1, prompt, 0, [6], hist=prompt),)))
+    expected = np.bincount(prompt + [int(out[0])], minlength=96)
+    np.testing.assert_array_equal(model.backend.buffers["state.histogram"][1], expected)
+    # A non-sampling chunk leaves the histogram alone.
+    model.execute(StepPlan(StepKind.PREFILL, (row(2, 0, [1, 2], 0, [8], sample=False,
+                                                   hist=[1, 2]),)))
+    np.testing.assert_array_equal(model.backend.buffers["state.histogram"][0],
+                                  np.bincount([1, 2], minlength=96))
+
+
+def test_padding_rows_write_no_cache(model):
+    k0 = model.backend.buffers["L0.k_cache"]
+    k0[...] = 7.0  # poison
+    model.execute(StepPlan(StepKind.DECODE, (row(1, 0, [3], 0, [11]),)))  # decode_b1
+    model.execute(StepPlan(StepKind.DECODE, (row(1, 0, [3], 0, [11]), row(2, 1, [5], 0, [12]),
+                                             row(3, 2, [6], 0, [13]))))  # decode_b4, 1 pad
+    touched = {int(p) for p in np.argwhere(k0 != 7.0)[:, 0]}
+    assert touched == {11, 12, 13}
+
+
+def test_page_table_uploads_only_new_entries(model):
+    first = model.packing.pack("decode_b1", StepPlan(StepKind.DECODE, (
+        row(1, 1, [3], 4, [6, 2]),)), 1, 1)
+    assert [(d.destination, d.row, d.start, d.end) for d in first] == [
+        ("state.page_table", 1, 0, 2)]
+    again = model.packing.pack("decode_b1", StepPlan(StepKind.DECODE, (
+        row(1, 1, [3], 5, [6, 2]),)), 1, 1)
+    assert again == []
+    grown = model.packing.pack("decode_b1", StepPlan(StepKind.DECODE, (
+        row(1, 1, [3], 8, [6, 2, 9]),)), 1, 1)
+    assert [(d.row, d.start, d.end) for d in grown] == [(1, 2, 3)]
+    reassigned = model.packing.pack("decode_b1", StepPlan(StepKind.DECODE, (
+        row(5, 1, [3], 0, [4], gen=2, hist=[3]),)), 1, 1)
+    assert [(d.destination, d.row, d.start, d.end) for d in reassigned] == [
+        ("state.histogram", 1, 0, 96), ("state.page_table", 1, 0, 1)]  # binding order
+    np.testing.assert_array_equal(model.backend.buffers["state.page_table"][1, :3], [4, 2, 9])
+
+
+def test_seeded_sampling_is_batch_independent(model):
+    hot = SamplingParams(temperature=1.5, top_p=0.95, seed=1234)
+    alone = model.execute(StepPlan(StepKind.DECODE, (row(1, 0, [7], 0, [1], sampling=hot),)))
+    other = SamplingParams(temperature=1.0, seed=99)
+    batch = model.execute(StepPlan(StepKind.DECODE, (
+        row(2, 1, [50], 0, [2], sampling=other), row(1, 0, [7], 0, [1], sampling=hot),
+        row(3, 2, [8], 0, [3], sampling=other))))
+    assert int(batch[1]) == int(alone[0])
+
+
+def test_select_graph_rejects_plans_outside_capacity(model):
+    too_many = tuple(row(i, i % 4, [1], 0, [i]) for i in range(5))
+    with pytest.raises(ValueError, match="no captured decode variant holds 5"):
+        model.select_graph(StepPlan(StepKind.DECODE, too_many))
+    with pytest.raises(ValueError, match="no captured prefill variant holds 17"):
+        model.select_graph(StepPlan(StepKind.PREFILL, (row(1, 0, range(17), 0, range(5)),)))
+
+
+def test_unknown_backend_lists_known(core):
+    with pytest.raises(UnknownBackend, match="unknown backend 'tpu'; known backends: cpu, cuda"):
+        NativeModel.load(core, "tpu")
+
+
+def test_missing_graph_variant_fails_load(core):
+    del core.manifest.graphs[0]  # decode_b1
+    with pytest.raises(MissingGraphVariant,
+                       match="graph variant 'decode_b1' \\(OPERATION_DECODE\\) is missing"):
+        NativeModel.load(core, "cpu")
+
+
+def test_operation_mismatch_fails_load(core):
+    core.manifest.graphs[0].operation = 3  # OPERATION_PREFILL
+    with pytest.raises(MissingGraphVariant, match="contract operation OPERATION_DECODE != "
+                                                   "manifest OPERATION_PREFILL"):
+        NativeModel.load(core, "cpu")
+
+
+def test_weight_resource_of_wrong_size_fails_load(core):
+    core.weights["weights/L0.wo"] = core.weights["weights/L0.wo"][:-1]
+    with pytest.raises(RuntimeError, match="weight L0.wo: resource weights/L0.wo holds 3968 "
+                                            "bytes, the buffer needs 4096"):
+        NativeModel.load(core, "cpu")
