@@ -1,7 +1,8 @@
 """Seeded random checkpoints of real geometries (for benchmarks where no weights exist).
 
 Weights are never zeros: matrices are N(0, 1) * 0.02 and norms are 1 + N(0, 1) * 0.02, in
-float32. Tensor i (canonical order of `LlamaGeometry.tensor_shapes`) is drawn from its own
+float32 (NumPy's float32 ziggurat yields an exact 0.0 about once per 2**19 draws; no
+tensor is ever zero as a whole). Tensor i (canonical order of `LlamaGeometry.tensor_shapes`) is drawn from its own
 PCG64 stream seeded by `SeedSequence([seed, i])`, so any tensor can be produced alone, in
 any order, and identically on every machine; nothing is generated until asked for.
 
