@@ -156,7 +156,7 @@ class AssistantBoundaries(_message.Message):
     def __init__(self, message_end_markers: _Optional[_Iterable[str]] = ..., assistant_header: _Optional[str] = ...) -> None: ...
 
 class RecipientSyntax(_message.Message):
-    __slots__ = ("recipient_prefix", "message_open", "internal_message_end", "reasoning_recipient", "content_recipients", "tool_recipient", "named_tool_separator", "answer_recipient")
+    __slots__ = ("recipient_prefix", "message_open", "internal_message_end", "reasoning_recipient", "content_recipients", "tool_recipient", "named_tool_separator", "answer_recipient", "frame_start")
     RECIPIENT_PREFIX_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_OPEN_FIELD_NUMBER: _ClassVar[int]
     INTERNAL_MESSAGE_END_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class RecipientSyntax(_message.Message):
     TOOL_RECIPIENT_FIELD_NUMBER: _ClassVar[int]
     NAMED_TOOL_SEPARATOR_FIELD_NUMBER: _ClassVar[int]
     ANSWER_RECIPIENT_FIELD_NUMBER: _ClassVar[int]
+    FRAME_START_FIELD_NUMBER: _ClassVar[int]
     recipient_prefix: str
     message_open: str
     internal_message_end: str
@@ -173,7 +174,8 @@ class RecipientSyntax(_message.Message):
     tool_recipient: str
     named_tool_separator: str
     answer_recipient: str
-    def __init__(self, recipient_prefix: _Optional[str] = ..., message_open: _Optional[str] = ..., internal_message_end: _Optional[str] = ..., reasoning_recipient: _Optional[str] = ..., content_recipients: _Optional[_Iterable[str]] = ..., tool_recipient: _Optional[str] = ..., named_tool_separator: _Optional[str] = ..., answer_recipient: _Optional[str] = ...) -> None: ...
+    frame_start: str
+    def __init__(self, recipient_prefix: _Optional[str] = ..., message_open: _Optional[str] = ..., internal_message_end: _Optional[str] = ..., reasoning_recipient: _Optional[str] = ..., content_recipients: _Optional[_Iterable[str]] = ..., tool_recipient: _Optional[str] = ..., named_tool_separator: _Optional[str] = ..., answer_recipient: _Optional[str] = ..., frame_start: _Optional[str] = ...) -> None: ...
 
 class PrefixBoundaryRule(_message.Message):
     __slots__ = ("role", "end_marker", "rerendered_by_later_messages")

@@ -1,0 +1,418 @@
+"""OutputPipeline: sampled token ids in, presentation deltas and the final message out.
+
+    token id -> EOS check -> token stops -> detokenizer -> string stops
+             -> reasoning parser -> tool parser -> coalesced presentation deltas
+
+Parsers are chosen from tables keyed by the contract's `ReasoningParser` and `ToolParser`
+enums, never by model name; an unknown or UNSPECIFIED selector fails startup listing the
+known ones. The final message is the accumulation of exactly the deltas that were
+streamed, so streaming and non-streaming results cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from .deltas import (
+    AnswerPiece,
+    ChatResult,
+    Delta,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallStart,
+    accumulate,
+    coalesce,
+)
+from .detokenizer import IncrementalDetokenizer
+from .errors import FrontendConfigError, FrontendRequestError
+from .markup import TokenMarks, resolve_marks
+from .reasoning import (
+    PassthroughReasoning,
+    ReasoningStart,
+    ThinkTagReasoning,
+    initial_reasoning_state,
+)
+from .recipient import RecipientFrameParser
+from .stops import StopSpec, StringStopMatcher, TokenStopMatcher
+from .syntax import FrontendSyntax, ReasoningParser, ToolParser
+from .tools import CallSink, JsonInTagsToolParser, NoToolParser, TaggedToolParser, random_call_id
+
+
+class IncrementalParser(Protocol):
+    def feed(self, token_id: int, text: str) -> list[Any]: ...
+
+    def finish(self) -> list[Any]: ...
+
+
+class _Request:
+    """What a parser factory needs from one request."""
+
+    def __init__(self, prompt_text: str, sink: CallSink, structured: bool) -> None:
+        self.prompt_text = prompt_text
+        self.sink = sink
+        self.structured = structured
+
+
+def _think(fe: Frontend, req: _Request) -> IncrementalParser:
+    s = fe.syntax
+    start = initial_reasoning_state(req.prompt_text, s.reasoning_syntax, s.assistant_boundaries)
+    return ThinkTagReasoning(s.reasoning_syntax, fe.marks, start, req.structured)
+
+
+REASONING_PARSERS: dict[ReasoningParser, Callable[[Frontend, _Request], IncrementalParser]] = {
+    ReasoningParser.NONE: lambda fe, req: PassthroughReasoning(),
+    ReasoningParser.THINK_TAGS: _think,
+    ReasoningParser.XTML_THINK: _think,
+    # The recipient frame parser (the ATEM tool parser) consumes complete frames itself.
+    ReasoningParser.RECIPIENT_HEADER: lambda fe, req: PassthroughReasoning(),
+}
+
+
+def _tagged(xml: bool) -> Callable[[Frontend, _Request], IncrementalParser]:
+    def make(fe: Frontend, req: _Request) -> IncrementalParser:
+        return TaggedToolParser(fe.syntax.tool_syntax, fe.marks, req.sink, xml_escaped=xml)
+
+    return make
+
+
+def _recipient(fe: Frontend, req: _Request) -> IncrementalParser:
+    s = fe.syntax
+    return RecipientFrameParser(
+        s.tool_syntax,
+        s.recipient_syntax,
+        s.assistant_boundaries,
+        fe.marks,
+        req.sink,
+        req.prompt_text,
+    )
+
+
+TOOL_PARSERS: dict[ToolParser, Callable[[Frontend, _Request], IncrementalParser]] = {
+    ToolParser.NONE: lambda fe, req: NoToolParser(),
+    ToolParser.QWEN_CODER_FUNCTION_TAGS: _tagged(False),
+    ToolParser.GLM_ARGUMENT_TAGS: _tagged(False),
+    ToolParser.DSML: _tagged(False),
+    ToolParser.XTML: _tagged(True),
+    ToolParser.ATEM_RECIPIENT_HEADERS: _recipient,
+    ToolParser.JSON_IN_TAGS: lambda fe, req: JsonInTagsToolParser(
+        fe.syntax.tool_syntax, fe.marks, req.sink
+    ),
+}
+
+
+def _known(table: Mapping[Any, Any]) -> str:
+    return ", ".join(k.name for k in table)
+
+
+def _markers(syntax: FrontendSyntax) -> tuple[list[str], list[str]]:
+    """(delimiters under the one-token rule, other syntax tags) of a frontend syntax."""
+    t, r, b, rc = (
+        syntax.tool_syntax,
+        syntax.reasoning_syntax,
+        syntax.assistant_boundaries,
+        syntax.recipient_syntax,
+    )
+    delimiters = [
+        r.open, r.close, *r.terminal_markers, *b.message_end_markers,
+        rc.frame_start, rc.message_open, rc.internal_message_end,
+    ]  # fmt: skip
+    tags = [
+        t.call_open, t.call_close, t.function_name_open, t.function_name_close,
+        t.function_close, t.parameter_name_open, t.parameter_name_close,
+        t.parameter_kind_open, t.parameter_kind_close, t.parameter_value_open,
+        t.parameter_value_close,
+    ]  # fmt: skip
+    return delimiters, tags
+
+
+def validate_syntax(syntax: FrontendSyntax) -> None:
+    """Reject a frontend contract that no parser pairing can serve.
+
+    Raises:
+        FrontendConfigError: an unknown or UNSPECIFIED selector (listing the known ones),
+            an invalid pairing, or syntax data the selected parsers need but lack.
+    """
+    if syntax.reasoning_parser not in REASONING_PARSERS:
+        raise FrontendConfigError(
+            f"unknown reasoning parser {syntax.reasoning_parser!r}; "
+            f"known reasoning parsers: {_known(REASONING_PARSERS)}"
+        )
+    if syntax.tool_parser not in TOOL_PARSERS:
+        raise FrontendConfigError(
+            f"unknown tool parser {syntax.tool_parser!r}; known tool parsers: {_known(TOOL_PARSERS)}"
+        )
+    rp, tp = syntax.reasoning_parser, syntax.tool_parser
+    t, r = syntax.tool_syntax, syntax.reasoning_syntax
+    if rp is ReasoningParser.XTML_THINK and tp is not ToolParser.XTML:
+        raise FrontendConfigError("XTML_THINK reasoning requires the XTML tool parser")
+    if (rp is ReasoningParser.RECIPIENT_HEADER) != (tp is ToolParser.ATEM_RECIPIENT_HEADERS):
+        raise FrontendConfigError(
+            "RECIPIENT_HEADER reasoning and the ATEM_RECIPIENT_HEADERS tool parser are paired"
+        )
+    if rp in (ReasoningParser.THINK_TAGS, ReasoningParser.XTML_THINK) and not (r.open and r.close):
+        raise FrontendConfigError(f"{rp.name} reasoning needs open and close delimiters")
+    for marker in r.terminal_markers:
+        if marker != t.call_open or not marker:
+            raise FrontendConfigError(
+                f"reasoning terminal marker {marker!r} is not the tool syntax's opener "
+                f"{t.call_open!r}"
+            )
+    if tp not in (ToolParser.NONE,) and not (t.call_open and t.call_close):
+        raise FrontendConfigError(f"{tp.name} tool syntax needs call_open and call_close")
+    if tp is ToolParser.JSON_IN_TAGS and not (t.json_name_key and t.json_arguments_key):
+        raise FrontendConfigError("JSON_IN_TAGS tool syntax needs json_name_key/json_arguments_key")
+    if tp in (ToolParser.QWEN_CODER_FUNCTION_TAGS, ToolParser.GLM_ARGUMENT_TAGS, ToolParser.DSML,
+              ToolParser.XTML, ToolParser.ATEM_RECIPIENT_HEADERS):  # fmt: skip
+        if not (t.parameter_name_open and t.parameter_name_close and t.parameter_value_close):
+            raise FrontendConfigError(f"{tp.name} tool syntax needs parameter tags")
+    if tp is ToolParser.ATEM_RECIPIENT_HEADERS:
+        rc, b = syntax.recipient_syntax, syntax.assistant_boundaries
+        if not (rc.frame_start and rc.message_open and rc.internal_message_end):
+            raise FrontendConfigError("recipient frames need frame_start, message_open, internal_message_end")
+        if not b.assistant_header.startswith(rc.frame_start):
+            raise FrontendConfigError("the assistant header must start with the frame start control")
+
+
+def tool_registry(tools: Any, tool_choice: Any = "auto") -> dict[str, dict[str, Any]]:
+    """Map a request's OpenAI `tools` to name -> parameters schema, filtered by tool_choice.
+
+    Raises:
+        FrontendRequestError: malformed tools or a tool_choice naming an unknown function.
+    """
+    registry: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise FrontendRequestError(f"tools[{i}]", "must be {type: function, function: {name, ...}}")
+        params = fn.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise FrontendRequestError(f"tools[{i}].function.parameters", "must be an object")
+        registry[fn["name"]] = params
+    if tool_choice in (None, "auto", "required"):
+        return registry
+    if tool_choice == "none":
+        return {}
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        if name not in registry:
+            raise FrontendRequestError("tool_choice", f"names unknown function {name!r}")
+        return {name: registry[name]}
+    raise FrontendRequestError("tool_choice", "must be none, auto, required or a named function")
+
+
+class Frontend:
+    """The startup-validated output frontend of one served model.
+
+    Args:
+        syntax: the prepared frontend contract.
+        tokenizer: the frontend `tokenizers.Tokenizer`.
+        eos_token_ids: the core's EOS ids; generation ends only at these.
+
+    Raises:
+        FrontendConfigError: see `validate_syntax`.
+    """
+
+    def __init__(self, syntax: FrontendSyntax, tokenizer, eos_token_ids: Sequence[int]) -> None:
+        validate_syntax(syntax)
+        self.syntax = syntax
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.marks: TokenMarks = resolve_marks(tokenizer, *_markers(syntax))
+
+    def initial_reasoning(self, prompt_text: str) -> ReasoningStart:
+        """Where output starts for a rendered prompt (think-tag reasoning)."""
+        s = self.syntax
+        if s.reasoning_parser not in (ReasoningParser.THINK_TAGS, ReasoningParser.XTML_THINK):
+            return ReasoningStart.ANSWER
+        return initial_reasoning_state(prompt_text, s.reasoning_syntax, s.assistant_boundaries)
+
+    def output_pipeline(
+        self,
+        *,
+        prompt_text: str = "",
+        prompt_ids: Sequence[int] = (),
+        tools: Any = None,
+        tool_choice: Any = "auto",
+        parallel_tool_calls: bool = True,
+        stops: StopSpec | None = None,
+        structured_answer: bool = False,
+        call_id: Callable[[], str] = random_call_id,
+    ) -> OutputPipeline:
+        """Build one request's output pipeline.
+
+        Args:
+            prompt_text: the rendered prompt (initial reasoning / frame state).
+            prompt_ids: the prompt's token ids (seed the detokenizer window).
+            tools: the request's OpenAI `tools` array, or None.
+            tool_choice: "none", "auto", "required" or {"type": "function", ...}.
+            parallel_tool_calls: False keeps only the first call.
+            stops: validated stops (`parse_stops`).
+            structured_answer: response_format constrains the answer, which is then an
+                opaque document (literal delimiters in it stay answer text).
+            call_id: tool-call id factory (unique per call).
+
+        Raises:
+            FrontendRequestError: tools for a model without tool syntax, bad tools.
+        """
+        if tools and self.syntax.tool_parser is ToolParser.NONE:
+            raise FrontendRequestError("tools", "this model declares no tool-call syntax")
+        registry = tool_registry(tools, tool_choice)
+        req = _Request(prompt_text, CallSink(registry, call_id), structured_answer)
+        reasoning = REASONING_PARSERS[self.syntax.reasoning_parser](self, req)
+        tool_parser = TOOL_PARSERS[self.syntax.tool_parser](self, req)
+        return OutputPipeline(
+            detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids),
+            reasoning=reasoning,
+            tools=tool_parser,
+            eos_token_ids=self.eos_token_ids,
+            stops=stops or StopSpec(),
+            parallel_tool_calls=parallel_tool_calls,
+        )
+
+
+class OutputPipeline:
+    """One request's output path. Build it with `Frontend.output_pipeline`.
+
+    Feed every sampled id in order with `feed`; call `finish("length")` at the output
+    limit (or "stop" on cancellation). After EOS or a matched stop, `finish_reason` is set
+    and the pipeline must not be fed again.
+    """
+
+    def __init__(
+        self,
+        *,
+        detokenizer: IncrementalDetokenizer,
+        reasoning: IncrementalParser,
+        tools: IncrementalParser,
+        eos_token_ids: frozenset[int],
+        stops: StopSpec,
+        parallel_tool_calls: bool = True,
+    ) -> None:
+        self._detok = detokenizer
+        self._reasoning = reasoning
+        self._tools = tools
+        self._eos = eos_token_ids
+        self._token_stops = (
+            TokenStopMatcher(stops.token_ids, stops.token_sequences)
+            if (stops.token_ids or stops.token_sequences)
+            else None
+        )
+        self._string_stops = StringStopMatcher(stops.strings) if stops.strings else None
+        self._parallel = parallel_tool_calls
+        self._deltas: list[Delta] = []
+        self._calls = 0
+        self.finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def feed(self, token_id: int) -> list[Delta]:
+        """Process one sampled token id.
+
+        Returns:
+            Presentation deltas now safe to send (possibly none).
+
+        Raises:
+            RuntimeError: fed after the pipeline finished (a worker bug).
+        """
+        if self.finished:
+            raise RuntimeError("OutputPipeline fed after it finished")
+        if token_id in self._eos:
+            return self._end("eos")
+        out: list[Delta] = []
+        if self._token_stops is not None:
+            ids, stopped = self._token_stops.feed(token_id)
+            for tid in ids:
+                self._text(tid, self._detok.push(tid), out)
+            if stopped:
+                self._text(-1, self._detok.flush(), out)
+                return self._end("stop", out)
+            return self._publish(out)
+        text = self._detok.push(token_id)
+        if self._string_stops is not None:
+            pieces, stopped = self._string_stops.feed(token_id, text)
+            for tid, piece in pieces:
+                self._parse(tid, piece, out)
+            if stopped:
+                return self._end("stop", out, flush_text=False)
+            return self._publish(out)
+        self._parse(token_id, text, out)
+        return self._publish(out)
+
+    def finish(self, reason: str = "length") -> list[Delta]:
+        """End without EOS: "length" at the output limit, "stop" on cancellation.
+
+        Held stop prefixes and partial characters are flushed as text.
+        """
+        if self.finished:
+            return []
+        return self._end(reason)
+
+    def result(self) -> ChatResult:
+        """The final message: the accumulation of every delta returned so far."""
+        if not self.finished:
+            raise RuntimeError("OutputPipeline.result before it finished")
+        return accumulate(self._deltas, self.finish_reason or "stop")
+
+    # ---- internals ----
+
+    def _text(self, token_id: int, text: str, out: list[Delta]) -> None:
+        if self._string_stops is not None:  # not combinable with token stops; kept general
+            for tid, piece in self._string_stops.feed(token_id, text)[0]:
+                self._parse(tid, piece, out)
+        else:
+            self._parse(token_id, text, out)
+
+    def _parse(self, token_id: int, text: str, out: list[Delta]) -> None:
+        for item in self._reasoning.feed(token_id, text):
+            self._route(item, out)
+
+    def _route(self, item: Any, out: list[Delta]) -> None:
+        if isinstance(item, AnswerPiece):
+            out.extend(self._tools.feed(item.token_id, item.text))
+        else:
+            out.append(item)
+
+    def _end(self, reason: str, out: list[Delta] | None = None, flush_text: bool = True) -> list[Delta]:
+        out = [] if out is None else out
+        if flush_text:
+            if self._token_stops is not None:
+                for tid in self._token_stops.flush():
+                    self._text(tid, self._detok.push(tid), out)
+            self._text(-1, self._detok.flush(), out)
+            if self._string_stops is not None:
+                for tid, piece in self._string_stops.flush():
+                    self._parse(tid, piece, out)
+        for item in self._reasoning.finish():
+            self._route(item, out)
+        out.extend(self._tools.finish())
+        published = self._publish(out)
+        if reason == "eos":
+            reason = "tool_calls" if self._calls else "stop"
+        self.finish_reason = reason
+        return published
+
+    def _publish(self, out: list[Delta]) -> list[Delta]:
+        kept: list[Delta] = []
+        for d in out:
+            if isinstance(d, ToolCallStart | ToolCallArguments) and not self._parallel and d.index > 0:
+                continue
+            if isinstance(d, ToolCallStart):
+                self._calls += 1
+            kept.append(d)
+        kept = coalesce(kept)
+        self._deltas.extend(kept)
+        return kept
+
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "Frontend",
+    "OutputPipeline",
+    "ReasoningDelta",
+    "tool_registry",
+    "validate_syntax",
+]
