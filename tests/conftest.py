@@ -1,0 +1,58 @@
+"""Shared fixtures: real SmolLM2 cores exported once per test session.
+
+`ignition export` runs through its library entry point (the CLI is covered by its own
+tests); each core is signed with a key generated for the session. Use these fixtures
+instead of exporting again: an export takes about 10 s on the CI machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
+NAMESPACE = "helios.test/models"
+
+
+@dataclass(frozen=True)
+class ExportedCore:
+    """A core on disk with what it takes to open it."""
+
+    path: Path
+    public_key: Path
+    private_key: Path
+    namespace: str
+
+
+@pytest.fixture(scope="session")
+def signing_key_pair(tmp_path_factory) -> tuple[Path, Path]:
+    from helios_tools.core import generate_key, write_key_pair
+
+    folder = tmp_path_factory.mktemp("keys")
+    private, public = write_key_pair(generate_key(), folder / "publisher.key")
+    return private, public
+
+
+def _export(tmp_path_factory, keys, weight_dtype: str) -> ExportedCore:
+    from helios_ignition.export import export_core
+
+    private, public = keys
+    out = tmp_path_factory.mktemp(f"core-{weight_dtype}") / f"smollm2-{weight_dtype}.core"
+    export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
+                weight_dtype=weight_dtype)
+    return ExportedCore(out, public, private, NAMESPACE)
+
+
+@pytest.fixture(scope="session")
+def smollm2_core_f32(tmp_path_factory, signing_key_pair) -> ExportedCore:
+    """The real model exported with float32 weights."""
+    return _export(tmp_path_factory, signing_key_pair, "f32")
+
+
+@pytest.fixture(scope="session")
+def smollm2_core_bf16(tmp_path_factory, signing_key_pair) -> ExportedCore:
+    """The real model exported with bf16 weights (the recipe's default)."""
+    return _export(tmp_path_factory, signing_key_pair, "bf16")
