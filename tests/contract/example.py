@@ -423,6 +423,33 @@ def add_tuning(serving: ServingContract, manifest: ExecutionManifest) -> TunedBi
     return graph.tuned_bindings.add(buffer=TUNED_BUFFER, producer_graph=TUNING_PRODUCER)
 
 
+def add_images(serving: ServingContract, manifest: ExecutionManifest | None = None) -> None:
+    """Make the model accept images: 4 extra input ids (feature sentinel 320, span start 321,
+    span end 322, row separator 323), patch-grid preparation and a single-span layout, and
+    an image-tensor binding on the prefill graph."""
+    model = serving.model
+    model.input_vocabulary.input_tokens = VOCAB + 4
+    model.input_vocabulary.image_sentinel_ids.append(VOCAB)
+    model.vision.CopyFrom(VisionContract(feature_slots=64, features_per_window=16,
+                                         patches_per_feature=4, patch_capacities=[256, 1024]))
+    front = model.frontend
+    front.image_preparation = f.IMAGE_PREPARATION_PATCH_GRID
+    front.image_layout = f.IMAGE_LAYOUT_SINGLE_SPAN
+    front.image_token_layout.CopyFrom(f.ImageTokenLayout(
+        feature_token_id=VOCAB, span_start_token_id=VOCAB + 1, span_end_token_id=VOCAB + 2,
+        row_separator_token_id=VOCAB + 3, patches_per_feature=4, atomic_spans=True))
+    prefill = next(g for g in model.graphs if g.name == PREFILL)
+    prefill.bindings.add(destination="in.image_features", source=c.VALUE_SOURCE_IMAGE_TENSOR,
+                         indexing=c.INDEXING_PACKED_TOKEN, image_output="features")
+    if manifest is not None:
+        manifest.buffers.append(Buffer(name="in.image_features", dtype=m.D_TYPE_F32,
+                                       shape=[PREFILL_TOKENS, HIDDEN],
+                                       role=m.BUFFER_ROLE_REQUEST_INPUT))
+        program = next(p for p in manifest.graphs if p.name == PREFILL)
+        program.transports.add(destination="in.image_features",
+                               nbytes=PREFILL_TOKENS * HIDDEN * 4)
+
+
 def example_deployment_body() -> DeploymentBody:
     """``DeploymentBody`` carrying the example contract, manifest and two resources."""
     chunk = 4 << 20
