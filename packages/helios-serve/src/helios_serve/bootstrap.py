@@ -1,0 +1,195 @@
+"""Bootstrap.load: read and verify a core, authorize it, validate its contract, and load
+the frontend assets (model-contract.md, "Ownership and bootstrap").
+
+Every startup failure becomes one `StartupError` whose message is one clear line: the
+CLI prints it without a traceback and exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from helios_contract.schema import contract_pb2, core_pb2
+
+from helios_serve.frontend.errors import FrontendConfigError
+from helios_serve.frontend.pipeline import Frontend
+from helios_serve.frontend.syntax import FrontendSyntax
+
+
+class StartupError(Exception):
+    """The server cannot start; the message is one line naming what is wrong."""
+
+
+@dataclass
+class Bootstrap:
+    """A verified, authorized core's serving metadata and frontend assets.
+
+    Attributes:
+        contract: the version 3 ServingContract (validated).
+        tokenizer: the frontend `tokenizers.Tokenizer`.
+        tokenizer_json: its JSON text (llguidance builds its token table from it).
+        chat_template: the Jinja2 chat template text (rendered sandboxed).
+        frontend: the startup-validated output frontend (parsers chosen by enum).
+        core: the open core (NativeModel.load reads resources through it), or None
+            for test-built bootstraps.
+        prepared: the PreparedContract, or None for test-built bootstraps.
+    """
+
+    contract: contract_pb2.ServingContract
+    tokenizer: Any
+    tokenizer_json: str
+    chat_template: str
+    frontend: Frontend
+    core: Any = None
+    prepared: Any = None
+
+    @classmethod
+    def load(
+        cls, core_path: str | os.PathLike[str], trusted_keys: Sequence[Any], acceptance: str
+    ) -> Bootstrap:
+        """Open, verify and authorize a core; validate its contract; load its assets.
+
+        Args:
+            core_path: the core file.
+            trusted_keys: Ed25519 public keys (objects, raw or PEM bytes) or paths to them.
+            acceptance: must equal the signed publisher namespace byte for byte.
+
+        Raises:
+            StartupError: a bad or untrusted core, a wrong namespace, an invalid contract,
+                a contract the manifest does not match, or missing frontend assets.
+        """
+        from helios_contract.errors import ContractError
+        from helios_contract.prepared import PreparedContract
+        from helios_tools.core.errors import CoreError, NamespaceMismatch
+        from helios_tools.core.reader import authorize, open_core
+        from helios_tools.core.signing import load_public_key
+
+        keys = []
+        for key in trusted_keys:
+            if isinstance(key, str | os.PathLike):
+                try:
+                    keys.append(load_public_key(key))
+                except (OSError, ValueError) as exc:
+                    raise StartupError(f"cannot read trusted key {key}: {_line(exc)}") from None
+            else:
+                keys.append(key)
+        try:
+            core = open_core(core_path, keys)
+        except FileNotFoundError:
+            raise StartupError(f"bad core: {core_path}: no such file") from None
+        except (CoreError, OSError) as exc:
+            raise StartupError(f"bad core: {core_path}: {_line(exc)}") from None
+        try:
+            authorize(core, acceptance)
+        except NamespaceMismatch as exc:
+            core.close()
+            raise StartupError(f"wrong namespace: {_line(exc)}") from None
+        except CoreError as exc:
+            core.close()
+            raise StartupError(f"core not authorized: {_line(exc)}") from None
+        try:
+            prepared = PreparedContract.from_contract(core.contract, core.manifest)
+        except ContractError as exc:
+            core.close()
+            raise StartupError(f"invalid contract: {_line(exc)}") from None
+        try:
+            tokenizer_json = _resource_text(core, core_pb2.RESOURCE_KIND_TOKENIZER, "tokenizer")
+            template = _resource_text(core, core_pb2.RESOURCE_KIND_CHAT_TEMPLATE, "chat template")
+            return cls.from_parts(
+                prepared.serving, tokenizer_json, template, core=core, prepared=prepared
+            )
+        except StartupError:
+            core.close()
+            raise
+        except CoreError as exc:
+            core.close()
+            raise StartupError(f"bad core: {core_path}: {_line(exc)}") from None
+
+    @classmethod
+    def from_parts(
+        cls,
+        contract: contract_pb2.ServingContract,
+        tokenizer_json: str,
+        chat_template: str,
+        *,
+        core: Any = None,
+        prepared: Any = None,
+    ) -> Bootstrap:
+        """Build from a validated contract and the frontend assets (tests use this directly).
+
+        Raises:
+            StartupError: an invalid tokenizer, chat template or frontend contract.
+        """
+        import jinja2
+        from helios_tools.frontend_assets import ChatTemplateError, load_tokenizer, render_chat
+
+        try:
+            tokenizer = load_tokenizer(tokenizer_json)
+        except ValueError as exc:
+            raise StartupError(f"bad tokenizer resource: {_line(exc)}") from None
+        try:  # compile now: a template that cannot compile fails startup, not requests
+            render_chat(chat_template, [{"role": "user", "content": "ping"}])
+        except ChatTemplateError as exc:
+            if isinstance(exc.__cause__, jinja2.exceptions.TemplateSyntaxError):
+                raise StartupError(f"bad chat template: {_line(exc)}") from None
+        try:
+            syntax = FrontendSyntax.from_contract(contract.model.frontend)
+            frontend = Frontend(syntax, tokenizer, tuple(contract.eos_token_ids))
+        except (FrontendConfigError, ValueError) as exc:
+            raise StartupError(f"unsupported frontend contract: {_line(exc)}") from None
+        return cls(contract, tokenizer, tokenizer_json, chat_template, frontend, core, prepared)
+
+    # -- serving metadata ---------------------------------------------------------------
+
+    @property
+    def served_id(self) -> str:
+        return self.contract.served_id
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return tuple(self.contract.aliases)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.contract.eos_token_ids)
+
+    @property
+    def defaults(self) -> contract_pb2.ServingDefaults:
+        return self.contract.defaults
+
+    @property
+    def template_variables(self) -> dict[str, str]:
+        """Special-token strings the chat template refers to by name."""
+        t = self.contract.template_tokens
+        return {
+            k: v
+            for k, v in (
+                ("bos_token", t.bos_token),
+                ("eos_token", t.eos_token),
+                ("pad_token", t.pad_token),
+            )
+            if v
+        }
+
+    def close(self) -> None:
+        if self.core is not None:
+            self.core.close()
+
+
+def _resource_text(core: Any, kind: int, what: str) -> str:
+    ids = [rid for rid, res in core.resources.items() if res.kind == kind]
+    if len(ids) != 1:
+        raise StartupError(f"bad core: expected one {what} resource, found {len(ids)}")
+    try:
+        return bytes(core.read_resource(ids[0])).decode("utf-8")
+    except UnicodeDecodeError:
+        raise StartupError(f"bad core: the {what} resource is not UTF-8 text") from None
+
+
+def _line(exc: BaseException) -> str:
+    """An exception as one line."""
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())

@@ -1,0 +1,100 @@
+"""Startup options and the settings resolved from them and the core's defaults.
+
+model-contract.md, "Serving metadata": core defaults fill missing settings; explicit
+startup options take precedence. A setting neither gives falls back to the built-in
+value below.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from helios_contract.schema import contract_pb2
+
+FALLBACK_QUEUE_CAPACITY = 64
+FALLBACK_EVENT_CAPACITY = 256
+FALLBACK_MAX_ACTIVE = 8
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What the operator gave on the command line (None: not given)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backend: str = "cpu"
+    max_active: int | None = None
+    queue_capacity: int | None = None
+    frontend_workers: int | None = None
+    event_capacity: int | None = None
+    served_name: str | None = None
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Resolved settings.
+
+    Attributes:
+        max_active: requests running on the model at once (model slots used).
+        queue_capacity: bound of the worker's ingress channel and of the scheduler's
+            waiting deque; HTTP admits at most queue_capacity + max_active requests.
+        frontend_workers: CPU preparation slots (template, tokenize, grammar compile).
+        event_capacity: minimum per-response event budget (a minimum, not a cap).
+        served_name: the OpenAI `model` name responses carry.
+        aliases: other accepted request model names.
+    """
+
+    host: str
+    port: int
+    backend: str
+    max_active: int
+    queue_capacity: int
+    frontend_workers: int
+    event_capacity: int
+    served_name: str
+    aliases: tuple[str, ...]
+
+    @property
+    def http_capacity(self) -> int:
+        return self.queue_capacity + self.max_active
+
+
+def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> ServeSettings:
+    """Options beat core defaults; core defaults (nonzero) fill missing options.
+
+    Raises:
+        ValueError: a resolved setting is not positive.
+    """
+    d = contract.defaults
+
+    def pick(option: int | None, default: int, fallback: int) -> int:
+        if option is not None:
+            return option
+        return default if default > 0 else fallback
+
+    settings = ServeSettings(
+        host=options.host,
+        port=options.port,
+        backend=options.backend,
+        max_active=pick(
+            options.max_active, d.max_active, contract.selected_concurrency or FALLBACK_MAX_ACTIVE
+        ),
+        queue_capacity=pick(options.queue_capacity, d.queue_capacity, FALLBACK_QUEUE_CAPACITY),
+        frontend_workers=pick(
+            options.frontend_workers, d.frontend_workers, min(4, os.cpu_count() or 1)
+        ),
+        event_capacity=pick(options.event_capacity, d.event_capacity, FALLBACK_EVENT_CAPACITY),
+        served_name=options.served_name or contract.served_id,
+        aliases=tuple(
+            a
+            for a in (contract.served_id, *contract.aliases)
+            if a != (options.served_name or contract.served_id)
+        ),
+    )
+    for name in ("max_active", "queue_capacity", "frontend_workers", "event_capacity"):
+        if getattr(settings, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if not settings.served_name:
+        raise ValueError("the core declares no served id; pass --served-name")
+    return settings

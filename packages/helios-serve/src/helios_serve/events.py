@@ -1,0 +1,152 @@
+"""Data-only messages between the HTTP layer and the model worker (STYLE.md item 2).
+
+HTTP -> worker: a `GenerationRequest` (fully prepared: prompt ids, sampling, limits,
+stops, its output pipeline) or a `Cancel`. Worker -> HTTP: events appended to the
+request's `EventSink`; a response is a sequence of `Output`/`TokenObserved` events
+ended by exactly one terminal event (`Finished`, `Rejected` or `Failed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from helios_serve.engine.plan import SamplingParams
+
+
+class FinishReason(enum.Enum):
+    """Why a request ended normally; distinct from rejection and failure."""
+
+    STOP = "stop"  # EOS id, token stop or string stop
+    LENGTH = "length"  # output limit or context extent
+    TOOL_CALLS = "tool_calls"  # the pipeline finished with completed tool calls
+    CANCELLED = "cancelled"  # the reader dropped the response (never presented)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Presentation deltas of one step (frontend delta objects: reasoning, content,
+    tool-call start and argument fragments), in order."""
+
+    deltas: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class TokenObserved:
+    """One generated id (observed requests only), EOS and stop tokens included.
+
+    timestamp_ns is relative to the observation clock origin, or None when the
+    request did not ask for timestamps.
+    """
+
+    token_id: int
+    timestamp_ns: int | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Terminal: the request ended normally.
+
+    Attributes:
+        reason: stop, length or tool_calls.
+        prompt_tokens: prompt length in tokens.
+        completion_tokens: sampled tokens, including the token that crossed a stop.
+        reused_prompt_tokens: prompt tokens served from the prefix cache.
+    """
+
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    reused_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Terminal: scheduler admission rejected the request (HTTP 503 before headers)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Terminal: model execution, device or output failure (HTTP 500 before headers)."""
+
+    message: str
+
+
+Event = Output | TokenObserved | Finished | Rejected | Failed
+TERMINAL_EVENTS = (Finished, Rejected, Failed)
+
+
+class EventSink:
+    """A response's event queue, written by the worker thread and read on the HTTP loop.
+
+    Storage grows as events arrive (an unbounded asyncio.Queue): the response's event
+    budget is bounded by its prompt and output limits, never allocated up front. The
+    worker hands a step's events over in one `loop.call_soon_threadsafe` call.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.terminal_sent = False  # worker-thread side: no event after a terminal one
+
+    def publish(self, events: list[Event]) -> None:
+        """Called on the worker thread: hand events to the HTTP loop."""
+        if not events or self.terminal_sent:
+            return
+        if isinstance(events[-1], TERMINAL_EVENTS):
+            self.terminal_sent = True
+        try:
+            self._loop.call_soon_threadsafe(self._put_all, events)
+        except RuntimeError:  # the loop is closed: the reader is gone
+            pass
+
+    def _put_all(self, events: list[Event]) -> None:
+        for event in events:
+            self._queue.put_nowait(event)
+
+    async def get(self) -> Event:
+        """Next event, on the HTTP loop."""
+        return await self._queue.get()
+
+
+@dataclass
+class GenerationRequest:
+    """A prepared request, ready for the model worker.
+
+    Attributes:
+        request_id: process-internal id (never in labels or responses).
+        prompt_token_ids: the rendered, tokenized prompt.
+        sampling: sampling parameters after prepared defaults are applied.
+        max_output_tokens: output limit in tokens.
+        has_string_stops: the pipeline matches string stops (host-stop barrier).
+        constrained: a grammar constrains sampling (the pipeline fills masks).
+        observe_ids: emit TokenObserved per generated id.
+        observe_timestamps: stamp each observation (requires observe_ids).
+        pipeline: the request's OutputPipeline (detokenizer, string and token stops,
+            parsers, grammar); used only on the worker thread after submission.
+        sink: where the worker publishes events.
+        enqueue_ns: observation-clock time right before submission to the worker.
+    """
+
+    request_id: int
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    max_output_tokens: int
+    sink: EventSink
+    pipeline: Any = None
+    has_string_stops: bool = False
+    constrained: bool = False
+    observe_ids: bool = False
+    observe_timestamps: bool = False
+    enqueue_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """HTTP -> worker: the reader dropped the response."""
+
+    request_id: int

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP layer (Litestar): the only module tree that imports Litestar."""

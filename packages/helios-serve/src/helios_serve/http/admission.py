@@ -1,0 +1,81 @@
+"""HTTP admission (model-contract.md, admission paragraphs).
+
+At most queue_capacity + max_active admitted requests, counting CPU preparation,
+queued generation and responses still awaiting delivery; beyond that a request gets
+429 at once. Admitted requests wait asynchronously for one of frontend_workers
+preparation slots; preparation (template, tokenization, grammar compile) runs in a
+thread pool so the event loop never blocks. A permit is released when the reader
+releases the response, not when generation ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from helios_serve.http.errors import IngressFull
+from helios_serve.metrics import REJECT_INGRESS_FULL, Metrics
+
+T = TypeVar("T")
+
+
+class Permit:
+    """One admitted request's hold on HTTP capacity; `release` is idempotent."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._admission._release()
+
+
+class Admission:
+    """Admission permits and preparation slots. Use on the HTTP event loop only.
+
+    Args:
+        capacity: queue_capacity + max_active.
+        frontend_workers: preparation slots (and preparation threads).
+        metrics: the server's metrics.
+    """
+
+    def __init__(self, capacity: int, frontend_workers: int, metrics: Metrics) -> None:
+        self.capacity = capacity
+        self.in_use = 0
+        self._metrics = metrics
+        self._slots = asyncio.Semaphore(frontend_workers)
+        self._pool = ThreadPoolExecutor(frontend_workers, thread_name_prefix="helios-prepare")
+        metrics.http_permits_capacity.set(capacity)
+
+    def acquire(self) -> Permit:
+        """Admit a request now or refuse it.
+
+        Raises:
+            IngressFull: `capacity` requests are admitted already (429).
+        """
+        if self.in_use >= self.capacity:
+            self._metrics.requests_rejected.labels(REJECT_INGRESS_FULL).inc()
+            raise IngressFull(
+                f"the server is at capacity ({self.capacity} requests admitted); retry later"
+            )
+        self.in_use += 1
+        self._metrics.requests_admitted.inc()
+        self._metrics.http_permits_in_use.set(self.in_use)
+        return Permit(self)
+
+    def _release(self) -> None:
+        self.in_use -= 1
+        self._metrics.http_permits_in_use.set(self.in_use)
+
+    async def prepare(self, fn: Callable[..., T], *args: object) -> T:
+        """Run `fn(*args)` in a preparation slot (waits asynchronously for one)."""
+        async with self._slots:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,177 @@
+"""Prometheus metrics of one server (model-contract.md, "/metrics").
+
+Every metric lives in the server's own `CollectorRegistry` (never the process-global
+one), so several servers in one test process do not collide. Labels carry only bounded
+enumerations (reasons, operations): never request ids, prompt contents or token ids.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Rejection reasons (label values of helios_requests_rejected_total).
+REJECT_INGRESS_FULL = "ingress_full"  # 429: queue_capacity + max_active admitted
+REJECT_INVALID = "invalid"  # 400: preparation failed
+REJECT_SCHEDULER = "scheduler"  # 503 / terminal rejection event
+
+_LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+
+class Metrics:
+    """The server's counters, gauges and histograms.
+
+    Written by the HTTP layer (received, admitted, rejected, permits) and by the model
+    worker (everything else). prometheus-client metrics are thread-safe.
+    """
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        # Request lifecycle.
+        self.requests_received = Counter(
+            "helios_requests_received", "Chat requests received by HTTP.", registry=r
+        )
+        self.requests_admitted = Counter(
+            "helios_requests_admitted", "Chat requests given an HTTP admission permit.", registry=r
+        )
+        self.requests_rejected = Counter(
+            "helios_requests_rejected",
+            "Chat requests rejected, by reason (ingress_full, invalid, scheduler).",
+            ["reason"],
+            registry=r,
+        )
+        self.requests_finished = Counter(
+            "helios_requests_finished",
+            "Requests that left the model worker, by reason "
+            "(stop, length, tool_calls, cancelled, error).",
+            ["reason"],
+            registry=r,
+        )
+        self.requests_running = Gauge(
+            "helios_requests_running", "Requests holding a model slot.", registry=r
+        )
+        self.requests_waiting = Gauge(
+            "helios_requests_waiting", "Requests queued for a model slot.", registry=r
+        )
+        self.http_permits_in_use = Gauge(
+            "helios_http_admission_permits_in_use",
+            "Admitted HTTP requests not yet released by their reader.",
+            registry=r,
+        )
+        self.http_permits_capacity = Gauge(
+            "helios_http_admission_permits_capacity",
+            "HTTP admission limit: queue_capacity + max_active.",
+            registry=r,
+        )
+        # Latency.
+        self.time_to_first_token = Histogram(
+            "helios_time_to_first_token_seconds",
+            "Enqueue to first generated token.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.inter_token_latency = Histogram(
+            "helios_inter_token_latency_seconds",
+            "Time between consecutive generated tokens of one request.",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e_latency = Histogram(
+            "helios_e2e_request_latency_seconds",
+            "Enqueue to the terminal event.",
+            buckets=_E2E_BUCKETS_S,
+            registry=r,
+        )
+        # Tokens.
+        self.prompt_tokens = Counter(
+            "helios_prompt_tokens", "Prompt tokens of admitted requests.", registry=r
+        )
+        self.generation_tokens = Counter(
+            "helios_generation_tokens", "Generated (sampled) tokens.", registry=r
+        )
+        # Execution.
+        self.graph_launches = Counter(
+            "helios_graph_launches",
+            "Successful graph launches, by operation.",
+            ["operation"],
+            registry=r,
+        )
+        self.execution_failures = Counter(
+            "helios_execution_failures", "Graph launches that raised.", registry=r
+        )
+        # Prefix reuse.
+        self.prefix_cache_queries = Counter(
+            "helios_prefix_cache_queries_tokens",
+            "Prompt tokens looked up in the prefix cache.",
+            registry=r,
+        )
+        self.prefix_cache_hits = Counter(
+            "helios_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache.",
+            registry=r,
+        )
+        # Snapshots (zero until snapshots exist).
+        self.snapshot_publications = Counter(
+            "helios_snapshot_publications", "Snapshots published at exact endpoints.", registry=r
+        )
+        self.snapshot_evictions = Counter(
+            "helios_snapshot_evictions", "Snapshots evicted.", registry=r
+        )
+        # Resource capacity.
+        self.pages_capacity = Gauge(
+            "helios_cache_pages_capacity", "Physical cache pages backed at load.", registry=r
+        )
+        self.pages_used = Gauge(
+            "helios_cache_pages_used",
+            "Cache pages referenced by requests or held by the prefix cache.",
+            registry=r,
+        )
+        self.slots_capacity = Gauge(
+            "helios_request_slots_capacity", "Physical request rows.", registry=r
+        )
+        # model-contract.md, "/metrics": both cover the lifetime of the model worker.
+        self.mixed_grammar_decode_steps = Counter(
+            "flare_mixed_grammar_decode_steps",
+            "Successful decode submissions whose request lanes include both constrained "
+            "and unconstrained requests.",
+            registry=r,
+        )
+        self.constrained_max_inflight = Gauge(
+            "flare_constrained_max_inflight",
+            "Maximum outstanding executor frames immediately after a successful "
+            "constrained submission (0 before any).",
+            registry=r,
+        )
+        for reason in (REJECT_INGRESS_FULL, REJECT_INVALID, REJECT_SCHEDULER):
+            self.requests_rejected.labels(reason)
+        for reason in ("stop", "length", "tool_calls", "cancelled", "error"):
+            self.requests_finished.labels(reason)
+        for op in ("prefill", "decode"):
+            self.graph_launches.labels(op)
+
+    def render(self) -> tuple[bytes, str]:
+        """The Prometheus text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,124 @@
+"""Server.start: the model worker plus the HTTP listener (uvicorn) around one model.
+
+    Bootstrap.load -> NativeModel.load -> Server.start
+
+HTTP shutdown allows five seconds for connection drain, then drops remaining
+connections (model-contract.md, admission paragraphs); the worker then stops and the
+backend closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import uvicorn
+
+from helios_serve.bootstrap import Bootstrap
+from helios_serve.clock import ObservationClock
+from helios_serve.config import ServeSettings
+from helios_serve.http.app import build_app
+from helios_serve.http.chat import ChatService
+from helios_serve.metrics import Metrics
+from helios_serve.worker import ModelBackend, ModelWorker
+
+SHUTDOWN_DRAIN_S = 5.0
+
+log = logging.getLogger(__name__)
+
+
+class Server:
+    """One served model: worker thread, chat service, Litestar app and uvicorn listener.
+
+    Args:
+        bootstrap: the loaded core's serving metadata and frontend assets.
+        model: NativeModel (or the test-only ScriptedModel).
+        settings: resolved settings (host, port 0 picks a free port).
+        clock: the observation clock made right before the model loaded.
+    """
+
+    def __init__(
+        self,
+        bootstrap: Bootstrap,
+        model: ModelBackend,
+        settings: ServeSettings,
+        clock: ObservationClock,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.settings = settings
+        self.metrics = Metrics()
+        self.worker = ModelWorker(
+            model,
+            clock,
+            self.metrics,
+            max_active=settings.max_active,
+            queue_capacity=settings.queue_capacity,
+        )
+        self.service = ChatService(bootstrap, self.worker, settings, self.metrics, clock)
+        self.app = build_app(self.service)
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((settings.host, settings.port))
+        self.port = self._socket.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            timeout_graceful_shutdown=int(SHUTDOWN_DRAIN_S),
+            lifespan="on",
+        )
+        self._uvicorn = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    @classmethod
+    def start(
+        cls,
+        bootstrap: Bootstrap,
+        model: ModelBackend,
+        settings: ServeSettings,
+        clock: ObservationClock,
+        *,
+        timeout_s: float = 30.0,
+    ) -> Server:
+        """Start the worker and the listener in background threads; return once serving.
+
+        Raises:
+            RuntimeError: the listener did not come up within timeout_s.
+        """
+        server = cls(bootstrap, model, settings, clock)
+        server.worker.start()
+        server._thread = threading.Thread(target=server._serve, name="helios-http", daemon=True)
+        server._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not server._uvicorn.started:
+            if not server._thread.is_alive() or time.monotonic() > deadline:
+                server.stop()
+                raise RuntimeError("the HTTP listener did not start")
+            time.sleep(0.01)
+        return server
+
+    def _serve(self) -> None:
+        self._uvicorn.run(sockets=[self._socket])
+
+    def run(self) -> None:
+        """Serve in this thread until interrupted (SIGINT/SIGTERM), then shut down."""
+        self.worker.start()
+        try:
+            self._serve()
+        finally:
+            self.worker.stop()
+            self.bootstrap.close()
+
+    def stop(self) -> None:
+        """Drain HTTP for up to five seconds, stop the worker, close the backend."""
+        self.service.draining = True
+        self._uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(SHUTDOWN_DRAIN_S + 5.0)
+        self.worker.stop()
+        self._socket.close()

@@ -1,0 +1,184 @@
+"""ScriptedModel: a test-only backend with NativeModel's interface and chosen outputs.
+
+It executes the scheduler's real `StepPlan`s: it writes each row's tokens into an
+emulated paged cache (page id, offset) exactly where the plan's page table says, reads
+the row's whole sequence back through the same page table, and returns the next token
+of the script chosen for that sequence's prompt. Prefix reuse, preemption and
+recompute therefore work (and are checked) as on a real model; a wrong page table
+yields a wrong prompt and a wrong script.
+
+Faults: `fail_when(predicate)` raises `ScriptedFault` from `execute` for every plan the
+predicate accepts; `fail_at_step(n)` raises on the n-th execute call (0-based).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from helios_serve.engine.plan import ModelGeometry, StepKind, StepPlan
+
+Responder = Callable[[tuple[int, ...]], Sequence[int]]
+
+
+class ScriptedFault(RuntimeError):
+    """The injected execution failure."""
+
+
+def tiny_geometry(
+    vocab_size: int,
+    *,
+    eos_token_ids: tuple[int, ...] = (2,),
+    page_tokens: int = 4,
+    num_pages: int = 256,
+    slots: int = 8,
+    max_pages_per_request: int = 64,
+    decode_capacities: tuple[int, ...] = (1, 2, 4, 8),
+    prefill_token_capacities: tuple[int, ...] = (32, 64),
+    prefill_row_capacity: int = 4,
+) -> ModelGeometry:
+    """A small geometry for scripted tests (context = 256 tokens by default)."""
+    return ModelGeometry(
+        page_tokens=page_tokens,
+        num_pages=num_pages,
+        slots=slots,
+        max_pages_per_request=max_pages_per_request,
+        decode_capacities=decode_capacities,
+        prefill_token_capacities=prefill_token_capacities,
+        prefill_row_capacity=prefill_row_capacity,
+        context_tokens=page_tokens * max_pages_per_request,
+        vocab_size=vocab_size,
+        mask_words=(vocab_size + 31) // 32,
+        eos_token_ids=eos_token_ids,
+    )
+
+
+class ScriptedModel:
+    """NativeModel's interface (`manifests`, `execute`, `close`) over scripted outputs.
+
+    Args:
+        geometry: what `manifests` reports and what plans are checked against.
+        responder: maps a prompt (token ids) to its scripted output ids; when the
+            script runs out the model emits the first EOS id.
+        step_delay_s: sleep per execute call (paces tests of concurrency and cancellation).
+    """
+
+    def __init__(
+        self, geometry: ModelGeometry, responder: Responder, *, step_delay_s: float = 0.0
+    ) -> None:
+        self._geometry = geometry
+        self.responder = responder
+        self.step_delay_s = step_delay_s
+        self._pages = np.full((geometry.num_pages, geometry.page_tokens), -1, dtype=np.int64)
+        self._prompt_tokens: dict[int, int] = {}  # request_id -> prompt length
+        self._scripts: dict[int, list[int]] = {}  # request_id -> scripted output
+        self._lock = threading.Lock()
+        self._faults: list[Callable[[StepPlan], bool]] = []
+        self.steps = 0  # execute calls so far
+        self.launches: dict[StepKind, int] = {StepKind.PREFILL: 0, StepKind.DECODE: 0}
+        self.closed = False
+
+    @property
+    def manifests(self) -> ModelGeometry:
+        return self._geometry
+
+    def fail_when(self, predicate: Callable[[StepPlan], bool]) -> None:
+        """Raise ScriptedFault for every plan `predicate` accepts."""
+        with self._lock:
+            self._faults.append(predicate)
+
+    def fail_at_step(self, step: int) -> None:
+        """Raise ScriptedFault on the `step`-th execute call (0-based)."""
+        target = step
+        self.fail_when(lambda _plan: self.steps == target)
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def sequence(self, page_ids: Sequence[int], length: int) -> tuple[int, ...]:
+        """Tokens [0, length) read back through a page table."""
+        pt = self._geometry.page_tokens
+        return tuple(int(self._pages[page_ids[p // pt], p % pt]) for p in range(length))
+
+    def execute(self, plan: StepPlan) -> np.ndarray:
+        """Run one plan; returns int32 [len(plan.rows)] sampled ids (submission rows)."""
+        if self.closed:
+            raise RuntimeError("ScriptedModel is closed")
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        with self._lock:
+            faults = list(self._faults)
+        try:
+            if any(f(plan) for f in faults):
+                raise ScriptedFault(f"scripted execution fault at step {self.steps}")
+            self._check(plan)
+            out = np.empty(len(plan.rows), dtype=np.int32)
+            for i, row in enumerate(plan.rows):
+                out[i] = self._run_row(row)
+            self.launches[plan.kind] += 1
+            return out
+        finally:
+            self.steps += 1
+
+    def _check(self, plan: StepPlan) -> None:
+        g = self._geometry
+        if plan.kind is StepKind.DECODE:
+            assert all(len(r.tokens) == 1 for r in plan.rows), "decode rows carry one token"
+            assert len(plan.rows) <= max(g.decode_capacities), "decode batch over capacity"
+        else:
+            assert plan.token_count <= max(g.prefill_token_capacities), "prefill over capacity"
+            assert len(plan.rows) <= g.prefill_row_capacity, "prefill rows over capacity"
+        slots = [r.slot for r in plan.rows]
+        assert len(set(slots)) == len(slots), "one row per slot"
+
+    def _run_row(self, row) -> int:
+        g = self._geometry
+        pt = g.page_tokens
+        end = row.start_position + len(row.tokens)
+        assert len(row.page_ids) * pt >= end, "page table does not cover the row"
+        for i, token in enumerate(row.tokens):
+            p = row.start_position + i
+            self._pages[row.page_ids[p // pt], p % pt] = token
+        if not row.sample:
+            return 0
+        seq = self.sequence(row.page_ids, end)
+        assert all(t >= 0 for t in seq), "row reads a cache position never written"
+        if row.request_id not in self._prompt_tokens:
+            self._prompt_tokens[row.request_id] = end
+            self._scripts[row.request_id] = list(self.responder(seq))
+        prompt_len = self._prompt_tokens[row.request_id]
+        script = self._scripts[row.request_id]
+        index = end - prompt_len  # output tokens already consumed
+        if index < len(script):
+            return int(script[index])
+        return int(g.eos_token_ids[0])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class ScriptBook:
+    """A responder choosing a script by a trigger text found in the decoded prompt.
+
+    `book.add("stop-letters", ids)` makes every prompt containing "stop-letters" emit
+    `ids`; prompts matching nothing emit `default`.
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], default: Sequence[int] = ()):
+        self._decode = decode
+        self._scripts: list[tuple[str, list[int]]] = []
+        self.default = list(default)
+
+    def add(self, trigger: str, ids: Sequence[int]) -> None:
+        self._scripts.insert(0, (trigger, list(ids)))
+
+    def __call__(self, prompt: tuple[int, ...]) -> list[int]:
+        text = self._decode(prompt)
+        for trigger, ids in self._scripts:
+            if trigger in text:
+                return ids
+        return self.default

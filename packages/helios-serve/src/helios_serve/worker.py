@@ -1,0 +1,397 @@
+"""The model worker: one thread that owns the backend and the scheduler.
+
+    admit -> schedule -> execute -> scheduler.complete -> validate -> publish events
+
+The HTTP event loop never blocks on model work: it hands prepared requests to a
+bounded ingress channel (`submit`) and cancellations to an unbounded one (`cancel`),
+and reads events from each request's `EventSink`. Every backend call, scheduler call
+and output-pipeline call after submission happens on this thread.
+
+Termination semantics stay distinct (model-contract.md, "Frontend implementations"):
+EOS ids and user stops finish with `stop`, the output limit with `length`, a dropped
+reader cancels (no event), scheduler admission rejection is `Rejected`, and execution,
+device or output failures are `Failed` for exactly the requests of the failed step;
+the worker keeps serving the others.
+
+Host-stop barrier ("String stops"): the worker determines every stop before it
+submits another round. Execution here is synchronous (`execute`), so one round is
+outstanding at a time and rounds are one token wide; a backend with two frames must
+keep that barrier while a string-stop or constrained request is active.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from helios_serve.clock import ObservationClock
+from helios_serve.engine.plan import ModelGeometry, StepKind, StepPlan
+from helios_serve.events import (
+    Cancel,
+    Event,
+    Failed,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    Output,
+    Rejected,
+    TokenObserved,
+)
+from helios_serve.metrics import REJECT_SCHEDULER, Metrics
+from helios_serve.scheduler import (
+    CompletionError,
+    FinishedRequest,
+    RowResult,
+    SchedRequest,
+    Scheduler,
+)
+from helios_serve.scheduler import FinishReason as SchedFinish
+
+log = logging.getLogger(__name__)
+
+_SCHED_REASON = {
+    FinishReason.STOP: SchedFinish.STOP,
+    FinishReason.TOOL_CALLS: SchedFinish.STOP,
+    FinishReason.LENGTH: SchedFinish.LENGTH,
+    FinishReason.CANCELLED: SchedFinish.CANCELLED,
+}
+
+
+class ModelBackend(Protocol):
+    """What the worker needs of NativeModel (or the test-only ScriptedModel)."""
+
+    @property
+    def manifests(self) -> ModelGeometry: ...
+
+    def execute(self, plan: StepPlan) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Live:
+    """Worker-thread state of one admitted request."""
+
+    request: GenerationRequest
+    first_token_s: float | None = None  # step clock (seconds) of the first token
+    last_token_s: float | None = None
+    events: list[Event] = dataclasses.field(default_factory=list)
+
+
+def serving_geometry(geometry: ModelGeometry, max_active: int) -> ModelGeometry:
+    """The geometry the scheduler plans against: at most `max_active` running requests.
+
+    Slots beyond max_active stay unused; decode capacities keep every captured
+    variant up to the smallest one that holds max_active rows.
+    """
+    slots = max(1, min(geometry.slots, max_active))
+    caps = [c for c in geometry.decode_capacities if c < slots]
+    caps += [c for c in geometry.decode_capacities if c >= slots][:1]
+    return dataclasses.replace(geometry, slots=slots, decode_capacities=tuple(caps))
+
+
+class ModelWorker:
+    """Owns the backend and the scheduler on one thread.
+
+    Args:
+        model: NativeModel or ScriptedModel (`manifests`, `execute`, `close`).
+        clock: the observation clock (origin at runtime startup).
+        metrics: the server's metrics.
+        max_active: running requests at most (model slots used).
+        queue_capacity: bound of the ingress channel and of the scheduler's waiting deque.
+    """
+
+    def __init__(
+        self,
+        model: ModelBackend,
+        clock: ObservationClock,
+        metrics: Metrics,
+        *,
+        max_active: int,
+        queue_capacity: int,
+    ) -> None:
+        self.model = model
+        self.clock = clock
+        self.metrics = metrics
+        self.queue_capacity = queue_capacity
+        self.geometry = serving_geometry(model.manifests, max_active)
+        self.scheduler = Scheduler(self.geometry)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._ingress: deque[GenerationRequest] = deque()  # <= queue_capacity
+        self._cancels: deque[Cancel] = deque()
+        self._live: dict[int, _Live] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="helios-model-worker", daemon=True)
+        self._reported = self.scheduler.stats()
+        self._last_stats = self._reported  # published after each step (read by any thread)
+        self._live_count = 0
+        self._constrained_max_inflight = 0
+        metrics.pages_capacity.set(self.geometry.num_pages)
+        metrics.slots_capacity.set(self.geometry.slots)
+        self.crashed: BaseException | None = None
+
+    # -- HTTP side (any thread) -------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest) -> bool:
+        """Hand a prepared request to the worker; False when the ingress channel is full."""
+        with self._lock:
+            if self._stopping or len(self._ingress) >= self.queue_capacity:
+                return False
+            self._ingress.append(request)
+            self._wake.notify()
+        return True
+
+    def cancel(self, request_id: int) -> None:
+        """The reader dropped the response: stop generating and release its resources."""
+        with self._lock:
+            self._cancels.append(Cancel(request_id))
+            self._wake.notify()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop (live requests fail), join the thread, close the backend."""
+        with self._lock:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self.model.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- worker thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._step():
+                pass
+        except BaseException as exc:  # a bug: fail every live request, mark unhealthy
+            log.exception("model worker crashed")
+            self.crashed = exc
+            for live in list(self._live.values()):
+                live.request.sink.publish([Failed(f"model worker crashed: {exc}")])
+            self._live.clear()
+            raise
+        for live in list(self._live.values()):
+            live.request.sink.publish([Failed("the server is shutting down")])
+        self._live.clear()
+
+    def _step(self) -> bool:
+        """One iteration; False when stopping."""
+        if not self._drain_ingress():
+            return False
+        plan = self.scheduler.schedule()
+        if plan is None:
+            self._publish_gauges()
+            with self._lock:  # nothing runnable: sleep until ingress or a cancel arrives
+                if not self._ingress and not self._cancels and not self._stopping:
+                    self._wake.wait(0.05 if self.scheduler.has_work() else 1.0)
+            return True
+        self._execute(plan)
+        self._publish_gauges()
+        return True
+
+    def _drain_ingress(self) -> bool:
+        with self._lock:
+            if self._stopping:
+                return False
+            requests = list(self._ingress)
+            cancels = list(self._cancels)
+            self._ingress.clear()
+            self._cancels.clear()
+        for request in requests:
+            self._admit(request)
+        for cancel in cancels:
+            self._cancel(cancel.request_id)
+        return True
+
+    def _admit(self, request: GenerationRequest) -> None:
+        if self.scheduler.stats().waiting >= self.queue_capacity:
+            self._reject(request, f"the admission queue is full ({self.queue_capacity} waiting)")
+            return
+        error = self.scheduler.add(
+            SchedRequest(
+                request_id=request.request_id,
+                prompt_tokens=request.prompt_token_ids,
+                max_output_tokens=request.max_output_tokens,
+                sampling=request.sampling,
+            )
+        )
+        if error is not None:
+            self._reject(request, error.detail)
+            return
+        self._live[request.request_id] = _Live(request)
+        self.metrics.prompt_tokens.inc(len(request.prompt_token_ids))
+
+    def _reject(self, request: GenerationRequest, message: str) -> None:
+        self.metrics.requests_rejected.labels(REJECT_SCHEDULER).inc()
+        request.sink.publish([Rejected(message)])
+
+    def _cancel(self, request_id: int) -> None:
+        live = self._live.pop(request_id, None)
+        if live is None:
+            return  # already finished: the reader released a finished response
+        self.scheduler.cancel(request_id)
+        self.metrics.requests_finished.labels("cancelled").inc()
+
+    def _execute(self, plan: StepPlan) -> None:
+        submitted = self._with_masks(plan)
+        constrained = [
+            self._live[r.request_id].request.constrained if r.request_id in self._live else False
+            for r in plan.rows
+        ]
+        try:
+            sampled = self.model.execute(submitted)
+        except Exception as exc:  # execution or device failure: fail this step only
+            log.warning("execution failed: %s", exc)
+            self.metrics.execution_failures.inc()
+            self._fail_plan(plan, f"model execution failed: {exc}")
+            return
+        self.metrics.graph_launches.labels(plan.kind.value).inc()
+        if any(constrained):
+            # One frame outstanding right after a constrained submission (synchronous
+            # execution); the gauge records the maximum ever seen.
+            self._constrained_max_inflight = max(self._constrained_max_inflight, 1)
+            self.metrics.constrained_max_inflight.set(self._constrained_max_inflight)
+            if plan.kind is StepKind.DECODE and not all(constrained):
+                self.metrics.mixed_grammar_decode_steps.inc()
+        try:
+            results = self.scheduler.complete(plan, sampled)
+        except CompletionError as exc:  # the completion record is invalid: output error
+            log.warning("invalid completion record: %s", exc)
+            self._fail_plan(plan, f"invalid completion record: {exc}")
+            return
+        self._validate(results)
+
+    def _with_masks(self, plan: StepPlan) -> StepPlan:
+        """The plan as submitted: grammar masks filled for constrained sampling rows.
+
+        The scheduler keeps the original plan object (completion is checked by
+        identity); the backend gets a copy whose rows carry the masks.
+        """
+        rows = []
+        changed = False
+        for row in plan.rows:
+            live = self._live.get(row.request_id)
+            if row.sample and live is not None and live.request.constrained:
+                mask = np.zeros(self.geometry.mask_words, dtype=np.int32)
+                live.request.pipeline.fill_mask(mask)
+                rows.append(dataclasses.replace(row, grammar_mask=mask))
+                changed = True
+            else:
+                rows.append(row)
+        return StepPlan(plan.kind, tuple(rows)) if changed else plan
+
+    def _fail_plan(self, plan: StepPlan, message: str) -> None:
+        for summary in self.scheduler.fail(plan):
+            live = self._live.pop(summary.request_id, None)
+            if live is not None:
+                self.metrics.requests_finished.labels("error").inc()
+                live.request.sink.publish(live.events + [Failed(message)])
+
+    def _validate(self, results: list[RowResult]) -> None:
+        """Per-request validation of one completed step, in submission-row order."""
+        sampled = [r for r in results if r.token_id is not None and r.request_id in self._live]
+        # model-contract.md, "Token and timing observation": stamp validated completions
+        # right after scheduler.complete, before grammar, stops or parsing; read the clock
+        # only when an observed request is in the step.
+        stamp_ns = None
+        if any(self._live[r.request_id].request.observe_timestamps for r in sampled):
+            stamp_ns = self.clock.now_ns()
+        now_s = self.clock.now_ns() / 1e9  # one step-level read for latency histograms
+        for result in sampled:
+            live = self._live[result.request_id]
+            try:
+                self._on_token(live, result, stamp_ns, now_s)
+            except Exception as exc:  # output pipeline failure: this request only
+                log.warning("output failed for a request: %s", exc)
+                self._live.pop(result.request_id, None)
+                self.scheduler.finish(result.request_id, SchedFinish.ERROR)
+                self.metrics.requests_finished.labels("error").inc()
+                live.request.sink.publish(live.events + [Failed(f"output failed: {exc}")])
+                continue
+            if live.events:
+                live.request.sink.publish(live.events)
+                live.events = []
+
+    def _on_token(self, live: _Live, result: RowResult, stamp_ns: int | None, now_s: float) -> None:
+        request = live.request
+        token = int(result.token_id)  # type: ignore[arg-type]
+        self.metrics.generation_tokens.inc()
+        if live.first_token_s is None:
+            if request.enqueue_ns is not None:
+                self.metrics.time_to_first_token.observe(max(0.0, now_s - request.enqueue_ns / 1e9))
+            live.first_token_s = now_s
+        elif live.last_token_s is not None:
+            self.metrics.inter_token_latency.observe(max(0.0, now_s - live.last_token_s))
+        live.last_token_s = now_s
+        if request.observe_ids:
+            live.events.append(
+                TokenObserved(token, stamp_ns if request.observe_timestamps else None)
+            )
+        # The pipeline sees every sampled id: EOS ends generation there, token and
+        # string stops are matched there, before presentation.
+        pipeline = request.pipeline
+        deltas = pipeline.feed(token)
+        if not pipeline.finished and result.output_tokens >= request.max_output_tokens:
+            deltas = deltas + pipeline.finish("length")
+        if deltas:
+            live.events.append(Output(tuple(deltas)))
+        if pipeline.finished:
+            self._finish(live, FinishReason(pipeline.finish_reason), now_s)
+
+    def _finish(self, live: _Live, reason: FinishReason, now_s: float) -> None:
+        request = live.request
+        summary: FinishedRequest = self.scheduler.finish(request.request_id, _SCHED_REASON[reason])
+        del self._live[request.request_id]
+        self.metrics.requests_finished.labels(reason.value).inc()
+        if request.enqueue_ns is not None:
+            self.metrics.e2e_latency.observe(max(0.0, now_s - request.enqueue_ns / 1e9))
+        live.events.append(
+            Finished(
+                reason=reason,
+                prompt_tokens=len(request.prompt_token_ids),
+                completion_tokens=len(summary.output_tokens),
+                reused_prompt_tokens=summary.reused_prompt_tokens,
+            )
+        )
+
+    def _publish_gauges(self) -> None:
+        stats = self.scheduler.stats()
+        m = self.metrics
+        m.requests_running.set(stats.running)
+        m.requests_waiting.set(stats.waiting)
+        m.pages_used.set(stats.pages_used)
+        before = self._reported
+        if stats.prefix_queries > before.prefix_queries:
+            m.prefix_cache_queries.inc(stats.prefix_queries - before.prefix_queries)
+        if stats.prefix_hit_tokens > before.prefix_hit_tokens:
+            m.prefix_cache_hits.inc(stats.prefix_hit_tokens - before.prefix_hit_tokens)
+        self._reported = stats
+        self._last_stats = stats
+        self._live_count = len(self._live)
+
+    # -- introspection (tests, /health) --------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Scheduler counters as of the last step (tests, /health); any thread."""
+        stats, live = self._last_stats, self._live_count
+        return {
+            "idle": stats.idle and live == 0,
+            "running": stats.running,
+            "waiting": stats.waiting,
+            "pages_used": stats.pages_used,
+            "slots_free": stats.slots_free,
+            "live": live,
+        }
