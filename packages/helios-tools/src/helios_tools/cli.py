@@ -1,8 +1,255 @@
-"""Command-line entry point (placeholder until its issue lands)."""
+"""The ``helios-tools`` command line: keygen, inspect, verify, lint-core.
+
+Exit codes: 0 ok; 1 findings (bad signature, untrusted key, namespace mismatch, a resource
+failing its digests or frame, lint findings); 2 unreadable (missing file, not a
+well-formed core, unusable key file, bad usage).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import click
+from helios_contract._gen.helios.v1 import contract_pb2 as pb
+from helios_contract._gen.helios.v1 import core_pb2
+
+from helios_tools.core import (
+    Core,
+    CoreError,
+    CoreFormatError,
+    authorize,
+    generate_key,
+    load_public_key,
+    open_core,
+    open_core_unverified,
+    write_key_pair,
+)
+from helios_tools.lint import Finding, lint_core
+
+EXIT_OK, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
+_PROGRESS_MIN_NBYTES = 64 << 20  # show a progress bar from this stored size
 
 
-@click.group()
+class _Unreadable(click.ClickException):
+    exit_code = EXIT_UNREADABLE
+
+
+def _read_resource_key(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    data = path.read_bytes()
+    if len(data) == 32:
+        return data
+    try:
+        key = bytes.fromhex(data.decode("ascii").strip())
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise _Unreadable(f"{path}: a resource key is 32 raw bytes or 64 hex digits")
+    return key
+
+
+def _trusted(paths: tuple[Path, ...]) -> list:
+    try:
+        return [load_public_key(p) for p in paths]
+    except (OSError, ValueError) as e:
+        raise _Unreadable(f"cannot load trusted key: {e}") from None
+
+
+@contextmanager
+def _opened(path: Path, keys: list | None, resource_key: bytes | None) -> Iterator[Core]:
+    """Open a core; OSError and CoreFormatError are 'unreadable' (exit 2)."""
+    try:
+        core = open_core(path, keys, resource_key=resource_key) if keys is not None else \
+            open_core_unverified(path, resource_key=resource_key)
+    except (OSError, CoreFormatError) as e:
+        raise _Unreadable(f"{path}: {e}") from None
+    try:
+        yield core
+    finally:
+        core.close()
+
+
+def _summary(core: Core) -> dict[str, Any]:
+    c = core.contract
+    kind = ("payload core" if core.protected_version is None
+            else f"logical-resource core (ProtectedIndex version {core.protected_version})")
+    return {
+        "path": str(core.path),
+        "file_nbytes": core.file_nbytes,
+        "format_version": core.format_version,
+        "format": kind,
+        "namespace": core.namespace,
+        "key_id": core.key_id,
+        "signature_verified": core.verified,
+        "contract_version": c.model.version,
+        "served_id": c.served_id,
+        "aliases": list(c.aliases),
+        "context_tokens": c.context_tokens,
+        "selected_concurrency": c.selected_concurrency,
+        "speculative_widths": list(c.speculative_widths),
+        "graphs": [{"name": g.name,
+                    "operation": pb.Operation.Name(g.operation),
+                    "batch_capacity": g.batch_capacity,
+                    "token_capacity": g.token_capacity} for g in c.model.graphs],
+        "resources": [{"id": r.resource_id,
+                       "kind": core_pb2.ResourceKind.Name(r.kind),
+                       "stored_nbytes": r.stored_nbytes,
+                       "decoded_nbytes": r.decoded_nbytes,
+                       "ratio": round(r.decoded_nbytes / r.stored_nbytes, 3)
+                       if r.stored_nbytes else None} for r in core.resources.values()],
+    }
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    echo = click.echo
+    echo(f"core         {s['path']} ({s['file_nbytes']} bytes)")
+    echo(f"format       {s['format']}, format_version {s['format_version']}")
+    echo(f"namespace    {s['namespace']}")
+    echo(f"key id       {s['key_id']} (signature not verified; use verify)")
+    echo(f"contract     version {s['contract_version']}")
+    echo(f"served id    {s['served_id']}  aliases: {', '.join(s['aliases']) or '-'}")
+    echo(f"context      {s['context_tokens']} tokens; concurrency {s['selected_concurrency']}; "
+         f"speculative widths {s['speculative_widths'] or '-'}")
+    echo(f"graphs       {len(s['graphs'])}")
+    for g in s["graphs"]:
+        echo(f"  {g['name']:<32} {g['operation'].removeprefix('OPERATION_'):<15} "
+             f"batch {g['batch_capacity']:>5}  tokens {g['token_capacity']:>6}")
+    echo(f"resources    {len(s['resources'])}")
+    echo(f"  {'id':<40} {'kind':<14} {'stored':>12} {'decoded':>12} {'ratio':>6}")
+    for r in s["resources"]:
+        echo(f"  {r['id']:<40} {r['kind'].removeprefix('RESOURCE_KIND_'):<14} "
+             f"{r['stored_nbytes']:>12} {r['decoded_nbytes']:>12} {r['ratio']:>6}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """helios-tools."""
+    """Helios core tools: make signing keys, inspect, verify and lint cores.
+
+    Exit codes: 0 ok, 1 findings, 2 unreadable.
+    """
+
+
+@main.command()
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Private key path (PEM, mode 0600); the public key goes to OUT.pub.")
+def keygen(out: Path) -> None:
+    """Write a new Ed25519 signing key (OUT) and its public key (OUT.pub)."""
+    try:
+        priv, pub = write_key_pair(generate_key(), out)
+    except FileExistsError as e:
+        raise _Unreadable(f"refusing to overwrite {e}") from None
+    except OSError as e:
+        raise _Unreadable(str(e)) from None
+    click.echo(f"wrote {priv} (private, 0600) and {pub} (public)")
+
+
+_resource_key_option = click.option(
+    "--resource-key", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="AES-256 key file (32 bytes or 64 hex digits) for ProtectedIndex version 4 cores.")
+
+
+@main.command()
+@click.argument("core", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+def inspect(core: Path, as_json: bool) -> None:
+    """Summarize CORE: namespace, contract, graphs and resources (does not verify)."""
+    with _opened(core, None, None) as c:
+        s = _summary(c)
+    if as_json:
+        click.echo(json.dumps(s, indent=2))
+    else:
+        _print_summary(s)
+
+
+def _check_resources(c: Core, findings: list[str]) -> None:
+    total = sum(r.stored_nbytes for r in c.resources.values())
+    bar = click.progressbar(length=total, label="verifying", file=sys.stderr) \
+        if total >= _PROGRESS_MIN_NBYTES else None
+    try:
+        for rid, res in c.resources.items():
+            try:
+                c.verify_resource(rid)
+            except CoreError as e:
+                findings.append(f"{type(e).__name__}: {e}")
+            if bar is not None:
+                bar.update(res.stored_nbytes)
+    finally:
+        if bar is not None:
+            bar.render_finish()
+
+
+@main.command()
+@click.argument("core", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--trust", "trust", multiple=True, required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Trusted Ed25519 public key (PEM); repeat for several.")
+@click.option("--accept", "accept", required=True,
+              help="Acceptance string: must equal the signed publisher namespace exactly.")
+@_resource_key_option
+def verify(core: Path, trust: tuple[Path, ...], accept: str, resource_key: Path | None) -> None:
+    """Verify CORE's signature, authorization and every chunk of every resource."""
+    keys = _trusted(trust)
+    rkey = _read_resource_key(resource_key)
+    findings: list[str] = []
+    try:
+        with _opened(core, keys, rkey) as c:
+            try:
+                authorize(c, accept)
+            except CoreError as e:
+                findings.append(f"{type(e).__name__}: {e}")
+            _check_resources(c, findings)
+            nres = len(c.resources)
+    except CoreError as e:  # signature or key: the body cannot be trusted
+        click.echo(f"FAIL {core}: {type(e).__name__}: {e}", err=True)
+        sys.exit(EXIT_FINDINGS)
+    for f in findings:
+        click.echo(f"FAIL {core}: {f}", err=True)
+    if findings:
+        sys.exit(EXIT_FINDINGS)
+    click.echo(f"OK {core}: signature, namespace and {nres} resources verified")
+
+
+@main.command("lint-core")
+@click.argument("core", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--trust", "trust", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Trusted Ed25519 public key (PEM); repeat for several. Without it the "
+                   "signature is not checked.")
+@click.option("--accept", "accept", default=None,
+              help="Acceptance string to authorize (needs --trust).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+@_resource_key_option
+def lint_core_command(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
+                      resource_key: Path | None) -> None:
+    """Everything verify does, plus contract validation and manifest consistency."""
+    keys = _trusted(trust) if trust else None
+    if accept is not None and keys is None:
+        raise click.UsageError("--accept needs --trust")
+    rkey = _read_resource_key(resource_key)
+    findings: list[Finding] = []
+    if keys is not None:
+        try:
+            open_core(core, keys, resource_key=rkey).close()
+        except (OSError, CoreFormatError) as e:
+            raise _Unreadable(f"{core}: {e}") from None
+        except CoreError as e:
+            findings.append(Finding(f"core.{type(e).__name__}", "envelope.signature",
+                                    "", str(e)))
+            keys, accept = None, None  # lint the structure of the untrusted body
+    with _opened(core, keys, rkey) as c:
+        findings += lint_core(c, acceptance=accept)
+    if fmt == "json":
+        click.echo(json.dumps({"core": str(core), "findings": [f.to_dict() for f in findings]},
+                              indent=2))
+    else:
+        for f in findings:
+            click.echo(str(f))
+        click.echo(f"{core}: {len(findings)} finding(s)")
+    sys.exit(EXIT_FINDINGS if findings else EXIT_OK)
