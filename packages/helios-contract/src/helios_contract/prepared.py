@@ -7,8 +7,8 @@ and never re-validates. There is no per-model code and no model-name dispatch: e
 below is keyed by contract enums and declared names.
 
 Validation order (first failure raises): version and upgrade, required messages, enum
-selectors, vocabulary, serving extents and sampling defaults, cache, graphs (bindings,
-speculative extents, pending tokens), frontend, then the execution manifest when given.
+selectors, vocabulary, cache, graphs (bindings, speculative extents, pending tokens),
+serving extents and sampling defaults, frontend, then the execution manifest when given.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from helios_contract import _rules_contract, _rules_frontend, _rules_manifest
 from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
 from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
+from helios_contract.errors import MissingFieldError
 from helios_contract.upgrade import upgrade_to_current
 
 __all__ = ["PreparedContract", "validate_contract"]
@@ -42,14 +43,16 @@ def validate_contract(
     Raises:
         ContractError: A subclass naming the field path and the offending value.
     """
+    if not serving.HasField("model"):
+        raise MissingFieldError("model", detail="ServingContract carries no ModelContract")
     upgraded = upgrade_to_current(serving)
     _rules_contract.check_required(upgraded)
     _rules_contract.check_selectors(upgraded.model, "model")
     _rules_contract.check_vocabulary(upgraded)
-    _rules_contract.check_serving_extents(upgraded)
-    _rules_contract.check_sampling_defaults(upgraded)
     _rules_contract.check_cache(upgraded)
     _rules_contract.check_graphs(upgraded)
+    _rules_contract.check_serving_extents(upgraded)
+    _rules_contract.check_sampling_defaults(upgraded)
     _rules_frontend.check_frontend(upgraded)
     if manifest is not None:
         _rules_manifest.check_manifest(upgraded, manifest)
