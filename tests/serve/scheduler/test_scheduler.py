@@ -6,6 +6,9 @@ The fake model samples 100 * request_id + output_index (conftest.fake_token).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 from helios_serve.engine.plan import SamplingParams, StepKind, StepPlan
 from helios_serve.scheduler import (
@@ -432,11 +435,15 @@ def test_complete_validates_before_changing_anything(loop):
         sched.complete(p, [1000])
     with pytest.raises(CompletionError, match="outside"):
         sched.complete(p, [-1])
-    forged = StepPlan(p.kind, p.rows)
+    forged = StepPlan(StepKind.DECODE, p.rows)
     with pytest.raises(CompletionError, match="oldest outstanding"):
         sched.complete(forged, [1])
+    masked = StepPlan(
+        p.kind, tuple(replace(row, grammar_mask=np.zeros(32, np.int32)) for row in p.rows)
+    )
+    assert masked == p  # a plan with masks attached still completes
     assert sched.outstanding_frames == 1 and sched.stats().pages_cached == 0
-    assert loop.complete(p) == [RowResult(1, tok(1, 0), 1)]
+    assert sched.complete(masked, [tok(1, 0)]) == [RowResult(1, tok(1, 0), 1)]
     with pytest.raises(CompletionError, match="oldest outstanding"):
         sched.complete(p, [1])
 
@@ -496,8 +503,6 @@ def test_smallest_capacity():
 
 
 def test_geometry_is_validated(geometry):
-    from dataclasses import replace
-
     with pytest.raises(ValueError, match="decode_capacities"):
         Scheduler(replace(geometry, decode_capacities=(4, 2)))
     with pytest.raises(ValueError, match="prefill_token_capacities"):

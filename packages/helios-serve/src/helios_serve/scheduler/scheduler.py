@@ -377,7 +377,9 @@ class Scheduler:
         """Apply the completion record of the oldest outstanding plan.
 
         Args:
-            plan: the plan exactly as `schedule()` returned it.
+            plan: the plan `schedule()` returned (equal to it: the worker may
+                attach grammar masks with dataclasses.replace, which equality
+                ignores).
             sampled: one token id per plan row, submission-row order; entries of
                 rows with sample=False are ignored.
 
@@ -412,7 +414,7 @@ class Scheduler:
         return results
 
     def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> None:
-        if not self._outstanding or plan is not self._outstanding[0]:
+        if not self._outstanding or plan != self._outstanding[0]:
             raise CompletionError("plan is not the oldest outstanding plan")
         if len(sampled) != len(plan.rows):
             raise CompletionError(f"{len(sampled)} sampled ids for {len(plan.rows)} rows")
@@ -435,7 +437,7 @@ class Scheduler:
         Raises:
             CompletionError: not the oldest outstanding plan.
         """
-        if not self._outstanding or plan is not self._outstanding[0]:
+        if not self._outstanding or plan != self._outstanding[0]:
             raise CompletionError("plan is not the oldest outstanding plan")
         self._outstanding.popleft()
         failed: list[FinishedRequest] = []
