@@ -330,6 +330,7 @@ def test_cancel_keeps_pages_until_the_plan_completes(loop):
     assert done.reason is FinishReason.CANCELLED and done.output_tokens == ()
     s = sched.stats()
     assert (s.running, s.slots_free, s.pages_used) == (1, 2, 3)  # still held
+    assert sched.is_live(1)  # draining its frame
     results = loop.complete(p)
     assert results == [RowResult(2, tok(2, 0), 1)]  # nothing for the cancelled row
     s = sched.stats()
@@ -337,6 +338,7 @@ def test_cancel_keeps_pages_until_the_plan_completes(loop):
     assert s.pages_cached == 1  # request 2's page; 1's two pages were never published
     assert not sched.pages.is_published(0) and not sched.pages.is_published(1)
     assert s.finished[FinishReason.CANCELLED] == 1
+    assert not sched.is_live(1)
     assert sched.cancel(1) is None  # gone: a late cancel is not an error
     loop.run()
     assert_idle(sched)

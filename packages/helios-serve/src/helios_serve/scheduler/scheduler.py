@@ -10,6 +10,26 @@ The worker drives one loop (STYLE.md item 1):
 
 and must call `finish` for every decided request before the next `schedule()`.
 
+Policy (exact, deterministic):
+- Admission is strict FIFO into the lowest free slot once pages for the next
+  chunk exist; cached complete prefix pages are shared first (hash chain,
+  reference counts) and reported as reused_prompt_tokens.
+- PREFILL packs unfinished prompts (admission order) then new admissions, up
+  to the largest prefill token capacity and the prefill row capacity; the
+  runtime pads to the smallest captured capacity that fits (`smallest_capacity`).
+  A long prompt takes several chunks; only the final chunk samples.
+- DECODE takes one row per request with a pending token, at most the largest
+  decode capacity (least recently served first when over it), rows in
+  admission order; the runtime pads to the smallest capacity >= rows.
+- After a PREFILL, a DECODE goes first whenever a request has a pending token.
+- Page shortage: a request without pages waits while others progress or
+  frames are in flight; with no progress possible, the newest running request
+  is preempted (recompute) and readmitted later from the front of the queue.
+
+Index spaces: a row's position in `StepPlan.rows` is its submission row;
+`RowPlan.slot` a physical request row; positions count tokens of the
+request's own sequence (prompt, then output).
+
 Two execution frames: `schedule()` may be called again before `complete()` of
 the previous plan only while `can_schedule_ahead()` is True, i.e. at most one
 plan is outstanding and none of its rows samples. Any row with sample=True (every
@@ -543,6 +563,10 @@ class Scheduler:
     def has_work(self) -> bool:
         """Whether any request is waiting, running or in flight."""
         return bool(self._requests or self._outstanding)
+
+    def is_live(self, request_id: int) -> bool:
+        """Whether the request is waiting, running or draining its frames."""
+        return request_id in self._requests
 
     def slot_generation(self, slot: int) -> int:
         """Current generation of a physical request row."""
