@@ -1,8 +1,185 @@
-"""Command-line entry point (placeholder until its issue lands)."""
+"""`helios-serve`: serve a core over OpenAI-compatible HTTP.
+
+    helios-serve CORE --trust PUB --accept NAMESPACE [options]
+    helios-serve --demo
+
+Startup is Bootstrap.load -> NativeModel.load -> Server.start. Any startup failure
+prints one line (`helios-serve: error: ...`) without a traceback and exits 2.
+
+`--demo` prepares the embedded default once: it generates a local key with
+`helios-tools keygen` and exports the real SmolLM2 core with `ignition export` (both as
+subprocesses: serve never imports ignition) into ${XDG_CACHE_HOME:-~/.cache}/helios/demo/,
+then serves it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import click
 
+from helios_serve.bootstrap import Bootstrap, StartupError
+from helios_serve.config import ServeOptions, resolve
 
-@click.group()
-def main() -> None:
-    """helios-serve."""
+DEMO_NAMESPACE = "helios.demo/local"
+DEMO_RECIPE = Path("recipes") / "smollm2_135m_instruct.py"
+
+
+def demo_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "helios" / "demo"
+
+
+def _tool(name: str) -> str:
+    """A console script of this environment (beside the interpreter), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise StartupError(f"--demo needs the `{name}` command (install the Helios workspace)")
+    return found
+
+
+def _demo_recipe() -> Path:
+    """recipes/smollm2_135m_instruct.py in the working directory or the repository root."""
+    candidates = [Path.cwd() / DEMO_RECIPE, Path(__file__).resolve().parents[4] / DEMO_RECIPE]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise StartupError(
+        f"--demo cannot find {DEMO_RECIPE} (looked in {', '.join(str(p.parent) for p in candidates)})"
+    )
+
+
+def prepare_demo(echo=click.echo) -> tuple[Path, Path, str]:
+    """Export the demo core once; returns (core, public key, namespace).
+
+    Raises:
+        StartupError: keygen or export failed (their last output line is included).
+    """
+    folder = demo_dir()
+    core = folder / "smollm2-135m-instruct.core"
+    key = folder / "publisher.key"
+    public = folder / "publisher.key.pub"
+    if core.is_file() and public.is_file():
+        return core, public, DEMO_NAMESPACE
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (key.is_file() and public.is_file()):
+        _run([_tool("helios-tools"), "keygen", "--out", str(key)], "key generation")
+    echo(f"preparing the demo core once into {folder} (about a minute) ...", err=True)
+    partial = core.with_suffix(".core.partial")
+    _run(
+        [_tool("ignition"), "export", str(_demo_recipe()), "--checkpoint", "smollm2",
+         "--key", str(key), "--namespace", DEMO_NAMESPACE, "--out", str(partial)],
+        "demo export",
+    )  # fmt: skip
+    partial.replace(core)
+    return core, public, DEMO_NAMESPACE
+
+
+def _run(argv: list[str], what: str) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        raise StartupError(f"{what} failed: {lines[-1] if lines else f'exit {proc.returncode}'}")
+
+
+def _curl_example(url: str, model: str) -> str:
+    return (
+        f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f'-d \'{{"model": "{model}", "messages": [{{"role": "user", '
+        f'"content": "What is the capital of France?"}}]}}\''
+    )
+
+
+def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: ServeOptions):
+    """Bootstrap.load -> NativeModel.load -> Server (bound, not yet serving).
+
+    Raises:
+        StartupError: one line naming what is wrong.
+    """
+    from helios_serve.clock import ObservationClock
+    from helios_serve.runtime.errors import RuntimeLoadError
+    from helios_serve.runtime.native_model import NativeModel
+    from helios_serve.server import Server
+
+    bootstrap = Bootstrap.load(core, trust, accept)
+    try:
+        try:
+            settings = resolve(options, bootstrap.contract)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        clock = ObservationClock()  # the observation origin: native runtime startup
+        try:
+            model = NativeModel.load(
+                bootstrap.core, options.backend, max_concurrency=settings.max_active
+            )
+        except RuntimeLoadError as exc:
+            raise StartupError(" ".join(str(exc).split())) from None
+        try:
+            return Server(bootstrap, model, settings, clock)
+        except OSError as exc:
+            model.close()
+            raise StartupError(
+                f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+            ) from None
+    except BaseException:
+        bootstrap.close()
+        raise
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("core", required=False, type=click.Path(dir_okay=False))
+@click.option(
+    "--trust",
+    "trust",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Trusted publisher public key (PEM); repeatable.",
+)
+@click.option("--accept", "accept", help="Accepted publisher namespace (must match exactly).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--backend", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--max-active", type=int, help="Requests running at once [core default].")
+@click.option("--queue-capacity", type=int, help="Requests queued for the model [core default].")
+@click.option("--frontend-workers", type=int, help="CPU preparation slots [core default].")
+@click.option("--event-capacity", type=int, help="Minimum per-response event budget.")
+@click.option("--served-name", help="Model name in responses [the core's served id].")
+@click.option("--demo", is_flag=True, help="Prepare (once) and serve the embedded SmolLM2 model.")
+def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
+         event_capacity, served_name, demo) -> None:  # fmt: skip
+    """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP."""
+    options = ServeOptions(
+        host=host, port=port, backend=backend, max_active=max_active,
+        queue_capacity=queue_capacity, frontend_workers=frontend_workers,
+        event_capacity=event_capacity, served_name=served_name,
+    )  # fmt: skip
+    try:
+        if demo:
+            if core or trust or accept:
+                raise StartupError("--demo takes no CORE, --trust or --accept")
+            core_path, public, accept = prepare_demo()
+            trust = (str(public),)
+        else:
+            if not core:
+                raise StartupError("missing CORE (or use --demo)")
+            if not trust:
+                raise StartupError("missing --trust PUB (the publisher's public key)")
+            if accept is None:
+                raise StartupError("missing --accept NAMESPACE (the publisher namespace)")
+            core_path = core
+        server = start(core_path, list(trust), accept, options)
+    except StartupError as exc:
+        click.echo(f"helios-serve: error: {exc}", err=True)
+        sys.exit(2)
+    name = server.settings.served_name
+    click.echo(f"Helios is serving {name} at {server.url} (backend {backend})")
+    click.echo(f"Try: {_curl_example(server.url, name)}")
+    sys.stdout.flush()
+    server.run()

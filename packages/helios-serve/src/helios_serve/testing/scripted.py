@@ -8,7 +8,9 @@ recompute therefore work (and are checked) as on a real model; a wrong page tabl
 yields a wrong prompt and a wrong script.
 
 Faults: `fail_when(predicate)` raises `ScriptedFault` from `execute` for every plan the
-predicate accepts; `fail_at_step(n)` raises on the n-th execute call (0-based).
+predicate accepts; `fail_at_step(n)` raises on the n-th execute call (0-based);
+`fail_on_sequence(predicate)` raises when a sampling row's whole sequence (prompt and
+output so far, read back through the page table) satisfies the predicate.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class ScriptedModel:
         self._scripts: dict[int, list[int]] = {}  # request_id -> scripted output
         self._lock = threading.Lock()
         self._faults: list[Callable[[StepPlan], bool]] = []
+        self._sequence_faults: list[Callable[[tuple[int, ...]], bool]] = []
+        self._row_faults: list[Callable[[tuple[int, ...]], bool]] = []
         self.steps = 0  # execute calls so far
         self.launches: dict[StepKind, int] = {StepKind.PREFILL: 0, StepKind.DECODE: 0}
         self.closed = False
@@ -95,9 +99,15 @@ class ScriptedModel:
         target = step
         self.fail_when(lambda _plan: self.steps == target)
 
+    def fail_on_sequence(self, predicate: Callable[[tuple[int, ...]], bool]) -> None:
+        """Raise ScriptedFault when a sampling row's sequence satisfies `predicate`."""
+        with self._lock:
+            self._sequence_faults.append(predicate)
+
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._sequence_faults.clear()
 
     def sequence(self, page_ids: Sequence[int], length: int) -> tuple[int, ...]:
         """Tokens [0, length) read back through a page table."""
@@ -112,6 +122,7 @@ class ScriptedModel:
             time.sleep(self.step_delay_s)
         with self._lock:
             faults = list(self._faults)
+            self._row_faults = list(self._sequence_faults)
         try:
             if any(f(plan) for f in faults):
                 raise ScriptedFault(f"scripted execution fault at step {self.steps}")
@@ -147,6 +158,8 @@ class ScriptedModel:
             return 0
         seq = self.sequence(row.page_ids, end)
         assert all(t >= 0 for t in seq), "row reads a cache position never written"
+        if any(f(seq) for f in self._row_faults):
+            raise ScriptedFault(f"scripted execution fault at step {self.steps}")
         if row.request_id not in self._prompt_tokens:
             self._prompt_tokens[row.request_id] = end
             self._scripts[row.request_id] = list(self.responder(seq))

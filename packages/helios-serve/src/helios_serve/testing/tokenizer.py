@@ -37,6 +37,7 @@ DEFAULT_PIECES = (
     " t",
     "here",
     "Hello",
+    " Hello",
     ",",
     " world",
     "!",
