@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from helios_serve.testing.harness import ScriptedServer
 from helios_serve.testing.tokenizer import TinyTokenizer
 

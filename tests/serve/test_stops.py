@@ -4,7 +4,6 @@ driven by the scripted token source (model-contract.md, "String stops")."""
 from __future__ import annotations
 
 import pytest
-
 from helios_serve.testing.harness import content_of, sse_post
 
 
