@@ -425,3 +425,12 @@ def test_reasoning_syntax_without_terminal_marker_keeps_tool_opener_in_reasoning
     script = ["x", S("<tool_call>"), "y", S("</think>"), "z"]
     expected = ChatResult("x<tool_call>y", "z", (), "stop")
     run_all(syn, script, THINK + TOOL_TAGS, expected, prompt_text=PROMPT_OPEN_THINK)
+
+
+def test_structured_answer_never_parses_text_tags_as_calls():
+    # Here the tool tags are not tokens, so only the structured flag keeps them as text.
+    doc = '{"x": "<tool_call>{\\"name\\": \\"a\\", \\"arguments\\": {}}</tool_call>"}'
+    expected = ChatResult(None, doc, (), "stop")
+    run_all(JSONTAGS, [doc], THINK, expected, tools=[fn("a")], structured_answer=True)
+    calls = next(drive(JSONTAGS, [doc[7:-2].replace('\\"', '"')], specials=THINK, tools=[fn("a")]))[2]
+    assert calls.tool_calls == (ToolCall("call_0", "a", "{}"),)  # the same text unstructured is a call

@@ -3,7 +3,10 @@
 Rule (model-contract.md, "Frontend implementations"): a marker that the frontend tokenizer
 encodes as one token delimits output only when generated as that token; any other spelling
 of it is text. A marker that the tokenizer splits into several tokens can only be spelled
-as text, so it is matched in the decoded text, across token boundaries.
+as text, so it is matched in the decoded text, across token boundaries. Tool tags (not
+delimiters in the specification's sense) are token-bound only when their one token is an
+added token, since an ordinary token such as ">" also occurs inside longer tokens.
+See docs/frontend-syntax.md.
 """
 
 from __future__ import annotations

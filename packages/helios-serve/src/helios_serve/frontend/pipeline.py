@@ -260,7 +260,11 @@ class Frontend:
         registry = tool_registry(tools, tool_choice)
         req = _Request(prompt_text, CallSink(registry, call_id), structured_answer)
         reasoning = REASONING_PARSERS[self.syntax.reasoning_parser](self, req)
-        tool_parser = TOOL_PARSERS[self.syntax.tool_parser](self, req)
+        if structured_answer and self.syntax.tool_parser is not ToolParser.ATEM_RECIPIENT_HEADERS:
+            # The constrained answer is an opaque document: literal tags in it stay text.
+            tool_parser: IncrementalParser = NoToolParser()
+        else:
+            tool_parser = TOOL_PARSERS[self.syntax.tool_parser](self, req)
         return OutputPipeline(
             detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids),
             reasoning=reasoning,
