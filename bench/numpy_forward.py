@@ -247,6 +247,9 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "numpy": np.__version__,
         "python": platform.python_version(),
+        "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
+        # Other processes on a shared host skew CPU figures: record how busy it was.
+        "loadavg_1m_after": os.getloadavg()[0],
     }
     print(f"NumPy float32 forward, SmolLM2-135M (weights {result['weight_bytes_per_step'] / 1e6:.0f} MB)")
     print(f"{'phase':<22}{'tokens/s':>12}{'ms/step':>12}")

@@ -69,7 +69,7 @@ def _byte_tokens() -> list[str]:
 
 
 def write_tiny_gguf(path: Path, *, arch="llama", template=TEMPLATE, tokenizer=True,
-                    skip=(), override=None) -> dict[str, np.ndarray]:
+                    skip=(), override=None, pre=None) -> dict[str, np.ndarray]:
     """Write a tiny llama GGUF (F32); returns the HF-layout tensors it encodes."""
     rng = np.random.default_rng(0)
     hf = {n: rng.standard_normal(s).astype(np.float32) for n, s in
@@ -94,6 +94,8 @@ def write_tiny_gguf(path: Path, *, arch="llama", template=TEMPLATE, tokenizer=Tr
         tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + _byte_tokens()
         tokens += ["he", "hel"][: g.vocab_size - len(tokens)]
         w.add_tokenizer_model("gpt2")
+        if pre is not None:
+            w.add_tokenizer_pre(pre)
         w.add_token_list(tokens)
         w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
         w.add_token_merges(["h e", "he l"])
@@ -165,3 +167,30 @@ def test_wrong_architecture(tmp_path):
     write_tiny_gguf(tmp_path / "c.gguf", arch="qwen2")
     with pytest.raises(GeometryError, match="qwen2"):
         load_gguf(tmp_path / "c.gguf")
+
+
+def test_unknown_pre_tokenizer_is_refused(tmp_path):
+    write_tiny_gguf(tmp_path / "d.gguf", pre="qwen2")
+    with pytest.raises(MissingTokenizerError, match="qwen2.*known"):
+        load_gguf(tmp_path / "d.gguf")
+
+
+@pytest.mark.parametrize(("pre", "digit_pieces"), [("smollm", 5), ("llama-bpe", 2),
+                                                    ("gpt2", 1)])
+def test_pre_tokenizer_table(tmp_path, pre, digit_pieces):
+    write_tiny_gguf(tmp_path / "e.gguf", pre=pre)
+    tok = load_tokenizer(load_gguf(tmp_path / "e.gguf").tokenizer_json)
+    pieces = tok.pre_tokenizer.pre_tokenize_str("12345")
+    assert len(pieces) == digit_pieces
+
+
+def test_tensors_mapping_view(tmp_path):
+    path = tmp_path / "f.gguf"
+    hf = write_tiny_gguf(path)
+    ck = load_gguf(path)
+    assert len(ck.tensors) == len(hf)
+    assert "model.norm.weight" in ck.tensors and "nope" not in ck.tensors
+    assert np.array_equal(ck.tensors["model.layers.1.self_attn.k_proj.weight"],
+                          hf["model.layers.1.self_attn.k_proj.weight"])
+    with pytest.raises(KeyError):
+        ck.tensors["nope"]

@@ -7,7 +7,7 @@ materialized twice (once here, once in the consumer).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +45,11 @@ class Checkpoint:
     tensor_names: tuple[str, ...]
     _read: TensorReader = field(repr=False, compare=False)
 
+    @property
+    def tensors(self) -> Mapping[str, np.ndarray]:
+        """Read-only mapping view: `ck.tensors[name]` reads (and checks) one tensor."""
+        return _LazyTensors(self)
+
     def expected_shape(self, name: str) -> tuple[int, ...]:
         """Shape the geometry implies for `name`.
 
@@ -79,3 +84,24 @@ class Checkpoint:
         if self.geometry.tie_word_embeddings:
             return self.tensor("model.embed_tokens.weight")
         return self.tensor("lm_head.weight")
+
+
+class _LazyTensors(Mapping):
+    """Mapping over a checkpoint's tensors; every lookup reads from the source again."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self._ck = checkpoint
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._ck.tensor_names:
+            raise KeyError(name)
+        return self._ck.tensor(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._ck.tensor_names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ck.tensor_names)
+
+    def __len__(self) -> int:
+        return len(self._ck.tensor_names)

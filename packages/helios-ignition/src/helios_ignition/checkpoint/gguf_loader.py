@@ -183,7 +183,11 @@ def load_gguf(path: str | Path) -> Checkpoint:
     token_types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
     merges = _field(reader, "tokenizer.ggml.merges") or []
     control = [i for i, kind in enumerate(token_types) if kind == _TOKEN_TYPE_CONTROL]
-    tokenizer_json = bpe_tokenizer_json(tokens, merges, control)
+    pre = _field(reader, "tokenizer.ggml.pre") or "default"
+    try:
+        tokenizer_json = bpe_tokenizer_json(tokens, merges, control, pre=pre)
+    except MissingTokenizerError as exc:
+        raise MissingTokenizerError(f"{source}: {exc}") from exc
 
     template = _field(reader, "tokenizer.chat_template")
     if not template:

@@ -1,6 +1,7 @@
 """Build a HF `tokenizers` JSON for a GPT-2 style byte-level BPE from its vocab and merges.
 
-The recipe (DESIGN §8) matches transformers' GGUF tokenizer id for id on SmolLM2:
+The pre-tokenizer is chosen by GGUF's `tokenizer.ggml.pre`. The SmolLM2 recipe (DESIGN §8)
+("smollm") matches transformers' GGUF tokenizer id for id on SmolLM2:
 pre-tokenizer `Sequence([Digits(individual_digits=True), ByteLevel(add_prefix_space=False,
 use_regex=True)])`, ByteLevel decoder, and the CONTROL tokens as special added tokens.
 """
@@ -9,12 +10,44 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .errors import MissingTokenizerError
+
+# Llama 3's split regex (its tokenizer.json), applied before a regex-free ByteLevel.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _pre_tokenizer(pre: str):
+    """Pre-tokenizer for a `tokenizer.ggml.pre` value; unknown values are refused, not guessed."""
+    from tokenizers import Regex, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre == "smollm":  # verified id for id against transformers (DESIGN §8)
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
+    if pre in ("gpt2", "default"):
+        return byte_level
+    if pre == "llama-bpe":  # from Llama 3's tokenizer.json; not checked against a real file here
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    raise MissingTokenizerError(
+        f"unsupported tokenizer.ggml.pre {pre!r}; known: default, gpt2, llama-bpe, smollm"
+    )
+
 
 def bpe_tokenizer_json(
     tokens: Sequence[str],
     merges: Sequence[str],
     special_ids: Sequence[int],
     filler_vocab_size: int | None = None,
+    pre: str = "smollm",
 ) -> str:
     """Return `tokenizer.json` text for a byte-level BPE.
 
@@ -25,11 +58,15 @@ def bpe_tokenizer_json(
         filler_vocab_size: when larger than `len(tokens)`, ids `len(tokens)..n-1` are added
             to the BPE vocab as `<|filler_{id}|>`: no merge produces them, so encoding never
             emits them, but they exist for decoding and for vocab-sized tables.
+        pre: the GGUF `tokenizer.ggml.pre` name selecting the pre-tokenizer.
 
     Returns:
         The JSON text accepted by `tokenizers.Tokenizer.from_str`.
+
+    Raises:
+        MissingTokenizerError: `pre` names a pre-tokenizer this builder does not know.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if filler_vocab_size is not None:
@@ -37,12 +74,7 @@ def bpe_tokenizer_json(
             vocab[f"<|filler_{i}|>"] = i
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
+    tokenizer.pre_tokenizer = _pre_tokenizer(pre)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     tokenizer.add_special_tokens(
