@@ -404,6 +404,10 @@ def add_speculative(serving: ServingContract, manifest: ExecutionManifest, *,
     graph.CopyFrom(speculative_graph(confidence=confidence))
     serving.speculative_widths.append(4)
     manifest.graphs.append(_program(graph, _launches(SLOTS * 4, SLOTS)))
+    if confidence:
+        # Framed confidence storage: F32 [2 frames, request slots, draft capacity].
+        manifest.buffers.append(Buffer(name="proposal_confidence", dtype=m.D_TYPE_F32,
+                                       shape=[2, SLOTS, 8], role=m.BUFFER_ROLE_OUTPUT))
     return graph
 
 

@@ -380,6 +380,19 @@ FAILING: list[tuple[str, Mutation, type, str]] = [
     ("page-table-unknown",
      lambda s, m: buffer(m, "page_table").__setattr__("name", "page_table0"),
      UnknownIdentifierError, "manifest.graphs[0].transports[6].destination"),
+    # framed proposal confidence storage
+    ("confidence-without-buffer",
+     with_speculative(lambda s, m: buffer(m, "proposal_confidence").__setattr__("name", "conf"),
+                      confidence=True),
+     UnknownIdentifierError, "model.graphs[2].speculative.produces_confidence"),
+    ("confidence-buffer-too-narrow",
+     with_speculative(lambda s, m: buffer(m, "proposal_confidence").shape.__setitem__(2, 2),
+                      confidence=True),
+     ViewBoundsError, "model.graphs[2].speculative.produces_confidence"),
+    ("confidence-buffer-unframed",
+     with_speculative(lambda s, m: buffer(m, "proposal_confidence").shape.__setitem__(0, 1),
+                      confidence=True),
+     ViewBoundsError, "model.graphs[2].speculative.produces_confidence"),
     # tuned bindings
     ("producer-not-in-catalog",
      with_tuning(set_attr(lambda s: decode(s).tuned_bindings[0], "producer_graph", "tune_x")),
@@ -551,3 +564,24 @@ def test_error_message_names_path_and_value(serving):
         "model.graphs[1].bindings[3].source = 'VALUE_SOURCE_UNSPECIFIED':"
     )
     assert info.value.value == "VALUE_SOURCE_UNSPECIFIED"
+
+
+def test_history_drafting_needs_copied_token_inputs(serving, manifest):
+    add_speculative(serving, manifest)
+    prepared = PreparedContract.from_contract(serving, manifest)
+    prepared.check_history_drafting(widths=[])  # no wider graph selected: nothing needed
+    with pytest.raises(BindingError) as info:
+        prepared.check_history_drafting()
+    assert type(info.value) is BindingError
+    assert info.value.path == "model.graphs[2].bindings"
+    assert info.value.value == ["VALUE_SOURCE_CANDIDATE_IDS", "VALUE_SOURCE_CANDIDATE_COUNT"]
+
+
+def test_history_drafting_accepts_copied_token_inputs(serving, manifest):
+    graph = add_speculative(serving, manifest)
+    for destination, source in (("in.tokens", c.VALUE_SOURCE_CANDIDATE_IDS),
+                                ("in.sample_rows", c.VALUE_SOURCE_CANDIDATE_COUNT)):
+        graph.bindings.add(destination=destination, source=source,
+                           indexing=c.INDEXING_SUBMISSION_ROW)
+        program(manifest, graph.name).transports.add(destination=destination, nbytes=16)
+    PreparedContract.from_contract(serving, manifest).check_history_drafting()

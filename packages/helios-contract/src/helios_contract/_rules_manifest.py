@@ -225,6 +225,33 @@ def _check_tuned(serving: pb.ServingContract, names: ManifestIndex) -> None:
             )
 
 
+# Spec name of the framed confidence storage: contiguous FP32 [2, request_slots, draft_capacity].
+PROPOSAL_CONFIDENCE = "proposal_confidence"
+
+
+def _check_confidence(serving: pb.ServingContract, names: ManifestIndex) -> None:
+    producers = [(i, g) for i, g in enumerate(serving.model.graphs)
+                 if g.HasField("speculative") and g.speculative.produces_confidence]
+    if not producers:
+        return
+    index, first = producers[0]
+    path = f"model.graphs[{index}].speculative.produces_confidence"
+    buffer = names.buffers.get(PROPOSAL_CONFIDENCE)
+    if buffer is None:
+        raise UnknownIdentifierError(
+            path, PROPOSAL_CONFIDENCE, "confidence programs need the proposal_confidence buffer"
+        )
+    widths = max(g.speculative.confidence_width for _, g in producers)
+    rows = max(g.speculative.batch_capacity for _, g in producers)
+    shape = list(buffer.shape)
+    if buffer.dtype != mpb.D_TYPE_F32 or len(shape) != 3 or shape[0] != 2 or \
+            shape[1] < rows or shape[2] < widths:
+        raise ViewBoundsError(
+            path, f"{enum_name(mpb.DType, buffer.dtype)}{shape}",
+            f"proposal_confidence is F32 [2, request_slots >= {rows}, draft_capacity >= {widths}]",
+        )
+
+
 def check_manifest(serving: pb.ServingContract, manifest: mpb.ExecutionManifest) -> None:
     """Cross-check a validated version 3 contract against its execution manifest."""
     # Tuning producers are not serving operations: their operation selects nothing.
@@ -236,3 +263,4 @@ def check_manifest(serving: pb.ServingContract, manifest: mpb.ExecutionManifest)
         _check_graph(serving, index, graph, names)
     _check_cache(serving, names)
     _check_tuned(serving, names)
+    _check_confidence(serving, names)

@@ -13,7 +13,7 @@ serving extents and sampling defaults, frontend, then the execution manifest whe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -21,7 +21,7 @@ from helios_contract import _rules_contract, _rules_frontend, _rules_manifest
 from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
 from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
-from helios_contract.errors import MissingFieldError
+from helios_contract.errors import BindingError, MissingFieldError
 from helios_contract.upgrade import upgrade_to_current
 
 __all__ = ["PreparedContract", "validate_contract"]
@@ -152,6 +152,37 @@ class PreparedContract:
         """Distinct captured speculative widths W (verify tokens per request), ascending."""
         return tuple(sorted({g.speculative.token_capacity
                              for g in self.graphs_for(pb.OPERATION_SPECULATIVE)}))
+
+    def check_history_drafting(self, widths: Iterable[int] | None = None) -> None:
+        """Check the contract side of the history-drafting startup option.
+
+        History drafting needs concrete copied-token inputs in each selected wider
+        SPECULATIVE graph (W > 1): bindings of VALUE_SOURCE_CANDIDATE_IDS and
+        VALUE_SOURCE_CANDIDATE_COUNT. Whether learned speculation is enabled is a startup
+        setting the caller checks.
+
+        Args:
+            widths: Speculative widths W selected at load; ``None`` means every captured one.
+
+        Raises:
+            BindingError: A selected wider graph lacks a copied-token input (path: its
+                ``bindings``; value: the missing source names).
+        """
+        chosen = set(self.speculative_widths if widths is None else widths)
+        needed = (pb.VALUE_SOURCE_CANDIDATE_IDS, pb.VALUE_SOURCE_CANDIDATE_COUNT)
+        for index, graph in enumerate(self.model.graphs):
+            if graph.operation != pb.OPERATION_SPECULATIVE:
+                continue
+            width = graph.speculative.token_capacity
+            if width <= 1 or width not in chosen:
+                continue
+            bound = {b.source for b in graph.bindings}
+            missing = [pb.ValueSource.Name(s) for s in needed if s not in bound]
+            if missing:
+                raise BindingError(
+                    f"model.graphs[{index}].bindings", missing,
+                    f"history drafting needs copied-token inputs in {graph.name!r} (W = {width})",
+                )
 
     @property
     def selected_concurrency(self) -> int:
