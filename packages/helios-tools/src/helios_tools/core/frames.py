@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import BinaryIO
 
 import zstandard
@@ -139,14 +139,16 @@ def compress_to(f: BinaryIO, data: bytes | bytearray | memoryview | Iterable[byt
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True,
                                     write_checksum=False, threads=threads)
     fed = 0
-    with cctx.stream_writer(sink, size=decoded_nbytes, closefd=False) as w:
-        for piece in pieces:
-            fed += memoryview(piece).nbytes
-            if fed > decoded_nbytes:
-                raise ValueError(f"data exceeds decoded_nbytes={decoded_nbytes}")
-            w.write(piece)
-        if fed != decoded_nbytes:
-            raise ValueError(f"data holds {fed} bytes, decoded_nbytes={decoded_nbytes}")
+    # No `with`: its exit would end the frame and mask an exception from the data source.
+    w = cctx.stream_writer(sink, size=decoded_nbytes, closefd=False)
+    for piece in pieces:
+        fed += memoryview(piece).nbytes
+        if fed > decoded_nbytes:
+            raise ValueError(f"data exceeds decoded_nbytes={decoded_nbytes}")
+        w.write(piece)
+    if fed != decoded_nbytes:
+        raise ValueError(f"data holds {fed} bytes, decoded_nbytes={decoded_nbytes}")
+    w.flush(zstandard.FLUSH_FRAME)
     return sink.nbytes, decoded_nbytes, sink.finish()
 
 
@@ -270,9 +272,15 @@ class _VerifiedSource:
             raise
 
     def _cancel(self) -> None:
-        for fut in self._futures.values():
-            fut.cancel()
+        """Stop hashing ahead and wait for running hashes: none may touch the map later."""
+        futures = list(self._futures.values())
         self._futures.clear()
+        for fut in futures:
+            fut.cancel()
+        wait(futures)
+
+    def close(self) -> None:
+        self._cancel()
 
     def prime(self) -> None:
         """Verify the first chunk and the frame header before any decoding."""
@@ -328,6 +336,14 @@ def iter_frame(view: memoryview, res: core_pb2.ExecutableResource, offset: int,
     if piece_nbytes <= 0:
         raise ValueError("piece_nbytes must be positive")
     src = _VerifiedSource(view, res, offset)
+    try:
+        yield from _iter_decoded(src, view, res, offset, piece_nbytes)
+    finally:
+        src.close()  # also when the consumer abandons the stream
+
+
+def _iter_decoded(src: _VerifiedSource, view: memoryview, res: core_pb2.ExecutableResource,
+                  offset: int, piece_nbytes: int) -> Iterator[bytes]:
     src.prime()
     reader = _decoder(src)
     remaining = res.decoded_nbytes
@@ -355,6 +371,14 @@ def read_frame(view: memoryview, res: core_pb2.ExecutableResource, offset: int) 
     and the frame header are verified.
     """
     src = _VerifiedSource(view, res, offset)
+    try:
+        return _read_decoded(src, view, res, offset)
+    finally:
+        src.close()
+
+
+def _read_decoded(src: _VerifiedSource, view: memoryview, res: core_pb2.ExecutableResource,
+                  offset: int) -> bytes:
     src.prime()
     reader = _decoder(src)
     try:
