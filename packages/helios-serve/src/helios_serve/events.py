@@ -123,7 +123,7 @@ class GenerationRequest:
         sampling: sampling parameters after prepared defaults are applied.
         max_output_tokens: output limit in tokens.
         has_string_stops: the pipeline matches string stops (host-stop barrier).
-        constrained: a grammar constrains sampling (the pipeline fills masks).
+        grammar: the request's GrammarState (structured output), or None.
         observe_ids: emit TokenObserved per generated id.
         observe_timestamps: stamp each observation (requires observe_ids).
         pipeline: the request's OutputPipeline (detokenizer, string and token stops,
@@ -139,10 +139,15 @@ class GenerationRequest:
     sink: EventSink
     pipeline: Any = None
     has_string_stops: bool = False
-    constrained: bool = False
+    grammar: Any = None
     observe_ids: bool = False
     observe_timestamps: bool = False
     enqueue_ns: int | None = None
+
+    @property
+    def constrained(self) -> bool:
+        """A grammar constrains sampling (the worker fills its masks)."""
+        return self.grammar is not None
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,10 @@ class _Live:
     events: list[Event] = dataclasses.field(default_factory=list)
 
 
+class OutputError(RuntimeError):
+    """A request's output cannot continue (a grammar rejected a sampled token)."""
+
+
 def serving_geometry(geometry: ModelGeometry, max_active: int) -> ModelGeometry:
     """The geometry the scheduler plans against: at most `max_active` running requests.
 
@@ -286,7 +290,7 @@ class ModelWorker:
             live = self._live.get(row.request_id)
             if row.sample and live is not None and live.request.constrained:
                 mask = np.zeros(self.geometry.mask_words, dtype=np.int32)
-                live.request.pipeline.fill_mask(mask)
+                live.request.grammar.fill_mask(mask)
                 rows.append(dataclasses.replace(row, grammar_mask=mask))
                 changed = True
             else:
@@ -339,6 +343,10 @@ class ModelWorker:
         if request.observe_ids:
             live.events.append(
                 TokenObserved(token, stamp_ns if request.observe_timestamps else None)
+            )
+        if request.grammar is not None and not request.grammar.advance(token):
+            raise OutputError(
+                f"the grammar rejected sampled token {token}: {request.grammar.error}"
             )
         # The pipeline sees every sampled id: EOS ends generation there, token and
         # string stops are matched there, before presentation.

@@ -38,6 +38,7 @@ from helios_serve.events import (
 )
 from helios_serve.frontend.deltas import accumulate
 from helios_serve.frontend.errors import FrontendRequestError
+from helios_serve.frontend.grammar import GrammarCompiler
 from helios_serve.frontend.stops import parse_stops
 from helios_serve.http import responses
 from helios_serve.http.admission import Admission, Permit
@@ -65,8 +66,8 @@ class Prepared:
     sampling: SamplingParams
     max_output_tokens: int
     pipeline: Any
+    grammar: Any
     has_string_stops: bool
-    constrained: bool
 
 
 class ChatService:
@@ -88,6 +89,8 @@ class ChatService:
         self.admission: Admission | None = None  # made on the event loop (lifespan)
         self.created = int(time.time())
         self.draining = False
+        # llguidance token table, built once; masks cover the sampled vocabulary.
+        self.grammars = GrammarCompiler(bootstrap.frontend, vocab_size=worker.geometry.vocab_size)
         names = (settings.served_name, *settings.aliases)
         self.model_names = frozenset(n for n in names if n)
 
@@ -155,8 +158,8 @@ class ChatService:
             max_output_tokens=prepared.max_output_tokens,
             sink=sink,
             pipeline=prepared.pipeline,
+            grammar=prepared.grammar,
             has_string_stops=prepared.has_string_stops,
-            constrained=prepared.constrained,
             observe_ids=observe_ids,
             observe_timestamps=observe_timestamps,
             enqueue_ns=enqueue_ns,
@@ -215,14 +218,21 @@ class ChatService:
             stops=stops,
             structured_answer=fmt in ("json_object", "json_schema"),
         )
+        grammar = self.grammars.for_request(
+            response_format=request.response_format,
+            tools=tools,
+            tool_choice=request.tool_choice if request.tool_choice is not None else "auto",
+            parallel_tool_calls=request.parallel_tool_calls is not False,
+            prompt_text=prompt_text,
+        )
         return Prepared(
             prompt_text=prompt_text,
             prompt_token_ids=prompt_ids,
             sampling=self._sampling(request),
             max_output_tokens=self._output_limit(request, len(prompt_ids)),
             pipeline=pipeline,
+            grammar=grammar,
             has_string_stops=stops.needs_host_stop_barrier,
-            constrained=bool(getattr(pipeline, "constrained", False)),
         )
 
     def _sampling(self, r: ChatCompletionRequest) -> SamplingParams:

@@ -81,6 +81,7 @@ class ScriptedModel:
         self._faults: list[Callable[[StepPlan], bool]] = []
         self._sequence_faults: list[Callable[[tuple[int, ...]], bool]] = []
         self._row_faults: list[Callable[[tuple[int, ...]], bool]] = []
+        self.masked_rows = 0  # sampling rows that carried a grammar mask
         self.steps = 0  # execute calls so far
         self.launches: dict[StepKind, int] = {StepKind.PREFILL: 0, StepKind.DECODE: 0}
         self.closed = False
@@ -166,9 +167,12 @@ class ScriptedModel:
         prompt_len = self._prompt_tokens[row.request_id]
         script = self._scripts[row.request_id]
         index = end - prompt_len  # output tokens already consumed
-        if index < len(script):
-            return int(script[index])
-        return int(g.eos_token_ids[0])
+        token = int(script[index]) if index < len(script) else int(g.eos_token_ids[0])
+        if row.grammar_mask is not None:
+            self.masked_rows += 1
+            if not (int(row.grammar_mask[token // 32]) >> (token % 32)) & 1:
+                raise ScriptedFault(f"the grammar mask forbids scripted token {token}")
+        return token
 
     def close(self) -> None:
         self.closed = True

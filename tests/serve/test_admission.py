@@ -1,0 +1,230 @@
+"""Admission limits, status codes, execution faults and cancellation over real HTTP
+(model-contract.md, admission paragraphs)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from helios_serve.testing.harness import ScriptedServer, content_of, sse_post
+
+LONG = ["Hello", ",", " world", "!"] * 40  # 160 tokens
+
+
+def _chat(server, prompt: str = "hi", **extra):
+    return {"model": server.model_name, "messages": [{"role": "user", "content": prompt}], **extra}
+
+
+def _post(server, body, timeout_s: float = 30.0) -> httpx.Response:
+    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=timeout_s)
+
+
+def test_overload_every_request_gets_a_terminal_answer(tok):
+    with ScriptedServer(tok, max_active=2, queue_capacity=2, step_delay_s=0.005) as server:
+        server.script("work", ["Hello", ",", " world", "!"] * 3)
+        results: list[tuple[str, int, object]] = []
+        lock = threading.Lock()
+
+        def non_stream(i: int) -> None:
+            r = _post(server, _chat(server, f"work {i}"))
+            with lock:
+                results.append(("json", r.status_code, r.json()))
+
+        def stream(i: int) -> None:
+            status, events = sse_post(server.url, _chat(server, f"work {i}", stream=True))
+            with lock:
+                results.append(("sse", status, events))
+
+        threads = [threading.Thread(target=non_stream, args=(i,)) for i in range(20)]
+        threads += [threading.Thread(target=stream, args=(i,)) for i in range(5)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        assert time.monotonic() - start < 60
+        assert len(results) == 25
+        expected = "Hello, world!" * 3
+        served = 0
+        for kind, status, body in results:
+            assert status in (200, 429, 503), (kind, status, body)
+            if kind == "json" and status == 200:
+                assert body["choices"][0]["message"]["content"] == expected
+                served += 1
+            elif status in (429, 503):
+                error = body[0] if kind == "sse" else body
+                assert error["error"]["code"] == status  # a JSON error body (before headers)
+            else:  # a stream under 200: completed, or one terminal error without [DONE]
+                if body[-1] == "[DONE]":
+                    assert content_of(body) == expected
+                    served += 1
+                else:
+                    assert "error" in body[-1]
+                    assert sum(1 for e in body if isinstance(e, dict) and "error" in e) == 1
+        assert served >= 4  # at least queue_capacity + max_active were admitted and served
+        assert any(status == 429 for _, status, _ in results)
+        snap = server.wait_idle()
+        assert snap["pages_used"] == 0 and snap["slots_free"] == 2
+        # A follow-up request succeeds.
+        r = _post(server, _chat(server, "work again"))
+        assert r.status_code == 200
+        assert r.json()["choices"][0]["message"]["content"] == expected
+        server.wait_idle()
+
+
+def test_429_when_queue_capacity_plus_max_active_are_admitted(tok):
+    with ScriptedServer(tok, max_active=1, queue_capacity=1, step_delay_s=0.02) as server:
+        server.script("long", LONG)
+        held = []
+        for i in range(2):  # fill the HTTP capacity with two open streams
+            client = httpx.Client(timeout=30)
+            cm = client.stream("POST", server.url + "/v1/chat/completions",
+                               json=_chat(server, f"long {i}", stream=True))
+            response = cm.__enter__()
+            assert response.status_code == 200
+            lines = response.iter_lines()  # keep the iterator: dropping it closes the stream
+            next(lines)  # the role chunk: admitted
+            held.append((client, cm, lines))
+        r = _post(server, _chat(server, "short"))
+        assert r.status_code == 429
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        with pytest.raises(openai.RateLimitError):
+            server.openai().chat.completions.create(
+                model=server.model_name, messages=[{"role": "user", "content": "short"}])
+        assert server.server.service.admission.in_use == 2
+        for client, cm, _ in held:
+            cm.__exit__(None, None, None)  # the readers drop their responses
+            client.close()
+        server.wait_idle()
+        assert _post(server, _chat(server, "short")).status_code == 200
+
+
+def test_scheduler_rejection_is_503_before_headers(scripted):
+    # prompt + max_tokens beyond the 256-token context: outside the prepared capacities.
+    r = _post(scripted, _chat(scripted, max_tokens=1000))
+    assert r.status_code == 503
+    assert r.json()["error"]["type"] == "admission_rejected"
+    assert "context" in r.json()["error"]["message"]
+    with pytest.raises(openai.InternalServerError) as info:
+        scripted.openai().chat.completions.create(
+            model=scripted.model_name, messages=[{"role": "user", "content": "hi"}],
+            max_tokens=1000)
+    assert info.value.status_code == 503
+    # Rejection disturbs nothing: the next request is served and the server is healthy.
+    assert _post(scripted, _chat(scripted)).status_code == 200
+    assert httpx.get(scripted.url + "/health").status_code == 200
+    scripted.wait_idle()
+
+
+def test_scheduler_rejection_after_headers_is_one_distinct_error_event(scripted):
+    status, events = sse_post(scripted.url, _chat(scripted, stream=True, max_tokens=1000))
+    assert status == 200
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "[DONE]" not in events
+    errors = [e for e in events if isinstance(e, dict) and "error" in e]
+    assert len(errors) == 1 and events[-1] is errors[0]
+    assert errors[0]["error"]["type"] == "admission_rejected"
+    assert errors[0]["error"]["code"] == 503
+    scripted.wait_idle()
+
+
+def test_fault_after_headers_stream_and_json(scripted):
+    scripted.script("boom", ["Hello", "!"])
+    trigger = scripted.tok.tokenizer.encode("boom", add_special_tokens=False).ids
+
+    def contains_trigger(seq):
+        n = len(trigger)
+        return any(tuple(seq[i : i + n]) == tuple(trigger) for i in range(len(seq) - n + 1))
+
+    scripted.model.fail_on_sequence(contains_trigger)
+    status, events = sse_post(scripted.url, _chat(scripted, "boom", stream=True))
+    assert status == 200
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"  # the role chunk came first
+    assert "[DONE]" not in events
+    errors = [e for e in events if isinstance(e, dict) and "error" in e]
+    assert len(errors) == 1 and events[-1] is errors[0]
+    assert errors[0]["error"]["type"] == "server_error" and errors[0]["error"]["code"] == 500
+    assert content_of(events) == ""  # the fault came before the first token
+    with pytest.raises(openai.APIError):  # the official client raises on the error event
+        list(scripted.openai().chat.completions.create(
+            model=scripted.model_name, messages=[{"role": "user", "content": "boom"}],
+            stream=True))
+    r = _post(scripted, _chat(scripted, "boom"))
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "server_error"
+    # The worker keeps serving others.
+    r = _post(scripted, _chat(scripted, "fine"))
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == (
+        "Hello, world!")
+    assert httpx.get(scripted.url + "/health").status_code == 200
+    snap = scripted.wait_idle()
+    assert snap["pages_used"] == 0
+
+
+def test_fault_mid_generation_fails_only_that_step(scripted):
+    scripted.script("midway", LONG)
+    scripted.model.fail_at_step(scripted.model.steps + 5)
+    status, events = sse_post(scripted.url, _chat(scripted, "midway", stream=True))
+    assert status == 200 and "[DONE]" not in events
+    assert events[-1]["error"]["code"] == 500
+    assert content_of(events).startswith("Hello")
+    scripted.wait_idle()
+    assert _post(scripted, _chat(scripted)).status_code == 200
+
+
+def test_stream_disconnect_cancels_and_returns_pages(tok):
+    with ScriptedServer(tok, step_delay_s=0.01) as server:
+        server.script("long", LONG)
+        with httpx.stream("POST", server.url + "/v1/chat/completions",
+                          json=_chat(server, "long", stream=True), timeout=30) as r:
+            lines = r.iter_lines()
+            seen = 0
+            for line in lines:
+                if line.startswith("data: ") and '"content":"Hello"' in line:
+                    seen += 1
+                    if seen == 3:
+                        break
+            assert server.server.worker.snapshot()["pages_used"] > 0
+        # Leaving the block closes the connection mid-stream.
+        snap = server.wait_idle()
+        assert snap["pages_used"] == 0 and snap["running"] == 0
+        assert server.model.steps < len(LONG)  # generation stopped early
+        metrics = httpx.get(server.url + "/metrics").text
+        assert 'helios_requests_finished_total{reason="cancelled"} 1.0' in metrics
+
+
+def test_json_disconnect_cancels(tok):
+    with ScriptedServer(tok, step_delay_s=0.01) as server:
+        server.script("long", LONG)
+        with pytest.raises(httpx.ReadTimeout):
+            _post(server, _chat(server, "long"), timeout_s=0.3)
+        snap = server.wait_idle()
+        assert snap["pages_used"] == 0
+        assert server.model.steps < len(LONG)
+
+
+def test_raw_socket_drop_before_reading(tok):
+    """A client that sends a streaming request and closes at once leaves nothing behind."""
+    with ScriptedServer(tok, step_delay_s=0.01) as server:
+        server.script("long", LONG)
+        body = json.dumps(_chat(server, "long", stream=True)).encode()
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: "
+                      + str(len(body)).encode() + b"\r\n\r\n" + body)
+            time.sleep(0.1)
+        server.wait_idle()
+
+
+def test_preparation_failure_releases_the_permit(scripted):
+    r = _post(scripted, _chat(scripted, stop=["a"] * 5))
+    assert r.status_code == 400
+    snap = scripted.wait_idle()
+    assert snap["permits"] == 0
