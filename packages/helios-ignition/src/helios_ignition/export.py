@@ -186,7 +186,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     contract = build_contract(recipe, ckpt, shapes, graphs, manifest)
     weight_names = [b.name for b in manifest.buffers if b.weight_resource_id]
     decoded = 0
-    with CoreWriter(out, signing_key=key, namespace=namespace) as writer:
+    with CoreWriter(out, key, None, namespace) as writer:
         tok = ckpt.tokenizer_json.encode()
         writer.add_resource("tokenizer.json", core_pb2.RESOURCE_KIND_TOKENIZER, tok)
         tpl = ckpt.chat_template.encode()

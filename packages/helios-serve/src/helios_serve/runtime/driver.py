@@ -1,0 +1,129 @@
+"""A small programmatic driver: prefill + decode loops over NativeModel, no scheduler.
+
+For tests and benchmarks of the runtime alone. Pages are assigned sequentially per
+slot (slot s owns pages [s * per_slot, (s + 1) * per_slot)); prompts are prefilled one
+request at a time in chunks of the largest captured prefill capacity; decode runs all
+requests together. The serving path uses the real scheduler instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+from .native_model import NativeModel
+
+GREEDY = SamplingParams()
+
+
+@dataclass
+class _Lane:
+    slot: int
+    tokens: list[int]
+    sampling: SamplingParams
+
+
+class Driver:
+    """Runs batches of prompts on a NativeModel.
+
+    Args:
+        model: a loaded NativeModel.
+        collect_logits: keep each step's logits rows (float32 `[rows, vocab]`) in
+            `self.logits` (reads the CPU backend's logits buffer).
+
+    Raises:
+        ValueError: more prompts than slots, or a sequence longer than the pages a slot
+            owns.
+    """
+
+    def __init__(self, model: NativeModel, collect_logits: bool = False):
+        self.model = model
+        g = model.manifests
+        self.per_slot = min(g.max_pages_per_request, g.num_pages // g.slots)
+        self.collect_logits = collect_logits
+        self.logits: list[np.ndarray] = []
+        self._generation = 0
+
+    def _pages(self, slot: int, length: int) -> tuple[int, ...]:
+        g = self.model.manifests
+        count = math.ceil(length / g.page_tokens)
+        if count > self.per_slot:
+            raise ValueError(f"{length} tokens need {count} pages; a slot owns {self.per_slot}")
+        return tuple(range(slot * self.per_slot, slot * self.per_slot + count))
+
+    def _run(self, plan: StepPlan) -> np.ndarray:
+        out = self.model.execute(plan)
+        if self.collect_logits:
+            self.logits.append(self.model.backend.buffers["scratch.logits"][:len(plan.rows)]
+                               .copy())
+        return out
+
+    def prefill(self, lane: _Lane) -> int:
+        """Prefill a lane's tokens in chunks; returns the token sampled after the last."""
+        chunk = max(self.model.manifests.prefill_token_capacities)
+        total = len(lane.tokens)
+        sampled = -1
+        for start in range(0, total, chunk):
+            piece = lane.tokens[start:start + chunk]
+            last = start + len(piece) == total
+            row = RowPlan(request_id=lane.slot, slot=lane.slot, generation=self._generation,
+                          tokens=tuple(piece), start_position=start,
+                          page_ids=self._pages(lane.slot, start + len(piece)), sample=last,
+                          sampling=lane.sampling,
+                          histogram_tokens=tuple(lane.tokens) if start == 0 else None)
+            sampled = int(self._run(StepPlan(StepKind.PREFILL, (row,)))[0])
+        return sampled
+
+    def decode_step(self, lanes: Sequence[_Lane], fed: Sequence[int]) -> np.ndarray:
+        rows = tuple(RowPlan(request_id=lane.slot, slot=lane.slot, generation=self._generation,
+                             tokens=(tok,), start_position=len(lane.tokens),
+                             page_ids=self._pages(lane.slot, len(lane.tokens) + 1),
+                             sample=True, sampling=lane.sampling)
+                     for lane, tok in zip(lanes, fed, strict=True))
+        return self._run(StepPlan(StepKind.DECODE, rows))
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 sampling: SamplingParams | Sequence[SamplingParams] = GREEDY
+                 ) -> list[list[int]]:
+        """Generate `max_new_tokens` for each prompt (no early stop at EOS).
+
+        Returns:
+            The generated ids per prompt, in prompt order.
+        """
+        g = self.model.manifests
+        if len(prompts) > min(g.slots, max(g.decode_capacities)):
+            raise ValueError(f"{len(prompts)} prompts exceed the decode capacity")
+        params = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else sampling
+        self._generation += 1
+        lanes = [_Lane(i, list(p), params[i]) for i, p in enumerate(prompts)]
+        outputs = [[self.prefill(lane)] for lane in lanes]
+        for _ in range(max_new_tokens - 1):
+            fed = [out[-1] for out in outputs]
+            sampled = self.decode_step(lanes, fed)
+            for lane, out, tok, new in zip(lanes, outputs, fed, sampled, strict=True):
+                lane.tokens.append(tok)
+                out.append(int(new))
+        return outputs
+
+    def teacher_force(self, prompt: Sequence[int], targets: Sequence[int]) -> np.ndarray:
+        """Logits predicting each of `targets` when fed the previous golden tokens.
+
+        Returns:
+            float32 `[len(targets), vocab]`: row i predicts targets[i].
+        """
+        saved = self.collect_logits
+        self.collect_logits, self.logits = True, []
+        self._generation += 1
+        lane = _Lane(0, list(prompt), GREEDY)
+        self.prefill(lane)
+        rows = [self.logits[-1][0]]
+        for tok in targets[:-1]:
+            self.decode_step([lane], [tok])
+            lane.tokens.append(tok)
+            rows.append(self.logits[-1][0])
+        self.collect_logits = saved
+        return np.stack(rows)
