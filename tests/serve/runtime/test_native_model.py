@@ -174,3 +174,12 @@ def test_weight_resource_of_wrong_size_fails_load(core):
     with pytest.raises(RuntimeError, match="weight L0.wo: resource weights/L0.wo holds 3968 "
                                             "bytes, the buffer needs 4096"):
         NativeModel.load(core, "cpu")
+
+
+def test_captured_contract_passes_prepared_contract_validation(core):
+    from helios_contract import PreparedContract
+
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    assert prepared.decode_capacities == (1, 2, 4)
+    assert prepared.prefill_capacities == ((4, 8), (4, 16))
+    assert prepared.cache_planes == ("L0.k_cache", "L0.v_cache", "L1.k_cache", "L1.v_cache")

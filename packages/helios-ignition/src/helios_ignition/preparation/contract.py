@@ -81,9 +81,13 @@ def sampling(names: Mapping[str, str]) -> list[cpb.ValueBinding]:
 
 
 def state_transfer(histogram: str, row_bytes: int, slots: int) -> list[cpb.StateAccess]:
-    """The per-slot persistent state a generating graph reads and writes (histogram)."""
+    """The per-slot persistent state a generating graph reads and writes (histogram).
+
+    A StateView's byte_extent is per row: row r covers
+    [byte_offset + r * row_stride, + byte_extent), for each of `slots` rows.
+    """
     view = cpb.StateView(buffer=histogram, byte_offset=0, row_stride=row_bytes,
-                         byte_extent=row_bytes * slots)
+                         byte_extent=row_bytes)
     return [cpb.StateAccess(view=view, access=V.ACCESS_READ_WRITE)]
 
 
@@ -93,5 +97,5 @@ def paged_text(page_table: str, row_bytes: int, slots: int) -> tuple[
     bindings = [binding(page_table, V.VALUE_SOURCE_PAGE_TABLE, V.INDEXING_PHYSICAL_REQUEST_ROW,
                         padding=0)]
     view = cpb.StateView(buffer=page_table, byte_offset=0, row_stride=row_bytes,
-                         byte_extent=row_bytes * slots)
+                         byte_extent=row_bytes)
     return bindings, [cpb.StateAccess(view=view, access=V.ACCESS_READ)]
