@@ -1,0 +1,125 @@
+"""Request validation: every bad request is a 400 naming its field, and disturbs nothing."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+
+def _base(server) -> dict:
+    return {"model": server.model_name, "messages": [{"role": "user", "content": "hi"}]}
+
+
+BAD_FIELDS = [
+    ({"frobnicate": 1}, "frobnicate", "unknown field"),
+    ({"temperature": "hot"}, "temperature", "invalid field"),
+    ({"temperature": 3.5}, "temperature", "invalid field"),
+    ({"max_tokens": 0}, "max_tokens", "invalid field"),
+    ({"max_tokens": 2.5}, "max_tokens", "invalid field"),
+    ({"stream": "yes"}, "stream", "invalid field"),
+    ({"stream": 1}, "stream", "invalid field"),
+    ({"return_token_ids": "true"}, "return_token_ids", "invalid field"),
+    ({"return_token_ids": 1}, "return_token_ids", "invalid field"),
+    ({"stream": True, "stream_options": {"include_usage": "yes"}},
+     "stream_options.include_usage", "invalid field"),
+    ({"stream": True, "stream_options": {"bogus": True}}, "stream_options.bogus", "unknown field"),
+    ({"seed": "42"}, "seed", "invalid field"),
+    ({"stop_token_ids": ["1"]}, "stop_token_ids[0]", "invalid field"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "invalid field"),
+    ({"messages": [{"role": "user", "content": "hi", "extra": 1}]}, "messages[0].extra",
+     "unknown field"),
+    ({"messages": []}, "messages", "invalid field"),
+    ({"top_k": "5"}, "top_k", "invalid field"),
+]
+
+
+@pytest.mark.parametrize(("patch", "param", "message"), BAD_FIELDS,
+                         ids=[p for _, p, _ in BAD_FIELDS])
+def test_bad_field_is_400_naming_it(scripted, patch, param, message):
+    r = httpx.post(scripted.url + "/v1/chat/completions", json={**_base(scripted), **patch})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert message in error["message"] and param.split("[")[0].split(".")[0] in error["message"]
+
+
+SEMANTIC = [
+    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"stop": ""}, "stop"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"stop": ["ok", ""]}, "stop"),
+    ({"stop": ["x" * 2049, "y" * 2048]}, "stop"),
+    ({"stop": ["x"], "stop_token_ids": [3]}, "stop"),
+    ({"stop": ["x"], "stop_token_sequences": [[3]]}, "stop"),
+    ({"stop": ["x"], "response_format": {"type": "json_object"}}, "stop"),
+    ({"stop_token_sequences": [[3]] * 17}, "stop_token_sequences"),
+    ({"stop_token_sequences": [[3] * 65]}, "stop_token_sequences"),
+    ({"stop_token_sequences": [[]]}, "stop_token_sequences"),
+    ({"stop_token_ids": [10**6]}, "stop_token_ids"),
+    ({"return_token_timestamps": True}, "return_token_timestamps"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}},
+     "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+]
+
+
+@pytest.mark.parametrize(("patch", "param"), SEMANTIC, ids=[str(i) for i in range(len(SEMANTIC))])
+def test_semantic_rule_is_400(scripted, patch, param):
+    r = httpx.post(scripted.url + "/v1/chat/completions", json={**_base(scripted), **patch})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith(param)
+
+
+def test_stop_limits_at_the_edge_are_accepted(scripted):
+    body = {**_base(scripted), "stop": ["x" * 2048, "y" * 2048]}  # exactly 4096 bytes
+    assert httpx.post(scripted.url + "/v1/chat/completions", json=body).status_code == 200
+    body = {**_base(scripted), "stop_token_sequences": [[3] * 64] * 16}
+    assert httpx.post(scripted.url + "/v1/chat/completions", json=body).status_code == 200
+    body = {**_base(scripted), "stream": True, "stream_options": {"include_usage": None},
+            "return_token_ids": None, "n": 1, "stop": None}
+    assert httpx.post(scripted.url + "/v1/chat/completions", json=body).status_code == 200
+
+
+def test_malformed_json_and_unknown_model(scripted):
+    r = httpx.post(scripted.url + "/v1/chat/completions", content=b"{not json",
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(scripted.url + "/v1/chat/completions", json={**_base(scripted), "model": "x"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+def test_openai_client_sees_bad_request(scripted):
+    client = scripted.openai()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=scripted.model_name, n=2,
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert "n must be 1" in str(info.value)
+
+
+def test_rejections_disturb_nothing(scripted):
+    for patch, _, _ in BAD_FIELDS[:5]:
+        httpx.post(scripted.url + "/v1/chat/completions", json={**_base(scripted), **patch})
+    snap = scripted.wait_idle()
+    assert snap["permits"] == 0 and snap["pages_used"] == 0
+    r = httpx.post(scripted.url + "/v1/chat/completions", json=_base(scripted))
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Hello, world!"
+    metrics = httpx.get(scripted.url + "/metrics").text
+    assert 'helios_requests_rejected_total{reason="invalid"} 5.0' in metrics
+
+
+def test_text_parts_and_roles(scripted):
+    body = {"model": "tiny", "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+        {"role": "user", "content": "again"},
+    ]}
+    r = httpx.post(scripted.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == scripted.model_name  # an alias resolves to the served name
