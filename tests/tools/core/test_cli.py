@@ -1,0 +1,151 @@
+"""The helios-tools CLI: exit codes 0 ok, 1 findings, 2 unreadable; --help everywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helios_tools.cli import main
+from helios_tools.core import load_private_key
+from helios_tools.core.sample import SAMPLE_NAMESPACE, write_sample_core
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(private key, public key, sample core signed by it), made through `keygen`."""
+    d = tmp_path_factory.mktemp("cli")
+    result = CliRunner().invoke(main, ["keygen", "--out", str(d / "k")])
+    assert result.exit_code == 0, result.output
+    write_sample_core(d / "s.core", load_private_key(d / "k"))
+    return d / "k", d / "k.pub", d / "s.core"
+
+
+def _run(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("command", [[], ["keygen"], ["inspect"], ["verify"], ["lint-core"]])
+def test_help(command):
+    result = _run(*command, "--help")
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_keygen_modes_and_refuses_overwrite(keyed):
+    priv, pub, _ = keyed
+    assert priv.stat().st_mode & 0o777 == 0o600
+    assert pub.read_bytes().startswith(b"-----BEGIN PUBLIC KEY-----")
+    assert _run("keygen", "--out", priv).exit_code == 2
+
+
+def test_inspect_text_and_json(keyed):
+    _, _, core = keyed
+    text = _run("inspect", core)
+    assert text.exit_code == 0
+    for needle in (SAMPLE_NAMESPACE, "tiny-llama", "decode_b4", "DECODE", "weights/embed",
+                   "contract     version 3", "aliases: tiny"):
+        assert needle in text.output
+    data = json.loads(_run("inspect", core, "--json").output)
+    assert data["namespace"] == SAMPLE_NAMESPACE and data["served_id"] == "tiny-llama"
+    assert {g["name"]: (g["batch_capacity"], g["token_capacity"]) for g in data["graphs"]} == {
+        "prefill_t32": (1, 32), "decode_b4": (4, 4)}
+    res = {r["id"]: r for r in data["resources"]}
+    assert res["weights/embed"]["decoded_nbytes"] == 16384
+    assert res["weights/embed"]["ratio"] == round(16384 / res["weights/embed"]["stored_nbytes"], 3)
+
+
+def test_verify_ok_findings_and_unreadable(keyed, tmp_path):
+    _, pub, core = keyed
+    ok = _run("verify", core, "--trust", pub, "--accept", SAMPLE_NAMESPACE)
+    assert ok.exit_code == 0 and "OK" in ok.output
+    wrong_ns = _run("verify", core, "--trust", pub, "--accept", SAMPLE_NAMESPACE.upper())
+    assert wrong_ns.exit_code == 1 and "NamespaceMismatch" in wrong_ns.output
+    tampered = tmp_path / "t.core"
+    data = bytearray(core.read_bytes())
+    data[-100] ^= 1  # inside the last frame
+    tampered.write_bytes(data)
+    bad = _run("verify", tampered, "--trust", pub, "--accept", SAMPLE_NAMESPACE)
+    assert bad.exit_code == 1 and "ChunkDigestMismatch" in bad.output
+    sig = bytearray(core.read_bytes())
+    payload_at = sig.index(b"tiny-llama")
+    sig[payload_at] ^= 1
+    tampered.write_bytes(sig)
+    assert _run("verify", tampered, "--trust", pub, "--accept", SAMPLE_NAMESPACE).exit_code == 1
+    garbage = tmp_path / "g.core"
+    garbage.write_bytes(b"not a core at all")
+    assert _run("verify", garbage, "--trust", pub, "--accept", "x").exit_code == 2
+    assert _run("verify", tmp_path / "missing", "--trust", pub, "--accept", "x").exit_code == 2
+    assert _run("verify", core, "--accept", "x").exit_code == 2  # --trust is required
+
+
+def test_lint_core_clean_and_json(keyed):
+    _, pub, core = keyed
+    clean = _run("lint-core", core, "--trust", pub, "--accept", SAMPLE_NAMESPACE)
+    assert clean.exit_code == 0 and "0 finding(s)" in clean.output
+    unsigned = _run("lint-core", core, "--format", "json")
+    assert unsigned.exit_code == 0 and json.loads(unsigned.output)["findings"] == []
+
+
+def test_lint_core_reports_findings(keyed, tmp_path):
+    from helios_contract._gen.helios.v1 import core_pb2
+    from helios_tools.core import CoreWriter
+    from helios_tools.core.sample import sample_contract, sample_manifest, sample_resources
+
+    priv, pub, _ = keyed
+    manifest = sample_manifest()
+    manifest.targets.append("sm_100")  # no kernel has a binary for it
+    path = tmp_path / "l.core"
+    with CoreWriter(path, load_private_key(priv), None, SAMPLE_NAMESPACE) as w:
+        for rid, kind, data in sample_resources():
+            if kind != core_pb2.RESOURCE_KIND_CHAT_TEMPLATE:
+                w.add_resource(rid, kind, data)
+        w.finish(sample_contract(), manifest)
+    result = _run("lint-core", path, "--trust", pub, "--format", "json")
+    assert result.exit_code == 1
+    rules = {(f["rule"], f["value"]) for f in json.loads(result.output)["findings"]}
+    assert ("kernel.target", "embedding@sm_100") in rules
+    assert ("resource.frontend_assets", "RESOURCE_KIND_CHAT_TEMPLATE") in rules
+    text = _run("lint-core", path)
+    assert text.exit_code == 1 and "kernel.target: manifest.kernels[0].binaries" in text.output
+
+
+def test_lint_core_signature_failure_is_a_finding(keyed, tmp_path):
+    _, pub, core = keyed
+    other = tmp_path / "o"
+    assert _run("keygen", "--out", other).exit_code == 0
+    result = _run("lint-core", core, "--trust", f"{other}.pub", "--format", "json")
+    assert result.exit_code == 1
+    assert json.loads(result.output)["findings"][0]["rule"] == "core.UntrustedKey"
+    garbage = tmp_path / "g.core"
+    garbage.write_bytes(b"HELIOSC\x00" + bytes(8))
+    assert _run("lint-core", garbage).exit_code == 2
+    assert _run("lint-core", core, "--accept", "x").exit_code == 2  # --accept needs --trust
+
+
+def _console_script() -> str:
+    found = shutil.which("helios-tools", path=str(Path(sys.executable).parent))
+    assert found, "the helios-tools console script is not installed in this environment"
+    return found
+
+
+def test_console_script_exit_codes(keyed, tmp_path):
+    _, pub, core = keyed
+    exe = _console_script()
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+    def run(*args):
+        return subprocess.run([exe, *map(str, args)], capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    ok = run("verify", core, "--trust", pub, "--accept", SAMPLE_NAMESPACE)
+    assert ok.returncode == 0, ok.stderr
+    mismatch = run("verify", core, "--trust", pub, "--accept", "someone.else")
+    assert mismatch.returncode == 1 and "NamespaceMismatch" in mismatch.stderr
+    missing = run("inspect", tmp_path / "nope.core")
+    assert missing.returncode == 2
+    assert run("--help").returncode == 0
