@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from helios_contract._gen.helios.v1 import core_pb2
+from helios_contract.schema import core_pb2
 from helios_tools.core import CHUNK_NBYTES, CoreWriter, open_core
 from helios_tools.core.sample import sample_contract, sample_manifest
 

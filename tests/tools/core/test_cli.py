@@ -92,7 +92,7 @@ def test_lint_core_clean_and_json(keyed):
 
 
 def test_lint_core_reports_findings(keyed, tmp_path):
-    from helios_contract._gen.helios.v1 import core_pb2
+    from helios_contract.schema import core_pb2
     from helios_tools.core import CoreWriter
     from helios_tools.core.sample import sample_contract, sample_manifest, sample_resources
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from helios_contract._gen.helios.v1 import contract_pb2 as pb
-from helios_contract._gen.helios.v1 import core_pb2
-from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
+from helios_contract.schema import contract_pb2 as pb
+from helios_contract.schema import core_pb2
+from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.core import CHUNK_NBYTES, open_core
 from helios_tools.core.sample import (
     SAMPLE_NAMESPACE,

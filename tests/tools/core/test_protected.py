@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from helios_contract._gen.helios.v1 import core_pb2
+from helios_contract.schema import core_pb2
 from helios_tools.core import (
     CHUNK_NBYTES,
     LengthMismatch,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zstandard
 from cryptography.hazmat.primitives import serialization
-from helios_contract._gen.helios.v1 import core_pb2
+from helios_contract.schema import core_pb2
 from helios_tools.core import (
     CHUNK_NBYTES,
     FORMAT_LOGICAL,

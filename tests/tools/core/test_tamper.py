@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from helios_contract._gen.helios.v1 import core_pb2
+from helios_contract.schema import core_pb2
 from helios_tools.core import (
     ChunkDigestMismatch,
     CoreError,

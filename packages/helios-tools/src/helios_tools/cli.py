@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-from helios_contract._gen.helios.v1 import contract_pb2 as pb
-from helios_contract._gen.helios.v1 import core_pb2
+from helios_contract.schema import contract_pb2 as pb
+from helios_contract.schema import core_pb2
 
 from helios_tools.core import (
     Core,

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from helios_contract._gen.helios.v1 import contract_pb2 as pb
-from helios_contract._gen.helios.v1 import core_pb2
-from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
+from helios_contract.schema import contract_pb2 as pb
+from helios_contract.schema import core_pb2
+from helios_contract.schema import manifest_pb2 as mpb
 
 from helios_tools.core.errors import CoreError
 from helios_tools.core.reader import Core, authorize

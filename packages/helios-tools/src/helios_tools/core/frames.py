@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import BinaryIO
 
 import zstandard
-from helios_contract._gen.helios.v1 import core_pb2
+from helios_contract.schema import core_pb2
 
 from helios_tools.core.errors import ChunkDigestMismatch, FrameError, LengthMismatch
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from helios_contract._gen.helios.v1 import contract_pb2, core_pb2, manifest_pb2
+from helios_contract.schema import contract_pb2, core_pb2, manifest_pb2
 
 from helios_tools.core import protected
 from helios_tools.core._strict import decode_strict
@@ -47,6 +47,7 @@ __all__ = ["Core", "authorize", "open_core", "open_core_unverified"]
 
 _PAYLOAD_TYPES = {FORMAT_PAYLOAD: PAYLOAD_TYPE_DEPLOYMENT, FORMAT_LOGICAL: PAYLOAD_TYPE_LOGICAL}
 _ZSTD_MIN_FRAME_NBYTES = 9  # magic, descriptor, content size, one empty block header
+_MAX_BLOCK_NBYTES = 128 << 10  # decoded bytes of one zstd block, at most
 
 
 class Core:
@@ -339,6 +340,10 @@ def _check_resources(resources: list[core_pb2.ExecutableResource],
                           f"stored bytes (need {chunk_count(res.stored_nbytes)})")
             if any(len(d) != 32 for d in res.chunk_sha256):
                 raise bad("a chunk digest is not 32 bytes")
+            # Every zstd block costs at least 3 stored bytes and decodes to at most 128 KiB.
+            if res.decoded_nbytes > (res.stored_nbytes // 3 + 1) * _MAX_BLOCK_NBYTES:
+                raise bad(f"{res.decoded_nbytes} decoded bytes cannot come from "
+                          f"{res.stored_nbytes} stored bytes")
         by_id[rid] = res
     return by_id
 

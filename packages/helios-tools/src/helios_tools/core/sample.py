@@ -12,10 +12,10 @@ import os
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from helios_contract._gen.helios.v1 import contract_pb2 as pb
-from helios_contract._gen.helios.v1 import core_pb2
-from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
-from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
+from helios_contract.schema import contract_pb2 as pb
+from helios_contract.schema import core_pb2
+from helios_contract.schema import frontend_pb2 as fpb
+from helios_contract.schema import manifest_pb2 as mpb
 
 from helios_tools.core.writer import CoreWriter, LogicalCoreWriter
 

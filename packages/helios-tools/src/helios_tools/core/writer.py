@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from helios_contract._gen.helios.v1 import contract_pb2, core_pb2, manifest_pb2
+from helios_contract.schema import contract_pb2, core_pb2, manifest_pb2
 
 from helios_tools.core import protected
 from helios_tools.core.frames import CHUNK_NBYTES, compress_to
