@@ -149,3 +149,24 @@ def test_console_script_exit_codes(keyed, tmp_path):
     missing = run("inspect", tmp_path / "nope.core")
     assert missing.returncode == 2
     assert run("--help").returncode == 0
+
+
+def test_protected_v4_core_needs_the_resource_key(keyed, tmp_path):
+    priv, pub, _ = keyed
+    key = bytes(range(32))
+    core = tmp_path / "v4.core"
+    write_sample_core(core, load_private_key(priv), protected_version=4, resource_key=key)
+    key_file = tmp_path / "aes.key"
+    key_file.write_text(key.hex() + "\n")
+    args = ["verify", core, "--trust", pub, "--accept", SAMPLE_NAMESPACE]
+    assert _run(*args, "--resource-key", key_file).exit_code == 0
+    without = _run(*args)
+    assert without.exit_code == 1 and "ProtectedKeyRequired" in without.output
+    wrong = tmp_path / "wrong.key"
+    wrong.write_bytes(bytes(32))
+    assert _run(*args, "--resource-key", wrong).exit_code == 1
+    short = tmp_path / "short.key"
+    short.write_text("abcd")
+    assert _run(*args, "--resource-key", short).exit_code == 2
+    assert json.loads(_run("inspect", core, "--json").output)["format"].endswith("version 4)")
+    assert _run("lint-core", core, "--trust", pub, "--resource-key", key_file).exit_code == 0
