@@ -171,7 +171,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     validate_recipe(recipe)
     if not ckpt.tokenizer_json:
         raise CheckpointError(f"{ckpt.source}: no tokenizer")
-    if not ckpt.chat_template:
+    chat_template = recipe.chat_template or ckpt.chat_template  # the recipe's wins
+    if not chat_template:
         raise CheckpointError(f"{ckpt.source}: no chat template")
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
     caps = recipe.capacities
@@ -189,7 +190,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     with CoreWriter(out, key, None, namespace) as writer:
         tok = ckpt.tokenizer_json.encode()
         writer.add_resource("tokenizer.json", core_pb2.RESOURCE_KIND_TOKENIZER, tok)
-        tpl = ckpt.chat_template.encode()
+        tpl = chat_template.encode()
         writer.add_resource("chat_template.jinja", core_pb2.RESOURCE_KIND_CHAT_TEMPLATE, tpl)
         decoded += len(tok) + len(tpl)
         for done, (name, array) in enumerate(iter_weight_buffers(ckpt, shapes,

@@ -84,6 +84,8 @@ class Recipe:
         capacities: captured capacities.
         weight_dtype: "bf16" or "f32".
         aliases: extra served names.
+        chat_template: a Jinja chat template stored in the core instead of the
+            checkpoint's (None keeps the checkpoint's).
     """
 
     name: str
@@ -96,6 +98,7 @@ class Recipe:
     weight_dtype: str = "bf16"
     eos_token_ids: tuple[int, ...] | None = None
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    chat_template: str | None = None
 
 
 SUPPORTED_FAMILIES = ("llama",)
