@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from helios_contract.schema import core_pb2
 from helios_tools.kernels import grammar_mask_words
 
 from .checkpoint import (
-    CheckpointError,
+    MissingChatTemplateError,
+    MissingTokenizerError,
     load_checkpoint,
     load_gguf,
     random_checkpoint,
@@ -88,6 +90,59 @@ def _check_output(out: Path) -> None:
         raise ExportError(f"output directory is not writable: {parent}")
     if out.is_dir():
         raise ExportError(f"output path is a directory: {out}")
+
+
+def fit_context(recipe: Recipe, max_context_tokens: int) -> Recipe:
+    """The recipe with its context capped at the checkpoint's trained context.
+
+    The cap is rounded down to whole pages; prefill chunk capacities and the default
+    output limit longer than the capped context shrink with it (the contract requires
+    chunk <= context and max_output_tokens <= context).
+
+    Raises:
+        ExportError: no prefill chunk capacity fits in the checkpoint's context.
+    """
+    caps = recipe.capacities
+    if caps.context_tokens <= max_context_tokens:
+        return recipe
+    context = max_context_tokens - max_context_tokens % caps.page_tokens
+    prefill = tuple(t for t in caps.prefill_tokens if t <= context)
+    if not prefill:
+        raise ExportError(f"checkpoint context of {max_context_tokens} tokens ({context} in "
+                          f"whole {caps.page_tokens}-token pages) is shorter than every prefill "
+                          f"capacity {caps.prefill_tokens} of recipe {recipe.name}")
+    sampling = replace(recipe.sampling,
+                       max_output_tokens=min(recipe.sampling.max_output_tokens, context))
+    return replace(recipe, capacities=replace(caps, context_tokens=context,
+                                              prefill_tokens=prefill), sampling=sampling)
+
+
+def check_contract(contract: cpb.ServingContract, manifest) -> None:
+    """Validate what is about to be signed exactly as helios-serve will at startup.
+
+    Raises:
+        ExportError: the contract breaks a rule (names the field and value).
+    """
+    from helios_contract.errors import FieldError
+    from helios_contract.prepared import PreparedContract
+
+    try:
+        PreparedContract.from_contract(contract, manifest)
+    except FieldError as exc:
+        raise ExportError(f"recipe {contract.served_id}: the exported contract would be "
+                          f"refused at startup: {exc}") from None
+
+
+@contextmanager
+def _write_errors(out: Path) -> Iterator[None]:
+    """Turn an OSError of writing the core (folder, disk) into an ExportError naming `out`."""
+    try:
+        yield
+    except OSError as exc:
+        # Checkpoint reads name their own file; the core's writes are all in `out`'s folder.
+        if exc.filename is not None and Path(exc.filename).parent != out.parent:
+            raise
+        raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from None
 
 
 def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
@@ -164,30 +219,32 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         key = load_private_key(key_path)
     except FileNotFoundError:
         raise ExportError(f"signing key not found: {key_path}") from None
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"signing key {key_path}: not a PEM Ed25519 private key "
+                          f"({exc})") from None
     ckpt = open_checkpoint(checkpoint, random_seed, geometry)
     recipe = resolve_recipe(recipe_path, ckpt)
     if weight_dtype:
         recipe = replace(recipe, weight_dtype=weight_dtype)
     validate_recipe(recipe)
     if not ckpt.tokenizer_json:
-        raise CheckpointError(f"{ckpt.source}: no tokenizer")
+        raise MissingTokenizerError(f"{ckpt.source}: no tokenizer")
     chat_template = recipe.chat_template or ckpt.chat_template  # the recipe's wins
     if not chat_template:
-        raise CheckpointError(f"{ckpt.source}: no chat template")
+        raise MissingChatTemplateError(f"{ckpt.source}: no chat template")
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
+    recipe = fit_context(recipe, ckpt.geometry.max_context)
     caps = recipe.capacities
-    if caps.context_tokens > ckpt.geometry.max_context:
-        caps = replace(caps, context_tokens=ckpt.geometry.max_context)
-        recipe = replace(recipe, capacities=caps)
     manifest, graphs = capture(shapes, caps, recipe.weight_dtype)
     if targets:
         from .kernels_aot import compile_targets
 
         compile_targets(manifest, targets)
     contract = build_contract(recipe, ckpt, shapes, graphs, manifest)
+    check_contract(contract, manifest)
     weight_names = [b.name for b in manifest.buffers if b.weight_resource_id]
     decoded = 0
-    with CoreWriter(out, key, None, namespace) as writer:
+    with _write_errors(out), CoreWriter(out, key, None, namespace) as writer:
         tok = ckpt.tokenizer_json.encode()
         writer.add_resource("tokenizer.json", core_pb2.RESOURCE_KIND_TOKENIZER, tok)
         tpl = chat_template.encode()

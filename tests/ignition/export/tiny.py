@@ -1,0 +1,98 @@
+"""Helpers for `ignition export` tests: tiny synthetic safetensors checkpoints, the CLI.
+
+A tiny checkpoint is a real HF-layout directory (config.json, model.safetensors,
+tokenizer.json, tokenizer_config.json with the chat template) carrying SmolLM2's tokenizer
+and template and seeded random float32 weights of a 2-layer, width-64 geometry, so an
+export takes about a second and every failure path runs against real files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from click.testing import CliRunner, Result
+from helios_ignition.checkpoint import LlamaGeometry
+
+REPO = Path(__file__).resolve().parents[3]
+LLAMA_RECIPE = REPO / "recipes" / "llama.py"
+SMOLLM2_RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
+NAMESPACE = "helios.test/export"
+
+# max_position_embeddings 520 is deliberately not a whole number of 16-token pages and
+# shorter than the generic recipe's largest prefill chunk (1024): export must fit both.
+TINY = LlamaGeometry(vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
+                     rms_eps=1e-5, max_context=520, tie_word_embeddings=True)
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """SmolLM2's tokenizer.json text and chat template (verbatim)."""
+
+    tokenizer_json: str
+    chat_template: str
+
+
+def tiny_tensors(geometry: LlamaGeometry, seed: int) -> dict[str, np.ndarray]:
+    """Seeded float32 tensors by HF name: matrices N(0, 0.05), norms 1 + N(0, 0.02)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in geometry.tensor_shapes().items():
+        noise = rng.standard_normal(shape).astype(np.float32)
+        out[name] = 1 + 0.02 * noise if len(shape) == 1 else 0.05 * noise
+    return out
+
+
+def write_checkpoint(folder: Path, frontend: Frontend, *, geometry: LlamaGeometry = TINY,
+                     seed: int = 0, tokenizer: bool = True, template: bool = True,
+                     shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
+    """Write a tiny HF safetensors checkpoint directory.
+
+    Args:
+        folder: directory to create.
+        frontend: tokenizer and template to store.
+        geometry: config.json geometry.
+        seed: weight seed.
+        tokenizer: write tokenizer.json.
+        template: put the chat template in tokenizer_config.json.
+        shapes: HF tensor name -> shape to store instead of the geometry's (random data).
+    """
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": geometry.vocab_size, "hidden_size": geometry.hidden_size,
+        "intermediate_size": geometry.intermediate_size,
+        "num_hidden_layers": geometry.num_layers,
+        "num_attention_heads": geometry.num_heads,
+        "num_key_value_heads": geometry.num_kv_heads, "head_dim": geometry.head_dim,
+        "rope_theta": geometry.rope_theta, "rms_norm_eps": geometry.rms_eps,
+        "max_position_embeddings": geometry.max_context,
+        "tie_word_embeddings": geometry.tie_word_embeddings,
+        "bos_token_id": 1, "eos_token_id": 2,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = tiny_tensors(geometry, seed)
+    rng = np.random.default_rng(seed + 1)
+    for name, shape in (shapes or {}).items():
+        tensors[name] = (0.05 * rng.standard_normal(shape)).astype(np.float32)
+    save_file(tensors, str(folder / "model.safetensors"))
+    if tokenizer:
+        (folder / "tokenizer.json").write_text(frontend.tokenizer_json, encoding="utf-8")
+    tok_config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>",
+                  "pad_token": "<|im_end|>"}
+    if template:
+        tok_config["chat_template"] = frontend.chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config), encoding="utf-8")
+    return folder
+
+
+def run_export(*args: str | Path) -> Result:
+    """`ignition export ARGS...` in-process; stdout and stderr are kept apart."""
+    from helios_ignition.cli import main
+
+    return CliRunner().invoke(main, ["export", *map(str, args)])
