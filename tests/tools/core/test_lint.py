@@ -141,3 +141,23 @@ def test_lint_core_reports_integrity_and_authorization(sample_core, signing_key,
     assert len(seen) == len(sample_resources())
     with open_core(sample_core, [signing_key.public_key()]) as core:
         assert lint_core(core, acceptance=SAMPLE_NAMESPACE) == []
+
+
+def test_required_targets(sample_core, signing_key):
+    with open_core(sample_core, [signing_key.public_key()]) as core:
+        declared = list(core.manifest.targets)
+        assert lint_core(core, require_targets=declared) == []
+        findings = lint_core(core, require_targets=["sm_120"])
+    assert [(f.rule, f.path, f.value) for f in findings] == [
+        ("kernel.target", "manifest.targets", "sm_120")]
+    assert f"the core declares {sorted(declared)}" in findings[0].detail
+
+
+def test_cpu_only_core_without_targets_is_clean():
+    manifest = sample_manifest()
+    for kernel in manifest.kernels:
+        del kernel.binaries[:]
+    del manifest.targets[:]
+    resources = [r for r in _resources() if r.kind != core_pb2.RESOURCE_KIND_KERNEL_BINARY]
+    assert [f for f in lint_manifest(sample_contract(), manifest, resources)
+            if f.rule == "kernel.target"] == []

@@ -225,9 +225,12 @@ def verify(core: Path, trust: tuple[Path, ...], accept: str, resource_key: Path 
               help="Acceptance string to authorize (needs --trust).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
+@click.option("--require-target", "require_targets", multiple=True,
+              help="GPU target (e.g. sm_90) the core must carry kernel binaries for; "
+                   "repeatable. Without it a CPU-only core passes.")
 @_resource_key_option
 def lint_core_command(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
-                      resource_key: Path | None) -> None:
+                      require_targets: tuple[str, ...], resource_key: Path | None) -> None:
     """Everything verify does, plus contract validation and manifest consistency."""
     keys = _trusted(trust) if trust else None
     if accept is not None and keys is None:
@@ -244,7 +247,7 @@ def lint_core_command(core: Path, trust: tuple[Path, ...], accept: str | None, f
                                     "", str(e)))
             keys, accept = None, None  # lint the structure of the untrusted body
     with _opened(core, keys, rkey) as c:
-        findings += lint_core(c, acceptance=accept)
+        findings += lint_core(c, acceptance=accept, require_targets=require_targets)
     if fmt == "json":
         click.echo(json.dumps({"core": str(core), "findings": [f.to_dict() for f in findings]},
                               indent=2))

@@ -59,12 +59,16 @@ class Finding:
 
 def lint_core(core: Core, *, acceptance: str | None = None,
               check_resources: bool = True,
-              progress: Callable[[int], None] | None = None) -> list[Finding]:
+              progress: Callable[[int], None] | None = None,
+              require_targets: Iterable[str] = ()) -> list[Finding]:
     """Lint an open core.
 
     Args:
         core: The core (``open_core``, or ``open_core_unverified`` to lint structure only).
         acceptance: When given, the namespace must authorize (``authorize``).
+        require_targets: GPU targets the core must carry binaries for (e.g. ``sm_90``, the
+            architecture it will be served on). A core without targets is a valid
+            CPU-only core; `helios-serve --backend cuda` rejects it at startup.
         check_resources: Verify every resource's chunks and frame (reads the whole file).
         progress: Called with the stored bytes of each resource once it is checked.
 
@@ -89,6 +93,12 @@ def lint_core(core: Core, *, acceptance: str | None = None,
                 progress(res.stored_nbytes)
     findings += lint_contract(core.contract, core.manifest)
     findings += lint_manifest(core.contract, core.manifest, core.resources.values())
+    declared = set(core.manifest.targets)
+    for target in require_targets:
+        if target not in declared:
+            findings.append(Finding("kernel.target", "manifest.targets", target,
+                                    f"no kernel binaries for required target {target!r}; "
+                                    f"the core declares {sorted(declared) or 'none'}"))
     return findings
 
 
@@ -187,8 +197,6 @@ class _Lint:
 
     def kernels_and_targets(self) -> None:
         targets = list(self.manifest.targets)
-        if self.manifest.kernels and not targets:
-            self.add("kernel.target", "manifest.targets", "[]", "kernels but no GPU targets")
         for i, k in enumerate(self.manifest.kernels):
             path = f"manifest.kernels[{i}]"
             have = Counter(b.target for b in k.binaries)
