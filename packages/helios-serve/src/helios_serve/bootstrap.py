@@ -61,7 +61,7 @@ class Bootstrap:
             StartupError: a bad or untrusted core, a wrong namespace, an invalid contract,
                 a contract the manifest does not match, or missing frontend assets.
         """
-        from helios_contract.errors import ContractError
+        from helios_contract.errors import ContractError, UnknownIdentifierError
         from helios_contract.prepared import PreparedContract
         from helios_tools.core.errors import CoreError, NamespaceMismatch
         from helios_tools.core.reader import authorize, open_core
@@ -92,6 +92,12 @@ class Bootstrap:
             raise StartupError(f"core not authorized: {_line(exc)}") from None
         try:
             prepared = PreparedContract.from_contract(core.contract, core.manifest)
+        except UnknownIdentifierError as exc:
+            core.close()
+            path = getattr(exc, "path", "")
+            if path.startswith("model.graphs[") and path.endswith(".name"):
+                raise StartupError(f"missing graph variant: {_line(exc)}") from None
+            raise StartupError(f"invalid contract: {_line(exc)}") from None
         except ContractError as exc:
             core.close()
             raise StartupError(f"invalid contract: {_line(exc)}") from None

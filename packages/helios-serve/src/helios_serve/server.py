@@ -61,6 +61,8 @@ class Server:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((settings.host, settings.port))
+        # Listen now: connections made before uvicorn starts accepting wait in the backlog.
+        self._socket.listen(2048)
         self.port = self._socket.getsockname()[1]
         config = uvicorn.Config(
             self.app,
@@ -110,6 +112,8 @@ class Server:
         self.worker.start()
         try:
             self._serve()
+        except KeyboardInterrupt:  # uvicorn re-raises the captured SIGINT after draining
+            pass
         finally:
             self.worker.stop()
             self.bootstrap.close()

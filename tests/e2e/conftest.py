@@ -1,0 +1,32 @@
+"""A real helios-serve (Bootstrap.load -> NativeModel.load -> Server.start) on 127.0.0.1
+around the SmolLM2 core exported once per session (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+from helios_serve.bootstrap import Bootstrap
+from helios_serve.clock import ObservationClock
+from helios_serve.config import ServeOptions, resolve
+from helios_serve.runtime.native_model import NativeModel
+from helios_serve.server import Server
+
+
+@pytest.fixture(scope="session")
+def real_server(smollm2_core_f32):
+    core = smollm2_core_f32
+    bootstrap = Bootstrap.load(core.path, [core.public_key], core.namespace)
+    settings = resolve(ServeOptions(port=0, max_active=4, queue_capacity=8), bootstrap.contract)
+    clock = ObservationClock()
+    model = NativeModel.load(bootstrap.core, "cpu", max_concurrency=settings.max_active)
+    server = Server.start(bootstrap, model, settings, clock)
+    yield server
+    server.stop()
+    bootstrap.close()
+
+
+@pytest.fixture
+def client(real_server):
+    import openai
+
+    return openai.OpenAI(base_url=real_server.url + "/v1", api_key="unused", max_retries=0,
+                         timeout=300.0)

@@ -1,0 +1,136 @@
+"""The helios-serve command: startup errors are one line and exit 2; a real core serves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SERVE = str(Path(sys.executable).parent / "helios-serve")
+
+
+def _fails(*args: str) -> str:
+    proc = subprocess.run([SERVE, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("helios-serve: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def test_bad_core(smollm2_core_f32, tmp_path):
+    core = smollm2_core_f32
+    truncated = tmp_path / "truncated.core"
+    truncated.write_bytes(core.path.read_bytes()[:4096])
+    line = _fails(str(truncated), "--trust", str(core.public_key), "--accept", core.namespace)
+    assert "bad core" in line
+    line = _fails(str(tmp_path / "absent.core"), "--trust", str(core.public_key),
+                  "--accept", core.namespace)
+    assert "no such file" in line
+
+
+def test_wrong_namespace(smollm2_core_f32):
+    core = smollm2_core_f32
+    line = _fails(str(core.path), "--trust", str(core.public_key), "--accept",
+                  core.namespace.upper())
+    assert "wrong namespace" in line
+
+
+def test_untrusted_key(smollm2_core_f32, tmp_path):
+    from helios_tools.core import generate_key, write_key_pair
+
+    _, other = write_key_pair(generate_key(), tmp_path / "other.key")
+    core = smollm2_core_f32
+    line = _fails(str(core.path), "--trust", str(other), "--accept", core.namespace)
+    assert "bad core" in line
+
+
+def test_unknown_backend(smollm2_core_f32):
+    core = smollm2_core_f32
+    line = _fails(str(core.path), "--trust", str(core.public_key), "--accept", core.namespace,
+                  "--backend", "tpu")
+    assert "unknown backend 'tpu'" in line and "cpu" in line
+
+
+def test_missing_graph_variant(smollm2_core_f32, tmp_path):
+    from helios_contract.schema import core_pb2
+    from helios_tools.core import CoreWriter, load_private_key, load_public_key, open_core
+
+    core = smollm2_core_f32
+    src = open_core(core.path, [load_public_key(core.public_key)])
+    manifest = type(src.manifest)()
+    manifest.CopyFrom(src.manifest)
+    dropped = manifest.graphs[1].name
+    keep = [g for g in manifest.graphs if g.name != dropped]
+    del manifest.graphs[:]
+    manifest.graphs.extend(keep)
+    out = tmp_path / "missing.core"
+    with CoreWriter(out, load_private_key(core.private_key), None, src.namespace) as w:
+        for rid, res in src.resources.items():
+            if res.kind in (core_pb2.RESOURCE_KIND_TOKENIZER, core_pb2.RESOURCE_KIND_CHAT_TEMPLATE):
+                w.add_resource(rid, res.kind, src.read_resource(rid))
+        w.finish(src.contract, manifest)
+    src.close()
+    line = _fails(str(out), "--trust", str(core.public_key), "--accept", core.namespace)
+    assert "missing graph variant" in line and dropped in line
+
+
+def test_usage_errors():
+    assert "missing CORE" in _fails()
+    assert "--trust" in _fails("x.core", "--accept", "ns")
+
+
+def test_serves_a_core_and_startup_options_beat_defaults(smollm2_core_f32):
+    core = smollm2_core_f32
+    proc = subprocess.Popen(
+        [SERVE, str(core.path), "--trust", str(core.public_key), "--accept", core.namespace,
+         "--port", "0", "--max-active", "2", "--served-name", "local-smol"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("Helios is serving local-smol at http://127.0.0.1:"), (
+            first + proc.stderr.read() if proc.poll() is not None else first)
+        url = first.split(" at ")[1].split()[0]
+        assert proc.stdout.readline().startswith("Try: curl " + url)
+        models = httpx.get(url + "/v1/models", timeout=30).json()
+        assert models["data"][0]["id"] == "local-smol"
+        r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
+            "model": "local-smol", "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+        assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+        assert "helios_request_slots_capacity 2.0" in metrics  # --max-active beat the core
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    assert proc.returncode in (0, -signal.SIGINT)
+
+
+def test_demo_prepares_once_and_serves(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([SERVE, "--demo", "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("Helios is serving"), (
+            first + (proc.stderr.read() if proc.poll() is not None else ""))
+        url = first.split(" at ")[1].split()[0]
+        r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
+            "model": first.split()[3], "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+        assert "Paris" in r.json()["choices"][0]["message"]["content"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    demo = tmp_path / "cache" / "helios" / "demo"
+    assert (demo / "smollm2-135m-instruct.core").is_file()
+    assert (demo / "publisher.key.pub").is_file()
