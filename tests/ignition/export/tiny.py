@@ -96,3 +96,11 @@ def run_export(*args: str | Path) -> Result:
     from helios_ignition.cli import main
 
     return CliRunner().invoke(main, ["export", *map(str, args)])
+
+
+def assert_lint_clean(core, acceptance: str = NAMESPACE) -> None:
+    """`lint_core` (verify + contract validation + manifest consistency) finds nothing."""
+    from helios_tools.lint import lint_core
+
+    findings = lint_core(core, acceptance=acceptance)
+    assert findings == [], [str(f) for f in findings]
