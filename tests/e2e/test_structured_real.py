@@ -1,0 +1,317 @@
+"""Structured output and forced tool calls on the real SmolLM2 weights, end to end.
+
+The core is exported from recipes/smollm2_135m_instruct_tools.py (ChatML template that
+renders tools, JSON_IN_TAGS syntax) and served by the `helios-serve` command on
+127.0.0.1; requests go through the official `openai` client. Greedy decoding makes the
+streaming and non-streaming answers the same text, so their shapes are compared exactly.
+
+The first tests need no server: the recipe's template renders byte for byte what is
+written here (with the sandboxed renderer serve uses), and its frontend contract is the
+frontend presets field for field.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS_RECIPE = REPO / "recipes" / "smollm2_135m_instruct_tools.py"
+NAMESPACE = "helios.test/tools"
+SERVE = str(Path(sys.executable).parent / "helios-serve")
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": CITY_SCHEMA,
+    },
+}
+FRANCE_JSON = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
+PARIS_WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _recipe_module():
+    spec = importlib.util.spec_from_file_location("smollm2_tools_recipe", TOOLS_RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _assert_city_object(text: str) -> None:
+    """`text` is a JSON object with exactly the key "city" holding a nonempty string."""
+    value = json.loads(text)
+    assert isinstance(value, dict) and list(value) == ["city"], text
+    assert isinstance(value["city"], str) and value["city"].strip(), text
+
+
+# ---- the recipe (no server) ----
+
+EXPECTED_TOOL_PROMPT = (
+    "<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face\n\n"
+    "# Tools\n\n"
+    "You may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n"
+    '{"type": "function", "function": {"name": "get_weather", "description": "Get the '
+    'current weather in a city.", "parameters": {"type": "object", "properties": {"city": '
+    '{"type": "string"}}, "required": ["city"], "additionalProperties": false}}}\n'
+    "</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n"
+    "<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\nWhat is the weather like in Paris today?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city":"Paris"}}\n'
+    "</tool_call>\n"
+    "<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Lyon"}}\n'
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "<tool_response>\n18 C, sunny\n</tool_response>\n"
+    "<tool_response>\n21 C, cloudy\n</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+
+def test_template_renders_tools_calls_and_responses_exactly():
+    from helios_tools.frontend_assets import render_chat
+
+    messages = [
+        *PARIS_WEATHER,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_a", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+                {"id": "call_b", "type": "function",
+                 "function": {"name": "get_weather", "arguments": {"city": "Lyon"}}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": "18 C, sunny"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "21 C, cloudy"},
+    ]  # fmt: skip
+    template = _recipe_module().CHAT_TEMPLATE
+    assert render_chat(template, messages, tools=[WEATHER_TOOL]) == EXPECTED_TOOL_PROMPT
+    with_system = render_chat(
+        template, [{"role": "system", "content": "Be brief."}, *PARIS_WEATHER], tools=[WEATHER_TOOL]
+    )
+    assert with_system.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n\n")
+    assert with_system.count("<|im_start|>system") == 1
+
+
+def test_template_without_tools_is_the_checkpoint_template():
+    from helios_ignition.export import open_checkpoint
+    from helios_tools.frontend_assets import render_chat
+
+    original = open_checkpoint("smollm2", None, None).chat_template
+    template = _recipe_module().CHAT_TEMPLATE
+    conversations = [
+        FRANCE_JSON,
+        [{"role": "system", "content": "Be brief."}, *FRANCE_JSON,
+         {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "Sure?"}],
+        [*FRANCE_JSON, {"role": "assistant", "content": ""}],
+    ]  # fmt: skip
+    for messages in conversations:
+        for opener in (True, False):
+            assert render_chat(template, messages, opener) == render_chat(
+                original, messages, opener
+            )
+
+
+def test_recipe_declares_the_frontend_presets():
+    from helios_serve.frontend import FrontendSyntax, ReasoningParser, ToolParser, validate_syntax
+    from helios_serve.frontend.syntax import CHATML_BOUNDARIES, JSON_IN_TAGS
+
+    recipe = _recipe_module().RECIPE
+    syntax = FrontendSyntax.from_contract(recipe.frontend)
+    validate_syntax(syntax)
+    assert syntax.tool_parser is ToolParser.JSON_IN_TAGS
+    assert syntax.reasoning_parser is ReasoningParser.NONE
+    assert syntax.tool_syntax == JSON_IN_TAGS
+    assert syntax.assistant_boundaries == CHATML_BOUNDARIES
+    assert recipe.checkpoint == "smollm2" and recipe.chat_template
+
+
+# ---- a real server on a core of the tools recipe ----
+
+
+@pytest.fixture(scope="module")
+def tools_core(tmp_path_factory, signing_key_pair) -> tuple[Path, Path]:
+    """(core, public key): the tools recipe exported once (float32 weights)."""
+    from helios_ignition.export import export_core
+
+    private, public = signing_key_pair
+    out = tmp_path_factory.mktemp("core-tools") / "smollm2-tools-f32.core"
+    export_core(
+        TOOLS_RECIPE,
+        checkpoint="smollm2",
+        key_path=private,
+        namespace=NAMESPACE,
+        out=out,
+        weight_dtype="f32",
+    )
+    return out, public
+
+
+@pytest.fixture(scope="module")
+def tools_url(tools_core, tmp_path_factory):
+    """Base URL of `helios-serve CORE --trust PUB --accept NS --port 0` on 127.0.0.1."""
+    core, public = tools_core
+    logs = tmp_path_factory.mktemp("serve-tools")
+    stdout, stderr = logs / "stdout.txt", logs / "stderr.txt"
+    with stdout.open("w") as out, stderr.open("w") as err:
+        proc = subprocess.Popen(
+            [SERVE, str(core), "--trust", str(public), "--accept", NAMESPACE,
+             "--host", "127.0.0.1", "--port", "0", "--max-active", "2"],
+            stdout=out, stderr=err, text=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            first = stdout.read_text().partition("\n")[0]
+            if first.startswith("Helios is serving"):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"helios-serve did not start: {stderr.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield first.split(" at ")[1].split()[0]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def tools_client(tools_url):
+    import openai
+
+    return openai.OpenAI(base_url=tools_url + "/v1", api_key="unused", max_retries=0, timeout=600.0)
+
+
+def _create(client, **kw):
+    return client.chat.completions.create(model="smollm2-135m-instruct-tools", temperature=0, **kw)
+
+
+def _accumulate(chunks) -> dict:
+    """Accumulate a stream by tool-call index (the OpenAI client's way), checking that the
+    first delta of each call carries index, id, type and name and later ones only the index
+    and argument fragments."""
+    content, calls, finish = "", {}, []
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        if choice.finish_reason is not None:
+            finish.append(choice.finish_reason)
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            if delta.index not in calls:
+                assert delta.id and delta.type == "function" and delta.function.name, delta
+                calls[delta.index] = {
+                    "id": delta.id,
+                    "name": delta.function.name,
+                    "arguments": delta.function.arguments or "",
+                }
+            else:
+                assert delta.id is None and delta.type is None, delta
+                assert delta.function.name is None, delta
+                calls[delta.index]["arguments"] += delta.function.arguments or ""
+    assert len(finish) == 1, finish
+    return {
+        "content": content or None,
+        "calls": [calls[i] for i in sorted(calls)],
+        "finish_reason": finish[0],
+    }
+
+
+@pytest.mark.slow
+def test_json_schema_answer_validates_streaming_and_not(tools_client):
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "capital", "schema": CITY_SCHEMA},
+    }
+    r = _create(tools_client, messages=FRANCE_JSON, response_format=response_format, max_tokens=48)
+    message = r.choices[0].message
+    _assert_city_object(message.content)
+    assert message.tool_calls is None
+    assert r.choices[0].finish_reason == "stop"
+
+    streamed = _accumulate(
+        _create(
+            tools_client,
+            messages=FRANCE_JSON,
+            response_format=response_format,
+            max_tokens=48,
+            stream=True,
+        )
+    )
+    assert streamed == {"content": message.content, "calls": [], "finish_reason": "stop"}
+
+
+@pytest.mark.slow
+def test_named_tool_choice_returns_a_valid_call_streaming_and_not(tools_client):
+    ask = dict(
+        messages=PARIS_WEATHER,
+        tools=[WEATHER_TOOL],
+        tool_choice=NAMED,
+        parallel_tool_calls=False,
+        max_tokens=64,
+    )
+    r = _create(tools_client, **ask)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert call.id.startswith("call_")
+    _assert_city_object(call.function.arguments)
+
+    streamed = _accumulate(_create(tools_client, stream=True, **ask))
+    (scall,) = streamed["calls"]
+    assert scall["id"].startswith("call_")
+    assert streamed == {
+        "content": None,
+        "calls": [{"id": scall["id"], "name": "get_weather",
+                   "arguments": call.function.arguments}],
+        "finish_reason": "tool_calls",
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_tool_round_trip_renders_through_the_server(tools_client):
+    """An assistant tool call and its tool response, sent back as OpenAI messages, render
+    through the recipe's template and the model answers in text (auto choice, no grammar)."""
+    messages = [
+        *PARIS_WEATHER,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_0", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "18 C and sunny"},
+    ]  # fmt: skip
+    r = _create(tools_client, messages=messages, tools=[WEATHER_TOOL], max_tokens=8)
+    assert r.usage.prompt_tokens > 200  # the tools system prompt was rendered
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
