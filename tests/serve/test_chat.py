@@ -198,7 +198,9 @@ def test_metrics(scripted):
     assert m[("helios_time_to_first_token_seconds_count", ())] == 2
     assert m[("helios_inter_token_latency_seconds_count", ())] == 8
     assert m[("helios_e2e_request_latency_seconds_count", ())] == 2
-    assert m[("helios_prefix_cache_queries_tokens_total", ())] >= 1
+    assert m[("helios_prefix_cache_queries_total", ())] == 2
+    assert m[("helios_cache_pages_published_total", ())] > 0
+    assert m[("helios_preemptions_total", ())] == 0
     assert m[("helios_prefix_cache_hit_tokens_total", ())] > 0  # the second prompt is the same
     assert m[("helios_snapshot_publications_total", ())] == 0
     assert m[("helios_snapshot_evictions_total", ())] == 0

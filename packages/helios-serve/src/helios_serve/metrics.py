@@ -124,13 +124,28 @@ class Metrics:
         )
         # Prefix reuse.
         self.prefix_cache_queries = Counter(
-            "helios_prefix_cache_queries_tokens",
-            "Prompt tokens looked up in the prefix cache.",
+            "helios_prefix_cache_queries",
+            "Prefix-cache lookups (one per admission or readmission).",
             registry=r,
         )
         self.prefix_cache_hits = Counter(
             "helios_prefix_cache_hit_tokens",
             "Prompt tokens served from the prefix cache.",
+            registry=r,
+        )
+        self.pages_published = Counter(
+            "helios_cache_pages_published",
+            "Complete pages published to the prefix cache.",
+            registry=r,
+        )
+        self.page_evictions = Counter(
+            "helios_cache_page_evictions",
+            "Unreferenced cached pages evicted (LRU).",
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "helios_preemptions",
+            "Running requests preempted (recompute) for pages.",
             registry=r,
         )
         # Snapshots (zero until snapshots exist).

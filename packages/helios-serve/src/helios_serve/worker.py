@@ -149,7 +149,9 @@ class ModelWorker:
     def submit(self, request: GenerationRequest) -> bool:
         """Hand a prepared request to the worker; False when the ingress channel is full."""
         with self._lock:
-            if self._stopping or len(self._ingress) >= self.queue_capacity:
+            if self._stopping or self.crashed is not None or not self._thread.is_alive():
+                return False
+            if len(self._ingress) >= self.queue_capacity:
                 return False
             self._ingress.append(request)
             self._wake.notify()
@@ -187,6 +189,11 @@ class ModelWorker:
                 live.request.sink.publish([Failed(f"model worker crashed: {exc}")])
             self._live.clear()
             raise
+        with self._lock:
+            pending = list(self._ingress)
+            self._ingress.clear()
+        for request in pending:
+            request.sink.publish([Failed("the server is shutting down")])
         for live in list(self._live.values()):
             live.request.sink.publish([Failed("the server is shutting down")])
         self._live.clear()
@@ -250,7 +257,12 @@ class ModelWorker:
         self.metrics.requests_finished.labels("cancelled").inc()
 
     def _execute(self, plan: StepPlan) -> None:
-        submitted = self._with_masks(plan)
+        try:
+            submitted = self._with_masks(plan)
+        except Exception as exc:  # a grammar failed to produce a mask: an output error
+            log.warning("grammar mask failed: %s", exc)
+            self._fail_plan(plan, f"grammar mask failed: {exc}")
+            return
         constrained = [
             self._live[r.request_id].request.constrained if r.request_id in self._live else False
             for r in plan.rows
@@ -308,12 +320,16 @@ class ModelWorker:
         """Per-request validation of one completed step, in submission-row order."""
         sampled = [r for r in results if r.token_id is not None and r.request_id in self._live]
         # model-contract.md, "Token and timing observation": stamp validated completions
-        # right after scheduler.complete, before grammar, stops or parsing; read the clock
-        # only when an observed request is in the step.
-        stamp_ns = None
-        if any(self._live[r.request_id].request.observe_timestamps for r in sampled):
-            stamp_ns = self.clock.now_ns()
-        now_s = self.clock.now_ns() / 1e9  # one step-level read for latency histograms
+        # right after scheduler.complete, before grammar, stops or parsing. The clock is
+        # read once per step (never per token), and that one reading is the observation
+        # stamp of timed requests and the time of the latency histograms.
+        now_ns = self.clock.now_ns()
+        stamp_ns = (
+            now_ns
+            if any(self._live[r.request_id].request.observe_timestamps for r in sampled)
+            else None
+        )
+        now_s = now_ns / 1e9
         for result in sampled:
             live = self._live[result.request_id]
             try:
@@ -382,10 +398,15 @@ class ModelWorker:
         m.requests_waiting.set(stats.waiting)
         m.pages_used.set(stats.pages_used)
         before = self._reported
-        if stats.prefix_queries > before.prefix_queries:
-            m.prefix_cache_queries.inc(stats.prefix_queries - before.prefix_queries)
-        if stats.prefix_hit_tokens > before.prefix_hit_tokens:
-            m.prefix_cache_hits.inc(stats.prefix_hit_tokens - before.prefix_hit_tokens)
+        for counter, now, then in (
+            (m.prefix_cache_queries, stats.prefix_queries, before.prefix_queries),
+            (m.prefix_cache_hits, stats.prefix_hit_tokens, before.prefix_hit_tokens),
+            (m.pages_published, stats.pages_published, before.pages_published),
+            (m.page_evictions, stats.page_evictions, before.page_evictions),
+            (m.preemptions, stats.preemptions, before.preemptions),
+        ):
+            if now > then:  # scheduler counters are cumulative; export their increments
+                counter.inc(now - then)
         self._reported = stats
         self._last_stats = stats
         self._live_count = len(self._live)
