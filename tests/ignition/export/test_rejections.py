@@ -33,19 +33,22 @@ from helios_ignition.recipe import Recipe
 
 RECIPE = Recipe(
     name="custom", family={family!r}, checkpoint="unused", weight_dtype={dtype!r},
+    chat_template={template!r},
     frontend=fe.FrontendContract(tool_parser={tool}, reasoning_parser={reasoning},
                                  image_preparation=fe.IMAGE_PREPARATION_NONE,
                                  image_layout=fe.IMAGE_LAYOUT_NONE))
 '''
+BROKEN_TEMPLATE = "{% if %}{{ messages }}"
 
 
 def write_recipe(folder: Path, *, family: str = "llama", dtype: str = "f32",
                  tool: str = "fe.TOOL_PARSER_NONE",
-                 reasoning: str = "fe.REASONING_PARSER_NONE") -> Path:
+                 reasoning: str = "fe.REASONING_PARSER_NONE",
+                 template: str | None = None) -> Path:
     """A recipe file declaring one thing differently from a valid one."""
     path = folder / "custom_recipe.py"
     path.write_text(RECIPE_SOURCE.format(family=family, dtype=dtype, tool=tool,
-                                         reasoning=reasoning))
+                                         reasoning=reasoning, template=template))
     return path
 
 
@@ -72,6 +75,7 @@ class Case:
     setup: Callable[[Env], tuple[str, ...]]  # edits env.kwargs, returns message fragments
     error: type[Exception]
     cli: bool = True  # False: the CLI refuses it as a usage error first (tested apart)
+    xfail: str | None = None  # a known bug outside ignition export (strict: fix, then drop)
 
 
 def _shape_mismatch(env: Env) -> tuple[str, ...]:
@@ -103,6 +107,50 @@ def _empty_template(env: Env) -> tuple[str, ...]:
     env.kwargs["checkpoint"] = ckpt = env.make_checkpoint(template=False)
     (ckpt / "chat_template.jinja").write_text("")
     return (str(ckpt), "no chat template")
+
+
+def _tokenizer_beyond_vocab(env: Env) -> tuple[str, ...]:
+    from dataclasses import replace
+
+    geometry = replace(TINY, vocab_size=1000)  # SmolLM2's tokenizer has 49152 ids
+    env.kwargs["checkpoint"] = ckpt = env.make_checkpoint(geometry=geometry)
+    return (str(ckpt), "token id 49151", "vocabulary of 1000 ids")
+
+
+def _invalid_tokenizer(env: Env) -> tuple[str, ...]:
+    env.kwargs["checkpoint"] = ckpt = env.make_checkpoint()
+    (ckpt / "tokenizer.json").write_text('{"model": {}}')
+    return (str(ckpt), "invalid tokenizer.json")
+
+
+def _tokenizer_not_json(env: Env) -> tuple[str, ...]:
+    env.kwargs["checkpoint"] = ckpt = env.make_checkpoint()
+    (ckpt / "tokenizer.json").write_text("")
+    return (str(ckpt), "tokenizer.json")
+
+
+def _config_not_json(env: Env) -> tuple[str, ...]:
+    env.kwargs["checkpoint"] = ckpt = env.make_checkpoint()
+    (ckpt / "config.json").write_text("{not json")
+    return (str(ckpt), "config.json")
+
+
+def _truncated_safetensors(env: Env) -> tuple[str, ...]:
+    env.kwargs["checkpoint"] = ckpt = env.make_checkpoint()
+    shard = ckpt / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100_000])
+    return (str(shard),)
+
+
+def _template_does_not_compile(env: Env) -> tuple[str, ...]:
+    env.kwargs["checkpoint"] = ckpt = env.make_checkpoint(template=False)
+    (ckpt / "chat_template.jinja").write_text(BROKEN_TEMPLATE)
+    return (str(ckpt), "chat template does not compile")
+
+
+def _recipe_template_does_not_compile(env: Env) -> tuple[str, ...]:
+    env.kwargs["recipe_path"] = write_recipe(env.tmp, template=BROKEN_TEMPLATE)
+    return ("recipe custom", "chat template does not compile")
 
 
 def _unspecified_tool_parser(env: Env) -> tuple[str, ...]:
@@ -245,6 +293,17 @@ CASES = [
     Case("missing tokenizer", _missing_tokenizer, MissingTokenizerError),
     Case("missing chat template", _missing_template, MissingChatTemplateError),
     Case("empty chat template", _empty_template, MissingChatTemplateError),
+    Case("chat template does not compile", _template_does_not_compile, CheckpointError),
+    Case("recipe's chat template does not compile", _recipe_template_does_not_compile,
+         RecipeError),
+    Case("tokenizer ids beyond vocab", _tokenizer_beyond_vocab, CheckpointError),
+    Case("tokenizer invalid", _invalid_tokenizer, CheckpointError),
+    Case("tokenizer not JSON", _tokenizer_not_json, CheckpointError,
+         xfail="safetensors_loader: json.JSONDecodeError escapes _token_ids"),
+    Case("config.json not JSON", _config_not_json, CheckpointError,
+         xfail="safetensors_loader: json.JSONDecodeError escapes load_safetensors_dir"),
+    Case("safetensors truncated", _truncated_safetensors, CheckpointError,
+         xfail="safetensors_loader: SafetensorError escapes the tensor reader"),
     Case("tool parser unspecified", _unspecified_tool_parser, RecipeError),
     Case("reasoning parser unknown", _unknown_reasoning_parser, RecipeError),
     Case("family unsupported", _unsupported_family, RecipeError),
@@ -309,7 +368,12 @@ def _assert_nothing_written(env: Env, before: dict) -> None:
         assert not list(out.parent.glob(f"*{out.name}*"))
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def _params(cases: list[Case]) -> list:
+    return [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=c.xfail)]
+                         if c.xfail else []) for c in cases]
+
+
+@pytest.mark.parametrize("case", _params(CASES))
 def test_library_refuses(case: Case, env: Env):
     fragments = case.setup(env)
     before = snapshot(env.out_dir)
@@ -320,7 +384,7 @@ def test_library_refuses(case: Case, env: Env):
     _assert_nothing_written(env, before)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.cli], ids=[c.name for c in CASES if c.cli])
+@pytest.mark.parametrize("case", _params([c for c in CASES if c.cli]))
 def test_cli_refuses(case: Case, env: Env):
     fragments = case.setup(env)
     before = snapshot(env.out_dir)

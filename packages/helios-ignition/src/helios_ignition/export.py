@@ -20,6 +20,7 @@ from helios_contract.schema import core_pb2
 from helios_tools.kernels import grammar_mask_words
 
 from .checkpoint import (
+    CheckpointError,
     MissingChatTemplateError,
     MissingTokenizerError,
     load_checkpoint,
@@ -133,6 +134,40 @@ def check_contract(contract: cpb.ServingContract, manifest) -> None:
                           f"refused at startup: {exc}") from None
 
 
+def check_tokenizer(tokenizer_json: str, vocab_size: int, source: str) -> None:
+    """Refuse a tokenizer helios-serve cannot load, or with ids the model cannot embed.
+
+    Raises:
+        CheckpointError: names `source` and the problem.
+    """
+    from helios_tools.frontend_assets import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(tokenizer_json)
+    except ValueError as exc:
+        raise CheckpointError(f"{source}: {exc}") from None
+    top_id = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+    if top_id >= vocab_size:
+        raise CheckpointError(f"{source}: tokenizer has token id {top_id}, beyond the "
+                              f"model's vocabulary of {vocab_size} ids")
+
+
+def check_template(chat_template: str, source: str, error: type[Exception]) -> None:
+    """Refuse a chat template that does not compile (helios-serve refuses it at startup).
+
+    Raises:
+        `error` (RecipeError or CheckpointError, whichever supplied the template).
+    """
+    import jinja2
+    from helios_tools.frontend_assets import ChatTemplateError, render_chat
+
+    try:  # as Bootstrap does: a template may raise for some messages, never fail to compile
+        render_chat(chat_template, [{"role": "user", "content": "ping"}])
+    except ChatTemplateError as exc:
+        if isinstance(exc.__cause__, jinja2.exceptions.TemplateSyntaxError):
+            raise error(f"{source}: {exc}") from None
+
+
 @contextmanager
 def _write_errors(out: Path) -> Iterator[None]:
     """Turn an OSError of writing the core (folder, disk) into an ExportError naming `out`."""
@@ -232,6 +267,11 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     chat_template = recipe.chat_template or ckpt.chat_template  # the recipe's wins
     if not chat_template:
         raise MissingChatTemplateError(f"{ckpt.source}: no chat template")
+    check_tokenizer(ckpt.tokenizer_json, ckpt.geometry.vocab_size, ckpt.source)
+    if recipe.chat_template:
+        check_template(chat_template, f"recipe {recipe.name}", RecipeError)
+    else:
+        check_template(chat_template, ckpt.source, CheckpointError)
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
     recipe = fit_context(recipe, ckpt.geometry.max_context)
     caps = recipe.capacities
