@@ -229,3 +229,25 @@ def test_preparation_failure_releases_the_permit(scripted):
     assert r.status_code == 400
     snap = scripted.wait_idle()
     assert snap["permits"] == 0
+
+
+def test_paused_reader_loses_nothing_and_blocks_no_one(tok):
+    with ScriptedServer(tok, step_delay_s=0.002) as server:
+        server.script("long", LONG)
+        client = httpx.Client(timeout=30)
+        with client.stream("POST", server.url + "/v1/chat/completions",
+                           json=_chat(server, "long", stream=True, max_tokens=160)) as r:
+            lines = r.iter_lines()
+            next(lines)  # admitted; now pause while the whole output is generated
+            other = _post(server, _chat(server, "other"))
+            assert other.json()["choices"][0]["message"]["content"] == "Hello, world!"
+            deadline = time.monotonic() + 20
+            while server.server.worker.snapshot()["live"] and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert server.server.worker.snapshot()["pages_used"] == 0  # finished generating
+            text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                           for line in lines
+                           if line.startswith("data: {") and '"choices":[{' in line)
+        client.close()
+        assert text == "".join(LONG)
+        server.wait_idle()
