@@ -179,24 +179,24 @@ class ModelWorker:
     # -- worker thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        message = "the server is shutting down"
         try:
             while self._step():
                 pass
-        except BaseException as exc:  # a bug: fail every live request, mark unhealthy
+        except BaseException as exc:  # a bug: fail every request, mark unhealthy
             log.exception("model worker crashed")
             self.crashed = exc
-            for live in list(self._live.values()):
-                live.request.sink.publish([Failed(f"model worker crashed: {exc}")])
-            self._live.clear()
+            message = f"model worker crashed: {exc}"
             raise
-        with self._lock:
-            pending = list(self._ingress)
-            self._ingress.clear()
-        for request in pending:
-            request.sink.publish([Failed("the server is shutting down")])
-        for live in list(self._live.values()):
-            live.request.sink.publish([Failed("the server is shutting down")])
-        self._live.clear()
+        finally:
+            with self._lock:
+                pending = list(self._ingress)
+                self._ingress.clear()
+            for request in pending:
+                request.sink.publish([Failed(message)])
+            for live in list(self._live.values()):
+                live.request.sink.publish([Failed(message)])
+            self._live.clear()
 
     def _step(self) -> bool:
         """One iteration; False when stopping."""
