@@ -251,3 +251,21 @@ def test_paused_reader_loses_nothing_and_blocks_no_one(tok):
         client.close()
         assert text == "".join(LONG)
         server.wait_idle()
+
+
+def test_worker_crash_is_unhealthy_and_refuses_requests(tok):
+    with ScriptedServer(tok) as server:
+        worker = server.server.worker
+
+        def broken():
+            raise RuntimeError("scheduler bug")
+
+        worker.scheduler.schedule = broken
+        status, events = sse_post(server.url, _chat(server, stream=True))
+        assert status == 200 and events[-1]["error"]["code"] == 500
+        deadline = time.monotonic() + 5
+        while worker.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert httpx.get(server.url + "/health").status_code == 503
+        r = _post(server, _chat(server))
+        assert r.status_code == 503

@@ -186,8 +186,7 @@ class ModelWorker:
         except BaseException as exc:  # a bug: fail every request, mark unhealthy
             log.exception("model worker crashed")
             self.crashed = exc
-            message = f"model worker crashed: {exc}"
-            raise
+            message = f"model worker crashed: {exc}"  # logged above; /health reports it
         finally:
             with self._lock:
                 pending = list(self._ingress)
