@@ -129,7 +129,7 @@ class ProgramBuilder:
         """
         check_launch(op, args)
         scalars = [a for a in args if not isinstance(a, View)]
-        config = launch_config(op, scalars)
+        config = launch_config(op, scalars, [a for a in args if isinstance(a, View)])
         kernel_id = self._kernel_variant(op, config.constants)
         record = mpb.Launch(kernel=kernel_id, grid=list(config.grid), block=list(config.block),
                             shared_bytes=config.shared_bytes)

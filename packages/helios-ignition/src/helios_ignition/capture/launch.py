@@ -1,13 +1,20 @@
 """Launch geometry of each kernel op: grid, block, shared bytes and variant constants.
 
-The CPU backend ignores these; the GPU backend launches with them. The Triton kernels
-(issue 7) own the real tiling; until then every op launches one program per row with
-four warps, which is what their record states.
+The CPU backend ignores these; the GPU backend launches the Triton kernels of
+``helios_ignition.kernels_triton`` with them. Shapes travel as runtime scalars; only
+block sizes, the weight dtype (``WBF16``) and the warp count (``WARPS``, which sets the
+block) are compile-time constants, so a model has a few dozen kernel variants at most.
+Shared bytes are filled in per target by ``kernels_aot`` from the compiled binary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+# H200: 132 SMs. Decode GEMVs want at least two programs per SM so the weight stream has
+# enough loads in flight to approach HBM bandwidth.
+TARGET_PROGRAMS = 264
 
 
 @dataclass(frozen=True)
@@ -20,7 +27,82 @@ class LaunchConfig:
     constants: dict[str, int] = field(default_factory=dict)
 
 
-def launch_config(op: str, scalars: list[int | float]) -> LaunchConfig:
-    """The launch geometry of `op` given its scalar arguments (in parameter order)."""
-    rows = int(scalars[0]) if scalars else 1
-    return LaunchConfig(grid=(max(rows, 1), 1, 1))
+def _np2(n: int, floor: int = 1) -> int:
+    p = floor
+    while p < n:
+        p *= 2
+    return p
+
+
+def _cdiv(a: int, b: int) -> int:
+    return max((a + b - 1) // b, 1)
+
+
+def _cfg(grid: tuple[int, ...], warps: int, **constants: int) -> LaunchConfig:
+    g = tuple(max(int(x), 1) for x in grid) + (1,) * (3 - len(grid))
+    return LaunchConfig(grid=g, block=(32 * warps, 1, 1),
+                        constants={**constants, "WARPS": warps})
+
+
+def _is_bf16(view) -> int:
+    return int(getattr(getattr(view, "buffer", None), "dtype", "f32") == "bf16")
+
+
+def linear_tiles(T: int, N: int) -> tuple[int, int]:
+    """(BLOCK_T, BLOCK_N) for a ``[T, K] x [N, K]^T`` product: the widest N tile that
+    still gives every SM two programs."""
+    bt = 16 if T <= 16 else 32 if T <= 32 else 64
+    tiles_t = _cdiv(T, bt)
+    for bn in (64, 32):
+        if _cdiv(N, bn) * tiles_t >= TARGET_PROGRAMS:
+            return bt, bn
+    return bt, 16
+
+
+def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
+    """The launch geometry of `op` given its scalar arguments (in parameter order) and
+    its buffer views (in parameter order; their buffer dtypes select weight variants).
+
+    Raises:
+        KeyError: an op without a launch rule.
+    """
+    s = [int(x) if not isinstance(x, float) else x for x in scalars]
+    if op == "embedding":
+        T, D = s
+        vocab = int(views[1].shape[0]) if len(views) > 1 else 0
+        return _cfg((T,), 4 if D <= 1024 else 8, BLOCK_D=_np2(D, 16), VOCAB=vocab,
+                    WBF16=_is_bf16(views[1]) if len(views) > 1 else 0)
+    if op in ("rmsnorm", "add_rmsnorm"):
+        T, D = s[0], s[1]
+        return _cfg((T,), 4 if D <= 1024 else 8, BLOCK_D=_np2(D, 16))
+    if op == "linear":
+        T, N, K = s
+        wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
+        if T == 1:  # GEMV: 8 rows per program, K in at most 2048-wide loads
+            return _cfg((_cdiv(N, 8), 1), 4, BLOCK_T=1, BLOCK_N=8,
+                        BLOCK_K=min(_np2(K, 16), 2048), WBF16=wbf16, K16=int(K % 16 == 0))
+        bt, bn = linear_tiles(T, N)
+        return _cfg((_cdiv(N, bn), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=bn,
+                    BLOCK_K=256 if bt <= 32 else 128, WBF16=wbf16, K16=int(K % 16 == 0))
+    if op == "rope":
+        T, H, KVH, HD = s
+        return _cfg((T,), 4, BLOCK_H=_np2(H + KVH), BLOCK_HALF=_np2(HD // 2))
+    if op == "kv_write":
+        T, KVH, HD = s[0], s[5], s[6]
+        return _cfg((T,), 4, BLOCK=_np2(KVH * HD, 32))
+    if op == "attention_prefill":
+        T, H, HD = s[0], s[4], s[6]
+        return _cfg((_cdiv(T, 32), H), 4, BLOCK_M=32, BLOCK_N=32, BLOCK_HD=_np2(HD, 16))
+    if op == "attention_decode":
+        B, H, HD = s[0], s[3], s[5]
+        return _cfg((B, H), 8, BLOCK_N=128, BLOCK_HD=_np2(HD, 16))
+    if op in ("silu_mul", "add"):
+        T, W = s
+        return _cfg((T, _cdiv(W, 1024)), 4, BLOCK=1024)
+    if op == "gather_last":
+        R, D = s[1], s[2]
+        return _cfg((R,), 4, BLOCK_D=_np2(D, 16))
+    if op == "sample":
+        R = s[0]
+        return _cfg((R,), 8, BLOCK_V=2048)
+    raise KeyError(f"no launch rule for kernel op {op!r}")

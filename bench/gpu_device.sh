@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
+#   bench/gpu_device.sh stage1|stage2|tests|bench8b|peers
+# stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
+# machine is warm); later stages install nothing new.
+set -uo pipefail
+stage=$1
+OUTD=${OUT:-/tmp/out}
+SRC=packages/helios-contract/src:packages/helios-tools/src:packages/helios-ignition/src:packages/helios-serve/src
+S=$HOME/site
+if [ -d .whl ] && [ ! -f "$S/.ok" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$S" .whl/*.whl && touch "$S/.ok" || exit 1
+fi
+export PYTHONPATH=$S:$SRC PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$HOME/tc TRITON_DEFAULT_FP_FUSION=1
+export HELIOS_SMOLLM2_GGUF=$HOME/g/smol.gguf
+mkdir -p "$HOME/g"
+for i in 1 2 3; do [ -f ".gguf$i/part" ] && cp ".gguf$i/part" "$HOME/g/p$i"; done
+if [ ! -f "$HOME/g/smol.gguf" ] && [ -f "$HOME/g/p3" ]; then
+  cat "$HOME"/g/p1 "$HOME"/g/p2 "$HOME"/g/p3 > "$HOME/g/smol.gguf"
+  sha256sum "$HOME/g/smol.gguf"
+fi
+case $stage in
+  stage1|stage2)
+    ls -la "$HOME/g"; nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv
+    python3 -c "import litestar, zstandard, gguf, llguidance, cryptography, cuda.bindings, triton; print('imports ok', triton.__version__)" ;;
+  tests)
+    python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 | tee "$OUTD/kernels.log"
+    python3 -m pytest -q -x -s -p no:cacheprovider tests/gpu/test_model.py 2>&1 | tee "$OUTD/model.log"
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;
+  bench8b)
+    python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --json "$OUTD/llama8b.json" 2>&1 | tee "$OUTD/llama8b.log" ;;
+  peers)
+    python3 bench/gpu_peers.py --json "$OUTD/peers.json" 2>&1 | tee "$OUTD/peers.log" ;;
+esac

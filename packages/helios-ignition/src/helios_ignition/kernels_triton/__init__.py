@@ -1,0 +1,34 @@
+"""Triton implementations of every kernel op in ``helios_tools.kernels``.
+
+``TRITON_KERNELS[op]`` is the ``@triton.jit`` function of ``op``. Its leading parameters
+are exactly ``KERNEL_PARAMS[op]`` (buffers, then scalars); the trailing ``tl.constexpr``
+parameters are the variant constants chosen by ``capture.launch.launch_config`` (all of
+them except ``WARPS``, which is the compile option ``num_warps``). Kernels are compiled
+ahead of time by ``helios_ignition.kernels_aot``; nothing here launches anything.
+"""
+
+from __future__ import annotations
+
+from .attention import attention_decode, attention_prefill, kv_write, rope
+from .dense import add, add_rmsnorm, embedding, gather_last, linear, rmsnorm, silu_mul
+from .sampling import sample
+
+TRITON_KERNELS = {
+    "embedding": embedding,
+    "rmsnorm": rmsnorm,
+    "add_rmsnorm": add_rmsnorm,
+    "linear": linear,
+    "rope": rope,
+    "kv_write": kv_write,
+    "attention_prefill": attention_prefill,
+    "attention_decode": attention_decode,
+    "silu_mul": silu_mul,
+    "add": add,
+    "gather_last": gather_last,
+    "sample": sample,
+}
+
+# Buffer parameters whose element type follows the variant constant WBF16.
+WEIGHT_PARAMS = {"linear": "weight", "embedding": "table"}
+
+__all__ = ["TRITON_KERNELS", "WEIGHT_PARAMS"]

@@ -1,0 +1,166 @@
+"""Triton kernels for RoPE, the paged KV-cache write and paged causal GQA attention.
+
+Same parameters and semantics as ``helios_tools.kernels`` (rope, kv_write,
+attention_decode, attention_prefill). Caches are f32 ``[P, PT, KVH, HD]``; a request's
+position ``j`` lives at ``page_table[slot, j // PT]``, offset ``j % PT``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import libdevice
+
+NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima
+
+
+@triton.jit
+def rope(qkv, positions, inv_freq, T, H, KVH, HD, BLOCK_H: tl.constexpr,
+         BLOCK_HALF: tl.constexpr):
+    """Rotate q and k heads of token ``t`` in place (HF half-split); grid ``(T,)``.
+
+    ``angle = f32(position) * inv_freq[i]`` (one f32 multiply, as the reference), with
+    correctly rounded libdevice ``cos``/``sin``.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    half = HD // 2
+    width = (H + 2 * KVH) * HD
+    h = tl.arange(0, BLOCK_H)
+    i = tl.arange(0, BLOCK_HALF)
+    mh = h < H + KVH
+    mi = i < half
+    pos = tl.load(positions + t).to(tl.float32)
+    angle = pos * tl.load(inv_freq + i, mask=mi, other=0.0)
+    c = libdevice.cos(angle)[None, :]
+    s = libdevice.sin(angle)[None, :]
+    base = qkv + t * width + h[:, None] * HD + i[None, :]
+    m = mh[:, None] & mi[None, :]
+    x1 = tl.load(base, mask=m, other=0.0)
+    x2 = tl.load(base + half, mask=m, other=0.0)
+    tl.store(base, x1 * c - x2 * s, mask=m)
+    tl.store(base + half, x2 * c + x1 * s, mask=m)
+
+
+@triton.jit
+def kv_write(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
+             T, R, MP, PT, H, KVH, HD, BLOCK: tl.constexpr):
+    """Store token ``t``'s key and value heads at its position; grid ``(T,)``.
+
+    Padding (``token_row < 0`` or ``slot < 0``) writes nothing.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    r = tl.load(token_row + t)
+    s = tl.load(slot + tl.maximum(r, 0), mask=r >= 0, other=-1)
+    if (r >= 0) & (s >= 0):
+        pos = tl.load(positions + t)
+        page = tl.load(page_table + s.to(tl.int64) * MP + pos // PT).to(tl.int64)
+        e = tl.arange(0, BLOCK)
+        m = e < KVH * HD
+        width = (H + 2 * KVH) * HD
+        src = qkv + t * width + H * HD + e
+        dst = (page * PT + pos % PT) * (KVH * HD) + e
+        tl.store(k_cache + dst, tl.load(src, mask=m, other=0.0), mask=m)
+        tl.store(v_cache + dst, tl.load(src + KVH * HD, mask=m, other=0.0), mask=m)
+
+
+@triton.jit
+def attention_decode(qkv, positions, slot, page_table, k_cache, v_cache, out,
+                     B, MP, PT, H, KVH, HD, scale, BLOCK_N: tl.constexpr,
+                     BLOCK_HD: tl.constexpr):
+    """One query token per row over its cache positions ``0..p``; grid ``(B, H)``.
+
+    Online softmax (running max / sum / weighted value) over ``BLOCK_N``-token context
+    blocks, f32 throughout; ``q`` is scaled before the dot as the reference does.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    kvh = h // (H // KVH)
+    d = tl.arange(0, BLOCK_HD)
+    md = d < HD
+    s = tl.load(slot + b)
+    dst = out + b * (H * HD) + h * HD + d
+    if s < 0:
+        tl.store(dst, tl.zeros((BLOCK_HD,), tl.float32), mask=md)
+    else:
+        width = (H + 2 * KVH) * HD
+        q = tl.load(qkv + b * width + h * HD + d, mask=md, other=0.0) * scale
+        ctx = tl.load(positions + b) + 1
+        m_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0) + NEG_BIG
+        l_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0)
+        acc = tl.zeros((BLOCK_HD,), tl.float32)
+        row = page_table + s.to(tl.int64) * MP
+        for j0 in range(0, ctx, BLOCK_N):
+            j = j0 + tl.arange(0, BLOCK_N)
+            mj = j < ctx
+            page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+            off = ((page * PT + j % PT) * KVH + kvh) * HD
+            mkv = mj[:, None] & md[None, :]
+            k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            sc = tl.sum(q[None, :] * k, axis=1)
+            sc = tl.where(mj, sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+            alpha = libdevice.exp(m_i - m_new)
+            p = libdevice.exp(sc - m_new)
+            v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            m_i = m_new
+        tl.store(dst, acc / l_i, mask=md)
+
+
+@triton.jit
+def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
+                      T, R, MP, PT, H, KVH, HD, scale, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr):
+    """Causal GQA attention of a block of packed tokens for one query head.
+
+    Grid ``(cdiv(T, BLOCK_M), H)``. Packed tokens of a request row are contiguous, but a
+    block may span rows: the kernel walks the rows present in the block, and for each
+    streams that row's cache positions ``0..max position`` with a mask that keeps each
+    token to its own row and to ``j <= position`` (flash attention with an online
+    softmax; dots in 3xTF32, near f32). Padding tokens and rows get zeros.
+    """
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // (H // KVH)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mm = offs_m < T
+    d = tl.arange(0, BLOCK_HD)
+    md = d < HD
+    trow = tl.load(token_row + offs_m, mask=mm, other=-1)
+    srow = tl.load(slot + tl.maximum(trow, 0), mask=trow >= 0, other=-1)
+    live = (trow >= 0) & (srow >= 0)
+    pos = tl.load(positions + offs_m, mask=mm, other=0)
+    width = (H + 2 * KVH) * HD
+    q = tl.load(qkv + offs_m[:, None].to(tl.int64) * width + h * HD + d[None, :],
+                mask=mm[:, None] & md[None, :], other=0.0) * scale
+    m_i = tl.full((BLOCK_M,), NEG_BIG, tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_HD), tl.float32)
+    r_lo = tl.min(tl.where(live, trow, 2147483647), axis=0)
+    r_hi = tl.max(tl.where(live, trow, -1), axis=0)
+    for r in range(r_lo, r_hi + 1):
+        mine = live & (trow == r)
+        s = tl.max(tl.where(mine, srow, -1), axis=0)
+        pmax = tl.max(tl.where(mine, pos, -1), axis=0)
+        row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
+        for j0 in range(0, pmax + 1, BLOCK_N):
+            j = j0 + tl.arange(0, BLOCK_N)
+            mj = j <= pmax
+            page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+            off = ((page * PT + j % PT) * KVH + kvh) * HD
+            mkv = mj[:, None] & md[None, :]
+            k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            sc = tl.dot(q, tl.trans(k), input_precision="tf32x3")
+            vis = mine[:, None] & (j[None, :] <= pos[:, None]) & mj[None, :]
+            sc = tl.where(vis, sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            alpha = libdevice.exp(m_i - m_new)
+            p = libdevice.exp(sc - m_new[:, None])
+            v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32x3")
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+    res = tl.where(live[:, None] & (l_i[:, None] > 0), acc / l_i[:, None], 0.0)
+    dst = out + offs_m[:, None].to(tl.int64) * (H * HD) + h * HD + d[None, :]
+    tl.store(dst, res, mask=mm[:, None] & md[None, :])

@@ -1,0 +1,158 @@
+"""Triton kernels for the dense ops: embedding, norms, linear, SwiGLU, add, gather_last.
+
+Each kernel implements its NumPy reference in ``helios_tools.kernels`` exactly (same
+parameters in the same order: buffers, then scalars); the trailing ``tl.constexpr``
+parameters are the variant constants ``capture.launch.launch_config`` chooses. Rows are
+programs: ``program_id(0)`` is a token row unless the docstring says otherwise.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def embedding(ids, table, out, T, D, BLOCK_D: tl.constexpr, VOCAB: tl.constexpr,
+              WBF16: tl.constexpr):
+    """``out[t] = table[ids[t]]``, zeros for an id outside ``[0, VOCAB)``; grid ``(T,)``.
+
+    The reference reads V from the table's shape; here it is the variant constant VOCAB.
+    """
+    t = tl.program_id(0)
+    tok = tl.load(ids + t)
+    d = tl.arange(0, BLOCK_D)
+    md = d < D
+    ok = (tok >= 0) & (tok < VOCAB)
+    row = table + tl.where(ok, tok, 0).to(tl.int64) * D
+    x = tl.load(row + d, mask=md & ok, other=0.0).to(tl.float32)
+    tl.store(out + t.to(tl.int64) * D + d, x, mask=md)
+
+
+@triton.jit
+def _rms_row(r, w, out_row, d, md, D, eps):
+    ms = tl.sum(r * r, axis=0) / D
+    inv = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
+    g = tl.load(w + d, mask=md, other=0.0)
+    tl.store(out_row + d, r * inv * g, mask=md)
+
+
+@triton.jit
+def rmsnorm(x, weight, out, T, D, eps, BLOCK_D: tl.constexpr):
+    """``out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight``; grid ``(T,)``."""
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    md = d < D
+    r = tl.load(x + t * D + d, mask=md, other=0.0)
+    _rms_row(r, weight, out + t * D, d, md, D, eps)
+
+
+@triton.jit
+def add_rmsnorm(x, residual, weight, out, T, D, eps, BLOCK_D: tl.constexpr):
+    """``residual[t] += x[t]; out[t] = rmsnorm(residual[t])``; grid ``(T,)``."""
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    md = d < D
+    r = tl.load(residual + t * D + d, mask=md, other=0.0)
+    r = r + tl.load(x + t * D + d, mask=md, other=0.0)
+    tl.store(residual + t * D + d, r, mask=md)
+    _rms_row(r, weight, out + t * D, d, md, D, eps)
+
+
+@triton.jit
+def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+           BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr):
+    """``out[t, n] = sum_k x[t, k] * weight[n, k]``; grid ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``.
+
+    ``BLOCK_T == 1`` (batch-1 decode) is a pure GEMV: one program per ``BLOCK_N`` rows
+    (grid ``(cdiv(N, BLOCK_N), T)``), the whole K in one or a few wide loads.
+
+    Decode GEMV and prefill GEMM in one kernel: each program streams a ``BLOCK_N x K``
+    slab of the weight once for ``BLOCK_T`` token rows (wide tiles, many programs, so
+    the weight read saturates HBM). bf16 weights are exact in bf16, so the f32
+    activations are split into two bf16 terms (``x = hi + lo``, about 16 mantissa bits)
+    and multiplied on the tensor cores with f32 accumulation: near-f32 accuracy at bf16
+    tensor-core speed. f32 weights use IEEE f32 dots.
+    """
+    pid_n = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    if K16:
+        K = tl.multiple_of(K, 16)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mn = offs_n < N
+    w_rows = weight + offs_n[:, None].to(tl.int64) * K
+    if BLOCK_T == 1:
+        # GEMV (one token row): each program streams a BLOCK_N x K slab in as few rounds
+        # as possible (BLOCK_K covers K when it fits) and reduces on the FMA units.
+        xrow = x + pid_t.to(tl.int64) * K
+        acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mk = kk < K
+            a = tl.load(xrow + kk, mask=mk, other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+            acc1 += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        tl.store(out + pid_t.to(tl.int64) * N + offs_n, acc1, mask=mn)
+    else:
+        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        mt = offs_t < T
+        x_rows = x + offs_t[:, None].to(tl.int64) * K
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mk = kk < K
+            a = tl.load(x_rows + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+            if WBF16:
+                hi = a.to(tl.bfloat16)
+                lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+                wt = tl.trans(w)
+                acc = tl.dot(hi, wt, acc)
+                acc = tl.dot(lo, wt, acc)
+            else:
+                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+        dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(dst, acc, mask=mt[:, None] & mn[None, :])
+
+
+@triton.jit
+def silu_mul(gate_up, out, T, F, BLOCK: tl.constexpr):
+    """``out[t, f] = silu(gate_up[t, f]) * gate_up[t, F + f]``; grid ``(T, cdiv(F, BLOCK))``."""
+    t = tl.program_id(0).to(tl.int64)
+    f = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = f < F
+    g = tl.load(gate_up + t * 2 * F + f, mask=m, other=0.0)
+    u = tl.load(gate_up + t * 2 * F + F + f, mask=m, other=0.0)
+    s = tl.math.div_rn(g, 1.0 + tl.extra.cuda.libdevice.exp(-g))
+    tl.store(out + t * F + f, s * u, mask=m)
+
+
+@triton.jit
+def add(a, b, out, T, D, BLOCK: tl.constexpr):
+    """``out = a + b`` over ``[T, D]``; grid ``(T, cdiv(D, BLOCK))``."""
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = d < D
+    va = tl.load(a + t * D + d, mask=m, other=0.0)
+    vb = tl.load(b + t * D + d, mask=m, other=0.0)
+    tl.store(out + t * D + d, va + vb, mask=m)
+
+
+@triton.jit
+def gather_last(x, query_length, out, T, R, D, BLOCK_D: tl.constexpr):
+    """``out[r] = x[last packed token of row r]`` (zeros for an empty row); grid ``(R,)``.
+
+    The row's end is the running sum of ``max(query_length, 0)`` over rows ``0..r``.
+    """
+    r = tl.program_id(0)
+    end = 0
+    for i in range(0, r + 1):
+        end += tl.maximum(tl.load(query_length + i), 0)
+    n = tl.maximum(tl.load(query_length + r), 0)
+    last = (end - 1).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    md = d < D
+    ok = (n > 0) & (last < T)
+    v = tl.load(x + last * D + d, mask=md & ok, other=0.0)
+    tl.store(out + r.to(tl.int64) * D + d, v, mask=md)

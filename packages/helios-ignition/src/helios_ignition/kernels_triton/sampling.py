@@ -1,0 +1,247 @@
+"""Triton sampler: penalties, grammar mask, temperature, top-k / top-p / min-p, Philox draw.
+
+Same parameters and semantics as ``helios_tools.kernels.sample``; one program per
+submission row (grid ``(R,)``), sweeping the vocabulary in ``BLOCK_V`` chunks. Nothing
+is sorted: the k-th largest scaled logit and the top-p threshold are found by bisection
+over order-preserving integer keys of the f32 values (each probe one counting sweep),
+and ties at a threshold keep the lowest ids (another bisection over the id). The draw is
+the reference's exponential race ``argmax log p_i - log(-log u_i)`` in float64 with
+``u_i = Philox4x32-10(key=seed, counter=(i, position, 0, 0))``, so a row's token never
+depends on its neighbours. Greedy rows (temperature <= 0) cost one sweep.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import libdevice
+
+INT_MAX = tl.constexpr(2147483647)
+
+
+@triton.jit
+def _key(x):
+    """Order-preserving int32 key of f32 values (``a < b`` <=> ``key(a) < key(b)``)."""
+    b = x.to(tl.int32, bitcast=True)
+    return tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _logits(lrow, hrow, mrow, idx, V, um, rep, freq, pres):
+    """Penalized, masked f32 logits of ids ``idx`` (``-inf`` past V or masked out)."""
+    inside = idx < V
+    z = tl.load(lrow + idx, mask=inside, other=0.0)
+    c = tl.load(hrow + idx, mask=inside, other=0)
+    seen = c > 0
+    zr = tl.where(z > 0, tl.math.div_rn(z, rep + tl.zeros_like(z)), z * rep)
+    z = tl.where(seen & (rep != 1.0), zr, z)
+    z = z - freq * c.to(tl.float32)
+    z = z - pres * seen.to(tl.float32)
+    w = tl.load(mrow + idx // 32, mask=inside & (um != 0), other=-1)
+    allowed = ((w >> (idx % 32)) & 1) != 0
+    return tl.where(inside & allowed, z, float("-inf"))
+
+
+@triton.jit
+def _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp):
+    z = _logits(lrow, hrow, mrow, idx, V, um, rep, freq, pres)
+    return tl.math.div_rn(z, temp + tl.zeros_like(z))
+
+
+@triton.jit
+def _philox_u(idx, pos, k0, k1):
+    """Uniforms ``((x0 >> 8) + 0.5) * 2**-24`` (f64) of Philox4x32-10, counter (idx, pos, 0, 0)."""
+    c0 = idx.to(tl.uint32, bitcast=True)
+    c1 = tl.zeros_like(c0) + pos.to(tl.uint32, bitcast=True)
+    c2 = tl.zeros_like(c0)
+    c3 = tl.zeros_like(c0)
+    m0 = tl.full(c0.shape, 0xD2511F53, tl.uint32)
+    m1 = tl.full(c0.shape, 0xCD9E8D57, tl.uint32)
+    a0 = k0
+    a1 = k1
+    for rnd in tl.static_range(10):
+        if rnd > 0:
+            a0 = a0 + 0x9E3779B9
+            a1 = a1 + 0xBB67AE85
+        hi0 = tl.math.umulhi(m0, c0)
+        lo0 = m0 * c0
+        hi1 = tl.math.umulhi(m1, c2)
+        lo1 = m1 * c2
+        n0 = hi1 ^ c1 ^ a0
+        n2 = hi0 ^ c3 ^ a1
+        c0 = n0
+        c1 = lo1
+        c2 = n2
+        c3 = lo0
+    return ((c0 >> 8).to(tl.float64) + 0.5) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def _id_cutoff(lrow, hrow, mrow, V, um, rep, freq, pres, temp, zmax, S, kkey, kcut,
+               key_eq, use_p, need, BLOCK_V: tl.constexpr):
+    """Smallest id c with ``count(tied & id <= c) >= need``; ``tied`` is ``key == key_eq``
+    on the scaled logits (``use_p == 0``) or on the probabilities of top-k candidates."""
+    lanes = tl.arange(0, BLOCK_V)
+    lo = tl.min(tl.zeros_like(lanes), axis=0)
+    hi = V - 1 + lo
+    for _ in range(21):
+        mid = (lo + hi) // 2
+        cnt = tl.min(tl.zeros_like(lanes), axis=0)
+        for v0 in range(0, V, BLOCK_V):
+            idx = v0 + lanes
+            zt = _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp)
+            if use_p == 0:
+                tied = _key(zt) == key_eq
+            else:
+                kz = _key(zt)
+                cand = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
+                p = tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt))
+                tied = cand & (p.to(tl.int32, bitcast=True) == key_eq)
+            cnt += tl.sum((tied & (idx <= mid)).to(tl.int32), axis=0)
+        go_left = cnt >= need
+        hi = tl.where((lo < hi) & go_left, mid, hi)
+        lo = tl.where((lo < hi) & (~go_left), mid + 1, lo)
+    return lo
+
+
+@triton.jit
+def sample(logits, slot, positions, sampling_decision, seed, temperature, top_p, top_k,
+           min_p, presence, frequency, repetition, histogram, grammar_mask, use_mask,
+           sampled, R, V, W32, BLOCK_V: tl.constexpr):
+    """Sample one token per row and count it in the row's histogram; grid ``(R,)``."""
+    r = tl.program_id(0)
+    s = tl.load(slot + r)
+    if s < 0:
+        tl.store(sampled + r, -1)
+    else:
+        lrow = logits + r.to(tl.int64) * V
+        hrow = histogram + s.to(tl.int64) * V
+        mrow = grammar_mask + r.to(tl.int64) * W32
+        um = tl.load(use_mask + r)
+        rep = tl.load(repetition + r)
+        freq = tl.load(frequency + r)
+        pres = tl.load(presence + r)
+        temp = tl.load(temperature + r)
+        lanes = tl.arange(0, BLOCK_V)
+        fzero = tl.sum(tl.zeros((BLOCK_V,), tl.float32), axis=0)
+        izero = tl.min(tl.zeros_like(lanes), axis=0)
+        # Sweep 1: greedy argmax (first index on ties) of the penalized, masked logits.
+        best_v = fzero + float("-inf")
+        best_i = izero
+        for v0 in range(0, V, BLOCK_V):
+            idx = v0 + lanes
+            z = _logits(lrow, hrow, mrow, idx, V, um, rep, freq, pres)
+            cm = tl.max(z, axis=0)
+            ci = tl.min(tl.where(z == cm, idx, INT_MAX), axis=0)
+            best_i = tl.where(cm > best_v, ci, best_i)
+            best_v = tl.maximum(best_v, cm)
+        tok = best_i
+        if (temp > 0.0) & (best_v > float("-inf")):
+            zmax = tl.math.div_rn(best_v, temp)
+            # top-k: kkey = key of the k-th largest scaled logit; ties keep ids <= kcut.
+            k = tl.load(top_k + r)
+            kkey = izero - 2147483647 - 1
+            kcut = izero + V
+            if (k > 0) & (k < V):
+                lo = kkey.to(tl.int64)
+                hi = lo * 0 + 2147483647
+                for _ in range(32):
+                    mid = lo + (hi - lo + 1) // 2
+                    cnt = izero
+                    for v0 in range(0, V, BLOCK_V):
+                        zt = _scaled(lrow, hrow, mrow, v0 + lanes, V, um, rep, freq, pres,
+                                     temp)
+                        cnt += tl.sum((_key(zt).to(tl.int64) >= mid).to(tl.int32), axis=0)
+                    ok = cnt >= k
+                    lo = tl.where(ok, mid, lo)
+                    hi = tl.where(ok, hi, mid - 1)
+                kkey = lo.to(tl.int32)
+                gt = izero
+                eq = izero
+                for v0 in range(0, V, BLOCK_V):
+                    kz = _key(_scaled(lrow, hrow, mrow, v0 + lanes, V, um, rep, freq, pres,
+                                      temp))
+                    gt += tl.sum((kz > kkey).to(tl.int32), axis=0)
+                    eq += tl.sum((kz == kkey).to(tl.int32), axis=0)
+                if eq > k - gt:
+                    kcut = _id_cutoff(lrow, hrow, mrow, V, um, rep, freq, pres, temp, zmax,
+                                      fzero + 1.0, kkey, kcut, kkey, 0, k - gt, BLOCK_V)
+            # Softmax denominator over the candidates.
+            S = fzero
+            for v0 in range(0, V, BLOCK_V):
+                idx = v0 + lanes
+                zt = _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp)
+                kz = _key(zt)
+                cand = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
+                S += tl.sum(tl.where(cand, libdevice.exp(zt - zmax), 0.0), axis=0)
+            # top-p: pkey = bits of the smallest kept probability; ties keep ids <= pcut.
+            tp = tl.load(top_p + r)
+            pkey = izero - 1
+            pcut = izero + V
+            if tp < 1.0:
+                lo = izero
+                hi = izero + 0x3F800000
+                for _ in range(31):
+                    mid = lo + (hi - lo + 1) // 2
+                    mass = fzero
+                    for v0 in range(0, V, BLOCK_V):
+                        idx = v0 + lanes
+                        zt = _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp)
+                        kz = _key(zt)
+                        cand = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
+                        p = tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt))
+                        pb = p.to(tl.int32, bitcast=True)
+                        mass += tl.sum(tl.where(cand & (pb >= mid), p, 0.0), axis=0)
+                    ok = mass >= tp
+                    lo = tl.where(ok, mid, lo)
+                    hi = tl.where(ok, hi, mid - 1)
+                mgt = fzero
+                eq = izero
+                mall = fzero
+                for v0 in range(0, V, BLOCK_V):
+                    idx = v0 + lanes
+                    zt = _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp)
+                    kz = _key(zt)
+                    cand = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
+                    p = tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt))
+                    pb = p.to(tl.int32, bitcast=True)
+                    mgt += tl.sum(tl.where(cand & (pb > lo), p, 0.0), axis=0)
+                    eq += tl.sum((cand & (pb == lo)).to(tl.int32), axis=0)
+                    mall += tl.sum(tl.where(cand, p, 0.0), axis=0)
+                if mall >= tp:
+                    pkey = lo
+                    tau = lo.to(tl.float32, bitcast=True)
+                    need = libdevice.ceil(tl.math.div_rn(tp - mgt, tau)).to(tl.int32)
+                    need = tl.minimum(tl.maximum(need, 1), eq)
+                    if eq > need:
+                        pcut = _id_cutoff(lrow, hrow, mrow, V, um, rep, freq, pres, temp,
+                                          zmax, S, kkey, kcut, lo, 1, need, BLOCK_V)
+            mp = tl.load(min_p + r)
+            pmin = tl.where(mp > 0.0, mp * tl.math.div_rn(1.0, S), -1.0)
+            # The race, in float64.
+            pos = tl.load(positions + r)
+            k0 = tl.load(seed + 2 * r)
+            k1 = tl.load(seed + 2 * r + 1)
+            best_race = fzero.to(tl.float64) + float("-inf")
+            best_tok = izero
+            for v0 in range(0, V, BLOCK_V):
+                idx = v0 + lanes
+                zt = _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp)
+                kz = _key(zt)
+                keep = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
+                p = tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt))
+                pb = p.to(tl.int32, bitcast=True)
+                keep = keep & ((pb > pkey) | ((pb == pkey) & (idx <= pcut))) & (p >= pmin)
+                keep = keep & (idx < V)
+                u = _philox_u(idx, pos, k0, k1)
+                race = libdevice.log(p.to(tl.float64)) - libdevice.log(-libdevice.log(u))
+                race = tl.where(keep, race, float("-inf"))
+                cm = tl.max(race, axis=0)
+                ci = tl.min(tl.where(keep & (race == cm), idx, INT_MAX), axis=0)
+                better = cm > best_race
+                best_tok = tl.where(better, ci, best_tok)
+                best_race = tl.maximum(best_race, cm)
+            tok = best_tok
+        tl.store(sampled + r, tok)
+        if tl.load(sampling_decision + r) != 0:
+            tl.atomic_add(hrow + tok, 1)

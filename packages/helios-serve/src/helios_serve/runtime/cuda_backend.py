@@ -1,0 +1,363 @@
+"""The cuda backend: executes graph variants as CUDA graphs through the driver API.
+
+Invariant (specification, "Ownership and bootstrap"): everything is allocated, uploaded,
+loaded and captured in ``__init__``; a step only writes pinned staging (shared packing),
+uploads the physical rows packing reports dirty, and issues ONE ``cuGraphLaunch`` whose
+graph holds the staging -> device input copies, every kernel launch and the completion
+copy back to pinned host memory. ``counters`` counts driver allocations, module loads and
+graph captures; tests check they do not move while serving.
+
+``buffers`` holds the pinned host staging array of every binding destination and the
+completion buffer (what packing and NativeModel read and write). Request inputs are
+copied whole (the bytes the graph reads) inside the graph every step; persistent state
+rows (page tables, histogram rows) are uploaded only when packing reports them dirty,
+since the device copy is the truth between admissions (the sampler counts tokens there).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+from helios_contract.schema import manifest_pb2 as mpb
+
+from .cuda import driver as drv
+from .errors import RuntimeLoadError
+
+STORED_DTYPE = {
+    mpb.D_TYPE_F32: np.dtype("<f4"),
+    mpb.D_TYPE_BF16: np.dtype("<u2"),
+    mpb.D_TYPE_I32: np.dtype("<i4"),
+    mpb.D_TYPE_U32: np.dtype("<u4"),
+}
+ARG_KIND = {mpb.PARAM_KIND_I32: "i32", mpb.PARAM_KIND_F32: "f32"}
+ALIGN_BYTES = 16  # kernels are compiled assuming 16-byte aligned buffer arguments
+MAX_DEFAULT_SHARED = 48 * 1024
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+class CudaBackend:
+    """Device buffers, loaded kernels and one instantiated CUDA graph per variant.
+
+    Args:
+        manifest: the execution manifest (with binaries for this GPU's target).
+        read_resource: resource id -> decoded bytes (weights, kernel binaries).
+        num_pages: physical pages backing each cache plane.
+        device: CUDA device ordinal.
+
+    Raises:
+        RuntimeLoadError: no driver/GPU, no binary for this GPU's target, a weight of the
+            wrong size, or device memory too small (the message names what did not fit).
+    """
+
+    name = "cuda"
+
+    def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
+                 num_pages: int, device: int = 0):
+        t0 = time.perf_counter()
+        cu = drv.require_driver()
+        self._cu = cu
+        self.counters: Counter[str] = Counter()
+        self._dev_ptrs: dict[str, int] = {}
+        self._dev_bytes: dict[str, int] = {}
+        self._pinned: dict[str, drv.PinnedArray] = {}
+        self._extra_allocs: list[int] = []
+        self._modules: list = []
+        self._graphs: dict[str, tuple] = {}
+        self._closed = False
+        count = drv.call("cuDeviceGetCount", cu.cuDeviceGetCount())
+        if count <= device:
+            raise RuntimeLoadError(f"cuda backend: no CUDA GPU (device {device}; {count} found)")
+        self._device = drv.call("cuDeviceGet", cu.cuDeviceGet(device))
+        major = drv.call("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(
+            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._device))
+        minor = drv.call("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(
+            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._device))
+        name = drv.call("cuDeviceGetName", cu.cuDeviceGetName(64, self._device))
+        self.device_name = bytes(name).split(b"\0", 1)[0].decode(errors="replace")
+        self.target = f"sm_{major}{minor}"
+        self._kernels = {k.id: k for k in manifest.kernels}
+        self._manifest_graphs = list(manifest.graphs)
+        self._check_binaries(manifest)
+        self._ctx = drv.call("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(self._device))
+        drv.call("cuCtxSetCurrent", cu.cuCtxSetCurrent(self._ctx))
+        self._stream = drv.call("cuStreamCreate", cu.cuStreamCreate(
+            cu.CUstream_flags.CU_STREAM_NON_BLOCKING.value))
+        try:
+            self._decls = {b.name: b for b in manifest.buffers}
+            self._shapes = {b.name: self._shape(b, num_pages) for b in manifest.buffers}
+            self._check_memory(manifest, num_pages)
+            staged = self._staged_names(manifest)
+            for decl in manifest.buffers:
+                self._allocate(decl, read_resource, num_pages, decl.name in staged)
+            self.buffers = {n: p.array for n, p in self._pinned.items()}
+            self._functions = self._load_kernels(read_resource)
+            for g in manifest.graphs:
+                self._graphs[g.name] = self._capture(g)
+            drv.call("cuStreamSynchronize", cu.cuStreamSynchronize(self._stream))
+        except BaseException:
+            self.close()
+            raise
+        self.load_seconds = time.perf_counter() - t0
+
+    # ----------------------------------------------------------------------------- load
+
+    def _check_binaries(self, manifest: mpb.ExecutionManifest) -> None:
+        missing = [k.id for k in manifest.kernels
+                   if not any(b.target == self.target for b in k.binaries)]
+        if missing:
+            have = ", ".join(manifest.targets) or "none"
+            raise RuntimeLoadError(
+                f"cuda backend: the core has no kernel binaries for this GPU's target "
+                f"{self.target} ({self.device_name}); core targets: {have}; "
+                f"{len(missing)} kernels lack it (e.g. {missing[0]}). Re-export with "
+                f"`ignition export ... --target {self.target}`")
+
+    @staticmethod
+    def _shape(decl: mpb.Buffer, num_pages: int) -> tuple[int, ...]:
+        shape = [int(s) for s in decl.shape]
+        if decl.role == mpb.BUFFER_ROLE_CACHE_PLANE:
+            shape[0] = num_pages
+        return tuple(shape)
+
+    def _nbytes(self, decl: mpb.Buffer) -> int:
+        return math.prod(self._shapes[decl.name]) * STORED_DTYPE[decl.dtype].itemsize
+
+    def _check_memory(self, manifest: mpb.ExecutionManifest, num_pages: int) -> None:
+        by_role: Counter[str] = Counter()
+        for decl in manifest.buffers:
+            if decl.dtype not in STORED_DTYPE:
+                raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
+                                       "is not supported by the cuda backend")
+            by_role[mpb.BufferRole.Name(decl.role).removeprefix("BUFFER_ROLE_").lower()] += \
+                self._nbytes(decl)
+        free, total = drv.call("cuMemGetInfo", self._cu.cuMemGetInfo())
+        need = sum(by_role.values())
+        if need > free:
+            parts = ", ".join(f"{k} {_mib(v)}" for k, v in by_role.most_common())
+            raise RuntimeLoadError(
+                f"cuda backend: device out of memory: the model needs {_mib(need)} ({parts}; "
+                f"KV cache sized for {num_pages} pages) but {_mib(free)} of {_mib(total)} is "
+                "free; lower num_pages or use a larger GPU")
+
+    @staticmethod
+    def _staged_names(manifest: mpb.ExecutionManifest) -> set[str]:
+        names = {t.destination for g in manifest.graphs for t in g.transports}
+        names |= {g.completion.buffer for g in manifest.graphs if g.completion.buffer}
+        return names
+
+    def _allocate(self, decl: mpb.Buffer, read_resource, num_pages: int, staged: bool) -> None:
+        cu = self._cu
+        nbytes = self._nbytes(decl)
+        try:
+            ptr = int(drv.call("cuMemAlloc", cu.cuMemAlloc(max(nbytes, 256))))
+        except drv.CudaError as exc:
+            what = (f"the KV cache plane {decl.name} ({num_pages} pages)"
+                    if decl.role == mpb.BUFFER_ROLE_CACHE_PLANE else f"buffer {decl.name}")
+            raise RuntimeLoadError(f"cuda backend: device out of memory allocating {what}: "
+                                   f"{_mib(nbytes)} did not fit ({exc.code})") from None
+        self.counters["device_allocations"] += 1
+        self._dev_ptrs[decl.name] = ptr
+        self._dev_bytes[decl.name] = nbytes
+        if decl.role == mpb.BUFFER_ROLE_WEIGHT:
+            data = read_resource(decl.weight_resource_id)
+            if len(data) != nbytes:
+                raise RuntimeLoadError(f"weight {decl.name}: resource {decl.weight_resource_id} "
+                                       f"holds {len(data)} bytes, the buffer needs {nbytes}")
+            host = np.frombuffer(data, dtype=np.uint8)
+            drv.call(f"upload {decl.name}", cu.cuMemcpyHtoD(ptr, host.ctypes.data, nbytes))
+            self.counters["weight_bytes"] += nbytes
+        else:
+            drv.call("cuMemsetD8", cu.cuMemsetD8(ptr, 0, max(nbytes, 256)))
+        if staged:
+            dtype = np.float32 if decl.dtype == mpb.D_TYPE_BF16 else STORED_DTYPE[decl.dtype]
+            self._pinned[decl.name] = drv.PinnedArray(self._shapes[decl.name], dtype)
+            self.counters["host_allocations"] += 1
+
+    def _load_kernels(self, read_resource) -> dict[str, tuple]:
+        cu = self._cu
+        functions = {}
+        for kid, kernel in self._kernels.items():
+            binary = next(b for b in kernel.binaries if b.target == self.target)
+            blob = read_resource(binary.resource_id)
+            module = drv.call(f"cuModuleLoadData {kid}", cu.cuModuleLoadData(blob))
+            self._modules.append(module)
+            self.counters["module_loads"] += 1
+            fn = drv.call(f"cuModuleGetFunction {kid}",
+                          cu.cuModuleGetFunction(module, binary.entry_name.encode()))
+            if binary.shared_bytes > MAX_DEFAULT_SHARED:
+                drv.call("cuFuncSetAttribute", cu.cuFuncSetAttribute(
+                    fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    binary.shared_bytes))
+            extras = drv.param_count(fn) - len(kernel.params)
+            if extras < 0:
+                raise RuntimeLoadError(f"kernel {kid}: binary takes fewer parameters than the "
+                                       "manifest declares")
+            functions[kid] = (fn, binary, extras)
+        return functions
+
+    def _launch_args(self, launch: mpb.Launch) -> drv.KernelArgs:
+        fn, binary, extras = self._functions[launch.kernel]
+        if len(launch.args) != len(self._kernels[launch.kernel].params):
+            raise RuntimeLoadError(f"launch of {launch.kernel}: {len(launch.args)} arguments "
+                                   "for its parameter list")
+        values: list[tuple[str, int | float]] = []
+        for arg in launch.args:
+            which = arg.WhichOneof("value")
+            if which == "buffer":
+                base = self._dev_ptrs[arg.buffer.buffer]
+                ptr = base + int(arg.buffer.byte_offset)
+                if ptr % ALIGN_BYTES:
+                    raise RuntimeLoadError(f"launch of {launch.kernel}: view of "
+                                           f"{arg.buffer.buffer} at byte {arg.buffer.byte_offset}"
+                                           f" is not {ALIGN_BYTES}-byte aligned")
+                values.append(("ptr", ptr))
+            elif which == "int_value":
+                values.append(("i32", int(arg.int_value)))
+            else:
+                values.append(("f32", float(arg.float_value)))
+        scratch = [binary.global_scratch_bytes, binary.profile_scratch_bytes][:extras]
+        scratch += [0] * (extras - len(scratch))
+        programs = math.prod(int(x) for x in launch.grid)
+        for per_program in scratch:
+            if per_program:
+                ptr = int(drv.call("cuMemAlloc", self._cu.cuMemAlloc(per_program * programs)))
+                self._extra_allocs.append(ptr)
+                self.counters["device_allocations"] += 1
+                values.append(("ptr", ptr))
+            else:
+                values.append(("ptr", 0))
+        return drv.KernelArgs(values)
+
+    def _input_copies(self, g: mpb.GraphProgram) -> list[tuple[str, int]]:
+        """(buffer, bytes) of the request inputs the graph reads, copied every step."""
+        used: dict[str, int] = {}
+        for launch in g.launches:
+            for arg in launch.args:
+                if arg.WhichOneof("value") == "buffer":
+                    v = arg.buffer
+                    decl = self._decls[v.buffer]
+                    end = int(v.byte_offset) + math.prod(int(s) for s in v.shape) * \
+                        STORED_DTYPE[decl.dtype].itemsize
+                    used[v.buffer] = max(used.get(v.buffer, 0), end)
+        copies = []
+        for t in g.transports:
+            decl = self._decls[t.destination]
+            if decl.role != mpb.BUFFER_ROLE_REQUEST_INPUT or t.destination not in self._pinned:
+                continue
+            n = min(used.get(t.destination, int(t.nbytes)), self._dev_bytes[t.destination])
+            copies.append((t.destination, n))
+        return copies
+
+    def _capture(self, g: mpb.GraphProgram) -> tuple:
+        cu = self._cu
+        s = self._stream
+        keep = [self._launch_args(launch) for launch in g.launches]  # allocs before capture
+        drv.call("cuStreamBeginCapture", cu.cuStreamBeginCapture(
+            s, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+        try:
+            for name, n in self._input_copies(g):
+                drv.call(f"capture copy {name}", cu.cuMemcpyHtoDAsync(
+                    self._dev_ptrs[name], self._pinned[name].ptr, n, s))
+            for launch, args in zip(g.launches, keep, strict=True):
+                fn, binary, _ = self._functions[launch.kernel]
+                grid = list(launch.grid) + [1] * (3 - len(launch.grid))
+                block = 32 * binary.num_warps
+                drv.call(f"capture launch {launch.kernel}", cu.cuLaunchKernel(
+                    fn, grid[0], grid[1], grid[2], block, 1, 1, binary.shared_bytes, s,
+                    args.address, 0))
+            done = g.completion
+            if done.buffer:
+                n = int(done.rows) * STORED_DTYPE[self._decls[done.buffer].dtype].itemsize
+                drv.call("capture completion copy", cu.cuMemcpyDtoHAsync(
+                    self._pinned[done.buffer].ptr, self._dev_ptrs[done.buffer], n, s))
+        finally:
+            graph = drv.call("cuStreamEndCapture", cu.cuStreamEndCapture(s))
+        exe = drv.call(f"cuGraphInstantiate {g.name}", cu.cuGraphInstantiate(graph, 0))
+        self.counters["graph_captures"] += 1
+        return graph, exe, keep
+
+    # ---------------------------------------------------------------------------- serve
+
+    def run(self, graph: str, dirty=()) -> None:
+        """Upload dirty physical rows, launch `graph` once, wait for its completion copy."""
+        cu = self._cu
+        s = self._stream
+        for d in dirty:
+            host = self.buffers[d.destination]
+            item = host.itemsize
+            row_bytes = host.strides[0] if host.ndim > 1 else item
+            offset = d.row * row_bytes + d.start * item
+            cu.cuMemcpyHtoDAsync(self._dev_ptrs[d.destination] + offset,
+                                 host.ctypes.data + offset, (d.end - d.start) * item, s)
+        err = cu.cuGraphLaunch(self._graphs[graph][1], s)[0]
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise drv.CudaError(f"cuGraphLaunch {graph}", err.name)
+        err = cu.cuStreamSynchronize(s)[0]
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise drv.CudaError(f"step {graph}", err.name)
+        self.counters["graph_launches"] += 1
+
+    def launch_only(self, graph: str) -> None:
+        """Enqueue `graph` without waiting (benchmarks pair it with ``synchronize``)."""
+        drv.call("cuGraphLaunch", self._cu.cuGraphLaunch(self._graphs[graph][1], self._stream))
+
+    def synchronize(self) -> None:
+        drv.call("cuStreamSynchronize", self._cu.cuStreamSynchronize(self._stream))
+
+    # ---------------------------------------------------------------------------- tests
+
+    def read_buffer(self, name: str) -> np.ndarray:
+        """Copy device buffer `name` to a new host array (tests; bf16 widened to f32)."""
+        decl = self._decls[name]
+        stored = STORED_DTYPE[decl.dtype]
+        out = np.empty(self._shapes[name], stored)
+        drv.call("cuMemcpyDtoH", self._cu.cuMemcpyDtoH(out.ctypes.data, self._dev_ptrs[name],
+                                                        out.nbytes))
+        if decl.dtype == mpb.D_TYPE_BF16:
+            return (out.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return out
+
+    def write_buffer(self, name: str, array: np.ndarray) -> None:
+        """Overwrite device buffer `name` from a host array of its stored dtype (tests)."""
+        decl = self._decls[name]
+        data = np.ascontiguousarray(array, dtype=STORED_DTYPE[decl.dtype])
+        if data.nbytes != self._dev_bytes[name]:
+            raise ValueError(f"{name}: {data.nbytes} bytes given, buffer holds "
+                             f"{self._dev_bytes[name]}")
+        drv.call("cuMemcpyHtoD", self._cu.cuMemcpyHtoD(self._dev_ptrs[name], data.ctypes.data,
+                                                        data.nbytes))
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(self._dev_bytes.values())
+
+    def close(self) -> None:
+        """Free graphs, modules and memory (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        cu = self._cu
+        for graph, exe, _ in self._graphs.values():
+            cu.cuGraphExecDestroy(exe)
+            cu.cuGraphDestroy(graph)
+        self._graphs.clear()
+        for m in self._modules:
+            cu.cuModuleUnload(m)
+        for ptr in list(self._dev_ptrs.values()) + self._extra_allocs:
+            cu.cuMemFree(ptr)
+        self._dev_ptrs.clear()
+        for p in self._pinned.values():
+            p.free()
+        if getattr(self, "_stream", None) is not None:
+            cu.cuStreamDestroy(self._stream)
+            self._stream = None
+        if getattr(self, "_ctx", None) is not None:
+            cu.cuDevicePrimaryCtxRelease(self._device)
+            self._ctx = None

@@ -1,0 +1,112 @@
+"""Ahead-of-time kernel compilation (CPU, runs in CI): every kernel variant compiles for
+sm_90 with no GPU, the launch metadata lands in the manifest, and ``ignition export
+--target sm_90`` writes the cubins as KERNEL_BINARY resources of a lint-clean core.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helios_contract.schema import core_pb2
+from helios_ignition.families.llama import capture
+from helios_ignition.kernels_aot import (
+    KernelCompileError,
+    compile_targets,
+    missing_targets,
+    parse_target,
+    resource_id,
+)
+from helios_ignition.testing import TINY_CAPACITIES, TINY_SHAPES, tiny_core
+
+from tests.ignition.export.tiny import (
+    LLAMA_RECIPE,
+    NAMESPACE,
+    Frontend,
+    run_export,
+    write_checkpoint,
+)
+
+ELF_MAGIC = b"\x7fELF"
+
+
+def _check_compiled(manifest, blobs, target="sm_90"):
+    assert list(manifest.targets) == [target]
+    assert len(blobs) == len(manifest.kernels)
+    for k in manifest.kernels:
+        (b,) = k.binaries
+        assert b.target == target and b.resource_id == resource_id(target, k.id)
+        assert b.entry_name == k.reference_op
+        assert b.num_warps == k.constants["WARPS"]
+        assert b.global_scratch_bytes == 0 and b.profile_scratch_bytes == 0
+        assert blobs[b.resource_id][:4] == ELF_MAGIC
+    shared = {k.id: k.binaries[0].shared_bytes for k in manifest.kernels}
+    for g in manifest.graphs:
+        for launch in g.launches:
+            assert launch.shared_bytes == shared[launch.kernel]
+            assert launch.block[0] == 32 * manifest_kernel(manifest, launch.kernel).binaries[0].num_warps
+    assert missing_targets(manifest, target) == []
+    assert len(missing_targets(manifest, "sm_80")) == len(manifest.kernels)
+
+
+def manifest_kernel(manifest, kid):
+    return next(k for k in manifest.kernels if k.id == kid)
+
+
+def test_every_variant_compiles_for_sm90_f32_and_bf16():
+    f32 = tiny_core().manifest
+    bf16, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "bf16")
+    ops = {k.reference_op for k in f32.kernels}
+    assert ops == {"embedding", "rmsnorm", "add_rmsnorm", "linear", "rope", "kv_write",
+                   "attention_decode", "attention_prefill", "silu_mul", "gather_last",
+                   "sample"}
+    assert any(k.constants.get("WBF16") for k in bf16.kernels)
+    for manifest in (f32, bf16):
+        blobs = compile_targets(manifest, ("sm_90",), workers=2)
+        _check_compiled(manifest, blobs)
+
+
+def test_bad_target_is_rejected():
+    with pytest.raises(ValueError, match="sm_<arch>"):
+        parse_target("hopper")
+    assert parse_target("sm_90") == 90
+    assert issubclass(KernelCompileError, RuntimeError)
+
+
+def test_export_with_target_writes_binaries(tmp_path, signing_key_pair):
+    from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
+    from helios_tools.core import authorize, load_public_key, open_core
+    from helios_tools.lint import lint_core
+
+    ck = load_gguf(smollm2_gguf_path())
+    ckpt = write_checkpoint(tmp_path / "tiny-llama", Frontend(ck.tokenizer_json,
+                                                              ck.chat_template))
+    private, public = signing_key_pair
+    out = tmp_path / "tiny.core"
+    result = run_export(LLAMA_RECIPE, "--checkpoint", ckpt, "--key", private, "--namespace",
+                        NAMESPACE, "--out", out, "--target", "sm_90")
+    assert result.exit_code == 0, result.output
+    core = open_core(out, [load_public_key(public)])
+    authorize(core, NAMESPACE)
+    assert list(core.manifest.targets) == ["sm_90"]
+    kinds = {rid: r.kind for rid, r in core.resources.items()}
+    for k in core.manifest.kernels:
+        (b,) = k.binaries
+        assert kinds[b.resource_id] == core_pb2.RESOURCE_KIND_KERNEL_BINARY
+        assert core.read_resource(b.resource_id)[:4] == ELF_MAGIC
+    findings = lint_core(core, acceptance=NAMESPACE, require_targets=["sm_90"])
+    assert [str(f) for f in findings if f.rule.startswith("kernel")] == []
+    missing = lint_core(core, acceptance=NAMESPACE, require_targets=["sm_100"])
+    assert any("sm_100" in str(f) for f in missing)
+
+
+def test_cuda_backend_names_missing_target():
+    """The startup error for a core without this GPU's target (no GPU needed)."""
+    from helios_serve.runtime.cuda_backend import CudaBackend
+    from helios_serve.runtime.errors import RuntimeLoadError
+
+    manifest = tiny_core().manifest
+    manifest.targets.append("sm_80")
+    backend = object.__new__(CudaBackend)
+    backend.target, backend.device_name = "sm_90", "NVIDIA H200"
+    with pytest.raises(RuntimeLoadError, match=r"no kernel binaries for this GPU's target "
+                                                r"sm_90 \(NVIDIA H200\); core targets: sm_80"):
+        backend._check_binaries(manifest)
