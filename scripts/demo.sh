@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Serve the embedded default model (SmolLM2-135M-Instruct) on the CPU backend.
+# Installs uv if missing, syncs the locked workspace, exports the demo core once into
+# ${XDG_CACHE_HOME:-~/.cache}/helios/demo/, then runs `helios-serve --demo`.
+# Extra arguments go to helios-serve (e.g. --port 8001).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if command -v uv >/dev/null 2>&1; then
+    UV=(uv)
+else
+    python3 -m pip install --quiet uv \
+        || python3 -m pip install --quiet --user uv \
+        || python3 -m pip install --quiet --user --break-system-packages uv
+    UV=(python3 -m uv)
+fi
+"${UV[@]}" sync --locked --quiet
+exec "${UV[@]}" run --locked helios-serve --demo "$@"
