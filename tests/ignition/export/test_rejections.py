@@ -19,8 +19,10 @@ from helios_ignition.checkpoint import (
     CheckpointError,
     CheckpointNotFoundError,
     MissingChatTemplateError,
+    MissingTensorError,
     MissingTokenizerError,
     TensorShapeError,
+    UnsupportedTensorError,
 )
 from helios_ignition.export import ExportError, export_core
 from helios_ignition.recipe import RecipeError
@@ -90,6 +92,20 @@ def _shape_mismatch_existing_core(env: Env) -> tuple[str, ...]:
     bad = "model.embed_tokens.weight"
     env.kwargs["checkpoint"] = env.make_checkpoint(shapes={bad: (49152, 32)})
     return (bad, "(49152, 32)", "(49152, 64)")
+
+
+def _missing_tensor(env: Env) -> tuple[str, ...]:
+    gone = "model.layers.1.mlp.up_proj.weight"
+    env.kwargs["checkpoint"] = ckpt = env.make_checkpoint(drop=(gone,))
+    return (str(ckpt), f"missing tensor {gone!r}", "model.safetensors")
+
+
+def _integer_tensor(env: Env) -> tuple[str, ...]:
+    import numpy as np
+
+    name = "model.layers.0.self_attn.o_proj.weight"
+    env.kwargs["checkpoint"] = env.make_checkpoint(arrays={name: np.ones((64, 64), np.int32)})
+    return (name, "dtype I32")
 
 
 def _missing_tokenizer(env: Env) -> tuple[str, ...]:
@@ -290,6 +306,8 @@ def _checkpoint_path_missing(env: Env) -> tuple[str, ...]:
 CASES = [
     Case("tensor shape", _shape_mismatch, TensorShapeError),
     Case("tensor shape, earlier core kept", _shape_mismatch_existing_core, TensorShapeError),
+    Case("tensor missing", _missing_tensor, MissingTensorError),
+    Case("tensor of integers", _integer_tensor, UnsupportedTensorError),
     Case("missing tokenizer", _missing_tokenizer, MissingTokenizerError),
     Case("missing chat template", _missing_template, MissingChatTemplateError),
     Case("empty chat template", _empty_template, MissingChatTemplateError),

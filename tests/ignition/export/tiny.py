@@ -48,7 +48,9 @@ def tiny_tensors(geometry: LlamaGeometry, seed: int) -> dict[str, np.ndarray]:
 
 def write_checkpoint(folder: Path, frontend: Frontend, *, geometry: LlamaGeometry = TINY,
                      seed: int = 0, tokenizer: bool = True, template: bool = True,
-                     shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
+                     shapes: dict[str, tuple[int, ...]] | None = None,
+                     arrays: dict[str, np.ndarray] | None = None,
+                     drop: tuple[str, ...] = ()) -> Path:
     """Write a tiny HF safetensors checkpoint directory.
 
     Args:
@@ -59,6 +61,8 @@ def write_checkpoint(folder: Path, frontend: Frontend, *, geometry: LlamaGeometr
         tokenizer: write tokenizer.json.
         template: put the chat template in tokenizer_config.json.
         shapes: HF tensor name -> shape to store instead of the geometry's (random data).
+        arrays: HF tensor name -> array to store instead.
+        drop: HF tensor names to leave out.
     """
     from safetensors.numpy import save_file
 
@@ -80,6 +84,9 @@ def write_checkpoint(folder: Path, frontend: Frontend, *, geometry: LlamaGeometr
     rng = np.random.default_rng(seed + 1)
     for name, shape in (shapes or {}).items():
         tensors[name] = (0.05 * rng.standard_normal(shape)).astype(np.float32)
+    tensors.update(arrays or {})
+    for name in drop:
+        del tensors[name]
     save_file(tensors, str(folder / "model.safetensors"))
     if tokenizer:
         (folder / "tokenizer.json").write_text(frontend.tokenizer_json, encoding="utf-8")
