@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 from helios_ignition.checkpoint import (
+    CheckpointFormatError,
     GeometryError,
     LlamaGeometry,
     MissingChatTemplateError,
@@ -194,3 +195,11 @@ def test_tensors_mapping_view(tmp_path):
                           hf["model.layers.1.self_attn.k_proj.weight"])
     with pytest.raises(KeyError):
         ck.tensors["nope"]
+
+
+def test_truncated_gguf_is_a_format_error(tmp_path):
+    path = tmp_path / "g.gguf"
+    write_tiny_gguf(path)
+    path.write_bytes(path.read_bytes()[:2000])
+    with pytest.raises(CheckpointFormatError, match="g.gguf"):
+        load_gguf(path)

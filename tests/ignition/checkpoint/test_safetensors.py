@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helios_ignition.checkpoint import (
+    CheckpointFormatError,
     CheckpointNotFoundError,
     GeometryError,
     MissingChatTemplateError,
@@ -192,3 +193,24 @@ def test_bad_directories(tmp_path, smollm2, reference):
         load_safetensors_dir(folder)
     with pytest.raises(CheckpointNotFoundError):
         load_checkpoint(tmp_path / "model.bin")
+
+
+@pytest.mark.parametrize("broken", ["config.json", "tokenizer.json", "tokenizer_config.json"])
+def test_malformed_json_names_the_file(tmp_path, smollm2, reference, broken):
+    folder = make_dir(tmp_path / "m", smollm2, reference)
+    (folder / broken).write_text("{not json")
+    with pytest.raises(CheckpointFormatError) as info:
+        load_safetensors_dir(folder)
+    assert str(folder / broken) in str(info.value)
+
+
+def test_truncated_shard_names_file_and_tensor(tmp_path, smollm2, reference):
+    folder = make_dir(tmp_path / "m", smollm2, reference)
+    shard = folder / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100_000])
+    with pytest.raises(CheckpointFormatError, match="truncated") as info:
+        load_safetensors_dir(folder)
+    assert str(shard) in str(info.value) and "tensor" in str(info.value)
+    shard.write_bytes(b"\x05")
+    with pytest.raises(CheckpointFormatError, match="not a safetensors file"):
+        load_safetensors_dir(folder)

@@ -9,6 +9,7 @@ from pathlib import Path
 from .checkpoint import Checkpoint
 from .errors import (
     CheckpointError,
+    CheckpointFormatError,
     CheckpointNotFoundError,
     ChecksumMismatchError,
     GeometryError,
@@ -47,6 +48,7 @@ __all__ = [
     "SMOLLM2_GGUF_SHA256",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointFormatError",
     "CheckpointNotFoundError",
     "ChecksumMismatchError",
     "GeometryError",

@@ -45,6 +45,10 @@ class TensorShapeError(CheckpointError):
         )
 
 
+class CheckpointFormatError(CheckpointError):
+    """A file of the checkpoint is malformed (bad JSON, truncated or corrupt tensor file)."""
+
+
 class UnsupportedTensorError(CheckpointError):
     """A tensor has a dtype or quantization the loader cannot decode."""
 

@@ -9,6 +9,7 @@ RoPE pairs are interleaved; this loader undoes it, so every consumer uses HF hal
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .errors import (
+    CheckpointFormatError,
     CheckpointNotFoundError,
     GeometryError,
     MissingChatTemplateError,
@@ -153,6 +155,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
 
     Raises:
         CheckpointNotFoundError: no such file.
+        CheckpointFormatError: the file is not a readable GGUF (truncated, bad magic).
         GeometryError: not a llama GGUF or metadata missing.
         MissingTokenizerError / MissingChatTemplateError: tokenizer or template absent.
         MissingTensorError: a tensor the geometry needs is absent.
@@ -163,7 +166,10 @@ def load_gguf(path: str | Path) -> Checkpoint:
     if not path.is_file():
         raise CheckpointNotFoundError(f"{path}: no such file")
     source = str(path)
-    reader = gguf.GGUFReader(str(path))
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, OSError, struct.error) as exc:
+        raise CheckpointFormatError(f"{source}: not a readable GGUF file: {exc}") from exc
     by_hf: dict[str, Any] = {}
     for t in reader.tensors:
         hf = gguf_to_hf_name(t.name)

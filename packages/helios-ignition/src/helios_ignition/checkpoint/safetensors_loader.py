@@ -18,6 +18,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .errors import (
+    CheckpointFormatError,
     CheckpointNotFoundError,
     GeometryError,
     MissingChatTemplateError,
@@ -35,11 +36,51 @@ def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
+                "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointFormatError(f"{path}: not valid JSON: {exc}") from exc
+
+
 def _read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """(header dict, byte offset where tensor data starts) of a safetensors file."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+    """(header dict, byte offset where tensor data starts) of a safetensors file.
+
+    Every tensor's extent is checked against the file size and its dtype and shape here,
+    so a truncated or inconsistent file fails at load, naming the file and the tensor.
+    """
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8:
+                raise ValueError(f"header length {n} exceeds the file")
+            header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("header is not a JSON object")
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointFormatError(f"{path}: not a safetensors file: {exc}") from exc
+    data_bytes = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in info["data_offsets"])
+            count = 1
+            for dim in info["shape"]:
+                count *= int(dim)
+            want = count * _DTYPE_BYTES[info["dtype"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointFormatError(f"{path}: tensor {name!r} has a bad header entry") from exc
+        if end > data_bytes or end - begin != want or begin < 0:
+            raise CheckpointFormatError(
+                f"{path}: tensor {name!r} spans bytes [{begin}, {end}) of {data_bytes} "
+                f"data bytes, expected {want} bytes (truncated or corrupt file)"
+            )
     return header, 8 + n
 
 
@@ -95,6 +136,8 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
 
     Raises:
         CheckpointNotFoundError: no directory, no config.json, or no *.safetensors file.
+        CheckpointFormatError: a JSON file does not parse, or a safetensors file is
+            truncated or corrupt (names the file and tensor).
         GeometryError: config.json lacks a required key or is not Llama.
         MissingTokenizerError: no tokenizer.json.
         MissingChatTemplateError: no chat template.
@@ -110,7 +153,9 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise CheckpointNotFoundError(f"{folder}: no config.json")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = _read_json(config_path)
+    if not isinstance(config, dict):
+        raise CheckpointFormatError(f"{config_path}: not a JSON object")
     geometry = _geometry(config, source)
 
     shards = sorted(folder.glob("*.safetensors"))
@@ -136,13 +181,10 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         raise MissingTokenizerError(f"{folder}: no tokenizer.json")
     tokenizer_json = tokenizer_path.read_text(encoding="utf-8")
     tok_config_path = folder / "tokenizer_config.json"
-    tok_config = (
-        json.loads(tok_config_path.read_text(encoding="utf-8")) if tok_config_path.is_file()
-        else {}
-    )
+    tok_config = _read_json(tok_config_path) if tok_config_path.is_file() else {}
     chat_template = _chat_template(folder, tok_config)
 
-    vocab_ids = _token_ids(tokenizer_json)
+    vocab_ids = _token_ids(tokenizer_json, tokenizer_path)
     special = {
         key: text for key in ("bos_token", "eos_token", "unk_token", "pad_token")
         if (text := _token_text(tok_config.get(key))) is not None
@@ -162,8 +204,11 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         if dtype == "BF16":
             bits = np.fromfile(shard, dtype="<u2", count=nbytes // 2, offset=offset)
             return bf16_to_float32(bits).reshape(shape)
-        with safe_open(str(shard), framework="numpy") as f:
-            return np.asarray(f.get_tensor(name), dtype=np.float32)
+        try:
+            with safe_open(str(shard), framework="numpy") as f:
+                return np.asarray(f.get_tensor(name), dtype=np.float32)
+        except Exception as exc:  # SafetensorError comes from Rust as a bare Exception
+            raise CheckpointFormatError(f"{shard}: cannot read tensor {name!r}: {exc}") from exc
 
     return Checkpoint(
         source=source,
@@ -178,11 +223,15 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
     )
 
 
-def _token_ids(tokenizer_json: str) -> dict[str, int]:
-    data = json.loads(tokenizer_json)
-    ids = dict((data.get("model") or {}).get("vocab") or {})
-    for added in data.get("added_tokens") or []:
-        ids[added["content"]] = int(added["id"])
+def _token_ids(tokenizer_json: str, path: Path) -> dict[str, int]:
+    try:
+        data = json.loads(tokenizer_json)
+        vocab = (data.get("model") or {}).get("vocab") or {}
+        ids = dict(vocab) if isinstance(vocab, dict) else {}
+        for added in data.get("added_tokens") or []:
+            ids[added["content"]] = int(added["id"])
+    except (ValueError, AttributeError, KeyError, TypeError) as exc:
+        raise CheckpointFormatError(f"{path}: not a valid tokenizer.json: {exc}") from exc
     return ids
 
 
@@ -193,7 +242,8 @@ def _eos_ids(
     gen_path = folder / "generation_config.json"
     sources = [config.get("eos_token_id")]
     if gen_path.is_file():
-        sources.insert(0, json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id"))
+        gen = _read_json(gen_path)
+        sources.insert(0, gen.get("eos_token_id") if isinstance(gen, dict) else None)
     for value in sources:
         for eos in value if isinstance(value, list) else [value]:
             if eos is not None and int(eos) not in out:
