@@ -269,3 +269,62 @@ def test_worker_crash_is_unhealthy_and_refuses_requests(tok):
         assert httpx.get(server.url + "/health").status_code == 503
         r = _post(server, _chat(server))
         assert r.status_code == 503
+
+
+def test_a_cancel_frees_queue_room_for_a_request_submitted_in_the_same_step(tok):
+    """A queued request whose reader left and a newly admitted one reach the worker in
+    the same step: the cancel frees the queue room first, so the new one is not a 503."""
+    with ScriptedServer(tok, max_active=1, queue_capacity=1) as server:
+        worker = server.server.worker
+        server.script("long", LONG)
+        steps = threading.Semaphore(0)
+        gated = [True]
+
+        def one_step_at_a_time(_plan) -> bool:
+            if gated[0]:
+                assert steps.acquire(timeout=20)
+            return False
+
+        server.model.fail_when(one_step_at_a_time)
+
+        def wait_for(condition) -> None:
+            deadline = time.monotonic() + 20
+            while not condition():
+                assert time.monotonic() < deadline, (worker._live, worker._ingress,
+                                                     worker._cancels, server.model.steps)
+                time.sleep(0.01)
+
+        def open_stream(prompt: str):
+            client = httpx.Client(timeout=30)
+            cm = client.stream("POST", server.url + "/v1/chat/completions",
+                               json=_chat(server, prompt, stream=True))
+            response = cm.__enter__()
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            next(lines)  # the role chunk
+            return client, cm, lines  # keep the iterator: dropping it closes the stream
+
+        a = open_stream("long a")  # admitted; its prefill waits at the gate
+        wait_for(lambda: len(worker._live) == 1 and not worker._ingress)
+        b = open_stream("long b")  # in the ingress channel
+        wait_for(lambda: len(worker._ingress) == 1)
+        steps.release()  # A's prefill completes; B is admitted and waits for the slot
+        wait_for(lambda: len(worker._live) == 2 and not worker._ingress)
+        assert worker.scheduler.stats().waiting == 1
+        b[1].__exit__(None, None, None)  # B's reader leaves while it is queued
+        b[0].close()
+        wait_for(lambda: len(worker._cancels) == 1)
+        result: list[httpx.Response] = []
+        c = threading.Thread(target=lambda: result.append(_post(server, _chat(server, "c"))))
+        c.start()
+        wait_for(lambda: len(worker._ingress) == 1)  # C is admitted by HTTP, not yet queued
+        a[1].__exit__(None, None, None)  # A leaves too: C gets the slot once it is queued
+        a[0].close()
+        wait_for(lambda: len(worker._cancels) == 2)
+        gated[0] = False
+        steps.release()
+        c.join(30)
+        assert result and result[0].status_code == 200, result[0].text
+        assert result[0].json()["choices"][0]["message"]["content"] == "Hello, world!"
+        snap = server.wait_idle()
+        assert snap["pages_used"] == 0

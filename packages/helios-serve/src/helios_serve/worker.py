@@ -220,10 +220,16 @@ class ModelWorker:
             cancels = list(self._cancels)
             self._ingress.clear()
             self._cancels.clear()
+        # Cancels first: a queued request whose reader left must free its queue room
+        # before the requests HTTP admitted meanwhile are queued (else a spurious 503).
+        cancelled = {c.request_id for c in cancels}
+        for request_id in cancelled:
+            self._cancel(request_id)
         for request in requests:
+            if request.request_id in cancelled:  # the reader left before it was queued
+                self.metrics.requests_finished.labels("cancelled").inc()
+                continue
             self._admit(request)
-        for cancel in cancels:
-            self._cancel(cancel.request_id)
         return True
 
     def _admit(self, request: GenerationRequest) -> None:
