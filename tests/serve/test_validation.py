@@ -123,3 +123,25 @@ def test_text_parts_and_roles(scripted):
     r = httpx.post(scripted.url + "/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["model"] == scripted.model_name  # an alias resolves to the served name
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b'"hi"', b"42", b"null"])
+def test_body_that_is_not_an_object_is_a_clear_400(scripted, body):
+    r = httpx.post(scripted.url + "/v1/chat/completions", content=body,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["message"] == "the request body must be a JSON object"
+    assert error["param"] is None
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "user", "tool"])
+def test_message_without_content_is_400_naming_it(scripted, role):
+    messages = [{"role": "user", "content": "hi"}, {"role": role}]
+    r = httpx.post(scripted.url + "/v1/chat/completions",
+                   json={**_base(scripted), "messages": messages})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "messages[1].content"
+    assert f"a {role} message needs content" in error["message"]
+    scripted.wait_idle()

@@ -142,6 +142,8 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
         if first["type"] == "json_invalid":
             raise InvalidRequest(f"request body is not valid JSON: {first['msg']}") from None
         name = _field_name(tuple(first["loc"]))
+        if not name:  # the body itself: an array, a string, a number or null
+            raise InvalidRequest("the request body must be a JSON object") from None
         if first["type"] == "extra_forbidden":
             message = f"unknown field {name!r}"
         else:
@@ -158,6 +160,11 @@ def check_semantics(request: ChatCompletionRequest) -> None:
     Raises:
         InvalidRequest: naming the offending field.
     """
+    for i, message in enumerate(request.messages):
+        if message.role != "assistant" and message.content is None:
+            raise InvalidRequest(
+                f"a {message.role} message needs content", param=f"messages[{i}].content"
+            )
     if request.n is not None and request.n != 1:
         raise InvalidRequest(f"n must be 1 (got {request.n}): one choice per request", param="n")
     if request.return_token_timestamps and not request.return_token_ids:
