@@ -269,6 +269,7 @@ def test_worker_crash_is_unhealthy_and_refuses_requests(tok):
         assert httpx.get(server.url + "/health").status_code == 503
         r = _post(server, _chat(server))
         assert r.status_code == 503
+        assert r.json()["error"]["message"] == "the model worker is not running"
 
 
 def test_a_cancel_frees_queue_room_for_a_request_submitted_in_the_same_step(tok):

@@ -167,6 +167,8 @@ class ChatService:
         if not self.worker.submit(generation):
             permit.release()
             self.metrics.requests_rejected.labels("scheduler").inc()
+            if self.worker.crashed is not None or not self.worker.alive:
+                raise AdmissionRejected("the model worker is not running")
             raise AdmissionRejected("the model queue is full; retry later")
         ctx = responses.ResponseContext(
             id=f"chatcmpl-{uuid.uuid4().hex}",
