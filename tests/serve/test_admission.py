@@ -122,6 +122,29 @@ def test_scheduler_rejection_is_503_before_headers(scripted):
     scripted.wait_idle()
 
 
+
+@pytest.mark.parametrize(
+    ("patch", "param"),
+    [
+        ({"max_tokens": 1000}, "max_tokens"),
+        ({"max_completion_tokens": 1000}, "max_completion_tokens"),
+        ({"messages": [{"role": "user", "content": "hi " * 300}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "hi " * 300}], "max_tokens": 5}, "messages"),
+    ],
+    ids=["max_tokens", "max_completion_tokens", "long prompt", "long prompt and max_tokens"],
+)
+def test_capacity_rejection_names_the_field(scripted, patch, param):
+    # context 256: a request beyond it is an admission rejection (503, or one error event
+    # after the SSE headers) whose param names the field at fault.
+    r = _post(scripted, {**_chat(scripted), **patch})
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["type"] == "admission_rejected"
+    assert r.json()["error"]["param"] == param
+    status, events = sse_post(scripted.url, {**_chat(scripted, stream=True), **patch})
+    assert status == 200 and events[-1]["error"]["code"] == 503
+    assert events[-1]["error"]["param"] == param
+    scripted.wait_idle()
+
 def test_scheduler_rejection_after_headers_is_one_distinct_error_event(scripted):
     status, events = sse_post(scripted.url, _chat(scripted, stream=True, max_tokens=1000))
     assert status == 200

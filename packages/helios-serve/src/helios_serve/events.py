@@ -64,9 +64,16 @@ class Finished:
 
 @dataclass(frozen=True)
 class Rejected:
-    """Terminal: scheduler admission rejected the request (HTTP 503 before headers)."""
+    """Terminal: scheduler admission rejected the request (HTTP 503 before headers).
+
+    Attributes:
+        message: one line with the numbers.
+        capacity: the request exceeds the prepared capacities (context, page table,
+            cache); False when the admission queue was full.
+    """
 
     message: str
+    capacity: bool = False
 
 
 @dataclass(frozen=True)

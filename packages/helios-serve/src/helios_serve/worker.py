@@ -245,14 +245,14 @@ class ModelWorker:
             )
         )
         if error is not None:
-            self._reject(request, error.detail)
+            self._reject(request, error.detail, capacity=True)
             return
         self._live[request.request_id] = _Live(request)
         self.metrics.prompt_tokens.inc(len(request.prompt_token_ids))
 
-    def _reject(self, request: GenerationRequest, message: str) -> None:
+    def _reject(self, request: GenerationRequest, message: str, capacity: bool = False) -> None:
         self.metrics.requests_rejected.labels(REJECT_SCHEDULER).inc()
-        request.sink.publish([Rejected(message)])
+        request.sink.publish([Rejected(message, capacity)])
 
     def _cancel(self, request_id: int) -> None:
         live = self._live.pop(request_id, None)

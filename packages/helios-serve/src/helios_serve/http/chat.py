@@ -180,6 +180,7 @@ class ChatService:
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
             ingress_ns=ingress_ns,
             enqueue_ns=enqueue_ns,
+            capacity_param=self._capacity_param(request, len(prepared.prompt_token_ids)),
         )
         if request.stream:
             return self._stream(ctx, generation, permit)
@@ -271,6 +272,19 @@ class ChatService:
         default = self.bootstrap.defaults.sampling.max_output_tokens or room
         return max(1, min(default, room))
 
+    def _capacity_param(self, r: ChatCompletionRequest, prompt_tokens: int) -> str | None:
+        """The field a capacity rejection names: messages when the prompt with one output
+        token already exceeds a prepared capacity, else the explicit output limit (None
+        when the core's default limit applied)."""
+        g = self.worker.geometry
+        need = prompt_tokens + 1
+        pages = -(-need // g.page_tokens)
+        if need > g.context_tokens or pages > min(g.max_pages_per_request, g.num_pages):
+            return "messages"
+        if r.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return "max_tokens" if r.max_tokens is not None else None
+
     # -- delivery -----------------------------------------------------------------------
 
     async def _complete(
@@ -294,7 +308,7 @@ class ChatService:
                     result = accumulate(deltas, event.reason.value)
                     return responses.completion(ctx, result, event), permit
                 elif isinstance(event, Rejected):
-                    raise AdmissionRejected(event.message)
+                    raise _rejection(ctx, event)
                 elif isinstance(event, Failed):
                     raise ExecutionFailed(event.message)
         except _Disconnected:
@@ -362,7 +376,7 @@ class SseStream:
                 elif isinstance(event, Rejected | Failed):
                     self._terminal = True
                     error: ApiError = (
-                        AdmissionRejected(event.message)
+                        _rejection(ctx, event)
                         if isinstance(event, Rejected)
                         else ExecutionFailed(event.message)
                     )
@@ -370,6 +384,10 @@ class SseStream:
                     return
         finally:
             self.close()
+
+
+def _rejection(ctx: responses.ResponseContext, event: Rejected) -> AdmissionRejected:
+    return AdmissionRejected(event.message, param=ctx.capacity_param if event.capacity else None)
 
 
 class _Disconnected(Exception):

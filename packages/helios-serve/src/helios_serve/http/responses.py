@@ -38,6 +38,7 @@ class ResponseContext:
     include_usage: bool
     ingress_ns: int = 0
     enqueue_ns: int = 0
+    capacity_param: str | None = None  # the field a capacity rejection names
     token_ids: list[int] = field(default_factory=list)
     token_timestamps_ns: list[int] = field(default_factory=list)
 
