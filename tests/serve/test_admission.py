@@ -352,3 +352,64 @@ def test_a_cancel_frees_queue_room_for_a_request_submitted_in_the_same_step(tok)
         assert result[0].json()["choices"][0]["message"]["content"] == "Hello, world!"
         snap = server.wait_idle()
         assert snap["pages_used"] == 0
+
+
+def test_grammar_mask_failure_fails_only_its_request(tok, monkeypatch):
+    """A constrained request whose grammar cannot produce a mask fails alone (500); an
+    unconstrained request in the same decode step is not disturbed."""
+    from helios_serve.frontend.grammar import GrammarState
+
+    calls = [0]
+    fill_mask = GrammarState.fill_mask
+
+    def failing_fill_mask(self, out_row):
+        calls[0] += 1
+        if calls[0] == 2:  # the first decode step: both requests share it
+            raise RuntimeError("injected mask failure")
+        return fill_mask(self, out_row)
+
+    monkeypatch.setattr(GrammarState, "fill_mask", failing_fill_mask)
+    with ScriptedServer(tok, max_active=4) as server:
+        worker = server.server.worker
+        server.book.add("json please", tok.byte_ids(b'{"city": "Paris"}'))
+        server.script("plain", ["Hello", ",", " world", "!"] * 5)
+        release = threading.Event()
+        gated = [True]
+
+        def hold_first_step(_plan) -> bool:
+            if gated[0]:
+                gated[0] = False
+                assert release.wait(20)
+            return False
+
+        server.model.fail_when(hold_first_step)
+        # A first request occupies the worker (held in its first step) while the two
+        # requests under test arrive, so both are admitted in one prefill.
+        blocker = threading.Thread(target=lambda: _post(server, _chat(server, "first")))
+        blocker.start()
+        deadline = time.monotonic() + 20
+        while gated[0]:  # the worker is held in the first request's first step
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        out: dict[str, httpx.Response] = {}
+        threads = [
+            threading.Thread(target=lambda: out.__setitem__("plain", _post(
+                server, _chat(server, "plain")))),
+            threading.Thread(target=lambda: out.__setitem__("json", _post(
+                server, _chat(server, "json please", response_format={"type": "json_object"})))),
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+        while len(worker._ingress) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        release.set()
+        for t in [*threads, blocker]:
+            t.join(30)
+        assert calls[0] >= 2
+        assert out["json"].status_code == 500, out["json"].text
+        assert "mask" in out["json"].json()["error"]["message"]
+        assert out["plain"].status_code == 200, out["plain"].text
+        assert out["plain"].json()["choices"][0]["message"]["content"] == "Hello, world!" * 5
+        snap = server.wait_idle()
+        assert snap["pages_used"] == 0

@@ -262,12 +262,7 @@ class ModelWorker:
         self.metrics.requests_finished.labels("cancelled").inc()
 
     def _execute(self, plan: StepPlan) -> None:
-        try:
-            submitted = self._with_masks(plan)
-        except Exception as exc:  # a grammar failed to produce a mask: an output error
-            log.warning("grammar mask failed: %s", exc)
-            self._fail_plan(plan, f"grammar mask failed: {exc}")
-            return
+        submitted = self._with_masks(plan)
         constrained = [
             self._live[r.request_id].request.constrained if r.request_id in self._live else False
             for r in plan.rows
@@ -299,7 +294,9 @@ class ModelWorker:
         """The plan as submitted: grammar masks filled for constrained sampling rows.
 
         The scheduler keeps the original plan object (completion is checked by
-        identity); the backend gets a copy whose rows carry the masks.
+        identity); the backend gets a copy whose rows carry the masks. A grammar that
+        cannot produce its mask is an output error of that request alone: it fails now,
+        and its row runs unconstrained with the result discarded at completion.
         """
         rows = []
         changed = False
@@ -307,12 +304,25 @@ class ModelWorker:
             live = self._live.get(row.request_id)
             if row.sample and live is not None and live.request.constrained:
                 mask = np.zeros(self.geometry.mask_words, dtype=np.int32)
-                live.request.grammar.fill_mask(mask)
+                try:
+                    live.request.grammar.fill_mask(mask)
+                except Exception as exc:
+                    log.warning("grammar mask failed for a request: %s", exc)
+                    self._fail_request(live, f"grammar mask failed: {exc}")
+                    rows.append(row)
+                    continue
                 rows.append(dataclasses.replace(row, grammar_mask=mask))
                 changed = True
             else:
                 rows.append(row)
         return StepPlan(plan.kind, tuple(rows)) if changed else plan
+
+    def _fail_request(self, live: _Live, message: str) -> None:
+        """End one request with an output error; its frames drain in the scheduler."""
+        self._live.pop(live.request.request_id, None)
+        self.scheduler.finish(live.request.request_id, SchedFinish.ERROR)
+        self.metrics.requests_finished.labels("error").inc()
+        live.request.sink.publish(live.events + [Failed(message)])
 
     def _fail_plan(self, plan: StepPlan, message: str) -> None:
         for summary in self.scheduler.fail(plan):
@@ -341,10 +351,7 @@ class ModelWorker:
                 self._on_token(live, result, stamp_ns, now_s)
             except Exception as exc:  # output pipeline failure: this request only
                 log.warning("output failed for a request: %s", exc)
-                self._live.pop(result.request_id, None)
-                self.scheduler.finish(result.request_id, SchedFinish.ERROR)
-                self.metrics.requests_finished.labels("error").inc()
-                live.request.sink.publish(live.events + [Failed(f"output failed: {exc}")])
+                self._fail_request(live, f"output failed: {exc}")
                 continue
             if live.events:
                 live.request.sink.publish(live.events)
