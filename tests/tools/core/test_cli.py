@@ -170,3 +170,20 @@ def test_protected_v4_core_needs_the_resource_key(keyed, tmp_path):
     assert _run(*args, "--resource-key", short).exit_code == 2
     assert json.loads(_run("inspect", core, "--json").output)["format"].endswith("version 4)")
     assert _run("lint-core", core, "--trust", pub, "--resource-key", key_file).exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["inspect", "lint-core"])
+def test_unreadable_core_names_its_path_once(tmp_path, command):
+    garbage = tmp_path / "g.core"
+    garbage.write_bytes(b"not a core at all")
+    short = tmp_path / "s.core"
+    short.write_bytes(b"HELIOSC\x00" + (1000).to_bytes(8, "little"))
+    missing = tmp_path / "missing.core"
+    for path, why in ((garbage, "not a Helios core (bad magic)"),
+                      (short, "header declares a 1000-byte body in a 16-byte file"),
+                      (missing, "No such file or directory")):
+        result = _run(command, path)
+        assert result.exit_code == 2, result.output
+        line = result.output.strip().splitlines()[-1]
+        assert line.startswith(f"Error: {path}: {why}"), line
+        assert line.count(str(path)) == 1, line

@@ -61,6 +61,11 @@ def _trusted(paths: tuple[Path, ...]) -> list:
         raise _Unreadable(f"cannot load trusted key: {e}") from None
 
 
+def _why(e: Exception) -> str:
+    """An error's text without the path the caller already names (OSError repeats it)."""
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+
+
 @contextmanager
 def _opened(path: Path, keys: list | None, resource_key: bytes | None) -> Iterator[Core]:
     """Open a core; OSError and CoreFormatError are 'unreadable' (exit 2)."""
@@ -68,7 +73,7 @@ def _opened(path: Path, keys: list | None, resource_key: bytes | None) -> Iterat
         core = open_core(path, keys, resource_key=resource_key) if keys is not None else \
             open_core_unverified(path, resource_key=resource_key)
     except (OSError, CoreFormatError) as e:
-        raise _Unreadable(f"{path}: {e}") from None
+        raise _Unreadable(f"{path}: {_why(e)}") from None
     try:
         yield core
     finally:
@@ -241,7 +246,7 @@ def lint_core_command(core: Path, trust: tuple[Path, ...], accept: str | None, f
         try:
             open_core(core, keys, resource_key=rkey).close()
         except (OSError, CoreFormatError) as e:
-            raise _Unreadable(f"{core}: {e}") from None
+            raise _Unreadable(f"{core}: {_why(e)}") from None
         except CoreError as e:
             findings.append(Finding(f"core.{type(e).__name__}", "envelope.signature",
                                     "", str(e)))

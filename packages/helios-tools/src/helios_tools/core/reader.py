@@ -241,7 +241,7 @@ def _open(path: Path, keys: list[Ed25519PublicKey] | None, resource_key: bytes |
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < HEADER_NBYTES:
-            raise CoreFormatError(f"{path}: {size} bytes is shorter than the core header",
+            raise CoreFormatError(f"{size} bytes is shorter than the core header",
                                   offset=0)
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
@@ -255,10 +255,10 @@ def _parse(path: Path, mm: mmap.mmap, keys: list[Ed25519PublicKey] | None,
            resource_key: bytes | None) -> Core:
     size = len(mm)
     if mm[:8] != MAGIC:
-        raise CoreFormatError(f"{path}: not a Helios core (bad magic)", offset=0)
+        raise CoreFormatError("not a Helios core (bad magic)", offset=0)
     (body_nbytes,) = struct.unpack("<Q", mm[8:16])
     if body_nbytes > MAX_BODY_NBYTES or HEADER_NBYTES + body_nbytes > size:
-        raise CoreFormatError(f"{path}: header declares a {body_nbytes}-byte body in a "
+        raise CoreFormatError(f"header declares a {body_nbytes}-byte body in a "
                               f"{size}-byte file", offset=8)
     frames_start = HEADER_NBYTES + body_nbytes
     body = decode_strict(core_pb2.CoreBody, mm[HEADER_NBYTES:frames_start], "CoreBody",
