@@ -13,23 +13,22 @@ matcher.
                     documents through fresh grammar states with no model running in
                     between; the first mask of a document is reported apart
     advance us      GrammarState.advance (consume_token), per token, same replay
-    tok/s           rows * steps / decode wall time; a constrained step includes filling
+    tok/s           rows / median decode step time; a constrained step includes filling
                     every row's mask and advancing every row's matcher
     ratio           constrained tok/s / unconstrained tok/s (same batch, prompts, seeds)
-    cpu ratio       the same with process CPU seconds instead of wall seconds (less
-                    sensitive to other processes on a shared machine)
 
 Two decoding modes: greedy (temperature 0: the constraint's cost is masks + advance +
 the masked argmax) and sampled (temperature 0.8, top_p 0.95, a seed per row; the NumPy
-reference sampler's nucleus search shrinks when the mask leaves few candidates, so
-constrained sampling can be cheaper per step than free sampling on this backend). Each
-configuration runs unconstrained and constrained alternately --repeat times; the best run
-of each is reported (the machine is shared). A row whose document is finished (EOS
-consumed) restarts with a new grammar state outside the timed region, so every timed step
-is a live constrained step.
+reference sampler's nucleus search is cheaper when the mask leaves few candidates, so
+constrained sampling can cost less per step than free sampling on this backend). The
+unconstrained and the constrained stream of a configuration occupy different slots and
+decode step by step in alternation (the order flips every step), so load swings of a
+shared machine hit both alike; per-step medians are reported. A row whose document is
+finished (EOS consumed) restarts with a new grammar state outside the timed region, so
+every timed step is a live constrained step.
 
-Run: `cd /work/main && uv run python bench/grammar.py [--steps 16] [--batches 1 8]
-[--repeat 3] [--core C --trust PUB --accept NS]` -> prints a table and writes
+Run: `cd /work/main && uv run python bench/grammar.py [--steps 24] [--batches 1 8]
+[--core C --trust PUB --accept NS]` -> prints a table and writes
 bench/out/grammar.json. Without --core it exports the tools recipe once (its bf16 weights)
 into bench/out/grammar-core/ with a local key. Figures only; never asserted on.
 """
@@ -96,57 +95,91 @@ def p99(values: list[float]) -> float:
     return float(np.percentile(np.asarray(values), 99)) if values else float("nan")
 
 
-class Lanes:
-    """`rows` requests decoding together; slot s owns pages [s * per_slot, (s+1) * per_slot)."""
+class Stream:
+    """`rows` requests decoding together on slots [first_slot, first_slot + rows), with or
+    without a grammar state per row; slot s owns pages [s * per_slot, (s + 1) * per_slot)."""
 
-    def __init__(self, model, prompts: list[list[int]], mode: str, generation: int):
+    def __init__(self, bench: Bench, rows: int, first_slot: int, mode: str, constrained: bool):
         from helios_serve.engine.plan import SamplingParams
 
-        g = model.manifests
-        self.model, self.g, self.generation = model, g, generation
+        g = bench.model.manifests
+        self.bench, self.model, self.g = bench, bench.model, g
         self.per_slot = min(g.max_pages_per_request, g.num_pages // g.slots)
-        self.tokens = [list(p) for p in prompts]  # consumed tokens per row (slot = row)
-        self.sampling = [SamplingParams(seed=1000 + i, **MODES[mode]) for i in range(len(prompts))]
+        self.slots = list(range(first_slot, first_slot + rows))
+        self.tokens = [list(bench.prompts[i % len(PROMPTS)]) for i in range(rows)]  # consumed
+        self.sampling = [SamplingParams(seed=1000 + i, **MODES[mode]) for i in range(rows)]
+        bench.generation += 1
+        self.generation = bench.generation
+        self.states = [bench.new_state(i) if constrained else None for i in range(rows)]
+        self.docs: list[list[int]] = [[] for _ in range(rows)]
+        words = g.mask_words
+        self.masks = [np.zeros(words, dtype=np.int32) if constrained else None for _ in range(rows)]
+        self.rejected = 0
+        self.fed: list[int] = []
 
-    def pages(self, slot: int, length_tokens: int) -> tuple[int, ...]:
+    def _pages(self, slot: int, length_tokens: int) -> tuple[int, ...]:
         count = -(-length_tokens // self.g.page_tokens)
         return tuple(range(slot * self.per_slot, slot * self.per_slot + count))
 
-    def prefill(self, masks: list[np.ndarray | None]) -> list[int]:
-        """Prefill every row's prompt (one chunk each); returns the first sampled ids."""
+    def _fill(self) -> None:
+        for state, mask in zip(self.states, self.masks, strict=True):
+            if state is not None:
+                state.fill_mask(mask)
+
+    def _advance(self, sampled) -> None:
+        self.fed = [int(t) for t in sampled]
+        for i, (state, tok) in enumerate(zip(self.states, self.fed, strict=True)):
+            if state is not None:
+                self.rejected += not state.advance(tok)
+                self.docs[i].append(tok)
+
+    def prefill(self) -> None:
+        """Prefill every row's prompt (one chunk each), sampling its first token."""
         from helios_serve.engine.plan import RowPlan, StepKind, StepPlan
 
         chunk = max(self.g.prefill_token_capacities)
+        self._fill()
         first = []
-        for slot, prompt in enumerate(self.tokens):
+        for i, (slot, prompt) in enumerate(zip(self.slots, self.tokens, strict=True)):
             if len(prompt) > chunk:
                 raise ValueError(f"prompt of {len(prompt)} tokens exceeds one {chunk}-token chunk")
             row = RowPlan(
                 request_id=slot, slot=slot, generation=self.generation, tokens=tuple(prompt),
-                start_position=0, page_ids=self.pages(slot, len(prompt)), sample=True,
-                sampling=self.sampling[slot], histogram_tokens=tuple(prompt),
-                grammar_mask=masks[slot],
+                start_position=0, page_ids=self._pages(slot, len(prompt)), sample=True,
+                sampling=self.sampling[i], histogram_tokens=tuple(prompt),
+                grammar_mask=self.masks[i],
             )  # fmt: skip
             first.append(int(self.model.execute(StepPlan(StepKind.PREFILL, (row,)))[0]))
-        return first
+        self._advance(first)
 
-    def decode(self, fed: list[int], masks: list[np.ndarray | None]) -> np.ndarray:
-        """One decode step feeding `fed` (one id per row); returns the sampled ids [rows]."""
+    def step(self) -> tuple[float, float]:
+        """One timed decode step: masks, execute, advance. Returns (step_s, mask_s)."""
         from helios_serve.engine.plan import RowPlan, StepKind, StepPlan
 
+        for i, state in enumerate(self.states):  # a finished document restarts, untimed
+            if state is not None and state.is_terminated():
+                self.bench.documents.append(self.docs[i])
+                self.states[i], self.docs[i] = self.bench.new_state(i), []
+        t0 = time.perf_counter()
+        self._fill()
+        t1 = time.perf_counter()
         rows = tuple(
             RowPlan(
                 request_id=slot, slot=slot, generation=self.generation, tokens=(tok,),
-                start_position=len(self.tokens[slot]),
-                page_ids=self.pages(slot, len(self.tokens[slot]) + 1), sample=True,
-                sampling=self.sampling[slot], grammar_mask=masks[slot],
+                start_position=len(self.tokens[i]),
+                page_ids=self._pages(slot, len(self.tokens[i]) + 1), sample=True,
+                sampling=self.sampling[i], grammar_mask=self.masks[i],
             )  # fmt: skip
-            for slot, tok in enumerate(fed)
+            for i, (slot, tok) in enumerate(zip(self.slots, self.fed, strict=True))
         )
         sampled = self.model.execute(StepPlan(StepKind.DECODE, rows))
-        for slot, tok in enumerate(fed):
-            self.tokens[slot].append(tok)
-        return sampled
+        for i, tok in enumerate(self.fed):
+            self.tokens[i].append(tok)
+        self._advance(sampled)
+        return time.perf_counter() - t0, t1 - t0
+
+    def finish(self) -> None:
+        self.bench.documents.extend(d for d in self.docs if d)
 
 
 class Bench:
@@ -171,55 +204,32 @@ class Bench:
         text = self.prompt_texts[row % len(PROMPTS)]
         return self.compiler.for_request(response_format=RESPONSE_FORMAT, prompt_text=text)
 
-    def run(self, rows: int, steps: int, mode: str, constrained: bool) -> dict:
-        """Prefill `rows` prompts, then time `steps` decode steps."""
-        self.generation += 1
-        prompts = [self.prompts[i % len(PROMPTS)] for i in range(rows)]
-        lanes = Lanes(self.model, prompts, mode, self.generation)
-        words = self.model.manifests.mask_words
-        states = [self.new_state(i) if constrained else None for i in range(rows)]
-        docs: list[list[int]] = [[] for _ in range(rows)]
-        masks = [np.zeros(words, dtype=np.int32) if constrained else None for _ in range(rows)]
-        rejected = 0
-
-        def advance(sampled) -> None:
-            nonlocal rejected
-            for i, (state, tok) in enumerate(zip(states, sampled, strict=True)):
-                if state is not None:
-                    rejected += not state.advance(int(tok))
-                    docs[i].append(int(tok))
-
-        for state, mask in zip(states, masks, strict=True):
-            if state is not None:
-                state.fill_mask(mask)
-        fed = lanes.prefill(masks)
-        advance(fed)
-        step_s, mask_s = [], []
-        cpu0 = time.process_time()
-        for _ in range(steps):
-            for i, state in enumerate(states):  # a finished document restarts, untimed
-                if state is not None and state.is_terminated():
-                    self.documents.append(docs[i])
-                    states[i], docs[i] = self.new_state(i), []
-            t0 = time.perf_counter()
-            for state, mask in zip(states, masks, strict=True):
-                if state is not None:
-                    state.fill_mask(mask)
-            t1 = time.perf_counter()
-            sampled = lanes.decode(fed, masks)
-            advance(sampled)
-            step_s.append(time.perf_counter() - t0)
-            mask_s.append(t1 - t0)
-            fed = [int(t) for t in sampled]
-        cpu_s = time.process_time() - cpu0  # every thread of this process (BLAS included)
-        self.documents.extend(d for d in docs if d)
-        return {
-            "tokens_per_s": rows * steps / sum(step_s),
-            "tokens_per_cpu_s": rows * steps / cpu_s,
-            "step_ms_median": statistics.median(step_s) * 1e3,
-            "mask_ms_per_step_median": statistics.median(mask_s) * 1e3,
-            "grammar_rejections": rejected,
-        }
+    def pair(self, rows: int, steps: int, mode: str) -> dict:
+        """An unconstrained and a constrained stream of `rows` rows, decoded step by step
+        in alternation (the order flips every step), so load swings of a shared machine
+        hit both alike; medians of the per-step times."""
+        free = Stream(self, rows, 0, mode, constrained=False)
+        json_ = Stream(self, rows, rows, mode, constrained=True)
+        free.prefill()
+        json_.prefill()
+        times: dict[str, list[tuple[float, float]]] = {"unconstrained": [], "constrained": []}
+        for k in range(steps):
+            order = [("unconstrained", free), ("constrained", json_)]
+            for key, stream in order if k % 2 == 0 else order[::-1]:
+                times[key].append(stream.step())
+        json_.finish()
+        out: dict = {}
+        for key, pairs in times.items():
+            step_s = statistics.median(t for t, _ in pairs)
+            out[key] = {
+                "tokens_per_s": rows / step_s,
+                "step_ms_median": step_s * 1e3,
+                "step_ms_p90": float(np.percentile([t for t, _ in pairs], 90)) * 1e3,
+                "mask_ms_per_step_median": statistics.median(m for _, m in pairs) * 1e3,
+            }
+        out["constrained"]["grammar_rejections"] = json_.rejected
+        out["ratio"] = out["constrained"]["tokens_per_s"] / out["unconstrained"]["tokens_per_s"]
+        return out
 
     def replay(self, times: int) -> dict:
         """Per-token mask and advance cost over the generated documents, model idle."""
@@ -252,9 +262,8 @@ class Bench:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--core", help="core to load (default: export the tools recipe once)")
     parser.add_argument("--trust", help="publisher public key of --core")
     parser.add_argument("--accept", help="publisher namespace of --core")
@@ -292,24 +301,17 @@ def main() -> None:
         "mask_words": g.mask_words,
         "schema": SCHEMA,
         "steps": args.steps,
-        "repeat": args.repeat,
         "llg_tokenizer_ms": tokenizer_s * 1e3,
         "grammar_compile_ms_median": statistics.median(compile_ms),
         "decode": {},
     }
+    if 2 * max(args.batches) > g.slots:
+        raise SystemExit(f"--batches up to {g.slots // 2}: the pair needs two rows per slot")
     for mode in MODES:
         for rows in args.batches:
-            bench.run(rows, 2, mode, constrained=True)  # warm-up (first-touch of buffers)
-            runs: dict[str, list[dict]] = {"unconstrained": [], "constrained": []}
-            for _ in range(args.repeat):  # alternate, so load swings hit both alike
-                for constrained in (False, True):
-                    key = "constrained" if constrained else "unconstrained"
-                    runs[key].append(bench.run(rows, args.steps, mode, constrained))
-            best = {k: max(v, key=lambda r: r["tokens_per_s"]) for k, v in runs.items()}
-            c, u = best["constrained"], best["unconstrained"]
-            best["ratio"] = c["tokens_per_s"] / u["tokens_per_s"]
-            best["ratio_cpu"] = c["tokens_per_cpu_s"] / u["tokens_per_cpu_s"]
-            result["decode"][f"{mode}/{rows}"] = best
+            bench.pair(rows, 2, mode)  # warm-up
+            result["decode"][f"{mode}/{rows}"] = bench.pair(rows, args.steps, mode)
+            print(f"  {mode} batch {rows}: done", flush=True)
     result["mask"] = bench.replay(times=3)
     sample = bench.documents[0] if bench.documents else []
     result["sample_document"] = boot.tokenizer.decode(sample, skip_special_tokens=False)
@@ -335,16 +337,15 @@ def main() -> None:
           f"advance median {m['advance_us_median']:.1f} us; "
           f"{m['tokens']} tokens x {m['replays']}")  # fmt: skip
     print(f"{'mode':<8} {'batch':>5} {'free tok/s':>11} {'json tok/s':>11} {'ratio':>7} "
-          f"{'cpu ratio':>10} {'mask ms/step':>13} {'step ms':>9}")  # fmt: skip
-    for key, best in result["decode"].items():
+          f"{'mask ms/step':>13} {'json step ms':>13}")  # fmt: skip
+    for key, pair in result["decode"].items():
         mode, rows = key.split("/")
-        c, u = best["constrained"], best["unconstrained"]
+        c, u = pair["constrained"], pair["unconstrained"]
         print(f"{mode:<8} {rows:>5} {u['tokens_per_s']:>11.2f} {c['tokens_per_s']:>11.2f} "
-              f"{best['ratio']:>7.3f} {best['ratio_cpu']:>10.3f} "
-              f"{c['mask_ms_per_step_median']:>13.2f} {c['step_ms_median']:>9.1f}")  # fmt: skip
+              f"{pair['ratio']:>7.3f} {c['mask_ms_per_step_median']:>13.2f} "
+              f"{c['step_ms_median']:>13.1f}")  # fmt: skip
     print(f"load average (1 min) after: {result['host']['loadavg_1m_after']:.2f} "
-          f"on {os.cpu_count()} CPUs; best of {args.repeat} alternating runs, "
-          f"{args.steps} decode steps each")  # fmt: skip
+          f"on {os.cpu_count()} CPUs; medians of {args.steps} alternating decode steps")  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
