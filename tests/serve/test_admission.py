@@ -413,3 +413,17 @@ def test_grammar_mask_failure_fails_only_its_request(tok, monkeypatch):
         assert out["plain"].json()["choices"][0]["message"]["content"] == "Hello, world!" * 5
         snap = server.wait_idle()
         assert snap["pages_used"] == 0
+
+
+def test_max_active_beyond_the_model_slots_is_capped_everywhere(tok):
+    """--max-active above the captured slots (8 here) runs at most 8 requests, and HTTP
+    admission counts the same 8: queue_capacity + 8 permits, not queue_capacity + 20
+    (which let a burst through to the worker's queue as 503s instead of 429s)."""
+    with ScriptedServer(tok, max_active=20, queue_capacity=2) as server:
+        assert server.server.worker.geometry.slots == 8
+        assert server.server.settings.max_active == 8
+        assert server.server.service.admission.capacity == 10
+        metrics = httpx.get(server.url + "/metrics").text
+        assert "helios_http_admission_permits_capacity 10.0" in metrics
+        assert _post(server, _chat(server)).status_code == 200
+        server.wait_idle()

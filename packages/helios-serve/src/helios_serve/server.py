@@ -9,6 +9,7 @@ backend closes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -47,7 +48,6 @@ class Server:
         clock: ObservationClock,
     ) -> None:
         self.bootstrap = bootstrap
-        self.settings = settings
         self.metrics = Metrics()
         self.worker = ModelWorker(
             model,
@@ -56,6 +56,14 @@ class Server:
             max_active=settings.max_active,
             queue_capacity=settings.queue_capacity,
         )
+        slots = self.worker.geometry.slots
+        if settings.max_active > slots:
+            # Load-time selection may reduce captured concurrency, never raise it; HTTP
+            # admission must count the requests that can actually run.
+            log.warning("max_active %d exceeds the model's %d request slots; serving at most "
+                        "%d at once", settings.max_active, slots, slots)
+            settings = dataclasses.replace(settings, max_active=slots)
+        self.settings = settings
         self.service = ChatService(bootstrap, self.worker, settings, self.metrics, clock)
         self.app = build_app(self.service)
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
