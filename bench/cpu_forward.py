@@ -157,23 +157,30 @@ class Interleaved:
 
 
 def profile_ops(model, driver, prompt: list[int], batch: int, steps: int) -> dict:
-    """Per-op seconds per step of kind (prefill_t256 / decode_bB), packing included."""
+    """Per-op seconds of one step, median over the steps of each graph (packing included).
+
+    Returns:
+        graph name -> op name -> median seconds per step, largest first.
+    """
     backend = model.backend
-    acc: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    runs: dict[str, int] = defaultdict(int)
+    # graph -> one {op: seconds} per executed step
+    per_step: dict[str, list[dict[str, float]]] = defaultdict(list)
     real_run, real_pack = backend.run, model.packing.pack
+    packing_s: list[float] = []
 
     def run(graph, dirty=()):
-        runs[graph] += 1
+        ops: dict[str, float] = defaultdict(float)
+        ops["(packing)"] = packing_s.pop()
         for fn, args in backend._programs[graph]:
             t = time.perf_counter()
             fn(*args)
-            acc[graph][fn.__name__] += time.perf_counter() - t
+            ops[fn.__name__] += time.perf_counter() - t
+        per_step[graph].append(ops)
 
     def pack(name, *args, **kwargs):
         t = time.perf_counter()
         dirty = real_pack(name, *args, **kwargs)
-        acc[name]["(packing)"] += time.perf_counter() - t
+        packing_s.append(time.perf_counter() - t)
         return dirty
 
     backend.run, model.packing.pack = run, pack
@@ -181,9 +188,12 @@ def profile_ops(model, driver, prompt: list[int], batch: int, steps: int) -> dic
         driver.generate([prompt] * batch, max_new_tokens=steps + 1)
     finally:
         backend.run, model.packing.pack = real_run, real_pack
-    return {graph: {op: seconds / runs[graph] for op, seconds in
-                    sorted(ops.items(), key=lambda kv: -kv[1])}
-            for graph, ops in acc.items()}
+    out = {}
+    for graph, steps_ops in per_step.items():
+        medians = {op: statistics.median(s.get(op, 0.0) for s in steps_ops)
+                   for op in steps_ops[0]}
+        out[graph] = dict(sorted(medians.items(), key=lambda kv: -kv[1]))
+    return out
 
 
 def main() -> None:
@@ -251,7 +261,7 @@ def main() -> None:
 
     profile = {}
     for batch in args.batches:
-        profile.update(profile_ops(model, driver, prompt, batch, 4))
+        profile.update(profile_ops(model, driver, prompt, batch, args.decode_steps))
     result = {
         "model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized), f32 core, CPU backend",
         "prompt_tokens": args.prompt_tokens,
@@ -299,8 +309,8 @@ def _print(r: dict) -> None:
           f"peak RSS {rss['peak_process'] / 2**20:.0f} MiB")
     for graph, ops in r["profile_s_per_step"].items():
         total = sum(ops.values())
-        top = ", ".join(f"{op} {s * 1e3:.1f}" for op, s in list(ops.items())[:5])
-        print(f"profile {graph}: {total * 1e3:.1f} ms/step; top ms: {top}")
+        top = ", ".join(f"{op} {s * 1e3:.1f}" for op, s in list(ops.items())[:6])
+        print(f"profile {graph}: {total * 1e3:.1f} ms/step (sum of per-op medians); {top}")
 
 
 if __name__ == "__main__":
