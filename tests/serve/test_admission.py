@@ -427,3 +427,53 @@ def test_max_active_beyond_the_model_slots_is_capped_everywhere(tok):
         assert "helios_http_admission_permits_capacity 10.0" in metrics
         assert _post(server, _chat(server)).status_code == 200
         server.wait_idle()
+
+
+def test_a_request_that_a_free_slot_will_take_is_not_counted_as_queued(tok):
+    """max_active 2, queue_capacity 1: with one request queued for a free slot, a third
+    admitted request still fits (the queue holds requests waiting for a slot) and is
+    served, not rejected with 503."""
+    with ScriptedServer(tok, max_active=2, queue_capacity=1) as server:
+        worker = server.server.worker
+        steps = threading.Semaphore(0)
+        gated = [True]
+
+        def one_step_at_a_time(_plan) -> bool:
+            if gated[0]:
+                assert steps.acquire(timeout=20)
+            return False
+
+        server.model.fail_when(one_step_at_a_time)
+
+        def wait_for(condition) -> None:
+            deadline = time.monotonic() + 20
+            while not condition():
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+
+        results: dict[str, httpx.Response] = {}
+
+        def post(name: str) -> threading.Thread:
+            t = threading.Thread(
+                target=lambda: results.__setitem__(name, _post(server, _chat(server, name)))
+            )
+            t.start()
+            return t
+
+        threads = [post("a")]  # A's prefill runs and waits at the gate
+        wait_for(lambda: len(worker._live) == 1 and not worker._ingress)
+        threads.append(post("b"))
+        wait_for(lambda: len(worker._ingress) == 1)
+        steps.release()  # A's prefill completes; B is queued; A's decode goes first
+        wait_for(lambda: len(worker._live) == 2 and not worker._ingress)
+        assert worker.scheduler.stats().waiting == 1 and worker.scheduler.stats().slots_free == 1
+        threads.append(post("c"))
+        wait_for(lambda: len(worker._ingress) == 1)
+        gated[0] = False
+        steps.release()
+        for t in threads:
+            t.join(30)
+        for name in "abc":
+            assert results[name].status_code == 200, (name, results[name].text)
+            assert results[name].json()["choices"][0]["message"]["content"] == "Hello, world!"
+        server.wait_idle()

@@ -233,7 +233,10 @@ class ModelWorker:
         return True
 
     def _admit(self, request: GenerationRequest) -> None:
-        if self.scheduler.stats().waiting >= self.queue_capacity:
+        # The pending admission deque holds requests waiting for a slot; those that free
+        # slots take at the next schedule are not pending.
+        stats = self.scheduler.stats()
+        if stats.waiting - stats.slots_free >= self.queue_capacity:
             self._reject(request, f"the admission queue is full ({self.queue_capacity} waiting)")
             return
         error = self.scheduler.add(
