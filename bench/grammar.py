@@ -313,7 +313,7 @@ def main() -> None:
             result["decode"][f"{mode}/{rows}"] = bench.pair(rows, args.steps, mode)
             print(f"  {mode} batch {rows}: done", flush=True)
     result["mask"] = bench.replay(times=3)
-    sample = bench.documents[0] if bench.documents else []
+    sample = max(bench.documents, key=len, default=[])
     result["sample_document"] = boot.tokenizer.decode(sample, skip_special_tokens=False)
     result["host"] = {
         "machine": platform.machine(),

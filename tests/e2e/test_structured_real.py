@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -249,7 +250,7 @@ def _accumulate(chunks) -> dict:
 
 
 @pytest.mark.slow
-def test_json_schema_answer_validates_streaming_and_not(tools_client):
+def test_json_schema_answer_validates_streaming_and_not(tools_client, tools_url):
     response_format = {
         "type": "json_schema",
         "json_schema": {"name": "capital", "schema": CITY_SCHEMA},
@@ -270,6 +271,9 @@ def test_json_schema_answer_validates_streaming_and_not(tools_client):
         )
     )
     assert streamed == {"content": message.content, "calls": [], "finish_reason": "stop"}
+    # Constrained requests keep at most one outstanding executor frame.
+    metrics = httpx.get(tools_url + "/metrics", timeout=30).text
+    assert "\nflare_constrained_max_inflight 1.0\n" in metrics
 
 
 @pytest.mark.slow
