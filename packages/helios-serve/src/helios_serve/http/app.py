@@ -17,7 +17,7 @@ from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
-from helios_serve.http.chat import ChatService
+from helios_serve.http.chat import ChatService, ClientDisconnected
 from helios_serve.http.errors import ApiError, status_of
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ async def chat_completions(request: Request) -> Response:
     disconnected = asyncio.ensure_future(_watch_disconnect(request))
     try:
         result = await service.chat(body, disconnected)
+    except ClientDisconnected:  # routine: the request is cancelled; nobody reads this
+        return Response(b"", status_code=499)
     finally:
         disconnected.cancel()
     if isinstance(result, tuple):  # non-streaming

@@ -311,7 +311,7 @@ class ChatService:
                     raise _rejection(ctx, event)
                 elif isinstance(event, Failed):
                     raise ExecutionFailed(event.message)
-        except _Disconnected:
+        except ClientDisconnected:
             self.worker.cancel(generation.request_id)
             permit.release()
             raise
@@ -390,7 +390,7 @@ def _rejection(ctx: responses.ResponseContext, event: Rejected) -> AdmissionReje
     return AdmissionRejected(event.message, param=ctx.capacity_param if event.capacity else None)
 
 
-class _Disconnected(Exception):
+class ClientDisconnected(Exception):
     """The client closed the connection while a non-streaming request ran."""
 
 
@@ -402,7 +402,7 @@ async def _next_event(sink: EventSink, disconnected: asyncio.Future | None):
     if getter in done:
         return getter.result()
     getter.cancel()
-    raise _Disconnected()
+    raise ClientDisconnected()
 
 
 def _message_dict(message) -> dict[str, Any]:
