@@ -66,7 +66,7 @@ def random_bf16_weights(shapes: LlamaShapes, seed: int, rope_scaling=None) -> di
     window of one seeded pool of N(0, 0.02) bf16 values starting at an offset derived
     from its name (values repeat across matrices; bandwidth does not depend on them)."""
     rng = np.random.default_rng(seed)
-    pool_n = 1 << 27  # 128 Mi values = 256 MB
+    pool_n = 1 << 25  # 32 Mi values = 64 MB
     pool = (rng.standard_normal(pool_n, dtype=np.float32) * 0.02)
     bits = (pool.view(np.uint32) >> 16).astype(np.uint16)  # truncation: still random bf16
     bits = np.concatenate([bits, bits])

@@ -26,10 +26,21 @@ case $stage in
     python3 -c "import litestar, zstandard, gguf, llguidance, cryptography, cuda.bindings, triton; print('imports ok', triton.__version__)" ;;
   tests)
     python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 | tee "$OUTD/kernels.log"
-    python3 -m pytest -q -x -s -p no:cacheprovider tests/gpu/test_model.py 2>&1 | tee "$OUTD/model.log"
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;
+  kernels)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 | tee "$OUTD/kernels.log" ;;
+  kernels+8b)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 | tee "$OUTD/kernels.log"
+    python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --json "$OUTD/llama8b.json" 2>&1 | tee "$OUTD/llama8b.log" ;;
   bench8b)
     python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --json "$OUTD/llama8b.json" 2>&1 | tee "$OUTD/llama8b.log" ;;
   peers)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 | tee "$OUTD/kernels.log" | tail -3
+    python3 bench/gpu_linear.py --json "$OUTD/linear.json" 2>&1 | tee "$OUTD/linear.log"
     python3 bench/gpu_peers.py --json "$OUTD/peers.json" 2>&1 | tee "$OUTD/peers.log" ;;
+  sweep)
+    python3 bench/gpu_linear_sweep.py --json "$OUTD/sweep.json" 2>&1 | tee "$OUTD/sweep.log" ;;
+  linear)
+    python3 bench/gpu_linear.py --json "$OUTD/linear.json" 2>&1 | tee "$OUTD/linear.log" ;;
 esac

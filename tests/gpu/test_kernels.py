@@ -258,3 +258,28 @@ def test_sample_seeded_batch_independent(gpu, rng):
     alone = gpu.run("sample", logits[3:4], *[one[k] for k in ORDER], np.zeros(1, np.int32),
                     1, V, K.grammar_mask_words(V))["sampled"]
     assert alone[0] == first[3]
+
+
+@pytest.mark.parametrize("H,KVH,HD,split", [(9, 3, 64, 128), (32, 8, 128, 64)])
+def test_attention_decode_split_merge(gpu, rng, H, KVH, HD, split):
+    PT, MP = 16, 32
+    pages, kc, vc = _cache_case(rng, H, KVH, HD)
+    B = 5
+    NS = PT * MP // split
+    qkv = rng.standard_normal((B, (H + 2 * KVH) * HD)).astype(np.float32)
+    slot = np.array([0, 3, -1, 5, 2], np.int32)
+    pos = rng.integers(0, PT * MP, B).astype(np.int32)
+    pos[0] = 0
+    scale = HD ** -0.5
+    ml = np.zeros((B, H, NS, 2), np.float32)
+    po = np.zeros((B, H, NS, HD), np.float32)
+    K.attention_decode_split(qkv, pos, slot, pages, kc, vc, ml, po, B, MP, PT, H, KVH, HD,
+                             NS, split, scale)
+    got = gpu.run("attention_decode_split", qkv, pos, slot, pages, kc, vc, np.zeros_like(ml),
+                  np.zeros_like(po), B, MP, PT, H, KVH, HD, NS, split, scale)
+    assert rel(got["part_ml"], ml) < 1e-5 and rel(got["part_o"], po) < 1e-5
+    ref = np.zeros((B, H * HD), np.float32)
+    K.attention_decode(qkv, pos, slot, pages, kc, vc, ref, B, MP, PT, H, KVH, HD, scale)
+    out = gpu.run("attention_decode_merge", got["part_ml"], got["part_o"], slot,
+                  np.zeros_like(ref), B, H, HD, NS)["out"]
+    assert rel(out, ref) < 1e-5

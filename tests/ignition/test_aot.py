@@ -56,7 +56,8 @@ def test_every_variant_compiles_for_sm90_f32_and_bf16():
     bf16, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "bf16")
     ops = {k.reference_op for k in f32.kernels}
     assert ops == {"embedding", "rmsnorm", "add_rmsnorm", "linear", "rope", "kv_write",
-                   "attention_decode", "attention_prefill", "silu_mul", "gather_last",
+                   "attention_decode_split", "attention_decode_merge", "attention_prefill",
+                   "silu_mul", "gather_last",
                    "sample"}
     assert any(k.constants.get("WBF16") for k in bf16.kernels)
     for manifest in (f32, bf16):

@@ -14,6 +14,7 @@ passes null pointers when the recorded scratch sizes are 0.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import tempfile
@@ -94,10 +95,14 @@ def signature(op: str, constants: dict[str, int]):
             sig[spec.name] = SCALAR_TYPES[spec.kind]
     constexprs = {}
     for name in fn.arg_names[len(params):]:
-        if name not in constants:
+        if name in constants:
+            value = int(constants[name])
+        elif fn.params[fn.arg_names.index(name)].default is not inspect.Parameter.empty:
+            value = int(fn.params[fn.arg_names.index(name)].default)
+        else:
             raise KernelCompileError(f"kernel {op}: variant constants {constants} lack {name}")
         sig[name] = "constexpr"
-        constexprs[name] = int(constants[name])
+        constexprs[name] = value
     options = {"num_warps": int(constants.get("WARPS", 4)),
                "num_stages": int(constants.get("STAGES", DEFAULT_STAGES))}
     return sig, constexprs, attrs, options

@@ -9,12 +9,16 @@ Shared bytes are filled in per target by ``kernels_aot`` from the compiled binar
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 # H200: 132 SMs. Decode GEMVs want at least two programs per SM so the weight stream has
 # enough loads in flight to approach HBM bandwidth.
 TARGET_PROGRAMS = 264
+# Multi-row linear layout: tokens as the MMA's M operand; HELIOS_LINEAR_SWAP=1 at capture
+# swaps A and B (measured 1.5-7x slower on the H200: bench/results/gpu_linear_v1.json).
+LINEAR_SWAP = os.environ.get("HELIOS_LINEAR_SWAP", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -48,15 +52,21 @@ def _is_bf16(view) -> int:
     return int(getattr(getattr(view, "buffer", None), "dtype", "f32") == "bf16")
 
 
-def linear_tiles(T: int, N: int) -> tuple[int, int]:
-    """(BLOCK_T, BLOCK_N) for a ``[T, K] x [N, K]^T`` product: the widest N tile that
-    still gives every SM two programs."""
+def linear_tiles(T: int, N: int, K: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_N, BLOCK_K) of a multi-row ``[T, K] x [N, K]^T`` product.
+
+    From a sweep of 72 variants per row count on the H200 (bench/gpu_linear_sweep.py,
+    bench/results/gpu_linear_sweep.json): up to 32 rows, the widest N tile that still
+    gives every SM two programs with 128-wide K steps (256 for K > 4096); 64 rows, narrow
+    N tiles and 64-wide K steps.
+    """
     bt = 16 if T <= 16 else 32 if T <= 32 else 64
     tiles_t = _cdiv(T, bt)
-    for bn in (64, 32):
-        if _cdiv(N, bn) * tiles_t >= TARGET_PROGRAMS:
-            return bt, bn
-    return bt, 16
+    if bt == 64:
+        bn = 32 if _cdiv(N, 32) * tiles_t >= TARGET_PROGRAMS else 16
+        return bt, bn, 64
+    bn = 64 if _cdiv(N, 64) * tiles_t >= TARGET_PROGRAMS else 32
+    return bt, bn, 256 if K > 4096 else 128
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
@@ -81,9 +91,13 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         if T == 1:  # GEMV: 8 rows per program, K in at most 2048-wide loads
             return _cfg((_cdiv(N, 8), 1), 4, BLOCK_T=1, BLOCK_N=8,
                         BLOCK_K=min(_np2(K, 16), 2048), WBF16=wbf16, K16=int(K % 16 == 0))
-        bt, bn = linear_tiles(T, N)
-        return _cfg((_cdiv(N, bn), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=bn,
-                    BLOCK_K=256 if bt <= 32 else 128, WBF16=wbf16, K16=int(K % 16 == 0))
+        if LINEAR_SWAP:  # out^T = W x^T: 64 weight rows per program, tokens as MMA N
+            bt = min(max(_np2(T), 16), 64)
+            return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=64, BLOCK_K=128,
+                        WBF16=wbf16, K16=int(K % 16 == 0), SWAP=1, STAGES=4)
+        bt, bn, bk = linear_tiles(T, N, K)
+        return _cfg((_cdiv(N, bn), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk,
+                    WBF16=wbf16, K16=int(K % 16 == 0))
     if op == "rope":
         T, H, KVH, HD = s
         return _cfg((T,), 4, BLOCK_H=_np2(H + KVH), BLOCK_HALF=_np2(HD // 2))
@@ -96,6 +110,12 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "attention_decode":
         B, H, HD = s[0], s[3], s[5]
         return _cfg((B, H), 8, BLOCK_N=128, BLOCK_HD=_np2(HD, 16))
+    if op == "attention_decode_split":
+        B, H, HD, NS = s[0], s[3], s[5], s[6]
+        return _cfg((B, H, NS), 4, BLOCK_N=64, BLOCK_HD=_np2(HD, 16))
+    if op == "attention_decode_merge":
+        B, H, HD, NS = s
+        return _cfg((B, H), 4, BLOCK_S=_np2(NS, 2), BLOCK_HD=_np2(HD, 16))
     if op in ("silu_mul", "add"):
         T, W = s
         return _cfg((T, _cdiv(W, 1024)), 4, BLOCK=1024)

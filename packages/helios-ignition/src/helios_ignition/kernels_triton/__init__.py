@@ -9,7 +9,14 @@ ahead of time by ``helios_ignition.kernels_aot``; nothing here launches anything
 
 from __future__ import annotations
 
-from .attention import attention_decode, attention_prefill, kv_write, rope
+from .attention import (
+    attention_decode,
+    attention_decode_merge,
+    attention_decode_split,
+    attention_prefill,
+    kv_write,
+    rope,
+)
 from .dense import add, add_rmsnorm, embedding, gather_last, linear, rmsnorm, silu_mul
 from .sampling import sample
 
@@ -22,6 +29,8 @@ TRITON_KERNELS = {
     "kv_write": kv_write,
     "attention_prefill": attention_prefill,
     "attention_decode": attention_decode,
+    "attention_decode_split": attention_decode_split,
+    "attention_decode_merge": attention_decode_merge,
     "silu_mul": silu_mul,
     "add": add,
     "gather_last": gather_last,

@@ -164,3 +164,75 @@ def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_ca
     res = tl.where(live[:, None] & (l_i[:, None] > 0), acc / l_i[:, None], 0.0)
     dst = out + offs_m[:, None].to(tl.int64) * (H * HD) + h * HD + d[None, :]
     tl.store(dst, res, mask=mm[:, None] & md[None, :])
+
+
+@triton.jit
+def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                           B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
+                           BLOCK_HD: tl.constexpr):
+    """Softmax statistics of context split ``sp`` for row ``b``, head ``h``; grid ``(B, H, NS)``.
+
+    Writes ``part_ml[b, h, sp] = (max, sum exp)`` and the unnormalized ``part_o`` (an empty
+    split or a padding row writes ``(-1e30, 0)`` and zeros). Splits are independent
+    programs, so a long context is spread over the whole GPU (flash-decoding).
+    """
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    sp = tl.program_id(2)
+    kvh = h // (H // KVH)
+    d = tl.arange(0, BLOCK_HD)
+    md = d < HD
+    s = tl.load(slot + b)
+    ctx = tl.load(positions + b) + 1
+    lo = sp * SPLIT
+    hi = tl.where(s >= 0, tl.minimum(lo + SPLIT, ctx), lo)
+    width = (H + 2 * KVH) * HD
+    q = tl.load(qkv + b * width + h * HD + d, mask=md, other=0.0) * scale
+    m_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0) + NEG_BIG
+    l_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0)
+    acc = tl.zeros((BLOCK_HD,), tl.float32)
+    row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
+    for j0 in range(lo, hi, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        mj = j < hi
+        page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+        off = ((page * PT + j % PT) * KVH + kvh) * HD
+        mkv = mj[:, None] & md[None, :]
+        k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        sc = tl.where(mj, tl.sum(q[None, :] * k, axis=1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+        alpha = libdevice.exp(m_i - m_new)
+        p = libdevice.exp(sc - m_new)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+    base = (b * H + h) * NS + sp
+    tl.store(part_ml + base * 2, m_i)
+    tl.store(part_ml + base * 2 + 1, l_i)
+    tl.store(part_o + base * HD + d, acc, mask=md)
+
+
+@triton.jit
+def attention_decode_merge(part_ml, part_o, slot, out, B, H, HD, NS, BLOCK_S: tl.constexpr,
+                           BLOCK_HD: tl.constexpr):
+    """Combine the splits of row ``b``, head ``h`` (zeros for padding); grid ``(B, H)``."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK_HD)
+    md = d < HD
+    si = tl.arange(0, BLOCK_S)
+    ms = si < NS
+    base = (b * H + h) * NS + si
+    dst = out + b * (H * HD) + h * HD + d
+    s = tl.load(slot + b)
+    if s < 0:
+        tl.store(dst, tl.zeros((BLOCK_HD,), tl.float32), mask=md)
+    else:
+        m = tl.load(part_ml + base * 2, mask=ms, other=float("-inf"))
+        lsum = tl.load(part_ml + base * 2 + 1, mask=ms, other=0.0)
+        w = libdevice.exp(m - tl.max(m, axis=0))
+        o = tl.load(part_o + base[:, None] * HD + d[None, :], mask=ms[:, None] & md[None, :],
+                    other=0.0)
+        num = tl.sum(w[:, None] * o, axis=0)
+        tl.store(dst, num / tl.sum(w * lsum, axis=0), mask=md)

@@ -61,7 +61,8 @@ def add_rmsnorm(x, residual, weight, out, T, D, eps, BLOCK_D: tl.constexpr):
 
 @triton.jit
 def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-           BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr):
+           BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr,
+           SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1):
     """``out[t, n] = sum_k x[t, k] * weight[n, k]``; grid ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``.
 
     ``BLOCK_T == 1`` (batch-1 decode) is a pure GEMV: one program per ``BLOCK_N`` rows
@@ -94,22 +95,54 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
             w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
             acc1 += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
         tl.store(out + pid_t.to(tl.int64) * N + offs_n, acc1, mask=mn)
+    elif SWAP:
+        # Skinny GEMM with A and B swapped: out^T = W x^T. The weight tile is the MMA's
+        # M operand straight from a (pipelined) load; the few token rows are its N.
+        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        mt = offs_t < T
+        x_cols = x + offs_t[None, :].to(tl.int64) * K
+        acc_t = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mk = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+            a = tl.load(x_cols + kk[:, None], mask=mk[:, None] & mt[None, :], other=0.0)
+            if WBF16:
+                hi = a.to(tl.bfloat16)
+                lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+                acc_t = tl.dot(w, hi, acc_t)
+                acc_t = tl.dot(w, lo, acc_t)
+            else:
+                acc_t = tl.dot(w, a, acc_t, input_precision="ieee")
+        dst = out + offs_t[None, :].to(tl.int64) * N + offs_n[:, None]
+        tl.store(dst, acc_t, mask=mn[:, None] & mt[None, :])
     else:
         offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         mt = offs_t < T
         x_rows = x + offs_t[:, None].to(tl.int64) * K
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        # The activation tile is converted in registers, so Triton cannot pipeline its
+        # load like the weight's: prefetch the next one by hand.
+        a_next = tl.load(x_rows + offs_k[None, :], mask=mt[:, None] & (offs_k < K)[None, :],
+                         other=0.0)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
             mk = kk < K
-            a = tl.load(x_rows + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+            if PREFETCH:
+                a = a_next
+                kn = kk + BLOCK_K
+                a_next = tl.load(x_rows + kn[None, :], mask=mt[:, None] & (kn < K)[None, :],
+                                 other=0.0)
+            else:
+                a = tl.load(x_rows + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
             w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
             if WBF16:
                 hi = a.to(tl.bfloat16)
-                lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
                 wt = tl.trans(w)
                 acc = tl.dot(hi, wt, acc)
-                acc = tl.dot(lo, wt, acc)
+                if XSPLIT:
+                    lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
+                    acc = tl.dot(lo, wt, acc)
             else:
                 acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
         dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]

@@ -7,6 +7,7 @@ padding and writes no cache, histogram or completion.
 """
 
 from .attention import attention_decode, attention_prefill
+from .attention_split import attention_decode_merge, attention_decode_split
 from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
@@ -33,6 +34,8 @@ __all__ = [
     "add",
     "add_rmsnorm",
     "attention_decode",
+    "attention_decode_merge",
+    "attention_decode_split",
     "attention_prefill",
     "check_launch",
     "embedding",

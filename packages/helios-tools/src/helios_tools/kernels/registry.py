@@ -13,6 +13,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from .attention import attention_decode, attention_prefill
+from .attention_split import attention_decode_merge, attention_decode_split
 from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
@@ -91,6 +92,16 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("k_cache", "f32"), _b("v_cache", "f32"), _b("out", "f32", "out"),
         *_i("B", "MP", "PT", "H", "KVH", "HD"), *_f("scale"),
     ),
+    "attention_decode_split": (
+        _b("qkv", "f32"), _b("positions", "i32"), _b("slot", "i32"), _b("page_table", "i32"),
+        _b("k_cache", "f32"), _b("v_cache", "f32"), _b("part_ml", "f32", "out"),
+        _b("part_o", "f32", "out"),
+        *_i("B", "MP", "PT", "H", "KVH", "HD", "NS", "SPLIT"), *_f("scale"),
+    ),
+    "attention_decode_merge": (
+        _b("part_ml", "f32"), _b("part_o", "f32"), _b("slot", "i32"), _b("out", "f32", "out"),
+        *_i("B", "H", "HD", "NS"),
+    ),
     "silu_mul": (_b("gate_up", "f32"), _b("out", "f32", "out"), *_i("T", "F")),
     "add": (_b("a", "f32"), _b("b", "f32"), _b("out", "f32", "out"), *_i("T", "D")),
     "gather_last": (
@@ -115,6 +126,8 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "kv_write": kv_write,
     "attention_prefill": attention_prefill,
     "attention_decode": attention_decode,
+    "attention_decode_split": attention_decode_split,
+    "attention_decode_merge": attention_decode_merge,
     "silu_mul": silu_mul,
     "add": add,
     "gather_last": gather_last,

@@ -1,0 +1,138 @@
+"""Decode attention split over the context (flash-decoding), in two launches.
+
+``attention_decode_split`` computes, for each row, query head and context split, the
+softmax statistics of that split alone; ``attention_decode_merge`` combines the splits.
+Together they equal ``attention_decode`` (up to f32 rounding): long contexts get
+``B x H x NS`` programs on the GPU instead of ``B x H``, each streaming at most ``SPLIT``
+cached positions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+# Running maximum of an empty split: finite, so merging never computes inf - inf.
+EMPTY_MAX = np.float32(-1.0e30)
+
+
+def attention_decode_split(
+    qkv: NDArray[np.float32],
+    positions: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    page_table: NDArray[np.int32],
+    k_cache: NDArray[np.float32],
+    v_cache: NDArray[np.float32],
+    part_ml: NDArray[np.float32],
+    part_o: NDArray[np.float32],
+    B: int,
+    MP: int,
+    PT: int,
+    H: int,
+    KVH: int,
+    HD: int,
+    NS: int,
+    SPLIT: int,
+    scale: float,
+) -> None:
+    """Per-split softmax statistics of one-token-per-row attention.
+
+    Reference loop::
+
+        for b, h, sp in product(range(B), range(H), range(NS)):
+            part_ml[b, h, sp] = (EMPTY_MAX, 0); part_o[b, h, sp] = 0
+            if slot[b] < 0: continue
+            lo, hi = sp * SPLIT, min((sp + 1) * SPLIT, positions[b] + 1)
+            if lo >= hi: continue
+            s_j = dot(scale * q[b, h], K[j])   for j in lo..hi-1   (K, V as in attention_decode)
+            m = max(s_j); e_j = exp(s_j - m)
+            part_ml[b, h, sp] = (m, sum(e_j)); part_o[b, h, sp] = sum(e_j * V[j])
+
+    Args:
+        qkv: ``[B, (H + 2*KVH) * HD]`` f32 (after RoPE).
+        positions: ``[B]`` i32 query positions.
+        slot: ``[B]`` i32 physical request rows, < 0 for padding.
+        page_table: ``[S, MP]`` i32.
+        k_cache: ``[P, PT, KVH, HD]`` f32.
+        v_cache: ``[P, PT, KVH, HD]`` f32.
+        part_ml: ``[B, H, NS, 2]`` f32 (split max, split sum of exponentials), written.
+        part_o: ``[B, H, NS, HD]`` f32 unnormalized split outputs, written.
+        B: rows. MP: page-table width. PT: tokens per page.
+        H: query heads. KVH: key/value heads. HD: head dim.
+        NS: splits per row. SPLIT: context positions per split.
+        scale: score multiplier.
+
+    Raises:
+        IndexError: a position beyond the page table or beyond ``NS * SPLIT`` (misuse).
+    """
+    G = H // KVH
+    ml = part_ml[:B, :H, :NS]
+    po = part_o[:B, :H, :NS]
+    ml[..., 0] = EMPTY_MAX
+    ml[..., 1] = 0.0
+    po[...] = 0.0
+    k_flat = k_cache.reshape(-1, KVH, HD)
+    v_flat = v_cache.reshape(-1, KVH, HD)
+    for b in range(B):
+        s = int(slot[b])
+        if s < 0:
+            continue
+        ctx = int(positions[b]) + 1
+        if (ctx + PT - 1) // PT > MP or ctx > NS * SPLIT:
+            raise IndexError(f"position {ctx - 1} exceeds the page table or the splits "
+                             f"(MP={MP}, PT={PT}, NS={NS}, SPLIT={SPLIT})")
+        j = np.arange(ctx)
+        idx = page_table[s, j // PT].astype(np.int64) * PT + j % PT
+        k = k_flat[idx]  # [ctx, KVH, HD]
+        v = v_flat[idx]
+        q = qkv[b, : H * HD].reshape(KVH, G, HD) * np.float32(scale)
+        scores = np.einsum("kgd,jkd->kgj", q, k).reshape(H, ctx)  # [H, ctx]
+        v_h = np.repeat(v, G, axis=1)  # [ctx, H, HD]: q head h reads kv head h // G
+        for sp in range(NS):
+            lo, hi = sp * SPLIT, min((sp + 1) * SPLIT, ctx)
+            if lo >= hi:
+                continue
+            sc = scores[:, lo:hi]
+            m = sc.max(axis=-1)
+            e = np.exp(sc - m[:, None])
+            ml[b, :, sp, 0] = m
+            ml[b, :, sp, 1] = e.sum(axis=-1)
+            po[b, :, sp] = np.einsum("hj,jhd->hd", e, v_h[lo:hi])
+
+
+def attention_decode_merge(
+    part_ml: NDArray[np.float32],
+    part_o: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    out: NDArray[np.float32],
+    B: int,
+    H: int,
+    HD: int,
+    NS: int,
+) -> None:
+    """Combine the splits of ``attention_decode_split`` into the attention output.
+
+    Reference loop::
+
+        for b, h in product(range(B), range(H)):
+            if slot[b] < 0: out[b, h] = 0; continue
+            M = max(part_ml[b, h, :, 0]); w_s = exp(part_ml[b, h, s, 0] - M)
+            out[b, h] = sum(w_s * part_o[b, h, s]) / sum(w_s * part_ml[b, h, s, 1])
+
+    Args:
+        part_ml: ``[B, H, NS, 2]`` f32.
+        part_o: ``[B, H, NS, HD]`` f32.
+        slot: ``[B]`` i32, < 0 for padding.
+        out: ``[B, H * HD]`` f32, written (zeros for padding rows).
+        B: rows. H: query heads. HD: head dim. NS: splits per row.
+    """
+    o = out[:B, : H * HD]
+    o[...] = 0.0
+    rows = np.flatnonzero(slot[:B] >= 0)
+    if rows.size == 0:
+        return
+    m = part_ml[rows, :H, :NS, 0]  # [n, H, NS]
+    w = np.exp(m - m.max(axis=-1, keepdims=True))
+    num = np.einsum("nhs,nhsd->nhd", w, part_o[rows, :H, :NS])
+    den = np.einsum("nhs,nhs->nh", w, part_ml[rows, :H, :NS, 1])
+    o[rows] = (num / den[..., None]).reshape(rows.size, H * HD)

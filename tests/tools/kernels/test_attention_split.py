@@ -1,0 +1,58 @@
+"""attention_decode_split + attention_decode_merge equal attention_decode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helios_tools.kernels import (
+    attention_decode,
+    attention_decode_merge,
+    attention_decode_split,
+    check_launch,
+)
+
+
+def _case(rng, B=5, H=6, KVH=2, HD=16, PT=4, MP=16, S=6):
+    P = S * MP
+    pages = rng.permutation(P).astype(np.int32).reshape(S, MP)
+    kc = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    vc = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    qkv = rng.standard_normal((B, (H + 2 * KVH) * HD)).astype(np.float32)
+    slot = np.array([0, 3, -1, 5, 2][:B], np.int32)
+    pos = rng.integers(0, PT * MP, B).astype(np.int32)
+    pos[0] = 0
+    return qkv, pos, slot, pages, kc, vc
+
+
+@pytest.mark.parametrize("split", [4, 7, 16, 64])
+def test_split_merge_equals_decode(split):
+    rng = np.random.default_rng(split)
+    B, H, KVH, HD, PT, MP = 5, 6, 2, 16, 4, 16
+    qkv, pos, slot, pages, kc, vc = _case(rng)
+    NS = -(-PT * MP // split)
+    scale = HD ** -0.5
+    ref = np.full((B, H * HD), np.nan, np.float32)
+    attention_decode(qkv, pos, slot, pages, kc, vc, ref, B, MP, PT, H, KVH, HD, scale)
+    ml = np.full((B, H, NS, 2), np.nan, np.float32)
+    po = np.full((B, H, NS, HD), np.nan, np.float32)
+    args = (qkv, pos, slot, pages, kc, vc, ml, po, B, MP, PT, H, KVH, HD, NS, split, scale)
+    check_launch("attention_decode_split", args)
+    attention_decode_split(*args)
+    assert np.isfinite(ml).all() and np.isfinite(po).all()
+    out = np.full((B, H * HD), np.nan, np.float32)
+    check_launch("attention_decode_merge", (ml, po, slot, out, B, H, HD, NS))
+    attention_decode_merge(ml, po, slot, out, B, H, HD, NS)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
+    assert (out[2] == 0).all()  # padding row
+
+
+def test_split_rejects_positions_past_the_splits():
+    rng = np.random.default_rng(0)
+    B, H, KVH, HD, PT, MP = 5, 6, 2, 16, 4, 16
+    qkv, pos, slot, pages, kc, vc = _case(rng)
+    pos[1] = 40
+    ml = np.zeros((B, H, 2, 2), np.float32)
+    po = np.zeros((B, H, 2, HD), np.float32)
+    with pytest.raises(IndexError, match="splits"):
+        attention_decode_split(qkv, pos, slot, pages, kc, vc, ml, po, B, MP, PT, H, KVH, HD,
+                               2, 16, 0.25)
