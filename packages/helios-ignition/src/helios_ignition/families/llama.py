@@ -86,6 +86,14 @@ def weight_resource_id(name: str) -> str:
     return f"weights/{name}"
 
 
+def decode_splits(context_tokens: int) -> tuple[int, int]:
+    """(splits NS, positions per split SPLIT) of split-context decode attention: splits of
+    64 positions (one block of the GPU kernel), at most 64 per row (longer contexts get
+    longer splits)."""
+    split = max(64, -(-context_tokens // 64 // 64) * 64)
+    return -(-context_tokens // split), split
+
+
 def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str) -> BufferTable:
     """The physical buffer table shared by every graph variant."""
     t = BufferTable()
@@ -116,6 +124,9 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str) -> Buff
                         ("qkv", s.qkv_width), ("attn", s.heads * s.head_dim),
                         ("gate_up", 2 * s.ffn), ("act", s.ffn)):
         t.declare(f"scratch.{name}", "f32", (tokens, width), "scratch")
+    ns, _ = decode_splits(pages_per_request * caps.page_tokens)
+    t.declare("scratch.attn_ml", "f32", (slots, s.heads, ns, 2), "scratch")
+    t.declare("scratch.attn_o", "f32", (slots, s.heads, ns, s.head_dim), "scratch")
     t.declare("scratch.last", "f32", (rows, s.hidden), "scratch")
     t.declare("scratch.logits", "f32", (rows, s.vocab), "scratch")
     t.declare(SAMPLED, "i32", (rows,), "output")
@@ -159,9 +170,13 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
         b.launch("linear", h, t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D)
         b.launch("rope", qkv, pos, inv_freq, T, H, KVH, HD)
         b.launch("kv_write", qkv, pos, trow, slot, page_table, kc, vc, T, R, MP, PT, H, KVH, HD)
-        if decode:
-            b.launch("attention_decode", qkv, pos, slot, page_table, kc, vc, attn,
-                     T, MP, PT, H, KVH, HD, scale)
+        if decode:  # split over the context, then merged (flash-decoding)
+            ns, split = decode_splits(MP * PT)
+            part_ml = t.view("scratch.attn_ml", (T, H, ns, 2))
+            part_o = t.view("scratch.attn_o", (T, H, ns, HD))
+            b.launch("attention_decode_split", qkv, pos, slot, page_table, kc, vc, part_ml,
+                     part_o, T, MP, PT, H, KVH, HD, ns, split, scale)
+            b.launch("attention_decode_merge", part_ml, part_o, slot, attn, T, H, HD, ns)
         else:
             b.launch("attention_prefill", qkv, pos, trow, slot, page_table, kc, vc, attn,
                      T, R, MP, PT, H, KVH, HD, scale)
