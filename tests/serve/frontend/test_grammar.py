@@ -212,6 +212,12 @@ def test_forced_tool_choice_grammar_matches_parser(case, choice):
         state = gc.for_request(**kw)
         generate(state, st.ids([S(opener), S(close)]))
         assert not allowed(state, st.special_id(EOS))
+    # After one complete call, a named choice allows only the end; "required" (parallel
+    # calls allowed by default) may open another call.
+    state = gc.for_request(**kw)
+    generate(state, st.ids(dict(chunkings(script))["bytes"]))
+    assert allowed(state, st.special_id(EOS))
+    assert allowed(state, st.ids([script[-3]])[0]) is (choice == "required")
 
 
 def test_atem_frames_grammar_constrains_user_answer_only():

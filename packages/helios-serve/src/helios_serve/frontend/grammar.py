@@ -157,6 +157,9 @@ class GrammarCompiler:
         """The Lark grammar text for a request, or None when unconstrained."""
         schema = _answer_schema(response_format)
         forced = tool_choice == "required" or isinstance(tool_choice, dict)
+        # A named function is called exactly once (OpenAI's forced-function semantics);
+        # only "required" may repeat calls when parallel calls are allowed.
+        parallel_tool_calls = parallel_tool_calls and not isinstance(tool_choice, dict)
         if schema is None and not forced:
             return None
         if schema is not None and forced:
