@@ -11,7 +11,7 @@ from .export import ExportError, export_core
 from .recipe import RecipeError
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """ignition: Helios preparation (recipes, checkpoints, program capture, export)."""
 
