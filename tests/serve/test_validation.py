@@ -145,3 +145,19 @@ def test_message_without_content_is_400_naming_it(scripted, role):
     assert error["param"] == "messages[1].content"
     assert f"a {role} message needs content" in error["message"]
     scripted.wait_idle()
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [{"foo": 1}, {"type": "function"}, {"type": "function", "function": {}},
+     {"type": "function", "function": {"name": 5}}, {"type": "tool", "function": {"name": "f"}}],
+)  # fmt: skip
+def test_malformed_named_tool_choice_is_a_clear_400(scripted, choice):
+    r = httpx.post(scripted.url + "/v1/chat/completions",
+                   json={**_base(scripted), "tool_choice": choice})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tool_choice"
+    assert error["message"] == (
+        'must be "none", "auto", "required" or {"type": "function", "function": {"name": NAME}}'
+    )

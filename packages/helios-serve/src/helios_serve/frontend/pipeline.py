@@ -193,12 +193,19 @@ def tool_registry(tools: Any, tool_choice: Any = "auto") -> dict[str, dict[str, 
         return registry
     if tool_choice == "none":
         return {}
-    if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name")
-        if name not in registry:
-            raise FrontendRequestError("tool_choice", f"names unknown function {name!r}")
-        return {name: registry[name]}
-    raise FrontendRequestError("tool_choice", "must be none, auto, required or a named function")
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if function is None or tool_choice.get("type") != "function" or not isinstance(name, str) \
+            or not name:
+        raise FrontendRequestError("tool_choice", _TOOL_CHOICE_FORMS)
+    if name not in registry:
+        raise FrontendRequestError("tool_choice", f"names unknown function {name!r}")
+    return {name: registry[name]}
+
+
+_TOOL_CHOICE_FORMS = (
+    'must be "none", "auto", "required" or {"type": "function", "function": {"name": NAME}}'
+)
 
 
 class Frontend:
