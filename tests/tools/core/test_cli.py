@@ -187,3 +187,13 @@ def test_unreadable_core_names_its_path_once(tmp_path, command):
         line = result.output.strip().splitlines()[-1]
         assert line.startswith(f"Error: {path}: {why}"), line
         assert line.count(str(path)) == 1, line
+
+
+def test_lint_core_json_reports_an_unreadable_core_as_json(tmp_path):
+    garbage = tmp_path / "g.core"
+    garbage.write_bytes(b"not a core at all")
+    result = CliRunner().invoke(main, ["lint-core", str(garbage), "--format", "json"])
+    assert result.exit_code == 2
+    data = json.loads(result.stdout)
+    assert data == {"core": str(garbage), "findings": [],
+                    "error": f"{garbage}: not a Helios core (bad magic) (offset 0)"}

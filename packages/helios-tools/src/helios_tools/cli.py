@@ -237,6 +237,19 @@ def verify(core: Path, trust: tuple[Path, ...], accept: str, resource_key: Path 
 def lint_core_command(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
                       require_targets: tuple[str, ...], resource_key: Path | None) -> None:
     """Everything verify does, plus contract validation and manifest consistency."""
+    try:
+        _lint(core, trust, accept, fmt, require_targets, resource_key)
+    except _Unreadable as e:
+        if fmt != "json":
+            raise
+        # A machine reading --format json gets JSON on stdout whatever happened.
+        click.echo(json.dumps({"core": str(core), "error": e.message, "findings": []},
+                              indent=2))
+        sys.exit(e.exit_code)
+
+
+def _lint(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
+          require_targets: tuple[str, ...], resource_key: Path | None) -> None:
     keys = _trusted(trust) if trust else None
     if accept is not None and keys is None:
         raise click.UsageError("--accept needs --trust")
