@@ -480,3 +480,46 @@ def test_a_request_that_a_free_slot_will_take_is_not_counted_as_queued(tok):
             assert results[name].status_code == 200, (name, results[name].text)
             assert results[name].json()["choices"][0]["message"]["content"] == "Hello, world!"
         server.wait_idle()
+
+
+def test_requests_arriving_during_a_step_take_free_slots_not_503(tok):
+    """max_active 4, queue_capacity 1: while the worker executes a step (one slot busy),
+    three admitted requests arrive. Three slots are free, so none is pending admission:
+    all are served, none rejected because the hand-off channel holds more than one."""
+    with ScriptedServer(tok, max_active=4, queue_capacity=1) as server:
+        worker = server.server.worker
+        release = threading.Event()
+        gated = [True]
+
+        def hold_first_step(_plan) -> bool:
+            if gated[0]:
+                gated[0] = False
+                assert release.wait(20)
+            return False
+
+        server.model.fail_when(hold_first_step)
+        results: dict[str, httpx.Response] = {}
+
+        def post(name: str) -> threading.Thread:
+            t = threading.Thread(
+                target=lambda: results.__setitem__(name, _post(server, _chat(server, name)))
+            )
+            t.start()
+            return t
+
+        threads = [post("first")]
+        deadline = time.monotonic() + 20
+        while gated[0]:  # the worker is held in the first request's first step
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for name in ("a", "b", "c"):
+            threads.append(post(name))
+            while len(worker._ingress) < len(threads) - 1 and name not in results:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        release.set()
+        for t in threads:
+            t.join(30)
+        for name in ("first", "a", "b", "c"):
+            assert results[name].status_code == 200, (name, results[name].text)
+        server.wait_idle()

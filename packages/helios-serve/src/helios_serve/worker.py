@@ -147,11 +147,17 @@ class ModelWorker:
         self._thread.start()
 
     def submit(self, request: GenerationRequest) -> bool:
-        """Hand a prepared request to the worker; False when the ingress channel is full."""
+        """Hand a prepared request to the worker; False when the ingress channel is full.
+
+        The channel is drained only between steps, so it holds the requests that free
+        slots will take as well as those that will queue: its bound is queue_capacity
+        plus the slots. Whether the admission queue is full is decided in `_admit`, on
+        the scheduler's state after the cancels received with the request.
+        """
         with self._lock:
             if self._stopping or self.crashed is not None or not self._thread.is_alive():
                 return False
-            if len(self._ingress) >= self.queue_capacity:
+            if len(self._ingress) >= self.queue_capacity + self.geometry.slots:
                 return False
             self._ingress.append(request)
             self._wake.notify()
