@@ -111,8 +111,10 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         B, H, HD = s[0], s[3], s[5]
         return _cfg((B, H), 8, BLOCK_N=128, BLOCK_HD=_np2(HD, 16))
     if op == "attention_decode_split":
-        B, H, HD, NS = s[0], s[3], s[5], s[6]
-        return _cfg((B, H, NS), 4, BLOCK_N=64, BLOCK_HD=_np2(HD, 16))
+        B, H, KVH, HD, NS = s[0], s[3], s[4], s[5], s[6]
+        grouped = int(B <= 8 and HD <= 64)  # measured on the H200, see the kernel
+        return _cfg((B, KVH if grouped else H, NS), 4, BLOCK_N=64, BLOCK_HD=_np2(HD, 16),
+                    BLOCK_G=_np2(H // KVH, 16), GROUPED=grouped)
     if op == "attention_decode_merge":
         B, H, HD, NS = s
         return _cfg((B, H), 4, BLOCK_S=_np2(NS, 2), BLOCK_HD=_np2(HD, 16))

@@ -167,9 +167,9 @@ def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_ca
 
 
 @triton.jit
-def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
-                           B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
-                           BLOCK_HD: tl.constexpr):
+def _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                    B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
+                    BLOCK_HD: tl.constexpr):
     """Softmax statistics of context split ``sp`` for row ``b``, head ``h``; grid ``(B, H, NS)``.
 
     Writes ``part_ml[b, h, sp] = (max, sum exp)`` and the unnormalized ``part_o`` (an empty
@@ -211,6 +211,82 @@ def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, p
     tl.store(part_ml + base * 2, m_i)
     tl.store(part_ml + base * 2 + 1, l_i)
     tl.store(part_o + base * HD + d, acc, mask=md)
+
+
+@triton.jit
+def _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                   B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
+                   BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Softmax statistics of context split ``sp`` for row ``b`` and every query head of kv
+    head ``kvh``; grid ``(B, KVH, NS)``.
+
+    The ``G = H / KVH`` query heads sharing a kv head are one tile (padded to BLOCK_G rows
+    for the MMA), so each cached key/value is read once per kv head, not once per query
+    head. Writes ``part_ml[b, h, sp] = (max, sum exp)`` and the unnormalized ``part_o``
+    (an empty split or a padding row writes ``(-1e30, 0)`` and zeros). Splits are
+    independent programs, so a long context is spread over the whole GPU (flash-decoding);
+    dots in 3xTF32 (near f32).
+    """
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    G = H // KVH
+    g = tl.arange(0, BLOCK_G)
+    mg = g < G
+    h = kvh * G + g
+    d = tl.arange(0, BLOCK_HD)
+    md = d < HD
+    s = tl.load(slot + b)
+    ctx = tl.load(positions + b) + 1
+    lo = sp * SPLIT
+    hi = tl.where(s >= 0, tl.minimum(lo + SPLIT, ctx), lo)
+    width = (H + 2 * KVH) * HD
+    q = tl.load(qkv + b * width + h[:, None] * HD + d[None, :], mask=mg[:, None] & md[None, :],
+                other=0.0) * scale
+    m_i = tl.full((BLOCK_G,), NEG_BIG, tl.float32)
+    l_i = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_HD), tl.float32)
+    row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
+    for j0 in range(lo, hi, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        mj = j < hi
+        page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+        off = ((page * PT + j % PT) * KVH + kvh) * HD
+        mkv = mj[:, None] & md[None, :]
+        k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        sc = tl.dot(q, tl.trans(k), input_precision="tf32x3")
+        sc = tl.where(mj[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = libdevice.exp(m_i - m_new)
+        p = libdevice.exp(sc - m_new[:, None])
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32x3")
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    base = (b * H + h) * NS + sp
+    tl.store(part_ml + base * 2, m_i, mask=mg)
+    tl.store(part_ml + base * 2 + 1, l_i, mask=mg)
+    tl.store(part_o + base[:, None] * HD + d[None, :], acc, mask=mg[:, None] & md[None, :])
+
+
+@triton.jit
+def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                           B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
+                           BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr):
+    """Per-split softmax statistics (``attention_decode_split``), two layouts:
+
+    GROUPED=1, grid ``(B, KVH, NS)``: the query heads of a kv head form one MMA tile, so
+    each cached key/value is read once per kv head (faster for few rows and small heads
+    on the H200: SmolLM2 batch <= 8). GROUPED=0, grid ``(B, H, NS)``: one program per
+    query head, f32 FMA dots (faster for many rows and for the 8B geometry). Measured in
+    bench/results/gpu_*_grouped.json against gpu_*_v2/v3.json.
+    """
+    if GROUPED:
+        _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                       B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G)
+    else:
+        _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                        B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD)
 
 
 @triton.jit
