@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from helios_ignition.checkpoint import (
     CheckpointError,
+    CheckpointFormatError,
     CheckpointNotFoundError,
     MissingChatTemplateError,
     MissingTensorError,
@@ -77,7 +78,6 @@ class Case:
     setup: Callable[[Env], tuple[str, ...]]  # edits env.kwargs, returns message fragments
     error: type[Exception]
     cli: bool = True  # False: the CLI refuses it as a usage error first (tested apart)
-    xfail: str | None = None  # a known bug outside ignition export (strict: fix, then drop)
 
 
 def _shape_mismatch(env: Env) -> tuple[str, ...]:
@@ -316,12 +316,9 @@ CASES = [
          RecipeError),
     Case("tokenizer ids beyond vocab", _tokenizer_beyond_vocab, CheckpointError),
     Case("tokenizer invalid", _invalid_tokenizer, CheckpointError),
-    Case("tokenizer not JSON", _tokenizer_not_json, CheckpointError,
-         xfail="safetensors_loader: json.JSONDecodeError escapes _token_ids"),
-    Case("config.json not JSON", _config_not_json, CheckpointError,
-         xfail="safetensors_loader: json.JSONDecodeError escapes load_safetensors_dir"),
-    Case("safetensors truncated", _truncated_safetensors, CheckpointError,
-         xfail="safetensors_loader: SafetensorError escapes the tensor reader"),
+    Case("tokenizer not JSON", _tokenizer_not_json, CheckpointFormatError),
+    Case("config.json not JSON", _config_not_json, CheckpointFormatError),
+    Case("safetensors truncated", _truncated_safetensors, CheckpointFormatError),
     Case("tool parser unspecified", _unspecified_tool_parser, RecipeError),
     Case("reasoning parser unknown", _unknown_reasoning_parser, RecipeError),
     Case("family unsupported", _unsupported_family, RecipeError),
@@ -387,8 +384,7 @@ def _assert_nothing_written(env: Env, before: dict) -> None:
 
 
 def _params(cases: list[Case]) -> list:
-    return [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(strict=True, reason=c.xfail)]
-                         if c.xfail else []) for c in cases]
+    return [pytest.param(c, id=c.name) for c in cases]
 
 
 @pytest.mark.parametrize("case", _params(CASES))
