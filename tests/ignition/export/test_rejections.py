@@ -383,11 +383,7 @@ def _assert_nothing_written(env: Env, before: dict) -> None:
         assert not list(out.parent.glob(f"*{out.name}*"))
 
 
-def _params(cases: list[Case]) -> list:
-    return [pytest.param(c, id=c.name) for c in cases]
-
-
-@pytest.mark.parametrize("case", _params(CASES))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_library_refuses(case: Case, env: Env):
     fragments = case.setup(env)
     before = snapshot(env.out_dir)
@@ -398,7 +394,7 @@ def test_library_refuses(case: Case, env: Env):
     _assert_nothing_written(env, before)
 
 
-@pytest.mark.parametrize("case", _params([c for c in CASES if c.cli]))
+@pytest.mark.parametrize("case", [c for c in CASES if c.cli], ids=lambda c: c.name)
 def test_cli_refuses(case: Case, env: Env):
     fragments = case.setup(env)
     before = snapshot(env.out_dir)
