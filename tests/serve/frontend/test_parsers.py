@@ -434,3 +434,29 @@ def test_structured_answer_never_parses_text_tags_as_calls():
     run_all(JSONTAGS, [doc], THINK, expected, tools=[fn("a")], structured_answer=True)
     calls = next(drive(JSONTAGS, [doc[7:-2].replace('\\"', '"')], specials=THINK, tools=[fn("a")]))[2]
     assert calls.tool_calls == (ToolCall("call_0", "a", "{}"),)  # the same text unstructured is a call
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+    ids=["required", "named"],
+)
+@pytest.mark.parametrize(
+    "script", [["\n<tool_"], ['<tool_call>\n{"name": "get_wea']], ids=["opener", "body"]
+)
+def test_forced_tool_choice_cut_by_the_output_limit_leaks_no_markup(choice, script):
+    # A forced tool choice constrains the whole answer to the call envelope. Cut by the
+    # output limit inside the opener (text markers here, as in the SmolLM2 tools core) or
+    # inside the body, nothing of the envelope becomes content.
+    tools = [fn("get_weather", {"city": {"type": "string"}})]
+    for name, _deltas, result in drive(
+        JSONTAGS, script, specials=THINK, end="length", tools=tools, tool_choice=choice
+    ):
+        assert result == ChatResult(None, None, (), "length"), (name, result)
+
+
+def test_auto_tool_choice_keeps_text_that_only_looks_like_an_opener():
+    tools = [fn("get_weather", {"city": {"type": "string"}})]
+    for name, _deltas, result in drive(
+        JSONTAGS, ["Use <tool_"], specials=THINK, end="length", tools=tools, tool_choice="auto"
+    ):
+        assert result == ChatResult(None, "Use <tool_", (), "length"), (name, result)

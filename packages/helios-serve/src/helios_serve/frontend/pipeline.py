@@ -48,10 +48,15 @@ class IncrementalParser(Protocol):
 class _Request:
     """What a parser factory needs from one request."""
 
-    def __init__(self, prompt_text: str, sink: CallSink, structured: bool) -> None:
+    def __init__(
+        self, prompt_text: str, sink: CallSink, structured: bool, forced_call: bool = False
+    ) -> None:
         self.prompt_text = prompt_text
         self.sink = sink
         self.structured = structured
+        # tool_choice required or named: the grammar constrains the answer to calls, so
+        # answer text outside them (a partial opener cut by the output limit) is markup.
+        self.forced_call = forced_call
 
 
 def _think(fe: Frontend, req: _Request) -> IncrementalParser:
@@ -71,7 +76,8 @@ REASONING_PARSERS: dict[ReasoningParser, Callable[[Frontend, _Request], Incremen
 
 def _tagged(xml: bool) -> Callable[[Frontend, _Request], IncrementalParser]:
     def make(fe: Frontend, req: _Request) -> IncrementalParser:
-        return TaggedToolParser(fe.syntax.tool_syntax, fe.marks, req.sink, xml_escaped=xml)
+        return TaggedToolParser(fe.syntax.tool_syntax, fe.marks, req.sink, xml_escaped=xml,
+                                emit_content=not req.forced_call)
 
     return make
 
@@ -96,7 +102,7 @@ TOOL_PARSERS: dict[ToolParser, Callable[[Frontend, _Request], IncrementalParser]
     ToolParser.XTML: _tagged(True),
     ToolParser.ATEM_RECIPIENT_HEADERS: _recipient,
     ToolParser.JSON_IN_TAGS: lambda fe, req: JsonInTagsToolParser(
-        fe.syntax.tool_syntax, fe.marks, req.sink
+        fe.syntax.tool_syntax, fe.marks, req.sink, emit_content=not req.forced_call
     ),
 }
 
@@ -265,7 +271,8 @@ class Frontend:
         if tools and self.syntax.tool_parser is ToolParser.NONE:
             raise FrontendRequestError("tools", "this model declares no tool-call syntax")
         registry = tool_registry(tools, tool_choice)
-        req = _Request(prompt_text, CallSink(registry, call_id), structured_answer)
+        forced = bool(tools) and (tool_choice == "required" or isinstance(tool_choice, dict))
+        req = _Request(prompt_text, CallSink(registry, call_id), structured_answer, forced)
         reasoning = REASONING_PARSERS[self.syntax.reasoning_parser](self, req)
         if structured_answer and self.syntax.tool_parser is not ToolParser.ATEM_RECIPIENT_HEADERS:
             # The constrained answer is an opaque document: literal tags in it stay text.

@@ -386,11 +386,13 @@ class JsonInTagsToolParser:
     as a start delta and one arguments fragment. A body that is not valid JSON is dropped.
     """
 
-    def __init__(self, syntax: ToolSyntax, marks: TokenMarks, sink: CallSink) -> None:
+    def __init__(
+        self, syntax: ToolSyntax, marks: TokenMarks, sink: CallSink, *, emit_content: bool = True
+    ) -> None:
         self._s = syntax
         self._scan = Scan(marks)
         self._sink = sink
-        self._content = _Content(sink, True)
+        self._content = _Content(sink, emit_content)
         self._in_block = False
         self._body = ""
 
