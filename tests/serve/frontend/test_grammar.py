@@ -255,3 +255,33 @@ def test_mask_row_shape_is_checked():
     assert gc.mask_words == 10
     with pytest.raises(ValueError):
         state.fill_mask(np.zeros(9, dtype=np.int32))
+
+
+# A pydantic-style tool schema: nested models live in local $defs, referenced by $ref.
+BOOK = {"type": "function", "function": {"name": "book", "parameters": {
+    "type": "object",
+    "properties": {"place": {"$ref": "#/$defs/Place"}, "nights": {"type": "integer"}},
+    "required": ["place"],
+    "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}},
+                        "required": ["city"], "additionalProperties": False}},
+}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_json_in_tags_tool_schema_with_local_defs(choice):
+    syn = think_syntax(ToolParser.JSON_IN_TAGS, JSON_IN_TAGS)
+    script = [S("<tool_call>"), '\n{"name": "book", "arguments": {"place": {"city": "Lyon"}}}\n',
+              S("</tool_call>")]  # fmt: skip
+    st, fe, gc = setup(syn, [script], ["<think>", "</think>", "<tool_call>", "</tool_call>"])
+    tool_choice = "required" if choice == "required" else {"type": "function", "function": {"name": "book"}}
+    prompt = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+    kw = dict(tools=[BOOK, TIME], tool_choice=tool_choice, prompt_text=prompt)
+    call = ToolCall("call_0", "book", '{"place":{"city":"Lyon"}}')
+    run(st, fe, gc, script, grammar_kw=kw, pipeline_kw=kw,
+        expected=ChatResult(None, None, (call,), "tool_calls"))  # fmt: skip
+    # The $ref is honoured: a place that is not a Place object is masked out.
+    bad = '\n{"name": "book", "arguments": {"place": "Lyon"'
+    state = gc.for_request(**kw)
+    ids = st.ids([S("<tool_call>"), *bad])
+    with pytest.raises(AssertionError, match="masked out"):
+        generate(state, ids)

@@ -205,8 +205,12 @@ class GrammarCompiler:
         t = self._fe.syntax.tool_syntax
         sep = g.lit(t.tag_separator)
         if self._fe.syntax.tool_parser is ToolParser.JSON_IN_TAGS:
-            any_of = [
-                {
+            # One JSON document per function: its parameters' local definitions ($defs,
+            # definitions; pydantic puts nested models there) move to the document root,
+            # where their "#/$defs/..." references resolve.
+            objects = []
+            for name, params in registry.items():
+                obj = {
                     "type": "object",
                     "properties": {
                         t.json_name_key: {"const": name},
@@ -215,12 +219,13 @@ class GrammarCompiler:
                     "required": [t.json_name_key, t.json_arguments_key],
                     "additionalProperties": False,
                 }
-                for name, params in registry.items()
-            ]
+                for key in ("$defs", "definitions"):
+                    if isinstance(params, dict) and key in params:
+                        obj[key] = params[key]
+                objects.append(_json_inline(obj))
             wrap = g.lit(t.wrapping_newline)
-            call = g.rule(
-                f"{g.lit(t.call_open)} {wrap} {_json_inline({'anyOf': any_of})} {wrap} {g.lit(t.call_close)}"
-            )
+            body = g.rule(" | ".join(objects))
+            call = g.rule(f"{g.lit(t.call_open)} {wrap} {body} {wrap} {g.lit(t.call_close)}")
         else:
             functions = g.rule(" | ".join(self._function(g, n, p) for n, p in registry.items()))
             if t.function_name_open:
