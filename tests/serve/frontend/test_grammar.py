@@ -285,3 +285,33 @@ def test_json_in_tags_tool_schema_with_local_defs(choice):
     ids = st.ids([S("<tool_call>"), *bad])
     with pytest.raises(AssertionError, match="masked out"):
         generate(state, ids)
+
+
+TAGGED_BOOK_CASES = {
+    "qwen": (
+        think_syntax(ToolParser.QWEN_CODER_FUNCTION_TAGS, QWEN_CODER_TAGS),
+        ["<tool_call>", "</tool_call>"],
+        [S("<tool_call>"), '\n<function=book>\n<parameter=place>\n{"city": "Lyon"}\n</parameter>\n'
+         "</function>\n", S("</tool_call>")],
+    ),
+    "glm": (
+        think_syntax(ToolParser.GLM_ARGUMENT_TAGS, GLM_TAGS),
+        ["<tool_call>", "</tool_call>"],
+        [S("<tool_call>"), 'book\n<arg_key>place</arg_key>\n<arg_value>{"city": "Lyon"}</arg_value>\n',
+         S("</tool_call>")],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(TAGGED_BOOK_CASES))
+def test_tagged_tool_parameter_with_a_local_ref(case):
+    # A parameter typed through "$ref": "#/$defs/Place" is a JSON object in the grammar
+    # and in the arguments, not free text turned into a string.
+    syn, specials, script = TAGGED_BOOK_CASES[case]
+    st, fe, gc = setup(syn, [script], ["<think>", "</think>", *specials])
+    prompt = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+    kw = dict(tools=[BOOK], tool_choice={"type": "function", "function": {"name": "book"}},
+              prompt_text=prompt)  # fmt: skip
+    call = ToolCall("call_0", "book", '{"place":{"city":"Lyon"}}')
+    run(st, fe, gc, script, grammar_kw=kw, pipeline_kw=kw,
+        expected=ChatResult(None, None, (call,), "tool_calls"))  # fmt: skip

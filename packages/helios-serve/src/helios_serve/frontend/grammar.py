@@ -24,6 +24,7 @@ from .errors import GrammarError
 from .pipeline import Frontend, tool_registry
 from .reasoning import ReasoningStart, initial_reasoning_state, prompt_tail
 from .syntax import ReasoningParser, ToolParser
+from .tools import parameter_schema
 
 
 def _regex_escape(text: str) -> str:
@@ -242,8 +243,8 @@ class GrammarCompiler:
         props: Mapping[str, Any] = params.get("properties") or {}
         required = set(params.get("required") or [])
         parts = []
-        for pname, pschema in props.items():
-            p = self._parameter(g, pname, pschema)
+        for pname in props:
+            p = self._parameter(g, pname, parameter_schema(params, pname) or {})
             parts.append(f"{p} {sep}" if pname in required else f"({p} {sep})?")
         esc = self._fe.syntax.tool_parser is ToolParser.XTML
         head = f"{g.lit(t.function_name_open)} {g.lit(_xml(name) if esc else name)} {g.lit(t.function_name_close)}"

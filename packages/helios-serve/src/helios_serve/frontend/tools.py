@@ -78,6 +78,29 @@ def convert_parameter(raw: str, schema: Mapping[str, Any] | None) -> Any:
     return raw
 
 
+def parameter_schema(params: Mapping[str, Any] | None, name: str) -> Any:
+    """The JSON schema of parameter `name` of a function's parameters schema, standalone.
+
+    A local reference ("#/$defs/X" or "#/definitions/X": pydantic's nested models) is
+    resolved, and the root's definitions come along so nested references still resolve
+    once the schema stands alone (in a grammar, or for conversion). None when undeclared.
+    """
+    params = params if isinstance(params, Mapping) else {}
+    schema = (params.get("properties") or {}).get(name)
+    if not isinstance(schema, Mapping):
+        return schema
+    defs = {k: params[k] for k in ("$defs", "definitions") if isinstance(params.get(k), Mapping)}
+    ref = schema.get("$ref")
+    for key, table in defs.items():
+        prefix = f"#/{key}/"
+        if isinstance(ref, str) and ref.startswith(prefix):
+            target = table.get(ref[len(prefix):])
+            if isinstance(target, Mapping):
+                schema = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+            break
+    return {**defs, **schema} if defs else dict(schema)
+
+
 class CallSink:
     """Shared call numbering and registration for one response.
 
@@ -102,8 +125,7 @@ class CallSink:
         return ToolCallStart(self.count - 1, self._call_id(), name)
 
     def property_schema(self, name: str, parameter: str) -> Mapping[str, Any] | None:
-        props = (self.tools.get(name) or {}).get("properties") or {}
-        return props.get(parameter)
+        return parameter_schema(self.tools.get(name), parameter)
 
 
 class NoToolParser:
