@@ -409,15 +409,17 @@ def test_cli_refuses(case: Case, env: Env):
     _assert_nothing_written(env, before)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a 0o555 directory")
 def test_read_only_output_dir(env: Env):
-    env.out_dir.chmod(0o555)
-    try:
-        with pytest.raises(ExportError, match="output directory is not writable"):
-            export_core(**env.kwargs)
-        assert snapshot(env.out_dir) == {}
-    finally:
-        env.out_dir.chmod(0o755)
+    """sysfs refuses new files even to root (CI runs as root, where mode bits don't bind):
+    the access check names the directory, or the write itself fails as an ExportError."""
+    out = Path("/sys/helios-export-test.core")
+    env.kwargs["out"] = out
+    expected = ("cannot write /sys/helios-export-test.core: Permission denied"
+                if os.geteuid() == 0 else "output directory is not writable: /sys")
+    with pytest.raises(ExportError) as err:
+        export_core(**env.kwargs)
+    assert str(err.value) == expected
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(("args", "message"), [
