@@ -460,3 +460,25 @@ def test_auto_tool_choice_keeps_text_that_only_looks_like_an_opener():
         JSONTAGS, ["Use <tool_"], specials=THINK, end="length", tools=tools, tool_choice="auto"
     ):
         assert result == ChatResult(None, "Use <tool_", (), "length"), (name, result)
+
+
+def _strict(text: str):
+    def reject(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def test_non_finite_numbers_never_reach_arguments():
+    # Python's json accepts NaN and Infinity, which are not JSON: the arguments string must
+    # stay parseable by any client. A bare number parameter keeps the raw text instead.
+    tools = [fn("f", {"x": {"type": "number"}})]
+    for raw in ("Infinity", "NaN", "1e400"):
+        qwen = [S("<tool_call>"), f"\n<function=f>\n<parameter=x>\n{raw}\n</parameter>\n</function>\n",
+                S("</tool_call>")]  # fmt: skip
+        for name, _deltas, result in drive(QWEN, qwen, specials=THINK + TOOL_TAGS, tools=tools):
+            assert [_strict(c.arguments) for c in result.tool_calls] == [{"x": raw}], name
+    body = '\n{"name": "f", "arguments": {"x": NaN}}\n'
+    for name, _deltas, result in drive(JSONTAGS, [S("<tool_call>"), body, S("</tool_call>")],
+                                       specials=THINK + TOOL_TAGS, tools=tools):  # fmt: skip
+        assert result.tool_calls == (), name  # not JSON: the call is dropped

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,6 +29,22 @@ from .syntax import ToolSyntax
 def random_call_id() -> str:
     """A unique tool-call id: "call_" and 24 random hex digits."""
     return "call_" + secrets.token_hex(12)
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400
+        raise ValueError(f"{text} overflows a double")
+    return value
+
+
+def _loads(text: str) -> Any:
+    """json.loads without NaN and Infinity (Python accepts them; JSON and clients do not)."""
+    return json.loads(text, parse_constant=_not_json, parse_float=_finite)
 
 
 def _dumps(value: Any) -> str:
@@ -50,13 +67,13 @@ def convert_parameter(raw: str, schema: Mapping[str, Any] | None) -> Any:
         text = raw.strip()
         try:
             if t == "integer":
-                value = json.loads(text)
+                value = _loads(text)
                 if isinstance(value, int) and not isinstance(value, bool):
                     return value
                 if isinstance(value, float) and value.is_integer():
                     return int(value)
             elif t == "number":
-                value = json.loads(text)
+                value = _loads(text)
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     return value
             elif t == "boolean":
@@ -66,11 +83,11 @@ def convert_parameter(raw: str, schema: Mapping[str, Any] | None) -> Any:
                 if text == "null":
                     return None
             elif t == "object":
-                value = json.loads(text)
+                value = _loads(text)
                 if isinstance(value, dict):
                     return value
             elif t == "array":
-                value = json.loads(text)
+                value = _loads(text)
                 if isinstance(value, list):
                     return value
         except ValueError:
@@ -382,7 +399,7 @@ class TaggedToolParser:
             value: Any = raw
         elif kind and kind == s.parameter_kind_json:
             try:
-                value = json.loads(raw)
+                value = _loads(raw)
             except ValueError:
                 value = convert_parameter(raw, self._sink.property_schema(self._call.name, self._param))
         else:
@@ -450,7 +467,7 @@ class JsonInTagsToolParser:
     def _end_block(self, out: list[Delta]) -> None:
         self._in_block = False
         body, self._body = self._body.strip(), ""
-        decoder = json.JSONDecoder()
+        decoder = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
         pos = 0
         while pos < len(body):
             try:
@@ -465,7 +482,7 @@ class JsonInTagsToolParser:
             args = obj.get(self._s.json_arguments_key, {})
             if isinstance(args, str):
                 try:
-                    args = json.loads(args)
+                    args = _loads(args)
                 except ValueError:
                     pass
             start = self._sink.start(obj[self._s.json_name_key])
