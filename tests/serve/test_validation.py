@@ -161,3 +161,21 @@ def test_malformed_named_tool_choice_is_a_clear_400(scripted, choice):
     assert error["message"] == (
         'must be "none", "auto", "required" or {"type": "function", "function": {"name": NAME}}'
     )
+
+
+@pytest.mark.parametrize(
+    ("schema", "reason"),
+    [({"type": "nonsense"}, "Invalid type: nonsense"),
+     ({"type": "string", "pattern": "(["}, "unclosed character class"),
+     ({"$ref": "#/definitions/nope"}, "does not exist")],
+)  # fmt: skip
+def test_bad_json_schema_is_one_clear_line(scripted, schema, reason):
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    r = httpx.post(scripted.url + "/v1/chat/completions",
+                   json={**_base(scripted), "response_format": rf})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "response_format"
+    message = error["message"]
+    assert message.startswith("failed to compile JSON schema: ") and reason in message, message
+    assert "\n" not in message and "%json" not in message and "start:" not in message, message

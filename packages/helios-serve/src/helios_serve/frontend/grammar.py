@@ -14,6 +14,7 @@ Masks are llguidance bitmasks: int32 words, bit `t % 32` of word `t // 32` allow
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,6 +47,18 @@ def _regex_escape(text: str) -> str:
 
 
 _ANY_TEXT = "/(.|\\n)*/"  # any text, newlines included (Lark regex)
+
+
+def _one_line(message: str) -> str:
+    """An llguidance error as one line for the client: without the position in, and the
+    listing of, the internal Lark grammar that wraps the request's schema."""
+    kept = []
+    for line in message.splitlines():
+        if re.match(r"\s*\d+ \| ", line):  # the grammar listing starts
+            break
+        if line.strip():
+            kept.append(line.strip())
+    return re.sub(r"^at \d+\(\d+\): ", "", " ".join(kept))
 
 
 def _json_inline(schema: Any) -> str:
@@ -140,10 +153,10 @@ class GrammarCompiler:
             grammar, self.tokenizer
         )
         if is_error:
-            raise GrammarError(field, messages[0] if messages else "invalid grammar")
+            raise GrammarError(field, _one_line(messages[0]) if messages else "invalid grammar")
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(field, matcher.get_error())
+            raise GrammarError(field, _one_line(matcher.get_error()))
         return GrammarState(matcher, self.mask_words)
 
     def grammar(
