@@ -19,7 +19,10 @@ where backend time goes.
 
 Run: `cd /work/main && uv run python bench/cpu_forward.py [--decode-steps 16]
 [--rounds 3] [--reexport]` -> prints tables and writes bench/out/cpu_forward.json.
-Figures only; never asserted on.
+On a busy shared host prefer `OPENBLAS_NUM_THREADS=1` (recorded in host.blas_threads): with
+more BLAS threads than free cores, a small matmul waits for a descheduled peer thread and
+takes a scheduler quantum (about 20 ms) instead of microseconds. Figures only; never
+asserted on.
 """
 
 from __future__ import annotations
