@@ -86,18 +86,22 @@ def attention_decode_split(
         k = k_flat[idx]  # [ctx, KVH, HD]
         v = v_flat[idx]
         q = qkv[b, : H * HD].reshape(KVH, G, HD) * np.float32(scale)
-        scores = np.einsum("kgd,jkd->kgj", q, k).reshape(H, ctx)  # [H, ctx]
-        v_h = np.repeat(v, G, axis=1)  # [ctx, H, HD]: q head h reads kv head h // G
-        for sp in range(NS):
-            lo, hi = sp * SPLIT, min((sp + 1) * SPLIT, ctx)
-            if lo >= hi:
-                continue
-            sc = scores[:, lo:hi]
-            m = sc.max(axis=-1)
-            e = np.exp(sc - m[:, None])
-            ml[b, :, sp, 0] = m
-            ml[b, :, sp, 1] = e.sum(axis=-1)
-            po[b, :, sp] = np.einsum("hj,jhd->hd", e, v_h[lo:hi])
+        scores = np.einsum("kgd,jkd->kgj", q, k)  # [KVH, G, ctx]
+        # All splits of the row at once: pad the context to whole splits with -inf
+        # scores (zero weight) and zero values, then reduce within each split.
+        n_split = (ctx + SPLIT - 1) // SPLIT
+        padded = n_split * SPLIT
+        sc = np.full((KVH, G, padded), -np.inf, dtype=np.float32)
+        sc[..., :ctx] = scores
+        sc = sc.reshape(KVH, G, n_split, SPLIT)
+        m = sc.max(axis=-1)  # [KVH, G, n_split]; every split holds a real position
+        e = np.exp(sc - m[..., None])
+        vp = np.zeros((padded, KVH, HD), dtype=np.float32)
+        vp[:ctx] = v
+        o = np.einsum("kgsj,sjkd->kgsd", e, vp.reshape(n_split, SPLIT, KVH, HD))
+        ml[b, :, :n_split, 0] = m.reshape(H, n_split)
+        ml[b, :, :n_split, 1] = e.sum(axis=-1).reshape(H, n_split)
+        po[b, :, :n_split] = o.reshape(H, n_split, HD)
 
 
 def attention_decode_merge(
