@@ -71,37 +71,38 @@ def attention_decode_split(
     ml[..., 0] = EMPTY_MAX
     ml[..., 1] = 0.0
     po[...] = 0.0
-    k_flat = k_cache.reshape(-1, KVH, HD)
-    v_flat = v_cache.reshape(-1, KVH, HD)
-    for b in range(B):
-        s = int(slot[b])
-        if s < 0:
-            continue
-        ctx = int(positions[b]) + 1
-        if (ctx + PT - 1) // PT > MP or ctx > NS * SPLIT:
-            raise IndexError(f"position {ctx - 1} exceeds the page table or the splits "
-                             f"(MP={MP}, PT={PT}, NS={NS}, SPLIT={SPLIT})")
-        j = np.arange(ctx)
-        idx = page_table[s, j // PT].astype(np.int64) * PT + j % PT
-        k = k_flat[idx]  # [ctx, KVH, HD]
-        v = v_flat[idx]
-        q = qkv[b, : H * HD].reshape(KVH, G, HD) * np.float32(scale)
-        scores = np.einsum("kgd,jkd->kgj", q, k)  # [KVH, G, ctx]
-        # All splits of the row at once: pad the context to whole splits with -inf
-        # scores (zero weight) and zero values, then reduce within each split.
-        n_split = (ctx + SPLIT - 1) // SPLIT
-        padded = n_split * SPLIT
-        sc = np.full((KVH, G, padded), -np.inf, dtype=np.float32)
-        sc[..., :ctx] = scores
-        sc = sc.reshape(KVH, G, n_split, SPLIT)
-        m = sc.max(axis=-1)  # [KVH, G, n_split]; every split holds a real position
-        e = np.exp(sc - m[..., None])
-        vp = np.zeros((padded, KVH, HD), dtype=np.float32)
-        vp[:ctx] = v
-        o = np.einsum("kgsj,sjkd->kgsd", e, vp.reshape(n_split, SPLIT, KVH, HD))
-        ml[b, :, :n_split, 0] = m.reshape(H, n_split)
-        ml[b, :, :n_split, 1] = e.sum(axis=-1).reshape(H, n_split)
-        po[b, :, :n_split] = o.reshape(H, n_split, HD)
+    rows = np.flatnonzero(slot[:B] >= 0)
+    if rows.size == 0:
+        return
+    n = rows.size
+    ctx = positions[rows].astype(np.int64) + 1  # [n]
+    worst = int(ctx.max())
+    if (worst + PT - 1) // PT > MP or worst > NS * SPLIT:
+        raise IndexError(f"position {worst - 1} exceeds the page table or the splits "
+                         f"(MP={MP}, PT={PT}, NS={NS}, SPLIT={SPLIT})")
+    # All live rows at once, padded to whole splits of the longest context. Padded
+    # positions gather the row's own position 0 (always written) and score -inf, so
+    # they weigh nothing; a split past a row's context keeps (EMPTY_MAX, 0) and zeros.
+    n_split = (worst + SPLIT - 1) // SPLIT
+    j = np.arange(n_split * SPLIT)
+    valid = j[None, :] < ctx[:, None]  # [n, L]
+    jc = np.where(valid, j[None, :], 0)
+    pages = page_table[slot[rows][:, None], jc // PT].astype(np.int64)
+    idx = pages * PT + jc % PT  # [n, L]
+    k = k_cache.reshape(-1, KVH, HD)[idx].transpose(0, 2, 3, 1)  # [n, KVH, HD, L]
+    v = v_cache.reshape(-1, KVH, HD)[idx]  # [n, L, KVH, HD]
+    q = qkv[rows, : H * HD].reshape(n, KVH, G, HD) * np.float32(scale)
+    scores = np.matmul(q, k)  # [n, KVH, G, L]
+    scores = np.where(valid[:, None, None, :], scores, np.float32(-np.inf))
+    sc = scores.reshape(n, KVH, G, n_split, SPLIT)
+    m = sc.max(axis=-1)  # [n, KVH, G, n_split]; -inf for splits past the context
+    live = np.isfinite(m)
+    e = np.exp(sc - np.where(live, m, 0.0)[..., None])
+    vs = v.reshape(n, n_split, SPLIT, KVH, HD).transpose(0, 3, 1, 2, 4)  # [n, KVH, S, J, HD]
+    o = np.matmul(e.transpose(0, 1, 3, 2, 4), vs)  # [n, KVH, n_split, G, HD]
+    ml[rows, :, :n_split, 0] = np.where(live, m, EMPTY_MAX).reshape(n, H, n_split)
+    ml[rows, :, :n_split, 1] = e.sum(axis=-1).reshape(n, H, n_split)
+    po[rows, :, :n_split] = o.transpose(0, 1, 3, 2, 4).reshape(n, H, n_split, HD)
 
 
 def attention_decode_merge(
