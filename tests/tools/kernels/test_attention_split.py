@@ -56,3 +56,31 @@ def test_split_rejects_positions_past_the_splits():
     with pytest.raises(IndexError, match="splits"):
         attention_decode_split(qkv, pos, slot, pages, kc, vc, ml, po, B, MP, PT, H, KVH, HD,
                                2, 16, 0.25)
+
+
+def test_split_ignores_bytes_past_the_context():
+    """NaN in cache positions past a row's context (same page or later pages) and garbage
+    page-table columns past its last page change nothing."""
+    rng = np.random.default_rng(11)
+    B, H, KVH, HD, PT, MP, split = 5, 6, 2, 16, 4, 16, 8
+    qkv, pos, slot, pages, kc, vc = _case(rng)
+    NS = -(-PT * MP // split)
+    scale = HD ** -0.5
+    ref = np.zeros((B, H * HD), np.float32)
+    attention_decode(qkv, pos, slot, pages, kc, vc, ref, B, MP, PT, H, KVH, HD, scale)
+    kp, vp, tp = kc.copy(), vc.copy(), pages.copy()
+    for b in range(B):
+        if slot[b] < 0:
+            continue
+        ctx = int(pos[b]) + 1
+        last = (ctx - 1) // PT
+        kp[tp[slot[b], last], (ctx - 1) % PT + 1:] = np.nan
+        vp[tp[slot[b], last], (ctx - 1) % PT + 1:] = np.nan
+        tp[slot[b], last + 1:] = 10_000  # no such page
+    ml = np.zeros((B, H, NS, 2), np.float32)
+    po = np.zeros((B, H, NS, HD), np.float32)
+    attention_decode_split(qkv, pos, slot, tp, kp, vp, ml, po, B, MP, PT, H, KVH, HD, NS,
+                           split, scale)
+    out = np.zeros((B, H * HD), np.float32)
+    attention_decode_merge(ml, po, slot, out, B, H, HD, NS)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
