@@ -1,6 +1,18 @@
-"""Sweep linear variants (tile sizes, warps, stages, activation split) on two 8B shapes.
+"""Sweep multi-row linear variants on the 8B and SmolLM2 shapes; verify each on the device.
 
-    python bench/gpu_linear_sweep.py --json OUT.json
+    python bench/gpu_linear_sweep.py --json OUT.json [--budget-s 150] [--dry-run]
+
+For T in {8, 32, 64} and the (N, K) of Llama-3.1-8B and SmolLM2-135M, times the v1 launch
+rule (``HELIOS_LINEAR_RULE=v1``, the baseline every ratio is against), the v2 rule (the
+current ``launch_config`` default) and a grid of variant constants (tile sizes, warps,
+stages, ``PREFETCH``, ``STACK``, ``SWAP``, a few ``XSPLIT=0``), each as a CUDA graph of 10
+launches over up to 4 rotating weight copies (so L2 does not serve repeats). Weights are
+random bf16; every variant's output (poisoned with NaN first) is checked against a
+float64 NumPy reference on 512 columns (``rel``: ||gpu - ref|| / ||ref||) and relaunched
+to check it is bitwise deterministic. Prints one table row per (shape, T, variant):
+microseconds, weight TB/s, ratio of the v1 time to this one (> 1 is faster), and the
+best variant per (shape, T). ``--dry-run`` (no GPU) compiles the variant list for sm_90
+and checks that the v1 and v2 choices are in it.
 """
 
 from __future__ import annotations
@@ -10,31 +22,133 @@ import json
 import time
 from pathlib import Path
 
-CASES = [(28672, 4096), (4096, 14336), (3072, 576)]
+import numpy as np
+
+SHAPES = {"llama8b": [(6144, 4096), (28672, 4096), (4096, 14336), (128256, 4096)],
+          "smollm2": [(960, 576), (3072, 576), (576, 1536), (49152, 576)]}
+ROWS = (8, 32, 64)
+CHECK_COLS = 512
 
 
-def variants(T):
-    bt = 16 if T <= 16 else 64
+class _View:  # what launch_config reads of a view
+    def __init__(self, shape, dtype):
+        self.shape, self.buffer = shape, type("D", (), {"dtype": dtype})()
+
+
+def rule_constants(T: int, N: int, K: int, rule: str) -> dict[str, int]:
+    """The launch rule's constants for a bf16 weight (with WARPS, WBF16, K16)."""
+    from helios_ignition.capture import launch
+
+    return dict(launch.linear_constants(T, N, K, rule), WBF16=1, K16=int(K % 16 == 0))
+
+
+def _key(c: dict[str, int]) -> tuple:
+    full = {**dict(SWAP=0, PREFETCH=1, XSPLIT=1, STACK=0, STAGES=3), **c}
+    return tuple(sorted(full.items()))
+
+
+def grid_variants(bt: int) -> list[dict[str, int]]:
+    """The swept constants for token tiles of `bt` rows (bf16 weights, K % 16 == 0)."""
+    base = dict(BLOCK_T=bt, WBF16=1, K16=1)
     out = []
-    for bn in (16, 32, 64):
-        for bk in (64, 128, 256):
+    for bn in (32, 64, 128, 256):
+        for bk in (32, 64, 128):
             for warps in (4, 8):
-                for stages in (3,):
-                    for pre in (0, 1):
-                        for xs in (1, 0):
-                            out.append(dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WBF16=1, K16=1,
-                                            WARPS=warps, STAGES=stages, PREFETCH=pre,
-                                            XSPLIT=xs))
+                if (bn == 256 and (bk == 128 or warps == 4)) or (bn * bk >= 128 * 128
+                                                                  and warps == 4):
+                    continue
+                for stack in (0, 1):
+                    for stages in (3, 4):  # Triton-pipelined loads
+                        out.append(dict(base, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps,
+                                        STAGES=stages, PREFETCH=0, STACK=stack))
+                    if bk >= 64 and bn <= 128:  # v1's hand prefetch (no pipelining)
+                        out.append(dict(base, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps,
+                                        PREFETCH=1, STACK=stack))
+    for bn, bk in ((32, 64), (64, 64), (128, 64)):  # one-term activation (about 3 digits)
+        out.append(dict(base, BLOCK_N=bn, BLOCK_K=bk, WARPS=8, PREFETCH=0, XSPLIT=0))
+    if bt <= 32:  # weights as the MMA's M operand, tokens as its N
+        for bn in (64, 128):
+            for bk in (64, 128, 256):
+                for warps in (4, 8):
+                    for stack in (0, 1):
+                        out.append(dict(base, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps,
+                                        SWAP=1, STACK=stack, STAGES=4 if bk < 256 else 3))
     return out
+
+
+def variant_table() -> tuple[dict[tuple, dict], list[tuple[int, tuple]]]:
+    """All distinct constants, and the (T, key) pairs to time in order: the rule choices
+    of every T first, then the grids interleaved (T = 64 first), so a budget cut drops
+    grid points evenly."""
+    allv: dict[tuple, dict] = {}
+    rules, grids = [], {}
+    for T in ROWS:
+        for rule in ("v1", "v2"):
+            for shapes in SHAPES.values():
+                for N, K in shapes:
+                    c = rule_constants(T, N, K, rule)
+                    allv.setdefault(_key(c), c)
+                    rules.append((T, _key(c)))
+        grids[T] = []
+        for bt in ((16, 32) if T <= 8 else (32,) if T <= 32 else (64,)):
+            for c in grid_variants(bt):
+                allv.setdefault(_key(c), c)
+                grids[T].append((T, _key(c)))
+    order = list(rules)
+    for i in range(max(len(g) for g in grids.values())):
+        order += [grids[T][i] for T in sorted(ROWS, reverse=True) if i < len(grids[T])]
+    return allv, list(dict.fromkeys(order))
+
+
+def compile_variants(allv: dict[tuple, dict], workers: int) -> tuple[dict, dict]:
+    from helios_contract.schema import manifest_pb2 as mpb
+    from helios_ignition.kernels_aot import compile_all
+
+    kernels, byid = [], {}
+    for i, (key, c) in enumerate(allv.items()):
+        k = mpb.Kernel(id=f"v{i}", reference_op="linear")
+        for name, v in c.items():
+            k.constants[name] = v
+        kernels.append(k)
+        byid[k.id] = key
+    compiled, failed = [], {}
+    try:
+        compiled = compile_all(kernels, ("sm_90",), workers=workers)
+    except Exception as exc:  # one variant that does not fit: compile one by one
+        print("parallel compile failed:", str(exc)[:300], flush=True)
+        for k in kernels:
+            try:
+                compiled += compile_all([k], ("sm_90",), workers=1)
+            except Exception as e2:
+                failed[byid[k.id]] = str(e2)[:200]
+    return {byid[ck.kernel_id]: ck for ck in compiled}, failed
+
+
+def _label(key: tuple) -> str:
+    c = dict(key)
+    s = (f"T{c['BLOCK_T']} N{c['BLOCK_N']} K{c['BLOCK_K']} W{c['WARPS']} S{c['STAGES']} "
+         f"P{c['PREFETCH']} ST{c['STACK']}")
+    return s + (" SWAP" if c["SWAP"] else "") + ("" if c["XSPLIT"] else " XS0")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--budget-s", type=float, default=150)
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--dry-run", action="store_true", help="compile only (no GPU)")
     args = ap.parse_args()
-    from helios_contract.schema import manifest_pb2 as mpb
-    from helios_ignition.kernels_aot import compile_all
+    t_start = time.perf_counter()
+    allv, work = variant_table()
+    print(f"{len(allv)} variants, {len(work)} (T, variant) pairs", flush=True)
+    if args.dry_run:
+        compiled, failed = compile_variants(allv, args.workers)
+        for key, err in failed.items():
+            print("compile failed:", _label(key), err)
+        print(f"dry run: compiled {len(compiled)}/{len(allv)} for sm_90 in "
+              f"{time.perf_counter() - t_start:.0f}s; max shared "
+              f"{max(ck.shared_bytes for ck in compiled.values())} bytes")
+        return
     from helios_serve.runtime.cuda import driver as drv
 
     cu = drv.require_driver()
@@ -42,66 +156,92 @@ def main() -> None:
     ctx = drv.call("ctx", cu.cuDevicePrimaryCtxRetain(dev))
     drv.call("set", cu.cuCtxSetCurrent(ctx))
     stream = drv.call("stream", cu.cuStreamCreate(1))
-    t_start = time.perf_counter()
-    # compile every variant once, in parallel
-    allv = {}
-    for T in (8, 64):
-        for c in variants(T):
-            allv[tuple(sorted(c.items()))] = c
-    kernels = []
-    for i, c in enumerate(allv.values()):
-        k = mpb.Kernel(id=f"v{i}", reference_op="linear")
-        for key, v in c.items():
-            k.constants[key] = v
-        kernels.append(k)
-    try:
-        compiled = compile_all(kernels, ("sm_90",), workers=16)
-    except Exception as exc:  # a variant that does not fit: compile one by one
-        print("parallel compile failed:", exc)
-        compiled = []
-        for k in kernels:
-            try:
-                compiled += compile_all([k], ("sm_90",), workers=1)
-            except Exception as e2:
-                print("skip", dict(k.constants), str(e2)[:200])
-    print(f"compiled {len(compiled)} variants in {time.perf_counter() - t_start:.0f}s",
-          flush=True)
-    byid = {k.id: dict(k.constants) for k in kernels}
+    compiled, failed = compile_variants(allv, args.workers)
+    print(f"compiled {len(compiled)}/{len(allv)} variants in "
+          f"{time.perf_counter() - t_start:.0f}s", flush=True)
+    attr = cu.CUfunction_attribute
     fns = {}
-    for ck in compiled:
+    for key, ck in compiled.items():
         if ck.shared_bytes > 227 * 1024:
+            failed[key] = f"shared {ck.shared_bytes} bytes"
             continue
         mod = drv.call("l", cu.cuModuleLoadData(ck.binary))
         fn = drv.call("f", cu.cuModuleGetFunction(mod, ck.entry_name.encode()))
         if ck.shared_bytes > 48 * 1024:
             drv.call("s", cu.cuFuncSetAttribute(
-                fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                ck.shared_bytes))
-        fns[ck.kernel_id] = (fn, ck, drv.param_count(fn))
-    rows = []
-    for N, K in CASES:
-        wbytes = N * K * 2
-        copies = max(1, min(4, (1 << 30) // wbytes))
-        w = [int(drv.call("a", cu.cuMemAlloc(wbytes))) for _ in range(copies)]
-        for p in w:
-            drv.call("m", cu.cuMemsetD16(p, 0x3C00, N * K))
-        x = int(drv.call("a", cu.cuMemAlloc(64 * K * 4)))
-        o = int(drv.call("a", cu.cuMemAlloc(64 * N * 4)))
-        for kid, (fn, ck, count) in fns.items():
-            c = byid[kid]
-            T = 8 if c["BLOCK_T"] == 16 else 64
-            if time.perf_counter() - t_start > args.budget_s:
-                break
+                fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ck.shared_bytes))
+        regs = drv.call("r", cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, fn))
+        local = drv.call("r", cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                                                    fn))
+        fns[key] = (fn, ck, drv.param_count(fn), int(regs), int(local))
+
+    # Every shape's weights, activations and output stay resident (about 3 GB).
+    rng = np.random.default_rng(0)
+    pool = (rng.standard_normal(1 << 24, dtype=np.float32) * 0.02)
+    pool_bits = (pool.view(np.uint32) >> 16).astype(np.uint16)
+    data = {}
+    tmax = max(ROWS)
+    for model, shapes in SHAPES.items():
+        for N, K in shapes:
+            wbytes = N * K * 2
+            bits = np.resize(pool_bits, N * K)
+            copies = max(1, min(4, (1 << 30) // wbytes))
+            w = [int(drv.call("a", cu.cuMemAlloc(wbytes))) for _ in range(copies)]
+            drv.call("h", cu.cuMemcpyHtoD(w[0], bits.ctypes.data, wbytes))
+            for p in w[1:]:
+                drv.call("d", cu.cuMemcpyDtoD(p, w[0], wbytes))
+            cols = np.unique(np.concatenate([rng.integers(0, N, CHECK_COLS), [N - 1]]))
+            wcols = (bits.reshape(N, K)[cols].astype(np.uint32) << 16).view(np.float32)
+            x = rng.standard_normal((tmax, K)).astype(np.float32)
+            xd = int(drv.call("a", cu.cuMemAlloc(x.nbytes)))
+            drv.call("h", cu.cuMemcpyHtoD(xd, x.ctypes.data, x.nbytes))
+            o = int(drv.call("a", cu.cuMemAlloc(tmax * N * 4)))
+            refs = {T: x[:T].astype(np.float64) @ wcols.T.astype(np.float64) for T in ROWS}
+            data[(N, K)] = dict(model=model, N=N, K=K, w=w, x=xd, o=o, cols=cols, refs=refs,
+                                wbytes=wbytes)
+    print(f"data ready at {time.perf_counter() - t_start:.0f}s", flush=True)
+
+    def launch(fn, ck, count, grid, d, T, wptr):
+        a = drv.KernelArgs([("ptr", d["x"]), ("ptr", wptr), ("ptr", d["o"]), ("i32", T),
+                            ("i32", d["N"]), ("i32", d["K"])] + [("ptr", 0)] * (count - 6))
+        drv.call("k", cu.cuLaunchKernel(fn, *grid, 32 * ck.num_warps, 1, 1, ck.shared_bytes,
+                                        stream, a.address, 0))
+        return a
+
+    def check(fn, ck, count, grid, d, T):
+        outs, N = [], d["N"]
+        for _ in range(2):
+            drv.call("p", cu.cuMemsetD32(d["o"], 0x7FC00000, T * N))  # NaN
+            keep = launch(fn, ck, count, grid, d, T, d["w"][0])
+            drv.call("s", cu.cuStreamSynchronize(stream))
+            host = np.empty((T, N), np.float32)
+            drv.call("c", cu.cuMemcpyDtoH(host.ctypes.data, d["o"], host.nbytes))
+            outs.append(host)
+            del keep
+        ref = d["refs"][T]
+        got = outs[0][:, d["cols"]].astype(np.float64)
+        finite = bool(np.isfinite(outs[0]).all())
+        rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) if finite else float("inf")
+        return rel, finite, bool(np.array_equal(outs[0].view(np.uint32),
+                                                outs[1].view(np.uint32)))
+
+    rows, skipped = [], 0
+    for T, key in work:
+        if key not in fns:
+            continue
+        if time.perf_counter() - t_start > args.budget_s - 10:
+            skipped += 1
+            continue
+        fn, ck, count, regs, local = fns[key]
+        c = dict(key)
+        for (N, K), d in data.items():
             grid = (-(-N // c["BLOCK_N"]), -(-T // c["BLOCK_T"]), 1)
+            rel, finite, same = check(fn, ck, count, grid, d, T)
             keep = []
             drv.call("b", cu.cuStreamBeginCapture(
                 stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
             for i in range(10):
-                a = drv.KernelArgs([("ptr", x), ("ptr", w[i % copies]), ("ptr", o), ("i32", T),
-                                    ("i32", N), ("i32", K)] + [("ptr", 0)] * (count - 6))
-                keep.append(a)
-                drv.call("k", cu.cuLaunchKernel(fn, *grid, 32 * ck.num_warps, 1, 1,
-                                                ck.shared_bytes, stream, a.address, 0))
+                keep.append(launch(fn, ck, count, grid, d, T, d["w"][i % len(d["w"])]))
             graph = drv.call("e", cu.cuStreamEndCapture(stream))
             exe = drv.call("i", cu.cuGraphInstantiate(graph, 0))
             drv.call("g", cu.cuGraphLaunch(exe, stream))
@@ -111,21 +251,53 @@ def main() -> None:
                 drv.call("g", cu.cuGraphLaunch(exe, stream))
             drv.call("s", cu.cuStreamSynchronize(stream))
             us = (time.perf_counter() - t0) / 30 * 1e6
-            rows.append({"N": N, "K": K, "T": T, "us": us, "GBps": wbytes / us / 1e3, **c})
             cu.cuGraphExecDestroy(exe)
             cu.cuGraphDestroy(graph)
-        for p in w + [x, o]:
-            cu.cuMemFree(p)
-    for N, K in CASES:
-        for T in (8, 64):
-            best = sorted((r for r in rows if r["N"] == N and r["K"] == K and r["T"] == T),
-                          key=lambda r: r["us"])[:5]
-            for r in best:
-                print(f"N={N} K={K} T={T}: {r['us']:.1f} us {r['GBps']:.0f} GB/s "
-                      f"BN={r['BLOCK_N']} BK={r['BLOCK_K']} W={r['WARPS']} S={r['STAGES']} "
-                      f"PRE={r['PREFETCH']} XS={r['XSPLIT']}")
+            rows.append({"model": d["model"], "N": N, "K": K, "T": T, "us": us,
+                         "TBps": d["wbytes"] / us / 1e6, "rel": rel, "finite": finite,
+                         "deterministic": same, "regs": regs, "local_bytes": local,
+                         "shared_bytes": ck.shared_bytes, "variant": _label(key),
+                         "constants": c})
+    print(f"timed {len(rows)} (shape, T, variant) in {time.perf_counter() - t_start:.0f}s;"
+          f" {skipped} variant x T skipped for the budget", flush=True)
+
+    summary = []
+    for (N, K), d in data.items():
+        for T in ROWS:
+            mine = [r for r in rows if (r["N"], r["K"], r["T"]) == (N, K, T)]
+            if not mine:
+                continue
+            by = {r["variant"]: r for r in mine}
+            v1 = by.get(_label(_key(rule_constants(T, N, K, "v1"))))
+            v2 = by.get(_label(_key(rule_constants(T, N, K, "v2"))))
+            base = v1["us"] if v1 else float("nan")
+            ok = [r for r in mine if r["finite"] and r["deterministic"]
+                  and r["rel"] < (5e-5 if r["constants"]["XSPLIT"] else 1e-2)]
+            best = sorted((r for r in ok if r["constants"]["XSPLIT"]), key=lambda r: r["us"])
+            shown = [("v1 (old default)", v1), ("v2 (new default)", v2)]
+            shown += [(f"best {i + 1}", r) for i, r in enumerate(best[:3])]
+            xs0 = sorted((r for r in ok if not r["constants"]["XSPLIT"]), key=lambda r: r["us"])
+            shown += [("best XSPLIT=0", xs0[0])] if xs0 else []
+            for tag, r in shown:
+                if r is None:
+                    continue
+                line = (f"{d['model']:8} N={N:6} K={K:5} T={T:2} {tag:17} {r['variant']:38} "
+                        f"{r['us']:8.1f} us {r['TBps']:5.2f} TB/s x{base / r['us']:5.2f} "
+                        f"rel {r['rel']:.1e} regs {r['regs']} spill {r['local_bytes']}")
+                print(line)
+                summary.append({"tag": tag, "N": N, "K": K, "T": T,
+                                "ratio_to_v1": base / r["us"], **r})
+    bad = [r for r in rows if not (r["finite"] and r["deterministic"])
+           or r["rel"] >= (5e-5 if r["constants"]["XSPLIT"] else 1e-2)]
+    print(f"{len(bad)} rows failed verification (NaN, nondeterministic or rel too large)")
+    for r in bad[:20]:
+        print("  FAIL", r["model"], r["N"], r["K"], r["T"], r["variant"], r["rel"],
+              r["finite"], r["deterministic"])
+    print(f"done in {time.perf_counter() - t_start:.0f}s", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps(
+            {"rows": rows, "summary": summary,
+             "compile_failed": {_label(k): v for k, v in failed.items()}}, indent=1))
 
 
 if __name__ == "__main__":

@@ -65,6 +65,36 @@ def test_every_variant_compiles_for_sm90_f32_and_bf16():
         _check_compiled(manifest, blobs)
 
 
+@pytest.mark.parametrize("rule", ["v1", "v2"])
+def test_linear_rules_compile_for_sm90(rule):
+    """Both multi-row linear rules (``HELIOS_LINEAR_RULE``) on 8B shapes at 8 and 64 rows,
+    and the SWAP/STACK and XSPLIT=0 variants bench/gpu_linear_sweep.py times."""
+    from helios_contract.schema import manifest_pb2 as mpb
+    from helios_ignition.capture.launch import linear_constants
+    from helios_ignition.kernels_aot import compile_all
+
+    variants = {}
+    for T, N, K in [(8, 28672, 4096), (64, 4096, 14336), (64, 128256, 4096), (1024, 6144, 4096),
+                    (5, 100, 40)]:
+        for wbf16 in (0, 1):
+            c = dict(linear_constants(T, N, K, rule), WBF16=wbf16, K16=int(K % 16 == 0))
+            variants[tuple(sorted(c.items()))] = c
+    if rule == "v2":
+        for extra in (dict(SWAP=1, STACK=1, BLOCK_T=16, BLOCK_N=64, BLOCK_K=128),
+                      dict(XSPLIT=0, BLOCK_T=64, BLOCK_N=64), dict(PREFETCH=1, BLOCK_T=32)):
+            c = dict(linear_constants(64, 4096, 4096, rule), WBF16=1, K16=1, **extra)
+            variants[tuple(sorted(c.items()))] = c
+    kernels = []
+    for i, c in enumerate(variants.values()):
+        k = mpb.Kernel(id=f"linear{i}", reference_op="linear")
+        for name, v in c.items():
+            k.constants[name] = v
+        kernels.append(k)
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
+        assert ck.shared_bytes <= 227 * 1024
+
+
 def test_bad_target_is_rejected():
     with pytest.raises(ValueError, match="sm_<arch>"):
         parse_target("hopper")

@@ -19,6 +19,11 @@ TARGET_PROGRAMS = 264
 # Multi-row linear layout: tokens as the MMA's M operand; HELIOS_LINEAR_SWAP=1 at capture
 # swaps A and B (measured 1.5-7x slower on the H200: bench/results/gpu_linear_v1.json).
 LINEAR_SWAP = os.environ.get("HELIOS_LINEAR_SWAP", "0") == "1"
+# Multi-row linear tile rule: "v2" (pipelined loads, hi/lo stacked into one MMA, 8 warps),
+# or HELIOS_LINEAR_RULE=v1 at capture for the v1 tiles (hand prefetch, 4 warps).
+LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v2")
+# One wave of programs: with about 250 registers a thread, a 256-thread program has an SM.
+SMS = 132
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ def _is_bf16(view) -> int:
 
 
 def linear_tiles(T: int, N: int, K: int) -> tuple[int, int, int]:
-    """(BLOCK_T, BLOCK_N, BLOCK_K) of a multi-row ``[T, K] x [N, K]^T`` product.
+    """(BLOCK_T, BLOCK_N, BLOCK_K) of the v1 multi-row ``[T, K] x [N, K]^T`` product.
 
     From a sweep of 72 variants per row count on the H200 (bench/gpu_linear_sweep.py,
     bench/results/gpu_linear_sweep.json): up to 32 rows, the widest N tile that still
@@ -67,6 +72,32 @@ def linear_tiles(T: int, N: int, K: int) -> tuple[int, int, int]:
         return bt, bn, 64
     bn = 64 if _cdiv(N, 64) * tiles_t >= TARGET_PROGRAMS else 32
     return bt, bn, 256 if K > 4096 else 128
+
+
+def linear_constants(T: int, N: int, K: int, rule: str = "") -> dict[str, int]:
+    """Variant constants (with ``WARPS``/``STAGES``, without ``WBF16``/``K16``) of a
+    multi-row (``T > 1``, tokens as the MMA's M operand) linear under `rule`.
+
+    v2: Triton pipelines both loads (``PREFETCH=0``, 3 stages), the activation's hi/lo
+    terms share one MMA (``STACK=1``: 32 rows fill a 64-row wgmma), 8 warps keep the
+    thread under 255 registers without spills (ptxas, Triton 3.6), and each program takes
+    the widest N tile (fewest activation re-reads from L2) that still fills one wave of
+    SMs. A guess pending bench/gpu_linear_sweep.py on the H200.
+
+    Raises:
+        ValueError: an unknown rule.
+    """
+    rule = rule or LINEAR_RULE
+    if rule == "v1":
+        bt, bn, bk = linear_tiles(T, N, K)
+        return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
+    if rule != "v2":
+        raise ValueError(f"unknown linear rule {rule!r}; known: v1, v2")
+    bt = 32 if T <= 32 else 64
+    tiles_t = _cdiv(T, bt)
+    bn = next((b for b in (128, 64) if _cdiv(N, b) * tiles_t >= SMS), 32)
+    return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=64, WARPS=8, STAGES=3, PREFETCH=0,
+                STACK=1)
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
@@ -95,8 +126,8 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
             bt = min(max(_np2(T), 16), 64)
             return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=64, BLOCK_K=128,
                         WBF16=wbf16, K16=int(K % 16 == 0), SWAP=1, STAGES=4)
-        bt, bn, bk = linear_tiles(T, N, K)
-        return _cfg((_cdiv(N, bn), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk,
+        c = linear_constants(T, N, K)
+        return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
                     WBF16=wbf16, K16=int(K % 16 == 0))
     if op == "rope":
         T, H, KVH, HD = s

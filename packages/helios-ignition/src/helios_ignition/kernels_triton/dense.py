@@ -60,10 +60,24 @@ def add_rmsnorm(x, residual, weight, out, T, D, eps, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _split_bf16(a):
+    """``a = hi + lo`` in two bf16 terms (about 16 mantissa bits of the f32 ``a``)."""
+    hi = a.to(tl.bfloat16)
+    return hi, (a - hi.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
 def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr,
-           SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1):
+           SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
+           STACK: tl.constexpr = 0):
     """``out[t, n] = sum_k x[t, k] * weight[n, k]``; grid ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``.
+
+    Reference loop (``helios_tools.kernels.linear``)::
+
+        for t in range(T):
+            for n in range(N):
+                out[t, n] = sum(x[t, k] * weight[n, k] for k in range(K))
 
     ``BLOCK_T == 1`` (batch-1 decode) is a pure GEMV: one program per ``BLOCK_N`` rows
     (grid ``(cdiv(N, BLOCK_N), T)``), the whole K in one or a few wide loads.
@@ -73,7 +87,16 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     the weight read saturates HBM). bf16 weights are exact in bf16, so the f32
     activations are split into two bf16 terms (``x = hi + lo``, about 16 mantissa bits)
     and multiplied on the tensor cores with f32 accumulation: near-f32 accuracy at bf16
-    tensor-core speed. f32 weights use IEEE f32 dots.
+    tensor-core speed (``XSPLIT=0`` keeps only ``hi``: about 3 significant digits). f32
+    weights use IEEE f32 dots.
+
+    Variant constants of the multi-row path: ``PREFETCH=1`` loads the next activation
+    tile by hand (which stops Triton from pipelining the loop: no ``cp.async`` stages);
+    ``PREFETCH=0`` leaves both loads to Triton's pipeliner (``STAGES`` deep).
+    ``STACK=1`` stacks ``hi`` over ``lo`` into one ``2*BLOCK_T``-row operand (one MMA
+    per K step instead of two; 32 token rows then fill a 64-row wgmma) and adds the two
+    halves of the accumulator at the end. Every variant is deterministic (each output
+    is written once, in a fixed reduction order).
     """
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -101,28 +124,44 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
         offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         mt = offs_t < T
         x_cols = x + offs_t[None, :].to(tl.int64) * K
-        acc_t = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+        if STACK and WBF16 and XSPLIT:
+            acc_s = tl.zeros((BLOCK_N, 2 * BLOCK_T), dtype=tl.float32)  # [n, (hi|lo, t)]
+        else:
+            acc_s = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
             mk = kk < K
             w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
             a = tl.load(x_cols + kk[:, None], mask=mk[:, None] & mt[None, :], other=0.0)
             if WBF16:
-                hi = a.to(tl.bfloat16)
-                lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
-                acc_t = tl.dot(w, hi, acc_t)
-                acc_t = tl.dot(w, lo, acc_t)
+                hi, lo = _split_bf16(a)
+                if not XSPLIT:
+                    acc_s = tl.dot(w, hi, acc_s)
+                elif STACK:
+                    hl = tl.reshape(tl.permute(tl.join(hi, lo), (0, 2, 1)),
+                                    (BLOCK_K, 2 * BLOCK_T))
+                    acc_s = tl.dot(w, hl, acc_s)
+                else:
+                    acc_s = tl.dot(w, hi, acc_s)
+                    acc_s = tl.dot(w, lo, acc_s)
             else:
-                acc_t = tl.dot(w, a, acc_t, input_precision="ieee")
+                acc_s = tl.dot(w, a, acc_s, input_precision="ieee")
+        if STACK and WBF16 and XSPLIT:
+            acc_t = tl.sum(tl.reshape(acc_s, (BLOCK_N, 2, BLOCK_T)), axis=1)
+        else:
+            acc_t = acc_s
         dst = out + offs_t[None, :].to(tl.int64) * N + offs_n[:, None]
         tl.store(dst, acc_t, mask=mn[:, None] & mt[None, :])
     else:
         offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         mt = offs_t < T
         x_rows = x + offs_t[:, None].to(tl.int64) * K
-        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-        # The activation tile is converted in registers, so Triton cannot pipeline its
-        # load like the weight's: prefetch the next one by hand.
+        if STACK and WBF16 and XSPLIT:
+            acc_s = tl.zeros((2 * BLOCK_T, BLOCK_N), dtype=tl.float32)  # [(hi|lo, t), n]
+        else:
+            acc_s = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        # The activation tile is converted in registers; PREFETCH=1 loads the next one by
+        # hand, PREFETCH=0 lets Triton pipeline it with the weight's.
         a_next = tl.load(x_rows + offs_k[None, :], mask=mt[:, None] & (offs_k < K)[None, :],
                          other=0.0)
         for k0 in range(0, K, BLOCK_K):
@@ -137,14 +176,23 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
                 a = tl.load(x_rows + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
             w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
             if WBF16:
-                hi = a.to(tl.bfloat16)
+                hi, lo = _split_bf16(a)
                 wt = tl.trans(w)
-                acc = tl.dot(hi, wt, acc)
-                if XSPLIT:
-                    lo = (a - hi.to(tl.float32)).to(tl.bfloat16)
-                    acc = tl.dot(lo, wt, acc)
+                if not XSPLIT:
+                    acc_s = tl.dot(hi, wt, acc_s)
+                elif STACK:
+                    hl = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)),
+                                    (2 * BLOCK_T, BLOCK_K))
+                    acc_s = tl.dot(hl, wt, acc_s)
+                else:
+                    acc_s = tl.dot(hi, wt, acc_s)
+                    acc_s = tl.dot(lo, wt, acc_s)
             else:
-                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+                acc_s = tl.dot(a, tl.trans(w), acc_s, input_precision="ieee")
+        if STACK and WBF16 and XSPLIT:
+            acc = tl.sum(tl.reshape(acc_s, (2, BLOCK_T, BLOCK_N)), axis=0)
+        else:
+            acc = acc_s
         dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(dst, acc, mask=mt[:, None] & mn[None, :])
 
