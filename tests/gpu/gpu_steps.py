@@ -69,6 +69,8 @@ class Steps:
         rows = [self.read_logits(1)[0]]
         n = len(prompt)
         for tok in targets[:-1]:
+            if self.model.device_pending:  # feed the golden token, not the sampled one
+                self.model.write_pending_tokens([0], [tok])
             self.decode([0], [n], [tok], [greedy])
             rows.append(self.read_logits(1)[0])
             n += 1

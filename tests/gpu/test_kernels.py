@@ -100,6 +100,26 @@ def test_gather_last(gpu, rng):
     assert rel(gpu.run("gather_last", x, ql, np.zeros_like(ref), T, R, D)["out"], ref) == 0.0
 
 
+@pytest.mark.parametrize("R", [1, 7, 200])
+def test_slot_gather_scatter(gpu, rng, R):
+    S = 256
+    src = rng.integers(0, 49152, S).astype(np.int32)
+    slot = rng.permutation(S)[:R].astype(np.int32)
+    slot[::3] = -1
+    if R > 1:
+        slot[1] = S + 4
+    ref = np.zeros(R, np.int32)
+    K.slot_gather(src, slot, ref, R, S)
+    np.testing.assert_array_equal(gpu.run("slot_gather", src, slot, np.zeros_like(ref), R, S)["out"],
+                                  ref)
+    values = rng.integers(0, 49152, R).astype(np.int32)
+    decision = rng.integers(0, 2, R).astype(np.int32)
+    ref_dst = src.copy()
+    K.slot_scatter(values, slot, decision, ref_dst, R, S)
+    got = gpu.run("slot_scatter", values, slot, decision, src.copy(), R, S)["dst"]
+    np.testing.assert_array_equal(got, ref_dst)
+
+
 @pytest.mark.parametrize("H,KVH,HD", [(9, 3, 64), (32, 8, 128)])
 def test_rope(gpu, rng, H, KVH, HD):
     T = 11

@@ -57,7 +57,7 @@ def test_every_variant_compiles_for_sm90_f32_and_bf16():
     ops = {k.reference_op for k in f32.kernels}
     assert ops == {"embedding", "rmsnorm", "add_rmsnorm", "linear", "rope", "kv_write",
                    "attention_decode_split", "attention_decode_merge", "attention_prefill",
-                   "silu_mul", "gather_last",
+                   "silu_mul", "gather_last", "slot_gather", "slot_scatter",
                    "sample"}
     assert any(k.constants.get("WBF16") for k in bf16.kernels)
     for manifest in (f32, bf16):

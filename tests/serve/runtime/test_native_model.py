@@ -134,8 +134,10 @@ def test_page_table_uploads_only_new_entries(model):
 
 def test_seeded_sampling_is_batch_independent(model):
     hot = SamplingParams(temperature=1.5, top_p=0.95, seed=1234)
+    model.write_pending_tokens([0, 1, 2], [7, 50, 8])
     alone = model.execute(StepPlan(StepKind.DECODE, (row(1, 0, [7], 0, [1], sampling=hot),)))
     other = SamplingParams(temperature=1.0, seed=99)
+    model.write_pending_tokens([0, 1, 2], [7, 50, 8])
     batch = model.execute(StepPlan(StepKind.DECODE, (
         row(2, 1, [50], 0, [2], sampling=other), row(1, 0, [7], 0, [1], sampling=hot),
         row(3, 2, [8], 0, [3], sampling=other))))
@@ -183,3 +185,103 @@ def test_captured_contract_passes_prepared_contract_validation(core):
     assert prepared.decode_capacities == (1, 2, 4)
     assert prepared.prefill_capacities == ((4, 8), (4, 16))
     assert prepared.cache_planes == ("L0.k_cache", "L0.v_cache", "L1.k_cache", "L1.v_cache")
+
+
+# -- pending tokens and execution frames ---------------------------------------------------
+
+
+def _prefill(model, slot, prompt, pages, rid=1):
+    return int(model.execute(StepPlan(StepKind.PREFILL, (
+        row(rid, slot, prompt, 0, pages, hist=prompt),)))[0])
+
+
+def test_decode_feeds_the_device_owned_pending_token_not_the_plans(core, model):
+    assert model.device_pending
+    assert "in.tokens" not in {b.destination for g in core.contract.model.graphs
+                               if g.operation == 6 for b in g.bindings}  # OPERATION_DECODE
+    prompt = [5, 17, 3, 88, 41]
+    first = _prefill(model, 2, prompt, [7, 3])
+    assert int(model.backend.buffers["state.pending_token"][2]) == first
+    out = model.execute(StepPlan(StepKind.DECODE, (row(1, 2, [-12345], 5, [7, 3]),)))
+    ref = dense_forward(core.weights, TINY_SHAPES, prompt + [first])[-1]
+    np.testing.assert_allclose(logits(model, 1)[0], ref, atol=2e-4, rtol=1e-4)
+    assert int(model.backend.buffers["state.pending_token"][2]) == int(out[0])
+
+
+def test_write_pending_tokens_teacher_forces_the_next_decode(core, model):
+    prompt = [5, 17, 3, 88, 41]
+    first = _prefill(model, 1, prompt, [4, 9])
+    forced = (first + 1) % 96
+    model.write_pending_tokens([1], [forced])
+    model.execute(StepPlan(StepKind.DECODE, (row(1, 1, [forced], 5, [4, 9]),)))
+    ref = dense_forward(core.weights, TINY_SHAPES, prompt + [forced])[-1]
+    np.testing.assert_allclose(logits(model, 1)[0], ref, atol=2e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"slot 4 outside \[0, 4\)"):
+        model.write_pending_tokens([4], [1])
+
+
+def test_two_frames_decode_ahead_equals_one_step_at_a_time(core):
+    prompts = {0: [1, 2, 3, 4, 5], 3: [40, 41, 42]}
+    pages = {0: [0, 1, 2, 3], 3: [9, 10, 11, 12]}
+
+    def run(ahead: bool) -> dict[int, list[int]]:
+        model = NativeModel.load(core, "cpu")
+        out = {s: [_prefill(model, s, p, pages[s][:2], rid=s)] for s, p in prompts.items()}
+        length = {s: len(p) for s, p in prompts.items()}
+
+        def plan():
+            return StepPlan(StepKind.DECODE, tuple(
+                row(s, s, [-1], length[s], pages[s]) for s in prompts))
+
+        tickets = []
+        for _ in range(6):
+            tickets.append(model.submit(plan()))
+            for s in prompts:
+                length[s] += 1
+            if not ahead or len(tickets) == 2:
+                got = model.wait(tickets.pop(0))
+                for i, s in enumerate(prompts):
+                    out[s].append(int(got[i]))
+        for t in tickets:
+            got = model.wait(t)
+            for i, s in enumerate(prompts):
+                out[s].append(int(got[i]))
+        assert model.outstanding == 0
+        return out
+
+    ahead, serial = run(True), run(False)
+    assert ahead == serial
+    for s, p in prompts.items():  # greedy continuation of the dense reference
+        seq = list(p)
+        for tok in serial[s]:
+            assert tok == int(np.argmax(dense_forward(core.weights, TINY_SHAPES, seq)[-1]))
+            seq.append(tok)
+
+
+def test_frames_are_bounded_and_complete_in_order(model):
+    plan = StepPlan(StepKind.DECODE, (row(1, 0, [3], 0, [11]),))
+    a = model.submit(plan)
+    b = model.submit(plan)
+    assert (a.frame, b.frame, model.outstanding) == (0, 1, 2)
+    with pytest.raises(RuntimeError, match="all 2 execution frames are in flight"):
+        model.submit(plan)
+    with pytest.raises(RuntimeError, match="steps complete in submission order"):
+        model.wait(b)
+    with pytest.raises(RuntimeError, match="only with no step in flight"):
+        model.write_pending_tokens([0], [1])
+    model.wait(a)
+    model.wait(b)
+    assert model.outstanding == 0
+
+
+def test_host_owned_pending_token_is_fed_from_the_plan():
+    core = tiny_core(seed=3, device_pending=False)
+    model = NativeModel.load(core, "cpu")
+    assert not model.device_pending
+    with pytest.raises(RuntimeError, match="pending token is host-owned"):
+        model.write_pending_tokens([0], [1])
+    prompt = [5, 17, 3]
+    _prefill(model, 0, prompt, [1])
+    model.execute(StepPlan(StepKind.DECODE, (row(1, 0, [60], 3, [1]),)))
+    ref = dense_forward(core.weights, TINY_SHAPES, prompt + [60])[-1]
+    np.testing.assert_allclose(logits(model, 1)[0], ref, atol=2e-4, rtol=1e-4)

@@ -53,9 +53,10 @@ def tiny_weights(shapes: LlamaShapes, seed: int) -> dict[str, np.ndarray]:
 
 
 def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
-              caps: Capacities = TINY_CAPACITIES) -> TinyCore:
-    """Capture the tiny model and wrap it with seeded f32 weights and a full contract."""
-    manifest, graphs = capture(shapes, caps, "f32")
+              caps: Capacities = TINY_CAPACITIES, *, device_pending: bool = True) -> TinyCore:
+    """Capture the tiny model and wrap it with seeded f32 weights and a full contract
+    (`device_pending`: the pending token is device-owned, else host-bound)."""
+    manifest, graphs = capture(shapes, caps, "f32", device_pending=device_pending)
     frontend = fe.FrontendContract(tool_parser=fe.TOOL_PARSER_NONE,
                                    reasoning_parser=fe.REASONING_PARSER_NONE,
                                    image_preparation=fe.IMAGE_PREPARATION_NONE,

@@ -155,6 +155,9 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "gather_last":
         R, D = s[1], s[2]
         return _cfg((R,), 4, BLOCK_D=_np2(D, 16))
+    if op in ("slot_gather", "slot_scatter"):
+        R = s[0]
+        return _cfg((_cdiv(R, 128),), 4, BLOCK=128)
     if op == "sample":
         R = s[0]
         return _cfg((R,), 8, BLOCK_V=2048)

@@ -62,6 +62,7 @@ INPUT_NAMES = {
     "use_mask": "in.use_mask", "histogram": "state.histogram",
 }
 PAGE_TABLE = "state.page_table"
+PENDING = "state.pending_token"  # device-owned pending token, one i32 per slot
 SAMPLED = "out.sampled"
 
 
@@ -116,6 +117,7 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str) -> Buff
     t.declare(n["grammar_mask"], "i32", (rows, words), "input")
     t.declare(PAGE_TABLE, "i32", (slots, pages_per_request), "state")
     t.declare(n["histogram"], "i32", (slots, s.vocab), "state")
+    t.declare(PENDING, "i32", (slots,), "state")
     for i in range(s.layers):
         for plane in ("k", "v"):
             t.declare(f"L{i}.{plane}_cache", "f32",
@@ -134,8 +136,13 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str) -> Buff
 
 
 def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, rows: int,
-             decode: bool) -> None:
-    """Record one variant: `tokens` packed tokens over `rows` submission rows."""
+             decode: bool, device_pending: bool) -> None:
+    """Record one variant: `tokens` packed tokens over `rows` submission rows.
+
+    With `device_pending`, decode reads each row's fed token from the slot's pending-token
+    state and every sampling row writes its sampled id back there (specification: "Host
+    values and graph state"), so step N + 1 can be submitted before step N completes.
+    """
     t = b.table
     T, R, D = tokens, rows, s.hidden
     H, KVH, HD = s.heads, s.kv_heads, s.head_dim
@@ -162,6 +169,9 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
     inv_freq = t.view("rope_inv_freq", (HD // 2,))
     scale = 1.0 / math.sqrt(HD)
 
+    pending = t.view(PENDING, (slots,))
+    if decode and device_pending:
+        b.launch("slot_gather", pending, slot, toks, R, slots)
     b.launch("embedding", toks, t.view("embed", (s.vocab, D)), res, T, D)
     b.launch("rmsnorm", res, t.view("L0.attn_norm", (D,)), h, T, D, s.rms_eps)
     for i in range(s.layers):
@@ -202,6 +212,9 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
              inp("frequency", R), inp("repetition", R),
              t.view(n["histogram"], (slots, s.vocab)), inp("grammar_mask", R, words),
              inp("use_mask", R), t.view(SAMPLED, (R,)), R, s.vocab, words)
+    if device_pending:
+        b.launch("slot_scatter", t.view(SAMPLED, (R,)), slot, inp("sampling_decision", R),
+                 pending, R, slots)
 
 
 def _last_positions(b: ProgramBuilder, rows: int):
@@ -214,9 +227,13 @@ def _last_positions(b: ProgramBuilder, rows: int):
     return b.table.view("in.sample_position", (rows,))
 
 
-def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str
+def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pending: bool = True
             ) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
     """Capture every graph variant and declare their contracts.
+
+    Args:
+        device_pending: keep the pending token on the device (decode reads it from
+            PENDING, sampling rows write it) rather than binding it from the host.
 
     Returns:
         The execution manifest (buffers, kernel variants, graph programs) and one
@@ -233,13 +250,13 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str
     for kind, tokens, nrows in variants:
         builder = ProgramBuilder(table, kernels)
         decode = kind == "decode"
-        _forward(builder, s, caps, tokens, nrows, decode)
+        _forward(builder, s, caps, tokens, nrows, decode, device_pending)
         name = f"{kind}_b{tokens}" if decode else f"prefill_t{tokens}"
         op = cpb.OPERATION_DECODE if decode else cpb.OPERATION_PREFILL
         program = mpb.GraphProgram(name=name, operation=op, batch_capacity=nrows,
                                    token_capacity=tokens, launches=builder.launches,
                                    completion=mpb.CompletionLayout(buffer=SAMPLED, rows=nrows))
-        contract = _graph_contract(name, op, nrows, tokens, s, table)
+        contract = _graph_contract(name, op, nrows, tokens, s, table, device_pending)
         for b in contract.bindings:
             decl_ = table.buffers[b.destination]
             program.transports.add(destination=b.destination,
@@ -252,13 +269,14 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str
 
 
 def _graph_contract(name: str, op: int, rows: int, tokens: int, s: LlamaShapes,
-                    table: BufferTable) -> cpb.GraphContract:
+                    table: BufferTable, device_pending: bool) -> cpb.GraphContract:
     decode = op == cpb.OPERATION_DECODE
     slots = table.buffers[PAGE_TABLE].shape[0]
     g = cpb.GraphContract(name=name, operation=op, batch_capacity=rows, token_capacity=tokens,
                           state_rows_per_request=1,
                           completion_cursor=cpb.CompletionCursor(has_draft_cursor=False))
-    g.bindings.extend(decl.shared_admission(INPUT_NAMES, prefill=not decode))
+    g.bindings.extend(decl.shared_admission(INPUT_NAMES, prefill=not decode,
+                                            device_pending=device_pending))
     g.bindings.extend(decl.sampling(INPUT_NAMES))
     if not decode:
         g.bindings.append(decl.binding("in.sample_position", cpb.VALUE_SOURCE_CONSUMED_ENDPOINT,
@@ -268,6 +286,10 @@ def _graph_contract(name: str, op: int, rows: int, tokens: int, s: LlamaShapes,
     g.bindings.extend(pt_bindings)
     g.state_accesses.extend(pt_access)
     g.state_accesses.extend(decl.state_transfer(INPUT_NAMES["histogram"], s.vocab * 4, slots))
+    if device_pending:
+        view, access = decl.device_pending_token(PENDING, generating=decode)
+        g.pending_token.CopyFrom(view)
+        g.state_accesses.append(access)
     return g
 
 

@@ -19,6 +19,7 @@ from .attention import (
 )
 from .dense import add, add_rmsnorm, embedding, gather_last, linear, rmsnorm, silu_mul
 from .sampling import sample
+from .state import slot_gather, slot_scatter
 
 TRITON_KERNELS = {
     "embedding": embedding,
@@ -34,6 +35,8 @@ TRITON_KERNELS = {
     "silu_mul": silu_mul,
     "add": add,
     "gather_last": gather_last,
+    "slot_gather": slot_gather,
+    "slot_scatter": slot_scatter,
     "sample": sample,
 }
 

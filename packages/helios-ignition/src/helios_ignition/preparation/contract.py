@@ -27,20 +27,23 @@ def binding(destination: str, source: int, indexing: int, *, padding: int = 0,
                             padding=padding, offset=offset, constant_value=constant)
 
 
-def shared_admission(names: Mapping[str, str], *, prefill: bool) -> list[cpb.ValueBinding]:
+def shared_admission(names: Mapping[str, str], *, prefill: bool,
+                     device_pending: bool = False) -> list[cpb.ValueBinding]:
     """Lane geometry and token inputs.
 
     Prefill packs prompt tokens (PACKED_TOKEN) with their row and position; decode feeds
-    the host-owned pending token of each submission row. Padding tokens carry row -1 and
-    padding rows slot -1, which kernels treat as inactive.
+    the pending token of each submission row: bound from the host, or (device_pending)
+    read by the graph from the pending-token state view, with no host binding. Padding
+    tokens carry row -1 and padding rows slot -1, which kernels treat as inactive.
 
     Args:
         names: buffer names for keys tokens, positions, token_row, slot, query_length.
     """
     tokens_source = V.VALUE_SOURCE_PROMPT_TOKENS if prefill else V.VALUE_SOURCE_PENDING_TOKEN
     tokens_indexing = V.INDEXING_PACKED_TOKEN if prefill else V.INDEXING_SUBMISSION_ROW
-    return [
-        binding(names["tokens"], tokens_source, tokens_indexing),
+    tokens = [] if device_pending and not prefill else [
+        binding(names["tokens"], tokens_source, tokens_indexing)]
+    return tokens + [
         binding(names["positions"], V.VALUE_SOURCE_PROMPT_POSITIONS, V.INDEXING_PACKED_TOKEN),
         binding(names["token_row"], V.VALUE_SOURCE_MIXED_PREFILL_ROW, V.INDEXING_PACKED_TOKEN,
                 padding=-1),
@@ -89,6 +92,16 @@ def state_transfer(histogram: str, row_bytes: int, slots: int) -> list[cpb.State
     view = cpb.StateView(buffer=histogram, byte_offset=0, row_stride=row_bytes,
                          byte_extent=row_bytes)
     return [cpb.StateAccess(view=view, access=V.ACCESS_READ_WRITE)]
+
+
+def device_pending_token(buffer: str, *, generating: bool) -> tuple[
+        cpb.StateView, cpb.StateAccess]:
+    """The device-owned pending-token view (one i32 per physical request row) and this
+    graph's access: generating graphs read the fed token and write the sampled one
+    (READ_WRITE); prefill only writes the token its final chunk samples (WRITE)."""
+    view = cpb.StateView(buffer=buffer, byte_offset=0, row_stride=4, byte_extent=4)
+    access = V.ACCESS_READ_WRITE if generating else V.ACCESS_WRITE
+    return view, cpb.StateAccess(view=view, access=access)
 
 
 def paged_text(page_table: str, row_bytes: int, slots: int) -> tuple[

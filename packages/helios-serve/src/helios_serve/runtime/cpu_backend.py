@@ -4,6 +4,11 @@ NumPy reference kernels (helios_tools.kernels) over buffers allocated once at lo
 Invariant: after `__init__` no buffer is allocated or reshaped; a step only writes
 request inputs (through shared packing) and runs the bound launch list. bf16 weights
 are widened to float32 once at load because NumPy has no bf16 arithmetic.
+
+Execution frames mirror the cuda backend's: request inputs and the completion record
+have one staging array per frame, copied into (out of) the working buffers when that
+frame's step runs, so packing step N + 1 never disturbs step N. Steps run synchronously
+inside `launch` (NumPy holds the host anyway); `wait` returns at once.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class CpuBackend:
     """
 
     name = "cpu"
+    frames = 2
 
     def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
                  num_pages: int):
@@ -59,6 +65,13 @@ class CpuBackend:
         self._programs: dict[str, list[tuple[Callable[..., None], tuple]]] = {
             g.name: [self._bind(launch, manifest) for launch in g.launches]
             for g in manifest.graphs}
+        per_frame = {b.name for b in manifest.buffers
+                     if b.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)}
+        self._staging = [{name: (np.zeros_like(a) if name in per_frame else a)
+                          for name, a in self.buffers.items()} for _ in range(self.frames)]
+        self._inputs = {g.name: [t.destination for t in g.transports
+                                 if t.destination in per_frame] for g in manifest.graphs}
+        self._completion = {g.name: g.completion.buffer for g in manifest.graphs}
 
     def _allocate(self, decl: mpb.Buffer, read_resource, num_pages: int) -> np.ndarray:
         if decl.dtype not in COMPUTE_DTYPE:
@@ -102,11 +115,36 @@ class CpuBackend:
                 args.append(float(arg.float_value))
         return reference_op(kernel.reference_op), tuple(args)
 
-    def run(self, graph: str, dirty=()) -> None:
-        """Execute every launch of `graph` in order (synchronous).
+    def staging(self, frame: int) -> dict[str, np.ndarray]:
+        """Host arrays packing writes for `frame`: per-frame request inputs and completion,
+        and the working buffers themselves for persistent state (page tables, histogram)."""
+        return self._staging[frame]
 
-        `dirty` (physical-row ranges packing wrote) needs no upload here: the staging
-        arrays are the buffers.
+    def launch(self, graph: str, frame: int, dirty=()) -> None:
+        """Run `graph` from `frame`'s staging: copy its request inputs in, execute every
+        launch in order, copy the completion record out to the frame.
+
+        `dirty` (physical-row ranges packing wrote) needs no upload here: persistent
+        state is packed into the working buffers directly.
         """
+        staged = self._staging[frame]
+        for name in self._inputs[graph]:
+            self.buffers[name][...] = staged[name]
+        self.run(graph)
+        done = self._completion[graph]
+        staged[done][...] = self.buffers[done]
+
+    def wait(self, frame: int) -> None:
+        """Steps complete inside `launch`: nothing to wait for."""
+
+    def run(self, graph: str, dirty=()) -> None:
+        """Execute every launch of `graph` in order on the working buffers (synchronous)."""
         for fn, args in self._programs[graph]:
             fn(*args)
+
+    def write_state(self, name: str, byte_offset: int, values: np.ndarray) -> None:
+        """Overwrite elements of persistent buffer `name` starting at `byte_offset`
+        (host restoration, e.g. a host-fed pending token). Call with no step in flight."""
+        flat = self.buffers[name].reshape(-1)
+        start = byte_offset // flat.itemsize
+        flat[start:start + len(values)] = values

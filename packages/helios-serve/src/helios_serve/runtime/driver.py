@@ -122,6 +122,8 @@ class Driver:
         self.prefill(lane)
         rows = [self.logits[-1][0]]
         for tok in targets[:-1]:
+            if self.model.device_pending:  # feed the golden token, not the sampled one
+                self.model.write_pending_tokens([lane.slot], [tok])
             self.decode_step([lane], [tok])
             lane.tokens.append(tok)
             rows.append(self.logits[-1][0])

@@ -2,15 +2,24 @@
 
 Specification: "Ownership and bootstrap". NativeModel owns the backend (buffers,
 weights, cache storage, bound programs) and shared packing. `manifests` exposes the
-resulting execution geometry to the scheduler. `execute(plan)` selects the smallest
-captured variant that fits the plan, packs the plan's value bindings, runs the graph and
-returns the completion record: one sampled id per plan row.
+resulting execution geometry to the scheduler. `submit(plan)` selects the smallest
+captured variant that fits the plan, packs the plan's value bindings into a free execution
+frame and launches the graph; `wait(ticket)` returns that frame's completion record: one
+sampled id per plan row. `execute(plan)` is both at once.
+
+Two execution frames: the host may pack and submit step N + 1 while step N runs; frames
+complete in submission order. Whether step N + 1 may be submitted before step N's
+completion is the scheduler's decision (completion-feedback rules): with a host-fed
+pending token it never is; with a device-owned pending token (`device_pending`) the graph
+reads each row's fed token from the pending-token state view, so the plan's decode token
+values are ignored and may be placeholders.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -34,6 +43,15 @@ class CoreLike(Protocol):
     def read_resource(self, resource_id: str) -> bytes: ...
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """A submitted step: its execution frame, graph variant and live row count."""
+
+    frame: int
+    graph: str
+    rows: int
+
+
 class NativeModel:
     """The loaded model: backend, packing and graph selection.
 
@@ -53,11 +71,16 @@ class NativeModel:
                               and g.batch_capacity <= max(geometry.decode_capacities))
         self._prefill = sorted((g.token_capacity, g.name) for g in graphs
                                if g.operation == cpb.OPERATION_PREFILL)
-        self.packing = SharedPacking(graphs, backend.buffers)
+        self.frames = int(backend.frames)
+        self.packing = SharedPacking(graphs, [backend.staging(f) for f in range(self.frames)])
         completion = {g.completion.buffer for g in manifest.graphs}
         if len(completion) != 1:
             raise RuntimeLoadError(f"graphs disagree on the completion buffer: {completion}")
-        self._completion = backend.buffers[completion.pop()]
+        name = completion.pop()
+        self._completion = [backend.staging(f)[name] for f in range(self.frames)]
+        self._pending_view = _pending_view(graphs)
+        self._inflight: deque[Ticket] = deque()
+        self._next_frame = 0
         self.launches = Counter()  # graph launches by operation name
 
     @classmethod
@@ -112,20 +135,102 @@ class NativeModel:
                 return name
         raise ValueError(f"no captured {plan.kind.value} variant holds {need}")
 
-    def execute(self, plan: StepPlan) -> np.ndarray:
-        """Run one step; returns int32 `[len(plan.rows)]` sampled ids (submission rows)."""
+    @property
+    def device_pending(self) -> bool:
+        """Whether decode graphs read a device-owned pending token (contract
+        GraphContract.pending_token); then decode may be submitted ahead of completion."""
+        return self._pending_view is not None
+
+    @property
+    def outstanding(self) -> int:
+        """Steps submitted and not yet waited for (0..frames)."""
+        return len(self._inflight)
+
+    def submit(self, plan: StepPlan) -> Ticket:
+        """Pack `plan` into a free execution frame and launch its graph (no waiting).
+
+        Raises:
+            RuntimeError: every frame is in flight (wait for the oldest first).
+            ValueError: no captured variant holds the plan.
+        """
+        if len(self._inflight) == self.frames:
+            raise RuntimeError(f"all {self.frames} execution frames are in flight")
         name = self.select_graph(plan)
         program = self._programs[name]
-        dirty = self.packing.pack(name, plan, program.batch_capacity, program.token_capacity)
-        self.backend.run(name, dirty)
+        frame = self._next_frame
+        dirty = self.packing.pack(name, plan, program.batch_capacity, program.token_capacity,
+                                  frame)
+        self.backend.launch(name, frame, dirty)
+        self._next_frame = (frame + 1) % self.frames
+        ticket = Ticket(frame, name, len(plan.rows))
+        self._inflight.append(ticket)
         self.launches[plan.kind.value] += 1
-        return self._completion[:len(plan.rows)].copy()
+        return ticket
+
+    def wait(self, ticket: Ticket) -> np.ndarray:
+        """Wait for the oldest submitted step; returns its int32 `[rows]` sampled ids.
+
+        Raises:
+            RuntimeError: `ticket` is not the oldest step in flight.
+            Backend errors of the step (the frame is released either way).
+        """
+        if not self._inflight or self._inflight[0] != ticket:
+            raise RuntimeError("steps complete in submission order: wait for the oldest")
+        self._inflight.popleft()
+        self.backend.wait(ticket.frame)
+        return self._completion[ticket.frame][:ticket.rows].copy()
+
+    def execute(self, plan: StepPlan) -> np.ndarray:
+        """Run one step; returns int32 `[len(plan.rows)]` sampled ids (submission rows)."""
+        return self.wait(self.submit(plan))
+
+    def write_pending_tokens(self, slots: list[int], tokens: list[int]) -> None:
+        """Host restoration of device-owned pending tokens: slot `slots[i]` will feed
+        `tokens[i]` at its next decode (teacher forcing, tests). Only between steps.
+
+        Raises:
+            RuntimeError: the contract's pending token is host-owned, or a step is in
+                flight.
+            ValueError: a slot outside `[0, slots)`.
+        """
+        if self._pending_view is None:
+            raise RuntimeError("this core's pending token is host-owned: feed it in the plan")
+        if self._inflight:
+            raise RuntimeError("write pending tokens only with no step in flight")
+        view = self._pending_view
+        for slot, token in zip(slots, tokens, strict=True):
+            if not 0 <= slot < self.manifests.slots:
+                raise ValueError(f"slot {slot} outside [0, {self.manifests.slots})")
+            self.backend.write_state(view.buffer, view.byte_offset + slot * view.row_stride,
+                                     np.array([token], np.int32))
 
     def close(self) -> None:
-        """Release the backend's storage."""
+        """Release the backend's storage (steps in flight are waited for first)."""
+        while self._inflight:
+            try:
+                self.wait(self._inflight[0])
+            except Exception:  # closing: the step's failure no longer matters
+                pass
         close = getattr(self.backend, "close", None)
         if close:
             close()
+
+
+def _pending_view(graphs: list[cpb.GraphContract]) -> cpb.StateView | None:
+    """The decode graphs' device-owned pending-token view, or None when host-owned.
+
+    Raises:
+        RuntimeLoadError: decode graphs disagree (some device-owned, some not, or
+            different views).
+    """
+    views = {g.pending_token.SerializeToString(deterministic=True) if g.pending_token.buffer
+             else b"" for g in graphs if g.operation == cpb.OPERATION_DECODE}
+    if len(views) > 1:
+        raise RuntimeLoadError("decode graphs disagree on pending-token ownership")
+    decode = [g for g in graphs if g.operation == cpb.OPERATION_DECODE]
+    if not decode or not decode[0].pending_token.buffer:
+        return None
+    return decode[0].pending_token
 
 
 def _check_variants(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest) -> None:

@@ -13,7 +13,7 @@ ACTIVE_ROW entries cover live rows only; PHYSICAL_REQUEST_ROW entries are slot r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +65,7 @@ class DirtyRange:
 @dataclass(frozen=True)
 class _Resolved:
     binding: cpb.ValueBinding
-    dest: np.ndarray
+    dest: tuple[np.ndarray, ...]  # per execution frame
 
 
 class SharedPacking:
@@ -73,29 +73,35 @@ class SharedPacking:
 
     Args:
         graphs: the contract's GraphContracts.
-        staging: destination name -> host array the backend executes from.
+        staging: per execution frame, destination name -> host array the backend executes
+            that frame from. Request inputs have one array per frame (step N + 1 is packed
+            while step N runs); physical-request-row state (page tables, histogram rows)
+            is the same host mirror in every frame.
 
     Raises:
         UnsupportedBinding: a source/indexing pair this runtime cannot supply, or a
             destination that is not a staging buffer.
     """
 
-    def __init__(self, graphs: list[cpb.GraphContract], staging: dict[str, np.ndarray]):
+    def __init__(self, graphs: list[cpb.GraphContract],
+                 staging: Sequence[Mapping[str, np.ndarray]]):
         self._graphs: dict[str, list[_Resolved]] = {}
         for graph in graphs:
             resolved = []
             for b in graph.bindings:
-                if b.destination not in staging:
+                if any(b.destination not in frame for frame in staging):
                     raise UnsupportedBinding(f"graph {graph.name}: binding destination "
                                              f"{b.destination!r} is not a buffer")
                 _check_supported(graph.name, b)
-                resolved.append(_Resolved(b, staging[b.destination]))
+                resolved.append(_Resolved(b, tuple(frame[b.destination] for frame in staging)))
             self._graphs[graph.name] = resolved
         # slot -> (generation, page entries uploaded); see the module docstring.
         self._uploaded: dict[tuple[str, int], tuple[int, int]] = {}
 
-    def pack(self, graph: str, plan: StepPlan, rows: int, tokens: int) -> list[DirtyRange]:
-        """Write every binding of `graph` for `plan` (rows/tokens: captured capacities).
+    def pack(self, graph: str, plan: StepPlan, rows: int, tokens: int,
+             frame: int = 0) -> list[DirtyRange]:
+        """Write every binding of `graph` for `plan` into `frame`'s staging (rows/tokens:
+        captured capacities).
 
         Returns:
             The physical-request-row ranges written this step (destination, slot row,
@@ -105,14 +111,15 @@ class SharedPacking:
         dirty: list[DirtyRange] = []
         for item in self._graphs[graph]:
             b = item.binding
+            dest = item.dest[frame]
             if b.indexing == V.INDEXING_PHYSICAL_REQUEST_ROW:
-                self._pack_physical(b, item.dest, plan, dirty)
+                self._pack_physical(b, dest, plan, dirty)
             elif b.indexing == V.INDEXING_PACKED_TOKEN:
-                self._pack_tokens(b, item.dest, plan, tokens)
+                self._pack_tokens(b, dest, plan, tokens)
             elif b.indexing == V.INDEXING_SCALAR:
-                item.dest.reshape(-1)[0] = _scalar(b, plan)
+                dest.reshape(-1)[0] = _scalar(b, plan)
             else:
-                self._pack_rows(b, item.dest, plan, rows)
+                self._pack_rows(b, dest, plan, rows)
         return dirty
 
     def _pack_tokens(self, b, dest: np.ndarray, plan: StepPlan, capacity: int) -> None:

@@ -13,6 +13,7 @@ from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
 from .linear import linear
 from .norm import add_rmsnorm, rmsnorm
+from .pending import slot_gather, slot_scatter
 from .registry import (
     DTYPES,
     KERNEL_PARAMS,
@@ -51,4 +52,6 @@ __all__ = [
     "rope",
     "sample",
     "silu_mul",
+    "slot_gather",
+    "slot_scatter",
 ]

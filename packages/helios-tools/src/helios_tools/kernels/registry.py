@@ -19,6 +19,7 @@ from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
 from .linear import linear
 from .norm import add_rmsnorm, rmsnorm
+from .pending import slot_gather, slot_scatter
 from .rope import rope
 from .sampling import sample
 
@@ -107,6 +108,11 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     "gather_last": (
         _b("x", "f32"), _b("query_length", "i32"), _b("out", "f32", "out"), *_i("T", "R", "D"),
     ),
+    "slot_gather": (_b("src", "i32"), _b("slot", "i32"), _b("out", "i32", "out"), *_i("R", "S")),
+    "slot_scatter": (
+        _b("values", "i32"), _b("slot", "i32"), _b("decision", "i32"),
+        _b("dst", "i32", "inout"), *_i("R", "S"),
+    ),
     "sample": (
         _b("logits", "f32"), _b("slot", "i32"), _b("positions", "i32"),
         _b("sampling_decision", "i32"), _b("seed", "u32"), _b("temperature", "f32"),
@@ -131,6 +137,8 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "silu_mul": silu_mul,
     "add": add,
     "gather_last": gather_last,
+    "slot_gather": slot_gather,
+    "slot_scatter": slot_scatter,
     "sample": sample,
 }
 
