@@ -140,51 +140,52 @@ def prefill(model, slot, tokens, chunk, sampling=GREEDY, generation=1) -> tuple[
 
 def decode_bench(model, batch: int, prompt_len: int, steps: int, chunk: int,
                  sampling=GREEDY, warmup: int = 5) -> dict:
-    """Prefill `batch` prompts, then time `steps` decode steps through NativeModel.
+    """Prefill `batch` prompts, then time decode through NativeModel, serial and ahead.
 
-    Host time per step = graph selection + packing + dirty uploads + the cuGraphLaunch
-    call (everything but waiting for the GPU). Device time per step = back-to-back graph
-    replays with no host work in between.
+    serial: submit step N, wait, submit N + 1 (one frame in flight). ahead: step N + 1 is
+    packed and submitted while step N runs (two frames; the pending token is read on the
+    device, so the plan needs no sampled id). Host time per step = graph selection +
+    packing + dirty uploads + the cuGraphLaunch call (NativeModel.submit). Device time per
+    step = back-to-back graph replays with no host work in between. Returns the ahead
+    figures as tokens_per_s / step_ms, the serial ones under ``serial_*``.
     """
     rng = np.random.default_rng(batch)
     vocab = model.manifests.vocab_size
-    lengths, fed = [], []
+    lengths = []
     for s in range(batch):
         prompt = rng.integers(3, min(vocab, 40000), prompt_len).tolist()
-        tok, _ = prefill(model, s, prompt, chunk, sampling)
+        prefill(model, s, prompt, chunk, sampling)
         lengths.append(prompt_len)
-        fed.append(tok)
-    backend = model.backend
-    wall, host = [], []
-    name = None
-    for i in range(warmup + steps):
-        rows = tuple(RowPlan(request_id=s, slot=s, generation=1, tokens=(fed[s],),
+
+    def plan():
+        rows = tuple(RowPlan(request_id=s, slot=s, generation=1, tokens=(-1,),
                              start_position=lengths[s],
                              page_ids=_pages(model, s, lengths[s] + 1), sample=True,
                              sampling=sampling) for s in range(batch))
-        plan = StepPlan(StepKind.DECODE, rows)
-        t0 = time.perf_counter()
-        name = model.select_graph(plan)
-        prog = model._programs[name]
-        dirty = model.packing.pack(name, plan, prog.batch_capacity, prog.token_capacity)
-        for d in dirty:  # the backend's own upload path, then the single graph launch
-            host_arr = backend.buffers[d.destination]
-            item = host_arr.itemsize
-            off = d.row * host_arr.strides[0] + d.start * item
-            backend._cu.cuMemcpyHtoDAsync(backend._dev_ptrs[d.destination] + off,
-                                          host_arr.ctypes.data + off, (d.end - d.start) * item,
-                                          backend._stream)
-        backend.launch_only(name)
-        t1 = time.perf_counter()
-        backend.synchronize()
-        out = model._completion[:batch].copy()
-        t2 = time.perf_counter()
-        if i >= warmup:
-            wall.append(t2 - t0)
-            host.append(t1 - t0)
         for s in range(batch):
             lengths[s] += 1
-            fed[s] = int(out[s])
+        return StepPlan(StepKind.DECODE, rows)
+
+    def run(frames: int) -> tuple[list[float], list[float], str]:
+        host, stamps, inflight, name = [], [], [], ""
+        for _ in range(warmup + steps):
+            t0 = time.perf_counter()
+            ticket = model.submit(plan())
+            host.append(time.perf_counter() - t0)
+            inflight.append(ticket)
+            name = ticket.graph
+            if len(inflight) == frames:
+                model.wait(inflight.pop(0))
+                stamps.append(time.perf_counter())
+        while inflight:
+            model.wait(inflight.pop(0))
+            stamps.append(time.perf_counter())
+        step = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:], strict=False)]
+        return step, host[warmup:], name
+
+    serial_step, serial_host, name = run(1)
+    ahead_step, ahead_host, _ = run(2)
+    backend = model.backend
     reps = 50
     backend.synchronize()
     t0 = time.perf_counter()
@@ -192,9 +193,13 @@ def decode_bench(model, batch: int, prompt_len: int, steps: int, chunk: int,
         backend.launch_only(name)
     backend.synchronize()
     device = (time.perf_counter() - t0) / reps
-    step = statistics.median(wall)
+    step = statistics.median(ahead_step)
+    serial = statistics.median(serial_step)
     return {"batch": batch, "graph": name, "tokens_per_s": batch / step,
-            "step_ms": step * 1e3, "host_us": statistics.median(host) * 1e6,
+            "step_ms": step * 1e3, "host_us": statistics.median(ahead_host) * 1e6,
+            "serial_tokens_per_s": batch / serial, "serial_step_ms": serial * 1e3,
+            "serial_host_us": statistics.median(serial_host) * 1e6,
+            "ahead_over_serial": serial / step,
             "device_step_ms": device * 1e3, "device_tokens_per_s": batch / device,
             "steps": steps, "prompt_tokens": prompt_len}
 
@@ -207,7 +212,7 @@ def profile_ops(backend, graph: str, reps: int = 20) -> dict[str, float]:
 
     cu = backend._cu
     g = next(p for p in backend._manifest_graphs if p.name == graph)
-    _, _, args = backend._graphs[graph]
+    _, _, args = backend._graphs[graph]  # (graphs per frame, execs per frame, args)
     by_op: dict[str, list] = {}
     for launch, a in zip(g.launches, args, strict=True):
         op = backend._kernels[launch.kernel].reference_op

@@ -147,10 +147,12 @@ def main() -> None:
     print(f"\n{args.model} on {result['device']}: copy {bw / 1e12:.2f} TB/s, weights/step "
           f"{weight_bytes / 1e9:.3f} GB -> roofline {result['roofline_tokens_per_s_b1']:.0f} "
           f"tok/s at batch 1; setup {result['setup_s']}")
-    print(f"{'batch':>5} {'tok/s':>10} {'step ms':>8} {'dev ms':>8} {'host us':>8} {'roof%':>6}")
+    print(f"{'batch':>5} {'tok/s':>10} {'step ms':>8} {'dev ms':>8} {'host us':>8} {'roof%':>6}"
+          f" {'serial tok/s':>12} {'ahead/serial':>12}")
     for r in result["decode"]:
         print(f"{r['batch']:>5} {r['tokens_per_s']:>10.1f} {r['step_ms']:>8.3f} "
-              f"{r['device_step_ms']:>8.3f} {r['host_us']:>8.1f} {r['roofline_pct']:>6.1f}")
+              f"{r['device_step_ms']:>8.3f} {r['host_us']:>8.1f} {r['roofline_pct']:>6.1f}"
+              f" {r['serial_tokens_per_s']:>12.1f} {r['ahead_over_serial']:>12.3f}")
     for k, v in result["prefill"].items():
         print(f"prefill 1024 tokens ({k}): TTFT {v['ttft_ms']:.1f} ms, {v['tokens_per_s']:.0f} tok/s")
     for r in result["decode"]:

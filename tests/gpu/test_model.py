@@ -37,7 +37,8 @@ def models(core_path):
 def test_load_counters_and_target(models):
     cuda, _ = models
     c = cuda.backend.counters
-    assert c["graph_captures"] == len(cuda.manifest.graphs)
+    assert cuda.frames == 2 and cuda.device_pending
+    assert c["graph_captures"] == 2 * len(cuda.manifest.graphs)  # one per variant and frame
     assert c["module_loads"] == len(cuda.manifest.kernels)
 
 
@@ -87,3 +88,49 @@ def test_seeded_sampling_reproducible_and_batch_independent(models):
     assert a == b
     batch = Steps(cuda).generate([prompts[1], prompts[0], prompts[2]], 20, [other, sp, other])
     assert batch[1] == a
+
+
+def test_decode_ahead_in_two_frames_equals_serial(models):
+    """Step N + 1 submitted before step N completes (device-owned pending token) gives
+    the same greedy tokens as one step at a time, and allocates or captures nothing."""
+    from helios_serve.engine.plan import RowPlan, StepKind, StepPlan
+
+    cuda, _ = models
+    prompts = [p["prompt_ids"] for p in GOLDENS["prompts"]]
+    serial = Steps(cuda).generate(prompts, GREEDY_TOKENS)
+    before = dict(cuda.backend.counters)
+    steps = Steps(cuda)
+    out = [[steps.prefill(i, p, SamplingParams())] for i, p in enumerate(prompts)]
+    length = [len(p) for p in prompts]
+
+    def plan():
+        return StepPlan(StepKind.DECODE, tuple(
+            RowPlan(request_id=i, slot=i, generation=steps.generation, tokens=(-1,),
+                    start_position=length[i], page_ids=steps.pages(i, length[i] + 1),
+                    sample=True, sampling=SamplingParams()) for i in range(len(prompts))))
+
+    inflight = []
+    for _ in range(GREEDY_TOKENS - 1):
+        inflight.append(cuda.submit(plan()))
+        length = [n + 1 for n in length]
+        if len(inflight) == 2:
+            for i, t in enumerate(cuda.wait(inflight.pop(0))):
+                out[i].append(int(t))
+    for i, t in enumerate(cuda.wait(inflight.pop(0))):
+        out[i].append(int(t))
+    assert out == serial
+    after = dict(cuda.backend.counters)
+    for key in ("device_allocations", "host_allocations", "graph_captures", "module_loads"):
+        assert after.get(key) == before.get(key), key
+
+
+def test_device_out_of_memory_at_load_names_the_capacity(core_path):
+    from helios_serve.runtime import NativeModel
+    from helios_serve.runtime.errors import RuntimeLoadError
+    from helios_tools.core import load_public_key, open_core
+
+    path, key = core_path
+    core = open_core(path, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
+    with pytest.raises(RuntimeLoadError, match=r"device out of memory: the model needs .*"
+                       r"KV cache sized for 40000000 pages"):
+        NativeModel.load(core, "cuda", num_pages=40_000_000)

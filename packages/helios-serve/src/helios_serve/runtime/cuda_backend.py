@@ -7,11 +7,14 @@ graph holds the staging -> device input copies, every kernel launch and the comp
 copy back to pinned host memory. ``counters`` counts driver allocations, module loads and
 graph captures; tests check they do not move while serving.
 
-``buffers`` holds the pinned host staging array of every binding destination and the
-completion buffer (what packing and NativeModel read and write). Request inputs are
-copied whole (the bytes the graph reads) inside the graph every step; persistent state
-rows (page tables, histogram rows) are uploaded only when packing reports them dirty,
-since the device copy is the truth between admissions (the sampler counts tokens there).
+Two execution frames: request inputs and the completion record have one pinned staging
+array per frame, and every variant is captured once per frame (its copies read that
+frame's staging and write that frame's completion), so the host packs step N + 1 while
+step N runs on the one stream; an event per frame marks its completion. Request inputs
+are copied whole (the bytes the graph reads) inside the graph every step; persistent
+state rows (page tables, histogram rows) have one pinned host mirror and are uploaded,
+stream-ordered before the launch, only when packing reports them dirty: the device copy
+is the truth between admissions (the sampler counts tokens there).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class CudaBackend:
     """
 
     name = "cuda"
+    frames = 2
 
     def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
                  num_pages: int, device: int = 0):
@@ -66,7 +70,8 @@ class CudaBackend:
         self.counters: Counter[str] = Counter()
         self._dev_ptrs: dict[str, int] = {}
         self._dev_bytes: dict[str, int] = {}
-        self._pinned: dict[str, drv.PinnedArray] = {}
+        self._pinned: list[dict[str, drv.PinnedArray]] = [{} for _ in range(self.frames)]
+        self._events: list = []
         self._extra_allocs: list[int] = []
         self._modules: list = []
         self._graphs: dict[str, tuple] = {}
@@ -96,10 +101,14 @@ class CudaBackend:
             staged = self._staged_names(manifest)
             for decl in manifest.buffers:
                 self._allocate(decl, read_resource, num_pages, decl.name in staged)
-            self.buffers = {n: p.array for n, p in self._pinned.items()}
+            self._staging = [{n: p.array for n, p in frame.items()} for frame in self._pinned]
+            self.buffers = self._staging[0]
             self._functions = self._load_kernels(read_resource)
             for g in manifest.graphs:
                 self._graphs[g.name] = self._capture(g)
+            flags = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
+            self._events = [drv.call("cuEventCreate", cu.cuEventCreate(flags))
+                            for _ in range(self.frames)]
             drv.call("cuStreamSynchronize", cu.cuStreamSynchronize(self._stream))
         except BaseException:
             self.close()
@@ -177,8 +186,13 @@ class CudaBackend:
             drv.call("cuMemsetD8", cu.cuMemsetD8(ptr, 0, max(nbytes, 256)))
         if staged:
             dtype = np.float32 if decl.dtype == mpb.D_TYPE_BF16 else STORED_DTYPE[decl.dtype]
-            self._pinned[decl.name] = drv.PinnedArray(self._shapes[decl.name], dtype)
-            self.counters["host_allocations"] += 1
+            per_frame = decl.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)
+            shared = None
+            for frame in self._pinned:  # one array per frame; one shared state mirror
+                if per_frame or shared is None:
+                    shared = drv.PinnedArray(self._shapes[decl.name], dtype)
+                    self.counters["host_allocations"] += 1
+                frame[decl.name] = shared
 
     def _load_kernels(self, read_resource) -> dict[str, tuple]:
         cu = self._cu
@@ -249,22 +263,32 @@ class CudaBackend:
         copies = []
         for t in g.transports:
             decl = self._decls[t.destination]
-            if decl.role != mpb.BUFFER_ROLE_REQUEST_INPUT or t.destination not in self._pinned:
+            if decl.role != mpb.BUFFER_ROLE_REQUEST_INPUT or t.destination not in self._pinned[0]:
                 continue
             n = min(used.get(t.destination, int(t.nbytes)), self._dev_bytes[t.destination])
             copies.append((t.destination, n))
         return copies
 
     def _capture(self, g: mpb.GraphProgram) -> tuple:
+        """Instantiate `g` once per execution frame; returns (graphs, execs, launch args)."""
+        keep = [self._launch_args(launch) for launch in g.launches]  # allocs before capture
+        graphs, execs = [], []
+        for frame in range(self.frames):
+            graph, exe = self._capture_frame(g, frame, keep)
+            graphs.append(graph)
+            execs.append(exe)
+        return graphs, execs, keep
+
+    def _capture_frame(self, g: mpb.GraphProgram, frame: int, keep: list) -> tuple:
         cu = self._cu
         s = self._stream
-        keep = [self._launch_args(launch) for launch in g.launches]  # allocs before capture
+        pinned = self._pinned[frame]
         drv.call("cuStreamBeginCapture", cu.cuStreamBeginCapture(
             s, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
             for name, n in self._input_copies(g):
                 drv.call(f"capture copy {name}", cu.cuMemcpyHtoDAsync(
-                    self._dev_ptrs[name], self._pinned[name].ptr, n, s))
+                    self._dev_ptrs[name], pinned[name].ptr, n, s))
             for launch, args in zip(g.launches, keep, strict=True):
                 fn, binary, _ = self._functions[launch.kernel]
                 grid = list(launch.grid) + [1] * (3 - len(launch.grid))
@@ -276,37 +300,66 @@ class CudaBackend:
             if done.buffer:
                 n = int(done.rows) * STORED_DTYPE[self._decls[done.buffer].dtype].itemsize
                 drv.call("capture completion copy", cu.cuMemcpyDtoHAsync(
-                    self._pinned[done.buffer].ptr, self._dev_ptrs[done.buffer], n, s))
+                    pinned[done.buffer].ptr, self._dev_ptrs[done.buffer], n, s))
         finally:
             graph = drv.call("cuStreamEndCapture", cu.cuStreamEndCapture(s))
         exe = drv.call(f"cuGraphInstantiate {g.name}", cu.cuGraphInstantiate(graph, 0))
         self.counters["graph_captures"] += 1
-        return graph, exe, keep
+        return graph, exe
 
     # ---------------------------------------------------------------------------- serve
 
-    def run(self, graph: str, dirty=()) -> None:
-        """Upload dirty physical rows, launch `graph` once, wait for its completion copy."""
+    def staging(self, frame: int) -> dict[str, np.ndarray]:
+        """Pinned host arrays packing writes for `frame`: that frame's request inputs and
+        completion record, and the shared mirror of persistent state rows."""
+        return self._staging[frame]
+
+    def launch(self, graph: str, frame: int, dirty=()) -> None:
+        """Enqueue the dirty physical-row uploads and ONE launch of `graph`'s `frame`
+        instance, then record the frame's event. Does not wait."""
         cu = self._cu
         s = self._stream
         for d in dirty:
-            host = self.buffers[d.destination]
+            host = self._staging[frame][d.destination]
             item = host.itemsize
             row_bytes = host.strides[0] if host.ndim > 1 else item
             offset = d.row * row_bytes + d.start * item
             cu.cuMemcpyHtoDAsync(self._dev_ptrs[d.destination] + offset,
                                  host.ctypes.data + offset, (d.end - d.start) * item, s)
-        err = cu.cuGraphLaunch(self._graphs[graph][1], s)[0]
+        err = cu.cuGraphLaunch(self._graphs[graph][1][frame], s)[0]
         if err != cu.CUresult.CUDA_SUCCESS:
             raise drv.CudaError(f"cuGraphLaunch {graph}", err.name)
-        err = cu.cuStreamSynchronize(s)[0]
+        err = cu.cuEventRecord(self._events[frame], s)[0]
         if err != cu.CUresult.CUDA_SUCCESS:
-            raise drv.CudaError(f"step {graph}", err.name)
+            raise drv.CudaError(f"cuEventRecord {graph}", err.name)
         self.counters["graph_launches"] += 1
 
-    def launch_only(self, graph: str) -> None:
+    def wait(self, frame: int) -> None:
+        """Block until `frame`'s step (and its completion copy) finished."""
+        err = self._cu.cuEventSynchronize(self._events[frame])[0]
+        if err != self._cu.CUresult.CUDA_SUCCESS:
+            raise drv.CudaError(f"step in frame {frame}", err.name)
+
+    def run(self, graph: str, dirty=()) -> None:
+        """Launch `graph` in frame 0 and wait for it."""
+        self.launch(graph, 0, dirty)
+        self.wait(0)
+
+    def write_state(self, name: str, byte_offset: int, values: np.ndarray) -> None:
+        """Overwrite bytes of device buffer `name` from `values` (host restoration, e.g. a
+        host-fed pending token). Synchronous; call with no step in flight."""
+        data = np.ascontiguousarray(values)
+        if byte_offset < 0 or byte_offset + data.nbytes > self._dev_bytes[name]:
+            raise ValueError(f"{name}: bytes [{byte_offset}, {byte_offset + data.nbytes}) "
+                             f"outside its {self._dev_bytes[name]} bytes")
+        drv.call("cuMemcpyHtoDAsync", self._cu.cuMemcpyHtoDAsync(
+            self._dev_ptrs[name] + byte_offset, data.ctypes.data, data.nbytes, self._stream))
+        self.synchronize()
+
+    def launch_only(self, graph: str, frame: int = 0) -> None:
         """Enqueue `graph` without waiting (benchmarks pair it with ``synchronize``)."""
-        drv.call("cuGraphLaunch", self._cu.cuGraphLaunch(self._graphs[graph][1], self._stream))
+        drv.call("cuGraphLaunch", self._cu.cuGraphLaunch(self._graphs[graph][1][frame],
+                                                         self._stream))
 
     def synchronize(self) -> None:
         drv.call("cuStreamSynchronize", self._cu.cuStreamSynchronize(self._stream))
@@ -344,17 +397,27 @@ class CudaBackend:
             return
         self._closed = True
         cu = self._cu
-        for graph, exe, _ in self._graphs.values():
-            cu.cuGraphExecDestroy(exe)
-            cu.cuGraphDestroy(graph)
+        if getattr(self, "_stream", None) is not None:
+            cu.cuStreamSynchronize(self._stream)  # no graph may run while it is destroyed
+        for graphs, execs, _ in self._graphs.values():
+            for graph, exe in zip(graphs, execs, strict=True):
+                cu.cuGraphExecDestroy(exe)
+                cu.cuGraphDestroy(graph)
         self._graphs.clear()
+        for event in self._events:
+            cu.cuEventDestroy(event)
+        self._events = []
         for m in self._modules:
             cu.cuModuleUnload(m)
         for ptr in list(self._dev_ptrs.values()) + self._extra_allocs:
             cu.cuMemFree(ptr)
         self._dev_ptrs.clear()
-        for p in self._pinned.values():
-            p.free()
+        freed = set()
+        for frame in self._pinned:
+            for p in frame.values():
+                if id(p) not in freed:
+                    freed.add(id(p))
+                    p.free()
         if getattr(self, "_stream", None) is not None:
             cu.cuStreamDestroy(self._stream)
             self._stream = None
