@@ -103,3 +103,13 @@ def make_loop():
         return FakeLoop(Scheduler(replace(TINY, **changes)))
 
     return make
+
+
+@pytest.fixture
+def ahead_loop():
+    """FakeLoop whose scheduler may plan decode ahead: ahead_loop(frames, device_pending)."""
+
+    def make(frames: int = 2, device_pending: bool = True) -> FakeLoop:
+        return FakeLoop(Scheduler(TINY, frames=frames, device_pending=device_pending))
+
+    return make

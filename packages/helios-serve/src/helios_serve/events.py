@@ -130,6 +130,7 @@ class GenerationRequest:
         sampling: sampling parameters after prepared defaults are applied.
         max_output_tokens: output limit in tokens.
         has_string_stops: the pipeline matches string stops (host-stop barrier).
+        has_host_stops: the pipeline matches string or token stops (completion feedback).
         grammar: the request's GrammarState (structured output), or None.
         observe_ids: emit TokenObserved per generated id.
         observe_timestamps: stamp each observation (requires observe_ids).
@@ -146,6 +147,7 @@ class GenerationRequest:
     sink: EventSink
     pipeline: Any = None
     has_string_stops: bool = False
+    has_host_stops: bool = False
     grammar: Any = None
     observe_ids: bool = False
     observe_timestamps: bool = False
@@ -155,6 +157,12 @@ class GenerationRequest:
     def constrained(self) -> bool:
         """A grammar constrains sampling (the worker fills its masks)."""
         return self.grammar is not None
+
+    @property
+    def needs_feedback(self) -> bool:
+        """Each sampled token must reach the worker before another round is submitted
+        (grammar, string or token stops): no step is submitted ahead while it is live."""
+        return self.constrained or self.has_string_stops or self.has_host_stops
 
 
 @dataclass(frozen=True)

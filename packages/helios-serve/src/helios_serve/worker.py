@@ -1,6 +1,7 @@
 """The model worker: one thread that owns the backend and the scheduler.
 
-    admit -> schedule -> execute -> scheduler.complete -> validate -> publish events
+    admit -> schedule -> submit [-> schedule -> submit] -> wait -> scheduler.complete
+          -> validate -> publish events
 
 The HTTP event loop never blocks on model work: it hands prepared requests to a
 bounded ingress channel (`submit`) and cancellations to an unbounded one (`cancel`),
@@ -13,10 +14,14 @@ reader cancels (no event), scheduler admission rejection is `Rejected`, and exec
 device or output failures are `Failed` for exactly the requests of the failed step;
 the worker keeps serving the others.
 
-Host-stop barrier ("String stops"): the worker determines every stop before it
-submits another round. Execution here is synchronous (`execute`), so one round is
-outstanding at a time and rounds are one token wide; a backend with two frames must
-keep that barrier while a string-stop or constrained request is active.
+Two execution frames: when the scheduler allows it (`can_schedule_ahead`: device-owned
+pending tokens, no live request needing feedback), the worker submits step N + 1 before
+waiting for step N, so packing and launch overlap the device; otherwise it submits one
+step and waits for it. Completions are processed in submission order.
+
+Host-stop barrier ("String stops"): the worker determines every stop before it submits
+another round. While a string-stop, token-stop or constrained request is live the
+scheduler keeps one round outstanding, and rounds are one token wide.
 """
 
 from __future__ import annotations
@@ -69,7 +74,18 @@ class ModelBackend(Protocol):
     @property
     def manifests(self) -> ModelGeometry: ...
 
-    def execute(self, plan: StepPlan) -> np.ndarray: ...
+    @property
+    def frames(self) -> int: ...
+
+    @property
+    def device_pending(self) -> bool: ...
+
+    @property
+    def outstanding(self) -> int: ...
+
+    def submit(self, plan: StepPlan) -> Any: ...
+
+    def wait(self, ticket: Any) -> np.ndarray: ...
 
     def close(self) -> None: ...
 
@@ -82,6 +98,15 @@ class _Live:
     first_token_s: float | None = None  # step clock (seconds) of the first token
     last_token_s: float | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
+
+
+@dataclass
+class _Submitted:
+    """A plan handed to the model: its ticket, or why its submission failed."""
+
+    plan: StepPlan  # as the scheduler issued it (completion is checked against it)
+    ticket: Any | None
+    error: str | None = None
 
 
 class OutputError(RuntimeError):
@@ -125,7 +150,9 @@ class ModelWorker:
         self.metrics = metrics
         self.queue_capacity = queue_capacity
         self.geometry = serving_geometry(model.manifests, max_active)
-        self.scheduler = Scheduler(self.geometry)
+        self.scheduler = Scheduler(self.geometry, frames=model.frames,
+                                   device_pending=model.device_pending)
+        self._inflight: deque[_Submitted] = deque()  # submission order
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._ingress: deque[GenerationRequest] = deque()  # <= queue_capacity
@@ -204,17 +231,26 @@ class ModelWorker:
             self._live.clear()
 
     def _step(self) -> bool:
-        """One iteration; False when stopping."""
+        """One iteration: submit a plan if the scheduler allows one, then complete the
+        oldest in-flight plan unless another may still be submitted ahead of it.
+        False when stopping."""
         if not self._drain_ingress():
             return False
-        plan = self.scheduler.schedule()
-        if plan is None:
+        submitted = False
+        if self.scheduler.can_schedule_ahead():
+            plan = self.scheduler.schedule()
+            if plan is not None:
+                self._submit(plan)
+                submitted = True
+        if self._inflight:
+            if not (submitted and self.scheduler.can_schedule_ahead()):
+                self._complete_oldest()
+        elif not submitted:
             self._publish_gauges()
             with self._lock:  # nothing runnable: sleep until ingress or a cancel arrives
                 if not self._ingress and not self._cancels and not self._stopping:
                     self._wake.wait(0.05 if self.scheduler.has_work() else 1.0)
             return True
-        self._execute(plan)
         self._publish_gauges()
         return True
 
@@ -251,6 +287,7 @@ class ModelWorker:
                 prompt_tokens=request.prompt_token_ids,
                 max_output_tokens=request.max_output_tokens,
                 sampling=request.sampling,
+                needs_feedback=request.needs_feedback,
             )
         )
         if error is not None:
@@ -270,27 +307,45 @@ class ModelWorker:
         self.scheduler.cancel(request_id)
         self.metrics.requests_finished.labels("cancelled").inc()
 
-    def _execute(self, plan: StepPlan) -> None:
+    def _submit(self, plan: StepPlan) -> None:
+        """Hand `plan` (grammar masks filled) to the model without waiting for it."""
         submitted = self._with_masks(plan)
         constrained = [
             self._live[r.request_id].request.constrained if r.request_id in self._live else False
             for r in plan.rows
         ]
         try:
-            sampled = self.model.execute(submitted)
+            ticket = self.model.submit(submitted)
+        except Exception as exc:  # packing or launch failure: fail this step only
+            log.warning("execution failed: %s", exc)
+            self.metrics.execution_failures.inc()
+            self._inflight.append(_Submitted(plan, None, f"model execution failed: {exc}"))
+            return
+        self._inflight.append(_Submitted(plan, ticket))
+        self.metrics.graph_launches.labels(plan.kind.value).inc()
+        if any(constrained):
+            # Frames outstanding right after a constrained submission (the scheduler keeps
+            # it at one); the gauge records the maximum ever seen.
+            self._constrained_max_inflight = max(self._constrained_max_inflight,
+                                                 self.model.outstanding)
+            self.metrics.constrained_max_inflight.set(self._constrained_max_inflight)
+            if plan.kind is StepKind.DECODE and not all(constrained):
+                self.metrics.mixed_grammar_decode_steps.inc()
+
+    def _complete_oldest(self) -> None:
+        """Wait for the oldest submitted plan and apply its completion."""
+        item = self._inflight.popleft()
+        plan = item.plan
+        if item.ticket is None:
+            self._fail_plan(plan, item.error or "model execution failed")
+            return
+        try:
+            sampled = self.model.wait(item.ticket)
         except Exception as exc:  # execution or device failure: fail this step only
             log.warning("execution failed: %s", exc)
             self.metrics.execution_failures.inc()
             self._fail_plan(plan, f"model execution failed: {exc}")
             return
-        self.metrics.graph_launches.labels(plan.kind.value).inc()
-        if any(constrained):
-            # One frame outstanding right after a constrained submission (synchronous
-            # execution); the gauge records the maximum ever seen.
-            self._constrained_max_inflight = max(self._constrained_max_inflight, 1)
-            self.metrics.constrained_max_inflight.set(self._constrained_max_inflight)
-            if plan.kind is StepKind.DECODE and not all(constrained):
-                self.metrics.mixed_grammar_decode_steps.inc()
         try:
             results = self.scheduler.complete(plan, sampled)
         except CompletionError as exc:  # the completion record is invalid: output error

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# Token value of a decode row whose pending token is still on the device (sampled by an
+# outstanding step, read by the graph from the pending-token state view).
+PENDING_PLACEHOLDER = -1
+
 
 class StepKind(enum.Enum):
     """Which captured operation a step runs."""

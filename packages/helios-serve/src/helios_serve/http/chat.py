@@ -68,6 +68,7 @@ class Prepared:
     pipeline: Any
     grammar: Any
     has_string_stops: bool
+    has_host_stops: bool = False
 
 
 class ChatService:
@@ -160,6 +161,7 @@ class ChatService:
             pipeline=prepared.pipeline,
             grammar=prepared.grammar,
             has_string_stops=prepared.has_string_stops,
+            has_host_stops=prepared.has_host_stops,
             observe_ids=observe_ids,
             observe_timestamps=observe_timestamps,
             enqueue_ns=enqueue_ns,
@@ -236,6 +238,7 @@ class ChatService:
             pipeline=pipeline,
             grammar=grammar,
             has_string_stops=stops.needs_host_stop_barrier,
+            has_host_stops=stops.has_host_stops,
         )
 
     def _sampling(self, r: ChatCompletionRequest) -> SamplingParams:

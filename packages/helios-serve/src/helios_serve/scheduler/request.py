@@ -20,12 +20,16 @@ class SchedRequest:
         prompt_tokens: prompt token ids (input vocabulary).
         max_output_tokens: output limit (tokens), >= 1.
         sampling: sampling parameters after defaults.
+        needs_feedback: the worker must see each sampled token before another round is
+            submitted (grammar, host stops): while such a request is live, the scheduler
+            keeps one plan outstanding (specification: completion feedback).
     """
 
     request_id: int
     prompt_tokens: tuple[int, ...]
     max_output_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    needs_feedback: bool = False
 
 
 class AdmissionReason(enum.Enum):

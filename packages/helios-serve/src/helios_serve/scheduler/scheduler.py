@@ -30,13 +30,18 @@ Index spaces: a row's position in `StepPlan.rows` is its submission row;
 `RowPlan.slot` a physical request row; positions count tokens of the
 request's own sequence (prompt, then output).
 
-Two execution frames: `schedule()` may be called again before `complete()` of
-the previous plan only while `can_schedule_ahead()` is True, i.e. at most one
-plan is outstanding and none of its rows samples. Any row with sample=True (every
-decode row, a final prefill chunk) produces a token the next step of that
-request, the worker's stop logic or the histogram depend on, so the worker must
-complete that plan first. Rows of requests still in flight are never planned
-again until their sampled token is known. Plans complete in issue order.
+Two execution frames (model-contract.md: completion feedback): `schedule()` may
+be called again before `complete()` of the previous plan only while
+`can_schedule_ahead()` is True: fewer than `frames` plans are outstanding, no live
+request needs feedback (grammar, host stops), and the newest outstanding plan either
+samples nothing (non-final prefill chunks) or is a DECODE whose pending tokens are
+device-owned. In the latter case a request whose only in-flight row is that decode
+row is planned again at once: its row feeds the token the device has not yet
+reported (`PENDING_PLACEHOLDER` in the plan; the graph reads it from the device's
+pending-token state). A prefill-to-decode change of phase always waits for the
+completion. If the in-flight token ends the request (EOS, a stop), the worker
+finishes it and the ahead row's result is discarded; slot and pages are released
+when that frame completes. Plans complete in issue order.
 """
 
 from __future__ import annotations
@@ -45,7 +50,13 @@ import heapq
 from collections import deque
 from collections.abc import Sequence as Seq
 
-from helios_serve.engine.plan import ModelGeometry, RowPlan, StepKind, StepPlan
+from helios_serve.engine.plan import (
+    PENDING_PLACEHOLDER,
+    ModelGeometry,
+    RowPlan,
+    StepKind,
+    StepPlan,
+)
 from helios_serve.scheduler.pages import PageAllocator, page_hash
 from helios_serve.scheduler.request import (
     AdmissionError,
@@ -82,10 +93,21 @@ class Scheduler:
 
     Args:
         geometry: execution geometry (NativeModel.manifests).
+        frames: execution frames the runtime offers (1..MAX_FRAMES).
+        device_pending: decode graphs read the pending token on the device, so a
+            decode may be planned before the previous one's token is known.
+
+    Raises:
+        ValueError: an empty geometry or frames outside 1..MAX_FRAMES.
     """
 
-    def __init__(self, geometry: ModelGeometry) -> None:
+    def __init__(self, geometry: ModelGeometry, *, frames: int = MAX_FRAMES,
+                 device_pending: bool = False) -> None:
         g = geometry
+        if not 1 <= frames <= MAX_FRAMES:
+            raise ValueError(f"frames must be in 1..{MAX_FRAMES}, got {frames}")
+        self.frames = frames
+        self.device_pending = device_pending
         if g.slots < 1 or g.prefill_row_capacity < 1:
             raise ValueError("geometry needs at least one slot and one prefill row")
         for name in ("decode_capacities", "prefill_token_capacities"):
@@ -175,15 +197,23 @@ class Scheduler:
     def can_schedule_ahead(self) -> bool:
         """Whether `schedule()` may be called now.
 
-        True with no plan outstanding, or with one outstanding plan none of whose
-        rows samples (non-final prefill chunks only). False otherwise: a sampled
-        token of the outstanding plan is needed first, so complete it.
+        True with no plan outstanding. With fewer than `frames` outstanding and no live
+        request needing feedback: True when the newest outstanding plan samples nothing
+        (non-final prefill chunks), or is a DECODE and pending tokens are device-owned.
+        False otherwise: complete the oldest plan first.
         """
         if not self._outstanding:
             return True
-        return len(self._outstanding) < MAX_FRAMES and not any(
-            r.sample for r in self._outstanding[-1].rows
-        )
+        if len(self._outstanding) >= self.frames or self._feedback_live():
+            return False
+        newest = self._outstanding[-1]
+        if not any(r.sample for r in newest.rows):
+            return True
+        return self.device_pending and newest.kind is StepKind.DECODE
+
+    def _feedback_live(self) -> bool:
+        return any(s.request.needs_feedback for s in self._requests.values()
+                   if not s.retiring)
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step, or None when nothing can run now.
@@ -317,7 +347,8 @@ class Scheduler:
         """One row per request with a pending token, at most the largest decode
         capacity (least recently served first when over it), pages permitting."""
         pt = self.geometry.page_tokens
-        ready = [s for s in self._running if s.can_decode]
+        ahead = bool(self._outstanding) and self.device_pending
+        ready = [s for s in self._running if s.can_decode or (ahead and s.can_decode_ahead)]
         cap = self.geometry.decode_capacities[-1]
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
@@ -330,7 +361,8 @@ class Scheduler:
                     continue  # waits for reclamation (or preemption)
                 seq.page_ids.extend(grant.page_ids)
             pos = seq.num_scheduled
-            rows.append(self._row(seq, seq.tokens[pos : pos + 1], sample=True, histogram=None))
+            fed = seq.tokens[pos : pos + 1] or [PENDING_PLACEHOLDER]  # still on the device
+            rows.append(self._row(seq, fed, sample=True, histogram=None, decode=True))
         return StepPlan(StepKind.DECODE, tuple(rows)) if rows else None
 
     def _row(
@@ -339,6 +371,7 @@ class Scheduler:
         tokens: list[int],
         sample: bool,
         histogram: tuple[int, ...] | None,
+        decode: bool = False,
     ) -> RowPlan:
         """Build a row and advance the request's scheduled state."""
         assert seq.slot is not None
@@ -357,7 +390,8 @@ class Scheduler:
         )
         seq.num_scheduled = end
         seq.inflight_rows += 1
-        seq.awaiting_sample = sample
+        seq.inflight_samples += int(sample)
+        seq.last_row_decode = decode
         seq.needs_histogram = False
         seq.last_step = self._step
         return row
@@ -420,7 +454,7 @@ class Scheduler:
             seq.inflight_rows -= 1
             seq.num_computed = max(seq.num_computed, row.start_position + len(row.tokens))
             if row.sample:
-                seq.awaiting_sample = False
+                seq.inflight_samples -= 1
             if seq.retiring:
                 if seq.inflight_rows == 0:
                     self._retire(seq)
@@ -465,7 +499,7 @@ class Scheduler:
             seq = self._requests[row.request_id]
             seq.inflight_rows -= 1
             if row.sample:
-                seq.awaiting_sample = False
+                seq.inflight_samples -= 1
             if not seq.retiring:
                 seq.failed = True
                 seq.finish_reason = FinishReason.ERROR

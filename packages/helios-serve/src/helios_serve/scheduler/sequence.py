@@ -31,7 +31,8 @@ class Sequence:
         self.needs_histogram = False  # next row carries histogram_tokens
         # Frames:
         self.inflight_rows = 0
-        self.awaiting_sample = False
+        self.inflight_samples = 0  # issued sampling rows whose token is not yet known
+        self.last_row_decode = False  # the latest issued row was a decode row
         self.last_step = -1  # step index of the latest row issued
         # Lifecycle:
         self.reused_prompt_tokens: int | None = None  # first admission only
@@ -60,16 +61,30 @@ class Sequence:
 
     @property
     def can_decode(self) -> bool:
-        """Exactly one pending host-fed token, its sample known, output budget left."""
+        """Exactly one pending token, its sample known, output budget left."""
         return (
             not self.retiring
-            and not self.awaiting_sample
+            and self.inflight_samples == 0
             and not self.in_prefill
             and self.num_scheduled == len(self.tokens) - 1
             and self.num_output_tokens < self.request.max_output_tokens
         )
 
     @property
+    def can_decode_ahead(self) -> bool:
+        """One decode row in flight whose sampled token (not yet known to the host) the
+        next decode can feed from the device, and output budget for one more token."""
+        return (
+            not self.retiring
+            and not self.request.needs_feedback
+            and self.inflight_rows == 1
+            and self.inflight_samples == 1
+            and self.last_row_decode
+            and self.num_scheduled == len(self.tokens)
+            and self.num_output_tokens + 1 < self.request.max_output_tokens
+        )
+
+    @property
     def can_prefill(self) -> bool:
         """Prompt tokens remain and no sampling row is outstanding."""
-        return not self.retiring and not self.awaiting_sample and self.in_prefill
+        return not self.retiring and self.inflight_samples == 0 and self.in_prefill

@@ -35,6 +35,8 @@ class ScriptedServer:
         step_delay_s: float = 0.0,
         default_script: Sequence[str] = ("Hello", ",", " world", "!"),
         geometry: dict[str, Any] | None = None,
+        frames: int = 2,
+        device_pending: bool = True,
     ) -> None:
         self.tok = tok or TinyTokenizer()
         self.book = ScriptBook(self.tok.decode, default=self.tok.ids(list(default_script)))
@@ -42,7 +44,7 @@ class ScriptedServer:
         clock = ObservationClock()
         self.model = ScriptedModel(
             tiny_geometry(self.tok.vocab_size, **(geometry or {})), self.book,
-            step_delay_s=step_delay_s,
+            step_delay_s=step_delay_s, frames=frames, device_pending=device_pending,
         )  # fmt: skip
         options = ServeOptions(
             port=0, max_active=max_active, queue_capacity=queue_capacity,

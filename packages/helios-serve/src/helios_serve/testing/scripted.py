@@ -7,6 +7,11 @@ of the script chosen for that sequence's prompt. Prefix reuse, preemption and
 recompute therefore work (and are checked) as on a real model; a wrong page table
 yields a wrong prompt and a wrong script.
 
+Execution frames: with `frames=2` and `device_pending=True` it behaves like a core
+whose pending token is device-owned: a decode row feeds the slot's last sampled token
+(the plan's token may be PENDING_PLACEHOLDER; a concrete one must agree), and `submit`
+may run ahead of `wait`. Steps run inside `submit`; a fault surfaces from `wait`.
+
 Faults: `fail_when(predicate)` raises `ScriptedFault` from `execute` for every plan the
 predicate accepts; `fail_at_step(n)` raises on the n-th execute call (0-based);
 `fail_on_sequence(predicate)` raises when a sampling row's whole sequence (prompt and
@@ -17,11 +22,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from helios_serve.engine.plan import ModelGeometry, StepKind, StepPlan
+from helios_serve.engine.plan import PENDING_PLACEHOLDER, ModelGeometry, StepKind, StepPlan
 
 Responder = Callable[[tuple[int, ...]], Sequence[int]]
 
@@ -58,6 +65,14 @@ def tiny_geometry(
     )
 
 
+@dataclass
+class ScriptedTicket:
+    """A submitted step: its sampled ids, or the fault `wait` raises."""
+
+    sampled: np.ndarray | None
+    error: BaseException | None
+
+
 class ScriptedModel:
     """NativeModel's interface (`manifests`, `execute`, `close`) over scripted outputs.
 
@@ -66,12 +81,20 @@ class ScriptedModel:
         responder: maps a prompt (token ids) to its scripted output ids; when the
             script runs out the model emits the first EOS id.
         step_delay_s: sleep per execute call (paces tests of concurrency and cancellation).
+        frames: execution frames `submit` may fill before `wait`.
+        device_pending: decode rows feed the slot's last sampled token (see module).
     """
 
     def __init__(
-        self, geometry: ModelGeometry, responder: Responder, *, step_delay_s: float = 0.0
+        self, geometry: ModelGeometry, responder: Responder, *, step_delay_s: float = 0.0,
+        frames: int = 1, device_pending: bool = False,
     ) -> None:
         self._geometry = geometry
+        self.frames = frames
+        self.device_pending = device_pending
+        self._pending = np.full(geometry.slots, -1, dtype=np.int64)  # per slot
+        self._inflight: deque[ScriptedTicket] = deque()
+        self.max_outstanding = 0  # most steps submitted and not yet waited for
         self.responder = responder
         self.step_delay_s = step_delay_s
         self._pages = np.full((geometry.num_pages, geometry.page_tokens), -1, dtype=np.int64)
@@ -130,11 +153,40 @@ class ScriptedModel:
             self._check(plan)
             out = np.empty(len(plan.rows), dtype=np.int32)
             for i, row in enumerate(plan.rows):
-                out[i] = self._run_row(row)
+                out[i] = self._run_row(row, plan.kind)
             self.launches[plan.kind] += 1
             return out
         finally:
             self.steps += 1
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._inflight)
+
+    def submit(self, plan: StepPlan) -> ScriptedTicket:
+        """Run `plan` now and hold its result for `wait` (a fault is raised there).
+
+        Raises:
+            RuntimeError: every frame is in flight.
+        """
+        if len(self._inflight) == self.frames:
+            raise RuntimeError(f"all {self.frames} execution frames are in flight")
+        try:
+            ticket = ScriptedTicket(self.execute(plan), None)
+        except Exception as exc:  # surfaces at wait, like a device fault
+            ticket = ScriptedTicket(None, exc)
+        self._inflight.append(ticket)
+        self.max_outstanding = max(self.max_outstanding, len(self._inflight))
+        return ticket
+
+    def wait(self, ticket: ScriptedTicket) -> np.ndarray:
+        """The oldest submitted step's sampled ids (or its fault)."""
+        assert self._inflight and self._inflight[0] is ticket, "wait in submission order"
+        self._inflight.popleft()
+        if ticket.error is not None:
+            raise ticket.error
+        assert ticket.sampled is not None
+        return ticket.sampled
 
     def _check(self, plan: StepPlan) -> None:
         g = self._geometry
@@ -147,12 +199,18 @@ class ScriptedModel:
         slots = [r.slot for r in plan.rows]
         assert len(set(slots)) == len(slots), "one row per slot"
 
-    def _run_row(self, row) -> int:
+    def _run_row(self, row, kind: StepKind) -> int:
         g = self._geometry
         pt = g.page_tokens
         end = row.start_position + len(row.tokens)
         assert len(row.page_ids) * pt >= end, "page table does not cover the row"
-        for i, token in enumerate(row.tokens):
+        tokens = row.tokens
+        if self.device_pending and kind is StepKind.DECODE:
+            fed = int(self._pending[row.slot])
+            assert tokens[0] in (PENDING_PLACEHOLDER, fed), "plan token != device pending token"
+            tokens = (fed,)
+        assert PENDING_PLACEHOLDER not in tokens, "placeholder fed without a device pending token"
+        for i, token in enumerate(tokens):
             p = row.start_position + i
             self._pages[row.page_ids[p // pt], p % pt] = token
         if not row.sample:
@@ -172,6 +230,7 @@ class ScriptedModel:
             self.masked_rows += 1
             if not (int(row.grammar_mask[token // 32]) >> (token % 32)) & 1:
                 raise ScriptedFault(f"the grammar mask forbids scripted token {token}")
+        self._pending[row.slot] = token
         return token
 
     def close(self) -> None:
