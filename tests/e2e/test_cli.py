@@ -102,16 +102,26 @@ def test_serves_a_core_and_startup_options_beat_defaults(smollm2_core_f32):
         assert proc.stdout.readline().startswith("Try: curl " + url)
         models = httpx.get(url + "/v1/models", timeout=30).json()
         assert models["data"][0]["id"] == "local-smol"
+        loaded = _runtime_resources(httpx.get(url + "/metrics", timeout=30).text)
+        assert loaded["graph_captures"] > 0 and loaded["device_allocations"] > 0
         r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
             "model": "local-smol", "max_tokens": 24, "temperature": 0,
             "messages": [{"role": "user", "content": "What is the capital of France?"}]})
         assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
         metrics = httpx.get(url + "/metrics", timeout=30).text
         assert "helios_request_slots_capacity 2.0" in metrics  # --max-active beat the core
+        assert "\nhelios_execution_frames 2.0\n" in metrics
+        assert _runtime_resources(metrics) == loaded  # nothing allocated or captured serving
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
     assert proc.returncode in (0, -signal.SIGINT)
+
+
+def _runtime_resources(metrics: str) -> dict[str, float]:
+    prefix = 'helios_runtime_resources{kind="'
+    return {line[len(prefix):].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines() if line.startswith(prefix)}
 
 
 def test_demo_prepares_once_and_serves(tmp_path):

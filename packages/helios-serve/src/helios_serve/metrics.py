@@ -7,7 +7,10 @@ enumerations (reasons, operations): never request ids, prompt contents or token 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # Rejection reasons (label values of helios_requests_rejected_total).
@@ -39,6 +42,37 @@ _LATENCY_BUCKETS_S = (
     80.0,
 )
 _E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+
+# Runtime resources created at load ("Ownership and bootstrap": nothing is allocated,
+# loaded or captured while serving), exported as helios_runtime_resources{kind}.
+RUNTIME_KINDS = ("device_allocations", "host_allocations", "module_loads", "graph_captures")
+
+
+class _RuntimeResources:
+    """Collector reading the backend's load counters at scrape time."""
+
+    def __init__(self, read: Callable[[], Mapping[str, int]], frames: int) -> None:
+        self._read = read
+        self._frames = frames
+
+    def describe(self):
+        return []  # read at scrape time only
+
+    def collect(self):
+        counters = dict(self._read())
+        family = GaugeMetricFamily(
+            "helios_runtime_resources",
+            "Runtime resources created by the backend, by kind (device_allocations, "
+            "host_allocations, module_loads, graph_captures); fixed after load.",
+            labels=["kind"],
+        )
+        for kind in RUNTIME_KINDS:
+            family.add_metric([kind], float(counters.get(kind, 0)))
+        yield family
+        yield GaugeMetricFamily("helios_execution_frames",
+                                "Execution frames the backend offers (steps in flight at most).",
+                                value=float(self._frames))
 
 
 class Metrics:
@@ -186,6 +220,10 @@ class Metrics:
             self.requests_finished.labels(reason)
         for op in ("prefill", "decode"):
             self.graph_launches.labels(op)
+
+    def watch_runtime(self, read: Callable[[], Mapping[str, int]], frames: int) -> None:
+        """Export the backend's load counters (`read()` at each scrape) and frame count."""
+        self.registry.register(_RuntimeResources(read, frames))
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""

@@ -49,6 +49,9 @@ class Server:
     ) -> None:
         self.bootstrap = bootstrap
         self.metrics = Metrics()
+        counters = getattr(getattr(model, "backend", None), "counters", None)
+        if counters is not None:  # NativeModel (the scripted test backend has none)
+            self.metrics.watch_runtime(lambda: counters, model.frames)
         self.worker = ModelWorker(
             model,
             clock,

@@ -14,6 +14,7 @@ inside `launch` (NumPy holds the host anyway); `wait` returns at once.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -58,6 +59,8 @@ class CpuBackend:
 
     def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
                  num_pages: int):
+        # Load-time resources (as the cuda backend counts them); fixed while serving.
+        self.counters: Counter[str] = Counter()
         self.buffers: dict[str, np.ndarray] = {}
         self._decls = {b.name: b for b in manifest.buffers}
         for decl in manifest.buffers:
@@ -69,6 +72,9 @@ class CpuBackend:
                      if b.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)}
         self._staging = [{name: (np.zeros_like(a) if name in per_frame else a)
                           for name, a in self.buffers.items()} for _ in range(self.frames)]
+        self.counters["device_allocations"] = len(self.buffers)
+        self.counters["host_allocations"] = len(per_frame) * self.frames
+        self.counters["graph_captures"] = len(self._programs)
         self._inputs = {g.name: [t.destination for t in g.transports
                                  if t.destination in per_frame] for g in manifest.graphs}
         self._completion = {g.name: g.completion.buffer for g in manifest.graphs}
@@ -131,6 +137,7 @@ class CpuBackend:
         for name in self._inputs[graph]:
             self.buffers[name][...] = staged[name]
         self.run(graph)
+        self.counters["graph_launches"] += 1
         done = self._completion[graph]
         staged[done][...] = self.buffers[done]
 
