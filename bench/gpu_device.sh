@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh stage1|stage2|tests|bench8b|peers
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
-stage=$1
 OUTD=${OUT:-/tmp/out}
 SRC=packages/helios-contract/src:packages/helios-tools/src:packages/helios-ignition/src:packages/helios-serve/src
 S=$HOME/site
@@ -20,6 +19,7 @@ if [ ! -f "$HOME/g/smol.gguf" ] && [ -f "$HOME/g/p3" ]; then
   cat "$HOME"/g/p1 "$HOME"/g/p2 "$HOME"/g/p3 > "$HOME/g/smol.gguf"
   sha256sum "$HOME/g/smol.gguf"
 fi
+for stage in "$@"; do
 case $stage in
   stage1|stage2)
     ls -la "$HOME/g"; nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv
@@ -43,4 +43,9 @@ case $stage in
     python3 bench/gpu_linear_sweep.py --json "$OUTD/sweep.json" 2>&1 | tee "$OUTD/sweep.log" ;;
   linear)
     python3 bench/gpu_linear.py --json "$OUTD/linear.json" 2>&1 | tee "$OUTD/linear.log" ;;
+  model)
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;
+  *) echo "unknown step $stage"; exit 2 ;;
 esac
+done

@@ -3,8 +3,8 @@
     python bench/gpu_linear_sweep.py --json OUT.json [--budget-s 150] [--dry-run]
 
 For T in {8, 32, 64} and the (N, K) of Llama-3.1-8B and SmolLM2-135M, times the v1 launch
-rule (``HELIOS_LINEAR_RULE=v1``, the baseline every ratio is against), the v2 rule (the
-current ``launch_config`` default) and a grid of variant constants (tile sizes, warps,
+rule (``HELIOS_LINEAR_RULE=v1``, the baseline every ratio is against), the v2 rule, the
+v3 rule (the current ``launch_config`` default, picked from this sweep's first run) and a grid of variant constants (tile sizes, warps,
 stages, ``PREFETCH``, ``STACK``, ``SWAP``, a few ``XSPLIT=0``), each as a CUDA graph of 10
 launches over up to 4 rotating weight copies (so L2 does not serve repeats). Weights are
 random bf16; every variant's output (poisoned with NaN first) is checked against a
@@ -12,7 +12,7 @@ float64 NumPy reference on 512 columns (``rel``: ||gpu - ref|| / ||ref||) and re
 to check it is bitwise deterministic. Prints one table row per (shape, T, variant):
 microseconds, weight TB/s, ratio of the v1 time to this one (> 1 is faster), and the
 best variant per (shape, T). ``--dry-run`` (no GPU) compiles the variant list for sm_90
-and checks that the v1 and v2 choices are in it.
+and checks that the v1, v2 and v3 choices are in it.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def variant_table() -> tuple[dict[tuple, dict], list[tuple[int, tuple]]]:
     allv: dict[tuple, dict] = {}
     rules, grids = [], {}
     for T in ROWS:
-        for rule in ("v1", "v2"):
+        for rule in ("v1", "v2", "v3"):
             for shapes in SHAPES.values():
                 for N, K in shapes:
                     c = rule_constants(T, N, K, rule)
@@ -270,11 +270,12 @@ def main() -> None:
             by = {r["variant"]: r for r in mine}
             v1 = by.get(_label(_key(rule_constants(T, N, K, "v1"))))
             v2 = by.get(_label(_key(rule_constants(T, N, K, "v2"))))
+            v3 = by.get(_label(_key(rule_constants(T, N, K, "v3"))))
             base = v1["us"] if v1 else float("nan")
             ok = [r for r in mine if r["finite"] and r["deterministic"]
                   and r["rel"] < (5e-5 if r["constants"]["XSPLIT"] else 1e-2)]
             best = sorted((r for r in ok if r["constants"]["XSPLIT"]), key=lambda r: r["us"])
-            shown = [("v1 (old default)", v1), ("v2 (new default)", v2)]
+            shown = [("v1", v1), ("v2", v2), ("v3 (default)", v3)]
             shown += [(f"best {i + 1}", r) for i, r in enumerate(best[:3])]
             xs0 = sorted((r for r in ok if not r["constants"]["XSPLIT"]), key=lambda r: r["us"])
             shown += [("best XSPLIT=0", xs0[0])] if xs0 else []

@@ -65,9 +65,9 @@ def test_every_variant_compiles_for_sm90_f32_and_bf16():
         _check_compiled(manifest, blobs)
 
 
-@pytest.mark.parametrize("rule", ["v1", "v2"])
+@pytest.mark.parametrize("rule", ["v1", "v2", "v3"])
 def test_linear_rules_compile_for_sm90(rule):
-    """Both multi-row linear rules (``HELIOS_LINEAR_RULE``) on 8B shapes at 8 and 64 rows,
+    """Each multi-row linear rule (``HELIOS_LINEAR_RULE``) on 8B and SmolLM2 shapes,
     and the SWAP/STACK and XSPLIT=0 variants bench/gpu_linear_sweep.py times."""
     from helios_contract.schema import manifest_pb2 as mpb
     from helios_ignition.capture.launch import linear_constants
@@ -75,7 +75,8 @@ def test_linear_rules_compile_for_sm90(rule):
 
     variants = {}
     for T, N, K in [(8, 28672, 4096), (64, 4096, 14336), (64, 128256, 4096), (1024, 6144, 4096),
-                    (5, 100, 40)]:
+                    (5, 100, 40), (32, 28672, 4096), (32, 6144, 4096), (32, 4096, 14336),
+                    (64, 6144, 4096), (64, 576, 1536), (64, 960, 576)]:
         for wbf16 in (0, 1):
             c = dict(linear_constants(T, N, K, rule), WBF16=wbf16, K16=int(K % 16 == 0))
             variants[tuple(sorted(c.items()))] = c
@@ -93,6 +94,27 @@ def test_linear_rules_compile_for_sm90(rule):
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+
+
+def test_linear_v3_picks_the_measured_winners():
+    from helios_ignition.capture.launch import linear_constants
+
+    def pick(T, N, K):
+        c = linear_constants(T, N, K, "v3")
+        return (c["BLOCK_T"], c["BLOCK_N"], c["BLOCK_K"], c["WARPS"], c.get("PREFETCH", 1),
+                c.get("STACK", 0))
+
+    assert pick(8, 6144, 4096) == (16, 32, 128, 4, 1, 0)  # v1
+    assert pick(32, 28672, 4096) == (32, 64, 64, 4, 1, 1)
+    assert pick(32, 6144, 4096) == (32, 64, 128, 8, 1, 1)
+    assert pick(32, 4096, 14336) == (32, 32, 128, 8, 1, 1)
+    assert pick(64, 128256, 4096) == (64, 128, 32, 4, 0, 0)
+    assert pick(64, 4096, 14336) == (64, 32, 128, 8, 1, 1)
+    assert pick(64, 6144, 4096) == (64, 32, 64, 4, 1, 1)
+    assert pick(64, 960, 576) == (64, 16, 64, 4, 1, 0)  # v1
+    assert pick(1024, 6144, 4096) == (64, 32, 64, 4, 1, 0)  # prefill: v1
+    with pytest.raises(ValueError, match="unknown linear rule 'v9'; known: v1, v2, v3"):
+        linear_constants(64, 64, 64, "v9")
 
 
 def test_bad_target_is_rejected():

@@ -19,9 +19,11 @@ TARGET_PROGRAMS = 264
 # Multi-row linear layout: tokens as the MMA's M operand; HELIOS_LINEAR_SWAP=1 at capture
 # swaps A and B (measured 1.5-7x slower on the H200: bench/results/gpu_linear_v1.json).
 LINEAR_SWAP = os.environ.get("HELIOS_LINEAR_SWAP", "0") == "1"
-# Multi-row linear tile rule: "v2" (pipelined loads, hi/lo stacked into one MMA, 8 warps),
-# or HELIOS_LINEAR_RULE=v1 at capture for the v1 tiles (hand prefetch, 4 warps).
-LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v2")
+# Multi-row linear tile rule, chosen at capture with HELIOS_LINEAR_RULE: "v3" (default:
+# per-shape winners of the H200 sweep, bench/results/gpu_linear_sweep_v2.json), "v1" (the
+# earlier tiles: hand prefetch, 4 warps) or "v2" (pipelined, stacked hi/lo, 8 warps:
+# measured 2-8x slower than v1, kept for sweeps).
+LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
 # One wave of programs: with about 250 registers a thread, a 256-thread program has an SM.
 SMS = 132
 
@@ -88,16 +90,54 @@ def linear_constants(T: int, N: int, K: int, rule: str = "") -> dict[str, int]:
         ValueError: an unknown rule.
     """
     rule = rule or LINEAR_RULE
+    if rule == "v3":
+        return _linear_v3(T, N, K)
     if rule == "v1":
         bt, bn, bk = linear_tiles(T, N, K)
         return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
     if rule != "v2":
-        raise ValueError(f"unknown linear rule {rule!r}; known: v1, v2")
+        raise ValueError(f"unknown linear rule {rule!r}; known: v1, v2, v3")
     bt = 32 if T <= 32 else 64
     tiles_t = _cdiv(T, bt)
     bn = next((b for b in (128, 64) if _cdiv(N, b) * tiles_t >= SMS), 32)
     return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=64, WARPS=8, STAGES=3, PREFETCH=0,
                 STACK=1)
+
+
+# v3 tiles at 17-32 and 33-64 rows: (BLOCK_N, BLOCK_K, WARPS, STAGES, PREFETCH, STACK).
+_WIDE_N = 16896  # N with at least 264 programs of 64 columns (two per SM)
+
+
+def _linear_v3(T: int, N: int, K: int) -> dict[str, int]:
+    """v3: the fastest measured variant per shape class on the H200 (3,832 timed variants,
+    bench/results/gpu_linear_sweep_v2.json); v1 where nothing measured beat it (up to 16
+    rows, prefill tiles beyond 64 rows). Speed-ups over v1 at 8B shapes: 32 rows 1.4-3.7x,
+    64 rows 1.4-1.8x."""
+    if T <= 16 or T > 64:
+        bt, bn, bk = linear_tiles(T, N, K)
+        return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
+    if T <= 32:
+        if N >= _WIDE_N:  # gate_up, lm_head: 64-wide N tiles, short K steps
+            tile = (64, 64, 4, 3, 1, 1)
+        elif K < 8192 and N >= 4096:  # qkv / o_proj of 8B
+            tile = (64, 128, 8, 3, 1, 1)
+        else:  # long K (down_proj) and small models
+            tile = (32, 128, 8, 3, 1, 1)
+        bt = 32
+    else:
+        if N >= _WIDE_N:  # wide N: 128-column tiles, loads pipelined by Triton
+            tile = (128, 32, 4, 3, 0, 0)
+        elif K >= 8192 or (N < 4096 and K >= 1024):
+            tile = (32, 128, 8, 3, 1, 1)
+        elif N >= 4096:
+            tile = (32, 64, 4, 3, 1, 1)
+        else:
+            bt, bn, bk = linear_tiles(T, N, K)
+            return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
+        bt = 64
+    bn, bk, warps, stages, prefetch, stack = tile
+    return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, STAGES=stages,
+                PREFETCH=prefetch, STACK=stack)
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
