@@ -26,7 +26,7 @@ import numpy as np
 
 SHAPES = {"llama8b": [(6144, 4096), (28672, 4096), (4096, 14336), (128256, 4096)],
           "smollm2": [(960, 576), (3072, 576), (576, 1536), (49152, 576)]}
-ROWS = (8, 32, 64)
+ROWS = (1, 8, 32, 64)
 CHECK_COLS = 512
 
 
@@ -36,10 +36,26 @@ class _View:  # what launch_config reads of a view
 
 
 def rule_constants(T: int, N: int, K: int, rule: str) -> dict[str, int]:
-    """The launch rule's constants for a bf16 weight (with WARPS, WBF16, K16)."""
+    """The launch rule's constants for a bf16 weight (with WARPS, WBF16, K16); one row is
+    the GEMV of ``launch_config`` under every rule."""
     from helios_ignition.capture import launch
 
+    if T == 1:
+        c = launch.launch_config("linear", [1, N, K], [None, _View((N, K), "bf16")])
+        return dict(c.constants)
     return dict(launch.linear_constants(T, N, K, rule), WBF16=1, K16=int(K % 16 == 0))
+
+
+def gemv_variants() -> list[dict[str, int]]:
+    """The swept GEMV (one token row) constants: rows per program, K step, warps."""
+    out = []
+    for bn in (4, 8, 16, 32):
+        for bk in (512, 1024, 2048, 4096):
+            for warps in (2, 4, 8):
+                if bn * bk <= 32768:
+                    out.append(dict(BLOCK_T=1, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, WBF16=1,
+                                    K16=1))
+    return out
 
 
 def _key(c: dict[str, int]) -> tuple:
@@ -90,8 +106,8 @@ def variant_table() -> tuple[dict[tuple, dict], list[tuple[int, tuple]]]:
                     allv.setdefault(_key(c), c)
                     rules.append((T, _key(c)))
         grids[T] = []
-        for bt in ((16, 32) if T <= 8 else (32,) if T <= 32 else (64,)):
-            for c in grid_variants(bt):
+        for bt in ((1,) if T == 1 else (16, 32) if T <= 8 else (32,) if T <= 32 else (64,)):
+            for c in (gemv_variants() if bt == 1 else grid_variants(bt)):
                 allv.setdefault(_key(c), c)
                 grids[T].append((T, _key(c)))
     order = list(rules)
