@@ -110,7 +110,7 @@ def test_serves_a_core_and_startup_options_beat_defaults(smollm2_core_f32):
         assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
         metrics = httpx.get(url + "/metrics", timeout=30).text
         assert "helios_request_slots_capacity 2.0" in metrics  # --max-active beat the core
-        assert "\nhelios_execution_frames 2.0\n" in metrics
+        assert "\nhelios_execution_frames 1.0\n" in metrics  # the cpu backend
         assert _runtime_resources(metrics) == loaded  # nothing allocated or captured serving
     finally:
         proc.send_signal(signal.SIGINT)

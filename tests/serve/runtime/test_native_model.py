@@ -225,7 +225,7 @@ def test_two_frames_decode_ahead_equals_one_step_at_a_time(core):
     pages = {0: [0, 1, 2, 3], 3: [9, 10, 11, 12]}
 
     def run(ahead: bool) -> dict[int, list[int]]:
-        model = NativeModel.load(core, "cpu")
+        model = NativeModel.load(core, "cpu", cpu_frames=2)
         out = {s: [_prefill(model, s, p, pages[s][:2], rid=s)] for s, p in prompts.items()}
         length = {s: len(p) for s, p in prompts.items()}
 
@@ -258,7 +258,8 @@ def test_two_frames_decode_ahead_equals_one_step_at_a_time(core):
             seq.append(tok)
 
 
-def test_frames_are_bounded_and_complete_in_order(model):
+def test_frames_are_bounded_and_complete_in_order(core):
+    model = NativeModel.load(core, "cpu", cpu_frames=2)
     plan = StepPlan(StepKind.DECODE, (row(1, 0, [3], 0, [11]),))
     a = model.submit(plan)
     b = model.submit(plan)
@@ -285,3 +286,13 @@ def test_host_owned_pending_token_is_fed_from_the_plan():
     model.execute(StepPlan(StepKind.DECODE, (row(1, 0, [60], 3, [1]),)))
     ref = dense_forward(core.weights, TINY_SHAPES, prompt + [60])[-1]
     np.testing.assert_allclose(logits(model, 1)[0], ref, atol=2e-4, rtol=1e-4)
+
+
+def test_cpu_backend_defaults_to_one_frame_and_rejects_three(core, model):
+    assert model.frames == 1
+    plan = StepPlan(StepKind.DECODE, (row(1, 0, [3], 0, [11]),))
+    model.submit(plan)
+    with pytest.raises(RuntimeError, match="all 1 execution frames are in flight"):
+        model.submit(plan)
+    with pytest.raises(ValueError, match="1 or 2 execution frames, not 3"):
+        NativeModel.load(core, "cpu", cpu_frames=3)

@@ -8,7 +8,9 @@ are widened to float32 once at load because NumPy has no bf16 arithmetic.
 Execution frames mirror the cuda backend's: request inputs and the completion record
 have one staging array per frame, copied into (out of) the working buffers when that
 frame's step runs, so packing step N + 1 never disturbs step N. Steps run synchronously
-inside `launch` (NumPy holds the host anyway); `wait` returns at once.
+inside `launch` (NumPy holds the host anyway) and `wait` returns at once, so a second
+frame buys no overlap here and would only delay each token's publication by a step: the
+default is one frame; two exercise the cuda backend's submission order on the CPU.
 """
 
 from __future__ import annotations
@@ -49,16 +51,20 @@ class CpuBackend:
         manifest: the execution manifest.
         read_resource: resource id -> decoded bytes (weights).
         num_pages: physical pages backing each cache plane (replaces the prepared count).
+        frames: execution frames offered (1 or 2; see the module docstring).
 
     Raises:
         RuntimeLoadError: a buffer dtype or weight resource does not fit the manifest.
+        ValueError: frames outside 1..2.
     """
 
     name = "cpu"
-    frames = 2
 
     def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
-                 num_pages: int):
+                 num_pages: int, frames: int = 1):
+        if frames not in (1, 2):
+            raise ValueError(f"the cpu backend offers 1 or 2 execution frames, not {frames}")
+        self.frames = frames
         # Load-time resources (as the cuda backend counts them); fixed while serving.
         self.counters: Counter[str] = Counter()
         self.buffers: dict[str, np.ndarray] = {}

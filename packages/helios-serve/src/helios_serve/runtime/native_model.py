@@ -85,7 +85,7 @@ class NativeModel:
 
     @classmethod
     def load(cls, core: CoreLike, backend: str = "cpu", *, num_pages: int | None = None,
-             max_concurrency: int | None = None) -> NativeModel:
+             max_concurrency: int | None = None, cpu_frames: int = 1) -> NativeModel:
         """Load `core` onto `backend`.
 
         Args:
@@ -94,6 +94,8 @@ class NativeModel:
             num_pages: physical KV pages; defaults to the contract's prepared pages.
             max_concurrency: serve at most this many decode rows (load-time selection may
                 reduce captured concurrency, never raise it).
+            cpu_frames: execution frames of the cpu backend (1, or 2 to exercise the
+                cuda backend's two-frame submission on the CPU); cuda always has 2.
 
         Raises:
             UnknownBackend: `backend` is not one of BACKENDS.
@@ -113,7 +115,7 @@ class NativeModel:
 
             engine = CudaBackend(manifest, core.read_resource, pages)
         else:
-            engine = CpuBackend(manifest, core.read_resource, pages)
+            engine = CpuBackend(manifest, core.read_resource, pages, frames=cpu_frames)
         geometry = _geometry(contract, manifest, pages, max_concurrency)
         return cls(contract, manifest, engine, geometry)
 
