@@ -282,26 +282,47 @@ def test_sample_seeded_batch_independent(gpu, rng):
     assert alone[0] == first[3]
 
 
-@pytest.mark.parametrize("H,KVH,HD,split", [(9, 3, 64, 128), (32, 8, 128, 64)])
-def test_attention_decode_split_merge(gpu, rng, H, KVH, HD, split):
-    PT, MP = 16, 32
-    pages, kc, vc = _cache_case(rng, H, KVH, HD)
-    B = 5
+@pytest.mark.parametrize("rule", ["v1", "v2"])
+@pytest.mark.parametrize("H,KVH,HD,split,B,ctx", [
+    (9, 3, 64, 128, 5, 0), (32, 8, 128, 64, 5, 0), (9, 3, 64, 64, 8, 0),
+    (32, 8, 128, 64, 64, 160), (32, 8, 128, 64, 64, 1000), (9, 3, 64, 64, 64, 1000)])
+def test_attention_decode_split_merge(gpu, rng, monkeypatch, rule, H, KVH, HD, split, B, ctx):
+    """Both launch rules (``HELIOS_ATTN_RULE``); ``ctx`` > 0: 8B-shaped batches of 64 rows
+    at about ``ctx`` positions (MP * PT = 2048), NaN in the cache past each row's context
+    and unmapped page ids past its last page."""
+    from helios_ignition.capture import launch
+
+    monkeypatch.setattr(launch, "ATTN_RULE", rule)
+    PT, MP = 16, (32 if not ctx else 128)
+    S = max(6, B)
+    pages, kc, vc = _cache_case(rng, H, KVH, HD, PT=PT, MP=MP, S=S)
     NS = PT * MP // split
     qkv = rng.standard_normal((B, (H + 2 * KVH) * HD)).astype(np.float32)
-    slot = np.array([0, 3, -1, 5, 2], np.int32)
-    pos = rng.integers(0, PT * MP, B).astype(np.int32)
+    slot = rng.permutation(S)[:B].astype(np.int32)
+    slot[2] = -1
+    if ctx:
+        pos = np.full(B, ctx - 1, np.int32) - rng.integers(0, 16, B).astype(np.int32)
+    else:
+        pos = rng.integers(0, PT * MP, B).astype(np.int32)
     pos[0] = 0
     scale = HD ** -0.5
     ml = np.zeros((B, H, NS, 2), np.float32)
     po = np.zeros((B, H, NS, HD), np.float32)
     K.attention_decode_split(qkv, pos, slot, pages, kc, vc, ml, po, B, MP, PT, H, KVH, HD,
                              NS, split, scale)
+    ref = np.zeros((B, H * HD), np.float32)
+    K.attention_decode(qkv, pos, slot, pages, kc, vc, ref, B, MP, PT, H, KVH, HD, scale)
+    if ctx:  # what the kernel must not read
+        kc, vc, pages = kc.copy(), vc.copy(), pages.copy()
+        for b in np.flatnonzero(slot >= 0):
+            c = int(pos[b]) + 1
+            last = (c - 1) // PT
+            kc[pages[slot[b], last], (c - 1) % PT + 1:] = np.nan
+            vc[pages[slot[b], last], (c - 1) % PT + 1:] = np.nan
+            pages[slot[b], last + 1:] = 1 << 30
     got = gpu.run("attention_decode_split", qkv, pos, slot, pages, kc, vc, np.zeros_like(ml),
                   np.zeros_like(po), B, MP, PT, H, KVH, HD, NS, split, scale)
     assert rel(got["part_ml"], ml) < 1e-5 and rel(got["part_o"], po) < 1e-5
-    ref = np.zeros((B, H * HD), np.float32)
-    K.attention_decode(qkv, pos, slot, pages, kc, vc, ref, B, MP, PT, H, KVH, HD, scale)
     out = gpu.run("attention_decode_merge", got["part_ml"], got["part_o"], slot,
                   np.zeros_like(ref), B, H, HD, NS)["out"]
     assert rel(out, ref) < 1e-5

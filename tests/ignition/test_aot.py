@@ -163,3 +163,38 @@ def test_cuda_backend_names_missing_target():
     with pytest.raises(RuntimeLoadError, match=r"no kernel binaries for this GPU's target "
                                                 r"sm_90 \(NVIDIA H200\); core targets: sm_80"):
         backend._check_binaries(manifest)
+
+
+@pytest.mark.parametrize("rule", ["v1", "v2"])
+def test_attention_rules_compile_for_sm90(rule):
+    """Both split-context decode attention rules (``HELIOS_ATTN_RULE``) on the 8B, SmolLM2
+    and tiny geometries at 1, 8 and 64 rows, and (v2) the GROUPED=2/0 block and warp
+    variants bench/gpu_attention_sweep.py times."""
+    from helios_contract.schema import manifest_pb2 as mpb
+    from helios_ignition.capture.launch import (
+        attention_merge_constants,
+        attention_split_constants,
+    )
+    from helios_ignition.kernels_aot import compile_all
+
+    variants = {}
+    for H, KVH, HD in [(32, 8, 128), (9, 3, 64), (4, 2, 8)]:
+        for B in (1, 8, 64):
+            sc = attention_split_constants(B, H, KVH, HD, 64, rule)
+            variants[("attention_decode_split", tuple(sorted(sc.items())))] = sc
+        mc = attention_merge_constants(HD, 32, rule)
+        variants[("attention_decode_merge", tuple(sorted(mc.items())))] = mc
+    if rule == "v2":
+        for bn, warps in ((16, 2), (32, 4)):
+            sc = dict(attention_split_constants(64, 32, 8, 128, 64, rule), BLOCK_N=bn,
+                      WARPS=warps)
+            variants[("attention_decode_split", tuple(sorted(sc.items())))] = sc
+    kernels = []
+    for i, ((op, _), c) in enumerate(variants.items()):
+        k = mpb.Kernel(id=f"attn{i}", reference_op=op)
+        for name, v in c.items():
+            k.constants[name] = v
+        kernels.append(k)
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
+        assert ck.shared_bytes <= 227 * 1024

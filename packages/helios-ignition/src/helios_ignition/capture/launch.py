@@ -26,6 +26,10 @@ LINEAR_SWAP = os.environ.get("HELIOS_LINEAR_SWAP", "0") == "1"
 LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
 # One wave of programs: with about 250 registers a thread, a 256-thread program has an SM.
 SMS = 132
+# Split-context decode attention rule: "v2" (one program per kv head and split, f32 FMA,
+# 128-bit cache loads, merge skips empty splits), or HELIOS_ATTN_RULE=v1 at capture for
+# the v1 layouts (per query head, or an MMA tile per kv head for small batches).
+ATTN_RULE = os.environ.get("HELIOS_ATTN_RULE", "v2")
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,49 @@ def _linear_v3(T: int, N: int, K: int) -> dict[str, int]:
                 PREFETCH=prefetch, STACK=stack)
 
 
+def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
+                              rule: str = "") -> dict[str, int]:
+    """Variant constants (with ``WARPS``) of ``attention_decode_split`` under `rule`; the
+    grid is ``(B, KVH if GROUPED else H, NS)``.
+
+    v2 (``GROUPED=2``): a program per (row, kv head, split) loads the split's keys and
+    values once as one BLOCK_N x HD tile (BLOCK_N >= SPLIT for contexts up to 4096) and
+    every query head of the kv head reuses it with f32 FMA dots; ``EVEN_HD`` gives 128-bit
+    loads when HD is a power of two. 8 warps for HD=128 (32 tile values a thread), 4 for
+    HD <= 64. A guess pending bench/gpu_attention_sweep.py on the H200.
+
+    Raises:
+        ValueError: an unknown rule.
+    """
+    rule = rule or ATTN_RULE
+    bhd = _np2(HD, 16)
+    if rule == "v1":
+        grouped = int(B <= 8 and HD <= 64)  # measured on the H200, see the kernel
+        return dict(BLOCK_N=64, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH, 16), GROUPED=grouped,
+                    WARPS=4)
+    if rule != "v2":
+        raise ValueError(f"unknown attention rule {rule!r}; known: v1, v2")
+    return dict(BLOCK_N=64, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
+                EVEN_HD=int(HD == bhd), WARPS=8 if HD >= 128 else 4)
+
+
+def attention_merge_constants(HD: int, NS: int, rule: str = "") -> dict[str, int]:
+    """Variant constants (with ``WARPS``) of ``attention_decode_merge`` under `rule`: v2
+    skips the outputs of empty splits and uses 128-bit accesses when HD is a power of two.
+
+    Raises:
+        ValueError: an unknown rule.
+    """
+    rule = rule or ATTN_RULE
+    bhd = _np2(HD, 16)
+    if rule == "v1":
+        return dict(BLOCK_S=_np2(NS, 2), BLOCK_HD=bhd, WARPS=4)
+    if rule != "v2":
+        raise ValueError(f"unknown attention rule {rule!r}; known: v1, v2")
+    return dict(BLOCK_S=_np2(NS, 2), BLOCK_HD=bhd, SKIP_EMPTY=1, EVEN_HD=int(HD == bhd),
+                WARPS=4)
+
+
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
     """The launch geometry of `op` given its scalar arguments (in parameter order) and
     its buffer views (in parameter order; their buffer dtypes select weight variants).
@@ -182,13 +229,13 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         B, H, HD = s[0], s[3], s[5]
         return _cfg((B, H), 8, BLOCK_N=128, BLOCK_HD=_np2(HD, 16))
     if op == "attention_decode_split":
-        B, H, KVH, HD, NS = s[0], s[3], s[4], s[5], s[6]
-        grouped = int(B <= 8 and HD <= 64)  # measured on the H200, see the kernel
-        return _cfg((B, KVH if grouped else H, NS), 4, BLOCK_N=64, BLOCK_HD=_np2(HD, 16),
-                    BLOCK_G=_np2(H // KVH, 16), GROUPED=grouped)
+        B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
+        c = attention_split_constants(B, H, KVH, HD, SPLIT)
+        return _cfg((B, KVH if c["GROUPED"] else H, NS), c.pop("WARPS"), **c)
     if op == "attention_decode_merge":
         B, H, HD, NS = s
-        return _cfg((B, H), 4, BLOCK_S=_np2(NS, 2), BLOCK_HD=_np2(HD, 16))
+        c = attention_merge_constants(HD, NS)
+        return _cfg((B, H), c.pop("WARPS"), **c)
     if op in ("silu_mul", "add"):
         T, W = s
         return _cfg((T, _cdiv(W, 1024)), 4, BLOCK=1024)

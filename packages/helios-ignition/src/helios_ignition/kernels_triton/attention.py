@@ -270,18 +270,136 @@ def _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, 
 
 
 @triton.jit
+def _fma_head(qkv, k, v, mj, q_off, d, md, scale, EVEN_HD: tl.constexpr):
+    """Split statistics of one query head over one key/value tile already in registers:
+    ``(max, sum exp, sum exp * v)`` with f32 FMA dots (no online state)."""
+    if EVEN_HD:
+        q = tl.load(qkv + q_off + d) * scale
+    else:
+        q = tl.load(qkv + q_off + d, mask=md, other=0.0) * scale
+    sc = tl.where(mj, tl.sum(q[None, :] * k, axis=1), float("-inf"))
+    m = tl.max(sc, axis=0)
+    p = libdevice.exp(sc - m)
+    return m, tl.sum(p, axis=0), tl.sum(p[:, None] * v, axis=0)
+
+
+@triton.jit
+def _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+               B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
+               BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr):
+    """GROUPED=2: split ``sp`` of row ``b`` for every query head of kv head ``kvh`` with
+    f32 FMA dots; grid ``(B, KVH, NS)``.
+
+    An empty split (or padding row) only stores ``(-1e30, 0)`` and zeros. A split of at
+    most BLOCK_N positions (the launch rule picks BLOCK_N >= SPLIT) loads its keys and
+    values once, as one tile (all loads in flight at once), and every query head of the
+    kv head reuses it from registers: one pass, no running state. A longer split walks
+    BLOCK_N-position tiles with an online softmax per query head (re-reading the tiles
+    from L1/L2 per head): correct for any SPLIT, fast for none.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    G = H // KVH
+    if EVEN_HD:  # HD == BLOCK_HD: offsets are visibly multiples of a power of two >= 16
+        HD = BLOCK_HD
+    d = tl.arange(0, BLOCK_HD)
+    md = d < HD
+    s = tl.load(slot + b)
+    ctx = tl.load(positions + b) + 1
+    lo = sp * SPLIT
+    hi = tl.where(s >= 0, tl.minimum(lo + SPLIT, ctx), lo)
+    width = (H + 2 * KVH) * HD
+    hd0 = b * H + kvh * G  # first (b, h) of this kv head
+    ob = (hd0 * NS + sp) * HD
+    qb = b * width + kvh * G * HD
+    if hi <= lo:
+        zero = tl.zeros((BLOCK_HD,), tl.float32)
+        for g in range(0, G):
+            base = (hd0 + g) * NS + sp
+            tl.store(part_ml + base * 2, NEG_BIG)
+            tl.store(part_ml + base * 2 + 1, 0.0)
+            if EVEN_HD:
+                tl.store(part_o + ob + g * NS * HD + d, zero)
+            else:
+                tl.store(part_o + ob + g * NS * HD + d, zero, mask=md)
+    else:
+        row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
+        if hi - lo <= BLOCK_N:
+            j = lo + tl.arange(0, BLOCK_N)
+            mj = j < hi
+            page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+            off = ((page * PT + j % PT) * KVH + kvh) * HD
+            if EVEN_HD:
+                k = tl.load(k_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
+                v = tl.load(v_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
+            else:
+                mkv = mj[:, None] & md[None, :]
+                k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+                v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            for gi in tl.static_range(BLOCK_G):
+                if gi < G:
+                    m, lsum, o = _fma_head(qkv, k, v, mj, qb + gi * HD, d, md, scale,
+                                           EVEN_HD)
+                    base = (hd0 + gi) * NS + sp
+                    tl.store(part_ml + base * 2, m)
+                    tl.store(part_ml + base * 2 + 1, lsum)
+                    if EVEN_HD:
+                        tl.store(part_o + ob + gi * NS * HD + d, o)
+                    else:
+                        tl.store(part_o + ob + gi * NS * HD + d, o, mask=md)
+        else:
+            for g in range(0, G):
+                if EVEN_HD:
+                    q = tl.load(qkv + qb + g * HD + d) * scale
+                else:
+                    q = tl.load(qkv + qb + g * HD + d, mask=md, other=0.0) * scale
+                m_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0) + NEG_BIG
+                l_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0)
+                acc = tl.zeros((BLOCK_HD,), tl.float32)
+                for j0 in range(lo, hi, BLOCK_N):
+                    j = j0 + tl.arange(0, BLOCK_N)
+                    mj = j < hi
+                    page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+                    off = ((page * PT + j % PT) * KVH + kvh) * HD
+                    mkv = mj[:, None] & md[None, :]
+                    k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+                    v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+                    sc = tl.where(mj, tl.sum(q[None, :] * k, axis=1), float("-inf"))
+                    m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+                    alpha = libdevice.exp(m_i - m_new)
+                    p = libdevice.exp(sc - m_new)
+                    acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+                    l_i = l_i * alpha + tl.sum(p, axis=0)
+                    m_i = m_new
+                base = (hd0 + g) * NS + sp
+                tl.store(part_ml + base * 2, m_i)
+                tl.store(part_ml + base * 2 + 1, l_i)
+                tl.store(part_o + ob + g * NS * HD + d, acc, mask=md)
+
+
+@triton.jit
 def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                            B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
-                           BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr):
-    """Per-split softmax statistics (``attention_decode_split``), two layouts:
+                           BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
+                           EVEN_HD: tl.constexpr = 0):
+    """Per-split softmax statistics (``attention_decode_split``), three layouts:
 
     GROUPED=1, grid ``(B, KVH, NS)``: the query heads of a kv head form one MMA tile, so
-    each cached key/value is read once per kv head (faster for few rows and small heads
-    on the H200: SmolLM2 batch <= 8). GROUPED=0, grid ``(B, H, NS)``: one program per
-    query head, f32 FMA dots (faster for many rows and for the 8B geometry). Measured in
-    bench/results/gpu_*_grouped.json against gpu_*_v2/v3.json.
+    each cached key/value is read once per kv head (rule v1 for SmolLM2 batch <= 8).
+    GROUPED=0, grid ``(B, H, NS)``: one program per query head, f32 FMA dots (rule v1
+    otherwise). GROUPED=2, grid ``(B, KVH, NS)``: one program per kv head, the split's
+    keys/values loaded once as one tile and reused by every query head with f32 FMA dots,
+    empty splits exit after their stores (rule v2; see ``_split_fma``). EVEN_HD=1
+    (HD == BLOCK_HD only) drops the head-dim masks and computes offsets with the constant
+    BLOCK_HD, which Triton sees divides them, so cache loads are 128-bit (GROUPED=2 only). Swept by
+    bench/gpu_attention_sweep.py.
     """
-    if GROUPED:
+    if GROUPED == 2:
+        _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                   B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
+                   EVEN_HD)
+    elif GROUPED == 1:
         _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                        B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G)
     else:
@@ -291,24 +409,46 @@ def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, p
 
 @triton.jit
 def attention_decode_merge(part_ml, part_o, slot, out, B, H, HD, NS, BLOCK_S: tl.constexpr,
-                           BLOCK_HD: tl.constexpr):
-    """Combine the splits of row ``b``, head ``h`` (zeros for padding); grid ``(B, H)``."""
+                           BLOCK_HD: tl.constexpr, SKIP_EMPTY: tl.constexpr = 0,
+                           EVEN_HD: tl.constexpr = 0):
+    """Combine the splits of row ``b``, head ``h`` (zeros for padding); grid ``(B, H)``.
+
+    SKIP_EMPTY=1 does not read the outputs of empty splits (sum of exponentials 0: their
+    outputs are zeros by contract), so a short context reads its live splits only.
+    EVEN_HD=1 (HD == BLOCK_HD only) drops the head-dim mask and uses the constant BLOCK_HD
+    in offsets, for 128-bit accesses.
+    """
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_HD)
     md = d < HD
     si = tl.arange(0, BLOCK_S)
     ms = si < NS
+    if EVEN_HD:  # HD == BLOCK_HD: offsets are visibly multiples of a power of two >= 16
+        HD = BLOCK_HD
     base = (b * H + h) * NS + si
     dst = out + b * (H * HD) + h * HD + d
+    obase = base * HD
     s = tl.load(slot + b)
     if s < 0:
-        tl.store(dst, tl.zeros((BLOCK_HD,), tl.float32), mask=md)
+        if EVEN_HD:
+            tl.store(dst, tl.zeros((BLOCK_HD,), tl.float32))
+        else:
+            tl.store(dst, tl.zeros((BLOCK_HD,), tl.float32), mask=md)
     else:
         m = tl.load(part_ml + base * 2, mask=ms, other=float("-inf"))
         lsum = tl.load(part_ml + base * 2 + 1, mask=ms, other=0.0)
         w = libdevice.exp(m - tl.max(m, axis=0))
-        o = tl.load(part_o + base[:, None] * HD + d[None, :], mask=ms[:, None] & md[None, :],
-                    other=0.0)
-        num = tl.sum(w[:, None] * o, axis=0)
-        tl.store(dst, num / tl.sum(w * lsum, axis=0), mask=md)
+        mo = ms
+        if SKIP_EMPTY:
+            mo = ms & (lsum != 0.0)
+        if EVEN_HD:
+            o = tl.load(part_o + obase[:, None] + d[None, :], mask=mo[:, None], other=0.0)
+        else:
+            o = tl.load(part_o + obase[:, None] + d[None, :], mask=mo[:, None] & md[None, :],
+                        other=0.0)
+        res = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * lsum, axis=0)
+        if EVEN_HD:
+            tl.store(dst, res)
+        else:
+            tl.store(dst, res, mask=md)
