@@ -276,9 +276,11 @@ class ModelWorker:
 
     def _admit(self, request: GenerationRequest) -> None:
         # The pending admission deque holds requests waiting for a slot; those that free
-        # slots take at the next schedule are not pending.
+        # slots take at the next schedule are not pending. A slot whose request already
+        # ended (finished or cancelled) but still drains an in-flight frame counts as
+        # free: with two frames it is released when that frame completes.
         stats = self.scheduler.stats()
-        if stats.waiting - stats.slots_free >= self.queue_capacity:
+        if stats.waiting - (stats.slots_total - stats.running) >= self.queue_capacity:
             self._reject(request, f"the admission queue is full ({self.queue_capacity} waiting)")
             return
         error = self.scheduler.add(
