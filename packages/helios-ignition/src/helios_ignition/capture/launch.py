@@ -152,8 +152,9 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
     v2 (``GROUPED=2``): a program per (row, kv head, split) loads the split's keys and
     values once as one BLOCK_N x HD tile (BLOCK_N >= SPLIT for contexts up to 4096) and
     every query head of the kv head reuses it with f32 FMA dots; ``EVEN_HD`` gives 128-bit
-    loads when HD is a power of two. 8 warps for HD=128 (32 tile values a thread), 4 for
-    HD <= 64. A guess pending bench/gpu_attention_sweep.py on the H200.
+    loads when HD is a power of two. 4 warps: the fastest measured on the H200 for both
+    geometries at every batch (bench/results/gpu_attn_sweep.json: 2-10x faster than v1;
+    8 warps cost 20-45 % at HD=128, 2 warps win at most 5 % at HD=64).
 
     Raises:
         ValueError: an unknown rule.
@@ -167,7 +168,7 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
     if rule != "v2":
         raise ValueError(f"unknown attention rule {rule!r}; known: v1, v2")
     return dict(BLOCK_N=64, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
-                EVEN_HD=int(HD == bhd), WARPS=8 if HD >= 128 else 4)
+                EVEN_HD=int(HD == bhd), WARPS=4)
 
 
 def attention_merge_constants(HD: int, NS: int, rule: str = "") -> dict[str, int]:
@@ -206,8 +207,9 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "linear":
         T, N, K = s
         wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
-        if T == 1:  # GEMV: 8 rows per program, K in at most 2048-wide loads
-            return _cfg((_cdiv(N, 8), 1), 4, BLOCK_T=1, BLOCK_N=8,
+        if T == 1:  # GEMV: 4 rows per program, K in at most 2048-wide loads (measured
+            # best or within 3 % of it on all 8 shapes: bench/results/gpu_linear_sweep_v3.json)
+            return _cfg((_cdiv(N, 4), 1), 4, BLOCK_T=1, BLOCK_N=4,
                         BLOCK_K=min(_np2(K, 16), 2048), WBF16=wbf16, K16=int(K % 16 == 0))
         if LINEAR_SWAP:  # out^T = W x^T: 64 weight rows per program, tokens as MMA N
             bt = min(max(_np2(T), 16), 64)
