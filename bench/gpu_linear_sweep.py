@@ -37,13 +37,19 @@ class _View:  # what launch_config reads of a view
 
 def rule_constants(T: int, N: int, K: int, rule: str) -> dict[str, int]:
     """The launch rule's constants for a bf16 weight (with WARPS, WBF16, K16); one row is
-    the GEMV of ``launch_config`` under every rule."""
+    the GEMV of ``launch_config`` under every rule, and v3 includes its few-row FMA path."""
     from helios_ignition.capture import launch
 
-    if T == 1:
-        c = launch.launch_config("linear", [1, N, K], [None, _View((N, K), "bf16")])
+    if T == 1 or (rule == "v3" and launch.linear_fma(T)):  # what launch_config picks
+        c = launch.launch_config("linear", [T, N, K], [None, _View((N, K), "bf16")])
         return dict(c.constants)
     return dict(launch.linear_constants(T, N, K, rule), WBF16=1, K16=int(K % 16 == 0))
+
+
+def fma_variants() -> list[dict[str, int]]:
+    """The swept few-row FMA constants (``FMA=1``, 8-row token tiles)."""
+    return [dict(BLOCK_T=8, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, FMA=1, WBF16=1, K16=1)
+            for bn in (2, 4, 8) for bk in (128, 256, 512, 1024) for warps in (4, 8)]
 
 
 def gemv_variants() -> list[dict[str, int]]:
@@ -59,7 +65,7 @@ def gemv_variants() -> list[dict[str, int]]:
 
 
 def _key(c: dict[str, int]) -> tuple:
-    full = {**dict(SWAP=0, PREFETCH=1, XSPLIT=1, STACK=0, STAGES=3), **c}
+    full = {**dict(SWAP=0, PREFETCH=1, XSPLIT=1, STACK=0, STAGES=3, FMA=0), **c}
     return tuple(sorted(full.items()))
 
 
@@ -107,7 +113,10 @@ def variant_table() -> tuple[dict[tuple, dict], list[tuple[int, tuple]]]:
                     rules.append((T, _key(c)))
         grids[T] = []
         for bt in ((1,) if T == 1 else (16, 32) if T <= 8 else (32,) if T <= 32 else (64,)):
-            for c in (gemv_variants() if bt == 1 else grid_variants(bt)):
+            variants = gemv_variants() if bt == 1 else grid_variants(bt)
+            if bt in (16, 32) and T <= 32:
+                variants = fma_variants() + variants  # few rows on the FMA units
+            for c in variants:
                 allv.setdefault(_key(c), c)
                 grids[T].append((T, _key(c)))
     order = list(rules)
@@ -144,7 +153,8 @@ def _label(key: tuple) -> str:
     c = dict(key)
     s = (f"T{c['BLOCK_T']} N{c['BLOCK_N']} K{c['BLOCK_K']} W{c['WARPS']} S{c['STAGES']} "
          f"P{c['PREFETCH']} ST{c['STACK']}")
-    return s + (" SWAP" if c["SWAP"] else "") + ("" if c["XSPLIT"] else " XS0")
+    return (s + (" SWAP" if c["SWAP"] else "") + ("" if c["XSPLIT"] else " XS0")
+            + (" FMA" if c["FMA"] else ""))
 
 
 def main() -> None:

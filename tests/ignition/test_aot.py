@@ -117,6 +117,20 @@ def test_linear_v3_picks_the_measured_winners():
         linear_constants(64, 64, 64, "v9")
 
 
+def test_linear_fma_rows_and_spec():
+    from helios_ignition.capture.launch import launch_config, linear_fma
+
+    assert linear_fma(8, "4,512,8,8") == dict(BLOCK_T=8, BLOCK_N=4, BLOCK_K=512, WARPS=8, FMA=1)
+    assert linear_fma(3, "4,512,8,8")["BLOCK_T"] == 4
+    assert linear_fma(1, "4,512,8,8") is None and linear_fma(9, "4,512,8,8") is None
+    assert linear_fma(8, "off") is None
+    with pytest.raises(ValueError, match="HELIOS_LINEAR_FMA must be 'BLOCK_N,BLOCK_K,WARPS,"
+                                         "MAX_ROWS' or 'off', got '4,512'"):
+        linear_fma(8, "4,512")
+    c = launch_config("linear", [8, 6144, 4096])
+    assert (c.grid, c.block, c.constants["FMA"]) == ((1536, 1, 1), (256, 1, 1), 1)
+
+
 def test_bad_target_is_rejected():
     with pytest.raises(ValueError, match="sm_<arch>"):
         parse_target("hopper")

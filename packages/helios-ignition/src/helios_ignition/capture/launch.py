@@ -24,6 +24,9 @@ LINEAR_SWAP = os.environ.get("HELIOS_LINEAR_SWAP", "0") == "1"
 # earlier tiles: hand prefetch, 4 warps) or "v2" (pipelined, stacked hi/lo, 8 warps:
 # measured 2-8x slower than v1, kept for sweeps).
 LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
+# Few-row decode linear on the FMA units (``FMA=1``: each weight tile serves every row):
+# "BLOCK_N,BLOCK_K,WARPS,MAX_ROWS" at capture (HELIOS_LINEAR_FMA), "off" for the MMA tiles.
+LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "4,512,8,8")
 # One wave of programs: with about 250 registers a thread, a 256-thread program has an SM.
 SMS = 132
 # Split-context decode attention rule: "v2" (one program per kv head and split, f32 FMA,
@@ -106,6 +109,26 @@ def linear_constants(T: int, N: int, K: int, rule: str = "") -> dict[str, int]:
     bn = next((b for b in (128, 64) if _cdiv(N, b) * tiles_t >= SMS), 32)
     return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=64, WARPS=8, STAGES=3, PREFETCH=0,
                 STACK=1)
+
+
+def linear_fma(T: int, spec: str = "") -> dict[str, int] | None:
+    """Constants (with ``WARPS``) of the few-row FMA linear for `T` rows, or None when
+    `T` is outside ``2..MAX_ROWS`` or the spec (default ``LINEAR_FMA``) is "off".
+
+    Raises:
+        ValueError: a spec that is not four positive integers.
+    """
+    spec = spec or LINEAR_FMA
+    if spec == "off":
+        return None
+    try:
+        bn, bk, warps, max_rows = (int(v) for v in spec.split(","))
+    except ValueError:
+        raise ValueError(f"HELIOS_LINEAR_FMA must be 'BLOCK_N,BLOCK_K,WARPS,MAX_ROWS' or "
+                         f"'off', got {spec!r}") from None
+    if not 2 <= T <= max_rows:
+        return None
+    return dict(BLOCK_T=_np2(T), BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, FMA=1)
 
 
 # v3 tiles at 17-32 and 33-64 rows: (BLOCK_N, BLOCK_K, WARPS, STAGES, PREFETCH, STACK).
@@ -211,6 +234,10 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
             # best or within 3 % of it on all 8 shapes: bench/results/gpu_linear_sweep_v3.json)
             return _cfg((_cdiv(N, 4), 1), 4, BLOCK_T=1, BLOCK_N=4,
                         BLOCK_K=min(_np2(K, 16), 2048), WBF16=wbf16, K16=int(K % 16 == 0))
+        fma = linear_fma(T)
+        if fma is not None:
+            return _cfg((_cdiv(N, fma["BLOCK_N"]), _cdiv(T, fma["BLOCK_T"])), fma.pop("WARPS"),
+                        **fma, WBF16=wbf16, K16=int(K % 16 == 0))
         if LINEAR_SWAP:  # out^T = W x^T: 64 weight rows per program, tokens as MMA N
             bt = min(max(_np2(T), 16), 64)
             return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=64, BLOCK_K=128,

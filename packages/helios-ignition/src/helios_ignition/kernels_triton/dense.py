@@ -70,7 +70,7 @@ def _split_bf16(a):
 def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr,
            SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
-           STACK: tl.constexpr = 0):
+           STACK: tl.constexpr = 0, FMA: tl.constexpr = 0):
     """``out[t, n] = sum_k x[t, k] * weight[n, k]``; grid ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``.
 
     Reference loop (``helios_tools.kernels.linear``)::
@@ -95,7 +95,10 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     ``PREFETCH=0`` leaves both loads to Triton's pipeliner (``STAGES`` deep).
     ``STACK=1`` stacks ``hi`` over ``lo`` into one ``2*BLOCK_T``-row operand (one MMA
     per K step instead of two; 32 token rows then fill a 64-row wgmma) and adds the two
-    halves of the accumulator at the end. Every variant is deterministic (each output
+    halves of the accumulator at the end. ``FMA=1`` (a few token rows, small-batch
+    decode) is the GEMV generalised: each weight tile is loaded once and applied to all
+    ``BLOCK_T`` rows on the FMA units in f32, so the weight stream runs at GEMV speed
+    and the result is as exact as the GEMV's. Every variant is deterministic (each output
     is written once, in a fixed reduction order).
     """
     pid_n = tl.program_id(0)
@@ -106,7 +109,22 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     offs_k = tl.arange(0, BLOCK_K)
     mn = offs_n < N
     w_rows = weight + offs_n[:, None].to(tl.int64) * K
-    if BLOCK_T == 1:
+    if FMA:
+        # Few rows: one weight tile in registers serves every row ([T, N, K] products
+        # reduced over K), f32 FMA like the GEMV below.
+        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        mt = offs_t < T
+        x_rows = x + offs_t[:, None].to(tl.int64) * K
+        acc_f = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mk = kk < K
+            a = tl.load(x_rows + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+            acc_f += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(dst, acc_f, mask=mt[:, None] & mn[None, :])
+    elif BLOCK_T == 1:
         # GEMV (one token row): each program streams a BLOCK_N x K slab in as few rounds
         # as possible (BLOCK_K covers K when it fits) and reduces on the FMA units.
         xrow = x + pid_t.to(tl.int64) * K
