@@ -154,6 +154,36 @@ def test_kv_write(gpu, rng):
     assert rel(got["k_cache"], rk) == 0.0 and rel(got["v_cache"], rv) == 0.0
 
 
+@pytest.mark.parametrize("H,KVH,HD", [(9, 3, 64), (32, 8, 128)])
+def test_rope_kv_write_fused(gpu, rng, H, KVH, HD):
+    PT, MP = 16, 32
+    pages, kc, vc = _cache_case(rng, H=H, KVH=KVH, HD=HD)
+    T, R = 10, 3
+    qkv = rng.standard_normal((T, (H + 2 * KVH) * HD)).astype(np.float32)
+    trow = np.array([0, 0, 0, 1, 1, 2, 2, 2, -1, -1], np.int32)
+    slot = np.array([4, -1, 1], np.int32)
+    pos = rng.integers(0, PT * MP, T).astype(np.int32)
+    inv = (1.0 / 10000 ** (np.arange(0, HD, 2) / HD)).astype(np.float32)
+    rq, rk, rv = qkv.copy(), kc.copy(), vc.copy()
+    K.rope_kv_write(rq, pos, inv, trow, slot, pages, rk, rv, T, R, MP, PT, H, KVH, HD)
+    got = gpu.run("rope_kv_write", qkv, pos, inv, trow, slot, pages, kc, vc,
+                  T, R, MP, PT, H, KVH, HD)
+    assert rel(got["qkv"], rq) < 2e-6
+    assert rel(got["k_cache"], rk) < 2e-6 and rel(got["v_cache"], rv) == 0.0
+
+
+@pytest.mark.parametrize("T,N,K_", [(1, 576, 1536), (1, 4096, 14336), (5, 576, 1536),
+                                    (8, 4096, 14336)])
+def test_swiglu_linear_fused(gpu, rng, T, N, K_):
+    x = (rng.standard_normal((T, 2 * K_)) * 3).astype(np.float32)
+    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    ref = np.zeros((T, N), np.float32)
+    K.swiglu_linear(x, w, ref, T, N, K_)
+    out = gpu.run("swiglu_linear", x, bits, np.zeros_like(ref), T, N, K_,
+                  bf16=("weight",))["out"]
+    assert rel(out, ref) < 5e-6
+
+
 @pytest.mark.parametrize("ctx_max", [40, 500])
 def test_attention_decode(gpu, rng, ctx_max):
     H, KVH, HD, PT, MP = 9, 3, 64, 16, 32

@@ -10,11 +10,13 @@ from helios_contract.schema import core_pb2
 from helios_ignition.families.llama import capture
 from helios_ignition.kernels_aot import (
     KernelCompileError,
+    compile_all,
     compile_targets,
     missing_targets,
     parse_target,
     resource_id,
 )
+from helios_ignition.kernels_triton import TRITON_KERNELS
 from helios_ignition.testing import TINY_CAPACITIES, TINY_SHAPES, tiny_core
 
 from tests.ignition.export.tiny import (
@@ -34,7 +36,8 @@ def _check_compiled(manifest, blobs, target="sm_90"):
     for k in manifest.kernels:
         (b,) = k.binaries
         assert b.target == target and b.resource_id == resource_id(target, k.id)
-        assert b.entry_name == k.reference_op
+        # the Triton function's name (swiglu_linear is the linear kernel with SWIGLU=1)
+        assert b.entry_name == TRITON_KERNELS[k.reference_op].__name__
         assert b.num_warps == k.constants["WARPS"]
         assert b.global_scratch_bytes == 0 and b.profile_scratch_bytes == 0
         assert blobs[b.resource_id][:4] == ELF_MAGIC
@@ -55,9 +58,9 @@ def test_every_variant_compiles_for_sm90_f32_and_bf16():
     f32 = tiny_core().manifest
     bf16, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "bf16")
     ops = {k.reference_op for k in f32.kernels}
-    assert ops == {"embedding", "rmsnorm", "add_rmsnorm", "linear", "rope", "kv_write",
+    assert ops == {"embedding", "rmsnorm", "add_rmsnorm", "linear", "rope_kv_write",
                    "attention_decode_split", "attention_decode_merge", "attention_prefill",
-                   "silu_mul", "gather_last", "slot_gather", "slot_scatter",
+                   "silu_mul", "swiglu_linear", "gather_last", "slot_gather", "slot_scatter",
                    "sample"}
     assert any(k.constants.get("WBF16") for k in bf16.kernels)
     for manifest in (f32, bf16):
@@ -94,6 +97,20 @@ def test_linear_rules_compile_for_sm90(rule):
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+
+
+def test_unfused_capture_compiles_rope_and_kv_write(monkeypatch):
+    """HELIOS_FUSE=0 records rope + kv_write and silu_mul + linear; they still compile."""
+    from helios_ignition.capture import launch
+
+    monkeypatch.setattr(launch, "FUSE", False)
+    manifest, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "bf16")
+    ops = {k.reference_op for k in manifest.kernels}
+    assert {"rope", "kv_write", "silu_mul"} <= ops
+    assert not ops & {"rope_kv_write", "swiglu_linear"}
+    wanted = [k for k in manifest.kernels if k.reference_op in ("rope", "kv_write")]
+    for ck in compile_all(wanted, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC
 
 
 def test_linear_v3_picks_the_measured_winners():

@@ -30,3 +30,35 @@ def test_gather_after_scatter_round_trips():
     out = np.zeros(3, np.int32)
     slot_gather(dst, slot[::-1].copy(), out, 3, 8)
     assert out.tolist() == [7, 8, 9]
+
+
+def test_fused_ops_equal_their_parts():
+    from helios_tools.kernels import kv_write, linear, rope, rope_kv_write, silu_mul, swiglu_linear
+
+    rng = np.random.default_rng(7)
+    T, R, H, KVH, HD, PT, MP = 5, 2, 4, 2, 8, 4, 3
+    qkv = rng.standard_normal((T, (H + 2 * KVH) * HD)).astype(np.float32)
+    pos = np.array([0, 1, 2, 5, 11], np.int32)
+    inv = (1.0 / 10000 ** (np.arange(0, HD, 2) / HD)).astype(np.float32)
+    trow = np.array([0, 0, 1, 1, -1], np.int32)
+    slot = np.array([1, 0], np.int32)
+    pages = np.array([[3, 4, 5], [0, 1, 2]], np.int32)
+    kc = rng.standard_normal((6, PT, KVH, HD)).astype(np.float32)
+    vc = rng.standard_normal((6, PT, KVH, HD)).astype(np.float32)
+    a = [qkv.copy(), kc.copy(), vc.copy()]
+    rope(a[0], pos, inv, T, H, KVH, HD)
+    kv_write(a[0], pos, trow, slot, pages, a[1], a[2], T, R, MP, PT, H, KVH, HD)
+    b = [qkv.copy(), kc.copy(), vc.copy()]
+    rope_kv_write(b[0], pos, inv, trow, slot, pages, b[1], b[2], T, R, MP, PT, H, KVH, HD)
+    for x, y in zip(a, b, strict=True):
+        assert np.array_equal(x, y)
+    assert not np.array_equal(b[1], kc)  # the cache was written
+    gu = rng.standard_normal((3, 10)).astype(np.float32)
+    w = rng.standard_normal((7, 5)).astype(np.float32)
+    act = np.zeros((3, 5), np.float32)
+    silu_mul(gu, act, 3, 5)
+    want = np.zeros((3, 7), np.float32)
+    linear(act, w, want, 3, 7, 5)
+    got = np.full((3, 7), np.nan, np.float32)
+    swiglu_linear(gu, w, got, 3, 7, 5)
+    assert np.array_equal(got, want)

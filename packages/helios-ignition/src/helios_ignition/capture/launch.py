@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # H200: 132 SMs. Decode GEMVs want at least two programs per SM so the weight stream has
 # enough loads in flight to approach HBM bandwidth.
@@ -27,6 +27,9 @@ LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
 # Few-row decode linear on the FMA units (``FMA=1``: each weight tile serves every row):
 # "BLOCK_N,BLOCK_K,WARPS,MAX_ROWS" at capture (HELIOS_LINEAR_FMA), "off" for the MMA tiles.
 LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "4,512,8,8")
+# Fused ops (rope_kv_write; swiglu_linear where the GEMV/FMA path runs): HELIOS_FUSE=0 at
+# capture records the unfused pairs instead.
+FUSE = os.environ.get("HELIOS_FUSE", "1") != "0"
 # One wave of programs: with about 250 registers a thread, a 256-thread program has an SM.
 SMS = 132
 # Split-context decode attention rule: "v2" (one program per kv head and split, f32 FMA,
@@ -109,6 +112,17 @@ def linear_constants(T: int, N: int, K: int, rule: str = "") -> dict[str, int]:
     bn = next((b for b in (128, 64) if _cdiv(N, b) * tiles_t >= SMS), 32)
     return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=64, WARPS=8, STAGES=3, PREFETCH=0,
                 STACK=1)
+
+
+def fuse_rope_kv_write() -> bool:
+    """Whether capture records ``rope_kv_write`` instead of ``rope`` + ``kv_write``."""
+    return FUSE
+
+
+def fuse_swiglu_linear(T: int) -> bool:
+    """Whether capture records ``swiglu_linear`` instead of ``silu_mul`` + ``linear`` for
+    `T` token rows: only where the linear runs as GEMV (1 row) or on the FMA path."""
+    return FUSE and (T == 1 or linear_fma(T) is not None)
 
 
 def linear_fma(T: int, spec: str = "") -> dict[str, int] | None:
@@ -245,6 +259,16 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         c = linear_constants(T, N, K)
         return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
                     WBF16=wbf16, K16=int(K % 16 == 0))
+    if op == "swiglu_linear":
+        T, N, K = s
+        if not fuse_swiglu_linear(T):
+            raise KeyError(f"swiglu_linear has no launch rule for {T} rows (GEMV/FMA only)")
+        c = launch_config("linear", [T, N, K], views)
+        return replace(c, constants={**c.constants, "SWIGLU": 1})
+    if op == "rope_kv_write":
+        T, H, KVH, HD = s[0], s[4], s[5], s[6]
+        return _cfg((T,), 4, BLOCK_H=_np2(H + KVH), BLOCK_HALF=_np2(HD // 2),
+                    BLOCK=_np2(KVH * HD, 32))
     if op == "rope":
         T, H, KVH, HD = s
         return _cfg((T,), 4, BLOCK_H=_np2(H + KVH), BLOCK_HALF=_np2(HD // 2))

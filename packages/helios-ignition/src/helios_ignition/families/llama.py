@@ -20,6 +20,7 @@ from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import grammar_mask_words
 
+from ..capture import launch
 from ..capture.builder import BufferTable, ProgramBuilder
 from ..preparation import contract as decl
 from ..recipe import Capacities
@@ -178,8 +179,13 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
         kc = t.view(f"L{i}.k_cache", (pages, PT, KVH, HD))
         vc = t.view(f"L{i}.v_cache", (pages, PT, KVH, HD))
         b.launch("linear", h, t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D)
-        b.launch("rope", qkv, pos, inv_freq, T, H, KVH, HD)
-        b.launch("kv_write", qkv, pos, trow, slot, page_table, kc, vc, T, R, MP, PT, H, KVH, HD)
+        if launch.fuse_rope_kv_write():
+            b.launch("rope_kv_write", qkv, pos, inv_freq, trow, slot, page_table, kc, vc,
+                     T, R, MP, PT, H, KVH, HD)
+        else:
+            b.launch("rope", qkv, pos, inv_freq, T, H, KVH, HD)
+            b.launch("kv_write", qkv, pos, trow, slot, page_table, kc, vc, T, R, MP, PT, H,
+                     KVH, HD)
         if decode:  # split over the context, then merged (flash-decoding)
             ns, split = decode_splits(MP * PT)
             part_ml = t.view("scratch.attn_ml", (T, H, ns, 2))
@@ -193,8 +199,11 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
         b.launch("linear", attn, t.view(f"L{i}.wo", (D, H * HD)), x, T, D, H * HD)
         b.launch("add_rmsnorm", x, res, t.view(f"L{i}.ffn_norm", (D,)), h, T, D, s.rms_eps)
         b.launch("linear", h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
-        b.launch("silu_mul", gate_up, act, T, F)
-        b.launch("linear", act, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
+        if decode and launch.fuse_swiglu_linear(T):  # SwiGLU applied as the GEMV loads
+            b.launch("swiglu_linear", gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
+        else:
+            b.launch("silu_mul", gate_up, act, T, F)
+            b.launch("linear", act, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
         next_norm = f"L{i + 1}.attn_norm" if i + 1 < s.layers else "final_norm"
         b.launch("add_rmsnorm", x, res, t.view(next_norm, (D,)), h, T, D, s.rms_eps)
     head = t.view("embed" if s.tied else "lm_head", (s.vocab, D))

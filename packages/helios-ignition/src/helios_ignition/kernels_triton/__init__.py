@@ -16,6 +16,7 @@ from .attention import (
     attention_prefill,
     kv_write,
     rope,
+    rope_kv_write,
 )
 from .dense import add, add_rmsnorm, embedding, gather_last, linear, rmsnorm, silu_mul
 from .sampling import sample
@@ -35,12 +36,14 @@ TRITON_KERNELS = {
     "silu_mul": silu_mul,
     "add": add,
     "gather_last": gather_last,
+    "rope_kv_write": rope_kv_write,
+    "swiglu_linear": linear,  # the linear kernel with SWIGLU=1 (see launch_config)
     "slot_gather": slot_gather,
     "slot_scatter": slot_scatter,
     "sample": sample,
 }
 
 # Buffer parameters whose element type follows the variant constant WBF16.
-WEIGHT_PARAMS = {"linear": "weight", "embedding": "table"}
+WEIGHT_PARAMS = {"linear": "weight", "swiglu_linear": "weight", "embedding": "table"}
 
 __all__ = ["TRITON_KERNELS", "WEIGHT_PARAMS"]

@@ -15,14 +15,8 @@ NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima
 
 
 @triton.jit
-def rope(qkv, positions, inv_freq, T, H, KVH, HD, BLOCK_H: tl.constexpr,
-         BLOCK_HALF: tl.constexpr):
-    """Rotate q and k heads of token ``t`` in place (HF half-split); grid ``(T,)``.
-
-    ``angle = f32(position) * inv_freq[i]`` (one f32 multiply, as the reference), with
-    correctly rounded libdevice ``cos``/``sin``.
-    """
-    t = tl.program_id(0).to(tl.int64)
+def _rope_token(qkv, positions, inv_freq, t, H, KVH, HD, BLOCK_H: tl.constexpr,
+                BLOCK_HALF: tl.constexpr):
     half = HD // 2
     width = (H + 2 * KVH) * HD
     h = tl.arange(0, BLOCK_H)
@@ -42,13 +36,8 @@ def rope(qkv, positions, inv_freq, T, H, KVH, HD, BLOCK_H: tl.constexpr,
 
 
 @triton.jit
-def kv_write(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
-             T, R, MP, PT, H, KVH, HD, BLOCK: tl.constexpr):
-    """Store token ``t``'s key and value heads at its position; grid ``(T,)``.
-
-    Padding (``token_row < 0`` or ``slot < 0``) writes nothing.
-    """
-    t = tl.program_id(0).to(tl.int64)
+def _kv_write_token(qkv, positions, token_row, slot, page_table, k_cache, v_cache, t,
+                    MP, PT, H, KVH, HD, BLOCK: tl.constexpr):
     r = tl.load(token_row + t)
     s = tl.load(slot + tl.maximum(r, 0), mask=r >= 0, other=-1)
     if (r >= 0) & (s >= 0):
@@ -61,6 +50,46 @@ def kv_write(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
         dst = (page * PT + pos % PT) * (KVH * HD) + e
         tl.store(k_cache + dst, tl.load(src, mask=m, other=0.0), mask=m)
         tl.store(v_cache + dst, tl.load(src + KVH * HD, mask=m, other=0.0), mask=m)
+
+
+@triton.jit
+def rope(qkv, positions, inv_freq, T, H, KVH, HD, BLOCK_H: tl.constexpr,
+         BLOCK_HALF: tl.constexpr):
+    """Rotate q and k heads of token ``t`` in place (HF half-split); grid ``(T,)``.
+
+    ``angle = f32(position) * inv_freq[i]`` (one f32 multiply, as the reference), with
+    correctly rounded libdevice ``cos``/``sin``.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    _rope_token(qkv, positions, inv_freq, t, H, KVH, HD, BLOCK_H, BLOCK_HALF)
+
+
+@triton.jit
+def kv_write(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
+             T, R, MP, PT, H, KVH, HD, BLOCK: tl.constexpr):
+    """Store token ``t``'s key and value heads at its position; grid ``(T,)``.
+
+    Padding (``token_row < 0`` or ``slot < 0``) writes nothing.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    _kv_write_token(qkv, positions, token_row, slot, page_table, k_cache, v_cache, t,
+                    MP, PT, H, KVH, HD, BLOCK)
+
+
+@triton.jit
+def rope_kv_write(qkv, positions, inv_freq, token_row, slot, page_table, k_cache, v_cache,
+                  T, R, MP, PT, H, KVH, HD, BLOCK_H: tl.constexpr,
+                  BLOCK_HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """``rope`` then ``kv_write`` for token ``t`` in one program; grid ``(T,)``.
+
+    The block barrier makes the rotated key this program stored in ``qkv`` visible to all
+    of its threads before they copy it into the cache.
+    """
+    t = tl.program_id(0).to(tl.int64)
+    _rope_token(qkv, positions, inv_freq, t, H, KVH, HD, BLOCK_H, BLOCK_HALF)
+    tl.debug_barrier()
+    _kv_write_token(qkv, positions, token_row, slot, page_table, k_cache, v_cache, t,
+                    MP, PT, H, KVH, HD, BLOCK)
 
 
 @triton.jit

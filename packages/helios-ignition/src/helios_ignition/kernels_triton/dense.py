@@ -67,10 +67,25 @@ def _split_bf16(a):
 
 
 @triton.jit
+def _silu(g):
+    return tl.math.div_rn(g, 1.0 + tl.extra.cuda.libdevice.exp(-g))
+
+
+@triton.jit
+def _load_act(ptrs, mask, K, SWIGLU: tl.constexpr):
+    """Activation elements at `ptrs`; with SWIGLU, ``silu(gate) * up`` where up lies K
+    elements after gate (the ``silu_mul`` arithmetic)."""
+    a = tl.load(ptrs, mask=mask, other=0.0)
+    if SWIGLU:
+        a = _silu(a) * tl.load(ptrs + K, mask=mask, other=0.0)
+    return a
+
+
+@triton.jit
 def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr,
            SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
-           STACK: tl.constexpr = 0, FMA: tl.constexpr = 0):
+           STACK: tl.constexpr = 0, FMA: tl.constexpr = 0, SWIGLU: tl.constexpr = 0):
     """``out[t, n] = sum_k x[t, k] * weight[n, k]``; grid ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``.
 
     Reference loop (``helios_tools.kernels.linear``)::
@@ -98,8 +113,11 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     halves of the accumulator at the end. ``FMA=1`` (a few token rows, small-batch
     decode) is the GEMV generalised: each weight tile is loaded once and applied to all
     ``BLOCK_T`` rows on the FMA units in f32, so the weight stream runs at GEMV speed
-    and the result is as exact as the GEMV's. Every variant is deterministic (each output
-    is written once, in a fixed reduction order).
+    and the result is as exact as the GEMV's. ``SWIGLU=1`` (GEMV and FMA paths only) is
+    the op ``swiglu_linear``: ``x`` is ``[T, 2K]`` gate|up and each activation element is
+    ``silu(gate) * up`` computed as it is loaded (the ``silu_mul`` kernel's arithmetic).
+    Every variant is deterministic (each output is written once, in a fixed reduction
+    order).
     """
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
@@ -109,17 +127,21 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     offs_k = tl.arange(0, BLOCK_K)
     mn = offs_n < N
     w_rows = weight + offs_n[:, None].to(tl.int64) * K
+    if SWIGLU:
+        x_stride = 2 * K
+    else:
+        x_stride = K
     if FMA:
         # Few rows: one weight tile in registers serves every row ([T, N, K] products
         # reduced over K), f32 FMA like the GEMV below.
         offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         mt = offs_t < T
-        x_rows = x + offs_t[:, None].to(tl.int64) * K
+        x_rows = x + offs_t[:, None].to(tl.int64) * x_stride
         acc_f = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
             mk = kk < K
-            a = tl.load(x_rows + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+            a = _load_act(x_rows + kk[None, :], mt[:, None] & mk[None, :], K, SWIGLU)
             w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
             acc_f += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
         dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
@@ -127,12 +149,12 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     elif BLOCK_T == 1:
         # GEMV (one token row): each program streams a BLOCK_N x K slab in as few rounds
         # as possible (BLOCK_K covers K when it fits) and reduces on the FMA units.
-        xrow = x + pid_t.to(tl.int64) * K
+        xrow = x + pid_t.to(tl.int64) * x_stride
         acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
             mk = kk < K
-            a = tl.load(xrow + kk, mask=mk, other=0.0)
+            a = _load_act(xrow + kk, mk, K, SWIGLU)
             w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
             acc1 += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
         tl.store(out + pid_t.to(tl.int64) * N + offs_n, acc1, mask=mn)
@@ -223,8 +245,7 @@ def silu_mul(gate_up, out, T, F, BLOCK: tl.constexpr):
     m = f < F
     g = tl.load(gate_up + t * 2 * F + f, mask=m, other=0.0)
     u = tl.load(gate_up + t * 2 * F + F + f, mask=m, other=0.0)
-    s = tl.math.div_rn(g, 1.0 + tl.extra.cuda.libdevice.exp(-g))
-    tl.store(out + t * F + f, s * u, mask=m)
+    tl.store(out + t * F + f, _silu(g) * u, mask=m)
 
 
 @triton.jit

@@ -11,6 +11,7 @@ from .attention_split import attention_decode_merge, attention_decode_split
 from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
+from .fused import rope_kv_write, swiglu_linear
 from .linear import linear
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
@@ -50,8 +51,10 @@ __all__ = [
     "reference_op",
     "rmsnorm",
     "rope",
+    "rope_kv_write",
     "sample",
     "silu_mul",
     "slot_gather",
     "slot_scatter",
+    "swiglu_linear",
 ]

@@ -17,6 +17,7 @@ from .attention_split import attention_decode_merge, attention_decode_split
 from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
+from .fused import rope_kv_write, swiglu_linear
 from .linear import linear
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
@@ -108,6 +109,15 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     "gather_last": (
         _b("x", "f32"), _b("query_length", "i32"), _b("out", "f32", "out"), *_i("T", "R", "D"),
     ),
+    "rope_kv_write": (
+        _b("qkv", "f32", "inout"), _b("positions", "i32"), _b("inv_freq", "f32"),
+        _b("token_row", "i32"), _b("slot", "i32"), _b("page_table", "i32"),
+        _b("k_cache", "f32", "inout"), _b("v_cache", "f32", "inout"),
+        *_i("T", "R", "MP", "PT", "H", "KVH", "HD"),
+    ),
+    "swiglu_linear": (
+        _b("x", "f32"), _b("weight", "f32"), _b("out", "f32", "out"), *_i("T", "N", "K"),
+    ),
     "slot_gather": (_b("src", "i32"), _b("slot", "i32"), _b("out", "i32", "out"), *_i("R", "S")),
     "slot_scatter": (
         _b("values", "i32"), _b("slot", "i32"), _b("decision", "i32"),
@@ -137,6 +147,8 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "silu_mul": silu_mul,
     "add": add,
     "gather_last": gather_last,
+    "rope_kv_write": rope_kv_write,
+    "swiglu_linear": swiglu_linear,
     "slot_gather": slot_gather,
     "slot_scatter": slot_scatter,
     "sample": sample,
