@@ -144,8 +144,8 @@ def test_linear_fma_rows_and_spec():
     with pytest.raises(ValueError, match="HELIOS_LINEAR_FMA must be 'BLOCK_N,BLOCK_K,WARPS,"
                                          "MAX_ROWS' or 'off', got '4,512'"):
         linear_fma(8, "4,512")
-    c = launch_config("linear", [8, 6144, 4096])
-    assert (c.grid, c.block, c.constants["FMA"]) == ((1536, 1, 1), (256, 1, 1), 1)
+    c = launch_config("linear", [8, 6144, 4096])  # off by default: the MMA tiles
+    assert "FMA" not in c.constants and c.constants["BLOCK_T"] == 16
 
 
 def test_bad_target_is_rejected():

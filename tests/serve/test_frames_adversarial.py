@@ -172,14 +172,16 @@ def test_many_disconnects_while_others_run_ahead(tok):
 
 
 def _run_mix(tok, frames: int, device_pending: bool, seed: int, geometry=None,
-             max_active: int = 4):
+             max_active: int = 4, stops: bool = True):
     rng = random.Random(seed)
     jobs = []
     for i in range(14):
         script = _letters(rng, rng.randint(0, 24))
         max_tokens = rng.randint(1, 26)
         extra: dict = {"max_tokens": max_tokens}
-        if i % 5 == 3:
+        if not stops:
+            pass  # no request needs feedback: decode always runs ahead
+        elif i % 5 == 3:
             extra["stop"] = [script[5:7].decode()] if len(script) > 8 else ["zz"]
         elif i % 7 == 6:
             extra["stop_token_ids"] = [tok.byte_ids(b"q")[0]]
@@ -227,17 +229,25 @@ def _expected(tok, script: bytes, extra: dict) -> tuple[str, str, int]:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_two_frames_equal_one_frame_and_the_scripts(tok, seed):
-    jobs, two, outstanding, _ = _run_mix(tok, 2, True, seed)
+    # With stop requests in the mix, whether two frames are ever out at once depends on
+    # thread timing (a live stop request keeps one round outstanding); without them it
+    # is certain.
+    jobs, two, _, _ = _run_mix(tok, 2, True, seed)
     _, one, single, _ = _run_mix(tok, 1, False, seed)
-    assert (outstanding, single) == (2, 1)
+    assert single == 1
     assert two == one
     for name, script, extra in jobs:
         assert two[name] == _expected(tok, script, extra), name
+    jobs, ahead, outstanding, _ = _run_mix(tok, 2, True, seed, stops=False)
+    assert outstanding == 2
+    for name, script, extra in jobs:
+        assert ahead[name] == _expected(tok, script, extra), name
 
 
 def test_page_pressure_with_frames_outstanding(tok):
     # 30 pages of 4 tokens; prompts of ~30 tokens + up to 26 outputs, 4 at once
-    jobs, two, outstanding, preempted = _run_mix(tok, 2, True, 11, geometry={"num_pages": 30})
+    jobs, two, outstanding, preempted = _run_mix(tok, 2, True, 11, geometry={"num_pages": 30},
+                                                 stops=False)
     assert preempted > 0 and outstanding == 2
     for name, script, extra in jobs:
         assert two[name] == _expected(tok, script, extra), name

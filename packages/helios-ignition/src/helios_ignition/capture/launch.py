@@ -25,8 +25,10 @@ LINEAR_SWAP = os.environ.get("HELIOS_LINEAR_SWAP", "0") == "1"
 # measured 2-8x slower than v1, kept for sweeps).
 LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
 # Few-row decode linear on the FMA units (``FMA=1``: each weight tile serves every row):
-# "BLOCK_N,BLOCK_K,WARPS,MAX_ROWS" at capture (HELIOS_LINEAR_FMA), "off" for the MMA tiles.
-LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "4,512,8,8")
+# "BLOCK_N,BLOCK_K,WARPS,MAX_ROWS" at capture (HELIOS_LINEAR_FMA). Off by default: at 8
+# rows it ran at 0.15-0.4x the MMA tiles on the 8B shapes and the SmolLM2 LM head
+# (bench/results/gpu_linear_sweep_v4.json; it wins only on N <= 1024 SmolLM2 matrices).
+LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "off")
 # Fused ops (rope_kv_write; swiglu_linear where the GEMV/FMA path runs): HELIOS_FUSE=0 at
 # capture records the unfused pairs instead.
 FUSE = os.environ.get("HELIOS_FUSE", "1") != "0"
