@@ -40,7 +40,7 @@ def rule_constants(T: int, N: int, K: int, rule: str) -> dict[str, int]:
     the GEMV of ``launch_config`` under every rule, and v3 includes its few-row FMA path."""
     from helios_ignition.capture import launch
 
-    if T == 1 or (rule == "v3" and launch.linear_fma(T)):  # what launch_config picks
+    if T == 1 or (rule == "v3" and launch.linear_fma(T, N)):  # what launch_config picks
         c = launch.launch_config("linear", [T, N, K], [None, _View((N, K), "bf16")])
         return dict(c.constants)
     return dict(launch.linear_constants(T, N, K, rule), WBF16=1, K16=int(K % 16 == 0))

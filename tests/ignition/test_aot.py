@@ -135,17 +135,25 @@ def test_linear_v3_picks_the_measured_winners():
 
 
 def test_linear_fma_rows_and_spec():
-    from helios_ignition.capture.launch import launch_config, linear_fma
+    from helios_ignition.capture.launch import fuse_swiglu_linear, launch_config, linear_fma
 
-    assert linear_fma(8, "4,512,8,8") == dict(BLOCK_T=8, BLOCK_N=4, BLOCK_K=512, WARPS=8, FMA=1)
-    assert linear_fma(3, "4,512,8,8")["BLOCK_T"] == 4
-    assert linear_fma(1, "4,512,8,8") is None and linear_fma(9, "4,512,8,8") is None
-    assert linear_fma(8, "off") is None
+    spec = "4,1024,4,8,1024"
+    assert linear_fma(8, 960, spec) == dict(BLOCK_T=8, BLOCK_N=4, BLOCK_K=1024, WARPS=4,
+                                            FMA=1)
+    assert linear_fma(3, 576, spec)["BLOCK_T"] == 4
+    assert linear_fma(1, 576, spec) is None and linear_fma(9, 576, spec) is None
+    assert linear_fma(8, 1025, spec) is None  # wide matrices stay on the MMA tiles
+    assert linear_fma(8, 576, "off") is None
     with pytest.raises(ValueError, match="HELIOS_LINEAR_FMA must be 'BLOCK_N,BLOCK_K,WARPS,"
-                                         "MAX_ROWS' or 'off', got '4,512'"):
-        linear_fma(8, "4,512")
-    c = launch_config("linear", [8, 6144, 4096])  # off by default: the MMA tiles
-    assert "FMA" not in c.constants and c.constants["BLOCK_T"] == 16
+                                         "MAX_ROWS,MAX_N' or 'off', got '4,512'"):
+        linear_fma(8, 576, "4,512")
+    wide = launch_config("linear", [8, 6144, 4096])
+    assert "FMA" not in wide.constants and wide.constants["BLOCK_T"] == 16
+    narrow = launch_config("linear", [8, 576, 1536])
+    assert (narrow.grid, narrow.block, narrow.constants["FMA"]) == ((144, 1, 1), (128, 1, 1),
+                                                                    1)
+    assert fuse_swiglu_linear(1, 4096) and fuse_swiglu_linear(8, 576)
+    assert not fuse_swiglu_linear(8, 4096) and not fuse_swiglu_linear(32, 576)
 
 
 def test_bad_target_is_rejected():

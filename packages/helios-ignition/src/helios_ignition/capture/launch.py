@@ -25,10 +25,11 @@ LINEAR_SWAP = os.environ.get("HELIOS_LINEAR_SWAP", "0") == "1"
 # measured 2-8x slower than v1, kept for sweeps).
 LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
 # Few-row decode linear on the FMA units (``FMA=1``: each weight tile serves every row):
-# "BLOCK_N,BLOCK_K,WARPS,MAX_ROWS" at capture (HELIOS_LINEAR_FMA). Off by default: at 8
-# rows it ran at 0.15-0.4x the MMA tiles on the 8B shapes and the SmolLM2 LM head
-# (bench/results/gpu_linear_sweep_v4.json; it wins only on N <= 1024 SmolLM2 matrices).
-LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "off")
+# "BLOCK_N,BLOCK_K,WARPS,MAX_ROWS,MAX_N" at capture (HELIOS_LINEAR_FMA), or "off". At 8
+# rows it wins only on narrow matrices (N <= 1024: 1.4-1.8x the MMA tiles on SmolLM2's
+# qkv and down projections) and loses 2.5-7x on wide ones (8B, LM heads):
+# bench/results/gpu_linear_sweep_v4.json.
+LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "4,1024,4,8,1024")
 # Fused ops (rope_kv_write; swiglu_linear where the GEMV/FMA path runs): HELIOS_FUSE=0 at
 # capture records the unfused pairs instead.
 FUSE = os.environ.get("HELIOS_FUSE", "1") != "0"
@@ -121,28 +122,30 @@ def fuse_rope_kv_write() -> bool:
     return FUSE
 
 
-def fuse_swiglu_linear(T: int) -> bool:
+def fuse_swiglu_linear(T: int, N: int) -> bool:
     """Whether capture records ``swiglu_linear`` instead of ``silu_mul`` + ``linear`` for
-    `T` token rows: only where the linear runs as GEMV (1 row) or on the FMA path."""
-    return FUSE and (T == 1 or linear_fma(T) is not None)
+    a `T`-row product with `N` outputs: only where the linear runs as GEMV (1 row) or on
+    the FMA path."""
+    return FUSE and (T == 1 or linear_fma(T, N) is not None)
 
 
-def linear_fma(T: int, spec: str = "") -> dict[str, int] | None:
-    """Constants (with ``WARPS``) of the few-row FMA linear for `T` rows, or None when
-    `T` is outside ``2..MAX_ROWS`` or the spec (default ``LINEAR_FMA``) is "off".
+def linear_fma(T: int, N: int, spec: str = "") -> dict[str, int] | None:
+    """Constants (with ``WARPS``) of the few-row FMA linear for `T` rows and `N` outputs,
+    or None when `T` is outside ``2..MAX_ROWS``, `N` exceeds ``MAX_N`` or the spec
+    (default ``LINEAR_FMA``) is "off".
 
     Raises:
-        ValueError: a spec that is not four positive integers.
+        ValueError: a spec that is not five integers.
     """
     spec = spec or LINEAR_FMA
     if spec == "off":
         return None
     try:
-        bn, bk, warps, max_rows = (int(v) for v in spec.split(","))
+        bn, bk, warps, max_rows, max_n = (int(v) for v in spec.split(","))
     except ValueError:
-        raise ValueError(f"HELIOS_LINEAR_FMA must be 'BLOCK_N,BLOCK_K,WARPS,MAX_ROWS' or "
-                         f"'off', got {spec!r}") from None
-    if not 2 <= T <= max_rows:
+        raise ValueError(f"HELIOS_LINEAR_FMA must be 'BLOCK_N,BLOCK_K,WARPS,MAX_ROWS,MAX_N' "
+                         f"or 'off', got {spec!r}") from None
+    if not 2 <= T <= max_rows or N > max_n:
         return None
     return dict(BLOCK_T=_np2(T), BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, FMA=1)
 
@@ -250,7 +253,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
             # best or within 3 % of it on all 8 shapes: bench/results/gpu_linear_sweep_v3.json)
             return _cfg((_cdiv(N, 4), 1), 4, BLOCK_T=1, BLOCK_N=4,
                         BLOCK_K=min(_np2(K, 16), 2048), WBF16=wbf16, K16=int(K % 16 == 0))
-        fma = linear_fma(T)
+        fma = linear_fma(T, N)
         if fma is not None:
             return _cfg((_cdiv(N, fma["BLOCK_N"]), _cdiv(T, fma["BLOCK_T"])), fma.pop("WARPS"),
                         **fma, WBF16=wbf16, K16=int(K % 16 == 0))
@@ -263,7 +266,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
                     WBF16=wbf16, K16=int(K % 16 == 0))
     if op == "swiglu_linear":
         T, N, K = s
-        if not fuse_swiglu_linear(T):
+        if not fuse_swiglu_linear(T, N):
             raise KeyError(f"swiglu_linear has no launch rule for {T} rows (GEMV/FMA only)")
         c = launch_config("linear", [T, N, K], views)
         return replace(c, constants={**c.constants, "SWIGLU": 1})

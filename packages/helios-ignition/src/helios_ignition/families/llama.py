@@ -199,7 +199,7 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
         b.launch("linear", attn, t.view(f"L{i}.wo", (D, H * HD)), x, T, D, H * HD)
         b.launch("add_rmsnorm", x, res, t.view(f"L{i}.ffn_norm", (D,)), h, T, D, s.rms_eps)
         b.launch("linear", h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
-        if decode and launch.fuse_swiglu_linear(T):  # SwiGLU applied as the GEMV loads
+        if decode and launch.fuse_swiglu_linear(T, D):  # SwiGLU applied as the GEMV loads
             b.launch("swiglu_linear", gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
         else:
             b.launch("silu_mul", gate_up, act, T, F)
