@@ -31,11 +31,7 @@ def main() -> None:
     from helios_ignition.kernels_aot import compile_variant
     from helios_serve.runtime.cuda import driver as drv
 
-    cu = drv.require_driver()
-    dev = drv.call("dev", cu.cuDeviceGet(0))
-    ctx = drv.call("ctx", cu.cuDevicePrimaryCtxRetain(dev))
-    drv.call("set", cu.cuCtxSetCurrent(ctx))
-    stream = drv.call("stream", cu.cuStreamCreate(1))
+    cu, stream = drv.current_stream()
     rows = []
     cache = {}
 

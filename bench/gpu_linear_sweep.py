@@ -177,11 +177,7 @@ def main() -> None:
         return
     from helios_serve.runtime.cuda import driver as drv
 
-    cu = drv.require_driver()
-    dev = drv.call("dev", cu.cuDeviceGet(0))
-    ctx = drv.call("ctx", cu.cuDevicePrimaryCtxRetain(dev))
-    drv.call("set", cu.cuCtxSetCurrent(ctx))
-    stream = drv.call("stream", cu.cuStreamCreate(1))
+    cu, stream = drv.current_stream()
     compiled, failed = compile_variants(allv, args.workers)
     print(f"compiled {len(compiled)}/{len(allv)} variants in "
           f"{time.perf_counter() - t_start:.0f}s", flush=True)

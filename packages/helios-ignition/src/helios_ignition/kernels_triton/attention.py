@@ -196,6 +196,37 @@ def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_ca
 
 
 @triton.jit
+def _head_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, PT, KVH, HD,
+                 BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr):
+    """Online softmax of one (scaled) query head over cache positions ``[lo, hi)`` of the
+    page-table row `row`, in BLOCK_N-position blocks, f32 FMA dots.
+
+    Returns:
+        (running max, sum of exp, unnormalized output ``[BLOCK_HD]``); ``(-1e30, 0, 0)``
+        for an empty range.
+    """
+    m_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0) + NEG_BIG
+    l_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0)
+    acc = tl.zeros((BLOCK_HD,), tl.float32)
+    for j0 in range(lo, hi, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        mj = j < hi
+        page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+        off = ((page * PT + j % PT) * KVH + kvh) * HD
+        mkv = mj[:, None] & md[None, :]
+        k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        sc = tl.where(mj, tl.sum(q[None, :] * k, axis=1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=0))
+        alpha = libdevice.exp(m_i - m_new)
+        p = libdevice.exp(sc - m_new)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                     B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                     BLOCK_HD: tl.constexpr):
@@ -217,25 +248,9 @@ def _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
     hi = tl.where(s >= 0, tl.minimum(lo + SPLIT, ctx), lo)
     width = (H + 2 * KVH) * HD
     q = tl.load(qkv + b * width + h * HD + d, mask=md, other=0.0) * scale
-    m_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0) + NEG_BIG
-    l_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0)
-    acc = tl.zeros((BLOCK_HD,), tl.float32)
     row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
-    for j0 in range(lo, hi, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        mj = j < hi
-        page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
-        off = ((page * PT + j % PT) * KVH + kvh) * HD
-        mkv = mj[:, None] & md[None, :]
-        k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-        v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-        sc = tl.where(mj, tl.sum(q[None, :] * k, axis=1), float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=0))
-        alpha = libdevice.exp(m_i - m_new)
-        p = libdevice.exp(sc - m_new)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        m_i = m_new
+    m_i, l_i, acc = _head_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, PT, KVH, HD,
+                                 BLOCK_N, BLOCK_HD)
     base = (b * H + h) * NS + sp
     tl.store(part_ml + base * 2, m_i)
     tl.store(part_ml + base * 2 + 1, l_i)
@@ -383,24 +398,8 @@ def _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part
                     q = tl.load(qkv + qb + g * HD + d) * scale
                 else:
                     q = tl.load(qkv + qb + g * HD + d, mask=md, other=0.0) * scale
-                m_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0) + NEG_BIG
-                l_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0)
-                acc = tl.zeros((BLOCK_HD,), tl.float32)
-                for j0 in range(lo, hi, BLOCK_N):
-                    j = j0 + tl.arange(0, BLOCK_N)
-                    mj = j < hi
-                    page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
-                    off = ((page * PT + j % PT) * KVH + kvh) * HD
-                    mkv = mj[:, None] & md[None, :]
-                    k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-                    v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-                    sc = tl.where(mj, tl.sum(q[None, :] * k, axis=1), float("-inf"))
-                    m_new = tl.maximum(m_i, tl.max(sc, axis=0))
-                    alpha = libdevice.exp(m_i - m_new)
-                    p = libdevice.exp(sc - m_new)
-                    acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-                    l_i = l_i * alpha + tl.sum(p, axis=0)
-                    m_i = m_new
+                m_i, l_i, acc = _head_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, PT,
+                                             KVH, HD, BLOCK_N, BLOCK_HD)
                 base = (hd0 + g) * NS + sp
                 tl.store(part_ml + base * 2, m_i)
                 tl.store(part_ml + base * 2 + 1, l_i)

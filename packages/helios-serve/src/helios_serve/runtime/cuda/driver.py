@@ -45,6 +45,22 @@ def require_driver():
     return cu
 
 
+def current_stream(device: int = 0):
+    """Make `device`'s primary context current and create a non-blocking stream on it
+    (benchmarks and sweeps; the backend manages its own). Returns ``(driver, stream)``.
+
+    Raises:
+        RuntimeLoadError: no cuda-python, driver or GPU.
+        CudaError: a failing driver call.
+    """
+    driver = require_driver()
+    dev = call("cuDeviceGet", driver.cuDeviceGet(device))
+    ctx = call("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(dev))
+    call("cuCtxSetCurrent", driver.cuCtxSetCurrent(ctx))
+    flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value
+    return driver, call("cuStreamCreate", driver.cuStreamCreate(flags))
+
+
 def call(what: str, result):
     """Unwrap a driver call's ``(CUresult, *values)``; raise CudaError on failure."""
     if isinstance(result, tuple):
