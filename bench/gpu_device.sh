@@ -41,6 +41,8 @@ case $stage in
     python3 bench/gpu_peers.py --json "$OUTD/peers.json" 2>&1 | tee "$OUTD/peers.log" ;;
   sweep)
     python3 bench/gpu_linear_sweep.py --json "$OUTD/sweep.json" 2>&1 | tee "$OUTD/sweep.log" ;;
+  prefill-sweep)
+    python3 bench/gpu_linear_sweep.py --prefill --json "$OUTD/prefill_sweep.json" 2>&1 | tee "$OUTD/prefill_sweep.log" ;;
   attn)
     python3 bench/gpu_attention_sweep.py --json "$OUTD/attn_sweep.json" --budget-s 150 2>&1 | tee "$OUTD/attn_sweep.log" ;;
   linear)

@@ -52,6 +52,25 @@ def fma_variants() -> list[dict[str, int]]:
             for bn in (2, 4, 8) for bk in (128, 256, 512, 1024) for warps in (4, 8)]
 
 
+def prefill_variants() -> list[dict[str, int]]:
+    """The swept prefill tiles (256 and 1024 rows): wide tiles, both load schemes, hi/lo
+    stacked or not; at most 128 accumulator values a thread."""
+    out = []
+    for bt in (64, 128):
+        for bn in (64, 128, 256):
+            for bk in (32, 64):
+                for warps in (4, 8):
+                    for stack in (0, 1):
+                        if bt * bn * (2 if stack else 1) > 128 * 32 * warps:
+                            continue
+                        base = dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps,
+                                    STACK=stack, WBF16=1, K16=1)
+                        out.append(dict(base, PREFETCH=1))
+                        for stages in (3, 4):
+                            out.append(dict(base, PREFETCH=0, STAGES=stages))
+    return out
+
+
 def gemv_variants() -> list[dict[str, int]]:
     """The swept GEMV (one token row) constants: rows per program, K step, warps."""
     out = []
@@ -112,6 +131,11 @@ def variant_table() -> tuple[dict[tuple, dict], list[tuple[int, tuple]]]:
                     allv.setdefault(_key(c), c)
                     rules.append((T, _key(c)))
         grids[T] = []
+        if T > 64:
+            for c in prefill_variants():
+                allv.setdefault(_key(c), c)
+                grids[T].append((T, _key(c)))
+            continue
         for bt in ((1,) if T == 1 else (16, 32) if T <= 8 else (32,) if T <= 32 else (64,)):
             variants = gemv_variants() if bt == 1 else grid_variants(bt)
             if bt in (16, 32) and T <= 32:
@@ -157,13 +181,44 @@ def _label(key: tuple) -> str:
             + (" FMA" if c["FMA"] else ""))
 
 
+def _prefill_pick(rows: list[dict], bad: list[dict]) -> str:
+    """The 1024-row variant with the least total time over the 8B shapes (verified rows
+    timed on all of them), as a HELIOS_LINEAR_PREFILL spec, against v1's total."""
+    failed = {id(r) for r in bad}
+    shapes = {(n, k) for n, k in SHAPES["llama8b"]}
+    total: dict[str, list[float]] = {}
+    spec: dict[str, str] = {}
+    for r in rows:
+        if r["T"] == 1024 and (r["N"], r["K"]) in shapes and id(r) not in failed \
+                and r["constants"]["XSPLIT"]:
+            total.setdefault(r["variant"], []).append(r["us"])
+            c = {**dict(STAGES=3, PREFETCH=1, STACK=0), **r["constants"]}
+            spec[r["variant"]] = ",".join(str(c[k]) for k in (
+                "BLOCK_T", "BLOCK_N", "BLOCK_K", "WARPS", "STAGES", "PREFETCH", "STACK"))
+    full = {v: sum(t) for v, t in total.items() if len(t) == len(shapes)}
+    if not full:
+        return "no 1024-row variant was timed on every 8B shape"
+    best = min(full, key=full.get)
+    v1 = _label(_key(rule_constants(1024, 6144, 4096, "v1")))
+    base = full.get(v1, float("nan"))
+    return (f"prefill pick: HELIOS_LINEAR_PREFILL={spec[best]}  ({best}: {full[best]:.0f} us "
+            f"over the 8B shapes; v1 {base:.0f} us; x{base / full[best]:.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--budget-s", type=float, default=150)
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--dry-run", action="store_true", help="compile only (no GPU)")
+    ap.add_argument("--prefill", action="store_true",
+                    help="prefill rows (256, 1024) and tiles instead; LM heads left out")
     args = ap.parse_args()
+    if args.prefill:  # the LM head runs on the last row of each prompt, not on every token
+        global ROWS
+        ROWS = (256, 1024)
+        for model in SHAPES:
+            SHAPES[model] = [(n, k) for n, k in SHAPES[model] if n < 30000]
     t_start = time.perf_counter()
     allv, work = variant_table()
     print(f"{len(allv)} variants, {len(work)} (T, variant) pairs", flush=True)
@@ -316,6 +371,8 @@ def main() -> None:
     for r in bad[:20]:
         print("  FAIL", r["model"], r["N"], r["K"], r["T"], r["variant"], r["rel"],
               r["finite"], r["deterministic"])
+    if args.prefill:
+        print(_prefill_pick(rows, bad))
     print(f"done in {time.perf_counter() - t_start:.0f}s", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(

@@ -156,6 +156,17 @@ def test_linear_fma_rows_and_spec():
     assert not fuse_swiglu_linear(8, 4096) and not fuse_swiglu_linear(32, 576)
 
 
+def test_linear_prefill_spec():
+    from helios_ignition.capture.launch import _linear_prefill
+
+    assert _linear_prefill(1024, 6144, 4096, "v1") == dict(BLOCK_T=64, BLOCK_N=32, BLOCK_K=64,
+                                                           WARPS=4)
+    assert _linear_prefill(1024, 6144, 4096, "128,128,64,8,3,0,1") == dict(
+        BLOCK_T=128, BLOCK_N=128, BLOCK_K=64, WARPS=8, STAGES=3, PREFETCH=0, STACK=1)
+    with pytest.raises(ValueError, match="HELIOS_LINEAR_PREFILL must be 'v1' or"):
+        _linear_prefill(1024, 6144, 4096, "128,128")
+
+
 def test_bad_target_is_rejected():
     with pytest.raises(ValueError, match="sm_<arch>"):
         parse_target("hopper")

@@ -30,6 +30,9 @@ LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
 # qkv and down projections) and loses 2.5-7x on wide ones (8B, LM heads):
 # bench/results/gpu_linear_sweep_v4.json.
 LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "4,1024,4,8,1024")
+# Prefill tiles (more than 64 rows) at capture: "v1" (linear_tiles) or
+# "BLOCK_T,BLOCK_N,BLOCK_K,WARPS,STAGES,PREFETCH,STACK" (HELIOS_LINEAR_PREFILL).
+LINEAR_PREFILL = os.environ.get("HELIOS_LINEAR_PREFILL", "v1")
 # Fused ops (rope_kv_write; swiglu_linear where the GEMV/FMA path runs): HELIOS_FUSE=0 at
 # capture records the unfused pairs instead.
 FUSE = os.environ.get("HELIOS_FUSE", "1") != "0"
@@ -159,7 +162,9 @@ def _linear_v3(T: int, N: int, K: int) -> dict[str, int]:
     bench/results/gpu_linear_sweep_v2.json); v1 where nothing measured beat it (up to 16
     rows, prefill tiles beyond 64 rows). Speed-ups over v1 at 8B shapes: 32 rows 1.4-3.7x,
     64 rows 1.4-1.8x."""
-    if T <= 16 or T > 64:
+    if T > 64:
+        return _linear_prefill(T, N, K)
+    if T <= 16:
         bt, bn, bk = linear_tiles(T, N, K)
         return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
     if T <= 32:
@@ -228,6 +233,25 @@ def attention_merge_constants(HD: int, NS: int, rule: str = "") -> dict[str, int
         raise ValueError(f"unknown attention rule {rule!r}; known: v1, v2")
     return dict(BLOCK_S=_np2(NS, 2), BLOCK_HD=bhd, SKIP_EMPTY=1, EVEN_HD=int(HD == bhd),
                 WARPS=4)
+
+
+def _linear_prefill(T: int, N: int, K: int, spec: str = "") -> dict[str, int]:
+    """Tiles of a prefill-sized (> 64 rows) product under `spec` (default LINEAR_PREFILL).
+
+    Raises:
+        ValueError: a spec that is neither "v1" nor seven integers.
+    """
+    spec = spec or LINEAR_PREFILL
+    if spec == "v1":
+        bt, bn, bk = linear_tiles(T, N, K)
+        return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
+    try:
+        bt, bn, bk, warps, stages, prefetch, stack = (int(v) for v in spec.split(","))
+    except ValueError:
+        raise ValueError("HELIOS_LINEAR_PREFILL must be 'v1' or 'BLOCK_T,BLOCK_N,BLOCK_K,"
+                         f"WARPS,STAGES,PREFETCH,STACK', got {spec!r}") from None
+    return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, STAGES=stages,
+                PREFETCH=prefetch, STACK=stack)
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
