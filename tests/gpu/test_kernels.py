@@ -59,7 +59,8 @@ def test_norms(gpu, rng, D):
 @pytest.mark.parametrize("T,N,K_", [(1, 960, 576), (1, 49152, 576), (5, 1536, 576),
                                     (33, 576, 1536), (70, 3072, 576), (3, 4096, 4096),
                                     (8, 6144, 4096), (32, 4096, 14336), (64, 28672, 4096),
-                                    (64, 1000, 1000), (8, 960, 576), (6, 576, 1536)])
+                                    (64, 1000, 1000), (8, 960, 576), (6, 576, 1536),
+                                    (300, 4096, 512)])
 def test_linear_bf16(gpu, rng, T, N, K_):
     x = rng.standard_normal((T, K_)).astype(np.float32)
     bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))

@@ -129,7 +129,8 @@ def test_linear_v3_picks_the_measured_winners():
     assert pick(64, 4096, 14336) == (64, 32, 128, 8, 1, 1)
     assert pick(64, 6144, 4096) == (64, 32, 64, 4, 1, 1)
     assert pick(64, 960, 576) == (64, 16, 64, 4, 1, 0)  # v1
-    assert pick(1024, 6144, 4096) == (64, 32, 64, 4, 1, 0)  # prefill: v1
+    assert pick(1024, 960, 576) == (64, 32, 64, 4, 1, 0)  # narrow prefill: v1
+    assert pick(1024, 6144, 4096) == (128, 128, 32, 8, 0, 0)  # wide prefill tiles
     with pytest.raises(ValueError, match="unknown linear rule 'v9'; known: v1, v2, v3"):
         linear_constants(64, 64, 64, "v9")
 
@@ -163,7 +164,10 @@ def test_linear_prefill_spec():
                                                            WARPS=4)
     assert _linear_prefill(1024, 6144, 4096, "128,128,64,8,3,0,1") == dict(
         BLOCK_T=128, BLOCK_N=128, BLOCK_K=64, WARPS=8, STAGES=3, PREFETCH=0, STACK=1)
-    with pytest.raises(ValueError, match="HELIOS_LINEAR_PREFILL must be 'v1' or"):
+    wide = dict(BLOCK_T=128, BLOCK_N=128, BLOCK_K=32, WARPS=8, STAGES=4, PREFETCH=0, STACK=0)
+    assert _linear_prefill(1024, 6144, 4096, "auto") == wide
+    assert _linear_prefill(256, 960, 576, "auto") == _linear_prefill(256, 960, 576, "v1")
+    with pytest.raises(ValueError, match="HELIOS_LINEAR_PREFILL must be 'auto', 'v1' or"):
         _linear_prefill(1024, 6144, 4096, "128,128")
 
 

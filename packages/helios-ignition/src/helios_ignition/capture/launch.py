@@ -30,9 +30,12 @@ LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
 # qkv and down projections) and loses 2.5-7x on wide ones (8B, LM heads):
 # bench/results/gpu_linear_sweep_v4.json.
 LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "4,1024,4,8,1024")
-# Prefill tiles (more than 64 rows) at capture: "v1" (linear_tiles) or
-# "BLOCK_T,BLOCK_N,BLOCK_K,WARPS,STAGES,PREFETCH,STACK" (HELIOS_LINEAR_PREFILL).
-LINEAR_PREFILL = os.environ.get("HELIOS_LINEAR_PREFILL", "v1")
+# Prefill tiles (more than 64 rows) at capture (HELIOS_LINEAR_PREFILL): "auto" (128 x 128
+# tiles for N >= 4096, where the prefill sweep measured 1.4-2.2x over v1 on every 8B
+# matrix, v1 below, where they lose up to 2x: bench/results/gpu_prefill_sweep.json),
+# "v1" (linear_tiles) or "BLOCK_T,BLOCK_N,BLOCK_K,WARPS,STAGES,PREFETCH,STACK".
+LINEAR_PREFILL = os.environ.get("HELIOS_LINEAR_PREFILL", "auto")
+PREFILL_WIDE = "128,128,32,8,4,0,0"
 # Fused ops (rope_kv_write; swiglu_linear where the GEMV/FMA path runs): HELIOS_FUSE=0 at
 # capture records the unfused pairs instead.
 FUSE = os.environ.get("HELIOS_FUSE", "1") != "0"
@@ -239,16 +242,18 @@ def _linear_prefill(T: int, N: int, K: int, spec: str = "") -> dict[str, int]:
     """Tiles of a prefill-sized (> 64 rows) product under `spec` (default LINEAR_PREFILL).
 
     Raises:
-        ValueError: a spec that is neither "v1" nor seven integers.
+        ValueError: a spec that is neither "auto", "v1" nor seven integers.
     """
     spec = spec or LINEAR_PREFILL
+    if spec == "auto":
+        spec = PREFILL_WIDE if N >= 4096 else "v1"
     if spec == "v1":
         bt, bn, bk = linear_tiles(T, N, K)
         return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
     try:
         bt, bn, bk, warps, stages, prefetch, stack = (int(v) for v in spec.split(","))
     except ValueError:
-        raise ValueError("HELIOS_LINEAR_PREFILL must be 'v1' or 'BLOCK_T,BLOCK_N,BLOCK_K,"
+        raise ValueError("HELIOS_LINEAR_PREFILL must be 'auto', 'v1' or 'BLOCK_T,BLOCK_N,BLOCK_K,"
                          f"WARPS,STAGES,PREFETCH,STACK', got {spec!r}") from None
     return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, STAGES=stages,
                 PREFETCH=prefetch, STACK=stack)
