@@ -26,13 +26,14 @@ LINEAR_SWAP = os.environ.get("HELIOS_LINEAR_SWAP", "0") == "1"
 LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
 # Few-row decode linear on the FMA units (``FMA=1``: each weight tile serves every row):
 # "BLOCK_N,BLOCK_K,WARPS,MAX_ROWS,MAX_N" at capture (HELIOS_LINEAR_FMA), or "off". At 8
-# rows it wins only on narrow matrices (N <= 1024: 1.4-1.8x the MMA tiles on SmolLM2's
-# qkv and down projections) and loses 2.5-7x on wide ones (8B, LM heads):
-# bench/results/gpu_linear_sweep_v4.json.
+# rows (bench/results/gpu_linear_sweep_v4.json) the chosen variant wins only on narrow
+# matrices (N <= 1024: 1.4-1.8x the MMA tiles on SmolLM2's qkv and down projections) and
+# runs at 0.4-0.97x of them on wide ones (8B, LM heads).
 LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "4,1024,4,8,1024")
 # Prefill tiles (more than 64 rows) at capture (HELIOS_LINEAR_PREFILL): "auto" (128 x 128
-# tiles for N >= 4096, where the prefill sweep measured 1.4-2.2x over v1 on every 8B
-# matrix, v1 below, where they lose up to 2x: bench/results/gpu_prefill_sweep.json),
+# tiles for N >= 4096, where the prefill sweep measured 1.9-3.0x over v1 on the 8B qkv,
+# gate_up and down matrices; v1 below, where they lose up to 2x on SmolLM2's qkv and
+# down at 256 rows: bench/results/gpu_prefill_sweep.json),
 # "v1" (linear_tiles) or "BLOCK_T,BLOCK_N,BLOCK_K,WARPS,STAGES,PREFETCH,STACK".
 LINEAR_PREFILL = os.environ.get("HELIOS_LINEAR_PREFILL", "auto")
 PREFILL_WIDE = "128,128,32,8,4,0,0"
