@@ -172,7 +172,7 @@ def test_many_disconnects_while_others_run_ahead(tok):
 
 
 def _run_mix(tok, frames: int, device_pending: bool, seed: int, geometry=None,
-             max_active: int = 4, stops: bool = True):
+             max_active: int = 4, stops: bool = True, step_delay_s: float = 0.001):
     rng = random.Random(seed)
     jobs = []
     for i in range(14):
@@ -188,7 +188,7 @@ def _run_mix(tok, frames: int, device_pending: bool, seed: int, geometry=None,
         jobs.append((f"mix{i:02d} {'x' * rng.randint(0, 12)}", script, extra))
     out: dict[str, tuple] = {}
     with ScriptedServer(tok, frames=frames, device_pending=device_pending,
-                        step_delay_s=0.001, geometry=geometry, max_active=max_active,
+                        step_delay_s=step_delay_s, geometry=geometry, max_active=max_active,
                         queue_capacity=16) as server:
         watch = Watch(server)
         for name, script, _ in jobs:
@@ -245,9 +245,11 @@ def test_two_frames_equal_one_frame_and_the_scripts(tok, seed):
 
 
 def test_page_pressure_with_frames_outstanding(tok):
-    # 30 pages of 4 tokens; prompts of ~30 tokens + up to 26 outputs, 4 at once
-    jobs, two, outstanding, preempted = _run_mix(tok, 2, True, 11, geometry={"num_pages": 30},
-                                                 stops=False)
+    # 16 pages of 4 tokens; prompts of ~30 tokens + up to 26 outputs (at most 14 pages),
+    # 4 at once: any two long requests overflow the cache. Slow steps (20 ms) let all 14
+    # requests queue before the first few finish, so preemption does not hinge on timing.
+    jobs, two, outstanding, preempted = _run_mix(tok, 2, True, 11, geometry={"num_pages": 16},
+                                                 stops=False, step_delay_s=0.02)
     assert preempted > 0 and outstanding == 2
     for name, script, extra in jobs:
         assert two[name] == _expected(tok, script, extra), name
