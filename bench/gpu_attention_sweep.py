@@ -99,28 +99,16 @@ def variant_table():
 
 
 def compile_variants(allv, workers: int):
-    from helios_contract.schema import manifest_pb2 as mpb
-    from helios_ignition.kernels_aot import compile_all
+    from helios_ignition.kernels_aot import compile_each, variant_kernel
 
     kernels, byid = [], {}
     for op, table in allv.items():
         for key, c in table.items():
-            k = mpb.Kernel(id=f"v{len(kernels)}", reference_op=op)
-            for name, v in c.items():
-                k.constants[name] = v
-            kernels.append(k)
-            byid[k.id] = (op, key)
-    compiled, failed = [], {}
-    try:
-        compiled = compile_all(kernels, ("sm_90",), workers=workers)
-    except Exception as exc:  # compile one by one to name the failure
-        print("parallel compile failed:", str(exc)[:300], flush=True)
-        for k in kernels:
-            try:
-                compiled += compile_all([k], ("sm_90",), workers=1)
-            except Exception as e2:
-                failed[byid[k.id]] = str(e2)[:200]
-    return {byid[ck.kernel_id]: ck for ck in compiled}, failed
+            kernels.append(variant_kernel(f"v{len(kernels)}", op, c))
+            byid[kernels[-1].id] = (op, key)
+    compiled, failed = compile_each(kernels, "sm_90", workers)
+    return ({byid[ck.kernel_id]: ck for ck in compiled},
+            {byid[kid]: err for kid, err in failed.items()})
 
 
 def _label(key: tuple) -> str:

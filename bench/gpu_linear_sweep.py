@@ -150,27 +150,13 @@ def variant_table() -> tuple[dict[tuple, dict], list[tuple[int, tuple]]]:
 
 
 def compile_variants(allv: dict[tuple, dict], workers: int) -> tuple[dict, dict]:
-    from helios_contract.schema import manifest_pb2 as mpb
-    from helios_ignition.kernels_aot import compile_all
+    from helios_ignition.kernels_aot import compile_each, variant_kernel
 
-    kernels, byid = [], {}
-    for i, (key, c) in enumerate(allv.items()):
-        k = mpb.Kernel(id=f"v{i}", reference_op="linear")
-        for name, v in c.items():
-            k.constants[name] = v
-        kernels.append(k)
-        byid[k.id] = key
-    compiled, failed = [], {}
-    try:
-        compiled = compile_all(kernels, ("sm_90",), workers=workers)
-    except Exception as exc:  # one variant that does not fit: compile one by one
-        print("parallel compile failed:", str(exc)[:300], flush=True)
-        for k in kernels:
-            try:
-                compiled += compile_all([k], ("sm_90",), workers=1)
-            except Exception as e2:
-                failed[byid[k.id]] = str(e2)[:200]
-    return {byid[ck.kernel_id]: ck for ck in compiled}, failed
+    kernels = [variant_kernel(f"v{i}", "linear", c) for i, c in enumerate(allv.values())]
+    byid = {k.id: key for k, key in zip(kernels, allv, strict=True)}
+    compiled, failed = compile_each(kernels, "sm_90", workers)
+    return ({byid[ck.kernel_id]: ck for ck in compiled},
+            {byid[kid]: err for kid, err in failed.items()})
 
 
 def _label(key: tuple) -> str:

@@ -11,10 +11,12 @@ from helios_ignition.families.llama import capture
 from helios_ignition.kernels_aot import (
     KernelCompileError,
     compile_all,
+    compile_each,
     compile_targets,
     missing_targets,
     parse_target,
     resource_id,
+    variant_kernel,
 )
 from helios_ignition.kernels_triton import TRITON_KERNELS
 from helios_ignition.testing import TINY_CAPACITIES, TINY_SHAPES, tiny_core
@@ -72,7 +74,6 @@ def test_every_variant_compiles_for_sm90_f32_and_bf16():
 def test_linear_rules_compile_for_sm90(rule):
     """Each multi-row linear rule (``HELIOS_LINEAR_RULE``) on 8B and SmolLM2 shapes,
     and the SWAP/STACK and XSPLIT=0 variants bench/gpu_linear_sweep.py times."""
-    from helios_contract.schema import manifest_pb2 as mpb
     from helios_ignition.capture.launch import linear_constants
     from helios_ignition.kernels_aot import compile_all
 
@@ -88,12 +89,7 @@ def test_linear_rules_compile_for_sm90(rule):
                       dict(XSPLIT=0, BLOCK_T=64, BLOCK_N=64), dict(PREFETCH=1, BLOCK_T=32)):
             c = dict(linear_constants(64, 4096, 4096, rule), WBF16=1, K16=1, **extra)
             variants[tuple(sorted(c.items()))] = c
-    kernels = []
-    for i, c in enumerate(variants.values()):
-        k = mpb.Kernel(id=f"linear{i}", reference_op="linear")
-        for name, v in c.items():
-            k.constants[name] = v
-        kernels.append(k)
+    kernels = [variant_kernel(f"linear{i}", "linear", c) for i, c in enumerate(variants.values())]
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
@@ -171,6 +167,14 @@ def test_linear_prefill_spec():
         _linear_prefill(1024, 6144, 4096, "128,128")
 
 
+def test_compile_each_names_the_variant_that_fails():
+    good = variant_kernel("ok", "slot_gather", {"BLOCK": 128, "WARPS": 4})
+    bad = variant_kernel("bad", "slot_gather", {"WARPS": 4})  # BLOCK missing
+    compiled, failed = compile_each([good, bad], "sm_90", workers=1)
+    assert [ck.kernel_id for ck in compiled] == ["ok"]
+    assert list(failed) == ["bad"] and "lack BLOCK" in failed["bad"]
+
+
 def test_bad_target_is_rejected():
     with pytest.raises(ValueError, match="sm_<arch>"):
         parse_target("hopper")
@@ -224,7 +228,6 @@ def test_attention_rules_compile_for_sm90(rule):
     """Both split-context decode attention rules (``HELIOS_ATTN_RULE``) on the 8B, SmolLM2
     and tiny geometries at 1, 8 and 64 rows, and (v2) the GROUPED=2/0 block and warp
     variants bench/gpu_attention_sweep.py times."""
-    from helios_contract.schema import manifest_pb2 as mpb
     from helios_ignition.capture.launch import (
         attention_merge_constants,
         attention_split_constants,
@@ -243,12 +246,7 @@ def test_attention_rules_compile_for_sm90(rule):
             sc = dict(attention_split_constants(64, 32, 8, 128, 64, rule), BLOCK_N=bn,
                       WARPS=warps)
             variants[("attention_decode_split", tuple(sorted(sc.items())))] = sc
-    kernels = []
-    for i, ((op, _), c) in enumerate(variants.items()):
-        k = mpb.Kernel(id=f"attn{i}", reference_op=op)
-        for name, v in c.items():
-            k.constants[name] = v
-        kernels.append(k)
+    kernels = [variant_kernel(f"attn{i}", op, c) for i, ((op, _), c) in enumerate(variants.items())]
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024

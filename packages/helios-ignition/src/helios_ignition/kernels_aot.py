@@ -159,6 +159,35 @@ def compile_all(kernels: list[mpb.Kernel], targets: tuple[str, ...],
         return list(pool.map(_compile_job, jobs))
 
 
+def variant_kernel(kernel_id: str, op: str, constants: dict[str, int]) -> mpb.Kernel:
+    """A manifest Kernel for variant `constants` of `op` (sweeps and compile checks)."""
+    kernel = mpb.Kernel(id=kernel_id, reference_op=op)
+    for name, value in constants.items():
+        kernel.constants[name] = int(value)
+    return kernel
+
+
+def compile_each(kernels: list[mpb.Kernel], target: str, workers: int | None = None
+                 ) -> tuple[list[CompiledKernel], dict[str, str]]:
+    """Compile `kernels` for `target` in parallel; if any fails, compile them one at a
+    time so every failure is named.
+
+    Returns:
+        The compiled kernels, and kernel id -> error (first 200 characters) of those that
+        failed (sweeps time what compiled and report the rest).
+    """
+    try:
+        return compile_all(kernels, (target,), workers=workers), {}
+    except Exception:  # noqa: BLE001 - any compiler error: retry one by one to name it
+        compiled, failed = [], {}
+        for kernel in kernels:
+            try:
+                compiled += compile_all([kernel], (target,), workers=1)
+            except Exception as exc:  # noqa: BLE001 - reported per kernel
+                failed[kernel.id] = str(exc)[:200]
+        return compiled, failed
+
+
 # Cubins compiled for a manifest and not yet written: id(manifest) -> {resource id: bytes}.
 _PENDING: dict[int, dict[str, bytes]] = {}
 
