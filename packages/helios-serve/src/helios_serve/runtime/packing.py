@@ -24,31 +24,49 @@ from .errors import UnsupportedBinding
 
 V = cpb
 
-# Per-row scalar sources: value of one row.
-ROW_VALUES: dict[int, Callable[[int, RowPlan], float | int]] = {
-    V.VALUE_SOURCE_SLOT: lambda i, r: r.slot,
-    V.VALUE_SOURCE_GENERATION: lambda i, r: r.generation,
-    V.VALUE_SOURCE_QUERY_LENGTH: lambda i, r: len(r.tokens),
-    V.VALUE_SOURCE_SAMPLING_DECISION: lambda i, r: int(r.sample),
-    V.VALUE_SOURCE_PENDING_TOKEN: lambda i, r: r.tokens[-1],
-    V.VALUE_SOURCE_CONSUMED_ENDPOINT: lambda i, r: r.start_position + len(r.tokens),
-    V.VALUE_SOURCE_TEMPERATURE: lambda i, r: r.sampling.temperature,
-    V.VALUE_SOURCE_TOP_P: lambda i, r: r.sampling.top_p,
-    V.VALUE_SOURCE_TOP_K: lambda i, r: r.sampling.top_k,
-    V.VALUE_SOURCE_MIN_P: lambda i, r: r.sampling.min_p,
-    V.VALUE_SOURCE_PRESENCE_PENALTY: lambda i, r: r.sampling.presence_penalty,
-    V.VALUE_SOURCE_FREQUENCY_PENALTY: lambda i, r: r.sampling.frequency_penalty,
-    V.VALUE_SOURCE_REPETITION_PENALTY: lambda i, r: r.sampling.repetition_penalty,
-    V.VALUE_SOURCE_GRAMMAR_MASK_ENABLED: lambda i, r: int(r.grammar_mask is not None),
+Rows = Sequence[RowPlan]
+
+# Per-row scalar sources: one value per plan row, in submission order (one comprehension
+# per binding: packing runs on the host every step, so no call per row).
+ROW_VALUES: dict[int, Callable[[Rows], list]] = {
+    V.VALUE_SOURCE_SLOT: lambda rows: [r.slot for r in rows],
+    V.VALUE_SOURCE_GENERATION: lambda rows: [r.generation for r in rows],
+    V.VALUE_SOURCE_QUERY_LENGTH: lambda rows: [len(r.tokens) for r in rows],
+    V.VALUE_SOURCE_SAMPLING_DECISION: lambda rows: [int(r.sample) for r in rows],
+    V.VALUE_SOURCE_PENDING_TOKEN: lambda rows: [r.tokens[-1] for r in rows],
+    V.VALUE_SOURCE_CONSUMED_ENDPOINT: lambda rows: [r.start_position + len(r.tokens)
+                                                    for r in rows],
+    V.VALUE_SOURCE_TEMPERATURE: lambda rows: [r.sampling.temperature for r in rows],
+    V.VALUE_SOURCE_TOP_P: lambda rows: [r.sampling.top_p for r in rows],
+    V.VALUE_SOURCE_TOP_K: lambda rows: [r.sampling.top_k for r in rows],
+    V.VALUE_SOURCE_MIN_P: lambda rows: [r.sampling.min_p for r in rows],
+    V.VALUE_SOURCE_PRESENCE_PENALTY: lambda rows: [r.sampling.presence_penalty for r in rows],
+    V.VALUE_SOURCE_FREQUENCY_PENALTY: lambda rows: [r.sampling.frequency_penalty
+                                                    for r in rows],
+    V.VALUE_SOURCE_REPETITION_PENALTY: lambda rows: [r.sampling.repetition_penalty
+                                                     for r in rows],
+    V.VALUE_SOURCE_GRAMMAR_MASK_ENABLED: lambda rows: [int(r.grammar_mask is not None)
+                                                       for r in rows],
 }
 
-# Per-token sources: values of one row's tokens.
-TOKEN_VALUES: dict[int, Callable[[int, RowPlan], np.ndarray]] = {
-    V.VALUE_SOURCE_PROMPT_TOKENS: lambda i, r: np.asarray(r.tokens),
-    V.VALUE_SOURCE_PENDING_TOKEN: lambda i, r: np.asarray(r.tokens),
-    V.VALUE_SOURCE_PROMPT_POSITIONS: lambda i, r: np.arange(
-        r.start_position, r.start_position + len(r.tokens)),
-    V.VALUE_SOURCE_MIXED_PREFILL_ROW: lambda i, r: np.full(len(r.tokens), i),
+# Per-token sources: the packed values of all rows' tokens, in row order.
+TOKEN_VALUES: dict[int, Callable[[Rows], np.ndarray]] = {
+    V.VALUE_SOURCE_PROMPT_TOKENS: lambda rows: np.fromiter(
+        (t for r in rows for t in r.tokens), np.int64),
+    V.VALUE_SOURCE_PENDING_TOKEN: lambda rows: np.fromiter(
+        (t for r in rows for t in r.tokens), np.int64),
+    V.VALUE_SOURCE_PROMPT_POSITIONS: lambda rows: np.concatenate(
+        [np.arange(r.start_position, r.start_position + len(r.tokens)) for r in rows]),
+    V.VALUE_SOURCE_MIXED_PREFILL_ROW: lambda rows: np.repeat(
+        np.arange(len(rows)), [len(r.tokens) for r in rows]),
+}
+
+# The same sources when every row feeds exactly one token (decode): one value per row.
+ONE_TOKEN_VALUES: dict[int, Callable[[Rows], list | np.ndarray]] = {
+    V.VALUE_SOURCE_PROMPT_TOKENS: lambda rows: [r.tokens[0] for r in rows],
+    V.VALUE_SOURCE_PENDING_TOKEN: lambda rows: [r.tokens[0] for r in rows],
+    V.VALUE_SOURCE_PROMPT_POSITIONS: lambda rows: [r.start_position for r in rows],
+    V.VALUE_SOURCE_MIXED_PREFILL_ROW: lambda rows: np.arange(len(rows)),
 }
 
 
@@ -64,8 +82,14 @@ class DirtyRange:
 
 @dataclass(frozen=True)
 class _Resolved:
+    """One binding with its protobuf fields copied to plain values (read every step)."""
+
     binding: cpb.ValueBinding
     dest: tuple[np.ndarray, ...]  # per execution frame
+    source: int
+    indexing: int
+    offset: int
+    padding: int
 
 
 class SharedPacking:
@@ -93,7 +117,8 @@ class SharedPacking:
                     raise UnsupportedBinding(f"graph {graph.name}: binding destination "
                                              f"{b.destination!r} is not a buffer")
                 _check_supported(graph.name, b)
-                resolved.append(_Resolved(b, tuple(frame[b.destination] for frame in staging)))
+                resolved.append(_Resolved(b, tuple(frame[b.destination] for frame in staging),
+                                          b.source, b.indexing, b.offset, b.padding))
             self._graphs[graph.name] = resolved
         # slot -> (generation, page entries uploaded); see the module docstring.
         self._uploaded: dict[tuple[str, int], tuple[int, int]] = {}
@@ -110,43 +135,53 @@ class SharedPacking:
         """
         dirty: list[DirtyRange] = []
         for item in self._graphs[graph]:
-            b = item.binding
             dest = item.dest[frame]
-            if b.indexing == V.INDEXING_PHYSICAL_REQUEST_ROW:
-                self._pack_physical(b, dest, plan, dirty)
-            elif b.indexing == V.INDEXING_PACKED_TOKEN:
-                self._pack_tokens(b, dest, plan, tokens)
-            elif b.indexing == V.INDEXING_SCALAR:
-                dest.reshape(-1)[0] = _scalar(b, plan)
+            if item.indexing == V.INDEXING_PHYSICAL_REQUEST_ROW:
+                self._pack_physical(item.binding, dest, plan, dirty)
+            elif item.indexing == V.INDEXING_PACKED_TOKEN:
+                self._pack_tokens(item, dest, plan, tokens)
+            elif item.indexing == V.INDEXING_SCALAR:
+                dest.reshape(-1)[0] = _scalar(item.binding, plan)
             else:
-                self._pack_rows(b, dest, plan, rows)
+                self._pack_rows(item, dest, plan, rows)
         return dirty
 
-    def _pack_tokens(self, b, dest: np.ndarray, plan: StepPlan, capacity: int) -> None:
-        values = np.concatenate([TOKEN_VALUES[b.source](i, r) for i, r in enumerate(plan.rows)])
+    def _pack_tokens(self, item: _Resolved, dest: np.ndarray, plan: StepPlan,
+                     capacity: int) -> None:
+        rows = plan.rows
+        if all(len(r.tokens) == 1 for r in rows):
+            values = np.asarray(ONE_TOKEN_VALUES[item.source](rows), dtype=dest.dtype)
+        else:
+            values = TOKEN_VALUES[item.source](rows)
         n = len(values)
-        dest[:n] = values + b.offset
-        dest[n:capacity] = b.padding
+        dest[:n] = values + dest.dtype.type(item.offset)
+        if capacity > n:
+            dest[n:capacity] = item.padding
 
-    def _pack_rows(self, b, dest: np.ndarray, plan: StepPlan, capacity: int) -> None:
-        n = len(plan.rows)
-        pad_to = capacity if b.indexing == V.INDEXING_SUBMISSION_ROW else n
-        if b.source == V.VALUE_SOURCE_SEED_BITS:
-            for i, r in enumerate(plan.rows):
+    def _pack_rows(self, item: _Resolved, dest: np.ndarray, plan: StepPlan,
+                   capacity: int) -> None:
+        rows = plan.rows
+        n = len(rows)
+        pad_to = capacity if item.indexing == V.INDEXING_SUBMISSION_ROW else n
+        source = item.source
+        if source == V.VALUE_SOURCE_SEED_BITS:
+            for i, r in enumerate(rows):
                 dest[i] = (r.sampling.seed & 0xFFFFFFFF, (r.sampling.seed >> 32) & 0xFFFFFFFF)
-            dest[n:pad_to] = b.padding
-            return
-        if b.source == V.VALUE_SOURCE_GRAMMAR_MASK:
-            for i, r in enumerate(plan.rows):
+        elif source == V.VALUE_SOURCE_GRAMMAR_MASK:
+            for i, r in enumerate(rows):
                 if r.grammar_mask is not None:
                     dest[i] = r.grammar_mask
             return  # rows without a mask are ignored by GRAMMAR_MASK_ENABLED = 0
-        if b.source == V.VALUE_SOURCE_CONSTANT:
-            dest[:pad_to] = b.constant_value
+        elif source == V.VALUE_SOURCE_CONSTANT:
+            dest[:pad_to] = item.binding.constant_value
             return
-        values = [ROW_VALUES[b.source](i, r) for i, r in enumerate(plan.rows)]
-        dest[:n] = np.asarray(values, dtype=dest.dtype) + dest.dtype.type(b.offset)
-        dest[n:pad_to] = b.padding
+        elif n == 1:  # batch 1: a scalar store is several times cheaper than a slice
+            dest[0] = ROW_VALUES[source](rows)[0] + item.offset
+        else:
+            values = np.asarray(ROW_VALUES[source](rows), dtype=dest.dtype)
+            dest[:n] = values + dest.dtype.type(item.offset)
+        if pad_to > n:
+            dest[n:pad_to] = item.padding
 
     def _pack_physical(self, b, dest: np.ndarray, plan: StepPlan,
                        dirty: list[DirtyRange]) -> None:
