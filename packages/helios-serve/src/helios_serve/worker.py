@@ -102,11 +102,11 @@ class _Live:
 
 @dataclass
 class _Submitted:
-    """A plan handed to the model: its ticket, or why its submission failed."""
+    """A plan handed to the model: its ticket, or the error its submission raised."""
 
     plan: StepPlan  # as the scheduler issued it (completion is checked against it)
     ticket: Any | None
-    error: str | None = None
+    error: Exception | None = None
 
 
 class OutputError(RuntimeError):
@@ -318,10 +318,8 @@ class ModelWorker:
         ]
         try:
             ticket = self.model.submit(submitted)
-        except Exception as exc:  # packing or launch failure: fail this step only
-            log.warning("execution failed: %s", exc)
-            self.metrics.execution_failures.inc()
-            self._inflight.append(_Submitted(plan, None, f"model execution failed: {exc}"))
+        except Exception as exc:  # packing or launch failure: failed in submission order
+            self._inflight.append(_Submitted(plan, None, exc))
             return
         self._inflight.append(_Submitted(plan, ticket))
         self.metrics.graph_launches.labels(plan.kind.value).inc()
@@ -338,12 +336,11 @@ class ModelWorker:
         """Wait for the oldest submitted plan and apply its completion."""
         item = self._inflight.popleft()
         plan = item.plan
-        if item.ticket is None:
-            self._fail_plan(plan, item.error or "model execution failed")
-            return
         try:
+            if item.error is not None:
+                raise item.error
             sampled = self.model.wait(item.ticket)
-        except Exception as exc:  # execution or device failure: fail this step only
+        except Exception as exc:  # submission, execution or device failure: this step only
             log.warning("execution failed: %s", exc)
             self.metrics.execution_failures.inc()
             self._fail_plan(plan, f"model execution failed: {exc}")

@@ -225,11 +225,11 @@ def _pending_view(graphs: list[cpb.GraphContract]) -> cpb.StateView | None:
         RuntimeLoadError: decode graphs disagree (some device-owned, some not, or
             different views).
     """
+    decode = [g for g in graphs if g.operation == cpb.OPERATION_DECODE]
     views = {g.pending_token.SerializeToString(deterministic=True) if g.pending_token.buffer
-             else b"" for g in graphs if g.operation == cpb.OPERATION_DECODE}
+             else b"" for g in decode}
     if len(views) > 1:
         raise RuntimeLoadError("decode graphs disagree on pending-token ownership")
-    decode = [g for g in graphs if g.operation == cpb.OPERATION_DECODE]
     if not decode or not decode[0].pending_token.buffer:
         return None
     return decode[0].pending_token
