@@ -96,6 +96,12 @@ def linear_tiles(T: int, N: int, K: int) -> tuple[int, int, int]:
     return bt, bn, 256 if K > 4096 else 128
 
 
+def _linear_v1(T: int, N: int, K: int) -> dict[str, int]:
+    """v1 constants: ``linear_tiles`` with 4 warps (the kernel's default load scheme)."""
+    bt, bn, bk = linear_tiles(T, N, K)
+    return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
+
+
 def linear_constants(T: int, N: int, K: int, rule: str = "") -> dict[str, int]:
     """Variant constants (with ``WARPS``/``STAGES``, without ``WBF16``/``K16``) of a
     multi-row (``T > 1``, tokens as the MMA's M operand) linear under `rule`.
@@ -104,7 +110,8 @@ def linear_constants(T: int, N: int, K: int, rule: str = "") -> dict[str, int]:
     terms share one MMA (``STACK=1``: 32 rows fill a 64-row wgmma), 8 warps keep the
     thread under 255 registers without spills (ptxas, Triton 3.6), and each program takes
     the widest N tile (fewest activation re-reads from L2) that still fills one wave of
-    SMs. A guess pending bench/gpu_linear_sweep.py on the H200.
+    SMs. Derived from compiler output, then measured 2-8x slower than v1 on the H200
+    (bench/results/gpu_linear_sweep_v2.json); kept for sweeps. v3 is the default.
 
     Raises:
         ValueError: an unknown rule.
@@ -113,8 +120,7 @@ def linear_constants(T: int, N: int, K: int, rule: str = "") -> dict[str, int]:
     if rule == "v3":
         return _linear_v3(T, N, K)
     if rule == "v1":
-        bt, bn, bk = linear_tiles(T, N, K)
-        return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
+        return _linear_v1(T, N, K)
     if rule != "v2":
         raise ValueError(f"unknown linear rule {rule!r}; known: v1, v2, v3")
     bt = 32 if T <= 32 else 64
@@ -169,8 +175,7 @@ def _linear_v3(T: int, N: int, K: int) -> dict[str, int]:
     if T > 64:
         return _linear_prefill(T, N, K)
     if T <= 16:
-        bt, bn, bk = linear_tiles(T, N, K)
-        return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
+        return _linear_v1(T, N, K)
     if T <= 32:
         if N >= _WIDE_N:  # gate_up, lm_head: 64-wide N tiles, short K steps
             tile = (64, 64, 4, 3, 1, 1)
@@ -187,8 +192,7 @@ def _linear_v3(T: int, N: int, K: int) -> dict[str, int]:
         elif N >= 4096:
             tile = (32, 64, 4, 3, 1, 1)
         else:
-            bt, bn, bk = linear_tiles(T, N, K)
-            return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
+            return _linear_v1(T, N, K)
         bt = 64
     bn, bk, warps, stages, prefetch, stack = tile
     return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, STAGES=stages,
@@ -249,8 +253,7 @@ def _linear_prefill(T: int, N: int, K: int, spec: str = "") -> dict[str, int]:
     if spec == "auto":
         spec = PREFILL_WIDE if N >= 4096 else "v1"
     if spec == "v1":
-        bt, bn, bk = linear_tiles(T, N, K)
-        return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=4)
+        return _linear_v1(T, N, K)
     try:
         bt, bn, bk, warps, stages, prefetch, stack = (int(v) for v in spec.split(","))
     except ValueError:
