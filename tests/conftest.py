@@ -56,3 +56,23 @@ def smollm2_core_f32(tmp_path_factory, signing_key_pair) -> ExportedCore:
 def smollm2_core_bf16(tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with bf16 weights (the recipe's default)."""
     return _export(tmp_path_factory, signing_key_pair, "bf16")
+
+
+@dataclass(frozen=True)
+class TinyServed:
+    """The tiny model of tests/tiny_model.py: its checkpoint and its exported core."""
+
+    checkpoint: Path
+    core: ExportedCore
+
+
+@pytest.fixture(scope="session")
+def tiny_served(tmp_path_factory, signing_key_pair) -> TinyServed:
+    """The tiny model exported once (payload core, f32): serves in about a second."""
+    from tests.tiny_model import NAMESPACE, export_tiny, write_tiny_checkpoint
+
+    private, public = signing_key_pair
+    folder = tmp_path_factory.mktemp("tiny-served")
+    checkpoint = write_tiny_checkpoint(folder)
+    out = export_tiny(checkpoint, private, folder / "tiny.core")
+    return TinyServed(checkpoint, ExportedCore(out, public, private, NAMESPACE))

@@ -243,6 +243,25 @@ def test_json_unknown_enum_name():
     assert info.value.value == "VALUE_SOURCE_TELEPATHY"
 
 
+@pytest.mark.parametrize(("data", "value"), [
+    (b'{"served_id": "caf\xe9"}', "byte 18"),  # Latin-1, not UTF-8
+    (b'{"served_id": "\xed\xa0\x80"}', "byte 15"),  # an encoded surrogate
+    ('{"served_id": "x"}'.encode("utf-16"), "byte 0"),  # RFC 8259: JSON text is UTF-8
+])
+def test_json_bytes_that_are_not_utf8(data, value):
+    with pytest.raises(MalformedMessageError) as info:
+        decode_serving_contract_json(data)
+    assert info.value.path == "" and info.value.value == value
+    assert "JSON text is not UTF-8" in str(info.value)
+
+
+def test_json_utf8_bytes_decode_like_text():
+    text = encode_json(example_contract())
+    assert decode_serving_contract_json(text.encode()) == decode_serving_contract_json(text)
+    with pytest.raises(MalformedMessageError, match="invalid JSON"):
+        decode_serving_contract_json(b"\xef\xbb\xbf" + text.encode())  # a byte order mark
+
+
 def test_json_unknown_enum_number():
     doc = _document()
     doc["model"]["frontend"]["reasoning_parser"] = 12

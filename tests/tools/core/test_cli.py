@@ -197,3 +197,43 @@ def test_lint_core_json_reports_an_unreadable_core_as_json(tmp_path):
     data = json.loads(result.stdout)
     assert data == {"core": str(garbage), "findings": [],
                     "error": f"{garbage}: not a Helios core (bad magic) (offset 0)"}
+
+
+@pytest.fixture
+def wrong_location_length(keyed, tmp_path) -> tuple[Path, str]:
+    """The sample core with one unsigned location one byte shorter than the signed stored
+    length (the body keeps its size, so only the LocationSet disagrees)."""
+    from helios_contract.schema import core_pb2
+
+    _, _, core = keyed
+    data = core.read_bytes()
+    frames_start = 16 + int.from_bytes(data[8:16], "little")
+    body = core_pb2.CoreBody.FromString(data[16:frames_start])
+    loc = body.locations.locations[0]
+    loc.length -= 1
+    new = body.SerializeToString()
+    assert len(new) == frames_start - 16
+    out = tmp_path / "wrong-length.core"
+    out.write_bytes(data[:16] + new + data[frames_start:])
+    return out, loc.resource_id
+
+
+def test_location_length_mismatch_is_one_line_everywhere(keyed, wrong_location_length):
+    _, pub, _ = keyed
+    path, rid = wrong_location_length
+    why = "location length "
+    verify = _run("verify", path, "--trust", pub, "--accept", SAMPLE_NAMESPACE)
+    assert verify.exit_code == 1
+    assert verify.output.startswith(f"FAIL {path}: LengthMismatch: {why}")
+    inspect = _run("inspect", path)
+    assert inspect.exit_code == 2, inspect.output
+    assert inspect.output.strip().splitlines()[-1].startswith(f"Error: {path}: {why}")
+    assert f"resource {rid!r}" in inspect.output
+    for args in ([], ["--trust", pub]):
+        lint = _run("lint-core", path, *args)
+        assert lint.exit_code == 1, lint.output
+        lines = lint.output.strip().splitlines()
+        assert lines[0].startswith(f"core.LengthMismatch: locations = {rid}: {why}"), lines
+        assert lines[1:] == [f"{path}: 1 finding(s)"]
+    data = json.loads(_run("lint-core", path, "--format", "json").output)
+    assert [(f["rule"], f["value"]) for f in data["findings"]] == [("core.LengthMismatch", rid)]

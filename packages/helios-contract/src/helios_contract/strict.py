@@ -267,8 +267,15 @@ def decode_json(cls: type[M], text: str | bytes) -> M:
     Raises:
         UnknownFieldError: A key that names no field.
         UnknownEnumError: An enum name or number outside the schema.
-        MalformedMessageError: Invalid JSON, a duplicate key, or a value of the wrong type.
+        MalformedMessageError: Bytes that are not UTF-8 (RFC 8259 §8.1), invalid JSON, a
+            duplicate key, or a value of the wrong type.
     """
+    if isinstance(text, bytes | bytearray | memoryview):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedMessageError("", f"byte {exc.start}",
+                                        f"JSON text is not UTF-8: {exc.reason}") from None
     try:
         document = json.loads(text, object_pairs_hook=_reject_duplicates)
     except json.JSONDecodeError as exc:

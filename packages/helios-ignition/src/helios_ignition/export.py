@@ -158,14 +158,21 @@ def check_template(chat_template: str, source: str, error: type[Exception]) -> N
     Raises:
         `error` (RecipeError or CheckpointError, whichever supplied the template).
     """
-    import jinja2
-    from helios_tools.frontend_assets import ChatTemplateError, render_chat
+    from helios_tools.frontend_assets import (
+        ChatTemplateCompileError,
+        ChatTemplateError,
+        ChatTemplateLimitError,
+        render_chat,
+    )
 
-    try:  # as Bootstrap does: a template may raise for some messages, never fail to compile
+    # As Bootstrap does: a template may refuse some conversations, but one that does not
+    # compile, loads other templates or exceeds its limits on one message never serves.
+    try:
         render_chat(chat_template, [{"role": "user", "content": "ping"}])
-    except ChatTemplateError as exc:
-        if isinstance(exc.__cause__, jinja2.exceptions.TemplateSyntaxError):
-            raise error(f"{source}: {exc}") from None
+    except (ChatTemplateCompileError, ChatTemplateLimitError) as exc:
+        raise error(f"{source}: {exc}") from None
+    except ChatTemplateError:
+        pass
 
 
 @contextmanager

@@ -129,18 +129,26 @@ class Bootstrap:
         Raises:
             StartupError: an invalid tokenizer, chat template or frontend contract.
         """
-        import jinja2
-        from helios_tools.frontend_assets import ChatTemplateError, load_tokenizer, render_chat
+        from helios_tools.frontend_assets import (
+            ChatTemplateCompileError,
+            ChatTemplateError,
+            ChatTemplateLimitError,
+            load_tokenizer,
+            render_chat,
+        )
 
         try:
             tokenizer = load_tokenizer(tokenizer_json)
         except ValueError as exc:
             raise StartupError(f"bad tokenizer resource: {_line(exc)}") from None
-        try:  # compile now: a template that cannot compile fails startup, not requests
+        # Compile and probe now: a template that cannot compile, loads other templates or
+        # exceeds its limits on the smallest conversation would fail every request.
+        try:
             render_chat(chat_template, [{"role": "user", "content": "ping"}])
-        except ChatTemplateError as exc:
-            if isinstance(exc.__cause__, jinja2.exceptions.TemplateSyntaxError):
-                raise StartupError(f"bad chat template: {_line(exc)}") from None
+        except (ChatTemplateCompileError, ChatTemplateLimitError) as exc:
+            raise StartupError(f"bad chat template: {_line(exc)}") from None
+        except ChatTemplateError:
+            pass  # a template may refuse some conversations (raise_exception)
         try:
             syntax = FrontendSyntax.from_contract(contract.model.frontend)
             frontend = Frontend(syntax, tokenizer, tuple(contract.eos_token_ids))

@@ -98,17 +98,35 @@ def _curl_example(url: str, model: str) -> str:
 
 
 def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: ServeOptions):
-    """Bootstrap.load -> NativeModel.load -> Server (bound, not yet serving).
+    """Check the core path, bind the port, then Bootstrap.load -> NativeModel.load -> Server
+    (bound, not yet serving). What can be checked without loading is checked first, so a
+    missing core or a busy port is reported at once.
 
     Raises:
         StartupError: one line naming what is wrong.
     """
+    from helios_tools.core.errors import CoreError
+
     from helios_serve.clock import ObservationClock
     from helios_serve.runtime.errors import RuntimeLoadError
     from helios_serve.runtime.native_model import NativeModel
-    from helios_serve.server import Server
+    from helios_serve.server import Server, bind_listener
 
-    bootstrap = Bootstrap.load(core, trust, accept)
+    path = Path(core)
+    if not path.is_file():
+        why = "is a directory" if path.is_dir() else "no such file"
+        raise StartupError(f"bad core: {path}: {why}")
+    try:
+        listener = bind_listener(options.host, options.port)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
+        ) from None
+    try:
+        bootstrap = Bootstrap.load(path, trust, accept)
+    except BaseException:
+        listener.close()
+        raise
     try:
         try:
             settings = resolve(options, bootstrap.contract)
@@ -121,20 +139,21 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
             )
         except RuntimeLoadError as exc:
             raise StartupError(" ".join(str(exc).split())) from None
+        except CoreError as exc:  # a weight or kernel resource failing its digests
+            raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}") from None
         try:
-            return Server(bootstrap, model, settings, clock)
-        except OSError as exc:
+            return Server(bootstrap, model, settings, clock, listener)
+        except BaseException:
             model.close()
-            raise StartupError(
-                f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
-            ) from None
+            raise
     except BaseException:
+        listener.close()
         bootstrap.close()
         raise
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("core", required=False, type=click.Path(dir_okay=False))
+@click.argument("core", required=False, type=click.Path())
 @click.option(
     "--trust",
     "trust",

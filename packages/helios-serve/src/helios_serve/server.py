@@ -28,6 +28,27 @@ from helios_serve.worker import ModelBackend, ModelWorker
 SHUTDOWN_DRAIN_S = 5.0
 
 log = logging.getLogger(__name__)
+LISTEN_BACKLOG = 2048
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind and listen on (host, port) now; port 0 picks a free port.
+
+    helios-serve binds before it loads the model, so a busy port is reported at once;
+    connections made before uvicorn starts accepting wait in the backlog.
+
+    Raises:
+        OSError: the address cannot be bound (in use, not local, no permission).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class Server:
@@ -38,6 +59,7 @@ class Server:
         model: NativeModel (or the test-only ScriptedModel).
         settings: resolved settings (host, port 0 picks a free port).
         clock: the observation clock made right before the model loaded.
+        listener: a socket from `bind_listener`, or None to bind settings.host/port here.
     """
 
     def __init__(
@@ -46,6 +68,7 @@ class Server:
         model: ModelBackend,
         settings: ServeSettings,
         clock: ObservationClock,
+        listener: socket.socket | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.metrics = Metrics()
@@ -69,11 +92,7 @@ class Server:
         self.settings = settings
         self.service = ChatService(bootstrap, self.worker, settings, self.metrics, clock)
         self.app = build_app(self.service)
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((settings.host, settings.port))
-        # Listen now: connections made before uvicorn starts accepting wait in the backlog.
-        self._socket.listen(2048)
+        self._socket = listener or bind_listener(settings.host, settings.port)
         self.port = self._socket.getsockname()[1]
         config = uvicorn.Config(
             self.app,

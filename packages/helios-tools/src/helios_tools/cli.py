@@ -22,6 +22,9 @@ from helios_tools.core import (
     Core,
     CoreError,
     CoreFormatError,
+    LengthMismatch,
+    SignatureError,
+    UntrustedKey,
     authorize,
     generate_key,
     load_public_key,
@@ -66,13 +69,17 @@ def _why(e: Exception) -> str:
     return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
 
 
+_UNREADABLE = (OSError, CoreFormatError)
+
+
 @contextmanager
-def _opened(path: Path, keys: list | None, resource_key: bytes | None) -> Iterator[Core]:
-    """Open a core; OSError and CoreFormatError are 'unreadable' (exit 2)."""
+def _opened(path: Path, keys: list | None, resource_key: bytes | None,
+            unreadable: tuple[type[Exception], ...] = _UNREADABLE) -> Iterator[Core]:
+    """Open a core; `unreadable` errors exit 2 with one line, other CoreErrors propagate."""
     try:
         core = open_core(path, keys, resource_key=resource_key) if keys is not None else \
             open_core_unverified(path, resource_key=resource_key)
-    except (OSError, CoreFormatError) as e:
+    except unreadable as e:
         raise _Unreadable(f"{path}: {_why(e)}") from None
     try:
         yield core
@@ -164,7 +171,8 @@ _resource_key_option = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 def inspect(core: Path, as_json: bool) -> None:
     """Summarize CORE: namespace, contract, graphs and resources (does not verify)."""
-    with _opened(core, None, None) as c:
+    # A location disagreeing with its signed length leaves nothing to summarize.
+    with _opened(core, None, None, _UNREADABLE + (LengthMismatch,)) as c:
         s = _summary(c)
     if as_json:
         click.echo(json.dumps(s, indent=2))
@@ -248,6 +256,32 @@ def lint_core_command(core: Path, trust: tuple[Path, ...], accept: str | None, f
         sys.exit(e.exit_code)
 
 
+def _open_for_lint(path: Path, keys: list | None, rkey: bytes | None,
+                   findings: list[Finding]) -> Core | None:
+    """Open a core for lint, appending what opening found.
+
+    A signature or key failure is a finding and the body's structure is then linted
+    unverified. A location whose length disagrees with the signed stored length is a
+    finding (as `verify` reports it) and leaves nothing to lint: None.
+
+    Raises:
+        _Unreadable: a missing file or a core that is not well formed (exit 2).
+    """
+    try:
+        if keys is None:
+            return open_core_unverified(path, resource_key=rkey)
+        return open_core(path, keys, resource_key=rkey)
+    except (OSError, CoreFormatError) as e:
+        raise _Unreadable(f"{path}: {_why(e)}") from None
+    except (SignatureError, UntrustedKey) as e:
+        findings.append(Finding(f"core.{type(e).__name__}", "envelope.signature", "", str(e)))
+        return _open_for_lint(path, None, rkey, findings)
+    except LengthMismatch as e:
+        findings.append(Finding("core.LengthMismatch", "locations", e.resource_id or "",
+                                str(e)))
+        return None
+
+
 def _lint(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
           require_targets: tuple[str, ...], resource_key: Path | None) -> None:
     keys = _trusted(trust) if trust else None
@@ -255,17 +289,11 @@ def _lint(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
         raise click.UsageError("--accept needs --trust")
     rkey = _read_resource_key(resource_key)
     findings: list[Finding] = []
-    if keys is not None:
-        try:
-            open_core(core, keys, resource_key=rkey).close()
-        except (OSError, CoreFormatError) as e:
-            raise _Unreadable(f"{core}: {_why(e)}") from None
-        except CoreError as e:
-            findings.append(Finding(f"core.{type(e).__name__}", "envelope.signature",
-                                    "", str(e)))
-            keys, accept = None, None  # lint the structure of the untrusted body
-    with _opened(core, keys, rkey) as c:
-        findings += lint_core(c, acceptance=accept, require_targets=require_targets)
+    opened = _open_for_lint(core, keys, rkey, findings)
+    if opened is not None:
+        with opened as c:
+            findings += lint_core(c, acceptance=accept if c.verified else None,
+                                  require_targets=require_targets)
     if fmt == "json":
         click.echo(json.dumps({"core": str(core), "findings": [f.to_dict() for f in findings]},
                               indent=2))

@@ -8,6 +8,8 @@ that does not HTML-escape, and the globals `raise_exception`, `strftime_now`, `d
 `namespace` that refuses underscore names. Messages are rebuilt from plain JSON types and
 keys whose value is None are dropped, as transformers does. Chat templates are untrusted
 code: the sandbox blocks attribute escapes; never render with a plain `Environment`.
+Rendering is bounded in time and size (helios_tools.template_sandbox: `RenderLimits`), and
+templates that load other templates are refused when compiled.
 """
 
 from __future__ import annotations
@@ -18,12 +20,34 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from helios_tools.template_sandbox import (
+    BoundedSandbox,
+    RenderLimits,
+    TemplateLimitError,
+    bound_loops,
+    bounded_render,
+    loading_tag,
+    measure_assigned,
+)
+
 # Message fields that carry reasoning; transformers aliases them so templates see each name.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
+DEFAULT_LIMITS = RenderLimits()  # per request: 2 s, 4 Mi characters per value and output
+
 
 class ChatTemplateError(ValueError):
-    """The template failed to compile or called `raise_exception` while rendering."""
+    """The template failed to compile, or failed while rendering: it called
+    `raise_exception`, broke a sandbox rule, exceeded its RenderLimits or raised."""
+
+
+class ChatTemplateCompileError(ChatTemplateError):
+    """The template cannot be used at all: a syntax error, or a tag that loads another
+    template (`include`, `import`, `from`, `extends`). Startup and export refuse it."""
+
+
+class ChatTemplateLimitError(ChatTemplateError):
+    """Rendering exceeded its RenderLimits (time, value size or output size)."""
 
 
 def _plain(value: Any) -> Any:
@@ -67,7 +91,6 @@ def _compile(template_text: str):  # -> jinja2.Template
     import jinja2
     import jinja2.ext
     import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class GenerationBlock(jinja2.ext.Extension):
         """`{% generation %}...{% endgeneration %}` renders its body (assistant-mask marker)."""
@@ -94,7 +117,7 @@ def _compile(template_text: str):  # -> jinja2.Template
 
         def __setitem__(self, name, value):
             TemplateNamespace._check(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
+            jinja2.utils.Namespace.__setitem__(self, name, measure_assigned(value))
 
         @staticmethod
         def _check(name):
@@ -121,18 +144,28 @@ def _compile(template_text: str):  # -> jinja2.Template
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(
+    env = BoundedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = tojson
+    env.bound_filters()
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["dict"] = TemplateDict()
     env.globals["namespace"] = TemplateNamespace
     try:
-        return env.from_string(template_text)
+        ast = env.parse(template_text)
     except jinja2.exceptions.TemplateError as exc:
-        raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
+        raise ChatTemplateCompileError(f"chat template does not compile: {exc}") from exc
+    loads = loading_tag(ast)
+    if loads is not None:
+        tag, line = loads
+        raise ChatTemplateCompileError(f"chat template uses {{% {tag} %}} (line {line}): a chat "
+                                       "template cannot load other templates")
+    try:
+        return env.from_string(bound_loops(ast))
+    except jinja2.exceptions.TemplateError as exc:
+        raise ChatTemplateCompileError(f"chat template does not compile: {exc}") from exc
 
 
 def render_chat(
@@ -140,6 +173,8 @@ def render_chat(
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    limits: RenderLimits = DEFAULT_LIMITS,
     **extra: Any,
 ) -> str:
     """Render a conversation with a chat template exactly as transformers does.
@@ -150,6 +185,7 @@ def render_chat(
             keys whose value is None are dropped.
         add_generation_prompt: append the assistant turn opener.
         tools: JSON-schema tool descriptions, or None.
+        limits: the time and size budget of this render.
         **extra: further template variables (`bos_token`, `eos_token`, `documents`,
             `enable_thinking`, ...); transformers passes the tokenizer's special tokens here.
 
@@ -157,8 +193,11 @@ def render_chat(
         The prompt text.
 
     Raises:
-        ChatTemplateError: the template does not compile or calls `raise_exception`
-            (including sandbox security errors).
+        ChatTemplateCompileError: the template does not compile or loads other templates.
+        ChatTemplateLimitError: rendering exceeded `limits`.
+        ChatTemplateError: rendering failed otherwise: `raise_exception`, a sandbox security error,
+            or any error the template's code raised (TypeError,
+            OverflowError, RecursionError, ...); the message names it.
         TypeError: a message is not a mapping.
     """
     import jinja2
@@ -166,15 +205,21 @@ def render_chat(
     template = _compile(template_text)
     variables = {k: _plain(v) for k, v in extra.items()}
     variables.setdefault("documents", None)
+    variables.update(
+        messages=_normalize_messages(messages),
+        tools=_plain(list(tools)) if tools is not None else None,
+        add_generation_prompt=add_generation_prompt,
+    )
     try:
-        return template.render(
-            messages=_normalize_messages(messages),
-            tools=_plain(list(tools)) if tools is not None else None,
-            add_generation_prompt=add_generation_prompt,
-            **variables,
-        )
+        return bounded_render(template, limits, variables)
+    except TemplateLimitError as exc:
+        raise ChatTemplateLimitError(f"chat template exceeded its limits: {exc}") from exc
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(f"chat template raised: {exc}") from exc
+    except (ArithmeticError, LookupError, MemoryError, RecursionError, TypeError,
+            ValueError) as exc:
+        # Untrusted template code failed: the template's fault, reported as such.
+        raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
 
 
 def load_tokenizer(tokenizer_json: str):  # -> tokenizers.Tokenizer

@@ -1,0 +1,90 @@
+"""A tiny model that `helios-serve` serves from disk in a second: real export, real core.
+
+The checkpoint is a real HF safetensors directory (tests/ignition/export/tiny.py writes
+it): the byte-level test tokenizer of helios_serve.testing.tokenizer (283 ids, `<|im_end|>`
+= 2 is EOS), its ChatML template and seeded float32 weights of a 2-layer, width-32 Llama.
+`export_tiny` runs `ignition export` through its library entry point with the generic
+recipe (recipes/llama.py) and float32 weights, so the greedy ids of a served core can be
+compared exactly with the plain NumPy forward of bench/numpy_forward.py on the same
+checkpoint (`plain_greedy`).
+
+A core file is about 150 KB; loading it takes well under a second on the CI machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+from helios_ignition.checkpoint import LlamaGeometry
+from helios_serve.testing.tokenizer import CHAT_TEMPLATE, TinyTokenizer
+
+from tests.ignition.export.tiny import Frontend, write_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+LLAMA_RECIPE = REPO / "recipes" / "llama.py"
+NAMESPACE = "helios.test/tiny"
+SERVED_ID = "tiny-served"  # the checkpoint folder's name becomes the served id
+
+TOKENIZER = TinyTokenizer()
+GEOMETRY = LlamaGeometry(vocab_size=TOKENIZER.vocab_size, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                         rope_theta=10000.0, rms_eps=1e-5, max_context=256,
+                         tie_word_embeddings=True)
+PROMPTS = ("What is the capital of France?", "Hello, world!", "Name three colours.")
+
+
+def tiny_tensors(seed: int) -> dict[str, np.ndarray]:
+    """Seeded float32 tensors by HF name: matrices N(0, 0.3), norms 1 + N(0, 0.1).
+
+    Wider than tests/ignition/export/tiny.py's 0.05 so that greedy output at width 32
+    varies with the prompt instead of repeating one token.
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in GEOMETRY.tensor_shapes().items():
+        noise = rng.standard_normal(shape).astype(np.float32)
+        out[name] = 1 + 0.1 * noise if len(shape) == 1 else 0.3 * noise
+    return out
+
+
+def write_tiny_checkpoint(parent: Path, seed: int = 0) -> Path:
+    """Write the tiny checkpoint directory `parent/tiny-served` and return it."""
+    frontend = Frontend(TOKENIZER.to_json(), CHAT_TEMPLATE)
+    return write_checkpoint(parent / SERVED_ID, frontend, geometry=GEOMETRY,
+                            arrays=tiny_tensors(seed))
+
+
+def export_tiny(checkpoint: Path, key: Path, out: Path, **options) -> Path:
+    """`ignition export recipes/llama.py --checkpoint CHECKPOINT --weight-dtype f32 ...`.
+
+    `options` go to `export_core` (carrier, protected_version, resource_key_path, ...).
+    """
+    from helios_ignition.export import export_core
+
+    export_core(LLAMA_RECIPE, checkpoint=str(checkpoint), key_path=key, namespace=NAMESPACE,
+                out=out, weight_dtype="f32", **options)
+    return out
+
+
+def prompt_ids(text: str) -> list[int]:
+    """The chat-templated prompt ids of one user message (as helios-serve builds them)."""
+    from helios_tools.frontend_assets import render_chat
+
+    prompt = render_chat(CHAT_TEMPLATE, [{"role": "user", "content": text}])
+    return TOKENIZER.tokenizer.encode(prompt, add_special_tokens=False).ids
+
+
+def plain_greedy(checkpoint: Path, ids: list[int], steps: int) -> list[int]:
+    """Greedy ids of the independent plain NumPy forward (bench/numpy_forward.py)."""
+    from helios_ignition.checkpoint import load_safetensors_dir
+
+    spec = importlib.util.spec_from_file_location("helios_bench_numpy_forward",
+                                                  REPO / "bench" / "numpy_forward.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve string annotations through it
+    spec.loader.exec_module(module)
+    plain = module.PlainLlama(load_safetensors_dir(checkpoint), max_context=GEOMETRY.max_context)
+    return plain.greedy(ids, steps)[0]
