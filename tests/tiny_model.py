@@ -88,3 +88,58 @@ def plain_greedy(checkpoint: Path, ids: list[int], steps: int) -> list[int]:
     spec.loader.exec_module(module)
     plain = module.PlainLlama(load_safetensors_dir(checkpoint), max_context=GEOMETRY.max_context)
     return plain.greedy(ids, steps)[0]
+
+
+class ServeProcess:
+    """`helios-serve ARGS --port 0` as a subprocess; `url` once it serves.
+
+    Use as a context manager; leaving it sends SIGINT and waits for the exit.
+
+    Raises:
+        AssertionError: the server exited or printed something else first.
+    """
+
+    def __init__(self, *args: str | Path, env: dict[str, str] | None = None) -> None:
+        import os
+        import subprocess
+
+        serve = Path(sys.executable).parent / "helios-serve"
+        self.proc = subprocess.Popen([str(serve), *map(str, args), "--port", "0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        first = self.proc.stdout.readline()
+        if not first.startswith("Helios is serving"):
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=30)
+            raise AssertionError(f"helios-serve did not start: {first}{err}")
+        self.url = first.split(" at ")[1].split()[0]
+        self.stderr_lines: list[str] = []
+
+    def chat_ids(self, text: str, max_tokens: int = 12) -> list[int]:
+        """Greedy token ids of one user message (`return_token_ids`)."""
+        import httpx
+
+        r = httpx.post(self.url + "/v1/chat/completions", timeout=60, json={
+            "model": SERVED_ID, "max_tokens": max_tokens, "temperature": 0,
+            "return_token_ids": True, "messages": [{"role": "user", "content": text}]})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=30)
+        except Exception:
+            self.proc.kill()
+            raise
+        self.stderr_lines = err.splitlines()
+
+
+def until_eos(ids: list[int], eos: int = 2) -> list[int]:
+    """`ids` up to and including the first EOS (what a served request returns)."""
+    return ids[:ids.index(eos) + 1] if eos in ids else ids

@@ -76,7 +76,7 @@ def test_cli_summary(exported):
     result, out = exported
     assert result.exit_code == 0, result.output
     # Checkpoint context 520 tokens: capped to 512 (whole pages); the 1024 chunk is dropped.
-    assert result.stdout.startswith(f"wrote {out}: served id tiny-llama, 9 graphs ")
+    assert result.stdout.startswith(f"wrote {out} (payload core): served id tiny-llama, 9 graphs ")
     assert "prefill_t128)" in result.stdout and "prefill_t1024" not in result.stdout
     assert "17 resources" in result.stdout
     assert "writing weights" in result.stderr
@@ -133,7 +133,7 @@ def test_console_script(tmp_path, tiny_checkpoint, signing_key_pair, prompts):
                            NAMESPACE, "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"wrote {out}: served id tiny-llama")
+    assert proc.stdout.startswith(f"wrote {out} (payload core): served id tiny-llama")
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-bf16.core"]
     opened = open_core(out, [load_public_key(public)])

@@ -237,3 +237,23 @@ def test_location_length_mismatch_is_one_line_everywhere(keyed, wrong_location_l
         assert lines[1:] == [f"{path}: 1 finding(s)"]
     data = json.loads(_run("lint-core", path, "--format", "json").output)
     assert [(f["rule"], f["value"]) for f in data["findings"]] == [("core.LengthMismatch", rid)]
+
+
+def test_keygen_aes_writes_a_resource_key_once(tmp_path):
+    from helios_tools.core.protected import load_resource_key
+
+    out = tmp_path / "resource.key"
+    assert _run("keygen", "--aes", "--out", out).exit_code == 0
+    data = out.read_bytes()
+    assert len(data) == 32 and out.stat().st_mode & 0o777 == 0o600
+    assert load_resource_key(out) == data
+    again = _run("keygen", "--aes", "--out", out)
+    assert again.exit_code == 2 and f"refusing to overwrite {out}" in again.output
+    assert out.read_bytes() == data
+    hexed = tmp_path / "hex.key"
+    hexed.write_text(data.hex() + "\n")
+    assert load_resource_key(hexed) == data
+    for bad in (b"", bytes(33), b"zz" * 32):
+        out.write_bytes(bad)
+        with pytest.raises(ValueError, match="a resource key is 32 raw bytes or 64 hex digits"):
+            load_resource_key(out)

@@ -31,8 +31,17 @@ def main() -> None:
               help="Override the recipe's weight dtype.")
 @click.option("--target", "targets", multiple=True,
               help="GPU target to compile kernels for (repeatable), e.g. sm_90.")
+@click.option("--carrier", type=click.Choice(["payload", "logical"]), default="payload",
+              show_default=True,
+              help="payload: a payload core; logical: a logical-resource core.")
+@click.option("--protected-version", type=click.Choice(["6", "4"]), default=None,
+              help="With --carrier logical: 6 (zstd frames) [default] or 4 (AES-GCM chunks "
+                   "under --resource-key).")
+@click.option("--resource-key", "resource_key", type=click.Path(dir_okay=False),
+              help="With --protected-version 4: AES-256 key file, 32 raw bytes "
+                   "(`helios-tools keygen --aes --out FILE` or `head -c 32 /dev/urandom`).")
 def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, weight_dtype,
-           targets) -> None:
+           targets, carrier, protected_version, resource_key) -> None:
     """Export RECIPE with a checkpoint to a signed core."""
     bar = None
 
@@ -47,14 +56,17 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
         summary = export_core(recipe, checkpoint=checkpoint, key_path=key_path,
                               namespace=namespace, out=out, weight_dtype=weight_dtype,
                               random_seed=random_seed, geometry=geometry,
-                              targets=tuple(targets), progress=progress)
+                              targets=tuple(targets), carrier=carrier,
+                              protected_version=None if protected_version is None
+                              else int(protected_version),
+                              resource_key_path=resource_key, progress=progress)
     except (ExportError, RecipeError, CheckpointError) as exc:
         if bar is not None:
             bar.__exit__(None, None, None)
         raise click.ClickException(str(exc)) from None
     if bar is not None:
         bar.__exit__(None, None, None)
-    click.echo(f"wrote {summary.path}: served id {summary.served_id}, "
+    click.echo(f"wrote {summary.path} ({summary.format}): served id {summary.served_id}, "
                f"{len(summary.graphs)} graphs ({', '.join(summary.graphs)}), "
                f"{summary.resources} resources, {summary.decoded_bytes / 2**20:.1f} MiB decoded, "
                f"{summary.core_bytes / 2**20:.1f} MiB stored, {summary.seconds:.1f} s")

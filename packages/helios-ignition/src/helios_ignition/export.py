@@ -33,6 +33,8 @@ from .recipe import Recipe, RecipeError, load_recipe_module, validate_recipe
 from .weights import iter_weight_buffers
 
 CONTRACT_VERSION = 3
+CARRIERS = ("payload", "logical")  # CoreBody.format_version 2 / logical-resource core
+PROTECTED_VERSIONS = (6, 4)  # ProtectedIndex.version: zstd frames / AES-GCM chunks
 
 
 class ExportError(ValueError):
@@ -50,6 +52,16 @@ class ExportSummary:
     decoded_bytes: int
     core_bytes: int
     seconds: float
+    carrier: str = "payload"
+    protected_version: int | None = None
+
+    @property
+    def format(self) -> str:
+        """The carrier in words: "payload core" or "logical-resource core (ProtectedIndex
+        version N)"."""
+        if self.carrier == "payload":
+            return "payload core"
+        return f"logical-resource core (ProtectedIndex version {self.protected_version})"
 
 
 def open_checkpoint(spec: str | None, random_seed: int | None, geometry: str | None):
@@ -91,6 +103,65 @@ def _check_output(out: Path) -> None:
         raise ExportError(f"output directory is not writable: {parent}")
     if out.is_dir():
         raise ExportError(f"output path is a directory: {out}")
+
+
+@dataclass(frozen=True)
+class Carrier:
+    """How the core is carried (model-contract.md, "Payload cores"): a payload core, or a
+    logical-resource core with ProtectedIndex version 6 (zstd frames) or 4 (AES-GCM chunks
+    under the operator's resource key)."""
+
+    name: str = "payload"
+    protected_version: int | None = None
+    resource_key: bytes | None = None
+
+    @classmethod
+    def choose(cls, carrier: str, protected_version: int | None,
+               resource_key_path: str | Path | None) -> Carrier:
+        """Check the carrier options together and read the resource key.
+
+        Raises:
+            ExportError: an unknown carrier or version, a version without
+                `--carrier logical`, version 4 without a key, or a key it would not use.
+        """
+        from helios_tools.core.protected import load_resource_key
+
+        if carrier not in CARRIERS:
+            raise ExportError(f"--carrier must be one of {', '.join(CARRIERS)}, not {carrier!r}")
+        if carrier == "payload":
+            if protected_version is not None:
+                raise ExportError("--protected-version applies only with --carrier logical")
+            if resource_key_path is not None:
+                raise ExportError("--resource-key applies only with --carrier logical "
+                                  "--protected-version 4")
+            return cls()
+        version = 6 if protected_version is None else protected_version
+        if version not in PROTECTED_VERSIONS:
+            raise ExportError(f"--protected-version must be 6 or 4, not {version}")
+        if version == 6:
+            if resource_key_path is not None:
+                raise ExportError("--resource-key applies only with --protected-version 4 "
+                                  "(version 6 resources are not encrypted)")
+            return cls("logical", 6)
+        if resource_key_path is None:
+            raise ExportError("--protected-version 4 needs --resource-key FILE (32 random "
+                              "bytes: `helios-tools keygen --aes --out FILE`)")
+        try:
+            key = load_resource_key(resource_key_path)
+        except FileNotFoundError:
+            raise ExportError(f"resource key not found: {resource_key_path}") from None
+        except (OSError, ValueError) as exc:
+            raise ExportError(f"resource key {resource_key_path}: {exc}") from None
+        return cls("logical", 4, key)
+
+    def writer(self, out: Path, key, namespace: str):
+        """The helios-tools core writer for this carrier."""
+        from helios_tools.core import CoreWriter, LogicalCoreWriter
+
+        if self.name == "payload":
+            return CoreWriter(out, key, None, namespace)
+        return LogicalCoreWriter(out, key, None, namespace, version=self.protected_version,
+                                 resource_key=self.resource_key)
 
 
 def fit_context(recipe: Recipe, max_context_tokens: int) -> Recipe:
@@ -232,7 +303,9 @@ def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
 def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: str | Path,
                 namespace: str, out: str | Path, weight_dtype: str | None = None,
                 random_seed: int | None = None, geometry: str | None = None,
-                targets: tuple[str, ...] = (),
+                targets: tuple[str, ...] = (), carrier: str = "payload",
+                protected_version: int | None = None,
+                resource_key_path: str | Path | None = None,
                 progress: Callable[[str, int, int], None] | None = None) -> ExportSummary:
     """Export a recipe and checkpoint to a signed core at `out` (atomic).
 
@@ -245,18 +318,24 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         out: core path to write.
         weight_dtype: override the recipe's weight dtype ("bf16" or "f32").
         targets: GPU targets to compile kernels for (e.g. "sm_90").
+        carrier: "payload" (CoreBody.format_version 2) or "logical" (a logical-resource
+            core).
+        protected_version: with carrier "logical": 6 (zstd frames, the default) or 4
+            (AES-GCM chunks).
+        resource_key_path: with protected_version 4: the AES-256 key file (32 raw bytes).
         progress: called as progress(stage, done, total).
 
     Raises:
         ExportError, RecipeError, CheckpointError: bad input; no file is written.
     """
-    from helios_tools.core import CoreWriter, load_private_key
+    from helios_tools.core import load_private_key
 
     started = time.perf_counter()
     out = Path(out)
     _check_output(out)
     if not namespace:
         raise ExportError("--namespace must be non-empty")
+    carried = Carrier.choose(carrier, protected_version, resource_key_path)
     try:
         key = load_private_key(key_path)
     except FileNotFoundError:
@@ -291,7 +370,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     check_contract(contract, manifest)
     weight_names = [b.name for b in manifest.buffers if b.weight_resource_id]
     decoded = 0
-    with _write_errors(out), CoreWriter(out, key, None, namespace) as writer:
+    with _write_errors(out), carried.writer(out, key, namespace) as writer:
         tok = ckpt.tokenizer_json.encode()
         writer.add_resource("tokenizer.json", core_pb2.RESOURCE_KIND_TOKENIZER, tok)
         tpl = chat_template.encode()
@@ -313,4 +392,5 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
                          graphs=tuple(g.name for g in manifest.graphs),
                          resources=len(weight_names) + 2, decoded_bytes=decoded,
                          core_bytes=out.stat().st_size,
-                         seconds=time.perf_counter() - started)
+                         seconds=time.perf_counter() - started, carrier=carried.name,
+                         protected_version=carried.protected_version)

@@ -48,22 +48,30 @@ class Bootstrap:
 
     @classmethod
     def load(
-        cls, core_path: str | os.PathLike[str], trusted_keys: Sequence[Any], acceptance: str
+        cls,
+        core_path: str | os.PathLike[str],
+        trusted_keys: Sequence[Any],
+        acceptance: str,
+        *,
+        resource_key: bytes | None = None,
     ) -> Bootstrap:
         """Open, verify and authorize a core; validate its contract; load its assets.
 
         Args:
-            core_path: the core file.
+            core_path: the core file (payload or logical-resource core).
             trusted_keys: Ed25519 public keys (objects, raw or PEM bytes) or paths to them.
             acceptance: must equal the signed publisher namespace byte for byte.
+            resource_key: the operator's 32-byte AES-256 key; ProtectedIndex version 4
+                cores need it, other cores do not read it.
 
         Raises:
-            StartupError: a bad or untrusted core, a wrong namespace, an invalid contract,
-                a contract the manifest does not match, or missing frontend assets.
+            StartupError: a bad or untrusted core, a wrong namespace, a version 4 core
+                without its resource key or with another key, an invalid contract, a
+                contract the manifest does not match, or missing frontend assets.
         """
         from helios_contract.errors import ContractError, UnknownIdentifierError
         from helios_contract.prepared import PreparedContract
-        from helios_tools.core.errors import CoreError, NamespaceMismatch
+        from helios_tools.core.errors import CoreError, NamespaceMismatch, ProtectedChunkError
         from helios_tools.core.reader import authorize, open_core
         from helios_tools.core.signing import load_public_key
 
@@ -77,7 +85,7 @@ class Bootstrap:
             else:
                 keys.append(key)
         try:
-            core = open_core(core_path, keys)
+            core = open_core(core_path, keys, resource_key=resource_key)
         except FileNotFoundError:
             raise StartupError(f"bad core: {core_path}: no such file") from None
         except (CoreError, OSError) as exc:
@@ -90,6 +98,11 @@ class Bootstrap:
         except CoreError as exc:
             core.close()
             raise StartupError(f"core not authorized: {_line(exc)}") from None
+        if core.protected_version == 4 and resource_key is None:
+            core.close()
+            raise StartupError(f"{core_path} is a logical-resource core with encrypted "
+                               "resources (ProtectedIndex version 4): pass --resource-key "
+                               "FILE or set HELIOS_RESOURCE_KEY_FILE")
         try:
             prepared = PreparedContract.from_contract(core.contract, core.manifest)
         except UnknownIdentifierError as exc:
@@ -110,6 +123,10 @@ class Bootstrap:
         except StartupError:
             core.close()
             raise
+        except ProtectedChunkError as exc:  # the first encrypted chunk read decides the key
+            core.close()
+            raise StartupError(f"wrong resource key for {core_path} (or a damaged core): "
+                               f"{_line(exc)}") from None
         except CoreError as exc:
             core.close()
             raise StartupError(f"bad core: {core_path}: {_line(exc)}") from None

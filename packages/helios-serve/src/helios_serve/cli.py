@@ -97,7 +97,29 @@ def _curl_example(url: str, model: str) -> str:
     )
 
 
-def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: ServeOptions):
+RESOURCE_KEY_ENV = "HELIOS_RESOURCE_KEY_FILE"
+
+
+def read_resource_key(path: str | os.PathLike[str] | None) -> bytes | None:
+    """The AES-256 resource key in `path` (32 raw bytes or 64 hex digits), or None.
+
+    Raises:
+        StartupError: the file cannot be read or holds no key.
+    """
+    if path is None:
+        return None
+    from helios_tools.core.protected import load_resource_key
+
+    try:
+        return load_resource_key(path)
+    except OSError as exc:
+        raise StartupError(f"cannot read resource key {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise StartupError(f"cannot read resource key: {exc}") from None
+
+
+def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: ServeOptions,
+          resource_key: bytes | None = None):
     """Check the core path, bind the port, then Bootstrap.load -> NativeModel.load -> Server
     (bound, not yet serving). What can be checked without loading is checked first, so a
     missing core or a busy port is reported at once.
@@ -123,7 +145,7 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
             f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
         ) from None
     try:
-        bootstrap = Bootstrap.load(path, trust, accept)
+        bootstrap = Bootstrap.load(path, trust, accept, resource_key=resource_key)
     except BaseException:
         listener.close()
         raise
@@ -170,9 +192,12 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
 @click.option("--frontend-workers", type=int, help="CPU preparation slots [core default].")
 @click.option("--event-capacity", type=int, help="Minimum per-response event budget.")
 @click.option("--served-name", help="Model name in responses [the core's served id].")
+@click.option("--resource-key", "resource_key", envvar=RESOURCE_KEY_ENV,
+              help="AES-256 key file (32 raw bytes) of a ProtectedIndex version 4 core "
+                   f"[env {RESOURCE_KEY_ENV}].")
 @click.option("--demo", is_flag=True, help="Prepare (once) and serve the embedded SmolLM2 model.")
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
-         event_capacity, served_name, demo) -> None:  # fmt: skip
+         event_capacity, served_name, resource_key, demo) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP."""
     options = ServeOptions(
         host=host, port=port, backend=backend, max_active=max_active,
@@ -193,7 +218,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             if accept is None:
                 raise StartupError("missing --accept NAMESPACE (the publisher namespace)")
             core_path = core
-        server = start(core_path, list(trust), accept, options)
+        server = start(core_path, list(trust), accept, options, read_resource_key(resource_key))
     except StartupError as exc:
         click.echo(f"helios-serve: error: {exc}", err=True)
         sys.exit(2)

@@ -32,6 +32,7 @@ from helios_tools.core import (
     open_core_unverified,
     write_key_pair,
 )
+from helios_tools.core.protected import load_resource_key, write_resource_key
 from helios_tools.lint import Finding, lint_core
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
@@ -45,16 +46,12 @@ class _Unreadable(click.ClickException):
 def _read_resource_key(path: Path | None) -> bytes | None:
     if path is None:
         return None
-    data = path.read_bytes()
-    if len(data) == 32:
-        return data
     try:
-        key = bytes.fromhex(data.decode("ascii").strip())
-    except ValueError:
-        key = b""
-    if len(key) != 32:
-        raise _Unreadable(f"{path}: a resource key is 32 raw bytes or 64 hex digits")
-    return key
+        return load_resource_key(path)
+    except OSError as e:
+        raise _Unreadable(f"cannot read resource key {path}: {_why(e)}") from None
+    except ValueError as e:
+        raise _Unreadable(f"cannot read resource key: {e}") from None
 
 
 def _trusted(paths: tuple[Path, ...]) -> list:
@@ -149,21 +146,34 @@ def main() -> None:
 
 @main.command()
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Private key path (PEM, mode 0600); the public key goes to OUT.pub.")
-def keygen(out: Path) -> None:
-    """Write a new Ed25519 signing key (OUT) and its public key (OUT.pub)."""
+              help="Private key path (PEM, mode 0600); the public key goes to OUT.pub. "
+                   "With --aes: the resource key file.")
+@click.option("--aes", is_flag=True,
+              help="Write an AES-256 resource key (32 random bytes, mode 0600) for "
+                   "ProtectedIndex version 4 cores instead of a signing key.")
+def keygen(out: Path, aes: bool) -> None:
+    """Write a new Ed25519 signing key (OUT) and its public key (OUT.pub), or with --aes
+    an AES-256 resource key (the same as `head -c 32 /dev/urandom > OUT`)."""
     try:
-        priv, pub = write_key_pair(generate_key(), out)
+        if aes:
+            write_resource_key(out)
+        else:
+            priv, pub = write_key_pair(generate_key(), out)
     except FileExistsError as e:
-        raise _Unreadable(f"refusing to overwrite {e}") from None
+        raise _Unreadable(f"refusing to overwrite {e.filename or e}") from None
     except OSError as e:
         raise _Unreadable(str(e)) from None
-    click.echo(f"wrote {priv} (private, 0600) and {pub} (public)")
+    if aes:
+        click.echo(f"wrote {out} (AES-256 resource key, 32 bytes, 0600)")
+    else:
+        click.echo(f"wrote {priv} (private, 0600) and {pub} (public)")
 
 
+RESOURCE_KEY_ENV = "HELIOS_RESOURCE_KEY_FILE"
 _resource_key_option = click.option(
-    "--resource-key", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="AES-256 key file (32 bytes or 64 hex digits) for ProtectedIndex version 4 cores.")
+    "--resource-key", type=click.Path(dir_okay=False, path_type=Path), envvar=RESOURCE_KEY_ENV,
+    help=f"AES-256 key file (32 raw bytes or 64 hex digits) for ProtectedIndex version 4 "
+         f"cores [env {RESOURCE_KEY_ENV}].")
 
 
 @main.command()

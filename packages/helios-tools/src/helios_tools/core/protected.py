@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import BinaryIO
 
 from cryptography.exceptions import InvalidTag
@@ -30,13 +31,51 @@ __all__ = [
     "chunk_nonce",
     "encrypt_to",
     "iter_decrypt",
+    "load_resource_key",
     "protected_chunk_count",
     "protected_stored_nbytes",
+    "write_resource_key",
 ]
 
 KEY_NBYTES = 32  # AES-256
 TAG_NBYTES = 16
 NONCE_PREFIX_NBYTES = 7
+
+
+def load_resource_key(path: str | os.PathLike[str]) -> bytes:
+    """Read an operator's AES-256 resource key file: 32 raw bytes, or 64 hex digits
+    (surrounding whitespace allowed).
+
+    Raises:
+        OSError: The file cannot be read.
+        ValueError: The file holds neither form.
+    """
+    data = Path(path).read_bytes()
+    if len(data) == KEY_NBYTES:
+        return data
+    try:
+        key = bytes.fromhex(data.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        key = b""
+    if len(key) != KEY_NBYTES:
+        raise ValueError(f"{path}: a resource key is {KEY_NBYTES} raw bytes or "
+                         f"{2 * KEY_NBYTES} hex digits ({len(data)} bytes found)")
+    return key
+
+
+def write_resource_key(path: str | os.PathLike[str]) -> Path:
+    """Write a new random AES-256 resource key: 32 raw bytes, mode 0600, never overwriting
+    (the same as ``head -c 32 /dev/urandom > FILE``).
+
+    Raises:
+        FileExistsError: The file exists.
+    """
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(KEY_NBYTES))
+    os.chmod(path, 0o600)
+    return path
 
 
 def protected_chunk_count(decoded_nbytes: int, chunk_nbytes: int = CHUNK_NBYTES) -> int:
