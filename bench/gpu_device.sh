@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -47,6 +47,9 @@ case $stage in
     python3 bench/gpu_attention_sweep.py --json "$OUTD/attn_sweep.json" --budget-s 150 2>&1 | tee "$OUTD/attn_sweep.log" ;;
   linear)
     python3 bench/gpu_linear.py --json "$OUTD/linear.json" 2>&1 | tee "$OUTD/linear.log" ;;
+  drafter)  # trains the SmolLM2 draft head (scripts/train_drafter.py): drafter.safetensors +
+    # drafter_report.json in $OUT, a few minutes
+    python3 scripts/train_drafter.py --gguf "$HOME/g/smol.gguf" --out-dir "$OUTD" 2>&1 | tee "$OUTD/drafter.log" ;;
   model)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;
