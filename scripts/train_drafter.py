@@ -679,8 +679,12 @@ def main(argv=None) -> int:
     counts = np.bincount(np.concatenate([np.asarray(s[1]) for s in seqs]),
                          minlength=target.head.shape[0])
     order = np.argsort(-counts, kind="stable")
-    chosen = set(int(i) for i in order[:args.draft_vocab - len(eos)]) | eos
-    vocab_map = torch.tensor(sorted(chosen)[:args.draft_vocab], dtype=torch.long, device=device)
+    chosen = set(eos)  # EOS always, then the most frequent ids
+    for i in order:
+        if len(chosen) >= args.draft_vocab:
+            break
+        chosen.add(int(i))
+    vocab_map = torch.tensor(sorted(chosen), dtype=torch.long, device=device)
     coverage = float(counts[vocab_map.cpu().numpy()].sum() / max(counts.sum(), 1))
     log(f"draft vocabulary {len(vocab_map)} ids cover {coverage:.4f} of generated tokens")
 
