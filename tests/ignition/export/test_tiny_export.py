@@ -79,7 +79,8 @@ def test_cli_summary(exported):
     assert result.stdout.startswith(f"wrote {out} (payload core): served id tiny-llama, 9 graphs ")
     assert "prefill_t128)" in result.stdout and "prefill_t1024" not in result.stdout
     assert "17 resources" in result.stdout
-    assert "writing weights" in result.stderr
+    assert "weights read: 15/15 (100%)\n" in result.stderr
+    assert "bytes written: " in result.stderr and "MiB (100%)\n" in result.stderr
     assert sorted(p.name for p in out.parent.iterdir()) == ["tiny.core"]
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from .checkpoint import CheckpointError
@@ -42,30 +40,24 @@ def main() -> None:
                    "(`helios-tools keygen --aes --out FILE` or `head -c 32 /dev/urandom`).")
 def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, weight_dtype,
            targets, carrier, protected_version, resource_key) -> None:
-    """Export RECIPE with a checkpoint to a signed core."""
-    bar = None
+    """Export RECIPE with a checkpoint to a signed core.
 
-    def progress(stage: str, done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = click.progressbar(length=total, label=f"writing {stage}", file=sys.stderr)
-            bar.__enter__()
-        bar.update(1)
+    Progress (kernels compiled, weights read, bytes written) goes to stderr: live bars on a
+    terminal, a plain line per quarter otherwise.
+    """
+    from helios_tools.progress import StepProgress
 
     try:
-        summary = export_core(recipe, checkpoint=checkpoint, key_path=key_path,
-                              namespace=namespace, out=out, weight_dtype=weight_dtype,
-                              random_seed=random_seed, geometry=geometry,
-                              targets=tuple(targets), carrier=carrier,
-                              protected_version=None if protected_version is None
-                              else int(protected_version),
-                              resource_key_path=resource_key, progress=progress)
+        with StepProgress() as progress:
+            summary = export_core(recipe, checkpoint=checkpoint, key_path=key_path,
+                                  namespace=namespace, out=out, weight_dtype=weight_dtype,
+                                  random_seed=random_seed, geometry=geometry,
+                                  targets=tuple(targets), carrier=carrier,
+                                  protected_version=None if protected_version is None
+                                  else int(protected_version),
+                                  resource_key_path=resource_key, progress=progress.update)
     except (ExportError, RecipeError, CheckpointError) as exc:
-        if bar is not None:
-            bar.__exit__(None, None, None)
         raise click.ClickException(str(exc)) from None
-    if bar is not None:
-        bar.__exit__(None, None, None)
     click.echo(f"wrote {summary.path} ({summary.format}): served id {summary.served_id}, "
                f"{len(summary.graphs)} graphs ({', '.join(summary.graphs)}), "
                f"{summary.resources} resources, {summary.decoded_bytes / 2**20:.1f} MiB decoded, "

@@ -300,13 +300,31 @@ def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
         model=model)
 
 
+_STORED_ITEMSIZE = {"D_TYPE_F32": 4, "D_TYPE_BF16": 2, "D_TYPE_I32": 4, "D_TYPE_U32": 4}
+
+
+def _weight_nbytes(manifest) -> int:
+    """Decoded bytes of every weight buffer (the manifest's shapes and stored dtypes)."""
+    from helios_contract.schema import manifest_pb2 as mpb
+
+    total = 0
+    for b in manifest.buffers:
+        if b.weight_resource_id:
+            n = _STORED_ITEMSIZE[mpb.DType.Name(b.dtype)]
+            for dim in b.shape:
+                n *= int(dim)
+            total += n
+    return total
+
+
 def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: str | Path,
                 namespace: str, out: str | Path, weight_dtype: str | None = None,
                 random_seed: int | None = None, geometry: str | None = None,
                 targets: tuple[str, ...] = (), carrier: str = "payload",
                 protected_version: int | None = None,
                 resource_key_path: str | Path | None = None,
-                progress: Callable[[str, int, int], None] | None = None) -> ExportSummary:
+                progress: Callable[[str, int, int, str], None] | None = None
+                ) -> ExportSummary:
     """Export a recipe and checkpoint to a signed core at `out` (atomic).
 
     Args:
@@ -323,7 +341,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         protected_version: with carrier "logical": 6 (zstd frames, the default) or 4
             (AES-GCM chunks).
         resource_key_path: with protected_version 4: the AES-256 key file (32 raw bytes).
-        progress: called as progress(stage, done, total).
+        progress: called as progress(step, done, total, unit) for the steps "kernels
+            compiled" (kernel variants), "weights read" (weight tensors) and "bytes
+            written" (decoded bytes stored in the core; unit "bytes"), as
+            helios_tools.progress.StepProgress.update takes them.
 
     Raises:
         ExportError, RecipeError, CheckpointError: bad input; no file is written.
@@ -362,31 +383,42 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     recipe = fit_context(recipe, ckpt.geometry.max_context)
     caps = recipe.capacities
     manifest, graphs = capture(shapes, caps, recipe.weight_dtype)
+    blobs: dict[str, bytes] = {}
     if targets:
         from .kernels_aot import compile_targets
 
-        compile_targets(manifest, targets)
+        compiled = (lambda done, total: progress("kernels compiled", done, total, "")) \
+            if progress else None
+        blobs = compile_targets(manifest, targets, progress=compiled)
     contract = build_contract(recipe, ckpt, shapes, graphs, manifest)
     check_contract(contract, manifest)
     weight_names = [b.name for b in manifest.buffers if b.weight_resource_id]
+    tok = ckpt.tokenizer_json.encode()
+    tpl = chat_template.encode()
+    total = len(tok) + len(tpl) + _weight_nbytes(manifest) + sum(map(len, blobs.values()))
     decoded = 0
+
+    def written(nbytes: int) -> None:
+        nonlocal decoded
+        decoded += nbytes
+        if progress:
+            progress("bytes written", decoded, total, "bytes")
+
     with _write_errors(out), carried.writer(out, key, namespace) as writer:
-        tok = ckpt.tokenizer_json.encode()
         writer.add_resource("tokenizer.json", core_pb2.RESOURCE_KIND_TOKENIZER, tok)
-        tpl = chat_template.encode()
         writer.add_resource("chat_template.jinja", core_pb2.RESOURCE_KIND_CHAT_TEMPLATE, tpl)
-        decoded += len(tok) + len(tpl)
+        written(len(tok) + len(tpl))
         for done, (name, array) in enumerate(iter_weight_buffers(ckpt, shapes,
                                                                  recipe.weight_dtype)):
+            if progress:
+                progress("weights read", done + 1, len(weight_names), "")
             writer.add_resource(weight_resource_id(name), core_pb2.RESOURCE_KIND_WEIGHTS,
                                 memoryview(array).cast("B"))
-            decoded += array.nbytes
-            if progress:
-                progress("weights", done + 1, len(weight_names))
+            written(array.nbytes)
         if targets:
             from .kernels_aot import add_binaries
 
-            decoded += add_binaries(writer, manifest)
+            written(add_binaries(writer, manifest))
         writer.finish(contract, manifest)
     return ExportSummary(path=str(out), served_id=contract.served_id,
                          graphs=tuple(g.name for g in manifest.graphs),

@@ -18,6 +18,7 @@ import inspect
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -144,19 +145,34 @@ def _compile_job(job: tuple[str, dict[str, int], str, str]) -> CompiledKernel:
 
 
 def compile_all(kernels: list[mpb.Kernel], targets: tuple[str, ...],
-                workers: int | None = None) -> list[CompiledKernel]:
-    """Compile every kernel variant for every target, in parallel processes."""
+                workers: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> list[CompiledKernel]:
+    """Compile every kernel variant for every target, in parallel processes.
+
+    `progress(done, total)` is called as each variant finishes (in submission order).
+    """
     for t in targets:
         parse_target(t)
     jobs = [(k.reference_op, dict(k.constants), t, k.id) for t in targets for k in kernels]
     workers = workers or min(len(jobs), os.cpu_count() or 1, 16)
     if workers <= 1 or len(jobs) <= 1:
-        return [_compile_job(j) for j in jobs]
+        results = map(_compile_job, jobs)
+        return _counted(results, len(jobs), progress)
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # no fork of a process that may hold threads
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        return list(pool.map(_compile_job, jobs))
+        return _counted(pool.map(_compile_job, jobs), len(jobs), progress)
+
+
+def _counted(results, total: int, progress: Callable[[int, int], None] | None
+             ) -> list[CompiledKernel]:
+    out = []
+    for compiled in results:
+        out.append(compiled)
+        if progress:
+            progress(len(out), total)
+    return out
 
 
 def variant_kernel(kernel_id: str, op: str, constants: dict[str, int]) -> mpb.Kernel:
@@ -193,9 +209,10 @@ _PENDING: dict[int, dict[str, bytes]] = {}
 
 
 def compile_targets(manifest: mpb.ExecutionManifest, targets: tuple[str, ...],
-                    workers: int | None = None) -> dict[str, bytes]:
+                    workers: int | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> dict[str, bytes]:
     """Compile every kernel of `manifest` for `targets`; fill ``Kernel.binaries``,
-    ``manifest.targets`` and each launch's shared bytes.
+    ``manifest.targets`` and each launch's shared bytes (`progress` as for compile_all).
 
     Returns:
         resource id -> cubin bytes (also kept for ``add_binaries``).
@@ -204,7 +221,7 @@ def compile_targets(manifest: mpb.ExecutionManifest, targets: tuple[str, ...],
     by_id = {k.id: k for k in manifest.kernels}
     blobs: dict[str, bytes] = {}
     shared: dict[str, int] = {}
-    for ck in compile_all(list(manifest.kernels), targets, workers):
+    for ck in compile_all(list(manifest.kernels), targets, workers, progress):
         rid = resource_id(ck.target, ck.kernel_id)
         kernel = by_id[ck.kernel_id]
         del_existing = [b for b in kernel.binaries if b.target == ck.target]

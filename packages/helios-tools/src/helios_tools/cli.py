@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from helios_tools.core import (
 )
 from helios_tools.core.protected import load_resource_key, write_resource_key
 from helios_tools.lint import Finding, lint_core
+from helios_tools.progress import StepProgress
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
 _PROGRESS_MIN_NBYTES = 64 << 20  # show a progress bar from this stored size
@@ -190,21 +191,33 @@ def inspect(core: Path, as_json: bool) -> None:
         _print_summary(s)
 
 
-def _check_resources(c: Core, findings: list[str]) -> None:
+@contextmanager
+def _verifying(c: Core) -> Iterator[Callable[[int], None] | None]:
+    """A callback taking each checked resource's stored bytes: a progress display on
+    stderr for large cores (rich bars on a terminal, plain lines otherwise), else None."""
     total = sum(r.stored_nbytes for r in c.resources.values())
-    bar = click.progressbar(length=total, label="verifying", file=sys.stderr) \
-        if total >= _PROGRESS_MIN_NBYTES else None
-    try:
+    if total < _PROGRESS_MIN_NBYTES:
+        yield None
+        return
+    done = 0
+    with StepProgress() as progress:
+        def checked(nbytes: int) -> None:
+            nonlocal done
+            done += nbytes
+            progress.update("verifying", done, total, "bytes")
+
+        yield checked
+
+
+def _check_resources(c: Core, findings: list[str]) -> None:
+    with _verifying(c) as checked:
         for rid, res in c.resources.items():
             try:
                 c.verify_resource(rid)
             except CoreError as e:
                 findings.append(f"{type(e).__name__}: {e}")
-            if bar is not None:
-                bar.update(res.stored_nbytes)
-    finally:
-        if bar is not None:
-            bar.render_finish()
+            if checked is not None:
+                checked(res.stored_nbytes)
 
 
 @main.command()
@@ -301,9 +314,9 @@ def _lint(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
     findings: list[Finding] = []
     opened = _open_for_lint(core, keys, rkey, findings)
     if opened is not None:
-        with opened as c:
+        with opened as c, _verifying(c) as checked:
             findings += lint_core(c, acceptance=accept if c.verified else None,
-                                  require_targets=require_targets)
+                                  progress=checked, require_targets=require_targets)
     if fmt == "json":
         click.echo(json.dumps({"core": str(core), "findings": [f.to_dict() for f in findings]},
                               indent=2))
