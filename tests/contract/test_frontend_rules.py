@@ -35,9 +35,13 @@ def xtml(serving):
     fr = front(serving)
     fr.tool_parser = f.TOOL_PARSER_XTML
     fr.reasoning_parser = f.REASONING_PARSER_XTML_THINK
-    fr.tool_syntax.CopyFrom(f.ToolSyntax(call_open="<xtml:call>", call_close="</xtml:call>"))
+    fr.tool_syntax.CopyFrom(f.ToolSyntax(
+        call_open="<xtml:calls>", call_close="</xtml:calls>",
+        function_name_open='<xtml:call name="', function_name_close='">',
+        function_close="</xtml:call>", parameter_name_open='<xtml:arg name="',
+        parameter_name_close='">', parameter_value_close="</xtml:arg>"))
     fr.reasoning_syntax.CopyFrom(f.ReasoningSyntax(open="<xtml:think>", close="</xtml:think>",
-                                                   terminal_markers=["<xtml:call>"]))
+                                                   terminal_markers=["<xtml:calls>"]))
 
 
 def recipient(serving):
@@ -45,13 +49,17 @@ def recipient(serving):
     fr = front(serving)
     fr.tool_parser = f.TOOL_PARSER_ATEM_RECIPIENT_HEADERS
     fr.reasoning_parser = f.REASONING_PARSER_RECIPIENT_HEADER
-    fr.tool_syntax.CopyFrom(f.ToolSyntax(call_open="<atem:function_calls>",
-                                         call_close="</atem:function_calls>"))
+    fr.tool_syntax.CopyFrom(f.ToolSyntax(
+        call_open="<atem:function_calls>", call_close="</atem:function_calls>",
+        function_name_open='<atem:invoke name="', function_name_close='">',
+        function_close="</atem:invoke>", parameter_name_open='<atem:parameter name="',
+        parameter_name_close='">', parameter_value_close="</atem:parameter>"))
     fr.ClearField("reasoning_syntax")
     fr.recipient_syntax.CopyFrom(f.RecipientSyntax(
         recipient_prefix=" to=", message_open="<|message|>", internal_message_end="<|eom|>",
         reasoning_recipient="self", content_recipients=["commentary", "user"],
-        tool_recipient="functions", named_tool_separator=".", answer_recipient="user"))
+        tool_recipient="functions", named_tool_separator=".", answer_recipient="user",
+        frame_start="<|start|>"))
     fr.assistant_boundaries.assistant_header = "<|start|>assistant"
 
 
@@ -183,6 +191,19 @@ FAILING: list[tuple[str, Mutation, type, str]] = [
     ("recipient-without-message-open",
      then(recipient, set_attr(lambda s: front(s).recipient_syntax, "message_open", "")),
      FrontendSyntaxError, f"{F}.recipient_syntax.message_open"),
+    ("recipient-without-frame-start",
+     then(recipient, set_attr(lambda s: front(s).recipient_syntax, "frame_start", "")),
+     FrontendSyntaxError, f"{F}.recipient_syntax.frame_start"),
+    ("recipient-header-not-a-frame",
+     then(recipient, set_attr(lambda s: front(s).assistant_boundaries, "assistant_header",
+                              "assistant")),
+     FrontendSyntaxError, f"{F}.assistant_boundaries.assistant_header"),
+    ("qwen-without-name-close",
+     then(qwen_coder, set_attr(lambda s: front(s).tool_syntax, "parameter_name_close", "")),
+     FrontendSyntaxError, f"{F}.tool_syntax.parameter_name_close"),
+    ("xtml-without-parameter-tags",
+     then(xtml, set_attr(lambda s: front(s).tool_syntax, "parameter_name_open", "")),
+     FrontendSyntaxError, f"{F}.tool_syntax.parameter_name_open"),
     ("recipient-without-content",
      then(recipient, lambda s: front(s).recipient_syntax.ClearField("content_recipients")),
      FrontendSyntaxError, f"{F}.recipient_syntax.content_recipients"),

@@ -19,6 +19,7 @@ from helios_contract import (
     ExtentError,
     LengthSourceError,
     MissingFieldError,
+    MissingGraphVariantError,
     OperationMismatchError,
     PendingTokenError,
     PreparedContract,
@@ -102,6 +103,15 @@ def downgrade_to_v1(serving, manifest):
     model.cache.ClearField("page_table_views")
     for graph in model.graphs:
         graph.ClearField("completion_cursor")
+
+
+def narrow_page_table(serving, manifest):
+    """15 page-table columns for 16 context pages (transports shrunk with the buffer)."""
+    buffer(manifest, "page_table").shape[1] = 15
+    for prog in manifest.graphs:
+        for transport in prog.transports:
+            if transport.destination == "page_table":
+                transport.nbytes = 4 * 15 * 4
 
 
 def resize_speculative(b, d, w, p, lane) -> Mutation:
@@ -328,9 +338,9 @@ FAILING: list[tuple[str, Mutation, type, str]] = [
      LengthSourceError, "model.graphs[2].bindings[12].source"),
     # identifiers against the manifest
     ("graph-missing-from-manifest", set_attr(decode, "name", "decode_b8"),
-     UnknownIdentifierError, "model.graphs[1].name"),
+     MissingGraphVariantError, "model.graphs[1].name"),
     ("graph-is-tuning-producer", with_tuning(set_attr(decode, "name", TUNING_PRODUCER)),
-     UnknownIdentifierError, "model.graphs[1].name"),
+     MissingGraphVariantError, "model.graphs[1].name"),
     ("operation-disagrees",
      lambda s, m: setattr(program(m, DECODE), "operation", c.OPERATION_MIXED),
      OperationMismatchError, "model.graphs[1].operation"),
@@ -371,9 +381,15 @@ FAILING: list[tuple[str, Mutation, type, str]] = [
     ("unrowed-view-past-buffer",
      set_attr(lambda s: decode(s).state_accesses[2].view, "byte_extent", 262_145),
      ViewBoundsError, "model.graphs[1].state_accesses[2].view"),
-    ("page-table-too-narrow",
-     set_attr(lambda s: s.model.cache.page_table_views[0], "page_offset", 1), ViewBoundsError,
+    ("page-offset-negative",
+     set_attr(lambda s: s.model.cache.page_table_views[0], "page_offset", -1), ViewBoundsError,
      "model.cache.page_table_views[0].page_offset"),
+    ("page-table-narrower-than-context", narrow_page_table, ViewBoundsError,
+     "model.cache.page_table_views[0].buffer"),
+    ("shifted-view-shares-buffer",
+     lambda s, m: s.model.cache.page_table_views.add(region="attention", buffer="page_table",
+                                                     page_offset=1),
+     DuplicateIdentifierError, "model.cache.page_table_views[1].buffer"),
     ("page-table-not-int",
      lambda s, m: setattr(buffer(m, "page_table"), "dtype", mpb.D_TYPE_F32), ViewBoundsError,
      "model.cache.page_table_views[0].buffer"),
@@ -457,10 +473,13 @@ PASSING: list[tuple[str, Mutation]] = [
                                             window_tokens=64)),
     ("recurrent-region",
      lambda s, m: s.model.cache.regions.add(name="ssm", kind=c.HISTORY_KIND_RECURRENT)),
+    # Entry i of a shifted view references page i + 1: same columns, one extra page.
     ("shifted-draft-view",
-     lambda s, m: (s.model.cache.page_table_views.add(region="attention", buffer="page_table",
-                                                      page_offset=1),
-                   buffer(m, "page_table").shape.__setitem__(1, 17))),
+     lambda s, m: (s.model.cache.page_table_views.add(region="attention",
+                                                      buffer="draft_page_table", page_offset=1),
+                   m.buffers.add().CopyFrom(mpb.Buffer(
+                       name="draft_page_table", dtype=mpb.D_TYPE_I32, shape=[4, 16],
+                       role=mpb.BUFFER_ROLE_PERSISTENT_STATE)))),
     ("state-subview-exact-end",
      lambda s, m: decode(s).state_accesses[1].view.MergeFrom(
          c.StateView(byte_offset=1276, row_stride=1280, byte_extent=4))),

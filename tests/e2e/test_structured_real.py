@@ -141,12 +141,13 @@ def test_template_without_tools_is_the_checkpoint_template():
 
 
 def test_recipe_declares_the_frontend_presets():
-    from helios_serve.frontend import FrontendSyntax, ReasoningParser, ToolParser, validate_syntax
+    from helios_contract import frontend_syntax_findings
+    from helios_serve.frontend import FrontendSyntax, ReasoningParser, ToolParser
     from helios_serve.frontend.syntax import CHATML_BOUNDARIES, JSON_IN_TAGS
 
     recipe = _recipe_module().RECIPE
     syntax = FrontendSyntax.from_contract(recipe.frontend)
-    validate_syntax(syntax)
+    assert list(frontend_syntax_findings(recipe.frontend)) == []
     assert syntax.tool_parser is ToolParser.JSON_IN_TAGS
     assert syntax.reasoning_parser is ReasoningParser.NONE
     assert syntax.tool_syntax == JSON_IN_TAGS

@@ -97,13 +97,20 @@ def _frontend(syntax):
         (FrontendSyntax(ToolParser.NONE, ReasoningParser.UNSPECIFIED),
          "known reasoning parsers: NONE, THINK_TAGS, XTML_THINK, RECIPIENT_HEADER"),
         (FrontendSyntax(ToolParser.GLM_ARGUMENT_TAGS, ReasoningParser.XTML_THINK, tool_syntax=GLM_TAGS,
-                        reasoning_syntax=XTML_THINK), "requires the XTML tool parser"),
-        (FrontendSyntax(ToolParser.XTML, ReasoningParser.RECIPIENT_HEADER, tool_syntax=XTML), "paired"),
+                        reasoning_syntax=XTML_THINK),
+         "model.frontend.tool_parser = 'TOOL_PARSER_GLM_ARGUMENT_TAGS': "
+         "REASONING_PARSER_XTML_THINK requires TOOL_PARSER_XTML"),
+        (FrontendSyntax(ToolParser.XTML, ReasoningParser.RECIPIENT_HEADER, tool_syntax=XTML),
+         "REASONING_PARSER_RECIPIENT_HEADER pairs with TOOL_PARSER_ATEM_RECIPIENT_HEADERS"),
         (FrontendSyntax(ToolParser.ATEM_RECIPIENT_HEADERS, ReasoningParser.THINK_TAGS, tool_syntax=ATEM,
-                        reasoning_syntax=THINK_TAGS_DEFAULT), "paired"),
+                        reasoning_syntax=THINK_TAGS_DEFAULT),
+         "TOOL_PARSER_ATEM_RECIPIENT_HEADERS pairs with REASONING_PARSER_RECIPIENT_HEADER"),
         (FrontendSyntax(ToolParser.GLM_ARGUMENT_TAGS, ReasoningParser.THINK_TAGS, tool_syntax=GLM_TAGS,
-                        reasoning_syntax=think_tags_with(XTML)), "not the tool syntax's opener"),
-        (FrontendSyntax(ToolParser.QWEN_CODER_FUNCTION_TAGS, ReasoningParser.NONE), "needs call_open"),
+                        reasoning_syntax=think_tags_with(XTML)),
+         "model.frontend.reasoning_syntax.terminal_markers[0] = '<xtml:calls>': a reasoning "
+         "terminal marker must be the tool syntax's opener"),
+        (FrontendSyntax(ToolParser.QWEN_CODER_FUNCTION_TAGS, ReasoningParser.NONE),
+         "model.frontend.tool_syntax.call_open = '': TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS needs it"),
     ],  # fmt: skip
 )
 def test_startup_errors(syntax, words):
@@ -132,3 +139,19 @@ def test_delimiters_resolve_to_tokens_only_when_single_tokens():
     assert set(fe.marks.by_text) == {"<think>", "</think>", "<tool_call>", "</tool_call>"}
     # ">" is one ordinary token, but as a tag it stays text (it also occurs inside tokens).
     assert not fe.marks.token_bound(">")
+
+
+def test_recipient_frame_controls_must_be_single_tokens():
+    """Frame controls delimit only as their token: a tokenizer that splits one can never
+    parse a frame, so the frontend (and lint-core, tests/tools/core) refuses it."""
+    atem = FrontendSyntax(ToolParser.ATEM_RECIPIENT_HEADERS, ReasoningParser.RECIPIENT_HEADER,
+                          ImagePreparation.NONE, ImageLayout.NONE, tool_syntax=ATEM,
+                          recipient_syntax=ATEM_RECIPIENTS, assistant_boundaries=ATEM_BOUNDARIES)
+    controls = ["<|start|>", "<|message|>", "<|eom|>", "<|end|>"]
+    Frontend(atem, ScriptTokenizer(controls).tokenizer, [0])  # every control is one token
+    split = ScriptTokenizer([c for c in controls if c != "<|message|>"])
+    with pytest.raises(FrontendConfigError) as err:
+        Frontend(atem, split.tokenizer, [0])
+    assert str(err.value) == (
+        "model.frontend.recipient_syntax.message_open = '<|message|>': recipient frame controls "
+        "delimit only as their token; the tokenizer encodes it as 11 tokens")

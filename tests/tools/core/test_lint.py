@@ -15,7 +15,7 @@ from helios_tools.core.sample import (
     sample_manifest,
     sample_resources,
 )
-from helios_tools.lint import Finding, lint_contract, lint_core, lint_manifest
+from helios_tools.lint import Finding, lint_contract, lint_core, resource_findings
 
 
 def _resources() -> list[core_pb2.ExecutableResource]:
@@ -24,9 +24,14 @@ def _resources() -> list[core_pb2.ExecutableResource]:
             for rid, kind, data in sample_resources()]
 
 
+def lint_manifest(contract, manifest, resources) -> list[Finding]:
+    """What lint-core finds in a core's contract, manifest and resource list."""
+    return lint_contract(contract, manifest) + list(resource_findings(contract, manifest,
+                                                                      resources))
+
+
 def test_sample_is_clean():
     assert lint_manifest(sample_contract(), sample_manifest(), _resources()) == []
-    assert lint_contract(sample_contract(), sample_manifest()) == []
 
 
 def _graph(m: mpb.ExecutionManifest, name: str) -> mpb.GraphProgram:
@@ -51,7 +56,8 @@ CASES: dict[str, tuple[Callable[[pb.ServingContract, mpb.ExecutionManifest, list
     "launch names a missing buffer": (
         lambda c, m, r: setattr(_graph(m, "decode_b4").launches[0].args[1].buffer, "buffer",
                                 "embd"),
-        ("buffer.missing", "manifest.graphs[1].launches[0].args[1].buffer.buffer", "embd")),
+        ("manifest.buffer_missing", "manifest.graphs[1].launches[0].args[1].buffer.buffer",
+         "embd")),
     "launch names a missing kernel": (
         lambda c, m, r: setattr(_graph(m, "decode_b4").launches[1], "kernel", "lm_head"),
         ("kernel.missing", "manifest.graphs[1].launches[1].kernel", "lm_head")),
@@ -75,9 +81,9 @@ CASES: dict[str, tuple[Callable[[pb.ServingContract, mpb.ExecutionManifest, list
     "state view outside its buffer": (
         lambda c, m, r: setattr(c.model.graphs[1].state_accesses[0].view, "byte_offset", 4),
         ("view.bounds", "model.graphs[1].state_accesses[0].view", "bytes up to 20")),
-    "page-table view wider than its buffer": (
-        lambda c, m, r: setattr(c.model.cache.page_table_views[0], "page_offset", 1),
-        ("view.bounds", "model.cache.page_table_views[0].page_offset", "1")),
+    "page-table view before the first page": (
+        lambda c, m, r: setattr(c.model.cache.page_table_views[0], "page_offset", -1),
+        ("cache.view_offset", "model.cache.page_table_views[0].page_offset", "-1")),
     "binding without a transport": (
         lambda c, m, r: _graph(m, "decode_b4").transports.pop(),
         ("binding.destination", "model.graphs[1].bindings[3].destination", "page_table")),
@@ -103,7 +109,7 @@ CASES: dict[str, tuple[Callable[[pb.ServingContract, mpb.ExecutionManifest, list
     "duplicate buffer": (
         lambda c, m, r: m.buffers.append(mpb.Buffer(name="hidden", dtype=mpb.D_TYPE_F32,
                                                     shape=[1], role=mpb.BUFFER_ROLE_SCRATCH)),
-        ("manifest.duplicate", "manifest.buffers", "hidden")),
+        ("manifest.duplicate", "manifest.buffers[14].name", "hidden")),
     "no chat template": (
         lambda c, m, r: r.pop(),
         ("resource.frontend_assets", "resources", "RESOURCE_KIND_CHAT_TEMPLATE")),
@@ -123,8 +129,9 @@ def test_each_fault_is_a_finding(case):
 def test_contract_validation_is_wired_in():
     contract = sample_contract()
     contract.model.vocabulary.sampled_tokens = 0
-    (finding,) = lint_contract(contract, sample_manifest())
-    assert finding.rule.startswith("contract.") and "vocabulary" in finding.path
+    finding = lint_contract(contract, sample_manifest())[0]
+    assert (finding.rule, finding.path, finding.value) == (
+        "vocabulary.sampled_tokens", "model.vocabulary.sampled_tokens", "0")
 
 
 def test_lint_core_reports_integrity_and_authorization(sample_core, signing_key, tmp_path):

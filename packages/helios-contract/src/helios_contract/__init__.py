@@ -83,7 +83,8 @@ from helios_contract._gen.helios.v1.manifest_pb2 import (
     Transport,
     TuningCatalog,
 )
-from helios_contract._rules_manifest import DTYPE_BYTES, buffer_nbytes
+from helios_contract._rules_frontend import syntax_findings as frontend_syntax_findings
+from helios_contract._rules_manifest import DTYPE_BYTES, PAGE_TABLE_DTYPE, buffer_nbytes
 from helios_contract.errors import (
     BindingError,
     BufferRoleError,
@@ -95,11 +96,14 @@ from helios_contract.errors import (
     FrontendPairingError,
     FrontendPolicyError,
     FrontendSyntaxError,
+    LaunchError,
     LengthSourceError,
     MalformedMessageError,
     MissingFieldError,
+    MissingGraphVariantError,
     OperationMismatchError,
     PendingTokenError,
+    ResourceReferenceError,
     SamplingDefaultsError,
     SpeculativeExtentError,
     StrictDecodeError,
@@ -109,11 +113,13 @@ from helios_contract.errors import (
     UnknownFieldError,
     UnknownIdentifierError,
     UnspecifiedSelectorError,
+    UnsupportedFeatureError,
     UnsupportedVersionError,
     ViewBoundsError,
     VocabularyRangeError,
 )
-from helios_contract.prepared import PreparedContract, validate_contract
+from helios_contract.findings import Finding, raise_first
+from helios_contract.prepared import PreparedContract, contract_findings, validate_contract
 from helios_contract.strict import (
     check_message,
     decode_core_body,
@@ -145,7 +151,16 @@ def _schema_names() -> dict[str, object]:
 
 __all__ = [
     "DTYPE_BYTES",
+    "PAGE_TABLE_DTYPE",
     "buffer_nbytes",
+    "contract_findings",
+    "frontend_syntax_findings",
+    "Finding",
+    "LaunchError",
+    "MissingGraphVariantError",
+    "raise_first",
+    "ResourceReferenceError",
+    "UnsupportedFeatureError",
     "Access",
     "Argument",
     "AssistantBoundaries",

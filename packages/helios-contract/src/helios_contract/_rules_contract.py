@@ -1,12 +1,15 @@
 """Rules a version 3 ServingContract must satisfy on its own (no execution manifest).
 
-Each check raises the first violation as a ``ContractError`` subclass naming the field
-path from the ``ServingContract`` root. Sections follow shared/seed/model-contract.md.
+Each rule is a generator of ``Finding``s (helios_contract.findings) naming the field path
+from the ``ServingContract`` root. Sections follow shared/seed/model-contract.md. A rule
+that needs a value another rule rejects (a positive page size, a known region) skips what
+it cannot judge, so lint lists each fault once and never crashes on it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -24,8 +27,13 @@ from helios_contract.errors import (
     SpeculativeExtentError,
     UnknownIdentifierError,
     UnspecifiedSelectorError,
+    ViewBoundsError,
     VocabularyRangeError,
 )
+from helios_contract.findings import Finding
+
+F = Finding.of
+Findings = Iterator[Finding]
 
 PAGED_KINDS = (pb.HISTORY_KIND_PAGED_KV, pb.HISTORY_KIND_PAGED_LATENT)
 # Operations that consume the pending token and produce the next one.
@@ -54,104 +62,105 @@ def enum_name(enum: object, number: int) -> str:
         return str(number)
 
 
+def context_pages(serving: pb.ServingContract) -> int:
+    """Pages one request of ``context_tokens`` references (0 while page_tokens is 0)."""
+    page_tokens = serving.model.cache.page_tokens
+    return math.ceil(serving.context_tokens / page_tokens) if page_tokens else 0
+
+
 # --- presence and selectors ------------------------------------------------------------------
 
 
-def check_required(serving: pb.ServingContract) -> None:
+def required(serving: pb.ServingContract) -> Findings:
     """Messages and lists without which no runtime can serve the contract."""
-    if not serving.HasField("model"):
-        raise MissingFieldError("model", detail="ServingContract carries no ModelContract")
     for name in ("vocabulary", "input_vocabulary", "cache", "frontend"):
         if not serving.model.HasField(name):
-            raise MissingFieldError(f"model.{name}", detail="required message is absent")
+            yield F("contract.required", MissingFieldError, f"model.{name}",
+                    detail="required message is absent")
     if not serving.model.graphs:
-        raise MissingFieldError("model.graphs", detail="a contract declares at least one graph")
+        yield F("contract.required", MissingFieldError, "model.graphs",
+                detail="a contract declares at least one graph")
     if not serving.served_id:
-        raise MissingFieldError("served_id", "", "the served identifier is empty")
+        yield F("contract.required", MissingFieldError, "served_id", "",
+                "the served identifier is empty")
     if not serving.HasField("defaults") or not serving.defaults.HasField("sampling"):
-        raise MissingFieldError("defaults.sampling", detail="complete sampling defaults required")
+        yield F("contract.required", MissingFieldError, "defaults.sampling",
+                detail="complete sampling defaults required")
     if not serving.eos_token_ids:
-        raise MissingFieldError("eos_token_ids", detail="generation ends only at the core's EOS IDs")
+        yield F("contract.required", MissingFieldError, "eos_token_ids",
+                detail="generation ends only at the core's EOS IDs")
 
 
-def check_selectors(message: Message, path: str) -> None:
-    """Reject any enum field left at its UNSPECIFIED zero value in ``message``'s tree.
+def selectors(message: Message, path: str) -> Findings:
+    """Every enum field left at its UNSPECIFIED zero value in ``message``'s tree.
 
     Every enum of the schema reserves 0 for UNSPECIFIED, which cannot select an
     implementation; absent sub-messages are not visited.
     """
-    for field in message.DESCRIPTOR.fields:
-        here = f"{path}.{field.name}"
-        repeated = field.is_repeated
-        value = getattr(message, field.name)
-        if field.type == FieldDescriptor.TYPE_ENUM:
+    for fd in message.DESCRIPTOR.fields:
+        here = f"{path}.{fd.name}"
+        repeated = fd.is_repeated
+        value = getattr(message, fd.name)
+        if fd.type == FieldDescriptor.TYPE_ENUM:
             numbers = list(value) if repeated else [value]
             for index, number in enumerate(numbers):
                 if number == 0:
-                    where = f"{here}[{index}]" if repeated else here
-                    raise UnspecifiedSelectorError(
-                        where, field.enum_type.values_by_number[0].name,
-                        "an UNSPECIFIED selector cannot select an implementation",
-                    )
-        elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            if field.message_type.GetOptions().map_entry:
+                    yield F("contract.selector", UnspecifiedSelectorError,
+                            f"{here}[{index}]" if repeated else here,
+                            fd.enum_type.values_by_number[0].name,
+                            "an UNSPECIFIED selector cannot select an implementation")
+        elif fd.type == FieldDescriptor.TYPE_MESSAGE:
+            if fd.message_type.GetOptions().map_entry:
                 continue  # the contract has no maps of messages or enums
             if repeated:
                 for index, item in enumerate(value):
-                    check_selectors(item, f"{here}[{index}]")
-            elif message.HasField(field.name):
-                check_selectors(value, here)
+                    yield from selectors(item, f"{here}[{index}]")
+            elif message.HasField(fd.name):
+                yield from selectors(value, here)
 
 
 # --- vocabulary, extents, sampling -----------------------------------------------------------
 
 
-def check_vocabulary(serving: pb.ServingContract) -> None:
+def vocabulary(serving: pb.ServingContract) -> Findings:
     """Sampled range, histogram/mask geometry, input range, image sentinels, EOS ids."""
     vocab = serving.model.vocabulary
     if vocab.sampled_tokens == 0:
-        raise VocabularyRangeError("model.vocabulary.sampled_tokens", 0, "must be positive")
+        yield F("vocabulary.sampled_tokens", VocabularyRangeError,
+                "model.vocabulary.sampled_tokens", 0, "must be positive")
     if vocab.histogram_width < vocab.sampled_tokens:
-        raise VocabularyRangeError(
-            "model.vocabulary.histogram_width", vocab.histogram_width,
-            f"must be >= sampled_tokens ({vocab.sampled_tokens})",
-        )
+        yield F("vocabulary.histogram_width", VocabularyRangeError,
+                "model.vocabulary.histogram_width", vocab.histogram_width,
+                f"must be >= sampled_tokens ({vocab.sampled_tokens})")
     words = math.ceil(vocab.histogram_width / 32)
     if vocab.mask_words != words:
-        raise VocabularyRangeError(
-            "model.vocabulary.mask_words", vocab.mask_words,
-            f"must equal ceil(histogram_width / 32) = {words}",
-        )
+        yield F("vocabulary.mask_words", VocabularyRangeError, "model.vocabulary.mask_words",
+                vocab.mask_words, f"must equal ceil(histogram_width / 32) = {words}")
     inputs = serving.model.input_vocabulary
     if inputs.input_tokens < vocab.sampled_tokens:
-        raise VocabularyRangeError(
-            "model.input_vocabulary.input_tokens", inputs.input_tokens,
-            f"sampled ids are inputs too: must be >= sampled_tokens ({vocab.sampled_tokens})",
-        )
+        yield F("vocabulary.input_tokens", VocabularyRangeError,
+                "model.input_vocabulary.input_tokens", inputs.input_tokens,
+                f"sampled ids are inputs too: must be >= sampled_tokens ({vocab.sampled_tokens})")
     seen: set[int] = set()
     for index, sentinel in enumerate(inputs.image_sentinel_ids):
         path = f"model.input_vocabulary.image_sentinel_ids[{index}]"
         if not vocab.sampled_tokens <= sentinel < inputs.input_tokens:
-            raise VocabularyRangeError(
-                path, sentinel,
-                f"image sentinels are nonsampled inputs: need {vocab.sampled_tokens} <= id "
-                f"< {inputs.input_tokens}",
-            )
+            yield F("vocabulary.image_sentinel", VocabularyRangeError, path, sentinel,
+                    f"image sentinels are nonsampled inputs: need {vocab.sampled_tokens} <= id "
+                    f"< {inputs.input_tokens}")
         if sentinel in seen:
-            raise DuplicateIdentifierError(path, sentinel, "image sentinel declared twice")
+            yield F("vocabulary.image_sentinel_duplicate", DuplicateIdentifierError, path,
+                    sentinel, "image sentinel declared twice")
         seen.add(sentinel)
     for index, eos in enumerate(serving.eos_token_ids):
         if eos >= vocab.sampled_tokens:
-            raise VocabularyRangeError(
-                f"eos_token_ids[{index}]", eos,
-                f"EOS ids are sampled ids: must be < sampled_tokens ({vocab.sampled_tokens})",
-            )
+            yield F("vocabulary.eos", VocabularyRangeError, f"eos_token_ids[{index}]", eos,
+                    f"EOS ids are sampled ids: must be < sampled_tokens ({vocab.sampled_tokens})")
 
 
-def check_sampling_defaults(serving: pb.ServingContract) -> None:
+def sampling_defaults(serving: pb.ServingContract) -> Findings:
     """Model-card sampling defaults lie in the ranges the sampler accepts."""
     s = serving.defaults.sampling
-    path = "defaults.sampling"
     checks = (
         ("temperature", s.temperature, math.isfinite(s.temperature) and s.temperature >= 0,
          "must be finite and >= 0 (0 = greedy)"),
@@ -171,104 +180,114 @@ def check_sampling_defaults(serving: pb.ServingContract) -> None:
     )
     for name, value, ok, detail in checks:
         if not ok:
-            raise SamplingDefaultsError(f"{path}.{name}", value, detail)
+            yield F("sampling.defaults", SamplingDefaultsError, f"defaults.sampling.{name}",
+                    value, detail)
 
 
-def check_serving_extents(serving: pb.ServingContract) -> None:
+def serving_extents(serving: pb.ServingContract) -> Findings:
     """Context, prefill, concurrency and speculative-width extents agree with the graphs."""
     if serving.context_tokens == 0:
-        raise ExtentError("context_tokens", 0, "must be positive")
+        yield F("capacity.context", ExtentError, "context_tokens", 0, "must be positive")
     graphs = serving.model.graphs
     prefill = [g.token_capacity for g in graphs if g.operation == pb.OPERATION_PREFILL]
     if prefill and serving.prefill_chunk_tokens != max(prefill):
-        raise CapacityMismatchError(
-            "prefill_chunk_tokens", serving.prefill_chunk_tokens,
-            f"must equal the largest captured prefill chunk ({max(prefill)} tokens)",
-        )
+        yield F("capacity.prefill", CapacityMismatchError, "prefill_chunk_tokens",
+                serving.prefill_chunk_tokens,
+                f"must equal the largest captured prefill chunk ({max(prefill)} tokens)")
     if serving.prefill_chunk_tokens > serving.context_tokens:
-        raise ExtentError(
-            "prefill_chunk_tokens", serving.prefill_chunk_tokens,
-            f"exceeds context_tokens ({serving.context_tokens})",
-        )
+        yield F("capacity.prefill_context", ExtentError, "prefill_chunk_tokens",
+                serving.prefill_chunk_tokens,
+                f"exceeds context_tokens ({serving.context_tokens})")
     decode = [g.batch_capacity for g in graphs if g.operation == pb.OPERATION_DECODE]
     if decode and not 0 < serving.selected_concurrency <= max(decode):
-        raise CapacityMismatchError(
-            "selected_concurrency", serving.selected_concurrency,
-            f"must lie in [1, largest captured decode batch = {max(decode)}]",
-        )
+        yield F("capacity.concurrency", CapacityMismatchError, "selected_concurrency",
+                serving.selected_concurrency,
+                f"must lie in [1, largest captured decode batch = {max(decode)}]")
     widths = {
         g.speculative.token_capacity for g in graphs if g.operation == pb.OPERATION_SPECULATIVE
     }
     seen: set[int] = set()
     for index, width in enumerate(serving.speculative_widths):
         if width not in widths:
-            raise SpeculativeExtentError(
-                f"speculative_widths[{index}]", width,
-                f"no SPECULATIVE graph captures W = {width} (captured: {sorted(widths)})",
-            )
+            yield F("capacity.speculative_width", SpeculativeExtentError,
+                    f"speculative_widths[{index}]", width,
+                    f"no SPECULATIVE graph captures W = {width} (captured: {sorted(widths)})")
         if width in seen:
-            raise DuplicateIdentifierError(f"speculative_widths[{index}]", width, "listed twice")
+            yield F("capacity.speculative_width_duplicate", DuplicateIdentifierError,
+                    f"speculative_widths[{index}]", width, "listed twice")
         seen.add(width)
     paged = any(r.kind in PAGED_KINDS for r in serving.model.cache.regions)
     if paged and serving.prepared_pages == 0:
-        raise ExtentError("prepared_pages", 0, "paged histories need a prepared page capacity")
+        yield F("capacity.prepared_pages", ExtentError, "prepared_pages", 0,
+                "paged histories need a prepared page capacity")
 
 
 # --- cache -----------------------------------------------------------------------------------
 
 
-def check_cache(serving: pb.ServingContract) -> None:
+def cache(serving: pb.ServingContract) -> Findings:
     """Page tokens, history regions (planes, ratios, windows) and page-table views."""
-    cache = serving.model.cache
-    if cache.page_tokens == 0:
-        raise ExtentError("model.cache.page_tokens", 0, "must be positive")
-    if not cache.regions:
-        raise MissingFieldError("model.cache.regions", detail="no attention-history storage")
+    c = serving.model.cache
+    if c.page_tokens == 0:
+        yield F("cache.page_tokens", ExtentError, "model.cache.page_tokens", 0, "must be positive")
+    if not c.regions:
+        yield F("cache.regions", MissingFieldError, "model.cache.regions",
+                detail="no attention-history storage")
     names: dict[str, int] = {}
     planes: set[str] = set()
-    for index, region in enumerate(cache.regions):
+    for index, region in enumerate(c.regions):
         path = f"model.cache.regions[{index}]"
         if not region.name:
-            raise MissingFieldError(f"{path}.name", "", "history regions are named")
-        if region.name in names:
-            raise DuplicateIdentifierError(f"{path}.name", region.name, "region declared twice")
-        names[region.name] = region.kind
+            yield F("cache.region_name", MissingFieldError, f"{path}.name", "",
+                    "history regions are named")
+        elif region.name in names:
+            yield F("cache.region_duplicate", DuplicateIdentifierError, f"{path}.name",
+                    region.name, "region declared twice")
+        else:
+            names[region.name] = region.kind
         for p, plane in enumerate(region.planes):
             if plane in planes:
-                raise DuplicateIdentifierError(
-                    f"{path}.planes[{p}]", plane, "a cache plane belongs to one region once"
-                )
+                yield F("cache.plane_duplicate", DuplicateIdentifierError, f"{path}.planes[{p}]",
+                        plane, "a cache plane belongs to one region once")
             planes.add(plane)
         if region.kind in PAGED_KINDS:
             if not region.planes:
-                raise MissingFieldError(f"{path}.planes", detail="paged regions name their planes")
+                yield F("cache.paged_planes", MissingFieldError, f"{path}.planes",
+                        detail="paged regions name their planes")
             if region.tokens_per_record == 0:
-                raise ExtentError(
-                    f"{path}.tokens_per_record", 0, "paged regions declare tokens per record >= 1"
-                )
+                yield F("cache.tokens_per_record", ExtentError, f"{path}.tokens_per_record", 0,
+                        "paged regions declare tokens per record >= 1")
         if region.kind == pb.HISTORY_KIND_SLIDING_WINDOW:
             if region.window_tokens == 0:
-                raise ExtentError(f"{path}.window_tokens", 0, "sliding windows declare their extent")
+                yield F("cache.window", ExtentError, f"{path}.window_tokens", 0,
+                        "sliding windows declare their extent")
         elif region.window_tokens:
-            raise ExtentError(
-                f"{path}.window_tokens", region.window_tokens,
-                "only sliding-window regions have a window extent",
-            )
+            yield F("cache.window", ExtentError, f"{path}.window_tokens", region.window_tokens,
+                    "only sliding-window regions have a window extent")
     viewed: set[str] = set()
-    for index, view in enumerate(cache.page_table_views):
+    offsets: dict[str, int] = {}  # view buffer -> page offset of its first view
+    for index, view in enumerate(c.page_table_views):
         path = f"model.cache.page_table_views[{index}]"
         if names.get(view.region) not in PAGED_KINDS:
-            raise UnknownIdentifierError(
-                f"{path}.region", view.region, "not a paged history region of model.cache.regions"
-            )
+            yield F("cache.view_region", UnknownIdentifierError, f"{path}.region", view.region,
+                    "not a paged history region of model.cache.regions")
         if not view.buffer:
-            raise MissingFieldError(f"{path}.buffer", "", "page-table views name their buffer")
+            yield F("cache.view_buffer", MissingFieldError, f"{path}.buffer", "",
+                    "page-table views name their buffer")
+        elif offsets.setdefault(view.buffer, view.page_offset) != view.page_offset:
+            # Version 1 gives every paged region the one implicit "page_table" view.
+            yield F("cache.view_buffer_shared", DuplicateIdentifierError, f"{path}.buffer",
+                    view.buffer, f"views sharing a buffer agree on page_offset "
+                    f"({offsets[view.buffer]})")
+        # PageTableView (contract.proto): entry i of a view references page i + page_offset.
+        if view.page_offset < 0:
+            yield F("cache.view_offset", ViewBoundsError, f"{path}.page_offset",
+                    view.page_offset, "a view cannot reference pages before a request's first")
         viewed.add(view.region)
-    for index, region in enumerate(cache.regions):
+    for index, region in enumerate(c.regions):
         if region.kind in PAGED_KINDS and region.name not in viewed:
-            raise MissingFieldError(
-                f"model.cache.regions[{index}]", region.name, "paged region has no page-table view"
-            )
+            yield F("cache.region_view", MissingFieldError, f"model.cache.regions[{index}]",
+                    region.name, "paged region has no page-table view")
 
 
 # --- graphs ----------------------------------------------------------------------------------
@@ -283,186 +302,172 @@ def _covers(outer: pb.StateView, inner: pb.StateView) -> bool:
     )
 
 
-def _check_bindings(serving: pb.ServingContract, graph: pb.GraphContract, path: str) -> None:
+def _bindings(serving: pb.ServingContract, graph: pb.GraphContract, path: str) -> Findings:
     page_tables = {v.buffer for v in serving.model.cache.page_table_views}
     destinations: set[str] = set()
     for index, binding in enumerate(graph.bindings):
         here = f"{path}.bindings[{index}]"
         if not binding.destination:
-            raise MissingFieldError(f"{here}.destination", "", "bindings name a destination")
-        if binding.destination in destinations:
-            raise DuplicateIdentifierError(
-                f"{here}.destination", binding.destination, "destination bound twice in one graph"
-            )
+            yield F("binding.destination_missing", MissingFieldError, f"{here}.destination", "",
+                    "bindings name a destination")
+        elif binding.destination in destinations:
+            yield F("binding.destination_duplicate", DuplicateIdentifierError,
+                    f"{here}.destination", binding.destination,
+                    "destination bound twice in one graph")
         destinations.add(binding.destination)
         image = binding.source == pb.VALUE_SOURCE_IMAGE_TENSOR
         if image and not binding.image_output:
-            raise BindingError(f"{here}.image_output", "", "image tensor bindings name an output")
+            yield F("binding.image_output", BindingError, f"{here}.image_output", "",
+                    "image tensor bindings name an output")
         if not image and binding.image_output:
-            raise BindingError(
-                f"{here}.image_output", binding.image_output,
-                f"only VALUE_SOURCE_IMAGE_TENSOR names an image output, not "
-                f"{enum_name(pb.ValueSource, binding.source)}",
-            )
+            yield F("binding.image_output", BindingError, f"{here}.image_output",
+                    binding.image_output,
+                    f"only VALUE_SOURCE_IMAGE_TENSOR names an image output, not "
+                    f"{enum_name(pb.ValueSource, binding.source)}")
         if binding.source != pb.VALUE_SOURCE_CONSTANT and binding.constant_value:
-            raise BindingError(
-                f"{here}.constant_value", binding.constant_value,
-                f"only VALUE_SOURCE_CONSTANT carries a constant, not "
-                f"{enum_name(pb.ValueSource, binding.source)}",
-            )
+            yield F("binding.constant", BindingError, f"{here}.constant_value",
+                    binding.constant_value,
+                    f"only VALUE_SOURCE_CONSTANT carries a constant, not "
+                    f"{enum_name(pb.ValueSource, binding.source)}")
         if binding.source == pb.VALUE_SOURCE_PAGE_TABLE and binding.destination not in page_tables:
-            raise UnknownIdentifierError(
-                f"{here}.destination", binding.destination,
-                f"page tables are written to page-table view buffers {sorted(page_tables)}",
-            )
+            yield F("binding.page_table", UnknownIdentifierError, f"{here}.destination",
+                    binding.destination,
+                    f"page tables are written to page-table view buffers {sorted(page_tables)}")
 
 
-def _check_speculative(serving: pb.ServingContract, graph: pb.GraphContract, path: str) -> None:
+def _speculative(graph: pb.GraphContract, path: str) -> Findings:
+    rule = "speculative.extent"
     if graph.operation != pb.OPERATION_SPECULATIVE:
         if graph.HasField("speculative"):
-            raise SpeculativeExtentError(
-                f"{path}.speculative", "set",
-                f"only SPECULATIVE graphs carry a speculative descriptor, not "
-                f"{enum_name(pb.Operation, graph.operation)}",
-            )
+            yield F(rule, SpeculativeExtentError, f"{path}.speculative", "set",
+                    f"only SPECULATIVE graphs carry a speculative descriptor, not "
+                    f"{enum_name(pb.Operation, graph.operation)}")
         return
     if not graph.HasField("speculative"):
-        raise MissingFieldError(f"{path}.speculative", detail="SPECULATIVE graphs declare B, D, W, P")
+        yield F("speculative.descriptor", MissingFieldError, f"{path}.speculative",
+                detail="SPECULATIVE graphs declare B, D, W, P")
+        return
     spec = graph.speculative
     here = f"{path}.speculative"
     b, d, w, p = spec.batch_capacity, spec.draft_tokens, spec.token_capacity, spec.packed_token_capacity
-    for name, value in (("batch_capacity", b), ("token_capacity", w),
-                        ("packed_token_capacity", p)):
-        if value == 0:
-            raise SpeculativeExtentError(f"{here}.{name}", 0, "must be explicit and positive")
+    zero = [name for name, value in (("batch_capacity", b), ("token_capacity", w),
+                                     ("packed_token_capacity", p)) if value == 0]
+    for name in zero:
+        yield F(rule, SpeculativeExtentError, f"{here}.{name}", 0, "must be explicit and positive")
     if b != graph.batch_capacity:
-        raise SpeculativeExtentError(
-            f"{here}.batch_capacity", b, f"B must equal the graph's batch_capacity "
-            f"({graph.batch_capacity})",
-        )
+        yield F(rule, SpeculativeExtentError, f"{here}.batch_capacity", b,
+                f"B must equal the graph's batch_capacity ({graph.batch_capacity})")
     if p != graph.token_capacity:
-        raise SpeculativeExtentError(
-            f"{here}.packed_token_capacity", p,
-            f"P must equal the graph's token_capacity ({graph.token_capacity})",
-        )
-    if not b <= p <= b * w:
-        raise SpeculativeExtentError(
-            f"{here}.packed_token_capacity", p,
-            f"every lane starts with one pending position: need B ({b}) <= P <= B x W ({b * w})",
-        )
+        yield F(rule, SpeculativeExtentError, f"{here}.packed_token_capacity", p,
+                f"P must equal the graph's token_capacity ({graph.token_capacity})")
+    if not zero and not b <= p <= b * w:
+        yield F(rule, SpeculativeExtentError, f"{here}.packed_token_capacity", p,
+                f"every lane starts with one pending position: need B ({b}) <= P <= B x W "
+                f"({b * w})")
     if w == 1 and d:
-        raise SpeculativeExtentError(
-            f"{here}.draft_tokens", d, "width-one speculative programs draw no proposals"
-        )
+        yield F(rule, SpeculativeExtentError, f"{here}.draft_tokens", d,
+                "width-one speculative programs draw no proposals")
     ceiling = min(d + 1, w)
     if not 1 <= spec.lane_limit <= ceiling:
-        raise SpeculativeExtentError(
-            f"{here}.lane_limit", spec.lane_limit, f"must lie in [1, min(D + 1, W) = {ceiling}]"
-        )
+        yield F("speculative.lane_limit", SpeculativeExtentError, f"{here}.lane_limit",
+                spec.lane_limit, f"must lie in [1, min(D + 1, W) = {ceiling}]")
     if spec.produces_confidence:
         if d == 0 or spec.confidence_width != d:
-            raise SpeculativeExtentError(
-                f"{here}.confidence_width", spec.confidence_width,
-                f"a program producing confidence declares confidence_width = D ({d}), D > 0",
-            )
+            yield F("speculative.confidence_width", SpeculativeExtentError,
+                    f"{here}.confidence_width", spec.confidence_width,
+                    f"a program producing confidence declares confidence_width = D ({d}), D > 0")
     elif spec.confidence_width:
-        raise SpeculativeExtentError(
-            f"{here}.confidence_width", spec.confidence_width,
-            "only programs producing confidence declare a confidence width",
-        )
+        yield F("speculative.confidence_width", SpeculativeExtentError,
+                f"{here}.confidence_width", spec.confidence_width,
+                "only programs producing confidence declare a confidence width")
     length_bindings = [
         (index, binding) for index, binding in enumerate(graph.bindings)
         if binding.source in LENGTH_SOURCES
     ]
     if len(length_bindings) != 1:
-        raise LengthSourceError(
-            f"{path}.bindings", len(length_bindings),
-            "a speculative program binds exactly one of QUERY_LENGTH / SPECULATIVE_PREFIX_LIMIT",
-        )
+        yield F("speculative.length_source", LengthSourceError, f"{path}.bindings",
+                len(length_bindings),
+                "a speculative program binds exactly one of QUERY_LENGTH / SPECULATIVE_PREFIX_LIMIT")
+        return
     index, binding = length_bindings[0]
     if LENGTH_SOURCES[binding.source] != spec.length_source:
-        raise LengthSourceError(
-            f"{path}.bindings[{index}].source", enum_name(pb.ValueSource, binding.source),
-            f"disagrees with length_source {enum_name(pb.LengthSource, spec.length_source)}",
-        )
+        yield F("speculative.length_source", LengthSourceError, f"{path}.bindings[{index}].source",
+                enum_name(pb.ValueSource, binding.source),
+                f"disagrees with length_source {enum_name(pb.LengthSource, spec.length_source)}")
 
 
-def _check_pending_token(graph: pb.GraphContract, path: str) -> None:
+def _pending_token(graph: pb.GraphContract, path: str) -> Findings:
+    rule = "graph.pending_token"
     device = graph.HasField("pending_token") and bool(graph.pending_token.buffer)
     host = [i for i, b in enumerate(graph.bindings) if b.source == pb.VALUE_SOURCE_PENDING_TOKEN]
     if graph.HasField("pending_token") and not device:
-        raise MissingFieldError(f"{path}.pending_token.buffer", "", "state views name a buffer")
+        yield F(rule, MissingFieldError, f"{path}.pending_token.buffer", "",
+                "state views name a buffer")
     generating = graph.operation in GENERATING_OPERATIONS
     if device and host:
-        raise PendingTokenError(
-            f"{path}.bindings[{host[0]}].source", "VALUE_SOURCE_PENDING_TOKEN",
-            "pending token is device-owned (pending_token) and host-bound at once",
-        )
+        yield F(rule, PendingTokenError, f"{path}.bindings[{host[0]}].source",
+                "VALUE_SOURCE_PENDING_TOKEN",
+                "pending token is device-owned (pending_token) and host-bound at once")
     if generating and not (device or host):
-        raise PendingTokenError(
-            f"{path}.pending_token", enum_name(pb.Operation, graph.operation),
-            "generating graphs name a pending-token state view or bind VALUE_SOURCE_PENDING_TOKEN",
-        )
+        yield F(rule, PendingTokenError, f"{path}.pending_token",
+                enum_name(pb.Operation, graph.operation),
+                "generating graphs name a pending-token state view or bind "
+                "VALUE_SOURCE_PENDING_TOKEN")
     if not device:
         return
     views = [(a.access, a.view) for a in graph.state_accesses]
     readable = any(access in READS and _covers(v, graph.pending_token) for access, v in views)
     written = any(access in WRITES and _covers(v, graph.pending_token) for access, v in views)
     if generating and not (readable and written):
-        raise PendingTokenError(
-            f"{path}.pending_token", graph.pending_token.buffer,
-            "generating graphs read the pending token and write the next: declare READ_WRITE "
-            "state access covering the view",
-        )
-    if not (readable or written):
-        raise PendingTokenError(
-            f"{path}.pending_token", graph.pending_token.buffer,
-            "no state access of this graph covers the pending-token view",
-        )
+        yield F(rule, PendingTokenError, f"{path}.pending_token", graph.pending_token.buffer,
+                "generating graphs read the pending token and write the next: declare "
+                "READ_WRITE state access covering the view")
+    elif not (readable or written):
+        yield F(rule, PendingTokenError, f"{path}.pending_token", graph.pending_token.buffer,
+                "no state access of this graph covers the pending-token view")
 
 
-def check_graphs(serving: pb.ServingContract) -> None:
+def graphs(serving: pb.ServingContract) -> Findings:
     """Names, capacities, bindings, state accesses, speculative extents, pending tokens."""
     names: set[str] = set()
     for index, graph in enumerate(serving.model.graphs):
         path = f"model.graphs[{index}]"
         if not graph.name:
-            raise MissingFieldError(f"{path}.name", "", "graphs name their captured program")
-        if graph.name in names:
-            raise DuplicateIdentifierError(f"{path}.name", graph.name, "graph declared twice")
+            yield F("graph.name", MissingFieldError, f"{path}.name", "",
+                    "graphs name their captured program")
+        elif graph.name in names:
+            yield F("graph.duplicate", DuplicateIdentifierError, f"{path}.name", graph.name,
+                    "graph declared twice")
         names.add(graph.name)
         if graph.operation in ROW_OPERATIONS:
-            for field in ("batch_capacity", "token_capacity"):
-                if getattr(graph, field) == 0:
-                    raise ExtentError(f"{path}.{field}", 0, "captured capacities are positive")
-            if graph.token_capacity < graph.batch_capacity:
-                raise ExtentError(
-                    f"{path}.token_capacity", graph.token_capacity,
-                    f"every row carries a token: must be >= batch_capacity ({graph.batch_capacity})",
-                )
+            zero = [f for f in ("batch_capacity", "token_capacity") if getattr(graph, f) == 0]
+            for fd in zero:
+                yield F("graph.capacity_zero", ExtentError, f"{path}.{fd}", 0,
+                        "captured capacities are positive")
+            if not zero and graph.token_capacity < graph.batch_capacity:
+                yield F("graph.tokens_per_row", ExtentError, f"{path}.token_capacity",
+                        graph.token_capacity,
+                        f"every row carries a token: must be >= batch_capacity "
+                        f"({graph.batch_capacity})")
         if graph.operation == pb.OPERATION_DECODE and graph.token_capacity != graph.batch_capacity:
-            raise ExtentError(
-                f"{path}.token_capacity", graph.token_capacity,
-                f"DECODE packs one token per row: must equal batch_capacity "
-                f"({graph.batch_capacity})",
-            )
+            yield F("graph.decode_tokens", ExtentError, f"{path}.token_capacity",
+                    graph.token_capacity,
+                    f"DECODE packs one token per row: must equal batch_capacity "
+                    f"({graph.batch_capacity})")
         for a, access in enumerate(graph.state_accesses):
             if not access.view.buffer:
-                raise MissingFieldError(
-                    f"{path}.state_accesses[{a}].view.buffer", "", "state views name a buffer"
-                )
+                yield F("graph.state_view_buffer", MissingFieldError,
+                        f"{path}.state_accesses[{a}].view.buffer", "",
+                        "state views name a buffer")
         for t, tuned in enumerate(graph.tuned_bindings):
-            for field in ("buffer", "producer_graph"):
-                if not getattr(tuned, field):
-                    raise MissingFieldError(
-                        f"{path}.tuned_bindings[{t}].{field}", "", "tuned bindings are explicit"
-                    )
+            for fd in ("buffer", "producer_graph"):
+                if not getattr(tuned, fd):
+                    yield F("tuned.explicit", MissingFieldError,
+                            f"{path}.tuned_bindings[{t}].{fd}", "", "tuned bindings are explicit")
         cursor = graph.completion_cursor
         if not cursor.has_draft_cursor and cursor.lag_tokens:
-            raise ExtentError(
-                f"{path}.completion_cursor.lag_tokens", cursor.lag_tokens,
-                "a graph without a draft cursor has no cursor lag",
-            )
-        _check_bindings(serving, graph, path)
-        _check_speculative(serving, graph, path)
-        _check_pending_token(graph, path)
+            yield F("graph.cursor_lag", ExtentError, f"{path}.completion_cursor.lag_tokens",
+                    cursor.lag_tokens, "a graph without a draft cursor has no cursor lag")
+        yield from _bindings(serving, graph, path)
+        yield from _speculative(graph, path)
+        yield from _pending_token(graph, path)

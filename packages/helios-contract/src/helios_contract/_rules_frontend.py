@@ -6,7 +6,11 @@ Pairings (shared/seed/model-contract.md, "Frontend implementations"):
 - XTML think reasoning requires the XTML tool parser;
 - recipient-header reasoning and ATEM tools are paired, both ways;
 - image preparation and image layout are NONE together or not at all;
-- every reasoning terminal marker equals the declared tool syntax's opener (call_open).
+- every reasoning terminal marker equals the declared tool syntax's opener (call_open);
+- the assistant header of recipient frames starts with the frame start control.
+
+The syntax fields each parser reads are required here, once; what needs the tokenizer
+(whether a frame control is one token) is ``helios_tools.token_rules``.
 
 Policy, made concrete: a frontend selector or syntax string can only describe text. So
 
@@ -18,6 +22,8 @@ Policy, made concrete: a frontend selector or syntax string can only describe te
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
@@ -32,26 +38,30 @@ from helios_contract.errors import (
     MissingFieldError,
     VocabularyRangeError,
 )
+from helios_contract.findings import Finding
 
-F = "model.frontend"
+F = Finding.of
+Findings = Iterator[Finding]
+FRONTEND = "model.frontend"
 
+# Parameter tags every tagged family's parser reads (docs/frontend-syntax.md, "tag families").
+_PARAMETER_TAGS = ("parameter_name_open", "parameter_name_close", "parameter_value_close")
 # ToolSyntax fields each tool parser reads and cannot do without.
 TOOL_SYNTAX_REQUIRED = {
     fpb.TOOL_PARSER_NONE: (),
     fpb.TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS: (
-        "call_open", "call_close", "function_name_open", "parameter_name_open",
-        "parameter_value_close",
+        "call_open", "call_close", "function_name_open", *_PARAMETER_TAGS,
     ),
     fpb.TOOL_PARSER_GLM_ARGUMENT_TAGS: (
-        "call_open", "call_close", "parameter_name_open", "parameter_value_open",
-        "parameter_value_close",
+        "call_open", "call_close", "parameter_name_open", "parameter_name_close",
+        "parameter_value_open", "parameter_value_close",
     ),
     fpb.TOOL_PARSER_DSML: (
         "call_open", "call_close", "function_name_open", "parameter_name_open",
-        "parameter_kind_open", "parameter_value_close",
+        "parameter_name_close", "parameter_kind_open", "parameter_value_close",
     ),
-    fpb.TOOL_PARSER_XTML: ("call_open", "call_close"),
-    fpb.TOOL_PARSER_ATEM_RECIPIENT_HEADERS: ("call_open", "call_close"),
+    fpb.TOOL_PARSER_XTML: ("call_open", "call_close", *_PARAMETER_TAGS),
+    fpb.TOOL_PARSER_ATEM_RECIPIENT_HEADERS: ("call_open", "call_close", *_PARAMETER_TAGS),
     fpb.TOOL_PARSER_JSON_IN_TAGS: ("call_open", "call_close", "json_name_key",
                                    "json_arguments_key"),
 }
@@ -65,7 +75,7 @@ REASONING_SYNTAX_REQUIRED = {
     fpb.REASONING_PARSER_RECIPIENT_HEADER: (),
 }
 RECIPIENT_REQUIRED = ("recipient_prefix", "message_open", "internal_message_end",
-                      "reasoning_recipient", "tool_recipient", "answer_recipient")
+                      "reasoning_recipient", "tool_recipient", "answer_recipient", "frame_start")
 IMAGE_SOURCES = (
     pb.VALUE_SOURCE_IMAGE_FEATURE_INDEX,
     pb.VALUE_SOURCE_IMAGE_CONTEXT_INDEX,
@@ -74,187 +84,206 @@ IMAGE_SOURCES = (
 )
 
 
-def _require(message, fields, path: str, why: str) -> None:
+def _require(message, fields, path: str, why: str) -> Findings:
     for name in fields:
         if not getattr(message, name):
-            raise FrontendSyntaxError(f"{path}.{name}", "", why)
+            yield F("frontend.syntax_required", FrontendSyntaxError, f"{path}.{name}", "", why)
 
 
-def _check_pairings(front: fpb.FrontendContract) -> None:
+def pairings(front: fpb.FrontendContract, base: str = FRONTEND) -> Findings:
+    """Parser selectors the specification forbids together (or requires paired)."""
     tool, reasoning = front.tool_parser, front.reasoning_parser
+    rule = "frontend.pairing"
     if reasoning == fpb.REASONING_PARSER_XTML_THINK and tool != fpb.TOOL_PARSER_XTML:
-        raise FrontendPairingError(
-            f"{F}.tool_parser", enum_name(fpb.ToolParser, tool),
-            "REASONING_PARSER_XTML_THINK requires TOOL_PARSER_XTML",
-        )
+        yield F(rule, FrontendPairingError, f"{base}.tool_parser", enum_name(fpb.ToolParser, tool),
+                "REASONING_PARSER_XTML_THINK requires TOOL_PARSER_XTML")
     if reasoning == fpb.REASONING_PARSER_RECIPIENT_HEADER and \
             tool != fpb.TOOL_PARSER_ATEM_RECIPIENT_HEADERS:
-        raise FrontendPairingError(
-            f"{F}.tool_parser", enum_name(fpb.ToolParser, tool),
-            "REASONING_PARSER_RECIPIENT_HEADER pairs with TOOL_PARSER_ATEM_RECIPIENT_HEADERS",
-        )
+        yield F(rule, FrontendPairingError, f"{base}.tool_parser", enum_name(fpb.ToolParser, tool),
+                "REASONING_PARSER_RECIPIENT_HEADER pairs with TOOL_PARSER_ATEM_RECIPIENT_HEADERS")
     if tool == fpb.TOOL_PARSER_ATEM_RECIPIENT_HEADERS and \
             reasoning != fpb.REASONING_PARSER_RECIPIENT_HEADER:
-        raise FrontendPairingError(
-            f"{F}.reasoning_parser", enum_name(fpb.ReasoningParser, reasoning),
-            "TOOL_PARSER_ATEM_RECIPIENT_HEADERS pairs with REASONING_PARSER_RECIPIENT_HEADER",
-        )
+        yield F(rule, FrontendPairingError, f"{base}.reasoning_parser",
+                enum_name(fpb.ReasoningParser, reasoning),
+                "TOOL_PARSER_ATEM_RECIPIENT_HEADERS pairs with REASONING_PARSER_RECIPIENT_HEADER")
     no_prep = front.image_preparation == fpb.IMAGE_PREPARATION_NONE
     no_layout = front.image_layout == fpb.IMAGE_LAYOUT_NONE
     if no_prep != no_layout:
-        raise FrontendPairingError(
-            f"{F}.image_layout", enum_name(fpb.ImageLayout, front.image_layout),
-            f"image preparation is {enum_name(fpb.ImagePreparation, front.image_preparation)}: "
-            "both or neither are NONE",
-        )
+        yield F(rule, FrontendPairingError, f"{base}.image_layout",
+                enum_name(fpb.ImageLayout, front.image_layout),
+                f"image preparation is "
+                f"{enum_name(fpb.ImagePreparation, front.image_preparation)}: "
+                "both or neither are NONE")
 
 
-def _check_tool_syntax(front: fpb.FrontendContract) -> None:
-    syntax, path = front.tool_syntax, f"{F}.tool_syntax"
+def tool_syntax(front: fpb.FrontendContract, base: str = FRONTEND) -> Findings:
+    """The ToolSyntax fields the selected tool parser reads."""
+    syntax, path = front.tool_syntax, f"{base}.tool_syntax"
     if front.tool_parser == fpb.TOOL_PARSER_NONE:
         if front.HasField("tool_syntax"):
-            raise FrontendSyntaxError(path, "set", "TOOL_PARSER_NONE reads no tool syntax")
+            yield F("frontend.syntax_unused", FrontendSyntaxError, path, "set",
+                    "TOOL_PARSER_NONE reads no tool syntax")
         return
     name = enum_name(fpb.ToolParser, front.tool_parser)
-    _require(syntax, TOOL_SYNTAX_REQUIRED[front.tool_parser], path, f"{name} needs it")
+    yield from _require(syntax, TOOL_SYNTAX_REQUIRED.get(front.tool_parser, ()), path,
+                        f"{name} needs it")
     if any(getattr(syntax, f) for f in KIND_FIELDS):
-        _require(syntax, KIND_FIELDS, path, "value-kind attributes are declared completely")
+        yield from _require(syntax, KIND_FIELDS, path,
+                            "value-kind attributes are declared completely")
         if syntax.parameter_kind_string == syntax.parameter_kind_json:
-            raise FrontendSyntaxError(
-                f"{path}.parameter_kind_json", syntax.parameter_kind_json,
-                "string and JSON parameter kinds must differ",
-            )
+            yield F("frontend.syntax_distinct", FrontendSyntaxError,
+                    f"{path}.parameter_kind_json", syntax.parameter_kind_json,
+                    "string and JSON parameter kinds must differ")
     if front.tool_parser == fpb.TOOL_PARSER_JSON_IN_TAGS and \
             syntax.json_name_key == syntax.json_arguments_key:
-        raise FrontendSyntaxError(
-            f"{path}.json_arguments_key", syntax.json_arguments_key, "must differ from json_name_key"
-        )
+        yield F("frontend.syntax_distinct", FrontendSyntaxError, f"{path}.json_arguments_key",
+                syntax.json_arguments_key, "must differ from json_name_key")
 
 
-def _check_reasoning_syntax(front: fpb.FrontendContract) -> None:
-    syntax, path = front.reasoning_syntax, f"{F}.reasoning_syntax"
+def reasoning_syntax(front: fpb.FrontendContract, base: str = FRONTEND) -> Findings:
+    """Reasoning delimiters, terminal markers and the boundaries initial state reads."""
+    syntax, path = front.reasoning_syntax, f"{base}.reasoning_syntax"
     reasoning = front.reasoning_parser
     if reasoning == fpb.REASONING_PARSER_NONE and front.HasField("reasoning_syntax"):
-        raise FrontendSyntaxError(path, "set", "REASONING_PARSER_NONE reads no reasoning syntax")
+        yield F("frontend.syntax_unused", FrontendSyntaxError, path, "set",
+                "REASONING_PARSER_NONE reads no reasoning syntax")
     name = enum_name(fpb.ReasoningParser, reasoning)
-    _require(syntax, REASONING_SYNTAX_REQUIRED[reasoning], path, f"{name} needs it")
+    yield from _require(syntax, REASONING_SYNTAX_REQUIRED.get(reasoning, ()), path,
+                        f"{name} needs it")
     opener = front.tool_syntax.call_open
     for index, marker in enumerate(syntax.terminal_markers):
         if not opener or marker != opener:
-            raise FrontendSyntaxError(
-                f"{path}.terminal_markers[{index}]", marker,
-                f"a reasoning terminal marker must be the tool syntax's opener "
-                f"(tool_syntax.call_open = {opener!r})",
-            )
-    if reasoning != fpb.REASONING_PARSER_NONE:
-        bounds = front.assistant_boundaries
-        bpath = f"{F}.assistant_boundaries"
-        if not bounds.assistant_header:
-            raise FrontendSyntaxError(
-                f"{bpath}.assistant_header", "", "initial reasoning state needs the header"
-            )
-        if not bounds.message_end_markers:
-            raise FrontendSyntaxError(
-                f"{bpath}.message_end_markers", "", "initial reasoning state needs end markers"
-            )
-        for index, marker in enumerate(bounds.message_end_markers):
-            if not marker:
-                raise FrontendSyntaxError(f"{bpath}.message_end_markers[{index}]", "",
-                                          "markers are nonempty")
+            yield F("frontend.terminal_marker", FrontendSyntaxError,
+                    f"{path}.terminal_markers[{index}]", marker,
+                    f"a reasoning terminal marker must be the tool syntax's opener "
+                    f"(tool_syntax.call_open = {opener!r})")
+    if reasoning in (fpb.REASONING_PARSER_UNSPECIFIED, fpb.REASONING_PARSER_NONE):
+        return
+    bounds = front.assistant_boundaries
+    bpath = f"{base}.assistant_boundaries"
+    if not bounds.assistant_header:
+        yield F("frontend.boundaries", FrontendSyntaxError, f"{bpath}.assistant_header", "",
+                "initial reasoning state needs the header")
+    if not bounds.message_end_markers:
+        yield F("frontend.boundaries", FrontendSyntaxError, f"{bpath}.message_end_markers", "",
+                "initial reasoning state needs end markers")
+    for index, marker in enumerate(bounds.message_end_markers):
+        if not marker:
+            yield F("frontend.boundaries", FrontendSyntaxError,
+                    f"{bpath}.message_end_markers[{index}]", "", "markers are nonempty")
 
 
-def _check_recipient_syntax(front: fpb.FrontendContract) -> None:
-    syntax, path = front.recipient_syntax, f"{F}.recipient_syntax"
+def recipient_syntax(front: fpb.FrontendContract, base: str = FRONTEND) -> Findings:
+    """Recipient-header frame controls and recipients (docs/frontend-syntax.md, ATEM)."""
+    syntax, path = front.recipient_syntax, f"{base}.recipient_syntax"
     if front.reasoning_parser != fpb.REASONING_PARSER_RECIPIENT_HEADER:
         if front.HasField("recipient_syntax"):
-            raise FrontendSyntaxError(
-                path, "set", "only REASONING_PARSER_RECIPIENT_HEADER reads recipient syntax"
-            )
+            yield F("frontend.syntax_unused", FrontendSyntaxError, path, "set",
+                    "only REASONING_PARSER_RECIPIENT_HEADER reads recipient syntax")
         return
-    _require(syntax, RECIPIENT_REQUIRED, path, "recipient-header frames need it")
+    yield from _require(syntax, RECIPIENT_REQUIRED, path, "recipient-header frames need it")
+    rule = "frontend.recipients"
     if not syntax.content_recipients or not all(syntax.content_recipients):
-        raise FrontendSyntaxError(
-            f"{path}.content_recipients", list(syntax.content_recipients),
-            "visible-content recipients are declared and nonempty",
-        )
+        yield F(rule, FrontendSyntaxError, f"{path}.content_recipients",
+                list(syntax.content_recipients),
+                "visible-content recipients are declared and nonempty")
     if syntax.reasoning_recipient in syntax.content_recipients or \
             syntax.tool_recipient in (syntax.reasoning_recipient, *syntax.content_recipients):
-        raise FrontendSyntaxError(
-            f"{path}.reasoning_recipient", syntax.reasoning_recipient,
-            "reasoning, content and tool recipients are distinct",
-        )
+        yield F(rule, FrontendSyntaxError, f"{path}.reasoning_recipient",
+                syntax.reasoning_recipient, "reasoning, content and tool recipients are distinct")
     if syntax.answer_recipient not in syntax.content_recipients:
-        raise FrontendSyntaxError(
-            f"{path}.answer_recipient", syntax.answer_recipient,
-            "the answer recipient is one of the content recipients",
-        )
+        yield F(rule, FrontendSyntaxError, f"{path}.answer_recipient", syntax.answer_recipient,
+                "the answer recipient is one of the content recipients")
+    header = front.assistant_boundaries.assistant_header
+    if syntax.frame_start and not header.startswith(syntax.frame_start):
+        yield F("frontend.boundaries", FrontendSyntaxError,
+                f"{base}.assistant_boundaries.assistant_header", header,
+                f"the assistant header opens a frame: it starts with frame_start "
+                f"{syntax.frame_start!r}")
 
 
-def _check_prefix_rules(front: fpb.FrontendContract) -> None:
+def prefix_rules(front: fpb.FrontendContract, base: str = FRONTEND) -> Findings:
+    """One prefix-boundary rule per role, each after an end marker."""
     roles: set[int] = set()
     for index, rule in enumerate(front.prefix_boundary_rules):
-        path = f"{F}.prefix_boundary_rules[{index}]"
+        path = f"{base}.prefix_boundary_rules[{index}]"
         if not rule.end_marker:
-            raise FrontendSyntaxError(f"{path}.end_marker", "", "boundaries follow an end marker")
+            yield F("frontend.prefix_rule", FrontendSyntaxError, f"{path}.end_marker", "",
+                    "boundaries follow an end marker")
         if rule.role in roles:
-            raise DuplicateIdentifierError(
-                f"{path}.role", enum_name(fpb.FrontendMessageRole, rule.role), "one rule per role"
-            )
+            yield F("frontend.prefix_rule_duplicate", DuplicateIdentifierError, f"{path}.role",
+                    enum_name(fpb.FrontendMessageRole, rule.role), "one rule per role")
         roles.add(rule.role)
 
 
-def _check_images(serving: pb.ServingContract) -> None:
+def syntax_findings(front: fpb.FrontendContract, base: str = FRONTEND) -> Findings:
+    """The rules of a FrontendContract on its own (what an output frontend can check
+    without the rest of the contract): pairings and the syntax data of the selected
+    parsers. UNSPECIFIED selectors are a contract rule (``selectors``), checked with the
+    whole model tree."""
+    yield from pairings(front, base)
+    yield from tool_syntax(front, base)
+    yield from reasoning_syntax(front, base)
+    yield from recipient_syntax(front, base)
+    yield from prefix_rules(front, base)
+
+
+def images(serving: pb.ServingContract) -> Findings:
+    """Image layout data agrees with the vision capacities and the input vocabulary."""
     model, front = serving.model, serving.model.frontend
-    layout, path = front.image_token_layout, f"{F}.image_token_layout"
+    layout, path = front.image_token_layout, f"{FRONTEND}.image_token_layout"
     vision = model.vision
     if front.image_layout == fpb.IMAGE_LAYOUT_NONE:
         if front.HasField("image_token_layout"):
-            raise FrontendSyntaxError(path, "set", "IMAGE_LAYOUT_NONE reads no image token layout")
+            yield F("frontend.syntax_unused", FrontendSyntaxError, path, "set",
+                    "IMAGE_LAYOUT_NONE reads no image token layout")
         if model.input_vocabulary.image_sentinel_ids:
-            raise VocabularyRangeError(
-                "model.input_vocabulary.image_sentinel_ids",
-                list(model.input_vocabulary.image_sentinel_ids),
-                "image sentinels without an image layout",
-            )
+            yield F("vocabulary.image_sentinel", VocabularyRangeError,
+                    "model.input_vocabulary.image_sentinel_ids",
+                    list(model.input_vocabulary.image_sentinel_ids),
+                    "image sentinels without an image layout")
         for g, graph in enumerate(model.graphs):
             for b, binding in enumerate(graph.bindings):
                 if binding.source in IMAGE_SOURCES:
-                    raise BindingError(
-                        f"model.graphs[{g}].bindings[{b}].source",
-                        enum_name(pb.ValueSource, binding.source),
-                        "image inputs bound while the image layout is IMAGE_LAYOUT_NONE",
-                    )
+                    yield F("binding.image_source", BindingError,
+                            f"model.graphs[{g}].bindings[{b}].source",
+                            enum_name(pb.ValueSource, binding.source),
+                            "image inputs bound while the image layout is IMAGE_LAYOUT_NONE")
+        return
+    if front.image_layout == fpb.IMAGE_LAYOUT_UNSPECIFIED:
         return
     for name in ("feature_slots", "features_per_window", "patches_per_feature"):
         if getattr(vision, name) == 0:
-            raise ExtentError(f"model.vision.{name}", 0, "image models declare vision capacities")
+            yield F("vision.capacity", ExtentError, f"model.vision.{name}", 0,
+                    "image models declare vision capacities")
     if not vision.patch_capacities:
-        raise ExtentError("model.vision.patch_capacities", [], "image models capture patches")
+        yield F("vision.capacity", ExtentError, "model.vision.patch_capacities", [],
+                "image models capture patches")
     if not front.HasField("image_token_layout"):
-        raise MissingFieldError(path, detail="image layouts read image token layout data")
+        yield F("frontend.image_layout", MissingFieldError, path,
+                detail="image layouts read image token layout data")
+        return
     if layout.feature_token_id not in model.input_vocabulary.image_sentinel_ids:
-        raise VocabularyRangeError(
-            f"{path}.feature_token_id", layout.feature_token_id,
-            "the feature token is a declared image sentinel (input_vocabulary.image_sentinel_ids)",
-        )
+        yield F("frontend.image_layout", VocabularyRangeError, f"{path}.feature_token_id",
+                layout.feature_token_id,
+                "the feature token is a declared image sentinel "
+                "(input_vocabulary.image_sentinel_ids)")
     ids = ["span_start_token_id", "span_end_token_id"]
     if front.image_layout == fpb.IMAGE_LAYOUT_ROW_SEPARATED_SPAN:
         ids.append("row_separator_token_id")
     for name in ids:
         value = getattr(layout, name)
         if not 0 <= value < model.input_vocabulary.input_tokens:
-            raise VocabularyRangeError(
-                f"{path}.{name}", value,
-                f"outside the input range [0, {model.input_vocabulary.input_tokens})",
-            )
+            yield F("frontend.image_layout", VocabularyRangeError, f"{path}.{name}", value,
+                    f"outside the input range [0, {model.input_vocabulary.input_tokens})")
     if layout.patches_per_feature != vision.patches_per_feature:
-        raise FrontendSyntaxError(
-            f"{path}.patches_per_feature", layout.patches_per_feature,
-            f"disagrees with model.vision.patches_per_feature ({vision.patches_per_feature})",
-        )
+        yield F("frontend.image_layout", FrontendSyntaxError, f"{path}.patches_per_feature",
+                layout.patches_per_feature,
+                f"disagrees with model.vision.patches_per_feature ({vision.patches_per_feature})")
 
 
-def _check_policy(serving: pb.ServingContract) -> None:
+def policy(serving: pb.ServingContract) -> Findings:
+    """Frontend data cannot carry completion behavior (EOS text or ids)."""
     front = serving.model.frontend
     eos_text = serving.template_tokens.eos_token
     if eos_text:
@@ -268,10 +297,8 @@ def _check_policy(serving: pb.ServingContract) -> None:
         ]
         for name, marker in markers:
             if marker == eos_text:
-                raise FrontendPolicyError(
-                    f"{F}.{name}", marker,
-                    "spells the EOS token: generation ends only at the core's EOS IDs",
-                )
+                yield F("frontend.policy", FrontendPolicyError, f"{FRONTEND}.{name}", marker,
+                        "spells the EOS token: generation ends only at the core's EOS IDs")
     if front.HasField("image_token_layout"):
         layout = front.image_token_layout
         eos = set(serving.eos_token_ids)
@@ -280,19 +307,13 @@ def _check_policy(serving: pb.ServingContract) -> None:
             if getattr(layout, name) in eos and (name != "row_separator_token_id" or
                                                  front.image_layout ==
                                                  fpb.IMAGE_LAYOUT_ROW_SEPARATED_SPAN):
-                raise FrontendPolicyError(
-                    f"{F}.image_token_layout.{name}", getattr(layout, name),
-                    "an image layout token cannot be an EOS id (completion behavior)",
-                )
+                yield F("frontend.policy", FrontendPolicyError,
+                        f"{FRONTEND}.image_token_layout.{name}", getattr(layout, name),
+                        "an image layout token cannot be an EOS id (completion behavior)")
 
 
-def check_frontend(serving: pb.ServingContract) -> None:
-    """Validate ``serving.model.frontend`` (selectors are already known to be specified)."""
-    front = serving.model.frontend
-    _check_pairings(front)
-    _check_tool_syntax(front)
-    _check_reasoning_syntax(front)
-    _check_recipient_syntax(front)
-    _check_prefix_rules(front)
-    _check_policy(serving)
-    _check_images(serving)
+def frontend_findings(serving: pb.ServingContract) -> Findings:
+    """Every frontend rule except the selectors (checked with the whole model tree)."""
+    yield from syntax_findings(serving.model.frontend)
+    yield from policy(serving)
+    yield from images(serving)

@@ -1,30 +1,48 @@
-"""Rules tying a version 3 ServingContract to its execution manifest.
+"""Rules of the execution manifest, on its own and tied to a version 3 ServingContract.
 
-Identifiers resolve (graphs, transports, buffers, planes, tuning producers), operations and
-capacities agree, every view lies inside its buffer, and tuned buffers stay apart from
-request inputs, writable state and cache storage. Contract paths start at the
-``ServingContract`` root; manifest paths start with ``manifest.``.
+Manifest internals: unique names, kernels and buffers that launches name, arguments that
+match their kernel's parameters, views inside their buffers, transports and completion
+records that fit, producers that exist. Against the contract: identifiers resolve
+(graphs, transports, buffers, planes, tuning producers), operations and capacities agree,
+every state view lies inside its buffer, and tuned buffers stay apart from request
+inputs, writable state and cache storage. Contract paths start at the ``ServingContract``
+root; manifest paths start with ``manifest.``.
+
+What the manifest alone cannot say (whether a named resource exists in the core, has the
+right kind and size, or whether a binary exists for a GPU target) is checked by
+``helios-tools lint-core`` against the core's resources.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
-from helios_contract._rules_contract import WRITES, check_selectors, enum_name
+from helios_contract._rules_contract import PAGED_KINDS, WRITES, context_pages, enum_name, selectors
 from helios_contract.errors import (
     BufferRoleError,
     CapacityMismatchError,
     DuplicateIdentifierError,
+    ExtentError,
+    LaunchError,
+    MissingFieldError,
+    MissingGraphVariantError,
     OperationMismatchError,
     TunedOverlapError,
     TunedProducerError,
     UnknownIdentifierError,
     ViewBoundsError,
 )
+from helios_contract.findings import Finding
 
+F = Finding.of
+Findings = Iterator[Finding]
+
+# The one dtype table: bytes per element of every DType (UNSPECIFIED is rejected as a
+# selector before any size is computed).
 DTYPE_BYTES = {
     mpb.D_TYPE_F32: 4,
     mpb.D_TYPE_BF16: 2,
@@ -35,232 +53,358 @@ DTYPE_BYTES = {
     mpb.D_TYPE_U8: 1,
 }
 STATE_ROLES = (mpb.BUFFER_ROLE_PERSISTENT_STATE, mpb.BUFFER_ROLE_CACHE_PLANE)
-PAGE_TABLE_DTYPES = (mpb.D_TYPE_I32, mpb.D_TYPE_U32)
+# PageTableView.buffer is "a persistent [slots, pages_per_request] int32 table"
+# (contract.proto), and every attention kernel of the library reads it as int32.
+PAGE_TABLE_DTYPE = mpb.D_TYPE_I32
+# Argument oneof case each kernel parameter kind takes.
+PARAM_ARGUMENT = {mpb.PARAM_KIND_BUFFER: "buffer", mpb.PARAM_KIND_I32: "int_value",
+                  mpb.PARAM_KIND_I64: "int_value", mpb.PARAM_KIND_F32: "float_value"}
+# Spec name of the framed confidence storage: contiguous FP32 [2, request_slots, draft_capacity].
+PROPOSAL_CONFIDENCE = "proposal_confidence"
+COMPLETION_ID_BYTES = 4  # CompletionLayout: int32 sampled ids, one per submission row
 
 
 def buffer_nbytes(buffer: mpb.Buffer) -> int:
-    """Bytes of a manifest buffer: prod(shape) x element size (a scalar when shape is empty)."""
+    """Bytes of a manifest buffer: prod(shape) x element size (a scalar when shape is empty).
+
+    Raises:
+        KeyError: ``buffer.dtype`` is UNSPECIFIED (a rejected selector).
+    """
     return math.prod(buffer.shape) * DTYPE_BYTES[buffer.dtype]
+
+
+def _nbytes(buffer: mpb.Buffer) -> int:
+    """``buffer_nbytes``, 0 for an UNSPECIFIED dtype (reported by the selector rule)."""
+    return math.prod(buffer.shape) * DTYPE_BYTES.get(buffer.dtype, 0)
 
 
 @dataclass(frozen=True)
 class ManifestIndex:
-    """Manifest names resolved once: buffers, serving programs, tuning producers."""
+    """Manifest names resolved once (first declaration wins; duplicates are findings)."""
 
     buffers: dict[str, mpb.Buffer]
+    kernels: dict[str, mpb.Kernel]
     programs: dict[str, mpb.GraphProgram]
     producers: dict[str, mpb.GraphProgram]
     program_index: dict[str, int]
 
     @classmethod
     def build(cls, manifest: mpb.ExecutionManifest) -> ManifestIndex:
-        def unique(items, path: str) -> dict:
+        def first(items, key=lambda item: item.name) -> dict:
             out: dict = {}
-            for index, item in enumerate(items):
-                if item.name in out:
-                    raise DuplicateIdentifierError(f"{path}[{index}].name", item.name,
-                                                   "declared twice in the manifest")
-                out[item.name] = item
+            for item in items:
+                out.setdefault(key(item), item)
             return out
 
-        return cls(
-            buffers=unique(manifest.buffers, "manifest.buffers"),
-            programs=unique(manifest.graphs, "manifest.graphs"),
-            producers=unique(manifest.tuning.producers, "manifest.tuning.producers"),
-            program_index={g.name: i for i, g in enumerate(manifest.graphs)},
-        )
-
-    def buffer(self, name: str, path: str) -> mpb.Buffer:
-        try:
-            return self.buffers[name]
-        except KeyError:
-            raise UnknownIdentifierError(path, name, "no such buffer in the execution manifest") \
-                from None
+        index: dict[str, int] = {}
+        for i, g in enumerate(manifest.graphs):
+            index.setdefault(g.name, i)
+        return cls(first(manifest.buffers), first(manifest.kernels, lambda k: k.id),
+                   first(manifest.graphs), first(manifest.tuning.producers), index)
 
 
-def _check_view(view: pb.StateView, buffer: mpb.Buffer, path: str) -> None:
+def _unknown_buffer(path: str, name: str) -> Finding:
+    return F("manifest.buffer_missing", UnknownIdentifierError, path, name,
+             "no such buffer in the execution manifest")
+
+
+# --- the manifest on its own -----------------------------------------------------------------
+
+
+def duplicates(manifest: mpb.ExecutionManifest) -> Findings:
+    """Buffer, kernel, graph and tuning-producer names are unique."""
+    lists = (("buffers", manifest.buffers, lambda b: b.name),
+             ("kernels", manifest.kernels, lambda k: k.id),
+             ("graphs", manifest.graphs, lambda g: g.name),
+             ("tuning.producers", manifest.tuning.producers, lambda g: g.name))
+    for name, items, key in lists:
+        seen: set[str] = set()
+        for index, item in enumerate(items):
+            field = "id" if name == "kernels" else "name"
+            if key(item) in seen:
+                yield F("manifest.duplicate", DuplicateIdentifierError,
+                        f"manifest.{name}[{index}].{field}", key(item),
+                        "declared twice in the manifest")
+            seen.add(key(item))
+    serving = {g.name for g in manifest.graphs}
+    for index, producer in enumerate(manifest.tuning.producers):
+        if producer.name in serving:
+            yield F("manifest.duplicate", DuplicateIdentifierError,
+                    f"manifest.tuning.producers[{index}].name", producer.name,
+                    "a tuning producer shares a serving graph's name")
+
+
+def buffers(manifest: mpb.ExecutionManifest) -> Findings:
+    """Weights name their resource; nothing else does."""
+    for index, b in enumerate(manifest.buffers):
+        path = f"manifest.buffers[{index}].weight_resource_id"
+        if b.role == mpb.BUFFER_ROLE_WEIGHT and not b.weight_resource_id:
+            yield F("buffer.weight_resource", MissingFieldError, path, "",
+                    f"weight buffer {b.name!r} names no resource")
+        elif b.role != mpb.BUFFER_ROLE_WEIGHT and b.weight_resource_id:
+            yield F("buffer.role", BufferRoleError, path, b.weight_resource_id,
+                    f"buffer {b.name!r} is not a weight but names a resource")
+
+
+def transports(manifest: mpb.ExecutionManifest, names: ManifestIndex) -> Findings:
+    """Every transport of every program names a buffer it fits in."""
+    for kind, programs in (("graphs", manifest.graphs),
+                           ("tuning.producers", manifest.tuning.producers)):
+        for i, program in enumerate(programs):
+            for t, transport in enumerate(program.transports):
+                path = f"manifest.{kind}[{i}].transports[{t}]"
+                buffer = names.buffers.get(transport.destination)
+                if buffer is None:
+                    yield _unknown_buffer(f"{path}.destination", transport.destination)
+                elif transport.nbytes > _nbytes(buffer):
+                    yield F("view.bounds", ViewBoundsError, f"{path}.nbytes", transport.nbytes,
+                            f"exceeds buffer {buffer.name!r} of {_nbytes(buffer)} bytes")
+
+
+def _launch(launch: mpb.Launch, path: str, names: ManifestIndex) -> Findings:
+    kernel = names.kernels.get(launch.kernel)
+    if kernel is None:
+        yield F("kernel.missing", UnknownIdentifierError, f"{path}.kernel", launch.kernel,
+                "no such kernel in the manifest")
+    elif len(launch.args) != len(kernel.params):
+        yield F("launch.args", LaunchError, f"{path}.args", len(launch.args),
+                f"kernel {kernel.id!r} takes {len(kernel.params)} parameters")
+    else:
+        for a, (arg, param) in enumerate(zip(launch.args, kernel.params, strict=True)):
+            want, got = PARAM_ARGUMENT.get(param.kind), arg.WhichOneof("value")
+            if want != got:
+                yield F("launch.args", LaunchError, f"{path}.args[{a}]", got,
+                        f"parameter {param.name!r} takes {want}")
+    for a, arg in enumerate(launch.args):
+        if arg.WhichOneof("value") != "buffer":
+            continue
+        view = arg.buffer
+        buffer = names.buffers.get(view.buffer)
+        if buffer is None:
+            yield _unknown_buffer(f"{path}.args[{a}].buffer.buffer", view.buffer)
+            continue
+        end = view.byte_offset + math.prod(view.shape) * DTYPE_BYTES.get(buffer.dtype, 0)
+        if end > _nbytes(buffer) or (view.byte_offset and view.byte_offset >= _nbytes(buffer)):
+            yield F("view.bounds", ViewBoundsError, f"{path}.args[{a}].buffer",
+                    f"bytes up to {end}",
+                    f"outside buffer {buffer.name!r} of {_nbytes(buffer)} bytes")
+    for name, dims in (("grid", launch.grid), ("block", launch.block)):
+        if not 1 <= len(dims) <= 3 or any(d == 0 for d in dims):
+            yield F("launch.geometry", LaunchError, f"{path}.{name}", list(dims),
+                    "1 to 3 positive extents")
+
+
+def programs(manifest: mpb.ExecutionManifest, names: ManifestIndex) -> Findings:
+    """Launches, completion records and producer references of every program."""
+    for kind, items in (("graphs", manifest.graphs), ("tuning.producers",
+                                                      manifest.tuning.producers)):
+        for i, program in enumerate(items):
+            path = f"manifest.{kind}[{i}]"
+            for j, launch in enumerate(program.launches):
+                yield from _launch(launch, f"{path}.launches[{j}]", names)
+            if program.HasField("completion"):
+                done = program.completion
+                buffer = names.buffers.get(done.buffer)
+                if buffer is None:
+                    yield _unknown_buffer(f"{path}.completion.buffer", done.buffer)
+                elif done.rows * COMPLETION_ID_BYTES > _nbytes(buffer):
+                    yield F("view.bounds", ViewBoundsError, f"{path}.completion.rows", done.rows,
+                            f"int32 rows exceed buffer {buffer.name!r} of {_nbytes(buffer)} bytes")
+            for p, producer in enumerate(program.tuning_producers):
+                if producer not in names.producers:
+                    yield F("tuned.producer", TunedProducerError,
+                            f"{path}.tuning_producers[{p}]", producer,
+                            "not a producer of the tuning catalog")
+
+
+# --- the manifest against the contract -------------------------------------------------------
+
+
+def _state_view(view: pb.StateView, path: str, names: ManifestIndex) -> Findings:
     """Row r of a view spans [byte_offset + r * row_stride, + byte_extent) (contract.proto)."""
-    total = buffer_nbytes(buffer)
+    buffer = names.buffers.get(view.buffer)
+    if buffer is None:
+        yield _unknown_buffer(f"{path}.buffer", view.buffer)
+        return
+    if buffer.role not in STATE_ROLES:
+        yield F("view.role", BufferRoleError, f"{path}.buffer", view.buffer,
+                f"state views lie in persistent buffers, not "
+                f"{enum_name(mpb.BufferRole, buffer.role)}")
+    total = _nbytes(buffer)
     rows = buffer.shape[0] if buffer.shape else 1
     if view.byte_extent == 0:
-        raise ViewBoundsError(f"{path}.byte_extent", 0, "a state view covers at least one byte")
+        yield F("view.bounds", ViewBoundsError, f"{path}.byte_extent", 0,
+                "a state view covers at least one byte")
+        return
     if view.row_stride:
         if view.byte_extent > view.row_stride:
-            raise ViewBoundsError(
-                f"{path}.byte_extent", view.byte_extent,
-                f"rows of the view overlap: extent exceeds row_stride ({view.row_stride})",
-            )
+            yield F("view.bounds", ViewBoundsError, f"{path}.byte_extent", view.byte_extent,
+                    f"rows of the view overlap: extent exceeds row_stride ({view.row_stride})")
+            return
         end = view.byte_offset + (rows - 1) * view.row_stride + view.byte_extent
     else:
         end = view.byte_offset + view.byte_extent
     if end > total:
-        raise ViewBoundsError(
-            path, f"bytes up to {end}",
-            f"outside buffer {buffer.name!r} of {total} bytes ({rows} rows)",
-        )
+        yield F("view.bounds", ViewBoundsError, path, f"bytes up to {end}",
+                f"outside buffer {buffer.name!r} of {total} bytes ({rows} rows)")
 
 
-def _check_graph(serving: pb.ServingContract, index: int, graph: pb.GraphContract,
-                 names: ManifestIndex) -> None:
+def _graph(index: int, graph: pb.GraphContract, names: ManifestIndex) -> Findings:
     path = f"model.graphs[{index}]"
     program = names.programs.get(graph.name)
     if program is None:
         hint = " (it is a tuning producer)" if graph.name in names.producers else ""
-        raise UnknownIdentifierError(
-            f"{path}.name", graph.name, f"no such serving graph in the execution manifest{hint}"
-        )
-    if program.operation != graph.operation:
-        raise OperationMismatchError(
-            f"{path}.operation", enum_name(pb.Operation, graph.operation),
-            f"the manifest graph is {enum_name(pb.Operation, program.operation)}",
-        )
-    for field in ("batch_capacity", "token_capacity"):
-        if getattr(program, field) != getattr(graph, field):
-            raise CapacityMismatchError(
-                f"{path}.{field}", getattr(graph, field),
-                f"the manifest graph captures {getattr(program, field)}",
-            )
-    transports = {}
-    for t, transport in enumerate(program.transports):
-        tpath = f"manifest.graphs[{names.program_index[graph.name]}].transports[{t}]"
-        buffer = names.buffer(transport.destination, f"{tpath}.destination")
-        if transport.nbytes > buffer_nbytes(buffer):
-            raise ViewBoundsError(
-                f"{tpath}.nbytes", transport.nbytes,
-                f"exceeds buffer {buffer.name!r} of {buffer_nbytes(buffer)} bytes",
-            )
-        transports[transport.destination] = transport
-    for b, binding in enumerate(graph.bindings):
-        if binding.destination not in transports:
-            raise UnknownIdentifierError(
-                f"{path}.bindings[{b}].destination", binding.destination,
-                f"not a registered transport destination of manifest graph {graph.name!r}",
-            )
+        yield F("graph.missing", MissingGraphVariantError, f"{path}.name", graph.name,
+                f"the contract selects a graph variant the execution manifest lacks{hint}")
+    else:
+        if program.operation != graph.operation:
+            yield F("graph.operation", OperationMismatchError, f"{path}.operation",
+                    enum_name(pb.Operation, graph.operation),
+                    f"the manifest graph is {enum_name(pb.Operation, program.operation)}")
+        for fd in ("batch_capacity", "token_capacity"):
+            if getattr(program, fd) != getattr(graph, fd):
+                yield F("graph.capacity", CapacityMismatchError, f"{path}.{fd}",
+                        getattr(graph, fd), f"the manifest graph captures {getattr(program, fd)}")
+        registered = {t.destination for t in program.transports}
+        for b, binding in enumerate(graph.bindings):
+            if binding.destination and binding.destination not in registered:
+                yield F("binding.destination", UnknownIdentifierError,
+                        f"{path}.bindings[{b}].destination", binding.destination,
+                        f"not a registered transport destination of manifest graph "
+                        f"{graph.name!r}")
     views = [(f"{path}.state_accesses[{a}].view", access.view)
-             for a, access in enumerate(graph.state_accesses)]
-    if graph.HasField("pending_token"):
+             for a, access in enumerate(graph.state_accesses) if access.view.buffer]
+    if graph.pending_token.buffer:
         views.append((f"{path}.pending_token", graph.pending_token))
     for vpath, view in views:
-        buffer = names.buffer(view.buffer, f"{vpath}.buffer")
-        if buffer.role not in STATE_ROLES:
-            raise BufferRoleError(
-                f"{vpath}.buffer", view.buffer,
-                f"state views lie in persistent buffers, not "
-                f"{enum_name(mpb.BufferRole, buffer.role)}",
-            )
-        _check_view(view, buffer, vpath)
+        yield from _state_view(view, vpath, names)
 
 
-def _check_cache(serving: pb.ServingContract, names: ManifestIndex) -> None:
-    cache = serving.model.cache
-    for index, region in enumerate(cache.regions):
+def cache(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
+    """History planes are cache planes sized by the prepared pages; page tables fit."""
+    c = serving.model.cache
+    for index, region in enumerate(c.regions):
         for p, plane in enumerate(region.planes):
             path = f"model.cache.regions[{index}].planes[{p}]"
-            buffer = names.buffer(plane, path)
-            if buffer.role != mpb.BUFFER_ROLE_CACHE_PLANE:
-                raise BufferRoleError(
-                    path, plane,
-                    f"history planes are BUFFER_ROLE_CACHE_PLANE, not "
-                    f"{enum_name(mpb.BufferRole, buffer.role)}",
-                )
-    # A request may reference every page of its context, plus the shift of its view.
-    pages = math.ceil(serving.context_tokens / cache.page_tokens)
-    for index, view in enumerate(cache.page_table_views):
+            buffer = names.buffers.get(plane)
+            if buffer is None:
+                yield _unknown_buffer(path, plane)
+            elif buffer.role != mpb.BUFFER_ROLE_CACHE_PLANE:
+                yield F("cache.plane", BufferRoleError, path, plane,
+                        f"history planes are BUFFER_ROLE_CACHE_PLANE, not "
+                        f"{enum_name(mpb.BufferRole, buffer.role)}")
+            elif region.kind in PAGED_KINDS and serving.prepared_pages and \
+                    (not buffer.shape or buffer.shape[0] != serving.prepared_pages):
+                # Load replaces the leading extent by the physical page count.
+                yield F("capacity.pages", ExtentError, path, list(buffer.shape),
+                        f"paged planes lead with the prepared page count "
+                        f"{serving.prepared_pages}")
+    # Entry i of a view references page i + page_offset, so a view of a request whose
+    # context spans P pages holds P entries; the offset asks for extra pages, not columns.
+    pages = context_pages(serving)
+    for index, view in enumerate(c.page_table_views):
         path = f"model.cache.page_table_views[{index}]"
-        buffer = names.buffer(view.buffer, f"{path}.buffer")
-        if buffer.dtype not in PAGE_TABLE_DTYPES or len(buffer.shape) != 2:
-            raise ViewBoundsError(
-                f"{path}.buffer", view.buffer,
-                f"page tables are [slots, pages_per_request] int32 buffers, not "
-                f"{enum_name(mpb.DType, buffer.dtype)}{list(buffer.shape)}",
-            )
-        columns = buffer.shape[1]
-        if pages + abs(view.page_offset) > columns:
-            raise ViewBoundsError(
-                f"{path}.page_offset", view.page_offset,
-                f"{pages} context pages shifted by {view.page_offset} exceed the "
-                f"{columns} columns of {view.buffer!r}",
-            )
+        if not view.buffer:
+            continue
+        buffer = names.buffers.get(view.buffer)
+        if buffer is None:
+            yield _unknown_buffer(f"{path}.buffer", view.buffer)
+        elif buffer.dtype != PAGE_TABLE_DTYPE or len(buffer.shape) != 2 or \
+                buffer.role != mpb.BUFFER_ROLE_PERSISTENT_STATE:
+            yield F("cache.view_table", ViewBoundsError, f"{path}.buffer", view.buffer,
+                    f"page tables are persistent [slots, pages_per_request] int32 buffers, not "
+                    f"{enum_name(mpb.BufferRole, buffer.role)} "
+                    f"{enum_name(mpb.DType, buffer.dtype)}{list(buffer.shape)}")
+        elif pages > buffer.shape[1]:
+            yield F("cache.view_columns", ViewBoundsError, f"{path}.buffer", view.buffer,
+                    f"{pages} context pages exceed the {buffer.shape[1]} columns of "
+                    f"{view.buffer!r}")
 
 
-def _check_tuned(serving: pb.ServingContract, names: ManifestIndex) -> None:
+def tuned(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
+    """Tuned buffers have their producer and stay apart from inputs, state and cache."""
     graphs = serving.model.graphs
     request_inputs = {b.destination for g in graphs for b in g.bindings}
     writable = {a.view.buffer for g in graphs for a in g.state_accesses if a.access in WRITES}
-    cache = {p for r in serving.model.cache.regions for p in r.planes}
-    cache |= {v.buffer for v in serving.model.cache.page_table_views}
+    storage = {p for r in serving.model.cache.regions for p in r.planes}
+    storage |= {v.buffer for v in serving.model.cache.page_table_views}
     for index, graph in enumerate(graphs):
         path = f"model.graphs[{index}].tuned_bindings"
-        for t, tuned in enumerate(graph.tuned_bindings):
+        for t, binding in enumerate(graph.tuned_bindings):
             here = f"{path}[{t}]"
-            if tuned.producer_graph not in names.producers:
-                where = " (a serving graph)" if tuned.producer_graph in names.programs else ""
-                raise TunedProducerError(
-                    f"{here}.producer_graph", tuned.producer_graph,
-                    f"not a producer of the manifest's tuning catalog{where}",
-                )
-            buffer = names.buffer(tuned.buffer, f"{here}.buffer")
-            for kind, members in (("a request input", request_inputs),
-                                  ("writable graph state", writable), ("cache storage", cache)):
-                if tuned.buffer in members:
-                    raise TunedOverlapError(f"{here}.buffer", tuned.buffer,
-                                            f"tuned output overlaps {kind}")
-            if buffer.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_CACHE_PLANE):
-                raise TunedOverlapError(
-                    f"{here}.buffer", tuned.buffer,
-                    f"tuned output overlaps {enum_name(mpb.BufferRole, buffer.role)} storage",
-                )
-            if buffer.role != mpb.BUFFER_ROLE_TUNED:
-                raise BufferRoleError(
-                    f"{here}.buffer", tuned.buffer,
-                    f"tuned buffers are BUFFER_ROLE_TUNED, not "
-                    f"{enum_name(mpb.BufferRole, buffer.role)}",
-                )
+            if binding.producer_graph and binding.producer_graph not in names.producers:
+                where = " (a serving graph)" if binding.producer_graph in names.programs else ""
+                yield F("tuned.producer", TunedProducerError, f"{here}.producer_graph",
+                        binding.producer_graph,
+                        f"not a producer of the manifest's tuning catalog{where}")
+            if not binding.buffer:
+                continue
+            buffer = names.buffers.get(binding.buffer)
+            if buffer is None:
+                yield _unknown_buffer(f"{here}.buffer", binding.buffer)
+                continue
+            overlaps = [kind for kind, members in (("a request input", request_inputs),
+                                                   ("writable graph state", writable),
+                                                   ("cache storage", storage))
+                        if binding.buffer in members]
+            if overlaps:
+                yield F("tuned.overlap", TunedOverlapError, f"{here}.buffer", binding.buffer,
+                        f"tuned output overlaps {overlaps[0]}")
+            elif buffer.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_CACHE_PLANE):
+                yield F("tuned.overlap", TunedOverlapError, f"{here}.buffer", binding.buffer,
+                        f"tuned output overlaps {enum_name(mpb.BufferRole, buffer.role)} storage")
+            elif buffer.role != mpb.BUFFER_ROLE_TUNED:
+                yield F("tuned.buffer", BufferRoleError, f"{here}.buffer", binding.buffer,
+                        f"tuned buffers are BUFFER_ROLE_TUNED, not "
+                        f"{enum_name(mpb.BufferRole, buffer.role)}")
+        program = names.programs.get(graph.name)
+        if program is None:
+            continue
         # The binding list matches the physical execution descriptor exactly.
         declared = sorted({t.producer_graph for t in graph.tuned_bindings})
-        physical = sorted(set(names.programs[graph.name].tuning_producers))
+        physical = sorted(set(program.tuning_producers))
         if declared != physical:
-            raise TunedProducerError(
-                path, declared, f"manifest graph {graph.name!r} depends on producers {physical}"
-            )
+            yield F("tuned.producers", TunedProducerError, path, declared,
+                    f"manifest graph {graph.name!r} depends on producers {physical}")
 
 
-# Spec name of the framed confidence storage: contiguous FP32 [2, request_slots, draft_capacity].
-PROPOSAL_CONFIDENCE = "proposal_confidence"
-
-
-def _check_confidence(serving: pb.ServingContract, names: ManifestIndex) -> None:
+def confidence(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
+    """Confidence programs have the framed F32 proposal_confidence storage."""
     producers = [(i, g) for i, g in enumerate(serving.model.graphs)
                  if g.HasField("speculative") and g.speculative.produces_confidence]
     if not producers:
         return
-    index, first = producers[0]
+    index, _ = producers[0]
     path = f"model.graphs[{index}].speculative.produces_confidence"
     buffer = names.buffers.get(PROPOSAL_CONFIDENCE)
     if buffer is None:
-        raise UnknownIdentifierError(
-            path, PROPOSAL_CONFIDENCE, "confidence programs need the proposal_confidence buffer"
-        )
+        yield F("speculative.confidence_buffer", UnknownIdentifierError, path,
+                PROPOSAL_CONFIDENCE, "confidence programs need the proposal_confidence buffer")
+        return
     widths = max(g.speculative.confidence_width for _, g in producers)
     rows = max(g.speculative.batch_capacity for _, g in producers)
     shape = list(buffer.shape)
     if buffer.dtype != mpb.D_TYPE_F32 or len(shape) != 3 or shape[0] != 2 or \
             shape[1] < rows or shape[2] < widths:
-        raise ViewBoundsError(
-            path, f"{enum_name(mpb.DType, buffer.dtype)}{shape}",
-            f"proposal_confidence is F32 [2, request_slots >= {rows}, draft_capacity >= {widths}]",
-        )
+        yield F("speculative.confidence_buffer", ViewBoundsError, path,
+                f"{enum_name(mpb.DType, buffer.dtype)}{shape}",
+                f"proposal_confidence is F32 [2, request_slots >= {rows}, draft_capacity >= "
+                f"{widths}]")
 
 
-def check_manifest(serving: pb.ServingContract, manifest: mpb.ExecutionManifest) -> None:
-    """Cross-check a validated version 3 contract against its execution manifest."""
+def manifest_findings(serving: pb.ServingContract, manifest: mpb.ExecutionManifest) -> Findings:
+    """Every manifest rule, for a version 3 contract, in the order startup reports them."""
     # Tuning producers are not serving operations: their operation selects nothing.
-    for field in ("buffers", "kernels", "graphs"):
-        for index, item in enumerate(getattr(manifest, field)):
-            check_selectors(item, f"manifest.{field}[{index}]")
+    for fd in ("buffers", "kernels", "graphs"):
+        for index, item in enumerate(getattr(manifest, fd)):
+            yield from selectors(item, f"manifest.{fd}[{index}]")
     names = ManifestIndex.build(manifest)
+    yield from duplicates(manifest)
+    yield from transports(manifest, names)
     for index, graph in enumerate(serving.model.graphs):
-        _check_graph(serving, index, graph, names)
-    _check_cache(serving, names)
-    _check_tuned(serving, names)
-    _check_confidence(serving, names)
+        yield from _graph(index, graph, names)
+    yield from cache(serving, names)
+    yield from tuned(serving, names)
+    yield from confidence(serving, names)
+    yield from buffers(manifest)
+    yield from programs(manifest, names)

@@ -23,11 +23,14 @@ __all__ = [
     "FrontendPairingError",
     "FrontendPolicyError",
     "FrontendSyntaxError",
+    "LaunchError",
     "LengthSourceError",
     "MalformedMessageError",
     "MissingFieldError",
+    "MissingGraphVariantError",
     "OperationMismatchError",
     "PendingTokenError",
+    "ResourceReferenceError",
     "SamplingDefaultsError",
     "SpeculativeExtentError",
     "StrictDecodeError",
@@ -37,6 +40,7 @@ __all__ = [
     "UnknownFieldError",
     "UnknownIdentifierError",
     "UnspecifiedSelectorError",
+    "UnsupportedFeatureError",
     "UnsupportedVersionError",
     "ViewBoundsError",
     "VocabularyRangeError",
@@ -52,7 +56,11 @@ class FieldError(ValueError):
         path: Dotted field path from the decoded root message ("" for the root itself).
         value: The offending value (an int, string, or a short description).
         detail: Human-readable reason, without the path.
+        rule: Stable id of the broken rule (``"graph.missing"``) when the error was raised
+            from a ``helios_contract.findings.Finding``; "" otherwise.
     """
+
+    rule: str = ""
 
     def __init__(self, path: str, value: Any = _NO_VALUE, detail: str = "") -> None:
         self.path = path
@@ -107,6 +115,10 @@ class UnknownIdentifierError(ContractError):
 
 class DuplicateIdentifierError(ContractError):
     """A name declared twice where names must be unique."""
+
+
+class MissingGraphVariantError(UnknownIdentifierError):
+    """The contract selects a graph variant the execution manifest lacks."""
 
 
 class OperationMismatchError(ContractError):
@@ -171,3 +183,17 @@ class FrontendSyntaxError(ContractError):
 
 class FrontendPolicyError(ContractError):
     """Frontend data that would select scheduling, cache, packing or completion behavior."""
+
+
+class LaunchError(ContractError):
+    """A launch record that disagrees with its kernel (arguments, geometry, views)."""
+
+
+class UnsupportedFeatureError(ContractError):
+    """A valid contract field that the selected runtime backend cannot execute (its
+    capability table, ``helios_contract.capabilities``, does not list it)."""
+
+
+class ResourceReferenceError(ContractError):
+    """A manifest or contract reference to a resource the core's DeploymentBody lacks, or
+    holds with the wrong kind or decoded size (checked against the core's resource list)."""

@@ -13,7 +13,7 @@ serving extents and sampling defaults, frontend, then the execution manifest whe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -22,9 +22,54 @@ from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
 from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
 from helios_contract.errors import BindingError, MissingFieldError
-from helios_contract.upgrade import upgrade_to_current
+from helios_contract.findings import Finding, raise_first
+from helios_contract.upgrade import upgrade_to_current, version_findings
 
-__all__ = ["PreparedContract", "validate_contract"]
+__all__ = ["PreparedContract", "contract_findings", "validate_contract"]
+
+
+def _presence(serving: pb.ServingContract) -> Iterator[Finding]:
+    """What must hold before a version 3 view exists: a model, of a supported version."""
+    if not serving.HasField("model"):
+        yield Finding.of("contract.required", MissingFieldError, "model",
+                         detail="ServingContract carries no ModelContract")
+        return
+    yield from version_findings(serving)
+
+
+def _upgraded_findings(upgraded: pb.ServingContract,
+                       manifest: mpb.ExecutionManifest | None) -> Iterator[Finding]:
+    """Every rule of a version 3 contract (and its manifest), in startup order."""
+    yield from _rules_contract.required(upgraded)
+    yield from _rules_contract.selectors(upgraded.model, "model")
+    yield from _rules_contract.vocabulary(upgraded)
+    yield from _rules_contract.cache(upgraded)
+    yield from _rules_contract.graphs(upgraded)
+    yield from _rules_contract.serving_extents(upgraded)
+    yield from _rules_contract.sampling_defaults(upgraded)
+    yield from _rules_frontend.frontend_findings(upgraded)
+    if manifest is not None:
+        yield from _rules_manifest.manifest_findings(upgraded, manifest)
+
+
+def contract_findings(serving: pb.ServingContract,
+                      manifest: mpb.ExecutionManifest | None = None) -> Iterator[Finding]:
+    """Every finding of every contract rule (what ``helios-tools lint-core`` lists).
+
+    ``PreparedContract.from_contract`` raises the first of exactly these.
+
+    Args:
+        serving: Decoded contract of version 1, 2 or 3 (not modified).
+        manifest: The execution manifest of the same core; ``None`` skips its rules.
+
+    Yields:
+        ``Finding``s in startup order; after a version finding nothing else is judged.
+    """
+    presence = list(_presence(serving))
+    if presence:
+        yield from presence
+        return
+    yield from _upgraded_findings(upgrade_to_current(serving), manifest)
 
 
 def validate_contract(
@@ -41,21 +86,12 @@ def validate_contract(
         A new ``ServingContract`` with ``model.version == 3``.
 
     Raises:
-        ContractError: A subclass naming the field path and the offending value.
+        ContractError: A subclass naming the field path and the offending value, for the
+            first finding of ``contract_findings`` (its ``rule`` attribute names the rule).
     """
-    if not serving.HasField("model"):
-        raise MissingFieldError("model", detail="ServingContract carries no ModelContract")
+    raise_first(_presence(serving))
     upgraded = upgrade_to_current(serving)
-    _rules_contract.check_required(upgraded)
-    _rules_contract.check_selectors(upgraded.model, "model")
-    _rules_contract.check_vocabulary(upgraded)
-    _rules_contract.check_cache(upgraded)
-    _rules_contract.check_graphs(upgraded)
-    _rules_contract.check_serving_extents(upgraded)
-    _rules_contract.check_sampling_defaults(upgraded)
-    _rules_frontend.check_frontend(upgraded)
-    if manifest is not None:
-        _rules_manifest.check_manifest(upgraded, manifest)
+    raise_first(_upgraded_findings(upgraded, manifest))
     return upgraded
 
 
@@ -153,8 +189,9 @@ class PreparedContract:
         return tuple(sorted({g.speculative.token_capacity
                              for g in self.graphs_for(pb.OPERATION_SPECULATIVE)}))
 
-    def check_history_drafting(self, widths: Iterable[int] | None = None) -> None:
-        """Check the contract side of the history-drafting startup option.
+    def history_drafting_findings(self, widths: Iterable[int] | None = None
+                                  ) -> Iterator[Finding]:
+        """The contract side of the history-drafting startup option, as findings.
 
         History drafting needs concrete copied-token inputs in each selected wider
         SPECULATIVE graph (W > 1): bindings of VALUE_SOURCE_CANDIDATE_IDS and
@@ -163,10 +200,6 @@ class PreparedContract:
 
         Args:
             widths: Speculative widths W selected at load; ``None`` means every captured one.
-
-        Raises:
-            BindingError: A selected wider graph lacks a copied-token input (path: its
-                ``bindings``; value: the missing source names).
         """
         chosen = set(self.speculative_widths if widths is None else widths)
         needed = (pb.VALUE_SOURCE_CANDIDATE_IDS, pb.VALUE_SOURCE_CANDIDATE_COUNT)
@@ -179,10 +212,20 @@ class PreparedContract:
             bound = {b.source for b in graph.bindings}
             missing = [pb.ValueSource.Name(s) for s in needed if s not in bound]
             if missing:
-                raise BindingError(
+                yield Finding.of(
+                    "speculative.history_inputs", BindingError,
                     f"model.graphs[{index}].bindings", missing,
                     f"history drafting needs copied-token inputs in {graph.name!r} (W = {width})",
                 )
+
+    def check_history_drafting(self, widths: Iterable[int] | None = None) -> None:
+        """Raise the first of ``history_drafting_findings(widths)``.
+
+        Raises:
+            BindingError: A selected wider graph lacks a copied-token input (path: its
+                ``bindings``; value: the missing source names).
+        """
+        raise_first(self.history_drafting_findings(widths))
 
     @property
     def selected_concurrency(self) -> int:

@@ -16,10 +16,19 @@ rejected rather than guessed at.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from helios_contract._gen.helios.v1 import contract_pb2
 from helios_contract.errors import UnsupportedVersionError
+from helios_contract.findings import Finding, raise_first
 
-__all__ = ["CURRENT_VERSION", "IMPLICIT_PAGE_TABLE", "SUPPORTED_VERSIONS", "upgrade_to_current"]
+__all__ = [
+    "CURRENT_VERSION",
+    "IMPLICIT_PAGE_TABLE",
+    "SUPPORTED_VERSIONS",
+    "upgrade_to_current",
+    "version_findings",
+]
 
 CURRENT_VERSION = 3
 SUPPORTED_VERSIONS = (1, 2, 3)
@@ -29,10 +38,39 @@ IMPLICIT_PAGE_TABLE = "page_table"
 _PAGED = (contract_pb2.HISTORY_KIND_PAGED_KV, contract_pb2.HISTORY_KIND_PAGED_LATENT)
 
 
-def _newer_field(path: str, value: object, version: int, introduced: int) -> UnsupportedVersionError:
-    return UnsupportedVersionError(
-        path, value, f"field introduced in version {introduced} set in a version {version} contract"
+def _newer_field(path: str, value: object, version: int, introduced: int) -> Finding:
+    return Finding.of(
+        "contract.version_field", UnsupportedVersionError, path, value,
+        f"field introduced in version {introduced} set in a version {version} contract",
     )
+
+
+def version_findings(serving: contract_pb2.ServingContract) -> Iterator[Finding]:
+    """The version rules: a supported ``model.version``, and no field newer than it.
+
+    Nothing else can be judged until these pass (there is no version 3 view yet).
+    """
+    version = serving.model.version
+    if version not in SUPPORTED_VERSIONS:
+        yield Finding.of("contract.version", UnsupportedVersionError, "model.version", version,
+                         f"supported contract versions are {list(SUPPORTED_VERSIONS)}")
+        return
+    if version == CURRENT_VERSION:
+        return
+    model = serving.model
+    if model.vocabulary.mask_words:
+        yield _newer_field("model.vocabulary.mask_words", model.vocabulary.mask_words, version, 3)
+    for index, graph in enumerate(model.graphs):
+        if graph.HasField("speculative") and graph.speculative.lane_limit:
+            yield _newer_field(f"model.graphs[{index}].speculative.lane_limit",
+                               graph.speculative.lane_limit, version, 3)
+    if version == 1:
+        if model.cache.page_table_views:
+            yield _newer_field("model.cache.page_table_views", len(model.cache.page_table_views),
+                               version, 2)
+        for index, graph in enumerate(model.graphs):
+            if graph.HasField("completion_cursor"):
+                yield _newer_field(f"model.graphs[{index}].completion_cursor", "set", version, 2)
 
 
 def upgrade_to_current(serving: contract_pb2.ServingContract) -> contract_pb2.ServingContract:
@@ -47,40 +85,21 @@ def upgrade_to_current(serving: contract_pb2.ServingContract) -> contract_pb2.Se
 
     Raises:
         UnsupportedVersionError: ``model.version`` is not 1, 2 or 3, or a version 1/2
-            contract sets a field its version lacks.
+            contract sets a field its version lacks (``version_findings``).
     """
-    version = serving.model.version
-    if version not in SUPPORTED_VERSIONS:
-        raise UnsupportedVersionError(
-            "model.version", version, f"supported contract versions are {list(SUPPORTED_VERSIONS)}"
-        )
+    raise_first(version_findings(serving))
     out = contract_pb2.ServingContract()
     out.CopyFrom(serving)
+    version = serving.model.version
     if version == CURRENT_VERSION:
         return out
     model = out.model
-    if model.vocabulary.mask_words:
-        raise _newer_field("model.vocabulary.mask_words", model.vocabulary.mask_words, version, 3)
     model.vocabulary.mask_words = -(-model.vocabulary.histogram_width // 32)
-    for index, graph in enumerate(model.graphs):
-        if not graph.HasField("speculative"):
-            continue
-        spec = graph.speculative
-        if spec.lane_limit:
-            raise _newer_field(
-                f"model.graphs[{index}].speculative.lane_limit", spec.lane_limit, version, 3
-            )
-        spec.lane_limit = min(spec.draft_tokens + 1, spec.token_capacity)
+    for graph in model.graphs:
+        if graph.HasField("speculative"):
+            spec = graph.speculative
+            spec.lane_limit = min(spec.draft_tokens + 1, spec.token_capacity)
     if version == 1:
-        if model.cache.page_table_views:
-            raise _newer_field(
-                "model.cache.page_table_views", len(model.cache.page_table_views), version, 2
-            )
-        for index, graph in enumerate(model.graphs):
-            if graph.HasField("completion_cursor"):
-                raise _newer_field(
-                    f"model.graphs[{index}].completion_cursor", "set", version, 2
-                )
         for region in model.cache.regions:
             if region.kind in _PAGED:
                 model.cache.page_table_views.add(

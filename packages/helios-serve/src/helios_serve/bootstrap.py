@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,16 @@ from helios_serve.frontend.syntax import FrontendSyntax
 
 
 class StartupError(Exception):
-    """The server cannot start; the message is one line naming what is wrong."""
+    """The server cannot start; the message is one line naming what is wrong.
+
+    Attributes:
+        rule: the id of the broken contract rule when there is one (``lint-core`` reports
+            the same rule for the same core), else "".
+    """
+
+    def __init__(self, message: str, rule: str = "") -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 @dataclass
@@ -69,11 +79,12 @@ class Bootstrap:
                 without its resource key or with another key, an invalid contract, a
                 contract the manifest does not match, or missing frontend assets.
         """
-        from helios_contract.errors import ContractError, UnknownIdentifierError
+        from helios_contract.errors import ContractError, MissingGraphVariantError
         from helios_contract.prepared import PreparedContract
         from helios_tools.core.errors import CoreError, NamespaceMismatch, ProtectedChunkError
         from helios_tools.core.reader import authorize, open_core
         from helios_tools.core.signing import load_public_key
+        from helios_tools.lint import resource_findings
 
         keys = []
         for key in trusted_keys:
@@ -90,46 +101,42 @@ class Bootstrap:
             raise StartupError(f"bad core: {core_path}: no such file") from None
         except (CoreError, OSError) as exc:
             raise StartupError(f"bad core: {core_path}: {_line(exc)}") from None
-        try:
-            authorize(core, acceptance)
-        except NamespaceMismatch as exc:
-            core.close()
-            raise StartupError(f"wrong namespace: {_line(exc)}") from None
-        except CoreError as exc:
-            core.close()
-            raise StartupError(f"core not authorized: {_line(exc)}") from None
-        if core.protected_version == 4 and resource_key is None:
-            core.close()
-            raise StartupError(f"{core_path} is a logical-resource core with encrypted "
-                               "resources (ProtectedIndex version 4): pass --resource-key "
-                               "FILE or set HELIOS_RESOURCE_KEY_FILE")
-        try:
-            prepared = PreparedContract.from_contract(core.contract, core.manifest)
-        except UnknownIdentifierError as exc:
-            core.close()
-            path = getattr(exc, "path", "")
-            if path.startswith("model.graphs[") and path.endswith(".name"):
-                raise StartupError(f"missing graph variant: {_line(exc)}") from None
-            raise StartupError(f"invalid contract: {_line(exc)}") from None
-        except ContractError as exc:
-            core.close()
-            raise StartupError(f"invalid contract: {_line(exc)}") from None
-        try:
-            tokenizer_json = _resource_text(core, core_pb2.RESOURCE_KIND_TOKENIZER, "tokenizer")
-            template = _resource_text(core, core_pb2.RESOURCE_KIND_CHAT_TEMPLATE, "chat template")
-            return cls.from_parts(
-                prepared.serving, tokenizer_json, template, core=core, prepared=prepared
-            )
-        except StartupError:
-            core.close()
-            raise
-        except ProtectedChunkError as exc:  # the first encrypted chunk read decides the key
-            core.close()
-            raise StartupError(f"wrong resource key for {core_path} (or a damaged core): "
-                               f"{_line(exc)}") from None
-        except CoreError as exc:
-            core.close()
-            raise StartupError(f"bad core: {core_path}: {_line(exc)}") from None
+        with ExitStack() as owned:  # closes the core on every failure below
+            owned.callback(core.close)
+            try:
+                authorize(core, acceptance)
+            except NamespaceMismatch as exc:
+                raise StartupError(f"wrong namespace: {_line(exc)}", "core.authorize") from None
+            except CoreError as exc:
+                raise StartupError(f"core not authorized: {_line(exc)}", "core.authorize") \
+                    from None
+            if core.protected_version == 4 and resource_key is None:
+                raise StartupError(f"{core_path} is a logical-resource core with encrypted "
+                                   "resources (ProtectedIndex version 4): pass --resource-key "
+                                   "FILE or set HELIOS_RESOURCE_KEY_FILE")
+            try:
+                prepared = PreparedContract.from_contract(core.contract, core.manifest)
+            except MissingGraphVariantError as exc:
+                raise StartupError(f"missing graph variant: {_line(exc)}", exc.rule) from None
+            except ContractError as exc:
+                raise StartupError(f"invalid contract: {_line(exc)}", exc.rule) from None
+            for finding in resource_findings(core.contract, core.manifest,
+                                             core.resources.values()):
+                raise StartupError(f"bad core: {core_path}: {finding}", finding.rule)
+            try:
+                tokenizer_json = _resource_text(core, core_pb2.RESOURCE_KIND_TOKENIZER,
+                                                "tokenizer")
+                template = _resource_text(core, core_pb2.RESOURCE_KIND_CHAT_TEMPLATE,
+                                          "chat template")
+                bootstrap = cls.from_parts(prepared.serving, tokenizer_json, template,
+                                           core=core, prepared=prepared)
+            except ProtectedChunkError as exc:  # the first encrypted chunk read decides the key
+                raise StartupError(f"wrong resource key for {core_path} (or a damaged core): "
+                                   f"{_line(exc)}") from None
+            except CoreError as exc:
+                raise StartupError(f"bad core: {core_path}: {_line(exc)}") from None
+            owned.pop_all()  # the Bootstrap owns the open core now
+            return bootstrap
 
     @classmethod
     def from_parts(
@@ -157,7 +164,8 @@ class Bootstrap:
         try:
             tokenizer = load_tokenizer(tokenizer_json)
         except ValueError as exc:
-            raise StartupError(f"bad tokenizer resource: {_line(exc)}") from None
+            raise StartupError(f"bad tokenizer resource: {_line(exc)}", "frontend.tokenizer") \
+                from None
         # Compile and probe now: a template that cannot compile, loads other templates or
         # exceeds its limits on the smallest conversation would fail every request.
         try:
@@ -169,7 +177,10 @@ class Bootstrap:
         try:
             syntax = FrontendSyntax.from_contract(contract.model.frontend)
             frontend = Frontend(syntax, tokenizer, tuple(contract.eos_token_ids))
-        except (FrontendConfigError, ValueError) as exc:
+        except FrontendConfigError as exc:
+            raise StartupError(f"unsupported frontend contract: {_line(exc)}", exc.rule) \
+                from None
+        except ValueError as exc:
             raise StartupError(f"unsupported frontend contract: {_line(exc)}") from None
         return cls(contract, tokenizer, tokenizer_json, chat_template, frontend, core, prepared)
 
@@ -206,18 +217,25 @@ class Bootstrap:
         }
 
     def close(self) -> None:
+        """Close the core (NativeModel.load has read what it needs); idempotent."""
         if self.core is not None:
             self.core.close()
 
+    def __enter__(self) -> Bootstrap:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 def _resource_text(core: Any, kind: int, what: str) -> str:
-    ids = [rid for rid, res in core.resources.items() if res.kind == kind]
-    if len(ids) != 1:
-        raise StartupError(f"bad core: expected one {what} resource, found {len(ids)}")
+    """The one resource of `kind` as text (`resource_findings` checked there is one)."""
+    (rid,) = [rid for rid, res in core.resources.items() if res.kind == kind]
     try:
-        return bytes(core.read_resource(ids[0])).decode("utf-8")
+        return bytes(core.read_resource(rid)).decode("utf-8")
     except UnicodeDecodeError:
-        raise StartupError(f"bad core: the {what} resource is not UTF-8 text") from None
+        rule = "frontend.tokenizer" if kind == core_pb2.RESOURCE_KIND_TOKENIZER else ""
+        raise StartupError(f"bad core: the {what} resource is not UTF-8 text", rule) from None
 
 
 def _line(exc: BaseException) -> str:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 
 class FrontendConfigError(ValueError):
-    """The prepared frontend contract cannot be served (fails startup)."""
+    """The prepared frontend contract cannot be served (fails startup).
+
+    Attributes:
+        rule: the broken rule's id (``helios_contract.Finding.rule``; lint-core reports
+            the same), or "" for a selector this frontend does not implement.
+    """
+
+    def __init__(self, message: str, rule: str = "") -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 class FrontendRequestError(ValueError):

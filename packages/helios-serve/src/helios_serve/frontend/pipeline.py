@@ -12,7 +12,11 @@ streamed, so streaming and non-streaming results cannot disagree.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from itertools import chain
 from typing import Any, Protocol
+
+from helios_contract import frontend_syntax_findings
+from helios_tools.token_rules import token_findings
 
 from .deltas import (
     AnswerPiece,
@@ -132,12 +136,17 @@ def _markers(syntax: FrontendSyntax) -> tuple[list[str], list[str]]:
     return delimiters, tags
 
 
-def validate_syntax(syntax: FrontendSyntax) -> None:
-    """Reject a frontend contract that no parser pairing can serve.
+def validate_syntax(syntax: FrontendSyntax, tokenizer) -> None:
+    """Reject a frontend contract that this output frontend cannot serve.
+
+    The syntax rules are helios-contract's (``frontend_syntax_findings``) and the
+    tokenizer-bound ones helios-tools' (``token_findings``): the same generators
+    ``PreparedContract.from_contract`` and ``lint-core`` run. What is checked only here is
+    that the parser tables implement each selector.
 
     Raises:
         FrontendConfigError: an unknown or UNSPECIFIED selector (listing the known ones),
-            an invalid pairing, or syntax data the selected parsers need but lack.
+            or the first finding of those rules (its message names the field path).
     """
     if syntax.reasoning_parser not in REASONING_PARSERS:
         raise FrontendConfigError(
@@ -148,36 +157,9 @@ def validate_syntax(syntax: FrontendSyntax) -> None:
         raise FrontendConfigError(
             f"unknown tool parser {syntax.tool_parser!r}; known tool parsers: {_known(TOOL_PARSERS)}"
         )
-    rp, tp = syntax.reasoning_parser, syntax.tool_parser
-    t, r = syntax.tool_syntax, syntax.reasoning_syntax
-    if rp is ReasoningParser.XTML_THINK and tp is not ToolParser.XTML:
-        raise FrontendConfigError("XTML_THINK reasoning requires the XTML tool parser")
-    if (rp is ReasoningParser.RECIPIENT_HEADER) != (tp is ToolParser.ATEM_RECIPIENT_HEADERS):
-        raise FrontendConfigError(
-            "RECIPIENT_HEADER reasoning and the ATEM_RECIPIENT_HEADERS tool parser are paired"
-        )
-    if rp in (ReasoningParser.THINK_TAGS, ReasoningParser.XTML_THINK) and not (r.open and r.close):
-        raise FrontendConfigError(f"{rp.name} reasoning needs open and close delimiters")
-    for marker in r.terminal_markers:
-        if marker != t.call_open or not marker:
-            raise FrontendConfigError(
-                f"reasoning terminal marker {marker!r} is not the tool syntax's opener "
-                f"{t.call_open!r}"
-            )
-    if tp not in (ToolParser.NONE,) and not (t.call_open and t.call_close):
-        raise FrontendConfigError(f"{tp.name} tool syntax needs call_open and call_close")
-    if tp is ToolParser.JSON_IN_TAGS and not (t.json_name_key and t.json_arguments_key):
-        raise FrontendConfigError("JSON_IN_TAGS tool syntax needs json_name_key/json_arguments_key")
-    if tp in (ToolParser.QWEN_CODER_FUNCTION_TAGS, ToolParser.GLM_ARGUMENT_TAGS, ToolParser.DSML,
-              ToolParser.XTML, ToolParser.ATEM_RECIPIENT_HEADERS):  # fmt: skip
-        if not (t.parameter_name_open and t.parameter_name_close and t.parameter_value_close):
-            raise FrontendConfigError(f"{tp.name} tool syntax needs parameter tags")
-    if tp is ToolParser.ATEM_RECIPIENT_HEADERS:
-        rc, b = syntax.recipient_syntax, syntax.assistant_boundaries
-        if not (rc.frame_start and rc.message_open and rc.internal_message_end):
-            raise FrontendConfigError("recipient frames need frame_start, message_open, internal_message_end")
-        if not b.assistant_header.startswith(rc.frame_start):
-            raise FrontendConfigError("the assistant header must start with the frame start control")
+    front = syntax.to_contract()
+    for finding in chain(frontend_syntax_findings(front), token_findings(front, tokenizer)):
+        raise FrontendConfigError(str(finding.to_error()), finding.rule)
 
 
 def tool_registry(tools: Any, tool_choice: Any = "auto") -> dict[str, dict[str, Any]]:
@@ -227,7 +209,7 @@ class Frontend:
     """
 
     def __init__(self, syntax: FrontendSyntax, tokenizer, eos_token_ids: Sequence[int]) -> None:
-        validate_syntax(syntax)
+        validate_syntax(syntax, tokenizer)
         self.syntax = syntax
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
