@@ -28,9 +28,10 @@ from .checkpoint import (
     random_checkpoint,
     smollm2_gguf_path,
 )
-from .families.llama import LlamaShapes, capture, weight_resource_id
+from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
+from .families.llama import LlamaShapes, Speculation, capture, weight_resource_id
 from .recipe import Recipe, RecipeError, load_recipe_module, validate_recipe
-from .weights import iter_weight_buffers
+from .weights import iter_drafter_buffers, iter_weight_buffers
 
 CONTRACT_VERSION = 3
 CARRIERS = ("payload", "logical")  # CoreBody.format_version 2 / logical-resource core
@@ -258,8 +259,35 @@ def _write_errors(out: Path) -> Iterator[None]:
         raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from None
 
 
+def open_drafter(recipe: Recipe, recipe_path: str | Path, checkpoint) -> Drafter | None:
+    """The recipe's drafter checked against the target, or None when it declares none.
+
+    Raises:
+        RecipeError: a malformed "random:SEED:VOCAB" spec.
+        CheckpointError: the drafter file is missing, malformed or does not fit the target.
+    """
+    if recipe.drafter is None:
+        return None
+    spec = recipe.drafter.checkpoint
+    target = checkpoint.geometry
+    if spec.startswith("random:"):
+        try:
+            _, seed, vocab = spec.split(":")
+            tensors = random_drafter(target, int(vocab), int(seed), checkpoint.eos_token_ids)
+        except ValueError as exc:
+            raise RecipeError(f"recipe {recipe.name}: drafter {spec!r} is not "
+                              f"'random:SEED:DRAFT_VOCAB' ({exc})") from None
+        geometry = DrafterGeometry.for_target(target, int(vocab))
+        return Drafter(spec, geometry, tensors, {})
+    path = Path(spec)
+    if not path.is_absolute():
+        path = Path(recipe_path).resolve().parent / path
+    return read_drafter(path, target)
+
+
 def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
-                   graphs: list[cpb.GraphContract], manifest) -> cpb.ServingContract:
+                   graphs: list[cpb.GraphContract], manifest,
+                   speculation: Speculation | None = None) -> cpb.ServingContract:
     """Assemble the ServingContract (contract version 3) for the captured graphs."""
     caps = recipe.capacities
     eos = recipe.eos_token_ids or checkpoint.eos_token_ids
@@ -269,6 +297,13 @@ def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
     cache.regions.add(name="kv", kind=cpb.HISTORY_KIND_PAGED_KV, planes=planes,
                       tokens_per_record=1)
     cache.page_table_views.add(region="kv", buffer="state.page_table", page_offset=0)
+    if speculation is not None:  # the head's histories share the target's page table
+        cache.regions.add(name="draft_kv", kind=cpb.HISTORY_KIND_PAGED_KV,
+                          planes=["D.k_cache", "D.v_cache"], tokens_per_record=1)
+        cache.regions.add(name="draft_features", kind=cpb.HISTORY_KIND_PAGED_LATENT,
+                          planes=["D.f_cache"], tokens_per_record=1)
+        for region in ("draft_kv", "draft_features"):
+            cache.page_table_views.add(region=region, buffer="state.page_table", page_offset=0)
     model = cpb.ModelContract(
         version=CONTRACT_VERSION,
         vocabulary=cpb.Vocabulary(sampled_tokens=shapes.vocab, histogram_width=shapes.vocab,
@@ -286,6 +321,7 @@ def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
         context_tokens=caps.context_tokens, prefill_chunk_tokens=max(caps.prefill_tokens),
         prepared_pages=caps.prepared_pages, prepared_snapshots=0,
         selected_concurrency=max(caps.decode_batch),
+        speculative_widths=list(speculation.widths) if speculation else [],
         defaults=cpb.ServingDefaults(
             sampling=cpb.SamplingDefaults(
                 temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
@@ -382,7 +418,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
     recipe = fit_context(recipe, ckpt.geometry.max_context)
     caps = recipe.capacities
-    manifest, graphs = capture(shapes, caps, recipe.weight_dtype)
+    drafter = open_drafter(recipe, recipe_path, ckpt)
+    speculation = (Speculation(drafter.geometry, recipe.drafter.widths)
+                   if drafter is not None and recipe.drafter is not None else None)
+    manifest, graphs = capture(shapes, caps, recipe.weight_dtype, spec=speculation)
     blobs: dict[str, bytes] = {}
     if targets:
         from .kernels_aot import compile_targets
@@ -390,7 +429,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         compiled = (lambda done, total: progress("kernels compiled", done, total, "")) \
             if progress else None
         blobs = compile_targets(manifest, targets, progress=compiled)
-    contract = build_contract(recipe, ckpt, shapes, graphs, manifest)
+    contract = build_contract(recipe, ckpt, shapes, graphs, manifest, speculation)
     check_contract(contract, manifest)
     weight_names = [b.name for b in manifest.buffers if b.weight_resource_id]
     tok = ckpt.tokenizer_json.encode()
@@ -415,6 +454,11 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
             writer.add_resource(weight_resource_id(name), core_pb2.RESOURCE_KIND_WEIGHTS,
                                 memoryview(array).cast("B"))
             written(array.nbytes)
+        if drafter is not None:
+            for name, array in iter_drafter_buffers(drafter, ckpt, shapes, recipe.weight_dtype):
+                writer.add_resource(weight_resource_id(name), core_pb2.RESOURCE_KIND_WEIGHTS,
+                                    memoryview(array).cast("B"))
+                written(array.nbytes)
         if targets:
             from .kernels_aot import add_binaries
 

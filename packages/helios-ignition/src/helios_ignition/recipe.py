@@ -70,6 +70,24 @@ class ServingDefaults:
 
 
 @dataclass(frozen=True)
+class DrafterDecl:
+    """The learned drafter of a speculative core (model-contract.md, "Complete speculative
+    generation"; format: helios_ignition/checkpoint/drafter.py).
+
+    Attributes:
+        checkpoint: the drafter's safetensors file, relative to the recipe file's folder
+            (or absolute); "random:SEED:DRAFT_VOCAB" for a seeded random head (tests).
+        widths: captured speculative widths W (target positions per lane, pending token
+            included; D = W - 1 draft tokens each), ascending, starting at 1 (width-one
+            programs serve lanes that cannot speculate). The largest is the core's
+            default width.
+    """
+
+    checkpoint: str
+    widths: tuple[int, ...] = (1, 2, 3, 4)
+
+
+@dataclass(frozen=True)
 class Recipe:
     """Everything a recipe declares.
 
@@ -86,6 +104,7 @@ class Recipe:
         aliases: extra served names.
         chat_template: a Jinja chat template stored in the core instead of the
             checkpoint's (None keeps the checkpoint's).
+        drafter: the learned drafter; None captures no SPECULATIVE programs.
     """
 
     name: str
@@ -99,6 +118,7 @@ class Recipe:
     eos_token_ids: tuple[int, ...] | None = None
     aliases: tuple[str, ...] = field(default_factory=tuple)
     chat_template: str | None = None
+    drafter: DrafterDecl | None = None
 
 
 SUPPORTED_FAMILIES = ("llama",)
@@ -149,6 +169,11 @@ def validate_recipe(recipe: Recipe) -> None:
     if caps.context_tokens % caps.page_tokens:
         raise RecipeError(f"recipe {recipe.name}: context_tokens {caps.context_tokens} is not "
                           f"a multiple of page_tokens {caps.page_tokens}")
+    if recipe.drafter is not None:
+        widths = recipe.drafter.widths
+        if not widths or list(widths) != sorted(set(widths)) or widths[0] != 1 or widths[-1] > 8:
+            raise RecipeError(f"recipe {recipe.name}: drafter.widths must be ascending, start at "
+                              f"1 and stay <= 8, got {widths}")
     _check_frontend_selectors(recipe)
 
 

@@ -17,7 +17,16 @@ from helios_contract.schema import frontend_pb2 as fe
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import grammar_mask_words
 
-from .families.llama import LlamaShapes, capture, rope_inv_freq, weight_layout, weight_resource_id
+from .checkpoint.drafter import DrafterGeometry, random_drafter
+from .checkpoint.geometry import LlamaGeometry
+from .families.llama import (
+    LlamaShapes,
+    Speculation,
+    capture,
+    rope_inv_freq,
+    weight_layout,
+    weight_resource_id,
+)
 from .recipe import Capacities
 
 TINY_SHAPES = LlamaShapes(vocab=96, hidden=32, ffn=48, layers=2, heads=4, kv_heads=2,
@@ -52,11 +61,39 @@ def tiny_weights(shapes: LlamaShapes, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
+def tiny_drafter(shapes: LlamaShapes, draft_vocab: int, seed: int,
+                 weights: dict[str, np.ndarray]) -> tuple[DrafterGeometry, dict[str, np.ndarray]]:
+    """A seeded random draft head for `shapes` and its physical weight buffers (the LM
+    head is the target embedding's rows `vocab_map`, as export builds it)."""
+    target = LlamaGeometry(vocab_size=shapes.vocab, hidden_size=shapes.hidden,
+                           intermediate_size=shapes.ffn, num_layers=shapes.layers,
+                           num_heads=shapes.heads, num_kv_heads=shapes.kv_heads,
+                           head_dim=shapes.head_dim, rope_theta=shapes.rope_theta,
+                           rms_eps=shapes.rms_eps, max_context=1 << 16,
+                           tie_word_embeddings=shapes.tied)
+    tensors = random_drafter(target, draft_vocab, seed, (shapes.vocab - 1,))
+    rng = np.random.default_rng(seed + 1)
+    for name in ("fc_embed", "wqkv", "wo", "w_gate_up", "w_down"):  # tiny: make it matter
+        tensors[name] = (0.3 * rng.standard_normal(tensors[name].shape)).astype(np.float32)
+    out = {f"D.{k}": v for k, v in tensors.items()}
+    out["D.lm_head"] = weights["embed"][tensors["vocab_map"]].copy()
+    return DrafterGeometry.for_target(target, draft_vocab), out
+
+
 def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
-              caps: Capacities = TINY_CAPACITIES, *, device_pending: bool = True) -> TinyCore:
+              caps: Capacities = TINY_CAPACITIES, *, device_pending: bool = True,
+              speculative_widths: tuple[int, ...] = (), draft_vocab: int = 48) -> TinyCore:
     """Capture the tiny model and wrap it with seeded f32 weights and a full contract
-    (`device_pending`: the pending token is device-owned, else host-bound)."""
-    manifest, graphs = capture(shapes, caps, "f32", device_pending=device_pending)
+    (`device_pending`: the pending token is device-owned, else host-bound;
+    `speculative_widths`: add a seeded random draft head over `draft_vocab` ids and one
+    SPECULATIVE program per decode batch and width)."""
+    raw = tiny_weights(shapes, seed)
+    spec = None
+    if speculative_widths:
+        geometry, draft_weights = tiny_drafter(shapes, draft_vocab, seed, raw)
+        raw.update(draft_weights)
+        spec = Speculation(geometry, tuple(speculative_widths))
+    manifest, graphs = capture(shapes, caps, "f32", device_pending=device_pending, spec=spec)
     frontend = fe.FrontendContract(tool_parser=fe.TOOL_PARSER_NONE,
                                    reasoning_parser=fe.REASONING_PARSER_NONE,
                                    image_preparation=fe.IMAGE_PREPARATION_NONE,
@@ -65,11 +102,19 @@ def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
     cache.regions.add(name="kv", kind=cpb.HISTORY_KIND_PAGED_KV, tokens_per_record=1,
                       planes=[f"L{i}.{p}_cache" for i in range(shapes.layers) for p in "kv"])
     cache.page_table_views.add(region="kv", buffer="state.page_table")
+    if spec is not None:
+        cache.regions.add(name="draft_kv", kind=cpb.HISTORY_KIND_PAGED_KV, tokens_per_record=1,
+                          planes=["D.k_cache", "D.v_cache"])
+        cache.regions.add(name="draft_features", kind=cpb.HISTORY_KIND_PAGED_LATENT,
+                          tokens_per_record=1, planes=["D.f_cache"])
+        for region in ("draft_kv", "draft_features"):
+            cache.page_table_views.add(region=region, buffer="state.page_table")
     words = grammar_mask_words(shapes.vocab)
     contract = cpb.ServingContract(
         served_id="tiny", cache_identity="tiny/f32", context_tokens=caps.context_tokens,
         prefill_chunk_tokens=max(caps.prefill_tokens), prepared_pages=caps.prepared_pages,
         selected_concurrency=max(caps.decode_batch), eos_token_ids=[shapes.vocab - 1],
+        speculative_widths=list(speculative_widths),
         defaults=cpb.ServingDefaults(sampling=cpb.SamplingDefaults(top_p=1.0,
                                                                    repetition_penalty=1.0,
                                                                    max_output_tokens=16)),
@@ -79,7 +124,7 @@ def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
                                                  mask_words=words),
             input_vocabulary=cpb.InputVocabulary(input_tokens=shapes.vocab),
             vision=cpb.VisionContract(), cache=cache, graphs=graphs, frontend=frontend))
-    weights = {weight_resource_id(k): v for k, v in tiny_weights(shapes, seed).items()}
+    weights = {weight_resource_id(k): v for k, v in raw.items()}
     return TinyCore(contract, manifest, weights)
 
 

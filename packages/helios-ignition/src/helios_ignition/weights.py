@@ -64,3 +64,23 @@ def iter_weight_buffers(checkpoint, shapes: LlamaShapes, weight_dtype: str
             yield name, to_bf16_bits(array)
         else:
             yield name, np.ascontiguousarray(array, dtype=np.float32)
+
+
+def iter_drafter_buffers(drafter, checkpoint, shapes: LlamaShapes, weight_dtype: str
+                         ) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield the learned drafter's `(buffer name, stored array)` (families/draft.py names).
+
+    Matrices in `weight_dtype`, norms float32, `D.vocab_map` int32; `D.lm_head` is the
+    target's LM head (the tied embedding when tied) restricted to the rows `vocab_map`,
+    so the head shares the target's output projection.
+    """
+    for name, array in drafter.tensors.items():
+        if name == "vocab_map":
+            yield "D.vocab_map", np.ascontiguousarray(array, dtype=np.int32)
+        elif array.ndim > 1 and weight_dtype == "bf16":
+            yield f"D.{name}", to_bf16_bits(array)
+        else:
+            yield f"D.{name}", np.ascontiguousarray(array, dtype=np.float32)
+    source = "model.embed_tokens.weight" if shapes.tied else "lm_head.weight"
+    head = checkpoint.tensor(source)[drafter.vocab_map]
+    yield "D.lm_head", to_bf16_bits(head) if weight_dtype == "bf16" else np.ascontiguousarray(head)

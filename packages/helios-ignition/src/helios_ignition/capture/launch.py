@@ -279,7 +279,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("rmsnorm", "add_rmsnorm"):
         T, D = s[0], s[1]
         return _cfg((T,), 4 if D <= 1024 else 8, BLOCK_D=_np2(D, 16))
-    if op == "linear":
+    if op in ("linear", "linear_invariant"):
         T, N, K = s
         wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
         if T == 1:  # GEMV: 4 rows per program, K in at most 2048-wide loads (measured
@@ -339,4 +339,16 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "sample":
         R = s[0]
         return _cfg((R,), 8, BLOCK_V=2048)
+    if op in ("spec_draft_inputs", "spec_pack_tokens"):  # one program per lane / packed row
+        n = s[1] if op == "spec_pack_tokens" else s[0]
+        return _cfg((_cdiv(n, 128),), 4, BLOCK=128)
+    if op == "draft_sample":  # one program per lane over the draft vocabulary
+        B = s[0]
+        return _cfg((B,), 8, BLOCK_V=2048)
+    if op == "spec_verify":  # one program per lane walks its rows in order
+        B = s[0]
+        return _cfg((B,), 8, BLOCK_V=2048)
+    if op in ("paged_row_write", "paged_row_gather_prev"):
+        T, D = s[0], s[4]
+        return _cfg((T,), 4, BLOCK_D=_np2(D, 16))
     raise KeyError(f"no launch rule for kernel op {op!r}")

@@ -1,8 +1,10 @@
 """The Llama family forward pass, written once against the program builder.
 
 Captured per graph variant: PREFILL (packed prompt tokens across rows, per prefill token
-capacity) and DECODE (one pending token per row, per batch capacity). Buffers are shared
-across variants; each variant uses the leading rows of the request inputs and scratch.
+capacity), DECODE (one pending token per row, per batch capacity) and, in a core with a
+learned drafter, SPECULATIVE (per batch capacity and width: draft, verify, commit).
+Buffers are shared across variants; each variant uses the leading rows of the request
+inputs and scratch.
 
 Layer math (HF Llama): h = rmsnorm(r); r += o_proj(attn(rope(qkv(h)))); h = rmsnorm(r);
 r += down(silu(gate(h)) * up(h)). Q/K/V and gate/up projections are fused into one
@@ -20,10 +22,14 @@ from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import grammar_mask_words
 
+from helios_tools.kernels.speculative import RECORD_FIELDS
+
 from ..capture import launch
 from ..capture.builder import BufferTable, ProgramBuilder
+from ..checkpoint.drafter import DrafterGeometry
 from ..preparation import contract as decl
 from ..recipe import Capacities
+from . import draft
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,27 @@ def decode_splits(context_tokens: int) -> tuple[int, int]:
     return -(-context_tokens // split), split
 
 
-def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str) -> BufferTable:
+@dataclass(frozen=True)
+class Speculation:
+    """A drafter core's speculative capture (model-contract.md, "Complete speculative
+    generation"): the head's geometry and the captured widths W. Each decode batch B gets
+    one SPECULATIVE program per W with D = W - 1 draft tokens and P = B x W packed rows."""
+
+    drafter: DrafterGeometry
+    widths: tuple[int, ...]
+
+    @property
+    def max_width(self) -> int:
+        return max(self.widths)
+
+
+SPEC_NAMES = {"generation": "in.generation", "lane_start": "in.lane_start",
+              "token_slot": "in.token_slot"}
+RECORD = "out.record"
+
+
+def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
+                    spec: Speculation | None = None) -> BufferTable:
     """The physical buffer table shared by every graph variant."""
     t = BufferTable()
     for name, shape in weight_layout(s).items():
@@ -104,7 +130,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str) -> Buff
         t.declare(name, dtype, shape, "weight", weight_resource_id(name))
     slots = max(caps.decode_batch)
     rows = max(slots, caps.prefill_rows)
-    tokens = max(max(caps.prefill_tokens), slots)
+    packed = slots * spec.max_width if spec else slots  # decode rows or verify rows
+    tokens = max(max(caps.prefill_tokens), packed)
     pages_per_request = caps.context_tokens // caps.page_tokens
     words = grammar_mask_words(s.vocab)
     n = INPUT_NAMES
@@ -128,57 +155,76 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str) -> Buff
                         ("gate_up", 2 * s.ffn), ("act", s.ffn)):
         t.declare(f"scratch.{name}", "f32", (tokens, width), "scratch")
     ns, _ = decode_splits(pages_per_request * caps.page_tokens)
-    t.declare("scratch.attn_ml", "f32", (slots, s.heads, ns, 2), "scratch")
-    t.declare("scratch.attn_o", "f32", (slots, s.heads, ns, s.head_dim), "scratch")
+    t.declare("scratch.attn_ml", "f32", (packed, s.heads, ns, 2), "scratch")
+    t.declare("scratch.attn_o", "f32", (packed, s.heads, ns, s.head_dim), "scratch")
     t.declare("scratch.last", "f32", (rows, s.hidden), "scratch")
-    t.declare("scratch.logits", "f32", (rows, s.vocab), "scratch")
+    t.declare("scratch.logits", "f32", (max(rows, packed), s.vocab), "scratch")
     t.declare(SAMPLED, "i32", (rows,), "output")
+    if spec is not None:
+        g, dmax = spec.drafter, max(spec.max_width - 1, 1)
+        t.declare(SPEC_NAMES["generation"], "i32", (rows,), "input")
+        t.declare(SPEC_NAMES["lane_start"], "i32", (rows,), "input")
+        t.declare(SPEC_NAMES["token_slot"], "i32", (tokens,), "input")
+        for name in ("d_tok", "d_pos", "d_row", "d_slot"):
+            t.declare(f"spec.{name}", "i32", (rows,), "scratch")
+        t.declare("spec.drafts", "i32", (rows, dmax), "scratch")
+        t.declare("spec.q", "f32", (rows, dmax, g.draft_vocab), "scratch")
+        t.declare("spec.tokens", "i32", (tokens,), "scratch")
+        t.declare("spec.commit_row", "i32", (tokens,), "scratch")
+        t.declare(RECORD, "i32", (rows, RECORD_FIELDS + spec.max_width), "output")
+        draft.declare(t, g, weight_dtype, tokens, caps.prepared_pages, caps.page_tokens, ns,
+                      weight_resource_id)
     return t
 
 
-def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, rows: int,
-             decode: bool, device_pending: bool) -> None:
-    """Record one variant: `tokens` packed tokens over `rows` submission rows.
+@dataclass(frozen=True)
+class _Rows:
+    """Where one pass's packed rows come from (views of the buffer table)."""
 
-    With `device_pending`, decode reads each row's fed token from the slot's pending-token
-    state and every sampling row writes its sampled id back there (specification: "Host
-    values and graph state"), so step N + 1 can be submitted before step N completes.
+    tokens: object  # [T] i32 token ids
+    positions: object  # [T] i32
+    token_row: object  # [T] i32 submission row (< 0 padding)
+    slot: object  # [R] i32 physical request rows
+    attn_slot: object  # [T] i32 slot of each query row (decode-style attention)
+
+
+def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T: int, R: int,
+            *, decode_attention: bool, invariant: bool) -> None:
+    """Embedding, every layer and the final norm over `T` packed rows; the final-norm
+    hidden states (the LM head's input) are left in `scratch.h`.
+
+    Decode-style attention gives each row one query attending to its slot's cache up to
+    its own position (decode rows, verification rows: the window's keys are written
+    first, so it is causal within a lane); prefill attention is causal over a chunk.
+    `invariant` records `linear_invariant` and no fused SwiGLU, so every row's result
+    is independent of T (decode and verification agree bit for bit).
     """
     t = b.table
-    T, R, D = tokens, rows, s.hidden
+    D = s.hidden
     H, KVH, HD = s.heads, s.kv_heads, s.head_dim
     QKV, F = s.qkv_width, s.ffn
     PT = caps.page_tokens
     MP = caps.context_tokens // PT
     pages = t.buffers["L0.k_cache"].shape[0]
     slots = t.buffers[PAGE_TABLE].shape[0]
-    n = INPUT_NAMES
+    lin = "linear_invariant" if invariant else "linear"
 
     def scratch(name: str, width: int, count: int = T):
         return t.view(f"scratch.{name}", (count, width))
 
-    def inp(key: str, count: int, width: int | None = None):
-        shape = (count,) if width is None else (count, width)
-        return t.view(n[key], shape)
-
-    toks, pos, trow = inp("tokens", T), inp("positions", T), inp("token_row", T)
-    slot = inp("slot", R)
     page_table = t.view(PAGE_TABLE, (slots, MP))
     x, res, h = scratch("x", D), scratch("residual", D), scratch("h", D)
     qkv, attn = scratch("qkv", QKV), scratch("attn", H * HD)
     gate_up, act = scratch("gate_up", 2 * F), scratch("act", F)
     inv_freq = t.view("rope_inv_freq", (HD // 2,))
     scale = 1.0 / math.sqrt(HD)
-
-    pending = t.view(PENDING, (slots,))
-    if decode and device_pending:
-        b.launch("slot_gather", pending, slot, toks, R, slots)
-    b.launch("embedding", toks, t.view("embed", (s.vocab, D)), res, T, D)
+    pos, trow, slot = rows.positions, rows.token_row, rows.slot
+    b.launch("embedding", rows.tokens, t.view("embed", (s.vocab, D)), res, T, D)
     b.launch("rmsnorm", res, t.view("L0.attn_norm", (D,)), h, T, D, s.rms_eps)
     for i in range(s.layers):
         kc = t.view(f"L{i}.k_cache", (pages, PT, KVH, HD))
         vc = t.view(f"L{i}.v_cache", (pages, PT, KVH, HD))
-        b.launch("linear", h, t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D)
+        b.launch(lin, h, t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D)
         if launch.fuse_rope_kv_write():
             b.launch("rope_kv_write", qkv, pos, inv_freq, trow, slot, page_table, kc, vc,
                      T, R, MP, PT, H, KVH, HD)
@@ -186,34 +232,68 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
             b.launch("rope", qkv, pos, inv_freq, T, H, KVH, HD)
             b.launch("kv_write", qkv, pos, trow, slot, page_table, kc, vc, T, R, MP, PT, H,
                      KVH, HD)
-        if decode:  # split over the context, then merged (flash-decoding)
+        if decode_attention:  # split over the context, then merged (flash-decoding)
             ns, split = decode_splits(MP * PT)
             part_ml = t.view("scratch.attn_ml", (T, H, ns, 2))
             part_o = t.view("scratch.attn_o", (T, H, ns, HD))
-            b.launch("attention_decode_split", qkv, pos, slot, page_table, kc, vc, part_ml,
-                     part_o, T, MP, PT, H, KVH, HD, ns, split, scale)
-            b.launch("attention_decode_merge", part_ml, part_o, slot, attn, T, H, HD, ns)
+            b.launch("attention_decode_split", qkv, pos, rows.attn_slot, page_table, kc, vc,
+                     part_ml, part_o, T, MP, PT, H, KVH, HD, ns, split, scale)
+            b.launch("attention_decode_merge", part_ml, part_o, rows.attn_slot, attn, T, H,
+                     HD, ns)
         else:
             b.launch("attention_prefill", qkv, pos, trow, slot, page_table, kc, vc, attn,
                      T, R, MP, PT, H, KVH, HD, scale)
-        b.launch("linear", attn, t.view(f"L{i}.wo", (D, H * HD)), x, T, D, H * HD)
+        b.launch(lin, attn, t.view(f"L{i}.wo", (D, H * HD)), x, T, D, H * HD)
         b.launch("add_rmsnorm", x, res, t.view(f"L{i}.ffn_norm", (D,)), h, T, D, s.rms_eps)
-        b.launch("linear", h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
-        if decode and launch.fuse_swiglu_linear(T, D):  # SwiGLU applied as the GEMV loads
+        b.launch(lin, h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
+        if decode_attention and not invariant and launch.fuse_swiglu_linear(T, D):
             b.launch("swiglu_linear", gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
         else:
             b.launch("silu_mul", gate_up, act, T, F)
-            b.launch("linear", act, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
+            b.launch(lin, act, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
         next_norm = f"L{i + 1}.attn_norm" if i + 1 < s.layers else "final_norm"
         b.launch("add_rmsnorm", x, res, t.view(next_norm, (D,)), h, T, D, s.rms_eps)
-    head = t.view("embed" if s.tied else "lm_head", (s.vocab, D))
+
+
+def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, rows: int,
+             decode: bool, device_pending: bool, spec: Speculation | None = None) -> None:
+    """Record one PREFILL or DECODE variant: `tokens` packed tokens over `rows` rows.
+
+    With `device_pending`, decode reads each row's fed token from the slot's pending-token
+    state and every sampling row writes its sampled id back there (specification: "Host
+    values and graph state"), so step N + 1 can be submitted before step N completes.
+    In a drafter core (`spec`), decode is row-invariant (its rows equal verification
+    rows bit for bit) and prefill also stores its features and writes the head's
+    entries of its tokens (the draft context).
+    """
+    t = b.table
+    T, R = tokens, rows
+    slots = t.buffers[PAGE_TABLE].shape[0]
+    n = INPUT_NAMES
+
+    def inp(key: str, count: int, width: int | None = None):
+        shape = (count,) if width is None else (count, width)
+        return t.view(n[key], shape)
+
+    toks, pos, trow = inp("tokens", T), inp("positions", T), inp("token_row", T)
+    slot = inp("slot", R)
+    pending = t.view(PENDING, (slots,))
+    if decode and device_pending:
+        b.launch("slot_gather", pending, slot, toks, R, slots)
+    _layers(b, s, caps, _Rows(toks, pos, trow, slot, slot), T, R, decode_attention=decode,
+            invariant=decode and spec is not None)
+    h = t.view("scratch.h", (T, s.hidden))
+    if spec is not None and not decode:
+        _draft_context(b, s, caps, spec, toks, pos, trow, slot, T, R)
+    head = t.view("embed" if s.tied else "lm_head", (s.vocab, s.hidden))
     logits = t.view("scratch.logits", (R, s.vocab))
     if decode:
-        b.launch("linear", h, head, logits, R, s.vocab, D)
+        b.launch("linear_invariant" if spec is not None else "linear", h, head, logits, R,
+                 s.vocab, s.hidden)
     else:
-        last = t.view("scratch.last", (R, D))
-        b.launch("gather_last", h, inp("query_length", R), last, T, R, D)
-        b.launch("linear", last, head, logits, R, s.vocab, D)
+        last = t.view("scratch.last", (R, s.hidden))
+        b.launch("gather_last", h, inp("query_length", R), last, T, R, s.hidden)
+        b.launch("linear", last, head, logits, R, s.vocab, s.hidden)
     words = grammar_mask_words(s.vocab)
     b.launch("sample", logits, slot, pos if decode else _last_positions(b, R),
              inp("sampling_decision", R), inp("seed", R, 2), inp("temperature", R),
@@ -226,6 +306,96 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
                  pending, R, slots)
 
 
+def _draft_context(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Speculation,
+                   toks, pos, trow, slot, T: int, R: int) -> None:
+    """Store the target features of a prefill chunk's `T` tokens and write the head's
+    entries of those tokens (prefill rows are not batch-sized: plain linears)."""
+    t = b.table
+    PT = caps.page_tokens
+    MP = caps.context_tokens // PT
+    slots = t.buffers[PAGE_TABLE].shape[0]
+    page_table = t.view(PAGE_TABLE, (slots, MP))
+    h = t.view("scratch.h", (T, s.hidden))
+    draft.store_features(b, h, pos, trow, slot, page_table, T, R, MP, PT, s.hidden)
+    draft.entries(b, spec.drafter, s.rms_eps, toks, pos, trow, slot, page_table,
+                  t.view("rope_inv_freq", (s.head_dim // 2,)), T, R, MP, PT)
+
+
+def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Speculation,
+                 lanes: int, width: int) -> None:
+    """Record one SPECULATIVE program: B = `lanes`, W = `width`, D = W - 1, P = B x W.
+
+    Proposal (D draft steps), target verification of each lane's n_b positions, accepted-
+    state commit (helios_tools.kernels.speculative documents every step and the RNG
+    streams). Lengths come from QUERY_LENGTH; the host packs positions, rows and slots
+    of the P verification rows; the device fills their tokens (pending, then drafts).
+    """
+    t = b.table
+    g = spec.drafter
+    B, D, P = lanes, width - 1, lanes * width
+    dmax = t.buffers["spec.drafts"].shape[1]
+    slots = t.buffers[PAGE_TABLE].shape[0]
+    PT = caps.page_tokens
+    MP = caps.context_tokens // PT
+    n = INPUT_NAMES
+    page_table = t.view(PAGE_TABLE, (slots, MP))
+    inv_freq = t.view("rope_inv_freq", (s.head_dim // 2,))
+    ns, split = decode_splits(MP * PT)
+
+    def inp(key: str, count: int, width_: int | None = None):
+        shape = (count,) if width_ is None else (count, width_)
+        return t.view(n.get(key) or SPEC_NAMES[key], shape)
+
+    def sp(name: str, count: int):
+        return t.view(f"spec.{name}", (count,))
+
+    slot, start, qlen = inp("slot", B), inp("lane_start", B), inp("query_length", B)
+    pending = t.view(PENDING, (slots,))
+    drafts = t.view("spec.drafts", (B, dmax))
+    q = t.view("spec.q", (B, dmax, g.draft_vocab))
+    vocab_map = t.view("D.vocab_map", (g.draft_vocab,))
+    sampling = [inp("seed", B, 2), inp("temperature", B), inp("top_p", B), inp("top_k", B),
+                inp("min_p", B)]
+    for k in range(1, D + 1):  # proposals: D draws of the head, no host round trip
+        b.launch("spec_draft_inputs", pending, slot, start, qlen, drafts, sp("d_tok", B),
+                 sp("d_pos", B), sp("d_row", B), sp("d_slot", B), B, slots, dmax, k)
+        logits = draft.step(b, g, s.rms_eps, B, sp("d_row", B), sp("d_slot", B), slot,
+                            sp("d_pos", B), sp("d_tok", B), page_table, inv_freq, MP, PT, ns,
+                            split, first=k == 1)
+        b.launch("draft_sample", logits, sp("d_slot", B), sp("d_pos", B), vocab_map,
+                 *sampling, drafts, q, B, g.draft_vocab, dmax, k)
+    pos, trow, tslot = inp("positions", P), inp("token_row", P), inp("token_slot", P)
+    tokens = sp("tokens", P)
+    b.launch("spec_pack_tokens", pending, slot, start, drafts, pos, trow, tokens, B, P, slots,
+             dmax)
+    _layers(b, s, caps, _Rows(tokens, pos, trow, slot, tslot), P, B, decode_attention=True,
+            invariant=True)
+    h = t.view("scratch.h", (P, s.hidden))
+    logits = t.view("scratch.logits", (P, s.vocab))
+    head = t.view("embed" if s.tied else "lm_head", (s.vocab, s.hidden))
+    b.launch("linear_invariant", h, head, logits, P, s.vocab, s.hidden)
+    words = grammar_mask_words(s.vocab)
+    commit = sp("commit_row", P)
+    record = t.view(RECORD, (B, RECORD_FIELDS + width))
+    b.launch("spec_verify", logits, slot, inp("generation", B), start, qlen,
+             inp("sampling_decision", B), inp("seed", B, 2), inp("temperature", B),
+             inp("top_p", B), inp("top_k", B), inp("min_p", B), inp("presence", B),
+             inp("frequency", B), inp("repetition", B), t.view(n["histogram"], (slots, s.vocab)),
+             inp("grammar_mask", B, words), inp("use_mask", B), drafts, q, vocab_map, trow,
+             pending, commit, record, B, P, s.vocab, g.draft_vocab, words, dmax, width,
+             DRAFT_LAG)
+    # Commit: features of every verified row (rows past the accepted ones lie beyond the
+    # consumed endpoint, never read before they are rewritten), then the head's entries
+    # of the accepted positions from those true features.
+    draft.store_features(b, h, pos, trow, slot, page_table, P, B, MP, PT, s.hidden)
+    draft.entries(b, g, s.rms_eps, tokens, pos, commit, slot, page_table, inv_freq, P, B, MP,
+                  PT, linear="linear_invariant")
+
+
+# The head's entries are committed up to the consumed endpoint: draft cursor lag 0.
+DRAFT_LAG = 0
+
+
 def _last_positions(b: ProgramBuilder, rows: int):
     """Per-row RNG positions for prefill: each row's last fed token.
 
@@ -236,36 +406,54 @@ def _last_positions(b: ProgramBuilder, rows: int):
     return b.table.view("in.sample_position", (rows,))
 
 
-def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pending: bool = True
+def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pending: bool = True,
+            spec: Speculation | None = None
             ) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
     """Capture every graph variant and declare their contracts.
 
     Args:
         device_pending: keep the pending token on the device (decode reads it from
             PENDING, sampling rows write it) rather than binding it from the host.
+        spec: a drafter core's speculation: adds the head's buffers, one SPECULATIVE
+            program per (decode batch B, width W) and the draft context to prefill
+            (speculative programs need the device-owned pending token).
 
     Returns:
         The execution manifest (buffers, kernel variants, graph programs) and one
         GraphContract per variant, in the same order.
     """
-    table = declare_buffers(s, caps, weight_dtype)
+    if spec is not None and not device_pending:
+        raise ValueError("speculative programs read the device-owned pending token")
+    table = declare_buffers(s, caps, weight_dtype, spec)
     rows = max(max(caps.decode_batch), caps.prefill_rows)
     table.declare("in.sample_position", "i32", (rows,), "input")
     kernels: dict[str, mpb.Kernel] = {}
     programs: list[mpb.GraphProgram] = []
     contracts: list[cpb.GraphContract] = []
-    variants = [("decode", b, b) for b in caps.decode_batch]
-    variants += [("prefill", t, caps.prefill_rows) for t in caps.prefill_tokens]
-    for kind, tokens, nrows in variants:
+    variants = [("decode", b, b, 0) for b in caps.decode_batch]
+    variants += [("prefill", t, caps.prefill_rows, 0) for t in caps.prefill_tokens]
+    if spec is not None:
+        variants += [("speculative", b, b, w) for b in caps.decode_batch for w in spec.widths]
+    for kind, tokens, nrows, width in variants:
         builder = ProgramBuilder(table, kernels)
-        decode = kind == "decode"
-        _forward(builder, s, caps, tokens, nrows, decode, device_pending)
-        name = f"{kind}_b{tokens}" if decode else f"prefill_t{tokens}"
-        op = cpb.OPERATION_DECODE if decode else cpb.OPERATION_PREFILL
+        if kind == "speculative":
+            assert spec is not None
+            _speculative(builder, s, caps, spec, nrows, width)
+            name, op, packed = f"spec_b{nrows}_w{width}", cpb.OPERATION_SPECULATIVE, nrows * width
+            completion = mpb.CompletionLayout(
+                buffer=RECORD, rows=nrows,
+                speculative=mpb.SpeculativeCompletion(token_width=width))
+        else:
+            decode = kind == "decode"
+            _forward(builder, s, caps, tokens, nrows, decode, device_pending, spec)
+            name = f"{kind}_b{tokens}" if decode else f"prefill_t{tokens}"
+            op = cpb.OPERATION_DECODE if decode else cpb.OPERATION_PREFILL
+            packed = tokens
+            completion = mpb.CompletionLayout(buffer=SAMPLED, rows=nrows)
         program = mpb.GraphProgram(name=name, operation=op, batch_capacity=nrows,
-                                   token_capacity=tokens, launches=builder.launches,
-                                   completion=mpb.CompletionLayout(buffer=SAMPLED, rows=nrows))
-        contract = _graph_contract(name, op, nrows, tokens, s, table, device_pending)
+                                   token_capacity=packed, launches=builder.launches,
+                                   completion=completion)
+        contract = _graph_contract(name, op, nrows, packed, s, table, device_pending, width)
         for b in contract.bindings:
             decl_ = table.buffers[b.destination]
             program.transports.add(destination=b.destination,
@@ -278,16 +466,26 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
 
 
 def _graph_contract(name: str, op: int, rows: int, tokens: int, s: LlamaShapes,
-                    table: BufferTable, device_pending: bool) -> cpb.GraphContract:
-    decode = op == cpb.OPERATION_DECODE
+                    table: BufferTable, device_pending: bool, width: int = 0
+                    ) -> cpb.GraphContract:
+    decode = op in (cpb.OPERATION_DECODE, cpb.OPERATION_SPECULATIVE)
+    speculative = op == cpb.OPERATION_SPECULATIVE
     slots = table.buffers[PAGE_TABLE].shape[0]
     g = cpb.GraphContract(name=name, operation=op, batch_capacity=rows, token_capacity=tokens,
                           state_rows_per_request=1,
-                          completion_cursor=cpb.CompletionCursor(has_draft_cursor=False))
-    g.bindings.extend(decl.shared_admission(INPUT_NAMES, prefill=not decode,
-                                            device_pending=device_pending))
+                          completion_cursor=cpb.CompletionCursor(has_draft_cursor=speculative,
+                                                                 lag_tokens=DRAFT_LAG))
+    if speculative:
+        g.speculative.CopyFrom(cpb.SpeculativeDescriptor(
+            batch_capacity=rows, draft_tokens=width - 1, token_capacity=width,
+            packed_token_capacity=tokens, length_source=cpb.LENGTH_SOURCE_QUERY_LENGTH,
+            lane_limit=width))
+        g.bindings.extend(decl.speculative_lanes(INPUT_NAMES, SPEC_NAMES))
+    else:
+        g.bindings.extend(decl.shared_admission(INPUT_NAMES, prefill=not decode,
+                                                device_pending=device_pending))
     g.bindings.extend(decl.sampling(INPUT_NAMES))
-    if not decode:
+    if op == cpb.OPERATION_PREFILL:
         g.bindings.append(decl.binding("in.sample_position", cpb.VALUE_SOURCE_CONSUMED_ENDPOINT,
                                        cpb.INDEXING_SUBMISSION_ROW, offset=-1))
     pt_bindings, pt_access = decl.paged_text(PAGE_TABLE, table.buffers[PAGE_TABLE].shape[1] * 4,

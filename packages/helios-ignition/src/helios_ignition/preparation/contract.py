@@ -52,6 +52,36 @@ def shared_admission(names: Mapping[str, str], *, prefill: bool,
     ]
 
 
+def speculative_lanes(names: Mapping[str, str], spec_names: Mapping[str, str]
+                      ) -> list[cpb.ValueBinding]:
+    """Lane geometry of a SPECULATIVE program with the QUERY_LENGTH length source.
+
+    Per lane (submission row): slot, generation (echoed in the completion record), the
+    host-selected length n_b (target positions, pending token included) and the lane's
+    start (its pending token's position: CONSUMED_ENDPOINT - 1 of a row feeding the
+    pending token). Per packed verification row (PACKED_TOKEN, following each lane's
+    n_b): position, lane and slot. The tokens themselves come from the device (pending
+    token, then drafts).
+
+    Args:
+        names: buffer names for keys positions, token_row, slot, query_length.
+        spec_names: buffer names for keys generation, lane_start, token_slot.
+    """
+    return [
+        binding(names["slot"], V.VALUE_SOURCE_SLOT, V.INDEXING_SUBMISSION_ROW, padding=-1),
+        binding(spec_names["generation"], V.VALUE_SOURCE_GENERATION, V.INDEXING_SUBMISSION_ROW,
+                padding=-1),
+        binding(names["query_length"], V.VALUE_SOURCE_QUERY_LENGTH, V.INDEXING_SUBMISSION_ROW),
+        binding(spec_names["lane_start"], V.VALUE_SOURCE_CONSUMED_ENDPOINT,
+                V.INDEXING_SUBMISSION_ROW, offset=-1),
+        binding(names["positions"], V.VALUE_SOURCE_PROMPT_POSITIONS, V.INDEXING_PACKED_TOKEN),
+        binding(names["token_row"], V.VALUE_SOURCE_MIXED_PREFILL_ROW, V.INDEXING_PACKED_TOKEN,
+                padding=-1),
+        binding(spec_names["token_slot"], V.VALUE_SOURCE_SLOT, V.INDEXING_PACKED_TOKEN,
+                padding=-1),
+    ]
+
+
 SAMPLING_SOURCES = {
     "sampling_decision": V.VALUE_SOURCE_SAMPLING_DECISION,
     "seed": V.VALUE_SOURCE_SEED_BITS,

@@ -89,20 +89,28 @@ def attention_decode_split(
     jc = np.where(valid, j[None, :], 0)
     pages = page_table[slot[rows][:, None], jc // PT].astype(np.int64)
     idx = pages * PT + jc % PT  # [n, L]
-    k = k_cache.reshape(-1, KVH, HD)[idx].transpose(0, 2, 3, 1)  # [n, KVH, HD, L]
-    v = v_cache.reshape(-1, KVH, HD)[idx]  # [n, L, KVH, HD]
-    q = qkv[rows, : H * HD].reshape(n, KVH, G, HD) * np.float32(scale)
-    scores = np.matmul(q, k)  # [n, KVH, G, L]
-    scores = np.where(valid[:, None, None, :], scores, np.float32(-np.inf))
-    sc = scores.reshape(n, KVH, G, n_split, SPLIT)
-    m = sc.max(axis=-1)  # [n, KVH, G, n_split]; -inf for splits past the context
+    # Every product has the fixed shape of one split ([G, HD] x [HD, SPLIT], then
+    # [G, SPLIT] x [SPLIT, HD]), so a row's result depends on neither the other rows nor
+    # the longest context in the batch: decode and verification rows agree bit for bit.
+    k = k_cache.reshape(-1, KVH, HD)[idx].reshape(n, n_split, SPLIT, KVH, HD)
+    k = k.transpose(0, 3, 1, 4, 2)  # [n, KVH, n_split, HD, SPLIT]
+    v = v_cache.reshape(-1, KVH, HD)[idx].reshape(n, n_split, SPLIT, KVH, HD)
+    vs = v.transpose(0, 3, 1, 2, 4)  # [n, KVH, n_split, SPLIT, HD]
+    q = qkv[rows, : H * HD].reshape(n, KVH, 1, G, HD) * np.float32(scale)
+    scores = np.matmul(q, k)  # [n, KVH, n_split, G, SPLIT]
+    valid_s = valid.reshape(n, 1, n_split, 1, SPLIT)
+    scores = np.where(valid_s, scores, np.float32(-np.inf))
+    m = scores.max(axis=-1)  # [n, KVH, n_split, G]; -inf for splits past the context
     live = np.isfinite(m)
-    e = np.exp(sc - np.where(live, m, 0.0)[..., None])
-    vs = v.reshape(n, n_split, SPLIT, KVH, HD).transpose(0, 3, 1, 2, 4)  # [n, KVH, S, J, HD]
-    o = np.matmul(e.transpose(0, 1, 3, 2, 4), vs)  # [n, KVH, n_split, G, HD]
+    e = np.exp(scores - np.where(live, m, 0.0)[..., None])
+    o = np.matmul(e, vs)  # [n, KVH, n_split, G, HD]
+    m = m.transpose(0, 1, 3, 2)  # [n, KVH, G, n_split]
+    live = live.transpose(0, 1, 3, 2)
+    esum = e.sum(axis=-1).transpose(0, 1, 3, 2)
+    o = o.transpose(0, 1, 3, 2, 4)  # [n, KVH, G, n_split, HD]
     ml[rows, :, :n_split, 0] = np.where(live, m, EMPTY_MAX).reshape(n, H, n_split)
-    ml[rows, :, :n_split, 1] = e.sum(axis=-1).reshape(n, H, n_split)
-    po[rows, :, :n_split] = o.transpose(0, 1, 3, 2, 4).reshape(n, H, n_split, HD)
+    ml[rows, :, :n_split, 1] = esum.reshape(n, H, n_split)
+    po[rows, :, :n_split] = o.reshape(n, H, n_split, HD)
 
 
 def attention_decode_merge(

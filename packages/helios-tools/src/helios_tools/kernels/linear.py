@@ -33,3 +33,38 @@ def linear(
     # One BLAS call on the free transposed view, then a copy. Not matmul(out=...): in
     # NumPy 2.4 that path skips the BLAS gemv for T = 1 and ran 5x slower here.
     out[:T, :N] = x[:T, :K] @ weight[:N, :K].T
+
+
+# Rows per fixed-shape block of ``linear_invariant``: one BLAS call per 8 rows.
+INVARIANT_ROWS = 8
+
+
+def linear_invariant(
+    x: NDArray[np.float32],
+    weight: NDArray[np.float32],
+    out: NDArray[np.float32],
+    T: int,
+    N: int,
+    K: int,
+) -> None:
+    """``linear`` whose rows do not depend on T or on the other rows (batch invariance).
+
+    Same math and reference loop as ``linear``. BLAS picks a different kernel (and so a
+    different rounding) for each row count, so the rows go through fixed 8-row blocks
+    (the last one zero-padded): a row gets the same f32 result in a 1-row decode and in
+    a 32-row verification. Decode and speculative graphs of cores with a drafter use it,
+    so a verified position's logits equal the decode program's bit for bit
+    (model-contract.md, "Complete speculative generation": greedy output unchanged).
+
+    Args: as ``linear``.
+    """
+    w = weight[:N, :K].T
+    block = np.zeros((INVARIANT_ROWS, K), np.float32)
+    for start in range(0, T, INVARIANT_ROWS):
+        rows = min(INVARIANT_ROWS, T - start)
+        if rows == INVARIANT_ROWS:
+            out[start:start + rows, :N] = x[start:start + rows, :K] @ w
+        else:
+            block[:rows] = x[start:start + rows, :K]
+            block[rows:] = 0.0
+            out[start:start + rows, :N] = (block @ w)[:rows]

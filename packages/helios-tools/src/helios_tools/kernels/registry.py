@@ -18,11 +18,19 @@ from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
 from .fused import rope_kv_write, swiglu_linear
-from .linear import linear
+from .linear import linear, linear_invariant
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .rope import rope
 from .sampling import sample
+from .speculative import (
+    draft_sample,
+    paged_row_gather_prev,
+    paged_row_write,
+    spec_draft_inputs,
+    spec_pack_tokens,
+    spec_verify,
+)
 
 ParamKind = Literal["buffer", "i32", "f32"]
 Direction = Literal["in", "out", "inout"]
@@ -131,6 +139,45 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("grammar_mask", "i32"), _b("use_mask", "i32"), _b("sampled", "i32", "out"),
         *_i("R", "V", "W32"),
     ),
+    "linear_invariant": (
+        _b("x", "f32"), _b("weight", "f32"), _b("out", "f32", "out"), *_i("T", "N", "K"),
+    ),
+    "spec_draft_inputs": (
+        _b("pending", "i32"), _b("slot", "i32"), _b("lane_start", "i32"),
+        _b("query_length", "i32"), _b("drafts", "i32"), _b("tok", "i32", "out"),
+        _b("pos", "i32", "out"), _b("row", "i32", "out"), _b("lane_slot", "i32", "out"),
+        *_i("B", "S", "DMAX", "STEP"),
+    ),
+    "draft_sample": (
+        _b("logits", "f32"), _b("lane_slot", "i32"), _b("pos", "i32"), _b("vocab_map", "i32"),
+        _b("seed", "u32"), _b("temperature", "f32"), _b("top_p", "f32"), _b("top_k", "i32"),
+        _b("min_p", "f32"), _b("drafts", "i32", "inout"), _b("q", "f32", "inout"),
+        *_i("B", "VD", "DMAX", "STEP"),
+    ),
+    "spec_pack_tokens": (
+        _b("pending", "i32"), _b("slot", "i32"), _b("lane_start", "i32"), _b("drafts", "i32"),
+        _b("positions", "i32"), _b("token_row", "i32"), _b("tokens", "i32", "out"),
+        *_i("B", "P", "S", "DMAX"),
+    ),
+    "spec_verify": (
+        _b("logits", "f32"), _b("slot", "i32"), _b("generation", "i32"),
+        _b("lane_start", "i32"), _b("query_length", "i32"), _b("sampling_decision", "i32"),
+        _b("seed", "u32"), _b("temperature", "f32"), _b("top_p", "f32"), _b("top_k", "i32"),
+        _b("min_p", "f32"), _b("presence", "f32"), _b("frequency", "f32"),
+        _b("repetition", "f32"), _b("histogram", "i32", "inout"), _b("grammar_mask", "i32"),
+        _b("use_mask", "i32"), _b("drafts", "i32"), _b("q", "f32"), _b("vocab_map", "i32"),
+        _b("token_row", "i32"), _b("pending", "i32", "inout"), _b("commit_row", "i32", "out"),
+        _b("record", "i32", "out"),
+        *_i("B", "P", "V", "VD", "W32", "DMAX", "W", "LAG"),
+    ),
+    "paged_row_write": (
+        _b("x", "f32"), _b("positions", "i32"), _b("token_row", "i32"), _b("slot", "i32"),
+        _b("page_table", "i32"), _b("plane", "f32", "inout"), *_i("T", "R", "MP", "PT", "D"),
+    ),
+    "paged_row_gather_prev": (
+        _b("plane", "f32"), _b("positions", "i32"), _b("token_row", "i32"), _b("slot", "i32"),
+        _b("page_table", "i32"), _b("out", "f32", "out"), *_i("T", "R", "MP", "PT", "D"),
+    ),
 }  # fmt: skip
 
 REFERENCE_OPS: dict[str, Callable[..., None]] = {
@@ -152,6 +199,13 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "slot_gather": slot_gather,
     "slot_scatter": slot_scatter,
     "sample": sample,
+    "linear_invariant": linear_invariant,
+    "spec_draft_inputs": spec_draft_inputs,
+    "draft_sample": draft_sample,
+    "spec_pack_tokens": spec_pack_tokens,
+    "spec_verify": spec_verify,
+    "paged_row_write": paged_row_write,
+    "paged_row_gather_prev": paged_row_gather_prev,
 }
 
 

@@ -66,11 +66,11 @@ def philox4x32_10(counter: ArrayLike, key: ArrayLike) -> NDArray[np.uint32]:
 
 
 def philox_uniform(
-    seed_lo: int, seed_hi: int, position: int, index: ArrayLike
+    seed_lo: int, seed_hi: int, position: int, index: ArrayLike, stream: int = 0
 ) -> NDArray[np.float64]:
     """Uniforms in (0, 1) for one request position, one per token index.
 
-    ``counter = (index, position, 0, 0)``, ``key = (seed_lo, seed_hi)``; output word 0
+    ``counter = (index, position, stream, 0)``, ``key = (seed_lo, seed_hi)``; output word 0
     becomes ``u = ((x0 >> 8) + 0.5) * 2**-24``. The value is exact in float64 (in float32,
     ``2**24 - 0.5`` would round up to ``2**24`` and give ``u == 1``).
 
@@ -79,6 +79,8 @@ def philox_uniform(
         seed_hi: key word 1 (uint32).
         position: token position of the draw; negative values wrap modulo 2**32.
         index: ``[N]`` token indices (vocabulary ids).
+        stream: counter word 2, the draw's reservation (0: the sampler's token draws;
+            speculative streams in helios_tools.kernels.speculative).
 
     Returns:
         ``[N]`` float64 uniforms strictly inside (0, 1).
@@ -88,6 +90,7 @@ def philox_uniform(
     counter = np.zeros((n, 4), dtype=np.uint64)
     counter[:, 0] = idx
     counter[:, 1] = np.uint64(int(position) & 0xFFFFFFFF)
+    counter[:, 2] = np.uint64(int(stream) & 0xFFFFFFFF)
     key = np.array([int(seed_lo) & 0xFFFFFFFF, int(seed_hi) & 0xFFFFFFFF], dtype=np.uint64)
     x0 = philox4x32_10(counter, key)[:, 0]
     return ((x0 >> np.uint32(8)).astype(np.float64) + 0.5) * 2.0**-24

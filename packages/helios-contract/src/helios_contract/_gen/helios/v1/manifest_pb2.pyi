@@ -180,12 +180,20 @@ class Transport(_message.Message):
     def __init__(self, destination: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class CompletionLayout(_message.Message):
-    __slots__ = ("buffer", "rows")
+    __slots__ = ("buffer", "rows", "speculative")
     BUFFER_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     buffer: str
     rows: int
-    def __init__(self, buffer: _Optional[str] = ..., rows: _Optional[int] = ...) -> None: ...
+    speculative: SpeculativeCompletion
+    def __init__(self, buffer: _Optional[str] = ..., rows: _Optional[int] = ..., speculative: _Optional[_Union[SpeculativeCompletion, _Mapping]] = ...) -> None: ...
+
+class SpeculativeCompletion(_message.Message):
+    __slots__ = ("token_width",)
+    TOKEN_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    token_width: int
+    def __init__(self, token_width: _Optional[int] = ...) -> None: ...
 
 class GraphProgram(_message.Message):
     __slots__ = ("name", "operation", "batch_capacity", "token_capacity", "launches", "transports", "completion", "tuning_producers")

@@ -1,0 +1,460 @@
+"""Speculative generation: draft steps, verification of W positions per lane, commit.
+
+Specification: "Complete speculative generation". One SPECULATIVE program per
+(B, D, W, P) runs, for B lanes with host-selected lengths n_b <= min(D + 1, W)
+(QUERY_LENGTH) whose sum fits P:
+
+1. D draft steps of the learned head (helios_ignition/checkpoint/drafter.py): step k
+   reads, per lane, the entry at position c + k - 1 (c = lane start, the pending
+   token's position) and proposes the token at c + k (`spec_draft_inputs`, the head's
+   layer, `draft_sample`). Lanes with n_b <= k skip step k >= 2 (their rows are padding).
+2. Target verification: the lane's n_b positions c .. c + n_b - 1 are packed target rows
+   (`spec_pack_tokens`: pending token, then drafts), run through the decode-row forward
+   (one query row per position attending to its lane's cache, which holds the window's
+   own keys: causal within the lane), then `spec_verify` accepts drafts and emits the
+   correction or bonus token.
+3. Commit (`spec_verify`'s commit rows): the head's entries of the accepted positions
+   are rewritten from true target features; the pending token becomes the last
+   emitted one; the histogram counts every emitted token.
+
+RNG reservations (Philox4x32-10, key = request seed, counter = (index, position,
+stream, 0)), so a seeded request draws the same numbers alone or in any batch:
+stream 0 = target samples (exactly the decode sampler's draws: bonus tokens and
+width-one lanes reproduce decode), stream 1 = draft proposals (position = the entry
+read, c + k - 1), stream 2 = the acceptance uniform of row j (index 0, position c + j),
+stream 3 = the residual draw of row j (position c + j). Allocation draws nothing.
+
+Sampling (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+Decoding"; Chen et al. 2023): a draft d ~ q is accepted with probability
+min(1, p(d) / q(d)); on rejection the token is drawn from norm(max(p - q, 0)); when
+every draft is accepted the bonus token is drawn from p. The emitted tokens are then
+distributed exactly as tokens drawn from p one at a time. Greedy rows (temperature
+<= 0) accept a draft iff it equals the argmax, so they emit the decode program's tokens
+whenever the verify rows' logits equal the decode rows' (row-invariant kernels).
+p is the target row after the sampler's processing (penalties over the lane's
+histogram including the drafts accepted so far, grammar mask at the lane's first row,
+temperature, top-k, top-p, min-p); q is the head's distribution after temperature,
+top-k, top-p and min-p (no penalties or mask) over the draft vocabulary.
+
+Completion record (int32 ``[B, RECORD_FIELDS + W]`` per lane): generation, offers
+(target positions verified, n_b), accepted drafts a_b, emitted tokens a_b + 1, draft
+cursor (c + a_b + 1 - lag: the head's entries below it are committed; -1 for a graph
+without one), the reserved model field -1, then the emitted ids (-1 past them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .rng import philox_uniform
+from .sampling import _allowed, _candidates, _penalize
+
+STREAM_TARGET, STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2, 3
+RECORD_FIELDS = 6
+(FIELD_GENERATION, FIELD_OFFERS, FIELD_ACCEPTED, FIELD_EMITTED, FIELD_DRAFT_CURSOR,
+ FIELD_RESERVED) = range(RECORD_FIELDS)
+
+
+def _lane_offsets(query_length: NDArray[np.int32], B: int) -> NDArray[np.int64]:
+    """Packed-row offset of each lane: the sum of the earlier lanes' lengths."""
+    n = np.maximum(query_length[:B].astype(np.int64), 0)
+    return np.concatenate([[0], np.cumsum(n)[:-1]]) if B else n
+
+
+def spec_draft_inputs(
+    pending: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    lane_start: NDArray[np.int32],
+    query_length: NDArray[np.int32],
+    drafts: NDArray[np.int32],
+    tok: NDArray[np.int32],
+    pos: NDArray[np.int32],
+    row: NDArray[np.int32],
+    lane_slot: NDArray[np.int32],
+    B: int,
+    S: int,
+    DMAX: int,
+    STEP: int,
+) -> None:
+    """Inputs of draft step STEP (1-based) for every lane.
+
+    Reference loop::
+
+        for b in range(B):
+            live = slot[b] >= 0 and (STEP == 1 or query_length[b] > STEP)
+            if not live:
+                tok[b] = -1; pos[b] = 0; row[b] = -1; lane_slot[b] = -1; continue
+            tok[b] = pending[slot[b]] if STEP == 1 else drafts[b, STEP - 2]
+            pos[b] = lane_start[b] + STEP - 1      # the entry this step writes and reads
+            row[b] = b; lane_slot[b] = slot[b]
+
+    Step 1 runs for every live lane, even one of length 1: it writes the head's entry of
+    the pending token, which later rounds attend to (the draft context).
+
+    Args:
+        pending: ``[S]`` i32 pending token per physical request row.
+        slot: ``[B]`` i32 physical request rows, < 0 for padding.
+        lane_start: ``[B]`` i32 position of each lane's pending token.
+        query_length: ``[B]`` i32 lane lengths n_b (target positions incl. pending).
+        drafts: ``[B, DMAX]`` i32 target ids drafted so far.
+        tok, pos, row, lane_slot: ``[B]`` i32, written.
+        B: lanes. S: physical request rows. DMAX: draft columns. STEP: 1..D.
+    """
+    s = slot[:B].astype(np.int64)
+    n = query_length[:B]
+    live = (s >= 0) & (s < S) & ((STEP == 1) | (n > STEP))
+    if STEP == 1:
+        src = np.where(live, pending[np.where(live, s, 0)], -1)
+    else:
+        src = np.where(live, drafts[:B, STEP - 2], -1)
+    tok[:B] = src
+    pos[:B] = np.where(live, lane_start[:B] + STEP - 1, 0)
+    row[:B] = np.where(live, np.arange(B), -1)
+    lane_slot[:B] = np.where(live, s, -1)
+
+
+def draft_sample(
+    logits: NDArray[np.float32],
+    lane_slot: NDArray[np.int32],
+    pos: NDArray[np.int32],
+    vocab_map: NDArray[np.int32],
+    seed: NDArray[np.uint32],
+    temperature: NDArray[np.float32],
+    top_p: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    min_p: NDArray[np.float32],
+    drafts: NDArray[np.int32],
+    q: NDArray[np.float32],
+    B: int,
+    VD: int,
+    DMAX: int,
+    STEP: int,
+) -> None:
+    """Draw draft STEP of every live lane from the head's logits over the draft vocabulary.
+
+    Reference loop::
+
+        for b in range(B):
+            if lane_slot[b] < 0: continue                  # lane skips this step
+            z = logits[b, :VD]
+            if temperature[b] <= 0:
+                i = argmax(z)                               # greedy lanes keep no q
+            else:
+                cand, p = candidates(z, temperature[b], top_k[b], top_p[b], min_p[b])
+                i = argmax over cand of log(p) - log(-log(
+                        philox_u(seed[b], pos[b], vocab_map[cand], stream=1)))
+                q[b, STEP - 1, :] = 0; q[b, STEP - 1, cand] = p
+            drafts[b, STEP - 1] = vocab_map[i]
+
+    ``candidates`` is the sampler's truncation (helios_tools.kernels.sampling): ids kept by
+    top-k, top-p and min-p with their renormalized f32 probabilities.
+
+    Args:
+        logits: ``[B, VD]`` f32 head logits (row b = lane b).
+        lane_slot: ``[B]`` i32 from ``spec_draft_inputs`` (< 0: skip).
+        pos: ``[B]`` i32 position of the entry read (RNG counter word 1).
+        vocab_map: ``[VD]`` i32 target id of each draft id.
+        seed, temperature, top_p, top_k, min_p: ``[B]`` per-lane sampling inputs.
+        drafts: ``[B, DMAX]`` i32, column STEP - 1 written for live lanes.
+        q: ``[B, DMAX, VD]`` f32, row (b, STEP - 1) written for sampled live lanes.
+        B: lanes. VD: draft vocabulary. DMAX: draft columns. STEP: 1..D.
+    """
+    for b in range(B):
+        if lane_slot[b] < 0:
+            continue
+        z = logits[b, :VD].astype(np.float32, copy=False)
+        if temperature[b] <= 0.0:
+            i = int(np.argmax(z))
+        else:
+            cand, p = _candidates(z, float(temperature[b]), int(top_k[b]), float(top_p[b]),
+                                  float(min_p[b]))
+            u = philox_uniform(int(seed[b, 0]), int(seed[b, 1]), int(pos[b]), vocab_map[cand],
+                               stream=STREAM_DRAFT)
+            with np.errstate(divide="ignore"):
+                race = np.log(p.astype(np.float64)) - np.log(-np.log(u))
+            i = int(cand[int(np.argmax(race))])
+            q[b, STEP - 1, :VD] = 0.0
+            q[b, STEP - 1, cand] = p
+        drafts[b, STEP - 1] = vocab_map[i]
+
+
+def spec_pack_tokens(
+    pending: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    lane_start: NDArray[np.int32],
+    drafts: NDArray[np.int32],
+    positions: NDArray[np.int32],
+    token_row: NDArray[np.int32],
+    tokens: NDArray[np.int32],
+    B: int,
+    P: int,
+    S: int,
+    DMAX: int,
+) -> None:
+    """Target token of every packed verification row.
+
+    Reference loop::
+
+        for t in range(P):
+            b = token_row[t]
+            if b < 0 or slot[b] < 0: tokens[t] = -1; continue       # padding row
+            j = positions[t] - lane_start[b]                        # 0 = pending token
+            tokens[t] = pending[slot[b]] if j == 0 else drafts[b, j - 1]
+
+    Args:
+        pending: ``[S]`` i32. slot, lane_start: ``[B]`` i32. drafts: ``[B, DMAX]`` i32.
+        positions, token_row: ``[P]`` i32 packed rows (host-packed, lane order).
+        tokens: ``[P]`` i32, written.
+        B: lanes. P: packed rows. S: physical request rows. DMAX: draft columns.
+    """
+    b = token_row[:P].astype(np.int64)
+    real = b >= 0
+    bb = np.where(real, b, 0)
+    s = slot[:B][bb].astype(np.int64)
+    real &= (s >= 0) & (s < S)
+    j = positions[:P] - lane_start[:B][bb]
+    drafted = drafts[bb, np.clip(j - 1, 0, max(DMAX - 1, 0))] if DMAX else np.full(P, -1)
+    out = np.where(j == 0, pending[np.where(real, s, 0)], drafted)
+    tokens[:P] = np.where(real, out, -1)
+
+
+def _lane_ids(cand: NDArray[np.int64], p: NDArray[np.float32], V: int) -> NDArray[np.float32]:
+    dense = np.zeros(V, np.float32)
+    dense[cand] = p
+    return dense
+
+
+def spec_verify(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    generation: NDArray[np.int32],
+    lane_start: NDArray[np.int32],
+    query_length: NDArray[np.int32],
+    sampling_decision: NDArray[np.int32],
+    seed: NDArray[np.uint32],
+    temperature: NDArray[np.float32],
+    top_p: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    min_p: NDArray[np.float32],
+    presence: NDArray[np.float32],
+    frequency: NDArray[np.float32],
+    repetition: NDArray[np.float32],
+    histogram: NDArray[np.int32],
+    grammar_mask: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    drafts: NDArray[np.int32],
+    q: NDArray[np.float32],
+    vocab_map: NDArray[np.int32],
+    token_row: NDArray[np.int32],
+    pending: NDArray[np.int32],
+    commit_row: NDArray[np.int32],
+    record: NDArray[np.int32],
+    B: int,
+    P: int,
+    V: int,
+    VD: int,
+    W32: int,
+    DMAX: int,
+    W: int,
+    LAG: int,
+) -> None:
+    """Accept drafts, emit the correction or bonus token, count, commit (see module).
+
+    Reference loop (lane b, packed rows off_b .. off_b + n - 1, off_b = sum of earlier
+    lengths)::
+
+        for b in range(B):
+            record[b] = (generation[b], 0, 0, 0, -1, -1, -1 ...)
+            s = slot[b]; n = query_length[b]
+            if s < 0 or n < 1: record[b, 0] = -1; continue
+            a, out = 0, []
+            for j in range(n):
+                z = processed(logits[off_b + j]) with histogram[s] (+ counts of out so far)
+                    and the grammar mask when j == 0 and use_mask[b]
+                if j < n - 1:                                       # test draft d
+                    d = drafts[b, j]
+                    if greedy: ok = argmax(z) == d; tok = argmax(z)
+                    else:
+                        p = probabilities of z (sampler truncation); qd = q[b, j][d's draft id]
+                        ok = u(seed, lane_start + j, stream 2) * qd < p[d]
+                        if not ok: tok = draw from norm(max(p - q[b, j], 0)) (stream 3)
+                    if ok: out.append(d); a += 1; continue
+                    out.append(tok); break
+                out.append(argmax(z) if greedy else draw from p (stream 0))   # bonus
+            for tok in out: if sampling_decision[b]: histogram[s, tok] += 1
+            pending[s] = out[-1]
+            record[b] = (generation[b], n, a, a + 1, lane_start[b] + a + 1 - LAG (or -1
+                         when LAG < 0), -1, out..., -1...)
+            commit_row[off_b + j] = b for j <= a, -1 for a < j < n
+
+    A greedy row is one with temperature <= 0 or no finite logit (as ``sample``).
+
+    Args:
+        logits: ``[P, V]`` f32 target logits of the packed rows.
+        slot, generation, lane_start, query_length, sampling_decision: ``[B]`` i32.
+        seed: ``[B, 2]`` u32. temperature, top_p, min_p, presence, frequency, repetition:
+            ``[B]`` f32. top_k, use_mask: ``[B]`` i32.
+        histogram: ``[S, V]`` i32, updated. grammar_mask: ``[B, W32]`` i32.
+        drafts: ``[B, DMAX]`` i32 target ids. q: ``[B, DMAX, VD]`` f32 draft
+            probabilities (sampled lanes). vocab_map: ``[VD]`` i32.
+        token_row: ``[P]`` i32 lane of each packed row (< 0 padding).
+        pending: ``[S]`` i32, the lane's slot entry written.
+        commit_row: ``[P]`` i32, written (the head's entries to rewrite: lane or -1).
+        record: ``[B, RECORD_FIELDS + W]`` i32, written.
+        B: lanes. P: packed rows. V: vocabulary. VD: draft vocabulary. W32: mask words.
+        DMAX: draft columns. W: emitted-token columns. LAG: draft cursor lag, or -1 for a
+        graph without a draft cursor.
+    """
+    rec = record[:B, : RECORD_FIELDS + W]
+    rec[...] = -1
+    commit_row[:P] = -1
+    offsets = _lane_offsets(query_length, B)
+    for b in range(B):
+        s, n = int(slot[b]), int(query_length[b])
+        if s < 0 or n < 1:
+            continue
+        off = int(offsets[b])
+        start = int(lane_start[b])
+        seed_lo, seed_hi = int(seed[b, 0]), int(seed[b, 1])
+        temp = float(temperature[b])
+        counts = histogram[s, :V].copy()
+        out: list[int] = []
+        accepted = 0
+        for j in range(n):
+            z = _penalize(logits[off + j, :V].astype(np.float32, copy=False), counts,
+                          float(presence[b]), float(frequency[b]), float(repetition[b]))
+            if j == 0 and use_mask[b]:
+                z = np.where(_allowed(grammar_mask[b, :W32], V), z, np.float32(-np.inf))
+            best = int(np.argmax(z))
+            greedy = temp <= 0.0 or not np.isfinite(z[best])
+            position = start + j
+            if greedy:
+                tok = best
+                ok = j < n - 1 and int(drafts[b, j]) == best
+            else:
+                cand, p = _candidates(z, temp, int(top_k[b]), float(top_p[b]), float(min_p[b]))
+                ok = False
+                if j < n - 1:
+                    d = int(drafts[b, j])
+                    dense_p = _lane_ids(cand, p, V)
+                    qd = np.zeros(V, np.float32)
+                    qd[vocab_map[:VD]] = q[b, j, :VD]
+                    u = philox_uniform(seed_lo, seed_hi, position, [0], stream=STREAM_ACCEPT)[0]
+                    ok = bool(qd[d] > 0 and u * np.float64(qd[d]) < np.float64(dense_p[d]))
+                    if not ok:
+                        residual = np.maximum(dense_p[cand] - qd[cand], np.float32(0))
+                        total = residual.sum(dtype=np.float32)
+                        weights = residual / total if total > 0 else p
+                        tok = _race(weights, cand, seed_lo, seed_hi, position, STREAM_RESIDUAL)
+                if j == n - 1:
+                    tok = _race(p, cand, seed_lo, seed_hi, position, STREAM_TARGET)
+            if ok:
+                tok = int(drafts[b, j])
+                accepted += 1
+            out.append(tok)
+            counts[tok] += 1
+            if not ok:
+                break
+        if sampling_decision[b] != 0:
+            np.add.at(histogram[s], np.asarray(out, np.int64), 1)
+        pending[s] = out[-1]
+        cursor = start + accepted + 1 - LAG if LAG >= 0 else -1
+        rec[b, :RECORD_FIELDS] = (int(generation[b]), n, accepted, accepted + 1,
+                                  max(cursor, 0) if LAG >= 0 else -1, -1)
+        rec[b, RECORD_FIELDS:RECORD_FIELDS + len(out)] = out
+        commit_row[off:off + accepted + 1] = b
+
+
+def _race(p: NDArray[np.float32], cand: NDArray[np.int64], seed_lo: int, seed_hi: int,
+          position: int, stream: int) -> int:
+    """The sampler's exponential race over `cand` with weights `p` on `stream`."""
+    u = philox_uniform(seed_lo, seed_hi, position, cand, stream=stream)
+    with np.errstate(divide="ignore"):
+        race = np.log(p.astype(np.float64)) - np.log(-np.log(u))
+    return int(cand[int(np.argmax(race))])
+
+
+def paged_row_write(
+    x: NDArray[np.float32],
+    positions: NDArray[np.int32],
+    token_row: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    page_table: NDArray[np.int32],
+    plane: NDArray[np.float32],
+    T: int,
+    R: int,
+    MP: int,
+    PT: int,
+    D: int,
+) -> None:
+    """Store each real token's row of `x` in its request's paged plane.
+
+    Reference loop::
+
+        for t in range(T):
+            r = token_row[t]
+            if r < 0 or slot[r] < 0: continue
+            page = page_table[slot[r], positions[t] // PT]
+            plane[page, positions[t] % PT, :] = x[t, :D]
+
+    Args:
+        x: ``[T, D]`` f32 rows (target features). positions, token_row: ``[T]`` i32.
+        slot: ``[R]`` i32. page_table: ``[S, MP]`` i32. plane: ``[P, PT, D]`` f32, written.
+        T: packed tokens. R: rows. MP: page-table width. PT: tokens per page. D: width.
+
+    Raises:
+        IndexError: a real token's position outside the page table (misuse).
+    """
+    rows = token_row[:T]
+    t_idx = np.flatnonzero(rows >= 0)
+    s = slot[:R][rows[t_idx]]
+    keep = s >= 0
+    t_idx, s = t_idx[keep], s[keep]
+    if t_idx.size == 0:
+        return
+    pos = positions[t_idx].astype(np.int64)
+    if pos.min() < 0 or (pos // PT).max() >= MP:
+        raise IndexError(f"positions {int(pos.min())}..{int(pos.max())} outside MP={MP} pages")
+    plane[page_table[s, pos // PT], pos % PT, :D] = x[t_idx, :D]
+
+
+def paged_row_gather_prev(
+    plane: NDArray[np.float32],
+    positions: NDArray[np.int32],
+    token_row: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    page_table: NDArray[np.int32],
+    out: NDArray[np.float32],
+    T: int,
+    R: int,
+    MP: int,
+    PT: int,
+    D: int,
+) -> None:
+    """Each real token's row of the previous position (the head's feature input f_{j-1}).
+
+    Reference loop::
+
+        for t in range(T):
+            r = token_row[t]; j = positions[t]
+            if r < 0 or slot[r] < 0 or j < 1: out[t] = 0; continue
+            page = page_table[slot[r], (j - 1) // PT]
+            out[t, :] = plane[page, (j - 1) % PT, :D]
+
+    Args:
+        plane: ``[P, PT, D]`` f32. positions, token_row: ``[T]`` i32. slot: ``[R]`` i32.
+        page_table: ``[S, MP]`` i32. out: ``[T, D]`` f32, written.
+        T: packed tokens. R: rows. MP: page-table width. PT: tokens per page. D: width.
+    """
+    o = out[:T, :D]
+    o[...] = 0.0
+    rows = token_row[:T]
+    t_idx = np.flatnonzero(rows >= 0)
+    s = slot[:R][rows[t_idx]]
+    prev = positions[t_idx].astype(np.int64) - 1
+    keep = (s >= 0) & (prev >= 0)
+    t_idx, s, prev = t_idx[keep], s[keep], prev[keep]
+    if t_idx.size == 0:
+        return
+    o[t_idx] = plane[page_table[s, prev // PT], prev % PT, :D]
