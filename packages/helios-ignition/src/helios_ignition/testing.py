@@ -62,9 +62,14 @@ def tiny_weights(shapes: LlamaShapes, seed: int) -> dict[str, np.ndarray]:
 
 
 def tiny_drafter(shapes: LlamaShapes, draft_vocab: int, seed: int,
-                 weights: dict[str, np.ndarray]) -> tuple[DrafterGeometry, dict[str, np.ndarray]]:
+                 weights: dict[str, np.ndarray], *, copy: float = 0.0
+                 ) -> tuple[DrafterGeometry, dict[str, np.ndarray]]:
     """A seeded random draft head for `shapes` and its physical weight buffers (the LM
-    head is the target embedding's rows `vocab_map`, as export builds it)."""
+    head is the target embedding's rows `vocab_map`, as export builds it).
+
+    `copy` > 0 mixes in a head that proposes the token it reads (fc_embed = copy x I):
+    the tiny target tends to repeat tokens, so drafts are then often accepted and every
+    verification path (accept, reject, bonus) runs."""
     target = LlamaGeometry(vocab_size=shapes.vocab, hidden_size=shapes.hidden,
                            intermediate_size=shapes.ffn, num_layers=shapes.layers,
                            num_heads=shapes.heads, num_kv_heads=shapes.kv_heads,
@@ -75,6 +80,8 @@ def tiny_drafter(shapes: LlamaShapes, draft_vocab: int, seed: int,
     rng = np.random.default_rng(seed + 1)
     for name in ("fc_embed", "wqkv", "wo", "w_gate_up", "w_down"):  # tiny: make it matter
         tensors[name] = (0.3 * rng.standard_normal(tensors[name].shape)).astype(np.float32)
+    if copy:
+        tensors["fc_embed"] += np.float32(copy) * np.eye(shapes.hidden, dtype=np.float32)
     out = {f"D.{k}": v for k, v in tensors.items()}
     out["D.lm_head"] = weights["embed"][tensors["vocab_map"]].copy()
     return DrafterGeometry.for_target(target, draft_vocab), out
@@ -82,15 +89,16 @@ def tiny_drafter(shapes: LlamaShapes, draft_vocab: int, seed: int,
 
 def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
               caps: Capacities = TINY_CAPACITIES, *, device_pending: bool = True,
-              speculative_widths: tuple[int, ...] = (), draft_vocab: int = 48) -> TinyCore:
+              speculative_widths: tuple[int, ...] = (), draft_vocab: int = 48,
+              draft_copy: float = 0.0) -> TinyCore:
     """Capture the tiny model and wrap it with seeded f32 weights and a full contract
     (`device_pending`: the pending token is device-owned, else host-bound;
     `speculative_widths`: add a seeded random draft head over `draft_vocab` ids and one
-    SPECULATIVE program per decode batch and width)."""
+    SPECULATIVE program per decode batch and width; `draft_copy`: see tiny_drafter)."""
     raw = tiny_weights(shapes, seed)
     spec = None
     if speculative_widths:
-        geometry, draft_weights = tiny_drafter(shapes, draft_vocab, seed, raw)
+        geometry, draft_weights = tiny_drafter(shapes, draft_vocab, seed, raw, copy=draft_copy)
         raw.update(draft_weights)
         spec = Speculation(geometry, tuple(speculative_widths))
     manifest, graphs = capture(shapes, caps, "f32", device_pending=device_pending, spec=spec)

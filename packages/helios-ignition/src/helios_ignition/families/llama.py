@@ -21,7 +21,6 @@ import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import grammar_mask_words
-
 from helios_tools.kernels.speculative import RECORD_FIELDS
 
 from ..capture import launch

@@ -27,6 +27,7 @@ class StepKind(enum.Enum):
 
     PREFILL = "prefill"
     DECODE = "decode"
+    SPECULATIVE = "speculative"
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ class RowPlan:
             slot's histogram row (the prompt, plus output already generated on
             readmission). None otherwise.
         grammar_mask: int32 [mask_words] bitmask for a constrained row, else None.
+        query_length: SPECULATIVE lanes only: the host-selected lane length n (target
+            positions verified, the pending token included; n - 1 drafts); 0 means
+            len(tokens). `tokens` is then (pending token,) and `page_ids` cover
+            [0, start_position + n).
     """
 
     request_id: int
@@ -81,6 +86,12 @@ class RowPlan:
     sampling: SamplingParams
     histogram_tokens: tuple[int, ...] | None = None
     grammar_mask: np.ndarray | None = field(default=None, compare=False)
+    query_length: int = 0
+
+    @property
+    def lane_length(self) -> int:
+        """Target positions this row occupies in the packed-token index space."""
+        return self.query_length or len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,9 @@ class StepPlan:
     Prefill packs every row's tokens back to back in row order (packed-token
     index space); its total must fit one captured prefill token capacity and its
     row count the prefill row capacity. Decode rows carry exactly one token each
-    and must fit one captured decode batch capacity.
+    and must fit one captured decode batch capacity. A SPECULATIVE step's lanes
+    occupy `lane_length` packed rows each (pending token, then drafts the program
+    proposes); its completion is one lane record per row (SpeculativeCompletion).
     """
 
     kind: StepKind
@@ -99,7 +112,7 @@ class StepPlan:
     @property
     def token_count(self) -> int:
         """Packed tokens of the step."""
-        return sum(len(r.tokens) for r in self.rows)
+        return sum(r.lane_length for r in self.rows)
 
 
 @dataclass(frozen=True)
@@ -118,6 +131,10 @@ class ModelGeometry:
         vocab_size: sampled vocabulary size.
         mask_words: int32 words per grammar mask row.
         eos_token_ids: ids that end generation.
+        speculative_widths: SPECULATIVE widths W served (after load-time reduction),
+            ascending; empty when speculation is off.
+        draft_cursor_lag: lag of the speculative programs' draft cursor behind the
+            consumed endpoint, or None when they report no draft cursor (-1).
     """
 
     page_tokens: int
@@ -131,3 +148,5 @@ class ModelGeometry:
     vocab_size: int
     mask_words: int
     eos_token_ids: tuple[int, ...]
+    speculative_widths: tuple[int, ...] = ()
+    draft_cursor_lag: int | None = None

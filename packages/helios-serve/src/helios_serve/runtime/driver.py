@@ -109,6 +109,45 @@ class Driver:
                 out.append(int(new))
         return outputs
 
+    def generate_speculative(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                             width: int,
+                             sampling: SamplingParams | Sequence[SamplingParams] = GREEDY
+                             ) -> tuple[list[list[int]], list[np.ndarray]]:
+        """Generate with SPECULATIVE rounds of lane length min(width, tokens left).
+
+        Returns:
+            The generated ids per prompt (exactly `max_new_tokens` each, no early stop)
+            and each round's lane records (int32 `[lanes, 6 + W]`).
+        """
+        g = self.model.manifests
+        if len(prompts) > min(g.slots, max(g.decode_capacities)):
+            raise ValueError(f"{len(prompts)} prompts exceed the decode capacity")
+        params = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else sampling
+        self._generation += 1
+        lanes = [_Lane(i, list(p), params[i]) for i, p in enumerate(prompts)]
+        outputs = [[self.prefill(lane)] for lane in lanes]
+        records = []
+        while True:
+            live = [i for i in range(len(lanes)) if len(outputs[i]) < max_new_tokens]
+            if not live:
+                return outputs, records
+            rows = []
+            for i in live:
+                lane = lanes[i]
+                n = min(width, max_new_tokens - len(outputs[i]))
+                start = len(lane.tokens)  # the pending token's position
+                rows.append(RowPlan(request_id=lane.slot, slot=lane.slot,
+                                    generation=self._generation, tokens=(outputs[i][-1],),
+                                    start_position=start,
+                                    page_ids=self._pages(lane.slot, start + n), sample=True,
+                                    sampling=lane.sampling, query_length=n))
+            record = self._run(StepPlan(StepKind.SPECULATIVE, tuple(rows)))
+            records.append(record)
+            for i, rec in zip(live, record, strict=True):
+                emitted = [int(t) for t in rec[6:6 + int(rec[3])]]
+                lanes[i].tokens.extend([outputs[i][-1]] + emitted[:-1])
+                outputs[i].extend(emitted)
+
     def teacher_force(self, prompt: Sequence[int], targets: Sequence[int]) -> np.ndarray:
         """Logits predicting each of `targets` when fed the previous golden tokens.
 

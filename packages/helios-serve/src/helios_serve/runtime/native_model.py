@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
+from helios_tools.kernels.speculative import RECORD_FIELDS
 
 from ..engine.plan import ModelGeometry, StepKind, StepPlan
 from .cpu_backend import CpuBackend
@@ -71,13 +72,18 @@ class NativeModel:
                               and g.batch_capacity <= max(geometry.decode_capacities))
         self._prefill = sorted((g.token_capacity, g.name) for g in graphs
                                if g.operation == cpb.OPERATION_PREFILL)
+        # SPECULATIVE programs of the served widths, narrowest first, then by batch.
+        served = set(geometry.speculative_widths)
+        self._speculative = sorted((g.speculative.token_capacity, g.batch_capacity, g.name)
+                                   for g in graphs if g.operation == cpb.OPERATION_SPECULATIVE
+                                   and g.speculative.token_capacity in served)
         self.frames = int(backend.frames)
         self.packing = SharedPacking(graphs, [backend.staging(f) for f in range(self.frames)])
-        completion = {g.completion.buffer for g in manifest.graphs}
-        if len(completion) != 1:
-            raise RuntimeLoadError(f"graphs disagree on the completion buffer: {completion}")
-        name = completion.pop()
-        self._completion = [backend.staging(f)[name] for f in range(self.frames)]
+        # Completion record of each graph: (buffer name, record columns or 0 = sampled ids).
+        self._record = {g.name: (g.completion.buffer,
+                                 RECORD_FIELDS + g.completion.speculative.token_width
+                                 if g.completion.HasField("speculative") else 0)
+                        for g in manifest.graphs}
         self._pending_view = _pending_view(graphs)
         self._inflight: deque[Ticket] = deque()
         self._next_frame = 0
@@ -85,7 +91,8 @@ class NativeModel:
 
     @classmethod
     def load(cls, core: CoreLike, backend: str = "cpu", *, num_pages: int | None = None,
-             max_concurrency: int | None = None, cpu_frames: int = 1) -> NativeModel:
+             max_concurrency: int | None = None, cpu_frames: int = 1,
+             speculative_width: int | None = None) -> NativeModel:
         """Load `core` onto `backend`.
 
         Args:
@@ -96,6 +103,9 @@ class NativeModel:
                 reduce captured concurrency, never raise it).
             cpu_frames: execution frames of the cpu backend (1, or 2 to exercise the
                 cuda backend's two-frame submission on the CPU); cuda always has 2.
+            speculative_width: serve SPECULATIVE programs of width W <= this (0 turns
+                speculation off; None serves every captured width). Load-time selection
+                may reduce the captured width, never raise it.
 
         Raises:
             UnknownBackend: `backend` is not one of BACKENDS.
@@ -116,7 +126,7 @@ class NativeModel:
             engine = CudaBackend(manifest, core.read_resource, pages)
         else:
             engine = CpuBackend(manifest, core.read_resource, pages, frames=cpu_frames)
-        geometry = _geometry(contract, manifest, pages, max_concurrency)
+        geometry = _geometry(contract, manifest, pages, max_concurrency, speculative_width)
         return cls(contract, manifest, engine, geometry)
 
     def select_graph(self, plan: StepPlan) -> str:
@@ -125,6 +135,13 @@ class NativeModel:
         Raises:
             ValueError: no captured variant holds it (the scheduler's admission bug).
         """
+        if plan.kind is StepKind.SPECULATIVE:
+            width = max(r.lane_length for r in plan.rows)
+            for w, capacity, name in self._speculative:
+                if w >= width and capacity >= len(plan.rows):
+                    return name
+            raise ValueError(f"no served speculative variant holds {len(plan.rows)} lanes of "
+                             f"width {width}")
         if plan.kind is StepKind.DECODE:
             need, table = len(plan.rows), self._decode
         else:
@@ -170,7 +187,10 @@ class NativeModel:
         return ticket
 
     def wait(self, ticket: Ticket) -> np.ndarray:
-        """Wait for the oldest submitted step; returns its int32 `[rows]` sampled ids.
+        """Wait for the oldest submitted step; returns its int32 `[rows]` sampled ids, or
+        for a SPECULATIVE step its int32 `[rows, 6 + W]` lane records (columns as
+        manifest SpeculativeCompletion: generation, offers, accepted, emitted, draft
+        cursor, reserved, then W emitted ids).
 
         Raises:
             RuntimeError: `ticket` is not the oldest step in flight.
@@ -180,7 +200,11 @@ class NativeModel:
             raise RuntimeError("steps complete in submission order: wait for the oldest")
         self._inflight.popleft()
         self.backend.wait(ticket.frame)
-        return self._completion[ticket.frame][:ticket.rows].copy()
+        buffer, columns = self._record[ticket.graph]
+        done = self.backend.staging(ticket.frame)[buffer]
+        if columns:  # one contiguous [rows, columns] block at the buffer's start
+            return done.reshape(-1)[:ticket.rows * columns].reshape(ticket.rows, columns).copy()
+        return done[:ticket.rows].copy()
 
     def execute(self, plan: StepPlan) -> np.ndarray:
         """Run one step; returns int32 `[len(plan.rows)]` sampled ids (submission rows)."""
@@ -255,7 +279,8 @@ def _check_variants(contract: cpb.ServingContract, manifest: mpb.ExecutionManife
 
 
 def _geometry(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest, pages: int,
-              max_concurrency: int | None) -> ModelGeometry:
+              max_concurrency: int | None, speculative_width: int | None = None
+              ) -> ModelGeometry:
     model = contract.model
     buffers = {b.name: b for b in manifest.buffers}
     views = list(model.cache.page_table_views)
@@ -268,6 +293,20 @@ def _geometry(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest, pa
     if max_concurrency is not None:
         decode = [b for b in decode if b <= max_concurrency] or decode[:1]
     prefill = [g for g in model.graphs if g.operation == cpb.OPERATION_PREFILL]
+    speculative = [g for g in model.graphs if g.operation == cpb.OPERATION_SPECULATIVE]
+    widths = sorted({g.speculative.token_capacity for g in speculative})
+    if speculative_width is not None:
+        if speculative_width < 0:
+            raise RuntimeLoadError(f"speculative width must be >= 0, got {speculative_width}")
+        widths = [w for w in widths if w <= speculative_width]
+    if widths and 1 not in widths:
+        raise RuntimeLoadError(f"speculative widths {widths} have no width-one programs for "
+                               "lanes that cannot speculate")
+    cursors = {(g.completion_cursor.has_draft_cursor, g.completion_cursor.lag_tokens)
+               for g in speculative}
+    if len(cursors) > 1:
+        raise RuntimeLoadError(f"speculative graphs disagree on the draft cursor: {cursors}")
+    has_cursor, lag = cursors.pop() if cursors else (False, 0)
     return ModelGeometry(
         page_tokens=model.cache.page_tokens, num_pages=pages, slots=slots,
         max_pages_per_request=width, decode_capacities=tuple(decode),
@@ -276,4 +315,6 @@ def _geometry(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest, pa
         context_tokens=min(contract.context_tokens, width * model.cache.page_tokens),
         vocab_size=model.vocabulary.sampled_tokens,
         mask_words=model.vocabulary.mask_words or math.ceil(model.vocabulary.histogram_width / 32),
-        eos_token_ids=tuple(contract.eos_token_ids))
+        eos_token_ids=tuple(contract.eos_token_ids),
+        speculative_widths=tuple(widths) if widths and widths != [1] else (),
+        draft_cursor_lag=int(lag) if has_cursor else None)

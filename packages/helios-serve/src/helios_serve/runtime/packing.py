@@ -31,7 +31,7 @@ Rows = Sequence[RowPlan]
 ROW_VALUES: dict[int, Callable[[Rows], list]] = {
     V.VALUE_SOURCE_SLOT: lambda rows: [r.slot for r in rows],
     V.VALUE_SOURCE_GENERATION: lambda rows: [r.generation for r in rows],
-    V.VALUE_SOURCE_QUERY_LENGTH: lambda rows: [len(r.tokens) for r in rows],
+    V.VALUE_SOURCE_QUERY_LENGTH: lambda rows: [r.lane_length for r in rows],
     V.VALUE_SOURCE_SAMPLING_DECISION: lambda rows: [int(r.sample) for r in rows],
     V.VALUE_SOURCE_PENDING_TOKEN: lambda rows: [r.tokens[-1] for r in rows],
     V.VALUE_SOURCE_CONSUMED_ENDPOINT: lambda rows: [r.start_position + len(r.tokens)
@@ -49,16 +49,19 @@ ROW_VALUES: dict[int, Callable[[Rows], list]] = {
                                                        for r in rows],
 }
 
-# Per-token sources: the packed values of all rows' tokens, in row order.
+# Per-token sources: the packed values of all rows' tokens, in row order (a speculative
+# lane occupies `lane_length` rows: positions, lane and slot of each verified position).
 TOKEN_VALUES: dict[int, Callable[[Rows], np.ndarray]] = {
     V.VALUE_SOURCE_PROMPT_TOKENS: lambda rows: np.fromiter(
         (t for r in rows for t in r.tokens), np.int64),
     V.VALUE_SOURCE_PENDING_TOKEN: lambda rows: np.fromiter(
         (t for r in rows for t in r.tokens), np.int64),
     V.VALUE_SOURCE_PROMPT_POSITIONS: lambda rows: np.concatenate(
-        [np.arange(r.start_position, r.start_position + len(r.tokens)) for r in rows]),
+        [np.arange(r.start_position, r.start_position + r.lane_length) for r in rows]),
     V.VALUE_SOURCE_MIXED_PREFILL_ROW: lambda rows: np.repeat(
-        np.arange(len(rows)), [len(r.tokens) for r in rows]),
+        np.arange(len(rows)), [r.lane_length for r in rows]),
+    V.VALUE_SOURCE_SLOT: lambda rows: np.repeat(
+        np.asarray([r.slot for r in rows], np.int64), [r.lane_length for r in rows]),
 }
 
 # The same sources when every row feeds exactly one token (decode): one value per row.
@@ -67,6 +70,7 @@ ONE_TOKEN_VALUES: dict[int, Callable[[Rows], list | np.ndarray]] = {
     V.VALUE_SOURCE_PENDING_TOKEN: lambda rows: [r.tokens[0] for r in rows],
     V.VALUE_SOURCE_PROMPT_POSITIONS: lambda rows: [r.start_position for r in rows],
     V.VALUE_SOURCE_MIXED_PREFILL_ROW: lambda rows: np.arange(len(rows)),
+    V.VALUE_SOURCE_SLOT: lambda rows: [r.slot for r in rows],
 }
 
 
@@ -149,7 +153,7 @@ class SharedPacking:
     def _pack_tokens(self, item: _Resolved, dest: np.ndarray, plan: StepPlan,
                      capacity: int) -> None:
         rows = plan.rows
-        if all(len(r.tokens) == 1 for r in rows):
+        if all(r.lane_length == 1 for r in rows):
             values = np.asarray(ONE_TOKEN_VALUES[item.source](rows), dtype=dest.dtype)
         else:
             values = TOKEN_VALUES[item.source](rows)
