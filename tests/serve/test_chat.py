@@ -209,7 +209,7 @@ def test_metrics(scripted):
     assert m[("helios_http_admission_permits_in_use", ())] == 0
     assert m[("helios_http_admission_permits_capacity", ())] == 12
     # Labels carry bounded enumerations only: no ids, prompts or token ids.
-    allowed = {"reason", "operation", "le"}
+    allowed = {"reason", "operation", "le", "source", "position"}
     assert all(set(dict(labels)) <= allowed for _, labels in m)
 
 

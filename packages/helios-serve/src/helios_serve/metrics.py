@@ -201,6 +201,35 @@ class Metrics:
         self.slots_capacity = Gauge(
             "helios_request_slots_capacity", "Physical request rows.", registry=r
         )
+        # Speculative decoding (the shape of vLLM's spec-decode metrics; source "learned"
+        # = the drafter, "copied" = history drafting).
+        self.spec_draft_tokens = Counter(
+            "helios_spec_decode_draft_tokens",
+            "Draft tokens offered to verification, by proposal source.",
+            ["source"],
+            registry=r,
+        )
+        self.spec_accepted_tokens = Counter(
+            "helios_spec_decode_accepted_tokens",
+            "Draft tokens accepted by verification, by proposal source.",
+            ["source"],
+            registry=r,
+        )
+        self.spec_accepted_per_position = Counter(
+            "helios_spec_decode_accepted_per_position",
+            "Accepted draft tokens by draft position (0 = the first draft of a round).",
+            ["position"],
+            registry=r,
+        )
+        self.spec_accepted_length = Histogram(
+            "helios_spec_decode_accepted_length",
+            "Tokens emitted by one speculative lane round with drafts (accepted + 1).",
+            buckets=tuple(float(n) for n in range(1, 9)),
+            registry=r,
+        )
+        for source in ("learned", "copied"):
+            self.spec_draft_tokens.labels(source)
+            self.spec_accepted_tokens.labels(source)
         # model-contract.md, "/metrics": both cover the lifetime of the model worker.
         self.mixed_grammar_decode_steps = Counter(
             "flare_mixed_grammar_decode_steps",
@@ -218,7 +247,7 @@ class Metrics:
             self.requests_rejected.labels(reason)
         for reason in ("stop", "length", "tool_calls", "cancelled", "error"):
             self.requests_finished.labels(reason)
-        for op in ("prefill", "decode"):
+        for op in ("prefill", "decode", "speculative"):
             self.graph_launches.labels(op)
 
     def watch_runtime(self, read: Callable[[], Mapping[str, int]], frames: int) -> None:

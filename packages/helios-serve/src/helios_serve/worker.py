@@ -290,6 +290,7 @@ class ModelWorker:
                 max_output_tokens=request.max_output_tokens,
                 sampling=request.sampling,
                 needs_feedback=request.needs_feedback,
+                width_one=request.constrained,
             )
         )
         if error is not None:
@@ -329,7 +330,7 @@ class ModelWorker:
             self._constrained_max_inflight = max(self._constrained_max_inflight,
                                                  self.model.outstanding)
             self.metrics.constrained_max_inflight.set(self._constrained_max_inflight)
-            if plan.kind is StepKind.DECODE and not all(constrained):
+            if plan.kind in (StepKind.DECODE, StepKind.SPECULATIVE) and not all(constrained):
                 self.metrics.mixed_grammar_decode_steps.inc()
 
     def _complete_oldest(self) -> None:
@@ -409,7 +410,9 @@ class ModelWorker:
         )
         now_s = now_ns / 1e9
         for result in sampled:
-            live = self._live[result.request_id]
+            live = self._live.get(result.request_id)
+            if live is None:  # finished by an earlier token of its speculative run
+                continue
             try:
                 self._on_token(live, result, stamp_ns, now_s)
             except Exception as exc:  # output pipeline failure: this request only
@@ -448,11 +451,16 @@ class ModelWorker:
         if deltas:
             live.events.append(Output(tuple(deltas)))
         if pipeline.finished:
-            self._finish(live, FinishReason(pipeline.finish_reason), now_s)
+            self._finish(live, FinishReason(pipeline.finish_reason), now_s, result.output_tokens)
 
-    def _finish(self, live: _Live, reason: FinishReason, now_s: float) -> None:
+    def _finish(self, live: _Live, reason: FinishReason, now_s: float,
+                output_tokens: int | None = None) -> None:
+        """End a request at the token it finished on (`output_tokens`: the output up to
+        and including that token; later tokens of the same speculative run are
+        discarded)."""
         request = live.request
-        summary: FinishedRequest = self.scheduler.finish(request.request_id, _SCHED_REASON[reason])
+        summary: FinishedRequest = self.scheduler.finish(request.request_id,
+                                                         _SCHED_REASON[reason], output_tokens)
         del self._live[request.request_id]
         self.metrics.requests_finished.labels(reason.value).inc()
         if request.enqueue_ns is not None:
@@ -479,9 +487,25 @@ class ModelWorker:
             (m.pages_published, stats.pages_published, before.pages_published),
             (m.page_evictions, stats.page_evictions, before.page_evictions),
             (m.preemptions, stats.preemptions, before.preemptions),
+            (m.spec_draft_tokens.labels("learned"), stats.spec_draft_tokens,
+             before.spec_draft_tokens),
+            (m.spec_accepted_tokens.labels("learned"), stats.spec_accepted_tokens,
+             before.spec_accepted_tokens),
         ):
             if now > then:  # scheduler counters are cumulative; export their increments
                 counter.inc(now - then)
+        for position, (now, then) in enumerate(zip(
+                stats.spec_accepted_per_position,
+                before.spec_accepted_per_position or (0,) * len(stats.spec_accepted_per_position),
+                strict=True)):
+            if now > then:
+                m.spec_accepted_per_position.labels(str(position)).inc(now - then)
+        for length, (now, then) in enumerate(zip(
+                stats.spec_accepted_lengths,
+                before.spec_accepted_lengths or (0,) * len(stats.spec_accepted_lengths),
+                strict=True)):
+            for _ in range(now - then):  # one observation per speculative lane round
+                m.spec_accepted_length.observe(length)
         self._reported = stats
         self._last_stats = stats
         self._live_count = len(self._live)

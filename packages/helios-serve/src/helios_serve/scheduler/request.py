@@ -23,6 +23,8 @@ class SchedRequest:
         needs_feedback: the worker must see each sampled token before another round is
             submitted (grammar, host stops): while such a request is live, the scheduler
             keeps one plan outstanding (specification: completion feedback).
+        width_one: the request's speculative lanes are one position long (no drafts):
+            constrained requests, whose grammar mask covers only the next token.
     """
 
     request_id: int
@@ -30,6 +32,7 @@ class SchedRequest:
     max_output_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     needs_feedback: bool = False
+    width_one: bool = False
 
 
 class AdmissionReason(enum.Enum):
@@ -135,6 +138,13 @@ class SchedulerStats:
     prompt_tokens_computed: int
     rejected: dict[AdmissionReason, int]
     finished: dict[FinishReason, int]
+    speculative_steps: int = 0
+    spec_draft_tokens: int = 0  # drafts offered to verification (lane length - 1)
+    spec_accepted_tokens: int = 0
+    # accepted drafts by draft position (index 0 = first draft), and lanes with drafts by
+    # emitted length (index n = n tokens emitted by one lane in one round)
+    spec_accepted_per_position: tuple[int, ...] = ()
+    spec_accepted_lengths: tuple[int, ...] = ()
 
     @property
     def idle(self) -> bool:

@@ -30,6 +30,17 @@ Index spaces: a row's position in `StepPlan.rows` is its submission row;
 `RowPlan.slot` a physical request row; positions count tokens of the
 request's own sequence (prompt, then output).
 
+Speculative generation (geometry.speculative_widths non-empty): every generation row
+is a SPECULATIVE lane of length n = min(widest served W, output budget left, pages
+available) -- 1 for width-one (constrained) requests -- with pages reserved for all n
+positions (the lane's full ceiling). A speculative plan needs its completion before
+the same requests are planned again (the consumed endpoints come from it). Its
+completion is one lane record per row, validated as a whole before any request state
+changes (`CompletionError` otherwise); each lane then yields one RowResult per emitted
+token and its consumed endpoint rewinds to start + emitted. Pages completed by a
+lane's accepted tokens are published only at its next completion (the worker may end
+the request inside the run and discard the rest: discarded tokens are never cached).
+
 Two execution frames (model-contract.md: completion feedback): `schedule()` may
 be called again before `complete()` of the previous plan only while
 `can_schedule_ahead()` is True: fewer than `frames` plans are outstanding, no live
@@ -49,6 +60,8 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Sequence as Seq
+
+from helios_tools.kernels.speculative import FIELD_ACCEPTED, FIELD_EMITTED, RECORD_FIELDS
 
 from helios_serve.engine.plan import (
     PENDING_PLACEHOLDER,
@@ -115,6 +128,8 @@ class Scheduler:
             if not caps or list(caps) != sorted(set(caps)) or caps[0] < 1:
                 raise ValueError(f"{name} must be nonempty, positive and ascending: {caps}")
         self.geometry = g
+        self.widths = tuple(g.speculative_widths)
+        self.max_width = max(self.widths) if self.widths else 0
         self.pages = PageAllocator(g.num_pages, g.page_tokens)
         self._free_slots = list(range(g.slots))  # min-heap: lowest slot first
         self._generations = [0] * g.slots  # per physical request row
@@ -133,6 +148,9 @@ class Scheduler:
         self._prompt_tokens_computed = 0
         self._rejected = dict.fromkeys(AdmissionReason, 0)
         self._finished = dict.fromkeys(FinishReason, 0)
+        self._spec_steps = self._spec_draft = self._spec_accepted = 0
+        self._spec_per_position = [0] * max(self.max_width - 1, 0)
+        self._spec_lengths = [0] * (self.max_width + 1)
 
     # -- admission --------------------------------------------------------------
 
@@ -347,12 +365,16 @@ class Scheduler:
         """One row per request with a pending token, at most the largest decode
         capacity (least recently served first when over it), pages permitting."""
         pt = self.geometry.page_tokens
-        ahead = bool(self._outstanding) and self.device_pending
+        # Decode rows may be planned ahead of their device-owned pending token; a
+        # speculative lane needs its completed record (its consumed endpoint) first.
+        ahead = bool(self._outstanding) and self.device_pending and not self.widths
         ready = [s for s in self._running if s.can_decode or (ahead and s.can_decode_ahead)]
         cap = self.geometry.decode_capacities[-1]
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
             ready = [s for s in ready if id(s) in keep]
+        if self.widths:
+            return self._build_speculative(ready)
         rows: list[RowPlan] = []
         for seq in ready:
             if seq.num_scheduled == len(seq.page_ids) * pt:  # pending token opens a page
@@ -365,6 +387,31 @@ class Scheduler:
             rows.append(self._row(seq, fed, sample=True, histogram=None, decode=True))
         return StepPlan(StepKind.DECODE, tuple(rows)) if rows else None
 
+    def _build_speculative(self, ready: list[Sequence]) -> StepPlan | None:
+        """One SPECULATIVE lane per ready request: its length never exceeds the widest
+        served W (= D + 1), the output budget left or the pages it can reserve."""
+        pt = self.geometry.page_tokens
+        rows: list[RowPlan] = []
+        for seq in ready:
+            start = seq.num_scheduled  # the pending token's position
+            n = 1 if seq.request.width_one else min(
+                self.max_width, seq.request.max_output_tokens - seq.num_output_tokens)
+            need = _ceil_div(start + n, pt) - len(seq.page_ids)
+            if need > 0:
+                take = min(need, self.pages.available_pages)
+                n = min(n, (len(seq.page_ids) + take) * pt - start)
+                if n < 1:
+                    continue  # waits for reclamation (or preemption)
+                take = _ceil_div(start + n, pt) - len(seq.page_ids)
+                if take:
+                    grant = self.pages.acquire(None, take)
+                    assert grant is not None
+                    seq.page_ids.extend(grant.page_ids)
+            fed = seq.tokens[start : start + 1] or [PENDING_PLACEHOLDER]
+            rows.append(self._row(seq, fed, sample=True, histogram=None, decode=True,
+                                  lane_length=n))
+        return StepPlan(StepKind.SPECULATIVE, tuple(rows)) if rows else None
+
     def _row(
         self,
         seq: Sequence,
@@ -372,11 +419,13 @@ class Scheduler:
         sample: bool,
         histogram: tuple[int, ...] | None,
         decode: bool = False,
+        lane_length: int = 0,
     ) -> RowPlan:
-        """Build a row and advance the request's scheduled state."""
+        """Build a row and advance the request's scheduled state (a speculative lane
+        schedules all `lane_length` positions it may write)."""
         assert seq.slot is not None
         start = seq.num_scheduled
-        end = start + len(tokens)
+        end = start + (lane_length or len(tokens))
         row = RowPlan(
             request_id=seq.request_id,
             slot=seq.slot,
@@ -387,6 +436,7 @@ class Scheduler:
             sample=sample,
             sampling=seq.request.sampling,
             histogram_tokens=histogram,
+            query_length=lane_length,
         )
         seq.num_scheduled = end
         seq.inflight_rows += 1
@@ -403,6 +453,8 @@ class Scheduler:
         if plan.kind is StepKind.PREFILL:
             self._prefill_steps += 1
             self._prompt_tokens_computed += plan.token_count
+        elif plan.kind is StepKind.SPECULATIVE:
+            self._spec_steps += 1
         else:
             self._decode_steps += 1
         return plan
@@ -446,6 +498,8 @@ class Scheduler:
                 slot generation mismatch or a sampled id outside the vocabulary;
                 nothing is changed then.
         """
+        if plan.kind is StepKind.SPECULATIVE:
+            return self._complete_speculative(plan, sampled)
         self._check_completion(plan, sampled)
         self._outstanding.popleft()
         results: list[RowResult] = []
@@ -482,6 +536,80 @@ class Scheduler:
             if row.sample and not 0 <= int(token) < vocab:
                 raise CompletionError(f"row {i}: sampled id {int(token)} outside [0, {vocab})")
 
+    def _complete_speculative(self, plan: StepPlan, record) -> list[RowResult]:
+        self._check_lanes(plan, record)
+        self._outstanding.popleft()
+        results: list[RowResult] = []
+        for row, lane in zip(plan.rows, record, strict=True):
+            seq = self._requests[row.request_id]
+            seq.inflight_rows -= 1
+            seq.inflight_samples -= 1
+            emitted = int(lane[FIELD_EMITTED])
+            consumed = row.start_position + emitted
+            seq.num_computed = seq.num_scheduled = consumed  # rejected positions rewind
+            self._count_lane(row.lane_length, int(lane[FIELD_ACCEPTED]))
+            if seq.retiring:
+                if seq.inflight_rows == 0:
+                    self._retire(seq)
+                continue
+            self._publish(seq, row.start_position + 1)  # the run itself: next completion
+            for token in lane[RECORD_FIELDS:RECORD_FIELDS + emitted]:
+                seq.tokens.append(int(token))
+                results.append(RowResult(row.request_id, int(token), seq.num_output_tokens))
+        return results
+
+    def _check_lanes(self, plan: StepPlan, record) -> None:
+        """Validate a speculative completion record against the plan before any state
+        changes (model-contract.md: generations, submission order, offers against the
+        reserved lane ceilings and the aggregate, accepted counts, endpoints, ids)."""
+        if not self._outstanding or plan != self._outstanding[0]:
+            raise CompletionError("plan is not the oldest outstanding plan")
+        shape = getattr(record, "shape", ())
+        if len(shape) != 2 or shape[0] != len(plan.rows) or shape[1] <= RECORD_FIELDS:
+            raise CompletionError(f"lane records of shape {shape} for {len(plan.rows)} lanes")
+        width = shape[1] - RECORD_FIELDS
+        vocab = self.geometry.vocab_size
+        lag = self.geometry.draft_cursor_lag
+        offered = 0
+        for i, (row, lane) in enumerate(zip(plan.rows, record, strict=True)):
+            seq = self._requests.get(row.request_id)
+            if seq is None or seq.slot != row.slot or seq.inflight_rows < 1:
+                raise CompletionError(f"lane {i}: request {row.request_id} not in flight")
+            generation, offers, accepted, emitted, cursor, reserved = (
+                int(v) for v in lane[:RECORD_FIELDS])
+            if self._generations[row.slot] != row.generation or generation != row.generation:
+                raise CompletionError(f"lane {i}: generation {generation} of slot {row.slot}, "
+                                      f"expected {row.generation}")
+            if offers != row.lane_length:
+                raise CompletionError(f"lane {i}: {offers} offers, the lane reserved "
+                                      f"{row.lane_length} positions")
+            offered += offers
+            if not 0 <= accepted < offers or emitted != accepted + 1 or emitted > width:
+                raise CompletionError(f"lane {i}: {accepted} accepted and {emitted} emitted "
+                                      f"of {offers} offers")
+            expected = -1 if lag is None else max(row.start_position + emitted - lag, 0)
+            if cursor != expected:
+                raise CompletionError(f"lane {i}: draft cursor {cursor}, expected {expected}")
+            if reserved != -1:
+                raise CompletionError(f"lane {i}: reserved field {reserved}, expected -1")
+            ids = [int(t) for t in lane[RECORD_FIELDS:]]
+            bad = [t for t in ids[:emitted] if not 0 <= t < vocab]
+            if bad or any(t != -1 for t in ids[emitted:]):
+                raise CompletionError(f"lane {i}: emitted ids {ids[:emitted]} outside "
+                                      f"[0, {vocab}) or padding {ids[emitted:]} not -1")
+        if offered > plan.token_count:
+            raise CompletionError(f"{offered} offers exceed the {plan.token_count} packed "
+                                  "positions of the step")
+
+    def _count_lane(self, length: int, accepted: int) -> None:
+        if length < 2:
+            return  # width-one lanes draw no proposals
+        self._spec_draft += length - 1
+        self._spec_accepted += accepted
+        for k in range(accepted):
+            self._spec_per_position[k] += 1
+        self._spec_lengths[accepted + 1] += 1
+
     def fail(self, plan: StepPlan) -> list[FinishedRequest]:
         """Retire the oldest outstanding plan after an execution failure.
 
@@ -508,10 +636,12 @@ class Scheduler:
                 self._retire(seq)
         return failed
 
-    def _publish(self, seq: Sequence) -> None:
-        """Publish pages completed by finished plans, in position order."""
+    def _publish(self, seq: Sequence, endpoint: int | None = None) -> None:
+        """Publish pages completed by finished plans (up to `endpoint`, default the
+        computed endpoint), in position order."""
         pt = self.geometry.page_tokens
-        for i in range(seq.num_published, seq.num_computed // pt):
+        end = seq.num_computed if endpoint is None else min(endpoint, seq.num_computed)
+        for i in range(seq.num_published, end // pt):
             if i == len(seq.page_hashes):
                 parent = seq.page_hashes[-1] if seq.page_hashes else bytes(16)
                 seq.page_hashes.append(page_hash(parent, seq.tokens[i * pt : (i + 1) * pt]))
@@ -520,9 +650,14 @@ class Scheduler:
 
     # -- leaving --------------------------------------------------------------------
 
-    def finish(self, request_id: int, reason: FinishReason) -> FinishedRequest:
+    def finish(self, request_id: int, reason: FinishReason,
+               output_tokens: int | None = None) -> FinishedRequest:
         """End a request the worker decided is done; release its slot and pages
         now, or when its in-flight frames complete.
+
+        `output_tokens` cuts the output there: the tokens after it (the rest of a
+        speculative run the worker stopped inside) are discarded, never counted or
+        published.
 
         Returns the request's summary; an already retiring request keeps its
         first reason.
@@ -531,6 +666,8 @@ class Scheduler:
             KeyError: unknown request (a caller bug).
         """
         seq = self._requests[request_id]
+        if output_tokens is not None and not seq.retiring and output_tokens < seq.num_output_tokens:
+            del seq.tokens[seq.num_prompt_tokens + output_tokens:]
         if not seq.retiring:
             seq.finish_reason = reason
             if reason is FinishReason.CANCELLED:
@@ -633,4 +770,9 @@ class Scheduler:
             prompt_tokens_computed=self._prompt_tokens_computed,
             rejected=dict(self._rejected),
             finished=dict(self._finished),
+            speculative_steps=self._spec_steps,
+            spec_draft_tokens=self._spec_draft,
+            spec_accepted_tokens=self._spec_accepted,
+            spec_accepted_per_position=tuple(self._spec_per_position),
+            spec_accepted_lengths=tuple(self._spec_lengths),
         )

@@ -20,6 +20,7 @@ output so far, read back through the page table) satisfies the predicate.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -48,8 +49,10 @@ def tiny_geometry(
     decode_capacities: tuple[int, ...] = (1, 2, 4, 8),
     prefill_token_capacities: tuple[int, ...] = (32, 64),
     prefill_row_capacity: int = 4,
+    speculative_widths: tuple[int, ...] = (),
 ) -> ModelGeometry:
-    """A small geometry for scripted tests (context = 256 tokens by default)."""
+    """A small geometry for scripted tests (context = 256 tokens by default;
+    `speculative_widths` makes generation rows SPECULATIVE lanes, draft cursor lag 0)."""
     return ModelGeometry(
         page_tokens=page_tokens,
         num_pages=num_pages,
@@ -62,6 +65,8 @@ def tiny_geometry(
         vocab_size=vocab_size,
         mask_words=(vocab_size + 31) // 32,
         eos_token_ids=eos_token_ids,
+        speculative_widths=speculative_widths,
+        draft_cursor_lag=0 if speculative_widths else None,
     )
 
 
@@ -83,11 +88,14 @@ class ScriptedModel:
         step_delay_s: sleep per execute call (paces tests of concurrency and cancellation).
         frames: execution frames `submit` may fill before `wait`.
         device_pending: decode rows feed the slot's last sampled token (see module).
+        accept: SPECULATIVE lanes: drafts accepted given (request_id, offers); default
+            every draft (offers - 1). A lane emits the script's next accepted + 1 tokens.
     """
 
     def __init__(
         self, geometry: ModelGeometry, responder: Responder, *, step_delay_s: float = 0.0,
         frames: int = 1, device_pending: bool = False,
+        accept: Callable[[int, int], int] | None = None,
     ) -> None:
         self._geometry = geometry
         self.frames = frames
@@ -106,8 +114,17 @@ class ScriptedModel:
         self._row_faults: list[Callable[[tuple[int, ...]], bool]] = []
         self.masked_rows = 0  # sampling rows that carried a grammar mask
         self.steps = 0  # execute calls so far
-        self.launches: dict[StepKind, int] = {StepKind.PREFILL: 0, StepKind.DECODE: 0}
+        self.launches: dict[StepKind, int] = dict.fromkeys(StepKind, 0)
         self.closed = False
+        self.accept = accept or (lambda _request_id, offers: offers - 1)
+        self.lane_lengths: list[int] = []  # every SPECULATIVE lane's length, in order
+        self._record_faults: list[Callable[[StepPlan, np.ndarray], None]] = []
+
+    def corrupt_records(self, edit: Callable[[StepPlan, np.ndarray], None]) -> None:
+        """Let `edit(plan, record)` change every SPECULATIVE completion record in place
+        (validation tests: the scheduler must reject the step)."""
+        with self._lock:
+            self._record_faults.append(edit)
 
     @property
     def manifests(self) -> ModelGeometry:
@@ -151,6 +168,12 @@ class ScriptedModel:
             if any(f(plan) for f in faults):
                 raise ScriptedFault(f"scripted execution fault at step {self.steps}")
             self._check(plan)
+            if plan.kind is StepKind.SPECULATIVE:
+                record = np.stack([self._run_lane(row) for row in plan.rows])
+                for edit in list(self._record_faults):
+                    edit(plan, record)
+                self.launches[plan.kind] += 1
+                return record
             out = np.empty(len(plan.rows), dtype=np.int32)
             for i, row in enumerate(plan.rows):
                 out[i] = self._run_row(row, plan.kind)
@@ -190,9 +213,13 @@ class ScriptedModel:
 
     def _check(self, plan: StepPlan) -> None:
         g = self._geometry
-        if plan.kind is StepKind.DECODE:
+        if plan.kind in (StepKind.DECODE, StepKind.SPECULATIVE):
             assert all(len(r.tokens) == 1 for r in plan.rows), "decode rows carry one token"
             assert len(plan.rows) <= max(g.decode_capacities), "decode batch over capacity"
+            if plan.kind is StepKind.SPECULATIVE:
+                assert g.speculative_widths, "speculative plan for a geometry without widths"
+                assert all(1 <= r.lane_length <= max(g.speculative_widths)
+                           for r in plan.rows), "lane over the served width"
         else:
             assert plan.token_count <= max(g.prefill_token_capacities), "prefill over capacity"
             assert len(plan.rows) <= g.prefill_row_capacity, "prefill rows over capacity"
@@ -232,6 +259,27 @@ class ScriptedModel:
                 raise ScriptedFault(f"the grammar mask forbids scripted token {token}")
         self._pending[row.slot] = token
         return token
+
+    def _run_lane(self, row) -> np.ndarray:
+        """One SPECULATIVE lane: the script's next accepted + 1 tokens and its record."""
+        g = self._geometry
+        pt = g.page_tokens
+        n = row.lane_length
+        self.lane_lengths.append(n)
+        assert len(row.page_ids) * pt >= row.start_position + n, "lane ceiling not reserved"
+        width = max(g.speculative_widths)
+        accepted = min(max(int(self.accept(row.request_id, n)), 0), n - 1)
+        emitted = []
+        for j in range(accepted + 1):
+            plain = dataclasses.replace(row, start_position=row.start_position + j,
+                                        tokens=(emitted[-1],) if j else row.tokens,
+                                        query_length=0)
+            emitted.append(self._run_row(plain, StepKind.DECODE))
+        record = np.full(6 + width, -1, np.int32)
+        record[:6] = (row.generation, n, accepted, accepted + 1,
+                      row.start_position + accepted + 1, -1)
+        record[6:6 + len(emitted)] = emitted
+        return record
 
     def close(self) -> None:
         self.closed = True

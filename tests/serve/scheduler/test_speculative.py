@@ -1,0 +1,129 @@
+"""Scheduler: SPECULATIVE lanes, their completion records and the validation of each field
+(model-contract.md, "Complete speculative generation", "Attention histories")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helios_serve.engine.plan import StepKind
+from helios_serve.scheduler import CompletionError, FinishReason, SchedRequest, Scheduler
+from helios_serve.testing.scripted import tiny_geometry
+
+VOCAB = 64
+WIDTH = 4
+
+
+def _scheduler(**kw) -> Scheduler:
+    geo = tiny_geometry(VOCAB, speculative_widths=(1, 2, WIDTH), **kw)
+    return Scheduler(geo, frames=1, device_pending=True)
+
+
+def _record(plan, accepted, tokens_per_lane, cursor_delta=0):
+    """Well-formed lane records for `plan`: `accepted[i]` drafts accepted, emitted ids
+    `tokens_per_lane[i]` (len accepted + 1)."""
+    rows = []
+    for row, a, ids in zip(plan.rows, accepted, tokens_per_lane, strict=True):
+        rec = [row.generation, row.lane_length, a, a + 1,
+               row.start_position + a + 1 + cursor_delta, -1]
+        rec += list(ids) + [-1] * (WIDTH - len(ids))
+        rows.append(rec)
+    return np.asarray(rows, np.int32)
+
+
+def _to_decode(s: Scheduler, prompt=(1, 2, 3, 4, 5), max_out=10, width_one=False):
+    s.add(SchedRequest(request_id=7, prompt_tokens=prompt, max_output_tokens=max_out,
+                       width_one=width_one))
+    plan = s.schedule()
+    assert plan.kind is StepKind.PREFILL
+    s.complete(plan, [9])
+    return s.schedule()
+
+
+def test_lane_lengths_follow_width_budget_and_width_one():
+    s = _scheduler()
+    plan = _to_decode(s, max_out=10)
+    assert plan.kind is StepKind.SPECULATIVE
+    (row,) = plan.rows
+    assert (row.lane_length, row.start_position, row.tokens) == (WIDTH, 5, (9,))
+    # Pages cover the lane's full ceiling: positions 0 .. 8 (4-token pages).
+    assert len(row.page_ids) == 3
+    s2 = _scheduler()
+    assert _to_decode(s2, max_out=3).rows[0].lane_length == 2  # 1 output so far, 2 left
+    s3 = _scheduler()
+    assert _to_decode(s3, width_one=True).rows[0].lane_length == 1
+
+
+def test_completion_emits_each_token_and_rewinds_to_the_consumed_endpoint():
+    s = _scheduler()
+    plan = _to_decode(s)
+    results = s.complete(plan, _record(plan, [2], [[11, 12, 13]]))
+    assert [(r.token_id, r.output_tokens) for r in results] == [(11, 2), (12, 3), (13, 4)]
+    nxt = s.schedule()
+    (row,) = nxt.rows
+    # consumed: prompt 5 + pending 9 + drafts 11, 12 -> the new pending 13 sits at 8.
+    assert row.start_position == 8 and row.lane_length == WIDTH
+    stats = s.stats()
+    assert (stats.speculative_steps, stats.spec_draft_tokens, stats.spec_accepted_tokens) == (
+        2, 3, 2)
+    assert stats.spec_accepted_per_position == (1, 1, 0)
+    assert stats.spec_accepted_lengths == (0, 0, 0, 1, 0)
+
+
+def test_output_limit_is_never_exceeded():
+    s = _scheduler()
+    plan = _to_decode(s, max_out=3)  # 1 token from prefill, lane of 2
+    results = s.complete(plan, _record(plan, [1], [[11, 12]]))
+    assert results[-1].output_tokens == 3
+    assert s.schedule() is None  # the budget is spent: nothing more is planned
+
+
+def test_finish_inside_a_run_discards_the_rest_and_publishes_nothing_of_it():
+    s = _scheduler(page_tokens=4)
+    plan = _to_decode(s, prompt=(1, 2, 3, 4, 5, 6, 7), max_out=20)
+    published = s.stats().pages_published
+    s.complete(plan, _record(plan, [3], [[11, 12, 13, 14]]))
+    # Positions 7..10 hold pending + 3 drafts: page 1 (4..7) and 2 (8..11) are complete
+    # only through tokens that may still be cut; page 1 holds the pending token (kept).
+    assert s.stats().pages_published == published + 1
+    summary = s.finish(7, FinishReason.STOP, output_tokens=2)  # stop at the 2nd token
+    assert summary.output_tokens == (9, 11)
+    assert s.stats().pages_published == published + 1
+    assert s.stats().idle
+
+
+BAD_RECORDS = [
+    ("generation", lambda r: r.__setitem__((0, 0), 99), "generation 99"),
+    ("offers", lambda r: r.__setitem__((0, 1), 3), "3 offers, the lane reserved 4"),
+    ("accepted", lambda r: r.__setitem__((0, 2), 4), "4 accepted and 3 emitted"),
+    ("emitted", lambda r: r.__setitem__((0, 3), 2), "2 accepted and 2 emitted"),
+    ("cursor", lambda r: r.__setitem__((0, 4), 7), "draft cursor 7, expected 8"),
+    ("reserved", lambda r: r.__setitem__((0, 5), 0), "reserved field 0"),
+    ("id", lambda r: r.__setitem__((0, 7), VOCAB), r"outside \[0, 64\)"),
+    ("padding", lambda r: r.__setitem__((0, 9), 5), r"padding \[5\] not -1"),
+]
+
+
+@pytest.mark.parametrize("field,edit,message", BAD_RECORDS, ids=[b[0] for b in BAD_RECORDS])
+def test_each_invalid_record_field_is_refused_before_any_change(field, edit, message):
+    s = _scheduler()
+    plan = _to_decode(s)
+    record = _record(plan, [2], [[11, 12, 13]])
+    edit(record)
+    before = s.stats()
+    with pytest.raises(CompletionError, match=message):
+        s.complete(plan, record)
+    assert s.stats() == before and s.outstanding_frames == 1
+    failed = s.fail(plan)  # what the worker does: exactly this step's requests fail
+    assert [f.request_id for f in failed] == [7] and failed[0].reason is FinishReason.ERROR
+    assert s.stats().idle
+
+
+def test_record_shape_and_submission_order_are_checked():
+    s = _scheduler()
+    plan = _to_decode(s)
+    with pytest.raises(CompletionError, match="lane records of shape"):
+        s.complete(plan, np.zeros(3, np.int32))
+    other = s.schedule.__self__  # the same scheduler: a plan it never issued
+    fake = type(plan)(plan.kind, plan.rows[:0])
+    with pytest.raises(CompletionError, match="oldest outstanding"):
+        other.complete(fake, np.zeros((0, 10), np.int32))

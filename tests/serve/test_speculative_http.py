@@ -1,0 +1,160 @@
+"""Speculative steps through the real worker, output path and HTTP (scripted lanes).
+
+The scripted backend emits the script's next accepted + 1 tokens per SPECULATIVE lane, so
+every multi-token run is exact and known: stops, EOS and output limits inside a run,
+token observations and the spec-decode metrics are checked against it."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from helios_serve.engine.plan import StepKind
+from helios_serve.testing.harness import ScriptedServer, sse_post
+from helios_serve.testing.tokenizer import EOS_ID
+
+LETTERS = ["Letters", ":", " H", "IJ", "K", "LM", "NOP", " Hello", "!"]
+
+
+@pytest.fixture
+def spec_server(tok):
+    with ScriptedServer(tok, geometry={"speculative_widths": (1, 2, 4)}) as server:
+        yield server
+
+
+def _chat(server, prompt: str, **extra):
+    return {"model": server.model_name, "messages": [{"role": "user", "content": prompt}],
+            **extra}
+
+
+def _metrics(server) -> dict[str, float]:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_stop_inside_an_accepted_run_cuts_there(spec_server):
+    spec_server.script("letters please", LETTERS)
+    client = spec_server.openai()
+    r = client.chat.completions.create(
+        model=spec_server.model_name, messages=[{"role": "user", "content": "letters please"}],
+        stop=["KLMNOP"], extra_body={"return_token_ids": True})
+    assert r.choices[0].message.content == "Letters: HIJ"
+    assert r.choices[0].finish_reason == "stop"
+    # "NOP" (7th token) completes the stop inside the run [K, LM, NOP, Hello]: usage and
+    # observation count it, nothing after it.
+    assert r.usage.completion_tokens == 7
+    assert r.choices[0].token_ids == spec_server.tok.ids(LETTERS[:7])
+    assert spec_server.model.launches[StepKind.SPECULATIVE] == 2  # lanes of 4, then 3 + EOS
+    spec_server.wait_idle()
+
+
+def test_stop_inside_a_run_streams_nothing_past_it(spec_server):
+    spec_server.script("letters please", LETTERS)
+    status, events = sse_post(spec_server.url, _chat(spec_server, "letters please", stream=True,
+                                                     stop=["KLMNOP"]))
+    assert status == 200
+    pieces = [e["choices"][0]["delta"].get("content") for e in events
+              if isinstance(e, dict) and e["choices"]]
+    assert "".join(p for p in pieces if p) == "Letters: HIJ"
+    assert events[-1] == "[DONE]"
+
+
+def test_eos_inside_a_run_ends_the_request_there(spec_server):
+    spec_server.script("short", ["Hello", "!"])  # then EOS, mid-lane
+    client = spec_server.openai()
+    r = client.chat.completions.create(
+        model=spec_server.model_name, messages=[{"role": "user", "content": "short"}],
+        extra_body={"return_token_ids": True})
+    assert r.choices[0].message.content == "Hello!"
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].token_ids == spec_server.tok.ids(["Hello", "!"]) + [EOS_ID]
+    assert r.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5, 6])
+def test_output_limit_is_never_exceeded(spec_server, limit):
+    spec_server.script("letters please", LETTERS)
+    client = spec_server.openai()
+    r = client.chat.completions.create(
+        model=spec_server.model_name, messages=[{"role": "user", "content": "letters please"}],
+        max_tokens=limit, extra_body={"return_token_ids": True})
+    assert r.usage.completion_tokens == limit
+    assert r.choices[0].token_ids == spec_server.tok.ids(LETTERS[:limit])
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_one_observation_per_token_with_the_step_time(spec_server):
+    spec_server.script("letters please", LETTERS)
+    spec_server.model.accept = lambda _rid, offers: offers - 1  # every draft accepted
+    client = spec_server.openai()
+    r = client.chat.completions.create(
+        model=spec_server.model_name, messages=[{"role": "user", "content": "letters please"}],
+        max_tokens=9, extra_body={"return_token_ids": True, "return_token_timestamps": True})
+    stamps = r.choices[0].model_extra["token_timestamps_ns"]
+    assert len(stamps) == len(r.choices[0].token_ids) == 9
+    # token 1 from prefill, then lanes of 4, 4: tokens of one step share its stamp.
+    assert len(set(stamps[1:5])) == 1 and len(set(stamps[5:9])) == 1
+    assert stamps == sorted(stamps) and stamps[1] > stamps[0] and stamps[5] > stamps[4]
+
+
+def test_spec_decode_metrics_move_with_real_steps(spec_server):
+    spec_server.script("letters please", LETTERS)
+    spec_server.model.accept = lambda _rid, offers: min(2, offers - 1)
+    before = _metrics(spec_server)
+    client = spec_server.openai()
+    client.chat.completions.create(
+        model=spec_server.model_name, messages=[{"role": "user", "content": "letters please"}],
+        max_tokens=7)
+    spec_server.wait_idle()
+    after = _metrics(spec_server)
+
+    def moved(name):
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    # prefill gives token 1; lanes of 4 (2 accepted -> 3 tokens), 3 (2 -> 3): 7 tokens.
+    assert moved('helios_spec_decode_draft_tokens_total{source="learned"}') == 3 + 2
+    assert moved('helios_spec_decode_accepted_tokens_total{source="learned"}') == 4
+    assert moved('helios_spec_decode_accepted_per_position_total{position="0"}') == 2
+    assert moved('helios_spec_decode_accepted_per_position_total{position="1"}') == 2
+    assert moved("helios_spec_decode_accepted_length_count") == 2
+    assert moved("helios_spec_decode_accepted_length_sum") == 6
+    assert moved('helios_spec_decode_draft_tokens_total{source="copied"}') == 0
+    assert moved('helios_graph_launches_total{operation="speculative"}') == 2
+
+
+def test_constrained_requests_run_at_width_one(spec_server, tok):
+    spec_server.book.add("json please", tok.byte_ids(b'{"city": "Paris"}'))
+    r = spec_server.openai().chat.completions.create(
+        model=spec_server.model_name, messages=[{"role": "user", "content": "json please"}],
+        response_format={"type": "json_object"})
+    assert r.choices[0].message.content == '{"city": "Paris"}'
+    assert spec_server.model.lane_lengths and set(spec_server.model.lane_lengths) == {1}
+    assert spec_server.model.masked_rows >= len(b'{"city": "Paris"}')
+
+
+def test_an_invalid_record_fails_exactly_that_steps_requests(spec_server):
+    spec_server.script("letters please", LETTERS)
+    spec_server.script("other", ["Hello", "!"])
+
+    corrupted = []
+
+    def corrupt(plan, record):
+        if not corrupted:  # the first speculative step only
+            record[:, 4] += 1  # a draft cursor that disagrees with the consumed endpoint
+            corrupted.append(plan)
+
+    spec_server.model.corrupt_records(corrupt)
+    status, events = sse_post(spec_server.url, _chat(spec_server, "letters please",
+                                                     stream=True))
+    assert status == 200
+    assert "error" in events[-1] and "draft cursor" in events[-1]["error"]["message"]
+    spec_server.wait_idle()
+    r = spec_server.openai().chat.completions.create(
+        model=spec_server.model_name, messages=[{"role": "user", "content": "other"}])
+    assert r.choices[0].message.content == "Hello!"
