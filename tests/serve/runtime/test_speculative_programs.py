@@ -1,0 +1,107 @@
+"""SPECULATIVE programs of the tiny model end to end on the CPU backend: greedy output
+identical to decode by construction, and the sampled token distribution of speculative
+sampling equal to the target's (chi-square, fixed seeds)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from helios_ignition.testing import tiny_core
+from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+from helios_serve.runtime import NativeModel
+from helios_serve.runtime.driver import Driver
+
+PROMPTS = [list(range(3, 9)), [5, 7, 9], [20, 21, 22, 23], [1, 2]]
+ALPHA = 1e-3  # significance level of the distribution tests
+
+
+@pytest.fixture(scope="module")
+def model():
+    # draft_copy: the head often proposes what the tiny target says (accept paths run)
+    return NativeModel.load(tiny_core(1, speculative_widths=(1, 2, 4), draft_copy=3.0,
+                                      draft_vocab=96), "cpu")
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_greedy_speculative_output_equals_decode(model, width):
+    decoded = Driver(model).generate(PROMPTS, 20)
+    for batch in (PROMPTS[:1], PROMPTS):
+        out, records = Driver(model).generate_speculative(batch, 20, width)
+        assert out == decoded[:len(batch)]
+    if width > 1:
+        accepted = sum(int(r[:, 2].sum()) for r in records)
+        assert accepted >= 5, "the test must exercise accepted drafts"
+
+
+def test_a_lane_never_emits_more_than_its_length(model):
+    _, records = Driver(model).generate_speculative(PROMPTS, 20, 4)
+    for record in records:
+        assert np.all(record[:, 3] <= record[:, 1]) and np.all(record[:, 3] == record[:, 2] + 1)
+
+
+def _p_value(groups: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Pearson chi-square p-value over independent groups of (counts, probabilities),
+    bins with expectation < 5 merged within a group, via the Wilson-Hilferty normal
+    approximation of the chi-square tail."""
+    stat, k = 0.0, 0
+    for counts, probs in groups:
+        expected = probs * counts.sum()
+        keep = expected >= 5
+        obs = np.append(counts[keep], counts[~keep].sum())
+        exp = np.append(expected[keep], expected[~keep].sum())
+        if exp[-1] < 1e-9:
+            obs, exp = obs[:-1], exp[:-1]
+        stat += float(((obs - exp) ** 2 / exp).sum())
+        k += len(obs) - 1
+    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _target_probs(model, prefix: list[int], fed: int, temperature: float) -> np.ndarray:
+    """The decode program's next-token distribution after `prefix` + `fed`."""
+    driver = Driver(model, collect_logits=True)
+    logits = driver.teacher_force(prefix, [fed, 0])[1]
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    return p / p.sum()
+
+
+def test_sampled_speculative_tokens_follow_the_target_distribution(model):
+    prompt, pending, temperature = [5, 7, 9, 11], 13, 0.6
+    lanes, rounds = 4, 300  # 1,200 samples of the first token of 4-wide rounds
+    first, second = [], []
+    g = model.manifests
+    per_slot = g.num_pages // g.slots
+    for r in range(rounds):
+        prefill, rows = [], []
+        for lane in range(lanes):
+            sampling = SamplingParams(temperature=temperature, seed=1000 + r * lanes + lane)
+            pages = tuple(range(lane * per_slot, lane * per_slot + 3))
+            prefill.append(RowPlan(request_id=lane, slot=lane, generation=r + 1,
+                                   tokens=tuple(prompt), start_position=0, page_ids=pages[:1],
+                                   sample=True, sampling=sampling,
+                                   histogram_tokens=tuple(prompt)))
+            rows.append(RowPlan(request_id=lane, slot=lane, generation=r + 1,
+                                tokens=(pending,), start_position=len(prompt),
+                                page_ids=pages, sample=True, sampling=sampling, query_length=4))
+        model.execute(StepPlan(StepKind.PREFILL, tuple(prefill)))
+        model.write_pending_tokens(list(range(lanes)), [pending] * lanes)
+        record = model.execute(StepPlan(StepKind.SPECULATIVE, tuple(rows)))
+        for lane in record:
+            first.append(int(lane[6]))
+            if lane[3] >= 2:
+                second.append((int(lane[6]), int(lane[7])))
+    p1 = _target_probs(model, prompt, pending, temperature)
+    assert _p_value([(np.bincount(first, minlength=len(p1)), p1)]) > ALPHA
+    # The second token of rounds whose first draft was accepted: p(. | prompt, x, a) for
+    # each accepted first token a with at least 10 such rounds (pooled chi-square).
+    groups = []
+    for a in sorted({t for t, _ in second}):
+        follow = [b for t, b in second if t == a]
+        if len(follow) >= 10:
+            p2 = _target_probs(model, prompt + [pending], a, temperature)
+            groups.append((np.bincount(follow, minlength=len(p2)), p2))
+    assert sum(int(c.sum()) for c, _ in groups) >= 60, "too few accepted first drafts"
+    assert _p_value(groups) > ALPHA
