@@ -62,6 +62,9 @@ PARAM_ARGUMENT = {mpb.PARAM_KIND_BUFFER: "buffer", mpb.PARAM_KIND_I32: "int_valu
 # Spec name of the framed confidence storage: contiguous FP32 [2, request_slots, draft_capacity].
 PROPOSAL_CONFIDENCE = "proposal_confidence"
 COMPLETION_ID_BYTES = 4  # CompletionLayout: int32 sampled ids, one per submission row
+# SpeculativeCompletion lane record: generation, offers, accepted, emitted, draft cursor,
+# reserved, then token_width emitted ids (int32 each).
+SPECULATIVE_RECORD_FIELDS = 6
 
 
 def buffer_nbytes(buffer: mpb.Buffer) -> int:
@@ -205,16 +208,59 @@ def programs(manifest: mpb.ExecutionManifest, names: ManifestIndex) -> Findings:
             if program.HasField("completion"):
                 done = program.completion
                 buffer = names.buffers.get(done.buffer)
+                columns = (SPECULATIVE_RECORD_FIELDS + done.speculative.token_width
+                           if done.HasField("speculative") else 1)
                 if buffer is None:
                     yield _unknown_buffer(f"{path}.completion.buffer", done.buffer)
-                elif done.rows * COMPLETION_ID_BYTES > _nbytes(buffer):
+                elif done.rows * columns * COMPLETION_ID_BYTES > _nbytes(buffer):
                     yield F("view.bounds", ViewBoundsError, f"{path}.completion.rows", done.rows,
-                            f"int32 rows exceed buffer {buffer.name!r} of {_nbytes(buffer)} bytes")
+                            f"{done.rows} x {columns} int32 record entries exceed buffer "
+                            f"{buffer.name!r} of {_nbytes(buffer)} bytes")
+                yield from _speculative_record(program, path)
             for p, producer in enumerate(program.tuning_producers):
                 if producer not in names.producers:
                     yield F("tuned.producer", TunedProducerError,
                             f"{path}.tuning_producers[{p}]", producer,
                             "not a producer of the tuning catalog")
+
+
+def _speculative_record(program: mpb.GraphProgram, path: str) -> Findings:
+    """A SPECULATIVE program's single terminal completion is a lane record of its width
+    W (one emitted-id column per target position); other programs report sampled ids."""
+    done = program.completion
+    speculative = program.operation == pb.OPERATION_SPECULATIVE
+    if speculative and not done.HasField("speculative"):
+        yield F("speculative.record", MissingFieldError, f"{path}.completion.speculative", "",
+                "SPECULATIVE programs report lane records (offers, accepted, emitted, ...)")
+    elif not speculative and done.HasField("speculative"):
+        yield F("speculative.record", ExtentError, f"{path}.completion.speculative", "set",
+                f"only SPECULATIVE programs report lane records, not "
+                f"{enum_name(pb.Operation, program.operation)}")
+    elif speculative and done.speculative.token_width == 0:
+        yield F("speculative.record", ExtentError,
+                f"{path}.completion.speculative.token_width", 0,
+                "a lane emits at least one token: token_width >= 1")
+
+
+def speculative_programs(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
+    """Each SPECULATIVE graph's program records W emitted-id columns (W = its
+    token_capacity), and a core listing speculative widths captures width-one programs
+    for the lanes that cannot speculate (constrained requests)."""
+    for graph in serving.model.graphs:
+        program = names.programs.get(graph.name)
+        if graph.operation != pb.OPERATION_SPECULATIVE or program is None:
+            continue
+        width = program.completion.speculative.token_width
+        if program.completion.HasField("speculative") and width != graph.speculative.token_capacity:
+            yield F("speculative.record", ExtentError,
+                    f"manifest.graphs[{names.program_index[graph.name]}].completion.speculative"
+                    ".token_width", width,
+                    f"graph {graph.name!r} verifies W = {graph.speculative.token_capacity} "
+                    "positions per lane")
+    widths = list(serving.speculative_widths)
+    if widths and 1 not in widths:
+        yield F("speculative.width_one", MissingGraphVariantError, "speculative_widths", widths,
+                "speculation needs width-one programs (W = 1) for lanes that cannot speculate")
 
 
 # --- the manifest against the contract -------------------------------------------------------
@@ -406,5 +452,6 @@ def manifest_findings(serving: pb.ServingContract, manifest: mpb.ExecutionManife
     yield from cache(serving, names)
     yield from tuned(serving, names)
     yield from confidence(serving, names)
+    yield from speculative_programs(serving, names)
     yield from buffers(manifest)
     yield from programs(manifest, names)

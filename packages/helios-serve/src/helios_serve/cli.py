@@ -157,7 +157,8 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         clock = ObservationClock()  # the observation origin: native runtime startup
         try:
             model = NativeModel.load(
-                bootstrap.core, options.backend, max_concurrency=settings.max_active
+                bootstrap.core, options.backend, max_concurrency=settings.max_active,
+                speculative_width=options.speculative_width,
             )
         except RuntimeLoadError as exc:
             raise StartupError(" ".join(str(exc).split())) from None
@@ -192,17 +193,21 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
 @click.option("--frontend-workers", type=int, help="CPU preparation slots [core default].")
 @click.option("--event-capacity", type=int, help="Minimum per-response event budget.")
 @click.option("--served-name", help="Model name in responses [the core's served id].")
+@click.option("--speculative-width", type=click.IntRange(min=0),
+              help="Widest speculative lane W served (target positions per round, pending "
+                   "token included); 0 turns speculation off [the core's widest].")
 @click.option("--resource-key", "resource_key", envvar=RESOURCE_KEY_ENV,
               help="AES-256 key file (32 raw bytes) of a ProtectedIndex version 4 core "
                    f"[env {RESOURCE_KEY_ENV}].")
 @click.option("--demo", is_flag=True, help="Prepare (once) and serve the embedded SmolLM2 model.")
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
-         event_capacity, served_name, resource_key, demo) -> None:  # fmt: skip
+         event_capacity, served_name, speculative_width, resource_key, demo) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP."""
     options = ServeOptions(
         host=host, port=port, backend=backend, max_active=max_active,
         queue_capacity=queue_capacity, frontend_workers=frontend_workers,
         event_capacity=event_capacity, served_name=served_name,
+        speculative_width=speculative_width,
     )  # fmt: skip
     try:
         if demo:

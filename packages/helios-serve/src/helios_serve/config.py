@@ -29,6 +29,7 @@ class ServeOptions:
     frontend_workers: int | None = None
     event_capacity: int | None = None
     served_name: str | None = None
+    speculative_width: int | None = None  # None: the core's widest; 0: speculation off
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""Contract rules of speculative programs: one generator each, raised first at startup
+and listed by lint (helios_contract.contract_findings)."""
+
+from __future__ import annotations
+
+import pytest
+from helios_contract import contract_findings
+from helios_contract.errors import ContractError
+from helios_contract.prepared import PreparedContract
+from helios_contract.schema import contract_pb2 as cpb
+from helios_ignition.testing import tiny_core
+
+
+def _rules(core) -> list[str]:
+    return [f.rule for f in contract_findings(core.contract, core.manifest)]
+
+
+def test_a_speculative_core_is_clean():
+    core = tiny_core(0, speculative_widths=(1, 2, 4))
+    assert _rules(core) == []
+    PreparedContract.from_contract(core.contract, core.manifest)
+
+
+def test_speculative_widths_without_their_programs_fail_startup_and_lint():
+    core = tiny_core(0, speculative_widths=(1, 2, 4))
+    graphs = [g for g in core.contract.model.graphs if g.operation != cpb.OPERATION_SPECULATIVE]
+    del core.contract.model.graphs[:]
+    core.contract.model.graphs.extend(graphs)
+    found = [f for f in contract_findings(core.contract, core.manifest)]
+    assert [f.path for f in found] == [f"speculative_widths[{i}]" for i in range(3)]
+    with pytest.raises(ContractError, match=r"speculative_widths\[0\]"):
+        PreparedContract.from_contract(core.contract, core.manifest)
+
+
+def test_speculation_needs_width_one_programs():
+    core = tiny_core(0, speculative_widths=(1, 2, 4))
+    del core.contract.speculative_widths[0]
+    assert _rules(core) == ["speculative.width_one"]
+
+
+def test_a_speculative_program_reports_lane_records_of_its_width():
+    core = tiny_core(0, speculative_widths=(1, 2, 4))
+    program = next(g for g in core.manifest.graphs if g.name == "spec_b2_w4")
+    program.completion.speculative.token_width = 2
+    assert _rules(core) == ["speculative.record"]
+    program.completion.ClearField("speculative")
+    found = list(contract_findings(core.contract, core.manifest))
+    assert [f.rule for f in found] == ["speculative.record"]
+    assert found[0].path.endswith(".completion.speculative")
+    decode = next(g for g in core.manifest.graphs if g.name == "decode_b1")
+    decode.completion.speculative.token_width = 1
+    assert "speculative.record" in _rules(core)

@@ -1,0 +1,71 @@
+"""Speculative generation on the real model (SmolLM2-135M-Instruct, CPU backend): greedy
+output equals the decode programs' output token for token, alone and in a batch of 8
+(model-contract.md, "Complete speculative generation"; the verify rows use the same
+row-invariant kernels as decode, so this holds by construction, not by luck).
+
+The head is the committed trained drafter when recipes/drafters/ has it, else a seeded
+random head (then few drafts are accepted and the identity is mostly width-one rounds).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helios_serve.runtime import NativeModel
+from helios_serve.runtime.driver import Driver
+from helios_tools.core import authorize, load_public_key, open_core
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDENS = json.loads((REPO / "tests" / "golden" / "smollm2_goldens.json").read_text())
+PROMPTS = [p["prompt_ids"] for p in GOLDENS["prompts"]]
+TRAINED = REPO / "recipes" / "drafters" / "smollm2-135m-instruct-eagle.safetensors"
+TOKENS = 64
+
+RECIPE = """
+from dataclasses import replace
+import importlib.util
+spec = importlib.util.spec_from_file_location("base", {base!r})
+base = importlib.util.module_from_spec(spec); spec.loader.exec_module(base)
+from helios_ignition.recipe import Capacities, DrafterDecl
+RECIPE = replace(base.RECIPE, drafter=DrafterDecl({drafter!r}, widths=(1, 4)),
+                 capacities=replace(base.RECIPE.capacities, decode_batch=(1, 8),
+                                    prefill_tokens=(64, 256)))
+"""
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, signing_key_pair):
+    from helios_ignition.export import export_core
+
+    folder = tmp_path_factory.mktemp("spec-core")
+    drafter = str(TRAINED) if TRAINED.is_file() else "random:7:8192"
+    recipe = folder / "smollm2_spec.py"
+    recipe.write_text(RECIPE.format(base=str(REPO / "recipes" / "smollm2_135m_instruct.py"),
+                                    drafter=drafter))
+    private, public = signing_key_pair
+    out = folder / "spec.core"
+    export_core(recipe, checkpoint="smollm2", key_path=private, namespace="helios.test/models",
+                out=out, weight_dtype="f32")
+    core = open_core(out, [load_public_key(public)])
+    authorize(core, "helios.test/models")
+    m = NativeModel.load(core, "cpu")
+    yield m
+    m.close()
+
+
+def test_greedy_speculative_equals_decode_alone_and_in_a_batch_of_8(model):
+    assert model.manifests.speculative_widths == (1, 4)
+    batch = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    decoded = Driver(model).generate(batch, TOKENS)
+    speculative, records = Driver(model).generate_speculative(batch, TOKENS, 4)
+    assert speculative == decoded
+    for i, prompt in enumerate(PROMPTS):
+        alone, _ = Driver(model).generate_speculative([prompt], TOKENS, 4)
+        assert alone[0] == decoded[i]
+    # The goldens (HF transformers, 32 greedy tokens) agree too.
+    for p, out in zip(GOLDENS["prompts"], decoded, strict=False):
+        assert out[:32] == p["greedy_ids"][:32]
+    offered = sum(int(r[:, 1].sum()) for r in records)
+    assert offered > len(records) * 8  # lanes of width 4 ran (not only width one)
