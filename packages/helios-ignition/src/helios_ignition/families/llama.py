@@ -167,7 +167,7 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
         for name in ("d_tok", "d_pos", "d_row", "d_slot"):
             t.declare(f"spec.{name}", "i32", (rows,), "scratch")
         t.declare("spec.drafts", "i32", (rows, dmax), "scratch")
-        t.declare("spec.q", "f32", (rows, dmax, g.draft_vocab), "scratch")
+        t.declare("spec.q", "f32", (rows, dmax, s.vocab), "scratch")
         t.declare("spec.tokens", "i32", (tokens,), "scratch")
         t.declare("spec.commit_row", "i32", (tokens,), "scratch")
         t.declare(RECORD, "i32", (rows, RECORD_FIELDS + spec.max_width), "output")
@@ -351,7 +351,7 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
     slot, start, qlen = inp("slot", B), inp("lane_start", B), inp("query_length", B)
     pending = t.view(PENDING, (slots,))
     drafts = t.view("spec.drafts", (B, dmax))
-    q = t.view("spec.q", (B, dmax, g.draft_vocab))
+    q = t.view("spec.q", (B, dmax, s.vocab))
     vocab_map = t.view("D.vocab_map", (g.draft_vocab,))
     sampling = [inp("seed", B, 2), inp("temperature", B), inp("top_p", B), inp("top_k", B),
                 inp("min_p", B)]
@@ -362,7 +362,7 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
                             sp("d_pos", B), sp("d_tok", B), page_table, inv_freq, MP, PT, ns,
                             split, first=k == 1)
         b.launch("draft_sample", logits, sp("d_slot", B), sp("d_pos", B), vocab_map,
-                 *sampling, drafts, q, B, g.draft_vocab, dmax, k)
+                 *sampling, drafts, q, B, g.draft_vocab, s.vocab, dmax, k)
     pos, trow, tslot = inp("positions", P), inp("token_row", P), inp("token_slot", P)
     tokens = sp("tokens", P)
     b.launch("spec_pack_tokens", pending, slot, start, drafts, pos, trow, tokens, B, P, slots,

@@ -152,7 +152,7 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("logits", "f32"), _b("lane_slot", "i32"), _b("pos", "i32"), _b("vocab_map", "i32"),
         _b("seed", "u32"), _b("temperature", "f32"), _b("top_p", "f32"), _b("top_k", "i32"),
         _b("min_p", "f32"), _b("drafts", "i32", "inout"), _b("q", "f32", "inout"),
-        *_i("B", "VD", "DMAX", "STEP"),
+        *_i("B", "VD", "V", "DMAX", "STEP"),
     ),
     "spec_pack_tokens": (
         _b("pending", "i32"), _b("slot", "i32"), _b("lane_start", "i32"), _b("drafts", "i32"),

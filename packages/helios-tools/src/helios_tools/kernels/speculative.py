@@ -128,6 +128,7 @@ def draft_sample(
     q: NDArray[np.float32],
     B: int,
     VD: int,
+    V: int,
     DMAX: int,
     STEP: int,
 ) -> None:
@@ -144,7 +145,7 @@ def draft_sample(
                 cand, p = candidates(z, temperature[b], top_k[b], top_p[b], min_p[b])
                 i = argmax over cand of log(p) - log(-log(
                         philox_u(seed[b], pos[b], vocab_map[cand], stream=1)))
-                q[b, STEP - 1, :] = 0; q[b, STEP - 1, cand] = p
+                q[b, STEP - 1, :] = 0; q[b, STEP - 1, vocab_map[cand]] = p   # target ids
             drafts[b, STEP - 1] = vocab_map[i]
 
     ``candidates`` is the sampler's truncation (helios_tools.kernels.sampling): ids kept by
@@ -157,8 +158,10 @@ def draft_sample(
         vocab_map: ``[VD]`` i32 target id of each draft id.
         seed, temperature, top_p, top_k, min_p: ``[B]`` per-lane sampling inputs.
         drafts: ``[B, DMAX]`` i32, column STEP - 1 written for live lanes.
-        q: ``[B, DMAX, VD]`` f32, row (b, STEP - 1) written for sampled live lanes.
-        B: lanes. VD: draft vocabulary. DMAX: draft columns. STEP: 1..D.
+        q: ``[B, DMAX, V]`` f32 draft probabilities over target ids, row (b, STEP - 1)
+            written for sampled live lanes (zero outside the kept draft ids).
+        B: lanes. VD: draft vocabulary. V: target vocabulary (q's rows). DMAX: draft
+        columns. STEP: 1..D.
     """
     for b in range(B):
         if lane_slot[b] < 0:
@@ -167,15 +170,15 @@ def draft_sample(
         if temperature[b] <= 0.0:
             i = int(np.argmax(z))
         else:
-            cand, p = _candidates(z, float(temperature[b]), int(top_k[b]), float(top_p[b]),
-                                  float(min_p[b]))
+            cand, p = _sampled(z, float(temperature[b]), int(top_k[b]), float(top_p[b]),
+                               float(min_p[b]))
             u = philox_uniform(int(seed[b, 0]), int(seed[b, 1]), int(pos[b]), vocab_map[cand],
                                stream=STREAM_DRAFT)
             with np.errstate(divide="ignore"):
                 race = np.log(p.astype(np.float64)) - np.log(-np.log(u))
             i = int(cand[int(np.argmax(race))])
-            q[b, STEP - 1, :VD] = 0.0
-            q[b, STEP - 1, cand] = p
+            q[b, STEP - 1, :V] = 0.0
+            q[b, STEP - 1, vocab_map[cand]] = p
         drafts[b, STEP - 1] = vocab_map[i]
 
 
@@ -217,6 +220,14 @@ def spec_pack_tokens(
     drafted = drafts[bb, np.clip(j - 1, 0, max(DMAX - 1, 0))] if DMAX else np.full(P, -1)
     out = np.where(j == 0, pending[np.where(real, s, 0)], drafted)
     tokens[:P] = np.where(real, out, -1)
+
+
+def _sampled(z: NDArray[np.float32], temperature: float, top_k: int, top_p: float,
+             min_p: float) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
+    """The sampler's distribution: its candidates (top-k, top-p, min-p) with their
+    probabilities renormalized over the kept ids (what the race draws from)."""
+    cand, p = _candidates(z, temperature, top_k, top_p, min_p)
+    return cand, p / p.sum(dtype=np.float32)
 
 
 def _lane_ids(cand: NDArray[np.int64], p: NDArray[np.float32], V: int) -> NDArray[np.float32]:
@@ -276,7 +287,7 @@ def spec_verify(
                     d = drafts[b, j]
                     if greedy: ok = argmax(z) == d; tok = argmax(z)
                     else:
-                        p = probabilities of z (sampler truncation); qd = q[b, j][d's draft id]
+                        p = probabilities of z (sampler truncation); qd = q[b, j, d]
                         ok = u(seed, lane_start + j, stream 2) * qd < p[d]
                         if not ok: tok = draw from norm(max(p - q[b, j], 0)) (stream 3)
                     if ok: out.append(d); a += 1; continue
@@ -296,8 +307,8 @@ def spec_verify(
         seed: ``[B, 2]`` u32. temperature, top_p, min_p, presence, frequency, repetition:
             ``[B]`` f32. top_k, use_mask: ``[B]`` i32.
         histogram: ``[S, V]`` i32, updated. grammar_mask: ``[B, W32]`` i32.
-        drafts: ``[B, DMAX]`` i32 target ids. q: ``[B, DMAX, VD]`` f32 draft
-            probabilities (sampled lanes). vocab_map: ``[VD]`` i32.
+        drafts: ``[B, DMAX]`` i32 target ids. q: ``[B, DMAX, V]`` f32 draft
+            probabilities over target ids (sampled lanes). vocab_map: ``[VD]`` i32.
         token_row: ``[P]`` i32 lane of each packed row (< 0 padding).
         pending: ``[S]`` i32, the lane's slot entry written.
         commit_row: ``[P]`` i32, written (the head's entries to rewrite: lane or -1).
@@ -333,13 +344,13 @@ def spec_verify(
                 tok = best
                 ok = j < n - 1 and int(drafts[b, j]) == best
             else:
-                cand, p = _candidates(z, temp, int(top_k[b]), float(top_p[b]), float(min_p[b]))
+                cand, raw = _candidates(z, temp, int(top_k[b]), float(top_p[b]), float(min_p[b]))
+                p = raw / raw.sum(dtype=np.float32)
                 ok = False
                 if j < n - 1:
                     d = int(drafts[b, j])
                     dense_p = _lane_ids(cand, p, V)
-                    qd = np.zeros(V, np.float32)
-                    qd[vocab_map[:VD]] = q[b, j, :VD]
+                    qd = q[b, j, :V]
                     u = philox_uniform(seed_lo, seed_hi, position, [0], stream=STREAM_ACCEPT)[0]
                     ok = bool(qd[d] > 0 and u * np.float64(qd[d]) < np.float64(dense_p[d]))
                     if not ok:
@@ -347,8 +358,8 @@ def spec_verify(
                         total = residual.sum(dtype=np.float32)
                         weights = residual / total if total > 0 else p
                         tok = _race(weights, cand, seed_lo, seed_hi, position, STREAM_RESIDUAL)
-                if j == n - 1:
-                    tok = _race(p, cand, seed_lo, seed_hi, position, STREAM_TARGET)
+                if j == n - 1:  # the sampler's own race: the decode program's token
+                    tok = _race(raw, cand, seed_lo, seed_hi, position, STREAM_TARGET)
             if ok:
                 tok = int(drafts[b, j])
                 accepted += 1
