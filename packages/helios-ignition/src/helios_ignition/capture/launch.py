@@ -346,8 +346,8 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         B = s[0]
         return _cfg((B,), 8, BLOCK_V=2048)
     if op == "spec_verify":  # one program per lane walks its rows in order
-        B = s[0]
-        return _cfg((B,), 8, BLOCK_V=2048)
+        B, W = s[0], s[6]
+        return _cfg((B,), 8, BLOCK_V=2048, WMAX=_np2(W, 2))
     if op in ("paged_row_write", "paged_row_gather_prev"):
         T, D = s[0], s[4]
         return _cfg((T,), 4, BLOCK_D=_np2(D, 16))

@@ -20,6 +20,14 @@ from .attention import (
 )
 from .dense import add, add_rmsnorm, embedding, gather_last, linear, rmsnorm, silu_mul
 from .sampling import sample
+from .speculative import (
+    draft_sample,
+    paged_row_gather_prev,
+    paged_row_write,
+    spec_draft_inputs,
+    spec_pack_tokens,
+    spec_verify,
+)
 from .state import slot_gather, slot_scatter
 
 TRITON_KERNELS = {
@@ -41,9 +49,17 @@ TRITON_KERNELS = {
     "slot_gather": slot_gather,
     "slot_scatter": slot_scatter,
     "sample": sample,
+    "linear_invariant": linear,  # the same kernel: GPU row invariance is measured, not built
+    "spec_draft_inputs": spec_draft_inputs,
+    "draft_sample": draft_sample,
+    "spec_pack_tokens": spec_pack_tokens,
+    "spec_verify": spec_verify,
+    "paged_row_write": paged_row_write,
+    "paged_row_gather_prev": paged_row_gather_prev,
 }
 
 # Buffer parameters whose element type follows the variant constant WBF16.
-WEIGHT_PARAMS = {"linear": "weight", "swiglu_linear": "weight", "embedding": "table"}
+WEIGHT_PARAMS = {"linear": "weight", "linear_invariant": "weight", "swiglu_linear": "weight",
+                 "embedding": "table"}
 
 __all__ = ["TRITON_KERNELS", "WEIGHT_PARAMS"]

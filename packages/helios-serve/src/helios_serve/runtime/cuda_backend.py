@@ -297,8 +297,10 @@ class CudaBackend:
                     fn, grid[0], grid[1], grid[2], block, 1, 1, binary.shared_bytes, s,
                     args.address, 0))
             done = g.completion
-            if done.buffer:
-                n = int(done.rows) * STORED_DTYPE[self._decls[done.buffer].dtype].itemsize
+            if done.buffer:  # sampled ids, or one [6 + W] lane record per row
+                columns = (6 + done.speculative.token_width if done.HasField("speculative")
+                           else 1)
+                n = int(done.rows) * columns * STORED_DTYPE[self._decls[done.buffer].dtype].itemsize
                 drv.call("capture completion copy", cu.cuMemcpyDtoHAsync(
                     pinned[done.buffer].ptr, self._dev_ptrs[done.buffer], n, s))
         finally:

@@ -12,7 +12,7 @@ from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
 from .fused import rope_kv_write, swiglu_linear
-from .linear import linear
+from .linear import linear, linear_invariant
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .registry import (
@@ -27,6 +27,14 @@ from .registry import (
 from .rng import philox4x32_10, philox_uniform
 from .rope import rope
 from .sampling import grammar_mask_words, sample
+from .speculative import (
+    draft_sample,
+    paged_row_gather_prev,
+    paged_row_write,
+    spec_draft_inputs,
+    spec_pack_tokens,
+    spec_verify,
+)
 
 __all__ = [
     "DTYPES",
@@ -40,12 +48,16 @@ __all__ = [
     "attention_decode_split",
     "attention_prefill",
     "check_launch",
+    "draft_sample",
     "embedding",
     "gather_last",
     "grammar_mask_words",
     "kernel_params",
     "kv_write",
     "linear",
+    "linear_invariant",
+    "paged_row_gather_prev",
+    "paged_row_write",
     "philox4x32_10",
     "philox_uniform",
     "reference_op",
@@ -56,5 +68,8 @@ __all__ = [
     "silu_mul",
     "slot_gather",
     "slot_scatter",
+    "spec_draft_inputs",
+    "spec_pack_tokens",
+    "spec_verify",
     "swiglu_linear",
 ]
