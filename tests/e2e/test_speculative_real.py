@@ -55,6 +55,8 @@ def model(tmp_path_factory, signing_key_pair):
     m.close()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # ~1 min on an idle CI machine; far more on a shared one
 def test_greedy_speculative_equals_decode_alone_and_in_a_batch_of_8(model):
     assert model.manifests.speculative_widths == (1, 4)
     batch = [PROMPTS[i % len(PROMPTS)] for i in range(8)]

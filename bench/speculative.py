@@ -1,0 +1,229 @@
+"""Speculative generation benchmarks (issue "Speculative generation I").
+
+    # SmolLM2 real weights, chat prompts, greedy and sampled (T 0.8, top_p 0.95):
+    python bench/speculative.py --model smollm2 --backend cuda --gguf PATH --json OUT.json
+    python bench/speculative.py --model smollm2 --backend cpu --batches 1 --json OUT.json
+    # Llama-3.1-8B geometry, random weights: one W = 4 speculative step over one decode step
+    python bench/speculative.py --model llama-3.1-8b --backend cuda --json OUT.json
+
+SmolLM2: a speculative core is exported from recipes/smollm2_135m_instruct.py with the
+drafter (--drafter: the committed trained head by default) and widths 1..4. For each
+batch and sampling setting the same prompts (scripts/drafter_prompts.py, `eval` split)
+generate --tokens tokens with the decode programs and with speculative rounds of lane
+length min(--width, tokens left); tokens/s counts generated tokens over the wall time of
+the generation steps (prefill excluded), and the mean accepted length is the mean
+tokens a lane emits per round (accepted drafts + 1). Greedy outputs are compared too.
+
+8B: random weights make acceptance meaningless, so only the cost of one speculative
+step of lanes of length 4 (3 drafts + 4 verified positions + commit) over one decode
+step is timed, at batch 1 and 8, at a context of --context tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINED = ROOT / "recipes" / "drafters" / "smollm2-135m-instruct-eagle.safetensors"
+SAMPLINGS = {"greedy": (0.0, 1.0), "sampled_t0.8_p0.95": (0.8, 0.95)}
+
+
+def _prompts(count: int, ck) -> list[list[int]]:
+    from helios_tools.frontend_assets import load_tokenizer, render_chat
+
+    spec = importlib.util.spec_from_file_location("drafter_prompts",
+                                                  ROOT / "scripts" / "drafter_prompts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tok = load_tokenizer(ck.tokenizer_json)
+    return [tok.encode(render_chat(ck.chat_template, m, add_generation_prompt=True),
+                       add_special_tokens=False).ids
+            for m in module.chat_prompts("eval", count, seed=3)]
+
+
+def _smollm2_core(args, folder: Path):
+    from helios_ignition.export import export_core
+    from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
+
+    key = folder / "key.pem"
+    write_key_pair(generate_key(), key)
+    recipe = folder / "spec_recipe.py"
+    recipe.write_text(
+        "from dataclasses import replace\nimport importlib.util\n"
+        f"s = importlib.util.spec_from_file_location('b', "
+        f"{str(ROOT / 'recipes/smollm2_135m_instruct.py')!r})\n"
+        "b = importlib.util.module_from_spec(s); s.loader.exec_module(b)\n"
+        "from helios_ignition.recipe import DrafterDecl\n"
+        f"RECIPE = replace(b.RECIPE, drafter=DrafterDecl({args.drafter!r}, widths=(1, 2, 3, 4)))\n")
+    out = folder / "spec.core"
+    targets = (args.target,) if args.backend == "cuda" else ()
+    export_core(recipe, checkpoint=args.gguf or "smollm2", key_path=key, namespace="bench.spec",
+                out=out, targets=targets, weight_dtype="bf16")
+    return open_core(out, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
+
+
+def bench_smollm2(args) -> dict:
+    from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
+    from helios_serve.engine.plan import SamplingParams
+    from helios_serve.runtime import NativeModel
+    from helios_serve.runtime.driver import Driver
+
+    ck = load_gguf(args.gguf or smollm2_gguf_path())
+    prompts = _prompts(max(args.batches) * args.rounds, ck)
+    with tempfile.TemporaryDirectory() as d:
+        core = _smollm2_core(args, Path(d))
+        model = NativeModel.load(core, args.backend)
+    rows = []
+    for batch in args.batches:
+        for label, (temperature, top_p) in SAMPLINGS.items():
+            decode_s = spec_s = 0.0
+            tokens = lanes = emitted = 0
+            same = 0
+            for r in range(args.rounds):
+                group = prompts[r * batch:(r + 1) * batch]
+                params = [SamplingParams(temperature=temperature, top_p=top_p, seed=7 + i)
+                          for i in range(len(group))]
+                t_prefill = _prefill_time(Driver(model), group, params)
+                t0 = time.perf_counter()
+                want = Driver(model).generate(group, args.tokens, params)
+                decode_s += time.perf_counter() - t0 - t_prefill
+                t0 = time.perf_counter()
+                got, records = Driver(model).generate_speculative(group, args.tokens, args.width,
+                                                                  params)
+                spec_s += time.perf_counter() - t0 - t_prefill
+                tokens += len(group) * (args.tokens - 1)  # the first token is prefill's
+                lanes += sum(len(rec) for rec in records)
+                emitted += sum(int(rec[:, 3].sum()) for rec in records)
+                same += sum(a == b for a, b in zip(got, want, strict=True))
+            row = {"batch": batch, "sampling": label, "tokens": tokens,
+                   "decode_tok_s": round(tokens / decode_s, 1),
+                   "speculative_tok_s": round(tokens / spec_s, 1),
+                   "speedup": round(decode_s / spec_s, 3),
+                   "mean_accepted_length": round(emitted / max(lanes, 1), 3),
+                   "identical_outputs": f"{same}/{args.rounds * batch}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    model.close()
+    return {"model": "smollm2-135m-instruct", "drafter": args.drafter, "width": args.width,
+            "backend": args.backend, "tokens_per_request": args.tokens, "rows": rows}
+
+
+def _prefill_time(driver, group, params) -> float:
+    """Prefill is not part of generation speed: time the same prefills alone once."""
+    from helios_serve.runtime.driver import _Lane
+
+    t0 = time.perf_counter()
+    for i, prompt in enumerate(group):
+        driver.prefill(_Lane(i, list(prompt), params[i]))
+    return time.perf_counter() - t0
+
+
+def bench_8b(args) -> dict:
+    from helios_ignition.checkpoint import random_checkpoint
+    from helios_ignition.checkpoint.drafter import DrafterGeometry, random_drafter
+    from helios_ignition.export import build_contract
+    from helios_ignition.families.llama import LlamaShapes, Speculation, capture
+    from helios_ignition.kernels_aot import compile_targets
+    from helios_ignition.recipe import Capacities
+    from helios_ignition.weights import to_bf16_bits
+    from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+    from helios_serve.runtime import NativeModel
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_common import MemoryCore, random_bf16_weights
+
+    recipe_mod = importlib.util.spec_from_file_location("r", ROOT / "recipes" / "llama.py")
+    module = importlib.util.module_from_spec(recipe_mod)
+    recipe_mod.loader.exec_module(module)
+    ck = random_checkpoint("llama-3.1-8b", 1)
+    shapes = LlamaShapes.from_geometry(ck.geometry)
+    caps = Capacities(decode_batch=(1, 8), prefill_tokens=(16,), prefill_rows=1,
+                      context_tokens=4096, page_tokens=16, prepared_pages=2 * 256 + 16)
+    draft = DrafterGeometry.for_target(ck.geometry, 32768)
+    spec = Speculation(draft, (1, 4))
+    manifest, graphs = capture(shapes, caps, "bf16", spec=spec)
+    blobs = compile_targets(manifest, (args.target,))
+    recipe = replace(module.make_recipe(ck), capacities=caps)
+    contract = build_contract(recipe, ck, shapes, graphs, manifest, spec)
+    resources = dict(random_bf16_weights(shapes, 1, ck.geometry.rope_scaling))
+    head = random_drafter(ck.geometry, draft.draft_vocab, 3)
+    for name, array in head.items():
+        rid = f"weights/D.{name}"
+        if name == "vocab_map":
+            resources[rid] = array.astype(np.int32).tobytes()
+        elif array.ndim > 1:
+            resources[rid] = to_bf16_bits(array).tobytes()
+        else:
+            resources[rid] = array.astype(np.float32).tobytes()
+    lm = (np.random.default_rng(4).standard_normal((draft.draft_vocab, draft.hidden)) * 0.02)
+    resources["weights/D.lm_head"] = to_bf16_bits(lm.astype(np.float32)).tobytes()
+    resources.update(blobs)
+    model = NativeModel.load(MemoryCore(contract, manifest, resources), "cuda")
+    g = model.manifests
+    per = g.num_pages // g.slots
+    rows_out = []
+    for batch in (1, 8):
+        def plan(kind, n, batch=batch):
+            rows = tuple(RowPlan(request_id=i, slot=i, generation=1, tokens=(5,),
+                                 start_position=args.context, page_ids=tuple(
+                                     range(i * per, i * per + -(-(args.context + n) // 16))),
+                                 sample=True, sampling=SamplingParams(),
+                                 query_length=n if kind is StepKind.SPECULATIVE else 0)
+                         for i in range(batch))
+            return StepPlan(kind, rows)
+
+        times = {}
+        for kind, n in ((StepKind.DECODE, 1), (StepKind.SPECULATIVE, 4)):
+            p = plan(kind, n)
+            for _ in range(5):
+                model.execute(p)
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                model.execute(p)
+            times[kind.value] = (time.perf_counter() - t0) / args.steps
+        row = {"batch": batch, "context": args.context,
+               "decode_step_ms": round(times["decode"] * 1e3, 3),
+               "speculative_w4_step_ms": round(times["speculative"] * 1e3, 3),
+               "ratio": round(times["speculative"] / times["decode"], 3)}
+        rows_out.append(row)
+        print(json.dumps(row), flush=True)
+    model.close()
+    return {"model": "llama-3.1-8b geometry, random bf16 weights", "draft_vocab": 32768,
+            "rows": rows_out}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=("smollm2", "llama-3.1-8b"), default="smollm2")
+    ap.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--target", default="sm_90")
+    ap.add_argument("--gguf", default=os.environ.get("HELIOS_SMOLLM2_GGUF"))
+    ap.add_argument("--drafter", default=str(TRAINED) if TRAINED.is_file() else "random:7:8192")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--rounds", type=int, default=2, help="prompt groups per batch size")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--width", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=50, help="timed steps (8B)")
+    ap.add_argument("--context", type=int, default=1024, help="lane position (8B)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    result = bench_smollm2(args) if args.model == "smollm2" else bench_8b(args)
+    result["commit"] = os.environ.get("HELIOS_COMMIT", "unknown")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
