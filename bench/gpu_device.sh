@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -50,6 +50,10 @@ case $stage in
   drafter)  # trains the SmolLM2 draft head (scripts/train_drafter.py): drafter.safetensors +
     # drafter_report.json in $OUT, a few minutes
     python3 scripts/train_drafter.py --gguf "$HOME/g/smol.gguf" --out-dir "$OUTD" 2>&1 | tee "$OUTD/drafter.log" ;;
+  spec)  # speculative kernels/programs vs references, then both speculative benchmarks
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_speculative.py 2>&1 | tee "$OUTD/spec_tests.log"
+    python3 bench/speculative.py --model smollm2 --backend cuda --gguf "$HOME/g/smol.gguf" --json "$OUTD/spec_smollm2.json" 2>&1 | tee "$OUTD/spec_smollm2.log"
+    python3 bench/speculative.py --model llama-3.1-8b --backend cuda --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" ;;
   model)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;
