@@ -403,7 +403,13 @@ def add_speculative(serving: ServingContract, manifest: ExecutionManifest, *,
     graph = serving.model.graphs.add()
     graph.CopyFrom(speculative_graph(confidence=confidence))
     serving.speculative_widths.append(4)
-    manifest.graphs.append(_program(graph, _launches(SLOTS * 4, SLOTS)))
+    program = _program(graph, _launches(SLOTS * 4, SLOTS))
+    # The single terminal completion: one int32 lane record [6 + W] per row.
+    manifest.buffers.append(Buffer(name="out.record", dtype=m.D_TYPE_I32, shape=[SLOTS, 6 + 8],
+                                   role=m.BUFFER_ROLE_OUTPUT))
+    program.completion.CopyFrom(CompletionLayout(
+        buffer="out.record", rows=SLOTS, speculative=m.SpeculativeCompletion(token_width=4)))
+    manifest.graphs.append(program)
     if confidence:
         # Framed confidence storage: F32 [2 frames, request slots, draft capacity].
         manifest.buffers.append(Buffer(name="proposal_confidence", dtype=m.D_TYPE_F32,

@@ -125,6 +125,8 @@ def resize_speculative(b, d, w, p, lane) -> Mutation:
         graph.batch_capacity, graph.token_capacity = b, p
         prog = program(manifest, graph.name)
         prog.batch_capacity, prog.token_capacity = b, p
+        prog.completion.rows = b
+        prog.completion.speculative.token_width = w  # one emitted-id column per position
         serving.speculative_widths[:] = [w]
     return apply
 

@@ -244,8 +244,7 @@ def _speculative_record(program: mpb.GraphProgram, path: str) -> Findings:
 
 def speculative_programs(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
     """Each SPECULATIVE graph's program records W emitted-id columns (W = its
-    token_capacity), and a core listing speculative widths captures width-one programs
-    for the lanes that cannot speculate (constrained requests)."""
+    token_capacity)."""
     for graph in serving.model.graphs:
         program = names.programs.get(graph.name)
         if graph.operation != pb.OPERATION_SPECULATIVE or program is None:
@@ -257,10 +256,6 @@ def speculative_programs(serving: pb.ServingContract, names: ManifestIndex) -> F
                     ".token_width", width,
                     f"graph {graph.name!r} verifies W = {graph.speculative.token_capacity} "
                     "positions per lane")
-    widths = list(serving.speculative_widths)
-    if widths and 1 not in widths:
-        yield F("speculative.width_one", MissingGraphVariantError, "speculative_widths", widths,
-                "speculation needs width-one programs (W = 1) for lanes that cannot speculate")
 
 
 # --- the manifest against the contract -------------------------------------------------------
