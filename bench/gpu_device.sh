@@ -52,7 +52,7 @@ case $stage in
     python3 scripts/train_drafter.py --gguf "$HOME/g/smol.gguf" --out-dir "$OUTD" 2>&1 | tee "$OUTD/drafter.log" ;;
   spec)  # speculative kernels/programs vs references, then both speculative benchmarks
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_speculative.py 2>&1 | tee "$OUTD/spec_tests.log"
-    python3 bench/speculative.py --model smollm2 --backend cuda --gguf "$HOME/g/smol.gguf" --json "$OUTD/spec_smollm2.json" 2>&1 | tee "$OUTD/spec_smollm2.log"
+    python3 bench/speculative.py --model smollm2 --backend cuda --gguf "$HOME/g/smol.gguf" --baseline --json "$OUTD/spec_smollm2.json" 2>&1 | tee "$OUTD/spec_smollm2.log"
     python3 bench/speculative.py --model llama-3.1-8b --backend cuda --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" ;;
   model)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"

@@ -114,8 +114,45 @@ def bench_smollm2(args) -> dict:
             rows.append(row)
             print(json.dumps(row), flush=True)
     model.close()
+    baseline = _baseline(args, prompts) if args.baseline else None
     return {"model": "smollm2-135m-instruct", "drafter": args.drafter, "width": args.width,
+            "default_core_decode": baseline,
             "backend": args.backend, "tokens_per_request": args.tokens, "rows": rows}
+
+
+def _baseline(args, prompts) -> list[dict]:
+    """Decode tokens/s of the core without a drafter (recipes/smollm2_135m_instruct.py:
+    plain linears, the embedded default today), greedy, same prompts and batches."""
+    from helios_ignition.export import export_core
+    from helios_serve.engine.plan import SamplingParams
+    from helios_serve.runtime import NativeModel
+    from helios_serve.runtime.driver import Driver
+    from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
+
+    with tempfile.TemporaryDirectory() as d:
+        key = Path(d) / "key.pem"
+        write_key_pair(generate_key(), key)
+        out = Path(d) / "default.core"
+        export_core(ROOT / "recipes/smollm2_135m_instruct.py", checkpoint=args.gguf or "smollm2",
+                    key_path=key, namespace="bench.spec", out=out, weight_dtype="bf16",
+                    targets=(args.target,) if args.backend == "cuda" else ())
+        model = NativeModel.load(open_core(out, [load_public_key(Path(str(key) + ".pub"))]),
+                                 args.backend)
+    rows = []
+    for batch in args.batches:
+        seconds, tokens = 0.0, 0
+        for r in range(args.rounds):
+            group = prompts[r * batch:(r + 1) * batch]
+            greedy = [SamplingParams() for _ in group]
+            t_prefill = _prefill_time(Driver(model), group, greedy)
+            t0 = time.perf_counter()
+            Driver(model).generate(group, args.tokens, greedy)
+            seconds += time.perf_counter() - t0 - t_prefill
+            tokens += len(group) * (args.tokens - 1)
+        rows.append({"batch": batch, "decode_tok_s": round(tokens / seconds, 1)})
+        print(json.dumps({"default_core": rows[-1]}), flush=True)
+    model.close()
+    return rows
 
 
 def _prefill_time(driver, group, params) -> float:
@@ -215,6 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=4)
     ap.add_argument("--steps", type=int, default=50, help="timed steps (8B)")
     ap.add_argument("--context", type=int, default=1024, help="lane position (8B)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also time decode on the core without a drafter (smollm2)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     result = bench_smollm2(args) if args.model == "smollm2" else bench_8b(args)
