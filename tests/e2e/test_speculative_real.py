@@ -36,7 +36,8 @@ RECIPE = replace(base.RECIPE, drafter=DrafterDecl({drafter!r}, widths=(1, 4)),
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory, signing_key_pair):
+def spec_core(tmp_path_factory, signing_key_pair):
+    """The real model exported with the drafter (widths 1 and 4): (path, public key)."""
     from helios_ignition.export import export_core
 
     folder = tmp_path_factory.mktemp("spec-core")
@@ -48,6 +49,12 @@ def model(tmp_path_factory, signing_key_pair):
     out = folder / "spec.core"
     export_core(recipe, checkpoint="smollm2", key_path=private, namespace="helios.test/models",
                 out=out, weight_dtype="f32")
+    return out, public
+
+
+@pytest.fixture(scope="module")
+def model(spec_core):
+    out, public = spec_core
     core = open_core(out, [load_public_key(public)])
     authorize(core, "helios.test/models")
     m = NativeModel.load(core, "cpu")
@@ -71,3 +78,64 @@ def test_greedy_speculative_equals_decode_alone_and_in_a_batch_of_8(model):
         assert out[:32] == p["greedy_ids"][:32]
     offered = sum(int(r[:, 1].sum()) for r in records)
     assert offered > len(records) * 8  # lanes of width 4 ran (not only width one)
+
+
+@pytest.fixture(scope="module")
+def spec_server(spec_core):
+    from helios_serve.bootstrap import Bootstrap
+    from helios_serve.clock import ObservationClock
+    from helios_serve.config import ServeOptions, resolve
+    from helios_serve.server import Server
+
+    out, public = spec_core
+    bootstrap = Bootstrap.load(out, [public], "helios.test/models")
+    settings = resolve(ServeOptions(port=0, max_active=4, queue_capacity=8), bootstrap.contract)
+    m = NativeModel.load(bootstrap.core, "cpu", max_concurrency=settings.max_active)
+    server = Server.start(bootstrap, m, settings, ObservationClock())
+    yield server
+    server.stop()
+    bootstrap.close()
+
+
+def _client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                         timeout=600.0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_speculative_http_json_and_stream_with_stop_limit_and_observation(spec_server, model):
+    import httpx
+
+    client = _client(spec_server)
+    name = spec_server.settings.served_name
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    r = client.chat.completions.create(model=name, messages=messages, temperature=0,
+                                       max_tokens=24, extra_body={"return_token_ids": True})
+    ids = r.choices[0].token_ids
+    decoded = Driver(model).generate([r.model_extra["prompt_token_ids"]], len(ids))[0]
+    assert ids == decoded  # greedy through HTTP = the decode programs' tokens
+    assert "Paris" in r.choices[0].message.content
+    assert r.usage.completion_tokens == len(ids) <= 24
+    # Streaming, cut by a stop string inside the answer and by the output limit.
+    stream = client.chat.completions.create(
+        model=name, messages=messages, temperature=0, max_tokens=24, stop=["Paris"],
+        stream=True, stream_options={"include_usage": True},
+        extra_body={"return_token_ids": True})
+    text, observed, usage, finish = "", [], None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            observed += (choice.model_extra or {}).get("token_ids") or []
+            finish = choice.finish_reason or finish
+    assert "Paris" not in text and finish == "stop"
+    assert usage.completion_tokens == len(observed) < len(ids)  # the crossing token counted
+    assert observed == ids[:len(observed)]
+    metrics = httpx.get(spec_server.url + "/metrics").text
+    drafts = [line for line in metrics.splitlines()
+              if line.startswith('helios_spec_decode_draft_tokens_total{source="learned"}')]
+    assert drafts and float(drafts[0].split()[-1]) > 0
