@@ -60,7 +60,8 @@ def test_overload_every_request_gets_a_terminal_answer(tok):
                 served += 1
             elif status in (429, 503):
                 error = body[0] if kind == "sse" else body
-                assert error["error"]["code"] == status  # a JSON error body (before headers)
+                # A JSON error body (before headers), OpenAI's code string or null.
+                assert error["error"]["code"] == {429: "rate_limit_exceeded", 503: None}[status]
             else:  # a stream under 200: completed, or one terminal error without [DONE]
                 if body[-1] == "[DONE]":
                     assert content_of(body) == expected
@@ -93,8 +94,9 @@ def test_429_when_queue_capacity_plus_max_active_are_admitted(tok):
             next(lines)  # the role chunk: admitted
             held.append((client, cm, lines))
         r = _post(server, _chat(server, "short"))
-        assert r.status_code == 429
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["type"] == "rate_limit_error"
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
         with pytest.raises(openai.RateLimitError):
             server.openai().chat.completions.create(
                 model=server.model_name, messages=[{"role": "user", "content": "short"}])
@@ -110,13 +112,20 @@ def test_scheduler_rejection_is_503_before_headers(scripted):
     # prompt + max_tokens beyond the 256-token context: outside the prepared capacities.
     r = _post(scripted, _chat(scripted, max_tokens=1000))
     assert r.status_code == 503
-    assert r.json()["error"]["type"] == "admission_rejected"
-    assert "context" in r.json()["error"]["message"]
+    assert r.headers["x-should-retry"] == "false"
+    assert r.json()["error"] == {
+        "message": "prompt 21 + max output 1000 tokens exceeds the context of 256 tokens",
+        "type": "admission_rejected", "param": "max_tokens", "code": "context_length_exceeded"}
+    # The official client honours x-should-retry: it raises at once (one request, no
+    # retries, although it would retry a 503 twice by default).
+    before = scripted.server.metrics.requests_received._value.get()
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", timeout=30)
     with pytest.raises(openai.InternalServerError) as info:
-        scripted.openai().chat.completions.create(
+        client.chat.completions.create(
             model=scripted.model_name, messages=[{"role": "user", "content": "hi"}],
             max_tokens=1000)
-    assert info.value.status_code == 503
+    assert info.value.status_code == 503 and info.value.code == "context_length_exceeded"
+    assert scripted.server.metrics.requests_received._value.get() == before + 1
     # Rejection disturbs nothing: the next request is served and the server is healthy.
     assert _post(scripted, _chat(scripted)).status_code == 200
     assert httpx.get(scripted.url + "/health").status_code == 200
@@ -135,27 +144,39 @@ def test_scheduler_rejection_is_503_before_headers(scripted):
     ids=["max_tokens", "max_completion_tokens", "long prompt", "long prompt and max_tokens"],
 )
 def test_capacity_rejection_names_the_field(scripted, patch, param):
-    # context 256: a request beyond it is an admission rejection (503, or one error event
-    # after the SSE headers) whose param names the field at fault.
+    # context 256: a request beyond it can never be admitted; it is decided at
+    # preparation, so a stream gets the same 503 and JSON body before any SSE byte
+    # (DESIGN.md section 10), and param names the field at fault.
     r = _post(scripted, {**_chat(scripted), **patch})
     assert r.status_code == 503, r.text
     assert r.json()["error"]["type"] == "admission_rejected"
     assert r.json()["error"]["param"] == param
+    assert r.json()["error"]["code"] == "context_length_exceeded"
     status, events = sse_post(scripted.url, {**_chat(scripted, stream=True), **patch})
-    assert status == 200 and events[-1]["error"]["code"] == 503
-    assert events[-1]["error"]["param"] == param
+    assert status == 503 and events == [r.json()]
     scripted.wait_idle()
 
-def test_scheduler_rejection_after_headers_is_one_distinct_error_event(scripted):
-    status, events = sse_post(scripted.url, _chat(scripted, stream=True, max_tokens=1000))
-    assert status == 200
-    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert "[DONE]" not in events
-    errors = [e for e in events if isinstance(e, dict) and "error" in e]
-    assert len(errors) == 1 and events[-1] is errors[0]
-    assert errors[0]["error"]["type"] == "admission_rejected"
-    assert errors[0]["error"]["code"] == 503
-    scripted.wait_idle()
+
+def test_queue_full_after_headers_is_one_distinct_error_event(tok):
+    """A rejection known only once the worker sees the request (its admission queue is
+    full) comes after the SSE headers: one terminal admission_rejected event."""
+    from helios_serve.events import Rejected
+
+    with ScriptedServer(tok) as server:
+        worker = server.server.worker
+        admit = worker._admit
+        worker._admit = lambda request: worker._reject(request, "the admission queue is full (8 waiting)")
+        status, events = sse_post(server.url, _chat(server, stream=True))
+        worker._admit = admit
+        assert status == 200
+        assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert "[DONE]" not in events
+        errors = [e for e in events if isinstance(e, dict) and "error" in e]
+        assert len(errors) == 1 and events[-1] is errors[0]
+        assert errors[0]["error"] == {"message": "the admission queue is full (8 waiting)",
+                                      "type": "admission_rejected", "param": None, "code": None}
+        assert Rejected("x").reason is None
+        server.wait_idle()
 
 
 def test_fault_after_headers_stream_and_json(scripted):
@@ -173,7 +194,7 @@ def test_fault_after_headers_stream_and_json(scripted):
     assert "[DONE]" not in events
     errors = [e for e in events if isinstance(e, dict) and "error" in e]
     assert len(errors) == 1 and events[-1] is errors[0]
-    assert errors[0]["error"]["type"] == "server_error" and errors[0]["error"]["code"] == 500
+    assert errors[0]["error"]["type"] == "server_error" and errors[0]["error"]["code"] is None
     assert content_of(events) == ""  # the fault came before the first token
     with pytest.raises(openai.APIError):  # the official client raises on the error event
         list(scripted.openai().chat.completions.create(
@@ -196,7 +217,7 @@ def test_fault_mid_generation_fails_only_that_step(scripted):
     scripted.model.fail_at_step(scripted.model.steps + 5)
     status, events = sse_post(scripted.url, _chat(scripted, "midway", stream=True))
     assert status == 200 and "[DONE]" not in events
-    assert events[-1]["error"]["code"] == 500
+    assert events[-1]["error"]["type"] == "server_error"
     assert content_of(events).startswith("Hello")
     scripted.wait_idle()
     assert _post(scripted, _chat(scripted)).status_code == 200
@@ -288,7 +309,7 @@ def test_worker_crash_is_unhealthy_and_refuses_requests(tok):
 
         worker.scheduler.schedule = broken
         status, events = sse_post(server.url, _chat(server, stream=True))
-        assert status == 200 and events[-1]["error"]["code"] == 500
+        assert status == 200 and events[-1]["error"]["type"] == "server_error"
         deadline = time.monotonic() + 5
         while worker.alive and time.monotonic() < deadline:
             time.sleep(0.01)

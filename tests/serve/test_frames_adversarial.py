@@ -59,7 +59,7 @@ class Watch:
             self.inflight.append(plan)
             n = self.model.outstanding
             self.max_outstanding = max(self.max_outstanding, n)
-            if n > 1 and any(live.request.needs_feedback
+            if n > 1 and any(live.request.prepared.needs_feedback
                              for live in self.worker._live.values()):
                 self.violations.append("two frames out with a feedback request live")
             return ticket

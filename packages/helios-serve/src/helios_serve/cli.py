@@ -14,6 +14,7 @@ then serves it.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -199,15 +200,19 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
 @click.option("--resource-key", "resource_key", envvar=RESOURCE_KEY_ENV,
               help="AES-256 key file (32 raw bytes) of a ProtectedIndex version 4 core "
                    f"[env {RESOURCE_KEY_ENV}].")
+@click.option("--api-key", envvar="HELIOS_API_KEY", default=None,
+              help="Require `Authorization: Bearer KEY` on /v1/* and the tokenize routes "
+                   "[env HELIOS_API_KEY; none: open].")
 @click.option("--demo", is_flag=True, help="Prepare (once) and serve the embedded SmolLM2 model.")
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
-         event_capacity, served_name, speculative_width, resource_key, demo) -> None:  # fmt: skip
+         event_capacity, served_name, speculative_width, resource_key, api_key,
+         demo) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP."""
     options = ServeOptions(
         host=host, port=port, backend=backend, max_active=max_active,
         queue_capacity=queue_capacity, frontend_workers=frontend_workers,
         event_capacity=event_capacity, served_name=served_name,
-        speculative_width=speculative_width,
+        speculative_width=speculative_width, api_key=api_key,
     )  # fmt: skip
     try:
         if demo:
@@ -227,6 +232,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
     except StartupError as exc:
         click.echo(f"helios-serve: error: {exc}", err=True)
         sys.exit(2)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = server.settings.served_name
     click.echo(f"Helios is serving {name} at {server.url} (backend {backend})")
     click.echo(f"Try: {_curl_example(server.url, name)}")

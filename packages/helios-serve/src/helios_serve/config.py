@@ -30,6 +30,7 @@ class ServeOptions:
     event_capacity: int | None = None
     served_name: str | None = None
     speculative_width: int | None = None  # None: the core's widest; 0: speculation off
+    api_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class ServeSettings:
         event_capacity: minimum per-response event budget (a minimum, not a cap).
         served_name: the OpenAI `model` name responses carry.
         aliases: other accepted request model names.
+        api_key: the Bearer key /v1/* and the tokenize routes require, or None (open).
     """
 
     host: str
@@ -55,6 +57,7 @@ class ServeSettings:
     event_capacity: int
     served_name: str
     aliases: tuple[str, ...]
+    api_key: str | None = None
 
     @property
     def http_capacity(self) -> int:
@@ -92,6 +95,7 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
             for a in (contract.served_id, *contract.aliases)
             if a != (options.served_name or contract.served_id)
         ),
+        api_key=options.api_key or None,
     )
     for name in ("max_active", "queue_capacity", "frontend_workers", "event_capacity"):
         if getattr(settings, name) < 1:

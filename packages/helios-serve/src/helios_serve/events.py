@@ -1,36 +1,34 @@
 """Data-only messages between the HTTP layer and the model worker (STYLE.md item 2).
 
-HTTP -> worker: a `GenerationRequest` (fully prepared: prompt ids, sampling, limits,
-stops, its output pipeline) or a `Cancel`. Worker -> HTTP: events appended to the
-request's `EventSink`; a response is a sequence of `Output`/`TokenObserved` events
-ended by exactly one terminal event (`Finished`, `Rejected` or `Failed`).
+HTTP -> worker: a `GenerationRequest` (a frozen `PreparedRequest` plus each choice's
+output state) or a `Cancel`. Worker -> HTTP: events appended to the request's
+`EventSink`; each choice's events end with one `Finished`, and a response ends when
+every choice finished or with one request-wide `Rejected` or `Failed`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 from dataclasses import dataclass
-from typing import Any
 
-from helios_serve.engine.plan import SamplingParams
-
-
-class FinishReason(enum.Enum):
-    """Why a request ended normally; distinct from rejection and failure."""
-
-    STOP = "stop"  # EOS id, token stop or string stop
-    LENGTH = "length"  # output limit or context extent
-    TOOL_CALLS = "tool_calls"  # the pipeline finished with completed tool calls
-    CANCELLED = "cancelled"  # the reader dropped the response (never presented)
+from helios_serve.engine.plan import SamplingParams, TokenLogprob
+from helios_serve.frontend.deltas import Delta
+from helios_serve.frontend.grammar import GrammarState
+from helios_serve.frontend.pipeline import OutputPipeline
+from helios_serve.frontend.prepare import PreparedRequest
+from helios_serve.scheduler.request import AdmissionReason, FinishReason  # noqa: F401 (re-export)
 
 
 @dataclass(frozen=True)
 class Output:
-    """Presentation deltas of one step (frontend delta objects: reasoning, content,
-    tool-call start and argument fragments), in order."""
+    """Presentation deltas of one step of one choice (reasoning, content, tool-call
+    start and argument fragments), in order, and the log probabilities of the tokens
+    sampled in that step (requests with logprobs; a terminating EOS excluded)."""
 
-    deltas: tuple[Any, ...]
+    deltas: tuple[Delta, ...]
+    choice: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
+    completion_tokens: int = 0  # the choice's output tokens so far
 
 
 @dataclass(frozen=True)
@@ -43,14 +41,16 @@ class TokenObserved:
 
     token_id: int
     timestamp_ns: int | None
+    choice: int = 0
 
 
 @dataclass(frozen=True)
 class Finished:
-    """Terminal: the request ended normally.
+    """Terminal for one choice: it ended normally.
 
     Attributes:
         reason: stop, length or tool_calls.
+        choice: the choice's index.
         prompt_tokens: prompt length in tokens.
         completion_tokens: sampled tokens, including the token that crossed a stop.
         reused_prompt_tokens: prompt tokens served from the prefix cache.
@@ -60,6 +60,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     reused_prompt_tokens: int
+    choice: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,12 @@ class Rejected:
 
     Attributes:
         message: one line with the numbers.
-        capacity: the request exceeds the prepared capacities (context, page table,
-            cache); False when the admission queue was full.
+        reason: the prepared capacity the request exceeds, or None when the admission
+            queue was full (a transient state).
     """
 
     message: str
-    capacity: bool = False
+    reason: AdmissionReason | None = None
 
 
 @dataclass(frozen=True)
@@ -93,19 +94,27 @@ class EventSink:
     Storage grows as events arrive (an unbounded asyncio.Queue): the response's event
     budget is bounded by its prompt and output limits, never allocated up front. The
     worker hands a step's events over in one `loop.call_soon_threadsafe` call.
+
+    Args:
+        loop: the HTTP event loop.
+        choices: `Finished` events that end the response (n of every prompt).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, choices: int = 1) -> None:
         self._loop = loop
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._unfinished = choices
         self.terminal_sent = False  # worker-thread side: no event after a terminal one
 
     def publish(self, events: list[Event]) -> None:
         """Called on the worker thread: hand events to the HTTP loop."""
         if not events or self.terminal_sent:
             return
-        if isinstance(events[-1], TERMINAL_EVENTS):
-            self.terminal_sent = True
+        for event in events:
+            if isinstance(event, Finished):
+                self._unfinished -= 1
+            if isinstance(event, Rejected | Failed) or self._unfinished == 0:
+                self.terminal_sent = True
         try:
             self._loop.call_soon_threadsafe(self._put_all, events)
         except RuntimeError:  # the loop is closed: the reader is gone
@@ -120,49 +129,52 @@ class EventSink:
         return await self._queue.get()
 
 
-@dataclass
+@dataclass(frozen=True)
+class ChoiceState:
+    """One choice of a request, as the worker runs it.
+
+    Attributes:
+        index: the choice's index in the response.
+        sampling: its sampling parameters (its own seed: `PreparedRequest.choice_sampling`).
+        pipeline: its output pipeline (detokenizer, stops, parsers); worker thread only.
+        grammar: its grammar state (structured output), or None.
+    """
+
+    index: int
+    sampling: SamplingParams
+    pipeline: OutputPipeline
+    grammar: GrammarState | None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """A prepared request, ready for the model worker.
 
     Attributes:
         request_id: process-internal id (never in labels or responses).
-        prompt_token_ids: the rendered, tokenized prompt.
-        sampling: sampling parameters after prepared defaults are applied.
-        max_output_tokens: output limit in tokens.
-        has_string_stops: the pipeline matches string stops (host-stop barrier).
-        has_host_stops: the pipeline matches string or token stops (completion feedback).
-        grammar: the request's GrammarState (structured output), or None.
-        observe_ids: emit TokenObserved per generated id.
-        observe_timestamps: stamp each observation (requires observe_ids).
-        pipeline: the request's OutputPipeline (detokenizer, string and token stops,
-            parsers, grammar); used only on the worker thread after submission.
-        sink: where the worker publishes events.
+        prepared: the prepared request (prompt, sampling, limits, stops, n).
+        choices: one output state per choice, built from `prepared.output`.
+        sink: where the worker publishes events (shared by the prompts of one
+            completions request).
         enqueue_ns: observation-clock time right before submission to the worker.
     """
 
     request_id: int
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingParams
-    max_output_tokens: int
+    prepared: PreparedRequest
+    choices: tuple[ChoiceState, ...]
     sink: EventSink
-    pipeline: Any = None
-    has_string_stops: bool = False
-    has_host_stops: bool = False
-    grammar: Any = None
-    observe_ids: bool = False
-    observe_timestamps: bool = False
     enqueue_ns: int | None = None
 
-    @property
-    def constrained(self) -> bool:
-        """A grammar constrains sampling (the worker fills its masks)."""
-        return self.grammar is not None
-
-    @property
-    def needs_feedback(self) -> bool:
-        """Each sampled token must reach the worker before another round is submitted
-        (grammar, string or token stops): no step is submitted ahead while it is live."""
-        return self.constrained or self.has_string_stops or self.has_host_stops
+    @classmethod
+    def build(cls, request_id: int, prepared: PreparedRequest, sink: EventSink,
+              enqueue_ns: int | None, first_index: int = 0) -> GenerationRequest:  # fmt: skip
+        """Fresh output state for each of `prepared.n` choices, indexed from first_index."""
+        choices = []
+        for i in range(prepared.n):
+            output = prepared.output.new_choice()
+            choices.append(ChoiceState(first_index + i, prepared.choice_sampling(i),
+                                       output.pipeline, output.grammar))  # fmt: skip
+        return cls(request_id, prepared, tuple(choices), sink, enqueue_ns)
 
 
 @dataclass(frozen=True)

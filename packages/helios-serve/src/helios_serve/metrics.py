@@ -42,6 +42,7 @@ _LATENCY_BUCKETS_S = (
     80.0,
 )
 _E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+_PHASE_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, *_E2E_BUCKETS_S)
 
 
 # Runtime resources created at load ("Ownership and bootstrap": nothing is allocated,
@@ -131,6 +132,26 @@ class Metrics:
             "helios_inter_token_latency_seconds",
             "Time between consecutive generated tokens of one request.",
             buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        # Per-request phases (vLLM's request_queue/prefill/decode_time_seconds): each
+        # choice of n > 1 is observed on its own.
+        self.queue_time = Histogram(
+            "helios_request_queue_time_seconds",
+            "Enqueue to the request's first planned step (time waiting for a slot).",
+            buckets=_PHASE_BUCKETS_S,
+            registry=r,
+        )
+        self.prefill_time = Histogram(
+            "helios_request_prefill_time_seconds",
+            "First planned step to the first generated token (prompt computation).",
+            buckets=_PHASE_BUCKETS_S,
+            registry=r,
+        )
+        self.decode_time = Histogram(
+            "helios_request_decode_time_seconds",
+            "First generated token to the last (generation after the prefill).",
+            buckets=_PHASE_BUCKETS_S,
             registry=r,
         )
         self.e2e_latency = Histogram(

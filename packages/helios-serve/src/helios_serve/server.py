@@ -21,7 +21,7 @@ from helios_serve.bootstrap import Bootstrap
 from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeSettings
 from helios_serve.http.app import build_app
-from helios_serve.http.chat import ChatService
+from helios_serve.http.service import ApiService
 from helios_serve.metrics import Metrics
 from helios_serve.worker import ModelBackend, ModelWorker
 
@@ -52,7 +52,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 class Server:
-    """One served model: worker thread, chat service, Litestar app and uvicorn listener.
+    """One served model: worker thread, API service, Litestar app and uvicorn listener.
 
     Args:
         bootstrap: the loaded core's serving metadata and frontend assets.
@@ -90,7 +90,7 @@ class Server:
                         "%d at once", settings.max_active, slots, slots)
             settings = dataclasses.replace(settings, max_active=slots)
         self.settings = settings
-        self.service = ChatService(bootstrap, self.worker, settings, self.metrics, clock)
+        self.service = ApiService(bootstrap, self.worker, settings, self.metrics, clock)
         self.app = build_app(self.service)
         self._socket = listener or bind_listener(settings.host, settings.port)
         self.port = self._socket.getsockname()[1]

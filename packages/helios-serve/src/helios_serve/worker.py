@@ -27,6 +27,7 @@ scheduler keeps one round outstanding, and rounds are one token wide.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 from collections import deque
@@ -39,6 +40,7 @@ from helios_serve.clock import ObservationClock
 from helios_serve.engine.plan import ModelGeometry, StepKind, StepPlan
 from helios_serve.events import (
     Cancel,
+    ChoiceState,
     Event,
     Failed,
     Finished,
@@ -56,16 +58,8 @@ from helios_serve.scheduler import (
     SchedRequest,
     Scheduler,
 )
-from helios_serve.scheduler import FinishReason as SchedFinish
 
 log = logging.getLogger(__name__)
-
-_SCHED_REASON = {
-    FinishReason.STOP: SchedFinish.STOP,
-    FinishReason.TOOL_CALLS: SchedFinish.STOP,
-    FinishReason.LENGTH: SchedFinish.LENGTH,
-    FinishReason.CANCELLED: SchedFinish.CANCELLED,
-}
 
 
 class ModelBackend(Protocol):
@@ -92,12 +86,27 @@ class ModelBackend(Protocol):
 
 @dataclass
 class _Live:
-    """Worker-thread state of one admitted request."""
+    """Worker-thread state of one admitted choice (one scheduler request)."""
 
     request: GenerationRequest
+    choice: ChoiceState
+    sched_id: int
+    scheduled_s: float | None = None  # step clock (seconds) of its first planned row
     first_token_s: float | None = None  # step clock (seconds) of the first token
     last_token_s: float | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
+
+    @property
+    def constrained(self) -> bool:
+        return self.choice.grammar is not None
+
+
+@dataclass
+class _Request:
+    """Worker-thread state of one admitted request: its choices still generating."""
+
+    request: GenerationRequest
+    sched_ids: list[int]
 
 
 @dataclass
@@ -157,7 +166,9 @@ class ModelWorker:
         self._wake = threading.Condition(self._lock)
         self._ingress: deque[GenerationRequest] = deque()  # <= queue_capacity
         self._cancels: deque[Cancel] = deque()
-        self._live: dict[int, _Live] = {}
+        self._live: dict[int, _Live] = {}  # scheduler request id -> choice
+        self._requests: dict[int, _Request] = {}  # request id -> its live choices
+        self._sched_ids = itertools.count(1)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="helios-model-worker", daemon=True)
         self._reported = self.scheduler.stats()
@@ -191,8 +202,17 @@ class ModelWorker:
         return True
 
     def cancel(self, request_id: int) -> None:
-        """The reader dropped the response: stop generating and release its resources."""
+        """The reader dropped the response: stop generating and release its resources.
+
+        A request still in the ingress channel leaves it at once, so its place is free
+        for the next submission (a dropped stream must not make a later one a 503).
+        """
         with self._lock:
+            for i, request in enumerate(self._ingress):
+                if request.request_id == request_id:
+                    del self._ingress[i]
+                    self.metrics.requests_finished.labels("cancelled").inc()
+                    return
             self._cancels.append(Cancel(request_id))
             self._wake.notify()
 
@@ -226,9 +246,10 @@ class ModelWorker:
                 self._ingress.clear()
             for request in pending:
                 request.sink.publish([Failed(message)])
-            for live in list(self._live.values()):
-                live.request.sink.publish([Failed(message)])
+            for state in list(self._requests.values()):
+                state.request.sink.publish([Failed(message)])
             self._live.clear()
+            self._requests.clear()
 
     def _step(self) -> bool:
         """One iteration: submit a plan if the scheduler allows one, then complete the
@@ -264,13 +285,9 @@ class ModelWorker:
             self._cancels.clear()
         # Cancels first: a queued request whose reader left must free its queue room
         # before the requests HTTP admitted meanwhile are queued (else a spurious 503).
-        cancelled = {c.request_id for c in cancels}
-        for request_id in cancelled:
-            self._cancel(request_id)
+        for cancel in cancels:
+            self._cancel(cancel.request_id)
         for request in requests:
-            if request.request_id in cancelled:  # the reader left before it was queued
-                self.metrics.requests_finished.labels("cancelled").inc()
-                continue
             self._admit(request)
         return True
 
@@ -278,45 +295,64 @@ class ModelWorker:
         # The pending admission deque holds requests waiting for a slot; those that free
         # slots take at the next schedule are not pending. A slot whose request already
         # ended (finished or cancelled) but still drains an in-flight frame counts as
-        # free: with two frames it is released when that frame completes.
+        # free: with two frames it is released when that frame completes. The choices of
+        # a request of n are n scheduler requests; choice i > 0 forks from choice 0's
+        # computed prompt (shared complete pages, one prefill).
         stats = self.scheduler.stats()
-        if stats.waiting - (stats.slots_total - stats.running) >= self.queue_capacity:
+        n = len(request.choices)
+        if stats.waiting - (stats.slots_total - stats.running) + n > self.queue_capacity:
             self._reject(request, f"the admission queue is full ({self.queue_capacity} waiting)")
             return
-        error = self.scheduler.add(
-            SchedRequest(
-                request_id=request.request_id,
-                prompt_tokens=request.prompt_token_ids,
-                max_output_tokens=request.max_output_tokens,
-                sampling=request.sampling,
-                needs_feedback=request.needs_feedback,
-                width_one=request.constrained,
+        prepared = request.prepared
+        sched_ids = [next(self._sched_ids) for _ in request.choices]
+        for choice, sched_id in zip(request.choices, sched_ids, strict=True):
+            error = self.scheduler.add(
+                SchedRequest(
+                    request_id=sched_id,
+                    prompt_tokens=prepared.prompt_token_ids,
+                    max_output_tokens=prepared.max_output_tokens,
+                    sampling=choice.sampling,
+                    needs_feedback=prepared.needs_feedback,
+                    width_one=prepared.constrained,
+                    fork_of=sched_ids[0] if sched_id != sched_ids[0] else None,
+                )
             )
-        )
-        if error is not None:
-            self._reject(request, error.detail, capacity=True)
-            return
-        self._live[request.request_id] = _Live(request)
-        self.metrics.prompt_tokens.inc(len(request.prompt_token_ids))
+            if error is not None:  # prepared against the same rule: only a geometry bug
+                for added in sched_ids[: sched_ids.index(sched_id)]:
+                    self.scheduler.cancel(added)
+                    del self._live[added]
+                self._reject(request, error.detail, error.reason)
+                return
+            self._live[sched_id] = _Live(request, choice, sched_id)
+        self._requests[request.request_id] = _Request(request, sched_ids)
+        self.metrics.prompt_tokens.inc(len(prepared.prompt_token_ids))
 
-    def _reject(self, request: GenerationRequest, message: str, capacity: bool = False) -> None:
+    def _reject(self, request: GenerationRequest, message: str, reason=None) -> None:
         self.metrics.requests_rejected.labels(REJECT_SCHEDULER).inc()
-        request.sink.publish([Rejected(message, capacity)])
+        request.sink.publish([Rejected(message, reason)])
 
     def _cancel(self, request_id: int) -> None:
-        live = self._live.pop(request_id, None)
-        if live is None:
+        state = self._requests.pop(request_id, None)
+        if state is None:
             return  # already finished: the reader released a finished response
-        self.scheduler.cancel(request_id)
+        for sched_id in state.sched_ids:
+            if self._live.pop(sched_id, None) is not None:
+                self.scheduler.cancel(sched_id)
         self.metrics.requests_finished.labels("cancelled").inc()
 
     def _submit(self, plan: StepPlan) -> None:
         """Hand `plan` (grammar masks filled) to the model without waiting for it."""
         submitted = self._with_masks(plan)
-        constrained = [
-            self._live[r.request_id].request.constrained if r.request_id in self._live else False
-            for r in plan.rows
-        ]
+        now_s = self.clock.now_ns() / 1e9
+        constrained = []
+        for r in plan.rows:
+            live = self._live.get(r.request_id)
+            constrained.append(live is not None and live.constrained)
+            if live is not None and live.scheduled_s is None:
+                live.scheduled_s = now_s
+                if live.request.enqueue_ns is not None:
+                    self.metrics.queue_time.observe(
+                        max(0.0, now_s - live.request.enqueue_ns / 1e9))
         try:
             ticket = self.model.submit(submitted)
         except Exception as exc:  # packing or launch failure: failed in submission order
@@ -355,45 +391,70 @@ class ModelWorker:
         self._validate(results)
 
     def _with_masks(self, plan: StepPlan) -> StepPlan:
-        """The plan as submitted: grammar masks filled for constrained sampling rows.
+        """The plan as submitted: token masks filled for sampling rows that need one.
 
-        The scheduler keeps the original plan object (completion is checked by
-        identity); the backend gets a copy whose rows carry the masks. A grammar that
-        cannot produce its mask is an output error of that request alone: it fails now,
-        and its row runs unconstrained with the result discarded at completion.
+        A constrained row gets its grammar's mask; a row sampling one of the first
+        `min_tokens` outputs has the EOS and stop-token ids cleared (vLLM's min_tokens:
+        they cannot be sampled before the minimum). The scheduler keeps the original
+        plan object (completion is checked by identity); the backend gets a copy whose
+        rows carry the masks. A grammar that cannot produce its mask is an output error
+        of that request alone: it fails now, and its row runs unconstrained with the
+        result discarded at completion.
         """
         rows = []
         changed = False
         for row in plan.rows:
             live = self._live.get(row.request_id)
-            if row.sample and live is not None and live.request.constrained:
-                mask = np.zeros(self.geometry.mask_words, dtype=np.int32)
+            mask = None
+            if row.sample and live is not None:
                 try:
-                    live.request.grammar.fill_mask(mask)
+                    mask = self._mask(live, row)
                 except Exception as exc:
                     log.warning("grammar mask failed for a request: %s", exc)
                     self._fail_request(live, f"grammar mask failed: {exc}")
-                    rows.append(row)
-                    continue
+            if mask is not None:
                 rows.append(dataclasses.replace(row, grammar_mask=mask))
                 changed = True
             else:
                 rows.append(row)
         return StepPlan(plan.kind, tuple(rows)) if changed else plan
 
+    def _mask(self, live: _Live, row) -> np.ndarray | None:
+        prepared = live.request.prepared
+        # Output tokens before the one this row samples (prompt + outputs are fed).
+        produced = row.start_position + len(row.tokens) - len(prepared.prompt_token_ids)
+        banned = produced < prepared.min_tokens
+        if not live.constrained and not banned:
+            return None
+        if live.constrained:
+            mask = np.zeros(self.geometry.mask_words, dtype=np.int32)
+            live.choice.grammar.fill_mask(mask)  # type: ignore[union-attr]
+        else:
+            mask = np.full(self.geometry.mask_words, -1, dtype=np.int32)
+        if banned:
+            bits = mask.view(np.uint32)
+            for tid in (*self.geometry.eos_token_ids, *prepared.stops.token_ids):
+                bits[tid // 32] &= np.uint32(~(1 << (tid % 32)) & 0xFFFFFFFF)
+        return mask
+
     def _fail_request(self, live: _Live, message: str) -> None:
-        """End one request with an output error; its frames drain in the scheduler."""
-        self._live.pop(live.request.request_id, None)
-        self.scheduler.finish(live.request.request_id, SchedFinish.ERROR)
+        """End a request (every choice) with an output error; frames drain in the
+        scheduler."""
+        state = self._requests.pop(live.request.request_id, None)
+        if state is None:
+            return
+        for sched_id in state.sched_ids:
+            # A failed plan's requests have left the scheduler already (Scheduler.fail).
+            if self._live.pop(sched_id, None) is not None and self.scheduler.is_live(sched_id):
+                self.scheduler.finish(sched_id, FinishReason.ERROR)
         self.metrics.requests_finished.labels("error").inc()
         live.request.sink.publish(live.events + [Failed(message)])
 
     def _fail_plan(self, plan: StepPlan, message: str) -> None:
         for summary in self.scheduler.fail(plan):
-            live = self._live.pop(summary.request_id, None)
+            live = self._live.get(summary.request_id)
             if live is not None:
-                self.metrics.requests_finished.labels("error").inc()
-                live.request.sink.publish(live.events + [Failed(message)])
+                self._fail_request(live, message)
 
     def _validate(self, results: list[RowResult]) -> None:
         """Per-request validation of one completed step, in submission-row order."""
@@ -405,14 +466,14 @@ class ModelWorker:
         now_ns = self.clock.now_ns()
         stamp_ns = (
             now_ns
-            if any(self._live[r.request_id].request.observe_timestamps for r in sampled)
+            if any(self._live[r.request_id].request.prepared.observe_timestamps for r in sampled)
             else None
         )
         now_s = now_ns / 1e9
         for result in sampled:
             live = self._live.get(result.request_id)
-            if live is None:  # finished by an earlier token of its speculative run
-                continue
+            if live is None:  # finished by an earlier token of its speculative run, or
+                continue  # another choice of its request failed in this step
             try:
                 self._on_token(live, result, stamp_ns, now_s)
             except Exception as exc:  # output pipeline failure: this request only
@@ -424,34 +485,43 @@ class ModelWorker:
                 live.events = []
 
     def _on_token(self, live: _Live, result: RowResult, stamp_ns: int | None, now_s: float) -> None:
-        request = live.request
+        request, choice = live.request, live.choice
+        prepared = request.prepared
         token = int(result.token_id)  # type: ignore[arg-type]
         self.metrics.generation_tokens.inc()
         if live.first_token_s is None:
             if request.enqueue_ns is not None:
                 self.metrics.time_to_first_token.observe(max(0.0, now_s - request.enqueue_ns / 1e9))
+            if live.scheduled_s is not None:
+                self.metrics.prefill_time.observe(max(0.0, now_s - live.scheduled_s))
             live.first_token_s = now_s
         elif live.last_token_s is not None:
             self.metrics.inter_token_latency.observe(max(0.0, now_s - live.last_token_s))
         live.last_token_s = now_s
-        if request.observe_ids:
-            live.events.append(
-                TokenObserved(token, stamp_ns if request.observe_timestamps else None)
-            )
-        if request.grammar is not None and not request.grammar.advance(token):
+        if prepared.observe_ids:
+            live.events.append(TokenObserved(
+                token, stamp_ns if prepared.observe_timestamps else None, choice.index))
+        if choice.grammar is not None and not choice.grammar.advance(token):
             raise OutputError(
-                f"the grammar rejected sampled token {token}: {request.grammar.error}"
+                f"the grammar rejected sampled token {token}: {choice.grammar.error}"
             )
         # The pipeline sees every sampled id: EOS ends generation there, token and
         # string stops are matched there, before presentation.
-        pipeline = request.pipeline
+        pipeline = choice.pipeline
         deltas = pipeline.feed(token)
-        if not pipeline.finished and result.output_tokens >= request.max_output_tokens:
-            deltas = deltas + pipeline.finish("length")
-        if deltas:
-            live.events.append(Output(tuple(deltas)))
+        if not pipeline.finished and result.output_tokens >= prepared.max_output_tokens:
+            deltas = deltas + pipeline.finish(FinishReason.LENGTH)
+        logprobs = ()
+        if result.logprobs is not None and not (
+            pipeline.finished and token in self.geometry.eos_token_ids
+        ):
+            logprobs = (result.logprobs,)
+        if deltas or logprobs:
+            live.events.append(Output(tuple(deltas), choice.index, logprobs,
+                                      result.output_tokens))
         if pipeline.finished:
-            self._finish(live, FinishReason(pipeline.finish_reason), now_s, result.output_tokens)
+            assert pipeline.finish_reason is not None
+            self._finish(live, pipeline.finish_reason, now_s, result.output_tokens)
 
     def _finish(self, live: _Live, reason: FinishReason, now_s: float,
                 output_tokens: int | None = None) -> None:
@@ -459,18 +529,24 @@ class ModelWorker:
         and including that token; later tokens of the same speculative run are
         discarded)."""
         request = live.request
-        summary: FinishedRequest = self.scheduler.finish(request.request_id,
-                                                         _SCHED_REASON[reason], output_tokens)
-        del self._live[request.request_id]
+        summary: FinishedRequest = self.scheduler.finish(live.sched_id, reason, output_tokens)
+        del self._live[live.sched_id]
         self.metrics.requests_finished.labels(reason.value).inc()
-        if request.enqueue_ns is not None:
-            self.metrics.e2e_latency.observe(max(0.0, now_s - request.enqueue_ns / 1e9))
+        if live.first_token_s is not None:
+            self.metrics.decode_time.observe(max(0.0, now_s - live.first_token_s))
+        state = self._requests[request.request_id]
+        state.sched_ids.remove(live.sched_id)
+        if not state.sched_ids:
+            del self._requests[request.request_id]
+            if request.enqueue_ns is not None:
+                self.metrics.e2e_latency.observe(max(0.0, now_s - request.enqueue_ns / 1e9))
         live.events.append(
             Finished(
                 reason=reason,
-                prompt_tokens=len(request.prompt_token_ids),
+                prompt_tokens=len(request.prepared.prompt_token_ids),
                 completion_tokens=len(summary.output_tokens),
                 reused_prompt_tokens=summary.reused_prompt_tokens,
+                choice=live.choice.index,
             )
         )
 

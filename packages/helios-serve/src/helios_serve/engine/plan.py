@@ -115,6 +115,23 @@ class StepPlan:
         return sum(r.lane_length for r in self.rows)
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """Log probabilities of one sampled token, from the model's raw distribution
+    (computed on the device in the step that sampled it).
+
+    Attributes:
+        token_id: the sampled token.
+        logprob: its natural-log probability.
+        top: the most likely tokens as (token id, logprob), most likely first; as many
+            as the request's top_logprobs (possibly none).
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class ModelGeometry:
     """Execution geometry the scheduler plans against (NativeModel.manifests).

@@ -387,6 +387,10 @@ class GrammarState:
             raise ValueError("mask row must be C-contiguous")
         self._m.unsafe_compute_mask_ptr(out_row.ctypes.data, out_row.nbytes)
 
+    def fork(self) -> GrammarState:
+        """An independent copy in the same state (one per choice of n > 1)."""
+        return GrammarState(self._m.deep_copy(), self.mask_words)
+
     def advance(self, token_id: int) -> bool:
         """Consume a sampled token; False when the grammar rejects it (error state)."""
         return self._m.consume_token(token_id)

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 from helios_contract import frontend_syntax_findings
 from helios_tools.token_rules import token_findings
 
+from helios_serve.scheduler.request import FinishReason
+
 from .deltas import (
     AnswerPiece,
     ChatResult,
@@ -232,6 +234,8 @@ class Frontend:
         parallel_tool_calls: bool = True,
         stops: StopSpec | None = None,
         structured_answer: bool = False,
+        ignore_eos: bool = False,
+        plain_text: bool = False,
         call_id: Callable[[], str] = random_call_id,
     ) -> OutputPipeline:
         """Build one request's output pipeline.
@@ -245,6 +249,10 @@ class Frontend:
             stops: validated stops (`parse_stops`).
             structured_answer: response_format constrains the answer, which is then an
                 opaque document (literal delimiters in it stay answer text).
+            ignore_eos: EOS ids do not end the output (vLLM's ignore_eos): they are
+                omitted from presentation and generation goes on to the output limit.
+            plain_text: no reasoning or tool parsing: every character is content (legacy
+                completions).
             call_id: tool-call id factory (unique per call).
 
         Raises:
@@ -255,8 +263,10 @@ class Frontend:
         registry = tool_registry(tools, tool_choice)
         forced = bool(tools) and (tool_choice == "required" or isinstance(tool_choice, dict))
         req = _Request(prompt_text, CallSink(registry, call_id), structured_answer, forced)
-        reasoning = REASONING_PARSERS[self.syntax.reasoning_parser](self, req)
-        if structured_answer and self.syntax.tool_parser is not ToolParser.ATEM_RECIPIENT_HEADERS:
+        reasoning = (PassthroughReasoning() if plain_text
+                     else REASONING_PARSERS[self.syntax.reasoning_parser](self, req))
+        if plain_text or (structured_answer
+                          and self.syntax.tool_parser is not ToolParser.ATEM_RECIPIENT_HEADERS):
             # The constrained answer is an opaque document: literal tags in it stay text.
             tool_parser: IncrementalParser = NoToolParser()
         else:
@@ -268,6 +278,7 @@ class Frontend:
             eos_token_ids=self.eos_token_ids,
             stops=stops or StopSpec(),
             parallel_tool_calls=parallel_tool_calls,
+            ignore_eos=ignore_eos,
         )
 
 
@@ -275,7 +286,7 @@ class OutputPipeline:
     """One request's output path. Build it with `Frontend.output_pipeline`.
 
     Feed every sampled id in order with `feed`; call `finish("length")` at the output
-    limit (or "stop" on cancellation). After EOS or a matched stop, `finish_reason` is set
+    limit (or STOP on cancellation). After EOS or a matched stop, `finish_reason` is set
     and the pipeline must not be fed again.
     """
 
@@ -288,11 +299,13 @@ class OutputPipeline:
         eos_token_ids: frozenset[int],
         stops: StopSpec,
         parallel_tool_calls: bool = True,
+        ignore_eos: bool = False,
     ) -> None:
         self._detok = detokenizer
         self._reasoning = reasoning
         self._tools = tools
-        self._eos = eos_token_ids
+        self._eos = frozenset() if ignore_eos else eos_token_ids
+        self._omitted = eos_token_ids if ignore_eos else frozenset()
         self._token_stops = (
             TokenStopMatcher(stops.token_ids, stops.token_sequences)
             if (stops.token_ids or stops.token_sequences)
@@ -302,7 +315,7 @@ class OutputPipeline:
         self._parallel = parallel_tool_calls
         self._deltas: list[Delta] = []
         self._calls = 0
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
 
     @property
     def finished(self) -> bool:
@@ -320,7 +333,9 @@ class OutputPipeline:
         if self.finished:
             raise RuntimeError("OutputPipeline fed after it finished")
         if token_id in self._eos:
-            return self._end("eos")
+            return self._end(None)
+        if token_id in self._omitted:  # an ignored EOS: no text, generation goes on
+            return []
         out: list[Delta] = []
         if self._token_stops is not None:
             ids, stopped = self._token_stops.feed(token_id)
@@ -328,7 +343,7 @@ class OutputPipeline:
                 self._text(tid, self._detok.push(tid), out)
             if stopped:
                 self._text(-1, self._detok.flush(), out)
-                return self._end("stop", out)
+                return self._end(FinishReason.STOP, out)
             return self._publish(out)
         text = self._detok.push(token_id)
         if self._string_stops is not None:
@@ -336,25 +351,25 @@ class OutputPipeline:
             for tid, piece in pieces:
                 self._parse(tid, piece, out)
             if stopped:
-                return self._end("stop", out, flush_text=False)
+                return self._end(FinishReason.STOP, out, flush_text=False)
             return self._publish(out)
         self._parse(token_id, text, out)
         return self._publish(out)
 
-    def finish(self, reason: str = "length") -> list[Delta]:
-        """End without EOS: "length" at the output limit, "stop" on cancellation.
+    def finish(self, reason: FinishReason | str = FinishReason.LENGTH) -> list[Delta]:
+        """End without EOS: LENGTH at the output limit, STOP on cancellation.
 
         Held stop prefixes and partial characters are flushed as text.
         """
         if self.finished:
             return []
-        return self._end(reason)
+        return self._end(FinishReason(reason))
 
     def result(self) -> ChatResult:
         """The final message: the accumulation of every delta returned so far."""
         if not self.finished:
             raise RuntimeError("OutputPipeline.result before it finished")
-        return accumulate(self._deltas, self.finish_reason or "stop")
+        return accumulate(self._deltas, self.finish_reason or FinishReason.STOP)
 
     # ---- internals ----
 
@@ -375,7 +390,9 @@ class OutputPipeline:
         else:
             out.append(item)
 
-    def _end(self, reason: str, out: list[Delta] | None = None, flush_text: bool = True) -> list[Delta]:
+    def _end(self, reason: FinishReason | None, out: list[Delta] | None = None,
+             flush_text: bool = True) -> list[Delta]:
+        """Flush and finish; reason None is EOS (tool_calls after completed calls)."""
         out = [] if out is None else out
         if flush_text:
             if self._token_stops is not None:
@@ -389,8 +406,8 @@ class OutputPipeline:
             self._route(item, out)
         out.extend(self._tools.finish())
         published = self._publish(out)
-        if reason == "eos":
-            reason = "tool_calls" if self._calls else "stop"
+        if reason is None:
+            reason = FinishReason.TOOL_CALLS if self._calls else FinishReason.STOP
         self.finish_reason = reason
         return published
 

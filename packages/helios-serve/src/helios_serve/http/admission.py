@@ -22,16 +22,38 @@ T = TypeVar("T")
 
 
 class Permit:
-    """One admitted request's hold on HTTP capacity; `release` is idempotent."""
+    """One admitted request's hold on HTTP capacity; `release` is idempotent.
+
+    A context manager: the block that prepares and submits the request holds it, and
+    leaving the block releases it, unless the block handed it to the response
+    (`hand_off`), which then releases it once the reader released the response:
+
+        with admission.acquire() as permit:
+            ...prepare, submit (any exception releases the permit)...
+            release = permit.hand_off()
+    """
 
     def __init__(self, admission: Admission) -> None:
         self._admission = admission
         self.released = False
+        self._handed_off = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self._admission._release()
+
+    def hand_off(self) -> Callable[[], None]:
+        """The response owns the permit now; returns its (idempotent) release."""
+        self._handed_off = True
+        return self.release
+
+    def __enter__(self) -> Permit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._handed_off:
+            self.release()
 
 
 class Admission:

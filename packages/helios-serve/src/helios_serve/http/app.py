@@ -1,8 +1,12 @@
 """The Litestar application: thin handlers, resources in the lifespan, one error table.
 
-Routes: POST /v1/chat/completions (JSON and SSE), GET /v1/models, GET /health,
-GET /metrics. Handlers delegate to `ChatService`; errors become OpenAI-style bodies with
-the status from `errors.ERROR_TABLE`.
+Routes: POST /v1/chat/completions and /v1/completions (JSON and SSE), GET /v1/models
+and /v1/models/{id}, POST /tokenize and /detokenize (vLLM's shapes), GET /version,
+/health, /metrics, /openapi.json and /docs. Handlers parse (`schema`), admit and
+submit (`service`), and deliver (`delivery`); errors become OpenAI-style bodies with the
+status and headers of `errors.ERROR_TABLE`. With an API key, /v1/* and the tokenize
+routes need `Authorization: Bearer KEY` (`auth`); every request gets one access log
+line (`access`).
 """
 
 from __future__ import annotations
@@ -11,21 +15,40 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib import metadata
+from typing import Any
 
 from litestar import Litestar, MediaType, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import HTTPException
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.params import FromPath
 from litestar.response import Stream
 
-from helios_serve.http.chat import ChatService, ClientDisconnected
-from helios_serve.http.errors import ApiError, status_of
+from helios_serve.http import access, openapi
+from helios_serve.http.auth import require_api_key
+from helios_serve.http.delivery import ClientDisconnected, SseStream, collect
+from helios_serve.http.errors import ApiError, InvalidRequest, ModelNotFound, error_body, kind_of
+from helios_serve.http.responses import ChatShapes, CompletionShapes, ResponseContext, Shapes, usage
+from helios_serve.http.schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    chat_input,
+    completion_inputs,
+    parse,
+)
+from helios_serve.http.service import ApiService, Generation
 
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+PROTECTED = [require_api_key]
 
 
-def _service(request: Request) -> ChatService:
+def _service(request: Request) -> ApiService:
     return request.app.state.service
 
 
@@ -37,50 +60,186 @@ async def _watch_disconnect(request: Request) -> None:
             return
 
 
-@post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request) -> Response:
-    service = _service(request)
-    body = await request.body()
+def _parse(service: ApiService, model, body: bytes):
+    try:
+        return parse(model, body)
+    except InvalidRequest as exc:
+        raise service.invalid(exc) from None
+
+
+async def _deliver(request: Request, generation: Generation, shapes: Shapes,
+                   stream: bool) -> Response:  # fmt: skip
+    record = access.record_of(request)
+    if stream:
+        sse = SseStream(generation, shapes)
+
+        def close() -> None:
+            sse.close()
+            record.set_usage(usage(shapes.ctx, sse.records),
+                             [r.finished.reason.value for r in sse.records if r.finished])
+
+        return Stream(sse.events(), media_type="text/event-stream", headers=SSE_HEADERS,
+                      background=BackgroundTask(close))  # fmt: skip
     disconnected = asyncio.ensure_future(_watch_disconnect(request))
     try:
-        result = await service.chat(body, disconnected)
+        body = await collect(generation, shapes, disconnected)
     except ClientDisconnected:  # routine: the request is cancelled; nobody reads this
+        record.finish = "cancelled"
         return Response(b"", status_code=499)
     finally:
         disconnected.cancel()
-    if isinstance(result, tuple):  # non-streaming
-        content, permit = result
-        # The permit is held until the response has been sent (the reader released it).
-        return Response(content, status_code=200, background=BackgroundTask(permit.release))
-    return Stream(
-        result.events(),
-        media_type="text/event-stream",
-        headers=SSE_HEADERS,
-        background=BackgroundTask(result.close),
+    record.set_usage(body["usage"], [c["finish_reason"] for c in body["choices"]])
+    # The permit is held until the response has been sent (the reader released it).
+    return Response(body, status_code=200, background=BackgroundTask(generation.release))
+
+
+def _context(service: ApiService, generation: Generation, stream_options, **extra) -> ResponseContext:
+    firsts, first = [], 0
+    for p in generation.prepared:
+        firsts.append(first)
+        first += p.n
+    include = bool(stream_options and stream_options.include_usage)
+    return ResponseContext(
+        id=generation.id,
+        created=generation.created,
+        model=generation.model,
+        prompts=tuple(p.prompt_token_ids for p in generation.prepared),
+        first_choice=tuple(firsts),
+        choices=generation.choices,
+        include_usage=include,
+        continuous_usage=include and bool(stream_options.continuous_usage_stats),
+        logprobs=generation.prepared[0].logprobs is not None,
+        ingress_ns=generation.ingress_ns,
+        enqueue_ns=generation.enqueue_ns,
+        **extra,
     )
 
 
-@get("/v1/models")
-async def list_models(request: Request) -> dict:
+@post("/v1/chat/completions", status_code=200, guards=PROTECTED)
+async def chat_completions(request: Request) -> Response:
+    """OpenAI chat completions (JSON, or SSE with `stream: true`)."""
+    service = _service(request)
+    body = await request.body()
+    ingress_ns = service.received()
+    parsed = _parse(service, ChatCompletionRequest, body)
+    service.check_model(parsed.model)
+    try:
+        chat = chat_input(parsed)
+    except InvalidRequest as exc:
+        raise service.invalid(exc) from None
+    generation = await service.generate(service.preparer.chat, [chat], id_prefix="chatcmpl",
+                                        ingress_ns=ingress_ns)  # fmt: skip
+    prepared = generation.prepared[0]
+    ctx = _context(service, generation, parsed.stream_options,
+                   observe_ids=prepared.observe_ids,
+                   observe_timestamps=prepared.observe_timestamps)  # fmt: skip
+    return await _deliver(request, generation, ChatShapes(ctx, service.pieces),
+                          bool(parsed.stream))  # fmt: skip
+
+
+@post("/v1/completions", status_code=200, guards=PROTECTED)
+async def completions(request: Request) -> Response:
+    """OpenAI legacy completions: a prompt string, strings, token ids or id lists."""
+    service = _service(request)
+    body = await request.body()
+    ingress_ns = service.received()
+    parsed = _parse(service, CompletionRequest, body)
+    service.check_model(parsed.model)
+    try:
+        inputs = completion_inputs(parsed)
+    except InvalidRequest as exc:
+        raise service.invalid(exc) from None
+    generation = await service.generate(service.preparer.completion, inputs, id_prefix="cmpl",
+                                        ingress_ns=ingress_ns)  # fmt: skip
+    ctx = _context(service, generation, parsed.stream_options, echo=bool(parsed.echo),
+                   prompt_texts=tuple(p.prompt_text for p in generation.prepared))  # fmt: skip
+    return await _deliver(request, generation, CompletionShapes(ctx, service.pieces),
+                          bool(parsed.stream))  # fmt: skip
+
+
+def _model_card(service: ApiService, name: str) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": service.created,
+        "owned_by": "helios",
+        "max_model_len": service.worker.geometry.context_tokens,
+    }
+
+
+@get("/v1/models", guards=PROTECTED)
+async def list_models(request: Request) -> dict[str, Any]:
+    """The served model and its aliases."""
     service = _service(request)
     names = (service.settings.served_name, *service.settings.aliases)
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": name,
-                "object": "model",
-                "created": service.created,
-                "owned_by": "helios",
-                "max_model_len": service.worker.geometry.context_tokens,
-            }
-            for name in names
-        ],
-    }
+    return {"object": "list", "data": [_model_card(service, n) for n in names]}
+
+
+@get("/v1/models/{model_id:str}", guards=PROTECTED)
+async def retrieve_model(request: Request, model_id: FromPath[str]) -> dict[str, Any]:
+    """One served model (404 `model_not_found` for any other id)."""
+    service = _service(request)
+    if model_id not in service.model_names:
+        raise ModelNotFound(f"model {model_id!r} is not served here", param="model")
+    return _model_card(service, model_id)
+
+
+@post("/tokenize", status_code=200, guards=PROTECTED)
+async def tokenize(request: Request) -> dict[str, Any]:
+    """vLLM's /tokenize: a prompt, or chat messages rendered with the template."""
+    service = _service(request)
+    parsed = _parse(service, TokenizeRequest, await request.body())
+    service.check_model(parsed.model)
+    if (parsed.prompt is None) == (parsed.messages is None):
+        raise service.invalid(InvalidRequest("give exactly one of prompt and messages",
+                                             param="prompt"))  # fmt: skip
+    tok = service.preparer.tokenizer
+    if parsed.prompt is not None:
+        special = parsed.add_special_tokens is not False
+        ids = tuple(tok.encode(parsed.prompt, add_special_tokens=special).ids)
+    else:
+        chat = ChatCompletionRequest.model_construct(
+            messages=parsed.messages, tools=parsed.tools, model="",
+            chat_template_kwargs=parsed.chat_template_kwargs,
+            add_generation_prompt=parsed.add_generation_prompt,
+            continue_final_message=parsed.continue_final_message,
+        )  # fmt: skip
+        try:
+            chat_in = chat_input(chat)
+        except InvalidRequest as exc:
+            raise service.invalid(exc) from None
+        _, ids = await service.prepare_only(service.preparer.encode_chat, chat_in)
+    out: dict[str, Any] = {"count": len(ids), "max_model_len":
+                           service.worker.geometry.context_tokens, "tokens": list(ids)}  # fmt: skip
+    out["token_strs"] = ([tok.id_to_token(i) for i in ids]
+                         if parsed.return_token_strs else None)  # fmt: skip
+    return out
+
+
+@post("/detokenize", status_code=200, guards=PROTECTED)
+async def detokenize(request: Request) -> dict[str, Any]:
+    """vLLM's /detokenize: token ids to text."""
+    service = _service(request)
+    parsed = _parse(service, DetokenizeRequest, await request.body())
+    service.check_model(parsed.model)
+    tok = service.preparer.tokenizer
+    limit = tok.get_vocab_size(with_added_tokens=True)
+    for i, tid in enumerate(parsed.tokens):
+        if tid >= limit:
+            raise service.invalid(InvalidRequest(
+                f"token id {tid} is outside the vocabulary of {limit}", param=f"tokens[{i}]"))
+    return {"prompt": tok.decode(parsed.tokens, skip_special_tokens=False)}
+
+
+@get("/version")
+async def version() -> dict[str, str]:
+    """The helios-serve version."""
+    return {"version": metadata.version("helios-serve")}
 
 
 @get("/health")
 async def health(request: Request) -> Response:
+    """200 while the model worker runs, else 503."""
     service = _service(request)
     if service.worker.alive and service.worker.crashed is None:
         return Response({"status": "ok"}, status_code=200)
@@ -91,40 +250,27 @@ async def health(request: Request) -> Response:
 
 @get("/metrics", media_type=MediaType.TEXT)
 async def metrics(request: Request) -> Response:
+    """Prometheus text exposition."""
     data, content_type = _service(request).metrics.render()
     return Response(data, media_type=content_type, status_code=200)
 
 
 def _api_error(_: Request, exc: ApiError) -> Response:
-    status, _kind = status_of(exc)
-    return Response(exc.body(), status_code=status)
+    return Response(exc.body(), status_code=kind_of(exc).status, headers=exc.headers())
 
 
 def _http_error(_: Request, exc: HTTPException) -> Response:
     status = exc.status_code
     kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
-    return Response(
-        {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": status}},
-        status_code=status,
-    )
+    return Response(error_body(str(exc.detail), kind), status_code=status)
 
 
 def _internal_error(_: Request, exc: Exception) -> Response:
     log.exception("unhandled error", exc_info=exc)
-    return Response(
-        {
-            "error": {
-                "message": "internal server error",
-                "type": "server_error",
-                "param": None,
-                "code": 500,
-            }
-        },
-        status_code=500,
-    )
+    return Response(error_body("internal server error", "server_error"), status_code=500)
 
 
-def build_app(service: ChatService) -> Litestar:
+def build_app(service: ApiService) -> Litestar:
     """The ASGI application serving `service`."""
 
     @asynccontextmanager
@@ -137,15 +283,23 @@ def build_app(service: ChatService) -> Litestar:
             service.close()
 
     app = Litestar(
-        route_handlers=[chat_completions, list_models, health, metrics],
+        route_handlers=[chat_completions, completions, list_models, retrieve_model, tokenize,
+                        detokenize, version, health, metrics, openapi.openapi_json],
         lifespan=[lifespan],
+        middleware=[access.middleware],
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,
             Exception: _internal_error,
         },
         logging_config=None,
-        openapi_config=None,
-    )
+        openapi_config=OpenAPIConfig(
+            title="Helios", version=metadata.version("helios-serve"), path="/docs",
+            render_plugins=[SwaggerRenderPlugin(path="/")],
+            use_handler_docstrings=True,
+        ),
+    )  # fmt: skip
     app.state.service = service
+    app.state.api_key = service.settings.api_key
+    openapi.add_request_bodies(app)
     return app

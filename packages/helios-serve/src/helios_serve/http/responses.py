@@ -1,9 +1,12 @@
-"""OpenAI response shapes: chat.completion objects and chat.completion.chunk SSE events.
+"""OpenAI response shapes: chat.completion(.chunk) and text_completion objects.
 
 Pure functions over plain data. Observation fields follow model-contract.md, "Token and
-timing observation": prompt_token_ids (top level; the first SSE chunk), choices[0]
+timing observation": prompt_token_ids (top level; the first SSE chunk), choices[i]
 .token_ids and .token_timestamps_ns, reused_prompt_tokens on observed terminal
-responses, and the performance object on timed ones.
+responses, and the performance object on timed ones. Every choice and chunk carries its
+`index`; with n > 1 usage sums the choices' completion tokens and counts each prompt
+once. Log probabilities use OpenAI's shapes: chat `{"content": [{token, logprob, bytes,
+top_logprobs}]}`, legacy `{tokens, token_logprobs, top_logprobs, text_offset}`.
 """
 
 from __future__ import annotations
@@ -13,139 +16,354 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from helios_serve.events import Finished
+from helios_serve.engine.plan import TokenLogprob
+from helios_serve.events import Finished, Output
 from helios_serve.frontend.deltas import (
-    ChatResult,
     ContentDelta,
+    Delta,
     ReasoningDelta,
     ToolCallArguments,
     ToolCallStart,
+    accumulate,
 )
+from helios_serve.frontend.vocab import TokenPieces
 
 DONE = b"data: [DONE]\n\n"
 
 
 @dataclass
+class ChoiceRecord:
+    """What one choice produced (accumulated from its events)."""
+
+    deltas: list[Delta] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    token_timestamps_ns: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    completion_tokens: int = 0
+    finished: Finished | None = None
+
+
+@dataclass
 class ResponseContext:
-    """Per-response constants and observation state."""
+    """Per-response constants.
+
+    Attributes:
+        prompts: each prompt's token ids, in prompt order.
+        first_choice: index of each prompt's first choice.
+    """
 
     id: str
     created: int
     model: str
-    prompt_token_ids: tuple[int, ...]
-    observe_ids: bool
-    observe_timestamps: bool
-    include_usage: bool
+    prompts: tuple[tuple[int, ...], ...]
+    first_choice: tuple[int, ...]
+    choices: int
+    observe_ids: bool = False
+    observe_timestamps: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+    logprobs: bool = False
+    echo: bool = False
+    prompt_texts: tuple[str, ...] = ()
     ingress_ns: int = 0
     enqueue_ns: int = 0
-    capacity_param: str | None = None  # the field a capacity rejection names
-    token_ids: list[int] = field(default_factory=list)
-    token_timestamps_ns: list[int] = field(default_factory=list)
 
 
-def usage(finished: Finished) -> dict[str, Any]:
-    return {
-        "prompt_tokens": finished.prompt_tokens,
-        "completion_tokens": finished.completion_tokens,
-        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": finished.reused_prompt_tokens},
-    }
-
-
-def _observed_terminal(ctx: ResponseContext, finished: Finished, body: dict[str, Any]) -> None:
-    if ctx.observe_ids:
-        body["reused_prompt_tokens"] = finished.reused_prompt_tokens
-    if ctx.observe_timestamps:
-        body["performance"] = {
-            "ingress_ns": ctx.ingress_ns,
-            "enqueue_ns": ctx.enqueue_ns,
-            "reused_prompt_tokens": finished.reused_prompt_tokens,
-        }
-
-
-def _tool_calls(result: ChatResult) -> list[dict[str, Any]]:
-    return [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for c in result.tool_calls
-    ]
-
-
-def completion(ctx: ResponseContext, result: ChatResult, finished: Finished) -> dict[str, Any]:
-    """The non-streaming chat.completion object."""
-    calls = _tool_calls(result)
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": result.content if result.content is not None else (None if calls else ""),
-    }
-    if result.reasoning_content is not None:
-        message["reasoning_content"] = result.reasoning_content
-    if calls:
-        message["tool_calls"] = calls
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": message,
-        "logprobs": None,
-        "finish_reason": finished.reason.value,
-    }
-    if ctx.observe_ids:
-        choice["token_ids"] = list(ctx.token_ids)
-    if ctx.observe_timestamps:
-        choice["token_timestamps_ns"] = list(ctx.token_timestamps_ns)
-    body: dict[str, Any] = {
-        "id": ctx.id,
-        "object": "chat.completion",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": [choice],
-        "usage": usage(finished),
-    }
-    if ctx.observe_ids:
-        body["prompt_token_ids"] = list(ctx.prompt_token_ids)
-    _observed_terminal(ctx, finished, body)
-    return body
-
-
-def _event(body: dict[str, Any]) -> bytes:
+def event(body: dict[str, Any]) -> bytes:
+    """One SSE `data:` event."""
     return (
         b"data: " + json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
     )
 
 
-def _chunk(ctx: ResponseContext, choices: list[dict[str, Any]]) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": ctx.id,
-        "object": "chat.completion.chunk",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": choices,
+def usage(ctx: ResponseContext, records: Sequence[ChoiceRecord]) -> dict[str, Any]:
+    """Usage over every choice: prompts counted once, completion tokens summed."""
+    prompt = sum(len(p) for p in ctx.prompts)
+    completion = sum(
+        r.finished.completion_tokens if r.finished else r.completion_tokens for r in records
+    )
+    cached = sum(
+        records[i].finished.reused_prompt_tokens  # type: ignore[union-attr]
+        for i in ctx.first_choice
+        if records[i].finished is not None
+    )
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
-    if ctx.include_usage:
-        body["usage"] = None
-    return body
 
 
-def _choice(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def _reused(records: Sequence[ChoiceRecord]) -> int:
+    first = records[0].finished
+    return first.reused_prompt_tokens if first is not None else 0
 
 
-def role_chunk(ctx: ResponseContext) -> bytes:
-    """The first SSE chunk: the assistant role (and the prompt ids when observed)."""
-    body = _chunk(ctx, [_choice({"role": "assistant", "content": ""})])
+def _observed_terminal(ctx: ResponseContext, records: Sequence[ChoiceRecord],
+                       body: dict[str, Any]) -> None:  # fmt: skip
     if ctx.observe_ids:
-        body["prompt_token_ids"] = list(ctx.prompt_token_ids)
-    return _event(body)
+        body["reused_prompt_tokens"] = _reused(records)
+    if ctx.observe_timestamps:
+        body["performance"] = {
+            "ingress_ns": ctx.ingress_ns,
+            "enqueue_ns": ctx.enqueue_ns,
+            "reused_prompt_tokens": _reused(records),
+        }
 
 
-def observation_chunk(ctx: ResponseContext, token_id: int, timestamp_ns: int | None) -> bytes:
-    """One metadata-only chunk per generated id: delta {} and choices[0].token_ids."""
-    choice = _choice({})
-    choice["token_ids"] = [token_id]
-    if timestamp_ns is not None:
-        choice["token_timestamps_ns"] = [timestamp_ns]
-    return _event(_chunk(ctx, [choice]))
+class ChatShapes:
+    """chat.completion and chat.completion.chunk bodies of one response."""
+
+    def __init__(self, ctx: ResponseContext, pieces: TokenPieces) -> None:
+        self.ctx = ctx
+        self.pieces = pieces
+
+    # -- log probabilities ----------------------------------------------------------
+
+    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        raw = self.pieces.bytes_of(token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(raw)}  # fmt: skip
+
+    def logprobs(self, items: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        if not self.ctx.logprobs:
+            return None
+        content = []
+        for lp in items:
+            entry = self._entry(lp.token_id, lp.logprob)
+            entry["top_logprobs"] = [self._entry(t, v) for t, v in lp.top]
+            content.append(entry)
+        return {"content": content, "refusal": None}
+
+    # -- JSON -------------------------------------------------------------------------
+
+    def completion(self, records: Sequence[ChoiceRecord]) -> dict[str, Any]:
+        """The non-streaming chat.completion object."""
+        ctx = self.ctx
+        choices = []
+        for index, record in enumerate(records):
+            assert record.finished is not None
+            result = accumulate(record.deltas, record.finished.reason.value)
+            calls = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c in result.tool_calls
+            ]  # fmt: skip
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": result.content if result.content is not None
+                else (None if calls else ""),
+            }  # fmt: skip
+            if result.reasoning_content is not None:
+                message["reasoning_content"] = result.reasoning_content
+            if calls:
+                message["tool_calls"] = calls
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": message,
+                "logprobs": self.logprobs(record.logprobs),
+                "finish_reason": record.finished.reason.value,
+            }
+            if ctx.observe_ids:
+                choice["token_ids"] = list(record.token_ids)
+            if ctx.observe_timestamps:
+                choice["token_timestamps_ns"] = list(record.token_timestamps_ns)
+            choices.append(choice)
+        body: dict[str, Any] = {
+            "id": ctx.id,
+            "object": "chat.completion",
+            "created": ctx.created,
+            "model": ctx.model,
+            "choices": choices,
+            "usage": usage(ctx, records),
+        }
+        if ctx.observe_ids:
+            body["prompt_token_ids"] = list(ctx.prompts[0])
+        _observed_terminal(ctx, records, body)
+        return body
+
+    # -- SSE --------------------------------------------------------------------------
+
+    def _chunk(self, choices: list[dict[str, Any]], records: Sequence[ChoiceRecord] | None = None
+               ) -> dict[str, Any]:  # fmt: skip
+        body: dict[str, Any] = {
+            "id": self.ctx.id,
+            "object": "chat.completion.chunk",
+            "created": self.ctx.created,
+            "model": self.ctx.model,
+            "choices": choices,
+        }
+        if self.ctx.include_usage:
+            body["usage"] = (
+                usage(self.ctx, records)
+                if self.ctx.continuous_usage and records is not None
+                else None
+            )
+        return body
+
+    @staticmethod
+    def _choice(index: int, delta: dict[str, Any], finish_reason: str | None = None,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        return {"index": index, "delta": delta, "logprobs": logprobs,
+                "finish_reason": finish_reason}  # fmt: skip
+
+    def first(self) -> bytes:
+        """The first SSE chunk of every choice: the assistant role (prompt ids when
+        observed, on the first)."""
+        out = []
+        for index in range(self.ctx.choices):
+            body = self._chunk([self._choice(index, {"role": "assistant", "content": ""})])
+            if self.ctx.observe_ids and index == 0:
+                body["prompt_token_ids"] = list(self.ctx.prompts[0])
+            out.append(event(body))
+        return b"".join(out)
+
+    def observation(self, index: int, token_id: int, timestamp_ns: int | None) -> bytes:
+        """One metadata-only chunk per generated id: delta {} and token_ids."""
+        choice = self._choice(index, {})
+        choice["token_ids"] = [token_id]
+        if timestamp_ns is not None:
+            choice["token_timestamps_ns"] = [timestamp_ns]
+        return event(self._chunk([choice]))
+
+    def output(self, out: Output, records: Sequence[ChoiceRecord]) -> bytes:
+        """The chunks of one Output event: one per delta; its logprobs on the first
+        (or on a delta-less chunk when every delta is still held)."""
+        logprobs = self.logprobs(out.logprobs) if out.logprobs else None
+        deltas = [delta_dict(d) for d in out.deltas] or [{}]
+        chunks = []
+        for i, delta in enumerate(deltas):
+            choice = self._choice(out.choice, delta, logprobs=logprobs if i == 0 else None)
+            chunks.append(event(self._chunk([choice], records)))
+        return b"".join(chunks)
+
+    def finish(self, finished: Finished, records: Sequence[ChoiceRecord]) -> bytes:
+        """A choice's finish chunk; with observation and no include_usage the last one
+        carries the usage."""
+        body = self._chunk([self._choice(finished.choice, {}, finished.reason.value)], records)
+        last = all(r.finished is not None for r in records)
+        if last and not self.ctx.include_usage and self.ctx.observe_ids:
+            body["usage"] = usage(self.ctx, records)
+            _observed_terminal(self.ctx, records, body)
+        return event(body)
+
+    def end(self, records: Sequence[ChoiceRecord]) -> bytes:
+        """After every choice finished: the usage-only chunk (include_usage) and [DONE]."""
+        out = []
+        if self.ctx.include_usage:
+            last = self._chunk([])
+            last["usage"] = usage(self.ctx, records)
+            _observed_terminal(self.ctx, records, last)
+            out.append(event(last))
+        out.append(DONE)
+        return b"".join(out)
 
 
-def delta_dict(delta: Any) -> dict[str, Any]:
+class CompletionShapes:
+    """text_completion bodies (legacy completions), JSON and SSE."""
+
+    def __init__(self, ctx: ResponseContext, pieces: TokenPieces) -> None:
+        self.ctx = ctx
+        self.pieces = pieces
+        self._offsets = [0] * ctx.choices  # text offset of the next token, per choice
+
+    def _prompt_of(self, index: int) -> int:
+        prompt = 0
+        for p, first in enumerate(self.ctx.first_choice):
+            if index >= first:
+                prompt = p
+        return prompt
+
+    def logprobs(self, index: int, items: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        if not self.ctx.logprobs:
+            return None
+        tokens, values, tops, offsets = [], [], [], []
+        for lp in items:
+            text = self.pieces.text_of(lp.token_id)
+            tokens.append(text)
+            values.append(lp.logprob)
+            tops.append({self.pieces.text_of(t): v for t, v in lp.top})
+            offsets.append(self._offsets[index])
+            self._offsets[index] += len(text)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+                "text_offset": offsets}  # fmt: skip
+
+    def _echo(self, index: int) -> str:
+        return self.ctx.prompt_texts[self._prompt_of(index)] if self.ctx.echo else ""
+
+    def completion(self, records: Sequence[ChoiceRecord]) -> dict[str, Any]:
+        choices = []
+        for index, record in enumerate(records):
+            assert record.finished is not None
+            if self.ctx.echo:
+                self._offsets[index] = len(self._echo(index))
+            text = "".join(d.text for d in record.deltas if isinstance(d, ContentDelta))
+            choices.append({
+                "index": index,
+                "text": self._echo(index) + text,
+                "logprobs": self.logprobs(index, record.logprobs),
+                "finish_reason": record.finished.reason.value,
+            })  # fmt: skip
+        return {
+            "id": self.ctx.id,
+            "object": "text_completion",
+            "created": self.ctx.created,
+            "model": self.ctx.model,
+            "choices": choices,
+            "usage": usage(self.ctx, records),
+        }
+
+    def _chunk(self, index: int, text: str, finish_reason: str | None,
+               logprobs: dict[str, Any] | None, records: Sequence[ChoiceRecord] | None
+               ) -> bytes:  # fmt: skip
+        body: dict[str, Any] = {
+            "id": self.ctx.id,
+            "object": "text_completion",
+            "created": self.ctx.created,
+            "model": self.ctx.model,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs,
+                         "finish_reason": finish_reason}],
+        }  # fmt: skip
+        if self.ctx.include_usage:
+            body["usage"] = (usage(self.ctx, records)
+                             if self.ctx.continuous_usage and records is not None else None)
+        return event(body)
+
+    def first(self) -> bytes:
+        if not self.ctx.echo:
+            return b""
+        out = []
+        for index in range(self.ctx.choices):
+            self._offsets[index] = len(self._echo(index))
+            out.append(self._chunk(index, self._echo(index), None, None, None))
+        return b"".join(out)
+
+    def observation(self, index: int, token_id: int, timestamp_ns: int | None) -> bytes:
+        return b""  # legacy completions have no observation fields
+
+    def output(self, out: Output, records: Sequence[ChoiceRecord]) -> bytes:
+        text = "".join(d.text for d in out.deltas if isinstance(d, ContentDelta))
+        logprobs = self.logprobs(out.choice, out.logprobs) if out.logprobs else None
+        return self._chunk(out.choice, text, None, logprobs, records)
+
+    def finish(self, finished: Finished, records: Sequence[ChoiceRecord]) -> bytes:
+        return self._chunk(finished.choice, "", finished.reason.value, None, records)
+
+    def end(self, records: Sequence[ChoiceRecord]) -> bytes:
+        out = []
+        if self.ctx.include_usage:
+            body = {"id": self.ctx.id, "object": "text_completion", "created": self.ctx.created,
+                    "model": self.ctx.model, "choices": [], "usage": usage(self.ctx, records)}
+            out.append(event(body))
+        out.append(DONE)
+        return b"".join(out)
+
+
+Shapes = ChatShapes | CompletionShapes
+
+
+def delta_dict(delta: Delta) -> dict[str, Any]:
     """A frontend presentation delta as an OpenAI chunk delta."""
     if isinstance(delta, ContentDelta):
         return {"content": delta.text}
@@ -167,33 +385,6 @@ def delta_dict(delta: Any) -> dict[str, Any]:
     raise TypeError(f"not a presentation delta: {delta!r}")
 
 
-def delta_chunks(ctx: ResponseContext, deltas: Sequence[Any]) -> bytes:
-    return b"".join(_event(_chunk(ctx, [_choice(delta_dict(d))])) for d in deltas)
-
-
-def terminal_chunks(ctx: ResponseContext, finished: Finished) -> bytes:
-    """The finish chunk, the usage-only chunk when include_usage, and [DONE].
-
-    With include_usage the usage arrives in a final chunk with choices=[]; otherwise an
-    observed stream carries usage on its terminal choice chunk.
-    """
-    finish = _chunk(ctx, [_choice({}, finished.reason.value)])
-    out = []
-    if ctx.include_usage:
-        out.append(_event(finish))
-        last = _chunk(ctx, [])
-        last["usage"] = usage(finished)
-        _observed_terminal(ctx, finished, last)
-        out.append(_event(last))
-    else:
-        if ctx.observe_ids:
-            finish["usage"] = usage(finished)
-            _observed_terminal(ctx, finished, finish)
-        out.append(_event(finish))
-    out.append(DONE)
-    return b"".join(out)
-
-
 def error_event(body: dict[str, Any]) -> bytes:
     """One terminal SSE error event (no [DONE] follows)."""
-    return _event(body)
+    return event(body)

@@ -24,6 +24,7 @@ from helios_serve.scheduler.scheduler import (
     MAX_FRAMES,
     CompletionError,
     Scheduler,
+    check_capacity,
     smallest_capacity,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "Scheduler",
     "SchedulerStats",
     "chain_hashes",
+    "check_capacity",
     "page_hash",
     "smallest_capacity",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from helios_serve.engine.plan import SamplingParams
+from helios_serve.engine.plan import SamplingParams, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,10 @@ class SchedRequest:
             keeps one plan outstanding (specification: completion feedback).
         width_one: the request's speculative lanes are one position long (no drafts):
             constrained requests, whose grammar mask covers only the next token.
+        fork_of: another choice of the same prompt (n > 1): this request is admitted
+            only once that one's prompt has been computed, so it shares the prompt's
+            complete cached pages and computes only the tokens of the last, partial
+            page (its own private page) before sampling.
     """
 
     request_id: int
@@ -33,6 +37,7 @@ class SchedRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     needs_feedback: bool = False
     width_one: bool = False
+    fork_of: int | None = None
 
 
 class AdmissionReason(enum.Enum):
@@ -53,20 +58,26 @@ class AdmissionError:
         request_id: the rejected request.
         reason: which prepared capacity it exceeds.
         detail: one human-readable line with the numbers.
+        prompt_fits: the prompt with one output token would fit: the output limit is
+            at fault, not the prompt.
     """
 
     request_id: int
     reason: AdmissionReason
     detail: str
+    prompt_fits: bool = True
 
 
-class FinishReason(enum.Enum):
-    """Why a request left the scheduler (decided by the worker, or cancel)."""
+class FinishReason(enum.StrEnum):
+    """Why a request ended: the one enum of the output pipeline, worker, scheduler and
+    responses. stop, length and tool_calls are OpenAI finish reasons; cancelled and
+    error are never presented (the reader left; a terminal error event is sent)."""
 
     STOP = "stop"  # EOS, stop token or stop string
     LENGTH = "length"  # output limit
-    CANCELLED = "cancelled"
-    ERROR = "error"  # execution failure
+    TOOL_CALLS = "tool_calls"  # EOS after completed tool calls
+    CANCELLED = "cancelled"  # the reader dropped the response
+    ERROR = "error"  # execution or output failure
 
 
 @dataclass(frozen=True)
@@ -78,11 +89,14 @@ class RowResult:
         token_id: the sampled token appended to its output, or None for a row
             that does not sample (a non-final prefill chunk).
         output_tokens: output length after this row (tokens).
+        logprobs: the sampled token's log probabilities (requests asking for them),
+            else None.
     """
 
     request_id: int
     token_id: int | None
     output_tokens: int
+    logprobs: TokenLogprob | None = None
 
 
 @dataclass(frozen=True)

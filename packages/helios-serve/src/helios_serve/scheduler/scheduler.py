@@ -101,6 +101,62 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def check_capacity(geometry: ModelGeometry, request: SchedRequest) -> AdmissionError | None:
+    """The admission rule: whether a request fits the prepared capacities at all.
+
+    Preparation calls it (so a request that can never fit is refused before any
+    response byte) and `Scheduler.add` calls it again; it is written only here.
+
+    Returns:
+        None, or the first capacity the prompt plus the output limit exceeds
+        (context, page-table width, cache pages); `prompt_fits` tells whether the
+        prompt with a single output token would have fit.
+    """
+    g = geometry
+    prompt = len(request.prompt_tokens)
+    rid = request.request_id
+    if prompt == 0:
+        return AdmissionError(rid, AdmissionReason.EMPTY_PROMPT, "prompt has no tokens", False)
+    if request.max_output_tokens < 1:
+        return AdmissionError(
+            rid,
+            AdmissionReason.INVALID_OUTPUT_LIMIT,
+            f"max_output_tokens {request.max_output_tokens} < 1",
+        )
+    return _exceeded(g, rid, prompt, request.max_output_tokens)
+
+
+def _exceeded(g: ModelGeometry, rid: int, prompt: int, output: int) -> AdmissionError | None:
+    total = prompt + output
+    pages = _ceil_div(total, g.page_tokens)
+    if total <= g.context_tokens and pages <= min(g.max_pages_per_request, g.num_pages):
+        return None
+    prompt_fits = output > 1 and _exceeded(g, rid, prompt, 1) is None
+    if total > g.context_tokens:
+        return AdmissionError(
+            rid,
+            AdmissionReason.CONTEXT_EXCEEDED,
+            f"prompt {prompt} + max output {output} tokens exceeds the context of "
+            f"{g.context_tokens} tokens",
+            prompt_fits,
+        )
+    if pages > g.max_pages_per_request:
+        return AdmissionError(
+            rid,
+            AdmissionReason.PAGE_TABLE_EXCEEDED,
+            f"{total} tokens need {pages} pages; the page table holds {g.max_pages_per_request}",
+            prompt_fits,
+        )
+    if pages > g.num_pages:
+        return AdmissionError(
+            rid,
+            AdmissionReason.CACHE_EXCEEDED,
+            f"{total} tokens need {pages} pages; the cache has {g.num_pages}",
+            prompt_fits,
+        )
+    raise AssertionError("unreachable: some capacity is exceeded")
+
+
 class Scheduler:
     """Plans steps for one model worker.
 
@@ -165,49 +221,13 @@ class Scheduler:
         """
         if request.request_id in self._requests:
             raise ValueError(f"request {request.request_id} is already live")
-        error = self._check_capacity(request)
+        error = check_capacity(self.geometry, request)
         if error is not None:
             self._rejected[error.reason] += 1
             return error
         seq = Sequence(request, order=-1)
         self._requests[request.request_id] = seq
         self._waiting.append(seq)
-        return None
-
-    def _check_capacity(self, request: SchedRequest) -> AdmissionError | None:
-        g = self.geometry
-        prompt = len(request.prompt_tokens)
-        total = prompt + request.max_output_tokens
-        pages = _ceil_div(total, g.page_tokens)
-        rid = request.request_id
-        if prompt == 0:
-            return AdmissionError(rid, AdmissionReason.EMPTY_PROMPT, "prompt has no tokens")
-        if request.max_output_tokens < 1:
-            return AdmissionError(
-                rid,
-                AdmissionReason.INVALID_OUTPUT_LIMIT,
-                f"max_output_tokens {request.max_output_tokens} < 1",
-            )
-        if total > g.context_tokens:
-            return AdmissionError(
-                rid,
-                AdmissionReason.CONTEXT_EXCEEDED,
-                f"prompt {prompt} + max output {request.max_output_tokens} tokens "
-                f"exceeds the context of {g.context_tokens} tokens",
-            )
-        if pages > g.max_pages_per_request:
-            return AdmissionError(
-                rid,
-                AdmissionReason.PAGE_TABLE_EXCEEDED,
-                f"{total} tokens need {pages} pages; the page table holds "
-                f"{g.max_pages_per_request}",
-            )
-        if pages > g.num_pages:
-            return AdmissionError(
-                rid,
-                AdmissionReason.CACHE_EXCEEDED,
-                f"{total} tokens need {pages} pages; the cache has {g.num_pages}",
-            )
         return None
 
     # -- planning ---------------------------------------------------------------
@@ -287,6 +307,8 @@ class Scheduler:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
             seq = self._waiting[0]
+            if self._awaits_fork_parent(seq):
+                break  # strict FIFO: the choice waits for its prompt's pages
             if not self._admit(seq, budget):
                 break  # strict FIFO: later requests don't overtake the head
             self._waiting.popleft()
@@ -295,6 +317,17 @@ class Scheduler:
             rows.append(self._prefill_row(seq, n))
             budget -= n
         return StepPlan(StepKind.PREFILL, tuple(rows)) if rows else None
+
+    def _awaits_fork_parent(self, seq: Sequence) -> bool:
+        """A choice of n > 1 waits while the choice it forks from still computes the
+        prompt (then the prompt's complete pages are published and shared)."""
+        parent_id = seq.request.fork_of
+        parent = self._requests.get(parent_id) if parent_id is not None else None
+        return (
+            parent is not None
+            and not parent.retiring
+            and parent.num_computed < parent.num_prompt_tokens
+        )
 
     def _grow(self, seq: Sequence, budget: int) -> int:
         """Take pages for the next prefill chunk of a running request.

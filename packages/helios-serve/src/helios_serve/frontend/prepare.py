@@ -1,0 +1,457 @@
+"""Request preparation: plain request data in, one frozen `PreparedRequest` out.
+
+    ChatInput -> chat template (or an assistant continuation) -> tokenize
+    CompletionInput -> tokenize (or the given ids)
+      -> stops -> grammar -> sampling (request values over the core's defaults)
+      -> output limit -> the scheduler's capacity rule -> PreparedRequest
+
+Runs in a preparation thread (HTTP admission's preparation slots). It imports nothing
+of the HTTP layer: the handler builds the plain-data input from its validated request,
+and a bad field raises `FrontendRequestError` naming it (400); a request that can never
+fit the prepared capacities raises `CapacityExceeded` (503 before any response byte,
+DESIGN.md section 10), decided by the same `check_capacity` the scheduler runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from helios_contract.schema import contract_pb2
+from helios_tools.frontend_assets import ChatTemplateError, render_chat
+
+from helios_serve.engine.plan import ModelGeometry, SamplingParams
+from helios_serve.scheduler import AdmissionError, SchedRequest, check_capacity
+
+from .errors import FrontendRequestError
+from .grammar import GrammarCompiler, GrammarState
+from .pipeline import Frontend, OutputPipeline
+from .stops import StopSpec, parse_stops
+from .syntax import ImagePreparation
+
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # OpenAI's limits: at most 300 ids, each bias in [-100, 100]
+_TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})
+
+
+class CapacityExceeded(Exception):
+    """The request can never fit the prepared capacities (scheduler admission, 503).
+
+    Attributes:
+        error: the scheduler's admission verdict (reason and numbers).
+        param: the request field at fault: the prompt field when the prompt alone does
+            not fit, else the field that set the output limit (None: the core default).
+    """
+
+    def __init__(self, error: AdmissionError, param: str | None) -> None:
+        super().__init__(error.detail)
+        self.error = error
+        self.param = param
+
+
+@dataclass(frozen=True)
+class GenerationInput:
+    """Generation fields shared by chat and completions, as the request gave them
+    (None: not given; the core's serving defaults apply).
+
+    Attributes:
+        max_tokens: the output limit in tokens, or None for the core's default.
+        limit_field: the request field that gave max_tokens (named by a rejection).
+        n: choices to generate for the prompt.
+        logprobs: None for no log probabilities; else the number of most likely
+            alternatives (0..20) to report beside each sampled token.
+        logit_bias: (token id, bias) pairs added to the logits before sampling.
+        ignore_eos: keep generating past EOS until the output limit (vLLM's field).
+        min_tokens: EOS and stop tokens cannot be sampled before this many tokens.
+    """
+
+    max_tokens: int | None = None
+    limit_field: str = "max_tokens"
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    n: int = 1
+    stop: str | tuple[str, ...] | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+    stop_token_sequences: tuple[tuple[int, ...], ...] | None = None
+    logprobs: int | None = None
+    logit_bias: tuple[tuple[str, float], ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    observe_ids: bool = False
+    observe_timestamps: bool = False
+
+
+@dataclass(frozen=True)
+class ChatInput:
+    """A chat request as plain data.
+
+    Attributes:
+        messages: OpenAI messages as dicts; `content` is a string, None, or a list of
+            parts ({"type": "text", "text": ...} or an image part).
+        tools: the OpenAI `tools` array as dicts, or None.
+        chat_template_kwargs: extra chat template variables (e.g. enable_thinking).
+        add_generation_prompt: open a new assistant turn after the messages.
+        continue_final_message: the last message is an assistant message the output
+            continues (inside its reasoning, content or tool body).
+    """
+
+    messages: tuple[Mapping[str, Any], ...]
+    generation: GenerationInput = field(default_factory=GenerationInput)
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    tool_choice: str | Mapping[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    response_format: Mapping[str, Any] | None = None
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+@dataclass(frozen=True)
+class CompletionInput:
+    """A legacy completion prompt: text, or token ids (input vocabulary)."""
+
+    prompt: str | tuple[int, ...]
+    generation: GenerationInput = field(default_factory=GenerationInput)
+
+
+@dataclass(frozen=True)
+class ChoiceOutput:
+    """What one choice's generation needs on the worker thread (mutable parts)."""
+
+    pipeline: OutputPipeline
+    grammar: GrammarState | None
+
+
+@dataclass(frozen=True)
+class OutputRecipe:
+    """How to build a fresh output pipeline and grammar state for each choice."""
+
+    frontend: Frontend
+    pipeline_args: Mapping[str, Any]
+    grammar: GrammarState | None  # a never-advanced prototype; each choice gets a copy
+
+    def new_choice(self) -> ChoiceOutput:
+        grammar = self.grammar.fork() if self.grammar is not None else None
+        return ChoiceOutput(self.frontend.output_pipeline(**self.pipeline_args), grammar)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A prepared request: everything the model worker needs, nothing of HTTP.
+
+    Attributes:
+        prompt_text: the rendered prompt (or the completion prompt's text).
+        prompt_token_ids: the tokenized prompt.
+        sampling: choice 0's sampling parameters after the core's defaults apply.
+        max_output_tokens: the output limit (tokens) of each choice.
+        limit_field: the request field that set the limit, or None (core default).
+        prompt_field: the request field of the prompt ("messages" or "prompt").
+        stops: validated string and token stops.
+        n: choices; choice i samples with seed `sampling.seed + i` (mod 2**64).
+        logprobs: None, or the alternatives reported beside each sampled token.
+        logit_bias: (token id, bias) pairs, ascending ids.
+        ignore_eos: EOS does not end generation.
+        min_tokens: EOS and stop tokens are masked before this many output tokens.
+        observe_ids / observe_timestamps: token and timing observation.
+        output: builds each choice's output pipeline and grammar.
+    """
+
+    prompt_text: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    max_output_tokens: int
+    limit_field: str | None
+    prompt_field: str
+    stops: StopSpec
+    output: OutputRecipe
+    n: int = 1
+    logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    observe_ids: bool = False
+    observe_timestamps: bool = False
+
+    def choice_sampling(self, index: int) -> SamplingParams:
+        """Choice `index`'s parameters: its own RNG stream, seed + index (mod 2**64),
+        as vLLM derives the seeds of parallel samples."""
+        if index == 0:
+            return self.sampling
+        return dataclasses.replace(self.sampling, seed=(self.sampling.seed + index) % 2**64)
+
+    @property
+    def constrained(self) -> bool:
+        return self.output.grammar is not None
+
+    @property
+    def needs_feedback(self) -> bool:
+        """Each sampled token must reach the worker before another round is submitted
+        (grammar, string or token stops); min_tokens masks depend only on the position."""
+        return self.constrained or self.stops.has_host_stops
+
+
+class Preparer:
+    """Prepares requests for one served model (construct once at startup).
+
+    Args:
+        frontend: the startup-validated output frontend.
+        chat_template: the Jinja2 chat template text.
+        template_variables: special-token strings the template names (bos_token, ...).
+        defaults: the core's serving defaults (sampling, output limit).
+        geometry: the serving geometry the scheduler plans against.
+    """
+
+    def __init__(
+        self,
+        frontend: Frontend,
+        chat_template: str,
+        template_variables: Mapping[str, str],
+        defaults: contract_pb2.ServingDefaults,
+        geometry: ModelGeometry,
+    ) -> None:
+        self.frontend = frontend
+        self.tokenizer = frontend.tokenizer
+        self.chat_template = chat_template
+        self.template_variables = dict(template_variables)
+        self.defaults = defaults
+        self.geometry = geometry
+        # llguidance token table, built once; masks cover the sampled vocabulary.
+        self.grammars = GrammarCompiler(frontend, vocab_size=geometry.vocab_size)
+
+    # -- entry points ---------------------------------------------------------------
+
+    def chat(self, request: ChatInput) -> PreparedRequest:
+        """Prepare a chat request.
+
+        Raises:
+            FrontendRequestError: a field is invalid (named in `field`).
+            CapacityExceeded: the prompt plus the output limit can never fit.
+        """
+        messages = [self._message(i, m) for i, m in enumerate(request.messages)]
+        tools = [dict(t) for t in request.tools] if request.tools else None
+        prompt_text = self._render(request, messages, tools)
+        prompt_ids = tuple(self.tokenizer.encode(prompt_text, add_special_tokens=False).ids)
+        g = request.generation
+        fmt = (request.response_format or {}).get("type")
+        structured = fmt in ("json_object", "json_schema") or (
+            bool(tools) and (request.tool_choice == "required" or isinstance(request.tool_choice, Mapping))
+        )
+        stops = self._stops(g, structured)
+        tool_choice = dict(request.tool_choice) if isinstance(request.tool_choice, Mapping) \
+            else request.tool_choice
+        pipeline_args = dict(
+            prompt_text=prompt_text, prompt_ids=prompt_ids, tools=tools, tool_choice=tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls, stops=stops,
+            structured_answer=fmt in ("json_object", "json_schema"), ignore_eos=g.ignore_eos,
+        )  # fmt: skip
+        self.frontend.output_pipeline(**pipeline_args)  # validates tools and tool_choice
+        grammar = self.grammars.for_request(
+            response_format=dict(request.response_format) if request.response_format else None,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls,
+            prompt_text=prompt_text,
+        )
+        return self._finish(prompt_text, prompt_ids, "messages", g, stops,
+                            OutputRecipe(self.frontend, pipeline_args, grammar))  # fmt: skip
+
+    def completion(self, request: CompletionInput) -> PreparedRequest:
+        """Prepare a legacy completion (no chat template).
+
+        Raises:
+            FrontendRequestError: a field is invalid (named in `field`).
+            CapacityExceeded: the prompt plus the output limit can never fit.
+        """
+        g = request.generation
+        if isinstance(request.prompt, str):
+            prompt_text = request.prompt
+            prompt_ids = tuple(self.tokenizer.encode(prompt_text, add_special_tokens=False).ids)
+        else:
+            limit = self.tokenizer.get_vocab_size(with_added_tokens=True)
+            for i, tid in enumerate(request.prompt):
+                if not 0 <= tid < limit:
+                    raise FrontendRequestError(
+                        f"prompt[{i}]", f"token id {tid} is outside the vocabulary of {limit}")
+            prompt_ids = tuple(request.prompt)
+            prompt_text = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        if not prompt_ids:
+            raise FrontendRequestError("prompt", "the prompt has no tokens")
+        stops = self._stops(g, structured=False)
+        pipeline_args = dict(prompt_text="", prompt_ids=prompt_ids, stops=stops,
+                             ignore_eos=g.ignore_eos, plain_text=True)  # fmt: skip
+        return self._finish(prompt_text, prompt_ids, "prompt", g, stops,
+                            OutputRecipe(self.frontend, pipeline_args, None))  # fmt: skip
+
+    def encode_chat(self, request: ChatInput) -> tuple[str, tuple[int, ...]]:
+        """The rendered prompt and its ids (POST /tokenize with messages)."""
+        messages = [self._message(i, m) for i, m in enumerate(request.messages)]
+        tools = [dict(t) for t in request.tools] if request.tools else None
+        text = self._render(request, messages, tools)
+        return text, tuple(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    # -- parts ----------------------------------------------------------------------
+
+    def _message(self, i: int, message: Mapping[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in message.items() if v is not None}
+        content = message.get("content")
+        if isinstance(content, list | tuple):
+            texts = []
+            for j, part in enumerate(content):
+                if part.get("type") == "text":
+                    texts.append(part["text"])
+                elif self.frontend.syntax.image_preparation is not ImagePreparation.PATCH_GRID:
+                    raise FrontendRequestError(f"messages[{i}].content[{j}]",
+                                               "this model accepts no images")
+                else:
+                    raise FrontendRequestError(f"messages[{i}].content[{j}]",
+                                               "image input is not served by this runtime")
+            out["content"] = "".join(texts)
+        return out
+
+    def _render(self, request: ChatInput, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None) -> str:  # fmt: skip
+        kwargs = dict(request.chat_template_kwargs)
+        for key in kwargs:
+            if key in _TEMPLATE_RESERVED:
+                raise FrontendRequestError(
+                    f"chat_template_kwargs.{key}", "is set by the request itself")
+        continuation = request.continue_final_message
+        if continuation:
+            if request.add_generation_prompt:
+                raise FrontendRequestError("continue_final_message",
+                                           "cannot be combined with add_generation_prompt=true")
+            if messages[-1].get("role") != "assistant":
+                raise FrontendRequestError("continue_final_message",
+                                           "the last message must be an assistant message")
+        try:
+            text = render_chat(
+                self.chat_template, messages, add_generation_prompt=request.add_generation_prompt,
+                tools=tools, **{**self.template_variables, **kwargs},
+            )  # fmt: skip
+        except ChatTemplateError as exc:
+            raise FrontendRequestError("messages", str(exc)) from None
+        if continuation:
+            text = _continue_final(text, messages[-1].get("content") or "")
+        return text
+
+    def _stops(self, g: GenerationInput, structured: bool) -> StopSpec:
+        stop: Any = list(g.stop) if isinstance(g.stop, tuple) else g.stop
+        return parse_stops(
+            stop,
+            list(g.stop_token_ids) if g.stop_token_ids is not None else None,
+            [list(s) for s in g.stop_token_sequences] if g.stop_token_sequences is not None
+            else None,
+            vocab_size=self.geometry.vocab_size,
+            structured_output=structured,
+        )
+
+    def _finish(self, prompt_text: str, prompt_ids: tuple[int, ...], prompt_field: str,
+                g: GenerationInput, stops: StopSpec, output: OutputRecipe) -> PreparedRequest:  # fmt: skip
+        slots = self.geometry.slots
+        if g.n > slots:
+            raise FrontendRequestError(
+                "n", f"n {g.n} exceeds the {slots} requests this server runs at once")
+        if g.logprobs is not None:
+            _unsupported("logprobs", "log probabilities are not computed by this runtime yet")
+        bias = self._logit_bias(g.logit_bias)
+        if bias:
+            _unsupported("logit_bias", "logit_bias is not applied by this runtime yet")
+        if g.min_tokens and g.max_tokens is not None and g.min_tokens > g.max_tokens:
+            raise FrontendRequestError(
+                "min_tokens", f"min_tokens {g.min_tokens} exceeds {g.limit_field} {g.max_tokens}")
+        max_output = self._output_limit(g, len(prompt_ids))
+        error = check_capacity(self.geometry, SchedRequest(0, prompt_ids, max_output))
+        if error is not None:
+            param = g.limit_field if g.max_tokens is not None else None
+            raise CapacityExceeded(error, param if error.prompt_fits else prompt_field)
+        return PreparedRequest(
+            prompt_text=prompt_text,
+            prompt_token_ids=prompt_ids,
+            sampling=self._sampling(g),
+            max_output_tokens=max_output,
+            limit_field=g.limit_field if g.max_tokens is not None else None,
+            prompt_field=prompt_field,
+            stops=stops,
+            output=output,
+            n=g.n,
+            logprobs=g.logprobs,
+            logit_bias=bias,
+            ignore_eos=g.ignore_eos,
+            min_tokens=g.min_tokens,
+            observe_ids=g.observe_ids,
+            observe_timestamps=g.observe_timestamps,
+        )
+
+    def _logit_bias(self, pairs: Sequence[tuple[str, float]]) -> tuple[tuple[int, float], ...]:
+        if len(pairs) > MAX_LOGIT_BIAS:
+            raise FrontendRequestError(
+                "logit_bias", f"at most {MAX_LOGIT_BIAS} token ids (got {len(pairs)})")
+        vocab = self.geometry.vocab_size
+        out: dict[int, float] = {}
+        for key, bias in pairs:
+            try:
+                tid = int(key)
+            except ValueError:
+                raise FrontendRequestError(
+                    "logit_bias", f"key {key!r} is not a token id") from None
+            if not 0 <= tid < vocab:
+                raise FrontendRequestError(
+                    "logit_bias", f"token id {tid} is outside the vocabulary of {vocab}")
+            if not -100.0 <= bias <= 100.0:
+                raise FrontendRequestError(
+                    "logit_bias", f"bias {bias} of token {tid} is outside [-100, 100]")
+            out[tid] = float(bias)
+        return tuple(sorted(out.items()))
+
+    def _sampling(self, g: GenerationInput) -> SamplingParams:
+        """Explicit request values win over the core's sampling defaults."""
+        d = self.defaults.sampling
+
+        def given(value, default):
+            return default if value is None else value
+
+        seed = g.seed if g.seed is not None else secrets.randbits(64)
+        return SamplingParams(
+            temperature=float(given(g.temperature, d.temperature)),
+            top_p=float(given(g.top_p, d.top_p if d.top_p > 0 else 1.0)),
+            top_k=max(0, int(given(g.top_k, d.top_k))),  # -1 (OpenAI "disabled") is 0 here
+            min_p=float(given(g.min_p, d.min_p)),
+            presence_penalty=float(given(g.presence_penalty, d.presence_penalty)),
+            frequency_penalty=float(given(g.frequency_penalty, d.frequency_penalty)),
+            repetition_penalty=float(given(
+                g.repetition_penalty, d.repetition_penalty if d.repetition_penalty > 0 else 1.0)),
+            seed=seed % 2**64,
+        )  # fmt: skip
+
+    def _output_limit(self, g: GenerationInput, prompt_tokens: int) -> int:
+        """An explicit limit is kept (the capacity rule rejects one beyond the context);
+        the default is the core's default output limit, cut to the context left."""
+        if g.max_tokens is not None:
+            return g.max_tokens
+        room = self.geometry.context_tokens - prompt_tokens
+        default = self.defaults.sampling.max_output_tokens or room
+        return max(1, min(default, room))
+
+
+def _unsupported(name: str, message: str) -> None:
+    raise FrontendRequestError(name, message)
+
+
+def _continue_final(rendered: str, final_content: str) -> str:
+    """Cut the rendered conversation right after the final message's content, so the
+    output continues it (transformers' `continue_final_message`)."""
+    for needle in (final_content, final_content.strip()):
+        if needle and needle in rendered:
+            return rendered[: rendered.rindex(needle) + len(needle)]
+    raise FrontendRequestError(
+        "continue_final_message", "the chat template does not render the final message's "
+        "content verbatim, so it cannot be continued")

@@ -1,0 +1,66 @@
+"""Token pieces: the text and UTF-8 bytes one token id stands for (logprobs, tokenize).
+
+A byte-level BPE token (GPT-2's alphabet, the ByteLevel decoder) maps back to its exact
+bytes through the inverse of GPT-2's bytes-to-unicode table, so a token ending inside a
+multi-byte character reports its real bytes (OpenAI's `bytes` field) and a text with
+U+FFFD for the incomplete character. Added (special) tokens are their content. Other
+decoders fall back to decoding the one id.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode (printable bytes map to themselves, the rest
+    to U+0100 onwards in byte order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+class TokenPieces:
+    """Per-id text and bytes of a `tokenizers.Tokenizer`; cached per id.
+
+    Args:
+        tokenizer: the frontend tokenizer.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self._tok = tokenizer
+        spec = json.loads(tokenizer.to_str())
+        decoder = spec.get("decoder") or {}
+        kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", [])]
+        self._byte_level = "ByteLevel" in kinds
+        self._added = {t["id"]: t["content"] for t in spec.get("added_tokens", [])}
+        self._cache: dict[int, bytes] = {}
+
+    def bytes_of(self, token_id: int) -> bytes:
+        """The UTF-8 bytes token `token_id` contributes to the text."""
+        cached = self._cache.get(token_id)
+        if cached is not None:
+            return cached
+        if token_id in self._added:
+            out = self._added[token_id].encode()
+        elif self._byte_level:
+            piece = self._tok.id_to_token(token_id) or ""
+            table = _unicode_to_byte()
+            out = bytes(table[c] for c in piece if c in table)
+        else:
+            out = self._tok.decode([token_id], skip_special_tokens=False).encode()
+        self._cache[token_id] = out
+        return out
+
+    def text_of(self, token_id: int) -> str:
+        """The token's text (U+FFFD where it holds part of a character)."""
+        return self.bytes_of(token_id).decode("utf-8", errors="replace")

@@ -1,0 +1,80 @@
+"""One access log line per request (logger `helios_serve.access`, INFO).
+
+    POST /v1/chat/completions 200 prompt_tokens=23 completion_tokens=9 duration_ms=412.3 finish=stop
+
+Method, route, status, token usage, duration and finish reason(s); never prompt or
+output text. A streamed response is logged when its stream ends (its usage is known
+then); a request that never reached a handler (404, 405) or failed before generation
+logs `-` for the token fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from litestar import Request
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("helios_serve.access")
+
+_SCOPE_KEY = "helios.access"
+
+
+@dataclass
+class AccessRecord:
+    """What the handler learned about a request, for its log line."""
+
+    status: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish: str | None = None
+    start_s: float = field(default_factory=time.perf_counter)
+
+    def set_usage(self, usage: dict[str, Any], reasons: list[str]) -> None:
+        self.prompt_tokens = usage["prompt_tokens"]
+        self.completion_tokens = usage["completion_tokens"]
+        self.finish = ",".join(reasons) if reasons else self.finish
+
+    def line(self, method: str, path: str) -> str:
+        def value(v: object) -> str:
+            return "-" if v is None else str(v)
+
+        duration_ms = (time.perf_counter() - self.start_s) * 1e3
+        return (f"{method} {path} {self.status} prompt_tokens={value(self.prompt_tokens)} "
+                f"completion_tokens={value(self.completion_tokens)} "
+                f"duration_ms={duration_ms:.1f} finish={value(self.finish)}")  # fmt: skip
+
+
+def record_of(request: Request) -> AccessRecord:
+    """The request's access record (made by the middleware)."""
+    record = request.scope.get(_SCOPE_KEY)  # type: ignore[call-overload]
+    if record is None:  # an app built without the middleware (tests of handlers)
+        record = AccessRecord()
+        request.scope[_SCOPE_KEY] = record  # type: ignore[literal-required]
+    return record
+
+
+def middleware(app: ASGIApp) -> ASGIApp:
+    """ASGI middleware writing the access line after the response is sent."""
+
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        record = AccessRecord()
+        scope[_SCOPE_KEY] = record  # type: ignore[literal-required]
+
+        async def capture(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, capture)
+        finally:
+            log.info(record.line(scope["method"], scope["path"]))
+
+    return wrapped

@@ -1,0 +1,31 @@
+"""API key authentication (`--api-key` / HELIOS_API_KEY), as vLLM's `--api-key`.
+
+With a key set, the OpenAI routes (/v1/*) and the tokenize routes need
+`Authorization: Bearer KEY`; /health, /metrics, /version and the OpenAPI document stay
+open. The comparison is constant-time (`hmac.compare_digest`), so response timing does
+not reveal how much of a guess matched.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+
+from helios_serve.http.errors import Unauthorized
+
+
+def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """Litestar guard of the protected routes.
+
+    Raises:
+        Unauthorized: the key is missing or wrong (401, code `invalid_api_key`).
+    """
+    key: str | None = connection.app.state.api_key
+    if not key:
+        return
+    header = connection.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+        raise Unauthorized("invalid or missing API key: send Authorization: Bearer KEY")

@@ -1,0 +1,156 @@
+"""Delivery: a submitted `Generation`'s events become one JSON body or an SSE stream.
+
+Before headers, a scheduler rejection is 503 and an execution failure 500 (the error
+table); after SSE headers either is one terminal error event without [DONE]
+(model-contract.md, admission paragraphs). A dropped connection cancels every request
+of the generation; the admission permit is released when the reader releases the
+response (`Generation.release`), however the response ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from helios_serve.events import EventSink, Failed, Finished, Output, Rejected, TokenObserved
+from helios_serve.http.errors import (
+    AdmissionRejected,
+    ApiError,
+    CapacityExceeded,
+    ExecutionFailed,
+)
+from helios_serve.http.responses import ChoiceRecord, Shapes, error_event
+from helios_serve.http.service import Generation
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection while a non-streaming request ran."""
+
+
+def rejection(event: Rejected) -> AdmissionRejected:
+    """The API error of a worker-side admission rejection."""
+    if event.reason is not None:
+        return CapacityExceeded(event.message)
+    return AdmissionRejected(event.message)
+
+
+def _apply(records: list[ChoiceRecord], event: Any) -> None:
+    """Record a per-choice event (observation, output, finish)."""
+    if isinstance(event, TokenObserved):
+        record = records[event.choice]
+        record.token_ids.append(event.token_id)
+        if event.timestamp_ns is not None:
+            record.token_timestamps_ns.append(event.timestamp_ns)
+    elif isinstance(event, Output):
+        record = records[event.choice]
+        record.deltas.extend(event.deltas)
+        record.logprobs.extend(event.logprobs)
+        record.completion_tokens = event.completion_tokens
+    elif isinstance(event, Finished):
+        records[event.choice].finished = event
+
+
+async def collect(generation: Generation, shapes: Shapes,
+                  disconnected: asyncio.Future | None) -> dict[str, Any]:  # fmt: skip
+    """Wait for every choice and return the JSON body.
+
+    The caller releases the permit after sending the body (`generation.release`); on
+    an error or a dropped client it is released here.
+
+    Raises:
+        ApiError: a rejection (503) or execution failure (500).
+        ClientDisconnected: the client left (the requests are cancelled).
+    """
+    records = [ChoiceRecord() for _ in range(generation.choices)]
+    unfinished = generation.choices
+    try:
+        while True:
+            event = await _next_event(generation.sink, disconnected)
+            _apply(records, event)
+            if isinstance(event, Finished):
+                unfinished -= 1
+                if unfinished == 0:
+                    return shapes.completion(records)
+            elif isinstance(event, Rejected):
+                generation.cancel()
+                raise rejection(event)
+            elif isinstance(event, Failed):
+                generation.cancel()
+                raise ExecutionFailed(event.message)
+    except ApiError:
+        generation.release()
+        raise
+    except BaseException:  # disconnected, or a cancelled handler: the reader is gone
+        generation.cancel()
+        generation.release()
+        raise
+
+
+async def _next_event(sink: EventSink, disconnected: asyncio.Future | None):
+    if disconnected is None:
+        return await sink.get()
+    getter = asyncio.ensure_future(sink.get())
+    done, _ = await asyncio.wait({getter, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+    if getter in done:
+        return getter.result()
+    getter.cancel()
+    raise ClientDisconnected()
+
+
+class SseStream:
+    """One SSE response: `events()` yields the bytes; `close()` (idempotent) cancels an
+    unfinished generation (the reader dropped it) and releases the admission permit.
+
+    The HTTP layer calls `close` after the response ends however it ends (completed,
+    disconnected, or never started); the generator calls it too when it finishes.
+    """
+
+    def __init__(self, generation: Generation, shapes: Shapes) -> None:
+        self.generation = generation
+        self.records = [ChoiceRecord() for _ in range(generation.choices)]
+        self._shapes = shapes
+        self._terminal = False
+        self._closed = False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._terminal:
+            self.generation.cancel()
+        self.generation.release()
+
+    async def events(self) -> AsyncIterator[bytes]:
+        shapes, records = self._shapes, self.records
+        unfinished = self.generation.choices
+        try:
+            first = shapes.first()
+            if first:
+                yield first
+            while True:
+                event = await self.generation.sink.get()
+                _apply(records, event)
+                if isinstance(event, TokenObserved):
+                    chunk = shapes.observation(event.choice, event.token_id, event.timestamp_ns)
+                    if chunk:
+                        yield chunk
+                elif isinstance(event, Output):
+                    yield shapes.output(event, records)
+                elif isinstance(event, Finished):
+                    unfinished -= 1
+                    chunk = shapes.finish(event, records)
+                    if unfinished == 0:
+                        self._terminal = True
+                        yield chunk + shapes.end(records)
+                        return
+                    yield chunk
+                elif isinstance(event, Rejected | Failed):
+                    error: ApiError = (
+                        rejection(event) if isinstance(event, Rejected)
+                        else ExecutionFailed(event.message)
+                    )  # fmt: skip
+                    yield error_event(error.body())
+                    return  # close() cancels the other requests of the generation
+        finally:
+            self.close()

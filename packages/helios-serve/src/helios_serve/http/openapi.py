@@ -1,0 +1,38 @@
+"""The OpenAPI document (/openapi.json) and its Swagger UI page (/docs).
+
+Litestar generates the paths and operations from the route handlers; the handlers read
+their bodies themselves (for exact error messages), so their request bodies are added
+from the same strict pydantic models the handlers parse with (`schema.REQUEST_MODELS`):
+what is documented is what is accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Litestar, Request, get
+from litestar._openapi.plugin import OpenAPIPlugin
+
+from helios_serve.http.schema import REQUEST_MODELS
+
+
+def add_request_bodies(app: Litestar) -> None:
+    """Put each POST route's request-body schema into the app's OpenAPI document."""
+    document = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()  # cached dict
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for path, model in REQUEST_MODELS.items():
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+        document["paths"][path]["post"]["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+            },
+        }
+
+
+@get("/openapi.json", include_in_schema=False)
+async def openapi_json(request: Request) -> dict[str, Any]:
+    """The OpenAPI 3.1 document."""
+    return request.app.plugins.get(OpenAPIPlugin).provide_openapi_schema()

@@ -1,0 +1,210 @@
+"""Admission and submission of one generation request (chat or legacy completions).
+
+    permit (429) -> preparation slot -> frontend preparation (400; 503 when the request
+    can never fit) -> submit to the model worker (503 when its channel is full)
+    -> a `Generation` whose events the delivery layer turns into JSON or SSE
+
+Everything here happens before any response byte, so every rejection is a status and
+a JSON body (DESIGN.md section 10). Status codes come from the error table
+(`errors.ERROR_TABLE`). The HTTP layer only admits and delivers: preparation is the
+frontend's (`frontend.prepare.Preparer`), generation the worker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from helios_serve.bootstrap import Bootstrap
+from helios_serve.clock import ObservationClock
+from helios_serve.config import ServeSettings
+from helios_serve.events import EventSink, GenerationRequest
+from helios_serve.frontend.errors import FrontendRequestError
+from helios_serve.frontend.prepare import CapacityExceeded as PrepCapacityExceeded
+from helios_serve.frontend.prepare import PreparedRequest, Preparer
+from helios_serve.frontend.vocab import TokenPieces
+from helios_serve.http.admission import Admission
+from helios_serve.http.errors import (
+    AdmissionRejected,
+    CapacityExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    ShuttingDown,
+)
+from helios_serve.metrics import REJECT_INVALID, REJECT_SCHEDULER, Metrics
+from helios_serve.worker import ModelWorker
+
+_request_ids = itertools.count(1)
+T = TypeVar("T")
+
+
+@dataclass
+class Generation:
+    """One admitted, submitted HTTP request: one GenerationRequest per prompt (legacy
+    completions may carry several), all publishing to one sink.
+
+    Attributes:
+        id: the response id (`chatcmpl-...` or `cmpl-...`).
+        requests: the submitted requests, in prompt order.
+        sink: their shared event sink.
+        release: releases the HTTP admission permit (idempotent); call it once the
+            reader released the response.
+        ingress_ns / enqueue_ns: observation-clock times (handler entry after JSON
+            decoding; right before submission).
+    """
+
+    id: str
+    created: int
+    model: str
+    requests: tuple[GenerationRequest, ...]
+    sink: EventSink
+    release: Callable[[], None]
+    cancel: Callable[[], None]
+    ingress_ns: int
+    enqueue_ns: int
+
+    @property
+    def prepared(self) -> tuple[PreparedRequest, ...]:
+        return tuple(r.prepared for r in self.requests)
+
+    @property
+    def choices(self) -> int:
+        return sum(p.n for p in self.prepared)
+
+
+class ApiService:
+    """Admission, preparation and submission for one served model; HTTP event loop only.
+
+    Args:
+        bootstrap: the loaded core (frontend, template, defaults).
+        worker: the model worker.
+        settings: resolved settings.
+        metrics: the server's metrics.
+        clock: the observation clock.
+    """
+
+    def __init__(
+        self,
+        bootstrap: Bootstrap,
+        worker: ModelWorker,
+        settings: ServeSettings,
+        metrics: Metrics,
+        clock: ObservationClock,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.worker = worker
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.admission: Admission | None = None  # made on the event loop (lifespan)
+        self.created = int(time.time())
+        self.draining = False
+        self.preparer = Preparer(bootstrap.frontend, bootstrap.chat_template,
+                                 bootstrap.template_variables, bootstrap.defaults,
+                                 worker.geometry)  # fmt: skip
+        self.pieces = TokenPieces(bootstrap.tokenizer)  # logprob token texts and bytes
+        names = (settings.served_name, *settings.aliases)
+        self.model_names = frozenset(n for n in names if n)
+
+    def start(self) -> None:
+        """On the event loop, before serving."""
+        self.admission = Admission(
+            self.settings.http_capacity, self.settings.frontend_workers, self.metrics
+        )
+
+    def close(self) -> None:
+        if self.admission is not None:
+            self.admission.close()
+
+    def check_model(self, model: str | None) -> None:
+        """Raises ModelNotFound (404) for a model this server does not serve."""
+        if model is not None and model not in self.model_names:
+            self.metrics.requests_rejected.labels(REJECT_INVALID).inc()
+            raise ModelNotFound(
+                f"model {model!r} is not served here; available: "
+                f"{', '.join(sorted(self.model_names))}",
+                param="model",
+            )
+
+    def received(self) -> int:
+        """Count a request and stamp its ingress time (after JSON decoding).
+
+        Raises:
+            ShuttingDown: the server is draining.
+        """
+        self.metrics.requests_received.inc()
+        if self.draining:
+            raise ShuttingDown("the server is shutting down")
+        return self.clock.now_ns()
+
+    def invalid(self, exc: InvalidRequest) -> InvalidRequest:
+        self.metrics.requests_rejected.labels(REJECT_INVALID).inc()
+        return exc
+
+    async def prepare_only(self, fn: Callable[..., T], *args: object) -> T:
+        """Run a preparation-only request (tokenize) under a permit and a slot."""
+        assert self.admission is not None
+        with self.admission.acquire():
+            return await self._prepared(fn, *args)
+
+    async def generate(
+        self, fn: Callable[[T], PreparedRequest], inputs: Sequence[T], *, id_prefix: str,
+        ingress_ns: int,
+    ) -> Generation:  # fmt: skip
+        """Admit, prepare each input with `fn` and submit the requests.
+
+        Raises:
+            IngressFull (429), InvalidRequest (400), CapacityExceeded (503, no retry),
+            AdmissionRejected (503: the worker's channel is full or it is not running).
+        """
+        assert self.admission is not None
+        with self.admission.acquire() as permit:
+            prepared = [await self._prepared(fn, x) for x in inputs]
+            sink = EventSink(asyncio.get_running_loop(), choices=sum(p.n for p in prepared))
+            enqueue_ns = self.clock.now_ns()  # immediately before submission
+            requests, first = [], 0
+            for p in prepared:
+                requests.append(GenerationRequest.build(next(_request_ids), p, sink,
+                                                        enqueue_ns, first))  # fmt: skip
+                first += p.n
+            for i, request in enumerate(requests):
+                if not self.worker.submit(request):
+                    for sent in requests[:i]:
+                        self.worker.cancel(sent.request_id)
+                    self.metrics.requests_rejected.labels(REJECT_SCHEDULER).inc()
+                    if self.worker.crashed is not None or not self.worker.alive:
+                        raise AdmissionRejected("the model worker is not running")
+                    raise AdmissionRejected("the model queue is full; retry later")
+            release = permit.hand_off()
+
+        def cancel() -> None:
+            for request in requests:
+                self.worker.cancel(request.request_id)
+
+        return Generation(
+            id=f"{id_prefix}-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.settings.served_name,
+            requests=tuple(requests),
+            sink=sink,
+            release=release,
+            cancel=cancel,
+            ingress_ns=ingress_ns,
+            enqueue_ns=enqueue_ns,
+        )
+
+    async def _prepared(self, fn: Callable[..., T], *args: object) -> T:
+        assert self.admission is not None
+        try:
+            return await self.admission.prepare(fn, *args)
+        except FrontendRequestError as exc:
+            self.metrics.requests_rejected.labels(REJECT_INVALID).inc()
+            raise InvalidRequest(exc.message, param=exc.field) from None
+        except PrepCapacityExceeded as exc:
+            self.metrics.requests_rejected.labels(REJECT_SCHEDULER).inc()
+            raise CapacityExceeded(exc.error.detail, param=exc.param) from None
