@@ -295,8 +295,8 @@ def chat_input(r: ChatCompletionRequest) -> ChatInput:
         parallel_tool_calls=r.parallel_tool_calls is not False,
         response_format=r.response_format,
         chat_template_kwargs=r.chat_template_kwargs or {},
-        add_generation_prompt=r.add_generation_prompt is not False
-        and not r.continue_final_message,
+        add_generation_prompt=r.add_generation_prompt if r.add_generation_prompt is not None
+        else not r.continue_final_message,
         continue_final_message=bool(r.continue_final_message),
     )
 

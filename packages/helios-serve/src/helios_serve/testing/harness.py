@@ -37,6 +37,7 @@ class ScriptedServer:
         geometry: dict[str, Any] | None = None,
         frames: int = 2,
         device_pending: bool = True,
+        api_key: str | None = None,
     ) -> None:
         self.tok = tok or TinyTokenizer()
         self.book = ScriptBook(self.tok.decode, default=self.tok.ids(list(default_script)))
@@ -48,7 +49,7 @@ class ScriptedServer:
         )  # fmt: skip
         options = ServeOptions(
             port=0, max_active=max_active, queue_capacity=queue_capacity,
-            frontend_workers=frontend_workers,
+            frontend_workers=frontend_workers, api_key=api_key,
         )  # fmt: skip
         self.server = Server.start(
             bootstrap, self.model, resolve(options, bootstrap.contract), clock
