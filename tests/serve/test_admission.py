@@ -544,3 +544,89 @@ def test_requests_arriving_during_a_step_take_free_slots_not_503(tok):
         for name in ("first", "a", "b", "c"):
             assert results[name].status_code == 200, (name, results[name].text)
         server.wait_idle()
+
+
+def test_dropped_streams_free_their_places_at_once(tok):
+    """Streams dropped after their first event while the worker is busy leave the
+    worker's ingress channel at once: as many new requests within the admitted bound
+    are all served (before: 1 x 200 and 5 x 503 'the model queue is full')."""
+    with ScriptedServer(tok, max_active=1, queue_capacity=5) as server:
+        worker = server.server.worker
+        release = threading.Event()
+        gated = [True]
+
+        def hold_first_step(_plan) -> bool:
+            if gated[0]:
+                gated[0] = False
+                assert release.wait(20)
+            return False
+
+        server.model.fail_when(hold_first_step)
+        blocker = threading.Thread(target=lambda: _post(server, _chat(server, "first")))
+        blocker.start()
+        deadline = time.monotonic() + 20
+        while gated[0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for i in range(5):  # the rest of the HTTP capacity: 5 streams, dropped at once
+            with httpx.stream("POST", server.url + "/v1/chat/completions",
+                              json=_chat(server, f"drop {i}", stream=True), timeout=30) as r:
+                next(r.iter_lines())  # the role chunk
+        while server.server.service.admission.in_use > 1 or worker._ingress:
+            assert time.monotonic() < deadline, (worker._ingress, worker._cancels)
+            time.sleep(0.01)
+        results: list[httpx.Response] = []
+        threads = [threading.Thread(target=lambda i=i: results.append(
+            _post(server, _chat(server, f"new {i}")))) for i in range(5)]
+        for t in threads:
+            t.start()
+        while len(worker._ingress) < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        release.set()
+        for t in [*threads, blocker]:
+            t.join(30)
+        assert sorted(r.status_code for r in results) == [200] * 5, [r.text for r in results]
+        server.wait_idle()
+
+
+def test_shutdown_drops_open_streams_with_one_line_each(tok, caplog):
+    """SIGTERM semantics (Server.stop is what uvicorn's signal handler starts): requests
+    may finish within the five-second drain; a stream still open then is dropped; the
+    client sees the connection close without [DONE]; one log line per dropped stream and
+    no traceback."""
+    caplog.set_level(logging.INFO)
+    server = ScriptedServer(tok, step_delay_s=0.05)
+    server.script("endless", ["Hello"] * 1000)
+    errors: list[BaseException] = []
+    seen: list[str] = []
+
+    def read(i: int) -> None:
+        try:
+            with httpx.stream("POST", server.url + "/v1/chat/completions",
+                              json=_chat(server, f"endless {i}", stream=True,
+                                         max_tokens=200), timeout=30) as r:
+                for line in r.iter_lines():
+                    seen.append(line)
+        except httpx.HTTPError as exc:
+            errors.append(exc)
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + 20
+    while sum('"content":"Hello"' in line for line in seen) < 4:
+        assert time.monotonic() < deadline and not errors, (seen, errors)
+        time.sleep(0.01)
+    start = time.monotonic()
+    server.close()
+    took = time.monotonic() - start
+    for t in readers:
+        t.join(10)
+    assert 5.0 <= took < 9.0, took
+    assert len(errors) == 2 and all(isinstance(e, httpx.RemoteProtocolError) for e in errors)
+    assert "data: [DONE]" not in seen
+    dropped = [r for r in caplog.records if "dropped an open POST" in r.getMessage()]
+    assert len(dropped) == 2
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records
+                                                            if r.exc_info]

@@ -4,7 +4,10 @@
 
 HTTP shutdown allows five seconds for connection drain, then drops remaining
 connections (model-contract.md, admission paragraphs); the worker then stops and the
-backend closes.
+backend closes. On SIGTERM or SIGINT new connections are refused at once, requests in
+flight may finish within the five seconds, and a stream still open then is dropped: its
+client sees the connection close without [DONE] (an incomplete chunked body), its
+request is cancelled, and the log carries one line per dropped connection.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import uvicorn
 from helios_serve.bootstrap import Bootstrap
 from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeSettings
+from helios_serve.http.access import QuietCancelledConnections
 from helios_serve.http.app import build_app
 from helios_serve.http.service import ApiService
 from helios_serve.metrics import Metrics
@@ -28,6 +32,9 @@ from helios_serve.worker import ModelBackend, ModelWorker
 SHUTDOWN_DRAIN_S = 5.0
 
 log = logging.getLogger(__name__)
+_uvicorn_log = logging.getLogger("uvicorn.error")
+if not any(isinstance(f, QuietCancelledConnections) for f in _uvicorn_log.filters):
+    _uvicorn_log.addFilter(QuietCancelledConnections())
 LISTEN_BACKLOG = 2048
 
 

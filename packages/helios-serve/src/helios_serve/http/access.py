@@ -10,6 +10,7 @@ logs `-` for the token fields.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -74,7 +75,25 @@ def middleware(app: ASGIApp) -> ASGIApp:
 
         try:
             await app(scope, receive, capture)
+        except asyncio.CancelledError:
+            # uvicorn cancels the connections still open when the shutdown drain ends
+            # (model-contract.md: five seconds, then they are dropped): one line each;
+            # `QuietCancelledConnections` keeps uvicorn from adding a traceback.
+            record.finish = "dropped"
+            log.warning("dropped an open %s %s at shutdown: the connection drain ended",
+                        scope["method"], scope["path"])
+            raise
         finally:
             log.info(record.line(scope["method"], scope["path"]))
 
     return wrapped
+
+
+class QuietCancelledConnections(logging.Filter):
+    """A filter for the `uvicorn.error` logger: drops its "Exception in ASGI application"
+    record (a traceback) for a connection cancelled at the end of the shutdown drain,
+    which the access middleware already logged as one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
