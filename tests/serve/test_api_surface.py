@@ -5,6 +5,7 @@ version, API keys, the access log and the per-request phase histograms."""
 from __future__ import annotations
 
 import logging
+import time
 
 import httpx
 import openai
@@ -281,12 +282,23 @@ def test_api_key_guards_v1_and_tokenize_only(tok):
 
 def test_one_access_line_per_request_without_prompt_text(scripted, caplog):
     caplog.set_level(logging.INFO, logger="helios_serve.access")
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "helios_serve.access"]
+
+    def wait_for(count: int) -> list[str]:
+        deadline = time.monotonic() + 5  # a line is written once the response is sent
+        while len(logged()) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return logged()
+
     _post(scripted, _chat(scripted, "secret prompt words"))
+    wait_for(1)
     sse_post(scripted.url, _chat(scripted, "secret prompt words", stream=True))
+    wait_for(2)
     _post(scripted, {**_chat(scripted), "bogus": 1})
+    wait_for(3)
     httpx.get(scripted.url + "/health")
-    scripted.wait_idle()
-    lines = [r.getMessage() for r in caplog.records if r.name == "helios_serve.access"]
+    lines = wait_for(4)
     assert len(lines) == 4, lines
     assert all("secret" not in line and "Hello" not in line for line in lines)
     assert lines[0].startswith("POST /v1/chat/completions 200 prompt_tokens=38 "

@@ -338,7 +338,7 @@ class Preparer:
                 tools=tools, **{**self.template_variables, **kwargs},
             )  # fmt: skip
         except ChatTemplateError as exc:
-            raise FrontendRequestError("messages", str(exc)) from None
+            raise FrontendRequestError("messages", f"messages: {exc}") from None
         if continuation:
             text = _continue_final(text, messages[-1].get("content") or "")
         return text
