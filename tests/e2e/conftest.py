@@ -30,3 +30,19 @@ def client(real_server):
 
     return openai.OpenAI(base_url=real_server.url + "/v1", api_key="unused", max_retries=0,
                          timeout=300.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_served):
+    """A real helios-serve around the tiny model core (context 256): the whole serving
+    path with real weights, in about a second; for API tests where the model's answers
+    do not matter."""
+    core = tiny_served.core
+    bootstrap = Bootstrap.load(core.path, [core.public_key], core.namespace)
+    settings = resolve(ServeOptions(port=0, max_active=4, queue_capacity=8), bootstrap.contract)
+    clock = ObservationClock()
+    model = NativeModel.load(bootstrap.core, "cpu", max_concurrency=settings.max_active)
+    server = Server.start(bootstrap, model, settings, clock)
+    yield server
+    server.stop()
+    bootstrap.close()
