@@ -301,5 +301,5 @@ def build_app(service: ApiService) -> Litestar:
     )  # fmt: skip
     app.state.service = service
     app.state.api_key = service.settings.api_key
-    openapi.add_request_bodies(app)
+    openapi.add_request_bodies(app, sorted(service.model_names))
     return app

@@ -16,13 +16,19 @@ from litestar._openapi.plugin import OpenAPIPlugin
 from helios_serve.http.schema import REQUEST_MODELS
 
 
-def add_request_bodies(app: Litestar) -> None:
-    """Put each POST route's request-body schema into the app's OpenAPI document."""
+def add_request_bodies(app: Litestar, model_names: list[str]) -> None:
+    """Put each POST route's request-body schema into the app's OpenAPI document; the
+    `model` field lists the names this server serves."""
     document = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()  # cached dict
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    served = {"type": "string", "enum": model_names}
     for path, model in REQUEST_MODELS.items():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
+        if "model" in schema["properties"]:
+            optional = "model" not in schema.get("required", [])
+            schema["properties"]["model"] = (
+                {"anyOf": [served, {"type": "null"}]} if optional else served)
         schemas[model.__name__] = schema
         document["paths"][path]["post"]["requestBody"] = {
             "required": True,

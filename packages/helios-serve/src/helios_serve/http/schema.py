@@ -16,15 +16,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from helios_serve.frontend.prepare import ChatInput, CompletionInput, GenerationInput
 from helios_serve.http.errors import InvalidRequest
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
-Int = Annotated[int, Field(ge=0)]
-TopLogprobs = Annotated[int, Field(ge=0, le=20)]
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's integers include integral numbers such as 2.0 (what the OpenAPI
+    document promises); strings and booleans stay invalid."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+ApiInt = Annotated[int, BeforeValidator(_integral)]
+Int = Annotated[ApiInt, Field(ge=0)]
+TopLogprobs = Annotated[ApiInt, Field(ge=0, le=20)]
 
 
 class TextPart(BaseModel):
@@ -100,15 +110,15 @@ class _Sampling(BaseModel):
     model: str
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: Annotated[ApiInt, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
-    seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
+    seed: Annotated[ApiInt, Field(ge=-(2**63), lt=2**64)] | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[Int] | None = None
-    n: Annotated[int, Field(ge=1)] | None = None
+    n: Annotated[ApiInt, Field(ge=1)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
@@ -121,8 +131,8 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions body."""
 
     messages: Annotated[list[Message], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[ApiInt, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[ApiInt, Field(ge=1)] | None = None
     stop_token_sequences: list[list[Int]] | None = None
     return_token_ids: bool | None = None
     return_token_timestamps: bool | None = None
@@ -147,10 +157,10 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions body (legacy completions)."""
 
     prompt: str | list[str] | list[Int] | list[list[Int]]
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's and vLLM's default
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    max_tokens: Annotated[ApiInt, Field(ge=1)] | None = 16  # OpenAI's and vLLM's default
+    logprobs: Annotated[ApiInt, Field(ge=0, le=20)] | None = None
     echo: bool | None = None
-    best_of: Annotated[int, Field(ge=1)] | None = None
+    best_of: Annotated[ApiInt, Field(ge=1)] | None = None
     suffix: str | None = None
 
 
