@@ -63,7 +63,7 @@ def test_no_server_error(server, narrow):
                   suppress_health_check=list(HealthCheck))  # fmt: skip
         def check(case) -> None:
             response = case.call(base_url=server.url, timeout=30)
-            counts = statuses.setdefault((operation.method.upper(), operation.path), {})
+            counts = statuses.setdefault((case.method.upper(), case.path), {})
             counts[response.status_code] = counts.get(response.status_code, 0) + 1
             if response.status_code >= 500:
                 error = response.json().get("error", {})
