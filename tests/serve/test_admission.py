@@ -81,7 +81,9 @@ def test_overload_every_request_gets_a_terminal_answer(tok):
 
 
 def test_429_when_queue_capacity_plus_max_active_are_admitted(tok):
-    with ScriptedServer(tok, max_active=1, queue_capacity=1, step_delay_s=0.02) as server:
+    # 0.1 s steps: the two held streams (160 tokens) run for 16 s, long past the checks
+    # below even on a loaded machine (their bytes fit the socket buffers unread).
+    with ScriptedServer(tok, max_active=1, queue_capacity=1, step_delay_s=0.1) as server:
         server.script("long", LONG)
         held = []
         for i in range(2):  # fill the HTTP capacity with two open streams
