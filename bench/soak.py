@@ -39,10 +39,10 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def start_demo(port: int) -> subprocess.Popen:
+def start_demo(port: int, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "helios-serve"), "--demo", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
     )  # fmt: skip
     assert proc.stdout is not None
     for line in proc.stdout:  # "Helios is serving NAME at URL ..."
@@ -61,6 +61,7 @@ class Traffic:
         self.done = 0
         self.cancelled = 0
         self.errors: dict[str, int] = {}
+        self.error_messages: dict[str, str] = {}  # first message of each kind
         self.completion_tokens = 0
 
     def one(self, client: httpx.Client) -> None:
@@ -80,7 +81,7 @@ class Traffic:
                 with client.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
                     if r.status_code != 200:
                         r.read()
-                        self._error(str(r.status_code))
+                        self._error(str(r.status_code), r.text[:300])
                         return
                     for i, line in enumerate(r.iter_lines()):
                         if drop and i >= 6:
@@ -88,23 +89,24 @@ class Traffic:
                                 self.cancelled += 1
                             return
                         if line.startswith("data: {") and '"error"' in line:
-                            self._error("stream_error")
+                            self._error("stream_error", line[:300])
                             return
             else:
                 r = client.post(self.url + "/v1/chat/completions", json=body)
                 if r.status_code != 200:
-                    self._error(str(r.status_code))
+                    self._error(str(r.status_code), r.text[:300])
                     return
                 with self.lock:
                     self.completion_tokens += r.json()["usage"]["completion_tokens"]
             with self.lock:
                 self.done += 1
         except httpx.HTTPError as exc:
-            self._error(type(exc).__name__)
+            self._error(type(exc).__name__, str(exc)[:300])
 
-    def _error(self, kind: str) -> None:
+    def _error(self, kind: str, message: str) -> None:
         with self.lock:
             self.errors[kind] = self.errors.get(kind, 0) + 1
+            self.error_messages.setdefault(kind, message)
 
 
 def main() -> None:
@@ -118,6 +120,7 @@ def main() -> None:
     ap.add_argument("--backend", default="cpu", help="label of the results file")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per request")
     args = ap.parse_args()
 
     proc = None
@@ -126,7 +129,9 @@ def main() -> None:
             ap.error("--url needs --pid (the server process whose RSS is sampled)")
         url, pid = args.url.rstrip("/"), args.pid
     else:
-        proc = start_demo(args.port)
+        server_log = Path(f"/tmp/helios-soak-{args.port}.log")
+        proc = start_demo(args.port, server_log)
+        print(f"server log: {server_log}")
         url, pid = f"http://127.0.0.1:{args.port}", proc.pid
     model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
     traffic = Traffic(url, model, args.seed)
@@ -134,7 +139,7 @@ def main() -> None:
     end = time.monotonic() + args.duration_s
 
     def client_loop() -> None:
-        with httpx.Client(timeout=300) as client:
+        with httpx.Client(timeout=args.timeout_s) as client:
             while not stop.is_set() and time.monotonic() < end:
                 traffic.one(client)
 
@@ -149,6 +154,7 @@ def main() -> None:
             now = time.monotonic() - start
             with traffic.lock:
                 row = {"t_s": round(now, 1), "rss_mib": round(rss_mib(pid), 1),
+                       "load_1m": round(os.getloadavg()[0], 2),
                        "done": traffic.done, "cancelled": traffic.cancelled,
                        "errors": sum(traffic.errors.values())}  # fmt: skip
             samples.append(row)
@@ -179,6 +185,7 @@ def main() -> None:
         "requests_done": traffic.done,
         "requests_cancelled": traffic.cancelled,
         "errors": traffic.errors,
+        "error_messages": traffic.error_messages,
         "rss_start_mib": samples[0]["rss_mib"],
         "rss_after_warmup_mib": ys[0] if ys else None,
         "rss_max_mib": max(s["rss_mib"] for s in samples),
