@@ -245,6 +245,10 @@ def test_tokenize_and_detokenize(scripted, tok):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens[0]"
     bad = _post(scripted, {"prompt": "x", "messages": []}, "/tokenize")
     assert bad.status_code == 400
+    # Found by the property test: continuing an empty conversation was a 500.
+    bad = _post(scripted, {"messages": [], "continue_final_message": True,
+                           "add_generation_prompt": False}, "/tokenize")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "continue_final_message"
 
 
 def test_version(scripted):

@@ -329,7 +329,7 @@ class Preparer:
             if request.add_generation_prompt:
                 raise FrontendRequestError("continue_final_message",
                                            "cannot be combined with add_generation_prompt=true")
-            if messages[-1].get("role") != "assistant":
+            if not messages or messages[-1].get("role") != "assistant":
                 raise FrontendRequestError("continue_final_message",
                                            "the last message must be an assistant message")
         try:
