@@ -12,7 +12,9 @@ from __future__ import annotations
 from .attention import (
     attention_decode,
     attention_decode_merge,
+    attention_decode_merge_tuned,
     attention_decode_split,
+    attention_decode_split_tuned,
     attention_prefill,
     kv_write,
     rope,
@@ -29,6 +31,7 @@ from .speculative import (
     spec_verify,
 )
 from .state import slot_gather, slot_scatter
+from .tuning import split_tuning_select, split_tuning_setup, timer_mark
 
 TRITON_KERNELS = {
     "embedding": embedding,
@@ -41,6 +44,11 @@ TRITON_KERNELS = {
     "attention_decode": attention_decode,
     "attention_decode_split": attention_decode_split,
     "attention_decode_merge": attention_decode_merge,
+    "attention_decode_split_tuned": attention_decode_split_tuned,
+    "attention_decode_merge_tuned": attention_decode_merge_tuned,
+    "timer_mark": timer_mark,
+    "split_tuning_setup": split_tuning_setup,
+    "split_tuning_select": split_tuning_select,
     "silu_mul": silu_mul,
     "add": add,
     "gather_last": gather_last,

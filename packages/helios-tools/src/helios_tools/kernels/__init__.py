@@ -7,7 +7,13 @@ padding and writes no cache, histogram or completion.
 """
 
 from .attention import attention_decode, attention_prefill
-from .attention_split import attention_decode_merge, attention_decode_split
+from .attention_split import (
+    attention_decode_merge,
+    attention_decode_merge_tuned,
+    attention_decode_split,
+    attention_decode_split_tuned,
+    tuned_split_length,
+)
 from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
@@ -35,6 +41,7 @@ from .speculative import (
     spec_pack_tokens,
     spec_verify,
 )
+from .tuning import split_tuning_select, split_tuning_setup, timer_mark
 
 __all__ = [
     "DTYPES",
@@ -45,7 +52,9 @@ __all__ = [
     "add_rmsnorm",
     "attention_decode",
     "attention_decode_merge",
+    "attention_decode_merge_tuned",
     "attention_decode_split",
+    "attention_decode_split_tuned",
     "attention_prefill",
     "check_launch",
     "draft_sample",
@@ -71,5 +80,9 @@ __all__ = [
     "spec_draft_inputs",
     "spec_pack_tokens",
     "spec_verify",
+    "split_tuning_select",
+    "split_tuning_setup",
     "swiglu_linear",
+    "timer_mark",
+    "tuned_split_length",
 ]

@@ -13,7 +13,12 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from .attention import attention_decode, attention_prefill
-from .attention_split import attention_decode_merge, attention_decode_split
+from .attention_split import (
+    attention_decode_merge,
+    attention_decode_merge_tuned,
+    attention_decode_split,
+    attention_decode_split_tuned,
+)
 from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
@@ -31,6 +36,7 @@ from .speculative import (
     spec_pack_tokens,
     spec_verify,
 )
+from .tuning import split_tuning_select, split_tuning_setup, timer_mark
 
 ParamKind = Literal["buffer", "i32", "f32"]
 Direction = Literal["in", "out", "inout"]
@@ -112,6 +118,24 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("part_ml", "f32"), _b("part_o", "f32"), _b("slot", "i32"), _b("out", "f32", "out"),
         *_i("B", "H", "HD", "NS"),
     ),
+    "attention_decode_split_tuned": (
+        _b("qkv", "f32"), _b("positions", "i32"), _b("slot", "i32"), _b("page_table", "i32"),
+        _b("k_cache", "f32"), _b("v_cache", "f32"), _b("part_ml", "f32", "out"),
+        _b("part_o", "f32", "out"), _b("choice", "i32"),
+        *_i("B", "MP", "PT", "H", "KVH", "HD", "NS", "SPLIT"), *_f("scale"),
+    ),
+    "attention_decode_merge_tuned": (
+        _b("part_ml", "f32"), _b("part_o", "f32"), _b("slot", "i32"), _b("choice", "i32"),
+        _b("out", "f32", "out"), *_i("B", "H", "HD", "NS"),
+    ),
+    "timer_mark": (_b("stamps", "u32", "inout"), *_i("index")),
+    "split_tuning_setup": (
+        _b("positions", "i32", "out"), _b("slot", "i32", "out"), _b("page_table", "i32", "out"),
+        _b("candidates", "i32", "out"), *_i("B", "MP", "PT", "C", "c0", "c1", "c2", "c3"),
+    ),
+    "split_tuning_select": (
+        _b("stamps", "u32"), _b("candidates", "i32"), _b("choice", "i32", "out"), *_i("C"),
+    ),
     "silu_mul": (_b("gate_up", "f32"), _b("out", "f32", "out"), *_i("T", "F")),
     "add": (_b("a", "f32"), _b("b", "f32"), _b("out", "f32", "out"), *_i("T", "D")),
     "gather_last": (
@@ -191,6 +215,11 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "attention_decode": attention_decode,
     "attention_decode_split": attention_decode_split,
     "attention_decode_merge": attention_decode_merge,
+    "attention_decode_split_tuned": attention_decode_split_tuned,
+    "attention_decode_merge_tuned": attention_decode_merge_tuned,
+    "timer_mark": timer_mark,
+    "split_tuning_setup": split_tuning_setup,
+    "split_tuning_select": split_tuning_select,
     "silu_mul": silu_mul,
     "add": add,
     "gather_last": gather_last,
