@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -54,6 +54,14 @@ case $stage in
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_speculative.py 2>&1 | tee "$OUTD/spec_tests.log"
     python3 bench/speculative.py --model smollm2 --backend cuda --gguf "$HOME/g/smol.gguf" --baseline --json "$OUTD/spec_smollm2.json" 2>&1 | tee "$OUTD/spec_smollm2.log"
     python3 bench/speculative.py --model llama-3.1-8b --backend cuda --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" ;;
+  tuning)  # startup tuning (decode-split producer) and KV cache sizing on the device:
+    # tests, then each candidate split count timed against the producer's choice
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_tuning_kernels.py \
+      tests/gpu/test_tuning_model.py 2>&1 | tee "$OUTD/tuning_tests.log"
+    python3 bench/gpu_tuning.py --model smollm2 --gguf "$HOME/g/smol.gguf" \
+      --json "$OUTD/tuning_smollm2.json" 2>&1 | tee "$OUTD/tuning_smollm2.log"
+    python3 bench/gpu_tuning.py --model llama-3.1-8b --batches 1 8 \
+      --json "$OUTD/tuning_llama8b.json" 2>&1 | tee "$OUTD/tuning_llama8b.log" ;;
   model)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;

@@ -14,6 +14,7 @@ A core file is about 150 KB; loading it takes well under a second on the CI mach
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -143,3 +144,23 @@ class ServeProcess:
 def until_eos(ids: list[int], eos: int = 2) -> list[int]:
     """`ids` up to and including the first EOS (what a served request returns)."""
     return ids[:ids.index(eos) + 1] if eos in ids else ids
+
+
+PHASES = ("verify", "contract", "weights", "kernels", "cache sizing", "graphs", "tuning",
+          "listen")
+PHASE_LINE = re.compile(rf"^helios-serve: ({'|'.join(PHASES)}) +\d+\.\d\d s( |$)")
+
+
+def serve_error_line(stderr: str) -> str:
+    """The one error line of a failed helios-serve: its last stderr line; the lines
+    before it may only be startup phase lines, and there is no traceback.
+
+    Raises:
+        AssertionError: otherwise.
+    """
+    lines = stderr.strip().splitlines()
+    assert lines and "Traceback" not in stderr, stderr
+    *phases, last = lines
+    assert last.startswith("helios-serve: error: "), stderr
+    assert all(PHASE_LINE.match(line) for line in phases), stderr
+    return last

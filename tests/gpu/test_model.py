@@ -24,11 +24,13 @@ GREEDY_TOKENS = 24
 @pytest.fixture(scope="session")
 def models(core_path):
     from helios_serve.runtime import NativeModel
+    from helios_serve.runtime.cache_sizing import CacheSizing
     from helios_tools.core import load_public_key, open_core
 
     path, key = core_path
     core = open_core(path, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
-    cuda = NativeModel.load(core, "cuda")
+    # The prepared count, not 0.9 of the GPU: later tests load more models beside it.
+    cuda = NativeModel.load(core, "cuda", cache=CacheSizing(num_pages=1024))
     cpu = NativeModel.load(core, "cpu")
     yield cuda, cpu
     cuda.close()
@@ -126,11 +128,12 @@ def test_decode_ahead_in_two_frames_equals_serial(models):
 
 def test_device_out_of_memory_at_load_names_the_capacity(core_path):
     from helios_serve.runtime import NativeModel
+    from helios_serve.runtime.cache_sizing import CacheSizing
     from helios_serve.runtime.errors import RuntimeLoadError
     from helios_tools.core import load_public_key, open_core
 
     path, key = core_path
     core = open_core(path, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
-    with pytest.raises(RuntimeLoadError, match=r"device out of memory: the model needs .*"
-                       r"KV cache sized for 40000000 pages"):
-        NativeModel.load(core, "cuda", num_pages=40_000_000)
+    with pytest.raises(RuntimeLoadError, match=r"device out of memory: a KV cache of "
+                       r"40000000 pages needs .* is free after the model; lower --num-pages"):
+        NativeModel.load(core, "cuda", cache=CacheSizing(num_pages=40_000_000))

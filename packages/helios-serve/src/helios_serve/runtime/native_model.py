@@ -28,6 +28,8 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels.speculative import RECORD_FIELDS
 
 from ..engine.plan import ModelGeometry, StepKind, StepPlan
+from ..startup import StartupLog
+from .cache_sizing import CacheSizing
 from .cpu_backend import CpuBackend
 from .errors import MissingGraphVariant, RuntimeLoadError, UnknownBackend
 from .packing import SharedPacking
@@ -90,15 +92,19 @@ class NativeModel:
         self.launches = Counter()  # graph launches by operation name
 
     @classmethod
-    def load(cls, core: CoreLike, backend: str = "cpu", *, num_pages: int | None = None,
+    def load(cls, core: CoreLike, backend: str = "cpu", *, cache: CacheSizing | None = None,
              max_concurrency: int | None = None, cpu_frames: int = 1,
-             speculative_width: int | None = None) -> NativeModel:
-        """Load `core` onto `backend`.
+             speculative_width: int | None = None, log: StartupLog | None = None
+             ) -> NativeModel:
+        """Load `core` onto `backend`: weights and every other buffer, the kernels, the KV
+        cache sized from what is left, the graphs, then the tuning producers the selected
+        graphs need (run once, before any graph is exposed).
 
         Args:
             core: a verified, authorized core (helios_tools.core reader).
             backend: "cpu" (NumPy reference kernels) or "cuda".
-            num_pages: physical KV pages; defaults to the contract's prepared pages.
+            cache: how the physical KV page count is chosen (runtime.cache_sizing; default:
+                cpu the prepared count, cuda 0.9 of the free device memory).
             max_concurrency: serve at most this many decode rows (load-time selection may
                 reduce captured concurrency, never raise it).
             cpu_frames: execution frames of the cpu backend (1, or 2 to exercise the
@@ -106,6 +112,8 @@ class NativeModel:
             speculative_width: serve SPECULATIVE programs of width W <= this (0 turns
                 speculation off; None serves every captured width). Load-time selection
                 may reduce the captured width, never raise it.
+            log: startup phases are recorded here (weights, kernels, cache sizing, graphs,
+                tuning).
 
         Raises:
             UnknownBackend: `backend` is not one of BACKENDS.
@@ -117,16 +125,20 @@ class NativeModel:
                                  f"{', '.join(BACKENDS)}")
         contract, manifest = core.contract, core.manifest
         _check_variants(contract, manifest)
-        pages = int(num_pages or contract.prepared_pages)
-        if pages < 1:
-            raise RuntimeLoadError(f"num_pages must be positive, got {pages}")
+        log = log if log is not None else StartupLog()
         if backend == "cuda":
             from .cuda_backend import CudaBackend  # imports cuda-python only when asked
 
-            engine = CudaBackend(manifest, core.read_resource, pages)
+            engine = CudaBackend(manifest, core.read_resource, cache, log=log)
         else:
-            engine = CpuBackend(manifest, core.read_resource, pages, frames=cpu_frames)
-        geometry = _geometry(contract, manifest, pages, max_concurrency, speculative_width)
+            engine = CpuBackend(manifest, core.read_resource, cache, frames=cpu_frames, log=log)
+        try:
+            _run_tuning(engine, contract, manifest, log)
+            geometry = _geometry(contract, manifest, engine.num_pages, max_concurrency,
+                                 speculative_width)
+        except BaseException:
+            getattr(engine, "close", lambda: None)()
+            raise
         return cls(contract, manifest, engine, geometry)
 
     def select_graph(self, plan: StepPlan) -> str:
@@ -257,6 +269,23 @@ def _pending_view(graphs: list[cpb.GraphContract]) -> cpb.StateView | None:
     if not decode or not decode[0].pending_token.buffer:
         return None
     return decode[0].pending_token
+
+
+def _run_tuning(engine, contract: cpb.ServingContract, manifest: mpb.ExecutionManifest,
+                log: StartupLog) -> None:
+    """Run, once and in catalog order, every tuning producer a selected graph depends on
+    (specification: startup executes required producers before exposing the dependent
+    serving graphs). What each writes is the producer's choice; the log shows it."""
+    programs = {g.name: g for g in manifest.graphs}
+    needed = {p for g in contract.model.graphs for p in programs[g.name].tuning_producers}
+    order = [p.name for p in manifest.tuning.producers if p.name in needed]
+    with log.phase("tuning") as phase:
+        engine.run_producers(order)
+        tuned = sorted({(t.producer_graph, t.buffer) for g in contract.model.graphs
+                        for t in g.tuned_bindings})
+        phase.detail = ", ".join(
+            f"{producer} wrote {buffer} = {engine.read_buffer(buffer).reshape(-1)[:4].tolist()}"
+            for producer, buffer in tuned) or "no tuning producers"
 
 
 def _check_variants(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest) -> None:
