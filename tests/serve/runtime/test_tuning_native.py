@@ -98,3 +98,24 @@ def test_a_tuned_binding_without_its_producer_fails_startup(tuned_core):
         PreparedContract.from_contract(tuned_core.contract, manifest)
     assert info.value.path == "model.graphs[0].tuned_bindings[0].producer_graph"
     assert info.value.value == SPLIT_PRODUCER
+
+
+def test_speculation_reads_the_same_tuned_count_so_greedy_output_is_unchanged():
+    """Verification attention reads the tuned count too: for every forced count, greedy
+    speculative output equals greedy decode (rows stay invariant between the two)."""
+    from dataclasses import replace
+
+    from helios_ignition.testing import TINY_CAPACITIES, tiny_core
+
+    caps = replace(TINY_CAPACITIES, context_tokens=1024, prepared_pages=300)  # 16 splits
+    core = tiny_core(1, caps=caps, speculative_widths=(1, 4), draft_copy=3.0, draft_vocab=96,
+                     split_tuning=SplitTuning(repeats=1))
+    spec = [g for g in core.contract.model.graphs if g.name.startswith("spec_")]
+    assert spec and all([t.buffer for t in g.tuned_bindings] == [TUNED_SPLITS] for g in spec)
+    model = NativeModel.load(core, "cpu")
+    prompts = [list(range(3, 9)), [5, 7, 9], [20, 21, 22, 23]]
+    for count in (16, 8, 4, 2):
+        model.backend.write_state(TUNED_SPLITS, 0, np.array([count], np.int32))
+        decoded = Driver(model).generate(prompts, 12)
+        speculated, _ = Driver(model).generate_speculative(prompts, 12, 4)
+        assert speculated == decoded, count
