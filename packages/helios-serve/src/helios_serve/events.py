@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from helios_serve.engine.plan import SamplingParams
+from helios_serve.engine.plan import SamplingParams, TokenLogprob
 
 
 class FinishReason(enum.Enum):
@@ -28,9 +28,11 @@ class FinishReason(enum.Enum):
 @dataclass(frozen=True)
 class Output:
     """Presentation deltas of one step (frontend delta objects: reasoning, content,
-    tool-call start and argument fragments), in order."""
+    tool-call start and argument fragments), in order, and the logprobs of the step's
+    sampled token (requests that asked; the EOS id that ends a request has none)."""
 
     deltas: tuple[Any, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from helios_serve.clock import ObservationClock
-from helios_serve.engine.plan import ModelGeometry, StepKind, StepPlan
+from helios_serve.engine.min_tokens import MinTokensBan
+from helios_serve.engine.plan import (
+    ModelGeometry,
+    StepCompletion,
+    StepKind,
+    StepPlan,
+    TokenLogprob,
+)
 from helios_serve.events import (
     Cancel,
     Event,
@@ -85,7 +92,7 @@ class ModelBackend(Protocol):
 
     def submit(self, plan: StepPlan) -> Any: ...
 
-    def wait(self, ticket: Any) -> np.ndarray: ...
+    def wait_step(self, ticket: Any) -> StepCompletion: ...
 
     def close(self) -> None: ...
 
@@ -95,6 +102,7 @@ class _Live:
     """Worker-thread state of one admitted request."""
 
     request: GenerationRequest
+    ban: MinTokensBan | None = None  # min_tokens: ids masked before the minimum output
     first_token_s: float | None = None  # step clock (seconds) of the first token
     last_token_s: float | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
@@ -296,7 +304,12 @@ class ModelWorker:
         if error is not None:
             self._reject(request, error.detail, capacity=True)
             return
-        self._live[request.request_id] = _Live(request)
+        sampling = request.sampling
+        ban = None
+        if sampling.min_tokens > 0 and sampling.min_tokens_banned:
+            ban = MinTokensBan(len(request.prompt_token_ids), sampling.min_tokens,
+                               sampling.min_tokens_banned, self.geometry.mask_words)
+        self._live[request.request_id] = _Live(request, ban)
         self.metrics.prompt_tokens.inc(len(request.prompt_token_ids))
 
     def _reject(self, request: GenerationRequest, message: str, capacity: bool = False) -> None:
@@ -340,19 +353,28 @@ class ModelWorker:
         try:
             if item.error is not None:
                 raise item.error
-            sampled = self.model.wait(item.ticket)
+            completion = self.model.wait_step(item.ticket)
         except Exception as exc:  # submission, execution or device failure: this step only
             log.warning("execution failed: %s", exc)
             self.metrics.execution_failures.inc()
             self._fail_plan(plan, f"model execution failed: {exc}")
             return
         try:
-            results = self.scheduler.complete(plan, sampled)
+            results = self.scheduler.complete(plan, completion.sampled)
         except CompletionError as exc:  # the completion record is invalid: output error
             log.warning("invalid completion record: %s", exc)
             self._fail_plan(plan, f"invalid completion record: {exc}")
             return
-        self._validate(results)
+        self._validate(results, self._logprobs(plan, completion))
+
+    def _logprobs(self, plan: StepPlan, completion: StepCompletion) -> dict[int, TokenLogprob]:
+        """request id -> its row's TokenLogprob, for the sampling rows that asked (only
+        those pay for reading the record)."""
+        if completion.logprobs is None:
+            return {}
+        return {row.request_id: completion.token_logprob(i, row.sampling.logprobs)
+                for i, row in enumerate(plan.rows)
+                if row.sample and row.sampling.logprobs is not None}
 
     def _with_masks(self, plan: StepPlan) -> StepPlan:
         """The plan as submitted: grammar masks filled for constrained sampling rows.
@@ -366,6 +388,7 @@ class ModelWorker:
         changed = False
         for row in plan.rows:
             live = self._live.get(row.request_id)
+            mask = None
             if row.sample and live is not None and live.request.constrained:
                 mask = np.zeros(self.geometry.mask_words, dtype=np.int32)
                 try:
@@ -375,6 +398,9 @@ class ModelWorker:
                     self._fail_request(live, f"grammar mask failed: {exc}")
                     rows.append(row)
                     continue
+            if live is not None and live.ban is not None and live.ban.applies(row):
+                mask = live.ban.mask(mask)  # min_tokens: EOS and stop ids masked out
+            if mask is not None:
                 rows.append(dataclasses.replace(row, grammar_mask=mask))
                 changed = True
             else:
@@ -395,8 +421,11 @@ class ModelWorker:
                 self.metrics.requests_finished.labels("error").inc()
                 live.request.sink.publish(live.events + [Failed(message)])
 
-    def _validate(self, results: list[RowResult]) -> None:
-        """Per-request validation of one completed step, in submission-row order."""
+    def _validate(self, results: list[RowResult],
+                  logprobs: dict[int, TokenLogprob] | None = None) -> None:
+        """Per-request validation of one completed step, in submission-row order;
+        `logprobs` holds the TokenLogprob of each sampled row that asked for one."""
+        logprobs = logprobs or {}
         sampled = [r for r in results if r.token_id is not None and r.request_id in self._live]
         # model-contract.md, "Token and timing observation": stamp validated completions
         # right after scheduler.complete, before grammar, stops or parsing. The clock is
@@ -414,7 +443,7 @@ class ModelWorker:
             if live is None:  # finished by an earlier token of its speculative run
                 continue
             try:
-                self._on_token(live, result, stamp_ns, now_s)
+                self._on_token(live, result, stamp_ns, now_s, logprobs.get(result.request_id))
             except Exception as exc:  # output pipeline failure: this request only
                 log.warning("output failed for a request: %s", exc)
                 self._fail_request(live, f"output failed: {exc}")
@@ -423,7 +452,8 @@ class ModelWorker:
                 live.request.sink.publish(live.events)
                 live.events = []
 
-    def _on_token(self, live: _Live, result: RowResult, stamp_ns: int | None, now_s: float) -> None:
+    def _on_token(self, live: _Live, result: RowResult, stamp_ns: int | None, now_s: float,
+                  logprob: TokenLogprob | None = None) -> None:
         request = live.request
         token = int(result.token_id)  # type: ignore[arg-type]
         self.metrics.generation_tokens.inc()
@@ -448,8 +478,11 @@ class ModelWorker:
         deltas = pipeline.feed(token)
         if not pipeline.finished and result.output_tokens >= request.max_output_tokens:
             deltas = deltas + pipeline.finish("length")
-        if deltas:
-            live.events.append(Output(tuple(deltas)))
+        # One TokenLogprob per sampled token, except the EOS id that ends the request.
+        if logprob is not None and pipeline.finished and token in self.geometry.eos_token_ids:
+            logprob = None
+        if deltas or logprob is not None:
+            live.events.append(Output(tuple(deltas), (logprob,) if logprob else ()))
         if pipeline.finished:
             self._finish(live, FinishReason(pipeline.finish_reason), now_s, result.output_tokens)
 

@@ -345,7 +345,10 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("slot_gather", "slot_scatter"):
         R = s[0]
         return _cfg((_cdiv(R, 128),), 4, BLOCK=128)
-    if op == "sample":
+    if op in ("sample", "sample_biased"):
+        R = s[0]
+        return _cfg((R,), 8, BLOCK_V=2048)
+    if op == "token_logprobs":  # k + 2 sweeps of one row per program
         R = s[0]
         return _cfg((R,), 8, BLOCK_V=2048)
     if op in ("spec_draft_inputs", "spec_pack_tokens"):  # one program per lane / packed row

@@ -66,6 +66,7 @@ INPUT_NAMES = {
     "min_p": "in.min_p", "presence": "in.presence", "frequency": "in.frequency",
     "repetition": "in.repetition", "grammar_mask": "in.grammar_mask",
     "use_mask": "in.use_mask", "histogram": "state.histogram",
+    "use_bias": "in.use_bias", "logit_bias": "state.logit_bias", "logprobs": "in.logprobs",
 }
 PAGE_TABLE = "state.page_table"
 PENDING = "state.pending_token"  # device-owned pending token, one i32 per slot
@@ -75,6 +76,8 @@ SAMPLED = "out.sampled"
 # writes it.
 TUNED_SPLITS = "tuned.decode_splits"
 SPLIT_PRODUCER = "tune.decode_splits"
+LOGPROBS = "out.logprobs"  # f32 [rows, 1 + TOP_LOGPROBS]: sampled token, then the top ids
+TOP_IDS = "out.top_ids"  # i32 [rows, TOP_LOGPROBS]
 
 
 def weight_layout(s: LlamaShapes) -> dict[str, tuple[int, ...]]:
@@ -141,7 +144,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
     n = INPUT_NAMES
     for key in ("tokens", "positions", "token_row"):
         t.declare(n[key], "i32", (tokens,), "input")
-    for key in ("slot", "query_length", "sampling_decision", "top_k", "use_mask"):
+    for key in ("slot", "query_length", "sampling_decision", "top_k", "use_mask", "use_bias",
+                "logprobs"):
         t.declare(n[key], "i32", (rows,), "input")
     for key in ("temperature", "top_p", "min_p", "presence", "frequency", "repetition"):
         t.declare(n[key], "f32", (rows,), "input")
@@ -149,6 +153,7 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
     t.declare(n["grammar_mask"], "i32", (rows, words), "input")
     t.declare(PAGE_TABLE, "i32", (slots, pages_per_request), "state")
     t.declare(n["histogram"], "i32", (slots, s.vocab), "state")
+    t.declare(n["logit_bias"], "f32", (slots, s.vocab), "state")
     t.declare(PENDING, "i32", (slots,), "state")
     for i in range(s.layers):
         for plane in ("k", "v"):
@@ -178,6 +183,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
         t.declare(RECORD, "i32", (rows, RECORD_FIELDS + spec.max_width), "output")
         draft.declare(t, g, weight_dtype, tokens, caps.prepared_pages, caps.page_tokens, ns,
                       weight_resource_id)
+    t.declare(LOGPROBS, "f32", (rows, 1 + decl.TOP_LOGPROBS), "output")
+    t.declare(TOP_IDS, "i32", (rows, decl.TOP_LOGPROBS), "output")
     return t
 
 
@@ -310,12 +317,18 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
         b.launch("gather_last", h, inp("query_length", R), last, T, R, s.hidden)
         b.launch("linear", last, head, logits, R, s.vocab, s.hidden)
     words = grammar_mask_words(s.vocab)
-    b.launch("sample", logits, slot, pos if decode else _last_positions(b, R),
+    sampled = t.view(SAMPLED, (R,))
+    b.launch("sample_biased", logits, slot, pos if decode else _last_positions(b, R),
              inp("sampling_decision", R), inp("seed", R, 2), inp("temperature", R),
              inp("top_p", R), inp("top_k", R), inp("min_p", R), inp("presence", R),
              inp("frequency", R), inp("repetition", R),
-             t.view(n["histogram"], (slots, s.vocab)), inp("grammar_mask", R, words),
-             inp("use_mask", R), t.view(SAMPLED, (R,)), R, s.vocab, words)
+             t.view(n["histogram"], (slots, s.vocab)), t.view(n["logit_bias"], (slots, s.vocab)),
+             inp("use_bias", R), inp("grammar_mask", R, words), inp("use_mask", R), sampled,
+             R, s.vocab, words)
+    # Same step, same logits (unmodified by the sampler): rows that ask record logprobs.
+    K = decl.TOP_LOGPROBS
+    b.launch("token_logprobs", logits, slot, sampled, inp("logprobs", R),
+             t.view(LOGPROBS, (R, 1 + K)), t.view(TOP_IDS, (R, K)), R, s.vocab, K)
     if device_pending:
         b.launch("slot_scatter", t.view(SAMPLED, (R,)), slot, inp("sampling_decision", R),
                  pending, R, slots)
@@ -470,7 +483,9 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
             name = f"{kind}_b{tokens}" if decode else f"prefill_t{tokens}"
             op = cpb.OPERATION_DECODE if decode else cpb.OPERATION_PREFILL
             packed = tokens
-            completion = mpb.CompletionLayout(buffer=SAMPLED, rows=nrows)
+            completion = mpb.CompletionLayout(
+                buffer=SAMPLED, rows=nrows, logprobs_buffer=LOGPROBS, top_ids_buffer=TOP_IDS,
+                top_logprobs=decl.TOP_LOGPROBS)
         program = mpb.GraphProgram(name=name, operation=op, batch_capacity=nrows,
                                    token_capacity=packed, launches=builder.launches,
                                    completion=completion)
@@ -591,7 +606,8 @@ def _graph_contract(name: str, op: int, rows: int, tokens: int, s: LlamaShapes,
                                              slots)
     g.bindings.extend(pt_bindings)
     g.state_accesses.extend(pt_access)
-    g.state_accesses.extend(decl.state_transfer(INPUT_NAMES["histogram"], s.vocab * 4, slots))
+    g.state_accesses.extend(decl.state_transfer(INPUT_NAMES["histogram"], s.vocab * 4, slots,
+                                                logit_bias=INPUT_NAMES["logit_bias"]))
     if device_pending:
         view, access = decl.device_pending_token(PENDING, generating=decode)
         g.pending_token.CopyFrom(view)

@@ -21,7 +21,7 @@ from .attention import (
     rope_kv_write,
 )
 from .dense import add, add_rmsnorm, embedding, gather_last, linear, rmsnorm, silu_mul
-from .sampling import sample
+from .sampling import sample, sample_biased, token_logprobs
 from .speculative import (
     draft_sample,
     paged_row_gather_prev,
@@ -64,6 +64,8 @@ TRITON_KERNELS = {
     "spec_verify": spec_verify,
     "paged_row_write": paged_row_write,
     "paged_row_gather_prev": paged_row_gather_prev,
+    "sample_biased": sample_biased,
+    "token_logprobs": token_logprobs,
 }
 
 # Buffer parameters whose element type follows the variant constant WBF16.

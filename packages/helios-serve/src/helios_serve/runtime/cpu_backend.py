@@ -29,6 +29,7 @@ from helios_tools.kernels import reference_op
 
 from ..startup import StartupLog, mib
 from .cache_sizing import CacheSizing
+from .completion import completion_buffers
 from .errors import RuntimeLoadError
 
 STORED_DTYPE = {
@@ -118,7 +119,7 @@ class CpuBackend:
         self.counters["graph_captures"] = len(self._programs)
         self._inputs = {g.name: [t.destination for t in g.transports
                                  if t.destination in per_frame] for g in manifest.graphs}
-        self._completion = {g.name: g.completion.buffer for g in manifest.graphs}
+        self._completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
 
     @property
     def num_pages(self) -> int:
@@ -189,8 +190,8 @@ class CpuBackend:
             self.buffers[name][...] = staged[name]
         self.run(graph)
         self.counters["graph_launches"] += 1
-        done = self._completion[graph]
-        staged[done][...] = self.buffers[done]
+        for done in self._completion[graph]:
+            staged[done][...] = self.buffers[done]
 
     def wait(self, frame: int) -> None:
         """Steps complete inside `launch`: nothing to wait for."""

@@ -34,6 +34,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 
 from ..startup import StartupLog
 from .cache_sizing import CacheSizing
+from .completion import completion_buffers
 from .cuda import driver as drv
 from .errors import RuntimeLoadError
 
@@ -235,7 +236,7 @@ class CudaBackend:
     @staticmethod
     def _staged_names(manifest: mpb.ExecutionManifest) -> set[str]:
         names = {t.destination for g in manifest.graphs for t in g.transports}
-        names |= {g.completion.buffer for g in manifest.graphs if g.completion.buffer}
+        names |= {n for g in manifest.graphs for n in completion_buffers(g.completion)}
         return names
 
     def _allocate(self, decl: mpb.Buffer, read_resource, staged: bool) -> None:
@@ -374,13 +375,16 @@ class CudaBackend:
                 drv.call(f"capture launch {launch.kernel}", cu.cuLaunchKernel(
                     fn, grid[0], grid[1], grid[2], block, 1, 1, binary.shared_bytes, s,
                     args.address, 0))
-            done = g.completion
-            if done.buffer:  # sampled ids, or one [6 + W] lane record per row
-                columns = (6 + done.speculative.token_width if done.HasField("speculative")
-                           else 1)
-                n = int(done.rows) * columns * STORED_DTYPE[self._decls[done.buffer].dtype].itemsize
+            rows = int(g.completion.rows)
+            for done in completion_buffers(g.completion):  # the record's leading rows
+                decl = self._decls[done]
+                if g.completion.HasField("speculative"):  # one [6 + W] lane record per row
+                    per_row = 6 + g.completion.speculative.token_width
+                else:
+                    per_row = math.prod(int(d) for d in decl.shape[1:])
+                n = rows * per_row * STORED_DTYPE[decl.dtype].itemsize
                 drv.call("capture completion copy", cu.cuMemcpyDtoHAsync(
-                    pinned[done.buffer].ptr, self._dev_ptrs[done.buffer], n, s))
+                    pinned[done].ptr, self._dev_ptrs[done], n, s))
         finally:
             graph = drv.call("cuStreamEndCapture", cu.cuStreamEndCapture(s))
         exe = drv.call(f"cuGraphInstantiate {g.name}", cu.cuGraphInstantiate(graph, 0))

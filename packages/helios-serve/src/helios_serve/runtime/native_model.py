@@ -4,8 +4,9 @@ Specification: "Ownership and bootstrap". NativeModel owns the backend (buffers,
 weights, cache storage, bound programs) and shared packing. `manifests` exposes the
 resulting execution geometry to the scheduler. `submit(plan)` selects the smallest
 captured variant that fits the plan, packs the plan's value bindings into a free execution
-frame and launches the graph; `wait(ticket)` returns that frame's completion record: one
-sampled id per plan row. `execute(plan)` is both at once.
+frame and launches the graph; `wait_step(ticket)` returns that frame's completion record
+(a `StepCompletion`: one sampled id per plan row, and the logprobs of rows that asked),
+`wait(ticket)` its sampled ids alone. `execute(plan)` is submit and wait at once.
 
 Two execution frames: the host may pack and submit step N + 1 while step N runs; frames
 complete in submission order. Whether step N + 1 may be submitted before step N's
@@ -25,11 +26,11 @@ from typing import Protocol
 import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
-from helios_tools.kernels.speculative import RECORD_FIELDS
 
-from ..engine.plan import ModelGeometry, StepKind, StepPlan
+from ..engine.plan import ModelGeometry, StepCompletion, StepKind, StepPlan
 from ..startup import StartupLog
 from .cache_sizing import CacheSizing
+from .completion import CompletionReader
 from .cpu_backend import CpuBackend
 from .errors import MissingGraphVariant, RuntimeLoadError, UnknownBackend
 from .packing import SharedPacking
@@ -48,11 +49,13 @@ class CoreLike(Protocol):
 
 @dataclass(frozen=True)
 class Ticket:
-    """A submitted step: its execution frame, graph variant and live row count."""
+    """A submitted step: its execution frame, graph variant, live row count, and whether
+    a row asked for logprobs (then `wait_step` reads them)."""
 
     frame: int
     graph: str
     rows: int
+    logprobs: bool = False
 
 
 class NativeModel:
@@ -80,12 +83,9 @@ class NativeModel:
                                    for g in graphs if g.operation == cpb.OPERATION_SPECULATIVE
                                    and g.speculative.token_capacity in served)
         self.frames = int(backend.frames)
-        self.packing = SharedPacking(graphs, [backend.staging(f) for f in range(self.frames)])
-        # Completion record of each graph: (buffer name, record columns or 0 = sampled ids).
-        self._record = {g.name: (g.completion.buffer,
-                                 RECORD_FIELDS + g.completion.speculative.token_width
-                                 if g.completion.HasField("speculative") else 0)
-                        for g in manifest.graphs}
+        staging = [backend.staging(f) for f in range(self.frames)]
+        self.packing = SharedPacking(graphs, staging)
+        self._completion = CompletionReader(list(manifest.graphs), staging)
         self._pending_view = _pending_view(graphs)
         self._inflight: deque[Ticket] = deque()
         self._next_frame = 0
@@ -141,6 +141,11 @@ class NativeModel:
             raise
         return cls(contract, manifest, engine, geometry)
 
+    @property
+    def top_logprobs(self) -> int | None:
+        """Top alternatives the completion record holds per row (None: no logprobs)."""
+        return self._completion.top_logprobs
+
     def select_graph(self, plan: StepPlan) -> str:
         """The smallest captured variant that holds `plan`.
 
@@ -193,16 +198,18 @@ class NativeModel:
                                   frame)
         self.backend.launch(name, frame, dirty)
         self._next_frame = (frame + 1) % self.frames
-        ticket = Ticket(frame, name, len(plan.rows))
+        logprobs = any(r.sample and r.sampling.logprobs is not None for r in plan.rows)
+        ticket = Ticket(frame, name, len(plan.rows), logprobs)
         self._inflight.append(ticket)
         self.launches[plan.kind.value] += 1
         return ticket
 
-    def wait(self, ticket: Ticket) -> np.ndarray:
-        """Wait for the oldest submitted step; returns its int32 `[rows]` sampled ids, or
+    def wait_step(self, ticket: Ticket) -> StepCompletion:
+        """Wait for the oldest submitted step; returns its completion record: int32
+        `[rows]` sampled ids (and the logprobs when a row of the step asked for them), or
         for a SPECULATIVE step its int32 `[rows, 6 + W]` lane records (columns as
         manifest SpeculativeCompletion: generation, offers, accepted, emitted, draft
-        cursor, reserved, then W emitted ids).
+        cursor, reserved, then W emitted ids) in `StepCompletion.sampled`.
 
         Raises:
             RuntimeError: `ticket` is not the oldest step in flight.
@@ -212,11 +219,11 @@ class NativeModel:
             raise RuntimeError("steps complete in submission order: wait for the oldest")
         self._inflight.popleft()
         self.backend.wait(ticket.frame)
-        buffer, columns = self._record[ticket.graph]
-        done = self.backend.staging(ticket.frame)[buffer]
-        if columns:  # one contiguous [rows, columns] block at the buffer's start
-            return done.reshape(-1)[:ticket.rows * columns].reshape(ticket.rows, columns).copy()
-        return done[:ticket.rows].copy()
+        return self._completion.read(ticket.graph, ticket.frame, ticket.rows, ticket.logprobs)
+
+    def wait(self, ticket: Ticket) -> np.ndarray:
+        """`wait_step`'s sampled ids (or speculative lane records)."""
+        return self.wait_step(ticket).sampled
 
     def execute(self, plan: StepPlan) -> np.ndarray:
         """Run one step; returns int32 `[len(plan.rows)]` sampled ids (submission rows)."""
@@ -336,6 +343,20 @@ def _geometry(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest, pa
     if len(cursors) > 1:
         raise RuntimeLoadError(f"speculative graphs disagree on the draft cursor: {cursors}")
     has_cursor, lag = cursors.pop() if cursors else (False, 0)
+    sampling = [g for g in model.graphs if g.operation != cpb.OPERATION_SPECULATIVE]
+    programs = {g.name: g for g in manifest.graphs}
+    layouts = {programs[g.name].completion.top_logprobs
+               if programs[g.name].completion.logprobs_buffer else None for g in sampling}
+    top_logprobs = layouts.pop() if len(layouts) == 1 else None  # CompletionReader rejects
+    if top_logprobs is not None and not all(
+            _binds(g, cpb.VALUE_SOURCE_LOGPROBS) for g in sampling):
+        raise RuntimeLoadError("the completion record holds logprobs but not every prefill "
+                               "and decode graph binds VALUE_SOURCE_LOGPROBS")
+    biased = [_binds(g, cpb.VALUE_SOURCE_LOGIT_BIAS) and
+              _binds(g, cpb.VALUE_SOURCE_LOGIT_BIAS_ENABLED) for g in sampling]
+    if any(biased) and not all(biased):
+        raise RuntimeLoadError("some graphs bind VALUE_SOURCE_LOGIT_BIAS and "
+                               "VALUE_SOURCE_LOGIT_BIAS_ENABLED and others do not")
     return ModelGeometry(
         page_tokens=model.cache.page_tokens, num_pages=pages, slots=slots,
         max_pages_per_request=width, decode_capacities=tuple(decode),
@@ -346,4 +367,9 @@ def _geometry(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest, pa
         mask_words=model.vocabulary.mask_words or math.ceil(model.vocabulary.histogram_width / 32),
         eos_token_ids=tuple(contract.eos_token_ids),
         speculative_widths=tuple(widths) if widths and widths != [1] else (),
-        draft_cursor_lag=int(lag) if has_cursor else None)
+        draft_cursor_lag=int(lag) if has_cursor else None,
+        top_logprobs=top_logprobs, logit_bias=all(biased))
+
+
+def _binds(graph: cpb.GraphContract, source: int) -> bool:
+    return any(b.source == source for b in graph.bindings)

@@ -32,7 +32,7 @@ from .registry import (
 )
 from .rng import philox4x32_10, philox_uniform
 from .rope import rope
-from .sampling import grammar_mask_words, sample
+from .sampling import grammar_mask_words, sample, sample_biased, token_logprobs
 from .speculative import (
     draft_sample,
     paged_row_gather_prev,
@@ -74,6 +74,7 @@ __all__ = [
     "rope",
     "rope_kv_write",
     "sample",
+    "sample_biased",
     "silu_mul",
     "slot_gather",
     "slot_scatter",
@@ -84,5 +85,6 @@ __all__ = [
     "split_tuning_setup",
     "swiglu_linear",
     "timer_mark",
+    "token_logprobs",
     "tuned_split_length",
 ]

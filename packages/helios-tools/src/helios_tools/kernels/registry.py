@@ -27,7 +27,7 @@ from .linear import linear, linear_invariant
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .rope import rope
-from .sampling import sample
+from .sampling import sample, sample_biased, token_logprobs
 from .speculative import (
     draft_sample,
     paged_row_gather_prev,
@@ -202,6 +202,20 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("plane", "f32"), _b("positions", "i32"), _b("token_row", "i32"), _b("slot", "i32"),
         _b("page_table", "i32"), _b("out", "f32", "out"), *_i("T", "R", "MP", "PT", "D"),
     ),
+    "sample_biased": (
+        _b("logits", "f32"), _b("slot", "i32"), _b("positions", "i32"),
+        _b("sampling_decision", "i32"), _b("seed", "u32"), _b("temperature", "f32"),
+        _b("top_p", "f32"), _b("top_k", "i32"), _b("min_p", "f32"), _b("presence", "f32"),
+        _b("frequency", "f32"), _b("repetition", "f32"), _b("histogram", "i32", "inout"),
+        _b("logit_bias", "f32"), _b("use_bias", "i32"),
+        _b("grammar_mask", "i32"), _b("use_mask", "i32"), _b("sampled", "i32", "out"),
+        *_i("R", "V", "W32"),
+    ),
+    "token_logprobs": (
+        _b("logits", "f32"), _b("slot", "i32"), _b("sampled", "i32"),
+        _b("logprobs_k", "i32"), _b("logprobs", "f32", "out"), _b("top_ids", "i32", "out"),
+        *_i("R", "V", "K"),
+    ),
 }  # fmt: skip
 
 REFERENCE_OPS: dict[str, Callable[..., None]] = {
@@ -235,6 +249,8 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "spec_verify": spec_verify,
     "paged_row_write": paged_row_write,
     "paged_row_gather_prev": paged_row_gather_prev,
+    "sample_biased": sample_biased,
+    "token_logprobs": token_logprobs,
 }
 
 
