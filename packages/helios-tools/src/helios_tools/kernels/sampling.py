@@ -117,6 +117,38 @@ def _candidates(
     return cand, p
 
 
+def row_distribution(
+    z: NDArray[np.float32],
+    counts: NDArray[np.int32],
+    bias: NDArray[np.float32] | None,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    presence: float,
+    frequency: float,
+    repetition: float,
+    allowed: NDArray[np.bool_] | None,
+) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
+    """The sampling distribution of one row: surviving ids (ascending) and their f32
+    probabilities, after bias, penalties, mask, temperature and the truncations.
+
+    Greedy rows (temperature <= 0) and rows whose every token is masked return the argmax
+    alone with probability 1 (token 0 for a fully masked row). ``z`` is the row's f32
+    logits (not modified); ``bias`` its logit bias or None; ``allowed`` its grammar mask
+    or None. A speculative verify step reads p(token) and residuals from this.
+    """
+    if bias is not None:
+        z = z + bias
+    z = _penalize(z, counts, presence, frequency, repetition)
+    if allowed is not None:
+        z = np.where(allowed, z, np.float32(-np.inf))
+    best = int(np.argmax(z))
+    if temperature <= 0.0 or not np.isfinite(z[best]):
+        return np.array([best], np.int64), np.ones(1, np.float32)
+    return _candidates(z, temperature, top_k, top_p, min_p)
+
+
 def _sample_row(
     z: NDArray[np.float32],
     counts: NDArray[np.int32],
@@ -133,18 +165,11 @@ def _sample_row(
     repetition: float,
     allowed: NDArray[np.bool_] | None,
 ) -> int:
-    """One row of ``sample_biased``; ``z`` is the row's f32 logits (not modified), ``bias``
-    the row's f32 logit bias or None."""
-    if bias is not None:
-        z = z + bias
-    z = _penalize(z, counts, presence, frequency, repetition)
-    if allowed is not None:
-        z = np.where(allowed, z, np.float32(-np.inf))
-    best = int(np.argmax(z))
-    # Greedy, and the degenerate row whose every token is masked (token 0, like argmax).
-    if temperature <= 0.0 or not np.isfinite(z[best]):
-        return best
-    cand, p = _candidates(z, temperature, top_k, top_p, min_p)
+    """One row of ``sample_biased``: the seeded race over ``row_distribution``."""
+    cand, p = row_distribution(z, counts, bias, temperature, top_p, top_k, min_p, presence,
+                               frequency, repetition, allowed)
+    if cand.size == 1:  # greedy, a fully masked row, or one survivor: no draw needed
+        return int(cand[0])
     u = philox_uniform(seed_lo, seed_hi, position, cand)
     with np.errstate(divide="ignore"):  # p may underflow to 0 -> -inf, never chosen
         race = np.log(p.astype(np.float64)) - np.log(-np.log(u))
