@@ -251,7 +251,7 @@ class TaggedToolParser:
     def finish(self) -> list[Delta]:
         out = self._drain(True)
         if self._state == "value":
-            self._end_value(out)
+            self._end_value(out, closed=False)
         if self._state in ("param_name", "kind_open", "kind", "before_value"):
             self._state = "function"
         if self._state == "function_name":
@@ -284,7 +284,9 @@ class TaggedToolParser:
             return (s.parameter_kind_close,)
         if st == "before_value":
             return (s.parameter_value_open,)
-        return (s.parameter_value_close,)  # "value"
+        # "value": its close, or (close missing) the next parameter's opener or a function
+        # or block close, which end the value: markup never becomes argument text.
+        return (s.parameter_value_close, s.parameter_name_open, s.function_close, s.call_close)
 
     def _drain(self, final: bool) -> list[Delta]:
         out: list[Delta] = []
@@ -360,9 +362,12 @@ class TaggedToolParser:
         elif st == "value":
             if marker == s.parameter_value_close:
                 self._end_value(out)
-            elif marker in (s.function_close, s.call_close):
-                # A missing value close: the function or block close ends the value too.
-                self._end_value(out)
+            elif marker in (s.parameter_name_open, s.function_close, s.call_close, s.call_open):
+                # A missing value close: the next parameter's opener, the function or block
+                # close, or a new block ends the value; the marker then acts as itself.
+                self._end_value(out, closed=False)
+                if marker == s.call_open:  # a new block: this one ends first
+                    self._marker(s.call_close, out)
                 self._marker(marker, out)
             else:
                 self._buf += marker
@@ -384,11 +389,15 @@ class TaggedToolParser:
         if start is not None:
             out.append(start)
 
-    def _end_value(self, out: list[Delta]) -> None:
+    def _end_value(self, out: list[Delta], closed: bool = True) -> None:
+        """Emit the parameter read so far. `closed`: ended by its own close tag; else by
+        a later tag, so a tag separator before that tag is syntax, not value."""
         raw, self._buf = self._buf, ""
         self._state = "function"
         kind = self._kind
         s = self._s
+        if not closed and s.tag_separator:
+            raw = raw.removesuffix(s.tag_separator)
         wrap = s.wrapping_newline
         if wrap:
             raw = raw.removeprefix(wrap).removesuffix(wrap)
