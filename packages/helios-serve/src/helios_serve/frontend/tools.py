@@ -431,7 +431,10 @@ class JsonInTagsToolParser:
     """`call_open {"name": ..., "arguments": {...}} call_close` (TOOL_PARSER_JSON_IN_TAGS).
 
     A block holds one or more JSON call objects; each is emitted when its block closes,
-    as a start delta and one arguments fragment. A body that is not valid JSON is dropped.
+    as a start delta and one arguments fragment. A body that is not valid JSON is dropped,
+    except a block cut by the end of output (`finish`: the output limit): a call whose
+    name is complete is still returned, its arguments the partial JSON text generated so
+    far (as OpenAI returns a call cut by max_tokens, with finish "length").
     """
 
     def __init__(
@@ -451,7 +454,7 @@ class JsonInTagsToolParser:
     def finish(self) -> list[Delta]:
         out = self._drain(True)
         if self._in_block:
-            self._end_block(out)
+            self._end_block(out, cut=True)
         self._content.finish(out)
         return out
 
@@ -473,7 +476,7 @@ class JsonInTagsToolParser:
                 self._end_block(out)
         return out
 
-    def _end_block(self, out: list[Delta]) -> None:
+    def _end_block(self, out: list[Delta], cut: bool = False) -> None:
         self._in_block = False
         body, self._body = self._body.strip(), ""
         decoder = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
@@ -482,6 +485,8 @@ class JsonInTagsToolParser:
             try:
                 obj, end = decoder.raw_decode(body, pos)
             except ValueError:
+                if cut:
+                    self._cut_call(body[pos:], out)
                 return
             pos = end
             while pos < len(body) and body[pos] in " \t\r\n,":
@@ -498,3 +503,53 @@ class JsonInTagsToolParser:
             if start is not None:
                 out.append(start)
                 out.append(ToolCallArguments(start.index, _dumps(args)))
+
+    def _cut_call(self, text: str, out: list[Delta]) -> None:
+        """A call object cut by the end of output: emitted when its name is complete
+        (and registered), with the arguments text generated so far (possibly "")."""
+        s = self._s
+        decoder = json.JSONDecoder()
+        name = arguments = None
+        pos = _skip_ws(text, 0)
+        if not text.startswith("{", pos):
+            return
+        pos = _skip_ws(text, pos + 1)
+        while pos < len(text) and (name is None or arguments is None):
+            try:  # one complete key, then its value (complete or cut)
+                key, pos = decoder.raw_decode(text, pos)
+            except ValueError:
+                break
+            pos = _skip_ws(text, pos)
+            if not (isinstance(key, str) and text.startswith(":", pos)):
+                break
+            pos = _skip_ws(text, pos + 1)
+            if key == s.json_arguments_key:
+                arguments = text[pos:].rstrip()
+                try:  # complete: re-encode compactly, like a closed block's arguments
+                    value, end = decoder.raw_decode(text, pos)
+                    arguments = _dumps(value)
+                    pos = end
+                except ValueError:
+                    pos = len(text)
+            else:
+                try:
+                    value, pos = decoder.raw_decode(text, pos)
+                except ValueError:
+                    break
+                if key == s.json_name_key and isinstance(value, str):
+                    name = value
+            pos = _skip_ws(text, pos)
+            if text.startswith(",", pos):
+                pos = _skip_ws(text, pos + 1)
+        if name is None:
+            return
+        start = self._sink.start(name)
+        if start is not None:
+            out.append(start)
+            out.append(ToolCallArguments(start.index, arguments or ""))
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
