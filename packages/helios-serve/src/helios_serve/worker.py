@@ -22,6 +22,15 @@ step and waits for it. Completions are processed in submission order.
 Host-stop barrier ("String stops"): the worker determines every stop before it submits
 another round. While a string-stop, token-stop or constrained request is live the
 scheduler keeps one round outstanding, and rounds are one token wide.
+
+Output work off the critical path: right after `scheduler.complete` the worker stamps the
+step and decides what changes scheduling (EOS, the output limit: `scheduler.finish` at
+once); the output work of requests that need no feedback (pipeline: detokenize, parse;
+events) runs after the next step is submitted when a step is still in flight, so the
+device always has the next step queued while the host turns tokens into text. With
+nothing in flight, or for requests that need feedback, it runs before the next
+submission. All responses' events of one step reach the HTTP loop in one wake-up
+(`events.deliver`); gauges are published at most every GAUGE_PERIOD_S and when idle.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from helios_serve.engine.plan import (
 from helios_serve.events import (
     Cancel,
     Event,
+    EventSink,
     Failed,
     Finished,
     FinishReason,
@@ -54,6 +64,7 @@ from helios_serve.events import (
     Output,
     Rejected,
     TokenObserved,
+    deliver,
 )
 from helios_serve.metrics import REJECT_SCHEDULER, Metrics
 from helios_serve.scheduler import (
@@ -66,6 +77,8 @@ from helios_serve.scheduler import (
 from helios_serve.scheduler import FinishReason as SchedFinish
 
 log = logging.getLogger(__name__)
+
+GAUGE_PERIOD_S = 0.02  # gauges while busy: /metrics is scraped, not read per step
 
 _SCHED_REASON = {
     FinishReason.STOP: SchedFinish.STOP,
@@ -106,6 +119,21 @@ class _Live:
     first_token_s: float | None = None  # step clock (seconds) of the first token
     last_token_s: float | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
+    # Set when the worker ended the request in the scheduler (EOS, output limit) before
+    # its last token's output work ran: the scheduler's summary for the Finished event.
+    ended: FinishedRequest | None = None
+
+
+@dataclass
+class _Output:
+    """A validated token whose output work (grammar, pipeline, events) is still to run."""
+
+    live: _Live
+    token: int
+    output_tokens: int  # the request's output length after this token
+    stamp_ns: int | None  # observation stamp (timed requests), taken after complete
+    now_s: float  # the step's clock reading (latency metrics, Finished)
+    logprob: TokenLogprob | None = None  # the row's logprobs record, when it asked
 
 
 @dataclass
@@ -171,6 +199,8 @@ class ModelWorker:
         self._reported = self.scheduler.stats()
         self._last_stats = self._reported  # published after each step (read by any thread)
         self._live_count = 0
+        self._outputs: list[_Output] = []  # validated tokens awaiting output work, in order
+        self._gauges_at = 0.0  # clock (s) of the last gauge publication
         self._constrained_max_inflight = 0
         metrics.pages_capacity.set(self.geometry.num_pages)
         metrics.slots_capacity.set(self.geometry.slots)
@@ -250,10 +280,12 @@ class ModelWorker:
             if plan is not None:
                 self._submit(plan)
                 submitted = True
+        self._flush_outputs()  # the last completion's output work, behind the new step
         if self._inflight:
             if not (submitted and self.scheduler.can_schedule_ahead()):
                 self._complete_oldest()
         elif not submitted:
+            self._gauges_at = -GAUGE_PERIOD_S  # idle: publish now
             self._publish_gauges()
             with self._lock:  # nothing runnable: sleep until ingress or a cancel arrives
                 if not self._ingress and not self._cancels and not self._stopping:
@@ -317,9 +349,10 @@ class ModelWorker:
         request.sink.publish([Rejected(message, capacity)])
 
     def _cancel(self, request_id: int) -> None:
-        live = self._live.pop(request_id, None)
-        if live is None:
-            return  # already finished: the reader released a finished response
+        live = self._live.get(request_id)
+        if live is None or live.ended is not None:
+            return  # already finished (its output work delivers the terminal event)
+        del self._live[request_id]
         self.scheduler.cancel(request_id)
         self.metrics.requests_finished.labels("cancelled").inc()
 
@@ -410,11 +443,14 @@ class ModelWorker:
     def _fail_request(self, live: _Live, message: str) -> None:
         """End one request with an output error; its frames drain in the scheduler."""
         self._live.pop(live.request.request_id, None)
-        self.scheduler.finish(live.request.request_id, SchedFinish.ERROR)
+        if live.ended is None:
+            self.scheduler.finish(live.request.request_id, SchedFinish.ERROR)
         self.metrics.requests_finished.labels("error").inc()
         live.request.sink.publish(live.events + [Failed(message)])
+        live.events = []
 
     def _fail_plan(self, plan: StepPlan, message: str) -> None:
+        self._flush_outputs()  # earlier steps' output reaches the readers before the error
         for summary in self.scheduler.fail(plan):
             live = self._live.pop(summary.request_id, None)
             if live is not None:
@@ -424,7 +460,14 @@ class ModelWorker:
     def _validate(self, results: list[RowResult],
                   logprobs: dict[int, TokenLogprob] | None = None) -> None:
         """Per-request validation of one completed step, in submission-row order;
-        `logprobs` holds the TokenLogprob of each sampled row that asked for one."""
+        `logprobs` holds the TokenLogprob of each sampled row that asked for one.
+
+        What changes scheduling is decided here, before the next `schedule()`: EOS and
+        the output limit end the request in the scheduler at once. The output work
+        (`_feed`) is queued; it runs now when nothing else is in flight or a request of
+        this step needs feedback (the host-stop barrier), else after the next
+        submission (`_step`).
+        """
         logprobs = logprobs or {}
         sampled = [r for r in results if r.token_id is not None and r.request_id in self._live]
         # model-contract.md, "Token and timing observation": stamp validated completions
@@ -432,31 +475,34 @@ class ModelWorker:
         # read once per step (never per token), and that one reading is the observation
         # stamp of timed requests and the time of the latency histograms.
         now_ns = self.clock.now_ns()
-        stamp_ns = (
-            now_ns
-            if any(self._live[r.request_id].request.observe_timestamps for r in sampled)
-            else None
-        )
         now_s = now_ns / 1e9
+        feedback = False
+        tokens = 0
         for result in sampled:
             live = self._live.get(result.request_id)
-            if live is None:  # finished by an earlier token of its speculative run
-                continue
-            try:
-                self._on_token(live, result, stamp_ns, now_s, logprobs.get(result.request_id))
-            except Exception as exc:  # output pipeline failure: this request only
-                log.warning("output failed for a request: %s", exc)
-                self._fail_request(live, f"output failed: {exc}")
-                continue
-            if live.events:
-                live.request.sink.publish(live.events)
-                live.events = []
+            if live is None or live.ended is not None:
+                continue  # ended by an earlier token of its speculative run
+            request = live.request
+            token = int(result.token_id)  # type: ignore[arg-type]
+            self._observe_latency(live, now_s)
+            stamp_ns = now_ns if request.observe_timestamps else None
+            self._outputs.append(_Output(live, token, result.output_tokens, stamp_ns, now_s,
+                                         logprobs.get(result.request_id)))
+            tokens += 1
+            if request.needs_feedback:
+                feedback = True
+            elif request.pipeline.is_eos(token):
+                live.ended = self.scheduler.finish(request.request_id, SchedFinish.STOP,
+                                                   result.output_tokens)
+            elif result.output_tokens >= request.max_output_tokens:
+                live.ended = self.scheduler.finish(request.request_id, SchedFinish.LENGTH,
+                                                   result.output_tokens)
+        self.metrics.generation_tokens.inc(tokens)
+        if feedback or not self._inflight:
+            self._flush_outputs()
 
-    def _on_token(self, live: _Live, result: RowResult, stamp_ns: int | None, now_s: float,
-                  logprob: TokenLogprob | None = None) -> None:
+    def _observe_latency(self, live: _Live, now_s: float) -> None:
         request = live.request
-        token = int(result.token_id)  # type: ignore[arg-type]
-        self.metrics.generation_tokens.inc()
         if live.first_token_s is None:
             if request.enqueue_ns is not None:
                 self.metrics.time_to_first_token.observe(max(0.0, now_s - request.enqueue_ns / 1e9))
@@ -464,10 +510,39 @@ class ModelWorker:
         elif live.last_token_s is not None:
             self.metrics.inter_token_latency.observe(max(0.0, now_s - live.last_token_s))
         live.last_token_s = now_s
+
+    def _flush_outputs(self) -> None:
+        """Run the queued output work, then deliver every response's new events at once."""
+        if not self._outputs:
+            return
+        outputs, self._outputs = self._outputs, []
+        touched: dict[int, _Live] = {}
+        for out in outputs:
+            live = out.live
+            if self._live.get(live.request.request_id) is not live:
+                continue  # cancelled or failed after its completion
+            try:
+                self._feed(out)
+            except Exception as exc:  # output pipeline failure: this request only
+                log.warning("output failed for a request: %s", exc)
+                self._fail_request(live, f"output failed: {exc}")
+                touched.pop(id(live), None)
+                continue
+            touched[id(live)] = live
+        batches: list[tuple[EventSink, list[Event]]] = []
+        for live in touched.values():
+            if live.events:
+                batches.append((live.request.sink, live.events))
+                live.events = []
+        deliver(batches)
+
+    def _feed(self, out: _Output) -> None:
+        """One token's output work: observation, grammar, pipeline, finish."""
+        live = out.live
+        request = live.request
+        token, logprob = out.token, out.logprob
         if request.observe_ids:
-            live.events.append(
-                TokenObserved(token, stamp_ns if request.observe_timestamps else None)
-            )
+            live.events.append(TokenObserved(token, out.stamp_ns))
         if request.grammar is not None and not request.grammar.advance(token):
             raise OutputError(
                 f"the grammar rejected sampled token {token}: {request.grammar.error}"
@@ -476,7 +551,7 @@ class ModelWorker:
         # string stops are matched there, before presentation.
         pipeline = request.pipeline
         deltas = pipeline.feed(token)
-        if not pipeline.finished and result.output_tokens >= request.max_output_tokens:
+        if not pipeline.finished and out.output_tokens >= request.max_output_tokens:
             deltas = deltas + pipeline.finish("length")
         # One TokenLogprob per sampled token, except the EOS id that ends the request.
         if logprob is not None and pipeline.finished and token in self.geometry.eos_token_ids:
@@ -484,7 +559,8 @@ class ModelWorker:
         if deltas or logprob is not None:
             live.events.append(Output(tuple(deltas), (logprob,) if logprob else ()))
         if pipeline.finished:
-            self._finish(live, FinishReason(pipeline.finish_reason), now_s, result.output_tokens)
+            self._finish(live, FinishReason(pipeline.finish_reason), out.now_s,
+                         out.output_tokens)
 
     def _finish(self, live: _Live, reason: FinishReason, now_s: float,
                 output_tokens: int | None = None) -> None:
@@ -492,8 +568,8 @@ class ModelWorker:
         and including that token; later tokens of the same speculative run are
         discarded)."""
         request = live.request
-        summary: FinishedRequest = self.scheduler.finish(request.request_id,
-                                                         _SCHED_REASON[reason], output_tokens)
+        summary: FinishedRequest = live.ended or self.scheduler.finish(
+            request.request_id, _SCHED_REASON[reason], output_tokens)
         del self._live[request.request_id]
         self.metrics.requests_finished.labels(reason.value).inc()
         if request.enqueue_ns is not None:
@@ -508,6 +584,11 @@ class ModelWorker:
         )
 
     def _publish_gauges(self) -> None:
+        """After every step; publishes at most every GAUGE_PERIOD_S (at once when idle)."""
+        now_s = self.clock.now_ns() / 1e9
+        if now_s - self._gauges_at < GAUGE_PERIOD_S:
+            return
+        self._gauges_at = now_s
         stats = self.scheduler.stats()
         m = self.metrics
         m.requests_running.set(stats.running)

@@ -36,7 +36,7 @@ from helios_serve.events import (
     Rejected,
     TokenObserved,
 )
-from helios_serve.frontend.deltas import accumulate
+from helios_serve.frontend.deltas import accumulate, coalesce
 from helios_serve.frontend.errors import FrontendRequestError
 from helios_serve.frontend.grammar import GrammarCompiler
 from helios_serve.frontend.stops import parse_stops
@@ -363,27 +363,49 @@ class SseStream:
         self._permit.release()
 
     async def events(self) -> AsyncIterator[bytes]:
+        """The SSE bytes: one write per batch of events that arrived together.
+
+        After one awaited event, every event already queued joins it (a reader that fell
+        behind writes its backlog at once); consecutive presentation deltas of an
+        unobserved response become one chunk (frontend.deltas.coalesce).
+        """
         ctx = self._ctx
+        sink = self._generation.sink
         try:
             yield responses.role_chunk(ctx)
             while True:
-                event = await self._generation.sink.get()
-                if isinstance(event, TokenObserved):
-                    yield responses.observation_chunk(ctx, event.token_id, event.timestamp_ns)
-                elif isinstance(event, Output):
-                    yield responses.delta_chunks(ctx, event.deltas)
-                elif isinstance(event, Finished):
-                    self._terminal = True
-                    yield responses.terminal_chunks(ctx, event)
-                    return
-                elif isinstance(event, Rejected | Failed):
-                    self._terminal = True
-                    error: ApiError = (
-                        _rejection(ctx, event)
-                        if isinstance(event, Rejected)
-                        else ExecutionFailed(event.message)
-                    )
-                    yield responses.error_event(error.body())
+                events = [await sink.get(), *sink.drain()]
+                out: list[bytes] = []
+                deltas: list = []  # presentation deltas not yet encoded, in order
+                for event in events:
+                    if isinstance(event, Output):
+                        deltas.extend(event.deltas)
+                        continue
+                    if deltas:
+                        out.append(responses.delta_chunks(ctx, coalesce(deltas)))
+                        deltas = []
+                    if isinstance(event, TokenObserved):
+                        out.append(responses.observation_chunk(ctx, event.token_id,
+                                                               event.timestamp_ns))
+                    elif isinstance(event, Finished):
+                        self._terminal = True
+                        out.append(responses.terminal_chunks(ctx, event))
+                        break
+                    elif isinstance(event, Rejected | Failed):
+                        self._terminal = True
+                        error: ApiError = (
+                            _rejection(ctx, event)
+                            if isinstance(event, Rejected)
+                            else ExecutionFailed(event.message)
+                        )
+                        out.append(responses.error_event(error.body()))
+                        break
+                if deltas:
+                    out.append(responses.delta_chunks(ctx, coalesce(deltas)))
+                data = b"".join(out)
+                if data:  # (an empty chunk would end a chunked HTTP body)
+                    yield data
+                if self._terminal:
                     return
         finally:
             self.close()

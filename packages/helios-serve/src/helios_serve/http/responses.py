@@ -41,6 +41,8 @@ class ResponseContext:
     capacity_param: str | None = None  # the field a capacity rejection names
     token_ids: list[int] = field(default_factory=list)
     token_timestamps_ns: list[int] = field(default_factory=list)
+    # The bytes around a presentation chunk's delta object (`delta_chunks`), made once.
+    delta_envelope: tuple[bytes, bytes] | None = None
 
 
 def usage(finished: Finished) -> dict[str, Any]:
@@ -167,8 +169,26 @@ def delta_dict(delta: Any) -> dict[str, Any]:
     raise TypeError(f"not a presentation delta: {delta!r}")
 
 
+_SLOT = "\x00delta\x00"  # stands for the delta object while the envelope is encoded
+
+
 def delta_chunks(ctx: ResponseContext, deltas: Sequence[Any]) -> bytes:
-    return b"".join(_event(_chunk(ctx, [_choice(delta_dict(d))])) for d in deltas)
+    """One chunk per presentation delta (the bytes `_event(_chunk(...))` gives).
+
+    Every chunk of a response shares its envelope (id, created, model, usage: null), so it
+    is encoded once per response and only the delta object is encoded per chunk: the
+    streaming path runs this once per token.
+    """
+    if ctx.delta_envelope is None:
+        encoded = _event(_chunk(ctx, [_choice(_SLOT)]))  # type: ignore[arg-type]
+        head, _, tail = encoded.partition(json.dumps(_SLOT).encode())
+        ctx.delta_envelope = (head, tail)
+    head, tail = ctx.delta_envelope
+    return b"".join(
+        head + json.dumps(delta_dict(d), separators=(",", ":"), ensure_ascii=False).encode()
+        + tail
+        for d in deltas
+    )
 
 
 def terminal_chunks(ctx: ResponseContext, finished: Finished) -> bytes:
