@@ -28,9 +28,11 @@ device time spent in `wait` as on the GPU.
 thread, the busiest frames (inclusive and self); the folded stacks stay in bench/out/.
 
 Run: `uv run python bench/serve_overhead.py [--quick] [--json bench/out/serve_overhead.json]`
-(exports bench/out/serve_cpu.core once when absent, as bench/serve_cpu.py does). Figures
-only; never asserted on. On a shared 2-core host the client process competes with the
-server for CPU: its CPU seconds are recorded beside each level.
+(exports bench/out/serve_cpu.core once when absent, or takes --core/--trust/--accept).
+Needs no GPU: on the GPU machine it measures that host's CPU (bench/gpu_device.sh
+serve-smollm2). Figures only; never asserted on. On a shared 2-core host the client
+process competes with the server for CPU: its CPU seconds are recorded beside each level,
+and wall-clock ratios there say more about the other tenants than about the server.
 """
 
 from __future__ import annotations
@@ -342,10 +344,10 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
             "client_cpu_per_wall": (client1 - client0) / wall}
 
 
-def measure(args, core_path: Path, trust: Path) -> dict:
+def measure(args, core_path: Path, trust: Path, accept: str) -> dict:
     from helios_serve.bootstrap import Bootstrap
 
-    bootstrap = Bootstrap.load(core_path, [trust], NAMESPACE)
+    bootstrap = Bootstrap.load(core_path, [trust], accept)
     table = device_step_table(DEVICE_JSON, args.scale)
     step_s, by_name = step_seconds(bootstrap.contract, table)
     token_ids = text_token_ids(bootstrap.tokenizer)
@@ -355,7 +357,7 @@ def measure(args, core_path: Path, trust: Path) -> dict:
         bare = bare_loop(bootstrap.core, step_s, token_ids, c, args.bare_steps)
         prompts = [prompt_text(bootstrap.tokenizer, c * 10_000 + i, args.prompt_tokens)
                    for i in range(c * (args.requests + 1))]
-        child = Child(core_path, trust, NAMESPACE, c, args.scale)
+        child = Child(core_path, trust, accept, c, args.scale)
         spy = None
         try:  # one unrecorded round first: every graph the level uses, connections opened
             asyncio.run(served_level(child, served_id, prompts[:c], c, 1, 8, 0.0))
@@ -387,17 +389,20 @@ def measure(args, core_path: Path, trust: Path) -> dict:
 
 
 def ensure_core() -> tuple[Path, Path]:
+    """bench/out/serve_cpu.core (SmolLM2, the recipe's default weights), exported in this
+    process when absent, with its publisher key."""
+    from helios_ignition.export import export_core
+    from helios_tools.core.signing import generate_key, write_key_pair
+
     public = KEY.with_name(KEY.name + ".pub")
     if CORE.is_file() and public.is_file():
         return CORE, public
     OUT.mkdir(parents=True, exist_ok=True)
-    bindir = Path(sys.executable).parent
     if not (KEY.is_file() and public.is_file()):
-        subprocess.run([str(bindir / "helios-tools"), "keygen", "--out", str(KEY)], check=True)
+        write_key_pair(generate_key(), KEY)
     partial = CORE.with_suffix(".core.partial")
-    subprocess.run([str(bindir / "ignition"), "export", str(RECIPE), "--checkpoint", "smollm2",
-                    "--key", str(KEY), "--namespace", NAMESPACE, "--out", str(partial)],
-                   check=True)
+    print(f"exporting {CORE} ...", flush=True)
+    export_core(RECIPE, checkpoint="smollm2", key_path=KEY, namespace=NAMESPACE, out=partial)
     partial.replace(CORE)
     return CORE, public
 
@@ -416,10 +421,11 @@ def main() -> None:
                     help="py-spy the server during each level (bench/out/*.folded)")
     ap.add_argument("--label", default="", help="recorded in the JSON (e.g. before/after)")
     ap.add_argument("--json", default=str(OUT / "serve_overhead.json"))
+    ap.add_argument("--core", help="a SmolLM2 core to serve (default: bench/out/serve_cpu.core, "
+                    "exported when absent); its kernels are not run")
+    ap.add_argument("--trust", help="its publisher's public key (with --core)")
+    ap.add_argument("--accept", help="its publisher namespace (with --core)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--core", help=argparse.SUPPRESS)
-    ap.add_argument("--trust", help=argparse.SUPPRESS)
-    ap.add_argument("--accept", help=argparse.SUPPRESS)
     ap.add_argument("--max-active", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -427,9 +433,14 @@ def main() -> None:
         return
     if args.quick:
         args.requests, args.max_tokens, args.bare_steps = 3, 64, 100
-    core, trust = ensure_core()
+    if args.core:
+        if not (args.trust and args.accept):
+            raise SystemExit("--core needs --trust and --accept")
+        core, trust, accept = Path(args.core), Path(args.trust), args.accept
+    else:
+        (core, trust), accept = ensure_core(), NAMESPACE
     load_before = os.getloadavg()[0]
-    figures = measure(args, core, trust)
+    figures = measure(args, core, trust, accept)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     result = {"label": args.label, "commit": commit, "quick": args.quick,
