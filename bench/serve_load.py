@@ -49,6 +49,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+# Idle pooled connections are dropped before uvicorn closes them (timeout_keep_alive 5 s):
+# reusing one the server is closing fails with a ReadError under load.
+KEEPALIVE_S = 2.0
 
 
 # -- prompts ----------------------------------------------------------------------------------
@@ -111,7 +114,8 @@ async def _client_main(url: str, model: str, prompts: list[str], concurrency: in
     client = openai.AsyncOpenAI(
         base_url=f"{url}/v1", api_key="bench", max_retries=0,
         http_client=httpx.AsyncClient(timeout=3600.0, trust_env=False,
-                                      limits=httpx.Limits(max_connections=concurrency + 4)))
+                                      limits=httpx.Limits(max_connections=concurrency + 4,
+                                                          keepalive_expiry=KEEPALIVE_S)))
     queue: asyncio.Queue[str] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)

@@ -59,6 +59,9 @@ NAMESPACE = "helios.bench/serve"
 RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
 DEVICE_JSON = BENCH / "results" / "gpu_final_smollm2.json"
 TARGET_RATIO = 0.9
+# Idle pooled connections are dropped before uvicorn closes them (timeout_keep_alive 5 s):
+# reusing one the server is closing fails with a ReadError under load.
+KEEPALIVE_S = 2.0
 
 TEXT = (
     "The printing press changed how knowledge moved through Europe. Before it, books were "
@@ -293,7 +296,8 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
     client = openai.AsyncOpenAI(
         base_url=f"{child.url}/v1", api_key="bench", max_retries=0,
         http_client=httpx.AsyncClient(timeout=600.0, trust_env=False,
-                                      limits=httpx.Limits(max_connections=concurrency + 8)))
+                                      limits=httpx.Limits(max_connections=concurrency + 8,
+                                                          keepalive_expiry=KEEPALIVE_S)))
     spans: list[tuple[float, float, int, int]] = []  # first chunk, last chunk, tokens, chunks
 
     async def one(index: int) -> None:
