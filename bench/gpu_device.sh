@@ -84,7 +84,7 @@ case $stage in
     [ -f "$C" ] || ign export recipes/llama_serving_bench.py --checkpoint "$HOME/g/smol.gguf" --key "$K" \
       --namespace $NS --out "$C" --target sm_90 2>&1 | tail -2 | tee "$OUTD/export_smollm2.log"
     python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
-      --max-active 32 --workload 132/256 --concurrency 1 8 32 --rounds 3 \
+      --max-active 32 --workload 132/256 --concurrency 1 8 32 --rounds 3 --profile "$OUTD/prof" \
       --json "$OUTD/serve_load_smollm2_c32.json" 2>&1 | tee "$OUTD/serve_load_smollm2_c32.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" \
       --json "$OUTD/smollm2_native.json" 2>&1 | tail -12 | tee "$OUTD/smollm2_native.log"

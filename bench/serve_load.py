@@ -124,12 +124,19 @@ async def _client_main(url: str, model: str, prompts: list[str], concurrency: in
 
     async def one(prompt: str) -> dict:
         rec = {"sent": time.time(), "first": None, "end": None, "gaps": [], "chunks": 0,
-               "completion_tokens": 0, "prompt_tokens": 0, "error": None}
+               "completion_tokens": 0, "prompt_tokens": 0, "error": None, "retries": 0}
         try:
-            stream = await client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": prompt}],
-                max_tokens=max_tokens, temperature=0, stream=True,
-                stream_options={"include_usage": True}, extra_body=extra)
+            for attempt in range(3):
+                try:
+                    stream = await client.chat.completions.create(
+                        model=model, messages=[{"role": "user", "content": prompt}],
+                        max_tokens=max_tokens, temperature=0, stream=True,
+                        stream_options={"include_usage": True}, extra_body=extra)
+                    break
+                except openai.APIConnectionError:  # before any response byte: resend
+                    if attempt == 2:
+                        raise
+                    rec["retries"] += 1
             last = None
             async for chunk in stream:
                 now = time.time()
@@ -208,6 +215,7 @@ def run_level(url: str, model: str, prompts: list[str], concurrency: int, max_to
         "tpot_ms": pct(tpot),
         "itl_ms": pct([g for r in ok for g in r["gaps"]]),
         "tokens_per_chunk": tokens / chunks if chunks else None,
+        "connection_retries": sum(r["retries"] for r in records),
         "client_processes": procs,
     }
 
@@ -316,6 +324,9 @@ def main() -> None:
     ap.add_argument("--no-ignore-eos", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--profile", metavar="DIR",
+                    help="py-spy the served process during each level into DIR/*.folded "
+                         "and print its busiest frames per thread (needs py-spy, ptrace)")
     ap.add_argument("--json", default=str(REPO / "bench" / "out" / "serve_load.json"))
     args = ap.parse_args()
 
@@ -343,8 +354,22 @@ def main() -> None:
             levels = []
             for c in args.concurrency:
                 count = max(args.min_requests, args.rounds * c)
-                level = run_level(url, model, [prompts.make(n_in) for _ in range(count)], c,
-                                  n_out, ignore_eos, args.client_procs)
+                batch = [prompts.make(n_in) for _ in range(count)]
+                spy = None
+                if args.profile and served is not None:
+                    from serve_overhead import Profiler  # bench/ is this script's folder
+
+                    Path(args.profile).mkdir(parents=True, exist_ok=True)
+                    spy = Profiler(served.proc.pid,
+                                   Path(args.profile) / f"serve_{n_in}_{n_out}_c{c}.folded")
+                try:
+                    level = run_level(url, model, batch, c, n_out, ignore_eos,
+                                      args.client_procs)
+                finally:
+                    if spy is not None:
+                        level_profile = spy.stop()
+                if spy is not None:
+                    level["profile"] = level_profile
                 level["metrics_after"] = metrics_snapshot(url)
                 levels.append(level)
                 t, p, i = level["ttft_ms"], level["tpot_ms"], level["itl_ms"]

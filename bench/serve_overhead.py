@@ -42,6 +42,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import threading
@@ -179,23 +180,40 @@ class Child:
                 self.proc.wait(5)
 
 
+def py_spy() -> str:
+    """The py-spy binary: beside this interpreter, on PATH, or in a `bin/` beside an import
+    path (pip --target installs, as on the GPU machine)."""
+    candidates = [Path(sys.executable).parent / "py-spy"]
+    found = shutil.which("py-spy")
+    if found:
+        candidates.append(Path(found))
+    candidates += [Path(p) / "bin" / "py-spy" for p in sys.path if p]
+    for c in candidates:
+        if c.is_file():
+            return str(c)
+    raise SystemExit("py-spy not found (dev dependency; on the GPU machine: bench/gpu_wheels.txt)")
+
+
 class Profiler:
     """py-spy sampling the server child (all threads, without pausing it) into a folded-
     stacks file; `stop` prints the heaviest frames of each thread."""
 
     def __init__(self, pid: int, path: Path):
         self.path = path
-        spy = Path(sys.executable).parent / "py-spy"
-        self.proc = subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate", "1000",
+        self.proc = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", "1000",
                                       "--threads", "--format", "raw",
                                       "-o", str(path)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # attach before the level starts
 
-    def stop(self, top: int = 25) -> None:
+    def stop(self, top: int = 25) -> dict:
+        """Stop sampling; print and return the per-thread summary ({} when py-spy failed)."""
         self.proc.send_signal(2)
         self.proc.wait(30)
-        summarize_profile(self.path, top)
+        if not self.path.is_file():
+            print(f"py-spy wrote no profile (exit {self.proc.returncode}; ptrace allowed?)")
+            return {}
+        return summarize_profile(self.path, top)
 
 
 IDLE_LEAVES = ("PacedBackend.wait", "EpollSelector.select", "Condition.wait", "_worker (",
@@ -300,11 +318,21 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
                                                           keepalive_expiry=KEEPALIVE_S)))
     spans: list[tuple[float, float, int, int]] = []  # first chunk, last chunk, tokens, chunks
 
+    retries = 0
+
     async def one(index: int) -> None:
-        stream = await client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": prompts[index]}],
-            max_tokens=max_tokens, temperature=0, stream=True,
-            stream_options={"include_usage": True})
+        nonlocal retries
+        for attempt in range(3):
+            try:
+                stream = await client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": prompts[index]}],
+                    max_tokens=max_tokens, temperature=0, stream=True,
+                    stream_options={"include_usage": True})
+                break
+            except openai.APIConnectionError:  # before any byte of the response: resend
+                if attempt == 2:
+                    raise
+                retries += 1
         tokens = n = 0
         first = last = 0.0
         async for chunk in stream:
@@ -338,6 +366,7 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "steady_window_s": max(0.0, hi - lo), "steady_tokens_per_s": steady,
             "sse_chunks_per_request": float(np.mean([n for *_, n in spans])),
+            "connection_retries": retries,
             "device_busy": (after["device_busy_s"] - before["device_busy_s"]) / wall,
             "launches": after["launches"] - before["launches"],
             "queued_launches": after["queued"] - before["queued"],
@@ -370,6 +399,11 @@ def measure(args, core_path: Path, trust: Path, accept: str) -> dict:
             request_s = args.max_tokens * bare["step_ms"] / 1e3
             served = asyncio.run(served_level(child, served_id, prompts[c:], c, args.requests,
                                               args.max_tokens, request_s))
+        except Exception as exc:  # recorded; the other levels still run
+            print(f"C={c:>3}  failed: {type(exc).__name__}: {exc}", flush=True)
+            levels.append({"concurrency": c, "bare": bare,
+                           "error": f"{type(exc).__name__}: {exc}"[:300]})
+            continue
         finally:
             if spy is not None:
                 spy.stop()
