@@ -54,7 +54,8 @@ class PacedBackend:
         self._completion = {g.name: g.completion.buffer for g in manifest.graphs}
         needed = {b.destination for g in contract.model.graphs for b in g.bindings}
         needed |= set(self._completion.values())
-        decls = {b.name: b for b in manifest.buffers if b.name in needed}
+        decls = {b.name: b for b in manifest.buffers if b.name in needed
+                 or b.role == mpb.BUFFER_ROLE_OUTPUT}  # completion records (logprobs too)
         per_frame = {n for n, b in decls.items()
                      if b.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)}
         shared = {n: _zeros(b) for n, b in decls.items() if n not in per_frame}
