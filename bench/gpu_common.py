@@ -39,12 +39,15 @@ class MemoryCore:
         return value() if callable(value) else value
 
 
-def build_core(recipe, ckpt, caps: Capacities, target: str, weights) -> tuple[MemoryCore, dict]:
-    """Capture, compile for `target` and wrap with `weights` (resource id -> bytes|callable)."""
+def build_core(recipe, ckpt, caps: Capacities, target: str, weights,
+               split_tuning=None) -> tuple[MemoryCore, dict]:
+    """Capture (with the decode-split tuning producer when `split_tuning` is a
+    recipe.SplitTuning), compile for `target` and wrap with `weights` (resource id ->
+    bytes|callable)."""
     recipe = replace(recipe, capacities=caps)
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
     t0 = time.perf_counter()
-    manifest, graphs = capture(shapes, caps, recipe.weight_dtype)
+    manifest, graphs = capture(shapes, caps, recipe.weight_dtype, split_tuning=split_tuning)
     t1 = time.perf_counter()
     blobs = compile_targets(manifest, (target,))
     t2 = time.perf_counter()

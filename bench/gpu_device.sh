@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -19,6 +19,14 @@ if [ ! -f "$HOME/g/smol.gguf" ] && [ -f "$HOME/g/p3" ]; then
   cat "$HOME"/g/p1 "$HOME"/g/p2 "$HOME"/g/p3 > "$HOME/g/smol.gguf"
   sha256sum "$HOME/g/smol.gguf"
 fi
+# Serving benchmarks (issue 17): one publisher key and the cores under $HOME/cores.
+NS=helios.bench/serve
+K=$HOME/cores/publisher.key
+ign() { python3 -c "import sys; from helios_ignition.cli import main; sys.argv[0] = 'ignition'; main()" "$@"; }
+ensure_key() {
+  mkdir -p "$HOME/cores"
+  [ -f "$K" ] || python3 -c "import sys; from helios_tools.cli import main; sys.argv[0] = 'helios-tools'; main()" keygen --out "$K"
+}
 for stage in "$@"; do
 case $stage in
   stage1|stage2)
@@ -54,9 +62,54 @@ case $stage in
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_speculative.py 2>&1 | tee "$OUTD/spec_tests.log"
     python3 bench/speculative.py --model smollm2 --backend cuda --gguf "$HOME/g/smol.gguf" --baseline --json "$OUTD/spec_smollm2.json" 2>&1 | tee "$OUTD/spec_smollm2.log"
     python3 bench/speculative.py --model llama-3.1-8b --backend cuda --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" ;;
+  tuning)  # startup tuning (decode-split producer) and KV cache sizing on the device:
+    # tests, then each candidate split count timed against the producer's choice
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_tuning_kernels.py \
+      tests/gpu/test_tuning_model.py 2>&1 | tee "$OUTD/tuning_tests.log"
+    python3 bench/gpu_tuning.py --model smollm2 --gguf "$HOME/g/smol.gguf" \
+      --json "$OUTD/tuning_smollm2.json" 2>&1 | tee "$OUTD/tuning_smollm2.log"
+    python3 bench/gpu_tuning.py --model llama-3.1-8b --batches 1 8 \
+      --json "$OUTD/tuning_llama8b.json" 2>&1 | tee "$OUTD/tuning_llama8b.log" ;;
   model)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;
+  serve-smollm2)
+    # Issue 17 served throughput (a): real SmolLM2 weights, the serving-bench recipe
+    # (decode captured to 256 rows), helios-serve --backend cuda driven by bench/serve_load.py;
+    # the issue's 132/256 setup at concurrency 1/8/32 with --max-active 32 beside the
+    # NativeModel loop of the same lease; and bench/serve_overhead.py (CPU only: this
+    # host's cores, paced device) and bench/packing.py (host step).
+    ensure_key
+    C=$HOME/cores/smollm2-bench.core
+    [ -f "$C" ] || ign export recipes/llama_serving_bench.py --checkpoint "$HOME/g/smol.gguf" --key "$K" \
+      --namespace $NS --out "$C" --target sm_90 2>&1 | tail -2 | tee "$OUTD/export_smollm2.log"
+    python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
+      --max-active 32 --workload 132/256 --concurrency 1 8 32 --rounds 3 --profile "$OUTD/prof" \
+      --json "$OUTD/serve_load_smollm2_c32.json" 2>&1 | tee "$OUTD/serve_load_smollm2_c32.log"
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" \
+      --json "$OUTD/smollm2_native.json" 2>&1 | tail -12 | tee "$OUTD/smollm2_native.log"
+    python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
+      --max-active 256 --workload 128/128 1024/1024 --concurrency 1 16 64 256 \
+      --json "$OUTD/serve_load_smollm2.json" 2>&1 | tee "$OUTD/serve_load_smollm2.log"
+    python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS \
+      --json "$OUTD/serve_overhead_h200host.json" 2>&1 | grep -v "^ " | tee "$OUTD/serve_overhead.log"
+    python3 bench/packing.py --json "$OUTD/packing_h200host.json" 2>&1 | tee "$OUTD/packing.log" ;;
+  export-8b)
+    # Issue 17 served throughput (b), part 1: a Llama-3.1-8B-geometry core with seeded random
+    # bf16 weights (16 GB) written to $HOME (kept while the machine is warm: run load-8b next).
+    ensure_key
+    rm -f "$HOME/cores/llama8b.core"
+    t0=$(date +%s)
+    ign export recipes/llama_serving_bench.py --random-weights 0 --geometry llama-3.1-8b \
+      --key "$K" --namespace $NS --out "$HOME/cores/llama8b.core" --target sm_90 2>&1 \
+      | tail -2 | tee "$OUTD/export_llama8b.log"
+    echo "export took $(( $(date +%s) - t0 )) s" | tee -a "$OUTD/export_llama8b.log"
+    df -h "$HOME" | tail -1 ;;
+  load-8b)
+    # Part 2: serve that core on the GPU and measure 128/128 and 1024/1024 at 1/16/64/256.
+    python3 bench/serve_load.py --core "$HOME/cores/llama8b.core" --trust "$K.pub" --accept $NS \
+      --backend cuda --max-active 256 --workload 128/128 1024/1024 --concurrency 1 16 64 256 \
+      --rounds 1 --json "$OUTD/serve_load_llama8b.json" 2>&1 | tee "$OUTD/serve_load_llama8b.log" ;;
   *) echo "unknown step $stage"; exit 2 ;;
 esac
 done

@@ -1,19 +1,34 @@
-"""Host cost of shared packing: one step's value bindings written into staging.
+"""Host cost of one serving step: shared packing alone, and the whole host step.
 
 Packing runs on the host for every step (graph selection, then `SharedPacking.pack`, then
 the launch); with two execution frames it overlaps the device for decode, not for
-prefill. This times `pack` for the decode variants at 1 / 8 / 64 rows and a 4-row,
-256-token prefill, on the tiny model captured with SmolLM2's serving capacities (the
-bindings, and so the packing work, depend on the contract, not on the model's size).
+prefill. Both tables use the tiny model captured with decode capacities 1 / 8 / 64 (the
+bindings, and so the host work, depend on the contract, not on the model's size).
+
+    pack       `SharedPacking.pack` of a fixed decode plan at 1 / 8 / 64 rows and a
+               4-row, 256-token prefill (page tables already uploaded)
+    host step  the worker's scheduling path in steady decode with B live requests, two
+               frames, decode submitted ahead: `Scheduler.schedule` + `NativeModel.submit`
+               (graph selection, packing, the launch call) + `NativeModel.wait` +
+               `Scheduler.complete`, over a device that takes no time
+               (helios_serve.testing.paced); the output pipeline is not included
+               (bench/serve_overhead.py measures it). Target (issue 17): <= 50 µs at
+               batch 1, <= 300 µs at batch 64; on the GPU the launch call and the
+               page-table uploads add the driver's cost (bench/gpu_models.py host_us).
+
+Times are wall-clock medians (`time.perf_counter`, 0.1 µs a reading; the thread CPU
+clock costs about 6 µs a reading on the shared VM, more than the parts it would time), so
+other processes on a shared host inflate them: the JSON records the load average.
 
 Run: `uv run python bench/packing.py [--steps 2000] [--json bench/out/packing.json]`
--> prints a table (median µs per step, µs per row) and writes JSON. Figures only.
+-> prints both tables (median µs) and writes JSON. Figures only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -29,6 +44,8 @@ from helios_serve.engine.plan import (
     StepPlan,
 )
 from helios_serve.runtime import NativeModel
+from helios_serve.scheduler import SchedRequest, Scheduler
+from helios_serve.testing.paced import paced_model
 
 CAPS = Capacities(decode_batch=(1, 8, 64), prefill_tokens=(256,), prefill_rows=8,
                   context_tokens=512, page_tokens=16, prepared_pages=64 * 32)
@@ -62,6 +79,49 @@ def time_pack(model: NativeModel, plan: StepPlan, steps: int) -> float:
     return statistics.median(times)
 
 
+def host_steps(batch: int, steps: int) -> dict:
+    """Median µs of each part of the steady-state decode step at `batch` live requests."""
+    model = paced_model(tiny_core(caps=CAPS), lambda graph: 0.0, range(3, 90))
+    sched = Scheduler(model.manifests, frames=model.frames, device_pending=model.device_pending)
+    budget = CAPS.context_tokens - 100
+    for i in range(batch):
+        sched.add(SchedRequest(request_id=i, prompt_tokens=tuple(range(3, 103)),
+                               max_output_tokens=budget, sampling=SAMPLING))
+    inflight: list = []
+    parts: dict[str, list[float]] = {"schedule": [], "submit": [], "wait": [], "complete": []}
+    clock = time.perf_counter
+    while len(parts["complete"]) < steps:
+        if sched.can_schedule_ahead():
+            t0 = clock()
+            plan = sched.schedule()
+            t1 = clock()
+            if plan is not None:
+                inflight.append((plan, model.submit(plan)))
+                t2 = clock()
+                steady = plan.kind.value == "decode" and len(plan.rows) == batch
+                if steady:
+                    parts["schedule"].append(t1 - t0)
+                    parts["submit"].append(t2 - t1)
+                if sched.can_schedule_ahead():
+                    continue
+        plan, ticket = inflight.pop(0)
+        t0 = clock()
+        sampled = model.wait(ticket)
+        t1 = clock()
+        sched.complete(plan, sampled)
+        t2 = clock()
+        if plan.kind.value == "decode" and len(plan.rows) == batch:
+            parts["wait"].append(t1 - t0)
+            parts["complete"].append(t2 - t1)
+        if sched.stats().running and all(  # restart before the output budget runs out
+                s.num_output_tokens > budget - 8 for s in sched._running):
+            break
+    out = {k: statistics.median(v) * 1e6 for k, v in parts.items()}
+    out["total"] = sum(out.values())
+    out["steps"] = len(parts["complete"])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2000)
@@ -80,11 +140,20 @@ def main() -> None:
                "median_us": s * 1e6, "us_per_row": s * 1e6 / len(plan.rows)}
         rows.append(row)
         print(f"{label:28} {bindings:>8} {row['median_us']:>10.1f} {row['us_per_row']:>8.2f}")
+    print(f"\n{'host step (median us)':24} {'schedule':>9} {'submit':>8} {'wait':>6} "
+          f"{'complete':>9} {'total':>7}")
+    host = []
+    for batch in (1, 8, 64):
+        h = {"batch": batch, **host_steps(batch, min(args.steps, 300))}
+        host.append(h)
+        print(f"{'decode b' + str(batch):24} {h['schedule']:>9.1f} {h['submit']:>8.1f} "
+              f"{h['wait']:>6.1f} {h['complete']:>9.1f} {h['total']:>7.1f}")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": platform.processor() or platform.machine(),
                                "python": platform.python_version(), "steps": args.steps,
-                               "rows": rows}, indent=1))
+                               "cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
+                               "rows": rows, "host_step": host}, indent=1))
 
 
 if __name__ == "__main__":

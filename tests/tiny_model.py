@@ -14,6 +14,7 @@ A core file is about 150 KB; loading it takes well under a second on the CI mach
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -77,8 +78,8 @@ def prompt_ids(text: str) -> list[int]:
     return TOKENIZER.tokenizer.encode(prompt, add_special_tokens=False).ids
 
 
-def plain_greedy(checkpoint: Path, ids: list[int], steps: int) -> list[int]:
-    """Greedy ids of the independent plain NumPy forward (bench/numpy_forward.py)."""
+def _plain(checkpoint: Path):
+    """The independent plain NumPy forward (bench/numpy_forward.py) over `checkpoint`."""
     from helios_ignition.checkpoint import load_safetensors_dir
 
     spec = importlib.util.spec_from_file_location("helios_bench_numpy_forward",
@@ -86,8 +87,32 @@ def plain_greedy(checkpoint: Path, ids: list[int], steps: int) -> list[int]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve string annotations through it
     spec.loader.exec_module(module)
-    plain = module.PlainLlama(load_safetensors_dir(checkpoint), max_context=GEOMETRY.max_context)
-    return plain.greedy(ids, steps)[0]
+    return module.PlainLlama(load_safetensors_dir(checkpoint), max_context=GEOMETRY.max_context)
+
+
+def plain_greedy(checkpoint: Path, ids: list[int], steps: int) -> list[int]:
+    """Greedy ids of the independent plain NumPy forward (bench/numpy_forward.py)."""
+    return _plain(checkpoint).greedy(ids, steps)[0]
+
+
+def plain_logprobs(checkpoint: Path, ids: list[int], steps: int, top: int
+                   ) -> list[tuple[int, float, list[tuple[int, float]]]]:  # fmt: skip
+    """Greedy decode with the plain NumPy forward, reporting what the logprobs record
+    should hold for each step: (greedy id, its log probability, the `top` most likely
+    (id, log probability), most likely first, ties by lower id). Log probabilities are
+    the raw model distribution: log_softmax of the logits, computed in float64."""
+    plain = _plain(checkpoint)
+    cache = plain.new_cache(1, len(ids) + steps)
+    logits = plain.forward(np.asarray([ids]), cache)[0]
+    out = []
+    for _ in range(steps):
+        z = logits.astype(np.float64) - float(np.max(logits))
+        logprobs = z - np.log(np.exp(z).sum())
+        token = int(np.argmax(logits))
+        best = np.argsort(-logprobs, kind="stable")[:top]
+        out.append((token, float(logprobs[token]), [(int(t), float(logprobs[t])) for t in best]))
+        logits = plain.forward(np.asarray([[token]]), cache)[0]
+    return out
 
 
 class ServeProcess:
@@ -143,3 +168,23 @@ class ServeProcess:
 def until_eos(ids: list[int], eos: int = 2) -> list[int]:
     """`ids` up to and including the first EOS (what a served request returns)."""
     return ids[:ids.index(eos) + 1] if eos in ids else ids
+
+
+PHASES = ("verify", "contract", "weights", "kernels", "cache sizing", "graphs", "tuning",
+          "listen")
+PHASE_LINE = re.compile(rf"^helios-serve: ({'|'.join(PHASES)}) +\d+\.\d\d s( |$)")
+
+
+def serve_error_line(stderr: str) -> str:
+    """The one error line of a failed helios-serve: its last stderr line; the lines
+    before it may only be startup phase lines, and there is no traceback.
+
+    Raises:
+        AssertionError: otherwise.
+    """
+    lines = stderr.strip().splitlines()
+    assert lines and "Traceback" not in stderr, stderr
+    *phases, last = lines
+    assert last.startswith("helios-serve: error: "), stderr
+    assert all(PHASE_LINE.match(line) for line in phases), stderr
+    return last

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import openai
 import pytest
 from helios_serve.testing.harness import ScriptedServer
+from helios_serve.testing.tokenizer import EOS_ID
 from pydantic import BaseModel
+
+from tests.tiny_model import TOKENIZER, plain_logprobs, prompt_ids
+
+REPO = Path(__file__).resolve().parents[2]
+GUIDELLM_ENV = REPO / "tests" / "e2e" / "guidellm"  # its own locked environment (click < 8.2)
 
 
 def _client(server) -> openai.OpenAI:
@@ -49,6 +54,91 @@ def test_openai_client_against_the_tiny_model(tiny_server):
         openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="x").chat.completions.create(
             model=name, messages=messages, max_tokens=10_000)
     assert info.value.code == "context_length_exceeded"
+
+
+def _token_bytes(token_id: int) -> bytes:
+    """A tiny-tokenizer id's bytes, from the tokenizer's own vocabulary: special tokens
+    are their text, the others byte-level strings (GPT-2's reversible byte map)."""
+    from helios_serve.testing.tokenizer import SPECIAL_TOKENS, _bytes_to_unicode
+
+    if token_id < len(SPECIAL_TOKENS):
+        return SPECIAL_TOKENS[token_id].encode()
+    inverse = {c: b for b, c in _bytes_to_unicode().items()}
+    piece = next(p for p, i in TOKENIZER.vocab.items() if i == token_id)
+    return bytes(inverse[c] for c in piece)
+
+
+def _expected_logprobs(tiny_served, ids: list[int], steps: int, top: int, reply) -> list:
+    """The plain NumPy forward's greedy steps for `ids`, cut where the reply ended (an
+    ending EOS has no logprobs entry)."""
+    expected = plain_logprobs(tiny_served.checkpoint, ids, steps, top)
+    tokens = reply.usage.completion_tokens
+    if reply.choices[0].finish_reason == "stop":
+        assert expected[tokens - 1][0] == EOS_ID
+        tokens -= 1
+    return expected[:tokens]
+
+
+def test_openai_client_logprobs_in_chat_json_and_stream(tiny_server, tiny_served):
+    """logprobs=True with top_logprobs=3, greedy: every output token has its entry
+    (token, logprob, bytes, top_logprobs) and the values are the raw model distribution
+    of the independent NumPy forward; the stream carries the same entries."""
+    client = _client(tiny_server)
+    request = dict(model=tiny_server.settings.served_name, max_tokens=8, temperature=0,
+                   messages=[{"role": "user", "content": "hello"}], logprobs=True,
+                   top_logprobs=3)  # fmt: skip
+    r = client.chat.completions.create(**request)
+    content = r.choices[0].logprobs.content
+    expected = _expected_logprobs(tiny_served, prompt_ids("hello"), 8, 3, r)
+    assert len(content) == len(expected) > 0
+    for entry, (token, logprob, top) in zip(content, expected, strict=True):
+        assert bytes(entry.bytes) == _token_bytes(token)
+        assert entry.token == _token_bytes(token).decode("utf-8", errors="replace")
+        assert entry.logprob == pytest.approx(logprob, abs=2e-4)
+        assert [bytes(t.bytes) for t in entry.top_logprobs] == [_token_bytes(t) for t, _ in top]
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(
+            [v for _, v in top], abs=2e-4)
+        assert entry.top_logprobs[0].logprob == entry.logprob  # greedy: the top token
+    text = b"".join(bytes(e.bytes) for e in content).decode("utf-8", errors="replace")
+    assert text == r.choices[0].message.content
+    streamed = [e for chunk in client.chat.completions.create(**request, stream=True)
+                if chunk.choices and chunk.choices[0].logprobs
+                for e in chunk.choices[0].logprobs.content]  # fmt: skip
+    # The same entries (the stream's prompt comes from the prefix cache: float32 sums in
+    # another order, so values agree to rounding).
+    assert [(e.token, e.bytes, [t.bytes for t in e.top_logprobs]) for e in streamed] == \
+        [(e.token, e.bytes, [t.bytes for t in e.top_logprobs]) for e in content]
+    assert [[e.logprob] + [t.logprob for t in e.top_logprobs] for e in streamed] == [
+        pytest.approx([e.logprob] + [t.logprob for t in e.top_logprobs], abs=1e-5)
+        for e in content]
+
+
+def test_openai_client_logprobs_in_legacy_completions(tiny_server, tiny_served):
+    """logprobs=2 on /v1/completions: the legacy object (tokens, token_logprobs,
+    top_logprobs as {token: logprob}, text_offset), JSON and stream alike."""
+    client = _client(tiny_server)
+    prompt = "once upon a time"
+    request = dict(model=tiny_server.settings.served_name, prompt=prompt, max_tokens=6,
+                   temperature=0, logprobs=2)  # fmt: skip
+    c = client.completions.create(**request)
+    lp = c.choices[0].logprobs
+    ids = TOKENIZER.tokenizer.encode(prompt, add_special_tokens=False).ids
+    expected = _expected_logprobs(tiny_served, ids, 6, 2, c)
+    texts = [_token_bytes(t).decode("utf-8", errors="replace") for t, _, _ in expected]
+    assert lp.tokens == texts
+    assert lp.token_logprobs == pytest.approx([v for _, v, _ in expected], abs=2e-4)
+    for got, (_, _, top) in zip(lp.top_logprobs, expected, strict=True):
+        want = {_token_bytes(t).decode("utf-8", errors="replace"): v for t, v in top}
+        assert got.keys() == want.keys()
+        assert list(got.values()) == pytest.approx(list(want.values()), abs=2e-4)
+    assert lp.text_offset == [len("".join(texts[:i])) for i in range(len(texts))]
+    assert "".join(texts) == c.choices[0].text
+    chunks = [ch.choices[0].logprobs for ch in client.completions.create(**request, stream=True)
+              if ch.choices and ch.choices[0].logprobs]  # fmt: skip
+    assert [t for ch in chunks for t in ch.tokens] == lp.tokens
+    assert [v for ch in chunks for v in ch.token_logprobs] == pytest.approx(lp.token_logprobs,
+                                                                            abs=1e-5)
+    assert [o for ch in chunks for o in ch.text_offset] == lp.text_offset
 
 
 def test_litellm(tiny_server):
@@ -107,7 +197,9 @@ def test_guidellm_short_benchmark(tiny_server, tmp_path):
     (processor / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>"}))
     out = tmp_path / "guidellm.json"
-    guidellm = Path(sys.executable).parent / "guidellm"
+    guidellm = GUIDELLM_ENV / ".venv" / "bin" / "guidellm"
+    assert guidellm.exists(), (f"guidellm has its own environment: run `uv sync --locked "
+                               f"--project {GUIDELLM_ENV.relative_to(REPO)}` (.ci/run does)")
     proc = subprocess.run(
         [str(guidellm), "benchmark", "run", "--target", tiny_server.url,
          "--model", tiny_server.settings.served_name, "--processor", str(processor),

@@ -320,3 +320,132 @@ def test_tool_round_trip_renders_through_the_server(tools_client):
     r = _create(tools_client, messages=messages, tools=[WEATHER_TOOL], max_tokens=8)
     assert r.usage.prompt_tokens > 200  # the tools system prompt was rendered
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+# ---- forced tool calls that finish (issue 14 item 7) ----
+
+# As langchain and instructor send parameters: no additionalProperties (closed by Helios'
+# strictness, DESIGN.md section 10), extra keywords ("title", "description").
+OPEN_CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "title": "City", "description": "a city"}},
+    "required": ["city"],
+}
+OPEN_WEATHER_TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "Get the current weather in a city.",
+                 "parameters": OPEN_CITY},
+}
+
+
+@pytest.mark.slow
+def test_required_tool_choice_finishes_with_a_strict_call(tools_client):
+    """tool_choice "required" (parallel calls off) on parameters without
+    additionalProperties: the call's arguments hold exactly the declared key and the
+    request ends with finish tool_calls, streaming and not."""
+    ask = dict(messages=PARIS_WEATHER, tools=[OPEN_WEATHER_TOOL], tool_choice="required",
+               parallel_tool_calls=False, max_tokens=96)
+    r = _create(tools_client, **ask)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    _assert_city_object(call.function.arguments)
+    streamed = _accumulate(_create(tools_client, stream=True, **ask))
+    assert streamed["finish_reason"] == "tool_calls"
+    assert [c["arguments"] for c in streamed["calls"]] == [call.function.arguments]
+
+
+@pytest.mark.slow
+def test_required_tool_choice_with_parallel_calls_returns_every_call(tools_client):
+    """With parallel calls allowed the model may open another call after each one;
+    SmolLM2-135M repeats its call until the output limit. Every completed call is strict
+    and returned, the cut one too (partial arguments), never empty content."""
+    r = _create(tools_client, messages=PARIS_WEATHER, tools=[OPEN_WEATHER_TOOL],
+                tool_choice="required", max_tokens=96)
+    choice = r.choices[0]
+    assert choice.message.content is None and choice.message.tool_calls
+    *done, last = choice.message.tool_calls
+    for call in done:
+        _assert_city_object(call.function.arguments)
+    if choice.finish_reason == "tool_calls":
+        _assert_city_object(last.function.arguments)
+    else:
+        assert choice.finish_reason == "length" and last.function.name == "get_weather"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
+def test_a_call_cut_by_the_output_limit_is_returned_with_finish_length(tools_client, choice):
+    """Cut one token after the argument key: the response is the tool call with the
+    arguments generated so far and finish "length" (OpenAI's shape), not empty content."""
+    from helios_ignition.export import open_checkpoint
+    from tokenizers import Tokenizer
+
+    ask = dict(messages=PARIS_WEATHER, tools=[OPEN_WEATHER_TOOL], tool_choice=choice,
+               parallel_tool_calls=False)
+    full = _create(tools_client, max_tokens=96, extra_body={"return_token_ids": True}, **ask)
+    arguments = full.choices[0].message.tool_calls[0].function.arguments
+    ids = full.choices[0].model_extra["token_ids"]
+    tok = Tokenizer.from_str(open_checkpoint("smollm2", None, None).tokenizer_json)
+    cut = next(k for k in range(len(ids)) if '"city"' in tok.decode(ids[:k]))
+    r = _create(tools_client, max_tokens=cut + 1, **ask)
+    choice_ = r.choices[0]
+    assert choice_.finish_reason == "length"
+    assert choice_.message.content is None
+    (call,) = choice_.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    partial = "".join(call.function.arguments.split())
+    assert partial.startswith('{"city"') and partial != arguments
+    assert arguments.startswith(partial)  # the generated prefix of the finished arguments
+
+
+@pytest.mark.slow
+def test_langchain_bind_tools_required_gets_a_finished_tool_call(tools_url):
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        return "sunny"
+
+    llm = ChatOpenAI(model="smollm2-135m-instruct-tools", base_url=tools_url + "/v1",
+                     api_key="unused", temperature=0, max_retries=0, max_tokens=96, timeout=600)
+    question = PARIS_WEATHER[0]["content"]
+    message = llm.bind_tools([get_weather], tool_choice="required",
+                             parallel_tool_calls=False).invoke(question)
+    assert message.response_metadata["finish_reason"] == "tool_calls"
+    assert message.invalid_tool_calls == []
+    (call,) = message.tool_calls
+    assert call["name"] == "get_weather"
+    assert list(call["args"]) == ["city"] and call["args"]["city"].strip()
+    # parallel calls allowed (langchain's default): a non-empty list of strict calls
+    message = llm.bind_tools([get_weather], tool_choice="required").invoke(question)
+    assert message.tool_calls, message
+    assert all(list(c["args"]) == ["city"] for c in message.tool_calls)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["TOOLS", "JSON_SCHEMA"])
+def test_instructor_tools_and_json_schema_modes_return_the_model(tools_url, mode):
+    """instructor's TOOLS mode (a named tool choice) and JSON_SCHEMA mode (a
+    response_format schema without additionalProperties) get a validated model and a
+    finished response."""
+    import instructor
+    import openai
+    from pydantic import BaseModel
+
+    class Weather(BaseModel):
+        city: str
+
+    client = instructor.from_openai(
+        openai.OpenAI(base_url=tools_url + "/v1", api_key="unused", max_retries=0, timeout=600),
+        mode=getattr(instructor.Mode, mode))
+    got, completion = client.chat.completions.create_with_completion(
+        model="smollm2-135m-instruct-tools", response_model=Weather, messages=PARIS_WEATHER,
+        temperature=0, max_tokens=96, max_retries=0)
+    assert isinstance(got, Weather) and got.city.strip()
+    expected = "tool_calls" if mode == "TOOLS" else "stop"
+    assert completion.choices[0].finish_reason == expected

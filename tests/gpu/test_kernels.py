@@ -313,6 +313,90 @@ def test_sample_seeded_batch_independent(gpu, rng):
     assert alone[0] == first[3]
 
 
+BIASED_ORDER = ORDER[:12] + ["logit_bias", "use_bias"] + ORDER[12:]
+
+
+@pytest.mark.parametrize("V", [5000, 49152, 128256])
+def test_sample_biased_matches_reference(gpu, rng, V):
+    """Every sampler path with a dense per-slot bias on some rows (fresh random inputs,
+    poisoned output), against the NumPy reference."""
+    R, S = 8, 16
+    logits, p = _sample_inputs(rng, R, V, S)
+    p["logit_bias"] = np.zeros((S, V), np.float32)
+    p["use_bias"] = np.zeros(R, np.int32)
+    for r in range(0, R, 2):  # a sparse bias on the even rows' slots, both signs
+        ids = rng.choice(V, 300, replace=False)
+        p["logit_bias"][p["slot"][r], ids] = rng.uniform(-100, 100, 300).astype(np.float32)
+        p["use_bias"][r] = 1
+    p["logit_bias"][p["slot"][1]] = 50.0  # a row that must ignore its slot's bias row
+    p["temperature"][0] = 0.0
+    p["top_k"][2], p["top_p"][4], p["min_p"][6] = 40, 0.9, 0.05
+    p["repetition"][2], p["presence"][4] = 1.3, 0.5
+    p["use_mask"][6] = 1
+    words = K.grammar_mask_words(V)
+    ref_hist = p["histogram"].copy()
+    ref = np.zeros(R, np.int32)
+    K.sample_biased(logits, *[p[k] if k != "histogram" else ref_hist for k in BIASED_ORDER],
+                    ref, R, V, words)
+    got = gpu.run("sample_biased", logits, *[p[k] for k in BIASED_ORDER],
+                  np.zeros(R, np.int32), R, V, words)
+    np.testing.assert_array_equal(got["sampled"], ref)
+    np.testing.assert_array_equal(got["histogram"], ref_hist)
+    assert (got["logit_bias"] == p["logit_bias"]).all()  # read only
+
+
+def test_sample_biased_seeded_batch_independent(gpu, rng):
+    R, V, S = 8, 4096, 8
+    logits, p = _sample_inputs(rng, R, V, S)
+    p["logit_bias"] = rng.uniform(-5, 5, (S, V)).astype(np.float32)
+    p["use_bias"] = np.ones(R, np.int32)
+    p["top_p"][:] = 0.95
+    words = K.grammar_mask_words(V)
+
+    def run(q, lg, rows):
+        return gpu.run("sample_biased", lg, *[q[k] for k in BIASED_ORDER],
+                       np.zeros(rows, np.int32), rows, V, words)["sampled"]
+
+    first = run(p, logits, R)
+    perm = rng.permutation(R)
+    per_slot = ("histogram", "logit_bias")
+    q = {k: (v[perm] if k not in per_slot else v) for k, v in p.items()}
+    np.testing.assert_array_equal(run(q, logits[perm], R), first[perm])
+    one = {k: (v[3:4] if k not in per_slot else v) for k, v in p.items()}
+    assert run(one, logits[3:4], 1)[0] == first[3]
+
+
+@pytest.mark.parametrize("V", [5000, 49152, 128256])
+def test_token_logprobs_matches_reference(gpu, rng, V):
+    """The raw-distribution logprobs record (top 20) against the NumPy reference and an
+    independent float64 log_softmax; rows that ask nothing and padding rows stay
+    poisoned."""
+    R, TOP = 9, 20
+    logits = (rng.standard_normal((R, V)) * 4).astype(np.float32)
+    logits[4, 100:130] = 30.0  # a 30-way tie at the top: ids ascending
+    slot = rng.permutation(16)[:R].astype(np.int32)
+    slot[7] = -1  # padding
+    sampled = rng.integers(0, V, R).astype(np.int32)
+    k = np.array([20, 0, 5, 1, 20, -1, 13, 20, 20], np.int32)
+    ref_lp = np.full((R, 1 + TOP), np.nan, np.float32)
+    ref_ids = np.full((R, TOP), -7777, np.int32)
+    K.token_logprobs(logits, slot, sampled, k, ref_lp, ref_ids, R, V, TOP)
+    got = gpu.run("token_logprobs", logits, slot, sampled, k,
+                  np.zeros((R, 1 + TOP), np.float32), np.zeros((R, TOP), np.int32), R, V, TOP)
+    for r in range(R):
+        n = int(k[r]) if slot[r] >= 0 else -1
+        if n < 0:
+            assert np.isnan(got["logprobs"][r]).all() and (got["top_ids"][r] == -7777).all()
+            continue
+        np.testing.assert_array_equal(got["top_ids"][r, :n], ref_ids[r, :n])
+        assert (got["top_ids"][r, n:] == -7777).all() and np.isnan(got["logprobs"][r, 1 + n:]).all()
+        np.testing.assert_allclose(got["logprobs"][r, :1 + n], ref_lp[r, :1 + n], atol=2e-5)
+        z = logits[r].astype(np.float64)
+        lse = z.max() + np.log(np.exp(z - z.max()).sum())
+        np.testing.assert_allclose(got["logprobs"][r, 0], z[sampled[r]] - lse, atol=2e-5)
+    assert got["top_ids"][4, :20].tolist() == list(range(100, 120))
+
+
 @pytest.mark.parametrize("rule", ["v1", "v2"])
 @pytest.mark.parametrize("H,KVH,HD,split,B,ctx", [
     (9, 3, 64, 128, 5, 0), (32, 8, 128, 64, 5, 0), (9, 3, 64, 64, 8, 0),

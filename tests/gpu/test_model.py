@@ -24,11 +24,13 @@ GREEDY_TOKENS = 24
 @pytest.fixture(scope="session")
 def models(core_path):
     from helios_serve.runtime import NativeModel
+    from helios_serve.runtime.cache_sizing import CacheSizing
     from helios_tools.core import load_public_key, open_core
 
     path, key = core_path
     core = open_core(path, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
-    cuda = NativeModel.load(core, "cuda")
+    # The prepared count, not 0.9 of the GPU: later tests load more models beside it.
+    cuda = NativeModel.load(core, "cuda", cache=CacheSizing(num_pages=1024))
     cpu = NativeModel.load(core, "cpu")
     yield cuda, cpu
     cuda.close()
@@ -126,11 +128,52 @@ def test_decode_ahead_in_two_frames_equals_serial(models):
 
 def test_device_out_of_memory_at_load_names_the_capacity(core_path):
     from helios_serve.runtime import NativeModel
+    from helios_serve.runtime.cache_sizing import CacheSizing
     from helios_serve.runtime.errors import RuntimeLoadError
     from helios_tools.core import load_public_key, open_core
 
     path, key = core_path
     core = open_core(path, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
-    with pytest.raises(RuntimeLoadError, match=r"device out of memory: the model needs .*"
-                       r"KV cache sized for 40000000 pages"):
-        NativeModel.load(core, "cuda", num_pages=40_000_000)
+    with pytest.raises(RuntimeLoadError, match=r"device out of memory: a KV cache of "
+                       r"40000000 pages needs .* is free after the model; lower --num-pages"):
+        NativeModel.load(core, "cuda", cache=CacheSizing(num_pages=40_000_000))
+
+
+def test_logprobs_and_logit_bias_in_the_captured_step(models):
+    """The cuda graph's completion record: the raw-distribution logprobs of the sampled
+    token and top 20 equal an independent float64 log_softmax of the same step's logits
+    (read back from the device), top ids agree with the f32 CPU backend, and a logit
+    bias of -100 / +100 bans / forces tokens; a batch neighbour without logprobs or
+    bias is unchanged."""
+    from helios_serve.engine.plan import RowPlan, StepKind, StepPlan
+
+    cuda, cpu = models
+    prompt = tuple(GOLDENS["prompts"][0]["prompt_ids"])
+    asks = SamplingParams(logprobs=20)
+
+    def prefill(model, rows_sampling):
+        # a generation no other test uses: packing uploads these page tables afresh
+        rows = tuple(RowPlan(request_id=i, slot=i, generation=99_991, tokens=prompt,
+                             start_position=0, page_ids=(2 * i, 2 * i + 1), sample=True,
+                             sampling=sp, histogram_tokens=prompt)
+                     for i, sp in enumerate(rows_sampling))
+        done = model.wait_step(model.submit(StepPlan(StepKind.PREFILL, rows)))
+        return done, (cuda.backend.read_buffer("scratch.logits") if model is cuda
+                      else model.backend.buffers["scratch.logits"])[:len(rows)].copy()
+
+    cpu_done, _ = prefill(cpu, [asks])
+    greedy, forced = int(cpu_done.sampled[0]), 1000
+    biased = SamplingParams(logprobs=20, logit_bias=((greedy, -100.0), (forced, 100.0)))
+    done, logits = prefill(cuda, [asks, SamplingParams(), biased])
+    assert done.sampled.tolist() == [greedy, greedy, forced]
+    for r in (0, 2):
+        z = logits[r].astype(np.float64)
+        ref = z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+        lp = done.token_logprob(r, 20)
+        np.testing.assert_allclose(lp.logprob, ref[lp.token_id], atol=1e-4)
+        ids = [i for i, _ in lp.top]
+        assert ids == np.argsort(-ref, kind="stable")[:20].tolist()
+        np.testing.assert_allclose([v for _, v in lp.top], ref[ids], atol=1e-4)
+    # The same bf16 core on the f32 CPU backend: the top 5 (gaps >= 0.08 logits here).
+    cpu_ids = [i for i, _ in cpu_done.token_logprob(0, 5).top]
+    assert [i for i, _ in done.token_logprob(0, 5).top] == cpu_ids

@@ -63,11 +63,20 @@ def test_every_variant_compiles_for_sm90_f32_and_bf16():
     assert ops == {"embedding", "rmsnorm", "add_rmsnorm", "linear", "rope_kv_write",
                    "attention_decode_split", "attention_decode_merge", "attention_prefill",
                    "silu_mul", "swiglu_linear", "gather_last", "slot_gather", "slot_scatter",
-                   "sample"}
+                   "sample_biased", "token_logprobs"}
     assert any(k.constants.get("WBF16") for k in bf16.kernels)
     for manifest in (f32, bf16):
         blobs = compile_targets(manifest, ("sm_90",), workers=2)
         _check_compiled(manifest, blobs)
+
+
+def test_legacy_sample_op_compiles_for_sm90():
+    """`sample` (no logit bias), the sampler op of cores exported before `sample_biased`,
+    still compiles: its entry is the same row body."""
+    from helios_ignition.kernels_aot import compile_variant
+
+    compiled = compile_variant("sample", {"BLOCK_V": 2048, "WARPS": 8}, "sm_90")
+    assert compiled.entry_name == "sample" and compiled.binary[:4] == ELF_MAGIC
 
 
 @pytest.mark.parametrize("rule", ["v1", "v2", "v3"])

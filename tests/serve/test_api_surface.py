@@ -47,9 +47,9 @@ def test_standard_fields_that_change_nothing_are_accepted(scripted):
      ({"service_tier": "fastest"}, "service_tier", "invalid field"),
      ({"top_logprobs": 2}, "top_logprobs", "requires logprobs"),
      ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "invalid field"),
-     ({"logit_bias": {"x": 1}}, "logit_bias", "not a token id"),
-     ({"logit_bias": {"5": 101}}, "logit_bias", "outside [-100, 100]"),
-     ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias", "at most 300"),
+     ({"logit_bias": {"x": 1}}, "logit_bias", "keys must be token ids (decimal integers), got 'x'"),
+     ({"logit_bias": {"5": 101}}, "logit_bias", "token id 5 is 101.0; it must lie in [-100, 100]"),
+     ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias", "has 301 entries; at most 300 are allowed"),
      ({"min_tokens": 5, "max_tokens": 2}, "min_tokens", "exceeds max_tokens 2"),
      ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages", "set by"),
      ({"continue_final_message": True}, "continue_final_message", "assistant message"),
@@ -105,7 +105,14 @@ def test_continuous_usage_stats(scripted):
     assert status == 200
     chunks = [e for e in events if isinstance(e, dict)]
     content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
-    assert [c["usage"]["completion_tokens"] for c in content] == [1, 2, 3, 4]
+    # Every content chunk carries the usage so far: the tokens whose text it completes
+    # (a reader behind gets several tokens' text in one chunk).
+    pieces, text = ["Hello", ",", " world", "!"], ""
+    for chunk in content:
+        text += chunk["choices"][0]["delta"]["content"]
+        produced = next(m for m in range(5) if "".join(pieces[:m]) == text)
+        assert chunk["usage"]["completion_tokens"] == produced, (text, chunk["usage"])
+    assert text == HELLO
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
 
 
@@ -121,6 +128,77 @@ def test_chat_template_kwargs_and_continue_final_message(scripted, tok):
     body["add_generation_prompt"] = True
     r = _post(scripted, body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+
+
+# -- log probabilities and logit bias ------------------------------------------------------
+
+
+def _sampling_seen(server) -> list:
+    """The SamplingParams of every sampling row the scripted model is handed."""
+    seen, submit = [], server.model.submit
+
+    def recording(plan):
+        seen.extend(r.sampling for r in plan.rows if r.sample)
+        return submit(plan)
+
+    server.model.submit = recording
+    return seen
+
+
+def test_logprobs_logit_bias_and_min_tokens_reach_the_sampler(tok):
+    with ScriptedServer(tok, geometry={"top_logprobs": 5, "logit_bias": True}) as server:
+        seen = _sampling_seen(server)
+        r = _post(server, _chat(server, logprobs=True, top_logprobs=2, min_tokens=2,
+                                stop_token_ids=[7], logit_bias={"9": -100, "4": 2.5}))
+        assert r.status_code == 200, r.text
+        server.wait_idle()
+    sampling = seen[0]
+    assert sampling.logprobs == 2
+    assert sampling.logit_bias == ((4, 2.5), (9, -100.0))  # ids ascending
+    assert (sampling.min_tokens, sampling.min_tokens_banned) == (2, (2, 7))  # EOS, stop id
+    # The scripted record: the sampled id at -0.25, then alternatives id + i at -0.25 - i.
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    ids = tok.ids(["Hello", ",", " world", "!"])
+    assert [(e["bytes"], e["logprob"]) for e in content] == [
+        (list(tok.decode([t]).encode()), -0.25) for t in ids]
+    assert [[t["logprob"] for t in e["top_logprobs"]] for e in content] == [[-0.25, -1.25]] * 4
+
+
+def test_ignore_eos_keeps_eos_out_of_the_min_tokens_ban(tok):
+    with ScriptedServer(tok) as server:
+        seen = _sampling_seen(server)
+        assert _post(server, _chat(server, min_tokens=2, ignore_eos=True,
+                                   max_tokens=4)).status_code == 200
+        server.wait_idle()
+    assert (seen[0].min_tokens, seen[0].min_tokens_banned) == (2, ())
+
+
+@pytest.mark.parametrize(
+    ("geometry", "path", "patch", "param", "message"),
+    [({}, "chat", {"logprobs": True}, "logprobs", "this model records no logprobs"),
+     ({}, "completions", {"logprobs": 0}, "logprobs", "this model records no logprobs"),
+     ({"top_logprobs": 2}, "chat", {"logprobs": True, "top_logprobs": 3}, "top_logprobs",
+      "3 alternatives exceed the 2 this model records"),
+     ({"top_logprobs": 2}, "completions", {"logprobs": 3}, "logprobs",
+      "3 alternatives exceed the 2 this model records"),
+     ({"top_logprobs": 5, "speculative_widths": (1, 2)}, "chat", {"logprobs": True},
+      "logprobs", "speculative decoding records no logprobs"),
+     ({}, "chat", {"logit_bias": {"5": 1}}, "logit_bias", "this model applies no logit bias"),
+     ({"logit_bias": True, "speculative_widths": (1, 2)}, "completions",
+      {"logit_bias": {"5": 1}}, "logit_bias", "speculative decoding applies no logit bias")],
+)  # fmt: skip
+def test_logprobs_and_logit_bias_a_core_cannot_serve_are_400(tok, geometry, path, patch,
+                                                             param, message):  # fmt: skip
+    with ScriptedServer(tok, geometry=geometry) as server:
+        if path == "chat":
+            r = _post(server, {**_chat(server), **patch})
+        else:
+            r = _post(server, {"model": server.model_name, "prompt": "hi", **patch},
+                      path="/v1/completions")
+        server.wait_idle()
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and message in error["message"], error
 
 
 # -- n > 1 --------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ class Watch:
         self.violations: list[str] = []
         self.inflight: list = []  # plans submitted, not yet waited
         self.max_outstanding = 0
-        submit, wait = self.model.submit, self.model.wait
+        submit, wait = self.model.submit, self.model.wait_step
 
         def watched_submit(plan):
             for older in self.inflight:
@@ -69,7 +69,7 @@ class Watch:
             return wait(ticket)
 
         self.model.submit = watched_submit
-        self.model.wait = watched_wait
+        self.model.wait_step = watched_wait
 
 
 def _letters(rng: random.Random, n: int) -> bytes:

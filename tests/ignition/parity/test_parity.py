@@ -61,6 +61,36 @@ def test_f32_matches_golden_logits_and_greedy_tokens(f32, index):
     assert out == p["greedy_ids"][:32]
 
 
+def test_f32_logprobs_are_the_log_softmax_of_the_step_logits_and_match_hf(f32):
+    """The completion record's logprobs (computed on the backend in the sampling step)
+    against an independent float64 log_softmax of the same step's logits, and their top
+    ids and logprob differences against HF transformers' top-5 logits (goldens)."""
+    _, model = f32
+    for p in PROMPTS:
+        driver = Driver(model, collect_logits=True)
+        out = driver.generate([p["prompt_ids"]], max_new_tokens=4,
+                              sampling=SamplingParams(logprobs=20))[0]
+        assert out == p["greedy_ids"][:4]
+        for step, (logits, done) in enumerate(zip(driver.logits, driver.completions,
+                                                  strict=True)):
+            z = logits[0].astype(np.float64)
+            ref = z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+            lp = done.token_logprob(0, 20)
+            assert lp.token_id == out[step]
+            np.testing.assert_allclose(lp.logprob, ref[out[step]], atol=1e-5, rtol=0)
+            ids = [i for i, _ in lp.top]
+            assert ids == np.argsort(-ref, kind="stable")[:20].tolist()
+            np.testing.assert_allclose([v for _, v in lp.top], ref[ids], atol=1e-5, rtol=0)
+            assert lp.top[0] == (lp.token_id, lp.logprob)  # greedy: the sampled id is top
+        # HF transformers: the last prompt position's top-5 ids, and logprob differences
+        # equal to its logit differences (the normalizer cancels).
+        first = driver.completions[0].token_logprob(0, 5)
+        assert [i for i, _ in first.top] == p["last_top5_ids"]
+        gaps = np.array([v for _, v in first.top]) - first.top[0][1]
+        want = np.array(p["last_top5_logits"]) - p["last_top5_logits"][0]
+        np.testing.assert_allclose(gaps, want, atol=2e-3, rtol=0)
+
+
 def test_bf16_teacher_forced_agreement(bf16):
     _, model = bf16
     agree, total = 0, 0

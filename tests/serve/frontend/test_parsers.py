@@ -454,6 +454,33 @@ def test_forced_tool_choice_cut_by_the_output_limit_leaks_no_markup(choice, scri
         assert result == ChatResult(None, None, (), "length"), (name, result)
 
 
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}, "auto"],
+    ids=["required", "named", "auto"],
+)
+@pytest.mark.parametrize("body, arguments", [
+    ('\n{"name": "get_weather"', ""),
+    ('\n{"name": "get_weather", "arguments": ', ""),
+    ('\n{"name": "get_weather", "arguments": {"city": "Pa', '{"city": "Pa'),
+    ('\n{"name": "get_weather", "arguments": {"city": "Paris"}', '{"city":"Paris"}'),
+    ('\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n', '{"city":"Paris"}'),
+], ids=["name", "key", "inside", "arguments_done", "object_done"])  # fmt: skip
+def test_a_call_cut_by_the_output_limit_is_a_tool_call_with_partial_arguments(
+        choice, body, arguments):
+    """OpenAI's shape for a call cut by max_tokens: the call with the arguments generated
+    so far and finish "length", never empty content."""
+    tools = [fn("get_weather", {"city": {"type": "string"}})]
+    expected = ChatResult(None, None, (ToolCall("call_0", "get_weather", arguments),), "length")
+    run_all(JSONTAGS, [S("<tool_call>"), body], THINK + TOOL_TAGS, expected, ["tool_call"],
+            end="length", tools=tools, tool_choice=choice)
+
+
+def test_a_cut_call_to_an_unregistered_name_is_dropped():
+    tools = [fn("get_weather", {"city": {"type": "string"}})]
+    run_all(JSONTAGS, [S("<tool_call>"), '{"name": "other", "arguments": {"x'], THINK + TOOL_TAGS,
+            ChatResult(None, None, (), "length"), end="length", tools=tools)
+
+
 def test_auto_tool_choice_keeps_text_that_only_looks_like_an_opener():
     tools = [fn("get_weather", {"city": {"type": "string"}})]
     for name, _deltas, result in drive(

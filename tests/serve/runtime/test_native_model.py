@@ -296,3 +296,65 @@ def test_cpu_backend_defaults_to_one_frame_and_rejects_three(core, model):
         model.submit(plan)
     with pytest.raises(ValueError, match="1 or 2 execution frames, not 3"):
         NativeModel.load(core, "cpu", cpu_frames=3)
+
+
+# -- logprobs and logit bias -----------------------------------------------------------------
+
+
+def _log_softmax(z):
+    z = np.asarray(z, np.float64)
+    return z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+
+
+def test_geometry_reports_logprobs_width_and_logit_bias(model):
+    assert model.manifests.top_logprobs == 20 and model.top_logprobs == 20
+    assert model.manifests.logit_bias
+
+
+def test_logprobs_describe_the_raw_logits_in_the_same_step(core, model):
+    """The record holds log_softmax of the unprocessed logits (the dense reference's),
+    whatever bias, penalty and temperature the sampler applied; a row that did not ask
+    and a step where no row asked read no logprobs."""
+    prompt = [5, 17, 3, 88, 41]
+    asks = SamplingParams(temperature=0.9, seed=7, repetition_penalty=1.5, logprobs=4,
+                          logit_bias=((3, 2.5), (60, -100.0)))
+    rows = (row(1, 0, prompt, 0, [1, 2], hist=prompt, sampling=asks),
+            row(2, 1, prompt, 0, [3, 4], hist=prompt))
+    done = model.wait_step(model.submit(StepPlan(StepKind.PREFILL, rows)))
+    ref = _log_softmax(dense_forward(core.weights, TINY_SHAPES, prompt)[-1])
+    tok = int(done.sampled[0])
+    assert tok != 60  # banned by its -100 bias
+    lp = done.token_logprob(0, 4)
+    assert lp.token_id == tok
+    np.testing.assert_allclose(lp.logprob, ref[tok], atol=2e-4)
+    want = np.argsort(-ref, kind="stable")[:4]
+    assert [i for i, _ in lp.top] == want.tolist()
+    np.testing.assert_allclose([v for _, v in lp.top], ref[want], atol=2e-4)
+    quiet = model.wait_step(model.submit(StepPlan(StepKind.PREFILL, (
+        row(3, 2, prompt, 0, [5, 6], hist=prompt),))))
+    assert quiet.logprobs is None and quiet.top_ids is None
+    with pytest.raises(ValueError, match="holds no logprobs"):
+        quiet.token_logprob(0, 0)
+
+
+def test_logit_bias_row_is_written_at_placement_and_gated_per_row(core, model):
+    prompt = [5, 17, 3, 88, 41]
+    greedy = int(np.argmax(dense_forward(core.weights, TINY_SHAPES, prompt)[-1]))
+    forced = (greedy + 7) % 96
+    biased = SamplingParams(logit_bias=((forced, 100.0), (greedy, -100.0)))
+    out = model.execute(StepPlan(StepKind.PREFILL, (
+        row(1, 1, prompt, 0, [1, 2], hist=prompt, sampling=biased),)))
+    assert int(out[0]) == forced
+    bias = model.backend.buffers["state.logit_bias"]
+    want = np.zeros(96, np.float32)
+    want[[forced, greedy]] = [100.0, -100.0]
+    np.testing.assert_array_equal(bias[1], want)
+    # A later request placed in slot 1 without a bias leaves the stale row unread.
+    out = model.execute(StepPlan(StepKind.PREFILL, (
+        row(2, 1, prompt, 0, [1, 2], gen=2, hist=prompt),)))
+    assert int(out[0]) == greedy
+    np.testing.assert_array_equal(bias[1], want)
+    # The bias row is written only on the placing step, never re-packed after it.
+    dirty = model.packing.pack("decode_b1", StepPlan(StepKind.DECODE, (
+        row(1, 1, [3], 5, [1, 2], gen=2, sampling=biased),)), 1, 1)
+    assert [d.destination for d in dirty] == []

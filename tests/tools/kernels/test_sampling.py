@@ -1,10 +1,11 @@
-"""The sampler: penalties, mask, truncations, the seeded race, histogram bookkeeping."""
+"""The sampler: logit bias, penalties, mask, truncations, the seeded race, histogram
+bookkeeping; `sample` (cores exported before logit bias) is `sample_biased` unbiased."""
 
 import math
 
 import numpy as np
 import pytest
-from helios_tools.kernels import grammar_mask_words, philox4x32_10, sample
+from helios_tools.kernels import grammar_mask_words, philox4x32_10, sample, sample_biased
 from helios_tools.kernels.sampling import _candidates, _penalize
 
 
@@ -28,11 +29,23 @@ class Batch:
         self.frequency = np.zeros(R, np.float32)
         self.repetition = np.ones(R, np.float32)
         self.histogram = np.zeros((S, V), np.int32)
+        self.logit_bias = np.zeros((S, V), np.float32)
+        self.use_bias = np.zeros(R, np.int32)
         self.grammar_mask = np.zeros((R, self.W32), np.int32)
         self.use_mask = np.zeros(R, np.int32)
         self.sampled = np.full(R, -99, np.int32)
 
     def run(self):
+        sample_biased(
+            self.logits, self.slot, self.positions, self.sampling_decision, self.seed,
+            self.temperature, self.top_p, self.top_k, self.min_p, self.presence,
+            self.frequency, self.repetition, self.histogram, self.logit_bias, self.use_bias,
+            self.grammar_mask, self.use_mask, self.sampled, self.R, self.V, self.W32,
+        )  # fmt: skip
+        return self.sampled.tolist()
+
+    def run_legacy(self):
+        """The same inputs through `sample` (no logit bias)."""
         sample(
             self.logits, self.slot, self.positions, self.sampling_decision, self.seed,
             self.temperature, self.top_p, self.top_k, self.min_p, self.presence,
@@ -269,3 +282,58 @@ def test_top_p_fast_path_equals_full_sort(shape):
     for top_p in (0.1, 0.5, 0.9, 0.99):
         got = _top_p(p, np.float32(top_p)).tolist()
         assert got == _top_p_reference(p.tolist(), np.float32(top_p))
+
+
+# ---- logit bias ----
+
+
+def test_logit_bias_is_added_per_slot_before_the_greedy_choice():
+    b = Batch([[2.0, 1.0, 0.0], [2.0, 1.0, 0.0], [2.0, 1.0, 0.0]], S=4)
+    b.slot[:] = [3, 0, 1]
+    b.logit_bias[3] = [0.0, 1.5, 0.0]  # 1 + 1.5 > 2: slot 3's row picks id 1
+    b.logit_bias[0] = [-100.0, 0.0, 0.0]  # OpenAI's "ban": id 0 cannot win
+    b.logit_bias[1] = [0.0, 0.0, 5.0]  # use_bias is 0 on row 2: ignored
+    b.use_bias[:] = [1, 1, 0]
+    assert b.run() == [1, 1, 0]
+
+
+def test_logit_bias_plus_100_forces_a_token_when_sampling():
+    rng = np.random.default_rng(5)
+    b = Batch(rng.standard_normal((1, 300)).astype(np.float32))
+    b.temperature[:] = 1.0
+    b.logit_bias[0, 123] = 100.0
+    b.use_bias[:] = 1
+    for pos in range(40):
+        b.positions[:] = pos
+        assert b.run() == [123]
+
+
+def test_logit_bias_comes_before_the_repetition_penalty():
+    # vLLM's order: bias, then penalties. z = 1.0 on a seen id, bias +1 -> 2.0, then
+    # repetition 2 divides the positive logit -> 1.0 < 1.5. Penalty first would give
+    # 1.0 / 2 + 1 = 1.5, a tie resolved to the lower id 0 instead.
+    b = Batch([[1.0, 1.5]])
+    b.histogram[0, 0] = 1
+    b.sampling_decision[:] = 0  # keep the counts fixed across runs
+    b.repetition[:] = 2.0
+    b.logit_bias[0] = [1.0, 0.0]
+    b.use_bias[:] = 1
+    assert b.run() == [1]
+    b.logit_bias[0] = [1.2, 0.0]  # (1 + 1.2) / 2 = 1.1: still below 1.5
+    assert b.run() == [1]
+    b.logit_bias[0] = [2.5, 0.0]  # (1 + 2.5) / 2 = 1.75 > 1.5
+    assert b.run() == [0]
+
+
+def test_legacy_sample_equals_sample_biased_without_bias():
+    rng = np.random.default_rng(9)
+    b = Batch(rng.standard_normal((6, 200)).astype(np.float32) * 2, S=6)
+    b.temperature[:] = [0.0, 0.7, 1.0, 1.3, 0.9, 1.0]
+    b.top_k[:] = [0, 0, 20, 0, 5, 0]
+    b.top_p[:] = [1.0, 0.9, 1.0, 0.8, 1.0, 1.0]
+    b.seed[:] = rng.integers(0, 2**32, size=(6, 2), dtype=np.uint32)
+    b.logit_bias[:] = rng.standard_normal((6, 200)).astype(np.float32)  # unused: use_bias 0
+    hist = b.histogram.copy()
+    biased = b.run()
+    b.histogram[:] = hist
+    assert b.run_legacy() == biased

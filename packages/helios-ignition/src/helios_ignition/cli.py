@@ -6,7 +6,7 @@ import click
 
 from .checkpoint import CheckpointError
 from .export import ExportError, export_core
-from .recipe import RecipeError
+from .recipe import RecipeError, SplitTuning
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,8 +38,12 @@ def main() -> None:
 @click.option("--resource-key", "resource_key", type=click.Path(dir_okay=False),
               help="With --protected-version 4: AES-256 key file, 32 raw bytes "
                    "(`helios-tools keygen --aes --out FILE` or `head -c 32 /dev/urandom`).")
+@click.option("--tune-decode-splits", "tune_splits", is_flag=True,
+              help="Capture a startup tuning producer that times decode attention's split "
+                   "counts on the serving device and makes decode use the fastest (the "
+                   "recipe may declare it already: Recipe.split_tuning).")
 def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, weight_dtype,
-           targets, carrier, protected_version, resource_key) -> None:
+           targets, carrier, protected_version, resource_key, tune_splits) -> None:
     """Export RECIPE with a checkpoint to a signed core.
 
     Progress (kernels compiled, weights read, bytes written) goes to stderr: live bars on a
@@ -55,7 +59,9 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
                                   targets=tuple(targets), carrier=carrier,
                                   protected_version=None if protected_version is None
                                   else int(protected_version),
-                                  resource_key_path=resource_key, progress=progress.update)
+                                  resource_key_path=resource_key,
+                                  split_tuning=SplitTuning() if tune_splits else None,
+                                  progress=progress.update)
     except (ExportError, RecipeError, CheckpointError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {summary.path} ({summary.format}): served id {summary.served_id}, "

@@ -30,7 +30,7 @@ from .checkpoint import (
 )
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
 from .families.llama import LlamaShapes, Speculation, capture, weight_resource_id
-from .recipe import Recipe, RecipeError, load_recipe_module, validate_recipe
+from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import iter_drafter_buffers, iter_weight_buffers
 
 CONTRACT_VERSION = 3
@@ -359,6 +359,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
                 targets: tuple[str, ...] = (), carrier: str = "payload",
                 protected_version: int | None = None,
                 resource_key_path: str | Path | None = None,
+                split_tuning: SplitTuning | None = None,
                 progress: Callable[[str, int, int, str], None] | None = None
                 ) -> ExportSummary:
     """Export a recipe and checkpoint to a signed core at `out` (atomic).
@@ -377,6 +378,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         protected_version: with carrier "logical": 6 (zstd frames, the default) or 4
             (AES-GCM chunks).
         resource_key_path: with protected_version 4: the AES-256 key file (32 raw bytes).
+        split_tuning: capture the decode-split tuning producer with these settings
+            (None: the recipe's `split_tuning`).
         progress: called as progress(step, done, total, unit) for the steps "kernels
             compiled" (kernel variants), "weights read" (weight tensors) and "bytes
             written" (decoded bytes stored in the core; unit "bytes"), as
@@ -404,6 +407,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     recipe = resolve_recipe(recipe_path, ckpt)
     if weight_dtype:
         recipe = replace(recipe, weight_dtype=weight_dtype)
+    if split_tuning is not None:
+        recipe = replace(recipe, split_tuning=split_tuning)
     validate_recipe(recipe)
     if not ckpt.tokenizer_json:
         raise MissingTokenizerError(f"{ckpt.source}: no tokenizer")
@@ -421,7 +426,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     drafter = open_drafter(recipe, recipe_path, ckpt)
     speculation = (Speculation(drafter.geometry, recipe.drafter.widths)
                    if drafter is not None and recipe.drafter is not None else None)
-    manifest, graphs = capture(shapes, caps, recipe.weight_dtype, spec=speculation)
+    manifest, graphs = capture(shapes, caps, recipe.weight_dtype, spec=speculation,
+                               split_tuning=recipe.split_tuning)
     blobs: dict[str, bytes] = {}
     if targets:
         from .kernels_aot import compile_targets

@@ -46,6 +46,28 @@ class Capacities:
 
 
 @dataclass(frozen=True)
+class SplitTuning:
+    """Startup tuning of decode attention's split count (specification: startup tuning
+    bindings).
+
+    Ignition captures a tuning producer that times split counts of the decode attention on
+    the serving device and writes the fastest to a tuned buffer every decode graph reads:
+    their split and merge kernels are captured at the maximum count and read the tuned one.
+
+    Attributes:
+        context_tokens: context of the timing workload (0: the full context); the decode
+            batch is the largest captured one.
+        repeats: split + merge launches timed per candidate, after one untimed sweep.
+        candidates: split counts tried, at most 4: the captured count NS, NS/2, NS/4, NS/8
+            (distinct, at least 1).
+    """
+
+    context_tokens: int = 0
+    repeats: int = 2
+    candidates: int = 4
+
+
+@dataclass(frozen=True)
 class SamplingDefaults:
     """Model-card sampling recommendations (complete: every field is explicit)."""
 
@@ -105,6 +127,8 @@ class Recipe:
         chat_template: a Jinja chat template stored in the core instead of the
             checkpoint's (None keeps the checkpoint's).
         drafter: the learned drafter; None captures no SPECULATIVE programs.
+        split_tuning: capture a startup producer that tunes decode attention's split
+            count on the serving device (None: the captured count is used as is).
     """
 
     name: str
@@ -119,6 +143,7 @@ class Recipe:
     aliases: tuple[str, ...] = field(default_factory=tuple)
     chat_template: str | None = None
     drafter: DrafterDecl | None = None
+    split_tuning: SplitTuning | None = None
 
 
 SUPPORTED_FAMILIES = ("llama",)
@@ -174,6 +199,12 @@ def validate_recipe(recipe: Recipe) -> None:
         if not widths or list(widths) != sorted(set(widths)) or widths[0] != 1 or widths[-1] > 8:
             raise RecipeError(f"recipe {recipe.name}: drafter.widths must be ascending, start at "
                               f"1 and stay <= 8, got {widths}")
+    tuning = recipe.split_tuning
+    if tuning is not None and not (tuning.repeats >= 1 and 1 <= tuning.candidates <= 4
+                                   and 0 <= tuning.context_tokens <= caps.context_tokens):
+        raise RecipeError(f"recipe {recipe.name}: split_tuning needs repeats >= 1, 1..4 "
+                          f"candidates and 0 <= context_tokens <= {caps.context_tokens}, got "
+                          f"{tuning}")
     _check_frontend_selectors(recipe)
 
 

@@ -27,7 +27,7 @@ from .families.llama import (
     weight_layout,
     weight_resource_id,
 )
-from .recipe import Capacities
+from .recipe import Capacities, SplitTuning
 
 TINY_SHAPES = LlamaShapes(vocab=96, hidden=32, ffn=48, layers=2, heads=4, kv_heads=2,
                           head_dim=8, rope_theta=10000.0, rms_eps=1e-5, tied=True)
@@ -90,18 +90,20 @@ def tiny_drafter(shapes: LlamaShapes, draft_vocab: int, seed: int,
 def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
               caps: Capacities = TINY_CAPACITIES, *, device_pending: bool = True,
               speculative_widths: tuple[int, ...] = (), draft_vocab: int = 48,
-              draft_copy: float = 0.0) -> TinyCore:
+              draft_copy: float = 0.0, split_tuning: SplitTuning | None = None) -> TinyCore:
     """Capture the tiny model and wrap it with seeded f32 weights and a full contract
     (`device_pending`: the pending token is device-owned, else host-bound;
     `speculative_widths`: add a seeded random draft head over `draft_vocab` ids and one
-    SPECULATIVE program per decode batch and width; `draft_copy`: see tiny_drafter)."""
+    SPECULATIVE program per decode batch and width; `draft_copy`: see tiny_drafter;
+    `split_tuning`: with the decode-split tuning producer)."""
     raw = tiny_weights(shapes, seed)
     spec = None
     if speculative_widths:
         geometry, draft_weights = tiny_drafter(shapes, draft_vocab, seed, raw, copy=draft_copy)
         raw.update(draft_weights)
         spec = Speculation(geometry, tuple(speculative_widths))
-    manifest, graphs = capture(shapes, caps, "f32", device_pending=device_pending, spec=spec)
+    manifest, graphs = capture(shapes, caps, "f32", device_pending=device_pending, spec=spec,
+                               split_tuning=split_tuning)
     frontend = fe.FrontendContract(tool_parser=fe.TOOL_PARSER_NONE,
                                    reasoning_parser=fe.REASONING_PARSER_NONE,
                                    image_preparation=fe.IMAGE_PREPARATION_NONE,

@@ -8,6 +8,7 @@ CLI prints it without a traceback and exits 2.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from helios_contract.schema import contract_pb2, core_pb2
 from helios_serve.frontend.errors import FrontendConfigError
 from helios_serve.frontend.pipeline import Frontend
 from helios_serve.frontend.syntax import FrontendSyntax
+from helios_serve.startup import StartupLog
 
 
 class StartupError(Exception):
@@ -64,6 +66,7 @@ class Bootstrap:
         acceptance: str,
         *,
         resource_key: bytes | None = None,
+        log: StartupLog | None = None,
     ) -> Bootstrap:
         """Open, verify and authorize a core; validate its contract; load its assets.
 
@@ -73,6 +76,8 @@ class Bootstrap:
             acceptance: must equal the signed publisher namespace byte for byte.
             resource_key: the operator's 32-byte AES-256 key; ProtectedIndex version 4
                 cores need it, other cores do not read it.
+            log: the phases "verify" (signature, namespace) and "contract" (validation,
+                tokenizer, chat template, frontend) are recorded here.
 
         Raises:
             StartupError: a bad or untrusted core, a wrong namespace, a version 4 core
@@ -86,6 +91,8 @@ class Bootstrap:
         from helios_tools.core.signing import load_public_key
         from helios_tools.lint import resource_findings
 
+        log = log if log is not None else StartupLog()
+        started = time.perf_counter()
         keys = []
         for key in trusted_keys:
             if isinstance(key, str | os.PathLike):
@@ -114,6 +121,12 @@ class Bootstrap:
                 raise StartupError(f"{core_path} is a logical-resource core with encrypted "
                                    "resources (ProtectedIndex version 4): pass --resource-key "
                                    "FILE or set HELIOS_RESOURCE_KEY_FILE")
+            carrier = ("payload core" if core.protected_version is None
+                       else f"ProtectedIndex version {core.protected_version}")
+            log.record("verify", time.perf_counter() - started,
+                       f"{carrier}, signature (key {core.key_id}), namespace {core.namespace}, "
+                       f"{len(core.resources)} resources")
+            started = time.perf_counter()
             try:
                 prepared = PreparedContract.from_contract(core.contract, core.manifest)
             except MissingGraphVariantError as exc:
@@ -135,6 +148,9 @@ class Bootstrap:
                                    f"{_line(exc)}") from None
             except CoreError as exc:
                 raise StartupError(f"bad core: {core_path}: {_line(exc)}") from None
+            log.record("contract", time.perf_counter() - started,
+                       f"contract version {prepared.source_version}, "
+                       f"{len(prepared.graphs)} graphs, tokenizer, chat template, frontend")
             owned.pop_all()  # the Bootstrap owns the open core now
             return bootstrap
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import click
 
 from helios_serve.bootstrap import Bootstrap, StartupError
-from helios_serve.config import ServeOptions, resolve
+from helios_serve.config import ServeOptions, parse_bytes, resolve
+from helios_serve.startup import StartupLog
 
 DEMO_NAMESPACE = "helios.demo/local"
 DEMO_RECIPE = Path("recipes") / "smollm2_135m_instruct.py"
@@ -131,10 +132,17 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
     from helios_tools.core.errors import CoreError
 
     from helios_serve.clock import ObservationClock
+    from helios_serve.runtime.cache_sizing import CacheSizing
     from helios_serve.runtime.errors import RuntimeLoadError
     from helios_serve.runtime.native_model import NativeModel
     from helios_serve.server import Server, bind_listener
 
+    try:
+        cache = CacheSizing(num_pages=options.num_pages, memory_bytes=options.kv_cache_memory,
+                            fraction=options.kv_cache_fraction)
+    except RuntimeLoadError as exc:
+        raise StartupError(str(exc)) from None
+    log = StartupLog(emit=lambda line: click.echo(f"helios-serve: {line}", err=True))
     path = Path(core)
     if not path.is_file():
         why = "is a directory" if path.is_dir() else "no such file"
@@ -146,7 +154,7 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
             f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
         ) from None
     try:
-        bootstrap = Bootstrap.load(path, trust, accept, resource_key=resource_key)
+        bootstrap = Bootstrap.load(path, trust, accept, resource_key=resource_key, log=log)
     except BaseException:
         listener.close()
         raise
@@ -158,15 +166,19 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         clock = ObservationClock()  # the observation origin: native runtime startup
         try:
             model = NativeModel.load(
-                bootstrap.core, options.backend, max_concurrency=settings.max_active,
-                speculative_width=options.speculative_width,
+                bootstrap.core, options.backend, cache=cache,
+                max_concurrency=settings.max_active,
+                speculative_width=options.speculative_width, log=log,
             )
         except RuntimeLoadError as exc:
             raise StartupError(" ".join(str(exc).split())) from None
         except CoreError as exc:  # a weight or kernel resource failing its digests
             raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}") from None
         try:
-            return Server(bootstrap, model, settings, clock, listener)
+            with log.phase("listen") as phase:
+                server = Server(bootstrap, model, settings, clock, listener)
+                phase.detail = server.url
+            return server
         except BaseException:
             model.close()
             raise
@@ -197,6 +209,14 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
 @click.option("--speculative-width", type=click.IntRange(min=0),
               help="Widest speculative lane W served (target positions per round, pending "
                    "token included); 0 turns speculation off [the core's widest].")
+@click.option("--num-pages", type=int,
+              help="Physical KV cache pages [cpu: the core's prepared count; cuda: see "
+                   "--kv-cache-fraction].")
+@click.option("--kv-cache-memory", "kv_cache_memory",
+              help="KV cache budget in bytes (e.g. 2GiB); as many pages as fit.")
+@click.option("--kv-cache-fraction", "kv_cache_fraction", type=float,
+              help="KV cache budget as a fraction of the memory left after loading: free "
+                   "device memory on cuda [0.9], available host memory on cpu.")
 @click.option("--resource-key", "resource_key", envvar=RESOURCE_KEY_ENV,
               help="AES-256 key file (32 raw bytes) of a ProtectedIndex version 4 core "
                    f"[env {RESOURCE_KEY_ENV}].")
@@ -205,16 +225,24 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
                    "[env HELIOS_API_KEY; none: open].")
 @click.option("--demo", is_flag=True, help="Prepare (once) and serve the embedded SmolLM2 model.")
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
-         event_capacity, served_name, speculative_width, resource_key, api_key,
-         demo) -> None:  # fmt: skip
-    """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP."""
-    options = ServeOptions(
-        host=host, port=port, backend=backend, max_active=max_active,
-        queue_capacity=queue_capacity, frontend_workers=frontend_workers,
-        event_capacity=event_capacity, served_name=served_name,
-        speculative_width=speculative_width, api_key=api_key,
-    )  # fmt: skip
+         event_capacity, served_name, speculative_width, num_pages, kv_cache_memory,
+         kv_cache_fraction, resource_key, api_key, demo) -> None:  # fmt: skip
+    """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
+
+    Startup phases and their durations go to stderr as they end; the serving URL to stdout.
+    """
     try:
+        try:
+            memory = None if kv_cache_memory is None else parse_bytes(kv_cache_memory)
+        except ValueError as exc:
+            raise StartupError(f"--kv-cache-memory: {exc}") from None
+        options = ServeOptions(
+            host=host, port=port, backend=backend, max_active=max_active,
+            queue_capacity=queue_capacity, frontend_workers=frontend_workers,
+            event_capacity=event_capacity, served_name=served_name,
+            speculative_width=speculative_width, num_pages=num_pages,
+            kv_cache_memory=memory, kv_cache_fraction=kv_cache_fraction, api_key=api_key,
+        )  # fmt: skip
         if demo:
             if core or trust or accept:
                 raise StartupError("--demo takes no CORE, --trust or --accept")

@@ -30,6 +30,9 @@ class ServeOptions:
     event_capacity: int | None = None
     served_name: str | None = None
     speculative_width: int | None = None  # None: the core's widest; 0: speculation off
+    num_pages: int | None = None
+    kv_cache_memory: int | None = None
+    kv_cache_fraction: float | None = None
     api_key: str | None = None
 
 
@@ -103,3 +106,28 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
     if not settings.served_name:
         raise ValueError("the core declares no served id; pass --served-name")
     return settings
+
+
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count: an integer with an optional unit (K/M/G/T and KiB..TiB are powers
+    of 1024, KB..TB powers of 1000; case-insensitive): "2147483648", "2GiB", "1.5G".
+
+    Raises:
+        ValueError: not a positive byte count (the message names the accepted forms).
+    """
+    stripped = text.strip()
+    number = stripped.rstrip("kKmMgGtTiIbB")
+    unit = stripped[len(number):].lower()
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise ValueError(f"{text!r} is not a byte count (an integer, optionally with K, M, G, "
+                         "T, KiB..TiB or KB..TB)") from None
+    if value < 1:
+        raise ValueError(f"{text!r} is not a positive byte count")
+    return int(value)

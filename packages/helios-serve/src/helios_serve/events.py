@@ -9,6 +9,8 @@ every choice finished or with one request-wide `Rejected` or `Failed`.
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections import deque
 from dataclasses import dataclass
 
 from helios_serve.engine.plan import SamplingParams, TokenLogprob
@@ -91,9 +93,12 @@ TERMINAL_EVENTS = (Finished, Rejected, Failed)
 class EventSink:
     """A response's event queue, written by the worker thread and read on the HTTP loop.
 
-    Storage grows as events arrive (an unbounded asyncio.Queue): the response's event
-    budget is bounded by its prompt and output limits, never allocated up front. The
-    worker hands a step's events over in one `loop.call_soon_threadsafe` call.
+    Storage grows as events arrive (a deque): the response's event budget is bounded by
+    its prompt and output limits, never allocated up front. The worker hands a step's
+    events for every response over at once (`deliver`): a wake-up of the loop costs a
+    system call, so there is at most one outstanding, never one per response.
+    The reader takes one event with `get` and whatever else is already queued with
+    `drain`, so a reader that fell behind writes the backlog at once.
 
     Args:
         loop: the HTTP event loop.
@@ -102,31 +107,108 @@ class EventSink:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, choices: int = 1) -> None:
         self._loop = loop
-        self._queue: asyncio.Queue[Event] = asyncio.Queue()
-        self._unfinished = choices
+        self._mailbox = _mailbox(loop)
+        self._events: deque[Event] = deque()  # loop-thread side
+        self._waiter: asyncio.Future[None] | None = None
+        self._unfinished = choices  # worker-thread side
         self.terminal_sent = False  # worker-thread side: no event after a terminal one
 
     def publish(self, events: list[Event]) -> None:
         """Called on the worker thread: hand events to the HTTP loop."""
+        deliver([(self, events)])
+
+    def _accept(self, events: list[Event]) -> bool:
+        """Worker thread: whether `events` may still be delivered (nothing after a
+        terminal event); marks the terminal one."""
         if not events or self.terminal_sent:
-            return
+            return False
         for event in events:
             if isinstance(event, Finished):
                 self._unfinished -= 1
             if isinstance(event, Rejected | Failed) or self._unfinished == 0:
                 self.terminal_sent = True
-        try:
-            self._loop.call_soon_threadsafe(self._put_all, events)
-        except RuntimeError:  # the loop is closed: the reader is gone
-            pass
+        return True
 
     def _put_all(self, events: list[Event]) -> None:
-        for event in events:
-            self._queue.put_nowait(event)
+        self._events.extend(events)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def get(self) -> Event:
         """Next event, on the HTTP loop."""
-        return await self._queue.get()
+        while not self._events:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._events.popleft()
+
+    def drain(self) -> list[Event]:
+        """Every event already queued (possibly none), without waiting; HTTP loop."""
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+
+def deliver(batches: list[tuple[EventSink, list[Event]]]) -> None:
+    """Worker thread: hand several responses' events to their HTTP loop (one loop in a
+    server) with at most one wake-up outstanding per loop.
+
+    Events after a response's terminal event are dropped; a closed loop (its readers are
+    gone) drops its events.
+    """
+    by_loop: dict[_Mailbox, list[tuple[EventSink, list[Event]]]] = {}
+    for sink, events in batches:
+        if sink._accept(events):
+            by_loop.setdefault(sink._mailbox, []).append((sink, events))
+    for mailbox, accepted in by_loop.items():
+        mailbox.post(accepted)
+
+
+class _Mailbox:
+    """One event loop's delivery queue: the worker appends batches, the loop takes them
+    all in one callback; a wake-up (`call_soon_threadsafe`, a write to the loop's
+    self-pipe) is sent only when none is outstanding, so a loop that is behind is not
+    woken once per step.
+
+    No lock: the GIL orders `post` (append, then test the flag) against `_take` (clear the
+    flag, then pop everything), so a batch appended after the loop's last pop always
+    finds the flag clear and sends a wake-up.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._batches: deque[list[tuple[EventSink, list[Event]]]] = deque()
+        self._scheduled = False
+
+    def post(self, batch: list[tuple[EventSink, list[Event]]]) -> None:
+        self._batches.append(batch)
+        if self._scheduled:
+            return
+        self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._take)
+        except RuntimeError:  # the loop is closed: the readers are gone
+            self._batches.clear()
+
+    def _take(self) -> None:
+        self._scheduled = False
+        while self._batches:
+            for sink, events in self._batches.popleft():
+                sink._put_all(events)
+
+
+_MAILBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+    weakref.WeakKeyDictionary())
+
+
+def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
+    box = _MAILBOXES.get(loop)
+    if box is None:
+        box = _MAILBOXES[loop] = _Mailbox(loop)
+    return box
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,15 @@ step and waits for it. Completions are processed in submission order.
 Host-stop barrier ("String stops"): the worker determines every stop before it submits
 another round. While a string-stop, token-stop or constrained request is live the
 scheduler keeps one round outstanding, and rounds are one token wide.
+
+Output work off the critical path: right after `scheduler.complete` the worker stamps the
+step and decides what changes scheduling (EOS, the output limit: `scheduler.finish` at
+once); the output work of requests that need no feedback (pipeline: detokenize, parse;
+events) runs after the next step is submitted when a step is still in flight, so the
+device always has the next step queued while the host turns tokens into text. With
+nothing in flight, or for requests that need feedback, it runs before the next
+submission. All responses' events of one step reach the HTTP loop in one wake-up
+(`events.deliver`); gauges are published at most every GAUGE_PERIOD_S and when idle.
 """
 
 from __future__ import annotations
@@ -37,11 +46,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from helios_serve.clock import ObservationClock
-from helios_serve.engine.plan import ModelGeometry, StepKind, StepPlan
+from helios_serve.engine.min_tokens import MinTokensBan
+from helios_serve.engine.plan import (
+    ModelGeometry,
+    StepCompletion,
+    StepKind,
+    StepPlan,
+    TokenLogprob,
+)
 from helios_serve.events import (
     Cancel,
     ChoiceState,
     Event,
+    EventSink,
     Failed,
     Finished,
     FinishReason,
@@ -49,6 +66,7 @@ from helios_serve.events import (
     Output,
     Rejected,
     TokenObserved,
+    deliver,
 )
 from helios_serve.metrics import REJECT_SCHEDULER, Metrics
 from helios_serve.scheduler import (
@@ -60,6 +78,8 @@ from helios_serve.scheduler import (
 )
 
 log = logging.getLogger(__name__)
+
+GAUGE_PERIOD_S = 0.02  # gauges while busy: /metrics is scraped, not read per step
 
 
 class ModelBackend(Protocol):
@@ -79,7 +99,7 @@ class ModelBackend(Protocol):
 
     def submit(self, plan: StepPlan) -> Any: ...
 
-    def wait(self, ticket: Any) -> np.ndarray: ...
+    def wait_step(self, ticket: Any) -> StepCompletion: ...
 
     def close(self) -> None: ...
 
@@ -91,10 +111,14 @@ class _Live:
     request: GenerationRequest
     choice: ChoiceState
     sched_id: int
+    ban: MinTokensBan | None = None  # min_tokens: ids masked before the minimum output
     scheduled_s: float | None = None  # step clock (seconds) of its first planned row
     first_token_s: float | None = None  # step clock (seconds) of the first token
     last_token_s: float | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
+    # Set when the worker ended the request in the scheduler (EOS, output limit) before
+    # its last token's output work ran: the scheduler's summary for the Finished event.
+    ended: FinishedRequest | None = None
 
     @property
     def constrained(self) -> bool:
@@ -107,6 +131,18 @@ class _Request:
 
     request: GenerationRequest
     sched_ids: list[int]
+
+
+@dataclass
+class _Output:
+    """A validated token whose output work (grammar, pipeline, events) is still to run."""
+
+    live: _Live
+    token: int
+    output_tokens: int  # the request's output length after this token
+    stamp_ns: int | None  # observation stamp (timed requests), taken after complete
+    now_s: float  # the step's clock reading (latency metrics, Finished)
+    logprob: TokenLogprob | None = None  # the row's logprobs record, when it asked
 
 
 @dataclass
@@ -174,6 +210,8 @@ class ModelWorker:
         self._reported = self.scheduler.stats()
         self._last_stats = self._reported  # published after each step (read by any thread)
         self._live_count = 0
+        self._outputs: list[_Output] = []  # validated tokens awaiting output work, in order
+        self._gauges_at = 0.0  # clock (s) of the last gauge publication
         self._constrained_max_inflight = 0
         metrics.pages_capacity.set(self.geometry.num_pages)
         metrics.slots_capacity.set(self.geometry.slots)
@@ -263,10 +301,12 @@ class ModelWorker:
             if plan is not None:
                 self._submit(plan)
                 submitted = True
+        self._flush_outputs()  # the last completion's output work, behind the new step
         if self._inflight:
             if not (submitted and self.scheduler.can_schedule_ahead()):
                 self._complete_oldest()
         elif not submitted:
+            self._gauges_at = -GAUGE_PERIOD_S  # idle: publish now
             self._publish_gauges()
             with self._lock:  # nothing runnable: sleep until ingress or a cancel arrives
                 if not self._ingress and not self._cancels and not self._stopping:
@@ -323,7 +363,12 @@ class ModelWorker:
                     del self._live[added]
                 self._reject(request, error.detail, error.reason)
                 return
-            self._live[sched_id] = _Live(request, choice, sched_id)
+            sampling = choice.sampling
+            ban = None
+            if sampling.min_tokens > 0 and sampling.min_tokens_banned:
+                ban = MinTokensBan(len(prepared.prompt_token_ids), sampling.min_tokens,
+                                   sampling.min_tokens_banned, self.geometry.mask_words)
+            self._live[sched_id] = _Live(request, choice, sched_id, ban)
         self._requests[request.request_id] = _Request(request, sched_ids)
         self.metrics.prompt_tokens.inc(len(prepared.prompt_token_ids))
 
@@ -332,13 +377,22 @@ class ModelWorker:
         request.sink.publish([Rejected(message, reason)])
 
     def _cancel(self, request_id: int) -> None:
-        state = self._requests.pop(request_id, None)
+        state = self._requests.get(request_id)
         if state is None:
             return  # already finished: the reader released a finished response
-        for sched_id in state.sched_ids:
-            if self._live.pop(sched_id, None) is not None:
-                self.scheduler.cancel(sched_id)
-        self.metrics.requests_finished.labels("cancelled").inc()
+        cancelled = False
+        for sched_id in list(state.sched_ids):
+            live = self._live[sched_id]
+            if live.ended is not None:
+                continue  # ended in the scheduler; its output work delivers the end
+            del self._live[sched_id]
+            state.sched_ids.remove(sched_id)
+            self.scheduler.cancel(sched_id)
+            cancelled = True
+        if not state.sched_ids:
+            del self._requests[request_id]
+        if cancelled:
+            self.metrics.requests_finished.labels("cancelled").inc()
 
     def _submit(self, plan: StepPlan) -> None:
         """Hand `plan` (grammar masks filled) to the model without waiting for it."""
@@ -376,42 +430,53 @@ class ModelWorker:
         try:
             if item.error is not None:
                 raise item.error
-            sampled = self.model.wait(item.ticket)
+            completion = self.model.wait_step(item.ticket)
         except Exception as exc:  # submission, execution or device failure: this step only
             log.warning("execution failed: %s", exc)
             self.metrics.execution_failures.inc()
             self._fail_plan(plan, f"model execution failed: {exc}")
             return
         try:
-            results = self.scheduler.complete(plan, sampled)
+            results = self.scheduler.complete(plan, completion.sampled)
         except CompletionError as exc:  # the completion record is invalid: output error
             log.warning("invalid completion record: %s", exc)
             self._fail_plan(plan, f"invalid completion record: {exc}")
             return
-        self._validate(results)
+        self._validate(results, self._logprobs(plan, completion))
+
+    def _logprobs(self, plan: StepPlan, completion: StepCompletion) -> dict[int, TokenLogprob]:
+        """request id -> its row's TokenLogprob, for the sampling rows that asked (only
+        those pay for reading the record)."""
+        if completion.logprobs is None:
+            return {}
+        return {row.request_id: completion.token_logprob(i, row.sampling.logprobs)
+                for i, row in enumerate(plan.rows)
+                if row.sample and row.sampling.logprobs is not None}
 
     def _with_masks(self, plan: StepPlan) -> StepPlan:
-        """The plan as submitted: token masks filled for sampling rows that need one.
+        """The plan as submitted: grammar masks filled for constrained sampling rows.
 
-        A constrained row gets its grammar's mask; a row sampling one of the first
-        `min_tokens` outputs has the EOS and stop-token ids cleared (vLLM's min_tokens:
-        they cannot be sampled before the minimum). The scheduler keeps the original
-        plan object (completion is checked by identity); the backend gets a copy whose
-        rows carry the masks. A grammar that cannot produce its mask is an output error
-        of that request alone: it fails now, and its row runs unconstrained with the
-        result discarded at completion.
+        The scheduler keeps the original plan object (completion is checked by
+        identity); the backend gets a copy whose rows carry the masks. A grammar that
+        cannot produce its mask is an output error of that request alone: it fails now,
+        and its row runs unconstrained with the result discarded at completion.
         """
         rows = []
         changed = False
         for row in plan.rows:
             live = self._live.get(row.request_id)
             mask = None
-            if row.sample and live is not None:
+            if row.sample and live is not None and live.constrained:
+                mask = np.zeros(self.geometry.mask_words, dtype=np.int32)
                 try:
-                    mask = self._mask(live, row)
+                    live.choice.grammar.fill_mask(mask)  # type: ignore[union-attr]
                 except Exception as exc:
                     log.warning("grammar mask failed for a request: %s", exc)
                     self._fail_request(live, f"grammar mask failed: {exc}")
+                    rows.append(row)
+                    continue
+            if live is not None and live.ban is not None and live.ban.applies(row):
+                mask = live.ban.mask(mask)  # min_tokens: EOS and stop ids masked out
             if mask is not None:
                 rows.append(dataclasses.replace(row, grammar_mask=mask))
                 changed = True
@@ -419,76 +484,78 @@ class ModelWorker:
                 rows.append(row)
         return StepPlan(plan.kind, tuple(rows)) if changed else plan
 
-    def _mask(self, live: _Live, row) -> np.ndarray | None:
-        prepared = live.request.prepared
-        # Output tokens before the one this row samples (prompt + outputs are fed).
-        produced = row.start_position + len(row.tokens) - len(prepared.prompt_token_ids)
-        banned = produced < prepared.min_tokens
-        if not live.constrained and not banned:
-            return None
-        if live.constrained:
-            mask = np.zeros(self.geometry.mask_words, dtype=np.int32)
-            live.choice.grammar.fill_mask(mask)  # type: ignore[union-attr]
-        else:
-            mask = np.full(self.geometry.mask_words, -1, dtype=np.int32)
-        if banned:
-            bits = mask.view(np.uint32)
-            for tid in (*self.geometry.eos_token_ids, *prepared.stops.token_ids):
-                bits[tid // 32] &= np.uint32(~(1 << (tid % 32)) & 0xFFFFFFFF)
-        return mask
-
     def _fail_request(self, live: _Live, message: str) -> None:
-        """End a request (every choice) with an output error; frames drain in the
+        """End a request (every choice) with an output error; its frames drain in the
         scheduler."""
         state = self._requests.pop(live.request.request_id, None)
         if state is None:
             return
+        events: list[Event] = []
         for sched_id in state.sched_ids:
+            choice = self._live.pop(sched_id, None)
+            if choice is None:
+                continue
+            events += choice.events
+            choice.events = []
             # A failed plan's requests have left the scheduler already (Scheduler.fail).
-            if self._live.pop(sched_id, None) is not None and self.scheduler.is_live(sched_id):
+            if choice.ended is None and self.scheduler.is_live(sched_id):
                 self.scheduler.finish(sched_id, FinishReason.ERROR)
         self.metrics.requests_finished.labels("error").inc()
-        live.request.sink.publish(live.events + [Failed(message)])
+        live.request.sink.publish(events + [Failed(message)])
 
     def _fail_plan(self, plan: StepPlan, message: str) -> None:
+        self._flush_outputs()  # earlier steps' output reaches the readers before the error
         for summary in self.scheduler.fail(plan):
             live = self._live.get(summary.request_id)
             if live is not None:
                 self._fail_request(live, message)
 
-    def _validate(self, results: list[RowResult]) -> None:
-        """Per-request validation of one completed step, in submission-row order."""
+    def _validate(self, results: list[RowResult],
+                  logprobs: dict[int, TokenLogprob] | None = None) -> None:
+        """Per-request validation of one completed step, in submission-row order;
+        `logprobs` holds the TokenLogprob of each sampled row that asked for one.
+
+        What changes scheduling is decided here, before the next `schedule()`: EOS and
+        the output limit end the request in the scheduler at once. The output work
+        (`_feed`) is queued; it runs now when nothing else is in flight or a request of
+        this step needs feedback (the host-stop barrier), else after the next
+        submission (`_step`).
+        """
+        logprobs = logprobs or {}
         sampled = [r for r in results if r.token_id is not None and r.request_id in self._live]
         # model-contract.md, "Token and timing observation": stamp validated completions
         # right after scheduler.complete, before grammar, stops or parsing. The clock is
         # read once per step (never per token), and that one reading is the observation
         # stamp of timed requests and the time of the latency histograms.
         now_ns = self.clock.now_ns()
-        stamp_ns = (
-            now_ns
-            if any(self._live[r.request_id].request.prepared.observe_timestamps for r in sampled)
-            else None
-        )
         now_s = now_ns / 1e9
+        feedback = False
+        tokens = 0
         for result in sampled:
             live = self._live.get(result.request_id)
-            if live is None:  # finished by an earlier token of its speculative run, or
-                continue  # another choice of its request failed in this step
-            try:
-                self._on_token(live, result, stamp_ns, now_s)
-            except Exception as exc:  # output pipeline failure: this request only
-                log.warning("output failed for a request: %s", exc)
-                self._fail_request(live, f"output failed: {exc}")
-                continue
-            if live.events:
-                live.request.sink.publish(live.events)
-                live.events = []
+            if live is None or live.ended is not None:
+                continue  # ended by an earlier token of its speculative run
+            prepared = live.request.prepared
+            token = int(result.token_id)  # type: ignore[arg-type]
+            self._observe_latency(live, now_s)
+            stamp_ns = now_ns if prepared.observe_timestamps else None
+            self._outputs.append(_Output(live, token, result.output_tokens, stamp_ns, now_s,
+                                         logprobs.get(result.request_id)))
+            tokens += 1
+            if prepared.needs_feedback:
+                feedback = True
+            elif live.choice.pipeline.is_eos(token):
+                live.ended = self.scheduler.finish(live.sched_id, FinishReason.STOP,
+                                                   result.output_tokens)
+            elif result.output_tokens >= prepared.max_output_tokens:
+                live.ended = self.scheduler.finish(live.sched_id, FinishReason.LENGTH,
+                                                   result.output_tokens)
+        self.metrics.generation_tokens.inc(tokens)
+        if feedback or not self._inflight:
+            self._flush_outputs()
 
-    def _on_token(self, live: _Live, result: RowResult, stamp_ns: int | None, now_s: float) -> None:
-        request, choice = live.request, live.choice
-        prepared = request.prepared
-        token = int(result.token_id)  # type: ignore[arg-type]
-        self.metrics.generation_tokens.inc()
+    def _observe_latency(self, live: _Live, now_s: float) -> None:
+        request = live.request
         if live.first_token_s is None:
             if request.enqueue_ns is not None:
                 self.metrics.time_to_first_token.observe(max(0.0, now_s - request.enqueue_ns / 1e9))
@@ -498,9 +565,39 @@ class ModelWorker:
         elif live.last_token_s is not None:
             self.metrics.inter_token_latency.observe(max(0.0, now_s - live.last_token_s))
         live.last_token_s = now_s
+
+    def _flush_outputs(self) -> None:
+        """Run the queued output work, then deliver every response's new events at once."""
+        if not self._outputs:
+            return
+        outputs, self._outputs = self._outputs, []
+        touched: dict[int, _Live] = {}
+        for out in outputs:
+            live = out.live
+            if self._live.get(live.sched_id) is not live:
+                continue  # cancelled or failed after its completion
+            try:
+                self._feed(out)
+            except Exception as exc:  # output pipeline failure: this request only
+                log.warning("output failed for a request: %s", exc)
+                self._fail_request(live, f"output failed: {exc}")
+                touched.pop(id(live), None)
+                continue
+            touched[id(live)] = live
+        batches: list[tuple[EventSink, list[Event]]] = []
+        for live in touched.values():
+            if live.events:
+                batches.append((live.request.sink, live.events))
+                live.events = []
+        deliver(batches)
+
+    def _feed(self, out: _Output) -> None:
+        """One token's output work: observation, grammar, pipeline, finish."""
+        live = out.live
+        choice, prepared = live.choice, live.request.prepared
+        token, logprob = out.token, out.logprob
         if prepared.observe_ids:
-            live.events.append(TokenObserved(
-                token, stamp_ns if prepared.observe_timestamps else None, choice.index))
+            live.events.append(TokenObserved(token, out.stamp_ns, choice.index))
         if choice.grammar is not None and not choice.grammar.advance(token):
             raise OutputError(
                 f"the grammar rejected sampled token {token}: {choice.grammar.error}"
@@ -509,27 +606,26 @@ class ModelWorker:
         # string stops are matched there, before presentation.
         pipeline = choice.pipeline
         deltas = pipeline.feed(token)
-        if not pipeline.finished and result.output_tokens >= prepared.max_output_tokens:
+        if not pipeline.finished and out.output_tokens >= prepared.max_output_tokens:
             deltas = deltas + pipeline.finish(FinishReason.LENGTH)
-        logprobs = ()
-        if result.logprobs is not None and not (
-            pipeline.finished and token in self.geometry.eos_token_ids
-        ):
-            logprobs = (result.logprobs,)
-        if deltas or logprobs:
-            live.events.append(Output(tuple(deltas), choice.index, logprobs,
-                                      result.output_tokens))
+        # One TokenLogprob per sampled token, except the EOS id that ends the request.
+        if logprob is not None and pipeline.finished and token in self.geometry.eos_token_ids:
+            logprob = None
+        if deltas or logprob is not None:
+            live.events.append(Output(tuple(deltas), choice.index,
+                                      (logprob,) if logprob else (), out.output_tokens))
         if pipeline.finished:
             assert pipeline.finish_reason is not None
-            self._finish(live, pipeline.finish_reason, now_s, result.output_tokens)
+            self._finish(live, pipeline.finish_reason, out.now_s, out.output_tokens)
 
     def _finish(self, live: _Live, reason: FinishReason, now_s: float,
                 output_tokens: int | None = None) -> None:
-        """End a request at the token it finished on (`output_tokens`: the output up to
+        """End a choice at the token it finished on (`output_tokens`: the output up to
         and including that token; later tokens of the same speculative run are
         discarded)."""
         request = live.request
-        summary: FinishedRequest = self.scheduler.finish(live.sched_id, reason, output_tokens)
+        summary: FinishedRequest = live.ended or self.scheduler.finish(
+            live.sched_id, reason, output_tokens)
         del self._live[live.sched_id]
         self.metrics.requests_finished.labels(reason.value).inc()
         if live.first_token_s is not None:
@@ -551,6 +647,11 @@ class ModelWorker:
         )
 
     def _publish_gauges(self) -> None:
+        """After every step; publishes at most every GAUGE_PERIOD_S (at once when idle)."""
+        now_s = self.clock.now_ns() / 1e9
+        if now_s - self._gauges_at < GAUGE_PERIOD_S:
+            return
+        self._gauges_at = now_s
         stats = self.scheduler.stats()
         m = self.metrics
         m.requests_running.set(stats.running)

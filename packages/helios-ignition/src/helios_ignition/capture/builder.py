@@ -36,6 +36,7 @@ ROLE_ENUM = {
     "input": mpb.BUFFER_ROLE_REQUEST_INPUT,
     "output": mpb.BUFFER_ROLE_OUTPUT,
     "scratch": mpb.BUFFER_ROLE_SCRATCH,
+    "tuned": mpb.BUFFER_ROLE_TUNED,
 }
 
 

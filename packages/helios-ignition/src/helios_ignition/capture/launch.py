@@ -319,14 +319,23 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "attention_decode":
         B, H, HD = s[0], s[3], s[5]
         return _cfg((B, H), 8, BLOCK_N=128, BLOCK_HD=_np2(HD, 16))
-    if op == "attention_decode_split":
+    if op in ("attention_decode_split", "attention_decode_split_tuned"):
+        # The tuned variant is captured at the maximum split count NS (its programs past
+        # the tuned count exit at once): the same grid and constants.
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
         c = attention_split_constants(B, H, KVH, HD, SPLIT)
         return _cfg((B, KVH if c["GROUPED"] else H, NS), c.pop("WARPS"), **c)
-    if op == "attention_decode_merge":
+    if op in ("attention_decode_merge", "attention_decode_merge_tuned"):
         B, H, HD, NS = s
         c = attention_merge_constants(HD, NS)
         return _cfg((B, H), c.pop("WARPS"), **c)
+    if op == "timer_mark":
+        return _cfg((1,), 1)
+    if op == "split_tuning_setup":
+        B, MP = s[0], s[1]
+        return _cfg((B,), 1, BLOCK=_np2(min(MP, 1024), 32))
+    if op == "split_tuning_select":
+        return _cfg((1,), 1, BLOCK_C=4)
     if op in ("silu_mul", "add"):
         T, W = s
         return _cfg((T, _cdiv(W, 1024)), 4, BLOCK=1024)
@@ -336,7 +345,10 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("slot_gather", "slot_scatter"):
         R = s[0]
         return _cfg((_cdiv(R, 128),), 4, BLOCK=128)
-    if op == "sample":
+    if op in ("sample", "sample_biased"):
+        R = s[0]
+        return _cfg((R,), 8, BLOCK_V=2048)
+    if op == "token_logprobs":  # k + 2 sweeps of one row per program
         R = s[0]
         return _cfg((R,), 8, BLOCK_V=2048)
     if op in ("spec_draft_inputs", "spec_pack_tokens"):  # one program per lane / packed row

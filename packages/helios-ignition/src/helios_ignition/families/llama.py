@@ -27,7 +27,7 @@ from ..capture import launch
 from ..capture.builder import BufferTable, ProgramBuilder
 from ..checkpoint.drafter import DrafterGeometry
 from ..preparation import contract as decl
-from ..recipe import Capacities
+from ..recipe import Capacities, SplitTuning
 from . import draft
 
 
@@ -66,10 +66,18 @@ INPUT_NAMES = {
     "min_p": "in.min_p", "presence": "in.presence", "frequency": "in.frequency",
     "repetition": "in.repetition", "grammar_mask": "in.grammar_mask",
     "use_mask": "in.use_mask", "histogram": "state.histogram",
+    "use_bias": "in.use_bias", "logit_bias": "state.logit_bias", "logprobs": "in.logprobs",
 }
 PAGE_TABLE = "state.page_table"
 PENDING = "state.pending_token"  # device-owned pending token, one i32 per slot
 SAMPLED = "out.sampled"
+# Startup tuning of the decode split count (recipe.SplitTuning): the tuned buffer every
+# decode-attention graph reads and the producer in the manifest's tuning catalog that
+# writes it.
+TUNED_SPLITS = "tuned.decode_splits"
+SPLIT_PRODUCER = "tune.decode_splits"
+LOGPROBS = "out.logprobs"  # f32 [rows, 1 + TOP_LOGPROBS]: sampled token, then the top ids
+TOP_IDS = "out.top_ids"  # i32 [rows, TOP_LOGPROBS]
 
 
 def weight_layout(s: LlamaShapes) -> dict[str, tuple[int, ...]]:
@@ -136,7 +144,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
     n = INPUT_NAMES
     for key in ("tokens", "positions", "token_row"):
         t.declare(n[key], "i32", (tokens,), "input")
-    for key in ("slot", "query_length", "sampling_decision", "top_k", "use_mask"):
+    for key in ("slot", "query_length", "sampling_decision", "top_k", "use_mask", "use_bias",
+                "logprobs"):
         t.declare(n[key], "i32", (rows,), "input")
     for key in ("temperature", "top_p", "min_p", "presence", "frequency", "repetition"):
         t.declare(n[key], "f32", (rows,), "input")
@@ -144,6 +153,7 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
     t.declare(n["grammar_mask"], "i32", (rows, words), "input")
     t.declare(PAGE_TABLE, "i32", (slots, pages_per_request), "state")
     t.declare(n["histogram"], "i32", (slots, s.vocab), "state")
+    t.declare(n["logit_bias"], "f32", (slots, s.vocab), "state")
     t.declare(PENDING, "i32", (slots,), "state")
     for i in range(s.layers):
         for plane in ("k", "v"):
@@ -173,6 +183,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
         t.declare(RECORD, "i32", (rows, RECORD_FIELDS + spec.max_width), "output")
         draft.declare(t, g, weight_dtype, tokens, caps.prepared_pages, caps.page_tokens, ns,
                       weight_resource_id)
+    t.declare(LOGPROBS, "f32", (rows, 1 + decl.TOP_LOGPROBS), "output")
+    t.declare(TOP_IDS, "i32", (rows, decl.TOP_LOGPROBS), "output")
     return t
 
 
@@ -188,7 +200,7 @@ class _Rows:
 
 
 def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T: int, R: int,
-            *, decode_attention: bool, invariant: bool) -> None:
+            *, decode_attention: bool, invariant: bool, tuned: bool = False) -> None:
     """Embedding, every layer and the final norm over `T` packed rows; the final-norm
     hidden states (the LM head's input) are left in `scratch.h`.
 
@@ -196,7 +208,8 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
     its own position (decode rows, verification rows: the window's keys are written
     first, so it is causal within a lane); prefill attention is causal over a chunk.
     `invariant` records `linear_invariant` and no fused SwiGLU, so every row's result
-    is independent of T (decode and verification agree bit for bit).
+    is independent of T (decode and verification agree bit for bit). `tuned` decode
+    attention reads its split count from TUNED_SPLITS (captured at the maximum count).
     """
     t = b.table
     D = s.hidden
@@ -235,10 +248,18 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
             ns, split = decode_splits(MP * PT)
             part_ml = t.view("scratch.attn_ml", (T, H, ns, 2))
             part_o = t.view("scratch.attn_o", (T, H, ns, HD))
-            b.launch("attention_decode_split", qkv, pos, rows.attn_slot, page_table, kc, vc,
-                     part_ml, part_o, T, MP, PT, H, KVH, HD, ns, split, scale)
-            b.launch("attention_decode_merge", part_ml, part_o, rows.attn_slot, attn, T, H,
-                     HD, ns)
+            if tuned:
+                choice = t.view(TUNED_SPLITS, (1,))
+                b.launch("attention_decode_split_tuned", qkv, pos, rows.attn_slot, page_table,
+                         kc, vc, part_ml, part_o, choice, T, MP, PT, H, KVH, HD, ns, split,
+                         scale)
+                b.launch("attention_decode_merge_tuned", part_ml, part_o, rows.attn_slot,
+                         choice, attn, T, H, HD, ns)
+            else:
+                b.launch("attention_decode_split", qkv, pos, rows.attn_slot, page_table, kc,
+                         vc, part_ml, part_o, T, MP, PT, H, KVH, HD, ns, split, scale)
+                b.launch("attention_decode_merge", part_ml, part_o, rows.attn_slot, attn, T,
+                         H, HD, ns)
         else:
             b.launch("attention_prefill", qkv, pos, trow, slot, page_table, kc, vc, attn,
                      T, R, MP, PT, H, KVH, HD, scale)
@@ -255,7 +276,8 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
 
 
 def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, rows: int,
-             decode: bool, device_pending: bool, spec: Speculation | None = None) -> None:
+             decode: bool, device_pending: bool, spec: Speculation | None = None,
+             tuned: bool = False) -> None:
     """Record one PREFILL or DECODE variant: `tokens` packed tokens over `rows` rows.
 
     With `device_pending`, decode reads each row's fed token from the slot's pending-token
@@ -263,7 +285,8 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
     values and graph state"), so step N + 1 can be submitted before step N completes.
     In a drafter core (`spec`), decode is row-invariant (its rows equal verification
     rows bit for bit) and prefill also stores its features and writes the head's
-    entries of its tokens (the draft context).
+    entries of its tokens (the draft context). `tuned`: decode attention reads the
+    tuned split count.
     """
     t = b.table
     T, R = tokens, rows
@@ -280,7 +303,7 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
     if decode and device_pending:
         b.launch("slot_gather", pending, slot, toks, R, slots)
     _layers(b, s, caps, _Rows(toks, pos, trow, slot, slot), T, R, decode_attention=decode,
-            invariant=decode and spec is not None)
+            invariant=decode and spec is not None, tuned=decode and tuned)
     h = t.view("scratch.h", (T, s.hidden))
     if spec is not None and not decode:
         _draft_context(b, s, caps, spec, toks, pos, trow, slot, T, R)
@@ -294,12 +317,18 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
         b.launch("gather_last", h, inp("query_length", R), last, T, R, s.hidden)
         b.launch("linear", last, head, logits, R, s.vocab, s.hidden)
     words = grammar_mask_words(s.vocab)
-    b.launch("sample", logits, slot, pos if decode else _last_positions(b, R),
+    sampled = t.view(SAMPLED, (R,))
+    b.launch("sample_biased", logits, slot, pos if decode else _last_positions(b, R),
              inp("sampling_decision", R), inp("seed", R, 2), inp("temperature", R),
              inp("top_p", R), inp("top_k", R), inp("min_p", R), inp("presence", R),
              inp("frequency", R), inp("repetition", R),
-             t.view(n["histogram"], (slots, s.vocab)), inp("grammar_mask", R, words),
-             inp("use_mask", R), t.view(SAMPLED, (R,)), R, s.vocab, words)
+             t.view(n["histogram"], (slots, s.vocab)), t.view(n["logit_bias"], (slots, s.vocab)),
+             inp("use_bias", R), inp("grammar_mask", R, words), inp("use_mask", R), sampled,
+             R, s.vocab, words)
+    # Same step, same logits (unmodified by the sampler): rows that ask record logprobs.
+    K = decl.TOP_LOGPROBS
+    b.launch("token_logprobs", logits, slot, sampled, inp("logprobs", R),
+             t.view(LOGPROBS, (R, 1 + K)), t.view(TOP_IDS, (R, K)), R, s.vocab, K)
     if device_pending:
         b.launch("slot_scatter", t.view(SAMPLED, (R,)), slot, inp("sampling_decision", R),
                  pending, R, slots)
@@ -321,13 +350,15 @@ def _draft_context(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Sp
 
 
 def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Speculation,
-                 lanes: int, width: int) -> None:
+                 lanes: int, width: int, tuned: bool = False) -> None:
     """Record one SPECULATIVE program: B = `lanes`, W = `width`, D = W - 1, P = B x W.
 
     Proposal (D draft steps), target verification of each lane's n_b positions, accepted-
     state commit (helios_tools.kernels.speculative documents every step and the RNG
     streams). Lengths come from QUERY_LENGTH; the host packs positions, rows and slots
     of the P verification rows; the device fills their tokens (pending, then drafts).
+    `tuned`: verification attention reads the tuned split count, as decode does, so the
+    two stay row-invariant.
     """
     t = b.table
     g = spec.drafter
@@ -368,7 +399,7 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
     b.launch("spec_pack_tokens", pending, slot, start, drafts, pos, trow, tokens, B, P, slots,
              dmax)
     _layers(b, s, caps, _Rows(tokens, pos, trow, slot, tslot), P, B, decode_attention=True,
-            invariant=True)
+            invariant=True, tuned=tuned)
     h = t.view("scratch.h", (P, s.hidden))
     logits = t.view("scratch.logits", (P, s.vocab))
     head = t.view("embed" if s.tied else "lm_head", (s.vocab, s.hidden))
@@ -406,7 +437,7 @@ def _last_positions(b: ProgramBuilder, rows: int):
 
 
 def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pending: bool = True,
-            spec: Speculation | None = None
+            spec: Speculation | None = None, split_tuning: SplitTuning | None = None
             ) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
     """Capture every graph variant and declare their contracts.
 
@@ -416,6 +447,8 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
         spec: a drafter core's speculation: adds the head's buffers, one SPECULATIVE
             program per (decode batch B, width W) and the draft context to prefill
             (speculative programs need the device-owned pending token).
+        split_tuning: also capture the decode-split tuning producer (the manifest's tuning
+            catalog); decode and speculative graphs then read the tuned split count.
 
     Returns:
         The execution manifest (buffers, kernel variants, graph programs) and one
@@ -427,6 +460,8 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
     rows = max(max(caps.decode_batch), caps.prefill_rows)
     table.declare("in.sample_position", "i32", (rows,), "input")
     kernels: dict[str, mpb.Kernel] = {}
+    tuned = split_tuning is not None
+    producers = [_split_producer(table, kernels, s, caps, split_tuning)] if tuned else []
     programs: list[mpb.GraphProgram] = []
     contracts: list[cpb.GraphContract] = []
     variants = [("decode", b, b, 0) for b in caps.decode_batch]
@@ -437,22 +472,27 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
         builder = ProgramBuilder(table, kernels)
         if kind == "speculative":
             assert spec is not None
-            _speculative(builder, s, caps, spec, nrows, width)
+            _speculative(builder, s, caps, spec, nrows, width, tuned)
             name, op, packed = f"spec_b{nrows}_w{width}", cpb.OPERATION_SPECULATIVE, nrows * width
             completion = mpb.CompletionLayout(
                 buffer=RECORD, rows=nrows,
                 speculative=mpb.SpeculativeCompletion(token_width=width))
         else:
             decode = kind == "decode"
-            _forward(builder, s, caps, tokens, nrows, decode, device_pending, spec)
+            _forward(builder, s, caps, tokens, nrows, decode, device_pending, spec, tuned)
             name = f"{kind}_b{tokens}" if decode else f"prefill_t{tokens}"
             op = cpb.OPERATION_DECODE if decode else cpb.OPERATION_PREFILL
             packed = tokens
-            completion = mpb.CompletionLayout(buffer=SAMPLED, rows=nrows)
+            completion = mpb.CompletionLayout(
+                buffer=SAMPLED, rows=nrows, logprobs_buffer=LOGPROBS, top_ids_buffer=TOP_IDS,
+                top_logprobs=decl.TOP_LOGPROBS)
         program = mpb.GraphProgram(name=name, operation=op, batch_capacity=nrows,
                                    token_capacity=packed, launches=builder.launches,
                                    completion=completion)
         contract = _graph_contract(name, op, nrows, packed, s, table, device_pending, width)
+        if tuned and op != cpb.OPERATION_PREFILL:  # its decode attention reads the choice
+            program.tuning_producers.append(SPLIT_PRODUCER)
+            contract.tuned_bindings.add(buffer=TUNED_SPLITS, producer_graph=SPLIT_PRODUCER)
         for b in contract.bindings:
             decl_ = table.buffers[b.destination]
             program.transports.add(destination=b.destination,
@@ -460,8 +500,83 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
         programs.append(program)
         contracts.append(contract)
     manifest = mpb.ExecutionManifest(abi="helios-numpy-1", buffers=table.to_proto(),
-                                     kernels=list(kernels.values()), graphs=programs)
+                                     kernels=list(kernels.values()), graphs=programs,
+                                     tuning=mpb.TuningCatalog(producers=producers))
     return manifest, contracts
+
+
+def split_candidates(ns: int, count: int) -> list[int]:
+    """Split counts the producer times: ``ns, ns/2, ns/4, ns/8`` (ceil, distinct, first
+    `count`)."""
+    out: list[int] = []
+    for shift in range(4):
+        c = max(-(-ns // (1 << shift)), 1)
+        if c not in out:
+            out.append(c)
+    return out[:count]
+
+
+def _split_producer(table: BufferTable, kernels: dict[str, mpb.Kernel], s: LlamaShapes,
+                    caps: Capacities, tuning: SplitTuning) -> mpb.GraphProgram:
+    """Capture the decode-split tuning producer (helios_tools.kernels.tuning).
+
+    Workload: the largest decode batch B, every row at the timing context, over the
+    producer's own page table and K/V planes (one request's worth of pages, so its
+    footprint does not depend on the physical cache chosen at load). One untimed sweep of
+    the candidates, then a timed one (a mark before and after `repeats` split + merge
+    launches of each candidate), then the selection into TUNED_SPLITS. Every buffer it
+    writes besides TUNED_SPLITS is its own scratch or serving scratch: it runs before any
+    request, and touches no request input, graph state or cache storage.
+    """
+    from helios_tools.kernels.tuning import CANDIDATE_STRIDE, MAX_CANDIDATES
+
+    H, KVH, HD = s.heads, s.kv_heads, s.head_dim
+    PT = caps.page_tokens
+    MP = caps.context_tokens // PT
+    B = max(caps.decode_batch)
+    ns, split = decode_splits(MP * PT)
+    timing = tuning.context_tokens or MP * PT
+    mp_t = -(-timing // PT)
+    cands = split_candidates(ns, tuning.candidates)
+    table.declare(TUNED_SPLITS, "i32", (1,), "tuned")
+    for name, dtype, shape in (
+            ("tuning.positions", "i32", (B,)), ("tuning.slot", "i32", (B,)),
+            ("tuning.page_table", "i32", (B, mp_t)),
+            ("tuning.candidates", "i32", (MAX_CANDIDATES, CANDIDATE_STRIDE)),
+            ("tuning.stamps", "u32", (2 * len(cands), 2)),
+            ("tuning.k_cache", "f32", (mp_t, PT, KVH, HD)),
+            ("tuning.v_cache", "f32", (mp_t, PT, KVH, HD))):
+        table.declare(name, dtype, shape, "scratch")
+    t = table
+    b = ProgramBuilder(table, kernels)
+    pos, slot = t.view("tuning.positions", (B,)), t.view("tuning.slot", (B,))
+    pages = t.view("tuning.page_table", (B, mp_t))
+    candidates = t.view("tuning.candidates", (MAX_CANDIDATES, CANDIDATE_STRIDE))
+    stamps = t.view("tuning.stamps", (2 * len(cands), 2))
+    kc = t.view("tuning.k_cache", (mp_t, PT, KVH, HD))
+    vc = t.view("tuning.v_cache", (mp_t, PT, KVH, HD))
+    qkv = t.view("scratch.qkv", (B, s.qkv_width))
+    part_ml = t.view("scratch.attn_ml", (B, H, ns, 2))
+    part_o = t.view("scratch.attn_o", (B, H, ns, HD))
+    attn = t.view("scratch.attn", (B, H * HD))
+    padded = cands + [0] * (MAX_CANDIDATES - len(cands))
+    b.launch("split_tuning_setup", pos, slot, pages, candidates, B, mp_t, PT, len(cands),
+             *padded)
+    scale = 1.0 / math.sqrt(HD)
+    for _sweep in range(2):  # the first sweep warms caches and clocks; the second counts
+        for i in range(len(cands)):
+            choice = t.view("tuning.candidates", (1,), offset=i * CANDIDATE_STRIDE)
+            b.launch("timer_mark", stamps, 2 * i)
+            for _ in range(tuning.repeats):
+                b.launch("attention_decode_split_tuned", qkv, pos, slot, pages, kc, vc,
+                         part_ml, part_o, choice, B, mp_t, PT, H, KVH, HD, ns, split, scale)
+                b.launch("attention_decode_merge_tuned", part_ml, part_o, slot, choice, attn,
+                         B, H, HD, ns)
+            b.launch("timer_mark", stamps, 2 * i + 1)
+    b.launch("split_tuning_select", stamps, candidates, t.view(TUNED_SPLITS, (1,)),
+             len(cands))
+    return mpb.GraphProgram(name=SPLIT_PRODUCER, operation=cpb.OPERATION_INITIALIZE,
+                            batch_capacity=B, token_capacity=B, launches=b.launches)
 
 
 def _graph_contract(name: str, op: int, rows: int, tokens: int, s: LlamaShapes,
@@ -491,7 +606,8 @@ def _graph_contract(name: str, op: int, rows: int, tokens: int, s: LlamaShapes,
                                              slots)
     g.bindings.extend(pt_bindings)
     g.state_accesses.extend(pt_access)
-    g.state_accesses.extend(decl.state_transfer(INPUT_NAMES["histogram"], s.vocab * 4, slots))
+    g.state_accesses.extend(decl.state_transfer(INPUT_NAMES["histogram"], s.vocab * 4, slots,
+                                                logit_bias=INPUT_NAMES["logit_bias"]))
     if device_pending:
         view, access = decl.device_pending_token(PENDING, generating=decode)
         g.pending_token.CopyFrom(view)

@@ -12,14 +12,16 @@ from __future__ import annotations
 from .attention import (
     attention_decode,
     attention_decode_merge,
+    attention_decode_merge_tuned,
     attention_decode_split,
+    attention_decode_split_tuned,
     attention_prefill,
     kv_write,
     rope,
     rope_kv_write,
 )
 from .dense import add, add_rmsnorm, embedding, gather_last, linear, rmsnorm, silu_mul
-from .sampling import sample
+from .sampling import sample, sample_biased, token_logprobs
 from .speculative import (
     draft_sample,
     paged_row_gather_prev,
@@ -29,6 +31,7 @@ from .speculative import (
     spec_verify,
 )
 from .state import slot_gather, slot_scatter
+from .tuning import split_tuning_select, split_tuning_setup, timer_mark
 
 TRITON_KERNELS = {
     "embedding": embedding,
@@ -41,6 +44,11 @@ TRITON_KERNELS = {
     "attention_decode": attention_decode,
     "attention_decode_split": attention_decode_split,
     "attention_decode_merge": attention_decode_merge,
+    "attention_decode_split_tuned": attention_decode_split_tuned,
+    "attention_decode_merge_tuned": attention_decode_merge_tuned,
+    "timer_mark": timer_mark,
+    "split_tuning_setup": split_tuning_setup,
+    "split_tuning_select": split_tuning_select,
     "silu_mul": silu_mul,
     "add": add,
     "gather_last": gather_last,
@@ -56,6 +64,8 @@ TRITON_KERNELS = {
     "spec_verify": spec_verify,
     "paged_row_write": paged_row_write,
     "paged_row_gather_prev": paged_row_gather_prev,
+    "sample_biased": sample_biased,
+    "token_logprobs": token_logprobs,
 }
 
 # Buffer parameters whose element type follows the variant constant WBF16.

@@ -436,22 +436,13 @@ def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, p
 
 
 @triton.jit
-def attention_decode_merge(part_ml, part_o, slot, out, B, H, HD, NS, BLOCK_S: tl.constexpr,
-                           BLOCK_HD: tl.constexpr, SKIP_EMPTY: tl.constexpr = 0,
-                           EVEN_HD: tl.constexpr = 0):
-    """Combine the splits of row ``b``, head ``h`` (zeros for padding); grid ``(B, H)``.
-
-    SKIP_EMPTY=1 does not read the outputs of empty splits (sum of exponentials 0: their
-    outputs are zeros by contract), so a short context reads its live splits only.
-    EVEN_HD=1 (HD == BLOCK_HD only) drops the head-dim mask and uses the constant BLOCK_HD
-    in offsets, for 128-bit accesses.
-    """
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+def _merge(part_ml, part_o, slot, out, b, h, H, HD, NS, count, BLOCK_S: tl.constexpr,
+           BLOCK_HD: tl.constexpr, SKIP_EMPTY: tl.constexpr, EVEN_HD: tl.constexpr):
+    """Combine splits ``0..count-1`` (of ``NS`` in the layout) of row ``b``, head ``h``."""
     d = tl.arange(0, BLOCK_HD)
     md = d < HD
     si = tl.arange(0, BLOCK_S)
-    ms = si < NS
+    ms = si < count
     if EVEN_HD:  # HD == BLOCK_HD: offsets are visibly multiples of a power of two >= 16
         HD = BLOCK_HD
     base = (b * H + h) * NS + si
@@ -480,3 +471,58 @@ def attention_decode_merge(part_ml, part_o, slot, out, B, H, HD, NS, BLOCK_S: tl
             tl.store(dst, res)
         else:
             tl.store(dst, res, mask=md)
+
+
+@triton.jit
+def attention_decode_merge(part_ml, part_o, slot, out, B, H, HD, NS, BLOCK_S: tl.constexpr,
+                           BLOCK_HD: tl.constexpr, SKIP_EMPTY: tl.constexpr = 0,
+                           EVEN_HD: tl.constexpr = 0):
+    """Combine the splits of row ``b``, head ``h`` (zeros for padding); grid ``(B, H)``.
+
+    SKIP_EMPTY=1 does not read the outputs of empty splits (sum of exponentials 0: their
+    outputs are zeros by contract), so a short context reads its live splits only.
+    EVEN_HD=1 (HD == BLOCK_HD only) drops the head-dim mask and uses the constant BLOCK_HD
+    in offsets, for 128-bit accesses.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    _merge(part_ml, part_o, slot, out, b, h, H, HD, NS, NS, BLOCK_S, BLOCK_HD, SKIP_EMPTY,
+           EVEN_HD)
+
+
+@triton.jit
+def attention_decode_split_tuned(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
+                                 part_o, choice, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
+                                 BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr,
+                                 BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
+                                 EVEN_HD: tl.constexpr = 0):
+    """``attention_decode_split`` with the split count ``ns = choice[0]`` from the tuned
+    buffer: the grid is captured at ``NS`` splits; split ``sp < ns`` covers
+    ``ceil(NS * SPLIT / ns)`` positions and programs ``sp >= ns`` exit at once. The layout
+    of ``part_ml``/``part_o`` keeps ``NS`` splits (helios_tools.kernels reference)."""
+    ns = tl.load(choice)
+    if tl.program_id(2) < ns:
+        split = (NS * SPLIT + ns - 1) // ns
+        if GROUPED == 2:
+            _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                       B, MP, PT, H, KVH, HD, NS, split, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
+                       EVEN_HD)
+        elif GROUPED == 1:
+            _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
+                           part_o, B, MP, PT, H, KVH, HD, NS, split, scale, BLOCK_N,
+                           BLOCK_HD, BLOCK_G)
+        else:
+            _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
+                            part_o, B, MP, PT, H, KVH, HD, NS, split, scale, BLOCK_N,
+                            BLOCK_HD)
+
+
+@triton.jit
+def attention_decode_merge_tuned(part_ml, part_o, slot, choice, out, B, H, HD, NS,
+                                 BLOCK_S: tl.constexpr, BLOCK_HD: tl.constexpr,
+                                 SKIP_EMPTY: tl.constexpr = 0, EVEN_HD: tl.constexpr = 0):
+    """``attention_decode_merge`` of the first ``choice[0]`` splits; grid ``(B, H)``."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    _merge(part_ml, part_o, slot, out, b, h, H, HD, NS, tl.load(choice), BLOCK_S, BLOCK_HD,
+           SKIP_EMPTY, EVEN_HD)

@@ -1,7 +1,11 @@
-"""Triton sampler: penalties, grammar mask, temperature, top-k / top-p / min-p, Philox draw.
+"""Triton sampler: logit bias, penalties, grammar mask, temperature, top-k / top-p / min-p,
+Philox draw; and the raw-distribution logprobs.
 
-Same parameters and semantics as ``helios_tools.kernels.sample``; one program per
-submission row (grid ``(R,)``), sweeping the vocabulary in ``BLOCK_V`` chunks. Nothing
+Same parameters and semantics as ``helios_tools.kernels.sample_biased`` (and ``sample``,
+the op of cores exported before logit bias: the same row body with no bias) and
+``token_logprobs``; one program per submission row (grid ``(R,)``), sweeping the
+vocabulary in ``BLOCK_V`` chunks. The row bodies ``_sample_row`` and ``_row_logprobs``
+are ``@triton.jit`` helpers a speculative verify kernel can call per position. Nothing
 is sorted: the k-th largest scaled logit and the top-p threshold are found by bisection
 over order-preserving integer keys of the f32 values (each probe one counting sweep),
 and ties at a threshold keep the lowest ids (another bisection over the id). The draw is
@@ -27,10 +31,12 @@ def _key(x):
 
 
 @triton.jit
-def _logits(lrow, hrow, mrow, idx, V, um, rep, freq, pres):
-    """Penalized, masked f32 logits of ids ``idx`` (``-inf`` past V or masked out)."""
+def _logits(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres):
+    """Biased, penalized, masked f32 logits of ids ``idx`` (``-inf`` past V or masked
+    out). The bias load is predicated off for rows without one (no memory traffic)."""
     inside = idx < V
     z = tl.load(lrow + idx, mask=inside, other=0.0)
+    z = z + tl.load(brow + idx, mask=inside & (ub != 0), other=0.0)
     c = tl.load(hrow + idx, mask=inside, other=0)
     seen = c > 0
     zr = tl.where(z > 0, tl.math.div_rn(z, rep + tl.zeros_like(z)), z * rep)
@@ -43,8 +49,8 @@ def _logits(lrow, hrow, mrow, idx, V, um, rep, freq, pres):
 
 
 @triton.jit
-def _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp):
-    z = _logits(lrow, hrow, mrow, idx, V, um, rep, freq, pres)
+def _scaled(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres, temp):
+    z = _logits(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres)
     return tl.math.div_rn(z, temp + tl.zeros_like(z))
 
 
@@ -77,7 +83,7 @@ def _philox_u(idx, pos, k0, k1):
 
 
 @triton.jit
-def _id_cutoff(lrow, hrow, mrow, V, um, rep, freq, pres, temp, zmax, S, kkey, kcut,
+def _id_cutoff(lrow, hrow, brow, mrow, V, ub, um, rep, freq, pres, temp, zmax, S, kkey, kcut,
                key_eq, use_p, need, BLOCK_V: tl.constexpr):
     """Smallest id c with ``count(tied & id <= c) >= need``; ``tied`` is ``key == key_eq``
     on the scaled logits (``use_p == 0``) or on the probabilities of top-k candidates."""
@@ -89,7 +95,7 @@ def _id_cutoff(lrow, hrow, mrow, V, um, rep, freq, pres, temp, zmax, S, kkey, kc
         cnt = tl.min(tl.zeros_like(lanes), axis=0)
         for v0 in range(0, V, BLOCK_V):
             idx = v0 + lanes
-            zt = _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp)
+            zt = _scaled(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres, temp)
             if use_p == 0:
                 tied = _key(zt) == key_eq
             else:
@@ -105,10 +111,134 @@ def _id_cutoff(lrow, hrow, mrow, V, um, rep, freq, pres, temp, zmax, S, kkey, kc
 
 
 @triton.jit
-def sample(logits, slot, positions, sampling_decision, seed, temperature, top_p, top_k,
-           min_p, presence, frequency, repetition, histogram, grammar_mask, use_mask,
-           sampled, R, V, W32, BLOCK_V: tl.constexpr):
-    """Sample one token per row and count it in the row's histogram; grid ``(R,)``."""
+def _sample_row(lrow, hrow, brow, mrow, V, ub, um, rep, freq, pres, temp, k, tp, mp, pos,
+                k0, k1, BLOCK_V: tl.constexpr):
+    """The sampled id of one row (see ``sample_biased``); the row's buffers start at
+    ``lrow`` (logits), ``hrow`` (histogram), ``brow`` (logit bias, read when ``ub != 0``)
+    and ``mrow`` (grammar mask words, read when ``um != 0``)."""
+    lanes = tl.arange(0, BLOCK_V)
+    fzero = tl.sum(tl.zeros((BLOCK_V,), tl.float32), axis=0)
+    izero = tl.min(tl.zeros_like(lanes), axis=0)
+    # Sweep 1: greedy argmax (first index on ties) of the biased, penalized, masked logits.
+    best_v = fzero + float("-inf")
+    best_i = izero
+    for v0 in range(0, V, BLOCK_V):
+        idx = v0 + lanes
+        z = _logits(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres)
+        cm = tl.max(z, axis=0)
+        ci = tl.min(tl.where(z == cm, idx, INT_MAX), axis=0)
+        best_i = tl.where(cm > best_v, ci, best_i)
+        best_v = tl.maximum(best_v, cm)
+    tok = best_i
+    if (temp > 0.0) & (best_v > float("-inf")):
+        zmax = tl.math.div_rn(best_v, temp)
+        # top-k: kkey = key of the k-th largest scaled logit; ties keep ids <= kcut.
+        kkey = izero - 2147483647 - 1
+        kcut = izero + V
+        if (k > 0) & (k < V):
+            lo = kkey.to(tl.int64)
+            hi = lo * 0 + 2147483647
+            for _ in range(32):
+                mid = lo + (hi - lo + 1) // 2
+                cnt = izero
+                for v0 in range(0, V, BLOCK_V):
+                    zt = _scaled(lrow, hrow, brow, mrow, v0 + lanes, V, ub, um, rep, freq,
+                                 pres, temp)
+                    cnt += tl.sum((_key(zt).to(tl.int64) >= mid).to(tl.int32), axis=0)
+                ok = cnt >= k
+                lo = tl.where(ok, mid, lo)
+                hi = tl.where(ok, hi, mid - 1)
+            kkey = lo.to(tl.int32)
+            gt = izero
+            eq = izero
+            for v0 in range(0, V, BLOCK_V):
+                kz = _key(_scaled(lrow, hrow, brow, mrow, v0 + lanes, V, ub, um, rep, freq,
+                                  pres, temp))
+                gt += tl.sum((kz > kkey).to(tl.int32), axis=0)
+                eq += tl.sum((kz == kkey).to(tl.int32), axis=0)
+            if eq > k - gt:
+                kcut = _id_cutoff(lrow, hrow, brow, mrow, V, ub, um, rep, freq, pres, temp,
+                                  zmax, fzero + 1.0, kkey, kcut, kkey, 0, k - gt, BLOCK_V)
+        # Softmax denominator over the candidates.
+        S = fzero
+        for v0 in range(0, V, BLOCK_V):
+            idx = v0 + lanes
+            zt = _scaled(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres, temp)
+            kz = _key(zt)
+            cand = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
+            S += tl.sum(tl.where(cand, libdevice.exp(zt - zmax), 0.0), axis=0)
+        # top-p: pkey = bits of the smallest kept probability; ties keep ids <= pcut.
+        pkey = izero - 1
+        pcut = izero + V
+        if tp < 1.0:
+            lo = izero
+            hi = izero + 0x3F800000
+            for _ in range(31):
+                mid = lo + (hi - lo + 1) // 2
+                mass = fzero
+                for v0 in range(0, V, BLOCK_V):
+                    idx = v0 + lanes
+                    zt = _scaled(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres,
+                                 temp)
+                    kz = _key(zt)
+                    cand = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
+                    p = tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt))
+                    pb = p.to(tl.int32, bitcast=True)
+                    mass += tl.sum(tl.where(cand & (pb >= mid), p, 0.0), axis=0)
+                ok = mass >= tp
+                lo = tl.where(ok, mid, lo)
+                hi = tl.where(ok, hi, mid - 1)
+            mgt = fzero
+            eq = izero
+            mall = fzero
+            for v0 in range(0, V, BLOCK_V):
+                idx = v0 + lanes
+                zt = _scaled(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres, temp)
+                kz = _key(zt)
+                cand = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
+                p = tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt))
+                pb = p.to(tl.int32, bitcast=True)
+                mgt += tl.sum(tl.where(cand & (pb > lo), p, 0.0), axis=0)
+                eq += tl.sum((cand & (pb == lo)).to(tl.int32), axis=0)
+                mall += tl.sum(tl.where(cand, p, 0.0), axis=0)
+            if mall >= tp:
+                pkey = lo
+                tau = lo.to(tl.float32, bitcast=True)
+                need = libdevice.ceil(tl.math.div_rn(tp - mgt, tau)).to(tl.int32)
+                need = tl.minimum(tl.maximum(need, 1), eq)
+                if eq > need:
+                    pcut = _id_cutoff(lrow, hrow, brow, mrow, V, ub, um, rep, freq, pres,
+                                      temp, zmax, S, kkey, kcut, lo, 1, need, BLOCK_V)
+        pmin = tl.where(mp > 0.0, mp * tl.math.div_rn(1.0, S), -1.0)
+        # The race, in float64.
+        best_race = fzero.to(tl.float64) + float("-inf")
+        best_tok = izero
+        for v0 in range(0, V, BLOCK_V):
+            idx = v0 + lanes
+            zt = _scaled(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres, temp)
+            kz = _key(zt)
+            keep = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
+            p = tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt))
+            pb = p.to(tl.int32, bitcast=True)
+            keep = keep & ((pb > pkey) | ((pb == pkey) & (idx <= pcut))) & (p >= pmin)
+            keep = keep & (idx < V)
+            u = _philox_u(idx, pos, k0, k1)
+            race = libdevice.log(p.to(tl.float64)) - libdevice.log(-libdevice.log(u))
+            race = tl.where(keep, race, float("-inf"))
+            cm = tl.max(race, axis=0)
+            ci = tl.min(tl.where(keep & (race == cm), idx, INT_MAX), axis=0)
+            better = cm > best_race
+            best_tok = tl.where(better, ci, best_tok)
+            best_race = tl.maximum(best_race, cm)
+        tok = best_tok
+    return tok
+
+
+@triton.jit
+def _sample_entry(logits, slot, positions, sampling_decision, seed, temperature, top_p,
+                  top_k, min_p, presence, frequency, repetition, histogram, logit_bias,
+                  use_bias, grammar_mask, use_mask, sampled, V, W32, BIASED: tl.constexpr,
+                  BLOCK_V: tl.constexpr):
     r = tl.program_id(0)
     s = tl.load(slot + r)
     if s < 0:
@@ -117,131 +247,95 @@ def sample(logits, slot, positions, sampling_decision, seed, temperature, top_p,
         lrow = logits + r.to(tl.int64) * V
         hrow = histogram + s.to(tl.int64) * V
         mrow = grammar_mask + r.to(tl.int64) * W32
-        um = tl.load(use_mask + r)
-        rep = tl.load(repetition + r)
-        freq = tl.load(frequency + r)
-        pres = tl.load(presence + r)
-        temp = tl.load(temperature + r)
-        lanes = tl.arange(0, BLOCK_V)
-        fzero = tl.sum(tl.zeros((BLOCK_V,), tl.float32), axis=0)
-        izero = tl.min(tl.zeros_like(lanes), axis=0)
-        # Sweep 1: greedy argmax (first index on ties) of the penalized, masked logits.
-        best_v = fzero + float("-inf")
-        best_i = izero
-        for v0 in range(0, V, BLOCK_V):
-            idx = v0 + lanes
-            z = _logits(lrow, hrow, mrow, idx, V, um, rep, freq, pres)
-            cm = tl.max(z, axis=0)
-            ci = tl.min(tl.where(z == cm, idx, INT_MAX), axis=0)
-            best_i = tl.where(cm > best_v, ci, best_i)
-            best_v = tl.maximum(best_v, cm)
-        tok = best_i
-        if (temp > 0.0) & (best_v > float("-inf")):
-            zmax = tl.math.div_rn(best_v, temp)
-            # top-k: kkey = key of the k-th largest scaled logit; ties keep ids <= kcut.
-            k = tl.load(top_k + r)
-            kkey = izero - 2147483647 - 1
-            kcut = izero + V
-            if (k > 0) & (k < V):
-                lo = kkey.to(tl.int64)
-                hi = lo * 0 + 2147483647
-                for _ in range(32):
-                    mid = lo + (hi - lo + 1) // 2
-                    cnt = izero
-                    for v0 in range(0, V, BLOCK_V):
-                        zt = _scaled(lrow, hrow, mrow, v0 + lanes, V, um, rep, freq, pres,
-                                     temp)
-                        cnt += tl.sum((_key(zt).to(tl.int64) >= mid).to(tl.int32), axis=0)
-                    ok = cnt >= k
-                    lo = tl.where(ok, mid, lo)
-                    hi = tl.where(ok, hi, mid - 1)
-                kkey = lo.to(tl.int32)
-                gt = izero
-                eq = izero
-                for v0 in range(0, V, BLOCK_V):
-                    kz = _key(_scaled(lrow, hrow, mrow, v0 + lanes, V, um, rep, freq, pres,
-                                      temp))
-                    gt += tl.sum((kz > kkey).to(tl.int32), axis=0)
-                    eq += tl.sum((kz == kkey).to(tl.int32), axis=0)
-                if eq > k - gt:
-                    kcut = _id_cutoff(lrow, hrow, mrow, V, um, rep, freq, pres, temp, zmax,
-                                      fzero + 1.0, kkey, kcut, kkey, 0, k - gt, BLOCK_V)
-            # Softmax denominator over the candidates.
-            S = fzero
-            for v0 in range(0, V, BLOCK_V):
-                idx = v0 + lanes
-                zt = _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp)
-                kz = _key(zt)
-                cand = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
-                S += tl.sum(tl.where(cand, libdevice.exp(zt - zmax), 0.0), axis=0)
-            # top-p: pkey = bits of the smallest kept probability; ties keep ids <= pcut.
-            tp = tl.load(top_p + r)
-            pkey = izero - 1
-            pcut = izero + V
-            if tp < 1.0:
-                lo = izero
-                hi = izero + 0x3F800000
-                for _ in range(31):
-                    mid = lo + (hi - lo + 1) // 2
-                    mass = fzero
-                    for v0 in range(0, V, BLOCK_V):
-                        idx = v0 + lanes
-                        zt = _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp)
-                        kz = _key(zt)
-                        cand = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
-                        p = tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt))
-                        pb = p.to(tl.int32, bitcast=True)
-                        mass += tl.sum(tl.where(cand & (pb >= mid), p, 0.0), axis=0)
-                    ok = mass >= tp
-                    lo = tl.where(ok, mid, lo)
-                    hi = tl.where(ok, hi, mid - 1)
-                mgt = fzero
-                eq = izero
-                mall = fzero
-                for v0 in range(0, V, BLOCK_V):
-                    idx = v0 + lanes
-                    zt = _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp)
-                    kz = _key(zt)
-                    cand = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
-                    p = tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt))
-                    pb = p.to(tl.int32, bitcast=True)
-                    mgt += tl.sum(tl.where(cand & (pb > lo), p, 0.0), axis=0)
-                    eq += tl.sum((cand & (pb == lo)).to(tl.int32), axis=0)
-                    mall += tl.sum(tl.where(cand, p, 0.0), axis=0)
-                if mall >= tp:
-                    pkey = lo
-                    tau = lo.to(tl.float32, bitcast=True)
-                    need = libdevice.ceil(tl.math.div_rn(tp - mgt, tau)).to(tl.int32)
-                    need = tl.minimum(tl.maximum(need, 1), eq)
-                    if eq > need:
-                        pcut = _id_cutoff(lrow, hrow, mrow, V, um, rep, freq, pres, temp,
-                                          zmax, S, kkey, kcut, lo, 1, need, BLOCK_V)
-            mp = tl.load(min_p + r)
-            pmin = tl.where(mp > 0.0, mp * tl.math.div_rn(1.0, S), -1.0)
-            # The race, in float64.
-            pos = tl.load(positions + r)
-            k0 = tl.load(seed + 2 * r)
-            k1 = tl.load(seed + 2 * r + 1)
-            best_race = fzero.to(tl.float64) + float("-inf")
-            best_tok = izero
-            for v0 in range(0, V, BLOCK_V):
-                idx = v0 + lanes
-                zt = _scaled(lrow, hrow, mrow, idx, V, um, rep, freq, pres, temp)
-                kz = _key(zt)
-                keep = (kz > kkey) | ((kz == kkey) & (idx <= kcut))
-                p = tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt))
-                pb = p.to(tl.int32, bitcast=True)
-                keep = keep & ((pb > pkey) | ((pb == pkey) & (idx <= pcut))) & (p >= pmin)
-                keep = keep & (idx < V)
-                u = _philox_u(idx, pos, k0, k1)
-                race = libdevice.log(p.to(tl.float64)) - libdevice.log(-libdevice.log(u))
-                race = tl.where(keep, race, float("-inf"))
-                cm = tl.max(race, axis=0)
-                ci = tl.min(tl.where(keep & (race == cm), idx, INT_MAX), axis=0)
-                better = cm > best_race
-                best_tok = tl.where(better, ci, best_tok)
-                best_race = tl.maximum(best_race, cm)
-            tok = best_tok
+        if BIASED:
+            ub = tl.load(use_bias + r)
+            brow = logit_bias + s.to(tl.int64) * V
+        else:  # no bias buffer: the predicated-off loads never touch `brow`
+            ub = s * 0
+            brow = lrow
+        tok = _sample_row(lrow, hrow, brow, mrow, V, ub, tl.load(use_mask + r),
+                          tl.load(repetition + r), tl.load(frequency + r),
+                          tl.load(presence + r), tl.load(temperature + r), tl.load(top_k + r),
+                          tl.load(top_p + r), tl.load(min_p + r), tl.load(positions + r),
+                          tl.load(seed + 2 * r), tl.load(seed + 2 * r + 1), BLOCK_V)
         tl.store(sampled + r, tok)
         if tl.load(sampling_decision + r) != 0:
             tl.atomic_add(hrow + tok, 1)
+
+
+@triton.jit
+def sample_biased(logits, slot, positions, sampling_decision, seed, temperature, top_p,
+                  top_k, min_p, presence, frequency, repetition, histogram, logit_bias,
+                  use_bias, grammar_mask, use_mask, sampled, R, V, W32,
+                  BLOCK_V: tl.constexpr):
+    """Sample one token per row (logit bias first) and count it in the row's histogram;
+    grid ``(R,)``."""
+    _sample_entry(logits, slot, positions, sampling_decision, seed, temperature, top_p,
+                  top_k, min_p, presence, frequency, repetition, histogram, logit_bias,
+                  use_bias, grammar_mask, use_mask, sampled, V, W32, True, BLOCK_V)
+
+
+@triton.jit
+def sample(logits, slot, positions, sampling_decision, seed, temperature, top_p, top_k,
+           min_p, presence, frequency, repetition, histogram, grammar_mask, use_mask,
+           sampled, R, V, W32, BLOCK_V: tl.constexpr):
+    """``sample_biased`` without logit bias (cores exported before it); grid ``(R,)``."""
+    _sample_entry(logits, slot, positions, sampling_decision, seed, temperature, top_p,
+                  top_k, min_p, presence, frequency, repetition, histogram, histogram,
+                  use_mask, grammar_mask, use_mask, sampled, V, W32, False, BLOCK_V)
+
+
+INT64_MIN = tl.constexpr(-9223372036854775808)
+INT64_MAX = tl.constexpr(9223372036854775807)
+
+
+@triton.jit
+def _row_logprobs(lrow, tok, k, orow, irow, V, BLOCK_V: tl.constexpr):
+    """One row of ``token_logprobs``: ``orow[0]`` = logprob of ``tok``; the ``k`` largest
+    logits' ids to ``irow[:k]`` and logprobs to ``orow[1:1 + k]``.
+
+    log_softmax of the raw logits, normalizer ``max + log(sum(exp(z - max)))`` in f32.
+    Top-k by k successive maxima of a packed int64 key ``key(z) << 32 | (INT_MAX - id)``
+    strictly below the previous one: larger logit first, ties to the lower id, exact, and
+    k + 2 sweeps of the (L2-resident) row.
+    """
+    lanes = tl.arange(0, BLOCK_V)
+    fzero = tl.sum(tl.zeros((BLOCK_V,), tl.float32), axis=0)
+    m = fzero + float("-inf")
+    for v0 in range(0, V, BLOCK_V):
+        idx = v0 + lanes
+        z = tl.load(lrow + idx, mask=idx < V, other=float("-inf"))
+        m = tl.maximum(m, tl.max(z, axis=0))
+    total = fzero
+    for v0 in range(0, V, BLOCK_V):
+        idx = v0 + lanes
+        z = tl.load(lrow + idx, mask=idx < V, other=float("-inf"))
+        total += tl.sum(tl.where(idx < V, libdevice.exp(z - m), 0.0), axis=0)
+    lse = m + libdevice.log(total)
+    tl.store(orow, tl.load(lrow + tok) - lse)
+    prev = (fzero.to(tl.int64) * 0) + INT64_MAX
+    for j in range(0, k):
+        best = prev * 0 + INT64_MIN
+        for v0 in range(0, V, BLOCK_V):
+            idx = v0 + lanes
+            z = tl.load(lrow + idx, mask=idx < V, other=float("-inf"))
+            packed = (_key(z).to(tl.int64) << 32) | (INT_MAX - idx).to(tl.int64)
+            packed = tl.where((idx < V) & (packed < prev), packed, INT64_MIN)
+            best = tl.maximum(best, tl.max(packed, axis=0))
+        prev = best
+        i = INT_MAX - (best & 0x7FFFFFFF).to(tl.int32)
+        tl.store(irow + j, i)
+        tl.store(orow + 1 + j, tl.load(lrow + i) - lse)
+
+
+@triton.jit
+def token_logprobs(logits, slot, sampled, logprobs_k, logprobs, top_ids, R, V, K,
+                   BLOCK_V: tl.constexpr):
+    """Raw-distribution logprobs of the sampled token and the top-k per row; grid ``(R,)``.
+    Rows with ``slot < 0`` or ``logprobs_k < 0`` write nothing."""
+    r = tl.program_id(0)
+    k = tl.load(logprobs_k + r)
+    if (tl.load(slot + r) >= 0) & (k >= 0):
+        _row_logprobs(logits + r.to(tl.int64) * V, tl.load(sampled + r), tl.minimum(k, K),
+                      logprobs + r.to(tl.int64) * (K + 1), top_ids + r.to(tl.int64) * K, V,
+                      BLOCK_V)

@@ -94,34 +94,53 @@ SAMPLING_SOURCES = {
     "repetition": V.VALUE_SOURCE_REPETITION_PENALTY,
     "grammar_mask": V.VALUE_SOURCE_GRAMMAR_MASK,
     "use_mask": V.VALUE_SOURCE_GRAMMAR_MASK_ENABLED,
+    "use_bias": V.VALUE_SOURCE_LOGIT_BIAS_ENABLED,
 }
+
+# Top alternatives a completion record holds per row: OpenAI's `top_logprobs` maximum.
+TOP_LOGPROBS = 20
 
 
 def sampling(names: Mapping[str, str]) -> list[cpb.ValueBinding]:
-    """Admission sampling inputs per submission row, plus the prompt histogram.
+    """Admission sampling inputs per submission row, plus the per-slot histogram and logit
+    bias, plus the logprobs request of each row.
 
-    The histogram is persistent per physical request row: shared packing initializes a
-    slot's row once at admission, and the captured sampler counts each sampled token.
+    The histogram and the logit bias are persistent per physical request row: shared
+    packing initializes a slot's rows once, on the step that places a request in the
+    slot (the bias row only for a request with a bias: LOGIT_BIAS_ENABLED gates its use),
+    and the captured sampler counts each sampled token.
 
     Args:
-        names: buffer names for the keys of SAMPLING_SOURCES plus ``histogram``.
+        names: buffer names for the keys of SAMPLING_SOURCES plus ``histogram``,
+            ``logit_bias`` and ``logprobs``.
     """
     rows = [binding(names[key], source, V.INDEXING_SUBMISSION_ROW)
             for key, source in SAMPLING_SOURCES.items()]
+    rows.append(binding(names["logprobs"], V.VALUE_SOURCE_LOGPROBS, V.INDEXING_SUBMISSION_ROW,
+                        padding=-1))
     rows.append(binding(names["histogram"], V.VALUE_SOURCE_PROMPT_HISTOGRAM,
+                        V.INDEXING_PHYSICAL_REQUEST_ROW))
+    rows.append(binding(names["logit_bias"], V.VALUE_SOURCE_LOGIT_BIAS,
                         V.INDEXING_PHYSICAL_REQUEST_ROW))
     return rows
 
 
-def state_transfer(histogram: str, row_bytes: int, slots: int) -> list[cpb.StateAccess]:
-    """The per-slot persistent state a generating graph reads and writes (histogram).
+def state_transfer(histogram: str, row_bytes: int, slots: int,
+                   logit_bias: str | None = None) -> list[cpb.StateAccess]:
+    """The per-slot persistent state a generating graph reads and writes: the histogram
+    (read/write) and, when given, the logit bias (read; the same row bytes).
 
     A StateView's byte_extent is per row: row r covers
     [byte_offset + r * row_stride, + byte_extent), for each of `slots` rows.
     """
     view = cpb.StateView(buffer=histogram, byte_offset=0, row_stride=row_bytes,
                          byte_extent=row_bytes)
-    return [cpb.StateAccess(view=view, access=V.ACCESS_READ_WRITE)]
+    accesses = [cpb.StateAccess(view=view, access=V.ACCESS_READ_WRITE)]
+    if logit_bias is not None:
+        bias = cpb.StateView(buffer=logit_bias, byte_offset=0, row_stride=row_bytes,
+                             byte_extent=row_bytes)
+        accesses.append(cpb.StateAccess(view=bias, access=V.ACCESS_READ))
+    return accesses
 
 
 def device_pending_token(buffer: str, *, generating: bool) -> tuple[

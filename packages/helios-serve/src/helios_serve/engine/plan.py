@@ -37,6 +37,17 @@ class SamplingParams:
     temperature 0 selects greedy decoding; top_k 0, top_p 1, min_p 0,
     penalties 0 (presence/frequency) and 1 (repetition) disable each filter.
     seed is 64 bits; the worker draws one for requests that give none.
+
+    Attributes:
+        logit_bias: (token id, bias) pairs, ids ascending and unique, added to the raw
+            logits before penalties, mask and temperature (OpenAI ``logit_bias``; vLLM's
+            order). Validated by ``frontend.bias.parse_logit_bias``.
+        logprobs: None when the request reports no logprobs; else the number of top
+            alternatives (0..ModelGeometry.top_logprobs) reported beside each sampled
+            token's logprob (OpenAI ``top_logprobs``).
+        min_tokens: the ids in ``min_tokens_banned`` cannot be sampled while fewer than
+            this many output tokens exist (vLLM ``min_tokens``).
+        min_tokens_banned: EOS and stop-token ids banned before ``min_tokens``.
     """
 
     temperature: float = 0.0
@@ -47,6 +58,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     seed: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    min_tokens: int = 0
+    min_tokens_banned: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,23 +130,6 @@ class StepPlan:
         return sum(r.lane_length for r in self.rows)
 
 
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    """Log probabilities of one sampled token, from the model's raw distribution
-    (computed on the device in the step that sampled it).
-
-    Attributes:
-        token_id: the sampled token.
-        logprob: its natural-log probability.
-        top: the most likely tokens as (token id, logprob), most likely first; as many
-            as the request's top_logprobs (possibly none).
-    """
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
 @dataclass(frozen=True)
 class ModelGeometry:
     """Execution geometry the scheduler plans against (NativeModel.manifests).
@@ -152,6 +150,10 @@ class ModelGeometry:
             ascending; empty when speculation is off.
         draft_cursor_lag: lag of the speculative programs' draft cursor behind the
             consumed endpoint, or None when they report no draft cursor (-1).
+        top_logprobs: top alternatives the completion record holds per row (the most a
+            request may ask), or None when the core records no logprobs.
+        logit_bias: whether the sampler applies a per-request logit bias (the core binds
+            VALUE_SOURCE_LOGIT_BIAS).
     """
 
     page_tokens: int
@@ -167,3 +169,58 @@ class ModelGeometry:
     eos_token_ids: tuple[int, ...]
     speculative_widths: tuple[int, ...] = ()
     draft_cursor_lag: int | None = None
+    top_logprobs: int | None = None
+    logit_bias: bool = False
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One sampled token's log probability and its most likely alternatives.
+
+    The distribution is the raw model's: ``log_softmax`` of the unprocessed logits, before
+    logit bias, penalties, grammar mask, temperature and truncation (vLLM's default
+    ``raw_logprobs``). Natural log, float32 values widened to float.
+
+    Attributes:
+        token_id: the sampled token.
+        logprob: its log probability.
+        top: (token id, log probability) of the most likely tokens, most likely first
+            (ties: lower id first); as many as the request asked.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class StepCompletion:
+    """The host view of one step's completion record (submission rows).
+
+    Attributes:
+        sampled: int32 ``[rows]`` sampled ids.
+        logprobs: float32 ``[rows, 1 + K]`` (column 0 the sampled token's logprob, then
+            the top K alternatives, most likely first), or None when no row of the step
+            asked for logprobs. Only rows that asked hold values.
+        top_ids: int32 ``[rows, K]`` ids of those alternatives, or None with ``logprobs``.
+    """
+
+    sampled: np.ndarray
+    logprobs: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+
+    def token_logprob(self, row: int, top: int) -> TokenLogprob:
+        """Row ``row``'s sampled token with ``top`` alternatives (a row that asked).
+
+        Raises:
+            ValueError: the record holds no logprobs, or fewer than ``top`` alternatives.
+        """
+        if self.logprobs is None or self.top_ids is None:
+            raise ValueError("this step's completion record holds no logprobs")
+        if not 0 <= top <= self.top_ids.shape[1]:
+            raise ValueError(f"top {top} outside [0, {self.top_ids.shape[1]}]")
+        values = self.logprobs[row]
+        ids = self.top_ids[row]
+        return TokenLogprob(
+            int(self.sampled[row]), float(values[0]),
+            tuple((int(ids[j]), float(values[1 + j])) for j in range(top)))

@@ -24,6 +24,7 @@ import numpy as np
 from .errors import GrammarError
 from .pipeline import Frontend, tool_registry
 from .reasoning import ReasoningStart, initial_reasoning_state, prompt_tail
+from .strict import strict_schema
 from .syntax import ReasoningParser, ToolParser
 from .tools import parameter_schema
 
@@ -62,7 +63,8 @@ def _one_line(message: str) -> str:
 
 
 def _json_inline(schema: Any) -> str:
-    return "%json " + json.dumps(schema, ensure_ascii=False)
+    """A JSON schema as a grammar item, with Helios' strictness (frontend.strict)."""
+    return "%json " + json.dumps(strict_schema(schema), ensure_ascii=False)
 
 
 class _Lark:

@@ -321,6 +321,11 @@ class OutputPipeline:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def is_eos(self, token_id: int) -> bool:
+        """Whether feeding `token_id` ends generation as EOS (the worker decides this
+        before the token's output work runs)."""
+        return token_id in self._eos
+
     def feed(self, token_id: int) -> list[Delta]:
         """Process one sampled token id.
 

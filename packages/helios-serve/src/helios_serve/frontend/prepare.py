@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +28,12 @@ from helios_serve.scheduler import AdmissionError, SchedRequest, check_capacity
 
 from .errors import FrontendRequestError
 from .grammar import GrammarCompiler, GrammarState
+from .logit_bias import parse_logit_bias
 from .pipeline import Frontend, OutputPipeline
 from .stops import StopSpec, parse_stops
 from .syntax import ImagePreparation
 
 MAX_TOP_LOGPROBS = 20
-MAX_LOGIT_BIAS = 300  # OpenAI's limits: at most 300 ids, each bias in [-100, 100]
 _TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})
 
 
@@ -63,7 +63,9 @@ class GenerationInput:
         n: choices to generate for the prompt.
         logprobs: None for no log probabilities; else the number of most likely
             alternatives (0..20) to report beside each sampled token.
-        logit_bias: (token id, bias) pairs added to the logits before sampling.
+        top_field: the request field that gave that number (named by a rejection).
+        logit_bias: (token id as given, bias) pairs added to the logits before sampling
+            (validated by `frontend.logit_bias.parse_logit_bias`).
         ignore_eos: keep generating past EOS until the output limit (vLLM's field).
         min_tokens: EOS and stop tokens cannot be sampled before this many tokens.
     """
@@ -83,6 +85,7 @@ class GenerationInput:
     stop_token_ids: tuple[int, ...] | None = None
     stop_token_sequences: tuple[tuple[int, ...], ...] | None = None
     logprobs: int | None = None
+    top_field: str = "top_logprobs"
     logit_bias: tuple[tuple[str, float], ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
@@ -360,11 +363,10 @@ class Preparer:
         if g.n > slots:
             raise FrontendRequestError(
                 "n", f"n {g.n} exceeds the {slots} requests this server runs at once")
-        if g.logprobs is not None:
-            _unsupported("logprobs", "log probabilities are not computed by this runtime yet")
-        bias = self._logit_bias(g.logit_bias)
+        self._check_logprobs(g.logprobs, g.top_field)
+        bias = parse_logit_bias(dict(g.logit_bias), self.geometry.vocab_size)
         if bias:
-            _unsupported("logit_bias", "logit_bias is not applied by this runtime yet")
+            self._check_logit_bias()
         if g.min_tokens and g.max_tokens is not None and g.min_tokens > g.max_tokens:
             raise FrontendRequestError(
                 "min_tokens", f"min_tokens {g.min_tokens} exceeds {g.limit_field} {g.max_tokens}")
@@ -376,7 +378,7 @@ class Preparer:
         return PreparedRequest(
             prompt_text=prompt_text,
             prompt_token_ids=prompt_ids,
-            sampling=self._sampling(g),
+            sampling=self._sampling(g, bias, stops),
             max_output_tokens=max_output,
             limit_field=g.limit_field if g.max_tokens is not None else None,
             prompt_field=prompt_field,
@@ -391,29 +393,35 @@ class Preparer:
             observe_timestamps=g.observe_timestamps,
         )
 
-    def _logit_bias(self, pairs: Sequence[tuple[str, float]]) -> tuple[tuple[int, float], ...]:
-        if len(pairs) > MAX_LOGIT_BIAS:
-            raise FrontendRequestError(
-                "logit_bias", f"at most {MAX_LOGIT_BIAS} token ids (got {len(pairs)})")
-        vocab = self.geometry.vocab_size
-        out: dict[int, float] = {}
-        for key, bias in pairs:
-            try:
-                tid = int(key)
-            except ValueError:
-                raise FrontendRequestError(
-                    "logit_bias", f"key {key!r} is not a token id") from None
-            if not 0 <= tid < vocab:
-                raise FrontendRequestError(
-                    "logit_bias", f"token id {tid} is outside the vocabulary of {vocab}")
-            if not -100.0 <= bias <= 100.0:
-                raise FrontendRequestError(
-                    "logit_bias", f"bias {bias} of token {tid} is outside [-100, 100]")
-            out[tid] = float(bias)
-        return tuple(sorted(out.items()))
+    def _check_logprobs(self, logprobs: int | None, top_field: str) -> None:
+        """Whether this core can report `logprobs` alternatives per token (computed on
+        the device, in the sampling step: ModelGeometry.top_logprobs)."""
+        if logprobs is None:
+            return
+        g = self.geometry
+        if g.top_logprobs is None:
+            raise FrontendRequestError("logprobs", "this model records no logprobs (its core "
+                                       "was exported without a logprobs record)")
+        if g.speculative_widths:
+            raise FrontendRequestError("logprobs", "speculative decoding records no logprobs; "
+                                       "serve with --speculative-width 0 to get them")
+        if logprobs > g.top_logprobs:
+            raise FrontendRequestError(top_field, f"{logprobs} alternatives exceed the "
+                                       f"{g.top_logprobs} this model records")
 
-    def _sampling(self, g: GenerationInput) -> SamplingParams:
-        """Explicit request values win over the core's sampling defaults."""
+    def _check_logit_bias(self) -> None:
+        g = self.geometry
+        if not g.logit_bias:
+            raise FrontendRequestError("logit_bias", "this model applies no logit bias (its "
+                                       "core was exported without the logit bias input)")
+        if g.speculative_widths:
+            raise FrontendRequestError("logit_bias", "speculative decoding applies no logit "
+                                       "bias; serve with --speculative-width 0 to use it")
+
+    def _sampling(self, g: GenerationInput, logit_bias: tuple[tuple[int, float], ...],
+                  stops: StopSpec) -> SamplingParams:  # fmt: skip
+        """Explicit request values win over the core's sampling defaults. min_tokens bans
+        the EOS ids (unless EOS is ignored) and the stop-token ids below the minimum."""
         d = self.defaults.sampling
 
         def given(value, default):
@@ -430,6 +438,12 @@ class Preparer:
             repetition_penalty=float(given(
                 g.repetition_penalty, d.repetition_penalty if d.repetition_penalty > 0 else 1.0)),
             seed=seed % 2**64,
+            logit_bias=logit_bias,
+            logprobs=g.logprobs,
+            min_tokens=g.min_tokens,
+            min_tokens_banned=tuple(sorted(set(
+                (() if g.ignore_eos else self.geometry.eos_token_ids) + stops.token_ids)))
+            if g.min_tokens else (),
         )  # fmt: skip
 
     def _output_limit(self, g: GenerationInput, prompt_tokens: int) -> int:
@@ -440,10 +454,6 @@ class Preparer:
         room = self.geometry.context_tokens - prompt_tokens
         default = self.defaults.sampling.max_output_tokens or room
         return max(1, min(default, room))
-
-
-def _unsupported(name: str, message: str) -> None:
-    raise FrontendRequestError(name, message)
 
 
 def _continue_final(rendered: str, final_content: str) -> str:

@@ -9,7 +9,9 @@ Think-tag rules (model-contract.md, "Frontend implementations"):
 - a close delimiter ends reasoning once; a later close (or open) is protocol markup and is
   dropped, never emitted as content; single-token delimiters delimit only as that token;
 - a reasoning terminal marker (the tool syntax's call opener) ends reasoning and is passed
-  on, with everything after it, to the tool parser;
+  on, with everything after it, to the tool parser; whitespace right before it separates
+  reasoning from the call (syntax, as on the content side) and is dropped, so reasoning
+  text is streamed without its trailing whitespace until more text follows;
 - inside a structured (grammar-constrained) answer nothing is scanned: literal delimiters
   stay answer text.
 """
@@ -110,6 +112,7 @@ class ThinkTagReasoning:
             ReasoningStart.ANSWER: _State.ANSWER,
         }[start]
         self._leading_ws = ""  # whitespace held while undecided
+        self._trailing_ws = ""  # reasoning's trailing whitespace, held until more text
         self._sep_pos = 0
         self._own = {m for m in (syntax.open, syntax.close) if m}
         self._terminal = tuple(m for m in syntax.terminal_markers if m)
@@ -120,6 +123,7 @@ class ThinkTagReasoning:
 
     def finish(self) -> list[ReasoningOutput]:
         out = self._drain(final=True)
+        self._flush_reasoning_ws(out)
         if self._leading_ws:
             out.append(AnswerPiece(-1, self._leading_ws))
             self._leading_ws = ""
@@ -152,7 +156,12 @@ class ThinkTagReasoning:
             text, self._leading_ws = self._leading_ws + text, ""
             self._state = _State.ANSWER
         if self._state is _State.REASONING:
-            out.append(ReasoningDelta(text))
+            body = text.rstrip()
+            if not body:
+                self._trailing_ws += text
+                return
+            out.append(ReasoningDelta(self._trailing_ws + body))
+            self._trailing_ws = text[len(body):]
             return
         if self._state is _State.SEPARATOR:
             sep = self._syntax.answer_separator
@@ -170,13 +179,14 @@ class ThinkTagReasoning:
     def _marker(self, marker: str, token_id: int, out: list[ReasoningOutput]) -> None:
         state = self._state
         if marker in self._terminal and state in (_State.UNDECIDED, _State.REASONING):
-            self._leading_ws = ""
+            self._leading_ws = self._trailing_ws = ""  # separation before the call: syntax
             self._state = _State.ANSWER
             out.append(AnswerPiece(token_id, marker))
             return
         if marker not in self._own:
             # Another syntax's single-token marker: plain text to this parser.
             if state is _State.REASONING:
+                self._flush_reasoning_ws(out)
                 out.append(ReasoningDelta(marker))
             else:
                 if state is _State.UNDECIDED:
@@ -188,10 +198,16 @@ class ThinkTagReasoning:
             self._leading_ws = ""
             self._state = _State.REASONING
         elif marker == self._syntax.close and state in (_State.UNDECIDED, _State.REASONING):
+            self._flush_reasoning_ws(out)  # before a close delimiter it stays reasoning
             self._leading_ws = ""
             self._state = _State.SEPARATOR if self._syntax.answer_separator else _State.ANSWER
             self._sep_pos = 0
         # Any other delimiter occurrence is protocol markup: dropped.
+
+    def _flush_reasoning_ws(self, out: list[ReasoningOutput]) -> None:
+        if self._trailing_ws:
+            out.append(ReasoningDelta(self._trailing_ws))
+            self._trailing_ws = ""
 
     def _text_flush_ws(self, out: list[ReasoningOutput]) -> None:
         if self._leading_ws:

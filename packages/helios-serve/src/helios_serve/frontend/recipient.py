@@ -8,6 +8,11 @@ visible content; the generic tool recipient (`functions`) accepts one invocation
 registered name, a named tool recipient (`functions.NAME`) only that name. Header controls
 delimit frames only when observed as their tokenizer tokens (the token-versus-text rule).
 The two selectors are paired because this one parser consumes complete frames.
+
+Whitespace at the end of a reasoning body right before the next frame's start control
+separates the frames (syntax, as whitespace before a call is on the content side) and is
+dropped; reasoning text is therefore streamed without trailing whitespace until more text
+or the body's end marker follows.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class RecipientFrameParser:
         self._role = boundaries.assistant_header.removeprefix(recipients.frame_start)
         self._state = "outside"  # outside | header | reasoning | content | tool | drop
         self._header = ""
+        self._reasoning_ws = ""  # a reasoning body's trailing whitespace, held
         self._tool: TaggedToolParser | None = None
         self._resume(prompt_text, boundaries)
 
@@ -99,7 +105,12 @@ class RecipientFrameParser:
         if st == "header":
             self._header += text
         elif st == "reasoning":
-            out.append(ReasoningDelta(text))
+            body = text.rstrip()
+            if not body:
+                self._reasoning_ws += text
+                return
+            out.append(ReasoningDelta(self._reasoning_ws + body))
+            self._reasoning_ws = text[len(body):]
         elif st in ("content", "outside"):
             out.append(ContentDelta(text))
         elif st == "tool":
@@ -109,6 +120,7 @@ class RecipientFrameParser:
     def _marker(self, marker: str, token_id: int, out: list[Delta]) -> None:
         r = self._r
         if marker == r.frame_start:
+            self._reasoning_ws = ""  # separation before the next frame: syntax
             self._end_body(out)
             self._state, self._header = "header", ""
         elif self._state == "header" and marker == r.message_open:
@@ -121,7 +133,11 @@ class RecipientFrameParser:
             assert self._tool is not None
             out.extend(self._tool.feed(token_id, marker))
         elif self._state in ("reasoning", "content") and marker not in (r.message_open,):
-            self._text(marker, token_id, out)
+            self._flush_reasoning_ws(out)
+            if self._state == "reasoning":
+                out.append(ReasoningDelta(marker))
+            else:
+                self._text(marker, token_id, out)
         # Any other control token is protocol markup: dropped.
 
     def _open_body(self, header: str) -> None:
@@ -155,7 +171,13 @@ class RecipientFrameParser:
         else:
             self._state = "drop"
 
+    def _flush_reasoning_ws(self, out: list[Delta]) -> None:
+        if self._reasoning_ws:
+            out.append(ReasoningDelta(self._reasoning_ws))
+            self._reasoning_ws = ""
+
     def _end_body(self, out: list[Delta]) -> None:
+        self._flush_reasoning_ws(out)
         if self._tool is not None:
             out.extend(self._tool.finish())
             self._tool = None

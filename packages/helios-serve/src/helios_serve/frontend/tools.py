@@ -251,7 +251,7 @@ class TaggedToolParser:
     def finish(self) -> list[Delta]:
         out = self._drain(True)
         if self._state == "value":
-            self._end_value(out)
+            self._end_value(out, closed=False)
         if self._state in ("param_name", "kind_open", "kind", "before_value"):
             self._state = "function"
         if self._state == "function_name":
@@ -284,7 +284,9 @@ class TaggedToolParser:
             return (s.parameter_kind_close,)
         if st == "before_value":
             return (s.parameter_value_open,)
-        return (s.parameter_value_close,)  # "value"
+        # "value": its close, or (close missing) the next parameter's opener or a function
+        # or block close, which end the value: markup never becomes argument text.
+        return (s.parameter_value_close, s.parameter_name_open, s.function_close, s.call_close)
 
     def _drain(self, final: bool) -> list[Delta]:
         out: list[Delta] = []
@@ -360,9 +362,12 @@ class TaggedToolParser:
         elif st == "value":
             if marker == s.parameter_value_close:
                 self._end_value(out)
-            elif marker in (s.function_close, s.call_close):
-                # A missing value close: the function or block close ends the value too.
-                self._end_value(out)
+            elif marker in (s.parameter_name_open, s.function_close, s.call_close, s.call_open):
+                # A missing value close: the next parameter's opener, the function or block
+                # close, or a new block ends the value; the marker then acts as itself.
+                self._end_value(out, closed=False)
+                if marker == s.call_open:  # a new block: this one ends first
+                    self._marker(s.call_close, out)
                 self._marker(marker, out)
             else:
                 self._buf += marker
@@ -384,11 +389,15 @@ class TaggedToolParser:
         if start is not None:
             out.append(start)
 
-    def _end_value(self, out: list[Delta]) -> None:
+    def _end_value(self, out: list[Delta], closed: bool = True) -> None:
+        """Emit the parameter read so far. `closed`: ended by its own close tag; else by
+        a later tag, so a tag separator before that tag is syntax, not value."""
         raw, self._buf = self._buf, ""
         self._state = "function"
         kind = self._kind
         s = self._s
+        if not closed and s.tag_separator:
+            raw = raw.removesuffix(s.tag_separator)
         wrap = s.wrapping_newline
         if wrap:
             raw = raw.removeprefix(wrap).removesuffix(wrap)
@@ -422,7 +431,10 @@ class JsonInTagsToolParser:
     """`call_open {"name": ..., "arguments": {...}} call_close` (TOOL_PARSER_JSON_IN_TAGS).
 
     A block holds one or more JSON call objects; each is emitted when its block closes,
-    as a start delta and one arguments fragment. A body that is not valid JSON is dropped.
+    as a start delta and one arguments fragment. A body that is not valid JSON is dropped,
+    except a block cut by the end of output (`finish`: the output limit): a call whose
+    name is complete is still returned, its arguments the partial JSON text generated so
+    far (as OpenAI returns a call cut by max_tokens, with finish "length").
     """
 
     def __init__(
@@ -442,7 +454,7 @@ class JsonInTagsToolParser:
     def finish(self) -> list[Delta]:
         out = self._drain(True)
         if self._in_block:
-            self._end_block(out)
+            self._end_block(out, cut=True)
         self._content.finish(out)
         return out
 
@@ -464,7 +476,7 @@ class JsonInTagsToolParser:
                 self._end_block(out)
         return out
 
-    def _end_block(self, out: list[Delta]) -> None:
+    def _end_block(self, out: list[Delta], cut: bool = False) -> None:
         self._in_block = False
         body, self._body = self._body.strip(), ""
         decoder = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
@@ -473,6 +485,8 @@ class JsonInTagsToolParser:
             try:
                 obj, end = decoder.raw_decode(body, pos)
             except ValueError:
+                if cut:
+                    self._cut_call(body[pos:], out)
                 return
             pos = end
             while pos < len(body) and body[pos] in " \t\r\n,":
@@ -489,3 +503,53 @@ class JsonInTagsToolParser:
             if start is not None:
                 out.append(start)
                 out.append(ToolCallArguments(start.index, _dumps(args)))
+
+    def _cut_call(self, text: str, out: list[Delta]) -> None:
+        """A call object cut by the end of output: emitted when its name is complete
+        (and registered), with the arguments text generated so far (possibly "")."""
+        s = self._s
+        decoder = json.JSONDecoder()
+        name = arguments = None
+        pos = _skip_ws(text, 0)
+        if not text.startswith("{", pos):
+            return
+        pos = _skip_ws(text, pos + 1)
+        while pos < len(text) and (name is None or arguments is None):
+            try:  # one complete key, then its value (complete or cut)
+                key, pos = decoder.raw_decode(text, pos)
+            except ValueError:
+                break
+            pos = _skip_ws(text, pos)
+            if not (isinstance(key, str) and text.startswith(":", pos)):
+                break
+            pos = _skip_ws(text, pos + 1)
+            if key == s.json_arguments_key:
+                arguments = text[pos:].rstrip()
+                try:  # complete: re-encode compactly, like a closed block's arguments
+                    value, end = decoder.raw_decode(text, pos)
+                    arguments = _dumps(value)
+                    pos = end
+                except ValueError:
+                    pos = len(text)
+            else:
+                try:
+                    value, pos = decoder.raw_decode(text, pos)
+                except ValueError:
+                    break
+                if key == s.json_name_key and isinstance(value, str):
+                    name = value
+            pos = _skip_ws(text, pos)
+            if text.startswith(",", pos):
+                pos = _skip_ws(text, pos + 1)
+        if name is None:
+            return
+        start = self._sink.start(name)
+        if start is not None:
+            out.append(start)
+            out.append(ToolCallArguments(start.index, arguments or ""))
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from helios_serve.events import EventSink, Failed, Finished, Output, Rejected, TokenObserved
+from helios_serve.frontend.deltas import coalesce
 from helios_serve.http.errors import (
     AdmissionRejected,
     ApiError,
@@ -110,7 +111,8 @@ class SseStream:
         self.generation = generation
         self.records = [ChoiceRecord() for _ in range(generation.choices)]
         self._shapes = shapes
-        self._terminal = False
+        self._terminal = False  # every choice finished
+        self._failed = False  # a terminal error event was written
         self._closed = False
 
     def close(self) -> None:
@@ -122,35 +124,68 @@ class SseStream:
         self.generation.release()
 
     async def events(self) -> AsyncIterator[bytes]:
-        shapes, records = self._shapes, self.records
+        """The SSE bytes: one write per batch of events that arrived together.
+
+        After one awaited event, every event already queued joins it (a reader that fell
+        behind writes its backlog at once). A choice's consecutive outputs become one
+        chunk (deltas merged by frontend.deltas.coalesce, logprobs concatenated) until
+        another event of that choice (an observation, its finish) or the batch's end.
+        """
+        shapes, records, sink = self._shapes, self.records, self.generation.sink
         unfinished = self.generation.choices
+        pending: dict[int, list[Output]] = {}  # choice -> outputs not yet encoded
+
+        def flush(choice: int, out: list[bytes]) -> None:
+            outputs = pending.pop(choice, None)
+            if outputs:
+                out.append(shapes.output(merge(outputs), records))
+
         try:
             first = shapes.first()
             if first:
                 yield first
             while True:
-                event = await self.generation.sink.get()
-                _apply(records, event)
-                if isinstance(event, TokenObserved):
-                    chunk = shapes.observation(event.choice, event.token_id, event.timestamp_ns)
-                    if chunk:
-                        yield chunk
-                elif isinstance(event, Output):
-                    yield shapes.output(event, records)
-                elif isinstance(event, Finished):
-                    unfinished -= 1
-                    chunk = shapes.finish(event, records)
-                    if unfinished == 0:
-                        self._terminal = True
-                        yield chunk + shapes.end(records)
-                        return
-                    yield chunk
-                elif isinstance(event, Rejected | Failed):
-                    error: ApiError = (
-                        rejection(event) if isinstance(event, Rejected)
-                        else ExecutionFailed(event.message)
-                    )  # fmt: skip
-                    yield error_event(error.body())
-                    return  # close() cancels the other requests of the generation
+                out: list[bytes] = []
+                for event in [await sink.get(), *sink.drain()]:
+                    if isinstance(event, TokenObserved | Finished):
+                        flush(event.choice, out)  # (usage so far: before this event)
+                    _apply(records, event)
+                    if isinstance(event, Output):
+                        pending.setdefault(event.choice, []).append(event)
+                    elif isinstance(event, TokenObserved):
+                        out.append(shapes.observation(event.choice, event.token_id,
+                                                      event.timestamp_ns))  # fmt: skip
+                    elif isinstance(event, Finished):
+                        unfinished -= 1
+                        out.append(shapes.finish(event, records))
+                        if unfinished == 0:
+                            self._terminal = True
+                            out.append(shapes.end(records))
+                            break
+                    elif isinstance(event, Rejected | Failed):
+                        for choice in list(pending):
+                            flush(choice, out)
+                        error: ApiError = (
+                            rejection(event) if isinstance(event, Rejected)
+                            else ExecutionFailed(event.message)
+                        )  # fmt: skip
+                        out.append(error_event(error.body()))
+                        self._failed = True
+                        break
+                for choice in list(pending):
+                    flush(choice, out)
+                data = b"".join(out)
+                if data:  # (an empty chunk would end a chunked HTTP body)
+                    yield data
+                if self._terminal or self._failed:
+                    return  # after an error, close() cancels the generation's requests
         finally:
             self.close()
+
+
+def merge(outputs: list[Output]) -> Output:
+    """One choice's consecutive outputs as one: deltas coalesced, logprobs in order."""
+    deltas = [d for o in outputs for d in o.deltas]
+    logprobs = tuple(lp for o in outputs for lp in o.logprobs)
+    last = outputs[-1]
+    return Output(tuple(coalesce(deltas)), last.choice, logprobs, last.completion_tokens)

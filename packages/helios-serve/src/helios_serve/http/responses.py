@@ -69,11 +69,16 @@ class ResponseContext:
     enqueue_ns: int = 0
 
 
+_SLOT = "\x00delta\x00"  # stands for the delta object while an envelope is encoded
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def event(body: dict[str, Any]) -> bytes:
     """One SSE `data:` event."""
-    return (
-        b"data: " + json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-    )
+    return b"data: " + _json(body) + b"\n\n"
 
 
 def usage(ctx: ResponseContext, records: Sequence[ChoiceRecord]) -> dict[str, Any]:
@@ -118,6 +123,7 @@ class ChatShapes:
     def __init__(self, ctx: ResponseContext, pieces: TokenPieces) -> None:
         self.ctx = ctx
         self.pieces = pieces
+        self._envelopes: dict[int, tuple[bytes, bytes]] = {}  # choice -> (head, tail)
 
     # -- log probabilities ----------------------------------------------------------
 
@@ -230,13 +236,28 @@ class ChatShapes:
     def output(self, out: Output, records: Sequence[ChoiceRecord]) -> bytes:
         """The chunks of one Output event: one per delta; its logprobs on the first
         (or on a delta-less chunk when every delta is still held)."""
-        logprobs = self.logprobs(out.logprobs) if out.logprobs else None
         deltas = [delta_dict(d) for d in out.deltas] or [{}]
+        if not out.logprobs and not self.ctx.continuous_usage:
+            head, tail = self._envelope(out.choice)
+            return b"".join(head + _json(delta) + tail for delta in deltas)
+        logprobs = self.logprobs(out.logprobs) if out.logprobs else None
         chunks = []
         for i, delta in enumerate(deltas):
             choice = self._choice(out.choice, delta, logprobs=logprobs if i == 0 else None)
             chunks.append(event(self._chunk([choice], records)))
         return b"".join(chunks)
+
+    def _envelope(self, index: int) -> tuple[bytes, bytes]:
+        """The bytes around the delta object of choice `index`'s plain delta chunks
+        (no logprobs, no running usage): every such chunk of a response shares them, so
+        they are encoded once and only the delta is encoded per chunk (the streaming
+        path runs this once per token). Same bytes as `event(self._chunk(...))`."""
+        envelope = self._envelopes.get(index)
+        if envelope is None:
+            encoded = event(self._chunk([self._choice(index, _SLOT)]))  # type: ignore[arg-type]
+            head, _, tail = encoded.partition(_json(_SLOT))
+            envelope = self._envelopes[index] = (head, tail)
+        return envelope
 
     def finish(self, finished: Finished, records: Sequence[ChoiceRecord]) -> bytes:
         """A choice's finish chunk; with observation and no include_usage the last one

@@ -328,7 +328,8 @@ def completion_inputs(r: CompletionRequest) -> list[CompletionInput]:
         raise InvalidRequest("echo with logprobs needs prompt log probabilities, which this "
                              "server does not compute", param="echo")  # fmt: skip
     _check_stream(r)
-    generation = _generation(r, r.max_tokens, "max_tokens", logprobs=r.logprobs)
+    generation = _generation(r, r.max_tokens, "max_tokens", logprobs=r.logprobs,
+                             top_field="logprobs")
     prompt = r.prompt
     if isinstance(prompt, str):
         prompts: list[str | tuple[int, ...]] = [prompt]

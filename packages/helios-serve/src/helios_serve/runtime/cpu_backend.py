@@ -5,6 +5,10 @@ Invariant: after `__init__` no buffer is allocated or reshaped; a step only writ
 request inputs (through shared packing) and runs the bound launch list. bf16 weights
 are widened to float32 once at load because NumPy has no bf16 arithmetic.
 
+Load order: weights and every other buffer, then the KV cache sized from what is left
+(runtime.cache_sizing), then the launch lists of every graph and tuning producer are
+bound (binding takes views of the cache planes, so it follows their allocation).
+
 Execution frames mirror the cuda backend's: request inputs and the completion record
 have one staging array per frame, copied into (out of) the working buffers when that
 frame's step runs, so packing step N + 1 never disturbs step N. Steps run synchronously
@@ -23,6 +27,9 @@ import numpy as np
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import reference_op
 
+from ..startup import StartupLog, mib
+from .cache_sizing import CacheSizing
+from .completion import completion_buffers
 from .errors import RuntimeLoadError
 
 STORED_DTYPE = {
@@ -50,30 +57,59 @@ class CpuBackend:
     Args:
         manifest: the execution manifest.
         read_resource: resource id -> decoded bytes (weights).
-        num_pages: physical pages backing each cache plane (replaces the prepared count).
+        cache: how the physical KV page count is chosen (default: the prepared count).
         frames: execution frames offered (1 or 2; see the module docstring).
+        log: startup phases (weights, cache sizing, graphs) are recorded here.
+
+    Attributes:
+        cache: the chosen KV capacity (`cache.num_pages` replaces the prepared count).
 
     Raises:
-        RuntimeLoadError: a buffer dtype or weight resource does not fit the manifest.
+        RuntimeLoadError: a buffer dtype or weight resource does not fit the manifest, or
+            the cache budget holds no page.
         ValueError: frames outside 1..2.
     """
 
     name = "cpu"
 
     def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
-                 num_pages: int, frames: int = 1):
+                 cache: CacheSizing | None = None, frames: int = 1,
+                 log: StartupLog | None = None):
         if frames not in (1, 2):
             raise ValueError(f"the cpu backend offers 1 or 2 execution frames, not {frames}")
+        log = log if log is not None else StartupLog()
         self.frames = frames
         # Load-time resources (as the cuda backend counts them); fixed while serving.
         self.counters: Counter[str] = Counter()
         self.buffers: dict[str, np.ndarray] = {}
         self._decls = {b.name: b for b in manifest.buffers}
-        for decl in manifest.buffers:
-            self.buffers[decl.name] = self._allocate(decl, read_resource, num_pages)
-        self._programs: dict[str, list[tuple[Callable[..., None], tuple]]] = {
-            g.name: [self._bind(launch, manifest) for launch in g.launches]
-            for g in manifest.graphs}
+        planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE]
+        with log.phase("weights") as phase:
+            for decl in manifest.buffers:
+                if decl.role != mpb.BUFFER_ROLE_CACHE_PLANE:
+                    self.buffers[decl.name] = self._allocate(decl, read_resource, 0)
+            weights = [self.buffers[b.name] for b in manifest.buffers
+                       if b.role == mpb.BUFFER_ROLE_WEIGHT]
+            phase.detail = (f"{len(weights)} tensors, {mib(sum(w.nbytes for w in weights))} "
+                            "(f32 on the host)")
+        with log.phase("cache sizing") as phase:
+            page_bytes = sum(math.prod(int(s) for s in d.shape[1:])
+                             * np.dtype(COMPUTE_DTYPE[d.dtype]).itemsize for d in planes)
+            prepared = int(planes[0].shape[0]) if planes else 0
+            self.cache = (cache or CacheSizing()).choose(
+                backend="cpu", page_bytes=max(page_bytes, 1), prepared_pages=prepared)
+            for decl in planes:
+                self.buffers[decl.name] = self._allocate(decl, read_resource,
+                                                         self.cache.num_pages)
+            phase.detail = self.cache.describe()
+        with log.phase("graphs") as phase:
+            programs = [*manifest.graphs, *manifest.tuning.producers]
+            self._programs: dict[str, list[tuple[Callable[..., None], tuple]]] = {
+                g.name: [self._bind(launch, manifest) for launch in g.launches]
+                for g in programs}
+            phase.detail = (f"{len(manifest.graphs)} graphs and "
+                            f"{len(manifest.tuning.producers)} tuning producers bound to the "
+                            "NumPy reference ops")
         per_frame = {b.name for b in manifest.buffers
                      if b.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)}
         self._staging = [{name: (np.zeros_like(a) if name in per_frame else a)
@@ -83,7 +119,17 @@ class CpuBackend:
         self.counters["graph_captures"] = len(self._programs)
         self._inputs = {g.name: [t.destination for t in g.transports
                                  if t.destination in per_frame] for g in manifest.graphs}
-        self._completion = {g.name: g.completion.buffer for g in manifest.graphs}
+        self._completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
+
+    @property
+    def num_pages(self) -> int:
+        """Physical pages backing each cache plane."""
+        return self.cache.num_pages
+
+    def run_producers(self, names: list[str]) -> None:
+        """Run tuning producers `names` once, in order (startup, before any step)."""
+        for name in names:
+            self.run(name)
 
     def _allocate(self, decl: mpb.Buffer, read_resource, num_pages: int) -> np.ndarray:
         if decl.dtype not in COMPUTE_DTYPE:
@@ -144,8 +190,8 @@ class CpuBackend:
             self.buffers[name][...] = staged[name]
         self.run(graph)
         self.counters["graph_launches"] += 1
-        done = self._completion[graph]
-        staged[done][...] = self.buffers[done]
+        for done in self._completion[graph]:
+            staged[done][...] = self.buffers[done]
 
     def wait(self, frame: int) -> None:
         """Steps complete inside `launch`: nothing to wait for."""
@@ -154,6 +200,10 @@ class CpuBackend:
         """Execute every launch of `graph` in order on the working buffers (synchronous)."""
         for fn, args in self._programs[graph]:
             fn(*args)
+
+    def read_buffer(self, name: str) -> np.ndarray:
+        """A copy of buffer `name` (tests, the startup log; bf16 widened to f32)."""
+        return self.buffers[name].copy()
 
     def write_state(self, name: str, byte_offset: int, values: np.ndarray) -> None:
         """Overwrite elements of persistent buffer `name` starting at `byte_offset`

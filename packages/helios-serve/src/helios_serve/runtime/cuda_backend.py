@@ -7,6 +7,11 @@ graph holds the staging -> device input copies, every kernel launch and the comp
 copy back to pinned host memory. ``counters`` counts driver allocations, module loads and
 graph captures; tests check they do not move while serving.
 
+Load order: weights and every other buffer, the kernel modules, then the KV cache sized
+from the device memory still free (runtime.cache_sizing), then capture (a graph holds the
+cache planes' addresses, so it follows their allocation), then the tuning producers the
+selected graphs need run once.
+
 Two execution frames: request inputs and the completion record have one pinned staging
 array per frame, and every variant is captured once per frame (its copies read that
 frame's staging and write that frame's completion), so the host packs step N + 1 while
@@ -27,6 +32,9 @@ from collections.abc import Callable
 import numpy as np
 from helios_contract.schema import manifest_pb2 as mpb
 
+from ..startup import StartupLog
+from .cache_sizing import CacheSizing
+from .completion import completion_buffers
 from .cuda import driver as drv
 from .errors import RuntimeLoadError
 
@@ -51,8 +59,13 @@ class CudaBackend:
     Args:
         manifest: the execution manifest (with binaries for this GPU's target).
         read_resource: resource id -> decoded bytes (weights, kernel binaries).
-        num_pages: physical pages backing each cache plane.
+        cache: how the physical KV page count is chosen (default: 0.9 of the device memory
+            free once everything else is loaded).
         device: CUDA device ordinal.
+        log: startup phases (weights, kernels, cache sizing, graphs) are recorded here.
+
+    Attributes:
+        cache: the chosen KV capacity (`cache.num_pages` replaces the prepared count).
 
     Raises:
         RuntimeLoadError: no driver/GPU, no binary for this GPU's target, a weight of the
@@ -63,8 +76,10 @@ class CudaBackend:
     frames = 2
 
     def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
-                 num_pages: int, device: int = 0):
+                 cache: CacheSizing | None = None, device: int = 0,
+                 log: StartupLog | None = None):
         t0 = time.perf_counter()
+        log = log if log is not None else StartupLog()
         cu = drv.require_driver()
         self._cu = cu
         self.counters: Counter[str] = Counter()
@@ -96,16 +111,36 @@ class CudaBackend:
             cu.CUstream_flags.CU_STREAM_NON_BLOCKING.value))
         try:
             self._decls = {b.name: b for b in manifest.buffers}
-            self._shapes = {b.name: self._shape(b, num_pages) for b in manifest.buffers}
-            self._check_memory(manifest, num_pages)
+            planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE]
+            others = [b for b in manifest.buffers if b.role != mpb.BUFFER_ROLE_CACHE_PLANE]
+            self._shapes = {b.name: tuple(int(x) for x in b.shape) for b in others}
+            self._check_memory(others)
             staged = self._staged_names(manifest)
-            for decl in manifest.buffers:
-                self._allocate(decl, read_resource, num_pages, decl.name in staged)
+            with log.phase("weights") as phase:
+                for decl in others:
+                    self._allocate(decl, read_resource, decl.name in staged)
+                phase.detail = (f"{sum(d.role == mpb.BUFFER_ROLE_WEIGHT for d in others)} "
+                                f"tensors, {_mib(self.counters['weight_bytes'])} uploaded")
+            with log.phase("kernels") as phase:
+                self._functions = self._load_kernels(read_resource)
+                phase.detail = f"{len(self._functions)} kernel modules for {self.target}"
+            programs = [*manifest.graphs, *manifest.tuning.producers]
+            with log.phase("cache sizing") as phase:
+                self.cache = self._size_cache(planes, programs, cache or CacheSizing())
+                for decl in planes:
+                    self._shapes[decl.name] = (self.cache.num_pages,
+                                               *(int(x) for x in decl.shape[1:]))
+                    self._allocate(decl, read_resource, decl.name in staged)
+                phase.detail = self.cache.describe()
             self._staging = [{n: p.array for n, p in frame.items()} for frame in self._pinned]
             self.buffers = self._staging[0]
-            self._functions = self._load_kernels(read_resource)
-            for g in manifest.graphs:
-                self._graphs[g.name] = self._capture(g)
+            with log.phase("graphs") as phase:
+                for g in manifest.graphs:
+                    self._graphs[g.name] = self._capture(g)
+                for g in manifest.tuning.producers:  # run once at startup: one instance
+                    self._graphs[g.name] = self._capture(g, frames=1)
+                phase.detail = (f"{len(manifest.graphs)} graphs x {self.frames} frames and "
+                                f"{len(manifest.tuning.producers)} tuning producers captured")
             flags = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
             self._events = [drv.call("cuEventCreate", cu.cuEventCreate(flags))
                             for _ in range(self.frames)]
@@ -128,19 +163,13 @@ class CudaBackend:
                 f"{len(missing)} kernels lack it (e.g. {missing[0]}). Re-export with "
                 f"`ignition export ... --target {self.target}`")
 
-    @staticmethod
-    def _shape(decl: mpb.Buffer, num_pages: int) -> tuple[int, ...]:
-        shape = [int(s) for s in decl.shape]
-        if decl.role == mpb.BUFFER_ROLE_CACHE_PLANE:
-            shape[0] = num_pages
-        return tuple(shape)
-
     def _nbytes(self, decl: mpb.Buffer) -> int:
         return math.prod(self._shapes[decl.name]) * STORED_DTYPE[decl.dtype].itemsize
 
-    def _check_memory(self, manifest: mpb.ExecutionManifest, num_pages: int) -> None:
+    def _check_memory(self, decls: list[mpb.Buffer]) -> None:
+        """Everything but the KV cache must fit in the free device memory."""
         by_role: Counter[str] = Counter()
-        for decl in manifest.buffers:
+        for decl in decls:
             if decl.dtype not in STORED_DTYPE:
                 raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
                                        "is not supported by the cuda backend")
@@ -151,23 +180,72 @@ class CudaBackend:
         if need > free:
             parts = ", ".join(f"{k} {_mib(v)}" for k, v in by_role.most_common())
             raise RuntimeLoadError(
-                f"cuda backend: device out of memory: the model needs {_mib(need)} ({parts}; "
-                f"KV cache sized for {num_pages} pages) but {_mib(free)} of {_mib(total)} is "
-                "free; lower num_pages or use a larger GPU")
+                f"cuda backend: device out of memory: the model needs {_mib(need)} before its "
+                f"KV cache ({parts}) but {_mib(free)} of {_mib(total)} is free; use a larger "
+                "GPU")
+
+    def _scratch_nbytes(self, programs: list[mpb.GraphProgram]) -> int:
+        """Kernel scratch (global/profile) the launches of `programs` will allocate."""
+        total = 0
+        for g in programs:
+            for launch in g.launches:
+                _, binary, extras = self._functions[launch.kernel]
+                per_program = [binary.global_scratch_bytes, binary.profile_scratch_bytes][:extras]
+                total += sum(per_program) * math.prod(int(x) for x in launch.grid)
+        return total
+
+    def _size_cache(self, planes: list[mpb.Buffer], programs: list[mpb.GraphProgram],
+                    cache: CacheSizing):
+        """Choose the page count from the device memory free now, less the kernel scratch
+        capture will allocate.
+
+        Raises:
+            RuntimeLoadError: the budget holds no page, or the chosen pages do not fit.
+        """
+        for decl in planes:
+            if decl.dtype not in STORED_DTYPE:
+                raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
+                                       "is not supported by the cuda backend")
+        page_bytes = sum(math.prod(int(x) for x in d.shape[1:]) * STORED_DTYPE[d.dtype].itemsize
+                         for d in planes)
+        free, _ = drv.call("cuMemGetInfo", self._cu.cuMemGetInfo())
+        free = max(free - self._scratch_nbytes(programs), 0)
+        choice = cache.choose(backend="cuda", page_bytes=max(page_bytes, 1),
+                              prepared_pages=int(planes[0].shape[0]) if planes else 0,
+                              free_bytes=free)
+        if choice.nbytes > free:
+            raise RuntimeLoadError(
+                f"cuda backend: device out of memory: a KV cache of {choice.num_pages} pages "
+                f"needs {_mib(choice.nbytes)} but {_mib(free)} is free after the model; lower "
+                "--num-pages / --kv-cache-memory or use --kv-cache-fraction")
+        return choice
+
+    @property
+    def num_pages(self) -> int:
+        """Physical pages backing each cache plane."""
+        return self.cache.num_pages
+
+    def run_producers(self, names: list[str]) -> None:
+        """Launch tuning producers `names` once, in order, and wait for them."""
+        for name in names:
+            drv.call(f"tuning producer {name}",
+                     self._cu.cuGraphLaunch(self._graphs[name][1][0], self._stream))
+            self.counters["graph_launches"] += 1
+        self.synchronize()
 
     @staticmethod
     def _staged_names(manifest: mpb.ExecutionManifest) -> set[str]:
         names = {t.destination for g in manifest.graphs for t in g.transports}
-        names |= {g.completion.buffer for g in manifest.graphs if g.completion.buffer}
+        names |= {n for g in manifest.graphs for n in completion_buffers(g.completion)}
         return names
 
-    def _allocate(self, decl: mpb.Buffer, read_resource, num_pages: int, staged: bool) -> None:
+    def _allocate(self, decl: mpb.Buffer, read_resource, staged: bool) -> None:
         cu = self._cu
         nbytes = self._nbytes(decl)
         try:
             ptr = int(drv.call("cuMemAlloc", cu.cuMemAlloc(max(nbytes, 256))))
         except drv.CudaError as exc:
-            what = (f"the KV cache plane {decl.name} ({num_pages} pages)"
+            what = (f"the KV cache plane {decl.name} ({self._shapes[decl.name][0]} pages)"
                     if decl.role == mpb.BUFFER_ROLE_CACHE_PLANE else f"buffer {decl.name}")
             raise RuntimeLoadError(f"cuda backend: device out of memory allocating {what}: "
                                    f"{_mib(nbytes)} did not fit ({exc.code})") from None
@@ -269,11 +347,12 @@ class CudaBackend:
             copies.append((t.destination, n))
         return copies
 
-    def _capture(self, g: mpb.GraphProgram) -> tuple:
-        """Instantiate `g` once per execution frame; returns (graphs, execs, launch args)."""
+    def _capture(self, g: mpb.GraphProgram, frames: int | None = None) -> tuple:
+        """Instantiate `g` once per execution frame (or `frames` times); returns (graphs,
+        execs, launch args)."""
         keep = [self._launch_args(launch) for launch in g.launches]  # allocs before capture
         graphs, execs = [], []
-        for frame in range(self.frames):
+        for frame in range(self.frames if frames is None else frames):
             graph, exe = self._capture_frame(g, frame, keep)
             graphs.append(graph)
             execs.append(exe)
@@ -296,13 +375,16 @@ class CudaBackend:
                 drv.call(f"capture launch {launch.kernel}", cu.cuLaunchKernel(
                     fn, grid[0], grid[1], grid[2], block, 1, 1, binary.shared_bytes, s,
                     args.address, 0))
-            done = g.completion
-            if done.buffer:  # sampled ids, or one [6 + W] lane record per row
-                columns = (6 + done.speculative.token_width if done.HasField("speculative")
-                           else 1)
-                n = int(done.rows) * columns * STORED_DTYPE[self._decls[done.buffer].dtype].itemsize
+            rows = int(g.completion.rows)
+            for done in completion_buffers(g.completion):  # the record's leading rows
+                decl = self._decls[done]
+                if g.completion.HasField("speculative"):  # one [6 + W] lane record per row
+                    per_row = 6 + g.completion.speculative.token_width
+                else:
+                    per_row = math.prod(int(d) for d in decl.shape[1:])
+                n = rows * per_row * STORED_DTYPE[decl.dtype].itemsize
                 drv.call("capture completion copy", cu.cuMemcpyDtoHAsync(
-                    pinned[done.buffer].ptr, self._dev_ptrs[done.buffer], n, s))
+                    pinned[done].ptr, self._dev_ptrs[done], n, s))
         finally:
             graph = drv.call("cuStreamEndCapture", cu.cuStreamEndCapture(s))
         exe = drv.call(f"cuGraphInstantiate {g.name}", cu.cuGraphInstantiate(graph, 0))

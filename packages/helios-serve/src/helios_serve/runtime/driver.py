@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+from ..engine.plan import RowPlan, SamplingParams, StepCompletion, StepKind, StepPlan
 from .native_model import NativeModel
 
 GREEDY = SamplingParams()
@@ -33,7 +33,8 @@ class Driver:
     Args:
         model: a loaded NativeModel.
         collect_logits: keep each step's logits rows (float32 `[rows, vocab]`) in
-            `self.logits` (reads the CPU backend's logits buffer).
+            `self.logits` (reads the CPU backend's logits buffer) and each step's
+            completion record (`StepCompletion`) in `self.completions`.
 
     Raises:
         ValueError: more prompts than slots, or a sequence longer than the pages a slot
@@ -46,6 +47,7 @@ class Driver:
         self.per_slot = min(g.max_pages_per_request, g.num_pages // g.slots)
         self.collect_logits = collect_logits
         self.logits: list[np.ndarray] = []
+        self.completions: list[StepCompletion] = []
         self._generation = 0
 
     def _pages(self, slot: int, length: int) -> tuple[int, ...]:
@@ -56,11 +58,12 @@ class Driver:
         return tuple(range(slot * self.per_slot, slot * self.per_slot + count))
 
     def _run(self, plan: StepPlan) -> np.ndarray:
-        out = self.model.execute(plan)
+        done = self.model.wait_step(self.model.submit(plan))
         if self.collect_logits:
             self.logits.append(self.model.backend.buffers["scratch.logits"][:len(plan.rows)]
                                .copy())
-        return out
+            self.completions.append(done)
+        return done.sampled
 
     def prefill(self, lane: _Lane) -> int:
         """Prefill a lane's tokens in chunks; returns the token sampled after the last."""

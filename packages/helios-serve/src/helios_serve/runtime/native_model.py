@@ -4,8 +4,9 @@ Specification: "Ownership and bootstrap". NativeModel owns the backend (buffers,
 weights, cache storage, bound programs) and shared packing. `manifests` exposes the
 resulting execution geometry to the scheduler. `submit(plan)` selects the smallest
 captured variant that fits the plan, packs the plan's value bindings into a free execution
-frame and launches the graph; `wait(ticket)` returns that frame's completion record: one
-sampled id per plan row. `execute(plan)` is both at once.
+frame and launches the graph; `wait_step(ticket)` returns that frame's completion record
+(a `StepCompletion`: one sampled id per plan row, and the logprobs of rows that asked),
+`wait(ticket)` its sampled ids alone. `execute(plan)` is submit and wait at once.
 
 Two execution frames: the host may pack and submit step N + 1 while step N runs; frames
 complete in submission order. Whether step N + 1 may be submitted before step N's
@@ -25,9 +26,11 @@ from typing import Protocol
 import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
-from helios_tools.kernels.speculative import RECORD_FIELDS
 
-from ..engine.plan import ModelGeometry, StepKind, StepPlan
+from ..engine.plan import ModelGeometry, StepCompletion, StepKind, StepPlan
+from ..startup import StartupLog
+from .cache_sizing import CacheSizing
+from .completion import CompletionReader
 from .cpu_backend import CpuBackend
 from .errors import MissingGraphVariant, RuntimeLoadError, UnknownBackend
 from .packing import SharedPacking
@@ -46,11 +49,13 @@ class CoreLike(Protocol):
 
 @dataclass(frozen=True)
 class Ticket:
-    """A submitted step: its execution frame, graph variant and live row count."""
+    """A submitted step: its execution frame, graph variant, live row count, and whether
+    a row asked for logprobs (then `wait_step` reads them)."""
 
     frame: int
     graph: str
     rows: int
+    logprobs: bool = False
 
 
 class NativeModel:
@@ -78,27 +83,28 @@ class NativeModel:
                                    for g in graphs if g.operation == cpb.OPERATION_SPECULATIVE
                                    and g.speculative.token_capacity in served)
         self.frames = int(backend.frames)
-        self.packing = SharedPacking(graphs, [backend.staging(f) for f in range(self.frames)])
-        # Completion record of each graph: (buffer name, record columns or 0 = sampled ids).
-        self._record = {g.name: (g.completion.buffer,
-                                 RECORD_FIELDS + g.completion.speculative.token_width
-                                 if g.completion.HasField("speculative") else 0)
-                        for g in manifest.graphs}
+        staging = [backend.staging(f) for f in range(self.frames)]
+        self.packing = SharedPacking(graphs, staging)
+        self._completion = CompletionReader(list(manifest.graphs), staging)
         self._pending_view = _pending_view(graphs)
         self._inflight: deque[Ticket] = deque()
         self._next_frame = 0
         self.launches = Counter()  # graph launches by operation name
 
     @classmethod
-    def load(cls, core: CoreLike, backend: str = "cpu", *, num_pages: int | None = None,
+    def load(cls, core: CoreLike, backend: str = "cpu", *, cache: CacheSizing | None = None,
              max_concurrency: int | None = None, cpu_frames: int = 1,
-             speculative_width: int | None = None) -> NativeModel:
-        """Load `core` onto `backend`.
+             speculative_width: int | None = None, log: StartupLog | None = None
+             ) -> NativeModel:
+        """Load `core` onto `backend`: weights and every other buffer, the kernels, the KV
+        cache sized from what is left, the graphs, then the tuning producers the selected
+        graphs need (run once, before any graph is exposed).
 
         Args:
             core: a verified, authorized core (helios_tools.core reader).
             backend: "cpu" (NumPy reference kernels) or "cuda".
-            num_pages: physical KV pages; defaults to the contract's prepared pages.
+            cache: how the physical KV page count is chosen (runtime.cache_sizing; default:
+                cpu the prepared count, cuda 0.9 of the free device memory).
             max_concurrency: serve at most this many decode rows (load-time selection may
                 reduce captured concurrency, never raise it).
             cpu_frames: execution frames of the cpu backend (1, or 2 to exercise the
@@ -106,6 +112,8 @@ class NativeModel:
             speculative_width: serve SPECULATIVE programs of width W <= this (0 turns
                 speculation off; None serves every captured width). Load-time selection
                 may reduce the captured width, never raise it.
+            log: startup phases are recorded here (weights, kernels, cache sizing, graphs,
+                tuning).
 
         Raises:
             UnknownBackend: `backend` is not one of BACKENDS.
@@ -117,17 +125,26 @@ class NativeModel:
                                  f"{', '.join(BACKENDS)}")
         contract, manifest = core.contract, core.manifest
         _check_variants(contract, manifest)
-        pages = int(num_pages or contract.prepared_pages)
-        if pages < 1:
-            raise RuntimeLoadError(f"num_pages must be positive, got {pages}")
+        log = log if log is not None else StartupLog()
         if backend == "cuda":
             from .cuda_backend import CudaBackend  # imports cuda-python only when asked
 
-            engine = CudaBackend(manifest, core.read_resource, pages)
+            engine = CudaBackend(manifest, core.read_resource, cache, log=log)
         else:
-            engine = CpuBackend(manifest, core.read_resource, pages, frames=cpu_frames)
-        geometry = _geometry(contract, manifest, pages, max_concurrency, speculative_width)
+            engine = CpuBackend(manifest, core.read_resource, cache, frames=cpu_frames, log=log)
+        try:
+            _run_tuning(engine, contract, manifest, log)
+            geometry = _geometry(contract, manifest, engine.num_pages, max_concurrency,
+                                 speculative_width)
+        except BaseException:
+            getattr(engine, "close", lambda: None)()
+            raise
         return cls(contract, manifest, engine, geometry)
+
+    @property
+    def top_logprobs(self) -> int | None:
+        """Top alternatives the completion record holds per row (None: no logprobs)."""
+        return self._completion.top_logprobs
 
     def select_graph(self, plan: StepPlan) -> str:
         """The smallest captured variant that holds `plan`.
@@ -181,16 +198,18 @@ class NativeModel:
                                   frame)
         self.backend.launch(name, frame, dirty)
         self._next_frame = (frame + 1) % self.frames
-        ticket = Ticket(frame, name, len(plan.rows))
+        logprobs = any(r.sample and r.sampling.logprobs is not None for r in plan.rows)
+        ticket = Ticket(frame, name, len(plan.rows), logprobs)
         self._inflight.append(ticket)
         self.launches[plan.kind.value] += 1
         return ticket
 
-    def wait(self, ticket: Ticket) -> np.ndarray:
-        """Wait for the oldest submitted step; returns its int32 `[rows]` sampled ids, or
+    def wait_step(self, ticket: Ticket) -> StepCompletion:
+        """Wait for the oldest submitted step; returns its completion record: int32
+        `[rows]` sampled ids (and the logprobs when a row of the step asked for them), or
         for a SPECULATIVE step its int32 `[rows, 6 + W]` lane records (columns as
         manifest SpeculativeCompletion: generation, offers, accepted, emitted, draft
-        cursor, reserved, then W emitted ids).
+        cursor, reserved, then W emitted ids) in `StepCompletion.sampled`.
 
         Raises:
             RuntimeError: `ticket` is not the oldest step in flight.
@@ -200,11 +219,11 @@ class NativeModel:
             raise RuntimeError("steps complete in submission order: wait for the oldest")
         self._inflight.popleft()
         self.backend.wait(ticket.frame)
-        buffer, columns = self._record[ticket.graph]
-        done = self.backend.staging(ticket.frame)[buffer]
-        if columns:  # one contiguous [rows, columns] block at the buffer's start
-            return done.reshape(-1)[:ticket.rows * columns].reshape(ticket.rows, columns).copy()
-        return done[:ticket.rows].copy()
+        return self._completion.read(ticket.graph, ticket.frame, ticket.rows, ticket.logprobs)
+
+    def wait(self, ticket: Ticket) -> np.ndarray:
+        """`wait_step`'s sampled ids (or speculative lane records)."""
+        return self.wait_step(ticket).sampled
 
     def execute(self, plan: StepPlan) -> np.ndarray:
         """Run one step; returns int32 `[len(plan.rows)]` sampled ids (submission rows)."""
@@ -259,6 +278,23 @@ def _pending_view(graphs: list[cpb.GraphContract]) -> cpb.StateView | None:
     return decode[0].pending_token
 
 
+def _run_tuning(engine, contract: cpb.ServingContract, manifest: mpb.ExecutionManifest,
+                log: StartupLog) -> None:
+    """Run, once and in catalog order, every tuning producer a selected graph depends on
+    (specification: startup executes required producers before exposing the dependent
+    serving graphs). What each writes is the producer's choice; the log shows it."""
+    programs = {g.name: g for g in manifest.graphs}
+    needed = {p for g in contract.model.graphs for p in programs[g.name].tuning_producers}
+    order = [p.name for p in manifest.tuning.producers if p.name in needed]
+    with log.phase("tuning") as phase:
+        engine.run_producers(order)
+        tuned = sorted({(t.producer_graph, t.buffer) for g in contract.model.graphs
+                        for t in g.tuned_bindings})
+        phase.detail = ", ".join(
+            f"{producer} wrote {buffer} = {engine.read_buffer(buffer).reshape(-1)[:4].tolist()}"
+            for producer, buffer in tuned) or "no tuning producers"
+
+
 def _check_variants(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest) -> None:
     programs = {g.name: g for g in manifest.graphs}
     for g in contract.model.graphs:
@@ -307,6 +343,20 @@ def _geometry(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest, pa
     if len(cursors) > 1:
         raise RuntimeLoadError(f"speculative graphs disagree on the draft cursor: {cursors}")
     has_cursor, lag = cursors.pop() if cursors else (False, 0)
+    sampling = [g for g in model.graphs if g.operation != cpb.OPERATION_SPECULATIVE]
+    programs = {g.name: g for g in manifest.graphs}
+    layouts = {programs[g.name].completion.top_logprobs
+               if programs[g.name].completion.logprobs_buffer else None for g in sampling}
+    top_logprobs = layouts.pop() if len(layouts) == 1 else None  # CompletionReader rejects
+    if top_logprobs is not None and not all(
+            _binds(g, cpb.VALUE_SOURCE_LOGPROBS) for g in sampling):
+        raise RuntimeLoadError("the completion record holds logprobs but not every prefill "
+                               "and decode graph binds VALUE_SOURCE_LOGPROBS")
+    biased = [_binds(g, cpb.VALUE_SOURCE_LOGIT_BIAS) and
+              _binds(g, cpb.VALUE_SOURCE_LOGIT_BIAS_ENABLED) for g in sampling]
+    if any(biased) and not all(biased):
+        raise RuntimeLoadError("some graphs bind VALUE_SOURCE_LOGIT_BIAS and "
+                               "VALUE_SOURCE_LOGIT_BIAS_ENABLED and others do not")
     return ModelGeometry(
         page_tokens=model.cache.page_tokens, num_pages=pages, slots=slots,
         max_pages_per_request=width, decode_capacities=tuple(decode),
@@ -317,4 +367,9 @@ def _geometry(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest, pa
         mask_words=model.vocabulary.mask_words or math.ceil(model.vocabulary.histogram_width / 32),
         eos_token_ids=tuple(contract.eos_token_ids),
         speculative_widths=tuple(widths) if widths and widths != [1] else (),
-        draft_cursor_lag=int(lag) if has_cursor else None)
+        draft_cursor_lag=int(lag) if has_cursor else None,
+        top_logprobs=top_logprobs, logit_bias=all(biased))
+
+
+def _binds(graph: cpb.GraphContract, source: int) -> bool:
+    return any(b.source == source for b in graph.bindings)

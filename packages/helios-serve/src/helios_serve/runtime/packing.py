@@ -47,6 +47,12 @@ ROW_VALUES: dict[int, Callable[[Rows], list]] = {
                                                      for r in rows],
     V.VALUE_SOURCE_GRAMMAR_MASK_ENABLED: lambda rows: [int(r.grammar_mask is not None)
                                                        for r in rows],
+    V.VALUE_SOURCE_LOGIT_BIAS_ENABLED: lambda rows: [int(bool(r.sampling.logit_bias))
+                                                     for r in rows],
+    # -1: the row records no logprobs (non-sampling prefill chunks never do).
+    V.VALUE_SOURCE_LOGPROBS: lambda rows: [r.sampling.logprobs if r.sample and
+                                           r.sampling.logprobs is not None else -1
+                                           for r in rows],
 }
 
 # Per-token sources: the packed values of all rows' tokens, in row order (a speculative
@@ -206,6 +212,17 @@ class SharedPacking:
                     dest[r.slot] = np.bincount(np.asarray(r.histogram_tokens, dtype=np.int64),
                                                minlength=width)[:width]
                     dirty.append(DirtyRange(b.destination, r.slot, 0, width))
+        elif b.source == V.VALUE_SOURCE_LOGIT_BIAS:
+            # Written on the step that places a request in its slot (histogram_tokens
+            # set), only for a request with a bias: LOGIT_BIAS_ENABLED = 0 ignores the
+            # stale row of any other request.
+            for r in plan.rows:
+                if r.histogram_tokens is not None and r.sampling.logit_bias:
+                    row = dest[r.slot]
+                    row[:] = 0
+                    ids, values = zip(*r.sampling.logit_bias, strict=True)
+                    row[list(ids)] = values
+                    dirty.append(DirtyRange(b.destination, r.slot, 0, dest.shape[1]))
 
 
 def _scalar(b: cpb.ValueBinding, plan: StepPlan) -> int:
@@ -223,7 +240,8 @@ def _check_supported(graph: str, b: cpb.ValueBinding) -> None:
                                                       V.VALUE_SOURCE_GRAMMAR_MASK,
                                                       V.VALUE_SOURCE_CONSTANT},
         V.INDEXING_PHYSICAL_REQUEST_ROW: {V.VALUE_SOURCE_PAGE_TABLE,
-                                          V.VALUE_SOURCE_PROMPT_HISTOGRAM},
+                                          V.VALUE_SOURCE_PROMPT_HISTOGRAM,
+                                          V.VALUE_SOURCE_LOGIT_BIAS},
         V.INDEXING_SCALAR: {V.VALUE_SOURCE_LIVE_ROW_COUNT, V.VALUE_SOURCE_CONSTANT},
     }
     ok[V.INDEXING_ACTIVE_ROW] = ok[V.INDEXING_SUBMISSION_ROW]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from helios_serve.engine.plan import SamplingParams, TokenLogprob
+from helios_serve.engine.plan import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -89,14 +89,11 @@ class RowResult:
         token_id: the sampled token appended to its output, or None for a row
             that does not sample (a non-final prefill chunk).
         output_tokens: output length after this row (tokens).
-        logprobs: the sampled token's log probabilities (requests asking for them),
-            else None.
     """
 
     request_id: int
     token_id: int | None
     output_tokens: int
-    logprobs: TokenLogprob | None = None
 
 
 @dataclass(frozen=True)

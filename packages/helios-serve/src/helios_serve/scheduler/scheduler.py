@@ -207,6 +207,7 @@ class Scheduler:
         self._spec_steps = self._spec_draft = self._spec_accepted = 0
         self._spec_per_position = [0] * max(self.max_width - 1, 0)
         self._spec_lengths = [0] * (self.max_width + 1)
+        self._feedback = 0  # live requests that need feedback and are not retiring
 
     # -- admission --------------------------------------------------------------
 
@@ -228,6 +229,7 @@ class Scheduler:
         seq = Sequence(request, order=-1)
         self._requests[request.request_id] = seq
         self._waiting.append(seq)
+        self._feedback += request.needs_feedback
         return None
 
     # -- planning ---------------------------------------------------------------
@@ -250,8 +252,7 @@ class Scheduler:
         return self.device_pending and newest.kind is StepKind.DECODE
 
     def _feedback_live(self) -> bool:
-        return any(s.request.needs_feedback for s in self._requests.values()
-                   if not s.retiring)
+        return self._feedback > 0
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step, or None when nothing can run now.
@@ -401,7 +402,7 @@ class Scheduler:
         # Decode rows may be planned ahead of their device-owned pending token; a
         # speculative lane needs its completed record (its consumed endpoint) first.
         ahead = bool(self._outstanding) and self.device_pending and not self.widths
-        ready = [s for s in self._running if s.can_decode or (ahead and s.can_decode_ahead)]
+        ready = [s for s in self._running if s.decode_ready(ahead)]
         cap = self.geometry.decode_capacities[-1]
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
@@ -465,7 +466,7 @@ class Scheduler:
             generation=seq.generation,
             tokens=tuple(tokens),
             start_position=start,
-            page_ids=tuple(seq.page_ids[: _ceil_div(end, self.geometry.page_tokens)]),
+            page_ids=seq.page_prefix(_ceil_div(end, self.geometry.page_tokens)),
             sample=sample,
             sampling=seq.request.sampling,
             histogram_tokens=histogram,
@@ -662,6 +663,7 @@ class Scheduler:
             if row.sample:
                 seq.inflight_samples -= 1
             if not seq.retiring:
+                self._feedback -= seq.request.needs_feedback
                 seq.failed = True
                 seq.finish_reason = FinishReason.ERROR
                 failed.append(self._summary(seq))
@@ -702,6 +704,7 @@ class Scheduler:
         if output_tokens is not None and not seq.retiring and output_tokens < seq.num_output_tokens:
             del seq.tokens[seq.num_prompt_tokens + output_tokens:]
         if not seq.retiring:
+            self._feedback -= seq.request.needs_feedback
             seq.finish_reason = reason
             if reason is FinishReason.CANCELLED:
                 seq.cancelled = True

@@ -24,6 +24,9 @@ class Sequence:
         self.slot: int | None = None
         self.generation = 0
         self.page_ids: list[int] = []
+        # page_prefix() cache: (the page_ids list it was cut from, the prefix). page_ids is
+        # only appended to or replaced, so a prefix of the same list never changes.
+        self._page_prefix: tuple[list[int], tuple[int, ...]] = ([], ())
         self.page_hashes: list[bytes] = []  # chain hashes of complete pages, in order
         self.num_published = 0  # leading pages whose publication was decided
         self.num_scheduled = 0
@@ -83,6 +86,29 @@ class Sequence:
             and self.num_scheduled == len(self.tokens)
             and self.num_output_tokens + 1 < self.request.max_output_tokens
         )
+
+    def decode_ready(self, ahead: bool) -> bool:
+        """`can_decode`, or `can_decode_ahead` when `ahead` (one test per running request
+        per step: the two properties spelled out with shared reads)."""
+        if self.cancelled or self.failed or self.finish_reason is not None:
+            return False
+        scheduled, known = self.num_scheduled, len(self.tokens)
+        outputs, limit = known - self.num_prompt_tokens, self.request.max_output_tokens
+        if self.inflight_samples == 0:
+            return (scheduled >= self.prefill_tokens and scheduled == known - 1
+                    and outputs < limit)
+        return (ahead and self.inflight_samples == 1 and self.inflight_rows == 1
+                and self.last_row_decode and scheduled == known
+                and outputs + 1 < limit and not self.request.needs_feedback)
+
+    def page_prefix(self, count: int) -> tuple[int, ...]:
+        """`tuple(page_ids[:count])`, rebuilt only when it changes (a decode row carries
+        the same pages for `page_tokens` steps)."""
+        source, prefix = self._page_prefix
+        if source is not self.page_ids or len(prefix) != count:
+            prefix = tuple(self.page_ids[:count])
+            self._page_prefix = (self.page_ids, prefix)
+        return prefix
 
     @property
     def can_prefill(self) -> bool:

@@ -12,6 +12,10 @@ whose pending token is device-owned: a decode row feeds the slot's last sampled 
 (the plan's token may be PENDING_PLACEHOLDER; a concrete one must agree), and `submit`
 may run ahead of `wait`. Steps run inside `submit`; a fault surfaces from `wait`.
 
+Logprobs: with `geometry.top_logprobs` set, a sampling row that asks for logprobs gets a
+fixed record: the sampled id at -0.25, alternative j (0-based) the id `(sampled + j) %
+vocab` at `-0.25 - j` (so the first alternative is the sampled id itself).
+
 Faults: `fail_when(predicate)` raises `ScriptedFault` from `execute` for every plan the
 predicate accepts; `fail_at_step(n)` raises on the n-th execute call (0-based);
 `fail_on_sequence(predicate)` raises when a sampling row's whole sequence (prompt and
@@ -29,7 +33,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helios_serve.engine.plan import PENDING_PLACEHOLDER, ModelGeometry, StepKind, StepPlan
+from helios_serve.engine.plan import (
+    PENDING_PLACEHOLDER,
+    ModelGeometry,
+    StepCompletion,
+    StepKind,
+    StepPlan,
+)
 
 Responder = Callable[[tuple[int, ...]], Sequence[int]]
 
@@ -50,6 +60,8 @@ def tiny_geometry(
     prefill_token_capacities: tuple[int, ...] = (32, 64),
     prefill_row_capacity: int = 4,
     speculative_widths: tuple[int, ...] = (),
+    top_logprobs: int | None = None,
+    logit_bias: bool = False,
 ) -> ModelGeometry:
     """A small geometry for scripted tests (context = 256 tokens by default;
     `speculative_widths` makes generation rows SPECULATIVE lanes, draft cursor lag 0)."""
@@ -67,14 +79,16 @@ def tiny_geometry(
         eos_token_ids=eos_token_ids,
         speculative_widths=speculative_widths,
         draft_cursor_lag=0 if speculative_widths else None,
+        top_logprobs=top_logprobs,
+        logit_bias=logit_bias,
     )
 
 
 @dataclass
 class ScriptedTicket:
-    """A submitted step: its sampled ids, or the fault `wait` raises."""
+    """A submitted step: its completion record, or the fault `wait` raises."""
 
-    sampled: np.ndarray | None
+    completion: StepCompletion | None
     error: BaseException | None
 
 
@@ -195,21 +209,40 @@ class ScriptedModel:
         if len(self._inflight) == self.frames:
             raise RuntimeError(f"all {self.frames} execution frames are in flight")
         try:
-            ticket = ScriptedTicket(self.execute(plan), None)
+            ticket = ScriptedTicket(self._record(plan, self.execute(plan)), None)
         except Exception as exc:  # surfaces at wait, like a device fault
             ticket = ScriptedTicket(None, exc)
         self._inflight.append(ticket)
         self.max_outstanding = max(self.max_outstanding, len(self._inflight))
         return ticket
 
-    def wait(self, ticket: ScriptedTicket) -> np.ndarray:
-        """The oldest submitted step's sampled ids (or its fault)."""
+    def wait_step(self, ticket: ScriptedTicket) -> StepCompletion:
+        """The oldest submitted step's completion record (or its fault)."""
         assert self._inflight and self._inflight[0] is ticket, "wait in submission order"
         self._inflight.popleft()
         if ticket.error is not None:
             raise ticket.error
-        assert ticket.sampled is not None
-        return ticket.sampled
+        assert ticket.completion is not None
+        return ticket.completion
+
+    def wait(self, ticket: ScriptedTicket) -> np.ndarray:
+        """The oldest submitted step's sampled ids (or its fault)."""
+        return self.wait_step(ticket).sampled
+
+    def _record(self, plan: StepPlan, sampled: np.ndarray) -> StepCompletion:
+        """The completion record of `plan` (the fixed logprobs of the module docstring)."""
+        k = self._geometry.top_logprobs
+        asked = [i for i, r in enumerate(plan.rows) if r.sample and r.sampling.logprobs is not None]
+        if plan.kind is StepKind.SPECULATIVE or k is None or not asked:
+            return StepCompletion(sampled)
+        vocab = self._geometry.vocab_size
+        logprobs = np.full((len(plan.rows), 1 + k), np.nan, np.float32)
+        top_ids = np.full((len(plan.rows), k), -1, np.int32)
+        for i in asked:
+            logprobs[i, 0] = -0.25
+            logprobs[i, 1:] = -0.25 - np.arange(k, dtype=np.float32)
+            top_ids[i] = (int(sampled[i]) + np.arange(k)) % vocab
+        return StepCompletion(sampled, logprobs, top_ids)
 
     def _check(self, plan: StepPlan) -> None:
         g = self._geometry

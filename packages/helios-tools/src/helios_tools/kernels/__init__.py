@@ -7,7 +7,13 @@ padding and writes no cache, histogram or completion.
 """
 
 from .attention import attention_decode, attention_prefill
-from .attention_split import attention_decode_merge, attention_decode_split
+from .attention_split import (
+    attention_decode_merge,
+    attention_decode_merge_tuned,
+    attention_decode_split,
+    attention_decode_split_tuned,
+    tuned_split_length,
+)
 from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
@@ -26,7 +32,7 @@ from .registry import (
 )
 from .rng import philox4x32_10, philox_uniform
 from .rope import rope
-from .sampling import grammar_mask_words, sample
+from .sampling import grammar_mask_words, sample, sample_biased, token_logprobs
 from .speculative import (
     draft_sample,
     paged_row_gather_prev,
@@ -35,6 +41,7 @@ from .speculative import (
     spec_pack_tokens,
     spec_verify,
 )
+from .tuning import split_tuning_select, split_tuning_setup, timer_mark
 
 __all__ = [
     "DTYPES",
@@ -45,7 +52,9 @@ __all__ = [
     "add_rmsnorm",
     "attention_decode",
     "attention_decode_merge",
+    "attention_decode_merge_tuned",
     "attention_decode_split",
+    "attention_decode_split_tuned",
     "attention_prefill",
     "check_launch",
     "draft_sample",
@@ -65,11 +74,17 @@ __all__ = [
     "rope",
     "rope_kv_write",
     "sample",
+    "sample_biased",
     "silu_mul",
     "slot_gather",
     "slot_scatter",
     "spec_draft_inputs",
     "spec_pack_tokens",
     "spec_verify",
+    "split_tuning_select",
+    "split_tuning_setup",
     "swiglu_linear",
+    "timer_mark",
+    "token_logprobs",
+    "tuned_split_length",
 ]

@@ -149,3 +149,83 @@ def attention_decode_merge(
     num = np.einsum("nhs,nhsd->nhd", w, part_o[rows, :H, :NS])
     den = np.einsum("nhs,nhs->nh", w, part_ml[rows, :H, :NS, 1])
     o[rows] = (num / den[..., None]).reshape(rows.size, H * HD)
+
+
+def _chosen_splits(choice: NDArray[np.int32], NS: int) -> int:
+    ns = int(choice.reshape(-1)[0])
+    if not 1 <= ns <= NS:
+        raise ValueError(f"tuned split count {ns} outside [1, {NS}] (the tuning producer "
+                         "writes one of its candidates)")
+    return ns
+
+
+def tuned_split_length(NS: int, SPLIT: int, ns: int) -> int:
+    """Positions per split when ``ns`` of the ``NS`` captured splits cover the context:
+    ``ceil(NS * SPLIT / ns)`` (``ns = NS`` gives ``SPLIT``)."""
+    return -(-NS * SPLIT // ns)
+
+
+def attention_decode_split_tuned(
+    qkv: NDArray[np.float32],
+    positions: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    page_table: NDArray[np.int32],
+    k_cache: NDArray[np.float32],
+    v_cache: NDArray[np.float32],
+    part_ml: NDArray[np.float32],
+    part_o: NDArray[np.float32],
+    choice: NDArray[np.int32],
+    B: int,
+    MP: int,
+    PT: int,
+    H: int,
+    KVH: int,
+    HD: int,
+    NS: int,
+    SPLIT: int,
+    scale: float,
+) -> None:
+    """``attention_decode_split`` with the split count read from a tuned buffer.
+
+    The grid is captured at the maximum count ``NS`` (splits of ``SPLIT`` positions);
+    ``ns = choice[0]`` (written at startup by the decode-split tuning producer) splits the
+    same ``NS * SPLIT`` positions into ``ns`` splits of ``tuned_split_length(NS, SPLIT, ns)``
+    positions. Splits ``>= ns`` do nothing (on the GPU those programs exit at once);
+    ``part_ml``/``part_o`` keep their ``NS``-split layout.
+
+    Reference loop::
+
+        ns = choice[0]
+        attention_decode_split(..., NS=ns, SPLIT=ceil(NS * SPLIT / ns))   # writes splits < ns
+
+    Args:
+        choice: ``[1]`` (or more) i32; element 0 is the split count, in ``[1, NS]``.
+        Others: as ``attention_decode_split``.
+
+    Raises:
+        ValueError: a split count outside ``[1, NS]``.
+        IndexError: as ``attention_decode_split``.
+    """
+    ns = _chosen_splits(choice, NS)
+    attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                           B, MP, PT, H, KVH, HD, ns, tuned_split_length(NS, SPLIT, ns), scale)
+
+
+def attention_decode_merge_tuned(
+    part_ml: NDArray[np.float32],
+    part_o: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    choice: NDArray[np.int32],
+    out: NDArray[np.float32],
+    B: int,
+    H: int,
+    HD: int,
+    NS: int,
+) -> None:
+    """``attention_decode_merge`` of the first ``choice[0]`` splits (see
+    ``attention_decode_split_tuned``).
+
+    Raises:
+        ValueError: a split count outside ``[1, NS]``.
+    """
+    attention_decode_merge(part_ml, part_o, slot, out, B, H, HD, _chosen_splits(choice, NS))

@@ -13,7 +13,12 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from .attention import attention_decode, attention_prefill
-from .attention_split import attention_decode_merge, attention_decode_split
+from .attention_split import (
+    attention_decode_merge,
+    attention_decode_merge_tuned,
+    attention_decode_split,
+    attention_decode_split_tuned,
+)
 from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
@@ -22,7 +27,7 @@ from .linear import linear, linear_invariant
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .rope import rope
-from .sampling import sample
+from .sampling import sample, sample_biased, token_logprobs
 from .speculative import (
     draft_sample,
     paged_row_gather_prev,
@@ -31,6 +36,7 @@ from .speculative import (
     spec_pack_tokens,
     spec_verify,
 )
+from .tuning import split_tuning_select, split_tuning_setup, timer_mark
 
 ParamKind = Literal["buffer", "i32", "f32"]
 Direction = Literal["in", "out", "inout"]
@@ -112,6 +118,24 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("part_ml", "f32"), _b("part_o", "f32"), _b("slot", "i32"), _b("out", "f32", "out"),
         *_i("B", "H", "HD", "NS"),
     ),
+    "attention_decode_split_tuned": (
+        _b("qkv", "f32"), _b("positions", "i32"), _b("slot", "i32"), _b("page_table", "i32"),
+        _b("k_cache", "f32"), _b("v_cache", "f32"), _b("part_ml", "f32", "out"),
+        _b("part_o", "f32", "out"), _b("choice", "i32"),
+        *_i("B", "MP", "PT", "H", "KVH", "HD", "NS", "SPLIT"), *_f("scale"),
+    ),
+    "attention_decode_merge_tuned": (
+        _b("part_ml", "f32"), _b("part_o", "f32"), _b("slot", "i32"), _b("choice", "i32"),
+        _b("out", "f32", "out"), *_i("B", "H", "HD", "NS"),
+    ),
+    "timer_mark": (_b("stamps", "u32", "inout"), *_i("index")),
+    "split_tuning_setup": (
+        _b("positions", "i32", "out"), _b("slot", "i32", "out"), _b("page_table", "i32", "out"),
+        _b("candidates", "i32", "out"), *_i("B", "MP", "PT", "C", "c0", "c1", "c2", "c3"),
+    ),
+    "split_tuning_select": (
+        _b("stamps", "u32"), _b("candidates", "i32"), _b("choice", "i32", "out"), *_i("C"),
+    ),
     "silu_mul": (_b("gate_up", "f32"), _b("out", "f32", "out"), *_i("T", "F")),
     "add": (_b("a", "f32"), _b("b", "f32"), _b("out", "f32", "out"), *_i("T", "D")),
     "gather_last": (
@@ -178,6 +202,20 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("plane", "f32"), _b("positions", "i32"), _b("token_row", "i32"), _b("slot", "i32"),
         _b("page_table", "i32"), _b("out", "f32", "out"), *_i("T", "R", "MP", "PT", "D"),
     ),
+    "sample_biased": (
+        _b("logits", "f32"), _b("slot", "i32"), _b("positions", "i32"),
+        _b("sampling_decision", "i32"), _b("seed", "u32"), _b("temperature", "f32"),
+        _b("top_p", "f32"), _b("top_k", "i32"), _b("min_p", "f32"), _b("presence", "f32"),
+        _b("frequency", "f32"), _b("repetition", "f32"), _b("histogram", "i32", "inout"),
+        _b("logit_bias", "f32"), _b("use_bias", "i32"),
+        _b("grammar_mask", "i32"), _b("use_mask", "i32"), _b("sampled", "i32", "out"),
+        *_i("R", "V", "W32"),
+    ),
+    "token_logprobs": (
+        _b("logits", "f32"), _b("slot", "i32"), _b("sampled", "i32"),
+        _b("logprobs_k", "i32"), _b("logprobs", "f32", "out"), _b("top_ids", "i32", "out"),
+        *_i("R", "V", "K"),
+    ),
 }  # fmt: skip
 
 REFERENCE_OPS: dict[str, Callable[..., None]] = {
@@ -191,6 +229,11 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "attention_decode": attention_decode,
     "attention_decode_split": attention_decode_split,
     "attention_decode_merge": attention_decode_merge,
+    "attention_decode_split_tuned": attention_decode_split_tuned,
+    "attention_decode_merge_tuned": attention_decode_merge_tuned,
+    "timer_mark": timer_mark,
+    "split_tuning_setup": split_tuning_setup,
+    "split_tuning_select": split_tuning_select,
     "silu_mul": silu_mul,
     "add": add,
     "gather_last": gather_last,
@@ -206,6 +249,8 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "spec_verify": spec_verify,
     "paged_row_write": paged_row_write,
     "paged_row_gather_prev": paged_row_gather_prev,
+    "sample_biased": sample_biased,
+    "token_logprobs": token_logprobs,
 }
 
 

@@ -1,9 +1,16 @@
-"""Token sampling: penalties, grammar mask, temperature, top-k/top-p/min-p, seeded draw.
+"""Token sampling: logit bias, penalties, grammar mask, temperature, top-k/top-p/min-p,
+seeded draw; and the logprobs of the raw model distribution.
 
-Invariant: a row's token depends only on that row's inputs (logits, histogram row, seed,
-position, parameters), never on its batch neighbours or its row index, because every random
-number is Philox(seed, position, token id) and the draw is an exponential race
+Invariant: a row's token depends only on that row's inputs (logits, histogram and bias
+rows, seed, position, parameters), never on its batch neighbours or its row index, because
+every random number is Philox(seed, position, token id) and the draw is an exponential race
 (Gumbel-max): ``argmax_i log p_i - log(-log u_i)`` samples ``i`` with probability ``p_i``.
+
+Ops: ``sample_biased`` (the sampler), ``sample`` (the same without logit bias: the op of
+cores exported before logit bias, kept so they keep loading) and ``token_logprobs``
+(log_softmax of the unprocessed logits: the sampled token's logprob and the top-k). The
+per-row functions (``_sample_row``, ``_row_logprobs``) are what a speculative verify step
+calls per position.
 """
 
 from __future__ import annotations
@@ -110,9 +117,42 @@ def _candidates(
     return cand, p
 
 
+def row_distribution(
+    z: NDArray[np.float32],
+    counts: NDArray[np.int32],
+    bias: NDArray[np.float32] | None,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    presence: float,
+    frequency: float,
+    repetition: float,
+    allowed: NDArray[np.bool_] | None,
+) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
+    """The sampling distribution of one row: surviving ids (ascending) and their f32
+    probabilities, after bias, penalties, mask, temperature and the truncations.
+
+    Greedy rows (temperature <= 0) and rows whose every token is masked return the argmax
+    alone with probability 1 (token 0 for a fully masked row). ``z`` is the row's f32
+    logits (not modified); ``bias`` its logit bias or None; ``allowed`` its grammar mask
+    or None. A speculative verify step reads p(token) and residuals from this.
+    """
+    if bias is not None:
+        z = z + bias
+    z = _penalize(z, counts, presence, frequency, repetition)
+    if allowed is not None:
+        z = np.where(allowed, z, np.float32(-np.inf))
+    best = int(np.argmax(z))
+    if temperature <= 0.0 or not np.isfinite(z[best]):
+        return np.array([best], np.int64), np.ones(1, np.float32)
+    return _candidates(z, temperature, top_k, top_p, min_p)
+
+
 def _sample_row(
     z: NDArray[np.float32],
     counts: NDArray[np.int32],
+    bias: NDArray[np.float32] | None,
     seed_lo: int,
     seed_hi: int,
     position: int,
@@ -125,22 +165,18 @@ def _sample_row(
     repetition: float,
     allowed: NDArray[np.bool_] | None,
 ) -> int:
-    """One row of ``sample``; ``z`` is the row's f32 logits (not modified)."""
-    z = _penalize(z, counts, presence, frequency, repetition)
-    if allowed is not None:
-        z = np.where(allowed, z, np.float32(-np.inf))
-    best = int(np.argmax(z))
-    # Greedy, and the degenerate row whose every token is masked (token 0, like argmax).
-    if temperature <= 0.0 or not np.isfinite(z[best]):
-        return best
-    cand, p = _candidates(z, temperature, top_k, top_p, min_p)
+    """One row of ``sample_biased``: the seeded race over ``row_distribution``."""
+    cand, p = row_distribution(z, counts, bias, temperature, top_p, top_k, min_p, presence,
+                               frequency, repetition, allowed)
+    if cand.size == 1:  # greedy, a fully masked row, or one survivor: no draw needed
+        return int(cand[0])
     u = philox_uniform(seed_lo, seed_hi, position, cand)
     with np.errstate(divide="ignore"):  # p may underflow to 0 -> -inf, never chosen
         race = np.log(p.astype(np.float64)) - np.log(-np.log(u))
     return int(cand[int(np.argmax(race))])
 
 
-def sample(
+def sample_biased(
     logits: NDArray[np.float32],
     slot: NDArray[np.int32],
     positions: NDArray[np.int32],
@@ -154,6 +190,8 @@ def sample(
     frequency: NDArray[np.float32],
     repetition: NDArray[np.float32],
     histogram: NDArray[np.int32],
+    logit_bias: NDArray[np.float32],
+    use_bias: NDArray[np.int32],
     grammar_mask: NDArray[np.int32],
     use_mask: NDArray[np.int32],
     sampled: NDArray[np.int32],
@@ -170,6 +208,8 @@ def sample(
             if s < 0:
                 sampled[r] = -1; continue                 # padding writes nothing else
             l = logits[r].copy(); c = histogram[s]
+            if use_bias[r]:
+                l += logit_bias[s]                         # OpenAI logit_bias, dense per slot
             for i in range(V):                             # penalties (c counts prompt+output)
                 if c[i] > 0 and repetition[r] != 1:
                     l[i] = l[i] / repetition[r] if l[i] > 0 else l[i] * repetition[r]
@@ -212,6 +252,8 @@ def sample(
         frequency: ``[R]`` f32 frequency penalty.
         repetition: ``[R]`` f32 repetition penalty, 1 disables.
         histogram: ``[S, V]`` i32 token counts per physical request row, updated in place.
+        logit_bias: ``[S, V]`` f32 additive logit bias per physical request row.
+        use_bias: ``[R]`` i32, nonzero to add the row's slot's ``logit_bias`` row.
         grammar_mask: ``[R, W32]`` i32 allowed-token bitmask.
         use_mask: ``[R]`` i32, nonzero to apply ``grammar_mask``.
         sampled: ``[R]`` i32, written.
@@ -228,6 +270,7 @@ def sample(
         tok = _sample_row(
             logits[r, :V].astype(np.float32, copy=False),
             histogram[s, :V],
+            logit_bias[s, :V] if use_bias[r] else None,
             int(seed[r, 0]),
             int(seed[r, 1]),
             int(positions[r]),
@@ -243,3 +286,101 @@ def sample(
         sampled[r] = tok
         if sampling_decision[r] != 0:
             histogram[s, tok] += 1
+
+
+def sample(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    positions: NDArray[np.int32],
+    sampling_decision: NDArray[np.int32],
+    seed: NDArray[np.uint32],
+    temperature: NDArray[np.float32],
+    top_p: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    min_p: NDArray[np.float32],
+    presence: NDArray[np.float32],
+    frequency: NDArray[np.float32],
+    repetition: NDArray[np.float32],
+    histogram: NDArray[np.int32],
+    grammar_mask: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    sampled: NDArray[np.int32],
+    R: int,
+    V: int,
+    W32: int,
+) -> None:
+    """``sample_biased`` with no logit bias (the sampler op of cores exported before
+    logit bias; same arguments otherwise)."""
+    no_bias = np.zeros((0, V), np.float32)
+    sample_biased(logits, slot, positions, sampling_decision, seed, temperature, top_p,
+                  top_k, min_p, presence, frequency, repetition, histogram, no_bias,
+                  np.zeros(R, np.int32), grammar_mask, use_mask, sampled, R, V, W32)
+
+
+def _row_logprobs(z: NDArray[np.float32], token: int, k: int
+                  ) -> tuple[float, NDArray[np.int64], NDArray[np.float32]]:
+    """log_softmax of one row's f32 logits ``z``: (logprob of ``token``, the ids of the
+    ``k`` largest logits, most likely first with ties to the lower id, their logprobs).
+    The normalizer is computed in float64 (``max + log(sum(exp(z - max)))``)."""
+    z64 = z.astype(np.float64)
+    m = z64.max()
+    with np.errstate(under="ignore"):
+        lse = m + np.log(np.exp(z64 - m).sum())
+    top = _top_k(z, k) if 0 < k < z.size else np.arange(z.size)[:k]
+    order = top[np.argsort(-z[top], kind="stable")]  # ids ascending, so ties keep lower ids
+    return (float(z64[token] - lse), order,
+            (z64[order] - lse).astype(np.float32))
+
+
+def token_logprobs(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    sampled: NDArray[np.int32],
+    logprobs_k: NDArray[np.int32],
+    logprobs: NDArray[np.float32],
+    top_ids: NDArray[np.int32],
+    R: int,
+    V: int,
+    K: int,
+) -> None:
+    """Log probabilities of the raw model distribution: the sampled token and the top-k.
+
+    The distribution is ``log_softmax(logits[r])`` of the unprocessed logits: before logit
+    bias, penalties, grammar mask, temperature and truncation (vLLM's default
+    ``raw_logprobs``), so it describes the model, not the sampler's settings.
+
+    Reference loop::
+
+        for r in range(R):
+            k = logprobs_k[r]
+            if slot[r] < 0 or k < 0:
+                continue                                  # writes nothing for this row
+            lse = log(sum(exp(logits[r])))                # max-shifted
+            logprobs[r, 0] = logits[r, sampled[r]] - lse
+            for j, i in enumerate(the k largest logits[r], largest first, ties: lower i):
+                top_ids[r, j] = i
+                logprobs[r, 1 + j] = logits[r, i] - lse
+
+    Entries past ``k`` are not written.
+
+    Args:
+        logits: ``[R, V]`` f32 (submission rows), not modified.
+        slot: ``[R]`` i32, < 0 for padding.
+        sampled: ``[R]`` i32 sampled ids (``sample_biased``'s output).
+        logprobs_k: ``[R]`` i32, -1 for rows that record no logprobs, else 0..K.
+        logprobs: ``[R, 1 + K]`` f32, written: the sampled token, then the top k.
+        top_ids: ``[R, K]`` i32, written: the top k ids.
+        R: submission rows.
+        V: vocabulary size.
+        K: top alternatives the record holds per row.
+    """
+    for r in range(R):
+        k = int(logprobs_k[r])
+        if int(slot[r]) < 0 or k < 0:
+            continue
+        k = min(k, K)
+        lp, ids, values = _row_logprobs(logits[r, :V].astype(np.float32, copy=False),
+                                        int(sampled[r]), k)
+        logprobs[r, 0] = lp
+        logprobs[r, 1:1 + k] = values
+        top_ids[r, :k] = ids

@@ -1,0 +1,403 @@
+"""Served throughput through HTTP: a load generator for OpenAI-compatible chat completions.
+
+Sends streaming chat requests whose rendered prompts are exactly --input-tokens tokens of
+random text (seeded: random ordinary-vocabulary ids decoded to text, then trimmed until
+the chat-templated prompt tokenizes to the target length with the core's own tokenizer
+and template) and asks for --output-tokens tokens with `ignore_eos` (vLLM's field), at
+each concurrency C (1, 16, 64, 256 by default): C requests are always in flight until
+the level's requests are done (closed loop, `--rounds` x C requests, at least
+--min-requests). Clients are `openai.AsyncOpenAI` streams spread over several processes
+so the client side is not the bottleneck.
+
+Per level (vLLM's benchmark_serving definitions):
+    output tok/s   completion tokens (usage) / wall time of the level
+    requests/s     completed requests / wall time
+    TTFT           send -> first content chunk, p50 / p99 (ms)
+    TPOT           (last chunk - first content chunk) / (completion tokens - 1), p50 / p99
+    ITL            gaps between consecutive content chunks, p50 / p99 (a chunk may carry
+                   several tokens when the server coalesces a backlog: tokens/chunk shown)
+
+Either serve a core (`--core C --trust PUB --accept NS [--backend cuda] [--max-active M]`:
+`helios-serve` as a child process on 127.0.0.1, stopped at the end) or load an already
+running server (`--url URL --core C --trust PUB --accept NS`: the core gives the tokenizer
+and template). When the server rejects `ignore_eos` (HTTP 400 naming it), the run goes on
+without it and records `ignore_eos: false`: outputs may then end early at EOS, and
+the tokens actually generated are what is counted.
+
+Run: `uv run python bench/serve_load.py --core X.core --trust X.pub --accept NS
+      --workload 128/128 1024/1024 --concurrency 1 16 64 256 --json bench/out/serve_load.json`
+-> prints a table per workload and writes JSON. Figures only; never asserted on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+# Idle pooled connections are dropped before uvicorn closes them (timeout_keep_alive 5 s):
+# reusing one the server is closing fails with a ReadError under load.
+KEEPALIVE_S = 2.0
+
+
+# -- prompts ----------------------------------------------------------------------------------
+
+
+class PromptMaker:
+    """Chat prompts whose templated form is exactly `tokens` tokens long (the server's
+    tokenizer and chat template, read from the core)."""
+
+    def __init__(self, bootstrap, seed: int):
+        from helios_tools.frontend_assets import render_chat
+
+        self._render = lambda content: render_chat(
+            bootstrap.chat_template, [{"role": "user", "content": content}],
+            add_generation_prompt=True, **bootstrap.template_variables)
+        self._tok = bootstrap.tokenizer
+        vocab = self._tok.get_vocab()
+        # Ordinary ids only: no special or filler tokens (their text re-tokenizes apart).
+        self._ids = sorted(i for t, i in vocab.items() if not (t.startswith("<") and
+                                                                 t.endswith(">")))
+        self._rng = random.Random(seed)
+        self.overhead = self._count("")
+
+    def _count(self, content: str) -> int:
+        return len(self._tok.encode(self._render(content), add_special_tokens=False).ids)
+
+    def make(self, tokens: int) -> str:
+        """Content of a user message whose rendered prompt has `tokens` tokens.
+
+        Raises:
+            ValueError: no such content found (target shorter than the template).
+        """
+        if tokens <= self.overhead:
+            raise ValueError(f"--input-tokens {tokens} <= the chat template's {self.overhead}")
+        for _ in range(20):
+            ids = [self._rng.choice(self._ids) for _ in range(tokens)]
+            text = self._tok.decode(ids, skip_special_tokens=True)
+            # Re-encoding decoded random ids merges some; trim by ids until it fits.
+            ids = self._tok.encode(text, add_special_tokens=False).ids
+            n = tokens - self.overhead
+            for _ in range(40):
+                content = self._tok.decode(ids[:n], skip_special_tokens=True)
+                got = self._count(content)
+                if got == tokens:
+                    return content
+                n += tokens - got
+                if n <= 0 or n > len(ids):
+                    break
+        raise ValueError(f"could not build a prompt of exactly {tokens} tokens")
+
+
+# -- clients ----------------------------------------------------------------------------------
+
+
+async def _client_main(url: str, model: str, prompts: list[str], concurrency: int,
+                       max_tokens: int, ignore_eos: bool, start_at: float) -> list[dict]:
+    import httpx
+    import openai
+
+    client = openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key="bench", max_retries=0,
+        http_client=httpx.AsyncClient(timeout=3600.0, trust_env=False,
+                                      limits=httpx.Limits(max_connections=concurrency + 4,
+                                                          keepalive_expiry=KEEPALIVE_S)))
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    records: list[dict] = []
+    extra = {"ignore_eos": True} if ignore_eos else None
+
+    async def one(prompt: str) -> dict:
+        rec = {"sent": time.time(), "first": None, "end": None, "gaps": [], "chunks": 0,
+               "completion_tokens": 0, "prompt_tokens": 0, "error": None, "retries": 0}
+        try:
+            for attempt in range(3):
+                try:
+                    stream = await client.chat.completions.create(
+                        model=model, messages=[{"role": "user", "content": prompt}],
+                        max_tokens=max_tokens, temperature=0, stream=True,
+                        stream_options={"include_usage": True}, extra_body=extra)
+                    break
+                except openai.APIConnectionError:  # before any response byte: resend
+                    if attempt == 2:
+                        raise
+                    rec["retries"] += 1
+            last = None
+            async for chunk in stream:
+                now = time.time()
+                if chunk.usage is not None:
+                    rec["completion_tokens"] = chunk.usage.completion_tokens
+                    rec["prompt_tokens"] = chunk.usage.prompt_tokens
+                if chunk.choices and chunk.choices[0].delta.content:
+                    rec["chunks"] += 1
+                    if rec["first"] is None:
+                        rec["first"] = now
+                    else:
+                        rec["gaps"].append(now - last)
+                    last = now
+            rec["end"] = last or time.time()
+        except Exception as exc:  # recorded per request; the level goes on
+            rec["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rec["end"] = time.time()
+        return rec
+
+    async def worker() -> None:
+        while not queue.empty():
+            records.append(await one(queue.get_nowait()))
+
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await client.close()
+    return records
+
+
+def _client_proc(args: tuple, out: mp.Queue) -> None:
+    out.put(asyncio.run(_client_main(*args)))
+
+
+def run_level(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
+              ignore_eos: bool, procs: int) -> dict:
+    """`concurrency` streams in flight over `procs` client processes until `prompts` are
+    done; returns the level's figures."""
+    procs = max(1, min(procs, concurrency))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.time() + 2.0 + 0.3 * procs  # every process started and connected
+    workers = []
+    for k in range(procs):
+        share = concurrency // procs + (k < concurrency % procs)
+        mine = prompts[k::procs]
+        p = ctx.Process(target=_client_proc,
+                        args=((url, model, mine, share, max_tokens, ignore_eos, start_at), out))
+        p.start()
+        workers.append(p)
+    records = [r for _ in workers for r in out.get()]
+    for p in workers:
+        p.join()
+    ok = [r for r in records if r["error"] is None and r["first"] is not None]
+    wall = max(r["end"] for r in records) - start_at
+    tokens = sum(r["completion_tokens"] for r in ok)
+    chunks = sum(r["chunks"] for r in ok)
+
+    def pct(values: list[float], scale: float = 1e3) -> dict:
+        if not values:
+            return {"p50": None, "p99": None, "mean": None}
+        v = np.asarray(values) * scale
+        return {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
+                "mean": float(v.mean())}
+
+    tpot = [(r["end"] - r["first"]) / (r["completion_tokens"] - 1)
+            for r in ok if r["completion_tokens"] > 1]
+    return {
+        "concurrency": concurrency, "requests": len(records), "completed": len(ok),
+        "errors": sorted({r["error"] for r in records if r["error"]})[:5],
+        "wall_s": wall, "output_tokens": tokens, "output_tokens_per_s": tokens / wall,
+        "requests_per_s": len(ok) / wall,
+        "prompt_tokens_mean": float(np.mean([r["prompt_tokens"] for r in ok])) if ok else None,
+        "completion_tokens_min_max": ([min(r["completion_tokens"] for r in ok),
+                                       max(r["completion_tokens"] for r in ok)] if ok else None),
+        "ttft_ms": pct([r["first"] - r["sent"] for r in ok]),
+        "tpot_ms": pct(tpot),
+        "itl_ms": pct([g for r in ok for g in r["gaps"]]),
+        "tokens_per_chunk": tokens / chunks if chunks else None,
+        "connection_retries": sum(r["retries"] for r in records),
+        "client_processes": procs,
+    }
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+def _get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # 127.0.0.1 only
+        return r.read()
+
+
+class Served:
+    """`helios-serve` as a child process (its log in `log_path`)."""
+
+    def __init__(self, args, log_path: Path):
+        argv = [sys.executable, "-c", "import sys; from helios_serve.cli import main; "
+                "sys.argv[0] = 'helios-serve'; main()", str(args.core), "--trust",
+                str(args.trust), "--accept", args.accept, "--host", "127.0.0.1", "--port", "0",
+                "--backend", args.backend]
+        if args.max_active:
+            argv += ["--max-active", str(args.max_active)]
+        argv += ["--queue-capacity", str(max(args.concurrency) + 8)]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_path
+        log = log_path.open("w")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.url = ""
+        deadline = time.monotonic() + args.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"helios-serve exited {self.proc.returncode}: "
+                                 f"{log_path.read_text()[-2000:]}")
+            for line in log_path.read_text().splitlines():
+                if line.startswith("Helios is serving") and " at http://" in line:
+                    self.url = line.split(" at ", 1)[1].split()[0]
+            if self.url:
+                try:
+                    if _get(self.url + "/health"):
+                        self.startup_s = time.perf_counter() - t0
+                        return
+                except (urllib.error.URLError, OSError):
+                    pass
+            time.sleep(0.5)
+        self.stop()
+        raise SystemExit(f"helios-serve not healthy after {args.startup_timeout:.0f} s; "
+                         f"see {log_path}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def probe_ignore_eos(url: str, model: str) -> tuple[bool, str]:
+    """Whether the server accepts `ignore_eos` (one 2-token request)."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 2, "ignore_eos": True}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        _get_req = urllib.request.urlopen(req, timeout=600)
+        _get_req.read()
+        return True, "accepted"
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        if exc.code == 400 and "ignore_eos" in text:
+            return False, f"rejected: {text[:200]}"
+        raise SystemExit(f"probe request failed: HTTP {exc.code} {text[:300]}") from None
+
+
+def metrics_snapshot(url: str) -> dict:
+    """Selected counters of /metrics (preemptions, prefix hits, launches)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict = {}
+    for family in text_string_to_metric_families(_get(url + "/metrics").decode()):
+        if any(k in family.name for k in ("preemption", "graph_launch", "generation_tokens",
+                                           "prompt_tokens", "requests_finished")):
+            for s in family.samples:
+                label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[s.name + (f"{{{label}}}" if label else "")] = s.value
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--core", required=True)
+    ap.add_argument("--trust", required=True)
+    ap.add_argument("--accept", required=True)
+    ap.add_argument("--url", help="an already running server (else one is started)")
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--max-active", type=int)
+    ap.add_argument("--workload", nargs="+", default=["128/128", "1024/1024"],
+                    help="INPUT/OUTPUT token counts")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--rounds", type=int, default=2, help="requests per client slot")
+    ap.add_argument("--min-requests", type=int, default=4)
+    ap.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 4)))
+    ap.add_argument("--no-ignore-eos", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--profile", metavar="DIR",
+                    help="py-spy the served process during each level into DIR/*.folded "
+                         "and print its busiest frames per thread (needs py-spy, ptrace)")
+    ap.add_argument("--json", default=str(REPO / "bench" / "out" / "serve_load.json"))
+    args = ap.parse_args()
+
+    from helios_serve.bootstrap import Bootstrap
+
+    bootstrap = Bootstrap.load(args.core, [args.trust], args.accept)
+    model = bootstrap.contract.served_id
+    prompts = PromptMaker(bootstrap, args.seed)
+    served = None if args.url else Served(args, Path(args.json).with_suffix(".server.log"))
+    url = args.url or served.url
+    result: dict = {"core": str(args.core), "served_id": model, "backend": args.backend,
+                    "max_active": args.max_active, "url_given": bool(args.url),
+                    "server_startup_s": served.startup_s if served else None,
+                    "template_tokens": prompts.overhead, "workloads": []}
+    try:
+        ignore_eos, note = (False, "disabled by --no-ignore-eos") if args.no_ignore_eos \
+            else probe_ignore_eos(url, model)
+        result["ignore_eos"], result["ignore_eos_probe"] = ignore_eos, note
+        for spec in args.workload:
+            n_in, n_out = (int(x) for x in spec.split("/"))
+            print(f"\n{spec} (input/output tokens), ignore_eos {ignore_eos}", flush=True)
+            print(f"{'conc':>5}{'reqs':>6}{'out tok/s':>11}{'req/s':>8}{'TTFT p50':>10}"
+                  f"{'p99':>9}{'TPOT p50':>10}{'p99':>8}{'ITL p50':>9}{'p99':>8}{'tok/chunk':>10}"
+                  "  (ms)", flush=True)
+            levels = []
+            for c in args.concurrency:
+                count = max(args.min_requests, args.rounds * c)
+                batch = [prompts.make(n_in) for _ in range(count)]
+                spy = None
+                if args.profile and served is not None:
+                    from serve_overhead import Profiler  # bench/ is this script's folder
+
+                    Path(args.profile).mkdir(parents=True, exist_ok=True)
+                    spy = Profiler(served.proc.pid,
+                                   Path(args.profile) / f"serve_{n_in}_{n_out}_c{c}.folded")
+                try:
+                    level = run_level(url, model, batch, c, n_out, ignore_eos,
+                                      args.client_procs)
+                finally:
+                    if spy is not None:
+                        level_profile = spy.stop()
+                if spy is not None:
+                    level["profile"] = level_profile
+                level["metrics_after"] = metrics_snapshot(url)
+                levels.append(level)
+                t, p, i = level["ttft_ms"], level["tpot_ms"], level["itl_ms"]
+
+                def f(v, w=9):
+                    return f"{v:>{w}.1f}" if v is not None else f"{'-':>{w}}"
+
+                print(f"{c:>5}{level['completed']:>6}{level['output_tokens_per_s']:>11.1f}"
+                      f"{level['requests_per_s']:>8.2f}{f(t['p50'], 10)}{f(t['p99'])}"
+                      f"{f(p['p50'], 10)}{f(p['p99'], 8)}{f(i['p50'])}{f(i['p99'], 8)}"
+                      f"{f(level['tokens_per_chunk'], 10)}"
+                      + (f"  errors: {level['errors']}" if level["errors"] else ""), flush=True)
+            result["workloads"].append({"input_tokens": n_in, "output_tokens": n_out,
+                                        "levels": levels})
+    finally:
+        if served is not None:
+            served.stop()
+        bootstrap.close()
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    result["commit"] = commit or None
+    result["host"] = {"machine": platform.machine(), "cpus": os.cpu_count(),
+                      "python": platform.python_version(), "loadavg_1m": os.getloadavg()[0]}
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,497 @@
+"""Does the serving path keep up with the device? Served tokens/s over the NativeModel loop.
+
+The device is emulated (helios_serve.testing.paced.PacedBackend): each graph launch takes
+the step time the H200 measured for that variant (bench/results/gpu_final_smollm2.json,
+decode "step_ms" by batch, linear between measured batches; prefill at the 1024-token
+chunk's tokens/s, at least one batch-1 decode step), so what this measures is the host:
+the real NativeModel (graph selection, shared packing) of the real SmolLM2 core, the real
+scheduler, worker, output pipeline (detokenizer) and HTTP server, with every step's
+device time spent in `wait` as on the GPU.
+
+    bare     NativeModel.submit/wait decode loop at batch C, step N + 1 submitted before
+             waiting for step N (the loop bench/gpu_models.py times on the H200):
+             tokens/s = C * steps / wall
+    served   the server (a child process: Bootstrap.load -> NativeModel over the paced
+             device -> Server.run) driven by C streaming `openai` clients, each sending
+             --requests requests back to back (--prompt-tokens prompt of plain text,
+             --max-tokens output, greedy; the paced tokens never hit EOS, so every request
+             ends at its length limit), client c starting c / C of a request's duration
+             after the first so that requests end staggered, not in lockstep:
+             steady tokens/s = completion tokens prorated over each request's decode
+             interval inside the window where every client is mid-stream; overall
+             tokens/s = all completion tokens / wall (ramp-up and -down included);
+             device_busy = emulated device seconds launched / wall (1.0 = never idle);
+             server CPU = the child's user + system CPU seconds / wall
+    ratio    served steady / bare (target >= 0.9 at C = 1, 8, 32; issue 17)
+
+--profile samples the server with py-spy during each measured level and prints, per
+thread, the busiest frames (inclusive and self); the folded stacks stay in bench/out/.
+
+Run: `uv run python bench/serve_overhead.py [--quick] [--json bench/out/serve_overhead.json]`
+(exports bench/out/serve_cpu.core once when absent, or takes --core/--trust/--accept).
+Needs no GPU: on the GPU machine it measures that host's CPU (bench/gpu_device.sh
+serve-smollm2). Figures only; never asserted on. On a shared 2-core host the client
+process competes with the server for CPU: its CPU seconds are recorded beside each level,
+and wall-clock ratios there say more about the other tenants than about the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+OUT = BENCH / "out"
+CORE = OUT / "serve_cpu.core"
+KEY = OUT / "serve_cpu-publisher.key"
+NAMESPACE = "helios.bench/serve"
+RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
+DEVICE_JSON = BENCH / "results" / "gpu_final_smollm2.json"
+TARGET_RATIO = 0.9
+# Idle pooled connections are dropped before uvicorn closes them (timeout_keep_alive 5 s):
+# reusing one the server is closing fails with a ReadError under load.
+KEEPALIVE_S = 2.0
+
+TEXT = (
+    "The printing press changed how knowledge moved through Europe. Before it, books were "
+    "copied by hand, slowly and at great cost, and few people could read them. Within fifty "
+    "years of the first presses, millions of volumes were in circulation, and cities "
+    "competed to attract printers. Scholars could compare the same edition of a text, "
+    "errors stopped multiplying with every copy, and new ideas in science, religion and "
+    "politics reached readers far from where they were written. "
+)
+
+
+# -- the emulated device -------------------------------------------------------------------
+
+
+def device_step_table(path: Path, scale: float) -> dict:
+    """Measured H200 step times: decode ms by batch, prefill tokens/s (JSON of gpu_models)."""
+    d = json.loads(path.read_text())
+    decode = {int(e["batch"]): float(e["step_ms"]) * scale for e in d["decode"]}
+    prefill = float(d["prefill"]["chunk1024"]["tokens_per_s"]) / scale
+    return {"source": str(path.relative_to(REPO)), "scale": scale, "decode_ms": decode,
+            "prefill_tokens_per_s": prefill, "device": d.get("device")}
+
+
+def step_seconds(contract, table: dict):
+    """graph name -> emulated device seconds of one step of that variant."""
+    from helios_contract.schema import contract_pb2 as cpb
+
+    batches = sorted(table["decode_ms"])
+    ms = [table["decode_ms"][b] for b in batches]
+    floor_s = ms[0] / 1e3
+    by_name = {}
+    for g in contract.model.graphs:
+        if g.operation == cpb.OPERATION_DECODE:
+            by_name[g.name] = float(np.interp(g.batch_capacity, batches, ms)) / 1e3
+        else:
+            by_name[g.name] = max(floor_s, g.token_capacity / table["prefill_tokens_per_s"])
+    return by_name.__getitem__, by_name
+
+
+def text_token_ids(tokenizer) -> list[int]:
+    return tokenizer.encode(TEXT * 4, add_special_tokens=False).ids
+
+
+def prompt_text(tokenizer, index: int, tokens: int) -> str:
+    """A user message of `tokens` tokens; `index` leads it (no shared prefix pages)."""
+    ids = tokenizer.encode(f"Request {index}: summarize this. " + TEXT * (1 + tokens // 60),
+                           add_special_tokens=False).ids
+    return tokenizer.decode(ids[:tokens])
+
+
+# -- the server child --------------------------------------------------------------------------
+
+
+def serve_child(args) -> None:
+    """Child process: serve the core over the paced device; answer 'stats' lines on stdin
+    with one JSON line (emulated device seconds, steps) on stdout."""
+    from helios_serve.bootstrap import Bootstrap
+    from helios_serve.clock import ObservationClock
+    from helios_serve.config import ServeOptions, resolve
+    from helios_serve.server import Server
+    from helios_serve.testing.paced import paced_model
+
+    bootstrap = Bootstrap.load(args.core, [args.trust], args.accept)
+    settings = resolve(ServeOptions(port=0, max_active=args.max_active,
+                                    queue_capacity=args.max_active * 4), bootstrap.contract)
+    step_s, _ = step_seconds(bootstrap.contract, device_step_table(DEVICE_JSON, args.scale))
+    clock = ObservationClock()
+    model = paced_model(bootstrap.core, step_s, text_token_ids(bootstrap.tokenizer),
+                        max_concurrency=settings.max_active)
+    server = Server(bootstrap, model, settings, clock)
+    backend = model.backend
+
+    def answer() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stats":
+                print(json.dumps({"device_busy_s": backend.device_busy_s,
+                                  "launches": backend.counters["graph_launches"],
+                                  "queued": backend.queued, "idle_s": backend.idle_s}),
+                      flush=True)
+
+    threading.Thread(target=answer, daemon=True).start()
+    print(f"serving at {server.url}", flush=True)
+    server.run()
+
+
+class Child:
+    """The server child process and its stats channel."""
+
+    def __init__(self, core: Path, trust: Path, accept: str, max_active: int, scale: float):
+        argv = [sys.executable, __file__, "--child", "--core", str(core), "--trust", str(trust),
+                "--accept", accept, "--max-active", str(max_active), "--scale", str(scale)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, bufsize=1)
+        line = self.proc.stdout.readline()
+        if not line.startswith("serving at "):
+            self.proc.kill()
+            raise SystemExit(f"the server child failed to start: {line!r}")
+        self.url = line.split()[-1]
+
+    def stats(self) -> dict:
+        self.proc.stdin.write("stats\n")
+        return json.loads(self.proc.stdout.readline())
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(2)  # SIGINT: the server drains, then exits
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def py_spy() -> str:
+    """The py-spy binary: beside this interpreter, on PATH, or in a `bin/` beside an import
+    path (pip --target installs, as on the GPU machine)."""
+    candidates = [Path(sys.executable).parent / "py-spy"]
+    found = shutil.which("py-spy")
+    if found:
+        candidates.append(Path(found))
+    candidates += [Path(p) / "bin" / "py-spy" for p in sys.path if p]
+    for c in candidates:
+        if c.is_file():
+            return str(c)
+    raise SystemExit("py-spy not found (dev dependency; on the GPU machine: bench/gpu_wheels.txt)")
+
+
+class Profiler:
+    """py-spy sampling the server child (all threads, without pausing it) into a folded-
+    stacks file; `stop` prints the heaviest frames of each thread."""
+
+    def __init__(self, pid: int, path: Path):
+        self.path = path
+        self.proc = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", "1000",
+                                      "--threads", "--format", "raw",
+                                      "-o", str(path)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # attach before the level starts
+
+    def stop(self, top: int = 25) -> dict:
+        """Stop sampling; print and return the per-thread summary ({} when py-spy failed)."""
+        self.proc.send_signal(2)
+        self.proc.wait(30)
+        if not self.path.is_file():
+            print(f"py-spy wrote no profile (exit {self.proc.returncode}; ptrace allowed?)")
+            return {}
+        return summarize_profile(self.path, top)
+
+
+IDLE_LEAVES = ("PacedBackend.wait", "EpollSelector.select", "Condition.wait", "_worker (",
+               "serve_child.<locals>.answer", "Event.wait")
+
+
+def summarize_profile(path: Path, top: int = 20) -> dict:
+    """Per thread: busy samples (leaf not a wait) and the heaviest frames by inclusive and
+    by self samples. Returns the same as a dict (recorded in the JSON)."""
+    threads: dict[str, dict] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        name = frames[0].split(": ", 1)[-1]
+        t = threads.setdefault(name, {"samples": 0, "busy": 0, "incl": {}, "self": {}})
+        n = int(count)
+        t["samples"] += n
+        if any(frames[-1].startswith(w) for w in IDLE_LEAVES):
+            continue
+        t["busy"] += n
+        t["self"][frames[-1]] = t["self"].get(frames[-1], 0) + n
+        for f in set(frames[1:]):
+            t["incl"][f] = t["incl"].get(f, 0) + n
+    out = {}
+    print(f"profile {path} (busy = samples whose leaf is not a wait)")
+    for name, t in sorted(threads.items(), key=lambda kv: -kv[1]["busy"]):
+        if not t["busy"]:
+            continue
+        busy = t["busy"]
+        incl = sorted(t["incl"].items(), key=lambda kv: -kv[1])
+        incl = [(f, n) for f, n in incl if "threading.py" not in f and "asyncio/" not in f][:top]
+        selfs = sorted(t["self"].items(), key=lambda kv: -kv[1])[:top]
+        print(f"  {name}: {busy} busy of {t['samples']} samples")
+        for f, n in incl:
+            print(f"    incl {n / busy:6.1%}  {f}")
+        for f, n in selfs[:10]:
+            print(f"    self {n / busy:6.1%}  {f}")
+        out[name] = {"busy": busy, "samples": t["samples"],
+                     "inclusive": {f: n / busy for f, n in incl},
+                     "self": {f: n / busy for f, n in selfs}}
+    return out
+
+
+# -- measurements -------------------------------------------------------------------------------
+
+
+def bare_loop(core, step_s, token_ids, batch: int, steps: int) -> dict:
+    """NativeModel decode loop over the paced device, one step submitted ahead."""
+    from helios_serve.engine.plan import (
+        PENDING_PLACEHOLDER,
+        RowPlan,
+        SamplingParams,
+        StepKind,
+        StepPlan,
+    )
+    from helios_serve.testing.paced import paced_model
+
+    model = paced_model(core, step_s, token_ids, max_concurrency=batch)
+    pages = model.manifests.max_pages_per_request
+
+    def plan(position: int) -> StepPlan:
+        return StepPlan(StepKind.DECODE, tuple(
+            RowPlan(request_id=s, slot=s, generation=1, tokens=(PENDING_PLACEHOLDER,),
+                    start_position=position, page_ids=tuple(range(s * pages,
+                                                                  s * pages + position // 16 + 1)),
+                    sample=True, sampling=SamplingParams()) for s in range(batch)))
+
+    host_s = []
+    started = time.perf_counter()
+    pending = model.submit(plan(140))
+    for i in range(1, steps):
+        t = time.perf_counter()
+        ahead = model.submit(plan(140 + i))
+        host_s.append(time.perf_counter() - t)
+        model.wait(pending)
+        pending = ahead
+    model.wait(pending)
+    wall = time.perf_counter() - started
+    model.close()
+    return {"batch": batch, "steps": steps, "tokens_per_s": batch * steps / wall,
+            "step_ms": wall / steps * 1e3, "submit_us_median": float(np.median(host_s)) * 1e6}
+
+
+async def served_level(child: Child, model: str, prompts: list[str], concurrency: int,
+                       requests: int, max_tokens: int, request_s: float) -> dict:
+    """C clients, each sending `requests` streaming requests back to back, client c
+    starting c / C of one request's duration (`request_s`) after the first, so requests
+    end at staggered times as in steady serving, not in lockstep. Device and CPU figures
+    cover the same wall-clock window.
+
+    steady tokens/s: the tokens of every request prorated over its decode interval (first
+    content chunk to last chunk) inside [start + request_s, end - request_s], where every
+    client is mid-stream; overall tokens/s: all completion tokens over the whole wall.
+    """
+    import httpx
+    import openai
+
+    client = openai.AsyncOpenAI(
+        base_url=f"{child.url}/v1", api_key="bench", max_retries=0,
+        http_client=httpx.AsyncClient(timeout=600.0, trust_env=False,
+                                      limits=httpx.Limits(max_connections=concurrency + 8,
+                                                          keepalive_expiry=KEEPALIVE_S)))
+    spans: list[tuple[float, float, int, int]] = []  # first chunk, last chunk, tokens, chunks
+
+    retries = 0
+
+    async def one(index: int) -> None:
+        nonlocal retries
+        for attempt in range(3):
+            try:
+                stream = await client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": prompts[index]}],
+                    max_tokens=max_tokens, temperature=0, stream=True,
+                    stream_options={"include_usage": True})
+                break
+            except openai.APIConnectionError:  # before any byte of the response: resend
+                if attempt == 2:
+                    raise
+                retries += 1
+        tokens = n = 0
+        first = last = 0.0
+        async for chunk in stream:
+            n += 1
+            last = time.perf_counter()
+            if chunk.choices and chunk.choices[0].delta.content and not first:
+                first = last
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        spans.append((first or last, last, tokens, n))
+
+    async def client_loop(c: int) -> None:
+        await asyncio.sleep(c * request_s / concurrency)
+        for r in range(requests):
+            await one(c * requests + r)
+
+    before, cpu0, client0 = child.stats(), child.cpu_s(), sum(os.times()[:2])
+    started = time.perf_counter()
+    await asyncio.gather(*(client_loop(c) for c in range(concurrency)))
+    ended = time.perf_counter()
+    after, cpu1, client1 = child.stats(), child.cpu_s(), sum(os.times()[:2])
+    await client.close()
+    wall = ended - started
+    tokens = sum(t for _, _, t, _ in spans)
+    lo, hi = started + request_s, ended - request_s
+    steady = None
+    if hi > lo:
+        inside = sum(t * max(0.0, min(b, hi) - max(a, lo)) / (b - a)
+                     for a, b, t, _ in spans if b > a)
+        steady = inside / (hi - lo)
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "steady_window_s": max(0.0, hi - lo), "steady_tokens_per_s": steady,
+            "sse_chunks_per_request": float(np.mean([n for *_, n in spans])),
+            "connection_retries": retries,
+            "device_busy": (after["device_busy_s"] - before["device_busy_s"]) / wall,
+            "launches": after["launches"] - before["launches"],
+            "queued_launches": after["queued"] - before["queued"],
+            "idle_s_before_graph": {k: v - before["idle_s"].get(k, 0.0)
+                                    for k, v in after["idle_s"].items()},
+            "server_cpu_per_wall": (cpu1 - cpu0) / wall,
+            "server_cpu_us_per_token": (cpu1 - cpu0) / tokens * 1e6,
+            "client_cpu_per_wall": (client1 - client0) / wall}
+
+
+def measure(args, core_path: Path, trust: Path, accept: str) -> dict:
+    from helios_serve.bootstrap import Bootstrap
+
+    bootstrap = Bootstrap.load(core_path, [trust], accept)
+    table = device_step_table(DEVICE_JSON, args.scale)
+    step_s, by_name = step_seconds(bootstrap.contract, table)
+    token_ids = text_token_ids(bootstrap.tokenizer)
+    served_id = bootstrap.contract.served_id
+    levels = []
+    for c in args.concurrency:
+        bare = bare_loop(bootstrap.core, step_s, token_ids, c, args.bare_steps)
+        prompts = [prompt_text(bootstrap.tokenizer, c * 10_000 + i, args.prompt_tokens)
+                   for i in range(c * (args.requests + 1))]
+        child = Child(core_path, trust, accept, c, args.scale)
+        spy = None
+        try:  # one unrecorded round first: every graph the level uses, connections opened
+            asyncio.run(served_level(child, served_id, prompts[:c], c, 1, 8, 0.0))
+            if args.profile:
+                spy = Profiler(child.proc.pid, OUT / f"serve_overhead_c{c}.folded")
+            request_s = args.max_tokens * bare["step_ms"] / 1e3
+            served = asyncio.run(served_level(child, served_id, prompts[c:], c, args.requests,
+                                              args.max_tokens, request_s))
+        except Exception as exc:  # recorded; the other levels still run
+            print(f"C={c:>3}  failed: {type(exc).__name__}: {exc}", flush=True)
+            levels.append({"concurrency": c, "bare": bare,
+                           "error": f"{type(exc).__name__}: {exc}"[:300]})
+            continue
+        finally:
+            if spy is not None:
+                spy.stop()
+            child.stop()
+        steady = served["steady_tokens_per_s"]
+        level = {"concurrency": c, "bare": bare, "served": served,
+                 "ratio": steady / bare["tokens_per_s"] if steady else None,
+                 "overall_ratio": served["tokens_per_s"] / bare["tokens_per_s"]}
+        levels.append(level)
+        shown = f"{level['ratio']:.2f}" if steady else "n/a"
+        print(f"C={c:>3}  bare {bare['tokens_per_s']:>7.0f} tok/s   served steady "
+              f"{steady or 0:>7.0f} overall {served['tokens_per_s']:>7.0f} tok/s   ratio "
+              f"{shown} (overall {level['overall_ratio']:.2f})   device busy "
+              f"{served['device_busy']:.2f}   server CPU {served['server_cpu_per_wall']:.2f} "
+              f"({served['server_cpu_us_per_token']:.0f} us/token)   client CPU "
+              f"{served['client_cpu_per_wall']:.2f}   SSE chunks/request "
+              f"{served['sse_chunks_per_request']:.0f}", flush=True)
+    bootstrap.close()
+    return {"device": table, "step_ms_by_graph": {k: v * 1e3 for k, v in by_name.items()},
+            "levels": levels}
+
+
+def ensure_core() -> tuple[Path, Path]:
+    """bench/out/serve_cpu.core (SmolLM2, the recipe's default weights), exported in this
+    process when absent, with its publisher key."""
+    from helios_ignition.export import export_core
+    from helios_tools.core.signing import generate_key, write_key_pair
+
+    public = KEY.with_name(KEY.name + ".pub")
+    if CORE.is_file() and public.is_file():
+        return CORE, public
+    OUT.mkdir(parents=True, exist_ok=True)
+    if not (KEY.is_file() and public.is_file()):
+        write_key_pair(generate_key(), KEY)
+    partial = CORE.with_suffix(".core.partial")
+    print(f"exporting {CORE} ...", flush=True)
+    export_core(RECIPE, checkpoint="smollm2", key_path=KEY, namespace=NAMESPACE, out=partial)
+    partial.replace(CORE)
+    return CORE, public
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--requests", type=int, default=4, help="requests per client")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--bare-steps", type=int, default=400)
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply the measured device step times (a slower device)")
+    ap.add_argument("--quick", action="store_true", help="1 request per client, 64 tokens")
+    ap.add_argument("--profile", action="store_true",
+                    help="py-spy the server during each level (bench/out/*.folded)")
+    ap.add_argument("--label", default="", help="recorded in the JSON (e.g. before/after)")
+    ap.add_argument("--json", default=str(OUT / "serve_overhead.json"))
+    ap.add_argument("--core", help="a SmolLM2 core to serve (default: bench/out/serve_cpu.core, "
+                    "exported when absent); its kernels are not run")
+    ap.add_argument("--trust", help="its publisher's public key (with --core)")
+    ap.add_argument("--accept", help="its publisher namespace (with --core)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--max-active", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        serve_child(args)
+        return
+    if args.quick:
+        args.requests, args.max_tokens, args.bare_steps = 3, 64, 100
+    if args.core:
+        if not (args.trust and args.accept):
+            raise SystemExit("--core needs --trust and --accept")
+        core, trust, accept = Path(args.core), Path(args.trust), args.accept
+    else:
+        (core, trust), accept = ensure_core(), NAMESPACE
+    load_before = os.getloadavg()[0]
+    figures = measure(args, core, trust, accept)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    result = {"label": args.label, "commit": commit, "quick": args.quick,
+              "requests_per_client": args.requests, "prompt_tokens": args.prompt_tokens,
+              "max_tokens": args.max_tokens, "target_ratio": TARGET_RATIO, **figures,
+              "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                       "python": platform.python_version(),
+                       "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]}}
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

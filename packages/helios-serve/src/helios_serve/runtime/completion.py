@@ -1,0 +1,92 @@
+"""The completion record: what a step copies back to the host, and its host view.
+
+Specification: "Host values and graph state" (completion record layout). Every graph's
+``CompletionLayout`` names the int32 sampled-id buffer and, optionally, the logprobs
+record: f32 ``[rows, 1 + K]`` (the sampled token's logprob under the raw model
+distribution, then the top K alternatives) and i32 ``[rows, K]`` (their ids). A backend
+copies each named buffer's leading ``rows`` rows into the frame's staging after the
+launches; `CompletionReader` turns one frame's staging into a `StepCompletion`, reading
+the logprobs only for steps in which some row asked for them. A SPECULATIVE program's
+record is its lane records instead (manifest SpeculativeCompletion).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from helios_contract.schema import manifest_pb2 as mpb
+from helios_tools.kernels.speculative import RECORD_FIELDS
+
+from ..engine.plan import StepCompletion
+from .errors import RuntimeLoadError
+
+
+def completion_buffers(layout: mpb.CompletionLayout) -> tuple[str, ...]:
+    """The buffers a step's completion record copies back: sampled ids, then the optional
+    logprobs and top-id buffers."""
+    names = (layout.buffer, layout.logprobs_buffer, layout.top_ids_buffer)
+    return tuple(n for n in names if n)
+
+
+class CompletionReader:
+    """Reads one execution frame's completion record.
+
+    Args:
+        programs: every graph program of the manifest. The prefill and decode programs
+            must agree on the sampled-id buffer and the logprobs record; a SPECULATIVE
+            program's record is its int32 ``[rows, RECORD_FIELDS + W]`` lane records.
+        staging: per execution frame, buffer name -> host array (the backend's staging).
+
+    Raises:
+        RuntimeLoadError: sampling graphs disagree on the completion buffers, a logprobs
+            record lacks its id buffer (or the reverse), or its buffers do not hold
+            ``[rows, 1 + K]`` f32 / ``[rows, K]`` i32.
+    """
+
+    def __init__(self, programs: Sequence[mpb.GraphProgram],
+                 staging: Sequence[Mapping[str, np.ndarray]]):
+        self._staging = staging
+        # Speculative programs: graph -> (record buffer, columns per lane).
+        self._records = {g.name: (g.completion.buffer,
+                                  RECORD_FIELDS + g.completion.speculative.token_width)
+                         for g in programs if g.completion.HasField("speculative")}
+        layouts = {(g.completion.buffer, g.completion.logprobs_buffer,
+                    g.completion.top_ids_buffer, g.completion.top_logprobs)
+                   for g in programs if g.name not in self._records}
+        if len(layouts) != 1:
+            raise RuntimeLoadError(f"graphs disagree on the completion record: {layouts}")
+        sampled, logprobs, top_ids, width = layouts.pop()
+        if bool(logprobs) != bool(top_ids):
+            raise RuntimeLoadError("the completion record names logprobs_buffer and "
+                                   "top_ids_buffer together or neither")
+        self._sampled = [frame[sampled] for frame in staging]
+        self.top_logprobs: int | None = None  # None: the record holds no logprobs
+        self._logprobs: list[np.ndarray] = []
+        self._top_ids: list[np.ndarray] = []
+        if logprobs:
+            self._logprobs = [frame[logprobs] for frame in staging]
+            self._top_ids = [frame[top_ids] for frame in staging]
+            lp, ids = self._logprobs[0], self._top_ids[0]
+            if (lp.dtype != np.float32 or ids.dtype != np.int32 or lp.ndim != 2
+                    or ids.ndim != 2 or lp.shape[1] != width + 1 or ids.shape[1] != width):
+                raise RuntimeLoadError(
+                    f"completion logprobs record: {logprobs} {lp.dtype}{list(lp.shape)} and "
+                    f"{top_ids} {ids.dtype}{list(ids.shape)} do not hold f32 [rows, "
+                    f"{width + 1}] and i32 [rows, {width}]")
+            self.top_logprobs = int(width)
+
+    def read(self, graph: str, frame: int, rows: int, logprobs: bool) -> StepCompletion:
+        """`graph`'s record in `frame` for its `rows` live rows (copies): sampled ids (the
+        logprobs too when `logprobs`, i.e. some row asked, and the record holds them), or
+        a speculative program's lane records as `sampled`."""
+        record = self._records.get(graph)
+        if record is not None:  # one contiguous [rows, columns] block at the buffer's start
+            buffer, columns = record
+            done = self._staging[frame][buffer]
+            return StepCompletion(done.reshape(-1)[:rows * columns].reshape(rows, columns).copy())
+        sampled = self._sampled[frame][:rows].copy()
+        if not logprobs or self.top_logprobs is None:
+            return StepCompletion(sampled)
+        return StepCompletion(sampled, self._logprobs[frame][:rows].copy(),
+                              self._top_ids[frame][:rows].copy())

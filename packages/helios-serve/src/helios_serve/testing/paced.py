@@ -1,0 +1,117 @@
+"""PacedBackend: a device emulated by time, for measuring the host side of serving.
+
+It implements the execution-backend interface NativeModel drives (`frames`,
+`staging`, `launch`, `wait`, `close`, `counters`), so a NativeModel built over it runs
+the real graph selection and shared packing of a real core; only the device is
+replaced. Each launch occupies the emulated device for the step time of its graph
+variant, queued behind the previous launch as on one CUDA stream; `wait(frame)` sleeps
+(releasing the GIL, as `cuEventSynchronize` does) until that frame's step would end.
+The completion record gets plausible token ids: row i of step n samples
+`token_ids[(n + 31 * i) % len(token_ids)]`, so each row walks through real text tokens
+(the bench passes the ids of an English paragraph, none of them EOS or special).
+
+Benchmarks only (bench/serve_overhead.py): nothing here checks the plan against a
+model, and weights, cache planes and scratch buffers are not allocated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+from helios_contract.schema import contract_pb2 as cpb
+from helios_contract.schema import manifest_pb2 as mpb
+
+from helios_serve.runtime.cpu_backend import COMPUTE_DTYPE
+from helios_serve.runtime.native_model import CoreLike, NativeModel, _geometry
+
+
+class PacedBackend:
+    """Staging buffers of a manifest and a device that takes `step_s(graph)` per launch.
+
+    Args:
+        contract: the serving contract (binding destinations).
+        manifest: the execution manifest (buffer declarations, completion buffer).
+        step_s: graph variant name -> device seconds of one step.
+        token_ids: ids the completion record cycles through (non-empty).
+        frames: execution frames (2, as the cuda backend).
+
+    Raises:
+        ValueError: empty token_ids.
+    """
+
+    name = "paced"
+
+    def __init__(self, contract: cpb.ServingContract, manifest: mpb.ExecutionManifest,
+                 step_s: Callable[[str], float], token_ids: Sequence[int], *, frames: int = 2):
+        if not token_ids:
+            raise ValueError("token_ids must not be empty")
+        self.frames = frames
+        self.counters: Counter[str] = Counter()
+        self._step_s = {g.name: float(step_s(g.name)) for g in manifest.graphs}
+        self._completion = {g.name: g.completion.buffer for g in manifest.graphs}
+        needed = {b.destination for g in contract.model.graphs for b in g.bindings}
+        needed |= set(self._completion.values())
+        decls = {b.name: b for b in manifest.buffers if b.name in needed
+                 or b.role == mpb.BUFFER_ROLE_OUTPUT}  # completion records (logprobs too)
+        per_frame = {n for n, b in decls.items()
+                     if b.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)}
+        shared = {n: _zeros(b) for n, b in decls.items() if n not in per_frame}
+        self._staging = [{**shared, **{n: _zeros(decls[n]) for n in per_frame}}
+                         for _ in range(frames)]
+        # Completion records by step (mod len(token_ids)): row i of step n samples
+        # token_ids[(n + 31 i) % len] (precomputed: launch costs one row copy).
+        ids = np.asarray(token_ids, dtype=np.int64)
+        width = max(self._staging[0][b].size for b in set(self._completion.values()))
+        self._records = ids[(np.arange(len(ids))[:, None] + 31 * np.arange(width)) % len(ids)]
+        self._ready_s = [0.0] * frames  # perf_counter time each frame's step ends
+        self._busy_until_s = 0.0  # the emulated stream's tail
+        self._steps = 0
+        self.device_busy_s = 0.0  # sum of step times launched
+        self.idle_s: dict[str, float] = {}  # device idle time before launches, by graph
+        self.queued = 0  # launches queued behind a running step (no idle gap)
+
+    def staging(self, frame: int) -> Mapping[str, np.ndarray]:
+        return self._staging[frame]
+
+    def launch(self, graph: str, frame: int, dirty=()) -> None:
+        """Queue one step of `graph` on the emulated stream; fill `frame`'s completion."""
+        now = time.perf_counter()
+        duration = self._step_s[graph]
+        start = max(now, self._busy_until_s)
+        gap = max(0.0, now - self._busy_until_s) if self._steps else 0.0
+        self.idle_s[graph] = self.idle_s.get(graph, 0.0) + gap
+        self.queued += gap == 0.0
+        self._busy_until_s = self._ready_s[frame] = start + duration
+        self.device_busy_s += duration
+        record = self._staging[frame][self._completion[graph]].reshape(-1)
+        record[:] = self._records[self._steps % len(self._records), :len(record)]
+        self._steps += 1
+        self.counters["graph_launches"] += 1
+
+    def wait(self, frame: int) -> None:
+        """Sleep until `frame`'s step ends on the emulated device."""
+        left = self._ready_s[frame] - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+
+    def write_state(self, name: str, byte_offset: int, values: np.ndarray) -> None:
+        """Host restoration of persistent state: ignored (no model state is emulated)."""
+
+    def close(self) -> None:
+        pass
+
+
+def _zeros(decl: mpb.Buffer) -> np.ndarray:
+    return np.zeros([int(s) for s in decl.shape], COMPUTE_DTYPE[decl.dtype])
+
+
+def paced_model(core: CoreLike, step_s: Callable[[str], float], token_ids: Sequence[int], *,
+                max_concurrency: int | None = None) -> NativeModel:
+    """A NativeModel of `core` (real graph selection and packing) over a PacedBackend."""
+    contract, manifest = core.contract, core.manifest
+    backend = PacedBackend(contract, manifest, step_s, token_ids)
+    geometry = _geometry(contract, manifest, int(contract.prepared_pages), max_concurrency)
+    return NativeModel(contract, manifest, backend, geometry)

@@ -1,0 +1,27 @@
+"""recipes/llama_serving_bench.py: capacities for served-throughput benchmarks, KV pages
+sized from the checkpoint's geometry (256 requests of 2,048 tokens, capped at 112 GiB of
+float32 cache planes)."""
+
+from __future__ import annotations
+
+from helios_ignition.checkpoint import random_checkpoint
+from helios_ignition.export import resolve_recipe
+
+RECIPE = "recipes/llama_serving_bench.py"
+
+
+def test_llama_8b_geometry_fills_the_kv_budget():
+    recipe = resolve_recipe(RECIPE, random_checkpoint("llama-3.1-8b", 0))
+    caps = recipe.capacities
+    assert recipe.name == "llama-3.1-8b-serving-bench"
+    assert caps.decode_batch == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    assert caps.prefill_tokens == (16, 128, 1024) and caps.context_tokens == 4096
+    # 32 layers x 2 planes x 8 kv heads x 128 x 4 bytes x 16 tokens = 4 MiB per page.
+    assert caps.prepared_pages == 112 * 2**30 // (4 * 2**20) == 28672
+    assert recipe.serving.max_active == 256
+
+
+def test_smollm2_geometry_gets_every_page_256_requests_need():
+    recipe = resolve_recipe(RECIPE, random_checkpoint("smollm2-135m", 0))
+    assert recipe.name == "smollm2-135m-serving-bench"
+    assert recipe.capacities.prepared_pages == 256 * 2048 // 16

@@ -1,0 +1,117 @@
+"""The physical KV cache is sized after loading and replaces the prepared count everywhere:
+admission, /metrics helios_cache_pages_capacity and the startup log."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from helios_serve.config import parse_bytes
+from helios_serve.runtime import cache_sizing
+from helios_serve.runtime.cache_sizing import CacheSizing, CacheSizingError
+
+from tests.tiny_model import NAMESPACE, SERVED_ID, ServeProcess, prompt_ids, serve_error_line
+
+SERVE = str(Path(sys.executable).parent / "helios-serve")
+# The tiny model: 2 layers x (K, V) planes x 16 tokens x 2 kv heads x head dim 8 x 4 bytes.
+PAGE_BYTES = 2 * 2 * 16 * 2 * 8 * 4
+PAGE_TOKENS = 16
+
+
+def test_one_way_to_size_the_cache():
+    for kwargs, names in (({"num_pages": 8, "memory_bytes": 10}, "--num-pages and "
+                           "--kv-cache-memory"),
+                          ({"memory_bytes": 10, "fraction": 0.5}, "--kv-cache-memory and "
+                           "--kv-cache-fraction")):
+        with pytest.raises(CacheSizingError) as info:
+            CacheSizing(**kwargs)
+        assert str(info.value) == f"{names} are exclusive: choose one way to size the KV cache"
+    for kwargs, why in (({"num_pages": 0}, "--num-pages must be at least 1, got 0"),
+                        ({"memory_bytes": 0}, "--kv-cache-memory must be positive, got 0"),
+                        ({"fraction": 1.5}, "--kv-cache-fraction must be in (0, 1], got 1.5"),
+                        ({"fraction": 0.0}, "--kv-cache-fraction must be in (0, 1], got 0.0")):
+        with pytest.raises(CacheSizingError, match=re.escape(why)):
+            CacheSizing(**kwargs)
+
+
+def test_each_way_chooses_its_page_count(monkeypatch):
+    def choose(sizing, backend="cpu", free=None):
+        return sizing.choose(backend=backend, page_bytes=1000, prepared_pages=32,
+                             free_bytes=free)
+
+    assert choose(CacheSizing()).num_pages == 32  # cpu default: the prepared count
+    assert choose(CacheSizing(num_pages=7)).num_pages == 7
+    assert choose(CacheSizing(memory_bytes=10_999)).num_pages == 10
+    assert choose(CacheSizing(), "cuda", free=100_000).num_pages == 90  # 0.9 of free
+    assert choose(CacheSizing(fraction=0.25), "cuda", free=100_000).num_pages == 25
+    monkeypatch.setattr(cache_sizing, "host_available_bytes", lambda: 40_000)
+    choice = choose(CacheSizing(fraction=0.5))
+    assert (choice.num_pages, choice.prepared_pages, choice.nbytes) == (20, 32, 20_000)
+    assert choice.describe() == ("20 pages (prepared 32), 0.0 MiB (--kv-cache-fraction 0.5 of "
+                                 "0.0 MiB of available host memory)")
+    with pytest.raises(CacheSizingError) as info:
+        choose(CacheSizing(memory_bytes=999))
+    assert str(info.value) == ("the KV cache budget (--kv-cache-memory 999: 0.0 MiB) holds no "
+                               "page; one page of every cache plane needs 0.0 MiB")
+
+
+def test_byte_counts():
+    assert parse_bytes("20480") == 20480
+    assert parse_bytes("20KiB") == parse_bytes("20k") == 20 * 1024
+    assert parse_bytes("1.5GiB") == 3 * 2**29 and parse_bytes("2GB") == 2 * 10**9
+    for bad in ("", "abc", "12XB", "-5", "0"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
+
+
+def _serve(core, *options) -> ServeProcess:
+    return ServeProcess(core.path, "--trust", core.public_key, "--accept", NAMESPACE, *options)
+
+
+def _chat(url: str, max_tokens: int) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", timeout=60, json={
+        "model": SERVED_ID, "max_tokens": max_tokens, "temperature": 0,
+        "messages": [{"role": "user", "content": "Hello"}]})
+
+
+@pytest.mark.parametrize(("option", "pages"), [(("--num-pages", "8"), 8),
+                                               (("--kv-cache-memory", "20KiB"), 5)])
+def test_admission_the_gauge_and_the_log_follow_the_chosen_count(tiny_served, option, pages):
+    prompt = len(prompt_ids("Hello"))
+    fits = pages * PAGE_TOKENS - prompt  # the largest output limit the cache holds
+    with _serve(tiny_served.core, *option) as served:
+        metrics = httpx.get(served.url + "/metrics", timeout=30).text
+        assert f"\nhelios_cache_pages_capacity {float(pages)}\n" in metrics
+        assert _chat(served.url, fits).status_code == 200
+        over = _chat(served.url, fits + 1)
+        assert over.status_code == 503, over.text
+        assert over.json()["error"]["message"] == (
+            f"{prompt + fits + 1} tokens need {pages + 1} pages; the cache has {pages}")
+    how = "--num-pages" if option[0] == "--num-pages" else "--kv-cache-memory 20480"
+    line = next(x for x in served.stderr_lines if x.startswith("helios-serve: cache sizing"))
+    mib = f"{pages * PAGE_BYTES / 2**20:.1f} MiB"
+    assert line.endswith(f" s  {pages} pages (prepared 2048), {mib} ({how})"), line
+
+
+def _fails(*args) -> str:
+    proc = subprocess.run([SERVE, *map(str, args)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    return serve_error_line(proc.stderr)
+
+
+def test_conflicting_or_impossible_sizes_are_one_line(tiny_served, tmp_path):
+    core = tiny_served.core
+    trust = ("--trust", core.public_key, "--accept", NAMESPACE, "--port", "0")
+    assert _fails(tmp_path / "absent.core", *trust, "--num-pages", "8", "--kv-cache-fraction",
+                  "0.5") == ("helios-serve: error: --num-pages and --kv-cache-fraction are "
+                             "exclusive: choose one way to size the KV cache")
+    assert _fails(core.path, *trust, "--kv-cache-memory", "lots") == (
+        "helios-serve: error: --kv-cache-memory: 'lots' is not a byte count (an integer, "
+        "optionally with K, M, G, T, KiB..TiB or KB..TB)")
+    assert _fails(core.path, *trust, "--kv-cache-memory", "4000") == (
+        "helios-serve: error: the KV cache budget (--kv-cache-memory 4000: 0.0 MiB) holds no "
+        "page; one page of every cache plane needs 0.0 MiB")
