@@ -10,7 +10,7 @@ import numpy as np
 from helios_serve.clock import ObservationClock
 from helios_serve.engine.plan import SamplingParams, TokenLogprob
 from helios_serve.events import EventSink, Finished, GenerationRequest, Output
-from helios_serve.frontend.prepare import OutputRecipe, PreparedRequest
+from helios_serve.frontend.prepare import OutputRecipe, PipelineArgs, PreparedRequest
 from helios_serve.frontend.stops import StopSpec
 from helios_serve.metrics import Metrics
 from helios_serve.testing.scripted import ScriptBook, ScriptedModel, tiny_geometry
@@ -48,7 +48,7 @@ def _run(tok, sampling: SamplingParams, *, max_tokens: int = 16, **geometry):
         prepared = PreparedRequest(
             prompt_text="", prompt_token_ids=prompt, sampling=sampling,
             max_output_tokens=max_tokens, limit_field=None, prompt_field="prompt",
-            stops=StopSpec(), output=OutputRecipe(bootstrap.frontend, {"prompt_ids": prompt}, None))
+            stops=StopSpec(), output=OutputRecipe(bootstrap.frontend, PipelineArgs(prompt, StopSpec()), None))
         request = GenerationRequest.build(1, prepared, sink, enqueue_ns=None)
         assert worker.submit(request)
         events = []

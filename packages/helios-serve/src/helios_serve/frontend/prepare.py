@@ -134,17 +134,47 @@ class ChoiceOutput:
     grammar: GrammarState | None
 
 
+JsonObject = Mapping[str, object]  # a decoded JSON object (an OpenAI tool, tool_choice)
+
+
+@dataclass(frozen=True)
+class PipelineArgs:
+    """The request's part of an output pipeline (`Frontend.output_pipeline`'s arguments)."""
+
+    prompt_ids: tuple[int, ...]
+    stops: StopSpec
+    prompt_text: str = ""
+    tools: tuple[JsonObject, ...] | None = None
+    tool_choice: str | JsonObject = "auto"
+    parallel_tool_calls: bool = True
+    structured_answer: bool = False
+    ignore_eos: bool = False
+    plain_text: bool = False
+
+    def build(self, frontend: Frontend) -> OutputPipeline:
+        """A fresh pipeline. Raises FrontendRequestError for bad tools or tool_choice."""
+        choice = dict(self.tool_choice) if isinstance(self.tool_choice, Mapping) \
+            else self.tool_choice
+        return frontend.output_pipeline(
+            prompt_text=self.prompt_text, prompt_ids=self.prompt_ids,
+            tools=[dict(t) for t in self.tools] if self.tools else None, tool_choice=choice,
+            parallel_tool_calls=self.parallel_tool_calls, stops=self.stops,
+            structured_answer=self.structured_answer, ignore_eos=self.ignore_eos,
+            plain_text=self.plain_text,
+        )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class OutputRecipe:
     """How to build a fresh output pipeline and grammar state for each choice."""
 
     frontend: Frontend
-    pipeline_args: Mapping[str, Any]
+    pipeline: PipelineArgs
     grammar: GrammarState | None  # a never-advanced prototype; each choice gets a copy
 
     def new_choice(self) -> ChoiceOutput:
         grammar = self.grammar.fork() if self.grammar is not None else None
-        return ChoiceOutput(self.frontend.output_pipeline(**self.pipeline_args), grammar)
+        return ChoiceOutput(self.pipeline.build(self.frontend), grammar)
 
 
 @dataclass(frozen=True)
@@ -251,12 +281,13 @@ class Preparer:
         stops = self._stops(g, structured)
         tool_choice = dict(request.tool_choice) if isinstance(request.tool_choice, Mapping) \
             else request.tool_choice
-        pipeline_args = dict(
-            prompt_text=prompt_text, prompt_ids=prompt_ids, tools=tools, tool_choice=tool_choice,
+        pipeline = PipelineArgs(
+            prompt_text=prompt_text, prompt_ids=prompt_ids,
+            tools=tuple(tools) if tools else None, tool_choice=tool_choice,
             parallel_tool_calls=request.parallel_tool_calls, stops=stops,
             structured_answer=fmt in ("json_object", "json_schema"), ignore_eos=g.ignore_eos,
         )  # fmt: skip
-        self.frontend.output_pipeline(**pipeline_args)  # validates tools and tool_choice
+        pipeline.build(self.frontend)  # validates tools and tool_choice
         grammar = self.grammars.for_request(
             response_format=dict(request.response_format) if request.response_format else None,
             tools=tools,
@@ -265,7 +296,7 @@ class Preparer:
             prompt_text=prompt_text,
         )
         return self._finish(prompt_text, prompt_ids, "messages", g, stops,
-                            OutputRecipe(self.frontend, pipeline_args, grammar))  # fmt: skip
+                            OutputRecipe(self.frontend, pipeline, grammar))  # fmt: skip
 
     def completion(self, request: CompletionInput) -> PreparedRequest:
         """Prepare a legacy completion (no chat template).
@@ -289,10 +320,10 @@ class Preparer:
         if not prompt_ids:
             raise FrontendRequestError("prompt", "the prompt has no tokens")
         stops = self._stops(g, structured=False)
-        pipeline_args = dict(prompt_text="", prompt_ids=prompt_ids, stops=stops,
-                             ignore_eos=g.ignore_eos, plain_text=True)  # fmt: skip
+        pipeline = PipelineArgs(prompt_ids=prompt_ids, stops=stops, ignore_eos=g.ignore_eos,
+                                plain_text=True)  # fmt: skip
         return self._finish(prompt_text, prompt_ids, "prompt", g, stops,
-                            OutputRecipe(self.frontend, pipeline_args, None))  # fmt: skip
+                            OutputRecipe(self.frontend, pipeline, None))  # fmt: skip
 
     def encode_chat(self, request: ChatInput) -> tuple[str, tuple[int, ...]]:
         """The rendered prompt and its ids (POST /tokenize with messages)."""
