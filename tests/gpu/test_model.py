@@ -40,8 +40,8 @@ def test_load_counters_and_target(models):
     cuda, _ = models
     c = cuda.backend.counters
     assert cuda.frames == 2 and cuda.device_pending
-    assert c["graph_captures"] == 2 * len(cuda.manifest.graphs)  # one per variant and frame
-    assert c["module_loads"] == len(cuda.manifest.kernels)
+    assert c["graph_captures"] == 2 * len(cuda.prepared.manifest.graphs)  # one per variant and frame
+    assert c["module_loads"] == len(cuda.prepared.manifest.kernels)
 
 
 def test_greedy_matches_cpu_backend(models):

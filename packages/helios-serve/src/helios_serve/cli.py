@@ -173,7 +173,8 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         except RuntimeLoadError as exc:
             raise StartupError(" ".join(str(exc).split()), exc.rule) from None
         except CoreError as exc:  # a weight or kernel resource failing its digests
-            raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}") from None
+            raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}",
+                               "resource.integrity") from None
         try:
             with log.phase("listen") as phase:
                 server = Server(bootstrap, model, settings, clock, listener)

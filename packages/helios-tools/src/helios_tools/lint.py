@@ -42,11 +42,17 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.capabilities import BACKENDS
 from helios_tools.core.errors import CoreError
 from helios_tools.core.reader import Core, authorize
-from helios_tools.frontend_assets import load_tokenizer
+from helios_tools.frontend_assets import (
+    ChatTemplateCompileError,
+    ChatTemplateError,
+    ChatTemplateLimitError,
+    load_tokenizer,
+    render_chat,
+)
 from helios_tools.token_rules import token_findings
 
-__all__ = ["Finding", "lint_capabilities", "lint_contract", "lint_core", "resource_findings",
-           "tokenizer_findings"]
+__all__ = ["Finding", "chat_template_findings", "lint_capabilities", "lint_contract",
+           "lint_core", "resource_findings", "tokenizer_findings"]
 
 F = Finding.of
 # Bootstrap loads exactly one of each from the core.
@@ -94,6 +100,7 @@ def lint_core(core: Core, *, acceptance: str | None = None,
     findings += lint_capabilities(core.contract, core.manifest, backends)
     findings += resource_findings(core.contract, core.manifest, core.resources.values())
     findings += tokenizer_findings(core)
+    findings += _template_findings(core)
     declared = set(core.manifest.targets)
     for target in require_targets:
         if target not in declared:
@@ -218,5 +225,38 @@ def tokenizer_findings(core: Core) -> list[Finding]:
         return []
     except (UnicodeDecodeError, ValueError) as e:
         return [F("frontend.tokenizer", ResourceReferenceError, path, type(e).__name__,
-                  f"the tokenizer resource does not load: {e}")]
+                  f"the tokenizer resource does not load: {' '.join(str(e).split())}")]
     return list(token_findings(core.contract.model.frontend, tokenizer))
+
+
+def chat_template_findings(template: str, path: str = "resources[chat template]"
+                           ) -> Iterator[Finding]:
+    """The chat template compiles, loads no other template and renders the smallest
+    conversation within its limits (``Bootstrap.from_parts`` raises the first finding).
+
+    A template that refuses that conversation through ``raise_exception`` is valid: it may
+    refuse some conversations.
+    """
+    try:
+        render_chat(template, [{"role": "user", "content": "ping"}])
+    except (ChatTemplateCompileError, ChatTemplateLimitError) as e:
+        yield F("frontend.chat_template", ResourceReferenceError, path, type(e).__name__,
+                " ".join(str(e).split()))
+    except ChatTemplateError:
+        pass
+
+
+def _template_findings(core: Core) -> list[Finding]:
+    ids = [rid for rid, res in core.resources.items()
+           if res.kind == core_pb2.RESOURCE_KIND_CHAT_TEMPLATE]
+    if len(ids) != 1:
+        return []  # resource.frontend_assets
+    path = f"resources[{ids[0]!r}]"
+    try:
+        text = bytes(core.read_resource(ids[0])).decode("utf-8")
+    except CoreError:
+        return []  # resource.integrity
+    except UnicodeDecodeError as e:
+        return [F("frontend.chat_template", ResourceReferenceError, path, type(e).__name__,
+                  "the chat template resource is not UTF-8 text")]
+    return list(chat_template_findings(text, path))
