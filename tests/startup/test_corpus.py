@@ -131,12 +131,6 @@ def recipient_frames(serving, manifest):
         message_end_markers=["<|end|>", "<|eom|>"], assistant_header="<|start|>assistant"))
 
 
-def second_completion_buffer(serving, manifest):
-    manifest.buffers.add(name="out.sampled2", dtype=m.D_TYPE_I32, shape=[64],
-                         role=m.BUFFER_ROLE_OUTPUT)
-    program(manifest, "decode_b2").completion.buffer = "out.sampled2"
-
-
 def no_prefill(serving, manifest):
     for name in ("prefill_t16", "prefill_t128"):
         drop_program(name)(serving, manifest)
@@ -166,12 +160,12 @@ CASES: dict[str, Case] = {
     "no prefill graph": Case("runtime.required_operation", no_prefill),
     "output limit binding": Case("runtime.binding", bind_output_limit),
     "sliding window history": Case(
-        "runtime.history_regions",
+        "runtime.history_kind",
         lambda s, mf: s.model.cache.regions.add(name="local", window_tokens=64,
                                                 kind=c.HISTORY_KIND_SLIDING_WINDOW)),
-    "paged latent history": Case(
+    "recurrent history": Case(
         "runtime.history_kind",
-        lambda s, mf: setattr(s.model.cache.regions[0], "kind", c.HISTORY_KIND_PAGED_LATENT)),
+        lambda s, mf: s.model.cache.regions.add(name="ssm", kind=c.HISTORY_KIND_RECURRENT)),
     "compressed history": Case(
         "runtime.tokens_per_record",
         lambda s, mf: setattr(s.model.cache.regions[0], "tokens_per_record", 2)),
@@ -190,7 +184,6 @@ CASES: dict[str, Case] = {
                                                     shape=[4], role=m.BUFFER_ROLE_SCRATCH)),
     "unknown reference op": Case(
         "runtime.reference_op", lambda s, mf: setattr(mf.kernels[0], "reference_op", "magic")),
-    "two completion buffers": Case("runtime.completion_buffer", second_completion_buffer),
     # what needs the tokenizer and the core's resources
     "split recipient frame control": Case("frontend.token_bound", recipient_frames),
     "chat template including another": Case(

@@ -108,3 +108,18 @@ def test_every_frontend_selector_has_an_implementation():
         ToolParser.UNSPECIFIED}
     assert set(REASONING_PARSERS) == {ReasoningParser(v) for v in fpb.ReasoningParser.values()
                                       } - {ReasoningParser.UNSPECIFIED}
+
+
+def test_speculative_programs_need_a_width_one_program():
+    from helios_ignition.testing import tiny_core
+    from helios_serve.runtime import UnsupportedContract
+    from helios_serve.testing.native import load_native
+
+    load_native(tiny_core(1, speculative_widths=(1, 2)), "cpu").close()
+    with pytest.raises(UnsupportedContract) as info:
+        load_native(tiny_core(1, speculative_widths=(2,)), "cpu")
+    assert info.value.rule == "runtime.speculative_width_one"
+    assert str(info.value) == (
+        "unsupported contract: runtime.speculative_width_one: speculative_widths = [2]: "
+        "needed by the cpu backend: a width-one SPECULATIVE program for lanes that cannot "
+        "speculate")

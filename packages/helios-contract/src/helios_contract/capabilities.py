@@ -162,9 +162,8 @@ def _speculative(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Find
             break
 
 
-def _pending_and_completion(serving: pb.ServingContract, manifest: mpb.ExecutionManifest,
-                            caps: RuntimeCapabilities) -> Findings:
-    """The runtime reads one pending-token view and one completion buffer for every step."""
+def _pending_token(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:
+    """The runtime feeds (and restores) one pending-token view for every decode step."""
     decode = [(i, g) for i, g in enumerate(serving.model.graphs)
               if g.operation == pb.OPERATION_DECODE]
     views = {g.pending_token.SerializeToString(deterministic=True) for _, g in decode}
@@ -175,12 +174,6 @@ def _pending_and_completion(serving: pb.ServingContract, manifest: mpb.Execution
                          f"not executed by {backend_phrase(caps.backend)}: decode graphs that "
                          "disagree on the pending token's owner or view (it feeds every decode "
                          "graph the same way)")
-    completion = {g.completion.buffer for g in manifest.graphs}
-    if len(completion) > 1:
-        yield Finding.of("runtime.completion_buffer", UnsupportedFeatureError,
-                         "manifest.graphs", sorted(completion),
-                         f"not executed by {backend_phrase(caps.backend)}: serving graphs with "
-                         "different completion buffers (it reads one for every step)")
 
 
 def _cache(serving: pb.ServingContract, manifest: mpb.ExecutionManifest,
@@ -255,7 +248,7 @@ def capability_findings(serving: pb.ServingContract, manifest: mpb.ExecutionMani
     """
     yield from _graphs(serving, caps)
     yield from _speculative(serving, caps)
-    yield from _pending_and_completion(serving, manifest, caps)
+    yield from _pending_token(serving, caps)
     yield from _cache(serving, manifest, caps)
     yield from _manifest(manifest, caps)
     yield from _frontend(serving, caps)
