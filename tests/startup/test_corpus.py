@@ -81,19 +81,13 @@ def bind_output_limit(serving, manifest):
                                              indexing=c.INDEXING_SUBMISSION_ROW)
 
 
-def add_tuning(serving, manifest):
+def tuned_without_producer(serving, manifest):
+    """A tuned binding whose producer the manifest's tuning catalog lacks."""
     manifest.buffers.add(name="tuned.splits", dtype=m.D_TYPE_I32, shape=[1],
                          role=m.BUFFER_ROLE_TUNED)
-    manifest.tuning.producers.add(name="tune_splits", operation=c.OPERATION_INITIALIZE,
-                                  batch_capacity=1)
     program(manifest, "decode_b1").tuning_producers.append("tune_splits")
     graph(serving, "decode_b1").tuned_bindings.add(buffer="tuned.splits",
                                                    producer_graph="tune_splits")
-
-
-def tuning_catalog_only(serving, manifest):
-    manifest.tuning.producers.add(name="tune_splits", operation=c.OPERATION_INITIALIZE,
-                                  batch_capacity=1)
 
 
 def add_images(serving, manifest):
@@ -176,8 +170,7 @@ CASES: dict[str, Case] = {
         "runtime.completion_cursor",
         lambda s, mf: graph(s, "decode_b1").completion_cursor.CopyFrom(
             c.CompletionCursor(has_draft_cursor=True, lag_tokens=1))),
-    "tuned binding": Case("runtime.tuning", add_tuning),
-    "tuning catalog": Case("runtime.tuning", tuning_catalog_only),
+    "tuned binding without its producer": Case("tuned.producer", tuned_without_producer),
     "image selectors": Case("runtime.image", add_images),
     "f16 buffer": Case("runtime.dtype",
                        lambda s, mf: mf.buffers.add(name="scratch.half", dtype=m.D_TYPE_F16,

@@ -28,7 +28,8 @@ SLOTS, WORDS = 4, 3
 
 
 def _rows(kind: StepKind) -> tuple[RowPlan, ...]:
-    sampling = SamplingParams(temperature=0.5, top_p=0.9, top_k=5, seed=(3 << 32) | 9)
+    sampling = SamplingParams(temperature=0.5, top_p=0.9, top_k=5, seed=(3 << 32) | 9,
+                              logit_bias=((1, 2.0),), logprobs=2)
     mask = np.full(WORDS, 5, np.int32)
     tokens = {StepKind.PREFILL: ((11, 12, 13), (21, 22)), StepKind.DECODE: ((11,), (21,))}[kind]
     return tuple(RowPlan(request_id=i, slot=2 * i + 1, generation=4, tokens=t,
@@ -72,6 +73,7 @@ def test_packing_supplies_nothing_the_table_leaves_out():
         | {(s, c.INDEXING_PACKED_TOKEN) for s in packing.TOKEN_VALUES}
         | {(c.VALUE_SOURCE_PAGE_TABLE, c.INDEXING_PHYSICAL_REQUEST_ROW),
            (c.VALUE_SOURCE_PROMPT_HISTOGRAM, c.INDEXING_PHYSICAL_REQUEST_ROW),
+           (c.VALUE_SOURCE_LOGIT_BIAS, c.INDEXING_PHYSICAL_REQUEST_ROW),
            (c.VALUE_SOURCE_LIVE_ROW_COUNT, c.INDEXING_SCALAR),
            (c.VALUE_SOURCE_CONSTANT, c.INDEXING_SCALAR)}
     )
@@ -85,7 +87,7 @@ def test_every_declared_dtype_loads_on_the_cpu_backend(dtype):
                    weight_resource_id="w"),
         mpb.Buffer(name="s", dtype=dtype, shape=[4], role=mpb.BUFFER_ROLE_SCRATCH)])
     size = {mpb.D_TYPE_BF16: 2}.get(dtype, 4)
-    backend = CpuBackend(manifest, lambda rid: bytes(6 * size), num_pages=1)
+    backend = CpuBackend(manifest, lambda rid: bytes(6 * size))
     assert backend.buffers["w"].shape == (2, 3) and backend.buffers["s"].shape == (4,)
 
 

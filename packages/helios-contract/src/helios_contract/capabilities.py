@@ -140,11 +140,14 @@ def _graphs(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:
                                "startup tuning producers (tuned bindings)")
 
 
-def _speculative(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:
-    """What the scheduler needs of the SPECULATIVE programs it runs: a width-one program
-    (lanes that cannot speculate) and one draft cursor for every program."""
+def _speculative(serving: pb.ServingContract, caps: RuntimeCapabilities,
+                 speculative_width: int | None) -> Findings:
+    """What the scheduler needs of the SPECULATIVE programs it runs (those of width
+    W <= `speculative_width`, the load option; None: every captured one): a width-one
+    program (lanes that cannot speculate) and one draft cursor for every program."""
     spec = [(i, g) for i, g in enumerate(serving.model.graphs)
-            if g.operation == pb.OPERATION_SPECULATIVE]
+            if g.operation == pb.OPERATION_SPECULATIVE
+            and (speculative_width is None or g.speculative.token_capacity <= speculative_width)]
     if not spec or pb.OPERATION_SPECULATIVE not in caps.operations:
         return
     widths = sorted({g.speculative.token_capacity for _, g in spec})
@@ -235,19 +238,23 @@ def _frontend(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Finding
 
 
 def capability_findings(serving: pb.ServingContract, manifest: mpb.ExecutionManifest,
-                        caps: RuntimeCapabilities) -> Findings:
+                        caps: RuntimeCapabilities, *,
+                        speculative_width: int | None = None) -> Findings:
     """Every field of a version 3 contract and its manifest that ``caps`` does not execute.
 
     Args:
         serving: A validated version 3 contract (``PreparedContract.serving``).
         manifest: Its execution manifest.
         caps: The backend's capability table.
+        speculative_width: The load-time width limit (``helios-serve
+            --speculative-width``): SPECULATIVE programs wider than it are not served, so
+            their needs are not checked; None (lint's default) serves every captured one.
 
     Yields:
         ``runtime.*`` findings, raised at startup as ``UnsupportedFeatureError``.
     """
     yield from _graphs(serving, caps)
-    yield from _speculative(serving, caps)
+    yield from _speculative(serving, caps, speculative_width)
     yield from _pending_token(serving, caps)
     yield from _cache(serving, manifest, caps)
     yield from _manifest(manifest, caps)

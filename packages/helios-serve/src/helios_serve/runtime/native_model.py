@@ -132,10 +132,11 @@ class NativeModel:
         if manifest is None:
             raise RuntimeLoadError("NativeModel.load needs a PreparedContract validated against "
                                    "its execution manifest")
-        for finding in capability_findings(prepared.serving, manifest, CAPABILITIES[backend]):
-            raise UnsupportedContract(f"unsupported contract: {finding}", finding.rule)
         if speculative_width is not None and speculative_width < 0:
             raise RuntimeLoadError(f"speculative width must be >= 0, got {speculative_width}")
+        for finding in capability_findings(prepared.serving, manifest, CAPABILITIES[backend],
+                                           speculative_width=speculative_width):
+            raise UnsupportedContract(f"unsupported contract: {finding}", finding.rule)
         log = log if log is not None else StartupLog()
         if backend == "cuda":
             from .cuda_backend import CudaBackend  # imports cuda-python only when asked
