@@ -99,7 +99,7 @@ def test_the_cuda_table_declares_what_the_cuda_backend_allocates():
 
 def test_both_backends_share_the_scheduler_packing_and_frontend():
     differ = {f for f in CPU.__dataclass_fields__ if getattr(CPU, f) != getattr(CUDA, f)}
-    assert differ == {"backend", "reference_ops"}
+    assert differ == {"backend", "reference_ops", "argument_alignment_bytes"}
     assert CPU.reference_ops == frozenset(REFERENCE_OPS) and CUDA.reference_ops is None
 
 
@@ -125,3 +125,23 @@ def test_speculative_programs_need_a_width_one_program():
         "unsupported contract: runtime.speculative_width_one: speculative_widths = [2]: "
         "needed by the cpu backend: a width-one SPECULATIVE program for lanes that cannot "
         "speculate")
+
+
+def test_cuda_buffer_arguments_are_16_byte_aligned():
+    """Triton kernels assume aligned pointers: a view 4 bytes into a buffer is valid for the
+    cpu backend (element-aligned) and rejected for cuda, at load and by lint alike."""
+    from helios_contract import PreparedContract, capability_findings
+    from helios_ignition.testing import tiny_core
+
+    core = tiny_core(1)
+    launch = next(la for p in core.manifest.graphs for la in p.launches
+                  if la.args and la.args[0].WhichOneof("value") == "buffer"
+                  and la.args[0].buffer.shape and la.args[0].buffer.shape[0] > 1)
+    view = launch.args[0].buffer
+    view.shape[0] -= 1  # one element less, so the shifted view stays inside its buffer
+    view.byte_offset = 4
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    assert list(capability_findings(prepared.serving, prepared.manifest, CPU)) == []
+    (finding,) = capability_findings(prepared.serving, prepared.manifest, CUDA)
+    assert (finding.rule, finding.value) == ("runtime.alignment", "4")
+    assert finding.path.endswith(".args[0].buffer.byte_offset")

@@ -55,6 +55,9 @@ class RuntimeCapabilities:
             manifest's tuning catalog).
         dtypes: ``DType`` values of buffers the backend allocates.
         image_preparations / image_layouts: Image implementations the frontend has.
+        argument_alignment_bytes: Byte alignment every buffer argument of a launch must
+            have (its buffer's base is aligned; the view's byte offset must be a multiple);
+            0 for element alignment only (a manifest rule).
         reference_ops: Kernel ``reference_op`` names the backend executes, or ``None``
             when it runs compiled binaries instead (their presence per GPU target is a
             core-level check: ``lint-core --require-target``).
@@ -74,6 +77,7 @@ class RuntimeCapabilities:
     dtypes: frozenset[int] = frozenset()
     image_preparations: frozenset[int] = frozenset()
     image_layouts: frozenset[int] = frozenset()
+    argument_alignment_bytes: int = 0
     reference_ops: frozenset[str] | None = None
 
 
@@ -219,6 +223,20 @@ def _manifest(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Fin
                                    kernel.reference_op, caps,
                                    f"kernel {kernel.id!r} (its kernel library has no "
                                    f"reference op {kernel.reference_op!r})")
+    if caps.argument_alignment_bytes:
+        align = caps.argument_alignment_bytes
+        for kind, programs in (("graphs", manifest.graphs),
+                               ("tuning.producers", manifest.tuning.producers)):
+            for g, program in enumerate(programs):
+                for j, launch in enumerate(program.launches):
+                    for a, arg in enumerate(launch.args):
+                        if arg.WhichOneof("value") == "buffer" and arg.buffer.byte_offset % align:
+                            yield _unsupported(
+                                "runtime.alignment",
+                                f"manifest.{kind}[{g}].launches[{j}].args[{a}].buffer.byte_offset",
+                                arg.buffer.byte_offset, caps,
+                                f"buffer arguments off its {align}-byte alignment (kernels are "
+                                f"compiled for aligned pointers)")
     if manifest.tuning.producers and not caps.tuning:
         yield _unsupported("runtime.tuning", "manifest.tuning.producers",
                            [g.name for g in manifest.tuning.producers], caps,

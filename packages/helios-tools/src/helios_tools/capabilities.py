@@ -77,6 +77,8 @@ _SERVING = dict(
 CPU = RuntimeCapabilities(backend="cpu", reference_ops=frozenset(REFERENCE_OPS), **_SERVING)
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
-CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, **_SERVING)
+# Triton compiles every kernel assuming 16-byte aligned buffer arguments.
+CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignment_bytes=16,
+                           **_SERVING)
 
 BACKENDS = {"cpu": CPU, "cuda": CUDA}
