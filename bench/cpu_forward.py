@@ -1,6 +1,6 @@
 """CPU backend throughput against the plain NumPy forward loop, in the same run.
 
-The CPU backend (`NativeModel.load(core, "cpu")` + `Driver`) runs a real float32 export of
+The CPU backend (`load_native(core, "cpu")` + `Driver`) runs a real float32 export of
 SmolLM2-135M-Instruct (written to bench/out/ by `ignition export` when absent). The baseline
 is `PlainLlama` (bench/numpy_forward.py) on the same GGUF: contiguous KV, no paging, no
 kernel library, argmax instead of the sampling kernel. Both see the same 256-token prompt.
@@ -212,15 +212,15 @@ def main() -> None:
     export = ensure_core(args.reexport)
 
     from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
-    from helios_serve.runtime import NativeModel
     from helios_serve.runtime.driver import Driver
+    from helios_serve.testing.native import load_native
     from helios_tools.core import authorize, load_public_key, open_core
 
     rss0 = _rss_bytes()
     t = time.perf_counter()
     core = open_core(CORE, [load_public_key(KEY.with_name(KEY.name + ".pub"))])
     authorize(core, NAMESPACE)
-    model = NativeModel.load(core, "cpu")
+    model = load_native(core, "cpu")
     backend_load_s = time.perf_counter() - t
     rss_backend = _rss_bytes() - rss0
 

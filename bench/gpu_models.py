@@ -36,7 +36,7 @@ from helios_ignition.export import resolve_recipe  # noqa: E402
 from helios_ignition.families.llama import LlamaShapes, weight_layout  # noqa: E402
 from helios_ignition.recipe import Capacities  # noqa: E402
 from helios_serve.engine.plan import SamplingParams  # noqa: E402
-from helios_serve.runtime import NativeModel  # noqa: E402
+from helios_serve.testing.native import load_native  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCHES = (1, 8, 32, 64)
@@ -89,7 +89,7 @@ def main() -> None:
         cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
     core, info = build_core(recipe, ckpt, caps, f"sm_{major}{minor}", weights)
     t_core = time.perf_counter()
-    model = NativeModel.load(core, "cuda")
+    model = load_native(core, "cuda")
     t_load = time.perf_counter()
     backend = model.backend
     ctx = call("ctx", cu.cuCtxGetCurrent())

@@ -34,8 +34,8 @@ from helios_ignition.families.llama import (  # noqa: E402
 )
 from helios_ignition.recipe import Capacities, SplitTuning  # noqa: E402
 from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan  # noqa: E402
-from helios_serve.runtime import NativeModel  # noqa: E402
 from helios_serve.startup import StartupLog  # noqa: E402
+from helios_serve.testing.native import load_native  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXT = 8192
@@ -105,7 +105,7 @@ def main() -> None:
     core, info = build_core(recipe, ckpt, caps, f"sm_{major}{minor}", weights,
                             split_tuning=SplitTuning())
     log = StartupLog(emit=lambda line: print("load:", line, flush=True))
-    model = NativeModel.load(core, "cuda", log=log)
+    model = load_native(core, "cuda", log=log)
     backend = model.backend
     chosen = int(backend.read_buffer(TUNED_SPLITS)[0])
     ns, split = decode_splits(CONTEXT)

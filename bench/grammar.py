@@ -280,7 +280,8 @@ def main() -> None:
     else:
         core, public, namespace = default_core()
     boot = Bootstrap.load(core, [public], namespace)
-    model = NativeModel.load(boot.core, "cpu", max_concurrency=max(args.batches))
+    model = NativeModel.load(boot.prepared, boot.core.read_resource, "cpu",
+                             max_concurrency=max(args.batches))
     g = model.manifests
     t = time.perf_counter()
     compiler = GrammarCompiler(boot.frontend, vocab_size=g.vocab_size)

@@ -45,6 +45,7 @@ from helios_serve.engine.plan import (
 )
 from helios_serve.runtime import NativeModel
 from helios_serve.scheduler import SchedRequest, Scheduler
+from helios_serve.testing.native import load_native
 from helios_serve.testing.paced import paced_model
 
 CAPS = Capacities(decode_batch=(1, 8, 64), prefill_tokens=(256,), prefill_rows=8,
@@ -127,14 +128,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--json", default="bench/out/packing.json")
     args = ap.parse_args()
-    model = NativeModel.load(tiny_core(caps=CAPS), "cpu")
+    model = load_native(tiny_core(caps=CAPS), "cpu")
     cases = [(f"decode b{b}", decode_plan(b)) for b in (1, 8, 64)]
     cases.append(("prefill 4 rows x 64 tokens", prefill_plan()))
     rows = []
     print(f"{'step':28} {'bindings':>8} {'median us':>10} {'us/row':>8}")
     for label, plan in cases:
         name = model.select_graph(plan)
-        bindings = len(next(g for g in model.contract.model.graphs if g.name == name).bindings)
+        bindings = len(model.prepared.graphs[name].bindings)
         s = time_pack(model, plan, args.steps)
         row = {"step": label, "graph": name, "bindings": bindings, "rows": len(plan.rows),
                "median_us": s * 1e6, "us_per_row": s * 1e6 / len(plan.rows)}

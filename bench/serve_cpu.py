@@ -13,7 +13,7 @@ own chunk and is timed on arrival at the client):
                prompt, warm = later requests sharing it (usage.prompt_tokens_details
                .cached_tokens reported beside each TTFT)
     ratio      single-stream decode tokens/s of the server (1 / median ITL) over the
-               CPU backend's bare decode loop (`Driver(NativeModel.load(core, "cpu"))`,
+               CPU backend's bare decode loop (`Driver(load_native(core, "cpu"))`,
                same prompt ids, same token count, batch 1, 1 / median decode-step time);
                server and bare rounds alternate one for one so host load hits both
                alike. Target >= 0.9.
@@ -328,11 +328,11 @@ class StepTimer:
 async def run_ratio(client, url, model, core, rounds: int, max_tokens: int) -> dict:
     """Alternate one server stream and one bare Driver run of the same prompt ids and
     token count, `rounds` times (after one unrecorded warm-up of the Driver)."""
-    from helios_serve.runtime import NativeModel
     from helios_serve.runtime.driver import Driver
+    from helios_serve.testing.native import load_native
 
     t = time.perf_counter()
-    native = NativeModel.load(core, "cpu")
+    native = load_native(core, "cpu")
     load_s = time.perf_counter() - t
     driver = Driver(native)
     messages = [{"role": "user", "content": PROMPTS[0]}]

@@ -75,14 +75,14 @@ def _smollm2_core(args, folder: Path):
 def bench_smollm2(args) -> dict:
     from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
     from helios_serve.engine.plan import SamplingParams
-    from helios_serve.runtime import NativeModel
     from helios_serve.runtime.driver import Driver
+    from helios_serve.testing.native import load_native
 
     ck = load_gguf(args.gguf or smollm2_gguf_path())
     prompts = _prompts(max(args.batches) * args.rounds, ck)
     with tempfile.TemporaryDirectory() as d:
         core = _smollm2_core(args, Path(d))
-        model = NativeModel.load(core, args.backend)
+        model = load_native(core, args.backend)
     rows = []
     for batch in args.batches:
         for label, (temperature, top_p) in SAMPLINGS.items():
@@ -125,8 +125,8 @@ def _baseline(args, prompts) -> list[dict]:
     plain linears, the embedded default today), greedy, same prompts and batches."""
     from helios_ignition.export import export_core
     from helios_serve.engine.plan import SamplingParams
-    from helios_serve.runtime import NativeModel
     from helios_serve.runtime.driver import Driver
+    from helios_serve.testing.native import load_native
     from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
 
     with tempfile.TemporaryDirectory() as d:
@@ -136,7 +136,7 @@ def _baseline(args, prompts) -> list[dict]:
         export_core(ROOT / "recipes/smollm2_135m_instruct.py", checkpoint=args.gguf or "smollm2",
                     key_path=key, namespace="bench.spec", out=out, weight_dtype="bf16",
                     targets=(args.target,) if args.backend == "cuda" else ())
-        model = NativeModel.load(open_core(out, [load_public_key(Path(str(key) + ".pub"))]),
+        model = load_native(open_core(out, [load_public_key(Path(str(key) + ".pub"))]),
                                  args.backend)
     rows = []
     for batch in args.batches:
@@ -174,7 +174,7 @@ def bench_8b(args) -> dict:
     from helios_ignition.recipe import Capacities
     from helios_ignition.weights import to_bf16_bits
     from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
-    from helios_serve.runtime import NativeModel
+    from helios_serve.testing.native import load_native
 
     sys.path.insert(0, str(ROOT / "bench"))
     from gpu_common import MemoryCore, random_bf16_weights
@@ -205,7 +205,7 @@ def bench_8b(args) -> dict:
     lm = (np.random.default_rng(4).standard_normal((draft.draft_vocab, draft.hidden)) * 0.02)
     resources["weights/D.lm_head"] = to_bf16_bits(lm.astype(np.float32)).tobytes()
     resources.update(blobs)
-    model = NativeModel.load(MemoryCore(contract, manifest, resources), "cuda")
+    model = load_native(MemoryCore(contract, manifest, resources), "cuda")
     g = model.manifests
     per = g.num_pages // g.slots
     rows_out = []

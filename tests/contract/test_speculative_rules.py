@@ -35,14 +35,15 @@ def test_speculative_widths_without_their_programs_fail_startup_and_lint():
 def test_this_runtime_needs_width_one_programs_to_serve_speculation():
     # Not a contract rule (the specification allows cores without W = 1): the runtime
     # refuses to serve such a core with speculation on, and serves it with it off.
-    from helios_serve.runtime import NativeModel
-    from helios_serve.runtime.errors import RuntimeLoadError
+    from helios_serve.runtime import UnsupportedContract
+    from helios_serve.testing.native import load_native
 
     core = tiny_core(0, speculative_widths=(2, 4))
     assert _rules(core) == []
-    with pytest.raises(RuntimeLoadError, match="no width-one programs"):
-        NativeModel.load(core, "cpu")
-    assert NativeModel.load(core, "cpu", speculative_width=0).manifests.speculative_widths == ()
+    with pytest.raises(UnsupportedContract, match="a width-one SPECULATIVE program") as info:
+        load_native(core, "cpu")
+    assert info.value.rule == "runtime.speculative_width_one"
+    assert load_native(core, "cpu", speculative_width=0).manifests.speculative_widths == ()
 
 
 def test_a_speculative_program_reports_lane_records_of_its_width():

@@ -52,13 +52,6 @@ def test_untrusted_key(smollm2_core_f32, tmp_path):
     assert "bad core" in line
 
 
-def test_unknown_backend(smollm2_core_f32):
-    core = smollm2_core_f32
-    line = _fails(str(core.path), "--trust", str(core.public_key), "--accept", core.namespace,
-                  "--backend", "tpu")
-    assert "unknown backend 'tpu'" in line and "cpu" in line
-
-
 def test_missing_graph_variant(smollm2_core_f32, tmp_path):
     from helios_contract.schema import core_pb2
     from helios_tools.core import CoreWriter, load_private_key, load_public_key, open_core

@@ -45,16 +45,7 @@ def test_golden_core_lints_clean(name):
     assert result.output.endswith(" 0 finding(s)\n")
 
 
-# NativeModel.load still reads the raw contract, which for version 1 has no page-table view
-# (issue 11 item 3 makes it read the upgraded PreparedContract); lint passing while startup
-# fails is issue 11 item 2. Remove this mark with that change: strict, so it cannot linger.
-V1_UNTIL_PREPARED = pytest.mark.xfail(
-    strict=True, reason="NativeModel.load reads the raw version 1 contract (issue 11 item 3)")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=V1_UNTIL_PREPARED)
-                                  if EXPECTED["cores"][n]["contract_version"] == 1 else n
-                                  for n in CORES])
+@pytest.mark.parametrize("name", CORES)
 def test_golden_core_serves_the_reference_greedy_ids(name):
     with ServeProcess(GOLDEN / name, "--trust", PUBLIC, "--accept", NAMESPACE) as served:
         got = {text: served.chat_ids(text, EXPECTED["steps"]) for text in EXPECTED["greedy_ids"]}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from helios_serve.runtime import NativeModel
 from helios_serve.runtime.driver import Driver
+from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +58,7 @@ def model(spec_core):
     out, public = spec_core
     core = open_core(out, [load_public_key(public)])
     authorize(core, "helios.test/models")
-    m = NativeModel.load(core, "cpu")
+    m = load_native(core, "cpu")
     yield m
     m.close()
 
@@ -90,7 +91,8 @@ def spec_server(spec_core):
     out, public = spec_core
     bootstrap = Bootstrap.load(out, [public], "helios.test/models")
     settings = resolve(ServeOptions(port=0, max_active=4, queue_capacity=8), bootstrap.contract)
-    m = NativeModel.load(bootstrap.core, "cpu", max_concurrency=settings.max_active)
+    m = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
+                          max_concurrency=settings.max_active)
     server = Server.start(bootstrap, m, settings, ObservationClock())
     yield server
     server.stop()

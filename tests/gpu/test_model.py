@@ -23,15 +23,15 @@ GREEDY_TOKENS = 24
 
 @pytest.fixture(scope="session")
 def models(core_path):
-    from helios_serve.runtime import NativeModel
     from helios_serve.runtime.cache_sizing import CacheSizing
+    from helios_serve.testing.native import load_native
     from helios_tools.core import load_public_key, open_core
 
     path, key = core_path
     core = open_core(path, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
     # The prepared count, not 0.9 of the GPU: later tests load more models beside it.
-    cuda = NativeModel.load(core, "cuda", cache=CacheSizing(num_pages=1024))
-    cpu = NativeModel.load(core, "cpu")
+    cuda = load_native(core, "cuda", cache=CacheSizing(num_pages=1024))
+    cpu = load_native(core, "cpu")
     yield cuda, cpu
     cuda.close()
 
@@ -40,8 +40,8 @@ def test_load_counters_and_target(models):
     cuda, _ = models
     c = cuda.backend.counters
     assert cuda.frames == 2 and cuda.device_pending
-    assert c["graph_captures"] == 2 * len(cuda.manifest.graphs)  # one per variant and frame
-    assert c["module_loads"] == len(cuda.manifest.kernels)
+    assert c["graph_captures"] == 2 * len(cuda.prepared.manifest.graphs)  # one per variant and frame
+    assert c["module_loads"] == len(cuda.prepared.manifest.kernels)
 
 
 def test_greedy_matches_cpu_backend(models):
@@ -127,16 +127,16 @@ def test_decode_ahead_in_two_frames_equals_serial(models):
 
 
 def test_device_out_of_memory_at_load_names_the_capacity(core_path):
-    from helios_serve.runtime import NativeModel
     from helios_serve.runtime.cache_sizing import CacheSizing
     from helios_serve.runtime.errors import RuntimeLoadError
+    from helios_serve.testing.native import load_native
     from helios_tools.core import load_public_key, open_core
 
     path, key = core_path
     core = open_core(path, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
     with pytest.raises(RuntimeLoadError, match=r"device out of memory: a KV cache of "
                        r"40000000 pages needs .* is free after the model; lower --num-pages"):
-        NativeModel.load(core, "cuda", cache=CacheSizing(num_pages=40_000_000))
+        load_native(core, "cuda", cache=CacheSizing(num_pages=40_000_000))
 
 
 def test_logprobs_and_logit_bias_in_the_captured_step(models):

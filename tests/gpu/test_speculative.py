@@ -161,7 +161,7 @@ DIVERGENCE_BOUND = 0.10  # prompts whose greedy text may differ (measured and pr
 def spec_model(gpu, tmp_path_factory):
     """A speculative SmolLM2 core compiled for this GPU (the trained head when committed)."""
     from helios_ignition.export import export_core
-    from helios_serve.runtime import NativeModel
+    from helios_serve.testing.native import load_native
     from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
 
     d = tmp_path_factory.mktemp("spec-core")
@@ -180,7 +180,7 @@ def spec_model(gpu, tmp_path_factory):
     export_core(recipe, checkpoint=os.environ.get("HELIOS_SMOLLM2_GGUF", "smollm2"),
                 key_path=key, namespace="gpu.test", out=out, targets=(gpu.target,))
     core = open_core(out, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
-    model = NativeModel.load(core, "cuda")
+    model = load_native(core, "cuda")
     yield model, drafter
     model.close()
 

@@ -51,14 +51,14 @@ def _open(path, key):
 
 @pytest.fixture(scope="module")
 def tuned(tuned_path):
-    from helios_serve.runtime import NativeModel
     from helios_serve.runtime.cache_sizing import CacheSizing
     from helios_serve.startup import StartupLog
+    from helios_serve.testing.native import load_native
 
     core = _open(*tuned_path)
     log = StartupLog(emit=print)
-    cuda = NativeModel.load(core, "cuda", cache=CacheSizing(num_pages=1024), log=log)
-    cpu = NativeModel.load(core, "cpu")
+    cuda = load_native(core, "cuda", cache=CacheSizing(num_pages=1024), log=log)
+    cpu = load_native(core, "cpu")
     yield cuda, cpu, log
     cuda.close()
 
@@ -115,15 +115,15 @@ def test_each_forced_count_runs_its_splits_and_matches_the_cpu(tuned, forced):
 
 
 def test_the_cache_defaults_to_most_of_the_free_memory_and_a_fraction_sizes_it(gpu, tuned_path):
-    from helios_serve.runtime import NativeModel
     from helios_serve.runtime.cache_sizing import CacheSizing
     from helios_serve.runtime.cuda import driver as drv
+    from helios_serve.testing.native import load_native
 
     core = _open(*tuned_path)
     results = {}
     for fraction in (None, 0.5):
         free_before, _ = drv.call("cuMemGetInfo", gpu.cu.cuMemGetInfo())
-        model = NativeModel.load(core, "cuda", cache=CacheSizing(fraction=fraction))
+        model = load_native(core, "cuda", cache=CacheSizing(fraction=fraction))
         try:
             b = model.backend
             want = fraction or 0.9

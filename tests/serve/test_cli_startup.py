@@ -71,3 +71,12 @@ def test_missing_core_is_reported_before_the_port_is_bound(tiny_served, tmp_path
         assert line == f"helios-serve: error: bad core: {missing}: no such file"
         line = _fails(*_args(tiny_served.core, tmp_path, "--port", str(port)))
         assert line == f"helios-serve: error: bad core: {tmp_path}: is a directory"
+
+
+def test_unknown_backend_is_a_usage_error_before_anything_loads(tmp_path):
+    """--backend is a click.Choice of the backends with a capability table: an unknown one
+    fails at once (the core path is not even read), one line, exit 2."""
+    line = _fails(str(tmp_path / "absent.core"), "--trust", "k.pub", "--accept", "ns",
+                  "--backend", "tpu")
+    assert line == ("helios-serve: error: Invalid value for '--backend': 'tpu' is not one of "
+                    "'cpu', 'cuda'.")

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from helios_tools import cli
 from helios_tools.core import load_private_key
-from helios_tools.core.sample import SAMPLE_NAMESPACE, write_sample_core
+from helios_tools.core.sample import SAMPLE_BACKENDS, SAMPLE_NAMESPACE, write_sample_core
 from helios_tools.progress import StepProgress
 
 
@@ -47,6 +47,8 @@ def test_verify_and_lint_show_progress_on_large_cores(tmp_path, monkeypatch, com
     core = tmp_path / "s.core"
     write_sample_core(core, load_private_key(tmp_path / "k"))
     args = [command, str(core), "--trust", str(tmp_path / "k.pub"), "--accept", SAMPLE_NAMESPACE]
+    if command == "lint-core":
+        args += ["--backend", *SAMPLE_BACKENDS]
     small = runner.invoke(cli.main, args)
     assert small.exit_code == 0 and "verifying" not in small.stderr
     monkeypatch.setattr(cli, "_PROGRESS_MIN_NBYTES", 0)  # every core is "large"

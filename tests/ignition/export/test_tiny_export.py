@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helios_ignition.checkpoint import load_safetensors_dir
-from helios_serve.runtime import NativeModel
 from helios_serve.runtime.driver import Driver
+from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
 from helios_tools.frontend_assets import load_tokenizer, render_chat
 
@@ -107,7 +107,7 @@ def test_resources_are_the_checkpoint(core, tiny_checkpoint):
 
 
 def test_greedy_decode_matches_plain_forward(core, tiny_checkpoint, prompts):
-    model = NativeModel.load(core, "cpu")
+    model = load_native(core, "cpu")
     driver = Driver(model, collect_logits=True)
     got = driver.generate(prompts, max_new_tokens=STEPS)
     plain = plain_llama_class()(load_safetensors_dir(tiny_checkpoint), max_context=256)
@@ -141,5 +141,5 @@ def test_console_script(tmp_path, tiny_checkpoint, signing_key_pair, prompts):
     authorize(opened, NAMESPACE)
     wqkv = next(b for b in opened.manifest.buffers if b.name == "L0.wqkv")
     assert wqkv.dtype == 2  # D_TYPE_BF16
-    out_ids = Driver(NativeModel.load(opened, "cpu")).generate(prompts[:1], max_new_tokens=4)
+    out_ids = Driver(load_native(opened, "cpu")).generate(prompts[:1], max_new_tokens=4)
     assert len(out_ids[0]) == 4 and all(0 <= t < TINY.vocab_size for t in out_ids[0])

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helios_serve.engine.plan import SamplingParams
-from helios_serve.runtime import NativeModel
 from helios_serve.runtime.driver import Driver
+from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
 from helios_tools.frontend_assets import load_tokenizer, render_chat
 
@@ -25,7 +25,7 @@ PROMPTS = GOLDENS["prompts"]
 def _load(exported):
     core = open_core(exported.path, [load_public_key(exported.public_key)])
     authorize(core, exported.namespace)
-    return core, NativeModel.load(core, "cpu")
+    return core, load_native(core, "cpu")
 
 
 @pytest.fixture(scope="module")

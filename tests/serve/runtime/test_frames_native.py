@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from helios_ignition.testing import TINY_SHAPES, dense_forward, tiny_core
 from helios_serve.engine.plan import PENDING_PLACEHOLDER, SamplingParams, StepKind
-from helios_serve.runtime import NativeModel
 from helios_serve.runtime.cache_sizing import CacheSizing
 from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler
+from helios_serve.testing.native import load_native
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ class Loop:
 
     def __init__(self, core, frames: int, num_pages: int | None = None) -> None:
         cache = CacheSizing(num_pages=num_pages)
-        self.model = NativeModel.load(core, "cpu", cpu_frames=frames, cache=cache)
+        self.model = load_native(core, "cpu", cpu_frames=frames, cache=cache)
         self.eos = self.model.manifests.eos_token_ids[0]
         self.sched = Scheduler(self.model.manifests, frames=frames,
                                device_pending=self.model.device_pending)

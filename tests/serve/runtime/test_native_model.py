@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helios_contract import PreparedContract
 from helios_ignition.testing import TINY_SHAPES, dense_forward, tiny_core
 from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
-from helios_serve.runtime import MissingGraphVariant, NativeModel, UnknownBackend
+from helios_serve.runtime import NativeModel, UnknownBackend
+from helios_serve.testing.native import load_native
 
 GREEDY = SamplingParams()
 PT = 4
@@ -29,7 +31,7 @@ def core():
 
 @pytest.fixture
 def model(core):
-    return NativeModel.load(core, "cpu")
+    return load_native(core, "cpu")
 
 
 def logits(model, n):
@@ -153,29 +155,23 @@ def test_select_graph_rejects_plans_outside_capacity(model):
 
 
 def test_unknown_backend_lists_known(core):
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
     with pytest.raises(UnknownBackend, match="unknown backend 'tpu'; known backends: cpu, cuda"):
-        NativeModel.load(core, "tpu")
+        NativeModel.load(prepared, core.read_resource, "tpu")
 
 
-def test_missing_graph_variant_fails_load(core):
-    del core.manifest.graphs[0]  # decode_b1
-    with pytest.raises(MissingGraphVariant,
-                       match="graph variant 'decode_b1' \\(OPERATION_DECODE\\) is missing"):
-        NativeModel.load(core, "cpu")
+def test_load_needs_the_manifest(core):
+    from helios_serve.runtime import RuntimeLoadError
 
-
-def test_operation_mismatch_fails_load(core):
-    core.manifest.graphs[0].operation = 3  # OPERATION_PREFILL
-    with pytest.raises(MissingGraphVariant, match="contract operation OPERATION_DECODE != "
-                                                   "manifest OPERATION_PREFILL"):
-        NativeModel.load(core, "cpu")
+    with pytest.raises(RuntimeLoadError, match="validated against its execution manifest"):
+        NativeModel.load(PreparedContract.from_contract(core.contract), core.read_resource)
 
 
 def test_weight_resource_of_wrong_size_fails_load(core):
     core.weights["weights/L0.wo"] = core.weights["weights/L0.wo"][:-1]
     with pytest.raises(RuntimeError, match="weight L0.wo: resource weights/L0.wo holds 3968 "
                                             "bytes, the buffer needs 4096"):
-        NativeModel.load(core, "cpu")
+        load_native(core, "cpu")
 
 
 def test_captured_contract_passes_prepared_contract_validation(core):
@@ -225,7 +221,7 @@ def test_two_frames_decode_ahead_equals_one_step_at_a_time(core):
     pages = {0: [0, 1, 2, 3], 3: [9, 10, 11, 12]}
 
     def run(ahead: bool) -> dict[int, list[int]]:
-        model = NativeModel.load(core, "cpu", cpu_frames=2)
+        model = load_native(core, "cpu", cpu_frames=2)
         out = {s: [_prefill(model, s, p, pages[s][:2], rid=s)] for s, p in prompts.items()}
         length = {s: len(p) for s, p in prompts.items()}
 
@@ -259,7 +255,7 @@ def test_two_frames_decode_ahead_equals_one_step_at_a_time(core):
 
 
 def test_frames_are_bounded_and_complete_in_order(core):
-    model = NativeModel.load(core, "cpu", cpu_frames=2)
+    model = load_native(core, "cpu", cpu_frames=2)
     plan = StepPlan(StepKind.DECODE, (row(1, 0, [3], 0, [11]),))
     a = model.submit(plan)
     b = model.submit(plan)
@@ -277,7 +273,7 @@ def test_frames_are_bounded_and_complete_in_order(core):
 
 def test_host_owned_pending_token_is_fed_from_the_plan():
     core = tiny_core(seed=3, device_pending=False)
-    model = NativeModel.load(core, "cpu")
+    model = load_native(core, "cpu")
     assert not model.device_pending
     with pytest.raises(RuntimeError, match="pending token is host-owned"):
         model.write_pending_tokens([0], [1])
@@ -295,7 +291,7 @@ def test_cpu_backend_defaults_to_one_frame_and_rejects_three(core, model):
     with pytest.raises(RuntimeError, match="all 1 execution frames are in flight"):
         model.submit(plan)
     with pytest.raises(ValueError, match="1 or 2 execution frames, not 3"):
-        NativeModel.load(core, "cpu", cpu_frames=3)
+        load_native(core, "cpu", cpu_frames=3)
 
 
 # -- logprobs and logit bias -----------------------------------------------------------------

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from helios_ignition.testing import tiny_core
 from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
-from helios_serve.runtime import NativeModel
 from helios_serve.runtime.driver import Driver
+from helios_serve.testing.native import load_native
 
 PROMPTS = [list(range(3, 9)), [5, 7, 9], [20, 21, 22, 23], [1, 2]]
 ALPHA = 1e-3  # significance level of the distribution tests
@@ -20,8 +20,8 @@ ALPHA = 1e-3  # significance level of the distribution tests
 @pytest.fixture(scope="module")
 def model():
     # draft_copy: the head often proposes what the tiny target says (accept paths run)
-    return NativeModel.load(tiny_core(1, speculative_widths=(1, 2, 4), draft_copy=3.0,
-                                      draft_vocab=96), "cpu")
+    return load_native(tiny_core(1, speculative_widths=(1, 2, 4), draft_copy=3.0,
+                                 draft_vocab=96), "cpu")
 
 
 @pytest.mark.parametrize("width", [1, 2, 4])

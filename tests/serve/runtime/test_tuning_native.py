@@ -15,9 +15,9 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_ignition.checkpoint import load_safetensors_dir
 from helios_ignition.families.llama import SPLIT_PRODUCER, TUNED_SPLITS
 from helios_ignition.recipe import SplitTuning
-from helios_serve.runtime import NativeModel
 from helios_serve.runtime.driver import Driver
 from helios_serve.startup import StartupLog
+from helios_serve.testing.native import load_native
 from helios_tools.core import load_public_key, open_core
 
 from tests.tiny_model import GEOMETRY, REPO, export_tiny, prompt_ids
@@ -37,7 +37,7 @@ def tuned_core(tiny_served, tmp_path_factory):
 @pytest.fixture(scope="module")
 def loaded(tuned_core):
     log = StartupLog()
-    model = NativeModel.load(tuned_core, "cpu", log=log)
+    model = load_native(tuned_core, "cpu", log=log)
     return model, log
 
 
@@ -112,7 +112,7 @@ def test_speculation_reads_the_same_tuned_count_so_greedy_output_is_unchanged():
                      split_tuning=SplitTuning(repeats=1))
     spec = [g for g in core.contract.model.graphs if g.name.startswith("spec_")]
     assert spec and all([t.buffer for t in g.tuned_bindings] == [TUNED_SPLITS] for g in spec)
-    model = NativeModel.load(core, "cpu")
+    model = load_native(core, "cpu")
     prompts = [list(range(3, 9)), [5, 7, 9], [20, 21, 22, 23]]
     for count in (16, 8, 4, 2):
         model.backend.write_state(TUNED_SPLITS, 0, np.array([count], np.int32))

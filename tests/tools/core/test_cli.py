@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from helios_tools.cli import main
 from helios_tools.core import load_private_key
-from helios_tools.core.sample import SAMPLE_NAMESPACE, write_sample_core
+from helios_tools.core.sample import SAMPLE_BACKENDS, SAMPLE_NAMESPACE, write_sample_core
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +85,16 @@ def test_verify_ok_findings_and_unreadable(keyed, tmp_path):
 
 def test_lint_core_clean_and_json(keyed):
     _, pub, core = keyed
-    clean = _run("lint-core", core, "--trust", pub, "--accept", SAMPLE_NAMESPACE)
+    cuda = ("--backend", *SAMPLE_BACKENDS)
+    clean = _run("lint-core", core, "--trust", pub, "--accept", SAMPLE_NAMESPACE, *cuda)
     assert clean.exit_code == 0 and "0 finding(s)" in clean.output
-    unsigned = _run("lint-core", core, "--format", "json")
+    unsigned = _run("lint-core", core, "--format", "json", *cuda)
     assert unsigned.exit_code == 0 and json.loads(unsigned.output)["findings"] == []
+    # By default lint checks every backend: the sample's kernel is no NumPy reference op.
+    every = json.loads(_run("lint-core", core, "--format", "json").output)["findings"]
+    assert [(f["rule"], f["path"], f["value"]) for f in every] == [
+        ("runtime.reference_op", "manifest.kernels[1].reference_op", "greedy_sample")]
+    assert every[0]["detail"].startswith("not executed by the cpu backend: kernel ")
 
 
 def test_lint_core_reports_findings(keyed, tmp_path):
@@ -169,7 +175,8 @@ def test_protected_v4_core_needs_the_resource_key(keyed, tmp_path):
     short.write_text("abcd")
     assert _run(*args, "--resource-key", short).exit_code == 2
     assert json.loads(_run("inspect", core, "--json").output)["format"].endswith("version 4)")
-    assert _run("lint-core", core, "--trust", pub, "--resource-key", key_file).exit_code == 0
+    assert _run("lint-core", core, "--trust", pub, "--resource-key", key_file, "--backend",
+                *SAMPLE_BACKENDS).exit_code == 0
 
 
 @pytest.mark.parametrize("command", ["inspect", "lint-core"])
@@ -230,12 +237,13 @@ def test_location_length_mismatch_is_one_line_everywhere(keyed, wrong_location_l
     assert inspect.output.strip().splitlines()[-1].startswith(f"Error: {path}: {why}")
     assert f"resource {rid!r}" in inspect.output
     for args in ([], ["--trust", pub]):
-        lint = _run("lint-core", path, *args)
+        lint = _run("lint-core", path, *args, "--backend", *SAMPLE_BACKENDS)
         assert lint.exit_code == 1, lint.output
         lines = lint.output.strip().splitlines()
         assert lines[0].startswith(f"core.LengthMismatch: locations = {rid}: {why}"), lines
         assert lines[1:] == [f"{path}: 1 finding(s)"]
-    data = json.loads(_run("lint-core", path, "--format", "json").output)
+    data = json.loads(_run("lint-core", path, "--format", "json", "--backend",
+                           *SAMPLE_BACKENDS).output)
     assert [(f["rule"], f["value"]) for f in data["findings"]] == [("core.LengthMismatch", rid)]
 
 

@@ -20,6 +20,7 @@ from helios_tools.core import (
     open_core,
     pae,
 )
+from helios_tools.core.sample import SAMPLE_BACKENDS
 from helios_tools.lint import lint_core
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -49,7 +50,7 @@ def test_golden_core_reads_with_todays_reader(name, golden_key):
         assert {rid: hashlib.sha256(core.read_resource(rid)).hexdigest()
                 for rid in core.resources} == expected["resources"]
         PreparedContract.from_contract(core.contract, core.manifest)
-        assert lint_core(core, acceptance=expected["namespace"]) == []
+        assert lint_core(core, acceptance=expected["namespace"], backends=SAMPLE_BACKENDS) == []
 
 
 def test_golden_signature_is_over_the_dsse_encoding(golden_key):

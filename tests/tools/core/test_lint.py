@@ -10,6 +10,7 @@ from helios_contract.schema import core_pb2
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.core import CHUNK_NBYTES, open_core
 from helios_tools.core.sample import (
+    SAMPLE_BACKENDS,
     SAMPLE_NAMESPACE,
     sample_contract,
     sample_manifest,
@@ -141,20 +142,21 @@ def test_lint_core_reports_integrity_and_authorization(sample_core, signing_key,
     target.write_bytes(data)
     with open_core(target, [signing_key.public_key()]) as core:
         seen = []
-        findings = lint_core(core, acceptance="someone.else", progress=seen.append)
+        findings = lint_core(core, acceptance="someone.else", progress=seen.append,
+                             backends=SAMPLE_BACKENDS)
     rules = [(f.rule, f.path) for f in findings]
     assert ("core.authorize", "publisher_namespace") in rules
     assert ("resource.integrity", "resources['chat_template/template.jinja']") in rules
     assert len(seen) == len(sample_resources())
     with open_core(sample_core, [signing_key.public_key()]) as core:
-        assert lint_core(core, acceptance=SAMPLE_NAMESPACE) == []
+        assert lint_core(core, acceptance=SAMPLE_NAMESPACE, backends=SAMPLE_BACKENDS) == []
 
 
 def test_required_targets(sample_core, signing_key):
     with open_core(sample_core, [signing_key.public_key()]) as core:
         declared = list(core.manifest.targets)
-        assert lint_core(core, require_targets=declared) == []
-        findings = lint_core(core, require_targets=["sm_120"])
+        assert lint_core(core, require_targets=declared, backends=SAMPLE_BACKENDS) == []
+        findings = lint_core(core, require_targets=["sm_120"], backends=SAMPLE_BACKENDS)
     assert [(f.rule, f.path, f.value) for f in findings] == [
         ("kernel.target", "manifest.targets", "sm_120")]
     assert f"the core declares {sorted(declared)}" in findings[0].detail

@@ -85,6 +85,7 @@ from helios_contract._gen.helios.v1.manifest_pb2 import (
 )
 from helios_contract._rules_frontend import syntax_findings as frontend_syntax_findings
 from helios_contract._rules_manifest import DTYPE_BYTES, PAGE_TABLE_DTYPE, buffer_nbytes
+from helios_contract.capabilities import RuntimeCapabilities, capability_findings
 from helios_contract.errors import (
     BindingError,
     BufferRoleError,
@@ -153,7 +154,9 @@ __all__ = [
     "DTYPE_BYTES",
     "PAGE_TABLE_DTYPE",
     "buffer_nbytes",
+    "capability_findings",
     "contract_findings",
+    "RuntimeCapabilities",
     "frontend_syntax_findings",
     "Finding",
     "LaunchError",

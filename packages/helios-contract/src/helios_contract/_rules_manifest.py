@@ -186,7 +186,12 @@ def _launch(launch: mpb.Launch, path: str, names: ManifestIndex) -> Findings:
         if buffer is None:
             yield _unknown_buffer(f"{path}.args[{a}].buffer.buffer", view.buffer)
             continue
-        end = view.byte_offset + math.prod(view.shape) * DTYPE_BYTES.get(buffer.dtype, 0)
+        item = DTYPE_BYTES.get(buffer.dtype, 0)
+        if item and view.byte_offset % item:
+            yield F("view.alignment", ViewBoundsError, f"{path}.args[{a}].buffer.byte_offset",
+                    view.byte_offset,
+                    f"not a multiple of {buffer.name!r}'s {item}-byte elements")
+        end = view.byte_offset + math.prod(view.shape) * item
         if end > _nbytes(buffer) or (view.byte_offset and view.byte_offset >= _nbytes(buffer)):
             yield F("view.bounds", ViewBoundsError, f"{path}.args[{a}].buffer",
                     f"bytes up to {end}",

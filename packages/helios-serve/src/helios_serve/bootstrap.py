@@ -133,7 +133,7 @@ class Bootstrap:
                 raise StartupError(f"missing graph variant: {_line(exc)}", exc.rule) from None
             except ContractError as exc:
                 raise StartupError(f"invalid contract: {_line(exc)}", exc.rule) from None
-            for finding in resource_findings(core.contract, core.manifest,
+            for finding in resource_findings(prepared.serving, prepared.manifest,
                                              core.resources.values()):
                 raise StartupError(f"bad core: {core_path}: {finding}", finding.rule)
             try:
@@ -169,13 +169,8 @@ class Bootstrap:
         Raises:
             StartupError: an invalid tokenizer, chat template or frontend contract.
         """
-        from helios_tools.frontend_assets import (
-            ChatTemplateCompileError,
-            ChatTemplateError,
-            ChatTemplateLimitError,
-            load_tokenizer,
-            render_chat,
-        )
+        from helios_tools.frontend_assets import load_tokenizer
+        from helios_tools.lint import chat_template_findings
 
         try:
             tokenizer = load_tokenizer(tokenizer_json)
@@ -184,12 +179,8 @@ class Bootstrap:
                 from None
         # Compile and probe now: a template that cannot compile, loads other templates or
         # exceeds its limits on the smallest conversation would fail every request.
-        try:
-            render_chat(chat_template, [{"role": "user", "content": "ping"}])
-        except (ChatTemplateCompileError, ChatTemplateLimitError) as exc:
-            raise StartupError(f"bad chat template: {_line(exc)}") from None
-        except ChatTemplateError:
-            pass  # a template may refuse some conversations (raise_exception)
+        for finding in chat_template_findings(chat_template):
+            raise StartupError(f"bad chat template: {finding.detail}", finding.rule)
         try:
             syntax = FrontendSyntax.from_contract(contract.model.frontend)
             frontend = Frontend(syntax, tokenizer, tuple(contract.eos_token_ids))
@@ -250,7 +241,8 @@ def _resource_text(core: Any, kind: int, what: str) -> str:
     try:
         return bytes(core.read_resource(rid)).decode("utf-8")
     except UnicodeDecodeError:
-        rule = "frontend.tokenizer" if kind == core_pb2.RESOURCE_KIND_TOKENIZER else ""
+        rule = "frontend.tokenizer" if kind == core_pb2.RESOURCE_KIND_TOKENIZER else \
+            "frontend.chat_template"
         raise StartupError(f"bad core: the {what} resource is not UTF-8 text", rule) from None
 
 

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import click
+from helios_tools.capabilities import BACKENDS
 
 from helios_serve.bootstrap import Bootstrap, StartupError
 from helios_serve.config import ServeOptions, parse_bytes, resolve
@@ -166,14 +167,15 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         clock = ObservationClock()  # the observation origin: native runtime startup
         try:
             model = NativeModel.load(
-                bootstrap.core, options.backend, cache=cache,
+                bootstrap.prepared, bootstrap.core.read_resource, options.backend, cache=cache,
                 max_concurrency=settings.max_active,
                 speculative_width=options.speculative_width, log=log,
             )
         except RuntimeLoadError as exc:
-            raise StartupError(" ".join(str(exc).split())) from None
+            raise StartupError(" ".join(str(exc).split()), exc.rule) from None
         except CoreError as exc:  # a weight or kernel resource failing its digests
-            raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}") from None
+            raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}",
+                               "resource.integrity") from None
         try:
             with log.phase("listen") as phase:
                 server = Server(bootstrap, model, settings, clock, listener)
@@ -188,7 +190,19 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         raise
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineUsage(click.Command):
+    """Usage errors (an unknown --backend, a non-integer --port) print one line and exit 2,
+    like every other startup failure, instead of click's usage block."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            click.echo(f"helios-serve: error: {exc.format_message()}", err=True)
+            sys.exit(2)
+
+
+@click.command(cls=_OneLineUsage, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("core", required=False, type=click.Path())
 @click.option(
     "--trust",
@@ -200,7 +214,8 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
 @click.option("--accept", "accept", help="Accepted publisher namespace (must match exactly).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--backend", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--backend", type=click.Choice(tuple(BACKENDS)), default="cpu", show_default=True,
+              help="Execution backend: cpu (NumPy reference kernels) or cuda.")
 @click.option("--max-active", type=int, help="Requests running at once [core default].")
 @click.option("--queue-capacity", type=int, help="Requests queued for the model [core default].")
 @click.option("--frontend-workers", type=int, help="CPU preparation slots [core default].")

@@ -18,6 +18,7 @@ import click
 from helios_contract.schema import contract_pb2 as pb
 from helios_contract.schema import core_pb2
 
+from helios_tools.capabilities import BACKENDS
 from helios_tools.core import (
     Core,
     CoreError,
@@ -264,12 +265,19 @@ def verify(core: Path, trust: tuple[Path, ...], accept: str, resource_key: Path 
 @click.option("--require-target", "require_targets", multiple=True,
               help="GPU target (e.g. sm_90) the core must carry kernel binaries for; "
                    "repeatable. Without it a CPU-only core passes.")
+@click.option("--backend", "backends", multiple=True, type=click.Choice(tuple(BACKENDS)),
+              help="helios-serve backend the core must fit (what it executes: operations, "
+                   "bindings, histories, tuning, ...); repeatable [default: all].")
 @_resource_key_option
 def lint_core_command(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
-                      require_targets: tuple[str, ...], resource_key: Path | None) -> None:
-    """Everything verify does, plus contract validation and manifest consistency."""
+                      require_targets: tuple[str, ...], backends: tuple[str, ...],
+                      resource_key: Path | None) -> None:
+    """Everything verify does, every contract and manifest rule, and every field the
+    serving backends cannot execute: a core that passes cannot fail helios-serve startup
+    for a structural reason."""
     try:
-        _lint(core, trust, accept, fmt, require_targets, resource_key)
+        _lint(core, trust, accept, fmt, require_targets, backends or tuple(BACKENDS),
+              resource_key)
     except _Unreadable as e:
         if fmt != "json":
             raise
@@ -306,7 +314,8 @@ def _open_for_lint(path: Path, keys: list | None, rkey: bytes | None,
 
 
 def _lint(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
-          require_targets: tuple[str, ...], resource_key: Path | None) -> None:
+          require_targets: tuple[str, ...], backends: tuple[str, ...],
+          resource_key: Path | None) -> None:
     keys = _trusted(trust) if trust else None
     if accept is not None and keys is None:
         raise click.UsageError("--accept needs --trust")
@@ -316,7 +325,8 @@ def _lint(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
     if opened is not None:
         with opened as c, _verifying(c) as checked:
             findings += lint_core(c, acceptance=accept if c.verified else None,
-                                  progress=checked, require_targets=require_targets)
+                                  progress=checked, require_targets=require_targets,
+                                  backends=backends)
     if fmt == "json":
         click.echo(json.dumps({"core": str(core), "findings": [f.to_dict() for f in findings]},
                               indent=2))

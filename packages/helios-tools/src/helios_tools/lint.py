@@ -11,7 +11,10 @@ A finding names the rule, the field path and the offending value
   frontend assets name resources of the right kind and size; kernel binaries exist for
   every declared (and every required) GPU target;
 - what needs the frontend tokenizer (``token_rules.token_findings``, which the output
-  frontend runs at startup): the tokenizer loads and token-bound markers are one token.
+  frontend runs at startup): the tokenizer loads and token-bound markers are one token;
+- what the serving backends execute (``capability_findings`` against the tables of
+  ``helios_tools.capabilities``, which ``NativeModel.load`` checks): a field a backend
+  cannot execute is a finding, never accepted and ignored.
 
 Unlike startup, which stops at the first broken rule, lint reports every finding.
 """
@@ -19,24 +22,37 @@ Unlike startup, which stops at the first broken rule, lint reports every finding
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 
 from helios_contract import (
+    ContractError,
     Finding,
     ResourceReferenceError,
     buffer_nbytes,
+    capability_findings,
     contract_findings,
+    upgrade_to_current,
 )
+from helios_contract.capabilities import backend_phrase
 from helios_contract.schema import contract_pb2 as pb
 from helios_contract.schema import core_pb2
 from helios_contract.schema import manifest_pb2 as mpb
 
+from helios_tools.capabilities import BACKENDS
 from helios_tools.core.errors import CoreError
 from helios_tools.core.reader import Core, authorize
-from helios_tools.frontend_assets import load_tokenizer
+from helios_tools.frontend_assets import (
+    ChatTemplateCompileError,
+    ChatTemplateError,
+    ChatTemplateLimitError,
+    load_tokenizer,
+    render_chat,
+)
 from helios_tools.token_rules import token_findings
 
-__all__ = ["Finding", "lint_contract", "lint_core", "resource_findings", "tokenizer_findings"]
+__all__ = ["Finding", "chat_template_findings", "lint_capabilities", "lint_contract",
+           "lint_core", "resource_findings", "tokenizer_findings"]
 
 F = Finding.of
 # Bootstrap loads exactly one of each from the core.
@@ -46,7 +62,8 @@ FRONTEND_ASSETS = (core_pb2.RESOURCE_KIND_TOKENIZER, core_pb2.RESOURCE_KIND_CHAT
 def lint_core(core: Core, *, acceptance: str | None = None,
               check_resources: bool = True,
               progress: Callable[[int], None] | None = None,
-              require_targets: Iterable[str] = ()) -> list[Finding]:
+              require_targets: Iterable[str] = (),
+              backends: Sequence[str] = tuple(BACKENDS)) -> list[Finding]:
     """Lint an open core.
 
     Args:
@@ -57,6 +74,8 @@ def lint_core(core: Core, *, acceptance: str | None = None,
         require_targets: GPU targets the core must carry binaries for (e.g. ``sm_90``, the
             architecture it will be served on). A core without targets is a valid
             CPU-only core; `helios-serve --backend cuda` rejects it at startup.
+        backends: Serving backends whose capability tables the core must fit (default:
+            every one of ``helios_tools.capabilities.BACKENDS``).
 
     Returns:
         Findings, empty for a core that passes.
@@ -78,8 +97,10 @@ def lint_core(core: Core, *, acceptance: str | None = None,
             if progress is not None:
                 progress(res.stored_nbytes)
     findings += lint_contract(core.contract, core.manifest)
+    findings += lint_capabilities(core.contract, core.manifest, backends)
     findings += resource_findings(core.contract, core.manifest, core.resources.values())
     findings += tokenizer_findings(core)
+    findings += _template_findings(core)
     declared = set(core.manifest.targets)
     for target in require_targets:
         if target not in declared:
@@ -93,6 +114,33 @@ def lint_contract(contract: pb.ServingContract,
                   manifest: mpb.ExecutionManifest) -> list[Finding]:
     """Every finding of the contract and manifest rules (``contract_findings``)."""
     return list(contract_findings(contract, manifest))
+
+
+def lint_capabilities(contract: pb.ServingContract, manifest: mpb.ExecutionManifest,
+                      backends: Sequence[str] = tuple(BACKENDS)) -> list[Finding]:
+    """What the given backends cannot execute (``capability_findings`` of their tables).
+
+    A finding of several backends is listed once, naming them all. Nothing is reported
+    for a contract without a version 3 view (its version finding says why).
+
+    Raises:
+        KeyError: a backend without a capability table.
+    """
+    try:
+        upgraded = upgrade_to_current(contract)
+    except ContractError:
+        return []
+    merged: dict[tuple[str, str, str], tuple[Finding, list[str]]] = {}
+    for backend in backends:
+        for f in capability_findings(upgraded, manifest, BACKENDS[backend]):
+            merged.setdefault((f.rule, f.path, f.value), (f, []))[1].append(backend)
+    out = []
+    for f, names in merged.values():
+        if len(names) > 1:
+            both = f"the {' and '.join(names)} backends"
+            f = replace(f, detail=f.detail.replace(backend_phrase(names[0]), both))
+        out.append(f)
+    return out
 
 
 def _resource(resources: dict[str, core_pb2.ExecutableResource], rid: str, path: str,
@@ -177,5 +225,38 @@ def tokenizer_findings(core: Core) -> list[Finding]:
         return []
     except (UnicodeDecodeError, ValueError) as e:
         return [F("frontend.tokenizer", ResourceReferenceError, path, type(e).__name__,
-                  f"the tokenizer resource does not load: {e}")]
+                  f"the tokenizer resource does not load: {' '.join(str(e).split())}")]
     return list(token_findings(core.contract.model.frontend, tokenizer))
+
+
+def chat_template_findings(template: str, path: str = "resources[chat template]"
+                           ) -> Iterator[Finding]:
+    """The chat template compiles, loads no other template and renders the smallest
+    conversation within its limits (``Bootstrap.from_parts`` raises the first finding).
+
+    A template that refuses that conversation through ``raise_exception`` is valid: it may
+    refuse some conversations.
+    """
+    try:
+        render_chat(template, [{"role": "user", "content": "ping"}])
+    except (ChatTemplateCompileError, ChatTemplateLimitError) as e:
+        yield F("frontend.chat_template", ResourceReferenceError, path, type(e).__name__,
+                " ".join(str(e).split()))
+    except ChatTemplateError:
+        pass
+
+
+def _template_findings(core: Core) -> list[Finding]:
+    ids = [rid for rid, res in core.resources.items()
+           if res.kind == core_pb2.RESOURCE_KIND_CHAT_TEMPLATE]
+    if len(ids) != 1:
+        return []  # resource.frontend_assets
+    path = f"resources[{ids[0]!r}]"
+    try:
+        text = bytes(core.read_resource(ids[0])).decode("utf-8")
+    except CoreError:
+        return []  # resource.integrity
+    except UnicodeDecodeError as e:
+        return [F("frontend.chat_template", ResourceReferenceError, path, type(e).__name__,
+                  "the chat template resource is not UTF-8 text")]
+    return list(chat_template_findings(text, path))

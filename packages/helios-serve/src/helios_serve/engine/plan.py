@@ -75,8 +75,8 @@ class RowPlan:
         tokens: token ids fed this step: a prefill chunk, or [pending token] for decode.
         start_position: position (tokens) of tokens[0] in the request's sequence.
         page_ids: the slot's full page list covering positions
-            [0, start_position + len(tokens)); page i holds positions
-            [i * page_tokens, (i + 1) * page_tokens).
+            [0, start_position + len(tokens)), plus `extra_pages_per_request` more;
+            unshifted, page i holds positions [i * page_tokens, (i + 1) * page_tokens).
         sample: whether the sampled token is used (final prefill chunk, decode);
             when False the histogram is not updated.
         sampling: the request's sampling parameters.
@@ -154,6 +154,12 @@ class ModelGeometry:
             request may ask), or None when the core records no logprobs.
         logit_bias: whether the sampler applies a per-request logit bias (the core binds
             VALUE_SOURCE_LOGIT_BIAS).
+        extra_pages_per_request: pages a request owns beyond those its tokens fill: the
+            largest page-table view page_offset (entry i of a view references the
+            request's page i + page_offset, contract.proto PageTableView), so a shifted
+            view of a request's n token pages references page n + offset - 1. Pages are
+            then not shared between requests (a shifted history does not lie in the page
+            of the tokens it belongs to).
     """
 
     page_tokens: int
@@ -171,6 +177,7 @@ class ModelGeometry:
     draft_cursor_lag: int | None = None
     top_logprobs: int | None = None
     logit_bias: bool = False
+    extra_pages_per_request: int = 0
 
 
 @dataclass(frozen=True)

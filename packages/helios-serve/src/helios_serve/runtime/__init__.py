@@ -1,13 +1,12 @@
 """The native runtime: NativeModel.load, shared packing and the execution backends."""
 
-from .errors import MissingGraphVariant, RuntimeLoadError, UnknownBackend, UnsupportedBinding
+from .errors import RuntimeLoadError, UnknownBackend, UnsupportedContract
 from .native_model import BACKENDS, NativeModel
 
 __all__ = [
     "BACKENDS",
-    "MissingGraphVariant",
     "NativeModel",
     "RuntimeLoadError",
     "UnknownBackend",
-    "UnsupportedBinding",
+    "UnsupportedContract",
 ]

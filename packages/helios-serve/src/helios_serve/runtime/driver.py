@@ -44,7 +44,8 @@ class Driver:
     def __init__(self, model: NativeModel, collect_logits: bool = False):
         self.model = model
         g = model.manifests
-        self.per_slot = min(g.max_pages_per_request, g.num_pages // g.slots)
+        self.per_slot = min(g.max_pages_per_request + g.extra_pages_per_request,
+                            g.num_pages // g.slots)
         self.collect_logits = collect_logits
         self.logits: list[np.ndarray] = []
         self.completions: list[StepCompletion] = []
@@ -52,7 +53,7 @@ class Driver:
 
     def _pages(self, slot: int, length: int) -> tuple[int, ...]:
         g = self.model.manifests
-        count = math.ceil(length / g.page_tokens)
+        count = math.ceil(length / g.page_tokens) + g.extra_pages_per_request
         if count > self.per_slot:
             raise ValueError(f"{length} tokens need {count} pages; a slot owns {self.per_slot}")
         return tuple(range(slot * self.per_slot, slot * self.per_slot + count))

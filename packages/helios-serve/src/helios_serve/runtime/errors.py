@@ -2,16 +2,22 @@
 
 
 class RuntimeLoadError(RuntimeError):
-    """The runtime cannot load this core with these options."""
+    """The runtime cannot load this core with these options.
+
+    Attributes:
+        rule: the id of the broken rule when one applies (``lint-core`` reports the same
+            rule for the same core), else "".
+    """
+
+    def __init__(self, message: str, rule: str = "") -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 class UnknownBackend(RuntimeLoadError):
     """The requested backend does not exist."""
 
 
-class MissingGraphVariant(RuntimeLoadError):
-    """The contract selects a graph the execution manifest lacks (or the reverse)."""
-
-
-class UnsupportedBinding(RuntimeLoadError):
-    """A value binding names a source or indexing this runtime cannot pack."""
+class UnsupportedContract(RuntimeLoadError):
+    """The contract declares a field the backend does not execute (its capability table,
+    ``helios_tools.capabilities``); the message names the field path and value."""

@@ -18,33 +18,27 @@ values are ignored and may be placeholders.
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
+from helios_contract import PreparedContract, capability_findings
 from helios_contract.schema import contract_pb2 as cpb
-from helios_contract.schema import manifest_pb2 as mpb
+from helios_tools.capabilities import BACKENDS as CAPABILITIES
 
 from ..engine.plan import ModelGeometry, StepCompletion, StepKind, StepPlan
 from ..startup import StartupLog
 from .cache_sizing import CacheSizing
 from .completion import CompletionReader
 from .cpu_backend import CpuBackend
-from .errors import MissingGraphVariant, RuntimeLoadError, UnknownBackend
+from .errors import RuntimeLoadError, UnknownBackend, UnsupportedContract
 from .packing import SharedPacking
 
-BACKENDS = ("cpu", "cuda")
+BACKENDS = tuple(CAPABILITIES)  # ("cpu", "cuda")
 
-
-class CoreLike(Protocol):
-    """What NativeModel.load reads from a verified core."""
-
-    contract: cpb.ServingContract
-    manifest: mpb.ExecutionManifest
-
-    def read_resource(self, resource_id: str) -> bytes: ...
+# Reads the decoded bytes of one resource of the core (helios_tools Core.read_resource).
+ResourceReader = Callable[[str], bytes]
 
 
 @dataclass(frozen=True)
@@ -64,44 +58,51 @@ class NativeModel:
     Use `NativeModel.load`; the constructor takes already-built parts.
     """
 
-    def __init__(self, contract: cpb.ServingContract, manifest: mpb.ExecutionManifest,
-                 backend, geometry: ModelGeometry):
-        self.contract = contract
-        self.manifest = manifest
+    def __init__(self, prepared: PreparedContract, backend, geometry: ModelGeometry):
+        self.prepared = prepared
         self.backend = backend
         self.manifests = geometry
-        graphs = list(contract.model.graphs)
+        manifest = prepared.manifest
+        graphs = list(prepared.graphs.values())
         self._programs = {g.name: g for g in manifest.graphs}
-        self._decode = sorted((g.batch_capacity, g.name) for g in graphs
-                              if g.operation == cpb.OPERATION_DECODE
-                              and g.batch_capacity <= max(geometry.decode_capacities))
-        self._prefill = sorted((g.token_capacity, g.name) for g in graphs
-                               if g.operation == cpb.OPERATION_PREFILL)
+        self._decode = sorted((g.batch_capacity, g.name)
+                              for g in prepared.graphs_for(cpb.OPERATION_DECODE)
+                              if g.batch_capacity <= max(geometry.decode_capacities))
+        self._prefill = sorted((g.token_capacity, g.name)
+                               for g in prepared.graphs_for(cpb.OPERATION_PREFILL))
         # SPECULATIVE programs of the served widths, narrowest first, then by batch.
         served = set(geometry.speculative_widths)
         self._speculative = sorted((g.speculative.token_capacity, g.batch_capacity, g.name)
-                                   for g in graphs if g.operation == cpb.OPERATION_SPECULATIVE
-                                   and g.speculative.token_capacity in served)
+                                   for g in prepared.graphs_for(cpb.OPERATION_SPECULATIVE)
+                                   if g.speculative.token_capacity in served)
         self.frames = int(backend.frames)
         staging = [backend.staging(f) for f in range(self.frames)]
-        self.packing = SharedPacking(graphs, staging)
+        self.packing = SharedPacking(graphs, staging, prepared.page_table_views)
         self._completion = CompletionReader(list(manifest.graphs), staging)
-        self._pending_view = _pending_view(graphs)
+        # One pending-token view for every decode graph: a capability rule checked at load.
+        decode = prepared.graphs_for(cpb.OPERATION_DECODE)[0]
+        self._pending_view = decode.pending_token if decode.pending_token.buffer else None
         self._inflight: deque[Ticket] = deque()
         self._next_frame = 0
         self.launches = Counter()  # graph launches by operation name
 
     @classmethod
-    def load(cls, core: CoreLike, backend: str = "cpu", *, cache: CacheSizing | None = None,
+    def load(cls, prepared: PreparedContract, read_resource: ResourceReader,
+             backend: str = "cpu", *, cache: CacheSizing | None = None,
              max_concurrency: int | None = None, cpu_frames: int = 1,
              speculative_width: int | None = None, log: StartupLog | None = None
              ) -> NativeModel:
-        """Load `core` onto `backend`: weights and every other buffer, the kernels, the KV
-        cache sized from what is left, the graphs, then the tuning producers the selected
-        graphs need (run once, before any graph is exposed).
+        """Load a validated contract's execution manifest onto `backend`: weights and
+        every other buffer, the kernels, the KV cache sized from what is left, the graphs,
+        then the tuning producers the selected graphs need (run once, before any graph is
+        exposed).
 
         Args:
-            core: a verified, authorized core (helios_tools.core reader).
+            prepared: the core's PreparedContract, validated against its execution
+                manifest (``PreparedContract.from_contract(contract, manifest)``, as
+                ``Bootstrap.load`` does); every implicit version 1/2 value is explicit in it.
+            read_resource: resource id -> decoded bytes (weights, kernel binaries), e.g.
+                the verified core's ``read_resource``.
             backend: "cpu" (NumPy reference kernels) or "cuda".
             cache: how the physical KV page count is chosen (runtime.cache_sizing; default:
                 cpu the prepared count, cuda 0.9 of the free device memory).
@@ -117,29 +118,39 @@ class NativeModel:
 
         Raises:
             UnknownBackend: `backend` is not one of BACKENDS.
-            MissingGraphVariant: contract and manifest disagree on graph variants.
-            RuntimeLoadError: another inconsistency between contract and manifest.
+            UnsupportedContract: the contract declares a field the backend does not
+                execute (the first ``capability_findings`` of its capability table; ``rule``
+                names it, as ``helios-tools lint-core --backend`` does).
+            RuntimeLoadError: `prepared` carries no manifest, an option is out of range,
+                or the backend cannot load it (a weight of the wrong size, no binary for
+                the GPU, out of memory).
         """
         if backend not in BACKENDS:
             raise UnknownBackend(f"unknown backend {backend!r}; known backends: "
                                  f"{', '.join(BACKENDS)}")
-        contract, manifest = core.contract, core.manifest
-        _check_variants(contract, manifest)
+        manifest = prepared.manifest
+        if manifest is None:
+            raise RuntimeLoadError("NativeModel.load needs a PreparedContract validated against "
+                                   "its execution manifest")
+        if speculative_width is not None and speculative_width < 0:
+            raise RuntimeLoadError(f"speculative width must be >= 0, got {speculative_width}")
+        for finding in capability_findings(prepared.serving, manifest, CAPABILITIES[backend],
+                                           speculative_width=speculative_width):
+            raise UnsupportedContract(f"unsupported contract: {finding}", finding.rule)
         log = log if log is not None else StartupLog()
         if backend == "cuda":
             from .cuda_backend import CudaBackend  # imports cuda-python only when asked
 
-            engine = CudaBackend(manifest, core.read_resource, cache, log=log)
+            engine = CudaBackend(manifest, read_resource, cache, log=log)
         else:
-            engine = CpuBackend(manifest, core.read_resource, cache, frames=cpu_frames, log=log)
+            engine = CpuBackend(manifest, read_resource, cache, frames=cpu_frames, log=log)
         try:
-            _run_tuning(engine, contract, manifest, log)
-            geometry = _geometry(contract, manifest, engine.num_pages, max_concurrency,
-                                 speculative_width)
+            _run_tuning(engine, prepared, log)
+            geometry = _geometry(prepared, engine.num_pages, max_concurrency, speculative_width)
         except BaseException:
             getattr(engine, "close", lambda: None)()
             raise
-        return cls(contract, manifest, engine, geometry)
+        return cls(prepared, engine, geometry)
 
     @property
     def top_logprobs(self) -> int | None:
@@ -261,114 +272,66 @@ class NativeModel:
             close()
 
 
-def _pending_view(graphs: list[cpb.GraphContract]) -> cpb.StateView | None:
-    """The decode graphs' device-owned pending-token view, or None when host-owned.
-
-    Raises:
-        RuntimeLoadError: decode graphs disagree (some device-owned, some not, or
-            different views).
-    """
-    decode = [g for g in graphs if g.operation == cpb.OPERATION_DECODE]
-    views = {g.pending_token.SerializeToString(deterministic=True) if g.pending_token.buffer
-             else b"" for g in decode}
-    if len(views) > 1:
-        raise RuntimeLoadError("decode graphs disagree on pending-token ownership")
-    if not decode or not decode[0].pending_token.buffer:
-        return None
-    return decode[0].pending_token
-
-
-def _run_tuning(engine, contract: cpb.ServingContract, manifest: mpb.ExecutionManifest,
-                log: StartupLog) -> None:
+def _run_tuning(engine, prepared: PreparedContract, log: StartupLog) -> None:
     """Run, once and in catalog order, every tuning producer a selected graph depends on
     (specification: startup executes required producers before exposing the dependent
     serving graphs). What each writes is the producer's choice; the log shows it."""
+    manifest = prepared.manifest
     programs = {g.name: g for g in manifest.graphs}
-    needed = {p for g in contract.model.graphs for p in programs[g.name].tuning_producers}
+    needed = {p for name in prepared.graphs for p in programs[name].tuning_producers}
     order = [p.name for p in manifest.tuning.producers if p.name in needed]
     with log.phase("tuning") as phase:
         engine.run_producers(order)
-        tuned = sorted({(t.producer_graph, t.buffer) for g in contract.model.graphs
+        tuned = sorted({(t.producer_graph, t.buffer) for g in prepared.graphs.values()
                         for t in g.tuned_bindings})
         phase.detail = ", ".join(
             f"{producer} wrote {buffer} = {engine.read_buffer(buffer).reshape(-1)[:4].tolist()}"
             for producer, buffer in tuned) or "no tuning producers"
 
 
-def _check_variants(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest) -> None:
-    programs = {g.name: g for g in manifest.graphs}
-    for g in contract.model.graphs:
-        program = programs.get(g.name)
-        if program is None:
-            raise MissingGraphVariant(f"graph variant {g.name!r} "
-                                      f"({cpb.Operation.Name(g.operation)}) is missing from "
-                                      "the execution manifest")
-        if program.operation != g.operation:
-            raise MissingGraphVariant(f"graph {g.name!r}: contract operation "
-                                      f"{cpb.Operation.Name(g.operation)} != manifest "
-                                      f"{cpb.Operation.Name(program.operation)}")
-    ops = {g.operation for g in contract.model.graphs}
-    for needed in (cpb.OPERATION_PREFILL, cpb.OPERATION_DECODE):
-        if needed not in ops:
-            raise MissingGraphVariant(f"the contract selects no {cpb.Operation.Name(needed)} "
-                                      "graph")
+def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | None,
+              speculative_width: int | None) -> ModelGeometry:
+    """The execution geometry the scheduler plans against, from the validated contract.
 
-
-def _geometry(contract: cpb.ServingContract, manifest: mpb.ExecutionManifest, pages: int,
-              max_concurrency: int | None, speculative_width: int | None = None
-              ) -> ModelGeometry:
-    model = contract.model
+    Page-table views (contract.proto, PageTableView): entry i of a view references the
+    request's page i + page_offset, so a request whose tokens span n pages owns
+    n + max(page_offset) pages, and every view holds the n entries its columns allow.
+    Speculative widths, draft cursors, logprobs and logit-bias bindings were checked
+    against the backend's capability table.
+    """
+    manifest = prepared.manifest
     buffers = {b.name: b for b in manifest.buffers}
-    views = list(model.cache.page_table_views)
-    if not views:
-        raise RuntimeLoadError("the cache contract declares no page-table view")
-    table = buffers[views[0].buffer]
-    slots, width = int(table.shape[0]), int(table.shape[1])
-    decode = sorted(g.batch_capacity for g in model.graphs
-                    if g.operation == cpb.OPERATION_DECODE)
+    tables = [buffers[v.buffer] for v in prepared.page_table_views]
+    slots = min(int(t.shape[0]) for t in tables)
+    width = min(int(t.shape[1]) for t in tables)
+    decode = list(prepared.decode_capacities)
     if max_concurrency is not None:
         decode = [b for b in decode if b <= max_concurrency] or decode[:1]
-    prefill = [g for g in model.graphs if g.operation == cpb.OPERATION_PREFILL]
-    speculative = [g for g in model.graphs if g.operation == cpb.OPERATION_SPECULATIVE]
-    widths = sorted({g.speculative.token_capacity for g in speculative})
+    prefill = prepared.prefill_capacities  # (rows, tokens) pairs
+    widths = list(prepared.speculative_widths)
     if speculative_width is not None:
-        if speculative_width < 0:
-            raise RuntimeLoadError(f"speculative width must be >= 0, got {speculative_width}")
         widths = [w for w in widths if w <= speculative_width]
-    if widths and 1 not in widths:
-        raise RuntimeLoadError(f"speculative widths {widths} have no width-one programs for "
-                               "lanes that cannot speculate")
-    cursors = {(g.completion_cursor.has_draft_cursor, g.completion_cursor.lag_tokens)
-               for g in speculative}
-    if len(cursors) > 1:
-        raise RuntimeLoadError(f"speculative graphs disagree on the draft cursor: {cursors}")
-    has_cursor, lag = cursors.pop() if cursors else (False, 0)
-    sampling = [g for g in model.graphs if g.operation != cpb.OPERATION_SPECULATIVE]
+    speculative = prepared.graphs_for(cpb.OPERATION_SPECULATIVE)
+    cursor = speculative[0].completion_cursor if speculative else None
+    sampling = [g for g in prepared.graphs.values() if g.operation != cpb.OPERATION_SPECULATIVE]
     programs = {g.name: g for g in manifest.graphs}
     layouts = {programs[g.name].completion.top_logprobs
                if programs[g.name].completion.logprobs_buffer else None for g in sampling}
     top_logprobs = layouts.pop() if len(layouts) == 1 else None  # CompletionReader rejects
-    if top_logprobs is not None and not all(
-            _binds(g, cpb.VALUE_SOURCE_LOGPROBS) for g in sampling):
-        raise RuntimeLoadError("the completion record holds logprobs but not every prefill "
-                               "and decode graph binds VALUE_SOURCE_LOGPROBS")
-    biased = [_binds(g, cpb.VALUE_SOURCE_LOGIT_BIAS) and
-              _binds(g, cpb.VALUE_SOURCE_LOGIT_BIAS_ENABLED) for g in sampling]
-    if any(biased) and not all(biased):
-        raise RuntimeLoadError("some graphs bind VALUE_SOURCE_LOGIT_BIAS and "
-                               "VALUE_SOURCE_LOGIT_BIAS_ENABLED and others do not")
     return ModelGeometry(
-        page_tokens=model.cache.page_tokens, num_pages=pages, slots=slots,
+        page_tokens=prepared.page_tokens, num_pages=pages, slots=slots,
         max_pages_per_request=width, decode_capacities=tuple(decode),
-        prefill_token_capacities=tuple(sorted(g.token_capacity for g in prefill)),
-        prefill_row_capacity=min(g.batch_capacity for g in prefill),
-        context_tokens=min(contract.context_tokens, width * model.cache.page_tokens),
-        vocab_size=model.vocabulary.sampled_tokens,
-        mask_words=model.vocabulary.mask_words or math.ceil(model.vocabulary.histogram_width / 32),
-        eos_token_ids=tuple(contract.eos_token_ids),
+        prefill_token_capacities=tuple(sorted(tokens for _, tokens in prefill)),
+        prefill_row_capacity=min(rows for rows, _ in prefill),
+        context_tokens=min(prepared.context_tokens, width * prepared.page_tokens),
+        vocab_size=prepared.sampled_tokens, mask_words=prepared.mask_words,
+        eos_token_ids=prepared.eos_token_ids,
         speculative_widths=tuple(widths) if widths and widths != [1] else (),
-        draft_cursor_lag=int(lag) if has_cursor else None,
-        top_logprobs=top_logprobs, logit_bias=all(biased))
+        draft_cursor_lag=int(cursor.lag_tokens) if cursor and cursor.has_draft_cursor else None,
+        top_logprobs=top_logprobs,
+        logit_bias=bool(sampling) and all(_binds(g, cpb.VALUE_SOURCE_LOGIT_BIAS)
+                                          for g in sampling),
+        extra_pages_per_request=max(v.page_offset for v in prepared.page_table_views))
 
 
 def _binds(graph: cpb.GraphContract, source: int) -> bool:

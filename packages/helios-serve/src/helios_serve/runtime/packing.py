@@ -2,9 +2,15 @@
 
 Specification: "Host values and graph state". Sources, types, extents and indexing are
 resolved once at startup (`SharedPacking.__init__`); a step only computes the values of
-the plan's rows and writes them. Page tables are uploaded incrementally: only entries
-assigned since the slot's last upload, unless the slot generation changed. A slot's
-histogram row is initialized once, on the step that places the request in the slot.
+the plan's rows and writes them. Which (source, indexing) pairs exist is the capability
+table `helios_tools.capabilities.PACKED_BINDINGS`, which `NativeModel.load` checks a
+contract against; tests/serve/runtime/test_capabilities.py packs every pair of it.
+
+Page tables are uploaded incrementally: only entries assigned since the slot's last
+upload, unless the slot generation changed. Entry i of a page-table view holds the
+request's page i + page_offset (PageTableView, contract.proto): a shifted view skips the
+first page_offset pages of `RowPlan.page_ids`. A slot's histogram row is initialized
+once, on the step that places the request in the slot.
 
 Index spaces: PACKED_TOKEN entries follow each row's actual token count in row order;
 SUBMISSION_ROW entries cover every captured row (padding past the live ones);
@@ -20,7 +26,6 @@ import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
 
 from ..engine.plan import RowPlan, StepPlan
-from .errors import UnsupportedBinding
 
 V = cpb
 
@@ -106,30 +111,25 @@ class SharedPacking:
     """Bindings of every graph, resolved against the backend's staging buffers.
 
     Args:
-        graphs: the contract's GraphContracts.
+        graphs: the validated contract's GraphContracts (every binding a pair of
+            PACKED_BINDINGS and a registered transport destination: checked at load).
         staging: per execution frame, destination name -> host array the backend executes
             that frame from. Request inputs have one array per frame (step N + 1 is packed
             while step N runs); physical-request-row state (page tables, histogram rows)
             is the same host mirror in every frame.
-
-    Raises:
-        UnsupportedBinding: a source/indexing pair this runtime cannot supply, or a
-            destination that is not a staging buffer.
+        page_table_views: the contract's page-table views (their page offsets).
     """
 
-    def __init__(self, graphs: list[cpb.GraphContract],
-                 staging: Sequence[Mapping[str, np.ndarray]]):
+    def __init__(self, graphs: Sequence[cpb.GraphContract],
+                 staging: Sequence[Mapping[str, np.ndarray]],
+                 page_table_views: Sequence[cpb.PageTableView] = ()):
         self._graphs: dict[str, list[_Resolved]] = {}
         for graph in graphs:
-            resolved = []
-            for b in graph.bindings:
-                if any(b.destination not in frame for frame in staging):
-                    raise UnsupportedBinding(f"graph {graph.name}: binding destination "
-                                             f"{b.destination!r} is not a buffer")
-                _check_supported(graph.name, b)
-                resolved.append(_Resolved(b, tuple(frame[b.destination] for frame in staging),
-                                          b.source, b.indexing, b.offset, b.padding))
-            self._graphs[graph.name] = resolved
+            self._graphs[graph.name] = [
+                _Resolved(b, tuple(frame[b.destination] for frame in staging), b.source,
+                          b.indexing, b.offset, b.padding) for b in graph.bindings]
+        # page-table buffer -> pages of RowPlan.page_ids before its entry 0.
+        self._page_offset = {v.buffer: v.page_offset for v in page_table_views}
         # slot -> (generation, page entries uploaded); see the module docstring.
         self._uploaded: dict[tuple[str, int], tuple[int, int]] = {}
 
@@ -196,15 +196,17 @@ class SharedPacking:
     def _pack_physical(self, b, dest: np.ndarray, plan: StepPlan,
                        dirty: list[DirtyRange]) -> None:
         if b.source == V.VALUE_SOURCE_PAGE_TABLE:
+            shift = self._page_offset.get(b.destination, 0)
             for r in plan.rows:
                 key = (b.destination, r.slot)
                 generation, done = self._uploaded.get(key, (-1, 0))
                 if generation != r.generation:
                     done = 0
-                if len(r.page_ids) > done:
-                    dest[r.slot, done:len(r.page_ids)] = r.page_ids[done:]
-                    dirty.append(DirtyRange(b.destination, r.slot, done, len(r.page_ids)))
-                self._uploaded[key] = (r.generation, len(r.page_ids))
+                entries = max(len(r.page_ids) - shift, 0)  # view entry i = page i + shift
+                if entries > done:
+                    dest[r.slot, done:entries] = r.page_ids[shift + done:]
+                    dirty.append(DirtyRange(b.destination, r.slot, done, entries))
+                self._uploaded[key] = (r.generation, entries)
         elif b.source == V.VALUE_SOURCE_PROMPT_HISTOGRAM:
             for r in plan.rows:
                 if r.histogram_tokens is not None:
@@ -231,22 +233,3 @@ def _scalar(b: cpb.ValueBinding, plan: StepPlan) -> int:
     if b.source == V.VALUE_SOURCE_CONSTANT:
         return b.constant_value
     raise AssertionError("checked at load")
-
-
-def _check_supported(graph: str, b: cpb.ValueBinding) -> None:
-    ok = {
-        V.INDEXING_PACKED_TOKEN: set(TOKEN_VALUES),
-        V.INDEXING_SUBMISSION_ROW: set(ROW_VALUES) | {V.VALUE_SOURCE_SEED_BITS,
-                                                      V.VALUE_SOURCE_GRAMMAR_MASK,
-                                                      V.VALUE_SOURCE_CONSTANT},
-        V.INDEXING_PHYSICAL_REQUEST_ROW: {V.VALUE_SOURCE_PAGE_TABLE,
-                                          V.VALUE_SOURCE_PROMPT_HISTOGRAM,
-                                          V.VALUE_SOURCE_LOGIT_BIAS},
-        V.INDEXING_SCALAR: {V.VALUE_SOURCE_LIVE_ROW_COUNT, V.VALUE_SOURCE_CONSTANT},
-    }
-    ok[V.INDEXING_ACTIVE_ROW] = ok[V.INDEXING_SUBMISSION_ROW]
-    if b.source not in ok.get(b.indexing, set()):
-        raise UnsupportedBinding(
-            f"graph {graph}: binding {b.destination!r} source "
-            f"{V.ValueSource.Name(b.source)} with {V.Indexing.Name(b.indexing)} is not "
-            "supported by this runtime")

@@ -128,8 +128,9 @@ def check_capacity(geometry: ModelGeometry, request: SchedRequest) -> AdmissionE
 
 def _exceeded(g: ModelGeometry, rid: int, prompt: int, output: int) -> AdmissionError | None:
     total = prompt + output
-    pages = _ceil_div(total, g.page_tokens)
-    if total <= g.context_tokens and pages <= min(g.max_pages_per_request, g.num_pages):
+    pages = _ceil_div(total, g.page_tokens)  # entries of each page-table view
+    owned = pages + g.extra_pages_per_request  # pages the request holds at its end
+    if total <= g.context_tokens and pages <= g.max_pages_per_request and owned <= g.num_pages:
         return None
     prompt_fits = output > 1 and _exceeded(g, rid, prompt, 1) is None
     if total > g.context_tokens:
@@ -147,11 +148,11 @@ def _exceeded(g: ModelGeometry, rid: int, prompt: int, output: int) -> Admission
             f"{total} tokens need {pages} pages; the page table holds {g.max_pages_per_request}",
             prompt_fits,
         )
-    if pages > g.num_pages:
+    if owned > g.num_pages:
         return AdmissionError(
             rid,
             AdmissionReason.CACHE_EXCEEDED,
-            f"{total} tokens need {pages} pages; the cache has {g.num_pages}",
+            f"{total} tokens need {owned} pages; the cache has {g.num_pages}",
             prompt_fits,
         )
     raise AssertionError("unreachable: some capacity is exceeded")
@@ -314,7 +315,7 @@ class Scheduler:
                 break  # strict FIFO: later requests don't overtake the head
             self._waiting.popleft()
             n = min(seq.prefill_tokens - seq.num_scheduled, budget)
-            n = min(n, len(seq.page_ids) * g.page_tokens - seq.num_scheduled)
+            n = min(n, self._token_pages(seq) * g.page_tokens - seq.num_scheduled)
             rows.append(self._prefill_row(seq, n))
             budget -= n
         return StepPlan(StepKind.PREFILL, tuple(rows)) if rows else None
@@ -339,10 +340,10 @@ class Scheduler:
         pt = self.geometry.page_tokens
         start = seq.num_scheduled
         n = min(seq.prefill_tokens - start, budget)
-        need = _ceil_div(start + n, pt) - len(seq.page_ids)
+        need = _ceil_div(start + n, pt) - self._token_pages(seq)
         if need > 0:
             need = min(need, self.pages.available_pages)
-            n = min(n, (len(seq.page_ids) + need) * pt - start)
+            n = min(n, (self._token_pages(seq) + need) * pt - start)
             if n <= 0:
                 return 0
             if need:
@@ -351,14 +352,22 @@ class Scheduler:
                 seq.page_ids.extend(grant.page_ids)
         return n
 
+    def _token_pages(self, seq: Sequence) -> int:
+        """Pages of `seq` that hold its token positions (the rest are the extra pages of
+        shifted page-table views)."""
+        return len(seq.page_ids) - self.geometry.extra_pages_per_request
+
     def _admit(self, seq: Sequence, budget: int) -> bool:
         """Give the waiting head a slot and pages for its first chunk, reusing
         cached prefix pages; False (no change) if no page is available."""
         pt = self.geometry.page_tokens
-        match = self.pages.match_prefix(seq.tokens)
+        extra = self.geometry.extra_pages_per_request
+        # A shifted page-table view keeps block i's history in page i + offset: pages are
+        # then private to their request (no prefix reuse, nothing published).
+        match = self.pages.match_prefix(() if extra else seq.tokens)
         start = match.matched_tokens
         n = min(len(seq.tokens) - start, budget)
-        need = _ceil_div(start + n, pt) - len(match.page_ids)
+        need = _ceil_div(start + n, pt) + extra - len(match.page_ids)
         need = min(need, self.pages.available_for(match))
         if need <= 0:
             return False  # the chunk always starts a fresh page
@@ -411,7 +420,7 @@ class Scheduler:
             return self._build_speculative(ready)
         rows: list[RowPlan] = []
         for seq in ready:
-            if seq.num_scheduled == len(seq.page_ids) * pt:  # pending token opens a page
+            if seq.num_scheduled == self._token_pages(seq) * pt:  # pending token opens a page
                 grant = self.pages.acquire(None, 1)
                 if grant is None:
                     continue  # waits for reclamation (or preemption)
@@ -430,13 +439,13 @@ class Scheduler:
             start = seq.num_scheduled  # the pending token's position
             n = 1 if seq.request.width_one else min(
                 self.max_width, seq.request.max_output_tokens - seq.num_output_tokens)
-            need = _ceil_div(start + n, pt) - len(seq.page_ids)
+            need = _ceil_div(start + n, pt) - self._token_pages(seq)
             if need > 0:
                 take = min(need, self.pages.available_pages)
-                n = min(n, (len(seq.page_ids) + take) * pt - start)
+                n = min(n, (self._token_pages(seq) + take) * pt - start)
                 if n < 1:
                     continue  # waits for reclamation (or preemption)
-                take = _ceil_div(start + n, pt) - len(seq.page_ids)
+                take = _ceil_div(start + n, pt) - self._token_pages(seq)
                 if take:
                     grant = self.pages.acquire(None, take)
                     assert grant is not None
@@ -466,7 +475,8 @@ class Scheduler:
             generation=seq.generation,
             tokens=tuple(tokens),
             start_position=start,
-            page_ids=seq.page_prefix(_ceil_div(end, self.geometry.page_tokens)),
+            page_ids=seq.page_prefix(_ceil_div(end, self.geometry.page_tokens)
+                                     + self.geometry.extra_pages_per_request),
             sample=sample,
             sampling=seq.request.sampling,
             histogram_tokens=histogram,
@@ -675,6 +685,8 @@ class Scheduler:
         """Publish pages completed by finished plans (up to `endpoint`, default the
         computed endpoint), in position order."""
         pt = self.geometry.page_tokens
+        if self.geometry.extra_pages_per_request:
+            return  # shifted views: pages are private (see _admit)
         end = seq.num_computed if endpoint is None else min(endpoint, seq.num_computed)
         for i in range(seq.num_published, end // pt):
             if i == len(seq.page_hashes):

@@ -19,13 +19,15 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from helios_contract import PreparedContract
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 
 from helios_serve.runtime.cpu_backend import COMPUTE_DTYPE
-from helios_serve.runtime.native_model import CoreLike, NativeModel, _geometry
+from helios_serve.runtime.native_model import NativeModel, _geometry
 
 
 class PacedBackend:
@@ -108,10 +110,11 @@ def _zeros(decl: mpb.Buffer) -> np.ndarray:
     return np.zeros([int(s) for s in decl.shape], COMPUTE_DTYPE[decl.dtype])
 
 
-def paced_model(core: CoreLike, step_s: Callable[[str], float], token_ids: Sequence[int], *,
+def paced_model(core: Any, step_s: Callable[[str], float], token_ids: Sequence[int], *,
                 max_concurrency: int | None = None) -> NativeModel:
-    """A NativeModel of `core` (real graph selection and packing) over a PacedBackend."""
-    contract, manifest = core.contract, core.manifest
-    backend = PacedBackend(contract, manifest, step_s, token_ids)
-    geometry = _geometry(contract, manifest, int(contract.prepared_pages), max_concurrency)
-    return NativeModel(contract, manifest, backend, geometry)
+    """A NativeModel of `core` (an object with `contract` and `manifest`: real graph
+    selection and packing of its validated contract) over a PacedBackend."""
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    backend = PacedBackend(prepared.serving, prepared.manifest, step_s, token_ids)
+    geometry = _geometry(prepared, int(prepared.serving.prepared_pages), max_concurrency, None)
+    return NativeModel(prepared, backend, geometry)

@@ -19,10 +19,14 @@ from helios_contract.schema import manifest_pb2 as mpb
 
 from helios_tools.core.writer import CoreWriter, LogicalCoreWriter
 
-__all__ = ["SAMPLE_NAMESPACE", "sample_contract", "sample_manifest", "sample_resources",
-           "write_sample_core"]
+__all__ = ["SAMPLE_BACKENDS", "SAMPLE_NAMESPACE", "sample_contract", "sample_manifest",
+           "sample_resources", "write_sample_core"]
 
 SAMPLE_NAMESPACE = "helios.example/tiny-llama"
+# The sample shows the core format, not a servable model: its "greedy_sample" kernel is no
+# NumPy reference op, so `lint-core` reports it for the cpu backend (runtime.reference_op).
+# Format tests lint it against the backend it fits.
+SAMPLE_BACKENDS = ("cuda",)
 _VOCAB = 256
 _HIDDEN = 16
 _SLOTS = 4  # decode batch capacity = request slots

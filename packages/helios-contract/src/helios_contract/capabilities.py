@@ -1,0 +1,279 @@
+"""Runtime capabilities: what a serving backend executes, and the rules that hold a
+contract to it.
+
+A valid contract may declare more than a given runtime executes (a sliding-window
+history, a SPECULATIVE program, startup tuning). Such a field must fail startup and lint
+with a message naming it; it is never accepted and ignored. Each backend publishes a
+``RuntimeCapabilities`` table (plain data; the tables of helios-serve's backends are in
+``helios_tools.capabilities``, where both ``helios-serve`` and ``helios-tools lint-core``
+read them), and ``capability_findings`` is the one rule set that compares a version 3
+contract and its manifest with a table. ``NativeModel.load`` raises the first finding,
+``lint-core --backend`` lists them all.
+
+Every field defaults to "not executed", so a capability added to the schema is rejected
+until a backend's table turns it on (docs/contract-rules.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from helios_contract._gen.helios.v1 import contract_pb2 as pb
+from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
+from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
+from helios_contract._rules_contract import enum_name
+from helios_contract.errors import UnsupportedFeatureError
+from helios_contract.findings import Finding
+
+__all__ = ["RuntimeCapabilities", "backend_phrase", "capability_findings"]
+
+Findings = Iterator[Finding]
+
+
+@dataclass(frozen=True)
+class RuntimeCapabilities:
+    """What one serving backend executes (every default: nothing).
+
+    Attributes:
+        backend: The backend's name (``"cpu"``, ``"cuda"``), used in messages.
+        operations: ``Operation`` values whose graphs the scheduler runs.
+        required_operations: Operations of which the contract must capture at least one
+            graph (the scheduler cannot serve without them).
+        bindings: ``(ValueSource, Indexing)`` pairs shared packing supplies.
+        history_kinds: ``HistoryKind`` values whose storage the runtime backs (paged
+            kinds share the request's one page list, whatever their number).
+        tokens_per_record: ``HistoryRegion.tokens_per_record`` values the kernels read.
+        state_accesses: ``Access`` kinds a graph may declare.
+        state_rows_per_request: The most ``GraphContract.state_rows_per_request`` the
+            runtime partitions (one slot row per request: 1).
+        cursor_operations: Operations whose graphs may report a draft cursor (the
+            runtime validates it against the consumed endpoint).
+        speculative_confidence: Whether SPECULATIVE programs may produce confidence
+            (device prefix allocation).
+        tuning: Whether startup tuning producers run (``tuned_bindings`` and the
+            manifest's tuning catalog).
+        dtypes: ``DType`` values of buffers the backend allocates.
+        image_preparations / image_layouts: Image implementations the frontend has.
+        argument_alignment_bytes: Byte alignment every buffer argument of a launch must
+            have (its buffer's base is aligned; the view's byte offset must be a multiple);
+            0 for element alignment only (a manifest rule).
+        reference_ops: Kernel ``reference_op`` names the backend executes, or ``None``
+            when it runs compiled binaries instead (their presence per GPU target is a
+            core-level check: ``lint-core --require-target``).
+    """
+
+    backend: str
+    operations: frozenset[int] = frozenset()
+    required_operations: frozenset[int] = frozenset()
+    bindings: frozenset[tuple[int, int]] = frozenset()
+    history_kinds: frozenset[int] = frozenset()
+    tokens_per_record: frozenset[int] = frozenset()
+    state_accesses: frozenset[int] = frozenset()
+    state_rows_per_request: int = 0
+    cursor_operations: frozenset[int] = frozenset()
+    speculative_confidence: bool = False
+    tuning: bool = False
+    dtypes: frozenset[int] = frozenset()
+    image_preparations: frozenset[int] = frozenset()
+    image_layouts: frozenset[int] = frozenset()
+    argument_alignment_bytes: int = 0
+    reference_ops: frozenset[str] | None = None
+
+
+def _names(enum: object, numbers) -> str:
+    return ", ".join(sorted(enum_name(enum, n) for n in numbers)) or "none"
+
+
+def backend_phrase(backend: str) -> str:
+    """How a detail names its backend (lint merges the findings of several backends)."""
+    return f"the {backend} backend"
+
+
+def _unsupported(rule: str, path: str, value: object, caps: RuntimeCapabilities,
+                 what: str) -> Finding:
+    return Finding.of(rule, UnsupportedFeatureError, path, value,
+                      f"not executed by {backend_phrase(caps.backend)}: {what}")
+
+
+def _graphs(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:
+    ops = {g.operation for g in serving.model.graphs}
+    for needed in sorted(caps.required_operations - ops):
+        yield Finding.of("runtime.required_operation", UnsupportedFeatureError, "model.graphs",
+                         enum_name(pb.Operation, needed),
+                         f"needed by {backend_phrase(caps.backend)}: at least one "
+                         f"{enum_name(pb.Operation, needed)} graph (the contract has none)")
+    for i, graph in enumerate(serving.model.graphs):
+        path = f"model.graphs[{i}]"
+        if graph.operation not in caps.operations:
+            yield _unsupported("runtime.operation", f"{path}.operation",
+                               enum_name(pb.Operation, graph.operation), caps,
+                               f"{enum_name(pb.Operation, graph.operation)} graphs (it "
+                               f"schedules {_names(pb.Operation, caps.operations)}), so "
+                               f"{graph.name!r} would never run")
+        for b, binding in enumerate(graph.bindings):
+            if (binding.source, binding.indexing) not in caps.bindings:
+                pair = (f"{enum_name(pb.ValueSource, binding.source)} with "
+                        f"{enum_name(pb.Indexing, binding.indexing)}")
+                yield _unsupported("runtime.binding", f"{path}.bindings[{b}]", pair, caps,
+                                   f"{pair} (shared packing does not supply it)")
+        for a, access in enumerate(graph.state_accesses):
+            if access.access not in caps.state_accesses:
+                yield _unsupported("runtime.state_access", f"{path}.state_accesses[{a}].access",
+                                   enum_name(pb.Access, access.access), caps,
+                                   f"{enum_name(pb.Access, access.access)} state accesses")
+        if graph.state_rows_per_request > caps.state_rows_per_request:
+            yield _unsupported("runtime.state_rows", f"{path}.state_rows_per_request",
+                               graph.state_rows_per_request, caps,
+                               f"more than {caps.state_rows_per_request} state row(s) per "
+                               "request")
+        if graph.completion_cursor.has_draft_cursor and \
+                graph.operation not in caps.cursor_operations:
+            yield _unsupported("runtime.completion_cursor",
+                               f"{path}.completion_cursor.has_draft_cursor", True, caps,
+                               f"draft cursors of {enum_name(pb.Operation, graph.operation)} "
+                               f"graphs (it validates those of "
+                               f"{_names(pb.Operation, caps.cursor_operations)})")
+        if graph.speculative.produces_confidence and not caps.speculative_confidence:
+            yield _unsupported("runtime.speculative_confidence",
+                               f"{path}.speculative.produces_confidence", True, caps,
+                               "programs producing proposal confidence")
+        if graph.tuned_bindings and not caps.tuning:
+            yield _unsupported("runtime.tuning", f"{path}.tuned_bindings",
+                               [t.buffer for t in graph.tuned_bindings], caps,
+                               "startup tuning producers (tuned bindings)")
+
+
+def _speculative(serving: pb.ServingContract, caps: RuntimeCapabilities,
+                 speculative_width: int | None) -> Findings:
+    """What the scheduler needs of the SPECULATIVE programs it runs (those of width
+    W <= `speculative_width`, the load option; None: every captured one): a width-one
+    program (lanes that cannot speculate) and one draft cursor for every program."""
+    spec = [(i, g) for i, g in enumerate(serving.model.graphs)
+            if g.operation == pb.OPERATION_SPECULATIVE
+            and (speculative_width is None or g.speculative.token_capacity <= speculative_width)]
+    if not spec or pb.OPERATION_SPECULATIVE not in caps.operations:
+        return
+    widths = sorted({g.speculative.token_capacity for _, g in spec})
+    if 1 not in widths:
+        yield Finding.of("runtime.speculative_width_one", UnsupportedFeatureError,
+                         "speculative_widths", widths,
+                         f"needed by {backend_phrase(caps.backend)}: a width-one SPECULATIVE "
+                         "program for lanes that cannot speculate")
+    first = spec[0][1].completion_cursor
+    for i, graph in spec[1:]:
+        if graph.completion_cursor != first:
+            yield _unsupported("runtime.draft_cursor", f"model.graphs[{i}].completion_cursor",
+                               graph.completion_cursor.lag_tokens, caps,
+                               "SPECULATIVE programs that disagree on the draft cursor")
+            break
+
+
+def _pending_token(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:
+    """The runtime feeds (and restores) one pending-token view for every decode step."""
+    decode = [(i, g) for i, g in enumerate(serving.model.graphs)
+              if g.operation == pb.OPERATION_DECODE]
+    views = {g.pending_token.SerializeToString(deterministic=True) for _, g in decode}
+    if len(views) > 1:
+        i, graph = decode[-1]
+        yield Finding.of("runtime.pending_token", UnsupportedFeatureError,
+                         f"model.graphs[{i}].pending_token", graph.pending_token.buffer or "host",
+                         f"not executed by {backend_phrase(caps.backend)}: decode graphs that "
+                         "disagree on the pending token's owner or view (it feeds every decode "
+                         "graph the same way)")
+
+
+def _cache(serving: pb.ServingContract, manifest: mpb.ExecutionManifest,
+           caps: RuntimeCapabilities) -> Findings:
+    for i, region in enumerate(serving.model.cache.regions):
+        path = f"model.cache.regions[{i}]"
+        if region.kind not in caps.history_kinds:
+            yield _unsupported("runtime.history_kind", f"{path}.kind",
+                               enum_name(pb.HistoryKind, region.kind), caps,
+                               f"{enum_name(pb.HistoryKind, region.kind)} histories (it backs "
+                               f"{_names(pb.HistoryKind, caps.history_kinds)})")
+        elif region.tokens_per_record not in caps.tokens_per_record:
+            yield _unsupported("runtime.tokens_per_record", f"{path}.tokens_per_record",
+                               region.tokens_per_record, caps,
+                               f"compressed histories (tokens per record "
+                               f"{sorted(caps.tokens_per_record)})")
+    buffers = {b.name: b for b in manifest.buffers}
+    slots = {}
+    for i, view in enumerate(serving.model.cache.page_table_views):
+        table = buffers.get(view.buffer)
+        if table is not None and table.shape:
+            slots.setdefault(table.shape[0], i)
+    if len(slots) > 1:
+        yield _unsupported("runtime.page_table_slots", "model.cache.page_table_views",
+                           sorted(slots), caps,
+                           "page-table views of different request-slot counts")
+
+
+def _manifest(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:
+    for i, buffer in enumerate(manifest.buffers):
+        if buffer.dtype not in caps.dtypes:
+            yield _unsupported("runtime.dtype", f"manifest.buffers[{i}].dtype",
+                               enum_name(mpb.DType, buffer.dtype), caps,
+                               f"{enum_name(mpb.DType, buffer.dtype)} buffers (it allocates "
+                               f"{_names(mpb.DType, caps.dtypes)})")
+    if caps.reference_ops is not None:
+        for i, kernel in enumerate(manifest.kernels):
+            if kernel.reference_op not in caps.reference_ops:
+                yield _unsupported("runtime.reference_op", f"manifest.kernels[{i}].reference_op",
+                                   kernel.reference_op, caps,
+                                   f"kernel {kernel.id!r} (its kernel library has no "
+                                   f"reference op {kernel.reference_op!r})")
+    if caps.argument_alignment_bytes:
+        align = caps.argument_alignment_bytes
+        for kind, programs in (("graphs", manifest.graphs),
+                               ("tuning.producers", manifest.tuning.producers)):
+            for g, program in enumerate(programs):
+                for j, launch in enumerate(program.launches):
+                    for a, arg in enumerate(launch.args):
+                        if arg.WhichOneof("value") == "buffer" and arg.buffer.byte_offset % align:
+                            yield _unsupported(
+                                "runtime.alignment",
+                                f"manifest.{kind}[{g}].launches[{j}].args[{a}].buffer.byte_offset",
+                                arg.buffer.byte_offset, caps,
+                                f"buffer arguments off its {align}-byte alignment (kernels are "
+                                f"compiled for aligned pointers)")
+    if manifest.tuning.producers and not caps.tuning:
+        yield _unsupported("runtime.tuning", "manifest.tuning.producers",
+                           [g.name for g in manifest.tuning.producers], caps,
+                           "startup tuning producers (the manifest's tuning catalog)")
+
+
+def _frontend(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:
+    front = serving.model.frontend
+    if front.image_preparation not in caps.image_preparations:
+        yield _unsupported("runtime.image", "model.frontend.image_preparation",
+                           enum_name(fpb.ImagePreparation, front.image_preparation), caps,
+                           "image preparation (it has no image implementation)")
+    if front.image_layout not in caps.image_layouts:
+        yield _unsupported("runtime.image", "model.frontend.image_layout",
+                           enum_name(fpb.ImageLayout, front.image_layout), caps,
+                           "image layouts (it has no image implementation)")
+
+
+def capability_findings(serving: pb.ServingContract, manifest: mpb.ExecutionManifest,
+                        caps: RuntimeCapabilities, *,
+                        speculative_width: int | None = None) -> Findings:
+    """Every field of a version 3 contract and its manifest that ``caps`` does not execute.
+
+    Args:
+        serving: A validated version 3 contract (``PreparedContract.serving``).
+        manifest: Its execution manifest.
+        caps: The backend's capability table.
+        speculative_width: The load-time width limit (``helios-serve
+            --speculative-width``): SPECULATIVE programs wider than it are not served, so
+            their needs are not checked; None (lint's default) serves every captured one.
+
+    Yields:
+        ``runtime.*`` findings, raised at startup as ``UnsupportedFeatureError``.
+    """
+    yield from _graphs(serving, caps)
+    yield from _speculative(serving, caps, speculative_width)
+    yield from _pending_token(serving, caps)
+    yield from _cache(serving, manifest, caps)
+    yield from _manifest(manifest, caps)
+    yield from _frontend(serving, caps)

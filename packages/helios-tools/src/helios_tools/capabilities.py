@@ -1,0 +1,84 @@
+"""What helios-serve's two backends execute, as data (``helios_contract.RuntimeCapabilities``).
+
+The tables live here, not in helios-serve, because ``helios-tools lint-core --backend``
+checks a core against them and helios-tools cannot import helios-serve (dependency
+direction contract <- tools <- {ignition, serve}); helios-serve's ``NativeModel.load``
+checks the same tables. Importing this module needs neither cuda-python nor a GPU.
+
+Each entry is a promise kept by serve's code and held by its tests:
+``tests/serve/runtime/test_capabilities.py`` packs every declared binding pair with shared
+packing and loads every declared dtype on the CPU backend. Turn a capability on in the
+commit that implements it (docs/contract-rules.md).
+"""
+
+from __future__ import annotations
+
+from helios_contract.capabilities import RuntimeCapabilities
+from helios_contract.schema import contract_pb2 as pb
+from helios_contract.schema import frontend_pb2 as fpb
+from helios_contract.schema import manifest_pb2 as mpb
+
+from helios_tools.kernels.registry import REFERENCE_OPS
+
+__all__ = ["BACKENDS", "CPU", "CUDA", "PACKED_BINDINGS"]
+
+_PER_ROW = (
+    pb.VALUE_SOURCE_SLOT, pb.VALUE_SOURCE_GENERATION, pb.VALUE_SOURCE_QUERY_LENGTH,
+    pb.VALUE_SOURCE_SAMPLING_DECISION, pb.VALUE_SOURCE_PENDING_TOKEN,
+    pb.VALUE_SOURCE_CONSUMED_ENDPOINT, pb.VALUE_SOURCE_TEMPERATURE, pb.VALUE_SOURCE_TOP_P,
+    pb.VALUE_SOURCE_TOP_K, pb.VALUE_SOURCE_MIN_P, pb.VALUE_SOURCE_PRESENCE_PENALTY,
+    pb.VALUE_SOURCE_FREQUENCY_PENALTY, pb.VALUE_SOURCE_REPETITION_PENALTY,
+    pb.VALUE_SOURCE_GRAMMAR_MASK_ENABLED, pb.VALUE_SOURCE_LOGIT_BIAS_ENABLED,
+    pb.VALUE_SOURCE_LOGPROBS, pb.VALUE_SOURCE_SEED_BITS, pb.VALUE_SOURCE_GRAMMAR_MASK,
+    pb.VALUE_SOURCE_CONSTANT,
+)
+_PER_TOKEN = (
+    pb.VALUE_SOURCE_PROMPT_TOKENS, pb.VALUE_SOURCE_PENDING_TOKEN,
+    pb.VALUE_SOURCE_PROMPT_POSITIONS, pb.VALUE_SOURCE_MIXED_PREFILL_ROW,
+    pb.VALUE_SOURCE_SLOT,
+)
+
+# (source, indexing) pairs helios_serve.runtime.packing.SharedPacking supplies.
+PACKED_BINDINGS = frozenset(
+    {(s, pb.INDEXING_SUBMISSION_ROW) for s in _PER_ROW}
+    | {(s, pb.INDEXING_ACTIVE_ROW) for s in _PER_ROW}
+    | {(s, pb.INDEXING_PACKED_TOKEN) for s in _PER_TOKEN}
+    | {(pb.VALUE_SOURCE_PAGE_TABLE, pb.INDEXING_PHYSICAL_REQUEST_ROW),
+       (pb.VALUE_SOURCE_PROMPT_HISTOGRAM, pb.INDEXING_PHYSICAL_REQUEST_ROW),
+       (pb.VALUE_SOURCE_LOGIT_BIAS, pb.INDEXING_PHYSICAL_REQUEST_ROW),
+       (pb.VALUE_SOURCE_LIVE_ROW_COUNT, pb.INDEXING_SCALAR),
+       (pb.VALUE_SOURCE_CONSTANT, pb.INDEXING_SCALAR)}
+)
+
+# What both backends share: the scheduler, packing and frontend are the same code.
+_SERVING = dict(
+    # The scheduler plans PREFILL, DECODE and SPECULATIVE steps (engine/plan.py StepKind).
+    operations=frozenset({pb.OPERATION_PREFILL, pb.OPERATION_DECODE,
+                          pb.OPERATION_SPECULATIVE}),
+    required_operations=frozenset({pb.OPERATION_PREFILL, pb.OPERATION_DECODE}),
+    bindings=PACKED_BINDINGS,
+    # Paged histories, one record per token, all in the request's one page list (the
+    # drafter's key/value and feature histories share the target's page table).
+    history_kinds=frozenset({pb.HISTORY_KIND_PAGED_KV, pb.HISTORY_KIND_PAGED_LATENT}),
+    tokens_per_record=frozenset({1}),
+    state_accesses=frozenset({pb.ACCESS_READ, pb.ACCESS_WRITE, pb.ACCESS_READ_WRITE}),
+    state_rows_per_request=1,  # persistent state rows are request slots
+    # The scheduler validates SPECULATIVE draft cursors (ModelGeometry.draft_cursor_lag);
+    # confidence allocation (SPECULATIVE_PREFIX_LIMIT) is issue 13.
+    cursor_operations=frozenset({pb.OPERATION_SPECULATIVE}),
+    speculative_confidence=False,
+    tuning=True,  # NativeModel.load runs the producers before exposing the graphs
+    dtypes=frozenset({mpb.D_TYPE_F32, mpb.D_TYPE_BF16, mpb.D_TYPE_I32, mpb.D_TYPE_U32}),
+    image_preparations=frozenset({fpb.IMAGE_PREPARATION_NONE}),
+    image_layouts=frozenset({fpb.IMAGE_LAYOUT_NONE}),
+)
+
+# NumPy reference kernels (helios_tools.kernels) over host buffers.
+CPU = RuntimeCapabilities(backend="cpu", reference_ops=frozenset(REFERENCE_OPS), **_SERVING)
+# AOT cubins through the driver API; a binary per GPU target is checked at load (and by
+# `lint-core --require-target`), not here.
+# Triton compiles every kernel assuming 16-byte aligned buffer arguments.
+CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignment_bytes=16,
+                           **_SERVING)
+
+BACKENDS = {"cpu": CPU, "cuda": CUDA}

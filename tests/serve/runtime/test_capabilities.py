@@ -1,0 +1,147 @@
+"""The capability tables (helios_tools.capabilities) are promises serve's code keeps.
+
+Every (source, indexing) pair the tables declare is packed by shared packing; every dtype
+they declare loads on the CPU backend; every frontend selector value has a parser; every
+reference op of the CPU table runs. A capability cannot be declared without its
+implementation, and the tables never lag behind the code either (the packing test also
+fails when packing supplies a pair the table leaves out).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helios_contract.schema import contract_pb2 as c
+from helios_contract.schema import frontend_pb2 as fpb
+from helios_contract.schema import manifest_pb2 as mpb
+from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+from helios_serve.frontend.pipeline import REASONING_PARSERS, TOOL_PARSERS
+from helios_serve.frontend.syntax import ReasoningParser, ToolParser
+from helios_serve.runtime import packing
+from helios_serve.runtime.cpu_backend import CpuBackend
+from helios_serve.runtime.packing import SharedPacking
+from helios_tools.capabilities import CPU, CUDA, PACKED_BINDINGS
+from helios_tools.kernels.registry import REFERENCE_OPS
+
+SENTINEL = -7
+SLOTS, WORDS = 4, 3
+
+
+def _rows(kind: StepKind) -> tuple[RowPlan, ...]:
+    sampling = SamplingParams(temperature=0.5, top_p=0.9, top_k=5, seed=(3 << 32) | 9,
+                              logit_bias=((1, 2.0),), logprobs=2)
+    mask = np.full(WORDS, 5, np.int32)
+    tokens = {StepKind.PREFILL: ((11, 12, 13), (21, 22)), StepKind.DECODE: ((11,), (21,))}[kind]
+    return tuple(RowPlan(request_id=i, slot=2 * i + 1, generation=4, tokens=t,
+                         start_position=8, page_ids=(6, 7, 9), sample=True, sampling=sampling,
+                         histogram_tokens=(1, 1, 2), grammar_mask=mask)
+                 for i, t in enumerate(tokens))
+
+
+def _destination(indexing: int, source: int) -> np.ndarray:
+    if indexing == c.INDEXING_PHYSICAL_REQUEST_ROW:
+        return np.full((SLOTS, 8), SENTINEL, np.int32)
+    if indexing == c.INDEXING_SCALAR:
+        return np.full((), SENTINEL, np.int32)
+    if source == c.VALUE_SOURCE_SEED_BITS:
+        return np.full((SLOTS, 2), SENTINEL, np.int64)
+    if source == c.VALUE_SOURCE_GRAMMAR_MASK:
+        return np.full((SLOTS, WORDS), SENTINEL, np.int32)
+    return np.full(8, SENTINEL, np.float32)
+
+
+@pytest.mark.parametrize("kind", [StepKind.PREFILL, StepKind.DECODE])
+@pytest.mark.parametrize(("source", "indexing"), sorted(PACKED_BINDINGS),
+                         ids=[f"{c.ValueSource.Name(s)}-{c.Indexing.Name(i)}"
+                              for s, i in sorted(PACKED_BINDINGS)])
+def test_every_declared_binding_is_packed(source, indexing, kind):
+    binding = c.ValueBinding(destination="dst", source=source, indexing=indexing,
+                             constant_value=3 if source == c.VALUE_SOURCE_CONSTANT else 0)
+    graph = c.GraphContract(name="g", bindings=[binding])
+    dest = _destination(indexing, source)
+    pack = SharedPacking([graph], [{"dst": dest}])
+    pack.pack("g", StepPlan(kind, _rows(kind)), rows=SLOTS, tokens=8)
+    assert (dest != SENTINEL).any(), "nothing was written"
+
+
+def test_packing_supplies_nothing_the_table_leaves_out():
+    """The pairs packing's value tables implement are exactly the declared ones."""
+    per_row = set(packing.ROW_VALUES) | {c.VALUE_SOURCE_SEED_BITS, c.VALUE_SOURCE_GRAMMAR_MASK,
+                                         c.VALUE_SOURCE_CONSTANT}
+    implemented = (
+        {(s, i) for s in per_row for i in (c.INDEXING_SUBMISSION_ROW, c.INDEXING_ACTIVE_ROW)}
+        | {(s, c.INDEXING_PACKED_TOKEN) for s in packing.TOKEN_VALUES}
+        | {(c.VALUE_SOURCE_PAGE_TABLE, c.INDEXING_PHYSICAL_REQUEST_ROW),
+           (c.VALUE_SOURCE_PROMPT_HISTOGRAM, c.INDEXING_PHYSICAL_REQUEST_ROW),
+           (c.VALUE_SOURCE_LOGIT_BIAS, c.INDEXING_PHYSICAL_REQUEST_ROW),
+           (c.VALUE_SOURCE_LIVE_ROW_COUNT, c.INDEXING_SCALAR),
+           (c.VALUE_SOURCE_CONSTANT, c.INDEXING_SCALAR)}
+    )
+    assert implemented == PACKED_BINDINGS
+
+
+@pytest.mark.parametrize("dtype", sorted(CPU.dtypes), ids=mpb.DType.Name)
+def test_every_declared_dtype_loads_on_the_cpu_backend(dtype):
+    manifest = mpb.ExecutionManifest(buffers=[
+        mpb.Buffer(name="w", dtype=dtype, shape=[2, 3], role=mpb.BUFFER_ROLE_WEIGHT,
+                   weight_resource_id="w"),
+        mpb.Buffer(name="s", dtype=dtype, shape=[4], role=mpb.BUFFER_ROLE_SCRATCH)])
+    size = {mpb.D_TYPE_BF16: 2}.get(dtype, 4)
+    backend = CpuBackend(manifest, lambda rid: bytes(6 * size))
+    assert backend.buffers["w"].shape == (2, 3) and backend.buffers["s"].shape == (4,)
+
+
+def test_the_cuda_table_declares_what_the_cuda_backend_allocates():
+    from helios_serve.runtime.cuda_backend import STORED_DTYPE  # imports no driver call
+
+    assert set(STORED_DTYPE) == CUDA.dtypes
+
+
+def test_both_backends_share_the_scheduler_packing_and_frontend():
+    differ = {f for f in CPU.__dataclass_fields__ if getattr(CPU, f) != getattr(CUDA, f)}
+    assert differ == {"backend", "reference_ops", "argument_alignment_bytes"}
+    assert CPU.reference_ops == frozenset(REFERENCE_OPS) and CUDA.reference_ops is None
+
+
+def test_every_frontend_selector_has_an_implementation():
+    """So a contract that passes the selector rules always finds its parser (lint-core
+    needs no parser table)."""
+    assert set(TOOL_PARSERS) == {ToolParser(v) for v in fpb.ToolParser.values()} - {
+        ToolParser.UNSPECIFIED}
+    assert set(REASONING_PARSERS) == {ReasoningParser(v) for v in fpb.ReasoningParser.values()
+                                      } - {ReasoningParser.UNSPECIFIED}
+
+
+def test_speculative_programs_need_a_width_one_program():
+    from helios_ignition.testing import tiny_core
+    from helios_serve.runtime import UnsupportedContract
+    from helios_serve.testing.native import load_native
+
+    load_native(tiny_core(1, speculative_widths=(1, 2)), "cpu").close()
+    with pytest.raises(UnsupportedContract) as info:
+        load_native(tiny_core(1, speculative_widths=(2,)), "cpu")
+    assert info.value.rule == "runtime.speculative_width_one"
+    assert str(info.value) == (
+        "unsupported contract: runtime.speculative_width_one: speculative_widths = [2]: "
+        "needed by the cpu backend: a width-one SPECULATIVE program for lanes that cannot "
+        "speculate")
+
+
+def test_cuda_buffer_arguments_are_16_byte_aligned():
+    """Triton kernels assume aligned pointers: a view 4 bytes into a buffer is valid for the
+    cpu backend (element-aligned) and rejected for cuda, at load and by lint alike."""
+    from helios_contract import PreparedContract, capability_findings
+    from helios_ignition.testing import tiny_core
+
+    core = tiny_core(1)
+    launch = next(la for p in core.manifest.graphs for la in p.launches
+                  if la.args and la.args[0].WhichOneof("value") == "buffer"
+                  and la.args[0].buffer.shape and la.args[0].buffer.shape[0] > 1)
+    view = launch.args[0].buffer
+    view.shape[0] -= 1  # one element less, so the shifted view stays inside its buffer
+    view.byte_offset = 4
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    assert list(capability_findings(prepared.serving, prepared.manifest, CPU)) == []
+    (finding,) = capability_findings(prepared.serving, prepared.manifest, CUDA)
+    assert (finding.rule, finding.value) == ("runtime.alignment", "4")
+    assert finding.path.endswith(".args[0].buffer.byte_offset")
