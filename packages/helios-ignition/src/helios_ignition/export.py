@@ -360,6 +360,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
                 protected_version: int | None = None,
                 resource_key_path: str | Path | None = None,
                 split_tuning: SplitTuning | None = None,
+                fold_layers: bool | None = None,
                 progress: Callable[[str, int, int, str], None] | None = None
                 ) -> ExportSummary:
     """Export a recipe and checkpoint to a signed core at `out` (atomic).
@@ -380,6 +381,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         resource_key_path: with protected_version 4: the AES-256 key file (32 raw bytes).
         split_tuning: capture the decode-split tuning producer with these settings
             (None: the recipe's `split_tuning`).
+        fold_layers: fold norms and residual adds into the decode products (None: the
+            recipe's `fold_layers`).
         progress: called as progress(step, done, total, unit) for the steps "kernels
             compiled" (kernel variants), "weights read" (weight tensors) and "bytes
             written" (decoded bytes stored in the core; unit "bytes"), as
@@ -409,6 +412,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         recipe = replace(recipe, weight_dtype=weight_dtype)
     if split_tuning is not None:
         recipe = replace(recipe, split_tuning=split_tuning)
+    if fold_layers is not None:
+        recipe = replace(recipe, fold_layers=fold_layers)
     validate_recipe(recipe)
     if not ckpt.tokenizer_json:
         raise MissingTokenizerError(f"{ckpt.source}: no tokenizer")
@@ -427,7 +432,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     speculation = (Speculation(drafter.geometry, recipe.drafter.widths)
                    if drafter is not None and recipe.drafter is not None else None)
     manifest, graphs = capture(shapes, caps, recipe.weight_dtype, spec=speculation,
-                               split_tuning=recipe.split_tuning)
+                               split_tuning=recipe.split_tuning,
+                               fold_layers=recipe.fold_layers)
     blobs: dict[str, bytes] = {}
     if targets:
         from .kernels_aot import compile_targets

@@ -129,6 +129,9 @@ class Recipe:
         drafter: the learned drafter; None captures no SPECULATIVE programs.
         split_tuning: capture a startup producer that tunes decode attention's split
             count on the serving device (None: the captured count is used as is).
+        fold_layers: decode graphs fold each RMS norm into the next product and each
+            residual add into the previous one (7 launches per layer instead of 9; same
+            arithmetic). Off by default until its GPU kernels are measured.
     """
 
     name: str
@@ -144,6 +147,7 @@ class Recipe:
     chat_template: str | None = None
     drafter: DrafterDecl | None = None
     split_tuning: SplitTuning | None = None
+    fold_layers: bool = False
 
 
 SUPPORTED_FAMILIES = ("llama",)

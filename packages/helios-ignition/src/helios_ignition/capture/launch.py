@@ -297,12 +297,20 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         c = linear_constants(T, N, K)
         return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
                     WBF16=wbf16, K16=int(K % 16 == 0))
-    if op == "swiglu_linear":
+    if op in ("swiglu_linear", "swiglu_linear_add"):
         T, N, K = s
         if not fuse_swiglu_linear(T, N):
-            raise KeyError(f"swiglu_linear has no launch rule for {T} rows (GEMV/FMA only)")
+            raise KeyError(f"{op} has no launch rule for {T} rows (GEMV/FMA only)")
         c = launch_config("linear", [T, N, K], views)
-        return replace(c, constants={**c.constants, "SWIGLU": 1})
+        acc = int(op == "swiglu_linear_add")
+        return replace(c, constants={**c.constants, "SWIGLU": 1, "ACC": acc})
+    if op == "linear_add":  # linear with the residual add in its epilogue
+        c = launch_config("linear", s, views)
+        return replace(c, constants={**c.constants, "ACC": 1})
+    if op == "rmsnorm_linear":  # linear with the RMS prologue: the linear's geometry
+        T, N, K = s[0], s[1], s[2]
+        return launch_config("linear", [T, N, K], (views[0], views[2], views[3])
+                             if len(views) > 3 else ())
     if op == "rope_kv_write":
         T, H, KVH, HD = s[0], s[4], s[5], s[6]
         return _cfg((T,), 4, BLOCK_H=_np2(H + KVH), BLOCK_HALF=_np2(HD // 2),

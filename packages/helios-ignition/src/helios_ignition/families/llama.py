@@ -200,7 +200,8 @@ class _Rows:
 
 
 def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T: int, R: int,
-            *, decode_attention: bool, invariant: bool, tuned: bool = False) -> None:
+            *, decode_attention: bool, invariant: bool, tuned: bool = False,
+            fold: bool = False) -> None:
     """Embedding, every layer and the final norm over `T` packed rows; the final-norm
     hidden states (the LM head's input) are left in `scratch.h`.
 
@@ -210,6 +211,12 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
     `invariant` records `linear_invariant` and no fused SwiGLU, so every row's result
     is independent of T (decode and verification agree bit for bit). `tuned` decode
     attention reads its split count from TUNED_SPLITS (captured at the maximum count).
+    `fold` (``capture(fold_layers=True)``) records 7 launches per layer instead of 9: each
+    RMS norm folded into the product that follows it (``rmsnorm_linear``: the QKV and
+    gate/up products read the residual stream) and each residual add into the epilogue
+    of the product before it (``linear_add`` / ``swiglu_linear_add`` add into
+    ``scratch.residual``); the final norm stays one ``rmsnorm``. The composition is the
+    same arithmetic as the unfolded sequence (the NumPy references are those sequences).
     """
     t = b.table
     D = s.hidden
@@ -232,11 +239,16 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
     scale = 1.0 / math.sqrt(HD)
     pos, trow, slot = rows.positions, rows.token_row, rows.slot
     b.launch("embedding", rows.tokens, t.view("embed", (s.vocab, D)), res, T, D)
-    b.launch("rmsnorm", res, t.view("L0.attn_norm", (D,)), h, T, D, s.rms_eps)
+    if not fold:
+        b.launch("rmsnorm", res, t.view("L0.attn_norm", (D,)), h, T, D, s.rms_eps)
     for i in range(s.layers):
         kc = t.view(f"L{i}.k_cache", (pages, PT, KVH, HD))
         vc = t.view(f"L{i}.v_cache", (pages, PT, KVH, HD))
-        b.launch(lin, h, t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D)
+        if fold:
+            b.launch("rmsnorm_linear", res, t.view(f"L{i}.attn_norm", (D,)),
+                     t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D, s.rms_eps)
+        else:
+            b.launch(lin, h, t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D)
         if launch.fuse_rope_kv_write():
             b.launch("rope_kv_write", qkv, pos, inv_freq, trow, slot, page_table, kc, vc,
                      T, R, MP, PT, H, KVH, HD)
@@ -263,6 +275,9 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
         else:
             b.launch("attention_prefill", qkv, pos, trow, slot, page_table, kc, vc, attn,
                      T, R, MP, PT, H, KVH, HD, scale)
+        if fold:
+            _folded_mlp(b, s, i, res, attn, gate_up, act, T)
+            continue
         b.launch(lin, attn, t.view(f"L{i}.wo", (D, H * HD)), x, T, D, H * HD)
         b.launch("add_rmsnorm", x, res, t.view(f"L{i}.ffn_norm", (D,)), h, T, D, s.rms_eps)
         b.launch(lin, h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
@@ -273,11 +288,29 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
             b.launch(lin, act, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
         next_norm = f"L{i + 1}.attn_norm" if i + 1 < s.layers else "final_norm"
         b.launch("add_rmsnorm", x, res, t.view(next_norm, (D,)), h, T, D, s.rms_eps)
+    if fold:
+        b.launch("rmsnorm", res, t.view("final_norm", (D,)), h, T, D, s.rms_eps)
+
+
+def _folded_mlp(b: ProgramBuilder, s: LlamaShapes, i: int, res, attn, gate_up, act,
+                T: int) -> None:
+    """Layer `i` after attention with folding: O projection added into the residual,
+    gate/up from the normalized residual, down projection added into the residual."""
+    t = b.table
+    D, F, HO = s.hidden, s.ffn, s.heads * s.head_dim
+    b.launch("linear_add", attn, t.view(f"L{i}.wo", (D, HO)), res, T, D, HO)
+    b.launch("rmsnorm_linear", res, t.view(f"L{i}.ffn_norm", (D,)),
+             t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D, s.rms_eps)
+    if launch.fuse_swiglu_linear(T, D):
+        b.launch("swiglu_linear_add", gate_up, t.view(f"L{i}.w_down", (D, F)), res, T, D, F)
+    else:
+        b.launch("silu_mul", gate_up, act, T, F)
+        b.launch("linear_add", act, t.view(f"L{i}.w_down", (D, F)), res, T, D, F)
 
 
 def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, rows: int,
              decode: bool, device_pending: bool, spec: Speculation | None = None,
-             tuned: bool = False) -> None:
+             tuned: bool = False, fold: bool = False) -> None:
     """Record one PREFILL or DECODE variant: `tokens` packed tokens over `rows` rows.
 
     With `device_pending`, decode reads each row's fed token from the slot's pending-token
@@ -286,7 +319,8 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
     In a drafter core (`spec`), decode is row-invariant (its rows equal verification
     rows bit for bit) and prefill also stores its features and writes the head's
     entries of its tokens (the draft context). `tuned`: decode attention reads the
-    tuned split count.
+    tuned split count. `fold`: decode layers fold norms and residual adds into their
+    products (``_layers``; not in a drafter core, whose decode stays row-invariant).
     """
     t = b.table
     T, R = tokens, rows
@@ -303,7 +337,8 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
     if decode and device_pending:
         b.launch("slot_gather", pending, slot, toks, R, slots)
     _layers(b, s, caps, _Rows(toks, pos, trow, slot, slot), T, R, decode_attention=decode,
-            invariant=decode and spec is not None, tuned=decode and tuned)
+            invariant=decode and spec is not None, tuned=decode and tuned,
+            fold=fold and decode and spec is None)
     h = t.view("scratch.h", (T, s.hidden))
     if spec is not None and not decode:
         _draft_context(b, s, caps, spec, toks, pos, trow, slot, T, R)
@@ -437,7 +472,8 @@ def _last_positions(b: ProgramBuilder, rows: int):
 
 
 def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pending: bool = True,
-            spec: Speculation | None = None, split_tuning: SplitTuning | None = None
+            spec: Speculation | None = None, split_tuning: SplitTuning | None = None,
+            fold_layers: bool = False
             ) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
     """Capture every graph variant and declare their contracts.
 
@@ -449,6 +485,10 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
             (speculative programs need the device-owned pending token).
         split_tuning: also capture the decode-split tuning producer (the manifest's tuning
             catalog); decode and speculative graphs then read the tuned split count.
+        fold_layers: decode graphs record 7 launches per layer instead of 9 (RMS norms
+            folded into the next product's prologue, residual adds into the previous
+            product's epilogue; ``_layers``). Off by default: the manifest's launches
+            record the choice, so cores exported either way keep serving unchanged.
 
     Returns:
         The execution manifest (buffers, kernel variants, graph programs) and one
@@ -479,7 +519,8 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
                 speculative=mpb.SpeculativeCompletion(token_width=width))
         else:
             decode = kind == "decode"
-            _forward(builder, s, caps, tokens, nrows, decode, device_pending, spec, tuned)
+            _forward(builder, s, caps, tokens, nrows, decode, device_pending, spec, tuned,
+                     fold_layers)
             name = f"{kind}_b{tokens}" if decode else f"prefill_t{tokens}"
             op = cpb.OPERATION_DECODE if decode else cpb.OPERATION_PREFILL
             packed = tokens

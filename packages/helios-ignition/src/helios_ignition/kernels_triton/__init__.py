@@ -20,7 +20,16 @@ from .attention import (
     rope,
     rope_kv_write,
 )
-from .dense import add, add_rmsnorm, embedding, gather_last, linear, rmsnorm, silu_mul
+from .dense import (
+    add,
+    add_rmsnorm,
+    embedding,
+    gather_last,
+    linear,
+    rmsnorm,
+    rmsnorm_linear,
+    silu_mul,
+)
 from .sampling import sample, sample_biased, token_logprobs
 from .speculative import (
     draft_sample,
@@ -54,6 +63,9 @@ TRITON_KERNELS = {
     "gather_last": gather_last,
     "rope_kv_write": rope_kv_write,
     "swiglu_linear": linear,  # the linear kernel with SWIGLU=1 (see launch_config)
+    "rmsnorm_linear": rmsnorm_linear,  # the linear body with its RMS prologue
+    "linear_add": linear,  # the linear kernel with ACC=1 (residual add in the epilogue)
+    "swiglu_linear_add": linear,  # SWIGLU=1 and ACC=1
     "slot_gather": slot_gather,
     "slot_scatter": slot_scatter,
     "sample": sample,
@@ -70,6 +82,7 @@ TRITON_KERNELS = {
 
 # Buffer parameters whose element type follows the variant constant WBF16.
 WEIGHT_PARAMS = {"linear": "weight", "linear_invariant": "weight", "swiglu_linear": "weight",
-                 "embedding": "table"}
+                 "rmsnorm_linear": "weight", "linear_add": "weight",
+                 "swiglu_linear_add": "weight", "embedding": "table"}
 
 __all__ = ["TRITON_KERNELS", "WEIGHT_PARAMS"]

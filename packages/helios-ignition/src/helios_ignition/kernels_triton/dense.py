@@ -1,4 +1,5 @@
-"""Triton kernels for the dense ops: embedding, norms, linear, SwiGLU, add, gather_last.
+"""Triton kernels for the dense ops: embedding, norms, linear (and its fused forms), SwiGLU,
+add, gather_last.
 
 Each kernel implements its NumPy reference in ``helios_tools.kernels`` exactly (same
 parameters in the same order: buffers, then scalars); the trailing ``tl.constexpr``
@@ -82,10 +83,190 @@ def _load_act(ptrs, mask, K, SWIGLU: tl.constexpr):
 
 
 @triton.jit
+def _rms_inv_row(xrow, K, eps, BLOCK_K: tl.constexpr):
+    """Reciprocal RMS of one K-wide row, as ``rmsnorm`` computes it."""
+    offs = tl.arange(0, BLOCK_K)
+    ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs
+        a = tl.load(xrow + kk, mask=kk < K, other=0.0)
+        ss += a * a
+    return tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.sum(ss, axis=0) / K + eps))
+
+
+@triton.jit
+def _rms_inv_rows(x_rows, mt, K, eps, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Reciprocal RMS ``[BLOCK_T]`` of each row of a ``[BLOCK_T, 1]`` block of row
+    pointers (``mt``: live rows; dead rows read zeros)."""
+    offs = tl.arange(0, BLOCK_K)
+    ss = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs
+        a = tl.load(x_rows + kk[None, :], mask=mt[:, None] & (kk < K)[None, :], other=0.0)
+        ss += a * a
+    return tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.sum(ss, axis=1) / K + eps))
+
+
+@triton.jit
+def _store_out(dst, acc, mask, ACC: tl.constexpr):
+    """Store the product, or with ACC add it to what ``dst`` holds (residual epilogue)."""
+    if ACC:
+        acc = tl.load(dst, mask=mask, other=0.0) + acc
+    tl.store(dst, acc, mask=mask)
+
+
+@triton.jit
+def _linear_body(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WBF16: tl.constexpr,
+                 K16: tl.constexpr, SWAP: tl.constexpr, PREFETCH: tl.constexpr,
+                 XSPLIT: tl.constexpr, STACK: tl.constexpr, FMA: tl.constexpr,
+                 SWIGLU: tl.constexpr, ACC: tl.constexpr, NORM: tl.constexpr):
+    """The body of every linear entry: ``linear`` (NORM=0, ACC=0) and its fused forms.
+    NORM=1 scales each activation row by its reciprocal RMS (over its K features) and
+    ``norm_weight`` as it is loaded (op ``rmsnorm_linear``)."""
+    pid_n = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    if K16:
+        K = tl.multiple_of(K, 16)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mn = offs_n < N
+    w_rows = weight + offs_n[:, None].to(tl.int64) * K
+    if SWIGLU:
+        x_stride = 2 * K
+    else:
+        x_stride = K
+    if FMA:
+        # Few rows: one weight tile in registers serves every row ([T, N, K] products
+        # reduced over K), f32 FMA like the GEMV below.
+        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        mt = offs_t < T
+        x_rows = x + offs_t[:, None].to(tl.int64) * x_stride
+        acc_f = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        if NORM:
+            inv_t = _rms_inv_rows(x_rows, mt, K, eps, BLOCK_T, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mk = kk < K
+            a = _load_act(x_rows + kk[None, :], mt[:, None] & mk[None, :], K, SWIGLU)
+            if NORM:
+                a = a * inv_t[:, None] * tl.load(norm_weight + kk, mask=mk, other=0.0)[None, :]
+            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+            acc_f += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
+        _store_out(dst, acc_f, mt[:, None] & mn[None, :], ACC)
+    elif BLOCK_T == 1:
+        # GEMV (one token row): each program streams a BLOCK_N x K slab in as few rounds
+        # as possible (BLOCK_K covers K when it fits) and reduces on the FMA units.
+        xrow = x + pid_t.to(tl.int64) * x_stride
+        acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        if NORM:
+            inv1 = _rms_inv_row(xrow, K, eps, BLOCK_K)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mk = kk < K
+            a = _load_act(xrow + kk, mk, K, SWIGLU)
+            if NORM:
+                a = a * inv1 * tl.load(norm_weight + kk, mask=mk, other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+            acc1 += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        _store_out(out + pid_t.to(tl.int64) * N + offs_n, acc1, mn, ACC)
+    elif SWAP:
+        # Skinny GEMM with A and B swapped: out^T = W x^T. The weight tile is the MMA's
+        # M operand straight from a (pipelined) load; the few token rows are its N.
+        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        mt = offs_t < T
+        x_cols = x + offs_t[None, :].to(tl.int64) * K
+        if NORM:
+            inv_s = _rms_inv_rows(x + offs_t[:, None].to(tl.int64) * K, mt, K, eps, BLOCK_T,
+                                  BLOCK_K)
+        if STACK and WBF16 and XSPLIT:
+            acc_s = tl.zeros((BLOCK_N, 2 * BLOCK_T), dtype=tl.float32)  # [n, (hi|lo, t)]
+        else:
+            acc_s = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mk = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+            a = tl.load(x_cols + kk[:, None], mask=mk[:, None] & mt[None, :], other=0.0)
+            if NORM:
+                a = a * inv_s[None, :] * tl.load(norm_weight + kk, mask=mk, other=0.0)[:, None]
+            if WBF16:
+                hi, lo = _split_bf16(a)
+                if not XSPLIT:
+                    acc_s = tl.dot(w, hi, acc_s)
+                elif STACK:
+                    hl = tl.reshape(tl.permute(tl.join(hi, lo), (0, 2, 1)),
+                                    (BLOCK_K, 2 * BLOCK_T))
+                    acc_s = tl.dot(w, hl, acc_s)
+                else:
+                    acc_s = tl.dot(w, hi, acc_s)
+                    acc_s = tl.dot(w, lo, acc_s)
+            else:
+                acc_s = tl.dot(w, a, acc_s, input_precision="ieee")
+        if STACK and WBF16 and XSPLIT:
+            acc_t = tl.sum(tl.reshape(acc_s, (BLOCK_N, 2, BLOCK_T)), axis=1)
+        else:
+            acc_t = acc_s
+        dst = out + offs_t[None, :].to(tl.int64) * N + offs_n[:, None]
+        _store_out(dst, acc_t, mn[:, None] & mt[None, :], ACC)
+    else:
+        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        mt = offs_t < T
+        x_rows = x + offs_t[:, None].to(tl.int64) * K
+        if NORM:
+            inv_m = _rms_inv_rows(x_rows, mt, K, eps, BLOCK_T, BLOCK_K)
+        if STACK and WBF16 and XSPLIT:
+            acc_s = tl.zeros((2 * BLOCK_T, BLOCK_N), dtype=tl.float32)  # [(hi|lo, t), n]
+        else:
+            acc_s = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        # The activation tile is converted in registers; PREFETCH=1 loads the next one by
+        # hand, PREFETCH=0 lets Triton pipeline it with the weight's.
+        a_next = tl.load(x_rows + offs_k[None, :], mask=mt[:, None] & (offs_k < K)[None, :],
+                         other=0.0)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mk = kk < K
+            if PREFETCH:
+                a = a_next
+                kn = kk + BLOCK_K
+                a_next = tl.load(x_rows + kn[None, :], mask=mt[:, None] & (kn < K)[None, :],
+                                 other=0.0)
+            else:
+                a = tl.load(x_rows + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+            if NORM:
+                a = a * inv_m[:, None] * tl.load(norm_weight + kk, mask=mk, other=0.0)[None, :]
+            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+            if WBF16:
+                hi, lo = _split_bf16(a)
+                wt = tl.trans(w)
+                if not XSPLIT:
+                    acc_s = tl.dot(hi, wt, acc_s)
+                elif STACK:
+                    hl = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)),
+                                    (2 * BLOCK_T, BLOCK_K))
+                    acc_s = tl.dot(hl, wt, acc_s)
+                else:
+                    acc_s = tl.dot(hi, wt, acc_s)
+                    acc_s = tl.dot(lo, wt, acc_s)
+            else:
+                acc_s = tl.dot(a, tl.trans(w), acc_s, input_precision="ieee")
+        if STACK and WBF16 and XSPLIT:
+            acc = tl.sum(tl.reshape(acc_s, (2, BLOCK_T, BLOCK_N)), axis=0)
+        else:
+            acc = acc_s
+        dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
+        _store_out(dst, acc, mt[:, None] & mn[None, :], ACC)
+
+
+
+
+@triton.jit
 def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr,
            SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
-           STACK: tl.constexpr = 0, FMA: tl.constexpr = 0, SWIGLU: tl.constexpr = 0):
+           STACK: tl.constexpr = 0, FMA: tl.constexpr = 0, SWIGLU: tl.constexpr = 0,
+           ACC: tl.constexpr = 0):
     """``out[t, n] = sum_k x[t, k] * weight[n, k]``; grid ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``.
 
     Reference loop (``helios_tools.kernels.linear``)::
@@ -116,125 +297,28 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     and the result is as exact as the GEMV's. ``SWIGLU=1`` (GEMV and FMA paths only) is
     the op ``swiglu_linear``: ``x`` is ``[T, 2K]`` gate|up and each activation element is
     ``silu(gate) * up`` computed as it is loaded (the ``silu_mul`` kernel's arithmetic).
-    Every variant is deterministic (each output is written once, in a fixed reduction
-    order).
+    ``ACC=1`` (ops ``linear_add`` / ``swiglu_linear_add``) adds the product into
+    ``out`` (the residual add in the epilogue: each output is read and written by the one
+    program that computes it). Every variant is deterministic (each output is written
+    once, in a fixed reduction order).
     """
-    pid_n = tl.program_id(0)
-    pid_t = tl.program_id(1)
-    if K16:
-        K = tl.multiple_of(K, 16)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mn = offs_n < N
-    w_rows = weight + offs_n[:, None].to(tl.int64) * K
-    if SWIGLU:
-        x_stride = 2 * K
-    else:
-        x_stride = K
-    if FMA:
-        # Few rows: one weight tile in registers serves every row ([T, N, K] products
-        # reduced over K), f32 FMA like the GEMV below.
-        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-        mt = offs_t < T
-        x_rows = x + offs_t[:, None].to(tl.int64) * x_stride
-        acc_f = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            mk = kk < K
-            a = _load_act(x_rows + kk[None, :], mt[:, None] & mk[None, :], K, SWIGLU)
-            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-            acc_f += tl.sum(a[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
-        tl.store(dst, acc_f, mask=mt[:, None] & mn[None, :])
-    elif BLOCK_T == 1:
-        # GEMV (one token row): each program streams a BLOCK_N x K slab in as few rounds
-        # as possible (BLOCK_K covers K when it fits) and reduces on the FMA units.
-        xrow = x + pid_t.to(tl.int64) * x_stride
-        acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            mk = kk < K
-            a = _load_act(xrow + kk, mk, K, SWIGLU)
-            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-            acc1 += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-        tl.store(out + pid_t.to(tl.int64) * N + offs_n, acc1, mask=mn)
-    elif SWAP:
-        # Skinny GEMM with A and B swapped: out^T = W x^T. The weight tile is the MMA's
-        # M operand straight from a (pipelined) load; the few token rows are its N.
-        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-        mt = offs_t < T
-        x_cols = x + offs_t[None, :].to(tl.int64) * K
-        if STACK and WBF16 and XSPLIT:
-            acc_s = tl.zeros((BLOCK_N, 2 * BLOCK_T), dtype=tl.float32)  # [n, (hi|lo, t)]
-        else:
-            acc_s = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            mk = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-            a = tl.load(x_cols + kk[:, None], mask=mk[:, None] & mt[None, :], other=0.0)
-            if WBF16:
-                hi, lo = _split_bf16(a)
-                if not XSPLIT:
-                    acc_s = tl.dot(w, hi, acc_s)
-                elif STACK:
-                    hl = tl.reshape(tl.permute(tl.join(hi, lo), (0, 2, 1)),
-                                    (BLOCK_K, 2 * BLOCK_T))
-                    acc_s = tl.dot(w, hl, acc_s)
-                else:
-                    acc_s = tl.dot(w, hi, acc_s)
-                    acc_s = tl.dot(w, lo, acc_s)
-            else:
-                acc_s = tl.dot(w, a, acc_s, input_precision="ieee")
-        if STACK and WBF16 and XSPLIT:
-            acc_t = tl.sum(tl.reshape(acc_s, (BLOCK_N, 2, BLOCK_T)), axis=1)
-        else:
-            acc_t = acc_s
-        dst = out + offs_t[None, :].to(tl.int64) * N + offs_n[:, None]
-        tl.store(dst, acc_t, mask=mn[:, None] & mt[None, :])
-    else:
-        offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-        mt = offs_t < T
-        x_rows = x + offs_t[:, None].to(tl.int64) * K
-        if STACK and WBF16 and XSPLIT:
-            acc_s = tl.zeros((2 * BLOCK_T, BLOCK_N), dtype=tl.float32)  # [(hi|lo, t), n]
-        else:
-            acc_s = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-        # The activation tile is converted in registers; PREFETCH=1 loads the next one by
-        # hand, PREFETCH=0 lets Triton pipeline it with the weight's.
-        a_next = tl.load(x_rows + offs_k[None, :], mask=mt[:, None] & (offs_k < K)[None, :],
-                         other=0.0)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            mk = kk < K
-            if PREFETCH:
-                a = a_next
-                kn = kk + BLOCK_K
-                a_next = tl.load(x_rows + kn[None, :], mask=mt[:, None] & (kn < K)[None, :],
-                                 other=0.0)
-            else:
-                a = tl.load(x_rows + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
-            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-            if WBF16:
-                hi, lo = _split_bf16(a)
-                wt = tl.trans(w)
-                if not XSPLIT:
-                    acc_s = tl.dot(hi, wt, acc_s)
-                elif STACK:
-                    hl = tl.reshape(tl.permute(tl.join(hi, lo), (2, 0, 1)),
-                                    (2 * BLOCK_T, BLOCK_K))
-                    acc_s = tl.dot(hl, wt, acc_s)
-                else:
-                    acc_s = tl.dot(hi, wt, acc_s)
-                    acc_s = tl.dot(lo, wt, acc_s)
-            else:
-                acc_s = tl.dot(a, tl.trans(w), acc_s, input_precision="ieee")
-        if STACK and WBF16 and XSPLIT:
-            acc = tl.sum(tl.reshape(acc_s, (2, BLOCK_T, BLOCK_N)), axis=0)
-        else:
-            acc = acc_s
-        dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
-        tl.store(dst, acc, mask=mt[:, None] & mn[None, :])
+    _linear_body(x, weight, weight, out, T, N, K, 0.0, BLOCK_T, BLOCK_N, BLOCK_K, WBF16, K16,
+                 SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 0)
+
+
+@triton.jit
+def rmsnorm_linear(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+           BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr,
+           SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
+           STACK: tl.constexpr = 0, FMA: tl.constexpr = 0, SWIGLU: tl.constexpr = 0,
+           ACC: tl.constexpr = 0):
+    """``out = rmsnorm(x; norm_weight, eps) @ weight^T`` (op ``rmsnorm_linear``): the
+    ``linear`` kernel with each program recomputing the reciprocal RMS of its activation
+    rows in a prologue (``rmsnorm``'s arithmetic: ``x * inv * gain``); same grid and
+    variant constants as ``linear``. Saves the norm's launch; the normalized rows are
+    never stored."""
+    _linear_body(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T, BLOCK_N, BLOCK_K, WBF16,
+                 K16, SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 1)
 
 
 @triton.jit

@@ -17,7 +17,13 @@ from .attention_split import (
 from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
-from .fused import rope_kv_write, swiglu_linear
+from .fused import (
+    linear_add,
+    rmsnorm_linear,
+    rope_kv_write,
+    swiglu_linear,
+    swiglu_linear_add,
+)
 from .linear import linear, linear_invariant
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
@@ -64,6 +70,7 @@ __all__ = [
     "kernel_params",
     "kv_write",
     "linear",
+    "linear_add",
     "linear_invariant",
     "paged_row_gather_prev",
     "paged_row_write",
@@ -71,6 +78,7 @@ __all__ = [
     "philox_uniform",
     "reference_op",
     "rmsnorm",
+    "rmsnorm_linear",
     "rope",
     "rope_kv_write",
     "sample",
@@ -84,6 +92,7 @@ __all__ = [
     "split_tuning_select",
     "split_tuning_setup",
     "swiglu_linear",
+    "swiglu_linear_add",
     "timer_mark",
     "token_logprobs",
     "tuned_split_length",

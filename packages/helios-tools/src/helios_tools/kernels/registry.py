@@ -22,7 +22,13 @@ from .attention_split import (
 from .cache import kv_write
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
-from .fused import rope_kv_write, swiglu_linear
+from .fused import (
+    linear_add,
+    rmsnorm_linear,
+    rope_kv_write,
+    swiglu_linear,
+    swiglu_linear_add,
+)
 from .linear import linear, linear_invariant
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
@@ -150,6 +156,16 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     "swiglu_linear": (
         _b("x", "f32"), _b("weight", "f32"), _b("out", "f32", "out"), *_i("T", "N", "K"),
     ),
+    "rmsnorm_linear": (
+        _b("x", "f32"), _b("norm_weight", "f32"), _b("weight", "f32"), _b("out", "f32", "out"),
+        *_i("T", "N", "K"), *_f("eps"),
+    ),
+    "linear_add": (
+        _b("x", "f32"), _b("weight", "f32"), _b("out", "f32", "inout"), *_i("T", "N", "K"),
+    ),
+    "swiglu_linear_add": (
+        _b("x", "f32"), _b("weight", "f32"), _b("out", "f32", "inout"), *_i("T", "N", "K"),
+    ),
     "slot_gather": (_b("src", "i32"), _b("slot", "i32"), _b("out", "i32", "out"), *_i("R", "S")),
     "slot_scatter": (
         _b("values", "i32"), _b("slot", "i32"), _b("decision", "i32"),
@@ -239,6 +255,9 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "gather_last": gather_last,
     "rope_kv_write": rope_kv_write,
     "swiglu_linear": swiglu_linear,
+    "rmsnorm_linear": rmsnorm_linear,
+    "linear_add": linear_add,
+    "swiglu_linear_add": swiglu_linear_add,
     "slot_gather": slot_gather,
     "slot_scatter": slot_scatter,
     "sample": sample,
