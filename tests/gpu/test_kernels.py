@@ -185,6 +185,47 @@ def test_swiglu_linear_fused(gpu, rng, T, N, K_):
     assert rel(out, ref) < 5e-6
 
 
+@pytest.mark.parametrize("T,N,K_", [(1, 960, 576), (1, 3072, 576), (1, 6144, 4096),
+                                    (5, 960, 576), (8, 3072, 576), (3, 4096, 4096),
+                                    (33, 960, 576), (64, 3072, 576), (64, 28672, 4096)])
+def test_rmsnorm_linear_folded(gpu, rng, T, N, K_):
+    """The RMS prologue on the GEMV, FMA and MMA paths (layer folding)."""
+    x = (rng.standard_normal((T, K_)) * 4).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(K_)).astype(np.float32)
+    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    ref = np.zeros((T, N), np.float32)
+    K.rmsnorm_linear(x, g, w, ref, T, N, K_, 1e-5)
+    out = gpu.run("rmsnorm_linear", x, g, bits, np.zeros_like(ref), T, N, K_, 1e-5,
+                  bf16=("weight",))["out"]
+    assert rel(out, ref) < 5e-5
+
+
+@pytest.mark.parametrize("T,N,K_", [(1, 576, 576), (1, 4096, 4096), (8, 576, 1536),
+                                    (3, 4096, 4096), (64, 576, 576), (32, 4096, 14336)])
+def test_linear_add_folded(gpu, rng, T, N, K_):
+    """The residual add in the epilogue: `out` holds the residual stream (not poisoned:
+    it is read), and every element must come back as residual + product."""
+    x = rng.standard_normal((T, K_)).astype(np.float32)
+    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    res = (rng.standard_normal((T, N)) * 3).astype(np.float32)
+    ref = res.copy()
+    K.linear_add(x, w, ref, T, N, K_)
+    out = gpu.run("linear_add", x, bits, res, T, N, K_, bf16=("weight",))["out"]
+    assert rel(out - res, ref - res) < 5e-5  # the product's error, not hidden by res
+    assert rel(out, ref) < 5e-5
+
+
+@pytest.mark.parametrize("T,N,K_", [(1, 576, 1536), (1, 4096, 14336), (5, 576, 1536)])
+def test_swiglu_linear_add_folded(gpu, rng, T, N, K_):
+    x = (rng.standard_normal((T, 2 * K_)) * 3).astype(np.float32)
+    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    res = (rng.standard_normal((T, N)) * 3).astype(np.float32)
+    ref = res.copy()
+    K.swiglu_linear_add(x, w, ref, T, N, K_)
+    out = gpu.run("swiglu_linear_add", x, bits, res, T, N, K_, bf16=("weight",))["out"]
+    assert rel(out - res, ref - res) < 5e-6
+
+
 @pytest.mark.parametrize("ctx_max", [40, 500])
 def test_attention_decode(gpu, rng, ctx_max):
     H, KVH, HD, PT, MP = 9, 3, 64, 16, 32

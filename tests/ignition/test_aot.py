@@ -259,3 +259,32 @@ def test_attention_rules_compile_for_sm90(rule):
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+
+
+def test_folded_layers_compile_for_sm90():
+    """``capture(fold_layers=True)``: the folded ops (RMS prologue, residual epilogue) on
+    the GEMV, FMA and MMA paths compile for sm_90, at the tiny model's shapes (f32 and
+    bf16) and SmolLM2's decode shapes at 1, 8 and 64 rows."""
+    from helios_ignition.capture.launch import launch_config
+
+    manifest = tiny_core(fold_layers=True).manifest
+    bf16, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "bf16", fold_layers=True)
+    ops = {k.reference_op for k in manifest.kernels}
+    assert {"rmsnorm_linear", "linear_add", "swiglu_linear_add"} <= ops
+    for m in (manifest, bf16):
+        blobs = compile_targets(m, ("sm_90",), workers=2)
+        _check_compiled(m, blobs)
+    assert launch_config("linear_add", [1, 576, 576]).constants["ACC"] == 1
+    variants = {}
+    for T in (1, 8, 64):
+        for op, N, K in (("rmsnorm_linear", 960, 576), ("rmsnorm_linear", 3072, 576),
+                         ("linear_add", 576, 576), ("linear_add", 576, 1536),
+                         ("swiglu_linear_add", 576, 1536)):
+            if op == "swiglu_linear_add" and T == 64:
+                continue  # no launch rule past the FMA path: silu_mul + linear_add
+            scalars = [T, N, K, 1e-5] if op == "rmsnorm_linear" else [T, N, K]
+            c = dict(launch_config(op, scalars).constants, WBF16=1)
+            variants[(op, tuple(sorted(c.items())))] = (op, c)
+    kernels = [variant_kernel(f"{op}{i}", op, c) for i, (op, c) in enumerate(variants.values())]
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
