@@ -40,14 +40,15 @@ class MemoryCore:
 
 
 def build_core(recipe, ckpt, caps: Capacities, target: str, weights,
-               split_tuning=None) -> tuple[MemoryCore, dict]:
+               split_tuning=None, fold_layers: bool = False) -> tuple[MemoryCore, dict]:
     """Capture (with the decode-split tuning producer when `split_tuning` is a
-    recipe.SplitTuning), compile for `target` and wrap with `weights` (resource id ->
-    bytes|callable)."""
-    recipe = replace(recipe, capacities=caps)
+    recipe.SplitTuning; decode layers folded with `fold_layers`), compile for `target`
+    and wrap with `weights` (resource id -> bytes|callable)."""
+    recipe = replace(recipe, capacities=caps, fold_layers=fold_layers)
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
     t0 = time.perf_counter()
-    manifest, graphs = capture(shapes, caps, recipe.weight_dtype, split_tuning=split_tuning)
+    manifest, graphs = capture(shapes, caps, recipe.weight_dtype, split_tuning=split_tuning,
+                               fold_layers=fold_layers)
     t1 = time.perf_counter()
     blobs = compile_targets(manifest, (target,))
     t2 = time.perf_counter()

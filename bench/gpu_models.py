@@ -49,6 +49,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--fold-layers", action="store_true",
+                    help="capture decode with folded norms and residual adds "
+                         "(ignition export --fold-layers)")
     ap.add_argument("--json")
     args = ap.parse_args()
     t_start = time.perf_counter()
@@ -87,7 +90,8 @@ def main() -> None:
         cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
     minor = call("a", cu.cuDeviceGetAttribute(
         cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    core, info = build_core(recipe, ckpt, caps, f"sm_{major}{minor}", weights)
+    core, info = build_core(recipe, ckpt, caps, f"sm_{major}{minor}", weights,
+                            fold_layers=args.fold_layers)
     t_core = time.perf_counter()
     model = load_native(core, "cuda")
     t_load = time.perf_counter()
@@ -105,7 +109,8 @@ def main() -> None:
         if name == "embed" and not shapes.tied:
             continue  # decode reads only the fed rows of an untied embedding table
         weight_bytes += n * item
-    result = {"model": args.model, "device": backend.device_name, "copy_bw_Bps": bw,
+    result = {"model": args.model, "fold_layers": args.fold_layers,
+              "device": backend.device_name, "copy_bw_Bps": bw,
               "weight_bytes_per_step": weight_bytes,
               "roofline_step_ms": weight_bytes / bw * 1e3,
               "roofline_tokens_per_s_b1": bw / weight_bytes,
@@ -118,6 +123,9 @@ def main() -> None:
         r = decode_bench(model, b, args.prompt, args.steps, 1024, greedy)
         r["roofline_pct"] = 100 * result["roofline_step_ms"] / r["step_ms"]
         r["device_roofline_pct"] = 100 * result["roofline_step_ms"] / r["device_step_ms"]
+        graph = next(g for g in model.manifest.graphs if g.name == r["graph"])
+        r["launches"] = len(graph.launches)  # kernels per step (one graph per step)
+        r["device_us_per_launch"] = 1e3 * r["device_step_ms"] / r["launches"]
         if b in (min(args.batches), max(args.batches)):  # device ms per op at this state
             r["breakdown"] = profile_ops(backend, r["graph"])
         result["decode"].append(r)
@@ -148,11 +156,12 @@ def main() -> None:
           f"{weight_bytes / 1e9:.3f} GB -> roofline {result['roofline_tokens_per_s_b1']:.0f} "
           f"tok/s at batch 1; setup {result['setup_s']}")
     print(f"{'batch':>5} {'tok/s':>10} {'step ms':>8} {'dev ms':>8} {'host us':>8} {'roof%':>6}"
-          f" {'serial tok/s':>12} {'ahead/serial':>12}")
+          f" {'serial tok/s':>12} {'ahead/serial':>12} {'kernels':>7} {'us/kern':>7}")
     for r in result["decode"]:
         print(f"{r['batch']:>5} {r['tokens_per_s']:>10.1f} {r['step_ms']:>8.3f} "
               f"{r['device_step_ms']:>8.3f} {r['host_us']:>8.1f} {r['roofline_pct']:>6.1f}"
-              f" {r['serial_tokens_per_s']:>12.1f} {r['ahead_over_serial']:>12.3f}")
+              f" {r['serial_tokens_per_s']:>12.1f} {r['ahead_over_serial']:>12.3f}"
+              f" {r['launches']:>7} {r['device_us_per_launch']:>7.2f}")
     for k, v in result["prefill"].items():
         print(f"prefill 1024 tokens ({k}): TTFT {v['ttft_ms']:.1f} ms, {v['tokens_per_s']:.0f} tok/s")
     for r in result["decode"]:

@@ -1,0 +1,74 @@
+"""Kernel launches per decode step, before and after layer folding, from the captured
+manifests (no GPU, no weights: capture needs only the geometry).
+
+Each decode step is one CUDA graph whose kernels are exactly the manifest's launches of
+that decode variant, so counting them is counting the kernels the device runs per step
+(issue 17: SmolLM2 at batch 1 is launch-bound, ~3 µs per kernel). For SmolLM2-135M and
+the Llama-3.1-8B geometry, at the benchmark's decode batches (bench/gpu_models.py's
+capacities), it captures the graphs with ``fold_layers`` off (the default) and on
+(``ignition export --fold-layers``) and counts launches per op.
+
+Run: `uv run python bench/launches.py [--json bench/results/launches.json]`
+-> prints the table (launches per step, per layer) and writes JSON with the per-op counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+from helios_ignition.checkpoint.synthetic import NAMED_GEOMETRIES
+from helios_ignition.families.llama import LlamaShapes, capture
+from helios_ignition.recipe import Capacities
+
+BATCHES = (1, 8, 32, 64)
+
+
+def decode_ops(manifest, batch: int) -> Counter:
+    """Launches per reference op of the decode graph for `batch` rows."""
+    ops = {k.id: k.reference_op for k in manifest.kernels}
+    graph = next(g for g in manifest.graphs if g.name == f"decode_b{batch}")
+    return Counter(ops[launch.kernel] for launch in graph.launches)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default="bench/results/launches.json")
+    args = ap.parse_args()
+    caps = Capacities(decode_batch=BATCHES, prefill_tokens=(256, 1024), prefill_rows=8,
+                      context_tokens=2048, page_tokens=16, prepared_pages=max(BATCHES) * 128)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    result: dict = {"commit": commit, "batches": list(BATCHES), "models": {}}
+    rows = []
+    for name in ("smollm2-135m", "llama-3.1-8b"):
+        shapes = LlamaShapes.from_geometry(NAMED_GEOMETRIES[name])
+        entry: dict = {"layers": shapes.layers, "variants": {}}
+        for fold in (False, True):
+            manifest, _ = capture(shapes, caps, "bf16", fold_layers=fold)
+            per_batch = {}
+            for b in BATCHES:
+                ops = decode_ops(manifest, b)
+                per_batch[b] = {"launches": sum(ops.values()), "by_op": dict(sorted(ops.items()))}
+            key = "folded" if fold else "default"
+            entry["variants"][key] = per_batch
+            for b in BATCHES:
+                rows.append((name, key, b, per_batch[b]["launches"]))
+        result["models"][name] = entry
+    print(f"{'model':<14} {'capture':<8} {'batch':>5} {'launches/step':>14} {'per layer':>10}")
+    for name, key, b, n in rows:
+        layers = result["models"][name]["layers"]
+        print(f"{name:<14} {key:<8} {b:>5} {n:>14} {n / layers:>10.2f}")
+    for name, entry in result["models"].items():
+        d, f = entry["variants"]["default"][1], entry["variants"]["folded"][1]
+        print(f"{name}: batch 1 {d['launches']} -> {f['launches']} launches per step")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
