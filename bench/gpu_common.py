@@ -40,15 +40,18 @@ class MemoryCore:
 
 
 def build_core(recipe, ckpt, caps: Capacities, target: str, weights,
-               split_tuning=None, fold_layers: bool = False) -> tuple[MemoryCore, dict]:
+               split_tuning=None, fold_layers: bool = False,
+               chunked_sampling: bool = False) -> tuple[MemoryCore, dict]:
     """Capture (with the decode-split tuning producer when `split_tuning` is a
-    recipe.SplitTuning; decode layers folded with `fold_layers`), compile for `target`
+    recipe.SplitTuning; decode layers folded with `fold_layers`; the chunked sampler with
+    `chunked_sampling`), compile for `target`
     and wrap with `weights` (resource id -> bytes|callable)."""
-    recipe = replace(recipe, capacities=caps, fold_layers=fold_layers)
+    recipe = replace(recipe, capacities=caps, fold_layers=fold_layers,
+                     chunked_sampling=chunked_sampling)
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
     t0 = time.perf_counter()
     manifest, graphs = capture(shapes, caps, recipe.weight_dtype, split_tuning=split_tuning,
-                               fold_layers=fold_layers)
+                               fold_layers=fold_layers, chunked_sampling=chunked_sampling)
     t1 = time.perf_counter()
     blobs = compile_targets(manifest, (target,))
     t2 = time.perf_counter()

@@ -47,9 +47,14 @@ def main() -> None:
                    "residual add into the previous one: 7 kernels per layer instead of 9, "
                    "same arithmetic (the recipe may declare it already: "
                    "Recipe.fold_layers).")
+@click.option("--chunked-sampling", is_flag=True,
+              help="Sample with the chunked sampler: each row's vocabulary split over many "
+                   "programs, top-k rows (top_k <= 64) resolved without bisection sweeps; "
+                   "same tokens (the recipe may declare it already: "
+                   "Recipe.chunked_sampling).")
 def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, weight_dtype,
            targets, carrier, protected_version, resource_key, tune_splits,
-           fold_layers) -> None:
+           fold_layers, chunked_sampling) -> None:
     """Export RECIPE with a checkpoint to a signed core.
 
     Progress (kernels compiled, weights read, bytes written) goes to stderr: live bars on a
@@ -68,6 +73,7 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
                                   resource_key_path=resource_key,
                                   split_tuning=SplitTuning() if tune_splits else None,
                                   fold_layers=True if fold_layers else None,
+                                  chunked_sampling=True if chunked_sampling else None,
                                   progress=progress.update)
     except (ExportError, RecipeError, CheckpointError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -361,6 +361,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
                 resource_key_path: str | Path | None = None,
                 split_tuning: SplitTuning | None = None,
                 fold_layers: bool | None = None,
+                chunked_sampling: bool | None = None,
                 progress: Callable[[str, int, int, str], None] | None = None
                 ) -> ExportSummary:
     """Export a recipe and checkpoint to a signed core at `out` (atomic).
@@ -383,6 +384,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
             (None: the recipe's `split_tuning`).
         fold_layers: fold norms and residual adds into the decode products (None: the
             recipe's `fold_layers`).
+        chunked_sampling: sample with the chunked sampler (None: the recipe's
+            `chunked_sampling`).
         progress: called as progress(step, done, total, unit) for the steps "kernels
             compiled" (kernel variants), "weights read" (weight tensors) and "bytes
             written" (decoded bytes stored in the core; unit "bytes"), as
@@ -414,6 +417,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         recipe = replace(recipe, split_tuning=split_tuning)
     if fold_layers is not None:
         recipe = replace(recipe, fold_layers=fold_layers)
+    if chunked_sampling is not None:
+        recipe = replace(recipe, chunked_sampling=chunked_sampling)
     validate_recipe(recipe)
     if not ckpt.tokenizer_json:
         raise MissingTokenizerError(f"{ckpt.source}: no tokenizer")
@@ -433,7 +438,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
                    if drafter is not None and recipe.drafter is not None else None)
     manifest, graphs = capture(shapes, caps, recipe.weight_dtype, spec=speculation,
                                split_tuning=recipe.split_tuning,
-                               fold_layers=recipe.fold_layers)
+                               fold_layers=recipe.fold_layers,
+                               chunked_sampling=recipe.chunked_sampling)
     blobs: dict[str, bytes] = {}
     if targets:
         from .kernels_aot import compile_targets

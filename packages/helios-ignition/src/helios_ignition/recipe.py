@@ -132,6 +132,9 @@ class Recipe:
         fold_layers: decode graphs fold each RMS norm into the next product and each
             residual add into the previous one (7 launches per layer instead of 9; same
             arithmetic). Off by default until its GPU kernels are measured.
+        chunked_sampling: sample with the chunked sampler (``sample_chunks`` +
+            ``sample_merge`` + ``sample_rest``: same outputs as ``sample_biased``, the
+            vocabulary split over many programs per row). Off by default until measured.
     """
 
     name: str
@@ -148,6 +151,7 @@ class Recipe:
     drafter: DrafterDecl | None = None
     split_tuning: SplitTuning | None = None
     fold_layers: bool = False
+    chunked_sampling: bool = False
 
 
 SUPPORTED_FAMILIES = ("llama",)

@@ -21,6 +21,7 @@ import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import grammar_mask_words
+from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK
 from helios_tools.kernels.speculative import RECORD_FIELDS
 
 from ..capture import launch
@@ -188,6 +189,51 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
     return t
 
 
+def declare_chunked_sampling(t: BufferTable, s: LlamaShapes, rows: int) -> None:
+    """Scratch of the chunked sampler (``sample_chunks`` -> ``sample_merge``): per row, each
+    chunk's maximum and arg-max, its top-k candidates, and the merged winners."""
+    P = -(-s.vocab // CHUNK)
+    t.declare("scratch.sample_chunk_max", "f32", (rows, P), "scratch")
+    t.declare("scratch.sample_chunk_arg", "i32", (rows, P), "scratch")
+    t.declare("scratch.sample_cand_key", "i32", (rows, P * CANDIDATES), "scratch")
+    t.declare("scratch.sample_cand_id", "i32", (rows, P * CANDIDATES), "scratch")
+    t.declare("scratch.sample_selected", "i32", (rows, 2 * CANDIDATES), "scratch")
+
+
+def _sample(b: ProgramBuilder, s: LlamaShapes, R: int, logits, slot, positions, inp,
+            chunked: bool) -> None:
+    """Record the sampling step over `R` rows of `logits` into SAMPLED: ``sample_biased``,
+    or with `chunked` its three-launch form (helios_tools.kernels.sampling_chunks: the
+    vocabulary split over ``ceil(V / CHUNK)`` programs per row; same outputs)."""
+    t = b.table
+    n = INPUT_NAMES
+    slots = t.buffers[PAGE_TABLE].shape[0]
+    words = grammar_mask_words(s.vocab)
+    sampled = t.view(SAMPLED, (R,))
+    hist = t.view(n["histogram"], (slots, s.vocab))
+    bias = t.view(n["logit_bias"], (slots, s.vocab))
+    params = [inp("temperature", R), inp("top_p", R), inp("top_k", R), inp("min_p", R)]
+    penalties = [inp("presence", R), inp("frequency", R), inp("repetition", R)]
+    masks = [bias, inp("use_bias", R), inp("grammar_mask", R, words), inp("use_mask", R)]
+    common = [logits, slot, positions, inp("sampling_decision", R), inp("seed", R, 2), *params,
+              *penalties, hist, *masks, sampled, R, s.vocab, words]
+    if not chunked:
+        b.launch("sample_biased", *common)
+        return
+    P = -(-s.vocab // CHUNK)
+    cmax = t.view("scratch.sample_chunk_max", (R, P))
+    carg = t.view("scratch.sample_chunk_arg", (R, P))
+    ckey = t.view("scratch.sample_cand_key", (R, P * CANDIDATES))
+    cid = t.view("scratch.sample_cand_id", (R, P * CANDIDATES))
+    b.launch("sample_chunks", logits, slot, inp("temperature", R), inp("top_k", R), *penalties,
+             hist, *masks, cmax, carg, ckey, cid, R, s.vocab, words, CHUNK, CANDIDATES)
+    b.launch("sample_merge", cmax, carg, ckey, cid, slot, positions,
+             inp("sampling_decision", R), inp("seed", R, 2), *params, hist,
+             t.view("scratch.sample_selected", (R, 2 * CANDIDATES)), sampled, R, s.vocab, P,
+             CANDIDATES)
+    b.launch("sample_rest", *common)
+
+
 @dataclass(frozen=True)
 class _Rows:
     """Where one pass's packed rows come from (views of the buffer table)."""
@@ -351,15 +397,9 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
         last = t.view("scratch.last", (R, s.hidden))
         b.launch("gather_last", h, inp("query_length", R), last, T, R, s.hidden)
         b.launch("linear", last, head, logits, R, s.vocab, s.hidden)
-    words = grammar_mask_words(s.vocab)
     sampled = t.view(SAMPLED, (R,))
-    b.launch("sample_biased", logits, slot, pos if decode else _last_positions(b, R),
-             inp("sampling_decision", R), inp("seed", R, 2), inp("temperature", R),
-             inp("top_p", R), inp("top_k", R), inp("min_p", R), inp("presence", R),
-             inp("frequency", R), inp("repetition", R),
-             t.view(n["histogram"], (slots, s.vocab)), t.view(n["logit_bias"], (slots, s.vocab)),
-             inp("use_bias", R), inp("grammar_mask", R, words), inp("use_mask", R), sampled,
-             R, s.vocab, words)
+    _sample(b, s, R, logits, slot, pos if decode else _last_positions(b, R), inp,
+            "scratch.sample_chunk_max" in t.buffers)
     # Same step, same logits (unmodified by the sampler): rows that ask record logprobs.
     K = decl.TOP_LOGPROBS
     b.launch("token_logprobs", logits, slot, sampled, inp("logprobs", R),
@@ -473,7 +513,7 @@ def _last_positions(b: ProgramBuilder, rows: int):
 
 def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pending: bool = True,
             spec: Speculation | None = None, split_tuning: SplitTuning | None = None,
-            fold_layers: bool = False
+            fold_layers: bool = False, chunked_sampling: bool = False
             ) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
     """Capture every graph variant and declare their contracts.
 
@@ -489,6 +529,9 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
             folded into the next product's prologue, residual adds into the previous
             product's epilogue; ``_layers``). Off by default: the manifest's launches
             record the choice, so cores exported either way keep serving unchanged.
+        chunked_sampling: prefill and decode sample with ``sample_chunks`` +
+            ``sample_merge`` + ``sample_rest`` instead of ``sample_biased`` (same outputs;
+            ``_sample``). Off by default, recorded by the launches like `fold_layers`.
 
     Returns:
         The execution manifest (buffers, kernel variants, graph programs) and one
@@ -499,6 +542,8 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
     table = declare_buffers(s, caps, weight_dtype, spec)
     rows = max(max(caps.decode_batch), caps.prefill_rows)
     table.declare("in.sample_position", "i32", (rows,), "input")
+    if chunked_sampling:
+        declare_chunked_sampling(table, s, rows)
     kernels: dict[str, mpb.Kernel] = {}
     tuned = split_tuning is not None
     producers = [_split_producer(table, kernels, s, caps, split_tuning)] if tuned else []

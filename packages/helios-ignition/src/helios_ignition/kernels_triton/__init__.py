@@ -31,6 +31,7 @@ from .dense import (
     silu_mul,
 )
 from .sampling import sample, sample_biased, token_logprobs
+from .sampling_chunks import sample_chunks, sample_merge, sample_rest
 from .speculative import (
     draft_sample,
     paged_row_gather_prev,
@@ -78,6 +79,9 @@ TRITON_KERNELS = {
     "paged_row_gather_prev": paged_row_gather_prev,
     "sample_biased": sample_biased,
     "token_logprobs": token_logprobs,
+    "sample_chunks": sample_chunks,
+    "sample_merge": sample_merge,
+    "sample_rest": sample_rest,
 }
 
 # Buffer parameters whose element type follows the variant constant WBF16.

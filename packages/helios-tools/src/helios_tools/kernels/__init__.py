@@ -39,6 +39,7 @@ from .registry import (
 from .rng import philox4x32_10, philox_uniform
 from .rope import rope
 from .sampling import grammar_mask_words, sample, sample_biased, token_logprobs
+from .sampling_chunks import sample_chunks, sample_merge, sample_rest
 from .speculative import (
     draft_sample,
     paged_row_gather_prev,
@@ -83,6 +84,9 @@ __all__ = [
     "rope_kv_write",
     "sample",
     "sample_biased",
+    "sample_chunks",
+    "sample_merge",
+    "sample_rest",
     "silu_mul",
     "slot_gather",
     "slot_scatter",

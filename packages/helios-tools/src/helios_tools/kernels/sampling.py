@@ -105,6 +105,13 @@ def _candidates(
     else:
         cand = np.arange(V)
         zc = z
+    return _truncate(cand, zc, top_p, min_p)
+
+
+def _truncate(cand: NDArray[np.int64], zc: NDArray[np.float32], top_p: float, min_p: float
+              ) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
+    """Softmax of the top-k survivors' scaled logits ``zc`` (ids ``cand`` ascending), then
+    top-p and min-p: the surviving ids (ascending) and their f32 probabilities."""
     with np.errstate(under="ignore"):
         p = np.exp(zc - zc.max())
     p /= p.sum(dtype=np.float32)
@@ -115,6 +122,19 @@ def _candidates(
         keep = p >= np.float32(min_p) * p.max()
         cand, p = cand[keep], p[keep]
     return cand, p
+
+
+def _processed(z: NDArray[np.float32], counts: NDArray[np.int32],
+               bias: NDArray[np.float32] | None, presence: float, frequency: float,
+               repetition: float, allowed: NDArray[np.bool_] | None) -> NDArray[np.float32]:
+    """One row's logits after logit bias, penalties and the grammar mask (`z` itself when
+    none applies; never modified)."""
+    if bias is not None:
+        z = z + bias
+    z = _penalize(z, counts, presence, frequency, repetition)
+    if allowed is not None:
+        z = np.where(allowed, z, np.float32(-np.inf))
+    return z
 
 
 def row_distribution(
@@ -138,11 +158,7 @@ def row_distribution(
     logits (not modified); ``bias`` its logit bias or None; ``allowed`` its grammar mask
     or None. A speculative verify step reads p(token) and residuals from this.
     """
-    if bias is not None:
-        z = z + bias
-    z = _penalize(z, counts, presence, frequency, repetition)
-    if allowed is not None:
-        z = np.where(allowed, z, np.float32(-np.inf))
+    z = _processed(z, counts, bias, presence, frequency, repetition, allowed)
     best = int(np.argmax(z))
     if temperature <= 0.0 or not np.isfinite(z[best]):
         return np.array([best], np.int64), np.ones(1, np.float32)
@@ -168,6 +184,13 @@ def _sample_row(
     """One row of ``sample_biased``: the seeded race over ``row_distribution``."""
     cand, p = row_distribution(z, counts, bias, temperature, top_p, top_k, min_p, presence,
                                frequency, repetition, allowed)
+    return _race(cand, p, seed_lo, seed_hi, position)
+
+
+def _race(cand: NDArray[np.int64], p: NDArray[np.float32], seed_lo: int, seed_hi: int,
+          position: int) -> int:
+    """The seeded exponential race over survivors ``cand`` (ascending) with probabilities
+    ``p``: ``argmax log p_i - log(-log u_i)``, the lowest id on ties."""
     if cand.size == 1:  # greedy, a fully masked row, or one survivor: no draw needed
         return int(cand[0])
     u = philox_uniform(seed_lo, seed_hi, position, cand)

@@ -1,0 +1,187 @@
+"""Triton chunked sampler: ``sample_chunks`` (grid ``(R, P)``), ``sample_merge`` (grid
+``(R,)``) and ``sample_rest`` (grid ``(R,)``), the three launches whose composition is
+``sample_biased`` (NumPy references and the semantics: ``helios_tools.kernels
+.sampling_chunks``; design: docs/gpu.md, "Sampling at greedy speed").
+
+Each ``sample_chunks`` program reads its ``BLOCK_V`` ids once (``_logits``: bias,
+penalties, mask, as ``sample_biased``) and keeps them in registers: the chunk's maximum
+and first arg-max, and for top-k rows its local top-k found by a bisection over the
+order-preserving keys that counts in registers (no memory traffic per probe), compacted
+in id order with a prefix sum. ``sample_merge`` does the same exact top-k over the
+``P x KMAX`` candidates, writes the ``k`` winners (ids, keys) to its row of
+``selected`` and reads them back after a barrier as a ``KMAX``-wide vector; softmax,
+top-p (each survivor's mass before it, from a ``KMAX x KMAX`` comparison: p descending,
+ties to the lower id), min-p and the race (``_philox_u``, float64) run on those. Rows it
+cannot resolve go to ``sample_rest``, which is ``sample_biased``'s row body.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import libdevice
+
+from .sampling import INT_MAX, _key, _logits, _philox_u, _sample_entry
+
+INT_MIN = tl.constexpr(-2147483648)
+UNRESOLVED = tl.constexpr(-2)
+
+
+@triton.jit
+def _kth_key(key, k):
+    """Largest t with ``count(key >= t) >= k``: the k-th largest key (bisection over the
+    int32 key space, 32 probes counted in registers)."""
+    lo = tl.min(key, axis=0).to(tl.int64) * 0 + INT_MIN
+    hi = lo * 0 + 2147483647
+    for _ in range(32):
+        mid = lo + (hi - lo + 1) // 2
+        cnt = tl.sum((key.to(tl.int64) >= mid).to(tl.int32), axis=0)
+        ok = cnt >= k
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    return lo.to(tl.int32)
+
+
+@triton.jit
+def _top_k_mask(key, valid, k):
+    """The k largest keys among `valid` lanes, ties to the lowest lane (lanes are in
+    ascending id order)."""
+    key = tl.where(valid, key, INT_MIN)
+    kth = _kth_key(key, k)
+    gt = valid & (key > kth)
+    eq = valid & (key == kth)
+    ngt = tl.sum(gt.to(tl.int32), axis=0)
+    rank = tl.cumsum(eq.to(tl.int32), axis=0)
+    return gt | (eq & (rank <= k - ngt))
+
+
+@triton.jit
+def sample_chunks(logits, slot, temperature, top_k, presence, frequency, repetition,
+                  histogram, logit_bias, use_bias, grammar_mask, use_mask, chunk_max,
+                  chunk_arg, cand_key, cand_id, R, V, W32, C, KM, BLOCK_V: tl.constexpr,
+                  KMAX: tl.constexpr):
+    """Per (row, chunk): maximum, first arg-max, and for top-k rows the local top-k
+    candidates (keys and ids ascending, padded); grid ``(R, cdiv(V, BLOCK_V))``."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    P = tl.cdiv(V, BLOCK_V)
+    s = tl.load(slot + r)
+    if s >= 0:
+        lrow = logits + r.to(tl.int64) * V
+        hrow = histogram + s.to(tl.int64) * V
+        brow = logit_bias + s.to(tl.int64) * V
+        mrow = grammar_mask + r.to(tl.int64) * W32
+        idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
+        z = _logits(lrow, hrow, brow, mrow, idx, V, tl.load(use_bias + r),
+                    tl.load(use_mask + r), tl.load(repetition + r), tl.load(frequency + r),
+                    tl.load(presence + r))
+        cm = tl.max(z, axis=0)
+        ci = tl.min(tl.where(z == cm, idx, INT_MAX), axis=0)
+        at = r.to(tl.int64) * P + c
+        tl.store(chunk_max + at, cm)
+        tl.store(chunk_arg + at, ci)
+        temp = tl.load(temperature + r)
+        k = tl.load(top_k + r)
+        if (temp > 0.0) & (k > 0) & (k <= KMAX) & (k < V):
+            zt = tl.math.div_rn(z, temp + tl.zeros_like(z))
+            keep = _top_k_mask(_key(zt), idx < V, k)
+            pos = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+            n = tl.sum(keep.to(tl.int32), axis=0)
+            base = at * KMAX
+            tl.store(cand_key + base + pos, _key(zt), mask=keep)
+            tl.store(cand_id + base + pos, idx, mask=keep)
+            j = tl.arange(0, KMAX)
+            tl.store(cand_key + base + j, tl.zeros_like(j) + INT_MIN, mask=j >= n)
+            tl.store(cand_id + base + j, tl.zeros_like(j) - 1, mask=j >= n)
+
+
+@triton.jit
+def _merge_top_k(cand_key, cand_id, srow, r, P, k, best, temp, tp, mp, pos, k0, k1,
+                 BLOCK_C: tl.constexpr, KMAX: tl.constexpr):
+    """The sampled id of a top-k row from its chunks' candidates (see sample_merge)."""
+    cc = tl.arange(0, BLOCK_C)
+    inside = cc < P * KMAX
+    row = r.to(tl.int64) * P * KMAX
+    ids = tl.load(cand_id + row + cc, mask=inside, other=-1)
+    key = tl.load(cand_key + row + cc, mask=inside, other=INT_MIN)
+    keep = _top_k_mask(key, inside & (ids >= 0), k)
+    at = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    j = tl.arange(0, KMAX)
+    tl.store(srow + at, ids, mask=keep)
+    tl.store(srow + KMAX + at, key, mask=keep)
+    tl.store(srow + j, tl.zeros_like(j) - 1, mask=j >= k)
+    tl.store(srow + KMAX + j, tl.zeros_like(j) + INT_MIN, mask=j >= k)
+    tl.debug_barrier()  # the winners, written by many threads, read back as one vector
+    sid = tl.load(srow + j)
+    sk = tl.load(srow + KMAX + j)
+    live = j < k
+    zt = tl.where(sk >= 0, sk, sk ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    zmax = tl.math.div_rn(best, temp)
+    e = tl.where(live, libdevice.exp(zt - zmax), 0.0)
+    S = tl.sum(e, axis=0)
+    p = tl.math.div_rn(e, S + tl.zeros_like(e))
+    kept = live
+    if tp < 1.0:
+        # Mass before each survivor in p-descending order (ties: lower id first): the
+        # shortest prefix reaching tp keeps exactly the ids whose mass before is < tp.
+        pi = p[:, None]
+        pj = p[None, :]
+        ahead = live[None, :] & ((pj > pi) | ((pj == pi) & (sid[None, :] < sid[:, None])))
+        before = tl.sum(tl.where(ahead, pj, 0.0), axis=1)
+        first = tl.sum(ahead.to(tl.int32), axis=1) == 0
+        kept = live & ((before < tp) | first)
+    pmin = tl.where(mp > 0.0, mp * tl.math.div_rn(1.0, S), -1.0)
+    kept = kept & (p >= pmin)
+    u = _philox_u(sid, pos, k0, k1)
+    race = libdevice.log(p.to(tl.float64)) - libdevice.log(-libdevice.log(u))
+    race = tl.where(kept, race, float("-inf"))
+    cm = tl.max(race, axis=0)
+    return tl.min(tl.where(kept & (race == cm), sid, INT_MAX), axis=0)
+
+
+@triton.jit
+def sample_merge(chunk_max, chunk_arg, cand_key, cand_id, slot, positions, sampling_decision,
+                 seed, temperature, top_p, top_k, min_p, histogram, selected, sampled, R, V,
+                 P, KM, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, KMAX: tl.constexpr):
+    """Greedy and top-k rows from their chunks; other sampling rows marked UNRESOLVED;
+    grid ``(R,)``."""
+    r = tl.program_id(0)
+    s = tl.load(slot + r)
+    if s < 0:
+        tl.store(sampled + r, -1)
+    else:
+        pp = tl.arange(0, BLOCK_P)
+        vals = tl.load(chunk_max + r.to(tl.int64) * P + pp, mask=pp < P, other=float("-inf"))
+        args = tl.load(chunk_arg + r.to(tl.int64) * P + pp, mask=pp < P, other=INT_MAX)
+        best = tl.max(vals, axis=0)
+        tok = tl.min(tl.where((pp < P) & (vals == best), args, INT_MAX), axis=0)
+        state = tok * 0  # 0: resolved here, 1: left to sample_rest
+        temp = tl.load(temperature + r)
+        k = tl.load(top_k + r)
+        if (temp > 0.0) & (best > float("-inf")):
+            if (k > 0) & (k <= KMAX) & (k < V):
+                tok = _merge_top_k(cand_key, cand_id, selected + r.to(tl.int64) * 2 * KMAX, r,
+                                   P, k, best, temp, tl.load(top_p + r), tl.load(min_p + r),
+                                   tl.load(positions + r), tl.load(seed + 2 * r),
+                                   tl.load(seed + 2 * r + 1), BLOCK_C, KMAX)
+            else:
+                state = state + 1
+        if state == 0:
+            tl.store(sampled + r, tok)
+            if tl.load(sampling_decision + r) != 0:
+                tl.atomic_add(histogram + s.to(tl.int64) * V + tok, 1)
+        else:
+            tl.store(sampled + r, UNRESOLVED)
+
+
+@triton.jit
+def sample_rest(logits, slot, positions, sampling_decision, seed, temperature, top_p, top_k,
+                min_p, presence, frequency, repetition, histogram, logit_bias, use_bias,
+                grammar_mask, use_mask, sampled, R, V, W32, BLOCK_V: tl.constexpr):
+    """``sample_biased`` for rows marked UNRESOLVED (the bisection sweeps); every other row
+    returns at once; grid ``(R,)``."""
+    r = tl.program_id(0)
+    if tl.load(sampled + r) == UNRESOLVED:
+        _sample_entry(logits, slot, positions, sampling_decision, seed, temperature, top_p,
+                      top_k, min_p, presence, frequency, repetition, histogram, logit_bias,
+                      use_bias, grammar_mask, use_mask, sampled, V, W32, True, BLOCK_V)
