@@ -261,19 +261,22 @@ def test_attention_rules_compile_for_sm90(rule):
         assert ck.shared_bytes <= 227 * 1024
 
 
-def test_folded_layers_compile_for_sm90():
-    """``capture(fold_layers=True)``: the folded ops (RMS prologue, residual epilogue) on
-    the GEMV, FMA and MMA paths compile for sm_90, at the tiny model's shapes (f32 and
-    bf16) and SmolLM2's decode shapes at 1, 8 and 64 rows."""
+NEW_OPS = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks", "sample_merge",
+           "sample_rest"}
+
+
+def test_launch_choices_compile_for_sm90():
+    """``capture(fold_layers=True, chunked_sampling=True)``: the folded ops (RMS prologue,
+    residual epilogue) on the GEMV, FMA and MMA paths and the chunked sampler's kernels
+    compile for sm_90, at the tiny model's shapes (f32 and bf16) and at SmolLM2's and
+    Llama-3's (decode at 1, 8 and 64 rows; vocabularies of 49,152 and 128,256 ids)."""
     from helios_ignition.capture.launch import launch_config
 
-    manifest = tiny_core(fold_layers=True).manifest
-    bf16, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "bf16", fold_layers=True)
-    ops = {k.reference_op for k in manifest.kernels}
-    assert {"rmsnorm_linear", "linear_add", "swiglu_linear_add"} <= ops
-    for m in (manifest, bf16):
-        blobs = compile_targets(m, ("sm_90",), workers=2)
-        _check_compiled(m, blobs)
+    f32 = tiny_core(fold_layers=True, chunked_sampling=True).manifest
+    bf16, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "bf16", fold_layers=True,
+                      chunked_sampling=True)
+    kernels = [k for m in (f32, bf16) for k in m.kernels if k.reference_op in NEW_OPS]
+    assert {k.reference_op for k in kernels} == NEW_OPS
     assert launch_config("linear_add", [1, 576, 576]).constants["ACC"] == 1
     variants = {}
     for T in (1, 8, 64):
@@ -283,8 +286,13 @@ def test_folded_layers_compile_for_sm90():
             if op == "swiglu_linear_add" and T == 64:
                 continue  # no launch rule past the FMA path: silu_mul + linear_add
             scalars = [T, N, K, 1e-5] if op == "rmsnorm_linear" else [T, N, K]
-            c = dict(launch_config(op, scalars).constants, WBF16=1)
-            variants[(op, tuple(sorted(c.items())))] = (op, c)
-    kernels = [variant_kernel(f"{op}{i}", op, c) for i, (op, c) in enumerate(variants.values())]
+            variants[(op, T, N, K)] = (op, dict(launch_config(op, scalars).constants, WBF16=1))
+    for V in (49152, 128256):
+        W, P = (V + 31) // 32, -(-V // 2048)
+        for op, scalars in (("sample_chunks", [8, V, W, 2048, 64]), ("sample_merge", [8, V, P, 64]),
+                            ("sample_rest", [8, V, W])):
+            variants[(op, V)] = (op, launch_config(op, scalars).constants)
+    kernels += [variant_kernel(f"{op}{i}", op, c) for i, (op, c) in enumerate(variants.values())]
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
+        assert ck.shared_bytes <= 227 * 1024

@@ -62,3 +62,47 @@ def test_fused_ops_equal_their_parts():
     got = np.full((3, 7), np.nan, np.float32)
     swiglu_linear(gu, w, got, 3, 7, 5)
     assert np.array_equal(got, want)
+
+
+def test_folded_ops_equal_the_unfolded_sequence():
+    """Layer folding's ops are bit for bit the sequence they replace in a layer:
+    linear + add_rmsnorm (residual add, then the next norm) and rmsnorm + linear."""
+    from helios_tools.kernels import (
+        add_rmsnorm,
+        linear,
+        linear_add,
+        rmsnorm,
+        rmsnorm_linear,
+        swiglu_linear,
+        swiglu_linear_add,
+    )
+
+    rng = np.random.default_rng(11)
+    T, D, N, F = 3, 12, 9, 6
+    res = (rng.standard_normal((T, D)) * 2).astype(np.float32)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    wo = rng.standard_normal((D, D)).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    wq = rng.standard_normal((N, D)).astype(np.float32)
+    # unfolded: o = x wo^T; res += o; h = rmsnorm(res); q = h wq^T
+    o, h, q = (np.zeros((T, n), np.float32) for n in (D, D, N))
+    r1 = res.copy()
+    linear(x, wo, o, T, D, D)
+    add_rmsnorm(o, r1, g, h, T, D, 1e-5)
+    linear(h, wq, q, T, N, D)
+    # folded: res += x wo^T (epilogue); q = rmsnorm(res) wq^T (prologue)
+    r2 = res.copy()
+    linear_add(x, wo, r2, T, D, D)
+    q2 = np.full((T, N), np.nan, np.float32)
+    rmsnorm_linear(r2, g, wq, q2, T, N, D, 1e-5)
+    assert np.array_equal(r1, r2) and np.array_equal(q, q2)
+    h2 = np.zeros((T, D), np.float32)
+    rmsnorm(r2, g, h2, T, D, 1e-5)
+    assert np.array_equal(h, h2)
+    gu = rng.standard_normal((T, 2 * F)).astype(np.float32)
+    wd = rng.standard_normal((D, F)).astype(np.float32)
+    y = np.zeros((T, D), np.float32)
+    swiglu_linear(gu, wd, y, T, D, F)
+    r3 = res.copy()
+    swiglu_linear_add(gu, wd, r3, T, D, F)
+    assert np.array_equal(r3, res + y)

@@ -1,7 +1,9 @@
-"""Layer folding (``ignition export --fold-layers``) on the real model, CPU backend: the
-folded decode graphs (RMS norms folded into the QKV and gate/up products, residual adds
-into the O and down products) give the same greedy ids as the HF goldens and logits
-bit-identical to the unfolded core's, and record 7 launches per layer instead of 9."""
+"""The launch choices of issue 17 on the real model, CPU backend: a core exported with
+``--fold-layers --chunked-sampling`` (decode graphs with RMS norms folded into the QKV
+and gate/up products and residual adds into the O and down products; sampling in three
+launches, ``sample_chunks`` -> ``sample_merge`` -> ``sample_rest``) gives the HF goldens'
+greedy ids, logits bit-identical to the default core's, the same seeded samples, and
+records 7 launches per layer instead of 9."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helios_serve.engine.plan import SamplingParams
 from helios_serve.runtime import NativeModel
 from helios_serve.runtime.driver import Driver
 from helios_tools.core import authorize, load_public_key, open_core
@@ -34,7 +37,7 @@ def folded(tmp_path_factory, signing_key_pair):
     private, public = signing_key_pair
     out = tmp_path_factory.mktemp("core-folded") / "smollm2-f32-folded.core"
     export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
-                weight_dtype="f32", fold_layers=True)
+                weight_dtype="f32", fold_layers=True, chunked_sampling=True)
     core = _open(out, public)
     return core, NativeModel.load(core, "cpu")
 
@@ -54,8 +57,14 @@ def test_folded_decode_records_seven_launches_per_layer(folded, smollm2_core_f32
     assert got["rmsnorm_linear"] == 2 * layers and got["linear_add"] == layers
     assert got["swiglu_linear_add"] == layers
     assert got["add_rmsnorm"] == 0 and got["rmsnorm"] == 1  # the final norm
-    # prefill graphs are not folded
-    assert _decode_ops(core, "prefill_t16") == _decode_ops(plain, "prefill_t16")
+    assert got["sample_chunks"] == got["sample_merge"] == got["sample_rest"] == 1
+    assert got["sample_biased"] == 0 and before["sample_biased"] == 1
+    # prefill graphs are not folded (they sample with the chunked sampler too)
+    pre, pre_plain = _decode_ops(core, "prefill_t16"), _decode_ops(plain, "prefill_t16")
+    for op in ("sample_chunks", "sample_merge", "sample_rest"):
+        assert pre.pop(op) == 1
+    pre_plain.pop("sample_biased")
+    assert pre == pre_plain
 
 
 @pytest.mark.parametrize("index", range(len(PROMPTS)))
@@ -66,10 +75,18 @@ def test_folded_greedy_ids_match_goldens(folded, index):
     assert out == p["greedy_ids"][:20]
 
 
-def test_folded_logits_bit_identical_to_unfolded(folded, smollm2_core_f32):
+def test_folded_logits_and_seeded_samples_identical_to_default(folded, smollm2_core_f32):
     _, model = folded
     plain = NativeModel.load(_open(smollm2_core_f32.path, smollm2_core_f32.public_key), "cpu")
     p = PROMPTS[0]
     a = Driver(model).teacher_force(p["prompt_ids"], p["greedy_ids"][:8])
     b = Driver(plain).teacher_force(p["prompt_ids"], p["greedy_ids"][:8])
     assert np.array_equal(a, b)
+    prompts = [q["prompt_ids"] for q in PROMPTS]
+    sampling = [SamplingParams(temperature=0.8, top_p=0.95, top_k=50, seed=1234),
+                SamplingParams(temperature=1.0, top_p=0.8, seed=99),  # no top-k: sample_rest
+                SamplingParams(temperature=0.7, top_k=64, min_p=0.05, seed=7,
+                               presence_penalty=0.5)][:len(prompts)]
+    got = Driver(model).generate(prompts, max_new_tokens=12, sampling=sampling)
+    want = Driver(plain).generate(prompts, max_new_tokens=12, sampling=sampling)
+    assert got == want
