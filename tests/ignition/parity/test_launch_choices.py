@@ -53,7 +53,8 @@ def test_folded_decode_records_seven_launches_per_layer(folded, smollm2_core_f32
     plain = _open(smollm2_core_f32.path, smollm2_core_f32.public_key)
     got, before = _decode_ops(core), _decode_ops(plain)
     layers = 30
-    assert sum(before.values()) - sum(got.values()) == 2 * layers
+    # two launches fewer per layer; the chunked sampler is three launches instead of one
+    assert sum(before.values()) - sum(got.values()) == 2 * layers - 2
     assert got["rmsnorm_linear"] == 2 * layers and got["linear_add"] == layers
     assert got["swiglu_linear_add"] == layers
     assert got["add_rmsnorm"] == 0 and got["rmsnorm"] == 1  # the final norm
