@@ -127,7 +127,7 @@ def main() -> None:
         r = decode_bench(model, b, args.prompt, args.steps, 1024, greedy)
         r["roofline_pct"] = 100 * result["roofline_step_ms"] / r["step_ms"]
         r["device_roofline_pct"] = 100 * result["roofline_step_ms"] / r["device_step_ms"]
-        graph = next(g for g in model.manifest.graphs if g.name == r["graph"])
+        graph = next(g for g in model.prepared.manifest.graphs if g.name == r["graph"])
         r["launches"] = len(graph.launches)  # kernels per step (one graph per step)
         r["device_us_per_launch"] = 1e3 * r["device_step_ms"] / r["launches"]
         if b in (min(args.batches), max(args.batches)):  # device ms per op at this state

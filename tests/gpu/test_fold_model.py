@@ -29,8 +29,8 @@ FOLDED = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks",
 @pytest.fixture(scope="module")
 def models(gpu, tmp_path_factory):
     from helios_ignition.export import export_core
-    from helios_serve.runtime import NativeModel
     from helios_serve.runtime.cache_sizing import CacheSizing
+    from helios_serve.testing.native import load_native
     from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
 
     d = tmp_path_factory.mktemp("folded")
@@ -42,16 +42,16 @@ def models(gpu, tmp_path_factory):
                 namespace="gpu.test", out=out, targets=(gpu.target,), fold_layers=True,
                 chunked_sampling=True)
     core = open_core(out, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
-    cuda = NativeModel.load(core, "cuda", cache=CacheSizing(num_pages=1024))
-    cpu = NativeModel.load(core, "cpu")
+    cuda = load_native(core, "cuda", cache=CacheSizing(num_pages=1024))
+    cpu = load_native(core, "cpu")
     yield cuda, cpu
     cuda.close()
 
 
 def test_decode_graphs_run_the_folded_ops(models):
     cuda, _ = models
-    ops = {k.id: k.reference_op for k in cuda.manifest.kernels}
-    decode = next(g for g in cuda.manifest.graphs if g.name == "decode_b1")
+    ops = {k.id: k.reference_op for k in cuda.prepared.manifest.kernels}
+    decode = next(g for g in cuda.prepared.manifest.graphs if g.name == "decode_b1")
     assert FOLDED <= {ops[launch.kernel] for launch in decode.launches}
 
 

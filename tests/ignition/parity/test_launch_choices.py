@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helios_serve.engine.plan import SamplingParams
-from helios_serve.runtime import NativeModel
 from helios_serve.runtime.driver import Driver
+from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
 
 from tests.conftest import NAMESPACE, RECIPE
@@ -39,7 +39,7 @@ def folded(tmp_path_factory, signing_key_pair):
     export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
                 weight_dtype="f32", fold_layers=True, chunked_sampling=True)
     core = _open(out, public)
-    return core, NativeModel.load(core, "cpu")
+    return core, load_native(core, "cpu")
 
 
 def _decode_ops(core, name="decode_b1") -> Counter:
@@ -78,7 +78,7 @@ def test_folded_greedy_ids_match_goldens(folded, index):
 
 def test_folded_logits_and_seeded_samples_identical_to_default(folded, smollm2_core_f32):
     _, model = folded
-    plain = NativeModel.load(_open(smollm2_core_f32.path, smollm2_core_f32.public_key), "cpu")
+    plain = load_native(_open(smollm2_core_f32.path, smollm2_core_f32.public_key), "cpu")
     p = PROMPTS[0]
     a = Driver(model).teacher_force(p["prompt_ids"], p["greedy_ids"][:8])
     b = Driver(plain).teacher_force(p["prompt_ids"], p["greedy_ids"][:8])

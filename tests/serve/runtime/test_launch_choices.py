@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from helios_ignition.testing import tiny_core
 from helios_serve.engine.plan import SamplingParams
-from helios_serve.runtime import NativeModel
 from helios_serve.runtime.driver import Driver
+from helios_serve.testing.native import load_native
 
 PROMPTS = [[1, 5, 9, 33, 2], [7, 7, 3], [4, 8, 15, 16, 23, 42], [90, 91]]
 SAMPLING = [SamplingParams(),
@@ -22,9 +22,9 @@ SAMPLING = [SamplingParams(),
 
 @pytest.fixture(scope="module")
 def models():
-    plain = NativeModel.load(tiny_core(seed=3), "cpu", cpu_frames=2)
-    chosen = NativeModel.load(tiny_core(seed=3, fold_layers=True, chunked_sampling=True), "cpu",
-                              cpu_frames=2)
+    plain = load_native(tiny_core(seed=3), "cpu", cpu_frames=2)
+    chosen = load_native(tiny_core(seed=3, fold_layers=True, chunked_sampling=True), "cpu",
+                         cpu_frames=2)
     return plain, chosen
 
 
@@ -32,8 +32,9 @@ def test_choices_are_recorded_in_the_launches(models):
     plain, chosen = models
 
     def ops(model):
-        names = {k.id: k.reference_op for k in model.manifest.kernels}
-        return {names[launch.kernel] for g in model.manifest.graphs for launch in g.launches}
+        names = {k.id: k.reference_op for k in model.prepared.manifest.kernels}
+        graphs = model.prepared.manifest.graphs
+        return {names[launch.kernel] for g in graphs for launch in g.launches}
 
     assert {"rmsnorm_linear", "linear_add", "sample_chunks", "sample_merge",
             "sample_rest"} <= ops(chosen)
