@@ -1,0 +1,201 @@
+"""Run the issue-17 Triton kernels under Triton's interpreter on the CPU (no GPU) against
+their NumPy references: the folded linear ops (GEMV, FMA and, with f32 weights, MMA paths)
+and the chunked sampler (``sample_chunks`` -> ``sample_merge`` -> ``sample_rest`` against
+``sample_biased``). A check of the kernels' logic before device time is spent; the GPU
+tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
+
+    uv run python scripts/interpret_kernels.py     # prints one line per case; exit 1 on a mismatch
+
+Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
+internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
+does not emulate bf16 tensor-core dots faithfully (the unchanged ``linear`` kernel fails
+there too), so bf16 weights are checked on the GEMV and FMA paths only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is decorated
+
+import numpy as np  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.language.extra.cuda import libdevice  # noqa: E402
+from triton.runtime import interpreter as interp  # noqa: E402
+
+interp.GridExecutor._init_args_hst = lambda self, args, kwargs: (list(args), dict(kwargs))
+interp.GridExecutor._restore_args_dev = lambda self, *a, **k: None
+libdevice.exp = lambda x, **k: tl.exp(x)
+libdevice.log = lambda x, **k: tl.log(x)
+libdevice.ceil = lambda x, **k: tl.ceil(x)
+
+
+class _Bools:  # the interpreter's masked load/store want np.bool_ masks
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def load(self, ptrs, mask, other, dtype):
+        return self._inner.load(ptrs, np.asarray(mask).astype(np.bool_), other, dtype)
+
+    def store(self, ptrs, value, mask):
+        return self._inner.store(ptrs, value, np.asarray(mask).astype(np.bool_))
+
+
+interp._interpreter = _Bools(interp._interpreter)
+_binary = interp.InterpreterBuilder.binary_op
+
+
+def _bitwise(self, lhs, rhs, op):  # scalar comparisons come back as non-bool arrays
+    if op in (np.bitwise_and, np.bitwise_or, np.bitwise_xor) and \
+            np.bool_ in (lhs.data.dtype, rhs.data.dtype) and lhs.data.dtype != rhs.data.dtype:
+        lhs = interp.TensorHandle(lhs.data.astype(np.bool_), tl.int1)
+        rhs = interp.TensorHandle(rhs.data.astype(np.bool_), tl.int1)
+    return _binary(self, lhs, rhs, op)
+
+
+interp.InterpreterBuilder.binary_op = _bitwise
+
+from helios_ignition.capture.launch import launch_config  # noqa: E402
+from helios_ignition.kernels_triton import TRITON_KERNELS  # noqa: E402
+from helios_tools import kernels as K  # noqa: E402
+from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK  # noqa: E402
+
+_DTYPES = {np.dtype(np.float32): tl.float32, np.dtype(np.int32): tl.int32,
+           np.dtype(np.uint32): tl.uint32, np.dtype(np.uint16): tl.bfloat16}
+
+
+class _Arr:
+    def __init__(self, a: np.ndarray):
+        self.a, self.dtype = a, _DTYPES[a.dtype]
+
+    def data_ptr(self) -> int:
+        return self.a.ctypes.data
+
+
+class _View:  # what capture passes launch_config: a shape and a buffer dtype
+    def __init__(self, a: np.ndarray, bf16: bool = False):
+        self.shape = a.shape
+        self.buffer = types.SimpleNamespace(dtype="bf16" if bf16 else
+                                            {"f": "f32", "i": "i32", "u": "u32"}[a.dtype.kind])
+
+
+def launch(op: str, *args, bf16: tuple[int, ...] = ()) -> dict:
+    arrays = [a for a in args if isinstance(a, np.ndarray)]
+    views = [_View(a, i in bf16) for i, a in enumerate(arrays)]
+    cfg = launch_config(op, [a for a in args if not isinstance(a, np.ndarray)], views)
+    constants = {k: v for k, v in cfg.constants.items() if k not in ("WARPS", "STAGES")}
+    TRITON_KERNELS[op][cfg.grid](*[_Arr(a) if isinstance(a, np.ndarray) else a for a in args],
+                                 **constants)
+    return constants
+
+
+def _bf16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    b = x.view(np.uint32)
+    bits = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def check_linear(rng) -> bool:
+    ok = True
+    for wb in (0, 1):
+        for T, N, Kd in [(1, 96, 40), (5, 96, 48), (8, 200, 64), (20, 70, 64), (40, 130, 48)]:
+            x = (rng.standard_normal((T, Kd)) * 3).astype(np.float32)
+            g = (1 + 0.1 * rng.standard_normal(Kd)).astype(np.float32)
+            w = (rng.standard_normal((N, Kd)) / np.sqrt(Kd)).astype(np.float32)
+            bits, wv = _bf16(w) if wb else (w, w)
+            res = rng.standard_normal((T, N)).astype(np.float32)
+            ref = np.zeros((T, N), np.float32)
+            K.rmsnorm_linear(x, g, wv, ref, T, N, Kd, 1e-5)
+            out = np.full((T, N), np.nan, np.float32)
+            c = launch("rmsnorm_linear", x, g, bits, out, T, N, Kd, 1e-5, bf16=(2,) if wb else ())
+            path = "GEMV" if c["BLOCK_T"] == 1 else "FMA" if c.get("FMA") else "MMA"
+            if wb and path == "MMA":
+                continue  # not emulated faithfully (see the module docstring)
+            errs = {"rmsnorm_linear": _rel(out, ref)}
+            ref = res.copy()
+            K.linear_add(x, wv, ref, T, N, Kd)
+            out = res.copy()
+            launch("linear_add", x, bits, out, T, N, Kd, bf16=(1,) if wb else ())
+            errs["linear_add"] = _rel(out - res, ref - res)
+            if path != "MMA":
+                gu = rng.standard_normal((T, 2 * Kd)).astype(np.float32)
+                ref = res.copy()
+                K.swiglu_linear_add(gu, wv[:, :Kd], ref, T, N, Kd)
+                out = res.copy()
+                wd = np.ascontiguousarray(bits[:, :Kd])
+                launch("swiglu_linear_add", gu, wd, out, T, N, Kd, bf16=(1,) if wb else ())
+                errs["swiglu_linear_add"] = _rel(out - res, ref - res)
+            good = all(e < 1e-6 for e in errs.values())
+            ok &= good
+            print(f"{'ok ' if good else 'BAD'} {'bf16' if wb else 'f32 '} T={T:<3} N={N:<4} "
+                  f"K={Kd:<3} {path:<4} " + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return ok
+
+
+def check_sampler(rng, V: int) -> bool:
+    R, S = 10, 16
+    W, P, KM = K.grammar_mask_words(V), -(-V // CHUNK), CANDIDATES
+    logits = (rng.standard_normal((R, V)) * 3).astype(np.float32)
+    logits[1, 100:110] = 50.0  # ties at the top, and across a chunk edge
+    logits[1, 2047:2050] = 50.0
+    logits[4] = np.round(logits[4])
+    p = dict(slot=rng.permutation(S)[:R].astype(np.int32),
+             positions=rng.integers(0, 5000, R).astype(np.int32),
+             sampling_decision=np.ones(R, np.int32),
+             seed=rng.integers(0, 2**32, (R, 2), dtype=np.uint64).astype(np.uint32),
+             temperature=np.full(R, 0.8, np.float32), top_p=np.full(R, 0.95, np.float32),
+             top_k=np.full(R, 50, np.int32), min_p=np.zeros(R, np.float32),
+             presence=np.zeros(R, np.float32), frequency=np.zeros(R, np.float32),
+             repetition=np.ones(R, np.float32))
+    hist = (rng.integers(0, 3, (S, V)) * (rng.random((S, V)) < 0.01)).astype(np.int32)
+    bias, ub = np.zeros((S, V), np.float32), np.zeros(R, np.int32)
+    mask = rng.integers(-2**31, 2**31, (R, W), dtype=np.int64).astype(np.int32)
+    um = np.zeros(R, np.int32)
+    p["temperature"][0] = 0.0
+    p["top_k"][1], p["top_k"][2], p["min_p"][3] = 3, 0, 0.05
+    p["presence"][5], p["frequency"][5], p["repetition"][5] = 0.5, 0.3, 1.3
+    um[5] = 1
+    p["slot"][6], p["sampling_decision"][7], p["top_k"][8], p["top_k"][9] = -1, 0, 64, 65
+    bias[p["slot"][3], rng.choice(V, 300, replace=False)] = rng.uniform(-100, 100, 300)
+    ub[3] = 1
+    um[4], mask[4] = 1, 0
+    mask[4, [0, 3]] = 1
+    row = [p[k] for k in ("slot", "positions", "sampling_decision", "seed", "temperature",
+                          "top_p", "top_k", "min_p", "presence", "frequency", "repetition")]
+    ref_hist, ref = hist.copy(), np.zeros(R, np.int32)
+    K.sample_biased(logits, *row, ref_hist, bias, ub, mask, um, ref, R, V, W)
+    h = hist.copy()
+    chunks = [np.full((R, P), np.nan, np.float32), np.full((R, P), -7, np.int32),
+              np.full((R, P * KM), -7, np.int32), np.full((R, P * KM), -7, np.int32)]
+    launch("sample_chunks", logits, p["slot"], p["temperature"], p["top_k"], p["presence"],
+           p["frequency"], p["repetition"], h, bias, ub, mask, um, *chunks, R, V, W, CHUNK, KM)
+    out = np.full(R, -7, np.int32)
+    launch("sample_merge", *chunks, *row[:8], h, np.full((R, 2 * KM), -7, np.int32), out, R, V,
+           P, KM)
+    launch("sample_rest", logits, *row, h, bias, ub, mask, um, out, R, V, W)
+    good = np.array_equal(out, ref) and np.array_equal(h, ref_hist)
+    print(f"{'ok ' if good else 'BAD'} chunked sampler V={V}: {out.tolist()} "
+          f"(sample_biased {ref.tolist()})")
+    return good
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    np.seterr(divide="ignore", under="ignore")
+    ok = check_linear(rng)
+    for V in (5000, 4097, 49152):
+        ok &= check_sampler(rng, V)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
