@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-tests|kern-bench|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -70,22 +70,23 @@ case $stage in
       --json "$OUTD/tuning_smollm2.json" 2>&1 | tee "$OUTD/tuning_smollm2.log"
     python3 bench/gpu_tuning.py --model llama-3.1-8b --batches 1 8 \
       --json "$OUTD/tuning_llama8b.json" 2>&1 | tee "$OUTD/tuning_llama8b.log" ;;
-  kern-tests)  # issue 17 launch choices (docs/gpu.md "Launch choices"): kernel tests of
-    # the folded ops, every linear path (the shared linear body) and the samplers (the
-    # chunked one vs sample_biased's reference); the real model exported with
-    # --fold-layers --chunked-sampling on cuda vs the CPU backend of the same core
+  kern-kernels)  # issue 17 launch choices (docs/gpu.md "Launch choices"), no GGUF needed:
+    # kernel tests of the folded ops, every linear path (the shared linear body) and the
+    # samplers (the chunked one against sample_biased's reference)
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py tests/gpu/test_sampling_chunks.py \
-      -k "folded or linear or sample or chunked" 2>&1 | tee "$OUTD/kern_kernels.log" | tail -4
-    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_fold_model.py 2>&1 | tee "$OUTD/kern_model.log" | tail -8 ;;
-  kern-bench)  # SmolLM2 default vs both choices, the 8B geometry with the chunked sampler:
-    # greedy and sampled (T 0.8, top_p 0.95, top_k 50) decode at batch 1/8/64, kernels per
-    # step and device us per kernel
+      -k "folded or linear or sample or chunked" 2>&1 | tee "$OUTD/kern_kernels.log" | tail -4 ;;
+  kern-8b)  # the 8B geometry with the chunked sampler: greedy and sampled (T 0.8, top_p
+    # 0.95, top_k 50) decode at batch 1/8/64 (no GGUF needed)
+    python3 bench/gpu_models.py --model llama-3.1-8b --batches 1 8 64 --steps 20 --chunked-sampling \
+      --json "$OUTD/kern_llama8b_chunked.json" 2>&1 | tail -14 | tee "$OUTD/kern_llama8b_chunked.log" ;;
+  kern-model)  # needs the joined GGUF: the real model exported with --fold-layers
+    # --chunked-sampling on cuda vs the CPU backend of the same core, then SmolLM2 default
+    # vs both choices (greedy and sampled decode at 1/8/64, kernels per step, us/kernel)
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_fold_model.py 2>&1 | tee "$OUTD/kern_model.log" | tail -8
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 --steps 40 \
       --json "$OUTD/kern_smollm2_default.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_default.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 --steps 40 \
-      --fold-layers --chunked-sampling --json "$OUTD/kern_smollm2_chosen.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_chosen.log"
-    python3 bench/gpu_models.py --model llama-3.1-8b --batches 1 8 64 --steps 20 --chunked-sampling \
-      --json "$OUTD/kern_llama8b_chunked.json" 2>&1 | tail -14 | tee "$OUTD/kern_llama8b_chunked.log" ;;
+      --fold-layers --chunked-sampling --json "$OUTD/kern_smollm2_chosen.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_chosen.log" ;;
   model)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;
