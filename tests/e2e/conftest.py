@@ -42,7 +42,8 @@ def tiny_server(tiny_served):
     bootstrap = Bootstrap.load(core.path, [core.public_key], core.namespace)
     settings = resolve(ServeOptions(port=0, max_active=4, queue_capacity=8), bootstrap.contract)
     clock = ObservationClock()
-    model = NativeModel.load(bootstrap.core, "cpu", max_concurrency=settings.max_active)
+    model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
+                             max_concurrency=settings.max_active)
     server = Server.start(bootstrap, model, settings, clock)
     yield server
     server.stop()
