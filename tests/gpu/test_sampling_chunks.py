@@ -144,7 +144,7 @@ def test_chunked_sampler_seeded_and_batch_independent(gpu, rng):
     """Many seeds per row (fresh inputs each) give sample_biased's tokens; a row's token
     does not depend on its neighbours or its row index."""
     R, V = 64, 49152
-    logits, p = _inputs(rng, R, V)
+    logits, p = _inputs(rng, R, V, S=R)  # a slot per row
     p["top_k"][:] = rng.choice([5, 20, 50, 64], R).astype(np.int32)
     p["top_p"][:] = rng.choice([1.0, 0.9, 0.95], R).astype(np.float32)
     p["temperature"][:] = rng.choice([0.5, 0.8, 1.2], R).astype(np.float32)
