@@ -35,8 +35,22 @@ def linear(
     out[:T, :N] = x[:T, :K] @ weight[:N, :K].T
 
 
-# Rows per fixed-shape block of ``linear_invariant``: one BLAS call per 8 rows.
-INVARIANT_ROWS = 8
+# Weight bytes per GEMV call of ``linear_invariant`` over two or more rows: a chunk of
+# output features small enough to stay in a core's L2 while every row reads it.
+INVARIANT_CHUNK_BYTES = 1 << 19
+
+
+def invariant_chunks(N: int, K: int) -> list[tuple[int, int]]:
+    """Output-feature ranges ``[start, stop)`` of ``linear_invariant``'s GEMV calls.
+
+    Fixed by (N, K) alone, multiples of 16 features, never a one-feature range (NumPy
+    computes a one-row product with a dot, not a GEMV).
+    """
+    rows = max(16, INVARIANT_CHUNK_BYTES // (4 * max(K, 1)) // 16 * 16)
+    bounds = [*range(0, N, rows), N]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        del bounds[-2]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def linear_invariant(
@@ -49,22 +63,28 @@ def linear_invariant(
 ) -> None:
     """``linear`` whose rows do not depend on T or on the other rows (batch invariance).
 
-    Same math and reference loop as ``linear``. BLAS picks a different kernel (and so a
-    different rounding) for each row count, so the rows go through fixed 8-row blocks
-    (the last one zero-padded): a row gets the same f32 result in a 1-row decode and in
-    a 32-row verification. Decode and speculative graphs of cores with a drafter use it,
-    so a verified position's logits equal the decode program's bit for bit
-    (model-contract.md, "Complete speculative generation": greedy output unchanged).
+    Same math and reference loop as ``linear``. Every row is one matrix-vector product
+    (BLAS GEMV), never part of a matrix-matrix one: BLAS GEMM picks a different kernel
+    and a different rounding for each row count, GEMV computes each output feature from
+    its weight row and the input row alone. One row (batch-1 decode) is a GEMV over the
+    whole matrix, exactly what ``linear`` does at T = 1, so a drafter core's decode costs
+    what the default core's does. Two or more rows (verification, batched decode) are
+    GEMVs over fixed chunks of output features (``invariant_chunks``), every row of one
+    chunk before the next, so each chunk is read from memory once and from cache by the
+    other rows. That a chunk's GEMV gives the same f32 values as the whole matrix's is a
+    property of the BLAS checked by tests/tools/kernels/test_linear_invariant.py (and by
+    the real-model greedy identity tests); decode and speculative graphs of cores with
+    a drafter use this op, so a verified position's logits equal the decode program's bit
+    for bit (model-contract.md, "Complete speculative generation": greedy output unchanged).
 
     Args: as ``linear``.
     """
-    w = weight[:N, :K].T
-    block = np.zeros((INVARIANT_ROWS, K), np.float32)
-    for start in range(0, T, INVARIANT_ROWS):
-        rows = min(INVARIANT_ROWS, T - start)
-        if rows == INVARIANT_ROWS:
-            out[start:start + rows, :N] = x[start:start + rows, :K] @ w
-        else:
-            block[:rows] = x[start:start + rows, :K]
-            block[rows:] = 0.0
-            out[start:start + rows, :N] = (block @ w)[:rows]
+    w = weight[:N, :K]
+    if T == 1:
+        np.dot(w, x[0, :K], out=out[0, :N])
+        return
+    rows = [x[t, :K] for t in range(T)]
+    for start, stop in invariant_chunks(N, K):
+        chunk = w[start:stop]
+        for t, row in enumerate(rows):
+            np.dot(chunk, row, out=out[t, start:stop])
