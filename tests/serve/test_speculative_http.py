@@ -158,3 +158,4 @@ def test_an_invalid_record_fails_exactly_that_steps_requests(spec_server):
     r = spec_server.openai().chat.completions.create(
         model=spec_server.model_name, messages=[{"role": "user", "content": "other"}])
     assert r.choices[0].message.content == "Hello!"
+

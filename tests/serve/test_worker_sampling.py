@@ -8,7 +8,7 @@ import asyncio
 
 import numpy as np
 from helios_serve.clock import ObservationClock
-from helios_serve.engine.plan import SamplingParams, TokenLogprob
+from helios_serve.engine.plan import SamplingParams, StepKind, TokenLogprob
 from helios_serve.events import EventSink, Finished, GenerationRequest, Output
 from helios_serve.frontend.prepare import OutputRecipe, PipelineArgs, PreparedRequest
 from helios_serve.frontend.stops import StopSpec
@@ -91,3 +91,29 @@ def test_each_sampled_token_gets_its_logprob_except_the_ending_eos(tok):
 def test_requests_without_logprobs_get_none(tok):
     events, _, _ = _run(tok, SamplingParams(), top_logprobs=5)
     assert all(e.logprobs == () for e in events if isinstance(e, Output))
+
+
+def test_speculative_cores_decode_logprobs_and_logit_bias_requests(tok):
+    """Speculative programs apply no logit bias and record no logprobs: such requests run
+    as DECODE rows of the speculative core (the scripted model refuses them in a lane)."""
+    spec = {"speculative_widths": (1, 2, 4), "top_logprobs": 5, "logit_bias": True}
+    events, model, _ = _run(tok, SamplingParams(logprobs=2), **spec)
+    logprobs = [lp.token_id for e in events if isinstance(e, Output) for lp in e.logprobs]
+    assert logprobs == tok.ids(SCRIPT)
+    assert model.launches[StepKind.SPECULATIVE] == 0 and model.launches[StepKind.DECODE] >= 4
+    events, model, _ = _run(tok, SamplingParams(logit_bias=((5, 1.0),)), **spec)
+    assert events[-1].completion_tokens == len(SCRIPT) + 1
+    assert model.launches[StepKind.SPECULATIVE] == 0
+    events, model, _ = _run(tok, SamplingParams(), **spec)
+    assert events[-1].completion_tokens == len(SCRIPT) + 1
+    assert model.launches[StepKind.SPECULATIVE] >= 1 and model.launches[StepKind.DECODE] == 0
+
+
+def test_speculative_lanes_stay_width_one_below_min_tokens(tok):
+    sampling = SamplingParams(min_tokens=3, min_tokens_banned=(EOS_ID, 7))
+    events, model, seen = _run(tok, sampling, speculative_widths=(1, 2, 4))
+    assert events[-1].completion_tokens == 5
+    # Output 0 comes from prefill; lanes at outputs 1 and 2 are masked and one long.
+    assert model.lane_lengths[:2] == [1, 1] and max(model.lane_lengths) > 1
+    by_index = dict(seen)
+    assert all(_bits(by_index[i]).isdisjoint({EOS_ID, 7}) for i in (0, 1, 2))

@@ -105,3 +105,24 @@ def test_sampled_speculative_tokens_follow_the_target_distribution(model):
             groups.append((np.bincount(follow, minlength=len(p2)), p2))
     assert sum(int(c.sum()) for c, _ in groups) >= 60, "too few accepted first drafts"
     assert _p_value(groups) > ALPHA
+
+
+def test_decode_rows_write_the_draft_context_prefill_would(model):
+    """A request that decoded (it asked for logprobs, or the width policy chose decode)
+    speculates later from the same draft context a prefill of its tokens writes: the
+    target feature and the head's K/V entry of every decoded position."""
+    from helios_serve.runtime.driver import _Lane
+
+    prompt = PROMPTS[0]
+    out = Driver(model).generate([prompt], 6)[0]
+    Driver(model).prefill(_Lane(1, prompt + out[:5], SamplingParams()))
+    g = model.manifests
+    per_slot = min(g.max_pages_per_request, g.num_pages // g.slots)
+    positions = np.arange(len(prompt) + 5)
+    pages = positions // g.page_tokens
+    buffers = model.backend.buffers
+    for plane in ("D.f_cache", "D.k_cache", "D.v_cache"):
+        decoded = buffers[plane][pages, positions % g.page_tokens]
+        prefilled = buffers[plane][per_slot + pages, positions % g.page_tokens]
+        assert np.abs(decoded[len(prompt):]).max() > 0
+        np.testing.assert_allclose(decoded, prefilled, rtol=1e-4, atol=1e-5, err_msg=plane)

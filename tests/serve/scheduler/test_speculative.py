@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helios_serve.engine.plan import StepKind
+from helios_serve.engine.plan import SamplingParams, StepKind
 from helios_serve.scheduler import CompletionError, FinishReason, SchedRequest, Scheduler
 from helios_serve.testing.scripted import tiny_geometry
 
@@ -127,3 +127,55 @@ def test_record_shape_and_submission_order_are_checked():
     fake = type(plan)(plan.kind, plan.rows[:0])
     with pytest.raises(CompletionError, match="oldest outstanding"):
         other.complete(fake, np.zeros((0, 10), np.int32))
+
+
+def _admit_all(s: Scheduler, requests, first_token=9):
+    for r in requests:
+        assert s.add(r) is None
+    plan = s.schedule()
+    assert plan.kind is StepKind.PREFILL
+    s.complete(plan, [first_token] * len(plan.rows))
+
+
+def test_logprobs_and_logit_bias_requests_run_as_decode_rows_in_alternate_steps():
+    s = _scheduler()
+    plain = [SamplingParams(logprobs=0), SamplingParams(logit_bias=((3, 5.0),))]
+    _admit_all(s, [SchedRequest(request_id=i, prompt_tokens=(1, 2, 3), max_output_tokens=9,
+                                sampling=p) for i, p in enumerate([SamplingParams(), *plain])])
+    kinds = []
+    for _ in range(4):
+        plan = s.schedule()
+        kinds.append((plan.kind, [r.request_id for r in plan.rows]))
+        if plan.kind is StepKind.SPECULATIVE:
+            s.complete(plan, _record(plan, [0] * len(plan.rows), [[11]] * len(plan.rows)))
+        else:
+            s.complete(plan, [11] * len(plan.rows))
+    # Request 0 speculates; 1 (logprobs) and 2 (logit_bias) decode; the groups alternate.
+    assert kinds == [(StepKind.SPECULATIVE, [0]), (StepKind.DECODE, [1, 2])] * 2
+
+
+def test_lanes_stay_width_one_while_min_tokens_bans_the_next_token():
+    s = _scheduler()
+    sampling = SamplingParams(min_tokens=3, min_tokens_banned=(2,))
+    _admit_all(s, [SchedRequest(request_id=7, prompt_tokens=(1, 2, 3), max_output_tokens=9,
+                                sampling=sampling)])
+    lengths = []
+    for _ in range(3):
+        plan = s.schedule()
+        lengths.append(plan.rows[0].lane_length)
+        s.complete(plan, _record(plan, [0], [[11]]))
+    assert lengths == [1, 1, WIDTH]  # outputs 1, 2 < 3 masked; the third may speculate
+
+
+def test_a_lane_without_its_pages_waits_and_is_never_shortened():
+    # 7 pages of 4 tokens; two prompts of 9 tokens hold 3 pages each (positions 0..11);
+    # each lane of 4 from position 9 needs a fourth. The last free page goes elsewhere:
+    # no lane is cut to the 3 positions its pages cover; with nothing able to run, the
+    # newest request is preempted and the other gets its whole lane.
+    s = _scheduler(num_pages=7, page_tokens=4)
+    _admit_all(s, [SchedRequest(request_id=i, prompt_tokens=tuple(range(1, 10)),
+                                max_output_tokens=12) for i in range(2)])
+    assert s.pages.acquire(None, 1) is not None and s.pages.available_pages == 0
+    plan = s.schedule()
+    assert [(r.request_id, r.lane_length) for r in plan.rows] == [(0, WIDTH)]
+    assert s.stats().preemptions == 1 and s.stats().waiting == 1

@@ -363,8 +363,8 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
     state and every sampling row writes its sampled id back there (specification: "Host
     values and graph state"), so step N + 1 can be submitted before step N completes.
     In a drafter core (`spec`), decode is row-invariant (its rows equal verification
-    rows bit for bit) and prefill also stores its features and writes the head's
-    entries of its tokens (the draft context). `tuned`: decode attention reads the
+    rows bit for bit) and prefill and decode also store their features and write the
+    head's entries of their tokens (the draft context). `tuned`: decode attention reads the
     tuned split count. `fold`: decode layers fold norms and residual adds into their
     products (``_layers``; not in a drafter core, whose decode stays row-invariant).
     """
@@ -386,8 +386,9 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
             invariant=decode and spec is not None, tuned=decode and tuned,
             fold=fold and decode and spec is None)
     h = t.view("scratch.h", (T, s.hidden))
-    if spec is not None and not decode:
-        _draft_context(b, s, caps, spec, toks, pos, trow, slot, T, R)
+    if spec is not None:
+        _draft_context(b, s, caps, spec, toks, pos, trow, slot, T, R,
+                       linear="linear_invariant" if decode else "linear")
     head = t.view("embed" if s.tied else "lm_head", (s.vocab, s.hidden))
     logits = t.view("scratch.logits", (R, s.vocab))
     if decode:
@@ -410,9 +411,12 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
 
 
 def _draft_context(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Speculation,
-                   toks, pos, trow, slot, T: int, R: int) -> None:
-    """Store the target features of a prefill chunk's `T` tokens and write the head's
-    entries of those tokens (prefill rows are not batch-sized: plain linears)."""
+                   toks, pos, trow, slot, T: int, R: int, linear: str) -> None:
+    """Store the target features of a prefill chunk's or decode step's `T` tokens and
+    write the head's entries of those tokens, so a request decoded for a while (it asked
+    for logprobs, or the width policy chose decode) finds its draft context when it
+    speculates again. Decode rows use the row-invariant linear (a seeded request drafts
+    the same tokens alone or in a batch); prefill chunks are not batch-sized."""
     t = b.table
     PT = caps.page_tokens
     MP = caps.context_tokens // PT
@@ -421,7 +425,7 @@ def _draft_context(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Sp
     h = t.view("scratch.h", (T, s.hidden))
     draft.store_features(b, h, pos, trow, slot, page_table, T, R, MP, PT, s.hidden)
     draft.entries(b, spec.drafter, s.rms_eps, toks, pos, trow, slot, page_table,
-                  t.view("rope_inv_freq", (s.head_dim // 2,)), T, R, MP, PT)
+                  t.view("rope_inv_freq", (s.head_dim // 2,)), T, R, MP, PT, linear=linear)
 
 
 def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Speculation,

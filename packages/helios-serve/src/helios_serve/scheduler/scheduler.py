@@ -31,9 +31,15 @@ Index spaces: a row's position in `StepPlan.rows` is its submission row;
 request's own sequence (prompt, then output).
 
 Speculative generation (geometry.speculative_widths non-empty): every generation row
-is a SPECULATIVE lane of length n = min(widest served W, output budget left, pages
-available) -- 1 for width-one (constrained) requests -- with pages reserved for all n
-positions (the lane's full ceiling). A speculative plan needs its completion before
+of a request that can speculate is a SPECULATIVE lane of length n = min(widest served
+W, output budget left) -- 1 while its next token is masked (grammar, min_tokens) --
+with pages reserved for all n positions (the lane's full ceiling); a lane whose pages
+are not available waits, it is never shortened for them (lane lengths depend on the
+request alone, so a seeded request samples the same text alone and in any batch).
+Requests whose tokens need what speculative programs do not compute (logit_bias,
+logprobs) run as DECODE rows of the same core; a DECODE step and a SPECULATIVE step
+alternate when both kinds are ready (least recently served group first). A
+speculative plan needs its completion before
 the same requests are planned again (the consumed endpoints come from it). Its
 completion is one lane record per row, validated as a whole before any request state
 changes (`CompletionError` otherwise); each lane then yields one RowResult per emitted
@@ -83,6 +89,14 @@ from helios_serve.scheduler.request import (
 from helios_serve.scheduler.sequence import Sequence
 
 MAX_FRAMES = 2
+
+
+def speculates(request: SchedRequest) -> bool:
+    """Whether a request's generation rows may be SPECULATIVE lanes: speculative
+    programs apply no logit bias and record no logprobs (helios_tools.kernels.
+    speculative.spec_verify), so such requests run as DECODE rows instead."""
+    sampling = request.sampling
+    return not sampling.logit_bias and sampling.logprobs is None
 
 
 class CompletionError(RuntimeError):
@@ -406,8 +420,9 @@ class Scheduler:
 
     def _build_decode(self) -> StepPlan | None:
         """One row per request with a pending token, at most the largest decode
-        capacity (least recently served first when over it), pages permitting."""
-        pt = self.geometry.page_tokens
+        capacity (least recently served first when over it), pages permitting; with
+        speculation, SPECULATIVE lanes and DECODE rows (requests that cannot speculate)
+        in separate steps, the group of the least recently served request first."""
         # Decode rows may be planned ahead of their device-owned pending token; a
         # speculative lane needs its completed record (its consumed endpoint) first.
         ahead = bool(self._outstanding) and self.device_pending and not self.widths
@@ -416,8 +431,17 @@ class Scheduler:
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
             ready = [s for s in ready if id(s) in keep]
-        if self.widths:
-            return self._build_speculative(ready)
+        if not self.widths or not ready:
+            return self._build_plain(ready)
+        lanes = [s for s in ready if speculates(s.request)]
+        plain = [s for s in ready if not speculates(s.request)]
+        if speculates(min(ready, key=lambda s: (s.last_step, s.order)).request):
+            return self._build_speculative(lanes) or self._build_plain(plain)
+        return self._build_plain(plain) or self._build_speculative(lanes)
+
+    def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
+        """A DECODE row per ready request whose next page is available."""
+        pt = self.geometry.page_tokens
         rows: list[RowPlan] = []
         for seq in ready:
             if seq.num_scheduled == self._token_pages(seq) * pt:  # pending token opens a page
@@ -431,29 +455,39 @@ class Scheduler:
         return StepPlan(StepKind.DECODE, tuple(rows)) if rows else None
 
     def _build_speculative(self, ready: list[Sequence]) -> StepPlan | None:
-        """One SPECULATIVE lane per ready request: its length never exceeds the widest
-        served W (= D + 1), the output budget left or the pages it can reserve."""
+        """One SPECULATIVE lane per ready request (`lane_ceiling`), pages for all of it
+        reserved first; a lane whose pages are not available waits."""
         pt = self.geometry.page_tokens
         rows: list[RowPlan] = []
         for seq in ready:
             start = seq.num_scheduled  # the pending token's position
-            n = 1 if seq.request.width_one else min(
-                self.max_width, seq.request.max_output_tokens - seq.num_output_tokens)
+            n = self.lane_ceiling(seq)
             need = _ceil_div(start + n, pt) - self._token_pages(seq)
             if need > 0:
-                take = min(need, self.pages.available_pages)
-                n = min(n, (self._token_pages(seq) + take) * pt - start)
-                if n < 1:
-                    continue  # waits for reclamation (or preemption)
-                take = _ceil_div(start + n, pt) - self._token_pages(seq)
-                if take:
-                    grant = self.pages.acquire(None, take)
-                    assert grant is not None
-                    seq.page_ids.extend(grant.page_ids)
+                grant = self.pages.acquire(None, need)
+                if grant is None:
+                    continue  # waits for reclamation (or preemption), never shortened
+                seq.page_ids.extend(grant.page_ids)
             fed = seq.tokens[start : start + 1] or [PENDING_PLACEHOLDER]
             rows.append(self._row(seq, fed, sample=True, histogram=None, decode=True,
                                   lane_length=n))
         return StepPlan(StepKind.SPECULATIVE, tuple(rows)) if rows else None
+
+    def lane_ceiling(self, seq: Sequence) -> int:
+        """Positions a request's next speculative lane may verify (pending included).
+
+        1 while the next token is masked (grammar, min_tokens: the mask covers only the
+        lane's first position); else min(widest served W = D + 1, output budget left).
+        The request alone decides it: sampled text with a seed depends on the lane
+        lengths (which position's token is a bonus draw and which an acceptance test),
+        never on other requests or on free pages.
+        """
+        request = seq.request
+        sampling = request.sampling
+        if request.width_one or (sampling.min_tokens_banned
+                                 and seq.num_output_tokens < sampling.min_tokens):
+            return 1
+        return min(self.max_width, request.max_output_tokens - seq.num_output_tokens)
 
     def _row(
         self,

@@ -253,6 +253,9 @@ class ScriptedModel:
                 assert g.speculative_widths, "speculative plan for a geometry without widths"
                 assert all(1 <= r.lane_length <= max(g.speculative_widths)
                            for r in plan.rows), "lane over the served width"
+                # As the real programs: a lane applies no logit bias, records no logprobs.
+                assert not any(r.sampling.logit_bias or r.sampling.logprobs is not None
+                               for r in plan.rows), "a logprobs/logit_bias request in a lane"
         else:
             assert plan.token_count <= max(g.prefill_token_capacities), "prefill over capacity"
             assert len(plan.rows) <= g.prefill_row_capacity, "prefill rows over capacity"
