@@ -8,11 +8,14 @@
 
 SmolLM2: a speculative core is exported from recipes/smollm2_135m_instruct.py with the
 drafter (--drafter: the committed trained head by default) and widths 1..4. For each
-batch and sampling setting the same prompts (scripts/drafter_prompts.py, `eval` split)
-generate --tokens tokens with the decode programs and with speculative rounds of lane
-length min(--width, tokens left); tokens/s counts generated tokens over the wall time of
-the generation steps (prefill excluded), and the mean accepted length is the mean
-tokens a lane emits per round (accepted drafts + 1). Greedy outputs are compared too.
+batch and sampling setting, --rounds groups of prompts (scripts/drafter_prompts.py,
+`eval` split) each generate --tokens tokens, in one process and interleaved per round:
+with the default core's decode (--baseline: recipes/smollm2_135m_instruct.py, no
+drafter), with the drafter core's decode, and with speculative rounds of lane length
+min(--width, tokens left). tokens/s counts generated tokens over the wall time of the
+generation steps (prefill excluded); the table gives the median over rounds. The mean
+accepted length is the mean tokens a lane emits per round (accepted drafts + 1). Outputs
+are compared with the drafter core's decode (greedy: identical by construction).
 
 8B: random weights make acceptance meaningless, so only the cost of one speculative
 step of lanes of length 4 (3 drafts + 4 verified positions + commit) over one decode
@@ -73,86 +76,94 @@ def _smollm2_core(args, folder: Path):
 
 
 def bench_smollm2(args) -> dict:
+    """Interleaved rounds in one process: per round the default core's decode, the
+    drafter core's decode and speculative rounds on the same prompts; medians over
+    rounds of tokens/s (the machine is shared: a median resists other processes'
+    bursts better than a total)."""
     from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
     from helios_serve.engine.plan import SamplingParams
-    from helios_serve.runtime.driver import Driver
-    from helios_serve.testing.native import load_native
 
     ck = load_gguf(args.gguf or smollm2_gguf_path())
     prompts = _prompts(max(args.batches) * args.rounds, ck)
     with tempfile.TemporaryDirectory() as d:
-        core = _smollm2_core(args, Path(d))
-        model = load_native(core, args.backend)
+        model = _load(args, _smollm2_core(args, Path(d)))
+        default = _load(args, _default_core(args, Path(d))) if args.baseline else None
     rows = []
     for batch in args.batches:
         for label, (temperature, top_p) in SAMPLINGS.items():
-            decode_s = spec_s = 0.0
-            tokens = lanes = emitted = 0
-            same = 0
+            rates: dict[str, list[float]] = {"default": [], "decode": [], "speculative": []}
+            lanes = emitted = same = 0
             for r in range(args.rounds):
                 group = prompts[r * batch:(r + 1) * batch]
                 params = [SamplingParams(temperature=temperature, top_p=top_p, seed=7 + i)
                           for i in range(len(group))]
-                t_prefill = _prefill_time(Driver(model), group, params)
-                t0 = time.perf_counter()
-                want = Driver(model).generate(group, args.tokens, params)
-                decode_s += time.perf_counter() - t0 - t_prefill
-                t0 = time.perf_counter()
-                got, records = Driver(model).generate_speculative(group, args.tokens, args.width,
-                                                                  params)
-                spec_s += time.perf_counter() - t0 - t_prefill
-                tokens += len(group) * (args.tokens - 1)  # the first token is prefill's
+                tokens = len(group) * (args.tokens - 1)  # the first token is prefill's
+                if default is not None:
+                    seconds, _ = _timed(default, group, params, lambda drv, g, p:
+                                        drv.generate(g, args.tokens, p))
+                    rates["default"].append(tokens / seconds)
+                seconds, want = _timed(model, group, params, lambda drv, g, p:
+                                       drv.generate(g, args.tokens, p))
+                rates["decode"].append(tokens / seconds)
+                seconds, (got, records) = _timed(model, group, params, lambda drv, g, p:
+                                                 drv.generate_speculative(g, args.tokens,
+                                                                          args.width, p))
+                rates["speculative"].append(tokens / seconds)
                 lanes += sum(len(rec) for rec in records)
                 emitted += sum(int(rec[:, 3].sum()) for rec in records)
                 same += sum(a == b for a, b in zip(got, want, strict=True))
-            row = {"batch": batch, "sampling": label, "tokens": tokens,
-                   "decode_tok_s": round(tokens / decode_s, 1),
-                   "speculative_tok_s": round(tokens / spec_s, 1),
-                   "speedup": round(decode_s / spec_s, 3),
+            med = {k: float(np.median(v)) for k, v in rates.items() if v}
+            row = {"batch": batch, "sampling": label, "rounds": args.rounds,
+                   "tokens_per_round": batch * (args.tokens - 1),
+                   "drafter_core_decode_tok_s": round(med["decode"], 2),
+                   "speculative_tok_s": round(med["speculative"], 2),
+                   "speedup_over_drafter_core_decode": round(med["speculative"] / med["decode"],
+                                                             3),
                    "mean_accepted_length": round(emitted / max(lanes, 1), 3),
-                   "identical_outputs": f"{same}/{args.rounds * batch}"}
+                   "identical_outputs": f"{same}/{args.rounds * batch}",
+                   "per_round_tok_s": {k: [round(x, 2) for x in v] for k, v in rates.items()}}
+            if "default" in med:
+                row["default_core_decode_tok_s"] = round(med["default"], 2)
+                row["speedup_over_default_core"] = round(med["speculative"] / med["default"], 3)
             rows.append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "per_round_tok_s"}),
+                  flush=True)
     model.close()
-    baseline = _baseline(args, prompts) if args.baseline else None
+    if default is not None:
+        default.close()
     return {"model": "smollm2-135m-instruct", "drafter": args.drafter, "width": args.width,
-            "default_core_decode": baseline,
             "backend": args.backend, "tokens_per_request": args.tokens, "rows": rows}
 
 
-def _baseline(args, prompts) -> list[dict]:
-    """Decode tokens/s of the core without a drafter (recipes/smollm2_135m_instruct.py:
-    plain linears, the embedded default today), greedy, same prompts and batches."""
-    from helios_ignition.export import export_core
-    from helios_serve.engine.plan import SamplingParams
-    from helios_serve.runtime.driver import Driver
+def _load(args, core):
     from helios_serve.testing.native import load_native
+
+    return load_native(core, args.backend)
+
+
+def _timed(model, group, params, run):
+    """Seconds of `run` minus the same prefills timed alone, and its result."""
+    from helios_serve.runtime.driver import Driver
+
+    t_prefill = _prefill_time(Driver(model), group, params)
+    t0 = time.perf_counter()
+    result = run(Driver(model), group, params)
+    return time.perf_counter() - t0 - t_prefill, result
+
+
+def _default_core(args, folder: Path):
+    """The core without a drafter (recipes/smollm2_135m_instruct.py: the embedded
+    default, plain linears)."""
+    from helios_ignition.export import export_core
     from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
 
-    with tempfile.TemporaryDirectory() as d:
-        key = Path(d) / "key.pem"
-        write_key_pair(generate_key(), key)
-        out = Path(d) / "default.core"
-        export_core(ROOT / "recipes/smollm2_135m_instruct.py", checkpoint=args.gguf or "smollm2",
-                    key_path=key, namespace="bench.spec", out=out, weight_dtype="bf16",
-                    targets=(args.target,) if args.backend == "cuda" else ())
-        model = load_native(open_core(out, [load_public_key(Path(str(key) + ".pub"))]),
-                                 args.backend)
-    rows = []
-    for batch in args.batches:
-        seconds, tokens = 0.0, 0
-        for r in range(args.rounds):
-            group = prompts[r * batch:(r + 1) * batch]
-            greedy = [SamplingParams() for _ in group]
-            t_prefill = _prefill_time(Driver(model), group, greedy)
-            t0 = time.perf_counter()
-            Driver(model).generate(group, args.tokens, greedy)
-            seconds += time.perf_counter() - t0 - t_prefill
-            tokens += len(group) * (args.tokens - 1)
-        rows.append({"batch": batch, "decode_tok_s": round(tokens / seconds, 1)})
-        print(json.dumps({"default_core": rows[-1]}), flush=True)
-    model.close()
-    return rows
+    key = folder / "default-key.pem"
+    write_key_pair(generate_key(), key)
+    out = folder / "default.core"
+    export_core(ROOT / "recipes/smollm2_135m_instruct.py", checkpoint=args.gguf or "smollm2",
+                key_path=key, namespace="bench.spec", out=out, weight_dtype="bf16",
+                targets=(args.target,) if args.backend == "cuda" else ())
+    return open_core(out, [load_public_key(Path(str(key) + ".pub"))])
 
 
 def _prefill_time(driver, group, params) -> float:
@@ -253,7 +264,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=50, help="timed steps (8B)")
     ap.add_argument("--context", type=int, default=1024, help="lane position (8B)")
     ap.add_argument("--baseline", action="store_true",
-                    help="also time decode on the core without a drafter (smollm2)")
+                    help="also time decode on the core without a drafter, same rounds (smollm2)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     result = bench_smollm2(args) if args.model == "smollm2" else bench_8b(args)
