@@ -126,3 +126,56 @@ def test_decode_rows_write_the_draft_context_prefill_would(model):
         prefilled = buffers[plane][per_slot + pages, positions % g.page_tokens]
         assert np.abs(decoded[len(prompt):]).max() > 0
         np.testing.assert_allclose(decoded, prefilled, rtol=1e-4, atol=1e-5, err_msg=plane)
+
+
+def _serve(model, requests, num_pages=None):
+    """The real scheduler over the real programs (no worker): each request's output
+    tokens, and the scheduler's stats at the end."""
+    from dataclasses import replace
+
+    from helios_serve.scheduler import FinishReason, Scheduler
+
+    geometry = model.manifests
+    if num_pages is not None:
+        geometry = replace(geometry, num_pages=num_pages)
+    scheduler = Scheduler(geometry, frames=1, device_pending=model.device_pending)
+    for request in requests:
+        assert scheduler.add(request) is None
+    limits = {r.request_id: r.max_output_tokens for r in requests}
+    out: dict[int, list[int]] = {r.request_id: [] for r in requests}
+    waits = 0  # speculative steps that left a running request out (no pages for its lane)
+    while scheduler.has_work():
+        running = scheduler.stats().running
+        plan = scheduler.schedule()
+        assert plan is not None
+        if plan.kind is StepKind.SPECULATIVE and len(plan.rows) < running:
+            waits += 1
+        for result in scheduler.complete(plan, model.execute(plan)):
+            if result.token_id is None or not scheduler.is_live(result.request_id):
+                continue
+            out[result.request_id].append(result.token_id)
+            if result.output_tokens == limits[result.request_id]:
+                scheduler.finish(result.request_id, FinishReason.LENGTH)
+    return out, scheduler.stats(), waits
+
+
+def test_a_seeded_request_samples_the_same_text_alone_in_a_batch_and_under_page_pressure(
+        model):
+    """Lane lengths follow the request alone (a lane without its pages waits, it is not
+    shortened), so seeded sampled text does not depend on the batch or on free pages.
+    26 pages of 4 tokens: lanes wait for pages, nothing is preempted (a preemption
+    recomputes the sequence and draws the next token as decode does, which changes the
+    lanes after it: docs/speculative.md)."""
+    from helios_serve.scheduler import SchedRequest
+
+    def request(i, prompt, seed):
+        return SchedRequest(request_id=i, prompt_tokens=tuple(prompt), max_output_tokens=24,
+                            sampling=SamplingParams(temperature=0.8, top_p=0.95, seed=seed))
+
+    batch = [request(i, p, 50 + i) for i, p in enumerate(PROMPTS)]
+    alone = {r.request_id: _serve(model, [r])[0][r.request_id] for r in batch}
+    together, _, _ = _serve(model, batch)
+    assert together == alone
+    squeezed, stats, waits = _serve(model, batch, num_pages=26)
+    assert waits > 0 and stats.preemptions == 0, "the test must run under page pressure"
+    assert squeezed == alone
