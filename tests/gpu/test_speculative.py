@@ -223,3 +223,72 @@ def _gguf():
     from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
 
     return load_gguf(os.environ.get("HELIOS_SMOLLM2_GGUF") or smollm2_gguf_path())
+
+
+def test_allocation_and_row_packing(gpu, rng):
+    """spec_allocate / spec_pack_rows against the references: crafted ties (equal
+    products 0.5 * 0.5 = 0.25, equal first confidences), NaN and zero confidences,
+    ceilings, padding lanes; then 200 random cases."""
+    cases = [([3, 3], [[0.5, 0.5], [0.25, 0.25]], 4, [0, 1]),
+             ([2, 2], [[0.5], [0.5]], 3, [5, 2]),
+             ([4, 4], [[0.5, 0.5, 0.5], [0.125, 1.0, 1.0]], 5, [0, 1]),
+             ([3, 3], [[np.nan, 1.0], [0.01, 1.0]], 3, [0, 1]),
+             ([4, 4, 0], [[0.5] * 3, [0.9] * 3, [1.0] * 3], 4, [0, -1, 2])]
+    values = np.asarray([0.5, 0.25, 0.125, 1.0, 0.0, 0.7, np.nan], np.float32)
+    for _ in range(200):
+        B, DMAX = int(rng.integers(1, 33)), int(rng.integers(1, 5))
+        slot = rng.permutation(64)[:B].astype(np.int32)
+        slot[rng.random(B) < 0.2] = -1
+        ceiling = rng.integers(0, DMAX + 3, B).astype(np.int32)
+        live = int(((slot >= 0) & (ceiling >= 1)).sum())
+        P = max(live, int(rng.integers(B, B * (DMAX + 1) + 3)))
+        cases.append((ceiling, rng.choice(values, (B, DMAX)), P, slot))
+    for ceiling, conf, P, slot in cases:
+        ceiling = np.asarray(ceiling, np.int32)
+        conf = np.asarray(conf, np.float32)
+        slot = np.asarray(slot, np.int32)
+        B, DMAX = conf.shape
+        ref = np.full(B, -9, np.int32)
+        K.spec_allocate(ceiling, slot, conf, ref, B, P, DMAX)
+        got = gpu.run("spec_allocate", ceiling, slot, conf, np.full(B, -9, np.int32), B, P, DMAX)
+        np.testing.assert_array_equal(got["query_length"], ref, err_msg=f"{ceiling} {conf} {P}")
+        start = rng.integers(0, 4000, B).astype(np.int32)
+        refs = [np.full(P, 99, np.int32) for _ in range(3)]
+        K.spec_pack_rows(ref, start, slot, *refs, B, P)
+        got = gpu.run("spec_pack_rows", ref, start, slot,
+                      *[np.full(P, 99, np.int32) for _ in range(3)], B, P)
+        for name, want in zip(("positions", "token_row", "token_slot"), refs, strict=True):
+            np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+def test_copied_candidates_and_confidence(gpu, rng):
+    B, CMAX, DMAX, V, VD = 8, 3, 3, 49152, 8192
+    for _ in range(20):
+        cand = rng.integers(-2, V + 2, (B, CMAX)).astype(np.int32)
+        count = rng.integers(-1, 5, B).astype(np.int32)
+        generation = rng.integers(1, 3, B).astype(np.int32)
+        cand_generation = rng.integers(1, 3, B).astype(np.int32)
+        start = rng.integers(5, 7, B).astype(np.int32)
+        cand_endpoint = rng.integers(5, 7, B).astype(np.int32)
+        qlen = rng.integers(1, 5, B).astype(np.int32)
+        lane_slot = rng.integers(-1, 3, B).astype(np.int32)
+        for step in (1, 2, 3):
+            drafts = rng.integers(0, V, (B, DMAX)).astype(np.int32)
+            q = rng.random((B, DMAX, V)).astype(np.float32)
+            want_d, want_q = drafts.copy(), q.copy()
+            K.spec_copy_candidates(cand, count, cand_generation, cand_endpoint, generation,
+                                   start, qlen, lane_slot, want_d, want_q, B, CMAX, DMAX, V,
+                                   step)
+            got = gpu.run("spec_copy_candidates", cand, count, cand_generation, cand_endpoint,
+                          generation, start, qlen, lane_slot, drafts, q, B, CMAX, DMAX, V, step)
+            np.testing.assert_array_equal(got["drafts"], want_d)
+            np.testing.assert_array_equal(got["q"], want_q)
+            logits = (rng.standard_normal((B, VD)) * 3).astype(np.float32)
+            vocab_map = rng.permutation(V)[:VD].astype(np.int32)
+            drafted = np.where(rng.random((B, DMAX)) < 0.8,
+                               vocab_map[rng.integers(0, VD, (B, DMAX))], V + 1).astype(np.int32)
+            want = np.full((B, DMAX), -1, np.float32)
+            K.spec_confidence(logits, lane_slot, drafted, vocab_map, want, B, VD, DMAX, step)
+            got = gpu.run("spec_confidence", logits, lane_slot, drafted, vocab_map,
+                          np.full((B, DMAX), -1, np.float32), B, VD, DMAX, step)
+            np.testing.assert_allclose(got["confidence"], want, rtol=2e-6, atol=1e-9)

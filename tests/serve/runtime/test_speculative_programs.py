@@ -179,3 +179,70 @@ def test_a_seeded_request_samples_the_same_text_alone_in_a_batch_and_under_page_
     squeezed, stats, waits = _serve(model, batch, num_pages=26)
     assert waits > 0 and stats.preemptions == 0, "the test must run under page pressure"
     assert squeezed == alone
+
+
+def _oracle(decoded, prompts, count=3):
+    """Copied candidates that are the decode programs' own continuation."""
+    def propose(seq):
+        for prompt, out in zip(prompts, decoded, strict=True):
+            full = list(prompt) + out
+            if full[:len(seq)] == seq:
+                return full[len(seq):len(seq) + count]
+        return ()
+    return propose
+
+
+def test_copied_candidates_are_verified_with_greedy_identity(model):
+    decoded = Driver(model).generate(PROMPTS, 20)
+    out, records = Driver(model).generate_speculative(PROMPTS, 20, 4,
+                                                      propose=_oracle(decoded, PROMPTS))
+    assert out == decoded
+    # The decode programs' own continuation: every copied draft is accepted.
+    for record in records:
+        assert (record[:, 2] == record[:, 1] - 1).all()
+    wrong = lambda seq: [(t + 1) % 60 for t in seq[-3:]]  # noqa: E731
+    out, records = Driver(model).generate_speculative(PROMPTS, 20, 4, propose=wrong)
+    assert out == decoded
+
+
+def test_stale_copied_candidates_are_ignored_by_the_program(model):
+    """Candidates proposed for another slot generation or another consumed endpoint leave
+    the lane exactly as without candidates; fresh ones are applied."""
+    from helios_serve.engine.plan import CopiedCandidates
+    from helios_serve.runtime.driver import _Lane
+
+    prompt = PROMPTS[0]
+    decoded = Driver(model).generate([prompt], 8)[0]
+    truth = tuple(decoded[1:4])  # what follows the pending token decoded[0]
+
+    def lane_record(candidates):
+        driver = Driver(model)
+        driver._generation = 5
+        first = driver.prefill(_Lane(0, list(prompt), SamplingParams()))
+        assert first == decoded[0]
+        row = RowPlan(request_id=0, slot=0, generation=5, tokens=(first,),
+                      start_position=len(prompt), page_ids=driver._pages(0, len(prompt) + 4),
+                      sample=True, sampling=SamplingParams(), query_length=4,
+                      candidates=candidates)
+        return model.execute(StepPlan(StepKind.SPECULATIVE, (row,)))[0]
+
+    plain = lane_record(None)
+    endpoint = len(prompt) + 1
+    fresh = lane_record(CopiedCandidates(truth, 5, endpoint))
+    assert fresh[2] == 3 and list(fresh[6:10]) == decoded[1:5]
+    for stale in (CopiedCandidates(truth, 4, endpoint), CopiedCandidates(truth, 5, endpoint - 1),
+                  CopiedCandidates(truth, 5, endpoint + 1)):
+        np.testing.assert_array_equal(lane_record(stale), plain)
+
+
+def test_prefix_limit_programs_allocate_within_p_with_greedy_identity(model):
+    decoded = Driver(model).generate(PROMPTS, 20)
+    for propose in (None, _oracle(decoded, PROMPTS)):
+        out, records = Driver(model).generate_speculative(PROMPTS, 20, 4, packed_rows=8,
+                                                          propose=propose)
+        assert out == decoded
+        for record in records:
+            offers = record[:, 1]
+            assert offers.sum() <= 8 and (offers >= 1).all() and (offers <= 4).all()
+            assert (record[:, 3] == record[:, 2] + 1).all()
+        assert any(r[:, 1].max() > 2 for r in records), "the allocation must vary lengths"

@@ -31,6 +31,12 @@ _PER_ROW = (
     pb.VALUE_SOURCE_GRAMMAR_MASK_ENABLED, pb.VALUE_SOURCE_LOGIT_BIAS_ENABLED,
     pb.VALUE_SOURCE_LOGPROBS, pb.VALUE_SOURCE_SEED_BITS, pb.VALUE_SOURCE_GRAMMAR_MASK,
     pb.VALUE_SOURCE_CONSTANT,
+    # Lane ceilings of device allocation (RowPlan.query_length of a prefix-limit step).
+    pb.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT,
+    # Copied proposals of history drafting (RowPlan.candidates). Per-position candidate
+    # grammar masks are not supplied: constrained lanes stay width one.
+    pb.VALUE_SOURCE_CANDIDATE_IDS, pb.VALUE_SOURCE_CANDIDATE_COUNT,
+    pb.VALUE_SOURCE_CANDIDATE_GENERATION, pb.VALUE_SOURCE_CANDIDATE_CONSUMED_ENDPOINT,
 )
 _PER_TOKEN = (
     pb.VALUE_SOURCE_PROMPT_TOKENS, pb.VALUE_SOURCE_PENDING_TOKEN,
@@ -63,9 +69,10 @@ _SERVING = dict(
     tokens_per_record=frozenset({1}),
     state_accesses=frozenset({pb.ACCESS_READ, pb.ACCESS_WRITE, pb.ACCESS_READ_WRITE}),
     state_rows_per_request=1,  # persistent state rows are request slots
-    # The scheduler validates SPECULATIVE draft cursors (ModelGeometry.draft_cursor_lag);
-    # confidence allocation (SPECULATIVE_PREFIX_LIMIT) is issue 13.
+    # The scheduler validates SPECULATIVE draft cursors (ModelGeometry.draft_cursor_lag).
     cursor_operations=frozenset({pb.OPERATION_SPECULATIVE}),
+    # Prefix-limit programs allocate from confidence kept inside the program; a program
+    # producing the framed proposal_confidence record has no reader here.
     speculative_confidence=False,
     tuning=True,  # NativeModel.load runs the producers before exposing the graphs
     dtypes=frozenset({mpb.D_TYPE_F32, mpb.D_TYPE_BF16, mpb.D_TYPE_I32, mpb.D_TYPE_U32}),

@@ -377,6 +377,13 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "spec_verify":  # one program per lane walks its rows in order
         B, W = s[0], s[6]
         return _cfg((B,), 8, BLOCK_V=2048, WMAX=_np2(W, 2))
+    if op in ("spec_copy_candidates", "spec_confidence"):  # one program per lane
+        return _cfg((s[0],), 4, BLOCK_V=2048)
+    if op == "spec_allocate":  # one program holds every lane
+        return _cfg((1,), 4, BLOCK_B=_np2(s[0], 16))
+    if op == "spec_pack_rows":
+        B, P = s
+        return _cfg((_cdiv(P, 64),), 4, BLOCK_B=_np2(B, 16), BLOCK_T=64)
     if op in ("paged_row_write", "paged_row_gather_prev"):
         T, D = s[0], s[4]
         return _cfg((T,), 4, BLOCK_D=_np2(D, 16))

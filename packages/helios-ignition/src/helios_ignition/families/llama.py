@@ -123,9 +123,21 @@ class Speculation:
     def max_width(self) -> int:
         return max(self.widths)
 
+    @property
+    def prefix_batches(self) -> bool:
+        """Whether batches B >= 2 also get a SPECULATIVE_PREFIX_LIMIT program at the
+        widest W with P = PREFIX_ROWS_PER_LANE x B (the device allocates the rows)."""
+        return self.max_width > PREFIX_ROWS_PER_LANE
+
+
+# Verification rows per lane of a prefix-limit program: P = 2 B rows shared by B lanes of
+# ceiling W (a lane keeps its pending row; the other B rows go to the likeliest drafts).
+PREFIX_ROWS_PER_LANE = 2
 
 SPEC_NAMES = {"generation": "in.generation", "lane_start": "in.lane_start",
-              "token_slot": "in.token_slot"}
+              "token_slot": "in.token_slot", "lane_ceiling": "in.lane_ceiling",
+              "cand_ids": "in.cand_ids", "cand_count": "in.cand_count",
+              "cand_generation": "in.cand_generation", "cand_endpoint": "in.cand_endpoint"}
 RECORD = "out.record"
 
 
@@ -175,8 +187,14 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
         t.declare(SPEC_NAMES["generation"], "i32", (rows,), "input")
         t.declare(SPEC_NAMES["lane_start"], "i32", (rows,), "input")
         t.declare(SPEC_NAMES["token_slot"], "i32", (tokens,), "input")
-        for name in ("d_tok", "d_pos", "d_row", "d_slot"):
+        for key in ("lane_ceiling", "cand_count", "cand_generation", "cand_endpoint"):
+            t.declare(SPEC_NAMES[key], "i32", (rows,), "input")
+        t.declare(SPEC_NAMES["cand_ids"], "i32", (rows, dmax), "input")
+        for name in ("d_tok", "d_pos", "d_row", "d_slot", "query_length"):
             t.declare(f"spec.{name}", "i32", (rows,), "scratch")
+        for name in ("positions", "token_row", "token_slot"):  # device-packed rows
+            t.declare(f"spec.{name}", "i32", (tokens,), "scratch")
+        t.declare("spec.confidence", "f32", (rows, dmax), "scratch")
         t.declare("spec.drafts", "i32", (rows, dmax), "scratch")
         t.declare("spec.q", "f32", (rows, dmax, s.vocab), "scratch")
         t.declare("spec.tokens", "i32", (tokens,), "scratch")
@@ -429,19 +447,26 @@ def _draft_context(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Sp
 
 
 def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Speculation,
-                 lanes: int, width: int, tuned: bool = False) -> None:
-    """Record one SPECULATIVE program: B = `lanes`, W = `width`, D = W - 1, P = B x W.
+                 lanes: int, width: int, tuned: bool = False, packed: int | None = None
+                 ) -> None:
+    """Record one SPECULATIVE program: B = `lanes`, W = `width`, D = W - 1, P = `packed`
+    (default B x W).
 
-    Proposal (D draft steps), target verification of each lane's n_b positions, accepted-
-    state commit (helios_tools.kernels.speculative documents every step and the RNG
-    streams). Lengths come from QUERY_LENGTH; the host packs positions, rows and slots
-    of the P verification rows; the device fills their tokens (pending, then drafts).
-    `tuned`: verification attention reads the tuned split count, as decode does, so the
-    two stay row-invariant.
+    Proposal (D draft steps; copied candidates, when fresh, replace the head's drafts
+    position by position: `spec_copy_candidates`), target verification of each lane's
+    n_b positions, accepted-state commit (helios_tools.kernels.speculative documents
+    every step and the RNG streams). QUERY_LENGTH programs (`packed` None): the host
+    packs positions, rows and slots of the P verification rows. SPECULATIVE_PREFIX_LIMIT
+    programs (`packed` given): lanes draft up to their ceilings, the head's confidence in
+    each draft (`spec_confidence`) feeds `spec_allocate`, which writes the lengths, and
+    `spec_pack_rows` packs the rows on the device. The device fills the rows' tokens
+    (pending, then drafts). `tuned`: verification attention reads the tuned split count,
+    as decode does, so the two stay row-invariant.
     """
     t = b.table
     g = spec.drafter
-    B, D, P = lanes, width - 1, lanes * width
+    prefix = packed is not None
+    B, D, P = lanes, width - 1, packed if prefix else lanes * width
     dmax = t.buffers["spec.drafts"].shape[1]
     slots = t.buffers[PAGE_TABLE].shape[0]
     PT = caps.page_tokens
@@ -458,8 +483,13 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
     def sp(name: str, count: int):
         return t.view(f"spec.{name}", (count,))
 
-    slot, start, qlen = inp("slot", B), inp("lane_start", B), inp("query_length", B)
+    slot, start = inp("slot", B), inp("lane_start", B)
+    # Prefix-limit lanes draft up to their ceilings; their lengths are allocated below.
+    qlen = inp("lane_ceiling", B) if prefix else inp("query_length", B)
     pending = t.view(PENDING, (slots,))
+    candidates = [inp("cand_ids", B, dmax), inp("cand_count", B), inp("cand_generation", B),
+                  inp("cand_endpoint", B), inp("generation", B), start, qlen]
+    confidence = t.view("spec.confidence", (B, dmax))
     drafts = t.view("spec.drafts", (B, dmax))
     q = t.view("spec.q", (B, dmax, s.vocab))
     vocab_map = t.view("D.vocab_map", (g.draft_vocab,))
@@ -473,7 +503,18 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
                             split, first=k == 1)
         b.launch("draft_sample", logits, sp("d_slot", B), sp("d_pos", B), vocab_map,
                  *sampling, drafts, q, B, g.draft_vocab, s.vocab, dmax, k)
-    pos, trow, tslot = inp("positions", P), inp("token_row", P), inp("token_slot", P)
+        b.launch("spec_copy_candidates", *candidates, sp("d_slot", B), drafts, q, B, dmax,
+                 dmax, s.vocab, k)
+        if prefix:
+            b.launch("spec_confidence", logits, sp("d_slot", B), drafts, vocab_map, confidence,
+                     B, g.draft_vocab, dmax, k)
+    if prefix:
+        qlen = sp("query_length", B)
+        b.launch("spec_allocate", inp("lane_ceiling", B), slot, confidence, qlen, B, P, dmax)
+        pos, trow, tslot = sp("positions", P), sp("token_row", P), sp("token_slot", P)
+        b.launch("spec_pack_rows", qlen, start, slot, pos, trow, tslot, B, P)
+    else:
+        pos, trow, tslot = inp("positions", P), inp("token_row", P), inp("token_slot", P)
     tokens = sp("tokens", P)
     b.launch("spec_pack_tokens", pending, slot, start, drafts, pos, trow, tokens, B, P, slots,
              dmax)
@@ -556,13 +597,19 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
     variants = [("decode", b, b, 0) for b in caps.decode_batch]
     variants += [("prefill", t, caps.prefill_rows, 0) for t in caps.prefill_tokens]
     if spec is not None:
-        variants += [("speculative", b, b, w) for b in caps.decode_batch for w in spec.widths]
+        variants += [("speculative", b * w, b, w) for b in caps.decode_batch for w in spec.widths]
+        if spec.prefix_batches:
+            variants += [("prefix", b * PREFIX_ROWS_PER_LANE, b, spec.max_width)
+                         for b in caps.decode_batch if b >= 2]
     for kind, tokens, nrows, width in variants:
         builder = ProgramBuilder(table, kernels)
-        if kind == "speculative":
+        if kind in ("speculative", "prefix"):
             assert spec is not None
-            _speculative(builder, s, caps, spec, nrows, width, tuned)
-            name, op, packed = f"spec_b{nrows}_w{width}", cpb.OPERATION_SPECULATIVE, nrows * width
+            prefix = kind == "prefix"
+            _speculative(builder, s, caps, spec, nrows, width, tuned,
+                         packed=tokens if prefix else None)
+            name = f"spec_b{nrows}_w{width}" + (f"_p{tokens}" if prefix else "")
+            op, packed = cpb.OPERATION_SPECULATIVE, tokens
             completion = mpb.CompletionLayout(
                 buffer=RECORD, rows=nrows,
                 speculative=mpb.SpeculativeCompletion(token_width=width))
@@ -579,7 +626,8 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
         program = mpb.GraphProgram(name=name, operation=op, batch_capacity=nrows,
                                    token_capacity=packed, launches=builder.launches,
                                    completion=completion)
-        contract = _graph_contract(name, op, nrows, packed, s, table, device_pending, width)
+        contract = _graph_contract(name, op, nrows, packed, s, table, device_pending, width,
+                                   prefix=kind == "prefix")
         if tuned and op != cpb.OPERATION_PREFILL:  # its decode attention reads the choice
             program.tuning_producers.append(SPLIT_PRODUCER)
             contract.tuned_bindings.add(buffer=TUNED_SPLITS, producer_graph=SPLIT_PRODUCER)
@@ -670,8 +718,8 @@ def _split_producer(table: BufferTable, kernels: dict[str, mpb.Kernel], s: Llama
 
 
 def _graph_contract(name: str, op: int, rows: int, tokens: int, s: LlamaShapes,
-                    table: BufferTable, device_pending: bool, width: int = 0
-                    ) -> cpb.GraphContract:
+                    table: BufferTable, device_pending: bool, width: int = 0,
+                    prefix: bool = False) -> cpb.GraphContract:
     decode = op in (cpb.OPERATION_DECODE, cpb.OPERATION_SPECULATIVE)
     speculative = op == cpb.OPERATION_SPECULATIVE
     slots = table.buffers[PAGE_TABLE].shape[0]
@@ -682,9 +730,13 @@ def _graph_contract(name: str, op: int, rows: int, tokens: int, s: LlamaShapes,
     if speculative:
         g.speculative.CopyFrom(cpb.SpeculativeDescriptor(
             batch_capacity=rows, draft_tokens=width - 1, token_capacity=width,
-            packed_token_capacity=tokens, length_source=cpb.LENGTH_SOURCE_QUERY_LENGTH,
-            lane_limit=width))
-        g.bindings.extend(decl.speculative_lanes(INPUT_NAMES, SPEC_NAMES))
+            packed_token_capacity=tokens,
+            length_source=cpb.LENGTH_SOURCE_SPECULATIVE_PREFIX_LIMIT if prefix
+            else cpb.LENGTH_SOURCE_QUERY_LENGTH, lane_limit=width))
+        g.bindings.extend(decl.speculative_prefix_lanes(INPUT_NAMES, SPEC_NAMES) if prefix
+                          else decl.speculative_lanes(INPUT_NAMES, SPEC_NAMES))
+        if width > 1:
+            g.bindings.extend(decl.copied_proposals(SPEC_NAMES))
     else:
         g.bindings.extend(decl.shared_admission(INPUT_NAMES, prefill=not decode,
                                                 device_pending=device_pending))

@@ -434,3 +434,100 @@ def spec_verify(logits, slot, generation, lane_start, query_length, sampling_dec
         tl.store(rec + 2, accepted)
         tl.store(rec + 3, emitted)
         tl.store(rec + 4, cursor)
+
+
+@triton.jit
+def spec_copy_candidates(cand_ids, cand_count, cand_generation, cand_endpoint, generation,
+                         lane_start, query_length, lane_slot, drafts, q, B, CMAX, DMAX, V, STEP,
+                         BLOCK_V: tl.constexpr):
+    """Copied candidate STEP replaces the head's draft of a live lane with fresh candidates;
+    grid ``(B,)``."""
+    b = tl.program_id(0)
+    fresh = (tl.load(cand_generation + b) == tl.load(generation + b)) & \
+        (tl.load(cand_endpoint + b) == tl.load(lane_start + b))
+    cap = tl.minimum(tl.minimum(CMAX, DMAX), tl.maximum(tl.load(query_length + b) - 1, 0))
+    k = tl.where(fresh, tl.minimum(tl.maximum(tl.load(cand_count + b), 0), cap), 0)
+    d = tl.load(cand_ids + b * CMAX + STEP - 1, mask=STEP <= CMAX, other=-1)
+    if (tl.load(lane_slot + b) >= 0) & (STEP <= k) & (d >= 0) & (d < V):
+        tl.store(drafts + b * DMAX + STEP - 1, d)
+        qrow = q + (b.to(tl.int64) * DMAX + STEP - 1) * V
+        lanes = tl.arange(0, BLOCK_V)
+        for v0 in range(0, V, BLOCK_V):
+            idx = v0 + lanes
+            tl.store(qrow + idx, tl.where(idx == d, 1.0, 0.0).to(tl.float32), mask=idx < V)
+
+
+@triton.jit
+def spec_confidence(logits, lane_slot, drafts, vocab_map, confidence, B, VD, DMAX, STEP,
+                    BLOCK_V: tl.constexpr):
+    """The head's softmax probability of draft STEP (0 outside the draft vocabulary);
+    grid ``(B,)``."""
+    b = tl.program_id(0)
+    if tl.load(lane_slot + b) >= 0:
+        lrow = logits + b.to(tl.int64) * VD
+        d = tl.load(drafts + b * DMAX + STEP - 1)
+        lanes = tl.arange(0, BLOCK_V)
+        m = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+        hit = tl.full((BLOCK_V,), INT_MAX, tl.int32)
+        for v0 in range(0, VD, BLOCK_V):
+            idx = v0 + lanes
+            z = tl.load(lrow + idx, mask=idx < VD, other=float("-inf"))
+            m = tl.maximum(m, z)
+            target = tl.load(vocab_map + idx, mask=idx < VD, other=-1)
+            hit = tl.minimum(hit, tl.where((target == d) & (idx < VD), idx, INT_MAX))
+        zmax = tl.max(m, axis=0)
+        k = tl.min(hit, axis=0)
+        total = tl.zeros((BLOCK_V,), tl.float32)
+        for v0 in range(0, VD, BLOCK_V):
+            idx = v0 + lanes
+            z = tl.load(lrow + idx, mask=idx < VD, other=float("-inf"))
+            total += tl.where(idx < VD, tl.exp(z - zmax), 0.0)
+        zk = tl.load(lrow + k, mask=k < VD, other=float("-inf"))
+        conf = tl.where(k < VD, tl.exp(zk - zmax) / tl.sum(total, axis=0), 0.0)
+        tl.store(confidence + b * DMAX + STEP - 1, conf)
+
+
+@triton.jit
+def spec_allocate(ceiling, slot, confidence, query_length, B, P, DMAX, BLOCK_B: tl.constexpr):
+    """Causal-prefix allocation of the P rows (highest FP64 survival first; ties: shorter
+    prefix, lower slot, lower lane); grid ``(1,)``, every lane in one block."""
+    b = tl.arange(0, BLOCK_B)
+    inb = b < B
+    s = tl.load(slot + b, mask=inb, other=-1)
+    ceil = tl.load(ceiling + b, mask=inb, other=0)
+    n = tl.where(inb & (s >= 0) & (ceil >= 1), 1, 0)
+    limit = tl.minimum(ceil, DMAX + 1)
+    survival = tl.full((BLOCK_B,), 1.0, tl.float64)
+    rows_left = P - tl.sum(n, axis=0)
+    for it in range(0, P):
+        open_ = (n >= 1) & (n < limit)
+        c = tl.load(confidence + b * DMAX + (n - 1), mask=open_, other=0.0).to(tl.float64)
+        c = tl.where(c == c, tl.maximum(c, 0.0), 0.0)  # NaN and negatives count as 0
+        v = tl.where(open_, survival * c, -1.0)
+        best = tl.max(v, axis=0)
+        key = (n.to(tl.int64) << 42) | ((s.to(tl.int64) & 0x1FFFFF) << 21) | b.to(tl.int64)
+        kmin = tl.min(tl.where(open_ & (v == best), key, 0x7FFFFFFFFFFFFFFF), axis=0)
+        take = (it < rows_left) & (best >= 0.0) & open_ & (key == kmin)
+        survival = tl.where(take, v, survival)
+        n = tl.where(take, n + 1, n)
+    tl.store(query_length + b, n, mask=inb)
+
+
+@triton.jit
+def spec_pack_rows(query_length, lane_start, slot, positions, token_row, token_slot, B, P,
+                   BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Rows of the allocated lanes in lane order, padding past them; grid
+    ``(cdiv(P, BLOCK_T),)``, every lane in one block."""
+    lane = tl.arange(0, BLOCK_B)
+    n = tl.maximum(tl.load(query_length + lane, mask=lane < B, other=0), 0)
+    end = tl.cumsum(n, axis=0)  # inclusive: lane l's rows are [end - n, end)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    # lane of row t = how many lanes end at or before t
+    row = tl.sum((end[None, :] <= t[:, None]).to(tl.int32), axis=1)
+    real = (t < tl.sum(n, axis=0)) & (t < P)
+    first = tl.sum(tl.where(lane[None, :] == row[:, None], (end - n)[None, :], 0), axis=1)
+    start = tl.load(lane_start + row, mask=real, other=0)
+    s = tl.load(slot + row, mask=real, other=-1)
+    tl.store(positions + t, tl.where(real, start + t - first, 0), mask=t < P)
+    tl.store(token_row + t, tl.where(real, row, -1), mask=t < P)
+    tl.store(token_slot + t, tl.where(real, s, -1), mask=t < P)

@@ -82,6 +82,51 @@ def speculative_lanes(names: Mapping[str, str], spec_names: Mapping[str, str]
     ]
 
 
+def speculative_prefix_lanes(names: Mapping[str, str], spec_names: Mapping[str, str]
+                             ) -> list[cpb.ValueBinding]:
+    """Lane geometry of a SPECULATIVE program with the SPECULATIVE_PREFIX_LIMIT length
+    source: per lane its slot, generation, start and immutable ceiling (positions it may
+    verify, pending token included; cache pages cover all of it). The program allocates
+    the actual lengths within P and packs the verification rows itself.
+
+    Args:
+        names: buffer names for key slot.
+        spec_names: buffer names for keys generation, lane_start, lane_ceiling.
+    """
+    return [
+        binding(names["slot"], V.VALUE_SOURCE_SLOT, V.INDEXING_SUBMISSION_ROW, padding=-1),
+        binding(spec_names["generation"], V.VALUE_SOURCE_GENERATION, V.INDEXING_SUBMISSION_ROW,
+                padding=-1),
+        binding(spec_names["lane_ceiling"], V.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT,
+                V.INDEXING_SUBMISSION_ROW),
+        binding(spec_names["lane_start"], V.VALUE_SOURCE_CONSUMED_ENDPOINT,
+                V.INDEXING_SUBMISSION_ROW, offset=-1),
+    ]
+
+
+def copied_proposals(spec_names: Mapping[str, str]) -> list[cpb.ValueBinding]:
+    """Copied proposals of history drafting (specification: value sources, "Copied
+    proposals"): per lane the candidate ids ([rows, D], padding -1), their count (0: no
+    candidates), and the slot generation and consumed endpoint they were proposed for
+    (the program ignores candidates whose generation or endpoint is stale).
+
+    Args:
+        spec_names: buffer names for keys cand_ids, cand_count, cand_generation,
+            cand_endpoint.
+    """
+    return [
+        binding(spec_names["cand_ids"], V.VALUE_SOURCE_CANDIDATE_IDS, V.INDEXING_SUBMISSION_ROW,
+                padding=-1),
+        binding(spec_names["cand_count"], V.VALUE_SOURCE_CANDIDATE_COUNT,
+                V.INDEXING_SUBMISSION_ROW),
+        binding(spec_names["cand_generation"], V.VALUE_SOURCE_CANDIDATE_GENERATION,
+                V.INDEXING_SUBMISSION_ROW, padding=-1),
+        # offset -1: compared with the lane start (the pending token's position)
+        binding(spec_names["cand_endpoint"], V.VALUE_SOURCE_CANDIDATE_CONSUMED_ENDPOINT,
+                V.INDEXING_SUBMISSION_ROW, padding=-1, offset=-1),
+    ]
+
+
 SAMPLING_SOURCES = {
     "sampling_decision": V.VALUE_SOURCE_SAMPLING_DECISION,
     "seed": V.VALUE_SOURCE_SEED_BITS,

@@ -65,6 +65,18 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class CopiedCandidates:
+    """History drafting's copied proposals for one speculative lane: `ids[i]` proposes
+    the token at the lane's pending position + 1 + i. `generation` and `endpoint` (the
+    slot generation and consumed endpoint, pending token included, they were proposed
+    for) let the program ignore stale candidates."""
+
+    ids: tuple[int, ...]
+    generation: int
+    endpoint: int
+
+
+@dataclass(frozen=True)
 class RowPlan:
     """One request lane of a step.
 
@@ -88,7 +100,10 @@ class RowPlan:
         query_length: SPECULATIVE lanes only: the host-selected lane length n (target
             positions verified, the pending token included; n - 1 drafts); 0 means
             len(tokens). `tokens` is then (pending token,) and `page_ids` cover
-            [0, start_position + n).
+            [0, start_position + n). In a prefix-limit step (StepPlan.packed_rows) it is
+            the lane's ceiling; the program chooses the length.
+        candidates: SPECULATIVE lanes only: copied proposals (history drafting) that
+            replace the head's first drafts, or None.
     """
 
     request_id: int
@@ -102,6 +117,7 @@ class RowPlan:
     histogram_tokens: tuple[int, ...] | None = None
     grammar_mask: np.ndarray | None = field(default=None, compare=False)
     query_length: int = 0
+    candidates: CopiedCandidates | None = None
 
     @property
     def lane_length(self) -> int:
@@ -119,10 +135,16 @@ class StepPlan:
     and must fit one captured decode batch capacity. A SPECULATIVE step's lanes
     occupy `lane_length` packed rows each (pending token, then drafts the program
     proposes); its completion is one lane record per row (SpeculativeCompletion).
+
+    Attributes:
+        packed_rows: SPECULATIVE steps with device allocation (SPECULATIVE_PREFIX_LIMIT
+            programs): P, the verification rows the program shares among the lanes,
+            whose `query_length` are then ceilings that may sum to more; 0 otherwise.
     """
 
     kind: StepKind
     rows: tuple[RowPlan, ...]
+    packed_rows: int = 0
 
     @property
     def token_count(self) -> int:
@@ -160,6 +182,10 @@ class ModelGeometry:
             view of a request's n token pages references page n + offset - 1. Pages are
             then not shared between requests (a shifted history does not lie in the page
             of the tokens it belongs to).
+        prefix_programs: served SPECULATIVE_PREFIX_LIMIT programs as (B, P, W), ascending:
+            B lanes of ceilings up to W share P verification rows the device allocates.
+        copied_proposals: every served wider SPECULATIVE program binds the copied-token
+            inputs (history drafting may be enabled).
     """
 
     page_tokens: int
@@ -178,6 +204,8 @@ class ModelGeometry:
     top_logprobs: int | None = None
     logit_bias: bool = False
     extra_pages_per_request: int = 0
+    prefix_programs: tuple[tuple[int, int, int], ...] = ()
+    copied_proposals: bool = False
 
 
 @dataclass(frozen=True)

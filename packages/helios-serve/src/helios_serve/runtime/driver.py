@@ -9,12 +9,19 @@ requests together. The serving path uses the real scheduler instead.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.plan import RowPlan, SamplingParams, StepCompletion, StepKind, StepPlan
+from ..engine.plan import (
+    CopiedCandidates,
+    RowPlan,
+    SamplingParams,
+    StepCompletion,
+    StepKind,
+    StepPlan,
+)
 from .native_model import NativeModel
 
 GREEDY = SamplingParams()
@@ -115,9 +122,17 @@ class Driver:
 
     def generate_speculative(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                              width: int,
-                             sampling: SamplingParams | Sequence[SamplingParams] = GREEDY
+                             sampling: SamplingParams | Sequence[SamplingParams] = GREEDY,
+                             *, propose: Callable[[list[int]], Sequence[int]] | None = None,
+                             packed_rows: int = 0,
                              ) -> tuple[list[list[int]], list[np.ndarray]]:
         """Generate with SPECULATIVE rounds of lane length min(width, tokens left).
+
+        Args:
+            propose: copied candidates for a lane from the sequence so far (prompt and
+                output, the pending token last), or None for learned drafts only.
+            packed_rows: run prefix-limit programs with P = packed_rows (lane lengths are
+                then ceilings and the program allocates the rows).
 
         Returns:
             The generated ids per prompt (exactly `max_new_tokens` each, no early stop)
@@ -140,12 +155,17 @@ class Driver:
                 lane = lanes[i]
                 n = min(width, max_new_tokens - len(outputs[i]))
                 start = len(lane.tokens)  # the pending token's position
+                copied = None
+                if propose is not None:
+                    ids = tuple(propose(lane.tokens + [outputs[i][-1]]))
+                    copied = CopiedCandidates(ids, self._generation, start + 1) if ids else None
                 rows.append(RowPlan(request_id=lane.slot, slot=lane.slot,
                                     generation=self._generation, tokens=(outputs[i][-1],),
                                     start_position=start,
                                     page_ids=self._pages(lane.slot, start + n), sample=True,
-                                    sampling=lane.sampling, query_length=n))
-            record = self._run(StepPlan(StepKind.SPECULATIVE, tuple(rows)))
+                                    sampling=lane.sampling, query_length=n,
+                                    candidates=copied))
+            record = self._run(StepPlan(StepKind.SPECULATIVE, tuple(rows), packed_rows))
             records.append(record)
             for i, rec in zip(live, record, strict=True):
                 emitted = [int(t) for t in rec[6:6 + int(rec[3])]]

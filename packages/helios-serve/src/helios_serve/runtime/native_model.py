@@ -74,7 +74,12 @@ class NativeModel:
         served = set(geometry.speculative_widths)
         self._speculative = sorted((g.speculative.token_capacity, g.batch_capacity, g.name)
                                    for g in prepared.graphs_for(cpb.OPERATION_SPECULATIVE)
-                                   if g.speculative.token_capacity in served)
+                                   if g.speculative.token_capacity in served
+                                   and not _prefix_limit(g))
+        # SPECULATIVE_PREFIX_LIMIT programs by (B, P) (geometry.prefix_programs).
+        self._prefix = {(g.batch_capacity, g.speculative.packed_token_capacity): g.name
+                        for g in prepared.graphs_for(cpb.OPERATION_SPECULATIVE)
+                        if _prefix_limit(g) and g.speculative.token_capacity in served}
         self.frames = int(backend.frames)
         staging = [backend.staging(f) for f in range(self.frames)]
         self.packing = SharedPacking(graphs, staging, prepared.page_table_views)
@@ -163,6 +168,12 @@ class NativeModel:
         Raises:
             ValueError: no captured variant holds it (the scheduler's admission bug).
         """
+        if plan.kind is StepKind.SPECULATIVE and plan.packed_rows:
+            for batch, packed, _width in self.manifests.prefix_programs:
+                if batch >= len(plan.rows) and packed == plan.packed_rows:
+                    return self._prefix[batch, packed]
+            raise ValueError(f"no served prefix-limit variant holds {len(plan.rows)} lanes "
+                             f"in {plan.packed_rows} rows")
         if plan.kind is StepKind.SPECULATIVE:
             width = max(r.lane_length for r in plan.rows)
             for w, capacity, name in self._speculative:
@@ -313,6 +324,12 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
         widths = [w for w in widths if w <= speculative_width]
     speculative = prepared.graphs_for(cpb.OPERATION_SPECULATIVE)
     cursor = speculative[0].completion_cursor if speculative else None
+    prefix = tuple(sorted((g.batch_capacity, g.speculative.packed_token_capacity,
+                           g.speculative.token_capacity) for g in speculative
+                          if _prefix_limit(g) and g.speculative.token_capacity in widths
+                          and g.batch_capacity <= max(decode)))
+    history = [g for g in speculative if g.speculative.token_capacity in widths
+               and g.speculative.token_capacity > 1]
     sampling = [g for g in prepared.graphs.values() if g.operation != cpb.OPERATION_SPECULATIVE]
     programs = {g.name: g for g in manifest.graphs}
     layouts = {programs[g.name].completion.top_logprobs
@@ -331,7 +348,15 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
         top_logprobs=top_logprobs,
         logit_bias=bool(sampling) and all(_binds(g, cpb.VALUE_SOURCE_LOGIT_BIAS)
                                           for g in sampling),
-        extra_pages_per_request=max(v.page_offset for v in prepared.page_table_views))
+        extra_pages_per_request=max(v.page_offset for v in prepared.page_table_views),
+        prefix_programs=prefix if widths != [1] else (),
+        copied_proposals=bool(history) and all(
+            _binds(g, cpb.VALUE_SOURCE_CANDIDATE_IDS) for g in history))
+
+
+def _prefix_limit(graph: cpb.GraphContract) -> bool:
+    return (graph.operation == cpb.OPERATION_SPECULATIVE and graph.speculative.length_source
+            == cpb.LENGTH_SOURCE_SPECULATIVE_PREFIX_LIMIT)
 
 
 def _binds(graph: cpb.GraphContract, source: int) -> bool:

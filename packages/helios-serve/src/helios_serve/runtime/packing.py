@@ -37,6 +37,14 @@ ROW_VALUES: dict[int, Callable[[Rows], list]] = {
     V.VALUE_SOURCE_SLOT: lambda rows: [r.slot for r in rows],
     V.VALUE_SOURCE_GENERATION: lambda rows: [r.generation for r in rows],
     V.VALUE_SOURCE_QUERY_LENGTH: lambda rows: [r.lane_length for r in rows],
+    V.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda rows: [r.lane_length for r in rows],
+    # Copied proposals: a lane without candidates has count 0 (and can match nothing).
+    V.VALUE_SOURCE_CANDIDATE_COUNT: lambda rows: [len(r.candidates.ids) if r.candidates
+                                                  else 0 for r in rows],
+    V.VALUE_SOURCE_CANDIDATE_GENERATION: lambda rows: [r.candidates.generation if r.candidates
+                                                       else -1 for r in rows],
+    V.VALUE_SOURCE_CANDIDATE_CONSUMED_ENDPOINT: lambda rows: [
+        r.candidates.endpoint if r.candidates else -1 for r in rows],
     V.VALUE_SOURCE_SAMPLING_DECISION: lambda rows: [int(r.sample) for r in rows],
     V.VALUE_SOURCE_PENDING_TOKEN: lambda rows: [r.tokens[-1] for r in rows],
     V.VALUE_SOURCE_CONSUMED_ENDPOINT: lambda rows: [r.start_position + len(r.tokens)
@@ -177,6 +185,13 @@ class SharedPacking:
         if source == V.VALUE_SOURCE_SEED_BITS:
             for i, r in enumerate(rows):
                 dest[i] = (r.sampling.seed & 0xFFFFFFFF, (r.sampling.seed >> 32) & 0xFFFFFFFF)
+        elif source == V.VALUE_SOURCE_CANDIDATE_IDS:
+            dest[:pad_to] = item.padding
+            for i, r in enumerate(rows):
+                if r.candidates:
+                    ids = r.candidates.ids[:dest.shape[1]]
+                    dest[i, :len(ids)] = ids
+            return
         elif source == V.VALUE_SOURCE_GRAMMAR_MASK:
             for i, r in enumerate(rows):
                 if r.grammar_mask is not None:

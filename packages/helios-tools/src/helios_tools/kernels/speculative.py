@@ -469,3 +469,227 @@ def paged_row_gather_prev(
     if t_idx.size == 0:
         return
     o[t_idx] = plane[page_table[s, prev // PT], prev % PT, :D]
+
+
+# -- copied proposals (history drafting) and prefix-limit allocation --------------------
+
+
+def _fresh_candidates(count: NDArray[np.int32], cand_generation: NDArray[np.int32],
+                      cand_endpoint: NDArray[np.int32], generation: NDArray[np.int32],
+                      lane_start: NDArray[np.int32], query_length: NDArray[np.int32],
+                      B: int, CMAX: int, DMAX: int) -> NDArray[np.int64]:
+    """Copied candidates each lane may use: its count, clipped to [0, min(CMAX, DMAX,
+    n_b - 1)], when the candidates were proposed for the lane's slot generation and its
+    consumed endpoint (the pending token's position); 0 otherwise (stale: ignored)."""
+    fresh = (cand_generation[:B] == generation[:B]) & (cand_endpoint[:B] == lane_start[:B])
+    cap = np.minimum(np.minimum(CMAX, DMAX), np.maximum(query_length[:B].astype(np.int64) - 1,
+                                                        0))
+    return np.where(fresh, np.clip(count[:B].astype(np.int64), 0, cap), 0)
+
+
+def spec_copy_candidates(
+    cand_ids: NDArray[np.int32],
+    cand_count: NDArray[np.int32],
+    cand_generation: NDArray[np.int32],
+    cand_endpoint: NDArray[np.int32],
+    generation: NDArray[np.int32],
+    lane_start: NDArray[np.int32],
+    query_length: NDArray[np.int32],
+    lane_slot: NDArray[np.int32],
+    drafts: NDArray[np.int32],
+    q: NDArray[np.float32],
+    B: int,
+    CMAX: int,
+    DMAX: int,
+    V: int,
+    STEP: int,
+) -> None:
+    """Replace draft STEP by the lane's copied candidate (history drafting).
+
+    Runs right after ``draft_sample`` of step STEP. Copied candidate i (0-based) proposes
+    the token at position c + 1 + i (c = the lane's pending position); the head's later
+    steps read it as their input token, so learned drafts continue after the copied run.
+    A copied draft is a deterministic proposal: its q row is one-hot (accepted with
+    probability p(d), residual = p without d, renormalized: Leviathan et al. 2023 with
+    q = delta_d); greedy lanes accept it iff it is the argmax.
+
+    Reference loop::
+
+        for b in range(B):
+            k = count[b] clipped to [0, min(CMAX, DMAX, query_length[b] - 1)]
+                if cand_generation[b] == generation[b] and cand_endpoint[b] == lane_start[b]
+                else 0                                   # stale candidates are ignored
+            d = cand_ids[b, STEP - 1]
+            if lane_slot[b] < 0 or STEP > k or not 0 <= d < V: continue
+            drafts[b, STEP - 1] = d
+            q[b, STEP - 1, :] = 0; q[b, STEP - 1, d] = 1
+
+    (A candidate id outside [0, V) ends the copied run: the step keeps the head's draft.)
+
+    Args:
+        cand_ids: ``[B, CMAX]`` i32 copied ids (CANDIDATE_IDS). cand_count,
+            cand_generation, cand_endpoint: ``[B]`` i32 (CANDIDATE_COUNT /
+            _GENERATION / _CONSUMED_ENDPOINT). generation, lane_start, query_length:
+            ``[B]`` i32 of the lane. lane_slot: ``[B]`` i32 from ``spec_draft_inputs``
+            (< 0: the lane skips this step).
+        drafts: ``[B, DMAX]`` i32, column STEP - 1 rewritten. q: ``[B, DMAX, V]`` f32,
+            row (b, STEP - 1) rewritten.
+        B: lanes. CMAX: candidate columns. DMAX: draft columns. V: target vocabulary.
+        STEP: 1..D.
+    """
+    if STEP > CMAX:
+        return
+    k = _fresh_candidates(cand_count, cand_generation, cand_endpoint, generation, lane_start,
+                          query_length, B, CMAX, DMAX)
+    for b in range(B):
+        d = int(cand_ids[b, STEP - 1])
+        if lane_slot[b] < 0 or STEP > k[b] or not 0 <= d < V:
+            continue
+        drafts[b, STEP - 1] = d
+        q[b, STEP - 1, :V] = 0.0
+        q[b, STEP - 1, d] = 1.0
+
+
+def spec_confidence(
+    logits: NDArray[np.float32],
+    lane_slot: NDArray[np.int32],
+    drafts: NDArray[np.int32],
+    vocab_map: NDArray[np.int32],
+    confidence: NDArray[np.float32],
+    B: int,
+    VD: int,
+    DMAX: int,
+    STEP: int,
+) -> None:
+    """The head's confidence in draft STEP: its softmax probability (temperature 1, no
+    truncation) of the drafted token, 0 when the token is outside the draft vocabulary
+    (a copied candidate may be). Fresh and causal: step STEP's logits see only the lane's
+    tokens up to its draft STEP - 1. Consumes no random draws.
+
+    Reference loop::
+
+        for b in range(B):
+            if lane_slot[b] < 0: continue
+            z = logits[b, :VD]; e = exp(z - max(z))
+            k = first index with vocab_map[k] == drafts[b, STEP - 1], else none
+            confidence[b, STEP - 1] = e[k] / sum(e) if k else 0      # f32
+
+    Args:
+        logits: ``[B, VD]`` f32 head logits of step STEP. lane_slot: ``[B]`` i32.
+        drafts: ``[B, DMAX]`` i32 target ids. vocab_map: ``[VD]`` i32.
+        confidence: ``[B, DMAX]`` f32, column STEP - 1 written for live lanes.
+        B: lanes. VD: draft vocabulary. DMAX: draft columns. STEP: 1..D.
+    """
+    for b in range(B):
+        if lane_slot[b] < 0:
+            continue
+        z = logits[b, :VD].astype(np.float32, copy=False)
+        e = np.exp(z - z.max())
+        hit = np.flatnonzero(vocab_map[:VD] == drafts[b, STEP - 1])
+        confidence[b, STEP - 1] = e[hit[0]] / e.sum(dtype=np.float32) if hit.size else 0.0
+
+
+def spec_allocate(
+    ceiling: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    confidence: NDArray[np.float32],
+    query_length: NDArray[np.int32],
+    B: int,
+    P: int,
+    DMAX: int,
+) -> None:
+    """Allocate the P verification rows among lanes as causal prefixes (model-contract.md,
+    "Complete speculative generation": device allocation; SPECULATIVE_PREFIX_LIMIT).
+
+    Every live lane (slot >= 0, ceiling >= 1) starts with its pending position. Then,
+    while rows remain, the lane whose next position has the highest survival probability
+    -- the product of its drafts' confidences up to and including that position, FP32
+    values multiplied in FP64 -- gets it; ties prefer the shorter prefix, then the lower
+    slot. A lane never exceeds its ceiling (nor 1 + DMAX), and a position is offered only
+    after all its predecessors (later confidence cannot admit a predecessor). Negative or
+    NaN confidences count as 0. Consumes no random draws.
+
+    Reference loop::
+
+        n = [1 if slot[b] >= 0 and ceiling[b] >= 1 else 0 for b in range(B)]
+        survival = [1.0] * B                                        # float64
+        for _ in range(P - sum(n)):
+            open = [b for b in range(B) if 1 <= n[b] < min(ceiling[b], DMAX + 1)]
+            if not open: break
+            b = max(open, key=lambda b: (survival[b] * f64(conf[b, n[b] - 1]), -n[b],
+                                         -slot[b], -b))
+            survival[b] *= f64(conf[b, n[b] - 1]); n[b] += 1
+        query_length[:B] = n
+
+    Args:
+        ceiling: ``[B]`` i32 immutable per-lane ceilings (SPECULATIVE_PREFIX_LIMIT).
+        slot: ``[B]`` i32 (< 0 padding). confidence: ``[B, DMAX]`` f32.
+        query_length: ``[B]`` i32, written (the actual lane lengths).
+        B: lanes. P: packed verification rows. DMAX: draft columns.
+
+    Raises:
+        ValueError: fewer rows than live lanes (P < lanes: the capture guarantees P >= B).
+    """
+    live = (slot[:B] >= 0) & (ceiling[:B] >= 1)
+    n = live.astype(np.int64)
+    if n.sum() > P:
+        raise ValueError(f"{int(n.sum())} live lanes exceed P = {P} rows")
+    limit = np.minimum(ceiling[:B].astype(np.int64), DMAX + 1)
+    conf = np.nan_to_num(confidence[:B, :DMAX].astype(np.float64), nan=0.0)
+    conf = np.maximum(conf, 0.0)
+    survival = np.ones(B, np.float64)
+    for _ in range(P - int(n.sum())):
+        best = None
+        for b in range(B):
+            if not (1 <= n[b] < limit[b]):
+                continue
+            key = (survival[b] * conf[b, n[b] - 1], -n[b], -int(slot[b]), -b)
+            if best is None or key > best[0]:
+                best = (key, b)
+        if best is None:
+            break
+        b = best[1]
+        survival[b] *= conf[b, n[b] - 1]
+        n[b] += 1
+    query_length[:B] = n
+
+
+def spec_pack_rows(
+    query_length: NDArray[np.int32],
+    lane_start: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    positions: NDArray[np.int32],
+    token_row: NDArray[np.int32],
+    token_slot: NDArray[np.int32],
+    B: int,
+    P: int,
+) -> None:
+    """Pack the verification rows of device-allocated lane lengths (what the host packs
+    for QUERY_LENGTH programs): lane b's n_b rows follow the earlier lanes' rows.
+
+    Reference loop::
+
+        t = 0
+        for b in range(B):
+            for j in range(query_length[b]):
+                positions[t] = lane_start[b] + j; token_row[t] = b; token_slot[t] = slot[b]
+                t += 1
+        positions[t:P] = 0; token_row[t:P] = -1; token_slot[t:P] = -1      # padding
+
+    Args:
+        query_length, lane_start, slot: ``[B]`` i32 (lengths sum to at most P).
+        positions, token_row, token_slot: ``[P]`` i32, written.
+        B: lanes. P: packed rows.
+    """
+    n = np.maximum(query_length[:B].astype(np.int64), 0)
+    total = int(n.sum())
+    assert total <= P, "allocation exceeded P"
+    rows = np.repeat(np.arange(B), n)
+    offsets = np.concatenate([[0], np.cumsum(n)[:-1]]) if B else n
+    j = np.arange(total) - np.repeat(offsets, n)
+    positions[:total] = lane_start[:B][rows] + j
+    token_row[:total] = rows
+    token_slot[:total] = slot[:B][rows]
+    positions[total:P] = 0
+    token_row[total:P] = -1
+    token_slot[total:P] = -1
