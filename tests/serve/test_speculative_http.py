@@ -159,3 +159,27 @@ def test_an_invalid_record_fails_exactly_that_steps_requests(spec_server):
         model=spec_server.model_name, messages=[{"role": "user", "content": "other"}])
     assert r.choices[0].message.content == "Hello!"
 
+
+
+def test_history_drafting_counts_copied_drafts_under_their_source(tok):
+    geometry = {"speculative_widths": (1, 2, 4), "copied_proposals": True}
+    with ScriptedServer(tok, geometry=geometry, history_drafting=True) as server:
+        # The answer repeats the prompt's words: their n-grams propose the rest.
+        words = ["Letters", ":", " H", "IJ", "K", "LM"]
+        server.script("Letters: HIJKLM Letters: HIJKLM", words * 3)
+        server.model.accept = lambda _rid, offers: offers - 1
+        before = _metrics(server)
+        r = server.openai().chat.completions.create(
+            model=server.model_name,
+            messages=[{"role": "user", "content": "Letters: HIJKLM Letters: HIJKLM"}])
+        assert r.choices[0].message.content == "Letters: HIJKLM" * 3
+        server.wait_idle()
+        after = _metrics(server)
+    copied = 'helios_spec_decode_draft_tokens_total{source="copied"}'
+    learned = 'helios_spec_decode_draft_tokens_total{source="learned"}'
+    accepted = 'helios_spec_decode_accepted_tokens_total{source="copied"}'
+    assert after[copied] - before.get(copied, 0.0) > 0
+    assert after[accepted] - before.get(accepted, 0.0) == after[copied] - before.get(copied, 0.0)
+    total = after[copied] + after.get(learned, 0.0) - before.get(copied, 0.0) - before.get(
+        learned, 0.0)
+    assert total == sum(n - 1 for n in server.model.lane_lengths)  # every draft counted once

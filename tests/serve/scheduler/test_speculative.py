@@ -179,3 +179,76 @@ def test_a_lane_without_its_pages_waits_and_is_never_shortened():
     plan = s.schedule()
     assert [(r.request_id, r.lane_length) for r in plan.rows] == [(0, WIDTH)]
     assert s.stats().preemptions == 1 and s.stats().waiting == 1
+
+
+def test_history_drafting_attaches_copied_candidates_and_counts_them():
+    from dataclasses import replace
+
+    from helios_serve.engine.plan import CopiedCandidates
+    from helios_serve.testing.scripted import tiny_geometry
+
+    geo = replace(tiny_geometry(VOCAB, speculative_widths=(1, 2, WIDTH)), copied_proposals=True)
+    s = Scheduler(geo, frames=1, device_pending=True, history_drafting=True)
+    plan = _to_decode(s, prompt=(1, 2, 3, 4, 1, 2), max_out=10)  # prefill samples 9
+    (row,) = plan.rows
+    assert row.candidates is None  # "... 1 2 9": no earlier "2 9" / "9"
+    s.complete(plan, _record(plan, [0], [[3]]))
+    (row,) = s.schedule().rows  # "... 1 2 9 3": no match either
+    assert row.candidates is None
+    s2 = Scheduler(geo, frames=1, device_pending=True, history_drafting=True)
+    s2.add(SchedRequest(request_id=7, prompt_tokens=(1, 2, 3, 4, 1, 2), max_output_tokens=10))
+    prefill = s2.schedule()
+    s2.complete(prefill, [3])  # "1 2 3 4 1 2 3": "1 2 3" was followed by 4 1 2
+    plan = s2.schedule()
+    (row,) = plan.rows
+    assert row.candidates == CopiedCandidates((4, 1, 2), row.generation, 7)
+    s2.complete(plan, _record(plan, [2], [[4, 1, 9]]))
+    stats = s2.stats()
+    assert (stats.spec_copied_draft_tokens, stats.spec_copied_accepted_tokens) == (3, 2)
+    assert (stats.spec_draft_tokens, stats.spec_accepted_tokens) == (3, 2)
+
+
+def test_history_drafting_needs_copied_token_inputs():
+    with pytest.raises(ValueError, match="copied-token inputs"):
+        Scheduler(tiny_geometry(VOCAB, speculative_widths=(1, WIDTH)), history_drafting=True)
+
+
+def _policy_scheduler(costs):
+    from dataclasses import replace
+
+    geo = replace(tiny_geometry(VOCAB, speculative_widths=(1, 2, WIDTH)),
+                  prefix_programs=((2, 4, WIDTH),))
+    s = Scheduler(geo, frames=1, device_pending=True, width_policy=True)
+    for key, seconds in costs.items():
+        for _ in range(2):
+            s.policy.observe_step(key, seconds)
+    return s
+
+
+def test_the_policy_may_choose_a_prefix_limit_program_and_its_record_is_checked():
+    s = _policy_scheduler({("decode", 2): 1.0, ("speculative", 2, 2): 10.0,
+                           ("speculative", 2, WIDTH): 10.0, ("prefix", 2, 4): 1.0})
+    _admit_all(s, [SchedRequest(request_id=i, prompt_tokens=(1, 2, 3), max_output_tokens=9)
+                   for i in range(2)])
+    plan = s.schedule()
+    assert plan.kind is StepKind.SPECULATIVE and plan.packed_rows == 4
+    assert [r.lane_length for r in plan.rows] == [WIDTH, WIDTH]  # ceilings, sum 8 > P
+    good = _record(plan, [2, 0], [[11, 12, 13], [14]])
+    good[:, 1] = [3, 1]  # offers: the device allocated 3 + 1 = P rows
+    for offers, message in (((4, 1), "5 offers exceed the 4"), ((0, 4), "0 offers, outside")):
+        bad = good.copy()
+        bad[:, 1] = offers
+        with pytest.raises(CompletionError, match=message):
+            s.complete(plan, bad)
+    results = s.complete(plan, good)
+    assert [r.token_id for r in results] == [11, 12, 13, 14]
+    assert s.stats().spec_policy_decisions == {"prefix_w4_p4": 1}
+
+
+def test_the_policy_may_choose_plain_decode_for_speculating_requests():
+    s = _policy_scheduler({("decode", 1): 1.0, ("speculative", 1, 2): 5.0,
+                           ("speculative", 1, WIDTH): 9.0})
+    plan = _to_decode(s)
+    assert plan.kind is StepKind.DECODE
+    s.complete(plan, [11])
+    assert s.schedule().kind is StepKind.DECODE

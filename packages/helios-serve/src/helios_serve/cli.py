@@ -177,6 +177,8 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
             raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}",
                                "resource.integrity") from None
         try:
+            if options.history_drafting:
+                _check_history_drafting(bootstrap.prepared, model)
             with log.phase("listen") as phase:
                 server = Server(bootstrap, model, settings, clock, listener)
                 phase.detail = server.url
@@ -188,6 +190,27 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         listener.close()
         bootstrap.close()
         raise
+
+
+def _check_history_drafting(prepared, model) -> None:
+    """--history-drafting needs learned speculation served and copied-token inputs in
+    every selected wider graph (the contract's rule: PreparedContract.
+    history_drafting_findings).
+
+    Raises:
+        StartupError: one line naming what is missing.
+    """
+    from helios_contract.errors import ContractError
+
+    widths = model.manifests.speculative_widths
+    if not widths:
+        raise StartupError("--history-drafting needs learned speculation: the core has no "
+                           "speculative programs or --speculative-width is 0",
+                           rule="speculative.history_inputs")
+    try:
+        prepared.check_history_drafting(widths)
+    except ContractError as exc:
+        raise StartupError(f"--history-drafting: {exc}", rule=getattr(exc, "rule", "")) from None
 
 
 class _OneLineUsage(click.Command):
@@ -224,6 +247,15 @@ class _OneLineUsage(click.Command):
 @click.option("--speculative-width", type=click.IntRange(min=0),
               help="Widest speculative lane W served (target positions per round, pending "
                    "token included); 0 turns speculation off [the core's widest].")
+@click.option("--history-drafting", is_flag=True,
+              help="Copy proposals from each request's own prompt and output (n-gram "
+                   "lookup) beside the learned drafter's; needs learned speculation.")
+@click.option("--speculative-policy", type=click.Choice(["adaptive", "fixed"]),
+              default="adaptive", show_default=True,
+              help="adaptive: each step's speculative program (decode, a width, or a "
+                   "prefix-limit program) chosen from measured step costs and acceptance; "
+                   "fixed: always the widest lane (sampled text then depends on the "
+                   "request alone).")
 @click.option("--num-pages", type=int,
               help="Physical KV cache pages [cpu: the core's prepared count; cuda: see "
                    "--kv-cache-fraction].")
@@ -240,8 +272,9 @@ class _OneLineUsage(click.Command):
                    "[env HELIOS_API_KEY; none: open].")
 @click.option("--demo", is_flag=True, help="Prepare (once) and serve the embedded SmolLM2 model.")
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
-         event_capacity, served_name, speculative_width, num_pages, kv_cache_memory,
-         kv_cache_fraction, resource_key, api_key, demo) -> None:  # fmt: skip
+         event_capacity, served_name, speculative_width, history_drafting, speculative_policy,
+         num_pages, kv_cache_memory, kv_cache_fraction, resource_key, api_key,
+         demo) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
 
     Startup phases and their durations go to stderr as they end; the serving URL to stdout.
@@ -257,6 +290,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             event_capacity=event_capacity, served_name=served_name,
             speculative_width=speculative_width, num_pages=num_pages,
             kv_cache_memory=memory, kv_cache_fraction=kv_cache_fraction, api_key=api_key,
+            history_drafting=history_drafting, speculative_policy=speculative_policy,
         )  # fmt: skip
         if demo:
             if core or trust or accept:

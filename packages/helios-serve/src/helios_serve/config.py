@@ -34,6 +34,8 @@ class ServeOptions:
     kv_cache_memory: int | None = None
     kv_cache_fraction: float | None = None
     api_key: str | None = None
+    history_drafting: bool = False  # copied proposals beside the learned drafter
+    speculative_policy: str = "adaptive"  # "adaptive": speculation.WidthPolicy; "fixed"
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,9 @@ class ServeSettings:
         served_name: the OpenAI `model` name responses carry.
         aliases: other accepted request model names.
         api_key: the Bearer key /v1/* and the tokenize routes require, or None (open).
+        history_drafting: lanes carry copied candidates (helios-serve --history-drafting).
+        width_policy: speculative programs chosen per step from observations
+            (--speculative-policy adaptive) rather than the widest lane always.
     """
 
     host: str
@@ -61,6 +66,8 @@ class ServeSettings:
     served_name: str
     aliases: tuple[str, ...]
     api_key: str | None = None
+    history_drafting: bool = False
+    width_policy: bool = False
 
     @property
     def http_capacity(self) -> int:
@@ -99,6 +106,8 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
             if a != (options.served_name or contract.served_id)
         ),
         api_key=options.api_key or None,
+        history_drafting=options.history_drafting,
+        width_policy=options.speculative_policy == "adaptive",
     )
     for name in ("max_active", "queue_capacity", "frontend_workers", "event_capacity"):
         if getattr(settings, name) < 1:

@@ -88,6 +88,8 @@ class Server:
             self.metrics,
             max_active=settings.max_active,
             queue_capacity=settings.queue_capacity,
+            history_drafting=settings.history_drafting,
+            width_policy=settings.width_policy,
         )
         slots = self.worker.geometry.slots
         if settings.max_active > slots:

@@ -189,6 +189,8 @@ class ModelWorker:
         *,
         max_active: int,
         queue_capacity: int,
+        history_drafting: bool = False,
+        width_policy: bool = False,
     ) -> None:
         self.model = model
         self.clock = clock
@@ -196,7 +198,8 @@ class ModelWorker:
         self.queue_capacity = queue_capacity
         self.geometry = serving_geometry(model.manifests, max_active)
         self.scheduler = Scheduler(self.geometry, frames=model.frames,
-                                   device_pending=model.device_pending)
+                                   device_pending=model.device_pending,
+                                   history_drafting=history_drafting, width_policy=width_policy)
         self._inflight: deque[_Submitted] = deque()  # submission order
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -664,10 +667,16 @@ class ModelWorker:
             (m.pages_published, stats.pages_published, before.pages_published),
             (m.page_evictions, stats.page_evictions, before.page_evictions),
             (m.preemptions, stats.preemptions, before.preemptions),
-            (m.spec_draft_tokens.labels("learned"), stats.spec_draft_tokens,
-             before.spec_draft_tokens),
-            (m.spec_accepted_tokens.labels("learned"), stats.spec_accepted_tokens,
-             before.spec_accepted_tokens),
+            (m.spec_draft_tokens.labels("learned"),
+             stats.spec_draft_tokens - stats.spec_copied_draft_tokens,
+             before.spec_draft_tokens - before.spec_copied_draft_tokens),
+            (m.spec_accepted_tokens.labels("learned"),
+             stats.spec_accepted_tokens - stats.spec_copied_accepted_tokens,
+             before.spec_accepted_tokens - before.spec_copied_accepted_tokens),
+            (m.spec_draft_tokens.labels("copied"), stats.spec_copied_draft_tokens,
+             before.spec_copied_draft_tokens),
+            (m.spec_accepted_tokens.labels("copied"), stats.spec_copied_accepted_tokens,
+             before.spec_copied_accepted_tokens),
         ):
             if now > then:  # scheduler counters are cumulative; export their increments
                 counter.inc(now - then)

@@ -156,6 +156,10 @@ class SchedulerStats:
     # emitted length (index n = n tokens emitted by one lane in one round)
     spec_accepted_per_position: tuple[int, ...] = ()
     spec_accepted_lengths: tuple[int, ...] = ()
+    # of spec_draft_tokens / spec_accepted_tokens: the copied candidates (history drafting)
+    spec_copied_draft_tokens: int = 0
+    spec_copied_accepted_tokens: int = 0
+    spec_policy_decisions: dict[str, int] = field(default_factory=dict)  # program -> steps
 
     @property
     def idle(self) -> bool:

@@ -64,13 +64,21 @@ when that frame completes. Plans complete in issue order.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
-from helios_tools.kernels.speculative import FIELD_ACCEPTED, FIELD_EMITTED, RECORD_FIELDS
+from helios_tools.kernels.speculative import (
+    FIELD_ACCEPTED,
+    FIELD_EMITTED,
+    FIELD_OFFERS,
+    RECORD_FIELDS,
+)
 
 from helios_serve.engine.plan import (
     PENDING_PLACEHOLDER,
+    CopiedCandidates,
     ModelGeometry,
     RowPlan,
     StepKind,
@@ -87,6 +95,8 @@ from helios_serve.scheduler.request import (
     SchedulerStats,
 )
 from helios_serve.scheduler.sequence import Sequence
+from helios_serve.speculation import HistoryIndex, WidthPolicy
+from helios_serve.speculation.policy import Choice
 
 MAX_FRAMES = 2
 
@@ -180,13 +190,22 @@ class Scheduler:
         frames: execution frames the runtime offers (1..MAX_FRAMES).
         device_pending: decode graphs read the pending token on the device, so a
             decode may be planned before the previous one's token is known.
+        history_drafting: lanes carry copied candidates from the request's own sequence
+            (speculation.HistoryIndex); needs geometry.copied_proposals.
+        width_policy: each speculative step's program is chosen by speculation.
+            WidthPolicy from measured step costs and acceptance (else every lane is
+            `lane_ceiling` long in the narrowest program holding it).
+        clock: seconds, for the step costs the width policy measures.
 
     Raises:
-        ValueError: an empty geometry or frames outside 1..MAX_FRAMES.
+        ValueError: an empty geometry, frames outside 1..MAX_FRAMES, or history drafting
+            on a geometry without copied-token inputs.
     """
 
     def __init__(self, geometry: ModelGeometry, *, frames: int = MAX_FRAMES,
-                 device_pending: bool = False) -> None:
+                 device_pending: bool = False, history_drafting: bool = False,
+                 width_policy: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         g = geometry
         if not 1 <= frames <= MAX_FRAMES:
             raise ValueError(f"frames must be in 1..{MAX_FRAMES}, got {frames}")
@@ -223,6 +242,16 @@ class Scheduler:
         self._spec_per_position = [0] * max(self.max_width - 1, 0)
         self._spec_lengths = [0] * (self.max_width + 1)
         self._feedback = 0  # live requests that need feedback and are not retiring
+        if history_drafting and not g.copied_proposals:
+            raise ValueError("history drafting needs speculative programs with copied-token "
+                             "inputs")
+        self.history_drafting = history_drafting
+        self.policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
+                                  g.prefix_programs) if width_policy and self.widths else None
+        self._clock = clock
+        self._issued: deque[tuple[float, tuple | None]] = deque()  # per outstanding plan
+        self._choice: Choice | None = None  # the policy's choice for the plan being built
+        self._spec_copied_draft = self._spec_copied_accepted = 0
 
     # -- admission --------------------------------------------------------------
 
@@ -431,10 +460,16 @@ class Scheduler:
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
             ready = [s for s in ready if id(s) in keep]
+        self._choice = None
         if not self.widths or not ready:
             return self._build_plain(ready)
         lanes = [s for s in ready if speculates(s.request)]
         plain = [s for s in ready if not speculates(s.request)]
+        if lanes and self.policy is not None:
+            self._choice = self.policy.choose([(s.request_id, self.lane_ceiling(s))
+                                               for s in lanes])
+            if self._choice.width == 0:  # plain decode is the best program for them now
+                plain, lanes = ready, []
         if speculates(min(ready, key=lambda s: (s.last_step, s.order)).request):
             return self._build_speculative(lanes) or self._build_plain(plain)
         return self._build_plain(plain) or self._build_speculative(lanes)
@@ -458,10 +493,13 @@ class Scheduler:
         """One SPECULATIVE lane per ready request (`lane_ceiling`), pages for all of it
         reserved first; a lane whose pages are not available waits."""
         pt = self.geometry.page_tokens
+        choice = self._choice
         rows: list[RowPlan] = []
         for seq in ready:
             start = seq.num_scheduled  # the pending token's position
             n = self.lane_ceiling(seq)
+            if choice is not None:
+                n = min(n, choice.width)
             need = _ceil_div(start + n, pt) - self._token_pages(seq)
             if need > 0:
                 grant = self.pages.acquire(None, need)
@@ -470,8 +508,25 @@ class Scheduler:
                 seq.page_ids.extend(grant.page_ids)
             fed = seq.tokens[start : start + 1] or [PENDING_PLACEHOLDER]
             rows.append(self._row(seq, fed, sample=True, histogram=None, decode=True,
-                                  lane_length=n))
-        return StepPlan(StepKind.SPECULATIVE, tuple(rows)) if rows else None
+                                  lane_length=n, candidates=self._candidates(seq, n)))
+        if not rows:
+            return None
+        packed = choice.packed_rows if choice is not None else 0
+        if packed and len(rows) > packed // 2:  # the prefix program holds len(rows) lanes
+            packed = 0
+        return StepPlan(StepKind.SPECULATIVE, tuple(rows), packed)
+
+    def _candidates(self, seq: Sequence, n: int) -> CopiedCandidates | None:
+        """History drafting: up to n - 1 tokens copied from the request's own sequence
+        for the lane starting at its pending token (speculation.HistoryIndex)."""
+        if not self.history_drafting or n < 2:
+            return None
+        if seq.history is None:
+            seq.history = HistoryIndex()
+        ids = seq.history.propose(seq.tokens, n - 1)  # tokens end with the pending one
+        if not ids:
+            return None
+        return CopiedCandidates(ids, seq.generation, seq.num_scheduled + 1)
 
     def lane_ceiling(self, seq: Sequence) -> int:
         """Positions a request's next speculative lane may verify (pending included).
@@ -497,6 +552,7 @@ class Scheduler:
         histogram: tuple[int, ...] | None,
         decode: bool = False,
         lane_length: int = 0,
+        candidates: CopiedCandidates | None = None,
     ) -> RowPlan:
         """Build a row and advance the request's scheduled state (a speculative lane
         schedules all `lane_length` positions it may write)."""
@@ -515,6 +571,7 @@ class Scheduler:
             sampling=seq.request.sampling,
             histogram_tokens=histogram,
             query_length=lane_length,
+            candidates=candidates,
         )
         seq.num_scheduled = end
         seq.inflight_rows += 1
@@ -525,6 +582,13 @@ class Scheduler:
         return row
 
     def _issue(self, plan: StepPlan) -> StepPlan:
+        key = None
+        if self.policy is not None and plan.kind is not StepKind.PREFILL:
+            choice = Choice(0) if plan.kind is StepKind.DECODE else Choice(
+                smallest_capacity(self.widths, max(r.lane_length for r in plan.rows))
+                or self.max_width, plan.packed_rows)
+            key = self.policy.program_key(len(plan.rows), choice)
+        self._issued.append((self._clock(), key))
         self._outstanding.append(plan)
         self._step += 1
         self._last_kind = plan.kind
@@ -580,6 +644,7 @@ class Scheduler:
             return self._complete_speculative(plan, sampled)
         self._check_completion(plan, sampled)
         self._outstanding.popleft()
+        self._observe_cost()
         results: list[RowResult] = []
         for row, token in zip(plan.rows, sampled, strict=True):
             seq = self._requests[row.request_id]
@@ -614,9 +679,15 @@ class Scheduler:
             if row.sample and not 0 <= int(token) < vocab:
                 raise CompletionError(f"row {i}: sampled id {int(token)} outside [0, {vocab})")
 
+    def _observe_cost(self) -> None:
+        issued, key = self._issued.popleft()
+        if key is not None:
+            self.policy.observe_step(key, self._clock() - issued)
+
     def _complete_speculative(self, plan: StepPlan, record) -> list[RowResult]:
         self._check_lanes(plan, record)
         self._outstanding.popleft()
+        self._observe_cost()
         results: list[RowResult] = []
         for row, lane in zip(plan.rows, record, strict=True):
             seq = self._requests[row.request_id]
@@ -625,7 +696,11 @@ class Scheduler:
             emitted = int(lane[FIELD_EMITTED])
             consumed = row.start_position + emitted
             seq.num_computed = seq.num_scheduled = consumed  # rejected positions rewind
-            self._count_lane(row.lane_length, int(lane[FIELD_ACCEPTED]))
+            offers, accepted = int(lane[FIELD_OFFERS]), int(lane[FIELD_ACCEPTED])
+            copied = min(len(row.candidates.ids), offers - 1) if row.candidates else 0
+            self._count_lane(offers, accepted, copied)
+            if self.policy is not None:
+                self.policy.observe_lane(row.request_id, offers - 1, accepted)
             if seq.retiring:
                 if seq.inflight_rows == 0:
                     self._retire(seq)
@@ -658,7 +733,10 @@ class Scheduler:
             if self._generations[row.slot] != row.generation or generation != row.generation:
                 raise CompletionError(f"lane {i}: generation {generation} of slot {row.slot}, "
                                       f"expected {row.generation}")
-            if offers != row.lane_length:
+            if plan.packed_rows and not 1 <= offers <= row.lane_length:
+                raise CompletionError(f"lane {i}: {offers} offers, outside 1..its ceiling "
+                                      f"{row.lane_length}")
+            if not plan.packed_rows and offers != row.lane_length:
                 raise CompletionError(f"lane {i}: {offers} offers, the lane reserved "
                                       f"{row.lane_length} positions")
             offered += offers
@@ -675,15 +753,20 @@ class Scheduler:
             if bad or any(t != -1 for t in ids[emitted:]):
                 raise CompletionError(f"lane {i}: emitted ids {ids[:emitted]} outside "
                                       f"[0, {vocab}) or padding {ids[emitted:]} not -1")
-        if offered > plan.token_count:
-            raise CompletionError(f"{offered} offers exceed the {plan.token_count} packed "
+        capacity = plan.packed_rows or plan.token_count
+        if offered > capacity:
+            raise CompletionError(f"{offered} offers exceed the {capacity} packed "
                                   "positions of the step")
 
-    def _count_lane(self, length: int, accepted: int) -> None:
+    def _count_lane(self, length: int, accepted: int, copied: int = 0) -> None:
+        """Count one lane of `length` offers: `copied` of its drafts (the first ones)
+        were copied candidates, the rest learned."""
         if length < 2:
             return  # width-one lanes draw no proposals
         self._spec_draft += length - 1
         self._spec_accepted += accepted
+        self._spec_copied_draft += copied
+        self._spec_copied_accepted += min(accepted, copied)
         for k in range(accepted):
             self._spec_per_position[k] += 1
         self._spec_lengths[accepted + 1] += 1
@@ -700,6 +783,7 @@ class Scheduler:
         if not self._outstanding or plan != self._outstanding[0]:
             raise CompletionError("plan is not the oldest outstanding plan")
         self._outstanding.popleft()
+        self._issued.popleft()
         failed: list[FinishedRequest] = []
         for row in plan.rows:
             seq = self._requests[row.request_id]
@@ -783,6 +867,8 @@ class Scheduler:
         if seq.slot is not None:
             self._release(seq)
         del self._requests[seq.request_id]
+        if self.policy is not None:
+            self.policy.forget(seq.request_id)
         assert seq.finish_reason is not None
         self._finished[seq.finish_reason] += 1
 
@@ -857,4 +943,7 @@ class Scheduler:
             spec_accepted_tokens=self._spec_accepted,
             spec_accepted_per_position=tuple(self._spec_per_position),
             spec_accepted_lengths=tuple(self._spec_lengths),
+            spec_copied_draft_tokens=self._spec_copied_draft,
+            spec_copied_accepted_tokens=self._spec_copied_accepted,
+            spec_policy_decisions=dict(self.policy.decisions) if self.policy else {},
         )

@@ -43,6 +43,7 @@ class Sequence:
         self.cancelled = False
         self.failed = False
         self.finish_reason: FinishReason | None = None
+        self.history = None  # speculation.HistoryIndex, made on the first copied proposal
 
     @property
     def output_tokens(self) -> tuple[int, ...]:

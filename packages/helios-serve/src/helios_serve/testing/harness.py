@@ -18,6 +18,10 @@ from helios_serve.testing.tokenizer import TinyTokenizer
 class ScriptedServer:
     """Starts a Server around a ScriptedModel; `close()` stops it.
 
+    Speculative geometries serve with the "fixed" policy by default (every lane as long
+    as its ceiling), so scripted lanes are known exactly; pass speculative_policy=
+    "adaptive" for the width policy.
+
     Attributes:
         tok: the tiny tokenizer.
         book: the responder; `book.add(trigger, ids)` scripts prompts containing trigger.
@@ -38,6 +42,8 @@ class ScriptedServer:
         frames: int = 2,
         device_pending: bool = True,
         api_key: str | None = None,
+        speculative_policy: str = "fixed",
+        history_drafting: bool = False,
     ) -> None:
         self.tok = tok or TinyTokenizer()
         self.book = ScriptBook(self.tok.decode, default=self.tok.ids(list(default_script)))
@@ -50,6 +56,7 @@ class ScriptedServer:
         options = ServeOptions(
             port=0, max_active=max_active, queue_capacity=queue_capacity,
             frontend_workers=frontend_workers, api_key=api_key,
+            speculative_policy=speculative_policy, history_drafting=history_drafting,
         )  # fmt: skip
         self.server = Server.start(
             bootstrap, self.model, resolve(options, bootstrap.contract), clock

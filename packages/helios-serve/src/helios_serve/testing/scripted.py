@@ -62,6 +62,8 @@ def tiny_geometry(
     speculative_widths: tuple[int, ...] = (),
     top_logprobs: int | None = None,
     logit_bias: bool = False,
+    copied_proposals: bool = False,
+    prefix_programs: tuple[tuple[int, int, int], ...] = (),
 ) -> ModelGeometry:
     """A small geometry for scripted tests (context = 256 tokens by default;
     `speculative_widths` makes generation rows SPECULATIVE lanes, draft cursor lag 0)."""
@@ -81,6 +83,8 @@ def tiny_geometry(
         draft_cursor_lag=0 if speculative_widths else None,
         top_logprobs=top_logprobs,
         logit_bias=logit_bias,
+        copied_proposals=copied_proposals,
+        prefix_programs=prefix_programs,
     )
 
 

@@ -1,0 +1,208 @@
+"""The width policy: each speculative step's program chosen from completed observations.
+
+Issue "Speculative generation II", item 3; model-contract.md: "The host chooses the
+cohort and physical program from completed observations before that program generates
+proposals." The cohort is every request ready to generate; the policy picks its
+physical program -- plain DECODE, a SPECULATIVE program of width W (lanes of
+min(W, their ceiling)), or a SPECULATIVE_PREFIX_LIMIT program (B lanes sharing P rows)
+-- from two kinds of observations, both taken from completed steps only:
+
+- step costs: wall seconds from issue to completion of steps that had the machine to
+  themselves (no other plan outstanding), an exponentially weighted mean per program
+  (`StepCosts`);
+- acceptance: per request and draft position k, how often draft k was accepted when
+  offered (and drafts 1..k-1 were), smoothed towards the pooled rate of all requests.
+
+Nothing here changes what a program computes (greedy text is identical whatever it
+picks; sampled text follows the lane lengths it picks: docs/speculative.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# Weight of a new cost observation in the running mean.
+COST_DECAY = 0.2
+# Observations of a program before its mean cost is trusted.
+MIN_COST_SAMPLES = 2
+# Pseudo-counts pulling a request's acceptance rate towards the pooled one.
+PRIOR_WEIGHT = 4.0
+# Decisions after which a program's cost counts as stale and is measured again.
+STALE_DECISIONS = 256
+
+
+@dataclass
+class StepCosts:
+    """Running mean step cost (seconds) per program key."""
+
+    mean: dict[tuple, float] = field(default_factory=dict)
+    samples: dict[tuple, int] = field(default_factory=dict)
+    when: dict[tuple, int] = field(default_factory=dict)  # decision count at the last one
+    decisions: int = 0
+
+    def observe(self, key: tuple, seconds: float) -> None:
+        n = self.samples.get(key, 0)
+        old = self.mean.get(key, seconds)
+        self.mean[key] = seconds if n == 0 else old + COST_DECAY * (seconds - old)
+        self.samples[key] = n + 1
+        self.when[key] = self.decisions
+
+    def known(self, key: tuple) -> bool:
+        """Measured MIN_COST_SAMPLES times, the last within STALE_DECISIONS decisions."""
+        return (self.samples.get(key, 0) >= MIN_COST_SAMPLES
+                and self.decisions - self.when.get(key, 0) <= STALE_DECISIONS)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A step's program: `width` 0 = plain DECODE; else SPECULATIVE lanes of up to
+    `width` positions, with `packed_rows` P > 0 for a prefix-limit program."""
+
+    width: int
+    packed_rows: int = 0
+    reason: str = ""
+
+
+class _Acceptance:
+    """Offered / accepted counts per draft position (0-based)."""
+
+    def __init__(self, positions: int) -> None:
+        self.offered = [0] * positions
+        self.accepted = [0] * positions
+
+    def add(self, drafts: int, accepted: int) -> None:
+        for k in range(min(drafts, len(self.offered))):
+            self.offered[k] += 1
+            self.accepted[k] += int(k < accepted)
+
+
+class WidthPolicy:
+    """Chooses each step's program; see the module docstring.
+
+    Args:
+        widths: served SPECULATIVE widths (ascending, 1 included when served).
+        batches: captured batch capacities of the decode and speculative programs.
+        prefix_programs: served prefix-limit programs (B, P, W).
+    """
+
+    def __init__(self, widths: Sequence[int], batches: Sequence[int],
+                 prefix_programs: Sequence[tuple[int, int, int]] = ()) -> None:
+        self.widths = tuple(w for w in widths if w > 1)
+        self.batches = tuple(sorted(batches))
+        self.prefix = tuple(prefix_programs)
+        depth = max(self.widths, default=1) - 1
+        self.costs = StepCosts()
+        self._pooled = _Acceptance(depth)
+        self._requests: dict[int, _Acceptance] = {}
+        self.decisions: dict[str, int] = {}
+
+    # -- observations --------------------------------------------------------------
+
+    def observe_lane(self, request_id: int, drafts: int, accepted: int) -> None:
+        """A completed lane of `request_id`: `drafts` drafts offered, `accepted` taken."""
+        if drafts < 1:
+            return
+        stats = self._requests.get(request_id)
+        if stats is None:
+            stats = self._requests[request_id] = _Acceptance(len(self._pooled.offered))
+        stats.add(drafts, accepted)
+        self._pooled.add(drafts, accepted)
+
+    def forget(self, request_id: int) -> None:
+        self._requests.pop(request_id, None)
+
+    def observe_step(self, key: tuple, seconds: float) -> None:
+        """A completed step of program `key` (`program_key`) that ran alone."""
+        self.costs.observe(key, seconds)
+
+    def bucket(self, rows: int) -> int:
+        for b in self.batches:
+            if b >= rows:
+                return b
+        return self.batches[-1]
+
+    def program_key(self, rows: int, choice: Choice) -> tuple:
+        """The program a step of `rows` rows runs under `choice` (the cost table key)."""
+        if choice.width == 0:
+            return ("decode", self.bucket(rows))
+        if choice.packed_rows:
+            return ("prefix", self.bucket(rows), choice.packed_rows)
+        return ("speculative", self.bucket(rows), choice.width)
+
+    # -- decisions -------------------------------------------------------------------
+
+    def acceptance(self, request_id: int) -> list[float]:
+        """alpha_k: the chance draft k (0-based) is accepted given drafts 0..k-1 were."""
+        pooled = self._pooled
+        own = self._requests.get(request_id)
+        rates = []
+        for k in range(len(pooled.offered)):
+            prior = (pooled.accepted[k] + 1.0) / (pooled.offered[k] + 2.0)
+            if own is None:
+                rates.append(prior)
+            else:
+                rates.append((own.accepted[k] + PRIOR_WEIGHT * prior)
+                             / (own.offered[k] + PRIOR_WEIGHT))
+        return rates
+
+    def expected_tokens(self, request_id: int, length: int) -> float:
+        """Tokens a lane of `length` positions is expected to emit: 1 + sum over
+        j < length - 1 of alpha_0 * ... * alpha_j."""
+        total, survive = 1.0, 1.0
+        for alpha in self.acceptance(request_id)[:max(length - 1, 0)]:
+            survive *= alpha
+            total += survive
+        return total
+
+    def choose(self, lanes: Sequence[tuple[int, int]]) -> Choice:
+        """The program for one step over `lanes` = (request id, lane ceiling).
+
+        Rule: among plain DECODE, each served width W > 1 and each prefix-limit program
+        that holds the batch, take the highest expected tokens per second -- expected
+        tokens from each request's acceptance rates (a lane of length n emits
+        1 + a_0 + a_0 a_1 + ...; a prefix-limit program's B + P - B likeliest next
+        positions), seconds from the measured mean cost of that program at this batch
+        capacity. A program not measured MIN_COST_SAMPLES times, or not within the last
+        STALE_DECISIONS decisions, is chosen first (narrowest first), so every candidate
+        is measured before, and again while, comparisons count.
+        """
+        if not self.widths or not lanes:
+            return Choice(0, 0, "no speculation")
+        self.costs.decisions += 1
+        rows = len(lanes)
+        options = [Choice(0)] + [Choice(w) for w in self.widths]
+        options += [Choice(w, p) for b, p, w in self.prefix
+                    if b == self.bucket(rows) and b >= rows]
+        for option in options:
+            if not self.costs.known(self.program_key(rows, option)):
+                return self._record(Choice(option.width, option.packed_rows, "measure"))
+        best, best_rate = options[0], -1.0
+        for option in options:
+            rate = self._tokens(lanes, option) / self.costs.mean[self.program_key(rows, option)]
+            if rate > best_rate:
+                best, best_rate = option, rate
+        return self._record(Choice(best.width, best.packed_rows, "best"))
+
+    def _tokens(self, lanes: Sequence[tuple[int, int]], option: Choice) -> float:
+        if option.width == 0:
+            return float(len(lanes))
+        if not option.packed_rows:
+            return sum(self.expected_tokens(rid, min(option.width, ceiling))
+                       for rid, ceiling in lanes)
+        # Prefix allocation: each lane's pending row, then the P - B likeliest positions.
+        gains = []
+        for rid, ceiling in lanes:
+            survive = 1.0
+            for alpha in self.acceptance(rid)[:max(min(option.width, ceiling) - 1, 0)]:
+                survive *= alpha
+                gains.append(survive)
+        gains.sort(reverse=True)
+        return len(lanes) + sum(gains[:max(option.packed_rows - len(lanes), 0)])
+
+    def _record(self, choice: Choice) -> Choice:
+        label = "decode" if choice.width == 0 else (
+            f"prefix_w{choice.width}_p{choice.packed_rows}" if choice.packed_rows
+            else f"w{choice.width}")
+        self.decisions[label] = self.decisions.get(label, 0) + 1
+        return choice

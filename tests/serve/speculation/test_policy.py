@@ -1,0 +1,81 @@
+"""The width policy (helios_serve.speculation.policy): every program is measured before
+comparisons count, then the highest expected tokens per second wins."""
+
+from __future__ import annotations
+
+from helios_serve.speculation import WidthPolicy
+from helios_serve.speculation.policy import MIN_COST_SAMPLES, STALE_DECISIONS
+
+
+def _measured(policy, rows, costs):
+    """Feed each program's cost until the policy stops measuring."""
+    for _ in range(20):
+        choice = policy.choose([(i, 4) for i in range(rows)])
+        if choice.reason != "measure":
+            return choice
+        policy.observe_step(policy.program_key(rows, choice),
+                            costs[(choice.width, choice.packed_rows)])
+    raise AssertionError("the policy kept measuring")
+
+
+def test_every_program_is_measured_first_narrowest_first():
+    policy = WidthPolicy((1, 2, 4), (1, 8), ())
+    seen = []
+    for _ in range(3 * MIN_COST_SAMPLES):
+        choice = policy.choose([(0, 4)])
+        assert choice.reason == "measure"
+        seen.append(choice.width)
+        policy.observe_step(policy.program_key(1, choice), 1.0)
+    assert seen == [0] * MIN_COST_SAMPLES + [2] * MIN_COST_SAMPLES + [4] * MIN_COST_SAMPLES
+
+
+def test_high_acceptance_and_cheap_verification_pick_the_widest():
+    policy = WidthPolicy((1, 2, 4), (1,), ())
+    for _ in range(50):
+        policy.observe_lane(0, 3, 3)  # every draft accepted
+    choice = _measured(policy, 1, {(0, 0): 1.0, (2, 0): 1.1, (4, 0): 1.2})
+    assert choice.width == 4 and choice.reason == "best"
+    assert policy.expected_tokens(0, 4) > 3.5
+
+
+def test_expensive_verification_or_poor_acceptance_picks_plain_decode():
+    policy = WidthPolicy((1, 2, 4), (8,), ())
+    for rid in range(8):
+        for _ in range(50):
+            policy.observe_lane(rid, 3, 0)  # nothing accepted
+    assert _measured(policy, 8, {(0, 0): 1.0, (2, 0): 1.3, (4, 0): 2.0}).width == 0
+
+
+def test_expected_tokens_use_each_requests_rates_over_the_pooled_prior():
+    policy = WidthPolicy((1, 4), (1,), ())
+    for _ in range(40):
+        policy.observe_lane(1, 3, 3)
+        policy.observe_lane(2, 3, 0)
+    assert policy.expected_tokens(1, 4) > 3.5 > 1.2 > policy.expected_tokens(2, 4)
+    assert policy.expected_tokens(1, 1) == 1.0
+    policy.forget(1)  # a finished request: back to the pooled rate
+    assert 1.2 < policy.expected_tokens(1, 4) < 3.0
+
+
+def test_a_prefix_program_wins_when_few_lanes_are_confident():
+    # 8 lanes: 2 accept everything, 6 nothing. W = 4 verifies 32 rows for ~14 tokens; the
+    # prefix program (P = 16) spends its 8 spare rows on the confident lanes.
+    policy = WidthPolicy((1, 4), (8,), ((8, 16, 4),))
+    for _ in range(50):
+        for rid in range(8):
+            policy.observe_lane(rid, 3, 3 if rid < 2 else 0)
+    costs = {(0, 0): 1.0, (4, 0): 2.0, (4, 16): 1.2}
+    choice = _measured(policy, 8, costs)
+    assert (choice.width, choice.packed_rows) == (4, 16)
+
+
+def test_costs_go_stale_and_are_measured_again():
+    policy = WidthPolicy((1, 2), (1,), ())
+    _measured(policy, 1, {(0, 0): 1.0, (2, 0): 0.5})
+    remeasured = []
+    for _ in range(STALE_DECISIONS + 2):
+        choice = policy.choose([(0, 2)])
+        if choice.reason == "measure":
+            remeasured.append(choice.width)
+        policy.observe_step(policy.program_key(1, choice), 0.5)
+    assert remeasured == [0]  # decode's cost went stale once and was measured again
