@@ -67,7 +67,10 @@ def _smollm2_core(args, folder: Path):
         f"{str(ROOT / 'recipes/smollm2_135m_instruct.py')!r})\n"
         "b = importlib.util.module_from_spec(s); s.loader.exec_module(b)\n"
         "from helios_ignition.recipe import DrafterDecl\n"
-        f"RECIPE = replace(b.RECIPE, drafter=DrafterDecl({args.drafter!r}, widths=(1, 2, 3, 4)))\n")
+        f"RECIPE = replace(b.RECIPE, drafter=DrafterDecl({args.drafter!r}, widths=(1, 2, 3, 4)))\n"
+        + (f"RECIPE = replace(RECIPE, capacities=replace(RECIPE.capacities, "
+           f"decode_batch={tuple(args.decode_batch)!r}))\n"
+           if getattr(args, "decode_batch", None) else ""))
     out = folder / "spec.core"
     targets = (args.target,) if args.backend == "cuda" else ()
     export_core(recipe, checkpoint=args.gguf or "smollm2", key_path=key, namespace="bench.spec",

@@ -17,11 +17,22 @@ PROMPTS = [list(range(3, 9)), [5, 7, 9], [20, 21, 22, 23], [1, 2]]
 ALPHA = 1e-3  # significance level of the distribution tests
 
 
-@pytest.fixture(scope="module")
-def model():
+def _tiny_spec_model():
     # draft_copy: the head often proposes what the tiny target says (accept paths run)
     return load_native(tiny_core(1, speculative_widths=(1, 2, 4), draft_copy=3.0,
                                  draft_vocab=96), "cpu")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _tiny_spec_model()
+
+
+@pytest.fixture(scope="module")
+def scheduled_model():
+    """A model the real Scheduler drives (its slot generations are the scheduler's, which
+    the Driver's would collide with in shared packing's page-table upload cache)."""
+    return _tiny_spec_model()
 
 
 @pytest.mark.parametrize("width", [1, 2, 4])
@@ -160,7 +171,7 @@ def _serve(model, requests, num_pages=None):
 
 
 def test_a_seeded_request_samples_the_same_text_alone_in_a_batch_and_under_page_pressure(
-        model):
+        scheduled_model):
     """Lane lengths follow the request alone (a lane without its pages waits, it is not
     shortened), so seeded sampled text does not depend on the batch or on free pages.
     26 pages of 4 tokens: lanes wait for pages, nothing is preempted (a preemption
@@ -173,10 +184,10 @@ def test_a_seeded_request_samples_the_same_text_alone_in_a_batch_and_under_page_
                             sampling=SamplingParams(temperature=0.8, top_p=0.95, seed=seed))
 
     batch = [request(i, p, 50 + i) for i, p in enumerate(PROMPTS)]
-    alone = {r.request_id: _serve(model, [r])[0][r.request_id] for r in batch}
-    together, _, _ = _serve(model, batch)
+    alone = {r.request_id: _serve(scheduled_model, [r])[0][r.request_id] for r in batch}
+    together, _, _ = _serve(scheduled_model, batch)
     assert together == alone
-    squeezed, stats, waits = _serve(model, batch, num_pages=26)
+    squeezed, stats, waits = _serve(scheduled_model, batch, num_pages=26)
     assert waits > 0 and stats.preemptions == 0, "the test must run under page pressure"
     assert squeezed == alone
 

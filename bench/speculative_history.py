@@ -1,0 +1,175 @@
+"""History drafting and the width policy (issue "Speculative generation II").
+
+    python bench/speculative_history.py --backend cpu --batches 1 --tokens 64 --json OUT
+    python bench/speculative_history.py --backend cuda --batches 1 8 32 64 --json OUT
+
+The SmolLM2 speculative core (bench/speculative.py's: the committed trained head, widths
+1..4, plus the prefix-limit programs) serves the three prompt sets through the real
+scheduler (no HTTP): (a) editing -- return a ~300-token code block with one identifier
+renamed; (b) extraction and summarization that quote the input (both in
+bench/prompts/speculative_sets.json); (c) open chat (scripts/drafter_prompts.py, eval
+split). Modes, same core, same process:
+
+- off: speculation off (the scheduler plans DECODE steps only, --speculative-width 0);
+- learned: the head's drafts, every lane as wide as it may be (--speculative-policy fixed);
+- learned+history: plus copied candidates (--history-drafting), fixed;
+- adaptive: learned+history with the width policy (--speculative-policy adaptive).
+
+Each (set, batch, sampling, mode) generates --tokens tokens per request for `batch`
+requests (the set's prompts repeated); tokens/s counts generated tokens over the wall
+time of the generation steps (DECODE and SPECULATIVE; prefill excluded), and the mean
+accepted length is emitted tokens per speculative lane with drafts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+SAMPLINGS = {"greedy": (0.0, 1.0), "sampled_t0.8_p0.95": (0.8, 0.95)}
+MODES = {"off": dict(widths=False, history=False, policy=False),
+         "learned": dict(widths=True, history=False, policy=False),
+         "learned+history": dict(widths=True, history=True, policy=False),
+         "adaptive": dict(widths=True, history=True, policy=True)}
+
+
+def _encode(ck, messages_list):
+    from helios_tools.frontend_assets import load_tokenizer, render_chat
+
+    tok = load_tokenizer(ck.tokenizer_json)
+    return [tok.encode(render_chat(ck.chat_template, m, add_generation_prompt=True),
+                       add_special_tokens=False).ids for m in messages_list]
+
+
+def prompt_sets(ck) -> dict[str, list[list[int]]]:
+    sets = json.loads((ROOT / "bench/prompts/speculative_sets.json").read_text())["sets"]
+    out = {name: _encode(ck, [[{"role": "user", "content": p}] for p in prompts])
+           for name, prompts in sets.items()}
+    spec = importlib.util.spec_from_file_location("drafter_prompts",
+                                                  ROOT / "scripts" / "drafter_prompts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out["chat"] = _encode(ck, module.chat_prompts("eval", 4, seed=3))
+    return out
+
+
+def serve(model, prompts, tokens, sampling, mode):
+    """Run the requests through a Scheduler over `model`; returns (outputs, generation
+    seconds, scheduler stats)."""
+    from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler
+
+    geometry = model.manifests
+    if not mode["widths"]:
+        geometry = replace(geometry, speculative_widths=(), prefix_programs=(),
+                           copied_proposals=False)
+    scheduler = Scheduler(geometry, frames=1, device_pending=model.device_pending,
+                          history_drafting=mode["history"], width_policy=mode["policy"])
+    for i, prompt in enumerate(prompts):
+        assert scheduler.add(SchedRequest(request_id=i, prompt_tokens=tuple(prompt),
+                                          max_output_tokens=tokens,
+                                          sampling=replace(sampling, seed=11 + i))) is None
+    out = {i: [] for i in range(len(prompts))}
+    seconds = 0.0
+    while scheduler.has_work():
+        plan = scheduler.schedule()
+        t0 = time.perf_counter()
+        sampled = model.execute(plan)
+        if plan.kind.value != "prefill":
+            seconds += time.perf_counter() - t0
+        for result in scheduler.complete(plan, sampled):
+            if result.token_id is None or not scheduler.is_live(result.request_id):
+                continue
+            out[result.request_id].append(result.token_id)
+            if result.output_tokens == tokens:
+                scheduler.finish(result.request_id, FinishReason.LENGTH)
+    return out, seconds, scheduler.stats()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--target", default="sm_90")
+    ap.add_argument("--gguf", default=os.environ.get("HELIOS_SMOLLM2_GGUF"))
+    ap.add_argument("--drafter", default=None)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--sets", nargs="+", default=["editing", "extraction", "chat"])
+    ap.add_argument("--samplings", nargs="+", default=list(SAMPLINGS), choices=list(SAMPLINGS))
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import speculative as base
+    from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
+    from helios_serve.engine.plan import SamplingParams
+
+    # decode programs (and speculative ones) for every batch asked, beyond the recipe's 32
+    args.decode_batch = sorted({1, 2, 4, 8, 16, 32, *args.batches})
+    args.drafter = args.drafter or (str(base.TRAINED) if base.TRAINED.is_file()
+                                    else "random:7:8192")
+    ck = load_gguf(args.gguf or smollm2_gguf_path())
+    sets = prompt_sets(ck)
+    with tempfile.TemporaryDirectory() as d:
+        model = base._load(args, base._smollm2_core(args, Path(d)))
+    rows = []
+    for name in args.sets:
+        for batch in args.batches:
+            prompts = [sets[name][i % len(sets[name])] for i in range(batch)]
+            for label in args.samplings:
+                temperature, top_p = SAMPLINGS[label]
+                sampling = SamplingParams(temperature=temperature, top_p=top_p)
+                outputs = {}
+                for mode in args.modes:
+                    out, seconds, stats = serve(model, prompts, args.tokens, sampling,
+                                                MODES[mode])
+                    outputs[mode] = out
+                    lanes = sum(stats.spec_accepted_lengths)
+                    row = {"set": name, "batch": batch, "sampling": label, "mode": mode,
+                           "tokens": batch * args.tokens,
+                           "tok_s": round(batch * args.tokens / seconds, 2),
+                           "mean_accepted_length": round(
+                               (stats.spec_accepted_tokens + lanes) / lanes, 3) if lanes
+                           else None,
+                           "copied_drafts": stats.spec_copied_draft_tokens,
+                           "copied_accepted": stats.spec_copied_accepted_tokens,
+                           "learned_drafts": stats.spec_draft_tokens
+                           - stats.spec_copied_draft_tokens,
+                           "policy": stats.spec_policy_decisions}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                off = next((r for r in rows[::-1] if r["mode"] == "off" and r["set"] == name
+                            and r["batch"] == batch and r["sampling"] == label), None)
+                for r in rows:
+                    if off and (r["set"], r["batch"], r["sampling"]) == (name, batch, label):
+                        r["speedup_over_off"] = round(r["tok_s"] / off["tok_s"], 3)
+                if label == "greedy" and "off" in outputs:
+                    same = all(outputs[m] == outputs["off"] for m in outputs)
+                    for r in rows:
+                        if (r["set"], r["batch"], r["sampling"]) == (name, batch, label):
+                            r["greedy_identical_to_off"] = same
+    model.close()
+    result = {"model": "smollm2-135m-instruct", "drafter": args.drafter,
+              "backend": args.backend, "tokens_per_request": args.tokens, "rows": rows,
+              "commit": os.environ.get("HELIOS_COMMIT", "unknown")}
+    print(f"{'set':11} {'batch':>5} {'sampling':20} {'mode':16} {'tok/s':>8} {'x off':>6} "
+          f"{'acc.len':>7}")
+    for r in rows:
+        print(f"{r['set']:11} {r['batch']:5d} {r['sampling']:20} {r['mode']:16} "
+              f"{r['tok_s']:8.2f} {r.get('speedup_over_off', 0):6.2f} "
+              f"{r['mean_accepted_length'] or 0:7.2f}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
