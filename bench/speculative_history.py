@@ -13,7 +13,8 @@ split). Modes, same core, same process:
 - off: speculation off (the scheduler plans DECODE steps only, --speculative-width 0);
 - learned: the head's drafts, every lane as wide as it may be (--speculative-policy fixed);
 - learned+history: plus copied candidates (--history-drafting), fixed;
-- adaptive: learned+history with the width policy (--speculative-policy adaptive).
+- adaptive: learned+history with the width policy (--speculative-policy adaptive),
+  after one untimed run of the same requests (a server's policy keeps its measurements).
 
 Each (set, batch, sampling, mode) generates --tokens tokens per request for `batch`
 requests (the set's prompts repeated); tokens/s counts generated tokens over the wall
@@ -62,9 +63,10 @@ def prompt_sets(ck) -> dict[str, list[list[int]]]:
     return out
 
 
-def serve(model, prompts, tokens, sampling, mode):
+def serve(model, prompts, tokens, sampling, mode, policy=None):
     """Run the requests through a Scheduler over `model`; returns (outputs, generation
-    seconds, scheduler stats)."""
+    seconds, scheduler stats). `policy`: a WidthPolicy carried over from earlier runs
+    (a server's policy lives as long as the server)."""
     from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler
 
     geometry = model.manifests
@@ -72,7 +74,8 @@ def serve(model, prompts, tokens, sampling, mode):
         geometry = replace(geometry, speculative_widths=(), prefix_programs=(),
                            copied_proposals=False)
     scheduler = Scheduler(geometry, frames=1, device_pending=model.device_pending,
-                          history_drafting=mode["history"], width_policy=mode["policy"])
+                          history_drafting=mode["history"],
+                          width_policy=(policy or True) if mode["policy"] else False)
     for i, prompt in enumerate(prompts):
         assert scheduler.add(SchedRequest(request_id=i, prompt_tokens=tuple(prompt),
                                           max_output_tokens=tokens,
@@ -128,8 +131,16 @@ def main(argv=None) -> int:
                 sampling = SamplingParams(temperature=temperature, top_p=top_p)
                 outputs = {}
                 for mode in args.modes:
+                    policy = None
+                    if MODES[mode]["policy"]:  # warm: one untimed run measures the programs
+                        from helios_serve.speculation import WidthPolicy
+
+                        g = model.manifests
+                        policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
+                                             g.prefix_programs)
+                        serve(model, prompts, args.tokens, sampling, MODES[mode], policy)
                     out, seconds, stats = serve(model, prompts, args.tokens, sampling,
-                                                MODES[mode])
+                                                MODES[mode], policy)
                     outputs[mode] = out
                     lanes = sum(stats.spec_accepted_lengths)
                     row = {"set": name, "batch": batch, "sampling": label, "mode": mode,
@@ -142,7 +153,8 @@ def main(argv=None) -> int:
                            "copied_accepted": stats.spec_copied_accepted_tokens,
                            "learned_drafts": stats.spec_draft_tokens
                            - stats.spec_copied_draft_tokens,
-                           "policy": stats.spec_policy_decisions}
+                           "policy": stats.spec_policy_decisions if policy is None
+                           else dict(policy.decisions)}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                 off = next((r for r in rows[::-1] if r["mode"] == "off" and r["set"] == name

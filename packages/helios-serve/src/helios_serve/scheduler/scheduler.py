@@ -194,7 +194,8 @@ class Scheduler:
             (speculation.HistoryIndex); needs geometry.copied_proposals.
         width_policy: each speculative step's program is chosen by speculation.
             WidthPolicy from measured step costs and acceptance (else every lane is
-            `lane_ceiling` long in the narrowest program holding it).
+            `lane_ceiling` long in the narrowest program holding it); a WidthPolicy
+            instance continues from its observations.
         clock: seconds, for the step costs the width policy measures.
 
     Raises:
@@ -204,7 +205,7 @@ class Scheduler:
 
     def __init__(self, geometry: ModelGeometry, *, frames: int = MAX_FRAMES,
                  device_pending: bool = False, history_drafting: bool = False,
-                 width_policy: bool = False,
+                 width_policy: bool | WidthPolicy = False,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         g = geometry
         if not 1 <= frames <= MAX_FRAMES:
@@ -246,8 +247,11 @@ class Scheduler:
             raise ValueError("history drafting needs speculative programs with copied-token "
                              "inputs")
         self.history_drafting = history_drafting
-        self.policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
-                                  g.prefix_programs) if width_policy and self.widths else None
+        if isinstance(width_policy, WidthPolicy) or not width_policy or not self.widths:
+            self.policy = width_policy if width_policy and self.widths else None
+        else:
+            self.policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
+                                      g.prefix_programs)
         self._clock = clock
         self._issued: deque[tuple[float, tuple | None]] = deque()  # per outstanding plan
         self._choice: Choice | None = None  # the policy's choice for the plan being built
