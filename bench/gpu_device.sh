@@ -62,6 +62,9 @@ case $stage in
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_speculative.py 2>&1 | tee "$OUTD/spec_tests.log"
     python3 bench/speculative.py --model smollm2 --backend cuda --gguf "$HOME/g/smol.gguf" --baseline --json "$OUTD/spec_smollm2.json" 2>&1 | tee "$OUTD/spec_smollm2.log"
     python3 bench/speculative.py --model llama-3.1-8b --backend cuda --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" ;;
+  spec-history)  # issue 13: history drafting + width policy, 3 prompt sets, batch 1..64
+    python3 bench/speculative_history.py --backend cuda --gguf "$HOME/g/smol.gguf" \
+      --batches 1 8 32 64 --tokens 256 --json "$OUTD/spec_history.json" 2>&1 | tee "$OUTD/spec_history.log" ;;
   tuning)  # startup tuning (decode-split producer) and KV cache sizing on the device:
     # tests, then each candidate split count timed against the producer's choice
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_tuning_kernels.py \

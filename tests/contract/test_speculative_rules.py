@@ -58,3 +58,32 @@ def test_a_speculative_program_reports_lane_records_of_its_width():
     decode = next(g for g in core.manifest.graphs if g.name == "decode_b1")
     decode.completion.speculative.token_width = 1
     assert "speculative.record" in _rules(core)
+
+
+def test_history_drafting_needs_copied_token_inputs_in_every_selected_wider_graph():
+    from types import SimpleNamespace
+
+    from helios_serve.bootstrap import StartupError
+    from helios_serve.cli import _check_history_drafting
+
+    core = tiny_core(0, speculative_widths=(1, 2, 4))
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    assert list(prepared.history_drafting_findings()) == []
+    graph = next(g for g in core.contract.model.graphs if g.name == "spec_b2_w4")
+    kept = [b for b in graph.bindings if b.source != cpb.VALUE_SOURCE_CANDIDATE_IDS]
+    del graph.bindings[:]
+    graph.bindings.extend(kept)
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    (found,) = prepared.history_drafting_findings()
+    assert (found.rule, found.value) == ("speculative.history_inputs",
+                                         "['VALUE_SOURCE_CANDIDATE_IDS']")
+    assert "'spec_b2_w4' (W = 4)" in found.detail
+    assert list(prepared.history_drafting_findings(widths=(1, 2))) == []  # W = 4 not served
+    # helios-serve --history-drafting: the same rule, one line.
+    model = SimpleNamespace(manifests=SimpleNamespace(speculative_widths=(1, 2, 4)))
+    with pytest.raises(StartupError, match="--history-drafting: .*spec_b2_w4") as info:
+        _check_history_drafting(prepared, model)
+    assert info.value.rule == "speculative.history_inputs"
+    off = SimpleNamespace(manifests=SimpleNamespace(speculative_widths=()))
+    with pytest.raises(StartupError, match="needs learned speculation"):
+        _check_history_drafting(prepared, off)

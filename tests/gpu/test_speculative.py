@@ -292,3 +292,43 @@ def test_copied_candidates_and_confidence(gpu, rng):
             got = gpu.run("spec_confidence", logits, lane_slot, drafted, vocab_map,
                           np.full((B, DMAX), -1, np.float32), B, VD, DMAX, step)
             np.testing.assert_allclose(got["confidence"], want, rtol=2e-6, atol=1e-9)
+
+
+def test_copied_candidates_and_prefix_limit_programs_on_the_device(spec_model):
+    """History drafting's copied candidates and SPECULATIVE_PREFIX_LIMIT programs in the
+    captured cuda programs: with the decode programs' own continuation as candidates
+    nearly every draft is accepted; prefix-limit steps (B = 8, P = 16) keep every lane
+    within its ceiling and the step within P; greedy text diverges no more than the
+    learned-only rounds do (measured and printed)."""
+    from helios_serve.runtime.driver import Driver
+    from helios_tools.frontend_assets import load_tokenizer, render_chat
+
+    model, _ = spec_model
+    ck = _gguf()
+    tok = load_tokenizer(ck.tokenizer_json)
+    batch = [tok.encode(render_chat(ck.chat_template, m, add_generation_prompt=True),
+                        add_special_tokens=False).ids for m in _chat_prompts(8)]
+    want = Driver(model).generate(batch, GREEDY_TOKENS)
+
+    def oracle(seq):
+        for prompt, out in zip(batch, want, strict=True):
+            full = list(prompt) + out
+            if full[:len(seq)] == seq:
+                return full[len(seq):len(seq) + 3]
+        return ()
+
+    result = {}
+    for name, kw in (("copied", dict(propose=oracle)), ("prefix", dict(packed_rows=16)),
+                     ("prefix+copied", dict(propose=oracle, packed_rows=16))):
+        got, records = Driver(model).generate_speculative(batch, GREEDY_TOKENS, 4, **kw)
+        offers = np.concatenate([r[:, 1] for r in records])
+        accepted = sum(int(r[:, 2].sum()) for r in records)
+        drafts = int((offers - 1).sum())
+        if kw.get("packed_rows"):
+            assert all(int(r[:, 1].sum()) <= 16 for r in records)
+            assert (offers >= 1).all() and (offers <= 4).all()
+        result[name] = {"divergent": sum(a != b for a, b in zip(got, want, strict=True)),
+                        "acceptance": accepted / max(drafts, 1)}
+    print(json.dumps(result))
+    assert result["copied"]["acceptance"] > 0.9
+    assert all(r["divergent"] <= max(1, DIVERGENCE_BOUND * 8) for r in result.values())

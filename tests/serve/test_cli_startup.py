@@ -80,3 +80,10 @@ def test_unknown_backend_is_a_usage_error_before_anything_loads(tmp_path):
                   "--backend", "tpu")
     assert line == ("helios-serve: error: Invalid value for '--backend': 'tpu' is not one of "
                     "'cpu', 'cuda'.")
+
+
+def test_history_drafting_without_learned_speculation_fails_startup(tiny_served):
+    core = tiny_served.core
+    line = _fails(*_args(core, core.path, "--port", "0", "--history-drafting"))
+    assert line == ("helios-serve: error: --history-drafting needs learned speculation: the "
+                    "core has no speculative programs or --speculative-width is 0")
