@@ -3,6 +3,10 @@
     uv run python bench/soak.py                    # 30 minutes against `helios-serve --demo`
     uv run python bench/soak.py --duration-s 300   # a shorter run
     uv run python bench/soak.py --url http://127.0.0.1:8000 --pid 1234   # a running server
+    # bench/results/soak_cpu_tiny.json: the tiny core of tests/tiny_model.py (context 256)
+    # served by helios-serve, 4 clients, prompts cut to 150 characters:
+    uv run python bench/soak.py --url http://127.0.0.1:8766 --pid PID --concurrency 4 \
+        --max-prompt-chars 150 --label "tiny core" --out bench/results/soak_cpu_tiny.json
 
 Traffic (bounded: `--concurrency` clients, each one request at a time): chat requests,
 half streaming and half not, prompts of 1 to 40 repetitions of a sentence (about 10 to
@@ -53,8 +57,9 @@ def start_demo(port: int, log: Path) -> subprocess.Popen:
 
 
 class Traffic:
-    def __init__(self, url: str, model: str, seed: int) -> None:
+    def __init__(self, url: str, model: str, seed: int, max_prompt_chars: int | None) -> None:
         self.url = url
+        self.max_prompt_chars = max_prompt_chars
         self.model = model
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
@@ -73,7 +78,8 @@ class Traffic:
             seed = self.rng.randrange(2**31)
         body = {
             "model": self.model,
-            "messages": [{"role": "user", "content": SENTENCE * reps + "Summarize."}],
+            "messages": [{"role": "user",
+                          "content": (SENTENCE * reps)[:self.max_prompt_chars] + "Summarize."}],
             "max_tokens": max_tokens, "seed": seed, "temperature": 0.7, "stream": stream,
         }  # fmt: skip
         try:
@@ -121,6 +127,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per request")
+    ap.add_argument("--max-prompt-chars", type=int,
+                    help="cut each prompt to this many characters (a small-context core)")
+    ap.add_argument("--label", default="", help="recorded in the results (which core)")
     args = ap.parse_args()
 
     proc = None
@@ -134,7 +143,7 @@ def main() -> None:
         print(f"server log: {server_log}")
         url, pid = f"http://127.0.0.1:{args.port}", proc.pid
     model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-    traffic = Traffic(url, model, args.seed)
+    traffic = Traffic(url, model, args.seed, args.max_prompt_chars)
     stop = threading.Event()
     end = time.monotonic() + args.duration_s
 
@@ -180,7 +189,9 @@ def main() -> None:
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / max(
             sum((x - mx) ** 2 for x in xs), 1e-9)
     summary = {
+        "core": args.label or model,
         "duration_s": args.duration_s,
+        "max_prompt_chars": args.max_prompt_chars,
         "concurrency": args.concurrency,
         "requests_done": traffic.done,
         "requests_cancelled": traffic.cancelled,
