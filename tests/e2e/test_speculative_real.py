@@ -141,3 +141,64 @@ def test_speculative_http_json_and_stream_with_stop_limit_and_observation(spec_s
     drafts = [line for line in metrics.splitlines()
               if line.startswith('helios_spec_decode_draft_tokens_total{source="learned"}')]
     assert drafts and float(drafts[0].split()[-1]) > 0
+
+
+@pytest.fixture(scope="module")
+def history_server(spec_core):
+    """The speculative core served with history drafting and the adaptive width policy."""
+    from helios_serve.bootstrap import Bootstrap
+    from helios_serve.cli import _check_history_drafting
+    from helios_serve.clock import ObservationClock
+    from helios_serve.config import ServeOptions, resolve
+    from helios_serve.server import Server
+
+    out, public = spec_core
+    bootstrap = Bootstrap.load(out, [public], "helios.test/models")
+    settings = resolve(ServeOptions(port=0, max_active=4, queue_capacity=8,
+                                    history_drafting=True, speculative_policy="adaptive"),
+                       bootstrap.contract)
+    m = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
+                          max_concurrency=settings.max_active)
+    _check_history_drafting(bootstrap.prepared, m)
+    server = Server.start(bootstrap, m, settings, ObservationClock())
+    yield server
+    server.stop()
+    bootstrap.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_history_drafting_over_http_keeps_greedy_identity(history_server, model):
+    """Copied candidates (a prompt the answer quotes) and the adaptive policy, two
+    requests at once: each greedy answer is the decode programs' own, and copied drafts
+    were offered and accepted."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    client = _client(history_server)
+    name = history_server.settings.served_name
+    quote = ("The old bridge over the river Aldane was built in 1432 and is closed to cars, "
+             "but pedestrians still cross it every day.")
+    prompts = [f"Repeat this sentence exactly, twice: {quote}",
+               f"Copy the following text word for word: {quote}"]
+
+    def ask(content):
+        return client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": content}], temperature=0,
+            max_tokens=32, extra_body={"return_token_ids": True})
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(ask, prompts))
+    for r in answers:
+        ids = r.choices[0].token_ids
+        prompt_ids = r.model_extra["prompt_token_ids"]
+        assert ids == Driver(model).generate([prompt_ids], len(ids))[0]
+    metrics = httpx.get(history_server.url + "/metrics").text
+
+    def value(prefix):
+        lines = [line for line in metrics.splitlines() if line.startswith(prefix)]
+        return float(lines[0].split()[-1]) if lines else 0.0
+
+    assert value('helios_spec_decode_draft_tokens_total{source="copied"}') > 0
+    assert value('helios_spec_decode_accepted_tokens_total{source="copied"}') > 0
