@@ -181,11 +181,7 @@ def test_ignore_eos_keeps_eos_out_of_the_min_tokens_ban(tok):
       "3 alternatives exceed the 2 this model records"),
      ({"top_logprobs": 2}, "completions", {"logprobs": 3}, "logprobs",
       "3 alternatives exceed the 2 this model records"),
-     ({"top_logprobs": 5, "speculative_widths": (1, 2)}, "chat", {"logprobs": True},
-      "logprobs", "speculative decoding records no logprobs"),
-     ({}, "chat", {"logit_bias": {"5": 1}}, "logit_bias", "this model applies no logit bias"),
-     ({"logit_bias": True, "speculative_widths": (1, 2)}, "completions",
-      {"logit_bias": {"5": 1}}, "logit_bias", "speculative decoding applies no logit bias")],
+     ({}, "chat", {"logit_bias": {"5": 1}}, "logit_bias", "this model applies no logit bias")],
 )  # fmt: skip
 def test_logprobs_and_logit_bias_a_core_cannot_serve_are_400(tok, geometry, path, patch,
                                                              param, message):  # fmt: skip

@@ -183,3 +183,29 @@ def test_history_drafting_counts_copied_drafts_under_their_source(tok):
     total = after[copied] + after.get(learned, 0.0) - before.get(copied, 0.0) - before.get(
         learned, 0.0)
     assert total == sum(n - 1 for n in server.model.lane_lengths)  # every draft counted once
+
+
+def test_logprobs_and_logit_bias_requests_decode_beside_speculating_ones(tok):
+    geometry = {"speculative_widths": (1, 2, 4), "top_logprobs": 5, "logit_bias": True}
+    with ScriptedServer(tok, geometry=geometry) as server:
+        server.script("letters please", LETTERS)
+        client = server.openai()
+        r = client.chat.completions.create(
+            model=server.model_name, messages=[{"role": "user", "content": "letters please"}],
+            max_tokens=6, logprobs=True, top_logprobs=2)
+        content = r.choices[0].logprobs.content
+        assert "".join(c.token for c in content) == "".join(LETTERS[:6])
+        assert [c.logprob for c in content] == [-0.25] * 6
+        # The scripted model, like the real programs, refuses them in a lane: decode rows.
+        assert server.model.launches[StepKind.SPECULATIVE] == 0
+        assert server.model.launches[StepKind.DECODE] == 5  # token 1 comes from prefill
+        r = client.chat.completions.create(
+            model=server.model_name, messages=[{"role": "user", "content": "letters please"}],
+            max_tokens=6, logit_bias={str(tok.ids(["K"])[0]): 1.0})
+        assert r.choices[0].message.content == "".join(LETTERS[:6])
+        assert server.model.launches[StepKind.DECODE] == 10
+        r = client.chat.completions.create(
+            model=server.model_name, messages=[{"role": "user", "content": "letters please"}],
+            max_tokens=6)
+        assert r.choices[0].message.content == "".join(LETTERS[:6])
+        assert server.model.launches[StepKind.SPECULATIVE] >= 2

@@ -426,16 +426,14 @@ class Preparer:
 
     def _check_logprobs(self, logprobs: int | None, top_field: str) -> None:
         """Whether this core can report `logprobs` alternatives per token (computed on
-        the device, in the sampling step: ModelGeometry.top_logprobs)."""
+        the device, in the sampling step: ModelGeometry.top_logprobs). On a speculative
+        core such requests run as DECODE rows (scheduler.speculates)."""
         if logprobs is None:
             return
         g = self.geometry
         if g.top_logprobs is None:
             raise FrontendRequestError("logprobs", "this model records no logprobs (its core "
                                        "was exported without a logprobs record)")
-        if g.speculative_widths:
-            raise FrontendRequestError("logprobs", "speculative decoding records no logprobs; "
-                                       "serve with --speculative-width 0 to get them")
         if logprobs > g.top_logprobs:
             raise FrontendRequestError(top_field, f"{logprobs} alternatives exceed the "
                                        f"{g.top_logprobs} this model records")
@@ -445,9 +443,6 @@ class Preparer:
         if not g.logit_bias:
             raise FrontendRequestError("logit_bias", "this model applies no logit bias (its "
                                        "core was exported without the logit bias input)")
-        if g.speculative_widths:
-            raise FrontendRequestError("logit_bias", "speculative decoding applies no logit "
-                                       "bias; serve with --speculative-width 0 to use it")
 
     def _sampling(self, g: GenerationInput, logit_bias: tuple[tuple[int, float], ...],
                   stops: StopSpec) -> SamplingParams:  # fmt: skip
