@@ -296,3 +296,17 @@ def test_launch_choices_compile_for_sm90():
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+
+
+def test_history_and_allocation_kernels_compile_for_sm90():
+    """The copied-candidate, confidence, allocation and row-packing kernels of a drafter
+    core's speculative and prefix-limit programs, with the constants capture chose."""
+    from helios_ignition.kernels_aot import compile_variant
+
+    manifest = tiny_core(0, speculative_widths=(1, 2, 4)).manifest
+    new = ("spec_copy_candidates", "spec_confidence", "spec_allocate", "spec_pack_rows")
+    variants = [k for k in manifest.kernels if k.reference_op in new]
+    assert {k.reference_op for k in variants} == set(new)
+    for k in variants:
+        compiled = compile_variant(k.reference_op, dict(k.constants), "sm_90")
+        assert compiled.entry_name == k.reference_op and compiled.binary[:4] == ELF_MAGIC
