@@ -41,7 +41,7 @@ class MemoryCore:
 
 def build_core(recipe, ckpt, caps: Capacities, target: str, weights,
                split_tuning=None, fold_layers: bool = False,
-               chunked_sampling: bool = False) -> tuple[MemoryCore, dict]:
+               chunked_sampling: bool = True) -> tuple[MemoryCore, dict]:
     """Capture (with the decode-split tuning producer when `split_tuning` is a
     recipe.SplitTuning; decode layers folded with `fold_layers`; the chunked sampler with
     `chunked_sampling`), compile for `target`

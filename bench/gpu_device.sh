@@ -83,11 +83,12 @@ case $stage in
     python3 bench/gpu_models.py --model llama-3.1-8b --batches 1 8 64 --steps 20 --chunked-sampling \
       --json "$OUTD/kern_llama8b_chunked.json" 2>&1 | tail -14 | tee "$OUTD/kern_llama8b_chunked.log" ;;
   kern-model)  # needs the joined GGUF: the real model exported with --fold-layers
-    # --chunked-sampling on cuda vs the CPU backend of the same core, then SmolLM2 default
-    # vs both choices (greedy and sampled decode at 1/8/64, kernels per step, us/kernel)
+    # --chunked-sampling on cuda vs the CPU backend of the same core, then SmolLM2 with the
+    # bisection sampler (the old default) vs both choices (greedy and sampled decode at
+    # 1/8/64, kernels per step, us/kernel)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_fold_model.py 2>&1 | tee "$OUTD/kern_model.log" | tail -8
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 --steps 40 \
-      --json "$OUTD/kern_smollm2_default.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_default.log"
+      --bisection-sampling --json "$OUTD/kern_smollm2_bisection.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_bisection.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 --steps 40 \
       --fold-layers --chunked-sampling --json "$OUTD/kern_smollm2_chosen.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_chosen.log" ;;
   model)

@@ -52,8 +52,12 @@ def main() -> None:
     ap.add_argument("--fold-layers", action="store_true",
                     help="capture decode with folded norms and residual adds "
                          "(ignition export --fold-layers)")
-    ap.add_argument("--chunked-sampling", action="store_true",
-                    help="capture the chunked sampler (ignition export --chunked-sampling)")
+    ap.add_argument("--bisection-sampling", dest="chunked_sampling", action="store_false",
+                    help="capture the one-launch bisection sampler (ignition export "
+                         "--bisection-sampling) instead of the chunked one (the default)")
+    ap.add_argument("--chunked-sampling", dest="chunked_sampling", action="store_true",
+                    help="the chunked sampler (the default)")
+    ap.set_defaults(chunked_sampling=True)
     ap.add_argument("--json")
     args = ap.parse_args()
     t_start = time.perf_counter()

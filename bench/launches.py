@@ -5,9 +5,10 @@ Each decode step is one CUDA graph whose kernels are exactly the manifest's laun
 that decode variant, so counting them is counting the kernels the device runs per step
 (issue 17: SmolLM2 at batch 1 is launch-bound, ~3 µs per kernel). For SmolLM2-135M and
 the Llama-3.1-8B geometry, at the benchmark's decode batches (bench/gpu_models.py's
-capacities), it captures the graphs by default, with ``fold_layers`` (``ignition export
---fold-layers``) and with both ``fold_layers`` and ``chunked_sampling`` (the sampler in
-three launches instead of one) and counts launches per op.
+capacities), it captures the graphs with the one-launch bisection sampler and no folding
+(the default before issue 17), by default (the chunked sampler: three launches instead of
+one), and with ``fold_layers`` as well (``ignition export --fold-layers``), and counts
+launches per op.
 
 Run: `uv run python bench/launches.py [--json bench/results/launches.json]`
 -> prints the table (launches per step, per layer) and writes JSON with the per-op counts.
@@ -48,8 +49,8 @@ def main() -> None:
     for name in ("smollm2-135m", "llama-3.1-8b"):
         shapes = LlamaShapes.from_geometry(NAMED_GEOMETRIES[name])
         entry: dict = {"layers": shapes.layers, "variants": {}}
-        for key, fold, chunked in (("default", False, False), ("folded", True, False),
-                                   ("both", True, True)):
+        for key, fold, chunked in (("bisection", False, False), ("default", False, True),
+                                   ("folded", True, True)):
             manifest, _ = capture(shapes, caps, "bf16", fold_layers=fold,
                                   chunked_sampling=chunked)
             per_batch = {}
@@ -65,9 +66,10 @@ def main() -> None:
         layers = result["models"][name]["layers"]
         print(f"{name:<14} {key:<8} {b:>5} {n:>14} {n / layers:>10.2f}")
     for name, entry in result["models"].items():
-        d, f, b = (entry["variants"][k][1]["launches"] for k in ("default", "folded", "both"))
-        print(f"{name}: batch 1 {d} -> {f} launches per step folded, {b} with the chunked "
-              "sampler too")
+        b, d, f = (entry["variants"][k][1]["launches"] for k in ("bisection", "default",
+                                                                   "folded"))
+        print(f"{name}: batch 1: {b} launches per step with the bisection sampler, {d} by "
+              f"default (chunked sampler), {f} folded")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.json}")

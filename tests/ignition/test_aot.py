@@ -63,7 +63,7 @@ def test_every_variant_compiles_for_sm90_f32_and_bf16():
     assert ops == {"embedding", "rmsnorm", "add_rmsnorm", "linear", "rope_kv_write",
                    "attention_decode_split", "attention_decode_merge", "attention_prefill",
                    "silu_mul", "swiglu_linear", "gather_last", "slot_gather", "slot_scatter",
-                   "sample_biased", "token_logprobs"}
+                   "sample_chunks", "sample_merge", "sample_rest", "token_logprobs"}
     assert any(k.constants.get("WBF16") for k in bf16.kernels)
     for manifest in (f32, bf16):
         blobs = compile_targets(manifest, ("sm_90",), workers=2)

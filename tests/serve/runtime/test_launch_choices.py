@@ -1,7 +1,7 @@
 """The tiny model captured with the issue-17 launch choices (``fold_layers``: norms and
 residual adds folded into the products; ``chunked_sampling``: the three-launch sampler)
 on the CPU backend: the same logits bit for bit and the same greedy and seeded sampled
-ids as the default capture, at every decode batch, with two frames."""
+ids as a capture with neither (``sample_biased``), at every decode batch, two frames."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SAMPLING = [SamplingParams(),
 
 @pytest.fixture(scope="module")
 def models():
-    plain = load_native(tiny_core(seed=3), "cpu", cpu_frames=2)
+    plain = load_native(tiny_core(seed=3, chunked_sampling=False), "cpu", cpu_frames=2)
     chosen = load_native(tiny_core(seed=3, fold_layers=True, chunked_sampling=True), "cpu",
                          cpu_frames=2)
     return plain, chosen
@@ -39,6 +39,7 @@ def test_choices_are_recorded_in_the_launches(models):
     assert {"rmsnorm_linear", "linear_add", "sample_chunks", "sample_merge",
             "sample_rest"} <= ops(chosen)
     assert not ops(plain) & {"rmsnorm_linear", "linear_add", "sample_chunks"}
+    assert "sample_biased" in ops(plain) and "sample_biased" not in ops(chosen)
 
 
 def test_same_logits_and_tokens_as_the_default_capture(models):

@@ -47,11 +47,11 @@ def main() -> None:
                    "residual add into the previous one: 7 kernels per layer instead of 9, "
                    "same arithmetic (the recipe may declare it already: "
                    "Recipe.fold_layers).")
-@click.option("--chunked-sampling", is_flag=True,
-              help="Sample with the chunked sampler: each row's vocabulary split over many "
-                   "programs, top-k rows (top_k <= 64) resolved without bisection sweeps; "
-                   "same tokens (the recipe may declare it already: "
-                   "Recipe.chunked_sampling).")
+@click.option("--chunked-sampling/--bisection-sampling", default=None,
+              help="The sampler: chunked (each row's vocabulary split over many programs, "
+                   "top-k rows with top_k <= 64 resolved without bisection sweeps; the "
+                   "default) or the one-launch bisection sampler. Same tokens either way "
+                   "[default: the recipe's Recipe.chunked_sampling].")
 def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, weight_dtype,
            targets, carrier, protected_version, resource_key, tune_splits,
            fold_layers, chunked_sampling) -> None:
@@ -73,7 +73,7 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
                                   resource_key_path=resource_key,
                                   split_tuning=SplitTuning() if tune_splits else None,
                                   fold_layers=True if fold_layers else None,
-                                  chunked_sampling=True if chunked_sampling else None,
+                                  chunked_sampling=chunked_sampling,
                                   progress=progress.update)
     except (ExportError, RecipeError, CheckpointError) as exc:
         raise click.ClickException(str(exc)) from None

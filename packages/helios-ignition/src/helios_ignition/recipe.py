@@ -134,7 +134,8 @@ class Recipe:
             arithmetic). Off by default until its GPU kernels are measured.
         chunked_sampling: sample with the chunked sampler (``sample_chunks`` +
             ``sample_merge`` + ``sample_rest``: same outputs as ``sample_biased``, the
-            vocabulary split over many programs per row). Off by default until measured.
+            vocabulary split over many programs per row; the default). False: the
+            one-launch bisection sampler ``sample_biased``.
     """
 
     name: str
@@ -151,7 +152,7 @@ class Recipe:
     drafter: DrafterDecl | None = None
     split_tuning: SplitTuning | None = None
     fold_layers: bool = False
-    chunked_sampling: bool = False
+    chunked_sampling: bool = True
 
 
 SUPPORTED_FAMILIES = ("llama",)

@@ -91,14 +91,14 @@ def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
               caps: Capacities = TINY_CAPACITIES, *, device_pending: bool = True,
               speculative_widths: tuple[int, ...] = (), draft_vocab: int = 48,
               draft_copy: float = 0.0, split_tuning: SplitTuning | None = None,
-              fold_layers: bool = False, chunked_sampling: bool = False) -> TinyCore:
+              fold_layers: bool = False, chunked_sampling: bool = True) -> TinyCore:
     """Capture the tiny model and wrap it with seeded f32 weights and a full contract
     (`device_pending`: the pending token is device-owned, else host-bound;
     `speculative_widths`: add a seeded random draft head over `draft_vocab` ids and one
     SPECULATIVE program per decode batch and width; `draft_copy`: see tiny_drafter;
     `split_tuning`: with the decode-split tuning producer; `fold_layers`: decode graphs
     fold norms and residual adds into their products; `chunked_sampling`: the chunked
-    sampler)."""
+    sampler, False for sample_biased)."""
     raw = tiny_weights(shapes, seed)
     spec = None
     if speculative_widths:

@@ -558,7 +558,7 @@ def _last_positions(b: ProgramBuilder, rows: int):
 
 def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pending: bool = True,
             spec: Speculation | None = None, split_tuning: SplitTuning | None = None,
-            fold_layers: bool = False, chunked_sampling: bool = False
+            fold_layers: bool = False, chunked_sampling: bool = True
             ) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
     """Capture every graph variant and declare their contracts.
 
@@ -576,7 +576,9 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
             record the choice, so cores exported either way keep serving unchanged.
         chunked_sampling: prefill and decode sample with ``sample_chunks`` +
             ``sample_merge`` + ``sample_rest`` instead of ``sample_biased`` (same outputs;
-            ``_sample``). Off by default, recorded by the launches like `fold_layers`.
+            ``_sample``); the default since the H200 run (bench/results/
+            gpu_kern_llama8b_chunked.json). False records ``sample_biased``, as cores
+            exported before it do (they keep loading).
 
     Returns:
         The execution manifest (buffers, kernel variants, graph programs) and one
