@@ -31,6 +31,7 @@ from helios_contract.errors import (
     MissingFieldError,
     MissingGraphVariantError,
     OperationMismatchError,
+    RankLayoutError,
     TunedOverlapError,
     TunedProducerError,
     UnknownIdentifierError,
@@ -137,16 +138,36 @@ def duplicates(manifest: mpb.ExecutionManifest) -> Findings:
                     "a tuning producer shares a serving graph's name")
 
 
+def rank_count(manifest: mpb.ExecutionManifest) -> int:
+    """Tensor-parallel ranks of `manifest` (``rank_count`` 0, cores exported before
+    tensor parallelism, reads 1)."""
+    return manifest.rank_count or 1
+
+
 def buffers(manifest: mpb.ExecutionManifest) -> Findings:
-    """Weights name their resource; nothing else does."""
+    """Weights name their resource, shared by every rank or one per rank (exactly
+    ``rank_count``); nothing else does."""
+    ranks = rank_count(manifest)
     for index, b in enumerate(manifest.buffers):
         path = f"manifest.buffers[{index}].weight_resource_id"
-        if b.role == mpb.BUFFER_ROLE_WEIGHT and not b.weight_resource_id:
+        per_rank = list(b.rank_weight_resource_ids)
+        ranks_path = f"manifest.buffers[{index}].rank_weight_resource_ids"
+        if b.role == mpb.BUFFER_ROLE_WEIGHT and not b.weight_resource_id and not per_rank:
             yield F("buffer.weight_resource", MissingFieldError, path, "",
                     f"weight buffer {b.name!r} names no resource")
-        elif b.role != mpb.BUFFER_ROLE_WEIGHT and b.weight_resource_id:
-            yield F("buffer.role", BufferRoleError, path, b.weight_resource_id,
+        elif b.role != mpb.BUFFER_ROLE_WEIGHT and (b.weight_resource_id or per_rank):
+            yield F("buffer.role", BufferRoleError,
+                    path if b.weight_resource_id else ranks_path,
+                    b.weight_resource_id or per_rank,
                     f"buffer {b.name!r} is not a weight but names a resource")
+        elif per_rank and b.weight_resource_id:
+            yield F("buffer.rank_weights", RankLayoutError, ranks_path, per_rank,
+                    f"weight buffer {b.name!r} names both a resource every rank reads "
+                    f"({b.weight_resource_id!r}) and per-rank resources")
+        elif per_rank and len(per_rank) != ranks:
+            yield F("buffer.rank_weights", RankLayoutError, ranks_path, len(per_rank),
+                    f"weight buffer {b.name!r} names {len(per_rank)} per-rank resources; "
+                    f"the manifest has rank_count {ranks}")
 
 
 def transports(manifest: mpb.ExecutionManifest, names: ManifestIndex) -> Findings:

@@ -30,6 +30,7 @@ __all__ = [
     "MissingGraphVariantError",
     "OperationMismatchError",
     "PendingTokenError",
+    "RankLayoutError",
     "ResourceReferenceError",
     "SamplingDefaultsError",
     "SpeculativeExtentError",
@@ -187,6 +188,11 @@ class FrontendPolicyError(ContractError):
 
 class LaunchError(ContractError):
     """A launch record that disagrees with its kernel (arguments, geometry, views)."""
+
+
+class RankLayoutError(ContractError):
+    """Tensor-parallel ranks disagree: a split weight's per-rank resources do not match
+    the manifest's rank count."""
 
 
 class UnsupportedFeatureError(ContractError):

@@ -52,9 +52,14 @@ def main() -> None:
                    "top-k rows with top_k <= 64 resolved without bisection sweeps; the "
                    "default) or the one-launch bisection sampler. Same tokens either way "
                    "[default: the recipe's Recipe.chunked_sampling].")
+@click.option("--tensor-parallel", "tensor_parallel", type=click.IntRange(min=1), default=1,
+              show_default=True,
+              help="Split the model between N tensor-parallel ranks (per-rank weights and "
+                   "collectives in one core; the query heads, key/value heads and FFN width "
+                   "must divide by N). docs/tensor-parallel.md.")
 def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, weight_dtype,
            targets, carrier, protected_version, resource_key, tune_splits,
-           fold_layers, chunked_sampling) -> None:
+           fold_layers, chunked_sampling, tensor_parallel) -> None:
     """Export RECIPE with a checkpoint to a signed core.
 
     Progress (kernels compiled, weights read, bytes written) goes to stderr: live bars on a
@@ -74,6 +79,7 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
                                   split_tuning=SplitTuning() if tune_splits else None,
                                   fold_layers=True if fold_layers else None,
                                   chunked_sampling=chunked_sampling,
+                                  tensor_parallel=tensor_parallel,
                                   progress=progress.update)
     except (ExportError, RecipeError, CheckpointError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -29,9 +29,15 @@ from .checkpoint import (
     smollm2_gguf_path,
 )
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
-from .families.llama import LlamaShapes, Speculation, capture, weight_resource_id
+from .families.llama import (
+    LlamaShapes,
+    Speculation,
+    TensorParallelError,
+    capture,
+    weight_resource_id,
+)
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
-from .weights import iter_drafter_buffers, iter_weight_buffers
+from .weights import iter_drafter_buffers, iter_stored_weights, weight_catalogs
 
 CONTRACT_VERSION = 3
 CARRIERS = ("payload", "logical")  # CoreBody.format_version 2 / logical-resource core
@@ -345,11 +351,11 @@ def _weight_nbytes(manifest) -> int:
 
     total = 0
     for b in manifest.buffers:
-        if b.weight_resource_id:
-            n = _STORED_ITEMSIZE[mpb.DType.Name(b.dtype)]
-            for dim in b.shape:
-                n *= int(dim)
-            total += n
+        copies = len(b.rank_weight_resource_ids) or int(bool(b.weight_resource_id))
+        n = _STORED_ITEMSIZE[mpb.DType.Name(b.dtype)] * copies
+        for dim in b.shape:
+            n *= int(dim)
+        total += n
     return total
 
 
@@ -362,6 +368,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
                 split_tuning: SplitTuning | None = None,
                 fold_layers: bool | None = None,
                 chunked_sampling: bool | None = None,
+                tensor_parallel: int = 1,
                 progress: Callable[[str, int, int, str], None] | None = None
                 ) -> ExportSummary:
     """Export a recipe and checkpoint to a signed core at `out` (atomic).
@@ -386,6 +393,9 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
             recipe's `fold_layers`).
         chunked_sampling: sample with the chunked sampler (None: the recipe's
             `chunked_sampling`).
+        tensor_parallel: ranks the model is split between (docs/tensor-parallel.md): the
+            manifest's shapes become one rank's, split weights are stored once per rank
+            with a per-rank weight catalog, and the programs carry the collectives.
         progress: called as progress(step, done, total, unit) for the steps "kernels
             compiled" (kernel variants), "weights read" (weight tensors) and "bytes
             written" (decoded bytes stored in the core; unit "bytes"), as
@@ -430,7 +440,17 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         check_template(chat_template, f"recipe {recipe.name}", RecipeError)
     else:
         check_template(chat_template, ckpt.source, CheckpointError)
-    shapes = LlamaShapes.from_geometry(ckpt.geometry)
+    try:
+        shapes = LlamaShapes.from_geometry(ckpt.geometry).shard(tensor_parallel)
+        if tensor_parallel > 1 and recipe.drafter is not None:
+            raise TensorParallelError("speculative programs are captured for one rank only: "
+                                      f"recipe {recipe.name} declares a drafter")
+        if tensor_parallel > 1 and recipe.fold_layers:
+            raise TensorParallelError(
+                "folded layers add the O and down products into the residual, which split "
+                "ranks must all-reduce first: export without --fold-layers")
+    except TensorParallelError as exc:
+        raise ExportError(f"--tensor-parallel {tensor_parallel}: {exc}") from None
     recipe = fit_context(recipe, ckpt.geometry.max_context)
     caps = recipe.capacities
     drafter = open_drafter(recipe, recipe_path, ckpt)
@@ -449,7 +469,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         blobs = compile_targets(manifest, targets, progress=compiled)
     contract = build_contract(recipe, ckpt, shapes, graphs, manifest, speculation)
     check_contract(contract, manifest)
-    weight_names = [b.name for b in manifest.buffers if b.weight_resource_id]
+    weight_count = sum(len(b.rank_weight_resource_ids) or int(bool(b.weight_resource_id))
+                       for b in manifest.buffers)
     tok = ckpt.tokenizer_json.encode()
     tpl = chat_template.encode()
     total = len(tok) + len(tpl) + _weight_nbytes(manifest) + sum(map(len, blobs.values()))
@@ -465,13 +486,15 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         writer.add_resource("tokenizer.json", core_pb2.RESOURCE_KIND_TOKENIZER, tok)
         writer.add_resource("chat_template.jinja", core_pb2.RESOURCE_KIND_CHAT_TEMPLATE, tpl)
         written(len(tok) + len(tpl))
-        for done, (name, array) in enumerate(iter_weight_buffers(ckpt, shapes,
-                                                                 recipe.weight_dtype)):
+        stored = []
+        for done, weight in enumerate(iter_stored_weights(ckpt, shapes, recipe.weight_dtype)):
             if progress:
-                progress("weights read", done + 1, len(weight_names), "")
-            writer.add_resource(weight_resource_id(name), core_pb2.RESOURCE_KIND_WEIGHTS,
-                                memoryview(array).cast("B"))
-            written(array.nbytes)
+                progress("weights read", done + 1, weight_count, "")
+            writer.add_resource(weight.resource_id, core_pb2.RESOURCE_KIND_WEIGHTS,
+                                memoryview(weight.array).cast("B"))
+            written(weight.array.nbytes)
+            stored.append(replace(weight, array=weight.array[:0]))  # the catalog's facts
+        manifest.weight_catalogs.extend(weight_catalogs(stored, shapes.ranks))
         if drafter is not None:
             for name, array in iter_drafter_buffers(drafter, ckpt, shapes, recipe.weight_dtype):
                 writer.add_resource(weight_resource_id(name), core_pb2.RESOURCE_KIND_WEIGHTS,
@@ -484,7 +507,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         writer.finish(contract, manifest)
     return ExportSummary(path=str(out), served_id=contract.served_id,
                          graphs=tuple(g.name for g in manifest.graphs),
-                         resources=len(weight_names) + 2, decoded_bytes=decoded,
+                         resources=weight_count + 2, decoded_bytes=decoded,
                          core_bytes=out.stat().st_size,
                          seconds=time.perf_counter() - started, carrier=carried.name,
                          protected_version=carried.protected_version)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from helios_contract.schema import core_pb2
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import kernel_params
+from helios_tools.kernels.collective import COLLECTIVE_OPS
 
 POINTER_TYPES = {"f32": "*fp32", "i32": "*i32", "u32": "*u32"}
 SCALAR_TYPES = {"i32": "i32", "f32": "fp32"}
@@ -221,7 +222,8 @@ def compile_targets(manifest: mpb.ExecutionManifest, targets: tuple[str, ...],
     by_id = {k.id: k for k in manifest.kernels}
     blobs: dict[str, bytes] = {}
     shared: dict[str, int] = {}
-    for ck in compile_all(list(manifest.kernels), targets, workers, progress):
+    compiled = [k for k in manifest.kernels if k.reference_op not in COLLECTIVE_OPS]
+    for ck in compile_all(compiled, targets, workers, progress):
         rid = resource_id(ck.target, ck.kernel_id)
         kernel = by_id[ck.kernel_id]
         del_existing = [b for b in kernel.binaries if b.target == ck.target]
@@ -259,5 +261,7 @@ def add_binaries(writer, manifest: mpb.ExecutionManifest) -> int:
 
 
 def missing_targets(manifest: mpb.ExecutionManifest, target: str) -> list[str]:
-    """Kernel ids of `manifest` without a binary for `target`."""
-    return [k.id for k in manifest.kernels if not any(b.target == target for b in k.binaries)]
+    """Kernel ids of `manifest` without a binary for `target` (collectives have none: rank
+    peers run them)."""
+    return [k.id for k in manifest.kernels if k.reference_op not in COLLECTIVE_OPS
+            and not any(b.target == target for b in k.binaries)]

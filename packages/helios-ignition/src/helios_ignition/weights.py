@@ -1,17 +1,26 @@
 """Weight assembly: HF-named checkpoint tensors -> the family's physical weight buffers.
 
 Fused buffers are concatenations along the output axis (`[q; k; v]`, `[gate; up]`), so a
-decode step reads each weight once. Stored bytes are little-endian in the buffer dtype;
+decode step reads each weight once. Under tensor parallelism a split buffer is stored
+once per rank, each the concatenation of that rank's slices (families/llama.py). Stored bytes are little-endian in the buffer dtype;
 bf16 is rounded to nearest even from float32.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
-from .families.llama import LlamaShapes, rope_inv_freq, weight_layout
+from .families.llama import (
+    LlamaShapes,
+    rank_weight_resource_id,
+    rope_inv_freq,
+    weight_layout,
+    weight_resource_id,
+    weight_split,
+)
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -48,22 +57,120 @@ def _sources(name: str) -> list[str]:
 
 def iter_weight_buffers(checkpoint, shapes: LlamaShapes, weight_dtype: str
                         ) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield `(buffer name, stored array)` one buffer at a time.
+    """Yield `(buffer name, stored array)` one buffer at a time (a single-rank core).
 
     Matrices are stored in `weight_dtype` (bf16 as uint16 bit patterns); norm vectors and
     the RoPE table stay float32.
     """
+    for stored in iter_stored_weights(checkpoint, shapes, weight_dtype):
+        yield stored.buffer, stored.array
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Elements [start, stop) along `axis` of checkpoint tensor `tensor`."""
+
+    tensor: str
+    axis: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class StoredWeight:
+    """One stored weight resource: buffer, resource id, the rank it belongs to (None:
+    every rank reads it), the checkpoint views it concatenates (along axis 0; rows past
+    them are zero padding), and the stored array."""
+
+    buffer: str
+    resource_id: str
+    rank: int | None
+    sources: tuple[Slice, ...]
+    array: np.ndarray
+
+
+def _rank_sources(name: str, s: LlamaShapes, rank: int, head_source: str
+                  ) -> tuple[Slice, ...]:
+    """The checkpoint views of rank `rank`'s part of split weight `name` (families/llama.py
+    module docstring: heads, FFN columns and head rows of that rank)."""
+    if name == "lm_head":
+        stop = min((rank + 1) * s.head_rows, s.vocab)
+        return (Slice(head_source, 0, rank * s.head_rows, stop),)
+    hd = s.head_dim
+    q, kv, f = s.heads * hd, s.kv_heads * hd, s.ffn
+    kind = name.split(".", 1)[1]
+    per = {"wqkv": (q, kv, kv), "w_gate_up": (f, f), "wo": (q,), "w_down": (f,)}[kind]
+    axis = weight_split(name)
+    assert axis is not None
+    return tuple(Slice(src, axis, rank * width, (rank + 1) * width)
+                 for src, width in zip(_sources(name), per, strict=True))
+
+
+def _read(checkpoint, sources: tuple[Slice, ...], shape: tuple[int, ...]) -> np.ndarray:
+    parts = []
+    for sl in sources:
+        tensor = checkpoint.tensor(sl.tensor)
+        index = [slice(None)] * tensor.ndim
+        index[sl.axis] = slice(sl.start, sl.stop)
+        parts.append(tensor[tuple(index)])
+    array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    if array.shape[0] < shape[0]:  # the vocabulary-parallel head's last rank: zero rows
+        pad = np.zeros((shape[0] - array.shape[0], *array.shape[1:]), array.dtype)
+        array = np.concatenate([array, pad], axis=0)
+    assert array.shape == shape, (sources, array.shape, shape)
+    return array
+
+
+def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str
+                        ) -> Iterator[StoredWeight]:
+    """Yield every weight resource of a core with `shapes` (one rank's shapes when
+    `shapes.ranks` > 1: each split weight yields one resource per rank), one at a time.
+
+    Matrices are stored in `weight_dtype` (bf16 as uint16 bit patterns); norm vectors and
+    the RoPE table stay float32. The sources of each are what the core's weight catalog
+    records.
+    """
+    head_source = "model.embed_tokens.weight" if shapes.tied else "lm_head.weight"
     for name, shape in weight_layout(shapes).items():
         if name == "rope_inv_freq":
-            yield name, rope_inv_freq(shapes, checkpoint.geometry.rope_scaling)
+            array = rope_inv_freq(shapes, checkpoint.geometry.rope_scaling)
+            yield StoredWeight(name, weight_resource_id(name), None, (), array)
             continue
-        parts = [checkpoint.tensor(src) for src in _sources(name)]
-        array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-        assert array.shape == shape, (name, array.shape, shape)
-        if len(shape) > 1 and weight_dtype == "bf16":
-            yield name, to_bf16_bits(array)
-        else:
-            yield name, np.ascontiguousarray(array, dtype=np.float32)
+        split = shapes.ranks > 1 and weight_split(name) is not None
+        for rank in range(shapes.ranks) if split else (None,):
+            if rank is None:  # whole tensors
+                names = [head_source] if name == "lm_head" else _sources(name)
+                parts = [checkpoint.tensor(src) for src in names]
+                sources = tuple(Slice(src, 0, 0, int(p.shape[0]))
+                                for src, p in zip(names, parts, strict=True))
+                array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+                assert array.shape == shape, (name, array.shape, shape)
+                rid = weight_resource_id(name)
+            else:
+                sources = _rank_sources(name, shapes, rank, head_source)
+                array = _read(checkpoint, sources, shape)
+                rid = rank_weight_resource_id(name, rank)
+            if len(shape) > 1 and weight_dtype == "bf16":
+                array = to_bf16_bits(array)
+            else:
+                array = np.ascontiguousarray(array, dtype=np.float32)
+            yield StoredWeight(name, rid, rank, sources, array)
+
+
+def weight_catalogs(stored: list[StoredWeight], ranks: int) -> list:
+    """Per-rank weight catalogs (manifest WeightCatalog, version 1) of `stored`: rank r
+    lists the replicated weights and its own parts. Empty for a single-rank core."""
+    from helios_contract.schema import manifest_pb2 as mpb
+
+    if ranks <= 1:
+        return []
+    catalogs = [mpb.WeightCatalog(version=1, rank=r) for r in range(ranks)]
+    for w in stored:
+        for r in range(ranks) if w.rank is None else (w.rank,):
+            entry = catalogs[r].weights.add(buffer=w.buffer, resource_id=w.resource_id)
+            for sl in w.sources:
+                entry.sources.add(tensor=sl.tensor, axis=sl.axis, start=sl.start, stop=sl.stop)
+    return catalogs
 
 
 def iter_drafter_buffers(drafter, checkpoint, shapes: LlamaShapes, weight_dtype: str

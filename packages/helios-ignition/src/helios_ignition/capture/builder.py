@@ -53,6 +53,9 @@ class BufferDecl:
     shape: tuple[int, ...]
     role: str
     weight_resource_id: str = ""
+    # A weight split between tensor-parallel ranks: rank r's resource (then
+    # weight_resource_id is empty).
+    rank_weight_resource_ids: tuple[str, ...] = ()
 
     @property
     def numel(self) -> int:
@@ -79,11 +82,13 @@ class BufferTable:
     buffers: dict[str, BufferDecl] = field(default_factory=dict)
 
     def declare(self, name: str, dtype: str, shape: tuple[int, ...], role: str,
-                weight_resource_id: str = "") -> BufferDecl:
+                weight_resource_id: str = "",
+                rank_weight_resource_ids: tuple[str, ...] = ()) -> BufferDecl:
         """Declare a buffer once; declaring the same name twice is a capture error."""
         if name in self.buffers:
             raise CaptureError(f"buffer {name!r} declared twice")
-        decl = BufferDecl(name, dtype, tuple(int(s) for s in shape), role, weight_resource_id)
+        decl = BufferDecl(name, dtype, tuple(int(s) for s in shape), role, weight_resource_id,
+                          tuple(rank_weight_resource_ids))
         self.buffers[name] = decl
         return decl
 
@@ -105,7 +110,8 @@ class BufferTable:
 
     def to_proto(self) -> list[mpb.Buffer]:
         return [mpb.Buffer(name=d.name, dtype=DTYPE_ENUM[d.dtype], shape=list(d.shape),
-                           role=ROLE_ENUM[d.role], weight_resource_id=d.weight_resource_id)
+                           role=ROLE_ENUM[d.role], weight_resource_id=d.weight_resource_id,
+                           rank_weight_resource_ids=list(d.rank_weight_resource_ids))
                 for d in self.buffers.values()]
 
 

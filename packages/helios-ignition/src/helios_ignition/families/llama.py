@@ -10,12 +10,20 @@ Layer math (HF Llama): h = rmsnorm(r); r += o_proj(attn(rope(qkv(h)))); h = rmsn
 r += down(silu(gate(h)) * up(h)). Q/K/V and gate/up projections are fused into one
 `[out, in]` matrix each (fused QKV, fused gate_up), so a decode step reads each weight
 once.
+
+Tensor parallelism (`LlamaShapes.ranks` = N > 1; Megatron-LM's split, arXiv:1909.08053
+§3): the shapes are one rank's. Each rank holds its H/N query and KVH/N key/value heads
+(its `wqkv` is the fused [q; k; v] of those heads: column-parallel), F/N of the FFN
+(`w_gate_up` = [gate; up] of its columns), the matching columns of `wo` and `w_down`
+(row-parallel: an `all_reduce_sum` follows each) and ceil(V/N) rows of the LM head
+(vocabulary-parallel: `all_gather_columns` assembles the logits, so every rank samples
+the same token from the same logits). Embeddings, norms and the RoPE table are replicated.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
@@ -32,6 +40,10 @@ from ..recipe import Capacities, SplitTuning
 from . import draft
 
 
+class TensorParallelError(ValueError):
+    """The model cannot be split between the asked number of ranks."""
+
+
 @dataclass(frozen=True)
 class LlamaShapes:
     """Geometry the forward pass needs (read from the checkpoint)."""
@@ -46,10 +58,43 @@ class LlamaShapes:
     rope_theta: float
     rms_eps: float
     tied: bool
+    # Tensor-parallel ranks these shapes are one rank's of (heads, kv_heads and ffn are
+    # that rank's share; vocab and hidden are the model's).
+    ranks: int = 1
 
     @property
     def qkv_width(self) -> int:
         return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def head_rows(self) -> int:
+        """LM-head rows of one rank: ceil(vocab / ranks) (the last rank's pad rows are
+        zero and its pad logits dropped by the gather)."""
+        return -(-self.vocab // self.ranks)
+
+    def shard(self, ranks: int) -> LlamaShapes:
+        """One rank's shapes under `ranks`-way tensor parallelism.
+
+        Raises:
+            TensorParallelError: `ranks` < 1, these shapes are already a rank's, or the
+                query heads, key/value heads or FFN width do not divide by `ranks`
+                (the message names the counts).
+        """
+        if ranks < 1:
+            raise TensorParallelError(f"tensor parallel size must be >= 1, got {ranks}")
+        if self.ranks != 1:
+            raise TensorParallelError("these shapes are already one rank's")
+        if ranks == 1:
+            return self
+        if self.heads % ranks or self.kv_heads % ranks:
+            raise TensorParallelError(
+                f"the model's {self.heads} query heads and "
+                f"{self.kv_heads} key/value heads must both divide by {ranks}")
+        if self.ffn % ranks:
+            raise TensorParallelError(f"the model's FFN width {self.ffn} does not divide "
+                                      f"by {ranks}")
+        return replace(self, heads=self.heads // ranks, kv_heads=self.kv_heads // ranks,
+                       ffn=self.ffn // ranks, ranks=ranks)
 
     @classmethod
     def from_geometry(cls, g) -> LlamaShapes:
@@ -82,7 +127,9 @@ TOP_IDS = "out.top_ids"  # i32 [rows, TOP_LOGPROBS]
 
 
 def weight_layout(s: LlamaShapes) -> dict[str, tuple[int, ...]]:
-    """Weight buffer name -> shape `[out, in]` (norms and rope table are vectors)."""
+    """Weight buffer name -> one rank's shape `[out, in]` (norms and rope table are
+    vectors). Under tensor parallelism every core has an `lm_head` (a tied head's rank
+    shard is cut from the embedding)."""
     shapes: dict[str, tuple[int, ...]] = {"embed": (s.vocab, s.hidden)}
     for i in range(s.layers):
         shapes[f"L{i}.attn_norm"] = (s.hidden,)
@@ -92,14 +139,33 @@ def weight_layout(s: LlamaShapes) -> dict[str, tuple[int, ...]]:
         shapes[f"L{i}.w_gate_up"] = (2 * s.ffn, s.hidden)
         shapes[f"L{i}.w_down"] = (s.hidden, s.ffn)
     shapes["final_norm"] = (s.hidden,)
-    if not s.tied:
+    if s.ranks > 1:
+        shapes["lm_head"] = (s.head_rows, s.hidden)
+    elif not s.tied:
         shapes["lm_head"] = (s.vocab, s.hidden)
     shapes["rope_inv_freq"] = (s.head_dim // 2,)
     return shapes
 
 
+def weight_split(name: str) -> int | None:
+    """The axis along which tensor-parallel ranks split weight buffer `name` (0: output
+    rows, column-parallel; 1: input columns, row-parallel), or None when replicated."""
+    kind = name.split(".", 1)[-1]
+    return {"wqkv": 0, "w_gate_up": 0, "lm_head": 0, "wo": 1, "w_down": 1}.get(kind)
+
+
 def weight_resource_id(name: str) -> str:
     return f"weights/{name}"
+
+
+def rank_weight_resource_id(name: str, rank: int) -> str:
+    """The resource of rank `rank`'s part of a weight split between ranks."""
+    return f"weights/rank{rank}/{name}"
+
+
+def head_buffer(s: LlamaShapes) -> str:
+    """The LM head's weight buffer (a single-rank tied core reads the embedding)."""
+    return "embed" if s.tied and s.ranks == 1 else "lm_head"
 
 
 def decode_splits(context_tokens: int) -> tuple[int, int]:
@@ -147,7 +213,11 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
     t = BufferTable()
     for name, shape in weight_layout(s).items():
         dtype = "f32" if len(shape) == 1 else weight_dtype  # norms and rope stay f32
-        t.declare(name, dtype, shape, "weight", weight_resource_id(name))
+        if s.ranks > 1 and weight_split(name) is not None:
+            t.declare(name, dtype, shape, "weight", rank_weight_resource_ids=tuple(
+                rank_weight_resource_id(name, r) for r in range(s.ranks)))
+        else:
+            t.declare(name, dtype, shape, "weight", weight_resource_id(name))
     slots = max(caps.decode_batch)
     rows = max(slots, caps.prefill_rows)
     packed = slots * spec.max_width if spec else slots  # decode rows or verify rows
@@ -181,6 +251,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
     t.declare("scratch.attn_o", "f32", (packed, s.heads, ns, s.head_dim), "scratch")
     t.declare("scratch.last", "f32", (rows, s.hidden), "scratch")
     t.declare("scratch.logits", "f32", (max(rows, packed), s.vocab), "scratch")
+    if s.ranks > 1:  # this rank's columns of the vocabulary-parallel head
+        t.declare("scratch.logits_shard", "f32", (rows, s.head_rows), "scratch")
     t.declare(SAMPLED, "i32", (rows,), "output")
     if spec is not None:
         g, dmax = spec.drafter, max(spec.max_width - 1, 1)
@@ -343,6 +415,8 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
             _folded_mlp(b, s, i, res, attn, gate_up, act, T)
             continue
         b.launch(lin, attn, t.view(f"L{i}.wo", (D, H * HD)), x, T, D, H * HD)
+        if s.ranks > 1:  # row-parallel: every rank holds a partial sum
+            b.launch("all_reduce_sum", x, T, D)
         b.launch("add_rmsnorm", x, res, t.view(f"L{i}.ffn_norm", (D,)), h, T, D, s.rms_eps)
         b.launch(lin, h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
         if decode_attention and not invariant and launch.fuse_swiglu_linear(T, D):
@@ -350,6 +424,8 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
         else:
             b.launch("silu_mul", gate_up, act, T, F)
             b.launch(lin, act, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
+        if s.ranks > 1:
+            b.launch("all_reduce_sum", x, T, D)
         next_norm = f"L{i + 1}.attn_norm" if i + 1 < s.layers else "final_norm"
         b.launch("add_rmsnorm", x, res, t.view(next_norm, (D,)), h, T, D, s.rms_eps)
     if fold:
@@ -407,15 +483,20 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
     if spec is not None:
         _draft_context(b, s, caps, spec, toks, pos, trow, slot, T, R,
                        linear="linear_invariant" if decode else "linear")
-    head = t.view("embed" if s.tied else "lm_head", (s.vocab, s.hidden))
     logits = t.view("scratch.logits", (R, s.vocab))
-    if decode:
-        b.launch("linear_invariant" if spec is not None else "linear", h, head, logits, R,
-                 s.vocab, s.hidden)
-    else:
+    if not decode:
         last = t.view("scratch.last", (R, s.hidden))
         b.launch("gather_last", h, inp("query_length", R), last, T, R, s.hidden)
-        b.launch("linear", last, head, logits, R, s.vocab, s.hidden)
+        h = last
+    head_op = "linear_invariant" if decode and spec is not None else "linear"
+    if s.ranks > 1:  # vocabulary-parallel: this rank's rows, then every rank's columns
+        shard = t.view("scratch.logits_shard", (R, s.head_rows))
+        b.launch(head_op, h, t.view("lm_head", (s.head_rows, s.hidden)), shard, R,
+                 s.head_rows, s.hidden)
+        b.launch("all_gather_columns", shard, logits, R, s.head_rows, s.vocab)
+    else:
+        b.launch(head_op, h, t.view(head_buffer(s), (s.vocab, s.hidden)), logits, R, s.vocab,
+                 s.hidden)
     sampled = t.view(SAMPLED, (R,))
     _sample(b, s, R, logits, slot, pos if decode else _last_positions(b, R), inp,
             "scratch.sample_chunk_max" in t.buffers)
@@ -522,7 +603,7 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
             invariant=True, tuned=tuned)
     h = t.view("scratch.h", (P, s.hidden))
     logits = t.view("scratch.logits", (P, s.vocab))
-    head = t.view("embed" if s.tied else "lm_head", (s.vocab, s.hidden))
+    head = t.view(head_buffer(s), (s.vocab, s.hidden))
     b.launch("linear_invariant", h, head, logits, P, s.vocab, s.hidden)
     words = grammar_mask_words(s.vocab)
     commit = sp("commit_row", P)
@@ -586,6 +667,12 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
     """
     if spec is not None and not device_pending:
         raise ValueError("speculative programs read the device-owned pending token")
+    if spec is not None and s.ranks > 1:
+        raise TensorParallelError("speculative programs are captured for one rank only "
+                                  "(a recipe with a drafter cannot be split between ranks)")
+    if fold_layers and s.ranks > 1:  # linear_add would add each rank's partial sum
+        raise TensorParallelError("folded layers add the O and down products into the "
+                                  "residual, which split ranks must all-reduce first")
     table = declare_buffers(s, caps, weight_dtype, spec)
     rows = max(max(caps.decode_batch), caps.prefill_rows)
     table.declare("in.sample_position", "i32", (rows,), "input")
@@ -641,7 +728,8 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
         contracts.append(contract)
     manifest = mpb.ExecutionManifest(abi="helios-numpy-1", buffers=table.to_proto(),
                                      kernels=list(kernels.values()), graphs=programs,
-                                     tuning=mpb.TuningCatalog(producers=producers))
+                                     tuning=mpb.TuningCatalog(producers=producers),
+                                     rank_count=s.ranks if s.ranks > 1 else 0)
     return manifest, contracts
 
 

@@ -26,9 +26,11 @@ from collections.abc import Callable
 import numpy as np
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import reference_op
+from helios_tools.kernels.collective import COLLECTIVE_OPS
 
 from ..startup import StartupLog, mib
 from .cache_sizing import CacheSizing
+from .collectives import Collectives, SingleRank
 from .completion import completion_buffers
 from .errors import RuntimeLoadError
 
@@ -60,6 +62,10 @@ class CpuBackend:
         cache: how the physical KV page count is chosen (default: the prepared count).
         frames: execution frames offered (1 or 2; see the module docstring).
         log: startup phases (weights, cache sizing, graphs) are recorded here.
+        rank: the tensor-parallel rank this backend executes (its weights are each split
+            buffer's ``rank_weight_resource_ids[rank]``); 0 for a single-rank core.
+        collectives: what the collective ops of the programs run on (the rank peers of
+            runtime.ranks); default: one rank.
 
     Attributes:
         cache: the chosen KV capacity (`cache.num_pages` replaces the prepared count).
@@ -74,11 +80,14 @@ class CpuBackend:
 
     def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
                  cache: CacheSizing | None = None, frames: int = 1,
-                 log: StartupLog | None = None):
+                 log: StartupLog | None = None, *, rank: int = 0,
+                 collectives: Collectives | None = None):
         if frames not in (1, 2):
             raise ValueError(f"the cpu backend offers 1 or 2 execution frames, not {frames}")
         log = log if log is not None else StartupLog()
         self.frames = frames
+        self.rank = rank
+        self._collectives = collectives if collectives is not None else SingleRank()
         # Load-time resources (as the cuda backend counts them); fixed while serving.
         self.counters: Counter[str] = Counter()
         self.buffers: dict[str, np.ndarray] = {}
@@ -140,11 +149,13 @@ class CpuBackend:
             shape[0] = num_pages
         if decl.role != mpb.BUFFER_ROLE_WEIGHT:
             return np.zeros(shape, COMPUTE_DTYPE[decl.dtype])
-        data = read_resource(decl.weight_resource_id)
+        resource = (decl.rank_weight_resource_ids[self.rank] if decl.rank_weight_resource_ids
+                    else decl.weight_resource_id)
+        data = read_resource(resource)
         stored = STORED_DTYPE[decl.dtype]
         expected = math.prod(shape) * stored.itemsize
         if len(data) != expected:
-            raise RuntimeLoadError(f"weight {decl.name}: resource {decl.weight_resource_id} "
+            raise RuntimeLoadError(f"weight {decl.name}: resource {resource} "
                                    f"holds {len(data)} bytes, the buffer needs {expected}")
         array = np.frombuffer(data, dtype=stored).reshape(shape)
         if decl.dtype == mpb.D_TYPE_BF16:
@@ -171,6 +182,8 @@ class CpuBackend:
                 args.append(int(arg.int_value))
             else:
                 args.append(float(arg.float_value))
+        if kernel.reference_op in COLLECTIVE_OPS:  # joins the ranks: their peers run it
+            return getattr(self._collectives, kernel.reference_op), tuple(args)
         return reference_op(kernel.reference_op), tuple(args)
 
     def staging(self, frame: int) -> dict[str, np.ndarray]:

@@ -21,3 +21,18 @@ class UnknownBackend(RuntimeLoadError):
 class UnsupportedContract(RuntimeLoadError):
     """The contract declares a field the backend does not execute (its capability table,
     ``helios_tools.capabilities``); the message names the field path and value."""
+
+
+class RankFailure(RuntimeError):
+    """The tensor-parallel ranks can no longer run steps together: the step in flight is
+    not committed and the model is unhealthy (the worker stops serving it)."""
+
+
+class RankLost(RankFailure):
+    """A rank failed or left (its thread raised, its process exited, a collective was
+    abandoned)."""
+
+
+class RankDisagreement(RankFailure):
+    """The ranks' completion records of one step differ: the step is rejected on every
+    rank (nothing of it is committed), and their device states may have diverged."""

@@ -34,6 +34,7 @@ from .completion import CompletionReader
 from .cpu_backend import CpuBackend
 from .errors import RuntimeLoadError, UnknownBackend, UnsupportedContract
 from .packing import SharedPacking
+from .ranks import load_thread_ranks, rank_count
 
 BACKENDS = tuple(CAPABILITIES)  # ("cpu", "cuda")
 
@@ -147,6 +148,9 @@ class NativeModel:
             from .cuda_backend import CudaBackend  # imports cuda-python only when asked
 
             engine = CudaBackend(manifest, read_resource, cache, log=log)
+        elif rank_count(manifest) > 1:  # RankPeers::Threads: every rank in this process
+            engine = load_thread_ranks(manifest, read_resource, cache, frames=cpu_frames,
+                                       log=log)
         else:
             engine = CpuBackend(manifest, read_resource, cache, frames=cpu_frames, log=log)
         try:

@@ -20,6 +20,7 @@ from .attention_split import (
     attention_decode_split_tuned,
 )
 from .cache import kv_write
+from .collective import COLLECTIVE_OPS
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
 from .fused import (
@@ -282,6 +283,10 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("grammar_mask", "i32"), _b("use_mask", "i32"), _b("sampled", "i32", "inout"),
         *_i("R", "V", "W32"),
     ),
+    # Collectives (kernels/collective.py): bound to the backend's rank peers, not to a
+    # function of their arguments.
+    "all_reduce_sum": (_b("x", "f32", "inout"), *_i("T", "N")),
+    "all_gather_columns": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "NL", "N")),
 }  # fmt: skip
 
 REFERENCE_OPS: dict[str, Callable[..., None]] = {
@@ -346,9 +351,13 @@ def reference_op(op: str) -> Callable[..., None]:
     """The NumPy reference implementation of ``op``.
 
     Raises:
-        KeyError: for an unknown op, listing the known ones.
+        KeyError: for an unknown op, listing the known ones, or a collective op (its
+            reference joins every rank's part: ``kernels.collective``).
     """
     kernel_params(op)
+    if op in COLLECTIVE_OPS:
+        raise KeyError(f"{op} is a collective: bind it to the backend's rank peers "
+                       "(reference: helios_tools.kernels.collective)")
     return REFERENCE_OPS[op]
 
 
@@ -380,5 +389,6 @@ def check_launch(op: str, args: Sequence[Any]) -> None:
             raise TypeError(f"{op}.{spec.name}: expected an f32 scalar, got {arg!r}")
 
 
-# The table and the implementations must name the same ops.
-assert REFERENCE_OPS.keys() == KERNEL_PARAMS.keys()
+# The table and the implementations must name the same ops (collectives: collective.py).
+assert REFERENCE_OPS.keys() | set(COLLECTIVE_OPS) == KERNEL_PARAMS.keys()
+assert not REFERENCE_OPS.keys() & set(COLLECTIVE_OPS)

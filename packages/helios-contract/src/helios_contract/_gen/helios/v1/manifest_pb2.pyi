@@ -61,34 +61,72 @@ PARAM_KIND_F32: ParamKind
 PARAM_KIND_I64: ParamKind
 
 class ExecutionManifest(_message.Message):
-    __slots__ = ("abi", "buffers", "kernels", "graphs", "tuning", "targets")
+    __slots__ = ("abi", "buffers", "kernels", "graphs", "tuning", "targets", "rank_count", "weight_catalogs")
     ABI_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     GRAPHS_FIELD_NUMBER: _ClassVar[int]
     TUNING_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
+    RANK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_CATALOGS_FIELD_NUMBER: _ClassVar[int]
     abi: str
     buffers: _containers.RepeatedCompositeFieldContainer[Buffer]
     kernels: _containers.RepeatedCompositeFieldContainer[Kernel]
     graphs: _containers.RepeatedCompositeFieldContainer[GraphProgram]
     tuning: TuningCatalog
     targets: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, abi: _Optional[str] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[GraphProgram, _Mapping]]] = ..., tuning: _Optional[_Union[TuningCatalog, _Mapping]] = ..., targets: _Optional[_Iterable[str]] = ...) -> None: ...
+    rank_count: int
+    weight_catalogs: _containers.RepeatedCompositeFieldContainer[WeightCatalog]
+    def __init__(self, abi: _Optional[str] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[GraphProgram, _Mapping]]] = ..., tuning: _Optional[_Union[TuningCatalog, _Mapping]] = ..., targets: _Optional[_Iterable[str]] = ..., rank_count: _Optional[int] = ..., weight_catalogs: _Optional[_Iterable[_Union[WeightCatalog, _Mapping]]] = ...) -> None: ...
+
+class WeightCatalog(_message.Message):
+    __slots__ = ("version", "rank", "weights")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    rank: int
+    weights: _containers.RepeatedCompositeFieldContainer[StoredWeight]
+    def __init__(self, version: _Optional[int] = ..., rank: _Optional[int] = ..., weights: _Optional[_Iterable[_Union[StoredWeight, _Mapping]]] = ...) -> None: ...
+
+class StoredWeight(_message.Message):
+    __slots__ = ("buffer", "resource_id", "sources")
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    buffer: str
+    resource_id: str
+    sources: _containers.RepeatedCompositeFieldContainer[TensorSlice]
+    def __init__(self, buffer: _Optional[str] = ..., resource_id: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[TensorSlice, _Mapping]]] = ...) -> None: ...
+
+class TensorSlice(_message.Message):
+    __slots__ = ("tensor", "axis", "start", "stop")
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    AXIS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    tensor: str
+    axis: int
+    start: int
+    stop: int
+    def __init__(self, tensor: _Optional[str] = ..., axis: _Optional[int] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class Buffer(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "role", "weight_resource_id")
+    __slots__ = ("name", "dtype", "shape", "role", "weight_resource_id", "rank_weight_resource_ids")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_WEIGHT_RESOURCE_IDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     role: BufferRole
     weight_resource_id: str
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., role: _Optional[_Union[BufferRole, str]] = ..., weight_resource_id: _Optional[str] = ...) -> None: ...
+    rank_weight_resource_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., role: _Optional[_Union[BufferRole, str]] = ..., weight_resource_id: _Optional[str] = ..., rank_weight_resource_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class KernelParam(_message.Message):
     __slots__ = ("name", "kind")
