@@ -76,3 +76,27 @@ def tiny_served(tmp_path_factory, signing_key_pair) -> TinyServed:
     checkpoint = write_tiny_checkpoint(folder)
     out = export_tiny(checkpoint, private, folder / "tiny.core")
     return TinyServed(checkpoint, ExportedCore(out, public, private, NAMESPACE))
+
+
+@pytest.fixture(scope="session")
+def tiny_tp2(tmp_path_factory, tiny_served) -> ExportedCore:
+    """The tiny checkpoint exported with `--tensor-parallel 2` (docs/tensor-parallel.md)."""
+    from tests.tiny_model import export_tiny
+
+    core = tiny_served.core
+    out = tmp_path_factory.mktemp("tiny-tp2") / "tiny-tp2.core"
+    export_tiny(tiny_served.checkpoint, core.private_key, out, tensor_parallel=2)
+    return ExportedCore(out, core.public_key, core.private_key, core.namespace)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tp3_f32(tmp_path_factory, signing_key_pair) -> ExportedCore:
+    """The real model exported with float32 weights and `--tensor-parallel 3` (its 9 query
+    and 3 key/value heads, FFN 1536 and vocabulary 49152 divide by 3)."""
+    from helios_ignition.export import export_core
+
+    private, public = signing_key_pair
+    out = tmp_path_factory.mktemp("core-tp3") / "smollm2-f32-tp3.core"
+    export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
+                weight_dtype="f32", tensor_parallel=3)
+    return ExportedCore(out, public, private, NAMESPACE)
