@@ -328,5 +328,8 @@ def load_thread_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[[
     if len(pages) != 1:
         raise RuntimeLoadError(f"the ranks chose different page counts: {sorted(pages)}")
     completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
-    peers = ThreadPeers([RankStep(b, completion) for b in backends], group)
+    with (log or StartupLog()).phase("ranks") as phase:
+        peers = ThreadPeers([RankStep(b, completion) for b in backends], group)
+        phase.detail = (f"{ranks} tensor-parallel ranks (threads), each with its own "
+                        "weights, buffers and cache")
     return RankedBackend(manifest, backends[0], peers)
