@@ -122,10 +122,12 @@ def read_resource_key(path: str | os.PathLike[str] | None) -> bytes | None:
 
 
 def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: ServeOptions,
-          resource_key: bytes | None = None):
+          resource_key: bytes | None = None, ranks=None):
     """Check the core path, bind the port, then Bootstrap.load -> NativeModel.load -> Server
     (bound, not yet serving). What can be checked without loading is checked first, so a
     missing core or a busy port is reported at once.
+
+    `ranks` (runtime.rank_processes.ProcessRanks): this is rank 0 of process ranks.
 
     Raises:
         StartupError: one line naming what is wrong.
@@ -169,7 +171,7 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
             model = NativeModel.load(
                 bootstrap.prepared, bootstrap.core.read_resource, options.backend, cache=cache,
                 max_concurrency=settings.max_active,
-                speculative_width=options.speculative_width, log=log,
+                speculative_width=options.speculative_width, log=log, ranks=ranks,
             )
         except RuntimeLoadError as exc:
             raise StartupError(" ".join(str(exc).split()), exc.rule) from None
@@ -271,10 +273,20 @@ class _OneLineUsage(click.Command):
               help="Require `Authorization: Bearer KEY` on /v1/* and the tokenize routes "
                    "[env HELIOS_API_KEY; none: open].")
 @click.option("--demo", is_flag=True, help="Prepare (once) and serve the embedded SmolLM2 model.")
+@click.option("--world", type=int,
+              help="Tensor-parallel ranks as processes (RankPeers::Processes; the core's "
+                   "rank count). Without it a tensor-parallel core runs its ranks as threads.")
+@click.option("--rank", type=int, default=0, show_default=True,
+              help="With --world: this process's rank (0 serves HTTP; others only execute).")
+@click.option("--peers", help="With --world: every rank's control address HOST:PORT, comma-"
+                              "separated in rank order (rank R > 0 listens on entry R).")
+@click.option("--rank-key", "rank_key", type=click.Path(dir_okay=False),
+              help="With --world: the key authenticating the ranks to each other (a file "
+                   "of 32 random bytes, the same on every rank).")
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
          event_capacity, served_name, speculative_width, history_drafting, speculative_policy,
          num_pages, kv_cache_memory, kv_cache_fraction, resource_key, api_key,
-         demo) -> None:  # fmt: skip
+         demo, world, rank, peers, rank_key) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
 
     Startup phases and their durations go to stderr as they end; the serving URL to stdout.
@@ -305,7 +317,13 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             if accept is None:
                 raise StartupError("missing --accept NAMESPACE (the publisher namespace)")
             core_path = core
-        server = start(core_path, list(trust), accept, options, read_resource_key(resource_key))
+        ranks = _process_ranks(world, rank, peers, rank_key, backend)
+        if ranks is not None and ranks.rank > 0:
+            serve_rank_process(core_path, list(trust), accept, options, ranks,
+                               read_resource_key(resource_key))
+            return
+        server = start(core_path, list(trust), accept, options, read_resource_key(resource_key),
+                       ranks)
     except StartupError as exc:
         click.echo(f"helios-serve: error: {exc}", err=True)
         sys.exit(2)
@@ -315,3 +333,67 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
     click.echo(f"Try: {_curl_example(server.url, name)}")
     sys.stdout.flush()
     server.run()
+
+
+def _process_ranks(world, rank, peers, rank_key, backend):
+    """The process-rank options checked together (None without --world); re-executes
+    this process under the MPI wheel's `mpiexec -n 1` when no MPI launcher started it.
+
+    Raises:
+        StartupError: one line naming the option at fault.
+    """
+    if world is None:
+        if rank or peers or rank_key:
+            raise StartupError("--rank, --peers and --rank-key need --world N")
+        return None
+    from helios_serve.runtime.errors import RuntimeLoadError
+    from helios_serve.runtime.rank_processes import ProcessRanks, reexec_under_mpiexec
+
+    try:
+        if backend != "cpu":
+            raise StartupError(f"--world: process ranks run on the cpu backend; the {backend} "
+                               "backend executes one rank")
+        setup = ProcessRanks.parse(rank, world, peers or "", rank_key)
+        reexec_under_mpiexec(sys.argv[1:])
+    except RuntimeLoadError as exc:
+        raise StartupError(str(exc)) from None
+    return setup
+
+
+def serve_rank_process(core, trust: list[str], accept: str, options: ServeOptions, ranks,
+                       resource_key: bytes | None = None) -> None:
+    """Rank R > 0 of process ranks: verify the core as rank 0 does, load this rank's part,
+    join rank 0 and execute its steps until it closes them (exit 0) or disappears (exit 3).
+
+    Raises:
+        StartupError: one line naming what is wrong.
+    """
+    from helios_serve.runtime.cache_sizing import CacheSizing
+    from helios_serve.runtime.errors import RuntimeLoadError
+    from helios_serve.runtime.rank_processes import serve_rank
+
+    log = StartupLog(emit=lambda line: click.echo(f"helios-serve: {line}", err=True))
+    path = Path(core)
+    if not path.is_file():
+        raise StartupError(f"bad core: {path}: no such file")
+    bootstrap = Bootstrap.load(path, trust, accept, resource_key=resource_key, log=log)
+    host, port = ranks.peers[ranks.rank]
+
+    def ready() -> None:
+        click.echo(f"Helios rank {ranks.rank} of {ranks.world} joined rank 0 "
+                   f"(control {host}:{port})")
+        sys.stdout.flush()
+
+    try:
+        cache = CacheSizing(num_pages=options.num_pages, memory_bytes=options.kv_cache_memory,
+                            fraction=options.kv_cache_fraction)
+        serve_rank(bootstrap.core.manifest, bootstrap.core.read_resource, ranks, cache,
+                   log=log, ready=ready)
+    except RuntimeLoadError as exc:
+        raise StartupError(" ".join(str(exc).split())) from None
+    finally:
+        bootstrap.close()
+
+
+if __name__ == "__main__":  # `python -m helios_serve.cli` (process ranks under mpiexec)
+    main()

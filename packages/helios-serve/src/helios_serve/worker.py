@@ -69,6 +69,7 @@ from helios_serve.events import (
     deliver,
 )
 from helios_serve.metrics import REJECT_SCHEDULER, Metrics
+from helios_serve.runtime.errors import RankFailure
 from helios_serve.scheduler import (
     CompletionError,
     FinishedRequest,
@@ -434,6 +435,8 @@ class ModelWorker:
             if item.error is not None:
                 raise item.error
             completion = self.model.wait_step(item.ticket)
+        except RankFailure:  # the tensor-parallel ranks cannot run on: the model is gone
+            raise  # _run fails every request and marks the worker crashed (unhealthy)
         except Exception as exc:  # submission, execution or device failure: this step only
             log.warning("execution failed: %s", exc)
             self.metrics.execution_failures.inc()

@@ -96,8 +96,8 @@ class NativeModel:
     def load(cls, prepared: PreparedContract, read_resource: ResourceReader,
              backend: str = "cpu", *, cache: CacheSizing | None = None,
              max_concurrency: int | None = None, cpu_frames: int = 1,
-             speculative_width: int | None = None, log: StartupLog | None = None
-             ) -> NativeModel:
+             speculative_width: int | None = None, log: StartupLog | None = None,
+             ranks=None) -> NativeModel:
         """Load a validated contract's execution manifest onto `backend`: weights and
         every other buffer, the kernels, the KV cache sized from what is left, the graphs,
         then the tuning producers the selected graphs need (run once, before any graph is
@@ -121,6 +121,9 @@ class NativeModel:
                 may reduce the captured width, never raise it.
             log: startup phases are recorded here (weights, kernels, cache sizing, graphs,
                 tuning).
+            ranks: this process is rank 0 of RankPeers::Processes
+                (runtime.rank_processes.ProcessRanks); None: a tensor-parallel core runs
+                every rank here as a thread (RankPeers::Threads, runtime.ranks).
 
         Raises:
             UnknownBackend: `backend` is not one of BACKENDS.
@@ -148,6 +151,11 @@ class NativeModel:
             from .cuda_backend import CudaBackend  # imports cuda-python only when asked
 
             engine = CudaBackend(manifest, read_resource, cache, log=log)
+        elif ranks is not None:  # RankPeers::Processes: this process is rank 0
+            from .rank_processes import load_process_ranks  # imports MPI only when asked
+
+            engine = load_process_ranks(manifest, read_resource, ranks, cache,
+                                        frames=cpu_frames, log=log)
         elif rank_count(manifest) > 1:  # RankPeers::Threads: every rank in this process
             engine = load_thread_ranks(manifest, read_resource, cache, frames=cpu_frames,
                                        log=log)

@@ -1,0 +1,577 @@
+"""RankPeers::Processes: tensor-parallel ranks as `helios-serve --rank R` processes.
+
+Specification: "Ownership and bootstrap" (ranks on other hosts connect as
+RankPeers::Processes). Every rank runs ``helios-serve CORE --world N --rank R --peers
+ADDR_0,...,ADDR_{N-1} --rank-key FILE``; rank 0 serves HTTP, the others only execute.
+
+Two channels, neither home-made:
+
+- **Control** (bootstrap and liveness): Python's ``multiprocessing.connection`` over TCP,
+  authenticated both ways by its HMAC challenge with the shared ``--rank-key`` (32 random
+  bytes; `helios-tools keygen --aes`). Rank r > 0 listens on ADDR_r; rank 0 dials each in
+  rank order, checks that the peer runs the same core (the signed manifest's SHA-256) at
+  the same world size, and hands it the MPI port. Only bytes travel (JSON), never pickles.
+  The connection then stays open: its end is how each side learns the other is gone.
+- **Data** (step inputs, collectives, completion records): MPI through mpi4py, with the
+  MPICH wheel. Rank 0 opens an MPI port; the ranks join one at a time
+  (``Comm.Accept`` / ``Comm.Connect`` + ``Intercomm.Merge``) into one communicator in
+  rank order. Each rank runs under its own ``mpiexec -n 1`` (MPICH 5's connect/accept
+  between singleton-initialized processes fails: pmodels/mpich#7805), so `helios-serve`
+  re-executes itself under the wheel's mpiexec when no MPI launcher started it.
+
+Per step, rank 0's MPI thread broadcasts the step (runtime.ranks.Step: a JSON header and
+the arrays' bytes), every rank runs it (collectives: Allgather of the parts, then the
+NumPy reference, so every rank holds the same bytes, as with threads), and rank 0 gathers
+the completion records for the agreement check. MPI has no failure notification here: a
+rank that dies leaves the others inside a collective. Rank 0 therefore never waits on
+MPI from the worker thread: `finish` waits for its MPI thread while watching the control
+connections, and a closed one fails the step with RankLost (the stuck MPI thread is
+abandoned; the model is unhealthy). A rank that loses rank 0 exits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+
+import numpy as np
+from helios_contract.schema import manifest_pb2 as mpb
+from helios_tools.kernels import collective as reference
+
+from ..startup import StartupLog
+from .cache_sizing import CacheSizing
+from .completion import completion_buffers
+from .cpu_backend import CpuBackend
+from .errors import RankLost, RuntimeLoadError
+from .ranks import RankedBackend, RankStep, Step, rank_count
+
+# Environment MPICH's hydra launcher gives the processes it starts.
+LAUNCHED = ("PMI_FD", "PMI_PORT", "PMI_RANK")
+REEXEC_MARK = "HELIOS_RANK_UNDER_MPIEXEC"
+
+
+class RankSetupError(RuntimeLoadError):
+    """The rank options, peers or bootstrap exchange are wrong (one line)."""
+
+
+@dataclass(frozen=True)
+class ProcessRanks:
+    """How this process takes part in RankPeers::Processes.
+
+    Attributes:
+        rank: this process's rank (0 serves HTTP).
+        world: ranks in all (the core's rank_count).
+        peers: control address (host, port) of every rank, rank order; rank r > 0
+            listens on peers[r], rank 0 dials them.
+        key: the shared control-channel key (bytes).
+        timeout_s: how long bootstrap waits for the peers.
+    """
+
+    rank: int
+    world: int
+    peers: tuple[tuple[str, int], ...]
+    key: bytes
+    timeout_s: float = 120.0
+
+    @classmethod
+    def parse(cls, rank: int, world: int, peers: str, key_file: str | os.PathLike | None,
+              timeout_s: float = 120.0) -> ProcessRanks:
+        """Check `--rank/--world/--peers/--rank-key` together.
+
+        Raises:
+            RankSetupError: a rank outside [0, world), a peer list of another length or
+                an address that is not HOST:PORT, or a missing or short key file.
+        """
+        if world < 2:
+            raise RankSetupError(f"--world must be at least 2 for process ranks, not {world}")
+        if not 0 <= rank < world:
+            raise RankSetupError(f"--rank {rank} is outside [0, {world}) for --world {world}")
+        entries = [p.strip() for p in peers.split(",") if p.strip()]
+        if len(entries) != world:
+            raise RankSetupError(f"--peers lists {len(entries)} addresses; --world {world} "
+                                 f"needs one per rank (HOST:PORT, rank order)")
+        parsed = []
+        for entry in entries:
+            host, _, port = entry.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise RankSetupError(f"--peers entry {entry!r} is not HOST:PORT")
+            parsed.append((host.strip("[]"), int(port)))
+        if key_file is None:
+            raise RankSetupError("--rank-key FILE is required with --world (32 random bytes "
+                                 "shared by every rank: `helios-tools keygen --aes --out FILE`)")
+        try:
+            key = Path(key_file).read_bytes()
+        except OSError as exc:
+            raise RankSetupError(f"--rank-key {key_file}: {exc.strerror or exc}") from None
+        if len(key) < 32:
+            raise RankSetupError(f"--rank-key {key_file}: {len(key)} bytes; the key needs at "
+                                 "least 32 random bytes")
+        return cls(rank, world, tuple(parsed), key, timeout_s)
+
+
+def under_mpi_launcher() -> bool:
+    """Whether an MPI launcher (hydra) started this process."""
+    return any(name in os.environ for name in LAUNCHED)
+
+
+def reexec_under_mpiexec(argv: Sequence[str]) -> None:
+    """Replace this process with ``mpiexec -n 1 python -m helios_serve.cli ARGV`` (the
+    MPICH wheel's launcher, beside this interpreter), unless one already started it.
+
+    Raises:
+        RankSetupError: no mpiexec is installed (the `helios-serve[ranks]` extra).
+    """
+    if under_mpi_launcher() or os.environ.get(REEXEC_MARK):
+        return
+    launcher = Path(sys.executable).with_name("mpiexec")
+    mpiexec = str(launcher) if launcher.exists() else shutil.which("mpiexec")
+    if mpiexec is None:
+        raise RankSetupError("process ranks need MPI: install helios-serve[ranks] (mpi4py and "
+                             "the mpich wheel, which provides mpiexec)")
+    os.environ[REEXEC_MARK] = "1"
+    os.execv(mpiexec, [mpiexec, "-n", "1", sys.executable, "-m", "helios_serve.cli", *argv])
+
+
+def core_digest(manifest: mpb.ExecutionManifest) -> str:
+    """What the ranks compare to know they run the same programs."""
+    return hashlib.sha256(manifest.SerializeToString(deterministic=True)).hexdigest()
+
+
+def _send(conn: Connection, message: dict) -> None:
+    conn.send_bytes(json.dumps(message).encode())
+
+
+def _recv(conn: Connection) -> dict:
+    return json.loads(conn.recv_bytes(1 << 20).decode())
+
+
+# -- MPI: the data plane -------------------------------------------------------------
+
+
+# MPICH's libfabric TCP transport: a dead peer leaves the survivors waiting (which the
+# control channel resolves) instead of aborting them, as the wheel's default UCX shared-
+# memory transport did when its peer vanished (process_vm_readv: No such process).
+MPI_ENVIRONMENT = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
+
+
+def _mpi():
+    for name, value in MPI_ENVIRONMENT.items():  # before MPI initializes; the operator's win
+        os.environ.setdefault(name, value)
+    from mpi4py import MPI  # initializes MPI (thread level "multiple")
+
+    return MPI
+
+
+class MpiCollectives:
+    """One rank's collectives over an MPI communicator: every rank gathers every part and
+    computes the NumPy reference (rank-order sum), so all ranks hold the same bytes."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self.ranks = comm.Get_size()
+
+    def _parts(self, x: np.ndarray) -> list[np.ndarray]:
+        mine = np.ascontiguousarray(x, dtype=np.float32)
+        every = np.empty((self.ranks, *mine.shape), np.float32)
+        self._comm.Allgather(mine, every)
+        return list(every)
+
+    def all_reduce_sum(self, x: np.ndarray, T: int, N: int) -> None:
+        x[:T, :N] = reference.all_reduce_sum(self._parts(x[:T, :N]), T, N)
+
+    def all_gather_columns(self, x: np.ndarray, out: np.ndarray, T: int, NL: int,
+                           N: int) -> None:
+        out[:T, :N] = reference.all_gather_columns(self._parts(x[:T, :NL]), T, NL, N)
+
+
+def _pack(header: dict, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """header JSON (with each array's dtype and shape) + the arrays' bytes, as uint8."""
+    header = {**header, "arrays": [[a.dtype.str, list(a.shape)] for a in arrays]}
+    head = json.dumps(header).encode()
+    body = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
+    return np.frombuffer(len(head).to_bytes(8, "little") + head + body, np.uint8)
+
+
+def _unpack(buffer: np.ndarray) -> tuple[dict, list[np.ndarray]]:
+    raw = buffer.tobytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + size].decode())
+    arrays, offset = [], 8 + size
+    for dtype, shape in header["arrays"]:
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape)) if shape else 1
+        arrays.append(np.frombuffer(raw, dt, count, offset).reshape(shape).copy())
+        offset += count * dt.itemsize
+    return header, arrays
+
+
+def _broadcast(comm, message: np.ndarray | None) -> np.ndarray:
+    """Rank 0's uint8 message on every rank (length first, then the bytes)."""
+    size = np.array([0 if message is None else len(message)], np.int64)
+    comm.Bcast(size, root=0)
+    data = message if message is not None else np.empty(int(size[0]), np.uint8)
+    comm.Bcast(data, root=0)
+    return data
+
+
+def _encode_step(step: Step) -> np.ndarray:
+    names = list(step.inputs)
+    writes = [[name, row, start] for name, row, start, _ in step.writes]
+    return _pack({"op": "step", "graph": step.graph, "frame": step.frame, "inputs": names,
+                  "writes": writes},
+                 [*step.inputs.values(), *(values for *_, values in step.writes)])
+
+
+def _decode_step(header: dict, arrays: list[np.ndarray]) -> Step:
+    names = header["inputs"]
+    inputs = dict(zip(names, arrays[:len(names)], strict=True))
+    writes = tuple((name, row, start, values) for (name, row, start), values
+                   in zip(header["writes"], arrays[len(names):], strict=True))
+    return Step(header["graph"], header["frame"], inputs, writes)
+
+
+def _gather_record(comm, rank_step: RankStep, record: dict[str, np.ndarray] | None,
+                   graph: str) -> list[dict[str, np.ndarray]] | None:
+    """Every rank's completion record at rank 0 (None elsewhere)."""
+    names = rank_step.completion[graph]
+    mine = np.concatenate([record[n].reshape(-1).view(np.uint8) for n in names]) \
+        if record is not None else np.empty(0, np.uint8)
+    every = np.empty((comm.Get_size(), len(mine)), np.uint8) if comm.Get_rank() == 0 else None
+    comm.Gather(mine, every, root=0)
+    if every is None:
+        return None
+    out = []
+    for row in every:
+        parts, offset = {}, 0
+        for n in names:
+            like = record[n]
+            nbytes = like.nbytes
+            parts[n] = row[offset:offset + nbytes].view(like.dtype).reshape(like.shape)
+            offset += nbytes
+        out.append(parts)
+    return out
+
+
+def execute(comm, rank_step: RankStep, message: np.ndarray | None):
+    """Run one broadcast message on this rank (rank 0 passes it, the others receive it).
+
+    Returns:
+        ("step", [records]) at rank 0 for a step, ("close", None) to stop, else (op, None).
+    """
+    header, arrays = _unpack(_broadcast(comm, message))
+    op = header["op"]
+    if op == "step":
+        step = _decode_step(header, arrays)
+        record = rank_step.run(step)
+        return op, _gather_record(comm, rank_step, record, step.graph)
+    if op == "producers":
+        rank_step.backend.run_producers(header["names"])
+        for name, values in zip(header["tuned"], _tuned(comm, rank_step, header["tuned"]),
+                                strict=True):
+            rank_step.backend.buffers[name][...] = values
+        return op, None
+    if op == "write_state":
+        rank_step.write_state(header["name"], header["byte_offset"], arrays[0])
+        comm.Barrier()
+        return op, None
+    return "close", None
+
+
+def _tuned(comm, rank_step: RankStep, names: list[str]) -> list[np.ndarray]:
+    """Rank 0's tuned buffers on every rank (every rank runs rank 0's choice)."""
+    out = []
+    for name in names:
+        values = rank_step.backend.buffers[name].copy()
+        comm.Bcast(values, root=0)
+        out.append(values)
+    return out
+
+
+# -- bootstrap ------------------------------------------------------------------------
+
+
+def _join(MPI, comm, port: str, remaining: int):
+    """Accept the next `remaining` ranks into `comm`, one at a time, in rank order."""
+    for _ in range(remaining):
+        inter = comm.Accept(port, root=0)
+        comm = inter.Merge(high=False)
+        inter.Free()
+    return comm
+
+
+def bootstrap_rank0(setup: ProcessRanks, digest: str) -> tuple[object, list[Connection]]:
+    """Rank 0: dial every rank's control address, check it, join them into one MPI
+    communicator. Returns (communicator, control connections of ranks 1..N-1).
+
+    Raises:
+        RankSetupError: a rank is unreachable within the timeout, fails authentication,
+            or runs another core or world size.
+    """
+    MPI = _mpi()
+    deadline = time.monotonic() + setup.timeout_s
+    controls: list[Connection] = []
+    for r in range(1, setup.world):
+        controls.append(_dial(setup.peers[r], setup.key, r, deadline))
+    port = MPI.Open_port()
+    comm = MPI.COMM_SELF.Dup()
+    for r, conn in enumerate(controls, start=1):
+        _send(conn, {"world": setup.world, "rank": r, "core": digest, "port": port})
+        reply = _recv(conn)
+        if reply.get("error"):
+            raise RankSetupError(f"rank {r} at {_address(setup.peers[r])} refused: "
+                                 f"{reply['error']}")
+        # Ranks already joined accept the newcomer with rank 0 (a collective call).
+        _send_joined(controls[:r - 1], r)
+        inter = comm.Accept(port, root=0)
+        comm = inter.Merge(high=False)
+        inter.Free()
+    MPI.Close_port(port)
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    return comm, controls
+
+
+def _send_joined(joined: list[Connection], newcomer: int) -> None:
+    for conn in joined:
+        _send(conn, {"accept": newcomer})
+
+
+def _address(peer: tuple[str, int]) -> str:
+    return f"{peer[0]}:{peer[1]}"
+
+
+def _dial(peer: tuple[str, int], key: bytes, rank: int, deadline: float) -> Connection:
+    from multiprocessing import AuthenticationError
+
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            return Client(peer, authkey=key)
+        except AuthenticationError:
+            raise RankSetupError(f"rank {rank} at {_address(peer)} failed authentication "
+                                 "(another --rank-key)") from None
+        except OSError as exc:  # not listening yet
+            last = exc
+            time.sleep(0.2)
+    raise RankSetupError(f"rank {rank} at {_address(peer)} did not answer within the "
+                         f"bootstrap timeout ({last})")
+
+
+def bootstrap_rank(setup: ProcessRanks, digest: str) -> tuple[object, Connection]:
+    """Rank r > 0: listen on its control address for rank 0, check the hello, join the
+    MPI communicator (and accept the ranks after it). Returns (communicator, control).
+
+    Raises:
+        RankSetupError: authentication fails, rank 0 runs another core or world size, or
+            nobody calls within the timeout.
+    """
+    from multiprocessing import AuthenticationError
+
+    MPI = _mpi()
+    host, port = setup.peers[setup.rank]
+    with Listener((host, port), authkey=setup.key) as listener:
+        listener._listener._socket.settimeout(setup.timeout_s)
+        try:
+            conn = listener.accept()
+        except AuthenticationError:
+            raise RankSetupError("the rank 0 that called failed authentication (another "
+                                 "--rank-key)") from None
+        except TimeoutError:
+            raise RankSetupError(f"rank 0 did not call {host}:{port} within "
+                                 f"{setup.timeout_s:.0f} s") from None
+    hello = _recv(conn)
+    problem = None
+    if hello["world"] != setup.world or hello["rank"] != setup.rank:
+        problem = (f"rank 0 expects rank {hello['rank']} of {hello['world']}; this is rank "
+                   f"{setup.rank} of {setup.world}")
+    elif hello["core"] != digest:
+        problem = "rank 0 serves another core (execution manifests differ)"
+    _send(conn, {"error": problem} if problem else {"ok": True})
+    if problem:
+        raise RankSetupError(problem)
+    inter = MPI.COMM_SELF.Connect(hello["port"], root=0)
+    comm = inter.Merge(high=True)
+    inter.Free()
+    for _ in range(setup.rank + 1, setup.world):  # take part in the later joins
+        _recv(conn)
+        comm = _join(MPI, comm, hello["port"], 1)
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    return comm, conn
+
+
+# -- rank 0: ProcessPeers ---------------------------------------------------------------
+
+
+class ProcessPeers:
+    """RankPeers::Processes at rank 0: its own rank runs here, the others in their
+    processes; every MPI call happens on one thread ("helios-rank-mpi")."""
+
+    def __init__(self, comm, rank0: RankStep, controls: list[Connection]):
+        self.ranks = comm.Get_size()
+        self._comm = comm
+        self._rank0 = rank0
+        self._controls = controls
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self.lost: str | None = None
+        self._lost = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="helios-rank-mpi",
+                                        daemon=True)
+        self._thread.start()
+        for r, conn in enumerate(controls, start=1):
+            threading.Thread(target=self._watch, args=(r, conn), daemon=True,
+                             name=f"helios-rank-watch-{r}").start()
+
+    def _watch(self, rank: int, conn: Connection) -> None:
+        """A rank's control connection ends only when its process does."""
+        try:
+            while True:
+                conn.recv_bytes()
+        except (EOFError, OSError):
+            if self.lost is None:
+                self.lost = f"rank {rank} exited (its control connection closed)"
+            self._lost.set()
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                result = job()
+            except BaseException as exc:  # MPI or rank 0's own step failed
+                result = RankLost(f"rank 0's step failed: {exc}")
+            self._results.put(result)
+            if job is None:
+                return
+
+    def _call(self, job: Callable[[], object]) -> object:
+        if self.lost is not None:
+            raise RankLost(self.lost)
+        self._jobs.put(job)
+        return self._result()
+
+    def _result(self) -> object:
+        while True:
+            try:
+                result = self._results.get(timeout=0.05)
+            except queue.Empty:
+                if self._lost.is_set():
+                    raise RankLost(self.lost) from None
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            return result
+
+    def start(self, step: Step) -> None:
+        if self.lost is not None:
+            raise RankLost(self.lost)
+        message = _encode_step(step)
+        self._jobs.put(lambda: execute(self._comm, self._rank0, message)[1])
+
+    def finish(self, frame: int) -> list[dict[str, np.ndarray]]:
+        return self._result()
+
+    def run_producers(self, names: list[str]) -> None:
+        tuned = [d.name for d in self._rank0.backend._decls.values()
+                 if d.role == mpb.BUFFER_ROLE_TUNED]
+        message = _pack({"op": "producers", "names": names, "tuned": tuned}, [])
+        self._call(lambda: execute(self._comm, self._rank0, message))
+
+    def write_state(self, name: str, byte_offset: int, values: np.ndarray) -> None:
+        message = _pack({"op": "write_state", "name": name, "byte_offset": byte_offset},
+                        [np.asarray(values)])
+        self._call(lambda: execute(self._comm, self._rank0, message))
+
+    def close(self) -> None:
+        """Stop every rank (they exit) unless one is lost (then MPI may be stuck)."""
+        if self.lost is None:
+            message = _pack({"op": "close"}, [])
+            try:
+                self._call(lambda: execute(self._comm, self._rank0, message))
+            except RankLost:
+                pass
+        for conn in self._controls:
+            conn.close()
+
+
+def load_process_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
+                       setup: ProcessRanks, cache: CacheSizing | None = None,
+                       frames: int = 1, log: StartupLog | None = None) -> RankedBackend:
+    """Rank 0 of RankPeers::Processes: load rank 0's part, bootstrap the other ranks.
+
+    Raises:
+        RankSetupError: the core's rank count is not --world, or bootstrap fails.
+        RuntimeLoadError: rank 0's part cannot be loaded.
+    """
+    _check_world(manifest, setup)
+    log = log if log is not None else StartupLog()
+    with log.phase("ranks") as phase:
+        comm, controls = bootstrap_rank0(setup, core_digest(manifest))
+        phase.detail = (f"{setup.world} tensor-parallel ranks (processes; ranks 1.."
+                        f"{setup.world - 1} at "
+                        f"{', '.join(_address(p) for p in setup.peers[1:])})")
+    backend = CpuBackend(manifest, read_resource, cache, frames, log, rank=0,
+                         collectives=MpiCollectives(comm))
+    _agree_on_pages(comm, backend)
+    completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
+    peers = ProcessPeers(comm, RankStep(backend, completion), controls)
+    return RankedBackend(manifest, backend, peers)
+
+
+def _agree_on_pages(comm, backend: CpuBackend) -> None:
+    """Every rank must back the same physical page count (the same cache options)."""
+    pages = np.empty(comm.Get_size(), np.int64)
+    comm.Allgather(np.array([backend.num_pages], np.int64), pages)
+    if len(set(pages.tolist())) != 1:
+        raise RankSetupError(f"the ranks chose different KV page counts {pages.tolist()}: "
+                             "give every rank the same cache options")
+
+
+def _check_world(manifest: mpb.ExecutionManifest, setup: ProcessRanks) -> None:
+    ranks = rank_count(manifest)
+    if ranks != setup.world:
+        raise RankSetupError(f"--world {setup.world}, but the core is split between {ranks} "
+                             f"rank{'s' if ranks != 1 else ''}")
+
+
+def serve_rank(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
+               setup: ProcessRanks, cache: CacheSizing | None = None, frames: int = 1,
+               log: StartupLog | None = None, ready: Callable[[], None] | None = None
+               ) -> None:
+    """Rank r > 0: load this rank's part, join rank 0, execute steps until rank 0 closes
+    (returns) or disappears (the process exits with status 3: nothing left to serve).
+
+    Raises:
+        RankSetupError / RuntimeLoadError: as load_process_ranks.
+    """
+    _check_world(manifest, setup)
+    log = log if log is not None else StartupLog()
+    with log.phase("ranks") as phase:
+        comm, control = bootstrap_rank(setup, core_digest(manifest))
+        phase.detail = f"rank {setup.rank} of {setup.world} joined rank 0"
+    backend = CpuBackend(manifest, read_resource, cache, frames, log, rank=setup.rank,
+                         collectives=MpiCollectives(comm))
+    _agree_on_pages(comm, backend)
+    completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
+    rank_step = RankStep(backend, completion)
+
+    def watch() -> None:  # rank 0 gone: MPI would wait forever for its next message
+        try:
+            while True:
+                control.recv_bytes()
+        except (EOFError, OSError):
+            os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="helios-rank-watch-0").start()
+    if ready is not None:
+        ready()
+    while execute(comm, rank_step, None)[0] != "close":
+        pass
