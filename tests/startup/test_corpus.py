@@ -133,6 +133,23 @@ def no_prefill(serving, manifest):
     serving.model.graphs.extend(keep)
 
 
+def add_collective(serving, manifest):
+    """An all-reduce kernel launched by a single-rank core's decode graph."""
+    manifest.kernels.add(id="all_reduce_sum", reference_op="all_reduce_sum")
+    launch = program(manifest, "decode_b1").launches.add(kernel="all_reduce_sum")
+    launch.args.add(buffer=m.BufferView(buffer="scratch.x", shape=[1, 32]))
+    launch.args.add(int_value=1)
+    launch.args.add(int_value=32)
+
+
+def split_final_norm(serving, manifest):
+    """A two-rank manifest whose final norm names three per-rank resources."""
+    manifest.rank_count = 2
+    norm = buffer(manifest, "final_norm")
+    norm.weight_resource_id = ""
+    norm.rank_weight_resource_ids.extend(["weights/final_norm"] * 3)
+
+
 CASES: dict[str, Case] = {
     # contract and manifest rules (PreparedContract.from_contract)
     "graph variant missing": Case("graph.missing", drop_program("decode_b2")),
@@ -188,6 +205,8 @@ CASES: dict[str, Case] = {
         "weight.nbytes", resources={"weights/final_norm": lambda data: data[:-4]}),
     "corrupt weight chunk": Case("resource.integrity", flip="weights/L1.w_down"),
     "wrong namespace": Case("core.authorize", accept="someone.else/models"),
+    "collective in a single-rank core": Case("kernel.collective", add_collective),
+    "per-rank weights of another rank count": Case("buffer.rank_weights", split_final_norm),
 }
 
 

@@ -170,3 +170,34 @@ def test_a_recipe_with_a_drafter_is_refused(tmp_path, signing_key_pair):
         "Error: --tensor-parallel 3: speculative programs are captured for one rank only: "
         "recipe smollm2-135m-instruct declares a drafter"]
     assert not out.exists()
+
+
+def _lint(core, *backends: str) -> tuple[int, list[dict]]:
+    import json
+
+    from click.testing import CliRunner
+    from helios_tools.cli import main as tools_main
+
+    args = ["lint-core", str(core.path), "--trust", str(core.public_key), "--accept",
+            core.namespace, "--format", "json", *(a for b in backends for a in ("--backend", b))]
+    result = CliRunner().invoke(tools_main, args)
+    return result.exit_code, json.loads(result.output)["findings"]
+
+
+def test_lint_passes_the_split_core_on_cpu_and_names_the_rank_count_on_cuda(tiny_tp2):
+    assert _lint(tiny_tp2, "cpu") == (0, [])
+    code, findings = _lint(tiny_tp2, "cuda")
+    assert code == 1
+    assert [(f["rule"], f["path"], f["value"]) for f in findings] == [
+        ("runtime.rank_count", "manifest.rank_count", "2")]
+    assert "not executed by the cuda backend: programs split between 2 tensor-parallel " \
+           "ranks (it runs at most 1)" in findings[0]["detail"]
+
+
+def test_the_cuda_backend_refuses_the_split_core_at_load(core):
+    from helios_serve.runtime.errors import UnsupportedContract
+    from helios_serve.testing.native import load_native
+
+    with pytest.raises(UnsupportedContract, match="manifest.rank_count = 2") as info:
+        load_native(core, "cuda")  # refused before any CUDA call: no GPU needed
+    assert info.value.rule == "runtime.rank_count"

@@ -20,6 +20,7 @@ from helios_serve.runtime.collectives import ThreadGroup
 from helios_serve.runtime.driver import Driver
 from helios_serve.runtime.errors import RankDisagreement, RankLost
 from helios_serve.runtime.ranks import RankedBackend
+from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
 from helios_tools.kernels import collective as reference
 
@@ -31,7 +32,7 @@ GOLDENS = json.loads((Path(__file__).parents[2] / "golden" / "smollm2_goldens.js
 def _load(exported, **options) -> NativeModel:
     core = open_core(exported.path, [load_public_key(exported.public_key)])
     authorize(core, exported.namespace)
-    return NativeModel.load(core, "cpu", **options)
+    return load_native(core, "cpu", **options)
 
 
 def _run_ranks(ranks: int, body) -> list:

@@ -84,7 +84,13 @@ from helios_contract._gen.helios.v1.manifest_pb2 import (
     TuningCatalog,
 )
 from helios_contract._rules_frontend import syntax_findings as frontend_syntax_findings
-from helios_contract._rules_manifest import DTYPE_BYTES, PAGE_TABLE_DTYPE, buffer_nbytes
+from helios_contract._rules_manifest import (
+    COLLECTIVE_OPS,
+    DTYPE_BYTES,
+    PAGE_TABLE_DTYPE,
+    buffer_nbytes,
+    rank_count,
+)
 from helios_contract.capabilities import RuntimeCapabilities, capability_findings
 from helios_contract.errors import (
     BindingError,
@@ -152,9 +158,11 @@ def _schema_names() -> dict[str, object]:
 
 
 __all__ = [
+    "COLLECTIVE_OPS",
     "DTYPE_BYTES",
     "PAGE_TABLE_DTYPE",
     "buffer_nbytes",
+    "rank_count",
     "capability_findings",
     "contract_findings",
     "RuntimeCapabilities",

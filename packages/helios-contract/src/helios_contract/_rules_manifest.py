@@ -170,6 +170,22 @@ def buffers(manifest: mpb.ExecutionManifest) -> Findings:
                     f"the manifest has rank_count {ranks}")
 
 
+# Kernel reference ops that join tensor-parallel ranks (helios_tools.kernels.collective).
+COLLECTIVE_OPS = frozenset({"all_reduce_sum", "all_gather_columns"})
+
+
+def collectives(manifest: mpb.ExecutionManifest) -> Findings:
+    """Collective ops join ranks: a single-rank manifest has none (no backend would run
+    them as kernels)."""
+    if rank_count(manifest) > 1:
+        return
+    for i, kernel in enumerate(manifest.kernels):
+        if kernel.reference_op in COLLECTIVE_OPS:
+            yield F("kernel.collective", LaunchError, f"manifest.kernels[{i}].reference_op",
+                    kernel.reference_op, f"kernel {kernel.id!r} is a collective, but the "
+                    "manifest has one rank (rank_count 0 or 1)")
+
+
 def transports(manifest: mpb.ExecutionManifest, names: ManifestIndex) -> Findings:
     """Every transport of every program names a buffer it fits in."""
     for kind, programs in (("graphs", manifest.graphs),
@@ -475,4 +491,5 @@ def manifest_findings(serving: pb.ServingContract, manifest: mpb.ExecutionManife
     yield from confidence(serving, names)
     yield from speculative_programs(serving, names)
     yield from buffers(manifest)
+    yield from collectives(manifest)
     yield from programs(manifest, names)

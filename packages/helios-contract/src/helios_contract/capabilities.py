@@ -23,6 +23,7 @@ from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
 from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
 from helios_contract._rules_contract import enum_name
+from helios_contract._rules_manifest import rank_count
 from helios_contract.errors import UnsupportedFeatureError
 from helios_contract.findings import Finding
 
@@ -61,6 +62,8 @@ class RuntimeCapabilities:
         reference_ops: Kernel ``reference_op`` names the backend executes, or ``None``
             when it runs compiled binaries instead (their presence per GPU target is a
             core-level check: ``lint-core --require-target``).
+        max_ranks: The most tensor-parallel ranks (``ExecutionManifest.rank_count``) the
+            backend runs a manifest's programs on, or ``None`` for any number.
     """
 
     backend: str
@@ -79,6 +82,7 @@ class RuntimeCapabilities:
     image_layouts: frozenset[int] = frozenset()
     argument_alignment_bytes: int = 0
     reference_ops: frozenset[str] | None = None
+    max_ranks: int | None = 1
 
 
 def _names(enum: object, numbers) -> str:
@@ -210,6 +214,11 @@ def _cache(serving: pb.ServingContract, manifest: mpb.ExecutionManifest,
 
 
 def _manifest(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:
+    ranks = rank_count(manifest)
+    if caps.max_ranks is not None and ranks > caps.max_ranks:
+        yield _unsupported("runtime.rank_count", "manifest.rank_count", ranks, caps,
+                           f"programs split between {ranks} tensor-parallel ranks (it runs "
+                           f"at most {caps.max_ranks})")
     for i, buffer in enumerate(manifest.buffers):
         if buffer.dtype not in caps.dtypes:
             yield _unsupported("runtime.dtype", f"manifest.buffers[{i}].dtype",

@@ -283,10 +283,13 @@ class _OneLineUsage(click.Command):
 @click.option("--rank-key", "rank_key", type=click.Path(dir_okay=False),
               help="With --world: the key authenticating the ranks to each other (a file "
                    "of 32 random bytes, the same on every rank).")
+@click.option("--rank-timeout", "rank_timeout", type=click.FloatRange(min=0, min_open=True),
+              default=120.0, show_default=True,
+              help="With --world: seconds bootstrap waits for the other ranks.")
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
          event_capacity, served_name, speculative_width, history_drafting, speculative_policy,
          num_pages, kv_cache_memory, kv_cache_fraction, resource_key, api_key,
-         demo, world, rank, peers, rank_key) -> None:  # fmt: skip
+         demo, world, rank, peers, rank_key, rank_timeout) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
 
     Startup phases and their durations go to stderr as they end; the serving URL to stdout.
@@ -317,7 +320,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             if accept is None:
                 raise StartupError("missing --accept NAMESPACE (the publisher namespace)")
             core_path = core
-        ranks = _process_ranks(world, rank, peers, rank_key, backend)
+        ranks = _process_ranks(world, rank, peers, rank_key, backend, rank_timeout)
         if ranks is not None and ranks.rank > 0:
             serve_rank_process(core_path, list(trust), accept, options, ranks,
                                read_resource_key(resource_key))
@@ -335,7 +338,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
     server.run()
 
 
-def _process_ranks(world, rank, peers, rank_key, backend):
+def _process_ranks(world, rank, peers, rank_key, backend, timeout_s=120.0):
     """The process-rank options checked together (None without --world); re-executes
     this process under the MPI wheel's `mpiexec -n 1` when no MPI launcher started it.
 
@@ -353,7 +356,7 @@ def _process_ranks(world, rank, peers, rank_key, backend):
         if backend != "cpu":
             raise StartupError(f"--world: process ranks run on the cpu backend; the {backend} "
                                "backend executes one rank")
-        setup = ProcessRanks.parse(rank, world, peers or "", rank_key)
+        setup = ProcessRanks.parse(rank, world, peers or "", rank_key, timeout_s)
         reexec_under_mpiexec(sys.argv[1:])
     except RuntimeLoadError as exc:
         raise StartupError(str(exc)) from None

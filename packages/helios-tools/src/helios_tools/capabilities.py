@@ -18,6 +18,7 @@ from helios_contract.schema import contract_pb2 as pb
 from helios_contract.schema import frontend_pb2 as fpb
 from helios_contract.schema import manifest_pb2 as mpb
 
+from helios_tools.kernels.collective import COLLECTIVE_OPS
 from helios_tools.kernels.registry import REFERENCE_OPS
 
 __all__ = ["BACKENDS", "CPU", "CUDA", "PACKED_BINDINGS"]
@@ -81,11 +82,17 @@ _SERVING = dict(
 )
 
 # NumPy reference kernels (helios_tools.kernels) over host buffers.
-CPU = RuntimeCapabilities(backend="cpu", reference_ops=frozenset(REFERENCE_OPS), **_SERVING)
+# Tensor-parallel ranks: RankPeers::Threads / ::Processes (helios_serve.runtime.ranks) run
+# the collectives; any rank count.
+CPU = RuntimeCapabilities(backend="cpu",
+                          reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
+                          max_ranks=None, **_SERVING)
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.
+# One rank: collectives through NCCL inside the captured graph are not written yet
+# (issue 16; docs/tensor-parallel.md).
 CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignment_bytes=16,
-                           **_SERVING)
+                           max_ranks=1, **_SERVING)
 
 BACKENDS = {"cpu": CPU, "cuda": CUDA}

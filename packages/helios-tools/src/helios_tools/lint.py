@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from helios_contract import (
+    COLLECTIVE_OPS,
     ContractError,
     Finding,
     ResourceReferenceError,
@@ -171,19 +172,27 @@ def resource_findings(contract: pb.ServingContract, manifest: mpb.ExecutionManif
     """
     by_id = {r.resource_id: r for r in resources}
     for i, b in enumerate(manifest.buffers):
-        if b.role != mpb.BUFFER_ROLE_WEIGHT or not b.weight_resource_id:
+        if b.role != mpb.BUFFER_ROLE_WEIGHT:
             continue  # a weight naming nothing is a manifest rule (buffer.weight_resource)
-        path = f"manifest.buffers[{i}].weight_resource_id"
-        found = list(_resource(by_id, b.weight_resource_id, path, core_pb2.RESOURCE_KIND_WEIGHTS))
-        yield from found
-        res = by_id.get(b.weight_resource_id)
-        if not found and b.dtype and res.decoded_nbytes != buffer_nbytes(b):
-            yield F("weight.nbytes", ResourceReferenceError, path, b.weight_resource_id,
-                    f"resource decodes to {res.decoded_nbytes} bytes; buffer {b.name!r} "
-                    f"holds {buffer_nbytes(b)}")
+        # A weight every rank reads, or one resource per tensor-parallel rank.
+        named = [(f"manifest.buffers[{i}].weight_resource_id", b.weight_resource_id)]
+        named += [(f"manifest.buffers[{i}].rank_weight_resource_ids[{r}]", rid)
+                  for r, rid in enumerate(b.rank_weight_resource_ids)]
+        for path, rid in named:
+            if not rid:
+                continue
+            found = list(_resource(by_id, rid, path, core_pb2.RESOURCE_KIND_WEIGHTS))
+            yield from found
+            res = by_id.get(rid)
+            if not found and b.dtype and res.decoded_nbytes != buffer_nbytes(b):
+                yield F("weight.nbytes", ResourceReferenceError, path, rid,
+                        f"resource decodes to {res.decoded_nbytes} bytes; buffer {b.name!r} "
+                        f"holds {buffer_nbytes(b)}")
     targets = list(manifest.targets)
     for i, k in enumerate(manifest.kernels):
         path = f"manifest.kernels[{i}]"
+        if k.reference_op in COLLECTIVE_OPS:
+            continue  # rank peers run collectives (NCCL on cuda): no binaries
         have = Counter(b.target for b in k.binaries)
         for t in targets:
             if have[t] != 1:

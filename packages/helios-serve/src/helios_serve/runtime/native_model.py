@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from helios_contract import PreparedContract, capability_findings
+from helios_contract import PreparedContract, capability_findings, rank_count
 from helios_contract.schema import contract_pb2 as cpb
 from helios_tools.capabilities import BACKENDS as CAPABILITIES
 
@@ -34,7 +34,7 @@ from .completion import CompletionReader
 from .cpu_backend import CpuBackend
 from .errors import RuntimeLoadError, UnknownBackend, UnsupportedContract
 from .packing import SharedPacking
-from .ranks import load_thread_ranks, rank_count
+from .ranks import load_thread_ranks
 
 BACKENDS = tuple(CAPABILITIES)  # ("cpu", "cuda")
 

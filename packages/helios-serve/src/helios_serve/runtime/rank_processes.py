@@ -45,6 +45,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 
 import numpy as np
+from helios_contract import rank_count
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import collective as reference
 
@@ -53,7 +54,7 @@ from .cache_sizing import CacheSizing
 from .completion import completion_buffers
 from .cpu_backend import CpuBackend
 from .errors import RankLost, RuntimeLoadError
-from .ranks import RankedBackend, RankStep, Step, rank_count
+from .ranks import RankedBackend, RankStep, Step
 
 # Environment MPICH's hydra launcher gives the processes it starts.
 LAUNCHED = ("PMI_FD", "PMI_PORT", "PMI_RANK")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from helios_contract import rank_count
 from helios_contract.schema import manifest_pb2 as mpb
 
 from ..startup import StartupLog
@@ -299,11 +300,6 @@ def _share_tuned(ranks: Sequence[RankStep]) -> None:
     for rank in ranks[1:]:
         for name in tuned:
             rank.backend.buffers[name][...] = first.buffers[name]
-
-
-def rank_count(manifest: mpb.ExecutionManifest) -> int:
-    """Tensor-parallel ranks the manifest's programs run on (0 reads 1)."""
-    return manifest.rank_count or 1
 
 
 def load_thread_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],

@@ -24,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from helios_contract import COLLECTIVE_OPS
 from numpy.typing import NDArray
 
-COLLECTIVE_OPS = ("all_reduce_sum", "all_gather_columns")
+__all__ = ["COLLECTIVE_OPS", "all_gather_columns", "all_reduce_sum"]
 
 
 def all_reduce_sum(parts: Sequence[NDArray[np.float32]], T: int, N: int
