@@ -146,3 +146,32 @@ def test_a_killed_rank_fails_the_stream_with_a_server_error_and_the_server_stays
     assert after.json()["error"]["message"] == "the model worker is not running"
     assert health.status_code == 503 and health.json()["status"] == "unhealthy"
     assert models.status_code == 200 and alive
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").iterdir():
+            children = (task / "children").read_text().split()
+            out += map(int, children)
+            todo += map(int, children)
+    return out
+
+
+def test_a_rank_that_loses_rank_zero_exits(tiny_tp2, tmp_path):
+    ranks = _start_rank1(tiny_tp2, tmp_path)
+    try:
+        served = ServeProcess(*ranks.options, "--rank", "0")
+        try:
+            assert ranks.rank1.stdout.readline().startswith("Helios rank 1 of 2 joined")
+            rank0 = [p for p in _descendants(served.proc.pid)
+                     if b"helios_serve.cli" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            assert len(rank0) == 1
+            os.kill(rank0[0], signal.SIGKILL)  # rank 0's process, under its mpiexec
+            assert ranks.rank1.wait(timeout=60) == 3
+        finally:
+            served.proc.kill()
+            served.proc.communicate(timeout=30)
+    finally:
+        ranks.stop()

@@ -179,3 +179,36 @@ def test_smollm2_three_ranks_greedy_equals_one_rank_and_hf(smollm2_tp3_f32, smol
     finally:
         single.close()
     assert ids == [p["greedy_ids"][:steps] for p in GOLDENS["prompts"]]
+
+
+def test_every_rank_runs_rank_zeros_tuned_split_count(tiny_served, tiny_prompts, tiny_single,
+                                                      tmp_path):
+    from dataclasses import replace
+
+    from helios_ignition.recipe import SplitTuning
+
+    from tests.tiny_model import export_tiny
+
+    core = tiny_served.core
+    path = export_tiny(tiny_served.checkpoint, core.private_key, tmp_path / "tuned.core",
+                       tensor_parallel=2, split_tuning=SplitTuning())
+    model = _load(replace(core, path=path))
+    try:
+        ranks = model.backend.peers._ranks
+        tuned = [r.backend.buffers["tuned.decode_splits"].copy() for r in ranks]
+        assert tuned[0][0] >= 1 and all(np.array_equal(t, tuned[0]) for t in tuned)
+        assert Driver(model).generate(tiny_prompts, 12) == tiny_single
+        # A rank whose own timing chose another count still runs rank 0's.
+        rank1 = ranks[1].backend
+        timed = rank1.run_producers
+
+        def other_choice(names):
+            timed(names)
+            rank1.buffers["tuned.decode_splits"][...] = tuned[0] + 7
+
+        rank1.run_producers = other_choice
+        model.backend.run_producers(["tune.decode_splits"])
+        assert np.array_equal(rank1.buffers["tuned.decode_splits"],
+                              ranks[0].backend.buffers["tuned.decode_splits"])
+    finally:
+        model.close()
