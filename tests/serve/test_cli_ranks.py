@@ -134,3 +134,13 @@ def test_a_rank_serving_another_core_is_refused(tiny_tp2, tiny_served, key, tmp_
         "helios-serve: error: rank 0 serves another core (execution manifests differ)")
     assert serve_error_line(rank0.stderr).endswith(
         "refused: rank 0 serves another core (execution manifests differ)")
+
+
+def test_a_rank_gives_up_when_rank_zero_never_calls(tiny_tp2, key):
+    port = _free_port()
+    proc = _serve(tiny_tp2, "--world", 2, "--rank", 1, "--peers",
+                  f"127.0.0.1:{_free_port()},127.0.0.1:{port}", "--rank-key", key,
+                  "--rank-timeout", 1)
+    assert proc.returncode == 2, proc.stderr
+    assert serve_error_line(proc.stderr) == (
+        f"helios-serve: error: rank 0 did not call 127.0.0.1:{port} within 1 s")

@@ -379,16 +379,25 @@ def bootstrap_rank(setup: ProcessRanks, digest: str) -> tuple[object, Connection
 
     MPI = _mpi()
     host, port = setup.peers[setup.rank]
+    accepted: queue.SimpleQueue = queue.SimpleQueue()
     with Listener((host, port), authkey=setup.key) as listener:
-        listener._listener._socket.settimeout(setup.timeout_s)
+        def accept() -> None:  # Listener.accept has no timeout: wait for it on a thread
+            try:
+                accepted.put(listener.accept())
+            except BaseException as exc:  # handed to the bootstrap below
+                accepted.put(exc)
+
+        threading.Thread(target=accept, daemon=True, name="helios-rank-accept").start()
         try:
-            conn = listener.accept()
-        except AuthenticationError:
-            raise RankSetupError("the rank 0 that called failed authentication (another "
-                                 "--rank-key)") from None
-        except TimeoutError:
+            conn = accepted.get(timeout=setup.timeout_s)
+        except queue.Empty:
             raise RankSetupError(f"rank 0 did not call {host}:{port} within "
-                                 f"{setup.timeout_s:.0f} s") from None
+                                 f"{setup.timeout_s:g} s") from None
+    if isinstance(conn, AuthenticationError):
+        raise RankSetupError("the rank 0 that called failed authentication (another "
+                             "--rank-key)")
+    if isinstance(conn, BaseException):
+        raise RankSetupError(f"the control channel on {host}:{port} failed: {conn}")
     hello = _recv(conn)
     problem = None
     if hello["world"] != setup.world or hello["rank"] != setup.rank:
