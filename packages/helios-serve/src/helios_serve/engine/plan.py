@@ -23,11 +23,41 @@ PENDING_PLACEHOLDER = -1
 
 
 class StepKind(enum.Enum):
-    """Which captured operation a step runs."""
+    """Which captured operation a step runs (TRANSFER: a RESTORE-operation program)."""
 
     PREFILL = "prefill"
     DECODE = "decode"
     SPECULATIVE = "speculative"
+    TRANSFER = "transfer"
+
+
+class Tier(enum.Enum):
+    """Storage whose rows a TRANSFER step copies (model-contract.md, "Attention histories
+    and cache policy"). A row is one page-shaped record of every plane of the tier."""
+
+    PAGES = "pages"  # paged history planes; row = page id
+    CONTINUATION = "continuation"  # continuation storage; row = continuation row
+    HOST = "host"  # host-memory tier; row = host row
+
+
+@dataclass(frozen=True)
+class Route:
+    """Direction of a TRANSFER step: rows of `source` are copied to rows of `destination`."""
+
+    source: Tier
+    destination: Tier
+
+    def __str__(self) -> str:
+        return f"{self.source.value}->{self.destination.value}"
+
+
+@dataclass(frozen=True)
+class RowCopy:
+    """One row of a TRANSFER step: source row -> destination row (each in its route's
+    tier index space: page id, continuation row or host row)."""
+
+    source: int
+    destination: int
 
 
 @dataclass(frozen=True)
@@ -127,7 +157,7 @@ class RowPlan:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One graph launch: a PREFILL over packed chunks or a DECODE over rows.
+    """One graph launch: a PREFILL over packed chunks, a DECODE over rows, or a TRANSFER.
 
     Prefill packs every row's tokens back to back in row order (packed-token
     index space); its total must fit one captured prefill token capacity and its
@@ -135,6 +165,8 @@ class StepPlan:
     and must fit one captured decode batch capacity. A SPECULATIVE step's lanes
     occupy `lane_length` packed rows each (pending token, then drafts the program
     proposes); its completion is one lane record per row (SpeculativeCompletion).
+    A TRANSFER step has no request rows: it copies `copies` (one submission row each,
+    at most geometry.transfer_rows) along `route`, and completes with no record.
 
     Attributes:
         packed_rows: SPECULATIVE steps with device allocation (SPECULATIVE_PREFIX_LIMIT
@@ -145,6 +177,8 @@ class StepPlan:
     kind: StepKind
     rows: tuple[RowPlan, ...]
     packed_rows: int = 0
+    copies: tuple[RowCopy, ...] = ()
+    route: Route | None = None
 
     @property
     def token_count(self) -> int:
@@ -186,6 +220,15 @@ class ModelGeometry:
             B lanes of ceilings up to W share P verification rows the device allocates.
         copied_proposals: every served wider SPECULATIVE program binds the copied-token
             inputs (history drafting may be enabled).
+        snapshot_rows: continuation rows backed at load (the physical snapshot capacity;
+            0 = no exact-endpoint snapshots).
+        host_rows: host-tier rows backed at load (each holds one page or one snapshot's
+            continuation row; 0 = no host tier).
+        transfer_rows: copies one TRANSFER step holds (the RESTORE programs' captured
+            batch capacity; 0 = no transfer programs).
+        routes: TRANSFER routes served (one RESTORE program per route and capacity).
+        page_bytes: bytes of one row across every plane of the paged region (what a page
+            costs to move to the host tier and back).
     """
 
     page_tokens: int
@@ -206,6 +249,11 @@ class ModelGeometry:
     extra_pages_per_request: int = 0
     prefix_programs: tuple[tuple[int, int, int], ...] = ()
     copied_proposals: bool = False
+    snapshot_rows: int = 0
+    host_rows: int = 0
+    transfer_rows: int = 0
+    routes: tuple[Route, ...] = ()
+    page_bytes: int = 0
 
 
 @dataclass(frozen=True)

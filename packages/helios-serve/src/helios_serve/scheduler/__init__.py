@@ -19,6 +19,7 @@ from helios_serve.scheduler.request import (
     RowResult,
     SchedRequest,
     SchedulerStats,
+    TransferCost,
 )
 from helios_serve.scheduler.scheduler import (
     MAX_FRAMES,
@@ -43,6 +44,7 @@ __all__ = [
     "SchedRequest",
     "Scheduler",
     "SchedulerStats",
+    "TransferCost",
     "chain_hashes",
     "check_capacity",
     "page_hash",

@@ -17,7 +17,11 @@ Allocation takes the free list first (FIFO, ascending ids at start) and only
 when it is empty evicts the least recently released idle cached page. Releasing
 a request's pages walks its page list tail first, so a chain's tail is evicted
 before its head (the head is what other prompts are most likely to share; this
-is vLLM's order too).
+is vLLM's order too). An eviction is reported to `on_evict(page, hash)` before the
+page is handed out again, so its payload can move to the host tier first.
+
+References are not only requests': a transfer in flight holds one on each page it
+reads or writes (`retain`), so a page is reused only after that transfer's fence.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 #: Hash of the empty prefix: the parent of page 0.
@@ -95,9 +99,12 @@ class PageAllocator:
     Args:
         num_pages: physical pages backed at load (page ids 0..num_pages-1).
         page_tokens: tokens per page.
+        on_evict: called with (page, hash) for each idle cached page evicted, before
+            the page is handed out again.
     """
 
-    def __init__(self, num_pages: int, page_tokens: int) -> None:
+    def __init__(self, num_pages: int, page_tokens: int,
+                 on_evict: Callable[[int, bytes], None] | None = None) -> None:
         if num_pages < 1 or page_tokens < 1:
             raise ValueError("num_pages and page_tokens must be positive")
         self.num_pages = num_pages
@@ -112,6 +119,7 @@ class PageAllocator:
         self.prefix_hit_tokens = 0
         self.evictions = 0
         self.published = 0
+        self.on_evict = on_evict
 
     # -- gauges ---------------------------------------------------------------
 
@@ -230,6 +238,21 @@ class PageAllocator:
         fresh = tuple(self._take() for _ in range(new_pages))
         return PageGrant(shared + fresh, len(shared), len(shared) * self.page_tokens)
 
+    def retain(self, page: int) -> None:
+        """Add a reference to a page someone already references (a transfer reading or
+        writing it holds one until its fence).
+
+        Raises:
+            ValueError: the page is unreferenced.
+        """
+        if self._refs[page] < 1:
+            raise ValueError(f"retain of unreferenced page {page}")
+        self._refs[page] += 1
+
+    def page_of(self, page_hash_: bytes) -> int | None:
+        """The published page holding `page_hash_`, or None."""
+        return self._page_of.get(page_hash_)
+
     def release(self, pages: Sequence[int]) -> None:
         """Drop one reference from each page, walking `pages` tail first.
 
@@ -251,7 +274,10 @@ class PageAllocator:
             page = self._free.popleft()
         else:
             page, _ = self._lru.popitem(last=False)
-            del self._page_of[self._hash_of.pop(page)]
+            evicted = self._hash_of.pop(page)
+            del self._page_of[evicted]
             self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(page, evicted)
         self._refs[page] = 1
         return page

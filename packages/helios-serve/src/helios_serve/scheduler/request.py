@@ -29,6 +29,9 @@ class SchedRequest:
             only once that one's prompt has been computed, so it shares the prompt's
             complete cached pages and computes only the tokens of the last, partial
             page (its own private page) before sampling.
+        publish_endpoints: prompt positions (tokens, ascending, each in
+            [1, len(prompt_tokens)]) where the template marks the end of a prompt turn:
+            once the committed state reaches one, a snapshot is published there.
     """
 
     request_id: int
@@ -38,6 +41,7 @@ class SchedRequest:
     needs_feedback: bool = False
     width_one: bool = False
     fork_of: int | None = None
+    publish_endpoints: tuple[int, ...] = ()
 
 
 class AdmissionReason(enum.Enum):
@@ -104,8 +108,8 @@ class FinishedRequest:
         request_id: the request.
         reason: finish reason.
         output_tokens: generated ids (including a final EOS/stop token).
-        reused_prompt_tokens: prompt tokens served from the prefix cache at first
-            admission (0 if it never ran).
+        reused_prompt_tokens: prompt tokens served from the cache at first admission
+            (complete pages, host-tier pages and a snapshot's tail; 0 if it never ran).
         preemptions: times it was preempted and recomputed.
     """
 
@@ -114,6 +118,37 @@ class FinishedRequest:
     output_tokens: tuple[int, ...]
     reused_prompt_tokens: int
     preemptions: int
+
+
+@dataclass(frozen=True)
+class TransferCost:
+    """What moving cache rows and recomputing tokens cost on a backend (seconds), for the
+    swap-or-recompute rule (`swap_pays`). Defaults: the CPU backend serving SmolLM2
+    (NativeModel.transfer_cost gives each backend's figures and their sources).
+
+    Attributes:
+        transfer_step_s: fixed cost of one TRANSFER step (launch and fence).
+        page_copy_s: one page row copied one way between tiers.
+        prefill_tokens_per_s: prefill throughput.
+    """
+
+    transfer_step_s: float = 1e-3
+    page_copy_s: float = 2e-4
+    prefill_tokens_per_s: float = 600.0
+
+    def swap_pays(self, tokens: float, rows: float, steps: float) -> bool:
+        """Whether keeping `tokens` of history by copy beats recomputing them.
+
+        Cost rule: keeping them copies `rows` page rows out of the device and back in,
+        in `steps` TRANSFER steps each way; recomputing prefills them again:
+
+            swap      = 2 * (steps * transfer_step_s + rows * page_copy_s)
+            recompute = tokens / prefill_tokens_per_s
+
+        Swap when swap < recompute.
+        """
+        swap = 2 * (steps * self.transfer_step_s + rows * self.page_copy_s)
+        return swap < tokens / self.prefill_tokens_per_s
 
 
 @dataclass(frozen=True)
@@ -160,6 +195,20 @@ class SchedulerStats:
     spec_copied_draft_tokens: int = 0
     spec_copied_accepted_tokens: int = 0
     spec_policy_decisions: dict[str, int] = field(default_factory=dict)  # program -> steps
+    # Exact-endpoint snapshots and the host tier (counters except the *_rows gauges).
+    snapshot_publications: int = 0
+    snapshot_evictions: int = 0
+    snapshot_hits: int = 0
+    snapshots_resident: int = 0
+    continuation_rows_used: int = 0
+    host_rows_total: int = 0
+    host_rows_used: int = 0
+    host_hits: int = 0
+    host_swap_ins: int = 0
+    host_swap_outs: int = 0
+    host_evictions: int = 0
+    transfer_steps: int = 0
+    preemption_swaps: int = 0
 
     @property
     def idle(self) -> bool:

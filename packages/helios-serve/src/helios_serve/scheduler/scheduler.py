@@ -59,10 +59,22 @@ pending-token state). A prefill-to-decode change of phase always waits for the
 completion. If the in-flight token ends the request (EOS, a stop), the worker
 finishes it and the ahead row's result is discarded; slot and pages are released
 when that frame completes. Plans complete in issue order.
+
+Exact-endpoint snapshots and the host tier (scheduler/cache.py): admission reuses the
+longest cached prefix across tiers (device pages, host-tier pages, then a snapshot's
+tail), and every copy that reuse, publication or eviction needs is issued as TRANSFER
+plans ahead of the plan that depends on it (`schedule` returns them first, then the
+generation plan built with them). Snapshots are published where the committed state
+reaches a publishable endpoint: each prompt-turn end the request marks
+(`SchedRequest.publish_endpoints`) and the request's end when the worker finishes it
+with `publish=True` (EOS or output limit; a matched stop, host stop, cancellation or
+failure publishes nothing). A failed TRANSFER publishes nothing and fails the requests
+whose pages it was filling.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections import deque
@@ -84,7 +96,8 @@ from helios_serve.engine.plan import (
     StepKind,
     StepPlan,
 )
-from helios_serve.scheduler.pages import PageAllocator, page_hash
+from helios_serve.scheduler.cache import CacheManager
+from helios_serve.scheduler.pages import ROOT_HASH, page_hash
 from helios_serve.scheduler.request import (
     AdmissionError,
     AdmissionReason,
@@ -93,8 +106,10 @@ from helios_serve.scheduler.request import (
     RowResult,
     SchedRequest,
     SchedulerStats,
+    TransferCost,
 )
 from helios_serve.scheduler.sequence import Sequence
+from helios_serve.scheduler.transfers import PendingCopy, TransferQueue
 from helios_serve.speculation import HistoryIndex, WidthPolicy
 from helios_serve.speculation.policy import Choice
 
@@ -197,6 +212,8 @@ class Scheduler:
             `lane_ceiling` long in the narrowest program holding it); a WidthPolicy
             instance continues from its observations.
         clock: seconds, for the step costs the width policy measures.
+        transfer_cost: what copies and prefill cost on the backend (the swap-or-recompute
+            rule, `_preempt_newest`).
 
     Raises:
         ValueError: an empty geometry, frames outside 1..MAX_FRAMES, or history drafting
@@ -206,7 +223,8 @@ class Scheduler:
     def __init__(self, geometry: ModelGeometry, *, frames: int = MAX_FRAMES,
                  device_pending: bool = False, history_drafting: bool = False,
                  width_policy: bool | WidthPolicy = False,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 transfer_cost: TransferCost | None = None) -> None:
         g = geometry
         if not 1 <= frames <= MAX_FRAMES:
             raise ValueError(f"frames must be in 1..{MAX_FRAMES}, got {frames}")
@@ -221,7 +239,20 @@ class Scheduler:
         self.geometry = g
         self.widths = tuple(g.speculative_widths)
         self.max_width = max(self.widths) if self.widths else 0
-        self.pages = PageAllocator(g.num_pages, g.page_tokens)
+        self.transfer_cost = transfer_cost or TransferCost()
+        self._transfers = TransferQueue(g.transfer_rows)
+        # Evicted pages go to the host tier only where copying beats recomputing them
+        # (see _preempt_newest): one row each way, a step amortized over a step's rows.
+        self.swap_pages = g.transfer_rows > 0 and self.transfer_cost.swap_pays(
+            g.page_tokens, 1, 1 / g.transfer_rows)
+        self.cache = CacheManager(g.num_pages, g.page_tokens, snapshot_rows=g.snapshot_rows,
+                                  host_rows=g.host_rows if self.swap_pages else 0,
+                                  routes=g.routes, queue=self._transfers,
+                                  sharing=not g.extra_pages_per_request)
+        self.pages = self.cache.pages
+        self._ready: deque[StepPlan] = deque()  # built, not yet issued; issue order
+        # Outstanding or ready TRANSFER plans (by identity) -> their copies' fence actions.
+        self._copies: dict[int, tuple[PendingCopy, ...]] = {}
         self._free_slots = list(range(g.slots))  # min-heap: lowest slot first
         self._generations = [0] * g.slots  # per physical request row
         self._requests: dict[int, Sequence] = {}  # every live request
@@ -256,6 +287,9 @@ class Scheduler:
         self._issued: deque[tuple[float, tuple | None]] = deque()  # per outstanding plan
         self._choice: Choice | None = None  # the policy's choice for the plan being built
         self._spec_copied_draft = self._spec_copied_accepted = 0
+        self._reused_tokens = 0
+        self._transfer_steps = 0
+        self._preemption_swaps = 0
 
     # -- admission --------------------------------------------------------------
 
@@ -319,16 +353,32 @@ class Scheduler:
         # Page shortage: wait while frames are in flight (they may release pages);
         # with nothing in flight and no plan possible, preempt the newest running
         # request and retry without admitting in this call.
+        # Plans built together are issued in order: the TRANSFER plans first (the copies
+        # the generation plan's admissions, evictions and earlier publications need),
+        # then the generation plan; one per call.
         if not self.can_schedule_ahead():
             raise RuntimeError("complete the outstanding plan before scheduling again")
+        if self._ready:
+            return self._issue(self._ready.popleft())
         admit = True
         while True:
             plan = self._build(admit)
+            ready = self._drain_transfers()
             if plan is not None:
-                return self._issue(plan)
+                ready.append(plan)
+            if ready:
+                self._ready.extend(ready[1:])
+                return self._issue(ready[0])
             if self._outstanding or not self._preempt_newest():
                 return None
             admit = False
+
+    def _drain_transfers(self) -> list[StepPlan]:
+        plans = []
+        for plan, copies in self._transfers.drain():
+            self._copies[id(plan)] = copies
+            plans.append(plan)
+        return plans
 
     def _build(self, admit: bool) -> StepPlan | None:
         decode_first = self._last_kind is StepKind.PREFILL and any(
@@ -405,20 +455,21 @@ class Scheduler:
         return len(seq.page_ids) - self.geometry.extra_pages_per_request
 
     def _admit(self, seq: Sequence, budget: int) -> bool:
-        """Give the waiting head a slot and pages for its first chunk, reusing
-        cached prefix pages; False (no change) if no page is available."""
+        """Give the waiting head a slot and pages for its first chunk, reusing the
+        longest cached prefix (device pages, host-tier pages, a snapshot); False (no
+        change) if the pages for the reused part and one computed token are not there."""
         pt = self.geometry.page_tokens
         extra = self.geometry.extra_pages_per_request
         # A shifted page-table view keeps block i's history in page i + offset: pages are
-        # then private to their request (no prefix reuse, nothing published).
-        match = self.pages.match_prefix(() if extra else seq.tokens)
-        start = match.matched_tokens
+        # then private to their request (the cache shares nothing: CacheManager.sharing).
+        match = self.cache.match(seq.tokens)
+        start = match.reused_tokens
         n = min(len(seq.tokens) - start, budget)
-        need = _ceil_div(start + n, pt) + extra - len(match.page_ids)
-        need = min(need, self.pages.available_for(match))
-        if need <= 0:
-            return False  # the chunk always starts a fresh page
-        grant = self.pages.acquire(match, need)
+        held = len(match.device.page_ids) + match.fresh_pages  # pages of the reused part
+        need = min(_ceil_div(start + n, pt) + extra - held, self.cache.available_for(match))
+        if need < 0 or (held + need - extra) * pt <= start:
+            return False  # no page for the first token to compute
+        grant = self.cache.grant(match, need, lambda: self._transfer_failed(seq))
         assert grant is not None
         slot = heapq.heappop(self._free_slots)
         self._generations[slot] += 1
@@ -429,10 +480,11 @@ class Scheduler:
         seq.generation = self._generations[slot]
         seq.prefill_tokens = len(seq.tokens)
         seq.page_ids = list(grant.page_ids)
-        seq.page_hashes = list(match.hashes)
-        seq.num_published = grant.shared_pages
+        seq.page_hashes = list(match.device.hashes)
+        seq.num_published = match.complete_pages  # host pages are published by their copy
         seq.num_scheduled = seq.num_computed = start
         seq.needs_histogram = True
+        self._reused_tokens += start
         if seq.reused_prompt_tokens is None:
             seq.reused_prompt_tokens = grant.reused_tokens
         if readmission:
@@ -587,7 +639,7 @@ class Scheduler:
 
     def _issue(self, plan: StepPlan) -> StepPlan:
         key = None
-        if self.policy is not None and plan.kind is not StepKind.PREFILL:
+        if self.policy is not None and plan.kind in (StepKind.DECODE, StepKind.SPECULATIVE):
             choice = Choice(0) if plan.kind is StepKind.DECODE else Choice(
                 smallest_capacity(self.widths, max(r.lane_length for r in plan.rows))
                 or self.max_width, plan.packed_rows)
@@ -595,6 +647,9 @@ class Scheduler:
         self._issued.append((self._clock(), key))
         self._outstanding.append(plan)
         self._step += 1
+        if plan.kind is StepKind.TRANSFER:
+            self._transfer_steps += 1
+            return plan  # copies only: the generation plans decide decode_first
         self._last_kind = plan.kind
         if plan.kind is StepKind.PREFILL:
             self._prefill_steps += 1
@@ -606,17 +661,33 @@ class Scheduler:
         return plan
 
     def _preempt_newest(self) -> bool:
-        """Recompute-preempt the newest running request if one is starved.
+        """Preempt the newest running request if one is starved, swapping its state out
+        where that is cheaper than recomputing it.
 
         Only when some running request wants to progress (nothing is in flight,
         so its only obstacle is pages). The victim releases slot and pages and
         goes to the FRONT of the waiting queue with its output appended; it is
-        readmitted as a prefill of prompt + output (histogram_tokens likewise).
+        readmitted as a prefill of prompt + output (histogram_tokens likewise), of
+        which every token still cached is reused.
+
+        Swap or recompute (TransferCost.swap_pays): the victim's complete pages are
+        published already; released into the prefix cache, they move to the host tier
+        when evicted while it waits, and come back by copy at readmission, exactly when
+        one page row out and back (a TRANSFER step amortized over transfer_rows copies)
+        costs less than prefilling page_tokens tokens (`swap_pages`, decided at startup:
+        the same for every page); otherwise evicted pages are dropped and recomputed.
+        Its partial last page (t committed tokens past the last complete page) is
+        captured as a snapshot when two TRANSFER steps and one page row out and back cost
+        less than prefilling t tokens.
         """
         if not any(s.can_decode or s.can_prefill for s in self._running):
             return False
         victims = [s for s in self._running if not s.retiring]
         victim = max(victims, key=lambda s: s.order)
+        tail = victim.num_computed % self.geometry.page_tokens
+        if tail and self.transfer_cost.swap_pays(tail, 1, 1) and \
+                self._capture(victim, victim.num_computed):
+            self._preemption_swaps += 1
         self._release(victim)
         victim.preemptions += 1
         self._preemptions += 1
@@ -646,6 +717,10 @@ class Scheduler:
         """
         if plan.kind is StepKind.SPECULATIVE:
             return self._complete_speculative(plan, sampled)
+        if plan.kind is StepKind.TRANSFER:
+            for copy in self._pop_transfer(plan):
+                copy.done()
+            return []
         self._check_completion(plan, sampled)
         self._outstanding.popleft()
         self._observe_cost()
@@ -661,6 +736,7 @@ class Scheduler:
                     self._retire(seq)
                 continue
             self._publish(seq)
+            self._publish_endpoints(seq)
             if row.sample:
                 seq.tokens.append(int(token))
             results.append(
@@ -784,6 +860,8 @@ class Scheduler:
         Raises:
             CompletionError: not the oldest outstanding plan.
         """
+        if plan.kind is StepKind.TRANSFER:
+            return [s for copy in self._pop_transfer(plan) if (s := copy.failed()) is not None]
         if not self._outstanding or plan != self._outstanding[0]:
             raise CompletionError("plan is not the oldest outstanding plan")
         self._outstanding.popleft()
@@ -803,6 +881,63 @@ class Scheduler:
                 self._retire(seq)
         return failed
 
+    def _pop_transfer(self, plan: StepPlan) -> tuple[PendingCopy, ...]:
+        if not self._outstanding or plan != self._outstanding[0]:
+            raise CompletionError("plan is not the oldest outstanding plan")
+        self._issued.popleft()  # a TRANSFER step's cost is no program's the policy weighs
+        return self._copies.pop(id(self._outstanding.popleft()))
+
+    def _transfer_failed(self, seq: Sequence) -> FinishedRequest | None:
+        """A copy into `seq`'s pages failed: its history is invalid, so it fails (once)."""
+        if seq.retiring:
+            return None
+        self._feedback -= seq.request.needs_feedback
+        seq.failed = True
+        seq.finish_reason = FinishReason.ERROR
+        summary = self._summary(seq)
+        self._unplan(seq)
+        self._leave(seq)
+        return summary
+
+    def _unplan(self, seq: Sequence) -> None:
+        """Remove `seq`'s rows from plans built but not issued (their inputs are invalid)."""
+        kept: deque[StepPlan] = deque()
+        for plan in self._ready:
+            rows = tuple(r for r in plan.rows if r.request_id != seq.request_id)
+            if len(rows) != len(plan.rows):
+                for r in plan.rows:
+                    if r.request_id == seq.request_id:
+                        seq.inflight_rows -= 1
+                        seq.inflight_samples -= int(r.sample)
+                if not rows:
+                    continue
+                plan = dataclasses.replace(plan, rows=rows)
+            kept.append(plan)
+        self._ready = kept
+
+    def _publish_endpoints(self, seq: Sequence) -> None:
+        """Publish a snapshot at each prompt-turn end the committed state has reached."""
+        marks = seq.request.publish_endpoints
+        while seq.endpoints_done < len(marks) and marks[seq.endpoints_done] <= seq.num_computed:
+            self._capture(seq, marks[seq.endpoints_done])
+            seq.endpoints_done += 1
+
+    def _capture(self, seq: Sequence, endpoint: int) -> bool:
+        """Publish a snapshot of `seq` at exactly `endpoint` committed tokens: its
+        complete pages are (or become) published pages; its partial page is copied to a
+        continuation row. An endpoint on a page boundary needs no copy."""
+        pt = self.geometry.page_tokens
+        pages = endpoint // pt
+        if not self.cache.snapshots or endpoint % pt == 0 or endpoint > seq.num_computed:
+            return False
+        while len(seq.page_hashes) < pages:
+            i = len(seq.page_hashes)
+            parent = seq.page_hashes[-1] if seq.page_hashes else ROOT_HASH
+            seq.page_hashes.append(page_hash(parent, seq.tokens[i * pt:(i + 1) * pt]))
+        chain = seq.page_hashes[pages - 1] if pages else ROOT_HASH
+        return self.cache.capture(chain, tuple(seq.tokens[pages * pt:endpoint]),
+                                  seq.page_ids[pages])
+
     def _publish(self, seq: Sequence, endpoint: int | None = None) -> None:
         """Publish pages completed by finished plans (up to `endpoint`, default the
         computed endpoint), in position order."""
@@ -820,13 +955,16 @@ class Scheduler:
     # -- leaving --------------------------------------------------------------------
 
     def finish(self, request_id: int, reason: FinishReason,
-               output_tokens: int | None = None) -> FinishedRequest:
+               output_tokens: int | None = None, publish: bool = False) -> FinishedRequest:
         """End a request the worker decided is done; release its slot and pages
         now, or when its in-flight frames complete.
 
         `output_tokens` cuts the output there: the tokens after it (the rest of a
         speculative run the worker stopped inside) are discarded, never counted or
-        published.
+        published. `publish` (EOS or output limit: the request's end is a publishable
+        endpoint) publishes a snapshot of its committed state, every token but the last
+        sampled one; a matched stop or host stop passes False, so its private candidate
+        is discarded and only the pages published before stay cached.
 
         Returns the request's summary; an already retiring request keeps its
         first reason.
@@ -837,6 +975,10 @@ class Scheduler:
         seq = self._requests[request_id]
         if output_tokens is not None and not seq.retiring and output_tokens < seq.num_output_tokens:
             del seq.tokens[seq.num_prompt_tokens + output_tokens:]
+        if publish and not seq.retiring and seq.slot is not None:
+            end = min(seq.num_computed, len(seq.tokens) - 1)
+            self._publish(seq, end)  # a speculative run's pages publish late
+            self._capture(seq, end)
         if not seq.retiring:
             self._feedback -= seq.request.needs_feedback
             seq.finish_reason = reason
@@ -904,8 +1046,9 @@ class Scheduler:
         return len(self._outstanding)
 
     def has_work(self) -> bool:
-        """Whether any request is waiting, running or in flight."""
-        return bool(self._requests or self._outstanding)
+        """Whether any request is waiting, running or in flight, or a plan or copy is
+        waiting to be issued."""
+        return bool(self._requests or self._outstanding or self._ready or len(self._transfers))
 
     def is_live(self, request_id: int) -> bool:
         """Whether the request is waiting, running or draining its frames."""
@@ -918,6 +1061,7 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         """Snapshot of counters and gauges for the metrics layer."""
         p = self.pages
+        c = self.cache
         return SchedulerStats(
             running=sum(not s.retiring for s in self._running),
             waiting=len(self._waiting),
@@ -930,7 +1074,7 @@ class Scheduler:
             pages_cached=p.cached_pages,
             pages_evictable=p.evictable_pages,
             prefix_queries=p.prefix_queries,
-            prefix_hit_tokens=p.prefix_hit_tokens,
+            prefix_hit_tokens=self._reused_tokens,
             prefix_hit_pages=p.prefix_hit_pages,
             page_evictions=p.evictions,
             pages_published=p.published,
@@ -950,4 +1094,17 @@ class Scheduler:
             spec_copied_draft_tokens=self._spec_copied_draft,
             spec_copied_accepted_tokens=self._spec_copied_accepted,
             spec_policy_decisions=dict(self.policy.decisions) if self.policy else {},
+            snapshot_publications=c.publications,
+            snapshot_evictions=c.snapshot_evictions,
+            snapshot_hits=c.snapshot_hits,
+            snapshots_resident=c.snapshots_resident,
+            continuation_rows_used=c.continuation.used_rows,
+            host_rows_total=c.host.rows,
+            host_rows_used=c.host.used_rows,
+            host_hits=c.host_hits,
+            host_swap_ins=c.swap_ins,
+            host_swap_outs=c.swap_outs,
+            host_evictions=c.host_evictions,
+            transfer_steps=self._transfer_steps,
+            preemption_swaps=self._preemption_swaps,
         )

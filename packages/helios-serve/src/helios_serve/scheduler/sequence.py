@@ -32,6 +32,7 @@ class Sequence:
         self.num_scheduled = 0
         self.num_computed = 0
         self.needs_histogram = False  # next row carries histogram_tokens
+        self.endpoints_done = 0  # leading request.publish_endpoints already handled
         # Frames:
         self.inflight_rows = 0
         self.inflight_samples = 0  # issued sampling rows whose token is not yet known

@@ -16,6 +16,10 @@ Logprobs: with `geometry.top_logprobs` set, a sampling row that asks for logprob
 fixed record: the sampled id at -0.25, alternative j (0-based) the id `(sampled + j) %
 vocab` at `-0.25 - j` (so the first alternative is the sampled id itself).
 
+TRANSFER plans copy rows of token ids between the emulated tiers (pages, continuation
+rows, host rows) exactly as the captured RESTORE programs copy KV rows, so a restored or
+swapped-in history that is wrong reads back as a wrong prompt too.
+
 Faults: `fail_when(predicate)` raises `ScriptedFault` from `execute` for every plan the
 predicate accepts; `fail_at_step(n)` raises on the n-th execute call (0-based);
 `fail_on_sequence(predicate)` raises when a sampling row's whole sequence (prompt and
@@ -36,9 +40,11 @@ import numpy as np
 from helios_serve.engine.plan import (
     PENDING_PLACEHOLDER,
     ModelGeometry,
+    Route,
     StepCompletion,
     StepKind,
     StepPlan,
+    Tier,
 )
 
 Responder = Callable[[tuple[int, ...]], Sequence[int]]
@@ -64,9 +70,14 @@ def tiny_geometry(
     logit_bias: bool = False,
     copied_proposals: bool = False,
     prefix_programs: tuple[tuple[int, int, int], ...] = (),
+    snapshot_rows: int = 0,
+    host_rows: int = 0,
+    transfer_rows: int = 8,
 ) -> ModelGeometry:
     """A small geometry for scripted tests (context = 256 tokens by default;
-    `speculative_widths` makes generation rows SPECULATIVE lanes, draft cursor lag 0)."""
+    `speculative_widths` makes generation rows SPECULATIVE lanes, draft cursor lag 0;
+    `snapshot_rows` / `host_rows` back snapshots and the host tier, every transfer route
+    served)."""
     return ModelGeometry(
         page_tokens=page_tokens,
         num_pages=num_pages,
@@ -85,7 +96,19 @@ def tiny_geometry(
         logit_bias=logit_bias,
         copied_proposals=copied_proposals,
         prefix_programs=prefix_programs,
+        snapshot_rows=snapshot_rows,
+        host_rows=host_rows,
+        transfer_rows=transfer_rows,
+        routes=ALL_ROUTES,
+        page_bytes=page_tokens * 8,
     )
+
+
+ALL_ROUTES = (
+    Route(Tier.PAGES, Tier.HOST), Route(Tier.CONTINUATION, Tier.HOST),
+    Route(Tier.PAGES, Tier.CONTINUATION), Route(Tier.HOST, Tier.PAGES),
+    Route(Tier.CONTINUATION, Tier.PAGES),
+)
 
 
 @dataclass
@@ -124,6 +147,13 @@ class ScriptedModel:
         self.responder = responder
         self.step_delay_s = step_delay_s
         self._pages = np.full((geometry.num_pages, geometry.page_tokens), -1, dtype=np.int64)
+        self._tiers = {
+            Tier.PAGES: self._pages,
+            Tier.CONTINUATION: np.full((geometry.snapshot_rows, geometry.page_tokens), -1,
+                                       dtype=np.int64),
+            Tier.HOST: np.full((geometry.host_rows, geometry.page_tokens), -1, dtype=np.int64),
+        }
+        self.copies: dict[Route, int] = {}  # rows copied per TRANSFER route
         self._prompt_tokens: dict[int, int] = {}  # request_id -> prompt length
         self._scripts: dict[int, list[int]] = {}  # request_id -> scripted output
         self._lock = threading.Lock()
@@ -186,6 +216,10 @@ class ScriptedModel:
             if any(f(plan) for f in faults):
                 raise ScriptedFault(f"scripted execution fault at step {self.steps}")
             self._check(plan)
+            if plan.kind is StepKind.TRANSFER:
+                self._transfer(plan)
+                self.launches[plan.kind] += 1
+                return np.empty(0, dtype=np.int32)
             if plan.kind is StepKind.SPECULATIVE:
                 record = np.stack([self._run_lane(row) for row in plan.rows])
                 for edit in list(self._record_faults):
@@ -248,8 +282,25 @@ class ScriptedModel:
             top_ids[i] = (int(sampled[i]) + np.arange(k)) % vocab
         return StepCompletion(sampled, logprobs, top_ids)
 
+    def _transfer(self, plan: StepPlan) -> None:
+        """Copy each row along the plan's route (every row of the source tier first, so a
+        step reads what was there before it, as the captured programs do)."""
+        g = self._geometry
+        route = plan.route
+        assert route in g.routes, f"route {route} not served"
+        assert not plan.rows and 0 < len(plan.copies) <= g.transfer_rows, "transfer shape"
+        src, dst = self._tiers[route.source], self._tiers[route.destination]
+        for c in plan.copies:
+            assert 0 <= c.source < len(src) and 0 <= c.destination < len(dst), "row range"
+        values = [src[c.source].copy() for c in plan.copies]
+        for c, v in zip(plan.copies, values, strict=True):
+            dst[c.destination] = v
+        self.copies[route] = self.copies.get(route, 0) + len(plan.copies)
+
     def _check(self, plan: StepPlan) -> None:
         g = self._geometry
+        if plan.kind is StepKind.TRANSFER:
+            return
         if plan.kind in (StepKind.DECODE, StepKind.SPECULATIVE):
             assert all(len(r.tokens) == 1 for r in plan.rows), "decode rows carry one token"
             assert len(plan.rows) <= max(g.decode_capacities), "decode batch over capacity"
