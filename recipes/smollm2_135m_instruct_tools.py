@@ -98,6 +98,12 @@ RECIPE = Recipe(
             message_end_markers=["<|im_end|>"],
             assistant_header="<|im_start|>assistant",
         ),
+        # Every ChatML message ends with "<|im_end|>\n" whatever follows it.
+        prefix_boundary_rules=[
+            fe.PrefixBoundaryRule(role=role, end_marker="<|im_end|>\n")
+            for role in (fe.FRONTEND_MESSAGE_ROLE_SYSTEM, fe.FRONTEND_MESSAGE_ROLE_USER,
+                         fe.FRONTEND_MESSAGE_ROLE_ASSISTANT, fe.FRONTEND_MESSAGE_ROLE_TOOL)
+        ],
     ),
     chat_template=CHAT_TEMPLATE,
     sampling=SamplingDefaults(temperature=0.2, top_p=0.9, max_output_tokens=512),
@@ -108,6 +114,9 @@ RECIPE = Recipe(
         context_tokens=8192,
         page_tokens=16,
         prepared_pages=1024,
+        prepared_snapshots=64,
+        host_tier=True,
+        transfer_rows=16,
     ),
     serving=ServingDefaults(
         max_active=8, queue_capacity=64, frontend_workers=2, event_capacity=256

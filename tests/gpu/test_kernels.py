@@ -121,6 +121,23 @@ def test_slot_gather_scatter(gpu, rng, R):
     np.testing.assert_array_equal(got, ref_dst)
 
 
+@pytest.mark.parametrize("R,ROW", [(1, 16 * 3 * 64), (8, 16 * 3 * 64), (33, 16 * 8 * 128 + 5)])
+def test_row_copy(gpu, rng, R, ROW):
+    """Rows of one plane to rows of another; padding rows (-1 on either side) copy nothing
+    and the destination's other rows keep their bytes."""
+    src = rng.standard_normal((R + 3, ROW)).astype(np.float32)
+    dst = rng.standard_normal((R + 5, ROW)).astype(np.float32)
+    src_rows = rng.permutation(R + 3)[:R].astype(np.int32)
+    dst_rows = rng.permutation(R + 5)[:R].astype(np.int32)
+    src_rows[::4] = -1
+    if R > 2:
+        dst_rows[2] = -1
+    ref = dst.copy()
+    K.row_copy(src, ref, src_rows, dst_rows, R, ROW)
+    got = gpu.run("row_copy", src, dst, src_rows, dst_rows, R, ROW)["dst"]
+    np.testing.assert_array_equal(got, ref)
+
+
 @pytest.mark.parametrize("H,KVH,HD", [(9, 3, 64), (32, 8, 128)])
 def test_rope(gpu, rng, H, KVH, HD):
     T = 11

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
 from helios_contract._rules_contract import PAGED_KINDS, WRITES, context_pages, enum_name, selectors
+from helios_contract._rules_tiers import tier_plane_findings
 from helios_contract.errors import (
     BufferRoleError,
     CapacityMismatchError,
@@ -487,6 +488,7 @@ def manifest_findings(serving: pb.ServingContract, manifest: mpb.ExecutionManife
     for index, graph in enumerate(serving.model.graphs):
         yield from _graph(index, graph, names)
     yield from cache(serving, names)
+    yield from tier_plane_findings(serving, names.buffers)
     yield from tuned(serving, names)
     yield from confidence(serving, names)
     yield from speculative_programs(serving, names)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from helios_contract import _rules_contract, _rules_frontend, _rules_manifest
+from helios_contract import _rules_contract, _rules_frontend, _rules_manifest, _rules_tiers
 from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
 from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
@@ -45,6 +45,7 @@ def _upgraded_findings(upgraded: pb.ServingContract,
     yield from _rules_contract.vocabulary(upgraded)
     yield from _rules_contract.cache(upgraded)
     yield from _rules_contract.graphs(upgraded)
+    yield from _rules_tiers.tier_findings(upgraded)
     yield from _rules_contract.serving_extents(upgraded)
     yield from _rules_contract.sampling_defaults(upgraded)
     yield from _rules_frontend.frontend_findings(upgraded)

@@ -7,7 +7,8 @@ proto/helios/v1/contract.proto:
   view per paged region: destination buffer ``"page_table"``, page offset 0), no
   ``GraphContract.completion_cursor`` (read as "no draft cursor"), no
   ``SpeculativeDescriptor.lane_limit``;
-- version 2: no ``vocabulary.mask_words`` and no ``lane_limit``.
+- version 2: no ``vocabulary.mask_words`` and no ``lane_limit``;
+- versions 1 and 2: no ``HistoryRegion.host_planes`` (no host tier).
 
 The implicit values are ``mask_words = ceil(histogram_width / 32)`` and
 ``lane_limit = min(D + 1, W)``. A contract that sets a field its version lacks is
@@ -64,6 +65,10 @@ def version_findings(serving: contract_pb2.ServingContract) -> Iterator[Finding]
         if graph.HasField("speculative") and graph.speculative.lane_limit:
             yield _newer_field(f"model.graphs[{index}].speculative.lane_limit",
                                graph.speculative.lane_limit, version, 3)
+    for index, region in enumerate(model.cache.regions):
+        if region.host_planes:
+            yield _newer_field(f"model.cache.regions[{index}].host_planes",
+                               len(region.host_planes), version, 3)
     if version == 1:
         if model.cache.page_table_views:
             yield _newer_field("model.cache.page_table_views", len(model.cache.page_table_views),

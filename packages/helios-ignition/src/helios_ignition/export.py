@@ -33,6 +33,7 @@ from .families.llama import (
     LlamaShapes,
     Speculation,
     TensorParallelError,
+    cache_contract,
     capture,
     weight_resource_id,
 )
@@ -298,18 +299,7 @@ def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
     caps = recipe.capacities
     eos = recipe.eos_token_ids or checkpoint.eos_token_ids
     words = grammar_mask_words(shapes.vocab)
-    planes = [f"L{i}.{p}_cache" for i in range(shapes.layers) for p in ("k", "v")]
-    cache = cpb.CacheContract(page_tokens=caps.page_tokens)
-    cache.regions.add(name="kv", kind=cpb.HISTORY_KIND_PAGED_KV, planes=planes,
-                      tokens_per_record=1)
-    cache.page_table_views.add(region="kv", buffer="state.page_table", page_offset=0)
-    if speculation is not None:  # the head's histories share the target's page table
-        cache.regions.add(name="draft_kv", kind=cpb.HISTORY_KIND_PAGED_KV,
-                          planes=["D.k_cache", "D.v_cache"], tokens_per_record=1)
-        cache.regions.add(name="draft_features", kind=cpb.HISTORY_KIND_PAGED_LATENT,
-                          planes=["D.f_cache"], tokens_per_record=1)
-        for region in ("draft_kv", "draft_features"):
-            cache.page_table_views.add(region=region, buffer="state.page_table", page_offset=0)
+    cache = cache_contract(shapes, caps, speculation)
     model = cpb.ModelContract(
         version=CONTRACT_VERSION,
         vocabulary=cpb.Vocabulary(sampled_tokens=shapes.vocab, histogram_width=shapes.vocab,
@@ -325,7 +315,8 @@ def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
         served_id=recipe.name, aliases=list(recipe.aliases),
         cache_identity=f"{recipe.name}/{recipe.weight_dtype}/{identity}",
         context_tokens=caps.context_tokens, prefill_chunk_tokens=max(caps.prefill_tokens),
-        prepared_pages=caps.prepared_pages, prepared_snapshots=0,
+        prepared_pages=caps.prepared_pages,
+        prepared_snapshots=caps.prepared_snapshots if caps.transfer_rows else 0,
         selected_concurrency=max(caps.decode_batch),
         speculative_widths=list(speculation.widths) if speculation else [],
         defaults=cpb.ServingDefaults(

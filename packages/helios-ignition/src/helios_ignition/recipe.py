@@ -35,6 +35,11 @@ class Capacities:
         context_tokens: context extent (prompt + output) of one request.
         page_tokens: tokens per KV page.
         prepared_pages: prepared page capacity (the load-time default).
+        prepared_snapshots: continuation rows for exact-endpoint snapshots (the
+            load-time default; 0: no continuation storage, no snapshots).
+        host_tier: declare host-tier planes (sized at load by the host cache capacity).
+        transfer_rows: rows one captured RESTORE program copies (0: no transfer programs,
+            so neither snapshots nor a host tier).
     """
 
     decode_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -43,6 +48,9 @@ class Capacities:
     context_tokens: int = 8192
     page_tokens: int = 16
     prepared_pages: int = 1024
+    prepared_snapshots: int = 0
+    host_tier: bool = False
+    transfer_rows: int = 0
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from .checkpoint.geometry import LlamaGeometry
 from .families.llama import (
     LlamaShapes,
     Speculation,
+    cache_contract,
     capture,
     rope_inv_freq,
     weight_layout,
@@ -112,21 +113,12 @@ def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
                                    reasoning_parser=fe.REASONING_PARSER_NONE,
                                    image_preparation=fe.IMAGE_PREPARATION_NONE,
                                    image_layout=fe.IMAGE_LAYOUT_NONE)
-    cache = cpb.CacheContract(page_tokens=caps.page_tokens)
-    cache.regions.add(name="kv", kind=cpb.HISTORY_KIND_PAGED_KV, tokens_per_record=1,
-                      planes=[f"L{i}.{p}_cache" for i in range(shapes.layers) for p in "kv"])
-    cache.page_table_views.add(region="kv", buffer="state.page_table")
-    if spec is not None:
-        cache.regions.add(name="draft_kv", kind=cpb.HISTORY_KIND_PAGED_KV, tokens_per_record=1,
-                          planes=["D.k_cache", "D.v_cache"])
-        cache.regions.add(name="draft_features", kind=cpb.HISTORY_KIND_PAGED_LATENT,
-                          tokens_per_record=1, planes=["D.f_cache"])
-        for region in ("draft_kv", "draft_features"):
-            cache.page_table_views.add(region=region, buffer="state.page_table")
+    cache = cache_contract(shapes, caps, spec)
     words = grammar_mask_words(shapes.vocab)
     contract = cpb.ServingContract(
         served_id="tiny", cache_identity="tiny/f32", context_tokens=caps.context_tokens,
         prefill_chunk_tokens=max(caps.prefill_tokens), prepared_pages=caps.prepared_pages,
+        prepared_snapshots=caps.prepared_snapshots if caps.transfer_rows else 0,
         selected_concurrency=max(caps.decode_batch), eos_token_ids=[shapes.vocab - 1],
         speculative_widths=list(speculative_widths),
         defaults=cpb.ServingDefaults(sampling=cpb.SamplingDefaults(top_p=1.0,

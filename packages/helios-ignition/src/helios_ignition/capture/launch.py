@@ -390,4 +390,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("all_reduce_sum", "all_gather_columns"):
         # Collectives are no kernel launches (rank peers run them; NCCL on cuda): no grid.
         return LaunchConfig(grid=(1, 1, 1), block=(1, 1, 1))
+    if op == "row_copy":  # one program per (row, BLOCK elements): rows are ~10-100 KB
+        R, ROW = s
+        return _cfg((R, _cdiv(ROW, 4096)), 4, BLOCK=4096)
     raise KeyError(f"no launch rule for kernel op {op!r}")

@@ -1,8 +1,10 @@
 """The Llama family forward pass, written once against the program builder.
 
 Captured per graph variant: PREFILL (packed prompt tokens across rows, per prefill token
-capacity), DECODE (one pending token per row, per batch capacity) and, in a core with a
-learned drafter, SPECULATIVE (per batch capacity and width: draft, verify, commit).
+capacity), DECODE (one pending token per row, per batch capacity), in a core with a
+learned drafter SPECULATIVE (per batch capacity and width: draft, verify, commit), and
+with transfer rows one RESTORE program per storage route (rows copied between pages,
+continuation rows and host-tier rows: snapshots, restores, the host tier).
 Buffers are shared across variants; each variant uses the leading rows of the request
 inputs and scratch.
 
@@ -205,6 +207,62 @@ SPEC_NAMES = {"generation": "in.generation", "lane_start": "in.lane_start",
               "cand_ids": "in.cand_ids", "cand_count": "in.cand_count",
               "cand_generation": "in.cand_generation", "cand_endpoint": "in.cand_endpoint"}
 RECORD = "out.record"
+TRANSFER_NAMES = {"source": "in.transfer_source", "destination": "in.transfer_destination"}
+# Storage tiers of the RESTORE programs' routes, by the name used in graph names.
+PAGES, CONTINUATION, HOST = "pages", "continuation", "host"
+HOST_PREPARED_ROWS = 1  # host-tier planes are sized at load; the manifest holds one row
+
+
+def paged_planes(s: LlamaShapes, spec: Speculation | None = None) -> list[str]:
+    """Planes of every paged region, in region order (the target's K/V per layer, then
+    the draft head's K/V and features): the page rows a transfer moves together."""
+    planes = [f"L{i}.{p}_cache" for i in range(s.layers) for p in ("k", "v")]
+    if spec is not None:
+        planes += [draft.K_CACHE, draft.V_CACHE, draft.F_CACHE]
+    return planes
+
+
+def tier_plane(plane: str, tier: str) -> str:
+    """The continuation or host-tier plane paired with paged `plane`."""
+    return plane if tier == PAGES else f"{plane}.{tier}"
+
+
+def transfer_routes(caps: Capacities) -> list[tuple[str, str]]:
+    """(source, destination) tiers of the captured RESTORE programs."""
+    if not caps.transfer_rows:
+        return []
+    routes = []
+    if caps.prepared_snapshots:
+        routes += [(PAGES, CONTINUATION), (CONTINUATION, PAGES)]
+    if caps.host_tier:
+        routes += [(PAGES, HOST), (HOST, PAGES)]
+    if caps.prepared_snapshots and caps.host_tier:
+        routes.append((CONTINUATION, HOST))
+    return routes
+
+
+def cache_contract(s: LlamaShapes, caps: Capacities,
+                   spec: Speculation | None = None) -> cpb.CacheContract:
+    """The CacheContract of a captured core: the paged K/V region (and the draft head's
+    regions) on one page table, their host-tier planes, and continuation storage."""
+    host = caps.host_tier and caps.transfer_rows > 0
+    cache = cpb.CacheContract(page_tokens=caps.page_tokens)
+
+    def region(name: str, kind: int, planes: list[str]) -> None:
+        cache.regions.add(name=name, kind=kind, planes=planes, tokens_per_record=1,
+                          host_planes=[tier_plane(p, HOST) for p in planes] if host else [])
+        cache.page_table_views.add(region=name, buffer=PAGE_TABLE, page_offset=0)
+
+    target = paged_planes(s)
+    region("kv", cpb.HISTORY_KIND_PAGED_KV, target)
+    if spec is not None:  # the head's histories share the target's page table
+        region("draft_kv", cpb.HISTORY_KIND_PAGED_KV, [draft.K_CACHE, draft.V_CACHE])
+        region("draft_features", cpb.HISTORY_KIND_PAGED_LATENT, [draft.F_CACHE])
+    if caps.prepared_snapshots and caps.transfer_rows:
+        cache.regions.add(name="continuation", kind=cpb.HISTORY_KIND_CONTINUATION,
+                          planes=[tier_plane(p, CONTINUATION) for p in paged_planes(s, spec)],
+                          tokens_per_record=1)
+    return cache
 
 
 def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
@@ -276,6 +334,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
                       weight_resource_id)
     t.declare(LOGPROBS, "f32", (rows, 1 + decl.TOP_LOGPROBS), "output")
     t.declare(TOP_IDS, "i32", (rows, decl.TOP_LOGPROBS), "output")
+    if caps.transfer_rows:
+        _declare_tiers(t, s, caps, spec)
     return t
 
 
@@ -322,6 +382,22 @@ def _sample(b: ProgramBuilder, s: LlamaShapes, R: int, logits, slot, positions, 
              t.view("scratch.sample_selected", (R, 2 * CANDIDATES)), sampled, R, s.vocab, P,
              CANDIDATES)
     b.launch("sample_rest", *common)
+
+
+def _declare_tiers(t: BufferTable, s: LlamaShapes, caps: Capacities,
+                   spec: Speculation | None) -> None:
+    """Continuation and host-tier planes (one per paged plane, same dtype and row shape)
+    and the transfer programs' row inputs."""
+    for plane in paged_planes(s, spec):
+        decl = t.buffers[plane]
+        if caps.prepared_snapshots:
+            t.declare(tier_plane(plane, CONTINUATION), decl.dtype,
+                      (caps.prepared_snapshots, *decl.shape[1:]), "cache")
+        if caps.host_tier:
+            t.declare(tier_plane(plane, HOST), decl.dtype,
+                      (HOST_PREPARED_ROWS, *decl.shape[1:]), "cache")
+    for name in TRANSFER_NAMES.values():
+        t.declare(name, "i32", (caps.transfer_rows,), "input")
 
 
 @dataclass(frozen=True)
@@ -627,6 +703,34 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
 DRAFT_LAG = 0
 
 
+def _transfer(b: ProgramBuilder, s: LlamaShapes, spec: Speculation | None, source: str,
+              destination: str, rows: int) -> None:
+    """Record one RESTORE program: `rows` row copies from tier `source` to tier
+    `destination`, one row_copy launch per paired plane."""
+    t = b.table
+    src_rows = t.view(TRANSFER_NAMES["source"], (rows,))
+    dst_rows = t.view(TRANSFER_NAMES["destination"], (rows,))
+    for plane in paged_planes(s, spec):
+        src = t.buffers[tier_plane(plane, source)]
+        dst = t.buffers[tier_plane(plane, destination)]
+        b.launch("row_copy", t.view(src.name, src.shape), t.view(dst.name, dst.shape),
+                 src_rows, dst_rows, rows, src.numel // src.shape[0])
+
+
+def _transfer_contract(name: str, s: LlamaShapes, spec: Speculation | None, table: BufferTable,
+                       source: str, destination: str, rows: int) -> cpb.GraphContract:
+    planes = paged_planes(s, spec)
+    row_bytes = [table.buffers[p].numel // table.buffers[p].shape[0] * 4 for p in planes]
+    bindings, accesses = decl.row_transfer([tier_plane(p, source) for p in planes],
+                                           [tier_plane(p, destination) for p in planes],
+                                           row_bytes, TRANSFER_NAMES)
+    g = cpb.GraphContract(name=name, operation=cpb.OPERATION_RESTORE, batch_capacity=rows,
+                          state_rows_per_request=0)
+    g.bindings.extend(bindings)
+    g.state_accesses.extend(accesses)
+    return g
+
+
 def _last_positions(b: ProgramBuilder, rows: int):
     """Per-row RNG positions for prefill: each row's last fed token.
 
@@ -726,6 +830,17 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
                                    nbytes=decl_.numel * (2 if decl_.dtype == "bf16" else 4))
         programs.append(program)
         contracts.append(contract)
+    for source, destination in transfer_routes(caps):
+        builder = ProgramBuilder(table, kernels)
+        rows_ = caps.transfer_rows
+        _transfer(builder, s, spec, source, destination, rows_)
+        name = f"transfer_{source}_{destination}_r{rows_}"
+        programs.append(mpb.GraphProgram(name=name, operation=cpb.OPERATION_RESTORE,
+                                         batch_capacity=rows_, launches=builder.launches))
+        contracts.append(_transfer_contract(name, s, spec, table, source, destination, rows_))
+        for b in contracts[-1].bindings:
+            programs[-1].transports.add(destination=b.destination,
+                                        nbytes=table.buffers[b.destination].numel * 4)
     manifest = mpb.ExecutionManifest(abi="helios-numpy-1", buffers=table.to_proto(),
                                      kernels=list(kernels.values()), graphs=programs,
                                      tuning=mpb.TuningCatalog(producers=producers),

@@ -44,7 +44,7 @@ from .speculative import (
     spec_pack_tokens,
     spec_verify,
 )
-from .state import slot_gather, slot_scatter
+from .state import row_copy, slot_gather, slot_scatter
 from .tuning import split_tuning_select, split_tuning_setup, timer_mark
 
 TRITON_KERNELS = {
@@ -90,6 +90,7 @@ TRITON_KERNELS = {
     "sample_chunks": sample_chunks,
     "sample_merge": sample_merge,
     "sample_rest": sample_rest,
+    "row_copy": row_copy,
 }
 
 # Buffer parameters whose element type follows the variant constant WBF16.

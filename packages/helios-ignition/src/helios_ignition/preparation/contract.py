@@ -8,12 +8,14 @@ same value source; it cannot install scheduling or state-update code. Components
   positions) for prefill (packed tokens) and decode (one pending token per row);
 - sampling: admission sampling parameters, seed bits, prompt histogram, grammar mask;
 - state transfer: the persistent per-slot state each graph reads or writes;
-- paged text: page tables of the paged KV history.
+- paged text: page tables of the paged KV history;
+- row transfer: RESTORE programs copying rows between storage tiers (snapshots,
+  restores, the host tier).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from helios_contract.schema import contract_pb2 as cpb
 
@@ -206,3 +208,30 @@ def paged_text(page_table: str, row_bytes: int, slots: int) -> tuple[
     view = cpb.StateView(buffer=page_table, byte_offset=0, row_stride=row_bytes,
                          byte_extent=row_bytes)
     return bindings, [cpb.StateAccess(view=view, access=V.ACCESS_READ)]
+
+
+def row_transfer(source_planes: Sequence[str], destination_planes: Sequence[str],
+                 row_bytes: Sequence[int], names: Mapping[str, str]) -> tuple[
+        list[cpb.ValueBinding], list[cpb.StateAccess]]:
+    """A RESTORE program copying whole rows of one storage tier to another: per
+    submission row the source row (RESTORE_SOURCE) and destination row
+    (SNAPSHOT_DESTINATION), padding -1 (no copy); READ access to every source plane and
+    WRITE access to every destination plane (each row of a plane: one page-shaped record;
+    the route is what these accesses name).
+
+    Args:
+        source_planes / destination_planes: paired planes, in tier order.
+        row_bytes: bytes of one row of each pair.
+        names: buffer names for ``source`` and ``destination``.
+    """
+    bindings = [binding(names["source"], V.VALUE_SOURCE_RESTORE_SOURCE,
+                        V.INDEXING_SUBMISSION_ROW, padding=-1),
+                binding(names["destination"], V.VALUE_SOURCE_SNAPSHOT_DESTINATION,
+                        V.INDEXING_SUBMISSION_ROW, padding=-1)]
+    accesses = []
+    for planes, access in ((source_planes, V.ACCESS_READ), (destination_planes, V.ACCESS_WRITE)):
+        for plane, nbytes in zip(planes, row_bytes, strict=True):
+            view = cpb.StateView(buffer=plane, byte_offset=0, row_stride=nbytes,
+                                 byte_extent=nbytes)
+            accesses.append(cpb.StateAccess(view=view, access=access))
+    return bindings, accesses

@@ -14,7 +14,7 @@ from .attention_split import (
     attention_decode_split_tuned,
     tuned_split_length,
 )
-from .cache import kv_write
+from .cache import kv_write, row_copy
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
 from .fused import (
@@ -86,6 +86,7 @@ __all__ = [
     "rmsnorm_linear",
     "rope",
     "rope_kv_write",
+    "row_copy",
     "sample",
     "sample_biased",
     "sample_chunks",

@@ -73,3 +73,56 @@ def kv_write(
     k0, v0 = H * HD, (H + KVH) * HD
     k_cache[page, off] = qkv[t_idx, k0:v0].reshape(-1, KVH, HD)
     v_cache[page, off] = qkv[t_idx, v0 : v0 + KVH * HD].reshape(-1, KVH, HD)
+
+
+def row_copy(
+    src: NDArray[np.float32],
+    dst: NDArray[np.float32],
+    src_rows: NDArray[np.int32],
+    dst_rows: NDArray[np.int32],
+    R: int,
+    ROW: int,
+) -> None:
+    """Copy whole rows of one storage plane to rows of another (TRANSFER programs: page ->
+    continuation row for a snapshot, continuation or host row -> private page for a
+    restore, page <-> host row for the host tier). Specification: "Attention histories
+    and cache policy" (restore copies continuation payloads to private writable pages).
+
+    A row is the leading-axis slice of a plane: one page of a cache plane
+    (``[PT, KVH, HD]`` = ``ROW`` elements), one continuation row or one host-tier row of
+    the same shape.
+
+    Reference loop::
+
+        for r in range(R):
+            s, d = src_rows[r], dst_rows[r]
+            if s < 0 or d < 0:
+                continue                       # padding: copy nothing
+            dst[d] = src[s]
+
+    Rows of one launch are distinct destinations; every source is read before any
+    destination is written (a launch never copies a row onto a row it also reads).
+
+    Args:
+        src: ``[Ns, ...]`` f32 plane, ``ROW`` elements per leading index.
+        dst: ``[Nd, ...]`` f32 plane of the same row shape.
+        src_rows: ``[R]`` i32 source row per submission row, < 0 for padding.
+        dst_rows: ``[R]`` i32 destination row per submission row, < 0 for padding.
+        R: submission rows (the program's captured batch capacity).
+        ROW: f32 elements per row.
+
+    Raises:
+        IndexError: a real row outside its plane.
+    """
+    s = src_rows[:R].astype(np.int64)
+    d = dst_rows[:R].astype(np.int64)
+    keep = (s >= 0) & (d >= 0)
+    s, d = s[keep], d[keep]
+    if s.size == 0:
+        return
+    flat_src = src.reshape(-1, ROW)
+    flat_dst = dst.reshape(-1, ROW)
+    if s.max() >= flat_src.shape[0] or d.max() >= flat_dst.shape[0]:
+        raise IndexError(f"rows {int(s.max())} / {int(d.max())} outside planes of "
+                         f"{flat_src.shape[0]} / {flat_dst.shape[0]} rows")
+    flat_dst[d] = flat_src[s]

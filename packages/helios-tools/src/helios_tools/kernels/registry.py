@@ -19,7 +19,7 @@ from .attention_split import (
     attention_decode_split,
     attention_decode_split_tuned,
 )
-from .cache import kv_write
+from .cache import kv_write, row_copy
 from .collective import COLLECTIVE_OPS
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
@@ -287,6 +287,10 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     # function of their arguments.
     "all_reduce_sum": (_b("x", "f32", "inout"), *_i("T", "N")),
     "all_gather_columns": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "NL", "N")),
+    "row_copy": (
+        _b("src", "f32"), _b("dst", "f32", "inout"), _b("src_rows", "i32"),
+        _b("dst_rows", "i32"), *_i("R", "ROW"),
+    ),
 }  # fmt: skip
 
 REFERENCE_OPS: dict[str, Callable[..., None]] = {
@@ -332,6 +336,7 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "sample_chunks": sample_chunks,
     "sample_merge": sample_merge,
     "sample_rest": sample_rest,
+    "row_copy": row_copy,
 }
 
 

@@ -304,18 +304,20 @@ class CacheContract(_message.Message):
     def __init__(self, page_tokens: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[HistoryRegion, _Mapping]]] = ..., page_table_views: _Optional[_Iterable[_Union[PageTableView, _Mapping]]] = ...) -> None: ...
 
 class HistoryRegion(_message.Message):
-    __slots__ = ("name", "kind", "planes", "tokens_per_record", "window_tokens")
+    __slots__ = ("name", "kind", "planes", "tokens_per_record", "window_tokens", "host_planes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PLANES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_RECORD_FIELD_NUMBER: _ClassVar[int]
     WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOST_PLANES_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: HistoryKind
     planes: _containers.RepeatedScalarFieldContainer[str]
     tokens_per_record: int
     window_tokens: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[HistoryKind, str]] = ..., planes: _Optional[_Iterable[str]] = ..., tokens_per_record: _Optional[int] = ..., window_tokens: _Optional[int] = ...) -> None: ...
+    host_planes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[HistoryKind, str]] = ..., planes: _Optional[_Iterable[str]] = ..., tokens_per_record: _Optional[int] = ..., window_tokens: _Optional[int] = ..., host_planes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PageTableView(_message.Message):
     __slots__ = ("region", "buffer", "page_offset")
