@@ -170,8 +170,8 @@ def until_eos(ids: list[int], eos: int = 2) -> list[int]:
     return ids[:ids.index(eos) + 1] if eos in ids else ids
 
 
-PHASES = ("verify", "contract", "weights", "kernels", "cache sizing", "graphs", "ranks",
-          "tuning", "listen")
+PHASES = ("verify", "contract", "cache tiers", "weights", "kernels", "cache sizing", "graphs",
+          "ranks", "tuning", "listen")
 PHASE_LINE = re.compile(rf"^helios-serve: ({'|'.join(PHASES)}) +\d+\.\d\d s( |$)")
 
 

@@ -14,7 +14,15 @@ import pytest
 from helios_contract.schema import contract_pb2 as c
 from helios_contract.schema import frontend_pb2 as fpb
 from helios_contract.schema import manifest_pb2 as mpb
-from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+from helios_serve.engine.plan import (
+    Route,
+    RowCopy,
+    RowPlan,
+    SamplingParams,
+    StepKind,
+    StepPlan,
+    Tier,
+)
 from helios_serve.frontend.pipeline import REASONING_PARSERS, TOOL_PARSERS
 from helios_serve.frontend.syntax import ReasoningParser, ToolParser
 from helios_serve.runtime import packing
@@ -50,18 +58,42 @@ def _destination(indexing: int, source: int) -> np.ndarray:
     return np.full(8, SENTINEL, np.float32)
 
 
-@pytest.mark.parametrize("kind", [StepKind.PREFILL, StepKind.DECODE])
-@pytest.mark.parametrize(("source", "indexing"), sorted(PACKED_BINDINGS),
-                         ids=[f"{c.ValueSource.Name(s)}-{c.Indexing.Name(i)}"
-                              for s, i in sorted(PACKED_BINDINGS)])
+# What RESTORE programs bind: packed from a TRANSFER plan's row copies.
+COPY_BINDINGS = frozenset((s, c.INDEXING_SUBMISSION_ROW) for s in packing.COPY_VALUES)
+GENERATION_BINDINGS = sorted(PACKED_BINDINGS - COPY_BINDINGS)
+
+
+def _plan(kind: StepKind) -> StepPlan:
+    if kind is StepKind.TRANSFER:
+        return StepPlan(kind, (), (RowCopy(3, 1), RowCopy(5, 2)), Route(Tier.HOST, Tier.PAGES))
+    return StepPlan(kind, _rows(kind))
+
+
+@pytest.mark.parametrize(("source", "indexing", "kind"),
+                         [(s, i, k) for s, i in GENERATION_BINDINGS
+                          for k in (StepKind.PREFILL, StepKind.DECODE)]
+                         + [(s, i, StepKind.TRANSFER) for s, i in sorted(COPY_BINDINGS)],
+                         ids=[f"{c.ValueSource.Name(s)}-{c.Indexing.Name(i)}-{k.name}"
+                              for s, i in GENERATION_BINDINGS for k in (StepKind.PREFILL, StepKind.DECODE)]
+                         + [f"{c.ValueSource.Name(s)}-{c.Indexing.Name(i)}-TRANSFER"
+                            for s, i in sorted(COPY_BINDINGS)])
 def test_every_declared_binding_is_packed(source, indexing, kind):
     binding = c.ValueBinding(destination="dst", source=source, indexing=indexing,
                              constant_value=3 if source == c.VALUE_SOURCE_CONSTANT else 0)
     graph = c.GraphContract(name="g", bindings=[binding])
     dest = _destination(indexing, source)
     pack = SharedPacking([graph], [{"dst": dest}])
-    pack.pack("g", StepPlan(kind, _rows(kind)), rows=SLOTS, tokens=8)
+    pack.pack("g", _plan(kind), rows=SLOTS, tokens=8)
     assert (dest != SENTINEL).any(), "nothing was written"
+    if kind is StepKind.TRANSFER:
+        want = [3, 5] if source == c.VALUE_SOURCE_RESTORE_SOURCE else [1, 2]
+        assert dest[:2].tolist() == want
+
+
+def test_the_restore_bindings_are_declared():
+    assert {c.VALUE_SOURCE_RESTORE_SOURCE, c.VALUE_SOURCE_SNAPSHOT_DESTINATION} == {
+        s for s, _ in COPY_BINDINGS}
+    assert COPY_BINDINGS <= PACKED_BINDINGS
 
 
 def test_packing_supplies_nothing_the_table_leaves_out():
@@ -71,6 +103,7 @@ def test_packing_supplies_nothing_the_table_leaves_out():
     implemented = (
         {(s, i) for s in per_row for i in (c.INDEXING_SUBMISSION_ROW, c.INDEXING_ACTIVE_ROW)}
         | {(s, c.INDEXING_PACKED_TOKEN) for s in packing.TOKEN_VALUES}
+        | {(s, c.INDEXING_SUBMISSION_ROW) for s in packing.COPY_VALUES}
         | {(c.VALUE_SOURCE_PAGE_TABLE, c.INDEXING_PHYSICAL_REQUEST_ROW),
            (c.VALUE_SOURCE_PROMPT_HISTOGRAM, c.INDEXING_PHYSICAL_REQUEST_ROW),
            (c.VALUE_SOURCE_LOGIT_BIAS, c.INDEXING_PHYSICAL_REQUEST_ROW),

@@ -59,7 +59,8 @@ def test_load_runs_the_producer_before_exposing_the_graphs(loaded):
     assert chosen in CANDIDATES  # zero-initialized buffers hold 0 until the producer runs
     tuning = next(p for p in log.phases if p.name == "tuning")
     assert tuning.detail == f"{SPLIT_PRODUCER} wrote {TUNED_SPLITS} = [{chosen}]"
-    assert [p.name for p in log.phases] == ["weights", "cache sizing", "graphs", "tuning"]
+    assert [p.name for p in log.phases] == ["cache tiers", "weights", "cache sizing", "graphs",
+                                           "tuning"]
 
 
 def _plain_logits(checkpoint, ids: list[int]) -> np.ndarray:

@@ -45,6 +45,8 @@ class RuntimeCapabilities:
         history_kinds: ``HistoryKind`` values whose storage the runtime backs (paged
             kinds share the request's one page list, whatever their number).
         tokens_per_record: ``HistoryRegion.tokens_per_record`` values the kernels read.
+        host_tier: Whether paged regions' ``host_planes`` (host-memory tier planes) are
+            backed: allocated in host memory the RESTORE programs read and write.
         state_accesses: ``Access`` kinds a graph may declare.
         state_rows_per_request: The most ``GraphContract.state_rows_per_request`` the
             runtime partitions (one slot row per request: 1).
@@ -72,6 +74,7 @@ class RuntimeCapabilities:
     bindings: frozenset[tuple[int, int]] = frozenset()
     history_kinds: frozenset[int] = frozenset()
     tokens_per_record: frozenset[int] = frozenset()
+    host_tier: bool = False
     state_accesses: frozenset[int] = frozenset()
     state_rows_per_request: int = 0
     cursor_operations: frozenset[int] = frozenset()
@@ -201,6 +204,10 @@ def _cache(serving: pb.ServingContract, manifest: mpb.ExecutionManifest,
                                region.tokens_per_record, caps,
                                f"compressed histories (tokens per record "
                                f"{sorted(caps.tokens_per_record)})")
+        if region.host_planes and not caps.host_tier:
+            yield _unsupported("runtime.host_tier", f"{path}.host_planes",
+                               len(region.host_planes), caps,
+                               "host-memory tier planes (it backs no host tier)")
     buffers = {b.name: b for b in manifest.buffers}
     slots = {}
     for i, view in enumerate(serving.model.cache.page_table_views):

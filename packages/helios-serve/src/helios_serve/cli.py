@@ -172,6 +172,7 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
                 bootstrap.prepared, bootstrap.core.read_resource, options.backend, cache=cache,
                 max_concurrency=settings.max_active,
                 speculative_width=options.speculative_width, log=log, ranks=ranks,
+                snapshots=options.snapshots, host_cache_bytes=options.host_cache_bytes,
             )
         except RuntimeLoadError as exc:
             raise StartupError(" ".join(str(exc).split()), exc.rule) from None
@@ -266,6 +267,12 @@ class _OneLineUsage(click.Command):
 @click.option("--kv-cache-fraction", "kv_cache_fraction", type=float,
               help="KV cache budget as a fraction of the memory left after loading: free "
                    "device memory on cuda [0.9], available host memory on cpu.")
+@click.option("--snapshots", type=click.IntRange(min=0),
+              help="Exact-endpoint snapshot capacity (continuation rows); 0 turns snapshots "
+                   "off [the core's prepared count].")
+@click.option("--host-cache-bytes", "host_cache_bytes", default="0", show_default=True,
+              help="Host-memory cache tier for evicted pages and snapshots, in bytes (e.g. "
+                   "4GiB; pinned memory on cuda); 0: none.")
 @click.option("--resource-key", "resource_key", envvar=RESOURCE_KEY_ENV,
               help="AES-256 key file (32 raw bytes) of a ProtectedIndex version 4 core "
                    f"[env {RESOURCE_KEY_ENV}].")
@@ -288,8 +295,8 @@ class _OneLineUsage(click.Command):
               help="With --world: seconds bootstrap waits for the other ranks.")
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
          event_capacity, served_name, speculative_width, history_drafting, speculative_policy,
-         num_pages, kv_cache_memory, kv_cache_fraction, resource_key, api_key,
-         demo, world, rank, peers, rank_key, rank_timeout) -> None:  # fmt: skip
+         num_pages, kv_cache_memory, kv_cache_fraction, snapshots, host_cache_bytes, resource_key,
+         api_key, demo, world, rank, peers, rank_key, rank_timeout) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
 
     Startup phases and their durations go to stderr as they end; the serving URL to stdout.
@@ -299,6 +306,10 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             memory = None if kv_cache_memory is None else parse_bytes(kv_cache_memory)
         except ValueError as exc:
             raise StartupError(f"--kv-cache-memory: {exc}") from None
+        try:
+            host_bytes = parse_bytes(host_cache_bytes) if host_cache_bytes != "0" else 0
+        except ValueError as exc:
+            raise StartupError(f"--host-cache-bytes: {exc}") from None
         options = ServeOptions(
             host=host, port=port, backend=backend, max_active=max_active,
             queue_capacity=queue_capacity, frontend_workers=frontend_workers,
@@ -306,6 +317,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             speculative_width=speculative_width, num_pages=num_pages,
             kv_cache_memory=memory, kv_cache_fraction=kv_cache_fraction, api_key=api_key,
             history_drafting=history_drafting, speculative_policy=speculative_policy,
+            snapshots=snapshots, host_cache_bytes=host_bytes,
         )  # fmt: skip
         if demo:
             if core or trust or accept:

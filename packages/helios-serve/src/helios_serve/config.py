@@ -36,6 +36,8 @@ class ServeOptions:
     api_key: str | None = None
     history_drafting: bool = False  # copied proposals beside the learned drafter
     speculative_policy: str = "adaptive"  # "adaptive": speculation.WidthPolicy; "fixed"
+    snapshots: int | None = None  # continuation rows; None: the core's prepared count; 0: off
+    host_cache_bytes: int = 0  # host-memory cache tier; 0: none
 
 
 @dataclass(frozen=True)

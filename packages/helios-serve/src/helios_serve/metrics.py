@@ -203,12 +203,68 @@ class Metrics:
             "Running requests preempted (recompute) for pages.",
             registry=r,
         )
-        # Snapshots (zero until snapshots exist).
+        self.prefill_tokens = Counter(
+            "helios_prefill_tokens",
+            "Prompt tokens computed by prefill (prompt tokens less those reused from the "
+            "cache; preempted requests' recomputed tokens included).",
+            registry=r,
+        )
+        # Exact-endpoint snapshots (model-contract.md, "Attention histories and cache
+        # policy") and the host-memory cache tier.
         self.snapshot_publications = Counter(
-            "helios_snapshot_publications", "Snapshots published at exact endpoints.", registry=r
+            "helios_snapshot_publications",
+            "Snapshots published at exact token endpoints (a partial page copied to a "
+            "continuation row whose copy completed).",
+            registry=r,
         )
         self.snapshot_evictions = Counter(
-            "helios_snapshot_evictions", "Snapshots evicted.", registry=r
+            "helios_snapshot_evictions",
+            "Unreferenced snapshots evicted from their continuation row (LRU), moved to the "
+            "host tier or discarded.",
+            registry=r,
+        )
+        self.snapshot_hits = Counter(
+            "helios_snapshot_hits",
+            "Admissions that restored a snapshot into a private page.",
+            registry=r,
+        )
+        self.snapshots_resident = Gauge(
+            "helios_snapshots_resident",
+            "Snapshots a prompt can restore now (continuation rows and host rows).",
+            registry=r,
+        )
+        self.snapshot_capacity = Gauge(
+            "helios_snapshot_capacity", "Continuation rows backed at load.", registry=r
+        )
+        self.host_cache_bytes_capacity = Gauge(
+            "helios_host_cache_bytes_capacity",
+            "Bytes of the host-memory cache tier (--host-cache-bytes, rounded down to rows).",
+            registry=r,
+        )
+        self.host_cache_bytes_used = Gauge(
+            "helios_host_cache_bytes_used",
+            "Bytes of host-tier rows holding a page or snapshot (or being written).",
+            registry=r,
+        )
+        self.host_cache_hits = Counter(
+            "helios_host_cache_hits",
+            "Rows (pages and snapshots) an admission found in the host tier and copied back.",
+            registry=r,
+        )
+        self.host_cache_swap_ins = Counter(
+            "helios_host_cache_swap_ins",
+            "Rows copied from the host tier to device pages (completed copies).",
+            registry=r,
+        )
+        self.host_cache_swap_outs = Counter(
+            "helios_host_cache_swap_outs",
+            "Rows copied to the host tier: evicted pages and snapshots (completed copies).",
+            registry=r,
+        )
+        self.host_cache_evictions = Counter(
+            "helios_host_cache_evictions",
+            "Host-tier rows evicted (LRU) to make room; their payload is discarded.",
+            registry=r,
         )
         # Resource capacity.
         self.pages_capacity = Gauge(
@@ -268,7 +324,7 @@ class Metrics:
             self.requests_rejected.labels(reason)
         for reason in ("stop", "length", "tool_calls", "cancelled", "error"):
             self.requests_finished.labels(reason)
-        for op in ("prefill", "decode", "speculative"):
+        for op in ("prefill", "decode", "speculative", "transfer"):
             self.graph_launches.labels(op)
 
     def watch_runtime(self, read: Callable[[], Mapping[str, int]], frames: int) -> None:

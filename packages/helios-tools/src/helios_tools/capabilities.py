@@ -54,20 +54,28 @@ PACKED_BINDINGS = frozenset(
        (pb.VALUE_SOURCE_PROMPT_HISTOGRAM, pb.INDEXING_PHYSICAL_REQUEST_ROW),
        (pb.VALUE_SOURCE_LOGIT_BIAS, pb.INDEXING_PHYSICAL_REQUEST_ROW),
        (pb.VALUE_SOURCE_LIVE_ROW_COUNT, pb.INDEXING_SCALAR),
+       # RESTORE programs (TRANSFER steps): per row copy, the row read and the row written.
+       (pb.VALUE_SOURCE_RESTORE_SOURCE, pb.INDEXING_SUBMISSION_ROW),
+       (pb.VALUE_SOURCE_SNAPSHOT_DESTINATION, pb.INDEXING_SUBMISSION_ROW),
        (pb.VALUE_SOURCE_CONSTANT, pb.INDEXING_SCALAR)}
 )
 
 # What both backends share: the scheduler, packing and frontend are the same code.
 _SERVING = dict(
-    # The scheduler plans PREFILL, DECODE and SPECULATIVE steps (engine/plan.py StepKind).
+    # The scheduler plans PREFILL, DECODE and SPECULATIVE steps, and TRANSFER steps that
+    # run RESTORE programs (engine/plan.py StepKind; scheduler/transfers.py).
     operations=frozenset({pb.OPERATION_PREFILL, pb.OPERATION_DECODE,
-                          pb.OPERATION_SPECULATIVE}),
+                          pb.OPERATION_SPECULATIVE, pb.OPERATION_RESTORE}),
     required_operations=frozenset({pb.OPERATION_PREFILL, pb.OPERATION_DECODE}),
     bindings=PACKED_BINDINGS,
     # Paged histories, one record per token, all in the request's one page list (the
     # drafter's key/value and feature histories share the target's page table).
-    history_kinds=frozenset({pb.HISTORY_KIND_PAGED_KV, pb.HISTORY_KIND_PAGED_LATENT}),
+    # Continuation storage holds exact-endpoint snapshot rows (scheduler/cache.py).
+    history_kinds=frozenset({pb.HISTORY_KIND_PAGED_KV, pb.HISTORY_KIND_PAGED_LATENT,
+                             pb.HISTORY_KIND_CONTINUATION}),
     tokens_per_record=frozenset({1}),
+    # Host-tier planes: host memory (pinned and device-mapped on cuda), runtime/tiers.py.
+    host_tier=True,
     state_accesses=frozenset({pb.ACCESS_READ, pb.ACCESS_WRITE, pb.ACCESS_READ_WRITE}),
     state_rows_per_request=1,  # persistent state rows are request slots
     # The scheduler validates SPECULATIVE draft cursors (ModelGeometry.draft_cursor_lag).

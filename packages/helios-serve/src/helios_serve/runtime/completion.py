@@ -51,9 +51,11 @@ class CompletionReader:
         self._records = {g.name: (g.completion.buffer,
                                   RECORD_FIELDS + g.completion.speculative.token_width)
                          for g in programs if g.completion.HasField("speculative")}
+        # RESTORE programs copy rows between storage tiers: no record.
+        self._none = {g.name for g in programs if not g.completion.buffer}
         layouts = {(g.completion.buffer, g.completion.logprobs_buffer,
                     g.completion.top_ids_buffer, g.completion.top_logprobs)
-                   for g in programs if g.name not in self._records}
+                   for g in programs if g.name not in self._records and g.name not in self._none}
         if len(layouts) != 1:
             raise RuntimeLoadError(f"graphs disagree on the completion record: {layouts}")
         sampled, logprobs, top_ids, width = layouts.pop()
@@ -79,7 +81,10 @@ class CompletionReader:
     def read(self, graph: str, frame: int, rows: int, logprobs: bool) -> StepCompletion:
         """`graph`'s record in `frame` for its `rows` live rows (copies): sampled ids (the
         logprobs too when `logprobs`, i.e. some row asked, and the record holds them), or
-        a speculative program's lane records as `sampled`."""
+        a speculative program's lane records as `sampled`; an empty record for a
+        RESTORE program)."""
+        if graph in self._none:
+            return StepCompletion(np.empty(0, np.int32))
         record = self._records.get(graph)
         if record is not None:  # one contiguous [rows, columns] block at the buffer's start
             buffer, columns = record

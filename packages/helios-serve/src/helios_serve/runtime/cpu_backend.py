@@ -5,9 +5,11 @@ Invariant: after `__init__` no buffer is allocated or reshaped; a step only writ
 request inputs (through shared packing) and runs the bound launch list. bf16 weights
 are widened to float32 once at load because NumPy has no bf16 arithmetic.
 
-Load order: weights and every other buffer, then the KV cache sized from what is left
+Load order: weights and every other buffer (continuation and host-tier planes included,
+sized by `tiers`), then the paged KV cache sized from what is left
 (runtime.cache_sizing), then the launch lists of every graph and tuning producer are
-bound (binding takes views of the cache planes, so it follows their allocation).
+bound (binding takes views of the cache planes, so it follows their allocation). On the
+host, the host tier is plain memory like everything else.
 
 Execution frames mirror the cuda backend's: request inputs and the completion record
 have one staging array per frame, copied into (out of) the working buffers when that
@@ -33,6 +35,7 @@ from .cache_sizing import CacheSizing
 from .collectives import Collectives, SingleRank
 from .completion import completion_buffers
 from .errors import RuntimeLoadError
+from .tiers import TierRows
 
 STORED_DTYPE = {
     mpb.D_TYPE_F32: np.dtype("<f4"),
@@ -66,6 +69,7 @@ class CpuBackend:
             buffer's ``rank_weight_resource_ids[rank]``); 0 for a single-rank core.
         collectives: what the collective ops of the programs run on (the rank peers of
             runtime.ranks); default: one rank.
+        tiers: rows of the continuation and host-tier planes (default: none declared).
 
     Attributes:
         cache: the chosen KV capacity (`cache.num_pages` replaces the prepared count).
@@ -80,8 +84,8 @@ class CpuBackend:
 
     def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
                  cache: CacheSizing | None = None, frames: int = 1,
-                 log: StartupLog | None = None, *, rank: int = 0,
-                 collectives: Collectives | None = None):
+                 log: StartupLog | None = None, tiers: TierRows | None = None, *,
+                 rank: int = 0, collectives: Collectives | None = None):
         if frames not in (1, 2):
             raise ValueError(f"the cpu backend offers 1 or 2 execution frames, not {frames}")
         log = log if log is not None else StartupLog()
@@ -92,10 +96,15 @@ class CpuBackend:
         self.counters: Counter[str] = Counter()
         self.buffers: dict[str, np.ndarray] = {}
         self._decls = {b.name: b for b in manifest.buffers}
-        planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE]
+        tiers = tiers or TierRows()
+        planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE
+                  and b.name not in tiers.rows]
         with log.phase("weights") as phase:
             for decl in manifest.buffers:
-                if decl.role != mpb.BUFFER_ROLE_CACHE_PLANE:
+                if decl.name in tiers.rows:
+                    self.buffers[decl.name] = self._allocate(decl, read_resource,
+                                                             tiers.rows[decl.name])
+                elif decl.role != mpb.BUFFER_ROLE_CACHE_PLANE:
                     self.buffers[decl.name] = self._allocate(decl, read_resource, 0)
             weights = [self.buffers[b.name] for b in manifest.buffers
                        if b.role == mpb.BUFFER_ROLE_WEIGHT]
@@ -140,13 +149,14 @@ class CpuBackend:
         for name in names:
             self.run(name)
 
-    def _allocate(self, decl: mpb.Buffer, read_resource, num_pages: int) -> np.ndarray:
+    def _allocate(self, decl: mpb.Buffer, read_resource, rows: int) -> np.ndarray:
+        """Allocate `decl` (a cache plane leads with `rows`)."""
         if decl.dtype not in COMPUTE_DTYPE:
             raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
                                    "is not supported by the cpu backend")
         shape = [int(s) for s in decl.shape]
         if decl.role == mpb.BUFFER_ROLE_CACHE_PLANE:
-            shape[0] = num_pages
+            shape[0] = rows
         if decl.role != mpb.BUFFER_ROLE_WEIGHT:
             return np.zeros(shape, COMPUTE_DTYPE[decl.dtype])
         resource = (decl.rank_weight_resource_ids[self.rank] if decl.rank_weight_resource_ids

@@ -37,6 +37,7 @@ from .cache_sizing import CacheSizing
 from .completion import completion_buffers
 from .cuda import driver as drv
 from .errors import RuntimeLoadError
+from .tiers import TierRows
 
 STORED_DTYPE = {
     mpb.D_TYPE_F32: np.dtype("<f4"),
@@ -62,6 +63,10 @@ class CudaBackend:
             free once everything else is loaded).
         device: CUDA device ordinal.
         log: startup phases (weights, kernels, cache sizing, graphs) are recorded here.
+        tiers: rows of the continuation planes (device memory, allocated with the weights,
+            before the paged cache is sized) and of the host-tier planes (pinned host
+            memory mapped into the device's address space: the RESTORE programs' kernels
+            copy rows to and from it directly).
 
     Attributes:
         cache: the chosen KV capacity (`cache.num_pages` replaces the prepared count).
@@ -76,7 +81,7 @@ class CudaBackend:
 
     def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
                  cache: CacheSizing | None = None, device: int = 0,
-                 log: StartupLog | None = None):
+                 log: StartupLog | None = None, tiers: TierRows | None = None):
         t0 = time.perf_counter()
         log = log if log is not None else StartupLog()
         cu = drv.require_driver()
@@ -85,6 +90,7 @@ class CudaBackend:
         self._dev_ptrs: dict[str, int] = {}
         self._dev_bytes: dict[str, int] = {}
         self._pinned: list[dict[str, drv.PinnedArray]] = [{} for _ in range(self.frames)]
+        self._host_planes: dict[str, drv.PinnedArray] = {}  # host tier, device-mapped
         self._events: list = []
         self._extra_allocs: list[int] = []
         self._modules: list = []
@@ -110,14 +116,23 @@ class CudaBackend:
             cu.CUstream_flags.CU_STREAM_NON_BLOCKING.value))
         try:
             self._decls = {b.name: b for b in manifest.buffers}
-            planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE]
-            others = [b for b in manifest.buffers if b.role != mpb.BUFFER_ROLE_CACHE_PLANE]
-            self._shapes = {b.name: tuple(int(x) for x in b.shape) for b in others}
+            tiers = tiers or TierRows()
+            planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE
+                      and b.name not in tiers.rows]
+            others = [b for b in manifest.buffers if b.role != mpb.BUFFER_ROLE_CACHE_PLANE
+                      or (b.name in tiers.rows and b.name not in tiers.host)]
+            host = [b for b in manifest.buffers if b.name in tiers.host]
+            self._shapes = {b.name: tuple(int(x) for x in b.shape) for b in others + host}
+            for b in others + host:
+                if b.name in tiers.rows:
+                    self._shapes[b.name] = (tiers.rows[b.name], *self._shapes[b.name][1:])
             self._check_memory(others)
             staged = self._staged_names(manifest)
             with log.phase("weights") as phase:
                 for decl in others:
                     self._allocate(decl, read_resource, decl.name in staged)
+                for decl in host:
+                    self._allocate_host(decl)
                 phase.detail = (f"{sum(d.role == mpb.BUFFER_ROLE_WEIGHT for d in others)} "
                                 f"tensors, {_mib(self.counters['weight_bytes'])} uploaded")
             with log.phase("kernels") as phase:
@@ -270,6 +285,29 @@ class CudaBackend:
                     shared = drv.PinnedArray(self._shapes[decl.name], dtype)
                     self.counters["host_allocations"] += 1
                 frame[decl.name] = shared
+
+    def _allocate_host(self, decl: mpb.Buffer) -> None:
+        """A host-tier plane: pinned host memory, mapped for the kernels (zeroed)."""
+        if decl.dtype not in STORED_DTYPE:
+            raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
+                                   "is not supported by the cuda backend")
+        try:
+            pinned = drv.PinnedArray(self._shapes[decl.name], STORED_DTYPE[decl.dtype],
+                                     mapped=True)
+        except drv.CudaError as exc:
+            raise RuntimeLoadError(f"cuda backend: pinned host memory for the host tier plane "
+                                   f"{decl.name} ({self._shapes[decl.name][0]} rows, "
+                                   f"{_mib(self._nbytes(decl))}) could not be allocated "
+                                   f"({exc.code}); lower --host-cache-bytes") from None
+        self.counters["host_allocations"] += 1
+        self._host_planes[decl.name] = pinned
+        self._dev_ptrs[decl.name] = pinned.device_ptr
+        self._dev_bytes[decl.name] = self._nbytes(decl)
+
+    @property
+    def host_tier_bytes(self) -> int:
+        """Pinned host memory backing the host tier's planes."""
+        return sum(p.nbytes for p in self._host_planes.values())
 
     def _load_kernels(self, read_resource) -> dict[str, tuple]:
         cu = self._cu
@@ -486,9 +524,15 @@ class CudaBackend:
         self._events = []
         for m in self._modules:
             cu.cuModuleUnload(m)
-        for ptr in list(self._dev_ptrs.values()) + self._extra_allocs:
+        for name, ptr in list(self._dev_ptrs.items()):
+            if name not in self._host_planes:
+                cu.cuMemFree(ptr)
+        for ptr in self._extra_allocs:
             cu.cuMemFree(ptr)
         self._dev_ptrs.clear()
+        for p in self._host_planes.values():
+            p.free()
+        self._host_planes.clear()
         freed = set()
         for frame in self._pinned:
             for p in frame.values():

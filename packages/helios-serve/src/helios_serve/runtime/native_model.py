@@ -18,6 +18,7 @@ values are ignored and may be placeholders.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from helios_contract.schema import contract_pb2 as cpb
 from helios_tools.capabilities import BACKENDS as CAPABILITIES
 
 from ..engine.plan import ModelGeometry, StepCompletion, StepKind, StepPlan
+from ..scheduler.request import TransferCost
 from ..startup import StartupLog
 from .cache_sizing import CacheSizing
 from .completion import CompletionReader
@@ -35,6 +37,7 @@ from .cpu_backend import CpuBackend
 from .errors import RuntimeLoadError, UnknownBackend, UnsupportedContract
 from .packing import SharedPacking
 from .ranks import load_thread_ranks
+from .tiers import TierChoice, choose_tiers
 
 BACKENDS = tuple(CAPABILITIES)  # ("cpu", "cuda")
 
@@ -59,7 +62,8 @@ class NativeModel:
     Use `NativeModel.load`; the constructor takes already-built parts.
     """
 
-    def __init__(self, prepared: PreparedContract, backend, geometry: ModelGeometry):
+    def __init__(self, prepared: PreparedContract, backend, geometry: ModelGeometry,
+                 tiers: TierChoice | None = None):
         self.prepared = prepared
         self.backend = backend
         self.manifests = geometry
@@ -88,6 +92,9 @@ class NativeModel:
         # One pending-token view for every decode graph: a capability rule checked at load.
         decode = prepared.graphs_for(cpb.OPERATION_DECODE)[0]
         self._pending_view = decode.pending_token if decode.pending_token.buffer else None
+        # RESTORE programs of each served TRANSFER route: (capacity, name), ascending.
+        self.tiers = tiers
+        self._transfers = dict(tiers.routes) if tiers else {}
         self._inflight: deque[Ticket] = deque()
         self._next_frame = 0
         self.launches = Counter()  # graph launches by operation name
@@ -97,11 +104,12 @@ class NativeModel:
              backend: str = "cpu", *, cache: CacheSizing | None = None,
              max_concurrency: int | None = None, cpu_frames: int = 1,
              speculative_width: int | None = None, log: StartupLog | None = None,
-             ranks=None) -> NativeModel:
+             ranks=None, snapshots: int | None = None, host_cache_bytes: int = 0
+             ) -> NativeModel:
         """Load a validated contract's execution manifest onto `backend`: weights and
-        every other buffer, the kernels, the KV cache sized from what is left, the graphs,
-        then the tuning producers the selected graphs need (run once, before any graph is
-        exposed).
+        every other buffer, the kernels, the KV cache sized from what is left, the
+        continuation and host-tier planes, the graphs, then the tuning producers the
+        selected graphs need (run once, before any graph is exposed).
 
         Args:
             prepared: the core's PreparedContract, validated against its execution
@@ -124,6 +132,10 @@ class NativeModel:
             ranks: this process is rank 0 of RankPeers::Processes
                 (runtime.rank_processes.ProcessRanks); None: a tensor-parallel core runs
                 every rank here as a thread (RankPeers::Threads, runtime.ranks).
+            snapshots: continuation rows for exact-endpoint snapshots (None: the
+                contract's prepared_snapshots; 0 turns snapshots off).
+            host_cache_bytes: bytes of the host-memory cache tier (0: none; pinned host
+                memory on cuda), allocated here, before serving.
 
         Raises:
             UnknownBackend: `backend` is not one of BACKENDS.
@@ -147,27 +159,44 @@ class NativeModel:
                                            speculative_width=speculative_width):
             raise UnsupportedContract(f"unsupported contract: {finding}", finding.rule)
         log = log if log is not None else StartupLog()
+        serving = prepared.serving
+        tiers = choose_tiers(serving.model.cache, list(prepared.graphs.values()),
+                             {b.name: b for b in manifest.buffers},
+                             prepared_snapshots=serving.prepared_snapshots,
+                             snapshots=snapshots, host_cache_bytes=host_cache_bytes)
+        if tiers.rows.rows:  # the core declares continuation or host-tier planes
+            with log.phase("cache tiers") as phase:
+                phase.detail = tiers.describe()
         if backend == "cuda":
             from .cuda_backend import CudaBackend  # imports cuda-python only when asked
 
-            engine = CudaBackend(manifest, read_resource, cache, log=log)
+            engine = CudaBackend(manifest, read_resource, cache, log=log, tiers=tiers.rows)
         elif ranks is not None:  # RankPeers::Processes: this process is rank 0
             from .rank_processes import load_process_ranks  # imports MPI only when asked
 
+            if tiers.snapshot_rows or tiers.host_rows:
+                raise RuntimeLoadError("snapshots and the host tier are not served across rank "
+                                       "processes (--world) yet: serve with --snapshots 0 and "
+                                       "no --host-cache-bytes, or run the ranks as threads")
             engine = load_process_ranks(manifest, read_resource, ranks, cache,
                                         frames=cpu_frames, log=log)
         elif rank_count(manifest) > 1:  # RankPeers::Threads: every rank in this process
             engine = load_thread_ranks(manifest, read_resource, cache, frames=cpu_frames,
-                                       log=log)
+                                       log=log, tiers=tiers.rows)
         else:
-            engine = CpuBackend(manifest, read_resource, cache, frames=cpu_frames, log=log)
+            engine = CpuBackend(manifest, read_resource, cache, frames=cpu_frames, log=log,
+                                tiers=tiers.rows)
         try:
             _run_tuning(engine, prepared, log)
             geometry = _geometry(prepared, engine.num_pages, max_concurrency, speculative_width)
+            geometry = dataclasses.replace(
+                geometry, snapshot_rows=tiers.snapshot_rows, host_rows=tiers.host_rows,
+                transfer_rows=tiers.transfer_rows, routes=tuple(tiers.routes),
+                page_bytes=tiers.page_bytes)
         except BaseException:
             getattr(engine, "close", lambda: None)()
             raise
-        return cls(prepared, engine, geometry)
+        return cls(prepared, engine, geometry, tiers)
 
     @property
     def top_logprobs(self) -> int | None:
@@ -180,6 +209,12 @@ class NativeModel:
         Raises:
             ValueError: no captured variant holds it (the scheduler's admission bug).
         """
+        if plan.kind is StepKind.TRANSFER:
+            for capacity, name in self._transfers.get(plan.route, ()):
+                if capacity >= len(plan.copies):
+                    return name
+            raise ValueError(f"no served transfer program copies {len(plan.copies)} rows "
+                             f"along {plan.route}")
         if plan.kind is StepKind.SPECULATIVE and plan.packed_rows:
             for batch, packed, _width in self.manifests.prefix_programs:
                 if batch >= len(plan.rows) and packed == plan.packed_rows:
@@ -258,6 +293,18 @@ class NativeModel:
     def wait(self, ticket: Ticket) -> np.ndarray:
         """`wait_step`'s sampled ids (or speculative lane records)."""
         return self.wait_step(ticket).sampled
+
+    @property
+    def transfer_cost(self) -> TransferCost:
+        """What copies and prefill cost on this backend, for the scheduler's
+        swap-or-recompute rule (estimates; bench/results/snapshots_cpu.json and
+        bench/results/gpu_smollm2*.json measure them for SmolLM2)."""
+        if self.backend.name == "cuda":
+            # ~60 row_copy launches (~3 us each) per step; a 0.7 MiB page over the host
+            # link at ~25 GB/s; prefill at ~84k tokens/s (chunk 1024, H200).
+            return TransferCost(transfer_step_s=2e-4, page_copy_s=3e-5,
+                                prefill_tokens_per_s=8e4)
+        return TransferCost()  # NumPy: one memcpy per plane row; ~600 prefill tokens/s
 
     def execute(self, plan: StepPlan) -> np.ndarray:
         """Run one step; returns int32 `[len(plan.rows)]` sampled ids (submission rows)."""
@@ -342,7 +389,8 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
                           and g.batch_capacity <= max(decode)))
     history = [g for g in speculative if g.speculative.token_capacity in widths
                and g.speculative.token_capacity > 1]
-    sampling = [g for g in prepared.graphs.values() if g.operation != cpb.OPERATION_SPECULATIVE]
+    sampling = [g for g in prepared.graphs.values()
+                if g.operation in (cpb.OPERATION_PREFILL, cpb.OPERATION_DECODE)]
     programs = {g.name: g for g in manifest.graphs}
     layouts = {programs[g.name].completion.top_logprobs
                if programs[g.name].completion.logprobs_buffer else None for g in sampling}

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
 
-from ..engine.plan import RowPlan, StepPlan
+from ..engine.plan import RowCopy, RowPlan, StepKind, StepPlan
 
 V = cpb
 
@@ -66,6 +66,12 @@ ROW_VALUES: dict[int, Callable[[Rows], list]] = {
     V.VALUE_SOURCE_LOGPROBS: lambda rows: [r.sampling.logprobs if r.sample and
                                            r.sampling.logprobs is not None else -1
                                            for r in rows],
+}
+
+# Per-row sources of TRANSFER steps (RESTORE programs): one value per row copy.
+COPY_VALUES: dict[int, Callable[[Sequence[RowCopy]], list]] = {
+    V.VALUE_SOURCE_RESTORE_SOURCE: lambda copies: [c.source for c in copies],
+    V.VALUE_SOURCE_SNAPSHOT_DESTINATION: lambda copies: [c.destination for c in copies],
 }
 
 # Per-token sources: the packed values of all rows' tokens, in row order (a speculative
@@ -179,10 +185,12 @@ class SharedPacking:
     def _pack_rows(self, item: _Resolved, dest: np.ndarray, plan: StepPlan,
                    capacity: int) -> None:
         rows = plan.rows
-        n = len(rows)
+        n = len(plan.copies) if plan.kind is StepKind.TRANSFER else len(rows)
         pad_to = capacity if item.indexing == V.INDEXING_SUBMISSION_ROW else n
         source = item.source
-        if source == V.VALUE_SOURCE_SEED_BITS:
+        if source in COPY_VALUES:
+            dest[:n] = COPY_VALUES[source](plan.copies)
+        elif source == V.VALUE_SOURCE_SEED_BITS:
             for i, r in enumerate(rows):
                 dest[i] = (r.sampling.seed & 0xFFFFFFFF, (r.sampling.seed >> 32) & 0xFFFFFFFF)
         elif source == V.VALUE_SOURCE_CANDIDATE_IDS:

@@ -42,6 +42,7 @@ from .collectives import ThreadGroup
 from .completion import completion_buffers
 from .cpu_backend import CpuBackend
 from .errors import RankDisagreement, RankFailure, RankLost, RuntimeLoadError
+from .tiers import TierRows
 
 PER_FRAME_ROLES = (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)
 
@@ -304,7 +305,8 @@ def _share_tuned(ranks: Sequence[RankStep]) -> None:
 
 def load_thread_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
                       cache: CacheSizing | None = None, frames: int = 1,
-                      log: StartupLog | None = None) -> RankedBackend:
+                      log: StartupLog | None = None, tiers: TierRows | None = None
+                      ) -> RankedBackend:
     """Load every rank of a tensor-parallel core in this process (RankPeers::Threads):
     each rank's weights (its resources), buffers and cache, bound to shared-memory
     collectives.
@@ -318,7 +320,7 @@ def load_thread_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[[
     backends: list[CpuBackend] = []
     for r in range(ranks):
         backends.append(CpuBackend(manifest, read_resource, cache, frames,
-                                   log if r == 0 else StartupLog(), rank=r,
+                                   log if r == 0 else StartupLog(), tiers, rank=r,
                                    collectives=group.member(r)))
     pages = {b.num_pages for b in backends}
     if len(pages) != 1:

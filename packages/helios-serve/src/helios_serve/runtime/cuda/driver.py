@@ -75,12 +75,21 @@ def call(what: str, result):
 
 
 class PinnedArray:
-    """A page-locked host allocation viewed as a NumPy array (freed by ``free``)."""
+    """A page-locked host allocation viewed as a NumPy array (freed by ``free``).
 
-    def __init__(self, shape: Sequence[int], dtype: np.dtype):
+    With ``mapped``, the allocation is also mapped into the device's address space
+    (CU_MEMHOSTALLOC_DEVICEMAP): ``device_ptr`` is the address kernels read and write it
+    at (over the host link), e.g. the host tier's planes.
+    """
+
+    def __init__(self, shape: Sequence[int], dtype: np.dtype, mapped: bool = False):
         dtype = np.dtype(dtype)
         self.nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
-        self.ptr = int(call("cuMemHostAlloc", cu.cuMemHostAlloc(self.nbytes, 0)))
+        flags = cu.CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0
+        self.ptr = int(call("cuMemHostAlloc", cu.cuMemHostAlloc(self.nbytes, flags)))
+        self.device_ptr = (int(call("cuMemHostGetDevicePointer",
+                                    cu.cuMemHostGetDevicePointer(self.ptr, 0)))
+                           if mapped else 0)
         raw = (ctypes.c_byte * self.nbytes).from_address(self.ptr)
         self.array = np.frombuffer(raw, dtype=np.uint8, count=int(np.prod(shape)) * dtype.itemsize
                                    ).view(dtype).reshape(tuple(shape))
