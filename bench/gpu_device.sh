@@ -115,6 +115,20 @@ case $stage in
     python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS \
       --json "$OUTD/serve_overhead_h200host.json" 2>&1 | grep -v "^ " | tee "$OUTD/serve_overhead.log"
     python3 bench/packing.py --json "$OUTD/packing_h200host.json" 2>&1 | tee "$OUTD/packing.log" ;;
+  snapshots)
+    # Issue 15: snapshots and the host tier on the H200. GPU tests (every RESTORE route on
+    # device and pinned host planes, restored logits = fresh logits, host-tier round trip),
+    # then bench/snapshots.py through helios-serve --backend cuda: multi-turn chat (10 turns
+    # on a 1,000-token system prompt, snapshots off / on / on + host tier) and the cache
+    # pressure run (--num-pages 160, 4 conversations; with and without the host tier).
+    ensure_key
+    C=$HOME/cores/smollm2-snap.core
+    [ -f "$C" ] || ign export recipes/smollm2_135m_instruct.py --checkpoint "$HOME/g/smol.gguf" \
+      --key "$K" --namespace $NS --out "$C" --target sm_90 2>&1 | tail -2 | tee "$OUTD/export_snap.log"
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_snapshots.py \
+      "tests/gpu/test_kernels.py::test_row_copy" 2>&1 | tee "$OUTD/snapshots_tests.log"
+    python3 bench/snapshots.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
+      --json "$OUTD/snapshots_gpu.json" 2>&1 | tee "$OUTD/snapshots_gpu.log" ;;
   export-8b)
     # Issue 17 served throughput (b), part 1: a Llama-3.1-8B-geometry core with seeded random
     # bf16 weights (16 GB) written to $HOME (kept while the machine is warm: run load-8b next).

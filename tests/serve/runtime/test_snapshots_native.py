@@ -12,9 +12,9 @@ import pytest
 from helios_ignition.testing import TINY_CAPACITIES, TINY_SHAPES, dense_forward, tiny_core
 from helios_serve.engine.plan import Route, RowCopy, StepKind, StepPlan, Tier
 from helios_serve.runtime.errors import RuntimeLoadError
-from helios_serve.runtime.native_model import NativeModel
+from helios_serve.scheduler import TransferCost
 from helios_serve.testing.native import load_native
-from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler, TransferCost
+from helios_serve.testing.serial import Serial
 
 CAPS = replace(TINY_CAPACITIES, prepared_snapshots=4, host_tier=True, transfer_rows=4)
 PAGE_ROW_BYTES = 4 * 2 * 8 * 4  # page_tokens x kv_heads x head_dim x f32, one plane
@@ -25,48 +25,6 @@ CHEAP = TransferCost(transfer_step_s=1e-9, page_copy_s=1e-9, prefill_tokens_per_
 @pytest.fixture(scope="module")
 def core():
     return tiny_core(seed=3, caps=CAPS)
-
-
-class Serial:
-    """Scheduler + NativeModel, one plan at a time; greedy; each request ends at its
-    output limit (a publishable end). Records every sampling row's logits."""
-
-    def __init__(self, model: NativeModel):
-        self.model = model
-        self.sched = Scheduler(model.manifests, frames=1, device_pending=model.device_pending,
-                               transfer_cost=CHEAP)
-        self.limits: dict[int, int] = {}
-        self.out: dict[int, list[int]] = {}
-        self.logits: dict[int, list[np.ndarray]] = {}
-        self.reused: dict[int, int] = {}
-        self.plans: list[StepPlan] = []
-
-    def add(self, rid: int, prompt, limit: int, **kw) -> None:
-        assert self.sched.add(SchedRequest(rid, tuple(prompt), limit, **kw)) is None
-        self.limits[rid], self.out[rid], self.logits[rid] = limit, [], []
-
-    def run(self) -> None:
-        while self.sched.has_work():
-            plan = self.sched.schedule()
-            assert plan is not None
-            self.plans.append(plan)
-            sampled = self.model.execute(plan)
-            if plan.kind is not StepKind.TRANSFER:
-                logits = self.model.backend.buffers["scratch.logits"]
-                for i, row in enumerate(plan.rows):
-                    if row.sample:
-                        self.logits[row.request_id].append(logits[i].copy())
-            for r in self.sched.complete(plan, sampled):
-                if r.token_id is None:
-                    continue
-                self.out[r.request_id].append(r.token_id)
-                if len(self.out[r.request_id]) == self.limits[r.request_id]:
-                    s = self.sched.finish(r.request_id, FinishReason.LENGTH, publish=True)
-                    self.reused[r.request_id] = s.reused_prompt_tokens
-
-    def copies(self, route: Route) -> int:
-        return sum(len(p.copies) for p in self.plans
-                   if p.kind is StepKind.TRANSFER and p.route == route)
 
 
 def _dense(core, tokens) -> np.ndarray:
@@ -81,7 +39,7 @@ HOST_IN = Route(Tier.HOST, Tier.PAGES)
 
 def test_logits_after_a_restore_equal_logits_without_a_snapshot(core):
     prompt = [5, 9, 11, 3, 7, 21, 40, 2, 17]  # 9 tokens
-    run = Serial(load_native(core, "cpu"))
+    run = Serial(load_native(core, "cpu"), CHEAP)
     run.add(1, prompt, 3)  # 12 tokens; committed 11: two pages and a 3-token tail
     run.run()
     assert run.sched.stats().snapshot_publications == 1 and run.copies(CAPTURE) == 1
@@ -89,7 +47,7 @@ def test_logits_after_a_restore_equal_logits_without_a_snapshot(core):
     run.add(2, follow, 4)
     run.run()
     assert run.reused[2] == 11 and run.copies(RESTORE) == 1
-    fresh = Serial(load_native(core, "cpu", snapshots=0))
+    fresh = Serial(load_native(core, "cpu", snapshots=0), CHEAP)
     fresh.add(2, follow, 4)
     fresh.run()
     assert fresh.reused[2] == 0
@@ -103,7 +61,7 @@ def test_logits_after_a_restore_equal_logits_without_a_snapshot(core):
 
 def test_host_tier_pages_come_back_with_their_bytes(core):
     model = load_native(core, "cpu", host_cache_bytes=64 * HOST_ROW_BYTES)
-    run = Serial(model)
+    run = Serial(model, CHEAP)
     assert model.manifests.host_rows == 64
     shared = [3, 1, 4, 1, 5, 9, 2, 6, 5]
     run.add(1, shared, 2)

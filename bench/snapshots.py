@@ -1,0 +1,319 @@
+"""Exact-endpoint snapshots and the host tier, measured through helios-serve's HTTP API.
+
+Two workloads against a real `helios-serve` child process on 127.0.0.1 (SmolLM2, greedy,
+streamed; TTFT = request sent -> first generated token's chunk, timed at the client):
+
+    multi-turn  one conversation of 10 turns on a ~1,000-token system prompt, each turn a
+                new user question plus the previous answers (max_tokens 16), under three
+                configurations, each on a fresh server:
+                  off   --snapshots 0: complete pages only (prefix reuse at page granularity)
+                  on    exact-endpoint snapshots (the core's prepared count)
+                  host  snapshots + --host-cache-bytes
+                per turn: prompt tokens, cached_tokens (usage), prefill tokens (the server's
+                helios_prefill_tokens_total delta) and TTFT. Target: every turn >= 2 prefills
+                exactly its new tokens (prompt - the previous turn's committed tokens) with
+                snapshots on.
+    pressure    C conversations, each with its own ~1,000-token system prompt, visited
+                round-robin for R rounds on a server whose device cache (--num-pages) holds
+                fewer pages than their working set: without a host tier every revisit
+                recomputes what was evicted; with one, the evicted pages come back by copy.
+                Per configuration: hit rate of revisits (cached / prompt tokens, rounds >= 2),
+                TTFT of revisits (median), and TTFT of first visits (recompute). Target:
+                revisit TTFT with the host tier <= 0.5 x without it.
+
+The core is exported into bench/out/ when absent (the SmolLM2 recipe), unless --core /
+--trust / --accept name one (the GPU step passes a core with sm_90 binaries and
+--backend cuda). Server logs go to bench/out/snapshots.*.log.
+
+Run: `uv run python bench/snapshots.py --json bench/results/snapshots_cpu.json` -> prints
+a table and writes the JSON. Figures only; never asserted on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+OUT = BENCH / "out"
+RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
+NAMESPACE = "helios.bench/snapshots"
+MODEL = "smollm2-135m-instruct"
+
+SENTENCES = [
+    "Every team member reviews the shared handbook at the start of each quarter.",
+    "Requests for new equipment go through the operations desk with a short justification.",
+    "Customer data is stored only in approved systems and never copied to personal devices.",
+    "Meetings start on time, have a written agenda and end with a list of decisions.",
+    "Code changes are reviewed by at least one colleague before they are merged.",
+    "Travel is booked through the company portal and approved by the team lead.",
+    "Incidents are reported within one hour to the on-call engineer and the security desk.",
+    "Documentation is written in plain language and kept next to the code it describes.",
+    "Holidays are announced two weeks ahead so that the team can plan coverage.",
+    "Passwords are managed in the approved vault and rotated when a device is lost.",
+    "New hires are paired with a mentor for their first three months.",
+    "Feedback is given privately, specifically and soon after the event it concerns.",
+]
+QUESTIONS = [
+    "Summarize the policy above in one sentence.",
+    "What does it say about security?",
+    "And about meetings?",
+    "Who approves travel?",
+    "How fast must incidents be reported?",
+    "What happens when a device is lost?",
+    "How long does mentoring last?",
+    "How is feedback given?",
+    "When are holidays announced?",
+    "Which rule is the strictest?",
+]
+
+
+def system_prompt(index: int, sentences: int) -> str:
+    """A long system prompt, distinct per `index` (rotated sentences, a numbered title)."""
+    body = [SENTENCES[(index + i) % len(SENTENCES)] for i in range(sentences)]
+    return f"Policy book {index}. " + " ".join(body)
+
+
+def ensure_core(args) -> tuple[Path, Path, str]:
+    if args.core:
+        if not (args.trust and args.accept):
+            raise SystemExit("--core needs --trust and --accept")
+        return Path(args.core), Path(args.trust), args.accept
+    OUT.mkdir(parents=True, exist_ok=True)
+    core, key = OUT / "snapshots.core", OUT / "snapshots-publisher.key"
+    public = key.with_name(key.name + ".pub")
+    if not (key.is_file() and public.is_file()):
+        _cli("helios_tools.cli", "helios-tools", ["keygen", "--out", str(key)])
+    if not core.is_file():
+        print(f"exporting {core} ...", flush=True)
+        partial = core.with_suffix(".partial")
+        _cli("helios_ignition.cli", "ignition", ["export", str(RECIPE), "--checkpoint", "smollm2",
+                                                 "--key", str(key), "--namespace", NAMESPACE,
+                                                 "--out", str(partial)])
+        partial.replace(core)
+    return core, public, NAMESPACE
+
+
+def _cli(module: str, name: str, argv: list[str]) -> None:
+    code = f"import sys; from {module} import main; sys.argv[0] = {name!r}; main()"
+    subprocess.run([sys.executable, "-c", code, *argv], check=True, capture_output=True)
+
+
+class Server:
+    """helios-serve as a child process (port 0), stopped with SIGINT then SIGKILL."""
+
+    def __init__(self, core, trust, accept, backend: str, extra: list[str], log: Path):
+        code = "import sys; from helios_serve.cli import main; sys.argv[0] = 'helios-serve'; main()"
+        argv = [sys.executable, "-c", code, str(core), "--trust", str(trust), "--accept", accept,
+                "--host", "127.0.0.1", "--port", "0", "--backend", backend, "--max-active", "1",
+                *extra]
+        self.log = log
+        with log.open("w") as f:
+            self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
+        self.url = ""
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"helios-serve exited {self.proc.returncode}:\n"
+                                 f"{log.read_text()[-3000:]}")
+            for line in log.read_text().splitlines():
+                if line.startswith("Helios is serving") and " at http://" in line:
+                    self.url = line.split(" at ", 1)[1].split()[0]
+            if self.url:
+                try:
+                    if httpx.get(self.url + "/health", timeout=2, trust_env=False).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.3)
+        self.stop()
+        raise SystemExit(f"helios-serve not healthy; see {log}")
+
+    def metric(self, name: str) -> float:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.url + "/metrics", timeout=30, trust_env=False).text
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == name and not s.labels:
+                    return s.value
+        return 0.0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def turn(server: Server, messages: list[dict], max_tokens: int) -> dict:
+    """One streamed greedy request; TTFT at the first generated token's chunk."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    prefill0 = server.metric("helios_prefill_tokens_total")
+    text, usage, first = [], {}, None
+    sent = time.perf_counter()
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=900,
+                      trust_env=False) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or []:
+                piece = choice.get("delta", {}).get("content")
+                if piece:
+                    if first is None:
+                        first = time.perf_counter()
+                    text.append(piece)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"ttft_ms": 1e3 * ((first or time.perf_counter()) - sent),
+            "prompt_tokens": usage.get("prompt_tokens", 0),
+            "completion_tokens": usage.get("completion_tokens", 0),
+            "cached_tokens": cached,
+            "prefill_tokens": server.metric("helios_prefill_tokens_total") - prefill0,
+            "reply": "".join(text)}
+
+
+CONFIGS = {"off": ["--snapshots", "0"], "on": [], "host": None}  # host: set from args
+
+
+def multi_turn(args, core, trust, accept) -> dict:
+    out = {}
+    for name, extra in CONFIGS.items():
+        extra = ["--host-cache-bytes", args.host_cache] if extra is None else extra
+        server = Server(core, trust, accept, args.backend, extra, OUT / f"snapshots.{name}.log")
+        try:
+            messages = [{"role": "system", "content": system_prompt(0, args.sentences)}]
+            turns, committed = [], 0
+            for q in QUESTIONS[:args.turns]:
+                messages.append({"role": "user", "content": q})
+                t = turn(server, messages, args.max_tokens)
+                t["new_tokens"] = t["prompt_tokens"] - committed if committed else t["prompt_tokens"]
+                committed = t["prompt_tokens"] + t["completion_tokens"] - 1
+                messages.append({"role": "assistant", "content": t.pop("reply")})
+                turns.append(t)
+                print(f"  {name:<5} turn {len(turns):2d}: prompt {t['prompt_tokens']:5d} cached "
+                      f"{t['cached_tokens']:5d} prefill {t['prefill_tokens']:5.0f} (new "
+                      f"{t['new_tokens']:4d}) TTFT {t['ttft_ms']:8.1f} ms", flush=True)
+            out[name] = {"args": extra, "turns": turns,
+                         "publications": server.metric("helios_snapshot_publications_total"),
+                         "snapshot_hits": server.metric("helios_snapshot_hits_total")}
+        finally:
+            server.stop()
+    return out
+
+
+def pressure(args, core, trust, accept) -> dict:
+    out = {}
+    for name, extra in (("recompute", []), ("host", ["--host-cache-bytes", args.host_cache])):
+        extra = ["--num-pages", str(args.pressure_pages), *extra]
+        server = Server(core, trust, accept, args.backend, extra, OUT / f"snapshots.p-{name}.log")
+        try:
+            convs = [[{"role": "system", "content": system_prompt(i + 1, args.sentences)}]
+                     for i in range(args.conversations)]
+            first, revisit = [], []
+            for r in range(args.rounds):
+                for c, messages in enumerate(convs):
+                    messages.append({"role": "user", "content": QUESTIONS[r % len(QUESTIONS)]})
+                    t = turn(server, messages, args.max_tokens)
+                    messages.append({"role": "assistant", "content": t.pop("reply")})
+                    (first if r == 0 else revisit).append(t)
+                    print(f"  {name:<9} round {r} conv {c}: prompt {t['prompt_tokens']:5d} cached "
+                          f"{t['cached_tokens']:5d} TTFT {t['ttft_ms']:8.1f} ms", flush=True)
+            prompt = sum(t["prompt_tokens"] for t in revisit)
+            out[name] = {
+                "args": extra,
+                "first_visit_ttft_ms_median": statistics.median(t["ttft_ms"] for t in first),
+                "revisit_ttft_ms_median": statistics.median(t["ttft_ms"] for t in revisit),
+                "revisit_hit_rate": sum(t["cached_tokens"] for t in revisit) / max(prompt, 1),
+                "first": first, "revisit": revisit,
+                "host_swap_ins": server.metric("helios_host_cache_swap_ins_total"),
+                "host_swap_outs": server.metric("helios_host_cache_swap_outs_total"),
+                "host_hits": server.metric("helios_host_cache_hits_total"),
+                "page_evictions": server.metric("helios_cache_page_evictions_total"),
+            }
+        finally:
+            server.stop()
+    r, h = out["recompute"], out["host"]
+    out["revisit_ttft_host_over_recompute"] = h["revisit_ttft_ms_median"] / r["revisit_ttft_ms_median"]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--core")
+    p.add_argument("--trust")
+    p.add_argument("--accept")
+    p.add_argument("--backend", default="cpu")
+    p.add_argument("--turns", type=int, default=10)
+    p.add_argument("--sentences", type=int, default=60, help="system prompt length "
+                   "(60 sentences: about 1,000 SmolLM2 tokens)")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--host-cache", default="1GiB")
+    p.add_argument("--conversations", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--pressure-pages", type=int, default=160,
+                   help="device pages in the pressure run (4 conversations need ~260)")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    core, trust, accept = ensure_core(args)
+    t0 = time.time()
+    print("multi-turn chat", flush=True)
+    mt = multi_turn(args, core, trust, accept)
+    print("cache pressure", flush=True)
+    pr = pressure(args, core, trust, accept)
+    result = {
+        "bench": "snapshots", "backend": args.backend, "model": MODEL,
+        "host": platform.node(), "python": platform.python_version(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "multi_turn": mt, "pressure": pr, "wall_s": time.time() - t0,
+        "targets": {
+            "turn_n_prefills_only_new_tokens": all(
+                t["prefill_tokens"] == t["new_tokens"] for t in mt["on"]["turns"][1:]),
+            "pressure_ttft_host_over_recompute_le_0_5":
+                pr["revisit_ttft_host_over_recompute"] <= 0.5,
+        },
+    }
+    _print(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+
+
+def _print(r: dict) -> None:
+    mt = r["multi_turn"]
+    print("\nturn | " + " | ".join(f"{n}: prefill/new, TTFT ms" for n in mt))
+    for i in range(len(mt["on"]["turns"])):
+        cells = []
+        for n in mt:
+            t = mt[n]["turns"][i]
+            cells.append(f"{t['prefill_tokens']:5.0f}/{t['new_tokens']:<5d} {t['ttft_ms']:8.1f}")
+        print(f"{i + 1:4d} | " + " | ".join(cells))
+    pr = r["pressure"]
+    for n in ("recompute", "host"):
+        x = pr[n]
+        print(f"pressure {n:<9}: revisit hit rate {x['revisit_hit_rate']:.2f}, revisit TTFT "
+              f"median {x['revisit_ttft_ms_median']:.1f} ms, first-visit {x['first_visit_ttft_ms_median']:.1f} ms")
+    print(f"pressure: revisit TTFT host / recompute = {pr['revisit_ttft_host_over_recompute']:.3f}")
+    print(f"targets: {r['targets']}")
+
+
+if __name__ == "__main__":
+    main()

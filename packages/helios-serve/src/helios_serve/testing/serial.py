@@ -1,0 +1,80 @@
+"""Serial: the real scheduler over a NativeModel, one plan at a time (tests, benchmarks).
+
+Greedy requests that end at their output limit (a publishable end: each publishes a
+snapshot of its committed tokens), with every sampling row's logits collected from the
+llama family's logits scratch buffer (`LOGITS`: on the CPU backend the working buffer, on
+cuda a device-to-host copy after the step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from helios_serve.engine.plan import Route, StepKind, StepPlan
+from helios_serve.runtime.native_model import NativeModel
+from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler, TransferCost
+
+LOGITS = "scratch.logits"  # [rows, vocab] f32 of the llama family's sampling steps
+
+
+class Serial:
+    """Scheduler + model, serially.
+
+    Args:
+        model: a loaded NativeModel.
+        transfer_cost: the swap-or-recompute costs (default: the model's).
+        logits: collect each sampling row's logits in `self.logits[request]`.
+    """
+
+    def __init__(self, model: NativeModel, transfer_cost: TransferCost | None = None,
+                 logits: bool = True):
+        self.model = model
+        self.sched = Scheduler(model.manifests, frames=1, device_pending=model.device_pending,
+                               transfer_cost=transfer_cost or model.transfer_cost)
+        self.collect = logits
+        self.limits: dict[int, int] = {}
+        self.out: dict[int, list[int]] = {}
+        self.logits: dict[int, list[np.ndarray]] = {}
+        self.reused: dict[int, int] = {}
+        self.plans: list[StepPlan] = []
+
+    def add(self, rid: int, prompt: Sequence[int], limit: int, **kw) -> None:
+        error = self.sched.add(SchedRequest(rid, tuple(prompt), limit, **kw))
+        if error is not None:
+            raise ValueError(error.detail)
+        self.limits[rid], self.out[rid], self.logits[rid] = limit, [], []
+
+    def run(self) -> None:
+        """Plan, execute and complete until every request has finished."""
+        while self.sched.has_work():
+            plan = self.sched.schedule()
+            if plan is None:
+                raise RuntimeError("the scheduler has work but planned nothing")
+            self.plans.append(plan)
+            sampled = self.model.execute(plan)
+            if self.collect and plan.kind is not StepKind.TRANSFER:
+                logits = self._logits()
+                for i, row in enumerate(plan.rows):
+                    if row.sample:
+                        self.logits[row.request_id].append(logits[i].copy())
+            for r in self.sched.complete(plan, sampled):
+                if r.token_id is None:
+                    continue
+                self.out[r.request_id].append(r.token_id)
+                if len(self.out[r.request_id]) == self.limits[r.request_id]:
+                    s = self.sched.finish(r.request_id, FinishReason.LENGTH, publish=True)
+                    self.reused[r.request_id] = s.reused_prompt_tokens
+
+    def _logits(self) -> np.ndarray:
+        backend = self.model.backend
+        read = getattr(backend, "read_buffer", None)
+        if backend.name == "cuda" and read is not None:
+            return read(LOGITS)
+        return backend.buffers[LOGITS]
+
+    def copies(self, route: Route) -> int:
+        """Rows copied along `route` so far."""
+        return sum(len(p.copies) for p in self.plans
+                   if p.kind is StepKind.TRANSFER and p.route == route)
