@@ -124,6 +124,13 @@ def _restore_no_rows(s, m):
     _restore(s, ("host", "pages")).batch_capacity = 0
 
 
+def _drop_route(route):
+    def mutate(s, m):
+        s.model.graphs.remove(_restore(s, route))
+    mutate.__name__ = f"_drop_{route[0]}_{route[1]}"
+    return mutate
+
+
 def _host_version_two(s, m):
     s.model.version = 2
     s.model.vocabulary.mask_words = 0  # implicit in version 2
@@ -156,6 +163,14 @@ CONTRACT_CASES = [
      lambda s: f"model.graphs[{len(s.model.graphs)}].name"),
     ("graph.capacity_zero", ExtentError, _restore_no_rows,
      lambda s: f"model.graphs[{_tier_index(s, ('host', 'pages'))}].batch_capacity"),
+    ("restore.continuation_routes", MissingFieldError, _drop_route(("continuation", "pages")),
+     lambda s: "model.cache.regions[1].planes"),
+    ("restore.continuation_routes", MissingFieldError, _drop_route(("pages", "continuation")),
+     lambda s: "model.cache.regions[1].planes"),
+    ("restore.host_routes", MissingFieldError, _drop_route(("host", "pages")),
+     lambda s: "model.cache.regions[0].host_planes"),
+    ("restore.host_routes", MissingFieldError, _drop_route(("pages", "host")),
+     lambda s: "model.cache.regions[0].host_planes"),
     ("contract.version_field", UnsupportedVersionError, _host_version_two,
      lambda s: "model.cache.regions[0].host_planes"),
 ]
@@ -226,3 +241,37 @@ def test_host_planes_on_only_some_paged_regions_are_rejected():
     del s.model.cache.regions[1].host_planes[:]  # draft_kv keeps none
     found = rejects(MissingFieldError, "model.cache.regions", s, core.manifest)
     assert found.rule == "cache.host_planes"
+
+
+def test_a_runtime_without_a_host_tier_rejects_host_planes(core):
+    """Startup (NativeModel.load) and lint-core --backend read the same capability rule."""
+    from helios_contract import PreparedContract, RuntimeCapabilities, capability_findings
+    from helios_tools.capabilities import CPU, CUDA
+
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    for table in (CPU, CUDA):
+        assert [f.rule for f in capability_findings(prepared.serving, prepared.manifest, table)
+                if f.rule.startswith("runtime.")] == []
+    no_host = replace(CPU, host_tier=False)
+    assert isinstance(no_host, RuntimeCapabilities)
+    (finding,) = capability_findings(prepared.serving, prepared.manifest, no_host)
+    assert (finding.rule, finding.path, finding.value) == (
+        "runtime.host_tier", "model.cache.regions[0].host_planes", "4")
+    assert str(finding).endswith("not executed by the cpu backend: host-memory tier planes "
+                                 "(it backs no host tier)")
+
+
+@pytest.mark.parametrize(("field", "rule"), [
+    ("operations", "runtime.operation"), ("history_kinds", "runtime.history_kind"),
+    ("bindings", "runtime.binding")])
+def test_a_runtime_without_restore_rejects_the_tiers(core, field, rule):
+    from helios_contract import PreparedContract, capability_findings
+    from helios_tools.capabilities import CPU
+
+    drop = {"operations": {c.OPERATION_RESTORE},
+            "history_kinds": {c.HISTORY_KIND_CONTINUATION},
+            "bindings": {(c.VALUE_SOURCE_RESTORE_SOURCE, c.INDEXING_SUBMISSION_ROW)}}[field]
+    table = replace(CPU, **{field: getattr(CPU, field) - drop})
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    rules = {f.rule for f in capability_findings(prepared.serving, prepared.manifest, table)}
+    assert rules == {rule}

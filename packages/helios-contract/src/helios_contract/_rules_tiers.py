@@ -110,6 +110,34 @@ def _restore_graphs(serving: pb.ServingContract, tiers) -> Findings:
                     f"route {route[0]} -> {route[1]} at capacity {graph.batch_capacity} is "
                     f"captured by {routes[key]!r} already")
         routes[key] = graph.name
+    yield from _needed_routes(serving, tiers, {(src, dst) for src, dst, _ in routes})
+
+
+# The copies each tier cannot work without: filled from pages and read back into pages.
+NEEDED_ROUTES = {CONTINUATION: ((PAGES, CONTINUATION), (CONTINUATION, PAGES)),
+                 HOST: ((PAGES, HOST), (HOST, PAGES))}
+
+
+def _needed_routes(serving: pb.ServingContract, tiers, routes: set[tuple[str, str]]
+                   ) -> Findings:
+    """Continuation storage and a host tier need RESTORE programs that fill them from
+    pages and copy them back: storage that can be neither written nor read is a
+    declaration no runtime could execute."""
+    regions = list(serving.model.cache.regions)
+    for tier, needed in NEEDED_ROUTES.items():
+        if not tiers.planes(tier):
+            continue
+        missing = [f"{a} -> {b}" for a, b in needed if (a, b) not in routes]
+        if not missing:
+            continue
+        index = next(i for i, r in enumerate(regions)
+                     if (r.kind == pb.HISTORY_KIND_CONTINUATION) == (tier == CONTINUATION)
+                     and (tier == CONTINUATION or r.host_planes))
+        field = "planes" if tier == CONTINUATION else "host_planes"
+        yield F(f"restore.{tier}_routes", MissingFieldError,
+                f"model.cache.regions[{index}].{field}", ", ".join(missing),
+                f"{tier} storage needs a RESTORE program for each of "
+                f"{', '.join(f'{a} -> {b}' for a, b in needed)}")
 
 
 def tier_plane_findings(serving: pb.ServingContract,

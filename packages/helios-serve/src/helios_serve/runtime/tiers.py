@@ -92,8 +92,9 @@ def choose_tiers(cache: cpb.CacheContract, graphs: Sequence[cpb.GraphContract],
 
     Raises:
         RuntimeLoadError: a capacity is negative, asked for but not declared by the core
-            (no continuation region / no host-tier planes or their programs), or too small
-            to hold one row.
+            (no continuation region / no host-tier planes), or too small to hold one row.
+            Everything structural (planes, their programs) is a contract rule
+            (helios_contract._rules_tiers), checked before this runs.
     """
     tiers = storage_tiers(cache)
     if snapshots is not None and snapshots < 0:
@@ -113,17 +114,16 @@ def choose_tiers(cache: cpb.CacheContract, graphs: Sequence[cpb.GraphContract],
             raise RuntimeLoadError(f"--snapshots {snapshots}: this core declares no continuation "
                                    "storage (no HISTORY_KIND_CONTINUATION region)")
         snapshot_rows = 0
-    if snapshot_rows and not {_CAPTURE, _RESTORE} <= set(by_route):
-        raise RuntimeLoadError("this core's continuation storage has no RESTORE programs "
-                               "to fill and read it (pages -> continuation, continuation -> "
-                               "pages)")
+    # Continuation storage and host planes come with their RESTORE programs (contract
+    # rules restore.continuation_routes / restore.host_routes).
+    assert not tiers.continuation or {_CAPTURE, _RESTORE} <= set(by_route)
+    assert not tiers.host or {_PAGES_OUT, _HOST_IN} <= set(by_route)
     host_row_bytes = sum(_row_bytes(buffers[p]) for p in tiers.host)
     host_rows = 0
     if host_cache_bytes:
-        if not tiers.host or not {_PAGES_OUT, _HOST_IN} <= set(by_route):
+        if not tiers.host:
             raise RuntimeLoadError(f"--host-cache-bytes {host_cache_bytes}: this core declares "
-                                   "no host tier (HistoryRegion.host_planes and their RESTORE "
-                                   "programs)")
+                                   "no host tier (HistoryRegion.host_planes)")
         host_rows = host_cache_bytes // host_row_bytes
         if host_rows < 1:
             raise RuntimeLoadError(f"--host-cache-bytes {host_cache_bytes} holds no host-tier row "
