@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -115,7 +115,7 @@ case $stage in
     python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS \
       --json "$OUTD/serve_overhead_h200host.json" 2>&1 | grep -v "^ " | tee "$OUTD/serve_overhead.log"
     python3 bench/packing.py --json "$OUTD/packing_h200host.json" 2>&1 | tee "$OUTD/packing.log" ;;
-  snapshots)
+  snap)
     # Issue 15: snapshots and the host tier on the H200. GPU tests (every RESTORE route on
     # device and pinned host planes, restored logits = fresh logits, host-tier round trip),
     # then bench/snapshots.py through helios-serve --backend cuda: multi-turn chat (10 turns

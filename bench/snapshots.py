@@ -211,7 +211,11 @@ def multi_turn(args, core, trust, accept) -> dict:
                 print(f"  {name:<5} turn {len(turns):2d}: prompt {t['prompt_tokens']:5d} cached "
                       f"{t['cached_tokens']:5d} prefill {t['prefill_tokens']:5.0f} (new "
                       f"{t['new_tokens']:4d}) TTFT {t['ttft_ms']:8.1f} ms", flush=True)
+            later = turns[1:]
             out[name] = {"args": extra, "turns": turns,
+                         "continued_ttft_ms_median": statistics.median(t["ttft_ms"] for t in later),
+                         "continued_prefill_tokens_median": statistics.median(
+                             t["prefill_tokens"] for t in later),
                          "publications": server.metric("helios_snapshot_publications_total"),
                          "snapshot_hits": server.metric("helios_snapshot_hits_total")}
         finally:
@@ -278,8 +282,10 @@ def main() -> None:
     mt = multi_turn(args, core, trust, accept)
     print("cache pressure", flush=True)
     pr = pressure(args, core, trust, accept)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
     result = {
-        "bench": "snapshots", "backend": args.backend, "model": MODEL,
+        "bench": "snapshots", "backend": args.backend, "model": MODEL, "commit": commit,
         "host": platform.node(), "python": platform.python_version(),
         "args": {k: str(v) for k, v in vars(args).items()},
         "multi_turn": mt, "pressure": pr, "wall_s": time.time() - t0,
@@ -306,6 +312,9 @@ def _print(r: dict) -> None:
             t = mt[n]["turns"][i]
             cells.append(f"{t['prefill_tokens']:5.0f}/{t['new_tokens']:<5d} {t['ttft_ms']:8.1f}")
         print(f"{i + 1:4d} | " + " | ".join(cells))
+    print("continued turns (2..N), median: " + ", ".join(
+        f"{n} TTFT {mt[n]['continued_ttft_ms_median']:.1f} ms / prefill "
+        f"{mt[n]['continued_prefill_tokens_median']:.0f} tokens" for n in mt))
     pr = r["pressure"]
     for n in ("recompute", "host"):
         x = pr[n]

@@ -8,7 +8,7 @@
 - no allocation, module load or capture while serving any of it.
 
 Run: `python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_snapshots.py` on the
-GPU machine (bench/gpu_device.sh snapshots).
+GPU machine (bench/gpu_device.sh snap).
 """
 
 from __future__ import annotations
