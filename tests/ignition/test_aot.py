@@ -310,3 +310,20 @@ def test_history_and_allocation_kernels_compile_for_sm90():
     for k in variants:
         compiled = compile_variant(k.reference_op, dict(k.constants), "sm_90")
         assert compiled.entry_name == k.reference_op and compiled.binary[:4] == ELF_MAGIC
+
+
+def test_restore_programs_compile_for_sm90():
+    """The RESTORE programs' row_copy kernels (snapshots and the host tier) compile for the
+    GPU: the tiny core above declares no tiers, so they are compiled on their own here."""
+    from dataclasses import replace
+
+    from helios_contract.schema import manifest_pb2 as mpb
+
+    caps = replace(TINY_CAPACITIES, prepared_snapshots=4, host_tier=True, transfer_rows=4)
+    manifest = tiny_core(caps=caps).manifest
+    kernels = [k for k in manifest.kernels if k.reference_op == "row_copy"]
+    assert kernels
+    only = mpb.ExecutionManifest(kernels=kernels)
+    blobs = compile_targets(only, ("sm_90",), workers=1)
+    assert len(blobs) == len(kernels)
+    assert all(blob[:4] == ELF_MAGIC for blob in blobs.values())

@@ -85,7 +85,8 @@ class PinnedArray:
     def __init__(self, shape: Sequence[int], dtype: np.dtype, mapped: bool = False):
         dtype = np.dtype(dtype)
         self.nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
-        flags = cu.CU_MEMHOSTALLOC_DEVICEMAP if mapped else 0
+        # CU_MEMHOSTALLOC_DEVICEMAP is 0x02 in cuda.h (a #define; cuda-python exports it).
+        flags = getattr(cu, "CU_MEMHOSTALLOC_DEVICEMAP", 0x02) if mapped else 0
         self.ptr = int(call("cuMemHostAlloc", cu.cuMemHostAlloc(self.nbytes, flags)))
         self.device_ptr = (int(call("cuMemHostGetDevicePointer",
                                     cu.cuMemHostGetDevicePointer(self.ptr, 0)))
