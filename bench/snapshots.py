@@ -226,6 +226,57 @@ def multi_turn(args, core, trust, accept) -> dict:
     return out
 
 
+def in_process(args, core, trust, accept) -> dict:
+    """Snapshots on vs off in ONE process, turn by turn interleaved (alternating which
+    goes first), so a loaded host slows both alike: two NativeModels of the same core
+    (CPU backend), the real scheduler, greedy, `max_tokens` per turn; each turn's prompt
+    is the previous turn's prompt + output + the next question's tokens. TTFT = add ->
+    first output token on the host clock (no HTTP)."""
+    from helios_serve.bootstrap import Bootstrap
+    from helios_serve.runtime.native_model import NativeModel
+    from helios_serve.testing.serial import Serial
+
+    out: dict = {}
+    with Bootstrap.load(core, [trust], accept) as boot:
+        encode = boot.tokenizer.encode
+        runs = {name: Serial(NativeModel.load(boot.prepared, boot.core.read_resource,
+                                              args.backend, snapshots=snapshots),
+                             logits=False)
+                for name, snapshots in (("off", 0), ("on", None))}
+        prompts = {name: list(encode(system_prompt(0, args.sentences)).ids) for name in runs}
+        turns: dict[str, list[dict]] = {name: [] for name in runs}
+        try:
+            for i, q in enumerate(QUESTIONS[:args.turns]):
+                order = list(runs) if i % 2 else list(reversed(runs))
+                for name in order:
+                    run, prompt = runs[name], prompts[name]
+                    prompt += encode(" " + q).ids
+                    computed = run.sched.stats().prompt_tokens_computed
+                    run.add(i, prompt, args.max_tokens)
+                    run.run()
+                    turns[name].append({
+                        "prompt_tokens": len(prompt), "reused_tokens": run.reused[i],
+                        "prefill_tokens": run.sched.stats().prompt_tokens_computed - computed,
+                        "ttft_ms": 1e3 * run.ttft_s(i)})
+                    prompt += run.out[i]
+                    t = turns[name][-1]
+                    print(f"  {name:<3} turn {i + 1:2d}: prompt {t['prompt_tokens']:5d} reused "
+                          f"{t['reused_tokens']:5d} prefill {t['prefill_tokens']:4d} TTFT "
+                          f"{t['ttft_ms']:8.1f} ms", flush=True)
+        finally:
+            for run in runs.values():
+                run.model.close()
+    for name, ts in turns.items():
+        later = ts[1:]
+        out[name] = {"turns": ts,
+                     "continued_ttft_ms_median": statistics.median(t["ttft_ms"] for t in later),
+                     "continued_prefill_tokens_median": statistics.median(
+                         t["prefill_tokens"] for t in later)}
+    out["continued_ttft_on_over_off"] = (out["on"]["continued_ttft_ms_median"]
+                                         / out["off"]["continued_ttft_ms_median"])
+    return out
+
+
 def pressure(args, core, trust, accept) -> dict:
     out = {}
     for name, extra in (("recompute", []), ("host", ["--host-cache-bytes", args.host_cache])):
@@ -277,7 +328,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--pressure-pages", type=int, default=160,
                    help="device pages in the pressure run (4 conversations need ~260)")
-    p.add_argument("--workloads", nargs="+", choices=("multi-turn", "pressure"),
+    p.add_argument("--workloads", nargs="+", choices=("multi-turn", "in-process", "pressure"),
                    default=["multi-turn", "pressure"],
                    help="the CPU run measures multi-turn only (a 1,000-token recompute takes "
                         "~1 min on a loaded 2-core host)")
@@ -285,7 +336,10 @@ def main() -> None:
     args = p.parse_args()
     core, trust, accept = ensure_core(args)
     t0 = time.time()
-    mt = pr = None
+    mt = pr = ip = None
+    if "in-process" in args.workloads:
+        print("snapshots on vs off in one process (interleaved)", flush=True)
+        ip = in_process(args, core, trust, accept)
     if "multi-turn" in args.workloads:
         print("multi-turn chat", flush=True)
         mt = multi_turn(args, core, trust, accept)
@@ -298,7 +352,7 @@ def main() -> None:
         "bench": "snapshots", "backend": args.backend, "model": MODEL, "commit": commit,
         "host": platform.node(), "python": platform.python_version(),
         "args": {k: str(v) for k, v in vars(args).items()},
-        "multi_turn": mt, "pressure": pr, "wall_s": time.time() - t0,
+        "multi_turn": mt, "in_process": ip, "pressure": pr, "wall_s": time.time() - t0,
         "load_average": list(os.getloadavg()),
         "targets": {
             "turn_n_prefills_only_new_tokens": mt and all(
@@ -318,6 +372,12 @@ def _print(r: dict) -> None:
     mt = r["multi_turn"]
     if mt:
         _print_multi_turn(mt)
+    if r["in_process"]:
+        ip = r["in_process"]
+        print("in one process, continued turns (2..N), median: " + ", ".join(
+            f"{n} TTFT {ip[n]['continued_ttft_ms_median']:.1f} ms / prefill "
+            f"{ip[n]['continued_prefill_tokens_median']:.0f} tokens" for n in ("off", "on"))
+            + f"; on / off = {ip['continued_ttft_on_over_off']:.3f}")
     if r["pressure"]:
         _print_pressure(r["pressure"])
     print(f"targets: {r['targets']}")

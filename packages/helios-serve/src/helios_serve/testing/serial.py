@@ -8,6 +8,7 @@ cuda a device-to-host copy after the step).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,6 +39,8 @@ class Serial:
         self.out: dict[int, list[int]] = {}
         self.logits: dict[int, list[np.ndarray]] = {}
         self.reused: dict[int, int] = {}
+        self.added_s: dict[int, float] = {}  # perf_counter() at add
+        self.first_token_s: dict[int, float] = {}  # perf_counter() at the first output token
         self.plans: list[StepPlan] = []
 
     def add(self, rid: int, prompt: Sequence[int], limit: int, **kw) -> None:
@@ -45,6 +48,7 @@ class Serial:
         if error is not None:
             raise ValueError(error.detail)
         self.limits[rid], self.out[rid], self.logits[rid] = limit, [], []
+        self.added_s[rid] = time.perf_counter()
 
     def run(self) -> None:
         """Plan, execute and complete until every request has finished."""
@@ -62,6 +66,8 @@ class Serial:
             for r in self.sched.complete(plan, sampled):
                 if r.token_id is None:
                     continue
+                if not self.out[r.request_id]:
+                    self.first_token_s[r.request_id] = time.perf_counter()
                 self.out[r.request_id].append(r.token_id)
                 if len(self.out[r.request_id]) == self.limits[r.request_id]:
                     s = self.sched.finish(r.request_id, FinishReason.LENGTH, publish=True)
@@ -73,6 +79,10 @@ class Serial:
         if backend.name == "cuda" and read is not None:
             return read(LOGITS)
         return backend.buffers[LOGITS]
+
+    def ttft_s(self, rid: int) -> float:
+        """Seconds from `add` to request `rid`'s first output token (host clock)."""
+        return self.first_token_s[rid] - self.added_s[rid]
 
     def copies(self, route: Route) -> int:
         """Rows copied along `route` so far."""
