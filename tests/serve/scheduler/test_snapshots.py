@@ -192,3 +192,45 @@ def test_snapshot_eviction_is_lru_over_unreferenced_snapshots():
     assert loop.reused[5] == 4  # request 2's tail is gone: its complete page only
 
 
+
+
+def test_a_fork_restores_its_parents_snapshot_instead_of_recomputing_the_tail():
+    """n > 1: choice 1 forks from choice 0. Choice 0 publishes all but the prompt's last
+    token (its partial page to a continuation row); choice 1 waits for that capture's
+    fence, restores it into its own page and prefills exactly one token."""
+    loop = make_loop()
+    prompt = tuple(range(1, 11))  # 10 tokens: 2 pages + a 2-token tail; endpoint 9
+    loop.add(1, prompt, 3)
+    loop.add(2, prompt, 3, fork_of=1)
+    loop.run()
+    assert loop.reused[2] == 9
+    assert loop.prefilled_tokens(1) == 10 and loop.prefilled_tokens(2) == 1
+    assert loop.outputs[1] == loop.outputs[2] == reference(prompt, 3)
+    restores = _transfers(loop, RESTORE)
+    assert len(restores) == 1 and loop.sched.stats().snapshot_hits == 1
+    capture = _transfers(loop, CAPTURE)[0]
+    assert loop.plans.index(capture) < loop.plans.index(restores[0])
+    assert_quiescent(loop)
+
+
+def test_a_fork_without_snapshots_recomputes_the_partial_page():
+    loop = make_loop(snapshot_rows=0)
+    prompt = tuple(range(1, 11))
+    loop.add(1, prompt, 3)
+    loop.add(2, prompt, 3, fork_of=1)
+    loop.run()
+    assert loop.reused[2] == 8 and loop.prefilled_tokens(2) == 2
+    assert loop.outputs[2] == reference(prompt, 3)
+    assert_quiescent(loop)
+
+
+def test_a_fork_whose_capture_fails_recomputes_the_partial_page():
+    loop = make_loop()
+    loop.fail_routes.add(CAPTURE)
+    prompt = tuple(range(1, 11))
+    loop.add(1, prompt, 3)
+    loop.add(2, prompt, 3, fork_of=1)
+    loop.run()
+    assert loop.reused[2] == 8 and loop.prefilled_tokens(2) == 2
+    assert loop.outputs[2] == reference(prompt, 3) and loop.failed == []
+    assert_quiescent(loop)

@@ -200,7 +200,8 @@ class ModelWorker:
         self.geometry = serving_geometry(model.manifests, max_active)
         self.scheduler = Scheduler(self.geometry, frames=model.frames,
                                    device_pending=model.device_pending,
-                                   history_drafting=history_drafting, width_policy=width_policy)
+                                   history_drafting=history_drafting, width_policy=width_policy,
+                                   transfer_cost=getattr(model, "transfer_cost", None))
         self._inflight: deque[_Submitted] = deque()  # submission order
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -218,6 +219,8 @@ class ModelWorker:
         self._gauges_at = 0.0  # clock (s) of the last gauge publication
         self._constrained_max_inflight = 0
         metrics.pages_capacity.set(self.geometry.num_pages)
+        metrics.snapshot_capacity.set(self.geometry.snapshot_rows)
+        metrics.host_cache_bytes_capacity.set(self.geometry.host_rows * self.geometry.page_bytes)
         metrics.slots_capacity.set(self.geometry.slots)
         self.crashed: BaseException | None = None
 
@@ -359,6 +362,7 @@ class ModelWorker:
                     needs_feedback=prepared.needs_feedback,
                     width_one=prepared.constrained,
                     fork_of=sched_ids[0] if sched_id != sched_ids[0] else None,
+                    publish_endpoints=prepared.publish_endpoints,
                 )
             )
             if error is not None:  # prepared against the same rule: only a geometry bug
@@ -550,12 +554,12 @@ class ModelWorker:
             tokens += 1
             if prepared.needs_feedback:
                 feedback = True
-            elif live.choice.pipeline.is_eos(token):
+            elif live.choice.pipeline.is_eos(token):  # EOS and the output limit: publishable
                 live.ended = self.scheduler.finish(live.sched_id, FinishReason.STOP,
-                                                   result.output_tokens)
+                                                   result.output_tokens, publish=True)
             elif result.output_tokens >= prepared.max_output_tokens:
                 live.ended = self.scheduler.finish(live.sched_id, FinishReason.LENGTH,
-                                                   result.output_tokens)
+                                                   result.output_tokens, publish=True)
         self.metrics.generation_tokens.inc(tokens)
         if feedback or not self._inflight:
             self._flush_outputs()
@@ -622,16 +626,19 @@ class ModelWorker:
                                       (logprob,) if logprob else (), out.output_tokens))
         if pipeline.finished:
             assert pipeline.finish_reason is not None
-            self._finish(live, pipeline.finish_reason, out.now_s, out.output_tokens)
+            # EOS and the output limit end at a publishable endpoint; a matched stop's
+            # private candidate is discarded ("String stops").
+            self._finish(live, pipeline.finish_reason, out.now_s, out.output_tokens,
+                         publish=not pipeline.matched_stop)
 
     def _finish(self, live: _Live, reason: FinishReason, now_s: float,
-                output_tokens: int | None = None) -> None:
+                output_tokens: int | None = None, publish: bool = False) -> None:
         """End a choice at the token it finished on (`output_tokens`: the output up to
         and including that token; later tokens of the same speculative run are
         discarded)."""
         request = live.request
         summary: FinishedRequest = live.ended or self.scheduler.finish(
-            live.sched_id, reason, output_tokens)
+            live.sched_id, reason, output_tokens, publish=publish)
         del self._live[live.sched_id]
         self.metrics.requests_finished.labels(reason.value).inc()
         if live.first_token_s is not None:
@@ -663,6 +670,8 @@ class ModelWorker:
         m.requests_running.set(stats.running)
         m.requests_waiting.set(stats.waiting)
         m.pages_used.set(stats.pages_used)
+        m.snapshots_resident.set(stats.snapshots_resident)
+        m.host_cache_bytes_used.set(stats.host_rows_used * self.geometry.page_bytes)
         before = self._reported
         for counter, now, then in (
             (m.prefix_cache_queries, stats.prefix_queries, before.prefix_queries),
@@ -670,6 +679,15 @@ class ModelWorker:
             (m.pages_published, stats.pages_published, before.pages_published),
             (m.page_evictions, stats.page_evictions, before.page_evictions),
             (m.preemptions, stats.preemptions, before.preemptions),
+            (m.prefill_tokens, stats.prompt_tokens_computed, before.prompt_tokens_computed),
+            (m.snapshot_publications, stats.snapshot_publications,
+             before.snapshot_publications),
+            (m.snapshot_evictions, stats.snapshot_evictions, before.snapshot_evictions),
+            (m.snapshot_hits, stats.snapshot_hits, before.snapshot_hits),
+            (m.host_cache_hits, stats.host_hits, before.host_hits),
+            (m.host_cache_swap_ins, stats.host_swap_ins, before.host_swap_ins),
+            (m.host_cache_swap_outs, stats.host_swap_outs, before.host_swap_outs),
+            (m.host_cache_evictions, stats.host_evictions, before.host_evictions),
             (m.spec_draft_tokens.labels("learned"),
              stats.spec_draft_tokens - stats.spec_copied_draft_tokens,
              before.spec_draft_tokens - before.spec_copied_draft_tokens),

@@ -316,6 +316,9 @@ class OutputPipeline:
         self._deltas: list[Delta] = []
         self._calls = 0
         self.finish_reason: FinishReason | None = None
+        # A token or string stop ended the output (not EOS, not the output limit): the
+        # request's end is then no publishable snapshot endpoint ("String stops").
+        self.matched_stop = False
 
     @property
     def finished(self) -> bool:
@@ -413,6 +416,8 @@ class OutputPipeline:
         published = self._publish(out)
         if reason is None:
             reason = FinishReason.TOOL_CALLS if self._calls else FinishReason.STOP
+        elif reason is FinishReason.STOP:
+            self.matched_stop = True
         self.finish_reason = reason
         return published
 

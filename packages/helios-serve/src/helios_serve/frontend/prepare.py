@@ -26,6 +26,7 @@ from helios_tools.frontend_assets import ChatTemplateError, render_chat
 from helios_serve.engine.plan import ModelGeometry, SamplingParams
 from helios_serve.scheduler import AdmissionError, SchedRequest, check_capacity
 
+from .boundaries import prefix_endpoints
 from .errors import FrontendRequestError
 from .grammar import GrammarCompiler, GrammarState
 from .logit_bias import parse_logit_bias
@@ -195,6 +196,9 @@ class PreparedRequest:
         ignore_eos: EOS does not end generation.
         min_tokens: EOS and stop tokens are masked before this many output tokens.
         observe_ids / observe_timestamps: token and timing observation.
+        publish_endpoints: prompt-turn ends (token counts, ascending) the template marks
+            (frontend.boundaries.prefix_endpoints): where the scheduler publishes
+            snapshots of the prompt's state.
         output: builds each choice's output pipeline and grammar.
     """
 
@@ -213,6 +217,7 @@ class PreparedRequest:
     min_tokens: int = 0
     observe_ids: bool = False
     observe_timestamps: bool = False
+    publish_endpoints: tuple[int, ...] = ()
 
     def choice_sampling(self, index: int) -> SamplingParams:
         """Choice `index`'s parameters: its own RNG stream, seed + index (mod 2**64),
@@ -272,7 +277,13 @@ class Preparer:
         messages = [self._message(i, m) for i, m in enumerate(request.messages)]
         tools = [dict(t) for t in request.tools] if request.tools else None
         prompt_text = self._render(request, messages, tools)
-        prompt_ids = tuple(self.tokenizer.encode(prompt_text, add_special_tokens=False).ids)
+        encoding = self.tokenizer.encode(prompt_text, add_special_tokens=False)
+        prompt_ids = tuple(encoding.ids)
+        # Where the rendered turns end: the scheduler publishes a snapshot there, so a
+        # later conversation sharing those turns restores the state after them.
+        endpoints = prefix_endpoints(prompt_text, [end for _, end in encoding.offsets],
+                                     [m.get("role", "") for m in messages],
+                                     self.frontend.syntax.prefix_boundary_rules)
         g = request.generation
         fmt = (request.response_format or {}).get("type")
         structured = fmt in ("json_object", "json_schema") or (
@@ -296,7 +307,8 @@ class Preparer:
             prompt_text=prompt_text,
         )
         return self._finish(prompt_text, prompt_ids, "messages", g, stops,
-                            OutputRecipe(self.frontend, pipeline, grammar))  # fmt: skip
+                            OutputRecipe(self.frontend, pipeline, grammar),
+                            endpoints)  # fmt: skip
 
     def completion(self, request: CompletionInput) -> PreparedRequest:
         """Prepare a legacy completion (no chat template).
@@ -389,7 +401,8 @@ class Preparer:
         )
 
     def _finish(self, prompt_text: str, prompt_ids: tuple[int, ...], prompt_field: str,
-                g: GenerationInput, stops: StopSpec, output: OutputRecipe) -> PreparedRequest:  # fmt: skip
+                g: GenerationInput, stops: StopSpec, output: OutputRecipe,
+                publish_endpoints: tuple[int, ...] = ()) -> PreparedRequest:  # fmt: skip
         slots = self.geometry.slots
         if g.n > slots:
             raise FrontendRequestError(
@@ -422,6 +435,7 @@ class Preparer:
             min_tokens=g.min_tokens,
             observe_ids=g.observe_ids,
             observe_timestamps=g.observe_timestamps,
+            publish_endpoints=publish_endpoints,
         )
 
     def _check_logprobs(self, logprobs: int | None, top_field: str) -> None:

@@ -178,6 +178,10 @@ class CacheManager:
                 return SnapshotMatch(key, base + n, Tier.HOST)
         return None
 
+    def capturing(self, key: SnapshotKey) -> bool:
+        """Whether snapshot `key`'s capture is queued or in flight (not yet visible)."""
+        return self.continuation.holds(key) and self.continuation.lookup(key) is None
+
     def available_for(self, match: CacheMatch) -> int:
         """Fresh device pages `grant(match, n)` could take beyond `match.fresh_pages`."""
         return self.pages.available_for(match.device) - match.fresh_pages

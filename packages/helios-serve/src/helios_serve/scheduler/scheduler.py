@@ -96,7 +96,7 @@ from helios_serve.engine.plan import (
     StepKind,
     StepPlan,
 )
-from helios_serve.scheduler.cache import CacheManager
+from helios_serve.scheduler.cache import CacheManager, SnapshotKey
 from helios_serve.scheduler.pages import ROOT_HASH, page_hash
 from helios_serve.scheduler.request import (
     AdmissionError,
@@ -309,6 +309,12 @@ class Scheduler:
             self._rejected[error.reason] += 1
             return error
         seq = Sequence(request, order=-1)
+        parent = self._requests.get(request.fork_of) if request.fork_of is not None else None
+        if parent is not None and self.cache.snapshots and parent.fork_endpoint is None \
+                and parent.request.prompt_tokens == request.prompt_tokens:
+            # The choice restores the parent's state after all but the last prompt token
+            # (one continuation row) instead of recomputing the prompt's partial page.
+            parent.fork_endpoint = len(request.prompt_tokens) - 1
         self._requests[request.request_id] = seq
         self._waiting.append(seq)
         self._feedback += request.needs_feedback
@@ -419,14 +425,16 @@ class Scheduler:
 
     def _awaits_fork_parent(self, seq: Sequence) -> bool:
         """A choice of n > 1 waits while the choice it forks from still computes the
-        prompt (then the prompt's complete pages are published and shared)."""
+        prompt (then the prompt's complete pages are published and shared), and while
+        the snapshot of all but the prompt's last token is being captured (then it
+        restores that instead of recomputing the partial page: one prefilled token)."""
         parent_id = seq.request.fork_of
         parent = self._requests.get(parent_id) if parent_id is not None else None
-        return (
-            parent is not None
-            and not parent.retiring
-            and parent.num_computed < parent.num_prompt_tokens
-        )
+        if parent is None:
+            return False
+        if parent.fork_snapshot is not None and self.cache.capturing(parent.fork_snapshot):
+            return True  # its fence is one TRANSFER step away (a failure frees it)
+        return not parent.retiring and parent.num_computed < parent.num_prompt_tokens
 
     def _grow(self, seq: Sequence, budget: int) -> int:
         """Take pages for the next prefill chunk of a running request.
@@ -921,22 +929,32 @@ class Scheduler:
         while seq.endpoints_done < len(marks) and marks[seq.endpoints_done] <= seq.num_computed:
             self._capture(seq, marks[seq.endpoints_done])
             seq.endpoints_done += 1
+        fork = seq.fork_endpoint
+        if fork is not None and fork > 0 and fork <= seq.num_computed:
+            seq.fork_snapshot = self._capture(seq, fork)
+            seq.fork_endpoint = 0  # done (0: never again)
 
-    def _capture(self, seq: Sequence, endpoint: int) -> bool:
+    def _capture(self, seq: Sequence, endpoint: int) -> SnapshotKey | None:
         """Publish a snapshot of `seq` at exactly `endpoint` committed tokens: its
         complete pages are (or become) published pages; its partial page is copied to a
-        continuation row. An endpoint on a page boundary needs no copy."""
+        continuation row. An endpoint on a page boundary needs no copy.
+
+        Returns:
+            The snapshot's key when its capture was queued, else None.
+        """
         pt = self.geometry.page_tokens
         pages = endpoint // pt
         if not self.cache.snapshots or endpoint % pt == 0 or endpoint > seq.num_computed:
-            return False
+            return None
         while len(seq.page_hashes) < pages:
             i = len(seq.page_hashes)
             parent = seq.page_hashes[-1] if seq.page_hashes else ROOT_HASH
             seq.page_hashes.append(page_hash(parent, seq.tokens[i * pt:(i + 1) * pt]))
         chain = seq.page_hashes[pages - 1] if pages else ROOT_HASH
-        return self.cache.capture(chain, tuple(seq.tokens[pages * pt:endpoint]),
-                                  seq.page_ids[pages])
+        tail = tuple(seq.tokens[pages * pt:endpoint])
+        if not self.cache.capture(chain, tail, seq.page_ids[pages]):
+            return None
+        return (chain, tail)
 
     def _publish(self, seq: Sequence, endpoint: int | None = None) -> None:
         """Publish pages completed by finished plans (up to `endpoint`, default the

@@ -33,6 +33,10 @@ class Sequence:
         self.num_computed = 0
         self.needs_histogram = False  # next row carries histogram_tokens
         self.endpoints_done = 0  # leading request.publish_endpoints already handled
+        # n > 1: the endpoint len(prompt) - 1 published for the choices forking from this
+        # one (None: none asked), and the key of that snapshot while it is captured.
+        self.fork_endpoint: int | None = None
+        self.fork_snapshot: tuple | None = None
         # Frames:
         self.inflight_rows = 0
         self.inflight_samples = 0  # issued sampling rows whose token is not yet known
