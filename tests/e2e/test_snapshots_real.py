@@ -106,3 +106,16 @@ def test_logits_after_a_restore_equal_logits_without_a_snapshot(restored_and_fre
     assert (reused, fresh_reused) == (53, 0)  # 50 + 4 outputs - 1: three pages + tail 5
     assert tokens == fresh_tokens
     np.testing.assert_allclose(logits, fresh_logits, atol=2e-3, rtol=0)
+
+
+def test_the_snapshot_core_lints_clean_for_both_backends(smollm2_core_f32):
+    """Its continuation region, host planes and RESTORE programs pass every contract rule
+    and both capability tables, so startup cannot fail on them (lint-core = startup)."""
+    from click.testing import CliRunner
+    from helios_tools.cli import main as tools_main
+
+    core = smollm2_core_f32
+    result = CliRunner().invoke(tools_main, ["lint-core", str(core.path), "--trust",
+                                             str(core.public_key), "--accept", core.namespace])
+    assert result.exit_code == 0, result.output
+    assert result.output.endswith(" 0 finding(s)\n")
