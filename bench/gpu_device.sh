@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|snap|snap-bench|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -116,18 +116,27 @@ case $stage in
       --json "$OUTD/serve_overhead_h200host.json" 2>&1 | grep -v "^ " | tee "$OUTD/serve_overhead.log"
     python3 bench/packing.py --json "$OUTD/packing_h200host.json" 2>&1 | tee "$OUTD/packing.log" ;;
   snap)
-    # Issue 15: snapshots and the host tier on the H200. GPU tests (every RESTORE route on
-    # device and pinned host planes, restored logits = fresh logits, host-tier round trip),
-    # then bench/snapshots.py through helios-serve --backend cuda: multi-turn chat (10 turns
-    # on a 1,000-token system prompt, snapshots off / on / on + host tier) and the cache
-    # pressure run (--num-pages 160, 4 conversations; with and without the host tier).
+    # Issue 15, GPU tests (one device call): every RESTORE route on device planes and the
+    # pinned, device-mapped host planes; restored logits = fresh logits (cuda vs cuda with
+    # snapshots off, greedy tokens = the cpu backend's); host-tier round trip; the row_copy
+    # kernel vs its NumPy reference. Exports the SmolLM2 core for snap-bench.
     ensure_key
     C=$HOME/cores/smollm2-snap.core
     [ -f "$C" ] || ign export recipes/smollm2_135m_instruct.py --checkpoint "$HOME/g/smol.gguf" \
       --key "$K" --namespace $NS --out "$C" --target sm_90 2>&1 | tail -2 | tee "$OUTD/export_snap.log"
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_snapshots.py \
-      "tests/gpu/test_kernels.py::test_row_copy" 2>&1 | tee "$OUTD/snapshots_tests.log"
+      "tests/gpu/test_kernels.py::test_row_copy" 2>&1 | tee "$OUTD/snapshots_tests.log" ;;
+  snap-bench)
+    # Issue 15 benchmark (one device call, after `snap`): bench/snapshots.py on the H200,
+    # helios-serve --backend cuda: multi-turn chat (10 turns on a ~1,000-token system
+    # prompt, snapshots off / on / on + host tier), on vs off in one process, and the cache
+    # pressure run (--num-pages 160, 4 conversations; with and without the host tier).
+    ensure_key
+    C=$HOME/cores/smollm2-snap.core
+    [ -f "$C" ] || ign export recipes/smollm2_135m_instruct.py --checkpoint "$HOME/g/smol.gguf" \
+      --key "$K" --namespace $NS --out "$C" --target sm_90 2>&1 | tail -2 | tee "$OUTD/export_snap.log"
     python3 bench/snapshots.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
+      --workloads multi-turn in-process pressure \
       --json "$OUTD/snapshots_gpu.json" 2>&1 | tee "$OUTD/snapshots_gpu.log" ;;
   export-8b)
     # Issue 17 served throughput (b), part 1: a Llama-3.1-8B-geometry core with seeded random

@@ -231,7 +231,8 @@ def in_process(args, core, trust, accept) -> dict:
     goes first), so a loaded host slows both alike: two NativeModels of the same core
     (CPU backend), the real scheduler, greedy, `max_tokens` per turn; each turn's prompt
     is the previous turn's prompt + output + the next question's tokens. TTFT = add ->
-    first output token on the host clock (no HTTP)."""
+    first output token (no HTTP), wall clock and this process's CPU time (the work itself:
+    on a host shared with other jobs the wall clock mostly measures them)."""
     from helios_serve.bootstrap import Bootstrap
     from helios_serve.runtime.native_model import NativeModel
     from helios_serve.testing.serial import Serial
@@ -257,12 +258,12 @@ def in_process(args, core, trust, accept) -> dict:
                     turns[name].append({
                         "prompt_tokens": len(prompt), "reused_tokens": run.reused[i],
                         "prefill_tokens": run.sched.stats().prompt_tokens_computed - computed,
-                        "ttft_ms": 1e3 * run.ttft_s(i)})
+                        "ttft_ms": 1e3 * run.ttft_s(i), "ttft_cpu_ms": 1e3 * run.ttft_cpu_s(i)})
                     prompt += run.out[i]
                     t = turns[name][-1]
                     print(f"  {name:<3} turn {i + 1:2d}: prompt {t['prompt_tokens']:5d} reused "
                           f"{t['reused_tokens']:5d} prefill {t['prefill_tokens']:4d} TTFT "
-                          f"{t['ttft_ms']:8.1f} ms", flush=True)
+                          f"{t['ttft_ms']:8.1f} ms (CPU {t['ttft_cpu_ms']:8.1f} ms)", flush=True)
         finally:
             for run in runs.values():
                 run.model.close()
@@ -270,10 +271,14 @@ def in_process(args, core, trust, accept) -> dict:
         later = ts[1:]
         out[name] = {"turns": ts,
                      "continued_ttft_ms_median": statistics.median(t["ttft_ms"] for t in later),
+                     "continued_ttft_cpu_ms_median": statistics.median(
+                         t["ttft_cpu_ms"] for t in later),
                      "continued_prefill_tokens_median": statistics.median(
                          t["prefill_tokens"] for t in later)}
     out["continued_ttft_on_over_off"] = (out["on"]["continued_ttft_ms_median"]
                                          / out["off"]["continued_ttft_ms_median"])
+    out["continued_ttft_cpu_on_over_off"] = (out["on"]["continued_ttft_cpu_ms_median"]
+                                             / out["off"]["continued_ttft_cpu_ms_median"])
     return out
 
 
@@ -375,9 +380,11 @@ def _print(r: dict) -> None:
     if r["in_process"]:
         ip = r["in_process"]
         print("in one process, continued turns (2..N), median: " + ", ".join(
-            f"{n} TTFT {ip[n]['continued_ttft_ms_median']:.1f} ms / prefill "
+            f"{n} TTFT {ip[n]['continued_ttft_ms_median']:.1f} ms (CPU "
+            f"{ip[n]['continued_ttft_cpu_ms_median']:.1f} ms) / prefill "
             f"{ip[n]['continued_prefill_tokens_median']:.0f} tokens" for n in ("off", "on"))
-            + f"; on / off = {ip['continued_ttft_on_over_off']:.3f}")
+            + f"; on / off = {ip['continued_ttft_on_over_off']:.3f} (CPU "
+            f"{ip['continued_ttft_cpu_on_over_off']:.3f})")
     if r["pressure"]:
         _print_pressure(r["pressure"])
     print(f"targets: {r['targets']}")

@@ -39,8 +39,9 @@ class Serial:
         self.out: dict[int, list[int]] = {}
         self.logits: dict[int, list[np.ndarray]] = {}
         self.reused: dict[int, int] = {}
-        self.added_s: dict[int, float] = {}  # perf_counter() at add
-        self.first_token_s: dict[int, float] = {}  # perf_counter() at the first output token
+        # (perf_counter(), process_time()) at add and at each request's first output token
+        self.added_s: dict[int, tuple[float, float]] = {}
+        self.first_token_s: dict[int, tuple[float, float]] = {}
         self.plans: list[StepPlan] = []
 
     def add(self, rid: int, prompt: Sequence[int], limit: int, **kw) -> None:
@@ -48,7 +49,7 @@ class Serial:
         if error is not None:
             raise ValueError(error.detail)
         self.limits[rid], self.out[rid], self.logits[rid] = limit, [], []
-        self.added_s[rid] = time.perf_counter()
+        self.added_s[rid] = (time.perf_counter(), time.process_time())
 
     def run(self) -> None:
         """Plan, execute and complete until every request has finished."""
@@ -67,7 +68,7 @@ class Serial:
                 if r.token_id is None:
                     continue
                 if not self.out[r.request_id]:
-                    self.first_token_s[r.request_id] = time.perf_counter()
+                    self.first_token_s[r.request_id] = (time.perf_counter(), time.process_time())
                 self.out[r.request_id].append(r.token_id)
                 if len(self.out[r.request_id]) == self.limits[r.request_id]:
                     s = self.sched.finish(r.request_id, FinishReason.LENGTH, publish=True)
@@ -81,8 +82,14 @@ class Serial:
         return backend.buffers[LOGITS]
 
     def ttft_s(self, rid: int) -> float:
-        """Seconds from `add` to request `rid`'s first output token (host clock)."""
-        return self.first_token_s[rid] - self.added_s[rid]
+        """Seconds from `add` to request `rid`'s first output token (wall clock)."""
+        return self.first_token_s[rid][0] - self.added_s[rid][0]
+
+    def ttft_cpu_s(self, rid: int) -> float:
+        """CPU seconds this process (every thread) spent from `add` to request `rid`'s
+        first output token: the work itself, less sensitive to a loaded host than
+        `ttft_s` (the NumPy kernels run on this process's threads)."""
+        return self.first_token_s[rid][1] - self.added_s[rid][1]
 
     def copies(self, route: Route) -> int:
         """Rows copied along `route` so far."""
