@@ -73,7 +73,7 @@ def test_each_route_copies_whole_rows(cuda, route):
         before[name] = values
     copies = (RowCopy(2, 1), RowCopy(0, 3), RowCopy(5, 0))
     counters = dict(b.counters)
-    cuda.execute(StepPlan(StepKind.TRANSFER, (), copies, route))
+    cuda.execute(StepPlan(StepKind.TRANSFER, (), copies=copies, route=route))
     for src, dst in zip(src_planes, dst_planes, strict=True):
         want = before[dst].copy()
         for c in copies:

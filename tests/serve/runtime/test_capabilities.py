@@ -65,7 +65,8 @@ GENERATION_BINDINGS = sorted(PACKED_BINDINGS - COPY_BINDINGS)
 
 def _plan(kind: StepKind) -> StepPlan:
     if kind is StepKind.TRANSFER:
-        return StepPlan(kind, (), (RowCopy(3, 1), RowCopy(5, 2)), Route(Tier.HOST, Tier.PAGES))
+        return StepPlan(kind, (), copies=(RowCopy(3, 1), RowCopy(5, 2)),
+                        route=Route(Tier.HOST, Tier.PAGES))
     return StepPlan(kind, _rows(kind))
 
 

@@ -97,7 +97,7 @@ def test_each_route_copies_whole_rows_of_every_plane(core, route):
             buffers[plane + tier][...] = rng.standard_normal(buffers[plane + tier].shape)
     before = {p + t: buffers[p + t].copy() for p in planes for t in suffix.values()}
     copies = (RowCopy(2, 1), RowCopy(0, 3))
-    model.execute(StepPlan(StepKind.TRANSFER, (), copies, route))
+    model.execute(StepPlan(StepKind.TRANSFER, (), copies=copies, route=route))
     for plane in planes:
         src, dst = plane + suffix[route.source], plane + suffix[route.destination]
         want = before[dst].copy()

@@ -177,8 +177,9 @@ class StepPlan:
     kind: StepKind
     rows: tuple[RowPlan, ...]
     packed_rows: int = 0
-    copies: tuple[RowCopy, ...] = ()
-    route: Route | None = None
+    # TRANSFER steps only; keyword-only (fields added after them stay positional-safe).
+    copies: tuple[RowCopy, ...] = field(default=(), kw_only=True)
+    route: Route | None = field(default=None, kw_only=True)
 
     @property
     def token_count(self) -> int:
