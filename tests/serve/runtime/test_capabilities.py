@@ -29,6 +29,7 @@ from helios_serve.runtime import packing
 from helios_serve.runtime.cpu_backend import CpuBackend
 from helios_serve.runtime.packing import SharedPacking
 from helios_tools.capabilities import CPU, CUDA, PACKED_BINDINGS
+from helios_tools.kernels.collective import COLLECTIVE_OPS
 from helios_tools.kernels.registry import REFERENCE_OPS
 
 SENTINEL = -7
@@ -133,8 +134,9 @@ def test_the_cuda_table_declares_what_the_cuda_backend_allocates():
 
 def test_both_backends_share_the_scheduler_packing_and_frontend():
     differ = {f for f in CPU.__dataclass_fields__ if getattr(CPU, f) != getattr(CUDA, f)}
-    assert differ == {"backend", "reference_ops", "argument_alignment_bytes"}
-    assert CPU.reference_ops == frozenset(REFERENCE_OPS) and CUDA.reference_ops is None
+    assert differ == {"backend", "reference_ops", "argument_alignment_bytes", "max_ranks"}
+    assert CPU.reference_ops == frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS)
+    assert CUDA.reference_ops is None
 
 
 def test_every_frontend_selector_has_an_implementation():
