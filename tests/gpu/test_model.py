@@ -153,8 +153,12 @@ def test_logprobs_and_logit_bias_in_the_captured_step(models):
 
     def prefill(model, rows_sampling):
         # a generation no other test uses: packing uploads these page tables afresh
+        # each row owns the pages its whole prompt needs (a short page list would let
+        # the rows' tail positions share a page and overwrite each other's history)
+        n = -(-len(prompt) // model.manifests.page_tokens)
         rows = tuple(RowPlan(request_id=i, slot=i, generation=99_991, tokens=prompt,
-                             start_position=0, page_ids=(2 * i, 2 * i + 1), sample=True,
+                             start_position=0, page_ids=tuple(range(n * i, n * i + n)),
+                             sample=True,
                              sampling=sp, histogram_tokens=prompt)
                      for i, sp in enumerate(rows_sampling))
         done = model.wait_step(model.submit(StepPlan(StepKind.PREFILL, rows)))

@@ -62,8 +62,9 @@ def test_paged_rows(gpu, rng):
     page_table = rng.permutation(pages)[:R * MP].astype(np.int32).reshape(R, MP)
     plane = rng.standard_normal((pages, PT, D)).astype(np.float32)
     x = rng.standard_normal((T, D)).astype(np.float32)
-    positions = rng.integers(0, MP * PT, T).astype(np.int32)
-    positions[0] = 0
+    # distinct positions, 0 among them: two tokens of one request never share a position
+    # (two writes of one row would race on the device)
+    positions = np.concatenate([[0], 1 + rng.permutation(MP * PT - 1)[:T - 1]]).astype(np.int32)
     token_row = np.asarray([0, 0, 1, 1, 2, -1, 2, 0, 1], np.int32)
     slot = np.asarray([1, 0, -1], np.int32)
     ref = plane.copy()

@@ -82,7 +82,7 @@ def test_the_producer_ran_on_the_device_and_chose_a_candidate(tuned):
     assert tuning.detail == f"{SPLIT_PRODUCER} wrote {TUNED_SPLITS} = [{chosen}]"
     print(f"producer chose {chosen} of {cands} in {tuning.seconds:.3f} s")
     c = cuda.backend.counters
-    assert c["graph_captures"] == 2 * len(cuda.manifest.graphs) + 1  # + the producer, once
+    assert c["graph_captures"] == 2 * len(cuda.prepared.manifest.graphs) + 1  # + the producer, once
 
 
 @pytest.mark.parametrize("forced", range(4))

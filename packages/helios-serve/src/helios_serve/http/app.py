@@ -231,10 +231,19 @@ async def detokenize(request: Request) -> dict[str, Any]:
     return {"prompt": tok.decode(parsed.tokens, skip_special_tokens=False)}
 
 
+def _package_version() -> str:
+    """The installed helios-serve distribution's version; "unknown" when the package runs
+    from a source tree on PYTHONPATH without distribution metadata (the GPU machine)."""
+    try:
+        return metadata.version("helios-serve")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 @get("/version")
 async def version() -> dict[str, str]:
     """The helios-serve version."""
-    return {"version": metadata.version("helios-serve")}
+    return {"version": _package_version()}
 
 
 @get("/health")
@@ -294,7 +303,7 @@ def build_app(service: ApiService) -> Litestar:
         },
         logging_config=None,
         openapi_config=OpenAPIConfig(
-            title="Helios", version=metadata.version("helios-serve"), path="/docs",
+            title="Helios", version=_package_version(), path="/docs",
             render_plugins=[SwaggerRenderPlugin(path="/")],
             use_handler_docstrings=True,
         ),
