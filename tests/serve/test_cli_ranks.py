@@ -97,6 +97,20 @@ def test_a_world_that_is_not_the_cores_rank_count_is_refused(tiny_tp2, key):
         "helios-serve: error: --world 3, but the core is split between 2 ranks")
 
 
+@pytest.mark.parametrize("option", [("--host-cache-bytes", "1MiB"), ("--snapshots", 257)])
+def test_a_host_tier_or_more_snapshot_rows_across_rank_processes_is_refused(tiny_tp2, key,
+                                                                             option):
+    """The other rank processes back the manifest's tier planes (256 snapshot rows, one
+    host row), so rank 0 refuses what they could not hold, before any rank is called."""
+    peers = ",".join(f"127.0.0.1:{_free_port()}" for _ in range(2))
+    proc = _serve(tiny_tp2, "--world", 2, "--rank", 0, "--peers", peers, "--rank-key", key,
+                  "--rank-timeout", 1, *option)
+    assert proc.returncode == 2, proc.stderr
+    assert serve_error_line(proc.stderr) == (
+        "helios-serve: error: --host-cache-bytes and --snapshots above the core's 256 are not "
+        "served across rank processes (--world) yet; run the ranks as threads")
+
+
 def _pair(rank0_core, rank1_core, key0: Path, key1: Path):
     peers = f"127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}"
     common = ("--world", 2, "--peers", peers, "--rank-timeout", 20)

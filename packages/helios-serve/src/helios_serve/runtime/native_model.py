@@ -174,10 +174,12 @@ class NativeModel:
         elif ranks is not None:  # RankPeers::Processes: this process is rank 0
             from .rank_processes import load_process_ranks  # imports MPI only when asked
 
-            if tiers.snapshot_rows or tiers.host_rows:
-                raise RuntimeLoadError("snapshots and the host tier are not served across rank "
-                                       "processes (--world) yet: serve with --snapshots 0 and "
-                                       "no --host-cache-bytes, or run the ranks as threads")
+            # The other ranks back the manifest's tier planes (the prepared snapshot rows,
+            # one host row): rank 0 may use fewer snapshot rows, never more or a host tier.
+            if tiers.host_rows or tiers.snapshot_rows > serving.prepared_snapshots:
+                raise RuntimeLoadError("--host-cache-bytes and --snapshots above the core's "
+                                       f"{serving.prepared_snapshots} are not served across "
+                                       "rank processes (--world) yet; run the ranks as threads")
             engine = load_process_ranks(manifest, read_resource, ranks, cache,
                                         frames=cpu_frames, log=log)
         elif rank_count(manifest) > 1:  # RankPeers::Threads: every rank in this process
