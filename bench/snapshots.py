@@ -121,6 +121,7 @@ class Server:
                 "--host", "127.0.0.1", "--port", "0", "--backend", backend, "--max-active", "1",
                 *extra]
         self.log = log
+        log.parent.mkdir(parents=True, exist_ok=True)  # bench/out on a fresh checkout
         with log.open("w") as f:
             self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
         self.url = ""
