@@ -245,8 +245,9 @@ def _gather_record(comm, rank_step: RankStep, record: dict[str, np.ndarray] | No
                    graph: str) -> list[dict[str, np.ndarray]] | None:
     """Every rank's completion record at rank 0 (None elsewhere)."""
     names = rank_step.completion[graph]
+    # A graph without a record (RESTORE programs) still gathers: zero bytes per rank.
     mine = np.concatenate([record[n].reshape(-1).view(np.uint8) for n in names]) \
-        if record is not None else np.empty(0, np.uint8)
+        if record is not None and names else np.empty(0, np.uint8)
     every = np.empty((comm.Get_size(), len(mine)), np.uint8) if comm.Get_rank() == 0 else None
     comm.Gather(mine, every, root=0)
     if every is None:
