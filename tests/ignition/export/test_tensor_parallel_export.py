@@ -62,7 +62,12 @@ def test_manifest_declares_two_ranks_with_split_weights(core):
 def test_programs_reduce_after_row_parallel_products_and_gather_the_head(core):
     manifest = core.manifest
     ops = {k.id: k.reference_op for k in manifest.kernels}
+    forward = [g for g in manifest.graphs if not g.name.startswith("transfer_")]
+    assert forward
     for graph in manifest.graphs:
+        if graph not in forward:  # RESTORE programs copy rows; no product, no collective
+            assert {ops[launch.kernel] for launch in graph.launches} == {"row_copy"}
+    for graph in forward:
         launched = [ops[launch.kernel] for launch in graph.launches]
         assert launched.count("all_reduce_sum") == 2 * GEOMETRY.num_layers, graph.name
         assert launched.count("all_gather_columns") == 1, graph.name
