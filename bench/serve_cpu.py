@@ -33,7 +33,6 @@ import asyncio
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from server import ServeProcess  # bench/ is this script's folder
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -126,54 +126,6 @@ def ensure_core(args) -> tuple[Path, Path, str, dict]:
     partial.replace(CORE)
     return CORE, public, NAMESPACE, {"reused": False, "wall_s": time.perf_counter() - started,
                                      "summary": proc.stdout.strip()}
-
-
-class ServerProcess:
-    """`helios-serve` as a child process on 127.0.0.1, port 0 (the server picks a free
-    port and prints its URL); stopped with SIGINT (the server drains for 5 s), then
-    SIGKILL."""
-
-    def __init__(self, core: Path, trust: Path, accept: str, max_active: int):
-        self.argv = [_tool("helios-serve"), str(core), "--trust", str(trust), "--accept", accept,
-                     "--host", "127.0.0.1", "--port", "0", "--max-active", str(max_active)]
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
-
-    def start(self, timeout_s: float) -> str:
-        SERVER_LOG.parent.mkdir(parents=True, exist_ok=True)
-        log = SERVER_LOG.open("w")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"helios-serve exited {self.proc.returncode}:\n"
-                                 f"{SERVER_LOG.read_text()[-4000:]}")
-            if not self.url:
-                for line in SERVER_LOG.read_text().splitlines():
-                    if line.startswith("Helios is serving") and " at http://" in line:
-                        self.url = line.split(" at ", 1)[1].split()[0]
-            if self.url and _healthy(self.url):
-                return self.url
-            time.sleep(0.2)
-        raise SystemExit(f"helios-serve not healthy after {timeout_s:.0f} s; see {SERVER_LOG}")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2.0, trust_env=False).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @dataclass
@@ -408,12 +360,12 @@ def main() -> None:
 
     core, trust, accept, export = ensure_core(args)
     bootstrap = Bootstrap.load(core, [trust], accept)
-    server = ServerProcess(core, trust, accept, max(args.concurrency))
     load_before = os.getloadavg()[0]
+    server = ServeProcess(core, trust, accept, log=SERVER_LOG,
+                          options=["--max-active", str(max(args.concurrency))],
+                          startup_timeout_s=args.startup_timeout)
     try:
-        t = time.perf_counter()
-        url = server.start(args.startup_timeout)
-        startup_s = time.perf_counter() - t
+        url, startup_s = server.url, server.startup_s
         print(f"serving at {url} (startup {startup_s:.1f} s)", flush=True)
         figures = asyncio.run(measure(args, url, bootstrap))
     finally:

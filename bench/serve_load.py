@@ -38,15 +38,14 @@ import multiprocessing as mp
 import os
 import platform
 import random
-import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
+from server import ServeProcess  # bench/ is this script's folder
 
 REPO = Path(__file__).resolve().parent.parent
 # Idle pooled connections are dropped before uvicorn closes them (timeout_keep_alive 5 s):
@@ -228,52 +227,13 @@ def _get(url: str, timeout: float = 5.0) -> bytes:
         return r.read()
 
 
-class Served:
-    """`helios-serve` as a child process (its log in `log_path`)."""
-
-    def __init__(self, args, log_path: Path):
-        argv = [sys.executable, "-c", "import sys; from helios_serve.cli import main; "
-                "sys.argv[0] = 'helios-serve'; main()", str(args.core), "--trust",
-                str(args.trust), "--accept", args.accept, "--host", "127.0.0.1", "--port", "0",
-                "--backend", args.backend]
-        if args.max_active:
-            argv += ["--max-active", str(args.max_active)]
-        argv += ["--queue-capacity", str(max(args.concurrency) + 8)]
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_path
-        log = log_path.open("w")
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.url = ""
-        deadline = time.monotonic() + args.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"helios-serve exited {self.proc.returncode}: "
-                                 f"{log_path.read_text()[-2000:]}")
-            for line in log_path.read_text().splitlines():
-                if line.startswith("Helios is serving") and " at http://" in line:
-                    self.url = line.split(" at ", 1)[1].split()[0]
-            if self.url:
-                try:
-                    if _get(self.url + "/health"):
-                        self.startup_s = time.perf_counter() - t0
-                        return
-                except (urllib.error.URLError, OSError):
-                    pass
-            time.sleep(0.5)
-        self.stop()
-        raise SystemExit(f"helios-serve not healthy after {args.startup_timeout:.0f} s; "
-                         f"see {log_path}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+def start_server(args, log_path: Path) -> ServeProcess:
+    """`helios-serve` for the run: --max-active as given, the queue sized for the highest
+    concurrency."""
+    options = ["--max-active", str(args.max_active)] if args.max_active else []
+    options += ["--queue-capacity", str(max(args.concurrency) + 8)]
+    return ServeProcess(args.core, args.trust, args.accept, log=log_path, backend=args.backend,
+                        options=options, startup_timeout_s=args.startup_timeout)
 
 
 def probe_ignore_eos(url: str, model: str) -> tuple[bool, str]:
@@ -335,7 +295,7 @@ def main() -> None:
     bootstrap = Bootstrap.load(args.core, [args.trust], args.accept)
     model = bootstrap.contract.served_id
     prompts = PromptMaker(bootstrap, args.seed)
-    served = None if args.url else Served(args, Path(args.json).with_suffix(".server.log"))
+    served = None if args.url else start_server(args, Path(args.json).with_suffix(".server.log"))
     url = args.url or served.url
     result: dict = {"core": str(args.core), "served_id": model, "backend": args.backend,
                     "max_active": args.max_active, "url_given": bool(args.url),

@@ -1,7 +1,8 @@
 """Exact-endpoint snapshots and the host tier, measured through helios-serve's HTTP API.
 
 Two workloads against a real `helios-serve` child process on 127.0.0.1 (SmolLM2, greedy,
-streamed; TTFT = request sent -> first generated token's chunk, timed at the client):
+streamed; TTFT = request sent -> first generated token's chunk, timed at the client on one
+kept-alive connection per server, as an OpenAI client sends):
 
     multi-turn  one conversation of 10 turns on a ~1,000-token system prompt, each turn a
                 new user question plus the previous answers (max_tokens 16), under three
@@ -36,7 +37,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 import httpx
+from server import ServeProcess  # bench/ is this script's folder
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -112,55 +113,19 @@ def _cli(module: str, name: str, argv: list[str]) -> None:
     subprocess.run([sys.executable, "-c", code, *argv], check=True, capture_output=True)
 
 
-class Server:
-    """helios-serve as a child process (port 0), stopped with SIGINT then SIGKILL."""
+class Server(ServeProcess):
+    """helios-serve for one configuration (--max-active 1) and the client that times it:
+    one `httpx.Client` for every turn, as an OpenAI client keeps its connection (a new
+    client per request adds its ~20 ms TLS-context build to every TTFT)."""
 
     def __init__(self, core, trust, accept, backend: str, extra: list[str], log: Path):
-        code = "import sys; from helios_serve.cli import main; sys.argv[0] = 'helios-serve'; main()"
-        argv = [sys.executable, "-c", code, str(core), "--trust", str(trust), "--accept", accept,
-                "--host", "127.0.0.1", "--port", "0", "--backend", backend, "--max-active", "1",
-                *extra]
-        self.log = log
-        log.parent.mkdir(parents=True, exist_ok=True)  # bench/out on a fresh checkout
-        with log.open("w") as f:
-            self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
-        self.url = ""
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"helios-serve exited {self.proc.returncode}:\n"
-                                 f"{log.read_text()[-3000:]}")
-            for line in log.read_text().splitlines():
-                if line.startswith("Helios is serving") and " at http://" in line:
-                    self.url = line.split(" at ", 1)[1].split()[0]
-            if self.url:
-                try:
-                    if httpx.get(self.url + "/health", timeout=2, trust_env=False).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-            time.sleep(0.3)
-        self.stop()
-        raise SystemExit(f"helios-serve not healthy; see {log}")
-
-    def metric(self, name: str) -> float:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(self.url + "/metrics", timeout=30, trust_env=False).text
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == name and not s.labels:
-                    return s.value
-        return 0.0
+        super().__init__(core, trust, accept, log=log, backend=backend,
+                         options=["--max-active", "1", *extra])
+        self.timed = httpx.Client(timeout=900, trust_env=False)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        super().stop()
+        self.timed.close()
 
 
 def turn(server: Server, messages: list[dict], max_tokens: int) -> dict:
@@ -170,8 +135,7 @@ def turn(server: Server, messages: list[dict], max_tokens: int) -> dict:
     prefill0 = server.metric("helios_prefill_tokens_total")
     text, usage, first = [], {}, None
     sent = time.perf_counter()
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=900,
-                      trust_env=False) as r:
+    with server.timed.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":

@@ -53,7 +53,9 @@ class PacedBackend:
         self.frames = frames
         self.counters: Counter[str] = Counter()
         self._step_s = {g.name: float(step_s(g.name)) for g in manifest.graphs}
-        self._completion = {g.name: g.completion.buffer for g in manifest.graphs}
+        # Graphs without a completion record (RESTORE copies) fill none.
+        self._completion = {g.name: g.completion.buffer for g in manifest.graphs
+                            if g.completion.buffer}
         needed = {b.destination for g in contract.model.graphs for b in g.bindings}
         needed |= set(self._completion.values())
         decls = {b.name: b for b in manifest.buffers if b.name in needed
@@ -88,8 +90,9 @@ class PacedBackend:
         self.queued += gap == 0.0
         self._busy_until_s = self._ready_s[frame] = start + duration
         self.device_busy_s += duration
-        record = self._staging[frame][self._completion[graph]].reshape(-1)
-        record[:] = self._records[self._steps % len(self._records), :len(record)]
+        if graph in self._completion:
+            record = self._staging[frame][self._completion[graph]].reshape(-1)
+            record[:] = self._records[self._steps % len(self._records), :len(record)]
         self._steps += 1
         self.counters["graph_launches"] += 1
 
