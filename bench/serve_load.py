@@ -17,6 +17,14 @@ Per level (vLLM's benchmark_serving definitions):
     ITL            gaps between consecutive content chunks, p50 / p99 (a chunk may carry
                    several tokens when the server coalesces a backlog: tokens/chunk shown)
 
+Beside each level (issue 17, "the serving path keeps up with the device"): the NativeModel
+loop of the same core and backend at batch C (`native_loop`, run in a child process before
+the server starts, skipped with --url or --no-native), and two ratios to it:
+    served/native  output tok/s / the loop's tok/s
+    decode/native  C / TPOT p50 / the loop's tok/s (the rate while every stream decodes)
+Each level is preceded by one unrecorded round (C requests of 8 tokens: every graph the
+level uses has run once, the clients' connections are open; --no-warmup skips it).
+
 Either serve a core (`--core C --trust PUB --accept NS [--backend cuda] [--max-active M]`:
 `helios-serve` as a child process on 127.0.0.1, stopped at the end) or load an already
 running server (`--url URL --core C --trust PUB --accept NS`: the core gives the tokenizer
@@ -39,6 +47,7 @@ import os
 import platform
 import random
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -219,6 +228,124 @@ def run_level(url: str, model: str, prompts: list[str], concurrency: int, max_to
     }
 
 
+# -- the NativeModel loop --------------------------------------------------------------------
+
+
+def native_loop(core, trust, accept, backend: str, workloads: list[tuple[int, int]],
+                concurrency: list[int], steps: int, seed: int = 0) -> list[dict]:
+    """The device-speed reference of each (workload, concurrency): NativeModel.submit/wait
+    at batch C with step N + 1 submitted before waiting for step N when the backend has
+    two frames (cuda; the loop bench/gpu_models.py times), on the same core and backend,
+    greedy.
+
+    Each row is prefilled with random ordinary ids up to n_in + (n_out - steps) // 2, then
+    `steps` decode steps run, so the mean context (n_in + n_out / 2) is a served request's.
+    tokens/s = C * steps / wall of the decode steps after 3 warm-up steps.
+    """
+    from helios_serve.bootstrap import Bootstrap
+    from helios_serve.engine.plan import (
+        PENDING_PLACEHOLDER,
+        RowPlan,
+        SamplingParams,
+        StepKind,
+        StepPlan,
+    )
+    from helios_serve.runtime.native_model import NativeModel
+
+    rng = random.Random(seed)
+    out = []
+    with Bootstrap.load(core, [trust], accept) as boot:
+        model = NativeModel.load(boot.prepared, boot.core.read_resource, backend,
+                                 max_concurrency=max(concurrency))
+        g = model.manifests
+        chunk = max(g.prefill_token_capacities)
+        per = min(g.max_pages_per_request, g.num_pages // g.slots)
+        greedy = SamplingParams()
+        vocab = [i for t, i in boot.tokenizer.get_vocab().items()
+                 if not (t.startswith("<") and t.endswith(">")) and i < g.vocab_size]
+
+        def pages(slot: int, length: int) -> tuple[int, ...]:
+            return tuple(range(slot * per, slot * per + -(-length // g.page_tokens)))
+
+        try:
+            for n_in, n_out in workloads:
+                run = min(steps, n_out)
+                context = n_in + (n_out - run) // 2
+                for c in concurrency:
+                    generation = len(out) + 2  # a fresh generation per level: new rows
+                    for slot in range(c):
+                        ids = [rng.choice(vocab) for _ in range(context)]
+                        for start in range(0, context, chunk):
+                            piece = tuple(ids[start:start + chunk])
+                            end = start + len(piece)
+                            row = RowPlan(request_id=slot, slot=slot, generation=generation,
+                                          tokens=piece, start_position=start,
+                                          page_ids=pages(slot, end), sample=end == context,
+                                          sampling=greedy,
+                                          histogram_tokens=tuple(ids) if start == 0 else None)
+                            model.execute(StepPlan(StepKind.PREFILL, (row,)))
+
+                    def plan(i: int, c=c, context=context, generation=generation) -> StepPlan:
+                        pos = context + i
+                        return StepPlan(StepKind.DECODE, tuple(
+                            RowPlan(request_id=s, slot=s, generation=generation,
+                                    tokens=(PENDING_PLACEHOLDER,), start_position=pos,
+                                    page_ids=pages(s, pos + 1), sample=True, sampling=greedy)
+                            for s in range(c)))
+
+                    warm, inflight = 3, []
+                    for i in range(run):
+                        if i == warm:
+                            started = time.perf_counter()
+                        if len(inflight) == model.frames:  # cuda: 2 frames; cpu: 1
+                            model.wait(inflight.pop(0))
+                        inflight.append(model.submit(plan(i)))
+                    for ticket in inflight:
+                        model.wait(ticket)
+                    wall = time.perf_counter() - started
+                    out.append({"input_tokens": n_in, "output_tokens": n_out, "concurrency": c,
+                                "context_start": context, "steps": run - warm,
+                                "tokens_per_s": c * (run - warm) / wall,
+                                "step_ms": wall / (run - warm) * 1e3})
+                    print(f"native loop {n_in}/{n_out} C={c}: {out[-1]['tokens_per_s']:.0f} "
+                          f"tok/s ({out[-1]['step_ms']:.3f} ms/step)", flush=True)
+        finally:
+            model.close()
+    return out
+
+
+def ratios(level: dict, native: dict | None) -> dict:
+    """The level against the NativeModel loop at the same concurrency (issue 17: served
+    tokens/s >= 0.9x the loop): served/native = output tok/s over the loop's tok/s (TTFT,
+    request gaps and ramps included); decode/native = C / TPOT p50 over it (the rate while
+    every stream decodes)."""
+    if native is None:
+        return {"native_tokens_per_s": None, "served_over_native": None,
+                "decode_over_native": None}
+    tpot = level["tpot_ms"]["p50"]
+    decode = level["concurrency"] * 1e3 / tpot if tpot else None
+    return {"native_tokens_per_s": native["tokens_per_s"],
+            "served_over_native": level["output_tokens_per_s"] / native["tokens_per_s"],
+            "decode_over_native": decode / native["tokens_per_s"] if decode else None}
+
+
+def native_in_child(args, workloads: list[tuple[int, int]]) -> list[dict]:
+    """`native_loop` in a child process, so its device memory is free before the server
+    starts."""
+    argv = [sys.executable, __file__, "--native-child", "--core", str(args.core), "--trust",
+            str(args.trust), "--accept", args.accept, "--backend", args.backend,
+            "--native-steps", str(args.native_steps), "--seed", str(args.seed),
+            "--workload", *[f"{i}/{o}" for i, o in workloads],
+            "--concurrency", *[str(c) for c in args.concurrency]]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    sys.stdout.write("".join(line + "\n" for line in proc.stdout.splitlines()
+                             if line.startswith("native loop")))
+    if proc.returncode:
+        raise SystemExit(f"the NativeModel loop failed ({proc.returncode}):\n"
+                         f"{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 # -- the server -------------------------------------------------------------------------------
 
 
@@ -287,8 +414,23 @@ def main() -> None:
     ap.add_argument("--profile", metavar="DIR",
                     help="py-spy the served process during each level into DIR/*.folded "
                          "and print its busiest frames per thread (needs py-spy, ptrace)")
+    ap.add_argument("--no-native", dest="native", action="store_false",
+                    help="skip the NativeModel loop (it runs before the server starts; "
+                         "skipped with --url)")
+    ap.add_argument("--native-steps", type=int, default=256,
+                    help="decode steps of the NativeModel loop per level")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
+                    help="skip the unrecorded round (C requests of 8 tokens) before a level")
+    ap.add_argument("--native-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", default=str(REPO / "bench" / "out" / "serve_load.json"))
     args = ap.parse_args()
+    workloads = [tuple(int(x) for x in spec.split("/")) for spec in args.workload]
+    if args.native_child:
+        print(json.dumps(native_loop(args.core, args.trust, args.accept, args.backend,
+                                     workloads, args.concurrency, args.native_steps,
+                                     args.seed)))
+        return
+    native = native_in_child(args, workloads) if args.native and not args.url else []
 
     from helios_serve.bootstrap import Bootstrap
 
@@ -300,7 +442,8 @@ def main() -> None:
     result: dict = {"core": str(args.core), "served_id": model, "backend": args.backend,
                     "max_active": args.max_active, "url_given": bool(args.url),
                     "server_startup_s": served.startup_s if served else None,
-                    "template_tokens": prompts.overhead, "workloads": []}
+                    "template_tokens": prompts.overhead, "native_loop": native,
+                    "workloads": []}
     try:
         ignore_eos, note = (False, "disabled by --no-ignore-eos") if args.no_ignore_eos \
             else probe_ignore_eos(url, model)
@@ -315,13 +458,20 @@ def main() -> None:
             for c in args.concurrency:
                 count = max(args.min_requests, args.rounds * c)
                 batch = [prompts.make(n_in) for _ in range(count)]
+                if args.warmup:  # every graph of the level used once, connections opened
+                    run_level(url, model, [prompts.make(n_in) for _ in range(c)], c, 8,
+                              ignore_eos, args.client_procs)
                 spy = None
                 if args.profile and served is not None:
                     from serve_overhead import Profiler  # bench/ is this script's folder
 
                     Path(args.profile).mkdir(parents=True, exist_ok=True)
-                    spy = Profiler(served.proc.pid,
-                                   Path(args.profile) / f"serve_{n_in}_{n_out}_c{c}.folded")
+                    try:
+                        spy = Profiler(served.proc.pid,
+                                       Path(args.profile) / f"serve_{n_in}_{n_out}_c{c}.folded")
+                    except SystemExit as exc:  # no py-spy: the figures still count
+                        print(f"no profile: {exc}", flush=True)
+                        args.profile = None
                 try:
                     level = run_level(url, model, batch, c, n_out, ignore_eos,
                                       args.client_procs)
@@ -331,6 +481,9 @@ def main() -> None:
                 if spy is not None:
                     level["profile"] = level_profile
                 level["metrics_after"] = metrics_snapshot(url)
+                ref = next((n for n in native if n["concurrency"] == c
+                            and (n["input_tokens"], n["output_tokens"]) == (n_in, n_out)), None)
+                level.update(ratios(level, ref))
                 levels.append(level)
                 t, p, i = level["ttft_ms"], level["tpot_ms"], level["itl_ms"]
 
@@ -341,6 +494,8 @@ def main() -> None:
                       f"{level['requests_per_s']:>8.2f}{f(t['p50'], 10)}{f(t['p99'])}"
                       f"{f(p['p50'], 10)}{f(p['p99'], 8)}{f(i['p50'])}{f(i['p99'], 8)}"
                       f"{f(level['tokens_per_chunk'], 10)}"
+                      + (f"   served/native {level['served_over_native']:.2f}, decode/native "
+                         f"{level['decode_over_native']:.2f}" if ref else "")
                       + (f"  errors: {level['errors']}" if level["errors"] else ""), flush=True)
             result["workloads"].append({"input_tokens": n_in, "output_tokens": n_out,
                                         "levels": levels})
