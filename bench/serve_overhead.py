@@ -24,6 +24,11 @@ device time spent in `wait` as on the GPU.
              server CPU = the child's user + system CPU seconds / wall
     ratio    served steady / bare (target >= 0.9 at C = 1, 8, 32; issue 17)
 
+--ttft measures the chat path's first-token floor instead (`ttft_floor`): bench/snapshots.py's
+multi-turn chat on the same paced server, a kept-alive client against a new client per
+request, the server's own submission -> first token time, and the scheduler + NativeModel
+in process (no HTTP).
+
 --profile samples the server with py-spy during each measured level and prints, per
 thread, the busiest frames (inclusive and self); the folded stacks stay in bench/out/.
 
@@ -426,6 +431,131 @@ def measure(args, core_path: Path, trust: Path, accept: str) -> dict:
             "levels": levels}
 
 
+# -- TTFT: the chat path's first-token floor ------------------------------------------------
+
+
+def chat_turns(sentences: int, turns: int) -> tuple[str, list[str]]:
+    """bench/snapshots.py's conversation: its ~1,000-token system prompt and questions."""
+    from snapshots import QUESTIONS, system_prompt  # bench/ is this script's folder
+
+    return system_prompt(0, sentences), [QUESTIONS[i % len(QUESTIONS)] for i in range(turns)]
+
+
+def _stream_turn(client, url: str, model: str, messages: list[dict],
+                 max_tokens: int) -> tuple[float, str]:
+    """One streamed greedy chat request: (perf_counter at the first content chunk, text)."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}
+    first, text = None, []
+    with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[6:]).get("choices") or []:
+                piece = choice.get("delta", {}).get("content")
+                if piece:
+                    first = first or time.perf_counter()
+                    text.append(piece)
+    return first or time.perf_counter(), "".join(text)
+
+
+def _server_ttft(client, url: str) -> tuple[float, float]:
+    """(sum, count) of the server's helios_time_to_first_token_seconds histogram."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    for family in text_string_to_metric_families(client.get(url + "/metrics").text):
+        for sample in family.samples:
+            if sample.name in ("helios_time_to_first_token_seconds_sum",
+                               "helios_time_to_first_token_seconds_count"):
+                found[sample.name.rsplit("_", 1)[1]] = sample.value
+    return found.get("sum", 0.0), found.get("count", 0.0)
+
+
+def ttft_floor(args, core_path: Path, trust: Path, accept: str) -> dict:
+    """Where a chat turn's first token goes, on the paced device (H200 step times).
+
+    bench/snapshots.py's multi-turn chat (a ~1,000-token system prompt, turn N's prompt =
+    turn N - 1's prompt + its answer + a question; max_tokens 16, greedy, streamed; prefix
+    pages reused, so each turn prefills ~20-40 tokens) against the server child (max-active
+    1), alternating two clients turn by turn:
+        kept_alive   one httpx.Client for every turn (an OpenAI client keeps its
+                     connection)
+        new_client   httpx.stream() per turn: a new client (its TLS context) and
+                     connection inside the timed request (bench/snapshots.py until 0431f90)
+    then the same prompts (token ids as the server tokenized them: the chat template over
+    the same messages) through the scheduler + NativeModel of the same paced device in this
+    process (testing.serial.Serial: no HTTP, no preparation): TTFT = add -> first token.
+    The server's own TTFT (its helios_time_to_first_token_seconds: submission to the
+    worker -> first token) splits the HTTP figure into the worker's part and the rest
+    (HTTP parsing, preparation: template + tokenizer, delivery).
+    """
+    import httpx
+    from helios_serve.bootstrap import Bootstrap
+    from helios_serve.testing.paced import paced_model
+    from helios_serve.testing.serial import Serial
+    from helios_tools.frontend_assets import render_chat
+
+    bootstrap = Bootstrap.load(core_path, [trust], accept)
+    tok = bootstrap.tokenizer
+    system, questions = chat_turns(args.ttft_sentences, 2 * args.ttft_turns)
+    child = Child(core_path, trust, accept, 1, args.scale)
+    model = bootstrap.contract.served_id
+    kept = httpx.Client(timeout=600.0, trust_env=False)
+    turns, prompts = [], []
+    try:
+        messages = [{"role": "system", "content": system}]
+        for i, q in enumerate(questions):
+            messages.append({"role": "user", "content": q})
+            mode = "kept_alive" if i % 2 else "new_client"
+            m0 = _server_ttft(kept, child.url)
+            sent = time.perf_counter()
+            if mode == "kept_alive":
+                first, reply = _stream_turn(kept, child.url, model, messages, args.ttft_tokens)
+            else:
+                with httpx.Client(timeout=600.0, trust_env=False) as fresh:
+                    first, reply = _stream_turn(fresh, child.url, model, messages,
+                                                args.ttft_tokens)
+            ttft_s = first - sent
+            m1 = _server_ttft(kept, child.url)
+            server_s = (m1[0] - m0[0]) / max(1, m1[1] - m0[1])
+            prompt = render_chat(bootstrap.chat_template, messages, add_generation_prompt=True,
+                                 **bootstrap.template_variables)
+            prompts.append(tok.encode(prompt, add_special_tokens=False).ids)
+            turns.append({"turn": i + 1, "mode": mode, "prompt_tokens": len(prompts[-1]),
+                          "ttft_ms": ttft_s * 1e3, "server_ttft_ms": server_s * 1e3})
+            messages.append({"role": "assistant", "content": reply})
+    finally:
+        kept.close()
+        child.stop()
+    step_s, _ = step_seconds(bootstrap.contract, device_step_table(DEVICE_JSON, args.scale))
+    run = Serial(paced_model(bootstrap.core, step_s, text_token_ids(tok), max_concurrency=1),
+                 logits=False)
+    for t, prompt in zip(turns, prompts, strict=True):
+        run.add(t["turn"], prompt, args.ttft_tokens)
+        run.run()
+        t["in_process_ttft_ms"] = run.ttft_s(t["turn"]) * 1e3
+    run.model.close()
+    bootstrap.close()
+    later = [t for t in turns if t["turn"] > 2]
+
+    def median(mode: str | None, key: str) -> float:
+        return float(np.median([t[key] for t in later if mode is None or t["mode"] == mode]))
+
+    out = {"turns": turns, "system_sentences": args.ttft_sentences,
+           "max_tokens": args.ttft_tokens,
+           "median_ms": {"new_client": median("new_client", "ttft_ms"),
+                         "kept_alive": median("kept_alive", "ttft_ms"),
+                         "server_ttft": median("kept_alive", "server_ttft_ms"),
+                         "in_process": median(None, "in_process_ttft_ms")}}
+    m = out["median_ms"]
+    print(f"TTFT (turns 3..N, median): new client {m['new_client']:.1f} ms, kept-alive "
+          f"{m['kept_alive']:.1f} ms (server submission -> first token {m['server_ttft']:.1f} "
+          f"ms), in process {m['in_process']:.1f} ms", flush=True)
+    return out
+
+
 def ensure_core() -> tuple[Path, Path]:
     """bench/out/serve_cpu.core (SmolLM2, the recipe's default weights), exported in this
     process when absent, with its publisher key."""
@@ -463,6 +593,12 @@ def main() -> None:
                     "exported when absent); its kernels are not run")
     ap.add_argument("--trust", help="its publisher's public key (with --core)")
     ap.add_argument("--accept", help="its publisher namespace (with --core)")
+    ap.add_argument("--ttft", action="store_true",
+                    help="measure the chat TTFT floor (ttft_floor) instead of throughput")
+    ap.add_argument("--ttft-turns", type=int, default=10, help="turns per client mode")
+    ap.add_argument("--ttft-sentences", type=int, default=60,
+                    help="system prompt sentences (60: ~944 SmolLM2 tokens)")
+    ap.add_argument("--ttft-tokens", type=int, default=16, help="max_tokens per turn")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--max-active", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -478,7 +614,8 @@ def main() -> None:
     else:
         (core, trust), accept = ensure_core(), NAMESPACE
     load_before = os.getloadavg()[0]
-    figures = measure(args, core, trust, accept)
+    figures = ({"ttft": ttft_floor(args, core, trust, accept)} if args.ttft
+               else measure(args, core, trust, accept))
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     result = {"label": args.label, "commit": commit, "quick": args.quick,
