@@ -124,6 +124,8 @@ case $stage in
       --json "$OUTD/serve_load_smollm2.json" 2>&1 | tee "$OUTD/serve_load_smollm2.log"
     python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS \
       --json "$OUTD/serve_overhead_h200host.json" 2>&1 | grep -v "^ " | tee "$OUTD/serve_overhead.log"
+    python3 bench/serve_overhead.py --ttft --core "$C" --trust "$K.pub" --accept $NS \
+      --json "$OUTD/serve_overhead_ttft_h200host.json" 2>&1 | tail -2 | tee -a "$OUTD/serve_overhead.log"
     python3 bench/packing.py --json "$OUTD/packing_h200host.json" 2>&1 | tee "$OUTD/packing.log" ;;
   snap)
     # Issue 15, GPU tests (one device call): every RESTORE route on device planes and the
