@@ -379,6 +379,8 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         return _cfg((B,), 8, BLOCK_V=2048, WMAX=_np2(W, 2))
     if op in ("spec_copy_candidates", "spec_confidence"):  # one program per lane
         return _cfg((s[0],), 4, BLOCK_V=2048)
+    if op == "spec_candidate_masks":  # one program per packed row
+        return _cfg((s[0],), 4, BLOCK_V=2048)
     if op == "spec_allocate":  # one program holds every lane
         return _cfg((1,), 4, BLOCK_B=_np2(s[0], 16))
     if op == "spec_pack_rows":

@@ -205,7 +205,8 @@ PREFIX_ROWS_PER_LANE = 2
 SPEC_NAMES = {"generation": "in.generation", "lane_start": "in.lane_start",
               "token_slot": "in.token_slot", "lane_ceiling": "in.lane_ceiling",
               "cand_ids": "in.cand_ids", "cand_count": "in.cand_count",
-              "cand_generation": "in.cand_generation", "cand_endpoint": "in.cand_endpoint"}
+              "cand_generation": "in.cand_generation", "cand_endpoint": "in.cand_endpoint",
+              "cand_masks": "in.cand_masks"}
 RECORD = "out.record"
 TRANSFER_NAMES = {"source": "in.transfer_source", "destination": "in.transfer_destination"}
 # Storage tiers of the RESTORE programs' routes, by the name used in graph names.
@@ -320,6 +321,7 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
         for key in ("lane_ceiling", "cand_count", "cand_generation", "cand_endpoint"):
             t.declare(SPEC_NAMES[key], "i32", (rows,), "input")
         t.declare(SPEC_NAMES["cand_ids"], "i32", (rows, dmax), "input")
+        t.declare(SPEC_NAMES["cand_masks"], "i32", (rows, dmax, words), "input")
         for name in ("d_tok", "d_pos", "d_row", "d_slot", "query_length"):
             t.declare(f"spec.{name}", "i32", (rows,), "scratch")
         for name in ("positions", "token_row", "token_slot"):  # device-packed rows
@@ -633,9 +635,8 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
     inv_freq = t.view("rope_inv_freq", (s.head_dim // 2,))
     ns, split = decode_splits(MP * PT)
 
-    def inp(key: str, count: int, width_: int | None = None):
-        shape = (count,) if width_ is None else (count, width_)
-        return t.view(n.get(key) or SPEC_NAMES[key], shape)
+    def inp(key: str, count: int, *widths: int):
+        return t.view(n.get(key) or SPEC_NAMES[key], (count, *widths))
 
     def sp(name: str, count: int):
         return t.view(f"spec.{name}", (count,))
@@ -682,6 +683,10 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
     head = t.view(head_buffer(s), (s.vocab, s.hidden))
     b.launch("linear_invariant", h, head, logits, P, s.vocab, s.hidden)
     words = grammar_mask_words(s.vocab)
+    if D > 0:  # constrained lanes: per-position masks of their copied candidates
+        b.launch("spec_candidate_masks", logits, trow, pos, slot, start, qlen,
+                 inp("use_mask", B), inp("cand_masks", B, dmax, words), *candidates[1:5],
+                 drafts, P, B, s.vocab, words, dmax, dmax)
     commit = sp("commit_row", P)
     record = t.view(RECORD, (B, RECORD_FIELDS + width))
     b.launch("spec_verify", logits, slot, inp("generation", B), start, qlen,

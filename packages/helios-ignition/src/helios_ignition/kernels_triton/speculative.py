@@ -381,16 +381,20 @@ def spec_verify(logits, slot, generation, lane_start, query_length, sampling_dec
                         BLOCK_V)
                     qrow = q + (b.to(tl.int64) * DMAX + j) * V
                     stream = tl.where(j < n - 1, 3, 0)
+                    # A draft outside [0, V) (cut by spec_candidate_masks) is never
+                    # accepted and proposed nothing: its rejection draws from p.
+                    dv = (d >= 0) & (d < V)
+                    dc = tl.where(dv, d, 0)
                     if j < n - 1:  # p(d) and q(d) of the draft under test
-                        zd = _z(lrow, hrow, mrow, d + wl * 0, V, um, rep, freq, pres, out_ids,
+                        zd = _z(lrow, hrow, mrow, dc + wl * 0, V, um, rep, freq, pres, out_ids,
                                 temp, True, WMAX)
-                        pd, kd = _kept(zd, d + wl * 0, V, zmax, S, kkey, kcut, pkey, pcut, pmin)
+                        pd, kd = _kept(zd, dc + wl * 0, V, zmax, S, kkey, kcut, pkey, pcut, pmin)
                         p_d = tl.max(tl.where(kd, tl.math.div_rn(pd, S_keep + tl.zeros_like(pd)),
                                               0.0), axis=0)
-                        q_d = tl.load(qrow + d)
+                        q_d = tl.load(qrow + dc, mask=dv, other=0.0)
                         u = tl.max(_philox_stream(wl * 0, position + wl * 0, 2 + wl * 0, k0, k1),
                                    axis=0)
-                        ok = (q_d > 0.0) & (u * q_d.to(tl.float64) < p_d.to(tl.float64))
+                        ok = dv & (q_d > 0.0) & (u * q_d.to(tl.float64) < p_d.to(tl.float64))
                     if not ok:  # residual max(p - q, 0) on rejection; p itself for the bonus
                         best_race = tl.sum(tl.zeros((BLOCK_V,), tl.float64), axis=0) - float("inf")
                         tok = best
@@ -401,7 +405,7 @@ def spec_verify(logits, slot, generation, lane_start, query_length, sampling_dec
                             p, keep = _kept(zt, idx, V, zmax, S, kkey, kcut, pkey, pcut, pmin)
                             weight = p
                             if j < n - 1:
-                                qi = tl.load(qrow + idx, mask=idx < V, other=0.0)
+                                qi = tl.load(qrow + idx, mask=(idx < V) & dv, other=0.0)
                                 pn = tl.math.div_rn(p, S_keep + tl.zeros_like(p))
                                 weight = tl.maximum(pn - qi, 0.0)
                                 keep = keep & (weight > 0.0)
@@ -455,6 +459,37 @@ def spec_copy_candidates(cand_ids, cand_count, cand_generation, cand_endpoint, g
         for v0 in range(0, V, BLOCK_V):
             idx = v0 + lanes
             tl.store(qrow + idx, tl.where(idx == d, 1.0, 0.0).to(tl.float32), mask=idx < V)
+
+
+@triton.jit
+def spec_candidate_masks(logits, token_row, positions, slot, lane_start, query_length, use_mask,
+                         cand_masks, cand_count, cand_generation, cand_endpoint, generation,
+                         drafts, P, B, V, W32, CMAX, DMAX, BLOCK_V: tl.constexpr):
+    """A constrained lane's row j in 1..k takes candidate mask j - 1; its drafts past the
+    copied run become -1; grid ``(P,)``, one program per packed row."""
+    t = tl.program_id(0)
+    b = tl.load(token_row + t)
+    bc = tl.maximum(b, 0)
+    s = tl.load(slot + bc)
+    if (b >= 0) & (s >= 0) & (tl.load(use_mask + bc) != 0):
+        start = tl.load(lane_start + bc)
+        n = tl.load(query_length + bc)
+        fresh = (tl.load(cand_generation + bc) == tl.load(generation + bc)) & \
+            (tl.load(cand_endpoint + bc) == start)
+        cap = tl.minimum(tl.minimum(CMAX, DMAX), tl.maximum(n - 1, 0))
+        k = tl.where(fresh, tl.minimum(tl.maximum(tl.load(cand_count + bc), 0), cap), 0)
+        j = tl.load(positions + t) - start
+        if (j >= 1) & (j <= k):
+            lrow = logits + t.to(tl.int64) * V
+            mrow = cand_masks + (bc.to(tl.int64) * CMAX + (j - 1)) * W32
+            lanes = tl.arange(0, BLOCK_V)
+            for v0 in range(0, V, BLOCK_V):
+                idx = v0 + lanes
+                w = tl.load(mrow + idx // 32, mask=idx < V, other=0)
+                blocked = (idx < V) & (((w >> (idx % 32)) & 1) == 0)
+                tl.store(lrow + idx, float("-inf"), mask=blocked)
+        if (j >= k) & (j < tl.minimum(n - 1, DMAX)):
+            tl.store(drafts + bc * DMAX + j, -1)
 
 
 @triton.jit

@@ -126,6 +126,10 @@ def copied_proposals(spec_names: Mapping[str, str]) -> list[cpb.ValueBinding]:
         # offset -1: compared with the lane start (the pending token's position)
         binding(spec_names["cand_endpoint"], V.VALUE_SOURCE_CANDIDATE_CONSUMED_ENDPOINT,
                 V.INDEXING_SUBMISSION_ROW, padding=-1, offset=-1),
+        # [rows, D, mask words]: mask i = the tokens a constrained lane's grammar allows
+        # after its candidates 0..i (applied where GRAMMAR_MASK_ENABLED is set).
+        binding(spec_names["cand_masks"], V.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS,
+                V.INDEXING_SUBMISSION_ROW),
     ]
 
 

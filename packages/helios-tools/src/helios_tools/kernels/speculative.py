@@ -284,7 +284,7 @@ def spec_verify(
                 z = processed(logits[off_b + j]) with histogram[s] (+ counts of out so far)
                     and the grammar mask when j == 0 and use_mask[b]
                 if j < n - 1:                                       # test draft d
-                    d = drafts[b, j]
+                    d = drafts[b, j]          # outside [0, V): never accepted, q = 0
                     if greedy: ok = argmax(z) == d; tok = argmax(z)
                     else:
                         p = probabilities of z (sampler truncation); qd = q[b, j, d]
@@ -350,9 +350,13 @@ def spec_verify(
                 if j < n - 1:
                     d = int(drafts[b, j])
                     dense_p = _lane_ids(cand, p, V)
-                    qd = q[b, j, :V]
+                    # A draft outside [0, V) (cut by spec_candidate_masks) is never
+                    # accepted and proposed nothing: its rejection draws from p.
+                    valid = 0 <= d < V
+                    qd = q[b, j, :V] if valid else np.zeros(V, np.float32)
                     u = philox_uniform(seed_lo, seed_hi, position, [0], stream=STREAM_ACCEPT)[0]
-                    ok = bool(qd[d] > 0 and u * np.float64(qd[d]) < np.float64(dense_p[d]))
+                    ok = valid and bool(qd[d] > 0
+                                        and u * np.float64(qd[d]) < np.float64(dense_p[d]))
                     if not ok:
                         residual = np.maximum(dense_p[cand] - qd[cand], np.float32(0))
                         total = residual.sum(dtype=np.float32)
@@ -548,6 +552,78 @@ def spec_copy_candidates(
         drafts[b, STEP - 1] = d
         q[b, STEP - 1, :V] = 0.0
         q[b, STEP - 1, d] = 1.0
+
+
+def spec_candidate_masks(
+    logits: NDArray[np.float32],
+    token_row: NDArray[np.int32],
+    positions: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    lane_start: NDArray[np.int32],
+    query_length: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    cand_masks: NDArray[np.int32],
+    cand_count: NDArray[np.int32],
+    cand_generation: NDArray[np.int32],
+    cand_endpoint: NDArray[np.int32],
+    generation: NDArray[np.int32],
+    drafts: NDArray[np.int32],
+    P: int,
+    B: int,
+    V: int,
+    W32: int,
+    CMAX: int,
+    DMAX: int,
+) -> None:
+    """Per-position grammar masks of a constrained lane's copied candidates
+    (CANDIDATE_GRAMMAR_MASKS; model-contract.md value sources, "Copied proposals").
+
+    Runs after the verification rows' logits, before ``spec_verify``. A lane whose
+    grammar mask applies (``use_mask``) verifies only its fresh copied candidates: the
+    host advanced its grammar along them and sent the mask of every position after one
+    (mask i = the tokens allowed after candidates 0..i), while learned drafts are drawn
+    inside the program, where no host grammar can mask them. Row j of such a lane
+    (j = position - lane start) gets mask j - 1 for 1 <= j <= k (row 0 keeps the lane's
+    GRAMMAR_MASK, which ``spec_verify`` applies), and every draft it would test past the
+    copied run (index >= k) becomes -1, which no verification accepts: the lane's token
+    at row k is the target's own. k is ``spec_copy_candidates``' fresh count, so stale
+    candidates (another generation or endpoint) give k = 0: their masks are ignored and
+    the lane verifies its pending position only, as a width-one lane does. Lanes
+    without a mask are untouched. Consumes no random draws.
+
+    Reference loop::
+
+        for t in range(P):
+            b = token_row[t]
+            if b < 0 or slot[b] < 0 or not use_mask[b]: continue
+            k = fresh count of lane b (spec_copy_candidates)
+            j = positions[t] - lane_start[b]
+            if 1 <= j <= k: logits[t, v] = -inf for every v with bit v of cand_masks[b, j-1] clear
+            if k <= j < min(query_length[b] - 1, DMAX): drafts[b, j] = -1
+
+    Args:
+        logits: ``[P, V]`` f32 target logits of the packed rows, masked in place.
+        token_row, positions: ``[P]`` i32 lane and position of each packed row (< 0 pad).
+        slot, lane_start, query_length, use_mask: ``[B]`` i32 (query_length: the lane's
+            actual length; a prefix-limit program's allocated one).
+        cand_masks: ``[B, CMAX, W32]`` i32 bitmasks (bit v % 32 of word v // 32 allows v).
+        cand_count, cand_generation, cand_endpoint, generation: ``[B]`` i32.
+        drafts: ``[B, DMAX]`` i32 target ids, cut in place.
+        P: packed rows. B: lanes. V: vocabulary. W32: mask words. CMAX: candidate
+        columns. DMAX: draft columns.
+    """
+    k = _fresh_candidates(cand_count, cand_generation, cand_endpoint, generation, lane_start,
+                          query_length, B, CMAX, DMAX)
+    for t in range(P):
+        b = int(token_row[t])
+        if b < 0 or slot[b] < 0 or not use_mask[b]:
+            continue
+        j = int(positions[t]) - int(lane_start[b])
+        if 1 <= j <= k[b]:
+            allowed = _allowed(cand_masks[b, j - 1, :W32], V)
+            logits[t, :V] = np.where(allowed, logits[t, :V], np.float32(-np.inf))
+        if k[b] <= j < min(int(query_length[b]) - 1, DMAX):
+            drafts[b, j] = -1
 
 
 def spec_confidence(
