@@ -70,7 +70,9 @@ def test_history_drafting_needs_copied_token_inputs_in_every_selected_wider_grap
     prepared = PreparedContract.from_contract(core.contract, core.manifest)
     assert list(prepared.history_drafting_findings()) == []
     graph = next(g for g in core.contract.model.graphs if g.name == "spec_b2_w4")
-    kept = [b for b in graph.bindings if b.source != cpb.VALUE_SOURCE_CANDIDATE_IDS]
+    # (its masks go too: they follow the candidates, rule speculative.candidate_masks)
+    kept = [b for b in graph.bindings if b.source not in (
+        cpb.VALUE_SOURCE_CANDIDATE_IDS, cpb.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS)]
     del graph.bindings[:]
     graph.bindings.extend(kept)
     prepared = PreparedContract.from_contract(core.contract, core.manifest)
@@ -87,3 +89,45 @@ def test_history_drafting_needs_copied_token_inputs_in_every_selected_wider_grap
     off = SimpleNamespace(manifests=SimpleNamespace(speculative_widths=()))
     with pytest.raises(StartupError, match="needs learned speculation"):
         _check_history_drafting(prepared, off)
+
+
+def _without(graph, *sources):
+    kept = [b for b in graph.bindings if b.source not in sources]
+    del graph.bindings[:]
+    graph.bindings.extend(kept)
+
+
+def test_candidate_grammar_masks_need_the_candidates_and_the_lane_mask():
+    core = tiny_core(0, speculative_widths=(1, 2, 4))
+    graph = next(g for g in core.contract.model.graphs if g.name == "spec_b2_w4")
+    index = list(core.contract.model.graphs).index(graph)
+    _without(graph, cpb.VALUE_SOURCE_CANDIDATE_IDS, cpb.VALUE_SOURCE_GRAMMAR_MASK)
+    found = [f for f in contract_findings(core.contract, core.manifest)
+             if f.rule == "speculative.candidate_masks"]
+    assert [(f.path, f.value) for f in found] == [
+        (f"model.graphs[{index}].bindings",
+         "['VALUE_SOURCE_CANDIDATE_IDS', 'VALUE_SOURCE_GRAMMAR_MASK']")]
+    with pytest.raises(ContractError, match="per-position candidate grammar masks") as info:
+        PreparedContract.from_contract(core.contract, core.manifest)
+    assert info.value.rule == "speculative.candidate_masks"
+
+
+def test_constrained_lanes_widen_only_where_every_wider_program_binds_candidate_masks():
+    """One rule (PreparedContract.constrained_speculation), read by NativeModel.load into
+    ModelGeometry.candidate_masks: without masks in a selected wider program, constrained
+    lanes stay at width one."""
+    from helios_serve.testing.native import load_native
+
+    core = tiny_core(0, speculative_widths=(1, 2, 4))
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    assert prepared.constrained_speculation() and prepared.constrained_speculation((1, 2))
+    assert not prepared.constrained_speculation((1,))  # no wider program: nothing to verify
+    assert load_native(core, "cpu").manifests.candidate_masks
+    graph = next(g for g in core.contract.model.graphs if g.name == "spec_b2_w4")
+    _without(graph, cpb.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS)
+    assert _rules(core) == []  # a core without masks is valid ...
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    assert not prepared.constrained_speculation()  # ... its constrained lanes stay narrow
+    assert prepared.constrained_speculation((1, 2))  # unless W = 4 is not served
+    assert not load_native(core, "cpu").manifests.candidate_masks
+    assert load_native(core, "cpu", speculative_width=2).manifests.candidate_masks

@@ -315,3 +315,55 @@ def test_tagged_tool_parameter_with_a_local_ref(case):
     call = ToolCall("call_0", "book", '{"place":{"city":"Lyon"}}')
     run(st, fe, gc, script, grammar_kw=kw, pipeline_kw=kw,
         expected=ChatResult(None, None, (call,), "tool_calls"))  # fmt: skip
+
+
+def _mask(state) -> np.ndarray:
+    row = np.zeros(state.mask_words, np.int32)
+    state.fill_mask(row)
+    return row
+
+
+def test_copied_candidates_get_the_mask_of_every_position_after_them():
+    """candidate_masks advances the matcher along the candidates and rolls back: row i is
+    exactly the mask after consuming candidates 0..i, and the state is unchanged."""
+    syn = think_syntax(ToolParser.QWEN_CODER_FUNCTION_TAGS, QWEN_CODER_TAGS)
+    st = ScriptTokenizer(["<think>", "</think>", "<tool_call>", "</tool_call>", EOS],
+                         ['{"city"', ': "', "Paris", '"}', "Hello"])
+    fe = Frontend(syn, st.tokenizer, [st.special_id(EOS)])
+    gc = GrammarCompiler(fe)
+    rf = {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}
+    state = gc.for_request(response_format=rf)
+    ids = [st.piece_id(p) for p in ('{"city"', ': "', "Paris", '"}')]
+    before = _mask(state)
+    masks = state.candidate_masks(ids)
+    assert masks.shape == (4, gc.mask_words) and masks.dtype == np.int32
+    np.testing.assert_array_equal(_mask(state), before)  # rolled back
+    replay = gc.for_request(response_format=rf)
+    for i, t in enumerate(ids):
+        assert replay.advance(t)
+        np.testing.assert_array_equal(masks[i], _mask(replay), err_msg=f"position {i + 1}")
+    # After the closed document only EOS may follow.
+    eos = st.special_id(EOS)
+    assert (masks[3][eos // 32] >> (eos % 32)) & 1
+    assert not (masks[3][st.piece_id("Hello") // 32] >> (st.piece_id("Hello") % 32)) & 1
+    assert state.advance_all(ids)  # the state itself never moved
+
+
+def test_candidate_prefix_stops_at_the_first_rejected_candidate_and_before_eos():
+    syn = think_syntax(ToolParser.QWEN_CODER_FUNCTION_TAGS, QWEN_CODER_TAGS)
+    st = ScriptTokenizer(["<think>", "</think>", "<tool_call>", "</tool_call>", EOS],
+                         ['{"city"', ': "', "Paris", '"}', "Hello"])
+    fe = Frontend(syn, st.tokenizer, [st.special_id(EOS)])
+    gc = GrammarCompiler(fe)
+    rf = {"type": "json_schema", "json_schema": {"name": "c", "schema": CITY}}
+    state = gc.for_request(response_format=rf)
+    good = [st.piece_id(p) for p in ('{"city"', ': "', "Paris", '"}')]
+    assert state.candidate_prefix(good) == 4
+    assert state.candidate_prefix(good[:2] + [st.piece_id("Hello")] + good[2:]) == 5  # a string
+    assert state.candidate_prefix(good[:1] + [st.piece_id("Hello")] + good[1:]) == 1  # a key
+    assert state.candidate_prefix([st.piece_id("Hello")] + good) == 0  # not JSON
+    assert state.candidate_prefix(good + [st.special_id(EOS)]) == 4  # EOS is never copied
+    assert state.candidate_prefix(good[:1] + good[:1]) == 1
+    with pytest.raises(ValueError, match="rejects copied candidate"):
+        state.candidate_masks([st.piece_id("Hello")])
+    np.testing.assert_array_equal(_mask(state), _mask(gc.for_request(response_format=rf)))

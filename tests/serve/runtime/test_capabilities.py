@@ -15,6 +15,7 @@ from helios_contract.schema import contract_pb2 as c
 from helios_contract.schema import frontend_pb2 as fpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_serve.engine.plan import (
+    CopiedCandidates,
     Route,
     RowCopy,
     RowPlan,
@@ -41,9 +42,10 @@ def _rows(kind: StepKind) -> tuple[RowPlan, ...]:
                               logit_bias=((1, 2.0),), logprobs=2)
     mask = np.full(WORDS, 5, np.int32)
     tokens = {StepKind.PREFILL: ((11, 12, 13), (21, 22)), StepKind.DECODE: ((11,), (21,))}[kind]
+    copied = CopiedCandidates((4, 5), 4, 9, grammar_masks=np.full((2, WORDS), 6, np.int32))
     return tuple(RowPlan(request_id=i, slot=2 * i + 1, generation=4, tokens=t,
                          start_position=8, page_ids=(6, 7, 9), sample=True, sampling=sampling,
-                         histogram_tokens=(1, 1, 2), grammar_mask=mask)
+                         histogram_tokens=(1, 1, 2), grammar_mask=mask, candidates=copied)
                  for i, t in enumerate(tokens))
 
 
@@ -56,6 +58,10 @@ def _destination(indexing: int, source: int) -> np.ndarray:
         return np.full((SLOTS, 2), SENTINEL, np.int64)
     if source == c.VALUE_SOURCE_GRAMMAR_MASK:
         return np.full((SLOTS, WORDS), SENTINEL, np.int32)
+    if source == c.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS:
+        return np.full((SLOTS, 3, WORDS), SENTINEL, np.int32)
+    if source == c.VALUE_SOURCE_CANDIDATE_IDS:
+        return np.full((SLOTS, 3), SENTINEL, np.int32)
     return np.full(8, SENTINEL, np.float32)
 
 
@@ -101,7 +107,8 @@ def test_the_restore_bindings_are_declared():
 def test_packing_supplies_nothing_the_table_leaves_out():
     """The pairs packing's value tables implement are exactly the declared ones."""
     per_row = set(packing.ROW_VALUES) | {c.VALUE_SOURCE_SEED_BITS, c.VALUE_SOURCE_GRAMMAR_MASK,
-                                         c.VALUE_SOURCE_CANDIDATE_IDS, c.VALUE_SOURCE_CONSTANT}
+                                         c.VALUE_SOURCE_CANDIDATE_IDS, c.VALUE_SOURCE_CONSTANT,
+                                         c.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS}
     implemented = (
         {(s, i) for s in per_row for i in (c.INDEXING_SUBMISSION_ROW, c.INDEXING_ACTIVE_ROW)}
         | {(s, c.INDEXING_PACKED_TOKEN) for s in packing.TOKEN_VALUES}

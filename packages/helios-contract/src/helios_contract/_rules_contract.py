@@ -389,11 +389,34 @@ def _speculative(graph: pb.GraphContract, path: str) -> Findings:
                 len(length_bindings),
                 "a speculative program binds exactly one of QUERY_LENGTH / SPECULATIVE_PREFIX_LIMIT")
         return
+    yield from _candidate_masks(graph, path)
     index, binding = length_bindings[0]
     if LENGTH_SOURCES[binding.source] != spec.length_source:
         yield F("speculative.length_source", LengthSourceError, f"{path}.bindings[{index}].source",
                 enum_name(pb.ValueSource, binding.source),
                 f"disagrees with length_source {enum_name(pb.LengthSource, spec.length_source)}")
+
+
+# What per-position candidate grammar masks are relative to: the copied candidates (mask
+# i follows candidate i, for the generation and endpoint they were proposed for) and the
+# lane's own grammar mask (its pending position, and whether the lane is constrained).
+CANDIDATE_MASK_NEEDS = (
+    pb.VALUE_SOURCE_CANDIDATE_IDS, pb.VALUE_SOURCE_CANDIDATE_COUNT,
+    pb.VALUE_SOURCE_CANDIDATE_GENERATION, pb.VALUE_SOURCE_CANDIDATE_CONSUMED_ENDPOINT,
+    pb.VALUE_SOURCE_GRAMMAR_MASK, pb.VALUE_SOURCE_GRAMMAR_MASK_ENABLED,
+)
+
+
+def _candidate_masks(graph: pb.GraphContract, path: str) -> Findings:
+    """A program binding CANDIDATE_GRAMMAR_MASKS binds what the masks follow."""
+    bound = {b.source for b in graph.bindings}
+    if pb.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS not in bound:
+        return
+    missing = [enum_name(pb.ValueSource, s) for s in CANDIDATE_MASK_NEEDS if s not in bound]
+    if missing:
+        yield F("speculative.candidate_masks", BindingError, f"{path}.bindings", missing,
+                "per-position candidate grammar masks follow the copied candidates and the "
+                "lane's grammar mask")
 
 
 def _pending_token(graph: pb.GraphContract, path: str) -> Findings:

@@ -219,6 +219,26 @@ class PreparedContract:
                     f"history drafting needs copied-token inputs in {graph.name!r} (W = {width})",
                 )
 
+    def constrained_speculation(self, widths: Iterable[int] | None = None) -> bool:
+        """Whether constrained lanes (a grammar mask applies) may verify copied candidates.
+
+        The rule (model-contract.md value sources, "Copied proposals"): the host masks only
+        what it proposes, so a constrained lane is wider than one only through copied
+        candidates with their per-position grammar masks. That needs every selected wider
+        SPECULATIVE graph (W > 1) to bind CANDIDATE_IDS and CANDIDATE_GRAMMAR_MASKS
+        (rule ``speculative.candidate_masks`` checks what the masks follow); otherwise
+        constrained lanes stay at width one. Learned drafts are never verified for them
+        (the program cannot ask the host's grammar).
+
+        Args:
+            widths: Speculative widths W selected at load; ``None`` means every captured one.
+        """
+        chosen = set(self.speculative_widths if widths is None else widths)
+        wider = [g for g in self.graphs_for(pb.OPERATION_SPECULATIVE)
+                 if g.speculative.token_capacity > 1 and g.speculative.token_capacity in chosen]
+        need = {pb.VALUE_SOURCE_CANDIDATE_IDS, pb.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS}
+        return bool(wider) and all(need <= {b.source for b in g.bindings} for g in wider)
+
     def check_history_drafting(self, widths: Iterable[int] | None = None) -> None:
         """Raise the first of ``history_drafting_findings(widths)``.
 

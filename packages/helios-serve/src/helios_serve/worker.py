@@ -361,6 +361,8 @@ class ModelWorker:
                     sampling=choice.sampling,
                     needs_feedback=prepared.needs_feedback,
                     width_one=prepared.constrained,
+                    candidate_filter=(choice.grammar.candidate_prefix
+                                      if choice.grammar is not None else None),
                     fork_of=sched_ids[0] if sched_id != sched_ids[0] else None,
                     publish_endpoints=prepared.publish_endpoints,
                 )
@@ -467,19 +469,28 @@ class ModelWorker:
         """The plan as submitted: grammar masks filled for constrained sampling rows.
 
         The scheduler keeps the original plan object (completion is checked by
-        identity); the backend gets a copy whose rows carry the masks. A grammar that
-        cannot produce its mask is an output error of that request alone: it fails now,
-        and its row runs unconstrained with the result discarded at completion.
+        identity); the backend gets a copy whose rows carry the masks. A constrained
+        speculative lane with copied candidates also gets the grammar mask of every
+        position after each candidate (CopiedCandidates.grammar_masks; the scheduler kept
+        only candidates the grammar accepts). A grammar that cannot produce its masks is
+        an output error of that request alone: it fails now, and its row runs
+        unconstrained with the result discarded at completion.
         """
         rows = []
         changed = False
         for row in plan.rows:
             live = self._live.get(row.request_id)
             mask = None
+            candidates = row.candidates
             if row.sample and live is not None and live.constrained:
+                grammar = live.choice.grammar
+                assert grammar is not None
                 mask = np.zeros(self.geometry.mask_words, dtype=np.int32)
                 try:
-                    live.choice.grammar.fill_mask(mask)  # type: ignore[union-attr]
+                    grammar.fill_mask(mask)
+                    if candidates is not None:
+                        candidates = dataclasses.replace(
+                            candidates, grammar_masks=grammar.candidate_masks(candidates.ids))
                 except Exception as exc:
                     log.warning("grammar mask failed for a request: %s", exc)
                     self._fail_request(live, f"grammar mask failed: {exc}")
@@ -488,11 +499,12 @@ class ModelWorker:
             if live is not None and live.ban is not None and live.ban.applies(row):
                 mask = live.ban.mask(mask)  # min_tokens: EOS and stop ids masked out
             if mask is not None:
-                rows.append(dataclasses.replace(row, grammar_mask=mask))
+                rows.append(dataclasses.replace(row, grammar_mask=mask, candidates=candidates))
                 changed = True
             else:
                 rows.append(row)
-        return StepPlan(plan.kind, tuple(rows)) if changed else plan
+        # replace keeps packed_rows: a prefix-limit step stays one
+        return dataclasses.replace(plan, rows=tuple(rows)) if changed else plan
 
     def _fail_request(self, live: _Live, message: str) -> None:
         """End a request (every choice) with an output error; its frames drain in the

@@ -34,10 +34,11 @@ _PER_ROW = (
     pb.VALUE_SOURCE_CONSTANT,
     # Lane ceilings of device allocation (RowPlan.query_length of a prefix-limit step).
     pb.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT,
-    # Copied proposals of history drafting (RowPlan.candidates). Per-position candidate
-    # grammar masks are not supplied: constrained lanes stay width one.
+    # Copied proposals of history drafting (RowPlan.candidates), with the per-position
+    # grammar masks of constrained lanes (CopiedCandidates.grammar_masks).
     pb.VALUE_SOURCE_CANDIDATE_IDS, pb.VALUE_SOURCE_CANDIDATE_COUNT,
     pb.VALUE_SOURCE_CANDIDATE_GENERATION, pb.VALUE_SOURCE_CANDIDATE_CONSUMED_ENDPOINT,
+    pb.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS,
 )
 _PER_TOKEN = (
     pb.VALUE_SOURCE_PROMPT_TOKENS, pb.VALUE_SOURCE_PENDING_TOKEN,

@@ -99,11 +99,18 @@ class CopiedCandidates:
     """History drafting's copied proposals for one speculative lane: `ids[i]` proposes
     the token at the lane's pending position + 1 + i. `generation` and `endpoint` (the
     slot generation and consumed endpoint, pending token included, they were proposed
-    for) let the program ignore stale candidates."""
+    for) let the program ignore stale candidates.
+
+    `grammar_masks` (constrained lanes: int32 ``[len(ids), mask_words]``, attached by the
+    worker at submission like RowPlan.grammar_mask): row i is the bitmask of the tokens
+    the request's grammar allows after ids[0..i] (the lane's verified position i + 1;
+    its pending position takes RowPlan.grammar_mask). Packed as CANDIDATE_GRAMMAR_MASKS.
+    """
 
     ids: tuple[int, ...]
     generation: int
     endpoint: int
+    grammar_masks: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -221,6 +228,9 @@ class ModelGeometry:
             B lanes of ceilings up to W share P verification rows the device allocates.
         copied_proposals: every served wider SPECULATIVE program binds the copied-token
             inputs (history drafting may be enabled).
+        candidate_masks: constrained lanes may verify copied candidates: every served
+            wider program binds their per-position grammar masks
+            (PreparedContract.constrained_speculation); else they stay at width one.
         snapshot_rows: continuation rows backed at load (the physical snapshot capacity;
             0 = no exact-endpoint snapshots).
         host_rows: host-tier rows backed at load (each holds one page or one snapshot's
@@ -250,6 +260,7 @@ class ModelGeometry:
     extra_pages_per_request: int = 0
     prefix_programs: tuple[tuple[int, int, int], ...] = ()
     copied_proposals: bool = False
+    candidate_masks: bool = False
     snapshot_rows: int = 0
     host_rows: int = 0
     transfer_rows: int = 0

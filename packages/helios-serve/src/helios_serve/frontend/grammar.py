@@ -159,7 +159,7 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(field, _one_line(matcher.get_error()))
-        return GrammarState(matcher, self.mask_words)
+        return GrammarState(matcher, self.mask_words, frozenset(self._fe.eos_token_ids))
 
     def grammar(
         self,
@@ -373,9 +373,11 @@ class GrammarState:
     exception): `advance` returns False and the request ends with a grammar failure.
     """
 
-    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int,
+                 eos_token_ids: frozenset[int] = frozenset()) -> None:
         self._m = matcher
         self.mask_words = mask_words
+        self._eos = eos_token_ids
 
     def fill_mask(self, out_row: np.ndarray) -> None:
         """Write the allowed-token bitmask.
@@ -389,9 +391,54 @@ class GrammarState:
             raise ValueError("mask row must be C-contiguous")
         self._m.unsafe_compute_mask_ptr(out_row.ctypes.data, out_row.nbytes)
 
+    def candidate_prefix(self, token_ids: Sequence[int]) -> int:
+        """How many leading copied candidates the grammar accepts from its current state
+        (history drafting; the state does not change). The run stops before the first
+        token the grammar rejects and before any EOS id: the end of the output is the
+        target's own token, never a copied one.
+
+        Args:
+            token_ids: candidate ids following the tokens consumed so far.
+        """
+        eos = self._eos
+        valid = self._m.validate_tokens(list(token_ids))
+        for i, t in enumerate(token_ids[:valid]):
+            if t in eos:
+                return i
+        return valid
+
+    def candidate_masks(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The allowed-token bitmask of every position after each candidate:
+        int32 ``[len(token_ids), mask_words]``, row i = the mask after consuming
+        token_ids[0..i] (the lane's verified position i + 1). The matcher advances
+        tentatively along the candidates and rolls back: its state does not change.
+
+        Raises:
+            ValueError: the grammar rejects a candidate (callers pass only the prefix
+                ``candidate_prefix`` accepted).
+        """
+        ids = [int(t) for t in token_ids]
+        valid = self._m.validate_tokens(ids)  # consuming a rejected token is not undone
+        if valid < len(ids):
+            raise ValueError(f"the grammar rejects copied candidate {ids[valid]} at "
+                             f"position {valid}")
+        out = np.zeros((len(ids), self.mask_words), dtype=np.int32)
+        consumed = 0
+        try:
+            for i, t in enumerate(ids):
+                if not self._m.consume_token(t):
+                    raise ValueError(f"the grammar rejects copied candidate {t} at "
+                                     f"position {i}")
+                consumed += 1
+                self._m.unsafe_compute_mask_ptr(out[i].ctypes.data, out[i].nbytes)
+        finally:
+            if consumed:
+                self._m.rollback(consumed)
+        return out
+
     def fork(self) -> GrammarState:
         """An independent copy in the same state (one per choice of n > 1)."""
-        return GrammarState(self._m.deep_copy(), self.mask_words)
+        return GrammarState(self._m.deep_copy(), self.mask_words, self._eos)
 
     def advance(self, token_id: int) -> bool:
         """Consume a sampled token; False when the grammar rejects it (error state)."""

@@ -413,7 +413,8 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
         extra_pages_per_request=max(v.page_offset for v in prepared.page_table_views),
         prefix_programs=prefix if widths != [1] else (),
         copied_proposals=bool(history) and all(
-            _binds(g, cpb.VALUE_SOURCE_CANDIDATE_IDS) for g in history))
+            _binds(g, cpb.VALUE_SOURCE_CANDIDATE_IDS) for g in history),
+        candidate_masks=widths != [1] and prepared.constrained_speculation(widths))
 
 
 def _prefix_limit(graph: cpb.GraphContract) -> bool:

@@ -200,6 +200,20 @@ class SharedPacking:
                     ids = r.candidates.ids[:dest.shape[1]]
                     dest[i, :len(ids)] = ids
             return
+        elif source == V.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS:
+            # Read only for lanes whose GRAMMAR_MASK_ENABLED is set, rows 1..count: a
+            # constrained lane with candidates must carry their masks.
+            for i, r in enumerate(rows):
+                if r.candidates and r.grammar_mask is not None:
+                    masks = r.candidates.grammar_masks
+                    if masks is None or len(masks) < min(len(r.candidates.ids),
+                                                         dest.shape[1]):
+                        raise ValueError(f"row {i}: a constrained lane's copied candidates "
+                                         "need their grammar masks (CopiedCandidates."
+                                         "grammar_masks)")
+                    k = min(len(r.candidates.ids), dest.shape[1])
+                    dest[i, :k] = masks[:k]
+            return
         elif source == V.VALUE_SOURCE_GRAMMAR_MASK:
             for i, r in enumerate(rows):
                 if r.grammar_mask is not None:

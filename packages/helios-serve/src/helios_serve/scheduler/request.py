@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from helios_serve.engine.plan import SamplingParams
@@ -24,7 +25,14 @@ class SchedRequest:
             submitted (grammar, host stops): while such a request is live, the scheduler
             keeps one plan outstanding (specification: completion feedback).
         width_one: the request's speculative lanes are one position long (no drafts):
-            constrained requests, whose grammar mask covers only the next token.
+            constrained requests, whose grammar mask covers only the next token --
+            unless `candidate_filter` is set, history drafting is on and the core binds
+            per-position candidate grammar masks (ModelGeometry.candidate_masks): then
+            its lanes verify the copied candidates its grammar accepts, and no more.
+        candidate_filter: a constrained request's grammar check of copied candidates:
+            given candidate ids (following the request's tokens so far), how many
+            leading ones the grammar accepts (frontend.grammar.GrammarState.
+            candidate_prefix). None: lanes stay at width one.
         fork_of: another choice of the same prompt (n > 1): this request is admitted
             only once that one's prompt has been computed, so it shares the prompt's
             complete cached pages and computes only the tokens of the last, partial
@@ -42,6 +50,8 @@ class SchedRequest:
     width_one: bool = False
     fork_of: int | None = None
     publish_endpoints: tuple[int, ...] = ()
+    candidate_filter: Callable[[tuple[int, ...]], int] | None = field(
+        default=None, compare=False, repr=False)
 
 
 class AdmissionReason(enum.Enum):

@@ -32,7 +32,9 @@ request's own sequence (prompt, then output).
 
 Speculative generation (geometry.speculative_widths non-empty): every generation row
 of a request that can speculate is a SPECULATIVE lane of length n = min(widest served
-W, output budget left) -- 1 while its next token is masked (grammar, min_tokens) --
+W, output budget left) -- 1 while its next token is masked (min_tokens; grammar unless
+the core masks a constrained lane's copied candidates per position: then 1 + the copied
+candidates its grammar accepts) --
 with pages reserved for all n positions (the lane's full ceiling); a lane whose pages
 are not available waits, it is never shortened for them (lane lengths depend on the
 request alone, so a seeded request samples the same text alone and in any batch).
@@ -582,31 +584,59 @@ class Scheduler:
 
     def _candidates(self, seq: Sequence, n: int) -> CopiedCandidates | None:
         """History drafting: up to n - 1 tokens copied from the request's own sequence
-        for the lane starting at its pending token (speculation.HistoryIndex)."""
+        for the lane starting at its pending token (speculation.HistoryIndex); for a
+        constrained request, only those its grammar accepts (`_constrained_candidates`)."""
         if not self.history_drafting or n < 2:
             return None
-        if seq.history is None:
-            seq.history = HistoryIndex()
-        ids = seq.history.propose(seq.tokens, n - 1)  # tokens end with the pending one
+        if seq.request.width_one:
+            ids = self._constrained_candidates(seq)[:n - 1]
+        else:
+            ids = self._propose(seq, n - 1)
         if not ids:
             return None
         return CopiedCandidates(ids, seq.generation, seq.num_scheduled + 1)
 
+    def _propose(self, seq: Sequence, count: int) -> tuple[int, ...]:
+        if seq.history is None:
+            seq.history = HistoryIndex()
+        return seq.history.propose(seq.tokens, count)  # tokens end with the pending one
+
+    def _constrained_candidates(self, seq: Sequence) -> tuple[int, ...]:
+        """The copied candidates a constrained request's lane verifies: the longest
+        prefix of the history proposal that its grammar accepts (the worker then sends
+        the grammar mask of every position after one). Proposed once per endpoint."""
+        key = (seq.generation, len(seq.tokens))
+        if seq.constrained_candidates is None or seq.constrained_candidates[0] != key:
+            ids = self._propose(seq, self.max_width - 1)
+            check = seq.request.candidate_filter
+            keep = check(ids) if ids and check is not None else 0
+            seq.constrained_candidates = (key, ids[:keep])
+        return seq.constrained_candidates[1]
+
     def lane_ceiling(self, seq: Sequence) -> int:
         """Positions a request's next speculative lane may verify (pending included).
 
-        1 while the next token is masked (grammar, min_tokens: the mask covers only the
-        lane's first position); else min(widest served W = D + 1, output budget left).
-        The request alone decides it: sampled text with a seed depends on the lane
-        lengths (which position's token is a bonus draw and which an acceptance test),
-        never on other requests or on free pages.
+        1 while the next token is masked by a mask that covers only the lane's first
+        position (min_tokens; a grammar without per-position candidate masks); a
+        constrained request whose grammar masks its copied candidates position by
+        position (history drafting on a core with ModelGeometry.candidate_masks) verifies
+        those candidates and no learned draft: 1 + the candidates its grammar accepts;
+        else min(widest served W = D + 1, output budget left). The request alone decides
+        it: sampled text with a seed depends on the lane lengths (which position's token
+        is a bonus draw and which an acceptance test), never on other requests or on
+        free pages.
         """
         request = seq.request
         sampling = request.sampling
-        if request.width_one or (sampling.min_tokens_banned
-                                 and seq.num_output_tokens < sampling.min_tokens):
+        budget = request.max_output_tokens - seq.num_output_tokens
+        if sampling.min_tokens_banned and seq.num_output_tokens < sampling.min_tokens:
             return 1
-        return min(self.max_width, request.max_output_tokens - seq.num_output_tokens)
+        if request.width_one:
+            if not (self.history_drafting and self.geometry.candidate_masks
+                    and request.candidate_filter is not None):
+                return 1
+            return min(1 + len(self._constrained_candidates(seq)), self.max_width, budget)
+        return min(self.max_width, budget)
 
     def _row(
         self,

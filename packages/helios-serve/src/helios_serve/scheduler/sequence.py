@@ -49,6 +49,9 @@ class Sequence:
         self.failed = False
         self.finish_reason: FinishReason | None = None
         self.history = None  # speculation.HistoryIndex, made on the first copied proposal
+        # A constrained request's grammar-accepted copied candidates, keyed by the
+        # (generation, sequence length) they were proposed at (Scheduler.lane_ceiling).
+        self.constrained_candidates: tuple[tuple[int, int], tuple[int, ...]] | None = None
 
     @property
     def output_tokens(self) -> tuple[int, ...]:
