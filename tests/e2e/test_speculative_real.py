@@ -202,3 +202,69 @@ def test_history_drafting_over_http_keeps_greedy_identity(history_server, model)
 
     assert value('helios_spec_decode_draft_tokens_total{source="copied"}') > 0
     assert value('helios_spec_decode_accepted_tokens_total{source="copied"}') > 0
+
+
+@pytest.fixture(scope="module")
+def plain_server(spec_core):
+    """The same drafter core served with speculation off (--speculative-width 0)."""
+    from helios_serve.bootstrap import Bootstrap
+    from helios_serve.clock import ObservationClock
+    from helios_serve.config import ServeOptions, resolve
+    from helios_serve.server import Server
+
+    out, public = spec_core
+    bootstrap = Bootstrap.load(out, [public], "helios.test/models")
+    settings = resolve(ServeOptions(port=0, max_active=2, queue_capacity=4,
+                                    speculative_width=0), bootstrap.contract)
+    m = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
+                          max_concurrency=settings.max_active, speculative_width=0)
+    server = Server.start(bootstrap, m, settings, ObservationClock())
+    yield server
+    server.stop()
+    bootstrap.close()
+
+
+CITIES = {"type": "object", "additionalProperties": False, "required": ["cities"],
+          "properties": {"cities": {"type": "array", "minItems": 3, "maxItems": 3, "items": {
+              "type": "object", "additionalProperties": False,
+              "required": ["name", "country"],
+              "properties": {"name": {"type": "string"}, "country": {"type": "string"}}}}}}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_json_schema_requests_speculate_through_copied_candidates(history_server,
+                                                                  plain_server):
+    """response_format json_schema with history drafting: the constrained lanes verify
+    the copied candidates their grammar accepts, under per-position grammar masks; the
+    answer is exactly the one served without speculation (streaming and not), and copied
+    drafts are accepted (the repeated keys of the array's objects)."""
+    import httpx
+
+    messages = [{"role": "user", "content": "List three large cities in Europe with their "
+                                            "countries, as JSON."}]
+    rf = {"type": "json_schema", "json_schema": {"name": "cities", "schema": CITIES}}
+
+    def ask(server, **extra):
+        return _client(server).chat.completions.create(
+            model=server.settings.served_name, messages=messages, temperature=0,
+            max_tokens=80, response_format=rf, extra_body={"return_token_ids": True}, **extra)
+
+    def value(server, prefix):
+        lines = [line for line in httpx.get(server.url + "/metrics").text.splitlines()
+                 if line.startswith(prefix)]
+        return float(lines[0].split()[-1]) if lines else 0.0
+
+    copied = 'helios_spec_decode_accepted_tokens_total{source="copied"}'
+    before = value(history_server, copied)
+    want = ask(plain_server)
+    got = ask(history_server)
+    assert got.choices[0].token_ids == want.choices[0].token_ids
+    text = got.choices[0].message.content
+    assert text == want.choices[0].message.content
+    if got.choices[0].finish_reason == "stop":
+        assert len(json.loads(text)["cities"]) == 3
+    assert value(history_server, copied) - before > 0
+    stream = ask(history_server, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert streamed == text

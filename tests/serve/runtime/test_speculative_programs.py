@@ -257,3 +257,117 @@ def test_prefix_limit_programs_allocate_within_p_with_greedy_identity(model):
             assert offers.sum() <= 8 and (offers >= 1).all() and (offers <= 4).all()
             assert (record[:, 3] == record[:, 2] + 1).all()
         assert any(r[:, 1].max() > 2 for r in records), "the allocation must vary lengths"
+
+
+def _words(allowed: np.ndarray) -> np.ndarray:
+    """int32 [mask_words] bitmask of a boolean [V] allowed-token vector."""
+    V = allowed.size
+    bits = np.zeros(((V + 31) // 32) * 32, bool)
+    bits[:V] = allowed
+    return np.packbits(bits.reshape(-1, 32)[:, ::-1], axis=1).view(">u4").astype(
+        np.uint32).view(np.int32).reshape(-1)
+
+
+def _constrained_decode(model, prompt, masks, sampling=None):
+    """The width-one path of a constrained request: decode steps under GRAMMAR_MASK
+    masks[i] for the token after the i-th fed one. Returns (pending token, [t1, ...])."""
+    from helios_serve.runtime.driver import _Lane
+
+    sampling = sampling or SamplingParams()
+    driver = Driver(model)
+    driver._generation = 5
+    lane = _Lane(0, list(prompt), sampling)
+    first = driver.prefill(lane)
+    fed, out = first, []
+    for mask in masks:
+        row = RowPlan(request_id=0, slot=0, generation=5, tokens=(fed,),
+                      start_position=len(lane.tokens),
+                      page_ids=driver._pages(0, len(lane.tokens) + 1), sample=True,
+                      sampling=sampling, grammar_mask=mask)
+        new = int(driver._run(StepPlan(StepKind.DECODE, (row,)))[0])
+        lane.tokens.append(fed)
+        fed = new
+        out.append(new)
+    return first, out
+
+
+def _masked_lane(model, prompt, mask0, candidates, sampling=None, packed=0, n=4):
+    """One constrained SPECULATIVE lane (n positions) after a fresh prefill of `prompt`."""
+    from helios_serve.runtime.driver import _Lane
+
+    sampling = sampling or SamplingParams()
+    driver = Driver(model)
+    driver._generation = 5
+    first = driver.prefill(_Lane(0, list(prompt), sampling))
+    row = RowPlan(request_id=0, slot=0, generation=5, tokens=(first,),
+                  start_position=len(prompt), page_ids=driver._pages(0, len(prompt) + n),
+                  sample=True, sampling=sampling, query_length=n, grammar_mask=mask0,
+                  candidates=candidates)
+    return model.execute(StepPlan(StepKind.SPECULATIVE, (row,), packed))[0]
+
+
+def test_constrained_lanes_verify_copied_candidates_under_their_grammar_masks(model):
+    """Per-position masks (CANDIDATE_GRAMMAR_MASKS) in the captured program: a lane whose
+    candidates are the masked decode's own tokens accepts them all and emits exactly the
+    width-one constrained tokens; a candidate its position's mask forbids is never
+    committed (the row emits the masked argmax); stale masks are ignored (the lane
+    verifies its pending position only); learned drafts past the copied run are never
+    verified."""
+    from helios_serve.engine.plan import CopiedCandidates
+
+    V = model.manifests.vocab_size
+    rng = np.random.default_rng(11)
+    allowed = rng.random((5, V)) < 0.4
+    masks = [_words(a) for a in allowed]
+    prompt = PROMPTS[0]
+    first, truth = _constrained_decode(model, prompt, masks)
+    plain = Driver(model).generate([prompt], 6)[0]
+    assert truth != plain[1:], "the masks must change the output"
+    endpoint = len(prompt) + 1
+    assert (2, 4, 4) in model.manifests.prefix_programs
+    for packed in (0, 4):  # QUERY_LENGTH, then the prefix-limit program spec_b2_w4_p4
+        fresh = CopiedCandidates(tuple(truth[:3]), 5, endpoint, grammar_masks=np.stack(masks[1:4]))
+        lane = _masked_lane(model, prompt, masks[0], fresh, packed=packed)
+        offers = int(lane[1])  # 4 rows for one lane: the whole ceiling
+        assert offers == 4 and int(lane[2]) == 3 and list(lane[6:10]) == truth[:4]
+    fresh = CopiedCandidates(tuple(truth[:3]), 5, endpoint, grammar_masks=np.stack(masks[1:4]))
+    lane = _masked_lane(model, prompt, masks[0], fresh)
+    assert lane[1:4].tolist() == [4, 3, 4] and list(lane[6:10]) == truth[:4]
+    # Candidate 1 is forbidden at its position (mask 0 of the candidates = row 1's).
+    bad = int(np.flatnonzero(~allowed[1])[0])
+    wrong = CopiedCandidates((truth[0], bad, truth[2]), 5, endpoint,
+                             grammar_masks=np.stack(masks[1:4]))
+    lane = _masked_lane(model, prompt, masks[0], wrong)
+    assert lane[2] == 1 and list(lane[6:8]) == truth[:2] and bad not in lane[6:].tolist()
+    # One copied candidate: the learned drafts behind it are cut, never verified.
+    one = CopiedCandidates(tuple(truth[:1]), 5, endpoint, grammar_masks=np.stack(masks[1:2]))
+    lane = _masked_lane(model, prompt, masks[0], one)
+    assert lane[1:4].tolist() == [4, 1, 2] and list(lane[6:8]) == truth[:2]
+    for stale in (CopiedCandidates(tuple(truth[:3]), 4, endpoint, np.stack(masks[1:4])),
+                  CopiedCandidates(tuple(truth[:3]), 5, endpoint + 1, np.stack(masks[1:4]))):
+        lane = _masked_lane(model, prompt, masks[0], stale)
+        assert lane[1:4].tolist() == [4, 0, 1] and list(lane[6:7]) == truth[:1]
+
+
+def test_sampled_constrained_lanes_emit_only_tokens_their_masks_allow(model):
+    """Sampled lanes with copied candidates, some forbidden: every emitted token lies in
+    its position's mask (row 0: GRAMMAR_MASK, row j: candidate mask j - 1)."""
+    from helios_serve.engine.plan import CopiedCandidates
+
+    V = model.manifests.vocab_size
+    rng = np.random.default_rng(5)
+    prompt = PROMPTS[1]
+    endpoint = len(prompt) + 1
+    checked = 0
+    for trial in range(40):
+        allowed = rng.random((4, V)) < 0.5
+        ids = tuple(int(rng.integers(V)) for _ in range(3))
+        copied = CopiedCandidates(ids, 5, endpoint,
+                                  grammar_masks=np.stack([_words(a) for a in allowed[1:]]))
+        sampling = SamplingParams(temperature=1.0, seed=100 + trial)
+        lane = _masked_lane(model, prompt, _words(allowed[0]), copied, sampling)
+        emitted = [int(t) for t in lane[6:6 + int(lane[3])]]
+        for j, token in enumerate(emitted):
+            assert allowed[j, token], f"trial {trial}: token {token} at row {j}"
+            checked += 1
+    assert checked > 40  # some lanes accepted copied candidates

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from helios_tools.kernels import (
     spec_allocate,
+    spec_candidate_masks,
     spec_confidence,
     spec_copy_candidates,
     spec_pack_rows,
@@ -139,3 +140,113 @@ def test_confidence_is_the_heads_softmax_probability_of_the_draft():
     spec_confidence(logits, np.asarray([0], np.int32), np.asarray([[6, 9]], np.int32),
                     vocab_map, conf, 1, 4, 2, 2)
     assert conf[0, 1] == 0.0  # 9 is outside the draft vocabulary (a copied token)
+
+
+# -- per-position grammar masks of copied candidates (spec_candidate_masks) ----------
+
+
+def _bits(allowed: list[list[int]], V: int) -> np.ndarray:
+    """int32 [rows, ceil(V / 32)] bitmasks allowing exactly `allowed[i]`."""
+    words = np.zeros((len(allowed), (V + 31) // 32), np.uint32)
+    for i, ids in enumerate(allowed):
+        for t in ids:
+            words[i, t // 32] |= np.uint32(1) << np.uint32(t % 32)
+    return words.view(np.int32)
+
+
+def _masked(use_mask, count, generation=(3, 3), endpoint=(10, 20), lengths=(4, 3)):
+    """Two lanes (starts 10 and 20, lengths 4 and 3) packed into P = 8 rows (one pad)."""
+    V, B, CMAX, DMAX, P = 40, 2, 3, 3, 8
+    logits = np.arange(P * V, dtype=np.float32).reshape(P, V) / 100
+    token_row = np.asarray([0] * lengths[0] + [1] * lengths[1] + [-1] * (P - sum(lengths)),
+                           np.int32)
+    positions = np.asarray([10 + j for j in range(lengths[0])] +
+                           [20 + j for j in range(lengths[1])] + [0] * (P - sum(lengths)),
+                           np.int32)
+    cand_masks = np.zeros((B, CMAX, (V + 31) // 32), np.int32)
+    cand_masks[0] = _bits([[1, 33], [2], [3, 4]], V)
+    cand_masks[1] = _bits([[5], [6], [7]], V)
+    drafts = np.asarray([[11, 12, 13], [21, 22, 23]], np.int32)
+    args = dict(slot=np.asarray([0, 1], np.int32), lane_start=np.asarray([10, 20], np.int32),
+                query_length=np.asarray(lengths, np.int32),
+                use_mask=np.asarray(use_mask, np.int32), cand_masks=cand_masks,
+                cand_count=np.asarray(count, np.int32),
+                cand_generation=np.asarray(generation, np.int32),
+                cand_endpoint=np.asarray(endpoint, np.int32),
+                generation=np.asarray([3, 3], np.int32))
+    out = logits.copy()
+    spec_candidate_masks(out, token_row, positions, args["slot"], args["lane_start"],
+                         args["query_length"], args["use_mask"], args["cand_masks"],
+                         args["cand_count"], args["cand_generation"], args["cand_endpoint"],
+                         args["generation"], drafts, P, B, V, (V + 31) // 32, CMAX, DMAX)
+    return logits, out, drafts
+
+
+def _allowed_ids(row: np.ndarray) -> list[int]:
+    return np.flatnonzero(np.isfinite(row)).tolist()
+
+
+def test_rows_after_fresh_candidates_take_their_masks_and_later_drafts_are_cut():
+    logits, out, drafts = _masked(use_mask=[1, 1], count=[2, 3])
+    # Lane 0 (4 rows, 2 fresh candidates): row 0 keeps GRAMMAR_MASK's job (untouched),
+    # rows 1 and 2 take masks 0 and 1; row 3 would follow the learned draft 2: its draft
+    # is cut, so verification stops at row 2 at the latest.
+    np.testing.assert_array_equal(out[0], logits[0])
+    assert _allowed_ids(out[1]) == [1, 33] and _allowed_ids(out[2]) == [2]
+    np.testing.assert_array_equal(out[3], logits[3])
+    assert drafts[0].tolist() == [11, 12, -1]
+    # Lane 1 (3 rows, count 3 clipped to n - 1 = 2): rows 1, 2 masked, nothing cut.
+    np.testing.assert_array_equal(out[4], logits[4])
+    assert _allowed_ids(out[5]) == [5] and _allowed_ids(out[6]) == [6]
+    assert drafts[1].tolist() == [21, 22, 23]
+    np.testing.assert_array_equal(out[7], logits[7])  # padding row
+
+
+def test_lanes_without_a_grammar_mask_are_untouched():
+    logits, out, drafts = _masked(use_mask=[0, 0], count=[2, 3])
+    np.testing.assert_array_equal(out, logits)
+    assert drafts.tolist() == [[11, 12, 13], [21, 22, 23]]
+
+
+@pytest.mark.parametrize(("generation", "endpoint"),
+                         [((2, 3), (10, 20)), ((3, 3), (11, 20)), ((3, 3), (9, 20))])
+def test_stale_candidate_masks_are_ignored_and_the_lane_verifies_its_pending_row_only(
+        generation, endpoint):
+    logits, out, drafts = _masked(use_mask=[1, 1], count=[3, 2], generation=generation,
+                                  endpoint=endpoint)
+    # Lane 0's candidates are stale: no mask applied, every draft cut (row 0 decides).
+    np.testing.assert_array_equal(out[:4], logits[:4])
+    assert drafts[0].tolist() == [-1, -1, -1]
+    assert _allowed_ids(out[5]) == [5] and _allowed_ids(out[6]) == [6]  # lane 1 fresh
+
+
+def test_a_cut_draft_is_never_accepted_and_its_row_emits_the_targets_token():
+    """spec_verify with a draft of -1 (greedy and sampled): the lane stops there; the
+    sampled token is drawn from p itself (the q row of a cut draft is not used)."""
+    from helios_tools.kernels import spec_verify
+
+    V, B, P, W, DMAX = 8, 1, 3, 3, 2
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((P, V)).astype(np.float32)
+    best0 = int(np.argmax(logits[0]))
+    for temperature in (0.0, 0.9):
+        q = np.zeros((B, DMAX, V), np.float32)
+        q[0, 0, :] = 1.0 / V  # a learned draft's q: unused once the draft is cut
+        drafts = np.asarray([[-1, 4]], np.int32)
+        record = np.zeros((B, 6 + W), np.int32)
+        hist = np.zeros((1, V), np.int32)
+        pending = np.zeros(1, np.int32)
+        spec_verify(logits, np.asarray([0], np.int32), np.asarray([7], np.int32),
+                    np.asarray([5], np.int32), np.asarray([3], np.int32),
+                    np.asarray([1], np.int32), np.asarray([[9, 1]], np.uint32),
+                    np.asarray([temperature], np.float32), np.asarray([1.0], np.float32),
+                    np.asarray([0], np.int32), np.asarray([0.0], np.float32),
+                    np.zeros(1, np.float32), np.zeros(1, np.float32), np.ones(1, np.float32),
+                    hist, np.zeros((B, 1), np.int32), np.zeros(1, np.int32), drafts, q,
+                    np.arange(V, dtype=np.int32), np.asarray([0, 0, 0], np.int32), pending,
+                    np.zeros(P, np.int32), record, B, P, V, V, 1, DMAX, W, 0)
+        assert record[0, 1:4].tolist() == [3, 0, 1]  # 3 offers, nothing accepted
+        token = int(record[0, 6])
+        assert 0 <= token < V and record[0, 7:].tolist() == [-1, -1]
+        if temperature == 0.0:
+            assert token == best0
