@@ -5,6 +5,7 @@ and the chunked sampler (``sample_chunks`` -> ``sample_merge`` -> ``sample_rest`
 tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
 
     uv run python scripts/interpret_kernels.py     # prints one line per case; exit 1 on a mismatch
+    uv run python scripts/interpret_kernels.py speculative   # issue 13's kernels only
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -64,6 +65,7 @@ from helios_ignition.capture.launch import launch_config  # noqa: E402
 from helios_ignition.kernels_triton import TRITON_KERNELS  # noqa: E402
 from helios_tools import kernels as K  # noqa: E402
 from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK  # noqa: E402
+from helios_tools.kernels.speculative import RECORD_FIELDS  # noqa: E402
 
 _DTYPES = {np.dtype(np.float32): tl.float32, np.dtype(np.int32): tl.int32,
            np.dtype(np.uint32): tl.uint32, np.dtype(np.uint16): tl.bfloat16}
@@ -188,12 +190,99 @@ def check_sampler(rng, V: int) -> bool:
     return good
 
 
+def check_candidate_masks(rng, V: int) -> bool:
+    """spec_candidate_masks (issue 13): per-position grammar masks of copied candidates;
+    constrained and free lanes, fresh and stale candidates, NaN-poisoned padding rows."""
+    B, CMAX, DMAX, W32 = 6, 3, 3, K.grammar_mask_words(V)
+    ok = True
+    for trial in range(4):
+        qlen = rng.integers(0, 5, B).astype(np.int32)
+        P = int(qlen.sum()) + 3
+        slot = rng.permutation(16)[:B].astype(np.int32)
+        slot[trial % B] = -1
+        start = rng.integers(5, 4000, B).astype(np.int32)
+        token_row = np.concatenate([np.repeat(np.arange(B), qlen), [-1] * 3]).astype(np.int32)
+        positions = np.concatenate([start[b] + np.arange(qlen[b]) for b in range(B)]
+                                   + [np.zeros(3, np.int64)]).astype(np.int32)
+        logits = (rng.standard_normal((P, V)) * 2).astype(np.float32)
+        logits[-3:] = np.nan
+        generation = rng.integers(1, 3, B).astype(np.int32)
+        args = [slot, start, qlen, (rng.random(B) < 0.7).astype(np.int32),
+                rng.integers(-2**31, 2**31, (B, CMAX, W32), dtype=np.int64).astype(np.int32),
+                rng.integers(-1, 5, B).astype(np.int32),
+                np.where(rng.random(B) < 0.3, generation + 1, generation).astype(np.int32),
+                np.where(rng.random(B) < 0.2, start + 1, start).astype(np.int32), generation]
+        drafts = rng.integers(0, V, (B, DMAX)).astype(np.int32)
+        want_l, want_d = logits.copy(), drafts.copy()
+        K.spec_candidate_masks(want_l, token_row, positions, *args, want_d, P, B, V, W32, CMAX,
+                               DMAX)
+        got_l, got_d = logits.copy(), drafts.copy()
+        launch("spec_candidate_masks", got_l, token_row, positions, *args, got_d, P, B, V, W32,
+               CMAX, DMAX)
+        good = np.array_equal(got_l, want_l, equal_nan=True) and np.array_equal(got_d, want_d)
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} spec_candidate_masks V={V} trial {trial}: "
+              f"{int(np.isneginf(want_l).sum())} ids masked, drafts {want_d.tolist()}")
+    return ok
+
+
+def check_verify_cut(rng, V: int) -> bool:
+    """spec_verify with drafts cut to -1 (never accepted, no q row read), greedy and
+    sampled lanes: records, pending tokens, commit rows and histograms as the reference."""
+    import helios_ignition.kernels_triton.speculative as spec_kernels
+
+    spec_kernels.RECORD_FIELDS = RECORD_FIELDS  # a constexpr in range() trips the interpreter
+    B, W, S = 4, 4, 8
+    DMAX, W32 = W - 1, K.grammar_mask_words(V)
+    qlen = np.asarray([4, 3, 4, 2], np.int32)
+    P = int(qlen.sum())
+    off = np.concatenate([[0], np.cumsum(qlen)[:-1]])
+    ok = True
+    for temperature in (0.0, 0.8):
+        logits = (rng.standard_normal((P, V)) * 2).astype(np.float32)
+        greedy = logits.argmax(-1)
+        drafts = np.stack([np.resize(greedy[off[b]:off[b] + min(qlen[b], DMAX)], DMAX)
+                           for b in range(B)]).astype(np.int32)
+        drafts[0, 2], drafts[1, 0], drafts[2, 1:] = -1, -1, -1
+        q = np.full((B, DMAX, V), 1.0 / V, np.float32)
+        f = np.float32
+        common = [np.asarray([1, 4, 6, 0], np.int32), np.arange(B, dtype=np.int32) + 3,
+                  rng.integers(0, 4000, B).astype(np.int32), qlen, np.ones(B, np.int32),
+                  rng.integers(0, 2**32, (B, 2), dtype=np.uint64).astype(np.uint32),
+                  np.full(B, temperature, f), np.full(B, 0.9, f), np.zeros(B, np.int32),
+                  np.zeros(B, f), np.zeros(B, f), np.zeros(B, f), np.ones(B, f)]
+        hist = rng.integers(0, 3, (S, V)).astype(np.int32)
+        tail = [np.full((B, W32), -1, np.int32), np.ones(B, np.int32), drafts, q,
+                np.arange(V, dtype=np.int32), np.repeat(np.arange(B), qlen).astype(np.int32)]
+        pending = rng.integers(0, V, S).astype(np.int32)
+        outs = {}
+        for who in ("ref", "triton"):
+            o = [hist.copy(), pending.copy(), np.full(P, -99, np.int32),
+                 np.full((B, RECORD_FIELDS + W), -99, np.int32)]
+            fn = K.spec_verify if who == "ref" else (lambda *a: launch("spec_verify", *a))
+            fn(logits, *common, o[0], *tail, o[1], o[2], o[3], B, P, V, V, W32, DMAX, W, 0)
+            outs[who] = o
+        good = all(np.array_equal(a, b) for a, b in zip(outs["ref"], outs["triton"],
+                                                         strict=True))
+        ok &= good
+        rec = outs["ref"][3]
+        print(f"{'ok ' if good else 'BAD'} spec_verify with cut drafts T={temperature}: "
+              f"accepted {rec[:, 2].tolist()} (triton {outs['triton'][3][:, 2].tolist()})")
+    return ok
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     np.seterr(divide="ignore", under="ignore")
-    ok = check_linear(rng)
-    for V in (5000, 4097, 49152):
-        ok &= check_sampler(rng, V)
+    if sys.argv[1:] != ["speculative"]:
+        ok = check_linear(rng)
+        for V in (5000, 4097, 49152):
+            ok &= check_sampler(rng, V)
+    else:
+        ok = True
+    for V in (4100, 300):
+        ok &= check_candidate_masks(rng, V)
+    ok &= check_verify_cut(rng, 300)
     sys.exit(0 if ok else 1)
 
 

@@ -333,3 +333,105 @@ def test_copied_candidates_and_prefix_limit_programs_on_the_device(spec_model):
     print(json.dumps(result))
     assert result["copied"]["acceptance"] > 0.9
     assert all(r["divergent"] <= max(1, DIVERGENCE_BOUND * 8) for r in result.values())
+
+
+def _candidate_mask_case(rng, V, B=6, CMAX=3, DMAX=3):
+    """Random lanes for spec_candidate_masks: constrained and free lanes, fresh and stale
+    candidates, counts past the lane, padding rows poisoned with NaN (never touched)."""
+    W32 = (V + 31) // 32
+    qlen = rng.integers(0, 5, B).astype(np.int32)
+    P = int(qlen.sum()) + 3
+    slot = rng.permutation(16)[:B].astype(np.int32)
+    slot[rng.integers(B)] = -1
+    start = rng.integers(5, 4000, B).astype(np.int32)
+    token_row = np.concatenate([np.repeat(np.arange(B), qlen), [-1] * 3]).astype(np.int32)
+    positions = np.concatenate([start[b] + np.arange(qlen[b]) for b in range(B)]
+                               + [np.zeros(3, np.int64)]).astype(np.int32)
+    logits = (rng.standard_normal((P, V)) * 2).astype(np.float32)
+    logits[-3:] = np.nan  # padding rows: must stay exactly as they are
+    generation = rng.integers(1, 3, B).astype(np.int32)
+    stale = rng.random(B) < 0.3
+    inputs = dict(
+        slot=slot, lane_start=start, query_length=qlen,
+        use_mask=(rng.random(B) < 0.7).astype(np.int32),
+        cand_masks=rng.integers(-2**31, 2**31, (B, CMAX, W32), dtype=np.int64).astype(np.int32),
+        cand_count=rng.integers(-1, 5, B).astype(np.int32),
+        cand_generation=np.where(stale, generation + 1, generation).astype(np.int32),
+        cand_endpoint=np.where(rng.random(B) < 0.2, start + 1, start).astype(np.int32),
+        generation=generation)
+    drafts = rng.integers(0, V, (B, DMAX)).astype(np.int32)
+    return logits, token_row, positions, inputs, drafts, P, B, W32, CMAX, DMAX
+
+
+def test_candidate_masks(gpu, rng):
+    """spec_candidate_masks against the reference: exact logits (-inf where a mask bit is
+    clear, poisoned padding rows untouched) and exact cut drafts."""
+    V = 49152
+    for _ in range(10):
+        logits, token_row, positions, inp, drafts, P, B, W32, CMAX, DMAX = \
+            _candidate_mask_case(rng, V)
+        args = [inp[k] for k in ("slot", "lane_start", "query_length", "use_mask",
+                                 "cand_masks", "cand_count", "cand_generation",
+                                 "cand_endpoint", "generation")]
+        want_l, want_d = logits.copy(), drafts.copy()
+        K.spec_candidate_masks(want_l, token_row, positions, *args, want_d, P, B, V, W32,
+                               CMAX, DMAX)
+        got = gpu.run("spec_candidate_masks", logits, token_row, positions, *args, drafts,
+                      P, B, V, W32, CMAX, DMAX)
+        np.testing.assert_array_equal(got["logits"], want_l)
+        np.testing.assert_array_equal(got["drafts"], want_d)
+        assert np.isnan(got["logits"][-3:]).all()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_spec_verify_never_accepts_a_cut_draft(gpu, rng, temperature):
+    """Drafts of -1 (cut by spec_candidate_masks past a constrained lane's copied run) are
+    never accepted and read no q row: device record = reference record."""
+    B, V, VD, W = 4, 49152, 8192, 4
+    DMAX, S, W32 = W - 1, 8, (V + 31) // 32
+    qlen = np.asarray([4, 3, 4, 2], np.int32)
+    P = int(qlen.sum())
+    slot = np.asarray([1, 4, 6, 0], np.int32)
+    start = rng.integers(0, 4000, B).astype(np.int32)
+    logits = (rng.standard_normal((P, V)) * 2).astype(np.float32)
+    token_row = np.repeat(np.arange(B), qlen).astype(np.int32)
+    greedy = logits.argmax(-1)
+    off = np.concatenate([[0], np.cumsum(qlen)[:-1]])
+    drafts = np.stack([greedy[off[b]:off[b] + DMAX] if qlen[b] > DMAX else
+                       np.resize(greedy[off[b]:off[b] + qlen[b]], DMAX)
+                       for b in range(B)]).astype(np.int32)
+    drafts[0, 2] = -1  # accepted run of 2, then a cut
+    drafts[1, 0] = -1  # cut at once: the lane's pending row decides
+    drafts[2, 1:] = -1
+    q = np.zeros((B, DMAX, V), np.float32)
+    q[:, :, :] = 1.0 / V
+    for b in range(B):
+        for j in range(DMAX):
+            if drafts[b, j] >= 0:
+                q[b, j] = 0.0
+                q[b, j, drafts[b, j]] = 1.0  # copied drafts: one-hot
+    s = _sampling(rng, B, [temperature] * B)
+    f = np.float32
+    vocab_map = np.sort(rng.choice(V, VD, replace=False)).astype(np.int32)
+    common = [slot, np.arange(B, dtype=np.int32) + 3, start, qlen, np.ones(B, np.int32),
+              s["seed"], s["temperature"], s["top_p"], s["top_k"], s["min_p"],
+              np.zeros(B, f), np.zeros(B, f), np.ones(B, f)]
+    hist = rng.integers(0, 3, (S, V)).astype(np.int32)
+    mask = np.full((B, W32), -1, np.int32)
+    use_mask = np.ones(B, np.int32)
+    pending = rng.integers(0, V, S).astype(np.int32)
+    ref = dict(histogram=hist.copy(), pending=pending.copy(),
+               commit_row=np.full(P, -99, np.int32),
+               record=np.full((B, RECORD_FIELDS + W), -99, np.int32))
+    K.spec_verify(logits, *common, ref["histogram"], mask, use_mask, drafts, q, vocab_map,
+                  token_row, ref["pending"], ref["commit_row"], ref["record"], B, P, V, VD, W32,
+                  DMAX, W, 0)
+    got = gpu.run("spec_verify", logits, *common, hist.copy(), mask, use_mask, drafts, q,
+                  vocab_map, token_row, pending.copy(), np.full(P, -99, np.int32),
+                  np.full((B, RECORD_FIELDS + W), -99, np.int32), B, P, V, VD, W32, DMAX, W, 0)
+    for name in ("record", "pending", "commit_row", "histogram"):
+        np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
+    accepted = ref["record"][:, 2]
+    assert accepted[1] == 0 and accepted[2] <= 1 and accepted[0] <= 2
+    if temperature == 0.0:
+        assert accepted[0] == 2

@@ -299,12 +299,14 @@ def test_launch_choices_compile_for_sm90():
 
 
 def test_history_and_allocation_kernels_compile_for_sm90():
-    """The copied-candidate, confidence, allocation and row-packing kernels of a drafter
-    core's speculative and prefix-limit programs, with the constants capture chose."""
+    """The copied-candidate, candidate-mask, confidence, allocation, row-packing and
+    verification kernels of a drafter core's speculative and prefix-limit programs, with
+    the constants capture chose."""
     from helios_ignition.kernels_aot import compile_variant
 
     manifest = tiny_core(0, speculative_widths=(1, 2, 4)).manifest
-    new = ("spec_copy_candidates", "spec_confidence", "spec_allocate", "spec_pack_rows")
+    new = ("spec_copy_candidates", "spec_confidence", "spec_allocate", "spec_pack_rows",
+           "spec_candidate_masks", "spec_verify")
     variants = [k for k in manifest.kernels if k.reference_op in new]
     assert {k.reference_op for k in variants} == set(new)
     for k in variants:
