@@ -98,6 +98,24 @@ def test_every_declared_binding_is_packed(source, indexing, kind):
         assert dest[:2].tolist() == want
 
 
+def test_candidate_masks_are_packed_per_lane_and_required_for_constrained_lanes():
+    import dataclasses
+
+    binding = c.ValueBinding(destination="dst", source=c.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS,
+                             indexing=c.INDEXING_SUBMISSION_ROW)
+    dest = np.full((SLOTS, 3, WORDS), SENTINEL, np.int32)
+    pack = SharedPacking([c.GraphContract(name="g", bindings=[binding])], [{"dst": dest}])
+    rows = _rows(StepKind.DECODE)
+    pack.pack("g", StepPlan(StepKind.SPECULATIVE, rows), rows=SLOTS, tokens=8)
+    assert (dest[:2, :2] == 6).all() and (dest[:2, 2] == SENTINEL).all()
+    unmasked = dataclasses.replace(rows[1].candidates, grammar_masks=None)
+    bad = (rows[0], dataclasses.replace(rows[1], candidates=unmasked))
+    with pytest.raises(ValueError, match="row 1: a constrained lane's copied candidates"):
+        pack.pack("g", StepPlan(StepKind.SPECULATIVE, bad), rows=SLOTS, tokens=8)
+    free = (dataclasses.replace(bad[1], grammar_mask=None),)  # an unconstrained lane: no masks
+    pack.pack("g", StepPlan(StepKind.SPECULATIVE, free), rows=SLOTS, tokens=8)
+
+
 def test_the_restore_bindings_are_declared():
     assert {c.VALUE_SOURCE_RESTORE_SOURCE, c.VALUE_SOURCE_SNAPSHOT_DESTINATION} == {
         s for s, _ in COPY_BINDINGS}

@@ -208,6 +208,46 @@ def test_history_drafting_attaches_copied_candidates_and_counts_them():
     assert (stats.spec_draft_tokens, stats.spec_accepted_tokens) == (3, 2)
 
 
+@pytest.mark.parametrize("masks", [True, False])
+def test_constrained_lanes_verify_the_copied_candidates_their_grammar_accepts(masks):
+    """A constrained request (width_one) with history drafting on a core with per-position
+    candidate masks: its lane is 1 + the candidates `candidate_filter` keeps (never a
+    learned draft); on a core without them it stays at width one."""
+    from dataclasses import replace
+
+    from helios_serve.engine.plan import CopiedCandidates
+
+    geo = replace(tiny_geometry(VOCAB, speculative_widths=(1, 2, WIDTH)),
+                  copied_proposals=True, candidate_masks=masks)
+    seen = []
+
+    def grammar(ids):  # accepts the tokens below 5: a proposal is cut at its first 5+
+        seen.append(ids)
+        return next((i for i, t in enumerate(ids) if t >= 5), len(ids))
+
+    s = Scheduler(geo, frames=1, device_pending=True, history_drafting=True)
+    s.add(SchedRequest(request_id=7, prompt_tokens=(1, 2, 3, 4, 5, 1, 2), max_output_tokens=10,
+                       width_one=True, needs_feedback=True, candidate_filter=grammar))
+    prefill = s.schedule()
+    s.complete(prefill, [3])  # "1 2 3 4 5 1 2 3": "1 2 3" was followed by 4 5 1
+    plan = s.schedule()
+    (row,) = plan.rows
+    if not masks:
+        assert row.lane_length == 1 and row.candidates is None and seen == []
+        return
+    assert seen == [(4, 5, 1)]
+    assert row.lane_length == 2 and row.candidates == CopiedCandidates((4,), 1, 8)
+    assert s.lane_ceiling(s._requests[7]) == 2 and len(seen) == 1  # proposed once
+    s.complete(plan, _record(plan, [1], [[4, 5]]))
+    plan = s.schedule()  # "... 1 2 3 4 5": "2 3 4 5" was followed by 1 2 3
+    (row,) = plan.rows
+    assert seen[-1] == (1, 2, 3) and row.lane_length == 4
+    assert row.candidates == CopiedCandidates((1, 2, 3), 1, 10)
+    stats = s.stats()
+    assert (stats.spec_copied_draft_tokens, stats.spec_copied_accepted_tokens) == (1, 1)
+    assert stats.spec_draft_tokens == 1  # a constrained lane offers no learned draft
+
+
 def test_history_drafting_needs_copied_token_inputs():
     with pytest.raises(ValueError, match="copied-token inputs"):
         Scheduler(tiny_geometry(VOCAB, speculative_widths=(1, WIDTH)), history_drafting=True)
