@@ -358,7 +358,8 @@ def start_server(args, log_path: Path) -> ServeProcess:
     """`helios-serve` for the run: --max-active as given, the queue sized for the highest
     concurrency."""
     options = ["--max-active", str(args.max_active)] if args.max_active else []
-    options += ["--queue-capacity", str(max(args.concurrency) + 8)]
+    options += ["--queue-capacity", str(max(args.concurrency) + 8),
+                "--stream-interval", str(args.stream_interval)]
     return ServeProcess(args.core, args.trust, args.accept, log=log_path, backend=args.backend,
                         options=options, startup_timeout_s=args.startup_timeout)
 
@@ -414,6 +415,8 @@ def main() -> None:
     ap.add_argument("--profile", metavar="DIR",
                     help="py-spy the served process during each level into DIR/*.folded "
                          "and print its busiest frames per thread (needs py-spy, ptrace)")
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="helios-serve --stream-interval (tokens per SSE delivery)")
     ap.add_argument("--no-native", dest="native", action="store_false",
                     help="skip the NativeModel loop (it runs before the server starts; "
                          "skipped with --url)")
@@ -440,7 +443,8 @@ def main() -> None:
     served = None if args.url else start_server(args, Path(args.json).with_suffix(".server.log"))
     url = args.url or served.url
     result: dict = {"core": str(args.core), "served_id": model, "backend": args.backend,
-                    "max_active": args.max_active, "url_given": bool(args.url),
+                    "max_active": args.max_active, "stream_interval": args.stream_interval,
+                    "url_given": bool(args.url),
                     "server_startup_s": served.startup_s if served else None,
                     "template_tokens": prompts.overhead, "native_loop": native,
                     "workloads": []}

@@ -132,7 +132,8 @@ def serve_child(args) -> None:
 
     bootstrap = Bootstrap.load(args.core, [args.trust], args.accept)
     settings = resolve(ServeOptions(port=0, max_active=args.max_active,
-                                    queue_capacity=args.max_active * 4), bootstrap.contract)
+                                    queue_capacity=args.max_active * 4,
+                                    stream_interval=args.stream_interval), bootstrap.contract)
     step_s, _ = step_seconds(bootstrap.contract, device_step_table(DEVICE_JSON, args.scale))
     clock = ObservationClock()
     model = paced_model(bootstrap.core, step_s, text_token_ids(bootstrap.tokenizer),
@@ -156,9 +157,11 @@ def serve_child(args) -> None:
 class Child:
     """The server child process and its stats channel."""
 
-    def __init__(self, core: Path, trust: Path, accept: str, max_active: int, scale: float):
+    def __init__(self, core: Path, trust: Path, accept: str, max_active: int, scale: float,
+                 stream_interval: int = 1):
         argv = [sys.executable, __file__, "--child", "--core", str(core), "--trust", str(trust),
-                "--accept", accept, "--max-active", str(max_active), "--scale", str(scale)]
+                "--accept", accept, "--max-active", str(max_active), "--scale", str(scale),
+                "--stream-interval", str(stream_interval)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, bufsize=1)
         line = self.proc.stdout.readline()
@@ -221,7 +224,8 @@ class Profiler:
         return summarize_profile(self.path, top)
 
 
-IDLE_LEAVES = ("PacedBackend.wait", "EpollSelector.select", "Condition.wait", "_worker (",
+# Runner.run: uvloop's loop waits in native code under asyncio's runner frame.
+IDLE_LEAVES = ("PacedBackend.wait", "EpollSelector.select", "Runner.run (", "Condition.wait", "_worker (",
                "serve_child.<locals>.answer", "Event.wait")
 
 
@@ -382,6 +386,42 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
             "client_cpu_per_wall": (client1 - client0) / wall}
 
 
+def served_and_ratio(args, core_path: Path, trust: Path, accept: str, served_id: str,
+                     prompts: list[str], c: int, bare: dict, interval: int) -> dict:
+    """One served level (a fresh server child with --stream-interval `interval`) against
+    the NativeModel loop's figures `bare`."""
+    child = Child(core_path, trust, accept, c, args.scale, interval)
+    spy = None
+    try:  # one unrecorded round first: every graph the level uses, connections opened
+        asyncio.run(served_level(child, served_id, prompts[:c], c, 1, 8, 0.0))
+        if args.profile:
+            spy = Profiler(child.proc.pid, OUT / f"serve_overhead_c{c}_i{interval}.folded")
+        request_s = args.max_tokens * bare["step_ms"] / 1e3
+        served = asyncio.run(served_level(child, served_id, prompts[c:], c, args.requests,
+                                          args.max_tokens, request_s))
+    except Exception as exc:  # recorded; the other levels still run
+        print(f"C={c:>3}  failed: {type(exc).__name__}: {exc}", flush=True)
+        return {"concurrency": c, "stream_interval": interval, "bare": bare,
+                "error": f"{type(exc).__name__}: {exc}"[:300]}
+    finally:
+        if spy is not None:
+            spy.stop()
+        child.stop()
+    steady = served["steady_tokens_per_s"]
+    level = {"concurrency": c, "stream_interval": interval, "bare": bare, "served": served,
+             "ratio": steady / bare["tokens_per_s"] if steady else None,
+             "overall_ratio": served["tokens_per_s"] / bare["tokens_per_s"]}
+    shown = f"{level['ratio']:.2f}" if steady else "n/a"
+    print(f"C={c:>3} i={interval}  bare {bare['tokens_per_s']:>7.0f} tok/s   served steady "
+          f"{steady or 0:>7.0f} overall {served['tokens_per_s']:>7.0f} tok/s   ratio "
+          f"{shown} (overall {level['overall_ratio']:.2f})   device busy "
+          f"{served['device_busy']:.2f}   server CPU {served['server_cpu_per_wall']:.2f} "
+          f"({served['server_cpu_us_per_token']:.0f} us/token)   client CPU "
+          f"{served['client_cpu_per_wall']:.2f}   SSE chunks/request "
+          f"{served['sse_chunks_per_request']:.0f}", flush=True)
+    return level
+
+
 def measure(args, core_path: Path, trust: Path, accept: str) -> dict:
     from helios_serve.bootstrap import Bootstrap
 
@@ -395,37 +435,9 @@ def measure(args, core_path: Path, trust: Path, accept: str) -> dict:
         bare = bare_loop(bootstrap.core, step_s, token_ids, c, args.bare_steps)
         prompts = [prompt_text(bootstrap.tokenizer, c * 10_000 + i, args.prompt_tokens)
                    for i in range(c * (args.requests + 1))]
-        child = Child(core_path, trust, accept, c, args.scale)
-        spy = None
-        try:  # one unrecorded round first: every graph the level uses, connections opened
-            asyncio.run(served_level(child, served_id, prompts[:c], c, 1, 8, 0.0))
-            if args.profile:
-                spy = Profiler(child.proc.pid, OUT / f"serve_overhead_c{c}.folded")
-            request_s = args.max_tokens * bare["step_ms"] / 1e3
-            served = asyncio.run(served_level(child, served_id, prompts[c:], c, args.requests,
-                                              args.max_tokens, request_s))
-        except Exception as exc:  # recorded; the other levels still run
-            print(f"C={c:>3}  failed: {type(exc).__name__}: {exc}", flush=True)
-            levels.append({"concurrency": c, "bare": bare,
-                           "error": f"{type(exc).__name__}: {exc}"[:300]})
-            continue
-        finally:
-            if spy is not None:
-                spy.stop()
-            child.stop()
-        steady = served["steady_tokens_per_s"]
-        level = {"concurrency": c, "bare": bare, "served": served,
-                 "ratio": steady / bare["tokens_per_s"] if steady else None,
-                 "overall_ratio": served["tokens_per_s"] / bare["tokens_per_s"]}
-        levels.append(level)
-        shown = f"{level['ratio']:.2f}" if steady else "n/a"
-        print(f"C={c:>3}  bare {bare['tokens_per_s']:>7.0f} tok/s   served steady "
-              f"{steady or 0:>7.0f} overall {served['tokens_per_s']:>7.0f} tok/s   ratio "
-              f"{shown} (overall {level['overall_ratio']:.2f})   device busy "
-              f"{served['device_busy']:.2f}   server CPU {served['server_cpu_per_wall']:.2f} "
-              f"({served['server_cpu_us_per_token']:.0f} us/token)   client CPU "
-              f"{served['client_cpu_per_wall']:.2f}   SSE chunks/request "
-              f"{served['sse_chunks_per_request']:.0f}", flush=True)
+        for interval in args.stream_intervals:
+            levels.append(served_and_ratio(args, core_path, trust, accept, served_id, prompts,
+                                           c, bare, interval))
     bootstrap.close()
     return {"device": table, "step_ms_by_graph": {k: v * 1e3 for k, v in by_name.items()},
             "levels": levels}
@@ -599,6 +611,9 @@ def main() -> None:
     ap.add_argument("--ttft-sentences", type=int, default=60,
                     help="system prompt sentences (60: ~944 SmolLM2 tokens)")
     ap.add_argument("--ttft-tokens", type=int, default=16, help="max_tokens per turn")
+    ap.add_argument("--stream-intervals", type=int, nargs="+", default=[1],
+                    help="serve each level once per helios-serve --stream-interval given")
+    ap.add_argument("--stream-interval", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--max-active", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -25,7 +25,12 @@ def test_options_beat_core_defaults(tok):
 
 
 @pytest.mark.parametrize("field", ["max_active", "queue_capacity", "frontend_workers",
-                                   "event_capacity"])
+                                   "event_capacity", "stream_interval"])
 def test_nonpositive_settings_fail(tok, field):
     with pytest.raises(ValueError, match=field.replace("_", "-")):
         resolve(ServeOptions(**{field: 0}), tiny_contract(tok))
+
+
+def test_stream_interval_defaults_to_every_token(tok):
+    assert resolve(ServeOptions(), tiny_contract(tok)).stream_interval == 1
+    assert resolve(ServeOptions(stream_interval=4), tiny_contract(tok)).stream_interval == 4

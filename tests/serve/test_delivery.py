@@ -141,3 +141,53 @@ def test_eos_ends_the_request_before_the_next_step_is_planned(tok):
     assert r.usage.completion_tokens == 4  # three pieces and EOS
     # prefill + 3 decodes produce the 4 sampled ids; one ahead row may follow the EOS row.
     assert len(planned) in (4, 5)
+
+
+SEVEN = ["Hello", ",", " world", "!", " Hello", ",", " world"]
+
+
+def _content_chunks(server: ScriptedServer, body: dict) -> tuple[list[str], list[int]]:
+    """Stream `body`: each content chunk's text, and the model's executed steps when it
+    arrived."""
+    texts, steps = [], []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                      timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choices = json.loads(line[6:])["choices"]
+            if choices and choices[0]["delta"].get("content"):
+                steps.append(server.model.steps)
+                texts.append(choices[0]["delta"]["content"])
+    return texts, steps
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_the_first_content_delta_is_sent_at_the_first_token(tok, interval):
+    """Whatever the stream interval, the first token's text leaves with the step that
+    sampled it (the prefill): the client reads it while the next step still runs."""
+    with ScriptedServer(tok, step_delay_s=0.4, stream_interval=interval) as server:
+        server.script("first", SEVEN[:3])
+        texts, steps = _content_chunks(server, _chat(server, "first"))
+        server.wait_idle()
+    assert texts[0] == "Hello"
+    assert steps[0] == 1  # only the prefill has completed
+
+
+def test_stream_interval_delivers_every_n_tokens_with_the_text_unchanged(tok):
+    """--stream-interval 3: the first token at once, then one chunk per 3 tokens; the end
+    (EOS) flushes what is held. The text equals interval 1's."""
+    with ScriptedServer(tok, step_delay_s=0.15, stream_interval=3) as server:
+        server.script("grouped", SEVEN)
+        texts, _ = _content_chunks(server, _chat(server, "grouped"))
+        server.wait_idle()
+    assert texts == ["Hello", ", world!", " Hello, world"]
+
+
+def test_stream_interval_flushes_a_partial_group_at_the_end(tok):
+    with ScriptedServer(tok, step_delay_s=0.15, stream_interval=3) as server:
+        server.script("partial", SEVEN[:5])
+        texts, _ = _content_chunks(server, _chat(server, "partial"))
+        server.wait_idle()
+    assert texts == ["Hello", ", world!", " Hello"]

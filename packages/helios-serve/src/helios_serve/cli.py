@@ -273,6 +273,11 @@ class _OneLineUsage(click.Command):
 @click.option("--host-cache-bytes", "host_cache_bytes", default="0", show_default=True,
               help="Host-memory cache tier for evicted pages and snapshots, in bytes (e.g. "
                    "4GiB; pinned memory on cuda); 0: none.")
+@click.option("--stream-interval", "stream_interval", type=click.IntRange(min=1), default=1,
+              show_default=True,
+              help="Deliver a choice's streamed output every N tokens (its first token and "
+                   "its end at once): fewer, larger SSE chunks for less host work per token "
+                   "at high concurrency (vLLM's --stream-interval).")
 @click.option("--resource-key", "resource_key", envvar=RESOURCE_KEY_ENV,
               help="AES-256 key file (32 raw bytes) of a ProtectedIndex version 4 core "
                    f"[env {RESOURCE_KEY_ENV}].")
@@ -295,8 +300,9 @@ class _OneLineUsage(click.Command):
               help="With --world: seconds bootstrap waits for the other ranks.")
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
          event_capacity, served_name, speculative_width, history_drafting, speculative_policy,
-         num_pages, kv_cache_memory, kv_cache_fraction, snapshots, host_cache_bytes, resource_key,
-         api_key, demo, world, rank, peers, rank_key, rank_timeout) -> None:  # fmt: skip
+         num_pages, kv_cache_memory, kv_cache_fraction, snapshots, host_cache_bytes,
+         stream_interval, resource_key, api_key, demo, world, rank, peers, rank_key,
+         rank_timeout) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
 
     Startup phases and their durations go to stderr as they end; the serving URL to stdout.
@@ -317,7 +323,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             speculative_width=speculative_width, num_pages=num_pages,
             kv_cache_memory=memory, kv_cache_fraction=kv_cache_fraction, api_key=api_key,
             history_drafting=history_drafting, speculative_policy=speculative_policy,
-            snapshots=snapshots, host_cache_bytes=host_bytes,
+            snapshots=snapshots, host_cache_bytes=host_bytes, stream_interval=stream_interval,
         )  # fmt: skip
         if demo:
             if core or trust or accept:

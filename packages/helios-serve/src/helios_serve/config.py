@@ -38,6 +38,7 @@ class ServeOptions:
     speculative_policy: str = "adaptive"  # "adaptive": speculation.WidthPolicy; "fixed"
     snapshots: int | None = None  # continuation rows; None: the core's prepared count; 0: off
     host_cache_bytes: int = 0  # host-memory cache tier; 0: none
+    stream_interval: int = 1  # tokens per SSE delivery of a choice (vLLM's --stream-interval)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class ServeSettings:
         history_drafting: lanes carry copied candidates (helios-serve --history-drafting).
         width_policy: speculative programs chosen per step from observations
             (--speculative-policy adaptive) rather than the widest lane always.
+        stream_interval: a choice's output reaches its reader every this many tokens
+            (its first token and its end at once); 1 streams every token.
     """
 
     host: str
@@ -70,6 +73,7 @@ class ServeSettings:
     api_key: str | None = None
     history_drafting: bool = False
     width_policy: bool = False
+    stream_interval: int = 1
 
     @property
     def http_capacity(self) -> int:
@@ -110,8 +114,10 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
         api_key=options.api_key or None,
         history_drafting=options.history_drafting,
         width_policy=options.speculative_policy == "adaptive",
+        stream_interval=options.stream_interval,
     )
-    for name in ("max_active", "queue_capacity", "frontend_workers", "event_capacity"):
+    for name in ("max_active", "queue_capacity", "frontend_workers", "event_capacity",
+                 "stream_interval"):
         if getattr(settings, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if not settings.served_name:

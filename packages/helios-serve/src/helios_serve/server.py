@@ -90,6 +90,7 @@ class Server:
             queue_capacity=settings.queue_capacity,
             history_drafting=settings.history_drafting,
             width_policy=settings.width_policy,
+            stream_interval=settings.stream_interval,
         )
         slots = self.worker.geometry.slots
         if settings.max_active > slots:

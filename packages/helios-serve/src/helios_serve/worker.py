@@ -117,6 +117,8 @@ class _Live:
     first_token_s: float | None = None  # step clock (seconds) of the first token
     last_token_s: float | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
+    undelivered: int = 0  # tokens whose events are held (stream_interval > 1)
+    delivered: bool = False  # its first token's events reached the reader
     # Set when the worker ended the request in the scheduler (EOS, output limit) before
     # its last token's output work ran: the scheduler's summary for the Finished event.
     ended: FinishedRequest | None = None
@@ -180,6 +182,8 @@ class ModelWorker:
         metrics: the server's metrics.
         max_active: running requests at most (model slots used).
         queue_capacity: bound of the ingress channel and of the scheduler's waiting deque.
+        stream_interval: a choice's events are delivered every this many tokens (its
+            first token's and its last at once); 1 delivers every step's.
     """
 
     def __init__(
@@ -192,11 +196,14 @@ class ModelWorker:
         queue_capacity: int,
         history_drafting: bool = False,
         width_policy: bool = False,
+        stream_interval: int = 1,
     ) -> None:
         self.model = model
         self.clock = clock
         self.metrics = metrics
         self.queue_capacity = queue_capacity
+        self.stream_interval = stream_interval
+        self._held: dict[int, _Live] = {}  # choices whose events wait for the interval
         self.geometry = serving_geometry(model.manifests, max_active)
         self.scheduler = Scheduler(self.geometry, frames=model.frames,
                                    device_pending=model.device_pending,
@@ -313,6 +320,8 @@ class ModelWorker:
             if not (submitted and self.scheduler.can_schedule_ahead()):
                 self._complete_oldest()
         elif not submitted:
+            if self._held:
+                self._deliver({})  # nothing runs: every held event goes now
             self._gauges_at = -GAUGE_PERIOD_S  # idle: publish now
             self._publish_gauges()
             with self._lock:  # nothing runnable: sleep until ingress or a cancel arrives
@@ -396,6 +405,7 @@ class ModelWorker:
             if live.ended is not None:
                 continue  # ended in the scheduler; its output work delivers the end
             del self._live[sched_id]
+            self._held.pop(id(live), None)  # its reader is gone
             state.sched_ids.remove(sched_id)
             self.scheduler.cancel(sched_id)
             cancelled = True
@@ -605,12 +615,32 @@ class ModelWorker:
                 self._fail_request(live, f"output failed: {exc}")
                 touched.pop(id(live), None)
                 continue
+            live.undelivered += 1
             touched[id(live)] = live
+        self._deliver(touched)
+
+    def _deliver(self, touched: dict[int, _Live]) -> None:
+        """Hand the new events of the choices fed this step (`touched`) and of the held
+        ones to their readers, in one wake-up of the HTTP loop.
+
+        With stream_interval N a choice's events wait until N tokens are held; its first
+        token (TTFT), its end, and a held choice that got no token this step (a stalled
+        request keeps nothing back) go at once.
+        """
         batches: list[tuple[EventSink, list[Event]]] = []
-        for live in touched.values():
-            if live.events:
-                batches.append((live.request.sink, live.events))
-                live.events = []
+        held, self._held = self._held, {}
+        held.update(touched)
+        for key, live in held.items():
+            if not live.events:
+                continue
+            if (key in touched and live.delivered and live.undelivered < self.stream_interval
+                    and self._live.get(live.sched_id) is live):
+                self._held[key] = live
+                continue
+            batches.append((live.request.sink, live.events))
+            live.events = []
+            live.undelivered = 0
+            live.delivered = True
         deliver(batches)
 
     def _feed(self, out: _Output) -> None:

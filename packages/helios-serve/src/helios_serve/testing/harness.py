@@ -44,6 +44,7 @@ class ScriptedServer:
         api_key: str | None = None,
         speculative_policy: str = "fixed",
         history_drafting: bool = False,
+        stream_interval: int = 1,
     ) -> None:
         self.tok = tok or TinyTokenizer()
         self.book = ScriptBook(self.tok.decode, default=self.tok.ids(list(default_script)))
@@ -57,6 +58,7 @@ class ScriptedServer:
             port=0, max_active=max_active, queue_capacity=queue_capacity,
             frontend_workers=frontend_workers, api_key=api_key,
             speculative_policy=speculative_policy, history_drafting=history_drafting,
+            stream_interval=stream_interval,
         )  # fmt: skip
         self.server = Server.start(
             bootstrap, self.model, resolve(options, bootstrap.contract), clock
