@@ -119,10 +119,14 @@ case $stage in
     python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
       --max-active 32 --workload 132/256 --concurrency 1 8 32 --rounds 3 --profile "$HOME/prof" \
       --json "$OUTD/serve_load_smollm2_c32.json" 2>&1 | grep -v "^    " | tee "$OUTD/serve_load_smollm2_c32.log"
+    # The same at C 8/32 with helios-serve --stream-interval 4 (SSE every 4 tokens).
+    python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
+      --max-active 32 --workload 132/256 --concurrency 8 32 --rounds 3 --stream-interval 4 \
+      --json "$OUTD/serve_load_smollm2_c32_i4.json" 2>&1 | tee "$OUTD/serve_load_smollm2_c32_i4.log"
     python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
       --max-active 256 --workload 128/128 1024/1024 --concurrency 1 16 64 256 \
       --json "$OUTD/serve_load_smollm2.json" 2>&1 | tee "$OUTD/serve_load_smollm2.log"
-    python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS \
+    python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS --stream-intervals 1 4 \
       --json "$OUTD/serve_overhead_h200host.json" 2>&1 | grep -v "^ " | tee "$OUTD/serve_overhead.log"
     python3 bench/serve_overhead.py --ttft --core "$C" --trust "$K.pub" --accept $NS \
       --json "$OUTD/serve_overhead_ttft_h200host.json" 2>&1 | tail -2 | tee -a "$OUTD/serve_overhead.log"

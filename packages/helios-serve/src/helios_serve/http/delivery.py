@@ -185,6 +185,8 @@ class SseStream:
 
 def merge(outputs: list[Output]) -> Output:
     """One choice's consecutive outputs as one: deltas coalesced, logprobs in order."""
+    if len(outputs) == 1 and len(outputs[0].deltas) <= 1:  # one token's delta: as it is
+        return outputs[0]
     deltas = [d for o in outputs for d in o.deltas]
     logprobs = tuple(lp for o in outputs for lp in o.logprobs)
     last = outputs[-1]
