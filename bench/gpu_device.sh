@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|serve-smollm2|serve-smollm2-load|serve-host|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -108,8 +108,8 @@ case $stage in
     # Issue 17 served throughput (a): real SmolLM2 weights, the serving-bench recipe
     # (decode captured to 256 rows), helios-serve --backend cuda driven by bench/serve_load.py;
     # the issue's 132/256 setup at concurrency 1/8/32 with --max-active 32 beside the
-    # NativeModel loop of the same lease; and bench/serve_overhead.py (CPU only: this
-    # host's cores, paced device) and bench/packing.py (host step).
+    # NativeModel loop of the same lease, at stream interval 1 and 4. Then
+    # serve-smollm2-load and serve-host (each under the 10-minute call limit).
     ensure_key
     C=$HOME/cores/smollm2-bench.core
     [ -f "$C" ] || ign export recipes/llama_serving_bench.py --checkpoint "$HOME/g/smol.gguf" --key "$K" \
@@ -122,10 +122,18 @@ case $stage in
     # The same at C 8/32 with helios-serve --stream-interval 4 (SSE every 4 tokens).
     python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
       --max-active 32 --workload 132/256 --concurrency 8 32 --rounds 3 --stream-interval 4 \
-      --json "$OUTD/serve_load_smollm2_c32_i4.json" 2>&1 | tee "$OUTD/serve_load_smollm2_c32_i4.log"
+      --json "$OUTD/serve_load_smollm2_c32_i4.json" 2>&1 | tee "$OUTD/serve_load_smollm2_c32_i4.log" ;;
+  serve-smollm2-load)
+    # After serve-smollm2 (its core): 128/128 and 1024/1024 at C 1/16/64/256, native loop
+    # beside each level.
+    C=$HOME/cores/smollm2-bench.core
     python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
       --max-active 256 --workload 128/128 1024/1024 --concurrency 1 16 64 256 \
-      --json "$OUTD/serve_load_smollm2.json" 2>&1 | tee "$OUTD/serve_load_smollm2.log"
+      --json "$OUTD/serve_load_smollm2.json" 2>&1 | tee "$OUTD/serve_load_smollm2.log" ;;
+  serve-host)
+    # After serve-smollm2 (its core): this host's CPU over the paced device
+    # (serve_overhead.py at stream intervals 1 and 4; the chat TTFT floor) and packing.
+    C=$HOME/cores/smollm2-bench.core
     python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS --stream-intervals 1 4 \
       --json "$OUTD/serve_overhead_h200host.json" 2>&1 | grep -v "^ " | tee "$OUTD/serve_overhead.log"
     python3 bench/serve_overhead.py --ttft --core "$C" --trust "$K.pub" --accept $NS \
