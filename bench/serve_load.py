@@ -265,7 +265,11 @@ def native_loop(core, trust, accept, backend: str, workloads: list[tuple[int, in
                  if not (t.startswith("<") and t.endswith(">")) and i < g.vocab_size]
 
         def pages(slot: int, length: int) -> tuple[int, ...]:
-            return tuple(range(slot * per, slot * per + -(-length // g.page_tokens)))
+            n = -(-length // g.page_tokens)
+            if n > per:
+                raise SystemExit(f"native loop: {length} tokens need {n} KV pages per row; "
+                                 f"{g.num_pages} pages over {g.slots} rows give {per}")
+            return tuple(range(slot * per, slot * per + n))
 
         try:
             for n_in, n_out in workloads:
