@@ -408,7 +408,8 @@ def add_speculative(serving: ServingContract, manifest: ExecutionManifest, *,
     manifest.buffers.append(Buffer(name="out.record", dtype=m.D_TYPE_I32, shape=[SLOTS, 6 + 8],
                                    role=m.BUFFER_ROLE_OUTPUT))
     program.completion.CopyFrom(CompletionLayout(
-        buffer="out.record", rows=SLOTS, speculative=m.SpeculativeCompletion(token_width=4)))
+        buffer="out.record", rows=SLOTS, speculative=m.SpeculativeCompletion(token_width=4),
+        confidence_buffer="proposal_confidence" if confidence else ""))
     manifest.graphs.append(program)
     if confidence:
         # Framed confidence storage: F32 [2 frames, request slots, draft capacity].

@@ -74,9 +74,11 @@ def _serve(core: tuple[Path, Path], **options):
 
 @pytest.fixture(scope="module")
 def servers(spec_tiny):
-    """(history drafting, speculation off) servers of the same drafter core."""
+    """(history drafting, speculation off, history drafting + adaptive policy) servers of
+    the same drafter core."""
     started = [_serve(spec_tiny, history_drafting=True, speculative_policy="fixed"),
-               _serve(spec_tiny, speculative_width=0)]
+               _serve(spec_tiny, speculative_width=0),
+               _serve(spec_tiny, history_drafting=True, speculative_policy="adaptive")]
     yield tuple(server for _, server in started)
     for bootstrap, server in started:
         server.stop()
@@ -89,10 +91,12 @@ def _metric(server, prefix: str) -> float:
     return float(lines[0].split()[-1]) if lines else 0.0
 
 
-def _ask(server, prompt: str, **extra) -> httpx.Response:
+def _ask(server, prompt: str, response_format=RESPONSE_FORMAT, **extra) -> httpx.Response:
     body = {"model": server.settings.served_name, "temperature": 0, "max_tokens": 120,
-            "messages": [{"role": "user", "content": prompt}],
-            "response_format": RESPONSE_FORMAT, "return_token_ids": True, **extra}
+            "messages": [{"role": "user", "content": prompt}], "return_token_ids": True,
+            **extra}
+    if response_format is not None:
+        body["response_format"] = response_format
     return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
 
 
@@ -100,7 +104,7 @@ def test_json_schema_answers_equal_the_unspeculated_ones_and_copied_drafts_are_a
         servers):
     import json
 
-    history, off = servers
+    history, off, _ = servers
     copied = 'helios_spec_decode_accepted_tokens_total{source="copied"}'
     before = _metric(history, copied)
     for prompt in PROMPTS:
@@ -117,7 +121,7 @@ def test_json_schema_answers_equal_the_unspeculated_ones_and_copied_drafts_are_a
 def test_streamed_json_schema_answer_equals_the_unspeculated_one(servers):
     from helios_serve.testing.harness import sse_post
 
-    history, off = servers
+    history, off, _ = servers
     want = _ask(off, PROMPTS[0]).json()["choices"][0]["message"]["content"]
     body = {"model": history.settings.served_name, "temperature": 0, "max_tokens": 120,
             "messages": [{"role": "user", "content": PROMPTS[0]}],
@@ -127,3 +131,23 @@ def test_streamed_json_schema_answer_equals_the_unspeculated_one(servers):
     text = "".join(e["choices"][0]["delta"].get("content") or ""
                    for e in events if isinstance(e, dict) and e.get("choices"))
     assert text == want
+
+
+def test_prefix_limit_steps_with_constrained_lanes_through_the_worker(servers):
+    """The adaptive policy measures every program, prefix-limit ones included (their
+    framed proposal confidence is validated and read at each completion): concurrent
+    constrained and free requests still answer exactly as without speculation."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, off, adaptive = servers
+    asks = [(p, rf) for p in PROMPTS for rf in (RESPONSE_FORMAT, None)]
+
+    def ask(server, prompt, rf):
+        return _ask(server, prompt, rf, max_tokens=48).json()["choices"][0]["token_ids"]
+
+    with ThreadPoolExecutor(len(asks)) as pool:
+        got = list(pool.map(lambda a: ask(adaptive, *a), asks))
+    want = [ask(off, *a) for a in asks]
+    assert got == want
+    decisions = adaptive.worker.scheduler.stats().spec_policy_decisions
+    assert any(k.startswith("prefix_") for k in decisions), decisions

@@ -435,3 +435,52 @@ def test_spec_verify_never_accepts_a_cut_draft(gpu, rng, temperature):
     assert accepted[1] == 0 and accepted[2] <= 1 and accepted[0] <= 2
     if temperature == 0.0:
         assert accepted[0] == 2
+
+
+def test_framed_proposal_confidence_on_the_device(spec_model):
+    """proposal_confidence on the cuda backend: two prefix-limit steps in flight in frames
+    0 and 1 each read back their own plane (one pinned [2, slots, D] record), finite
+    probabilities whose NumPy allocation reproduces the device's lane lengths exactly."""
+    from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+    from helios_serve.runtime.driver import Driver, _Lane
+
+    model, _ = spec_model
+    g = model.manifests
+    B, P, W = g.prefix_programs[0]
+    n = min(B, g.slots // 2)
+    driver = Driver(model)
+    driver._generation = 3
+    ck = _gguf()
+    from helios_tools.frontend_assets import load_tokenizer, render_chat
+
+    tok = load_tokenizer(ck.tokenizer_json)
+    prompts = [tok.encode(render_chat(ck.chat_template, m, add_generation_prompt=True),
+                          add_special_tokens=False).ids for m in _chat_prompts(2 * n)]
+    plans = []
+    for half in range(2):
+        rows = []
+        for slot in range(half * n, (half + 1) * n):
+            prompt = prompts[slot]
+            first = driver.prefill(_Lane(slot, list(prompt), SamplingParams()))
+            rows.append(RowPlan(request_id=slot, slot=slot, generation=3, tokens=(first,),
+                                start_position=len(prompt),
+                                page_ids=driver._pages(slot, len(prompt) + W), sample=True,
+                                sampling=SamplingParams(), query_length=W - slot % 2))
+        plans.append(StepPlan(StepKind.SPECULATIVE, tuple(rows), P))
+    tickets = [model.submit(plan) for plan in plans]
+    assert [t.frame for t in tickets] == [0, 1]
+    done = [model.wait_step(t) for t in tickets]
+    staged = model.backend.staging(0)["proposal_confidence"]
+    assert staged is model.backend.staging(1)["proposal_confidence"]
+    for frame, (plan, completion) in enumerate(zip(plans, done, strict=True)):
+        conf = completion.confidence
+        np.testing.assert_array_equal(conf, staged[frame, :n])
+        ceilings = np.asarray([r.lane_length for r in plan.rows], np.int32)
+        drafted = np.arange(conf.shape[1]) < ceilings[:, None] - 1
+        assert np.isfinite(conf[drafted]).all()
+        assert ((conf[drafted] >= 0) & (conf[drafted] <= 1)).all()
+        lengths = np.zeros(n, np.int32)
+        K.spec_allocate(ceilings, np.asarray([r.slot for r in plan.rows], np.int32),
+                        np.where(drafted, conf, 0).astype(np.float32), lengths, n, P,
+                        conf.shape[1])
+        np.testing.assert_array_equal(completion.sampled[:, 1], lengths)

@@ -371,3 +371,51 @@ def test_sampled_constrained_lanes_emit_only_tokens_their_masks_allow(model):
             assert allowed[j, token], f"trial {trial}: token {token} at row {j}"
             checked += 1
     assert checked > 40  # some lanes accepted copied candidates
+
+
+def test_prefix_limit_programs_report_framed_proposal_confidence():
+    """proposal_confidence (model-contract.md: contiguous FP32 [2, request_slots,
+    draft_capacity], plane = completion frame, rows in lane order): two prefix-limit steps
+    in flight in frames 0 and 1 each read back their own confidences, probabilities of
+    the drafts the lanes made, which reproduce the device's allocation exactly (the NumPy
+    spec_allocate over the host-visible values gives the lanes' offers)."""
+    from helios_serve.runtime.driver import _Lane
+    from helios_tools.kernels import spec_allocate
+
+    model = load_native(tiny_core(1, speculative_widths=(1, 2, 4), draft_copy=3.0,
+                                  draft_vocab=96), "cpu", cpu_frames=2)
+    g = model.manifests
+    assert (2, 4, 4) in g.prefix_programs
+    driver = Driver(model)
+    driver._generation = 9
+    plans = []
+    for pair in ((0, 1), (2, 3)):
+        rows = []
+        for slot in pair:
+            prompt = PROMPTS[slot]
+            first = driver.prefill(_Lane(slot, list(prompt), SamplingParams()))
+            rows.append(RowPlan(request_id=slot, slot=slot, generation=9, tokens=(first,),
+                                start_position=len(prompt),
+                                page_ids=driver._pages(slot, len(prompt) + 4), sample=True,
+                                sampling=SamplingParams(), query_length=4 - slot % 2))
+        plans.append(StepPlan(StepKind.SPECULATIVE, tuple(rows), 4))
+    tickets = [model.submit(plan) for plan in plans]  # both frames in flight
+    assert [t.frame for t in tickets] == [0, 1]
+    done = [model.wait_step(t) for t in tickets]
+    staged = model.backend.staging(0)["proposal_confidence"]
+    assert staged is model.backend.staging(1)["proposal_confidence"]  # one framed array
+    assert staged.shape == (2, g.slots, 3) and staged.dtype == np.float32
+    for frame, (plan, completion) in enumerate(zip(plans, done, strict=True)):
+        conf = completion.confidence
+        assert conf.shape == (2, 3)
+        np.testing.assert_array_equal(conf, staged[frame, :2])
+        ceilings = np.asarray([r.lane_length for r in plan.rows], np.int32)
+        for lane, n in enumerate(ceilings):
+            drafted = conf[lane, :n - 1]
+            assert np.isfinite(drafted).all() and (0 <= drafted).all() and (drafted <= 1).all()
+        lengths = np.zeros(2, np.int32)
+        spec_allocate(ceilings, np.asarray([r.slot for r in plan.rows], np.int32),
+                      np.where(np.arange(3) < ceilings[:, None] - 1, conf, 0).astype(np.float32),
+                      lengths, 2, 4, 3)
+        np.testing.assert_array_equal(completion.sampled[:, 1], lengths)
+    assert not np.array_equal(done[0].confidence, done[1].confidence)

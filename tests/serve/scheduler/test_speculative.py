@@ -285,6 +285,33 @@ def test_the_policy_may_choose_a_prefix_limit_program_and_its_record_is_checked(
     assert s.stats().spec_policy_decisions == {"prefix_w4_p4": 1}
 
 
+def test_a_prefix_steps_proposal_confidence_is_validated_and_feeds_the_policy():
+    s = _policy_scheduler({("decode", 2): 1.0, ("speculative", 2, 2): 10.0,
+                           ("speculative", 2, WIDTH): 10.0, ("prefix", 2, 4): 1.0})
+    _admit_all(s, [SchedRequest(request_id=i, prompt_tokens=(1, 2, 3), max_output_tokens=9)
+                   for i in range(2)])
+    plan = s.schedule()
+    assert plan.packed_rows == 4
+    record = _record(plan, [2, 0], [[11, 12, 13], [14]])
+    record[:, 1] = [3, 1]
+    good = np.asarray([[0.9, 0.8, 0.5], [0.25, 0.0, 1.0]], np.float32)
+    for bad, message in ((good[:1], r"shape \(1, 3\) for 2 lanes"),
+                         (good[:, :2], r"shape \(2, 2\) for 2 lanes of up to 3 drafts"),
+                         (np.where([[0, 0, 1], [0, 0, 0]], np.nan, good), "lane 0: proposal"),
+                         (good + np.asarray([[0, 0, 0], [0, 1.5, 0]], np.float32),
+                          "lane 1: proposal confidence"),
+                         (-good, "outside \\[0, 1\\]")):
+        with pytest.raises(CompletionError, match=message):
+            s.complete(plan, record, confidence=bad.astype(np.float32))
+    results = s.complete(plan, record, confidence=good)  # nothing changed before
+    assert [r.token_id for r in results] == [11, 12, 13, 14]
+    survival = s.policy._survival
+    assert survival[plan.rows[0].request_id] == pytest.approx([0.9, 0.72, 0.36])
+    assert survival[plan.rows[1].request_id] == [0.25, 0.0, 0.0]
+    # 2 accepted over survival 0.9 + 0.72 (lane 0's two offered drafts), + 0 over 0.
+    assert s.policy.calibration == pytest.approx((2 + 4) / (1.62 + 4))
+
+
 def test_the_policy_may_choose_plain_decode_for_speculating_requests():
     s = _policy_scheduler({("decode", 1): 1.0, ("speculative", 1, 2): 5.0,
                            ("speculative", 1, WIDTH): 9.0})

@@ -79,3 +79,24 @@ def test_costs_go_stale_and_are_measured_again():
             remeasured.append(choice.width)
         policy.observe_step(policy.program_key(1, choice), 0.5)
     assert remeasured == [0]  # decode's cost went stale once and was measured again
+
+
+def test_proposal_confidence_ranks_prefix_rows_calibrated_by_acceptance():
+    """A prefix-limit option's spare rows go to the positions with the highest survival
+    of the lanes' last proposal confidences, scaled by the observed calibration of
+    confidence against acceptance (accepted per unit of survival over verified drafts)."""
+    policy = WidthPolicy((1, 4), (2,), ((2, 4, 4),))
+    option = type(policy.choose([(0, 4)]))(4, 4)
+    assert policy.calibration == 1.0  # nothing seen: smoothed to 1
+    before = policy._tokens([(0, 4), (1, 4)], option)  # acceptance priors: 2 + 2 x 0.5
+    assert before == 3.0
+    # Lane 0's head is sure of its drafts, lane 1's is not; both accepted what they offered.
+    policy.observe_confidence(0, [1.0, 1.0, 1.0], offers=3, accepted=2)
+    policy.observe_confidence(1, [0.5, 0.5, 0.5], offers=2, accepted=1)
+    assert policy.calibration == (3 + 4) / (2.5 + 4)
+    c = policy.calibration
+    assert policy._tokens([(0, 4), (1, 4)], option) == 2 + min(1.0, c) + min(1.0, c)
+    # Lanes of ceiling 2 rank only their first draft.
+    assert policy._tokens([(0, 2), (1, 2)], option) == 2 + min(1.0, c) + min(1.0, 0.5 * c)
+    policy.forget(0)
+    assert 0 not in policy._survival

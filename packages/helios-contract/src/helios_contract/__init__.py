@@ -88,6 +88,7 @@ from helios_contract._rules_manifest import (
     COLLECTIVE_OPS,
     DTYPE_BYTES,
     PAGE_TABLE_DTYPE,
+    PROPOSAL_CONFIDENCE,
     buffer_nbytes,
     rank_count,
 )
@@ -161,6 +162,7 @@ __all__ = [
     "COLLECTIVE_OPS",
     "DTYPE_BYTES",
     "PAGE_TABLE_DTYPE",
+    "PROPOSAL_CONFIDENCE",
     "buffer_nbytes",
     "rank_count",
     "capability_findings",

@@ -24,6 +24,7 @@ from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
 from helios_contract._rules_contract import PAGED_KINDS, WRITES, context_pages, enum_name, selectors
 from helios_contract._rules_tiers import tier_plane_findings
 from helios_contract.errors import (
+    BindingError,
     BufferRoleError,
     CapacityMismatchError,
     DuplicateIdentifierError,
@@ -453,9 +454,28 @@ def tuned(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
 
 
 def confidence(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
-    """Confidence programs have the framed F32 proposal_confidence storage."""
+    """Confidence programs have the framed F32 proposal_confidence storage, and exactly
+    they name it as their completion's confidence_buffer (the record the host reads)."""
     producers = [(i, g) for i, g in enumerate(serving.model.graphs)
                  if g.HasField("speculative") and g.speculative.produces_confidence]
+    yield from _confidence_storage(producers, names)
+    for g in serving.model.graphs:
+        program = names.programs.get(g.name)
+        if program is None:
+            continue
+        named = program.completion.confidence_buffer
+        produces = g.HasField("speculative") and g.speculative.produces_confidence
+        if named != (PROPOSAL_CONFIDENCE if produces else ""):
+            yield F("speculative.confidence_record", BindingError,
+                    f"manifest.graphs[{names.program_index[g.name]}].completion"
+                    ".confidence_buffer", named or "(none)",
+                    f"{g.name!r} " + ("produces proposal confidence: its completion names "
+                                      f"{PROPOSAL_CONFIDENCE!r}" if produces else
+                                      "produces no proposal confidence"))
+
+
+def _confidence_storage(producers: list[tuple[int, pb.GraphContract]],
+                        names: ManifestIndex) -> Findings:
     if not producers:
         return
     index, _ = producers[0]

@@ -459,7 +459,8 @@ class ModelWorker:
             self._fail_plan(plan, f"model execution failed: {exc}")
             return
         try:
-            results = self.scheduler.complete(plan, completion.sampled)
+            results = self.scheduler.complete(plan, completion.sampled,
+                                              confidence=completion.confidence)
         except CompletionError as exc:  # the completion record is invalid: output error
             log.warning("invalid completion record: %s", exc)
             self._fail_plan(plan, f"invalid completion record: {exc}")

@@ -81,9 +81,9 @@ _SERVING = dict(
     state_rows_per_request=1,  # persistent state rows are request slots
     # The scheduler validates SPECULATIVE draft cursors (ModelGeometry.draft_cursor_lag).
     cursor_operations=frozenset({pb.OPERATION_SPECULATIVE}),
-    # Prefix-limit programs allocate from confidence kept inside the program; a program
-    # producing the framed proposal_confidence record has no reader here.
-    speculative_confidence=False,
+    # Programs producing the framed proposal_confidence record: the backend's completion
+    # lands it in the frame's plane; the scheduler validates and reads it per lane.
+    speculative_confidence=True,
     tuning=True,  # NativeModel.load runs the producers before exposing the graphs
     dtypes=frozenset({mpb.D_TYPE_F32, mpb.D_TYPE_BF16, mpb.D_TYPE_I32, mpb.D_TYPE_U32}),
     image_preparations=frozenset({fpb.IMAGE_PREPARATION_NONE}),

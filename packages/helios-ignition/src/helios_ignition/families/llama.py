@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+from helios_contract import PROPOSAL_CONFIDENCE
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import grammar_mask_words
@@ -208,6 +209,8 @@ SPEC_NAMES = {"generation": "in.generation", "lane_start": "in.lane_start",
               "cand_generation": "in.cand_generation", "cand_endpoint": "in.cand_endpoint",
               "cand_masks": "in.cand_masks"}
 RECORD = "out.record"
+# PROPOSAL_CONFIDENCE (helios_contract): f32 [2, slots, D], model-contract.md, "Complete
+# speculative generation"; rules speculative.confidence_buffer / _record check it.
 TRANSFER_NAMES = {"source": "in.transfer_source", "destination": "in.transfer_destination"}
 # Storage tiers of the RESTORE programs' routes, by the name used in graph names.
 PAGES, CONTINUATION, HOST = "pages", "continuation", "host"
@@ -326,7 +329,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
             t.declare(f"spec.{name}", "i32", (rows,), "scratch")
         for name in ("positions", "token_row", "token_slot"):  # device-packed rows
             t.declare(f"spec.{name}", "i32", (tokens,), "scratch")
-        t.declare("spec.confidence", "f32", (rows, dmax), "scratch")
+        if spec.prefix_batches:  # the framed record of the prefix-limit programs
+            t.declare(PROPOSAL_CONFIDENCE, "f32", (2, slots, dmax), "output")
         t.declare("spec.drafts", "i32", (rows, dmax), "scratch")
         t.declare("spec.q", "f32", (rows, dmax, s.vocab), "scratch")
         t.declare("spec.tokens", "i32", (tokens,), "scratch")
@@ -617,7 +621,8 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
     every step and the RNG streams). QUERY_LENGTH programs (`packed` None): the host
     packs positions, rows and slots of the P verification rows. SPECULATIVE_PREFIX_LIMIT
     programs (`packed` given): lanes draft up to their ceilings, the head's confidence in
-    each draft (`spec_confidence`) feeds `spec_allocate`, which writes the lengths, and
+    each draft (`spec_confidence`, into the framed proposal_confidence record the host
+    reads on completion) feeds `spec_allocate`, which writes the lengths, and
     `spec_pack_rows` packs the rows on the device. The device fills the rows' tokens
     (pending, then drafts). `tuned`: verification attention reads the tuned split count,
     as decode does, so the two stay row-invariant.
@@ -647,7 +652,9 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
     pending = t.view(PENDING, (slots,))
     candidates = [inp("cand_ids", B, dmax), inp("cand_count", B), inp("cand_generation", B),
                   inp("cand_endpoint", B), inp("generation", B), start, qlen]
-    confidence = t.view("spec.confidence", (B, dmax))
+    # Prefix-limit programs: the step's confidences, lane order, in the record's first
+    # plane; the completion copy lands them in the plane of the step's frame.
+    confidence = t.view(PROPOSAL_CONFIDENCE, (B, dmax)) if prefix else None
     drafts = t.view("spec.drafts", (B, dmax))
     q = t.view("spec.q", (B, dmax, s.vocab))
     vocab_map = t.view("D.vocab_map", (g.draft_vocab,))
@@ -810,7 +817,8 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
             op, packed = cpb.OPERATION_SPECULATIVE, tokens
             completion = mpb.CompletionLayout(
                 buffer=RECORD, rows=nrows,
-                speculative=mpb.SpeculativeCompletion(token_width=width))
+                speculative=mpb.SpeculativeCompletion(token_width=width),
+                confidence_buffer=PROPOSAL_CONFIDENCE if prefix else "")
         else:
             decode = kind == "decode"
             _forward(builder, s, caps, tokens, nrows, decode, device_pending, spec, tuned,
@@ -942,7 +950,9 @@ def _graph_contract(name: str, op: int, rows: int, tokens: int, s: LlamaShapes,
             batch_capacity=rows, draft_tokens=width - 1, token_capacity=width,
             packed_token_capacity=tokens,
             length_source=cpb.LENGTH_SOURCE_SPECULATIVE_PREFIX_LIMIT if prefix
-            else cpb.LENGTH_SOURCE_QUERY_LENGTH, lane_limit=width))
+            else cpb.LENGTH_SOURCE_QUERY_LENGTH, lane_limit=width,
+            # prefix-limit programs report the head's confidence in each draft, framed
+            produces_confidence=prefix, confidence_width=width - 1 if prefix else 0))
         g.bindings.extend(decl.speculative_prefix_lanes(INPUT_NAMES, SPEC_NAMES) if prefix
                           else decl.speculative_lanes(INPUT_NAMES, SPEC_NAMES))
         if width > 1:

@@ -298,11 +298,15 @@ class StepCompletion:
             the top K alternatives, most likely first), or None when no row of the step
             asked for logprobs. Only rows that asked hold values.
         top_ids: int32 ``[rows, K]`` ids of those alternatives, or None with ``logprobs``.
+        confidence: float32 ``[rows, draft_capacity]`` (SPECULATIVE programs producing
+            proposal confidence: the frame's plane of proposal_confidence, lane order;
+            column k = the head's confidence in the lane's draft k + 1), else None.
     """
 
     sampled: np.ndarray
     logprobs: np.ndarray | None = None
     top_ids: np.ndarray | None = None
+    confidence: np.ndarray | None = None
 
     def token_logprob(self, row: int, top: int) -> TokenLogprob:
         """Row ``row``'s sampled token with ``top`` alternatives (a row that asked).

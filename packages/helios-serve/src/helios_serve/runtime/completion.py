@@ -23,10 +23,19 @@ from .errors import RuntimeLoadError
 
 
 def completion_buffers(layout: mpb.CompletionLayout) -> tuple[str, ...]:
-    """The buffers a step's completion record copies back: sampled ids, then the optional
-    logprobs and top-id buffers."""
+    """The buffers a step's completion record copies back (their leading rows): sampled
+    ids, then the optional logprobs and top-id buffers. The framed confidence record
+    (`layout.confidence_buffer`) is copied into its frame's plane instead."""
     names = (layout.buffer, layout.logprobs_buffer, layout.top_ids_buffer)
     return tuple(n for n in names if n)
+
+
+def confidence_buffers(programs: Sequence[mpb.GraphProgram]) -> frozenset[str]:
+    """Framed proposal-confidence buffers (f32 [2, request_slots, draft_capacity]): ONE
+    host array shared by both frames; a step's completion copies the program's rows of
+    plane 0 (where the launches write them) into the plane of its frame."""
+    return frozenset(g.completion.confidence_buffer for g in programs
+                     if g.completion.confidence_buffer)
 
 
 class CompletionReader:
@@ -51,6 +60,9 @@ class CompletionReader:
         self._records = {g.name: (g.completion.buffer,
                                   RECORD_FIELDS + g.completion.speculative.token_width)
                          for g in programs if g.completion.HasField("speculative")}
+        # Programs producing proposal confidence: graph -> its framed buffer.
+        self._confidence = {g.name: g.completion.confidence_buffer for g in programs
+                            if g.completion.confidence_buffer}
         # RESTORE programs copy rows between storage tiers: no record.
         self._none = {g.name for g in programs if not g.completion.buffer}
         layouts = {(g.completion.buffer, g.completion.logprobs_buffer,
@@ -89,7 +101,11 @@ class CompletionReader:
         if record is not None:  # one contiguous [rows, columns] block at the buffer's start
             buffer, columns = record
             done = self._staging[frame][buffer]
-            return StepCompletion(done.reshape(-1)[:rows * columns].reshape(rows, columns).copy())
+            lanes = done.reshape(-1)[:rows * columns].reshape(rows, columns).copy()
+            framed = self._confidence.get(graph)
+            confidence = None if framed is None else \
+                self._staging[frame][framed][frame, :rows].copy()
+            return StepCompletion(lanes, confidence=confidence)
         sampled = self._sampled[frame][:rows].copy()
         if not logprobs or self.top_logprobs is None:
             return StepCompletion(sampled)

@@ -33,7 +33,7 @@ from helios_tools.kernels.collective import COLLECTIVE_OPS
 from ..startup import StartupLog, mib
 from .cache_sizing import CacheSizing
 from .collectives import Collectives, SingleRank
-from .completion import completion_buffers
+from .completion import completion_buffers, confidence_buffers
 from .errors import RuntimeLoadError
 from .tiers import TierRows
 
@@ -130,7 +130,10 @@ class CpuBackend:
                             "NumPy reference ops")
         per_frame = {b.name for b in manifest.buffers
                      if b.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)}
-        self._staging = [{name: (np.zeros_like(a) if name in per_frame else a)
+        framed = confidence_buffers(manifest.graphs)
+        per_frame -= framed
+        shared = {name: np.zeros_like(self.buffers[name]) for name in framed}
+        self._staging = [{name: shared.get(name, np.zeros_like(a) if name in per_frame else a)
                           for name, a in self.buffers.items()} for _ in range(self.frames)]
         self.counters["device_allocations"] = len(self.buffers)
         self.counters["host_allocations"] = len(per_frame) * self.frames
@@ -138,6 +141,9 @@ class CpuBackend:
         self._inputs = {g.name: [t.destination for t in g.transports
                                  if t.destination in per_frame] for g in manifest.graphs}
         self._completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
+        # graph -> (framed confidence buffer, rows) of programs producing confidence
+        self._confidence = {g.name: (g.completion.confidence_buffer, int(g.completion.rows))
+                            for g in manifest.graphs if g.completion.confidence_buffer}
 
     @property
     def num_pages(self) -> int:
@@ -215,6 +221,10 @@ class CpuBackend:
         self.counters["graph_launches"] += 1
         for done in self._completion[graph]:
             staged[done][...] = self.buffers[done]
+        framed = self._confidence.get(graph)
+        if framed is not None:  # the launches' plane-0 rows -> this frame's plane
+            name, rows = framed
+            staged[name][frame, :rows] = self.buffers[name][0, :rows]
 
     def wait(self, frame: int) -> None:
         """Steps complete inside `launch`: nothing to wait for."""

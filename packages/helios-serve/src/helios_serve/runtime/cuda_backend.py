@@ -34,7 +34,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 
 from ..startup import StartupLog
 from .cache_sizing import CacheSizing
-from .completion import completion_buffers
+from .completion import completion_buffers, confidence_buffers
 from .cuda import driver as drv
 from .errors import RuntimeLoadError
 from .tiers import TierRows
@@ -116,6 +116,7 @@ class CudaBackend:
             cu.CUstream_flags.CU_STREAM_NON_BLOCKING.value))
         try:
             self._decls = {b.name: b for b in manifest.buffers}
+            self._framed = confidence_buffers(manifest.graphs)
             tiers = tiers or TierRows()
             planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE
                       and b.name not in tiers.rows]
@@ -251,7 +252,7 @@ class CudaBackend:
     def _staged_names(manifest: mpb.ExecutionManifest) -> set[str]:
         names = {t.destination for g in manifest.graphs for t in g.transports}
         names |= {n for g in manifest.graphs for n in completion_buffers(g.completion)}
-        return names
+        return names | confidence_buffers(manifest.graphs)
 
     def _allocate(self, decl: mpb.Buffer, read_resource, staged: bool) -> None:
         cu = self._cu
@@ -278,7 +279,9 @@ class CudaBackend:
             drv.call("cuMemsetD8", cu.cuMemsetD8(ptr, 0, max(nbytes, 256)))
         if staged:
             dtype = np.float32 if decl.dtype == mpb.D_TYPE_BF16 else STORED_DTYPE[decl.dtype]
-            per_frame = decl.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)
+            # (the framed confidence record is one host array: plane f = frame f)
+            per_frame = decl.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT) \
+                and decl.name not in self._framed
             shared = None
             for frame in self._pinned:  # one array per frame; one shared state mirror
                 if per_frame or shared is None:
@@ -416,6 +419,13 @@ class CudaBackend:
                 n = rows * per_row * STORED_DTYPE[decl.dtype].itemsize
                 drv.call("capture completion copy", cu.cuMemcpyDtoHAsync(
                     pinned[done].ptr, self._dev_ptrs[done], n, s))
+            framed = g.completion.confidence_buffer
+            if framed:  # the launches' plane-0 rows -> plane `frame` of the host record
+                shape = self._shapes[framed]
+                plane = math.prod(int(d) for d in shape[1:]) * 4
+                n = rows * int(shape[2]) * 4
+                drv.call("capture confidence copy", cu.cuMemcpyDtoHAsync(
+                    pinned[framed].ptr + frame * plane, self._dev_ptrs[framed], n, s))
         finally:
             graph = drv.call("cuStreamEndCapture", cu.cuStreamEndCapture(s))
         exe = drv.call(f"cuGraphInstantiate {g.name}", cu.cuGraphInstantiate(graph, 0))

@@ -83,6 +83,7 @@ from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
+import numpy as np
 from helios_tools.kernels.speculative import (
     FIELD_ACCEPTED,
     FIELD_EMITTED,
@@ -734,7 +735,8 @@ class Scheduler:
 
     # -- completion ---------------------------------------------------------------
 
-    def complete(self, plan: StepPlan, sampled: Seq[int]) -> list[RowResult]:
+    def complete(self, plan: StepPlan, sampled: Seq[int],
+                 confidence: np.ndarray | None = None) -> list[RowResult]:
         """Apply the completion record of the oldest outstanding plan.
 
         Args:
@@ -743,6 +745,10 @@ class Scheduler:
                 ignores).
             sampled: one token id per plan row, submission-row order; entries of
                 rows with sample=False are ignored.
+            confidence: a prefix-limit step's proposal confidence (StepCompletion.
+                confidence: f32 [rows, draft capacity], lane order), validated with the
+                lane records and fed to the width policy; None when the program
+                reports none.
 
         Returns:
             One RowResult per row of a live request, in submission-row order;
@@ -754,7 +760,7 @@ class Scheduler:
                 nothing is changed then.
         """
         if plan.kind is StepKind.SPECULATIVE:
-            return self._complete_speculative(plan, sampled)
+            return self._complete_speculative(plan, sampled, confidence)
         if plan.kind is StepKind.TRANSFER:
             for copy in self._pop_transfer(plan):
                 copy.done()
@@ -802,12 +808,15 @@ class Scheduler:
         if key is not None:
             self.policy.observe_step(key, self._clock() - issued)
 
-    def _complete_speculative(self, plan: StepPlan, record) -> list[RowResult]:
+    def _complete_speculative(self, plan: StepPlan, record,
+                              confidence: np.ndarray | None = None) -> list[RowResult]:
         self._check_lanes(plan, record)
+        if confidence is not None:
+            self._check_confidence(plan, confidence)
         self._outstanding.popleft()
         self._observe_cost()
         results: list[RowResult] = []
-        for row, lane in zip(plan.rows, record, strict=True):
+        for i, (row, lane) in enumerate(zip(plan.rows, record, strict=True)):
             seq = self._requests[row.request_id]
             seq.inflight_rows -= 1
             seq.inflight_samples -= 1
@@ -819,6 +828,9 @@ class Scheduler:
             self._count_lane(offers, accepted, copied)
             if self.policy is not None:
                 self.policy.observe_lane(row.request_id, offers - 1, accepted)
+                if confidence is not None:
+                    self.policy.observe_confidence(
+                        row.request_id, confidence[i, :self._drafted(row)], offers, accepted)
             if seq.retiring:
                 if seq.inflight_rows == 0:
                     self._retire(seq)
@@ -875,6 +887,27 @@ class Scheduler:
         if offered > capacity:
             raise CompletionError(f"{offered} offers exceed the {capacity} packed "
                                   "positions of the step")
+
+    def _drafted(self, row: RowPlan) -> int:
+        """Drafts a prefix-limit lane made (it drafts up to its ceiling): the columns of
+        its proposal confidence the program wrote."""
+        return max(min(row.lane_length, self.max_width) - 1, 0)
+
+    def _check_confidence(self, plan: StepPlan, confidence) -> None:
+        """Validate a prefix-limit step's proposal confidence before any state changes
+        (model-contract.md, "Complete speculative generation": FP32, lane order, one
+        value per draft each lane made): finite probabilities in [0, 1]."""
+        shape = getattr(confidence, "shape", ())
+        need = max((self._drafted(r) for r in plan.rows), default=0)
+        if len(shape) != 2 or shape[0] != len(plan.rows) or shape[1] < need:
+            raise CompletionError(f"proposal confidence of shape {shape} for "
+                                  f"{len(plan.rows)} lanes of up to {need} drafts")
+        for i, row in enumerate(plan.rows):
+            values = np.asarray(confidence[i, :self._drafted(row)], np.float64)
+            bad = ~(np.isfinite(values) & (values >= 0.0) & (values <= 1.0))
+            if bad.any():
+                raise CompletionError(f"lane {i}: proposal confidence {values.tolist()} "
+                                      "outside [0, 1]")
 
     def _count_lane(self, length: int, accepted: int, copied: int = 0) -> None:
         """Count one lane of `length` offers: `copied` of its drafts (the first ones)

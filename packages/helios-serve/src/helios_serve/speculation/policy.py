@@ -96,6 +96,11 @@ class WidthPolicy:
         self._pooled = _Acceptance(depth)
         self._requests: dict[int, _Acceptance] = {}
         self.decisions: dict[str, int] = {}
+        # Proposal confidence of completed prefix-limit steps: per request the survival
+        # products of its last lane's drafts, and the pooled calibration of survival
+        # against acceptance over every verified draft (accepted count, summed survival).
+        self._survival: dict[int, list[float]] = {}
+        self._calibration = [0.0, 0.0]
 
     # -- observations --------------------------------------------------------------
 
@@ -109,8 +114,30 @@ class WidthPolicy:
         stats.add(drafts, accepted)
         self._pooled.add(drafts, accepted)
 
+    def observe_confidence(self, request_id: int, confidence: Sequence[float], offers: int,
+                           accepted: int) -> None:
+        """A completed prefix-limit lane's proposal confidence (validated, in [0, 1]):
+        the head's confidence in each draft it made, of which the first `offers` - 1 were
+        verified and `accepted` taken."""
+        survival, s = [], 1.0
+        for c in confidence:
+            s *= float(c)
+            survival.append(s)
+        self._survival[request_id] = survival
+        verified = survival[:max(offers - 1, 0)]
+        self._calibration[0] += accepted
+        self._calibration[1] += sum(verified)
+
+    @property
+    def calibration(self) -> float:
+        """Accepted drafts per unit of survival probability over verified prefix-limit
+        drafts (1 = the head's confidence is calibrated), smoothed towards 1."""
+        accepted, survival = self._calibration
+        return (accepted + PRIOR_WEIGHT) / (survival + PRIOR_WEIGHT)
+
     def forget(self, request_id: int) -> None:
         self._requests.pop(request_id, None)
+        self._survival.pop(request_id, None)
 
     def observe_step(self, key: tuple, seconds: float) -> None:
         """A completed step of program `key` (`program_key`) that ran alone."""
@@ -162,7 +189,9 @@ class WidthPolicy:
         that holds the batch, take the highest expected tokens per second -- expected
         tokens from each request's acceptance rates (a lane of length n emits
         1 + a_0 + a_0 a_1 + ...; a prefix-limit program's B + P - B likeliest next
-        positions), seconds from the measured mean cost of that program at this batch
+        positions, ranked for a request seen in a prefix-limit step by its last lane's
+        proposal-confidence survival times the observed calibration of confidence
+        against acceptance), seconds from the measured mean cost of that program at this batch
         capacity. A program not measured MIN_COST_SAMPLES times, or not within the last
         STALE_DECISIONS decisions, is chosen first (narrowest first), so every candidate
         is measured before, and again while, comparisons count.
@@ -190,11 +219,20 @@ class WidthPolicy:
         if not option.packed_rows:
             return sum(self.expected_tokens(rid, min(option.width, ceiling))
                        for rid, ceiling in lanes)
-        # Prefix allocation: each lane's pending row, then the P - B likeliest positions.
+        # Prefix allocation: each lane's pending row, then the P - B likeliest positions:
+        # a lane seen in a prefix-limit step by its last drafts' survival products (the
+        # proposal confidence the device allocates by) times the observed calibration,
+        # else by its acceptance rates.
         gains = []
+        calibration = self.calibration
         for rid, ceiling in lanes:
+            depth = max(min(option.width, ceiling) - 1, 0)
+            seen = self._survival.get(rid)
+            if seen:
+                gains += [min(1.0, calibration * s) for s in seen[:depth]]
+                continue
             survive = 1.0
-            for alpha in self.acceptance(rid)[:max(min(option.width, ceiling) - 1, 0)]:
+            for alpha in self.acceptance(rid)[:depth]:
                 survive *= alpha
                 gains.append(survive)
         gains.sort(reverse=True)

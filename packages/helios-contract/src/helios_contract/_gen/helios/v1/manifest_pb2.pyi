@@ -218,20 +218,22 @@ class Transport(_message.Message):
     def __init__(self, destination: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class CompletionLayout(_message.Message):
-    __slots__ = ("buffer", "rows", "logprobs_buffer", "top_ids_buffer", "top_logprobs", "speculative")
+    __slots__ = ("buffer", "rows", "logprobs_buffer", "top_ids_buffer", "top_logprobs", "speculative", "confidence_buffer")
     BUFFER_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_BUFFER_FIELD_NUMBER: _ClassVar[int]
     TOP_IDS_BUFFER_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_BUFFER_FIELD_NUMBER: _ClassVar[int]
     buffer: str
     rows: int
     logprobs_buffer: str
     top_ids_buffer: str
     top_logprobs: int
     speculative: SpeculativeCompletion
-    def __init__(self, buffer: _Optional[str] = ..., rows: _Optional[int] = ..., logprobs_buffer: _Optional[str] = ..., top_ids_buffer: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., speculative: _Optional[_Union[SpeculativeCompletion, _Mapping]] = ...) -> None: ...
+    confidence_buffer: str
+    def __init__(self, buffer: _Optional[str] = ..., rows: _Optional[int] = ..., logprobs_buffer: _Optional[str] = ..., top_ids_buffer: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., speculative: _Optional[_Union[SpeculativeCompletion, _Mapping]] = ..., confidence_buffer: _Optional[str] = ...) -> None: ...
 
 class SpeculativeCompletion(_message.Message):
     __slots__ = ("token_width",)
