@@ -410,6 +410,10 @@ def _print(r: dict) -> None:
               f"{side['ttft']['p90_ms']:.1f} ms (n={side['ttft']['n']}); cached_tokens "
               f"{side['cached_tokens']}")
     q = r["ratio"]
+    if q["server_itl"]["median_ms"] is None:  # the stream ended at its first token (EOS)
+        print(f"single-stream decode: no inter-token gaps in {q['rounds']} rounds "
+              f"({q['new_tokens_per_round']} tokens per stream): no ratio")
+        return
     flag = "" if q["ratio"] >= q["target_ratio"] else "  < target"
     print(f"single-stream decode ({q['prompt_tokens']}-token prompt, {q['new_tokens_per_round']} "
           f"tokens x {q['rounds']}): server {q['server_decode_tokens_per_s']:.1f} tok/s "
