@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|serve-smollm2|serve-smollm2-load|serve-host|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|spec-structured|serve-smollm2|serve-smollm2-load|serve-host|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -72,6 +72,9 @@ case $stage in
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_speculative.py 2>&1 | tee "$OUTD/spec_tests.log"
     python3 bench/speculative.py --model smollm2 --backend cuda --gguf "$HOME/g/smol.gguf" --baseline --json "$OUTD/spec_smollm2.json" 2>&1 | tee "$OUTD/spec_smollm2.log"
     python3 bench/speculative.py --model llama-3.1-8b --backend cuda --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" ;;
+  spec-structured)  # issue 13: JSON-schema requests through copied candidates (real server)
+    python3 bench/structured_speculative.py --backend cuda --gguf "$HOME/g/smol.gguf" \
+      --batches 1 8 32 --tokens 128 --json "$OUTD/structured_spec.json" 2>&1 | tee "$OUTD/structured_spec.log" ;;
   spec-history)  # issue 13: history drafting + width policy, 3 prompt sets, batch 1..64
     python3 bench/speculative_history.py --backend cuda --gguf "$HOME/g/smol.gguf" \
       --batches 1 8 32 64 --tokens 256 --json "$OUTD/spec_history.json" 2>&1 | tee "$OUTD/spec_history.log" ;;

@@ -208,7 +208,7 @@ def check_candidate_masks(rng, V: int) -> bool:
         logits[-3:] = np.nan
         generation = rng.integers(1, 3, B).astype(np.int32)
         args = [slot, start, qlen, (rng.random(B) < 0.7).astype(np.int32),
-                rng.integers(-2**31, 2**31, (B, CMAX, W32), dtype=np.int64).astype(np.int32),
+                rng.integers(-2**31, 2**31, (16, CMAX, W32), dtype=np.int64).astype(np.int32),
                 rng.integers(-1, 5, B).astype(np.int32),
                 np.where(rng.random(B) < 0.3, generation + 1, generation).astype(np.int32),
                 np.where(rng.random(B) < 0.2, start + 1, start).astype(np.int32), generation]

@@ -354,7 +354,7 @@ def _candidate_mask_case(rng, V, B=6, CMAX=3, DMAX=3):
     inputs = dict(
         slot=slot, lane_start=start, query_length=qlen,
         use_mask=(rng.random(B) < 0.7).astype(np.int32),
-        cand_masks=rng.integers(-2**31, 2**31, (B, CMAX, W32), dtype=np.int64).astype(np.int32),
+        cand_masks=rng.integers(-2**31, 2**31, (16, CMAX, W32), dtype=np.int64).astype(np.int32),
         cand_count=rng.integers(-1, 5, B).astype(np.int32),
         cand_generation=np.where(stale, generation + 1, generation).astype(np.int32),
         cand_endpoint=np.where(rng.random(B) < 0.2, start + 1, start).astype(np.int32),

@@ -50,6 +50,8 @@ def _rows(kind: StepKind) -> tuple[RowPlan, ...]:
 
 
 def _destination(indexing: int, source: int) -> np.ndarray:
+    if source == c.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS:  # [slots, D, mask words]
+        return np.full((SLOTS, 3, WORDS), SENTINEL, np.int32)
     if indexing == c.INDEXING_PHYSICAL_REQUEST_ROW:
         return np.full((SLOTS, 8), SENTINEL, np.int32)
     if indexing == c.INDEXING_SCALAR:
@@ -58,8 +60,6 @@ def _destination(indexing: int, source: int) -> np.ndarray:
         return np.full((SLOTS, 2), SENTINEL, np.int64)
     if source == c.VALUE_SOURCE_GRAMMAR_MASK:
         return np.full((SLOTS, WORDS), SENTINEL, np.int32)
-    if source == c.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS:
-        return np.full((SLOTS, 3, WORDS), SENTINEL, np.int32)
     if source == c.VALUE_SOURCE_CANDIDATE_IDS:
         return np.full((SLOTS, 3), SENTINEL, np.int32)
     return np.full(8, SENTINEL, np.float32)
@@ -102,12 +102,14 @@ def test_candidate_masks_are_packed_per_lane_and_required_for_constrained_lanes(
     import dataclasses
 
     binding = c.ValueBinding(destination="dst", source=c.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS,
-                             indexing=c.INDEXING_SUBMISSION_ROW)
+                             indexing=c.INDEXING_PHYSICAL_REQUEST_ROW)
     dest = np.full((SLOTS, 3, WORDS), SENTINEL, np.int32)
     pack = SharedPacking([c.GraphContract(name="g", bindings=[binding])], [{"dst": dest}])
-    rows = _rows(StepKind.DECODE)
-    pack.pack("g", StepPlan(StepKind.SPECULATIVE, rows), rows=SLOTS, tokens=8)
-    assert (dest[:2, :2] == 6).all() and (dest[:2, 2] == SENTINEL).all()
+    rows = _rows(StepKind.DECODE)  # slots 1 and 3, two candidates each
+    dirty = pack.pack("g", StepPlan(StepKind.SPECULATIVE, rows), rows=SLOTS, tokens=8)
+    assert (dest[[1, 3], :2] == 6).all() and (dest[[1, 3], 2] == SENTINEL).all()
+    assert (dest[[0, 2]] == SENTINEL).all()  # other slots are neither written nor uploaded
+    assert [(d.row, d.start, d.end) for d in dirty] == [(1, 0, 2 * WORDS), (3, 0, 2 * WORDS)]
     unmasked = dataclasses.replace(rows[1].candidates, grammar_masks=None)
     bad = (rows[0], dataclasses.replace(rows[1], candidates=unmasked))
     with pytest.raises(ValueError, match="row 1: a constrained lane's copied candidates"):
@@ -125,8 +127,7 @@ def test_the_restore_bindings_are_declared():
 def test_packing_supplies_nothing_the_table_leaves_out():
     """The pairs packing's value tables implement are exactly the declared ones."""
     per_row = set(packing.ROW_VALUES) | {c.VALUE_SOURCE_SEED_BITS, c.VALUE_SOURCE_GRAMMAR_MASK,
-                                         c.VALUE_SOURCE_CANDIDATE_IDS, c.VALUE_SOURCE_CONSTANT,
-                                         c.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS}
+                                         c.VALUE_SOURCE_CANDIDATE_IDS, c.VALUE_SOURCE_CONSTANT}
     implemented = (
         {(s, i) for s in per_row for i in (c.INDEXING_SUBMISSION_ROW, c.INDEXING_ACTIVE_ROW)}
         | {(s, c.INDEXING_PACKED_TOKEN) for s in packing.TOKEN_VALUES}
@@ -134,6 +135,7 @@ def test_packing_supplies_nothing_the_table_leaves_out():
         | {(c.VALUE_SOURCE_PAGE_TABLE, c.INDEXING_PHYSICAL_REQUEST_ROW),
            (c.VALUE_SOURCE_PROMPT_HISTOGRAM, c.INDEXING_PHYSICAL_REQUEST_ROW),
            (c.VALUE_SOURCE_LOGIT_BIAS, c.INDEXING_PHYSICAL_REQUEST_ROW),
+           (c.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS, c.INDEXING_PHYSICAL_REQUEST_ROW),
            (c.VALUE_SOURCE_LIVE_ROW_COUNT, c.INDEXING_SCALAR),
            (c.VALUE_SOURCE_CONSTANT, c.INDEXING_SCALAR)}
     )

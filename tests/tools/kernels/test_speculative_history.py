@@ -163,11 +163,13 @@ def _masked(use_mask, count, generation=(3, 3), endpoint=(10, 20), lengths=(4, 3
     positions = np.asarray([10 + j for j in range(lengths[0])] +
                            [20 + j for j in range(lengths[1])] + [0] * (P - sum(lengths)),
                            np.int32)
-    cand_masks = np.zeros((B, CMAX, (V + 31) // 32), np.int32)
-    cand_masks[0] = _bits([[1, 33], [2], [3, 4]], V)
+    # Masks are per physical request row: lane 0 runs in slot 3, lane 1 in slot 1.
+    cand_masks = np.zeros((4, CMAX, (V + 31) // 32), np.int32)
+    cand_masks[3] = _bits([[1, 33], [2], [3, 4]], V)
     cand_masks[1] = _bits([[5], [6], [7]], V)
+    cand_masks[0] = cand_masks[2] = _bits([[0], [0], [0]], V)  # other slots: never read
     drafts = np.asarray([[11, 12, 13], [21, 22, 23]], np.int32)
-    args = dict(slot=np.asarray([0, 1], np.int32), lane_start=np.asarray([10, 20], np.int32),
+    args = dict(slot=np.asarray([3, 1], np.int32), lane_start=np.asarray([10, 20], np.int32),
                 query_length=np.asarray(lengths, np.int32),
                 use_mask=np.asarray(use_mask, np.int32), cand_masks=cand_masks,
                 cand_count=np.asarray(count, np.int32),

@@ -34,11 +34,9 @@ _PER_ROW = (
     pb.VALUE_SOURCE_CONSTANT,
     # Lane ceilings of device allocation (RowPlan.query_length of a prefix-limit step).
     pb.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT,
-    # Copied proposals of history drafting (RowPlan.candidates), with the per-position
-    # grammar masks of constrained lanes (CopiedCandidates.grammar_masks).
+    # Copied proposals of history drafting (RowPlan.candidates).
     pb.VALUE_SOURCE_CANDIDATE_IDS, pb.VALUE_SOURCE_CANDIDATE_COUNT,
     pb.VALUE_SOURCE_CANDIDATE_GENERATION, pb.VALUE_SOURCE_CANDIDATE_CONSUMED_ENDPOINT,
-    pb.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS,
 )
 _PER_TOKEN = (
     pb.VALUE_SOURCE_PROMPT_TOKENS, pb.VALUE_SOURCE_PENDING_TOKEN,
@@ -54,6 +52,9 @@ PACKED_BINDINGS = frozenset(
     | {(pb.VALUE_SOURCE_PAGE_TABLE, pb.INDEXING_PHYSICAL_REQUEST_ROW),
        (pb.VALUE_SOURCE_PROMPT_HISTOGRAM, pb.INDEXING_PHYSICAL_REQUEST_ROW),
        (pb.VALUE_SOURCE_LOGIT_BIAS, pb.INDEXING_PHYSICAL_REQUEST_ROW),
+       # The per-position grammar masks of constrained lanes' copied candidates
+       # (CopiedCandidates.grammar_masks), per slot: uploaded for those lanes only.
+       (pb.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS, pb.INDEXING_PHYSICAL_REQUEST_ROW),
        (pb.VALUE_SOURCE_LIVE_ROW_COUNT, pb.INDEXING_SCALAR),
        # RESTORE programs (TRANSFER steps): per row copy, the row read and the row written.
        (pb.VALUE_SOURCE_RESTORE_SOURCE, pb.INDEXING_SUBMISSION_ROW),

@@ -207,7 +207,7 @@ SPEC_NAMES = {"generation": "in.generation", "lane_start": "in.lane_start",
               "token_slot": "in.token_slot", "lane_ceiling": "in.lane_ceiling",
               "cand_ids": "in.cand_ids", "cand_count": "in.cand_count",
               "cand_generation": "in.cand_generation", "cand_endpoint": "in.cand_endpoint",
-              "cand_masks": "in.cand_masks"}
+              "cand_masks": "state.cand_masks"}
 RECORD = "out.record"
 # PROPOSAL_CONFIDENCE (helios_contract): f32 [2, slots, D], model-contract.md, "Complete
 # speculative generation"; rules speculative.confidence_buffer / _record check it.
@@ -324,7 +324,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
         for key in ("lane_ceiling", "cand_count", "cand_generation", "cand_endpoint"):
             t.declare(SPEC_NAMES[key], "i32", (rows,), "input")
         t.declare(SPEC_NAMES["cand_ids"], "i32", (rows, dmax), "input")
-        t.declare(SPEC_NAMES["cand_masks"], "i32", (rows, dmax, words), "input")
+        # per slot: uploaded only for constrained lanes (PHYSICAL_REQUEST_ROW)
+        t.declare(SPEC_NAMES["cand_masks"], "i32", (slots, dmax, words), "state")
         for name in ("d_tok", "d_pos", "d_row", "d_slot", "query_length"):
             t.declare(f"spec.{name}", "i32", (rows,), "scratch")
         for name in ("positions", "token_row", "token_slot"):  # device-packed rows
@@ -692,7 +693,7 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
     words = grammar_mask_words(s.vocab)
     if D > 0:  # constrained lanes: per-position masks of their copied candidates
         b.launch("spec_candidate_masks", logits, trow, pos, slot, start, qlen,
-                 inp("use_mask", B), inp("cand_masks", B, dmax, words), *candidates[1:5],
+                 inp("use_mask", B), inp("cand_masks", slots, dmax, words), *candidates[1:5],
                  drafts, P, B, s.vocab, words, dmax, dmax)
     commit = sp("commit_row", P)
     record = t.view(RECORD, (B, RECORD_FIELDS + width))
@@ -957,6 +958,9 @@ def _graph_contract(name: str, op: int, rows: int, tokens: int, s: LlamaShapes,
                           else decl.speculative_lanes(INPUT_NAMES, SPEC_NAMES))
         if width > 1:
             g.bindings.extend(decl.copied_proposals(SPEC_NAMES))
+            masks = table.buffers[SPEC_NAMES["cand_masks"]]
+            g.state_accesses.append(decl.candidate_masks_access(
+                masks.name, masks.numel // masks.shape[0] * 4))
     else:
         g.bindings.extend(decl.shared_admission(INPUT_NAMES, prefill=not decode,
                                                 device_pending=device_pending))

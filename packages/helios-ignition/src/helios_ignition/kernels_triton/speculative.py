@@ -481,7 +481,7 @@ def spec_candidate_masks(logits, token_row, positions, slot, lane_start, query_l
         j = tl.load(positions + t) - start
         if (j >= 1) & (j <= k):
             lrow = logits + t.to(tl.int64) * V
-            mrow = cand_masks + (bc.to(tl.int64) * CMAX + (j - 1)) * W32
+            mrow = cand_masks + (s.to(tl.int64) * CMAX + (j - 1)) * W32  # slot s's masks
             lanes = tl.arange(0, BLOCK_V)
             for v0 in range(0, V, BLOCK_V):
                 idx = v0 + lanes

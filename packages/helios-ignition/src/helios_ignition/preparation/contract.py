@@ -126,11 +126,19 @@ def copied_proposals(spec_names: Mapping[str, str]) -> list[cpb.ValueBinding]:
         # offset -1: compared with the lane start (the pending token's position)
         binding(spec_names["cand_endpoint"], V.VALUE_SOURCE_CANDIDATE_CONSUMED_ENDPOINT,
                 V.INDEXING_SUBMISSION_ROW, padding=-1, offset=-1),
-        # [rows, D, mask words]: mask i = the tokens a constrained lane's grammar allows
-        # after its candidates 0..i (applied where GRAMMAR_MASK_ENABLED is set).
+        # [slots, D, mask words], per physical request row: mask i = the tokens a
+        # constrained lane's grammar allows after its candidates 0..i (applied where
+        # GRAMMAR_MASK_ENABLED is set; only those lanes' slots are uploaded).
         binding(spec_names["cand_masks"], V.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS,
-                V.INDEXING_SUBMISSION_ROW),
+                V.INDEXING_PHYSICAL_REQUEST_ROW),
     ]
+
+
+def candidate_masks_access(buffer: str, row_bytes: int) -> cpb.StateAccess:
+    """The read of the per-slot candidate grammar masks (copied_proposals' binding)."""
+    return cpb.StateAccess(view=cpb.StateView(buffer=buffer, byte_offset=0,
+                                              row_stride=row_bytes, byte_extent=row_bytes),
+                           access=V.ACCESS_READ)
 
 
 SAMPLING_SOURCES = {

@@ -200,20 +200,6 @@ class SharedPacking:
                     ids = r.candidates.ids[:dest.shape[1]]
                     dest[i, :len(ids)] = ids
             return
-        elif source == V.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS:
-            # Read only for lanes whose GRAMMAR_MASK_ENABLED is set, rows 1..count: a
-            # constrained lane with candidates must carry their masks.
-            for i, r in enumerate(rows):
-                if r.candidates and r.grammar_mask is not None:
-                    masks = r.candidates.grammar_masks
-                    if masks is None or len(masks) < min(len(r.candidates.ids),
-                                                         dest.shape[1]):
-                        raise ValueError(f"row {i}: a constrained lane's copied candidates "
-                                         "need their grammar masks (CopiedCandidates."
-                                         "grammar_masks)")
-                    k = min(len(r.candidates.ids), dest.shape[1])
-                    dest[i, :k] = masks[:k]
-            return
         elif source == V.VALUE_SOURCE_GRAMMAR_MASK:
             for i, r in enumerate(rows):
                 if r.grammar_mask is not None:
@@ -251,6 +237,20 @@ class SharedPacking:
                     dest[r.slot] = np.bincount(np.asarray(r.histogram_tokens, dtype=np.int64),
                                                minlength=width)[:width]
                     dirty.append(DirtyRange(b.destination, r.slot, 0, width))
+        elif b.source == V.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS:
+            # Read only for lanes whose GRAMMAR_MASK_ENABLED is set, rows 1..count: a
+            # constrained lane with candidates must carry their masks; only those slots'
+            # rows are written (and uploaded).
+            for i, r in enumerate(plan.rows):
+                if r.candidates and r.grammar_mask is not None:
+                    masks = r.candidates.grammar_masks
+                    k = min(len(r.candidates.ids), dest.shape[1])
+                    if masks is None or len(masks) < k:
+                        raise ValueError(f"row {i}: a constrained lane's copied candidates "
+                                         "need their grammar masks (CopiedCandidates."
+                                         "grammar_masks)")
+                    dest[r.slot, :k] = masks[:k]
+                    dirty.append(DirtyRange(b.destination, r.slot, 0, k * dest.shape[2]))
         elif b.source == V.VALUE_SOURCE_LOGIT_BIAS:
             # Written on the step that places a request in its slot (histogram_tokens
             # set), only for a request with a bias: LOGIT_BIAS_ENABLED = 0 ignores the

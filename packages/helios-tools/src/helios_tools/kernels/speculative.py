@@ -598,7 +598,8 @@ def spec_candidate_masks(
             if b < 0 or slot[b] < 0 or not use_mask[b]: continue
             k = fresh count of lane b (spec_copy_candidates)
             j = positions[t] - lane_start[b]
-            if 1 <= j <= k: logits[t, v] = -inf for every v with bit v of cand_masks[b, j-1] clear
+            if 1 <= j <= k: logits[t, v] = -inf for every v with bit v of
+                                cand_masks[slot[b], j - 1] clear
             if k <= j < min(query_length[b] - 1, DMAX): drafts[b, j] = -1
 
     Args:
@@ -606,7 +607,9 @@ def spec_candidate_masks(
         token_row, positions: ``[P]`` i32 lane and position of each packed row (< 0 pad).
         slot, lane_start, query_length, use_mask: ``[B]`` i32 (query_length: the lane's
             actual length; a prefix-limit program's allocated one).
-        cand_masks: ``[B, CMAX, W32]`` i32 bitmasks (bit v % 32 of word v // 32 allows v).
+        cand_masks: ``[S, CMAX, W32]`` i32 bitmasks per physical request row (bit v % 32
+            of word v // 32 allows v): persistent state the host uploads only for the
+            slots of constrained lanes, so other steps copy nothing.
         cand_count, cand_generation, cand_endpoint, generation: ``[B]`` i32.
         drafts: ``[B, DMAX]`` i32 target ids, cut in place.
         P: packed rows. B: lanes. V: vocabulary. W32: mask words. CMAX: candidate
@@ -620,7 +623,7 @@ def spec_candidate_masks(
             continue
         j = int(positions[t]) - int(lane_start[b])
         if 1 <= j <= k[b]:
-            allowed = _allowed(cand_masks[b, j - 1, :W32], V)
+            allowed = _allowed(cand_masks[int(slot[b]), j - 1, :W32], V)
             logits[t, :V] = np.where(allowed, logits[t, :V], np.float32(-np.inf))
         if k[b] <= j < min(int(query_length[b]) - 1, DMAX):
             drafts[b, j] = -1
