@@ -2,7 +2,11 @@
 
 Two workloads against a real `helios-serve` child process on 127.0.0.1 (SmolLM2, greedy,
 streamed; TTFT = request sent -> first generated token's chunk, timed at the client on one
-kept-alive connection per server, as an OpenAI client sends):
+kept-alive connection per server, as an OpenAI client sends), and two in one process over
+the scheduler and NativeModel directly (no HTTP: `in-process`, snapshots on vs off in
+multi-turn chat, and `in-process-pressure`, the pressure workload below with and without
+the host tier, which also records the TRANSFER and PREFILL steps each revisit's TTFT
+covers and their execute time; see their functions):
 
     multi-turn  one conversation of 10 turns on a ~1,000-token system prompt, each turn a
                 new user question plus the previous answers (max_tokens 16), under three
@@ -247,6 +251,112 @@ def in_process(args, core, trust, accept) -> dict:
     return out
 
 
+def in_process_pressure(args, core, trust, accept) -> dict:
+    """The cache-pressure workload in ONE process, without HTTP: two NativeModels of the
+    same core with `--pressure-pages` device pages each, one recomputing what was evicted
+    ("recompute": no host tier) and one with the host tier ("host"), the real scheduler
+    (Serial), greedy, `max_tokens` per turn. C conversations, each with its own system
+    prompt, visited round-robin for R rounds; every turn runs on both models back to
+    back (alternating which goes first), so a loaded host slows both alike. Each turn's
+    prompt is the conversation's previous prompt + output + the next question's tokens.
+
+    Per turn: TTFT (add -> first output token; wall clock and this process's CPU time),
+    reused and prefilled tokens, and what the TTFT covered: the TRANSFER steps and their
+    copies per route, and the PREFILL steps. The ratio of revisit TTFT medians (rounds
+    >= 2) host / recompute is the cache's own figure, free of the HTTP first-token floor.
+    """
+    from helios_serve.bootstrap import Bootstrap
+    from helios_serve.config import parse_bytes
+    from helios_serve.engine.plan import StepKind
+    from helios_serve.runtime.cache_sizing import CacheSizing
+    from helios_serve.runtime.native_model import NativeModel
+    from helios_serve.testing.serial import Serial
+
+    configs = {"recompute": 0, "host": parse_bytes(args.host_cache)}
+    out: dict = {}
+    with Bootstrap.load(core, [trust], accept) as boot:
+        encode = boot.tokenizer.encode
+        runs = {name: Serial(NativeModel.load(
+                    boot.prepared, boot.core.read_resource, args.backend,
+                    cache=CacheSizing(num_pages=args.pressure_pages), host_cache_bytes=host),
+                    logits=False)
+                for name, host in configs.items()}
+        prompts = {name: [list(encode(system_prompt(c + 1, args.sentences)).ids)
+                          for c in range(args.conversations)] for name in runs}
+        turns: dict[str, list[dict]] = {name: [] for name in runs}
+        rid = 0
+        try:
+            for r in range(args.rounds):
+                question = encode(" " + QUESTIONS[r % len(QUESTIONS)]).ids
+                for c in range(args.conversations):
+                    order = list(runs) if rid % 2 else list(reversed(runs))
+                    for name in order:
+                        run, prompt = runs[name], prompts[name][c]
+                        prompt += question
+                        stats = run.sched.stats()
+                        run.add(rid, prompt, args.max_tokens)
+                        run.run()
+                        steps = run.steps_to_first_token(rid)
+                        transfers = [p for p, _ in steps if p.kind is StepKind.TRANSFER]
+                        after = run.sched.stats()
+                        t = {"round": r, "conversation": c, "prompt_tokens": len(prompt),
+                             "reused_tokens": run.reused[rid],
+                             "prefill_tokens": (after.prompt_tokens_computed
+                                                - stats.prompt_tokens_computed),
+                             "ttft_ms": 1e3 * run.ttft_s(rid),
+                             "ttft_cpu_ms": 1e3 * run.ttft_cpu_s(rid),
+                             "transfer_steps": len(transfers),
+                             "copies": {f"{p.route.source.value}->{p.route.destination.value}":
+                                        sum(len(q.copies) for q in transfers
+                                            if q.route == p.route) for p in transfers},
+                             "prefill_steps": sum(p.kind is StepKind.PREFILL for p, _ in steps),
+                             # execute (submit + wait) time of those steps, by kind
+                             "transfer_ms": 1e3 * sum(t for p, t in steps
+                                                      if p.kind is StepKind.TRANSFER),
+                             "prefill_ms": 1e3 * sum(t for p, t in steps
+                                                     if p.kind is StepKind.PREFILL),
+                             "swap_ins": after.host_swap_ins - stats.host_swap_ins,
+                             "swap_outs": after.host_swap_outs - stats.host_swap_outs,
+                             "output": list(run.out[rid])}
+                        turns[name].append(t)
+                        prompt += run.out[rid]
+                        print(f"  {name:<9} round {r} conv {c}: prompt {t['prompt_tokens']:5d} "
+                              f"reused {t['reused_tokens']:5d} prefill {t['prefill_tokens']:5d} "
+                              f"transfers {t['transfer_steps']} {t['copies']} "
+                              f"({t['transfer_ms']:.1f} ms) TTFT {t['ttft_ms']:8.1f} ms (CPU "
+                              f"{t['ttft_cpu_ms']:8.1f} ms)",
+                              flush=True)
+                    rid += 1
+        finally:
+            for run in runs.values():
+                run.model.close()
+    for name, ts in turns.items():
+        first = [t for t in ts if t["round"] == 0]
+        revisit = [t for t in ts if t["round"] > 0]
+        out[name] = {
+            "host_cache_bytes": configs[name], "num_pages": args.pressure_pages,
+            "turns": ts,
+            "first_visit_ttft_ms_median": statistics.median(t["ttft_ms"] for t in first),
+            "revisit_ttft_ms_median": statistics.median(t["ttft_ms"] for t in revisit),
+            "revisit_ttft_cpu_ms_median": statistics.median(t["ttft_cpu_ms"] for t in revisit),
+            "revisit_hit_rate": (sum(t["reused_tokens"] for t in revisit)
+                                 / max(sum(t["prompt_tokens"] for t in revisit), 1)),
+            "revisit_transfer_steps_median": statistics.median(
+                t["transfer_steps"] for t in revisit),
+            "revisit_prefill_steps_median": statistics.median(
+                t["prefill_steps"] for t in revisit),
+            "revisit_transfer_ms_median": statistics.median(t["transfer_ms"] for t in revisit),
+            "revisit_prefill_ms_median": statistics.median(t["prefill_ms"] for t in revisit),
+        }
+    r, h = out["recompute"], out["host"]
+    out["revisit_ttft_host_over_recompute"] = h["revisit_ttft_ms_median"] / r["revisit_ttft_ms_median"]
+    out["revisit_ttft_cpu_host_over_recompute"] = (h["revisit_ttft_cpu_ms_median"]
+                                                   / r["revisit_ttft_cpu_ms_median"])
+    out["same_outputs"] = all(a["output"] == b["output"]
+                              for a, b in zip(r["turns"], h["turns"], strict=True))
+    return out
+
+
 def pressure(args, core, trust, accept) -> dict:
     out = {}
     for name, extra in (("recompute", []), ("host", ["--host-cache-bytes", args.host_cache])):
@@ -298,7 +408,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--pressure-pages", type=int, default=160,
                    help="device pages in the pressure run (4 conversations need ~260)")
-    p.add_argument("--workloads", nargs="+", choices=("multi-turn", "in-process", "pressure"),
+    p.add_argument("--workloads", nargs="+",
+                   choices=("multi-turn", "in-process", "pressure", "in-process-pressure"),
                    default=["multi-turn", "pressure"],
                    help="the CPU run measures multi-turn only (a 1,000-token recompute takes "
                         "~1 min on a loaded 2-core host)")
@@ -306,10 +417,13 @@ def main() -> None:
     args = p.parse_args()
     core, trust, accept = ensure_core(args)
     t0 = time.time()
-    mt = pr = ip = None
+    mt = pr = ip = ipp = None
     if "in-process" in args.workloads:
         print("snapshots on vs off in one process (interleaved)", flush=True)
         ip = in_process(args, core, trust, accept)
+    if "in-process-pressure" in args.workloads:
+        print("cache pressure in one process: recompute vs host tier (interleaved)", flush=True)
+        ipp = in_process_pressure(args, core, trust, accept)
     if "multi-turn" in args.workloads:
         print("multi-turn chat", flush=True)
         mt = multi_turn(args, core, trust, accept)
@@ -322,13 +436,16 @@ def main() -> None:
         "bench": "snapshots", "backend": args.backend, "model": MODEL, "commit": commit,
         "host": platform.node(), "python": platform.python_version(),
         "args": {k: str(v) for k, v in vars(args).items()},
-        "multi_turn": mt, "in_process": ip, "pressure": pr, "wall_s": time.time() - t0,
+        "multi_turn": mt, "in_process": ip, "pressure": pr, "in_process_pressure": ipp,
+        "wall_s": time.time() - t0,
         "load_average": list(os.getloadavg()),
         "targets": {
             "turn_n_prefills_only_new_tokens": mt and all(
                 t["prefill_tokens"] == t["new_tokens"] for t in mt["on"]["turns"][1:]),
             "pressure_ttft_host_over_recompute_le_0_5":
                 pr and pr["revisit_ttft_host_over_recompute"] <= 0.5,
+            "in_process_pressure_ttft_host_over_recompute_le_0_5":
+                ipp and ipp["revisit_ttft_host_over_recompute"] <= 0.5,
         },
     }
     _print(result)
@@ -352,6 +469,8 @@ def _print(r: dict) -> None:
             f"{ip['continued_ttft_cpu_on_over_off']:.3f})")
     if r["pressure"]:
         _print_pressure(r["pressure"])
+    if r["in_process_pressure"]:
+        _print_in_process_pressure(r["in_process_pressure"])
     print(f"targets: {r['targets']}")
 
 
@@ -374,6 +493,23 @@ def _print_pressure(pr: dict) -> None:
         print(f"pressure {n:<9}: revisit hit rate {x['revisit_hit_rate']:.2f}, revisit TTFT "
               f"median {x['revisit_ttft_ms_median']:.1f} ms, first-visit {x['first_visit_ttft_ms_median']:.1f} ms")
     print(f"pressure: revisit TTFT host / recompute = {pr['revisit_ttft_host_over_recompute']:.3f}")
+
+
+def _print_in_process_pressure(pr: dict) -> None:
+    for n in ("recompute", "host"):
+        x = pr[n]
+        print(f"in-process pressure {n:<9}: revisit hit rate {x['revisit_hit_rate']:.2f}, "
+              f"revisit TTFT median {x['revisit_ttft_ms_median']:.1f} ms (CPU "
+              f"{x['revisit_ttft_cpu_ms_median']:.1f} ms), first-visit "
+              f"{x['first_visit_ttft_ms_median']:.1f} ms, per revisit "
+              f"{x['revisit_transfer_steps_median']:.0f} TRANSFER "
+              f"({x['revisit_transfer_ms_median']:.1f} ms) + "
+              f"{x['revisit_prefill_steps_median']:.0f} PREFILL steps "
+              f"({x['revisit_prefill_ms_median']:.1f} ms)")
+    print(f"in-process pressure: revisit TTFT host / recompute = "
+          f"{pr['revisit_ttft_host_over_recompute']:.3f} (CPU time "
+          f"{pr['revisit_ttft_cpu_host_over_recompute']:.3f}); same greedy outputs: "
+          f"{pr['same_outputs']}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@ class Serial:
         self.added_s: dict[int, tuple[float, float]] = {}
         self.first_token_s: dict[int, tuple[float, float]] = {}
         self.plans: list[StepPlan] = []
+        self.plan_s: list[float] = []  # wall seconds of each plan's execute (submit + wait)
+        # per request: index into `plans` at its add and just after its first token's step
+        self.added_plan: dict[int, int] = {}
+        self.first_token_plan: dict[int, int] = {}
 
     def add(self, rid: int, prompt: Sequence[int], limit: int, **kw) -> None:
         error = self.sched.add(SchedRequest(rid, tuple(prompt), limit, **kw))
@@ -50,6 +54,7 @@ class Serial:
             raise ValueError(error.detail)
         self.limits[rid], self.out[rid], self.logits[rid] = limit, [], []
         self.added_s[rid] = (time.perf_counter(), time.process_time())
+        self.added_plan[rid] = len(self.plans)
 
     def run(self) -> None:
         """Plan, execute and complete until every request has finished."""
@@ -58,7 +63,9 @@ class Serial:
             if plan is None:
                 raise RuntimeError("the scheduler has work but planned nothing")
             self.plans.append(plan)
+            started = time.perf_counter()
             sampled = self.model.execute(plan)
+            self.plan_s.append(time.perf_counter() - started)
             if self.collect and plan.kind is not StepKind.TRANSFER:
                 logits = self._logits()
                 for i, row in enumerate(plan.rows):
@@ -69,6 +76,7 @@ class Serial:
                     continue
                 if not self.out[r.request_id]:
                     self.first_token_s[r.request_id] = (time.perf_counter(), time.process_time())
+                    self.first_token_plan[r.request_id] = len(self.plans)
                 self.out[r.request_id].append(r.token_id)
                 if len(self.out[r.request_id]) == self.limits[r.request_id]:
                     s = self.sched.finish(r.request_id, FinishReason.LENGTH, publish=True)
@@ -90,6 +98,13 @@ class Serial:
         first output token: the work itself, less sensitive to a loaded host than
         `ttft_s` (the NumPy kernels run on this process's threads)."""
         return self.first_token_s[rid][1] - self.added_s[rid][1]
+
+    def steps_to_first_token(self, rid: int) -> list[tuple[StepPlan, float]]:
+        """(plan, execute seconds) of each plan run from request `rid`'s add up to and
+        including the step that sampled its first token (with one request at a time: the
+        steps its TTFT covers)."""
+        window = slice(self.added_plan[rid], self.first_token_plan[rid])
+        return list(zip(self.plans[window], self.plan_s[window], strict=True))
 
     def copies(self, route: Route) -> int:
         """Rows copied along `route` so far."""
