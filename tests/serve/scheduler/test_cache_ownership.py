@@ -2,7 +2,7 @@
 
 Hypothesis drives random multi-turn workloads (follow-ups extend earlier conversations,
 identical prompts repeat, prompt-turn endpoints are marked) through the scheduler with
-up to two outstanding plans, random execution failures (generation and TRANSFER steps;
+up to two outstanding plans, with or without idle-time write-back to the host tier, random execution failures (generation and TRANSFER steps;
 a failed step leaves garbage where it wrote), cancellations and host stops, over tiny
 caches so that pages, continuation rows and host rows are evicted constantly. The
 simulated store (tiered.TieredModel) holds what each page and row really contains.
@@ -34,9 +34,10 @@ GARBAGE = -7  # what a failed step leaves where it wrote
 
 
 class Harness:
-    def __init__(self, g, frames: int) -> None:
+    def __init__(self, g, frames: int, write_back: bool = True) -> None:
         self.g = g
-        self.sched = Scheduler(g, frames=frames, transfer_cost=CHEAP_COPIES)
+        self.sched = Scheduler(g, frames=frames, transfer_cost=CHEAP_COPIES,
+                               write_back=write_back)
         self.model = TieredModel(g)
         self.outstanding: deque = deque()  # (plan, sampled or None when it fails)
         self.requests: dict[int, SchedRequest] = {}
@@ -162,17 +163,18 @@ def workloads(draw):
                 snapshot_rows=draw(st.integers(0, 3)), host_rows=draw(st.integers(0, 6)),
                 transfer_rows=draw(st.integers(1, 3)), slots=draw(st.integers(1, 3)))
     frames = draw(st.integers(1, 2))
+    write_back = draw(st.booleans())  # idle-time copies to the host tier, or at eviction only
     ops = draw(st.lists(st.tuples(
         st.sampled_from(["add"] * 3 + ["submit"] * 5 + ["complete"] * 5 + ["cancel", "drain"]),
         st.integers(0, 10**6)), min_size=10, max_size=100))
-    return g, frames, ops
+    return g, frames, write_back, ops
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.data())
 def test_ownership_against_the_simulated_store(workload, data):
-    g, frames, ops = workload
-    h = Harness(g, frames)
+    g, frames, write_back, ops = workload
+    h = Harness(g, frames, write_back)
     for op, x in ops:
         if op == "add":
             done = [rid for rid, how in h.ended.items() if how in ("length", "stop")]

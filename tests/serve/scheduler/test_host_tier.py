@@ -1,5 +1,7 @@
-"""The host-memory tier in the scheduler: evicted pages and snapshots move there and come
-back by copy; preemption swaps through it when copying beats recomputing."""
+"""The host-memory tier in the scheduler: evicted pages and snapshots move there (at their
+eviction, or written back ahead of it while idle) and come back by copy; preemption swaps
+through it when copying beats recomputing. Tests of the eviction-time path turn idle-time
+write-back off (`write_back=False`)."""
 
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def test_without_a_host_tier_evicted_pages_are_recomputed():
 
 
 def test_snapshots_evicted_from_continuation_rows_restore_from_the_host_tier():
-    loop = make_loop(CHEAP_COPIES, snapshot_rows=1, host_rows=8)
+    loop = make_loop(CHEAP_COPIES, write_back=False, snapshot_rows=1, host_rows=8)
     a, b = (1, 2, 3, 4, 5), (11, 12, 13, 14, 15)
     loop.add(1, a, 2)  # committed 6: tail 2
     loop.run()
@@ -126,7 +128,7 @@ def _one_page_evicted(loop, fail_swap_out: bool) -> int:
 
 
 def test_a_failed_swap_out_publishes_nothing():
-    loop = make_loop(CHEAP_COPIES, num_pages=3, host_rows=8, snapshot_rows=0)
+    loop = make_loop(CHEAP_COPIES, False, num_pages=3, host_rows=8, snapshot_rows=0)
     _one_page_evicted(loop, fail_swap_out=True)
     stats = loop.sched.stats()
     assert loop.failed == [] and stats.host_rows_used == 0 and stats.host_swap_outs == 0
@@ -138,7 +140,7 @@ def test_a_failed_swap_out_publishes_nothing():
 
 
 def test_a_failed_swap_in_fails_only_that_request():
-    loop = make_loop(CHEAP_COPIES, num_pages=3, host_rows=8, snapshot_rows=0)
+    loop = make_loop(CHEAP_COPIES, False, num_pages=3, host_rows=8, snapshot_rows=0)
     _one_page_evicted(loop, fail_swap_out=False)
     assert loop.sched.stats().host_rows_used == 1
     loop.fail_routes = {HOST_IN}
@@ -151,3 +153,83 @@ def test_a_failed_swap_in_fails_only_that_request():
     assert loop.reused[3] == 8 and loop.sched.stats().host_swap_ins == 1
     assert loop.outputs[3] == reference(tuple(range(1, 9)) + (6,), 1)
     assert_quiescent(loop)
+
+
+# -- idle-time write-back ---------------------------------------------------------------------
+
+
+def _transfers_between(loop, start: int, end: int) -> list:
+    return [p for p in loop.plans[start:end] if p.kind is StepKind.TRANSFER]
+
+
+def test_idle_write_back_makes_a_revisit_one_swap_in_step():
+    loop = make_loop(CHEAP_COPIES, num_pages=5, host_rows=16, snapshot_rows=8)
+    prompt = tuple(range(1, 10))
+    loop.add(1, prompt, 3)  # committed 11: 2 complete pages + a snapshot of 3 tokens
+    loop.run()
+    cache = loop.sched.cache
+    # Idle after it: both pages and the snapshot are copied to free host rows.
+    assert _copied(loop, PAGES_OUT) == 2 and _copied(loop, SNAPSHOT_OUT) == 1
+    assert cache.write_backs == 3 and loop.sched.stats().host_rows_used == 3
+    _evict_everything(loop, 10, 5)
+    stats = loop.sched.stats()
+    assert stats.page_evictions >= 2 and stats.host_evictions == 0
+    assert stats.host_swap_outs == cache.write_backs  # evictions copied nothing more
+    follow = prompt + tuple(loop.outputs[1]) + (7, 8)
+    start = len(loop.plans)
+    loop.add(2, follow, 3)
+    loop.run()
+    assert loop.reused[2] == 11
+    assert loop.outputs[2] == reference(follow, 3)
+    first_prefill = next(i for i in range(start, len(loop.plans))
+                         if loop.plans[i].kind is StepKind.PREFILL)
+    # The snapshot is still in its continuation row too, but its pages come from the host
+    # tier: its row joins their step, so the revisit needs ONE transfer before prefill.
+    (swap_in,) = _transfers_between(loop, start, first_prefill)
+    assert swap_in.route == HOST_IN and len(swap_in.copies) == 3
+    assert_quiescent(loop)
+
+
+def test_write_back_waits_for_idle_and_never_evicts_a_host_row():
+    loop = make_loop(CHEAP_COPIES, num_pages=8, host_rows=2, snapshot_rows=0)
+    loop.add(1, tuple(range(1, 9)), 5)  # 8 + 5 tokens: 3 complete pages by its end
+    loop.run()
+    last_generation = max(i for i, p in enumerate(loop.plans) if p.kind is not StepKind.TRANSFER)
+    written = [i for i, p in enumerate(loop.plans) if p.route == PAGES_OUT]
+    assert written and min(written) > last_generation  # nothing while it was live
+    stats = loop.sched.stats()
+    assert stats.host_rows_used == 2 and loop.sched.cache.write_backs == 2  # 2 rows, 3 pages
+    loop.add(2, tuple(range(50, 59)), 1)  # 2 more pages published: no free host row
+    loop.run()
+    stats = loop.sched.stats()
+    assert loop.sched.cache.write_backs == 2 and stats.host_evictions == 0
+    assert not loop.sched.has_work()  # a backlog with no free row is no work
+    assert_quiescent(loop)
+
+
+def test_a_failed_write_back_leaves_the_copy_to_the_eviction():
+    loop = make_loop(CHEAP_COPIES, num_pages=3, host_rows=8, snapshot_rows=0)
+    loop.fail_routes = {PAGES_OUT}  # the idle write-back of request 1's two pages fails
+    start = _one_page_evicted_after_write_back(loop)
+    # The failed write-back kept nothing; request 10's admission evicts request 1's second
+    # page and copies it out then (request 10's own page is written back after it).
+    assert loop.failed == [] and loop.sched.cache.write_backs == 1
+    assert loop.plans[start].route == PAGES_OUT and len(loop.plans[start].copies) == 1
+    follow = tuple(range(1, 9)) + (5,)
+    loop.add(2, follow, 1)
+    loop.run()
+    assert loop.reused[2] == 8  # one page still on the device, one copied back from host
+    assert loop.outputs[2] == reference(follow, 1)
+    assert_quiescent(loop)
+
+
+def _one_page_evicted_after_write_back(loop) -> int:
+    """Like `_one_page_evicted`, with write-back on: request 1's idle write-back runs
+    first (and fails where the test says so); returns the index of the first transfer of
+    request 10's admission."""
+    loop.add(1, tuple(range(1, 9)), 1)
+    loop.run()
+    start = len(loop.plans)
+    loop.add(10, tuple(range(1000, 1007)), 1)
+    loop.run()
+    return start

@@ -156,9 +156,9 @@ class Loop:
         return sum(n for rid, _, n in self.model.prefilled if rid == request_id)
 
 
-def make_loop(cost: TransferCost | None = None, **changes) -> Loop:
+def make_loop(cost: TransferCost | None = None, write_back: bool = True, **changes) -> Loop:
     g = replace(TIERED, **changes)
-    return Loop(Scheduler(g, transfer_cost=cost), TieredModel(g))
+    return Loop(Scheduler(g, transfer_cost=cost, write_back=write_back), TieredModel(g))
 
 
 def assert_quiescent(loop: Loop) -> None:

@@ -25,10 +25,18 @@ bounded by the rows backed at load; eviction is LRU over unreferenced rows in ea
 a device page evicted from the prefix cache moves to the host tier (when it has a row
 that is free or idle), a snapshot evicted from its continuation row moves there too,
 and a host row evicted in turn is discarded.
+
+Write-back ahead of eviction (SGLang HiCache's write-through, done in idle time): pages
+published and snapshots captured are noted in a backlog; while the scheduler has nothing
+else to run (no live request, no step in flight: `queue_write_backs`), they are copied
+into FREE host rows, never evicting one. A page or snapshot with a host copy leaves the
+device later without a copy on anyone's critical path, and a revisit then finds its
+pages and its snapshot in one tier: one host -> pages TRANSFER step brings back both.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -111,11 +119,13 @@ class CacheManager:
         queue: where copies are queued.
         sharing: whether pages may be shared between requests at all (False for shifted
             page-table views: nothing is cached then).
+        write_back: note published pages and captured snapshots for idle-time copies to
+            the host tier (`queue_write_backs`); False: copies out only at eviction.
     """
 
     def __init__(self, num_pages: int, page_tokens: int, *, snapshot_rows: int = 0,
                  host_rows: int = 0, routes: Iterable[Route] = (),
-                 queue: TransferQueue, sharing: bool = True) -> None:
+                 queue: TransferQueue, sharing: bool = True, write_back: bool = True) -> None:
         served = set(routes)
         self.page_tokens = page_tokens
         self.sharing = sharing
@@ -126,9 +136,14 @@ class CacheManager:
         self.host_pages = (sharing and host_rows > 0 and queue.capacity > 0
                            and {_PAGES_OUT, _HOST_IN} <= served)
         self.host_snapshots = self.snapshots and self.host_pages and _SNAPSHOT_OUT in served
+        self.write_back = write_back and self.host_pages
         self.continuation = RowPool(snapshot_rows if self.snapshots else 0)
         self.host = RowPool(host_rows if self.host_pages else 0)
         self._tails: dict[bytes, set[tuple[int, ...]]] = {}  # chain hash -> snapshot tails
+        # Host keys of published pages / captured snapshots without a host copy -> their
+        # device page / continuation row, oldest first (write-back candidates). Entries
+        # leave when the page or row is evicted, so every entry is valid.
+        self._backlog: OrderedDict[Hashable, int] = OrderedDict()
         # Counters (monotonic): snapshots published / evicted from continuation rows;
         # host rows found and copied back, copied in (swap-ins) and out (swap-outs).
         self.publications = 0
@@ -138,6 +153,7 @@ class CacheManager:
         self.swap_ins = 0
         self.swap_outs = 0
         self.host_evictions = 0
+        self.write_backs = 0  # swap-outs made ahead of eviction (queue_write_backs)
 
     # -- lookups ----------------------------------------------------------------------------
 
@@ -156,12 +172,16 @@ class CacheManager:
             while pages < len(hashes) and self.host.lookup(_page_key(hashes[pages])) is not None:
                 host.append(hashes[pages])
                 pages += 1
-        snapshot = self._find_snapshot(tokens, hashes, pages) if self.snapshots else None
+        snapshot = (self._find_snapshot(tokens, hashes, pages, prefer_host=bool(host))
+                    if self.snapshots else None)
         reused = snapshot.endpoint if snapshot else pages * self.page_tokens
         return CacheMatch(device, tuple(host), snapshot, reused)
 
-    def _find_snapshot(self, tokens: Sequence[int], hashes: Sequence[bytes],
-                       pages: int) -> SnapshotMatch | None:
+    def _find_snapshot(self, tokens: Sequence[int], hashes: Sequence[bytes], pages: int,
+                       prefer_host: bool = False) -> SnapshotMatch | None:
+        """The longest snapshot after `pages` complete pages. Held in both tiers, it is
+        restored from continuation storage (a device copy), or from the host tier when
+        `prefer_host` (pages come from there anyway: the restore joins their step)."""
         chain = hashes[pages - 1] if pages else ROOT_HASH
         tails = self._tails.get(chain)
         if not tails:
@@ -172,10 +192,12 @@ class CacheManager:
             if tail not in tails:
                 continue
             key = (chain, tail)
-            if self.continuation.lookup(key) is not None:
-                return SnapshotMatch(key, base + n, Tier.CONTINUATION)
-            if self.host_snapshots and self.host.lookup(_snapshot_key(key)) is not None:
+            device = self.continuation.lookup(key) is not None
+            host = self.host_snapshots and self.host.lookup(_snapshot_key(key)) is not None
+            if host and (prefer_host or not device):
                 return SnapshotMatch(key, base + n, Tier.HOST)
+            if device:
+                return SnapshotMatch(key, base + n, Tier.CONTINUATION)
         return None
 
     def capturing(self, key: SnapshotKey) -> bool:
@@ -291,6 +313,9 @@ class CacheManager:
             self.continuation.commit(key)
             self.publications += 1
             self.pages.release([page])
+            if self.write_back and self.host_snapshots and \
+                    not self.host.holds(_snapshot_key(key)):
+                self._backlog[_snapshot_key(key)] = reservation.row
 
         def fail() -> None:
             self.continuation.abort(key)
@@ -302,8 +327,59 @@ class CacheManager:
         return True
 
     def publish(self, page: int, page_hash: bytes) -> bool:
-        """Publish a complete page (PageAllocator.publish)."""
-        return self.pages.publish(page, page_hash)
+        """Publish a complete page (PageAllocator.publish); with a host tier it becomes a
+        write-back candidate unless the host tier holds it already."""
+        published = self.pages.publish(page, page_hash)
+        if published and self.write_back and not self.host.holds(_page_key(page_hash)):
+            self._backlog[_page_key(page_hash)] = page
+        return published
+
+    # -- write-back -------------------------------------------------------------------------
+
+    def write_back_due(self) -> bool:
+        """Whether `queue_write_backs` would queue a copy now."""
+        return bool(self._backlog) and self.host.free_rows > 0
+
+    def queue_write_backs(self, limit: int) -> int:
+        """Queue copies of up to `limit` backlog entries (oldest first) into free host rows.
+
+        Call only while nothing else runs (no live request, no step in flight): the copies
+        then delay no request, and each is issued before any later step that could reuse
+        the page it reads (a page evicted meanwhile keeps its order: copy, then reuse).
+        A snapshot's continuation row is pinned until its copy's fence.
+
+        Returns:
+            Copies queued.
+        """
+        queued = 0
+        while self._backlog and queued < limit and self.host.free_rows > 0:
+            key, source = self._backlog.popitem(last=False)
+            reservation = self.host.reserve(key)  # a free row: evicts nothing
+            assert reservation is not None and reservation.evicted is None
+            if key[0] == "snapshot":  # type: ignore[index]
+                self.continuation.pin(key[1])  # type: ignore[index]
+            self.queue.add(_SNAPSHOT_OUT if key[0] == "snapshot" else _PAGES_OUT,  # type: ignore[index]
+                           source, reservation.row, *self._write_back_actions(key))
+            queued += 1
+        return queued
+
+    def _write_back_actions(self, key):
+        snapshot = key[0] == "snapshot"
+
+        def done() -> None:
+            self.host.commit(key)
+            self.swap_outs += 1
+            self.write_backs += 1
+            if snapshot:
+                self.continuation.unpin(key[1])
+
+        def fail() -> None:
+            self.host.abort(key)
+            if snapshot:
+                self.continuation.unpin(key[1])
+            return None
+
+        return done, fail
 
     # -- evictions --------------------------------------------------------------------------
 
@@ -311,8 +387,11 @@ class CacheManager:
         """Snapshot `key` lost its continuation row `row` (LRU): move it to the host tier
         when a host row is free or idle, else discard it."""
         self.snapshot_evictions += 1
+        host_key = _snapshot_key(key)
+        self._backlog.pop(host_key, None)
+        if self.host.holds(host_key):
+            return  # written back already (or being written): the host copy stays
         if self.host_snapshots:
-            host_key = _snapshot_key(key)
             reservation = self.host.reserve(host_key)
             if reservation is not None:
                 if reservation.evicted is not None:
@@ -337,6 +416,7 @@ class CacheManager:
         if not self.host_pages:
             return
         key = _page_key(page_hash)
+        self._backlog.pop(key, None)
         if self.host.holds(key):
             return  # a clean copy is already there (it was swapped in from it)
         reservation = self.host.reserve(key)
@@ -376,8 +456,8 @@ class CacheManager:
     @property
     def snapshots_resident(self) -> int:
         """Snapshots a prompt can restore now (in continuation rows or host rows)."""
-        host = sum(1 for k in self.host.resident_keys() if k[0] == "snapshot")  # type: ignore[index]
-        return self.continuation.resident_rows + host
+        host = {k[1] for k in self.host.resident_keys() if k[0] == "snapshot"}  # type: ignore[index]
+        return len(host | set(self.continuation.resident_keys()))
 
     def quiescent(self) -> bool:
         """No copy queued or in flight: every row is free or resident with no reader."""

@@ -66,7 +66,10 @@ Exact-endpoint snapshots and the host tier (scheduler/cache.py): admission reuse
 longest cached prefix across tiers (device pages, host-tier pages, then a snapshot's
 tail), and every copy that reuse, publication or eviction needs is issued as TRANSFER
 plans ahead of the plan that depends on it (`schedule` returns them first, then the
-generation plan built with them). Snapshots are published where the committed state
+generation plan built with them). With nothing else to run (no live request, no step in
+flight), `schedule` writes published pages and captured snapshots back to free host rows
+(CacheManager.queue_write_backs), so that their later eviction costs no copy and a
+revisit's swap-in is one TRANSFER step. Snapshots are published where the committed state
 reaches a publishable endpoint: each prompt-turn end the request marks
 (`SchedRequest.publish_endpoints`) and the request's end when the worker finishes it
 with `publish=True` (EOS or output limit; a matched stop, host stop, cancellation or
@@ -200,6 +203,26 @@ def _exceeded(g: ModelGeometry, rid: int, prompt: int, output: int) -> Admission
     raise AssertionError("unreachable: some capacity is exceeded")
 
 
+def host_tier_pays(geometry: ModelGeometry, cost: TransferCost) -> bool:
+    """Whether pages leaving the device go to the host tier (and come back by copy) or
+    are dropped and recomputed; decided once, at startup, for every page alike.
+
+    Cost rule (TransferCost.swap_pays): a page kept in the host tier is copied out once
+    (at its eviction, or ahead of it while idle) and back once (at a revisit), each copy
+    one row of a TRANSFER step holding up to `transfer_rows` copies, so a step's fixed
+    cost is shared by that many pages:
+
+        swap      = 2 * (transfer_step_s / transfer_rows + page_copy_s)
+        recompute = page_tokens / prefill_tokens_per_s
+
+    Swap when swap < recompute. A revisit of H host pages then takes ceil(H /
+    transfer_rows) steps (one for SmolLM2's 512-row programs: a whole 8,192-token
+    history), its snapshot's row joining them when the host tier holds it too.
+    """
+    rows = geometry.transfer_rows
+    return rows > 0 and cost.swap_pays(geometry.page_tokens, 1, 1 / rows)
+
+
 class Scheduler:
     """Plans steps for one model worker.
 
@@ -216,7 +239,9 @@ class Scheduler:
             instance continues from its observations.
         clock: seconds, for the step costs the width policy measures.
         transfer_cost: what copies and prefill cost on the backend (the swap-or-recompute
-            rule, `_preempt_newest`).
+            rule: `host_tier_pays`, `_preempt_newest`).
+        write_back: with a host tier, copy published pages and captured snapshots to free
+            host rows while idle (CacheManager.queue_write_backs); False: only at eviction.
 
     Raises:
         ValueError: an empty geometry, frames outside 1..MAX_FRAMES, or history drafting
@@ -227,7 +252,7 @@ class Scheduler:
                  device_pending: bool = False, history_drafting: bool = False,
                  width_policy: bool | WidthPolicy = False,
                  clock: Callable[[], float] = time.perf_counter,
-                 transfer_cost: TransferCost | None = None) -> None:
+                 transfer_cost: TransferCost | None = None, write_back: bool = True) -> None:
         g = geometry
         if not 1 <= frames <= MAX_FRAMES:
             raise ValueError(f"frames must be in 1..{MAX_FRAMES}, got {frames}")
@@ -244,14 +269,12 @@ class Scheduler:
         self.max_width = max(self.widths) if self.widths else 0
         self.transfer_cost = transfer_cost or TransferCost()
         self._transfers = TransferQueue(g.transfer_rows)
-        # Evicted pages go to the host tier only where copying beats recomputing them
-        # (see _preempt_newest): one row each way, a step amortized over a step's rows.
-        self.swap_pages = g.transfer_rows > 0 and self.transfer_cost.swap_pays(
-            g.page_tokens, 1, 1 / g.transfer_rows)
+        self.swap_pages = host_tier_pays(g, self.transfer_cost)
         self.cache = CacheManager(g.num_pages, g.page_tokens, snapshot_rows=g.snapshot_rows,
                                   host_rows=g.host_rows if self.swap_pages else 0,
                                   routes=g.routes, queue=self._transfers,
-                                  sharing=not g.extra_pages_per_request)
+                                  sharing=not g.extra_pages_per_request,
+                                  write_back=write_back)
         self.pages = self.cache.pages
         self._ready: deque[StepPlan] = deque()  # built, not yet issued; issue order
         # Outstanding or ready TRANSFER plans (by identity) -> their copies' fence actions.
@@ -375,12 +398,19 @@ class Scheduler:
             ready = self._drain_transfers()
             if plan is not None:
                 ready.append(plan)
+            elif not ready and self._idle() and self.cache.queue_write_backs(
+                    self.geometry.transfer_rows):
+                ready = self._drain_transfers()  # idle: write back ahead of eviction
             if ready:
                 self._ready.extend(ready[1:])
                 return self._issue(ready[0])
             if self._outstanding or not self._preempt_newest():
                 return None
             admit = False
+
+    def _idle(self) -> bool:
+        """No live request and no step in flight: what runs now delays nobody."""
+        return not self._requests and not self._outstanding and not self._ready
 
     def _drain_transfers(self) -> list[StepPlan]:
         plans = []
@@ -1030,7 +1060,7 @@ class Scheduler:
             if i == len(seq.page_hashes):
                 parent = seq.page_hashes[-1] if seq.page_hashes else bytes(16)
                 seq.page_hashes.append(page_hash(parent, seq.tokens[i * pt : (i + 1) * pt]))
-            self.pages.publish(seq.page_ids[i], seq.page_hashes[i])
+            self.cache.publish(seq.page_ids[i], seq.page_hashes[i])
             seq.num_published = i + 1
 
     # -- leaving --------------------------------------------------------------------
@@ -1127,9 +1157,10 @@ class Scheduler:
         return len(self._outstanding)
 
     def has_work(self) -> bool:
-        """Whether any request is waiting, running or in flight, or a plan or copy is
-        waiting to be issued."""
-        return bool(self._requests or self._outstanding or self._ready or len(self._transfers))
+        """Whether any request is waiting, running or in flight, a plan or copy is
+        waiting to be issued, or an idle-time write-back is due."""
+        return bool(self._requests or self._outstanding or self._ready or len(self._transfers)
+                    or self.cache.write_back_due())
 
     def is_live(self, request_id: int) -> bool:
         """Whether the request is waiting, running or draining its frames."""
