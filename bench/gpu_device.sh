@@ -146,10 +146,12 @@ case $stage in
     # Issue 15, GPU tests (one device call): every RESTORE route on device planes and the
     # pinned, device-mapped host planes; restored logits = fresh logits (cuda vs cuda with
     # snapshots off, greedy tokens = the cpu backend's); host-tier round trip; the row_copy
-    # kernel vs its NumPy reference. Exports the SmolLM2 core for snap-bench.
+    # kernel vs its NumPy reference. Exports the SmolLM2 core for snap-bench (afresh: the
+    # recipe's transfer programs changed to 512 rows at 6c9b065).
     ensure_key
     C=$HOME/cores/smollm2-snap.core
-    [ -f "$C" ] || ign export recipes/smollm2_135m_instruct.py --checkpoint "$HOME/g/smol.gguf" \
+    rm -f "$C"
+    ign export recipes/smollm2_135m_instruct.py --checkpoint "$HOME/g/smol.gguf" \
       --key "$K" --namespace $NS --out "$C" --target sm_90 2>&1 | tail -2 | tee "$OUTD/export_snap.log"
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_snapshots.py \
       "tests/gpu/test_kernels.py::test_row_copy" 2>&1 | tee "$OUTD/snapshots_tests.log" ;;
@@ -157,13 +159,15 @@ case $stage in
     # Issue 15 benchmark (one device call, after `snap`): bench/snapshots.py on the H200,
     # helios-serve --backend cuda: multi-turn chat (10 turns on a ~1,000-token system
     # prompt, snapshots off / on / on + host tier), on vs off in one process, and the cache
-    # pressure run (--num-pages 160, 4 conversations; with and without the host tier).
+    # pressure run (--num-pages 160, 4 conversations; with and without the host tier), over
+    # HTTP and in one process (in-process-pressure: no HTTP floor; the TRANSFER / PREFILL
+    # steps and their execute time per revisit).
     ensure_key
     C=$HOME/cores/smollm2-snap.core
     [ -f "$C" ] || ign export recipes/smollm2_135m_instruct.py --checkpoint "$HOME/g/smol.gguf" \
       --key "$K" --namespace $NS --out "$C" --target sm_90 2>&1 | tail -2 | tee "$OUTD/export_snap.log"
     python3 bench/snapshots.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
-      --workloads multi-turn in-process pressure \
+      --workloads multi-turn in-process pressure in-process-pressure \
       --json "$OUTD/snapshots_gpu.json" 2>&1 | tee "$OUTD/snapshots_gpu.log" ;;
   export-8b)
     # Issue 17 served throughput (b), part 1: a Llama-3.1-8B-geometry core with seeded random

@@ -12,73 +12,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from helios_serve.engine.plan import ModelGeometry, StepKind, StepPlan
+from helios_serve.engine.plan import StepPlan
 from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-TINY = ModelGeometry(
-    page_tokens=4,
-    num_pages=16,
-    slots=4,
-    max_pages_per_request=8,
-    decode_capacities=(1, 2, 4),
-    prefill_token_capacities=(8, 16),
-    prefill_row_capacity=4,
-    context_tokens=32,
-    vocab_size=1000,
-    mask_words=32,
-    eos_token_ids=(0,),
-)
+from .tiered import TIERED, reference
+from .tiered import TieredModel as PagedModel
 
-
-def next_token(history: list[int]) -> int:
-    """The fake model: a position-sensitive function of the full history."""
-    acc = 17
-    for t in history:
-        acc = (acc * 31 + t) % 1_000_003
-    return acc % 997 + 1
-
-
-def reference(prompt: tuple[int, ...], max_output: int) -> list[int]:
-    history = list(prompt)
-    out = []
-    for _ in range(max_output):
-        out.append(next_token(history))
-        history.append(out[-1])
-    return out
-
-
-class PagedModel:
-    """Simulated KV: kv[page][offset] is the token whose KV the page holds."""
-
-    def __init__(self, g: ModelGeometry) -> None:
-        self.g = g
-        self.kv: list[list[int | None]] = [[None] * g.page_tokens for _ in range(g.num_pages)]
-
-    def execute(self, plan: StepPlan) -> list[int]:
-        g = self.g
-        if plan.kind is StepKind.DECODE:
-            assert len(plan.rows) <= g.decode_capacities[-1]
-            assert all(len(r.tokens) == 1 for r in plan.rows)
-        else:
-            assert plan.token_count <= g.prefill_token_capacities[-1]
-            assert len(plan.rows) <= g.prefill_row_capacity
-        assert len({r.slot for r in plan.rows}) == len(plan.rows)
-        sampled = []
-        for row in plan.rows:
-            end = row.start_position + len(row.tokens)
-            assert len(row.page_ids) == -(-end // g.page_tokens) <= g.max_pages_per_request
-            history = [
-                self.kv[row.page_ids[p // g.page_tokens]][p % g.page_tokens]
-                for p in range(row.start_position)
-            ]
-            assert None not in history
-            for i, t in enumerate(row.tokens):
-                p = row.start_position + i
-                self.kv[row.page_ids[p // g.page_tokens]][p % g.page_tokens] = t
-            sampled.append(next_token(history + list(row.tokens)) if row.sample else -1)
-        return sampled
+# Paged KV only: no continuation rows, host tier or transfer programs.
+TINY = replace(TIERED, snapshot_rows=0, host_rows=0, transfer_rows=0, routes=())
 
 
 def check_allocator(sched: Scheduler) -> None:

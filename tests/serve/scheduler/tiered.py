@@ -1,4 +1,5 @@
-"""A simulated tiered KV store and a worker loop for snapshot and host-tier tests.
+"""A simulated tiered KV store and a worker loop for scheduler tests (paged KV alone:
+test_simulated_kv; snapshots and the host tier: the others).
 
 `TieredModel` executes plans the way the captured programs do: a generation row reads
 every earlier position of its request through the row's page table (each must have been
@@ -62,7 +63,9 @@ class Fault(RuntimeError):
 
 
 class TieredModel:
-    """kv[tier][row][offset]: the token whose KV the row holds at that offset."""
+    """kv[tier][row][offset]: the token whose KV the row holds at that offset. Every plan
+    must fit the geometry's capacities (rows, tokens, one slot per row, pages covering
+    exactly the positions a row writes)."""
 
     def __init__(self, g: ModelGeometry) -> None:
         self.g = g
@@ -83,9 +86,18 @@ class TieredModel:
             for c, row in zip(plan.copies, rows, strict=True):
                 dst[c.destination] = row
             return []
+        if plan.kind is StepKind.DECODE:
+            assert len(plan.rows) <= g.decode_capacities[-1]
+            assert all(len(r.tokens) == 1 for r in plan.rows)
+        else:
+            assert plan.token_count <= g.prefill_token_capacities[-1]
+            assert len(plan.rows) <= g.prefill_row_capacity
+        assert len({r.slot for r in plan.rows}) == len(plan.rows)
         pages = self.kv[Tier.PAGES]
         sampled = []
         for row in plan.rows:
+            end = row.start_position + len(row.tokens)
+            assert len(row.page_ids) == -(-end // g.page_tokens) <= g.max_pages_per_request
             if plan.kind is StepKind.PREFILL:
                 self.prefilled.append((row.request_id, row.start_position, len(row.tokens)))
             history = [pages[row.page_ids[p // g.page_tokens]][p % g.page_tokens]

@@ -120,6 +120,9 @@ from helios_serve.speculation import HistoryIndex, WidthPolicy
 from helios_serve.speculation.policy import Choice
 
 MAX_FRAMES = 2
+# Copies of one idle-time write-back step: bounds what a request arriving meanwhile waits
+# behind (64 SmolLM2 f32 pages = 47 MB: ~2 ms over the H200's host link).
+WRITE_BACK_ROWS = 64
 
 
 def speculates(request: SchedRequest) -> bool:
@@ -399,7 +402,7 @@ class Scheduler:
             if plan is not None:
                 ready.append(plan)
             elif not ready and self._idle() and self.cache.queue_write_backs(
-                    self.geometry.transfer_rows):
+                    min(self.geometry.transfer_rows, WRITE_BACK_ROWS)):
                 ready = self._drain_transfers()  # idle: write back ahead of eviction
             if ready:
                 self._ready.extend(ready[1:])
