@@ -168,6 +168,9 @@ CASES: dict[str, Case] = {
     # capability tables (NativeModel.load)
     "graph never scheduled": Case("runtime.operation",
                                   set_operation("decode_b1", c.OPERATION_MIXED)),
+    # No served history needs fresh state (docs/snapshots.md, "INITIALIZE programs").
+    "initialize graph": Case("runtime.operation",
+                             set_operation("decode_b2", c.OPERATION_INITIALIZE)),
     "no prefill graph": Case("runtime.required_operation", no_prefill),
     "output limit binding": Case("runtime.binding", bind_output_limit),
     "sliding window history": Case(
