@@ -147,7 +147,7 @@ case $stage in
     # pinned, device-mapped host planes; restored logits = fresh logits (cuda vs cuda with
     # snapshots off, greedy tokens = the cpu backend's); host-tier round trip; the row_copy
     # kernel vs its NumPy reference. Exports the SmolLM2 core for snap-bench (afresh: the
-    # recipe's transfer programs changed to 512 rows at 6c9b065).
+    # recipe's transfer programs are 512 rows now: an older core would not show it).
     ensure_key
     C=$HOME/cores/smollm2-snap.core
     rm -f "$C"
