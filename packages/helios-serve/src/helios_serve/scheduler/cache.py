@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from helios_serve.engine.plan import Route, Tier
 from helios_serve.scheduler.pages import ROOT_HASH, PageAllocator, PageGrant, PrefixMatch
 from helios_serve.scheduler.rows import RowPool
-from helios_serve.scheduler.transfers import Failed, TransferQueue
+from helios_serve.scheduler.transfers import Done, Failed, TransferQueue
 
 SnapshotKey = tuple[bytes, tuple[int, ...]]  # (chain hash of complete pages, tail tokens)
 
@@ -142,7 +142,8 @@ class CacheManager:
         self._tails: dict[bytes, set[tuple[int, ...]]] = {}  # chain hash -> snapshot tails
         # Host keys of published pages / captured snapshots without a host copy -> their
         # device page / continuation row, oldest first (write-back candidates). Entries
-        # leave when the page or row is evicted, so every entry is valid.
+        # leave when the page or row is evicted, so every entry is valid (and there are at
+        # most num_pages + snapshot_rows of them).
         self._backlog: OrderedDict[Hashable, int] = OrderedDict()
         # Counters (monotonic): snapshots published / evicted from continuation rows;
         # host rows found and copied back, copied in (swap-ins) and out (swap-outs).
@@ -356,27 +357,30 @@ class CacheManager:
             key, source = self._backlog.popitem(last=False)
             reservation = self.host.reserve(key)  # a free row: evicts nothing
             assert reservation is not None and reservation.evicted is None
-            if key[0] == "snapshot":  # type: ignore[index]
+            snapshot = key[0] == "snapshot"  # type: ignore[index]
+            if snapshot:
                 self.continuation.pin(key[1])  # type: ignore[index]
-            self.queue.add(_SNAPSHOT_OUT if key[0] == "snapshot" else _PAGES_OUT,  # type: ignore[index]
-                           source, reservation.row, *self._write_back_actions(key))
+            done, fail = self._write_back_actions(key, snapshot)
+            self.queue.add(_SNAPSHOT_OUT if snapshot else _PAGES_OUT, source, reservation.row,
+                           done, fail)
             queued += 1
         return queued
 
-    def _write_back_actions(self, key):
-        snapshot = key[0] == "snapshot"
+    def _write_back_actions(self, key: Hashable, snapshot: bool) -> tuple[Done, Failed]:
+        """Fence actions of one write-back: commit the host row (and unpin the snapshot's
+        continuation row), or free it on failure (the eviction copies it then)."""
 
         def done() -> None:
             self.host.commit(key)
             self.swap_outs += 1
             self.write_backs += 1
             if snapshot:
-                self.continuation.unpin(key[1])
+                self.continuation.unpin(key[1])  # type: ignore[index]
 
         def fail() -> None:
             self.host.abort(key)
             if snapshot:
-                self.continuation.unpin(key[1])
+                self.continuation.unpin(key[1])  # type: ignore[index]
             return None
 
         return done, fail
