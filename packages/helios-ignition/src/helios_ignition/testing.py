@@ -92,20 +92,22 @@ def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
               caps: Capacities = TINY_CAPACITIES, *, device_pending: bool = True,
               speculative_widths: tuple[int, ...] = (), draft_vocab: int = 48,
               draft_copy: float = 0.0, split_tuning: SplitTuning | None = None,
-              fold_layers: bool = False, chunked_sampling: bool = True) -> TinyCore:
+              fold_layers: bool = False, chunked_sampling: bool = True,
+              coupled_verification: bool = True) -> TinyCore:
     """Capture the tiny model and wrap it with seeded f32 weights and a full contract
     (`device_pending`: the pending token is device-owned, else host-bound;
     `speculative_widths`: add a seeded random draft head over `draft_vocab` ids and one
     SPECULATIVE program per decode batch and width; `draft_copy`: see tiny_drafter;
     `split_tuning`: with the decode-split tuning producer; `fold_layers`: decode graphs
     fold norms and residual adds into their products; `chunked_sampling`: the chunked
-    sampler, False for sample_biased)."""
+    sampler, False for sample_biased; `coupled_verification`: False records standard
+    speculative sampling, as cores exported before coupled verification)."""
     raw = tiny_weights(shapes, seed)
     spec = None
     if speculative_widths:
         geometry, draft_weights = tiny_drafter(shapes, draft_vocab, seed, raw, copy=draft_copy)
         raw.update(draft_weights)
-        spec = Speculation(geometry, tuple(speculative_widths))
+        spec = Speculation(geometry, tuple(speculative_widths), coupled=coupled_verification)
     manifest, graphs = capture(shapes, caps, "f32", device_pending=device_pending, spec=spec,
                                split_tuning=split_tuning, fold_layers=fold_layers,
                                chunked_sampling=chunked_sampling)

@@ -377,6 +377,14 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "spec_verify":  # one program per lane walks its rows in order
         B, W = s[0], s[6]
         return _cfg((B,), 8, BLOCK_V=2048, WMAX=_np2(W, 2))
+    if op == "draft_sample_coupled":  # as draft_sample, with no q row to write
+        B = s[0]
+        return _cfg((B,), 8, BLOCK_V=2048)
+    if op == "spec_verify_coupled":  # as spec_verify
+        B, W = s[0], s[5]
+        return _cfg((B,), 8, BLOCK_V=2048, WMAX=_np2(W, 2))
+    if op == "spec_copy_drafts":  # one lane per thread: a draft id each, no q
+        return _cfg((_cdiv(s[0], 128),), 4, BLOCK=128)
     if op in ("spec_copy_candidates", "spec_confidence"):  # one program per lane
         return _cfg((s[0],), 4, BLOCK_V=2048)
     if op == "spec_candidate_masks":  # one program per packed row

@@ -183,10 +183,18 @@ def decode_splits(context_tokens: int) -> tuple[int, int]:
 class Speculation:
     """A drafter core's speculative capture (model-contract.md, "Complete speculative
     generation"): the head's geometry and the captured widths W. Each decode batch B gets
-    one SPECULATIVE program per W with D = W - 1 draft tokens and P = B x W packed rows."""
+    one SPECULATIVE program per W with D = W - 1 draft tokens and P = B x W packed rows.
+
+    `coupled`: sampled rows use coupled (drafter-invariant) verification
+    (`draft_sample_coupled`, `spec_copy_drafts`, `spec_verify_coupled`: every emitted
+    token is the target's own stream-0 draw, so seeded text equals decode's whatever
+    the lane lengths); False records standard speculative sampling (`draft_sample`,
+    `spec_copy_candidates`, `spec_verify` and the q buffer), as cores exported before
+    coupling do (they keep loading and running unchanged)."""
 
     drafter: DrafterGeometry
     widths: tuple[int, ...]
+    coupled: bool = True
 
     @property
     def max_width(self) -> int:
@@ -333,7 +341,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
         if spec.prefix_batches:  # the framed record of the prefix-limit programs
             t.declare(PROPOSAL_CONFIDENCE, "f32", (2, slots, dmax), "output")
         t.declare("spec.drafts", "i32", (rows, dmax), "scratch")
-        t.declare("spec.q", "f32", (rows, dmax, s.vocab), "scratch")
+        if not spec.coupled:  # standard sampling's draft distributions over target ids
+            t.declare("spec.q", "f32", (rows, dmax, s.vocab), "scratch")
         t.declare("spec.tokens", "i32", (tokens,), "scratch")
         t.declare("spec.commit_row", "i32", (tokens,), "scratch")
         t.declare(RECORD, "i32", (rows, RECORD_FIELDS + spec.max_width), "output")
@@ -657,7 +666,7 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
     # plane; the completion copy lands them in the plane of the step's frame.
     confidence = t.view(PROPOSAL_CONFIDENCE, (B, dmax)) if prefix else None
     drafts = t.view("spec.drafts", (B, dmax))
-    q = t.view("spec.q", (B, dmax, s.vocab))
+    q = None if spec.coupled else t.view("spec.q", (B, dmax, s.vocab))
     vocab_map = t.view("D.vocab_map", (g.draft_vocab,))
     sampling = [inp("seed", B, 2), inp("temperature", B), inp("top_p", B), inp("top_k", B),
                 inp("min_p", B)]
@@ -667,10 +676,16 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
         logits = draft.step(b, g, s.rms_eps, B, sp("d_row", B), sp("d_slot", B), slot,
                             sp("d_pos", B), sp("d_tok", B), page_table, inv_freq, MP, PT, ns,
                             split, first=k == 1)
-        b.launch("draft_sample", logits, sp("d_slot", B), sp("d_pos", B), vocab_map,
-                 *sampling, drafts, q, B, g.draft_vocab, s.vocab, dmax, k)
-        b.launch("spec_copy_candidates", *candidates, sp("d_slot", B), drafts, q, B, dmax,
-                 dmax, s.vocab, k)
+        if q is None:  # coupled: the head races with the target's noise of that position
+            b.launch("draft_sample_coupled", logits, sp("d_slot", B), sp("d_pos", B),
+                     vocab_map, *sampling, drafts, B, g.draft_vocab, dmax, k)
+            b.launch("spec_copy_drafts", *candidates, sp("d_slot", B), drafts, B, dmax, dmax,
+                     s.vocab, k)
+        else:
+            b.launch("draft_sample", logits, sp("d_slot", B), sp("d_pos", B), vocab_map,
+                     *sampling, drafts, q, B, g.draft_vocab, s.vocab, dmax, k)
+            b.launch("spec_copy_candidates", *candidates, sp("d_slot", B), drafts, q, B, dmax,
+                     dmax, s.vocab, k)
         if prefix:
             b.launch("spec_confidence", logits, sp("d_slot", B), drafts, vocab_map, confidence,
                      B, g.draft_vocab, dmax, k)
@@ -697,13 +712,17 @@ def _speculative(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, spec: Spec
                  drafts, P, B, s.vocab, words, dmax, dmax)
     commit = sp("commit_row", P)
     record = t.view(RECORD, (B, RECORD_FIELDS + width))
-    b.launch("spec_verify", logits, slot, inp("generation", B), start, qlen,
-             inp("sampling_decision", B), inp("seed", B, 2), inp("temperature", B),
-             inp("top_p", B), inp("top_k", B), inp("min_p", B), inp("presence", B),
-             inp("frequency", B), inp("repetition", B), t.view(n["histogram"], (slots, s.vocab)),
-             inp("grammar_mask", B, words), inp("use_mask", B), drafts, q, vocab_map, trow,
-             pending, commit, record, B, P, s.vocab, g.draft_vocab, words, dmax, width,
-             DRAFT_LAG)
+    lane_rows = [logits, slot, inp("generation", B), start, qlen, inp("sampling_decision", B),
+                 inp("seed", B, 2), inp("temperature", B), inp("top_p", B), inp("top_k", B),
+                 inp("min_p", B), inp("presence", B), inp("frequency", B), inp("repetition", B),
+                 t.view(n["histogram"], (slots, s.vocab)), inp("grammar_mask", B, words),
+                 inp("use_mask", B), drafts]
+    if q is None:
+        b.launch("spec_verify_coupled", *lane_rows, trow, pending, commit, record, B, P,
+                 s.vocab, words, dmax, width, DRAFT_LAG)
+    else:
+        b.launch("spec_verify", *lane_rows, q, vocab_map, trow, pending, commit, record, B, P,
+                 s.vocab, g.draft_vocab, words, dmax, width, DRAFT_LAG)
     # Commit: features of every verified row (rows past the accepted ones lie beyond the
     # consumed endpoint, never read before they are rewritten), then the head's entries
     # of the accepted positions from those true features.

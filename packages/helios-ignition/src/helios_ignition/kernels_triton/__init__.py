@@ -34,16 +34,19 @@ from .sampling import sample, sample_biased, token_logprobs
 from .sampling_chunks import sample_chunks, sample_merge, sample_rest
 from .speculative import (
     draft_sample,
+    draft_sample_coupled,
     paged_row_gather_prev,
     paged_row_write,
     spec_allocate,
     spec_candidate_masks,
     spec_confidence,
     spec_copy_candidates,
+    spec_copy_drafts,
     spec_draft_inputs,
     spec_pack_rows,
     spec_pack_tokens,
     spec_verify,
+    spec_verify_coupled,
 )
 from .state import row_copy, slot_gather, slot_scatter
 from .tuning import split_tuning_select, split_tuning_setup, timer_mark
@@ -78,6 +81,9 @@ TRITON_KERNELS = {
     "linear_invariant": linear,  # the same kernel: GPU row invariance is measured, not built
     "spec_draft_inputs": spec_draft_inputs,
     "draft_sample": draft_sample,
+    "draft_sample_coupled": draft_sample_coupled,
+    "spec_verify_coupled": spec_verify_coupled,
+    "spec_copy_drafts": spec_copy_drafts,
     "spec_pack_tokens": spec_pack_tokens,
     "spec_verify": spec_verify,
     "spec_copy_candidates": spec_copy_candidates,

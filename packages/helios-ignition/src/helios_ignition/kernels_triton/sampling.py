@@ -55,11 +55,12 @@ def _scaled(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres, temp):
 
 
 @triton.jit
-def _philox_u(idx, pos, k0, k1):
-    """Uniforms ``((x0 >> 8) + 0.5) * 2**-24`` (f64) of Philox4x32-10, counter (idx, pos, 0, 0)."""
+def _philox(idx, pos, stream, k0, k1):
+    """Uniforms ``((x0 >> 8) + 0.5) * 2**-24`` (f64) of Philox4x32-10, key (k0, k1),
+    counter (idx, pos, stream, 0): ``helios_tools.kernels.rng.philox_uniform``."""
     c0 = idx.to(tl.uint32, bitcast=True)
     c1 = tl.zeros_like(c0) + pos.to(tl.uint32, bitcast=True)
-    c2 = tl.zeros_like(c0)
+    c2 = tl.zeros_like(c0) + stream.to(tl.uint32, bitcast=True)
     c3 = tl.zeros_like(c0)
     m0 = tl.full(c0.shape, 0xD2511F53, tl.uint32)
     m1 = tl.full(c0.shape, 0xCD9E8D57, tl.uint32)
@@ -80,6 +81,22 @@ def _philox_u(idx, pos, k0, k1):
         c2 = n2
         c3 = lo0
     return ((c0 >> 8).to(tl.float64) + 0.5) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def _philox_u(idx, pos, k0, k1):
+    """The sampler's uniforms: ``_philox`` on stream 0."""
+    return _philox(idx, pos, idx * 0, k0, k1)
+
+
+@triton.jit
+def _race_score(p, idx, pos, k0, k1):
+    """The exponential race's score ``log p_i - log(-log u_i)`` (f64) of ids ``idx`` with
+    weights ``p``, ``u_i = _philox_u(idx_i, pos)``: the one noise function of the
+    sampler's draw and of a coupled draft (kernels_triton/speculative.py), as the
+    reference's ``sampling._race``. The winner is the first id of the largest score."""
+    u = _philox_u(idx, pos, k0, k1)
+    return libdevice.log(p.to(tl.float64)) - libdevice.log(-libdevice.log(u))
 
 
 @triton.jit
@@ -222,9 +239,7 @@ def _sample_row(lrow, hrow, brow, mrow, V, ub, um, rep, freq, pres, temp, k, tp,
             pb = p.to(tl.int32, bitcast=True)
             keep = keep & ((pb > pkey) | ((pb == pkey) & (idx <= pcut))) & (p >= pmin)
             keep = keep & (idx < V)
-            u = _philox_u(idx, pos, k0, k1)
-            race = libdevice.log(p.to(tl.float64)) - libdevice.log(-libdevice.log(u))
-            race = tl.where(keep, race, float("-inf"))
+            race = tl.where(keep, _race_score(p, idx, pos, k0, k1), float("-inf"))
             cm = tl.max(race, axis=0)
             ci = tl.min(tl.where(keep & (race == cm), idx, INT_MAX), axis=0)
             better = cm > best_race

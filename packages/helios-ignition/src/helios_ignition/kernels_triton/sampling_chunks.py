@@ -11,7 +11,7 @@ in id order with a prefix sum. ``sample_merge`` does the same exact top-k over t
 ``P x KMAX`` candidates, writes the ``k`` winners (ids, keys) to its row of
 ``selected`` and reads them back after a barrier as a ``KMAX``-wide vector; softmax,
 top-p (each survivor's mass before it, from a ``KMAX x KMAX`` comparison: p descending,
-ties to the lower id), min-p and the race (``_philox_u``, float64) run on those. Rows it
+ties to the lower id), min-p and the race (``_race_score``, float64) run on those. Rows it
 cannot resolve go to ``sample_rest``, which is ``sample_biased``'s row body.
 """
 
@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from .sampling import INT_MAX, _key, _logits, _philox_u, _sample_entry
+from .sampling import INT_MAX, _key, _logits, _race_score, _sample_entry
 
 INT_MIN = tl.constexpr(-2147483648)
 UNRESOLVED = tl.constexpr(-2)
@@ -132,9 +132,7 @@ def _merge_top_k(cand_key, cand_id, srow, r, P, k, best, temp, tp, mp, pos, k0, 
         kept = live & ((before < tp) | first)
     pmin = tl.where(mp > 0.0, mp * tl.math.div_rn(1.0, S), -1.0)
     kept = kept & (p >= pmin)
-    u = _philox_u(sid, pos, k0, k1)
-    race = libdevice.log(p.to(tl.float64)) - libdevice.log(-libdevice.log(u))
-    race = tl.where(kept, race, float("-inf"))
+    race = tl.where(kept, _race_score(p, sid, pos, k0, k1), float("-inf"))
     cm = tl.max(race, axis=0)
     return tl.min(tl.where(kept & (race == cm), sid, INT_MAX), axis=0)
 

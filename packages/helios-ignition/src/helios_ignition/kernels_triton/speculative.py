@@ -1,12 +1,16 @@
 """Triton kernels of the speculative ops (semantics: helios_tools.kernels.speculative).
 
-`draft_sample` and `spec_verify` run one program per lane and sweep the vocabulary in
+The draft and verify kernels run one program per lane and sweep the vocabulary in
 BLOCK_V chunks with the sampler's own helpers (kernels_triton/sampling.py): thresholds
 of top-k / top-p by bisection over order-preserving keys, min-p, and the exponential
-race in float64 over Philox4x32-10 uniforms -- here with counter word 2 = the RNG
-stream (0 target, 1 draft, 2 accept, 3 residual). `spec_verify` walks a lane's rows in
-order; the tokens it has emitted so far in the lane are counted into the penalties
-from registers (the histogram row is updated once, at the end of the lane).
+race in float64 over Philox4x32-10 uniforms. Coupled programs (`draft_sample_coupled`,
+`spec_verify_coupled`) score both races with the sampler's `_race_score` (stream 0):
+the verify's token at each row is the decode sampler's draw, the head's draft is the
+race over its own distribution with the same noise. The ops of cores exported before
+coupling (`draft_sample`, `spec_verify`, `spec_copy_candidates`) use counter word 2 =
+the RNG stream (0 target, 1 draft, 2 accept, 3 residual). The verify kernels walk a
+lane's rows in order; the tokens emitted so far in the lane are counted into the
+penalties from registers (the histogram row is updated once, at the end of the lane).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from .sampling import INT_MAX, _key
+from .sampling import INT_MAX, _key, _philox, _race_score
 
 RECORD_FIELDS = tl.constexpr(6)
 
@@ -84,34 +88,6 @@ def paged_row_gather_prev(plane, positions, token_row, slot, page_table, out, T,
         page = tl.load(page_table + s.to(tl.int64) * MP + p // PT).to(tl.int64)
         v = tl.load(plane + (page * PT + p % PT) * D + d, mask=d < D, other=0.0)
     tl.store(out + t.to(tl.int64) * D + d, v, mask=d < D)
-
-
-@triton.jit
-def _philox_stream(idx, pos, stream, k0, k1):
-    """Uniforms ((x0 >> 8) + 0.5) * 2**-24 (f64), Philox4x32-10 counter (idx, pos, stream, 0)."""
-    c0 = idx.to(tl.uint32, bitcast=True)
-    c1 = tl.zeros_like(c0) + pos.to(tl.uint32, bitcast=True)
-    c2 = tl.zeros_like(c0) + stream.to(tl.uint32, bitcast=True)
-    c3 = tl.zeros_like(c0)
-    m0 = tl.full(c0.shape, 0xD2511F53, tl.uint32)
-    m1 = tl.full(c0.shape, 0xCD9E8D57, tl.uint32)
-    a0 = k0
-    a1 = k1
-    for rnd in tl.static_range(10):
-        if rnd > 0:
-            a0 = a0 + 0x9E3779B9
-            a1 = a1 + 0xBB67AE85
-        hi0 = tl.math.umulhi(m0, c0)
-        lo0 = m0 * c0
-        hi1 = tl.math.umulhi(m1, c2)
-        lo1 = m1 * c2
-        n0 = hi1 ^ c1 ^ a0
-        n2 = hi0 ^ c3 ^ a1
-        c0 = n0
-        c1 = lo1
-        c2 = n2
-        c3 = lo0
-    return ((c0 >> 8).to(tl.float64) + 0.5) * (1.0 / 16777216.0)
 
 
 @triton.jit
@@ -315,7 +291,7 @@ def draft_sample(logits, lane_slot, pos, vocab_map, seed, temperature, top_p, to
                 zt = _z(lrow, lrow, lrow, idx, VD, 0, 1.0, 0.0, 0.0, ids, temp, False, 8)
                 p, keep = _kept(zt, idx, VD, zmax, S, kkey, kcut, pkey, pcut, pmin)
                 target = tl.load(vocab_map + idx, mask=idx < VD, other=0)
-                u = _philox_stream(target, p0, p0 * 0 + 1, k0, k1)  # stream 1: drafts
+                u = _philox(target, p0, p0 * 0 + 1, k0, k1)  # stream 1: drafts
                 race = libdevice.log(p.to(tl.float64)) - libdevice.log(-libdevice.log(u))
                 race = tl.where(keep, race, float("-inf"))
                 cm = tl.max(race, axis=0)
@@ -392,7 +368,7 @@ def spec_verify(logits, slot, generation, lane_start, query_length, sampling_dec
                         p_d = tl.max(tl.where(kd, tl.math.div_rn(pd, S_keep + tl.zeros_like(pd)),
                                               0.0), axis=0)
                         q_d = tl.load(qrow + dc, mask=dv, other=0.0)
-                        u = tl.max(_philox_stream(wl * 0, position + wl * 0, 2 + wl * 0, k0, k1),
+                        u = tl.max(_philox(wl * 0, position + wl * 0, 2 + wl * 0, k0, k1),
                                    axis=0)
                         ok = dv & (q_d > 0.0) & (u * q_d.to(tl.float64) < p_d.to(tl.float64))
                     if not ok:  # residual max(p - q, 0) on rejection; p itself for the bonus
@@ -409,7 +385,7 @@ def spec_verify(logits, slot, generation, lane_start, query_length, sampling_dec
                                 pn = tl.math.div_rn(p, S_keep + tl.zeros_like(p))
                                 weight = tl.maximum(pn - qi, 0.0)
                                 keep = keep & (weight > 0.0)
-                            u = _philox_stream(idx, position, stream, k0, k1)
+                            u = _philox(idx, position, stream, k0, k1)
                             race = libdevice.log(weight.to(tl.float64)) - \
                                 libdevice.log(-libdevice.log(u))
                             race = tl.where(keep, race, float("-inf"))
@@ -438,6 +414,148 @@ def spec_verify(logits, slot, generation, lane_start, query_length, sampling_dec
         tl.store(rec + 2, accepted)
         tl.store(rec + 3, emitted)
         tl.store(rec + 4, cursor)
+
+
+@triton.jit
+def draft_sample_coupled(logits, lane_slot, pos, vocab_map, seed, temperature, top_p, top_k,
+                         min_p, drafts, B, VD, DMAX, STEP, BLOCK_V: tl.constexpr):
+    """Draft STEP of each live lane: the race over the head's distribution with the
+    target's stream-0 noise at the same position and target ids; grid ``(B,)``."""
+    b = tl.program_id(0)
+    if tl.load(lane_slot + b) >= 0:
+        lrow = logits + b.to(tl.int64) * VD
+        ids = tl.full((8,), -1, tl.int32)
+        tok, best_v = _argmax(lrow, lrow, lrow, VD, 0, 1.0, 0.0, 0.0, ids, False, 8, BLOCK_V)
+        temp = tl.load(temperature + b)
+        if (temp > 0.0) & (best_v > float("-inf")):
+            zmax = tl.math.div_rn(best_v, temp)
+            kkey, kcut, S, pkey, pcut, pmin, S_keep = _thresholds(
+                lrow, lrow, lrow, VD, 0, 1.0, 0.0, 0.0, ids, temp, zmax, tl.load(top_k + b),
+                tl.load(top_p + b), tl.load(min_p + b), False, 8, BLOCK_V)
+            p0 = tl.load(pos + b)
+            k0 = tl.load(seed + 2 * b)
+            k1 = tl.load(seed + 2 * b + 1)
+            lanes = tl.arange(0, BLOCK_V)
+            best_race = tl.sum(tl.zeros((BLOCK_V,), tl.float64), axis=0) + float("-inf")
+            for v0 in range(0, VD, BLOCK_V):
+                idx = v0 + lanes
+                zt = _z(lrow, lrow, lrow, idx, VD, 0, 1.0, 0.0, 0.0, ids, temp, False, 8)
+                p, keep = _kept(zt, idx, VD, zmax, S, kkey, kcut, pkey, pcut, pmin)
+                target = tl.load(vocab_map + idx, mask=idx < VD, other=0)
+                race = tl.where(keep, _race_score(p, target, p0, k0, k1), float("-inf"))
+                cm = tl.max(race, axis=0)
+                ci = tl.min(tl.where(keep & (race == cm), idx, INT_MAX), axis=0)
+                tok = tl.where(cm > best_race, ci, tok)
+                best_race = tl.maximum(best_race, cm)
+        tl.store(drafts + b * DMAX + STEP - 1, tl.load(vocab_map + tok))
+
+
+@triton.jit
+def spec_verify_coupled(logits, slot, generation, lane_start, query_length, sampling_decision,
+                        seed, temperature, top_p, top_k, min_p, presence, frequency,
+                        repetition, histogram, grammar_mask, use_mask, drafts, token_row,
+                        pending, commit_row, record, B, P, V, W32, DMAX, W, LAG,
+                        BLOCK_V: tl.constexpr, WMAX: tl.constexpr):
+    """Emit the target's own draw at every row (argmax, or the sampler's race on stream
+    0), accept the drafts equal to it, count, commit; grid ``(B,)``.
+
+    The lane's packed offset is the sum of the earlier lanes' lengths (B <= 1024)."""
+    b = tl.program_id(0)
+    rec = record + b * (RECORD_FIELDS + W)
+    for c in range(0, RECORD_FIELDS + W):
+        tl.store(rec + c, -1)
+    lanes_b = tl.arange(0, 1024)
+    qlens = tl.load(query_length + lanes_b, mask=lanes_b < B, other=0)
+    off = tl.sum(tl.where(lanes_b < b, tl.maximum(qlens, 0), 0), axis=0)
+    s = tl.load(slot + b)
+    n = tl.load(query_length + b)
+    wl = tl.arange(0, WMAX)
+    if b == B - 1:  # rows past every lane are padding: the commit pass skips them
+        total = tl.sum(tl.maximum(qlens, 0), axis=0)
+        for t in range(total, P):
+            tl.store(commit_row + t, -1)
+    if (s >= 0) & (n >= 1):
+        hrow = histogram + s.to(tl.int64) * V
+        mrow = grammar_mask + b.to(tl.int64) * W32
+        rep = tl.load(repetition + b)
+        freq = tl.load(frequency + b)
+        pres = tl.load(presence + b)
+        temp = tl.load(temperature + b)
+        start = tl.load(lane_start + b)
+        k0 = tl.load(seed + 2 * b)
+        k1 = tl.load(seed + 2 * b + 1)
+        lanes = tl.arange(0, BLOCK_V)
+        out_ids = tl.full((WMAX,), -1, tl.int32)
+        accepted = tl.min(tl.zeros_like(wl), axis=0)
+        done = accepted != 0
+        for j in range(0, W):
+            if (j < n) & (~done):
+                lrow = logits + (off + j).to(tl.int64) * V
+                um = tl.where(j == 0, tl.load(use_mask + b), 0)
+                best, best_v = _argmax(lrow, hrow, mrow, V, um, rep, freq, pres, out_ids, True,
+                                       WMAX, BLOCK_V)
+                position = start + j
+                tok = best
+                if (temp > 0.0) & (best_v > float("-inf")):  # the decode sampler's race
+                    zmax = tl.math.div_rn(best_v, temp)
+                    kkey, kcut, S, pkey, pcut, pmin, S_keep = _thresholds(
+                        lrow, hrow, mrow, V, um, rep, freq, pres, out_ids, temp, zmax,
+                        tl.load(top_k + b), tl.load(top_p + b), tl.load(min_p + b), True, WMAX,
+                        BLOCK_V)
+                    best_race = tl.sum(tl.zeros((BLOCK_V,), tl.float64), axis=0) - float("inf")
+                    for v0 in range(0, V, BLOCK_V):
+                        idx = v0 + lanes
+                        zt = _z(lrow, hrow, mrow, idx, V, um, rep, freq, pres, out_ids, temp,
+                                True, WMAX)
+                        p, keep = _kept(zt, idx, V, zmax, S, kkey, kcut, pkey, pcut, pmin)
+                        race = tl.where(keep, _race_score(p, idx, position, k0, k1),
+                                        float("-inf"))
+                        cm = tl.max(race, axis=0)
+                        ci = tl.min(tl.where(keep & (race == cm), idx, INT_MAX), axis=0)
+                        tok = tl.where(cm > best_race, ci, tok)
+                        best_race = tl.maximum(best_race, cm)
+                d = tl.load(drafts + b * DMAX + j, mask=j < n - 1, other=-1)
+                ok = (j < n - 1) & (d == tok)
+                if ok:
+                    accepted += 1
+                out_ids = tl.where(wl == j, tok, out_ids)
+                tl.store(rec + RECORD_FIELDS + j, tok)
+                done = done | (~ok)
+        emitted = accepted + 1
+        for j in range(0, W):  # the head's entries to rewrite: pending + accepted positions
+            tl.store(commit_row + off + j, tl.where(j <= accepted, b, -1), mask=j < n)
+        last = tl.max(tl.where(wl == accepted, out_ids, -1), axis=0)
+        tl.store(pending + s, last)
+        if tl.load(sampling_decision + b) != 0:
+            tl.atomic_add(hrow + out_ids, 1, mask=wl < emitted)
+        cursor = tl.where(LAG >= 0, tl.maximum(start + emitted - LAG, 0), -1)
+        tl.store(rec + 0, tl.load(generation + b))
+        tl.store(rec + 1, n)
+        tl.store(rec + 2, accepted)
+        tl.store(rec + 3, emitted)
+        tl.store(rec + 4, cursor)
+
+
+@triton.jit
+def spec_copy_drafts(cand_ids, cand_count, cand_generation, cand_endpoint, generation,
+                     lane_start, query_length, lane_slot, drafts, B, CMAX, DMAX, V, STEP,
+                     BLOCK: tl.constexpr):
+    """Copied candidate STEP replaces the head's draft of a live lane with fresh
+    candidates (no q: coupled programs); grid ``(cdiv(B, BLOCK),)``."""
+    b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = b < B
+    fresh = (tl.load(cand_generation + b, mask=inb, other=0) ==
+             tl.load(generation + b, mask=inb, other=0)) & \
+        (tl.load(cand_endpoint + b, mask=inb, other=0) ==
+         tl.load(lane_start + b, mask=inb, other=0))
+    cap = tl.minimum(tl.minimum(CMAX, DMAX),
+                     tl.maximum(tl.load(query_length + b, mask=inb, other=0) - 1, 0))
+    k = tl.where(fresh, tl.minimum(tl.maximum(tl.load(cand_count + b, mask=inb, other=0), 0),
+                                   cap), 0)
+    d = tl.load(cand_ids + b * CMAX + STEP - 1, mask=inb & (STEP <= CMAX), other=-1)
+    take = inb & (tl.load(lane_slot + b, mask=inb, other=-1) >= 0) & (STEP <= k) & (d >= 0) & \
+        (d < V)
+    tl.store(drafts + b * DMAX + STEP - 1, d, mask=take)
 
 
 @triton.jit

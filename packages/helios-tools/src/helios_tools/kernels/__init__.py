@@ -42,16 +42,19 @@ from .sampling import grammar_mask_words, sample, sample_biased, token_logprobs
 from .sampling_chunks import sample_chunks, sample_merge, sample_rest
 from .speculative import (
     draft_sample,
+    draft_sample_coupled,
     paged_row_gather_prev,
     paged_row_write,
     spec_allocate,
     spec_candidate_masks,
     spec_confidence,
     spec_copy_candidates,
+    spec_copy_drafts,
     spec_draft_inputs,
     spec_pack_rows,
     spec_pack_tokens,
     spec_verify,
+    spec_verify_coupled,
 )
 from .tuning import split_tuning_select, split_tuning_setup, timer_mark
 
@@ -70,6 +73,7 @@ __all__ = [
     "attention_prefill",
     "check_launch",
     "draft_sample",
+    "draft_sample_coupled",
     "embedding",
     "gather_last",
     "grammar_mask_words",
@@ -100,10 +104,12 @@ __all__ = [
     "spec_candidate_masks",
     "spec_confidence",
     "spec_copy_candidates",
+    "spec_copy_drafts",
     "spec_draft_inputs",
     "spec_pack_rows",
     "spec_pack_tokens",
     "spec_verify",
+    "spec_verify_coupled",
     "split_tuning_select",
     "split_tuning_setup",
     "swiglu_linear",

@@ -38,16 +38,19 @@ from .sampling import sample, sample_biased, token_logprobs
 from .sampling_chunks import sample_chunks, sample_merge, sample_rest
 from .speculative import (
     draft_sample,
+    draft_sample_coupled,
     paged_row_gather_prev,
     paged_row_write,
     spec_allocate,
     spec_candidate_masks,
     spec_confidence,
     spec_copy_candidates,
+    spec_copy_drafts,
     spec_draft_inputs,
     spec_pack_rows,
     spec_pack_tokens,
     spec_verify,
+    spec_verify_coupled,
 )
 from .tuning import split_tuning_select, split_tuning_setup, timer_mark
 
@@ -230,6 +233,29 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("cand_generation", "i32"), _b("cand_endpoint", "i32"), _b("generation", "i32"),
         _b("drafts", "i32", "inout"), *_i("P", "B", "V", "W32", "CMAX", "DMAX"),
     ),
+    # Coupled verification (new cores; the three ops above stay for cores exported
+    # before it: draft_sample, spec_verify, spec_copy_candidates).
+    "draft_sample_coupled": (
+        _b("logits", "f32"), _b("lane_slot", "i32"), _b("pos", "i32"), _b("vocab_map", "i32"),
+        _b("seed", "u32"), _b("temperature", "f32"), _b("top_p", "f32"), _b("top_k", "i32"),
+        _b("min_p", "f32"), _b("drafts", "i32", "inout"), *_i("B", "VD", "DMAX", "STEP"),
+    ),
+    "spec_verify_coupled": (
+        _b("logits", "f32"), _b("slot", "i32"), _b("generation", "i32"),
+        _b("lane_start", "i32"), _b("query_length", "i32"), _b("sampling_decision", "i32"),
+        _b("seed", "u32"), _b("temperature", "f32"), _b("top_p", "f32"), _b("top_k", "i32"),
+        _b("min_p", "f32"), _b("presence", "f32"), _b("frequency", "f32"),
+        _b("repetition", "f32"), _b("histogram", "i32", "inout"), _b("grammar_mask", "i32"),
+        _b("use_mask", "i32"), _b("drafts", "i32"), _b("token_row", "i32"),
+        _b("pending", "i32", "inout"), _b("commit_row", "i32", "out"),
+        _b("record", "i32", "out"), *_i("B", "P", "V", "W32", "DMAX", "W", "LAG"),
+    ),
+    "spec_copy_drafts": (
+        _b("cand_ids", "i32"), _b("cand_count", "i32"), _b("cand_generation", "i32"),
+        _b("cand_endpoint", "i32"), _b("generation", "i32"), _b("lane_start", "i32"),
+        _b("query_length", "i32"), _b("lane_slot", "i32"), _b("drafts", "i32", "inout"),
+        *_i("B", "CMAX", "DMAX", "V", "STEP"),
+    ),
     "spec_confidence": (
         _b("logits", "f32"), _b("lane_slot", "i32"), _b("drafts", "i32"),
         _b("vocab_map", "i32"), _b("confidence", "f32", "inout"),
@@ -335,6 +361,9 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "spec_verify": spec_verify,
     "spec_copy_candidates": spec_copy_candidates,
     "spec_candidate_masks": spec_candidate_masks,
+    "draft_sample_coupled": draft_sample_coupled,
+    "spec_verify_coupled": spec_verify_coupled,
+    "spec_copy_drafts": spec_copy_drafts,
     "spec_confidence": spec_confidence,
     "spec_allocate": spec_allocate,
     "spec_pack_rows": spec_pack_rows,

@@ -188,12 +188,18 @@ def _sample_row(
 
 
 def _race(cand: NDArray[np.int64], p: NDArray[np.float32], seed_lo: int, seed_hi: int,
-          position: int) -> int:
-    """The seeded exponential race over survivors ``cand`` (ascending) with probabilities
-    ``p``: ``argmax log p_i - log(-log u_i)``, the lowest id on ties."""
+          position: int, stream: int = 0) -> int:
+    """The seeded exponential race over ids ``cand`` with weights ``p``:
+    ``argmax log p_i - log(-log u_i)``, ``u_i = philox_uniform(seed, position, cand_i,
+    stream)``; the first of ``cand`` on ties (the lowest id when ascending).
+
+    The one noise function of every seeded draw: the sampler's (stream 0), a coupled
+    draft's (the same stream-0 noise over the head's distribution, so a draft equals the
+    target's draw whenever the two races agree: helios_tools.kernels.speculative) and
+    the residual of cores exported before coupled verification (stream 3)."""
     if cand.size == 1:  # greedy, a fully masked row, or one survivor: no draw needed
         return int(cand[0])
-    u = philox_uniform(seed_lo, seed_hi, position, cand)
+    u = philox_uniform(seed_lo, seed_hi, position, cand, stream=stream)
     with np.errstate(divide="ignore"):  # p may underflow to 0 -> -inf, never chosen
         race = np.log(p.astype(np.float64)) - np.log(-np.log(u))
     return int(cand[int(np.argmax(race))])

@@ -7,34 +7,51 @@ Specification: "Complete speculative generation". One SPECULATIVE program per
 1. D draft steps of the learned head (helios_ignition/checkpoint/drafter.py): step k
    reads, per lane, the entry at position c + k - 1 (c = lane start, the pending
    token's position) and proposes the token at c + k (`spec_draft_inputs`, the head's
-   layer, `draft_sample`). Lanes with n_b <= k skip step k >= 2 (their rows are padding).
+   layer, `draft_sample_coupled`). Lanes with n_b <= k skip step k >= 2 (their rows are padding).
 2. Target verification: the lane's n_b positions c .. c + n_b - 1 are packed target rows
    (`spec_pack_tokens`: pending token, then drafts), run through the decode-row forward
    (one query row per position attending to its lane's cache, which holds the window's
-   own keys: causal within the lane), then `spec_verify` accepts drafts and emits the
+   own keys: causal within the lane), then `spec_verify_coupled` accepts drafts and emits the
    correction or bonus token.
-3. Commit (`spec_verify`'s commit rows): the head's entries of the accepted positions
+3. Commit (the verify op's commit rows): the head's entries of the accepted positions
    are rewritten from true target features; the pending token becomes the last
    emitted one; the histogram counts every emitted token.
 
-RNG reservations (Philox4x32-10, key = request seed, counter = (index, position,
-stream, 0)), so a seeded request draws the same numbers alone or in any batch:
-stream 0 = target samples (exactly the decode sampler's draws: bonus tokens and
-width-one lanes reproduce decode), stream 1 = draft proposals (position = the entry
-read, c + k - 1), stream 2 = the acceptance uniform of row j (index 0, position c + j),
-stream 3 = the residual draw of row j (position c + j). Allocation draws nothing.
-
-Sampling (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
-Decoding"; Chen et al. 2023): a draft d ~ q is accepted with probability
-min(1, p(d) / q(d)); on rejection the token is drawn from norm(max(p - q, 0)); when
-every draft is accepted the bonus token is drawn from p. The emitted tokens are then
-distributed exactly as tokens drawn from p one at a time. Greedy rows (temperature
-<= 0) accept a draft iff it equals the argmax, so they emit the decode program's tokens
-whenever the verify rows' logits equal the decode rows' (row-invariant kernels).
+Sampling: coupled (drafter-invariant) verification (Daliri, Musco, Suresh 2025,
+"Coupling without Communication and Drafter-Invariant Speculative Decoding", arXiv
+2408.07978; the Gumbel-max trick). The token at every output position is the target
+sampler's own draw for that (seed, position): the exponential race of
+helios_tools.kernels.sampling (``_race``: ``argmax log p_i - log(-log u_i)`` over
+Philox(seed, position, id, stream 0)), exactly what the decode program draws there.
+`spec_verify_coupled` accepts a draft iff it equals that draw and emits the draw at the
+first mismatch (correction) or after the last draft (bonus); no residual, no acceptance
+uniform. So seeded text is the decode program's text whatever the lane lengths (widths,
+width policy, batch, output limit, preemption), and its distribution is p by
+construction. The head proposes with the same noise (`draft_sample_coupled`: the race
+over q, its distribution after temperature and the truncations, with the target's
+stream-0 uniforms of the same position and target ids), so a draft matches whenever
+the two races agree: probability sum_i p_i q_i / sum_j max(p_j q_i, q_j p_i) >=
+(1 - TV) / (1 + TV) (Daliri et al.), against 1 - TV for standard speculative sampling;
+a deterministic draft d (greedy head, copied candidate) matches with probability p(d),
+as in standard speculative sampling. Greedy rows (temperature <= 0) accept a draft iff
+it equals the argmax, so they emit the decode program's tokens whenever the verify
+rows' logits equal the decode rows' (row-invariant kernels).
 p is the target row after the sampler's processing (penalties over the lane's
 histogram including the drafts accepted so far, grammar mask at the lane's first row,
-temperature, top-k, top-p, min-p); q is the head's distribution after temperature,
-top-k, top-p and min-p (no penalties or mask) over the draft vocabulary.
+temperature, top-k, top-p, min-p); q the head's after temperature, top-k, top-p and
+min-p (no penalties or mask) over the draft vocabulary.
+
+RNG reservations (Philox4x32-10, key = request seed, counter = (index, position,
+stream, 0)), so a seeded request draws the same numbers alone or in any batch:
+coupled programs draw stream 0 only -- the target's race at row j (position c + j)
+and the head's proposal for the token verified there (draft step j + 1 reads the
+entry at c + j): one stream for both, which is the coupling. Streams 1-3 stay
+reserved for the ops of cores exported before coupled verification, which still load
+and run unchanged (`draft_sample`, `spec_verify`, `spec_copy_candidates`: standard
+speculative sampling, Leviathan et al. 2023; Chen et al. 2023): stream 1 = draft
+proposals (position c + k - 1), 2 = the acceptance uniform of row j (index 0,
+position c + j), 3 = the residual draw norm(max(p - q, 0)) of row j. Allocation draws
+nothing.
 
 Completion record (int32 ``[B, RECORD_FIELDS + W]`` per lane): generation, offers
 (target positions verified, n_b), accepted drafts a_b, emitted tokens a_b + 1, draft
@@ -48,7 +65,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .rng import philox_uniform
-from .sampling import _allowed, _candidates, _penalize
+from .sampling import _allowed, _candidates, _penalize, _race
 
 STREAM_TARGET, STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2, 3
 RECORD_FIELDS = 6
@@ -132,7 +149,9 @@ def draft_sample(
     DMAX: int,
     STEP: int,
 ) -> None:
-    """Draw draft STEP of every live lane from the head's logits over the draft vocabulary.
+    """Draw draft STEP of every live lane from the head's logits over the draft vocabulary
+    on its own stream, recording q (standard speculative sampling: the op of cores
+    exported before coupled verification; new cores record `draft_sample_coupled`).
 
     Reference loop::
 
@@ -172,14 +191,73 @@ def draft_sample(
         else:
             cand, p = _sampled(z, float(temperature[b]), int(top_k[b]), float(top_p[b]),
                                float(min_p[b]))
-            u = philox_uniform(int(seed[b, 0]), int(seed[b, 1]), int(pos[b]), vocab_map[cand],
-                               stream=STREAM_DRAFT)
-            with np.errstate(divide="ignore"):
-                race = np.log(p.astype(np.float64)) - np.log(-np.log(u))
-            i = int(cand[int(np.argmax(race))])
             q[b, STEP - 1, :V] = 0.0
             q[b, STEP - 1, vocab_map[cand]] = p
+            drafts[b, STEP - 1] = _race(vocab_map[cand].astype(np.int64), p,
+                                        int(seed[b, 0]), int(seed[b, 1]), int(pos[b]),
+                                        STREAM_DRAFT)
+            continue
         drafts[b, STEP - 1] = vocab_map[i]
+
+
+def draft_sample_coupled(
+    logits: NDArray[np.float32],
+    lane_slot: NDArray[np.int32],
+    pos: NDArray[np.int32],
+    vocab_map: NDArray[np.int32],
+    seed: NDArray[np.uint32],
+    temperature: NDArray[np.float32],
+    top_p: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    min_p: NDArray[np.float32],
+    drafts: NDArray[np.int32],
+    B: int,
+    VD: int,
+    DMAX: int,
+    STEP: int,
+) -> None:
+    """Draft STEP of every live lane, coupled with the target's draw at the position it
+    proposes for (Gumbel-max coupling; Daliri et al. 2025, see module).
+
+    Reference loop::
+
+        for b in range(B):
+            if lane_slot[b] < 0: continue                  # lane skips this step
+            z = logits[b, :VD]
+            if temperature[b] <= 0:
+                d = vocab_map[argmax(z)]                    # first index on ties
+            else:
+                cand, p = candidates(z, temperature[b], top_k[b], top_p[b], min_p[b])
+                d = argmax over t in vocab_map[cand] of log p - log(-log(
+                        philox_u(seed[b], pos[b], t, stream=0)))     # first on ties
+            drafts[b, STEP - 1] = d
+
+    ``candidates`` is the sampler's truncation (helios_tools.kernels.sampling; f32
+    probabilities as it computes them, not renormalized) and the race is the sampler's
+    ``_race`` with the target's own uniforms: position ``pos[b]`` (= c + STEP - 1, the
+    target row that verifies this draft) and target ids. Where q and p agree, so do
+    the draws.
+
+    Args:
+        logits: ``[B, VD]`` f32 head logits (row b = lane b).
+        lane_slot: ``[B]`` i32 from ``spec_draft_inputs`` (< 0: skip).
+        pos: ``[B]`` i32 position of the entry read (RNG counter word 1).
+        vocab_map: ``[VD]`` i32 target id of each draft id.
+        seed, temperature, top_p, top_k, min_p: ``[B]`` per-lane sampling inputs.
+        drafts: ``[B, DMAX]`` i32, column STEP - 1 written for live lanes.
+        B: lanes. VD: draft vocabulary. DMAX: draft columns. STEP: 1..D.
+    """
+    for b in range(B):
+        if lane_slot[b] < 0:
+            continue
+        z = logits[b, :VD].astype(np.float32, copy=False)
+        if temperature[b] <= 0.0:
+            drafts[b, STEP - 1] = vocab_map[int(np.argmax(z))]
+            continue
+        cand, p = _candidates(z, float(temperature[b]), int(top_k[b]), float(top_p[b]),
+                              float(min_p[b]))
+        drafts[b, STEP - 1] = _race(vocab_map[cand].astype(np.int64), p, int(seed[b, 0]),
+                                    int(seed[b, 1]), int(pos[b]))
 
 
 def spec_pack_tokens(
@@ -236,6 +314,89 @@ def _lane_ids(cand: NDArray[np.int64], p: NDArray[np.float32], V: int) -> NDArra
     return dense
 
 
+def spec_verify_coupled(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    generation: NDArray[np.int32],
+    lane_start: NDArray[np.int32],
+    query_length: NDArray[np.int32],
+    sampling_decision: NDArray[np.int32],
+    seed: NDArray[np.uint32],
+    temperature: NDArray[np.float32],
+    top_p: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    min_p: NDArray[np.float32],
+    presence: NDArray[np.float32],
+    frequency: NDArray[np.float32],
+    repetition: NDArray[np.float32],
+    histogram: NDArray[np.int32],
+    grammar_mask: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    drafts: NDArray[np.int32],
+    token_row: NDArray[np.int32],
+    pending: NDArray[np.int32],
+    commit_row: NDArray[np.int32],
+    record: NDArray[np.int32],
+    B: int,
+    P: int,
+    V: int,
+    W32: int,
+    DMAX: int,
+    W: int,
+    LAG: int,
+) -> None:
+    """Coupled verification: emit the target's own draw at every position, accept the
+    drafts that equal it, count, commit (see module; Daliri et al. 2025).
+
+    Reference loop (lane b, packed rows off_b .. off_b + n - 1, off_b = sum of earlier
+    lengths)::
+
+        for b in range(B):
+            record[b] = (-1, ...)
+            s = slot[b]; n = query_length[b]
+            if s < 0 or n < 1: continue
+            a, out = 0, []
+            for j in range(n):
+                z = processed(logits[off_b + j]) with histogram[s] (+ counts of out so far)
+                    and the grammar mask when j == 0 and use_mask[b]
+                tok = argmax(z) if greedy else
+                      race over the sampler's candidates of z (top-k, top-p, min-p; f32
+                      probabilities as sample_biased) with philox_u(seed[b],
+                      lane_start[b] + j, i, stream 0)       # decode's draw, bit for bit
+                out.append(tok)
+                if j < n - 1 and drafts[b, j] == tok: a += 1; continue
+                break                                       # correction or bonus
+            for tok in out: if sampling_decision[b]: histogram[s, tok] += 1
+            pending[s] = out[-1]
+            record[b] = (generation[b], n, a, a + 1, max(lane_start[b] + a + 1 - LAG, 0)
+                         (or -1 when LAG < 0), -1, out..., -1...)
+            commit_row[off_b + j] = b for j <= a, -1 for a < j < n (and past every lane)
+
+    A greedy row is one with temperature <= 0 or no finite logit (as ``sample_biased``).
+    The emitted tokens are the decode program's for the same seed and positions
+    whatever the drafts are: a draft only decides how many of them one step emits.
+
+    Args:
+        logits: ``[P, V]`` f32 target logits of the packed rows.
+        slot, generation, lane_start, query_length, sampling_decision: ``[B]`` i32.
+        seed: ``[B, 2]`` u32. temperature, top_p, min_p, presence, frequency, repetition:
+            ``[B]`` f32. top_k, use_mask: ``[B]`` i32.
+        histogram: ``[S, V]`` i32, updated. grammar_mask: ``[B, W32]`` i32.
+        drafts: ``[B, DMAX]`` i32 target ids (learned or copied).
+        token_row: ``[P]`` i32 lane of each packed row (< 0 padding).
+        pending: ``[S]`` i32, the lane's slot entry written.
+        commit_row: ``[P]`` i32, written (the head's entries to rewrite: lane or -1).
+        record: ``[B, RECORD_FIELDS + W]`` i32, written.
+        B: lanes. P: packed rows. V: vocabulary. W32: mask words. DMAX: draft columns.
+        W: emitted-token columns. LAG: draft cursor lag, or -1 for a graph without a
+        draft cursor.
+    """
+    _verify_lanes(logits, slot, generation, lane_start, query_length, sampling_decision,
+                  seed, temperature, top_p, top_k, min_p, presence, frequency, repetition,
+                  histogram, grammar_mask, use_mask, drafts, None, pending, commit_row,
+                  record, B, P, V, W32, W, LAG)
+
+
 def spec_verify(
     logits: NDArray[np.float32],
     slot: NDArray[np.int32],
@@ -270,53 +431,33 @@ def spec_verify(
     W: int,
     LAG: int,
 ) -> None:
-    """Accept drafts, emit the correction or bonus token, count, commit (see module).
+    """Standard speculative sampling, the verify op of cores exported before coupled
+    verification (kept so they keep loading; new cores record `spec_verify_coupled`).
 
-    Reference loop (lane b, packed rows off_b .. off_b + n - 1, off_b = sum of earlier
-    lengths)::
+    As `spec_verify_coupled`, except at a sampled row j < n - 1: the draft d (~ q) is
+    accepted iff ``u(seed, lane_start + j, index 0, stream 2) * q[b, j, d] < p[d]`` (p
+    renormalized over the kept ids), else the token is the race over norm(max(p -
+    q[b, j], 0)) on stream 3 (p itself when that is all zero); the last row draws from
+    p on stream 0 (Leviathan et al. 2023, "Fast Inference from Transformers via
+    Speculative Decoding"; Chen et al. 2023). Emitted tokens are distributed as p, but
+    the token at a position depends on whether the lane drafted it.
 
-        for b in range(B):
-            record[b] = (generation[b], 0, 0, 0, -1, -1, -1 ...)
-            s = slot[b]; n = query_length[b]
-            if s < 0 or n < 1: record[b, 0] = -1; continue
-            a, out = 0, []
-            for j in range(n):
-                z = processed(logits[off_b + j]) with histogram[s] (+ counts of out so far)
-                    and the grammar mask when j == 0 and use_mask[b]
-                if j < n - 1:                                       # test draft d
-                    d = drafts[b, j]          # outside [0, V): never accepted, q = 0
-                    if greedy: ok = argmax(z) == d; tok = argmax(z)
-                    else:
-                        p = probabilities of z (sampler truncation); qd = q[b, j, d]
-                        ok = u(seed, lane_start + j, stream 2) * qd < p[d]
-                        if not ok: tok = draw from norm(max(p - q[b, j], 0)) (stream 3)
-                    if ok: out.append(d); a += 1; continue
-                    out.append(tok); break
-                out.append(argmax(z) if greedy else draw from p (stream 0))   # bonus
-            for tok in out: if sampling_decision[b]: histogram[s, tok] += 1
-            pending[s] = out[-1]
-            record[b] = (generation[b], n, a, a + 1, lane_start[b] + a + 1 - LAG (or -1
-                         when LAG < 0), -1, out..., -1...)
-            commit_row[off_b + j] = b for j <= a, -1 for a < j < n
-
-    A greedy row is one with temperature <= 0 or no finite logit (as ``sample``).
-
-    Args:
-        logits: ``[P, V]`` f32 target logits of the packed rows.
-        slot, generation, lane_start, query_length, sampling_decision: ``[B]`` i32.
-        seed: ``[B, 2]`` u32. temperature, top_p, min_p, presence, frequency, repetition:
-            ``[B]`` f32. top_k, use_mask: ``[B]`` i32.
-        histogram: ``[S, V]`` i32, updated. grammar_mask: ``[B, W32]`` i32.
-        drafts: ``[B, DMAX]`` i32 target ids. q: ``[B, DMAX, V]`` f32 draft
-            probabilities over target ids (sampled lanes). vocab_map: ``[VD]`` i32.
-        token_row: ``[P]`` i32 lane of each packed row (< 0 padding).
-        pending: ``[S]`` i32, the lane's slot entry written.
-        commit_row: ``[P]`` i32, written (the head's entries to rewrite: lane or -1).
-        record: ``[B, RECORD_FIELDS + W]`` i32, written.
-        B: lanes. P: packed rows. V: vocabulary. VD: draft vocabulary. W32: mask words.
-        DMAX: draft columns. W: emitted-token columns. LAG: draft cursor lag, or -1 for a
-        graph without a draft cursor.
+    Args: as `spec_verify_coupled`, plus q ``[B, DMAX, V]`` f32 draft probabilities over
+    target ids (sampled lanes), vocab_map ``[VD]`` i32 and VD (the draft vocabulary).
+    A draft outside [0, V) (cut by `spec_candidate_masks`) is never accepted; its row
+    draws from p.
     """
+    _verify_lanes(logits, slot, generation, lane_start, query_length, sampling_decision,
+                  seed, temperature, top_p, top_k, min_p, presence, frequency, repetition,
+                  histogram, grammar_mask, use_mask, drafts, q, pending, commit_row, record,
+                  B, P, V, W32, W, LAG)
+
+
+def _verify_lanes(logits, slot, generation, lane_start, query_length, sampling_decision,
+                  seed, temperature, top_p, top_k, min_p, presence, frequency, repetition,
+                  histogram, grammar_mask, use_mask, drafts, q, pending, commit_row, record,
+                  B, P, V, W32, W, LAG) -> None:
+    """The lane walk of both verify ops: `q` None = coupled, else standard sampling."""
     rec = record[:B, : RECORD_FIELDS + W]
     rec[...] = -1
     commit_row[:P] = -1
@@ -338,35 +479,23 @@ def spec_verify(
             if j == 0 and use_mask[b]:
                 z = np.where(_allowed(grammar_mask[b, :W32], V), z, np.float32(-np.inf))
             best = int(np.argmax(z))
-            greedy = temp <= 0.0 or not np.isfinite(z[best])
             position = start + j
-            if greedy:
-                tok = best
-                ok = j < n - 1 and int(drafts[b, j]) == best
-            else:
-                cand, raw = _candidates(z, temp, int(top_k[b]), float(top_p[b]), float(min_p[b]))
-                p = raw / raw.sum(dtype=np.float32)
-                ok = False
-                if j < n - 1:
-                    d = int(drafts[b, j])
-                    dense_p = _lane_ids(cand, p, V)
-                    # A draft outside [0, V) (cut by spec_candidate_masks) is never
-                    # accepted and proposed nothing: its rejection draws from p.
-                    valid = 0 <= d < V
-                    qd = q[b, j, :V] if valid else np.zeros(V, np.float32)
-                    u = philox_uniform(seed_lo, seed_hi, position, [0], stream=STREAM_ACCEPT)[0]
-                    ok = valid and bool(qd[d] > 0
-                                        and u * np.float64(qd[d]) < np.float64(dense_p[d]))
-                    if not ok:
-                        residual = np.maximum(dense_p[cand] - qd[cand], np.float32(0))
-                        total = residual.sum(dtype=np.float32)
-                        weights = residual / total if total > 0 else p
-                        tok = _race(weights, cand, seed_lo, seed_hi, position, STREAM_RESIDUAL)
-                if j == n - 1:  # the sampler's own race: the decode program's token
-                    tok = _race(raw, cand, seed_lo, seed_hi, position, STREAM_TARGET)
-            if ok:
-                tok = int(drafts[b, j])
-                accepted += 1
+            drafted = j < n - 1
+            d = int(drafts[b, j]) if drafted else -1
+            standard = False  # a sampled draft of a core exported before coupling
+            tok = best
+            if temp > 0.0 and np.isfinite(z[best]):
+                cand, raw = _candidates(z, temp, int(top_k[b]), float(top_p[b]),
+                                        float(min_p[b]))
+                standard = q is not None and drafted
+                if standard:
+                    ok, tok = _standard_test(cand, raw, q[b, j, :V], d, V, seed_lo, seed_hi,
+                                             position)
+                else:  # the sampler's own race: the decode program's token
+                    tok = _race(cand, raw, seed_lo, seed_hi, position)
+            if not standard:
+                ok = drafted and tok == d
+            accepted += ok
             out.append(tok)
             counts[tok] += 1
             if not ok:
@@ -381,13 +510,25 @@ def spec_verify(
         commit_row[off:off + accepted + 1] = b
 
 
-def _race(p: NDArray[np.float32], cand: NDArray[np.int64], seed_lo: int, seed_hi: int,
-          position: int, stream: int) -> int:
-    """The sampler's exponential race over `cand` with weights `p` on `stream`."""
-    u = philox_uniform(seed_lo, seed_hi, position, cand, stream=stream)
-    with np.errstate(divide="ignore"):
-        race = np.log(p.astype(np.float64)) - np.log(-np.log(u))
-    return int(cand[int(np.argmax(race))])
+def _standard_test(cand: NDArray[np.int64], raw: NDArray[np.float32], qrow: NDArray[np.float32],
+                   d: int, V: int, seed_lo: int, seed_hi: int, position: int
+                   ) -> tuple[bool, int]:
+    """Standard speculative sampling of one drafted row (`spec_verify`): (True, d) when
+    `d` is accepted, else (False, the residual draw)."""
+    p = raw / raw.sum(dtype=np.float32)
+    dense_p = _lane_ids(cand, p, V)
+    # A draft outside [0, V) (cut by spec_candidate_masks) is never accepted and proposed
+    # nothing: its rejection draws from p.
+    valid = 0 <= d < V
+    if not valid:
+        qrow = np.zeros(V, np.float32)
+    u = philox_uniform(seed_lo, seed_hi, position, [0], stream=STREAM_ACCEPT)[0]
+    if valid and qrow[d] > 0 and u * np.float64(qrow[d]) < np.float64(dense_p[d]):
+        return True, d
+    residual = np.maximum(dense_p[cand] - qrow[cand], np.float32(0))
+    total = residual.sum(dtype=np.float32)
+    weights = residual / total if total > 0 else p
+    return False, _race(cand, weights, seed_lo, seed_hi, position, STREAM_RESIDUAL)
 
 
 def paged_row_write(
@@ -508,7 +649,8 @@ def spec_copy_candidates(
     V: int,
     STEP: int,
 ) -> None:
-    """Replace draft STEP by the lane's copied candidate (history drafting).
+    """Replace draft STEP by the lane's copied candidate (history drafting), one-hot q
+    (the op of cores exported before coupled verification; new cores: `spec_copy_drafts`).
 
     Runs right after ``draft_sample`` of step STEP. Copied candidate i (0-based) proposes
     the token at position c + 1 + i (c = the lane's pending position); the head's later
@@ -627,6 +769,44 @@ def spec_candidate_masks(
             logits[t, :V] = np.where(allowed, logits[t, :V], np.float32(-np.inf))
         if k[b] <= j < min(int(query_length[b]) - 1, DMAX):
             drafts[b, j] = -1
+
+
+def spec_copy_drafts(
+    cand_ids: NDArray[np.int32],
+    cand_count: NDArray[np.int32],
+    cand_generation: NDArray[np.int32],
+    cand_endpoint: NDArray[np.int32],
+    generation: NDArray[np.int32],
+    lane_start: NDArray[np.int32],
+    query_length: NDArray[np.int32],
+    lane_slot: NDArray[np.int32],
+    drafts: NDArray[np.int32],
+    B: int,
+    CMAX: int,
+    DMAX: int,
+    V: int,
+    STEP: int,
+) -> None:
+    """`spec_copy_candidates` of coupled programs: the same replacement of draft STEP by
+    a fresh copied candidate, with no q to write (`spec_verify_coupled` accepts a copied
+    draft iff it is the target's draw there: probability p(d)).
+
+    Reference loop::
+
+        for b in range(B):
+            k = fresh candidate count of lane b (as spec_copy_candidates)
+            d = cand_ids[b, STEP - 1]
+            if lane_slot[b] >= 0 and STEP <= k and 0 <= d < V: drafts[b, STEP - 1] = d
+
+    Args: as `spec_copy_candidates`, without q.
+    """
+    if STEP > CMAX:
+        return
+    k = _fresh_candidates(cand_count, cand_generation, cand_endpoint, generation, lane_start,
+                          query_length, B, CMAX, DMAX)
+    d = cand_ids[:B, STEP - 1]
+    take = (lane_slot[:B] >= 0) & (STEP <= k) & (d >= 0) & (d < V)
+    drafts[:B, STEP - 1] = np.where(take, d, drafts[:B, STEP - 1])
 
 
 def spec_confidence(
