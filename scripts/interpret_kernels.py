@@ -5,7 +5,7 @@ and the chunked sampler (``sample_chunks`` -> ``sample_merge`` -> ``sample_rest`
 tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
 
     uv run python scripts/interpret_kernels.py     # prints one line per case; exit 1 on a mismatch
-    uv run python scripts/interpret_kernels.py speculative   # issue 13's kernels only
+    uv run python scripts/interpret_kernels.py speculative   # the speculative kernels only
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -271,18 +271,55 @@ def check_verify_cut(rng, V: int) -> bool:
     return ok
 
 
+class _Interpreted:
+    """The GPU tests' ``gpu`` fixture, launching under the interpreter: outputs poisoned,
+    every buffer returned by name (tests/gpu/gpu_harness.py Gpu.run)."""
+
+    def run(self, op: str, *args) -> dict[str, np.ndarray]:
+        params = K.kernel_params(op)
+        arrs = []
+        for spec, a in zip(params, args, strict=True):
+            if spec.kind == "buffer":
+                a = np.ascontiguousarray(a).copy()
+                if spec.direction == "out":
+                    a[...] = np.nan if a.dtype.kind == "f" else -7777
+            arrs.append(a)
+        launch(op, *arrs)
+        return {s.name: a for s, a in zip(params, arrs, strict=True) if s.kind == "buffer"}
+
+
+def check_speculative() -> bool:
+    """The coupled-verification kernel tests of tests/gpu/test_speculative.py (V = 49152),
+    with the interpreter as the device (about 3 minutes: the sampled verify's bisections)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from tests.gpu import test_speculative as t
+
+    cases = [("test_copy_drafts", ()), ("test_draft_sample_coupled", (512, 49152)),
+             ("test_draft_sample_coupled", (8192, 49152)),
+             ("test_spec_verify_coupled", (0.0,)), ("test_spec_verify_coupled", (0.8,))]
+    ok = True
+    for i, (name, extra) in enumerate(cases):
+        try:
+            getattr(t, name)(_Interpreted(), np.random.default_rng(100 + i), *extra)
+            print(f"ok  {name}{list(extra) or ''}")
+        except AssertionError as exc:
+            ok = False
+            print(f"BAD {name}{list(extra) or ''}: {str(exc).splitlines()[0][:200]}")
+    return ok
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
-    np.seterr(divide="ignore", under="ignore")
+    np.seterr(divide="ignore", under="ignore", invalid="ignore")
+    ok = True
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         for V in (5000, 4097, 49152):
             ok &= check_sampler(rng, V)
-    else:
-        ok = True
     for V in (4100, 300):
         ok &= check_candidate_masks(rng, V)
     ok &= check_verify_cut(rng, 300)
+    ok &= check_speculative()  # coupled verification (about 3 minutes)
     sys.exit(0 if ok else 1)
 
 

@@ -154,6 +154,110 @@ def test_spec_verify(gpu, rng, temperature):
         assert ref["record"][0, 2] == 2  # the accept path ran
 
 
+@pytest.mark.parametrize("VD,V", [(512, 49152), (8192, 49152)])
+def test_draft_sample_coupled(gpu, rng, VD, V):
+    """The head's race with the target's stream-0 noise (coupled drafts), poisoned drafts:
+    exact draft ids, and each sampled lane's draft is the reference target race over the
+    head's own distribution (the same function the sampler draws with)."""
+    B, DMAX, step = 6, 3, 2
+    logits = (rng.standard_normal((B, VD)) * 3).astype(np.float32)
+    lane_slot = np.asarray([0, 1, -1, 3, 4, 5], np.int32)
+    pos = rng.integers(0, 4000, B).astype(np.int32)
+    vocab_map = rng.permutation(V)[:VD].astype(np.int32)  # not monotone: ids map anywhere
+    s = _sampling(rng, B, [0.0, 0.8, 0.7, 1.0, 0.0, 0.6])
+    args = [s["seed"], s["temperature"], s["top_p"], s["top_k"], s["min_p"]]
+    ref = np.full((B, DMAX), -7, np.int32)
+    K.draft_sample_coupled(logits, lane_slot, pos, vocab_map, *args, ref, B, VD, DMAX, step)
+    got = gpu.run("draft_sample_coupled", logits, lane_slot, pos, vocab_map, *args,
+                  np.full((B, DMAX), -7, np.int32), B, VD, DMAX, step)
+    np.testing.assert_array_equal(got["drafts"], ref)
+    assert ref[2, step - 1] == -7 and (ref[[0, 1, 3, 4, 5], step - 1] >= 0).all()
+
+
+def _coupled_verify_inputs(rng, temperature):
+    """Inputs of a coupled verify step whose drafts match the target's draws where the
+    test wants acceptance: lane 0 accepts every draft, lane 2 one of two, the others none
+    (drafts built by rerunning the reference with the emitted prefix as drafts)."""
+    B, V, W = 5, 49152, 4
+    DMAX, S, W32 = W - 1, 8, (V + 31) // 32
+    qlen = np.asarray([4, 1, 3, 0, 2], np.int32)
+    P = int(qlen.sum()) + 2
+    f = np.float32
+    s = _sampling(rng, B, [temperature] * B)
+    ins = dict(
+        logits=(rng.standard_normal((P, V)) * 2).astype(f),
+        slot=np.asarray([2, 0, 5, -1, 7], np.int32), generation=np.arange(B, dtype=np.int32) + 3,
+        lane_start=rng.integers(0, 4000, B).astype(np.int32), query_length=qlen,
+        sampling_decision=np.ones(B, np.int32), seed=s["seed"], temperature=s["temperature"],
+        top_p=s["top_p"], top_k=s["top_k"], min_p=s["min_p"],
+        presence=np.asarray([0, 0.1, 0.1, 0.1, 0.1], f),
+        frequency=np.asarray([0, 0.05, 0.05, 0.05, 0.05], f),
+        repetition=np.asarray([1, 1.1, 1.1, 1.1, 1.1], f),
+        histogram=rng.integers(0, 3, (S, V)).astype(np.int32),
+        grammar_mask=rng.integers(-2**31, 2**31, (B, W32), dtype=np.int64).astype(np.int32),
+        use_mask=np.asarray([0, 0, 1, 0, 0], np.int32),
+        drafts=np.full((B, DMAX), -1, np.int32),
+        token_row=np.concatenate([np.repeat(np.arange(B), qlen), [-1, -1]]).astype(np.int32),
+        pending=rng.integers(0, V, S).astype(np.int32))
+    geometry = (B, P, V, W32, DMAX, W, 0)
+    for b, accept in ((0, 3), (2, 1)):
+        for j in range(accept):
+            out = _reference_verify(ins, geometry)
+            ins["drafts"][b, j] = out["record"][b, RECORD_FIELDS + j]
+    out = _reference_verify(ins, geometry)
+    ins["drafts"][2, 1] = (out["record"][2, RECORD_FIELDS + 1] + 1) % V  # lane 2 rejects it
+    return ins, geometry
+
+
+def _reference_verify(ins, geometry):
+    P, W = geometry[1], geometry[5]
+    out = dict(histogram=ins["histogram"].copy(), pending=ins["pending"].copy(),
+               commit_row=np.full(P, -99, np.int32),
+               record=np.full((len(ins["slot"]), RECORD_FIELDS + W), -99, np.int32))
+    args = {**ins, **out}
+    K.spec_verify_coupled(*(args[p.name] for p in K.kernel_params("spec_verify_coupled")
+                            if p.kind == "buffer"), *geometry)
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_spec_verify_coupled(gpu, rng, temperature):
+    """Coupled verification against the reference with poisoned outputs: the emitted
+    tokens (the target's own draws: argmax, or the sampler's stream-0 race with the
+    lane's penalties and mask), accepted counts, commit rows, pending, histogram."""
+    ins, geometry = _coupled_verify_inputs(rng, temperature)
+    ref = _reference_verify(ins, geometry)
+    assert ref["record"][:, 2].tolist() == [3, 0, 1, -1, 0]  # accept and reject paths ran
+    P, W = geometry[1], geometry[5]
+    poisoned = dict(commit_row=np.full(P, -99, np.int32),
+                    record=np.full((len(ins["slot"]), RECORD_FIELDS + W), -99, np.int32))
+    args = {**ins, **poisoned, "histogram": ins["histogram"].copy(),
+            "pending": ins["pending"].copy()}
+    got = gpu.run("spec_verify_coupled",
+                  *(args[p.name] for p in K.kernel_params("spec_verify_coupled")
+                    if p.kind == "buffer"), *geometry)
+    for name in ("record", "pending", "commit_row", "histogram"):
+        np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
+
+
+def test_copy_drafts(gpu, rng):
+    """spec_copy_drafts (coupled programs: copied candidates with no q) against the
+    reference over stale, clipped and out-of-range candidates."""
+    B, CMAX, DMAX, V = 8, 3, 3, 49152
+    for _ in range(20):
+        ins = [rng.integers(-2, V + 2, (B, CMAX)).astype(np.int32),
+               rng.integers(-1, 5, B).astype(np.int32), rng.integers(1, 3, B).astype(np.int32),
+               rng.integers(5, 7, B).astype(np.int32), rng.integers(1, 3, B).astype(np.int32),
+               rng.integers(5, 7, B).astype(np.int32), rng.integers(1, 5, B).astype(np.int32),
+               rng.integers(-1, 3, B).astype(np.int32)]
+        for step in (1, 2, 3):
+            drafts = rng.integers(0, V, (B, DMAX)).astype(np.int32)
+            want = drafts.copy()
+            K.spec_copy_drafts(*ins, want, B, CMAX, DMAX, V, step)
+            got = gpu.run("spec_copy_drafts", *ins, drafts, B, CMAX, DMAX, V, step)
+            np.testing.assert_array_equal(got["drafts"], want)
+
+
 GREEDY_TOKENS = 64
 DIVERGENCE_BOUND = 0.10  # prompts whose greedy text may differ (measured and printed)
 

@@ -298,17 +298,25 @@ def test_launch_choices_compile_for_sm90():
         assert ck.shared_bytes <= 227 * 1024
 
 
-def test_history_and_allocation_kernels_compile_for_sm90():
-    """The copied-candidate, candidate-mask, confidence, allocation, row-packing and
-    verification kernels of a drafter core's speculative and prefix-limit programs, with
-    the constants capture chose."""
+@pytest.mark.parametrize("coupled", [True, False], ids=["coupled", "standard"])
+def test_speculative_kernels_compile_for_sm90(coupled):
+    """The draft, copied-candidate, candidate-mask, verify, confidence, allocation and
+    row-packing kernels of a drafter core's speculative and prefix-limit programs, with
+    the constants capture chose: coupled verification (new cores) and standard
+    speculative sampling (the ops of cores exported before it, which must keep
+    loading)."""
     from helios_ignition.kernels_aot import compile_variant
 
-    manifest = tiny_core(0, speculative_widths=(1, 2, 4)).manifest
-    new = ("spec_copy_candidates", "spec_confidence", "spec_allocate", "spec_pack_rows",
-           "spec_candidate_masks", "spec_verify")
+    manifest = tiny_core(0, speculative_widths=(1, 2, 4),
+                         coupled_verification=coupled).manifest
+    new = (("draft_sample_coupled", "spec_copy_drafts", "spec_verify_coupled") if coupled
+           else ("draft_sample", "spec_copy_candidates", "spec_verify"))
+    new += ("spec_confidence", "spec_allocate", "spec_pack_rows", "spec_candidate_masks")
     variants = [k for k in manifest.kernels if k.reference_op in new]
     assert {k.reference_op for k in variants} == set(new)
+    ops = {k.reference_op for k in manifest.kernels}
+    assert not ops & {"draft_sample", "spec_verify", "spec_copy_candidates",
+                      "draft_sample_coupled", "spec_verify_coupled", "spec_copy_drafts"} - set(new)
     for k in variants:
         compiled = compile_variant(k.reference_op, dict(k.constants), "sm_90")
         assert compiled.entry_name == k.reference_op and compiled.binary[:4] == ELF_MAGIC

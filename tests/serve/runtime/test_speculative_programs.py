@@ -1,6 +1,9 @@
 """SPECULATIVE programs of the tiny model end to end on the CPU backend: greedy output
-identical to decode by construction, and the sampled token distribution of speculative
-sampling equal to the target's (chi-square, fixed seeds)."""
+identical to decode by construction; seeded sampled output identical to decode's too
+(coupled verification: every emitted token is the target's own draw) at every width,
+width policy, batch and under preemption; the sampled token distribution equal to the
+target's (chi-square, fixed seeds) with coupled verification and with the standard
+speculative sampling of cores exported before it (which must keep running)."""
 
 from __future__ import annotations
 
@@ -17,15 +20,34 @@ PROMPTS = [list(range(3, 9)), [5, 7, 9], [20, 21, 22, 23], [1, 2]]
 ALPHA = 1e-3  # significance level of the distribution tests
 
 
-def _tiny_spec_model():
+def _tiny_spec_model(coupled: bool = True):
     # draft_copy: the head often proposes what the tiny target says (accept paths run)
-    return load_native(tiny_core(1, speculative_widths=(1, 2, 4), draft_copy=3.0,
-                                 draft_vocab=96), "cpu")
+    return load_native(tiny_core(1, speculative_widths=(1, 2, 3, 4), draft_copy=3.0,
+                                 draft_vocab=96, coupled_verification=coupled), "cpu")
 
 
 @pytest.fixture(scope="module")
 def model():
     return _tiny_spec_model()
+
+
+@pytest.fixture(scope="module")
+def standard_model():
+    """A core as exported before coupled verification (draft_sample / spec_verify /
+    spec_copy_candidates with the q buffer): it must still load and run."""
+    return _tiny_spec_model(coupled=False)
+
+
+def test_new_cores_record_coupled_verification_and_old_ones_keep_their_ops():
+    coupled = tiny_core(1, speculative_widths=(1, 4)).manifest
+    standard = tiny_core(1, speculative_widths=(1, 4), coupled_verification=False).manifest
+    new = {"draft_sample_coupled", "spec_copy_drafts", "spec_verify_coupled"}
+    old = {"draft_sample", "spec_copy_candidates", "spec_verify"}
+    for manifest, want, absent in ((coupled, new, old), (standard, old, new)):
+        recorded = {k.reference_op for k in manifest.kernels}
+        assert want <= recorded and not absent & recorded
+    assert "spec.q" not in {b.name for b in coupled.buffers}
+    assert "spec.q" in {b.name for b in standard.buffers}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +57,7 @@ def scheduled_model():
     return _tiny_spec_model()
 
 
-@pytest.mark.parametrize("width", [1, 2, 4])
+@pytest.mark.parametrize("width", [1, 2, 3, 4])
 def test_greedy_speculative_output_equals_decode(model, width):
     decoded = Driver(model).generate(PROMPTS, 20)
     for batch in (PROMPTS[:1], PROMPTS):
@@ -44,6 +66,29 @@ def test_greedy_speculative_output_equals_decode(model, width):
     if width > 1:
         accepted = sum(int(r[:, 2].sum()) for r in records)
         assert accepted >= 5, "the test must exercise accepted drafts"
+
+
+def test_greedy_identity_holds_for_cores_exported_before_coupling(standard_model):
+    decoded = Driver(standard_model).generate(PROMPTS, 20)
+    out, records = Driver(standard_model).generate_speculative(PROMPTS, 20, 4)
+    assert out == decoded and sum(int(r[:, 2].sum()) for r in records) >= 5
+
+
+SEEDED = dict(temperature=0.8, top_p=0.95)
+
+
+def test_seeded_sampled_speculative_tokens_are_the_decode_programs_tokens(model):
+    """Driver level: the same (seed, position) draws whatever the lane width, alone or
+    in a batch, and the accept path runs (sampled drafts match the target's draws)."""
+    params = [SamplingParams(seed=70 + i, **SEEDED) for i in range(len(PROMPTS))]
+    decoded = Driver(model).generate(PROMPTS, 24, params)
+    for width in (1, 2, 3, 4):
+        out, records = Driver(model).generate_speculative(PROMPTS, 24, width, params)
+        assert out == decoded, width
+        alone, _ = Driver(model).generate_speculative(PROMPTS[2:3], 24, width, params[2:3])
+        assert alone[0] == decoded[2], width
+        if width > 1:
+            assert sum(int(r[:, 2].sum()) for r in records) >= 5, "no sampled draft accepted"
 
 
 def test_a_lane_never_emits_more_than_its_length(model):
@@ -79,7 +124,13 @@ def _target_probs(model, prefix: list[int], fed: int, temperature: float) -> np.
     return p / p.sum()
 
 
-def test_sampled_speculative_tokens_follow_the_target_distribution(model):
+@pytest.mark.parametrize("which", ["coupled", "standard"])
+def test_sampled_speculative_tokens_follow_the_target_distribution(which, model,
+                                                                   standard_model):
+    """First and second emitted tokens against the decode program's distribution,
+    chi-square at significance ALPHA, for coupled verification and for the standard
+    speculative sampling of cores exported before it."""
+    model = model if which == "coupled" else standard_model
     prompt, pending, temperature = [5, 7, 9, 11], 13, 0.6
     lanes, rounds = 4, 300  # 1,200 samples of the first token of 4-wide rounds
     first, second = [], []
@@ -139,9 +190,11 @@ def test_decode_rows_write_the_draft_context_prefill_would(model):
         np.testing.assert_allclose(decoded, prefilled, rtol=1e-4, atol=1e-5, err_msg=plane)
 
 
-def _serve(model, requests, num_pages=None):
+def _serve(model, requests, num_pages=None, widths=None, policy=False):
     """The real scheduler over the real programs (no worker): each request's output
-    tokens, and the scheduler's stats at the end."""
+    tokens, the scheduler's stats at the end and the speculative steps that left a
+    running request out. `widths`: the served speculative widths (() = plain decode;
+    default the core's); `policy`: the adaptive width policy."""
     from dataclasses import replace
 
     from helios_serve.scheduler import FinishReason, Scheduler
@@ -149,16 +202,21 @@ def _serve(model, requests, num_pages=None):
     geometry = model.manifests
     if num_pages is not None:
         geometry = replace(geometry, num_pages=num_pages)
-    scheduler = Scheduler(geometry, frames=1, device_pending=model.device_pending)
+    if widths is not None:
+        geometry = replace(geometry, speculative_widths=tuple(widths))
+    scheduler = Scheduler(geometry, frames=1, device_pending=model.device_pending,
+                          width_policy=policy)
     for request in requests:
         assert scheduler.add(request) is None
     limits = {r.request_id: r.max_output_tokens for r in requests}
     out: dict[int, list[int]] = {r.request_id: [] for r in requests}
     waits = 0  # speculative steps that left a running request out (no pages for its lane)
+    kinds = set()
     while scheduler.has_work():
         running = scheduler.stats().running
         plan = scheduler.schedule()
         assert plan is not None
+        kinds.add(plan.kind)
         if plan.kind is StepKind.SPECULATIVE and len(plan.rows) < running:
             waits += 1
         for result in scheduler.complete(plan, model.execute(plan)):
@@ -167,26 +225,52 @@ def _serve(model, requests, num_pages=None):
             out[result.request_id].append(result.token_id)
             if result.output_tokens == limits[result.request_id]:
                 scheduler.finish(result.request_id, FinishReason.LENGTH)
+    if widths == ():
+        assert StepKind.SPECULATIVE not in kinds
+    elif widths is None or max(widths) > 1:
+        assert StepKind.SPECULATIVE in kinds, kinds
     return out, scheduler.stats(), waits
 
 
-def test_a_seeded_request_samples_the_same_text_alone_in_a_batch_and_under_page_pressure(
-        scheduled_model):
-    """Lane lengths follow the request alone (a lane without its pages waits, it is not
-    shortened), so seeded sampled text does not depend on the batch or on free pages.
-    26 pages of 4 tokens: lanes wait for pages, nothing is preempted (a preemption
-    recomputes the sequence and draws the next token as decode does, which changes the
-    lanes after it: docs/speculative.md)."""
+def _seeded(i, prompt, seed, max_tokens=24):
     from helios_serve.scheduler import SchedRequest
 
-    def request(i, prompt, seed):
-        return SchedRequest(request_id=i, prompt_tokens=tuple(prompt), max_output_tokens=24,
-                            sampling=SamplingParams(temperature=0.8, top_p=0.95, seed=seed))
+    return SchedRequest(request_id=i, prompt_tokens=tuple(prompt), max_output_tokens=max_tokens,
+                        sampling=SamplingParams(seed=seed, **SEEDED))
 
-    batch = [request(i, p, 50 + i) for i, p in enumerate(PROMPTS)]
+
+def test_a_seeded_request_samples_the_decode_text_at_any_width_policy_batch_or_preemption(
+        scheduled_model):
+    """Coupled verification: a seeded sampled request (T 0.8, top_p 0.95) emits exactly
+    the token ids a plain DECODE run of the same seed emits -- served widths W = 1..4,
+    the fixed and the adaptive width policy, alone and in a batch of 4, a shorter
+    max_tokens (a prefix of the same text), and under page pressure that preempts."""
+    batch = [_seeded(i, p, 50 + i) for i, p in enumerate(PROMPTS)]
+    decoded = {r.request_id: _serve(scheduled_model, [r], widths=())[0][r.request_id]
+               for r in batch}
+    together, _, _ = _serve(scheduled_model, batch, widths=())
+    assert together == decoded
+    for top in (1, 2, 3, 4):
+        widths = tuple(range(1, top + 1))
+        for policy in (False, True):
+            out, stats, _ = _serve(scheduled_model, batch, widths=widths, policy=policy)
+            assert out == decoded, (widths, policy)
+            alone = _seeded(9, PROMPTS[1], 51)
+            out, _, _ = _serve(scheduled_model, [alone], widths=widths, policy=policy)
+            assert out[9] == decoded[1], (widths, policy)
+    shorter = [_seeded(i, p, 50 + i, max_tokens=7) for i, p in enumerate(PROMPTS)]
+    out, _, _ = _serve(scheduled_model, shorter, policy=True)
+    assert out == {i: text[:7] for i, text in decoded.items()}
+    squeezed, stats, _ = _serve(scheduled_model, batch, num_pages=14)
+    assert stats.preemptions > 0, "the test must preempt"
+    assert squeezed == decoded
+
+
+def test_a_seeded_request_samples_the_same_text_under_page_pressure_without_preemption(
+        scheduled_model):
+    """Lanes without their pages wait (they are not shortened): 26 pages of 4 tokens."""
+    batch = [_seeded(i, p, 50 + i) for i, p in enumerate(PROMPTS)]
     alone = {r.request_id: _serve(scheduled_model, [r])[0][r.request_id] for r in batch}
-    together, _, _ = _serve(scheduled_model, batch)
-    assert together == alone
     squeezed, stats, waits = _serve(scheduled_model, batch, num_pages=26)
     assert waits > 0 and stats.preemptions == 0, "the test must run under page pressure"
     assert squeezed == alone

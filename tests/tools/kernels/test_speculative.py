@@ -1,4 +1,6 @@
-"""NumPy references of the speculative ops (helios_tools/kernels/speculative.py)."""
+"""NumPy references of the speculative ops (helios_tools/kernels/speculative.py): the
+standard speculative sampling ops of cores exported before coupled verification
+(spec_verify, ...) and the coupled ones of new cores (spec_verify_coupled, ...)."""
 
 from __future__ import annotations
 
@@ -6,15 +8,18 @@ import math
 
 import numpy as np
 import pytest
-from helios_tools.kernels import sample
+from helios_tools.kernels import sample, sample_biased
 from helios_tools.kernels.sampling import _candidates
 from helios_tools.kernels.speculative import (
     RECORD_FIELDS,
+    draft_sample_coupled,
     paged_row_gather_prev,
     paged_row_write,
+    spec_copy_drafts,
     spec_draft_inputs,
     spec_pack_tokens,
     spec_verify,
+    spec_verify_coupled,
 )
 
 V, VD, B, W = 40, 24, 3, 4
@@ -158,3 +163,151 @@ def test_speculative_sampling_preserves_the_target_distribution(top_p):
     k = int(keep.sum()) - 1
     zscore = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / np.sqrt(2 / (9 * k))
     assert 0.5 * math.erfc(zscore / math.sqrt(2)) > 1e-3, (stat, counts[8:14] / n, p[8:14])
+
+
+# -- coupled verification (new cores) ---------------------------------------------------
+
+
+def _verify_coupled(logits, drafts, qlen, start, *, temperature=0.0, top_p=1.0, seed=(1, 2),
+                    presence=0.0):
+    """spec_verify_coupled over B lanes (lane b's seed is (seed[0] * B + b, seed[1]))."""
+    P = int(sum(qlen))
+    slot = np.arange(B, dtype=np.int32)
+    hist = np.zeros((B, V), np.int32)
+    pending = np.full(B, -5, np.int32)
+    commit = np.zeros(P, np.int32)
+    record = np.zeros((B, RECORD_FIELDS + W), np.int32)
+    token_row = np.repeat(np.arange(B, dtype=np.int32), qlen)
+    f = np.float32
+    spec_verify_coupled(
+        logits, slot, np.full(B, 7, np.int32), np.asarray(start, np.int32),
+        np.asarray(qlen, np.int32), np.ones(B, np.int32),
+        np.asarray([(seed[0] * B + b, seed[1]) for b in range(B)], np.uint32),
+        np.full(B, temperature, f), np.full(B, top_p, f), np.zeros(B, np.int32),
+        np.zeros(B, f), np.full(B, presence, f), np.zeros(B, f), np.ones(B, f), hist,
+        np.zeros((B, 2), np.int32), np.zeros(B, np.int32), np.asarray(drafts, np.int32),
+        token_row, pending, commit, record, B, P, V, 2, DMAX, W, 0)
+    return record, pending, commit, hist
+
+
+def _decode_draws(logits_rows, positions, seed, temperature, top_p, presence=0.0,
+                  history=None):
+    """The decode sampler's token per row (sample_biased), one row at a time."""
+    out = []
+    f = np.float32
+    hist = np.zeros((1, V), np.int32) if history is None else history
+    for z, pos in zip(logits_rows, positions, strict=True):
+        tok = np.zeros(1, np.int32)
+        sample_biased(z[None].astype(f), np.zeros(1, np.int32), np.asarray([pos], np.int32),
+                      np.ones(1, np.int32), np.asarray([seed], np.uint32), np.full(1, temperature, f),
+                      np.full(1, top_p, f), np.zeros(1, np.int32), np.zeros(1, f),
+                      np.full(1, presence, f), np.zeros(1, f), np.ones(1, f), hist,
+                      np.zeros((1, V), f), np.zeros(1, np.int32), np.zeros((1, 2), np.int32),
+                      np.zeros(1, np.int32), tok, 1, V, 2)
+        out.append(int(tok[0]))
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_coupled_verify_emits_the_decode_samplers_draw_at_every_position(temperature):
+    """Whatever the drafts, the emitted token at each position is what sample_biased
+    draws there for the same seed (presence penalty on: accepted drafts count in the
+    next row's penalties as decode's histogram would); a draft equal to it is accepted."""
+    rng = np.random.default_rng(3)
+    qlen, start = [4, 4, 2], [5, 9, 30]
+    P = sum(qlen)
+    logits = (rng.standard_normal((P, V)) * 2).astype(np.float32)
+    off = np.concatenate([[0], np.cumsum(qlen)[:-1]])
+    drafts = np.full((B, DMAX), -1, np.int32)
+    for _ in range(DMAX):  # grow each lane's accepted run to the full lane
+        record, _, _, _ = _verify_coupled(logits, drafts, qlen, start, temperature=temperature,
+                                          top_p=0.9, presence=0.7)
+        for b in range(B):
+            a = record[b, 2]
+            if a < qlen[b] - 1:
+                drafts[b, a] = record[b, RECORD_FIELDS + a]
+    drafts[1, 2] = (drafts[1, 2] + 1) % V  # lane 1 rejects its last draft
+    record, pending, commit, hist = _verify_coupled(logits, drafts, qlen, start,
+                                                    temperature=temperature, top_p=0.9,
+                                                    presence=0.7)
+    assert record[:, 2].tolist() == [3, 2, 1] and record[:, 3].tolist() == [4, 3, 2]
+    for b in range(B):
+        history = np.zeros((1, V), np.int32)
+        n = int(record[b, 3])
+        want = _decode_draws(logits[off[b]:off[b] + n], range(start[b], start[b] + n),
+                             (1 * B + b, 2), temperature, 0.9, presence=0.7, history=history)
+        assert record[b, RECORD_FIELDS:RECORD_FIELDS + n].tolist() == want
+        assert pending[b] == want[-1]
+    assert commit.tolist() == [0, 0, 0, 0, 1, 1, 1, -1, 2, 2]
+
+
+def test_coupled_drafts_from_the_targets_distribution_are_always_accepted():
+    """The head races with the target's noise: with q = p (the head's logits are the
+    target's over the draft vocabulary, and the target puts no mass elsewhere) every
+    sampled draft equals the target's draw, so every lane accepts all its drafts."""
+    rng = np.random.default_rng(5)
+    vocab_map = np.arange(VD, dtype=np.int32) + 8
+    f = np.float32
+    for trial in range(20):
+        z = np.full((B, V), -1e9, f)
+        z[:, 8:8 + VD] = (rng.standard_normal((B, VD)) * 2).astype(f)
+        start = rng.integers(0, 100, B).astype(np.int32)
+        drafts = np.full((B, DMAX), -1, np.int32)
+        seeds = np.asarray([(trial * B + b, 2) for b in range(B)], np.uint32)
+        for step in range(1, DMAX + 1):
+            draft_sample_coupled(z[:, 8:8 + VD].copy(), np.arange(B, dtype=np.int32),
+                                 start + step - 1, vocab_map, seeds, np.full(B, 0.8, f),
+                                 np.full(B, 0.95, f), np.zeros(B, np.int32), np.zeros(B, f),
+                                 drafts, B, VD, DMAX, step)
+        logits = np.repeat(z, W, axis=0)  # every row of a lane sees the same distribution
+        record, _, _, _ = _verify_coupled(logits, drafts, [W] * B, start, temperature=0.8,
+                                          top_p=0.95, seed=(trial, 2))
+        assert record[:, 2].tolist() == [DMAX] * B
+
+
+def test_copy_drafts_replaces_only_fresh_in_range_candidates():
+    cand = np.asarray([[4, 5, 6], [7, 8, 9], [1, 2, 3], [-1, 60, 2]], np.int32)
+    drafts = np.zeros((4, DMAX), np.int32)
+    gen = np.asarray([3, 3, 3, 3], np.int32)
+    start = np.asarray([10, 10, 10, 10], np.int32)
+    args = (cand, np.asarray([3, 3, 1, 3], np.int32), np.asarray([3, 2, 3, 3], np.int32),
+            np.asarray([10, 10, 10, 10], np.int32), gen, start,
+            np.asarray([4, 4, 4, 4], np.int32), np.asarray([0, 1, 2, 3], np.int32))
+    for step in (1, 2):
+        spec_copy_drafts(*args, drafts, 4, 3, DMAX, V, step)
+    # lane 1: stale generation; lane 2: one candidate; lane 3: -1 ends the run, 60 >= V
+    assert drafts.tolist() == [[4, 5, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0]]
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_coupled_verification_emits_the_target_distribution(top_p):
+    """The first emitted token of 2-row lanes ~ p (chi-square, significance 1e-3, 6,000
+    seeded lanes) with the head's q far from p (drafts drawn by draft_sample_coupled)."""
+    z = np.full(V, -30.0, np.float32)
+    z[8:14] = np.log(np.asarray([0.3, 0.25, 0.2, 0.12, 0.08, 0.05], np.float32))
+    cand, probs = _candidates(z, 1.0, 0, top_p, 0.0)
+    p = np.zeros(V)
+    p[cand] = probs / probs.sum()
+    head = np.full((B, VD), -30.0, np.float32)
+    head[:, :6] = np.log(np.asarray([0.02, 0.03, 0.05, 0.1, 0.3, 0.5], np.float32))
+    vocab_map = np.arange(VD, dtype=np.int32) + 8
+    counts = np.zeros(V, np.int64)
+    accepted = 0
+    f = np.float32
+    for i in range(2000):
+        seeds = np.asarray([(i * B + b, 99) for b in range(B)], np.uint32)
+        drafts = np.full((B, DMAX), -1, np.int32)
+        draft_sample_coupled(head, np.arange(B, dtype=np.int32), np.full(B, 5, np.int32),
+                             vocab_map, seeds, np.ones(B, f), np.ones(B, f),
+                             np.zeros(B, np.int32), np.zeros(B, f), drafts, B, VD, DMAX, 1)
+        record, _, _, _ = _verify_coupled(np.tile(z, (2 * B, 1)), drafts, [2] * B, [5] * B,
+                                          temperature=1.0, seed=(i, 99), top_p=top_p)
+        np.add.at(counts, record[:, RECORD_FIELDS], 1)
+        accepted += int(record[:, 2].sum())
+    n = counts.sum()
+    keep = p * n >= 5
+    stat = float((((counts[keep] - p[keep] * n) ** 2) / (p[keep] * n)).sum())
+    k = int(keep.sum()) - 1
+    zscore = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / np.sqrt(2 / (9 * k))
+    assert 0.5 * math.erfc(zscore / math.sqrt(2)) > 1e-3, (stat, counts[8:14] / n, p[8:14])
+    assert 0 < accepted < n  # both the accept and the correction paths ran

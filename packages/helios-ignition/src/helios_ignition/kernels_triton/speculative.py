@@ -462,8 +462,10 @@ def spec_verify_coupled(logits, slot, generation, lane_start, query_length, samp
     The lane's packed offset is the sum of the earlier lanes' lengths (B <= 1024)."""
     b = tl.program_id(0)
     rec = record + b * (RECORD_FIELDS + W)
-    for c in range(0, RECORD_FIELDS + W):
+    for c in tl.static_range(RECORD_FIELDS):
         tl.store(rec + c, -1)
+    for c in range(0, W):
+        tl.store(rec + RECORD_FIELDS + c, -1)
     lanes_b = tl.arange(0, 1024)
     qlens = tl.load(query_length + lanes_b, mask=lanes_b < B, other=0)
     off = tl.sum(tl.where(lanes_b < b, tl.maximum(qlens, 0), 0), axis=0)
