@@ -1,7 +1,9 @@
 """Speculative generation on the real model (SmolLM2-135M-Instruct, CPU backend): greedy
 output equals the decode programs' output token for token, alone and in a batch of 8
 (model-contract.md, "Complete speculative generation"; the verify rows use the same
-row-invariant kernels as decode, so this holds by construction, not by luck).
+row-invariant kernels as decode, so this holds by construction, not by luck); so does
+seeded sampled output (coupled verification: every emitted token is the target's own
+draw) at W = 1..4, under the fixed and the adaptive width policy, alone and in a batch.
 
 The head is the committed trained drafter when recipes/drafters/ has it, else a seeded
 random head (then few drafts are accepted and the identity is mostly width-one rounds).
@@ -30,7 +32,7 @@ import importlib.util
 spec = importlib.util.spec_from_file_location("base", {base!r})
 base = importlib.util.module_from_spec(spec); spec.loader.exec_module(base)
 from helios_ignition.recipe import Capacities, DrafterDecl
-RECIPE = replace(base.RECIPE, drafter=DrafterDecl({drafter!r}, widths=(1, 4)),
+RECIPE = replace(base.RECIPE, drafter=DrafterDecl({drafter!r}, widths=(1, 2, 3, 4)),
                  capacities=replace(base.RECIPE.capacities, decode_batch=(1, 8),
                                     prefill_tokens=(64, 256)))
 """
@@ -38,7 +40,7 @@ RECIPE = replace(base.RECIPE, drafter=DrafterDecl({drafter!r}, widths=(1, 4)),
 
 @pytest.fixture(scope="module")
 def spec_core(tmp_path_factory, signing_key_pair):
-    """The real model exported with the drafter (widths 1 and 4): (path, public key)."""
+    """The real model exported with the drafter (widths 1..4): (path, public key)."""
     from helios_ignition.export import export_core
 
     folder = tmp_path_factory.mktemp("spec-core")
@@ -66,7 +68,7 @@ def model(spec_core):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # ~1 min on an idle CI machine; far more on a shared one
 def test_greedy_speculative_equals_decode_alone_and_in_a_batch_of_8(model):
-    assert model.manifests.speculative_widths == (1, 4)
+    assert model.manifests.speculative_widths == (1, 2, 3, 4)
     batch = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
     decoded = Driver(model).generate(batch, TOKENS)
     speculative, records = Driver(model).generate_speculative(batch, TOKENS, 4)
@@ -79,6 +81,51 @@ def test_greedy_speculative_equals_decode_alone_and_in_a_batch_of_8(model):
         assert out[:32] == p["greedy_ids"][:32]
     offered = sum(int(r[:, 1].sum()) for r in records)
     assert offered > len(records) * 8  # lanes of width 4 ran (not only width one)
+
+
+SAMPLED_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def scheduled_model(spec_core):
+    """A second load that only the real Scheduler drives (its slot generations would
+    collide with the Driver's in the shared page-table upload cache)."""
+    out, public = spec_core
+    core = open_core(out, [load_public_key(public)])
+    authorize(core, "helios.test/models")
+    m = load_native(core, "cpu")
+    yield m
+    m.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_seeded_sampled_speculative_equals_decode(model, scheduled_model):
+    """A seeded sampled request (T 0.8, top_p 0.95) emits the decode programs' token ids
+    with speculation at W = 1..4, in a batch of 4 and alone; through the real scheduler
+    too, under the fixed and the adaptive width policy, against a plain DECODE run."""
+    from helios_serve.engine.plan import SamplingParams
+
+    from tests.serve.runtime.test_speculative_programs import _seeded, _serve
+
+    batch = PROMPTS[:4]
+    params = [SamplingParams(temperature=0.8, top_p=0.95, seed=300 + i) for i in range(4)]
+    decoded = Driver(model).generate(batch, SAMPLED_TOKENS, params)
+    accepted = 0
+    for width in (1, 2, 3, 4):
+        out, records = Driver(model).generate_speculative(batch, SAMPLED_TOKENS, width, params)
+        assert out == decoded, width
+        accepted += sum(int(r[:, 2].sum()) for r in records)
+        alone, _ = Driver(model).generate_speculative(batch[3:], SAMPLED_TOKENS, width,
+                                                      params[3:])
+        assert alone[0] == decoded[3], width
+    assert accepted >= 8, "sampled drafts must be accepted (the coupled head's path)"
+    requests = [_seeded(i, p, 300 + i, max_tokens=SAMPLED_TOKENS) for i, p in enumerate(batch)]
+    plain, _, _ = _serve(scheduled_model, requests, widths=())
+    assert list(plain.values()) == decoded
+    for policy in (False, True):
+        out, _, _ = _serve(scheduled_model, requests, policy=policy)
+        assert list(out.values()) == decoded, policy
 
 
 @pytest.fixture(scope="module")

@@ -445,7 +445,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     recipe = fit_context(recipe, ckpt.geometry.max_context)
     caps = recipe.capacities
     drafter = open_drafter(recipe, recipe_path, ckpt)
-    speculation = (Speculation(drafter.geometry, recipe.drafter.widths)
+    speculation = (Speculation(drafter.geometry, recipe.drafter.widths,
+                               coupled=recipe.drafter.coupled)
                    if drafter is not None and recipe.drafter is not None else None)
     manifest, graphs = capture(shapes, caps, recipe.weight_dtype, spec=speculation,
                                split_tuning=recipe.split_tuning,

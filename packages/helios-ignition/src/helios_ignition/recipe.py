@@ -114,10 +114,16 @@ class DrafterDecl:
             included; D = W - 1 draft tokens each), ascending, starting at 1 (width-one
             programs serve lanes that cannot speculate). The largest is the core's
             default width.
+        coupled: coupled (drafter-invariant) verification of sampled rows: every
+            emitted token is the target's own seeded draw, so seeded text is the decode
+            programs' text whatever the lane lengths (docs/speculative.md). False records
+            standard speculative sampling, the ops of cores exported before it (kept so
+            they load, and for measuring the two: bench/speculative_acceptance.py).
     """
 
     checkpoint: str
     widths: tuple[int, ...] = (1, 2, 3, 4)
+    coupled: bool = True
 
 
 @dataclass(frozen=True)

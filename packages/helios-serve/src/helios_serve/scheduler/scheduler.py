@@ -128,7 +128,7 @@ WRITE_BACK_ROWS = 64
 def speculates(request: SchedRequest) -> bool:
     """Whether a request's generation rows may be SPECULATIVE lanes: speculative
     programs apply no logit bias and record no logprobs (helios_tools.kernels.
-    speculative.spec_verify), so such requests run as DECODE rows instead."""
+    speculative.spec_verify_coupled), so such requests run as DECODE rows instead."""
     sampling = request.sampling
     return not sampling.logit_bias and sampling.logprobs is None
 
@@ -656,9 +656,10 @@ class Scheduler:
         position (history drafting on a core with ModelGeometry.candidate_masks) verifies
         those candidates and no learned draft: 1 + the candidates its grammar accepts;
         else min(widest served W = D + 1, output budget left). The request alone decides
-        it: sampled text with a seed depends on the lane lengths (which position's token
-        is a bonus draw and which an acceptance test), never on other requests or on
-        free pages.
+        it, never other requests or free pages: cores exported before coupled
+        verification sample seeded text that depends on the lane lengths (which
+        position's token is a bonus draw and which an acceptance test); with coupled
+        verification the text is the decode text whatever the lengths.
         """
         request = seq.request
         sampling = request.sampling
