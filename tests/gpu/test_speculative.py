@@ -1,9 +1,10 @@
 """Speculative kernels and programs on the GPU against the NumPy references.
 
 Kernels: fresh random inputs, poisoned outputs, exact agreement for integer outputs and
-the sampled tokens (the same race in float64 as the reference). Model: the real model with
-a speculative core on the cuda backend -- greedy speculative output against the cuda
-decode programs over 100 chat prompts. On the GPU the verify rows run through other
+the sampled tokens (the same race in float64 as the reference); the coupled-verification
+ops of new cores and the standard-sampling ops of cores exported before them. Model: the
+real model with a speculative core on the cuda backend -- greedy speculative output
+against the cuda decode programs over 100 chat prompts, seeded sampled output over 64. On the GPU the verify rows run through other
 linear tiles than decode rows (T = P rows vs T = B rows: GEMV / FMA / MMA tiles differ),
 so bit-exactness is not built in there: the test measures and prints the divergence rate
 (prompts whose 64-token greedy text differs) and bounds it.
@@ -322,6 +323,39 @@ def test_greedy_speculative_divergence_over_100_prompts(spec_model):
                       "divergent_prompts": differ, "divergence_rate": rate,
                       "mean_tokens_per_lane_round": (accepted + rounds) / max(rounds, 1)}))
     assert rate <= DIVERGENCE_BOUND
+
+
+def test_seeded_sampled_speculative_divergence_over_64_prompts(spec_model):
+    """Coupled verification on the device: seeded sampled (T 0.8, top_p 0.95) speculative
+    text against the cuda decode programs' text of the same seeds. Every emitted token
+    is the target's own draw, so only verify-row logits that differ from decode rows'
+    (other linear tiles) can flip a draw, as they can flip a greedy argmax: the rate is
+    measured, printed and bounded like the greedy one."""
+    from helios_serve.engine.plan import SamplingParams
+    from helios_serve.runtime.driver import Driver
+    from helios_tools.frontend_assets import load_tokenizer, render_chat
+
+    model, drafter = spec_model
+    ck = _gguf()
+    tok = load_tokenizer(ck.tokenizer_json)
+    ids = [tok.encode(render_chat(ck.chat_template, m, add_generation_prompt=True),
+                      add_special_tokens=False).ids for m in _chat_prompts(64)]
+    differ, accepted, rounds = 0, 0, 0
+    for start in range(0, len(ids), 8):
+        batch = ids[start:start + 8]
+        params = [SamplingParams(temperature=0.8, top_p=0.95, seed=900 + start + i)
+                  for i in range(len(batch))]
+        want = Driver(model).generate(batch, GREEDY_TOKENS, params)
+        got, records = Driver(model).generate_speculative(batch, GREEDY_TOKENS, 4, params)
+        differ += sum(a != b for a, b in zip(got, want, strict=True))
+        accepted += sum(int(r[:, 2].sum()) for r in records)
+        rounds += sum(len(r) for r in records)
+    rate = differ / len(ids)
+    print(json.dumps({"drafter": drafter, "sampling": "T0.8 top_p0.95", "prompts": len(ids),
+                      "tokens": GREEDY_TOKENS, "divergent_prompts": differ,
+                      "divergence_rate": rate,
+                      "mean_tokens_per_lane_round": (accepted + rounds) / max(rounds, 1)}))
+    assert accepted > 0 and rate <= DIVERGENCE_BOUND
 
 
 def _gguf():
