@@ -184,7 +184,8 @@ def run(args) -> dict:
 
 
 def _summary(records, recorder: Recorder, seconds: float) -> dict:
-    full = np.concatenate([r[r[:, 1] == WIDTH] for r in records])  # lanes offered W
+    # lanes offered W positions (record columns: generation, offers, accepted, emitted)
+    full = np.concatenate([r[r[:, 1] == WIDTH, :4] for r in records])
     accepted = full[:, 2]
     per_position = [float((accepted >= k).sum() / max((accepted >= k - 1).sum(), 1))
                     for k in range(1, WIDTH)]
