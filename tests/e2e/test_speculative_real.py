@@ -108,7 +108,7 @@ def test_seeded_sampled_speculative_equals_decode(model, scheduled_model):
 
     from tests.serve.runtime.test_speculative_programs import _seeded, _serve
 
-    batch = PROMPTS[:4]
+    batch = [PROMPTS[i % len(PROMPTS)] for i in range(4)]  # a repeated prompt: other seed
     params = [SamplingParams(temperature=0.8, top_p=0.95, seed=300 + i) for i in range(4)]
     decoded = Driver(model).generate(batch, SAMPLED_TOKENS, params)
     accepted = 0
