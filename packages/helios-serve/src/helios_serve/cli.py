@@ -313,7 +313,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
         except ValueError as exc:
             raise StartupError(f"--kv-cache-memory: {exc}") from None
         try:
-            host_bytes = parse_bytes(host_cache_bytes) if host_cache_bytes != "0" else 0
+            host_bytes = parse_bytes(host_cache_bytes, zero=True)
         except ValueError as exc:
             raise StartupError(f"--host-cache-bytes: {exc}") from None
         options = ServeOptions(

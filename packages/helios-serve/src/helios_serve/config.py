@@ -7,6 +7,7 @@ value below.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -130,12 +131,13 @@ _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, *, zero: bool = False) -> int:
     """A byte count: an integer with an optional unit (K/M/G/T and KiB..TiB are powers
     of 1024, KB..TB powers of 1000; case-insensitive): "2147483648", "2GiB", "1.5G".
+    With `zero`, any spelling of zero ("0", "0.0", "0GiB") is 0 (none).
 
     Raises:
-        ValueError: not a positive byte count (the message names the accepted forms).
+        ValueError: not a finite positive byte count (the message names the accepted forms).
     """
     stripped = text.strip()
     number = stripped.rstrip("kKmMgGtTiIbB")
@@ -145,6 +147,10 @@ def parse_bytes(text: str) -> int:
     except (KeyError, ValueError):
         raise ValueError(f"{text!r} is not a byte count (an integer, optionally with K, M, G, "
                          "T, KiB..TiB or KB..TB)") from None
+    if not math.isfinite(value):  # "inf", "nan", "1e400"
+        raise ValueError(f"{text!r} is not a finite byte count")
+    if zero and value == 0:
+        return 0
     if value < 1:
         raise ValueError(f"{text!r} is not a positive byte count")
     return int(value)

@@ -37,7 +37,7 @@ from .cpu_backend import CpuBackend
 from .errors import RuntimeLoadError, UnknownBackend, UnsupportedContract
 from .packing import SharedPacking
 from .ranks import load_thread_ranks
-from .tiers import TierChoice, choose_tiers
+from .tiers import TierChoice, available_host_bytes, check_host_memory, choose_tiers
 
 BACKENDS = tuple(CAPABILITIES)  # ("cpu", "cuda")
 
@@ -164,9 +164,12 @@ class NativeModel:
                              {b.name: b for b in manifest.buffers},
                              prepared_snapshots=serving.prepared_snapshots,
                              snapshots=snapshots, host_cache_bytes=host_cache_bytes)
+        check_host_memory(tiers, snapshots_on_host=backend != "cuda",
+                          available=available_host_bytes(), snapshots=snapshots,
+                          host_cache_bytes=host_cache_bytes)
         if tiers.rows.rows:  # the core declares continuation or host-tier planes
             with log.phase("cache tiers") as phase:
-                phase.detail = tiers.describe()
+                phase.detail = tiers.describe(backend)
         if backend == "cuda":
             from .cuda_backend import CudaBackend  # imports cuda-python only when asked
 

@@ -12,6 +12,7 @@ RESTORE programs' kernels read and write them directly.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -52,6 +53,7 @@ class TierChoice:
         snapshot_rows: continuation rows (0: no exact-endpoint snapshots).
         host_rows: host-tier rows (0: no host tier).
         host_row_bytes: bytes of one host-tier row across its planes (stored dtypes).
+        snapshot_row_bytes: bytes of one continuation row across its planes (stored dtypes).
         page_bytes: bytes of one page across the paged planes (stored dtypes).
         routes: TRANSFER routes served -> RESTORE programs (capacity, graph name),
             ascending capacity.
@@ -63,16 +65,18 @@ class TierChoice:
     host_row_bytes: int
     page_bytes: int
     routes: Mapping[Route, tuple[tuple[int, str], ...]]
+    snapshot_row_bytes: int = 0
 
     @property
     def transfer_rows(self) -> int:
         """Copies one TRANSFER step may hold: every served route has a program that big."""
         return min((caps[-1][0] for caps in self.routes.values()), default=0)
 
-    def describe(self) -> str:
-        """One line for the startup log."""
+    def describe(self, backend: str = "cpu") -> str:
+        """One line for the startup log (`backend`: the host tier is pinned only on cuda)."""
+        memory = "pinned" if backend == "cuda" else "host memory"
         host = (f"host tier {self.host_rows} rows ({self.host_rows * self.host_row_bytes / 2**20:.1f}"
-                " MiB pinned)" if self.host_rows else "no host tier")
+                f" MiB {memory})" if self.host_rows else "no host tier")
         return (f"{self.snapshot_rows} snapshot rows, {host}, "
                 f"{len(self.routes)} transfer routes of {self.transfer_rows} rows")
 
@@ -135,7 +139,50 @@ def choose_tiers(cache: cpb.CacheContract, graphs: Sequence[cpb.GraphContract],
     rows = {p: snapshot_rows for p in tiers.continuation}
     rows.update({p: host_rows for p in tiers.host})
     return TierChoice(TierRows(rows, frozenset(tiers.host)), snapshot_rows, host_rows,
-                      host_row_bytes, sum(_row_bytes(buffers[p]) for p in tiers.pages), routes)
+                      host_row_bytes, sum(_row_bytes(buffers[p]) for p in tiers.pages), routes,
+                      sum(_row_bytes(buffers[p]) for p in tiers.continuation))
+
+
+def available_host_bytes() -> int:
+    """Host memory available to a new allocation, in bytes: /proc/meminfo MemAvailable
+    (free plus reclaimable page cache) on Linux, else free physical pages (sysconf)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_host_memory(choice: TierChoice, *, snapshots_on_host: bool, available: int,
+                      snapshots: int | None, host_cache_bytes: int) -> None:
+    """Fail startup when the host-memory planes asked for do not fit in `available` bytes
+    (NumPy reserves lazily: an oversized tier would be OOM-killed later, not refused).
+
+    Args:
+        choice: choose_tiers' result.
+        snapshots_on_host: the continuation planes live in host memory (the cpu backend;
+            on cuda they are device memory, sized by the driver's allocation).
+        available: host bytes available (available_host_bytes()).
+        snapshots, host_cache_bytes: the options as given (named in the message).
+
+    Raises:
+        RuntimeLoadError: naming the option, the bytes it asks for and the bytes available.
+    """
+    snapshot_bytes = choice.snapshot_rows * choice.snapshot_row_bytes if snapshots_on_host else 0
+    host_bytes = choice.host_rows * choice.host_row_bytes
+    if snapshot_bytes > available:
+        option = "--snapshots" if snapshots is not None else "the core's prepared_snapshots"
+        rows = snapshots if snapshots is not None else choice.snapshot_rows
+        raise RuntimeLoadError(f"{option} {rows}: {snapshot_bytes} bytes of continuation rows "
+                               f"do not fit in host memory ({available} bytes available)")
+    if snapshot_bytes + host_bytes > available:
+        also = f" plus {snapshot_bytes} bytes of snapshot rows" if snapshot_bytes else ""
+        raise RuntimeLoadError(f"--host-cache-bytes {host_cache_bytes}: {host_bytes} bytes of "
+                               f"host tier{also} do not fit in host memory ({available} bytes "
+                               "available)")
 
 
 _CAPTURE = Route(Tier.PAGES, Tier.CONTINUATION)
