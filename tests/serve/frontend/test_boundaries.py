@@ -3,7 +3,7 @@ byte-level BPE through HF tokenizers) and the ChatML template."""
 
 from __future__ import annotations
 
-from helios_serve.frontend.boundaries import prefix_endpoints
+from helios_serve.frontend.boundaries import first_message_end, prefix_endpoints
 from helios_serve.frontend.syntax import FrontendMessageRole as Role
 from helios_serve.frontend.syntax import PrefixBoundaryRule
 from helios_serve.testing.tokenizer import CHAT_TEMPLATE
@@ -54,3 +54,39 @@ def test_a_boundary_inside_a_token_is_not_an_endpoint():
 def test_no_rules_no_endpoints(tok):
     text, _, ends = _encode(tok, [{"role": "user", "content": "Hello"}])
     assert prefix_endpoints(text, ends, ["user"], ()) == ()
+
+
+# SmolLM2's template shape: a default system message when the first is not a system one.
+DEFAULT_SYSTEM_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_default_system_message_the_template_inserts_does_not_shift_the_turns(tok):
+    messages = [{"role": "user", "content": "Hello"},
+                {"role": "assistant", "content": "Hi!"},
+                {"role": "user", "content": "Look there"}]
+
+    def encode(msgs, generation_prompt):
+        text = render_chat(DEFAULT_SYSTEM_TEMPLATE, msgs, add_generation_prompt=generation_prompt)
+        enc = Tokenizer.from_str(tok.to_json()).encode(text, add_special_tokens=False)
+        return text, enc.ids, [end for _, end in enc.offsets]
+
+    text, ids, ends = encode(messages, True)
+    alone = render_chat(DEFAULT_SYSTEM_TEMPLATE, messages[:1], add_generation_prompt=False)
+    first_end = first_message_end(text, alone)
+    assert first_end == len(alone)
+    got = prefix_endpoints(text, ends, [m["role"] for m in messages], RULES, first_end)
+    want = tuple(len(encode(messages[:k], False)[1]) for k in (1, 3))
+    assert got == want
+    # Without it, the inserted system message's marker is taken for the first user turn's
+    # and every later turn shifts back by one message: the last user turn is never marked.
+    shifted = prefix_endpoints(text, ends, [m["role"] for m in messages], RULES)
+    assert shifted != want and want[-1] not in shifted
+
+
+def test_first_message_end_is_none_when_the_lone_render_is_not_a_prefix():
+    assert first_message_end("<a>x</a><b>y</b>", "<c>x</c>") is None
+    assert first_message_end("<a>x</a><b>y</b>", "") is None

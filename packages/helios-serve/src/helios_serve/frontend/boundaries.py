@@ -33,15 +33,20 @@ ROLE_OF = {
 
 
 def prefix_endpoints(text: str, token_ends: Sequence[int], roles: Sequence[str],
-                     rules: Sequence[PrefixBoundaryRule]) -> tuple[int, ...]:
+                     rules: Sequence[PrefixBoundaryRule],
+                     first_end: int | None = None) -> tuple[int, ...]:
     """Token endpoints of the prompt turns `rules` mark in a rendered prompt.
 
     Args:
         text: the rendered prompt.
         token_ends: character offset (in `text`) where each prompt token ends, ascending
             (tokenizers' Encoding.offsets[i][1]).
-        roles: each rendered message's role ("system", "user", ...), in order.
+        roles: each given message's role ("system", "user", ...), in order.
         rules: the frontend's prefix-boundary rules (one per role at most).
+        first_end: where the first message's rendering ends in `text`, when the caller
+            knows it (`first_message_end`). A template may render messages nobody sent
+            before it (SmolLM2's default system message when the first is not a system
+            one); the first end marker is then not the first message's.
 
     Returns:
         Ascending token counts in [1, len(token_ends)]: each is the number of prompt tokens
@@ -54,7 +59,12 @@ def prefix_endpoints(text: str, token_ends: Sequence[int], roles: Sequence[str],
         rule = by_role.get(ROLE_OF.get(role, FrontendMessageRole.UNSPECIFIED))
         if rule is None or not rule.end_marker:
             break
-        at = text.find(rule.end_marker, pos)
+        if index == 0 and first_end is not None:
+            if not text.startswith(rule.end_marker, first_end - len(rule.end_marker)):
+                break
+            at = first_end - len(rule.end_marker)
+        else:
+            at = text.find(rule.end_marker, pos)
         if at < 0:
             break
         pos = at + len(rule.end_marker)
@@ -65,3 +75,14 @@ def prefix_endpoints(text: str, token_ends: Sequence[int], roles: Sequence[str],
             break  # inside a token: not an endpoint
         out.append(tokens + 1)
     return tuple(out)
+
+
+def first_message_end(text: str, first_alone: str) -> int | None:
+    """Where the first message's rendering ends in the rendered prompt `text`.
+
+    `first_alone` is the same template rendered with only the first message and no
+    generation prompt: templates render messages in order, so when it is a prefix of
+    `text` its length is that end, whatever the template put before the message.
+    None when it is not a prefix (then `prefix_endpoints` searches for the marker).
+    """
+    return len(first_alone) if first_alone and text.startswith(first_alone) else None

@@ -26,7 +26,7 @@ from helios_tools.frontend_assets import ChatTemplateError, render_chat
 from helios_serve.engine.plan import ModelGeometry, SamplingParams
 from helios_serve.scheduler import AdmissionError, SchedRequest, check_capacity
 
-from .boundaries import prefix_endpoints
+from .boundaries import first_message_end, prefix_endpoints
 from .errors import FrontendRequestError
 from .grammar import GrammarCompiler, GrammarState
 from .logit_bias import parse_logit_bias
@@ -281,9 +281,11 @@ class Preparer:
         prompt_ids = tuple(encoding.ids)
         # Where the rendered turns end: the scheduler publishes a snapshot there, so a
         # later conversation sharing those turns restores the state after them.
+        rules = self.frontend.syntax.prefix_boundary_rules
         endpoints = prefix_endpoints(prompt_text, [end for _, end in encoding.offsets],
-                                     [m.get("role", "") for m in messages],
-                                     self.frontend.syntax.prefix_boundary_rules)
+                                     [m.get("role", "") for m in messages], rules,
+                                     self._first_message_end(request, messages, tools,
+                                                             prompt_text, rules))
         g = request.generation
         fmt = (request.response_format or {}).get("type")
         structured = fmt in ("json_object", "json_schema") or (
@@ -362,6 +364,21 @@ class Preparer:
                                                "image input is not served by this runtime")
             out["content"] = "".join(texts)
         return out
+
+    def _first_message_end(self, request: ChatInput, messages: list[dict[str, Any]],
+                           tools: list[dict[str, Any]] | None, prompt_text: str,
+                           rules) -> int | None:
+        """Where messages[0]'s rendering ends in `prompt_text` (boundaries.first_message_end):
+        one more render of the first message alone, only when some role has a rule."""
+        if not rules or len(messages) < 1:
+            return None
+        kwargs = {**self.template_variables, **dict(request.chat_template_kwargs)}
+        try:
+            alone = render_chat(self.chat_template, messages[:1], add_generation_prompt=False,
+                                tools=tools, **kwargs)
+        except ChatTemplateError:
+            return None  # the full render succeeded: fall back to the marker search
+        return first_message_end(prompt_text, alone)
 
     def _render(self, request: ChatInput, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None) -> str:  # fmt: skip
