@@ -117,9 +117,29 @@ def _runtime_resources(metrics: str) -> dict[str, float]:
             for line in metrics.splitlines() if line.startswith(prefix)}
 
 
+def test_demo_fingerprint_follows_the_recipe_and_the_sources(tmp_path):
+    from helios_serve.cli import demo_fingerprint
+
+    recipe, src = tmp_path / "recipe.py", tmp_path / "pkg"
+    (src / "sub").mkdir(parents=True)
+    recipe.write_text("RECIPE = 1\n")
+    (src / "sub" / "a.py").write_text("x = 1\n")
+    first = demo_fingerprint(recipe, [src])
+    assert len(first) == 16 and demo_fingerprint(recipe, [src]) == first
+    (src / "sub" / "a.py").write_text("x = 2\n")
+    second = demo_fingerprint(recipe, [src])
+    recipe.write_text("RECIPE = 2\n")
+    assert len({first, second, demo_fingerprint(recipe, [src])}) == 3
+    assert len(demo_fingerprint(Path(__file__))) == 16  # the installed packages resolve
+
+
 def test_demo_prepares_once_and_serves(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     repo = Path(__file__).resolve().parents[2]
+    demo = tmp_path / "cache" / "helios" / "demo"
+    demo.mkdir(parents=True)
+    stale = demo / "smollm2-135m-instruct-0000000000000000.core"
+    stale.write_bytes(b"exported by an older Helios")  # never served: its digest differs
     proc = subprocess.Popen([SERVE, "--demo", "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
     try:
@@ -134,6 +154,7 @@ def test_demo_prepares_once_and_serves(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
-    demo = tmp_path / "cache" / "helios" / "demo"
-    assert (demo / "smollm2-135m-instruct.core").is_file()
+    assert "again: the export code changed since the cached core" in proc.stderr.read()
+    assert len(list(demo.glob("smollm2-135m-instruct-*.core"))) == 1
+    assert not stale.exists()
     assert (demo / "publisher.key.pub").is_file()

@@ -9,11 +9,15 @@ prints one line (`helios-serve: error: ...`) without a traceback and exits 2.
 `--demo` prepares the embedded default once: it generates a local key with
 `helios-tools keygen` and exports the real SmolLM2 core with `ignition export` (both as
 subprocesses: serve never imports ignition) into ${XDG_CACHE_HOME:-~/.cache}/helios/demo/,
-then serves it.
+then serves it. The core's file name carries a digest of what exports it (the recipe and
+the helios-ignition, helios-tools and helios-contract sources), so a core exported by an
+older Helios is prepared again instead of served without what the new code exports.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -59,14 +63,34 @@ def _demo_recipe() -> Path:
     )
 
 
+EXPORT_PACKAGES = ("helios_ignition", "helios_tools", "helios_contract")
+
+
+def demo_fingerprint(recipe: Path, roots: list[Path] | None = None) -> str:
+    """16 hex digits of sha256 over the recipe and every .py file under `roots` (default:
+    the installed export packages, located without importing them)."""
+    if roots is None:
+        roots = []
+        for name in EXPORT_PACKAGES:
+            spec = importlib.util.find_spec(name)
+            roots.extend(Path(p) for p in (spec.submodule_search_locations or []) if spec)
+    digest = hashlib.sha256(recipe.read_bytes())
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def prepare_demo(echo=click.echo) -> tuple[Path, Path, str]:
-    """Export the demo core once; returns (core, public key, namespace).
+    """Export the demo core once per version of the export code; returns (core, public
+    key, namespace). Cores exported by other versions are removed after a new export.
 
     Raises:
         StartupError: keygen or export failed (their last output line is included).
     """
     folder = demo_dir()
-    core = folder / "smollm2-135m-instruct.core"
+    recipe = _demo_recipe()
+    core = folder / f"smollm2-135m-instruct-{demo_fingerprint(recipe)}.core"
     key = folder / "publisher.key"
     public = folder / "publisher.key.pub"
     if core.is_file() and public.is_file():
@@ -74,14 +98,18 @@ def prepare_demo(echo=click.echo) -> tuple[Path, Path, str]:
     folder.mkdir(parents=True, exist_ok=True)
     if not (key.is_file() and public.is_file()):
         _run([_tool("helios-tools"), "keygen", "--out", str(key)], "key generation")
-    echo(f"preparing the demo core once into {folder} (about a minute) ...", err=True)
+    older = [p for p in folder.glob("smollm2-135m-instruct*.core") if p != core]
+    why = "again: the export code changed since the cached core" if older else "once"
+    echo(f"preparing the demo core {why}, into {folder} (about a minute) ...", err=True)
     partial = core.with_suffix(".core.partial")
     _run(
-        [_tool("ignition"), "export", str(_demo_recipe()), "--checkpoint", "smollm2",
+        [_tool("ignition"), "export", str(recipe), "--checkpoint", "smollm2",
          "--key", str(key), "--namespace", DEMO_NAMESPACE, "--out", str(partial)],
         "demo export",
     )  # fmt: skip
     partial.replace(core)
+    for path in older:
+        path.unlink(missing_ok=True)
     return core, public, DEMO_NAMESPACE
 
 
