@@ -48,7 +48,8 @@ import time
 from pathlib import Path
 
 import httpx
-from server import ServeProcess  # bench/ is this script's folder
+from serve_cpu import SYSTEM_SENTENCES  # bench/ is this script's folder
+from server import ServeProcess
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -57,20 +58,7 @@ RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
 NAMESPACE = "helios.bench/snapshots"
 MODEL = "smollm2-135m-instruct"
 
-SENTENCES = [
-    "Every team member reviews the shared handbook at the start of each quarter.",
-    "Requests for new equipment go through the operations desk with a short justification.",
-    "Customer data is stored only in approved systems and never copied to personal devices.",
-    "Meetings start on time, have a written agenda and end with a list of decisions.",
-    "Code changes are reviewed by at least one colleague before they are merged.",
-    "Travel is booked through the company portal and approved by the team lead.",
-    "Incidents are reported within one hour to the on-call engineer and the security desk.",
-    "Documentation is written in plain language and kept next to the code it describes.",
-    "Holidays are announced two weeks ahead so that the team can plan coverage.",
-    "Passwords are managed in the approved vault and rotated when a device is lost.",
-    "New hires are paired with a mentor for their first three months.",
-    "Feedback is given privately, specifically and soon after the event it concerns.",
-]
+SENTENCES = SYSTEM_SENTENCES  # the policy text serve_cpu.py's chat workload uses
 QUESTIONS = [
     "Summarize the policy above in one sentence.",
     "What does it say about security?",

@@ -18,24 +18,11 @@ from helios_serve.engine.plan import ModelGeometry, StepKind, StepPlan, Tier
 from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler, TransferCost
 from helios_serve.testing.scripted import ALL_ROUTES
 
-TIERED = ModelGeometry(
-    page_tokens=4,
-    num_pages=16,
-    slots=4,
-    max_pages_per_request=8,
-    decode_capacities=(1, 2, 4),
-    prefill_token_capacities=(8, 16),
-    prefill_row_capacity=4,
-    context_tokens=32,
-    vocab_size=1000,
-    mask_words=32,
-    eos_token_ids=(0,),
-    snapshot_rows=4,
-    host_rows=0,
-    transfer_rows=4,
-    routes=ALL_ROUTES,
-    page_bytes=64,
-)
+from .conftest import TINY
+
+# The scheduler tests' geometry (conftest.TINY) with snapshot rows and copy programs.
+TIERED = replace(TINY, snapshot_rows=4, host_rows=0, transfer_rows=4, routes=ALL_ROUTES,
+                 page_bytes=64)
 
 # Copies far cheaper than prefill: preemption keeps a request's state.
 CHEAP_COPIES = TransferCost(transfer_step_s=1e-6, page_copy_s=1e-6, prefill_tokens_per_s=1.0)
