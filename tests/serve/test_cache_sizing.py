@@ -59,6 +59,34 @@ def test_each_way_chooses_its_page_count(monkeypatch):
                                "page; one page of every cache plane needs 0.0 MiB")
 
 
+def test_a_cpu_cache_larger_than_the_available_host_memory_fails_before_allocation(
+        monkeypatch):
+    monkeypatch.setattr(cache_sizing, "host_available_bytes", lambda: 50 * 2**20)
+
+    def choose(sizing, reserved=0):
+        return sizing.choose(backend="cpu", page_bytes=2**20, prepared_pages=32,
+                             host_reserved=reserved)
+
+    assert choose(CacheSizing(num_pages=50)).num_pages == 50  # exactly fits
+    with pytest.raises(CacheSizingError) as info:
+        choose(CacheSizing(num_pages=51))
+    assert str(info.value) == ("the KV cache (--num-pages: 51 pages of 1048576 bytes, 51.0 MiB) "
+                               "does not fit in available host memory (50.0 MiB)")
+    with pytest.raises(CacheSizingError) as info:
+        choose(CacheSizing(memory_bytes=2**40))
+    assert str(info.value) == ("the KV cache (--kv-cache-memory 1099511627776: 1048576 pages "
+                               "of 1048576 bytes, 1024.00 GiB) does not fit in available "
+                               "host memory (50.0 MiB)")
+    with pytest.raises(CacheSizingError) as info:  # the tier rows are counted first
+        choose(CacheSizing(), reserved=20 * 2**20)
+    assert str(info.value) == ("the KV cache (the core's prepared pages: 32 pages of 1048576 "
+                               "bytes, 32.0 MiB) does not fit in available host memory "
+                               "(30.0 MiB after 20.0 MiB of cache-tier rows)")
+    # cuda sizes from its own free device memory; the driver refuses what does not fit.
+    assert CacheSizing(num_pages=51).choose(backend="cuda", page_bytes=2**20,
+                                            prepared_pages=32, free_bytes=0).num_pages == 51
+
+
 def test_byte_counts():
     assert parse_bytes("20480") == 20480
     assert parse_bytes("20KiB") == parse_bytes("20k") == 20 * 1024
@@ -115,3 +143,11 @@ def test_conflicting_or_impossible_sizes_are_one_line(tiny_served, tmp_path):
     assert _fails(core.path, *trust, "--kv-cache-memory", "4000") == (
         "helios-serve: error: the KV cache budget (--kv-cache-memory 4000: 0.0 MiB) holds no "
         "page; one page of every cache plane needs 0.0 MiB")
+    # A budget beyond the host's memory fails at startup, not by the OOM killer later.
+    pages = 2**46 // PAGE_BYTES
+    line = _fails(core.path, *trust, "--kv-cache-memory", "64TiB")
+    assert re.fullmatch(
+        re.escape(f"helios-serve: error: the KV cache (--kv-cache-memory {2**46}: {pages} "
+                  f"pages of {PAGE_BYTES} bytes, 65536.00 GiB) does not fit in available "
+                  "host memory (") + r"[0-9.]+ (MiB|GiB)( after [0-9.]+ MiB of cache-tier "
+        r"rows)?\)", line), line

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from helios_serve.config import parse_bytes
+from helios_serve.runtime.cache_sizing import host_available_bytes
 from helios_serve.runtime.errors import RuntimeLoadError
-from helios_serve.runtime.tiers import TierChoice, TierRows, available_host_bytes, check_host_memory
+from helios_serve.runtime.tiers import TierChoice, TierRows, check_host_memory
 
 from tests.tiny_model import serve_error_line
 
@@ -106,6 +107,6 @@ def test_the_host_tier_is_called_pinned_only_on_cuda():
     assert "(0.0 MiB pinned)" in _choice(0, 2).describe("cuda")
 
 
-def test_available_host_bytes_is_positive_and_at_most_physical_memory():
+def test_host_available_bytes_is_positive_and_at_most_physical_memory():
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    assert 0 < available_host_bytes() <= physical
+    assert 0 < host_available_bytes() <= physical

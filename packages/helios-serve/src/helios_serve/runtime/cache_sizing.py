@@ -62,7 +62,7 @@ class CacheSizing:
             raise CacheSizingError(f"--kv-cache-fraction must be in (0, 1], got {self.fraction}")
 
     def choose(self, *, backend: str, page_bytes: int, prepared_pages: int,
-               free_bytes: int | None = None) -> CacheChoice:
+               free_bytes: int | None = None, host_reserved: int = 0) -> CacheChoice:
         """The physical page count.
 
         Args:
@@ -70,11 +70,30 @@ class CacheSizing:
             page_bytes: bytes of one page across every cache plane.
             prepared_pages: the prepared count (the cpu default).
             free_bytes: cuda: device memory free now (after everything but the cache);
-                cpu: None, the host's available memory is read when a fraction is given.
+                cpu: None, the host's available memory is read (host_available_bytes).
+            host_reserved: cpu: bytes of host planes allocated but not yet touched (the
+                tier rows), which the available memory does not count yet.
 
         Raises:
-            CacheSizingError: the budget holds no page.
+            CacheSizingError: the budget holds no page, or (cpu) the chosen pages do not
+                fit in the host's available memory less `host_reserved` (NumPy reserves
+                lazily: an oversized cache would be OOM-killed while serving, not refused).
         """
+        choice = self._choose(backend, page_bytes, prepared_pages, free_bytes)
+        if backend == "cuda":  # the driver's allocation refuses an oversized cache
+            return choice
+        available = host_available_bytes() - host_reserved
+        if choice.nbytes > available:
+            reserved = (f" after {_mib(host_reserved)} of cache-tier rows" if host_reserved
+                        else "")
+            raise CacheSizingError(f"the KV cache ({choice.how}: {choice.num_pages} pages of "
+                                   f"{page_bytes} bytes, {_mib(choice.nbytes)}) does not fit "
+                                   f"in available host memory ({_mib(max(available, 0))}"
+                                   f"{reserved})")
+        return choice
+
+    def _choose(self, backend: str, page_bytes: int, prepared_pages: int,
+                free_bytes: int | None) -> CacheChoice:
         if self.num_pages is not None:
             return CacheChoice(self.num_pages, prepared_pages, page_bytes, "--num-pages")
         if self.memory_bytes is not None:
@@ -83,7 +102,8 @@ class CacheSizing:
             fraction = self.fraction
             if fraction is None:
                 if backend != "cuda":
-                    return CacheChoice(prepared_pages, prepared_pages, page_bytes, "prepared")
+                    return CacheChoice(prepared_pages, prepared_pages, page_bytes,
+                                       "the core's prepared pages")
                 fraction = DEFAULT_CUDA_FRACTION
             if backend == "cuda":
                 if free_bytes is None:
@@ -109,7 +129,7 @@ class CacheChoice:
         num_pages: physical pages backing each cache plane.
         prepared_pages: preparation's count (replaced by num_pages everywhere).
         page_bytes: bytes of one page across every cache plane.
-        how: what chose it ("--num-pages", "prepared", "--kv-cache-fraction 0.9 of ...").
+        how: what chose it ("--num-pages", "the core's prepared pages", "--kv-cache-fraction 0.9 of ...").
     """
 
     num_pages: int
@@ -128,7 +148,8 @@ class CacheChoice:
 
 
 def host_available_bytes() -> int:
-    """MemAvailable of /proc/meminfo (Linux), else the physical memory size, in bytes."""
+    """Host memory available to a new allocation, in bytes: /proc/meminfo MemAvailable
+    (free plus reclaimable page cache) on Linux, else free physical pages (sysconf)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -136,4 +157,4 @@ def host_available_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

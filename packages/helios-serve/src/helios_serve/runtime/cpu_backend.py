@@ -114,8 +114,10 @@ class CpuBackend:
             page_bytes = sum(math.prod(int(s) for s in d.shape[1:])
                              * np.dtype(COMPUTE_DTYPE[d.dtype]).itemsize for d in planes)
             prepared = int(planes[0].shape[0]) if planes else 0
+            tier_bytes = sum(self.buffers[name].nbytes for name in tiers.rows)
             self.cache = (cache or CacheSizing()).choose(
-                backend="cpu", page_bytes=max(page_bytes, 1), prepared_pages=prepared)
+                backend="cpu", page_bytes=max(page_bytes, 1), prepared_pages=prepared,
+                host_reserved=tier_bytes)
             for decl in planes:
                 self.buffers[decl.name] = self._allocate(decl, read_resource,
                                                          self.cache.num_pages)

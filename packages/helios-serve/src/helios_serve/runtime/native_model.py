@@ -31,13 +31,13 @@ from helios_tools.capabilities import BACKENDS as CAPABILITIES
 from ..engine.plan import ModelGeometry, StepCompletion, StepKind, StepPlan
 from ..scheduler.request import TransferCost
 from ..startup import StartupLog
-from .cache_sizing import CacheSizing
+from .cache_sizing import CacheSizing, host_available_bytes
 from .completion import CompletionReader
 from .cpu_backend import CpuBackend
 from .errors import RuntimeLoadError, UnknownBackend, UnsupportedContract
 from .packing import SharedPacking
 from .ranks import load_thread_ranks
-from .tiers import TierChoice, available_host_bytes, check_host_memory, choose_tiers
+from .tiers import TierChoice, check_host_memory, choose_tiers
 
 BACKENDS = tuple(CAPABILITIES)  # ("cpu", "cuda")
 
@@ -165,7 +165,7 @@ class NativeModel:
                              prepared_snapshots=serving.prepared_snapshots,
                              snapshots=snapshots, host_cache_bytes=host_cache_bytes)
         check_host_memory(tiers, snapshots_on_host=backend != "cuda",
-                          available=available_host_bytes(), snapshots=snapshots,
+                          available=host_available_bytes(), snapshots=snapshots,
                           host_cache_bytes=host_cache_bytes)
         if tiers.rows.rows:  # the core declares continuation or host-tier planes
             with log.phase("cache tiers") as phase:

@@ -12,7 +12,6 @@ RESTORE programs' kernels read and write them directly.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -143,19 +142,6 @@ def choose_tiers(cache: cpb.CacheContract, graphs: Sequence[cpb.GraphContract],
                       sum(_row_bytes(buffers[p]) for p in tiers.continuation))
 
 
-def available_host_bytes() -> int:
-    """Host memory available to a new allocation, in bytes: /proc/meminfo MemAvailable
-    (free plus reclaimable page cache) on Linux, else free physical pages (sysconf)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def check_host_memory(choice: TierChoice, *, snapshots_on_host: bool, available: int,
                       snapshots: int | None, host_cache_bytes: int) -> None:
     """Fail startup when the host-memory planes asked for do not fit in `available` bytes
@@ -165,7 +151,7 @@ def check_host_memory(choice: TierChoice, *, snapshots_on_host: bool, available:
         choice: choose_tiers' result.
         snapshots_on_host: the continuation planes live in host memory (the cpu backend;
             on cuda they are device memory, sized by the driver's allocation).
-        available: host bytes available (available_host_bytes()).
+        available: host bytes available (cache_sizing.host_available_bytes()).
         snapshots, host_cache_bytes: the options as given (named in the message).
 
     Raises:
