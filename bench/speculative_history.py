@@ -1,6 +1,7 @@
 """History drafting and the width policy (issue "Speculative generation II").
 
-    python bench/speculative_history.py --backend cpu --batches 1 --tokens 64 --json OUT
+    python bench/speculative_history.py --backend cpu --batches 1 --tokens 128 --rounds 3 \
+        --json OUT
     python bench/speculative_history.py --backend cuda --batches 1 8 32 64 --json OUT
 
 The SmolLM2 speculative core (bench/speculative.py's: the committed trained head, widths
@@ -12,13 +13,20 @@ split). Modes, same core, same process:
 
 - off: speculation off (the scheduler plans DECODE steps only, --speculative-width 0);
 - learned: the head's drafts, every lane as wide as it may be (--speculative-policy fixed);
-- learned+history: plus copied candidates (--history-drafting), fixed;
+- learned+history_latest: plus copied candidates from the proposer before the copy
+  cursor (latest occurrence of the longest n-gram; speculation/history.py), fixed;
+- learned+history: plus copied candidates (--history-drafting: copy cursor, ranked
+  occurrences), fixed;
 - adaptive: learned+history with the width policy (--speculative-policy adaptive),
   after one untimed run of the same requests (a server's policy keeps its measurements).
 
-Each (set, batch, sampling, mode) generates --tokens tokens per request for `batch`
-requests (the set's prompts repeated); tokens/s counts generated tokens over the wall
-time of the generation steps (DECODE and SPECULATIVE; prefill excluded), and the mean
+Every prompt of a set runs, in groups of `batch` requests one after another (batch 1:
+each prompt alone; the set repeated to fill a larger batch). A request generates up to
+--tokens tokens and ends at its first EOS, as a served one does (greedy text, and seeded
+sampled text under coupled verification, is the same in every mode, so every mode
+generates the same tokens). tokens/s counts generated tokens over the wall time of the
+generation steps (DECODE and SPECULATIVE; prefill excluded), the median of --rounds runs
+interleaved by mode (the ratio to off: the median of the per-round ratios); the mean
 accepted length is emitted tokens per speculative lane with drafts.
 """
 
@@ -28,6 +36,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -39,8 +48,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 SAMPLINGS = {"greedy": (0.0, 1.0), "sampled_t0.8_p0.95": (0.8, 0.95)}
 MODES = {"off": dict(widths=False, history=False, policy=False),
          "learned": dict(widths=True, history=False, policy=False),
+         "learned+history_latest": dict(widths=True, history="latest", policy=False),
          "learned+history": dict(widths=True, history=True, policy=False),
          "adaptive": dict(widths=True, history=True, policy=True)}
+
+
+def _latest_occurrence():
+    """The proposer before the copy cursor: latest occurrence of the longest n-gram."""
+    from helios_serve.speculation import HistoryIndex
+
+    return HistoryIndex(cursor=False, candidates=1, resume=0)
 
 
 def _encode(ck, messages_list):
@@ -68,14 +85,18 @@ def serve(model, prompts, tokens, sampling, mode, policy=None):
     seconds, scheduler stats). `policy`: a WidthPolicy carried over from earlier runs
     (a server's policy lives as long as the server)."""
     from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler
+    from helios_serve.speculation import HistoryIndex
 
     geometry = model.manifests
     if not mode["widths"]:
         geometry = replace(geometry, speculative_widths=(), prefix_programs=(),
                            copied_proposals=False)
     scheduler = Scheduler(geometry, frames=1, device_pending=model.device_pending,
-                          history_drafting=mode["history"],
+                          history_drafting=bool(mode["history"]),
+                          history_index=(_latest_occurrence if mode["history"] == "latest"
+                                         else HistoryIndex),
                           width_policy=(policy or True) if mode["policy"] else False)
+    eos = set(geometry.eos_token_ids)
     for i, prompt in enumerate(prompts):
         assert scheduler.add(SchedRequest(request_id=i, prompt_tokens=tuple(prompt),
                                           max_output_tokens=tokens,
@@ -92,8 +113,11 @@ def serve(model, prompts, tokens, sampling, mode, policy=None):
             if result.token_id is None or not scheduler.is_live(result.request_id):
                 continue
             out[result.request_id].append(result.token_id)
-            if result.output_tokens == tokens:
-                scheduler.finish(result.request_id, FinishReason.LENGTH)
+            if result.token_id in eos:  # the answer ends here, as a server's does
+                scheduler.finish(result.request_id, FinishReason.STOP,
+                                 output_tokens=result.output_tokens, publish=True)
+            elif result.output_tokens == tokens:
+                scheduler.finish(result.request_id, FinishReason.LENGTH, publish=True)
     return out, seconds, scheduler.stats()
 
 
@@ -108,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sets", nargs="+", default=["editing", "extraction", "chat"])
     ap.add_argument("--samplings", nargs="+", default=list(SAMPLINGS), choices=list(SAMPLINGS))
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="timed runs of every mode, interleaved; tok/s is their median")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import speculative as base
@@ -125,58 +151,80 @@ def main(argv=None) -> int:
     rows = []
     for name in args.sets:
         for batch in args.batches:
-            prompts = [sets[name][i % len(sets[name])] for i in range(batch)]
+            # every prompt of the set runs: groups of `batch` requests one after another
+            # (batch 1 = each prompt alone), the set repeated to fill larger batches
+            total = max(batch, len(sets[name]))
+            total += -total % batch
+            requests = [sets[name][i % len(sets[name])] for i in range(total)]
+            groups = [requests[k:k + batch] for k in range(0, total, batch)]
             for label in args.samplings:
                 temperature, top_p = SAMPLINGS[label]
                 sampling = SamplingParams(temperature=temperature, top_p=top_p)
-                outputs = {}
-                for mode in args.modes:
-                    policy = None
-                    if MODES[mode]["policy"]:  # warm: one untimed run measures the programs
-                        from helios_serve.speculation import WidthPolicy
+                outputs, runs, policy = {}, {m: [] for m in args.modes}, None
+                if any(MODES[m]["policy"] for m in args.modes):
+                    # warm: one untimed run measures the programs (a server's policy
+                    # lives as long as the server and keeps its measurements)
+                    from helios_serve.speculation import WidthPolicy
 
-                        g = model.manifests
-                        policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
-                                             g.prefix_programs)
-                        serve(model, prompts, args.tokens, sampling, MODES[mode], policy)
-                    out, seconds, stats = serve(model, prompts, args.tokens, sampling,
-                                                MODES[mode], policy)
-                    outputs[mode] = out
-                    lanes = sum(stats.spec_accepted_lengths)
+                    g = model.manifests
+                    policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
+                                         g.prefix_programs)
+                    for group in groups:
+                        serve(model, group, args.tokens, sampling, MODES["adaptive"], policy)
+                for _ in range(args.rounds):  # modes interleaved per round
+                    for mode in args.modes:
+                        result = [serve(model, group, args.tokens, sampling, MODES[mode],
+                                        policy if MODES[mode]["policy"] else None)
+                                  for group in groups]
+                        outputs[mode] = [o for out, _, _ in result for o in out.values()]
+                        runs[mode].append(result)
+                for mode in args.modes:
+                    rates = [sum(len(o) for out, _, _ in r for o in out.values())
+                             / sum(sec for _, sec, _ in r) for r in runs[mode]]
+                    stats = [st for _, _, st in runs[mode][-1]]
+                    lanes = sum(sum(st.spec_accepted_lengths) for st in stats)
+                    accepted = sum(st.spec_accepted_tokens for st in stats)
+                    copied = sum(st.spec_copied_draft_tokens for st in stats)
                     row = {"set": name, "batch": batch, "sampling": label, "mode": mode,
-                           "tokens": batch * args.tokens,
-                           "tok_s": round(batch * args.tokens / seconds, 2),
-                           "mean_accepted_length": round(
-                               (stats.spec_accepted_tokens + lanes) / lanes, 3) if lanes
-                           else None,
-                           "copied_drafts": stats.spec_copied_draft_tokens,
-                           "copied_accepted": stats.spec_copied_accepted_tokens,
-                           "learned_drafts": stats.spec_draft_tokens
-                           - stats.spec_copied_draft_tokens,
-                           "policy": stats.spec_policy_decisions if policy is None
-                           else dict(policy.decisions)}
+                           "requests": total,
+                           "tokens": sum(len(o) for o in outputs[mode]),
+                           "tok_s": round(statistics.median(rates), 2),
+                           "tok_s_rounds": [round(x, 2) for x in rates],
+                           "mean_accepted_length": round((accepted + lanes) / lanes, 3)
+                           if lanes else None,
+                           "copied_drafts": copied,
+                           "copied_accepted": sum(st.spec_copied_accepted_tokens
+                                                  for st in stats),
+                           "learned_drafts": sum(st.spec_draft_tokens for st in stats)
+                           - copied,
+                           "policy": dict(policy.decisions) if MODES[mode]["policy"]
+                           else {}}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                 off = next((r for r in rows[::-1] if r["mode"] == "off" and r["set"] == name
                             and r["batch"] == batch and r["sampling"] == label), None)
                 for r in rows:
-                    if off and (r["set"], r["batch"], r["sampling"]) == (name, batch, label):
-                        r["speedup_over_off"] = round(r["tok_s"] / off["tok_s"], 3)
-                if label == "greedy" and "off" in outputs:
-                    same = all(outputs[m] == outputs["off"] for m in outputs)
-                    for r in rows:
-                        if (r["set"], r["batch"], r["sampling"]) == (name, batch, label):
-                            r["greedy_identical_to_off"] = same
+                    if (r["set"], r["batch"], r["sampling"]) != (name, batch, label):
+                        continue
+                    if off:  # median of the per-round ratios (rounds are interleaved)
+                        r["speedup_over_off"] = round(statistics.median(
+                            a / b for a, b in zip(r["tok_s_rounds"], off["tok_s_rounds"],
+                                                  strict=True)), 3)
+                    if "off" in outputs:  # greedy: by construction; seeded sampled:
+                        # coupled verification emits the decode draws (docs/speculative.md)
+                        r["identical_to_off"] = outputs[r["mode"]] == outputs["off"]
     model.close()
     result = {"model": "smollm2-135m-instruct", "drafter": args.drafter,
-              "backend": args.backend, "tokens_per_request": args.tokens, "rows": rows,
+              "backend": args.backend, "tokens_per_request": args.tokens,
+              "rounds": args.rounds, "rows": rows,
               "commit": os.environ.get("HELIOS_COMMIT", "unknown")}
-    print(f"{'set':11} {'batch':>5} {'sampling':20} {'mode':16} {'tok/s':>8} {'x off':>6} "
-          f"{'acc.len':>7}")
+    print(f"{'set':11} {'batch':>5} {'sampling':20} {'mode':22} {'tok/s':>8} {'x off':>6} "
+          f"{'acc.len':>7} {'copied':>11}")
     for r in rows:
-        print(f"{r['set']:11} {r['batch']:5d} {r['sampling']:20} {r['mode']:16} "
+        print(f"{r['set']:11} {r['batch']:5d} {r['sampling']:20} {r['mode']:22} "
               f"{r['tok_s']:8.2f} {r.get('speedup_over_off', 0):6.2f} "
-              f"{r['mean_accepted_length'] or 0:7.2f}")
+              f"{r['mean_accepted_length'] or 0:7.2f} "
+              f"{r['copied_accepted']:5d}/{r['copied_drafts']:<5d}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -236,6 +236,9 @@ class Scheduler:
             decode may be planned before the previous one's token is known.
         history_drafting: lanes carry copied candidates from the request's own sequence
             (speculation.HistoryIndex); needs geometry.copied_proposals.
+        history_index: makes each request's copied-token proposer (benchmarks compare
+            proposers: `HistoryIndex(cursor=False, candidates=1, resume=0)` is the
+            latest-occurrence lookup of before the copy cursor).
         width_policy: each speculative step's program is chosen by speculation.
             WidthPolicy from measured step costs and acceptance (else every lane is
             `lane_ceiling` long in the narrowest program holding it); a WidthPolicy
@@ -253,6 +256,7 @@ class Scheduler:
 
     def __init__(self, geometry: ModelGeometry, *, frames: int = MAX_FRAMES,
                  device_pending: bool = False, history_drafting: bool = False,
+                 history_index: Callable[[], HistoryIndex] = HistoryIndex,
                  width_policy: bool | WidthPolicy = False,
                  clock: Callable[[], float] = time.perf_counter,
                  transfer_cost: TransferCost | None = None, write_back: bool = True) -> None:
@@ -307,6 +311,7 @@ class Scheduler:
             raise ValueError("history drafting needs speculative programs with copied-token "
                              "inputs")
         self.history_drafting = history_drafting
+        self._history_index = history_index
         if isinstance(width_policy, WidthPolicy) or not width_policy or not self.widths:
             self.policy = width_policy if width_policy and self.widths else None
         else:
@@ -632,7 +637,7 @@ class Scheduler:
 
     def _propose(self, seq: Sequence, count: int) -> tuple[int, ...]:
         if seq.history is None:
-            seq.history = HistoryIndex()
+            seq.history = self._history_index()
         return seq.history.propose(seq.tokens, count)  # tokens end with the pending one
 
     def _constrained_candidates(self, seq: Sequence) -> tuple[int, ...]:
