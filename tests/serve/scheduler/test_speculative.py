@@ -319,3 +319,31 @@ def test_the_policy_may_choose_plain_decode_for_speculating_requests():
     assert plan.kind is StepKind.DECODE
     s.complete(plan, [11])
     assert s.schedule().kind is StepKind.DECODE
+
+
+def test_the_policy_weighs_the_copied_candidates_a_lane_carries():
+    """History drafting: the policy knows, before the step, how many copied candidates
+    each lane carries, and rates them by the copied drafts' own acceptance. Copies
+    always accepted, learned drafts never: a lane with 3 copied candidates runs W = 4
+    (4 tokens for 2 s), a lane without any runs plain decode (1 token for 1 s)."""
+    from dataclasses import replace
+
+    geo = replace(tiny_geometry(VOCAB, speculative_widths=(1, 2, WIDTH)), copied_proposals=True)
+    for prefill_token, kind in ((3, StepKind.SPECULATIVE), (9, StepKind.DECODE)):
+        s = Scheduler(geo, frames=1, device_pending=True, history_drafting=True,
+                      width_policy=True)
+        for key, seconds in {("decode", 1): 1.0, ("speculative", 1, 2): 1.6,
+                             ("speculative", 1, WIDTH): 2.0}.items():
+            for _ in range(2):
+                s.policy.observe_step(key, seconds)
+        for _ in range(20):
+            s.policy.observe_lane(7, 3, 3, copied=3)
+            s.policy.observe_lane(7, 3, 0, copied=0)
+        s.add(SchedRequest(request_id=7, prompt_tokens=(1, 2, 3, 4, 1, 2),
+                           max_output_tokens=10))
+        s.complete(s.schedule(), [prefill_token])  # "1 2 3" was followed by 4 1 2
+        plan = s.schedule()
+        assert plan.kind is kind
+        if kind is StepKind.SPECULATIVE:
+            (row,) = plan.rows
+            assert row.lane_length == WIDTH and row.candidates.ids == (4, 1, 2)

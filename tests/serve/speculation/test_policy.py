@@ -4,7 +4,12 @@ comparisons count, then the highest expected tokens per second wins."""
 from __future__ import annotations
 
 from helios_serve.speculation import WidthPolicy
-from helios_serve.speculation.policy import MIN_COST_SAMPLES, STALE_DECISIONS
+from helios_serve.speculation.policy import (
+    LOSER_STALE_DECISIONS,
+    MIN_COST_SAMPLES,
+    STALE_DECISIONS,
+    STALE_MARGIN,
+)
 
 
 def _measured(policy, rows, costs):
@@ -69,16 +74,33 @@ def test_a_prefix_program_wins_when_few_lanes_are_confident():
     assert (choice.width, choice.packed_rows) == (4, 16)
 
 
-def test_costs_go_stale_and_are_measured_again():
-    policy = WidthPolicy((1, 2), (1,), ())
-    _measured(policy, 1, {(0, 0): 1.0, (2, 0): 0.5})
-    remeasured = []
-    for _ in range(STALE_DECISIONS + 2):
+def _remeasured(policy, decisions, cost):
+    widths = []
+    for _ in range(decisions):
         choice = policy.choose([(0, 2)])
         if choice.reason == "measure":
-            remeasured.append(choice.width)
-        policy.observe_step(policy.program_key(1, choice), 0.5)
-    assert remeasured == [0]  # decode's cost went stale once and was measured again
+            widths.append(choice.width)
+        policy.observe_step(policy.program_key(1, choice), cost[choice.width])
+    return widths
+
+
+def test_costs_go_stale_and_are_measured_again():
+    # decode: 1 token in 1.0 s; W = 2: 1.5 expected tokens (prior 1 / 2) in 1.3 s, the
+    # best; decode's rate is 0.87 of it, within STALE_MARGIN: measured again when stale
+    policy = WidthPolicy((1, 2), (1,), ())
+    cost = {0: 1.0, 2: 1.3}
+    assert _measured(policy, 1, {(0, 0): 1.0, (2, 0): 1.3}).width == 2
+    assert 1.0 / (1.5 / 1.3) > STALE_MARGIN
+    assert _remeasured(policy, STALE_DECISIONS + 2, cost) == [0]
+
+
+def test_a_clearly_slower_program_is_measured_again_only_much_later():
+    # decode: 1 token/s against W = 2's 1.5 / 0.5 = 3 tokens/s (a third of it)
+    policy = WidthPolicy((1, 2), (1,), ())
+    cost = {0: 1.0, 2: 0.5}
+    _measured(policy, 1, {(0, 0): 1.0, (2, 0): 0.5})
+    assert _remeasured(policy, STALE_DECISIONS + 2, cost) == []
+    assert _remeasured(policy, LOSER_STALE_DECISIONS - STALE_DECISIONS, cost) == [0]
 
 
 def test_proposal_confidence_ranks_prefix_rows_calibrated_by_acceptance():
@@ -100,3 +122,34 @@ def test_proposal_confidence_ranks_prefix_rows_calibrated_by_acceptance():
     assert policy._tokens([(0, 2), (1, 2)], option) == 2 + min(1.0, c) + min(1.0, 0.5 * c)
     policy.forget(0)
     assert 0 not in policy._survival
+
+
+def test_acceptance_counts_a_draft_only_when_the_drafts_before_it_were_accepted():
+    policy = WidthPolicy((1, 4), (1,), ())
+    for _ in range(10):
+        policy.observe_lane(0, 3, 1)  # draft 0 accepted, draft 1 rejected, 2 never tested
+    assert policy._pooled.offered == [10, 10, 0]
+    assert policy._pooled.accepted == [10, 0, 0]
+    # alpha_2 stays at its prior (1 / 2 pooled, nothing of request 0's own)
+    assert policy.acceptance(0)[2] == 0.5
+
+
+def test_copied_and_learned_drafts_have_their_own_rates():
+    policy = WidthPolicy((1, 4), (1,), ())
+    for _ in range(30):
+        policy.observe_lane(0, 3, 3, copied=3)  # copies: always accepted
+        policy.observe_lane(0, 3, 0, copied=0)  # the head: never
+    assert policy._pooled.copied_offered == [30, 30, 30]
+    assert policy._pooled.offered == [30, 0, 0]
+    assert policy.expected_tokens(0, 4, copied=3) > 3.5
+    assert policy.expected_tokens(0, 4, copied=0) < 1.1
+    # a lane with one copied candidate: the copy at its rate, then the head's drafts at
+    # positions 1 and 2, never tested: their prior 1 / 2
+    c = (30 + 4 * 31 / 32) / (30 + 4)
+    assert policy.acceptance(0, copied=1) == [c, 0.5, 0.5]
+    assert policy.expected_tokens(0, 4, copied=1) == 1 + c + c * 0.5 + c * 0.25
+    costs = {(0, 0): 1.0, (4, 0): 2.0}
+    policy2 = WidthPolicy((1, 4), (1,), ())
+    policy2._pooled, policy2._requests = policy._pooled, policy._requests
+    assert _measured(policy2, 1, costs).width == 0  # no copy known: decode
+    assert policy2.choose([(0, 4)], copied={0: 3}).width == 4

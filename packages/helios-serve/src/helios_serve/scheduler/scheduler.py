@@ -571,8 +571,12 @@ class Scheduler:
         lanes = [s for s in ready if speculates(s.request)]
         plain = [s for s in ready if not speculates(s.request)]
         if lanes and self.policy is not None:
-            self._choice = self.policy.choose([(s.request_id, self.lane_ceiling(s))
-                                               for s in lanes])
+            ceilings = [(s.request_id, self.lane_ceiling(s)) for s in lanes]
+            copied = None
+            if self.history_drafting:  # known before the step: the policy weighs them
+                copied = {s.request_id: len(c.ids) if (c := self._candidates(s, n)) else 0
+                          for s, (_, n) in zip(lanes, ceilings, strict=True)}
+            self._choice = self.policy.choose(ceilings, copied)
             if self._choice.width == 0:  # plain decode is the best program for them now
                 plain, lanes = ready, []
         if speculates(min(ready, key=lambda s: (s.last_step, s.order)).request):
@@ -866,7 +870,7 @@ class Scheduler:
             copied = min(len(row.candidates.ids), offers - 1) if row.candidates else 0
             self._count_lane(offers, accepted, copied)
             if self.policy is not None:
-                self.policy.observe_lane(row.request_id, offers - 1, accepted)
+                self.policy.observe_lane(row.request_id, offers - 1, accepted, copied)
                 if confidence is not None:
                     self.policy.observe_confidence(
                         row.request_id, confidence[i, :self._drafted(row)], offers, accepted)

@@ -11,7 +11,10 @@ min(W, their ceiling)), or a SPECULATIVE_PREFIX_LIMIT program (B lanes sharing P
   themselves (no other plan outstanding), an exponentially weighted mean per program
   (`StepCosts`);
 - acceptance: per request and draft position k, how often draft k was accepted when
-  offered (and drafts 1..k-1 were), smoothed towards the pooled rate of all requests.
+  reached (drafts 0..k-1 accepted), smoothed towards the pooled rate of all requests;
+  copied drafts (history drafting) and learned drafts counted apart, since a copy in
+  step with its source is accepted far more often than the head's guess, and the host
+  knows before the step how many copied candidates each lane carries.
 
 Nothing here changes what a program computes (greedy text is identical whatever it
 picks; sampled text follows the lane lengths it picks: docs/speculative.md).
@@ -19,7 +22,7 @@ picks; sampled text follows the lane lengths it picks: docs/speculative.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 # Weight of a new cost observation in the running mean.
@@ -28,8 +31,13 @@ COST_DECAY = 0.2
 MIN_COST_SAMPLES = 2
 # Pseudo-counts pulling a request's acceptance rate towards the pooled one.
 PRIOR_WEIGHT = 4.0
-# Decisions after which a program's cost counts as stale and is measured again.
+# Decisions after which a program's cost counts as stale and is measured again ...
 STALE_DECISIONS = 256
+# ... unless its rate at that cost is below STALE_MARGIN x the best rate: then only after
+# LOSER_STALE_DECISIONS (a step of a clearly slower program is a loss each time; at batch
+# 64 on the H200 one sampled W = 4 step costs ~2.4 decode steps).
+STALE_MARGIN = 0.8
+LOSER_STALE_DECISIONS = 4 * STALE_DECISIONS
 
 
 @dataclass
@@ -48,10 +56,17 @@ class StepCosts:
         self.samples[key] = n + 1
         self.when[key] = self.decisions
 
+    def measured(self, key: tuple) -> bool:
+        """Measured MIN_COST_SAMPLES times."""
+        return self.samples.get(key, 0) >= MIN_COST_SAMPLES
+
+    def age(self, key: tuple) -> int:
+        """Decisions since the last measurement of `key`."""
+        return self.decisions - self.when.get(key, 0)
+
     def known(self, key: tuple) -> bool:
         """Measured MIN_COST_SAMPLES times, the last within STALE_DECISIONS decisions."""
-        return (self.samples.get(key, 0) >= MIN_COST_SAMPLES
-                and self.decisions - self.when.get(key, 0) <= STALE_DECISIONS)
+        return self.measured(key) and self.age(key) <= STALE_DECISIONS
 
 
 @dataclass(frozen=True)
@@ -65,16 +80,25 @@ class Choice:
 
 
 class _Acceptance:
-    """Offered / accepted counts per draft position (0-based)."""
+    """Per draft position k (0-based): how often draft k was reached (drafts 0..k-1
+    accepted) and accepted, separately for copied drafts (history drafting: the lane's
+    first `copied` drafts) and learned ones."""
 
     def __init__(self, positions: int) -> None:
         self.offered = [0] * positions
         self.accepted = [0] * positions
+        self.copied_offered = [0] * positions
+        self.copied_accepted = [0] * positions
 
-    def add(self, drafts: int, accepted: int) -> None:
-        for k in range(min(drafts, len(self.offered))):
-            self.offered[k] += 1
-            self.accepted[k] += int(k < accepted)
+    def add(self, drafts: int, accepted: int, copied: int = 0) -> None:
+        # drafts past the first rejected one were never tested: not counted
+        for k in range(min(drafts, accepted + 1, len(self.offered))):
+            if k < copied:
+                self.copied_offered[k] += 1
+                self.copied_accepted[k] += int(k < accepted)
+            else:
+                self.offered[k] += 1
+                self.accepted[k] += int(k < accepted)
 
 
 class WidthPolicy:
@@ -104,15 +128,17 @@ class WidthPolicy:
 
     # -- observations --------------------------------------------------------------
 
-    def observe_lane(self, request_id: int, drafts: int, accepted: int) -> None:
-        """A completed lane of `request_id`: `drafts` drafts offered, `accepted` taken."""
+    def observe_lane(self, request_id: int, drafts: int, accepted: int,
+                     copied: int = 0) -> None:
+        """A completed lane of `request_id`: `drafts` drafts offered, of which the first
+        `copied` were copied candidates, `accepted` taken."""
         if drafts < 1:
             return
         stats = self._requests.get(request_id)
         if stats is None:
             stats = self._requests[request_id] = _Acceptance(len(self._pooled.offered))
-        stats.add(drafts, accepted)
-        self._pooled.add(drafts, accepted)
+        stats.add(drafts, accepted, copied)
+        self._pooled.add(drafts, accepted, copied)
 
     def observe_confidence(self, request_id: int, confidence: Sequence[float], offers: int,
                            accepted: int) -> None:
@@ -159,65 +185,83 @@ class WidthPolicy:
 
     # -- decisions -------------------------------------------------------------------
 
-    def acceptance(self, request_id: int) -> list[float]:
-        """alpha_k: the chance draft k (0-based) is accepted given drafts 0..k-1 were."""
+    def acceptance(self, request_id: int, copied: int = 0) -> list[float]:
+        """alpha_k: the chance draft k (0-based) is accepted given drafts 0..k-1 were,
+        for a lane whose first `copied` drafts are copied candidates."""
         pooled = self._pooled
         own = self._requests.get(request_id)
         rates = []
         for k in range(len(pooled.offered)):
-            prior = (pooled.accepted[k] + 1.0) / (pooled.offered[k] + 2.0)
-            if own is None:
-                rates.append(prior)
+            if k < copied:
+                p_acc, p_off = pooled.copied_accepted[k], pooled.copied_offered[k]
+                o_acc, o_off = ((own.copied_accepted[k], own.copied_offered[k]) if own
+                                else (0, 0))
             else:
-                rates.append((own.accepted[k] + PRIOR_WEIGHT * prior)
-                             / (own.offered[k] + PRIOR_WEIGHT))
+                p_acc, p_off = pooled.accepted[k], pooled.offered[k]
+                o_acc, o_off = (own.accepted[k], own.offered[k]) if own else (0, 0)
+            prior = (p_acc + 1.0) / (p_off + 2.0)
+            rates.append((o_acc + PRIOR_WEIGHT * prior) / (o_off + PRIOR_WEIGHT))
         return rates
 
-    def expected_tokens(self, request_id: int, length: int) -> float:
+    def expected_tokens(self, request_id: int, length: int, copied: int = 0) -> float:
         """Tokens a lane of `length` positions is expected to emit: 1 + sum over
-        j < length - 1 of alpha_0 * ... * alpha_j."""
+        j < length - 1 of alpha_0 * ... * alpha_j (`acceptance`)."""
         total, survive = 1.0, 1.0
-        for alpha in self.acceptance(request_id)[:max(length - 1, 0)]:
+        for alpha in self.acceptance(request_id, copied)[:max(length - 1, 0)]:
             survive *= alpha
             total += survive
         return total
 
-    def choose(self, lanes: Sequence[tuple[int, int]]) -> Choice:
-        """The program for one step over `lanes` = (request id, lane ceiling).
+    def choose(self, lanes: Sequence[tuple[int, int]],
+               copied: Mapping[int, int] | None = None) -> Choice:
+        """The program for one step over `lanes` = (request id, lane ceiling); `copied`:
+        request id -> copied candidates its lane carries this step (history drafting).
 
         Rule: among plain DECODE, each served width W > 1 and each prefix-limit program
         that holds the batch, take the highest expected tokens per second -- expected
-        tokens from each request's acceptance rates (a lane of length n emits
+        tokens from each request's acceptance rates, copied rates for its lane's copied
+        drafts and learned rates after them (a lane of length n emits
         1 + a_0 + a_0 a_1 + ...; a prefix-limit program's B + P - B likeliest next
         positions, ranked for a request seen in a prefix-limit step by its last lane's
         proposal-confidence survival times the observed calibration of confidence
         against acceptance), seconds from the measured mean cost of that program at this batch
-        capacity. A program not measured MIN_COST_SAMPLES times, or not within the last
-        STALE_DECISIONS decisions, is chosen first (narrowest first), so every candidate
-        is measured before, and again while, comparisons count.
+        capacity. A program not measured MIN_COST_SAMPLES times is chosen first
+        (narrowest first), so every candidate is measured before comparisons count; then
+        a program whose last measurement is more than STALE_DECISIONS decisions old is
+        measured again (narrowest first) if its rate at that cost is at least
+        STALE_MARGIN x the best rate, else only once it is LOSER_STALE_DECISIONS old.
         """
         if not self.widths or not lanes:
             return Choice(0, 0, "no speculation")
-        self.costs.decisions += 1
+        costs = self.costs
+        costs.decisions += 1
         rows = len(lanes)
         options = [Choice(0)] + [Choice(w) for w in self.widths]
         options += [Choice(w, p) for b, p, w in self.prefix
                     if b == self.bucket(rows) and b >= rows]
-        for option in options:
-            if not self.costs.known(self.program_key(rows, option)):
+        keys = [self.program_key(rows, option) for option in options]
+        for option, key in zip(options, keys, strict=True):
+            if not costs.measured(key):
                 return self._record(Choice(option.width, option.packed_rows, "measure"))
-        best, best_rate = options[0], -1.0
-        for option in options:
-            rate = self._tokens(lanes, option) / self.costs.mean[self.program_key(rows, option)]
-            if rate > best_rate:
-                best, best_rate = option, rate
+        rates = [self._tokens(lanes, option, copied) / costs.mean[key]
+                 for option, key in zip(options, keys, strict=True)]
+        best_rate = max(rates)
+        for option, key, rate in zip(options, keys, rates, strict=True):
+            age = costs.age(key)
+            if age > LOSER_STALE_DECISIONS or (age > STALE_DECISIONS
+                                               and rate >= STALE_MARGIN * best_rate):
+                return self._record(Choice(option.width, option.packed_rows, "measure"))
+        best = options[rates.index(best_rate)]
         return self._record(Choice(best.width, best.packed_rows, "best"))
 
-    def _tokens(self, lanes: Sequence[tuple[int, int]], option: Choice) -> float:
+    def _tokens(self, lanes: Sequence[tuple[int, int]], option: Choice,
+                copied: Mapping[int, int] | None = None) -> float:
+        copied = copied or {}
         if option.width == 0:
             return float(len(lanes))
         if not option.packed_rows:
-            return sum(self.expected_tokens(rid, min(option.width, ceiling))
+            return sum(self.expected_tokens(rid, min(option.width, ceiling),
+                                            copied.get(rid, 0))
                        for rid, ceiling in lanes)
         # Prefix allocation: each lane's pending row, then the P - B likeliest positions:
         # a lane seen in a prefix-limit step by its last drafts' survival products (the
@@ -232,7 +276,7 @@ class WidthPolicy:
                 gains += [min(1.0, calibration * s) for s in seen[:depth]]
                 continue
             survive = 1.0
-            for alpha in self.acceptance(rid)[:depth]:
+            for alpha in self.acceptance(rid, copied.get(rid, 0))[:depth]:
                 survive *= alpha
                 gains.append(survive)
         gains.sort(reverse=True)
