@@ -1,12 +1,16 @@
 """Why copied drafts are rejected: history proposals against the model's own output.
 
-    python bench/history_trace.py --tokens 256 --json bench/results/history_trace_cpu.json
+    python bench/history_trace.py --tokens 256 --real --widths 4 8 16 \
+        --json bench/results/history_trace_cpu.json
+    # replay only, from the greedy text a run above recorded:
+    python bench/history_trace.py --outputs bench/results/history_trace_cpu.json ...
 
 Greedy text does not depend on speculation (docs/speculative.md, "Exactness"), so a
 greedy DECODE run of each prompt (bench/speculative_history.py's editing and extraction
-sets, batch 1) gives the text every speculative run emits. Over that text this script
-replays the scheduler's step structure for lanes of width --width (pending token + up to
-W - 1 copied drafts, lane length min(W, budget left)) with each history proposer of
+sets, batch 1) gives the text every speculative run emits. Over that text, cut at its
+first EOS (where a server stops), this script replays the scheduler's step structure for
+lanes of each width of --widths (pending token + up to W - 1 copied drafts, lane length
+min(W, budget left)) with each history proposer of
 `PROPOSERS` and counts, per step: the copied proposal offered, how many of its tokens
 are accepted (the longest prefix equal to the text), and why it ended:
 
@@ -220,6 +224,8 @@ def main(argv=None) -> int:
                 for label, make in proposers().items():
                     key = label if width == args.widths[0] else f"{label}@w{width}"
                     item["replay"][key] = replay(prompt, answer, width, make)
+                    if width != args.widths[0]:  # per-step traces of the first width only
+                        del item["replay"][key]["trace"]
             if real:
                 lanes = real[i]
                 item["real"] = {
