@@ -126,8 +126,8 @@ def test_the_restore_bindings_are_declared():
 
 def test_packing_supplies_nothing_the_table_leaves_out():
     """The pairs packing's value tables implement are exactly the declared ones."""
-    per_row = set(packing.ROW_VALUES) | {c.VALUE_SOURCE_SEED_BITS, c.VALUE_SOURCE_GRAMMAR_MASK,
-                                         c.VALUE_SOURCE_CANDIDATE_IDS, c.VALUE_SOURCE_CONSTANT}
+    per_row = set(packing.ROW_VALUES) | set(packing.SAMPLING_VALUES) | {
+        c.VALUE_SOURCE_GRAMMAR_MASK, c.VALUE_SOURCE_CANDIDATE_IDS, c.VALUE_SOURCE_CONSTANT}
     implemented = (
         {(s, i) for s in per_row for i in (c.INDEXING_SUBMISSION_ROW, c.INDEXING_ACTIVE_ROW)}
         | {(s, c.INDEXING_PACKED_TOKEN) for s in packing.TOKEN_VALUES}

@@ -15,17 +15,23 @@ once, on the step that places the request in the slot.
 Index spaces: PACKED_TOKEN entries follow each row's actual token count in row order;
 SUBMISSION_ROW entries cover every captured row (padding past the live ones);
 ACTIVE_ROW entries cover live rows only; PHYSICAL_REQUEST_ROW entries are slot rows.
+
+Host cost (bench/packing.py): a step's per-row work is one pass per binding over the rows
+for the values that change per row and step (ROW_VALUES), and one gather for the values
+that depend only on the request's SamplingParams (SAMPLING_VALUES): those are kept per
+slot, written when a slot's rows start carrying another SamplingParams object.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
 
-from ..engine.plan import RowCopy, RowPlan, StepKind, StepPlan
+from ..engine.plan import RowCopy, RowPlan, SamplingParams, StepKind, StepPlan
 
 V = cpb
 
@@ -36,8 +42,10 @@ Rows = Sequence[RowPlan]
 ROW_VALUES: dict[int, Callable[[Rows], list]] = {
     V.VALUE_SOURCE_SLOT: lambda rows: [r.slot for r in rows],
     V.VALUE_SOURCE_GENERATION: lambda rows: [r.generation for r in rows],
-    V.VALUE_SOURCE_QUERY_LENGTH: lambda rows: [r.lane_length for r in rows],
-    V.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda rows: [r.lane_length for r in rows],
+    # RowPlan.lane_length, spelled out (a property call per row costs more than the read).
+    V.VALUE_SOURCE_QUERY_LENGTH: lambda rows: [r.query_length or len(r.tokens) for r in rows],
+    V.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda rows: [r.query_length or len(r.tokens)
+                                                           for r in rows],
     # Copied proposals: a lane without candidates has count 0 (and can match nothing).
     V.VALUE_SOURCE_CANDIDATE_COUNT: lambda rows: [len(r.candidates.ids) if r.candidates
                                                   else 0 for r in rows],
@@ -45,27 +53,32 @@ ROW_VALUES: dict[int, Callable[[Rows], list]] = {
                                                        else -1 for r in rows],
     V.VALUE_SOURCE_CANDIDATE_CONSUMED_ENDPOINT: lambda rows: [
         r.candidates.endpoint if r.candidates else -1 for r in rows],
-    V.VALUE_SOURCE_SAMPLING_DECISION: lambda rows: [int(r.sample) for r in rows],
+    # Booleans: stored as 0 / 1 in the integer destination.
+    V.VALUE_SOURCE_SAMPLING_DECISION: lambda rows: [r.sample for r in rows],
     V.VALUE_SOURCE_PENDING_TOKEN: lambda rows: [r.tokens[-1] for r in rows],
     V.VALUE_SOURCE_CONSUMED_ENDPOINT: lambda rows: [r.start_position + len(r.tokens)
                                                     for r in rows],
-    V.VALUE_SOURCE_TEMPERATURE: lambda rows: [r.sampling.temperature for r in rows],
-    V.VALUE_SOURCE_TOP_P: lambda rows: [r.sampling.top_p for r in rows],
-    V.VALUE_SOURCE_TOP_K: lambda rows: [r.sampling.top_k for r in rows],
-    V.VALUE_SOURCE_MIN_P: lambda rows: [r.sampling.min_p for r in rows],
-    V.VALUE_SOURCE_PRESENCE_PENALTY: lambda rows: [r.sampling.presence_penalty for r in rows],
-    V.VALUE_SOURCE_FREQUENCY_PENALTY: lambda rows: [r.sampling.frequency_penalty
-                                                    for r in rows],
-    V.VALUE_SOURCE_REPETITION_PENALTY: lambda rows: [r.sampling.repetition_penalty
-                                                     for r in rows],
-    V.VALUE_SOURCE_GRAMMAR_MASK_ENABLED: lambda rows: [int(r.grammar_mask is not None)
+    V.VALUE_SOURCE_GRAMMAR_MASK_ENABLED: lambda rows: [r.grammar_mask is not None
                                                        for r in rows],
-    V.VALUE_SOURCE_LOGIT_BIAS_ENABLED: lambda rows: [int(bool(r.sampling.logit_bias))
-                                                     for r in rows],
     # -1: the row records no logprobs (non-sampling prefill chunks never do).
     V.VALUE_SOURCE_LOGPROBS: lambda rows: [r.sampling.logprobs if r.sample and
                                            r.sampling.logprobs is not None else -1
                                            for r in rows],
+}
+
+# Per-row sources that are a function of the row's SamplingParams alone (one request's
+# value, the same in each of its rows): kept per slot and gathered (SharedPacking._hold).
+SAMPLING_VALUES: dict[int, Callable[[SamplingParams], object]] = {
+    V.VALUE_SOURCE_TEMPERATURE: lambda s: s.temperature,
+    V.VALUE_SOURCE_TOP_P: lambda s: s.top_p,
+    V.VALUE_SOURCE_TOP_K: lambda s: s.top_k,
+    V.VALUE_SOURCE_MIN_P: lambda s: s.min_p,
+    V.VALUE_SOURCE_PRESENCE_PENALTY: lambda s: s.presence_penalty,
+    V.VALUE_SOURCE_FREQUENCY_PENALTY: lambda s: s.frequency_penalty,
+    V.VALUE_SOURCE_REPETITION_PENALTY: lambda s: s.repetition_penalty,
+    V.VALUE_SOURCE_LOGIT_BIAS_ENABLED: lambda s: int(bool(s.logit_bias)),
+    # [2] per row: the 64-bit seed's low and high 32-bit words.
+    V.VALUE_SOURCE_SEED_BITS: lambda s: (s.seed & 0xFFFFFFFF, (s.seed >> 32) & 0xFFFFFFFF),
 }
 
 # Per-row sources of TRANSFER steps (RESTORE programs): one value per row copy.
@@ -119,6 +132,38 @@ class _Resolved:
     indexing: int
     offset: int
     padding: int
+    # SAMPLING_VALUES sources: the per-slot values, [slots, *dest.shape[1:]] of dest's dtype.
+    table: np.ndarray | None = None
+
+
+class _Step:
+    """Per-row values several bindings of one pack share, each computed at most once."""
+
+    def __init__(self, plan: StepPlan):
+        self.plan = plan
+        self.rows = plan.rows
+        self.held = False  # every row's slot holds its SamplingParams' values (_hold)
+
+    @cached_property
+    def one_token(self) -> bool:
+        """Every row feeds exactly one token (decode): token sources take one per row."""
+        lanes = [r.query_length or len(r.tokens) for r in self.rows]  # RowPlan.lane_length
+        return lanes.count(1) == len(lanes)
+
+    @cached_property
+    def slots(self) -> list[int]:
+        """Physical request row of each submission row."""
+        return [r.slot for r in self.rows]
+
+    @cached_property
+    def slot_index(self) -> np.ndarray:
+        """`slots` as an index array (gathers from the per-slot tables)."""
+        return np.asarray(self.slots, np.intp)
+
+    @cached_property
+    def placed(self) -> list[RowPlan]:
+        """Rows placing their request in its slot this step (histogram_tokens set)."""
+        return [r for r in self.rows if r.histogram_tokens is not None]
 
 
 class SharedPacking:
@@ -137,15 +182,29 @@ class SharedPacking:
     def __init__(self, graphs: Sequence[cpb.GraphContract],
                  staging: Sequence[Mapping[str, np.ndarray]],
                  page_table_views: Sequence[cpb.PageTableView] = ()):
+        # SAMPLING_VALUES sources: one table per (source, dtype, row shape), shared by the
+        # bindings that write it; `_holders[slot]` is the SamplingParams its row holds.
+        self._tables: dict[tuple, tuple[int, np.ndarray]] = {}
+        self._holders: list[SamplingParams | None] = []
         self._graphs: dict[str, list[_Resolved]] = {}
         for graph in graphs:
-            self._graphs[graph.name] = [
-                _Resolved(b, tuple(frame[b.destination] for frame in staging), b.source,
-                          b.indexing, b.offset, b.padding) for b in graph.bindings]
+            items = []
+            for b in graph.bindings:
+                dest = tuple(frame[b.destination] for frame in staging)
+                table = None
+                if b.source in SAMPLING_VALUES and b.indexing in _ROW_INDEXING:
+                    key = (b.source, dest[0].dtype, dest[0].shape[1:])
+                    if key not in self._tables:
+                        self._tables[key] = (b.source, np.zeros((0, *key[2]), key[1]))
+                    table = key
+                items.append(_Resolved(b, dest, b.source, b.indexing, b.offset, b.padding,
+                                       table))
+            self._graphs[graph.name] = items
         # page-table buffer -> pages of RowPlan.page_ids before its entry 0.
         self._page_offset = {v.buffer: v.page_offset for v in page_table_views}
-        # slot -> (generation, page entries uploaded); see the module docstring.
-        self._uploaded: dict[tuple[str, int], tuple[int, int]] = {}
+        # page-table buffer -> per slot: [generation, page entries uploaded] (lists grown
+        # on demand); see the module docstring.
+        self._uploaded: dict[str, tuple[list[int], list[int]]] = {}
 
     def pack(self, graph: str, plan: StepPlan, rows: int, tokens: int,
              frame: int = 0) -> list[DirtyRange]:
@@ -158,41 +217,50 @@ class SharedPacking:
             from its host mirror; the other bindings are rewritten whole every step.
         """
         dirty: list[DirtyRange] = []
+        step = _Step(plan)
         for item in self._graphs[graph]:
             dest = item.dest[frame]
             if item.indexing == V.INDEXING_PHYSICAL_REQUEST_ROW:
-                self._pack_physical(item.binding, dest, plan, dirty)
+                self._pack_physical(item.binding, dest, step, dirty)
             elif item.indexing == V.INDEXING_PACKED_TOKEN:
-                self._pack_tokens(item, dest, plan, tokens)
+                self._pack_tokens(item, dest, step, tokens)
             elif item.indexing == V.INDEXING_SCALAR:
                 dest.reshape(-1)[0] = _scalar(item.binding, plan)
             else:
-                self._pack_rows(item, dest, plan, rows)
+                self._pack_rows(item, dest, step, rows)
         return dirty
 
-    def _pack_tokens(self, item: _Resolved, dest: np.ndarray, plan: StepPlan,
+    def _pack_tokens(self, item: _Resolved, dest: np.ndarray, step: _Step,
                      capacity: int) -> None:
-        rows = plan.rows
-        if all(r.lane_length == 1 for r in rows):
+        rows = step.rows
+        if item.source == V.VALUE_SOURCE_SLOT and step.one_token:
+            values = np.asarray(step.slots, dtype=dest.dtype)
+        elif step.one_token:
             values = np.asarray(ONE_TOKEN_VALUES[item.source](rows), dtype=dest.dtype)
         else:
             values = TOKEN_VALUES[item.source](rows)
         n = len(values)
-        dest[:n] = values + dest.dtype.type(item.offset)
+        dest[:n] = values + dest.dtype.type(item.offset) if item.offset else values
         if capacity > n:
             dest[n:capacity] = item.padding
 
-    def _pack_rows(self, item: _Resolved, dest: np.ndarray, plan: StepPlan,
+    def _pack_rows(self, item: _Resolved, dest: np.ndarray, step: _Step,
                    capacity: int) -> None:
-        rows = plan.rows
+        plan = step.plan
+        rows = step.rows
         n = len(plan.copies) if plan.kind is StepKind.TRANSFER else len(rows)
         pad_to = capacity if item.indexing == V.INDEXING_SUBMISSION_ROW else n
         source = item.source
-        if source in COPY_VALUES:
+        if item.table is not None:
+            table = self._hold(step)[item.table][1]
+            if n == 1:  # batch 1: a scalar store is several times cheaper than a slice
+                dest[0] = table[rows[0].slot]
+            else:
+                dest[:n] = table[step.slot_index]
+            if item.offset:
+                dest[:n] += dest.dtype.type(item.offset)
+        elif source in COPY_VALUES:
             dest[:n] = COPY_VALUES[source](plan.copies)
-        elif source == V.VALUE_SOURCE_SEED_BITS:
-            for i, r in enumerate(rows):
-                dest[i] = (r.sampling.seed & 0xFFFFFFFF, (r.sampling.seed >> 32) & 0xFFFFFFFF)
         elif source == V.VALUE_SOURCE_CANDIDATE_IDS:
             dest[:pad_to] = item.padding
             for i, r in enumerate(rows):
@@ -211,37 +279,69 @@ class SharedPacking:
         elif n == 1:  # batch 1: a scalar store is several times cheaper than a slice
             dest[0] = ROW_VALUES[source](rows)[0] + item.offset
         else:
-            values = np.asarray(ROW_VALUES[source](rows), dtype=dest.dtype)
-            dest[:n] = values + dest.dtype.type(item.offset)
+            values = step.slots if source == V.VALUE_SOURCE_SLOT else ROW_VALUES[source](rows)
+            values = np.asarray(values, dtype=dest.dtype)
+            dest[:n] = values + dest.dtype.type(item.offset) if item.offset else values
         if pad_to > n:
             dest[n:pad_to] = item.padding
 
-    def _pack_physical(self, b, dest: np.ndarray, plan: StepPlan,
+    def _hold(self, step: _Step) -> dict[tuple, tuple[int, np.ndarray]]:
+        """The per-slot SAMPLING_VALUES tables, with every row's slot holding its
+        request's values (written only for slots whose SamplingParams object changed)."""
+        if step.held:
+            return self._tables
+        holders = self._holders
+        for r in step.rows:
+            slot = r.slot
+            if slot >= len(holders):
+                self._grow(slot + 1)
+            if holders[slot] is not r.sampling:
+                for source, table in self._tables.values():
+                    table[slot] = SAMPLING_VALUES[source](r.sampling)
+                holders[slot] = r.sampling  # held: no other object can take its id
+        step.held = True
+        return self._tables
+
+    def _grow(self, slots: int) -> None:
+        slots = max(slots, 2 * len(self._holders))
+        self._holders.extend([None] * (slots - len(self._holders)))
+        for key, (source, table) in self._tables.items():
+            grown = np.zeros((slots, *table.shape[1:]), table.dtype)
+            grown[:len(table)] = table
+            self._tables[key] = (source, grown)
+
+    def _pack_physical(self, b, dest: np.ndarray, step: _Step,
                        dirty: list[DirtyRange]) -> None:
+        rows = step.rows
         if b.source == V.VALUE_SOURCE_PAGE_TABLE:
             shift = self._page_offset.get(b.destination, 0)
-            for r in plan.rows:
-                key = (b.destination, r.slot)
-                generation, done = self._uploaded.get(key, (-1, 0))
-                if generation != r.generation:
+            uploaded = self._uploaded.get(b.destination)
+            if uploaded is None:
+                uploaded = self._uploaded[b.destination] = ([-1] * len(dest), [0] * len(dest))
+            generations, uploads = uploaded
+            for r in rows:
+                slot = r.slot
+                entries = len(r.page_ids) - shift  # view entry i = page i + shift
+                if generations[slot] == r.generation:
+                    done = uploads[slot]
+                else:
                     done = 0
-                entries = max(len(r.page_ids) - shift, 0)  # view entry i = page i + shift
+                    generations[slot] = r.generation
                 if entries > done:
-                    dest[r.slot, done:entries] = r.page_ids[shift + done:]
-                    dirty.append(DirtyRange(b.destination, r.slot, done, entries))
-                self._uploaded[key] = (r.generation, entries)
+                    dest[slot, done:entries] = r.page_ids[shift + done:]
+                    dirty.append(DirtyRange(b.destination, slot, done, entries))
+                uploads[slot] = entries if entries > 0 else 0
         elif b.source == V.VALUE_SOURCE_PROMPT_HISTOGRAM:
-            for r in plan.rows:
-                if r.histogram_tokens is not None:
-                    width = dest.shape[1]
-                    dest[r.slot] = np.bincount(np.asarray(r.histogram_tokens, dtype=np.int64),
-                                               minlength=width)[:width]
-                    dirty.append(DirtyRange(b.destination, r.slot, 0, width))
+            for r in step.placed:
+                width = dest.shape[1]
+                dest[r.slot] = np.bincount(np.asarray(r.histogram_tokens, dtype=np.int64),
+                                           minlength=width)[:width]
+                dirty.append(DirtyRange(b.destination, r.slot, 0, width))
         elif b.source == V.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS:
             # Read only for lanes whose GRAMMAR_MASK_ENABLED is set, rows 1..count: a
             # constrained lane with candidates must carry their masks; only those slots'
             # rows are written (and uploaded).
-            for i, r in enumerate(plan.rows):
+            for i, r in enumerate(rows):
                 if r.candidates and r.grammar_mask is not None:
                     masks = r.candidates.grammar_masks
                     k = min(len(r.candidates.ids), dest.shape[1])
@@ -255,13 +355,16 @@ class SharedPacking:
             # Written on the step that places a request in its slot (histogram_tokens
             # set), only for a request with a bias: LOGIT_BIAS_ENABLED = 0 ignores the
             # stale row of any other request.
-            for r in plan.rows:
-                if r.histogram_tokens is not None and r.sampling.logit_bias:
+            for r in step.placed:
+                if r.sampling.logit_bias:
                     row = dest[r.slot]
                     row[:] = 0
                     ids, values = zip(*r.sampling.logit_bias, strict=True)
                     row[list(ids)] = values
                     dirty.append(DirtyRange(b.destination, r.slot, 0, dest.shape[1]))
+
+
+_ROW_INDEXING = (V.INDEXING_SUBMISSION_ROW, V.INDEXING_ACTIVE_ROW)
 
 
 def _scalar(b: cpb.ValueBinding, plan: StepPlan) -> int:

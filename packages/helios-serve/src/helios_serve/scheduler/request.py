@@ -94,7 +94,7 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"  # execution or output failure
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RowResult:
     """One completed plan row of a live request.
 
@@ -108,6 +108,14 @@ class RowResult:
     request_id: int
     token_id: int | None
     output_tokens: int
+
+    # One per completed row per step: fills the instance dict directly instead of the
+    # frozen dataclass's object.__setattr__ per field (~1.5 -> ~0.4 us on CPython 3.11).
+    def __init__(self, request_id: int, token_id: int | None, output_tokens: int) -> None:
+        d = self.__dict__
+        d["request_id"] = request_id
+        d["token_id"] = token_id
+        d["output_tokens"] = output_tokens
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,7 @@ from helios_serve.speculation import HistoryIndex, WidthPolicy
 from helios_serve.speculation.policy import Choice
 
 MAX_FRAMES = 2
+_PLACEHOLDER = (PENDING_PLACEHOLDER,)  # a decode row's tokens while its token is on the device
 # Copies of one idle-time write-back step: bounds what a request arriving meanwhile waits
 # behind (64 SmolLM2 f32 pages = 47 MB: ~2 ms over the H200's host link).
 WRITE_BACK_ROWS = 64
@@ -369,9 +370,9 @@ class Scheduler:
         if len(self._outstanding) >= self.frames or self._feedback_live():
             return False
         newest = self._outstanding[-1]
-        if not any(r.sample for r in newest.rows):
-            return True
-        return self.device_pending and newest.kind is StepKind.DECODE
+        if self.device_pending and newest.kind is StepKind.DECODE:
+            return True  # whether its rows sample or not (checked first: no row scan)
+        return not any(r.sample for r in newest.rows)
 
     def _feedback_live(self) -> bool:
         return self._feedback > 0
@@ -444,7 +445,8 @@ class Scheduler:
         for seq in self._running:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
-            if seq.can_prefill:
+            # in_prefill read first: in steady decode no running request is (one compare)
+            if seq.num_scheduled < seq.prefill_tokens and seq.can_prefill:
                 n = self._grow(seq, budget)
                 if n:
                     rows.append(self._prefill_row(seq, n))
@@ -586,16 +588,18 @@ class Scheduler:
     def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
         """A DECODE row per ready request whose next page is available."""
         pt = self.geometry.page_tokens
+        extra = self.geometry.extra_pages_per_request
         rows: list[RowPlan] = []
         for seq in ready:
-            if seq.num_scheduled == self._token_pages(seq) * pt:  # pending token opens a page
+            pos = seq.num_scheduled
+            if pos == (len(seq.page_ids) - extra) * pt:  # pending token opens a page
                 grant = self.pages.acquire(None, 1)
                 if grant is None:
                     continue  # waits for reclamation (or preemption)
                 seq.page_ids.extend(grant.page_ids)
-            pos = seq.num_scheduled
-            fed = seq.tokens[pos : pos + 1] or [PENDING_PLACEHOLDER]  # still on the device
-            rows.append(self._row(seq, fed, sample=True, histogram=None, decode=True))
+            # The pending token, or a placeholder while it is still on the device.
+            fed = (seq.tokens[pos],) if pos < len(seq.tokens) else _PLACEHOLDER
+            rows.append(self._row(seq, fed, True, None, True))
         return StepPlan(StepKind.DECODE, tuple(rows)) if rows else None
 
     def _build_speculative(self, ready: list[Sequence]) -> StepPlan | None:
@@ -685,7 +689,7 @@ class Scheduler:
     def _row(
         self,
         seq: Sequence,
-        tokens: list[int],
+        tokens: Seq[int],
         sample: bool,
         histogram: tuple[int, ...] | None,
         decode: bool = False,
@@ -697,20 +701,11 @@ class Scheduler:
         assert seq.slot is not None
         start = seq.num_scheduled
         end = start + (lane_length or len(tokens))
-        row = RowPlan(
-            request_id=seq.request_id,
-            slot=seq.slot,
-            generation=seq.generation,
-            tokens=tuple(tokens),
-            start_position=start,
-            page_ids=seq.page_prefix(_ceil_div(end, self.geometry.page_tokens)
-                                     + self.geometry.extra_pages_per_request),
-            sample=sample,
-            sampling=seq.request.sampling,
-            histogram_tokens=histogram,
-            query_length=lane_length,
-            candidates=candidates,
-        )
+        pages = -(-end // self.geometry.page_tokens) + self.geometry.extra_pages_per_request
+        # Positional: one row per request per step (RowPlan's field order).
+        row = RowPlan(seq.request_id, seq.slot, seq.generation, tuple(tokens), start,
+                      seq.page_prefix(pages), sample, seq.request.sampling, histogram, None,
+                      lane_length, candidates)
         seq.num_scheduled = end
         seq.inflight_rows += 1
         seq.inflight_samples += int(sample)
@@ -808,43 +803,66 @@ class Scheduler:
             for copy in self._pop_transfer(plan):
                 copy.done()
             return []
-        self._check_completion(plan, sampled)
+        tokens = self._check_completion(plan, sampled)
         self._outstanding.popleft()
         self._observe_cost()
         results: list[RowResult] = []
-        for row, token in zip(plan.rows, sampled, strict=True):
-            seq = self._requests[row.request_id]
+        requests = self._requests
+        pt = self.geometry.page_tokens
+        shared = not self.geometry.extra_pages_per_request  # else _publish publishes none
+        for row, token in zip(plan.rows, tokens, strict=True):
+            seq = requests[row.request_id]
             seq.inflight_rows -= 1
-            seq.num_computed = max(seq.num_computed, row.start_position + len(row.tokens))
+            end = row.start_position + len(row.tokens)
+            if end > seq.num_computed:
+                seq.num_computed = end
             if row.sample:
                 seq.inflight_samples -= 1
             if seq.retiring:
                 if seq.inflight_rows == 0:
                     self._retire(seq)
                 continue
-            self._publish(seq)
-            self._publish_endpoints(seq)
+            # The calls only where they have work: a decode row completes a page once in
+            # page_tokens steps, and requests rarely mark prompt-turn ends.
+            if shared and seq.num_published < seq.num_computed // pt:
+                self._publish(seq)
+            if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
+                self._publish_endpoints(seq)
             if row.sample:
-                seq.tokens.append(int(token))
-            results.append(
-                RowResult(row.request_id, int(token) if row.sample else None, seq.num_output_tokens)
-            )
+                seq.tokens.append(token)
+                results.append(RowResult(row.request_id, token, seq.num_output_tokens))
+            else:
+                results.append(RowResult(row.request_id, None, seq.num_output_tokens))
         return results
 
-    def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> None:
+    def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> list[int]:
+        """Validate a completion record against its plan before any state changes.
+
+        Returns:
+            The sampled ids as ints (submission rows).
+        """
         if not self._outstanding or plan != self._outstanding[0]:
             raise CompletionError("plan is not the oldest outstanding plan")
         if len(sampled) != len(plan.rows):
             raise CompletionError(f"{len(sampled)} sampled ids for {len(plan.rows)} rows")
+        # One conversion for an integer record (an int() per NumPy scalar costs more); the
+        # entries of rows that sample nothing are ignored, never converted.
+        if isinstance(sampled, np.ndarray) and sampled.ndim == 1 and sampled.dtype.kind in "iu":
+            tokens = sampled.tolist()
+        else:
+            tokens = [int(t) if row.sample else t for row, t in zip(plan.rows, sampled, strict=True)]
         vocab = self.geometry.vocab_size
-        for i, (row, token) in enumerate(zip(plan.rows, sampled, strict=True)):
-            seq = self._requests.get(row.request_id)
+        requests = self._requests
+        generations = self._generations
+        for i, (row, token) in enumerate(zip(plan.rows, tokens, strict=True)):
+            seq = requests.get(row.request_id)
             if seq is None or seq.slot != row.slot or seq.inflight_rows < 1:
                 raise CompletionError(f"row {i}: request {row.request_id} not in flight")
-            if self._generations[row.slot] != row.generation:
+            if generations[row.slot] != row.generation:
                 raise CompletionError(f"row {i}: stale generation of slot {row.slot}")
-            if row.sample and not 0 <= int(token) < vocab:
-                raise CompletionError(f"row {i}: sampled id {int(token)} outside [0, {vocab})")
+            if row.sample and not 0 <= token < vocab:
+                raise CompletionError(f"row {i}: sampled id {token} outside [0, {vocab})")
+        return tokens
 
     def _observe_cost(self) -> None:
         issued, key = self._issued.popleft()

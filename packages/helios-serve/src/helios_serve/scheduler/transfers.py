@@ -54,6 +54,7 @@ class TransferQueue:
         self.capacity = capacity
         self._pending: dict[Route, list[PendingCopy]] = {r: [] for r in ROUTE_ORDER}
         self.copies = dict.fromkeys(ROUTE_ORDER, 0)  # queued copies per route, ever
+        self._queued = 0  # copies in _pending (drain runs every step: most find none)
 
     def add(self, route: Route, source: int, destination: int, done: Done,
             failed: Failed) -> None:
@@ -69,14 +70,18 @@ class TransferQueue:
             raise ValueError("no transfer programs: copies cannot be queued")
         self._pending[route].append(PendingCopy(RowCopy(source, destination), done, failed))
         self.copies[route] += 1
+        self._queued += 1
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self._pending.values())
+        return self._queued
 
     def drain(self) -> list[tuple[StepPlan, tuple[PendingCopy, ...]]]:
         """Every queued copy as TRANSFER plans (ROUTE_ORDER, at most `capacity` copies
         each), with the copies' fence actions; the queue is empty afterwards."""
-        out = []
+        out: list[tuple[StepPlan, tuple[PendingCopy, ...]]] = []
+        if not self._queued:
+            return out  # no Route hashed (a dataclass of two enums: ~1 us each)
+        self._queued = 0
         for route in ROUTE_ORDER:
             queued, self._pending[route] = self._pending[route], []
             if not queued:
