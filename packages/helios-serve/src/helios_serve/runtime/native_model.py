@@ -272,7 +272,9 @@ class NativeModel:
                                   frame)
         self.backend.launch(name, frame, dirty)
         self._next_frame = (frame + 1) % self.frames
-        logprobs = any(r.sample and r.sampling.logprobs is not None for r in plan.rows)
+        # Only a record that holds logprobs is read for them (no row scan otherwise).
+        logprobs = self._completion.top_logprobs is not None and any(
+            r.sample and r.sampling.logprobs is not None for r in plan.rows)
         ticket = Ticket(frame, name, len(plan.rows), logprobs)
         self._inflight.append(ticket)
         self.launches[plan.kind.value] += 1

@@ -132,16 +132,21 @@ class _Resolved:
     indexing: int
     offset: int
     padding: int
-    # SAMPLING_VALUES sources: the per-slot values, [slots, *dest.shape[1:]] of dest's dtype.
-    table: np.ndarray | None = None
+    # SAMPLING_VALUES sources: key of the per-slot table (source, dtype, row shape), and
+    # whether no other kind of binding writes the destination (then a step that would
+    # write the values it already holds skips it: SharedPacking._pack_sampling).
+    table: tuple | None = None
+    sole: bool = False
 
 
 class _Step:
     """Per-row values several bindings of one pack share, each computed at most once."""
 
-    def __init__(self, plan: StepPlan):
+    def __init__(self, plan: StepPlan, row_capacity: int, token_capacity: int):
         self.plan = plan
         self.rows = plan.rows
+        self.row_capacity = row_capacity  # captured capacities of the graph
+        self.token_capacity = token_capacity
         self.held = False  # every row's slot holds its SamplingParams' values (_hold)
 
     @cached_property
@@ -154,6 +159,11 @@ class _Step:
     def slots(self) -> list[int]:
         """Physical request row of each submission row."""
         return [r.slot for r in self.rows]
+
+    @cached_property
+    def holders(self) -> tuple[SamplingParams, ...]:
+        """Each row's SamplingParams (what its SAMPLING_VALUES values are a function of)."""
+        return tuple([r.sampling for r in self.rows])
 
     @cached_property
     def slot_index(self) -> np.ndarray:
@@ -186,20 +196,41 @@ class SharedPacking:
         # bindings that write it; `_holders[slot]` is the SamplingParams its row holds.
         self._tables: dict[tuple, tuple[int, np.ndarray]] = {}
         self._holders: list[SamplingParams | None] = []
-        self._graphs: dict[str, list[_Resolved]] = {}
+        # graph -> (the method that packs it, binding) per binding, chosen once here.
+        self._graphs: dict[str, list[tuple[Callable, _Resolved]]] = {}
         for graph in graphs:
             items = []
             for b in graph.bindings:
                 dest = tuple(frame[b.destination] for frame in staging)
                 table = None
-                if b.source in SAMPLING_VALUES and b.indexing in _ROW_INDEXING:
-                    key = (b.source, dest[0].dtype, dest[0].shape[1:])
-                    if key not in self._tables:
-                        self._tables[key] = (b.source, np.zeros((0, *key[2]), key[1]))
-                    table = key
-                items.append(_Resolved(b, dest, b.source, b.indexing, b.offset, b.padding,
-                                       table))
+                if b.indexing == V.INDEXING_PHYSICAL_REQUEST_ROW:
+                    method = self._pack_physical
+                elif b.indexing == V.INDEXING_PACKED_TOKEN:
+                    method = self._pack_tokens
+                elif b.indexing == V.INDEXING_SCALAR:
+                    method = self._pack_scalar
+                elif b.source in SAMPLING_VALUES:
+                    method = self._pack_sampling
+                    table = (b.source, dest[0].dtype, dest[0].shape[1:])
+                    if table not in self._tables:
+                        self._tables[table] = (b.source, np.zeros((0, *table[2]), table[1]))
+                else:
+                    method = self._pack_rows
+                items.append((method, (b, dest, table)))
             self._graphs[graph.name] = items
+        # Destination -> the kinds of binding that write it, over every graph.
+        writers: dict[str, set] = {}
+        for graph in graphs:
+            for b in graph.bindings:
+                writers.setdefault(b.destination, set()).add(
+                    (b.source, b.indexing, b.offset, b.padding))
+        for items in self._graphs.values():
+            items[:] = [(method, _Resolved(b, dest, b.source, b.indexing, b.offset, b.padding,
+                                           table, len(writers[b.destination]) == 1))
+                        for method, (b, dest, table) in items]
+        # id(destination array) -> (rows written, holders whose values it holds) of the
+        # last _pack_sampling write (sole destinations only; the arrays live as long).
+        self._written: dict[int, tuple[int, tuple[SamplingParams, ...]]] = {}
         # page-table buffer -> pages of RowPlan.page_ids before its entry 0.
         self._page_offset = {v.buffer: v.page_offset for v in page_table_views}
         # page-table buffer -> per slot: [generation, page entries uploaded] (lists grown
@@ -217,22 +248,22 @@ class SharedPacking:
             from its host mirror; the other bindings are rewritten whole every step.
         """
         dirty: list[DirtyRange] = []
-        step = _Step(plan)
-        for item in self._graphs[graph]:
-            dest = item.dest[frame]
-            if item.indexing == V.INDEXING_PHYSICAL_REQUEST_ROW:
-                self._pack_physical(item.binding, dest, step, dirty)
-            elif item.indexing == V.INDEXING_PACKED_TOKEN:
-                self._pack_tokens(item, dest, step, tokens)
-            elif item.indexing == V.INDEXING_SCALAR:
-                dest.reshape(-1)[0] = _scalar(item.binding, plan)
-            else:
-                self._pack_rows(item, dest, step, rows)
+        step = _Step(plan, rows, tokens)
+        for method, item in self._graphs[graph]:
+            method(item, item.dest[frame], step, dirty)
         return dirty
 
+    # Each _pack_* method: (binding, its destination in this frame, the step, the dirty
+    # physical-row ranges to extend).
+
+    def _pack_scalar(self, item: _Resolved, dest: np.ndarray, step: _Step,
+                     dirty: list[DirtyRange]) -> None:
+        dest.reshape(-1)[0] = _scalar(item.binding, step.plan)
+
     def _pack_tokens(self, item: _Resolved, dest: np.ndarray, step: _Step,
-                     capacity: int) -> None:
+                     dirty: list[DirtyRange]) -> None:
         rows = step.rows
+        capacity = step.token_capacity
         if item.source == V.VALUE_SOURCE_SLOT and step.one_token:
             values = np.asarray(step.slots, dtype=dest.dtype)
         elif step.one_token:
@@ -244,22 +275,39 @@ class SharedPacking:
         if capacity > n:
             dest[n:capacity] = item.padding
 
+    def _pack_sampling(self, item: _Resolved, dest: np.ndarray, step: _Step,
+                       dirty: list[DirtyRange]) -> None:
+        """A SAMPLING_VALUES source: gathered from its per-slot table, unless `dest` holds
+        those values already (the same holders' values, padded alike, written last into
+        this array: the values are a function of the SamplingParams alone)."""
+        rows = step.rows
+        n = len(rows)
+        pad_to = step.row_capacity if item.indexing == V.INDEXING_SUBMISSION_ROW else n
+        if item.sole:
+            written = self._written.get(id(dest))
+            if written is not None and written[0] == pad_to and written[1] == step.holders:
+                return
+            self._written.pop(id(dest), None)  # set again once written
+        table = self._hold(step)[item.table][1]
+        if n == 1:  # batch 1: a scalar store is several times cheaper than a slice
+            dest[0] = table[rows[0].slot]
+        else:
+            dest[:n] = table[step.slot_index]
+        if item.offset:
+            dest[:n] += dest.dtype.type(item.offset)
+        if pad_to > n:
+            dest[n:pad_to] = item.padding
+        if item.sole:
+            self._written[id(dest)] = (pad_to, step.holders)
+
     def _pack_rows(self, item: _Resolved, dest: np.ndarray, step: _Step,
-                   capacity: int) -> None:
+                   dirty: list[DirtyRange]) -> None:
         plan = step.plan
         rows = step.rows
         n = len(plan.copies) if plan.kind is StepKind.TRANSFER else len(rows)
-        pad_to = capacity if item.indexing == V.INDEXING_SUBMISSION_ROW else n
+        pad_to = step.row_capacity if item.indexing == V.INDEXING_SUBMISSION_ROW else n
         source = item.source
-        if item.table is not None:
-            table = self._hold(step)[item.table][1]
-            if n == 1:  # batch 1: a scalar store is several times cheaper than a slice
-                dest[0] = table[rows[0].slot]
-            else:
-                dest[:n] = table[step.slot_index]
-            if item.offset:
-                dest[:n] += dest.dtype.type(item.offset)
-        elif source in COPY_VALUES:
+        if source in COPY_VALUES:
             dest[:n] = COPY_VALUES[source](plan.copies)
         elif source == V.VALUE_SOURCE_CANDIDATE_IDS:
             dest[:pad_to] = item.padding
@@ -310,8 +358,9 @@ class SharedPacking:
             grown[:len(table)] = table
             self._tables[key] = (source, grown)
 
-    def _pack_physical(self, b, dest: np.ndarray, step: _Step,
+    def _pack_physical(self, item: _Resolved, dest: np.ndarray, step: _Step,
                        dirty: list[DirtyRange]) -> None:
+        b = item.binding
         rows = step.rows
         if b.source == V.VALUE_SOURCE_PAGE_TABLE:
             shift = self._page_offset.get(b.destination, 0)
@@ -362,9 +411,6 @@ class SharedPacking:
                     ids, values = zip(*r.sampling.logit_bias, strict=True)
                     row[list(ids)] = values
                     dirty.append(DirtyRange(b.destination, r.slot, 0, dest.shape[1]))
-
-
-_ROW_INDEXING = (V.INDEXING_SUBMISSION_ROW, V.INDEXING_ACTIVE_ROW)
 
 
 def _scalar(b: cpb.ValueBinding, plan: StepPlan) -> int:

@@ -442,11 +442,11 @@ class Scheduler:
         g = self.geometry
         budget = g.prefill_token_capacities[-1]  # packed tokens left
         rows: list[RowPlan] = []
-        for seq in self._running:
+        # Sequence.in_prefill as one filter first: in steady decode no running request is.
+        for seq in [s for s in self._running if s.num_scheduled < s.prefill_tokens]:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
-            # in_prefill read first: in steady decode no running request is (one compare)
-            if seq.num_scheduled < seq.prefill_tokens and seq.can_prefill:
+            if seq.can_prefill:
                 n = self._grow(seq, budget)
                 if n:
                     rows.append(self._prefill_row(seq, n))
@@ -589,9 +589,10 @@ class Scheduler:
         """A DECODE row per ready request whose next page is available."""
         pt = self.geometry.page_tokens
         extra = self.geometry.extra_pages_per_request
+        step = self._step
         rows: list[RowPlan] = []
         for seq in ready:
-            pos = seq.num_scheduled
+            pos = seq.num_scheduled  # the pending token's position
             if pos == (len(seq.page_ids) - extra) * pt:  # pending token opens a page
                 grant = self.pages.acquire(None, 1)
                 if grant is None:
@@ -599,7 +600,12 @@ class Scheduler:
                 seq.page_ids.extend(grant.page_ids)
             # The pending token, or a placeholder while it is still on the device.
             fed = (seq.tokens[pos],) if pos < len(seq.tokens) else _PLACEHOLDER
-            rows.append(self._row(seq, fed, True, None, True))
+            # _row of a one-token sampling row, spelled out (every decode row of every step):
+            # pages cover [0, pos + 1), plus the extra pages.
+            rows.append(RowPlan(seq.request_id, seq.slot, seq.generation, fed, pos,
+                                seq.page_prefix(pos // pt + 1 + extra), True,
+                                seq.request.sampling))
+            seq.issue(pos + 1, True, True, step)
         return StepPlan(StepKind.DECODE, tuple(rows)) if rows else None
 
     def _build_speculative(self, ready: list[Sequence]) -> StepPlan | None:
@@ -706,12 +712,7 @@ class Scheduler:
         row = RowPlan(seq.request_id, seq.slot, seq.generation, tuple(tokens), start,
                       seq.page_prefix(pages), sample, seq.request.sampling, histogram, None,
                       lane_length, candidates)
-        seq.num_scheduled = end
-        seq.inflight_rows += 1
-        seq.inflight_samples += int(sample)
-        seq.last_row_decode = decode
-        seq.needs_histogram = False
-        seq.last_step = self._step
+        seq.issue(end, sample, decode, self._step)
         return row
 
     def _issue(self, plan: StepPlan) -> StepPlan:
@@ -816,9 +817,10 @@ class Scheduler:
             end = row.start_position + len(row.tokens)
             if end > seq.num_computed:
                 seq.num_computed = end
-            if row.sample:
+            sample = row.sample
+            if sample:
                 seq.inflight_samples -= 1
-            if seq.retiring:
+            if seq.cancelled or seq.failed or seq.finish_reason is not None:  # retiring
                 if seq.inflight_rows == 0:
                     self._retire(seq)
                 continue
@@ -828,11 +830,13 @@ class Scheduler:
                 self._publish(seq)
             if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
                 self._publish_endpoints(seq)
-            if row.sample:
+            if sample:
                 seq.tokens.append(token)
-                results.append(RowResult(row.request_id, token, seq.num_output_tokens))
             else:
-                results.append(RowResult(row.request_id, None, seq.num_output_tokens))
+                token = None
+            # Sequence.num_output_tokens, spelled out
+            results.append(RowResult(row.request_id, token,
+                                     len(seq.tokens) - seq.num_prompt_tokens))
         return results
 
     def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> list[int]:

@@ -110,6 +110,16 @@ class Sequence:
                 and self.last_row_decode and scheduled == known
                 and outputs + 1 < limit and not self.request.needs_feedback)
 
+    def issue(self, end: int, sample: bool, decode: bool, step: int) -> None:
+        """A row of step `step` was built for positions [num_scheduled, end): advance the
+        scheduled state (the row samples a token when `sample`; `decode`: a decode row)."""
+        self.num_scheduled = end
+        self.inflight_rows += 1
+        self.inflight_samples += sample
+        self.last_row_decode = decode
+        self.needs_histogram = False
+        self.last_step = step
+
     def page_prefix(self, count: int) -> tuple[int, ...]:
         """`tuple(page_ids[:count])`, rebuilt only when it changes (a decode row carries
         the same pages for `page_tokens` steps)."""
