@@ -150,10 +150,20 @@ class _Step:
         self.held = False  # every row's slot holds its SamplingParams' values (_hold)
 
     @cached_property
+    def lanes(self) -> list[int]:
+        """Each row's RowPlan.lane_length (spelled out: a property call per row costs more
+        than the reads); the QUERY_LENGTH and SPECULATIVE_PREFIX_LIMIT values."""
+        return [r.query_length or len(r.tokens) for r in self.rows]
+
+    @cached_property
     def one_token(self) -> bool:
         """Every row feeds exactly one token (decode): token sources take one per row."""
-        lanes = [r.query_length or len(r.tokens) for r in self.rows]  # RowPlan.lane_length
-        return lanes.count(1) == len(lanes)
+        return self.lanes.count(1) == len(self.rows)
+
+    @cached_property
+    def masked(self) -> list[int]:
+        """Submission rows with a grammar mask."""
+        return [i for i, r in enumerate(self.rows) if r.grammar_mask is not None]
 
     @cached_property
     def slots(self) -> list[int]:
@@ -317,9 +327,8 @@ class SharedPacking:
                     dest[i, :len(ids)] = ids
             return
         elif source == V.VALUE_SOURCE_GRAMMAR_MASK:
-            for i, r in enumerate(rows):
-                if r.grammar_mask is not None:
-                    dest[i] = r.grammar_mask
+            for i in step.masked:
+                dest[i] = rows[i].grammar_mask
             return  # rows without a mask are ignored by GRAMMAR_MASK_ENABLED = 0
         elif source == V.VALUE_SOURCE_CONSTANT:
             dest[:pad_to] = item.binding.constant_value
@@ -327,7 +336,12 @@ class SharedPacking:
         elif n == 1:  # batch 1: a scalar store is several times cheaper than a slice
             dest[0] = ROW_VALUES[source](rows)[0] + item.offset
         else:
-            values = step.slots if source == V.VALUE_SOURCE_SLOT else ROW_VALUES[source](rows)
+            if source == V.VALUE_SOURCE_SLOT:
+                values = step.slots
+            elif source in _LANE_SOURCES:
+                values = step.lanes
+            else:
+                values = ROW_VALUES[source](rows)
             values = np.asarray(values, dtype=dest.dtype)
             dest[:n] = values + dest.dtype.type(item.offset) if item.offset else values
         if pad_to > n:
@@ -390,8 +404,9 @@ class SharedPacking:
             # Read only for lanes whose GRAMMAR_MASK_ENABLED is set, rows 1..count: a
             # constrained lane with candidates must carry their masks; only those slots'
             # rows are written (and uploaded).
-            for i, r in enumerate(rows):
-                if r.candidates and r.grammar_mask is not None:
+            for i in step.masked:
+                r = rows[i]
+                if r.candidates:
                     masks = r.candidates.grammar_masks
                     k = min(len(r.candidates.ids), dest.shape[1])
                     if masks is None or len(masks) < k:
@@ -411,6 +426,10 @@ class SharedPacking:
                     ids, values = zip(*r.sampling.logit_bias, strict=True)
                     row[list(ids)] = values
                     dirty.append(DirtyRange(b.destination, r.slot, 0, dest.shape[1]))
+
+
+# ROW_VALUES sources whose values are the rows' lane lengths (_Step.lanes).
+_LANE_SOURCES = frozenset({V.VALUE_SOURCE_QUERY_LENGTH, V.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT})
 
 
 def _scalar(b: cpb.ValueBinding, plan: StepPlan) -> int:
