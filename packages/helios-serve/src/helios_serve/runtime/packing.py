@@ -17,9 +17,11 @@ SUBMISSION_ROW entries cover every captured row (padding past the live ones);
 ACTIVE_ROW entries cover live rows only; PHYSICAL_REQUEST_ROW entries are slot rows.
 
 Host cost (bench/packing.py): a step's per-row work is one pass per binding over the rows
-for the values that change per row and step (ROW_VALUES), and one gather for the values
-that depend only on the request's SamplingParams (SAMPLING_VALUES): those are kept per
-slot, written when a slot's rows start carrying another SamplingParams object.
+for the values that change per row and step (ROW_VALUES; values several bindings share
+are computed once per step, `_Step`), and one gather for the values that depend only on
+the request's SamplingParams (SAMPLING_VALUES): those are kept per slot, written when a
+slot's rows start carrying another SamplingParams object, and a destination only these
+bindings write is not rewritten while its rows' SamplingParams stay the same.
 """
 
 from __future__ import annotations

@@ -707,8 +707,7 @@ class Scheduler:
         assert seq.slot is not None
         start = seq.num_scheduled
         end = start + (lane_length or len(tokens))
-        pages = -(-end // self.geometry.page_tokens) + self.geometry.extra_pages_per_request
-        # Positional: one row per request per step (RowPlan's field order).
+        pages = _ceil_div(end, self.geometry.page_tokens) + self.geometry.extra_pages_per_request
         row = RowPlan(seq.request_id, seq.slot, seq.generation, tuple(tokens), start,
                       seq.page_prefix(pages), sample, seq.request.sampling, histogram, None,
                       lane_length, candidates)
