@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|spec-structured|serve-smollm2|serve-smollm2-load|serve-host|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|spec-structured|serve-smollm2|serve-smollm2-load|serve-host|packing|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -143,6 +143,12 @@ case $stage in
     python3 bench/serve_overhead.py --ttft --core "$C" --trust "$K.pub" --accept $NS \
       --json "$OUTD/serve_overhead_ttft_h200host.json" 2>&1 | tail -2 | tee -a "$OUTD/serve_overhead.log"
     python3 bench/packing.py --json "$OUTD/packing_h200host.json" 2>&1 | tee "$OUTD/packing.log" ;;
+  packing)
+    # Issue 17 host step on this host's CPU alone (tiny core, paced device; no GPU, no GGUF):
+    # three runs, so the JSON's medians can be read against the host's load.
+    for i in 1 2 3; do
+      python3 bench/packing.py --json "$OUTD/packing_h200host_$i.json" 2>&1 | tee -a "$OUTD/packing.log"
+    done ;;
   snap)
     # Issue 15, GPU tests (one device call): every RESTORE route on device planes and the
     # pinned, device-mapped host planes; restored logits = fresh logits (cuda vs cuda with

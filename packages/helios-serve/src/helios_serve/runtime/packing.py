@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
@@ -141,6 +140,19 @@ class _Resolved:
     sole: bool = False
 
 
+class _once:  # a decorator, named like functools.cached_property
+    """functools.cached_property without its lock (CPython 3.11 takes one on each first
+    read; a step reads several): computes on first read, then the instance dict answers."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = fn.__name__
+
+    def __get__(self, obj, cls=None):
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 class _Step:
     """Per-row values several bindings of one pack share, each computed at most once."""
 
@@ -151,38 +163,38 @@ class _Step:
         self.token_capacity = token_capacity
         self.held = False  # every row's slot holds its SamplingParams' values (_hold)
 
-    @cached_property
+    @_once
     def lanes(self) -> list[int]:
         """Each row's RowPlan.lane_length (spelled out: a property call per row costs more
         than the reads); the QUERY_LENGTH and SPECULATIVE_PREFIX_LIMIT values."""
         return [r.query_length or len(r.tokens) for r in self.rows]
 
-    @cached_property
+    @_once
     def one_token(self) -> bool:
         """Every row feeds exactly one token (decode): token sources take one per row."""
         return self.lanes.count(1) == len(self.rows)
 
-    @cached_property
+    @_once
     def masked(self) -> list[int]:
         """Submission rows with a grammar mask."""
         return [i for i, r in enumerate(self.rows) if r.grammar_mask is not None]
 
-    @cached_property
+    @_once
     def slots(self) -> list[int]:
         """Physical request row of each submission row."""
         return [r.slot for r in self.rows]
 
-    @cached_property
+    @_once
     def holders(self) -> tuple[SamplingParams, ...]:
         """Each row's SamplingParams (what its SAMPLING_VALUES values are a function of)."""
         return tuple([r.sampling for r in self.rows])
 
-    @cached_property
+    @_once
     def slot_index(self) -> np.ndarray:
         """`slots` as an index array (gathers from the per-slot tables)."""
         return np.asarray(self.slots, np.intp)
 
-    @cached_property
+    @_once
     def placed(self) -> list[RowPlan]:
         """Rows placing their request in its slot this step (histogram_tokens set)."""
         return [r for r in self.rows if r.histogram_tokens is not None]
@@ -276,6 +288,11 @@ class SharedPacking:
                      dirty: list[DirtyRange]) -> None:
         rows = step.rows
         capacity = step.token_capacity
+        if len(rows) == 1 and step.one_token:  # batch 1: a scalar store (as _pack_rows)
+            dest[0] = ONE_TOKEN_VALUES[item.source](rows)[0] + item.offset
+            if capacity > 1:
+                dest[1:capacity] = item.padding
+            return
         if item.source == V.VALUE_SOURCE_SLOT and step.one_token:
             values = np.asarray(step.slots, dtype=dest.dtype)
         elif step.one_token:
