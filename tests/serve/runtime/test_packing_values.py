@@ -159,7 +159,7 @@ def test_page_tables_upload_only_new_entries_and_all_after_a_new_generation():
     assert table[0].tolist() == [3, 4, -1, -1, -1, -1]
 
 
-@pytest.mark.parametrize("cls", [RowPlan, RowResult])
+@pytest.mark.parametrize("cls", [RowPlan, RowResult, StepPlan])
 def test_hand_written_init_takes_exactly_the_dataclass_fields(cls):
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     fields = dataclasses.fields(cls)
@@ -167,7 +167,11 @@ def test_hand_written_init_takes_exactly_the_dataclass_fields(cls):
     assert [p.default for p in params] == [
         inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
         for f in fields]
-    built = cls(*[i for i, _ in enumerate(fields)])
+    assert [p.kind is inspect.Parameter.KEYWORD_ONLY for p in params] == [
+        f.kw_only is True for f in fields]
+    positional = [f.name for f in fields if f.kw_only is not True]
+    built = cls(*range(len(positional)),
+                **{f.name: i for i, f in enumerate(fields) if f.kw_only is True})
     assert [getattr(built, f.name) for f in fields] == list(range(len(fields)))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        built.request_id = 5
+        setattr(built, fields[0].name, 5)

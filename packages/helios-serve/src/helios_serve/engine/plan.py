@@ -184,7 +184,7 @@ class RowPlan:
         return self.query_length or len(self.tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StepPlan:
     """One graph launch: a PREFILL over packed chunks, a DECODE over rows, or a TRANSFER.
 
@@ -209,6 +209,16 @@ class StepPlan:
     # TRANSFER steps only; keyword-only (fields added after them stay positional-safe).
     copies: tuple[RowCopy, ...] = field(default=(), kw_only=True)
     route: Route | None = field(default=None, kw_only=True)
+
+    # One per step: fills the instance dict (see RowPlan.__init__). Same signature.
+    def __init__(self, kind: StepKind, rows: tuple[RowPlan, ...], packed_rows: int = 0, *,
+                 copies: tuple[RowCopy, ...] = (), route: Route | None = None) -> None:
+        d = self.__dict__
+        d["kind"] = kind
+        d["rows"] = rows
+        d["packed_rows"] = packed_rows
+        d["copies"] = copies
+        d["route"] = route
 
     @property
     def token_count(self) -> int:
