@@ -200,7 +200,12 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as d:
             model = base._load(args, base._smollm2_core(args, Path(d)))
     eos = set(ck.eos_token_ids)
-    result = {"tokens": args.tokens, "widths": args.widths, "sets": {}}
+    result = {"tokens": args.tokens, "widths": args.widths,
+              "commit": os.environ.get("HELIOS_COMMIT", "unknown"),
+              "command": "python bench/history_trace.py " + " ".join(argv or sys.argv[1:]),
+              "outputs_from": args.outputs and (previous.get("outputs_from")
+                                                or args.outputs) or "this run",
+              "sets": {}}
     for name in args.sets:
         prompts = sets[name]
         if previous is not None:
