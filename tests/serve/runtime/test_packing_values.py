@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helios_contract.schema import contract_pb2 as c
 from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
-from helios_serve.runtime.packing import SharedPacking
+from helios_serve.runtime.packing import DirtyRange, SharedPacking
 from helios_serve.scheduler.request import RowResult
 
 CAPACITY = 4
@@ -159,7 +159,7 @@ def test_page_tables_upload_only_new_entries_and_all_after_a_new_generation():
     assert table[0].tolist() == [3, 4, -1, -1, -1, -1]
 
 
-@pytest.mark.parametrize("cls", [RowPlan, RowResult, StepPlan])
+@pytest.mark.parametrize("cls", [RowPlan, RowResult, StepPlan, DirtyRange])
 def test_hand_written_init_takes_exactly_the_dataclass_fields(cls):
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     fields = dataclasses.fields(cls)

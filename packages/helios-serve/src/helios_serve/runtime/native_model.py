@@ -272,8 +272,10 @@ class NativeModel:
                                   frame)
         self.backend.launch(name, frame, dirty)
         self._next_frame = (frame + 1) % self.frames
-        # Only a record that holds logprobs is read for them (no row scan otherwise).
+        # Only a record that holds logprobs is read for them (no row scan otherwise); the
+        # list is the cheaper first pass (no request asks, mostly), the sample test second.
         logprobs = self._completion.top_logprobs is not None and any(
+            [r.sampling.logprobs is not None for r in plan.rows]) and any(
             r.sample and r.sampling.logprobs is not None for r in plan.rows)
         ticket = Ticket(frame, name, len(plan.rows), logprobs)
         self._inflight.append(ticket)

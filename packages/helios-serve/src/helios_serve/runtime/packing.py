@@ -113,7 +113,7 @@ ONE_TOKEN_VALUES: dict[int, Callable[[Rows], list | np.ndarray]] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class DirtyRange:
     """Elements [start, end) of row `row` of physical-row buffer `destination`."""
 
@@ -121,6 +121,15 @@ class DirtyRange:
     row: int
     start: int
     end: int
+
+    # A few per step (a page-table entry each time a row crosses a page): fills the
+    # instance dict, as engine.plan.RowPlan does. Same signature.
+    def __init__(self, destination: str, row: int, start: int, end: int) -> None:
+        d = self.__dict__
+        d["destination"] = destination
+        d["row"] = row
+        d["start"] = start
+        d["end"] = end
 
 
 @dataclass(frozen=True)
