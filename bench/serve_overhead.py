@@ -146,12 +146,31 @@ def serve_child(args) -> None:
             if line.strip() == "stats":
                 print(json.dumps({"device_busy_s": backend.device_busy_s,
                                   "launches": backend.counters["graph_launches"],
-                                  "queued": backend.queued, "idle_s": backend.idle_s}),
+                                  "queued": backend.queued, "idle_s": backend.idle_s,
+                                  "thread_cpu_s": thread_cpu_s()}),
                       flush=True)
 
     threading.Thread(target=answer, daemon=True).start()
     print(f"serving at {server.url}", flush=True)
     server.run()
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """This process's CPU seconds (user + system) by thread role: the HTTP event loop
+    (MainThread), the model worker, the preparation pool and the rest (this stats thread,
+    uvicorn's helpers), from /proc/self/task/<native id>/stat."""
+    roles = {"MainThread": "http_loop", "helios-model-worker": "worker"}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        role = roles.get(t.name, "prepare" if t.name.startswith("helios-prepare") else "other")
+        try:
+            fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1]
+        except OSError:  # the thread ended meanwhile
+            continue
+        user, system = fields.split()[11:13]
+        out[role] = out.get(role, 0.0) + (int(user) + int(system)) / tick
+    return out
 
 
 class Child:
@@ -206,10 +225,10 @@ class Profiler:
     """py-spy sampling the server child (all threads, without pausing it) into a folded-
     stacks file; `stop` prints the heaviest frames of each thread."""
 
-    def __init__(self, pid: int, path: Path):
+    def __init__(self, pid: int, path: Path, gil: bool = False):
         self.path = path
-        self.proc = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", "1000",
-                                      "--threads", "--format", "raw",
+        self.proc = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", "500",
+                                      "--threads", "--format", "raw", *(["--gil"] if gil else []),
                                       "-o", str(path)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # attach before the level starts
@@ -366,6 +385,8 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
     await client.close()
     wall = ended - started
     tokens = sum(t for _, _, t, _ in spans)
+    threads = {role: (cpu - before["thread_cpu_s"].get(role, 0.0)) / tokens * 1e6
+               for role, cpu in after["thread_cpu_s"].items()}
     lo, hi = started + request_s, ended - request_s
     steady = None
     if hi > lo:
@@ -383,6 +404,7 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
                                     for k, v in after["idle_s"].items()},
             "server_cpu_per_wall": (cpu1 - cpu0) / wall,
             "server_cpu_us_per_token": (cpu1 - cpu0) / tokens * 1e6,
+            "thread_cpu_us_per_token": threads,
             "client_cpu_per_wall": (client1 - client0) / wall}
 
 
@@ -395,7 +417,8 @@ def served_and_ratio(args, core_path: Path, trust: Path, accept: str, served_id:
     try:  # one unrecorded round first: every graph the level uses, connections opened
         asyncio.run(served_level(child, served_id, prompts[:c], c, 1, 8, 0.0))
         if args.profile:
-            spy = Profiler(child.proc.pid, OUT / f"serve_overhead_c{c}_i{interval}.folded")
+            spy = Profiler(child.proc.pid, OUT / f"serve_overhead_c{c}_i{interval}.folded",
+                           gil=args.profile_gil)
         request_s = args.max_tokens * bare["step_ms"] / 1e3
         served = asyncio.run(served_level(child, served_id, prompts[c:], c, args.requests,
                                           args.max_tokens, request_s))
@@ -416,7 +439,9 @@ def served_and_ratio(args, core_path: Path, trust: Path, accept: str, served_id:
           f"{steady or 0:>7.0f} overall {served['tokens_per_s']:>7.0f} tok/s   ratio "
           f"{shown} (overall {level['overall_ratio']:.2f})   device busy "
           f"{served['device_busy']:.2f}   server CPU {served['server_cpu_per_wall']:.2f} "
-          f"({served['server_cpu_us_per_token']:.0f} us/token)   client CPU "
+          f"({served['server_cpu_us_per_token']:.0f} us/token: worker "
+          f"{served['thread_cpu_us_per_token'].get('worker', 0):.0f}, loop "
+          f"{served['thread_cpu_us_per_token'].get('http_loop', 0):.0f})   client CPU "
           f"{served['client_cpu_per_wall']:.2f}   SSE chunks/request "
           f"{served['sse_chunks_per_request']:.0f}", flush=True)
     return level
@@ -599,6 +624,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 request per client, 64 tokens")
     ap.add_argument("--profile", action="store_true",
                     help="py-spy the server during each level (bench/out/*.folded)")
+    ap.add_argument("--profile-gil", action="store_true",
+                    help="with --profile: sample only the thread holding the GIL (py-spy --gil)")
     ap.add_argument("--label", default="", help="recorded in the JSON (e.g. before/after)")
     ap.add_argument("--json", default=str(OUT / "serve_overhead.json"))
     ap.add_argument("--core", help="a SmolLM2 core to serve (default: bench/out/serve_cpu.core, "

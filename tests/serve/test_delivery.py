@@ -103,7 +103,8 @@ def test_an_observed_reader_behind_keeps_one_metadata_chunk_per_id(tok):
 @pytest.mark.parametrize("include_usage", [False, True])
 @pytest.mark.parametrize("delta", [
     ContentDelta("plain"), ContentDelta('quote " back\\slash \n é ✓ \u2028'),
-    ReasoningDelta("thinking"), ToolCallStart(0, "call_1", "get_weather"),
+    ContentDelta("\x00\x1f\x7f\t \U0001f600 </script>"), ReasoningDelta("thinking"),
+    ReasoningDelta('"\\ \u00e9\r'), ToolCallStart(0, "call_1", "get_weather"),
     ToolCallArguments(1, '{"city": "Z\u00fcrich"}'),
 ])
 def test_delta_chunks_encode_the_envelope_once_with_the_generic_bytes(delta, include_usage):
@@ -111,12 +112,18 @@ def test_delta_chunks_encode_the_envelope_once_with_the_generic_bytes(delta, inc
         id="chatcmpl-abc", created=1700000000, model='m "quoted" ü', prompts=((1, 2),),
         first_choice=(0, 1), choices=2, include_usage=include_usage)
     shapes = responses.ChatShapes(ctx, pieces=None)  # no logprobs: no token pieces read
+
+    def generic(index: int, delta_object: dict) -> bytes:  # the stdlib's encoding, spelled out
+        body = shapes._chunk([shapes._choice(index, delta_object)], [])
+        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+        return b"data: " + text.encode() + b"\n\n"
+
     for index in (0, 1):
-        generic = responses.event(shapes._chunk([shapes._choice(
-            index, responses.delta_dict(delta))], []))
+        expected = generic(index, responses.delta_dict(delta))
         out = Output((delta,), choice=index)
-        assert shapes.output(out, []) == generic
-        assert shapes.output(Output((delta, delta), choice=index), []) == generic * 2
+        assert shapes.output(out, []) == expected
+        assert shapes.output(Output((delta, delta), choice=index), []) == expected * 2
+        assert shapes.output(Output((), choice=index), []) == generic(index, {})
     assert set(shapes._envelopes) == {0, 1}  # encoded once per choice, then reused
 
 

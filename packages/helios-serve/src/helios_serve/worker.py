@@ -68,7 +68,7 @@ from helios_serve.events import (
     TokenObserved,
     deliver,
 )
-from helios_serve.metrics import REJECT_SCHEDULER, Metrics
+from helios_serve.metrics import REJECT_SCHEDULER, HistogramBatch, Metrics
 from helios_serve.runtime.errors import RankFailure
 from helios_serve.scheduler import (
     CompletionError,
@@ -224,6 +224,7 @@ class ModelWorker:
         self._live_count = 0
         self._outputs: list[_Output] = []  # validated tokens awaiting output work, in order
         self._gauges_at = 0.0  # clock (s) of the last gauge publication
+        self._itl = HistogramBatch(metrics.inter_token_latency)  # per token, added per step
         self._constrained_max_inflight = 0
         metrics.pages_capacity.set(self.geometry.num_pages)
         metrics.snapshot_capacity.set(self.geometry.snapshot_rows)
@@ -584,6 +585,7 @@ class ModelWorker:
                 live.ended = self.scheduler.finish(live.sched_id, FinishReason.LENGTH,
                                                    result.output_tokens, publish=True)
         self.metrics.generation_tokens.inc(tokens)
+        self._itl.flush()
         if feedback or not self._inflight:
             self._flush_outputs()
 
@@ -596,7 +598,7 @@ class ModelWorker:
                 self.metrics.prefill_time.observe(max(0.0, now_s - live.scheduled_s))
             live.first_token_s = now_s
         elif live.last_token_s is not None:
-            self.metrics.inter_token_latency.observe(max(0.0, now_s - live.last_token_s))
+            self._itl.observe(max(0.0, now_s - live.last_token_s))
         live.last_token_s = now_s
 
     def _flush_outputs(self) -> None:

@@ -23,6 +23,7 @@ from helios_serve.scheduler.request import FinishReason
 from .deltas import (
     AnswerPiece,
     ChatResult,
+    ContentDelta,
     Delta,
     ReasoningDelta,
     ToolCallArguments,
@@ -313,6 +314,11 @@ class OutputPipeline:
         )
         self._string_stops = StringStopMatcher(stops.strings) if stops.strings else None
         self._parallel = parallel_tool_calls
+        # No stops, no reasoning and no tool parsing: every piece of text is one content
+        # delta (what the general path gives, without its per-token parser objects).
+        self._plain = (self._token_stops is None and self._string_stops is None
+                       and type(reasoning) is PassthroughReasoning
+                       and type(tools) is NoToolParser)
         self._deltas: list[Delta] = []
         self._calls = 0
         self.finish_reason: FinishReason | None = None
@@ -344,6 +350,13 @@ class OutputPipeline:
             return self._end(None)
         if token_id in self._omitted:  # an ignored EOS: no text, generation goes on
             return []
+        if self._plain:
+            text = self._detok.push(token_id)
+            if not text:
+                return []
+            delta = ContentDelta(text)
+            self._deltas.append(delta)
+            return [delta]
         out: list[Delta] = []
         if self._token_stops is not None:
             ids, stopped = self._token_stops.feed(token_id)

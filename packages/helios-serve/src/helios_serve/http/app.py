@@ -73,7 +73,7 @@ async def _deliver(request: Request, generation: Generation, shapes: Shapes,
     if stream:
         sse = SseStream(generation, shapes)
 
-        def close() -> None:
+        async def close() -> None:  # (a plain function would run in a worker thread)
             sse.close()
             record.set_usage(usage(shapes.ctx, sse.records),
                              [r.finished.reason.value for r in sse.records if r.finished])
@@ -90,7 +90,10 @@ async def _deliver(request: Request, generation: Generation, shapes: Shapes,
         disconnected.cancel()
     record.set_usage(body["usage"], [c["finish_reason"] for c in body["choices"]])
     # The permit is held until the response has been sent (the reader released it).
-    return Response(body, status_code=200, background=BackgroundTask(generation.release))
+    async def release() -> None:  # (a plain function would run in a worker thread)
+        generation.release()
+
+    return Response(body, status_code=200, background=BackgroundTask(release))
 
 
 def _context(service: ApiService, generation: Generation, stream_options, **extra) -> ResponseContext:

@@ -16,8 +16,9 @@ from litestar.handlers.base import BaseRouteHandler
 from helios_serve.http.errors import Unauthorized
 
 
-def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    """Litestar guard of the protected routes.
+async def require_api_key(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """Litestar guard of the protected routes (a coroutine: Litestar runs a plain
+    function guard in a worker thread, a thread hop per request for a header compare).
 
     Raises:
         Unauthorized: the key is missing or wrong (401, code `invalid_api_key`).

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring
 from typing import Any
 
 from helios_serve.engine.plan import TokenLogprob
@@ -72,8 +73,26 @@ class ResponseContext:
 _SLOT = "\x00delta\x00"  # stands for the delta object while an envelope is encoded
 
 
+# json.dumps(value, separators=(",", ":"), ensure_ascii=False), without building a new
+# encoder per call (json.dumps does for any non-default argument).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def _json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return _ENCODE(value).encode()
+
+
+def _delta_json(delta: Delta) -> bytes:
+    """`_json(delta_dict(delta))`: the text deltas (one per streamed token) spelled out
+    with the JSON string encoder json.dumps uses (ensure_ascii=False), the others through
+    `delta_dict`."""
+    kind = type(delta)
+    if kind is ContentDelta:
+        return b'{"content":' + encode_basestring(delta.text).encode() + b"}"  # type: ignore[union-attr]
+    if kind is ReasoningDelta:
+        return (b'{"reasoning_content":' + encode_basestring(delta.text).encode()  # type: ignore[union-attr]
+                + b"}")  # fmt: skip
+    return _json(delta_dict(delta))
 
 
 def event(body: dict[str, Any]) -> bytes:
@@ -236,10 +255,12 @@ class ChatShapes:
     def output(self, out: Output, records: Sequence[ChoiceRecord]) -> bytes:
         """The chunks of one Output event: one per delta; its logprobs on the first
         (or on a delta-less chunk when every delta is still held)."""
-        deltas = [delta_dict(d) for d in out.deltas] or [{}]
         if not out.logprobs and not self.ctx.continuous_usage:
             head, tail = self._envelope(out.choice)
-            return b"".join(head + _json(delta) + tail for delta in deltas)
+            if not out.deltas:
+                return head + b"{}" + tail
+            return b"".join(head + _delta_json(delta) + tail for delta in out.deltas)
+        deltas = [delta_dict(d) for d in out.deltas] or [{}]
         logprobs = self.logprobs(out.logprobs) if out.logprobs else None
         chunks = []
         for i, delta in enumerate(deltas):
