@@ -47,6 +47,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,7 @@ TARGET_RATIO = 0.9
 # Idle pooled connections are dropped before uvicorn closes them (timeout_keep_alive 5 s):
 # reusing one the server is closing fails with a ReadError under load.
 KEEPALIVE_S = 2.0
+FIRST_CONTENT = re.compile(rb'"delta":\{"content":"[^"]')  # a non-empty content delta
 
 TEXT = (
     "The printing press changed how knowledge moved through Europe. Before it, books were "
@@ -326,7 +328,8 @@ def bare_loop(core, step_s, token_ids, batch: int, steps: int) -> dict:
 
 
 async def served_level(child: Child, model: str, prompts: list[str], concurrency: int,
-                       requests: int, max_tokens: int, request_s: float) -> dict:
+                       requests: int, max_tokens: int, request_s: float,
+                       raw_client: bool = False) -> dict:
     """C clients, each sending `requests` streaming requests back to back, client c
     starting c / C of one request's duration (`request_s`) after the first, so requests
     end at staggered times as in steady serving, not in lockstep. Device and CPU figures
@@ -339,16 +342,19 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
     import httpx
     import openai
 
-    client = openai.AsyncOpenAI(
-        base_url=f"{child.url}/v1", api_key="bench", max_retries=0,
-        http_client=httpx.AsyncClient(timeout=600.0, trust_env=False,
-                                      limits=httpx.Limits(max_connections=concurrency + 8,
-                                                          keepalive_expiry=KEEPALIVE_S)))
+    http = httpx.AsyncClient(timeout=600.0, trust_env=False,
+                             limits=httpx.Limits(max_connections=concurrency + 8,
+                                                 keepalive_expiry=KEEPALIVE_S))
+    client = openai.AsyncOpenAI(base_url=f"{child.url}/v1", api_key="bench", max_retries=0,
+                                http_client=http)
     spans: list[tuple[float, float, int, int]] = []  # first chunk, last chunk, tokens, chunks
 
     retries = 0
 
     async def one(index: int) -> None:
+        if raw_client:
+            await one_raw(index)
+            return
         nonlocal retries
         for attempt in range(3):
             try:
@@ -370,6 +376,35 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
                 first = last
             if chunk.usage is not None:
                 tokens = chunk.usage.completion_tokens
+        spans.append((first or last, last, tokens, n))
+
+    async def one_raw(index: int) -> None:
+        """The same request read as bytes: SSE events counted, the first non-empty content
+        delta found by a byte pattern, the usage chunk alone parsed (a fraction of the
+        openai client's CPU per chunk, so that a starved host still reads at the served
+        rate)."""
+        nonlocal retries
+        body = {"model": model, "messages": [{"role": "user", "content": prompts[index]}],
+                "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        for attempt in range(3):
+            try:
+                async with http.stream("POST", f"{child.url}/v1/chat/completions",
+                                       json=body) as response:
+                    n, first, last, tail = 0, 0.0, 0.0, b""
+                    async for data in response.aiter_raw():
+                        last = time.perf_counter()
+                        n += data.count(b"data: ")
+                        if not first and FIRST_CONTENT.search(data):
+                            first = last
+                        tail = (tail + data)[-4096:]
+                break
+            except httpx.TransportError:
+                if attempt == 2 or n:
+                    raise
+                retries += 1
+        usage = [e for e in tail.split(b"\n\n") if b'"usage":{' in e][-1]
+        tokens = json.loads(usage[len(b"data: "):])["usage"]["completion_tokens"]
         spans.append((first or last, last, tokens, n))
 
     async def client_loop(c: int) -> None:
@@ -405,6 +440,14 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
             "server_cpu_per_wall": (cpu1 - cpu0) / wall,
             "server_cpu_us_per_token": (cpu1 - cpu0) / tokens * 1e6,
             "thread_cpu_us_per_token": threads,
+            # Occupancy-free views (a starved client keeps fewer requests live, and the
+            # per-step cost then spreads over fewer tokens): tokens per device launch, the
+            # worker's CPU per launch, the loop's CPU per SSE event read.
+            "tokens_per_launch": tokens / max(1, after["launches"] - before["launches"]),
+            "worker_cpu_us_per_launch": threads.get("worker", 0.0) * tokens
+            / max(1, after["launches"] - before["launches"]),
+            "loop_cpu_us_per_sse_event": threads.get("http_loop", 0.0) * tokens
+            / max(1, sum(n for *_, n in spans)),
             "client_cpu_per_wall": (client1 - client0) / wall}
 
 
@@ -420,8 +463,10 @@ def served_and_ratio(args, core_path: Path, trust: Path, accept: str, served_id:
             spy = Profiler(child.proc.pid, OUT / f"serve_overhead_c{c}_i{interval}.folded",
                            gil=args.profile_gil)
         request_s = args.max_tokens * bare["step_ms"] / 1e3
-        served = asyncio.run(served_level(child, served_id, prompts[c:], c, args.requests,
-                                          args.max_tokens, request_s))
+        clients = c * args.clients_per_slot
+        served = asyncio.run(served_level(child, served_id, prompts[c:], clients, args.requests,
+                                          args.max_tokens, request_s,
+                                          raw_client=args.client == "raw"))
     except Exception as exc:  # recorded; the other levels still run
         print(f"C={c:>3}  failed: {type(exc).__name__}: {exc}", flush=True)
         return {"concurrency": c, "stream_interval": interval, "bare": bare,
@@ -431,7 +476,8 @@ def served_and_ratio(args, core_path: Path, trust: Path, accept: str, served_id:
             spy.stop()
         child.stop()
     steady = served["steady_tokens_per_s"]
-    level = {"concurrency": c, "stream_interval": interval, "bare": bare, "served": served,
+    level = {"concurrency": c, "clients": clients, "stream_interval": interval, "bare": bare,
+             "served": served,
              "ratio": steady / bare["tokens_per_s"] if steady else None,
              "overall_ratio": served["tokens_per_s"] / bare["tokens_per_s"]}
     shown = f"{level['ratio']:.2f}" if steady else "n/a"
@@ -443,7 +489,10 @@ def served_and_ratio(args, core_path: Path, trust: Path, accept: str, served_id:
           f"{served['thread_cpu_us_per_token'].get('worker', 0):.0f}, loop "
           f"{served['thread_cpu_us_per_token'].get('http_loop', 0):.0f})   client CPU "
           f"{served['client_cpu_per_wall']:.2f}   SSE chunks/request "
-          f"{served['sse_chunks_per_request']:.0f}", flush=True)
+          f"{served['sse_chunks_per_request']:.0f}   tokens/launch "
+          f"{served['tokens_per_launch']:.1f}   worker/launch "
+          f"{served['worker_cpu_us_per_launch']:.0f} us   loop/event "
+          f"{served['loop_cpu_us_per_sse_event']:.0f} us", flush=True)
     return level
 
 
@@ -459,7 +508,7 @@ def measure(args, core_path: Path, trust: Path, accept: str) -> dict:
     for c in args.concurrency:
         bare = bare_loop(bootstrap.core, step_s, token_ids, c, args.bare_steps)
         prompts = [prompt_text(bootstrap.tokenizer, c * 10_000 + i, args.prompt_tokens)
-                   for i in range(c * (args.requests + 1))]
+                   for i in range(c + c * args.clients_per_slot * args.requests)]
         for interval in args.stream_intervals:
             levels.append(served_and_ratio(args, core_path, trust, accept, served_id, prompts,
                                            c, bare, interval))
@@ -626,6 +675,13 @@ def main() -> None:
                     help="py-spy the server during each level (bench/out/*.folded)")
     ap.add_argument("--profile-gil", action="store_true",
                     help="with --profile: sample only the thread holding the GIL (py-spy --gil)")
+    ap.add_argument("--client", choices=["openai", "raw"], default="openai",
+                    help="streaming client: the openai package (parses every chunk) or raw "
+                         "httpx bytes (counts events, parses the usage chunk only)")
+    ap.add_argument("--clients-per-slot", type=int, default=1,
+                    help="streaming clients per model slot (--max-active stays C): with 2, C "
+                         "requests wait in the server's queue, so every step runs C rows "
+                         "however slowly a starved client reads (CPU per token at full batch)")
     ap.add_argument("--label", default="", help="recorded in the JSON (e.g. before/after)")
     ap.add_argument("--json", default=str(OUT / "serve_overhead.json"))
     ap.add_argument("--core", help="a SmolLM2 core to serve (default: bench/out/serve_cpu.core, "
@@ -660,7 +716,7 @@ def main() -> None:
                else measure(args, core, trust, accept))
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    result = {"label": args.label, "commit": commit, "quick": args.quick,
+    result = {"label": args.label, "commit": commit, "quick": args.quick, "client": args.client,
               "requests_per_client": args.requests, "prompt_tokens": args.prompt_tokens,
               "max_tokens": args.max_tokens, "target_ratio": TARGET_RATIO, **figures,
               "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
