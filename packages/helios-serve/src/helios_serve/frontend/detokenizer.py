@@ -5,28 +5,47 @@ once without and once with the newest tokens, and emit the difference. Decoding 
 that starts a few tokens back keeps tokenizer-specific spacing (e.g. SentencePiece's
 leading-space handling) right, and a difference ending in U+FFFD means the newest token
 ends inside a multi-byte character, so nothing is emitted until a later token completes it.
+
+Byte-level BPE (`ByteLevelPieces`): when the tokenizer's decoder is GPT-2's ByteLevel
+alone, decoding ids is decoding the UTF-8 of their bytes concatenated, so the same two
+window decodes are done on bytes kept beside the ids (no tokenizer call per token). A
+window whose bytes are not valid UTF-8 (a character still incomplete, an invalid byte)
+is decoded by the tokenizer, as is everything after an id without known bytes: the text
+is the tokenizer's in every case.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .vocab import ByteLevelPieces
+
 _CONTEXT_TOKENS = 5  # prompt ids seeding the window
-
-
 class IncrementalDetokenizer:
     """Turns generated token ids into text pieces, one `push` per token.
 
     Args:
         tokenizer: a `tokenizers.Tokenizer`.
         prompt_ids: the prompt; its last few ids seed the decode window.
+        pieces: the tokenizer's `ByteLevelPieces` (None: every window is decoded by the
+            tokenizer).
     """
 
-    def __init__(self, tokenizer, prompt_ids: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer, prompt_ids: Sequence[int] = (),
+                 pieces: ByteLevelPieces | None = None) -> None:  # fmt: skip
         self._tok = tokenizer
         self._ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:])
         self._prefix = 0  # window start (index into _ids)
         self._read = len(self._ids)  # ids before this have been emitted
+        self._pieces = pieces
+        # With pieces: the bytes of _ids[_prefix:_read] and of _ids[_read:].
+        self._head = self._tail = b""
+        if pieces is not None:
+            known = [pieces.bytes_of(i) for i in self._ids]
+            if all(b is not None for b in known):
+                self._head = b"".join(known)  # type: ignore[arg-type]
+            else:
+                self._pieces = None
 
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False) if ids else ""
@@ -34,10 +53,24 @@ class IncrementalDetokenizer:
     def push(self, token_id: int) -> str:
         """The text that `token_id` completes ("" while a character is incomplete)."""
         self._ids.append(token_id)
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        new_text = self._decode(self._ids[self._prefix :])
+        texts = None
+        if self._pieces is not None:
+            piece = self._pieces.bytes_of(token_id)
+            if piece is None:
+                self._pieces = None  # the tokenizer decodes from now on
+            else:
+                self._tail += piece
+                try:
+                    texts = self._head.decode(), (self._head + self._tail).decode()
+                except UnicodeDecodeError:  # the tokenizer says what it decodes to
+                    pass
+        if texts is None:
+            texts = (self._decode(self._ids[self._prefix : self._read]),
+                     self._decode(self._ids[self._prefix :]))  # fmt: skip
+        prefix_text, new_text = texts
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self._prefix, self._read = self._read, len(self._ids)
+            self._head, self._tail = self._tail, b""
             if self._prefix > 64:  # keep the id list short; offsets move with it
                 del self._ids[: self._prefix]
                 self._read -= self._prefix
@@ -52,4 +85,5 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self._ids[self._prefix : self._read])
         new_text = self._decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
+        self._head = self._tail = b""
         return new_text[len(prefix_text) :]

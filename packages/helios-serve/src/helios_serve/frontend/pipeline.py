@@ -44,6 +44,7 @@ from .recipient import RecipientFrameParser
 from .stops import StopSpec, StringStopMatcher, TokenStopMatcher
 from .syntax import FrontendSyntax, ReasoningParser, ToolParser
 from .tools import CallSink, JsonInTagsToolParser, NoToolParser, TaggedToolParser, random_call_id
+from .vocab import ByteLevelPieces
 
 
 class IncrementalParser(Protocol):
@@ -217,6 +218,8 @@ class Frontend:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.marks: TokenMarks = resolve_marks(tokenizer, *_markers(syntax))
+        # Byte-level tokenizers: the detokenizers decode bytes, not ids (shared cache).
+        self.pieces = ByteLevelPieces.of(tokenizer)
 
     def initial_reasoning(self, prompt_text: str) -> ReasoningStart:
         """Where output starts for a rendered prompt (think-tag reasoning)."""
@@ -273,7 +276,7 @@ class Frontend:
         else:
             tool_parser = TOOL_PARSERS[self.syntax.tool_parser](self, req)
         return OutputPipeline(
-            detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids),
+            detokenizer=IncrementalDetokenizer(self.tokenizer, prompt_ids, self.pieces),
             reasoning=reasoning,
             tools=tool_parser,
             eos_token_ids=self.eos_token_ids,

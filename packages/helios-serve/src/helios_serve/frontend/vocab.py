@@ -5,6 +5,9 @@ bytes through the inverse of GPT-2's bytes-to-unicode table, so a token ending i
 multi-byte character reports its real bytes (OpenAI's `bytes` field) and a text with
 U+FFFD for the incomplete character. Added (special) tokens are their content. Other
 decoders fall back to decoding the one id.
+
+`ByteLevelPieces` states the bytes where the tokenizer's decoding is exactly their UTF-8
+(the ByteLevel decoder alone), for the incremental detokenizer.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 
 
 @functools.cache
-def _unicode_to_byte() -> dict[str, int]:
+def unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode (printable bytes map to themselves, the rest
     to U+0100 onwards in byte order)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
@@ -54,7 +57,7 @@ class TokenPieces:
             out = self._added[token_id].encode()
         elif self._byte_level:
             piece = self._tok.id_to_token(token_id) or ""
-            table = _unicode_to_byte()
+            table = unicode_to_byte()
             out = bytes(table[c] for c in piece if c in table)
         else:
             out = self._tok.decode([token_id], skip_special_tokens=False).encode()
@@ -64,3 +67,51 @@ class TokenPieces:
     def text_of(self, token_id: int) -> str:
         """The token's text (U+FFFD where it holds part of a character)."""
         return self.bytes_of(token_id).decode("utf-8", errors="replace")
+
+
+# Added-token characters whose byte is the character itself in GPT-2's table and in
+# UTF-8 alike (printable ASCII without the space): such a token's bytes are its content
+# whichever way the decoder treats added tokens.
+_PLAIN_ASCII = frozenset(chr(c) for c in range(ord("!"), ord("~") + 1))
+
+
+class ByteLevelPieces:
+    """The UTF-8 bytes of each id of a tokenizer whose decoder is ByteLevel alone; one
+    per tokenizer, shared by every request's detokenizer (cached per id).
+
+    `bytes_of(id)` is None for an id whose bytes it does not state: an added token with
+    a character outside printable ASCII, a piece with a character outside GPT-2's table,
+    an id outside the vocabulary.
+    """
+
+    def __init__(self, tokenizer, added: dict[int, str]) -> None:
+        self._tok = tokenizer
+        self._added = added
+        self._table = unicode_to_byte()
+        self._cache: dict[int, bytes | None] = {}
+
+    @classmethod
+    def of(cls, tokenizer) -> ByteLevelPieces | None:
+        """The pieces of `tokenizer`, or None when its decoder is not ByteLevel alone."""
+        spec = json.loads(tokenizer.to_str())
+        decoder = spec.get("decoder") or {}
+        if decoder.get("type") != "ByteLevel":
+            return None
+        return cls(tokenizer, {t["id"]: t["content"] for t in spec.get("added_tokens", [])})
+
+    def bytes_of(self, token_id: int) -> bytes | None:
+        try:
+            return self._cache[token_id]
+        except KeyError:
+            pass
+        out: bytes | None
+        content = self._added.get(token_id)
+        if content is not None:
+            out = content.encode() if content and set(content) <= _PLAIN_ASCII else None
+        else:
+            piece = self._tok.id_to_token(token_id)
+            table = self._table
+            out = (bytes(table[c] for c in piece)
+                   if piece and all(c in table for c in piece) else None)  # fmt: skip
+        self._cache[token_id] = out
+        return out
