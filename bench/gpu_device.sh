@@ -142,6 +142,13 @@ case $stage in
       --json "$OUTD/serve_overhead_h200host.json" 2>&1 | grep -v "^ " | tee "$OUTD/serve_overhead.log"
     python3 bench/serve_overhead.py --ttft --core "$C" --trust "$K.pub" --accept $NS \
       --json "$OUTD/serve_overhead_ttft_h200host.json" 2>&1 | tail -2 | tee -a "$OUTD/serve_overhead.log"
+    # Server CPU and GIL per served token at full batch (issue 17, docs/serving.md): two raw
+    # clients per slot keep C rows in every step; py-spy --gil says which thread holds the
+    # GIL per token (the one-process ceiling), folded stacks in $OUTD/prof_gil/.
+    python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS --client raw \
+      --clients-per-slot 2 --concurrency 8 32 64 --requests 2 --profile --profile-gil \
+      --json "$OUTD/serve_overhead_fullbatch_h200host.json" 2>&1 | grep -v "^    " | tee -a "$OUTD/serve_overhead.log"
+    mkdir -p "$OUTD/prof_gil" && cp bench/out/serve_overhead_c*_i1.folded "$OUTD/prof_gil/" 2>/dev/null || true
     python3 bench/packing.py --json "$OUTD/packing_h200host.json" 2>&1 | tee "$OUTD/packing.log" ;;
   packing)
     # Issue 17 host step on this host's CPU alone (tiny core, paced device; no GPU, no GGUF):

@@ -31,6 +31,18 @@ in process (no HTTP).
 
 --profile samples the server with py-spy during each measured level and prints, per
 thread, the busiest frames (inclusive and self); the folded stacks stay in bench/out/.
+With --profile-gil only the thread holding the GIL is sampled: the level then records
+each thread's GIL-held microseconds per served token (`gil_us_per_token`), the figure
+that bounds one server process (both threads share one GIL).
+
+Every level records the server's CPU per served token by thread (worker, HTTP loop,
+preparation, other), tokens per device launch, the worker's CPU per launch and the
+loop's CPU per SSE event. On a starved host the client reads slowly and fewer requests
+are live, so the per-step cost spreads over fewer tokens: `--clients-per-slot 2` (C
+slots, 2C clients: C requests wait in the server's queue) keeps C rows in every step,
+`--client raw` reads bytes instead of parsing every chunk with the openai package, and a
+larger `--scale` leaves the host time to spare, so CPU per token is compared at the same
+batch (bench/serve_overhead_summary.py takes the medians of repeated runs).
 
 Run: `uv run python bench/serve_overhead.py [--quick] [--json bench/out/serve_overhead.json]`
 (exports bench/out/serve_cpu.core once when absent, or takes --core/--trust/--accept).
@@ -69,6 +81,7 @@ TARGET_RATIO = 0.9
 # Idle pooled connections are dropped before uvicorn closes them (timeout_keep_alive 5 s):
 # reusing one the server is closing fails with a ReadError under load.
 KEEPALIVE_S = 2.0
+PROFILE_HZ = 500  # py-spy samples per second
 FIRST_CONTENT = re.compile(rb'"delta":\{"content":"[^"]')  # a non-empty content delta
 
 TEXT = (
@@ -229,7 +242,7 @@ class Profiler:
 
     def __init__(self, pid: int, path: Path, gil: bool = False):
         self.path = path
-        self.proc = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", "500",
+        self.proc = subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--rate", str(PROFILE_HZ),
                                       "--threads", "--format", "raw", *(["--gil"] if gil else []),
                                       "-o", str(path)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
@@ -472,10 +485,14 @@ def served_and_ratio(args, core_path: Path, trust: Path, accept: str, served_id:
         return {"concurrency": c, "stream_interval": interval, "bare": bare,
                 "error": f"{type(exc).__name__}: {exc}"[:300]}
     finally:
-        if spy is not None:
-            spy.stop()
+        profile = spy.stop() if spy is not None else None
         child.stop()
     steady = served["steady_tokens_per_s"]
+    if profile:
+        served["profile"] = profile
+        if args.profile_gil:  # samples of the GIL-holding thread only: GIL seconds per token
+            served["gil_us_per_token"] = {name: t["samples"] / PROFILE_HZ / served["tokens"] * 1e6
+                                          for name, t in profile.items()}
     level = {"concurrency": c, "clients": clients, "stream_interval": interval, "bare": bare,
              "served": served,
              "ratio": steady / bare["tokens_per_s"] if steady else None,
