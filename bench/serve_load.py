@@ -23,7 +23,9 @@ the server starts, skipped with --url or --no-native), and two ratios to it:
     served/native  output tok/s / the loop's tok/s
     decode/native  C / TPOT p50 / the loop's tok/s (the rate while every stream decodes)
 Each level is preceded by one unrecorded round (C requests of 8 tokens: every graph the
-level uses has run once, the clients' connections are open; --no-warmup skips it).
+level uses has run once; --no-warmup skips it), and each client process sends one
+1-token request per stream it will run before the level's timed start (its connections
+open, the openai streaming path run once: a new process's first request paid ~100 ms).
 
 Either serve a core (`--core C --trust PUB --accept NS [--backend cuda] [--max-active M]`:
 `helios-serve` as a child process on 127.0.0.1, stopped at the end) or load an already
@@ -168,6 +170,18 @@ async def _client_main(url: str, model: str, prompts: list[str], concurrency: in
         while not queue.empty():
             records.append(await one(queue.get_nowait()))
 
+    # This process's own client opens its connections and runs the openai streaming
+    # path once (its first request pays lazy imports and a new connection, ~100 ms)
+    # before the timed start: a level's client processes are new, so the unrecorded
+    # warm-up round of run_level's caller cannot do it for them.
+    async def warm() -> None:
+        stream = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+            temperature=0, stream=True, stream_options={"include_usage": True})
+        async for _ in stream:
+            pass
+
+    await asyncio.gather(*(warm() for _ in range(concurrency)))
     await asyncio.sleep(max(0.0, start_at - time.time()))
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     await client.close()
