@@ -183,6 +183,16 @@ case $stage in
     python3 bench/snapshots.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
       --workloads multi-turn in-process pressure in-process-pressure \
       --json "$OUTD/snapshots_gpu.json" 2>&1 | tee "$OUTD/snapshots_gpu.log" ;;
+  spec-cost)  # issues 12/13: device vs host time of decode and SPECULATIVE graphs (the
+    # SmolLM2 speculative core and the embedded default), per-op breakdown; ~1.5 min
+    ensure_key
+    for r in smollm2_135m_instruct smollm2_135m_instruct_speculative; do
+      [ -f "$HOME/cores/$r.core" ] || ign export recipes/$r.py --checkpoint "$HOME/g/smol.gguf" \
+        --key "$K" --namespace $NS --out "$HOME/cores/$r.core" --target sm_90 2>&1 | tail -1
+    done
+    python3 bench/spec_step_cost.py --core "$HOME/cores/smollm2_135m_instruct_speculative.core" \
+      --baseline-core "$HOME/cores/smollm2_135m_instruct.core" --trust "$K.pub" --accept $NS \
+      --backend cuda --json "$OUTD/spec_step_cost.json" 2>&1 | tail -12 | tee "$OUTD/spec_step_cost.log" ;;
   export-8b)
     # Issue 17 served throughput (b), part 1: a Llama-3.1-8B-geometry core with seeded random
     # bf16 weights (16 GB) written to $HOME (kept while the machine is warm: run load-8b next).
