@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|spec-structured|serve-smollm2|serve-smollm2-load|serve-host|packing|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|startup-memory|spec-structured|serve-smollm2|serve-smollm2-load|serve-host|packing|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -193,6 +193,14 @@ case $stage in
     python3 bench/spec_step_cost.py --core "$HOME/cores/smollm2_135m_instruct_speculative.core" \
       --baseline-core "$HOME/cores/smollm2_135m_instruct.core" --trust "$K.pub" --accept $NS \
       --backend cuda --json "$OUTD/spec_step_cost.json" 2>&1 | tail -12 | tee "$OUTD/spec_step_cost.log" ;;
+  startup-memory)
+    # Issue 15's gap (one device call, no GGUF needed beyond the usual $HOME/g/smol.gguf):
+    # helios-serve --backend cuda with an oversized --snapshots / --num-pages /
+    # --host-cache-bytes exits 2 with one line (option, bytes asked, bytes available)
+    # before uploading anything; a fitting --snapshots 1024 starts and answers a chat.
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_startup_memory.py \
+      "tests/gpu/test_model.py::test_device_out_of_memory_at_load_names_the_capacity" \
+      2>&1 | tee "$OUTD/startup_memory.log" ;;
   export-8b)
     # Issue 17 served throughput (b), part 1: a Llama-3.1-8B-geometry core with seeded random
     # bf16 weights (16 GB) written to $HOME (kept while the machine is warm: run load-8b next).

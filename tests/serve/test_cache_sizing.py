@@ -12,7 +12,14 @@ import httpx
 import pytest
 from helios_serve.config import parse_bytes
 from helios_serve.runtime import cache_sizing
-from helios_serve.runtime.cache_sizing import CacheSizing, CacheSizingError
+from helios_serve.runtime.cache_sizing import (
+    DEVICE_MEMORY,
+    HOST_MEMORY,
+    CacheSizing,
+    CacheSizingError,
+    MemoryAsk,
+    check_fits,
+)
 
 from tests.tiny_model import NAMESPACE, SERVED_ID, ServeProcess, prompt_ids, serve_error_line
 
@@ -64,27 +71,110 @@ def test_a_cpu_cache_larger_than_the_available_host_memory_fails_before_allocati
     monkeypatch.setattr(cache_sizing, "host_available_bytes", lambda: 50 * 2**20)
 
     def choose(sizing, reserved=0):
+        tiers = [MemoryAsk("--snapshots / --host-cache-bytes", "the cache tiers", reserved)]
         return sizing.choose(backend="cpu", page_bytes=2**20, prepared_pages=32,
-                             host_reserved=reserved)
+                             reserved=tiers)
 
     assert choose(CacheSizing(num_pages=50)).num_pages == 50  # exactly fits
     with pytest.raises(CacheSizingError) as info:
         choose(CacheSizing(num_pages=51))
-    assert str(info.value) == ("the KV cache (--num-pages: 51 pages of 1048576 bytes, 51.0 MiB) "
-                               "does not fit in available host memory (50.0 MiB)")
+    assert str(info.value) == ("--num-pages 51: the KV cache (51 pages) needs 53477376 bytes "
+                               "(51.0 MiB) but host memory has 52428800 bytes (50.0 MiB) "
+                               "available")
     with pytest.raises(CacheSizingError) as info:
         choose(CacheSizing(memory_bytes=2**40))
-    assert str(info.value) == ("the KV cache (--kv-cache-memory 1099511627776: 1048576 pages "
-                               "of 1048576 bytes, 1024.00 GiB) does not fit in available "
-                               "host memory (50.0 MiB)")
+    assert str(info.value) == ("--kv-cache-memory 1099511627776: the KV cache (1048576 pages) "
+                               "needs 1099511627776 bytes (1024.00 GiB) but host memory has "
+                               "52428800 bytes (50.0 MiB) available")
     with pytest.raises(CacheSizingError) as info:  # the tier rows are counted first
         choose(CacheSizing(), reserved=20 * 2**20)
-    assert str(info.value) == ("the KV cache (the core's prepared pages: 32 pages of 1048576 "
-                               "bytes, 32.0 MiB) does not fit in available host memory "
-                               "(30.0 MiB after 20.0 MiB of cache-tier rows)")
-    # cuda sizes from its own free device memory; the driver refuses what does not fit.
-    assert CacheSizing(num_pages=51).choose(backend="cuda", page_bytes=2**20,
-                                            prepared_pages=32, free_bytes=0).num_pages == 51
+    assert str(info.value) == ("the core's prepared pages: the KV cache (32 pages) needs "
+                               "33554432 bytes (32.0 MiB) but host memory has 31457280 bytes "
+                               "(30.0 MiB) available after 20971520 bytes for the cache tiers")
+    with pytest.raises(CacheSizingError) as info:  # tier rows beyond it are named first
+        choose(CacheSizing(num_pages=1), reserved=60 * 2**20)
+    assert str(info.value) == ("--snapshots / --host-cache-bytes: the cache tiers needs "
+                               "62914560 bytes (60.0 MiB) but host memory has 52428800 bytes "
+                               "(50.0 MiB) available")
+    # a fraction is of what the tier rows leave: 0.5 of 30 MiB
+    assert choose(CacheSizing(fraction=0.5), reserved=20 * 2**20).num_pages == 15
+    with pytest.raises(CacheSizingError) as info:  # tier rows beyond it, whatever the way
+        choose(CacheSizing(fraction=1.0), reserved=60 * 2**20)
+    assert str(info.value).startswith("--snapshots / --host-cache-bytes: the cache tiers needs")
+
+
+def test_a_cuda_cache_is_checked_against_the_free_device_memory_after_the_scratch():
+    def choose(sizing, free, scratch=0):
+        return sizing.choose(backend="cuda", page_bytes=2**20, prepared_pages=32,
+                             free_bytes=free,
+                             reserved=[MemoryAsk("the core", "kernel scratch", scratch)])
+
+    assert choose(CacheSizing(num_pages=51), 51 * 2**20).num_pages == 51
+    with pytest.raises(CacheSizingError) as info:
+        choose(CacheSizing(num_pages=51), 51 * 2**20, scratch=1)
+    assert str(info.value) == ("--num-pages 51: the KV cache (51 pages) needs 53477376 bytes "
+                               "(51.0 MiB) but free device memory has 53477375 bytes (51.0 MiB)"
+                               " available after 1 bytes for kernel scratch")
+    # the cuda default (0.9) and a fraction are of the free memory less the scratch
+    assert choose(CacheSizing(), 100 * 2**20, scratch=10 * 2**20).num_pages == 81
+    assert choose(CacheSizing(fraction=0.5), 100 * 2**20, scratch=10 * 2**20).num_pages == 45
+    with pytest.raises(CacheSizingError) as info:
+        choose(CacheSizing(memory_bytes=2**30), 2**29)
+    assert str(info.value) == ("--kv-cache-memory 1073741824: the KV cache (1024 pages) needs "
+                               "1073741824 bytes (1.00 GiB) but free device memory has "
+                               "536870912 bytes (512.0 MiB) available")
+    with pytest.raises(ValueError, match="the cuda backend passes its free device memory"):
+        CacheSizing().choose(backend="cuda", page_bytes=1, prepared_pages=1)
+
+
+def test_a_fixed_cache_size_is_known_before_loading():
+    """What the cuda backend checks with every other allocation before making any."""
+    def ask(sizing, backend="cuda"):
+        return sizing.fixed_ask(backend=backend, page_bytes=1000, prepared_pages=32)
+
+    assert ask(CacheSizing(num_pages=7)) == MemoryAsk("--num-pages 7", "the KV cache", 7000,
+                                                      "7 pages")
+    assert ask(CacheSizing(memory_bytes=10_999)) == MemoryAsk(
+        "--kv-cache-memory 10999", "the KV cache", 10_000, "10 pages")
+    assert ask(CacheSizing(), "cpu") == MemoryAsk("the core's prepared pages", "the KV cache",
+                                                  32_000, "32 pages")
+    assert ask(CacheSizing()) is None  # the cuda default: 0.9 of what is left once loaded
+    assert ask(CacheSizing(fraction=0.5)) is None
+    with pytest.raises(CacheSizingError, match=re.escape(
+            "the KV cache budget (--kv-cache-memory 999: 0.0 MiB) holds no page")):
+        ask(CacheSizing(memory_bytes=999))
+
+
+def test_check_fits_names_the_first_ask_that_does_not_fit_and_what_took_the_rest():
+    model = MemoryAsk("the core", "the model", 600, "weights and other buffers")
+    scratch = MemoryAsk("the core", "kernel scratch", 0)
+    snapshots = MemoryAsk("--snapshots 100", "snapshot storage", 300, "100 rows")
+    pages = MemoryAsk("--num-pages 10", "the KV cache", 200, "10 pages")
+    check_fits([model, scratch, snapshots, pages], memory=DEVICE_MEMORY, available=1100)
+    check_fits([], memory=HOST_MEMORY, available=0)
+    cases = [
+        ([model, scratch, snapshots, pages], 1099,
+         "--num-pages 10: the KV cache (10 pages) needs 200 bytes (0.0 MiB) but free device "
+         "memory has 199 bytes (0.0 MiB) available after 600 bytes for the model and 300 "
+         "bytes for snapshot storage"),
+        ([model, scratch, snapshots, pages], 899,
+         "--snapshots 100: snapshot storage (100 rows) needs 300 bytes (0.0 MiB) but free "
+         "device memory has 299 bytes (0.0 MiB) available after 600 bytes for the model"),
+        ([model, snapshots], 10,
+         "the core: the model (weights and other buffers) needs 600 bytes (0.0 MiB) but free "
+         "device memory has 10 bytes (0.0 MiB) available"),
+        ([MemoryAsk("the core", "kernel scratch", 3 * 2**30)], 2**31,
+         "the core: kernel scratch needs 3221225472 bytes (3.00 GiB) but free device memory "
+         "has 2147483648 bytes (2.00 GiB) available"),
+    ]
+    for asks, available, line in cases:
+        with pytest.raises(CacheSizingError) as info:
+            check_fits(asks, memory=DEVICE_MEMORY, available=available)
+        assert str(info.value) == line
+    with pytest.raises(CacheSizingError) as info:
+        check_fits([pages], memory=HOST_MEMORY, available=0)
+    assert str(info.value) == ("--num-pages 10: the KV cache (10 pages) needs 200 bytes "
+                               "(0.0 MiB) but host memory has 0 bytes (0.0 MiB) available")
 
 
 def test_byte_counts():
@@ -146,8 +236,9 @@ def test_conflicting_or_impossible_sizes_are_one_line(tiny_served, tmp_path):
     # A budget beyond the host's memory fails at startup, not by the OOM killer later.
     pages = 2**46 // PAGE_BYTES
     line = _fails(core.path, *trust, "--kv-cache-memory", "64TiB")
-    assert re.fullmatch(
-        re.escape(f"helios-serve: error: the KV cache (--kv-cache-memory {2**46}: {pages} "
-                  f"pages of {PAGE_BYTES} bytes, 65536.00 GiB) does not fit in available "
-                  "host memory (") + r"[0-9.]+ (MiB|GiB)( after [0-9.]+ MiB of cache-tier "
-        r"rows)?\)", line), line
+    m = re.fullmatch(
+        re.escape(f"helios-serve: error: --kv-cache-memory {2**46}: the KV cache ({pages} "
+                  f"pages) needs {pages * PAGE_BYTES} bytes (65536.00 GiB) but host memory "
+                  "has ") + r"(\d+) bytes \([0-9.]+ (MiB|GiB)\) available( after \d+ bytes for "
+        r"the cache tiers)?", line)
+    assert m and 0 < int(m.group(1)) < pages * PAGE_BYTES, line

@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pytest
 from helios_serve.config import parse_bytes
-from helios_serve.runtime.cache_sizing import host_available_bytes
-from helios_serve.runtime.errors import RuntimeLoadError
-from helios_serve.runtime.tiers import TierChoice, TierRows, check_host_memory
+from helios_serve.runtime.cache_sizing import (
+    HOST_MEMORY,
+    CacheSizingError,
+    MemoryAsk,
+    check_fits,
+    host_available_bytes,
+)
+from helios_serve.runtime.tiers import TierChoice, TierRows
 
 from tests.tiny_model import serve_error_line
 
@@ -54,13 +59,14 @@ def test_zero_host_cache_bytes_is_accepted(tiny_served):
         "helios-serve: error: --kv-cache-memory: '0.5' is not a positive byte count")
 
 
-_AVAILABLE = r"\((\d+) bytes available\)"
+_AVAILABLE = r"(\d+) bytes \([0-9.]+ (?:MiB|GiB)\) available"
 
 
 def test_snapshot_rows_beyond_host_memory_fail_startup_naming_the_size(tiny_served):
     line = _fails(tiny_served.core, "--snapshots", "99999999999999999999")
-    m = re.fullmatch(r"helios-serve: error: --snapshots 99999999999999999999: (\d+) bytes of "
-                     rf"continuation rows do not fit in host memory {_AVAILABLE}", line)
+    m = re.fullmatch(r"helios-serve: error: --snapshots 99999999999999999999: snapshot storage "
+                     r"\(99999999999999999999 rows\) needs (\d+) bytes \([0-9.]+ GiB\) but "
+                     rf"host memory has {_AVAILABLE}", line)
     assert m, line
     asked, available = map(int, m.groups())
     assert asked % 99999999999999999999 == 0 and asked > available > 0
@@ -68,38 +74,43 @@ def test_snapshot_rows_beyond_host_memory_fail_startup_naming_the_size(tiny_serv
 
 def test_a_host_tier_beyond_host_memory_fails_startup_naming_the_size(tiny_served):
     line = _fails(tiny_served.core, "--host-cache-bytes", "100TiB")
-    m = re.fullmatch(rf"helios-serve: error: --host-cache-bytes {100 * 2**40}: (\d+) bytes of "
-                     rf"host tier plus (\d+) bytes of snapshot rows do not fit in host memory "
-                     rf"{_AVAILABLE}", line)
+    m = re.fullmatch(rf"helios-serve: error: --host-cache-bytes {100 * 2**40}: the host tier "
+                     r"\((\d+) rows\) needs (\d+) bytes \([0-9.]+ GiB\) but host memory has "
+                     rf"{_AVAILABLE} after (\d+) bytes for snapshot storage", line)
     assert m, line
-    host, snapshots, available = map(int, m.groups())
-    assert 100 * 2**40 - host < host // 1000 and host + snapshots > available > 0
+    rows, host, available, snapshots = map(int, m.groups())
+    assert host % rows == 0 and 100 * 2**40 - host < host // 1000
+    assert host + snapshots > available > 0 and snapshots > 0
 
 
-def _choice(snapshot_rows: int, host_rows: int) -> TierChoice:
+def _choice(snapshot_rows: int, host_rows: int, snapshots: int | None = None) -> TierChoice:
+    option = (f"--snapshots {snapshots}" if snapshots is not None
+              else f"the core's prepared_snapshots {snapshot_rows}")
     return TierChoice(TierRows(), snapshot_rows, host_rows, host_row_bytes=1024, page_bytes=64,
-                      routes={}, snapshot_row_bytes=512)
+                      routes={}, snapshot_row_bytes=512, snapshot_option=option,
+                      host_option=f"--host-cache-bytes {host_rows * 1024}")
 
 
 def test_tiers_that_fit_alone_but_not_together_name_the_host_tier():
     """100 snapshot rows (51200 B) fit in 60000 B, and so do 50 host rows (51200 B), but
     not both: the host tier is the one refused, with both sizes and what is available."""
-    with pytest.raises(RuntimeLoadError, match=re.escape(
-            "--host-cache-bytes 51200: 51200 bytes of host tier plus 51200 bytes of snapshot "
-            "rows do not fit in host memory (60000 bytes available)")):
-        check_host_memory(_choice(100, 50), snapshots_on_host=True, available=60000,
-                          snapshots=100, host_cache_bytes=51200)
-    # on cuda the continuation rows are device memory: only the host tier counts
-    check_host_memory(_choice(100, 50), snapshots_on_host=False, available=60000,
-                      snapshots=100, host_cache_bytes=51200)
+    with pytest.raises(CacheSizingError) as info:
+        check_fits(_choice(100, 50, 100).host_asks("cpu"), memory=HOST_MEMORY, available=60000)
+    assert str(info.value) == ("--host-cache-bytes 51200: the host tier (50 rows) needs 51200 "
+                               "bytes (0.0 MiB) but host memory has 8800 bytes (0.0 MiB) "
+                               "available after 51200 bytes for snapshot storage")
+    # on cuda the continuation rows are device memory: only the (pinned) host tier counts
+    assert _choice(100, 50, 100).host_asks("cuda") == [
+        MemoryAsk("--host-cache-bytes 51200", "the host tier", 51200, "50 rows")]
+    check_fits(_choice(100, 50, 100).host_asks("cuda"), memory=HOST_MEMORY, available=60000)
 
 
 def test_the_cores_prepared_snapshot_rows_are_named_when_they_do_not_fit():
-    with pytest.raises(RuntimeLoadError, match=re.escape(
-            "the core's prepared_snapshots 100: 51200 bytes of continuation rows do not fit "
-            "in host memory (1000 bytes available)")):
-        check_host_memory(_choice(100, 0), snapshots_on_host=True, available=1000,
-                          snapshots=None, host_cache_bytes=0)
+    with pytest.raises(CacheSizingError) as info:
+        check_fits(_choice(100, 0).host_asks("cpu"), memory=HOST_MEMORY, available=1000)
+    assert str(info.value) == ("the core's prepared_snapshots 100: snapshot storage (100 rows) "
+                               "needs 51200 bytes (0.0 MiB) but host memory has 1000 bytes "
+                               "(0.0 MiB) available")
 
 
 def test_the_host_tier_is_called_pinned_only_on_cuda():

@@ -31,7 +31,7 @@ from helios_tools.kernels import reference_op
 from helios_tools.kernels.collective import COLLECTIVE_OPS
 
 from ..startup import StartupLog, mib
-from .cache_sizing import CacheSizing
+from .cache_sizing import CacheSizing, MemoryAsk
 from .collectives import Collectives, SingleRank
 from .completion import completion_buffers, confidence_buffers
 from .errors import RuntimeLoadError
@@ -114,10 +114,13 @@ class CpuBackend:
             page_bytes = sum(math.prod(int(s) for s in d.shape[1:])
                              * np.dtype(COMPUTE_DTYPE[d.dtype]).itemsize for d in planes)
             prepared = int(planes[0].shape[0]) if planes else 0
+            # The tier rows are allocated but untouched: the available memory omits them.
             tier_bytes = sum(self.buffers[name].nbytes for name in tiers.rows)
+            tier_rows = MemoryAsk("--snapshots / --host-cache-bytes", "the cache tiers",
+                                  tier_bytes)
             self.cache = (cache or CacheSizing()).choose(
                 backend="cpu", page_bytes=max(page_bytes, 1), prepared_pages=prepared,
-                host_reserved=tier_bytes)
+                reserved=[tier_rows])
             for decl in planes:
                 self.buffers[decl.name] = self._allocate(decl, read_resource,
                                                          self.cache.num_pages)

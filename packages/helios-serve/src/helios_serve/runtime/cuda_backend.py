@@ -33,7 +33,7 @@ import numpy as np
 from helios_contract.schema import manifest_pb2 as mpb
 
 from ..startup import StartupLog
-from .cache_sizing import CacheSizing
+from .cache_sizing import DEVICE_MEMORY, CacheSizing, MemoryAsk, check_fits
 from .completion import completion_buffers, confidence_buffers
 from .cuda import driver as drv
 from .errors import RuntimeLoadError
@@ -53,6 +53,19 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
+def _page_bytes(planes: list[mpb.Buffer]) -> int:
+    """Bytes of one page across the paged cache planes (stored dtypes)."""
+    return sum(math.prod(int(x) for x in d.shape[1:]) * STORED_DTYPE[d.dtype].itemsize
+               for d in planes)
+
+
+def _scratch_sizes(binary: mpb.KernelBinary, extras: int) -> list[int]:
+    """Per-program bytes of each scratch pointer a kernel taking `extras` of them gets
+    (global scratch, then profile scratch; 0: a null pointer)."""
+    sizes = [int(binary.global_scratch_bytes), int(binary.profile_scratch_bytes)][:extras]
+    return sizes + [0] * (extras - len(sizes))
+
+
 class CudaBackend:
     """Device buffers, loaded kernels and one instantiated CUDA graph per variant.
 
@@ -66,14 +79,21 @@ class CudaBackend:
         tiers: rows of the continuation planes (device memory, allocated with the weights,
             before the paged cache is sized) and of the host-tier planes (pinned host
             memory mapped into the device's address space: the RESTORE programs' kernels
-            copy rows to and from it directly).
+            copy rows to and from it directly; NativeModel.load checks them against the
+            host's memory).
+        snapshot_option: the option that sized the continuation rows, named if they do
+            not fit ("--snapshots 100", "the core's prepared_snapshots 64").
 
     Attributes:
         cache: the chosen KV capacity (`cache.num_pages` replaces the prepared count).
 
     Raises:
         RuntimeLoadError: no driver/GPU, no binary for this GPU's target, a weight of the
-            wrong size, or device memory too small (the message names what did not fit).
+            wrong size, or device memory too small: before anything is allocated, the
+            model's buffers, the kernel scratch, the snapshot rows and (when an option
+            fixes its size) the KV cache are checked against the free device memory
+            (cache_sizing.check_fits: one line naming the option, the bytes asked and the
+            bytes available); the KV cache again once the kernels are loaded.
     """
 
     name = "cuda"
@@ -81,7 +101,8 @@ class CudaBackend:
 
     def __init__(self, manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
                  cache: CacheSizing | None = None, device: int = 0,
-                 log: StartupLog | None = None, tiers: TierRows | None = None):
+                 log: StartupLog | None = None, tiers: TierRows | None = None,
+                 snapshot_option: str = "--snapshots"):
         t0 = time.perf_counter()
         log = log if log is not None else StartupLog()
         cu = drv.require_driver()
@@ -95,6 +116,7 @@ class CudaBackend:
         self._extra_allocs: list[int] = []
         self._modules: list = []
         self._graphs: dict[str, tuple] = {}
+        self._functions: dict[str, tuple] = {}
         self._closed = False
         count = drv.call("cuDeviceGetCount", cu.cuDeviceGetCount())
         if count <= device:
@@ -127,7 +149,9 @@ class CudaBackend:
             for b in others + host:
                 if b.name in tiers.rows:
                     self._shapes[b.name] = (tiers.rows[b.name], *self._shapes[b.name][1:])
-            self._check_memory(others)
+            programs = [*manifest.graphs, *manifest.tuning.producers]
+            self._check_memory(others, planes, programs, tiers, cache or CacheSizing(),
+                               snapshot_option)
             staged = self._staged_names(manifest)
             with log.phase("weights") as phase:
                 for decl in others:
@@ -139,7 +163,6 @@ class CudaBackend:
             with log.phase("kernels") as phase:
                 self._functions = self._load_kernels(read_resource)
                 phase.detail = f"{len(self._functions)} kernel modules for {self.target}"
-            programs = [*manifest.graphs, *manifest.tuning.producers]
             with log.phase("cache sizing") as phase:
                 self.cache = self._size_cache(planes, programs, cache or CacheSizing())
                 for decl in planes:
@@ -181,59 +204,68 @@ class CudaBackend:
     def _nbytes(self, decl: mpb.Buffer) -> int:
         return math.prod(self._shapes[decl.name]) * STORED_DTYPE[decl.dtype].itemsize
 
-    def _check_memory(self, decls: list[mpb.Buffer]) -> None:
-        """Everything but the KV cache must fit in the free device memory."""
-        by_role: Counter[str] = Counter()
-        for decl in decls:
+    def _check_memory(self, others: list[mpb.Buffer], planes: list[mpb.Buffer],
+                      programs: list[mpb.GraphProgram], tiers: TierRows, cache: CacheSizing,
+                      snapshot_option: str) -> None:
+        """Before anything is allocated, `_device_asks` must fit in the free device memory."""
+        asks = self._device_asks(others, planes, programs, tiers, cache, snapshot_option)
+        free, _ = drv.call("cuMemGetInfo", self._cu.cuMemGetInfo())
+        check_fits(asks, memory=DEVICE_MEMORY, available=free)
+
+    def _device_asks(self, others: list[mpb.Buffer], planes: list[mpb.Buffer],
+                     programs: list[mpb.GraphProgram], tiers: TierRows, cache: CacheSizing,
+                     snapshot_option: str) -> list[MemoryAsk]:
+        """What startup allocates in device memory, in the order check_fits counts it: the
+        model's buffers (`others` but the continuation planes), the kernel scratch, the
+        snapshot rows, then the KV cache (`planes`) when an option fixes its size (a
+        fraction is of what is left once loaded: `_size_cache`).
+
+        Raises:
+            RuntimeLoadError: a buffer dtype the backend does not store.
+            CacheSizingError: a --kv-cache-memory that holds no page.
+        """
+        for decl in [*others, *planes]:
             if decl.dtype not in STORED_DTYPE:
                 raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
                                        "is not supported by the cuda backend")
-            by_role[mpb.BufferRole.Name(decl.role).removeprefix("BUFFER_ROLE_").lower()] += \
-                self._nbytes(decl)
-        free, total = drv.call("cuMemGetInfo", self._cu.cuMemGetInfo())
-        need = sum(by_role.values())
-        if need > free:
-            parts = ", ".join(f"{k} {_mib(v)}" for k, v in by_role.most_common())
-            raise RuntimeLoadError(
-                f"cuda backend: device out of memory: the model needs {_mib(need)} before its "
-                f"KV cache ({parts}) but {_mib(free)} of {_mib(total)} is free; use a larger "
-                "GPU")
+        snapshots = [d for d in others if d.name in tiers.rows]
+        model = sum(self._nbytes(d) for d in others if d.name not in tiers.rows)
+        rows = tiers.rows[snapshots[0].name] if snapshots else 0
+        asks = [MemoryAsk("the core", "the model", model, "weights and other buffers"),
+                MemoryAsk("the core", "kernel scratch", self._scratch_nbytes(programs)),
+                MemoryAsk(snapshot_option, "snapshot storage",
+                          sum(self._nbytes(d) for d in snapshots), f"{rows} rows"),
+                cache.fixed_ask(backend="cuda", page_bytes=max(_page_bytes(planes), 1),
+                                prepared_pages=int(planes[0].shape[0]) if planes else 0)]
+        return [a for a in asks if a is not None]
 
     def _scratch_nbytes(self, programs: list[mpb.GraphProgram]) -> int:
-        """Kernel scratch (global/profile) the launches of `programs` will allocate."""
+        """Kernel scratch (global/profile) the launches of `programs` will allocate at
+        capture (before the kernels are loaded: each binary's both kinds, as Triton
+        >= 3.6 binaries take both pointers)."""
         total = 0
         for g in programs:
             for launch in g.launches:
-                _, binary, extras = self._functions[launch.kernel]
-                per_program = [binary.global_scratch_bytes, binary.profile_scratch_bytes][:extras]
-                total += sum(per_program) * math.prod(int(x) for x in launch.grid)
+                kernel = self._kernels[launch.kernel]
+                binary = next(b for b in kernel.binaries if b.target == self.target)
+                extras = self._functions[launch.kernel][2] if self._functions else 2
+                total += sum(_scratch_sizes(binary, extras)) * math.prod(
+                    int(x) for x in launch.grid)
         return total
 
     def _size_cache(self, planes: list[mpb.Buffer], programs: list[mpb.GraphProgram],
                     cache: CacheSizing):
-        """Choose the page count from the device memory free now, less the kernel scratch
-        capture will allocate.
+        """Choose the page count from the device memory free now (after the buffers and
+        the kernels), less the kernel scratch capture will allocate.
 
         Raises:
-            RuntimeLoadError: the budget holds no page, or the chosen pages do not fit.
+            CacheSizingError: the budget holds no page, or the chosen pages do not fit.
         """
-        for decl in planes:
-            if decl.dtype not in STORED_DTYPE:
-                raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
-                                       "is not supported by the cuda backend")
-        page_bytes = sum(math.prod(int(x) for x in d.shape[1:]) * STORED_DTYPE[d.dtype].itemsize
-                         for d in planes)
         free, _ = drv.call("cuMemGetInfo", self._cu.cuMemGetInfo())
-        free = max(free - self._scratch_nbytes(programs), 0)
-        choice = cache.choose(backend="cuda", page_bytes=max(page_bytes, 1),
-                              prepared_pages=int(planes[0].shape[0]) if planes else 0,
-                              free_bytes=free)
-        if choice.nbytes > free:
-            raise RuntimeLoadError(
-                f"cuda backend: device out of memory: a KV cache of {choice.num_pages} pages "
-                f"needs {_mib(choice.nbytes)} but {_mib(free)} is free after the model; lower "
-                "--num-pages / --kv-cache-memory or use --kv-cache-fraction")
-        return choice
+        scratch = MemoryAsk("the core", "kernel scratch", self._scratch_nbytes(programs))
+        return cache.choose(backend="cuda", page_bytes=max(_page_bytes(planes), 1),
+                            prepared_pages=int(planes[0].shape[0]) if planes else 0,
+                            free_bytes=free, reserved=[scratch])
 
     @property
     def num_pages(self) -> int:
@@ -348,8 +380,7 @@ class CudaBackend:
                 values.append(("i32", int(arg.int_value)))
             else:
                 values.append(("f32", float(arg.float_value)))
-        scratch = [binary.global_scratch_bytes, binary.profile_scratch_bytes][:extras]
-        scratch += [0] * (extras - len(scratch))
+        scratch = _scratch_sizes(binary, extras)
         programs = math.prod(int(x) for x in launch.grid)
         for per_program in scratch:
             if per_program:

@@ -31,13 +31,13 @@ from helios_tools.capabilities import BACKENDS as CAPABILITIES
 from ..engine.plan import ModelGeometry, StepCompletion, StepKind, StepPlan
 from ..scheduler.request import TransferCost
 from ..startup import StartupLog
-from .cache_sizing import CacheSizing, host_available_bytes
+from .cache_sizing import HOST_MEMORY, CacheSizing, check_fits, host_available_bytes
 from .completion import CompletionReader
 from .cpu_backend import CpuBackend
 from .errors import RuntimeLoadError, UnknownBackend, UnsupportedContract
 from .packing import SharedPacking
 from .ranks import load_thread_ranks
-from .tiers import TierChoice, check_host_memory, choose_tiers
+from .tiers import TierChoice, choose_tiers
 
 BACKENDS = tuple(CAPABILITIES)  # ("cpu", "cuda")
 
@@ -164,16 +164,17 @@ class NativeModel:
                              {b.name: b for b in manifest.buffers},
                              prepared_snapshots=serving.prepared_snapshots,
                              snapshots=snapshots, host_cache_bytes=host_cache_bytes)
-        check_host_memory(tiers, snapshots_on_host=backend != "cuda",
-                          available=host_available_bytes(), snapshots=snapshots,
-                          host_cache_bytes=host_cache_bytes)
+        # Before anything is allocated (the cuda backend checks its device memory itself).
+        check_fits(tiers.host_asks(backend), memory=HOST_MEMORY,
+                   available=host_available_bytes())
         if tiers.rows.rows:  # the core declares continuation or host-tier planes
             with log.phase("cache tiers") as phase:
                 phase.detail = tiers.describe(backend)
         if backend == "cuda":
             from .cuda_backend import CudaBackend  # imports cuda-python only when asked
 
-            engine = CudaBackend(manifest, read_resource, cache, log=log, tiers=tiers.rows)
+            engine = CudaBackend(manifest, read_resource, cache, log=log, tiers=tiers.rows,
+                                 snapshot_option=tiers.snapshot_option)
         elif ranks is not None:  # RankPeers::Processes: this process is rank 0
             from .rank_processes import load_process_ranks  # imports MPI only when asked
 

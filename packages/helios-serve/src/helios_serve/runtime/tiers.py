@@ -20,6 +20,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_contract.tiers import storage_tiers, transfer_route
 
 from ..engine.plan import Route, Tier
+from .cache_sizing import MemoryAsk
 from .errors import RuntimeLoadError
 
 
@@ -53,6 +54,9 @@ class TierChoice:
         host_rows: host-tier rows (0: no host tier).
         host_row_bytes: bytes of one host-tier row across its planes (stored dtypes).
         snapshot_row_bytes: bytes of one continuation row across its planes (stored dtypes).
+        snapshot_option, host_option: the options that sized them, as given ("--snapshots
+            100" or "the core's prepared_snapshots 64"; "--host-cache-bytes N"), named
+            when they do not fit.
         page_bytes: bytes of one page across the paged planes (stored dtypes).
         routes: TRANSFER routes served -> RESTORE programs (capacity, graph name),
             ascending capacity.
@@ -65,6 +69,24 @@ class TierChoice:
     page_bytes: int
     routes: Mapping[Route, tuple[tuple[int, str], ...]]
     snapshot_row_bytes: int = 0
+    snapshot_option: str = "--snapshots"
+    host_option: str = "--host-cache-bytes"
+
+    @property
+    def snapshot_ask(self) -> MemoryAsk:
+        """The continuation rows (host memory on cpu; the cuda backend counts them with
+        its device buffers)."""
+        return MemoryAsk(self.snapshot_option, "snapshot storage",
+                         self.snapshot_rows * self.snapshot_row_bytes,
+                         f"{self.snapshot_rows} rows")
+
+    def host_asks(self, backend: str) -> list[MemoryAsk]:
+        """The tier rows in host memory, for cache_sizing.check_fits before anything is
+        allocated: the continuation rows on cpu (device memory on cuda) and the host tier
+        (pinned on cuda)."""
+        host = MemoryAsk(self.host_option, "the host tier", self.host_rows * self.host_row_bytes,
+                         f"{self.host_rows} rows")
+        return [host] if backend == "cuda" else [self.snapshot_ask, host]
 
     @property
     def transfer_rows(self) -> int:
@@ -137,38 +159,12 @@ def choose_tiers(cache: cpb.CacheContract, graphs: Sequence[cpb.GraphContract],
               if r.source in used and r.destination in used}
     rows = {p: snapshot_rows for p in tiers.continuation}
     rows.update({p: host_rows for p in tiers.host})
+    snapshot_option = (f"--snapshots {snapshots}" if snapshots is not None
+                       else f"the core's prepared_snapshots {prepared_snapshots}")
     return TierChoice(TierRows(rows, frozenset(tiers.host)), snapshot_rows, host_rows,
                       host_row_bytes, sum(_row_bytes(buffers[p]) for p in tiers.pages), routes,
-                      sum(_row_bytes(buffers[p]) for p in tiers.continuation))
-
-
-def check_host_memory(choice: TierChoice, *, snapshots_on_host: bool, available: int,
-                      snapshots: int | None, host_cache_bytes: int) -> None:
-    """Fail startup when the host-memory planes asked for do not fit in `available` bytes
-    (NumPy reserves lazily: an oversized tier would be OOM-killed later, not refused).
-
-    Args:
-        choice: choose_tiers' result.
-        snapshots_on_host: the continuation planes live in host memory (the cpu backend;
-            on cuda they are device memory, sized by the driver's allocation).
-        available: host bytes available (cache_sizing.host_available_bytes()).
-        snapshots, host_cache_bytes: the options as given (named in the message).
-
-    Raises:
-        RuntimeLoadError: naming the option, the bytes it asks for and the bytes available.
-    """
-    snapshot_bytes = choice.snapshot_rows * choice.snapshot_row_bytes if snapshots_on_host else 0
-    host_bytes = choice.host_rows * choice.host_row_bytes
-    if snapshot_bytes > available:
-        option = "--snapshots" if snapshots is not None else "the core's prepared_snapshots"
-        rows = snapshots if snapshots is not None else choice.snapshot_rows
-        raise RuntimeLoadError(f"{option} {rows}: {snapshot_bytes} bytes of continuation rows "
-                               f"do not fit in host memory ({available} bytes available)")
-    if snapshot_bytes + host_bytes > available:
-        also = f" plus {snapshot_bytes} bytes of snapshot rows" if snapshot_bytes else ""
-        raise RuntimeLoadError(f"--host-cache-bytes {host_cache_bytes}: {host_bytes} bytes of "
-                               f"host tier{also} do not fit in host memory ({available} bytes "
-                               "available)")
+                      sum(_row_bytes(buffers[p]) for p in tiers.continuation),
+                      snapshot_option, f"--host-cache-bytes {host_cache_bytes}")
 
 
 _CAPTURE = Route(Tier.PAGES, Tier.CONTINUATION)

@@ -1,0 +1,112 @@
+"""What the cuda backend checks against the free device memory before it allocates
+anything (CudaBackend._device_asks + cache_sizing.check_fits), on CPU: no driver is
+needed to assemble the asks from the manifest, only to read cuMemGetInfo (tests/gpu/
+test_startup_memory.py runs the whole startup on the device)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from helios_contract import PreparedContract
+from helios_contract.schema import manifest_pb2 as mpb
+from helios_ignition.testing import TINY_CAPACITIES, tiny_core
+from helios_serve.runtime.cache_sizing import (
+    DEVICE_MEMORY,
+    CacheSizing,
+    CacheSizingError,
+    MemoryAsk,
+    check_fits,
+)
+from helios_serve.runtime.cuda_backend import STORED_DTYPE, CudaBackend
+from helios_serve.runtime.tiers import choose_tiers
+
+SCRATCH = 128  # global scratch bytes per program given to every kernel's sm_90 binary
+
+
+@pytest.fixture(scope="module")
+def core():
+    caps = dataclasses.replace(TINY_CAPACITIES, prepared_snapshots=4, host_tier=True,
+                               transfer_rows=4)
+    core = tiny_core(caps=caps)
+    for kernel in core.manifest.kernels:
+        kernel.binaries.append(mpb.KernelBinary(target="sm_90", resource_id="kernels.sm_90",
+                                                entry_name=kernel.id,
+                                                global_scratch_bytes=SCRATCH))
+    return core
+
+
+def _asks(core, snapshots, cache):
+    """CudaBackend.__init__'s split of the buffers, then its asks (no driver call)."""
+    prepared = PreparedContract.from_contract(core.contract, core.manifest)
+    manifest = core.manifest
+    tiers = choose_tiers(prepared.serving.model.cache, list(prepared.graphs.values()),
+                         {b.name: b for b in manifest.buffers},
+                         prepared_snapshots=prepared.serving.prepared_snapshots,
+                         snapshots=snapshots, host_cache_bytes=0)
+    backend = object.__new__(CudaBackend)
+    backend.target, backend._functions = "sm_90", {}
+    backend._kernels = {k.id: k for k in manifest.kernels}
+    rows = tiers.rows.rows
+    planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE
+              and b.name not in rows]
+    others = [b for b in manifest.buffers if b.role != mpb.BUFFER_ROLE_CACHE_PLANE
+              or b.name in rows and b.name not in tiers.rows.host]
+    backend._shapes = {b.name: (rows[b.name], *b.shape[1:]) if b.name in rows
+                       else tuple(b.shape) for b in others}
+    programs = [*manifest.graphs, *manifest.tuning.producers]
+    asks = backend._device_asks(others, planes, programs, tiers.rows, cache,
+                                tiers.snapshot_option)
+    return asks, planes, others, programs, rows
+
+
+def _nbytes(decl, rows=None) -> int:
+    shape = [int(s) for s in decl.shape]
+    if rows is not None:
+        shape[0] = rows
+    return math.prod(shape) * STORED_DTYPE[decl.dtype].itemsize
+
+
+def test_the_model_scratch_snapshot_rows_and_a_fixed_cache_are_asked_in_order(core):
+    asks, planes, others, programs, rows = _asks(core, 1000, CacheSizing(num_pages=50))
+    model = sum(_nbytes(d) for d in others if d.name not in rows)
+    # one global-scratch allocation of SCRATCH per program of every launch (capture)
+    scratch = sum(SCRATCH * math.prod(int(x) for x in launch.grid)
+                  for g in programs for launch in g.launches)
+    snapshot = sum(_nbytes(d, 1000) for d in others if d.name in rows)
+    page = sum(_nbytes(d) // int(d.shape[0]) for d in planes)
+    assert snapshot > 0 and scratch > 0 and page > 0
+    assert asks == [MemoryAsk("the core", "the model", model, "weights and other buffers"),
+                    MemoryAsk("the core", "kernel scratch", scratch),
+                    MemoryAsk("--snapshots 1000", "snapshot storage", snapshot, "1000 rows"),
+                    MemoryAsk("--num-pages 50", "the KV cache", 50 * page, "50 pages")]
+    total = model + scratch + snapshot + 50 * page
+    check_fits(asks, memory=DEVICE_MEMORY, available=total)  # exactly fits
+    with pytest.raises(CacheSizingError) as info:
+        check_fits(asks, memory=DEVICE_MEMORY, available=total - 1)
+    assert str(info.value) == (
+        f"--num-pages 50: the KV cache (50 pages) needs {50 * page} bytes (0.0 MiB) but free "
+        f"device memory has {50 * page - 1} bytes (0.0 MiB) available after {model} bytes for "
+        f"the model and {scratch} bytes for kernel scratch and {snapshot} bytes for snapshot "
+        "storage")
+    with pytest.raises(CacheSizingError) as info:
+        check_fits(asks, memory=DEVICE_MEMORY, available=model + scratch + snapshot - 1)
+    assert str(info.value).startswith(
+        f"--snapshots 1000: snapshot storage (1000 rows) needs {snapshot} bytes")
+
+
+def test_the_prepared_snapshot_rows_and_a_fraction_of_what_is_left(core):
+    asks, *_ = _asks(core, None, CacheSizing())  # cuda default: 0.9 of what is left
+    assert [(a.option, a.what, a.detail) for a in asks] == [
+        ("the core", "the model", "weights and other buffers"),
+        ("the core", "kernel scratch", ""),
+        ("the core's prepared_snapshots 4", "snapshot storage", "4 rows")]
+    asks, *_ = _asks(core, 0, CacheSizing(memory_bytes=2**20))
+    assert asks[2].nbytes == 0 and asks[3].option == "--kv-cache-memory 1048576"
+
+
+def test_a_kv_cache_memory_that_holds_no_page_fails_before_anything_is_allocated(core):
+    with pytest.raises(CacheSizingError, match=r"^the KV cache budget \(--kv-cache-memory 10: "
+                                               r"0\.0 MiB\) holds no page"):
+        _asks(core, None, CacheSizing(memory_bytes=10))
