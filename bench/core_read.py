@@ -23,7 +23,6 @@ Run: `cd /work/main && uv run python bench/core_read.py [--mib 256] [--repeat 3]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import zstandard
+from _report import write_json  # bench/ is this script's folder
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from helios_contract.schema import core_pb2
 from helios_tools.core import CHUNK_NBYTES, CoreWriter, open_core
@@ -147,8 +147,7 @@ def main() -> None:
     for name, r in runs.items():
         print(f"{name:<18}{r['decoded_mb_per_s']:>10.0f}{r['ratio_to_plain_oneshot']:>8.2f}"
               f"{r['cpu_seconds']:>8.2f}{r['peak_heap_bytes'] / 2**20:>16.1f}")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(OUT, result, indent=2)
     print(f"wrote {OUT.relative_to(Path.cwd()) if OUT.is_relative_to(Path.cwd()) else OUT}")
 
 

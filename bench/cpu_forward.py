@@ -41,6 +41,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from _report import write_json  # bench/ is this script's folder
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -97,7 +98,7 @@ def ensure_core(reexport: bool) -> dict:
               "peak_rss_bytes": _peak_rss_bytes(resource.RUSAGE_CHILDREN),
               "core_bytes": CORE.stat().st_size, "summary": proc.stdout.strip(),
               "loadavg_1m_after": os.getloadavg()[0]}
-    EXPORT_RECORD.write_text(json.dumps(record, indent=2) + "\n")
+    write_json(EXPORT_RECORD, record, indent=2)
     record["reused"] = False
     return record
 
@@ -286,10 +287,7 @@ def main() -> None:
                  "loadavg_1m_after": os.getloadavg()[0]},
     }
     _print(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, result, indent=2)}")
 
 
 def _print(r: dict) -> None:

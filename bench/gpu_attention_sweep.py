@@ -23,11 +23,10 @@ GPU) compiles the variant list for sm_90 and checks the v1 and v2 choices are in
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import numpy as np
+from _report import write_json  # bench/ is this script's folder
 
 GEOMS = {"llama8b": (32, 8, 128), "smollm2": (9, 3, 64)}  # H, KVH, HD
 ROWS = (1, 8, 64)
@@ -364,9 +363,8 @@ def main() -> None:
               r["finite"], r["deterministic"])
     print(f"done in {time.perf_counter() - t_start:.0f}s", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"rows": rows, "summary": summary,
-             "compile_failed": {str(k): v for k, v in failed.items()}}, indent=1))
+        write_json(args.json, {"rows": rows, "summary": summary,
+                               "compile_failed": {str(k): v for k, v in failed.items()}})
 
 
 if __name__ == "__main__":

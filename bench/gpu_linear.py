@@ -11,12 +11,12 @@ fit (so L2 does not serve repeats). Reports weight GB/s (bytes of W per launch /
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from _report import write_json  # bench/ is this script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"smollm2": [(960, 576), (3072, 576), (576, 1536), (49152, 576)],
@@ -97,7 +97,7 @@ def main() -> None:
             for p in w + [x, o]:
                 cu.cuMemFree(p)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        write_json(args.json, rows)
     _ = (np, sys, ROOT)
 
 

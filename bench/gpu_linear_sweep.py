@@ -18,11 +18,10 @@ and checks that the v1, v2 and v3 choices are in it.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import numpy as np
+from _report import write_json  # bench/ is this script's folder
 
 SHAPES = {"llama8b": [(6144, 4096), (28672, 4096), (4096, 14336), (128256, 4096)],
           "smollm2": [(960, 576), (3072, 576), (576, 1536), (49152, 576)]}
@@ -361,9 +360,8 @@ def main() -> None:
         print(_prefill_pick(rows, bad))
     print(f"done in {time.perf_counter() - t_start:.0f}s", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"rows": rows, "summary": summary,
-             "compile_failed": {_label(k): v for k, v in failed.items()}}, indent=1))
+        write_json(args.json, {"rows": rows, "summary": summary,
+                               "compile_failed": {_label(k): v for k, v in failed.items()}})
 
 
 if __name__ == "__main__":

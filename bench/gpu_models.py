@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _report import write_json  # bench/ is this script's folder
 from gpu_common import (  # noqa: E402
     build_core,
     copy_bandwidth,
@@ -169,7 +170,7 @@ def main() -> None:
     result["total_s"] = time.perf_counter() - t_start
     model.close()
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
     print(f"\n{args.model} on {result['device']}: copy {bw / 1e12:.2f} TB/s, weights/step "
           f"{weight_bytes / 1e9:.3f} GB -> roofline {result['roofline_tokens_per_s_b1']:.0f} "
           f"tok/s at batch 1; setup {result['setup_s']}")

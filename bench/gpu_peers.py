@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from _report import write_json  # bench/ is this script's folder
+
 GEOM = {  # hidden, ffn, layers, heads, kv_heads, vocab, rope_theta, tied
     "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 100000.0, True),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, 500000.0, False),
@@ -85,7 +87,7 @@ def main() -> None:
             except Exception as exc:  # report, keep the other numbers
                 result["hf_eager"][g] = {"error": f"{type(exc).__name__}: {exc}"}
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        write_json(args.json, result, default=str)
     _ = re
     print(json.dumps(result, default=str)[-4000:])
 

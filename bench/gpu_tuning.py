@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _report import write_json  # bench/ is this script's folder
 from gpu_common import build_core, random_bf16_weights, real_weights  # noqa: E402
 from helios_ignition.checkpoint import load_checkpoint  # noqa: E402
 from helios_ignition.export import resolve_recipe  # noqa: E402
@@ -130,7 +131,7 @@ def main() -> None:
               "num_pages": model.manifests.num_pages, "compile": info, "rows": rows}
     model.close()
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
     print(f"\n{args.model} on {result['device']}: producer chose {chosen} of {cands} splits "
           f"in {result['tuning_s']:.2f} s (timed at batch {top}, context {CONTEXT})")
     print(f"{'batch':>5} {'context':>7} " + " ".join(f"{f'ns={c}':>9}" for c in cands)

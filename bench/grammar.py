@@ -36,7 +36,6 @@ into bench/out/grammar-core/ with a local key. Figures only; never asserted on.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -44,6 +43,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _report import write_json  # bench/ is this script's folder
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -347,10 +347,7 @@ def main() -> None:
               f"{c['step_ms_median']:>13.1f}")  # fmt: skip
     print(f"load average (1 min) after: {result['host']['loadavg_1m_after']:.2f} "
           f"on {os.cpu_count()} CPUs; medians of {args.steps} alternating decode steps")  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, result, indent=2)}")
 
 
 if __name__ == "__main__":

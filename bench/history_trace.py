@@ -45,6 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _report import write_json  # noqa: E402  bench/ is this script's folder
+
 
 def _matched_sources(seq: list[int], sizes=(4, 3, 2, 1)):
     """(n, [follower positions of every earlier occurrence of the last n tokens]) for
@@ -259,8 +261,7 @@ def main(argv=None) -> int:
                       f"{r['mean_accepted_length']:7.3f} "
                       f"{r['copied_accepted']:4d}/{r['copied_offered']:<4d}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return 0
 
 

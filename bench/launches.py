@@ -17,11 +17,10 @@ Run: `uv run python bench/launches.py [--json bench/results/launches.json]`
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 from collections import Counter
-from pathlib import Path
 
+from _report import write_json  # bench/ is this script's folder
 from helios_ignition.checkpoint.synthetic import NAMED_GEOMETRIES
 from helios_ignition.families.llama import LlamaShapes, capture
 from helios_ignition.recipe import Capacities
@@ -70,8 +69,7 @@ def main() -> None:
                                                                    "folded"))
         print(f"{name}: batch 1: {b} launches per step with the bisection sampler, {d} by "
               f"default (chunked sampler), {f} folded")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.json, result)
     print(f"wrote {args.json}")
 
 

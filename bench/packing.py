@@ -28,13 +28,12 @@ Run: `uv run python bench/packing.py [--steps 2000] [--json bench/out/packing.js
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
+from _report import write_json  # bench/ is this script's folder
 from helios_ignition.recipe import Capacities
 from helios_ignition.testing import tiny_core
 from helios_serve.engine.plan import (
@@ -154,12 +153,10 @@ def main() -> None:
         host.append(h)
         print(f"{'decode b' + str(batch):24} {h['schedule']:>9.1f} {h['submit']:>8.1f} "
               f"{h['wait']:>6.1f} {h['complete']:>9.1f} {h['total']:>7.1f}")
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.processor() or platform.machine(),
-                               "python": platform.python_version(), "steps": args.steps,
-                               "cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
-                               "rows": rows, "host_step": host}, indent=1))
+    write_json(args.json, {"machine": platform.processor() or platform.machine(),
+                           "python": platform.python_version(), "steps": args.steps,
+                           "cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
+                           "rows": rows, "host_step": host})
 
 
 if __name__ == "__main__":

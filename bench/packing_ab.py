@@ -22,6 +22,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from _report import write_json  # bench/ is this script's folder
+
 HERE = Path(__file__).resolve().parent
 PARTS = ("schedule", "submit", "wait", "complete", "total")
 
@@ -86,9 +88,7 @@ def main() -> None:
             x, y = (s[side]["host_step"][b]["total"][key] for side in ("before", "after"))
             cells.append(f"{x:6.1f} -> {y:6.1f} {y / x:4.2f}")
         print(f"{b:22} {cells[0]:>18} {cells[1]:>20} {cells[2]:>16}")
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

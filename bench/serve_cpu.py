@@ -41,6 +41,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from _report import write_json  # bench/ is this script's folder
 from server import ServeProcess  # bench/ is this script's folder
 
 BENCH = Path(__file__).resolve().parent
@@ -383,10 +384,7 @@ def main() -> None:
                  "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]},
     }
     _print(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, result, indent=2)}")
 
 
 def _print(r: dict) -> None:

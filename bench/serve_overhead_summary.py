@@ -16,6 +16,8 @@ import json
 import statistics
 from pathlib import Path
 
+from _report import write_json  # bench/ is this script's folder
+
 FIGURES = {
     "server_cpu_us_per_token": lambda lv: lv["served"]["server_cpu_us_per_token"],
     "worker_cpu_us_per_token": lambda lv: lv["served"]["thread_cpu_us_per_token"].get("worker"),
@@ -68,7 +70,7 @@ def main() -> None:
                       f"{after[key]['median']:>10.2f}")
     print("load average (1 min) before runs:", result["before"]["loadavg_1m"],
           result["after"]["loadavg_1m"])
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.json, result)
     print(f"wrote {args.json}")
 
 

@@ -15,7 +15,6 @@ machine's scheduling noise: `uv run python bench/serve_token_path.py --json OUT.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import serve_overhead  # noqa: E402  (the bench's core and text)
+from _report import write_json  # noqa: E402
 
 
 def per_token_us(fn, items: list, repeats: int) -> dict:
@@ -99,11 +99,9 @@ def main() -> None:
               f"max {f['max_us']:.2f})")
     commit = subprocess.run(["git", "-C", str(BENCH.parent), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"commit": commit, "tokens": args.tokens, "repeats": args.repeats,
-                               "figures": figures, "loadavg_1m": os.getloadavg()[0]},
-                              indent=1) + "\n")
+    out = write_json(args.json, {"commit": commit, "tokens": args.tokens,
+                                 "repeats": args.repeats, "figures": figures,
+                                 "loadavg_1m": os.getloadavg()[0]})
     print(f"wrote {out}")
     bootstrap.close()
 

@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 import httpx
+from _report import write_json  # bench/ is this script's folder
 from serve_cpu import SYSTEM_SENTENCES  # bench/ is this script's folder
 from server import ServeProcess
 
@@ -438,8 +439,7 @@ def main() -> None:
     }
     _print(result)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
         print(f"wrote {args.json}")
 
 

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
+from _report import write_json  # bench/ is this script's folder
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
 
@@ -206,12 +207,11 @@ def main() -> None:
     }
     print(json.dumps(summary, indent=2))
     out = args.out or Path(__file__).parent / "results" / f"soak_{args.backend}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
-    out.write_text(json.dumps({"script": "bench/soak.py", "commit": commit,
-                               "env": {"MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX")},
-                               "summary": summary, "samples": samples}, indent=1) + "\n")
+    write_json(out, {"script": "bench/soak.py", "commit": commit,
+                     "env": {"MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX")},
+                     "summary": summary, "samples": samples})
     print(f"wrote {out}")
 
 

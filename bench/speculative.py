@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from _report import write_json  # bench/ is this script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ROOT / "recipes" / "drafters" / "smollm2-135m-instruct-eagle.safetensors"
@@ -273,8 +274,7 @@ def main(argv=None) -> int:
     result = bench_smollm2(args) if args.model == "smollm2" else bench_8b(args)
     result["commit"] = os.environ.get("HELIOS_COMMIT", "unknown")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return 0
 
 

@@ -43,6 +43,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+
+from _report import write_json  # noqa: E402  bench/ is this script's folder
+
 TRAINED = ROOT / "recipes" / "drafters" / "smollm2-135m-instruct-eagle.safetensors"
 TEMPERATURE, TOP_P, WIDTH = 0.8, 0.95, 4
 
@@ -222,7 +225,7 @@ def main(argv=None) -> int:
               f"{e['coupled']['expected_accepted_length']:>14.3f} "
               f"{e['bound']['expected_accepted_length']:>7.3f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result, indent=2)
     return 0
 
 

@@ -45,6 +45,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+
+from _report import write_json  # noqa: E402  bench/ is this script's folder
+
 SAMPLINGS = {"greedy": (0.0, 1.0), "sampled_t0.8_p0.95": (0.8, 0.95)}
 MODES = {"off": dict(widths=False, history=False, policy=False),
          "learned": dict(widths=True, history=False, policy=False),
@@ -226,8 +229,7 @@ def main(argv=None) -> int:
               f"{r['mean_accepted_length'] or 0:7.2f} "
               f"{r['copied_accepted']:5d}/{r['copied_drafts']:<5d}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return 0
 
 

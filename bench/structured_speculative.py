@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _report import write_json  # noqa: E402  bench/ is this script's folder
+
 TEXTS = [
     ("Extract every person and their role from this text as JSON. Text: At the meeting, "
      "Maria Lopez, the project manager, introduced Daniel Okafor, the lead engineer, and "
@@ -164,8 +166,7 @@ def main(argv=None) -> int:
               f"{r.get('speedup_over_off', 0):6.2f} {r['copied_drafts']:7.0f} "
               f"{r['copied_accepted']:8.0f} {str(r.get('identical_to_off', '')):>5}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return 0
 
 

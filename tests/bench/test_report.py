@@ -1,0 +1,42 @@
+"""bench/_report.write_json, the JSON tail the bench scripts share: the bytes each script
+wrote before it (json.dumps at the script's indent, key order kept) plus one trailing
+newline, parent folders created."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+_spec = importlib.util.spec_from_file_location("helios_bench_report", BENCH / "_report.py")
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+
+RESULT = {"zeta": 1, "alpha": [1.5, {"b": None, "a": True}], "name": "SmolLM2 µs",
+          "empty": {}, "rows": [[1, 2], []]}
+
+
+@pytest.mark.parametrize("indent", [1, 2])
+def test_the_bytes_are_json_dumps_at_the_indent_with_a_trailing_newline(tmp_path, indent):
+    path = tmp_path / "deep" / "er" / "out.json"
+    assert report.write_json(path, RESULT, indent=indent) == path
+    assert path.read_bytes() == (json.dumps(RESULT, indent=indent) + "\n").encode()
+    assert list(json.loads(path.read_text())) == ["zeta", "alpha", "name", "empty", "rows"]
+
+
+def test_the_default_indent_is_one_and_a_str_path_works(tmp_path):
+    path = report.write_json(str(tmp_path / "a.json"), [1, {"x": 2}])
+    assert path.read_text() == '[\n 1,\n {\n  "x": 2\n }\n]\n'
+
+
+def test_a_default_encodes_other_values_and_without_it_nothing_is_written(tmp_path):
+    path = tmp_path / "p.json"
+    report.write_json(path, {"path": Path("/x"), "nan": math.nan}, default=str)
+    assert path.read_text() == '{\n "path": "/x",\n "nan": NaN\n}\n'
+    with pytest.raises(TypeError, match="Object of type PosixPath is not JSON serializable"):
+        report.write_json(tmp_path / "new" / "q.json", {"path": Path("/x")})
+    assert not (tmp_path / "new").exists()  # encoded before any folder or file is made
