@@ -23,7 +23,6 @@ import httpx
 import pytest
 
 pytestmark = pytest.mark.gpu
-ITEMSIZE = {1: 4, 2: 2, 3: 4, 4: 4}  # manifest DType F32, BF16, I32, U32 -> bytes
 MIB = r"\([0-9.]+ (?:MiB|GiB)\)"
 
 
@@ -40,15 +39,16 @@ def _sizes(core_path) -> dict[str, int]:
     from helios_contract.schema import manifest_pb2 as mpb
     from helios_contract.tiers import storage_tiers
 
+    itemsize = {mpb.D_TYPE_F32: 4, mpb.D_TYPE_BF16: 2, mpb.D_TYPE_I32: 4, mpb.D_TYPE_U32: 4}
     core = _manifest(core_path)
     buffers = {b.name: b for b in core.manifest.buffers}
     tiers = storage_tiers(core.contract.model.cache)
 
     def row(names):
-        return sum(math.prod(int(s) for s in buffers[n].shape[1:]) * ITEMSIZE[buffers[n].dtype]
+        return sum(math.prod(int(s) for s in buffers[n].shape[1:]) * itemsize[buffers[n].dtype]
                    for n in names)
 
-    model = sum(math.prod(int(s) for s in b.shape) * ITEMSIZE[b.dtype]
+    model = sum(math.prod(int(s) for s in b.shape) * itemsize[b.dtype]
                 for b in buffers.values() if b.role != mpb.BUFFER_ROLE_CACHE_PLANE)
     return {"model": model, "snapshot_row": row(tiers.continuation), "page": row(tiers.pages),
             "host_row": row(tiers.host), "prepared": core.contract.prepared_snapshots}
