@@ -37,6 +37,8 @@ from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _report import write_json  # noqa: E402  bench/ is this script's folder
+
 
 def _open(path: str, trust: str, accept: str, backend: str):
     from helios_serve.bootstrap import Bootstrap
@@ -148,8 +150,7 @@ def main(argv=None) -> int:
               f"{r.get('device_ms', float('nan')):10.3f} {r.get('host_ms', float('nan')):8.3f} "
               f"{r.get('launches', 0):8d}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return 0
 
 
