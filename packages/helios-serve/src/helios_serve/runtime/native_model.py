@@ -144,7 +144,9 @@ class NativeModel:
                 names it, as ``helios-tools lint-core --backend`` does).
             RuntimeLoadError: `prepared` carries no manifest, an option is out of range,
                 or the backend cannot load it (a weight of the wrong size, no binary for
-                the GPU, out of memory).
+                the GPU). CacheSizingError (one): an allocation does not fit, checked
+                before any is made (cache_sizing.check_fits: the tier rows in host memory
+                here, the device buffers, snapshot rows and KV cache in the cuda backend).
         """
         if backend not in BACKENDS:
             raise UnknownBackend(f"unknown backend {backend!r}; known backends: "
