@@ -6,6 +6,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
 
     uv run python scripts/interpret_kernels.py     # prints one line per case; exit 1 on a mismatch
     uv run python scripts/interpret_kernels.py speculative   # the speculative kernels only
+    uv run python scripts/interpret_kernels.py nucleus       # the nucleus sampler's GPU tests
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -308,14 +309,41 @@ def check_speculative() -> bool:
     return ok
 
 
+def check_nucleus(full: bool) -> bool:
+    """The nucleus-sampler tests of tests/gpu/test_sampling_chunks.py (top-p rows with
+    no top-k resolved in sample_merge_nucleus, or left to sample_rest) with the
+    interpreter as the device; `full` adds V = 128256 and the 64-row batch test."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from tests.gpu import test_sampling_chunks as t
+
+    cases = [("test_nucleus_sampler_matches_sample_biased", (5000,)),
+             ("test_nucleus_sampler_matches_sample_biased", (49152,)),
+             ("test_nucleus_fallback_at_the_candidate_bound", ())]
+    if full:
+        cases += [("test_nucleus_sampler_matches_sample_biased", (128256,)),
+                  ("test_nucleus_sampler_seeded_and_batch_independent", ())]
+    ok = True
+    for i, (name, extra) in enumerate(cases):
+        try:
+            getattr(t, name)(_Interpreted(), np.random.default_rng(200 + i), *extra)
+            print(f"ok  {name}{list(extra) or ''}")
+        except AssertionError as exc:
+            ok = False
+            print(f"BAD {name}{list(extra) or ''}: {str(exc).splitlines()[0][:200]}")
+    return ok
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     np.seterr(divide="ignore", under="ignore", invalid="ignore")
     ok = True
+    if sys.argv[1:] == ["nucleus"]:
+        sys.exit(0 if check_nucleus(full=True) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         for V in (5000, 4097, 49152):
             ok &= check_sampler(rng, V)
+        ok &= check_nucleus(full=False)
     for V in (4100, 300):
         ok &= check_candidate_masks(rng, V)
     ok &= check_verify_cut(rng, 300)

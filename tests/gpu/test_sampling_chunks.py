@@ -159,3 +159,147 @@ def test_chunked_sampler_seeded_and_batch_independent(gpu, rng):
     one = {k: (v[3:4] if k not in per_slot else v) for k, v in p.items()}
     alone, _ = _run_chunked(gpu, logits[3:4], one, 1, V, check_parts=False)
     assert alone[0] == first[3]
+
+
+# The nucleus form: sample_chunks_nucleus -> sample_merge_nucleus -> sample_rest, the
+# sampler of cores exported since (top-p rows with no top-k resolved in the merge when
+# their nucleus lies inside the NUCLEUS most probable candidates).
+
+
+def _nucleus_chunk_args(logits, p, hist):
+    return [logits, p["slot"], p["temperature"], p["top_p"], p["top_k"], p["presence"],
+            p["frequency"], p["repetition"], hist, p["logit_bias"], p["use_bias"],
+            p["grammar_mask"], p["use_mask"]]
+
+
+def _run_nucleus(gpu, logits, p, R, V, check_parts=True):
+    """The nucleus form's three kernels in order on the GPU (outputs poisoned), each
+    part checked against its reference; returns (sampled, histogram, merged) where
+    merged is what sample_merge_nucleus wrote (UNRESOLVED: left to sample_rest)."""
+    from helios_tools.kernels.sampling_chunks import NUCLEUS, uses_nucleus
+
+    words = K.grammar_mask_words(V)
+    P, KM, KN = -(-V // CHUNK), CANDIDATES, NUCLEUS
+    shapes = [((R, P), np.float32), ((R, P), np.int32), ((R, P), np.float32),
+              ((R, P * KM), np.int32), ((R, P * KM), np.int32)]
+    bufs = [np.zeros(s, d) for s, d in shapes]
+    a = gpu.run("sample_chunks_nucleus", *_nucleus_chunk_args(logits, p, p["histogram"]),
+                *bufs, R, V, words, CHUNK, KM)
+    parts = [a["chunk_max"], a["chunk_arg"], a["chunk_mass"], a["cand_key"], a["cand_id"]]
+    merge_rest = [p["slot"], p["positions"], p["sampling_decision"], p["seed"],
+                  p["temperature"], p["top_p"], p["top_k"], p["min_p"]]
+    b = gpu.run("sample_merge_nucleus", *parts, *merge_rest, p["histogram"],
+                np.zeros((R, 2 * KN), np.int32), np.zeros(R, np.int32), R, V, P, CHUNK, KM,
+                KN)
+    if check_parts:
+        ref = [np.full(s, np.nan if d == np.float32 else -7777, d) for s, d in shapes]
+        K.sample_chunks_nucleus(*_nucleus_chunk_args(logits, p, p["histogram"]), *ref, R, V,
+                                words, CHUNK, KM)
+        live = p["slot"] >= 0
+        np.testing.assert_array_equal(a["chunk_max"][live], ref[0][live])
+        np.testing.assert_array_equal(a["chunk_arg"][live], ref[1][live])
+        nucleus = live & np.array([uses_nucleus(float(p["temperature"][r]),
+                                                float(p["top_p"][r]), int(p["top_k"][r]), V)
+                                   for r in range(R)])
+        cands = nucleus | (live & (p["temperature"] > 0) & (p["top_k"] > 0) &
+                           (p["top_k"] <= KM))
+        np.testing.assert_array_equal(a["cand_key"][cands], ref[3][cands])
+        np.testing.assert_array_equal(a["cand_id"][cands], ref[4][cands])
+        # each chunk's mass: exp and the sum's order are the device's (f32 rounding)
+        np.testing.assert_allclose(a["chunk_mass"][nucleus], ref[2][nucleus], rtol=2e-5)
+        hist_m = p["histogram"].copy()
+        ref_out = np.zeros(R, np.int32)
+        K.sample_merge_nucleus(*parts, *merge_rest, hist_m, np.zeros((R, 2 * KN), np.int32),
+                               ref_out, R, V, P, CHUNK, KM, KN)
+        np.testing.assert_array_equal(b["sampled"], ref_out)
+        np.testing.assert_array_equal(b["histogram"], hist_m)
+    c = gpu.run("sample_rest", logits, *_biased_args(p, b["histogram"]), b["sampled"], R, V,
+                words)
+    assert not (c["sampled"] == UNRESOLVED).any()
+    return c["sampled"], c["histogram"], b["sampled"]
+
+
+def _peak(rng, logits, rows, height=20.0):
+    """LM-like rows: 30 ids far above the rest, so the nucleus is short."""
+    V = logits.shape[1]
+    for r in rows:
+        head = rng.choice(V, 30, replace=False)
+        logits[r, head] += np.float32(height) + rng.exponential(2.0, 30).astype(np.float32)
+
+
+@pytest.mark.parametrize("V", [5000, 49152, 128256])
+def test_nucleus_sampler_matches_sample_biased(gpu, rng, V):
+    R, S = 14, 16
+    logits, p = _inputs(rng, R, V, S)
+    p["top_k"][:] = 0                                           # top-p only (OpenAI)
+    _peak(rng, logits, [1, 2, 3, 4, 5, 11, 12])
+    p["temperature"][0] = 0.0                                   # greedy
+    p["top_k"][2] = V                                           # top_k >= V: no top-k
+    p["min_p"][3] = 0.05                                        # top-p + min-p
+    p["presence"][4], p["frequency"][4], p["repetition"][4] = 0.5, 0.3, 1.3
+    p["use_mask"][5] = 1                                        # grammar mask
+    p["slot"][6] = -1                                           # padding
+    p["sampling_decision"][7] = 0                               # not counted (flat row)
+    p["top_k"][8] = 50                                          # top-k row
+    p["top_k"][9] = 65                                          # past KM: sample_rest
+    p["top_p"][10] = 1.0                                        # no truncation: rest
+    ids = rng.choice(V, 300, replace=False)                     # logit bias, both signs
+    p["logit_bias"][p["slot"][11], ids] = rng.uniform(-100, 100, 300).astype(np.float32)
+    p["use_bias"][11] = 1
+    p["top_p"][12], p["temperature"][12] = 0.5, 1.3
+    logits[13] *= np.float32(0.05)                              # flat row: fallback
+    ref, ref_hist = _reference(logits, p, R, V)
+    got, hist, merged = _run_nucleus(gpu, logits, p, R, V)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(hist, ref_hist)
+    assert (merged[[1, 2, 3, 4, 12]] >= 0).all()                # resolved in the merge
+    assert (merged[[9, 10, 13]] == UNRESOLVED).all()            # the bisection drew these
+
+
+def test_nucleus_fallback_at_the_candidate_bound(gpu, rng):
+    """A nucleus ending on a probability equal to an id a chunk left out falls back; one
+    ending one f32 step above it resolves in the merge; both give sample_biased's ids."""
+    R, V = 4, 49152
+    logits, p = _inputs(rng, R, V)
+    logits[:] = -20.0
+    logits[:, [3000, 9000, 30000]] = 10.0                       # the head, chunks 1, 4, 14
+    logits[:, 10:10 + CANDIDATES - 1] = 8.5                     # chunk 0: KM - 1 at 8.5 ...
+    logits[:, [9 + CANDIDATES, 10 + CANDIDATES]] = np.nextafter(np.float32(8.5),
+                                                                np.float32(-np.inf))
+    p["temperature"][:], p["top_k"][:] = 1.0, 0                 # ... its KM-th one step below
+    e = np.exp(logits[0].astype(np.float64) - 10.0)
+    q = e / e.sum()
+    head = 3 * q[3000]
+    p["top_p"][0] = head * 0.9                                  # inside the head
+    p["top_p"][1] = head + 2.5 * q[10]                          # ends on an 8.5 id
+    p["top_p"][2] = head + (CANDIDATES - 1) * q[10] + 0.5 * q[10 + CANDIDATES]  # on the bound
+    p["top_p"][3] = 0.9999                                      # into the -20 tail
+    ref, ref_hist = _reference(logits, p, R, V)
+    got, hist, merged = _run_nucleus(gpu, logits, p, R, V)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(hist, ref_hist)
+    assert merged[0] >= 0 and merged[1] >= 0
+    assert merged[2] == UNRESOLVED and merged[3] == UNRESOLVED
+
+
+def test_nucleus_sampler_seeded_and_batch_independent(gpu, rng):
+    """Top-p-only rows (half resolved in the merge, half by the bisection) give
+    sample_biased's tokens; a row's token does not depend on its neighbours or index."""
+    R, V = 64, 49152
+    logits, p = _inputs(rng, R, V, S=R)
+    _peak(rng, logits, range(0, R, 2))
+    p["top_k"][:] = 0
+    p["top_p"][:] = rng.choice([0.8, 0.9, 0.95], R).astype(np.float32)
+    p["temperature"][:] = rng.choice([0.5, 0.8, 1.2], R).astype(np.float32)
+    ref, _ = _reference(logits, p, R, V)
+    first, _, merged = _run_nucleus(gpu, logits, p, R, V, check_parts=False)
+    np.testing.assert_array_equal(first, ref)
+    assert (merged[0::2] >= 0).all()
+    perm = rng.permutation(R)
+    per_slot = ("histogram", "logit_bias")
+    q = {k: (v[perm] if k not in per_slot else v) for k, v in p.items()}
+    again, _, _ = _run_nucleus(gpu, logits[perm], q, R, V, check_parts=False)
+    np.testing.assert_array_equal(again, first[perm])
+    one = {k: (v[3:4] if k not in per_slot else v) for k, v in p.items()}
+    alone, _, _ = _run_nucleus(gpu, logits[3:4], one, 1, V, check_parts=False)
+    assert alone[0] == first[3]

@@ -14,8 +14,11 @@ from helios_tools.kernels.sampling_chunks import (
     key_value,
     order_key,
     sample_chunks,
+    sample_chunks_nucleus,
     sample_merge,
+    sample_merge_nucleus,
     sample_rest,
+    uses_nucleus,
 )
 
 C, KM = 256, 16  # small chunks so a few hundred ids span several
@@ -133,3 +136,178 @@ def test_order_keys_sort_like_floats_and_invert():
     assert (np.diff(k) >= 0).all() and k[1] < k[2] and k[4] < k[5]
     np.testing.assert_array_equal(key_value(k).view(np.int32), x.view(np.int32))
     assert (k > KEY_PAD).all()
+
+
+# The nucleus form: sample_chunks_nucleus -> sample_merge_nucleus -> sample_rest.
+KN = 24  # nucleus candidates kept by the merge (NUCLEUS at capture; small here)
+
+
+def _nucleus(c, R, V):
+    W, P = grammar_mask_words(V), -(-V // C)
+    hist = c["histogram"].copy()
+    cm, ca = np.full((R, P), np.nan, np.float32), np.full((R, P), -7, np.int32)
+    cmass = np.full((R, P), np.nan, np.float32)
+    ck, ci = np.full((R, P * KM), -7, np.int32), np.full((R, P * KM), -7, np.int32)
+    sel, out = np.full((R, 2 * KN), -7, np.int32), np.full(R, -7, np.int32)
+    sample_chunks_nucleus(c["logits"], c["slot"], c["temperature"], c["top_p"], c["top_k"],
+                          c["presence"], c["frequency"], c["repetition"], hist,
+                          c["logit_bias"], c["use_bias"], c["grammar_mask"], c["use_mask"],
+                          cm, ca, cmass, ck, ci, R, V, W, C, KM)
+    sample_merge_nucleus(cm, ca, cmass, ck, ci, c["slot"], c["positions"],
+                         c["sampling_decision"], c["seed"], c["temperature"], c["top_p"],
+                         c["top_k"], c["min_p"], hist, sel, out, R, V, P, C, KM, KN)
+    merged = out.copy()
+    sample_rest(*_biased(c, hist), out, R, V, W)
+    return out, hist, merged
+
+
+def _check_nucleus(c, R, V):
+    """The nucleus composition has sample_biased's tokens and counts; returns what the
+    merge left (UNRESOLVED or the token) per row."""
+    hist = c["histogram"].copy()
+    ref = np.zeros(R, np.int32)
+    sample_biased(*_biased(c, hist), ref, R, V, grammar_mask_words(V))
+    got, got_hist, merged = _nucleus(c, R, V)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(got_hist, hist)
+    return merged
+
+
+def _peaked(rng, R, V, S, spread=6.0):
+    """LM-like rows: a few dozen ids far above a long tail, so the nucleus is short."""
+    c = _case(rng, R, V, S, ties=False)
+    for r in range(R):
+        head = rng.choice(V, 30, replace=False)
+        c["logits"][r, head] += np.float32(spread) + rng.exponential(2.0, 30).astype(np.float32)
+    return c
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_nucleus_composition_equals_sample_biased(seed):
+    rng = np.random.default_rng(100 + seed)
+    R, S = 12, 14
+    V = int(rng.choice([300, 1000, 4097]))
+    c = _peaked(rng, R, V, S) if seed % 2 else _case(rng, R, V, S, ties=seed % 3 == 0)
+    c["top_k"] = rng.choice([0, 0, 0, V, V + 5, 5, KM + 1], R).astype(np.int32)
+    c["top_p"] = rng.choice([0.95, 0.9, 0.5, 1.0], R).astype(np.float32)
+    merged = _check_nucleus(c, R, V)
+    live = c["slot"] >= 0
+    nucleus = live & np.array([uses_nucleus(float(c["temperature"][r]), float(c["top_p"][r]),
+                                            int(c["top_k"][r]), V) for r in range(R)])
+    # Only nucleus rows may be resolved beyond sample_merge's own (greedy, top-k <= KM).
+    other = live & ~nucleus & (c["temperature"] > 0) & ~((c["top_k"] > 0) &
+                                                         (c["top_k"] <= KM))
+    fully_masked = np.array([not np.isfinite(_masked_max(c, r, V)) for r in range(R)])
+    assert not ((merged == UNRESOLVED) & ~(nucleus | other)).any()
+    assert (merged[other & ~fully_masked] == UNRESOLVED).all()
+    assert (merged[~live] == -1).all()
+
+
+def _one_row(logits, top_p, temperature=1.0, min_p=0.0, top_k=0):
+    V = logits.size
+    W = grammar_mask_words(V)
+    return dict(
+        logits=logits[None].astype(np.float32), slot=np.array([0], np.int32),
+        positions=np.array([17], np.int32), sampling_decision=np.ones(1, np.int32),
+        seed=np.array([[12345, 678]], np.uint32),
+        temperature=np.array([temperature], np.float32),
+        top_p=np.array([top_p], np.float32), top_k=np.array([top_k], np.int32),
+        min_p=np.array([min_p], np.float32), presence=np.zeros(1, np.float32),
+        frequency=np.zeros(1, np.float32), repetition=np.ones(1, np.float32),
+        histogram=np.zeros((1, V), np.int32), logit_bias=np.zeros((1, V), np.float32),
+        use_bias=np.zeros(1, np.int32), grammar_mask=np.full((1, W), -1, np.int32),
+        use_mask=np.zeros(1, np.int32))
+
+
+def test_peaked_nuclei_resolve_in_the_merge_at_every_seed():
+    rng = np.random.default_rng(5)
+    R, V = 10, 4097
+    resolved = 0
+    for _ in range(6):
+        c = _peaked(rng, R, V, R, spread=12.0)
+        c.update(slot=np.arange(R, dtype=np.int32), temperature=np.full(R, 0.8, np.float32),
+                 top_p=np.full(R, 0.95, np.float32), top_k=np.zeros(R, np.int32),
+                 use_mask=np.zeros(R, np.int32))
+        merged = _check_nucleus(c, R, V)
+        resolved += int((merged >= 0).sum())
+    assert resolved == 6 * R  # a 30-id head: every nucleus is inside the candidates
+
+
+def test_flat_rows_fall_back_to_the_bisection():
+    rng = np.random.default_rng(6)
+    R, V = 8, 4097
+    c = _case(rng, R, V, R, ties=False)
+    c.update(slot=np.arange(R, dtype=np.int32), temperature=np.full(R, 1.0, np.float32),
+             top_p=np.full(R, 0.95, np.float32), top_k=np.zeros(R, np.int32),
+             logits=(rng.standard_normal((R, V)) * 0.1).astype(np.float32))
+    merged = _check_nucleus(c, R, V)
+    assert (merged == UNRESOLVED).all()  # thousands of ids in each nucleus
+
+
+def test_nucleus_ending_on_the_bound_falls_back_and_just_above_it_resolves():
+    V = 1000  # chunks 0..3 of 256, 256, 256, 232 ids
+    z = np.full(V, -20.0, np.float32)
+    z[[300, 600, 800]] = 10.0         # the head, in chunks 1, 2 and 3
+    z[10:10 + KM + 1] = 8.0           # KM + 1 ids of 8.0 in chunk 0: its KM-th key is 8.0
+    p = np.exp(z - 10.0)
+    p /= p.sum()
+    head = np.float32(3 * p[300])
+    # top_p inside the head: the nucleus ends at 10.0, strictly above the bound 8.0
+    c = _one_row(z, float(head) * 0.99)
+    assert _check_nucleus(c, 1, V)[0] >= 0
+    # top_p past the head: the nucleus ends on an 8.0 id, equal to the id chunk 0 left
+    # out (id 10 + KM): not provably inside, so the bisection draws it
+    c = _one_row(z, float(head + 2 * p[10]))
+    assert _check_nucleus(c, 1, V)[0] == UNRESOLVED
+    # chunk 0: KM - 1 ids of 8.5, then two one f32 step below (its KM-th key and the id
+    # it leaves out): a nucleus ending on an 8.5 id is strictly above the bound
+    # (resolved); one that needs a lower id ends on the bound (the bisection)
+    z2 = z.copy()
+    z2[10:10 + KM - 1] = 8.5
+    z2[[9 + KM, 10 + KM]] = np.nextafter(np.float32(8.5), np.float32(-np.inf))
+    p2 = np.exp(z2 - 10.0)
+    p2 /= p2.sum()
+    head2 = float(3 * p2[300])
+    assert p2[10] > p2[10 + KM]  # distinct probabilities one step apart
+    assert _check_nucleus(_one_row(z2, head2 + 2.5 * float(p2[10])), 1, V)[0] >= 0
+    edge = head2 + (KM - 1) * float(p2[10]) + 0.5 * float(p2[10 + KM])
+    assert _check_nucleus(_one_row(z2, edge), 1, V)[0] == UNRESOLVED
+
+
+def test_nucleus_past_the_merged_candidates_falls_back():
+    V = 4097
+    z = np.full(V, -30.0, np.float32)
+    z[np.arange(0, 17 * 200, 100)] = 5.0  # 34 equal ids, one or two per chunk: > KN
+    merged = _check_nucleus(_one_row(z, 0.9), 1, V)
+    assert merged[0] == UNRESOLVED  # the nucleus needs ids the merge's KN left out
+    merged = _check_nucleus(_one_row(z, 0.5), 1, V)
+    assert merged[0] == UNRESOLVED  # ties across the KN boundary: not strictly above
+    z[5] = 9.0
+    merged = _check_nucleus(_one_row(z, 0.5), 1, V)
+    assert merged[0] == 5  # one id holds the nucleus
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.99999])
+def test_whole_row_candidates_need_no_bound(top_p):
+    V = KM - 3  # one chunk, every id a candidate
+    rng = np.random.default_rng(int(top_p * 1000))
+    z = (rng.standard_normal(V) * 2).astype(np.float32)
+    assert _check_nucleus(_one_row(z, top_p, temperature=0.7), 1, V)[0] >= 0
+
+
+def test_nucleus_ties_min_p_and_masks():
+    V = 1000
+    z = np.full(V, -5.0, np.float32)
+    z[[40, 41, 260, 600, 601, 602]] = 7.0  # six-way tie at the top, across chunks
+    for top_p in (0.2, 0.5, 0.8):
+        assert _check_nucleus(_one_row(z, top_p), 1, V)[0] in (40, 41, 260, 600, 601, 602)
+    c = _one_row(z, 0.95, min_p=0.5)
+    assert _check_nucleus(c, 1, V)[0] >= 0
+    c = _one_row(z, 0.95)
+    c["use_mask"][0] = 1
+    c["grammar_mask"][0] = 0
+    c["grammar_mask"][0, 600 // 32] = 1 << (600 % 32)
+    c["grammar_mask"][0, 3] = -1      # ids 96..127 allowed too, at -5.0
+    assert _check_nucleus(c, 1, V)[0] in (600, *range(96, 128))
+    c["grammar_mask"][0] = 0          # every id masked: token 0, as sample_biased
+    assert _check_nucleus(c, 1, V)[0] == 0

@@ -31,7 +31,13 @@ from .dense import (
     silu_mul,
 )
 from .sampling import sample, sample_biased, token_logprobs
-from .sampling_chunks import sample_chunks, sample_merge, sample_rest
+from .sampling_chunks import (
+    sample_chunks,
+    sample_chunks_nucleus,
+    sample_merge,
+    sample_merge_nucleus,
+    sample_rest,
+)
 from .speculative import (
     draft_sample,
     draft_sample_coupled,
@@ -98,6 +104,8 @@ TRITON_KERNELS = {
     "sample_chunks": sample_chunks,
     "sample_merge": sample_merge,
     "sample_rest": sample_rest,
+    "sample_chunks_nucleus": sample_chunks_nucleus,
+    "sample_merge_nucleus": sample_merge_nucleus,
     "row_copy": row_copy,
 }
 

@@ -183,3 +183,152 @@ def sample_rest(logits, slot, positions, sampling_decision, seed, temperature, t
         _sample_entry(logits, slot, positions, sampling_decision, seed, temperature, top_p,
                       top_k, min_p, presence, frequency, repetition, histogram, logit_bias,
                       use_bias, grammar_mask, use_mask, sampled, V, W32, True, BLOCK_V)
+
+
+@triton.jit
+def sample_chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, frequency,
+                          repetition, histogram, logit_bias, use_bias, grammar_mask, use_mask,
+                          chunk_max, chunk_arg, chunk_mass, cand_key, cand_id, R, V, W32, C,
+                          KM, BLOCK_V: tl.constexpr, KMAX: tl.constexpr):
+    """``sample_chunks``, and for top-p rows with no top-k also the chunk's top-KMAX
+    candidates and its softmax mass relative to its own maximum; grid
+    ``(R, cdiv(V, BLOCK_V))``."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    P = tl.cdiv(V, BLOCK_V)
+    s = tl.load(slot + r)
+    if s >= 0:
+        lrow = logits + r.to(tl.int64) * V
+        hrow = histogram + s.to(tl.int64) * V
+        brow = logit_bias + s.to(tl.int64) * V
+        mrow = grammar_mask + r.to(tl.int64) * W32
+        idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
+        z = _logits(lrow, hrow, brow, mrow, idx, V, tl.load(use_bias + r),
+                    tl.load(use_mask + r), tl.load(repetition + r), tl.load(frequency + r),
+                    tl.load(presence + r))
+        cm = tl.max(z, axis=0)
+        ci = tl.min(tl.where(z == cm, idx, INT_MAX), axis=0)
+        at = r.to(tl.int64) * P + c
+        tl.store(chunk_max + at, cm)
+        tl.store(chunk_arg + at, ci)
+        temp = tl.load(temperature + r)
+        k = tl.load(top_k + r)
+        nucleus = (tl.load(top_p + r) < 1.0) & ((k <= 0) | (k >= V))
+        if (temp > 0.0) & (((k > 0) & (k <= KMAX) & (k < V)) | nucleus):
+            zt = tl.math.div_rn(z, temp + tl.zeros_like(z))
+            keep = _top_k_mask(_key(zt), idx < V, tl.where(nucleus, KMAX, k))
+            pos = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+            n = tl.sum(keep.to(tl.int32), axis=0)
+            base = at * KMAX
+            tl.store(cand_key + base + pos, _key(zt), mask=keep)
+            tl.store(cand_id + base + pos, idx, mask=keep)
+            j = tl.arange(0, KMAX)
+            tl.store(cand_key + base + j, tl.zeros_like(j) + INT_MIN, mask=j >= n)
+            tl.store(cand_id + base + j, tl.zeros_like(j) - 1, mask=j >= n)
+            if nucleus:
+                top = tl.math.div_rn(cm, temp)  # = max(zt): division by temp > 0 is monotone
+                e = tl.where(zt > float("-inf"), libdevice.exp(zt - top), 0.0)
+                tl.store(chunk_mass + at, tl.where(cm > float("-inf"), tl.sum(e, axis=0), 0.0))
+
+
+@triton.jit
+def _merge_nucleus(cand_key, cand_id, chunk_mass, srow, r, P, V, C, vals, best, temp, tp, mp,
+                   pos, k0, k1, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+                   KMAX: tl.constexpr, NMAX: tl.constexpr):
+    """The sampled id of a top-p row with no top-k from its chunks' candidates, or
+    UNRESOLVED when its nucleus is not provably inside them (see sample_merge_nucleus)."""
+    zmax = tl.math.div_rn(best, temp)
+    # The full row's normalizer from each chunk's mass, scaled to the row's maximum.
+    pp = tl.arange(0, BLOCK_P)
+    mass = tl.load(chunk_mass + r.to(tl.int64) * P + pp, mask=pp < P, other=0.0)
+    tops = tl.math.div_rn(vals, temp + tl.zeros_like(vals))
+    scale = tl.where(vals > float("-inf"), libdevice.exp(tops - zmax), 0.0)
+    S = tl.sum(scale * mass, axis=0)
+    # The NMAX largest candidates, and the largest key of every id left out of them.
+    cc = tl.arange(0, BLOCK_C)
+    inside = cc < P * KMAX
+    row = r.to(tl.int64) * P * KMAX
+    ids = tl.load(cand_id + row + cc, mask=inside, other=-1)
+    key = tl.load(cand_key + row + cc, mask=inside, other=INT_MIN)
+    valid = inside & (ids >= 0)
+    pick = _top_k_mask(key, valid, NMAX)
+    left = tl.max(tl.where(valid & ~pick, key, INT_MIN), axis=0)
+    j2 = tl.arange(0, KMAX)
+    key2 = tl.load(cand_key + row + pp[:, None] * KMAX + j2[None, :],
+                   mask=(pp < P)[:, None] & (j2 < KMAX)[None, :], other=INT_MAX)
+    kth = tl.min(key2, axis=1)  # a truncated chunk's KM-th key bounds the ids it left out
+    truncated = (pp < P) & (tl.minimum(V - pp * C, C) > KMAX)
+    bound = tl.maximum(left, tl.max(tl.where(truncated, kth, INT_MIN), axis=0))
+    at = tl.cumsum(pick.to(tl.int32), axis=0) - 1
+    npick = tl.sum(pick.to(tl.int32), axis=0)
+    j = tl.arange(0, NMAX)
+    tl.store(srow + at, ids, mask=pick)
+    tl.store(srow + NMAX + at, key, mask=pick)
+    tl.store(srow + j, tl.zeros_like(j) - 1, mask=j >= npick)
+    tl.store(srow + NMAX + j, tl.zeros_like(j) + INT_MIN, mask=j >= npick)
+    tl.debug_barrier()  # the picks, written by many threads, read back as one vector
+    sid = tl.load(srow + j)
+    sk = tl.load(srow + NMAX + j)
+    live = j < npick
+    zt = tl.where(sk >= 0, sk, sk ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    p = tl.where(live, tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt)), 0.0)
+    # Mass before each pick in p-descending order (ties: lower id first): the shortest
+    # prefix reaching tp keeps exactly the ids whose mass before is < tp.
+    pi = p[:, None]
+    pj = p[None, :]
+    ahead = live[None, :] & ((pj > pi) | ((pj == pi) & (sid[None, :] < sid[:, None])))
+    before = tl.sum(tl.where(ahead, pj, 0.0), axis=1)
+    first = tl.sum(ahead.to(tl.int32), axis=1) == 0
+    kept = live & ((before < tp) | first)
+    reached = tl.sum(p, axis=0) >= tp
+    bz = tl.where(bound >= 0, bound, bound ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    p_out = tl.math.div_rn(libdevice.exp(bz - zmax), S)
+    p_end = tl.min(tl.where(kept, p, float("inf")), axis=0)
+    # Exact when the nucleus ends strictly above every id left out (or none is).
+    exact = (bound == INT_MIN) | (reached & (p_end > p_out))
+    pmin = tl.where(mp > 0.0, mp * tl.math.div_rn(1.0, S), -1.0)
+    kept = kept & (p >= pmin)
+    race = tl.where(kept, _race_score(p, sid, pos, k0, k1), float("-inf"))
+    cm = tl.max(race, axis=0)
+    tok = tl.min(tl.where(kept & (race == cm), sid, INT_MAX), axis=0)
+    return tl.where(exact, tok, UNRESOLVED)
+
+
+@triton.jit
+def sample_merge_nucleus(chunk_max, chunk_arg, chunk_mass, cand_key, cand_id, slot, positions,
+                         sampling_decision, seed, temperature, top_p, top_k, min_p, histogram,
+                         selected, sampled, R, V, P, C, KM, KN, BLOCK_P: tl.constexpr,
+                         BLOCK_C: tl.constexpr, KMAX: tl.constexpr, NMAX: tl.constexpr):
+    """``sample_merge``, and top-p rows with no top-k whose nucleus lies inside their
+    ``NMAX`` most probable candidates; other sampling rows marked UNRESOLVED; grid
+    ``(R,)``."""
+    r = tl.program_id(0)
+    s = tl.load(slot + r)
+    if s < 0:
+        tl.store(sampled + r, -1)
+    else:
+        pp = tl.arange(0, BLOCK_P)
+        vals = tl.load(chunk_max + r.to(tl.int64) * P + pp, mask=pp < P, other=float("-inf"))
+        args = tl.load(chunk_arg + r.to(tl.int64) * P + pp, mask=pp < P, other=INT_MAX)
+        best = tl.max(vals, axis=0)
+        tok = tl.min(tl.where((pp < P) & (vals == best), args, INT_MAX), axis=0)
+        temp = tl.load(temperature + r)
+        k = tl.load(top_k + r)
+        tp = tl.load(top_p + r)
+        srow = selected + r.to(tl.int64) * 2 * NMAX
+        if (temp > 0.0) & (best > float("-inf")):
+            if (k > 0) & (k <= KMAX) & (k < V):
+                tok = _merge_top_k(cand_key, cand_id, srow, r, P, k, best, temp, tp,
+                                   tl.load(min_p + r), tl.load(positions + r),
+                                   tl.load(seed + 2 * r), tl.load(seed + 2 * r + 1), BLOCK_C,
+                                   KMAX)
+            elif (tp < 1.0) & ((k <= 0) | (k >= V)):
+                tok = _merge_nucleus(cand_key, cand_id, chunk_mass, srow, r, P, V, C, vals,
+                                     best, temp, tp, tl.load(min_p + r),
+                                     tl.load(positions + r), tl.load(seed + 2 * r),
+                                     tl.load(seed + 2 * r + 1), BLOCK_P, BLOCK_C, KMAX, NMAX)
+            else:
+                tok = tok * 0 + UNRESOLVED
+        tl.store(sampled + r, tok)
+        if (tok != UNRESOLVED) & (tl.load(sampling_decision + r) != 0):
+            tl.atomic_add(histogram + s.to(tl.int64) * V + tok, 1)

@@ -39,7 +39,13 @@ from .registry import (
 from .rng import philox4x32_10, philox_uniform
 from .rope import rope
 from .sampling import grammar_mask_words, sample, sample_biased, token_logprobs
-from .sampling_chunks import sample_chunks, sample_merge, sample_rest
+from .sampling_chunks import (
+    sample_chunks,
+    sample_chunks_nucleus,
+    sample_merge,
+    sample_merge_nucleus,
+    sample_rest,
+)
 from .speculative import (
     draft_sample,
     draft_sample_coupled,
@@ -95,7 +101,9 @@ __all__ = [
     "sample",
     "sample_biased",
     "sample_chunks",
+    "sample_chunks_nucleus",
     "sample_merge",
+    "sample_merge_nucleus",
     "sample_rest",
     "silu_mul",
     "slot_gather",

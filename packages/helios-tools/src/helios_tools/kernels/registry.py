@@ -35,7 +35,13 @@ from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .rope import rope
 from .sampling import sample, sample_biased, token_logprobs
-from .sampling_chunks import sample_chunks, sample_merge, sample_rest
+from .sampling_chunks import (
+    sample_chunks,
+    sample_chunks_nucleus,
+    sample_merge,
+    sample_merge_nucleus,
+    sample_rest,
+)
 from .speculative import (
     draft_sample,
     draft_sample_coupled,
@@ -308,6 +314,23 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("histogram", "i32", "inout"), _b("selected", "i32", "out"),
         _b("sampled", "i32", "out"), *_i("R", "V", "P", "KM"),
     ),
+    "sample_chunks_nucleus": (
+        _b("logits", "f32"), _b("slot", "i32"), _b("temperature", "f32"), _b("top_p", "f32"),
+        _b("top_k", "i32"), _b("presence", "f32"), _b("frequency", "f32"),
+        _b("repetition", "f32"), _b("histogram", "i32"), _b("logit_bias", "f32"),
+        _b("use_bias", "i32"), _b("grammar_mask", "i32"), _b("use_mask", "i32"),
+        _b("chunk_max", "f32", "out"), _b("chunk_arg", "i32", "out"),
+        _b("chunk_mass", "f32", "out"), _b("cand_key", "i32", "out"),
+        _b("cand_id", "i32", "out"), *_i("R", "V", "W32", "C", "KM"),
+    ),
+    "sample_merge_nucleus": (
+        _b("chunk_max", "f32"), _b("chunk_arg", "i32"), _b("chunk_mass", "f32"),
+        _b("cand_key", "i32"), _b("cand_id", "i32"), _b("slot", "i32"),
+        _b("positions", "i32"), _b("sampling_decision", "i32"), _b("seed", "u32"),
+        _b("temperature", "f32"), _b("top_p", "f32"), _b("top_k", "i32"),
+        _b("min_p", "f32"), _b("histogram", "i32", "inout"), _b("selected", "i32", "out"),
+        _b("sampled", "i32", "out"), *_i("R", "V", "P", "C", "KM", "KN"),
+    ),
     "sample_rest": (
         _b("logits", "f32"), _b("slot", "i32"), _b("positions", "i32"),
         _b("sampling_decision", "i32"), _b("seed", "u32"), _b("temperature", "f32"),
@@ -374,6 +397,8 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "sample_chunks": sample_chunks,
     "sample_merge": sample_merge,
     "sample_rest": sample_rest,
+    "sample_chunks_nucleus": sample_chunks_nucleus,
+    "sample_merge_nucleus": sample_merge_nucleus,
     "row_copy": row_copy,
 }
 
