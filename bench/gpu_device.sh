@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|startup-memory|spec-structured|serve-smollm2|serve-smollm2-load|serve-host|packing|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|startup-memory|spec-structured|serve-smollm2|serve-smollm2-load|serve-host|packing|topp|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 set -uo pipefail
@@ -105,6 +105,16 @@ case $stage in
       --bisection-sampling --json "$OUTD/kern_smollm2_bisection.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_bisection.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 --steps 40 \
       --fold-layers --chunked-sampling --json "$OUTD/kern_smollm2_chosen.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_chosen.log" ;;
+  topp)  # issue 17 top-p-only rows (docs/gpu.md "Sampling at greedy speed"), after stage1/2
+    # with the GGUF carried: the chunked sampler's GPU tests (nucleus form included) and
+    # the sampler tests of test_kernels.py, then SmolLM2 and the 8B geometry with greedy,
+    # top_k-50 and top_p-only sampled decode beside each other (over_greedy)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sampling_chunks.py tests/gpu/test_kernels.py \
+      -k "sampl or chunked or nucleus" 2>&1 | tee "$OUTD/topp_tests.log" | tail -4
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 --steps 40 \
+      --json "$OUTD/topp_smollm2.json" 2>&1 | tail -20 | tee "$OUTD/topp_smollm2.log"
+    python3 bench/gpu_models.py --model llama-3.1-8b --batches 1 8 --steps 20 \
+      --json "$OUTD/topp_llama8b.json" 2>&1 | tail -20 | tee "$OUTD/topp_llama8b.log" ;;
   model)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;

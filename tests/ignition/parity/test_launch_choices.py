@@ -59,11 +59,12 @@ def test_folded_decode_records_seven_launches_per_layer(folded, smollm2_core_f32
     assert got["rmsnorm_linear"] == 2 * layers and got["linear_add"] == layers
     assert got["swiglu_linear_add"] == layers
     assert got["add_rmsnorm"] == 0 and got["rmsnorm"] == 1  # the final norm
-    assert before["sample_chunks"] == before["sample_merge"] == before["sample_rest"] == 1
+    assert before["sample_chunks_nucleus"] == before["sample_merge_nucleus"] == 1
+    assert before["sample_rest"] == 1
     assert got["sample_biased"] == 1 and before["sample_biased"] == 0
     # prefill graphs are not folded (they differ in the sampler only)
     pre, pre_plain = _decode_ops(core, "prefill_t16"), _decode_ops(plain, "prefill_t16")
-    for op in ("sample_chunks", "sample_merge", "sample_rest"):
+    for op in ("sample_chunks_nucleus", "sample_merge_nucleus", "sample_rest"):
         assert pre_plain.pop(op) == 1
     assert pre.pop("sample_biased") == 1
     assert pre == pre_plain

@@ -15,7 +15,7 @@ from helios_serve.testing.native import load_native
 PROMPTS = [[1, 5, 9, 33, 2], [7, 7, 3], [4, 8, 15, 16, 23, 42], [90, 91]]
 SAMPLING = [SamplingParams(),
             SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234),
-            SamplingParams(temperature=1.0, top_p=0.8, seed=9),
+            SamplingParams(temperature=1.0, top_p=0.8, seed=9),  # top-p only (OpenAI's)
             SamplingParams(temperature=0.7, top_k=3, min_p=0.1, seed=5, presence_penalty=0.5,
                            logit_bias=((4, 3.0), (17, -50.0)))]
 
@@ -28,6 +28,13 @@ def models():
     return plain, chosen
 
 
+@pytest.fixture(scope="module")
+def before_nucleus():
+    """The chunked sampler as cores exported before its nucleus form record it."""
+    return load_native(tiny_core(seed=3, fold_layers=True, chunked_sampling=True,
+                                 nucleus_sampling=False), "cpu", cpu_frames=2)
+
+
 def test_choices_are_recorded_in_the_launches(models):
     plain, chosen = models
 
@@ -36,9 +43,11 @@ def test_choices_are_recorded_in_the_launches(models):
         graphs = model.prepared.manifest.graphs
         return {names[launch.kernel] for g in graphs for launch in g.launches}
 
-    assert {"rmsnorm_linear", "linear_add", "sample_chunks", "sample_merge",
+    assert {"rmsnorm_linear", "linear_add", "sample_chunks_nucleus", "sample_merge_nucleus",
             "sample_rest"} <= ops(chosen)
-    assert not ops(plain) & {"rmsnorm_linear", "linear_add", "sample_chunks"}
+    assert not ops(chosen) & {"sample_chunks", "sample_merge"}
+    assert not ops(plain) & {"rmsnorm_linear", "linear_add", "sample_chunks",
+                             "sample_chunks_nucleus"}
     assert "sample_biased" in ops(plain) and "sample_biased" not in ops(chosen)
 
 
@@ -52,3 +61,14 @@ def test_same_logits_and_tokens_as_the_default_capture(models):
     # batch independence: each request alone samples what it sampled in the batch
     for prompt, sp, tokens in zip(PROMPTS, SAMPLING, got, strict=True):
         assert Driver(chosen).generate([prompt], 14, sp)[0] == tokens
+
+
+def test_cores_recording_the_chunked_sampler_before_its_nucleus_form(models, before_nucleus):
+    """A core exported before the nucleus form (``sample_chunks`` + ``sample_merge``)
+    loads and samples what the nucleus form samples, top-p-only rows included."""
+    ops = {k.reference_op for k in before_nucleus.prepared.manifest.kernels}
+    assert {"sample_chunks", "sample_merge", "sample_rest"} <= ops
+    assert not ops & {"sample_chunks_nucleus", "sample_merge_nucleus"}
+    _, chosen = models
+    got = Driver(before_nucleus).generate(PROMPTS, max_new_tokens=14, sampling=SAMPLING)
+    assert got == Driver(chosen).generate(PROMPTS, max_new_tokens=14, sampling=SAMPLING)

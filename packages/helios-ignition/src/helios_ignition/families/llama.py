@@ -32,7 +32,7 @@ from helios_contract import PROPOSAL_CONFIDENCE
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import grammar_mask_words
-from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK
+from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK, NUCLEUS
 from helios_tools.kernels.speculative import RECORD_FIELDS
 
 from ..capture import launch
@@ -355,22 +355,32 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
     return t
 
 
-def declare_chunked_sampling(t: BufferTable, s: LlamaShapes, rows: int) -> None:
+def declare_chunked_sampling(t: BufferTable, s: LlamaShapes, rows: int,
+                             nucleus: bool = True) -> None:
     """Scratch of the chunked sampler (``sample_chunks`` -> ``sample_merge``): per row, each
-    chunk's maximum and arg-max, its top-k candidates, and the merged winners."""
+    chunk's maximum and arg-max, its top-k candidates, and the merged winners; with
+    `nucleus` (``sample_chunks_nucleus`` -> ``sample_merge_nucleus``) also each chunk's
+    softmax mass, and the staging row holds the NUCLEUS picks."""
     P = -(-s.vocab // CHUNK)
     t.declare("scratch.sample_chunk_max", "f32", (rows, P), "scratch")
     t.declare("scratch.sample_chunk_arg", "i32", (rows, P), "scratch")
     t.declare("scratch.sample_cand_key", "i32", (rows, P * CANDIDATES), "scratch")
     t.declare("scratch.sample_cand_id", "i32", (rows, P * CANDIDATES), "scratch")
-    t.declare("scratch.sample_selected", "i32", (rows, 2 * CANDIDATES), "scratch")
+    if nucleus:
+        t.declare("scratch.sample_chunk_mass", "f32", (rows, P), "scratch")
+        t.declare("scratch.sample_selected", "i32", (rows, 2 * max(CANDIDATES, NUCLEUS)),
+                  "scratch")
+    else:
+        t.declare("scratch.sample_selected", "i32", (rows, 2 * CANDIDATES), "scratch")
 
 
 def _sample(b: ProgramBuilder, s: LlamaShapes, R: int, logits, slot, positions, inp,
-            chunked: bool) -> None:
+            chunked: bool, nucleus: bool) -> None:
     """Record the sampling step over `R` rows of `logits` into SAMPLED: ``sample_biased``,
     or with `chunked` its three-launch form (helios_tools.kernels.sampling_chunks: the
-    vocabulary split over ``ceil(V / CHUNK)`` programs per row; same outputs)."""
+    vocabulary split over ``ceil(V / CHUNK)`` programs per row; same outputs), with
+    `nucleus` the form that also resolves top-p rows with no top-k in the merge (cores
+    exported before it record ``sample_chunks`` + ``sample_merge``; they keep loading)."""
     t = b.table
     n = INPUT_NAMES
     slots = t.buffers[PAGE_TABLE].shape[0]
@@ -391,12 +401,23 @@ def _sample(b: ProgramBuilder, s: LlamaShapes, R: int, logits, slot, positions, 
     carg = t.view("scratch.sample_chunk_arg", (R, P))
     ckey = t.view("scratch.sample_cand_key", (R, P * CANDIDATES))
     cid = t.view("scratch.sample_cand_id", (R, P * CANDIDATES))
-    b.launch("sample_chunks", logits, slot, inp("temperature", R), inp("top_k", R), *penalties,
-             hist, *masks, cmax, carg, ckey, cid, R, s.vocab, words, CHUNK, CANDIDATES)
-    b.launch("sample_merge", cmax, carg, ckey, cid, slot, positions,
-             inp("sampling_decision", R), inp("seed", R, 2), *params, hist,
-             t.view("scratch.sample_selected", (R, 2 * CANDIDATES)), sampled, R, s.vocab, P,
-             CANDIDATES)
+    row = [slot, positions, inp("sampling_decision", R), inp("seed", R, 2), *params, hist]
+    if nucleus:
+        mass = t.view("scratch.sample_chunk_mass", (R, P))
+        width = 2 * max(CANDIDATES, NUCLEUS)
+        b.launch("sample_chunks_nucleus", logits, slot, inp("temperature", R),
+                 inp("top_p", R), inp("top_k", R), *penalties, hist, *masks, cmax, carg, mass,
+                 ckey, cid, R, s.vocab, words, CHUNK, CANDIDATES)
+        b.launch("sample_merge_nucleus", cmax, carg, mass, ckey, cid, *row,
+                 t.view("scratch.sample_selected", (R, width)), sampled, R, s.vocab, P, CHUNK,
+                 CANDIDATES, NUCLEUS)
+    else:
+        b.launch("sample_chunks", logits, slot, inp("temperature", R), inp("top_k", R),
+                 *penalties, hist, *masks, cmax, carg, ckey, cid, R, s.vocab, words, CHUNK,
+                 CANDIDATES)
+        b.launch("sample_merge", cmax, carg, ckey, cid, *row,
+                 t.view("scratch.sample_selected", (R, 2 * CANDIDATES)), sampled, R, s.vocab,
+                 P, CANDIDATES)
     b.launch("sample_rest", *common)
 
 
@@ -591,7 +612,7 @@ def _forward(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, tokens: int, r
                  s.hidden)
     sampled = t.view(SAMPLED, (R,))
     _sample(b, s, R, logits, slot, pos if decode else _last_positions(b, R), inp,
-            "scratch.sample_chunk_max" in t.buffers)
+            "scratch.sample_chunk_max" in t.buffers, "scratch.sample_chunk_mass" in t.buffers)
     # Same step, same logits (unmodified by the sampler): rows that ask record logprobs.
     K = decl.TOP_LOGPROBS
     b.launch("token_logprobs", logits, slot, sampled, inp("logprobs", R),
@@ -775,8 +796,8 @@ def _last_positions(b: ProgramBuilder, rows: int):
 
 def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pending: bool = True,
             spec: Speculation | None = None, split_tuning: SplitTuning | None = None,
-            fold_layers: bool = False, chunked_sampling: bool = True
-            ) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
+            fold_layers: bool = False, chunked_sampling: bool = True,
+            nucleus_sampling: bool = True) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
     """Capture every graph variant and declare their contracts.
 
     Args:
@@ -796,6 +817,11 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
             ``_sample``); the default since the H200 run (bench/results/
             gpu_kern_llama8b_chunked.json). False records ``sample_biased``, as cores
             exported before it do (they keep loading).
+        nucleus_sampling: with `chunked_sampling`, record ``sample_chunks_nucleus`` +
+            ``sample_merge_nucleus`` (top-p rows with no top-k resolved in the merge when
+            their nucleus lies inside the NUCLEUS most probable candidates; same outputs).
+            False records ``sample_chunks`` + ``sample_merge``, as cores exported before
+            it do (they keep loading).
 
     Returns:
         The execution manifest (buffers, kernel variants, graph programs) and one
@@ -813,7 +839,7 @@ def capture(s: LlamaShapes, caps: Capacities, weight_dtype: str, *, device_pendi
     rows = max(max(caps.decode_batch), caps.prefill_rows)
     table.declare("in.sample_position", "i32", (rows,), "input")
     if chunked_sampling:
-        declare_chunked_sampling(table, s, rows)
+        declare_chunked_sampling(table, s, rows, nucleus_sampling)
     kernels: dict[str, mpb.Kernel] = {}
     tuned = split_tuning is not None
     producers = [_split_producer(table, kernels, s, caps, split_tuning)] if tuned else []
