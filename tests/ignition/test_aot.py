@@ -292,7 +292,7 @@ def test_launch_choices_compile_for_sm90():
         W, P = (V + 31) // 32, -(-V // 2048)
         for op, scalars in (("sample_chunks", [8, V, W, 2048, 64]), ("sample_merge", [8, V, P, 64]),
                             ("sample_chunks_nucleus", [8, V, W, 2048, 64]),
-                            ("sample_merge_nucleus", [8, V, P, 2048, 64, 128]),
+                            ("sample_merge_nucleus", [8, V, P, 2048, 64, 256]),
                             ("sample_rest", [8, V, W])):
             variants[(op, V)] = (op, launch_config(op, scalars).constants)
     kernels += [variant_kernel(f"{op}{i}", op, c) for i, (op, c) in enumerate(variants.values())]

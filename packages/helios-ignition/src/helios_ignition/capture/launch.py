@@ -363,8 +363,9 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         R, P, KM = s[0], s[2], s[3]
         return _cfg((R,), 8, BLOCK_P=_np2(P, 2), BLOCK_C=_np2(P * KM, 32), KMAX=KM)
     if op == "sample_merge_nucleus":  # as sample_merge, plus a KN x KN nucleus comparison
-        R, P, KM, KN = s[0], s[2], s[4], s[5]
-        return _cfg((R,), 8, BLOCK_P=_np2(P, 2), BLOCK_C=_np2(P * KM, 32), KMAX=KM, NMAX=KN)
+        R, P, KM, KN = s[0], s[2], s[4], s[5]  # in blocks of KN x 32
+        return _cfg((R,), 8, BLOCK_P=_np2(P, 2), BLOCK_C=_np2(P * KM, 32), KMAX=KM, NMAX=KN,
+                    JB=min(KN, 32))
     if op == "sample_rest":  # sample_biased's geometry; unresolved rows only
         R = s[0]
         return _cfg((R,), 8, BLOCK_V=2048)

@@ -234,7 +234,7 @@ def sample_chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, fre
 @triton.jit
 def _merge_nucleus(cand_key, cand_id, chunk_mass, srow, r, P, V, C, vals, best, temp, tp, mp,
                    pos, k0, k1, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-                   KMAX: tl.constexpr, NMAX: tl.constexpr):
+                   KMAX: tl.constexpr, NMAX: tl.constexpr, JB: tl.constexpr):
     """The sampled id of a top-p row with no top-k from its chunks' candidates, or
     UNRESOLVED when its nucleus is not provably inside them (see sample_merge_nucleus)."""
     zmax = tl.math.div_rn(best, temp)
@@ -273,16 +273,28 @@ def _merge_nucleus(cand_key, cand_id, chunk_mass, srow, r, P, V, C, vals, best, 
     zt = tl.where(sk >= 0, sk, sk ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
     p = tl.where(live, tl.math.div_rn(libdevice.exp(zt - zmax), S + tl.zeros_like(zt)), 0.0)
     # Mass before each pick in p-descending order (ties: lower id first): the shortest
-    # prefix reaching tp keeps exactly the ids whose mass before is < tp.
-    pi = p[:, None]
-    pj = p[None, :]
-    ahead = live[None, :] & ((pj > pi) | ((pj == pi) & (sid[None, :] < sid[:, None])))
-    before = tl.sum(tl.where(ahead, pj, 0.0), axis=1)
-    first = tl.sum(ahead.to(tl.int32), axis=1) == 0
+    # prefix reaching tp keeps exactly the ids whose mass before is < tp. Compared in
+    # blocks of JB picks re-read from the staging row (NMAX x JB values in registers).
+    before = tl.zeros_like(p)
+    nahead = tl.zeros_like(j)
+    for j0 in tl.static_range(0, NMAX, JB):
+        jb = j0 + tl.arange(0, JB)
+        bid = tl.load(srow + jb)
+        bk = tl.load(srow + NMAX + jb)
+        bz = tl.where(bk >= 0, bk, bk ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        pb = tl.where(jb < npick,
+                      tl.math.div_rn(libdevice.exp(bz - zmax), S + tl.zeros_like(bz)), 0.0)
+        pi = p[:, None]
+        pj = pb[None, :]
+        ahead = (jb < npick)[None, :] & ((pj > pi) | ((pj == pi) &
+                                                    (bid[None, :] < sid[:, None])))
+        before += tl.sum(tl.where(ahead, pj, 0.0), axis=1)
+        nahead += tl.sum(ahead.to(tl.int32), axis=1)
+    first = nahead == 0
     kept = live & ((before < tp) | first)
     reached = tl.sum(p, axis=0) >= tp
-    bz = tl.where(bound >= 0, bound, bound ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-    p_out = tl.math.div_rn(libdevice.exp(bz - zmax), S)
+    zb = tl.where(bound >= 0, bound, bound ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    p_out = tl.math.div_rn(libdevice.exp(zb - zmax), S)
     p_end = tl.min(tl.where(kept, p, float("inf")), axis=0)
     # Exact when the nucleus ends strictly above every id left out (or none is).
     exact = (bound == INT_MIN) | (reached & (p_end > p_out))
@@ -298,7 +310,8 @@ def _merge_nucleus(cand_key, cand_id, chunk_mass, srow, r, P, V, C, vals, best, 
 def sample_merge_nucleus(chunk_max, chunk_arg, chunk_mass, cand_key, cand_id, slot, positions,
                          sampling_decision, seed, temperature, top_p, top_k, min_p, histogram,
                          selected, sampled, R, V, P, C, KM, KN, BLOCK_P: tl.constexpr,
-                         BLOCK_C: tl.constexpr, KMAX: tl.constexpr, NMAX: tl.constexpr):
+                         BLOCK_C: tl.constexpr, KMAX: tl.constexpr, NMAX: tl.constexpr,
+                         JB: tl.constexpr):
     """``sample_merge``, and top-p rows with no top-k whose nucleus lies inside their
     ``NMAX`` most probable candidates; other sampling rows marked UNRESOLVED; grid
     ``(R,)``."""
@@ -326,7 +339,8 @@ def sample_merge_nucleus(chunk_max, chunk_arg, chunk_mass, cand_key, cand_id, sl
                 tok = _merge_nucleus(cand_key, cand_id, chunk_mass, srow, r, P, V, C, vals,
                                      best, temp, tp, tl.load(min_p + r),
                                      tl.load(positions + r), tl.load(seed + 2 * r),
-                                     tl.load(seed + 2 * r + 1), BLOCK_P, BLOCK_C, KMAX, NMAX)
+                                     tl.load(seed + 2 * r + 1), BLOCK_P, BLOCK_C, KMAX, NMAX,
+                                     JB)
             else:
                 tok = tok * 0 + UNRESOLVED
         tl.store(sampled + r, tok)

@@ -275,7 +275,7 @@ def sample_rest(
 # no top-k (top_k <= 0 or >= V) and top_p < 1 -- what every OpenAI client sends -- keep
 # each chunk's top-KM candidates and its softmax mass too; the merge finds the nucleus
 # among the NUCLEUS most probable candidates whenever it provably lies inside them.
-NUCLEUS = 128
+NUCLEUS = 256
 
 
 def uses_nucleus(temperature: float, top_p: float, top_k: int, V: int) -> bool:
