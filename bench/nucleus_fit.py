@@ -30,14 +30,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from _report import write_json  # noqa: E402  (bench/ is this script's folder)
+
 TEMPERATURE, TOP_P = 0.8, 0.95
 WIDTHS = (64, 128, 256, 512)
 
 
 def _core(folder: Path, gguf: str | None):
-    from dataclasses import replace
-
-    from helios_ignition.export import export_core, resolve_recipe  # noqa: F401
+    from helios_ignition.export import export_core
     from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
 
     key = folder / "key.pem"
@@ -53,7 +53,6 @@ def _core(folder: Path, gguf: str | None):
     out = folder / "smollm2.core"
     export_core(recipe, checkpoint=gguf or "smollm2", key_path=key, namespace="bench.nucleus",
                 out=out)
-    _ = replace
     return open_core(out, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
 
 
@@ -146,7 +145,7 @@ def main() -> None:
         b8 = v["batch8_steps_all_resolved"]
         print(f"{kn:>5} {v['rows_resolved']:>14.3f} {'-' if b8 is None else f'{b8:.3f}':>22}")
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out)
 
 
 if __name__ == "__main__":
