@@ -34,10 +34,10 @@ def client(real_server):
 
 
 @pytest.fixture(scope="session")
-def tiny_server(tiny_served):
+def tiny_thread_server(tiny_served):
     """A real helios-serve around the tiny model core (context 256): the whole serving
     path with real weights, in about a second; for API tests where the model's answers
-    do not matter."""
+    do not matter. The model worker is a thread of this process."""
     core = tiny_served.core
     bootstrap = Bootstrap.load(core.path, [core.public_key], core.namespace)
     settings = resolve(ServeOptions(port=0, max_active=4, queue_capacity=8), bootstrap.contract)
@@ -48,3 +48,25 @@ def tiny_server(tiny_served):
     yield server
     server.stop()
     bootstrap.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_server(tiny_served):
+    """The same server with `--engine-process`: cli.start spawns the engine process
+    (model worker, scheduler, NativeModel); HTTP and the relayed pipelines run here."""
+    from helios_serve.cli import start
+
+    core = tiny_served.core
+    server = start(core.path, [str(core.public_key)], core.namespace,
+                   ServeOptions(port=0, max_active=4, queue_capacity=8, engine_process=True))
+    server.serve_in_background()
+    yield server
+    server.stop()
+    server.bootstrap.close()
+
+
+@pytest.fixture(scope="session", params=["thread", "engine_process"])
+def tiny_server(request):
+    """The tiny-model server in both modes (model worker thread; engine process)."""
+    name = "tiny_thread_server" if request.param == "thread" else "tiny_engine_server"
+    return request.getfixturevalue(name)

@@ -155,29 +155,23 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
     (bound, not yet serving). What can be checked without loading is checked first, so a
     missing core or a busy port is reported at once.
 
+    With `options.engine_process` the model loads in the engine process
+    (`engine_process.EngineClient.start`; it verifies the core again) and this process
+    serves HTTP around it.
+
     `ranks` (runtime.rank_processes.ProcessRanks): this is rank 0 of process ranks.
 
     Raises:
         StartupError: one line naming what is wrong.
     """
-    from helios_tools.core.errors import CoreError
-
     from helios_serve.clock import ObservationClock
-    from helios_serve.runtime.cache_sizing import CacheSizing
-    from helios_serve.runtime.errors import RuntimeLoadError
-    from helios_serve.runtime.native_model import NativeModel
     from helios_serve.server import Server, bind_listener
 
-    try:
-        cache = CacheSizing(num_pages=options.num_pages, memory_bytes=options.kv_cache_memory,
-                            fraction=options.kv_cache_fraction)
-    except RuntimeLoadError as exc:
-        raise StartupError(str(exc)) from None
-    log = StartupLog(emit=lambda line: click.echo(f"helios-serve: {line}", err=True))
-    path = Path(core)
-    if not path.is_file():
-        why = "is a directory" if path.is_dir() else "no such file"
-        raise StartupError(f"bad core: {path}: {why}")
+    if options.engine_process and ranks is not None:
+        raise StartupError("--engine-process does not serve process ranks (--world) yet")
+    cache = _cache_sizing(options)
+    log = _startup_log()
+    path = _core_path(core)
     try:
         listener = bind_listener(options.host, options.port)
     except OSError as exc:
@@ -195,21 +189,21 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         except ValueError as exc:
             raise StartupError(str(exc)) from None
         clock = ObservationClock()  # the observation origin: native runtime startup
+        if options.engine_process:
+            from helios_serve.engine_process import EngineClient, EngineSpec
+
+            engine = EngineClient.start(EngineSpec(str(path), list(trust), accept, options,
+                                                   resource_key, clock.origin_ns))
+            try:
+                with log.phase("listen") as phase:
+                    server = Server(bootstrap, None, settings, clock, listener, engine=engine)
+                    phase.detail = f"{server.url} (engine process {engine.pid})"
+                return server
+            except BaseException:
+                engine.stop()
+                raise
+        model = load_model(bootstrap, path, options, settings, cache, log, ranks)
         try:
-            model = NativeModel.load(
-                bootstrap.prepared, bootstrap.core.read_resource, options.backend, cache=cache,
-                max_concurrency=settings.max_active,
-                speculative_width=options.speculative_width, log=log, ranks=ranks,
-                snapshots=options.snapshots, host_cache_bytes=options.host_cache_bytes,
-            )
-        except RuntimeLoadError as exc:
-            raise StartupError(" ".join(str(exc).split()), exc.rule) from None
-        except CoreError as exc:  # a weight or kernel resource failing its digests
-            raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}",
-                               "resource.integrity") from None
-        try:
-            if options.history_drafting:
-                _check_history_drafting(bootstrap.prepared, model)
             with log.phase("listen") as phase:
                 server = Server(bootstrap, model, settings, clock, listener)
                 phase.detail = server.url
@@ -221,6 +215,63 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         listener.close()
         bootstrap.close()
         raise
+
+
+def _cache_sizing(options: ServeOptions):
+    from helios_serve.runtime.cache_sizing import CacheSizing
+    from helios_serve.runtime.errors import RuntimeLoadError
+
+    try:
+        return CacheSizing(num_pages=options.num_pages, memory_bytes=options.kv_cache_memory,
+                           fraction=options.kv_cache_fraction)
+    except RuntimeLoadError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def _startup_log(prefix: str = "") -> StartupLog:
+    return StartupLog(emit=lambda line: click.echo(f"helios-serve: {prefix}{line}", err=True))
+
+
+def _core_path(core: str | os.PathLike[str]) -> Path:
+    path = Path(core)
+    if not path.is_file():
+        why = "is a directory" if path.is_dir() else "no such file"
+        raise StartupError(f"bad core: {path}: {why}")
+    return path
+
+
+def load_model(bootstrap: Bootstrap, path: Path, options: ServeOptions, settings, cache,
+               log: StartupLog, ranks=None):
+    """NativeModel.load for `bootstrap`'s core with the operator's options (the
+    --history-drafting check included); the model is closed on a failed check.
+
+    Raises:
+        StartupError: one line naming what is wrong.
+    """
+    from helios_tools.core.errors import CoreError
+
+    from helios_serve.runtime.errors import RuntimeLoadError
+    from helios_serve.runtime.native_model import NativeModel
+
+    try:
+        model = NativeModel.load(
+            bootstrap.prepared, bootstrap.core.read_resource, options.backend, cache=cache,
+            max_concurrency=settings.max_active,
+            speculative_width=options.speculative_width, log=log, ranks=ranks,
+            snapshots=options.snapshots, host_cache_bytes=options.host_cache_bytes,
+        )
+    except RuntimeLoadError as exc:
+        raise StartupError(" ".join(str(exc).split()), exc.rule) from None
+    except CoreError as exc:  # a weight or kernel resource failing its digests
+        raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}",
+                           "resource.integrity") from None
+    try:
+        if options.history_drafting:
+            _check_history_drafting(bootstrap.prepared, model)
+    except BaseException:
+        model.close()
+        raise
+    return model
 
 
 def _check_history_drafting(prepared, model) -> None:
@@ -306,6 +357,10 @@ class _OneLineUsage(click.Command):
               help="Deliver a choice's streamed output every N tokens (its first token and "
                    "its end at once): fewer, larger SSE chunks for less host work per token "
                    "at high concurrency (vLLM's --stream-interval).")
+@click.option("--engine-process", "engine_process", is_flag=True,
+              help="Run the model worker (scheduler, model, packing, host-feedback output) in "
+                   "an engine process and HTTP, preparation and the other output pipelines "
+                   "in this one (vLLM V1's split): their host work stops sharing one GIL.")
 @click.option("--resource-key", "resource_key", envvar=RESOURCE_KEY_ENV,
               help="AES-256 key file (32 raw bytes) of a ProtectedIndex version 4 core "
                    f"[env {RESOURCE_KEY_ENV}].")
@@ -329,8 +384,8 @@ class _OneLineUsage(click.Command):
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
          event_capacity, served_name, speculative_width, history_drafting, speculative_policy,
          num_pages, kv_cache_memory, kv_cache_fraction, snapshots, host_cache_bytes,
-         stream_interval, resource_key, api_key, demo, world, rank, peers, rank_key,
-         rank_timeout) -> None:  # fmt: skip
+         stream_interval, engine_process, resource_key, api_key, demo, world, rank, peers,
+         rank_key, rank_timeout) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
 
     Startup phases and their durations go to stderr as they end; the serving URL to stdout.
@@ -352,6 +407,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             kv_cache_memory=memory, kv_cache_fraction=kv_cache_fraction, api_key=api_key,
             history_drafting=history_drafting, speculative_policy=speculative_policy,
             snapshots=snapshots, host_cache_bytes=host_bytes, stream_interval=stream_interval,
+            engine_process=engine_process,
         )  # fmt: skip
         if demo:
             if core or trust or accept:

@@ -40,6 +40,7 @@ class ServeOptions:
     snapshots: int | None = None  # continuation rows; None: the core's prepared count; 0: off
     host_cache_bytes: int = 0  # host-memory cache tier; 0: none
     stream_interval: int = 1  # tokens per SSE delivery of a choice (vLLM's --stream-interval)
+    engine_process: bool = False  # the model worker in its own process (docs/serving.md)
 
 
 @dataclass(frozen=True)

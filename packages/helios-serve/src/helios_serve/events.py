@@ -12,6 +12,7 @@ import asyncio
 import weakref
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from helios_serve.engine.plan import SamplingParams, TokenLogprob
 from helios_serve.frontend.deltas import Delta
@@ -90,7 +91,34 @@ Event = Output | TokenObserved | Finished | Rejected | Failed
 TERMINAL_EVENTS = (Finished, Rejected, Failed)
 
 
-class EventSink:
+class SinkBase:
+    """What the worker needs of a response's sink: terminal bookkeeping and the mailbox
+    `deliver` hands its events to (an event loop's, or the engine process's channel)."""
+
+    _mailbox: Any  # post(batch): an event loop's _Mailbox or the engine's channel
+
+    def __init__(self, choices: int) -> None:
+        self._unfinished = choices  # worker-thread side
+        self.terminal_sent = False  # worker-thread side: no event after a terminal one
+
+    def publish(self, events: list[Event]) -> None:
+        """Called on the worker thread: hand events to the reader."""
+        deliver([(self, events)])
+
+    def _accept(self, events: list[Event]) -> bool:
+        """Worker thread: whether `events` may still be delivered (nothing after a
+        terminal event); marks the terminal one."""
+        if not events or self.terminal_sent:
+            return False
+        for event in events:
+            if isinstance(event, Finished):
+                self._unfinished -= 1
+            if isinstance(event, Rejected | Failed) or self._unfinished == 0:
+                self.terminal_sent = True
+        return True
+
+
+class EventSink(SinkBase):
     """A response's event queue, written by the worker thread and read on the HTTP loop.
 
     Storage grows as events arrive (a deque): the response's event budget is bounded by
@@ -106,28 +134,11 @@ class EventSink:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, choices: int = 1) -> None:
+        super().__init__(choices)
         self._loop = loop
         self._mailbox = _mailbox(loop)
         self._events: deque[Event] = deque()  # loop-thread side
         self._waiter: asyncio.Future[None] | None = None
-        self._unfinished = choices  # worker-thread side
-        self.terminal_sent = False  # worker-thread side: no event after a terminal one
-
-    def publish(self, events: list[Event]) -> None:
-        """Called on the worker thread: hand events to the HTTP loop."""
-        deliver([(self, events)])
-
-    def _accept(self, events: list[Event]) -> bool:
-        """Worker thread: whether `events` may still be delivered (nothing after a
-        terminal event); marks the terminal one."""
-        if not events or self.terminal_sent:
-            return False
-        for event in events:
-            if isinstance(event, Finished):
-                self._unfinished -= 1
-            if isinstance(event, Rejected | Failed) or self._unfinished == 0:
-                self.terminal_sent = True
-        return True
 
     def _put_all(self, events: list[Event]) -> None:
         self._events.extend(events)
@@ -152,14 +163,14 @@ class EventSink:
         return events
 
 
-def deliver(batches: list[tuple[EventSink, list[Event]]]) -> None:
+def deliver(batches: list[tuple[SinkBase, list[Event]]]) -> None:
     """Worker thread: hand several responses' events to their HTTP loop (one loop in a
     server) with at most one wake-up outstanding per loop.
 
     Events after a response's terminal event are dropped; a closed loop (its readers are
     gone) drops its events.
     """
-    by_loop: dict[_Mailbox, list[tuple[EventSink, list[Event]]]] = {}
+    by_loop: dict[Any, list[tuple[SinkBase, list[Event]]]] = {}
     for sink, events in batches:
         if sink._accept(events):
             by_loop.setdefault(sink._mailbox, []).append((sink, events))
@@ -220,12 +231,15 @@ class ChoiceState:
         sampling: its sampling parameters (its own seed: `PreparedRequest.choice_sampling`).
         pipeline: its output pipeline (detokenizer, stops, parsers); worker thread only.
         grammar: its grammar state (structured output), or None.
+        relayed: (engine process) its pipeline is a token relay: the frontend runs the
+            real one, decides the finish reason and counts the finished request.
     """
 
     index: int
     sampling: SamplingParams
     pipeline: OutputPipeline
     grammar: GrammarState | None
+    relayed: bool = False
 
 
 @dataclass(frozen=True)
@@ -244,7 +258,7 @@ class GenerationRequest:
     request_id: int
     prepared: PreparedRequest
     choices: tuple[ChoiceState, ...]
-    sink: EventSink
+    sink: SinkBase
     enqueue_ns: int | None = None
 
     @classmethod

@@ -11,7 +11,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # Rejection reasons (label values of helios_requests_rejected_total).
@@ -368,6 +368,60 @@ class Metrics:
         """Export the backend's load counters (`read()` at each scrape) and frame count."""
         self.registry.register(_RuntimeResources(read, frames))
 
-    def render(self) -> tuple[bytes, str]:
-        """The Prometheus text exposition and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+    def render(self, engine: list | None = None) -> tuple[bytes, str]:
+        """The Prometheus text exposition and its content type; with `engine` (the
+        engine process's `engine_families`), one exposition of both processes."""
+        if engine is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        merged = CollectorRegistry()
+        merged.register(_Merged(self.registry, engine))
+        return generate_latest(merged), CONTENT_TYPE_LATEST
+
+
+def engine_families(metrics: Metrics) -> list:
+    """The engine process's metric families as MessagePack-ready lists (for the
+    frontend's /metrics): [name, type, documentation, unit, [[sample, labels, value]]]."""
+    return [[f.name, f.type, f.documentation, f.unit,
+             [[s.name, s.labels, s.value] for s in f.samples]]
+            for f in metrics.registry.collect()]
+
+
+class _Merged:
+    """One exposition of two processes' registries with the same metric names (the
+    frontend's and the engine's `Metrics`): each counter, gauge and histogram sample
+    is the sum of both (each process moves only its own share: the other's stays at
+    zero), `_created` the earlier of the two; families only the engine has (runtime
+    resources) are added as they are."""
+
+    def __init__(self, registry: CollectorRegistry, engine: list) -> None:
+        self._registry = registry
+        self._engine = engine
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        remote = {}
+        for name, typ, doc, unit, samples in self._engine:
+            remote[name] = (typ, doc, unit, {(s, tuple(sorted(labels.items()))): value
+                                             for s, labels, value in samples})
+        for family in self._registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            other = remote.pop(family.name, None)
+            extra = other[3] if other is not None else {}
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                value = sample.value
+                if key in extra:
+                    theirs = extra.pop(key)
+                    value = min(value, theirs) if sample.name.endswith("_created") \
+                        else value + theirs
+                out.add_sample(sample.name, sample.labels, value)
+            for (name, labels), value in extra.items():
+                out.add_sample(name, dict(labels), value)
+            yield out
+        for name, (typ, doc, unit, samples) in remote.items():
+            out = Metric(name, doc, typ, unit)
+            for (sample, labels), value in samples.items():
+                out.add_sample(sample, dict(labels), value)
+            yield out

@@ -23,6 +23,7 @@ import uvicorn
 from helios_serve.bootstrap import Bootstrap
 from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeSettings
+from helios_serve.engine_process import EngineClient
 from helios_serve.http.access import QuietCancelledConnections
 from helios_serve.http.app import build_app
 from helios_serve.http.service import ApiService
@@ -63,10 +64,12 @@ class Server:
 
     Args:
         bootstrap: the loaded core's serving metadata and frontend assets.
-        model: NativeModel (or the test-only ScriptedModel).
+        model: NativeModel (or the test-only ScriptedModel); None with `engine`.
         settings: resolved settings (host, port 0 picks a free port).
         clock: the observation clock made right before the model loaded.
         listener: a socket from `bind_listener`, or None to bind settings.host/port here.
+        engine: the engine process (helios-serve --engine-process) serving the model in
+            place of a worker thread here.
     """
 
     def __init__(
@@ -76,22 +79,30 @@ class Server:
         settings: ServeSettings,
         clock: ObservationClock,
         listener: socket.socket | None = None,
+        *,
+        engine: EngineClient | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.metrics = Metrics()
-        counters = getattr(getattr(model, "backend", None), "counters", None)
-        if counters is not None:  # NativeModel (the scripted test backend has none)
-            self.metrics.watch_runtime(lambda: counters, model.frames)
-        self.worker = ModelWorker(
-            model,
-            clock,
-            self.metrics,
-            max_active=settings.max_active,
-            queue_capacity=settings.queue_capacity,
-            history_drafting=settings.history_drafting,
-            width_policy=settings.width_policy,
-            stream_interval=settings.stream_interval,
-        )
+        self.engine = engine
+        self.worker: ModelWorker | EngineClient
+        if engine is not None:  # --engine-process: the model worker runs there
+            engine.metrics = self.metrics
+            self.worker = engine
+        else:
+            counters = getattr(getattr(model, "backend", None), "counters", None)
+            if counters is not None:  # NativeModel (the scripted test backend has none)
+                self.metrics.watch_runtime(lambda: counters, model.frames)
+            self.worker = ModelWorker(
+                model,
+                clock,
+                self.metrics,
+                max_active=settings.max_active,
+                queue_capacity=settings.queue_capacity,
+                history_drafting=settings.history_drafting,
+                width_policy=settings.width_policy,
+                stream_interval=settings.stream_interval,
+            )
         slots = self.worker.geometry.slots
         if settings.max_active > slots:
             # Load-time selection may reduce captured concurrency, never raise it; HTTP
@@ -126,30 +137,43 @@ class Server:
         clock: ObservationClock,
         *,
         timeout_s: float = 30.0,
+        engine: EngineClient | None = None,
     ) -> Server:
         """Start the worker and the listener in background threads; return once serving.
 
         Raises:
             RuntimeError: the listener did not come up within timeout_s.
         """
-        server = cls(bootstrap, model, settings, clock)
-        server.worker.start()
-        server._thread = threading.Thread(target=server._serve, name="helios-http", daemon=True)
-        server._thread.start()
+        server = cls(bootstrap, model, settings, clock, engine=engine)
+        server.serve_in_background(timeout_s)
+        return server
+
+    def serve_in_background(self, timeout_s: float = 30.0) -> None:
+        """Start the worker and the listener in background threads; return once serving.
+
+        Raises:
+            RuntimeError: the listener did not come up within timeout_s.
+        """
+        self._start_worker()
+        self._thread = threading.Thread(target=self._serve, name="helios-http", daemon=True)
+        self._thread.start()
         deadline = time.monotonic() + timeout_s
-        while not server._uvicorn.started:
-            if not server._thread.is_alive() or time.monotonic() > deadline:
-                server.stop()
+        while not self._uvicorn.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
                 raise RuntimeError("the HTTP listener did not start")
             time.sleep(0.01)
-        return server
+
+    def _start_worker(self) -> None:
+        if self.engine is None:  # the engine process runs its worker since it loaded
+            self.worker.start()  # type: ignore[union-attr]
 
     def _serve(self) -> None:
         self._uvicorn.run(sockets=[self._socket])
 
     def run(self) -> None:
         """Serve in this thread until interrupted (SIGINT/SIGTERM), then shut down."""
-        self.worker.start()
+        self._start_worker()
         try:
             self._serve()
         except KeyboardInterrupt:  # uvicorn re-raises the captured SIGINT after draining

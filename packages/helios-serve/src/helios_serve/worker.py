@@ -685,7 +685,8 @@ class ModelWorker:
         summary: FinishedRequest = live.ended or self.scheduler.finish(
             live.sched_id, reason, output_tokens, publish=publish)
         del self._live[live.sched_id]
-        self.metrics.requests_finished.labels(reason.value).inc()
+        if not live.choice.relayed:  # a relayed choice's reason is the frontend's
+            self.metrics.requests_finished.labels(reason.value).inc()
         if live.first_token_s is not None:
             self.metrics.decode_time.observe(max(0.0, now_s - live.first_token_s))
         state = self._requests[request.request_id]

@@ -159,7 +159,8 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(field, _one_line(matcher.get_error()))
-        return GrammarState(matcher, self.mask_words, frozenset(self._fe.eos_token_ids))
+        return GrammarState(matcher, self.mask_words, frozenset(self._fe.eos_token_ids),
+                            lark)
 
     def grammar(
         self,
@@ -374,10 +375,11 @@ class GrammarState:
     """
 
     def __init__(self, matcher: llguidance.LLMatcher, mask_words: int,
-                 eos_token_ids: frozenset[int] = frozenset()) -> None:
+                 eos_token_ids: frozenset[int] = frozenset(), lark: str | None = None) -> None:
         self._m = matcher
         self.mask_words = mask_words
         self._eos = eos_token_ids
+        self.lark = lark  # the source (the engine process compiles it again)
 
     def fill_mask(self, out_row: np.ndarray) -> None:
         """Write the allowed-token bitmask.
@@ -438,7 +440,7 @@ class GrammarState:
 
     def fork(self) -> GrammarState:
         """An independent copy in the same state (one per choice of n > 1)."""
-        return GrammarState(self._m.deep_copy(), self.mask_words, self._eos)
+        return GrammarState(self._m.deep_copy(), self.mask_words, self._eos, self.lark)
 
     def advance(self, token_id: int) -> bool:
         """Consume a sampled token; False when the grammar rejects it (error state)."""

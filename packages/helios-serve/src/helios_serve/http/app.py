@@ -263,7 +263,7 @@ async def health(request: Request) -> Response:
 @get("/metrics", media_type=MediaType.TEXT)
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
-    data, content_type = _service(request).metrics.render()
+    data, content_type = await _service(request).render_metrics()
     return Response(data, media_type=content_type, status_code=200)
 
 

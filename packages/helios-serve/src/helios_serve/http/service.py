@@ -23,6 +23,7 @@ from typing import TypeVar
 from helios_serve.bootstrap import Bootstrap
 from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeSettings
+from helios_serve.engine_process import EngineClient
 from helios_serve.events import EventSink, GenerationRequest
 from helios_serve.frontend.errors import FrontendRequestError
 from helios_serve.frontend.prepare import CapacityExceeded as PrepCapacityExceeded
@@ -82,7 +83,7 @@ class ApiService:
 
     Args:
         bootstrap: the loaded core (frontend, template, defaults).
-        worker: the model worker.
+        worker: the model worker (or the engine process's client).
         settings: resolved settings.
         metrics: the server's metrics.
         clock: the observation clock.
@@ -91,7 +92,7 @@ class ApiService:
     def __init__(
         self,
         bootstrap: Bootstrap,
-        worker: ModelWorker,
+        worker: ModelWorker | EngineClient,
         settings: ServeSettings,
         metrics: Metrics,
         clock: ObservationClock,
@@ -116,6 +117,14 @@ class ApiService:
         self.admission = Admission(
             self.settings.http_capacity, self.settings.frontend_workers, self.metrics
         )
+        if isinstance(self.worker, EngineClient):  # its channel is read on this loop
+            self.worker.attach(asyncio.get_running_loop())
+
+    async def render_metrics(self) -> tuple[bytes, str]:
+        """The /metrics exposition (with the engine process's share when there is one)."""
+        if isinstance(self.worker, EngineClient):
+            return self.metrics.render(await self.worker.scrape())
+        return self.metrics.render()
 
     def close(self) -> None:
         if self.admission is not None:

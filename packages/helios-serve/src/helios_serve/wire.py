@@ -1,0 +1,175 @@
+"""The engine <-> frontend channel's messages (helios-serve --engine-process).
+
+docs/serving.md, "Design: engine process + frontend process": one msgspec message per
+admission (frontend -> engine, the `PreparedRequest` minus its output objects), cancels
+and scrapes on the same channel, and one message per step engine -> frontend holding
+every response's events of that step. The framing is `multiprocessing.connection`'s
+(length-prefixed messages over a socket pair); the payloads are MessagePack
+(msgspec, as vLLM V1 sends msgpack over ZeroMQ).
+
+Frontend -> engine messages are tagged msgspec Structs decoded with their types;
+engine -> frontend events are plain MessagePack arrays (decoded untyped: the hot path)
+whose first element names the event:
+
+    Output         [0, choice, completion_tokens, deltas | None, token ids | None, logprobs]
+    TokenObserved  [1, choice, token_id, timestamp_ns | None]
+    Finished       [2, choice, reason, prompt_tokens, completion_tokens, reused_prompt_tokens]
+    Rejected       [3, message, admission reason | None]
+    Failed         [4, message]
+
+A delta is [0, text] (content), [1, text] (reasoning), [2, index, id, name] (tool call
+start) or [3, index, text] (tool call arguments). An Output of a relayed choice (one
+without host feedback: its pipeline runs in the frontend) carries token ids instead of
+deltas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from helios_serve.engine.plan import SamplingParams, TokenLogprob
+from helios_serve.events import (
+    AdmissionReason,
+    Event,
+    Failed,
+    Finished,
+    FinishReason,
+    Output,
+    Rejected,
+    TokenObserved,
+)
+from helios_serve.frontend.deltas import (
+    ContentDelta,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallStart,
+)
+from helios_serve.frontend.prepare import PipelineArgs
+from helios_serve.frontend.stops import StopSpec
+
+# engine -> frontend message kinds (first element of the array)
+STEP_EVENTS = 0  # [0, [[request_id, [event, ...]], ...]]
+METRICS_REPLY = 1  # [1, token, families]  (see metrics.engine_families)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """Engine side: one sampled id of a relayed choice, carried in `Output.deltas` in
+    place of presentation deltas (the frontend's pipeline turns it into text)."""
+
+    token_id: int
+
+
+class WireRequest(msgspec.Struct, array_like=True):
+    """A `GenerationRequest` as the engine rebuilds it (its PreparedRequest's fields;
+    `pipeline` and `grammar` only when the engine runs the choices' output pipelines)."""
+
+    request_id: int
+    enqueue_ns: int | None
+    first_index: int
+    relayed: bool  # no host feedback: the frontend runs the output pipeline
+    prompt_text: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    max_output_tokens: int
+    limit_field: str | None
+    prompt_field: str
+    stops: StopSpec
+    n: int
+    logprobs: int | None
+    logit_bias: tuple[tuple[int, float], ...]
+    ignore_eos: bool
+    min_tokens: int
+    observe_ids: bool
+    observe_timestamps: bool
+    publish_endpoints: tuple[int, ...]
+    pipeline: PipelineArgs | None  # the engine's pipelines (requests needing feedback)
+    grammar: str | None  # the Lark grammar llguidance compiled in the frontend
+    grammar_field: str = "response_format"
+
+
+class Admit(msgspec.Struct, tag=True, array_like=True):
+    requests: list[WireRequest]
+
+
+class Cancel(msgspec.Struct, tag=True, array_like=True):
+    request_ids: list[int]
+
+
+class Scrape(msgspec.Struct, tag=True, array_like=True):
+    token: int
+
+
+class Stop(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+ToEngine = Admit | Cancel | Scrape | Stop
+
+encoder = msgspec.msgpack.Encoder()
+to_engine_decoder = msgspec.msgpack.Decoder(ToEngine)
+to_frontend_decoder = msgspec.msgpack.Decoder()
+
+
+def encode_delta(d: Any) -> list:
+    if type(d) is ContentDelta:
+        return [0, d.text]
+    if type(d) is ReasoningDelta:
+        return [1, d.text]
+    if type(d) is ToolCallStart:
+        return [2, d.index, d.id, d.name]
+    if type(d) is ToolCallArguments:
+        return [3, d.index, d.text]
+    raise TypeError(f"not a presentation delta: {d!r}")
+
+
+def decode_delta(x: list) -> Any:
+    kind = x[0]
+    if kind == 0:
+        return ContentDelta(x[1])
+    if kind == 1:
+        return ReasoningDelta(x[1])
+    if kind == 2:
+        return ToolCallStart(x[1], x[2], x[3])
+    return ToolCallArguments(x[1], x[2])
+
+
+def encode_event(e: Event) -> list:
+    """One event as a MessagePack-ready array (the table in the module docstring)."""
+    if type(e) is Output:
+        tokens = [d.token_id for d in e.deltas if type(d) is TokenDelta]
+        deltas = None if tokens else [encode_delta(d) for d in e.deltas]
+        logprobs = [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in e.logprobs]
+        return [0, e.choice, e.completion_tokens, deltas, tokens or None, logprobs]
+    if type(e) is TokenObserved:
+        return [1, e.choice, e.token_id, e.timestamp_ns]
+    if type(e) is Finished:
+        return [2, e.choice, e.reason.value, e.prompt_tokens, e.completion_tokens,
+                e.reused_prompt_tokens]
+    if type(e) is Rejected:
+        return [3, e.message, None if e.reason is None else e.reason.value]
+    if type(e) is Failed:
+        return [4, e.message]
+    raise TypeError(f"not an event: {e!r}")
+
+
+def decode_event(x: list) -> Event | tuple[int, list[int], Output]:
+    """The event an array encodes. A relayed choice's Output comes back as
+    (choice, token ids, the Output without deltas): the frontend feeds its pipeline."""
+    kind = x[0]
+    if kind == 0:
+        logprobs = tuple(TokenLogprob(t, lp, tuple((a, b) for a, b in top))
+                         for t, lp, top in x[5])
+        if x[4] is not None:
+            return (x[1], x[4], Output((), x[1], logprobs, x[2]))
+        return Output(tuple(decode_delta(d) for d in x[3]), x[1], logprobs, x[2])
+    if kind == 1:
+        return TokenObserved(x[2], x[3], x[1])
+    if kind == 2:
+        return Finished(FinishReason(x[2]), x[3], x[4], x[5], x[1])
+    if kind == 3:
+        return Rejected(x[1], None if x[2] is None else AdmissionReason(x[2]))
+    return Failed(x[1])
