@@ -167,8 +167,6 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
     from helios_serve.clock import ObservationClock
     from helios_serve.server import Server, bind_listener
 
-    if options.engine_process and ranks is not None:
-        raise StartupError("--engine-process does not serve process ranks (--world) yet")
     cache = _cache_sizing(options)
     log = _startup_log()
     path = _core_path(core)
@@ -422,6 +420,8 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             if accept is None:
                 raise StartupError("missing --accept NAMESPACE (the publisher namespace)")
             core_path = core
+        if engine_process and world is not None:
+            raise StartupError("--engine-process does not serve process ranks (--world) yet")
         ranks = _process_ranks(world, rank, peers, rank_key, backend, rank_timeout)
         if ranks is not None and ranks.rank > 0:
             serve_rank_process(core_path, list(trust), accept, options, ranks,

@@ -11,7 +11,8 @@ docs/serving.md, "Design: engine process + frontend process (vLLM V1's split)". 
 process serves at most 1 / (worker + HTTP loop) GIL-held time per token; split, each
 process's GIL holds only its own share.
 
-The channel is a `multiprocessing` pipe (length-prefixed messages on a socket pair);
+The channel is a `multiprocessing.connection.Connection` over a socket pair
+(length-prefixed messages);
 its payloads are msgspec MessagePack (`wire`). Frontend -> engine: one `Admit` per
 admitted request, `Cancel` when a reader drops its response, `Scrape` for /metrics and
 `Stop`. Engine -> frontend: one message per step with every response's events of that
@@ -37,12 +38,17 @@ startup failure in the engine process comes back as one `StartupError` line (exi
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import logging
-import multiprocessing
+import os
+import signal
+import socket
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 from helios_serve.bootstrap import StartupError
@@ -191,6 +197,42 @@ def _engine_requests(wire: WireRequest, frontend, grammars, channel: _Channel,
     return GenerationRequest(wire.request_id, prepared, choices, sink, wire.enqueue_ns)
 
 
+class _Process:
+    """The engine's `subprocess.Popen` with the few process calls the client makes."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        try:
+            self._popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill(self) -> None:
+        if self.is_alive():
+            self._popen.kill()
+
+
+def run_engine(fd: int) -> None:
+    """The engine process's entry: its end of the channel is file descriptor `fd`; the
+    first message on it is the pickled EngineSpec."""
+    conn = Connection(fd)
+    try:
+        spec = conn.recv()
+    except (EOFError, OSError):
+        sys.exit(1)
+    engine_main(conn, spec)
+
+
 def engine_main(conn, spec: EngineSpec) -> None:
     """The engine process: load, report ("ready", geometry) or ("error", line, rule),
     then serve the channel until Stop or until the frontend disappears."""
@@ -202,6 +244,11 @@ def engine_main(conn, spec: EngineSpec) -> None:
     from helios_serve.metrics import Metrics
     from helios_serve.worker import ModelWorker
 
+    # The frontend owns this process's lifetime (Stop, or EOF when it is gone): a
+    # terminal's Ctrl-C or a SIGTERM sent to the process group must let the frontend
+    # drain its requests through this engine, not kill it first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
     options = spec.options
@@ -297,7 +344,7 @@ class EngineClient:
         geometry: the serving geometry the engine reported.
     """
 
-    def __init__(self, process, conn, geometry: ModelGeometry) -> None:
+    def __init__(self, process: _Process, conn: Connection, geometry: ModelGeometry) -> None:
         self._process = process
         self._conn = conn
         self.geometry = geometry
@@ -315,19 +362,25 @@ class EngineClient:
 
     @classmethod
     def start(cls, spec: EngineSpec) -> EngineClient:
-        """Spawn the engine process and wait until it loaded the model.
+        """Start the engine process and wait until it loaded the model.
+
+        The engine is a fresh interpreter (`python -c ... run_engine(fd)`) given one end
+        of a socket pair: unlike multiprocessing's spawn it never re-imports the caller's
+        main module, so a script without a `__main__` guard can start a server too.
 
         Raises:
             StartupError: the engine's own startup error (one line, its rule), or the
                 process exited without one.
         """
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe()
-        process = ctx.Process(target=engine_main, args=(child, spec), name="helios-engine",
-                              daemon=True)
-        process.start()
-        child.close()  # the engine holds the other end: its exit reads as EOF here
+        ours, theirs = socket.socketpair()
+        code = f"from helios_serve.engine_process import run_engine; run_engine({theirs.fileno()})"
+        process = _Process(subprocess.Popen([sys.executable, "-c", code],
+                                            pass_fds=(theirs.fileno(),)))
+        atexit.register(_reap, process)  # an engine left running when this process exits
+        theirs.close()  # the engine holds the other end: its exit reads as EOF here
+        parent = Connection(ours.detach())
         try:
+            parent.send(spec)
             if not parent.poll(ENGINE_START_TIMEOUT_S):
                 raise StartupError("the engine process did not finish loading within "
                                    f"{ENGINE_START_TIMEOUT_S:.0f} s")
@@ -350,7 +403,11 @@ class EngineClient:
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the HTTP event loop, before serving: read the channel there."""
         self._loop = loop
-        loop.add_reader(self._conn.fileno(), self._readable)
+        fd = self._conn.fileno()
+        loop.add_reader(fd, self._readable)
+        # libuv (uvloop) makes a polled descriptor non-blocking; the channel's reads and
+        # writes are whole messages: blocking, like the Connection expects.
+        os.set_blocking(fd, True)
 
     # -- the model worker's interface (HTTP loop) -----------------------------------
 
@@ -409,10 +466,7 @@ class EngineClient:
         if self._process.is_alive():
             self._send(Stop())
             self._process.join(timeout_s)
-        if self._process.is_alive():
-            self._process.terminate()
-            self._process.join(5.0)
-        if self._process.is_alive():
+        if self._process.is_alive():  # it ignores SIGTERM: the frontend owns its lifetime
             self._process.kill()
             self._process.join()
         if self._loop is not None and not self._loop.is_closed():
@@ -527,10 +581,18 @@ class EngineClient:
         self._scrapes.clear()
 
 
+def _reap(process) -> None:
+    """At interpreter exit: an engine still running (no `stop`) is killed (it ignores
+    SIGTERM)."""
+    if process.is_alive():
+        process.kill()
+        process.join(5.0)
+
+
 def _put(sink: EventSink, events: list) -> None:
     """Loop thread: events to a sink at once (the engine's terminal rule applies)."""
     if sink._accept(events):
         sink._put_all(events)
 
 
-__all__ = ["EngineClient", "EngineSpec", "TokenRelay", "engine_main"]
+__all__ = ["EngineClient", "EngineSpec", "TokenRelay", "engine_main", "run_engine"]

@@ -1,0 +1,344 @@
+"""helios-serve --engine-process (docs/serving.md, "Design: engine process + frontend
+process"): the same answers, statuses and metrics as the one-process server, a dropped
+reader cancelled through the channel, and the engine process's death failing live
+requests and /health instead of hanging.
+
+The tiny model serves real weights on the CPU in both modes (tests/e2e/conftest.py);
+greedy and seeded answers are deterministic, so each request's response in the engine
+mode is compared field for field with the one-process server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.tiny_model import serve_error_line
+
+SERVE = os.path.join(os.path.dirname(sys.executable), "helios-serve")
+MODEL = "tiny-served"
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def _post(server, path: str, body: dict) -> tuple[int, object]:
+    r = httpx.post(server.url + path, json=body, timeout=120)
+    return r.status_code, r.json()
+
+
+def _stream(server, path: str, body: dict) -> tuple[int, list]:
+    events = []
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True},
+                      timeout=120) as r:
+        if r.status_code != 200:
+            r.read()
+            return r.status_code, [r.json()]
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                events.append(data if data == "[DONE]" else json.loads(data))
+    return 200, events
+
+
+def _normal(value):
+    """A response without what differs between two servers by design: ids, creation
+    times, tool-call ids, prefix-cache hits (each server's cache history) and logprob
+    rounding (a cached prompt sums in another order)."""
+    if isinstance(value, dict):
+        return {k: _normal(v) for k, v in value.items()
+                if k not in ("id", "created", "prompt_tokens_details")}
+    if isinstance(value, list | tuple):
+        return [_normal(v) for v in value]
+    if isinstance(value, float):
+        return round(value, 3)
+    return value
+
+
+def _accumulated(events: list) -> dict:
+    """A stream's content per choice (chunk boundaries follow delivery timing, which
+    differs between the two servers): text, logprob entries, token ids, finish reason."""
+    choices: dict[int, dict] = {}
+    for event in events:
+        if event == "[DONE]":
+            choices[-1] = {"done": True}
+            continue
+        for c in event.get("choices") or ():
+            acc = choices.setdefault(c["index"], {"text": "", "logprobs": [], "ids": [],
+                                                  "finish_reason": None})
+            delta = c.get("delta") or {}
+            acc["text"] += c.get("text") or delta.get("content") or ""
+            logprobs = c.get("logprobs") or {}
+            acc["logprobs"] += logprobs.get("content") or logprobs.get("tokens") or []
+            acc["ids"] += c.get("token_ids") or []
+            acc["finish_reason"] = c.get("finish_reason") or acc["finish_reason"]
+    return choices
+
+
+def _chat(**kw) -> dict:
+    return {"model": MODEL, "messages": HELLO, "max_tokens": 12, "temperature": 0, **kw}
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+          "additionalProperties": False}
+REQUESTS = {
+    "chat": ("/v1/chat/completions", _chat()),
+    "chat_seeded_n2": ("/v1/chat/completions", _chat(temperature=0.8, seed=7, n=2)),
+    "chat_logprobs": ("/v1/chat/completions", _chat(logprobs=True, top_logprobs=2)),
+    "chat_token_ids": ("/v1/chat/completions", _chat(return_token_ids=True,
+                                                     ignore_eos=True, max_tokens=20)),
+    "json_schema": ("/v1/chat/completions", _chat(max_tokens=24, response_format={
+        "type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}})),
+    "json_object": ("/v1/chat/completions", _chat(max_tokens=16,
+                                                  response_format={"type": "json_object"})),
+    "completions_prompts_n2": ("/v1/completions", {
+        "model": MODEL, "prompt": ["once upon", "a time"], "n": 2, "max_tokens": 6,
+        "temperature": 0.8, "seed": 1, "logprobs": 1}),
+}
+
+
+@pytest.mark.parametrize("name", list(REQUESTS))
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_engine_process_answers_as_the_one_process_server(tiny_thread_server,
+                                                          tiny_engine_server, name, stream):
+    path, body = REQUESTS[name]
+    if stream:
+        (status, events), (got_status, got) = (_stream(s, path, body) for s in
+                                               (tiny_thread_server, tiny_engine_server))
+        assert status == got_status == 200, events
+        assert _normal(_accumulated(got)) == _normal(_accumulated(events))
+        assert got[-1] == "[DONE]"
+    else:
+        expected = _post(tiny_thread_server, path, body)
+        assert expected[0] == 200, expected
+        assert _normal(_post(tiny_engine_server, path, body)) == _normal(expected)
+
+
+def _ids_and_text(server) -> tuple[list[int], str]:
+    status, body = _post(server, "/v1/chat/completions",
+                         _chat(max_tokens=20, ignore_eos=True, return_token_ids=True))
+    assert status == 200, body
+    choice = body["choices"][0]
+    return choice["token_ids"], choice["message"]["content"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_host_stops_run_in_the_engine_and_answer_alike(tiny_thread_server, tiny_engine_server,
+                                                       stream):
+    """String and token stops need host feedback: their pipelines run in the engine."""
+    ids, text = _ids_and_text(tiny_thread_server)
+    assert _ids_and_text(tiny_engine_server) == (ids, text)
+    stop_text = text[len(text) // 2:len(text) // 2 + 2]
+    for extra in ({"stop": [stop_text]}, {"stop_token_ids": [ids[5]]}):
+        body = _chat(max_tokens=20, ignore_eos=True, **extra)
+        if stream:
+            expected = _accumulated(_stream(tiny_thread_server, "/v1/chat/completions", body)[1])
+            got = _accumulated(_stream(tiny_engine_server, "/v1/chat/completions", body)[1])
+            assert got == expected and got[0]["finish_reason"] == "stop", got
+            continue
+        expected = _post(tiny_thread_server, "/v1/chat/completions", body)
+        got = _post(tiny_engine_server, "/v1/chat/completions", body)
+        assert _normal(got) == _normal(expected)
+        if not stream:
+            choice = got[1]["choices"][0]
+            assert choice["finish_reason"] == "stop" and len(choice["message"]["content"]) < \
+                len(text), got
+
+
+def _samples(server) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_have_the_same_names_and_labels_and_gauges_move(tiny_thread_server,
+                                                                tiny_engine_server):
+    one, split = _samples(tiny_thread_server), _samples(tiny_engine_server)
+    assert set(split) == set(one)
+    for key in [k for k in one if k[0].endswith("_capacity") or k[0] ==
+                "helios_execution_frames" or k[0] == "helios_runtime_resources"]:
+        assert split[key] == one[key], key  # set by the engine's worker and backend
+    before = _samples(tiny_engine_server)
+    done = threading.Event()
+    body = _chat(max_tokens=200, ignore_eos=True)
+    reader = threading.Thread(target=lambda: (_post(tiny_engine_server,
+                                                    "/v1/chat/completions", body), done.set()))
+    reader.start()
+    running = []
+    while not done.is_set():
+        running.append(_samples(tiny_engine_server)[("helios_requests_running", ())])
+        time.sleep(0.01)
+    reader.join()
+    assert max(running) == 1.0  # the engine's gauge, read through the frontend's /metrics
+    after = _samples(tiny_engine_server)
+    assert after[("helios_requests_running", ())] == 0.0
+    assert after[("helios_generation_tokens_total", ())] - \
+        before[("helios_generation_tokens_total", ())] == 200
+    assert after[("helios_requests_finished_total", (("reason", "length"),))] - \
+        before[("helios_requests_finished_total", (("reason", "length"),))] == 1
+    assert after[("helios_requests_received_total", ())] - \
+        before[("helios_requests_received_total", ())] == 1
+
+
+def test_a_dropped_stream_cancels_through_the_channel(tiny_engine_server):
+    key = ("helios_requests_finished_total", (("reason", "cancelled"),))
+    before = _samples(tiny_engine_server)[key]
+    body = _chat(max_tokens=220, ignore_eos=True, stream=True)
+    with httpx.stream("POST", tiny_engine_server.url + "/v1/chat/completions", json=body,
+                      timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+    deadline = time.monotonic() + 30
+    while True:
+        samples = _samples(tiny_engine_server)
+        if samples[key] == before + 1 and samples[("helios_requests_running", ())] == 0:
+            break
+        assert time.monotonic() < deadline, samples[key]
+        time.sleep(0.05)
+    # The generation stopped early: far fewer than 240 tokens of it were generated.
+    assert httpx.get(tiny_engine_server.url + "/health").status_code == 200
+
+
+def test_tool_calls_finish_reason_is_the_frontend_parsers():
+    """A relayed choice's tokens reach the frontend pipeline; EOS after a parsed call
+    ends it with tool_calls (the engine's Finished said stop), counted once, there."""
+    from helios_serve.engine_process import EngineClient, TokenRelay, _Remote
+    from helios_serve.events import ChoiceState, EventSink, Finished, FinishReason, Output
+    from helios_serve.frontend.pipeline import Frontend
+    from helios_serve.frontend.syntax import (
+        CHATML_BOUNDARIES,
+        JSON_IN_TAGS,
+        FrontendSyntax,
+        ReasoningParser,
+        ToolParser,
+    )
+    from helios_serve.frontend.testing import ScriptTokenizer
+    from helios_serve.frontend.testing import Special as S
+    from helios_serve.metrics import Metrics
+    from helios_serve.wire import encode_event
+
+    st = ScriptTokenizer(["<tool_call>", "</tool_call>", "<|eos|>"])
+    eos = st.special_id("<|eos|>")
+    syntax = FrontendSyntax(tool_parser=ToolParser.JSON_IN_TAGS,
+                            reasoning_parser=ReasoningParser.NONE, tool_syntax=JSON_IN_TAGS,
+                            assistant_boundaries=CHATML_BOUNDARIES)
+    fe = Frontend(syntax, st.tokenizer, [eos])
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}}}}]
+    ids = st.ids([S("<tool_call>"), *'{"name": "f", "arguments": {"x": 1}}',
+                  S("</tool_call>"), S("<|eos|>")])
+
+    async def run():
+        relay = TokenRelay(frozenset([eos]))  # the engine side
+        engine_events = [Output(tuple(relay.feed(t)), 0, (), i + 1) for i, t in enumerate(ids)]
+        assert relay.finish_reason is FinishReason.STOP
+        engine_events.append(Finished(relay.finish_reason, 3, len(ids), 0))
+        client = EngineClient(None, None, None)
+        client.metrics = Metrics()
+        sink = EventSink(asyncio.get_running_loop())
+        request = type("R", (), {"sink": sink, "choices": (
+            ChoiceState(0, None, fe.output_pipeline(tools=tools), None),)})()
+        client._live[5] = _Remote(request, 1, True)
+        client._handle([0, [[5, [encode_event(e) for e in engine_events]]]])
+        assert 5 not in client._live  # its last choice finished
+        return sink.drain(), client.metrics
+
+    events, metrics = asyncio.run(run())
+    assert type(events[-1]) is Finished and events[-1].reason is FinishReason.TOOL_CALLS
+    starts = [d for e in events if type(e) is Output for d in e.deltas
+              if type(d).__name__ == "ToolCallStart"]
+    assert [d.name for d in starts] == ["f"]
+    assert metrics.requests_finished.labels("tool_calls")._value.get() == 1
+
+
+# ---- startup failures and the engine process's death (a server of its own) ----
+
+
+@pytest.mark.parametrize("extra", [["--backend", "cuda"], ["--history-drafting"]],
+                         ids=["cuda", "history"])
+def test_an_engine_startup_failure_is_the_same_line_and_exit_code(tiny_served, extra):
+    core = tiny_served.core
+    command = [SERVE, str(core.path), "--trust", str(core.public_key), "--accept",
+               core.namespace, "--port", "0", *extra]
+    one = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    split = subprocess.run([*command, "--engine-process"], capture_output=True, text=True,
+                           timeout=120)
+    assert one.returncode == split.returncode == 2
+    assert serve_error_line(split.stderr) == serve_error_line(one.stderr)
+
+
+def test_engine_process_refuses_process_ranks(tiny_served):
+    core = tiny_served.core
+    r = subprocess.run([SERVE, str(core.path), "--trust", str(core.public_key), "--accept",
+                        core.namespace, "--port", "0", "--engine-process", "--world", "2",
+                        "--peers", "127.0.0.1:1,127.0.0.1:2", "--rank-key", "/nonexistent"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert serve_error_line(r.stderr) == \
+        "helios-serve: error: --engine-process does not serve process ranks (--world) yet"
+
+
+@pytest.fixture
+def small_engine_server(tiny_served):
+    """An engine-process server with two slots and a queue of one (killed by its test)."""
+    from helios_serve.cli import start
+    from helios_serve.config import ServeOptions
+
+    core = tiny_served.core
+    server = start(core.path, [str(core.public_key)], core.namespace,
+                   ServeOptions(port=0, max_active=2, queue_capacity=1, engine_process=True))
+    server.serve_in_background()
+    yield server
+    server.stop()
+    server.bootstrap.close()
+
+
+def test_engine_rejection_is_503_and_its_death_fails_requests_and_health(small_engine_server):
+    server = small_engine_server
+    assert httpx.get(server.url + "/health").status_code == 200
+    body = _chat(max_tokens=220, ignore_eos=True, stream=True, n=2, temperature=0.8, seed=1)
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                      timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+        # Both slots run; a JSON request waits in the engine's queue (of one).
+        waiting: list = []
+        queued = threading.Thread(target=lambda: waiting.append(
+            _post(server, "/v1/chat/completions", _chat())))
+        queued.start()
+        deadline = time.monotonic() + 30
+        while _samples(server)[("helios_requests_waiting", ())] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # The queue cannot take two more choices: the engine's Rejected is a 503.
+        status, rejected = _post(server, "/v1/chat/completions",
+                                 _chat(n=2, temperature=0.8, seed=2))
+        assert status == 503, rejected
+        assert rejected["error"]["message"] == "the admission queue is full (1 waiting)"
+        # The engine dies: the live stream gets one SSE error event and no [DONE], the
+        # waiting JSON request a 500.
+        os.kill(server.engine.pid, signal.SIGKILL)
+        rest = [line for line in lines if line.startswith("data: ")]
+    queued.join(30)
+    assert waiting[0][0] == 500, waiting
+    assert waiting[0][1]["error"]["message"] == "the engine process exited (exit code -9)"
+    errors = [json.loads(line[6:]) for line in rest if '"error"' in line]
+    assert rest[-1] != "data: [DONE]" and len(errors) == 1, rest[-3:]
+    assert errors[0]["error"]["message"] == "the engine process exited (exit code -9)"
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 503 and health.json()["status"] == "unhealthy"
+    status, body = _post(server, "/v1/chat/completions", _chat())
+    assert status == 503 and body["error"]["message"] == "the model worker is not running"
+    assert httpx.get(server.url + "/metrics").status_code == 200  # the frontend's share
