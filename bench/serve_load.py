@@ -378,6 +378,8 @@ def start_server(args, log_path: Path) -> ServeProcess:
     options = ["--max-active", str(args.max_active)] if args.max_active else []
     options += ["--queue-capacity", str(max(args.concurrency) + 8),
                 "--stream-interval", str(args.stream_interval)]
+    if args.engine_process:
+        options.append("--engine-process")
     return ServeProcess(args.core, args.trust, args.accept, log=log_path, backend=args.backend,
                         options=options, startup_timeout_s=args.startup_timeout)
 
@@ -435,6 +437,8 @@ def main() -> None:
                          "and print its busiest frames per thread (needs py-spy, ptrace)")
     ap.add_argument("--stream-interval", type=int, default=1,
                     help="helios-serve --stream-interval (tokens per SSE delivery)")
+    ap.add_argument("--engine-process", action="store_true",
+                    help="helios-serve --engine-process (the model worker in its own process)")
     ap.add_argument("--no-native", dest="native", action="store_false",
                     help="skip the NativeModel loop (it runs before the server starts; "
                          "skipped with --url)")
@@ -462,6 +466,7 @@ def main() -> None:
     url = args.url or served.url
     result: dict = {"core": str(args.core), "served_id": model, "backend": args.backend,
                     "max_active": args.max_active, "stream_interval": args.stream_interval,
+                    "engine_process": args.engine_process,
                     "url_given": bool(args.url),
                     "server_startup_s": served.startup_s if served else None,
                     "template_tokens": prompts.overhead, "native_loop": native,

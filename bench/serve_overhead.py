@@ -61,6 +61,7 @@ import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -143,74 +144,90 @@ def serve_child(args) -> None:
     from helios_serve.clock import ObservationClock
     from helios_serve.config import ServeOptions, resolve
     from helios_serve.server import Server
-    from helios_serve.testing.paced import paced_model
+    from helios_serve.testing.paced import (
+        PacedEngineModel,
+        backend_stats,
+        paced_model,
+        thread_cpu_s,
+    )
 
     bootstrap = Bootstrap.load(args.core, [args.trust], args.accept)
-    settings = resolve(ServeOptions(port=0, max_active=args.max_active,
-                                    queue_capacity=args.max_active * 4,
-                                    stream_interval=args.stream_interval), bootstrap.contract)
-    step_s, _ = step_seconds(bootstrap.contract, device_step_table(DEVICE_JSON, args.scale))
+    options = ServeOptions(port=0, max_active=args.max_active,
+                           queue_capacity=args.max_active * 4,
+                           stream_interval=args.stream_interval,
+                           engine_process=args.engine_process == "on")
+    settings = resolve(options, bootstrap.contract)
+    step_s, by_name = step_seconds(bootstrap.contract, device_step_table(DEVICE_JSON, args.scale))
     clock = ObservationClock()
-    model = paced_model(bootstrap.core, step_s, text_token_ids(bootstrap.tokenizer),
-                        max_concurrency=settings.max_active)
-    server = Server(bootstrap, model, settings, clock)
-    backend = model.backend
+    token_ids = text_token_ids(bootstrap.tokenizer)
+    if options.engine_process:  # the paced model in the engine process; its stats there
+        from helios_serve.engine_process import EngineClient, EngineSpec
+
+        stats_path = str(OUT / f"engine-stats-{os.getpid()}.sock")
+        engine = EngineClient.start(EngineSpec(
+            str(args.core), [str(args.trust)], args.accept, options, None, clock.origin_ns,
+            model_factory=PacedEngineModel(by_name, token_ids, stats_path)))
+        server = Server(bootstrap, None, settings, clock, engine=engine)
+        stats_sock = socket.socket(socket.AF_UNIX)
+        stats_sock.connect(stats_path)
+        os.unlink(stats_path)
+        engine_stats = stats_sock.makefile("rw")
+
+        def stats() -> dict:
+            engine_stats.write("stats\n")
+            engine_stats.flush()
+            out = json.loads(engine_stats.readline())
+            for role, cpu in thread_cpu_s().items():  # http_loop, prepare, other here
+                out["thread_cpu_s"][role] = out["thread_cpu_s"].get(role, 0.0) + cpu
+            return out
+    else:
+        model = paced_model(bootstrap.core, step_s, token_ids,
+                            max_concurrency=settings.max_active)
+        server = Server(bootstrap, model, settings, clock)
+
+        def stats() -> dict:
+            return backend_stats(model.backend)
 
     def answer() -> None:
         for line in sys.stdin:
             if line.strip() == "stats":
-                print(json.dumps({"device_busy_s": backend.device_busy_s,
-                                  "launches": backend.counters["graph_launches"],
-                                  "queued": backend.queued, "idle_s": backend.idle_s,
-                                  "thread_cpu_s": thread_cpu_s()}),
-                      flush=True)
+                print(json.dumps(stats()), flush=True)
 
     threading.Thread(target=answer, daemon=True).start()
-    print(f"serving at {server.url}", flush=True)
+    engine_pid = server.engine.pid if server.engine is not None else 0
+    print(f"serving at {server.url} engine {engine_pid}", flush=True)
     server.run()
-
-
-def thread_cpu_s() -> dict[str, float]:
-    """This process's CPU seconds (user + system) by thread role: the HTTP event loop
-    (MainThread), the model worker, the preparation pool and the rest (this stats thread,
-    uvicorn's helpers), from /proc/self/task/<native id>/stat."""
-    roles = {"MainThread": "http_loop", "helios-model-worker": "worker"}
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
-    for t in threading.enumerate():
-        role = roles.get(t.name, "prepare" if t.name.startswith("helios-prepare") else "other")
-        try:
-            fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1]
-        except OSError:  # the thread ended meanwhile
-            continue
-        user, system = fields.split()[11:13]
-        out[role] = out.get(role, 0.0) + (int(user) + int(system)) / tick
-    return out
 
 
 class Child:
     """The server child process and its stats channel."""
 
     def __init__(self, core: Path, trust: Path, accept: str, max_active: int, scale: float,
-                 stream_interval: int = 1):
+                 stream_interval: int = 1, engine_process: str = "off"):
         argv = [sys.executable, __file__, "--child", "--core", str(core), "--trust", str(trust),
                 "--accept", accept, "--max-active", str(max_active), "--scale", str(scale),
-                "--stream-interval", str(stream_interval)]
+                "--stream-interval", str(stream_interval), "--engine-process", engine_process]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, bufsize=1)
         line = self.proc.stdout.readline()
         if not line.startswith("serving at "):
             self.proc.kill()
             raise SystemExit(f"the server child failed to start: {line!r}")
-        self.url = line.split()[-1]
+        self.url = line.split()[2]
+        self.engine_pid = int(line.split()[-1])  # 0: one process
 
     def stats(self) -> dict:
         self.proc.stdin.write("stats\n")
         return json.loads(self.proc.stdout.readline())
 
     def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """The server's CPU seconds: this child's, plus its engine process's."""
+        total = 0.0
+        for pid in (self.proc.pid, self.engine_pid):
+            if pid:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -465,10 +482,12 @@ async def served_level(child: Child, model: str, prompts: list[str], concurrency
 
 
 def served_and_ratio(args, core_path: Path, trust: Path, accept: str, served_id: str,
-                     prompts: list[str], c: int, bare: dict, interval: int) -> dict:
-    """One served level (a fresh server child with --stream-interval `interval`) against
-    the NativeModel loop's figures `bare`."""
-    child = Child(core_path, trust, accept, c, args.scale, interval)
+                     prompts: list[str], c: int, bare: dict, interval: int,
+                     engine: str = "off") -> dict:
+    """One served level (a fresh server child with --stream-interval `interval`, the model
+    worker in an engine process when `engine` is "on") against the NativeModel loop's
+    figures `bare`."""
+    child = Child(core_path, trust, accept, c, args.scale, interval, engine)
     spy = None
     try:  # one unrecorded round first: every graph the level uses, connections opened
         asyncio.run(served_level(child, served_id, prompts[:c], c, 1, 8, 0.0))
@@ -482,8 +501,8 @@ def served_and_ratio(args, core_path: Path, trust: Path, accept: str, served_id:
                                           raw_client=args.client == "raw"))
     except Exception as exc:  # recorded; the other levels still run
         print(f"C={c:>3}  failed: {type(exc).__name__}: {exc}", flush=True)
-        return {"concurrency": c, "stream_interval": interval, "bare": bare,
-                "error": f"{type(exc).__name__}: {exc}"[:300]}
+        return {"concurrency": c, "stream_interval": interval, "engine_process": engine,
+                "bare": bare, "error": f"{type(exc).__name__}: {exc}"[:300]}
     finally:
         profile = spy.stop() if spy is not None else None
         child.stop()
@@ -493,12 +512,13 @@ def served_and_ratio(args, core_path: Path, trust: Path, accept: str, served_id:
         if args.profile_gil:  # samples of the GIL-holding thread only: GIL seconds per token
             served["gil_us_per_token"] = {name: t["samples"] / PROFILE_HZ / served["tokens"] * 1e6
                                           for name, t in profile.items()}
-    level = {"concurrency": c, "clients": clients, "stream_interval": interval, "bare": bare,
-             "served": served,
+    level = {"concurrency": c, "clients": clients, "stream_interval": interval,
+             "engine_process": engine, "bare": bare, "served": served,
              "ratio": steady / bare["tokens_per_s"] if steady else None,
              "overall_ratio": served["tokens_per_s"] / bare["tokens_per_s"]}
     shown = f"{level['ratio']:.2f}" if steady else "n/a"
-    print(f"C={c:>3} i={interval}  bare {bare['tokens_per_s']:>7.0f} tok/s   served steady "
+    print(f"C={c:>3} i={interval} engine={engine:<3}  bare {bare['tokens_per_s']:>7.0f} tok/s   "
+          f"served steady "
           f"{steady or 0:>7.0f} overall {served['tokens_per_s']:>7.0f} tok/s   ratio "
           f"{shown} (overall {level['overall_ratio']:.2f})   device busy "
           f"{served['device_busy']:.2f}   server CPU {served['server_cpu_per_wall']:.2f} "
@@ -526,9 +546,12 @@ def measure(args, core_path: Path, trust: Path, accept: str) -> dict:
         bare = bare_loop(bootstrap.core, step_s, token_ids, c, args.bare_steps)
         prompts = [prompt_text(bootstrap.tokenizer, c * 10_000 + i, args.prompt_tokens)
                    for i in range(c + c * args.clients_per_slot * args.requests)]
-        for interval in args.stream_intervals:
-            levels.append(served_and_ratio(args, core_path, trust, accept, served_id, prompts,
-                                           c, bare, interval))
+        modes = ["off", "on"] if args.engine_process == "both" else [args.engine_process]
+        for _ in range(args.repeats):  # both modes alternated: a shared host drifts
+            for interval in args.stream_intervals:
+                for engine in modes:
+                    levels.append(served_and_ratio(args, core_path, trust, accept, served_id,
+                                                   prompts, c, bare, interval, engine))
     bootstrap.close()
     return {"device": table, "step_ms_by_graph": {k: v * 1e3 for k, v in by_name.items()},
             "levels": levels}
@@ -714,6 +737,11 @@ def main() -> None:
     ap.add_argument("--stream-intervals", type=int, nargs="+", default=[1],
                     help="serve each level once per helios-serve --stream-interval given")
     ap.add_argument("--stream-interval", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--engine-process", choices=["off", "on", "both"], default="off",
+                    help="serve with helios-serve --engine-process (on), without (off), or "
+                         "each level both ways, alternated (both)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="measured runs of every level (and mode); medians in the summary")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--max-active", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()

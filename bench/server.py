@@ -96,9 +96,22 @@ class ServeProcess:
         return 0.0
 
     def cpu_s(self) -> float:
-        """The child's user + system CPU seconds so far (Linux /proc)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """The child's user + system CPU seconds so far, its own child processes (the
+        --engine-process engine) included (Linux /proc)."""
+        total = 0.0
+        pids = [self.proc.pid]
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        try:
+            pids += [int(p) for p in children.read_text().split()]
+        except OSError:
+            pass
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # exited meanwhile
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
 
     def stop(self) -> None:
         """SIGINT (the server drains), then SIGKILL after 20 s; idempotent."""

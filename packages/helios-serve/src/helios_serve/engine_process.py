@@ -99,6 +99,9 @@ class EngineSpec:
     options: ServeOptions
     resource_key: bytes | None
     clock_origin_ns: int  # the frontend's ObservationClock origin
+    # Benchmarks: a picklable `factory(bootstrap, settings) -> model` used in place of
+    # NativeModel.load (testing.paced.PacedEngineModel: an emulated device).
+    model_factory: Any = None
 
 
 # -- engine side ----------------------------------------------------------------------
@@ -262,7 +265,8 @@ def engine_main(conn, spec: EngineSpec) -> None:
             settings = resolve(options, bootstrap.contract)
         except ValueError as exc:
             raise StartupError(str(exc)) from None
-        model = load_model(bootstrap, path, options, settings, cache, startup)
+        model = (spec.model_factory(bootstrap, settings) if spec.model_factory is not None
+                 else load_model(bootstrap, path, options, settings, cache, startup))
         clock = ObservationClock()
         clock.origin_ns = spec.clock_origin_ns
         metrics = Metrics()

@@ -121,3 +121,77 @@ def paced_model(core: Any, step_s: Callable[[str], float], token_ids: Sequence[i
     backend = PacedBackend(prepared.serving, prepared.manifest, step_s, token_ids)
     geometry = _geometry(prepared, int(prepared.serving.prepared_pages), max_concurrency, None)
     return NativeModel(prepared, backend, geometry)
+
+
+def thread_cpu_s(roles: Mapping[str, str] | None = None) -> dict[str, float]:
+    """This process's CPU seconds (user + system) by thread role, from
+    /proc/self/task/<native id>/stat: `roles` maps thread names to roles (default: the
+    HTTP event loop is MainThread, the model worker helios-model-worker); preparation
+    threads are "prepare", the rest "other"."""
+    import os
+    import threading
+    from pathlib import Path
+
+    roles = roles or {"MainThread": "http_loop", "helios-model-worker": "worker"}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        role = roles.get(t.name, "prepare" if t.name.startswith("helios-prepare") else "other")
+        try:
+            fields = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(")", 1)[1]
+        except OSError:  # the thread ended meanwhile
+            continue
+        user, system = fields.split()[11:13]
+        out[role] = out.get(role, 0.0) + (int(user) + int(system)) / tick
+    return out
+
+
+def backend_stats(backend: PacedBackend, roles: Mapping[str, str] | None = None) -> dict:
+    """The emulated device's counters and this process's thread CPU (one JSON object)."""
+    return {"device_busy_s": backend.device_busy_s, "launches": backend.counters["graph_launches"],
+            "queued": backend.queued, "idle_s": dict(backend.idle_s),
+            "thread_cpu_s": thread_cpu_s(roles)}
+
+
+ENGINE_ROLES = {"MainThread": "engine_channel", "helios-model-worker": "worker"}
+
+
+class PacedEngineModel:
+    """A picklable model factory for `helios-serve --engine-process`
+    (`EngineSpec.model_factory`): the paced NativeModel built in the engine process, and
+    `backend_stats` served on the Unix socket `stats_path` (one JSON line per line read).
+
+    Args:
+        step_s_by_graph: graph variant name -> device seconds of one step.
+        token_ids: ids the completion record cycles through.
+        stats_path: where the engine answers stats requests (None: not served).
+    """
+
+    def __init__(self, step_s_by_graph: Mapping[str, float], token_ids: Sequence[int],
+                 stats_path: str | None = None) -> None:
+        self.step_s_by_graph = dict(step_s_by_graph)
+        self.token_ids = list(token_ids)
+        self.stats_path = stats_path
+
+    def __call__(self, bootstrap: Any, settings: Any) -> NativeModel:
+        model = paced_model(bootstrap.core, self.step_s_by_graph.__getitem__, self.token_ids,
+                            max_concurrency=settings.max_active)
+        if self.stats_path is not None:
+            _serve_stats(self.stats_path, model.backend)
+        return model
+
+
+def _serve_stats(path: str, backend: PacedBackend) -> None:
+    import json
+    import socketserver
+    import threading
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            for _ in self.rfile:
+                self.wfile.write((json.dumps(backend_stats(backend, ENGINE_ROLES)) + "\n")
+                                 .encode())
+                self.wfile.flush()
+
+    server = socketserver.UnixStreamServer(path, Handler)
+    threading.Thread(target=server.serve_forever, name="paced-stats", daemon=True).start()
