@@ -122,6 +122,24 @@ def test_engine_process_answers_as_the_one_process_server(tiny_thread_server,
         assert _normal(_post(tiny_engine_server, path, body)) == _normal(expected)
 
 
+def test_every_other_endpoint_answers_as_the_one_process_server(tiny_thread_server,
+                                                                tiny_engine_server):
+    calls = [("GET", "/v1/models", None), ("GET", f"/v1/models/{MODEL}", None),
+             ("GET", "/v1/models/nope", None), ("GET", "/version", None),
+             ("GET", "/health", None),
+             ("POST", "/tokenize", {"model": MODEL, "messages": HELLO}),
+             ("POST", "/tokenize", {"model": MODEL, "prompt": "once upon a time"}),
+             ("POST", "/detokenize", {"model": MODEL, "tokens": [40, 41, 42]}),
+             ("POST", "/v1/chat/completions", {"model": MODEL, "messages": HELLO,
+                                               "max_tokens": 9999}),
+             ("POST", "/v1/chat/completions", {"model": MODEL, "messages": "x"})]
+    for method, path, body in calls:
+        one, split = (httpx.request(method, s.url + path, json=body, timeout=60)
+                      for s in (tiny_thread_server, tiny_engine_server))
+        assert (split.status_code, _normal(split.json())) == \
+            (one.status_code, _normal(one.json())), path
+
+
 def _ids_and_text(server) -> tuple[list[int], str]:
     status, body = _post(server, "/v1/chat/completions",
                          _chat(max_tokens=20, ignore_eos=True, return_token_ids=True))

@@ -280,10 +280,18 @@ def engine_main(conn, spec: EngineSpec) -> None:
                              stream_interval=settings.stream_interval)
         grammars = GrammarCompiler(bootstrap.frontend, vocab_size=worker.geometry.vocab_size)
     except StartupError as exc:
-        conn.send(("error", str(exc), exc.rule))
+        try:
+            conn.send(("error", str(exc), exc.rule))
+        except OSError:  # the frontend is gone
+            pass
         conn.close()
         sys.exit(2)
-    conn.send(("ready", worker.geometry))
+    try:
+        conn.send(("ready", worker.geometry))
+    except OSError:  # the frontend died while this engine loaded
+        model.close()
+        bootstrap.close()
+        sys.exit(1)
     channel = _Channel(conn)
     eos = frozenset(bootstrap.eos_token_ids)
     worker.start()
