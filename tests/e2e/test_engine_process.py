@@ -266,7 +266,7 @@ def test_tool_calls_finish_reason_is_the_frontend_parsers():
         sink = EventSink(asyncio.get_running_loop())
         request = type("R", (), {"sink": sink, "choices": (
             ChoiceState(0, None, fe.output_pipeline(tools=tools), None),)})()
-        client._live[5] = _Remote(request, 1, True)
+        client._live[5] = _Remote(request, 1, True, 0, [request.choices[0].pipeline])
         client._handle([0, [[5, [encode_event(e) for e in engine_events]]]])
         assert 5 not in client._live  # its last choice finished
         return sink.drain(), client.metrics

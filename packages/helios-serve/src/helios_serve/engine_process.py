@@ -75,6 +75,7 @@ from helios_serve.wire import (
     TokenDelta,
     WireRequest,
     decode_event,
+    decode_logprobs,
     encode_event,
     encoder,
     to_engine_decoder,
@@ -342,6 +343,8 @@ class _Remote:
     request: GenerationRequest
     unfinished: int  # choices without a Finished yet
     relayed: bool
+    first: int = 0  # the first choice's index in the response
+    pipelines: list = dataclasses.field(default_factory=list)  # relayed: by choice - first
 
 
 class EngineClient:
@@ -445,7 +448,9 @@ class EngineClient:
             None if relayed else prepared.output.pipeline,
             None if grammar is None else grammar.lark,
         )  # fmt: skip
-        self._live[request.request_id] = _Remote(request, prepared.n, relayed)
+        self._live[request.request_id] = _Remote(
+            request, prepared.n, relayed, request.choices[0].index,
+            [c.pipeline for c in request.choices] if relayed else [])
         if not self._send(Admit([wire])):
             del self._live[request.request_id]
             return False
@@ -529,37 +534,34 @@ class EngineClient:
         """One request's events of one step, to its sink (we are on its loop)."""
         events: list = []
         for item in encoded:
-            event = decode_event(item)
-            if type(event) is tuple:  # a relayed choice's tokens: its pipeline runs here
-                choice, tokens, carrier = event
-                pipeline = self._pipeline(remote, choice)
+            if item[0] == 0 and item[4] is not None:  # a relayed choice's tokens: the
+                _, choice, completion, _, tokens, logprobs = item  # pipeline runs here
+                pipeline = remote.pipelines[choice - remote.first]
                 deltas: list = []
                 for token in tokens:
                     if not pipeline.finished:
                         deltas += pipeline.feed(token)
-                if deltas or carrier.logprobs:
-                    events.append(dataclasses.replace(carrier, deltas=tuple(deltas)))
+                if deltas or logprobs:
+                    events.append(Output(tuple(deltas), choice,
+                                         decode_logprobs(logprobs) if logprobs else (),
+                                         completion))
                 continue
+            event = decode_event(item)
             if type(event) is Finished:
                 remote.unfinished -= 1
                 if remote.relayed:
                     event = self._relayed_finish(remote, event, events)
-            events.append(event)
-            if type(event) in (Rejected, Failed):
+            elif type(event) is Rejected or type(event) is Failed:
                 remote.unfinished = 0
+            events.append(event)
         if remote.unfinished <= 0:
             self._live.pop(request_id, None)
         _put(remote.request.sink, events)
 
-    @staticmethod
-    def _pipeline(remote: _Remote, choice: int):
-        first = remote.request.choices[0].index
-        return remote.request.choices[choice - first].pipeline
-
     def _relayed_finish(self, remote: _Remote, event: Finished, events: list) -> Finished:
         """The frontend pipeline's end of a relayed choice: flushed text (output limit),
         its finish reason (tool_calls after completed calls), the finished count."""
-        pipeline = self._pipeline(remote, event.choice)
+        pipeline = remote.pipelines[event.choice - remote.first]
         if not pipeline.finished:
             tail = pipeline.finish(event.reason)
             if tail:

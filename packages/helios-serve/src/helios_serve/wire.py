@@ -156,16 +156,18 @@ def encode_event(e: Event) -> list:
     raise TypeError(f"not an event: {e!r}")
 
 
-def decode_event(x: list) -> Event | tuple[int, list[int], Output]:
-    """The event an array encodes. A relayed choice's Output comes back as
-    (choice, token ids, the Output without deltas): the frontend feeds its pipeline."""
+def decode_logprobs(x: list) -> tuple[TokenLogprob, ...]:
+    return tuple(TokenLogprob(t, lp, tuple((a, b) for a, b in top)) for t, lp, top in x)
+
+
+def decode_event(x: list) -> Event:
+    """The event an array encodes (a relayed choice's token Output is read by the
+    frontend directly: its pipeline makes the deltas)."""
     kind = x[0]
     if kind == 0:
-        logprobs = tuple(TokenLogprob(t, lp, tuple((a, b) for a, b in top))
-                         for t, lp, top in x[5])
         if x[4] is not None:
-            return (x[1], x[4], Output((), x[1], logprobs, x[2]))
-        return Output(tuple(decode_delta(d) for d in x[3]), x[1], logprobs, x[2])
+            raise ValueError("a relayed choice's tokens have no presentation deltas yet")
+        return Output(tuple(decode_delta(d) for d in x[3]), x[1], decode_logprobs(x[5]), x[2])
     if kind == 1:
         return TokenObserved(x[2], x[3], x[1])
     if kind == 2:
