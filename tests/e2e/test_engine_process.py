@@ -89,6 +89,7 @@ def _chat(**kw) -> dict:
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
           "additionalProperties": False}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": SCHEMA}}
 REQUESTS = {
     "chat": ("/v1/chat/completions", _chat()),
     "chat_seeded_n2": ("/v1/chat/completions", _chat(temperature=0.8, seed=7, n=2)),
@@ -132,7 +133,9 @@ def test_every_other_endpoint_answers_as_the_one_process_server(tiny_thread_serv
              ("POST", "/detokenize", {"model": MODEL, "tokens": [40, 41, 42]}),
              ("POST", "/v1/chat/completions", {"model": MODEL, "messages": HELLO,
                                                "max_tokens": 9999}),
-             ("POST", "/v1/chat/completions", {"model": MODEL, "messages": "x"})]
+             ("POST", "/v1/chat/completions", {"model": MODEL, "messages": "x"}),
+             ("POST", "/v1/chat/completions", _chat(tools=[TOOL])),
+             ("POST", "/v1/chat/completions", _chat(tools=[TOOL], tool_choice="required"))]
     for method, path, body in calls:
         one, split = (httpx.request(method, s.url + path, json=body, timeout=60)
                       for s in (tiny_thread_server, tiny_engine_server))
