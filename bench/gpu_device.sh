@@ -145,25 +145,27 @@ case $stage in
       --max-active 256 --workload 128/128 1024/1024 --concurrency 1 16 64 256 \
       --json "$OUTD/serve_load_smollm2.json" 2>&1 | tee "$OUTD/serve_load_smollm2.log" ;;
   serve-engproc)
-    # Issue 17, helios-serve --engine-process (docs/serving.md, "Engine process"): the
-    # 132/256 C 1/8/32 --max-active 32 run beside the NativeModel loop, one process and
-    # then the engine process; then full-batch server CPU over the paced device at C 32/64,
-    # both modes alternated in one run. Exports serve-smollm2's core when it is absent.
+    # Issue 17, helios-serve --engine-process (docs/serving.md, "Engine process"), short
+    # form (<= ~3 min device wall with the core present): 132/256 at C 8/32 --max-active 32
+    # --rounds 2, one process beside the NativeModel loop (serve_load_engproc_off.json),
+    # then the engine process (serve_load_engproc_on.json, --no-native: compare its served
+    # tok/s with the first file's native loop); then full-batch server CPU over the paced
+    # device at C 32, both modes alternated (serve_overhead_engproc_h200host*.json).
     ensure_key
     C=$HOME/cores/smollm2-bench.core
     [ -f "$C" ] || ign export recipes/llama_serving_bench.py --checkpoint "$HOME/g/smol.gguf" --key "$K" \
       --namespace $NS --out "$C" --target sm_90 2>&1 | tail -2 | tee "$OUTD/export_smollm2.log"
-    for mode in off on; do
-      flag=""; [ $mode = on ] && flag="--engine-process"
-      python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
-        --max-active 32 --workload 132/256 --concurrency 1 8 32 --rounds 3 $flag \
-        --json "$OUTD/serve_load_engproc_$mode.json" 2>&1 | grep -v "^    " | tee -a "$OUTD/serve_engproc.log"
-    done
+    python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
+      --max-active 32 --workload 132/256 --concurrency 8 32 --rounds 2 \
+      --json "$OUTD/serve_load_engproc_off.json" 2>&1 | grep -v "^    " | tee -a "$OUTD/serve_engproc.log"
+    python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
+      --max-active 32 --workload 132/256 --concurrency 8 32 --rounds 2 --engine-process --no-native \
+      --json "$OUTD/serve_load_engproc_on.json" 2>&1 | grep -v "^    " | tee -a "$OUTD/serve_engproc.log"
     python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS --client raw \
-      --clients-per-slot 2 --concurrency 32 64 --requests 2 --engine-process both \
+      --clients-per-slot 2 --concurrency 32 --requests 2 --engine-process both \
       --json "$OUTD/serve_overhead_engproc_h200host.json" 2>&1 | grep -v "^    " | tee -a "$OUTD/serve_engproc.log"
     python3 bench/serve_overhead_summary.py --engine-split "$OUTD/serve_overhead_engproc_h200host.json" \
-      --json "$OUTD/serve_overhead_engproc_h200host_summary.json" 2>&1 | tail -24 | tee -a "$OUTD/serve_engproc.log" ;;
+      --json "$OUTD/serve_overhead_engproc_h200host_summary.json" 2>&1 | tail -14 | tee -a "$OUTD/serve_engproc.log" ;;
   serve-host)
     # After serve-smollm2 (its core): this host's CPU over the paced device
     # (serve_overhead.py at stream intervals 1 and 4; the chat TTFT floor) and packing.
