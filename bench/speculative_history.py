@@ -28,6 +28,15 @@ generates the same tokens). tokens/s counts generated tokens over the wall time 
 generation steps (DECODE and SPECULATIVE; prefill excluded), the median of --rounds runs
 interleaved by mode (the ratio to off: the median of the per-round ratios); the mean
 accepted length is emitted tokens per speculative lane with drafts.
+
+Every mode runs the model worker's loop (worker.ModelWorker._step): the model's execution
+frames (`frames` in the JSON: cuda 2; cpu --cpu-frames, 1 by default as a CPU server),
+the next plan submitted before waiting whenever `scheduler.can_schedule_ahead()`, plans
+completed in submission order; the scheduler alone decides what overlaps. A generation
+step's time is the wall time from the previous completion to its completion (host work
+included: schedule, packing, complete, the EOS decisions). Before that loop (results up
+to spec_history_0def058.json) every mode ran one frame and `model.execute` per plan:
+"off" was a serial decode, not what a server with speculation off runs.
 """
 
 from __future__ import annotations
@@ -84,9 +93,13 @@ def prompt_sets(ck) -> dict[str, list[list[int]]]:
 
 
 def serve(model, prompts, tokens, sampling, mode, policy=None):
-    """Run the requests through a Scheduler over `model`; returns (outputs, generation
-    seconds, scheduler stats). `policy`: a WidthPolicy carried over from earlier runs
-    (a server's policy lives as long as the server)."""
+    """Run the requests through a Scheduler over `model` in the worker's loop (module
+    docstring); returns (outputs, generation seconds, scheduler stats). `policy`: a
+    WidthPolicy carried over from earlier runs (a server's policy lives as long as the
+    server)."""
+    from collections import deque
+
+    from helios_serve.engine.plan import StepKind
     from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler
     from helios_serve.speculation import HistoryIndex
 
@@ -94,7 +107,7 @@ def serve(model, prompts, tokens, sampling, mode, policy=None):
     if not mode["widths"]:
         geometry = replace(geometry, speculative_widths=(), prefix_programs=(),
                            copied_proposals=False)
-    scheduler = Scheduler(geometry, frames=1, device_pending=model.device_pending,
+    scheduler = Scheduler(geometry, frames=model.frames, device_pending=model.device_pending,
                           history_drafting=bool(mode["history"]),
                           history_index=(_latest_occurrence if mode["history"] == "latest"
                                          else HistoryIndex),
@@ -106,13 +119,22 @@ def serve(model, prompts, tokens, sampling, mode, policy=None):
                                           sampling=replace(sampling, seed=11 + i))) is None
     out = {i: [] for i in range(len(prompts))}
     seconds = 0.0
-    while scheduler.has_work():
-        plan = scheduler.schedule()
-        t0 = time.perf_counter()
-        sampled = model.execute(plan)
-        if plan.kind.value != "prefill":
-            seconds += time.perf_counter() - t0
-        for result in scheduler.complete(plan, sampled):
+    inflight = deque()  # (plan, ticket), submission order
+    mark = time.perf_counter()
+    while scheduler.has_work() or inflight:
+        submitted = False
+        if scheduler.can_schedule_ahead():
+            plan = scheduler.schedule()
+            if plan is not None:
+                inflight.append((plan, model.submit(plan)))
+                submitted = True
+        if not inflight or (submitted and scheduler.can_schedule_ahead()):
+            continue  # the next plan goes ahead of the oldest one's completion
+        plan, ticket = inflight.popleft()
+        completion = model.wait_step(ticket)
+        results = scheduler.complete(plan, completion.sampled,
+                                     confidence=completion.confidence)
+        for result in results:
             if result.token_id is None or not scheduler.is_live(result.request_id):
                 continue
             out[result.request_id].append(result.token_id)
@@ -121,6 +143,10 @@ def serve(model, prompts, tokens, sampling, mode, policy=None):
                                  output_tokens=result.output_tokens, publish=True)
             elif result.output_tokens == tokens:
                 scheduler.finish(result.request_id, FinishReason.LENGTH, publish=True)
+        now = time.perf_counter()
+        if plan.kind in (StepKind.DECODE, StepKind.SPECULATIVE):
+            seconds += now - mark  # since the previous completion: host work included
+        mark = now
     return out, seconds, scheduler.stats()
 
 
@@ -137,6 +163,9 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     ap.add_argument("--rounds", type=int, default=1,
                     help="timed runs of every mode, interleaved; tok/s is their median")
+    ap.add_argument("--cpu-frames", type=int, default=1, choices=(1, 2),
+                    help="execution frames of the cpu backend (a CPU server runs 1; 2 "
+                         "exercises the cuda backend's two-frame order, with no overlap)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import speculative as base
@@ -150,7 +179,11 @@ def main(argv=None) -> int:
     ck = load_gguf(args.gguf or smollm2_gguf_path())
     sets = prompt_sets(ck)
     with tempfile.TemporaryDirectory() as d:
-        model = base._load(args, base._smollm2_core(args, Path(d)))
+        from helios_serve.testing.native import load_native
+
+        core = base._smollm2_core(args, Path(d))
+        model = (load_native(core, "cpu", cpu_frames=args.cpu_frames)
+                 if args.backend == "cpu" else base._load(args, core))
     rows = []
     for name in args.sets:
         for batch in args.batches:
@@ -216,10 +249,11 @@ def main(argv=None) -> int:
                     if "off" in outputs:  # greedy: by construction; seeded sampled:
                         # coupled verification emits the decode draws (docs/speculative.md)
                         r["identical_to_off"] = outputs[r["mode"]] == outputs["off"]
+    frames = model.frames
     model.close()
     result = {"model": "smollm2-135m-instruct", "drafter": args.drafter,
               "backend": args.backend, "tokens_per_request": args.tokens,
-              "rounds": args.rounds, "rows": rows,
+              "rounds": args.rounds, "frames": frames, "rows": rows,
               "commit": os.environ.get("HELIOS_COMMIT", "unknown")}
     print(f"{'set':11} {'batch':>5} {'sampling':20} {'mode':22} {'tok/s':>8} {'x off':>6} "
           f"{'acc.len':>7} {'copied':>11}")
