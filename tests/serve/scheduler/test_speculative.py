@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helios_serve.engine.plan import SamplingParams, StepKind
+from helios_serve.engine.plan import PENDING_PLACEHOLDER, SamplingParams, StepKind
 from helios_serve.scheduler import CompletionError, FinishReason, SchedRequest, Scheduler
 from helios_serve.testing.scripted import tiny_geometry
 
@@ -347,3 +347,195 @@ def test_the_policy_weighs_the_copied_candidates_a_lane_carries():
         if kind is StepKind.SPECULATIVE:
             (row,) = plan.rows
             assert row.lane_length == WIDTH and row.candidates.ids == (4, 1, 2)
+
+
+class _Clock:
+    """Scripted seconds for the width policy's step costs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _ahead_scheduler(costs, clock=None, history=False, **geo):
+    """Two frames, device-owned pending tokens, the adaptive policy with `costs`
+    (program key -> seconds, observed twice: measured)."""
+    from dataclasses import replace
+
+    g = replace(tiny_geometry(VOCAB, speculative_widths=(1, 2, WIDTH), **geo),
+                copied_proposals=history)
+    s = Scheduler(g, frames=2, device_pending=True, width_policy=True,
+                  history_drafting=history, clock=clock or _Clock())
+    for key, seconds in costs.items():
+        for _ in range(2):
+            s.policy.observe_step(key, seconds)
+    return s
+
+
+DECODE_WINS = {(kind, b, *w): seconds for b in (1, 2) for kind, w, seconds in (
+    ("decode", (), 1.0), ("speculative", (2,), 5.0), ("speculative", (WIDTH,), 9.0))}
+SPECULATION_WINS = {("decode", 1): 10.0, ("speculative", 1, 2): 5.0,
+                    ("speculative", 1, WIDTH): 1.0}
+
+
+def test_a_policy_choosing_decode_plans_decode_rows_ahead_on_a_speculative_core():
+    s = _ahead_scheduler(DECODE_WINS)
+    first = _to_decode(s)
+    assert first.kind is StepKind.DECODE and first.rows[0].tokens == (9,)
+    assert s.can_schedule_ahead()
+    ahead = s.schedule()  # planned before the first's token is known
+    assert ahead.kind is StepKind.DECODE
+    (row,) = ahead.rows
+    assert (row.tokens, row.start_position) == ((PENDING_PLACEHOLDER,), 6)
+    assert not s.can_schedule_ahead()  # both frames in flight
+    assert [r.token_id for r in s.complete(first, [11])] == [11]
+    assert [(r.token_id, r.output_tokens) for r in s.complete(ahead, [12])] == [(12, 3)]
+    assert s.policy.decisions == {"decode": 2}
+
+
+def test_a_policy_choosing_speculation_leaves_in_flight_requests_waiting_uncommitted():
+    clock = _Clock()
+    s = _ahead_scheduler(DECODE_WINS, clock)
+    first = _to_decode(s)
+    assert first.kind is StepKind.DECODE
+    for _ in range(8):  # decode turns expensive: W = 4 is the best program now
+        for key, seconds in SPECULATION_WINS.items():
+            s.policy.observe_step(key, seconds)
+    assert s.can_schedule_ahead()
+    assert s.schedule() is None  # no lane ahead of the in-flight decode row
+    assert s.policy.decisions == {"decode": 1}  # the waiting choice was not committed
+    s.complete(first, [11])
+    lane = s.schedule()
+    assert lane.kind is StepKind.SPECULATIVE and lane.rows[0].lane_length == WIDTH
+    assert lane.rows[0].tokens == (11,) and lane.rows[0].start_position == 6
+    assert s.policy.decisions == {"decode": 1, "w4": 1}
+    assert not s.can_schedule_ahead()  # a lane's completion comes first
+
+
+def test_requests_that_cannot_speculate_still_decode_ahead_while_lanes_wait():
+    s = _ahead_scheduler(DECODE_WINS)
+    _admit_all(s, [SchedRequest(request_id=i, prompt_tokens=(1, 2, 3), max_output_tokens=9,
+                                sampling=p)
+                   for i, p in enumerate([SamplingParams(), SamplingParams(logprobs=0)])])
+    first = s.schedule()
+    assert first.kind is StepKind.DECODE and [r.request_id for r in first.rows] == [0, 1]
+    for _ in range(8):  # the cohort is request 0 alone (1 cannot speculate): W = 4 wins
+        for key, seconds in SPECULATION_WINS.items():
+            s.policy.observe_step(key, seconds)
+    ahead = s.schedule()
+    assert ahead.kind is StepKind.DECODE and [r.request_id for r in ahead.rows] == [1]
+    assert ahead.rows[0].tokens == (PENDING_PLACEHOLDER,)
+
+
+def test_fixed_width_speculation_plans_nothing_ahead():
+    s = Scheduler(tiny_geometry(VOCAB, speculative_widths=(1, 2, WIDTH)), frames=2,
+                  device_pending=True)
+    _admit_all(s, [SchedRequest(request_id=0, prompt_tokens=(1, 2, 3), max_output_tokens=9,
+                                sampling=SamplingParams(logprobs=0))])
+    first = s.schedule()
+    assert first.kind is StepKind.DECODE and s.can_schedule_ahead()
+    assert s.schedule() is None
+
+
+def test_a_feedback_request_keeps_every_decode_serial_under_the_policy():
+    s = _ahead_scheduler(DECODE_WINS)
+    _admit_all(s, [SchedRequest(request_id=0, prompt_tokens=(1, 2, 3), max_output_tokens=9),
+                   SchedRequest(request_id=1, prompt_tokens=(1, 2, 3), max_output_tokens=9,
+                                needs_feedback=True)])
+    for _ in range(3):
+        plan = s.schedule()
+        assert plan.kind is StepKind.DECODE and len(plan.rows) == 2
+        assert not s.can_schedule_ahead()
+        s.complete(plan, [11, 11])
+    s.finish(1, FinishReason.STOP)
+    plan = s.schedule()
+    assert s.can_schedule_ahead()  # the feedback request left: decode goes ahead again
+    assert s.schedule().rows[0].tokens == (PENDING_PLACEHOLDER,)
+    del plan
+
+
+def test_step_costs_are_issue_to_completion_or_since_the_previous_completion():
+    """The width policy's cost rule (Scheduler._observe_cost): a serial step costs issue to
+    completion; a step planned ahead of the previous one's completion costs the time
+    since that completion (steady pipelined decode: the interval between completions)."""
+    clock = _Clock()
+    s = _ahead_scheduler(DECODE_WINS, clock)
+    seen = []
+    s.policy.observe_step = lambda key, seconds: seen.append((key, seconds))
+    clock.now = 100.0
+    d1 = _to_decode(s)  # prefill issued and completed at 100, then D1 issued at 100
+    clock.now = 101.0
+    d2 = s.schedule()  # ahead
+    clock.now = 110.0
+    s.complete(d1, [11])  # D1: issue 100 -> 110
+    clock.now = 111.0
+    d3 = s.schedule()  # ahead of D2
+    clock.now = 113.5
+    s.complete(d2, [12])  # D2: issued 101, the previous completion 110 -> 113.5
+    clock.now = 117.0
+    s.complete(d3, [13])  # D3: previous completion 113.5 -> 117
+    assert seen == [(("decode", 1), 10.0), (("decode", 1), 3.5), (("decode", 1), 3.5)]
+    seen.clear()
+    del s.policy.observe_step  # the policy's own method again
+    for _ in range(8):
+        for key, seconds in SPECULATION_WINS.items():
+            s.policy.observe_step(key, seconds)
+    s.policy.observe_step = lambda key, seconds: seen.append((key, seconds))
+    clock.now = 120.0
+    lane = s.schedule()  # serial: issued after D3's completion at 117
+    assert lane.kind is StepKind.SPECULATIVE
+    clock.now = 126.0
+    s.complete(lane, _record(lane, [0], [[14]]))
+    assert seen == [(("speculative", 1, WIDTH), 6.0)]
+
+
+@pytest.mark.parametrize("costs,width", [(SPECULATION_WINS, WIDTH),
+                                         ({("decode", 1): 10.0, ("speculative", 1, 2): 1.0,
+                                           ("speculative", 1, WIDTH): 10.0}, 2)])
+def test_a_lane_proposes_its_copied_candidates_once_per_step(costs, width):
+    """The policy's copied counts and the lane's candidates come from one proposal per
+    lane per step, made for the lane's ceiling; a narrower chosen width takes its
+    prefix (the ids a proposal for that width gives)."""
+    from helios_serve.speculation import HistoryIndex
+
+    calls = []
+
+    class Counting(HistoryIndex):
+        def propose(self, tokens, count):
+            calls.append((len(tokens), count))
+            return super().propose(tokens, count)
+
+    s = _ahead_scheduler(costs, history=True)
+    s._history_index = Counting
+    prompt = (5, 6, 7, 8, 9, 10, 5, 6, 7)  # ... 5 6 7, then 8 9 10 copied
+    s.add(SchedRequest(request_id=7, prompt_tokens=prompt, max_output_tokens=20))
+    s.complete(s.schedule(), [8])
+    lane = s.schedule()
+    assert lane.kind is StepKind.SPECULATIVE and lane.rows[0].lane_length == width
+    assert calls == [(10, WIDTH - 1)]  # one proposal, for the ceiling
+    fresh = HistoryIndex().propose(list(prompt) + [8], width - 1)
+    assert lane.rows[0].candidates.ids == fresh == (9, 10, 5)[:width - 1]
+    assert lane.rows[0].candidates.endpoint == len(prompt) + 1
+
+
+def test_the_policy_weighs_copied_candidates_of_requests_planned_ahead():
+    """A request whose decode row is in flight proposes from the tokens known: the
+    proposal's first id stands for its in-flight token, the rest are the candidates its
+    next lane would carry."""
+    s = _ahead_scheduler(DECODE_WINS, history=True)
+    seen = []
+    decide = s.policy.decide
+    s.policy.decide = lambda lanes, copied: seen.append((lanes, copied)) or decide(lanes, copied)
+    prompt = (5, 6, 7, 8, 9, 10, 5, 6, 7)
+    s.add(SchedRequest(request_id=7, prompt_tokens=prompt, max_output_tokens=20))
+    s.complete(s.schedule(), [8])
+    first = s.schedule()  # D1 feeds 8; 9 10 5 are its lane's candidates now
+    ahead = s.schedule()  # its token (9, if it copies) is in flight: 10 5 6 would follow
+    assert first.kind is ahead.kind is StepKind.DECODE
+    assert seen == [([(7, WIDTH)], {7: 3}), ([(7, WIDTH)], {7: 3})]
+    assert s.complete(first, [9])[0].token_id == 9
+    third = s.schedule()  # after D1: tokens ... 7 8 9, D2's token in flight
+    assert third.kind is StepKind.DECODE
+    assert seen[-1] == ([(7, WIDTH)], {7: 3})

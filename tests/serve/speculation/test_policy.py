@@ -9,6 +9,7 @@ from helios_serve.speculation.policy import (
     MIN_COST_SAMPLES,
     STALE_DECISIONS,
     STALE_MARGIN,
+    Choice,
 )
 
 
@@ -110,16 +111,16 @@ def test_proposal_confidence_ranks_prefix_rows_calibrated_by_acceptance():
     policy = WidthPolicy((1, 4), (2,), ((2, 4, 4),))
     option = type(policy.choose([(0, 4)]))(4, 4)
     assert policy.calibration == 1.0  # nothing seen: smoothed to 1
-    before = policy._tokens([(0, 4), (1, 4)], option)  # acceptance priors: 2 + 2 x 0.5
+    before = policy.step_tokens([(0, 4), (1, 4)], option)  # acceptance priors: 2 + 2 x 0.5
     assert before == 3.0
     # Lane 0's head is sure of its drafts, lane 1's is not; both accepted what they offered.
     policy.observe_confidence(0, [1.0, 1.0, 1.0], offers=3, accepted=2)
     policy.observe_confidence(1, [0.5, 0.5, 0.5], offers=2, accepted=1)
     assert policy.calibration == (3 + 4) / (2.5 + 4)
     c = policy.calibration
-    assert policy._tokens([(0, 4), (1, 4)], option) == 2 + min(1.0, c) + min(1.0, c)
+    assert policy.step_tokens([(0, 4), (1, 4)], option) == 2 + min(1.0, c) + min(1.0, c)
     # Lanes of ceiling 2 rank only their first draft.
-    assert policy._tokens([(0, 2), (1, 2)], option) == 2 + min(1.0, c) + min(1.0, 0.5 * c)
+    assert policy.step_tokens([(0, 2), (1, 2)], option) == 2 + min(1.0, c) + min(1.0, 0.5 * c)
     policy.forget(0)
     assert 0 not in policy._survival
 
@@ -153,3 +154,80 @@ def test_copied_and_learned_drafts_have_their_own_rates():
     policy2._pooled, policy2._requests = policy._pooled, policy._requests
     assert _measured(policy2, 1, costs).width == 0  # no copy known: decode
     assert policy2.choose([(0, 4)], copied={0: 3}).width == 4
+
+
+def _random_run(seed: int, steps: int, batches=(1, 8, 64)):
+    """Feed the same random observations to the policy and to its code of before; yield
+    both choices at every decision (lanes of 1..64 requests, copied counts, prefix
+    programs, proposal confidence, forgotten requests, costs near each other so that
+    rates are close and staleness re-measures)."""
+    import random
+
+    from .policy_before import PolicyBefore
+
+    rng = random.Random(seed)
+    widths, prefix = (1, 2, 3, 4), ((8, 16, 4), (64, 96, 4), (64, 128, 3))
+    new, old = (cls(widths, batches, prefix) for cls in (WidthPolicy, PolicyBefore))
+    live = list(range(80))
+    for step in range(steps):
+        rows = rng.choice((1, 2, 5, 8, 20, 64))
+        lanes = [(rid, rng.choice((1, 2, 3, 4, 4, 4))) for rid in rng.sample(live, rows)]
+        copied = ({rid: rng.choice((0, 0, 1, 2, 3)) for rid, _ in lanes}
+                  if rng.random() < 0.7 else None)
+        yield step, new.choose(lanes, copied), old.choose(lanes, copied)
+        assert new.decisions == old.decisions
+        assert new.costs.decisions == old.costs.decisions
+        r = random.Random(seed * 1_000_003 + step)
+        for _ in range(r.randint(0, 3)):
+            option = r.choice([Choice(0), Choice(2), Choice(3), Choice(4),
+                               Choice(4, 96), Choice(3, 128), Choice(4, 16)])
+            seconds = r.uniform(0.9, 1.6) * (1 + option.width / 8)
+            for policy in (new, old):
+                policy.observe_step(policy.program_key(rows, option), seconds)
+        for rid, ceiling in lanes:
+            if r.random() < 0.5 and ceiling > 1:
+                drafts = r.randint(1, ceiling - 1)
+                accepted = r.randint(0, drafts)
+                cop = r.randint(0, drafts)
+                for policy in (new, old):
+                    policy.observe_lane(rid, drafts, accepted, cop)
+            if r.random() < 0.05:
+                conf = [r.random() for _ in range(3)]
+                offers = r.randint(1, 4)
+                accepted = r.randint(0, offers - 1)
+                for policy in (new, old):
+                    policy.observe_confidence(rid, conf, offers, accepted)
+        if r.random() < 0.1:
+            gone = r.choice(live)
+            for policy in (new, old):
+                policy.forget(gone)
+
+
+def test_choose_decides_as_before_on_random_observations():
+    """The per-request tables (cached between acceptance observations, one pass for every
+    width) give the same choice, reason included, as the code of before, decision for
+    decision, and the same expected tokens to the last bit."""
+    seen = set()
+    for seed in range(3):
+        for _step, new, old in _random_run(seed, 400):
+            assert new == old
+            seen.add((new.width, new.packed_rows, new.reason))
+    # the run reaches decode, every width, prefix programs, best and re-measure choices
+    assert {(0, 0, "best"), (4, 0, "best")} <= seen
+    assert any(c[1] for c in seen) and any(c[2] == "measure" for c in seen)
+    assert len(seen) >= 6, seen
+
+
+def test_expected_tokens_are_bit_identical_to_the_sum_per_length():
+    from .policy_before import PolicyBefore
+
+    new, old = WidthPolicy((1, 4), (1,), ()), PolicyBefore((1, 4), (1,), ())
+    for drafts, accepted, copied in ((3, 1, 0), (3, 3, 2), (2, 0, 1), (3, 2, 3)) * 5:
+        for rid in (0, 1):
+            for policy in (new, old):
+                policy.observe_lane(rid, drafts, accepted, copied)
+        for rid in (0, 1, 2):  # 2: pooled rates only
+            for copied_now in (0, 1, 3):
+                for length in range(0, 6):
+                    assert new.expected_tokens(rid, length, copied_now) == \
+                        old.expected_tokens(rid, length, copied_now)

@@ -321,6 +321,9 @@ class Scheduler:
         self._clock = clock
         self._issued: deque[tuple[float, tuple | None]] = deque()  # per outstanding plan
         self._choice: Choice | None = None  # the policy's choice for the plan being built
+        # request id -> its lane's copied candidates, proposed for the plan being built
+        self._lanes_now: dict[int, CopiedCandidates | None] = {}
+        self._completed_at = -float("inf")  # clock at the latest completion (any plan)
         self._spec_copied_draft = self._spec_copied_accepted = 0
         self._reused_tokens = 0
         self._transfer_steps = 0
@@ -559,32 +562,63 @@ class Scheduler:
         capacity (least recently served first when over it), pages permitting; with
         speculation, SPECULATIVE lanes and DECODE rows (requests that cannot speculate)
         in separate steps, the group of the least recently served request first."""
-        # Decode rows may be planned ahead of their device-owned pending token; a
-        # speculative lane needs its completed record (its consumed endpoint) first.
-        ahead = bool(self._outstanding) and self.device_pending and not self.widths
+        # Ahead rule. While the newest outstanding plan is a DECODE whose pending tokens
+        # are device-owned (`can_schedule_ahead`), a request whose only in-flight row is
+        # that decode row may get a DECODE row now (fed from the device). On a speculative
+        # core that needs the width policy, and only where the step is plain decode anyway:
+        # - the policy decides for the whole cohort, in-flight requests included (their
+        #   ceilings and copied counts estimated from the tokens known: `_copied_counts`);
+        # - it picks plain DECODE: every ready request gets a DECODE row, ahead or not;
+        # - it picks speculation: a request with an in-flight row never gets a SPECULATIVE
+        #   lane (a lane needs its completed record: the consumed endpoint, the tokens its
+        #   copied candidates follow), so if any lane's request has one, no lane is
+        #   planned: they wait for the completion and the choice is not committed (it is
+        #   decided again then); requests that cannot speculate still get DECODE rows.
+        # Fixed-width speculation (no policy) plans no row ahead: every speculating
+        # request's next row is a lane.
+        ahead = bool(self._outstanding) and self.device_pending and (
+            not self.widths or self.policy is not None)
         ready = [s for s in self._running if s.decode_ready(ahead)]
         cap = self.geometry.decode_capacities[-1]
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
             ready = [s for s in ready if id(s) in keep]
         self._choice = None
+        self._lanes_now = {}
         if not self.widths or not ready:
             return self._build_plain(ready)
         lanes = [s for s in ready if speculates(s.request)]
         plain = [s for s in ready if not speculates(s.request)]
         if lanes and self.policy is not None:
             ceilings = [(s.request_id, self.lane_ceiling(s)) for s in lanes]
-            copied = None
-            if self.history_drafting:  # known before the step: the policy weighs them
-                copied = {s.request_id: len(c.ids) if (c := self._candidates(s, n)) else 0
-                          for s, (_, n) in zip(lanes, ceilings, strict=True)}
-            self._choice = self.policy.choose(ceilings, copied)
-            if self._choice.width == 0:  # plain decode is the best program for them now
+            copied = self._copied_counts(lanes, ceilings) if self.history_drafting else None
+            choice = self.policy.decide(ceilings, copied)
+            if choice.width == 0:  # plain decode is the best program for them now
                 plain, lanes = ready, []
+            elif any(s.inflight_samples for s in lanes):
+                lanes, choice = [], None  # they wait for their completion (not committed)
+            if choice is not None:
+                self._choice = self.policy.commit(choice)
         if speculates(min(ready, key=lambda s: (s.last_step, s.order)).request):
             return self._build_speculative(lanes) or self._build_plain(plain)
         return self._build_plain(plain) or self._build_speculative(lanes)
 
+    def _copied_counts(self, lanes: list[Sequence],
+                       ceilings: list[tuple[int, int]]) -> dict[int, int]:
+        """request id -> copied candidates its lane would carry now (the width policy
+        weighs them before the step). A request with no row in flight proposes for its
+        lane (`_candidates`, kept in `_lanes_now` for `_build_speculative`: one proposal
+        per lane per step); one whose decode row is in flight (planned ahead: its pending
+        token is not known yet) proposes from the tokens known, the proposal's first id
+        standing for the pending token, so its count is one less."""
+        copied = {}
+        for seq, (rid, n) in zip(lanes, ceilings, strict=True):
+            if seq.inflight_samples:
+                copied[rid] = max(len(self._propose(seq, n)) - 1, 0) if n > 1 else 0
+            else:
+                candidates = self._lanes_now[rid] = self._candidates(seq, n)
+                copied[rid] = len(candidates.ids) if candidates else 0
+        return copied
     def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
         """A DECODE row per ready request whose next page is available."""
         pt = self.geometry.page_tokens
@@ -614,6 +648,7 @@ class Scheduler:
         pt = self.geometry.page_tokens
         choice = self._choice
         rows: list[RowPlan] = []
+        proposed = self._lanes_now  # this step's proposals (`_copied_counts`), if made
         for seq in ready:
             start = seq.num_scheduled  # the pending token's position
             n = self.lane_ceiling(seq)
@@ -626,8 +661,15 @@ class Scheduler:
                     continue  # waits for reclamation (or preemption), never shortened
                 seq.page_ids.extend(grant.page_ids)
             fed = seq.tokens[start : start + 1] or [PENDING_PLACEHOLDER]
+            if seq.request_id in proposed:  # proposed for the ceiling: this lane's share
+                candidates = proposed[seq.request_id]
+                if candidates is not None and len(candidates.ids) >= n:
+                    candidates = (dataclasses.replace(candidates, ids=candidates.ids[:n - 1])
+                                  if n > 1 else None)
+            else:
+                candidates = self._candidates(seq, n)
             rows.append(self._row(seq, fed, sample=True, histogram=None, decode=True,
-                                  lane_length=n, candidates=self._candidates(seq, n)))
+                                  lane_length=n, candidates=candidates))
         if not rows:
             return None
         packed = choice.packed_rows if choice is not None else 0
@@ -682,8 +724,9 @@ class Scheduler:
         """
         request = seq.request
         sampling = request.sampling
-        budget = request.max_output_tokens - seq.num_output_tokens
-        if sampling.min_tokens_banned and seq.num_output_tokens < sampling.min_tokens:
+        outputs = seq.num_output_tokens + seq.inflight_samples  # an in-flight token counts
+        budget = request.max_output_tokens - outputs
+        if sampling.min_tokens_banned and outputs < sampling.min_tokens:
             return 1
         if request.width_one:
             if not (self.history_drafting and self.geometry.candidate_masks
@@ -868,9 +911,22 @@ class Scheduler:
         return tokens
 
     def _observe_cost(self) -> None:
+        """Pop the oldest plan's issue record; a DECODE or SPECULATIVE step feeds the
+        width policy its cost.
+
+        Rule: a step's cost is the time the machine spent on it alone -- from its issue,
+        or from the previous plan's completion when it was issued before that (planned
+        ahead), to its completion. A serial step (every SPECULATIVE step; any step issued
+        after the previous completion) costs issue to completion; in steady pipelined
+        decode every step costs the interval between consecutive completions, its host
+        work hidden behind the device step before it.
+        """
         issued, key = self._issued.popleft()
+        now = self._clock()
+        start = max(issued, self._completed_at)
+        self._completed_at = now
         if key is not None:
-            self.policy.observe_step(key, self._clock() - issued)
+            self.policy.observe_step(key, now - start)
 
     def _complete_speculative(self, plan: StepPlan, record,
                               confidence: np.ndarray | None = None) -> list[RowResult]:
@@ -1001,6 +1057,7 @@ class Scheduler:
             raise CompletionError("plan is not the oldest outstanding plan")
         self._outstanding.popleft()
         self._issued.popleft()
+        self._completed_at = self._clock()
         failed: list[FinishedRequest] = []
         for row in plan.rows:
             seq = self._requests[row.request_id]
@@ -1020,6 +1077,7 @@ class Scheduler:
         if not self._outstanding or plan != self._outstanding[0]:
             raise CompletionError("plan is not the oldest outstanding plan")
         self._issued.popleft()  # a TRANSFER step's cost is no program's the policy weighs
+        self._completed_at = self._clock()
         return self._copies.pop(id(self._outstanding.popleft()))
 
     def _transfer_failed(self, seq: Sequence) -> FinishedRequest | None:

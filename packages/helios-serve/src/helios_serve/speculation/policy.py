@@ -7,9 +7,10 @@ physical program -- plain DECODE, a SPECULATIVE program of width W (lanes of
 min(W, their ceiling)), or a SPECULATIVE_PREFIX_LIMIT program (B lanes sharing P rows)
 -- from two kinds of observations, both taken from completed steps only:
 
-- step costs: wall seconds from issue to completion of steps that had the machine to
-  themselves (no other plan outstanding), an exponentially weighted mean per program
-  (`StepCosts`);
+- step costs: the wall seconds the machine spent on each completed step (the scheduler's
+  rule, Scheduler._observe_cost: from its issue, or from the previous completion when it
+  was planned ahead of it, to its completion), an exponentially weighted mean per
+  program (`StepCosts`);
 - acceptance: per request and draft position k, how often draft k was accepted when
   reached (drafts 0..k-1 accepted), smoothed towards the pooled rate of all requests;
   copied drafts (history drafting) and learned drafts counted apart, since a copy in
@@ -60,9 +61,9 @@ class StepCosts:
         """Measured MIN_COST_SAMPLES times."""
         return self.samples.get(key, 0) >= MIN_COST_SAMPLES
 
-    def age(self, key: tuple) -> int:
-        """Decisions since the last measurement of `key`."""
-        return self.decisions - self.when.get(key, 0)
+    def age(self, key: tuple, decisions: int | None = None) -> int:
+        """Decisions since the last measurement of `key` (at `decisions`, default now)."""
+        return (self.decisions if decisions is None else decisions) - self.when.get(key, 0)
 
     def known(self, key: tuple) -> bool:
         """Measured MIN_COST_SAMPLES times, the last within STALE_DECISIONS decisions."""
@@ -125,6 +126,11 @@ class WidthPolicy:
         # against acceptance over every verified draft (accepted count, summed survival).
         self._survival: dict[int, list[float]] = {}
         self._calibration = [0.0, 0.0]
+        # (request id, copied) -> its lane's expected tokens per length and survival
+        # products (`_lane_table`); cleared by every acceptance observation (each one moves
+        # the pooled rates every request's are smoothed towards), so a run of decode steps
+        # computes each request's table once.
+        self._tables: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
 
     # -- observations --------------------------------------------------------------
 
@@ -139,6 +145,7 @@ class WidthPolicy:
             stats = self._requests[request_id] = _Acceptance(len(self._pooled.offered))
         stats.add(drafts, accepted, copied)
         self._pooled.add(drafts, accepted, copied)
+        self._tables.clear()
 
     def observe_confidence(self, request_id: int, confidence: Sequence[float], offers: int,
                            accepted: int) -> None:
@@ -164,6 +171,8 @@ class WidthPolicy:
     def forget(self, request_id: int) -> None:
         self._requests.pop(request_id, None)
         self._survival.pop(request_id, None)
+        for key in [k for k in self._tables if k[0] == request_id]:
+            del self._tables[key]
 
     def observe_step(self, key: tuple, seconds: float) -> None:
         """A completed step of program `key` (`program_key`) that ran alone."""
@@ -206,16 +215,46 @@ class WidthPolicy:
     def expected_tokens(self, request_id: int, length: int, copied: int = 0) -> float:
         """Tokens a lane of `length` positions is expected to emit: 1 + sum over
         j < length - 1 of alpha_0 * ... * alpha_j (`acceptance`)."""
-        total, survive = 1.0, 1.0
-        for alpha in self.acceptance(request_id, copied)[:max(length - 1, 0)]:
-            survive *= alpha
-            total += survive
-        return total
+        expected = self._lane_table(request_id, copied)[0]
+        return expected[min(max(length, 1), len(expected) - 1)]
+
+    def _lane_table(self, request_id: int, copied: int) -> tuple[list[float], list[float]]:
+        """(expected, survive) of a lane of `request_id` with `copied` copied drafts:
+        expected[n] = `expected_tokens` of length n (n = 0 .. depth + 1; 0 and 1 emit 1),
+        survive[j] = alpha_0 * ... * alpha_j, from one pass over `acceptance` in draft
+        order (the same float operations in the same order as summing per length)."""
+        key = (request_id, copied)
+        table = self._tables.get(key)
+        if table is None:
+            total, s = 1.0, 1.0
+            expected, survive = [1.0, 1.0], []
+            for alpha in self.acceptance(request_id, copied):
+                s *= alpha
+                survive.append(s)
+                total += s
+                expected.append(total)
+            table = self._tables[key] = (expected, survive)
+        return table
 
     def choose(self, lanes: Sequence[tuple[int, int]],
                copied: Mapping[int, int] | None = None) -> Choice:
+        """`decide`, then `commit`: the program for one step over `lanes` that runs."""
+        return self.commit(self.decide(lanes, copied))
+
+    def commit(self, choice: Choice) -> Choice:
+        """Count `choice` (from `decide`) as a decision: the step it chose is planned now.
+        A choice that is not committed (the scheduler leaves the cohort waiting and
+        decides again at its completion) leaves no trace."""
+        if choice.reason != "no speculation":
+            self.costs.decisions += 1
+            self._record(choice)
+        return choice
+
+    def decide(self, lanes: Sequence[tuple[int, int]],
+               copied: Mapping[int, int] | None = None) -> Choice:
         """The program for one step over `lanes` = (request id, lane ceiling); `copied`:
         request id -> copied candidates its lane carries this step (history drafting).
+        Changes nothing (`commit` counts it).
 
         Rule: among plain DECODE, each served width W > 1 and each prefix-limit program
         that holds the batch, take the highest expected tokens per second -- expected
@@ -230,55 +269,62 @@ class WidthPolicy:
         a program whose last measurement is more than STALE_DECISIONS decisions old is
         measured again (narrowest first) if its rate at that cost is at least
         STALE_MARGIN x the best rate, else only once it is LOSER_STALE_DECISIONS old.
+        Ages count committed decisions, this one included.
         """
         if not self.widths or not lanes:
             return Choice(0, 0, "no speculation")
         costs = self.costs
-        costs.decisions += 1
+        decisions = costs.decisions + 1  # this decision, once committed
         rows = len(lanes)
+        bucket = self.bucket(rows)
         options = [Choice(0)] + [Choice(w) for w in self.widths]
-        options += [Choice(w, p) for b, p, w in self.prefix
-                    if b == self.bucket(rows) and b >= rows]
+        options += [Choice(w, p) for b, p, w in self.prefix if b == bucket and b >= rows]
         keys = [self.program_key(rows, option) for option in options]
         for option, key in zip(options, keys, strict=True):
             if not costs.measured(key):
-                return self._record(Choice(option.width, option.packed_rows, "measure"))
-        rates = [self._tokens(lanes, option, copied) / costs.mean[key]
+                return Choice(option.width, option.packed_rows, "measure")
+        copied = copied or {}
+        tables = [self._lane_table(rid, copied.get(rid, 0)) for rid, _ in lanes]
+        rates = [self._tokens(lanes, tables, option) / costs.mean[key]
                  for option, key in zip(options, keys, strict=True)]
         best_rate = max(rates)
         for option, key, rate in zip(options, keys, rates, strict=True):
-            age = costs.age(key)
+            age = costs.age(key, decisions)
             if age > LOSER_STALE_DECISIONS or (age > STALE_DECISIONS
                                                and rate >= STALE_MARGIN * best_rate):
-                return self._record(Choice(option.width, option.packed_rows, "measure"))
+                return Choice(option.width, option.packed_rows, "measure")
         best = options[rates.index(best_rate)]
-        return self._record(Choice(best.width, best.packed_rows, "best"))
+        return Choice(best.width, best.packed_rows, "best")
 
-    def _tokens(self, lanes: Sequence[tuple[int, int]], option: Choice,
-                copied: Mapping[int, int] | None = None) -> float:
+    def step_tokens(self, lanes: Sequence[tuple[int, int]], option: Choice,
+                    copied: Mapping[int, int] | None = None) -> float:
+        """Expected tokens of one step of `option` over `lanes` (the rule's numerator)."""
         copied = copied or {}
+        return self._tokens(lanes, [self._lane_table(rid, copied.get(rid, 0))
+                                    for rid, _ in lanes], option)
+
+    def _tokens(self, lanes: Sequence[tuple[int, int]],
+                tables: Sequence[tuple[list[float], list[float]]], option: Choice) -> float:
+        """Expected tokens of one step of `option` over `lanes` (`_lane_table` each)."""
         if option.width == 0:
             return float(len(lanes))
+        width = option.width
         if not option.packed_rows:
-            return sum(self.expected_tokens(rid, min(option.width, ceiling),
-                                            copied.get(rid, 0))
-                       for rid, ceiling in lanes)
+            return sum(expected[min(width, ceiling, len(expected) - 1)]
+                       for (_, ceiling), (expected, _) in zip(lanes, tables, strict=True))
         # Prefix allocation: each lane's pending row, then the P - B likeliest positions:
         # a lane seen in a prefix-limit step by its last drafts' survival products (the
         # proposal confidence the device allocates by) times the observed calibration,
         # else by its acceptance rates.
         gains = []
         calibration = self.calibration
-        for rid, ceiling in lanes:
-            depth = max(min(option.width, ceiling) - 1, 0)
+        for (rid, ceiling), (_, survive) in zip(lanes, tables, strict=True):
+            depth = max(min(width, ceiling) - 1, 0)
             seen = self._survival.get(rid)
             if seen:
                 gains += [min(1.0, calibration * s) for s in seen[:depth]]
-                continue
-            survive = 1.0
-            for alpha in self.acceptance(rid, copied.get(rid, 0))[:depth]:
-                survive *= alpha
-                gains.append(survive)
+            else:
+                gains += survive[:depth]
         gains.sort(reverse=True)
         return len(lanes) + sum(gains[:max(option.packed_rows - len(lanes), 0)])
 
