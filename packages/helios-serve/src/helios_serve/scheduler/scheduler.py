@@ -62,6 +62,15 @@ completion. If the in-flight token ends the request (EOS, a stop), the worker
 finishes it and the ahead row's result is discarded; slot and pages are released
 when that frame completes. Plans complete in issue order.
 
+On a speculative core rows go ahead only as DECODE rows, and only under the width policy
+(`_build_decode` states the rule): when it picks plain DECODE for the cohort, in-flight
+requests included, the decode is planned ahead exactly as on a plain core; when it picks
+speculation, requests with an in-flight row wait for its completion (a lane needs its
+completed record: consumed endpoint, copied candidates) and the choice is decided again
+then. Fixed-width speculation plans nothing ahead. The policy's step cost is the time
+the machine spent on the step alone (`_observe_cost`): issue to completion for a serial
+step, the interval between completions for pipelined decode.
+
 Exact-endpoint snapshots and the host tier (scheduler/cache.py): admission reuses the
 longest cached prefix across tiers (device pages, host-tier pages, then a snapshot's
 tail), and every copy that reuse, publication or eviction needs is issued as TRANSFER
