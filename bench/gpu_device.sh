@@ -76,9 +76,11 @@ case $stage in
     python3 bench/structured_speculative.py --backend cuda --gguf "$HOME/g/smol.gguf" \
       --batches 1 8 32 --tokens 128 --json "$OUTD/structured_spec.json" 2>&1 | tee "$OUTD/structured_spec.log" ;;
   spec-history)  # issue 13: history drafting (copy cursor vs latest occurrence) + width
-    # policy, 3 prompt sets, batch 1..64, requests end at EOS, medians of 3 rounds
+    # policy, 3 prompt sets, batch 1..64, requests end at EOS, medians of 2 rounds; every
+    # mode in the worker's two-frame loop (off = a served core's pipelined decode; adaptive
+    # plans decode ahead when its policy picks decode). ~350 s at 2 rounds (one 600 s call)
     python3 bench/speculative_history.py --backend cuda --gguf "$HOME/g/smol.gguf" \
-      --batches 1 8 32 64 --tokens 256 --rounds 3 --json "$OUTD/spec_history.json" 2>&1 | tee "$OUTD/spec_history.log" ;;
+      --batches 1 8 32 64 --tokens 256 --rounds 2 --json "$OUTD/spec_history.json" 2>&1 | tee "$OUTD/spec_history.log" ;;
   tuning)  # startup tuning (decode-split producer) and KV cache sizing on the device:
     # tests, then each candidate split count timed against the producer's choice
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_tuning_kernels.py \
