@@ -78,9 +78,17 @@ case $stage in
   spec-history)  # issue 13: history drafting (copy cursor vs latest occurrence) + width
     # policy, 3 prompt sets, batch 1..64, requests end at EOS, medians of 2 rounds; every
     # mode in the worker's two-frame loop (off = a served core's pipelined decode; adaptive
-    # plans decode ahead when its policy picks decode). ~350 s at 2 rounds (one 600 s call)
+    # plans decode ahead when its policy picks decode). ~350 s at 2 rounds (one 600 s call);
+    # SPEC_SHORT=1: batch 1 and 64, 128 tokens, off / learned+history / adaptive only
+    # (estimated <= 150 s: a third of the batches' work, half the tokens, 3 of 5 modes)
+    if [ "${SPEC_SHORT:-0}" = 1 ]; then
+      spec_args="--batches 1 64 --tokens 128 --rounds 2 --modes off learned+history adaptive"
+    else
+      spec_args="--batches 1 8 32 64 --tokens 256 --rounds 2"
+    fi
+    # shellcheck disable=SC2086
     python3 bench/speculative_history.py --backend cuda --gguf "$HOME/g/smol.gguf" \
-      --batches 1 8 32 64 --tokens 256 --rounds 2 --json "$OUTD/spec_history.json" 2>&1 | tee "$OUTD/spec_history.log" ;;
+      $spec_args --json "$OUTD/spec_history.json" 2>&1 | tee "$OUTD/spec_history.log" ;;
   tuning)  # startup tuning (decode-split producer) and KV cache sizing on the device:
     # tests, then each candidate split count timed against the producer's choice
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_tuning_kernels.py \
