@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 # Width-policy regimes: the policy's step costs are scripted (program key -> seconds, its
 # own measurements switched off) so that every version makes the same decisions whatever
@@ -187,8 +186,9 @@ def main(argv=None) -> int:
                   "tokens_per_request": args.tokens, "rounds": args.rounds, "rows": rows,
                   "load_average": os.getloadavg(),
                   "commit": os.environ.get("HELIOS_COMMIT", "unknown")}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        from _report import write_json  # bench/ is this script's folder
+
+        write_json(args.json, result)
     return 0
 
 
