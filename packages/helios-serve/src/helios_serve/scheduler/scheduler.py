@@ -725,7 +725,8 @@ class Scheduler:
         constrained request whose grammar masks its copied candidates position by
         position (history drafting on a core with ModelGeometry.candidate_masks) verifies
         those candidates and no learned draft: 1 + the candidates its grammar accepts;
-        else min(widest served W = D + 1, output budget left). The request alone decides
+        else min(widest served W = D + 1, output budget left; a token still in flight
+        counts as emitted: the policy weighs requests planned ahead). The request alone decides
         it, never other requests or free pages: cores exported before coupled
         verification sample seeded text that depends on the lane lengths (which
         position's token is a bonus draw and which an acceptance test); with coupled
