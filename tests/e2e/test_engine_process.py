@@ -311,9 +311,31 @@ def test_engine_process_refuses_process_ranks(tiny_served):
         "helios-serve: error: --engine-process does not serve process ranks (--world) yet"
 
 
-@pytest.fixture
-def small_engine_server(tiny_served):
-    """An engine-process server with two slots and a queue of one (killed by its test)."""
+def _typed_samples(server) -> dict[tuple[str, tuple], tuple[str, float]]:
+    """/metrics as {(sample name, labels): (family type, value)}; a counter's or
+    histogram's `_created` sample (the text parser's gauge family) is "created"."""
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return {(s.name, tuple(sorted(s.labels.items()))):
+            ("created" if s.name.endswith("_created") else family.type, s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+FRONTEND_GAUGES = ("helios_http_admission_permits_in_use",
+                   "helios_http_admission_permits_capacity")
+FINISHED = "helios_requests_finished_total"
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))][1]
+
+
+@pytest.fixture(scope="module")
+def engine_death(tiny_served):
+    """One engine-process server (two slots, a queue of one) through its engine's death,
+    recorded: a finished request, then a stream of n=2 on both slots and a JSON request
+    waiting in the engine's queue, a 503 from that full queue, /metrics (`before`), the
+    engine's SIGKILL, /metrics once the frontend saw it (`after_kill`), a request
+    refused, /metrics again (`after_refusal`)."""
     from helios_serve.cli import start
     from helios_serve.config import ServeOptions
 
@@ -321,47 +343,122 @@ def small_engine_server(tiny_served):
     server = start(core.path, [str(core.public_key)], core.namespace,
                    ServeOptions(port=0, max_active=2, queue_capacity=1, engine_process=True))
     server.serve_in_background()
-    yield server
-    server.stop()
-    server.bootstrap.close()
+    out = {"health_before": httpx.get(server.url + "/health").status_code}
+    try:
+        out["finished"] = _post(server, "/v1/chat/completions",
+                                _chat(max_tokens=12, ignore_eos=True))
+        body = _chat(max_tokens=220, ignore_eos=True, stream=True, n=2, temperature=0.8,
+                     seed=1)
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                          timeout=60) as r:
+            assert r.status_code == 200, r.read()
+            lines = r.iter_lines()
+            while not next(lines).startswith("data: "):
+                pass
+            # Both slots run; a JSON request waits in the engine's queue (of one).
+            waiting: list = []
+            queued = threading.Thread(target=lambda: waiting.append(
+                _post(server, "/v1/chat/completions", _chat())))
+            queued.start()
+            deadline = time.monotonic() + 30
+            while _samples(server)[("helios_requests_waiting", ())] != 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            # The queue cannot take two more choices: the engine's Rejected is a 503.
+            out["queue_full"] = _post(server, "/v1/chat/completions",
+                                      _chat(n=2, temperature=0.8, seed=2))
+            out["before"] = _typed_samples(server)  # the engine's last scrape
+            os.kill(server.engine.pid, signal.SIGKILL)
+            out["rest"] = [line for line in lines if line.startswith("data: ")]
+        queued.join(30)
+        out["waiting"] = waiting[0]
+        health = httpx.get(server.url + "/health")
+        out["health_after"] = (health.status_code, health.json())
+        out["after_kill"] = _typed_samples(server)
+        out["refused"] = _post(server, "/v1/chat/completions", _chat())
+        out["after_refusal"] = _typed_samples(server)
+        out["metrics_status"] = httpx.get(server.url + "/metrics").status_code
+    finally:
+        server.stop()
+        server.bootstrap.close()
+    return out
 
 
-def test_engine_rejection_is_503_and_its_death_fails_requests_and_health(small_engine_server):
-    server = small_engine_server
-    assert httpx.get(server.url + "/health").status_code == 200
-    body = _chat(max_tokens=220, ignore_eos=True, stream=True, n=2, temperature=0.8, seed=1)
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
-                      timeout=60) as r:
-        assert r.status_code == 200, r.read()
-        lines = r.iter_lines()
-        while not next(lines).startswith("data: "):
-            pass
-        # Both slots run; a JSON request waits in the engine's queue (of one).
-        waiting: list = []
-        queued = threading.Thread(target=lambda: waiting.append(
-            _post(server, "/v1/chat/completions", _chat())))
-        queued.start()
-        deadline = time.monotonic() + 30
-        while _samples(server)[("helios_requests_waiting", ())] != 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        # The queue cannot take two more choices: the engine's Rejected is a 503.
-        status, rejected = _post(server, "/v1/chat/completions",
-                                 _chat(n=2, temperature=0.8, seed=2))
-        assert status == 503, rejected
-        assert rejected["error"]["message"] == "the admission queue is full (1 waiting)"
-        # The engine dies: the live stream gets one SSE error event and no [DONE], the
-        # waiting JSON request a 500.
-        os.kill(server.engine.pid, signal.SIGKILL)
-        rest = [line for line in lines if line.startswith("data: ")]
-    queued.join(30)
-    assert waiting[0][0] == 500, waiting
-    assert waiting[0][1]["error"]["message"] == "the engine process exited (exit code -9)"
+def test_engine_rejection_is_503_and_its_death_fails_requests_and_health(engine_death):
+    run = engine_death
+    assert run["health_before"] == 200
+    assert run["finished"][0] == 200, run["finished"]
+    status, rejected = run["queue_full"]
+    assert status == 503, rejected
+    assert rejected["error"]["message"] == "the admission queue is full (1 waiting)"
+    # The engine died: the live stream got one SSE error event and no [DONE], the
+    # waiting JSON request a 500.
+    assert run["waiting"][0] == 500, run["waiting"]
+    assert run["waiting"][1]["error"]["message"] == "the engine process exited (exit code -9)"
+    rest = run["rest"]
     errors = [json.loads(line[6:]) for line in rest if '"error"' in line]
     assert rest[-1] != "data: [DONE]" and len(errors) == 1, rest[-3:]
     assert errors[0]["error"]["message"] == "the engine process exited (exit code -9)"
-    health = httpx.get(server.url + "/health")
-    assert health.status_code == 503 and health.json()["status"] == "unhealthy"
-    status, body = _post(server, "/v1/chat/completions", _chat())
+    status, health = run["health_after"]
+    assert status == 503 and health["status"] == "unhealthy"
+    status, body = run["refused"]
     assert status == 503 and body["error"]["message"] == "the model worker is not running"
-    assert httpx.get(server.url + "/metrics").status_code == 200  # the frontend's share
+    assert run["metrics_status"] == 200
+
+
+def test_engine_counters_survive_its_death_and_its_gauges_read_zero(engine_death):
+    """Counters and histograms keep the engine's last scrape (a Prometheus counter never
+    goes backwards while the server lives); the engine's gauges read 0 once it is gone."""
+    before, after = engine_death["before"], engine_death["after_kill"]
+    assert set(after) == set(before)
+    assert _value(before, "helios_requests_running") == 2  # the stream's two choices
+    assert _value(before, "helios_requests_waiting") == 1
+    assert _value(before, "helios_cache_pages_used") > 0
+    assert _value(before, "helios_cache_pages_capacity") > 0
+    assert _value(before, FINISHED, reason="length") == 1
+    # At least the finished request's 12 tokens and one token of each streamed choice.
+    assert _value(before, "helios_generation_tokens_total") >= 14
+    assert _value(before, "helios_graph_launches_total", operation="decode") >= 12
+    changed = {(FINISHED, (("reason", "error"),))}  # the failed requests (next test)
+    for key, (kind, value) in before.items():
+        if kind == "gauge" or key in changed:
+            continue
+        assert after[key] == (kind, value), key  # counters, histograms: the last scrape
+    gauges = {key: value for key, (kind, value) in after.items() if kind == "gauge"}
+    assert gauges[("helios_http_admission_permits_capacity", ())] == 3  # the frontend's
+    assert gauges[("flare_constrained_max_inflight", ())] == \
+        _value(before, "flare_constrained_max_inflight")  # a lifetime maximum
+    engine_gauges = {key: value for key, value in gauges.items()
+                     if key[0] not in FRONTEND_GAUGES
+                     and key[0] != "flare_constrained_max_inflight"}
+    assert "helios_runtime_resources" in {key[0] for key in engine_gauges}
+    assert set(engine_gauges.values()) == {0.0}, engine_gauges
+
+
+def test_the_requests_its_death_fails_are_counted_finished_error(engine_death):
+    """The stream (one request of two choices) and the queued JSON request failed: two
+    requests finished with reason error, nothing else finished."""
+    before, after = engine_death["before"], engine_death["after_kill"]
+    assert _value(before, FINISHED, reason="error") == 0
+    assert _value(after, FINISHED, reason="error") == 2
+    for reason in ("stop", "length", "tool_calls", "cancelled"):
+        assert _value(after, FINISHED, reason=reason) == \
+            _value(before, FINISHED, reason=reason), reason
+
+
+def test_requests_refused_after_its_death_are_not_admitted(engine_death):
+    """A request after the engine's death is refused at admission (503): received and
+    rejected (reason scheduler, as the one-process server's 503s), never admitted."""
+    before, killed, after = (engine_death[k] for k in ("before", "after_kill",
+                                                       "after_refusal"))
+    received, admitted = "helios_requests_received_total", "helios_requests_admitted_total"
+    rejected = "helios_requests_rejected_total"
+    # Before: finished, stream, waiting, queue-full (rejected by the engine) admitted.
+    assert (_value(before, received), _value(before, admitted)) == (4, 4)
+    assert _value(before, rejected, reason="scheduler") == 1
+    assert (_value(killed, received), _value(killed, admitted)) == (4, 4)
+    assert (_value(after, received), _value(after, admitted)) == (5, 4)
+    assert _value(after, rejected, reason="scheduler") == 2
+    assert _value(after, rejected, reason="ingress_full") == 0
+    assert {k: v for k, v in after.items() if k[0] not in (received, rejected)} == \
+        {k: v for k, v in killed.items() if k[0] not in (received, rejected)}

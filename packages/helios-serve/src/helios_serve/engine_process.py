@@ -31,8 +31,10 @@ Kept from the one-process server: TTFT / ITL stamps are taken in the engine righ
 `Finished` carries the scheduler's reused-prompt counts; `Rejected` / `Failed` before
 headers are 503 / 500 (a full engine ingress answers `Rejected`); a dropped reader
 cancels through the channel. The engine process exiting fails every live request
-(`Failed`: 500 before headers, an SSE error event after) and makes /health 503. A
-startup failure in the engine process comes back as one `StartupError` line (exit 2).
+(`Failed`: 500 before headers, an SSE error event after; counted
+requests_finished{reason="error"} in the frontend) and makes /health 503; /metrics keeps
+the engine's last counters (each scrape's reply, and the snapshot the engine sends as
+it exits) with its gauges at 0 (`metrics.dead_engine_families`). A startup failure in the engine process comes back as one `StartupError` line (exit 2).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from typing import Any
 from helios_serve.bootstrap import StartupError
 from helios_serve.config import ServeOptions
 from helios_serve.engine.plan import ModelGeometry
+from helios_serve.metrics import dead_engine_families
 from helios_serve.events import (
     ChoiceState,
     EventSink,
@@ -87,6 +90,7 @@ log = logging.getLogger(__name__)
 ENGINE_START_TIMEOUT_S = 3600.0  # a large core's verification and load (cuda: capture)
 ENGINE_STOP_TIMEOUT_S = 15.0
 WORKER_CHECK_S = 0.2  # the engine's main thread notices a crashed worker this often
+FINAL_SNAPSHOT = 0  # the scrape token of the metrics the engine sends as it exits
 
 
 @dataclass(frozen=True)
@@ -245,7 +249,7 @@ def engine_main(conn, spec: EngineSpec) -> None:
     from helios_serve.clock import ObservationClock
     from helios_serve.config import resolve
     from helios_serve.frontend.grammar import GrammarCompiler
-    from helios_serve.metrics import Metrics
+    from helios_serve.metrics import Metrics, engine_families
     from helios_serve.worker import ModelWorker
 
     # The frontend owns this process's lifetime (Stop, or EOF when it is gone): a
@@ -321,13 +325,14 @@ def engine_main(conn, spec: EngineSpec) -> None:
                 for request_id in message.request_ids:
                     worker.cancel(request_id)
             elif type(message) is Scrape:
-                from helios_serve.metrics import engine_families
-
                 channel.send([METRICS_REPLY, message.token, engine_families(metrics)])
             elif type(message) is Stop:
                 break
     finally:
         worker.stop()
+        # The last counts (the requests the worker failed as it stopped or crashed
+        # included): the frontend keeps serving them after this process is gone.
+        channel.send([METRICS_REPLY, FINAL_SNAPSHOT, engine_families(metrics)])
         bootstrap.close()
         conn.close()
     sys.exit(code)
@@ -368,7 +373,8 @@ class EngineClient:
         self._live: dict[int, _Remote] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scrapes: dict[int, asyncio.Future] = {}
-        self._scrape_ids = 0
+        self._scrape_ids = 0  # FINAL_SNAPSHOT (0) is never a scrape's token
+        self._families: list = []  # the engine's metric families last received
         self._stopping = False
 
     @property
@@ -461,17 +467,21 @@ class EngineClient:
             self._send(Cancel([request_id]))
 
     async def scrape(self) -> list:
-        """The engine's metric families (`metrics.engine_families`); [] when the engine
-        is not running."""
-        if self.crashed is not None or self._loop is None:
+        """The engine's metric families (`metrics.engine_families`). Once the engine
+        process has exited: the last families it sent (a scrape's reply or its final
+        snapshot) as `metrics.dead_engine_families` (counters kept, live gauges 0); []
+        before the channel is attached."""
+        if self._loop is None:
             return []
+        if self.crashed is not None:
+            return dead_engine_families(self._families)
         self._scrape_ids += 1
         token = self._scrape_ids
         future = self._loop.create_future()
         self._scrapes[token] = future
         if not self._send(Scrape(token)):
             self._scrapes.pop(token, None)
-            return []
+            return dead_engine_families(self._families)
         return await future
 
     def start_worker(self) -> None:
@@ -526,6 +536,7 @@ class EngineClient:
                 if remote is not None:
                     self._deliver(request_id, remote, events)
         elif message[0] == METRICS_REPLY:
+            self._families = message[2]
             future = self._scrapes.pop(message[1], None)
             if future is not None and not future.done():
                 future.set_result(message[2])
@@ -588,10 +599,15 @@ class EngineClient:
                 log.error("%s; failing %d live requests", message, len(self._live))
         live, self._live = self._live, {}
         for remote in live.values():
+            # Failed here, not in the engine: counted here, once per request (as the
+            # worker's _fail_request counts a failed request).
+            if self.metrics is not None:
+                self.metrics.requests_finished.labels("error").inc()
             _put(remote.request.sink, [Failed(message)])
+        families = dead_engine_families(self._families)
         for future in self._scrapes.values():
             if not future.done():
-                future.set_result([])
+                future.set_result(families)
         self._scrapes.clear()
 
 

@@ -386,6 +386,23 @@ def engine_families(metrics: Metrics) -> list:
             for f in metrics.registry.collect()]
 
 
+# Gauges that record a lifetime maximum, not live state (model-contract.md, "/metrics":
+# flare_constrained_max_inflight "must remain one afterward"): kept after the engine died.
+LIFETIME_GAUGES = frozenset({"flare_constrained_max_inflight"})
+
+
+def dead_engine_families(families: list) -> list:
+    """The engine's share of /metrics once its process has died: `families` (the last
+    `engine_families` received from it, [] when none was) with counters and histograms
+    as they were, so that no counter goes backwards while the frontend lives, and every
+    gauge 0 (nothing runs, no slot, page, row or runtime resource is held any more)
+    except the LIFETIME_GAUGES."""
+    return [[name, typ, doc, unit,
+             samples if typ != "gauge" or name in LIFETIME_GAUGES
+             else [[sample, labels, 0.0] for sample, labels, _ in samples]]
+            for name, typ, doc, unit, samples in families]
+
+
 class _Merged:
     """One exposition of two processes' registries with the same metric names (the
     frontend's and the engine's `Metrics`): each counter, gauge and histogram sample

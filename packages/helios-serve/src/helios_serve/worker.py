@@ -297,10 +297,10 @@ class ModelWorker:
             with self._lock:
                 pending = list(self._ingress)
                 self._ingress.clear()
-            for request in pending:
+            failed = [*pending, *(state.request for state in self._requests.values())]
+            for request in failed:  # counted as _fail_request counts: once per request
+                self.metrics.requests_finished.labels("error").inc()
                 request.sink.publish([Failed(message)])
-            for state in list(self._requests.values()):
-                state.request.sink.publish([Failed(message)])
             self._live.clear()
             self._requests.clear()
 

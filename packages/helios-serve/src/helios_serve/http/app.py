@@ -253,7 +253,7 @@ async def version() -> dict[str, str]:
 async def health(request: Request) -> Response:
     """200 while the model worker runs, else 503."""
     service = _service(request)
-    if service.worker.alive and service.worker.crashed is None:
+    if service.worker_running():
         return Response({"status": "ok"}, status_code=200)
     return Response(
         {"status": "unhealthy", "detail": "the model worker is not running"}, status_code=503

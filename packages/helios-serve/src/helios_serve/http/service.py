@@ -169,9 +169,13 @@ class ApiService:
 
         Raises:
             IngressFull (429), InvalidRequest (400), CapacityExceeded (503, no retry),
-            AdmissionRejected (503: the worker's channel is full or it is not running).
+            AdmissionRejected (503: the worker's channel is full or it is not running;
+            a worker that is not running refuses at admission: no permit, not admitted).
         """
         assert self.admission is not None
+        if not self.worker_running():
+            self.metrics.requests_rejected.labels(REJECT_SCHEDULER).inc()
+            raise AdmissionRejected("the model worker is not running")
         with self.admission.acquire() as permit:
             prepared = [await self._prepared(fn, x) for x in inputs]
             sink = EventSink(asyncio.get_running_loop(), choices=sum(p.n for p in prepared))
@@ -186,7 +190,7 @@ class ApiService:
                     for sent in requests[:i]:
                         self.worker.cancel(sent.request_id)
                     self.metrics.requests_rejected.labels(REJECT_SCHEDULER).inc()
-                    if self.worker.crashed is not None or not self.worker.alive:
+                    if not self.worker_running():  # it stopped while this one was prepared
                         raise AdmissionRejected("the model worker is not running")
                     raise AdmissionRejected("the model queue is full; retry later")
             release = permit.hand_off()
@@ -206,6 +210,10 @@ class ApiService:
             ingress_ns=ingress_ns,
             enqueue_ns=enqueue_ns,
         )
+
+    def worker_running(self) -> bool:
+        """The model worker (or the engine process) runs: /health's 200, and admission."""
+        return self.worker.crashed is None and self.worker.alive
 
     async def _prepared(self, fn: Callable[..., T], *args: object) -> T:
         assert self.admission is not None
