@@ -303,22 +303,33 @@ def test_paused_reader_loses_nothing_and_blocks_no_one(tok):
 
 
 def test_worker_crash_is_unhealthy_and_refuses_requests(tok):
+    """The request the crash fails is finished{reason="error"}; a request after it is
+    refused at admission: received and rejected (scheduler), never admitted."""
     with ScriptedServer(tok) as server:
         worker = server.server.worker
+        m = server.server.metrics
+
+        def counts() -> tuple[float, ...]:
+            return (m.requests_received._value.get(), m.requests_admitted._value.get(),
+                    m.requests_rejected.labels("scheduler")._value.get(),
+                    m.requests_finished.labels("error")._value.get())
 
         def broken():
             raise RuntimeError("scheduler bug")
 
         worker.scheduler.schedule = broken
+        assert counts() == (0, 0, 0, 0)
         status, events = sse_post(server.url, _chat(server, stream=True))
         assert status == 200 and events[-1]["error"]["type"] == "server_error"
         deadline = time.monotonic() + 5
         while worker.alive and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert counts() == (1, 1, 0, 1)
         assert httpx.get(server.url + "/health").status_code == 503
         r = _post(server, _chat(server))
         assert r.status_code == 503
         assert r.json()["error"]["message"] == "the model worker is not running"
+        assert counts() == (2, 1, 1, 1)
 
 
 def test_a_cancel_frees_queue_room_for_a_request_submitted_in_the_same_step(tok):
