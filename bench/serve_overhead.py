@@ -64,6 +64,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -163,14 +164,20 @@ def serve_child(args) -> None:
     if options.engine_process:  # the paced model in the engine process; its stats there
         from helios_serve.engine_process import EngineClient, EngineSpec
 
-        stats_path = str(OUT / f"engine-stats-{os.getpid()}.sock")
-        engine = EngineClient.start(EngineSpec(
-            str(args.core), [str(args.trust)], args.accept, options, None, clock.origin_ns,
-            model_factory=PacedEngineModel(by_name, token_ids, stats_path)))
+        # A directory of its own: bench/out/ need not exist (--core given elsewhere, as on
+        # the GPU machine), and a short path keeps under AF_UNIX's 107 bytes.
+        stats_dir = tempfile.mkdtemp(prefix="helios-paced-")
+        stats_path = os.path.join(stats_dir, "stats.sock")
+        try:
+            engine = EngineClient.start(EngineSpec(
+                str(args.core), [str(args.trust)], args.accept, options, None,
+                clock.origin_ns, model_factory=PacedEngineModel(by_name, token_ids,
+                                                                stats_path)))
+            stats_sock = socket.socket(socket.AF_UNIX)
+            stats_sock.connect(stats_path)  # bound by the engine before it reported ready
+        finally:
+            shutil.rmtree(stats_dir, ignore_errors=True)
         server = Server(bootstrap, None, settings, clock, engine=engine)
-        stats_sock = socket.socket(socket.AF_UNIX)
-        stats_sock.connect(stats_path)
-        os.unlink(stats_path)
         engine_stats = stats_sock.makefile("rw")
 
         def stats() -> dict:

@@ -56,7 +56,6 @@ from typing import Any
 from helios_serve.bootstrap import StartupError
 from helios_serve.config import ServeOptions
 from helios_serve.engine.plan import ModelGeometry
-from helios_serve.metrics import dead_engine_families
 from helios_serve.events import (
     ChoiceState,
     EventSink,
@@ -68,6 +67,7 @@ from helios_serve.events import (
     Rejected,
     SinkBase,
 )
+from helios_serve.metrics import dead_engine_families, engine_families
 from helios_serve.wire import (
     METRICS_REPLY,
     STEP_EVENTS,
@@ -249,7 +249,7 @@ def engine_main(conn, spec: EngineSpec) -> None:
     from helios_serve.clock import ObservationClock
     from helios_serve.config import resolve
     from helios_serve.frontend.grammar import GrammarCompiler
-    from helios_serve.metrics import Metrics, engine_families
+    from helios_serve.metrics import Metrics
     from helios_serve.worker import ModelWorker
 
     # The frontend owns this process's lifetime (Stop, or EOF when it is gone): a

@@ -164,7 +164,9 @@ class PacedEngineModel:
     Args:
         step_s_by_graph: graph variant name -> device seconds of one step.
         token_ids: ids the completion record cycles through.
-        stats_path: where the engine answers stats requests (None: not served).
+        stats_path: the Unix socket the engine binds to answer stats requests (None:
+            not served); its directory must exist (a short one: AF_UNIX paths end at
+            107 bytes).
     """
 
     def __init__(self, step_s_by_graph: Mapping[str, float], token_ids: Sequence[int],
