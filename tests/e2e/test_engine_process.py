@@ -284,6 +284,42 @@ def test_tool_calls_finish_reason_is_the_frontend_parsers():
     assert metrics.requests_finished.labels("tool_calls")._value.get() == 1
 
 
+def test_the_engines_final_snapshot_outlives_it():
+    """An engine that exits in order (Stop, or its worker crashed) sends its metrics
+    last; once it is gone the frontend's /metrics serves them: counters as sent, the
+    engine's gauges 0 but for the lifetime maximum, the frontend's own share added."""
+    from helios_serve.engine_process import FINAL_SNAPSHOT, EngineClient
+    from helios_serve.metrics import Metrics, engine_families
+    from helios_serve.wire import METRICS_REPLY, encoder, to_frontend_decoder
+
+    engine = Metrics()  # the engine's registry as it exits
+    engine.requests_finished.labels("error").inc(3)  # the requests its worker failed
+    engine.generation_tokens.inc(40)
+    engine.requests_running.set(2)
+    engine.pages_capacity.set(64)
+    engine.constrained_max_inflight.set(1)
+
+    async def scrape_after_exit() -> list:
+        client = EngineClient(None, None, None)
+        client._loop = asyncio.get_running_loop()
+        client._handle(to_frontend_decoder.decode(encoder.encode(
+            [METRICS_REPLY, FINAL_SNAPSHOT, engine_families(engine)])))
+        client.crashed = "the engine process exited (exit code 1)"
+        return await client.scrape()
+
+    frontend = Metrics()
+    frontend.requests_received.inc(5)
+    text = frontend.render(asyncio.run(scrape_after_exit()))[0].decode()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for family in text_string_to_metric_families(text) for s in family.samples}
+    assert got[("helios_requests_finished_total", (("reason", "error"),))] == 3
+    assert got[("helios_generation_tokens_total", ())] == 40
+    assert got[("helios_requests_received_total", ())] == 5
+    assert got[("helios_requests_running", ())] == 0
+    assert got[("helios_cache_pages_capacity", ())] == 0
+    assert got[("flare_constrained_max_inflight", ())] == 1
+
+
 # ---- startup failures and the engine process's death (a server of its own) ----
 
 
