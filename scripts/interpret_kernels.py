@@ -7,6 +7,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py     # prints one line per case; exit 1 on a mismatch
     uv run python scripts/interpret_kernels.py speculative   # the speculative kernels only
     uv run python scripts/interpret_kernels.py nucleus       # the nucleus sampler's GPU tests
+    uv run python scripts/interpret_kernels.py gemv          # the batch-1 GEMV variants only
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -141,6 +142,55 @@ def check_linear(rng) -> bool:
             ok &= good
             print(f"{'ok ' if good else 'BAD'} {'bf16' if wb else 'f32 '} T={T:<3} N={N:<4} "
                   f"K={Kd:<3} {path:<4} " + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return ok
+
+
+# GEMV variants (HELIOS_LINEAR_GEMV specs; v1 is check_linear's T = 1): the streamed forms
+# with K steps narrow enough for several per row and (SMS patched to 2) fewer programs
+# than row tiles, with and without the prefetch; one non-persistent prefetching form.
+GEMV_SPECS = ("4,16,4,1,0,0", "4,32,4,1,1,1", "2,16,2,3,1,0", "8,64,4,0,1,0")
+
+
+def check_gemv(rng) -> bool:
+    """The batch-1 GEMV variants on every linear op (plain, folded norm, residual add,
+    SwiGLU with and without the add) against the references, bf16 and f32 weights."""
+    from helios_ignition.capture import launch as L
+
+    ok, sms, spec0 = True, L.SMS, L.LINEAR_GEMV
+    try:
+        L.SMS = 2
+        for spec in GEMV_SPECS:
+            L.LINEAR_GEMV = spec
+            for wb in (0, 1):
+                for N, Kd in [(37, 100), (130, 64)]:
+                    x = (rng.standard_normal((1, 2 * Kd)) * 3).astype(np.float32)
+                    g = (1 + 0.1 * rng.standard_normal(Kd)).astype(np.float32)
+                    w = (rng.standard_normal((N, Kd)) / np.sqrt(Kd)).astype(np.float32)
+                    bits, wv = _bf16(w) if wb else (w, w)
+                    res = rng.standard_normal((1, N)).astype(np.float32)
+                    xk = np.ascontiguousarray(x[:, :Kd])
+                    errs = {}
+                    for op, args, ref_fn, xin in (
+                            ("linear", (), K.linear, xk),
+                            ("rmsnorm_linear", (g,), K.rmsnorm_linear, xk),
+                            ("linear_add", (), K.linear_add, xk),
+                            ("swiglu_linear", (), K.swiglu_linear, x),
+                            ("swiglu_linear_add", (), K.swiglu_linear_add, x)):
+                        acc = op.endswith("_add")
+                        ref = res.copy() if acc else np.zeros((1, N), np.float32)
+                        tail = (1e-5,) if op == "rmsnorm_linear" else ()
+                        ref_fn(xin, *args, wv, ref, 1, N, Kd, *tail)
+                        out = res.copy() if acc else np.full((1, N), np.nan, np.float32)
+                        c = launch(op, xin, *args, bits, out, 1, N, Kd, *tail,
+                                   bf16=(1 + len(args),) if wb else ())
+                        errs[op] = _rel(out - res, ref - res) if acc else _rel(out, ref)
+                    good = all(e < 1e-6 for e in errs.values())
+                    ok &= good
+                    print(f"{'ok ' if good else 'BAD'} GEMV {spec:<13} {'bf16' if wb else 'f32 '} "
+                          f"N={N:<4} K={Kd:<3} BLOCK_K={c['BLOCK_K']:<3} "
+                          + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    finally:
+        L.SMS, L.LINEAR_GEMV = sms, spec0
     return ok
 
 
@@ -339,8 +389,11 @@ def main() -> None:
     ok = True
     if sys.argv[1:] == ["nucleus"]:
         sys.exit(0 if check_nucleus(full=True) else 1)
+    if sys.argv[1:] == ["gemv"]:
+        sys.exit(0 if check_gemv(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
+        ok &= check_gemv(rng)
         for V in (5000, 4097, 49152):
             ok &= check_sampler(rng, V)
         ok &= check_nucleus(full=False)

@@ -30,6 +30,13 @@ LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
 # matrices (N <= 1024: 1.4-1.8x the MMA tiles on SmolLM2's qkv and down projections) and
 # runs at 0.4-0.97x of them on wide ones (8B, LM heads).
 LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "4,1024,4,8,1024")
+# Batch-1 GEMV constants at capture (HELIOS_LINEAR_GEMV): "v1" (4 rows per program, K in
+# at most 2048-wide loads, 4 warps: bench/results/gpu_linear_sweep_v3.json) or
+# "BLOCK_N,BLOCK_K,WARPS,PERSIST,PRE,EVICT" (BLOCK_K caps the K step; PERSIST > 0 launches
+# at most PERSIST x SMS programs, each looping over row tiles; PRE=1 prefetches the next
+# weight tile; EVICT=1 loads weights evict-first; bench/gpu_gemv_sweep.py measures them).
+LINEAR_GEMV = os.environ.get("HELIOS_LINEAR_GEMV", "v1")
+GEMV_V1 = "4,2048,4,0,0,0"
 # Prefill tiles (more than 64 rows) at capture (HELIOS_LINEAR_PREFILL): "auto" (128 x 128
 # tiles for N >= 4096, where the prefill sweep measured 1.9-3.0x over v1 on the 8B qkv,
 # gate_up and down matrices; v1 below, where they lose up to 2x on SmolLM2's qkv and
@@ -133,6 +140,33 @@ def linear_constants(T: int, N: int, K: int, rule: str = "") -> dict[str, int]:
 def fuse_rope_kv_write() -> bool:
     """Whether capture records ``rope_kv_write`` instead of ``rope`` + ``kv_write``."""
     return FUSE
+
+
+def gemv_constants(N: int, K: int, spec: str = "") -> dict[str, int]:
+    """Constants of the batch-1 GEMV (``BLOCK_T == 1``) for an `N` x `K` weight under
+    `spec` (default ``LINEAR_GEMV``), with ``WARPS`` and ``PROGRAMS`` (the grid's x):
+    one program per ``BLOCK_N`` rows, or at most ``PERSIST x SMS`` programs that loop
+    over the row tiles. PERSIST / PRE / EVICT appear only when nonzero, so the v1
+    variants keep the constants (and kernel ids) of cores exported before them.
+
+    Raises:
+        ValueError: a spec that is neither "v1" nor six integers.
+    """
+    spec = spec or LINEAR_GEMV
+    if spec == "v1":
+        spec = GEMV_V1
+    try:
+        bn, bk, warps, persist, pre, evict = (int(v) for v in spec.split(","))
+    except ValueError:
+        raise ValueError(f"HELIOS_LINEAR_GEMV must be 'v1' or 'BLOCK_N,BLOCK_K,WARPS,PERSIST,"
+                         f"PRE,EVICT', got {spec!r}") from None
+    tiles = _cdiv(N, bn)
+    c = dict(BLOCK_N=bn, BLOCK_K=min(_np2(K, 16), bk), WARPS=warps,
+             PROGRAMS=min(tiles, persist * SMS) if persist else tiles)
+    for name, value in (("PERSIST", persist), ("PRE", pre), ("EVICT", evict)):
+        if value:
+            c[name] = value
+    return c
 
 
 def fuse_swiglu_linear(T: int, N: int) -> bool:
@@ -282,10 +316,10 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("linear", "linear_invariant"):
         T, N, K = s
         wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
-        if T == 1:  # GEMV: 4 rows per program, K in at most 2048-wide loads (measured
-            # best or within 3 % of it on all 8 shapes: bench/results/gpu_linear_sweep_v3.json)
-            return _cfg((_cdiv(N, 4), 1), 4, BLOCK_T=1, BLOCK_N=4,
-                        BLOCK_K=min(_np2(K, 16), 2048), WBF16=wbf16, K16=int(K % 16 == 0))
+        if T == 1:  # GEMV (one token row): see gemv_constants
+            c = gemv_constants(N, K)
+            return _cfg((c.pop("PROGRAMS"), 1), c.pop("WARPS"), BLOCK_T=1, **c, WBF16=wbf16,
+                        K16=int(K % 16 == 0))
         fma = linear_fma(T, N)
         if fma is not None:
             return _cfg((_cdiv(N, fma["BLOCK_N"]), _cdiv(T, fma["BLOCK_T"])), fma.pop("WARPS"),

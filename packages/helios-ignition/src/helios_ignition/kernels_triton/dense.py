@@ -116,14 +116,75 @@ def _store_out(dst, acc, mask, ACC: tl.constexpr):
 
 
 @triton.jit
+def _load_w(ptrs, mask, EVICT: tl.constexpr):
+    """A weight tile; EVICT=1 marks it evict-first (each weight byte is read once per
+    step, so it should not push the activations and partial sums out of L2)."""
+    if EVICT:
+        w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        w = tl.load(ptrs, mask=mask, other=0.0)
+    return w
+
+
+@triton.jit
+def _gemv_stream(xrow, norm_weight, weight, out_row, N, K, inv1, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, ACC: tl.constexpr,
+                 NORM: tl.constexpr, PRE: tl.constexpr, EVICT: tl.constexpr):
+    """One token row's GEMV as a flat loop over (row tile, K step) pairs: tile ``pid +
+    i * programs`` for ``i = 0, 1, ...`` (a persistent grid when the launch has fewer
+    programs than tiles: ``PERSIST`` in the launch rule), K steps in order within each.
+    PRE=1 issues the next pair's weight load before reducing the current one (a register
+    double buffer across K steps and tiles, so a program always has a load in flight).
+    Each output is the same sum as the plain GEMV's (K steps in order, one tile per
+    program at a time), written once by one program."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    nk = tl.cdiv(K, BLOCK_K)
+    mine = (tl.cdiv(N, BLOCK_N) - pid + G - 1) // G
+    total = mine * nk
+    rows = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if PRE:
+        n0 = pid * BLOCK_N + rows
+        w_next = _load_w(weight + n0[:, None].to(tl.int64) * K + offs_k[None, :],
+                         (n0 < N)[:, None] & (offs_k < K)[None, :] & (total > 0), EVICT)
+    for j in range(0, total):
+        tile = pid + (j // nk) * G
+        kk = (j % nk) * BLOCK_K + offs_k
+        mk = kk < K
+        nc = tile * BLOCK_N + rows
+        mc = nc < N
+        if PRE:
+            w = w_next
+            jn = j + 1
+            nn = (pid + (jn // nk) * G) * BLOCK_N + rows
+            kn = (jn % nk) * BLOCK_K + offs_k
+            w_next = _load_w(weight + nn[:, None].to(tl.int64) * K + kn[None, :],
+                             (nn < N)[:, None] & (kn < K)[None, :] & (jn < total), EVICT)
+        else:
+            w = _load_w(weight + nc[:, None].to(tl.int64) * K + kk[None, :],
+                        mc[:, None] & mk[None, :], EVICT)
+        a = _load_act(xrow + kk, mk, K, SWIGLU)
+        if NORM:
+            a = a * inv1 * tl.load(norm_weight + kk, mask=mk, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        last = (j % nk) == nk - 1
+        _store_out(out_row + nc, acc, mc & last, ACC)
+        acc = tl.where(last, 0.0, acc)
+
+
+@triton.jit
 def _linear_body(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WBF16: tl.constexpr,
                  K16: tl.constexpr, SWAP: tl.constexpr, PREFETCH: tl.constexpr,
                  XSPLIT: tl.constexpr, STACK: tl.constexpr, FMA: tl.constexpr,
-                 SWIGLU: tl.constexpr, ACC: tl.constexpr, NORM: tl.constexpr):
+                 SWIGLU: tl.constexpr, ACC: tl.constexpr, NORM: tl.constexpr,
+                 PERSIST: tl.constexpr = 0, PRE: tl.constexpr = 0, EVICT: tl.constexpr = 0):
     """The body of every linear entry: ``linear`` (NORM=0, ACC=0) and its fused forms.
     NORM=1 scales each activation row by its reciprocal RMS (over its K features) and
-    ``norm_weight`` as it is loaded (op ``rmsnorm_linear``)."""
+    ``norm_weight`` as it is loaded (op ``rmsnorm_linear``). PERSIST / PRE / EVICT are
+    GEMV (``BLOCK_T == 1``) constants: see ``_gemv_stream``."""
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     if K16:
@@ -162,15 +223,21 @@ def _linear_body(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T: tl.constexp
         acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
         if NORM:
             inv1 = _rms_inv_row(xrow, K, eps, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            mk = kk < K
-            a = _load_act(xrow + kk, mk, K, SWIGLU)
-            if NORM:
-                a = a * inv1 * tl.load(norm_weight + kk, mask=mk, other=0.0)
-            w = tl.load(w_rows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-            acc1 += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-        _store_out(out + pid_t.to(tl.int64) * N + offs_n, acc1, mn, ACC)
+        else:
+            inv1 = 1.0
+        if PERSIST or PRE:
+            _gemv_stream(xrow, norm_weight, weight, out + pid_t.to(tl.int64) * N, N, K, inv1,
+                         BLOCK_N, BLOCK_K, SWIGLU, ACC, NORM, PRE, EVICT)
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                kk = k0 + offs_k
+                mk = kk < K
+                a = _load_act(xrow + kk, mk, K, SWIGLU)
+                if NORM:
+                    a = a * inv1 * tl.load(norm_weight + kk, mask=mk, other=0.0)
+                w = _load_w(w_rows + kk[None, :], mn[:, None] & mk[None, :], EVICT)
+                acc1 += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+            _store_out(out + pid_t.to(tl.int64) * N + offs_n, acc1, mn, ACC)
     elif SWAP:
         # Skinny GEMM with A and B swapped: out^T = W x^T. The weight tile is the MMA's
         # M operand straight from a (pipelined) load; the few token rows are its N.
@@ -266,7 +333,8 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
            BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr,
            SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
            STACK: tl.constexpr = 0, FMA: tl.constexpr = 0, SWIGLU: tl.constexpr = 0,
-           ACC: tl.constexpr = 0):
+           ACC: tl.constexpr = 0, PERSIST: tl.constexpr = 0, PRE: tl.constexpr = 0,
+           EVICT: tl.constexpr = 0):
     """``out[t, n] = sum_k x[t, k] * weight[n, k]``; grid ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``.
 
     Reference loop (``helios_tools.kernels.linear``)::
@@ -303,7 +371,7 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     once, in a fixed reduction order).
     """
     _linear_body(x, weight, weight, out, T, N, K, 0.0, BLOCK_T, BLOCK_N, BLOCK_K, WBF16, K16,
-                 SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 0)
+                 SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 0, PERSIST, PRE, EVICT)
 
 
 @triton.jit
@@ -311,14 +379,15 @@ def rmsnorm_linear(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T: tl.conste
            BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr,
            SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
            STACK: tl.constexpr = 0, FMA: tl.constexpr = 0, SWIGLU: tl.constexpr = 0,
-           ACC: tl.constexpr = 0):
+           ACC: tl.constexpr = 0, PERSIST: tl.constexpr = 0, PRE: tl.constexpr = 0,
+           EVICT: tl.constexpr = 0):
     """``out = rmsnorm(x; norm_weight, eps) @ weight^T`` (op ``rmsnorm_linear``): the
     ``linear`` kernel with each program recomputing the reciprocal RMS of its activation
     rows in a prologue (``rmsnorm``'s arithmetic: ``x * inv * gain``); same grid and
     variant constants as ``linear``. Saves the norm's launch; the normalized rows are
     never stored."""
     _linear_body(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T, BLOCK_N, BLOCK_K, WBF16,
-                 K16, SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 1)
+                 K16, SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 1, PERSIST, PRE, EVICT)
 
 
 @triton.jit
