@@ -115,6 +115,9 @@ case $stage in
       --bisection-sampling --json "$OUTD/kern_smollm2_bisection.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_bisection.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 --steps 40 \
       --fold-layers --chunked-sampling --json "$OUTD/kern_smollm2_chosen.json" 2>&1 | tail -14 | tee "$OUTD/kern_smollm2_chosen.log" ;;
+  gemv2)  # issue 17: batch-1 GEMV variants (HELIOS_LINEAR_GEMV specs) against today's
+    # kernel and a copy + a read of the same bytes, 8B and SmolLM2 matrices; ~2 min, wheels only
+    python3 bench/gpu_gemv_sweep.py --budget-s 100 --json "$OUTD/gemv2.json" 2>&1 | tee "$OUTD/gemv2.log" ;;
   topp)  # issue 17 top-p-only rows (docs/gpu.md "Sampling at greedy speed"), after stage1/2
     # with the GGUF carried: the chunked sampler's GPU tests (nucleus form included) and
     # the sampler tests of test_kernels.py, then SmolLM2 and the 8B geometry with greedy,

@@ -70,6 +70,44 @@ def test_linear_bf16(gpu, rng, T, N, K_):
     assert rel(out, ref) < 5e-5
 
 
+# Batch-1 GEMV specs (HELIOS_LINEAR_GEMV): today's v1 and the streamed forms (persistent
+# grids with several row tiles per program, the register prefetch, evict-first loads).
+GEMV_SPECS = ("v1", "4,2048,4,2,0,0", "4,4096,8,4,1,1", "8,1024,4,8,1,0", "2,4096,4,0,1,0")
+
+
+@pytest.mark.parametrize("spec", GEMV_SPECS)
+@pytest.mark.parametrize("N,K_", [(6144, 4096), (49157, 576), (4096, 14336), (100, 40)])
+def test_gemv_specs(gpu, rng, monkeypatch, spec, N, K_):
+    """Every op on the GEMV path under each spec: plain, SwiGLU, folded norm, residual
+    add, SwiGLU + add (odd N: a partial last tile; 100 x 40: f32 weights, unaligned K)."""
+    from helios_ignition.capture import launch
+
+    monkeypatch.setattr(launch, "LINEAR_GEMV", spec)
+    wb = K_ % 16 == 0
+    x = (rng.standard_normal((1, 2 * K_)) * 3).astype(np.float32)
+    xk = np.ascontiguousarray(x[:, :K_])
+    g = (1 + 0.1 * rng.standard_normal(K_)).astype(np.float32)
+    w = (rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32)
+    bits, w = bf16_round(w) if wb else (w, w)
+    bf = ("weight",) if wb else ()
+    res = (rng.standard_normal((1, N)) * 3).astype(np.float32)
+    for op, xin, extra, tol in (("linear", xk, (), 5e-5), ("swiglu_linear", x, (), 5e-6),
+                                ("rmsnorm_linear", xk, (g,), 5e-5),
+                                ("linear_add", xk, (), 5e-5),
+                                ("swiglu_linear_add", x, (), 5e-6)):
+        acc = op.endswith("_add")
+        ref = res.copy() if acc else np.zeros((1, N), np.float32)
+        tail = (1e-5,) if op == "rmsnorm_linear" else ()
+        getattr(K, op)(xin, *extra, w, ref, 1, N, K_, *tail)
+        out = gpu.run(op, xin, *extra, bits, res.copy() if acc else np.zeros_like(ref), 1, N,
+                      K_, *tail, bf16=bf)["out"]
+        err = rel(out - res, ref - res) if acc else rel(out, ref)
+        assert err < tol, (op, err)
+        again = gpu.run(op, xin, *extra, bits, res.copy() if acc else np.zeros_like(ref), 1,
+                        N, K_, *tail, bf16=bf)["out"]
+        assert np.array_equal(out.view(np.uint32), again.view(np.uint32)), op  # deterministic
+
+
 @pytest.mark.parametrize("T", [1, 3])
 def test_linear_f32_unaligned(gpu, rng, T):
     N, K_ = 100, 40

@@ -163,6 +163,49 @@ def test_linear_fma_rows_and_spec():
     assert not fuse_swiglu_linear(8, 4096) and not fuse_swiglu_linear(32, 576)
 
 
+# The batch-1 GEMV specs tests/gpu/test_kernels.py runs (HELIOS_LINEAR_GEMV); the first
+# is today's rule, the others the streamed forms bench/gpu_gemv_sweep.py times.
+GEMV_SPECS = ("v1", "4,2048,4,2,0,0", "4,4096,8,4,1,1", "8,1024,4,8,1,0", "2,4096,4,0,1,0")
+
+
+def test_gemv_specs_compile_for_sm90():
+    """The GEMV path's code variants (plain, SwiGLU with the residual add, folded norm)
+    under each spec: bf16 weights at the 8B K widths, f32 weights at an unaligned K."""
+    from helios_ignition.capture.launch import gemv_constants
+
+    variants = {}
+    for spec in GEMV_SPECS[1:]:  # v1: the default capture, compiled above
+        for N, K in [(4096, 14336), (100, 40)]:
+            for op, extra in (("linear", {}), ("swiglu_linear", dict(SWIGLU=1, ACC=1)),
+                              ("rmsnorm_linear", {})):
+                c = gemv_constants(N, K, spec)
+                c.pop("PROGRAMS")
+                c.update(BLOCK_T=1, WBF16=int(K % 16 == 0), K16=int(K % 16 == 0), **extra)
+                variants[(op, tuple(sorted(c.items())))] = (op, c)
+    kernels = [variant_kernel(f"gemv{i}", op, c) for i, (op, c) in enumerate(variants.values())]
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
+
+
+def test_gemv_constants_and_grid(monkeypatch):
+    from helios_ignition.capture import launch
+
+    assert launch.gemv_constants(6144, 4096, "v1") == dict(BLOCK_N=4, BLOCK_K=2048, WARPS=4,
+                                                           PROGRAMS=1536)
+    assert launch.gemv_constants(960, 576, "v1")["BLOCK_K"] == 1024
+    assert launch.gemv_constants(6144, 4096, "4,4096,8,4,1,1") == dict(
+        BLOCK_N=4, BLOCK_K=4096, WARPS=8, PROGRAMS=4 * launch.SMS, PERSIST=4, PRE=1, EVICT=1)
+    # a persistent grid never has more programs than row tiles
+    assert launch.gemv_constants(576, 576, "4,4096,8,8,0,0")["PROGRAMS"] == 144
+    with pytest.raises(ValueError, match="HELIOS_LINEAR_GEMV must be 'v1' or 'BLOCK_N,"):
+        launch.gemv_constants(64, 64, "4,2048")
+    monkeypatch.setattr(launch, "LINEAR_GEMV", "8,1024,4,2,1,0")
+    c = launch.launch_config("swiglu_linear_add", [1, 4096, 14336])
+    assert c.grid == (2 * launch.SMS, 1, 1) and c.block == (128, 1, 1)
+    assert c.constants == dict(BLOCK_T=1, BLOCK_N=8, BLOCK_K=1024, PERSIST=2, PRE=1, WBF16=0,
+                               K16=1, SWIGLU=1, ACC=1, WARPS=4)
+
+
 def test_linear_prefill_spec():
     from helios_ignition.capture.launch import _linear_prefill
 
