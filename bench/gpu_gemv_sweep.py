@@ -53,8 +53,11 @@ LAUNCHES, REPLAYS, MAX_COPIES = 10, 10, 192
 def gemv_specs() -> list[str]:
     """The swept HELIOS_LINEAR_GEMV specs (plus "v1" first); STAGES forms are "v1@S"."""
     out = ["v1", "v1@1", "v1@4", "4,2048,4,0,0,1"]
+    # More rows per program read each activation element fewer times (SwiGLU's down
+    # projection reads gate and up, 8 bytes, per 2-byte weight column element).
     for bn, bk, warps in ((4, 2048, 4), (4, 4096, 8), (8, 1024, 4), (8, 2048, 8),
-                          (2, 4096, 4), (4, 1024, 2)):
+                          (2, 4096, 4), (4, 1024, 2), (8, 4096, 8), (16, 1024, 8),
+                          (16, 2048, 8)):
         for persist in (0, 2, 4, 8):
             for pre in (0, 1):
                 if (persist, pre) != (0, 0) or (bn, bk, warps) != (4, 2048, 4):
