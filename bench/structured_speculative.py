@@ -61,21 +61,19 @@ METRICS = {"copied_drafts": 'helios_spec_decode_draft_tokens_total{source="copie
 
 def _server(core_path: Path, public: Path, backend: str, options: dict):
     from helios_serve.bootstrap import Bootstrap
+    from helios_serve.cli import check_options
     from helios_serve.clock import ObservationClock
     from helios_serve.config import ServeOptions, resolve
     from helios_serve.runtime import NativeModel
     from helios_serve.server import Server
 
     bootstrap = Bootstrap.load(core_path, [public], "bench.spec")
-    settings = resolve(ServeOptions(port=0, max_active=64, queue_capacity=128, **options),
-                       bootstrap.contract)
+    serve_options = ServeOptions(port=0, max_active=64, queue_capacity=128, **options)
+    settings = resolve(serve_options, bootstrap.contract)
+    check_options(bootstrap.prepared, serve_options)
     model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, backend,
                              max_concurrency=settings.max_active,
                              speculative_width=options.get("speculative_width"))
-    if options.get("history_drafting"):
-        from helios_serve.cli import _check_history_drafting
-
-        _check_history_drafting(bootstrap.prepared, model)
     return bootstrap, Server.start(bootstrap, model, settings, ObservationClock())
 
 

@@ -61,10 +61,9 @@ def test_a_speculative_program_reports_lane_records_of_its_width():
 
 
 def test_history_drafting_needs_copied_token_inputs_in_every_selected_wider_graph():
-    from types import SimpleNamespace
-
     from helios_serve.bootstrap import StartupError
-    from helios_serve.cli import _check_history_drafting
+    from helios_serve.cli import check_options
+    from helios_serve.config import ServeOptions
 
     core = tiny_core(0, speculative_widths=(1, 2, 4))
     prepared = PreparedContract.from_contract(core.contract, core.manifest)
@@ -81,14 +80,25 @@ def test_history_drafting_needs_copied_token_inputs_in_every_selected_wider_grap
                                          "['VALUE_SOURCE_CANDIDATE_IDS']")
     assert "'spec_b2_w4' (W = 4)" in found.detail
     assert list(prepared.history_drafting_findings(widths=(1, 2))) == []  # W = 4 not served
-    # helios-serve --history-drafting: the same rule, one line.
-    model = SimpleNamespace(manifests=SimpleNamespace(speculative_widths=(1, 2, 4)))
-    with pytest.raises(StartupError, match="--history-drafting: .*spec_b2_w4") as info:
-        _check_history_drafting(prepared, model)
+    # helios-serve --history-drafting: the same rule, one line, before anything loads.
+    with pytest.raises(StartupError) as info:
+        check_options(prepared, ServeOptions(history_drafting=True))
+    index = list(core.contract.model.graphs).index(graph)
+    assert str(info.value) == (
+        f"--history-drafting: model.graphs[{index}].bindings = "
+        "['VALUE_SOURCE_CANDIDATE_IDS']: history drafting needs copied-token inputs in "
+        "'spec_b2_w4' (W = 4)")
     assert info.value.rule == "speculative.history_inputs"
-    off = SimpleNamespace(manifests=SimpleNamespace(speculative_widths=()))
-    with pytest.raises(StartupError, match="needs learned speculation"):
-        _check_history_drafting(prepared, off)
+    check_options(prepared, ServeOptions(history_drafting=True, speculative_width=2))
+    with pytest.raises(StartupError) as info:
+        check_options(prepared, ServeOptions(history_drafting=True, speculative_width=1))
+    assert str(info.value) == ("--history-drafting needs learned speculation: "
+                               "--speculative-width 1 serves no lane wider than one")
+    assert info.value.rule == "speculative.history_inputs"
+    with pytest.raises(StartupError) as info:
+        check_options(prepared, ServeOptions(history_drafting=True, speculative_width=0))
+    assert str(info.value) == ("--history-drafting needs learned speculation: "
+                               "--speculative-width 0 serves no lane wider than one")
 
 
 def _without(graph, *sources):

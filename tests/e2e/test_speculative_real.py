@@ -199,19 +199,19 @@ def history_server(spec_core):
     speculation to run (the adaptive policy's choices are tested with scripted costs in
     tests/serve/scheduler and over HTTP in test_structured_speculative)."""
     from helios_serve.bootstrap import Bootstrap
-    from helios_serve.cli import _check_history_drafting
+    from helios_serve.cli import check_options
     from helios_serve.clock import ObservationClock
     from helios_serve.config import ServeOptions, resolve
     from helios_serve.server import Server
 
     out, public = spec_core
     bootstrap = Bootstrap.load(out, [public], "helios.test/models")
-    settings = resolve(ServeOptions(port=0, max_active=4, queue_capacity=8,
-                                    history_drafting=True, speculative_policy="fixed"),
-                       bootstrap.contract)
+    options = ServeOptions(port=0, max_active=4, queue_capacity=8, history_drafting=True,
+                           speculative_policy="fixed")
+    settings = resolve(options, bootstrap.contract)
+    check_options(bootstrap.prepared, options)
     m = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
                           max_concurrency=settings.max_active)
-    _check_history_drafting(bootstrap.prepared, m)
     server = Server.start(bootstrap, m, settings, ObservationClock())
     yield server
     server.stop()

@@ -82,8 +82,83 @@ def test_unknown_backend_is_a_usage_error_before_anything_loads(tmp_path):
                     "'cpu', 'cuda'.")
 
 
-def test_history_drafting_without_learned_speculation_fails_startup(tiny_served):
-    core = tiny_served.core
-    line = _fails(*_args(core, core.path, "--port", "0", "--history-drafting"))
+SPECULATIVE_RECIPE = """
+from dataclasses import replace
+import importlib.util
+spec = importlib.util.spec_from_file_location("base", {base!r})
+base = importlib.util.module_from_spec(spec); spec.loader.exec_module(base)
+from helios_ignition.recipe import DrafterDecl
+
+
+def make_recipe(checkpoint):
+    return replace(base.make_recipe(checkpoint),
+                   drafter=DrafterDecl("random:7:128", widths=(1, 2, 4)))
+"""
+
+
+@pytest.fixture(scope="module")
+def speculative_core(tiny_served, tmp_path_factory) -> Path:
+    """The tiny checkpoint exported with a seeded random drafter (widths 1, 2, 4)."""
+    from helios_ignition.export import export_core
+
+    from tests.tiny_model import LLAMA_RECIPE, NAMESPACE
+
+    folder = tmp_path_factory.mktemp("tiny-spec")
+    recipe = folder / "tiny_spec.py"
+    recipe.write_text(SPECULATIVE_RECIPE.format(base=str(LLAMA_RECIPE)))
+    out = folder / "tiny-spec.core"
+    export_core(recipe, checkpoint=str(tiny_served.checkpoint),
+                key_path=tiny_served.core.private_key, namespace=NAMESPACE, out=out,
+                weight_dtype="f32")
+    return out
+
+
+@pytest.mark.parametrize("engine", [(), ("--engine-process",)], ids=["thread", "engine"])
+def test_history_drafting_without_learned_speculation_fails_before_the_weights_load(
+        tiny_served, corrupt_weights, engine):
+    # The corrupt weights would fail loading: the option's error shows nothing was loaded.
+    path, _ = corrupt_weights
+    line = _fails(*_args(tiny_served.core, path, "--port", "0", "--history-drafting", *engine))
     assert line == ("helios-serve: error: --history-drafting needs learned speculation: the "
-                    "core has no speculative programs or --speculative-width is 0")
+                    "core has no speculative programs")
+
+
+def test_history_drafting_with_speculation_off_fails_startup(tiny_served, speculative_core):
+    line = _fails(*_args(tiny_served.core, speculative_core, "--port", "0",
+                         "--history-drafting", "--speculative-width", "1"))
+    assert line == ("helios-serve: error: --history-drafting needs learned speculation: "
+                    "--speculative-width 1 serves no lane wider than one")
+
+
+@pytest.mark.parametrize("engine", [(), ("--engine-process",)], ids=["thread", "engine"])
+def test_speculative_width_on_a_core_without_speculative_programs_fails_before_the_weights_load(
+        tiny_served, corrupt_weights, engine):
+    path, _ = corrupt_weights
+    line = _fails(*_args(tiny_served.core, path, "--port", "0", "--speculative-width", "4",
+                         *engine))
+    assert line == ("helios-serve: error: --speculative-width 4: the core has no speculative "
+                    "programs (0 or no option serves plain decode)")
+
+
+def test_speculative_width_zero_passes_the_option_check(tiny_served, corrupt_weights):
+    # Past the option check, loading reaches the corrupt weight.
+    path, rid = corrupt_weights
+    line = _fails(*_args(tiny_served.core, path, "--port", "0", "--speculative-width", "0"))
+    assert line.startswith(f"helios-serve: error: bad core: {path}: chunk 0 of 1 does not "
+                           f"match its signed SHA-256 (resource {rid!r}, offset ")
+
+
+def test_speculative_width_above_the_captured_width_fails_naming_it(tiny_served,
+                                                                    speculative_core):
+    line = _fails(*_args(tiny_served.core, speculative_core, "--port", "0",
+                         "--speculative-width", "5"))
+    assert line == ("helios-serve: error: --speculative-width 5: the core's widest captured "
+                    "speculative width is 4 (captured: 1, 2, 4); load-time selection may "
+                    "reduce it, never raise it")
+
+
+def test_negative_speculative_width_is_a_usage_error(tmp_path):
+    line = _fails(str(tmp_path / "absent.core"), "--trust", "k.pub", "--accept", "ns",
+                  "--speculative-width", "-1")
+    assert line == ("helios-serve: error: Invalid value for '--speculative-width': -1 is not "
+                    "in the range x>=0.")

@@ -186,6 +186,7 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
             settings = resolve(options, bootstrap.contract)
         except ValueError as exc:
             raise StartupError(str(exc)) from None
+        check_options(bootstrap.prepared, options)  # before the engine or the weights load
         clock = ObservationClock()  # the observation origin: native runtime startup
         if options.engine_process:
             from helios_serve.engine_process import EngineClient, EngineSpec
@@ -240,8 +241,8 @@ def _core_path(core: str | os.PathLike[str]) -> Path:
 
 def load_model(bootstrap: Bootstrap, path: Path, options: ServeOptions, settings, cache,
                log: StartupLog, ranks=None):
-    """NativeModel.load for `bootstrap`'s core with the operator's options (the
-    --history-drafting check included); the model is closed on a failed check.
+    """NativeModel.load for `bootstrap`'s core with the operator's options (checked
+    against the core first by `check_options`).
 
     Raises:
         StartupError: one line naming what is wrong.
@@ -263,29 +264,38 @@ def load_model(bootstrap: Bootstrap, path: Path, options: ServeOptions, settings
     except CoreError as exc:  # a weight or kernel resource failing its digests
         raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}",
                            "resource.integrity") from None
-    try:
-        if options.history_drafting:
-            _check_history_drafting(bootstrap.prepared, model)
-    except BaseException:
-        model.close()
-        raise
     return model
 
 
-def _check_history_drafting(prepared, model) -> None:
-    """--history-drafting needs learned speculation served and copied-token inputs in
-    every selected wider graph (the contract's rule: PreparedContract.
-    history_drafting_findings).
+def check_options(prepared, options: ServeOptions) -> None:
+    """The startup options the core must back, checked before anything loads (the one
+    place helios-serve checks an option against what the core captures):
+
+    - --speculative-width: a captured width or narrower (runtime.native_model.
+      served_speculative_widths, the rule NativeModel.load applies too);
+    - --history-drafting: learned speculation served (a width above one) and the
+      copied-token inputs in every selected wider graph (the contract's rule:
+      PreparedContract.history_drafting_findings).
 
     Raises:
-        StartupError: one line naming what is missing.
+        StartupError: one line naming the option and what the core lacks.
     """
     from helios_contract.errors import ContractError
 
-    widths = model.manifests.speculative_widths
+    from helios_serve.runtime.errors import SpeculativeWidthError
+    from helios_serve.runtime.native_model import served_speculative_widths
+
+    try:
+        widths = served_speculative_widths(prepared, options.speculative_width)
+    except SpeculativeWidthError as exc:
+        raise StartupError(str(exc), exc.rule) from None
+    if not options.history_drafting:
+        return
     if not widths:
-        raise StartupError("--history-drafting needs learned speculation: the core has no "
-                           "speculative programs or --speculative-width is 0",
+        why = ("the core has no speculative programs" if not prepared.speculative_widths
+               else f"--speculative-width {options.speculative_width} serves no lane wider "
+                    "than one")
+        raise StartupError(f"--history-drafting needs learned speculation: {why}",
                            rule="speculative.history_inputs")
     try:
         prepared.check_history_drafting(widths)

@@ -23,6 +23,12 @@ class UnsupportedContract(RuntimeLoadError):
     ``helios_tools.capabilities``); the message names the field path and value."""
 
 
+class SpeculativeWidthError(RuntimeLoadError):
+    """The speculative-width load option asks for a width the core does not capture
+    (load-time selection may reduce the captured width, never raise it) or is negative;
+    the message names the option value and the captured widths."""
+
+
 class RankFailure(RuntimeError):
     """The tensor-parallel ranks can no longer run steps together: the step in flight is
     not committed and the model is unhealthy (the worker stops serving it)."""

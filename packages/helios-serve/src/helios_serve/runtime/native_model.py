@@ -34,7 +34,7 @@ from ..startup import StartupLog
 from .cache_sizing import HOST_MEMORY, CacheSizing, check_fits, host_available_bytes
 from .completion import CompletionReader
 from .cpu_backend import CpuBackend
-from .errors import RuntimeLoadError, UnknownBackend, UnsupportedContract
+from .errors import RuntimeLoadError, SpeculativeWidthError, UnknownBackend, UnsupportedContract
 from .packing import SharedPacking
 from .ranks import load_thread_ranks
 from .tiers import TierChoice, choose_tiers
@@ -126,7 +126,7 @@ class NativeModel:
                 cuda backend's two-frame submission on the CPU); cuda always has 2.
             speculative_width: serve SPECULATIVE programs of width W <= this (0 turns
                 speculation off; None serves every captured width). Load-time selection
-                may reduce the captured width, never raise it.
+                may reduce the captured width, never raise it (served_speculative_widths).
             log: startup phases are recorded here (weights, kernels, cache sizing, graphs,
                 tuning).
             ranks: this process is rank 0 of RankPeers::Processes
@@ -139,6 +139,8 @@ class NativeModel:
 
         Raises:
             UnknownBackend: `backend` is not one of BACKENDS.
+            SpeculativeWidthError: `speculative_width` is negative, above 0 on a core
+                without SPECULATIVE programs, or above the widest captured width.
             UnsupportedContract: the contract declares a field the backend does not
                 execute (the first ``capability_findings`` of its capability table; ``rule``
                 names it, as ``helios-tools lint-core --backend`` does).
@@ -155,8 +157,7 @@ class NativeModel:
         if manifest is None:
             raise RuntimeLoadError("NativeModel.load needs a PreparedContract validated against "
                                    "its execution manifest")
-        if speculative_width is not None and speculative_width < 0:
-            raise RuntimeLoadError(f"speculative width must be >= 0, got {speculative_width}")
+        served_speculative_widths(prepared, speculative_width)  # before anything loads
         for finding in capability_findings(prepared.serving, manifest, CAPABILITIES[backend],
                                            speculative_width=speculative_width):
             raise UnsupportedContract(f"unsupported contract: {finding}", finding.rule)
@@ -371,6 +372,41 @@ def _run_tuning(engine, prepared: PreparedContract, log: StartupLog) -> None:
             for producer, buffer in tuned) or "no tuning producers"
 
 
+def served_speculative_widths(prepared: PreparedContract,
+                              speculative_width: int | None) -> tuple[int, ...]:
+    """The SPECULATIVE widths W served under the load option `speculative_width`
+    (``helios-serve --speculative-width``): the captured widths W <= it, ascending, or ()
+    when no wider lane than one is left (plain decode; 0 turns speculation off, None
+    serves every captured width). The one rule for this option: NativeModel.load and
+    helios-serve's startup check (cli.check_options) both apply it before anything loads.
+
+    model-contract.md, "Serving metadata": load-time selection may reduce the captured
+    speculative width, never raise it.
+
+    Raises:
+        SpeculativeWidthError: `speculative_width` is negative, asks for speculation
+            (> 0) on a core without SPECULATIVE programs, or exceeds the widest captured
+            width (the message names it).
+    """
+    captured = prepared.speculative_widths
+    if speculative_width is None:
+        widths = list(captured)
+    elif speculative_width < 0:
+        raise SpeculativeWidthError(f"--speculative-width {speculative_width}: must be >= 0 "
+                                    "(0 turns speculation off)")
+    elif speculative_width > 0 and not captured:
+        raise SpeculativeWidthError(f"--speculative-width {speculative_width}: the core has no "
+                                    "speculative programs (0 or no option serves plain decode)")
+    elif speculative_width > max(captured, default=0):
+        raise SpeculativeWidthError(
+            f"--speculative-width {speculative_width}: the core's widest captured speculative "
+            f"width is {max(captured)} (captured: {', '.join(map(str, captured))}); "
+            "load-time selection may reduce it, never raise it")
+    else:
+        widths = [w for w in captured if w <= speculative_width]
+    return tuple(widths) if widths != [1] else ()
+
+
 def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | None,
               speculative_width: int | None) -> ModelGeometry:
     """The execution geometry the scheduler plans against, from the validated contract.
@@ -390,9 +426,7 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
     if max_concurrency is not None:
         decode = [b for b in decode if b <= max_concurrency] or decode[:1]
     prefill = prepared.prefill_capacities  # (rows, tokens) pairs
-    widths = list(prepared.speculative_widths)
-    if speculative_width is not None:
-        widths = [w for w in widths if w <= speculative_width]
+    widths = list(served_speculative_widths(prepared, speculative_width))
     speculative = prepared.graphs_for(cpb.OPERATION_SPECULATIVE)
     cursor = speculative[0].completion_cursor if speculative else None
     prefix = tuple(sorted((g.batch_capacity, g.speculative.packed_token_capacity,
@@ -415,16 +449,16 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
         context_tokens=min(prepared.context_tokens, width * prepared.page_tokens),
         vocab_size=prepared.sampled_tokens, mask_words=prepared.mask_words,
         eos_token_ids=prepared.eos_token_ids,
-        speculative_widths=tuple(widths) if widths and widths != [1] else (),
+        speculative_widths=tuple(widths),
         draft_cursor_lag=int(cursor.lag_tokens) if cursor and cursor.has_draft_cursor else None,
         top_logprobs=top_logprobs,
         logit_bias=bool(sampling) and all(_binds(g, cpb.VALUE_SOURCE_LOGIT_BIAS)
                                           for g in sampling),
         extra_pages_per_request=max(v.page_offset for v in prepared.page_table_views),
-        prefix_programs=prefix if widths != [1] else (),
+        prefix_programs=prefix,
         copied_proposals=bool(history) and all(
             _binds(g, cpb.VALUE_SOURCE_CANDIDATE_IDS) for g in history),
-        candidate_masks=widths != [1] and prepared.constrained_speculation(widths))
+        candidate_masks=bool(widths) and prepared.constrained_speculation(widths))
 
 
 def _prefix_limit(graph: cpb.GraphContract) -> bool:
