@@ -5,7 +5,9 @@
 The matrices of one decode step as the models run them: Llama-3.1-8B qkv 4096->6144,
 o 4096->4096, gate/up 4096->2x14336, down 14336->4096 as ``swiglu_linear`` (the
 activation is ``silu(gate) * up`` of a ``[1, 2 x 14336]`` row, as decode launches it),
-lm_head 4096->128256; SmolLM2-135M's five likewise. bf16 weights, f32 activations.
+lm_head 4096->128256; SmolLM2-135M's five likewise; and each down projection as a plain
+``linear`` of a ``[1, 14336]`` row (``down_plain``), which with a ``silu_mul`` launch (timed
+too) is the unfused alternative (``HELIOS_FUSE=0``). bf16 weights, f32 activations.
 
 Variants are ``HELIOS_LINEAR_GEMV`` specs (``launch.gemv_constants``): "v1" (today's rule,
 the baseline of every ratio), its STAGES 1 / 4 forms, and a grid over rows per program,
@@ -41,10 +43,12 @@ from _report import write_json  # bench/ is this script's folder
 SHAPES = {"llama8b": [("qkv", 6144, 4096, "linear"), ("o", 4096, 4096, "linear"),
                       ("gate_up", 28672, 4096, "linear"),
                       ("down", 4096, 14336, "swiglu_linear"),
-                      ("lm_head", 128256, 4096, "linear")],
+                      ("lm_head", 128256, 4096, "linear"),
+                      ("down_plain", 4096, 14336, "linear")],
           "smollm2": [("qkv", 960, 576, "linear"), ("o", 576, 576, "linear"),
                       ("gate_up", 3072, 576, "linear"), ("down", 576, 1536, "swiglu_linear"),
-                      ("lm_head", 49152, 576, "linear")]}
+                      ("lm_head", 49152, 576, "linear"), ("down_plain", 576, 1536, "linear")]}
+STEP = ("qkv", "o", "gate_up", "down", "lm_head")  # what one decode step launches
 LAYERS = {"llama8b": 32, "smollm2": 30}
 CHECK_COLS = 512
 LAUNCHES, REPLAYS, MAX_COPIES = 10, 10, 192
@@ -148,6 +152,9 @@ def main() -> None:
     print(f"{len(gemv_specs())} specs, {len(items)} distinct (op, constants)", flush=True)
     compiled, failed = compile_all(items, args.workers)
     read_ck = compile_read()
+    from helios_ignition.kernels_aot import compile_variant
+
+    silu_ck = compile_variant("silu_mul", dict(BLOCK=1024, WARPS=4), "sm_90")
     for key, err in failed.items():
         print("compile failed:", key, err[:300])
     print(f"compiled {len(compiled)}/{len(items)} for sm_90 in "
@@ -177,6 +184,8 @@ def main() -> None:
     rmd = read_ck.metadata
     read_fn = load(bytes(read_ck.asm["cubin"]), rmd.name, int(rmd.shared))
     read_params = drv.param_count(read_fn)
+    silu_fn = load(silu_ck.binary, silu_ck.entry_name, silu_ck.shared_bytes)
+    silu_params = drv.param_count(silu_fn)
 
     rng = np.random.default_rng(0)
     pool = (rng.standard_normal(1 << 24, dtype=np.float32) * 0.02)
@@ -257,6 +266,18 @@ def main() -> None:
         refs[(d["model"], d["name"])] = dict(
             copy_us=copy_us, copy_TBps=2 * d["wbytes"] / copy_us / 1e6, read_us=read_us,
             read_TBps=d["wbytes"] / read_us / 1e6)
+        if d["op"] == "swiglu_linear":  # the unfused pair's first launch, on this input
+            F = d["K"]
+            act = int(drv.call("a", cu.cuMemAlloc(4 * F)))
+
+            def silu_one(_wp, F=F, act=act, xd=d["x"]):
+                a = drv.KernelArgs([("ptr", xd), ("ptr", act), ("i32", 1), ("i32", F)]
+                                   + [("ptr", 0)] * (silu_params - 4))
+                drv.call("k", cu.cuLaunchKernel(silu_fn, 1, -(-F // 1024), 1, 128, 1, 1,
+                                                silu_ck.shared_bytes, stream, a.address, 0))
+                return a
+
+            refs[(d["model"], d["name"])]["silu_mul_us"] = timed(silu_one, [0])
 
     def launch(fn, ck, count, programs, d, wptr):
         a = drv.KernelArgs([("ptr", d["x"]), ("ptr", wptr), ("ptr", d["o"]), ("i32", 1),
@@ -313,7 +334,7 @@ def main() -> None:
 
     bad = [r for r in rows if not good(r)]
     summary, steps = [], []
-    print(f"\n{'model':8} {'matrix':8} {'tag':22} {'spec':16} {'us':>8} {'TB/s':>5} "
+    print(f"\n{'model':8} {'matrix':10} {'tag':30} {'spec':16} {'us':>8} {'TB/s':>5} "
           f"{'x v1':>5} {'ofcopy':>6} {'ofread':>6} {'rel':>7} regs")
     for model, shapes in SHAPES.items():
         for name, *_ in shapes:
@@ -325,38 +346,46 @@ def main() -> None:
             shown = [("v1 (today)", v1)] + [(f"best {i + 1}", r) for i, r in enumerate(ok[:3])]
             fams = {}
             for r in ok:
-                fams.setdefault(r["family"], r)
+                if not r["spec"].startswith("v1"):
+                    fams.setdefault(r["family"], r)
             shown += [(f"best {f}", r) for f, r in sorted(fams.items())]
-            print(f"{model:8} {name:8} {'copy (same bytes)':22} {'':16} {ref['copy_us']:8.1f} "
+            print(f"{model:8} {name:10} {'copy (same bytes)':30} {'':16} {ref['copy_us']:8.1f} "
                   f"{ref['copy_TBps']:5.2f}   (read+write)   read-only {ref['read_us']:.1f} us "
                   f"{ref['read_TBps']:.2f} TB/s")
             for tag, r in shown:
                 if r is None:
                     continue
-                print(f"{model:8} {name:8} {tag:22} {r['spec']:16} {r['us']:8.1f} "
+                print(f"{model:8} {name:10} {tag:30} {r['spec']:16} {r['us']:8.1f} "
                       f"{r['TBps']:5.2f} {base / r['us']:5.2f} {r['of_copy']:6.2f} "
                       f"{r['of_read']:6.2f} {r['rel']:7.1e} {r['regs']}")
                 summary.append({"tag": tag, "x_v1": base / r["us"], **r})
         # One decode step's linear time: layers x (qkv + o + gate_up + down) + lm_head.
-        names = [n for n, *_ in shapes]
+        names = list(STEP)
         weight = {n: (LAYERS[model] if n != "lm_head" else 1) for n in names}
         by_spec: dict[str, dict[str, float]] = {}
         for r in rows:
             if r["model"] == model and good(r):
                 by_spec.setdefault(r["spec"], {})[r["matrix"]] = r["us"]
         full = {s: sum(weight[n] * t[n] for n in names) / 1e3
-                for s, t in by_spec.items() if len(t) == len(names)}
+                for s, t in by_spec.items() if all(n in t for n in names)}
         best_each = {n: min((t[n], s) for s, t in by_spec.items() if n in t) for n in names
                      if any(n in t for t in by_spec.values())}
         copy_ms = sum(weight[n] * refs[(model, n)]["copy_us"] for n in names) / 1e3 / 2
-        wbytes = sum(weight[n] * N * K * 2 for n, N, K, _ in shapes)
+        wbytes = sum(weight[n] * N * K * 2 for n, N, K, _ in shapes if n in weight)
+        silu_us = refs[(model, "down")].get("silu_mul_us", float("nan"))
+        plain = [(t["down_plain"], s) for s, t in by_spec.items() if "down_plain" in t]
+        unfused = min(plain) if plain else None
         step = {"model": model, "weight_bytes": wbytes,
                 "copy_ms_at_read_bytes": copy_ms,
                 "v1_ms": full.get("v1"),
                 "best_single": min(full.items(), key=lambda kv: kv[1]) if full else None,
                 "best_per_matrix": {n: {"spec": s, "us": t} for n, (t, s) in best_each.items()},
                 "best_per_matrix_ms": (sum(weight[n] * best_each[n][0] for n in names) / 1e3
-                                       if len(best_each) == len(names) else None)}
+                                       if len(best_each) == len(names) else None),
+                "silu_mul_us": silu_us,
+                "down_unfused_best": ({"spec": unfused[1], "linear_us": unfused[0],
+                                       "with_silu_mul_us": unfused[0] + silu_us}
+                                      if unfused else None)}
         steps.append(step)
         bs = step["best_single"]
         print(f"{model}: linear ms per decode step ({wbytes / 1e9:.2f} GB of weights): v1 "
@@ -364,6 +393,25 @@ def main() -> None:
               f"{bs[0] if bs else '-'} {bs[1] if bs else float('nan'):.3f}; best per matrix "
               f"{step['best_per_matrix_ms'] or float('nan'):.3f}; a copy of the same bytes "
               f"(read+write at copy speed, halved) {copy_ms:.3f}")
+        if unfused:
+            fused = best_each.get("down", (float("nan"), "-"))
+            print(f"{model}: down projection fused (best {fused[1]}) {fused[0]:.1f} us vs "
+                  f"silu_mul {silu_us:.1f} us + linear (best {unfused[1]}) {unfused[0]:.1f} us "
+                  f"= {unfused[0] + silu_us:.1f} us")
+    print(f"\n{'model':8} {'matrix':10} {'copy TB/s':>9} {'read TB/s':>9} {'v1 us':>7} "
+          f"{'v1 TB/s':>7} {'best spec':16} {'us':>7} {'TB/s':>5} {'of copy':>7} {'x v1':>5}")
+    for model, shapes in SHAPES.items():
+        for name, *_ in shapes:
+            ref = refs[(model, name)]
+            mine = [r for r in rows if (r["model"], r["matrix"]) == (model, name)]
+            v1 = next((r for r in mine if r["spec"] == "v1"), None)
+            ok = sorted((r for r in mine if good(r)), key=lambda r: r["us"])
+            if not (v1 and ok):
+                continue
+            b = ok[0]
+            print(f"{model:8} {name:10} {ref['copy_TBps']:9.2f} {ref['read_TBps']:9.2f} "
+                  f"{v1['us']:7.1f} {v1['TBps']:7.2f} {b['spec']:16} {b['us']:7.1f} "
+                  f"{b['TBps']:5.2f} {b['of_copy']:7.2f} {v1['us'] / b['us']:5.2f}")
     print(f"{len(bad)} rows failed verification (NaN, nondeterministic or rel >= 5e-5)")
     for r in bad[:20]:
         print("  FAIL", r["model"], r["matrix"], r["spec"], r["rel"], r["finite"],
