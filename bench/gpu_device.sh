@@ -63,6 +63,10 @@ case $stage in
     python3 bench/gpu_linear_sweep.py --prefill --json "$OUTD/prefill_sweep.json" 2>&1 | tee "$OUTD/prefill_sweep.log" ;;
   attn)
     python3 bench/gpu_attention_sweep.py --json "$OUTD/attn_sweep.json" --budget-s 150 2>&1 | tee "$OUTD/attn_sweep.log" ;;
+  attn2)  # issue 17, decode attention at long contexts (no GGUF needed, ~80 s): split +
+    # merge variants and context partitions vs today's rule at an 8,192-position capacity,
+    # SmolLM2 and 8B geometry, B 1/8/64, 130-4096 positions, each verified first
+    python3 bench/gpu_attention_long.py --json "$OUTD/attn_long.json" --budget-s 100 2>&1 | tee "$OUTD/attn_long.log" ;;
   linear)
     python3 bench/gpu_linear.py --json "$OUTD/linear.json" 2>&1 | tee "$OUTD/linear.log" ;;
   drafter)  # trains the SmolLM2 draft head (scripts/train_drafter.py): drafter.safetensors +

@@ -8,6 +8,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py speculative   # the speculative kernels only
     uv run python scripts/interpret_kernels.py nucleus       # the nucleus sampler's GPU tests
     uv run python scripts/interpret_kernels.py gemv          # the batch-1 GEMV variants only
+    uv run python scripts/interpret_kernels.py attention     # split decode attention layouts
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -322,6 +323,98 @@ def check_verify_cut(rng, V: int) -> bool:
     return ok
 
 
+def check_attention(rng) -> bool:
+    """Split-context decode attention layouts (GROUPED 2 and 3, one-tile and walked
+    splits, HD 64 and 128, the tuned split count) and the one-launch
+    ``attention_decode_fused`` against ``attention_decode_split`` /
+    ``_merge``'s references: NaN past each row's context, unmapped pages past its last
+    page, a padding row, a row at position 0."""
+    from helios_ignition.capture import launch as L
+
+    ok = True
+    cases = [  # (H, KVH, HD, NS, SPLIT, constants)
+        (9, 3, 64, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=1)),
+        (9, 3, 64, 4, 128, dict(BLOCK_N=128, BLOCK_G=4, GROUPED=2, EVEN_HD=1)),
+        (9, 3, 64, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=3, EVEN_HD=1)),
+        (9, 3, 64, 2, 256, dict(BLOCK_N=32, BLOCK_G=4, GROUPED=3, EVEN_HD=1)),
+        (32, 8, 128, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=3, EVEN_HD=1)),
+        (32, 8, 128, 8, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=1)),
+        (6, 2, 40, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=3, EVEN_HD=0)),
+    ]
+    PT, B = 16, 4
+    for H, KVH, HD, NS, SPLIT, c in cases:
+        MP = NS * SPLIT // PT
+        S = B + 1
+        pages = rng.permutation(S * MP).astype(np.int32).reshape(S, MP)
+        kc = rng.standard_normal((S * MP, PT, KVH, HD)).astype(np.float32)
+        vc = rng.standard_normal((S * MP, PT, KVH, HD)).astype(np.float32)
+        qkv = rng.standard_normal((B, (H + 2 * KVH) * HD)).astype(np.float32)
+        slot = rng.permutation(S)[:B].astype(np.int32)
+        slot[2] = -1
+        pos = rng.integers(0, NS * SPLIT, B).astype(np.int32)
+        pos[0], pos[3] = 0, NS * SPLIT - 1
+        scale = HD ** -0.5
+        ml = np.zeros((B, H, NS, 2), np.float32)
+        po = np.zeros((B, H, NS, HD), np.float32)
+        K.attention_decode_split(qkv, pos, slot, pages, kc, vc, ml, po, B, MP, PT, H, KVH,
+                                 HD, NS, SPLIT, scale)
+        ref = np.zeros((B, H * HD), np.float32)
+        K.attention_decode_merge(ml, po, slot, ref, B, H, HD, NS)
+        kn, vn, pn = kc.copy(), vc.copy(), pages.copy()
+        for b in np.flatnonzero(slot >= 0):
+            n = int(pos[b]) + 1
+            last = (n - 1) // PT
+            kn[pn[slot[b], last], (n - 1) % PT + 1:] = np.nan
+            vn[pn[slot[b], last], (n - 1) % PT + 1:] = np.nan
+            pn[slot[b], last + 1:] = 1 << 30
+        for tuned in (0, 2):  # 2: the tuned kernel at half the splits (SPLIT doubled)
+            gml, gpo = np.full_like(ml, np.nan), np.full_like(po, np.nan)
+            args = [qkv, pos, slot, pn, kn, vn, gml, gpo]
+            rml, rpo = ml, po
+            if tuned:
+                rml, rpo = np.zeros_like(ml), np.zeros_like(po)
+                K.attention_decode_split(qkv, pos, slot, pages, kc, vc, rml, rpo, B, MP, PT,
+                                         H, KVH, HD, NS, SPLIT * NS // tuned, scale)
+                gml[:, :, tuned:] = rml[:, :, tuned:]  # splits past the choice: untouched
+                gpo[:, :, tuned:] = rpo[:, :, tuned:]
+                args.append(np.array([tuned], np.int32))
+            op = "attention_decode_split_tuned" if tuned else "attention_decode_split"
+            grid = (B, KVH, NS)
+            TRITON_KERNELS[op][grid](*[_Arr(a) for a in args], B, MP, PT, H, KVH, HD, NS,
+                                     SPLIT, scale, BLOCK_HD=L._np2(HD, 16), **c)
+            out = np.full_like(ref, np.nan)
+            mc = {k: v for k, v in L.attention_merge_constants(HD, NS, "v2").items()
+                  if k != "WARPS"}
+            if HD != L._np2(HD, 16):
+                mc["EVEN_HD"] = 0
+            TRITON_KERNELS["attention_decode_merge"][(B, H)](
+                _Arr(gml), _Arr(gpo), _Arr(slot), _Arr(out), B, H, HD, NS, **mc)
+            want = np.zeros_like(ref)
+            K.attention_decode_merge(rml, rpo, slot, want, B, H, HD, NS)
+            errs = (_rel(gml[..., 1], rml[..., 1]), _rel(gpo, rpo), _rel(out, want))
+            good = bool(np.isfinite(gpo).all() and np.isfinite(out).all()
+                        and max(errs) < 1e-5 and (tuned or _rel(out, ref) < 1e-5))
+            ok &= good
+            print(f"{'ok ' if good else 'BAD'} attention_decode_split{'_tuned' if tuned else ''}"
+                  f" H={H} KVH={KVH} HD={HD} NS={NS} SPLIT={SPLIT} {c}: rel "
+                  f"{max(errs):.1e}")
+        if c["GROUPED"] != 3:
+            continue
+        # The one-launch form at the same partition (its launch rule's constants), with
+        # rows of one split (pos[0] = 0) and of several.
+        arrivals = np.zeros((B, KVH), np.int32)
+        got = _Interpreted().run("attention_decode_fused", qkv, pos, slot, pn, kn, vn, ml, po,
+                                 arrivals, np.zeros_like(ref), B, MP, PT, H, KVH, HD, NS,
+                                 SPLIT, scale)
+        err = _rel(got["out"], ref)
+        good = bool(np.isfinite(got["out"]).all() and err < 1e-5
+                    and (got["arrivals"] == 0).all())
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} attention_decode_fused H={H} KVH={KVH} HD={HD} "
+              f"NS={NS} SPLIT={SPLIT}: rel {err:.1e}, counters {got['arrivals'].sum()}")
+    return ok
+
+
 class _Interpreted:
     """The GPU tests' ``gpu`` fixture, launching under the interpreter: outputs poisoned,
     every buffer returned by name (tests/gpu/gpu_harness.py Gpu.run)."""
@@ -391,12 +484,15 @@ def main() -> None:
         sys.exit(0 if check_nucleus(full=True) else 1)
     if sys.argv[1:] == ["gemv"]:
         sys.exit(0 if check_gemv(rng) else 1)
+    if sys.argv[1:] == ["attention"]:
+        sys.exit(0 if check_attention(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)
         for V in (5000, 4097, 49152):
             ok &= check_sampler(rng, V)
         ok &= check_nucleus(full=False)
+        ok &= check_attention(rng)
     for V in (4100, 300):
         ok &= check_candidate_masks(rng, V)
     ok &= check_verify_cut(rng, 300)

@@ -537,3 +537,106 @@ def test_attention_decode_split_merge(gpu, rng, monkeypatch, rule, H, KVH, HD, s
     out = gpu.run("attention_decode_merge", got["part_ml"], got["part_o"], slot,
                   np.zeros_like(ref), B, H, HD, NS)["out"]
     assert rel(out, ref) < 1e-5
+
+
+def _long_case(rng, H, KVH, HD, B, ctx, PT=16, MP=512):
+    """A page table of MP * PT = 8,192 positions (the serving recipes' capacity), rows at
+    about `ctx` positions (row 0 at position 0, one padding row), and the cache and page
+    table the kernel gets: NaN past each row's context in its last page, unmapped page ids
+    past it."""
+    S = B + 1
+    P = S * (-(-ctx // PT) + 1)
+    pages = np.full((S, MP), 1 << 30, np.int32)
+    used = -(-ctx // PT) + 1
+    pages[:, :used] = rng.permutation(P)[:S * used].reshape(S, used)
+    kc = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    vc = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    qkv = rng.standard_normal((B, (H + 2 * KVH) * HD)).astype(np.float32)
+    slot = rng.permutation(S)[:B].astype(np.int32)
+    pos = (np.full(B, ctx - 1) - rng.integers(0, 24, B)).clip(0).astype(np.int32)
+    pos[0] = 0
+    if B > 2:
+        slot[2] = -1
+    kn, vn = kc.copy(), vc.copy()
+    for b in np.flatnonzero(slot >= 0):
+        c = int(pos[b]) + 1
+        last = (c - 1) // PT
+        kn[pages[slot[b], last], (c - 1) % PT + 1:] = np.nan
+        vn[pages[slot[b], last], (c - 1) % PT + 1:] = np.nan
+    return pages, kc, vc, kn, vn, qkv, slot, pos
+
+
+LONG_CASES = [(9, 3, 64, 1, 512), (9, 3, 64, 8, 4096), (9, 3, 64, 64, 130),
+              (32, 8, 128, 1, 4096), (32, 8, 128, 8, 512), (32, 8, 128, 64, 1000),
+              (6, 2, 40, 5, 700)]
+
+
+@pytest.mark.parametrize("rule", ["v2", "v3"])
+@pytest.mark.parametrize("H,KVH,HD,B,ctx", LONG_CASES)
+def test_attention_decode_split_merge_long(gpu, rng, monkeypatch, rule, H, KVH, HD, B, ctx):
+    """Split + merge at the recipes' 8,192-position capacity (NS = 64 splits of 128
+    positions: longer than v2's tiles) and the tuned kernel at 16 splits (512 positions
+    each), against the NumPy references."""
+    from helios_ignition.capture import launch
+    from helios_ignition.families.llama import decode_splits
+
+    monkeypatch.setattr(launch, "ATTN_RULE", rule)
+    MP, PT = 512, 16
+    NS, split = decode_splits(MP * PT)
+    pages, kc, vc, kn, vn, qkv, slot, pos = _long_case(rng, H, KVH, HD, B, ctx)
+    scale = HD ** -0.5
+    ref = np.zeros((B, H * HD), np.float32)
+    K.attention_decode(qkv, pos, slot, pages, kc, vc, ref, B, MP, PT, H, KVH, HD, scale)
+    ml = np.zeros((B, H, NS, 2), np.float32)
+    po = np.zeros((B, H, NS, HD), np.float32)
+    K.attention_decode_split(qkv, pos, slot, pages, kc, vc, ml, po, B, MP, PT, H, KVH, HD,
+                             NS, split, scale)
+    got = gpu.run("attention_decode_split", qkv, pos, slot, pages, kn, vn, np.zeros_like(ml),
+                  np.zeros_like(po), B, MP, PT, H, KVH, HD, NS, split, scale)
+    assert rel(got["part_ml"], ml) < 1e-5 and rel(got["part_o"], po) < 1e-5
+    out = gpu.run("attention_decode_merge", got["part_ml"], got["part_o"], slot,
+                  np.zeros_like(ref), B, H, HD, NS)["out"]
+    assert rel(out, ref) < 1e-5
+    choice = np.array([16], np.int32)
+    tml, tpo = np.zeros_like(ml), np.zeros_like(po)
+    K.attention_decode_split_tuned(qkv, pos, slot, pages, kc, vc, tml, tpo, choice, B, MP, PT,
+                                   H, KVH, HD, NS, split, scale)
+    got = gpu.run("attention_decode_split_tuned", qkv, pos, slot, pages, kn, vn, tml.copy(),
+                  tpo.copy(), choice, B, MP, PT, H, KVH, HD, NS, split, scale)
+    assert rel(got["part_ml"][:, :, :16], tml[:, :, :16]) < 1e-5
+    assert rel(got["part_o"][:, :, :16], tpo[:, :, :16]) < 1e-5
+    out = gpu.run("attention_decode_merge_tuned", got["part_ml"], got["part_o"], slot, choice,
+                  np.zeros_like(ref), B, H, HD, NS)["out"]
+    assert rel(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("H,KVH,HD,B,ctx", LONG_CASES + [(9, 3, 64, 8, 128),
+                                                         (32, 8, 128, 64, 4096)])
+def test_attention_decode_fused(gpu, rng, H, KVH, HD, B, ctx):
+    """One-launch split + merge against the NumPy reference: rows of one split (written by
+    the split itself) and of many (merged by the program completing the last split), the
+    split counters zero afterwards, bitwise the same on a second launch and for a row
+    whatever its neighbours (the same row alone in a batch of one)."""
+    MP, PT = 512, 16
+    from helios_ignition.families.llama import decode_splits
+
+    NS, split = decode_splits(MP * PT)
+    pages, kc, vc, kn, vn, qkv, slot, pos = _long_case(rng, H, KVH, HD, B, ctx)
+    scale = HD ** -0.5
+    ref = np.zeros((B, H * HD), np.float32)
+    K.attention_decode(qkv, pos, slot, pages, kc, vc, ref, B, MP, PT, H, KVH, HD, scale)
+    ml = np.full((B, H, NS, 2), np.nan, np.float32)
+    po = np.full((B, H, NS, HD), np.nan, np.float32)
+    arrivals = np.zeros((B, KVH), np.int32)
+    args = (qkv, pos, slot, pages, kn, vn, ml, po, arrivals, np.zeros_like(ref), B, MP, PT, H,
+            KVH, HD, NS, split, scale)
+    first = gpu.run("attention_decode_fused", *args)
+    assert rel(first["out"], ref) < 1e-5
+    assert (first["arrivals"] == 0).all()
+    again = gpu.run("attention_decode_fused", *args)
+    assert np.array_equal(again["out"].view(np.uint32), first["out"].view(np.uint32))
+    b = B - 1  # the last row alone
+    alone = gpu.run("attention_decode_fused", qkv[b:], pos[b:], slot[b:], pages, kn, vn,
+                    ml[b:], po[b:], arrivals[b:], np.zeros_like(ref[b:]), 1, MP, PT, H, KVH,
+                    HD, NS, split, scale)
+    assert np.array_equal(alone["out"].view(np.uint32), first["out"][b:].view(np.uint32))

@@ -305,6 +305,29 @@ def test_attention_rules_compile_for_sm90(rule):
         assert ck.shared_bytes <= 227 * 1024
 
 
+def test_long_context_attention_compiles_for_sm90():
+    """Rule v3's split layouts at the recipes' 8,192-position capacity (NS 64 x SPLIT 128:
+    one tile at HD 64, GROUPED=3 at HD 128) and the one-launch ``attention_decode_fused``
+    (acquire-release split counters) at the 8B, SmolLM2 and an odd-HD geometry, the
+    layouts bench/gpu_attention_long.py times."""
+    from helios_ignition.capture.launch import (
+        attention_fused_constants,
+        attention_split_constants,
+    )
+    from helios_ignition.kernels_aot import compile_all
+
+    variants = []
+    for H, KVH, HD, grouped in [(32, 8, 128, 3), (9, 3, 64, 2), (6, 2, 40, 2)]:
+        sc = attention_split_constants(8, H, KVH, HD, 128, "v3")
+        assert sc["GROUPED"] == grouped and sc["BLOCK_N"] == (64 if HD > 64 else 128)
+        variants += [("attention_decode_split", sc),
+                     ("attention_decode_fused", attention_fused_constants(H, KVH, HD, 64, 128))]
+    kernels = [variant_kernel(f"long{i}", op, c) for i, (op, c) in enumerate(variants)]
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
+        assert ck.shared_bytes <= 227 * 1024
+
+
 NEW_OPS = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks_nucleus",
            "sample_merge_nucleus", "sample_rest"}
 

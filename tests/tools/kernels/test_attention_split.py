@@ -84,3 +84,31 @@ def test_split_ignores_bytes_past_the_context():
     out = np.zeros((B, H * HD), np.float32)
     attention_decode_merge(ml, po, slot, out, B, H, HD, NS)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
+
+
+def test_fused_equals_split_then_merge_and_checks_its_counters():
+    """attention_decode_fused is split then merge bit for bit; its split counters must be
+    zero before a launch (they are after one on the GPU)."""
+    from helios_tools.kernels import attention_decode_fused
+
+    rng = np.random.default_rng(7)
+    B, H, KVH, HD, PT, MP, split = 5, 6, 2, 16, 4, 16, 16
+    qkv, pos, slot, pages, kc, vc = _case(rng)
+    NS = PT * MP // split
+    scale = HD ** -0.5
+    ml = np.zeros((B, H, NS, 2), np.float32)
+    po = np.zeros((B, H, NS, HD), np.float32)
+    attention_decode_split(qkv, pos, slot, pages, kc, vc, ml, po, B, MP, PT, H, KVH, HD, NS,
+                           split, scale)
+    ref = np.zeros((B, H * HD), np.float32)
+    attention_decode_merge(ml, po, slot, ref, B, H, HD, NS)
+    arrivals = np.zeros((B, KVH), np.int32)
+    out = np.full((B, H * HD), np.nan, np.float32)
+    args = (qkv, pos, slot, pages, kc, vc, np.full_like(ml, np.nan), np.full_like(po, np.nan),
+            arrivals, out, B, MP, PT, H, KVH, HD, NS, split, scale)
+    check_launch("attention_decode_fused", args)
+    attention_decode_fused(*args)
+    assert np.array_equal(out, ref) and (arrivals == 0).all()
+    arrivals[3, 1] = 2
+    with pytest.raises(ValueError, match="arrivals must be zero before a launch"):
+        attention_decode_fused(*args)

@@ -254,8 +254,15 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
         grouped = int(B <= 8 and HD <= 64)  # measured on the H200, see the kernel
         return dict(BLOCK_N=64, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH, 16), GROUPED=grouped,
                     WARPS=4)
+    if rule == "v3":
+        # Splits longer than a tile walk it with every query head's online state at once
+        # (GROUPED=3): one chained load per tile, not per tile and query head.
+        bn = min(_np2(SPLIT, 16), 128 if HD <= 64 else 64)
+        grouped = 2 if bn >= SPLIT else 3
+        return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=grouped,
+                    EVEN_HD=int(HD == bhd), WARPS=4)
     if rule != "v2":
-        raise ValueError(f"unknown attention rule {rule!r}; known: v1, v2")
+        raise ValueError(f"unknown attention rule {rule!r}; known: v1, v2, v3")
     return dict(BLOCK_N=64, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
                 EVEN_HD=int(HD == bhd), WARPS=4)
 
@@ -271,10 +278,22 @@ def attention_merge_constants(HD: int, NS: int, rule: str = "") -> dict[str, int
     bhd = _np2(HD, 16)
     if rule == "v1":
         return dict(BLOCK_S=_np2(NS, 2), BLOCK_HD=bhd, WARPS=4)
-    if rule != "v2":
-        raise ValueError(f"unknown attention rule {rule!r}; known: v1, v2")
+    if rule not in ("v2", "v3"):
+        raise ValueError(f"unknown attention rule {rule!r}; known: v1, v2, v3")
     return dict(BLOCK_S=_np2(NS, 2), BLOCK_HD=bhd, SKIP_EMPTY=1, EVEN_HD=int(HD == bhd),
                 WARPS=4)
+
+
+def attention_fused_constants(H: int, KVH: int, HD: int, NS: int, SPLIT: int
+                              ) -> dict[str, int]:
+    """Variant constants (with ``WARPS``) of ``attention_decode_fused``; the grid is
+    ``(B, KVH, NS)``: a split's keys/values in tiles of BLOCK_N = min(SPLIT, 128) positions
+    at HD <= 64 (one tile per split at 8,192-position capacities), 64 at wider heads
+    (a 128 x 128 f32 K+V tile would spill), and the merge over BLOCK_S >= NS splits."""
+    bhd = _np2(HD, 16)
+    bn = min(_np2(SPLIT, 16), 128 if HD <= 64 else 64)
+    return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), BLOCK_S=_np2(NS, 2),
+                EVEN_HD=int(HD == bhd), WARPS=4)
 
 
 def _linear_prefill(T: int, N: int, K: int, spec: str = "") -> dict[str, int]:
@@ -367,6 +386,10 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
         c = attention_split_constants(B, H, KVH, HD, SPLIT)
         return _cfg((B, KVH if c["GROUPED"] else H, NS), c.pop("WARPS"), **c)
+    if op == "attention_decode_fused":
+        B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
+        c = attention_fused_constants(H, KVH, HD, NS, SPLIT)
+        return _cfg((B, KVH, NS), c.pop("WARPS"), **c)
     if op in ("attention_decode_merge", "attention_decode_merge_tuned"):
         B, H, HD, NS = s
         c = attention_merge_constants(HD, NS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .attention import (
     attention_decode,
+    attention_decode_fused,
     attention_decode_merge,
     attention_decode_merge_tuned,
     attention_decode_split,
@@ -68,6 +69,7 @@ TRITON_KERNELS = {
     "attention_decode": attention_decode,
     "attention_decode_split": attention_decode_split,
     "attention_decode_merge": attention_decode_merge,
+    "attention_decode_fused": attention_decode_fused,
     "attention_decode_split_tuned": attention_decode_split_tuned,
     "attention_decode_merge_tuned": attention_decode_merge_tuned,
     "timer_mark": timer_mark,

@@ -407,6 +407,91 @@ def _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part
 
 
 @triton.jit
+def _group_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, g, PT, KVH, HD,
+                  BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr):
+    """Online softmax of the ``[BLOCK_G, BLOCK_HD]`` (scaled) queries `q` of one kv head
+    over cache positions ``[lo, hi)`` of page-table row `row`, in BLOCK_N-position tiles,
+    f32 FMA dots; each key/value tile is loaded once for all query heads.
+
+    Returns:
+        (``[BLOCK_G]`` running max, ``[BLOCK_G]`` sum of exp, ``[BLOCK_G, BLOCK_HD]``
+        unnormalized output); ``(-1e30, 0, 0)`` rows for an empty range.
+    """
+    m_i = tl.zeros((BLOCK_G,), tl.float32) + NEG_BIG
+    l_i = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros(q.shape, tl.float32)
+    for j0 in range(lo, hi, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        mj = j < hi
+        page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+        off = ((page * PT + j % PT) * KVH + kvh) * HD
+        if EVEN_HD:
+            k = tl.load(k_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
+            v = tl.load(v_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
+        else:
+            mkv = mj[:, None] & md[None, :]
+            k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        for gi in tl.static_range(BLOCK_G):
+            sel = g == gi
+            qg = tl.sum(tl.where(sel[:, None], q, 0.0), axis=0)
+            sc = tl.where(mj, tl.sum(qg[None, :] * k, axis=1), float("-inf"))
+            m_old = tl.max(tl.where(sel, m_i, NEG_BIG), axis=0)
+            m_new = tl.maximum(m_old, tl.max(sc, axis=0))
+            alpha = libdevice.exp(m_old - m_new)
+            p = libdevice.exp(sc - m_new)
+            o = tl.sum(p[:, None] * v, axis=0)
+            acc = tl.where(sel[:, None], acc * alpha + o[None, :], acc)
+            l_i = tl.where(sel, l_i * alpha + tl.sum(p, axis=0), l_i)
+            m_i = tl.where(sel, m_new, m_i)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                      B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
+                      BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr):
+    """GROUPED=3: split ``sp`` of row ``b`` for every query head of kv head ``kvh``, any
+    SPLIT; grid ``(B, KVH, NS)``.
+
+    Walks the split in BLOCK_N-position tiles (``_group_online``): each key/value tile
+    is loaded once and every query head of the kv head takes it from registers, with the
+    online-softmax state of all BLOCK_G heads kept at once (padded heads compute on zero
+    queries and are not stored). So a split of several tiles costs one chained load per
+    tile, not one per tile and head as GROUPED=2's walk. An empty split (or padding row)
+    runs no tile and stores ``(-1e30, 0)`` and zeros.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    G = H // KVH
+    if EVEN_HD:  # HD == BLOCK_HD: offsets are visibly multiples of a power of two >= 16
+        HD = BLOCK_HD
+    d = tl.arange(0, BLOCK_HD)
+    md = d < HD
+    g = tl.arange(0, BLOCK_G)
+    mg = g < G
+    s = tl.load(slot + b)
+    ctx = tl.load(positions + b) + 1
+    lo = sp * SPLIT
+    hi = tl.where(s >= 0, tl.minimum(lo + SPLIT, ctx), lo)
+    width = (H + 2 * KVH) * HD
+    hd0 = b * H + kvh * G  # first (b, h) of this kv head
+    q = tl.load(qkv + b * width + (kvh * G + g[:, None]) * HD + d[None, :],
+                mask=mg[:, None] & md[None, :], other=0.0) * scale
+    row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
+    m_i, l_i, acc = _group_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, g, PT, KVH,
+                                  HD, BLOCK_N, BLOCK_G, EVEN_HD)
+    base = (hd0 + g) * NS + sp
+    tl.store(part_ml + base * 2, m_i, mask=mg)
+    tl.store(part_ml + base * 2 + 1, l_i, mask=mg)
+    if EVEN_HD:
+        tl.store(part_o + base[:, None] * HD + d[None, :], acc, mask=mg[:, None])
+    else:
+        tl.store(part_o + base[:, None] * HD + d[None, :], acc, mask=mg[:, None] & md[None, :])
+
+
+@triton.jit
 def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                            B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                            BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
@@ -418,12 +503,19 @@ def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, p
     GROUPED=0, grid ``(B, H, NS)``: one program per query head, f32 FMA dots (rule v1
     otherwise). GROUPED=2, grid ``(B, KVH, NS)``: one program per kv head, the split's
     keys/values loaded once as one tile and reused by every query head with f32 FMA dots,
-    empty splits exit after their stores (rule v2; see ``_split_fma``). EVEN_HD=1
-    (HD == BLOCK_HD only) drops the head-dim masks and computes offsets with the constant
-    BLOCK_HD, which Triton sees divides them, so cache loads are 128-bit (GROUPED=2 only). Swept by
+    empty splits exit after their stores (rule v2; see ``_split_fma``). GROUPED=3, grid
+    ``(B, KVH, NS)``: GROUPED=2's tile reuse for splits of any length, the online state
+    of every query head of the kv head in registers (see ``_split_fma_online``).
+    EVEN_HD=1 (HD == BLOCK_HD only) drops the head-dim masks and computes offsets with the
+    constant BLOCK_HD, which Triton sees divides them, so cache loads are 128-bit
+    (GROUPED=2 and 3 only). Swept by
     bench/gpu_attention_sweep.py.
     """
-    if GROUPED == 2:
+    if GROUPED == 3:
+        _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
+                          part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD,
+                          BLOCK_G, EVEN_HD)
+    elif GROUPED == 2:
         _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                    B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
                    EVEN_HD)
@@ -503,7 +595,11 @@ def attention_decode_split_tuned(qkv, positions, slot, page_table, k_cache, v_ca
     ns = tl.load(choice)
     if tl.program_id(2) < ns:
         split = (NS * SPLIT + ns - 1) // ns
-        if GROUPED == 2:
+        if GROUPED == 3:
+            _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
+                              part_o, B, MP, PT, H, KVH, HD, NS, split, scale, BLOCK_N,
+                              BLOCK_HD, BLOCK_G, EVEN_HD)
+        elif GROUPED == 2:
             _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                        B, MP, PT, H, KVH, HD, NS, split, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
                        EVEN_HD)
@@ -526,3 +622,79 @@ def attention_decode_merge_tuned(part_ml, part_o, slot, choice, out, B, H, HD, N
     h = tl.program_id(1)
     _merge(part_ml, part_o, slot, out, b, h, H, HD, NS, tl.load(choice), BLOCK_S, BLOCK_HD,
            SKIP_EMPTY, EVEN_HD)
+
+
+@triton.jit
+def attention_decode_fused(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                           arrivals, out, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
+                           BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr,
+                           BLOCK_S: tl.constexpr, EVEN_HD: tl.constexpr):
+    """``attention_decode_split`` + ``attention_decode_merge`` in one launch; grid
+    ``(B, KVH, NS)``, one program per (row, kv head, split) as GROUPED=3.
+
+    Row ``b`` has ``n = ceil(ctx / SPLIT)`` live splits. ``n == 1``: split 0 normalizes
+    and writes ``out`` itself (no partials). ``n > 1``: each live split stores its
+    partials, then counts itself in ``arrivals[b, kvh]`` (an acquire-release atomic after
+    a block barrier, so its stores are visible to whoever sees the count); the program
+    that brings the count to ``n`` resets it to 0 and merges splits ``0..n-1`` of every
+    query head of the kv head in that fixed order, reading the partials past L1. Which
+    program merges varies, what it computes does not: the result is bitwise the same from
+    launch to launch and independent of the other rows (the split-K "last block"
+    reduction, Stream-K's fix-up without the spin). Empty splits exit at once; a padding
+    row's split 0 writes zeros. `arrivals` must be zero before a launch and is zero after.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    G = H // KVH
+    if EVEN_HD:  # HD == BLOCK_HD: offsets are visibly multiples of a power of two >= 16
+        HD = BLOCK_HD
+    d = tl.arange(0, BLOCK_HD)
+    md = d < HD
+    g = tl.arange(0, BLOCK_G)
+    mg = g < G
+    mo = mg[:, None] & md[None, :]
+    s = tl.load(slot + b)
+    ctx = tl.load(positions + b) + 1
+    n = tl.where(s >= 0, (ctx + SPLIT - 1) // SPLIT, 0)
+    hd0 = b * H + kvh * G  # first (b, h) of this kv head
+    dst = out + b * (H * HD) + (kvh * G + g[:, None]) * HD + d[None, :]
+    if s < 0:
+        if sp == 0:
+            tl.store(dst, tl.zeros((BLOCK_G, BLOCK_HD), tl.float32), mask=mo)
+    elif sp < n:
+        lo = sp * SPLIT
+        hi = tl.minimum(lo + SPLIT, ctx)
+        width = (H + 2 * KVH) * HD
+        q = tl.load(qkv + b * width + (kvh * G + g[:, None]) * HD + d[None, :], mask=mo,
+                    other=0.0) * scale
+        row = page_table + s.to(tl.int64) * MP
+        m_i, l_i, acc = _group_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, g, PT,
+                                      KVH, HD, BLOCK_N, BLOCK_G, EVEN_HD)
+        if n == 1:
+            tl.store(dst, acc / tl.where(mg, l_i, 1.0)[:, None], mask=mo)
+        else:
+            base = (hd0 + g) * NS + sp
+            tl.store(part_ml + base * 2, m_i, mask=mg)
+            tl.store(part_ml + base * 2 + 1, l_i, mask=mg)
+            tl.store(part_o + base[:, None] * HD + d[None, :], acc, mask=mo)
+            tl.debug_barrier()  # every thread's partials stored before the count
+            counter = arrivals + b * KVH + kvh
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n - 1:
+                tl.debug_barrier()
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+                si = tl.arange(0, BLOCK_S)
+                ms = si < n
+                for gi in tl.static_range(BLOCK_G):
+                    if gi < G:
+                        hb = (hd0 + gi) * NS + si
+                        m = tl.load(part_ml + hb * 2, mask=ms, other=float("-inf"),
+                                    cache_modifier=".cg")
+                        lsum = tl.load(part_ml + hb * 2 + 1, mask=ms, other=0.0,
+                                       cache_modifier=".cg")
+                        w = libdevice.exp(m - tl.max(m, axis=0))
+                        o = tl.load(part_o + hb[:, None] * HD + d[None, :],
+                                    mask=ms[:, None] & md[None, :], other=0.0,
+                                    cache_modifier=".cg")
+                        res = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * lsum, axis=0)
+                        tl.store(out + b * (H * HD) + (kvh * G + gi) * HD + d, res, mask=md)

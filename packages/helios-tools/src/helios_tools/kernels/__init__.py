@@ -8,6 +8,7 @@ padding and writes no cache, histogram or completion.
 
 from .attention import attention_decode, attention_prefill
 from .attention_split import (
+    attention_decode_fused,
     attention_decode_merge,
     attention_decode_merge_tuned,
     attention_decode_split,
@@ -72,6 +73,7 @@ __all__ = [
     "add",
     "add_rmsnorm",
     "attention_decode",
+    "attention_decode_fused",
     "attention_decode_merge",
     "attention_decode_merge_tuned",
     "attention_decode_split",

@@ -229,3 +229,54 @@ def attention_decode_merge_tuned(
         ValueError: a split count outside ``[1, NS]``.
     """
     attention_decode_merge(part_ml, part_o, slot, out, B, H, HD, _chosen_splits(choice, NS))
+
+
+def attention_decode_fused(
+    qkv: NDArray[np.float32],
+    positions: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    page_table: NDArray[np.int32],
+    k_cache: NDArray[np.float32],
+    v_cache: NDArray[np.float32],
+    part_ml: NDArray[np.float32],
+    part_o: NDArray[np.float32],
+    arrivals: NDArray[np.int32],
+    out: NDArray[np.float32],
+    B: int,
+    MP: int,
+    PT: int,
+    H: int,
+    KVH: int,
+    HD: int,
+    NS: int,
+    SPLIT: int,
+    scale: float,
+) -> None:
+    """``attention_decode_split`` then ``attention_decode_merge``, as one launch on the GPU
+    (the program that completes a row's last split merges it; a row whose context fits
+    one split is written by that split directly).
+
+    Reference loop::
+
+        attention_decode_split(qkv, ..., part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale)
+        attention_decode_merge(part_ml, part_o, slot, out, B, H, HD, NS)
+
+    Args:
+        part_ml, part_o: as ``attention_decode_split``'s, used as workspace: their
+            contents after the launch are not part of the result (the GPU kernel writes
+            only the partials of rows with more than one live split).
+        arrivals: ``[B, KVH]`` (or more) i32 per-(row, kv head) split counters of the GPU
+            kernel; zero before the launch and left zero.
+        out: ``[B, H * HD]`` f32, written (zeros for padding rows).
+        Others: as ``attention_decode_split``.
+
+    Raises:
+        ValueError: `arrivals` is not all zero (a launch that did not complete, or a
+            buffer shared with something else).
+        IndexError: as ``attention_decode_split``.
+    """
+    if arrivals.reshape(-1)[: B * KVH].any():
+        raise ValueError("attention_decode_fused: arrivals must be zero before a launch")
+    attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                           B, MP, PT, H, KVH, HD, NS, SPLIT, scale)
+    attention_decode_merge(part_ml, part_o, slot, out, B, H, HD, NS)

@@ -14,6 +14,7 @@ import numpy as np
 
 from .attention import attention_decode, attention_prefill
 from .attention_split import (
+    attention_decode_fused,
     attention_decode_merge,
     attention_decode_merge_tuned,
     attention_decode_split,
@@ -139,6 +140,12 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     "attention_decode_merge": (
         _b("part_ml", "f32"), _b("part_o", "f32"), _b("slot", "i32"), _b("out", "f32", "out"),
         *_i("B", "H", "HD", "NS"),
+    ),
+    "attention_decode_fused": (
+        _b("qkv", "f32"), _b("positions", "i32"), _b("slot", "i32"), _b("page_table", "i32"),
+        _b("k_cache", "f32"), _b("v_cache", "f32"), _b("part_ml", "f32", "inout"),
+        _b("part_o", "f32", "inout"), _b("arrivals", "i32", "inout"), _b("out", "f32", "out"),
+        *_i("B", "MP", "PT", "H", "KVH", "HD", "NS", "SPLIT"), *_f("scale"),
     ),
     "attention_decode_split_tuned": (
         _b("qkv", "f32"), _b("positions", "i32"), _b("slot", "i32"), _b("page_table", "i32"),
@@ -361,6 +368,7 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "attention_decode": attention_decode,
     "attention_decode_split": attention_decode_split,
     "attention_decode_merge": attention_decode_merge,
+    "attention_decode_fused": attention_decode_fused,
     "attention_decode_split_tuned": attention_decode_split_tuned,
     "attention_decode_merge_tuned": attention_decode_merge_tuned,
     "timer_mark": timer_mark,
