@@ -456,20 +456,24 @@ def test_a_feedback_request_keeps_every_decode_serial_under_the_policy():
     del plan
 
 
-def test_step_costs_are_issue_to_completion_or_since_the_previous_completion():
-    """The width policy's cost rule (Scheduler._observe_cost): a serial step costs issue to
-    completion; a step planned ahead of the previous one's completion costs the time
-    since that completion (steady pipelined decode: the interval between completions)."""
+def test_step_costs_run_from_the_previous_completion_or_the_end_of_idleness():
+    """The width policy's cost rule (Scheduler._observe_cost): a step costs the wall time
+    from the previous plan's completion to its own -- steady pipelined decode the
+    interval between completions; a serial SPECULATIVE step also the host time between
+    the previous completion and its issue. Idle time (nothing to run, nothing in flight)
+    is charged to no step."""
     clock = _Clock()
     s = _ahead_scheduler(DECODE_WINS, clock)
     seen = []
     s.policy.observe_step = lambda key, seconds: seen.append((key, seconds))
+    clock.now = 50.0
+    assert s.schedule() is None  # no request: idle until the next call finds work
     clock.now = 100.0
     d1 = _to_decode(s)  # prefill issued and completed at 100, then D1 issued at 100
     clock.now = 101.0
     d2 = s.schedule()  # ahead
     clock.now = 110.0
-    s.complete(d1, [11])  # D1: issue 100 -> 110
+    s.complete(d1, [11])  # D1: prefill's completion 100 -> 110
     clock.now = 111.0
     d3 = s.schedule()  # ahead of D2
     clock.now = 113.5
@@ -484,11 +488,20 @@ def test_step_costs_are_issue_to_completion_or_since_the_previous_completion():
             s.policy.observe_step(key, seconds)
     s.policy.observe_step = lambda key, seconds: seen.append((key, seconds))
     clock.now = 120.0
-    lane = s.schedule()  # serial: issued after D3's completion at 117
+    lane = s.schedule()  # serial: planned and issued 3 s after D3's completion at 117
     assert lane.kind is StepKind.SPECULATIVE
     clock.now = 126.0
     s.complete(lane, _record(lane, [0], [[14]]))
-    assert seen == [(("speculative", 1, WIDTH), 6.0)]
+    assert seen == [(("speculative", 1, WIDTH), 9.0)]  # the host's 3 s included
+    s.finish(7, FinishReason.STOP)
+    clock.now = 130.0
+    assert s.schedule() is None  # nothing to run, nothing in flight: idle from here
+    clock.now = 200.0
+    _admit_all(s, [SchedRequest(request_id=1, prompt_tokens=(1, 2, 3), max_output_tokens=9)])
+    lane = s.schedule()  # the prefill was planned and completed at 200
+    clock.now = 204.0
+    s.complete(lane, _record(lane, [0], [[15]]))
+    assert seen[-1] == (("speculative", 1, WIDTH), 4.0)  # not from 126 or 130
 
 
 @pytest.mark.parametrize("costs,width", [(SPECULATION_WINS, WIDTH),

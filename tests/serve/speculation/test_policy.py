@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from helios_serve.speculation import WidthPolicy
 from helios_serve.speculation.policy import (
+    EXPLORE_SHARE,
     LOSER_STALE_DECISIONS,
     MIN_COST_SAMPLES,
     STALE_DECISIONS,
@@ -71,6 +72,8 @@ def test_a_prefix_program_wins_when_few_lanes_are_confident():
         for rid in range(8):
             policy.observe_lane(rid, 3, 3 if rid < 2 else 0)
     costs = {(0, 0): 1.0, (4, 0): 2.0, (4, 16): 1.2}
+    for _ in range(50):  # a while of decode: W = 4's measurements (each ~0.26 s worse
+        policy.observe_step(("decode", 8), 1.0)  # than decode) fit in EXPLORE_SHARE
     choice = _measured(policy, 8, costs)
     assert (choice.width, choice.packed_rows) == (4, 16)
 
@@ -152,6 +155,8 @@ def test_copied_and_learned_drafts_have_their_own_rates():
     costs = {(0, 0): 1.0, (4, 0): 2.0}
     policy2 = WidthPolicy((1, 4), (1,), ())
     policy2._pooled, policy2._requests = policy._pooled, policy._requests
+    for _ in range(100):  # a while of decode: W = 4's two measurements without copies
+        policy2.observe_step(("decode", 1), 1.0)  # (1 s worse each) fit in EXPLORE_SHARE
     assert _measured(policy2, 1, costs).width == 0  # no copy known: decode
     assert policy2.choose([(0, 4)], copied={0: 3}).width == 4
 
@@ -167,7 +172,8 @@ def _random_run(seed: int, steps: int, batches=(1, 8, 64)):
 
     rng = random.Random(seed)
     widths, prefix = (1, 2, 3, 4), ((8, 16, 4), (64, 96, 4), (64, 128, 3))
-    new, old = (cls(widths, batches, prefix) for cls in (WidthPolicy, PolicyBefore))
+    new = WidthPolicy(widths, batches, prefix, bounded_exploration=False)
+    old = PolicyBefore(widths, batches, prefix)
     live = list(range(80))
     for step in range(steps):
         rows = rng.choice((1, 2, 5, 8, 20, 64))
@@ -231,3 +237,90 @@ def test_expected_tokens_are_bit_identical_to_the_sum_per_length():
                 for length in range(0, 6):
                     assert new.expected_tokens(rid, length, copied_now) == \
                         old.expected_tokens(rid, length, copied_now)
+
+
+def _decode_served(policy, rows, seconds, steps):
+    """`steps` completed decode steps of `rows` rows, `seconds` each (a served while)."""
+    for _ in range(steps):
+        policy.observe_step(("decode", policy.bucket(rows)), seconds)
+
+
+def test_a_program_whose_best_case_cannot_win_is_not_measured():
+    # 64 lanes, decode at batch capacity 64: 64 tokens in 1.0 s. W = 2 and W = 4 measured
+    # at capacity 32 (2.2 s, 4.5 s): at 64 they cost at least that, so even with every
+    # draft accepted they give 128 / 2.2 = 58 and 256 / 4.5 = 57 < 64 tokens/s. W = 3 has
+    # only decode's floor (192 / 1.0): measured; then its 3.5 s is W = 4's floor too.
+    lanes = [(i, 4) for i in range(64)]
+    seen = []
+    for bounded in (True, False):
+        policy = WidthPolicy((1, 2, 3, 4), (32, 64), (), bounded_exploration=bounded)
+        _decode_served(policy, 64, 1.0, 1000)  # a budget that is no obstacle here
+        for key, seconds in ((("speculative", 32, 2), 2.2), (("speculative", 32, 4), 4.5)):
+            for _ in range(MIN_COST_SAMPLES):
+                policy.observe_step(key, seconds)
+        choices = []
+        for _ in range(6):
+            choice = policy.choose(lanes)
+            choices.append((choice.width, choice.reason))
+            if choice.width:
+                policy.observe_step(policy.program_key(64, choice), 1.0 + choice.width * 0.8)
+        seen.append(choices)
+    assert seen[0] == [(3, "measure")] * 2 + [(0, "best")] * 4
+    # the rule before measured every width first, each a loss at these costs
+    assert seen[1] == [(2, "measure")] * 2 + [(3, "measure")] * 2 + [(4, "measure")] * 2
+
+
+def test_measuring_a_losing_program_stops_at_the_explore_share():
+    # Sampled batch 64 on the H200, roughly: every speculative step costs 5 decode steps
+    # and nothing is accepted. The measurements' loss (each one's seconds minus the time
+    # decode needs for its expected tokens) stays within EXPLORE_SHARE of the time spent,
+    # plus the one measurement that crossed it; the rule before measured every program
+    # twice at once (8 steps of 5 s in the first 10).
+    lanes = [(i, 4) for i in range(64)]
+    runs = {}
+    for bounded in (True, False):
+        policy = WidthPolicy((1, 2, 3, 4), (64,), ((64, 128, 4),), bounded_exploration=bounded)
+        for rid, _ in lanes:
+            policy.observe_lane(rid, 3, 0)
+        spent, speculative = 0.0, []
+        for step in range(400):
+            choice = policy.choose(lanes)
+            seconds = 1.0 if choice.width == 0 else 5.0
+            policy.observe_step(policy.program_key(64, choice), seconds)
+            spent += seconds
+            if choice.width:
+                speculative.append(step)
+        runs[bounded] = (spent, speculative, policy)
+    spent, speculative, policy = runs[True]
+    assert policy.spent == spent
+    worst = 5.0 - 64 * policy.expected_tokens(0, 2) / 64  # the first measurement's loss
+    assert policy.exploration_loss <= EXPLORE_SHARE * spent + worst
+    # W = 2 at once (nothing lost yet), again once ~195 s of steps cover its ~3.9 s loss
+    # at 2 %, then W = 3 (W = 2 measured: its floor is 5 s, its best case 192 / 5 > 64)
+    assert speculative == [2, 196, 391]
+    old_spent, old_speculative, _ = runs[False]
+    assert old_speculative == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert old_spent - spent == (8 - 3) * 4.0
+
+
+def test_measurements_that_pay_are_not_bounded():
+    # Batch 1 with copies accepted (editing): W = 2 / 3 / 4 cost 1.26 / 1.36 / 1.40 decode
+    # steps (H200, spec_step_cost_815b6d7.json) and emit more than that: no loss, so the
+    # bounded rule measures and chooses exactly as the rule before.
+    costs = {0: 1.0, 2: 1.26, 3: 1.36, 4: 1.40}
+    seen = []
+    for bounded in (True, False):
+        policy = WidthPolicy((1, 2, 3, 4), (1,), (), bounded_exploration=bounded)
+        choices = []
+        for _ in range(40):
+            choice = policy.choose([(0, 4)], copied={0: 3})
+            choices.append(choice)
+            policy.observe_step(policy.program_key(1, choice), costs[choice.width])
+            if choice.width:
+                policy.observe_lane(0, choice.width - 1, choice.width - 1, copied=3)
+        seen.append(choices)
+        if bounded:
+            assert policy.exploration_loss == 0.0
+    assert seen[0] == seen[1]
+    assert [c.width for c in seen[0][:8]] == [0, 0, 2, 2, 3, 3, 4, 4]
+    assert seen[0][-1] == Choice(4, 0, "best")

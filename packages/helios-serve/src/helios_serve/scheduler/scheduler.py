@@ -328,11 +328,14 @@ class Scheduler:
             self.policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
                                       g.prefix_programs)
         self._clock = clock
-        self._issued: deque[tuple[float, tuple | None]] = deque()  # per outstanding plan
+        self._issued: deque[tuple | None] = deque()  # program key per outstanding plan
         self._choice: Choice | None = None  # the policy's choice for the plan being built
         # request id -> its lane's copied candidates, proposed for the plan being built
         self._lanes_now: dict[int, CopiedCandidates | None] = {}
-        self._completed_at = -float("inf")  # clock at the latest completion (any plan)
+        # clock at the latest completion (any plan), or when `schedule` found work after
+        # finding none with nothing in flight (`_resting`: the machine idled until then)
+        self._completed_at = -float("inf")
+        self._resting = True
         self._spec_copied_draft = self._spec_copied_accepted = 0
         self._reused_tokens = 0
         self._transfer_steps = 0
@@ -411,6 +414,9 @@ class Scheduler:
         # then the generation plan; one per call.
         if not self.can_schedule_ahead():
             raise RuntimeError("complete the outstanding plan before scheduling again")
+        if self._resting:  # the machine idled (nothing to run) until this call
+            self._resting = False
+            self._completed_at = self._clock()
         if self._ready:
             return self._issue(self._ready.popleft())
         admit = True
@@ -425,7 +431,10 @@ class Scheduler:
             if ready:
                 self._ready.extend(ready[1:])
                 return self._issue(ready[0])
-            if self._outstanding or not self._preempt_newest():
+            if self._outstanding:
+                return None
+            if not self._preempt_newest():
+                self._resting = True  # nothing in flight, nothing to run: idle time
                 return None
             admit = False
 
@@ -774,7 +783,7 @@ class Scheduler:
                 smallest_capacity(self.widths, max(r.lane_length for r in plan.rows))
                 or self.max_width, plan.packed_rows)
             key = self.policy.program_key(len(plan.rows), choice)
-        self._issued.append((self._clock(), key))
+        self._issued.append(key)
         self._outstanding.append(plan)
         self._step += 1
         if plan.kind is StepKind.TRANSFER:
@@ -924,16 +933,20 @@ class Scheduler:
         """Pop the oldest plan's issue record; a DECODE or SPECULATIVE step feeds the
         width policy its cost.
 
-        Rule: a step's cost is the time the machine spent on it alone -- from its issue,
-        or from the previous plan's completion when it was issued before that (planned
-        ahead), to its completion. A serial step (every SPECULATIVE step; any step issued
-        after the previous completion) costs issue to completion; in steady pipelined
-        decode every step costs the interval between consecutive completions, its host
-        work hidden behind the device step before it.
+        Rule: a step's cost is the wall time between the previous plan's completion (or
+        the end of an idle spell: `schedule` found nothing to run with nothing in flight)
+        and its own completion -- what the batch waits for it. In steady pipelined decode
+        that is the interval between consecutive completions, the host work hidden behind
+        the device step before it; a serial step (every SPECULATIVE step, which needs the
+        previous completion before it is planned) also pays the host work between that
+        completion and its issue: completing the previous step, delivering its tokens,
+        proposing copied candidates, choosing, packing. Issue-to-completion costs left
+        that out, so the policy ran W = 4 at batch 64 where it lost (docs/speculative.md,
+        "The width policy").
         """
-        issued, key = self._issued.popleft()
+        key = self._issued.popleft()
         now = self._clock()
-        start = max(issued, self._completed_at)
+        start = self._completed_at
         self._completed_at = now
         if key is not None:
             self.policy.observe_step(key, now - start)

@@ -7,15 +7,21 @@ physical program -- plain DECODE, a SPECULATIVE program of width W (lanes of
 min(W, their ceiling)), or a SPECULATIVE_PREFIX_LIMIT program (B lanes sharing P rows)
 -- from two kinds of observations, both taken from completed steps only:
 
-- step costs: the wall seconds the machine spent on each completed step (the scheduler's
-  rule, Scheduler._observe_cost: from its issue, or from the previous completion when it
-  was planned ahead of it, to its completion), an exponentially weighted mean per
-  program (`StepCosts`);
+- step costs: the wall seconds the batch waited for each completed step (the scheduler's
+  rule, Scheduler._observe_cost: from the previous completion to its own, so a serial
+  step pays the host work before its issue and pipelined decode does not), an
+  exponentially weighted mean per program and batch capacity (`StepCosts`);
 - acceptance: per request and draft position k, how often draft k was accepted when
   reached (drafts 0..k-1 accepted), smoothed towards the pooled rate of all requests;
   copied drafts (history drafting) and learned drafts counted apart, since a copy in
   step with its source is accepted far more often than the head's guess, and the host
   knows before the step how many copied candidates each lane carries.
+
+Measuring a program is itself a step of it, and at batch 64 a step of a losing program
+costs several decode steps (H200, sampled W = 4: ~5), so measurements are bounded
+(`WidthPolicy.decide` states the rule): a program is measured only when its best case
+could beat the best measured rate, and only while the measurements' estimated loss stays
+within EXPLORE_SHARE of all step time.
 
 Nothing here changes what a program computes (greedy text is identical whatever it
 picks; sampled text follows the lane lengths it picks: docs/speculative.md).
@@ -39,6 +45,12 @@ STALE_DECISIONS = 256
 # 64 on the H200 one sampled W = 4 step costs ~2.4 decode steps).
 STALE_MARGIN = 0.8
 LOSER_STALE_DECISIONS = 4 * STALE_DECISIONS
+# Bound on what measuring costs: a measurement is made only while the measurements'
+# summed loss (each one's seconds minus the time the best measured program would have
+# taken for the tokens it was expected to emit; never below 0) is at most this share of
+# all measured step seconds -- so exploring costs at most ~2 % of throughput however
+# slow the measured program is (issue 13: >= 0.97x speculation off at batch 32 / 64).
+EXPLORE_SHARE = 0.02
 
 
 @dataclass
@@ -109,10 +121,14 @@ class WidthPolicy:
         widths: served SPECULATIVE widths (ascending, 1 included when served).
         batches: captured batch capacities of the decode and speculative programs.
         prefix_programs: served prefix-limit programs (B, P, W).
+        bounded_exploration: measure only what could win, within EXPLORE_SHARE
+            (`decide`); False measures every program as soon as it is a candidate (the
+            rule before, kept for the reference test of the rates).
     """
 
     def __init__(self, widths: Sequence[int], batches: Sequence[int],
-                 prefix_programs: Sequence[tuple[int, int, int]] = ()) -> None:
+                 prefix_programs: Sequence[tuple[int, int, int]] = (),
+                 bounded_exploration: bool = True) -> None:
         self.widths = tuple(w for w in widths if w > 1)
         self.batches = tuple(sorted(batches))
         self.prefix = tuple(prefix_programs)
@@ -131,6 +147,15 @@ class WidthPolicy:
         # the pooled rates every request's are smoothed towards), so a run of decode steps
         # computes each request's table once.
         self._tables: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
+        # Exploration accounting (`decide`): all measured step seconds, the measurements'
+        # summed loss, per program key the committed measurements not yet completed
+        # (seconds the best program would have taken for their expected tokens), and the
+        # last measurement `decide` returned (choice, key, those seconds) for `commit`.
+        self.bounded_exploration = bounded_exploration
+        self.spent = 0.0
+        self.exploration_loss = 0.0
+        self._exploring: dict[tuple, list[float]] = {}
+        self._decided: tuple[Choice, tuple, float | None] | None = None
 
     # -- observations --------------------------------------------------------------
 
@@ -175,8 +200,13 @@ class WidthPolicy:
             del self._tables[key]
 
     def observe_step(self, key: tuple, seconds: float) -> None:
-        """A completed step of program `key` (`program_key`) that ran alone."""
+        """A completed step of program `key` (`program_key`): the seconds the batch
+        waited for it."""
         self.costs.observe(key, seconds)
+        self.spent += seconds
+        pending = self._exploring.get(key)
+        if pending:  # a measurement: its loss against the best program of its decision
+            self.exploration_loss += max(0.0, seconds - pending.pop(0))
 
     def bucket(self, rows: int) -> int:
         for b in self.batches:
@@ -248,6 +278,9 @@ class WidthPolicy:
         if choice.reason != "no speculation":
             self.costs.decisions += 1
             self._record(choice)
+        decided, self._decided = self._decided, None
+        if decided is not None and decided[0] is choice and decided[2] is not None:
+            self._exploring.setdefault(decided[1], []).append(decided[2])
         return choice
 
     def decide(self, lanes: Sequence[tuple[int, int]],
@@ -257,44 +290,97 @@ class WidthPolicy:
         Changes nothing (`commit` counts it).
 
         Rule: among plain DECODE, each served width W > 1 and each prefix-limit program
-        that holds the batch, take the highest expected tokens per second -- expected
+        that holds the batch, take the highest expected tokens per second among the
+        programs measured MIN_COST_SAMPLES times at this batch capacity -- expected
         tokens from each request's acceptance rates, copied rates for its lane's copied
         drafts and learned rates after them (a lane of length n emits
         1 + a_0 + a_0 a_1 + ...; a prefix-limit program's B + P - B likeliest next
         positions, ranked for a request seen in a prefix-limit step by its last lane's
         proposal-confidence survival times the observed calibration of confidence
-        against acceptance), seconds from the measured mean cost of that program at this batch
-        capacity. A program not measured MIN_COST_SAMPLES times is chosen first
-        (narrowest first), so every candidate is measured before comparisons count; then
-        a program whose last measurement is more than STALE_DECISIONS decisions old is
-        measured again (narrowest first) if its rate at that cost is at least
-        STALE_MARGIN x the best rate, else only once it is LOSER_STALE_DECISIONS old.
-        Ages count committed decisions, this one included.
+        against acceptance), seconds from the measured mean cost of that program at this
+        batch capacity. Before that, measure (reason "measure"):
+        1. plain DECODE while it is not measured (everything is compared with it);
+        2. else, only while the measurements' summed loss is at most EXPLORE_SHARE of all
+           measured step seconds (`exploration_loss` <= EXPLORE_SHARE x `spent`; a
+           measurement's loss is its seconds minus the time the best measured program
+           would have taken for the tokens it was expected to emit, never below 0):
+           a. an unmeasured program (narrowest first) whose best case can beat the best
+              measured rate: every draft accepted (sum of min(W, ceiling), at most P for
+              a prefix program) over a floor on its cost -- the largest measured mean of
+              DECODE at this capacity, a narrower SPECULATIVE width at this capacity, or
+              the same program at a smaller capacity (a step never costs less than those);
+           b. a measured program whose last measurement is more than STALE_DECISIONS
+              decisions old, if its rate at that cost is at least STALE_MARGIN x the
+              best rate, else once it is LOSER_STALE_DECISIONS old.
+        Ages count committed decisions, this one included. With bounded_exploration
+        False, 2 has no budget and 2a no best-case test: every program is measured as
+        soon as it is a candidate (before any comparison), as before.
         """
         if not self.widths or not lanes:
             return Choice(0, 0, "no speculation")
         costs = self.costs
+        self._decided = None
         decisions = costs.decisions + 1  # this decision, once committed
         rows = len(lanes)
         bucket = self.bucket(rows)
         options = [Choice(0)] + [Choice(w) for w in self.widths]
         options += [Choice(w, p) for b, p, w in self.prefix if b == bucket and b >= rows]
         keys = [self.program_key(rows, option) for option in options]
-        for option, key in zip(options, keys, strict=True):
-            if not costs.measured(key):
-                return Choice(option.width, option.packed_rows, "measure")
+        measured = [costs.measured(key) for key in keys]
+        bounded = self.bounded_exploration
+        if not measured[0] or not (bounded or all(measured)):
+            option = options[measured.index(False)]
+            return self._measure(option, keys[measured.index(False)], None)
         copied = copied or {}
         tables = [self._lane_table(rid, copied.get(rid, 0)) for rid, _ in lanes]
-        rates = [self._tokens(lanes, tables, option) / costs.mean[key]
-                 for option, key in zip(options, keys, strict=True)]
+        tokens = [self._tokens(lanes, tables, option) for option in options]
+        rates = [t / costs.mean[key] if known else -1.0
+                 for t, key, known in zip(tokens, keys, measured, strict=True)]
         best_rate = max(rates)
-        for option, key, rate in zip(options, keys, rates, strict=True):
-            age = costs.age(key, decisions)
-            if age > LOSER_STALE_DECISIONS or (age > STALE_DECISIONS
-                                               and rate >= STALE_MARGIN * best_rate):
-                return Choice(option.width, option.packed_rows, "measure")
+        if not bounded or self.exploration_loss <= EXPLORE_SHARE * self.spent:
+            for option, key, known, t in zip(options, keys, measured, tokens, strict=True):
+                if not known and self._best_case(lanes, option) >= (
+                        best_rate * self._cost_floor(key, keys[0])):
+                    return self._measure(option, key, t / best_rate)
+            for option, key, known, rate, t in zip(options, keys, measured, rates, tokens,
+                                                    strict=True):
+                age = costs.age(key, decisions)
+                if known and (age > LOSER_STALE_DECISIONS or (
+                        age > STALE_DECISIONS and rate >= STALE_MARGIN * best_rate)):
+                    return self._measure(option, key, t / best_rate)
         best = options[rates.index(best_rate)]
         return Choice(best.width, best.packed_rows, "best")
+
+    def _measure(self, option: Choice, key: tuple, worth: float | None) -> Choice:
+        """A "measure" choice of `option`; `worth`: seconds the best measured program
+        would take for its expected tokens (None: nothing to compare yet), charged
+        against its cost once committed and completed (`commit`, `observe_step`)."""
+        choice = Choice(option.width, option.packed_rows, "measure")
+        if self.bounded_exploration:
+            self._decided = (choice, key, worth)
+        return choice
+
+    def _best_case(self, lanes: Sequence[tuple[int, int]], option: Choice) -> int:
+        """Tokens one step of `option` emits if every draft is accepted."""
+        if option.width == 0:
+            return len(lanes)
+        total = sum(min(option.width, ceiling) for _, ceiling in lanes)
+        return min(total, max(option.packed_rows, len(lanes))) if option.packed_rows else total
+
+    def _cost_floor(self, key: tuple, decode: tuple) -> float:
+        """A lower bound on the cost of unmeasured program `key`: the largest measured
+        mean of DECODE (`decode`) at its capacity, of a narrower SPECULATIVE width at its
+        capacity, and of the same program at a smaller capacity."""
+        costs = self.costs
+        floor = costs.mean[decode]
+        kind, bucket, *rest = key
+        for other, mean in costs.mean.items():
+            if mean <= floor or other[0] != kind or not costs.measured(other):
+                continue
+            if (other[1] < bucket and list(other[2:]) == rest) or (
+                    kind == "speculative" and other[1] == bucket and other[2] < rest[0]):
+                floor = mean
+        return floor
 
     def step_tokens(self, lanes: Sequence[tuple[int, int]], option: Choice,
                     copied: Mapping[int, int] | None = None) -> float:
