@@ -27,7 +27,14 @@ sampled text under coupled verification, is the same in every mode, so every mod
 generates the same tokens). tokens/s counts generated tokens over the wall time of the
 generation steps (DECODE and SPECULATIVE; prefill excluded), the median of --rounds runs
 interleaved by mode (the ratio to off: the median of the per-round ratios); the mean
-accepted length is emitted tokens per speculative lane with drafts.
+accepted length is emitted tokens per speculative lane with drafts. Adaptive rows also
+give `policy_timed` / `measured_timed` (the policy's decisions, and those made to measure
+a program, in the timed rounds alone) and `exploration_loss_share_timed` (its estimate of
+the time those measurements lost, over all step time in those rounds) and
+`policy_cost_ms` (its mean cost per program and batch capacity at the end); every row
+gives `step_ms`: per program, [steps, mean wall ms since the previous completion] in the
+timed rounds -- what each program cost the batch, host work included, against what the
+policy believed.
 
 Every mode runs the model worker's loop (worker.ModelWorker._step): the model's execution
 frames (`frames` in the JSON: cuda 2; cpu --cpu-frames, 1 by default as a CPU server),
@@ -92,11 +99,11 @@ def prompt_sets(ck) -> dict[str, list[list[int]]]:
     return out
 
 
-def serve(model, prompts, tokens, sampling, mode, policy=None):
+def serve(model, prompts, tokens, sampling, mode, policy=None, walls=None):
     """Run the requests through a Scheduler over `model` in the worker's loop (module
     docstring); returns (outputs, generation seconds, scheduler stats). `policy`: a
     WidthPolicy carried over from earlier runs (a server's policy lives as long as the
-    server)."""
+    server). `walls`: program label -> [steps, seconds], added to (`_program`)."""
     from collections import deque
 
     from helios_serve.engine.plan import StepKind
@@ -146,8 +153,44 @@ def serve(model, prompts, tokens, sampling, mode, policy=None):
         now = time.perf_counter()
         if plan.kind in (StepKind.DECODE, StepKind.SPECULATIVE):
             seconds += now - mark  # since the previous completion: host work included
+            if walls is not None:
+                wall = walls.setdefault(_program(geometry, plan), [0, 0.0])
+                wall[0] += 1
+                wall[1] += now - mark
         mark = now
     return out, seconds, scheduler.stats()
+
+
+def _program(geometry, plan) -> str:
+    """The width policy's label of a step's program at its batch capacity, e.g.
+    "decode_b64", "w4_b64", "prefix_w4_p128_b64" (WidthPolicy.program_key's terms)."""
+    from helios_serve.engine.plan import StepKind
+
+    rows = len(plan.rows)
+    bucket = next((b for b in geometry.decode_capacities if b >= rows),
+                  geometry.decode_capacities[-1])
+    if plan.kind is StepKind.DECODE:
+        return f"decode_b{bucket}"
+    width = max(r.lane_length for r in plan.rows)
+    width = next((w for w in geometry.speculative_widths if w >= width), width)
+    if plan.packed_rows:
+        return f"prefix_w{width}_p{plan.packed_rows}_b{bucket}"
+    return f"w{width}_b{bucket}"
+
+
+def _policy_costs(policy) -> dict[str, float]:
+    """The policy's mean cost per program (ms), labelled as `_program`."""
+    out = {}
+    for key, mean in sorted(policy.costs.mean.items(), key=str):
+        kind, bucket, *rest = key
+        label = {"decode": "decode", "speculative": f"w{rest[0] if rest else ''}",
+                 "prefix": f"prefix_p{rest[0] if rest else ''}"}[kind]
+        out[f"{label}_b{bucket}"] = round(mean * 1e3, 3)
+    return out
+
+
+def _delta(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
 
 
 def main(argv=None) -> int:
@@ -197,6 +240,7 @@ def main(argv=None) -> int:
                 temperature, top_p = SAMPLINGS[label]
                 sampling = SamplingParams(temperature=temperature, top_p=top_p)
                 outputs, runs, policy = {}, {m: [] for m in args.modes}, None
+                walls = {m: {} for m in args.modes}  # timed rounds: program -> [n, s]
                 if any(MODES[m]["policy"] for m in args.modes):
                     # warm: one untimed run measures the programs (a server's policy
                     # lives as long as the server and keeps its measurements)
@@ -207,10 +251,13 @@ def main(argv=None) -> int:
                                          g.prefix_programs)
                     for group in groups:
                         serve(model, group, args.tokens, sampling, MODES["adaptive"], policy)
+                before = (dict(policy.decisions), dict(policy.measurements),
+                          policy.spent, policy.exploration_loss) if policy else None
                 for _ in range(args.rounds):  # modes interleaved per round
                     for mode in args.modes:
                         result = [serve(model, group, args.tokens, sampling, MODES[mode],
-                                        policy if MODES[mode]["policy"] else None)
+                                        policy if MODES[mode]["policy"] else None,
+                                        walls[mode])
                                   for group in groups]
                         outputs[mode] = [o for out, _, _ in result for o in out.values()]
                         runs[mode].append(result)
@@ -235,6 +282,17 @@ def main(argv=None) -> int:
                            - copied,
                            "policy": dict(policy.decisions) if MODES[mode]["policy"]
                            else {}}
+                    # mean wall per step (ms, since the previous completion: host included)
+                    # and steps per program, timed rounds
+                    row["step_ms"] = {k: [n, round(sec / n * 1e3, 3)]
+                                      for k, (n, sec) in sorted(walls[mode].items())}
+                    if MODES[mode]["policy"]:  # the timed rounds alone (warm-up excluded)
+                        row["policy_cost_ms"] = _policy_costs(policy)
+                        row["policy_timed"] = _delta(policy.decisions, before[0])
+                        row["measured_timed"] = _delta(policy.measurements, before[1])
+                        row["exploration_loss_share_timed"] = round(
+                            (policy.exploration_loss - before[3])
+                            / max(policy.spent - before[2], 1e-12), 4)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                 off = next((r for r in rows[::-1] if r["mode"] == "off" and r["set"] == name

@@ -456,12 +456,13 @@ def test_a_feedback_request_keeps_every_decode_serial_under_the_policy():
     del plan
 
 
-def test_step_costs_run_from_the_previous_completion_or_the_end_of_idleness():
-    """The width policy's cost rule (Scheduler._observe_cost): a step costs the wall time
-    from the previous plan's completion to its own -- steady pipelined decode the
-    interval between completions; a serial SPECULATIVE step also the host time between
-    the previous completion and its issue. Idle time (nothing to run, nothing in flight)
-    is charged to no step."""
+def test_step_costs_are_what_a_run_of_such_steps_costs_per_step():
+    """The width policy's cost rule (Scheduler._observe_cost): a SPECULATIVE step costs
+    from the previous plan's completion to its own (the host time before its issue
+    included: every such step waits for it); a DECODE step from its issue or the
+    previous completion, whichever is later (steady pipelined decode: the interval
+    between completions). Idle time (nothing to run, nothing in flight) is charged to no
+    step."""
     clock = _Clock()
     s = _ahead_scheduler(DECODE_WINS, clock)
     seen = []

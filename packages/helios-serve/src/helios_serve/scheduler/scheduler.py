@@ -328,7 +328,7 @@ class Scheduler:
             self.policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
                                       g.prefix_programs)
         self._clock = clock
-        self._issued: deque[tuple | None] = deque()  # program key per outstanding plan
+        self._issued: deque[tuple[float, tuple | None]] = deque()  # per outstanding plan
         self._choice: Choice | None = None  # the policy's choice for the plan being built
         # request id -> its lane's copied candidates, proposed for the plan being built
         self._lanes_now: dict[int, CopiedCandidates | None] = {}
@@ -783,7 +783,7 @@ class Scheduler:
                 smallest_capacity(self.widths, max(r.lane_length for r in plan.rows))
                 or self.max_width, plan.packed_rows)
             key = self.policy.program_key(len(plan.rows), choice)
-        self._issued.append(key)
+        self._issued.append((self._clock(), key))
         self._outstanding.append(plan)
         self._step += 1
         if plan.kind is StepKind.TRANSFER:
@@ -933,20 +933,25 @@ class Scheduler:
         """Pop the oldest plan's issue record; a DECODE or SPECULATIVE step feeds the
         width policy its cost.
 
-        Rule: a step's cost is the wall time between the previous plan's completion (or
-        the end of an idle spell: `schedule` found nothing to run with nothing in flight)
-        and its own completion -- what the batch waits for it. In steady pipelined decode
-        that is the interval between consecutive completions, the host work hidden behind
-        the device step before it; a serial step (every SPECULATIVE step, which needs the
-        previous completion before it is planned) also pays the host work between that
-        completion and its issue: completing the previous step, delivering its tokens,
-        proposing copied candidates, choosing, packing. Issue-to-completion costs left
-        that out, so the policy ran W = 4 at batch 64 where it lost (docs/speculative.md,
-        "The width policy").
+        Rule: a step's cost is what a run of such steps costs the batch per step.
+        A SPECULATIVE step is always planned after the previous completion (its lanes
+        need it), so every one waits for the host's work since then -- completing that
+        step, delivering its tokens, proposing copied candidates, choosing, packing --
+        and costs from the previous plan's completion to its own. A DECODE step costs
+        from its issue or the previous completion, whichever is later: in steady
+        pipelined decode the interval between completions, its host work hidden behind
+        the device step before it; the host work before the first decode after a serial
+        step is paid once per switch, not per step of the run, and is charged to none.
+        Issue-to-completion costs for SPECULATIVE steps (the rule before) left their host
+        work out, so the policy ran W = 4 at batch 64 where it lost (docs/speculative.md,
+        "The width policy"). Time with nothing to run and nothing in flight (`_resting`)
+        is charged to no step.
         """
-        key = self._issued.popleft()
+        issued, key = self._issued.popleft()
         now = self._clock()
         start = self._completed_at
+        if key is None or key[0] == "decode":
+            start = max(issued, start)
         self._completed_at = now
         if key is not None:
             self.policy.observe_step(key, now - start)

@@ -137,6 +137,7 @@ class WidthPolicy:
         self._pooled = _Acceptance(depth)
         self._requests: dict[int, _Acceptance] = {}
         self.decisions: dict[str, int] = {}
+        self.measurements: dict[str, int] = {}  # the decisions made to measure, by label
         # Proposal confidence of completed prefix-limit steps: per request the survival
         # products of its last lane's drafts, and the pooled calibration of survival
         # against acceptance over every verified draft (accepted count, summed survival).
@@ -419,4 +420,6 @@ class WidthPolicy:
             f"prefix_w{choice.width}_p{choice.packed_rows}" if choice.packed_rows
             else f"w{choice.width}")
         self.decisions[label] = self.decisions.get(label, 0) + 1
+        if choice.reason == "measure":
+            self.measurements[label] = self.measurements.get(label, 0) + 1
         return choice
