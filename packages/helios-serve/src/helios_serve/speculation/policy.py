@@ -19,9 +19,9 @@ min(W, their ceiling)), or a SPECULATIVE_PREFIX_LIMIT program (B lanes sharing P
 
 Measuring a program is itself a step of it, and at batch 64 a step of a losing program
 costs several decode steps (H200, sampled W = 4: ~5), so measurements are bounded
-(`WidthPolicy.decide` states the rule): a program is measured only when its best case
-could beat the best measured rate, and only while the measurements' estimated loss stays
-within EXPLORE_SHARE of all step time.
+(`WidthPolicy.decide` states the rule): a program is measured only when it could beat
+the best measured rate at a floor on its cost, and only while the measurements'
+estimated loss stays within EXPLORE_SHARE of all step time.
 
 Nothing here changes what a program computes (greedy text is identical whatever it
 picks; sampled text follows the lane lengths it picks: docs/speculative.md).
@@ -48,9 +48,14 @@ LOSER_STALE_DECISIONS = 4 * STALE_DECISIONS
 # Bound on what measuring costs: a measurement is made only while the measurements'
 # summed loss (each one's seconds minus the time the best measured program would have
 # taken for the tokens it was expected to emit; never below 0) is at most this share of
-# all measured step seconds -- so exploring costs at most ~2 % of throughput however
-# slow the measured program is (issue 13: >= 0.97x speculation off at batch 32 / 64).
-EXPLORE_SHARE = 0.02
+# all measured step seconds -- so exploring costs about 1 % of throughput however slow
+# the measured program is (issue 13: >= 0.97x speculation off at batch 32 / 64).
+EXPLORE_SHARE = 0.01
+# A program is measured only if it could win with the pooled acceptance counted as if the
+# next OPTIMISTIC_DRAFTS drafts at every position were accepted: a draft position never
+# seen counts as always accepted, one seen in a few lanes (batch 1) stays optimistic, one
+# seen in hundreds (a batch-64 step offers 64) is its observed rate.
+OPTIMISTIC_DRAFTS = 8
 
 
 @dataclass
@@ -305,16 +310,18 @@ class WidthPolicy:
            measured step seconds (`exploration_loss` <= EXPLORE_SHARE x `spent`; a
            measurement's loss is its seconds minus the time the best measured program
            would have taken for the tokens it was expected to emit, never below 0):
-           a. an unmeasured program (narrowest first) whose best case can beat the best
-              measured rate: every draft accepted (sum of min(W, ceiling), at most P for
-              a prefix program) over a floor on its cost -- the largest measured mean of
-              DECODE at this capacity, a narrower SPECULATIVE width at this capacity, or
-              the same program at a smaller capacity (a step never costs less than those);
+           a. an unmeasured program (narrowest first) that could beat the best measured
+              rate: its tokens at optimistic acceptance (the pooled rates with
+              OPTIMISTIC_DRAFTS more drafts accepted at every position: `_optimistic`)
+              over a floor on its cost -- the largest measured mean of DECODE at this
+              capacity, of a SPECULATIVE width w <= W with B x w <= its rows at this
+              capacity, or of the same program at a smaller capacity (a step never costs
+              less than those);
            b. a measured program whose last measurement is more than STALE_DECISIONS
               decisions old, if its rate at that cost is at least STALE_MARGIN x the
               best rate, else once it is LOSER_STALE_DECISIONS old.
         Ages count committed decisions, this one included. With bounded_exploration
-        False, 2 has no budget and 2a no best-case test: every program is measured as
+        False, 2 has no budget and 2a no floor test: every program is measured as
         soon as it is a candidate (before any comparison), as before.
         """
         if not self.widths or not lanes:
@@ -339,9 +346,15 @@ class WidthPolicy:
                  for t, key, known in zip(tokens, keys, measured, strict=True)]
         best_rate = max(rates)
         if not bounded or self.exploration_loss <= EXPLORE_SHARE * self.spent:
+            hopes = None
             for option, key, known, t in zip(options, keys, measured, tokens, strict=True):
-                if not known and self._best_case(lanes, option) >= (
-                        best_rate * self._cost_floor(key, keys[0])):
+                if known:
+                    continue
+                if hopes is None:  # optimistic lane tables, one per copied count
+                    hopes = {c: self._optimistic(c) for c in {copied.get(r, 0) for r, _ in lanes}}
+                hope = self._tokens(lanes, [hopes[copied.get(rid, 0)] for rid, _ in lanes],
+                                    option)
+                if hope >= best_rate * self._cost_floor(key, keys[0]):
                     return self._measure(option, key, t / best_rate)
             for option, key, known, rate, t in zip(options, keys, measured, rates, tokens,
                                                     strict=True):
@@ -361,25 +374,36 @@ class WidthPolicy:
             self._decided = (choice, key, worth)
         return choice
 
-    def _best_case(self, lanes: Sequence[tuple[int, int]], option: Choice) -> int:
-        """Tokens one step of `option` emits if every draft is accepted."""
-        if option.width == 0:
-            return len(lanes)
-        total = sum(min(option.width, ceiling) for _, ceiling in lanes)
-        return min(total, max(option.packed_rows, len(lanes))) if option.packed_rows else total
+    def _optimistic(self, copied: int) -> tuple[list[float], list[float]]:
+        """`_lane_table` of a lane with `copied` copied drafts at the pooled rates with
+        OPTIMISTIC_DRAFTS more drafts accepted at every position (no request's own)."""
+        pooled, extra = self._pooled, OPTIMISTIC_DRAFTS
+        total, s = 1.0, 1.0
+        expected, survive = [1.0, 1.0], []
+        for k in range(len(pooled.offered)):
+            acc, off = ((pooled.copied_accepted[k], pooled.copied_offered[k]) if k < copied
+                        else (pooled.accepted[k], pooled.offered[k]))
+            s *= (acc + extra) / (off + extra)
+            survive.append(s)
+            total += s
+            expected.append(total)
+        return expected, survive
 
     def _cost_floor(self, key: tuple, decode: tuple) -> float:
-        """A lower bound on the cost of unmeasured program `key`: the largest measured
-        mean of DECODE (`decode`) at its capacity, of a narrower SPECULATIVE width at its
-        capacity, and of the same program at a smaller capacity."""
+        """A lower bound on the cost of unmeasured program `key` (`program_key`): the
+        largest measured mean of DECODE (`decode`) at its capacity B, of a SPECULATIVE
+        width w at B that it contains (w < W; a prefix program of P rows: B x w <= P),
+        and of the same program at a smaller capacity."""
         costs = self.costs
         floor = costs.mean[decode]
-        kind, bucket, *rest = key
+        kind, bucket, size = key  # size: W, or P of a prefix program
         for other, mean in costs.mean.items():
-            if mean <= floor or other[0] != kind or not costs.measured(other):
+            if mean <= floor or not costs.measured(other) or other[0] == "decode":
                 continue
-            if (other[1] < bucket and list(other[2:]) == rest) or (
-                    kind == "speculative" and other[1] == bucket and other[2] < rest[0]):
+            same = other[0] == kind and other[1] < bucket and other[2] == size
+            inside = other[0] == "speculative" and other[1] == bucket and (
+                other[2] < size if kind == "speculative" else bucket * other[2] <= size)
+            if same or inside:
                 floor = mean
         return floor
 
