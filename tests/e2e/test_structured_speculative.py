@@ -134,9 +134,10 @@ def test_streamed_json_schema_answer_equals_the_unspeculated_one(servers):
 
 
 def test_prefix_limit_steps_with_constrained_lanes_through_the_worker(servers):
-    """The adaptive policy measures every program, prefix-limit ones included (their
-    framed proposal confidence is validated and read at each completion): concurrent
-    constrained and free requests still answer exactly as without speculation."""
+    """The adaptive policy measuring every program (bounded_exploration off, so that
+    prefix-limit programs run whatever they cost here; their framed proposal confidence
+    is validated and read at each completion): concurrent constrained and free requests
+    still answer exactly as without speculation."""
     from concurrent.futures import ThreadPoolExecutor
 
     _, off, adaptive = servers
@@ -145,8 +146,13 @@ def test_prefix_limit_steps_with_constrained_lanes_through_the_worker(servers):
     def ask(server, prompt, rf):
         return _ask(server, prompt, rf, max_tokens=48).json()["choices"][0]["token_ids"]
 
-    with ThreadPoolExecutor(len(asks)) as pool:
-        got = list(pool.map(lambda a: ask(adaptive, *a), asks))
+    policy = adaptive.worker.scheduler.policy
+    policy.bounded_exploration = False
+    try:
+        with ThreadPoolExecutor(len(asks)) as pool:
+            got = list(pool.map(lambda a: ask(adaptive, *a), asks))
+    finally:
+        policy.bounded_exploration = True
     want = [ask(off, *a) for a in asks]
     assert got == want
     decisions = adaptive.worker.scheduler.stats().spec_policy_decisions
