@@ -266,6 +266,12 @@ case $stage in
     python3 bench/serve_load.py --core "$HOME/cores/llama8b.core" --trust "$K.pub" --accept $NS \
       --backend cuda --max-active 256 --workload 128/128 1024/1024 --concurrency 1 16 64 256 \
       --rounds 1 --json "$OUTD/serve_load_llama8b.json" 2>&1 | tee "$OUTD/serve_load_llama8b.log" ;;
+  mma2)
+    # Issue 17 batched-decode GEMMs (8B matrices, M = 8..256): today's linear vs the K-split
+    # packed-bf16 kernels, each verified against float64 NumPy (max abs, rel, bitwise
+    # repeat, row independence of the winner). Needs only the staged wheels; ~140 s.
+    python3 bench/gpu_mma_sweep.py --budget-s 120 --json "$OUTD/mma_sweep.json" 2>&1 \
+      | tee "$OUTD/mma_sweep.log" ;;
   *) echo "unknown step $stage"; exit 2 ;;
 esac
 done

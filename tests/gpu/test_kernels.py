@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from gpu_harness import bf16_round
 from helios_tools import kernels as K
+from helios_tools.kernels.linear_splitk import unpack_terms
 
 pytestmark = pytest.mark.gpu
 
@@ -640,3 +641,89 @@ def test_attention_decode_fused(gpu, rng, H, KVH, HD, B, ctx):
                     ml[b:], po[b:], arrivals[b:], np.zeros_like(ref[b:]), 1, MP, PT, H, KVH,
                     HD, NS, split, scale)
     assert np.array_equal(alone["out"].view(np.uint32), first["out"][b:].view(np.uint32))
+
+
+# Batched-decode GEMM path (kernels_triton/mma.py): packed bf16 terms, K-split products,
+# fixed-order reduction, at the 8B matrices and ragged shapes.
+@pytest.mark.parametrize("T,K_", [(8, 4096), (37, 576), (256, 14336)])
+def test_split_bf16_exact(gpu, rng, T, K_):
+    x = (rng.standard_normal((T, K_)) * 5).astype(np.float32)
+    ref = np.zeros_like(x)
+    K.split_bf16(x, ref, T, K_)
+    out = gpu.run("split_bf16", x, np.zeros_like(x), T, K_)["out"]
+    assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))  # RNE on both sides
+    assert rel(unpack_terms(out, T, K_), x) < 1e-5
+
+
+@pytest.mark.parametrize("T,F", [(8, 14336), (19, 1536)])
+def test_swiglu_split_bf16(gpu, rng, T, F):
+    gu = (rng.standard_normal((T, 2 * F)) * 3).astype(np.float32)
+    ref = np.zeros((T, F), np.float32)
+    K.swiglu_split_bf16(gu, ref, T, F)
+    out = gpu.run("swiglu_split_bf16", gu, np.zeros((T, F), np.float32), T, F)["out"]
+    act = np.zeros((T, F), np.float32)
+    K.silu_mul(gu, act, T, F)
+    assert rel(unpack_terms(out, T, F), unpack_terms(ref, T, F)) < 1e-6
+    assert rel(unpack_terms(out, T, F), act) < 1e-5
+
+
+MMA_CASES = [(8, 6144, 4096), (16, 4096, 4096), (32, 28672, 4096), (64, 4096, 14336),
+             (128, 6144, 4096), (256, 4096, 14336), (5, 1000, 1000), (70, 3072, 576)]
+
+
+@pytest.mark.parametrize("T,N,K_", MMA_CASES)
+def test_linear_packed_splitk(gpu, rng, T, N, K_):
+    """The launch rule's tiles and K slices: partials vs the reference's, then the
+    reduction (same f32 order: bitwise) and the whole product vs linear."""
+    from helios_ignition.capture.launch import mma_splits
+
+    S = mma_splits(T, N, K_)
+    x = rng.standard_normal((T, K_)).astype(np.float32)
+    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    xs = np.zeros_like(x)
+    K.split_bf16(x, xs, T, K_)
+    ref_p = np.zeros((S * T, N), np.float32)
+    K.linear_packed(xs, w, ref_p, T, N, K_, S)
+    part = gpu.run("linear_packed", xs, bits, np.zeros_like(ref_p), T, N, K_, S,
+                   bf16=("weight",))["partial"]
+    assert rel(part, ref_p) < 5e-5
+    ref = np.zeros((T, N), np.float32)
+    K.splitk_reduce(part, ref, T, N, S)
+    out = gpu.run("splitk_reduce", part, np.zeros_like(ref), T, N, S)["out"]
+    assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+    full = np.zeros((T, N), np.float32)
+    K.linear(x, w, full, T, N, K_)
+    assert rel(out, full) < 5e-5
+    res = (rng.standard_normal((T, N)) * 3).astype(np.float32)
+    ref_add = res.copy()
+    K.splitk_reduce_add(part, ref_add, T, N, S)
+    got = gpu.run("splitk_reduce_add", part, res, T, N, S)["out"]
+    assert np.array_equal(got.view(np.uint32), ref_add.view(np.uint32))
+
+
+@pytest.mark.parametrize("S", [1, 3, 7])
+def test_linear_packed_rows_independent(gpu, rng, S):
+    """Row 0's partials are bitwise the same whatever the other rows hold."""
+    T, N, K_ = 48, 4096, 4096
+    bits, _ = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    runs = []
+    for _ in range(2):
+        x = rng.standard_normal((T, K_)).astype(np.float32)
+        x[0] = np.linspace(-3, 3, K_, dtype=np.float32)
+        xs = np.zeros_like(x)
+        K.split_bf16(x, xs, T, K_)
+        p = gpu.run("linear_packed", xs, bits, np.zeros((S * T, N), np.float32), T, N, K_, S,
+                    bf16=("weight",))["partial"]
+        runs.append(p.reshape(S, T, N)[:, 0])
+    assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
+
+
+@pytest.mark.parametrize("T,N,K_,S", [(8, 6144, 4096, 4), (64, 4096, 14336, 2), (3, 100, 40, 1)])
+def test_linear_partial_splitk(gpu, rng, T, N, K_, S):
+    x = rng.standard_normal((T, K_)).astype(np.float32)
+    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    ref_p = np.zeros((S * T, N), np.float32)
+    K.linear_partial(x, w, ref_p, T, N, K_, S)
+    part = gpu.run("linear_partial", x, bits, np.zeros_like(ref_p), T, N, K_, S,
+                   bf16=("weight",))["partial"]
+    assert rel(part, ref_p) < 5e-5

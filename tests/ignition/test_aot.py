@@ -406,3 +406,34 @@ def test_restore_programs_compile_for_sm90():
     blobs = compile_targets(only, ("sm_90",), workers=1)
     assert len(blobs) == len(kernels)
     assert all(blob[:4] == ELF_MAGIC for blob in blobs.values())
+
+
+MMA_MATS = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (960, 576), (576, 1536))
+
+
+def test_mma_rule_compiles_for_sm90():
+    """The batched-decode GEMM ops (split_bf16, swiglu_split_bf16, linear_packed,
+    linear_partial, splitk_reduce[_add]) under the launch rule at 8-256 rows on the 8B
+    and SmolLM2 matrices, bf16 and f32 weights."""
+    from helios_ignition.capture.launch import launch_config, mma_splits
+
+    class View:
+        def __init__(self, dtype):
+            self.shape, self.buffer = (), type("D", (), {"dtype": dtype})()
+
+    variants = {}
+    for T in (8, 16, 32, 64, 128, 256):
+        for N, K in MMA_MATS:
+            S = mma_splits(T, N, K)
+            for op in ("linear_packed", "linear_partial"):
+                for dtype in ("bf16", "f32"):
+                    c = launch_config(op, [T, N, K, S], [None, View(dtype)])
+                    assert c.grid[2] == S and c.constants["PACKED"] == int(op == "linear_packed")
+                    variants[(op, tuple(sorted(c.constants.items())))] = c.constants
+            for op, scalars in (("split_bf16", [T, K]), ("swiglu_split_bf16", [T, K]),
+                                ("splitk_reduce", [T, N, S]), ("splitk_reduce_add", [T, N, S])):
+                c = launch_config(op, scalars)
+                variants[(op, tuple(sorted(c.constants.items())))] = c.constants
+    kernels = [variant_kernel(f"mma{i}", op, c) for i, ((op, _), c) in enumerate(variants.items())]
+    compiled, failed = compile_each(kernels, "sm_90")
+    assert failed == {} and len(compiled) == len(kernels)

@@ -233,6 +233,29 @@ def _linear_v3(T: int, N: int, K: int) -> dict[str, int]:
                 PREFETCH=prefetch, STACK=stack)
 
 
+# Batched-decode GEMM path (ops linear_packed / linear_partial + splitk_reduce,
+# kernels_triton/mma.py): provisional tiles until the H200 sweep (bench/gpu_mma_sweep.py).
+MMA_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def mma_constants(T: int, N: int, K: int) -> dict[str, int]:
+    """Variant constants (with ``WARPS``/``STAGES``, without ``WBF16``/``K16``) of
+    ``linear_packed`` for a `T`-row product with `N` outputs over `K` inputs."""
+    bt = 32 if T <= 32 else 64
+    bk = 64
+    return dict(BLOCK_T=bt, BLOCK_N=128, BLOCK_K=bk, WARPS=4, STAGES=4,
+                EVEN_K=int(K % bk == 0))
+
+
+def mma_splits(T: int, N: int, K: int, c: dict[str, int] | None = None) -> int:
+    """K slices S of the `T`-row product under tiles `c` (default ``mma_constants``):
+    the fewest giving every SM a program, with slices of at least 512 inputs."""
+    c = c or mma_constants(T, N, K)
+    tiles = _cdiv(N, c["BLOCK_N"]) * _cdiv(T, c["BLOCK_T"])
+    return next((s for s in MMA_SPLITS if tiles * s >= SMS and K // s >= 512),
+                max((s for s in MMA_SPLITS if K // s >= 512), default=1))
+
+
 def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
                               rule: str = "") -> dict[str, int]:
     """Variant constants (with ``WARPS``) of ``attention_decode_split`` under `rule`; the
@@ -461,6 +484,18 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("all_reduce_sum", "all_gather_columns"):
         # Collectives are no kernel launches (rank peers run them; NCCL on cuda): no grid.
         return LaunchConfig(grid=(1, 1, 1), block=(1, 1, 1))
+    if op in ("split_bf16", "swiglu_split_bf16"):
+        T, K = s
+        return _cfg((T, _cdiv(K, 1024)), 4, BLOCK=1024, SWIGLU=int(op == "swiglu_split_bf16"))
+    if op in ("linear_packed", "linear_partial"):  # grid z: the S K slices
+        T, N, K, S = s
+        c = mma_constants(T, N, K)
+        wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
+        return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"]), S), c.pop("WARPS"), **c,
+                    WBF16=wbf16, K16=int(K % 16 == 0), PACKED=int(op == "linear_packed"))
+    if op in ("splitk_reduce", "splitk_reduce_add"):
+        T, N = s[0], s[1]
+        return _cfg((T, _cdiv(N, 1024)), 4, BLOCK=1024, ACC=int(op == "splitk_reduce_add"))
     if op == "row_copy":  # one program per (row, BLOCK elements): rows are ~10-100 KB
         R, ROW = s
         return _cfg((R, _cdiv(ROW, 4096)), 4, BLOCK=4096)

@@ -31,6 +31,7 @@ from .dense import (
     rmsnorm_linear,
     silu_mul,
 )
+from .mma import linear_splitk, split_bf16, splitk_reduce
 from .sampling import sample, sample_biased, token_logprobs
 from .sampling_chunks import (
     sample_chunks,
@@ -109,11 +110,18 @@ TRITON_KERNELS = {
     "sample_chunks_nucleus": sample_chunks_nucleus,
     "sample_merge_nucleus": sample_merge_nucleus,
     "row_copy": row_copy,
+    "split_bf16": split_bf16,
+    "swiglu_split_bf16": split_bf16,  # SWIGLU=1 (see launch_config)
+    "linear_packed": linear_splitk,  # PACKED=1
+    "linear_partial": linear_splitk,  # PACKED=0
+    "splitk_reduce": splitk_reduce,
+    "splitk_reduce_add": splitk_reduce,  # ACC=1
 }
 
 # Buffer parameters whose element type follows the variant constant WBF16.
 WEIGHT_PARAMS = {"linear": "weight", "linear_invariant": "weight", "swiglu_linear": "weight",
                  "rmsnorm_linear": "weight", "linear_add": "weight",
-                 "swiglu_linear_add": "weight", "embedding": "table"}
+                 "swiglu_linear_add": "weight", "embedding": "table",
+                 "linear_packed": "weight", "linear_partial": "weight"}
 
 __all__ = ["TRITON_KERNELS", "WEIGHT_PARAMS"]

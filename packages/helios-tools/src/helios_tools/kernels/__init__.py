@@ -26,6 +26,14 @@ from .fused import (
     swiglu_linear_add,
 )
 from .linear import linear, linear_invariant
+from .linear_splitk import (
+    linear_packed,
+    linear_partial,
+    split_bf16,
+    splitk_reduce,
+    splitk_reduce_add,
+    swiglu_split_bf16,
+)
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .registry import (
@@ -90,6 +98,12 @@ __all__ = [
     "linear",
     "linear_add",
     "linear_invariant",
+    "linear_packed",
+    "linear_partial",
+    "split_bf16",
+    "splitk_reduce",
+    "splitk_reduce_add",
+    "swiglu_split_bf16",
     "paged_row_gather_prev",
     "paged_row_write",
     "philox4x32_10",

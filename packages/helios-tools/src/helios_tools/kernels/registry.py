@@ -32,6 +32,14 @@ from .fused import (
     swiglu_linear_add,
 )
 from .linear import linear, linear_invariant
+from .linear_splitk import (
+    linear_packed,
+    linear_partial,
+    split_bf16,
+    splitk_reduce,
+    splitk_reduce_add,
+    swiglu_split_bf16,
+)
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .rope import rope
@@ -188,6 +196,24 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     ),
     "swiglu_linear_add": (
         _b("x", "f32"), _b("weight", "f32"), _b("out", "f32", "inout"), *_i("T", "N", "K"),
+    ),
+    # Batched-decode GEMM path (kernels/linear_splitk.py): packed bf16 terms, K-split
+    # products, fixed-order reduction.
+    "split_bf16": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "K")),
+    "swiglu_split_bf16": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "K")),
+    "linear_packed": (
+        _b("x", "f32"), _b("weight", "f32"), _b("partial", "f32", "out"),
+        *_i("T", "N", "K", "S"),
+    ),
+    "linear_partial": (
+        _b("x", "f32"), _b("weight", "f32"), _b("partial", "f32", "out"),
+        *_i("T", "N", "K", "S"),
+    ),
+    "splitk_reduce": (
+        _b("partial", "f32"), _b("out", "f32", "out"), *_i("T", "N", "S"),
+    ),
+    "splitk_reduce_add": (
+        _b("partial", "f32"), _b("out", "f32", "inout"), *_i("T", "N", "S"),
     ),
     "slot_gather": (_b("src", "i32"), _b("slot", "i32"), _b("out", "i32", "out"), *_i("R", "S")),
     "slot_scatter": (
@@ -382,6 +408,12 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "rmsnorm_linear": rmsnorm_linear,
     "linear_add": linear_add,
     "swiglu_linear_add": swiglu_linear_add,
+    "split_bf16": split_bf16,
+    "swiglu_split_bf16": swiglu_split_bf16,
+    "linear_packed": linear_packed,
+    "linear_partial": linear_partial,
+    "splitk_reduce": splitk_reduce,
+    "splitk_reduce_add": splitk_reduce_add,
     "slot_gather": slot_gather,
     "slot_scatter": slot_scatter,
     "sample": sample,
