@@ -107,7 +107,10 @@ def linear_splitk(x, weight, partial, T, N, K, S, BLOCK_T: tl.constexpr,
             kk = k0 + offs_k
             a = tl.load(a_rows + kk[None, :], mask=_kmask(mr, kk, K, EVEN_K), other=0.0)
             w = tl.load(w_rows + kk[None, :], mask=_kmask(mn, kk, K, EVEN_K), other=0.0)
-            acc2 = tl.dot(a, tl.trans(w), acc2)
+            if WBF16:
+                acc2 = tl.dot(a, tl.trans(w), acc2)
+            else:  # f32 weights (f32 cores): the terms widened, IEEE f32 products
+                acc2 = tl.dot(a.to(tl.float32), tl.trans(w), acc2, input_precision="ieee")
         acc = tl.sum(tl.reshape(acc2, (2, BLOCK_T, BLOCK_N)), axis=0)
     else:
         x_rows = x + offs_t[:, None].to(tl.int64) * K
