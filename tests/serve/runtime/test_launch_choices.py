@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helios_ignition.testing import tiny_core
+from helios_ignition.testing import TINY_SHAPES, tiny_core
 from helios_serve.engine.plan import SamplingParams
 from helios_serve.runtime.driver import Driver
 from helios_serve.testing.native import load_native
@@ -72,3 +72,55 @@ def test_cores_recording_the_chunked_sampler_before_its_nucleus_form(models, bef
     _, chosen = models
     got = Driver(before_nucleus).generate(PROMPTS, max_new_tokens=14, sampling=SAMPLING)
     assert got == Driver(chosen).generate(PROMPTS, max_new_tokens=14, sampling=SAMPLING)
+
+
+@pytest.fixture(scope="module")
+def attention_rules():
+    """The tiny model captured under attention rules v2 (split + merge, as cores exported
+    before rule v3) and v3 (one ``attention_decode_fused`` launch), with and without a
+    speculative program (its verification attention is decode-style too)."""
+    from helios_ignition.capture import launch
+
+    mp = pytest.MonkeyPatch()
+    out = {}
+    try:
+        for rule in ("v2", "v3"):
+            mp.setattr(launch, "ATTN_RULE", rule)
+            out[rule] = load_native(tiny_core(seed=5, speculative_widths=(1, 2)), "cpu",
+                                    cpu_frames=2)
+    finally:
+        mp.undo()
+    return out
+
+
+def test_fused_decode_attention_is_recorded_and_changes_nothing(attention_rules):
+    def counts(model):  # graph name -> reference op -> launches
+        names = {k.id: k.reference_op for k in model.prepared.manifest.kernels}
+        out = {}
+        for g in model.prepared.manifest.graphs:
+            c = out.setdefault(g.name, {})
+            for x in g.launches:
+                c[names[x.kernel]] = c.get(names[x.kernel], 0) + 1
+        return out
+
+    old, new = attention_rules["v2"], attention_rules["v3"]
+    layers = TINY_SHAPES.layers
+    seen = set()
+    for name, c in counts(new).items():
+        o = counts(old)[name]
+        assert "attention_decode_fused" not in o
+        if "attention_decode_fused" not in c:
+            continue
+        seen.add(name.split("_")[0])
+        # every target layer's split + merge became one launch (a draft head's stay)
+        assert c["attention_decode_fused"] == layers
+        for op in ("attention_decode_split", "attention_decode_merge"):
+            assert c.get(op, 0) == o[op] - layers, (name, op)
+    assert {"decode", "spec"} <= seen, seen
+    a, b = Driver(old, collect_logits=True), Driver(new, collect_logits=True)
+    got = b.generate(PROMPTS, max_new_tokens=14, sampling=SAMPLING)
+    assert got == a.generate(PROMPTS, max_new_tokens=14, sampling=SAMPLING)
+    for x, y in zip(a.logits, b.logits, strict=True):
+        assert np.array_equal(x, y)
+    for prompt, sp, tokens in zip(PROMPTS, SAMPLING, got, strict=True):
+        assert Driver(new).generate([prompt], 14, sp)[0] == tokens

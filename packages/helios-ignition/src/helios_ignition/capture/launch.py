@@ -137,6 +137,13 @@ def linear_constants(T: int, N: int, K: int, rule: str = "") -> dict[str, int]:
                 STACK=1)
 
 
+def fuse_decode_attention() -> bool:
+    """Whether capture records ``attention_decode_fused`` (one launch) instead of
+    ``attention_decode_split`` + ``attention_decode_merge`` for decode-style attention
+    without a tuned split count (rule v3)."""
+    return ATTN_RULE == "v3"
+
+
 def fuse_rope_kv_write() -> bool:
     """Whether capture records ``rope_kv_write`` instead of ``rope`` + ``kv_write``."""
     return FUSE
@@ -257,7 +264,7 @@ def mma_splits(T: int, N: int, K: int, c: dict[str, int] | None = None) -> int:
 
 
 def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
-                              rule: str = "") -> dict[str, int]:
+                              rule: str = "", tuned: bool = False) -> dict[str, int]:
     """Variant constants (with ``WARPS``) of ``attention_decode_split`` under `rule`; the
     grid is ``(B, KVH if GROUPED else H, NS)``.
 
@@ -266,7 +273,16 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
     every query head of the kv head reuses it with f32 FMA dots; ``EVEN_HD`` gives 128-bit
     loads when HD is a power of two. 4 warps: the fastest measured on the H200 for both
     geometries at every batch (bench/results/gpu_attn_sweep.json: 2-10x faster than v1;
-    8 warps cost 20-45 % at HD=128, 2 warps win at most 5 % at HD=64).
+    8 warps cost 20-45 % at HD=128, 2 warps win at most 5 % at HD=64). Its BLOCK_N of 64
+    is shorter than the 128-position splits of an 8,192-position capacity, where each
+    split walks its tiles once per query head.
+
+    v3: one tile per split where it fits in registers (BLOCK_N = SPLIT up to 128 at
+    HD <= 64, 64 at HD 128), else (and for the tuned kernel, whose splits are longer
+    when it picks fewer) ``GROUPED=3``: the tiles walked once per kv head with every
+    query head's online state; decode graphs without a tuned split count record
+    ``attention_decode_fused`` instead (``fuse_decode_attention``,
+    ``attention_fused_constants``).
 
     Raises:
         ValueError: an unknown rule.
@@ -280,8 +296,9 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
     if rule == "v3":
         # Splits longer than a tile walk it with every query head's online state at once
         # (GROUPED=3): one chained load per tile, not per tile and query head.
+        # The tuned kernel's splits are longer than SPLIT when it picks fewer (`tuned`).
         bn = min(_np2(SPLIT, 16), 128 if HD <= 64 else 64)
-        grouped = 2 if bn >= SPLIT else 3
+        grouped = 2 if bn >= SPLIT and not tuned else 3
         return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=grouped,
                     EVEN_HD=int(HD == bhd), WARPS=4)
     if rule != "v2":
@@ -407,7 +424,8 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         # The tuned variant is captured at the maximum split count NS (its programs past
         # the tuned count exit at once): the same grid and constants.
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
-        c = attention_split_constants(B, H, KVH, HD, SPLIT)
+        c = attention_split_constants(B, H, KVH, HD, SPLIT,
+                                      tuned=op == "attention_decode_split_tuned")
         return _cfg((B, KVH if c["GROUPED"] else H, NS), c.pop("WARPS"), **c)
     if op == "attention_decode_fused":
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]

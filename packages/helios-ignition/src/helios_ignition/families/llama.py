@@ -319,6 +319,8 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
     ns, _ = decode_splits(pages_per_request * caps.page_tokens)
     t.declare("scratch.attn_ml", "f32", (packed, s.heads, ns, 2), "scratch")
     t.declare("scratch.attn_o", "f32", (packed, s.heads, ns, s.head_dim), "scratch")
+    if launch.fuse_decode_attention():  # split counters, zero between launches
+        t.declare("scratch.attn_arrivals", "i32", (packed, s.kv_heads), "scratch")
     t.declare("scratch.last", "f32", (rows, s.hidden), "scratch")
     t.declare("scratch.logits", "f32", (max(rows, packed), s.vocab), "scratch")
     if s.ranks > 1:  # this rank's columns of the vocabulary-parallel head
@@ -516,6 +518,11 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
                          scale)
                 b.launch("attention_decode_merge_tuned", part_ml, part_o, rows.attn_slot,
                          choice, attn, T, H, HD, ns)
+            elif launch.fuse_decode_attention():
+                arrivals = t.view("scratch.attn_arrivals", (T, KVH))
+                b.launch("attention_decode_fused", qkv, pos, rows.attn_slot, page_table, kc, vc,
+                         part_ml, part_o, arrivals, attn, T, MP, PT, H, KVH, HD, ns, split,
+                         scale)
             else:
                 b.launch("attention_decode_split", qkv, pos, rows.attn_slot, page_table, kc,
                          vc, part_ml, part_o, T, MP, PT, H, KVH, HD, ns, split, scale)

@@ -656,7 +656,9 @@ def attention_decode_fused(qkv, positions, slot, page_table, k_cache, v_cache, p
     mo = mg[:, None] & md[None, :]
     s = tl.load(slot + b)
     ctx = tl.load(positions + b) + 1
-    n = tl.where(s >= 0, (ctx + SPLIT - 1) // SPLIT, 0)
+    # (at most NS: a position past NS * SPLIT is misuse, but must not leave a counter
+    # that never reaches its count)
+    n = tl.where(s >= 0, tl.minimum((ctx + SPLIT - 1) // SPLIT, NS), 0)
     hd0 = b * H + kvh * G  # first (b, h) of this kv head
     dst = out + b * (H * HD) + (kvh * G + g[:, None]) * HD + d[None, :]
     if s < 0:
