@@ -240,8 +240,13 @@ def _linear_v3(T: int, N: int, K: int) -> dict[str, int]:
                 PREFETCH=prefetch, STACK=stack)
 
 
-# Batched-decode GEMM path (ops linear_packed / linear_partial + splitk_reduce,
-# kernels_triton/mma.py): provisional tiles until the H200 sweep (bench/gpu_mma_sweep.py).
+# Batched-decode GEMM path (ops split_bf16 + linear_packed + splitk_reduce,
+# kernels_triton/mma.py), chosen at capture with HELIOS_LINEAR_MMA: "on" records it for
+# bf16 matrices of at least MMA_MIN_WEIGHTS weights (the 8B geometry; small models are
+# launch-bound and keep the linear kernel) at MMA_ROWS token rows, "off" keeps linear.
+LINEAR_MMA = os.environ.get("HELIOS_LINEAR_MMA", "off")
+MMA_MIN_WEIGHTS = 1 << 24
+MMA_ROWS = (8, 256)
 MMA_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -261,6 +266,21 @@ def mma_splits(T: int, N: int, K: int, c: dict[str, int] | None = None) -> int:
     tiles = _cdiv(N, c["BLOCK_N"]) * _cdiv(T, c["BLOCK_T"])
     return next((s for s in MMA_SPLITS if tiles * s >= SMS and K // s >= 512),
                 max((s for s in MMA_SPLITS if K // s >= 512), default=1))
+
+
+def mma_plan(T: int, N: int, K: int, rule: str = "") -> int | None:
+    """K slices S of the packed path for a `T`-row bf16 product of `N` x `K` weights, or
+    None where capture keeps the ``linear`` kernel (rule `rule`, default LINEAR_MMA).
+
+    Raises:
+        ValueError: a rule other than "on" / "off".
+    """
+    rule = rule or LINEAR_MMA
+    if rule not in ("on", "off"):
+        raise ValueError(f"HELIOS_LINEAR_MMA must be 'on' or 'off', got {rule!r}")
+    if rule == "off" or N * K < MMA_MIN_WEIGHTS or not MMA_ROWS[0] <= T <= MMA_ROWS[1]:
+        return None
+    return mma_splits(T, N, K)
 
 
 def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,

@@ -277,6 +277,71 @@ def cache_contract(s: LlamaShapes, caps: Capacities,
     return cache
 
 
+def _layer_products(s: LlamaShapes) -> tuple[tuple[int, int], ...]:
+    """(N, K) of each layer's products: QKV, O, gate/up, down."""
+    return ((s.qkv_width, s.hidden), (s.hidden, s.heads * s.head_dim), (2 * s.ffn, s.hidden),
+            (s.hidden, s.ffn))
+
+
+def _packed_weights(dtype: str) -> bool:
+    """Whether weights of `dtype` take the packed path: bf16 only (the terms are exact
+    against bf16 weights; f32 weights keep the f32 linear)."""
+    return dtype == "bf16"
+
+
+def _declare_mma_scratch(t: BufferTable, s: LlamaShapes, weight_dtype: str,
+                         tokens: int) -> None:
+    """``scratch.xsplit`` (packed activation terms) and ``scratch.mma_partial`` (K-slice
+    partial products), sized for every row count up to `tokens` at which capture records
+    the packed path (``launch.mma_plan``); neither exists where it records none (small
+    models, f32 weights, ``HELIOS_LINEAR_MMA=off``), so those cores are unchanged."""
+    if not _packed_weights(weight_dtype):
+        return
+    width = partial = 0
+    for T in range(1, tokens + 1):
+        for N, K in _layer_products(s):
+            S = launch.mma_plan(T, N, K)
+            if S is not None:
+                width = max(width, K)
+                partial = max(partial, (S * T * N) if S > 1 else 0)
+    if width:
+        t.declare("scratch.xsplit", "f32", (tokens, width), "scratch")
+    if partial:  # flat, one element over: every [S*T, N] view is a strict prefix (a view
+        # of a whole buffer is handed out in the buffer's declared shape)
+        t.declare("scratch.mma_partial", "f32", (partial + 1,), "scratch")
+
+
+def _product(b: ProgramBuilder, lin: str, x, w, out, T: int, N: int, K: int,
+             swiglu: bool = False) -> None:
+    """``out = x @ w^T`` (`swiglu`: of ``silu_mul(x)``, ``x`` the ``[T, 2K]`` gate|up).
+
+    Where ``launch.mma_plan`` picks the packed path (bf16 ``linear`` products of the 8B
+    geometry at 8-256 rows): ``split_bf16`` (``swiglu_split_bf16``, which replaces
+    ``silu_mul``) into ``scratch.xsplit``, ``linear_packed`` over S K slices into
+    ``scratch.mma_partial`` and ``splitk_reduce`` into `out` (S = 1: straight into
+    `out`). Otherwise ``silu_mul`` (if `swiglu`) and `lin`. Row-invariant products
+    (``linear_invariant``) always take `lin`.
+    """
+    t = b.table
+    S = (launch.mma_plan(T, N, K) if lin == "linear" and _packed_weights(w.buffer.dtype)
+         and "scratch.xsplit" in t.buffers else None)
+    if S is None:
+        if swiglu:
+            act = t.view("scratch.act", (T, K))
+            b.launch("silu_mul", x, act, T, K)
+            x = act
+        b.launch(lin, x, w, out, T, N, K)
+        return
+    xs = t.view("scratch.xsplit", (T, K))
+    b.launch("swiglu_split_bf16" if swiglu else "split_bf16", x, xs, T, K)
+    if S == 1:
+        b.launch("linear_packed", xs, w, out, T, N, K, 1)
+        return
+    part = t.view("scratch.mma_partial", (S * T, N))
+    b.launch("linear_packed", xs, w, part, T, N, K, S)
+    b.launch("splitk_reduce", part, out, T, N, S)
+
+
 def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
                     spec: Speculation | None = None) -> BufferTable:
     """The physical buffer table shared by every graph variant."""
@@ -316,6 +381,7 @@ def declare_buffers(s: LlamaShapes, caps: Capacities, weight_dtype: str,
                         ("qkv", s.qkv_width), ("attn", s.heads * s.head_dim),
                         ("gate_up", 2 * s.ffn), ("act", s.ffn)):
         t.declare(f"scratch.{name}", "f32", (tokens, width), "scratch")
+    _declare_mma_scratch(t, s, weight_dtype, tokens)
     ns, _ = decode_splits(pages_per_request * caps.page_tokens)
     t.declare("scratch.attn_ml", "f32", (packed, s.heads, ns, 2), "scratch")
     t.declare("scratch.attn_o", "f32", (packed, s.heads, ns, s.head_dim), "scratch")
@@ -499,7 +565,7 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
             b.launch("rmsnorm_linear", res, t.view(f"L{i}.attn_norm", (D,)),
                      t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D, s.rms_eps)
         else:
-            b.launch(lin, h, t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D)
+            _product(b, lin, h, t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D)
         if launch.fuse_rope_kv_write():
             b.launch("rope_kv_write", qkv, pos, inv_freq, trow, slot, page_table, kc, vc,
                      T, R, MP, PT, H, KVH, HD)
@@ -534,16 +600,15 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
         if fold:
             _folded_mlp(b, s, i, res, attn, gate_up, act, T)
             continue
-        b.launch(lin, attn, t.view(f"L{i}.wo", (D, H * HD)), x, T, D, H * HD)
+        _product(b, lin, attn, t.view(f"L{i}.wo", (D, H * HD)), x, T, D, H * HD)
         if s.ranks > 1:  # row-parallel: every rank holds a partial sum
             b.launch("all_reduce_sum", x, T, D)
         b.launch("add_rmsnorm", x, res, t.view(f"L{i}.ffn_norm", (D,)), h, T, D, s.rms_eps)
-        b.launch(lin, h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
+        _product(b, lin, h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
         if decode_attention and not invariant and launch.fuse_swiglu_linear(T, D):
             b.launch("swiglu_linear", gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
         else:
-            b.launch("silu_mul", gate_up, act, T, F)
-            b.launch(lin, act, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
+            _product(b, lin, gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F, swiglu=True)
         if s.ranks > 1:
             b.launch("all_reduce_sum", x, T, D)
         next_norm = f"L{i + 1}.attn_norm" if i + 1 < s.layers else "final_norm"

@@ -1,0 +1,85 @@
+"""Capture of the batched-decode GEMM path (``launch.mma_plan``): which products take it,
+what they record, and that cores where it applies nowhere are unchanged."""
+
+from __future__ import annotations
+
+import pytest
+from helios_ignition.capture import launch
+from helios_ignition.families.llama import capture
+from helios_ignition.testing import TINY_CAPACITIES, TINY_SHAPES
+
+
+def _launches(manifest, graphs):
+    kernels = {k.id: k.reference_op for k in manifest.kernels}
+    return {g.name: [kernels[x.kernel] for x in g.launches] for g in manifest.graphs}
+
+
+def test_mma_off_and_small_models_record_linear_only(monkeypatch):
+    monkeypatch.setattr(launch, "LINEAR_MMA", "on")  # on, but the tiny matrices are small
+    manifest, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "bf16")
+    ops = {k.reference_op for k in manifest.kernels}
+    assert not ops & {"split_bf16", "swiglu_split_bf16", "linear_packed", "splitk_reduce"}
+    assert not {b.name for b in manifest.buffers} & {"scratch.xsplit", "scratch.mma_partial"}
+    assert launch.mma_plan(64, 6144, 4096, "off") is None
+    assert launch.mma_plan(4, 6144, 4096, "on") is None  # below 8 rows: GEMV / FMA / v3
+    assert launch.mma_plan(8, 960, 576, "on") is None  # SmolLM2: launch-bound, unchanged
+    with pytest.raises(ValueError, match="HELIOS_LINEAR_MMA must be 'on' or 'off', got 'x'"):
+        launch.mma_plan(8, 6144, 4096, "x")
+
+
+def test_mma_on_records_split_packed_reduce(monkeypatch):
+    monkeypatch.setattr(launch, "LINEAR_MMA", "on")
+    monkeypatch.setattr(launch, "MMA_MIN_WEIGHTS", 0)  # let the tiny matrices take it
+    monkeypatch.setattr(launch, "mma_splits", lambda T, N, K, c=None: 2)  # and a K split
+    manifest, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "bf16")
+    buffers = {b.name: list(b.shape) for b in manifest.buffers}
+    tokens = buffers["scratch.qkv"][0]
+    assert buffers["scratch.xsplit"] == [tokens, TINY_SHAPES.ffn]
+    assert buffers["scratch.mma_partial"] == [2 * tokens * 2 * TINY_SHAPES.ffn + 1]
+    seen = 0
+    for name, ops in _launches(manifest, None).items():
+        n = ops.count("linear_packed")
+        if not n:
+            assert "split_bf16" not in ops
+            continue
+        seen += 1
+        layers = TINY_SHAPES.layers
+        assert n == 4 * layers  # qkv, o, gate/up, down of every layer
+        assert ops.count("split_bf16") == 3 * layers and ops.count("swiglu_split_bf16") == layers
+        assert ops.count("splitk_reduce") == 4 * layers and "silu_mul" not in ops
+        i = ops.index("linear_packed")
+        assert ops[i - 1] == "split_bf16" and ops[i + 1] == "splitk_reduce"
+    assert seen  # the 8- and 16-token prefill graphs
+    f32, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "f32")  # f32 weights keep linear
+    assert "linear_packed" not in {k.reference_op for k in f32.kernels}
+
+
+def test_mma_path_on_the_cpu_backend_matches_dense(monkeypatch):
+    """The recorded split -> packed K slices -> reduce sequence run by the CPU backend's
+    references (views into scratch.xsplit / scratch.mma_partial) gives the dense forward's
+    logits (the tiny model's f32 weights let through for the test)."""
+    import numpy as np
+    from helios_ignition.families import llama
+    from helios_ignition.testing import dense_forward, tiny_core
+    from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+    from helios_serve.testing.native import load_native
+
+    monkeypatch.setattr(launch, "LINEAR_MMA", "on")
+    monkeypatch.setattr(launch, "MMA_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(launch, "mma_splits", lambda T, N, K, c=None: 3)
+    monkeypatch.setattr(llama, "_packed_weights", lambda dtype: True)
+    core = tiny_core(seed=3)
+    assert "linear_packed" in {k.reference_op for k in core.manifest.kernels}
+    model = load_native(core, "cpu")
+    prompts = {0: [1, 2, 3, 4, 5], 1: [9, 8, 7], 3: [40, 41, 42, 43, 44, 45, 46]}
+    pages = {0: [0, 1], 1: [5], 3: [9, 2]}
+    rows = tuple(RowPlan(request_id=10 + s, slot=s, generation=1, tokens=tuple(p),
+                         start_position=0, page_ids=tuple(pages[s]), sample=True,
+                         sampling=SamplingParams(), histogram_tokens=tuple(p))
+                 for s, p in prompts.items())
+    model.execute(StepPlan(StepKind.PREFILL, rows))  # 15 tokens: the 16-token graph
+    got = model.backend.buffers["scratch.logits"][:3]
+    for i, p in enumerate(prompts.values()):
+        ref = dense_forward(core.weights, TINY_SHAPES, p)[-1]
+        np.testing.assert_allclose(got[i], ref, atol=2e-3, rtol=1e-3)
+    model.close()
