@@ -9,7 +9,7 @@ from helios_ignition.families.llama import capture
 from helios_ignition.testing import TINY_CAPACITIES, TINY_SHAPES
 
 
-def _launches(manifest, graphs):
+def _launches(manifest):
     kernels = {k.id: k.reference_op for k in manifest.kernels}
     return {g.name: [kernels[x.kernel] for x in g.launches] for g in manifest.graphs}
 
@@ -37,7 +37,7 @@ def test_mma_on_records_split_packed_reduce(monkeypatch):
     assert buffers["scratch.xsplit"] == [tokens, TINY_SHAPES.ffn]
     assert buffers["scratch.mma_partial"] == [2 * tokens * 2 * TINY_SHAPES.ffn + 1]
     seen = 0
-    for name, ops in _launches(manifest, None).items():
+    for ops in _launches(manifest).values():
         n = ops.count("linear_packed")
         if not n:
             assert "split_bf16" not in ops
