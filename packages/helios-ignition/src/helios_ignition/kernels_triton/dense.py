@@ -367,8 +367,13 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     ``silu(gate) * up`` computed as it is loaded (the ``silu_mul`` kernel's arithmetic).
     ``ACC=1`` (ops ``linear_add`` / ``swiglu_linear_add``) adds the product into
     ``out`` (the residual add in the epilogue: each output is read and written by the one
-    program that computes it). Every variant is deterministic (each output is written
-    once, in a fixed reduction order).
+    program that computes it). GEMV constants (``BLOCK_T == 1``; ``launch.gemv_constants``):
+    ``PERSIST`` (the launch has at most PERSIST x 132 programs, each looping over row
+    tiles ``pid, pid + programs, ...``), ``PRE=1`` (the next weight tile is loaded before
+    the current one is reduced) and ``EVICT=1`` (evict-first weight loads); each output's
+    sum is the same as without them (K steps in order). Every variant is deterministic
+    (each output is written once, in a fixed reduction order that depends on the
+    constants and the shape, never on the other rows or the grid).
     """
     _linear_body(x, weight, weight, out, T, N, K, 0.0, BLOCK_T, BLOCK_N, BLOCK_K, WBF16, K16,
                  SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 0, PERSIST, PRE, EVICT)
