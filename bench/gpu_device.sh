@@ -122,6 +122,9 @@ case $stage in
   gemv2)  # issue 17: batch-1 GEMV variants (HELIOS_LINEAR_GEMV specs) against today's
     # kernel and a copy + a read of the same bytes, 8B and SmolLM2 matrices; ~2 min, wheels only
     python3 bench/gpu_gemv_sweep.py --budget-s 100 --json "$OUTD/gemv2.json" 2>&1 | tee "$OUTD/gemv2.log" ;;
+  gemv3)  # the down projections only: fused swiglu_linear (SWIGLU=1; gemv2's 'down' rows
+    # ran without it) vs silu_mul + linear, up to 64 rows per program; ~50 s, wheels only
+    python3 bench/gpu_gemv_sweep.py --down --budget-s 45 --json "$OUTD/gemv3.json" 2>&1 | tee "$OUTD/gemv3.log" ;;
   gemv-final)  # issue 17: the GEMV rule's kernel tests, then the 8B batch-1 decode under the
     # committed default and under HELIOS_LINEAR_GEMV=v1 (the rule before), same lease; wheels only
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py -k "gemv or linear or swiglu or folded" 2>&1 | tee "$OUTD/gemv_kernels.log" | tail -3

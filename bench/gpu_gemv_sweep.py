@@ -54,9 +54,17 @@ CHECK_COLS = 512
 LAUNCHES, REPLAYS, MAX_COPIES = 10, 10, 192
 
 
+# --down: more rows per program still (the fused down projection computes silu(gate) * up
+# once per program and K element: 32 rows per program read and compute it 8x less than 4).
+WIDE_ROWS: tuple[tuple[int, int, int], ...] = ()
+
+
 def gemv_specs() -> list[str]:
     """The swept HELIOS_LINEAR_GEMV specs (plus "v1" first); STAGES forms are "v1@S"."""
     out = ["v1", "v1@1", "v1@4", "4,2048,4,0,0,1"]
+    for bn, bk, warps in WIDE_ROWS:
+        for persist, pre in ((0, 0), (0, 1), (4, 1), (8, 0)):
+            out.append(f"{bn},{bk},{warps},{persist},{pre},0")
     # More rows per program read each activation element fewer times (SwiGLU's down
     # projection reads gate and up, 8 bytes, per 2-byte weight column element).
     for bn, bk, warps in ((4, 2048, 4), (4, 4096, 8), (8, 1024, 4), (8, 2048, 8),
@@ -77,13 +85,17 @@ def kernel_key(op: str, c: dict[str, int]) -> tuple:
     return (op, tuple(sorted(kc.items())))
 
 
-def constants(spec: str, N: int, K: int) -> dict[str, int]:
-    """Kernel constants (with WARPS, PROGRAMS and STAGES) of `spec` for an N x K weight."""
+def constants(spec: str, N: int, K: int, op: str) -> dict[str, int]:
+    """Kernel constants (with WARPS, PROGRAMS and STAGES) of `spec` for an N x K weight
+    under `op` (``swiglu_linear`` is the linear kernel with SWIGLU=1, as launch_config
+    makes it)."""
     from helios_ignition.capture import launch
 
     base, _, stages = spec.partition("@")
     c = launch.gemv_constants(N, K, base)
     c.update(BLOCK_T=1, WBF16=1, K16=int(K % 16 == 0))
+    if op == "swiglu_linear":
+        c["SWIGLU"] = 1
     if stages:
         c["STAGES"] = int(stages)
     return c
@@ -135,7 +147,7 @@ def compile_read():
 
 
 def work_items() -> set[tuple]:
-    return {kernel_key(op, constants(spec, N, K)) for shapes in SHAPES.values()
+    return {kernel_key(op, constants(spec, N, K, op)) for shapes in SHAPES.values()
             for _, N, K, op in shapes for spec in gemv_specs()}
 
 
@@ -146,7 +158,14 @@ def main() -> None:
                     help="stop timing new variants after this many seconds")
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--dry-run", action="store_true", help="compile only (no GPU)")
+    ap.add_argument("--down", action="store_true",
+                    help="only the down projections (fused and plain) and wider row tiles")
     args = ap.parse_args()
+    if args.down:
+        global WIDE_ROWS
+        WIDE_ROWS = ((32, 512, 8), (32, 1024, 8), (16, 1024, 4), (64, 256, 8))
+        for model in SHAPES:
+            SHAPES[model] = [s for s in SHAPES[model] if s[0] in ("down", "down_plain")]
     t_start = time.perf_counter()
     items = work_items()
     print(f"{len(gemv_specs())} specs, {len(items)} distinct (op, constants)", flush=True)
@@ -309,7 +328,7 @@ def main() -> None:
             skipped += 1
             continue
         for d in data:
-            c = constants(spec, d["N"], d["K"])
+            c = constants(spec, d["N"], d["K"], d["op"])
             key = kernel_key(d["op"], c)
             if key not in fns:
                 continue
@@ -370,9 +389,10 @@ def main() -> None:
                 for s, t in by_spec.items() if all(n in t for n in names)}
         best_each = {n: min((t[n], s) for s, t in by_spec.items() if n in t) for n in names
                      if any(n in t for t in by_spec.values())}
-        copy_ms = sum(weight[n] * refs[(model, n)]["copy_us"] for n in names) / 1e3 / 2
+        copy_ms = sum(weight[n] * refs[(model, n)]["copy_us"] for n in names
+                      if (model, n) in refs) / 1e3 / 2
         wbytes = sum(weight[n] * N * K * 2 for n, N, K, _ in shapes if n in weight)
-        silu_us = refs[(model, "down")].get("silu_mul_us", float("nan"))
+        silu_us = refs.get((model, "down"), {}).get("silu_mul_us", float("nan"))
         plain = [(t["down_plain"], s) for s, t in by_spec.items() if "down_plain" in t]
         unfused = min(plain) if plain else None
         step = {"model": model, "weight_bytes": wbytes,
