@@ -9,6 +9,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py nucleus       # the nucleus sampler's GPU tests
     uv run python scripts/interpret_kernels.py gemv          # the batch-1 GEMV variants only
     uv run python scripts/interpret_kernels.py attention     # split decode attention layouts
+    uv run python scripts/interpret_kernels.py mma           # packed terms, K split, reduce
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -476,6 +477,61 @@ def check_nucleus(full: bool) -> bool:
     return ok
 
 
+def check_mma(rng) -> bool:
+    """The batched-decode GEMM ops (kernels_triton/mma.py): split_bf16 and
+    swiglu_split_bf16 bitwise, linear_packed / linear_partial (f32 weights: IEEE dots of
+    the widened terms, which checks the packed indexing, the K slices and the masks; and
+    bf16 weights) under the launch rule and other tiles, splitk_reduce[_add] bitwise."""
+    from helios_tools.kernels.linear_splitk import unpack_terms
+
+    ok = True
+    for T, N, Kd, S in ((8, 200, 384, 3), (5, 130, 1000, 2), (40, 96, 512, 1), (3, 64, 40, 1)):
+        x = (rng.standard_normal((T, Kd)) * 3).astype(np.float32)
+        xs_ref = np.zeros_like(x)
+        K.split_bf16(x, xs_ref, T, Kd)
+        xs = np.full_like(x, np.nan)
+        launch("split_bf16", x, xs, T, Kd)
+        gu = (rng.standard_normal((T, 2 * Kd)) * 3).astype(np.float32)
+        sw_ref, sw = np.zeros_like(x), np.full_like(x, np.nan)
+        K.swiglu_split_bf16(gu, sw_ref, T, Kd)
+        launch("swiglu_split_bf16", gu, sw, T, Kd)
+        # The interpreter truncates f32 -> bf16 (the GPU rounds to nearest even, as the
+        # reference; tests/gpu checks that bitwise): here the terms' sum must keep x.
+        errs = {"split": _rel(unpack_terms(xs, T, Kd), x),
+                "swiglu_split": _rel(unpack_terms(sw, T, Kd), unpack_terms(sw_ref, T, Kd))}
+        w = (rng.standard_normal((N, Kd)) / np.sqrt(Kd)).astype(np.float32)
+        bits, wv = _bf16(w)
+        for op, xin in (("linear_packed", xs_ref), ("linear_partial", x)):
+            for wb in (False,):  # bf16 dots are not emulated (see the module docstring)
+                ref = np.zeros((S * T, N), np.float32)
+                getattr(K, op)(xin, wv, ref, T, N, Kd, S)
+                out = np.full_like(ref, np.nan)
+                launch(op, xin, bits if wb else wv, out, T, N, Kd, S, bf16=(1,) if wb else ())
+                errs[f"{op}{'_bf16' if wb else ''}"] = _rel(out, ref)
+        tiles = dict(BLOCK_T=16, BLOCK_N=64, BLOCK_K=128, WBF16=0, K16=int(Kd % 16 == 0),
+                     PACKED=1, EVEN_K=int(Kd % 128 == 0))
+        ref = np.zeros((S * T, N), np.float32)
+        K.linear_packed(xs_ref, wv, ref, T, N, Kd, S)
+        out = np.full_like(ref, np.nan)
+        TRITON_KERNELS["linear_packed"][(-(-N // 64), -(-T // 16), S)](
+            _Arr(xs_ref), _Arr(wv), _Arr(out), T, N, Kd, S, **tiles)
+        errs["packed_T16_N64_K128"] = _rel(out, ref)
+        red_ref, red = np.zeros((T, N), np.float32), np.full((T, N), np.nan, np.float32)
+        K.splitk_reduce(ref, red_ref, T, N, S)
+        launch("splitk_reduce", ref, red, T, N, S)
+        res = rng.standard_normal((T, N)).astype(np.float32)
+        add_ref, add = res.copy(), res.copy()
+        K.splitk_reduce_add(ref, add_ref, T, N, S)
+        launch("splitk_reduce_add", ref, add, T, N, S)
+        errs["reduce"] = int(not np.array_equal(red.view(np.uint32), red_ref.view(np.uint32)))
+        errs["reduce_add"] = int(not np.array_equal(add.view(np.uint32), add_ref.view(np.uint32)))
+        bad = {k: v for k, v in errs.items() if not v < (5e-5 if "split" in k else 1e-6)}
+        print(f"mma T={T} N={N} K={Kd} S={S}: " + " ".join(f"{k} {v:.1e}" for k, v in errs.items())
+              + ("" if not bad else f"  MISMATCH {sorted(bad)}"))
+        ok &= not bad
+    return ok
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     np.seterr(divide="ignore", under="ignore", invalid="ignore")
@@ -486,6 +542,8 @@ def main() -> None:
         sys.exit(0 if check_gemv(rng) else 1)
     if sys.argv[1:] == ["attention"]:
         sys.exit(0 if check_attention(rng) else 1)
+    if sys.argv[1:] == ["mma"]:
+        sys.exit(0 if check_mma(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)
