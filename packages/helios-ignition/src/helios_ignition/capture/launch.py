@@ -250,18 +250,38 @@ MMA_ROWS = (8, 256)
 MMA_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
+# Measured tiles per (matrix class, rows up to): (BLOCK_T, BLOCK_N, BLOCK_K, WARPS, STAGES,
+# S K slices); filled from the H200 sweep (bench/gpu_mma_pick.py). Cells left out use
+# the default tile and the fewest slices that give every SM a program.
+_MMA_TILES: dict[tuple[str, int], tuple[int, int, int, int, int, int]] = {}
+_MMA_DEFAULT = (32, 128, 64, 4, 4)
+
+
+def _mma_cell(T: int, N: int, K: int) -> tuple[str, int]:
+    """(matrix class, row bound) of a product: "wide" (N >= 16896: gate/up), "long"
+    (K >= 8192: down) or "square" (QKV, O); rows rounded up to 8, 16, 32, ..., 256."""
+    cls = "wide" if N >= _WIDE_N else "long" if K >= 8192 else "square"
+    return cls, max(8, _np2(T))
+
+
 def mma_constants(T: int, N: int, K: int) -> dict[str, int]:
-    """Variant constants (with ``WARPS``/``STAGES``, without ``WBF16``/``K16``) of
-    ``linear_packed`` for a `T`-row product with `N` outputs over `K` inputs."""
-    bt = 32 if T <= 32 else 64
-    bk = 64
-    return dict(BLOCK_T=bt, BLOCK_N=128, BLOCK_K=bk, WARPS=4, STAGES=4,
+    """Variant constants (with ``WARPS``/``STAGES``, without ``WBF16``/``K16``/``PACKED``)
+    of ``linear_packed`` for a `T`-row product with `N` outputs over `K` inputs."""
+    tile = _MMA_TILES.get(_mma_cell(T, N, K))
+    bt, bn, bk, warps, stages = tile[:5] if tile else _MMA_DEFAULT
+    if not tile and T > 32:
+        bt = 64
+    return dict(BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, STAGES=stages,
                 EVEN_K=int(K % bk == 0))
 
 
 def mma_splits(T: int, N: int, K: int, c: dict[str, int] | None = None) -> int:
-    """K slices S of the `T`-row product under tiles `c` (default ``mma_constants``):
-    the fewest giving every SM a program, with slices of at least 512 inputs."""
+    """K slices S of the `T`-row product: the measured cell's, else (and under tiles `c`,
+    default ``mma_constants``) the fewest giving every SM a program, with slices of at
+    least 512 inputs."""
+    tile = _MMA_TILES.get(_mma_cell(T, N, K))
+    if tile and c is None:
+        return tile[5]
     c = c or mma_constants(T, N, K)
     tiles = _cdiv(N, c["BLOCK_N"]) * _cdiv(T, c["BLOCK_T"])
     return next((s for s in MMA_SPLITS if tiles * s >= SMS and K // s >= 512),
