@@ -377,28 +377,46 @@ def test_required_tool_choice_with_parallel_calls_returns_every_call(tools_clien
 
 @pytest.mark.slow
 @pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
-def test_a_call_cut_by_the_output_limit_is_returned_with_finish_length(tools_client, choice):
-    """Cut one token after the argument key: the response is the tool call with the
-    arguments generated so far and finish "length" (OpenAI's shape), not empty content."""
+def test_a_call_cut_inside_its_arguments_is_no_tool_call_streaming_and_not(tools_client,
+                                                                          tools_url, choice):
+    """Cut by max_tokens one token after the argument key: finish "length" and no
+    tool_calls entry (its arguments would not be JSON; the clients json.loads them), no
+    markup as content, streaming and not (docs/api.md, "Tool calls cut by max_tokens");
+    litellm and langchain-openai read it without error."""
+    import litellm
     from helios_ignition.export import open_checkpoint
+    from langchain_openai import ChatOpenAI
     from tokenizers import Tokenizer
 
     ask = dict(messages=PARIS_WEATHER, tools=[OPEN_WEATHER_TOOL], tool_choice=choice,
                parallel_tool_calls=False)
     full = _create(tools_client, max_tokens=96, extra_body={"return_token_ids": True}, **ask)
-    arguments = full.choices[0].message.tool_calls[0].function.arguments
+    assert full.choices[0].finish_reason == "tool_calls"
     ids = full.choices[0].model_extra["token_ids"]
     tok = Tokenizer.from_str(open_checkpoint("smollm2", None, None).tokenizer_json)
     cut = next(k for k in range(len(ids)) if '"city"' in tok.decode(ids[:k]))
     r = _create(tools_client, max_tokens=cut + 1, **ask)
-    choice_ = r.choices[0]
-    assert choice_.finish_reason == "length"
-    assert choice_.message.content is None
-    (call,) = choice_.message.tool_calls
-    assert call.function.name == "get_weather" and call.id.startswith("call_")
-    partial = "".join(call.function.arguments.split())
-    assert partial.startswith('{"city"') and partial != arguments
-    assert arguments.startswith(partial)  # the generated prefix of the finished arguments
+    assert r.choices[0].finish_reason == "length"
+    assert r.choices[0].message.content is None
+    assert r.choices[0].message.tool_calls is None
+    assert r.usage.completion_tokens == cut + 1
+    streamed = _accumulate(_create(tools_client, stream=True, max_tokens=cut + 1, **ask))
+    assert streamed == {"content": None, "calls": [], "finish_reason": "length"}
+
+    response = litellm.completion(
+        model="openai/smollm2-135m-instruct-tools", api_base=tools_url + "/v1",
+        api_key="unused", temperature=0, max_tokens=cut + 1, **ask)
+    assert response.choices[0].finish_reason == "length"
+    assert not response.choices[0].message.tool_calls
+
+    llm = ChatOpenAI(model="smollm2-135m-instruct-tools", base_url=tools_url + "/v1",
+                     api_key="unused", temperature=0, max_retries=0, max_tokens=cut + 1,
+                     timeout=600)
+    named = "get_weather" if choice == NAMED else "required"
+    message = llm.bind_tools([OPEN_WEATHER_TOOL], tool_choice=named,
+                             parallel_tool_calls=False).invoke(PARIS_WEATHER[0]["content"])
+    assert message.response_metadata["finish_reason"] == "length"
+    assert message.tool_calls == [] and message.invalid_tool_calls == []
 
 
 @pytest.mark.slow

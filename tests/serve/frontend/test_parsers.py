@@ -454,25 +454,52 @@ def test_forced_tool_choice_cut_by_the_output_limit_leaks_no_markup(choice, scri
         assert result == ChatResult(None, None, (), "length"), (name, result)
 
 
-@pytest.mark.parametrize(
-    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}, "auto"],
-    ids=["required", "named", "auto"],
-)
-@pytest.mark.parametrize("body, arguments", [
-    ('\n{"name": "get_weather"', ""),
-    ('\n{"name": "get_weather", "arguments": ', ""),
-    ('\n{"name": "get_weather", "arguments": {"city": "Pa', '{"city": "Pa'),
-    ('\n{"name": "get_weather", "arguments": {"city": "Paris"}', '{"city":"Paris"}'),
-    ('\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n', '{"city":"Paris"}'),
-], ids=["name", "key", "inside", "arguments_done", "object_done"])  # fmt: skip
-def test_a_call_cut_by_the_output_limit_is_a_tool_call_with_partial_arguments(
-        choice, body, arguments):
-    """OpenAI's shape for a call cut by max_tokens: the call with the arguments generated
-    so far and finish "length", never empty content."""
+CHOICES = ["required", {"type": "function", "function": {"name": "get_weather"}}, "auto"]
+
+
+@pytest.mark.parametrize("choice", CHOICES, ids=["required", "named", "auto"])
+@pytest.mark.parametrize("body", [
+    '\n{"name": "get_weather"',
+    '\n{"name": "get_weather", "arguments": ',
+    '\n{"name": "get_weather", "arguments": {"city": "Pa',
+    '\n{"name": "get_weather", "arguments": {"city": "Paris", ',
+    '\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}',
+], ids=["name", "key", "inside", "after_value", "string_arguments"])  # fmt: skip
+def test_a_call_cut_inside_its_arguments_is_no_tool_call(choice, body):
+    """Cut by max_tokens before the arguments are complete JSON: no tool_calls entry (the
+    clients json.loads arguments), no markup as content, finish "length" (docs/api.md,
+    "Tool calls cut by max_tokens"); streamed and final results agree (run_all)."""
     tools = [fn("get_weather", {"city": {"type": "string"}})]
-    expected = ChatResult(None, None, (ToolCall("call_0", "get_weather", arguments),), "length")
+    run_all(JSONTAGS, [S("<tool_call>"), body], THINK + TOOL_TAGS,
+            ChatResult(None, None, (), "length"), ["tool_call"], end="length", tools=tools,
+            tool_choice=choice)
+
+
+@pytest.mark.parametrize("choice", CHOICES, ids=["required", "named", "auto"])
+@pytest.mark.parametrize("body", [
+    '\n{"name": "get_weather", "arguments": {"city": "Paris"}',
+    '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n',
+    '\n{"arguments": {"city": "Paris"}, "name": "get_weather"',
+    '\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"',
+], ids=["arguments_done", "object_done", "name_last", "string_arguments_done"])  # fmt: skip
+def test_a_call_cut_after_its_arguments_is_a_tool_call_with_finish_length(choice, body):
+    """Cut by max_tokens after the arguments object (the block's close not generated):
+    the call with its complete arguments, finish "length"."""
+    tools = [fn("get_weather", {"city": {"type": "string"}})]
+    expected = ChatResult(None, None, (ToolCall("call_0", "get_weather", '{"city":"Paris"}'),),
+                          "length")
     run_all(JSONTAGS, [S("<tool_call>"), body], THINK + TOOL_TAGS, expected, ["tool_call"],
             end="length", tools=tools, tool_choice=choice)
+
+
+def test_a_cut_call_after_a_complete_call_keeps_the_complete_one():
+    tools = [fn("get_weather", {"city": {"type": "string"}})]
+    script = [S("<tool_call>"), '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+              S("</tool_call>"), S("<tool_call>"), '{"name": "get_weather", "arguments": {"ci']
+    expected = ChatResult(None, None, (ToolCall("call_0", "get_weather", '{"city":"Oslo"}'),),
+                          "length")
+    run_all(JSONTAGS, script, THINK + TOOL_TAGS, expected, ["tool_call"], end="length",
+            tools=tools, tool_choice="required")
 
 
 def test_a_cut_call_to_an_unregistered_name_is_dropped():

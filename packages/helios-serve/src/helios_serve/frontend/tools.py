@@ -431,10 +431,11 @@ class JsonInTagsToolParser:
     """`call_open {"name": ..., "arguments": {...}} call_close` (TOOL_PARSER_JSON_IN_TAGS).
 
     A block holds one or more JSON call objects; each is emitted when its block closes,
-    as a start delta and one arguments fragment. A body that is not valid JSON is dropped,
-    except a block cut by the end of output (`finish`: the output limit): a call whose
-    name is complete is still returned, its arguments the partial JSON text generated so
-    far (as OpenAI returns a call cut by max_tokens, with finish "length").
+    as a start delta and one arguments fragment. A body that is not valid JSON is dropped.
+    A block cut by the end of output (`finish`: the output limit) still returns a call
+    whose name and arguments object are complete; a call cut before its arguments are
+    complete JSON is not returned (clients json.loads a call's arguments; the response's
+    finish "length" says the output was cut: docs/api.md, "Tool calls cut by max_tokens").
     """
 
     def __init__(
@@ -505,10 +506,10 @@ class JsonInTagsToolParser:
                 out.append(ToolCallArguments(start.index, _dumps(args)))
 
     def _cut_call(self, text: str, out: list[Delta]) -> None:
-        """A call object cut by the end of output: emitted when its name is complete
-        (and registered), with the arguments text generated so far (possibly "")."""
+        """A call object cut by the end of output: emitted when its name (registered)
+        and its arguments value are complete JSON, else dropped."""
         s = self._s
-        decoder = json.JSONDecoder()
+        decoder = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
         name = arguments = None
         pos = _skip_ws(text, 0)
         if not text.startswith("{", pos):
@@ -524,13 +525,16 @@ class JsonInTagsToolParser:
                 break
             pos = _skip_ws(text, pos + 1)
             if key == s.json_arguments_key:
-                arguments = text[pos:].rstrip()
                 try:  # complete: re-encode compactly, like a closed block's arguments
-                    value, end = decoder.raw_decode(text, pos)
-                    arguments = _dumps(value)
-                    pos = end
+                    value, pos = decoder.raw_decode(text, pos)
                 except ValueError:
-                    pos = len(text)
+                    return  # cut inside the arguments: no call
+                if isinstance(value, str):  # arguments as a JSON string, as a closed block
+                    try:
+                        value = _loads(value)
+                    except ValueError:
+                        pass
+                arguments = _dumps(value)
             else:
                 try:
                     value, pos = decoder.raw_decode(text, pos)
@@ -541,12 +545,12 @@ class JsonInTagsToolParser:
             pos = _skip_ws(text, pos)
             if text.startswith(",", pos):
                 pos = _skip_ws(text, pos + 1)
-        if name is None:
+        if name is None or arguments is None:
             return
         start = self._sink.start(name)
         if start is not None:
             out.append(start)
-            out.append(ToolCallArguments(start.index, arguments or ""))
+            out.append(ToolCallArguments(start.index, arguments))
 
 
 def _skip_ws(text: str, pos: int) -> int:
