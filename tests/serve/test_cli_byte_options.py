@@ -49,14 +49,57 @@ def test_a_byte_count_that_is_not_finite_is_one_line_naming_the_option(tiny_serv
 @pytest.mark.parametrize("text", ["0", "0.0", "0GiB", "0e3", " 0 "])
 def test_any_spelling_of_zero_is_none_where_zero_is_allowed(text):
     assert parse_bytes(text, zero=True) == 0
-    with pytest.raises(ValueError, match=re.escape(f"{text!r} is not a positive byte count")):
+    with pytest.raises(ValueError) as info:
         parse_bytes(text)
+    assert str(info.value) == f"{text!r} is not a positive byte count (at least 1 byte)"
+
+
+@pytest.mark.parametrize(("option", "value", "rule"), [
+    ("--host-cache-bytes", "-5", "a non-negative byte count (0: none, else at least 1 byte)"),
+    ("--host-cache-bytes", "0.5", "a non-negative byte count (0: none, else at least 1 byte)"),
+    ("--host-cache-bytes", "-1GiB", "a non-negative byte count (0: none, else at least 1 byte)"),
+    ("--kv-cache-memory", "-5", "a positive byte count (at least 1 byte)"),
+    ("--kv-cache-memory", "0", "a positive byte count (at least 1 byte)"),
+    ("--kv-cache-memory", "0.5", "a positive byte count (at least 1 byte)"),
+])  # fmt: skip
+def test_a_byte_count_out_of_range_names_the_options_true_rule(tiny_served, option, value,
+                                                              rule):
+    """--host-cache-bytes accepts 0 (none), --kv-cache-memory does not: each one's
+    message says its own rule, quoting the text given."""
+    assert _fails(tiny_served.core, option, value) == (
+        f"helios-serve: error: {option}: {value!r} is not {rule}")
+
+
+def test_a_parsed_byte_count_is_an_int_that_prints_as_typed():
+    import pickle
+
+    n = parse_bytes(" 4GiB ")
+    assert n == 4 * 2**30 and type(n + 0) is int and n // 2**30 == 4
+    assert (str(n), f"{n}", f"{n:d}") == ("4GiB", "4GiB", str(4 * 2**30))
+    again = pickle.loads(pickle.dumps(n))  # as the engine process receives its options
+    assert (again, str(again)) == (4 * 2**30, "4GiB")
+    assert str(parse_bytes("0GiB", zero=True)) == "0GiB"
+
+
+@pytest.mark.parametrize("engine", [(), ("--engine-process",)], ids=["thread", "engine"])
+def test_a_host_tier_too_small_for_a_row_echoes_the_size_as_typed(tiny_served, engine):
+    line = _fails(tiny_served.core, "--host-cache-bytes", "1KiB", *engine)
+    assert re.fullmatch(r"helios-serve: error: --host-cache-bytes 1KiB holds no host-tier row "
+                        r"\(one row of every host plane is \d+ bytes\)", line), line
+
+
+def test_a_kv_cache_budget_holding_no_page_echoes_the_size_as_typed(tiny_served):
+    line = _fails(tiny_served.core, "--kv-cache-memory", "1K")
+    assert re.fullmatch(r"helios-serve: error: the KV cache budget \(--kv-cache-memory 1K: "
+                        r"0\.0 MiB\) holds no page; one page of every cache plane needs "
+                        r"[0-9.]+ MiB", line), line
 
 
 def test_zero_host_cache_bytes_is_accepted(tiny_served):
     """--host-cache-bytes 0GiB gets past option parsing (the bad --num-pages fails later)."""
     assert _fails(tiny_served.core, "--host-cache-bytes", "0GiB", "--kv-cache-memory", "0.5") == (
-        "helios-serve: error: --kv-cache-memory: '0.5' is not a positive byte count")
+        "helios-serve: error: --kv-cache-memory: '0.5' is not a positive byte count (at least "
+        "1 byte)")
 
 
 _AVAILABLE = r"(\d+) bytes \([0-9.]+ (?:MiB|GiB)\) available"
@@ -74,7 +117,7 @@ def test_snapshot_rows_beyond_host_memory_fail_startup_naming_the_size(tiny_serv
 
 def test_a_host_tier_beyond_host_memory_fails_startup_naming_the_size(tiny_served):
     line = _fails(tiny_served.core, "--host-cache-bytes", "100TiB")
-    m = re.fullmatch(rf"helios-serve: error: --host-cache-bytes {100 * 2**40}: the host tier "
+    m = re.fullmatch(r"helios-serve: error: --host-cache-bytes 100TiB: the host tier "
                      r"\((\d+) rows\) needs (\d+) bytes \([0-9.]+ GiB\) but host memory has "
                      rf"{_AVAILABLE} after (\d+) bytes for snapshot storage", line)
     assert m, line

@@ -132,13 +132,34 @@ _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
 
-def parse_bytes(text: str, *, zero: bool = False) -> int:
+class ByteCount(int):
+    """A byte count as the operator wrote it: an int whose str() is the text given
+    ("4GiB"), so an error naming the option (`f"--host-cache-bytes {n}: ..."`, in the
+    runtime too) echoes what was typed, not the parsed number."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> ByteCount:
+        self = super().__new__(cls, value)
+        self.text = text
+        return self
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __getnewargs__(self) -> tuple[int, str]:  # pickled into the engine process
+        return int(self), self.text
+
+
+def parse_bytes(text: str, *, zero: bool = False) -> ByteCount:
     """A byte count: an integer with an optional unit (K/M/G/T and KiB..TiB are powers
-    of 1024, KB..TB powers of 1000; case-insensitive): "2147483648", "2GiB", "1.5G".
-    With `zero`, any spelling of zero ("0", "0.0", "0GiB") is 0 (none).
+    of 1024, KB..TB powers of 1000; case-insensitive): "2147483648", "2GiB", "1.5G",
+    rounded down to whole bytes. With `zero`, any spelling of zero ("0", "0.0", "0GiB")
+    is 0 (none). The result's str() is `text` as given (stripped).
 
     Raises:
-        ValueError: not a finite positive byte count (the message names the accepted forms).
+        ValueError: not a finite byte count of at least one byte (or zero, with `zero`);
+            the message quotes `text` and names the accepted forms or values.
     """
     stripped = text.strip()
     number = stripped.rstrip("kKmMgGtTiIbB")
@@ -151,7 +172,9 @@ def parse_bytes(text: str, *, zero: bool = False) -> int:
     if not math.isfinite(value):  # "inf", "nan", "1e400"
         raise ValueError(f"{text!r} is not a finite byte count")
     if zero and value == 0:
-        return 0
+        return ByteCount(0, stripped)
     if value < 1:
-        raise ValueError(f"{text!r} is not a positive byte count")
-    return int(value)
+        rule = ("a non-negative byte count (0: none, else at least 1 byte)" if zero
+                else "a positive byte count (at least 1 byte)")
+        raise ValueError(f"{text!r} is not {rule}")
+    return ByteCount(int(value), stripped)
