@@ -13,17 +13,15 @@ cache copies, at least ~128 MB of cache per replay so L2 does not serve repeats;
 replays) for:
 
 - ``today``: ``launch_config``'s rule at (NS, SPLIT) = ``decode_splits(8192)``;
-- ``v3 rule``: ``HELIOS_ATTN_RULE=v3`` at the same partition (one tile per split where
-  it fits, GROUPED=3 otherwise);
 - ``today@2048``: the same rule at a 2,048-position capacity (32 x 64: one tile per split,
   the shape of bench/gpu_models.py's cores; positions <= 2048 only);
-- GROUPED=2 with BLOCK_N = SPLIT (one tile per split, 4 or 8 warps);
-- GROUPED=3 (one K/V tile load per kv head, online state of all its query heads) at
-  64 x 128, 32 x 256 and 16 x 512;
-- GROUPED=2 at 128 x 64 (one tile of 64, 128 splits; merge over 128);
+- GROUPED=2 split + merge with one tile per split: 128 x 64 (BLOCK_N 64) and 64 x 128
+  (BLOCK_N 128, 4 or 8 warps);
 - ``attention_decode_fused`` (one launch: the program completing a row's last split
-  merges it, a one-split row is written directly): its launch rule
-  (``attention_fused_constants``), then other tiles / warps / partitions.
+  merges it, a one-split row is written directly, empty splits exit without a store):
+  one tile per split at 128 x 64 and 64 x 128, GROUPED=3's walk at 64 x 128 and 32 x 256.
+  (The first run, bench/results/h200_2026-12-02/attn_long_aad133f.json, also timed
+  GROUPED=3 split + merge and a fused kernel that always walked: both slower.)
 
 Each variant's merged output (outputs poisoned with NaN first) of at most 8 rows (the
 first four, the padding row, the last two: every row is its own programs, and the
@@ -76,22 +74,14 @@ def variants(B: int, H: int, KVH: int, HD: int) -> list[tuple[str, int, int, dic
         ns, split = decode_splits(cap)
         out.append((label, ns, split, launch.attention_split_constants(B, H, KVH, HD, split),
                     launch.attention_merge_constants(HD, ns)))
-    ns, split = decode_splits(CAPACITY)
-    out.append(("v3 rule", ns, split, launch.attention_split_constants(B, H, KVH, HD, split, "v3"),
-                launch.attention_merge_constants(HD, ns, "v3")))
-    for grouped, bn, warps, ns, split in (
-            (2, 128, 4, 64, 128), (2, 128, 8, 64, 128),
-            (3, 64, 4, 64, 128), (3, 32, 4, 64, 128), (3, 64, 8, 64, 128),
-            (3, 64, 4, 32, 256), (3, 64, 8, 32, 256), (3, 64, 4, 16, 512),
-            (2, 64, 4, 128, 64)):
+    for grouped, bn, warps, ns, split in ((2, 64, 4, 128, 64), (2, 128, 4, 64, 128),
+                                          (2, 128, 8, 64, 128)):
         c = sc(grouped, bn, warps)
         out.append((f"G{grouped} N{bn} W{warps} @{ns}x{split}", ns, split, c, merge(ns)))
-    # One launch (attention_decode_fused): its launch rule, then other tiles / partitions.
-    ns, split = decode_splits(CAPACITY)
-    out.append(("fused rule", ns, split, launch.attention_fused_constants(H, KVH, HD, ns, split),
-                None))
-    for bn, warps, ns, split in ((64, 4, 64, 128), (128, 8, 64, 128), (64, 4, 32, 256),
-                                 (64, 8, 32, 256), (64, 4, 128, 64)):
+    # One launch (attention_decode_fused): one tile per split where SPLIT <= BLOCK_N, else
+    # GROUPED=3's walk.
+    for bn, warps, ns, split in ((64, 4, 128, 64), (64, 8, 128, 64), (128, 4, 64, 128),
+                                 (128, 8, 64, 128), (64, 4, 64, 128), (64, 4, 32, 256)):
         c = dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=bg, BLOCK_S=launch._np2(ns, 2),
                  EVEN_HD=even, WARPS=warps)
         out.append((f"fused N{bn} W{warps} @{ns}x{split}", ns, split, c, None))

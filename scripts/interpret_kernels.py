@@ -399,10 +399,11 @@ def check_attention(rng) -> bool:
             print(f"{'ok ' if good else 'BAD'} attention_decode_split{'_tuned' if tuned else ''}"
                   f" H={H} KVH={KVH} HD={HD} NS={NS} SPLIT={SPLIT} {c}: rel "
                   f"{max(errs):.1e}")
-        if c["GROUPED"] != 3:
+        if c["BLOCK_N"] == 128 and HD == 64:  # (the fused rule's one-tile case is next)
             continue
-        # The one-launch form at the same partition (its launch rule's constants), with
-        # rows of one split (pos[0] = 0) and of several.
+        # The one-launch form at the same partition (its launch rule's constants: one tile
+        # per split where SPLIT <= BLOCK_N, else the walk), with rows of one split
+        # (pos[0] = 0) and of several.
         arrivals = np.zeros((B, KVH), np.int32)
         got = _Interpreted().run("attention_decode_fused", qkv, pos, slot, pn, kn, vn, ml, po,
                                  arrivals, np.zeros_like(ref), B, MP, PT, H, KVH, HD, NS,

@@ -611,17 +611,20 @@ def test_attention_decode_split_merge_long(gpu, rng, monkeypatch, rule, H, KVH, 
     assert rel(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("walk", [False, True])
 @pytest.mark.parametrize("H,KVH,HD,B,ctx", LONG_CASES + [(9, 3, 64, 8, 128),
                                                          (32, 8, 128, 64, 4096)])
-def test_attention_decode_fused(gpu, rng, H, KVH, HD, B, ctx):
+def test_attention_decode_fused(gpu, rng, walk, H, KVH, HD, B, ctx):
     """One-launch split + merge against the NumPy reference: rows of one split (written by
     the split itself) and of many (merged by the program completing the last split), the
     split counters zero afterwards, bitwise the same on a second launch and for a row
-    whatever its neighbours (the same row alone in a batch of one)."""
+    whatever its neighbours (the same row alone in a batch of one). The recipes'
+    partition of 8,192 positions (``decode_splits``), and (`walk`) 32 splits of 256
+    positions, longer than a tile (GROUPED=3's walk)."""
     MP, PT = 512, 16
     from helios_ignition.families.llama import decode_splits
 
-    NS, split = decode_splits(MP * PT)
+    NS, split = (32, 256) if walk else decode_splits(MP * PT)
     pages, kc, vc, kn, vn, qkv, slot, pos = _long_case(rng, H, KVH, HD, B, ctx)
     scale = HD ** -0.5
     ref = np.zeros((B, H * HD), np.float32)

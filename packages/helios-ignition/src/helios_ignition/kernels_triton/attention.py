@@ -668,18 +668,44 @@ def attention_decode_fused(qkv, positions, slot, page_table, k_cache, v_cache, p
         lo = sp * SPLIT
         hi = tl.minimum(lo + SPLIT, ctx)
         width = (H + 2 * KVH) * HD
-        q = tl.load(qkv + b * width + (kvh * G + g[:, None]) * HD + d[None, :], mask=mo,
-                    other=0.0) * scale
+        qb = b * width + kvh * G * HD
         row = page_table + s.to(tl.int64) * MP
-        m_i, l_i, acc = _group_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, g, PT,
-                                      KVH, HD, BLOCK_N, BLOCK_G, EVEN_HD)
-        if n == 1:
-            tl.store(dst, acc / tl.where(mg, l_i, 1.0)[:, None], mask=mo)
-        else:
-            base = (hd0 + g) * NS + sp
-            tl.store(part_ml + base * 2, m_i, mask=mg)
-            tl.store(part_ml + base * 2 + 1, l_i, mask=mg)
-            tl.store(part_o + base[:, None] * HD + d[None, :], acc, mask=mo)
+        if SPLIT <= BLOCK_N:  # one tile, loaded once, every query head from registers
+            j = lo + tl.arange(0, BLOCK_N)
+            mj = j < hi
+            page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+            off = ((page * PT + j % PT) * KVH + kvh) * HD
+            if EVEN_HD:
+                k = tl.load(k_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
+                v = tl.load(v_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
+            else:
+                mkv = mj[:, None] & md[None, :]
+                k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+                v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            for gi in tl.static_range(BLOCK_G):
+                if gi < G:
+                    m, lsum, o = _fma_head(qkv, k, v, mj, qb + gi * HD, d, md, scale,
+                                           EVEN_HD)
+                    if n == 1:
+                        tl.store(out + b * (H * HD) + (kvh * G + gi) * HD + d, o / lsum,
+                                 mask=md)
+                    else:
+                        hb = (hd0 + gi) * NS + sp
+                        tl.store(part_ml + hb * 2, m)
+                        tl.store(part_ml + hb * 2 + 1, lsum)
+                        tl.store(part_o + hb * HD + d, o, mask=md)
+        else:  # a longer split: GROUPED=3's walk
+            q = tl.load(qkv + qb + g[:, None] * HD + d[None, :], mask=mo, other=0.0) * scale
+            m_i, l_i, acc = _group_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, g, PT,
+                                          KVH, HD, BLOCK_N, BLOCK_G, EVEN_HD)
+            if n == 1:
+                tl.store(dst, acc / tl.where(mg, l_i, 1.0)[:, None], mask=mo)
+            else:
+                base = (hd0 + g) * NS + sp
+                tl.store(part_ml + base * 2, m_i, mask=mg)
+                tl.store(part_ml + base * 2 + 1, l_i, mask=mg)
+                tl.store(part_o + base[:, None] * HD + d[None, :], acc, mask=mo)
+        if n > 1:
             tl.debug_barrier()  # every thread's partials stored before the count
             counter = arrivals + b * KVH + kvh
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n - 1:
