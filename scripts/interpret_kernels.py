@@ -35,6 +35,9 @@ interp.GridExecutor._restore_args_dev = lambda self, *a, **k: None
 libdevice.exp = lambda x, **k: tl.exp(x)
 libdevice.log = lambda x, **k: tl.log(x)
 libdevice.ceil = lambda x, **k: tl.ceil(x)
+# The fused attention's per-thread memory fence (PTX) has no meaning in the sequential
+# interpreter: a no-op.
+tl.inline_asm_elementwise = lambda asm, constraints, args, dtype, is_pure, pack: args[0]
 
 
 class _Bools:  # the interpreter's masked load/store want np.bool_ masks

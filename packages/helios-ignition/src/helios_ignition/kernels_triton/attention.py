@@ -634,8 +634,9 @@ def attention_decode_fused(qkv, positions, slot, page_table, k_cache, v_cache, p
 
     Row ``b`` has ``n = ceil(ctx / SPLIT)`` live splits. ``n == 1``: split 0 normalizes
     and writes ``out`` itself (no partials). ``n > 1``: each live split stores its
-    partials, then counts itself in ``arrivals[b, kvh]`` (an acquire-release atomic after
-    a block barrier, so its stores are visible to whoever sees the count); the program
+    partials, then counts itself in ``arrivals[b, kvh]`` (every thread fences its stores
+    at GPU scope, a block barrier, then one acquire-release atomic: its stores are visible
+    to whoever sees the count); the program
     that brings the count to ``n`` resets it to 0 and merges splits ``0..n-1`` of every
     query head of the kv head in that fixed order, reading the partials past L1. Which
     program merges varies, what it computes does not: the result is bitwise the same from
@@ -706,7 +707,12 @@ def attention_decode_fused(qkv, positions, slot, page_table, k_cache, v_cache, p
                 tl.store(part_ml + base * 2 + 1, l_i, mask=mg)
                 tl.store(part_o + base[:, None] * HD + d[None, :], acc, mask=mo)
         if n > 1:
-            tl.debug_barrier()  # every thread's partials stored before the count
+            # Each thread fences its own partial stores at GPU scope (a barrier orders
+            # them within the block only; thread 0's release below is not enough for
+            # another warp's stores still in flight), then one thread counts the split.
+            tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.b32 $0, $1;", "=r,r", [sp],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+            tl.debug_barrier()
             counter = arrivals + b * KVH + kvh
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n - 1:
                 tl.debug_barrier()
