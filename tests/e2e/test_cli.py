@@ -133,13 +133,8 @@ def test_demo_fingerprint_follows_the_recipe_and_the_sources(tmp_path):
     assert len(demo_fingerprint(Path(__file__))) == 16  # the installed packages resolve
 
 
-def test_demo_prepares_once_and_serves(tmp_path):
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    repo = Path(__file__).resolve().parents[2]
-    demo = tmp_path / "cache" / "helios" / "demo"
-    demo.mkdir(parents=True)
-    stale = demo / "smollm2-135m-instruct-0000000000000000.core"
-    stale.write_bytes(b"exported by an older Helios")  # never served: its digest differs
+def _demo_serves(env: dict, repo: Path) -> str:
+    """Run `helios-serve --demo --port 0` until it answers one chat request; its stderr."""
     proc = subprocess.Popen([SERVE, "--demo", "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
     try:
@@ -154,7 +149,35 @@ def test_demo_prepares_once_and_serves(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
-    assert "again: the export code changed since the cached core" in proc.stderr.read()
-    assert len(list(demo.glob("smollm2-135m-instruct-*.core"))) == 1
-    assert not stale.exists()
+    return proc.stderr.read()
+
+
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def test_demo_prepares_once_keeps_other_versions_cores_and_serves(tmp_path):
+    """A core of this export code is exported once and then served as found (the cache
+    unchanged); cores of other versions (another checkout's) are kept up to DEMO_KEEP,
+    the oldest removed."""
+    from helios_serve.cli import DEMO_KEEP
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    repo = Path(__file__).resolve().parents[2]
+    demo = tmp_path / "cache" / "helios" / "demo"
+    demo.mkdir(parents=True)
+    stale = [demo / f"smollm2-135m-instruct-{i:016d}.core" for i in range(DEMO_KEEP)]
+    for age, path in enumerate(stale):  # never served: their digests differ
+        path.write_bytes(b"exported by another Helios")
+        os.utime(path, (1e9 - age, 1e9 - age))  # stale[0] the newest
+    err = _demo_serves(env, repo)
+    assert ("preparing the demo core for this version of the export code (the cached "
+            "cores were exported by other versions)") in err
+    cores = sorted(demo.glob("smollm2-135m-instruct-*.core"))
+    assert len(cores) == DEMO_KEEP and not stale[-1].exists()
+    assert [p for p in stale if p.exists()] == stale[:DEMO_KEEP - 1]
     assert (demo / "publisher.key.pub").is_file()
+    before = _listing(demo)
+    err = _demo_serves(env, repo)  # the same code again: reused, nothing in the cache changes
+    assert "preparing" not in err
+    assert _listing(demo) == before

@@ -11,7 +11,11 @@ prints one line (`helios-serve: error: ...`) without a traceback and exits 2.
 subprocesses: serve never imports ignition) into ${XDG_CACHE_HOME:-~/.cache}/helios/demo/,
 then serves it. The core's file name carries a digest of what exports it (the recipe and
 the helios-ignition, helios-tools and helios-contract sources), so a core exported by an
-older Helios is prepared again instead of served without what the new code exports.
+older Helios is prepared again instead of served without what the new code exports. A
+cached core of this digest is served as found (nothing in the cache changes); cores of
+other digests (another checkout or environment, an older version) are kept up to
+DEMO_KEEP in all, so alternating between two installs reuses each one's core instead of
+exporting and removing the other's every time.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ def _demo_recipe() -> Path:
 
 
 EXPORT_PACKAGES = ("helios_ignition", "helios_tools", "helios_contract")
+DEMO_KEEP = 3  # demo cores kept after an export: the new one and the 2 newest others
 
 
 def demo_fingerprint(recipe: Path, roots: list[Path] | None = None) -> str:
@@ -83,7 +88,9 @@ def demo_fingerprint(recipe: Path, roots: list[Path] | None = None) -> str:
 
 def prepare_demo(echo=click.echo) -> tuple[Path, Path, str]:
     """Export the demo core once per version of the export code; returns (core, public
-    key, namespace). Cores exported by other versions are removed after a new export.
+    key, namespace). A cached core of this version is returned untouched; after a new
+    export the DEMO_KEEP - 1 most recently exported cores of other versions are kept
+    (another install reuses its own) and older ones removed.
 
     Raises:
         StartupError: keygen or export failed (their last output line is included).
@@ -98,8 +105,10 @@ def prepare_demo(echo=click.echo) -> tuple[Path, Path, str]:
     folder.mkdir(parents=True, exist_ok=True)
     if not (key.is_file() and public.is_file()):
         _run([_tool("helios-tools"), "keygen", "--out", str(key)], "key generation")
-    older = [p for p in folder.glob("smollm2-135m-instruct*.core") if p != core]
-    why = "again: the export code changed since the cached core" if older else "once"
+    others = sorted((p for p in folder.glob("smollm2-135m-instruct*.core") if p != core),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    why = ("for this version of the export code (the cached cores were exported by other "
+           "versions)" if others else "once")
     echo(f"preparing the demo core {why}, into {folder} (about a minute) ...", err=True)
     partial = core.with_suffix(".core.partial")
     _run(
@@ -108,7 +117,7 @@ def prepare_demo(echo=click.echo) -> tuple[Path, Path, str]:
         "demo export",
     )  # fmt: skip
     partial.replace(core)
-    for path in older:
+    for path in others[DEMO_KEEP - 1:]:
         path.unlink(missing_ok=True)
     return core, public, DEMO_NAMESPACE
 
