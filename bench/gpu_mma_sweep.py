@@ -213,9 +213,10 @@ def main() -> None:
     def alloc(nbytes: int) -> int:
         return int(drv.call("a", cu.cuMemAlloc(max(nbytes, 256))))
 
-    def upload(arr: np.ndarray) -> int:
+    def upload(arr: np.ndarray) -> int:  # on the kernels' (non-blocking) stream, waited for
         p = alloc(arr.nbytes)
-        drv.call("h", cu.cuMemcpyHtoD(p, arr.ctypes.data, arr.nbytes))
+        drv.call("h", cu.cuMemcpyHtoDAsync(p, arr.ctypes.data, arr.nbytes, stream))
+        drv.call("s", cu.cuStreamSynchronize(stream))
         return p
 
     rng = np.random.default_rng(0)
@@ -230,7 +231,7 @@ def main() -> None:
         copies = max(1, min(4, (1 << 30) // wbytes))
         wp = [upload(bits)] + [alloc(wbytes) for _ in range(copies - 1)]
         for p in wp[1:]:
-            drv.call("d", cu.cuMemcpyDtoD(p, wp[0], wbytes))
+            drv.call("d", cu.cuMemcpyDtoDAsync(p, wp[0], wbytes, stream))
         cols = np.unique(np.concatenate([rng.integers(0, N, CHECK_COLS), [N - 1]]))
         wcols = (bits[cols].astype(np.uint32) << 16).view(np.float32).astype(np.float64)
         if name == "down":  # the gate|up product, then SwiGLU as silu_mul computes it
@@ -244,6 +245,7 @@ def main() -> None:
                           ref=act @ wcols.T, wbytes=wbytes,
                           packed=alloc(mmax * K * 4), act=alloc(mmax * K * 4),
                           partial=alloc(max(SPLITS) * mmax * N * 4), out=alloc(mmax * N * 4))
+    drv.call("s", cu.cuStreamSynchronize(stream))
     print(f"data ready at {time.perf_counter() - t_start:.0f}s", flush=True)
 
     def launch(key, grid, values):
@@ -288,11 +290,12 @@ def main() -> None:
 
     def result(seq, x=None):
         d = data[seq["mat"]]
-        drv.call("p", cu.cuMemsetD32(d["out"], 0x7FC00000, seq["M"] * d["N"]))  # NaN
+        drv.call("p", cu.cuMemsetD32Async(d["out"], 0x7FC00000, seq["M"] * d["N"], stream))
         keep = sequence(seq, d["w"][0], x)
         drv.call("s", cu.cuStreamSynchronize(stream))
         host = np.empty((seq["M"], d["N"]), np.float32)
-        drv.call("c", cu.cuMemcpyDtoH(host.ctypes.data, d["out"], host.nbytes))
+        drv.call("c", cu.cuMemcpyDtoHAsync(host.ctypes.data, d["out"], host.nbytes, stream))
+        drv.call("s", cu.cuStreamSynchronize(stream))
         del keep
         return host
 
@@ -373,6 +376,7 @@ def main() -> None:
                 r1 = result(seq, xalt)[0]
                 best["row_independent"] = bool(np.array_equal(r0.view(np.uint32),
                                                               r1.view(np.uint32)))
+                drv.call("s", cu.cuStreamSynchronize(stream))
                 cu.cuMemFree(xalt)
                 layer.setdefault(M, [0.0, 0.0])
                 layer[M][0] += base["us"]
