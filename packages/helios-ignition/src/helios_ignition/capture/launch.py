@@ -250,18 +250,17 @@ MMA_ROWS = (8, 256)
 MMA_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
-# Measured tiles per (matrix class, rows up to): (BLOCK_T, BLOCK_N, BLOCK_K, WARPS, STAGES,
-# S K slices); filled from the H200 sweep (bench/gpu_mma_pick.py). Cells left out use
-# the default tile and the fewest slices that give every SM a program.
-_MMA_TILES: dict[tuple[str, int], tuple[int, int, int, int, int, int]] = {}
+# Measured choices per (N, K, rows up to): (BLOCK_T, BLOCK_N, BLOCK_K, WARPS, STAGES, S K
+# slices), or None where today's linear was faster; filled from the H200 sweep
+# (bench/gpu_mma_pick.py). Shapes not measured take _MMA_DEFAULT with the fewest slices
+# that give every SM a program.
+_MMA_TILES: dict[tuple[int, int, int], tuple[int, int, int, int, int, int] | None] = {}
 _MMA_DEFAULT = (32, 128, 64, 4, 4)
 
 
-def _mma_cell(T: int, N: int, K: int) -> tuple[str, int]:
-    """(matrix class, row bound) of a product: "wide" (N >= 16896: gate/up), "long"
-    (K >= 8192: down) or "square" (QKV, O); rows rounded up to 8, 16, 32, ..., 256."""
-    cls = "wide" if N >= _WIDE_N else "long" if K >= 8192 else "square"
-    return cls, max(8, _np2(T))
+def _mma_cell(T: int, N: int, K: int) -> tuple[int, int, int]:
+    """The table key of a product: (N, K, rows rounded up to 8, 16, 32, ..., 256)."""
+    return N, K, max(8, _np2(T))
 
 
 def mma_constants(T: int, N: int, K: int) -> dict[str, int]:
@@ -299,6 +298,8 @@ def mma_plan(T: int, N: int, K: int, rule: str = "") -> int | None:
     if rule not in ("on", "off"):
         raise ValueError(f"HELIOS_LINEAR_MMA must be 'on' or 'off', got {rule!r}")
     if rule == "off" or N * K < MMA_MIN_WEIGHTS or not MMA_ROWS[0] <= T <= MMA_ROWS[1]:
+        return None
+    if _MMA_TILES.get(_mma_cell(T, N, K), ()) is None:  # measured: linear was faster
         return None
     return mma_splits(T, N, K)
 
