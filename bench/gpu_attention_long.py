@@ -15,11 +15,12 @@ replays) for:
 - ``today``: ``launch_config``'s rule at (NS, SPLIT) = ``decode_splits(8192)``;
 - ``today@2048``: the same rule at a 2,048-position capacity (32 x 64: one tile per split,
   the shape of bench/gpu_models.py's cores; positions <= 2048 only);
-- GROUPED=2 split + merge with one tile per split: 128 x 64 (BLOCK_N 64) and 64 x 128
-  (BLOCK_N 128, 4 or 8 warps);
+- GROUPED=2 split + merge with one tile per split: 128 x 64 (BLOCK_N 64; 1, 2 or 4
+  splits per program, ``SPP``: the same results, fewer programs for the empty splits of
+  short contexts) and 64 x 128 (BLOCK_N 128);
 - ``attention_decode_fused`` (one launch: the program completing a row's last split
   merges it, a one-split row is written directly, empty splits exit without a store):
-  one tile per split at 128 x 64 and 64 x 128, GROUPED=3's walk at 64 x 128 and 32 x 256.
+  one tile per split at 128 x 64 and 64 x 128, GROUPED=3's walk at 32 x 256.
   (The first run, bench/results/h200_2026-12-02/attn_long_aad133f.json, also timed
   GROUPED=3 split + merge and a fused kernel that always walked: both slower.)
 
@@ -74,14 +75,18 @@ def variants(B: int, H: int, KVH: int, HD: int) -> list[tuple[str, int, int, dic
         ns, split = decode_splits(cap)
         out.append((label, ns, split, launch.attention_split_constants(B, H, KVH, HD, split),
                     launch.attention_merge_constants(HD, ns)))
-    for grouped, bn, warps, ns, split in ((2, 64, 4, 128, 64), (2, 128, 4, 64, 128),
-                                          (2, 128, 8, 64, 128)):
+    for grouped, bn, warps, ns, split, spp in ((2, 64, 4, 128, 64, 1), (2, 64, 4, 128, 64, 2),
+                                               (2, 64, 4, 128, 64, 4), (2, 64, 8, 128, 64, 4),
+                                               (2, 128, 4, 64, 128, 1)):
         c = sc(grouped, bn, warps)
-        out.append((f"G{grouped} N{bn} W{warps} @{ns}x{split}", ns, split, c, merge(ns)))
+        if spp > 1:
+            c["SPP"] = spp
+        out.append((f"G{grouped} N{bn} W{warps} S{spp} @{ns}x{split}", ns, split, c,
+                    merge(ns)))
     # One launch (attention_decode_fused): one tile per split where SPLIT <= BLOCK_N, else
     # GROUPED=3's walk.
     for bn, warps, ns, split in ((64, 4, 128, 64), (64, 8, 128, 64), (128, 4, 64, 128),
-                                 (128, 8, 64, 128), (64, 4, 64, 128), (64, 4, 32, 256)):
+                                 (64, 4, 32, 256)):
         c = dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=bg, BLOCK_S=launch._np2(ns, 2),
                  EVEN_HD=even, WARPS=warps)
         out.append((f"fused N{bn} W{warps} @{ns}x{split}", ns, split, c, None))
@@ -159,7 +164,7 @@ def main() -> None:
         drv.call("c", cu.cuMemcpyDtoH(host.ctypes.data, ptr, host.nbytes))
         return host
 
-    def launch_pair(fs, fm, geo, d, kptr, vptr):
+    def launch_pair(fs, fm, geo, d, kptr, vptr, spp=1):
         (fn_s, ck_s, cnt_s), (fn_m, ck_m, cnt_m) = fs, fm
         B, H, KVH, HD, NS, SPLIT, scale = geo
         a1 = drv.KernelArgs(
@@ -168,8 +173,8 @@ def main() -> None:
              ("i32", B), ("i32", MP), ("i32", PT), ("i32", H), ("i32", KVH),
              ("i32", HD), ("i32", NS), ("i32", SPLIT), ("f32", scale)]
             + [("ptr", 0)] * (cnt_s - 17))
-        drv.call("k", cu.cuLaunchKernel(fn_s, B, KVH, NS, 32 * ck_s.num_warps, 1, 1,
-                                        ck_s.shared_bytes, stream, a1.address, 0))
+        drv.call("k", cu.cuLaunchKernel(fn_s, B, KVH, -(-NS // spp), 32 * ck_s.num_warps,
+                                        1, 1, ck_s.shared_bytes, stream, a1.address, 0))
         a2 = drv.KernelArgs(
             [("ptr", d["ml"]), ("ptr", d["po"]), ("ptr", d["slot"]), ("ptr", d["out"]),
              ("i32", B), ("i32", H), ("i32", HD), ("i32", NS)] + [("ptr", 0)] * (cnt_m - 8))
@@ -277,10 +282,12 @@ def main() -> None:
                     fs, fm = (fn_s, ck_s, cnt_s), (fn_m, ck_m, cnt_m)
                     geo = (B, H, KVH, HD, NS, SPLIT, scale)
 
-                    def one(d, kptr, vptr, fs=fs, fm=fm, geo=geo, fused=kM is None):
+                    spp = s_c.get("SPP", 1)
+
+                    def one(d, kptr, vptr, fs=fs, fm=fm, geo=geo, fused=kM is None, spp=spp):
                         if fused:
                             return launch_fused(fs, geo, d, kptr, vptr)
-                        return launch_pair(fs, fm, geo, d, kptr, vptr)
+                        return launch_pair(fs, fm, geo, d, kptr, vptr, spp)
                     outs = []
                     for _ in range(2):
                         for name, n in (("ml", B * H * NS * 2), ("po", B * H * NS * HD),

@@ -329,7 +329,8 @@ def check_verify_cut(rng, V: int) -> bool:
 
 def check_attention(rng) -> bool:
     """Split-context decode attention layouts (GROUPED 2 and 3, one-tile and walked
-    splits, HD 64 and 128, the tuned split count) and the one-launch
+    splits, HD 64 and 128, several splits per program, the tuned split count) and the
+    one-launch
     ``attention_decode_fused`` against ``attention_decode_split`` /
     ``_merge``'s references: NaN past each row's context, unmapped pages past its last
     page, a padding row, a row at position 0."""
@@ -343,6 +344,8 @@ def check_attention(rng) -> bool:
         (9, 3, 64, 2, 256, dict(BLOCK_N=32, BLOCK_G=4, GROUPED=3, EVEN_HD=1)),
         (32, 8, 128, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=3, EVEN_HD=1)),
         (32, 8, 128, 8, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=1)),
+        (32, 8, 128, 8, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=1, SPP=3)),
+        (9, 3, 64, 4, 128, dict(BLOCK_N=128, BLOCK_G=4, GROUPED=2, EVEN_HD=1, SPP=4)),
         (6, 2, 40, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=3, EVEN_HD=0)),
     ]
     PT, B = 16, 4
@@ -383,7 +386,9 @@ def check_attention(rng) -> bool:
                 gpo[:, :, tuned:] = rpo[:, :, tuned:]
                 args.append(np.array([tuned], np.int32))
             op = "attention_decode_split_tuned" if tuned else "attention_decode_split"
-            grid = (B, KVH, NS)
+            if tuned and c.get("SPP", 1) > 1:  # (the tuned kernel has no SPP)
+                continue
+            grid = (B, KVH, -(-NS // c.get("SPP", 1)))
             TRITON_KERNELS[op][grid](*[_Arr(a) for a in args], B, MP, PT, H, KVH, HD, NS,
                                      SPLIT, scale, BLOCK_HD=L._np2(HD, 16), **c)
             out = np.full_like(ref, np.nan)
@@ -402,7 +407,7 @@ def check_attention(rng) -> bool:
             print(f"{'ok ' if good else 'BAD'} attention_decode_split{'_tuned' if tuned else ''}"
                   f" H={H} KVH={KVH} HD={HD} NS={NS} SPLIT={SPLIT} {c}: rel "
                   f"{max(errs):.1e}")
-        if c["BLOCK_N"] == 128 and HD == 64:  # (the fused rule's one-tile case is next)
+        if (c["BLOCK_N"] == 128 and HD == 64) or c.get("SPP", 1) > 1:  # (fused: done)
             continue
         # The one-launch form at the same partition (its launch rule's constants: one tile
         # per split where SPLIT <= BLOCK_N, else the walk), with rows of one split

@@ -467,7 +467,8 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
         c = attention_split_constants(B, H, KVH, HD, SPLIT,
                                       tuned=op == "attention_decode_split_tuned")
-        return _cfg((B, KVH if c["GROUPED"] else H, NS), c.pop("WARPS"), **c)
+        return _cfg((B, KVH if c["GROUPED"] else H, _cdiv(NS, c.get("SPP", 1))),
+                    c.pop("WARPS"), **c)
     if op == "attention_decode_fused":
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
         c = attention_fused_constants(H, KVH, HD, NS, SPLIT)

@@ -330,9 +330,27 @@ def _fma_head(qkv, k, v, mj, q_off, d, md, scale, EVEN_HD: tl.constexpr):
 @triton.jit
 def _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
-               BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr):
+               BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr,
+               SPP: tl.constexpr = 1):
+    """GROUPED=2: splits ``z * SPP .. z * SPP + SPP - 1`` (those below NS) of row ``b``
+    for every query head of kv head ``kvh``, one after the other; grid
+    ``(B, KVH, cdiv(NS, SPP))`` (``_split_fma_at``). The partition and every split's
+    arithmetic do not depend on SPP, so neither do the results: SPP > 1 only trades the
+    programs of mostly empty splits (a short context at 128 splits per row) for a loop."""
+    for i in tl.static_range(SPP):
+        sp = tl.program_id(2) * SPP + i
+        if sp < NS:
+            _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                          B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N, BLOCK_HD,
+                          BLOCK_G, EVEN_HD)
+
+
+@triton.jit
+def _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+                  B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N: tl.constexpr,
+                  BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr):
     """GROUPED=2: split ``sp`` of row ``b`` for every query head of kv head ``kvh`` with
-    f32 FMA dots; grid ``(B, KVH, NS)``.
+    f32 FMA dots.
 
     An empty split (or padding row) only stores ``(-1e30, 0)`` and zeros. A split of at
     most BLOCK_N positions (the launch rule picks BLOCK_N >= SPLIT) loads its keys and
@@ -343,7 +361,6 @@ def _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part
     """
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
-    sp = tl.program_id(2)
     G = H // KVH
     if EVEN_HD:  # HD == BLOCK_HD: offsets are visibly multiples of a power of two >= 16
         HD = BLOCK_HD
@@ -495,8 +512,8 @@ def _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, part_m
 def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                            B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                            BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
-                           EVEN_HD: tl.constexpr = 0):
-    """Per-split softmax statistics (``attention_decode_split``), three layouts:
+                           EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1):
+    """Per-split softmax statistics (``attention_decode_split``), four layouts:
 
     GROUPED=1, grid ``(B, KVH, NS)``: the query heads of a kv head form one MMA tile, so
     each cached key/value is read once per kv head (rule v1 for SmolLM2 batch <= 8).
@@ -508,7 +525,8 @@ def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, p
     of every query head of the kv head in registers (see ``_split_fma_online``).
     EVEN_HD=1 (HD == BLOCK_HD only) drops the head-dim masks and computes offsets with the
     constant BLOCK_HD, which Triton sees divides them, so cache loads are 128-bit
-    (GROUPED=2 and 3 only). Swept by
+    (GROUPED=2 and 3 only). SPP (GROUPED=2 only): splits per program, grid
+    ``(B, KVH, cdiv(NS, SPP))``; the same results for any SPP. Swept by
     bench/gpu_attention_sweep.py.
     """
     if GROUPED == 3:
@@ -518,7 +536,7 @@ def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, p
     elif GROUPED == 2:
         _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                    B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
-                   EVEN_HD)
+                   EVEN_HD, SPP)
     elif GROUPED == 1:
         _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                        B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G)
