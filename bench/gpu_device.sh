@@ -126,10 +126,10 @@ case $stage in
     # ran without it) vs silu_mul + linear, up to 64 rows per program; ~50 s, wheels only
     python3 bench/gpu_gemv_sweep.py --down --budget-s 45 --json "$OUTD/gemv3.json" 2>&1 | tee "$OUTD/gemv3.log" ;;
   gemv-final)  # issue 17: the GEMV rule's kernel tests, then the 8B batch-1 decode under the
-    # committed default and under HELIOS_LINEAR_GEMV=v1 (the rule before), same lease; wheels only
+    # committed default and under the rules before (GEMV v1, fused down at any K), same lease
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py -k "gemv or linear or swiglu or folded" 2>&1 | tee "$OUTD/gemv_kernels.log" | tail -3
-    python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --batches 1 8 --json "$OUTD/llama8b_gemv.json" 2>&1 | tee "$OUTD/llama8b_gemv.log" | tail -12
-    HELIOS_LINEAR_GEMV=v1 python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --batches 1 --json "$OUTD/llama8b_gemv_v1.json" 2>&1 | tee "$OUTD/llama8b_gemv_v1.log" | tail -8 ;;
+    python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --batches 1 --json "$OUTD/llama8b_gemv.json" 2>&1 | tee "$OUTD/llama8b_gemv.log" | tail -12
+    HELIOS_LINEAR_GEMV=v1 HELIOS_FUSE_GEMV_MAX_K=1048576 python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --batches 1 --json "$OUTD/llama8b_gemv_v1.json" 2>&1 | tee "$OUTD/llama8b_gemv_v1.log" | tail -8 ;;
   topp)  # issue 17 top-p-only rows (docs/gpu.md "Sampling at greedy speed"), after stage1/2
     # with the GGUF carried: the chunked sampler's GPU tests (nucleus form included) and
     # the sampler tests of test_kernels.py, then SmolLM2 and the 8B geometry with greedy,

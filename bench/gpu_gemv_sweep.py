@@ -308,7 +308,8 @@ def main() -> None:
     def check(fn, ck, count, programs, d):
         outs, N = [], d["N"]
         for _ in range(2):
-            drv.call("p", cu.cuMemsetD32(d["o"], 0x7FC00000, N))  # NaN
+            # NaN, on the kernels' (non-blocking) stream so the poison is ordered before them
+            drv.call("p", cu.cuMemsetD32Async(d["o"], 0x7FC00000, N, stream))
             keep = launch(fn, ck, count, programs, d, d["w"][0])
             drv.call("s", cu.cuStreamSynchronize(stream))
             host = np.empty((1, N), np.float32)

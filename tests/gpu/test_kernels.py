@@ -73,7 +73,8 @@ def test_linear_bf16(gpu, rng, T, N, K_):
 
 # Batch-1 GEMV specs (HELIOS_LINEAR_GEMV): today's v1 and the streamed forms (persistent
 # grids with several row tiles per program, the register prefetch, evict-first loads).
-GEMV_SPECS = ("v1", "4,2048,4,2,0,0", "4,4096,8,4,1,1", "8,1024,4,8,1,0", "2,4096,4,0,1,0")
+GEMV_SPECS = ("v1", "v2", "4,1024,2,0,0,0", "4,2048,4,2,0,0", "4,4096,8,4,1,1",
+              "8,1024,4,8,1,0", "2,4096,4,0,1,0")
 
 
 @pytest.mark.parametrize("spec", GEMV_SPECS)

@@ -160,12 +160,16 @@ def test_linear_fma_rows_and_spec():
     assert (narrow.grid, narrow.block, narrow.constants["FMA"]) == ((144, 1, 1), (128, 1, 1),
                                                                     1)
     assert fuse_swiglu_linear(1, 4096) and fuse_swiglu_linear(8, 576)
+    # batch 1: fused up to FUSE_GEMV_MAX_K (SmolLM2's 1536), silu_mul + linear beyond (8B)
+    assert fuse_swiglu_linear(1, 576, 1536) and not fuse_swiglu_linear(1, 4096, 14336)
+    assert launch_config("swiglu_linear", [1, 4096, 14336]).constants["SWIGLU"] == 1
     assert not fuse_swiglu_linear(8, 4096) and not fuse_swiglu_linear(32, 576)
 
 
 # The batch-1 GEMV specs tests/gpu/test_kernels.py runs (HELIOS_LINEAR_GEMV); the first
 # is today's rule, the others the streamed forms bench/gpu_gemv_sweep.py times.
-GEMV_SPECS = ("v1", "4,2048,4,2,0,0", "4,4096,8,4,1,1", "8,1024,4,8,1,0", "2,4096,4,0,1,0")
+GEMV_SPECS = ("v1", "4,1024,2,0,0,0", "4,2048,4,2,0,0", "4,4096,8,4,1,1", "8,1024,4,8,1,0",
+              "2,4096,4,0,1,0")
 
 
 def test_gemv_specs_compile_for_sm90():
@@ -174,7 +178,7 @@ def test_gemv_specs_compile_for_sm90():
     from helios_ignition.capture.launch import gemv_constants
 
     variants = {}
-    for spec in GEMV_SPECS[1:]:  # v1: the default capture, compiled above
+    for spec in GEMV_SPECS[1:]:  # v1: what the tiny cores above capture
         for N, K in [(4096, 14336), (100, 40)]:
             for op, extra in (("linear", {}), ("swiglu_linear", dict(SWIGLU=1, ACC=1)),
                               ("rmsnorm_linear", {})):
@@ -197,7 +201,13 @@ def test_gemv_constants_and_grid(monkeypatch):
         BLOCK_N=4, BLOCK_K=4096, WARPS=8, PROGRAMS=4 * launch.SMS, PERSIST=4, PRE=1, EVICT=1)
     # a persistent grid never has more programs than row tiles
     assert launch.gemv_constants(576, 576, "4,4096,8,8,0,0")["PROGRAMS"] == 144
-    with pytest.raises(ValueError, match="HELIOS_LINEAR_GEMV must be 'v1' or 'BLOCK_N,"):
+    # v2 (the default): v1 but for long K (the 8B down projection as a plain linear)
+    assert launch.gemv_constants(4096, 14336, "v2") == dict(BLOCK_N=4, BLOCK_K=1024, WARPS=2,
+                                                            PROGRAMS=1024)
+    assert launch.gemv_constants(4096, 4096, "v2") == launch.gemv_constants(4096, 4096, "v1")
+    assert launch.gemv_constants(576, 1536, "v2") == launch.gemv_constants(576, 1536, "v1")
+    assert launch.LINEAR_GEMV == "v2"
+    with pytest.raises(ValueError, match="HELIOS_LINEAR_GEMV must be 'v1', 'v2' or 'BLOCK_N,"):
         launch.gemv_constants(64, 64, "4,2048")
     monkeypatch.setattr(launch, "LINEAR_GEMV", "8,1024,4,2,1,0")
     c = launch.launch_config("swiglu_linear_add", [1, 4096, 14336])

@@ -30,13 +30,18 @@ LINEAR_RULE = os.environ.get("HELIOS_LINEAR_RULE", "v3")
 # matrices (N <= 1024: 1.4-1.8x the MMA tiles on SmolLM2's qkv and down projections) and
 # runs at 0.4-0.97x of them on wide ones (8B, LM heads).
 LINEAR_FMA = os.environ.get("HELIOS_LINEAR_FMA", "4,1024,4,8,1024")
-# Batch-1 GEMV constants at capture (HELIOS_LINEAR_GEMV): "v1" (4 rows per program, K in
-# at most 2048-wide loads, 4 warps: bench/results/gpu_linear_sweep_v3.json) or
-# "BLOCK_N,BLOCK_K,WARPS,PERSIST,PRE,EVICT" (BLOCK_K caps the K step; PERSIST > 0 launches
-# at most PERSIST x SMS programs, each looping over row tiles; PRE=1 prefetches the next
-# weight tile; EVICT=1 loads weights evict-first; bench/gpu_gemv_sweep.py measures them).
-LINEAR_GEMV = os.environ.get("HELIOS_LINEAR_GEMV", "v1")
+# Batch-1 GEMV constants at capture (HELIOS_LINEAR_GEMV): "v2" (default), "v1" (4 rows per
+# program, K in at most 2048-wide loads, 4 warps: bench/results/gpu_linear_sweep_v3.json)
+# or "BLOCK_N,BLOCK_K,WARPS,PERSIST,PRE,EVICT" (BLOCK_K caps the K step; PERSIST > 0
+# launches at most PERSIST x SMS programs, each looping over row tiles; PRE=1 prefetches
+# the next weight tile; EVICT=1 loads weights evict-first). v2 is v1 but for K >=
+# GEMV_LONG_K (the 8B down projection as a plain linear, K 14336): 1024-wide K steps and
+# 2 warps, 34.6 vs 36.4 / 36.0 us in two H200 sweeps. Nothing else of 84 specs beat v1 by
+# more than 1 % on an 8B matrix (persistent grids 0.94-0.96x, the register prefetch
+# 0.67-0.80x): bench/results/h200_2026-12-02/gemv2_aad133f.json, gemv3_bf8287c.json.
+LINEAR_GEMV = os.environ.get("HELIOS_LINEAR_GEMV", "v2")
 GEMV_V1 = "4,2048,4,0,0,0"
+GEMV_LONG_K, GEMV_V2_LONG = 8192, "4,1024,2,0,0,0"
 # Prefill tiles (more than 64 rows) at capture (HELIOS_LINEAR_PREFILL): "auto" (128 x 128
 # tiles for N >= 4096, where the prefill sweep measured 1.9-3.0x over v1 on the 8B qkv,
 # gate_up and down matrices; v1 below, where they lose up to 2x on SmolLM2's qkv and
@@ -47,6 +52,13 @@ PREFILL_WIDE = "128,128,32,8,4,0,0"
 # Fused ops (rope_kv_write; swiglu_linear where the GEMV/FMA path runs): HELIOS_FUSE=0 at
 # capture records the unfused pairs instead.
 FUSE = os.environ.get("HELIOS_FUSE", "1") != "0"
+# Widest FFN whose batch-1 down projection is fused (swiglu_linear) at capture
+# (HELIOS_FUSE_GEMV_MAX_K; wider ones record silu_mul + linear). H200,
+# gemv3_bf8287c.json: the 8B down (K 14336) fused 52.4 us (best fused variant 46.0) vs
+# silu_mul 1.6 + linear 34.6 us -- every program recomputes silu(gate) * up for its rows
+# and reads gate and up (8 bytes per K element against 8 of weights at 4 rows); SmolLM2's
+# (K 1536) fused 4.1 us vs 1.9 + 2.8 us unfused: there the saved launch wins.
+FUSE_GEMV_MAX_K = int(os.environ.get("HELIOS_FUSE_GEMV_MAX_K", "8192"))
 # One wave of programs: with about 250 registers a thread, a 256-thread program has an SM.
 SMS = 132
 # Split-context decode attention rule: "v2" (one program per kv head and split, f32 FMA,
@@ -157,15 +169,17 @@ def gemv_constants(N: int, K: int, spec: str = "") -> dict[str, int]:
     variants keep the constants (and kernel ids) of cores exported before them.
 
     Raises:
-        ValueError: a spec that is neither "v1" nor six integers.
+        ValueError: a spec that is neither "v1", "v2" nor six integers.
     """
     spec = spec or LINEAR_GEMV
+    if spec == "v2":
+        spec = GEMV_V2_LONG if K >= GEMV_LONG_K else "v1"
     if spec == "v1":
         spec = GEMV_V1
     try:
         bn, bk, warps, persist, pre, evict = (int(v) for v in spec.split(","))
     except ValueError:
-        raise ValueError(f"HELIOS_LINEAR_GEMV must be 'v1' or 'BLOCK_N,BLOCK_K,WARPS,PERSIST,"
+        raise ValueError(f"HELIOS_LINEAR_GEMV must be 'v1', 'v2' or 'BLOCK_N,BLOCK_K,WARPS,PERSIST,"
                          f"PRE,EVICT', got {spec!r}") from None
     tiles = _cdiv(N, bn)
     c = dict(BLOCK_N=bn, BLOCK_K=min(_np2(K, 16), bk), WARPS=warps,
@@ -176,11 +190,11 @@ def gemv_constants(N: int, K: int, spec: str = "") -> dict[str, int]:
     return c
 
 
-def fuse_swiglu_linear(T: int, N: int) -> bool:
+def fuse_swiglu_linear(T: int, N: int, K: int = 0) -> bool:
     """Whether capture records ``swiglu_linear`` instead of ``silu_mul`` + ``linear`` for
-    a `T`-row product with `N` outputs: only where the linear runs as GEMV (1 row) or on
-    the FMA path."""
-    return FUSE and (T == 1 or linear_fma(T, N) is not None)
+    a `T`-row product with `N` outputs over `K` (the FFN width): where the linear runs on
+    the FMA path, and as GEMV (1 row) up to ``FUSE_GEMV_MAX_K``."""
+    return FUSE and (K <= FUSE_GEMV_MAX_K if T == 1 else linear_fma(T, N) is not None)
 
 
 def linear_fma(T: int, N: int, spec: str = "") -> dict[str, int] | None:
@@ -433,7 +447,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
                     WBF16=wbf16, K16=int(K % 16 == 0))
     if op in ("swiglu_linear", "swiglu_linear_add"):
         T, N, K = s
-        if not fuse_swiglu_linear(T, N):
+        if T != 1 and linear_fma(T, N) is None:  # any K on the GEMV (cores before v2)
             raise KeyError(f"{op} has no launch rule for {T} rows (GEMV/FMA only)")
         c = launch_config("linear", [T, N, K], views)
         acc = int(op == "swiglu_linear_add")

@@ -605,7 +605,7 @@ def _layers(b: ProgramBuilder, s: LlamaShapes, caps: Capacities, rows: _Rows, T:
             b.launch("all_reduce_sum", x, T, D)
         b.launch("add_rmsnorm", x, res, t.view(f"L{i}.ffn_norm", (D,)), h, T, D, s.rms_eps)
         _product(b, lin, h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
-        if decode_attention and not invariant and launch.fuse_swiglu_linear(T, D):
+        if decode_attention and not invariant and launch.fuse_swiglu_linear(T, D, F):
             b.launch("swiglu_linear", gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
         else:
             _product(b, lin, gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F, swiglu=True)
@@ -626,7 +626,7 @@ def _folded_mlp(b: ProgramBuilder, s: LlamaShapes, i: int, res, attn, gate_up, a
     b.launch("linear_add", attn, t.view(f"L{i}.wo", (D, HO)), res, T, D, HO)
     b.launch("rmsnorm_linear", res, t.view(f"L{i}.ffn_norm", (D,)),
              t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D, s.rms_eps)
-    if launch.fuse_swiglu_linear(T, D):
+    if launch.fuse_swiglu_linear(T, D, F):
         b.launch("swiglu_linear_add", gate_up, t.view(f"L{i}.w_down", (D, F)), res, T, D, F)
     else:
         b.launch("silu_mul", gate_up, act, T, F)
