@@ -537,8 +537,10 @@ def test_a_lane_proposes_its_copied_candidates_once_per_step(costs, width):
 def test_the_policy_weighs_copied_candidates_of_requests_planned_ahead():
     """A request whose decode row is in flight proposes from the tokens known: the
     proposal's first id stands for its in-flight token, the rest are the candidates its
-    next lane would carry."""
-    s = _ahead_scheduler(DECODE_WINS, history=True)
+    next lane would carry. (Costs where decode wins but W = 4 with every draft accepted
+    would not lose: the policy has to weigh the lanes.)"""
+    s = _ahead_scheduler({("decode", 1): 1.0, ("speculative", 1, 2): 2.5,
+                          ("speculative", 1, WIDTH): 3.0}, history=True)
     seen = []
     decide = s.policy.decide
     s.policy.decide = lambda lanes, copied: seen.append((lanes, copied)) or decide(lanes, copied)
@@ -553,3 +555,36 @@ def test_the_policy_weighs_copied_candidates_of_requests_planned_ahead():
     third = s.schedule()  # after D1: tokens ... 7 8 9, D2's token in flight
     assert third.kind is StepKind.DECODE
     assert seen[-1] == ([(7, WIDTH)], {7: 3})
+
+
+def test_decode_certain_skips_the_proposals_and_the_choice():
+    """When no program could beat plain decode even with every draft accepted
+    (WidthPolicy.decode_certain), the scheduler plans decode without proposing copied
+    candidates or deciding: the host's step is the one of speculation off."""
+    from helios_serve.speculation import HistoryIndex
+
+    calls = []
+
+    class Counting(HistoryIndex):
+        def propose(self, tokens, count):
+            calls.append(count)
+            return super().propose(tokens, count)
+
+    for costs, certain in ((DECODE_WINS, True),
+                           ({("decode", 1): 1.0, ("speculative", 1, 2): 2.5,
+                             ("speculative", 1, WIDTH): 3.0}, False)):
+        s = _ahead_scheduler(costs, history=True)
+        s._history_index = Counting
+        decided = []
+        decide = s.policy.decide
+        s.policy.decide = (lambda lanes, copied, d=decide, seen=decided:
+                           seen.append(1) or d(lanes, copied))
+        calls.clear()
+        s.add(SchedRequest(request_id=7, prompt_tokens=(5, 6, 7, 8, 9, 10, 5, 6, 7),
+                           max_output_tokens=20))
+        s.complete(s.schedule(), [8])
+        first, ahead = s.schedule(), s.schedule()
+        assert first.kind is ahead.kind is StepKind.DECODE
+        assert s.policy.decode_certain(1) is certain
+        assert (calls, decided) == (([], []) if certain else ([WIDTH - 1, WIDTH], [1, 1]))
+        assert s.policy.decisions == {"decode": 2}

@@ -327,3 +327,37 @@ def test_measurements_that_pay_are_not_bounded():
     assert seen[0] == seen[1]
     assert [c.width for c in seen[0][:8]] == [0, 0, 2, 2, 3, 3, 4, 4]
     assert seen[0][-1] == Choice(4, 0, "best")
+
+
+def test_decode_is_certain_only_when_no_program_could_win():
+    """WidthPolicy.decode_certain: True only where `decide` picks plain decode whatever
+    the lanes (ceilings, copied candidates, acceptance): checked against `decide` on
+    random cohorts."""
+    import random
+
+    rng = random.Random(4)
+    policy = WidthPolicy((1, 2, 3, 4), (8, 64), ((64, 128, 4),))
+    assert not policy.decode_certain(64)  # decode not measured
+    _decode_served(policy, 64, 1.0, 200)
+    assert not policy.decode_certain(64)  # W = 2 unmeasured, floor 1 s: 128 tokens could win
+    for key, seconds in ((("speculative", 64, 2), 3.5), (("speculative", 64, 4), 4.5)):
+        for _ in range(MIN_COST_SAMPLES):
+            policy.observe_step(key, seconds)
+    # best cases: W = 2 128 / 3.5, W = 3 192 / 3.5 (floor: W = 2), W = 4 256 / 4.5, the
+    # prefix program 128 / 3.5 (it holds W = 2's rows): all below decode's 64 / 1
+    assert policy.decode_certain(64)
+    assert not policy.decode_certain(8)  # nothing measured at capacity 8
+    for _ in range(300):
+        rows = rng.choice((33, 50, 64))
+        lanes = [(rid, rng.choice((1, 2, 4))) for rid in range(rows)]
+        copied = {rid: rng.choice((0, 3)) for rid, _ in lanes}
+        for rid, _ in lanes[:5]:
+            policy.observe_lane(rid, 3, rng.randint(0, 3), copied=rng.choice((0, 3)))
+        certain = policy.decode_certain(rows)
+        choice = policy.choose(lanes, copied)
+        if certain:
+            assert choice.width == 0, choice
+        policy.observe_step(policy.program_key(rows, choice),
+                            {0: 1.0, 2: 3.5, 3: 3.8, 4: 4.5}[choice.width])
+    policy.observe_step(("speculative", 64, 4), 1.2)  # W = 4 cheap now: 256 / 1.2 > 64
+    assert not policy.decode_certain(64)

@@ -608,9 +608,13 @@ class Scheduler:
         lanes = [s for s in ready if speculates(s.request)]
         plain = [s for s in ready if not speculates(s.request)]
         if lanes and self.policy is not None:
-            ceilings = [(s.request_id, self.lane_ceiling(s)) for s in lanes]
-            copied = self._copied_counts(lanes, ceilings) if self.history_drafting else None
-            choice = self.policy.decide(ceilings, copied)
+            if self.policy.decode_certain(len(lanes)):  # no lane could win: skip the
+                choice = Choice(0, 0, "certain")  # proposals and the choice (host time)
+            else:
+                ceilings = [(s.request_id, self.lane_ceiling(s)) for s in lanes]
+                copied = (self._copied_counts(lanes, ceilings) if self.history_drafting
+                          else None)
+                choice = self.policy.decide(ceilings, copied)
             if choice.width == 0:  # plain decode is the best program for them now
                 plain, lanes = ready, []
             elif any(s.inflight_samples for s in lanes):

@@ -365,6 +365,51 @@ class WidthPolicy:
         best = options[rates.index(best_rate)]
         return Choice(best.width, best.packed_rows, "best")
 
+    def decode_certain(self, rows: int) -> bool:
+        """Whether `decide` picks plain DECODE for a cohort of `rows` requests whatever
+        their lane ceilings, copied candidates and acceptance, so the scheduler need not
+        propose copied candidates or decide (a decode step on a speculative core then
+        costs the host what it costs with speculation off).
+
+        Rule (`decide`'s, bounded by the best case): every draft accepted, a program of
+        width W emits at most rows x W tokens (at most P for a prefix program); DECODE is
+        certain when it is measured, bounded exploration is on, and for every other
+        program that best case over its measured mean cost is below DECODE's rate and
+        no measurement of it can be due: not stale (at most LOSER_STALE_DECISIONS old,
+        and at most STALE_DECISIONS old unless even its best-case rate is below
+        STALE_MARGIN x DECODE's), or the exploration budget is spent; an unmeasured one
+        only while the budget is spent or its best case over its cost floor is below
+        DECODE's rate.
+        """
+        if not self.widths or rows < 1 or not self.bounded_exploration:
+            return False
+        costs = self.costs
+        bucket = self.bucket(rows)
+        decode = ("decode", bucket)
+        if not costs.measured(decode):
+            return False
+        rate = rows / costs.mean[decode]
+        budget = self.exploration_loss <= EXPLORE_SHARE * self.spent
+        decisions = costs.decisions + 1
+        options = [Choice(w) for w in self.widths]
+        options += [Choice(w, p) for b, p, w in self.prefix if b == bucket and b >= rows]
+        for option in options:
+            key = self.program_key(rows, option)
+            most = rows * option.width
+            if option.packed_rows:
+                most = min(most, max(option.packed_rows, rows))
+            if costs.measured(key):
+                hope = most / costs.mean[key]
+                if hope >= rate:
+                    return False
+                age = costs.age(key, decisions)
+                if budget and (age > LOSER_STALE_DECISIONS or (
+                        age > STALE_DECISIONS and hope >= STALE_MARGIN * rate)):
+                    return False
+            elif budget and most >= rate * self._cost_floor(key, decode):
+                return False
+        return True
+
     def _measure(self, option: Choice, key: tuple, worth: float | None) -> Choice:
         """A "measure" choice of `option`; `worth`: seconds the best measured program
         would take for its expected tokens (None: nothing to compare yet), charged
