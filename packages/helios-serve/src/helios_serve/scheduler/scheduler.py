@@ -67,9 +67,11 @@ On a speculative core rows go ahead only as DECODE rows, and only under the widt
 requests included, the decode is planned ahead exactly as on a plain core; when it picks
 speculation, requests with an in-flight row wait for its completion (a lane needs its
 completed record: consumed endpoint, copied candidates) and the choice is decided again
-then. Fixed-width speculation plans nothing ahead. The policy's step cost is the time
-the machine spent on the step alone (`_observe_cost`): issue to completion for a serial
-step, the interval between completions for pipelined decode.
+then; where no program could beat decode (`WidthPolicy.decode_certain`) the decode is
+planned without proposing copied candidates or deciding. Fixed-width speculation plans
+nothing ahead. The policy's step cost is what a run of such steps costs the batch per
+step (`_observe_cost`): a SPECULATIVE step from the previous completion (its host work
+included), a DECODE step from its issue or the previous completion, whichever is later.
 
 Exact-endpoint snapshots and the host tier (scheduler/cache.py): admission reuses the
 longest cached prefix across tiers (device pages, host-tier pages, then a snapshot's
