@@ -418,32 +418,42 @@ def test_restore_programs_compile_for_sm90():
     assert all(blob[:4] == ELF_MAGIC for blob in blobs.values())
 
 
-MMA_MATS = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (960, 576), (576, 1536))
+MMA_MATS = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 
 
 def test_mma_rule_compiles_for_sm90():
-    """The batched-decode GEMM ops (split_bf16, swiglu_split_bf16, linear_packed,
-    linear_partial, splitk_reduce[_add]) under the launch rule at 8-256 rows on the 8B
-    and SmolLM2 matrices, bf16 and f32 weights."""
-    from helios_ignition.capture.launch import launch_config, mma_splits
+    """The batched-decode GEMM path under the launch rule: linear_packed with every
+    measured tile of the 8B matrices at 8-256 rows (bf16), the default tile with f32
+    weights and as linear_partial, and split_bf16 / swiglu_split_bf16 / splitk_reduce
+    [_add]."""
+    from helios_ignition.capture.launch import launch_config, mma_plan
 
     class View:
         def __init__(self, dtype):
             self.shape, self.buffer = (), type("D", (), {"dtype": dtype})()
 
     variants = {}
+
+    def add(op, scalars, views=()):
+        c = launch_config(op, scalars, views)
+        variants[(op, tuple(sorted(c.constants.items())))] = c.constants
+        return c
+
     for T in (8, 16, 32, 64, 128, 256):
         for N, K in MMA_MATS:
-            S = mma_splits(T, N, K)
-            for op in ("linear_packed", "linear_partial"):
-                for dtype in ("bf16", "f32"):
-                    c = launch_config(op, [T, N, K, S], [None, View(dtype)])
-                    assert c.grid[2] == S and c.constants["PACKED"] == int(op == "linear_packed")
-                    variants[(op, tuple(sorted(c.constants.items())))] = c.constants
-            for op, scalars in (("split_bf16", [T, K]), ("swiglu_split_bf16", [T, K]),
-                                ("splitk_reduce", [T, N, S]), ("splitk_reduce_add", [T, N, S])):
-                c = launch_config(op, scalars)
-                variants[(op, tuple(sorted(c.constants.items())))] = c.constants
+            S = mma_plan(T, N, K)
+            assert S is not None  # the default rule takes the packed path on every cell
+            c = add("linear_packed", [T, N, K, S], [None, View("bf16")])
+            assert c.grid[2] == S and c.constants["PACKED"] == 1 and c.constants["EVEN_K"] == 1
+            add("splitk_reduce", [T, N, S])
+        add("split_bf16", [T, 4096])
+    add("swiglu_split_bf16", [8, 14336])
+    add("splitk_reduce_add", [8, 4096, 4])
+    for op, dtype in (("linear_packed", "f32"), ("linear_partial", "bf16"),
+                      ("linear_partial", "f32")):  # unmeasured shape: the default tile
+        c = add(op, [24, 1000, 1000, 2], [None, View(dtype)])
+        assert c.constants["EVEN_K"] == 0 and c.constants["K16"] == 0
     kernels = [variant_kernel(f"mma{i}", op, c) for i, ((op, _), c) in enumerate(variants.items())]
+    assert len([k for k in kernels if k.reference_op == "linear_packed"]) == 12 + 1
     compiled, failed = compile_each(kernels, "sm_90")
     assert failed == {} and len(compiled) == len(kernels)

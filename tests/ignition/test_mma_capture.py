@@ -23,6 +23,14 @@ def test_mma_off_and_small_models_record_linear_only(monkeypatch):
     assert launch.mma_plan(64, 6144, 4096, "off") is None
     assert launch.mma_plan(4, 6144, 4096, "on") is None  # below 8 rows: GEMV / FMA / v3
     assert launch.mma_plan(8, 960, 576, "on") is None  # SmolLM2: launch-bound, unchanged
+    assert launch.mma_plan(300, 6144, 4096, "on") is None  # prefill tiles beyond 256 rows
+    # the measured cells (bench/results/h200_2026-12-02/mma_sweep_bf8287c.json)
+    assert launch.mma_plan(8, 6144, 4096) == 2 and launch.mma_plan(48, 4096, 14336) == 4
+    assert launch.mma_constants(48, 4096, 14336) == dict(
+        BLOCK_T=64, BLOCK_N=64, BLOCK_K=64, WARPS=4, STAGES=4, EVEN_K=1)
+    c = launch.launch_config("linear_packed", [8, 28672, 4096, 1])
+    assert c.grid == (224, 1, 1) and c.block == (128, 1, 1)
+    assert launch.mma_plan(24, 1000, 20000) == 16  # not measured: default tile, most slices
     with pytest.raises(ValueError, match="HELIOS_LINEAR_MMA must be 'on' or 'off', got 'x'"):
         launch.mma_plan(8, 6144, 4096, "x")
 

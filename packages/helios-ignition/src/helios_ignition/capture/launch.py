@@ -255,20 +255,48 @@ def _linear_v3(T: int, N: int, K: int) -> dict[str, int]:
 
 
 # Batched-decode GEMM path (ops split_bf16 + linear_packed + splitk_reduce,
-# kernels_triton/mma.py), chosen at capture with HELIOS_LINEAR_MMA: "on" records it for
-# bf16 matrices of at least MMA_MIN_WEIGHTS weights (the 8B geometry; small models are
+# kernels_triton/mma.py), chosen at capture with HELIOS_LINEAR_MMA: "on" (default since
+# the H200 sweep: 2.5-6.3x today's linear per 8B layer at 8-256 rows) records it for bf16
+# matrices of at least MMA_MIN_WEIGHTS weights (the 8B geometry; small models are
 # launch-bound and keep the linear kernel) at MMA_ROWS token rows, "off" keeps linear.
-LINEAR_MMA = os.environ.get("HELIOS_LINEAR_MMA", "off")
+LINEAR_MMA = os.environ.get("HELIOS_LINEAR_MMA", "on")
 MMA_MIN_WEIGHTS = 1 << 24
 MMA_ROWS = (8, 256)
 MMA_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 # Measured choices per (N, K, rows up to): (BLOCK_T, BLOCK_N, BLOCK_K, WARPS, STAGES, S K
-# slices), or None where today's linear was faster; filled from the H200 sweep
-# (bench/gpu_mma_pick.py). Shapes not measured take _MMA_DEFAULT with the fewest slices
-# that give every SM a program.
-_MMA_TILES: dict[tuple[int, int, int], tuple[int, int, int, int, int, int] | None] = {}
+# slices), or None where today's linear was faster: the fastest verified packed sequence
+# of each Llama-3.1-8B matrix and row count in the H200 sweep
+# (bench/results/h200_2026-12-02/mma_sweep_bf8287c.json, printed by
+# bench/gpu_mma_pick.py; "xN" = today's linear time / this). Shapes not measured take
+# _MMA_DEFAULT with the fewest slices that give every SM a program.
+_MMA_TILES: dict[tuple[int, int, int], tuple[int, int, int, int, int, int] | None] = {
+    (4096, 14336, 8): (16, 64, 128, 4, 4, 4),  # down x3.21
+    (28672, 4096, 8): (16, 128, 128, 4, 3, 1),  # gate_up x2.11
+    (4096, 4096, 8): (16, 64, 128, 4, 4, 4),  # o x2.65
+    (6144, 4096, 8): (16, 64, 128, 4, 4, 2),  # qkv x2.44
+    (4096, 14336, 16): (16, 64, 128, 4, 4, 4),  # down x3.19
+    (28672, 4096, 16): (16, 128, 128, 4, 3, 1),  # gate_up x2.16
+    (4096, 4096, 16): (16, 64, 128, 4, 4, 4),  # o x2.66
+    (6144, 4096, 16): (16, 64, 128, 4, 4, 2),  # qkv x2.42
+    (4096, 14336, 32): (32, 64, 128, 4, 3, 4),  # down x3.70
+    (28672, 4096, 32): (32, 128, 64, 8, 3, 1),  # gate_up x2.48
+    (4096, 4096, 32): (32, 64, 64, 4, 4, 4),  # o x3.06
+    (6144, 4096, 32): (32, 64, 128, 4, 4, 1),  # qkv x2.76
+    (4096, 14336, 64): (64, 64, 64, 4, 4, 4),  # down x4.62
+    (28672, 4096, 64): (64, 128, 64, 4, 3, 1),  # gate_up x3.65
+    (4096, 4096, 64): (64, 64, 64, 4, 4, 4),  # o x4.93
+    (6144, 4096, 64): (64, 64, 128, 4, 4, 1),  # qkv x3.89
+    (4096, 14336, 128): (64, 128, 64, 4, 3, 4),  # down x10.67
+    (28672, 4096, 128): (128, 128, 64, 8, 4, 1),  # gate_up x3.51
+    (4096, 4096, 128): (64, 64, 128, 4, 4, 1),  # o x8.34
+    (6144, 4096, 128): (64, 64, 64, 4, 3, 2),  # qkv x5.84
+    (4096, 14336, 256): (64, 128, 64, 4, 3, 2),  # down x6.11
+    (28672, 4096, 256): (128, 128, 64, 8, 3, 1),  # gate_up x3.50
+    (4096, 4096, 256): (64, 128, 64, 4, 3, 2),  # o x5.38
+    (6144, 4096, 256): (64, 128, 64, 4, 3, 1),  # qkv x3.85
+}
 _MMA_DEFAULT = (32, 128, 64, 4, 4)
 
 
