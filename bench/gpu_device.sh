@@ -284,7 +284,7 @@ case $stage in
     # Issue 17: the packed K-split path's kernel tests, then the 8B geometry decode with the
     # committed rule (HELIOS_LINEAR_MMA default) and, same run, with it off (today's linear).
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py \
-      -k "split or packed or partial or linear_bf16" 2>&1 | tee "$OUTD/mma_kernels.log"
+      -k "split_bf16 or linear_packed or linear_partial or linear_bf16" 2>&1 | tee "$OUTD/mma_kernels.log"
     python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --batches 1 8 32 64 \
       --json "$OUTD/llama8b_mma.json" 2>&1 | tee "$OUTD/llama8b_mma.log"
     HELIOS_LINEAR_MMA=off python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 \
