@@ -667,7 +667,7 @@ def test_swiglu_split_bf16(gpu, rng, T, F):
     out = gpu.run("swiglu_split_bf16", gu, np.zeros((T, F), np.float32), T, F)["out"]
     act = np.zeros((T, F), np.float32)
     K.silu_mul(gu, act, T, F)
-    assert rel(unpack_terms(out, T, F), unpack_terms(ref, T, F)) < 1e-6
+    assert rel(unpack_terms(out, T, F), unpack_terms(ref, T, F)) < 5e-6  # silu: 1-ulp exp
     assert rel(unpack_terms(out, T, F), act) < 1e-5
 
 
