@@ -281,10 +281,14 @@ case $stage in
     python3 bench/gpu_mma_sweep.py --budget-s 135 --json "$OUTD/mma_sweep.json" 2>&1 \
       | tee "$OUTD/mma_sweep.log" ;;
   mma-final)
-    # Issue 17: the packed K-split path's kernel tests, then the 8B geometry decode with the
-    # committed rule (HELIOS_LINEAR_MMA default) and, same run, with it off (today's linear).
+    # Issue 17: the packed K-split path's kernel tests (and, where the GGUF is staged, the
+    # real model forced onto it), then the 8B geometry decode with the committed rule
+    # (HELIOS_LINEAR_MMA default) and, same run, with it off (today's linear).
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py \
       -k "split_bf16 or linear_packed or linear_partial or linear_bf16" 2>&1 | tee "$OUTD/mma_kernels.log"
+    # the real model with every product forced onto the path, cuda vs cpu (needs the GGUF)
+    [ -f "$HOME/g/smol.gguf" ] && python3 -m pytest -q -s -p no:cacheprovider \
+      tests/gpu/test_mma_model.py 2>&1 | tee "$OUTD/mma_model.log"
     python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --batches 1 8 32 64 \
       --json "$OUTD/llama8b_mma.json" 2>&1 | tee "$OUTD/llama8b_mma.log"
     HELIOS_LINEAR_MMA=off python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 \
