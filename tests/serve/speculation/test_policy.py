@@ -361,3 +361,28 @@ def test_decode_is_certain_only_when_no_program_could_win():
                             {0: 1.0, 2: 3.5, 3: 3.8, 4: 4.5}[choice.width])
     policy.observe_step(("speculative", 64, 4), 1.2)  # W = 4 cheap now: 256 / 1.2 > 64
     assert not policy.decode_certain(64)
+
+
+def test_a_program_that_loses_even_with_every_draft_accepted_is_a_clear_loser():
+    # decode: 1 token in 1.0 s; W = 2 at 2.2 s with its draft nearly always accepted:
+    # ~1.95 / 2.2 = 0.89 of decode's rate (within STALE_MARGIN), but even 2 / 2.2 = 0.91
+    # is below decode's, so it is measured again only once LOSER_STALE_DECISIONS old (the
+    # rule before: once STALE_DECISIONS old)
+    cost = {0: 1.0, 2: 2.2}
+    first = {}
+    for bounded in (True, False):
+        policy = WidthPolicy((1, 2), (1,), (), bounded_exploration=bounded)
+        for _ in range(60):
+            policy.observe_lane(0, 1, 1)
+        _decode_served(policy, 1, 1.0, 500)
+        assert _measured(policy, 1, {(0, 0): 1.0, (2, 0): 2.2}).width == 0
+        assert policy.expected_tokens(0, 2) / 2.2 >= STALE_MARGIN and 2 / 2.2 < 1.0
+        measured_at = policy.costs.decisions
+        for _ in range(LOSER_STALE_DECISIONS + 2):
+            choice = policy.choose([(0, 2)])
+            policy.observe_step(policy.program_key(1, choice), cost[choice.width])
+            if choice.width:
+                first[bounded] = policy.costs.decisions - measured_at
+                break
+    # (ages count from W = 2's last measurement, the decision before `measured_at`)
+    assert first == {True: LOSER_STALE_DECISIONS, False: STALE_DECISIONS}

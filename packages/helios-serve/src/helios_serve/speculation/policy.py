@@ -319,7 +319,9 @@ class WidthPolicy:
               less than those);
            b. a measured program whose last measurement is more than STALE_DECISIONS
               decisions old, if its rate at that cost is at least STALE_MARGIN x the
-              best rate, else once it is LOSER_STALE_DECISIONS old.
+              best rate (and, for a speculative program, its best case -- every draft
+              accepted: sum of min(W, ceiling), at most P -- at that cost is at least
+              the best rate), else once it is LOSER_STALE_DECISIONS old.
         Ages count committed decisions, this one included. With bounded_exploration
         False, 2 has no budget and 2a no floor test: every program is measured as
         soon as it is a candidate (before any comparison), as before.
@@ -360,10 +362,17 @@ class WidthPolicy:
                                                     strict=True):
                 age = costs.age(key, decisions)
                 if known and (age > LOSER_STALE_DECISIONS or (
-                        age > STALE_DECISIONS and rate >= STALE_MARGIN * best_rate)):
+                        age > STALE_DECISIONS and rate >= STALE_MARGIN * best_rate
+                        and (not bounded or not option.width or self._best_case(
+                            lanes, option) >= best_rate * costs.mean[key]))):
                     return self._measure(option, key, t / best_rate)
         best = options[rates.index(best_rate)]
         return Choice(best.width, best.packed_rows, "best")
+
+    def _best_case(self, lanes: Sequence[tuple[int, int]], option: Choice) -> int:
+        """Tokens one step of speculative `option` emits if every draft is accepted."""
+        total = sum(min(option.width, ceiling) for _, ceiling in lanes)
+        return min(total, max(option.packed_rows, len(lanes))) if option.packed_rows else total
 
     def decode_certain(self, rows: int) -> bool:
         """Whether `decide` picks plain DECODE for a cohort of `rows` requests whatever
@@ -374,12 +383,10 @@ class WidthPolicy:
         Rule (`decide`'s, bounded by the best case): every draft accepted, a program of
         width W emits at most rows x W tokens (at most P for a prefix program); DECODE is
         certain when it is measured, bounded exploration is on, and for every other
-        program that best case over its measured mean cost is below DECODE's rate and
-        no measurement of it can be due: not stale (at most LOSER_STALE_DECISIONS old,
-        and at most STALE_DECISIONS old unless even its best-case rate is below
-        STALE_MARGIN x DECODE's), or the exploration budget is spent; an unmeasured one
-        only while the budget is spent or its best case over its cost floor is below
-        DECODE's rate.
+        program that best case over its measured mean cost is below DECODE's rate (so
+        `decide` measures it again only once it is LOSER_STALE_DECISIONS old) and it is
+        not that old or the exploration budget is spent; an unmeasured one only while
+        the budget is spent or its best case over its cost floor is below DECODE's rate.
         """
         if not self.widths or rows < 1 or not self.bounded_exploration:
             return False
@@ -400,11 +407,8 @@ class WidthPolicy:
                 most = min(most, max(option.packed_rows, rows))
             if costs.measured(key):
                 hope = most / costs.mean[key]
-                if hope >= rate:
-                    return False
-                age = costs.age(key, decisions)
-                if budget and (age > LOSER_STALE_DECISIONS or (
-                        age > STALE_DECISIONS and hope >= STALE_MARGIN * rate)):
+                if hope >= rate or (budget and costs.age(key, decisions)
+                                    > LOSER_STALE_DECISIONS):
                     return False
             elif budget and most >= rate * self._cost_floor(key, decode):
                 return False
