@@ -588,3 +588,31 @@ def test_decode_certain_skips_the_proposals_and_the_choice():
         assert s.policy.decode_certain(1) is certain
         assert (calls, decided) == (([], []) if certain else ([WIDTH - 1, WIDTH], [1, 1]))
         assert s.policy.decisions == {"decode": 2}
+
+
+def test_the_host_time_before_a_decode_after_a_lane_is_charged_to_the_lane():
+    """A decode right after a SPECULATIVE step cannot be planned ahead of it: the host
+    time between that completion and the decode's issue is part of speculating's cost
+    (WidthPolicy.observe_switch on the lane's program), not of the decode's."""
+    clock = _Clock()
+    s = _ahead_scheduler(SPECULATION_WINS, clock)
+    seen = []
+    s.policy.observe_step = lambda key, seconds: seen.append(("step", key, seconds))
+    s.policy.observe_switch = lambda key, seconds: seen.append(("switch", key, seconds))
+    clock.now = 100.0
+    lane = _to_decode(s)
+    assert lane.kind is StepKind.SPECULATIVE
+    clock.now = 106.0
+    s.complete(lane, _record(lane, [0], [[14]]))
+    del s.policy.observe_step
+    for _ in range(8):  # decode is the best program now
+        for key, seconds in DECODE_WINS.items():
+            s.policy.observe_step(key, seconds)
+    s.policy.observe_step = lambda key, seconds: seen.append(("step", key, seconds))
+    clock.now = 108.0
+    decode = s.schedule()  # issued 2 s after the lane's completion
+    assert decode.kind is StepKind.DECODE
+    clock.now = 111.0
+    s.complete(decode, [15])
+    assert seen == [("step", ("speculative", 1, WIDTH), 6.0),
+                    ("switch", ("speculative", 1, WIDTH), 2.0), ("step", ("decode", 1), 3.0)]

@@ -386,3 +386,15 @@ def test_a_program_that_loses_even_with_every_draft_accepted_is_a_clear_loser():
                 break
     # (ages count from W = 2's last measurement, the decision before `measured_at`)
     assert first == {True: LOSER_STALE_DECISIONS, False: STALE_DECISIONS}
+
+
+def test_a_switch_back_to_decode_adds_to_the_speculative_programs_latest_cost():
+    policy = WidthPolicy((1, 4), (1,), ())
+    key = ("speculative", 1, 4)
+    policy.observe_step(key, 2.0)
+    policy.observe_switch(key, 0.5)  # one observation: it was 2.5
+    assert policy.costs.mean[key] == 2.5
+    policy.observe_step(key, 2.0)  # 2.5 + 0.2 x (2.0 - 2.5)
+    policy.observe_switch(key, 1.0)  # as if that observation had been 3.0
+    assert policy.costs.mean[key] == pytest.approx(2.5 + 0.2 * (3.0 - 2.5))
+    assert policy.spent == 5.5

@@ -338,6 +338,7 @@ class Scheduler:
         # finding none with nothing in flight (`_resting`: the machine idled until then)
         self._completed_at = -float("inf")
         self._resting = True
+        self._completed_key: tuple | None = None  # program key of the latest completion
         self._spec_copied_draft = self._spec_copied_accepted = 0
         self._reused_tokens = 0
         self._transfer_steps = 0
@@ -946,8 +947,10 @@ class Scheduler:
         and costs from the previous plan's completion to its own. A DECODE step costs
         from its issue or the previous completion, whichever is later: in steady
         pipelined decode the interval between completions, its host work hidden behind
-        the device step before it; the host work before the first decode after a serial
-        step is paid once per switch, not per step of the run, and is charged to none.
+        the device step before it. The host work before the first decode after a
+        SPECULATIVE step (a switch back: that decode could not be planned ahead) is
+        charged to the speculative program (`WidthPolicy.observe_switch`): speculating
+        caused it, and a decode run pays it once, not per step.
         Issue-to-completion costs for SPECULATIVE steps (the rule before) left their host
         work out, so the policy ran W = 4 at batch 64 where it lost (docs/speculative.md,
         "The width policy"). Time with nothing to run and nothing in flight (`_resting`)
@@ -956,7 +959,11 @@ class Scheduler:
         issued, key = self._issued.popleft()
         now = self._clock()
         start = self._completed_at
+        previous, self._completed_key = self._completed_key, key
         if key is None or key[0] == "decode":
+            if key is not None and previous is not None and previous[0] != "decode" \
+                    and issued > start:
+                self.policy.observe_switch(previous, issued - start)
             start = max(issued, start)
         self._completed_at = now
         if key is not None:
@@ -1099,6 +1106,7 @@ class Scheduler:
         self._outstanding.popleft()
         self._issued.popleft()
         self._completed_at = self._clock()
+        self._completed_key = None
         failed: list[FinishedRequest] = []
         for row in plan.rows:
             seq = self._requests[row.request_id]
@@ -1119,6 +1127,7 @@ class Scheduler:
             raise CompletionError("plan is not the oldest outstanding plan")
         self._issued.popleft()  # a TRANSFER step's cost is no program's the policy weighs
         self._completed_at = self._clock()
+        self._completed_key = None
         return self._copies.pop(id(self._outstanding.popleft()))
 
     def _transfer_failed(self, seq: Sequence) -> FinishedRequest | None:

@@ -214,6 +214,15 @@ class WidthPolicy:
         if pending:  # a measurement: its loss against the best program of its decision
             self.exploration_loss += max(0.0, seconds - pending.pop(0))
 
+    def observe_switch(self, key: tuple, seconds: float) -> None:
+        """Host seconds the first decode after a completed step of speculative program
+        `key` waited before its issue (it could not be planned ahead of that step):
+        added to `key`'s latest observation, as part of its cost."""
+        costs = self.costs
+        if key in costs.mean:
+            costs.mean[key] += seconds if costs.samples[key] == 1 else COST_DECAY * seconds
+        self.spent += seconds
+
     def bucket(self, rows: int) -> int:
         for b in self.batches:
             if b >= rows:
