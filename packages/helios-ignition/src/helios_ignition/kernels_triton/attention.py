@@ -332,15 +332,13 @@ def _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part
                B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr,
                SPP: tl.constexpr = 1):
-    """GROUPED=2: splits ``z, z + Z, .., z + (SPP - 1) * Z`` (those below NS; ``Z =
-    cdiv(NS, SPP)`` programs on axis 2) of row ``b`` for every query head of kv head
-    ``kvh``, one after the other; grid ``(B, KVH, Z)`` (``_split_fma_at``). Strided, so a
-    context of at most Z splits still has one live split per program. The partition and
-    every split's arithmetic do not depend on SPP, so neither do the results: SPP > 1
-    only trades the programs of mostly empty splits (a short context at 128 splits per
-    row) for a loop."""
+    """GROUPED=2: splits ``z * SPP .. z * SPP + SPP - 1`` (those below NS) of row ``b``
+    for every query head of kv head ``kvh``, one after the other; grid
+    ``(B, KVH, cdiv(NS, SPP))`` (``_split_fma_at``). The partition and every split's
+    arithmetic do not depend on SPP, so neither do the results: SPP > 1 only trades the
+    programs of mostly empty splits (a short context at 128 splits per row) for a loop."""
     for i in tl.static_range(SPP):
-        sp = tl.program_id(2) + i * tl.num_programs(2)
+        sp = tl.program_id(2) * SPP + i
         if sp < NS:
             _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                           B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N, BLOCK_HD,
