@@ -316,10 +316,10 @@ def test_attention_rules_compile_for_sm90(rule):
 
 
 def test_long_context_attention_compiles_for_sm90():
-    """Rule v3's split layouts at the recipes' 8,192-position capacity (NS 64 x SPLIT 128:
-    one tile at HD 64, GROUPED=3 at HD 128) and the one-launch ``attention_decode_fused``
-    (acquire-release split counters) at the 8B, SmolLM2 and an odd-HD geometry, the
-    layouts bench/gpu_attention_long.py times."""
+    """Rule v3's split layouts (one tile per 64-position split, several splits per
+    program at 64 rows; GROUPED=3 for longer splits; the tuned kernel without SPP) and
+    the one-launch ``attention_decode_fused`` (fenced, acquire-release split counters)
+    at the 8B, SmolLM2 and an odd-HD geometry."""
     from helios_ignition.capture.launch import (
         attention_fused_constants,
         attention_split_constants,
@@ -327,10 +327,16 @@ def test_long_context_attention_compiles_for_sm90():
     from helios_ignition.kernels_aot import compile_all
 
     variants = []
-    for H, KVH, HD, grouped in [(32, 8, 128, 3), (9, 3, 64, 2), (6, 2, 40, 2)]:
-        sc = attention_split_constants(8, H, KVH, HD, 128, "v3")
-        assert sc["GROUPED"] == grouped and sc["BLOCK_N"] == (64 if HD > 64 else 128)
-        variants += [("attention_decode_split", sc),
+    for H, KVH, HD, spp in [(32, 8, 128, 2), (9, 3, 64, 4), (6, 2, 40, 4)]:
+        walk = attention_split_constants(8, H, KVH, HD, 128, "v3")  # splits of 2 tiles
+        assert walk["GROUPED"] == 3 and walk["BLOCK_N"] == 64
+        one = attention_split_constants(8, H, KVH, HD, 64, "v3")
+        assert one["GROUPED"] == 2 and "SPP" not in one
+        wide = attention_split_constants(64, H, KVH, HD, 64, "v3")
+        assert wide["GROUPED"] == 2 and wide["SPP"] == spp
+        tuned = attention_split_constants(64, H, KVH, HD, 64, "v3", tuned=True)
+        assert tuned["GROUPED"] == 2 and "SPP" not in tuned
+        variants += [("attention_decode_split", walk), ("attention_decode_split", wide),
                      ("attention_decode_fused", attention_fused_constants(H, KVH, HD, 64, 128))]
     kernels = [variant_kernel(f"long{i}", op, c) for i, (op, c) in enumerate(variants)]
     for ck in compile_all(kernels, ("sm_90",), workers=2):

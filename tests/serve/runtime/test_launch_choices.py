@@ -77,13 +77,15 @@ def test_cores_recording_the_chunked_sampler_before_its_nucleus_form(models, bef
 @pytest.fixture(scope="module")
 def attention_rules():
     """The tiny model captured under attention rules v2 (split + merge, as cores exported
-    before rule v3) and v3 (one ``attention_decode_fused`` launch), with and without a
+    before rule v3) and v3 with ``HELIOS_ATTN_FUSED=1`` (one ``attention_decode_fused``
+    launch), with and without a
     speculative program (its verification attention is decode-style too)."""
     from helios_ignition.capture import launch
 
     mp = pytest.MonkeyPatch()
     out = {}
     try:
+        mp.setattr(launch, "ATTN_FUSED", True)
         for rule in ("v2", "v3"):
             mp.setattr(launch, "ATTN_RULE", rule)
             out[rule] = load_native(tiny_core(seed=5, speculative_widths=(1, 2)), "cpu",

@@ -61,10 +61,14 @@ FUSE = os.environ.get("HELIOS_FUSE", "1") != "0"
 FUSE_GEMV_MAX_K = int(os.environ.get("HELIOS_FUSE_GEMV_MAX_K", "8192"))
 # One wave of programs: with about 250 registers a thread, a 256-thread program has an SM.
 SMS = 132
-# Split-context decode attention rule: "v2" (one program per kv head and split, f32 FMA,
-# 128-bit cache loads, merge skips empty splits), or HELIOS_ATTN_RULE=v1 at capture for
-# the v1 layouts (per query head, or an MMA tile per kv head for small batches).
-ATTN_RULE = os.environ.get("HELIOS_ATTN_RULE", "v2")
+# Split-context decode attention rule (HELIOS_ATTN_RULE at capture): "v3" (one tile per
+# split, several splits per program at 64+ rows: attention_split_constants), "v2"
+# (64-position tiles whatever the split length: cores exported before v3) or "v1" (per
+# query head, or an MMA tile per kv head for small batches). HELIOS_ATTN_FUSED=1 (rule v3
+# only) records decode-style attention as one attention_decode_fused launch (measured
+# slower than split + merge on the H200: off by default).
+ATTN_RULE = os.environ.get("HELIOS_ATTN_RULE", "v3")
+ATTN_FUSED = os.environ.get("HELIOS_ATTN_FUSED", "0") != "0"
 
 
 @dataclass(frozen=True)
@@ -152,8 +156,8 @@ def linear_constants(T: int, N: int, K: int, rule: str = "") -> dict[str, int]:
 def fuse_decode_attention() -> bool:
     """Whether capture records ``attention_decode_fused`` (one launch) instead of
     ``attention_decode_split`` + ``attention_decode_merge`` for decode-style attention
-    without a tuned split count (rule v3)."""
-    return ATTN_RULE == "v3"
+    without a tuned split count (rule v3 with ``HELIOS_ATTN_FUSED=1``)."""
+    return ATTN_RULE == "v3" and ATTN_FUSED
 
 
 def fuse_rope_kv_write() -> bool:
@@ -360,12 +364,14 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
     is shorter than the 128-position splits of an 8,192-position capacity, where each
     split walks its tiles once per query head.
 
-    v3: one tile per split where it fits in registers (BLOCK_N = SPLIT up to 128 at
-    HD <= 64, 64 at HD 128), else (and for the tuned kernel, whose splits are longer
-    when it picks fewer) ``GROUPED=3``: the tiles walked once per kv head with every
-    query head's online state; decode graphs without a tuned split count record
-    ``attention_decode_fused`` instead (``fuse_decode_attention``,
-    ``attention_fused_constants``).
+    v3 (the default): with ``decode_splits``' 64-position splits, one BLOCK_N = 64 tile
+    per split (GROUPED=2; several splits per program at 64+ rows, ``_attention_spp``);
+    splits longer than 64 positions (capacities over 8,192) ``GROUPED=3``. H200, 8,192
+    positions, split + merge per layer against v2 (bench/results/h200_2026-12-02/
+    attn_long_0d737c5.json): SmolLM2 b1 6.1-8.7 us (v2 18.4-24.1) at 130-4096
+    positions, b8 7.6-24.9 (20.9-57.1); Llama-3.1-8B b1 11.2-26.4 (37.2-62.6), b8
+    23.6-128.0 (49.2-418.1). ``HELIOS_ATTN_FUSED=1`` records ``attention_decode_fused``
+    instead (``fuse_decode_attention``): measured slower (SmolLM2 b1 8.3-11.2 us).
 
     Raises:
         ValueError: an unknown rule.
@@ -377,17 +383,34 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
         return dict(BLOCK_N=64, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH, 16), GROUPED=grouped,
                     WARPS=4)
     if rule == "v3":
-        # Splits longer than a tile walk it with every query head's online state at once
-        # (GROUPED=3): one chained load per tile, not per tile and query head.
-        # The tuned kernel's splits are longer than SPLIT when it picks fewer (`tuned`).
-        bn = min(_np2(SPLIT, 16), 128 if HD <= 64 else 64)
-        grouped = 2 if bn >= SPLIT and not tuned else 3
-        return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=grouped,
-                    EVEN_HD=int(HD == bhd), WARPS=4)
+        # One tile per split (decode_splits: 64 positions up to 8,192-position
+        # capacities); longer splits (larger capacities) walk their tiles with every
+        # query head's online state at once (GROUPED=3: 1.3-1.5x GROUPED=2's walk per
+        # query head). The tuned kernel (`tuned`: no SPP) keeps GROUPED=2: one tile at
+        # the tuner's largest count, the others are timed against it at startup.
+        bn = min(_np2(SPLIT, 16), 64)
+        if bn < SPLIT and not tuned:
+            return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=3,
+                        EVEN_HD=int(HD == bhd), WARPS=4)
+        spp = {} if tuned else _attention_spp(B, HD)
+        return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
+                    EVEN_HD=int(HD == bhd), WARPS=4, **spp)
     if rule != "v2":
         raise ValueError(f"unknown attention rule {rule!r}; known: v1, v2, v3")
     return dict(BLOCK_N=64, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
                 EVEN_HD=int(HD == bhd), WARPS=4)
+
+
+def _attention_spp(B: int, HD: int) -> dict[str, int]:
+    """Splits per program of rule v3's one-tile layout at `B` rows: one below 64 rows (the
+    splits of a row run side by side), 4 (HD <= 64) or 2 at 64 rows and more, where the
+    programs of a short context's empty splits cost more than the loop (H200, 128 x 64
+    splits, bench/results/h200_2026-12-02/attn_long_0d737c5.json: SmolLM2 b64 29.2 /
+    41.4 / 92.1 us per layer at 130 / 512 / 2048 positions with 4, 35.7 / 50.5 / 99.9
+    with 1; Llama-3.1-8B b64 164.6 / 250.4 / 652.4 with 2, 182.3 / 265.9 / 654.1 with 1)."""
+    if B < 64:
+        return {}
+    return {"SPP": 4 if HD <= 64 else 2}
 
 
 def attention_merge_constants(HD: int, NS: int, rule: str = "") -> dict[str, int]:
