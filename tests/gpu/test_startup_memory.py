@@ -110,7 +110,7 @@ def test_an_oversized_pinned_host_tier_fails_against_the_host_memory(core_path):
     rows = asked // sizes["host_row"]
     line = _fails(core_path, "--host-cache-bytes", "100TiB")
     m = re.fullmatch(
-        re.escape(f"helios-serve: error: --host-cache-bytes {asked}: the host tier ({rows} "
+        re.escape(f"helios-serve: error: --host-cache-bytes 100TiB: the host tier ({rows} "
                   f"rows) needs {rows * sizes['host_row']} bytes ") + MIB
         + r" but host memory has (\d+) bytes " + MIB + " available", line)
     assert m, line  # on cuda the snapshot rows are device memory: not counted here
