@@ -209,7 +209,7 @@ def test_admission_the_gauge_and_the_log_follow_the_chosen_count(tiny_served, op
         assert over.status_code == 503, over.text
         assert over.json()["error"]["message"] == (
             f"{prompt + fits + 1} tokens need {pages + 1} pages; the cache has {pages}")
-    how = "--num-pages" if option[0] == "--num-pages" else "--kv-cache-memory 20480"
+    how = "--num-pages" if option[0] == "--num-pages" else "--kv-cache-memory 20KiB"
     line = next(x for x in served.stderr_lines if x.startswith("helios-serve: cache sizing"))
     mib = f"{pages * PAGE_BYTES / 2**20:.1f} MiB"
     assert line.endswith(f" s  {pages} pages (prepared 2048), {mib} ({how})"), line
@@ -237,7 +237,7 @@ def test_conflicting_or_impossible_sizes_are_one_line(tiny_served, tmp_path):
     pages = 2**46 // PAGE_BYTES
     line = _fails(core.path, *trust, "--kv-cache-memory", "64TiB")
     m = re.fullmatch(
-        re.escape(f"helios-serve: error: --kv-cache-memory {2**46}: the KV cache ({pages} "
+        re.escape(f"helios-serve: error: --kv-cache-memory 64TiB: the KV cache ({pages} "
                   f"pages) needs {pages * PAGE_BYTES} bytes (65536.00 GiB) but host memory "
                   "has ") + r"(\d+) bytes \([0-9.]+ (MiB|GiB)\) available( after \d+ bytes for "
         r"the cache tiers)?", line)
