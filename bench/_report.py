@@ -2,18 +2,20 @@
 convention; README and docs quote figures only from committed JSON).
 
 Each script prints its own table (their columns and units differ) and then calls
-`write_json`. Scripts import it as ``from _report import write_json`` (bench/ is the
-folder of the script being run, so it is on ``sys.path``).
+`write_json`, naming the code it measured with `git_commit`. Scripts import them as
+``from _report import git_commit, write_json`` (bench/ is the folder of the script
+being run, so it is on ``sys.path``).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_json"]
+__all__ = ["git_commit", "write_json"]
 
 
 def write_json(path: str | Path, result: Any, *, indent: int = 1,
@@ -39,3 +41,19 @@ def write_json(path: str | Path, result: Any, *, indent: int = 1,
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def git_commit(tree: str | Path | None = None) -> str | None:
+    """The short commit checked out at `tree` (default: this checkout), or None where
+    there is none (a copy without .git, as on the device machine, or no git).
+
+    A working tree with uncommitted changes still reports HEAD: results name the commit
+    they were measured on only when run from a clean tree.
+    """
+    tree = Path(tree) if tree is not None else Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, check=False)
+    except OSError:  # no git on this machine
+        return None
+    return out.stdout.strip() or None

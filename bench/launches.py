@@ -17,10 +17,9 @@ Run: `uv run python bench/launches.py [--json bench/results/launches.json]`
 from __future__ import annotations
 
 import argparse
-import subprocess
 from collections import Counter
 
-from _report import write_json  # bench/ is this script's folder
+from _report import git_commit, write_json  # bench/ is this script's folder
 from helios_ignition.checkpoint.synthetic import NAMED_GEOMETRIES
 from helios_ignition.families.llama import LlamaShapes, capture
 from helios_ignition.recipe import Capacities
@@ -41,8 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     caps = Capacities(decode_batch=BATCHES, prefill_tokens=(256, 1024), prefill_rows=8,
                       context_tokens=2048, page_tokens=16, prepared_pages=max(BATCHES) * 128)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
+    commit = git_commit()
     result: dict = {"commit": commit, "batches": list(BATCHES), "models": {}}
     rows = []
     for name in ("smollm2-135m", "llama-3.1-8b"):

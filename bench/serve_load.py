@@ -56,6 +56,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from _report import git_commit, write_json  # bench/ is this script's folder
 from server import ServeProcess  # bench/ is this script's folder
 
 REPO = Path(__file__).resolve().parent.parent
@@ -530,15 +531,10 @@ def main() -> None:
         if served is not None:
             served.stop()
         bootstrap.close()
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    result["commit"] = commit or None
+    result["commit"] = git_commit(REPO)
     result["host"] = {"machine": platform.machine(), "cpus": os.cpu_count(),
                       "python": platform.python_version(), "loadavg_1m": os.getloadavg()[0]}
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.json, result)}")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _report import git_commit, write_json  # bench/ is this script's folder
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -766,18 +767,14 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     figures = ({"ttft": ttft_floor(args, core, trust, accept)} if args.ttft
                else measure(args, core, trust, accept))
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = git_commit(REPO)
     result = {"label": args.label, "commit": commit, "quick": args.quick, "client": args.client,
               "requests_per_client": args.requests, "prompt_tokens": args.prompt_tokens,
               "max_tokens": args.max_tokens, "target_ratio": TARGET_RATIO, **figures,
               "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                        "python": platform.python_version(),
                        "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]}}
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.json, result)}")
 
 
 if __name__ == "__main__":

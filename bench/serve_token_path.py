@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import serve_overhead  # noqa: E402  (the bench's core and text)
-from _report import write_json  # noqa: E402
+from _report import git_commit, write_json  # noqa: E402
 
 
 def per_token_us(fn, items: list, repeats: int) -> dict:
@@ -97,8 +96,7 @@ def main() -> None:
     for name, f in figures.items():
         print(f"{name:<9} {f['median_us']:7.2f} us/token (min {f['min_us']:.2f}, "
               f"max {f['max_us']:.2f})")
-    commit = subprocess.run(["git", "-C", str(BENCH.parent), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = git_commit(BENCH.parent)
     out = write_json(args.json, {"commit": commit, "tokens": args.tokens,
                                  "repeats": args.repeats, "figures": figures,
                                  "loadavg_1m": os.getloadavg()[0]})

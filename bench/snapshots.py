@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 import httpx
-from _report import write_json  # bench/ is this script's folder
+from _report import git_commit, write_json  # bench/ is this script's folder
 from serve_cpu import SYSTEM_SENTENCES  # bench/ is this script's folder
 from server import ServeProcess
 
@@ -419,8 +419,7 @@ def main() -> None:
     if "pressure" in args.workloads:
         print("cache pressure", flush=True)
         pr = pressure(args, core, trust, accept)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = git_commit(REPO)
     result = {
         "bench": "snapshots", "backend": args.backend, "model": MODEL, "commit": commit,
         "host": platform.node(), "python": platform.python_version(),

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import httpx
-from _report import write_json  # bench/ is this script's folder
+from _report import git_commit, write_json  # bench/ is this script's folder
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
 
@@ -207,8 +207,7 @@ def main() -> None:
     }
     print(json.dumps(summary, indent=2))
     out = args.out or Path(__file__).parent / "results" / f"soak_{args.backend}.json"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
+    commit = git_commit()
     write_json(out, {"script": "bench/soak.py", "commit": commit,
                      "env": {"MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX")},
                      "summary": summary, "samples": samples})

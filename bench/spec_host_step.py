@@ -48,6 +48,7 @@ MODES = ("off", "policy->decode", "policy->speculation")
 
 def _scripted_policy(g, regime: str):
     from helios_serve.speculation import WidthPolicy
+    from helios_serve.speculation.policy import MIN_COST_SAMPLES
 
     policy = WidthPolicy(g.speculative_widths, g.decode_capacities, g.prefix_programs)
     seconds = REGIMES[regime]
@@ -58,7 +59,7 @@ def _scripted_policy(g, regime: str):
             # W = 4 a little cheaper than narrower widths: the widest wins when speculating
             cost = seconds[key[0]] * (1 + (0.05 * (4 - key[2]) if key[0] == "speculative"
                                            else 0))
-            for _ in range(2):
+            for _ in range(MIN_COST_SAMPLES):
                 policy.observe_step(key, cost)
     policy.observe_step = lambda key, seconds: None  # scripted: no measurements
     return policy

@@ -31,7 +31,7 @@ accepted length is emitted tokens per speculative lane with drafts. Adaptive row
 give `policy_timed` / `measured_timed` (the policy's decisions, and those made to measure
 a program, in the timed rounds alone) and `exploration_loss_share_timed` (its estimate of
 the time those measurements lost, over all step time in those rounds) and
-`policy_cost_ms` (its mean cost per program and batch capacity at the end); every row
+`policy_cost_ms` (its cost per program and batch capacity at the end); every row
 gives `step_ms`: per program, [steps, mean wall ms since the previous completion] in the
 timed rounds -- what each program cost the batch, host work included, against what the
 policy believed.
@@ -179,13 +179,13 @@ def _program(geometry, plan) -> str:
 
 
 def _policy_costs(policy) -> dict[str, float]:
-    """The policy's mean cost per program (ms), labelled as `_program`."""
+    """The policy's cost per program (ms), labelled as `_program`."""
     out = {}
-    for key, mean in sorted(policy.costs.mean.items(), key=str):
+    for key, cost in sorted(policy.costs.cost.items(), key=str):
         kind, bucket, *rest = key
         label = {"decode": "decode", "speculative": f"w{rest[0] if rest else ''}",
                  "prefix": f"prefix_p{rest[0] if rest else ''}"}[kind]
-        out[f"{label}_b{bucket}"] = round(mean * 1e3, 3)
+        out[f"{label}_b{bucket}"] = round(cost * 1e3, 3)
     return out
 
 

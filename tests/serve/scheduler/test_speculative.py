@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from helios_serve.engine.plan import PENDING_PLACEHOLDER, SamplingParams, StepKind
 from helios_serve.scheduler import CompletionError, FinishReason, SchedRequest, Scheduler
+from helios_serve.speculation.policy import MIN_COST_SAMPLES
 from helios_serve.testing.scripted import tiny_geometry
 
 VOCAB = 64
@@ -260,7 +261,7 @@ def _policy_scheduler(costs):
                   prefix_programs=((2, 4, WIDTH),))
     s = Scheduler(geo, frames=1, device_pending=True, width_policy=True)
     for key, seconds in costs.items():
-        for _ in range(2):
+        for _ in range(MIN_COST_SAMPLES):
             s.policy.observe_step(key, seconds)
     return s
 
@@ -334,7 +335,7 @@ def test_the_policy_weighs_the_copied_candidates_a_lane_carries():
                       width_policy=True)
         for key, seconds in {("decode", 1): 1.0, ("speculative", 1, 2): 1.6,
                              ("speculative", 1, WIDTH): 2.0}.items():
-            for _ in range(2):
+            for _ in range(MIN_COST_SAMPLES):
                 s.policy.observe_step(key, seconds)
         for _ in range(20):
             s.policy.observe_lane(7, 3, 3, copied=3)
@@ -361,7 +362,7 @@ class _Clock:
 
 def _ahead_scheduler(costs, clock=None, history=False, **geo):
     """Two frames, device-owned pending tokens, the adaptive policy with `costs`
-    (program key -> seconds, observed twice: measured)."""
+    (program key -> seconds, observed MIN_COST_SAMPLES times: measured)."""
     from dataclasses import replace
 
     g = replace(tiny_geometry(VOCAB, speculative_widths=(1, 2, WIDTH), **geo),
@@ -369,7 +370,7 @@ def _ahead_scheduler(costs, clock=None, history=False, **geo):
     s = Scheduler(g, frames=2, device_pending=True, width_policy=True,
                   history_drafting=history, clock=clock or _Clock())
     for key, seconds in costs.items():
-        for _ in range(2):
+        for _ in range(MIN_COST_SAMPLES):
             s.policy.observe_step(key, seconds)
     return s
 

@@ -40,13 +40,15 @@ class PolicyBefore(WidthPolicy):
         for option, key in zip(options, keys, strict=True):
             if not costs.measured(key):
                 return self._record(Choice(option.width, option.packed_rows, "measure"))
-        rates = [self._tokens_before(lanes, option, copied) / costs.mean[key]
+        rates = [self._tokens_before(lanes, option, copied) / costs.cost[key]
                  for option, key in zip(options, keys, strict=True)]
         best_rate = max(rates)
         for option, key, rate in zip(options, keys, rates, strict=True):
             age = costs.age(key)
-            if age > LOSER_STALE_DECISIONS or (age > STALE_DECISIONS
-                                               and rate >= STALE_MARGIN * best_rate):
+            # (decode stale at STALE_DECISIONS whatever its rate: the rule since the
+            # median cost, applied here too so the comparison stays one of the tables)
+            if age > LOSER_STALE_DECISIONS or (age > STALE_DECISIONS and (
+                    not option.width or rate >= STALE_MARGIN * best_rate)):
                 return self._record(Choice(option.width, option.packed_rows, "measure"))
         best = options[rates.index(best_rate)]
         return self._record(Choice(best.width, best.packed_rows, "best"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from helios_serve.speculation import WidthPolicy
 from helios_serve.speculation.policy import (
+    COST_WINDOW,
     EXPLORE_SHARE,
     LOSER_STALE_DECISIONS,
     MIN_COST_SAMPLES,
@@ -73,8 +74,8 @@ def test_a_prefix_program_wins_when_few_lanes_are_confident():
         for rid in range(8):
             policy.observe_lane(rid, 3, 3 if rid < 2 else 0)
     costs = {(0, 0): 1.0, (4, 0): 2.0, (4, 16): 1.2}
-    for _ in range(50):  # a while of decode: W = 4's measurements (each ~0.26 s worse
-        policy.observe_step(("decode", 8), 1.0)  # than decode) fit in EXPLORE_SHARE
+    for _ in range(100):  # a while of decode: W = 4's three measurements (each ~0.26 s
+        policy.observe_step(("decode", 8), 1.0)  # worse than decode) fit in EXPLORE_SHARE
     choice = _measured(policy, 8, costs)
     assert (choice.width, choice.packed_rows) == (4, 16)
 
@@ -100,12 +101,23 @@ def test_costs_go_stale_and_are_measured_again():
 
 
 def test_a_clearly_slower_program_is_measured_again_only_much_later():
-    # decode: 1 token/s against W = 2's 1.5 / 0.5 = 3 tokens/s (a third of it)
+    # W = 2: 1.5 expected tokens (prior 1 / 2) in 3.0 s, half decode's 1 token/s
+    policy = WidthPolicy((1, 2), (1,), ())
+    cost = {0: 1.0, 2: 3.0}
+    _decode_served(policy, 1, 1.0, 500)  # a budget for W = 2's three measurements
+    assert _measured(policy, 1, {(0, 0): 1.0, (2, 0): 3.0}).width == 0
+    assert (1.5 / 3.0) / 1.0 < STALE_MARGIN
+    assert _remeasured(policy, STALE_DECISIONS + 2, cost) == []
+    assert _remeasured(policy, LOSER_STALE_DECISIONS - STALE_DECISIONS, cost) == [2]
+
+
+def test_decode_is_measured_again_when_stale_even_where_it_loses():
+    # decode: 1 token/s against W = 2's 1.5 / 0.5 = 3 tokens/s (a third of it); decode is
+    # what every program is compared with, so it is never a clear loser for staleness
     policy = WidthPolicy((1, 2), (1,), ())
     cost = {0: 1.0, 2: 0.5}
-    _measured(policy, 1, {(0, 0): 1.0, (2, 0): 0.5})
-    assert _remeasured(policy, STALE_DECISIONS + 2, cost) == []
-    assert _remeasured(policy, LOSER_STALE_DECISIONS - STALE_DECISIONS, cost) == [0]
+    assert _measured(policy, 1, {(0, 0): 1.0, (2, 0): 0.5}).width == 2
+    assert _remeasured(policy, STALE_DECISIONS + 2, cost) == [0]
 
 
 def test_proposal_confidence_ranks_prefix_rows_calibrated_by_acceptance():
@@ -156,7 +168,7 @@ def test_copied_and_learned_drafts_have_their_own_rates():
     costs = {(0, 0): 1.0, (4, 0): 2.0}
     policy2 = WidthPolicy((1, 4), (1,), ())
     policy2._pooled, policy2._requests = policy._pooled, policy._requests
-    for _ in range(100):  # a while of decode: W = 4's two measurements without copies
+    for _ in range(300):  # a while of decode: W = 4's three measurements without copies
         policy2.observe_step(("decode", 1), 1.0)  # (1 s worse each) fit in EXPLORE_SHARE
     assert _measured(policy2, 1, costs).width == 0  # no copy known: decode
     assert policy2.choose([(0, 4)], copied={0: 3}).width == 4
@@ -261,24 +273,25 @@ def test_a_program_that_cannot_win_at_its_cost_floor_is_not_measured():
             for _ in range(MIN_COST_SAMPLES):
                 policy.observe_step(key, seconds)
         choices = []
-        for _ in range(6):
+        for _ in range(9):
             choice = policy.choose(lanes)
             choices.append((choice.width, choice.reason))
             if choice.width:
                 policy.observe_step(policy.program_key(64, choice), 1.0 + choice.width * 0.8)
         seen.append(choices)
-    assert seen[0] == [(3, "measure")] * 2 + [(0, "best")] * 4
+    assert seen[0] == [(3, "measure")] * MIN_COST_SAMPLES + [(0, "best")] * 6
     # the rule before measured every width first, each a loss at these costs
-    assert seen[1] == [(2, "measure")] * 2 + [(3, "measure")] * 2 + [(4, "measure")] * 2
+    assert seen[1] == [(w, "measure") for w in (2, 3, 4) for _ in range(MIN_COST_SAMPLES)]
 
 
 def test_measuring_a_losing_program_stops_at_the_explore_share():
     # Sampled batch 64 on the H200, roughly: every speculative step costs 5 decode steps
     # and nothing is accepted. W = 2 is measured at once (nothing lost yet), and again
-    # only when ~400 s of steps cover its ~4 s loss at EXPLORE_SHARE; then W = 3, W = 4
-    # and the prefix program (P = 128 holds W = 2's 64 x 2 rows) have W = 2's 5 s as
-    # their cost floor, where their expected ~66 tokens lose to decode's 64 / 1 s: never
-    # measured. The rule before measured every program twice at once (8 steps of 5 s).
+    # only when each ~400 s of steps cover its ~4 s loss at EXPLORE_SHARE; then W = 3,
+    # W = 4 and the prefix program (P = 128 holds W = 2's 64 x 2 rows) have W = 2's 5 s
+    # as their cost floor, where their expected ~66 tokens lose to decode's 64 / 1 s:
+    # never measured. The rule before measured every program MIN_COST_SAMPLES = 3 times
+    # at once (12 steps of 5 s).
     lanes = [(i, 4) for i in range(64)]
     runs = {}
     for bounded in (True, False):
@@ -297,13 +310,13 @@ def test_measuring_a_losing_program_stops_at_the_explore_share():
     spent, speculative, policy = runs[True]
     assert policy.spent == spent
     worst = 5.0 - 64 * policy.expected_tokens(0, 2) / 64  # one measurement's loss
-    assert policy.exploration_loss == pytest.approx(2 * worst)
+    assert policy.exploration_loss == pytest.approx(3 * worst)
     assert policy.exploration_loss <= EXPLORE_SHARE * spent + worst
-    assert speculative == [2, 395]
-    assert policy.measurements == {"decode": MIN_COST_SAMPLES, "w2": 2}
+    assert speculative == [3, 395, 790]
+    assert policy.measurements == {"decode": MIN_COST_SAMPLES, "w2": MIN_COST_SAMPLES}
     old_spent, old_speculative, _ = runs[False]
-    assert old_speculative == [2, 3, 4, 5, 6, 7, 8, 9]
-    assert old_spent - spent == (8 - 2) * 4.0
+    assert old_speculative == list(range(3, 3 + 4 * MIN_COST_SAMPLES))
+    assert old_spent - spent == (4 * MIN_COST_SAMPLES - 3) * 4.0
 
 
 def test_measurements_that_pay_are_not_bounded():
@@ -325,7 +338,7 @@ def test_measurements_that_pay_are_not_bounded():
         if bounded:
             assert policy.exploration_loss == 0.0
     assert seen[0] == seen[1]
-    assert [c.width for c in seen[0][:8]] == [0, 0, 2, 2, 3, 3, 4, 4]
+    assert [c.width for c in seen[0][:12]] == [0, 0, 0, 2, 2, 2, 3, 3, 3, 4, 4, 4]
     assert seen[0][-1] == Choice(4, 0, "best")
 
 
@@ -359,7 +372,14 @@ def test_decode_is_certain_only_when_no_program_could_win():
             assert choice.width == 0, choice
         policy.observe_step(policy.program_key(rows, choice),
                             {0: 1.0, 2: 3.5, 3: 3.8, 4: 4.5}[choice.width])
-    policy.observe_step(("speculative", 64, 4), 1.2)  # W = 4 cheap now: 256 / 1.2 > 64
+    # W = 4 cheap now (256 / 1.2 > 64): one observation is an outlier to the median of
+    # its window; a majority of them is its cost
+    key = ("speculative", 64, 4)
+    policy.observe_step(key, 1.2)
+    assert policy.decode_certain(64)
+    for _ in range(COST_WINDOW // 2):
+        policy.observe_step(key, 1.2)
+    assert policy.costs.cost[key] == 1.2
     assert not policy.decode_certain(64)
 
 
@@ -391,10 +411,53 @@ def test_a_program_that_loses_even_with_every_draft_accepted_is_a_clear_loser():
 def test_a_switch_back_to_decode_adds_to_the_speculative_programs_latest_cost():
     policy = WidthPolicy((1, 4), (1,), ())
     key = ("speculative", 1, 4)
+    policy.observe_switch(key, 0.5)  # nothing observed of it yet: no cost to add to
+    assert key not in policy.costs.cost and policy.spent == 0.5
     policy.observe_step(key, 2.0)
     policy.observe_switch(key, 0.5)  # one observation: it was 2.5
-    assert policy.costs.mean[key] == 2.5
-    policy.observe_step(key, 2.0)  # 2.5 + 0.2 x (2.0 - 2.5)
+    assert policy.costs.cost[key] == 2.5
+    policy.observe_step(key, 2.0)  # the median of 2.5 and 2.0
+    assert policy.costs.cost[key] == 2.25
     policy.observe_switch(key, 1.0)  # as if that observation had been 3.0
-    assert policy.costs.mean[key] == pytest.approx(2.5 + 0.2 * (3.0 - 2.5))
-    assert policy.spent == 5.5
+    assert policy.costs.cost[key] == 2.75
+    assert policy.spent == 6.0
+
+
+def _b64_policy():
+    """Batch 64 as on the H200 (greedy editing, 9f51a62, roughly): decode 4.7 ms; every
+    lane's first draft accepted, its second never (W = 2 and W = 3 emit ~2 tokens a
+    lane); W = 2 10 ms, W = 3 11.3 ms. Decode wins: 64 / 4.7 = 13.6 tokens/ms against
+    W = 2's ~128 / 10 = 12.7 and W = 3's ~11.2."""
+    policy = WidthPolicy((1, 2, 3), (64,), ())
+    lanes = [(rid, 3) for rid in range(64)]
+    for _ in range(20):
+        for rid, _ in lanes:
+            policy.observe_lane(rid, 2, 1)
+    _decode_served(policy, 64, 4.7e-3, COST_WINDOW)
+    for key, seconds in ((("speculative", 64, 2), 10e-3), (("speculative", 64, 3), 11.3e-3)):
+        for _ in range(MIN_COST_SAMPLES):
+            policy.observe_step(key, seconds)
+    assert policy.choose(lanes) == Choice(0, 0, "best")
+    return policy, lanes
+
+
+def test_one_outlier_step_does_not_change_the_choice():
+    # A decode step the host held up 20x (94 ms) and the one completed right behind it
+    # (0.1 ms). A running mean (the rule before: 0.8 old + 0.2 new) would put decode at
+    # 18 ms, and W = 2 would run where it loses; the median of the window ignores both.
+    policy, lanes = _b64_policy()
+    mean = 4.7e-3
+    for seconds in (94e-3, 0.1e-3):
+        policy.observe_step(("decode", 64), seconds)
+        mean += 0.2 * (seconds - mean)
+        assert policy.costs.cost[("decode", 64)] == 4.7e-3
+    assert 64 / mean < policy.step_tokens(lanes, Choice(2)) / 10e-3  # W = 2 under a mean
+    assert policy.choose(lanes) == Choice(0, 0, "best")
+
+
+def test_a_lasting_change_of_cost_is_followed_within_half_the_window():
+    policy, lanes = _b64_policy()
+    for n in range(1, COST_WINDOW // 2 + 2):  # decode twice as slow from now on
+        policy.observe_step(("decode", 64), 9.4e-3)
+        assert (policy.costs.cost[("decode", 64)] == 9.4e-3) == (n > COST_WINDOW // 2)
+    assert policy.choose(lanes) == Choice(2, 0, "best")

@@ -9,8 +9,8 @@ min(W, their ceiling)), or a SPECULATIVE_PREFIX_LIMIT program (B lanes sharing P
 
 - step costs: the wall seconds the batch waited for each completed step (the scheduler's
   rule, Scheduler._observe_cost: from the previous completion to its own, so a serial
-  step pays the host work before its issue and pipelined decode does not), an
-  exponentially weighted mean per program and batch capacity (`StepCosts`);
+  step pays the host work before its issue and pipelined decode does not), the median
+  of the last COST_WINDOW per program and batch capacity (`StepCosts`);
 - acceptance: per request and draft position k, how often draft k was accepted when
   reached (drafts 0..k-1 accepted), smoothed towards the pooled rate of all requests;
   copied drafts (history drafting) and learned drafts counted apart, since a copy in
@@ -29,13 +29,20 @@ picks; sampled text follows the lane lengths it picks: docs/speculative.md).
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-# Weight of a new cost observation in the running mean.
-COST_DECAY = 0.2
-# Observations of a program before its mean cost is trusted.
-MIN_COST_SAMPLES = 2
+# A program's cost is the median of its last COST_WINDOW observations: a step the host
+# held up (admitting a round of requests, another thread holding the GIL) and the step
+# completed right behind it are one outlier each way, and a mean let one such step decide
+# for hundreds (H200, 9f51a62: batch-64 decode at 13.3 ms against 4.7 ms measured, so
+# W = 3 ran where it lost; docs/speculative.md, "The width policy").
+COST_WINDOW = 9
+# Observations of a program before its cost is trusted: the median of three ignores one
+# outlier either way.
+MIN_COST_SAMPLES = 3
 # Pseudo-counts pulling a request's acceptance rate towards the pooled one.
 PRIOR_WEIGHT = 4.0
 # Decisions after which a program's cost counts as stale and is measured again ...
@@ -60,19 +67,29 @@ OPTIMISTIC_DRAFTS = 8
 
 @dataclass
 class StepCosts:
-    """Running mean step cost (seconds) per program key."""
+    """Cost (seconds) per program key: the median of its last COST_WINDOW observations."""
 
-    mean: dict[tuple, float] = field(default_factory=dict)
+    cost: dict[tuple, float] = field(default_factory=dict)
     samples: dict[tuple, int] = field(default_factory=dict)
     when: dict[tuple, int] = field(default_factory=dict)  # decision count at the last one
     decisions: int = 0
+    _window: dict[tuple, deque[float]] = field(default_factory=dict)
 
     def observe(self, key: tuple, seconds: float) -> None:
-        n = self.samples.get(key, 0)
-        old = self.mean.get(key, seconds)
-        self.mean[key] = seconds if n == 0 else old + COST_DECAY * (seconds - old)
-        self.samples[key] = n + 1
+        window = self._window.get(key)
+        if window is None:
+            window = self._window[key] = deque(maxlen=COST_WINDOW)
+        window.append(seconds)
+        self.cost[key] = statistics.median(window)
+        self.samples[key] = self.samples.get(key, 0) + 1
         self.when[key] = self.decisions
+
+    def add_to_latest(self, key: tuple, seconds: float) -> None:
+        """Add `seconds` to `key`'s latest observation (no-op when it has none)."""
+        window = self._window.get(key)
+        if window:
+            window[-1] += seconds
+            self.cost[key] = statistics.median(window)
 
     def measured(self, key: tuple) -> bool:
         """Measured MIN_COST_SAMPLES times."""
@@ -218,9 +235,7 @@ class WidthPolicy:
         """Host seconds the first decode after a completed step of speculative program
         `key` waited before its issue (it could not be planned ahead of that step):
         added to `key`'s latest observation, as part of its cost."""
-        costs = self.costs
-        if key in costs.mean:
-            costs.mean[key] += seconds if costs.samples[key] == 1 else COST_DECAY * seconds
+        self.costs.add_to_latest(key, seconds)
         self.spent += seconds
 
     def bucket(self, rows: int) -> int:
@@ -312,8 +327,8 @@ class WidthPolicy:
         1 + a_0 + a_0 a_1 + ...; a prefix-limit program's B + P - B likeliest next
         positions, ranked for a request seen in a prefix-limit step by its last lane's
         proposal-confidence survival times the observed calibration of confidence
-        against acceptance), seconds from the measured mean cost of that program at this
-        batch capacity. Before that, measure (reason "measure"):
+        against acceptance), seconds from the measured cost of that program at this
+        batch capacity (`StepCosts`: the median of its last COST_WINDOW steps). Before that, measure (reason "measure"):
         1. plain DECODE while it is not measured (everything is compared with it);
         2. else, only while the measurements' summed loss is at most EXPLORE_SHARE of all
            measured step seconds (`exploration_loss` <= EXPLORE_SHARE x `spent`; a
@@ -322,15 +337,17 @@ class WidthPolicy:
            a. an unmeasured program (narrowest first) that could beat the best measured
               rate: its tokens at optimistic acceptance (the pooled rates with
               OPTIMISTIC_DRAFTS more drafts accepted at every position: `_optimistic`)
-              over a floor on its cost -- the largest measured mean of DECODE at this
+              over a floor on its cost -- the largest measured cost of DECODE at this
               capacity, of a SPECULATIVE width w <= W with B x w <= its rows at this
               capacity, or of the same program at a smaller capacity (a step never costs
               less than those);
            b. a measured program whose last measurement is more than STALE_DECISIONS
-              decisions old, if its rate at that cost is at least STALE_MARGIN x the
-              best rate (and, for a speculative program, its best case -- every draft
-              accepted: sum of min(W, ceiling), at most P -- at that cost is at least
-              the best rate), else once it is LOSER_STALE_DECISIONS old.
+              decisions old, if it is DECODE (the baseline: a wrong decode cost would
+              misjudge every other program, and nothing but a decode step corrects it)
+              or its rate at that cost is at least STALE_MARGIN x the best rate (and,
+              for a speculative program, its best case -- every draft accepted: sum of
+              min(W, ceiling), at most P -- at that cost is at least the best rate),
+              else once it is LOSER_STALE_DECISIONS old.
         Ages count committed decisions, this one included. With bounded_exploration
         False, 2 has no budget and 2a no floor test: every program is measured as
         soon as it is a candidate (before any comparison), as before.
@@ -353,7 +370,7 @@ class WidthPolicy:
         copied = copied or {}
         tables = [self._lane_table(rid, copied.get(rid, 0)) for rid, _ in lanes]
         tokens = [self._tokens(lanes, tables, option) for option in options]
-        rates = [t / costs.mean[key] if known else -1.0
+        rates = [t / costs.cost[key] if known else -1.0
                  for t, key, known in zip(tokens, keys, measured, strict=True)]
         best_rate = max(rates)
         if not bounded or self.exploration_loss <= EXPLORE_SHARE * self.spent:
@@ -370,10 +387,10 @@ class WidthPolicy:
             for option, key, known, rate, t in zip(options, keys, measured, rates, tokens,
                                                     strict=True):
                 age = costs.age(key, decisions)
-                if known and (age > LOSER_STALE_DECISIONS or (
-                        age > STALE_DECISIONS and rate >= STALE_MARGIN * best_rate
-                        and (not bounded or not option.width or self._best_case(
-                            lanes, option) >= best_rate * costs.mean[key]))):
+                if known and (age > LOSER_STALE_DECISIONS or (age > STALE_DECISIONS and (
+                        not option.width or rate >= STALE_MARGIN * best_rate
+                        and (not bounded or self._best_case(
+                            lanes, option) >= best_rate * costs.cost[key])))):
                     return self._measure(option, key, t / best_rate)
         best = options[rates.index(best_rate)]
         return Choice(best.width, best.packed_rows, "best")
@@ -392,7 +409,7 @@ class WidthPolicy:
         Rule (`decide`'s, bounded by the best case): every draft accepted, a program of
         width W emits at most rows x W tokens (at most P for a prefix program); DECODE is
         certain when it is measured, bounded exploration is on, and for every other
-        program that best case over its measured mean cost is below DECODE's rate (so
+        program that best case over its measured cost is below DECODE's rate (so
         `decide` measures it again only once it is LOSER_STALE_DECISIONS old) and it is
         not that old or the exploration budget is spent; an unmeasured one only while
         the budget is spent or its best case over its cost floor is below DECODE's rate.
@@ -404,7 +421,7 @@ class WidthPolicy:
         decode = ("decode", bucket)
         if not costs.measured(decode):
             return False
-        rate = rows / costs.mean[decode]
+        rate = rows / costs.cost[decode]
         budget = self.exploration_loss <= EXPLORE_SHARE * self.spent
         decisions = costs.decisions + 1
         options = [Choice(w) for w in self.widths]
@@ -415,7 +432,7 @@ class WidthPolicy:
             if option.packed_rows:
                 most = min(most, max(option.packed_rows, rows))
             if costs.measured(key):
-                hope = most / costs.mean[key]
+                hope = most / costs.cost[key]
                 if hope >= rate or (budget and costs.age(key, decisions)
                                     > LOSER_STALE_DECISIONS):
                     return False
@@ -449,20 +466,20 @@ class WidthPolicy:
 
     def _cost_floor(self, key: tuple, decode: tuple) -> float:
         """A lower bound on the cost of unmeasured program `key` (`program_key`): the
-        largest measured mean of DECODE (`decode`) at its capacity B, of a SPECULATIVE
+        largest measured cost of DECODE (`decode`) at its capacity B, of a SPECULATIVE
         width w at B that it contains (w < W; a prefix program of P rows: B x w <= P),
         and of the same program at a smaller capacity."""
         costs = self.costs
-        floor = costs.mean[decode]
+        floor = costs.cost[decode]
         kind, bucket, size = key  # size: W, or P of a prefix program
-        for other, mean in costs.mean.items():
-            if mean <= floor or not costs.measured(other) or other[0] == "decode":
+        for other, cost in costs.cost.items():
+            if cost <= floor or not costs.measured(other) or other[0] == "decode":
                 continue
             same = other[0] == kind and other[1] < bucket and other[2] == size
             inside = other[0] == "speculative" and other[1] == bucket and (
                 other[2] < size if kind == "speculative" else bucket * other[2] <= size)
             if same or inside:
-                floor = mean
+                floor = cost
         return floor
 
     def step_tokens(self, lanes: Sequence[tuple[int, int]], option: Choice,
