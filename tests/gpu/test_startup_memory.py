@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 pytestmark = pytest.mark.gpu
-MIB = r"\([0-9.]+ (?:MiB|GiB)\)"
+MIB = r"\([0-9.]+ (?:B|KiB|MiB|GiB)\)"  # config.format_bytes
 
 
 def _manifest(core_path):

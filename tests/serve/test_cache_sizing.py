@@ -58,12 +58,12 @@ def test_each_way_chooses_its_page_count(monkeypatch):
     monkeypatch.setattr(cache_sizing, "host_available_bytes", lambda: 40_000)
     choice = choose(CacheSizing(fraction=0.5))
     assert (choice.num_pages, choice.prepared_pages, choice.nbytes) == (20, 32, 20_000)
-    assert choice.describe() == ("20 pages (prepared 32), 0.0 MiB (--kv-cache-fraction 0.5 of "
-                                 "0.0 MiB of available host memory)")
+    assert choice.describe() == ("20 pages (prepared 32), 19.5 KiB (--kv-cache-fraction 0.5 of "
+                                 "39.1 KiB of available host memory)")
     with pytest.raises(CacheSizingError) as info:
         choose(CacheSizing(memory_bytes=999))
-    assert str(info.value) == ("the KV cache budget (--kv-cache-memory 999: 0.0 MiB) holds no "
-                               "page; one page of every cache plane needs 0.0 MiB")
+    assert str(info.value) == ("the KV cache budget (--kv-cache-memory 999: 999 B) holds no "
+                               "page; one page of every cache plane needs 1000 B")
 
 
 def test_a_cpu_cache_larger_than_the_available_host_memory_fails_before_allocation(
@@ -141,7 +141,7 @@ def test_a_fixed_cache_size_is_known_before_loading():
     assert ask(CacheSizing()) is None  # the cuda default: 0.9 of what is left once loaded
     assert ask(CacheSizing(fraction=0.5)) is None
     with pytest.raises(CacheSizingError, match=re.escape(
-            "the KV cache budget (--kv-cache-memory 999: 0.0 MiB) holds no page")):
+            "the KV cache budget (--kv-cache-memory 999: 999 B) holds no page")):
         ask(CacheSizing(memory_bytes=999))
 
 
@@ -154,15 +154,15 @@ def test_check_fits_names_the_first_ask_that_does_not_fit_and_what_took_the_rest
     check_fits([], memory=HOST_MEMORY, available=0)
     cases = [
         ([model, scratch, snapshots, pages], 1099,
-         "--num-pages 10: the KV cache (10 pages) needs 200 bytes (0.0 MiB) but free device "
-         "memory has 199 bytes (0.0 MiB) available after 600 bytes for the model and 300 "
+         "--num-pages 10: the KV cache (10 pages) needs 200 bytes (200 B) but free device "
+         "memory has 199 bytes (199 B) available after 600 bytes for the model and 300 "
          "bytes for snapshot storage"),
         ([model, scratch, snapshots, pages], 899,
-         "--snapshots 100: snapshot storage (100 rows) needs 300 bytes (0.0 MiB) but free "
-         "device memory has 299 bytes (0.0 MiB) available after 600 bytes for the model"),
+         "--snapshots 100: snapshot storage (100 rows) needs 300 bytes (300 B) but free "
+         "device memory has 299 bytes (299 B) available after 600 bytes for the model"),
         ([model, snapshots], 10,
-         "the core: the model (weights and other buffers) needs 600 bytes (0.0 MiB) but free "
-         "device memory has 10 bytes (0.0 MiB) available"),
+         "the core: the model (weights and other buffers) needs 600 bytes (600 B) but free "
+         "device memory has 10 bytes (10 B) available"),
         ([MemoryAsk("the core", "kernel scratch", 3 * 2**30)], 2**31,
          "the core: kernel scratch needs 3221225472 bytes (3.00 GiB) but free device memory "
          "has 2147483648 bytes (2.00 GiB) available"),
@@ -174,7 +174,7 @@ def test_check_fits_names_the_first_ask_that_does_not_fit_and_what_took_the_rest
     with pytest.raises(CacheSizingError) as info:
         check_fits([pages], memory=HOST_MEMORY, available=0)
     assert str(info.value) == ("--num-pages 10: the KV cache (10 pages) needs 200 bytes "
-                               "(0.0 MiB) but host memory has 0 bytes (0.0 MiB) available")
+                               "(200 B) but host memory has 0 bytes (0 B) available")
 
 
 def test_byte_counts():
@@ -211,8 +211,8 @@ def test_admission_the_gauge_and_the_log_follow_the_chosen_count(tiny_served, op
             f"{prompt + fits + 1} tokens need {pages + 1} pages; the cache has {pages}")
     how = "--num-pages" if option[0] == "--num-pages" else "--kv-cache-memory 20KiB"
     line = next(x for x in served.stderr_lines if x.startswith("helios-serve: cache sizing"))
-    mib = f"{pages * PAGE_BYTES / 2**20:.1f} MiB"
-    assert line.endswith(f" s  {pages} pages (prepared 2048), {mib} ({how})"), line
+    size = {8: "32.0 KiB", 5: "20.0 KiB"}[pages]  # PAGE_BYTES = 4 KiB
+    assert line.endswith(f" s  {pages} pages (prepared 2048), {size} ({how})"), line
 
 
 def _fails(*args) -> str:
@@ -231,8 +231,8 @@ def test_conflicting_or_impossible_sizes_are_one_line(tiny_served, tmp_path):
         "helios-serve: error: --kv-cache-memory: 'lots' is not a byte count (an integer, "
         "optionally with K, M, G, T, KiB..TiB or KB..TB)")
     assert _fails(core.path, *trust, "--kv-cache-memory", "4000") == (
-        "helios-serve: error: the KV cache budget (--kv-cache-memory 4000: 0.0 MiB) holds no "
-        "page; one page of every cache plane needs 0.0 MiB")
+        "helios-serve: error: the KV cache budget (--kv-cache-memory 4000: 3.9 KiB) holds no "
+        "page; one page of every cache plane needs 4.0 KiB")
     # A budget beyond the host's memory fails at startup, not by the OOM killer later.
     pages = 2**46 // PAGE_BYTES
     line = _fails(core.path, *trust, "--kv-cache-memory", "64TiB")
@@ -242,3 +242,28 @@ def test_conflicting_or_impossible_sizes_are_one_line(tiny_served, tmp_path):
                   "has ") + r"(\d+) bytes \([0-9.]+ (MiB|GiB)\) available( after \d+ bytes for "
         r"the cache tiers)?", line)
     assert m and 0 < int(m.group(1)) < pages * PAGE_BYTES, line
+
+
+@pytest.mark.parametrize(("sizing", "message"), [
+    (CacheSizing(memory_bytes=1000), "the KV cache budget (--kv-cache-memory 1000: 1000 B) "
+     "holds no page; one page of every cache plane needs"),
+    (CacheSizing(num_pages=2**40), "--num-pages 1099511627776: the KV cache (1099511627776 "
+     "pages) needs"),
+])  # fmt: skip
+def test_a_cache_the_options_size_fails_on_cpu_before_any_weight_is_read(sizing, message):
+    """An operator's wrong --kv-cache-memory or --num-pages fails in a second: the cpu
+    backend checks the cache it fixes before it reads the weights (tester2, 2026-12-02:
+    the message came after the load)."""
+    from helios_ignition.testing import tiny_core
+    from helios_serve.runtime.cpu_backend import CpuBackend
+
+    core = tiny_core()
+    read = []
+    with pytest.raises(CacheSizingError) as info:
+        CpuBackend(core.manifest, lambda rid: read.append(rid) or core.read_resource(rid),
+                   sizing)
+    assert str(info.value).startswith(message), info.value
+    assert read == []
+    backend = CpuBackend(core.manifest, lambda rid: read.append(rid) or core.read_resource(rid),
+                         CacheSizing(num_pages=3))
+    assert backend.cache.num_pages == 3 and read  # the same core loads with a cache that fits

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helios_serve.config import parse_bytes
+from helios_serve.config import format_bytes, parse_bytes
 from helios_serve.runtime.cache_sizing import (
     HOST_MEMORY,
     CacheSizingError,
@@ -51,16 +51,16 @@ def test_any_spelling_of_zero_is_none_where_zero_is_allowed(text):
     assert parse_bytes(text, zero=True) == 0
     with pytest.raises(ValueError) as info:
         parse_bytes(text)
-    assert str(info.value) == f"{text!r} is not a positive byte count (at least 1 byte)"
+    assert str(info.value) == f"{text!r} is not a positive byte count"
 
 
 @pytest.mark.parametrize(("option", "value", "rule"), [
-    ("--host-cache-bytes", "-5", "a non-negative byte count (0: none, else at least 1 byte)"),
-    ("--host-cache-bytes", "0.5", "a non-negative byte count (0: none, else at least 1 byte)"),
-    ("--host-cache-bytes", "-1GiB", "a non-negative byte count (0: none, else at least 1 byte)"),
-    ("--kv-cache-memory", "-5", "a positive byte count (at least 1 byte)"),
-    ("--kv-cache-memory", "0", "a positive byte count (at least 1 byte)"),
-    ("--kv-cache-memory", "0.5", "a positive byte count (at least 1 byte)"),
+    ("--host-cache-bytes", "-5", "a non-negative byte count (0: none)"),
+    ("--host-cache-bytes", "0.5", "a non-negative byte count (0: none)"),
+    ("--host-cache-bytes", "-1GiB", "a non-negative byte count (0: none)"),
+    ("--kv-cache-memory", "-5", "a positive byte count"),
+    ("--kv-cache-memory", "0", "a positive byte count"),
+    ("--kv-cache-memory", "0.5", "a positive byte count"),
 ])  # fmt: skip
 def test_a_byte_count_out_of_range_names_the_options_true_rule(tiny_served, option, value,
                                                               rule):
@@ -68,6 +68,16 @@ def test_a_byte_count_out_of_range_names_the_options_true_rule(tiny_served, opti
     message says its own rule, quoting the text given."""
     assert _fails(tiny_served.core, option, value) == (
         f"helios-serve: error: {option}: {value!r} is not {rule}")
+
+
+@pytest.mark.parametrize(("n", "text"), [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (51200, "50.0 KiB"),
+    (2**20, "1.0 MiB"), (538 * 2**20, "538.0 MiB"), (2**30, "1.00 GiB"), (2**40, "1024.00 GiB"),
+])  # fmt: skip
+def test_byte_counts_print_in_the_largest_unit_they_reach(n, text):
+    """format_bytes: one spelling for every startup line and message (a 1 KiB budget
+    printed "0.0 MiB" before)."""
+    assert format_bytes(n) == text
 
 
 def test_a_parsed_byte_count_is_an_int_that_prints_as_typed():
@@ -91,15 +101,14 @@ def test_a_host_tier_too_small_for_a_row_echoes_the_size_as_typed(tiny_served, e
 def test_a_kv_cache_budget_holding_no_page_echoes_the_size_as_typed(tiny_served):
     line = _fails(tiny_served.core, "--kv-cache-memory", "1K")
     assert re.fullmatch(r"helios-serve: error: the KV cache budget \(--kv-cache-memory 1K: "
-                        r"0\.0 MiB\) holds no page; one page of every cache plane needs "
-                        r"[0-9.]+ MiB", line), line
+                        r"1\.0 KiB\) holds no page; one page of every cache plane needs "
+                        r"[0-9.]+ KiB", line), line
 
 
 def test_zero_host_cache_bytes_is_accepted(tiny_served):
     """--host-cache-bytes 0GiB gets past option parsing (the bad --num-pages fails later)."""
     assert _fails(tiny_served.core, "--host-cache-bytes", "0GiB", "--kv-cache-memory", "0.5") == (
-        "helios-serve: error: --kv-cache-memory: '0.5' is not a positive byte count (at least "
-        "1 byte)")
+        "helios-serve: error: --kv-cache-memory: '0.5' is not a positive byte count")
 
 
 _AVAILABLE = r"(\d+) bytes \([0-9.]+ (?:MiB|GiB)\) available"
@@ -140,7 +149,7 @@ def test_tiers_that_fit_alone_but_not_together_name_the_host_tier():
     with pytest.raises(CacheSizingError) as info:
         check_fits(_choice(100, 50, 100).host_asks("cpu"), memory=HOST_MEMORY, available=60000)
     assert str(info.value) == ("--host-cache-bytes 51200: the host tier (50 rows) needs 51200 "
-                               "bytes (0.0 MiB) but host memory has 8800 bytes (0.0 MiB) "
+                               "bytes (50.0 KiB) but host memory has 8800 bytes (8.6 KiB) "
                                "available after 51200 bytes for snapshot storage")
     # on cuda the continuation rows are device memory: only the (pinned) host tier counts
     assert _choice(100, 50, 100).host_asks("cuda") == [
@@ -152,13 +161,13 @@ def test_the_cores_prepared_snapshot_rows_are_named_when_they_do_not_fit():
     with pytest.raises(CacheSizingError) as info:
         check_fits(_choice(100, 0).host_asks("cpu"), memory=HOST_MEMORY, available=1000)
     assert str(info.value) == ("the core's prepared_snapshots 100: snapshot storage (100 rows) "
-                               "needs 51200 bytes (0.0 MiB) but host memory has 1000 bytes "
-                               "(0.0 MiB) available")
+                               "needs 51200 bytes (50.0 KiB) but host memory has 1000 bytes "
+                               "(1000 B) available")
 
 
 def test_the_host_tier_is_called_pinned_only_on_cuda():
-    assert "(0.0 MiB host memory)" in _choice(0, 2).describe("cpu")
-    assert "(0.0 MiB pinned)" in _choice(0, 2).describe("cuda")
+    assert "(2.0 KiB host memory)" in _choice(0, 2).describe("cpu")
+    assert "(2.0 KiB pinned)" in _choice(0, 2).describe("cuda")
 
 
 def test_host_available_bytes_is_positive_and_at_most_physical_memory():

@@ -86,8 +86,8 @@ def test_the_model_scratch_snapshot_rows_and_a_fixed_cache_are_asked_in_order(co
     with pytest.raises(CacheSizingError) as info:
         check_fits(asks, memory=DEVICE_MEMORY, available=total - 1)
     assert str(info.value) == (
-        f"--num-pages 50: the KV cache (50 pages) needs {50 * page} bytes (0.0 MiB) but free "
-        f"device memory has {50 * page - 1} bytes (0.0 MiB) available after {model} bytes for "
+        f"--num-pages 50: the KV cache (50 pages) needs {50 * page} bytes (50.0 KiB) but free "
+        f"device memory has {50 * page - 1} bytes (50.0 KiB) available after {model} bytes for "
         f"the model and {scratch} bytes for kernel scratch and {snapshot} bytes for snapshot "
         "storage")
     with pytest.raises(CacheSizingError) as info:
@@ -108,5 +108,6 @@ def test_the_prepared_snapshot_rows_and_a_fraction_of_what_is_left(core):
 
 def test_a_kv_cache_memory_that_holds_no_page_fails_before_anything_is_allocated(core):
     with pytest.raises(CacheSizingError, match=r"^the KV cache budget \(--kv-cache-memory 10: "
-                                               r"0\.0 MiB\) holds no page"):
+                                               r"10 B\) holds no page; one page of every cache plane needs "
+                                               r"1\.0 KiB$"):
         _asks(core, None, CacheSizing(memory_bytes=10))

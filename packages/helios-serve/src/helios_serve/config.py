@@ -174,7 +174,18 @@ def parse_bytes(text: str, *, zero: bool = False) -> ByteCount:
     if zero and value == 0:
         return ByteCount(0, stripped)
     if value < 1:
-        rule = ("a non-negative byte count (0: none, else at least 1 byte)" if zero
-                else "a positive byte count (at least 1 byte)")
+        rule = "a non-negative byte count (0: none)" if zero else "a positive byte count"
         raise ValueError(f"{text!r} is not {rule}")
     return ByteCount(int(value), stripped)
+
+
+def format_bytes(n: int) -> str:
+    """A byte count for people, in the largest binary unit it reaches: "999 B",
+    "50.0 KiB", "538.0 MiB" (one decimal), "1.00 GiB" and up (two decimals)."""
+    if n < 2**10:
+        return f"{n} B"
+    if n < 2**20:
+        return f"{n / 2**10:.1f} KiB"
+    if n < 2**30:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**30:.2f} GiB"

@@ -56,8 +56,3 @@ class StartupLog:
     def seconds(self, name: str) -> float:
         """Total seconds of the phases named `name`."""
         return sum(p.seconds for p in self.phases if p.name == name)
-
-
-def mib(n: int) -> str:
-    """Bytes as MiB (GiB from 1 GiB), one decimal (two for GiB)."""
-    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"

@@ -28,6 +28,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..config import format_bytes
 from .errors import RuntimeLoadError
 
 DEFAULT_CUDA_FRACTION = 0.9
@@ -37,9 +38,6 @@ class CacheSizingError(RuntimeLoadError):
     """The cache options conflict, the budget holds no page, or a startup allocation does
     not fit in the memory available (check_fits)."""
 
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 @dataclass(frozen=True)
@@ -132,11 +130,11 @@ class CacheSizing:
                 fraction = DEFAULT_CUDA_FRACTION
             where = "free device memory" if backend == "cuda" else "available host memory"
             option = f"--kv-cache-fraction {fraction:g}"
-            budget, how = int(fraction * available), f"{option} of {_mib(available)} of {where}"
+            budget, how = int(fraction * available), f"{option} of {format_bytes(available)} of {where}"
         pages = budget // page_bytes
         if pages < 1:
-            raise CacheSizingError(f"the KV cache budget ({how}: {_mib(budget)}) holds no page; "
-                                   f"one page of every cache plane needs {_mib(page_bytes)}")
+            raise CacheSizingError(f"the KV cache budget ({how}: {format_bytes(budget)}) holds no page; "
+                                   f"one page of every cache plane needs {format_bytes(page_bytes)}")
         return CacheChoice(pages, prepared_pages, page_bytes, how, option)
 
 
@@ -171,7 +169,7 @@ class CacheChoice:
     def describe(self) -> str:
         """One line for the startup log."""
         return (f"{self.num_pages} pages (prepared {self.prepared_pages}), "
-                f"{_mib(self.nbytes)} ({self.how})")
+                f"{format_bytes(self.nbytes)} ({self.how})")
 
 
 HOST_MEMORY = "host memory"
@@ -214,7 +212,7 @@ def check_fits(asks: Sequence[MemoryAsk], *, memory: str, available: int) -> Non
 
     Raises:
         CacheSizingError: one line, e.g. "--snapshots 100: snapshot storage (100 rows)
-            needs 51200 bytes (0.0 MiB) but host memory has 1000 bytes (0.0 MiB)
+            needs 51200 bytes (50.0 KiB) but host memory has 1000 bytes (1000 B)
             available".
     """
     left, counted = available, []
@@ -223,8 +221,8 @@ def check_fits(asks: Sequence[MemoryAsk], *, memory: str, available: int) -> Non
             what = f"{ask.what} ({ask.detail})" if ask.detail else ask.what
             after = " and ".join(f"{a.nbytes} bytes for {a.what}" for a in counted)
             raise CacheSizingError(
-                f"{ask.option}: {what} needs {ask.nbytes} bytes ({_mib(ask.nbytes)}) but "
-                f"{memory} has {max(left, 0)} bytes ({_mib(max(left, 0))}) available"
+                f"{ask.option}: {what} needs {ask.nbytes} bytes ({format_bytes(ask.nbytes)}) but "
+                f"{memory} has {max(left, 0)} bytes ({format_bytes(max(left, 0))}) available"
                 + (f" after {after}" if after else ""))
         left -= ask.nbytes
         if ask.nbytes:

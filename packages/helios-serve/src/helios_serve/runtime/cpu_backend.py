@@ -5,11 +5,13 @@ Invariant: after `__init__` no buffer is allocated or reshaped; a step only writ
 request inputs (through shared packing) and runs the bound launch list. bf16 weights
 are widened to float32 once at load because NumPy has no bf16 arithmetic.
 
-Load order: weights and every other buffer (continuation and host-tier planes included,
-sized by `tiers`), then the paged KV cache sized from what is left
-(runtime.cache_sizing), then the launch lists of every graph and tuning producer are
-bound (binding takes views of the cache planes, so it follows their allocation). On the
-host, the host tier is plain memory like everything else.
+Load order: a cache the options size (--num-pages, --kv-cache-memory, the prepared
+default) checked against the host's available memory with the tier rows; weights and
+every other buffer (continuation and host-tier planes included, sized by `tiers`); the
+paged KV cache sized from what is left (runtime.cache_sizing); then the launch lists of
+every graph and tuning producer are bound (binding takes views of the cache planes, so it
+follows their allocation). On the host, the host tier is plain memory like everything
+else.
 
 Execution frames mirror the cuda backend's: request inputs and the completion record
 have one staging array per frame, copied into (out of) the working buffers when that
@@ -30,8 +32,9 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import reference_op
 from helios_tools.kernels.collective import COLLECTIVE_OPS
 
-from ..startup import StartupLog, mib
-from .cache_sizing import CacheSizing, MemoryAsk
+from ..config import format_bytes
+from ..startup import StartupLog
+from .cache_sizing import HOST_MEMORY, CacheSizing, MemoryAsk, check_fits, host_available_bytes
 from .collectives import Collectives, SingleRank
 from .completion import completion_buffers, confidence_buffers
 from .errors import RuntimeLoadError
@@ -49,6 +52,24 @@ COMPUTE_DTYPE = {
     mpb.D_TYPE_I32: np.int32,
     mpb.D_TYPE_U32: np.uint32,
 }
+
+
+def _compute_dtype(decl: mpb.Buffer) -> type:
+    """The NumPy dtype `decl` is held in (bf16 as float32).
+
+    Raises:
+        RuntimeLoadError: a dtype the cpu backend does not execute.
+    """
+    if decl.dtype not in COMPUTE_DTYPE:
+        raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
+                               "is not supported by the cpu backend")
+    return COMPUTE_DTYPE[decl.dtype]
+
+
+def _row_bytes(decl: mpb.Buffer) -> int:
+    """Host bytes of one leading row of `decl` (a page of a cache plane)."""
+    itemsize = np.dtype(_compute_dtype(decl)).itemsize
+    return math.prod(int(s) for s in decl.shape[1:]) * itemsize
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -99,6 +120,17 @@ class CpuBackend:
         tiers = tiers or TierRows()
         planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE
                   and b.name not in tiers.rows]
+        page_bytes = max(sum(_row_bytes(d) for d in planes), 1)
+        prepared = int(planes[0].shape[0]) if planes else 0
+        # The tier rows are allocated but untouched: the available memory omits them.
+        tier_rows = MemoryAsk("--snapshots / --host-cache-bytes", "the cache tiers",
+                              sum(_row_bytes(d) * rows for d in manifest.buffers
+                                  if (rows := tiers.rows.get(d.name)) is not None))
+        sizing = cache or CacheSizing()
+        # A cache the options size fails here, in a second, not after the weights load.
+        fixed = sizing.fixed_ask(backend="cpu", page_bytes=page_bytes, prepared_pages=prepared)
+        check_fits([tier_rows, *([fixed] if fixed else [])], memory=HOST_MEMORY,
+                   available=host_available_bytes())
         with log.phase("weights") as phase:
             for decl in manifest.buffers:
                 if decl.name in tiers.rows:
@@ -108,19 +140,11 @@ class CpuBackend:
                     self.buffers[decl.name] = self._allocate(decl, read_resource, 0)
             weights = [self.buffers[b.name] for b in manifest.buffers
                        if b.role == mpb.BUFFER_ROLE_WEIGHT]
-            phase.detail = (f"{len(weights)} tensors, {mib(sum(w.nbytes for w in weights))} "
+            phase.detail = (f"{len(weights)} tensors, {format_bytes(sum(w.nbytes for w in weights))} "
                             "(f32 on the host)")
         with log.phase("cache sizing") as phase:
-            page_bytes = sum(math.prod(int(s) for s in d.shape[1:])
-                             * np.dtype(COMPUTE_DTYPE[d.dtype]).itemsize for d in planes)
-            prepared = int(planes[0].shape[0]) if planes else 0
-            # The tier rows are allocated but untouched: the available memory omits them.
-            tier_bytes = sum(self.buffers[name].nbytes for name in tiers.rows)
-            tier_rows = MemoryAsk("--snapshots / --host-cache-bytes", "the cache tiers",
-                                  tier_bytes)
-            self.cache = (cache or CacheSizing()).choose(
-                backend="cpu", page_bytes=max(page_bytes, 1), prepared_pages=prepared,
-                reserved=[tier_rows])
+            self.cache = sizing.choose(backend="cpu", page_bytes=page_bytes,
+                                       prepared_pages=prepared, reserved=[tier_rows])
             for decl in planes:
                 self.buffers[decl.name] = self._allocate(decl, read_resource,
                                                          self.cache.num_pages)
@@ -162,14 +186,12 @@ class CpuBackend:
 
     def _allocate(self, decl: mpb.Buffer, read_resource, rows: int) -> np.ndarray:
         """Allocate `decl` (a cache plane leads with `rows`)."""
-        if decl.dtype not in COMPUTE_DTYPE:
-            raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
-                                   "is not supported by the cpu backend")
+        dtype = _compute_dtype(decl)
         shape = [int(s) for s in decl.shape]
         if decl.role == mpb.BUFFER_ROLE_CACHE_PLANE:
             shape[0] = rows
         if decl.role != mpb.BUFFER_ROLE_WEIGHT:
-            return np.zeros(shape, COMPUTE_DTYPE[decl.dtype])
+            return np.zeros(shape, dtype)
         resource = (decl.rank_weight_resource_ids[self.rank] if decl.rank_weight_resource_ids
                     else decl.weight_resource_id)
         data = read_resource(resource)
@@ -181,7 +203,7 @@ class CpuBackend:
         array = np.frombuffer(data, dtype=stored).reshape(shape)
         if decl.dtype == mpb.D_TYPE_BF16:
             return bf16_bits_to_f32(array)
-        return array.astype(COMPUTE_DTYPE[decl.dtype], copy=True)
+        return array.astype(dtype, copy=True)
 
     def _view(self, view: mpb.BufferView) -> np.ndarray:
         decl = self._decls[view.buffer]

@@ -32,6 +32,7 @@ from collections.abc import Callable
 import numpy as np
 from helios_contract.schema import manifest_pb2 as mpb
 
+from ..config import format_bytes
 from ..startup import StartupLog
 from .cache_sizing import DEVICE_MEMORY, CacheSizing, MemoryAsk, check_fits
 from .completion import completion_buffers, confidence_buffers
@@ -48,9 +49,6 @@ STORED_DTYPE = {
 ARG_KIND = {mpb.PARAM_KIND_I32: "i32", mpb.PARAM_KIND_F32: "f32"}
 MAX_DEFAULT_SHARED = 48 * 1024
 
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 def _page_bytes(planes: list[mpb.Buffer]) -> int:
@@ -159,7 +157,7 @@ class CudaBackend:
                 for decl in host:
                     self._allocate_host(decl)
                 phase.detail = (f"{sum(d.role == mpb.BUFFER_ROLE_WEIGHT for d in others)} "
-                                f"tensors, {_mib(self.counters['weight_bytes'])} uploaded")
+                                f"tensors, {format_bytes(self.counters['weight_bytes'])} uploaded")
             with log.phase("kernels") as phase:
                 self._functions = self._load_kernels(read_resource)
                 phase.detail = f"{len(self._functions)} kernel modules for {self.target}"
@@ -295,7 +293,7 @@ class CudaBackend:
             what = (f"the KV cache plane {decl.name} ({self._shapes[decl.name][0]} pages)"
                     if decl.role == mpb.BUFFER_ROLE_CACHE_PLANE else f"buffer {decl.name}")
             raise RuntimeLoadError(f"cuda backend: device out of memory allocating {what}: "
-                                   f"{_mib(nbytes)} did not fit ({exc.code})") from None
+                                   f"{format_bytes(nbytes)} did not fit ({exc.code})") from None
         self.counters["device_allocations"] += 1
         self._dev_ptrs[decl.name] = ptr
         self._dev_bytes[decl.name] = nbytes
@@ -332,7 +330,7 @@ class CudaBackend:
         except drv.CudaError as exc:
             raise RuntimeLoadError(f"cuda backend: pinned host memory for the host tier plane "
                                    f"{decl.name} ({self._shapes[decl.name][0]} rows, "
-                                   f"{_mib(self._nbytes(decl))}) could not be allocated "
+                                   f"{format_bytes(self._nbytes(decl))}) could not be allocated "
                                    f"({exc.code}); lower --host-cache-bytes") from None
         self.counters["host_allocations"] += 1
         self._host_planes[decl.name] = pinned

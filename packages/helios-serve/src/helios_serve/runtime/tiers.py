@@ -19,6 +19,7 @@ from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_contract.tiers import storage_tiers, transfer_route
 
+from ..config import format_bytes
 from ..engine.plan import Route, Tier
 from .cache_sizing import MemoryAsk
 from .errors import RuntimeLoadError
@@ -96,8 +97,9 @@ class TierChoice:
     def describe(self, backend: str = "cpu") -> str:
         """One line for the startup log (`backend`: the host tier is pinned only on cuda)."""
         memory = "pinned" if backend == "cuda" else "host memory"
-        host = (f"host tier {self.host_rows} rows ({self.host_rows * self.host_row_bytes / 2**20:.1f}"
-                f" MiB {memory})" if self.host_rows else "no host tier")
+        host = (f"host tier {self.host_rows} rows "
+                f"({format_bytes(self.host_rows * self.host_row_bytes)} {memory})"
+                if self.host_rows else "no host tier")
         return (f"{self.snapshot_rows} snapshot rows, {host}, "
                 f"{len(self.routes)} transfer routes of {self.transfer_rows} rows")
 
