@@ -73,7 +73,7 @@ def variants(B: int, H: int, KVH: int, HD: int) -> list[tuple[str, int, int, dic
     out = []
     for label, cap in (("today", CAPACITY), ("today@2048", 2048)):
         ns, split = decode_splits(cap)
-        out.append((label, ns, split, launch.attention_split_constants(B, H, KVH, HD, split),
+        out.append((label, ns, split, launch.attention_split_constants(B, H, KVH, HD, ns, split),
                     launch.attention_merge_constants(HD, ns)))
     for grouped, bn, warps, ns, split, spp in ((2, 64, 4, 128, 64, 1), (2, 64, 4, 128, 64, 2),
                                                (2, 64, 4, 128, 64, 4), (2, 64, 8, 128, 64, 4),

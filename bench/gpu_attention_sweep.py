@@ -46,7 +46,7 @@ def rule_pair(B: int, H: int, KVH: int, HD: int, rule_split: str, rule_merge: st
     from helios_ignition.capture import launch
 
     ns, split = _splits()
-    return (launch.attention_split_constants(B, H, KVH, HD, split, rule_split),
+    return (launch.attention_split_constants(B, H, KVH, HD, ns, split, rule_split),
             launch.attention_merge_constants(HD, ns, rule_merge))
 
 

@@ -300,13 +300,13 @@ def test_attention_rules_compile_for_sm90(rule):
     variants = {}
     for H, KVH, HD in [(32, 8, 128), (9, 3, 64), (4, 2, 8)]:
         for B in (1, 8, 64):
-            sc = attention_split_constants(B, H, KVH, HD, 64, rule)
+            sc = attention_split_constants(B, H, KVH, HD, 128, 64, rule)
             variants[("attention_decode_split", tuple(sorted(sc.items())))] = sc
         mc = attention_merge_constants(HD, 32, rule)
         variants[("attention_decode_merge", tuple(sorted(mc.items())))] = mc
     if rule == "v2":
         for bn, warps in ((16, 2), (32, 4)):
-            sc = dict(attention_split_constants(64, 32, 8, 128, 64, rule), BLOCK_N=bn,
+            sc = dict(attention_split_constants(64, 32, 8, 128, 128, 64, rule), BLOCK_N=bn,
                       WARPS=warps)
             variants[("attention_decode_split", tuple(sorted(sc.items())))] = sc
     kernels = [variant_kernel(f"attn{i}", op, c) for i, ((op, _), c) in enumerate(variants.items())]
@@ -328,13 +328,15 @@ def test_long_context_attention_compiles_for_sm90():
 
     variants = []
     for H, KVH, HD, spp in [(32, 8, 128, 2), (9, 3, 64, 4), (6, 2, 40, 4)]:
-        walk = attention_split_constants(8, H, KVH, HD, 128, "v3")  # splits of 2 tiles
+        walk = attention_split_constants(8, H, KVH, HD, 128, 128, "v3")  # splits of 2 tiles
         assert walk["GROUPED"] == 3 and walk["BLOCK_N"] == 64
-        one = attention_split_constants(8, H, KVH, HD, 64, "v3")
+        one = attention_split_constants(8, H, KVH, HD, 128, 64, "v3")
         assert one["GROUPED"] == 2 and "SPP" not in one
-        wide = attention_split_constants(64, H, KVH, HD, 64, "v3")
+        wide = attention_split_constants(64, H, KVH, HD, 128, 64, "v3")
         assert wide["GROUPED"] == 2 and wide["SPP"] == spp
-        tuned = attention_split_constants(64, H, KVH, HD, 64, "v3", tuned=True)
+        few = attention_split_constants(64, H, KVH, HD, 32, 64, "v3")  # 2,048 positions
+        assert few == one
+        tuned = attention_split_constants(64, H, KVH, HD, 128, 64, "v3", tuned=True)
         assert tuned["GROUPED"] == 2 and "SPP" not in tuned
         variants += [("attention_decode_split", walk), ("attention_decode_split", wide),
                      ("attention_decode_fused", attention_fused_constants(H, KVH, HD, 64, 128))]

@@ -62,7 +62,7 @@ FUSE_GEMV_MAX_K = int(os.environ.get("HELIOS_FUSE_GEMV_MAX_K", "8192"))
 # One wave of programs: with about 250 registers a thread, a 256-thread program has an SM.
 SMS = 132
 # Split-context decode attention rule (HELIOS_ATTN_RULE at capture): "v3" (one tile per
-# split, several splits per program at 64+ rows: attention_split_constants), "v2"
+# split, several splits per program at 64+ rows of 128 splits: attention_split_constants), "v2"
 # (64-position tiles whatever the split length: cores exported before v3) or "v1" (per
 # query head, or an MMA tile per kv head for small batches). HELIOS_ATTN_FUSED=1 (rule v3
 # only) records decode-style attention as one attention_decode_fused launch (measured
@@ -350,7 +350,7 @@ def mma_plan(T: int, N: int, K: int, rule: str = "") -> int | None:
     return mma_splits(T, N, K)
 
 
-def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
+def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT: int,
                               rule: str = "", tuned: bool = False) -> dict[str, int]:
     """Variant constants (with ``WARPS``) of ``attention_decode_split`` under `rule`; the
     grid is ``(B, KVH if GROUPED else H, NS)``.
@@ -365,7 +365,8 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
     split walks its tiles once per query head.
 
     v3 (the default): with ``decode_splits``' 64-position splits, one BLOCK_N = 64 tile
-    per split (GROUPED=2; several splits per program at 64+ rows, ``_attention_spp``);
+    per split (GROUPED=2; several splits per program at 64+ rows and 128 splits,
+    ``_attention_spp``);
     splits longer than 64 positions (capacities over 8,192) ``GROUPED=3``. H200, 8,192
     positions, split + merge per layer against v2 (bench/results/h200_2026-12-02/
     attn_long_0d737c5.json): SmolLM2 b1 6.1-8.7 us (v2 18.4-24.1) at 130-4096
@@ -392,7 +393,7 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
         if bn < SPLIT and not tuned:
             return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=3,
                         EVEN_HD=int(HD == bhd), WARPS=4)
-        spp = {} if tuned else _attention_spp(B, HD)
+        spp = {} if tuned else _attention_spp(B, HD, NS)
         return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
                     EVEN_HD=int(HD == bhd), WARPS=4, **spp)
     if rule != "v2":
@@ -401,14 +402,23 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, SPLIT: int,
                 EVEN_HD=int(HD == bhd), WARPS=4)
 
 
-def _attention_spp(B: int, HD: int) -> dict[str, int]:
-    """Splits per program of rule v3's one-tile layout at `B` rows: one below 64 rows (the
-    splits of a row run side by side), 4 (HD <= 64) or 2 at 64 rows and more, where the
-    programs of a short context's empty splits cost more than the loop (H200, 128 x 64
-    splits, bench/results/h200_2026-12-02/attn_long_0d737c5.json: SmolLM2 b64 29.2 /
-    41.4 / 92.1 us per layer at 130 / 512 / 2048 positions with 4, 35.7 / 50.5 / 99.9
-    with 1; Llama-3.1-8B b64 164.6 / 250.4 / 652.4 with 2, 182.3 / 265.9 / 654.1 with 1)."""
-    if B < 64:
+# Rule v3 runs several splits per program only from this many splits (8,192-position
+# capacities: decode_splits' 128 x 64); `_attention_spp` says why.
+SPP_MIN_SPLITS = 128
+
+
+def _attention_spp(B: int, HD: int, NS: int) -> dict[str, int]:
+    """Splits per program of rule v3's one-tile layout at `B` rows of `NS` splits: one
+    below 64 rows (the splits of a row run side by side) or below SPP_MIN_SPLITS splits;
+    else 4 (HD <= 64) or 2, where the programs of a short context's empty splits cost
+    more than the loop (H200, 128 x 64 splits, bench/results/h200_2026-12-02/
+    attn_long_0d737c5.json: SmolLM2 b64 29.2 / 41.4 / 92.1 us per layer at 130 / 512 /
+    2048 positions with 4, 35.7 / 50.5 / 99.9 with 1; Llama-3.1-8B b64 164.6 / 250.4 /
+    652.4 with 2, 182.3 / 265.9 / 654.1 with 1). With few splits a program walks a short
+    context's live splits one after another: at 32 splits (2,048 positions) SmolLM2 b64
+    spent 0.693 ms a step in attention_decode_split with 4 against 0.561 with 1
+    (smollm2_9f51a62.json against smollm2_5a06ade.json, bench/gpu_models.py)."""
+    if B < 64 or NS < SPP_MIN_SPLITS:
         return {}
     return {"SPP": 4 if HD <= 64 else 2}
 
@@ -530,7 +540,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         # The tuned variant is captured at the maximum split count NS (its programs past
         # the tuned count exit at once): the same grid and constants.
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
-        c = attention_split_constants(B, H, KVH, HD, SPLIT,
+        c = attention_split_constants(B, H, KVH, HD, NS, SPLIT,
                                       tuned=op == "attention_decode_split_tuned")
         return _cfg((B, KVH if c["GROUPED"] else H, _cdiv(NS, c.get("SPP", 1))),
                     c.pop("WARPS"), **c)
