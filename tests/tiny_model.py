@@ -171,7 +171,7 @@ def until_eos(ids: list[int], eos: int = 2) -> list[int]:
 
 
 PHASES = ("verify", "contract", "cache tiers", "weights", "kernels", "cache sizing", "graphs",
-          "ranks", "tuning", "listen")
+          "ranks", "tuning", "speculation", "listen")
 PHASE_LINE = re.compile(rf"^helios-serve: (engine: )?({'|'.join(PHASES)}) +\d+\.\d\d s( |$)")
 
 

@@ -136,7 +136,7 @@ def test_device_out_of_memory_at_load_names_the_capacity(core_path):
     core = open_core(path, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
     with pytest.raises(RuntimeLoadError, match=r"^--num-pages 40000000: the KV cache "
                        r"\(40000000 pages\) needs \d+ bytes \(.*\) but free device memory has "
-                       r"\d+ bytes \(.*\) available after \d+ bytes for the model"):
+                       r"\d+ bytes \(.*\) available after \d+ bytes \(.*\) for the model"):
         load_native(core, "cuda", cache=CacheSizing(num_pages=40_000_000))
 
 

@@ -83,8 +83,8 @@ def test_oversized_snapshots_fail_before_allocation_naming_the_size(core_path):
     m = re.fullmatch(
         re.escape(f"helios-serve: error: --snapshots {rows}: snapshot storage ({rows} rows) "
                   f"needs {asked} bytes ") + MIB + r" but free device memory has (\d+) bytes "
-        + MIB + rf" available after {sizes['model']} bytes for the model"
-        r"( and (\d+) bytes for kernel scratch)?", line)
+        + MIB + rf" available after {sizes['model']} bytes " + MIB + " for the model"
+        r"( and (\d+) bytes " + MIB + " for kernel scratch)?", line)
     assert m, line
     assert 0 < int(m.group(1)) < asked
 
@@ -98,9 +98,9 @@ def test_oversized_num_pages_fail_after_counting_the_snapshot_rows(core_path):
         re.escape(f"helios-serve: error: --num-pages {pages}: the KV cache ({pages} pages) "
                   f"needs {pages * sizes['page']} bytes ") + MIB
         + r" but free device memory has (\d+) bytes " + MIB
-        + rf" available after {sizes['model']} bytes for the model"
-        + r"( and \d+ bytes for kernel scratch)?"
-        + re.escape(f" and {snapshot} bytes for snapshot storage"), line)
+        + rf" available after {sizes['model']} bytes " + MIB + " for the model"
+        + r"( and \d+ bytes " + MIB + " for kernel scratch)?"
+        + re.escape(f" and {snapshot} bytes ") + MIB + " for snapshot storage", line)
     assert m, line
 
 

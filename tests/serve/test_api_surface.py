@@ -402,3 +402,32 @@ def test_phase_histograms_count_each_request(scripted):
 def test_error_stream_content_helper_is_empty_on_error(scripted):
     status, events = sse_post(scripted.url, _chat(scripted, stream=True, max_tokens=1000))
     assert status == 503 and content_of(events) == ""
+
+
+def test_the_openapi_documents_integer_limits_in_json_schema_terms(scripted):
+    """minimum / maximum / exclusiveMaximum, never pydantic's ge / le / lt, which
+    validators and client generators ignore."""
+    document = httpx.get(scripted.url + "/openapi.json").json()
+    schemas = document["components"]["schemas"]
+
+    def keys(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield k
+                yield from keys(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from keys(v)
+
+    assert not {"ge", "gt", "le", "lt"} & set(keys(schemas))
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    assert chat["max_tokens"]["anyOf"][0] == {"minimum": 1, "type": "integer"}
+    assert chat["seed"]["anyOf"][0] == {"minimum": -(2**63), "exclusiveMaximum": 2**64,
+                                        "type": "integer"}
+
+
+def test_metrics_content_type_names_its_charset_once(scripted):
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    r = httpx.get(scripted.url + "/metrics")
+    assert r.headers["content-type"] == CONTENT_TYPE_LATEST  # 'text/plain; version=...; charset=utf-8'

@@ -90,7 +90,7 @@ def test_a_cpu_cache_larger_than_the_available_host_memory_fails_before_allocati
         choose(CacheSizing(), reserved=20 * 2**20)
     assert str(info.value) == ("the core's prepared pages: the KV cache (32 pages) needs "
                                "33554432 bytes (32.0 MiB) but host memory has 31457280 bytes "
-                               "(30.0 MiB) available after 20971520 bytes for the cache tiers")
+                               "(30.0 MiB) available after 20971520 bytes (20.0 MiB) for the cache tiers")
     with pytest.raises(CacheSizingError) as info:  # tier rows beyond it are named first
         choose(CacheSizing(num_pages=1), reserved=60 * 2**20)
     assert str(info.value) == ("--snapshots / --host-cache-bytes: the cache tiers needs "
@@ -114,7 +114,7 @@ def test_a_cuda_cache_is_checked_against_the_free_device_memory_after_the_scratc
         choose(CacheSizing(num_pages=51), 51 * 2**20, scratch=1)
     assert str(info.value) == ("--num-pages 51: the KV cache (51 pages) needs 53477376 bytes "
                                "(51.0 MiB) but free device memory has 53477375 bytes (51.0 MiB)"
-                               " available after 1 bytes for kernel scratch")
+                               " available after 1 bytes (1 B) for kernel scratch")
     # the cuda default (0.9) and a fraction are of the free memory less the scratch
     assert choose(CacheSizing(), 100 * 2**20, scratch=10 * 2**20).num_pages == 81
     assert choose(CacheSizing(fraction=0.5), 100 * 2**20, scratch=10 * 2**20).num_pages == 45
@@ -155,11 +155,11 @@ def test_check_fits_names_the_first_ask_that_does_not_fit_and_what_took_the_rest
     cases = [
         ([model, scratch, snapshots, pages], 1099,
          "--num-pages 10: the KV cache (10 pages) needs 200 bytes (200 B) but free device "
-         "memory has 199 bytes (199 B) available after 600 bytes for the model and 300 "
-         "bytes for snapshot storage"),
+         "memory has 199 bytes (199 B) available after 600 bytes (600 B) for the model and 300 "
+         "bytes (300 B) for snapshot storage"),
         ([model, scratch, snapshots, pages], 899,
          "--snapshots 100: snapshot storage (100 rows) needs 300 bytes (300 B) but free "
-         "device memory has 299 bytes (299 B) available after 600 bytes for the model"),
+         "device memory has 299 bytes (299 B) available after 600 bytes (600 B) for the model"),
         ([model, snapshots], 10,
          "the core: the model (weights and other buffers) needs 600 bytes (600 B) but free "
          "device memory has 10 bytes (10 B) available"),
@@ -181,7 +181,10 @@ def test_byte_counts():
     assert parse_bytes("20480") == 20480
     assert parse_bytes("20KiB") == parse_bytes("20k") == 20 * 1024
     assert parse_bytes("1.5GiB") == 3 * 2**29 and parse_bytes("2GB") == 2 * 10**9
-    for bad in ("", "abc", "12XB", "-5", "0"):
+    # what the startup lines print (config.format_bytes) is accepted back
+    assert parse_bytes("1B") == parse_bytes("1 b") == 1 and parse_bytes("100 B") == 100
+    assert parse_bytes("720.0 KiB") == 720 * 1024 and parse_bytes("1.00 GiB") == 2**30
+    for bad in ("", "abc", "12XB", "-5", "0", "B", "1BB"):
         with pytest.raises(ValueError):
             parse_bytes(bad)
 
@@ -229,7 +232,7 @@ def test_conflicting_or_impossible_sizes_are_one_line(tiny_served, tmp_path):
                              "exclusive: choose one way to size the KV cache")
     assert _fails(core.path, *trust, "--kv-cache-memory", "lots") == (
         "helios-serve: error: --kv-cache-memory: 'lots' is not a byte count (an integer, "
-        "optionally with K, M, G, T, KiB..TiB or KB..TB)")
+        "optionally with B, K, M, G, T, KiB..TiB or KB..TB)")
     assert _fails(core.path, *trust, "--kv-cache-memory", "4000") == (
         "helios-serve: error: the KV cache budget (--kv-cache-memory 4000: 3.9 KiB) holds no "
         "page; one page of every cache plane needs 4.0 KiB")
@@ -239,8 +242,8 @@ def test_conflicting_or_impossible_sizes_are_one_line(tiny_served, tmp_path):
     m = re.fullmatch(
         re.escape(f"helios-serve: error: --kv-cache-memory 64TiB: the KV cache ({pages} "
                   f"pages) needs {pages * PAGE_BYTES} bytes (65536.00 GiB) but host memory "
-                  "has ") + r"(\d+) bytes \([0-9.]+ (MiB|GiB)\) available( after \d+ bytes for "
-        r"the cache tiers)?", line)
+                  "has ") + r"(\d+) bytes \([0-9.]+ (MiB|GiB)\) available( after \d+ bytes "
+        r"\([0-9.]+ [KMG]?i?B\) for the cache tiers)?", line)
     assert m and 0 < int(m.group(1)) < pages * PAGE_BYTES, line
 
 

@@ -206,6 +206,8 @@ def test_metrics(scripted):
     assert m[("helios_snapshot_evictions_total", ())] == 0
     assert m[("helios_cache_pages_capacity", ())] == 256
     assert m[("helios_cache_pages_used", ())] == 0
+    # the prompts' published pages outlive the requests, reusable (the second prompt hit)
+    assert m[("helios_cache_pages_evictable", ())] == m[("helios_cache_pages_published_total", ())]
     assert m[("helios_http_admission_permits_in_use", ())] == 0
     assert m[("helios_http_admission_permits_capacity", ())] == 12
     # Labels carry bounded enumerations only: no ids, prompts or token ids.

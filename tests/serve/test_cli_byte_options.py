@@ -95,7 +95,7 @@ def test_a_parsed_byte_count_is_an_int_that_prints_as_typed():
 def test_a_host_tier_too_small_for_a_row_echoes_the_size_as_typed(tiny_served, engine):
     line = _fails(tiny_served.core, "--host-cache-bytes", "1KiB", *engine)
     assert re.fullmatch(r"helios-serve: error: --host-cache-bytes 1KiB holds no host-tier row "
-                        r"\(one row of every host plane is \d+ bytes\)", line), line
+                        r"\(one row of every host plane is [0-9.]+ KiB\)", line), line
 
 
 def test_a_kv_cache_budget_holding_no_page_echoes_the_size_as_typed(tiny_served):
@@ -128,7 +128,7 @@ def test_a_host_tier_beyond_host_memory_fails_startup_naming_the_size(tiny_serve
     line = _fails(tiny_served.core, "--host-cache-bytes", "100TiB")
     m = re.fullmatch(r"helios-serve: error: --host-cache-bytes 100TiB: the host tier "
                      r"\((\d+) rows\) needs (\d+) bytes \([0-9.]+ GiB\) but host memory has "
-                     rf"{_AVAILABLE} after (\d+) bytes for snapshot storage", line)
+                     rf"{_AVAILABLE} after (\d+) bytes \([0-9.]+ [KM]iB\) for snapshot storage", line)
     assert m, line
     rows, host, available, snapshots = map(int, m.groups())
     assert host % rows == 0 and 100 * 2**40 - host < host // 1000
@@ -150,7 +150,7 @@ def test_tiers_that_fit_alone_but_not_together_name_the_host_tier():
         check_fits(_choice(100, 50, 100).host_asks("cpu"), memory=HOST_MEMORY, available=60000)
     assert str(info.value) == ("--host-cache-bytes 51200: the host tier (50 rows) needs 51200 "
                                "bytes (50.0 KiB) but host memory has 8800 bytes (8.6 KiB) "
-                               "available after 51200 bytes for snapshot storage")
+                               "available after 51200 bytes (50.0 KiB) for snapshot storage")
     # on cuda the continuation rows are device memory: only the (pinned) host tier counts
     assert _choice(100, 50, 100).host_asks("cuda") == [
         MemoryAsk("--host-cache-bytes 51200", "the host tier", 51200, "50 rows")]

@@ -162,3 +162,39 @@ def test_negative_speculative_width_is_a_usage_error(tmp_path):
                   "--speculative-width", "-1")
     assert line == ("helios-serve: error: Invalid value for '--speculative-width': -1 is not "
                     "in the range x>=0.")
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "65536"])
+def test_a_port_outside_0_to_65535_is_one_line(tiny_served, port):
+    """It was a traceback (socket.bind's OverflowError) and exit 1."""
+    core = tiny_served.core
+    assert _fails(*_args(core, core.path, "--port", port)) == (
+        f"helios-serve: error: Invalid value for '--port': {port} is not in the range "
+        "0<=x<=65535.")
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_served_name_is_refused(tiny_served, name):
+    """It was ignored: the core's served id was served under a name the operator cleared."""
+    core = tiny_served.core
+    assert _fails(*_args(core, core.path, "--port", "0", "--served-name", name)) == (
+        "helios-serve: error: --served-name must not be empty (omit it to serve the core's "
+        "served id)")
+
+
+@pytest.mark.parametrize(("options", "line"), [
+    ((), "widths up to 4, adaptive width policy"),
+    (("--speculative-width", "2", "--speculative-policy", "fixed", "--history-drafting"),
+     "widths up to 2, fixed width policy, history drafting"),
+    (("--speculative-width", "0"), "off (--speculative-width 0)"),
+])  # fmt: skip
+def test_the_startup_log_says_how_speculation_is_served(tiny_served, speculative_core,
+                                                        options, line):
+    from tests.tiny_model import ServeProcess
+
+    core = tiny_served.core
+    with ServeProcess(speculative_core, "--trust", core.public_key, "--accept", core.namespace,
+                      *options) as served:
+        pass
+    spec = [x for x in served.stderr_lines if x.startswith("helios-serve: speculation")]
+    assert len(spec) == 1 and spec[0].endswith(f" s  {line}"), served.stderr_lines

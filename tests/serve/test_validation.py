@@ -180,3 +180,17 @@ def test_bad_json_schema_is_one_clear_line(scripted, schema, reason):
     message = error["message"]
     assert message.startswith("failed to compile JSON schema: ") and reason in message, message
     assert "\n" not in message and "%json" not in message and "start:" not in message, message
+
+
+@pytest.mark.parametrize(("patch", "limit"), [
+    ({"seed": 2**64}, "less than 18446744073709551616"),
+    ({"seed": -(2**63) - 1}, "greater than or equal to -9223372036854775808"),
+    ({"top_logprobs": 21, "logprobs": True}, "less than or equal to 20"),
+])  # fmt: skip
+def test_an_integer_out_of_range_names_its_exact_limit(scripted, patch, limit):
+    """The limit as an integer (a bound checked after the integral-number validator was
+    read through a float: "less than 18446744073709552000")."""
+    r = httpx.post(scripted.url + "/v1/chat/completions", json={**_base(scripted), **patch})
+    assert r.status_code == 400, r.text
+    assert f"Input should be {limit}" in r.json()["error"]["message"]
+

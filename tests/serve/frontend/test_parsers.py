@@ -536,3 +536,18 @@ def test_non_finite_numbers_never_reach_arguments():
     for name, _deltas, result in drive(JSONTAGS, [S("<tool_call>"), body, S("</tool_call>")],
                                        specials=THINK + TOOL_TAGS, tools=tools):  # fmt: skip
         assert result.tool_calls == (), name  # not JSON: the call is dropped
+
+
+@pytest.mark.parametrize(("choice", "reason"), [
+    ("auto", "tool_calls"), ("required", "tool_calls"),
+    ({"type": "function", "function": {"name": "get_weather"}}, "stop"),
+], ids=["auto", "required", "named"])  # fmt: skip
+def test_a_named_tool_choice_finishes_its_call_with_stop(choice, reason):
+    """OpenAI's chat completions finish a forced named call with "stop" and an auto or
+    required one with "tool_calls" (vLLM aligned with it, vllm-project/vllm#25054)."""
+    tools = [fn("get_weather", {"city": {"type": "string"}})]
+    expected = ChatResult(None, None, (ToolCall("call_0", "get_weather", '{"city":"Paris"}'),),
+                          reason)
+    run_all(JSONTAGS, [S("<tool_call>"), '\n{"name": "get_weather", "arguments": '
+                       '{"city": "Paris"}}\n', S("</tool_call>")], THINK + TOOL_TAGS, expected,
+            ["tool_call"], tools=tools, tool_choice=choice)

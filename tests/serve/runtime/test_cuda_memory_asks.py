@@ -12,6 +12,7 @@ import pytest
 from helios_contract import PreparedContract
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_ignition.testing import TINY_CAPACITIES, tiny_core
+from helios_serve.config import format_bytes
 from helios_serve.runtime.cache_sizing import (
     DEVICE_MEMORY,
     CacheSizing,
@@ -87,8 +88,9 @@ def test_the_model_scratch_snapshot_rows_and_a_fixed_cache_are_asked_in_order(co
         check_fits(asks, memory=DEVICE_MEMORY, available=total - 1)
     assert str(info.value) == (
         f"--num-pages 50: the KV cache (50 pages) needs {50 * page} bytes (50.0 KiB) but free "
-        f"device memory has {50 * page - 1} bytes (50.0 KiB) available after {model} bytes for "
-        f"the model and {scratch} bytes for kernel scratch and {snapshot} bytes for snapshot "
+        f"device memory has {50 * page - 1} bytes (50.0 KiB) available after {model} bytes "
+        f"({format_bytes(model)}) for the model and {scratch} bytes ({format_bytes(scratch)}) "
+        f"for kernel scratch and {snapshot} bytes ({format_bytes(snapshot)}) for snapshot "
         "storage")
     with pytest.raises(CacheSizingError) as info:
         check_fits(asks, memory=DEVICE_MEMORY, available=model + scratch + snapshot - 1)

@@ -273,6 +273,12 @@ def load_model(bootstrap: Bootstrap, path: Path, options: ServeOptions, settings
     except CoreError as exc:  # a weight or kernel resource failing its digests
         raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}",
                            "resource.integrity") from None
+    widths = [w for w in model.manifests.speculative_widths if w > 1]
+    if model.prepared.speculative_widths:  # what the operator's options made of them
+        log.record("speculation", 0.0, (
+            f"widths up to {max(widths)}, {options.speculative_policy} width policy"
+            + (", history drafting" if options.history_drafting else "")) if widths
+            else "off (--speculative-width " + str(options.speculative_width) + ")")
     return model
 
 
@@ -335,7 +341,8 @@ class _OneLineUsage(click.Command):
 )
 @click.option("--accept", "accept", help="Accepted publisher namespace (must match exactly).")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port (0: any free port).")
 @click.option("--backend", type=click.Choice(tuple(BACKENDS)), default="cpu", show_default=True,
               help="Execution backend: cpu (NumPy reference kernels) or cuda.")
 @click.option("--max-active", type=int, help="Requests running at once [core default].")
@@ -416,6 +423,9 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             host_bytes = parse_bytes(host_cache_bytes, zero=True)
         except ValueError as exc:
             raise StartupError(f"--host-cache-bytes: {exc}") from None
+        if served_name is not None and not served_name.strip():
+            raise StartupError("--served-name must not be empty (omit it to serve the core's "
+                               "served id)")
         options = ServeOptions(
             host=host, port=port, backend=backend, max_active=max_active,
             queue_capacity=queue_capacity, frontend_workers=frontend_workers,

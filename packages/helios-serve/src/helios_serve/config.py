@@ -127,7 +127,7 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
     return settings
 
 
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
@@ -152,9 +152,10 @@ class ByteCount(int):
 
 
 def parse_bytes(text: str, *, zero: bool = False) -> ByteCount:
-    """A byte count: an integer with an optional unit (K/M/G/T and KiB..TiB are powers
-    of 1024, KB..TB powers of 1000; case-insensitive): "2147483648", "2GiB", "1.5G",
-    rounded down to whole bytes. With `zero`, any spelling of zero ("0", "0.0", "0GiB")
+    """A byte count: an integer with an optional unit (B; K/M/G/T and KiB..TiB are powers
+    of 1024, KB..TB powers of 1000; case-insensitive; so what `format_bytes` prints
+    parses, as rounded): "2147483648", "100 B", "2GiB", "1.5G", "720.0 KiB", rounded down
+    to whole bytes. With `zero`, any spelling of zero ("0", "0.0", "0GiB")
     is 0 (none). The result's str() is `text` as given (stripped).
 
     Raises:
@@ -167,8 +168,8 @@ def parse_bytes(text: str, *, zero: bool = False) -> ByteCount:
     try:
         value = float(number) * _UNITS[unit]
     except (KeyError, ValueError):
-        raise ValueError(f"{text!r} is not a byte count (an integer, optionally with K, M, G, "
-                         "T, KiB..TiB or KB..TB)") from None
+        raise ValueError(f"{text!r} is not a byte count (an integer, optionally with B, K, M, "
+                         "G, T, KiB..TiB or KB..TB)") from None
     if not math.isfinite(value):  # "inf", "nan", "1e400"
         raise ValueError(f"{text!r} is not a finite byte count")
     if zero and value == 0:

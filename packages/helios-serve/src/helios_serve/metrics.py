@@ -124,21 +124,24 @@ class Metrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         # Request lifecycle.
         self.requests_received = Counter(
-            "helios_requests_received", "Chat requests received by HTTP.", registry=r
+            "helios_requests_received",
+            "Generation requests (chat and completions) received by HTTP.", registry=r
         )
         self.requests_admitted = Counter(
-            "helios_requests_admitted", "Chat requests given an HTTP admission permit.", registry=r
+            "helios_requests_admitted",
+            "Generation requests given an HTTP admission permit (one refused later by the "
+            "scheduler, 503, counts here and under rejected reason=scheduler).", registry=r
         )
         self.requests_rejected = Counter(
             "helios_requests_rejected",
-            "Chat requests rejected, by reason (ingress_full, invalid, scheduler).",
+            "Generation requests rejected, by reason (ingress_full, invalid, scheduler).",
             ["reason"],
             registry=r,
         )
         self.requests_finished = Counter(
             "helios_requests_finished",
-            "Requests that left the model worker, by reason "
-            "(stop, length, tool_calls, cancelled, error).",
+            "Choices that left the model worker, by reason (stop, length, tool_calls, "
+            "cancelled, error): one per choice, so a request with n = 3 counts 3.",
             ["reason"],
             registry=r,
         )
@@ -193,7 +196,8 @@ class Metrics:
         )
         self.e2e_latency = Histogram(
             "helios_e2e_request_latency_seconds",
-            "Enqueue to the terminal event.",
+            "Enqueue to the terminal event of a prompt's last choice (a completions request "
+            "of several prompts observes one per prompt).",
             buckets=_E2E_BUCKETS_S,
             registry=r,
         )
@@ -309,7 +313,14 @@ class Metrics:
         )
         self.pages_used = Gauge(
             "helios_cache_pages_used",
-            "Cache pages referenced by requests or held by the prefix cache.",
+            "Cache pages referenced by at least one request (the prefix cache's idle pages "
+            "are helios_cache_pages_evictable).",
+            registry=r,
+        )
+        self.pages_evictable = Gauge(
+            "helios_cache_pages_evictable",
+            "Published cache pages no request references: prefix-cache pages a later prompt "
+            "may reuse, evicted least recently used first when an allocation needs them.",
             registry=r,
         )
         self.slots_capacity = Gauge(

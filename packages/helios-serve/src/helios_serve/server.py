@@ -107,7 +107,7 @@ class Server:
         if settings.max_active > slots:
             # Load-time selection may reduce captured concurrency, never raise it; HTTP
             # admission must count the requests that can actually run.
-            log.warning("max_active %d exceeds the model's %d request slots; serving at most "
+            log.warning("--max-active %d exceeds the core's %d request slots; serving at most "
                         "%d at once", settings.max_active, slots, slots)
             settings = dataclasses.replace(settings, max_active=slots)
         self.settings = settings

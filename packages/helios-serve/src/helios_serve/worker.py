@@ -716,6 +716,7 @@ class ModelWorker:
         m.requests_running.set(stats.running)
         m.requests_waiting.set(stats.waiting)
         m.pages_used.set(stats.pages_used)
+        m.pages_evictable.set(stats.pages_evictable)
         m.snapshots_resident.set(stats.snapshots_resident)
         m.host_cache_bytes_used.set(stats.host_rows_used * self.geometry.page_bytes)
         before = self._reported

@@ -248,7 +248,9 @@ class Frontend:
             prompt_text: the rendered prompt (initial reasoning / frame state).
             prompt_ids: the prompt's token ids (seed the detokenizer window).
             tools: the request's OpenAI `tools` array, or None.
-            tool_choice: "none", "auto", "required" or {"type": "function", ...}.
+            tool_choice: "none", "auto", "required" or {"type": "function", ...} (named:
+                its call ends with finish_reason "stop", as OpenAI's does; auto and
+                required calls with "tool_calls").
             parallel_tool_calls: False keeps only the first call.
             stops: validated stops (`parse_stops`).
             structured_answer: response_format constrains the answer, which is then an
@@ -283,6 +285,7 @@ class Frontend:
             stops=stops or StopSpec(),
             parallel_tool_calls=parallel_tool_calls,
             ignore_eos=ignore_eos,
+            named_call=bool(tools) and isinstance(tool_choice, dict),
         )
 
 
@@ -304,6 +307,7 @@ class OutputPipeline:
         stops: StopSpec,
         parallel_tool_calls: bool = True,
         ignore_eos: bool = False,
+        named_call: bool = False,
     ) -> None:
         self._detok = detokenizer
         self._reasoning = reasoning
@@ -317,6 +321,9 @@ class OutputPipeline:
         )
         self._string_stops = StringStopMatcher(stops.strings) if stops.strings else None
         self._parallel = parallel_tool_calls
+        # EOS after calls finishes "tool_calls", except for a named tool_choice: OpenAI
+        # (and vLLM since #25054) finish a forced named call with "stop".
+        self._calls_reason = FinishReason.STOP if named_call else FinishReason.TOOL_CALLS
         # No stops, no reasoning and no tool parsing: every piece of text is one content
         # delta (what the general path gives, without its per-token parser objects).
         self._plain = (self._token_stops is None and self._string_stops is None
@@ -416,7 +423,7 @@ class OutputPipeline:
 
     def _end(self, reason: FinishReason | None, out: list[Delta] | None = None,
              flush_text: bool = True) -> list[Delta]:
-        """Flush and finish; reason None is EOS (tool_calls after completed calls)."""
+        """Flush and finish; reason None is EOS (`_calls_reason` after completed calls)."""
         out = [] if out is None else out
         if flush_text:
             if self._token_stops is not None:
@@ -431,7 +438,7 @@ class OutputPipeline:
         out.extend(self._tools.finish())
         published = self._publish(out)
         if reason is None:
-            reason = FinishReason.TOOL_CALLS if self._calls else FinishReason.STOP
+            reason = self._calls_reason if self._calls else FinishReason.STOP
         elif reason is FinishReason.STOP:
             self.matched_stop = True
         self.finish_reason = reason

@@ -264,7 +264,9 @@ async def health(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
     data, content_type = await _service(request).render_metrics()
-    return Response(data, media_type=content_type, status_code=200)
+    # Litestar appends "; charset=utf-8" to a text/ media type itself
+    media_type = "; ".join(p for p in content_type.split("; ") if not p.startswith("charset="))
+    return Response(data, media_type=media_type, status_code=200)
 
 
 def _api_error(_: Request, exc: ApiError) -> Response:

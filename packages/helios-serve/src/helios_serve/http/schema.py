@@ -32,9 +32,19 @@ def _integral(value: Any) -> Any:
     return value
 
 
-ApiInt = Annotated[int, BeforeValidator(_integral)]
-Int = Annotated[ApiInt, Field(ge=0)]
-TopLogprobs = Annotated[ApiInt, Field(ge=0, le=20)]
+def api_int(**bounds: int) -> Any:
+    """An integer field with `bounds` (pydantic's ge / gt / le / lt) that accepts integral
+    numbers (`_integral`). The bounds come before the validator: after it, pydantic checks
+    them through floats (a limit of 2**64 read "18446744073709552000") and writes them to
+    the JSON schema as "ge" / "le" rather than JSON Schema's minimum / maximum."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]
+
+
+Int = api_int(ge=0)
+PositiveInt = api_int(ge=1)
+TopLogprobs = api_int(ge=0, le=20)
+TopK = api_int(ge=-1)  # -1: off, as vLLM
+Seed = api_int(ge=-(2**63), lt=2**64)  # int64 or uint64
 
 
 class TextPart(BaseModel):
@@ -110,15 +120,15 @@ class _Sampling(BaseModel):
     model: str
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[ApiInt, Field(ge=-1)] | None = None
+    top_k: TopK | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
-    seed: Annotated[ApiInt, Field(ge=-(2**63), lt=2**64)] | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[Int] | None = None
-    n: Annotated[ApiInt, Field(ge=1)] | None = None
+    n: PositiveInt | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
@@ -131,8 +141,8 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions body."""
 
     messages: Annotated[list[Message], Field(min_length=1)]
-    max_tokens: Annotated[ApiInt, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[ApiInt, Field(ge=1)] | None = None
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
     stop_token_sequences: list[list[Int]] | None = None
     return_token_ids: bool | None = None
     return_token_timestamps: bool | None = None
@@ -157,10 +167,10 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions body (legacy completions)."""
 
     prompt: str | list[str] | list[Int] | list[list[Int]]
-    max_tokens: Annotated[ApiInt, Field(ge=1)] | None = 16  # OpenAI's and vLLM's default
-    logprobs: Annotated[ApiInt, Field(ge=0, le=20)] | None = None
+    max_tokens: PositiveInt | None = 16  # OpenAI's and vLLM's default
+    logprobs: TopLogprobs | None = None
     echo: bool | None = None
-    best_of: Annotated[ApiInt, Field(ge=1)] | None = None
+    best_of: PositiveInt | None = None
     suffix: str | None = None
 
 

@@ -219,7 +219,8 @@ def check_fits(asks: Sequence[MemoryAsk], *, memory: str, available: int) -> Non
     for ask in asks:
         if ask.nbytes > left:
             what = f"{ask.what} ({ask.detail})" if ask.detail else ask.what
-            after = " and ".join(f"{a.nbytes} bytes for {a.what}" for a in counted)
+            after = " and ".join(f"{a.nbytes} bytes ({format_bytes(a.nbytes)}) for {a.what}"
+                                 for a in counted)
             raise CacheSizingError(
                 f"{ask.option}: {what} needs {ask.nbytes} bytes ({format_bytes(ask.nbytes)}) but "
                 f"{memory} has {max(left, 0)} bytes ({format_bytes(max(left, 0))}) available"
