@@ -62,7 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _report import write_json  # noqa: E402  bench/ is this script's folder
+from _report import git_commit, write_json  # noqa: E402  bench/ is this script's folder
 
 SAMPLINGS = {"greedy": (0.0, 1.0), "sampled_t0.8_p0.95": (0.8, 0.95)}
 MODES = {"off": dict(widths=False, history=False, policy=False),
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
     result = {"model": "smollm2-135m-instruct", "drafter": args.drafter,
               "backend": args.backend, "tokens_per_request": args.tokens,
               "rounds": args.rounds, "frames": frames, "rows": rows,
-              "commit": os.environ.get("HELIOS_COMMIT", "unknown")}
+              "commit": os.environ.get("HELIOS_COMMIT") or git_commit() or "unknown"}
     print(f"{'set':11} {'batch':>5} {'sampling':20} {'mode':22} {'tok/s':>8} {'x off':>6} "
           f"{'acc.len':>7} {'copied':>11}")
     for r in rows:
