@@ -643,3 +643,24 @@ def test_shutdown_drops_open_streams_with_one_line_each(tok, caplog):
     assert len(dropped) == 2
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records
                                                             if r.exc_info]
+    # uvicorn's own ERROR about the drain's end is not logged beside the dropped lines
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_uvicorns_drain_timeout_error_is_not_logged_beside_the_dropped_lines():
+    """A real `helios-serve` stopped with a stream open printed uvicorn's "ERROR: Cancel 1
+    running task(s), timeout graceful shutdown exceeded" after the documented "dropped an
+    open ..." line (fresh-user pass, 2026-12-05); the uvicorn.error filter drops it, and
+    nothing else uvicorn logs."""
+    from helios_serve.http.access import QuietCancelledConnections
+
+    def record(msg, *args, level=logging.ERROR):
+        return logging.LogRecord("uvicorn.error", level, "server.py", 303, msg, args, None)
+
+    quiet = QuietCancelledConnections()
+    assert not quiet.filter(record("Cancel %s running task(s), timeout graceful shutdown "
+                                   "exceeded", 1))
+    assert quiet.filter(record("Exception in ASGI application"))
+    assert quiet.filter(record("Waiting for connections to close. (CTRL+C to force quit)",
+                               level=logging.INFO))
