@@ -273,13 +273,20 @@ def load_model(bootstrap: Bootstrap, path: Path, options: ServeOptions, settings
     except CoreError as exc:  # a weight or kernel resource failing its digests
         raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}",
                            "resource.integrity") from None
-    widths = [w for w in model.manifests.speculative_widths if w > 1]
     if model.prepared.speculative_widths:  # what the operator's options made of them
-        log.record("speculation", 0.0, (
-            f"widths up to {max(widths)}, {options.speculative_policy} width policy"
-            + (", history drafting" if options.history_drafting else "")) if widths
-            else "off (--speculative-width " + str(options.speculative_width) + ")")
+        log.record("speculation", 0.0, _speculation_line(model.manifests.speculative_widths,
+                                                          options))
     return model
+
+
+def _speculation_line(served_widths, options: ServeOptions) -> str:
+    """The startup log's account of the speculation served: "widths up to 4, adaptive width
+    policy, history drafting", or "off (--speculative-width 0)"."""
+    widest = max(served_widths, default=1)
+    if widest < 2:  # lanes of one position: plain decode
+        return f"off (--speculative-width {options.speculative_width})"
+    history = ", history drafting" if options.history_drafting else ""
+    return f"widths up to {widest}, {options.speculative_policy} width policy{history}"
 
 
 def check_options(prepared, options: ServeOptions) -> None:

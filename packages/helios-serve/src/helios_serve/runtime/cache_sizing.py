@@ -130,11 +130,13 @@ class CacheSizing:
                 fraction = DEFAULT_CUDA_FRACTION
             where = "free device memory" if backend == "cuda" else "available host memory"
             option = f"--kv-cache-fraction {fraction:g}"
-            budget, how = int(fraction * available), f"{option} of {format_bytes(available)} of {where}"
+            budget = int(fraction * available)
+            how = f"{option} of {format_bytes(available)} of {where}"
         pages = budget // page_bytes
         if pages < 1:
-            raise CacheSizingError(f"the KV cache budget ({how}: {format_bytes(budget)}) holds no page; "
-                                   f"one page of every cache plane needs {format_bytes(page_bytes)}")
+            raise CacheSizingError(
+                f"the KV cache budget ({how}: {format_bytes(budget)}) holds no page; one page "
+                f"of every cache plane needs {format_bytes(page_bytes)}")
         return CacheChoice(pages, prepared_pages, page_bytes, how, option)
 
 
@@ -222,8 +224,8 @@ def check_fits(asks: Sequence[MemoryAsk], *, memory: str, available: int) -> Non
             after = " and ".join(f"{a.nbytes} bytes ({format_bytes(a.nbytes)}) for {a.what}"
                                  for a in counted)
             raise CacheSizingError(
-                f"{ask.option}: {what} needs {ask.nbytes} bytes ({format_bytes(ask.nbytes)}) but "
-                f"{memory} has {max(left, 0)} bytes ({format_bytes(max(left, 0))}) available"
+                f"{ask.option}: {what} needs {ask.nbytes} bytes ({format_bytes(ask.nbytes)}) "
+                f"but {memory} has {max(left, 0)} bytes ({format_bytes(max(left, 0))}) available"
                 + (f" after {after}" if after else ""))
         left -= ask.nbytes
         if ask.nbytes:

@@ -140,8 +140,8 @@ class CpuBackend:
                     self.buffers[decl.name] = self._allocate(decl, read_resource, 0)
             weights = [self.buffers[b.name] for b in manifest.buffers
                        if b.role == mpb.BUFFER_ROLE_WEIGHT]
-            phase.detail = (f"{len(weights)} tensors, {format_bytes(sum(w.nbytes for w in weights))} "
-                            "(f32 on the host)")
+            nbytes = sum(w.nbytes for w in weights)
+            phase.detail = f"{len(weights)} tensors, {format_bytes(nbytes)} (f32 on the host)"
         with log.phase("cache sizing") as phase:
             self.cache = sizing.choose(backend="cpu", page_bytes=page_bytes,
                                        prepared_pages=prepared, reserved=[tier_rows])

@@ -50,7 +50,6 @@ ARG_KIND = {mpb.PARAM_KIND_I32: "i32", mpb.PARAM_KIND_F32: "f32"}
 MAX_DEFAULT_SHARED = 48 * 1024
 
 
-
 def _page_bytes(planes: list[mpb.Buffer]) -> int:
     """Bytes of one page across the paged cache planes (stored dtypes)."""
     return sum(math.prod(int(x) for x in d.shape[1:]) * STORED_DTYPE[d.dtype].itemsize
@@ -157,7 +156,8 @@ class CudaBackend:
                 for decl in host:
                     self._allocate_host(decl)
                 phase.detail = (f"{sum(d.role == mpb.BUFFER_ROLE_WEIGHT for d in others)} "
-                                f"tensors, {format_bytes(self.counters['weight_bytes'])} uploaded")
+                                f"tensors, {format_bytes(self.counters['weight_bytes'])} "
+                                "uploaded")
             with log.phase("kernels") as phase:
                 self._functions = self._load_kernels(read_resource)
                 phase.detail = f"{len(self._functions)} kernel modules for {self.target}"

@@ -154,7 +154,8 @@ def choose_tiers(cache: cpb.CacheContract, graphs: Sequence[cpb.GraphContract],
         host_rows = host_cache_bytes // host_row_bytes
         if host_rows < 1:
             raise RuntimeLoadError(f"--host-cache-bytes {host_cache_bytes} holds no host-tier row "
-                                   f"(one row of every host plane is {format_bytes(host_row_bytes)})")
+                                   "(one row of every host plane is "
+                                   f"{format_bytes(host_row_bytes)})")
     used = {Tier.PAGES} | ({Tier.CONTINUATION} if snapshot_rows else set()) | (
         {Tier.HOST} if host_rows else set())
     routes = {r: tuple(sorted(c)) for r, c in by_route.items()

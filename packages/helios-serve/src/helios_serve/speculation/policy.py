@@ -328,7 +328,8 @@ class WidthPolicy:
         positions, ranked for a request seen in a prefix-limit step by its last lane's
         proposal-confidence survival times the observed calibration of confidence
         against acceptance), seconds from the measured cost of that program at this
-        batch capacity (`StepCosts`: the median of its last COST_WINDOW steps). Before that, measure (reason "measure"):
+        batch capacity (`StepCosts`: the median of its last COST_WINDOW steps). Before
+        that, measure (reason "measure"):
         1. plain DECODE while it is not measured (everything is compared with it);
         2. else, only while the measurements' summed loss is at most EXPLORE_SHARE of all
            measured step seconds (`exploration_loss` <= EXPLORE_SHARE x `spent`; a
