@@ -1,6 +1,7 @@
 """Capture of the batch-1 down projection (``launch.fuse_swiglu_linear``): fused
 ``swiglu_linear`` up to ``FUSE_GEMV_MAX_K`` FFN features, ``silu_mul`` + ``linear`` beyond
-(the 8B geometry's 14336: measured faster unfused on the H200, docs/gpu.md)."""
+(the 8B geometry's 14336: measured faster unfused on the H200,
+bench/results/gpu-history.md, "Batch-1 GEMV against copy speed")."""
 
 from __future__ import annotations
 
