@@ -245,10 +245,10 @@ def engine_main(conn, spec: EngineSpec) -> None:
     """The engine process: load, report ("ready", geometry) or ("error", line, rule),
     then serve the channel until Stop or until the frontend disappears."""
     from helios_serve.bootstrap import Bootstrap
-    from helios_serve.cli import _cache_sizing, _core_path, _startup_log, load_model
     from helios_serve.clock import ObservationClock
     from helios_serve.config import resolve
     from helios_serve.frontend.grammar import GrammarCompiler
+    from helios_serve.loading import cache_sizing, core_path, load_model, startup_log
     from helios_serve.metrics import Metrics
     from helios_serve.worker import ModelWorker
 
@@ -261,9 +261,9 @@ def engine_main(conn, spec: EngineSpec) -> None:
                         format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
     options = spec.options
     try:
-        cache = _cache_sizing(options)
-        startup = _startup_log("engine: ")
-        path = _core_path(spec.core)
+        cache = cache_sizing(options)
+        startup = startup_log("engine: ")
+        path = core_path(spec.core)
         bootstrap = Bootstrap.load(path, spec.trust, spec.accept,
                                    resource_key=spec.resource_key, log=startup)
         try:
