@@ -36,6 +36,7 @@ from helios_tools.core.protected import load_resource_key
 from helios_serve.bootstrap import Bootstrap, StartupError
 from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeOptions, parse_bytes
+from helios_serve.engine_client import EngineClient
 from helios_serve.loading import (
     cache_sizing,
     check_options,
@@ -46,6 +47,7 @@ from helios_serve.loading import (
 )
 from helios_serve.runtime.errors import RuntimeLoadError
 from helios_serve.runtime.rank_processes import ProcessRanks, reexec_under_mpiexec, serve_rank
+from helios_serve.wire import EngineSpec
 
 DEMO_NAMESPACE = "helios.demo/local"
 DEMO_RECIPE = Path("recipes") / "smollm2_135m_instruct.py"
@@ -174,7 +176,7 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
     missing core or a busy port is reported at once.
 
     With `options.engine_process` the model loads in the engine process
-    (`engine_process.EngineClient.start`; it verifies the core again) and this process
+    (`engine_client.EngineClient.spawn`; it verifies the core again) and this process
     serves HTTP around it.
 
     `ranks` (runtime.rank_processes.ProcessRanks): this is rank 0 of process ranks.
@@ -205,9 +207,7 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         check_options(bootstrap.prepared, options)  # before the engine or the weights load
         clock = ObservationClock()  # the observation origin: native runtime startup
         if options.engine_process:
-            from helios_serve.engine_process import EngineClient, EngineSpec
-
-            engine = EngineClient.start(EngineSpec(str(path), list(trust), accept, options,
+            engine = EngineClient.spawn(EngineSpec(str(path), list(trust), accept, options,
                                                    resource_key, clock.origin_ns))
             try:
                 with log.phase("listen") as phase:
