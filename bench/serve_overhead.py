@@ -163,14 +163,15 @@ def serve_child(args) -> None:
     clock = ObservationClock()
     token_ids = text_token_ids(bootstrap.tokenizer)
     if options.engine_process:  # the paced model in the engine process; its stats there
-        from helios_serve.engine_process import EngineClient, EngineSpec
+        from helios_serve.engine_client import EngineClient
+        from helios_serve.wire import EngineSpec
 
         # A directory of its own: bench/out/ need not exist (--core given elsewhere, as on
         # the GPU machine), and a short path keeps under AF_UNIX's 107 bytes.
         stats_dir = tempfile.mkdtemp(prefix="helios-paced-")
         stats_path = os.path.join(stats_dir, "stats.sock")
         try:
-            engine = EngineClient.start(EngineSpec(
+            engine = EngineClient.spawn(EngineSpec(
                 str(args.core), [str(args.trust)], args.accept, options, None,
                 clock.origin_ns, model_factory=PacedEngineModel(by_name, token_ids,
                                                                 stats_path)))
@@ -179,6 +180,7 @@ def serve_child(args) -> None:
         finally:
             shutil.rmtree(stats_dir, ignore_errors=True)
         server = Server(bootstrap, None, settings, clock, engine=engine)
+        engine_pid = engine.pid
         engine_stats = stats_sock.makefile("rw")
 
         def stats() -> dict:
@@ -192,6 +194,7 @@ def serve_child(args) -> None:
         model = paced_model(bootstrap.core, step_s, token_ids,
                             max_concurrency=settings.max_active)
         server = Server(bootstrap, model, settings, clock)
+        engine_pid = 0
 
         def stats() -> dict:
             return backend_stats(model.backend)
@@ -202,7 +205,6 @@ def serve_child(args) -> None:
                 print(json.dumps(stats()), flush=True)
 
     threading.Thread(target=answer, daemon=True).start()
-    engine_pid = server.engine.pid if server.engine is not None else 0
     print(f"serving at {server.url} engine {engine_pid}", flush=True)
     server.run()
 

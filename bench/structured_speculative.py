@@ -61,9 +61,9 @@ METRICS = {"copied_drafts": 'helios_spec_decode_draft_tokens_total{source="copie
 
 def _server(core_path: Path, public: Path, backend: str, options: dict):
     from helios_serve.bootstrap import Bootstrap
-    from helios_serve.cli import check_options
     from helios_serve.clock import ObservationClock
     from helios_serve.config import ServeOptions, resolve
+    from helios_serve.loading import check_options
     from helios_serve.runtime import NativeModel
     from helios_serve.server import Server
 

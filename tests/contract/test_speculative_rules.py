@@ -62,8 +62,8 @@ def test_a_speculative_program_reports_lane_records_of_its_width():
 
 def test_history_drafting_needs_copied_token_inputs_in_every_selected_wider_graph():
     from helios_serve.bootstrap import StartupError
-    from helios_serve.cli import check_options
     from helios_serve.config import ServeOptions
+    from helios_serve.loading import check_options
 
     core = tiny_core(0, speculative_widths=(1, 2, 4))
     prepared = PreparedContract.from_contract(core.contract, core.manifest)

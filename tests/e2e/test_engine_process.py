@@ -235,7 +235,8 @@ def test_a_dropped_stream_cancels_through_the_channel(tiny_engine_server):
 def test_tool_calls_finish_reason_is_the_frontend_parsers():
     """A relayed choice's tokens reach the frontend pipeline; EOS after a parsed call
     ends it with tool_calls (the engine's Finished said stop), counted once, there."""
-    from helios_serve.engine_process import EngineClient, TokenRelay, _Remote
+    from helios_serve.engine_client import EngineClient, _Remote
+    from helios_serve.engine_process import TokenRelay
     from helios_serve.events import ChoiceState, EventSink, Finished, FinishReason, Output
     from helios_serve.frontend.pipeline import Frontend
     from helios_serve.frontend.syntax import (
@@ -288,9 +289,9 @@ def test_the_engines_final_snapshot_outlives_it():
     """An engine that exits in order (Stop, or its worker crashed) sends its metrics
     last; once it is gone the frontend's /metrics serves them: counters as sent, the
     engine's gauges 0 but for the lifetime maximum, the frontend's own share added."""
-    from helios_serve.engine_process import FINAL_SNAPSHOT, EngineClient
+    from helios_serve.engine_client import EngineClient
     from helios_serve.metrics import Metrics, engine_families
-    from helios_serve.wire import METRICS_REPLY, encoder, to_frontend_decoder
+    from helios_serve.wire import FINAL_SNAPSHOT, METRICS_REPLY, encoder, to_frontend_decoder
 
     engine = Metrics()  # the engine's registry as it exits
     engine.requests_finished.labels("error").inc(3)  # the requests its worker failed

@@ -199,9 +199,9 @@ def history_server(spec_core):
     speculation to run (the adaptive policy's choices are tested with scripted costs in
     tests/serve/scheduler and over HTTP in test_structured_speculative)."""
     from helios_serve.bootstrap import Bootstrap
-    from helios_serve.cli import check_options
     from helios_serve.clock import ObservationClock
     from helios_serve.config import ServeOptions, resolve
+    from helios_serve.loading import check_options
     from helios_serve.server import Server
 
     out, public = spec_core

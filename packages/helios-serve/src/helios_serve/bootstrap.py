@@ -14,7 +14,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from helios_contract.errors import ContractError, MissingGraphVariantError
+from helios_contract.prepared import PreparedContract
 from helios_contract.schema import contract_pb2, core_pb2
+from helios_tools.core.errors import CoreError, NamespaceMismatch, ProtectedChunkError
+from helios_tools.core.reader import authorize, open_core
+from helios_tools.core.signing import load_public_key
+from helios_tools.frontend_assets import load_tokenizer
+from helios_tools.lint import chat_template_findings, resource_findings
 
 from helios_serve.frontend.errors import FrontendConfigError
 from helios_serve.frontend.pipeline import Frontend
@@ -84,13 +91,6 @@ class Bootstrap:
                 without its resource key or with another key, an invalid contract, a
                 contract the manifest does not match, or missing frontend assets.
         """
-        from helios_contract.errors import ContractError, MissingGraphVariantError
-        from helios_contract.prepared import PreparedContract
-        from helios_tools.core.errors import CoreError, NamespaceMismatch, ProtectedChunkError
-        from helios_tools.core.reader import authorize, open_core
-        from helios_tools.core.signing import load_public_key
-        from helios_tools.lint import resource_findings
-
         log = log if log is not None else StartupLog()
         started = time.perf_counter()
         keys = []
@@ -169,9 +169,6 @@ class Bootstrap:
         Raises:
             StartupError: an invalid tokenizer, chat template or frontend contract.
         """
-        from helios_tools.frontend_assets import load_tokenizer
-        from helios_tools.lint import chat_template_findings
-
         try:
             tokenizer = load_tokenizer(tokenizer_json)
         except ValueError as exc:

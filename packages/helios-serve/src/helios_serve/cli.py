@@ -31,10 +31,23 @@ from pathlib import Path
 
 import click
 from helios_tools.capabilities import BACKENDS
+from helios_tools.core.protected import load_resource_key
 
 from helios_serve.bootstrap import Bootstrap, StartupError
-from helios_serve.config import ServeOptions, parse_bytes, resolve
-from helios_serve.startup import StartupLog
+from helios_serve.clock import ObservationClock
+from helios_serve.config import ServeOptions, parse_bytes
+from helios_serve.engine_client import EngineClient
+from helios_serve.loading import (
+    cache_sizing,
+    check_options,
+    core_path,
+    load_model,
+    resolve_settings,
+    startup_log,
+)
+from helios_serve.runtime.errors import RuntimeLoadError
+from helios_serve.runtime.rank_processes import ProcessRanks, reexec_under_mpiexec, serve_rank
+from helios_serve.wire import EngineSpec
 
 DEMO_NAMESPACE = "helios.demo/local"
 DEMO_RECIPE = Path("recipes") / "smollm2_135m_instruct.py"
@@ -148,8 +161,6 @@ def read_resource_key(path: str | os.PathLike[str] | None) -> bytes | None:
     """
     if path is None:
         return None
-    from helios_tools.core.protected import load_resource_key
-
     try:
         return load_resource_key(path)
     except OSError as exc:
@@ -165,7 +176,7 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
     missing core or a busy port is reported at once.
 
     With `options.engine_process` the model loads in the engine process
-    (`engine_process.EngineClient.start`; it verifies the core again) and this process
+    (`engine_client.EngineClient.spawn`; it verifies the core again) and this process
     serves HTTP around it.
 
     `ranks` (runtime.rank_processes.ProcessRanks): this is rank 0 of process ranks.
@@ -173,12 +184,13 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
     Raises:
         StartupError: one line naming what is wrong.
     """
-    from helios_serve.clock import ObservationClock
+    # start-up time: a usage error or --help answers without importing HTTP (uvicorn,
+    # Litestar: most of the import time).
     from helios_serve.server import Server, bind_listener
 
-    cache = _cache_sizing(options)
-    log = _startup_log()
-    path = _core_path(core)
+    cache = cache_sizing(options)
+    log = startup_log()
+    path = core_path(core)
     try:
         listener = bind_listener(options.host, options.port)
     except OSError as exc:
@@ -191,16 +203,11 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         listener.close()
         raise
     try:
-        try:
-            settings = resolve(options, bootstrap.contract)
-        except ValueError as exc:
-            raise StartupError(str(exc)) from None
+        settings = resolve_settings(options, bootstrap)
         check_options(bootstrap.prepared, options)  # before the engine or the weights load
         clock = ObservationClock()  # the observation origin: native runtime startup
         if options.engine_process:
-            from helios_serve.engine_process import EngineClient, EngineSpec
-
-            engine = EngineClient.start(EngineSpec(str(path), list(trust), accept, options,
+            engine = EngineClient.spawn(EngineSpec(str(path), list(trust), accept, options,
                                                    resource_key, clock.origin_ns))
             try:
                 with log.phase("listen") as phase:
@@ -223,106 +230,6 @@ def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: 
         listener.close()
         bootstrap.close()
         raise
-
-
-def _cache_sizing(options: ServeOptions):
-    from helios_serve.runtime.cache_sizing import CacheSizing
-    from helios_serve.runtime.errors import RuntimeLoadError
-
-    try:
-        return CacheSizing(num_pages=options.num_pages, memory_bytes=options.kv_cache_memory,
-                           fraction=options.kv_cache_fraction)
-    except RuntimeLoadError as exc:
-        raise StartupError(str(exc)) from None
-
-
-def _startup_log(prefix: str = "") -> StartupLog:
-    return StartupLog(emit=lambda line: click.echo(f"helios-serve: {prefix}{line}", err=True))
-
-
-def _core_path(core: str | os.PathLike[str]) -> Path:
-    path = Path(core)
-    if not path.is_file():
-        why = "is a directory" if path.is_dir() else "no such file"
-        raise StartupError(f"bad core: {path}: {why}")
-    return path
-
-
-def load_model(bootstrap: Bootstrap, path: Path, options: ServeOptions, settings, cache,
-               log: StartupLog, ranks=None):
-    """NativeModel.load for `bootstrap`'s core with the operator's options (checked
-    against the core first by `check_options`).
-
-    Raises:
-        StartupError: one line naming what is wrong.
-    """
-    from helios_tools.core.errors import CoreError
-
-    from helios_serve.runtime.errors import RuntimeLoadError
-    from helios_serve.runtime.native_model import NativeModel
-
-    try:
-        model = NativeModel.load(
-            bootstrap.prepared, bootstrap.core.read_resource, options.backend, cache=cache,
-            max_concurrency=settings.max_active,
-            speculative_width=options.speculative_width, log=log, ranks=ranks,
-            snapshots=options.snapshots, host_cache_bytes=options.host_cache_bytes,
-        )
-    except RuntimeLoadError as exc:
-        raise StartupError(" ".join(str(exc).split()), exc.rule) from None
-    except CoreError as exc:  # a weight or kernel resource failing its digests
-        raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}",
-                           "resource.integrity") from None
-    if model.prepared.speculative_widths:  # what the operator's options made of them
-        log.record("speculation", 0.0, _speculation_line(model.manifests.speculative_widths,
-                                                          options))
-    return model
-
-
-def _speculation_line(served_widths, options: ServeOptions) -> str:
-    """The startup log's account of the speculation served: "widths up to 4, adaptive width
-    policy, history drafting", or "off (--speculative-width 0)"."""
-    widest = max(served_widths, default=1)
-    if widest < 2:  # lanes of one position: plain decode
-        return f"off (--speculative-width {options.speculative_width})"
-    history = ", history drafting" if options.history_drafting else ""
-    return f"widths up to {widest}, {options.speculative_policy} width policy{history}"
-
-
-def check_options(prepared, options: ServeOptions) -> None:
-    """The startup options the core must back, checked before anything loads (the one
-    place helios-serve checks an option against what the core captures):
-
-    - --speculative-width: a captured width or narrower (runtime.native_model.
-      served_speculative_widths, the rule NativeModel.load applies too);
-    - --history-drafting: learned speculation served (a width above one) and the
-      copied-token inputs in every selected wider graph (the contract's rule:
-      PreparedContract.history_drafting_findings).
-
-    Raises:
-        StartupError: one line naming the option and what the core lacks.
-    """
-    from helios_contract.errors import ContractError
-
-    from helios_serve.runtime.errors import SpeculativeWidthError
-    from helios_serve.runtime.native_model import served_speculative_widths
-
-    try:
-        widths = served_speculative_widths(prepared, options.speculative_width)
-    except SpeculativeWidthError as exc:
-        raise StartupError(str(exc), exc.rule) from None
-    if not options.history_drafting:
-        return
-    if not widths:
-        why = ("the core has no speculative programs" if not prepared.speculative_widths
-               else f"--speculative-width {options.speculative_width} serves no lane wider "
-                    "than one")
-        raise StartupError(f"--history-drafting needs learned speculation: {why}",
-                           rule="speculative.history_inputs")
-    try:
-        prepared.check_history_drafting(widths)
-    except ContractError as exc:
-        raise StartupError(f"--history-drafting: {exc}", rule=getattr(exc, "rule", "")) from None
 
 
 class _OneLineUsage(click.Command):
@@ -487,9 +394,6 @@ def _process_ranks(world, rank, peers, rank_key, backend, timeout_s=120.0):
         if rank or peers or rank_key:
             raise StartupError("--rank, --peers and --rank-key need --world N")
         return None
-    from helios_serve.runtime.errors import RuntimeLoadError
-    from helios_serve.runtime.rank_processes import ProcessRanks, reexec_under_mpiexec
-
     try:
         if backend != "cpu":
             raise StartupError(f"--world: process ranks run on the cpu backend; the {backend} "
@@ -509,11 +413,7 @@ def serve_rank_process(core, trust: list[str], accept: str, options: ServeOption
     Raises:
         StartupError: one line naming what is wrong.
     """
-    from helios_serve.runtime.cache_sizing import CacheSizing
-    from helios_serve.runtime.errors import RuntimeLoadError
-    from helios_serve.runtime.rank_processes import serve_rank
-
-    log = StartupLog(emit=lambda line: click.echo(f"helios-serve: {line}", err=True))
+    log = startup_log()
     path = Path(core)
     if not path.is_file():
         raise StartupError(f"bad core: {path}: no such file")
@@ -526,8 +426,7 @@ def serve_rank_process(core, trust: list[str], accept: str, options: ServeOption
         sys.stdout.flush()
 
     try:
-        cache = CacheSizing(num_pages=options.num_pages, memory_bytes=options.kv_cache_memory,
-                            fraction=options.kv_cache_fraction)
+        cache = cache_sizing(options)
         serve_rank(bootstrap.core.manifest, bootstrap.core.read_resource, ranks, cache,
                    log=log, ready=ready)
     except RuntimeLoadError as exc:

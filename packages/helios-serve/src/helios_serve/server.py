@@ -23,12 +23,13 @@ import uvicorn
 from helios_serve.bootstrap import Bootstrap
 from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeSettings
-from helios_serve.engine_process import EngineClient
+from helios_serve.handle import EngineHandle
 from helios_serve.http.access import QuietCancelledConnections
 from helios_serve.http.app import build_app
 from helios_serve.http.service import ApiService
 from helios_serve.metrics import Metrics
 from helios_serve.worker import ModelBackend, ModelWorker
+from helios_serve.worker_host import WorkerHost, build_worker
 
 SHUTDOWN_DRAIN_S = 5.0
 
@@ -68,8 +69,13 @@ class Server:
         settings: resolved settings (host, port 0 picks a free port).
         clock: the observation clock made right before the model loaded.
         listener: a socket from `bind_listener`, or None to bind settings.host/port here.
-        engine: the engine process (helios-serve --engine-process) serving the model in
-            place of a worker thread here.
+        engine: the engine handle serving the model (helios-serve --engine-process: an
+            `engine_client.EngineClient`); None: a worker thread here around `model`.
+
+    Attributes:
+        engine: the engine handle HTTP submits to.
+        worker: the worker thread built here around `model` (tests inspect it), or None
+            with a given `engine`.
     """
 
     def __init__(
@@ -80,30 +86,16 @@ class Server:
         clock: ObservationClock,
         listener: socket.socket | None = None,
         *,
-        engine: EngineClient | None = None,
+        engine: EngineHandle | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.metrics = Metrics()
-        self.engine = engine
-        self.worker: ModelWorker | EngineClient
-        if engine is not None:  # --engine-process: the model worker runs there
-            engine.metrics = self.metrics
-            self.worker = engine
-        else:
-            counters = getattr(getattr(model, "backend", None), "counters", None)
-            if counters is not None:  # NativeModel (the scripted test backend has none)
-                self.metrics.watch_runtime(lambda: counters, model.frames)
-            self.worker = ModelWorker(
-                model,
-                clock,
-                self.metrics,
-                max_active=settings.max_active,
-                queue_capacity=settings.queue_capacity,
-                history_drafting=settings.history_drafting,
-                width_policy=settings.width_policy,
-                stream_interval=settings.stream_interval,
-            )
-        slots = self.worker.geometry.slots
+        self.worker: ModelWorker | None = None
+        if engine is None:
+            self.worker = build_worker(model, settings, clock, self.metrics)
+            engine = WorkerHost(self.worker)
+        self.engine: EngineHandle = engine
+        slots = engine.geometry.slots
         if settings.max_active > slots:
             # Load-time selection may reduce captured concurrency, never raise it; HTTP
             # admission must count the requests that can actually run.
@@ -111,7 +103,7 @@ class Server:
                         "%d at once", settings.max_active, slots, slots)
             settings = dataclasses.replace(settings, max_active=slots)
         self.settings = settings
-        self.service = ApiService(bootstrap, self.worker, settings, self.metrics, clock)
+        self.service = ApiService(bootstrap, engine, settings, self.metrics, clock)
         self.app = build_app(self.service)
         self._socket = listener or bind_listener(settings.host, settings.port)
         self.port = self._socket.getsockname()[1]
@@ -137,7 +129,7 @@ class Server:
         clock: ObservationClock,
         *,
         timeout_s: float = 30.0,
-        engine: EngineClient | None = None,
+        engine: EngineHandle | None = None,
     ) -> Server:
         """Start the worker and the listener in background threads; return once serving.
 
@@ -154,7 +146,7 @@ class Server:
         Raises:
             RuntimeError: the listener did not come up within timeout_s.
         """
-        self._start_worker()
+        self.engine.start()
         self._thread = threading.Thread(target=self._serve, name="helios-http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
@@ -164,22 +156,18 @@ class Server:
                 raise RuntimeError("the HTTP listener did not start")
             time.sleep(0.01)
 
-    def _start_worker(self) -> None:
-        if self.engine is None:  # the engine process runs its worker since it loaded
-            self.worker.start()  # type: ignore[union-attr]
-
     def _serve(self) -> None:
         self._uvicorn.run(sockets=[self._socket])
 
     def run(self) -> None:
         """Serve in this thread until interrupted (SIGINT/SIGTERM), then shut down."""
-        self._start_worker()
+        self.engine.start()
         try:
             self._serve()
         except KeyboardInterrupt:  # uvicorn re-raises the captured SIGINT after draining
             pass
         finally:
-            self.worker.stop()
+            self.engine.stop()
             self.bootstrap.close()
 
     def stop(self) -> None:
@@ -188,5 +176,5 @@ class Server:
         self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(SHUTDOWN_DRAIN_S + 5.0)
-        self.worker.stop()
+        self.engine.stop()
         self._socket.close()

@@ -1,7 +1,8 @@
 """The engine <-> frontend channel's messages (helios-serve --engine-process).
 
-docs/serving.md, "Design: engine process + frontend process": one msgspec message per
-admission (frontend -> engine, the `PreparedRequest` minus its output objects), cancels
+docs/serving.md, "Design: engine process + frontend process": the spawn specification
+(`EngineSpec`, pickled once), one msgspec message per admission (frontend -> engine: the
+request's `RequestData` as it is, see `WireRequest`), cancels
 and scrapes on the same channel, and one message per step engine -> frontend holding
 every response's events of that step. The framing is `multiprocessing.connection`'s
 (length-prefixed messages over a socket pair); the payloads are MessagePack
@@ -30,13 +31,15 @@ from typing import Any
 
 import msgspec
 
-from helios_serve.engine.plan import SamplingParams, TokenLogprob
+from helios_serve.config import ServeOptions
+from helios_serve.engine.plan import TokenLogprob
 from helios_serve.events import (
     AdmissionReason,
     Event,
     Failed,
     Finished,
     FinishReason,
+    GenerationRequest,
     Output,
     Rejected,
     TokenObserved,
@@ -47,12 +50,28 @@ from helios_serve.frontend.deltas import (
     ToolCallArguments,
     ToolCallStart,
 )
-from helios_serve.frontend.prepare import PipelineArgs
-from helios_serve.frontend.stops import StopSpec
+from helios_serve.frontend.prepare import PipelineArgs, RequestData
 
 # engine -> frontend message kinds (first element of the array)
 STEP_EVENTS = 0  # [0, [[request_id, [event, ...]], ...]]
 METRICS_REPLY = 1  # [1, token, families]  (see metrics.engine_families)
+FINAL_SNAPSHOT = 0  # the scrape token of the metrics the engine sends as it exits
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What the engine process needs to load the model (pickled into the spawned process
+    once, at startup)."""
+
+    core: str
+    trust: list[str]
+    accept: str
+    options: ServeOptions
+    resource_key: bytes | None
+    clock_origin_ns: int  # the frontend's ObservationClock origin
+    # Benchmarks: a picklable `factory(bootstrap, settings) -> model` used in place of
+    # NativeModel.load (testing.paced.PacedEngineModel: an emulated device).
+    model_factory: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,31 +83,31 @@ class TokenDelta:
 
 
 class WireRequest(msgspec.Struct, array_like=True):
-    """A `GenerationRequest` as the engine rebuilds it (its PreparedRequest's fields;
-    `pipeline` and `grammar` only when the engine runs the choices' output pipelines)."""
+    """One admitted request as it crosses to the engine: its `RequestData` as it is,
+    where its choices sit in the response, and the data the engine rebuilds its output
+    objects from (`engine_process.engine_request`): the pipeline's arguments and the
+    grammar's source, only when the engine runs the choices' output pipelines."""
 
     request_id: int
     enqueue_ns: int | None
-    first_index: int
+    first_index: int  # its first choice's index in the response
     relayed: bool  # no host feedback: the frontend runs the output pipeline
-    prompt_text: str
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingParams
-    max_output_tokens: int
-    limit_field: str | None
-    prompt_field: str
-    stops: StopSpec
-    n: int
-    logprobs: int | None
-    logit_bias: tuple[tuple[int, float], ...]
-    ignore_eos: bool
-    min_tokens: int
-    observe_ids: bool
-    observe_timestamps: bool
-    publish_endpoints: tuple[int, ...]
+    data: RequestData  # prompt_text "" when relayed (only the frontend's pipeline reads it)
     pipeline: PipelineArgs | None  # the engine's pipelines (requests needing feedback)
     grammar: str | None  # the Lark grammar llguidance compiled in the frontend
-    grammar_field: str = "response_format"
+
+    @classmethod
+    def of(cls, request: GenerationRequest) -> WireRequest:
+        """The frontend's side: `request` as the engine receives it."""
+        prepared = request.prepared
+        relayed = not prepared.needs_feedback
+        grammar = prepared.output.grammar
+        data = prepared.data
+        if relayed:
+            data = msgspec.structs.replace(data, prompt_text="")
+        return cls(request.request_id, request.enqueue_ns, request.choices[0].index, relayed,
+                   data, None if relayed else prepared.output.pipeline,
+                   None if grammar is None else grammar.lark)
 
 
 class Admit(msgspec.Struct, tag=True, array_like=True):

@@ -20,6 +20,11 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from tokenizers import Tokenizer
+
 from helios_tools.template_sandbox import (
     BoundedSandbox,
     RenderLimits,
@@ -88,10 +93,6 @@ def _normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str,
 
 @lru_cache(maxsize=32)
 def _compile(template_text: str):  # -> jinja2.Template
-    import jinja2
-    import jinja2.ext
-    import jinja2.nodes
-
     class GenerationBlock(jinja2.ext.Extension):
         """`{% generation %}...{% endgeneration %}` renders its body (assistant-mask marker)."""
 
@@ -200,8 +201,6 @@ def render_chat(
             OverflowError, RecursionError, ...); the message names it.
         TypeError: a message is not a mapping.
     """
-    import jinja2
-
     template = _compile(template_text)
     variables = {k: _plain(v) for k, v in extra.items()}
     variables.setdefault("documents", None)
@@ -228,8 +227,6 @@ def load_tokenizer(tokenizer_json: str):  # -> tokenizers.Tokenizer
     Raises:
         ValueError: the JSON is not a valid tokenizer description.
     """
-    from tokenizers import Tokenizer
-
     try:
         return Tokenizer.from_str(tokenizer_json)
     except Exception as exc:  # tokenizers raises a bare Exception subclass from Rust

@@ -54,6 +54,8 @@ class _Rich:
     """rich bars, one per step, on the terminal."""
 
     def __init__(self, file: TextIO) -> None:
+        # start-up time: rich takes a third of a second to import; only bars drawn on a
+        # terminal need it
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from helios_contract.schema import contract_pb2
 from helios_tools.frontend_assets import ChatTemplateError, render_chat
 
@@ -178,9 +179,11 @@ class OutputRecipe:
         return ChoiceOutput(self.pipeline.build(self.frontend), grammar)
 
 
-@dataclass(frozen=True)
-class PreparedRequest:
-    """A prepared request: everything the model worker needs, nothing of HTTP.
+class RequestData(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """The data half of a prepared request: everything the model worker needs that is
+    plain data. It is the request that crosses to the engine process as it is
+    (`wire.WireRequest`); `PreparedRequest` adds the output objects, which cannot cross
+    and which the engine rebuilds from data (`engine_process.engine_request`).
 
     Attributes:
         prompt_text: the rendered prompt (or the completion prompt's text).
@@ -199,7 +202,6 @@ class PreparedRequest:
         publish_endpoints: prompt-turn ends (token counts, ascending) the template marks
             (frontend.boundaries.prefix_endpoints): where the scheduler publishes
             snapshots of the prompt's state.
-        output: builds each choice's output pipeline and grammar.
     """
 
     prompt_text: str
@@ -209,7 +211,6 @@ class PreparedRequest:
     limit_field: str | None
     prompt_field: str
     stops: StopSpec
-    output: OutputRecipe
     n: int = 1
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -225,6 +226,28 @@ class PreparedRequest:
         if index == 0:
             return self.sampling
         return dataclasses.replace(self.sampling, seed=(self.sampling.seed + index) % 2**64)
+
+
+class PreparedRequest(RequestData, frozen=True, kw_only=True):
+    """A prepared request: everything the model worker needs, nothing of HTTP. Its
+    `RequestData` fields, and:
+
+    Attributes:
+        output: builds each choice's output pipeline and grammar (not data: it holds
+            the frontend and a compiled grammar).
+    """
+
+    output: OutputRecipe
+
+    @classmethod
+    def rebuild(cls, data: RequestData, output: OutputRecipe) -> PreparedRequest:
+        """`data` with output objects made for it (the engine process's side)."""
+        return cls(**msgspec.structs.asdict(data), output=output)
+
+    @property
+    def data(self) -> RequestData:
+        """The data half, without the output objects (what crosses to the engine)."""
+        return RequestData(**{name: getattr(self, name) for name in RequestData.__struct_fields__})
 
     @property
     def constrained(self) -> bool:

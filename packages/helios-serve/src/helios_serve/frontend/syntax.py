@@ -13,6 +13,8 @@ import enum
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from helios_contract._gen.helios.v1 import frontend_pb2
+
 
 class ToolParser(enum.IntEnum):
     """Mirrors `helios.v1.ToolParser` (same numbers; names without the enum prefix)."""
@@ -221,8 +223,6 @@ class FrontendSyntax:
 
     def to_contract(self) -> Any:
         """Build the generated `helios.v1.FrontendContract` message (recipes call this)."""
-        from helios_contract._gen.helios.v1 import frontend_pb2
-
         msg = frontend_pb2.FrontendContract()
         _write(self, msg)
         return msg

@@ -15,6 +15,8 @@ from functools import lru_cache
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from .pipeline import Frontend
+
 
 @lru_cache(maxsize=1)
 def _byte_chars() -> dict[int, str]:
@@ -153,8 +155,6 @@ def drive(
     Yields:
         (chunking name, streamed deltas, final ChatResult).
     """
-    from .pipeline import Frontend
-
     st = script_tokenizer([script], [*specials, eos])
     frontend = Frontend(syntax, st.tokenizer, [st.special_id(eos)])
     for name, chunks in chunkings(script):

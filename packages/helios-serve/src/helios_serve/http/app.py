@@ -166,7 +166,7 @@ def _model_card(service: ApiService, name: str) -> dict[str, Any]:
         "object": "model",
         "created": service.created,
         "owned_by": "helios",
-        "max_model_len": service.worker.geometry.context_tokens,
+        "max_model_len": service.engine.geometry.context_tokens,
     }
 
 
@@ -213,7 +213,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
             raise service.invalid(exc) from None
         _, ids = await service.prepare_only(service.preparer.encode_chat, chat_in)
     out: dict[str, Any] = {"count": len(ids), "max_model_len":
-                           service.worker.geometry.context_tokens, "tokens": list(ids)}  # fmt: skip
+                           service.engine.geometry.context_tokens, "tokens": list(ids)}  # fmt: skip
     out["token_strs"] = ([tok.id_to_token(i) for i in ids]
                          if parsed.return_token_strs else None)  # fmt: skip
     return out

@@ -23,12 +23,12 @@ from typing import TypeVar
 from helios_serve.bootstrap import Bootstrap
 from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeSettings
-from helios_serve.engine_process import EngineClient
 from helios_serve.events import EventSink, GenerationRequest
 from helios_serve.frontend.errors import FrontendRequestError
 from helios_serve.frontend.prepare import CapacityExceeded as PrepCapacityExceeded
 from helios_serve.frontend.prepare import PreparedRequest, Preparer
 from helios_serve.frontend.vocab import TokenPieces
+from helios_serve.handle import EngineHandle
 from helios_serve.http.admission import Admission
 from helios_serve.http.errors import (
     AdmissionRejected,
@@ -38,7 +38,6 @@ from helios_serve.http.errors import (
     ShuttingDown,
 )
 from helios_serve.metrics import REJECT_INVALID, REJECT_SCHEDULER, Metrics
-from helios_serve.worker import ModelWorker
 
 _request_ids = itertools.count(1)
 T = TypeVar("T")
@@ -83,7 +82,7 @@ class ApiService:
 
     Args:
         bootstrap: the loaded core (frontend, template, defaults).
-        worker: the model worker (or the engine process's client).
+        engine: the model worker's handle (in this process or the engine process).
         settings: resolved settings.
         metrics: the server's metrics.
         clock: the observation clock.
@@ -92,13 +91,13 @@ class ApiService:
     def __init__(
         self,
         bootstrap: Bootstrap,
-        worker: ModelWorker | EngineClient,
+        engine: EngineHandle,
         settings: ServeSettings,
         metrics: Metrics,
         clock: ObservationClock,
     ) -> None:
         self.bootstrap = bootstrap
-        self.worker = worker
+        self.engine = engine
         self.settings = settings
         self.metrics = metrics
         self.clock = clock
@@ -107,7 +106,7 @@ class ApiService:
         self.draining = False
         self.preparer = Preparer(bootstrap.frontend, bootstrap.chat_template,
                                  bootstrap.template_variables, bootstrap.defaults,
-                                 worker.geometry)  # fmt: skip
+                                 engine.geometry)  # fmt: skip
         self.pieces = TokenPieces(bootstrap.tokenizer)  # logprob token texts and bytes
         names = (settings.served_name, *settings.aliases)
         self.model_names = frozenset(n for n in names if n)
@@ -117,14 +116,11 @@ class ApiService:
         self.admission = Admission(
             self.settings.http_capacity, self.settings.frontend_workers, self.metrics
         )
-        if isinstance(self.worker, EngineClient):  # its channel is read on this loop
-            self.worker.attach(asyncio.get_running_loop())
+        self.engine.attach(asyncio.get_running_loop(), self.metrics)
 
     async def render_metrics(self) -> tuple[bytes, str]:
         """The /metrics exposition (with the engine process's share when there is one)."""
-        if isinstance(self.worker, EngineClient):
-            return self.metrics.render(await self.worker.scrape())
-        return self.metrics.render()
+        return self.metrics.render(await self.engine.scrape())
 
     def close(self) -> None:
         if self.admission is not None:
@@ -186,9 +182,9 @@ class ApiService:
                                                         enqueue_ns, first))  # fmt: skip
                 first += p.n
             for i, request in enumerate(requests):
-                if not self.worker.submit(request):
+                if not self.engine.submit(request):
                     for sent in requests[:i]:
-                        self.worker.cancel(sent.request_id)
+                        self.engine.cancel(sent.request_id)
                     self.metrics.requests_rejected.labels(REJECT_SCHEDULER).inc()
                     if not self.worker_running():  # it stopped while this one was prepared
                         raise AdmissionRejected("the model worker is not running")
@@ -197,7 +193,7 @@ class ApiService:
 
         def cancel() -> None:
             for request in requests:
-                self.worker.cancel(request.request_id)
+                self.engine.cancel(request.request_id)
 
         return Generation(
             id=f"{id_prefix}-{uuid.uuid4().hex}",
@@ -213,7 +209,7 @@ class ApiService:
 
     def worker_running(self) -> bool:
         """The model worker (or the engine process) runs: /health's 200, and admission."""
-        return self.worker.crashed is None and self.worker.alive
+        return self.engine.healthy
 
     async def _prepared(self, fn: Callable[..., T], *args: object) -> T:
         assert self.admission is not None

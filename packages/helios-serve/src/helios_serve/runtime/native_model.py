@@ -378,7 +378,7 @@ def served_speculative_widths(prepared: PreparedContract,
     (``helios-serve --speculative-width``): the captured widths W <= it, ascending, or ()
     when no wider lane than one is left (plain decode; 0 turns speculation off, None
     serves every captured width). The one rule for this option: NativeModel.load and
-    helios-serve's startup check (cli.check_options) both apply it before anything loads.
+    helios-serve's startup check (loading.check_options) both apply it before anything loads.
 
     model-contract.md, "Serving metadata": load-time selection may reduce the captured
     speculative width, never raise it.

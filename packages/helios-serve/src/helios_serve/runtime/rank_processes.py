@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 
@@ -352,8 +353,6 @@ def _address(peer: tuple[str, int]) -> str:
 
 
 def _dial(peer: tuple[str, int], key: bytes, rank: int, deadline: float) -> Connection:
-    from multiprocessing import AuthenticationError
-
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
@@ -376,8 +375,6 @@ def bootstrap_rank(setup: ProcessRanks, digest: str) -> tuple[object, Connection
         RankSetupError: authentication fails, rank 0 runs another core or world size, or
             nobody calls within the timeout.
     """
-    from multiprocessing import AuthenticationError
-
     MPI = _mpi()
     host, port = setup.peers[setup.rank]
     accepted: queue.SimpleQueue = queue.SimpleQueue()

@@ -3,6 +3,7 @@ around a ScriptedModel, for tests."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -71,7 +72,7 @@ class ScriptedServer:
         self.book.add(trigger, self.tok.ids(list(pieces)))
 
     def openai(self):
-        import openai
+        import openai  # start-up time: the openai client takes seconds to import
 
         return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0,
                              timeout=30.0)  # fmt: skip
@@ -103,9 +104,8 @@ class ScriptedServer:
 def sse_post(url: str, body: dict[str, Any], timeout_s: float = 30.0) -> tuple[int, list[Any]]:
     """POST a streaming chat request; returns (status, events): each event is the decoded
     JSON of a `data:` line, or the string "[DONE]"."""
-    import json
 
-    import httpx
+    import httpx  # start-up time: only the tests that stream through it import it
 
     events: list[Any] = []
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=timeout_s) as r:

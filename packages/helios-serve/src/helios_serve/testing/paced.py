@@ -16,9 +16,14 @@ model, and weights, cache planes and scratch buffers are not allocated.
 
 from __future__ import annotations
 
+import json
+import os
+import socketserver
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -128,10 +133,6 @@ def thread_cpu_s(roles: Mapping[str, str] | None = None) -> dict[str, float]:
     /proc/self/task/<native id>/stat: `roles` maps thread names to roles (default: the
     HTTP event loop is MainThread, the model worker helios-model-worker); preparation
     threads are "prepare", the rest "other"."""
-    import os
-    import threading
-    from pathlib import Path
-
     roles = roles or {"MainThread": "http_loop", "helios-model-worker": "worker"}
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
@@ -184,10 +185,6 @@ class PacedEngineModel:
 
 
 def _serve_stats(path: str, backend: PacedBackend) -> None:
-    import json
-    import socketserver
-    import threading
-
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
             for _ in self.rfile:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_ID = 2  # <|im_end|>
 
@@ -83,8 +85,6 @@ class TinyTokenizer:
     """
 
     def __init__(self, pieces: Iterable[str] = DEFAULT_PIECES) -> None:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
         table = _bytes_to_unicode()
         vocab: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
         for b in range(256):

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from helios_contract.schema import contract_pb2, core_pb2, manifest_pb2
 
 from helios_tools.core import protected
-from helios_tools.core.frames import CHUNK_NBYTES, compress_to
+from helios_tools.core.frames import CHUNK_NBYTES, ChunkHashingSink, compress_to
 from helios_tools.core.layout import FORMAT_LOGICAL, FORMAT_PAYLOAD, encode_header, place_frames
 from helios_tools.core.signing import (
     PAYLOAD_TYPE_DEPLOYMENT,
@@ -161,8 +161,6 @@ class CoreWriter:
 
         For tests and tools that craft frames (the tamper corpus); it validates nothing.
         """
-        from helios_tools.core.frames import ChunkHashingSink
-
         if self._state != "open":
             raise RuntimeError(f"CoreWriter is {self._state}")
         start = self._frames.tell()
