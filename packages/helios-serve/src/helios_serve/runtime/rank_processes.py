@@ -6,18 +6,22 @@ ADDR_0,...,ADDR_{N-1} --rank-key FILE``; rank 0 serves HTTP, the others only exe
 
 Two channels, neither home-made:
 
-- **Control** (bootstrap and liveness): Python's ``multiprocessing.connection`` over TCP,
-  authenticated both ways by its HMAC challenge with the shared ``--rank-key`` (32 random
-  bytes; `helios-tools keygen --aes`). Rank r > 0 listens on ADDR_r; rank 0 dials each in
-  rank order, checks that the peer runs the same core (the signed manifest's SHA-256) at
-  the same world size, and hands it the MPI port. Only bytes travel (JSON), never pickles.
-  The connection then stays open: its end is how each side learns the other is gone.
+- **Control** (bootstrap and liveness): TCP (runtime.rank_control), authenticated both
+  ways by `multiprocessing.connection`'s HMAC challenge with the shared ``--rank-key``
+  (32 random bytes; `helios-tools keygen --aes`). Rank r > 0 listens on ADDR_r; rank 0
+  dials each in rank order, checks that the peer runs the same core (the signed
+  manifest's SHA-256) at the same world size, and hands it the MPI port. Only bytes
+  travel (JSON), never pickles. Strangers that connect are dropped without disturbing
+  the wait, and every bootstrap wait has a deadline (``--rank-timeout``). The connection
+  then stays open: its end is how each side learns the other is gone.
 - **Data** (step inputs, collectives, completion records): MPI through mpi4py, with the
   MPICH wheel. Rank 0 opens an MPI port; the ranks join one at a time
   (``Comm.Accept`` / ``Comm.Connect`` + ``Intercomm.Merge``) into one communicator in
-  rank order. Each rank runs under its own ``mpiexec -n 1`` (MPICH 5's connect/accept
-  between singleton-initialized processes fails: pmodels/mpich#7805), so `helios-serve`
-  re-executes itself under the wheel's mpiexec when no MPI launcher started it.
+  rank order. Each rank runs under its own ``mpiexec.gforker -n 1`` (MPICH 5's
+  connect/accept between singleton-initialized processes fails: pmodels/mpich#7805), so
+  `helios-serve` re-executes itself under it when no MPI launcher started it. The data
+  plane is not authenticated; it listens only on the interface of the rank's own
+  ``--peers`` address (libfabric's FI_TCP_IFACE; the fork launcher opens no listener).
 
 Per step, rank 0's MPI thread broadcasts the step (runtime.ranks.Step: a JSON header and
 the arrays' bytes), every rank runs it (collectives: Allgather of the parts, then the
@@ -31,17 +35,23 @@ abandoned; the model is unhealthy). A rank that loses rank 0 exits.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import ipaddress
 import json
 import os
 import queue
 import shutil
+import socket
+import struct
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -50,14 +60,19 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import collective as reference
 
 from ..startup import StartupLog
+from . import rank_control as control
 from .cache_sizing import CacheSizing
 from .completion import completion_buffers
 from .cpu_backend import CpuBackend
 from .errors import RankLost, RuntimeLoadError
 from .ranks import RankedBackend, RankStep, Step
 
-# Environment MPICH's hydra launcher gives the processes it starts.
+# Environment an MPICH launcher (gforker, hydra) gives the processes it starts.
 LAUNCHED = ("PMI_FD", "PMI_PORT", "PMI_RANK")
+# MPICH's fork launcher: it starts the rank as its child and talks PMI over an inherited
+# socket pair, so it opens no listener (hydra's mpiexec and proxy listen on 0.0.0.0). It
+# forwards SIGTERM and SIGINT to the rank and exits with the rank's status, silently.
+LAUNCHER = "mpiexec.gforker"
 REEXEC_MARK = "HELIOS_RANK_UNDER_MPIEXEC"
 
 
@@ -121,24 +136,24 @@ class ProcessRanks:
 
 
 def under_mpi_launcher() -> bool:
-    """Whether an MPI launcher (hydra) started this process."""
+    """Whether an MPI launcher (gforker, hydra) started this process."""
     return any(name in os.environ for name in LAUNCHED)
 
 
 def reexec_under_mpiexec(argv: Sequence[str]) -> None:
-    """Replace this process with ``mpiexec -n 1 python -m helios_serve.cli ARGV`` (the
-    MPICH wheel's launcher, beside this interpreter), unless one already started it.
+    """Replace this process with ``mpiexec.gforker -n 1 python -m helios_serve.cli ARGV``
+    (the MPICH wheel's fork launcher, beside this interpreter), unless one started it.
 
     Raises:
-        RankSetupError: no mpiexec is installed (the `helios-serve[ranks]` extra).
+        RankSetupError: no mpiexec.gforker is installed (the `helios-serve[ranks]` extra).
     """
     if under_mpi_launcher() or os.environ.get(REEXEC_MARK):
         return
-    launcher = Path(sys.executable).with_name("mpiexec")
-    mpiexec = str(launcher) if launcher.exists() else shutil.which("mpiexec")
+    launcher = Path(sys.executable).with_name(LAUNCHER)
+    mpiexec = str(launcher) if launcher.exists() else shutil.which(LAUNCHER)
     if mpiexec is None:
         raise RankSetupError("process ranks need MPI: install helios-serve[ranks] (mpi4py and "
-                             "the mpich wheel, which provides mpiexec)")
+                             f"the mpich wheel, which provides {LAUNCHER})")
     os.environ[REEXEC_MARK] = "1"
     os.execv(mpiexec, [mpiexec, "-n", "1", sys.executable, "-m", "helios_serve.cli", *argv])
 
@@ -148,29 +163,86 @@ def core_digest(manifest: mpb.ExecutionManifest) -> str:
     return hashlib.sha256(manifest.SerializeToString(deterministic=True)).hexdigest()
 
 
-def _send(conn: Connection, message: dict) -> None:
-    conn.send_bytes(json.dumps(message).encode())
-
-
-def _recv(conn: Connection) -> dict:
-    return json.loads(conn.recv_bytes(1 << 20).decode())
-
-
 # -- MPI: the data plane -------------------------------------------------------------
 
 
 # MPICH's libfabric TCP transport: a dead peer leaves the survivors waiting (which the
 # control channel resolves) instead of aborting them, as the wheel's default UCX shared-
 # memory transport did when its peer vanished (process_vm_readv: No such process).
+# FI_TCP_IFACE (set per rank, see mpi_environment) confines its listener to one interface.
 MPI_ENVIRONMENT = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
+SHM_PREFIX = "/dev/shm/mpich_shm_"
+SIOCGIFADDR = 0x8915  # linux/sockios.h
 
 
-def _mpi():
-    for name, value in MPI_ENVIRONMENT.items():  # before MPI initializes; the operator's win
-        os.environ.setdefault(name, value)
+def interface_of(host: str) -> str:
+    """The name of this host's network interface that holds `host`'s address.
+
+    Raises:
+        RankSetupError: `host` does not resolve, or no interface here holds its address.
+    """
+    try:
+        wanted = {ipaddress.ip_address(info[4][0].split("%")[0])
+                  for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, ValueError) as exc:
+        raise RankSetupError(f"--peers host {host!r} does not resolve ({exc})") from None
+    for name, addresses in _interface_addresses().items():
+        if wanted & addresses:
+            return name
+    raise RankSetupError(f"--peers host {host!r} ({', '.join(sorted(map(str, wanted)))}) is "
+                         "not an address of this host's network interfaces")
+
+
+def _interface_addresses() -> dict[str, set]:
+    """Interface name -> its addresses (IPv4 through SIOCGIFADDR, IPv6 from procfs)."""
+    out: dict[str, set] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(probe.fileno(), SIOCGIFADDR,
+                                  struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address
+                continue
+            out.setdefault(name, set()).add(ipaddress.ip_address(raw[20:24]))
+    try:
+        with open("/proc/net/if_inet6") as lines:
+            for line in lines:
+                fields = line.split()
+                out.setdefault(fields[5], set()).add(
+                    ipaddress.ip_address(bytes.fromhex(fields[0])))
+    except OSError:  # no IPv6
+        pass
+    return out
+
+
+def mpi_environment(setup: ProcessRanks) -> dict[str, str]:
+    """The MPI settings of this rank: the TCP transport, listening only on the
+    interface of this rank's `--peers` entry."""
+    return {**MPI_ENVIRONMENT, "FI_TCP_IFACE": interface_of(setup.peers[setup.rank][0])}
+
+
+def _mpi(setup: ProcessRanks):
+    for name, value in mpi_environment(setup).items():  # before MPI initializes
+        os.environ.setdefault(name, value)  # (the operator's setting wins)
     from mpi4py import MPI  # initializes MPI (thread level "multiple")
 
+    _unlink_shared_memory()
     return MPI
+
+
+def _unlink_shared_memory() -> None:
+    """Unlink the POSIX shared-memory segment MPICH's initialization created and mapped.
+
+    Each rank is a world of one (`mpiexec.gforker -n 1`), so no other process attaches the
+    segment by name; MPICH unlinks it only in MPI_Finalize, which a rank that exits
+    with os._exit (rank 0 lost) or is killed never reaches. Unlinked now, the mapping
+    stays valid and the segment goes with the process however it ends.
+    """
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if SHM_PREFIX in line}
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 class MpiCollectives:
@@ -302,49 +374,77 @@ def _tuned(comm, rank_step: RankStep, names: list[str]) -> list[np.ndarray]:
 # -- bootstrap ------------------------------------------------------------------------
 
 
-def _join(MPI, comm, port: str, remaining: int):
-    """Accept the next `remaining` ranks into `comm`, one at a time, in rank order."""
-    for _ in range(remaining):
-        inter = comm.Accept(port, root=0)
-        comm = inter.Merge(high=False)
-        inter.Free()
-    return comm
+def _mpi_wait(what: str, call: Callable[[], object], deadline: float) -> object:
+    """`call()` (a blocking MPI connect or accept, which has no timeout of its own) on a
+    thread, by `deadline`. A call still blocked at the deadline is abandoned: the process
+    is failing its startup and exits.
+
+    Raises:
+        RankSetupError: the deadline passed, or the call failed.
+    """
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run() -> None:
+        try:
+            done.put(call())
+        except BaseException as exc:  # handed to the waiting thread
+            done.put(exc)
+
+    threading.Thread(target=run, daemon=True, name="helios-rank-join").start()
+    try:
+        result = done.get(timeout=max(deadline - time.monotonic(), 0))
+    except queue.Empty:
+        raise RankSetupError(f"{what} did not finish within the bootstrap timeout") from None
+    if isinstance(result, BaseException):
+        raise RankSetupError(f"{what} failed: {result}")
+    return result
+
+
+def _merge_next(comm, port: str, deadline: float, what: str):
+    """Accept the next joining rank into `comm` (a collective over `comm`'s ranks)."""
+    inter = _mpi_wait(what, lambda: comm.Accept(port, root=0), deadline)
+    merged = inter.Merge(high=False)
+    inter.Free()
+    return merged
 
 
 def bootstrap_rank0(setup: ProcessRanks, digest: str) -> tuple[object, list[Connection]]:
     """Rank 0: dial every rank's control address, check it, join them into one MPI
-    communicator. Returns (communicator, control connections of ranks 1..N-1).
+    communicator, all within `setup.timeout_s`. Returns (communicator, control
+    connections of ranks 1..N-1).
 
     Raises:
-        RankSetupError: a rank is unreachable within the timeout, fails authentication,
-            or runs another core or world size.
+        RankSetupError: a rank is unreachable or silent within the timeout, fails
+            authentication, or runs another core or world size.
     """
-    MPI = _mpi()
     deadline = time.monotonic() + setup.timeout_s
+    MPI = _mpi(setup)
     controls: list[Connection] = []
     for r in range(1, setup.world):
         controls.append(_dial(setup.peers[r], setup.key, r, deadline))
     port = MPI.Open_port()
     comm = MPI.COMM_SELF.Dup()
     for r, conn in enumerate(controls, start=1):
-        _send(conn, {"world": setup.world, "rank": r, "core": digest, "port": port})
-        reply = _recv(conn)
+        where = f"rank {r} at {_address(setup.peers[r])}"
+        control.send(conn, {"world": setup.world, "rank": r, "core": digest, "port": port})
+        try:
+            reply = control.recv(conn, deadline)
+        except control.ControlTimeout:
+            raise RankSetupError(f"{where} did not answer the hello within the bootstrap "
+                                 "timeout") from None
+        except (EOFError, OSError, ValueError) as exc:
+            raise RankSetupError(f"{where} left during bootstrap ({exc or 'closed'})") from None
         if reply.get("error"):
-            raise RankSetupError(f"rank {r} at {_address(setup.peers[r])} refused: "
-                                 f"{reply['error']}")
+            raise RankSetupError(f"{where} refused: {reply['error']}")
         # Ranks already joined accept the newcomer with rank 0 (a collective call).
-        _send_joined(controls[:r - 1], r)
-        inter = comm.Accept(port, root=0)
-        comm = inter.Merge(high=False)
-        inter.Free()
+        for joined in controls[:r - 1]:
+            control.send(joined, {"accept": r})
+        comm = _merge_next(comm, port, deadline, f"{where} joining the MPI communicator")
     MPI.Close_port(port)
     comm.Set_errhandler(MPI.ERRORS_RETURN)
+    for conn in controls:
+        control.settle(conn)
     return comm, controls
-
-
-def _send_joined(joined: list[Connection], newcomer: int) -> None:
-    for conn in joined:
-        _send(conn, {"accept": newcomer})
 
 
 def _address(peer: tuple[str, int]) -> str:
@@ -352,70 +452,68 @@ def _address(peer: tuple[str, int]) -> str:
 
 
 def _dial(peer: tuple[str, int], key: bytes, rank: int, deadline: float) -> Connection:
-    from multiprocessing import AuthenticationError
-
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            return Client(peer, authkey=key)
-        except AuthenticationError:
-            raise RankSetupError(f"rank {rank} at {_address(peer)} failed authentication "
-                                 "(another --rank-key)") from None
-        except OSError as exc:  # not listening yet
-            last = exc
-            time.sleep(0.2)
-    raise RankSetupError(f"rank {rank} at {_address(peer)} did not answer within the "
-                         f"bootstrap timeout ({last})")
+    try:
+        return control.dial(peer, key, deadline)
+    except AuthenticationError:
+        raise RankSetupError(f"rank {rank} at {_address(peer)} failed authentication "
+                             "(another --rank-key)") from None
+    except control.ControlTimeout as exc:
+        raise RankSetupError(f"rank {rank} at {_address(peer)} did not answer within the "
+                             f"bootstrap timeout ({exc})") from None
 
 
 def bootstrap_rank(setup: ProcessRanks, digest: str) -> tuple[object, Connection]:
-    """Rank r > 0: listen on its control address for rank 0, check the hello, join the
-    MPI communicator (and accept the ranks after it). Returns (communicator, control).
+    """Rank r > 0: listen on its control address for rank 0 (strangers are dropped, see
+    runtime.rank_control), check the hello, join the MPI communicator (and accept the
+    ranks after it). Rank 0 must call within `setup.timeout_s`; after its hello, each
+    later step gets `setup.timeout_s` again. Returns (communicator, control).
 
     Raises:
-        RankSetupError: authentication fails, rank 0 runs another core or world size, or
-            nobody calls within the timeout.
+        RankSetupError: rank 0 runs another core or world size, or nobody holding the
+            key calls within the timeout, or a later step misses its deadline.
     """
-    from multiprocessing import AuthenticationError
-
-    MPI = _mpi()
     host, port = setup.peers[setup.rank]
-    accepted: queue.SimpleQueue = queue.SimpleQueue()
-    with Listener((host, port), authkey=setup.key) as listener:
-        def accept() -> None:  # Listener.accept has no timeout: wait for it on a thread
-            try:
-                accepted.put(listener.accept())
-            except BaseException as exc:  # handed to the bootstrap below
-                accepted.put(exc)
-
-        threading.Thread(target=accept, daemon=True, name="helios-rank-accept").start()
+    started = time.monotonic()
+    MPI = _mpi(setup)
+    with control.ControlListener((host, port), setup.key) as listener:
         try:
-            conn = accepted.get(timeout=setup.timeout_s)
-        except queue.Empty:
+            conn = listener.accept(started + setup.timeout_s)
+        except control.ControlTimeout:
+            dropped = "".join(f"; dropped {who}: {why}" for who, why in listener.dropped)
             raise RankSetupError(f"rank 0 did not call {host}:{port} within "
-                                 f"{setup.timeout_s:g} s") from None
-    if isinstance(conn, AuthenticationError):
-        raise RankSetupError("the rank 0 that called failed authentication (another "
-                             "--rank-key)")
-    if isinstance(conn, BaseException):
-        raise RankSetupError(f"the control channel on {host}:{port} failed: {conn}")
-    hello = _recv(conn)
-    problem = None
-    if hello["world"] != setup.world or hello["rank"] != setup.rank:
-        problem = (f"rank 0 expects rank {hello['rank']} of {hello['world']}; this is rank "
-                   f"{setup.rank} of {setup.world}")
-    elif hello["core"] != digest:
-        problem = "rank 0 serves another core (execution manifests differ)"
-    _send(conn, {"error": problem} if problem else {"ok": True})
+                                 f"{setup.timeout_s:g} s{dropped}") from None
+    deadline = time.monotonic() + setup.timeout_s
+    try:
+        hello = control.recv(conn, deadline)
+        problem = None
+        if hello["world"] != setup.world or hello["rank"] != setup.rank:
+            problem = (f"rank 0 expects rank {hello['rank']} of {hello['world']}; this is "
+                       f"rank {setup.rank} of {setup.world}")
+        elif hello["core"] != digest:
+            problem = "rank 0 serves another core (execution manifests differ)"
+        control.send(conn, {"error": problem} if problem else {"ok": True})
+    except control.ControlTimeout:
+        raise RankSetupError("rank 0 sent no hello within the bootstrap timeout") from None
+    except (EOFError, OSError, ValueError, KeyError) as exc:
+        raise RankSetupError(f"rank 0 left or sent a bad hello ({exc or 'closed'})") from None
     if problem:
         raise RankSetupError(problem)
-    inter = MPI.COMM_SELF.Connect(hello["port"], root=0)
+    inter = _mpi_wait("joining rank 0's MPI communicator",
+                      lambda: MPI.COMM_SELF.Connect(hello["port"], root=0), deadline)
     comm = inter.Merge(high=True)
     inter.Free()
-    for _ in range(setup.rank + 1, setup.world):  # take part in the later joins
-        _recv(conn)
-        comm = _join(MPI, comm, hello["port"], 1)
+    for later in range(setup.rank + 1, setup.world):  # take part in the later joins
+        deadline = time.monotonic() + setup.timeout_s
+        try:
+            control.recv(conn, deadline)
+        except control.ControlTimeout:
+            raise RankSetupError(f"rank {later} did not join within the bootstrap "
+                                 "timeout") from None
+        except (EOFError, OSError, ValueError) as exc:
+            raise RankSetupError(f"rank 0 left during bootstrap ({exc or 'closed'})") from None
+        comm = _merge_next(comm, hello["port"], deadline, f"rank {later} joining")
     comm.Set_errhandler(MPI.ERRORS_RETURN)
+    control.settle(conn)
     return comm, conn
 
 
