@@ -533,6 +533,7 @@ class ProcessPeers:
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self.lost: str | None = None
         self._lost = threading.Event()
+        self._gone = [threading.Event() for _ in controls]  # rank r's at r - 1
         self._thread = threading.Thread(target=self._serve, name="helios-rank-mpi",
                                         daemon=True)
         self._thread.start()
@@ -548,6 +549,7 @@ class ProcessPeers:
         except (EOFError, OSError):
             if self.lost is None:
                 self.lost = f"rank {rank} exited (its control connection closed)"
+            self._gone[rank - 1].set()
             self._lost.set()
 
     def _serve(self) -> None:
@@ -600,15 +602,37 @@ class ProcessPeers:
         self._call(lambda: execute(self._comm, self._rank0, message))
 
     def close(self) -> None:
-        """Stop every rank (they exit) unless one is lost (then MPI may be stuck)."""
+        """Stop every rank unless one is lost (then MPI may be stuck): broadcast "close",
+        then wait up to CLOSE_S for each rank to close its control connection (it does so
+        once it left the step loop, so it exits 0 rather than 3 for a lost rank 0)."""
         if self.lost is None:
             message = _pack({"op": "close"}, [])
             try:
                 self._call(lambda: execute(self._comm, self._rank0, message))
             except RankLost:
                 pass
+            else:
+                deadline = time.monotonic() + CLOSE_S
+                for gone in self._gone:
+                    gone.wait(max(deadline - time.monotonic(), 0))
         for conn in self._controls:
-            conn.close()
+            _hang_up(conn)
+
+
+# How long rank 0's shutdown waits for the other ranks to leave after "close".
+CLOSE_S = 10.0
+
+
+def _hang_up(conn: Connection) -> None:
+    """Close a control connection another thread may be reading: shut the socket down
+    first, which wakes that reader and sends the FIN now (a plain close of a descriptor
+    being read waits for the read to return)."""
+    with contextlib.suppress(OSError), socket.socket(fileno=conn.fileno()) as sock:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.detach()
+    conn.close()
 
 
 def load_process_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], bytes],
@@ -664,7 +688,7 @@ def serve_rank(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], b
     _check_world(manifest, setup)
     log = log if log is not None else StartupLog()
     with log.phase("ranks") as phase:
-        comm, control = bootstrap_rank(setup, core_digest(manifest))
+        comm, to_rank0 = bootstrap_rank(setup, core_digest(manifest))
         phase.detail = f"rank {setup.rank} of {setup.world} joined rank 0"
     backend = CpuBackend(manifest, read_resource, cache, frames, log, rank=setup.rank,
                          collectives=MpiCollectives(comm))
@@ -672,15 +696,20 @@ def serve_rank(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], b
     completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
     rank_step = RankStep(backend, completion)
 
+    closing = threading.Event()
+
     def watch() -> None:  # rank 0 gone: MPI would wait forever for its next message
         try:
             while True:
-                control.recv_bytes()
+                to_rank0.recv_bytes()
         except (EOFError, OSError):
-            os._exit(3)
+            if not closing.is_set():
+                os._exit(3)
 
     threading.Thread(target=watch, daemon=True, name="helios-rank-watch-0").start()
     if ready is not None:
         ready()
     while execute(comm, rank_step, None)[0] != "close":
         pass
+    closing.set()
+    _hang_up(to_rank0)  # rank 0 waits for this before it closes its end
