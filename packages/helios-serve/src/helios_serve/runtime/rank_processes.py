@@ -224,6 +224,13 @@ def mpi_environment(setup: ProcessRanks) -> dict[str, str]:
 def _mpi(setup: ProcessRanks):
     for name, value in mpi_environment(setup).items():  # before MPI initializes
         os.environ.setdefault(name, value)  # (the operator's setting wins)
+    import mpi4py  # optional dependency (the ranks extra): imported when ranks run
+
+    # Never MPI_Finalize at exit: a rank that lost a peer may hold an abandoned MPI call
+    # (a bootstrap accept past its deadline, a collective the dead rank never joins),
+    # under which MPICH's finalize aborts with an assertion. The process exit releases
+    # what MPI holds; its shared-memory segment is unlinked below.
+    mpi4py.rc.finalize = False
     from mpi4py import MPI  # initializes MPI (thread level "multiple")
 
     _unlink_shared_memory()
