@@ -260,7 +260,7 @@ def _stranger(kind: str, address: tuple[str, int], key: bytes) -> socket.socket:
     sock = socket.create_connection(address, timeout=30)
     sock.settimeout(None)  # (a timeout makes the descriptor non-blocking)
     if kind == "garbage":
-        sock.sendall(secrets.token_bytes(64))
+        sock.sendall(b"\x7f" * 64)  # a frame of 2 GiB announced
     elif kind == "replay":
         # A valid rank-0 answer recorded from one connection's challenge, replayed on a
         # second connection (the challenge there differs).
@@ -307,6 +307,12 @@ def test_a_stranger_on_the_control_port_does_not_stop_the_real_rank_zero(
         err = ranks.stop()
     assert len(got) == 4 or got[-1] == 2, got
     assert "Traceback" not in err, err
+    dropped = [line.split(" dropped ", 1)[1].split(": ", 1)[1] for line in err.splitlines()
+               if " dropped " in line]
+    assert sorted(dropped) == {"garbage": ["sent garbage (bad message length)"],
+                       "replay": ["failed authentication (another --rank-key, or not a rank)",
+                                  "hung up before authenticating"],  # (the recording)
+                       "silent": []}[kind], err
 
 
 def test_a_silent_stranger_does_not_extend_the_rank_timeout(tiny_tp2, tmp_path):

@@ -19,6 +19,7 @@ learns that the other is gone.
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import socket
 import struct
@@ -33,6 +34,8 @@ HANDSHAKE_S = 10.0
 # How often a waiting accept checks its deadline (bounds how late a timeout fires).
 POLL_S = 0.1
 MAX_MESSAGE_BYTES = 1 << 20
+
+log = logging.getLogger(__name__)
 
 
 class ControlTimeout(TimeoutError):
@@ -140,6 +143,7 @@ class ControlListener:
 
     def __init__(self, address: tuple[str, int], key: bytes) -> None:
         self._key = key
+        self._address = address
         self._sock = socket.create_server(address, backlog=16)
         self._sock.settimeout(POLL_S)
         self._authenticated: queue.SimpleQueue[Connection] = queue.SimpleQueue()
@@ -155,6 +159,14 @@ class ControlListener:
     def close(self) -> None:
         self._closed.set()
         self._sock.close()
+
+    def dropped_summary(self, listed: int = 3) -> str:
+        """The dropped callers, for the timeout's message: '' or '; dropped A: why, ...'."""
+        if not self.dropped:
+            return ""
+        shown = [f"{who}: {why}" for who, why in self.dropped[:listed]]
+        more = len(self.dropped) - listed
+        return "; dropped " + "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
 
     def accept(self, deadline: float) -> Connection:
         """The first caller that authenticates by `deadline` (time.monotonic).
@@ -179,19 +191,27 @@ class ControlListener:
             raise ControlTimeout("nobody authenticated by the deadline") from None
 
     def _handshake(self, sock: socket.socket, peer: tuple) -> None:
+        who = f"{peer[0]}:{peer[1]}"
         try:
             conn = _authenticated(sock, self._key, time.monotonic() + HANDSHAKE_S,
                                   dialing=False)
-        except AuthenticationError as exc:
-            self.dropped.append((f"{peer[0]}:{peer[1]}", f"failed authentication ({exc})"))
+        except AuthenticationError:
+            self._drop(who, "failed authentication (another --rank-key, or not a rank)")
             return
         except ControlTimeout:
-            self.dropped.append((f"{peer[0]}:{peer[1]}", "stayed silent"))
+            self._drop(who, "stayed silent")
             return
-        except (EOFError, OSError, ValueError) as exc:
-            self.dropped.append((f"{peer[0]}:{peer[1]}", f"sent garbage ({exc})"))
+        except EOFError:
+            self._drop(who, "hung up before authenticating")
+            return
+        except (OSError, ValueError) as exc:
+            self._drop(who, f"sent garbage ({exc})")
             return
         if self._closed.is_set():
             conn.close()
         else:
             self._authenticated.put(conn)
+
+    def _drop(self, who: str, why: str) -> None:
+        self.dropped.append((who, why))
+        log.warning("control port %s:%s dropped %s: %s", *self._address, who, why)

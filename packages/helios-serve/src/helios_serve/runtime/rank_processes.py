@@ -486,9 +486,9 @@ def bootstrap_rank(setup: ProcessRanks, digest: str) -> tuple[object, Connection
         try:
             conn = listener.accept(started + setup.timeout_s)
         except control.ControlTimeout:
-            dropped = "".join(f"; dropped {who}: {why}" for who, why in listener.dropped)
             raise RankSetupError(f"rank 0 did not call {host}:{port} within "
-                                 f"{setup.timeout_s:g} s{dropped}") from None
+                                 f"{setup.timeout_s:g} s{listener.dropped_summary()}"
+                                 ) from None
     deadline = time.monotonic() + setup.timeout_s
     try:
         hello = control.recv(conn, deadline)
