@@ -385,3 +385,22 @@ def test_a_failed_shutdown_leaves_no_shared_memory(tiny_tp2, tmp_path):
     assert lost[0].endswith("model worker stopped: rank 1 exited (its control connection "
                             "closed)"), lost
     assert _shm_segments() <= before
+
+
+def test_sigterm_to_another_rank_stops_it_with_status_zero(tiny_tp2, tmp_path):
+    ranks = _start_rank1(tiny_tp2, tmp_path)
+    try:
+        with ServeProcess(*ranks.options, "--rank", "0") as served:
+            assert ranks.rank1.stdout.readline().startswith("Helios rank 1 of 2 joined")
+            ranks.rank1.send_signal(signal.SIGTERM)  # its launcher forwards it to the rank
+            rc1 = ranks.rank1.wait(timeout=60)
+            r = httpx.post(served.url + "/v1/chat/completions", timeout=60, json={
+                "model": "tiny-served", "max_tokens": 4, "temperature": 0,
+                "messages": [{"role": "user", "content": PROMPTS[0]}]})
+    finally:
+        err1 = ranks.stop()
+    assert rc1 == 0, err1
+    assert "signaled" not in err1 and "Traceback" not in err1, err1  # (gforker's banner)
+    assert r.status_code == 500
+    assert r.json()["error"]["message"].endswith(
+        "rank 1 exited (its control connection closed)"), r.text

@@ -43,6 +43,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import socket
 import struct
 import sys
@@ -687,7 +688,8 @@ def serve_rank(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], b
                log: StartupLog | None = None, ready: Callable[[], None] | None = None
                ) -> None:
     """Rank r > 0: load this rank's part, join rank 0, execute steps until rank 0 closes
-    (returns) or disappears (the process exits with status 3: nothing left to serve).
+    (returns) or disappears (the process exits with status 3: nothing left to serve), or
+    SIGTERM/SIGINT stops it (exits 0).
 
     Raises:
         RankSetupError / RuntimeLoadError: as load_process_ranks.
@@ -714,9 +716,27 @@ def serve_rank(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], b
                 os._exit(3)
 
     threading.Thread(target=watch, daemon=True, name="helios-rank-watch-0").start()
+    _exit_on_stop_signals()
     if ready is not None:
         ready()
     while execute(comm, rank_step, None)[0] != "close":
         pass
     closing.set()
     _hang_up(to_rank0)  # rank 0 waits for this before it closes its end
+
+
+def _exit_on_stop_signals() -> None:
+    """SIGTERM or SIGINT ends this rank at once with status 0 (stopped as asked; rank 0
+    then sees a lost rank). The main thread may sit in an MPI call that Python's signal
+    handlers cannot interrupt, so the signal reaches a thread through the wakeup fd."""
+    readable, writable = os.pipe()
+    os.set_blocking(writable, False)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)  # Python's C handler writes to the wakeup fd
+    signal.set_wakeup_fd(writable)
+
+    def stop() -> None:
+        os.read(readable, 1)
+        os._exit(0)
+
+    threading.Thread(target=stop, daemon=True, name="helios-rank-signals").start()
