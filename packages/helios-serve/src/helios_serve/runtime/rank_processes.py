@@ -661,16 +661,19 @@ def load_process_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[
                         f"{', '.join(_address(p) for p in setup.peers[1:])})")
     backend = CpuBackend(manifest, read_resource, cache, frames, log, rank=0,
                          collectives=MpiCollectives(comm))
-    _agree_on_pages(comm, backend)
+    _agree_on_pages(comm, backend, setup.timeout_s)
     completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
     peers = ProcessPeers(comm, RankStep(backend, completion), controls)
     return RankedBackend(manifest, backend, peers)
 
 
-def _agree_on_pages(comm, backend: CpuBackend) -> None:
-    """Every rank must back the same physical page count (the same cache options)."""
+def _agree_on_pages(comm, backend: CpuBackend, timeout_s: float) -> None:
+    """Every rank must back the same physical page count (the same cache options); a
+    rank that died after joining fails this within `timeout_s`."""
     pages = np.empty(comm.Get_size(), np.int64)
-    comm.Allgather(np.array([backend.num_pages], np.int64), pages)
+    mine = np.array([backend.num_pages], np.int64)
+    _mpi_wait("agreeing on the KV page count with the other ranks",
+              lambda: comm.Allgather(mine, pages), time.monotonic() + timeout_s)
     if len(set(pages.tolist())) != 1:
         raise RankSetupError(f"the ranks chose different KV page counts {pages.tolist()}: "
                              "give every rank the same cache options")
@@ -701,7 +704,7 @@ def serve_rank(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], b
         phase.detail = f"rank {setup.rank} of {setup.world} joined rank 0"
     backend = CpuBackend(manifest, read_resource, cache, frames, log, rank=setup.rank,
                          collectives=MpiCollectives(comm))
-    _agree_on_pages(comm, backend)
+    _agree_on_pages(comm, backend, setup.timeout_s)
     completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
     rank_step = RankStep(backend, completion)
 
