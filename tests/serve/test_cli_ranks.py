@@ -72,6 +72,14 @@ def test_a_short_or_missing_rank_key_is_refused(tiny_tp2, tmp_path):
         f"helios-serve: error: --rank-key {missing}: No such file or directory")
 
 
+def test_a_rank_whose_own_peers_entry_is_not_local_is_refused(tiny_tp2, key):
+    # Its listeners (control, MPI) bind to its own entry's interface only.
+    assert _usage_error(tiny_tp2, "--world", "2", "--peers", "198.51.100.7:1,127.0.0.1:2",
+                        "--rank-key", str(key)) == (
+        "helios-serve: error: --peers host '198.51.100.7' (198.51.100.7) is not an address "
+        "of this host's network interfaces")
+
+
 def _serve(core, *args, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run([SERVE, str(core.path), "--trust", str(core.public_key), "--accept",
                            NAMESPACE, "--port", "0", *map(str, args)], capture_output=True,

@@ -107,7 +107,8 @@ class ProcessRanks:
 
         Raises:
             RankSetupError: a rank outside [0, world), a peer list of another length or
-                an address that is not HOST:PORT, or a missing or short key file.
+                an address that is not HOST:PORT, a missing or short key file, or this
+                rank's own entry naming a host that is not an address of this machine.
         """
         if world < 2:
             raise RankSetupError(f"--world must be at least 2 for process ranks, not {world}")
@@ -133,6 +134,7 @@ class ProcessRanks:
         if len(key) < 32:
             raise RankSetupError(f"--rank-key {key_file}: {len(key)} bytes; the key needs at "
                                  "least 32 random bytes")
+        interface_of(parsed[rank][0])  # this rank's listeners go there: a local address
         return cls(rank, world, tuple(parsed), key, timeout_s)
 
 
