@@ -412,10 +412,24 @@ def _mpi_wait(what: str, call: Callable[[], object], deadline: float) -> object:
 
 def _merge_next(comm, port: str, deadline: float, what: str):
     """Accept the next joining rank into `comm` (a collective over `comm`'s ranks)."""
-    inter = _mpi_wait(what, lambda: comm.Accept(port, root=0), deadline)
-    merged = inter.Merge(high=False)
-    inter.Free()
-    return merged
+    def accept():
+        inter = comm.Accept(port, root=0)
+        merged = inter.Merge(high=False)
+        inter.Free()
+        return merged
+
+    return _mpi_wait(what, accept, deadline)
+
+
+def _join(MPI, port: str, deadline: float):
+    """Connect this rank to rank 0's communicator (it is the newest, highest rank)."""
+    def connect():
+        inter = MPI.COMM_SELF.Connect(port, root=0)
+        merged = inter.Merge(high=True)
+        inter.Free()
+        return merged
+
+    return _mpi_wait("joining rank 0's MPI communicator", connect, deadline)
 
 
 def bootstrap_rank0(setup: ProcessRanks, digest: str) -> tuple[object, list[Connection]]:
@@ -508,10 +522,7 @@ def bootstrap_rank(setup: ProcessRanks, digest: str) -> tuple[object, Connection
         raise RankSetupError(f"rank 0 left or sent a bad hello ({exc or 'closed'})") from None
     if problem:
         raise RankSetupError(problem)
-    inter = _mpi_wait("joining rank 0's MPI communicator",
-                      lambda: MPI.COMM_SELF.Connect(hello["port"], root=0), deadline)
-    comm = inter.Merge(high=True)
-    inter.Free()
+    comm = _join(MPI, hello["port"], deadline)
     for later in range(setup.rank + 1, setup.world):  # take part in the later joins
         deadline = time.monotonic() + setup.timeout_s
         try:
