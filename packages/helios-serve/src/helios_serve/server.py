@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import socket
 import threading
 import time
@@ -162,9 +163,14 @@ class Server:
     def run(self) -> None:
         """Serve in this thread until interrupted (SIGINT/SIGTERM), then shut down."""
         self.engine.start()
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn re-raises the captured signal after draining, under the handler it
+            # found: SIGTERM's default would end the process before the worker (and a
+            # process rank 0's peers) stops, so it interrupts as SIGINT does.
+            signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             self._serve()
-        except KeyboardInterrupt:  # uvicorn re-raises the captured SIGINT after draining
+        except KeyboardInterrupt:  # uvicorn re-raises the captured SIGINT/SIGTERM
             pass
         finally:
             self.engine.stop()

@@ -289,6 +289,10 @@ class ModelWorker:
         try:
             while self._step():
                 pass
+        except RankFailure as exc:  # designed: the ranks cannot run on (one line, no trace)
+            log.error("model worker stopped: %s", exc)
+            self.crashed = exc
+            message = f"model worker stopped: {exc}"
         except BaseException as exc:  # a bug: fail every request, mark unhealthy
             log.exception("model worker crashed")
             self.crashed = exc

@@ -154,7 +154,7 @@ class ApiService:
     async def prepare_only(self, fn: Callable[..., T], *args: object) -> T:
         """Run a preparation-only request (tokenize) under a permit and a slot."""
         assert self.admission is not None
-        with self.admission.acquire():
+        with await self.admission.acquire():
             return await self._prepared(fn, *args)
 
     async def generate(
@@ -172,7 +172,7 @@ class ApiService:
         if not self.worker_running():
             self.metrics.requests_rejected.labels(REJECT_SCHEDULER).inc()
             raise AdmissionRejected("the model worker is not running")
-        with self.admission.acquire() as permit:
+        with await self.admission.acquire() as permit:
             prepared = [await self._prepared(fn, x) for x in inputs]
             sink = EventSink(asyncio.get_running_loop(), choices=sum(p.n for p in prepared))
             enqueue_ns = self.clock.now_ns()  # immediately before submission
