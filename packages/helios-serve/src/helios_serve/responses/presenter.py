@@ -225,7 +225,8 @@ class ResponseBuilder:
             completed_at=int(time.time()),
             usage={
                 "input_tokens": finished.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": finished.reused_prompt_tokens},
+                "input_tokens_details": {"cached_tokens": finished.reused_prompt_tokens,
+                                         "cache_write_tokens": 0},
                 "output_tokens": finished.completion_tokens,
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": finished.prompt_tokens + finished.completion_tokens,
