@@ -1,13 +1,22 @@
 """/v1/responses with real clients against the tiny-model server (real weights, real
 kernels on the CPU; model worker thread and engine process): the official openai client,
-litellm.responses and langchain-openai with use_responses_api=True."""
+litellm.responses and langchain-openai with use_responses_api=True; the --responses-db
+file store across a restart and its startup refusal."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from helios_serve.cli import start
+from helios_serve.config import ServeOptions
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.tiny_model import serve_error_line
 
 
 def _client(server) -> openai.OpenAI:
@@ -73,3 +82,39 @@ def test_langchain_openai_with_the_responses_api(tiny_thread_server):
     assert message.response_metadata["id"].startswith("resp_")
     assert message.usage_metadata["output_tokens"] <= 5
     assert isinstance(message.text, str)
+
+
+def test_a_responses_db_file_outlives_the_server(tiny_served, tmp_path):
+    core = tiny_served.core
+    options = ServeOptions(port=0, max_active=2, queue_capacity=2,
+                           responses_db=str(tmp_path / "responses.db"))  # fmt: skip
+    servers = []
+    try:
+        for _ in range(2):
+            server = start(core.path, [str(core.public_key)], core.namespace, options)
+            server.serve_in_background()
+            servers.append(server)
+            client = _client(server)
+            if len(servers) == 1:
+                first = client.responses.create(model=server.settings.served_name,
+                                                input="hello", max_output_tokens=3)  # fmt: skip
+                server.stop()
+            else:
+                assert client.responses.retrieve(first.id).model_dump() == first.model_dump()
+    finally:
+        servers[-1].stop()
+        for server in servers:
+            server.bootstrap.close()
+
+
+def test_a_foreign_responses_db_fails_startup_in_one_line(tiny_served, tmp_path):
+    foreign = tmp_path / "notes.db"
+    foreign.write_text("not a database, only text " * 20)
+    core = tiny_served.core
+    proc = subprocess.run([str(Path(sys.executable).parent / "helios-serve"), str(core.path),
+                           "--trust", str(core.public_key), "--accept", core.namespace,
+                           "--port", "0", "--responses-db", str(foreign)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert serve_error_line(proc.stderr) == \
+        f"helios-serve: error: {foreign}: file is not a database"
