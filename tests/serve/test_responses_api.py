@@ -352,9 +352,10 @@ def test_other_rejections(server, tok):
     assert (r.status_code, r.json()["error"]["param"]) == (404, "previous_response_id")
     r = httpx.post(server.url + "/v1/responses", json={"model": "other", "input": "hi"})
     assert (r.status_code, r.json()["error"]["code"]) == (404, "model_not_found")
-    r = _post(server, {"input": "hi", "max_output_tokens": 10_000})
-    assert (r.status_code, r.json()["error"]["code"]) == (503, "context_length_exceeded")
-    assert r.headers["x-should-retry"] == "false"
+    for stream in (False, True):  # knowable before headers: a status, also for a stream
+        r = _post(server, {"input": "hi", "max_output_tokens": 10_000, "stream": stream})
+        assert (r.status_code, r.json()["error"]["code"]) == (503, "context_length_exceeded")
+        assert r.headers["x-should-retry"] == "false"
     for path in ("/v1/responses/resp_x", "/v1/responses/resp_x/input_items"):
         r = httpx.get(server.url + path)
         assert r.status_code == 404
