@@ -30,17 +30,20 @@ def server(tok):
 # (n within the served concurrency and a nonempty text prompt: token-id prompts of the
 # 283-token vocabulary are almost never drawn by chance).
 NARROW = {"model", "messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "n",
-          "stream", "echo", "ignore_eos", "user"}
+          "stream", "echo", "ignore_eos", "user", "input", "instructions", "max_output_tokens",
+          "store"}
 
 
 def _narrowed(document: dict) -> dict:
     schemas = document["components"]["schemas"]
-    for name in ("ChatCompletionRequest", "CompletionRequest"):
+    for name in ("ChatCompletionRequest", "CompletionRequest", "ResponsesRequest"):
         props = schemas[name]["properties"]
         props = {k: v for k, v in props.items() if k in NARROW}
-        props["n"] = {"type": "integer", "minimum": 1, "maximum": 4}
+        if name != "ResponsesRequest":
+            props["n"] = {"type": "integer", "minimum": 1, "maximum": 4}
         schemas[name]["properties"] = props
     schemas["CompletionRequest"]["properties"]["prompt"] = {"type": "string", "minLength": 1}
+    schemas["ResponsesRequest"]["properties"]["input"] = {"type": "string"}
     schemas["Message"] = {"type": "object", "additionalProperties": False,
                           "required": ["role", "content"],
                           "properties": {"role": {"enum": ["system", "user"]},
@@ -77,12 +80,14 @@ def test_no_server_error(server, narrow):
     if narrow:  # valid requests were generated and served, not only rejections
         assert statuses[("POST", "/v1/chat/completions")].get(200, 0) >= 5, statuses
         assert statuses[("POST", "/v1/completions")].get(200, 0) >= 5, statuses
+        assert statuses[("POST", "/v1/responses")].get(200, 0) >= 5, statuses
 
 def test_the_document_covers_every_route(server):
     document = httpx.get(server.url + "/openapi.json").json()
     assert document["openapi"].startswith("3.")
     paths = document["paths"]
-    for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize",
+                 "/v1/responses"):
         body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert body["$ref"].startswith("#/components/schemas/")
     for path in ("/v1/models", "/v1/models/{model_id}", "/version", "/health", "/metrics"):

@@ -299,6 +299,9 @@ class _OneLineUsage(click.Command):
               help="Run the model worker (scheduler, model, packing, host-feedback output) in "
                    "an engine process and HTTP, preparation and the other output pipelines "
                    "in this one (vLLM V1's split): their host work stops sharing one GIL.")
+@click.option("--responses-db", "responses_db", type=click.Path(dir_okay=False),
+              help="Keep stored /v1/responses in this SQLite file (created if missing; "
+                   "bounded, oldest evicted first) [a bounded in-memory store].")
 @click.option("--resource-key", "resource_key", envvar=RESOURCE_KEY_ENV,
               help="AES-256 key file (32 raw bytes) of a ProtectedIndex version 4 core "
                    f"[env {RESOURCE_KEY_ENV}].")
@@ -322,8 +325,8 @@ class _OneLineUsage(click.Command):
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
          event_capacity, served_name, speculative_width, history_drafting, speculative_policy,
          num_pages, kv_cache_memory, kv_cache_fraction, snapshots, host_cache_bytes,
-         stream_interval, engine_process, resource_key, api_key, demo, world, rank, peers,
-         rank_key, rank_timeout) -> None:  # fmt: skip
+         stream_interval, engine_process, responses_db, resource_key, api_key, demo, world,
+         rank, peers, rank_key, rank_timeout) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
 
     Startup phases and their durations go to stderr as they end; the serving URL to stdout.
@@ -348,7 +351,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             kv_cache_memory=memory, kv_cache_fraction=kv_cache_fraction, api_key=api_key,
             history_drafting=history_drafting, speculative_policy=speculative_policy,
             snapshots=snapshots, host_cache_bytes=host_bytes, stream_interval=stream_interval,
-            engine_process=engine_process,
+            engine_process=engine_process, responses_db=responses_db,
         )  # fmt: skip
         if demo:
             if core or trust or accept:

@@ -41,6 +41,7 @@ class ServeOptions:
     host_cache_bytes: int = 0  # host-memory cache tier; 0: none
     stream_interval: int = 1  # tokens per SSE delivery of a choice (vLLM's --stream-interval)
     engine_process: bool = False  # the model worker in its own process (docs/serving.md)
+    responses_db: str | None = None  # stored /v1/responses: a SQLite file; None: in memory
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class ServeSettings:
             (--speculative-policy adaptive) rather than the widest lane always.
         stream_interval: a choice's output reaches its reader every this many tokens
             (its first token and its end at once); 1 streams every token.
+        responses_db: the stored-responses SQLite file (helios-serve --responses-db),
+            or None for a bounded in-memory store.
     """
 
     host: str
@@ -76,6 +79,7 @@ class ServeSettings:
     history_drafting: bool = False
     width_policy: bool = False
     stream_interval: int = 1
+    responses_db: str | None = None
 
     @property
     def http_capacity(self) -> int:
@@ -117,6 +121,7 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
         history_drafting=options.history_drafting,
         width_policy=options.speculative_policy == "adaptive",
         stream_interval=options.stream_interval,
+        responses_db=options.responses_db,
     )
     for name in ("max_active", "queue_capacity", "frontend_workers", "event_capacity",
                  "stream_interval"):

@@ -28,6 +28,7 @@ from helios_serve.engine.plan import ModelGeometry, SamplingParams
 from helios_serve.scheduler import AdmissionError, SchedRequest, check_capacity
 
 from .boundaries import first_message_end, prefix_endpoints
+from .detokenizer import IncrementalDetokenizer
 from .errors import FrontendRequestError
 from .grammar import GrammarCompiler, GrammarState
 from .logit_bias import parse_logit_bias
@@ -107,6 +108,12 @@ class ChatInput:
         add_generation_prompt: open a new assistant turn after the messages.
         continue_final_message: the last message is an assistant message the output
             continues (inside its reasoning, content or tool body).
+        prompt_prefix: token ids the prompt should continue exactly (a stored
+            conversation's prompt and output ids, /v1/responses' previous_response_id).
+            When the rendered prompt's text starts with their text, the prompt is these
+            ids followed by the encoding of the rest, so prefix reuse finds the pages and
+            the end snapshot the previous request left; else it is the rendered text's
+            encoding, as without a prefix.
     """
 
     messages: tuple[Mapping[str, Any], ...]
@@ -118,6 +125,7 @@ class ChatInput:
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    prompt_prefix: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -300,12 +308,11 @@ class Preparer:
         messages = [self._message(i, m) for i, m in enumerate(request.messages)]
         tools = [dict(t) for t in request.tools] if request.tools else None
         prompt_text = self._render(request, messages, tools)
-        encoding = self.tokenizer.encode(prompt_text, add_special_tokens=False)
-        prompt_ids = tuple(encoding.ids)
+        prompt_ids, token_ends = self._encode_prompt(prompt_text, request.prompt_prefix)
         # Where the rendered turns end: the scheduler publishes a snapshot there, so a
         # later conversation sharing those turns restores the state after them.
         rules = self.frontend.syntax.prefix_boundary_rules
-        endpoints = prefix_endpoints(prompt_text, [end for _, end in encoding.offsets],
+        endpoints = prefix_endpoints(prompt_text, token_ends,
                                      [m.get("role", "") for m in messages], rules,
                                      self._first_message_end(request, messages, tools,
                                                              prompt_text, rules))
@@ -370,6 +377,31 @@ class Preparer:
         return text, tuple(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     # -- parts ----------------------------------------------------------------------
+
+    def _encode_prompt(self, text: str, prefix: tuple[int, ...]
+                       ) -> tuple[tuple[int, ...], list[int]]:  # fmt: skip
+        """The prompt's ids and the character offset in `text` where each ends: `prefix`
+        followed by the encoding of the rest when `text` starts with the prefix's text
+        (ChatInput.prompt_prefix), else the encoding of `text`. A prefix id that ends
+        inside a character is given the end of the text before it."""
+        if prefix:
+            detokenizer = IncrementalDetokenizer(self.tokenizer)
+            ends, pieces, length = [], [], 0
+            for token_id in prefix:
+                piece = detokenizer.push(token_id)
+                pieces.append(piece)
+                length += len(piece)
+                ends.append(length)
+            tail = detokenizer.flush()
+            pieces.append(tail)
+            ends[-1] += len(tail)
+            head = "".join(pieces)
+            if text.startswith(head):
+                rest = self.tokenizer.encode(text[len(head):], add_special_tokens=False)
+                return (tuple(prefix) + tuple(rest.ids),
+                        ends + [len(head) + end for _, end in rest.offsets])  # fmt: skip
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        return tuple(encoding.ids), [end for _, end in encoding.offsets]
 
     def _message(self, i: int, message: Mapping[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in message.items() if v is not None}

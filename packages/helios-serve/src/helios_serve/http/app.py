@@ -2,7 +2,8 @@
 
 Routes: POST /v1/chat/completions and /v1/completions (JSON and SSE), GET /v1/models
 and /v1/models/{id}, POST /tokenize and /detokenize (vLLM's shapes), GET /version,
-/health, /metrics, /openapi.json and /docs. Handlers parse (`schema`), admit and
+/health, /metrics, /openapi.json and /docs; the Responses API's routes are
+`responses_api`'s. Handlers parse (`schema`), admit and
 submit (`service`), and deliver (`delivery`); errors become OpenAI-style bodies with the
 status and headers of `errors.ERROR_TABLE`. With an API key, /v1/* and the tokenize
 routes need `Authorization: Bearer KEY` (`auth`); every request gets one access log
@@ -26,7 +27,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from helios_serve.http import access, openapi
+from helios_serve.http import access, openapi, responses_api
 from helios_serve.http.auth import require_api_key
 from helios_serve.http.delivery import ClientDisconnected, SseStream, collect
 from helios_serve.http.errors import ApiError, InvalidRequest, ModelNotFound, error_body, kind_of
@@ -41,6 +42,7 @@ from helios_serve.http.schema import (
     parse,
 )
 from helios_serve.http.service import ApiService, Generation
+from helios_serve.responses.store import ResponseStore
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +300,8 @@ def build_app(service: ApiService) -> Litestar:
 
     app = Litestar(
         route_handlers=[chat_completions, completions, list_models, retrieve_model, tokenize,
-                        detokenize, version, health, metrics, openapi.openapi_json],
+                        detokenize, version, health, metrics, openapi.openapi_json,
+                        *responses_api.ROUTES],
         lifespan=[lifespan],
         middleware=[access.middleware],
         exception_handlers={
@@ -314,6 +317,7 @@ def build_app(service: ApiService) -> Litestar:
         ),
     )  # fmt: skip
     app.state.service = service
+    app.state.responses_store = ResponseStore(service.settings.responses_db)
     app.state.api_key = service.settings.api_key
     openapi.add_request_bodies(app, sorted(service.model_names))
     return app

@@ -56,6 +56,10 @@ class ModelNotFound(ApiError):
     code = "model_not_found"
 
 
+class ResponseNotFound(ApiError):
+    """A stored response id that was never stored, was deleted or was evicted."""
+
+
 class IngressFull(ApiError):
     """queue_capacity + max_active requests are already admitted."""
 
@@ -98,6 +102,7 @@ ERROR_TABLE: dict[type[ApiError], ErrorKind] = {
     InvalidRequest: ErrorKind(400, "invalid_request_error"),
     Unauthorized: ErrorKind(401, "invalid_request_error"),
     ModelNotFound: ErrorKind(404, "not_found_error"),
+    ResponseNotFound: ErrorKind(404, "invalid_request_error"),  # OpenAI's type for it
     IngressFull: ErrorKind(429, "rate_limit_error", (("retry-after", "1"),)),
     ExecutionFailed: ErrorKind(500, "server_error"),
     CapacityExceeded: ErrorKind(503, "admission_rejected", _NO_RETRY),

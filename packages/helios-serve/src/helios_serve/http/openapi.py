@@ -14,6 +14,10 @@ from litestar import Litestar, Request, get
 from litestar._openapi.plugin import OpenAPIPlugin
 
 from helios_serve.http.schema import REQUEST_MODELS
+from helios_serve.responses.schema import ResponsesRequest
+
+# (ResponsesRequest is not in schema.REQUEST_MODELS: its module builds on http.schema)
+_BODIES = {**REQUEST_MODELS, "/v1/responses": ResponsesRequest}
 
 
 def add_request_bodies(app: Litestar, model_names: list[str]) -> None:
@@ -22,7 +26,7 @@ def add_request_bodies(app: Litestar, model_names: list[str]) -> None:
     document = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()  # cached dict
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     served = {"type": "string", "enum": model_names}
-    for path, model in REQUEST_MODELS.items():
+    for path, model in _BODIES.items():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         if "model" in schema["properties"]:
