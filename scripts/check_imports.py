@@ -33,7 +33,8 @@ module prefix that names a module; a module imports its own floor or lower ones)
                  one assembly and in-process handle, what loads it from a core; the
                  test backends)
     4 engine     engine_process, engine_client (the two sides of the engine process)
-    5 http       http
+    5 http       http, responses (the HTTP API; the Responses API's schema, conversation,
+                 presenter and store)
     6 server     server, testing.harness (a Server around a test backend)
     7 cli        cli, __main__
 """
@@ -56,7 +57,7 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (2, "requests", ("events", "handle", "wire")),
     (3, "worker", ("worker", "worker_host", "bootstrap", "loading", "testing")),
     (4, "engine", ("engine_process", "engine_client")),
-    (5, "http", ("http",)),
+    (5, "http", ("http", "responses")),
     (6, "server", ("server", "testing.harness")),
     (7, "cli", ("cli", "__main__")),
 )

@@ -132,7 +132,7 @@ async def create_response(request: Request) -> Response:
         prefix = previous.token_ids
     logprobs = None
     if LOGPROBS_INCLUDE in (parsed.include or ()):
-        if service.worker.geometry.top_logprobs is None:
+        if service.engine.geometry.top_logprobs is None:
             raise service.invalid(InvalidRequest(
                 f"include {LOGPROBS_INCLUDE!r}: this model records no logprobs (its core "
                 "was exported without a logprobs record)", param="include"))
