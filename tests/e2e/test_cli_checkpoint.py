@@ -214,3 +214,33 @@ def test_api_key_example_carries_the_header(tiny_served, tmp_path):
             assert without.stdout == "401"
         finally:
             _stop(proc)
+
+
+def _slots_capacity(url: str) -> float:
+    metrics = httpx.get(url + "/metrics", timeout=30).text
+    (line,) = [x for x in metrics.splitlines() if x.startswith("helios_request_slots_capacity ")]
+    return float(line.split()[1])
+
+
+def test_inspect_reports_the_concurrency_the_server_runs(tiny_served):
+    """`helios-tools inspect` says what helios-serve runs at once: the core's default
+    (not its captured concurrency) without --max-active, the request slots at most."""
+    core = tiny_served.core
+    tools = str(Path(sys.executable).parent / "helios-tools")
+    text = subprocess.run([tools, "inspect", str(core.path)], capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+    (line,) = [x for x in text.splitlines() if x.startswith("concurrency  ")]
+    assert line == ("concurrency  serves 8 requests at once by default (serving default "
+                    "max_active 8); --max-active up to 64 request slots; captured "
+                    "concurrency 64")
+    served = {}
+    env = {k: v for k, v in os.environ.items() if k != "HELIOS_API_KEY"}
+    for extra in ((), ("--max-active", "100")):
+        proc = _start(env, core.path, "--trust", core.public_key, "--accept", core.namespace,
+                      *extra)
+        try:
+            url, _ = _serving(proc)
+            served[extra] = _slots_capacity(url)
+        finally:
+            _stop(proc)
+    assert served == {(): 8.0, ("--max-active", "100"): 64.0}
