@@ -50,8 +50,15 @@ def test_inspect_text_and_json(keyed):
     for needle in (SAMPLE_NAMESPACE, "tiny-llama", "decode_b4", "DECODE", "weights/embed",
                    "contract     version 3", "aliases: tiny"):
         assert needle in text.output
+    assert ("concurrency  serves 4 requests at once by default (serving default max_active "
+            "4); --max-active up to 4 request slots; captured concurrency 4\n") in text.output
     data = json.loads(_run("inspect", core, "--json").output)
     assert data["namespace"] == SAMPLE_NAMESPACE and data["served_id"] == "tiny-llama"
+    assert {k: data[k] for k in ("selected_concurrency", "serving_default_max_active",
+                                 "default_max_active", "request_slots",
+                                 "served_concurrency")} == {
+        "selected_concurrency": 4, "serving_default_max_active": 4, "default_max_active": 4,
+        "request_slots": 4, "served_concurrency": 4}
     assert {g["name"]: (g["batch_capacity"], g["token_capacity"]) for g in data["graphs"]} == {
         "prefill_t32": (1, 32), "decode_b4": (4, 4)}
     res = {r["id"]: r for r in data["resources"]}

@@ -25,7 +25,31 @@ from helios_contract.errors import BindingError, MissingFieldError
 from helios_contract.findings import Finding, raise_first
 from helios_contract.upgrade import upgrade_to_current, version_findings
 
-__all__ = ["PreparedContract", "contract_findings", "validate_contract"]
+__all__ = ["PreparedContract", "contract_findings", "default_max_active", "request_slots",
+           "validate_contract"]
+
+
+def default_max_active(serving: pb.ServingContract) -> int:
+    """Requests served at once when the operator sets none (helios-serve --max-active):
+    the core's serving default ``defaults.max_active``, else its ``selected_concurrency``
+    (model-contract.md, "Serving metadata": core defaults fill missing settings); 0 when
+    the contract gives neither. The one rule helios-serve's settings and
+    ``helios-tools inspect`` both apply; the server then runs at most
+    ``request_slots`` of them (load-time selection may reduce captured concurrency,
+    never raise it)."""
+    return serving.defaults.max_active or serving.selected_concurrency
+
+
+def request_slots(serving: pb.ServingContract, manifest: mpb.ExecutionManifest) -> int:
+    """Requests the core can hold at once: the fewest rows of its page-table buffers
+    (``[slots, pages_per_request]`` int32; rule cache.view_table), 0 without a view.
+
+    Raises:
+        KeyError: a view names a buffer the manifest lacks (rule cache.view_table).
+    """
+    buffers = {b.name: b for b in manifest.buffers}
+    return min((int(buffers[v.buffer].shape[0]) for v in serving.model.cache.page_table_views),
+               default=0)
 
 
 def _presence(serving: pb.ServingContract) -> Iterator[Finding]:

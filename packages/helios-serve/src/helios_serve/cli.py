@@ -2,6 +2,7 @@
 
     helios-serve CORE --trust PUB --accept NAMESPACE [options]
     helios-serve --demo
+    helios-serve --recipe RECIPE --checkpoint PATH [options]
 
 Startup is Bootstrap.load -> NativeModel.load -> Server.start. Any startup failure
 prints one line (`helios-serve: error: ...`) without a traceback and exits 2.
@@ -16,10 +17,26 @@ cached core of this digest is served as found (nothing in the cache changes); co
 other digests (another checkout or environment, an older version) are kept up to
 DEMO_KEEP in all, so alternating between two installs reuses each one's core instead of
 exporting and removing the other's every time.
+
+`--recipe RECIPE --checkpoint PATH` does the same for any recipe and checkpoint (a .gguf
+file or a safetensors directory), into ${XDG_CACHE_HOME:-~/.cache}/helios/checkpoints/
+under its own local key and the namespace CHECKPOINT_NAMESPACE: the core's name carries a
+digest of the recipe, the export code, the checkpoint's name and every byte of its files
+(`checkpoint_fingerprint`), so one command goes from a checkpoint to a server and exports
+again only when one of them changes. Concurrent starts share one export (a lock file; the
+core is written under a temporary name and renamed into place). A missing recipe or
+checkpoint, a missing `ignition` command or a failed export is one line and exit 2. The
+signed-core flow (`ignition export`, `helios-tools lint-core`, `helios-serve CORE --trust
+--accept`) stays the production path: a publisher's key, not a local one.
+
+With --api-key (or $HELIOS_API_KEY) the startup `Try:` example sends `Authorization:
+Bearer $HELIOS_API_KEY`, never the key itself (stdout may be a log); a key given on the
+command line adds a line saying to set HELIOS_API_KEY first.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -30,6 +47,7 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from helios_tools.capabilities import BACKENDS
 from helios_tools.core.protected import load_resource_key
 
@@ -58,14 +76,20 @@ def demo_dir() -> Path:
     return Path(base) / "helios" / "demo"
 
 
-def _tool(name: str) -> str:
-    """A console script of this environment (beside the interpreter), else on PATH."""
+def _tool(name: str, what: str = "--demo") -> str:
+    """A console script of this environment (beside the interpreter), else on PATH.
+
+    Raises:
+        StartupError: neither has it (`what` names the option that needs it).
+    """
     beside = Path(sys.executable).parent / name
     if beside.exists():
         return str(beside)
     found = shutil.which(name)
     if found is None:
-        raise StartupError(f"--demo needs the `{name}` command (install the Helios workspace)")
+        package = "helios-ignition" if name == "ignition" else name
+        raise StartupError(f"{what} needs the `{name}` command (install {package}, part of "
+                           "the Helios workspace)")
     return found
 
 
@@ -111,28 +135,135 @@ def prepare_demo(echo=click.echo) -> tuple[Path, Path, str]:
     folder = demo_dir()
     recipe = _demo_recipe()
     core = folder / f"smollm2-135m-instruct-{demo_fingerprint(recipe)}.core"
-    key = folder / "publisher.key"
-    public = folder / "publisher.key.pub"
-    if core.is_file() and public.is_file():
-        return core, public, DEMO_NAMESPACE
-    folder.mkdir(parents=True, exist_ok=True)
-    if not (key.is_file() and public.is_file()):
-        _run([_tool("helios-tools"), "keygen", "--out", str(key)], "key generation")
-    others = sorted((p for p in folder.glob("smollm2-135m-instruct*.core") if p != core),
-                    key=lambda p: p.stat().st_mtime, reverse=True)
-    why = ("for this version of the export code (the cached cores were exported by other "
-           "versions)" if others else "once")
-    echo(f"preparing the demo core {why}, into {folder} (about a minute) ...", err=True)
-    partial = core.with_suffix(".core.partial")
-    _run(
-        [_tool("ignition"), "export", str(recipe), "--checkpoint", "smollm2",
-         "--key", str(key), "--namespace", DEMO_NAMESPACE, "--out", str(partial)],
-        "demo export",
-    )  # fmt: skip
-    partial.replace(core)
-    for path in others[DEMO_KEEP - 1:]:
-        path.unlink(missing_ok=True)
+    public = cached_export(
+        folder, core, [str(recipe), "--checkpoint", "smollm2"], DEMO_NAMESPACE, "demo",
+        option="--demo",
+        changed="for this version of the export code (the cached cores were exported by "
+                "other versions)", echo=echo, duration=" (about a minute)")
     return core, public, DEMO_NAMESPACE
+
+
+def cached_export(folder: Path, core: Path, export_args: list[str], namespace: str,
+                  what: str, *, option: str, changed: str, echo=click.echo,
+                  duration: str = "") -> Path:
+    """Make `core` (a file in `folder` whose name carries the digest of everything that
+    exports it) with `ignition export EXPORT_ARGS`, signed by the folder's local key
+    (made once with `helios-tools keygen`), unless it is there already; returns the
+    public key. Concurrent starts wait on one lock file (`folder/.lock`) and export to
+    a private temporary name renamed into place, so none sees a partial core and the
+    second start serves the first one's. After a new export, other cores of the same
+    stem (the name up to its last `-`, the digest) beyond the DEMO_KEEP - 1 most
+    recently exported are removed. Progress goes to stderr: "preparing the WHAT core
+    once" (`changed` instead of "once" when cores of the stem are there). `option` (the
+    command-line option asking for the export) names what needs a missing command.
+
+    Raises:
+        StartupError: keygen or export failed (their last output line is included), or
+            the cache folder cannot be written.
+    """
+    key, public = folder / "publisher.key", folder / "publisher.key.pub"
+    if core.is_file() and public.is_file():
+        return public  # served as found: nothing in the cache changes
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / ".lock", "a")  # noqa: SIM115 (held until the export ends)
+    except OSError as exc:
+        raise StartupError(f"cannot write the core cache {folder}: {exc.strerror or exc}") \
+            from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if core.is_file() and public.is_file():  # another start exported it meanwhile
+            return public
+        if not (key.is_file() and public.is_file()):
+            _run([_tool("helios-tools", option), "keygen", "--out", str(key)], "key generation")
+        stem = core.name.rsplit("-", 1)[0]
+        others = sorted((p for p in folder.glob(f"{stem}-*.core") if p != core),
+                        key=lambda p: p.stat().st_mtime, reverse=True)
+        why = changed if others else "once"
+        echo(f"preparing the {what} core {why}, into {folder}{duration} ...", err=True)
+        partial = folder / f".{core.name}.{os.getpid()}.partial"
+        try:
+            _run([_tool("ignition", option), "export", *export_args, "--key", str(key),
+                  "--namespace", namespace, "--out", str(partial)], f"{what} export")
+            partial.replace(core)
+        finally:
+            partial.unlink(missing_ok=True)
+        for path in others[DEMO_KEEP - 1:]:
+            path.unlink(missing_ok=True)
+    return public
+
+
+CHECKPOINT_NAMESPACE = "helios.local/checkpoint"
+_HASH_BLOCK = 1 << 20
+
+
+def checkpoints_dir() -> Path:
+    """${XDG_CACHE_HOME:-~/.cache}/helios/checkpoints: cores of `--recipe --checkpoint`."""
+    return demo_dir().parent / "checkpoints"
+
+
+def checkpoint_fingerprint(recipe: Path, checkpoint: Path, options: list[str],
+                           roots: list[Path] | None = None) -> str:
+    """16 hex digits of sha256 over everything a `--recipe --checkpoint` core comes from:
+    the recipe and the export code (`demo_fingerprint`), the export options, and every
+    byte of the checkpoint (a file, or each file under a directory with its relative
+    path). The whole checkpoint is read: about a second per GB, once per start, and no
+    shortcut (size and mtime) can miss an edit that keeps both.
+
+    Raises:
+        OSError: a checkpoint file cannot be read.
+    """
+    digest = hashlib.sha256(demo_fingerprint(recipe, roots).encode())
+    digest.update(b"\0".join(o.encode() for o in options) + b"\1")
+    files = [checkpoint] if checkpoint.is_file() else \
+        sorted(p for p in checkpoint.rglob("*") if p.is_file())
+    for path in files:
+        digest.update(str(path.relative_to(checkpoint)).encode() + b"\0")
+        with open(path, "rb") as f:
+            while block := f.read(_HASH_BLOCK):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def prepare_checkpoint(recipe: str, checkpoint: str, echo=click.echo) -> tuple[Path, Path, str]:
+    """Export RECIPE with CHECKPOINT (a .gguf file or a safetensors directory) once per
+    content (`checkpoint_fingerprint`) into checkpoints_dir(), signed by a local key under
+    CHECKPOINT_NAMESPACE; returns (core, public key, namespace).
+
+    Raises:
+        StartupError: the recipe or checkpoint is missing or unreadable, ignition is not
+            installed, or the export failed (its last output line is included).
+    """
+    recipe_path, source = Path(recipe), Path(checkpoint)
+    if not recipe_path.is_file():
+        why = "is a directory" if recipe_path.is_dir() else "no such file"
+        raise StartupError(f"--recipe {recipe}: {why}")
+    if not source.exists():
+        hint = " (the embedded SmolLM2: use --demo)" if checkpoint == "smollm2" else ""
+        raise StartupError(f"--checkpoint {checkpoint}: no such file or directory{hint}")
+    _tool("ignition", "--recipe")  # a missing ignition fails before the checkpoint is read
+    # The checkpoint's own name counts: a recipe may derive the served id from it.
+    options = ["--checkpoint-name", source.resolve().name]
+    try:
+        digest = checkpoint_fingerprint(recipe_path, source, options)
+    except OSError as exc:
+        raise StartupError(f"--checkpoint {checkpoint}: cannot read "
+                           f"{exc.filename or source}: {exc.strerror or exc}") from None
+    name = f"{_slug(recipe_path.stem)}-{_slug(source.name)}"
+    folder = checkpoints_dir()
+    core = folder / f"{name}-{digest}.core"
+    public = cached_export(
+        folder, core, [str(recipe_path.resolve()), "--checkpoint", str(source.resolve())],
+        CHECKPOINT_NAMESPACE, name, option="--recipe", echo=echo,
+        changed="again (the recipe, the checkpoint or the export code changed since the "
+                "cached core)")
+    return core, public, CHECKPOINT_NAMESPACE
+
+
+def _slug(text: str) -> str:
+    """A core name's part: lower-case letters, digits, `.` and `_` (anything else becomes
+    `_`), so the last `-` of a cached core's name is the one before its digest."""
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in text.lower()) or "_"
 
 
 def _run(argv: list[str], what: str) -> None:
@@ -142,9 +273,16 @@ def _run(argv: list[str], what: str) -> None:
         raise StartupError(f"{what} failed: {lines[-1] if lines else f'exit {proc.returncode}'}")
 
 
-def _curl_example(url: str, model: str) -> str:
+API_KEY_ENV = "HELIOS_API_KEY"
+
+
+def _curl_example(url: str, model: str, api_key: bool = False) -> str:
+    """The startup `Try:` command. With an API key it sends `Authorization: Bearer
+    $HELIOS_API_KEY`: the shell fills in the key, so the secret itself never reaches the
+    terminal or a log that keeps stdout."""
+    auth = f'-H "Authorization: Bearer ${API_KEY_ENV}" ' if api_key else ""
     return (
-        f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"curl {url}/v1/chat/completions {auth}-H 'Content-Type: application/json' "
         f'-d \'{{"model": "{model}", "messages": [{{"role": "user", '
         f'"content": "What is the capital of France?"}}]}}\''
     )
@@ -305,10 +443,15 @@ class _OneLineUsage(click.Command):
 @click.option("--resource-key", "resource_key", envvar=RESOURCE_KEY_ENV,
               help="AES-256 key file (32 raw bytes) of a ProtectedIndex version 4 core "
                    f"[env {RESOURCE_KEY_ENV}].")
-@click.option("--api-key", envvar="HELIOS_API_KEY", default=None,
+@click.option("--api-key", envvar=API_KEY_ENV, default=None,
               help="Require `Authorization: Bearer KEY` on /v1/* and the tokenize routes "
                    "[env HELIOS_API_KEY; none: open].")
 @click.option("--demo", is_flag=True, help="Prepare (once) and serve the embedded SmolLM2 model.")
+@click.option("--recipe", "recipe", type=click.Path(),
+              help="With --checkpoint: export RECIPE with the checkpoint once (cached by "
+                   "content, signed by a local key) and serve it.")
+@click.option("--checkpoint", "checkpoint", type=click.Path(),
+              help="With --recipe: a .gguf file or a safetensors directory.")
 @click.option("--world", type=int,
               help="Tensor-parallel ranks as processes (RankPeers::Processes; the core's "
                    "rank count). Without it a tensor-parallel core runs its ranks as threads.")
@@ -325,8 +468,8 @@ class _OneLineUsage(click.Command):
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
          event_capacity, served_name, speculative_width, history_drafting, speculative_policy,
          num_pages, kv_cache_memory, kv_cache_fraction, snapshots, host_cache_bytes,
-         stream_interval, engine_process, responses_db, resource_key, api_key, demo, world,
-         rank, peers, rank_key, rank_timeout) -> None:  # fmt: skip
+         stream_interval, engine_process, responses_db, resource_key, api_key, demo, recipe,
+         checkpoint, world, rank, peers, rank_key, rank_timeout) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
 
     Startup phases and their durations go to stderr as they end; the serving URL to stdout.
@@ -354,13 +497,26 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             engine_process=engine_process, responses_db=responses_db,
         )  # fmt: skip
         if demo:
-            if core or trust or accept:
-                raise StartupError("--demo takes no CORE, --trust or --accept")
+            if core or trust or accept or recipe or checkpoint:
+                raise StartupError("--demo takes no CORE, --trust, --accept, --recipe or "
+                                   "--checkpoint")
             core_path, public, accept = prepare_demo()
+            trust = (str(public),)
+        elif recipe or checkpoint:
+            if core or trust or accept:
+                raise StartupError("--recipe and --checkpoint take no CORE, --trust or "
+                                   "--accept (the core they export is signed by a local key)")
+            if not checkpoint:
+                raise StartupError("--recipe needs --checkpoint PATH (a .gguf file or a "
+                                   "safetensors directory)")
+            if not recipe:
+                raise StartupError("--checkpoint needs --recipe RECIPE")
+            core_path, public, accept = prepare_checkpoint(recipe, checkpoint)
             trust = (str(public),)
         else:
             if not core:
-                raise StartupError("missing CORE (or use --demo)")
+                raise StartupError("missing CORE (or use --demo, or --recipe with "
+                                   "--checkpoint)")
             if not trust:
                 raise StartupError("missing --trust PUB (the publisher's public key)")
             if accept is None:
@@ -381,7 +537,11 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = server.settings.served_name
     click.echo(f"Helios is serving {name} at {server.url} (backend {backend})")
-    click.echo(f"Try: {_curl_example(server.url, name)}")
+    click.echo(f"Try: {_curl_example(server.url, name, api_key=bool(api_key))}")
+    if api_key and click.get_current_context().get_parameter_source("api_key") \
+            is not ParameterSource.ENVIRONMENT:
+        click.echo(f"(the example reads the key from ${API_KEY_ENV}: set it to the --api-key "
+                   "value first)")
     sys.stdout.flush()
     server.run()
 

@@ -11,6 +11,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from helios_contract.prepared import default_max_active
 from helios_contract.schema import contract_pb2
 
 FALLBACK_QUEUE_CAPACITY = 64
@@ -103,9 +104,7 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
         host=options.host,
         port=options.port,
         backend=options.backend,
-        max_active=pick(
-            options.max_active, d.max_active, contract.selected_concurrency or FALLBACK_MAX_ACTIVE
-        ),
+        max_active=pick(options.max_active, default_max_active(contract), FALLBACK_MAX_ACTIVE),
         queue_capacity=pick(options.queue_capacity, d.queue_capacity, FALLBACK_QUEUE_CAPACITY),
         frontend_workers=pick(
             options.frontend_workers, d.frontend_workers, min(4, os.cpu_count() or 1)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from helios_contract.prepared import default_max_active, request_slots
 from helios_contract.schema import contract_pb2 as pb
 from helios_contract.schema import core_pb2
 
@@ -103,6 +104,7 @@ def _summary(core: Core) -> dict[str, Any]:
         "aliases": list(c.aliases),
         "context_tokens": c.context_tokens,
         "selected_concurrency": c.selected_concurrency,
+        **_concurrency(core),
         "speculative_widths": list(c.speculative_widths),
         "graphs": [{"name": g.name,
                     "operation": pb.Operation.Name(g.operation),
@@ -117,6 +119,34 @@ def _summary(core: Core) -> dict[str, Any]:
     }
 
 
+def _concurrency(core: Core) -> dict[str, Any]:
+    """What helios-serve runs at once, by the rules it applies (helios_contract.prepared):
+    `served_concurrency`, without --max-active: `default_max_active` (the core's serving
+    default max_active, `serving_default_max_active`, else its selected concurrency) at
+    most `request_slots` (the most --max-active serves; None when a page-table view
+    names no manifest buffer)."""
+    default = default_max_active(core.contract)
+    try:
+        slots: int | None = request_slots(core.contract, core.manifest)
+    except KeyError:  # a view naming no manifest buffer: lint-core reports it
+        slots = None
+    return {"serving_default_max_active": core.contract.defaults.max_active,
+            "default_max_active": default, "request_slots": slots,
+            "served_concurrency": default if slots is None else min(default, slots)}
+
+
+def _concurrency_line(s: dict[str, Any]) -> str:
+    """"serves 8 requests at once by default (serving default max_active 8); --max-active
+    up to 32 request slots; captured concurrency 32"."""
+    source = (f"serving default max_active {s['serving_default_max_active']}"
+              if s["serving_default_max_active"] else
+              f"no serving default max_active: the selected concurrency {s['default_max_active']}")
+    text = f"serves {s['served_concurrency']} requests at once by default ({source})"
+    if s["request_slots"] is not None:
+        text += f"; --max-active up to {s['request_slots']} request slots"
+    return f"{text}; captured concurrency {s['selected_concurrency']}"
+
+
 def _print_summary(s: dict[str, Any]) -> None:
     echo = click.echo
     echo(f"core         {s['path']} ({s['file_nbytes']} bytes)")
@@ -125,8 +155,9 @@ def _print_summary(s: dict[str, Any]) -> None:
     echo(f"key id       {s['key_id']} (signature not verified; use verify)")
     echo(f"contract     version {s['contract_version']}")
     echo(f"served id    {s['served_id']}  aliases: {', '.join(s['aliases']) or '-'}")
-    echo(f"context      {s['context_tokens']} tokens; concurrency {s['selected_concurrency']}; "
-         f"speculative widths {s['speculative_widths'] or '-'}")
+    echo(f"context      {s['context_tokens']} tokens; speculative widths "
+         f"{s['speculative_widths'] or '-'}")
+    echo(f"concurrency  {_concurrency_line(s)}")
     echo(f"graphs       {len(s['graphs'])}")
     for g in s["graphs"]:
         echo(f"  {g['name']:<32} {g['operation'].removeprefix('OPERATION_'):<15} "

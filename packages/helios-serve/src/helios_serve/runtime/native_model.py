@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from helios_contract import PreparedContract, capability_findings, rank_count
+from helios_contract.prepared import request_slots
 from helios_contract.schema import contract_pb2 as cpb
 from helios_tools.capabilities import BACKENDS as CAPABILITIES
 
@@ -420,7 +421,7 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
     manifest = prepared.manifest
     buffers = {b.name: b for b in manifest.buffers}
     tables = [buffers[v.buffer] for v in prepared.page_table_views]
-    slots = min(int(t.shape[0]) for t in tables)
+    slots = request_slots(prepared.serving, manifest)
     width = min(int(t.shape[1]) for t in tables)
     decode = list(prepared.decode_capacities)
     if max_concurrency is not None:
