@@ -13,14 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .families.llama import (
-    LlamaShapes,
-    rank_weight_resource_id,
-    rope_inv_freq,
-    weight_layout,
-    weight_resource_id,
-    weight_split,
-)
+from .capture.buffers import rank_weight_resource_id, weight_resource_id
+from .families.llama import LlamaShapes, rope_inv_freq
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -100,7 +94,7 @@ def _rank_sources(name: str, s: LlamaShapes, rank: int, head_source: str
     q, kv, f = s.heads * hd, s.kv_heads * hd, s.ffn
     kind = name.split(".", 1)[1]
     per = {"wqkv": (q, kv, kv), "w_gate_up": (f, f), "wo": (q,), "w_down": (f,)}[kind]
-    axis = weight_split(name)
+    axis = s.weight_split(name)
     assert axis is not None
     return tuple(Slice(src, axis, rank * width, (rank + 1) * width)
                  for src, width in zip(_sources(name), per, strict=True))
@@ -131,12 +125,12 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str
     records.
     """
     head_source = "model.embed_tokens.weight" if shapes.tied else "lm_head.weight"
-    for name, shape in weight_layout(shapes).items():
+    for name, shape in shapes.weight_layout().items():
         if name == "rope_inv_freq":
             array = rope_inv_freq(shapes, checkpoint.geometry.rope_scaling)
             yield StoredWeight(name, weight_resource_id(name), None, (), array)
             continue
-        split = shapes.ranks > 1 and weight_split(name) is not None
+        split = shapes.ranks > 1 and shapes.weight_split(name) is not None
         for rank in range(shapes.ranks) if split else (None,):
             if rank is None:  # whole tensors
                 names = [head_source] if name == "lm_head" else _sources(name)
