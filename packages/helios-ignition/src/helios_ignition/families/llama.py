@@ -118,6 +118,37 @@ class LlamaShapes:
         kind = name.split(".", 1)[-1]
         return {"wqkv": 0, "w_gate_up": 0, "lm_head": 0, "wo": 1, "w_down": 1}.get(kind)
 
+    def checkpoint_tensors(self, name: str) -> list[str]:
+        """HF checkpoint tensors concatenated (along axis 0) into weight buffer `name`
+        (`lm_head` of a tied model: the embedding). `rope_inv_freq` is computed
+        (`rope_inv_freq`), not read."""
+        if name == "embed":
+            return ["model.embed_tokens.weight"]
+        if name == "final_norm":
+            return ["model.norm.weight"]
+        if name == "lm_head":
+            return ["model.embed_tokens.weight" if self.tied else "lm_head.weight"]
+        layer, kind = name.split(".", 1)
+        prefix = f"model.layers.{layer[1:]}."
+        table = {
+            "attn_norm": ["input_layernorm.weight"],
+            "wqkv": ["self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                     "self_attn.v_proj.weight"],
+            "wo": ["self_attn.o_proj.weight"],
+            "ffn_norm": ["post_attention_layernorm.weight"],
+            "w_gate_up": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+            "w_down": ["mlp.down_proj.weight"],
+        }
+        return [prefix + t for t in table[kind]]
+
+    def split_widths(self, name: str) -> tuple[int, ...]:
+        """One rank's width, along `weight_split(name)`, of each of split layer weight
+        `name`'s checkpoint tensors (these shapes are a rank's: its query and key/value
+        heads, its FFN columns)."""
+        q, kv, f = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.ffn
+        kind = name.split(".", 1)[1]
+        return {"wqkv": (q, kv, kv), "w_gate_up": (f, f), "wo": (q,), "w_down": (f,)}[kind]
+
     def head_buffer(self) -> str:
         """The LM head's weight buffer (a single-rank tied core reads the embedding)."""
         return "embed" if self.tied and self.ranks == 1 else "lm_head"
