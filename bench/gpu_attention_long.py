@@ -57,7 +57,7 @@ UNMAPPED = 1 << 30  # page id past the last page of a row: reading it faults
 def variants(B: int, H: int, KVH: int, HD: int) -> list[tuple[str, int, int, dict, dict]]:
     """(label, NS, SPLIT, split constants with WARPS, merge constants with WARPS)."""
     from helios_ignition.capture import launch
-    from helios_ignition.families.llama import decode_splits
+    from helios_ignition.capture.buffers import decode_splits
 
     bhd = launch._np2(HD, 16)
     bg = launch._np2(H // KVH)

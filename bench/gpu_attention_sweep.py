@@ -37,7 +37,7 @@ UNMAPPED = 1 << 30  # page id past the last page of a row: reading it faults
 
 
 def _splits() -> tuple[int, int]:
-    from helios_ignition.families.llama import decode_splits
+    from helios_ignition.capture.buffers import decode_splits
 
     return decode_splits(MP * PT)
 

@@ -14,14 +14,10 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
+from helios_ignition.capture.buffers import weight_resource_id
+from helios_ignition.capture.programs import capture
 from helios_ignition.export import build_contract
-from helios_ignition.families.llama import (
-    LlamaShapes,
-    capture,
-    rope_inv_freq,
-    weight_layout,
-    weight_resource_id,
-)
+from helios_ignition.families.llama import LlamaShapes, rope_inv_freq
 from helios_ignition.kernels_aot import compile_targets
 from helios_ignition.recipe import Capacities
 from helios_ignition.weights import iter_weight_buffers
@@ -78,7 +74,7 @@ def random_bf16_weights(shapes: LlamaShapes, seed: int, rope_scaling=None) -> di
     bits = (pool.view(np.uint32) >> 16).astype(np.uint16)  # truncation: still random bf16
     bits = np.concatenate([bits, bits])
     out = {}
-    for name, shape in weight_layout(shapes).items():
+    for name, shape in shapes.weight_layout().items():
         rid = weight_resource_id(name)
         if name == "rope_inv_freq":
             out[rid] = rope_inv_freq(shapes, rope_scaling).tobytes()

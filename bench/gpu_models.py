@@ -36,7 +36,7 @@ from gpu_common import (  # noqa: E402
 )
 from helios_ignition.checkpoint import load_checkpoint  # noqa: E402
 from helios_ignition.export import resolve_recipe  # noqa: E402
-from helios_ignition.families.llama import LlamaShapes, weight_layout  # noqa: E402
+from helios_ignition.families.llama import LlamaShapes  # noqa: E402
 from helios_ignition.recipe import Capacities  # noqa: E402
 from helios_serve.engine.plan import SamplingParams  # noqa: E402
 from helios_serve.testing.native import load_native  # noqa: E402
@@ -109,7 +109,7 @@ def main() -> None:
     ctx = call("ctx", cu.cuCtxGetCurrent())
     assert ctx is not None
     bw = copy_bandwidth(cu)
-    layout = weight_layout(shapes)
+    layout = shapes.weight_layout()
     weight_bytes = 0
     for name, shape in layout.items():
         n = 1

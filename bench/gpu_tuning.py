@@ -25,14 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_json  # bench/ is this script's folder
 from gpu_common import build_core, random_bf16_weights, real_weights  # noqa: E402
+from helios_ignition.capture.buffers import TUNED_SPLITS, decode_splits  # noqa: E402
+from helios_ignition.capture.tuning import split_candidates  # noqa: E402
 from helios_ignition.checkpoint import load_checkpoint  # noqa: E402
 from helios_ignition.export import resolve_recipe  # noqa: E402
-from helios_ignition.families.llama import (  # noqa: E402
-    TUNED_SPLITS,
-    LlamaShapes,
-    decode_splits,
-    split_candidates,
-)
+from helios_ignition.families.llama import LlamaShapes  # noqa: E402
 from helios_ignition.recipe import Capacities, SplitTuning  # noqa: E402
 from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan  # noqa: E402
 from helios_serve.startup import StartupLog  # noqa: E402

@@ -20,8 +20,9 @@ import argparse
 from collections import Counter
 
 from _report import git_commit, write_json  # bench/ is this script's folder
+from helios_ignition.capture.programs import capture
 from helios_ignition.checkpoint.synthetic import NAMED_GEOMETRIES
-from helios_ignition.families.llama import LlamaShapes, capture
+from helios_ignition.families.llama import LlamaShapes
 from helios_ignition.recipe import Capacities
 
 BATCHES = (1, 8, 32, 64)

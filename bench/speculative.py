@@ -181,10 +181,12 @@ def _prefill_time(driver, group, params) -> float:
 
 
 def bench_8b(args) -> dict:
+    from helios_ignition.capture.buffers import Speculation
+    from helios_ignition.capture.programs import capture
     from helios_ignition.checkpoint import random_checkpoint
     from helios_ignition.checkpoint.drafter import DrafterGeometry, random_drafter
     from helios_ignition.export import build_contract
-    from helios_ignition.families.llama import LlamaShapes, Speculation, capture
+    from helios_ignition.families.llama import LlamaShapes
     from helios_ignition.kernels_aot import compile_targets
     from helios_ignition.recipe import Capacities
     from helios_ignition.weights import to_bf16_bits

@@ -6,7 +6,7 @@ concurrency: decode batches up to 256 rows, prefill chunks up to 1,024 tokens ov
 rows, a 4,096-token context (a 1,024-token prompt plus 1,024 output tokens with room for
 the chat template), and a default of 256 running requests.
 
-KV pages: the cache planes are float32 (`families/llama.py`), so a token costs
+KV pages: the cache planes are float32 (`capture/buffers.py`), so a token costs
 layers x 2 x kv_heads x head_dim x 4 bytes (Llama-3.1-8B: 256 KiB; SmolLM2-135M: 45 KiB).
 The prepared pages are what 256 requests of 2,048 tokens (1k in + 1k out) need, capped at
 KV_BUDGET_BYTES: 112 GiB of the H200's ~139 GiB, after 15 GiB of 8B bf16 weights and the

@@ -583,7 +583,7 @@ def test_attention_decode_split_merge_long(gpu, rng, monkeypatch, rule, H, KVH, 
     the tuned kernel at 16 splits (512 positions each: longer than a tile), against the
     NumPy references (rules v1 / v2: test_attention_decode_split_merge)."""
     from helios_ignition.capture import launch
-    from helios_ignition.families.llama import decode_splits
+    from helios_ignition.capture.buffers import decode_splits
 
     monkeypatch.setattr(launch, "ATTN_RULE", rule)
     MP, PT = 512, 16
@@ -626,7 +626,7 @@ def test_attention_decode_fused(gpu, rng, H, KVH, HD, B, ctx, walk):
     partition of 8,192 positions (``decode_splits``), and (`walk`) 32 splits of 256
     positions, longer than a tile (GROUPED=3's walk)."""
     MP, PT = 512, 16
-    from helios_ignition.families.llama import decode_splits
+    from helios_ignition.capture.buffers import decode_splits
 
     NS, split = (32, 256) if walk else decode_splits(MP * PT)
     pages, kc, vc, kn, vn, qkv, slot, pos = _long_case(rng, H, KVH, HD, B, ctx)

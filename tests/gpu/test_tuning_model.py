@@ -64,7 +64,8 @@ def tuned(tuned_path):
 
 
 def _candidates(model):
-    from helios_ignition.families.llama import decode_splits, split_candidates
+    from helios_ignition.capture.buffers import decode_splits
+    from helios_ignition.capture.tuning import split_candidates
 
     g = model.manifests
     ns, _ = decode_splits(g.max_pages_per_request * g.page_tokens)
@@ -72,7 +73,7 @@ def _candidates(model):
 
 
 def test_the_producer_ran_on_the_device_and_chose_a_candidate(tuned):
-    from helios_ignition.families.llama import SPLIT_PRODUCER, TUNED_SPLITS
+    from helios_ignition.capture.buffers import SPLIT_PRODUCER, TUNED_SPLITS
 
     cuda, _, log = tuned
     _, cands = _candidates(cuda)
@@ -87,7 +88,7 @@ def test_the_producer_ran_on_the_device_and_chose_a_candidate(tuned):
 
 @pytest.mark.parametrize("forced", range(4))
 def test_each_forced_count_runs_its_splits_and_matches_the_cpu(tuned, forced):
-    from helios_ignition.families.llama import TUNED_SPLITS
+    from helios_ignition.capture.buffers import TUNED_SPLITS
 
     cuda, cpu, _ = tuned
     ns, cands = _candidates(cuda)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from helios_contract.schema import core_pb2
-from helios_ignition.families.llama import capture
+from helios_ignition.capture.programs import capture
 from helios_ignition.kernels_aot import (
     KernelCompileError,
     compile_all,

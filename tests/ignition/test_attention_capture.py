@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from helios_ignition.capture import launch
-from helios_ignition.families.llama import decode_splits
+from helios_ignition.capture.buffers import decode_splits
 
 
 @pytest.mark.parametrize(("rows", "capacity", "H", "KVH", "HD", "grid", "spp"), [

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from helios_ignition.capture import launch
-from helios_ignition.families.llama import capture
+from helios_ignition.capture.programs import capture
 from helios_ignition.testing import TINY_CAPACITIES, TINY_SHAPES
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from helios_ignition.capture import launch
-from helios_ignition.families.llama import capture
+from helios_ignition.capture.programs import capture
 from helios_ignition.testing import TINY_CAPACITIES, TINY_SHAPES
 
 
@@ -67,7 +67,7 @@ def test_mma_path_on_the_cpu_backend_matches_dense(monkeypatch):
     references (views into scratch.xsplit / scratch.mma_partial) gives the dense forward's
     logits (the tiny model's f32 weights let through for the test)."""
     import numpy as np
-    from helios_ignition.families import llama
+    from helios_ignition.capture import layers
     from helios_ignition.testing import dense_forward, tiny_core
     from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
     from helios_serve.testing.native import load_native
@@ -75,7 +75,7 @@ def test_mma_path_on_the_cpu_backend_matches_dense(monkeypatch):
     monkeypatch.setattr(launch, "LINEAR_MMA", "on")
     monkeypatch.setattr(launch, "MMA_MIN_WEIGHTS", 0)
     monkeypatch.setattr(launch, "mma_splits", lambda T, N, K, c=None: 3)
-    monkeypatch.setattr(llama, "_packed_weights", lambda dtype: True)
+    monkeypatch.setattr(layers, "_packed_weights", lambda dtype: True)
     core = tiny_core(seed=3)
     assert "linear_packed" in {k.reference_op for k in core.manifest.kernels}
     model = load_native(core, "cpu")

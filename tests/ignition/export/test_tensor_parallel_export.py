@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helios_contract.schema import manifest_pb2 as mpb
-from helios_ignition.families.llama import LlamaShapes, TensorParallelError, capture
+from helios_ignition.capture.family import TensorParallelError
+from helios_ignition.capture.programs import capture
+from helios_ignition.families.llama import LlamaShapes
 from helios_ignition.testing import TINY_CAPACITIES, TINY_SHAPES
 from helios_tools.core import authorize, load_public_key, open_core
 from safetensors.numpy import load_file

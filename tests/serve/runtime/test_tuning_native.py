@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 from helios_contract.schema import manifest_pb2 as mpb
+from helios_ignition.capture.buffers import SPLIT_PRODUCER, TUNED_SPLITS
 from helios_ignition.checkpoint import load_safetensors_dir
-from helios_ignition.families.llama import SPLIT_PRODUCER, TUNED_SPLITS
 from helios_ignition.recipe import SplitTuning
 from helios_serve.runtime.driver import Driver
 from helios_serve.startup import StartupLog

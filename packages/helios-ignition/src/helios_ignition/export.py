@@ -19,6 +19,9 @@ from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import core_pb2
 from helios_tools.kernels import grammar_mask_words
 
+from .capture.buffers import Speculation, cache_contract, weight_resource_id
+from .capture.family import TensorParallelError
+from .capture.programs import capture
 from .checkpoint import (
     CheckpointError,
     MissingChatTemplateError,
@@ -29,14 +32,7 @@ from .checkpoint import (
     smollm2_gguf_path,
 )
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
-from .families.llama import (
-    LlamaShapes,
-    Speculation,
-    TensorParallelError,
-    cache_contract,
-    capture,
-    weight_resource_id,
-)
+from .families.llama import LlamaShapes
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import iter_drafter_buffers, iter_stored_weights, weight_catalogs
 

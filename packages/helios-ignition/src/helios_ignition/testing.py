@@ -17,17 +17,11 @@ from helios_contract.schema import frontend_pb2 as fe
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import grammar_mask_words
 
+from .capture.buffers import Speculation, cache_contract, weight_resource_id
+from .capture.programs import capture
 from .checkpoint.drafter import DrafterGeometry, random_drafter
 from .checkpoint.geometry import LlamaGeometry
-from .families.llama import (
-    LlamaShapes,
-    Speculation,
-    cache_contract,
-    capture,
-    rope_inv_freq,
-    weight_layout,
-    weight_resource_id,
-)
+from .families.llama import LlamaShapes, rope_inv_freq
 from .recipe import Capacities, SplitTuning
 
 TINY_SHAPES = LlamaShapes(vocab=96, hidden=32, ffn=48, layers=2, heads=4, kv_heads=2,
@@ -52,7 +46,7 @@ def tiny_weights(shapes: LlamaShapes, seed: int) -> dict[str, np.ndarray]:
     """Seeded random f32 weights by physical buffer name (norms near 1, never zero)."""
     rng = np.random.default_rng(seed)
     out = {}
-    for name, shape in weight_layout(shapes).items():
+    for name, shape in shapes.weight_layout().items():
         if name == "rope_inv_freq":
             out[name] = rope_inv_freq(shapes, None)
         elif len(shape) == 1:

@@ -13,14 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .families.llama import (
-    LlamaShapes,
-    rank_weight_resource_id,
-    rope_inv_freq,
-    weight_layout,
-    weight_resource_id,
-    weight_split,
-)
+from .capture.buffers import rank_weight_resource_id, weight_resource_id
+from .families.llama import LlamaShapes, rope_inv_freq
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -32,27 +26,6 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     if nan.any():
         out[nan] = 0x7FC0
     return out
-
-
-def _sources(name: str) -> list[str]:
-    """HF tensors concatenated (row-wise) into physical weight `name`."""
-    if name == "embed":
-        return ["model.embed_tokens.weight"]
-    if name == "final_norm":
-        return ["model.norm.weight"]
-    if name == "lm_head":
-        return ["lm_head.weight"]
-    layer, kind = name.split(".", 1)
-    prefix = f"model.layers.{layer[1:]}."
-    table = {
-        "attn_norm": ["input_layernorm.weight"],
-        "wqkv": ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"],
-        "wo": ["self_attn.o_proj.weight"],
-        "ffn_norm": ["post_attention_layernorm.weight"],
-        "w_gate_up": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
-        "w_down": ["mlp.down_proj.weight"],
-    }
-    return [prefix + t for t in table[kind]]
 
 
 def iter_weight_buffers(checkpoint, shapes: LlamaShapes, weight_dtype: str
@@ -91,19 +64,16 @@ class StoredWeight:
 
 def _rank_sources(name: str, s: LlamaShapes, rank: int, head_source: str
                   ) -> tuple[Slice, ...]:
-    """The checkpoint views of rank `rank`'s part of split weight `name` (families/llama.py
-    module docstring: heads, FFN columns and head rows of that rank)."""
+    """The checkpoint views of rank `rank`'s part of split weight `name` (the family's
+    `split_widths`: its heads and FFN columns; the LM head: its rows)."""
     if name == "lm_head":
         stop = min((rank + 1) * s.head_rows, s.vocab)
         return (Slice(head_source, 0, rank * s.head_rows, stop),)
-    hd = s.head_dim
-    q, kv, f = s.heads * hd, s.kv_heads * hd, s.ffn
-    kind = name.split(".", 1)[1]
-    per = {"wqkv": (q, kv, kv), "w_gate_up": (f, f), "wo": (q,), "w_down": (f,)}[kind]
-    axis = weight_split(name)
+    axis = s.weight_split(name)
     assert axis is not None
     return tuple(Slice(src, axis, rank * width, (rank + 1) * width)
-                 for src, width in zip(_sources(name), per, strict=True))
+                 for src, width in zip(s.checkpoint_tensors(name), s.split_widths(name),
+                                       strict=True))
 
 
 def _read(checkpoint, sources: tuple[Slice, ...], shape: tuple[int, ...]) -> np.ndarray:
@@ -130,16 +100,16 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str
     the RoPE table stay float32. The sources of each are what the core's weight catalog
     records.
     """
-    head_source = "model.embed_tokens.weight" if shapes.tied else "lm_head.weight"
-    for name, shape in weight_layout(shapes).items():
+    head_source = shapes.checkpoint_tensors("lm_head")[0]
+    for name, shape in shapes.weight_layout().items():
         if name == "rope_inv_freq":
             array = rope_inv_freq(shapes, checkpoint.geometry.rope_scaling)
             yield StoredWeight(name, weight_resource_id(name), None, (), array)
             continue
-        split = shapes.ranks > 1 and weight_split(name) is not None
+        split = shapes.ranks > 1 and shapes.weight_split(name) is not None
         for rank in range(shapes.ranks) if split else (None,):
             if rank is None:  # whole tensors
-                names = [head_source] if name == "lm_head" else _sources(name)
+                names = shapes.checkpoint_tensors(name)
                 parts = [checkpoint.tensor(src) for src in names]
                 sources = tuple(Slice(src, 0, 0, int(p.shape[0]))
                                 for src, p in zip(names, parts, strict=True))
@@ -188,6 +158,5 @@ def iter_drafter_buffers(drafter, checkpoint, shapes: LlamaShapes, weight_dtype:
             yield f"D.{name}", to_bf16_bits(array)
         else:
             yield f"D.{name}", np.ascontiguousarray(array, dtype=np.float32)
-    source = "model.embed_tokens.weight" if shapes.tied else "lm_head.weight"
-    head = checkpoint.tensor(source)[drafter.vocab_map]
+    head = checkpoint.tensor(shapes.checkpoint_tensors("lm_head")[0])[drafter.vocab_map]
     yield "D.lm_head", to_bf16_bits(head) if weight_dtype == "bf16" else np.ascontiguousarray(head)

@@ -1,0 +1,306 @@
+"""Every family's programs: capture the graph variants of a core and their contracts.
+
+Captured per graph variant: PREFILL (packed prompt tokens across rows, per prefill token
+capacity), DECODE (one pending token per row, per batch capacity), in a core with a
+learned drafter SPECULATIVE (per batch capacity and width: draft, verify, commit;
+capture/speculative.py), and with transfer rows one RESTORE program per storage route
+(rows copied between pages, continuation rows and host-tier rows: snapshots, restores,
+the host tier). Buffers are shared across variants (capture/buffers.py); each variant
+uses the leading rows of the request inputs and scratch. The model's own math is the
+family's trunk (capture/family.py: `Family`); everything here is the same for every
+family.
+
+Tensor parallelism (`Family.ranks` = N > 1; Megatron-LM's split, arXiv:1909.08053 §3):
+the family's shapes are one rank's and its trunk carries the all-reduces; the LM head is
+vocabulary-parallel (ceil(V/N) rows per rank: `all_gather_columns` assembles the logits,
+so every rank samples the same token from the same logits).
+"""
+
+from __future__ import annotations
+
+from helios_contract import PROPOSAL_CONFIDENCE
+from helios_contract.schema import contract_pb2 as cpb
+from helios_contract.schema import manifest_pb2 as mpb
+
+from ..preparation import contract as decl
+from ..recipe import Capacities, SplitTuning
+from .buffers import (
+    INPUT_NAMES,
+    LOGPROBS,
+    PAGE_TABLE,
+    PENDING,
+    PREFIX_ROWS_PER_LANE,
+    RECORD,
+    SAMPLED,
+    SPEC_NAMES,
+    SPLIT_PRODUCER,
+    TOP_IDS,
+    TRANSFER_NAMES,
+    TUNED_SPLITS,
+    Speculation,
+    declare_buffers,
+    paged_planes,
+    tier_plane,
+    transfer_routes,
+)
+from .builder import BufferTable, ProgramBuilder
+from .family import Family, Pass, Rows, TensorParallelError
+from .sampling import declare_chunked_sampling, last_positions, sample
+from .speculative import DRAFT_LAG, draft_context, speculative
+from .tuning import split_producer
+
+
+def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: bool = True,
+            spec: Speculation | None = None, split_tuning: SplitTuning | None = None,
+            fold_layers: bool = False, chunked_sampling: bool = True,
+            nucleus_sampling: bool = True) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
+    """Capture every graph variant and declare their contracts.
+
+    Args:
+        device_pending: keep the pending token on the device (decode reads it from
+            PENDING, sampling rows write it) rather than binding it from the host.
+        spec: a drafter core's speculation: adds the head's buffers, one SPECULATIVE
+            program per (decode batch B, width W) and the draft context to prefill
+            (speculative programs need the device-owned pending token).
+        split_tuning: also capture the decode-split tuning producer (the manifest's tuning
+            catalog); decode and speculative graphs then read the tuned split count.
+        fold_layers: decode graphs record 7 launches per layer instead of 9 (RMS norms
+            folded into the next product's prologue, residual adds into the previous
+            product's epilogue; the family's trunk). Off by default: the manifest's launches
+            record the choice, so cores exported either way keep serving unchanged.
+        chunked_sampling: prefill and decode sample with ``sample_chunks`` +
+            ``sample_merge`` + ``sample_rest`` instead of ``sample_biased`` (same outputs;
+            capture/sampling.py); the default since the H200 run (bench/results/
+            gpu_kern_llama8b_chunked.json). False records ``sample_biased``, as cores
+            exported before it do (they keep loading).
+        nucleus_sampling: with `chunked_sampling`, record ``sample_chunks_nucleus`` +
+            ``sample_merge_nucleus`` (top-p rows with no top-k resolved in the merge when
+            their nucleus lies inside the NUCLEUS most probable candidates; same outputs).
+            False records ``sample_chunks`` + ``sample_merge``, as cores exported before
+            it do (they keep loading).
+
+    Returns:
+        The execution manifest (buffers, kernel variants, graph programs) and one
+        GraphContract per variant, in the same order.
+    """
+    if spec is not None and not device_pending:
+        raise ValueError("speculative programs read the device-owned pending token")
+    if spec is not None and s.ranks > 1:
+        raise TensorParallelError("speculative programs are captured for one rank only "
+                                  "(a recipe with a drafter cannot be split between ranks)")
+    if fold_layers and s.ranks > 1:  # linear_add would add each rank's partial sum
+        raise TensorParallelError("folded layers add the O and down products into the "
+                                  "residual, which split ranks must all-reduce first")
+    table = declare_buffers(s, caps, weight_dtype, spec)
+    rows = max(max(caps.decode_batch), caps.prefill_rows)
+    table.declare("in.sample_position", "i32", (rows,), "input")
+    if chunked_sampling:
+        declare_chunked_sampling(table, s, rows, nucleus_sampling)
+    kernels: dict[str, mpb.Kernel] = {}
+    tuned = split_tuning is not None
+    producers = [split_producer(table, kernels, s, caps, split_tuning)] if tuned else []
+    programs: list[mpb.GraphProgram] = []
+    contracts: list[cpb.GraphContract] = []
+    variants = [("decode", b, b, 0) for b in caps.decode_batch]
+    variants += [("prefill", t, caps.prefill_rows, 0) for t in caps.prefill_tokens]
+    if spec is not None:
+        variants += [("speculative", b * w, b, w) for b in caps.decode_batch for w in spec.widths]
+        if spec.prefix_batches:
+            variants += [("prefix", b * PREFIX_ROWS_PER_LANE, b, spec.max_width)
+                         for b in caps.decode_batch if b >= 2]
+    for kind, tokens, nrows, width in variants:
+        builder = ProgramBuilder(table, kernels)
+        if kind in ("speculative", "prefix"):
+            assert spec is not None
+            prefix = kind == "prefix"
+            speculative(builder, s, caps, spec, nrows, width, tuned,
+                        packed=tokens if prefix else None)
+            name = f"spec_b{nrows}_w{width}" + (f"_p{tokens}" if prefix else "")
+            op, packed = cpb.OPERATION_SPECULATIVE, tokens
+            completion = mpb.CompletionLayout(
+                buffer=RECORD, rows=nrows,
+                speculative=mpb.SpeculativeCompletion(token_width=width),
+                confidence_buffer=PROPOSAL_CONFIDENCE if prefix else "")
+        else:
+            decode = kind == "decode"
+            forward(builder, s, caps, tokens, nrows, decode, device_pending, spec, tuned,
+                    fold_layers)
+            name = f"{kind}_b{tokens}" if decode else f"prefill_t{tokens}"
+            op = cpb.OPERATION_DECODE if decode else cpb.OPERATION_PREFILL
+            packed = tokens
+            completion = mpb.CompletionLayout(
+                buffer=SAMPLED, rows=nrows, logprobs_buffer=LOGPROBS, top_ids_buffer=TOP_IDS,
+                top_logprobs=decl.TOP_LOGPROBS)
+        program = mpb.GraphProgram(name=name, operation=op, batch_capacity=nrows,
+                                   token_capacity=packed, launches=builder.launches,
+                                   completion=completion)
+        contract = _graph_contract(name, op, nrows, packed, s, table, device_pending, width,
+                                   prefix=kind == "prefix")
+        if tuned and op != cpb.OPERATION_PREFILL:  # its decode attention reads the choice
+            program.tuning_producers.append(SPLIT_PRODUCER)
+            contract.tuned_bindings.add(buffer=TUNED_SPLITS, producer_graph=SPLIT_PRODUCER)
+        for b in contract.bindings:
+            decl_ = table.buffers[b.destination]
+            program.transports.add(destination=b.destination,
+                                   nbytes=decl_.numel * (2 if decl_.dtype == "bf16" else 4))
+        programs.append(program)
+        contracts.append(contract)
+    for source, destination in transfer_routes(caps):
+        builder = ProgramBuilder(table, kernels)
+        rows_ = caps.transfer_rows
+        _transfer(builder, s, spec, source, destination, rows_)
+        name = f"transfer_{source}_{destination}_r{rows_}"
+        programs.append(mpb.GraphProgram(name=name, operation=cpb.OPERATION_RESTORE,
+                                         batch_capacity=rows_, launches=builder.launches))
+        contracts.append(_transfer_contract(name, s, spec, table, source, destination, rows_))
+        for b in contracts[-1].bindings:
+            programs[-1].transports.add(destination=b.destination,
+                                        nbytes=table.buffers[b.destination].numel * 4)
+    manifest = mpb.ExecutionManifest(abi="helios-numpy-1", buffers=table.to_proto(),
+                                     kernels=list(kernels.values()), graphs=programs,
+                                     tuning=mpb.TuningCatalog(producers=producers),
+                                     rank_count=s.ranks if s.ranks > 1 else 0)
+    return manifest, contracts
+
+
+
+
+def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: int,
+             decode: bool, device_pending: bool, spec: Speculation | None = None,
+             tuned: bool = False, fold: bool = False) -> None:
+    """Record one PREFILL or DECODE variant: `tokens` packed tokens over `rows` rows.
+
+    With `device_pending`, decode reads each row's fed token from the slot's pending-token
+    state and every sampling row writes its sampled id back there (specification: "Host
+    values and graph state"), so step N + 1 can be submitted before step N completes.
+    In a drafter core (`spec`), decode is row-invariant (its rows equal verification
+    rows bit for bit) and prefill and decode also store their features and write the
+    head's entries of their tokens (the draft context). `tuned`: decode attention reads the
+    tuned split count. `fold`: decode layers fold norms and residual adds into their
+    products (the family's trunk; not in a drafter core, whose decode stays row-invariant).
+    """
+    t = b.table
+    T, R = tokens, rows
+    slots = t.buffers[PAGE_TABLE].shape[0]
+    n = INPUT_NAMES
+
+    def inp(key: str, count: int, width: int | None = None):
+        shape = (count,) if width is None else (count, width)
+        return t.view(n[key], shape)
+
+    toks, pos, trow = inp("tokens", T), inp("positions", T), inp("token_row", T)
+    slot = inp("slot", R)
+    pending = t.view(PENDING, (slots,))
+    if decode and device_pending:
+        b.launch("slot_gather", pending, slot, toks, R, slots)
+    s.trunk(b, Pass(Rows(toks, pos, trow, slot, slot), T, R, caps.page_tokens,
+                    caps.context_tokens // caps.page_tokens, decode_attention=decode,
+                    invariant=decode and spec is not None, tuned=decode and tuned,
+                    fold=fold and decode and spec is None))
+    h = t.view("scratch.h", (T, s.hidden))
+    if spec is not None:
+        draft_context(b, s, caps, spec, toks, pos, trow, slot, T, R,
+                      linear="linear_invariant" if decode else "linear")
+    logits = t.view("scratch.logits", (R, s.vocab))
+    if not decode:
+        last = t.view("scratch.last", (R, s.hidden))
+        b.launch("gather_last", h, inp("query_length", R), last, T, R, s.hidden)
+        h = last
+    head_op = "linear_invariant" if decode and spec is not None else "linear"
+    if s.ranks > 1:  # vocabulary-parallel: this rank's rows, then every rank's columns
+        shard = t.view("scratch.logits_shard", (R, s.head_rows))
+        b.launch(head_op, h, t.view("lm_head", (s.head_rows, s.hidden)), shard, R,
+                 s.head_rows, s.hidden)
+        b.launch("all_gather_columns", shard, logits, R, s.head_rows, s.vocab)
+    else:
+        b.launch(head_op, h, t.view(s.head_buffer(), (s.vocab, s.hidden)), logits, R, s.vocab,
+                 s.hidden)
+    sampled = t.view(SAMPLED, (R,))
+    sample(b, s, R, logits, slot, pos if decode else last_positions(b, R), inp,
+           "scratch.sample_chunk_max" in t.buffers, "scratch.sample_chunk_mass" in t.buffers)
+    # Same step, same logits (unmodified by the sampler): rows that ask record logprobs.
+    K = decl.TOP_LOGPROBS
+    b.launch("token_logprobs", logits, slot, sampled, inp("logprobs", R),
+             t.view(LOGPROBS, (R, 1 + K)), t.view(TOP_IDS, (R, K)), R, s.vocab, K)
+    if device_pending:
+        b.launch("slot_scatter", t.view(SAMPLED, (R,)), slot, inp("sampling_decision", R),
+                 pending, R, slots)
+
+
+
+
+def _transfer(b: ProgramBuilder, s: Family, spec: Speculation | None, source: str,
+              destination: str, rows: int) -> None:
+    """Record one RESTORE program: `rows` row copies from tier `source` to tier
+    `destination`, one row_copy launch per paired plane."""
+    t = b.table
+    src_rows = t.view(TRANSFER_NAMES["source"], (rows,))
+    dst_rows = t.view(TRANSFER_NAMES["destination"], (rows,))
+    for plane in paged_planes(s, spec):
+        src = t.buffers[tier_plane(plane, source)]
+        dst = t.buffers[tier_plane(plane, destination)]
+        b.launch("row_copy", t.view(src.name, src.shape), t.view(dst.name, dst.shape),
+                 src_rows, dst_rows, rows, src.numel // src.shape[0])
+
+
+def _transfer_contract(name: str, s: Family, spec: Speculation | None, table: BufferTable,
+                       source: str, destination: str, rows: int) -> cpb.GraphContract:
+    planes = paged_planes(s, spec)
+    row_bytes = [table.buffers[p].numel // table.buffers[p].shape[0] * 4 for p in planes]
+    bindings, accesses = decl.row_transfer([tier_plane(p, source) for p in planes],
+                                           [tier_plane(p, destination) for p in planes],
+                                           row_bytes, TRANSFER_NAMES)
+    g = cpb.GraphContract(name=name, operation=cpb.OPERATION_RESTORE, batch_capacity=rows,
+                          state_rows_per_request=0)
+    g.bindings.extend(bindings)
+    g.state_accesses.extend(accesses)
+    return g
+
+
+
+
+def _graph_contract(name: str, op: int, rows: int, tokens: int, s: Family,
+                    table: BufferTable, device_pending: bool, width: int = 0,
+                    prefix: bool = False) -> cpb.GraphContract:
+    decode = op in (cpb.OPERATION_DECODE, cpb.OPERATION_SPECULATIVE)
+    speculative = op == cpb.OPERATION_SPECULATIVE
+    slots = table.buffers[PAGE_TABLE].shape[0]
+    g = cpb.GraphContract(name=name, operation=op, batch_capacity=rows, token_capacity=tokens,
+                          state_rows_per_request=1,
+                          completion_cursor=cpb.CompletionCursor(has_draft_cursor=speculative,
+                                                                 lag_tokens=DRAFT_LAG))
+    if speculative:
+        g.speculative.CopyFrom(cpb.SpeculativeDescriptor(
+            batch_capacity=rows, draft_tokens=width - 1, token_capacity=width,
+            packed_token_capacity=tokens,
+            length_source=cpb.LENGTH_SOURCE_SPECULATIVE_PREFIX_LIMIT if prefix
+            else cpb.LENGTH_SOURCE_QUERY_LENGTH, lane_limit=width,
+            # prefix-limit programs report the head's confidence in each draft, framed
+            produces_confidence=prefix, confidence_width=width - 1 if prefix else 0))
+        g.bindings.extend(decl.speculative_prefix_lanes(INPUT_NAMES, SPEC_NAMES) if prefix
+                          else decl.speculative_lanes(INPUT_NAMES, SPEC_NAMES))
+        if width > 1:
+            g.bindings.extend(decl.copied_proposals(SPEC_NAMES))
+            masks = table.buffers[SPEC_NAMES["cand_masks"]]
+            g.state_accesses.append(decl.candidate_masks_access(
+                masks.name, masks.numel // masks.shape[0] * 4))
+    else:
+        g.bindings.extend(decl.shared_admission(INPUT_NAMES, prefill=not decode,
+                                                device_pending=device_pending))
+    g.bindings.extend(decl.sampling(INPUT_NAMES))
+    if op == cpb.OPERATION_PREFILL:
+        g.bindings.append(decl.binding("in.sample_position", cpb.VALUE_SOURCE_CONSUMED_ENDPOINT,
+                                       cpb.INDEXING_SUBMISSION_ROW, offset=-1))
+    pt_bindings, pt_access = decl.paged_text(PAGE_TABLE, table.buffers[PAGE_TABLE].shape[1] * 4,
+                                             slots)
+    g.bindings.extend(pt_bindings)
+    g.state_accesses.extend(pt_access)
+    g.state_accesses.extend(decl.state_transfer(INPUT_NAMES["histogram"], s.vocab * 4, slots,
+                                                logit_bias=INPUT_NAMES["logit_bias"]))
+    if device_pending:
+        view, access = decl.device_pending_token(PENDING, generating=decode)
+        g.pending_token.CopyFrom(view)
+        g.state_accesses.append(access)
+    return g
+
+

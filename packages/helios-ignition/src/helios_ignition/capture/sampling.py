@@ -1,0 +1,93 @@
+"""The sampling step every family's PREFILL and DECODE programs end with.
+
+``sample_biased``, or the chunked sampler (helios_tools.kernels.sampling_chunks), over a
+pass's logits into the sampled-token output.
+"""
+
+from __future__ import annotations
+
+from helios_tools.kernels import grammar_mask_words
+from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK, NUCLEUS
+
+from .buffers import INPUT_NAMES, PAGE_TABLE, SAMPLED
+from .builder import BufferTable, ProgramBuilder
+from .family import Family
+
+
+def declare_chunked_sampling(t: BufferTable, s: Family, rows: int,
+                             nucleus: bool = True) -> None:
+    """Scratch of the chunked sampler (``sample_chunks`` -> ``sample_merge``): per row, each
+    chunk's maximum and arg-max, its top-k candidates, and the merged winners; with
+    `nucleus` (``sample_chunks_nucleus`` -> ``sample_merge_nucleus``) also each chunk's
+    softmax mass, and the staging row holds the NUCLEUS picks."""
+    P = -(-s.vocab // CHUNK)
+    t.declare("scratch.sample_chunk_max", "f32", (rows, P), "scratch")
+    t.declare("scratch.sample_chunk_arg", "i32", (rows, P), "scratch")
+    t.declare("scratch.sample_cand_key", "i32", (rows, P * CANDIDATES), "scratch")
+    t.declare("scratch.sample_cand_id", "i32", (rows, P * CANDIDATES), "scratch")
+    if nucleus:
+        t.declare("scratch.sample_chunk_mass", "f32", (rows, P), "scratch")
+        t.declare("scratch.sample_selected", "i32", (rows, 2 * max(CANDIDATES, NUCLEUS)),
+                  "scratch")
+    else:
+        t.declare("scratch.sample_selected", "i32", (rows, 2 * CANDIDATES), "scratch")
+
+
+def sample(b: ProgramBuilder, s: Family, R: int, logits, slot, positions, inp,
+           chunked: bool, nucleus: bool) -> None:
+    """Record the sampling step over `R` rows of `logits` into SAMPLED: ``sample_biased``,
+    or with `chunked` its three-launch form (helios_tools.kernels.sampling_chunks: the
+    vocabulary split over ``ceil(V / CHUNK)`` programs per row; same outputs), with
+    `nucleus` the form that also resolves top-p rows with no top-k in the merge (cores
+    exported before it record ``sample_chunks`` + ``sample_merge``; they keep loading)."""
+    t = b.table
+    n = INPUT_NAMES
+    slots = t.buffers[PAGE_TABLE].shape[0]
+    words = grammar_mask_words(s.vocab)
+    sampled = t.view(SAMPLED, (R,))
+    hist = t.view(n["histogram"], (slots, s.vocab))
+    bias = t.view(n["logit_bias"], (slots, s.vocab))
+    params = [inp("temperature", R), inp("top_p", R), inp("top_k", R), inp("min_p", R)]
+    penalties = [inp("presence", R), inp("frequency", R), inp("repetition", R)]
+    masks = [bias, inp("use_bias", R), inp("grammar_mask", R, words), inp("use_mask", R)]
+    common = [logits, slot, positions, inp("sampling_decision", R), inp("seed", R, 2), *params,
+              *penalties, hist, *masks, sampled, R, s.vocab, words]
+    if not chunked:
+        b.launch("sample_biased", *common)
+        return
+    P = -(-s.vocab // CHUNK)
+    cmax = t.view("scratch.sample_chunk_max", (R, P))
+    carg = t.view("scratch.sample_chunk_arg", (R, P))
+    ckey = t.view("scratch.sample_cand_key", (R, P * CANDIDATES))
+    cid = t.view("scratch.sample_cand_id", (R, P * CANDIDATES))
+    row = [slot, positions, inp("sampling_decision", R), inp("seed", R, 2), *params, hist]
+    if nucleus:
+        mass = t.view("scratch.sample_chunk_mass", (R, P))
+        width = 2 * max(CANDIDATES, NUCLEUS)
+        b.launch("sample_chunks_nucleus", logits, slot, inp("temperature", R),
+                 inp("top_p", R), inp("top_k", R), *penalties, hist, *masks, cmax, carg, mass,
+                 ckey, cid, R, s.vocab, words, CHUNK, CANDIDATES)
+        b.launch("sample_merge_nucleus", cmax, carg, mass, ckey, cid, *row,
+                 t.view("scratch.sample_selected", (R, width)), sampled, R, s.vocab, P, CHUNK,
+                 CANDIDATES, NUCLEUS)
+    else:
+        b.launch("sample_chunks", logits, slot, inp("temperature", R), inp("top_k", R),
+                 *penalties, hist, *masks, cmax, carg, ckey, cid, R, s.vocab, words, CHUNK,
+                 CANDIDATES)
+        b.launch("sample_merge", cmax, carg, ckey, cid, *row,
+                 t.view("scratch.sample_selected", (R, 2 * CANDIDATES)), sampled, R, s.vocab,
+                 P, CANDIDATES)
+    b.launch("sample_rest", *common)
+
+
+
+
+def last_positions(b: ProgramBuilder, rows: int):
+    """Per-row RNG positions for prefill: each row's last fed token.
+
+    Decode rows key the sampler with the fed token's position; prefill rows with the
+    position of their chunk's last token, bound as CONSUMED_ENDPOINT - 1 per submission
+    row, so a request draws the same numbers whichever step samples it.
+    """
+    return b.table.view("in.sample_position", (rows,))
+
