@@ -36,8 +36,10 @@ from helios_serve.events import (
     Output,
     Rejected,
 )
+from helios_serve.liveness import DEFAULT_STALL_TIMEOUT_S, StallWatch
 from helios_serve.metrics import Metrics, dead_engine_families
 from helios_serve.wire import (
+    HEARTBEAT,
     METRICS_REPLY,
     STEP_EVENTS,
     Admit,
@@ -56,6 +58,9 @@ log = logging.getLogger(__name__)
 
 ENGINE_START_TIMEOUT_S = 3600.0  # a large core's verification and load (cuda: capture)
 ENGINE_STOP_TIMEOUT_S = 15.0
+# /metrics waits this long at most for the engine's families (its main thread answers
+# at once when it runs); then it serves the last ones received, marked stale.
+ENGINE_SCRAPE_TIMEOUT_S = 2.0
 
 
 class _Process:
@@ -100,13 +105,19 @@ class EngineClient:
     model worker there. Every method runs on the HTTP event loop except `spawn`, `start`
     and `stop`.
 
+    Liveness: the engine's heartbeats carry its worker's step counter; the requests
+    this side waits on are its work (`liveness.StallWatch`). A stopped (SIGSTOP) or
+    stuck engine sends nothing, so it stalls once it has work for `stall_timeout_s`.
+
     Args:
         process: the spawned engine process.
         conn: the frontend's end of the channel.
         geometry: the serving geometry the engine reported.
+        stall_timeout_s: helios-serve --engine-stall-timeout (seconds, > 0).
     """
 
-    def __init__(self, process: _Process, conn: Connection, geometry: ModelGeometry) -> None:
+    def __init__(self, process: _Process, conn: Connection, geometry: ModelGeometry,
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:  # fmt: skip
         self._process = process
         self._conn = conn
         self.geometry = geometry
@@ -118,6 +129,8 @@ class EngineClient:
         self._scrape_ids = 0  # FINAL_SNAPSHOT (0) is never a scrape's token
         self._families: list = []  # the engine's metric families last received
         self._stopping = False
+        self._watch = StallWatch(stall_timeout_s)
+        self._steps = 0  # the engine worker's step counter, as its last heartbeat said
 
     @property
     def pid(self) -> int:
@@ -161,7 +174,7 @@ class EngineClient:
             process.join(5.0)
             parent.close()
             raise StartupError(reply[1], reply[2])
-        return cls(process, parent, reply[1])
+        return cls(process, parent, reply[1], spec.options.engine_stall_timeout)
 
     def attach(self, loop: asyncio.AbstractEventLoop, metrics: Metrics) -> None:
         """On the HTTP event loop, before serving: read the channel there; count the
@@ -178,7 +191,13 @@ class EngineClient:
 
     @property
     def healthy(self) -> bool:
-        return self.crashed is None and self._process.is_alive()
+        return (self.crashed is None and self._process.is_alive()
+                and not self.liveness.stalled)
+
+    @property
+    def liveness(self) -> StallWatch:
+        self._watch.observe(self._steps, bool(self._live))
+        return self._watch
 
     def submit(self, request: GenerationRequest) -> bool:
         """Hand a prepared request to the engine; False when the engine is not running
@@ -192,29 +211,46 @@ class EngineClient:
         if not self._send(Admit([wire])):
             del self._live[request.request_id]
             return False
+        self._watch.observe(self._steps, True)  # work arrived: the bound starts now
         return True
 
     def cancel(self, request_id: int) -> None:
         if self._live.pop(request_id, None) is not None:
             self._send(Cancel([request_id]))
 
-    async def scrape(self) -> list:
-        """The engine's metric families (`metrics.engine_families`). Once the engine
-        process has exited: the last families it sent (a scrape's reply or its final
-        snapshot) as `metrics.dead_engine_families` (counters kept, live gauges 0); []
-        before the channel is attached."""
+    async def scrape(self, timeout_s: float = ENGINE_SCRAPE_TIMEOUT_S) -> list:
+        """The engine's metric families (`metrics.engine_families`), within `timeout_s`.
+        A stalled engine (`liveness`), or one that does not answer in time: the last
+        families received, as they were. Once the engine process has exited: the last
+        families it sent (a scrape's reply or its final snapshot) as
+        `metrics.dead_engine_families` (counters kept, live gauges 0). [] before the
+        channel is attached. Sets `metrics.engine_metrics_stale` (1 unless this
+        scrape's reply came)."""
         if self._loop is None:
             return []
-        if self.crashed is not None:
-            return dead_engine_families(self._families)
-        self._scrape_ids += 1
-        token = self._scrape_ids
-        future = self._loop.create_future()
-        self._scrapes[token] = future
-        if not self._send(Scrape(token)):
-            self._scrapes.pop(token, None)
-            return dead_engine_families(self._families)
-        return await future
+        fresh = False
+        try:
+            if self.crashed is not None:
+                return dead_engine_families(self._families)
+            if self.liveness.stalled:  # asking would only wait out the timeout
+                return self._families
+            self._scrape_ids += 1
+            token = self._scrape_ids
+            future = self._loop.create_future()
+            self._scrapes[token] = future
+            if not self._send(Scrape(token)):
+                self._scrapes.pop(token, None)
+                return dead_engine_families(self._families)
+            try:
+                families = await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                self._scrapes.pop(token, None)
+                return self._families
+            fresh = self.crashed is None  # else the final snapshot answered it
+            return families
+        finally:
+            if self.metrics is not None:
+                self.metrics.engine_metrics_stale.set(0 if fresh else 1)
 
     def start(self) -> None:
         """Nothing to start: the engine runs since `spawn`."""
@@ -267,6 +303,9 @@ class EngineClient:
                 remote = self._live.get(request_id)
                 if remote is not None:
                     self._deliver(request_id, remote, events)
+        elif message[0] == HEARTBEAT:
+            self._steps = message[1]
+            self._watch.observe(self._steps, bool(self._live))
         elif message[0] == METRICS_REPLY:
             self._families = message[2]
             future = self._scrapes.pop(message[1], None)
