@@ -1,20 +1,27 @@
 """Engine liveness (docs/api.md, "Engine liveness"): the stall rule on a fake clock, and
 the in-process worker thread stuck in a device call (the engine process stopped by
-SIGSTOP is tests/e2e/test_engine_liveness.py).
+SIGSTOP is tests/e2e/test_engine_liveness.py), and the engine client's writes, which
+never block the HTTP loop on an engine that reads nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import threading
 import time
+from multiprocessing.connection import Connection
 
 import httpx
 import pytest
 from helios_serve.config import ServeOptions, resolve
+from helios_serve.engine_client import EngineClient
 from helios_serve.liveness import DEFAULT_STALL_TIMEOUT_S, StallWatch
+from helios_serve.metrics import Metrics
 from helios_serve.testing.harness import ScriptedServer, content_of, sse_post
 from helios_serve.testing.tiny import tiny_bootstrap
 from helios_serve.testing.tokenizer import TinyTokenizer
+from helios_serve.wire import Scrape, to_engine_decoder
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -144,3 +151,24 @@ def test_a_worker_stuck_in_a_device_call_is_unhealthy_until_it_moves():
         assert _gauges(url) == {"helios_engine_stalled": 0.0,
                                 "helios_engine_stalled_seconds": 0.0,
                                 "helios_engine_metrics_stale": 0.0}
+
+
+def test_channel_writes_never_block_on_an_engine_that_reads_nothing():
+    """EngineClient._send to an engine that stopped reading (SIGSTOP): every message is
+    taken at once, far past the socket's buffer, and the engine reads them all, whole and
+    in order, once it reads again."""
+    ours, theirs = socket.socketpair()
+    engine = Connection(theirs.detach())
+    client = EngineClient(None, Connection(ours.detach()), None)  # type: ignore[arg-type]
+    loop = asyncio.new_event_loop()
+    try:
+        client.attach(loop, Metrics())
+        count = 20000  # each Scrape frame is a few bytes: ~100 KiB+ in all, in many frames
+        assert all(client._send(Scrape(i)) for i in range(count))
+        assert client._queued > 0  # the socket's buffer filled: the rest waits in order
+        got = [to_engine_decoder.decode(engine.recv_bytes()).token for _ in range(count)]
+        assert got == list(range(count))
+    finally:
+        client._detach()
+        engine.close()
+        loop.close()

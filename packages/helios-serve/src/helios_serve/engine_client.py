@@ -19,9 +19,12 @@ import atexit
 import dataclasses
 import logging
 import os
+import queue
 import socket
+import struct
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -131,6 +134,14 @@ class EngineClient:
         self._stopping = False
         self._watch = StallWatch(stall_timeout_s)
         self._steps = 0  # the engine worker's step counter, as its last heartbeat said
+        # Writes never block the HTTP loop (`_send`): a frame goes out at once when the
+        # socket takes it whole, else through the writer thread, and then every later
+        # frame too, in order, until that thread has caught up.
+        self._sock: socket.socket | None = None  # a duplicate of the channel's descriptor
+        self._write_lock = threading.Lock()
+        self._queued = 0  # frames handed to the writer thread and not yet written
+        self._writes: queue.SimpleQueue | None = None
+        self._write_broken = False
 
     @property
     def pid(self) -> int:
@@ -186,6 +197,7 @@ class EngineClient:
         # libuv (uvloop) makes a polled descriptor non-blocking; the channel's reads and
         # writes are whole messages: blocking, like the Connection expects.
         os.set_blocking(fd, True)
+        self._sock = socket.socket(fileno=os.dup(fd))  # MSG_DONTWAIT sends (`_send`)
 
     # -- the engine handle (HTTP loop) ----------------------------------------------
 
@@ -271,15 +283,61 @@ class EngineClient:
                 pass
         else:
             self._conn.close()
+            self._close_writer()
 
     # -- channel --------------------------------------------------------------------
 
     def _send(self, message: Any) -> bool:
-        try:
-            self._conn.send_bytes(encoder.encode(message))
-        except OSError:
-            return False
+        """Send one message without blocking the caller (any thread): False when the
+        channel is broken (the engine is gone). A stopped engine (SIGSTOP) that reads
+        nothing leaves the frames queued here, in order, for when it runs again."""
+        data = encoder.encode(message)
+        if self._sock is None:  # before `attach`: the Connection's own blocking send
+            try:
+                self._conn.send_bytes(data)
+            except OSError:
+                return False
+            return True
+        frame = _frame(data)
+        with self._write_lock:
+            if self._write_broken:
+                return False
+            if self._queued == 0:
+                try:
+                    sent = self._sock.send(frame, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self._write_broken = True
+                    return False
+                if sent == len(frame):
+                    return True
+                frame = frame[sent:]
+            if self._writes is None:
+                self._writes = queue.SimpleQueue()
+                threading.Thread(target=self._write_behind, args=(self._writes,),
+                                 name="helios-engine-writer", daemon=True).start()
+            self._queued += 1
+            self._writes.put(frame)
         return True
+
+    def _write_behind(self, writes: queue.SimpleQueue) -> None:
+        """Writer thread: the frames the socket did not take at once, blocking, in
+        order; a None ends it."""
+        sock = self._sock
+        assert sock is not None
+        try:
+            while (frame := writes.get()) is not None:
+                try:
+                    sock.sendall(frame)
+                except OSError:  # the engine is gone (its reader fails the requests)
+                    with self._write_lock:
+                        self._write_broken = True
+                    return
+                with self._write_lock:
+                    self._queued -= 1
+        finally:
+            sock.close()  # this thread owns the duplicate once it runs (`_close_writer`)
 
     def _detach(self) -> None:
         try:
@@ -287,6 +345,18 @@ class EngineClient:
         except (OSError, ValueError):
             pass
         self._conn.close()
+        self._close_writer()
+
+    def _close_writer(self) -> None:
+        """No more writes; the writer thread, when there is one, closes the duplicate
+        descriptor after its last write (never under a send in progress)."""
+        with self._write_lock:
+            self._write_broken = True
+            if self._writes is not None:
+                self._writes.put(None)
+                return
+        if self._sock is not None:
+            self._sock.close()
 
     def _readable(self) -> None:
         """Loop callback: every whole message already sent, in order."""
@@ -388,6 +458,14 @@ def _reap(process) -> None:
     if process.is_alive():
         process.kill()
         process.join(5.0)
+
+
+def _frame(data: bytes) -> bytes:
+    """`data` framed as `multiprocessing.connection.Connection.send_bytes` frames it (a
+    signed 32-bit big-endian length; past 2 GiB, -1 then an unsigned 64-bit length)."""
+    n = len(data)
+    header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    return header + data
 
 
 def _put(sink: EventSink, events: list) -> None:
