@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,6 +26,8 @@ from helios_serve.testing.tiny import tiny_bootstrap
 from helios_serve.testing.tokenizer import TinyTokenizer
 from helios_serve.wire import Scrape, to_engine_decoder
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.tiny_model import serve_error_line
 
 
 class FakeClock:
@@ -90,6 +95,21 @@ def test_the_option_defaults_and_must_be_positive():
         == 2.5
     with pytest.raises(ValueError, match="--engine-stall-timeout must be positive"):
         resolve(ServeOptions(engine_stall_timeout=0.0), contract)
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ("0", "0.0 is not in the range x>0"),
+    ("-2", "-2.0 is not in the range x>0"),
+    ("soon", "'soon' is not a valid float range"),
+])  # fmt: skip
+def test_a_bad_stall_timeout_is_one_usage_line(tmp_path, value, reason):
+    serve = str(Path(sys.executable).parent / "helios-serve")
+    proc = subprocess.run([serve, str(tmp_path / "absent.core"), "--trust", "k.pub",
+                           "--accept", "ns", "--engine-stall-timeout", value],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert serve_error_line(proc.stderr) == \
+        f"helios-serve: error: Invalid value for '--engine-stall-timeout': {reason}."
 
 
 def _gauges(url: str) -> dict[str, float]:
