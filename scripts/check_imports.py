@@ -23,8 +23,8 @@ helios_tools < {helios_ignition, helios_serve}; a package imports only lower flo
 ignition and serve never import each other. Inside helios-serve (FLOORS, by the longest
 module prefix that names a module; a module imports its own floor or lower ones):
 
-    0 base       clock, config, startup, metrics, engine (the plan's data-only types),
-                 testing.tokenizer
+    0 base       clock, config, startup, metrics, liveness, engine (the plan's data-only
+                 types), testing.tokenizer
     1 host       frontend, scheduler, speculation, runtime (host logic over plain data;
                  the runtime loads and executes the model)
     2 requests   events, handle, wire (the request and event types every side shares,
@@ -52,7 +52,8 @@ PACKAGE_FLOORS = {"helios_contract": 0, "helios_tools": 1, "helios_ignition": 2,
 
 # helios-serve's floors: (floor, name, module prefixes relative to helios_serve).
 FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
-    (0, "base", ("clock", "config", "startup", "metrics", "engine", "testing.tokenizer")),
+    (0, "base", ("clock", "config", "startup", "metrics", "liveness", "engine",
+                  "testing.tokenizer")),
     (1, "host", ("frontend", "scheduler", "speculation", "runtime")),
     (2, "requests", ("events", "handle", "wire")),
     (3, "worker", ("worker", "worker_host", "bootstrap", "loading", "testing")),

@@ -358,7 +358,8 @@ def _typed_samples(server) -> dict[tuple[str, tuple], tuple[str, float]]:
 
 
 FRONTEND_GAUGES = ("helios_http_admission_permits_in_use",
-                   "helios_http_admission_permits_capacity")
+                   "helios_http_admission_permits_capacity", "helios_engine_stalled",
+                   "helios_engine_stalled_seconds", "helios_engine_metrics_stale")
 FINISHED = "helios_requests_finished_total"
 
 
@@ -463,6 +464,11 @@ def test_engine_counters_survive_its_death_and_its_gauges_read_zero(engine_death
         assert after[key] == (kind, value), key  # counters, histograms: the last scrape
     gauges = {key: value for key, (kind, value) in after.items() if kind == "gauge"}
     assert gauges[("helios_http_admission_permits_capacity", ())] == 3  # the frontend's
+    # The engine's part is its last scrape, marked stale (docs/api.md, "Engine liveness");
+    # a dead engine has no work to stall on.
+    assert _value(before, "helios_engine_metrics_stale") == 0
+    assert gauges[("helios_engine_metrics_stale", ())] == 1
+    assert gauges[("helios_engine_stalled", ())] == 0
     assert gauges[("flare_constrained_max_inflight", ())] == \
         _value(before, "flare_constrained_max_inflight")  # a lifetime maximum
     engine_gauges = {key: value for key, value in gauges.items()

@@ -55,6 +55,7 @@ from helios_serve.bootstrap import Bootstrap, StartupError
 from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeOptions, parse_bytes
 from helios_serve.engine_client import EngineClient
+from helios_serve.liveness import DEFAULT_STALL_TIMEOUT_S
 from helios_serve.loading import (
     cache_sizing,
     check_options,
@@ -437,6 +438,12 @@ class _OneLineUsage(click.Command):
               help="Run the model worker (scheduler, model, packing, host-feedback output) in "
                    "an engine process and HTTP, preparation and the other output pipelines "
                    "in this one (vLLM V1's split): their host work stops sharing one GIL.")
+@click.option("--engine-stall-timeout", "engine_stall_timeout",
+              type=click.FloatRange(min=0, min_open=True), default=DEFAULT_STALL_TIMEOUT_S,
+              show_default=True,
+              help="Seconds the model engine may have work and make no progress before "
+                   "/health answers 503 and admission refuses (a stopped engine process, a "
+                   "hung device call); healthy again once it moves.")
 @click.option("--responses-db", "responses_db", type=click.Path(dir_okay=False),
               help="Keep stored /v1/responses in this SQLite file (created if missing; "
                    "bounded, oldest evicted first) [a bounded in-memory store].")
@@ -468,8 +475,9 @@ class _OneLineUsage(click.Command):
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
          event_capacity, served_name, speculative_width, history_drafting, speculative_policy,
          num_pages, kv_cache_memory, kv_cache_fraction, snapshots, host_cache_bytes,
-         stream_interval, engine_process, responses_db, resource_key, api_key, demo, recipe,
-         checkpoint, world, rank, peers, rank_key, rank_timeout) -> None:  # fmt: skip
+         stream_interval, engine_process, engine_stall_timeout, responses_db, resource_key,
+         api_key, demo, recipe, checkpoint, world, rank, peers, rank_key,
+         rank_timeout) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
 
     Startup phases and their durations go to stderr as they end; the serving URL to stdout.
@@ -495,6 +503,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             history_drafting=history_drafting, speculative_policy=speculative_policy,
             snapshots=snapshots, host_cache_bytes=host_bytes, stream_interval=stream_interval,
             engine_process=engine_process, responses_db=responses_db,
+            engine_stall_timeout=engine_stall_timeout,
         )  # fmt: skip
         if demo:
             if core or trust or accept or recipe or checkpoint:

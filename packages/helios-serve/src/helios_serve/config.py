@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from helios_contract.prepared import default_max_active
 from helios_contract.schema import contract_pb2
 
+from helios_serve.liveness import DEFAULT_STALL_TIMEOUT_S
+
 FALLBACK_QUEUE_CAPACITY = 64
 FALLBACK_EVENT_CAPACITY = 256
 FALLBACK_MAX_ACTIVE = 8
@@ -43,6 +45,7 @@ class ServeOptions:
     stream_interval: int = 1  # tokens per SSE delivery of a choice (vLLM's --stream-interval)
     engine_process: bool = False  # the model worker in its own process (docs/serving.md)
     responses_db: str | None = None  # stored /v1/responses: a SQLite file; None: in memory
+    engine_stall_timeout: float = DEFAULT_STALL_TIMEOUT_S  # seconds (liveness.StallWatch)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class ServeSettings:
             (its first token and its end at once); 1 streams every token.
         responses_db: the stored-responses SQLite file (helios-serve --responses-db),
             or None for a bounded in-memory store.
+        engine_stall_timeout_s: seconds the model engine may have work without progress
+            before /health answers 503 (helios-serve --engine-stall-timeout;
+            `liveness.StallWatch`).
     """
 
     host: str
@@ -81,6 +87,7 @@ class ServeSettings:
     width_policy: bool = False
     stream_interval: int = 1
     responses_db: str | None = None
+    engine_stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
 
     @property
     def http_capacity(self) -> int:
@@ -121,11 +128,14 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
         width_policy=options.speculative_policy == "adaptive",
         stream_interval=options.stream_interval,
         responses_db=options.responses_db,
+        engine_stall_timeout_s=options.engine_stall_timeout,
     )
     for name in ("max_active", "queue_capacity", "frontend_workers", "event_capacity",
                  "stream_interval"):
         if getattr(settings, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if not settings.engine_stall_timeout_s > 0:
+        raise ValueError("--engine-stall-timeout must be positive (seconds)")
     if not settings.served_name:
         raise ValueError("the core declares no served id; pass --served-name")
     return settings

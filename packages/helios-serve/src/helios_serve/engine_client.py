@@ -19,9 +19,12 @@ import atexit
 import dataclasses
 import logging
 import os
+import queue
 import socket
+import struct
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -36,8 +39,10 @@ from helios_serve.events import (
     Output,
     Rejected,
 )
+from helios_serve.liveness import DEFAULT_STALL_TIMEOUT_S, StallWatch
 from helios_serve.metrics import Metrics, dead_engine_families
 from helios_serve.wire import (
+    HEARTBEAT,
     METRICS_REPLY,
     STEP_EVENTS,
     Admit,
@@ -56,6 +61,9 @@ log = logging.getLogger(__name__)
 
 ENGINE_START_TIMEOUT_S = 3600.0  # a large core's verification and load (cuda: capture)
 ENGINE_STOP_TIMEOUT_S = 15.0
+# /metrics waits this long at most for the engine's families (its main thread answers
+# at once when it runs); then it serves the last ones received, marked stale.
+ENGINE_SCRAPE_TIMEOUT_S = 2.0
 
 
 class _Process:
@@ -100,13 +108,19 @@ class EngineClient:
     model worker there. Every method runs on the HTTP event loop except `spawn`, `start`
     and `stop`.
 
+    Liveness: the engine's heartbeats carry its worker's step counter; the requests
+    this side waits on are its work (`liveness.StallWatch`). A stopped (SIGSTOP) or
+    stuck engine sends nothing, so it stalls once it has work for `stall_timeout_s`.
+
     Args:
         process: the spawned engine process.
         conn: the frontend's end of the channel.
         geometry: the serving geometry the engine reported.
+        stall_timeout_s: helios-serve --engine-stall-timeout (seconds, > 0).
     """
 
-    def __init__(self, process: _Process, conn: Connection, geometry: ModelGeometry) -> None:
+    def __init__(self, process: _Process, conn: Connection, geometry: ModelGeometry,
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:  # fmt: skip
         self._process = process
         self._conn = conn
         self.geometry = geometry
@@ -118,6 +132,16 @@ class EngineClient:
         self._scrape_ids = 0  # FINAL_SNAPSHOT (0) is never a scrape's token
         self._families: list = []  # the engine's metric families last received
         self._stopping = False
+        self._watch = StallWatch(stall_timeout_s)
+        self._steps = 0  # the engine worker's step counter, as its last heartbeat said
+        # Writes never block the HTTP loop (`_send`): a frame goes out at once when the
+        # socket takes it whole, else through the writer thread, and then every later
+        # frame too, in order, until that thread has caught up.
+        self._sock: socket.socket | None = None  # a duplicate of the channel's descriptor
+        self._write_lock = threading.Lock()
+        self._queued = 0  # frames handed to the writer thread and not yet written
+        self._writes: queue.SimpleQueue | None = None
+        self._write_broken = False
 
     @property
     def pid(self) -> int:
@@ -161,7 +185,7 @@ class EngineClient:
             process.join(5.0)
             parent.close()
             raise StartupError(reply[1], reply[2])
-        return cls(process, parent, reply[1])
+        return cls(process, parent, reply[1], spec.options.engine_stall_timeout)
 
     def attach(self, loop: asyncio.AbstractEventLoop, metrics: Metrics) -> None:
         """On the HTTP event loop, before serving: read the channel there; count the
@@ -173,12 +197,19 @@ class EngineClient:
         # libuv (uvloop) makes a polled descriptor non-blocking; the channel's reads and
         # writes are whole messages: blocking, like the Connection expects.
         os.set_blocking(fd, True)
+        self._sock = socket.socket(fileno=os.dup(fd))  # MSG_DONTWAIT sends (`_send`)
 
     # -- the engine handle (HTTP loop) ----------------------------------------------
 
     @property
     def healthy(self) -> bool:
-        return self.crashed is None and self._process.is_alive()
+        return (self.crashed is None and self._process.is_alive()
+                and not self.liveness.stalled)
+
+    @property
+    def liveness(self) -> StallWatch:
+        self._watch.observe(self._steps, bool(self._live))
+        return self._watch
 
     def submit(self, request: GenerationRequest) -> bool:
         """Hand a prepared request to the engine; False when the engine is not running
@@ -192,29 +223,46 @@ class EngineClient:
         if not self._send(Admit([wire])):
             del self._live[request.request_id]
             return False
+        self._watch.observe(self._steps, True)  # work arrived: the bound starts now
         return True
 
     def cancel(self, request_id: int) -> None:
         if self._live.pop(request_id, None) is not None:
             self._send(Cancel([request_id]))
 
-    async def scrape(self) -> list:
-        """The engine's metric families (`metrics.engine_families`). Once the engine
-        process has exited: the last families it sent (a scrape's reply or its final
-        snapshot) as `metrics.dead_engine_families` (counters kept, live gauges 0); []
-        before the channel is attached."""
+    async def scrape(self, timeout_s: float = ENGINE_SCRAPE_TIMEOUT_S) -> list:
+        """The engine's metric families (`metrics.engine_families`), within `timeout_s`.
+        A stalled engine (`liveness`), or one that does not answer in time: the last
+        families received, as they were. Once the engine process has exited: the last
+        families it sent (a scrape's reply or its final snapshot) as
+        `metrics.dead_engine_families` (counters kept, live gauges 0). [] before the
+        channel is attached. Sets `metrics.engine_metrics_stale` (1 unless this
+        scrape's reply came)."""
         if self._loop is None:
             return []
-        if self.crashed is not None:
-            return dead_engine_families(self._families)
-        self._scrape_ids += 1
-        token = self._scrape_ids
-        future = self._loop.create_future()
-        self._scrapes[token] = future
-        if not self._send(Scrape(token)):
-            self._scrapes.pop(token, None)
-            return dead_engine_families(self._families)
-        return await future
+        fresh = False
+        try:
+            if self.crashed is not None:
+                return dead_engine_families(self._families)
+            if self.liveness.stalled:  # asking would only wait out the timeout
+                return self._families
+            self._scrape_ids += 1
+            token = self._scrape_ids
+            future = self._loop.create_future()
+            self._scrapes[token] = future
+            if not self._send(Scrape(token)):
+                self._scrapes.pop(token, None)
+                return dead_engine_families(self._families)
+            try:
+                families = await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                self._scrapes.pop(token, None)
+                return self._families
+            fresh = self.crashed is None  # else the final snapshot answered it
+            return families
+        finally:
+            if self.metrics is not None:
+                self.metrics.engine_metrics_stale.set(0 if fresh else 1)
 
     def start(self) -> None:
         """Nothing to start: the engine runs since `spawn`."""
@@ -235,15 +283,61 @@ class EngineClient:
                 pass
         else:
             self._conn.close()
+            self._close_writer()
 
     # -- channel --------------------------------------------------------------------
 
     def _send(self, message: Any) -> bool:
-        try:
-            self._conn.send_bytes(encoder.encode(message))
-        except OSError:
-            return False
+        """Send one message without blocking the caller (any thread): False when the
+        channel is broken (the engine is gone). A stopped engine (SIGSTOP) that reads
+        nothing leaves the frames queued here, in order, for when it runs again."""
+        data = encoder.encode(message)
+        if self._sock is None:  # before `attach`: the Connection's own blocking send
+            try:
+                self._conn.send_bytes(data)
+            except OSError:
+                return False
+            return True
+        frame = _frame(data)
+        with self._write_lock:
+            if self._write_broken:
+                return False
+            if self._queued == 0:
+                try:
+                    sent = self._sock.send(frame, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self._write_broken = True
+                    return False
+                if sent == len(frame):
+                    return True
+                frame = frame[sent:]
+            if self._writes is None:
+                self._writes = queue.SimpleQueue()
+                threading.Thread(target=self._write_behind, args=(self._writes,),
+                                 name="helios-engine-writer", daemon=True).start()
+            self._queued += 1
+            self._writes.put(frame)
         return True
+
+    def _write_behind(self, writes: queue.SimpleQueue) -> None:
+        """Writer thread: the frames the socket did not take at once, blocking, in
+        order; a None ends it."""
+        sock = self._sock
+        assert sock is not None
+        try:
+            while (frame := writes.get()) is not None:
+                try:
+                    sock.sendall(frame)
+                except OSError:  # the engine is gone (its reader fails the requests)
+                    with self._write_lock:
+                        self._write_broken = True
+                    return
+                with self._write_lock:
+                    self._queued -= 1
+        finally:
+            sock.close()  # this thread owns the duplicate once it runs (`_close_writer`)
 
     def _detach(self) -> None:
         try:
@@ -251,6 +345,18 @@ class EngineClient:
         except (OSError, ValueError):
             pass
         self._conn.close()
+        self._close_writer()
+
+    def _close_writer(self) -> None:
+        """No more writes; the writer thread, when there is one, closes the duplicate
+        descriptor after its last write (never under a send in progress)."""
+        with self._write_lock:
+            self._write_broken = True
+            if self._writes is not None:
+                self._writes.put(None)
+                return
+        if self._sock is not None:
+            self._sock.close()
 
     def _readable(self) -> None:
         """Loop callback: every whole message already sent, in order."""
@@ -267,6 +373,9 @@ class EngineClient:
                 remote = self._live.get(request_id)
                 if remote is not None:
                     self._deliver(request_id, remote, events)
+        elif message[0] == HEARTBEAT:
+            self._steps = message[1]
+            self._watch.observe(self._steps, bool(self._live))
         elif message[0] == METRICS_REPLY:
             self._families = message[2]
             future = self._scrapes.pop(message[1], None)
@@ -349,6 +458,14 @@ def _reap(process) -> None:
     if process.is_alive():
         process.kill()
         process.join(5.0)
+
+
+def _frame(data: bytes) -> bytes:
+    """`data` framed as `multiprocessing.connection.Connection.send_bytes` frames it (a
+    signed 32-bit big-endian length; past 2 GiB, -1 then an unsigned 64-bit length)."""
+    n = len(data)
+    header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    return header + data
 
 
 def _put(sink: EventSink, events: list) -> None:

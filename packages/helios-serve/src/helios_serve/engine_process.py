@@ -17,7 +17,10 @@ The channel is a `multiprocessing.connection.Connection` over a socket pair
 its payloads are msgspec MessagePack (`wire`). Frontend -> engine: one `Admit` per
 admitted request, `Cancel` when a reader drops its response, `Scrape` for /metrics and
 `Stop`. Engine -> frontend: one message per step with every response's events of that
-step (the worker's `deliver` posts them to `_Channel`), and scrape replies.
+step (the worker's `deliver` posts them to `_Channel`), scrape replies, and a heartbeat
+(the worker's step counter, every HEARTBEAT_S while it moves) from which the frontend
+judges liveness (docs/api.md, "Engine liveness": a stopped or stuck engine with work
+makes /health 503 after --engine-stall-timeout; /metrics stays bounded).
 
 A request without host feedback (no grammar, string or token stop) is *relayed*: its
 choices run a `TokenRelay` in the engine (EOS and the output limit decided there, as
@@ -44,6 +47,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -62,6 +66,7 @@ from helios_serve.loading import cache_sizing, core_path, load_model, resolve_se
 from helios_serve.metrics import Metrics, engine_families
 from helios_serve.wire import (
     FINAL_SNAPSHOT,
+    HEARTBEAT,
     METRICS_REPLY,
     STEP_EVENTS,
     Admit,
@@ -80,6 +85,10 @@ from helios_serve.worker_host import build_worker
 log = logging.getLogger(__name__)
 
 WORKER_CHECK_S = 0.2  # the engine's main thread notices a crashed worker this often
+# The worker's step counter goes to the frontend this often (when it moved): its
+# liveness.StallWatch judges progress from it, so this must stay well below the
+# smallest --engine-stall-timeout an operator would set.
+HEARTBEAT_S = 0.5
 
 
 class TokenRelay:
@@ -220,10 +229,17 @@ def engine_main(conn: Connection, spec: EngineSpec) -> None:
     eos = frozenset(bootstrap.eos_token_ids)
     worker.start()
     code = 0
+    beat_at, beat_steps = 0.0, -1
     try:
         while True:
             if channel.broken:
                 break
+            now = time.monotonic()
+            if now - beat_at >= HEARTBEAT_S:
+                beat_at = now
+                if worker.steps != beat_steps:  # a stuck worker sends nothing new
+                    beat_steps = worker.steps
+                    channel.send([HEARTBEAT, beat_steps])
             if not worker.alive:  # crashed: its requests failed; the frontend sees us exit
                 code = 1
                 break

@@ -5,7 +5,11 @@ this process (`worker_host.WorkerHost`, a thread) and the worker in the engine p
 (`engine_client.EngineClient`, behind a socket). The holder never asks which one it has.
 
     Server:   start() -> [serving] -> stop()
-    HTTP loop (ApiService): attach(loop, metrics) -> submit / cancel / healthy / scrape
+    HTTP loop (ApiService): attach(loop, metrics) -> submit / cancel / healthy / liveness
+                            / scrape
+
+Liveness (docs/api.md, "Engine liveness"): each handle feeds a `liveness.StallWatch`
+with its worker's step counter and whether it has work; a stalled engine is unhealthy.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Protocol
 
 from helios_serve.engine.plan import ModelGeometry
 from helios_serve.events import GenerationRequest
+from helios_serve.liveness import StallWatch
 from helios_serve.metrics import Metrics
 
 
@@ -31,7 +36,14 @@ class EngineHandle(Protocol):
 
     @property
     def healthy(self) -> bool:
-        """The worker runs and has not crashed: /health's 200, and admission."""
+        """The worker runs, has not crashed and is not stalled (`liveness`): /health's
+        200, and admission."""
+        ...
+
+    @property
+    def liveness(self) -> StallWatch:
+        """The stall rule, observed now (HTTP loop): `stalled`, `stalled_for()`,
+        `reason()`."""
         ...
 
     def start(self) -> None:
@@ -54,7 +66,10 @@ class EngineHandle(Protocol):
 
     async def scrape(self) -> list | None:
         """The worker's metric families kept outside the server's registry (the engine
-        process's, `metrics.engine_families`), or None when it counts in that registry."""
+        process's, `metrics.engine_families`), or None when it counts in that registry.
+        Answers within a bounded time (a stuck engine's part is the last one received)
+        and sets the registry's `engine_metrics_stale` gauge (1: the engine's part was
+        not refreshed for this scrape)."""
         ...
 
     def stop(self) -> None:

@@ -161,6 +161,27 @@ class Metrics:
             "HTTP admission limit: queue_capacity + max_active.",
             registry=r,
         )
+        # Engine liveness (liveness.StallWatch; docs/api.md, "Engine liveness"): set by
+        # the frontend at each scrape, never by an engine process (its copies stay 0).
+        self.engine_stalled = Gauge(
+            "helios_engine_stalled",
+            "1 while the model engine has work and made no progress for "
+            "--engine-stall-timeout (/health answers 503), else 0.",
+            registry=r,
+        )
+        self.engine_stalled_seconds = Gauge(
+            "helios_engine_stalled_seconds",
+            "Seconds the model engine has had work without progress (0 while it "
+            "progresses or is idle).",
+            registry=r,
+        )
+        self.engine_metrics_stale = Gauge(
+            "helios_engine_metrics_stale",
+            "1 when the engine's share of this exposition was not refreshed for this "
+            "scrape (a stalled engine, or an engine process that did not answer in time "
+            "or has exited: its last values are shown), else 0.",
+            registry=r,
+        )
         # Latency.
         self.time_to_first_token = Histogram(
             "helios_time_to_first_token_seconds",

@@ -94,7 +94,7 @@ class Server:
         self.worker: ModelWorker | None = None
         if engine is None:
             self.worker = build_worker(model, settings, clock, self.metrics)
-            engine = WorkerHost(self.worker)
+            engine = WorkerHost(self.worker, settings.engine_stall_timeout_s)
         self.engine: EngineHandle = engine
         slots = engine.geometry.slots
         if settings.max_active > slots:

@@ -4,7 +4,7 @@ docs/serving.md, "Design: engine process + frontend process": the spawn specific
 (`EngineSpec`, pickled once), one msgspec message per admission (frontend -> engine: the
 request's `RequestData` as it is, see `WireRequest`), cancels
 and scrapes on the same channel, and one message per step engine -> frontend holding
-every response's events of that step. The framing is `multiprocessing.connection`'s
+every response's events of that step, scrape replies and heartbeats. The framing is `multiprocessing.connection`'s
 (length-prefixed messages over a socket pair); the payloads are MessagePack
 (msgspec, as vLLM V1 sends msgpack over ZeroMQ).
 
@@ -55,6 +55,7 @@ from helios_serve.frontend.prepare import PipelineArgs, RequestData
 # engine -> frontend message kinds (first element of the array)
 STEP_EVENTS = 0  # [0, [[request_id, [event, ...]], ...]]
 METRICS_REPLY = 1  # [1, token, families]  (see metrics.engine_families)
+HEARTBEAT = 2  # [2, steps]: the worker's step counter (liveness.StallWatch)
 FINAL_SNAPSHOT = 0  # the scrape token of the metrics the engine sends as it exits
 
 

@@ -231,6 +231,9 @@ class ModelWorker:
         metrics.host_cache_bytes_capacity.set(self.geometry.host_rows * self.geometry.page_bytes)
         metrics.slots_capacity.set(self.geometry.slots)
         self.crashed: BaseException | None = None
+        # Liveness (liveness.StallWatch, read by any thread): one per turn of the loop, so
+        # a step stuck in the model (a hung device call) stops it while work waits.
+        self.steps = 0
 
     # -- HTTP side (any thread) -------------------------------------------------------
 
@@ -282,6 +285,12 @@ class ModelWorker:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def busy(self) -> bool:
+        """It has work: a request in its ingress channel or live in the scheduler (read
+        without the lock by the liveness check: a snapshot is enough)."""
+        return bool(self._ingress) or bool(self._requests)
+
     # -- worker thread ----------------------------------------------------------------
 
     def _run(self) -> None:
@@ -312,6 +321,7 @@ class ModelWorker:
         """One iteration: submit a plan if the scheduler allows one, then complete the
         oldest in-flight plan unless another may still be submitted ahead of it.
         False when stopping."""
+        self.steps += 1
         if not self._drain_ingress():
             return False
         submitted = False

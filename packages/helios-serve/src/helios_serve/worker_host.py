@@ -16,6 +16,7 @@ from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeSettings
 from helios_serve.engine.plan import ModelGeometry
 from helios_serve.events import GenerationRequest
+from helios_serve.liveness import DEFAULT_STALL_TIMEOUT_S, StallWatch
 from helios_serve.metrics import Metrics
 from helios_serve.worker import ModelBackend, ModelWorker
 
@@ -50,10 +51,15 @@ class WorkerHost:
 
     Args:
         worker: the model worker (not started).
+        stall_timeout_s: seconds with work and no turn of the worker's loop that make it
+            stalled (`liveness.StallWatch`; helios-serve --engine-stall-timeout).
     """
 
-    def __init__(self, worker: ModelWorker) -> None:
+    def __init__(self, worker: ModelWorker,
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:  # fmt: skip
         self.worker = worker
+        self._watch = StallWatch(stall_timeout_s)
+        self._metrics: Metrics | None = None
 
     @property
     def geometry(self) -> ModelGeometry:
@@ -61,21 +67,36 @@ class WorkerHost:
 
     @property
     def healthy(self) -> bool:
-        return self.worker.crashed is None and self.worker.alive
+        return (self.worker.crashed is None and self.worker.alive
+                and not self.liveness.stalled)
+
+    @property
+    def liveness(self) -> StallWatch:
+        self._watch.observe(self.worker.steps, self.worker.busy)
+        return self._watch
 
     def start(self) -> None:
         self.worker.start()
 
     def attach(self, loop: asyncio.AbstractEventLoop, metrics: Metrics) -> None:
-        """Nothing to attach: the worker posts to each request's sink on its loop."""
+        """The worker posts to each request's sink on its loop; `metrics` is the
+        registry it counts into already (kept for the staleness gauge)."""
+        self._metrics = metrics
 
     def submit(self, request: GenerationRequest) -> bool:
-        return self.worker.submit(request)
+        if not self.worker.submit(request):
+            return False
+        self._watch.observe(self.worker.steps, True)  # work arrived: the bound starts now
+        return True
 
     def cancel(self, request_id: int) -> None:
         self.worker.cancel(request_id)
 
     async def scrape(self) -> list | None:
+        """Nothing to fetch: the worker counts into the server's registry. Its gauges
+        are stale while it is stalled (it publishes them from its loop)."""
+        if self._metrics is not None:
+            self._metrics.engine_metrics_stale.set(1 if self.liveness.stalled else 0)
         return None
 
     def stop(self) -> None:

@@ -253,13 +253,13 @@ async def version() -> dict[str, str]:
 
 @get("/health")
 async def health(request: Request) -> Response:
-    """200 while the model worker runs, else 503."""
+    """200 while the model worker runs and is not stalled (docs/api.md, "Engine
+    liveness"), else 503 with the reason."""
     service = _service(request)
     if service.worker_running():
         return Response({"status": "ok"}, status_code=200)
-    return Response(
-        {"status": "unhealthy", "detail": "the model worker is not running"}, status_code=503
-    )
+    return Response({"status": "unhealthy", "detail": service.unhealthy_reason()},
+                    status_code=503)
 
 
 @get("/metrics", media_type=MediaType.TEXT)

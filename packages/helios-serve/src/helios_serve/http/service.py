@@ -119,8 +119,14 @@ class ApiService:
         self.engine.attach(asyncio.get_running_loop(), self.metrics)
 
     async def render_metrics(self) -> tuple[bytes, str]:
-        """The /metrics exposition (with the engine process's share when there is one)."""
-        return self.metrics.render(await self.engine.scrape())
+        """The /metrics exposition (with the engine process's share when there is one),
+        within a bounded time: the engine handle's scrape is bounded, and a stuck
+        engine's share is its last one, marked helios_engine_metrics_stale."""
+        engine = await self.engine.scrape()
+        liveness = self.engine.liveness
+        self.metrics.engine_stalled.set(1 if liveness.stalled else 0)
+        self.metrics.engine_stalled_seconds.set(liveness.stalled_for())
+        return self.metrics.render(engine)
 
     def close(self) -> None:
         if self.admission is not None:
@@ -166,12 +172,13 @@ class ApiService:
         Raises:
             IngressFull (429), InvalidRequest (400), CapacityExceeded (503, no retry),
             AdmissionRejected (503: the worker's channel is full or it is not running;
-            a worker that is not running refuses at admission: no permit, not admitted).
+            a worker that is not running or is stalled refuses at admission: no
+            permit, not admitted).
         """
         assert self.admission is not None
         if not self.worker_running():
             self.metrics.requests_rejected.labels(REJECT_SCHEDULER).inc()
-            raise AdmissionRejected("the model worker is not running")
+            raise AdmissionRejected(self.unhealthy_reason())
         with await self.admission.acquire() as permit:
             prepared = [await self._prepared(fn, x) for x in inputs]
             sink = EventSink(asyncio.get_running_loop(), choices=sum(p.n for p in prepared))
@@ -210,6 +217,11 @@ class ApiService:
     def worker_running(self) -> bool:
         """The model worker (or the engine process) runs: /health's 200, and admission."""
         return self.engine.healthy
+
+    def unhealthy_reason(self) -> str:
+        """/health's 503 detail: the stall (`liveness.StallWatch.reason`) or a worker
+        that is not running."""
+        return self.engine.liveness.reason() or "the model worker is not running"
 
     async def _prepared(self, fn: Callable[..., T], *args: object) -> T:
         assert self.admission is not None

@@ -10,6 +10,7 @@ from typing import Any
 
 from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeOptions, resolve
+from helios_serve.liveness import DEFAULT_STALL_TIMEOUT_S
 from helios_serve.server import Server
 from helios_serve.testing.scripted import ScriptBook, ScriptedModel, tiny_geometry
 from helios_serve.testing.tiny import SERVED_ID, tiny_bootstrap
@@ -46,6 +47,7 @@ class ScriptedServer:
         speculative_policy: str = "fixed",
         history_drafting: bool = False,
         stream_interval: int = 1,
+        engine_stall_timeout: float = DEFAULT_STALL_TIMEOUT_S,
     ) -> None:
         self.tok = tok or TinyTokenizer()
         self.book = ScriptBook(self.tok.decode, default=self.tok.ids(list(default_script)))
@@ -59,7 +61,7 @@ class ScriptedServer:
             port=0, max_active=max_active, queue_capacity=queue_capacity,
             frontend_workers=frontend_workers, api_key=api_key,
             speculative_policy=speculative_policy, history_drafting=history_drafting,
-            stream_interval=stream_interval,
+            stream_interval=stream_interval, engine_stall_timeout=engine_stall_timeout,
         )  # fmt: skip
         self.server = Server.start(
             bootstrap, self.model, resolve(options, bootstrap.contract), clock
