@@ -1,6 +1,7 @@
 """The Litestar application: thin handlers, resources in the lifespan, one error table.
 
-Routes: POST /v1/chat/completions and /v1/completions (JSON and SSE), GET /v1/models
+Routes: POST /v1/chat/completions and /v1/completions (JSON and SSE), POST /v1/messages
+and /v1/messages/count_tokens (Anthropic's, `messages_api`), GET /v1/models
 and /v1/models/{id}, POST /tokenize and /detokenize (vLLM's shapes), GET /version,
 /health, /metrics, /openapi.json and /docs. Handlers parse (`schema`), admit and
 submit (`service`), and deliver (`delivery`); errors become OpenAI-style bodies with the
@@ -26,7 +27,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from helios_serve.http import access, openapi
+from helios_serve.http import access, messages_api, openapi
 from helios_serve.http.auth import require_api_key
 from helios_serve.http.delivery import ClientDisconnected, SseStream, collect
 from helios_serve.http.errors import ApiError, InvalidRequest, ModelNotFound, error_body, kind_of
@@ -298,7 +299,8 @@ def build_app(service: ApiService) -> Litestar:
 
     app = Litestar(
         route_handlers=[chat_completions, completions, list_models, retrieve_model, tokenize,
-                        detokenize, version, health, metrics, openapi.openapi_json],
+                        detokenize, version, health, metrics, openapi.openapi_json,
+                        *messages_api.ROUTES],
         lifespan=[lifespan],
         middleware=[access.middleware],
         exception_handlers={
