@@ -89,7 +89,7 @@ async def _watch_disconnect(request: Request) -> None:
 def _log_usage(record: access.AccessRecord, message: dict[str, Any] | None, reasons) -> None:
     if message is not None:
         u = message["usage"]
-        record.set_usage({"prompt_tokens": u["input_tokens"],
+        record.set_usage({"prompt_tokens": u["input_tokens"] + u["cache_read_input_tokens"],
                           "completion_tokens": u["output_tokens"]}, reasons)  # fmt: skip
 
 

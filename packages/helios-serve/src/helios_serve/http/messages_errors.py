@@ -50,8 +50,10 @@ def anthropic_type(error: ApiError) -> str:
 
 
 def error_message(error: ApiError) -> str:
-    """The message, naming the request field at fault (Anthropic's body has no `param`)."""
-    if error.param and not error.message.startswith(error.param):
+    """The message; an invalid request's names the field at fault (Anthropic's body has
+    no `param`)."""
+    if isinstance(error, InvalidRequest) and error.param \
+            and not error.message.startswith(error.param) and f"'{error.param}'" not in error.message:
         return f"{error.param}: {error.message}"
     return error.message
 

@@ -10,8 +10,10 @@ admission rules. Fields the specification governs keep its rules (at most four s
 strings, no stop strings with a forced tool call, ...); a rejection names the Messages
 field (`MESSAGES_FIELDS`).
 
-`metadata` (Anthropic's `user_id`) and `service_tier` are parsed and not used, as the
-chat path's `user`.
+`metadata` (Anthropic's `user_id`), `service_tier`, `cache_control` and
+`output_config.effort` are parsed and not used, as the chat path's `user`. The SDK of
+2026 sends temperature / top_p / top_k only through `extra_body`; they are accepted as
+fields.
 """
 
 from __future__ import annotations
@@ -159,6 +161,27 @@ class ThinkingDisabled(BaseModel):
     type: Literal["disabled"]
 
 
+class ThinkingAdaptive(BaseModel):
+    model_config = _STRICT
+    type: Literal["adaptive"]
+
+
+class JsonOutputFormat(BaseModel):
+    model_config = _STRICT
+    type: Literal["json_schema"]
+    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+
+
+class OutputConfig(BaseModel):
+    """Anthropic's output settings: `format` constrains the answer to a JSON schema (the
+    chat path's `response_format` json_schema, through the same grammar); `effort` is
+    accepted and changes nothing here."""
+
+    model_config = _STRICT
+    format: JsonOutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
 class _Conversation(BaseModel):
     """What a Messages request and a count_tokens request share."""
 
@@ -168,8 +191,10 @@ class _Conversation(BaseModel):
     system: str | list[TextBlock] | None = None
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: Annotated[ThinkingEnabled | ThinkingDisabled,
+    thinking: Annotated[ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive,
                         Field(discriminator="type")] | None = None  # fmt: skip
+    output_config: OutputConfig | None = None
+    cache_control: CacheControl | None = None
 
 
 class MessagesRequest(_Conversation):
@@ -306,7 +331,7 @@ def _template_kwargs(r: _Conversation) -> dict[str, Any]:
     template reads; a template without it ignores it)."""
     if r.thinking is None:
         return {}
-    return {"enable_thinking": isinstance(r.thinking, ThinkingEnabled)}
+    return {"enable_thinking": not isinstance(r.thinking, ThinkingDisabled)}
 
 
 def conversation_input(r: _Conversation, generation: GenerationInput | None = None) -> ChatInput:
@@ -319,12 +344,15 @@ def conversation_input(r: _Conversation, generation: GenerationInput | None = No
             and not r.tools:
         raise InvalidRequest("tool_choice requires tools", param="tool_choice")
     choice, parallel = _tool_choice(r)
+    fmt = r.output_config.format if r.output_config is not None else None
     return ChatInput(
         messages=tuple(_chat_messages(r)),
         generation=generation or GenerationInput(),
         tools=_tools(r),
         tool_choice=choice,
         parallel_tool_calls=parallel,
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "output", "schema": fmt.schema_}} if fmt is not None else None,
         chat_template_kwargs=_template_kwargs(r),
     )
 

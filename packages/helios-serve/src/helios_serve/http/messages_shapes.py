@@ -174,9 +174,13 @@ class MessagesShapes:
         self.blocks = BlockEvents()
 
     def usage(self, records: Sequence[ChoiceRecord]) -> dict[str, Any]:
+        """Anthropic's usage: prompt tokens served from the prefix cache are
+        `cache_read_input_tokens`, the others `input_tokens` (their sum is the prompt,
+        what count_tokens says)."""
         u = usage(self.ctx, records)
-        return {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-                "cache_read_input_tokens": u["prompt_tokens_details"]["cached_tokens"]}
+        cached = u["prompt_tokens_details"]["cached_tokens"]
+        return {"input_tokens": u["prompt_tokens"] - cached,
+                "output_tokens": u["completion_tokens"], "cache_read_input_tokens": cached}
 
     def stop(self, records: Sequence[ChoiceRecord]) -> tuple[str, str | None]:
         """(stop_reason, stop_sequence) of the finished response."""
