@@ -303,6 +303,7 @@ def build_app(service: ApiService) -> Litestar:
                         *messages_api.ROUTES],
         lifespan=[lifespan],
         middleware=[access.middleware],
+        before_send=[access.before_send],
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,
