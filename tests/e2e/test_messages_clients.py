@@ -67,7 +67,7 @@ def test_over_context_raises_at_once_with_the_context_words(tiny_thread_server):
 
 
 @pytest.fixture(scope="module")
-def tools_anthropic(tools_url):
+def tools_anthropic(tools_url):  # noqa: F811
     return _anthropic(tools_url)
 
 
@@ -95,7 +95,7 @@ def test_forced_tool_use_streaming_and_not(tools_anthropic, choice):
 
 
 @pytest.mark.slow
-def test_tool_result_round_trip_and_count_tokens(tools_anthropic, tools_url):
+def test_tool_result_round_trip_and_count_tokens(tools_anthropic, tools_url):  # noqa: F811
     turns = [*PARIS_WEATHER,
              {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1",
                                                 "name": "get_weather",
