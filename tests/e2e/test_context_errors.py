@@ -24,7 +24,7 @@ def test_openai_client_gets_the_code_on_an_internal_server_error(tiny_thread_ser
         assert info.value.status_code == 503
         assert info.value.code == "context_length_exceeded"
         assert info.value.type == "admission_rejected"
-        assert info.value.message.startswith("prompt is too long: ")
+        assert info.value.body["message"].startswith("prompt is too long: ")
 
 
 def test_litellm_raises_its_context_window_error(tiny_thread_server):
@@ -44,6 +44,21 @@ def test_litellm_raises_its_context_window_error(tiny_thread_server):
         "model": name, "messages": HELLO, "max_tokens": 10_000}, timeout=60)  # fmt: skip
     assert r.status_code == 503 and r.headers["x-should-retry"] == "false"
     assert r.json()["error"] == {
-        "message": "prompt is too long: prompt 30 + max output 10000 tokens exceeds the "
+        "message": "prompt is too long: prompt 24 + max output 10000 tokens exceeds the "
                    "context of 256 tokens", "type": "admission_rejected",
         "param": "max_tokens", "code": "context_length_exceeded"}
+
+
+def test_litellm_anthropic_provider_on_messages(tiny_thread_server):
+    """litellm's `anthropic/` provider speaks /v1/messages: an answer, and the
+    context-window error streaming and not."""
+    server = tiny_thread_server
+    kwargs = dict(model=f"anthropic/{server.settings.served_name}", api_base=server.url,
+                  api_key="unused", messages=HELLO, num_retries=0)  # fmt: skip
+    r = litellm.completion(**kwargs, max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens <= 4
+    for stream in (False, True):
+        with pytest.raises(litellm.ContextWindowExceededError):
+            response = litellm.completion(**kwargs, max_tokens=10_000, stream=stream)
+            if stream:
+                list(response)
