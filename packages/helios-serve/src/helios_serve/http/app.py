@@ -23,7 +23,6 @@ from litestar import Litestar, MediaType, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.params import FromPath
 from litestar.response import Stream
 
@@ -300,7 +299,7 @@ def build_app(service: ApiService) -> Litestar:
     app = Litestar(
         route_handlers=[chat_completions, completions, list_models, retrieve_model, tokenize,
                         detokenize, version, health, metrics, openapi.openapi_json,
-                        *messages_api.ROUTES],
+                        openapi.docs_asset, *messages_api.ROUTES],
         lifespan=[lifespan],
         middleware=[access.middleware],
         before_send=[access.before_send],
@@ -312,7 +311,7 @@ def build_app(service: ApiService) -> Litestar:
         logging_config=None,
         openapi_config=OpenAPIConfig(
             title="Helios", version=_package_version(), path="/docs",
-            render_plugins=[SwaggerRenderPlugin(path="/")],
+            render_plugins=[openapi.swagger_plugin()],
             use_handler_docstrings=True,
         ),
     )  # fmt: skip

@@ -214,6 +214,11 @@ class CountTokensRequest(_Conversation):
     """POST /v1/messages/count_tokens body."""
 
 
+MESSAGES_REQUEST_MODELS = {
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
+}
+
 # chat-path field -> the Messages field a rejection names
 MESSAGES_FIELDS = {"stop": "stop_sequences", "max_completion_tokens": "max_tokens"}
 
