@@ -46,6 +46,12 @@ def test_tools_work_on_the_demo_core(client):
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     assert list(json.loads(call.function.arguments)) == ["city"]
+    # Parallel calls allowed (the default): one function offered, so the turn ends after
+    # the first call (the limit of parallel calls) with finish tool_calls.
+    r = client.chat.completions.create(model="smollm2", messages=PARIS, tools=[WEATHER_TOOL],
+                                       tool_choice="required", max_tokens=96,
+                                       temperature=0)  # fmt: skip
+    assert r.choices[0].finish_reason == "tool_calls" and len(r.choices[0].message.tool_calls) == 1
     # Without tools the answer is plain text, as before the syntax was declared.
     plain = client.chat.completions.create(model="smollm2", messages=PARIS, max_tokens=8,
                                            temperature=0)  # fmt: skip
