@@ -169,5 +169,5 @@ def test_export_refuses_carrier_options_that_do_not_fit(tiny_served, resource_ke
     for extra, why in cases.items():
         result = run_export(*base, *extra)
         assert result.exit_code == 1, (extra, result.output)
-        assert result.stderr.startswith(f"Error: {why}"), (extra, result.stderr)
+        assert result.stderr.startswith(f"ignition: error: {why}"), (extra, result.stderr)
     assert list(tmp_path.iterdir()) == []
