@@ -88,7 +88,7 @@ def ensure_core(reexport: bool) -> dict:
         write_key_pair(generate_key(), KEY)
     script = Path(sys.executable).parent / "ignition"
     cmd = [str(script), "export", str(RECIPE), "--checkpoint", "smollm2", "--key", str(KEY),
-           "--namespace", NAMESPACE, "--out", str(CORE), "--weight-dtype", "f32"]
+           "--namespace", NAMESPACE, "--out", str(CORE), "--weight-dtype", "f32", "--force"]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started

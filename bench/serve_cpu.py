@@ -118,7 +118,7 @@ def ensure_core(args) -> tuple[Path, Path, str, dict]:
         subprocess.run([_tool("helios-tools"), "keygen", "--out", str(KEY)], check=True)
     partial = CORE.with_suffix(".core.partial")
     cmd = [_tool("ignition"), "export", str(RECIPE), "--checkpoint", "smollm2",
-           "--key", str(KEY), "--namespace", NAMESPACE, "--out", str(partial)]
+           "--key", str(KEY), "--namespace", NAMESPACE, "--out", str(partial), "--force"]
     print(f"exporting {CORE} ...", flush=True)
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -95,7 +95,7 @@ def ensure_core(args) -> tuple[Path, Path, str]:
         partial = core.with_suffix(".partial")
         _cli("helios_ignition.cli", "ignition", ["export", str(RECIPE), "--checkpoint", "smollm2",
                                                  "--key", str(key), "--namespace", NAMESPACE,
-                                                 "--out", str(partial),
+                                                 "--out", str(partial), "--force",
                                                  "--weight-dtype", "f32"])
         partial.replace(core)
     return core, public, NAMESPACE

@@ -120,7 +120,8 @@ def test_logical_cores_serve_the_payload_cores_greedy_ids(tiny_served, logical, 
 
 def _fails(*args) -> str:
     """helios-serve ARGS exits 2 with one error line (after any startup phase lines)."""
-    proc = subprocess.run([SERVE, *map(str, args)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([SERVE, "--port", "0", *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     return serve_error_line(proc.stderr)
 
@@ -168,5 +169,5 @@ def test_export_refuses_carrier_options_that_do_not_fit(tiny_served, resource_ke
     for extra, why in cases.items():
         result = run_export(*base, *extra)
         assert result.exit_code == 1, (extra, result.output)
-        assert result.stderr.startswith(f"Error: {why}"), (extra, result.stderr)
+        assert result.stderr.startswith(f"ignition: error: {why}"), (extra, result.stderr)
     assert list(tmp_path.iterdir()) == []

@@ -116,7 +116,8 @@ def test_scheduler_rejection_is_503_before_headers(scripted):
     assert r.status_code == 503
     assert r.headers["x-should-retry"] == "false"
     assert r.json()["error"] == {
-        "message": "prompt 21 + max output 1000 tokens exceeds the context of 256 tokens",
+        "message": "prompt is too long: prompt 21 + max output 1000 tokens exceeds the "
+                   "context of 256 tokens",
         "type": "admission_rejected", "param": "max_tokens", "code": "context_length_exceeded"}
     # The official client honours x-should-retry: it raises at once (one request, no
     # retries, although it would retry a 503 twice by default).

@@ -381,7 +381,7 @@ def test_one_access_line_per_request_without_prompt_text(scripted, caplog):
     assert all("secret" not in line and "Hello" not in line for line in lines)
     assert lines[0].startswith("POST /v1/chat/completions 200 prompt_tokens=38 "
                                "completion_tokens=5 duration_ms=")
-    assert lines[0].endswith(" finish=stop") and lines[1].endswith(" finish=stop")
+    assert " finish=stop request_id=" in lines[0] and " finish=stop request_id=" in lines[1]
     assert "completion_tokens=5" in lines[1]
     assert lines[2].startswith("POST /v1/chat/completions 400 prompt_tokens=- ")
     assert lines[3].startswith("GET /health 200 ")

@@ -219,7 +219,8 @@ def test_admission_the_gauge_and_the_log_follow_the_chosen_count(tiny_served, op
 
 
 def _fails(*args) -> str:
-    proc = subprocess.run([SERVE, *map(str, args)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([SERVE, "--port", "0", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     return serve_error_line(proc.stderr)
 

@@ -34,7 +34,7 @@ def key(tmp_path_factory) -> Path:
 
 def _usage_error(core, *args: str) -> str:
     result = CliRunner().invoke(main, [str(core.path), "--trust", str(core.public_key),
-                                       "--accept", NAMESPACE, *args])
+                                       "--accept", NAMESPACE, "--port", "0", *args])
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr

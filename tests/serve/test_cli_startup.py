@@ -18,7 +18,8 @@ SERVE = str(Path(sys.executable).parent / "helios-serve")
 
 def _fails(*args) -> str:
     """helios-serve ARGS exits 2 with one error line (after any startup phase lines)."""
-    proc = subprocess.run([SERVE, *map(str, args)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([SERVE, "--port", "0", *map(str, args)], capture_output=True,
+                          text=True, timeout=300)  # (a later --port wins)
     assert proc.returncode == 2, proc.stderr
     return serve_error_line(proc.stderr)
 

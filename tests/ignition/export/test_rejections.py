@@ -1,8 +1,8 @@
 """Every way `ignition export` refuses its input: exact error, and nothing left behind.
 
 Each case runs twice: through the library (`export_core` raises the named class) and
-through the CLI in-process (exit 1, one `Error: ...` line on stderr, no traceback, no
-summary). Either way the output folder is byte-for-byte what it was before: no core, no
+through the CLI in-process (exit 1, one `ignition: error: ...` line on stderr, no traceback,
+no summary; `--force` where a core is already at the output path). Either way the output folder is byte-for-byte what it was before: no core, no
 temporary `.NAME.*` file, and a core already at the output path is untouched.
 """
 
@@ -373,6 +373,8 @@ def cli_args(kwargs: dict) -> list[str]:
                       ("random_seed", "--random-weights"), ("geometry", "--geometry")):
         if kwargs.get(key) is not None:
             args += [flag, str(kwargs[key])]
+    if Path(kwargs["out"]).is_file():  # an earlier core: the CLI overwrites only with --force
+        args.append("--force")
     return args
 
 
@@ -402,7 +404,8 @@ def test_cli_refuses(case: Case, env: Env):
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit), result.exception  # not a crash
     assert result.stdout == ""  # no summary line
-    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    errors = [line for line in result.stderr.splitlines()
+              if line.startswith("ignition: error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
     for fragment in fragments:
         assert fragment in errors[0]

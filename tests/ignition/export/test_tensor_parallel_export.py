@@ -127,7 +127,7 @@ def test_heads_that_do_not_divide_are_refused_naming_the_counts(tmp_path, tiny_s
                         "--weight-dtype", "f32", "--tensor-parallel", "3")
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [
-        "Error: --tensor-parallel 3: the model's 4 query heads and 2 key/value heads must "
+        "ignition: error: --tensor-parallel 3: the model's 4 query heads and 2 key/value heads must "
         "both divide by 3"]
     assert not out.exists()
 
@@ -174,7 +174,7 @@ def test_a_recipe_with_a_drafter_is_refused(tmp_path, signing_key_pair):
                         "--out", out, "--tensor-parallel", "3")
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [
-        "Error: --tensor-parallel 3: speculative programs are captured for one rank only: "
+        "ignition: error: --tensor-parallel 3: speculative programs are captured for one rank only: "
         "recipe smollm2-135m-instruct declares a drafter"]
     assert not out.exists()
 

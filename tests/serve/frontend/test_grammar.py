@@ -215,11 +215,14 @@ def test_forced_tool_choice_grammar_matches_parser(case, choice):
         generate(state, st.ids([S(opener), S(close)]))
         assert not allowed(state, st.special_id(EOS))
     # After one complete call, a named choice allows only the end; "required" (parallel
-    # calls allowed by default) may open another call.
+    # calls allowed by default, two functions offered) may open another call: a new block
+    # where each block holds one call (JSON_IN_TAGS); the tag families' calls share their
+    # one block (test_parallel_call_limit.py).
     state = gc.for_request(**kw)
     generate(state, st.ids(dict(chunkings(script))["bytes"]))
     assert allowed(state, st.special_id(EOS))
-    assert allowed(state, st.ids([script[-3]])[0]) is (choice == "required")
+    assert allowed(state, st.ids([script[-3]])[0]) is (
+        choice == "required" and not syn.tool_syntax.function_name_open)
 
 
 def test_atem_frames_grammar_constrains_user_answer_only():

@@ -1,17 +1,78 @@
-"""`ignition`: prepare models into signed cores."""
+"""`ignition`: prepare models into signed cores.
+
+Every failure is one line on stderr, `ignition: error: ...`, and an exit status:
+
+    1  the export failed (recipe, checkpoint, key, kernels, writing the core)
+    2  usage: an unknown option or a bad value (e.g. `--target sm_xx`), or `--out` exists
+       without `--force`
+    3  an internal error (a bug): the line names the exception; IGNITION_TRACEBACK=1
+       prints the traceback too
+  130  interrupted (Ctrl-C)
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
 
 import click
 
 from .checkpoint import CheckpointError
 from .export import ExportError, export_core
+from .kernels_aot import parse_target
 from .recipe import RecipeError, SplitTuning
 
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
+_EXPORT_ERRORS = (ExportError, RecipeError, CheckpointError, OSError)
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+def _fail(message: str, status: int) -> None:
+    click.echo(f"ignition: error: {message}", err=True)
+    sys.exit(status)
+
+
+class _OneLineErrors(click.Group):
+    """Runs a command so that every failure is one line and a documented exit status
+    (the module docstring), never click's usage block or a traceback."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             **extra):  # fmt: skip
+        try:
+            super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            _fail(exc.format_message(), EXIT_USAGE)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), EXIT_FAILED)
+        except (click.Abort, KeyboardInterrupt):
+            _fail("interrupted", EXIT_INTERRUPTED)
+        except _EXPORT_ERRORS as exc:
+            _fail(str(exc), EXIT_FAILED)
+        except Exception as exc:  # a bug: still one line (the traceback on request)
+            if os.environ.get("IGNITION_TRACEBACK") == "1":
+                traceback.print_exc()
+            _fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_INTERNAL)
+        sys.exit(0)
+
+
+def _targets(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    for target in values:
+        try:
+            parse_target(target)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return values
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """ignition: Helios preparation (recipes, checkpoints, program capture, export)."""
+    """ignition: Helios preparation (recipes, checkpoints, program capture, export).
+
+    A failure is one line, `ignition: error: ...`, with exit status 1 (the export
+    failed), 2 (usage, or --out exists without --force), 3 (internal error) or 130
+    (interrupted).
+    """
 
 
 @main.command()
@@ -24,10 +85,12 @@ def main() -> None:
 @click.option("--key", "key_path", required=True, type=click.Path(dir_okay=False),
               help="Ed25519 private key (helios-tools keygen).")
 @click.option("--namespace", required=True, help="Publisher namespace signed into the core.")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Core to write.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="Core to write (refused if it exists, unless --force).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --out.")
 @click.option("--weight-dtype", type=click.Choice(["bf16", "f32"]), default=None,
               help="Override the recipe's weight dtype.")
-@click.option("--target", "targets", multiple=True,
+@click.option("--target", "targets", multiple=True, callback=_targets,
               help="GPU target to compile kernels for (repeatable), e.g. sm_90.")
 @click.option("--carrier", type=click.Choice(["payload", "logical"]), default="payload",
               show_default=True,
@@ -57,8 +120,8 @@ def main() -> None:
               help="Split the model between N tensor-parallel ranks (per-rank weights and "
                    "collectives in one core; the query heads, key/value heads and FFN width "
                    "must divide by N). docs/tensor-parallel.md.")
-def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, weight_dtype,
-           targets, carrier, protected_version, resource_key, tune_splits,
+def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, force,
+           weight_dtype, targets, carrier, protected_version, resource_key, tune_splits,
            fold_layers, chunked_sampling, tensor_parallel) -> None:
     """Export RECIPE with a checkpoint to a signed core.
 
@@ -67,6 +130,8 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
     """
     from helios_tools.progress import StepProgress
 
+    if Path(out).exists() and not force:
+        raise click.UsageError(f"--out {out} exists; pass --force to overwrite it")
     try:
         with StepProgress() as progress:
             summary = export_core(recipe, checkpoint=checkpoint, key_path=key_path,
@@ -81,7 +146,7 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
                                   chunked_sampling=chunked_sampling,
                                   tensor_parallel=tensor_parallel,
                                   progress=progress.update)
-    except (ExportError, RecipeError, CheckpointError) as exc:
+    except _EXPORT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {summary.path} ({summary.format}): served id {summary.served_id}, "
                f"{len(summary.graphs)} graphs ({', '.join(summary.graphs)}), "

@@ -185,7 +185,9 @@ def cached_export(folder: Path, core: Path, export_args: list[str], namespace: s
         partial = folder / f".{core.name}.{os.getpid()}.partial"
         try:
             _run([_tool("ignition", option), "export", *export_args, "--key", str(key),
-                  "--namespace", namespace, "--out", str(partial)], f"{what} export")
+                  "--namespace", namespace, "--out", str(partial),
+                  "--force"],  # a partial file a killed start left behind (under the lock)
+                 f"{what} export")
             partial.replace(core)
         finally:
             partial.unlink(missing_ok=True)

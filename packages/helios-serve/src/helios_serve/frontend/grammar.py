@@ -5,7 +5,8 @@ the declared reasoning envelope stays free text (a reasoning model still reasons
 only the answer after it is constrained, either to the response_format JSON schema (an
 opaque document, so literal delimiters inside it stay answer text) or, for tool_choice
 "required" or a named function, to the declared tool envelope holding the registered
-tools' schemas. Single-token markers are written as their token (`<[id]>`), other markers
+tools' schemas (with parallel calls, at most as many calls as functions offered).
+Single-token markers are written as their token (`<[id]>`), other markers
 as text, exactly as the parsers recognise them.
 
 Masks are llguidance bitmasks: int32 words, bit `t % 32` of word `t // 32` allows token t.
@@ -246,12 +247,18 @@ class GrammarCompiler:
         else:
             functions = g.rule(" | ".join(self._function(g, n, p) for n, p in registry.items()))
             if t.function_name_open:
-                inner = f"{sep} ({functions} {sep})+" if parallel else f"{sep} {functions} {sep}"
+                inner = (f"{sep} {_at_most(f'{functions} {sep}', len(registry))}" if parallel
+                         else f"{sep} {functions} {sep}")  # fmt: skip
             else:
                 inner = functions
             call = g.rule(f"{g.lit(t.call_open)} {inner} {g.lit(t.call_close)}")
         tail = f"{sep}?" if sep else ""
-        return f"({call} {tail})+" if parallel else f"{call} {tail}"
+        # The limit of parallel calls: as many calls as functions offered (tag families:
+        # in their one block). After the last allowed call the grammar allows only the
+        # end of the turn, so a model that would repeat its call until the output limit
+        # (SmolLM2-135M does) ends with finish tool_calls.
+        blocks = len(registry) if parallel and not t.function_name_open else 1
+        return _at_most(f"{call} {tail}", blocks)
 
     def _function(self, g: _Lark, name: str, params: Mapping[str, Any]) -> str:
         t = self._fe.syntax.tool_syntax
@@ -334,6 +341,14 @@ class GrammarCompiler:
         if recipient == r.reasoning_recipient:
             return f"{reasoning_body} {rest}"
         return final_body
+
+
+def _at_most(item: str, limit: int) -> str:
+    """Lark for 1 to `limit` repetitions of `item` (nested optionals: `a (a (a)?)?`)."""
+    out = item
+    for _ in range(limit - 1):
+        out = f"{item} ({out})?"
+    return out
 
 
 def _xml(text: str) -> str:

@@ -148,6 +148,18 @@ def parse_stops(
 Piece = tuple[int, str]  # (token id or -1 for part of a token, its decoded text)
 
 
+def first_stop(text: str, stops: Sequence[str]) -> tuple[int, int, int] | None:
+    """The stop string that text completes first: (end, index in `stops`, start) of the
+    match ending earliest (ties: the earlier listed stop), or None. The one matching rule
+    of `StringStopMatcher` and of a response naming the stop that ended it."""
+    best: tuple[int, int, int] | None = None
+    for order, stop in enumerate(stops):
+        start = text.find(stop)
+        if start >= 0 and (best is None or (start + len(stop), order) < best[:2]):
+            best = (start + len(stop), order, start)
+    return best
+
+
 class StringStopMatcher:
     """Finds the first completed stop string in incrementally decoded text.
 
@@ -168,11 +180,7 @@ class StringStopMatcher:
         """
         self._held.append((token_id, text))
         buf = "".join(t for _, t in self._held)
-        best: tuple[int, int, int] | None = None  # (end, list order, start)
-        for order, stop in enumerate(self._stops):
-            start = buf.find(stop)
-            if start >= 0 and (best is None or (start + len(stop), order) < best[:2]):
-                best = (start + len(stop), order, start)
+        best = first_stop(buf, self._stops)
         if best is not None:
             released = self._release_before(best[2], cut=True)
             self._held = []

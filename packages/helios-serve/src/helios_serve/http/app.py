@@ -1,6 +1,7 @@
 """The Litestar application: thin handlers, resources in the lifespan, one error table.
 
-Routes: POST /v1/chat/completions and /v1/completions (JSON and SSE), GET /v1/models
+Routes: POST /v1/chat/completions and /v1/completions (JSON and SSE), POST /v1/messages
+and /v1/messages/count_tokens (Anthropic's, `messages_api`), GET /v1/models
 and /v1/models/{id}, POST /tokenize and /detokenize (vLLM's shapes), GET /version,
 /health, /metrics, /openapi.json and /docs; the Responses API's routes are
 `responses_api`'s. Handlers parse (`schema`), admit and
@@ -23,11 +24,10 @@ from litestar import Litestar, MediaType, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from helios_serve.http import access, openapi, responses_api
+from helios_serve.http import access, messages_api, openapi, responses_api
 from helios_serve.http.auth import require_api_key
 from helios_serve.http.delivery import ClientDisconnected, SseStream, collect
 from helios_serve.http.errors import ApiError, InvalidRequest, ModelNotFound, error_body, kind_of
@@ -301,9 +301,10 @@ def build_app(service: ApiService) -> Litestar:
     app = Litestar(
         route_handlers=[chat_completions, completions, list_models, retrieve_model, tokenize,
                         detokenize, version, health, metrics, openapi.openapi_json,
-                        *responses_api.ROUTES],
+                        openapi.docs_asset, *responses_api.ROUTES, *messages_api.ROUTES],
         lifespan=[lifespan],
         middleware=[access.middleware],
+        before_send=[access.before_send],
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,
@@ -312,7 +313,7 @@ def build_app(service: ApiService) -> Litestar:
         logging_config=None,
         openapi_config=OpenAPIConfig(
             title="Helios", version=_package_version(), path="/docs",
-            render_plugins=[SwaggerRenderPlugin(path="/")],
+            render_plugins=[openapi.swagger_plugin()],
             use_handler_docstrings=True,
         ),
     )  # fmt: skip

@@ -21,7 +21,7 @@ from helios_serve.http.errors import (
     CapacityExceeded,
     ExecutionFailed,
 )
-from helios_serve.http.responses import ChoiceRecord, Shapes, error_event
+from helios_serve.http.responses import ChoiceRecord, Shapes
 from helios_serve.http.service import Generation
 
 
@@ -169,7 +169,7 @@ class SseStream:
                             rejection(event) if isinstance(event, Rejected)
                             else ExecutionFailed(event.message)
                         )  # fmt: skip
-                        out.append(error_event(error.body()))
+                        out.append(shapes.error(error))
                         self._failed = True
                         break
                 for choice in list(pending):

@@ -72,9 +72,23 @@ class AdmissionRejected(ApiError):
 
 class CapacityExceeded(AdmissionRejected):
     """The request is outside the prepared capacities (context, page table, cache): it
-    can never be admitted, so retrying cannot help."""
+    can never be admitted, so retrying cannot help.
+
+    The message starts with `CONTEXT_WINDOW_PREFIX`: the status stays 503 (scheduler
+    admission), and the words are what clients match to tell a context-window error
+    from an outage (litellm's ContextWindowExceededError, Anthropic's own wording);
+    docs/api.md, "Errors clients can act on".
+    """
 
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        if not message.startswith(CONTEXT_WINDOW_PREFIX):
+            message = CONTEXT_WINDOW_PREFIX + message
+        super().__init__(message, param=param, code=code)
+
+
+CONTEXT_WINDOW_PREFIX = "prompt is too long: "
 
 
 class ExecutionFailed(ApiError):

@@ -4,20 +4,30 @@ Litestar generates the paths and operations from the route handlers; the handler
 their bodies themselves (for exact error messages), so their request bodies are added
 from the same strict pydantic models the handlers parse with (`schema.REQUEST_MODELS`):
 what is documented is what is accepted.
+
+/docs works offline: the Swagger UI page loads its script and style from this server
+(/docs-assets/..., the files the `swagger-ui-py` package ships: Swagger UI 5, which reads
+OpenAPI 3.1), never from a CDN, and names no external favicon.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from litestar import Litestar, Request, get
+import swagger_ui
+from litestar import Litestar, Request, Response, get
 from litestar._openapi.plugin import OpenAPIPlugin
+from litestar.exceptions import NotFoundException
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.params import FromPath
 
+from helios_serve.http.messages_schema import MESSAGES_REQUEST_MODELS
 from helios_serve.http.schema import REQUEST_MODELS
 from helios_serve.responses.schema import ResponsesRequest
 
 # (ResponsesRequest is not in schema.REQUEST_MODELS: its module builds on http.schema)
-_BODIES = {**REQUEST_MODELS, "/v1/responses": ResponsesRequest}
+_BODIES = {**REQUEST_MODELS, **MESSAGES_REQUEST_MODELS, "/v1/responses": ResponsesRequest}
 
 
 def add_request_bodies(app: Litestar, model_names: list[str]) -> None:
@@ -46,3 +56,34 @@ def add_request_bodies(app: Litestar, model_names: list[str]) -> None:
 async def openapi_json(request: Request) -> dict[str, Any]:
     """The OpenAPI 3.1 document."""
     return request.app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
+
+
+ASSETS = Path(swagger_ui.__file__).parent / "static"
+_ASSET_TYPES = {
+    "swagger-ui-bundle.js": "text/javascript",
+    "swagger-ui-standalone-preset.js": "text/javascript",
+    "swagger-ui.css": "text/css",
+}
+
+
+def swagger_plugin() -> SwaggerRenderPlugin:
+    """The /docs page, its assets served by `docs_asset`."""
+    return SwaggerRenderPlugin(
+        path="/", js_url="/docs-assets/swagger-ui-bundle.js",
+        css_url="/docs-assets/swagger-ui.css",
+        standalone_preset_js_url="/docs-assets/swagger-ui-standalone-preset.js",
+        favicon="",
+    )  # fmt: skip
+
+
+@get("/docs-assets/{name:str}", include_in_schema=False, cache=3600)
+async def docs_asset(name: FromPath[str]) -> Response:
+    """A Swagger UI file (only the three the page loads).
+
+    Raises:
+        NotFoundException: any other name (404).
+    """
+    media_type = _ASSET_TYPES.get(name)
+    if media_type is None:
+        raise NotFoundException(f"no docs asset {name!r}")
+    return Response((ASSETS / name).read_bytes(), media_type=media_type)

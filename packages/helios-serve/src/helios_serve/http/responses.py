@@ -28,6 +28,7 @@ from helios_serve.frontend.deltas import (
     accumulate,
 )
 from helios_serve.frontend.vocab import TokenPieces
+from helios_serve.http.errors import ApiError
 
 DONE = b"data: [DONE]\n\n"
 
@@ -301,6 +302,10 @@ class ChatShapes:
         out.append(DONE)
         return b"".join(out)
 
+    def error(self, error: ApiError) -> bytes:
+        """The terminal error event (after SSE headers; no [DONE] follows)."""
+        return error_event(error.body())
+
 
 class CompletionShapes:
     """text_completion bodies (legacy completions), JSON and SSE."""
@@ -400,6 +405,10 @@ class CompletionShapes:
             out.append(event(body))
         out.append(DONE)
         return b"".join(out)
+
+    def error(self, error: ApiError) -> bytes:
+        """The terminal error event (after SSE headers; no [DONE] follows)."""
+        return error_event(error.body())
 
 
 Shapes = ChatShapes | CompletionShapes

@@ -1,0 +1,107 @@
+"""Every `ignition` failure is one line, `ignition: error: ...`, with the exit status the
+CLI documents (1 export failed, 2 usage, 3 internal error, 130 interrupted); `--out`
+that exists is refused without `--force`. Through the installed console script (what a
+user runs), and in-process where a failure must be injected."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helios_ignition import cli
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
+IGNITION = str(Path(sys.executable).parent / "ignition")
+
+
+@pytest.fixture(scope="module")
+def key(tmp_path_factory) -> Path:
+    from helios_tools.core import generate_key, write_key_pair
+
+    private, _ = write_key_pair(generate_key(), tmp_path_factory.mktemp("k") / "p.key")
+    return private
+
+
+def _ignition(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([IGNITION, *map(str, args)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def _export(key: Path, out: Path, *more) -> list[str]:
+    return ["export", RECIPE, "--checkpoint", "smollm2", "--key", key, "--namespace",
+            "a.example/m", "--out", out, *more]  # fmt: skip
+
+
+def _one_line(proc: subprocess.CompletedProcess) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+    return lines[0]
+
+
+def test_an_unknown_gpu_target_is_one_usage_line(key, tmp_path):
+    """It was a 33-line traceback and exit 1, after the recipe had been read."""
+    proc = _ignition(*_export(key, tmp_path / "x.core", "--target", "sm_xx"))
+    assert proc.returncode == 2
+    assert _one_line(proc) == ("ignition: error: Invalid value for '--target': unknown GPU "
+                               "target 'sm_xx'; expected sm_<arch>, e.g. sm_90")
+    assert not (tmp_path / "x.core").exists()
+
+
+def test_an_existing_out_is_refused_without_force(key, tmp_path):
+    out = tmp_path / "earlier.core"
+    out.write_bytes(b"an earlier core")
+    proc = _ignition(*_export(key, out))
+    assert proc.returncode == 2
+    assert _one_line(proc) == (f"ignition: error: --out {out} exists; pass --force to "
+                               "overwrite it")
+    assert out.read_bytes() == b"an earlier core"
+    # With --force the export goes ahead (here to its own failure: a missing key).
+    proc = _ignition(*_export(tmp_path / "absent.key", out, "--force"))
+    assert proc.returncode == 1
+    assert _one_line(proc) == f"ignition: error: signing key not found: {tmp_path / 'absent.key'}"
+    assert out.read_bytes() == b"an earlier core"
+
+
+@pytest.mark.parametrize(("args", "status", "line"), [
+    (["bogus"], 2, "ignition: error: No such command 'bogus'."),
+    (["export"], 2, "ignition: error: Missing argument 'RECIPE'."),
+    (["export", "recipes/absent.py", "--key", "k", "--namespace", "n", "--out", "o.core"], 1,
+     "ignition: error: signing key not found: k"),
+], ids=["unknown command", "no recipe", "absent key"])  # fmt: skip
+def test_failures_are_one_line_with_their_status(args, status, line, tmp_path):
+    proc = subprocess.run([IGNITION, *args], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == status
+    assert _one_line(proc) == line
+
+
+def test_an_internal_error_is_one_line_exit_3(key, tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise KeyError("graph")
+
+    monkeypatch.setattr(cli, "export_core", broken)
+    monkeypatch.delenv("IGNITION_TRACEBACK", raising=False)
+    result = CliRunner().invoke(cli.main, [str(a) for a in _export(key, tmp_path / "x.core")])
+    assert result.exit_code == 3
+    assert result.stderr.strip().splitlines() == [
+        "ignition: error: internal error: KeyError: 'graph'"]
+    monkeypatch.setenv("IGNITION_TRACEBACK", "1")
+    result = CliRunner().invoke(cli.main, [str(a) for a in _export(key, tmp_path / "x.core")])
+    assert result.exit_code == 3 and "Traceback" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ignition: error: internal error: KeyError: 'graph'")
+
+
+def test_an_interrupt_is_one_line_exit_130(key, tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "export_core", interrupted)
+    result = CliRunner().invoke(cli.main, [str(a) for a in _export(key, tmp_path / "x.core")])
+    assert result.exit_code == 130
+    assert result.stderr.strip().splitlines() == ["ignition: error: interrupted"]
