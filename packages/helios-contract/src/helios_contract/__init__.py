@@ -91,6 +91,7 @@ from helios_contract._rules_manifest import (
     PROPOSAL_CONFIDENCE,
     buffer_nbytes,
     rank_count,
+    stored_nbytes,
 )
 from helios_contract.capabilities import RuntimeCapabilities, capability_findings
 from helios_contract.errors import (
@@ -164,6 +165,7 @@ __all__ = [
     "PAGE_TABLE_DTYPE",
     "PROPOSAL_CONFIDENCE",
     "buffer_nbytes",
+    "stored_nbytes",
     "rank_count",
     "capability_findings",
     "contract_findings",
