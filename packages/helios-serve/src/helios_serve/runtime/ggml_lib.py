@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from helios_contract.schema import manifest_pb2 as mpb
+from helios_tools.capabilities import CPU_STORAGE_OPS
 
 from .errors import RuntimeLoadError
 
@@ -35,8 +36,8 @@ GGML_TYPE = {
     mpb.STORAGE_TYPE_GGUF_Q4_K: 12,
     mpb.STORAGE_TYPE_GGUF_Q6_K: 14,
 }
-QUANTIZED_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
-                           "swiglu_linear_add", "embedding"})
+# The ops with a quantized form here: the cpu capability table's (lint reads the same).
+QUANTIZED_OPS = CPU_STORAGE_OPS
 _ALIGN = 64
 # Tensors a launch graph holds at most (inputs, views, ops): the graphs are tiny.
 _GRAPH_NODES = 32
