@@ -11,6 +11,7 @@ their norm; the embedding's rows are exact.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import gguf
@@ -97,3 +98,21 @@ def test_an_op_without_a_quantized_form_is_refused(tensors):
                                                r"quantized form on the cpu backend"):
         p.form("linear_invariant", [None, "gate", None], (None, gate_raw, None, 1, 1536, 576))
     p.close()
+
+
+@pytest.mark.parametrize("text", ["0", "two", "-1", ""])
+def test_thread_count_from_the_environment_must_be_positive(monkeypatch, text):
+    from helios_serve.runtime.ggml_lib import default_threads
+
+    monkeypatch.setenv("HELIOS_CPU_THREADS", text)
+    with pytest.raises(RuntimeLoadError, match=r"HELIOS_CPU_THREADS=.*not a positive integer"):
+        default_threads()
+
+
+def test_thread_count_from_the_environment(monkeypatch):
+    from helios_serve.runtime.ggml_lib import default_threads
+
+    monkeypatch.setenv("HELIOS_CPU_THREADS", "3")
+    assert default_threads() == 3
+    monkeypatch.delenv("HELIOS_CPU_THREADS")
+    assert default_threads() == len(os.sched_getaffinity(0))

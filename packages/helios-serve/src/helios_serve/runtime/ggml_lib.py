@@ -130,7 +130,17 @@ def simd_features() -> dict[str, bool]:
 
 
 def default_threads() -> int:
-    """Threads of the pool: the cores this process may run on."""
+    """Threads of the pool: HELIOS_CPU_THREADS when set (a positive integer), else the
+    cores this process may run on.
+
+    Raises:
+        RuntimeLoadError: HELIOS_CPU_THREADS is not a positive integer.
+    """
+    text = os.environ.get("HELIOS_CPU_THREADS")
+    if text is not None:
+        if not text.strip().isdigit() or int(text) < 1:
+            raise RuntimeLoadError(f"HELIOS_CPU_THREADS={text!r}: not a positive integer")
+        return int(text)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
