@@ -70,6 +70,7 @@ def test_forms_match_the_reference_and_replay_new_inputs(tensors):
         "embedding": p.form("embedding", [None, "embd", None], (ids, embd_raw, emb, T, D)),
     }
     p.seal()
+    assert (p.graph_count, p.pool_graph_count) == (4, 0)  # 3 rows: the calling thread alone
     for trial in range(2):
         x[...] = rng.standard_normal(x.shape)
         gate_up[...] = rng.standard_normal(gate_up.shape)
@@ -88,6 +89,19 @@ def test_forms_match_the_reference_and_replay_new_inputs(tensors):
         assert _rel(res, want_res) < 2e-2
         runs["embedding"]()
         assert np.array_equal(emb, embd[[5 + trial, 0, 0]])
+    p.close()
+
+
+def test_large_products_run_on_the_pool(tensors):
+    embd_raw, embd = tensors["token_embd.weight"]  # the tied LM head: 28 M MACs a row
+    h = np.random.default_rng(3).standard_normal((1, 576)).astype(np.float32)
+    logits = np.zeros((1, 49152), np.float32)
+    p = GgmlPrograms({"embd": Q8_0}, threads=2)
+    run = p.form("linear", [None, "embd", None], (h, embd_raw, logits, 1, 49152, 576))
+    p.seal()
+    assert p.pool_graph_count == 1
+    run()
+    assert _rel(logits, h @ embd.T) < 2e-2
     p.close()
 
 

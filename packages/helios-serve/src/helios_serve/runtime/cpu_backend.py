@@ -166,6 +166,7 @@ class CpuBackend:
             if self._ggml is not None:
                 self._ggml.seal()
                 self.counters["ggml_graphs"] = self._ggml.graph_count
+                self.counters["ggml_pool_graphs"] = self._ggml.pool_graph_count
             phase.detail = (f"{len(manifest.graphs)} graphs and "
                             f"{len(manifest.tuning.producers)} tuning producers bound to the "
                             "NumPy reference ops"

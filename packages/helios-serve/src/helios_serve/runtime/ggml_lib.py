@@ -6,7 +6,8 @@ machine); this module binds the few functions the backend uses through ctypes. A
 whose weight is stored as GGUF blocks becomes one small ggml graph, built once at load
 over the backend's own NumPy buffers (tensors point into them: no copy in or out) and
 computed per step with a persistent thread pool; intermediates share one arena (the
-graphs run one at a time), as do the graphs' work buffers.
+graphs run one at a time), as do the graphs' work buffers. Graphs of at least
+POOL_MIN_MACS run on the whole pool, smaller ones on the calling thread.
 
 Quantized forms (each the same math as its NumPy reference op in helios_tools.kernels,
 with the weight decoded by ggml's block kernels): ``linear``, ``linear_add``,
@@ -39,6 +40,12 @@ GGML_TYPE = {
 # The ops with a quantized form here: the cpu capability table's (lint reads the same).
 QUANTIZED_OPS = CPU_STORAGE_OPS
 _ALIGN = 64
+# Multiply-accumulates from which a graph is computed by the whole pool; smaller ones
+# (a decode step's projections: 0.1-7 M) run on the calling thread alone. Waking a pool
+# costs little on a quiet machine, but where its other thread is descheduled every
+# call waits a scheduler quantum (measured: 40 ms against 41 us for 1536x576 at one row,
+# two threads on a shared 2-core machine); 16 M is about a millisecond of one core's work.
+POOL_MIN_MACS = 16 << 20
 # Tensors a launch graph holds at most (inputs, views, ops): the graphs are tiny.
 _GRAPH_NODES = 32
 _TENSOR_SLOTS = 16
@@ -154,7 +161,7 @@ class _Graph:
         self.p = programs
         self.scratch: list[tuple[int, int]] = []  # (tensor, bytes) placed in the arena
         self.graph = None
-        self.plan: _CPlan | None = None
+        self.macs = 0  # multiply-accumulates of its products (picks its thread count)
 
     def bind(self, array: np.ndarray, ggml_type: int, ne0: int, ne1: int,
              row_elements: int | None = None) -> int:
@@ -294,11 +301,13 @@ class GgmlPrograms:
         pre: Callable[[], None] | None = None
         if op in ("linear", "linear_add"):
             x, w, out, T, N, K = args
+            g.macs = T * N * K
             y = g.op(base.ggml_mul_mat(ctx, self._weight(g, names[1], w, N, K),
                                        self._f32(g, x, T, K)))
             result = self._store(g, y, out, T, N, add=op == "linear_add")
         elif op == "rmsnorm_linear":
             x, gain, w, out, T, N, K, eps = args
+            g.macs = T * N * K
             h = g.op(base.ggml_rms_norm(ctx, self._f32(g, x, T, K), float(eps)))
             gw = self._f32(g, gain.reshape(1, -1), 1, K)
             h = g.op(base.ggml_mul(ctx, h, gw))
@@ -306,6 +315,7 @@ class GgmlPrograms:
             result = self._store(g, y, out, T, N, add=False)
         elif op in ("swiglu_linear", "swiglu_linear_add"):
             x, w, out, T, N, K = args
+            g.macs = T * N * K
             act = g.op(base.ggml_swiglu(ctx, self._f32(g, x, T, 2 * K)))
             y = g.op(base.ggml_mul_mat(ctx, self._weight(g, names[1], w, N, K), act))
             result = self._store(g, y, out, T, N, add=op == "swiglu_linear_add")
@@ -346,7 +356,8 @@ class GgmlPrograms:
             for tensor, n in g.scratch:
                 self.attach(tensor, self._arena, offset)
                 offset += -(-n // _ALIGN) * _ALIGN
-        plans = [cpu.ggml_graph_plan(g.graph, self.threads, self.pool) for g in self._graphs]
+        plans = [cpu.ggml_graph_plan(g.graph, self.threads if g.macs >= POOL_MIN_MACS else 1,
+                                     self.pool) for g in self._graphs]
         self._work = np.zeros(max((p.work_size for p in plans), default=0) + _ALIGN, np.uint8)
         for g, plan in zip(self._graphs, plans, strict=True):
             plan.work_data = self._work.ctypes.data
@@ -356,6 +367,11 @@ class GgmlPrograms:
     @property
     def graph_count(self) -> int:
         return len(self._graphs)
+
+    @property
+    def pool_graph_count(self) -> int:
+        """Graphs computed by the whole pool (at least POOL_MIN_MACS)."""
+        return sum(g.macs >= POOL_MIN_MACS for g in self._graphs) if self.threads > 1 else 0
 
     def close(self) -> None:
         """Stop the pool's threads and free the contexts (the backend's arrays stay)."""
