@@ -7,9 +7,8 @@ Startup is Bootstrap.load -> NativeModel.load -> Server.start. Any startup failu
 prints one line (`helios-serve: error: ...`) without a traceback and exits 2.
 
 `--demo` prepares the embedded default once: it generates a local key with
-`helios-tools keygen` and exports the real SmolLM2 core with `ignition export
---weight-dtype gguf` (its Q4_1/Q8_0 blocks as they are; both as subprocesses: serve never
-imports ignition) into ${XDG_CACHE_HOME:-~/.cache}/helios/demo/,
+`helios-tools keygen` and exports the real SmolLM2 core with `ignition export` (both as
+subprocesses: serve never imports ignition) into ${XDG_CACHE_HOME:-~/.cache}/helios/demo/,
 then serves it. The core's file name carries a digest of what exports it (the recipe and
 the helios-ignition, helios-tools and helios-contract sources), so a core exported by an
 older Helios is prepared again instead of served without what the new code exports. A
@@ -114,8 +113,6 @@ def prepare_demo(echo=click.echo) -> tuple[Path, Path, str]:
     partial = core.with_suffix(".core.partial")
     _run(
         [_tool("ignition"), "export", str(recipe), "--checkpoint", "smollm2",
-         # the GGUF's Q4_1/Q8_0 blocks as they are, through ggml (docs/cpu-kernels.md)
-         "--weight-dtype", "gguf",
          "--key", str(key), "--namespace", DEMO_NAMESPACE, "--out", str(partial)],
         "demo export",
     )  # fmt: skip
