@@ -8,7 +8,9 @@ so the first step's logits of the golden prompts differ by up to about 2 (measur
 to 2.2 over prompt prefixes), enough to swap near-tied greedy tokens (golden prompt 0:
 id 60 against 504). The quantized core's reference for greedy identity is therefore
 llama.cpp on the same GGUF (same kernels), not the f32 core: here its first token is
-among the f32 core's top 3 and its logits within 3 of them.
+among the f32 core's top 3 and its logits within 3 of them. An independent check of the
+ggml path: the f32 core with the activations of its products quantized the way ggml does
+(8-bit, blocks of 32, scale = max |x| / 127) in NumPy picks the gguf core's greedy ids.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helios_contract.schema import manifest_pb2 as mpb
+from helios_serve.runtime import cpu_backend
 from helios_serve.runtime.driver import Driver
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
+from helios_tools.kernels import reference_op
 
 from tests.conftest import NAMESPACE, RECIPE, ExportedCore
 
@@ -89,3 +93,56 @@ def test_cpu_serves_the_blocks_through_ggml(gguf_core, smollm2_core_f32):
     for q, f in zip(logits["gguf"], logits["f32"], strict=True):
         assert float(np.max(np.abs(q - f))) < 3.0
         assert int(np.argmax(q)) in np.argsort(f)[-3:]
+
+
+def _q8(x: np.ndarray) -> np.ndarray:
+    """Rows of `x` [T, K] through ggml's activation quantization (block_q8_0/q8_1): per
+    block of 32, d = max |x| / 127, x -> round(x / d) * d."""
+    t, k = x.shape
+    b = x.reshape(t, k // 32, 32)
+    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
+    q = np.round(b / np.where(d == 0, 1, d))
+    return (q * d).reshape(t, k).astype(np.float32)
+
+
+def _quantized_activations(name: str):
+    """Reference op `name`, its product's input quantized as ggml quantizes it."""
+    op = reference_op(name)
+    if name in ("linear", "linear_add"):
+        def run(x, w, out, T, N, K):
+            op(_q8(x[:T, :K]), w, out, T, N, K)
+    elif name == "rmsnorm_linear":
+        def run(x, gain, w, out, T, N, K, eps):
+            h = np.zeros((T, K), np.float32)
+            reference_op("rmsnorm")(x, gain, h, T, K, eps)
+            reference_op("linear")(_q8(h), w, out, T, N, K)
+    elif name in ("swiglu_linear", "swiglu_linear_add"):
+        def run(x, w, out, T, N, K):
+            act = np.zeros((T, K), np.float32)
+            reference_op("silu_mul")(x, act, T, K)
+            reference_op(name.replace("swiglu_", ""))(_q8(act), w, out, T, N, K)
+    else:
+        return op
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_gguf_ids_equal_numpy_with_ggmls_activation_quantization(gguf_core, smollm2_core_f32,
+                                                                 monkeypatch):
+    """Golden prompt 0 is where the gguf and f32 cores part at the first token (60
+    against 504); the emulation parts with the f32 core the same way."""
+    prompts = [p["prompt_ids"] for p in GOLDENS["prompts"]]
+    steps = 6
+    quantized = load_native(_open(gguf_core), "cpu")
+    try:
+        ids = Driver(quantized).generate(prompts, steps)
+    finally:
+        quantized.close()
+    assert ids[0][0] == 60
+    monkeypatch.setattr(cpu_backend, "reference_op", _quantized_activations)
+    emulated = load_native(_open(smollm2_core_f32), "cpu")
+    try:
+        assert Driver(emulated).generate(prompts, steps) == ids
+    finally:
+        emulated.close()
