@@ -119,3 +119,25 @@ def test_decode_matches_transformers(smollm2_tokenizer, goldens):
 def test_digits_are_split(smollm2_tokenizer):
     ids = smollm2_tokenizer.encode("12345", add_special_tokens=False).ids
     assert len(ids) == 5
+
+
+def test_blocks_are_read_as_stored_with_q_rows_unpermuted(smollm2):
+    """`blocks` hands a quantized tensor's GGUF blocks over as they are, rows in
+    `tensor`'s (HF) order: decoding them gives exactly `tensor`."""
+    import gguf
+
+    assert smollm2.block_type("model.embed_tokens.weight") == "Q8_0"
+    name = "model.layers.0.self_attn.q_proj.weight"
+    kind, raw = smollm2.blocks(name)
+    assert (kind, raw.dtype, raw.shape) == ("Q4_1", np.uint8, (576, 576 // 32 * 20))
+    decoded = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1)
+    assert np.array_equal(decoded, smollm2.tensor(name))
+
+
+def test_plain_float_tensors_have_no_blocks(smollm2):
+    assert smollm2.block_type("model.norm.weight") is None
+    with pytest.raises(MissingTensorError, match=r"model.norm.weight.*not stored in GGUF "
+                                                 r"blocks"):
+        smollm2.blocks("model.norm.weight")
+    with pytest.raises(MissingTensorError):
+        smollm2.block_type("model.layers.99.mlp.up_proj.weight")

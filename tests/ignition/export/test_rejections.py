@@ -298,6 +298,11 @@ def _unknown_geometry(env: Env) -> tuple[str, ...]:
     return ("unknown geometry 'llama-9000'", "known: llama-3.1-8b, smollm2-135m")
 
 
+def _gguf_without_blocks(env: Env) -> tuple[str, ...]:
+    env.kwargs["weight_dtype"] = "gguf"  # the tiny checkpoint is safetensors: no blocks
+    return ("--weight-dtype gguf", str(env.checkpoint), "stores no matrix in GGUF blocks")
+
+
 def _checkpoint_path_missing(env: Env) -> tuple[str, ...]:
     env.kwargs["checkpoint"] = path = env.tmp / "absent-checkpoint"
     return (str(path), "neither a .gguf file nor a safetensors directory")
@@ -343,6 +348,7 @@ CASES = [
     Case("no checkpoint", _no_checkpoint, ExportError),
     Case("geometry unknown", _unknown_geometry, CheckpointError),
     Case("checkpoint path missing", _checkpoint_path_missing, CheckpointNotFoundError),
+    Case("gguf weights from a checkpoint without blocks", _gguf_without_blocks, ExportError),
 ]
 
 

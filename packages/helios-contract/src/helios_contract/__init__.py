@@ -89,8 +89,10 @@ from helios_contract._rules_manifest import (
     DTYPE_BYTES,
     PAGE_TABLE_DTYPE,
     PROPOSAL_CONFIDENCE,
+    STORAGE_BLOCKS,
     buffer_nbytes,
     rank_count,
+    stored_nbytes,
 )
 from helios_contract.capabilities import RuntimeCapabilities, capability_findings
 from helios_contract.errors import (
@@ -163,7 +165,9 @@ __all__ = [
     "DTYPE_BYTES",
     "PAGE_TABLE_DTYPE",
     "PROPOSAL_CONFIDENCE",
+    "STORAGE_BLOCKS",
     "buffer_nbytes",
+    "stored_nbytes",
     "rank_count",
     "capability_findings",
     "contract_findings",

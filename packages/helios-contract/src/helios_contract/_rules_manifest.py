@@ -70,8 +70,39 @@ COMPLETION_ID_BYTES = 4  # CompletionLayout: int32 sampled ids, one per submissi
 SPECULATIVE_RECORD_FIELDS = 6
 
 
+# The one table of block storage: (elements, bytes) per block of each self-describing
+# block type (GGUF: ggml's block_q4_0 ... structs; scales inside the block).
+STORAGE_BLOCKS = {
+    mpb.STORAGE_TYPE_GGUF_Q4_0: (32, 18),
+    mpb.STORAGE_TYPE_GGUF_Q4_1: (32, 20),
+    mpb.STORAGE_TYPE_GGUF_Q5_0: (32, 22),
+    mpb.STORAGE_TYPE_GGUF_Q8_0: (32, 34),
+    mpb.STORAGE_TYPE_GGUF_Q4_K: (256, 144),
+    mpb.STORAGE_TYPE_GGUF_Q6_K: (256, 210),
+}
+# Element-wise codes whose scales lie in another buffer: bits per element.
+STORAGE_CODE_BITS = {mpb.STORAGE_TYPE_FP8_E4M3: 8, mpb.STORAGE_TYPE_INT4: 4}
+
+
+def stored_nbytes(buffer: mpb.Buffer) -> int:
+    """Bytes a weight resource holds for `buffer`: ``buffer_nbytes`` for plain storage;
+    for quantized storage, rows x (K / block_elements) x block_bytes (K = the last axis).
+
+    Raises:
+        KeyError: ``buffer.dtype`` is UNSPECIFIED (plain storage).
+        ZeroDivisionError: quantized storage with block_elements 0 (a ``buffers`` finding).
+    """
+    if not buffer.HasField("storage"):
+        return buffer_nbytes(buffer)
+    rows = math.prod(buffer.shape[:-1])
+    k = buffer.shape[-1] if buffer.shape else 1
+    return rows * (k // buffer.storage.block_elements) * buffer.storage.block_bytes
+
+
 def buffer_nbytes(buffer: mpb.Buffer) -> int:
     """Bytes of a manifest buffer: prod(shape) x element size (a scalar when shape is empty).
+    For a quantized weight, the bytes of its logical elements (what views address);
+    ``stored_nbytes`` is what its resource holds.
 
     Raises:
         KeyError: ``buffer.dtype`` is UNSPECIFIED (a rejected selector).
@@ -170,6 +201,48 @@ def buffers(manifest: mpb.ExecutionManifest) -> Findings:
             yield F("buffer.rank_weights", RankLayoutError, ranks_path, len(per_rank),
                     f"weight buffer {b.name!r} names {len(per_rank)} per-rank resources; "
                     f"the manifest has rank_count {ranks}")
+        if b.HasField("storage"):
+            yield from _storage(b, f"manifest.buffers[{index}]")
+
+
+def _storage(b: mpb.Buffer, path: str) -> Findings:
+    """A quantized weight: a weight of F32 elements, at least one axis, its last axis whole
+    blocks, the geometry its block type fixes, its scale buffer named where it has one."""
+    st = b.storage
+    kind = enum_name(mpb.StorageType, st.type)
+    if b.role != mpb.BUFFER_ROLE_WEIGHT or b.dtype != mpb.D_TYPE_F32 or not b.shape:
+        yield F("buffer.storage", BufferRoleError, f"{path}.storage", kind,
+                f"buffer {b.name!r}: quantized storage is for weights of D_TYPE_F32 elements "
+                f"with a shape (it is {enum_name(mpb.BufferRole, b.role)}, "
+                f"{enum_name(mpb.DType, b.dtype)}, shape {list(b.shape)})")
+        return
+    if st.type in STORAGE_BLOCKS:
+        want = STORAGE_BLOCKS[st.type]
+        if (st.block_elements, st.block_bytes) != want:
+            yield F("buffer.storage", ExtentError, f"{path}.storage.block_bytes",
+                    [st.block_elements, st.block_bytes],
+                    f"buffer {b.name!r}: {kind} blocks are {want[0]} elements in {want[1]} "
+                    "bytes")
+            return
+    elif st.type in STORAGE_CODE_BITS:
+        bits = STORAGE_CODE_BITS[st.type]
+        if not st.block_elements or st.block_bytes * 8 != st.block_elements * bits:
+            yield F("buffer.storage", ExtentError, f"{path}.storage.block_bytes",
+                    [st.block_elements, st.block_bytes],
+                    f"buffer {b.name!r}: {kind} codes are {bits} bits an element "
+                    "(block_bytes = block_elements x bits / 8, block_elements > 0)")
+            return
+        if not st.scales.buffer:
+            yield F("buffer.storage", MissingFieldError, f"{path}.storage.scales.buffer", "",
+                    f"buffer {b.name!r}: {kind} storage names no scale buffer")
+    else:
+        yield F("buffer.storage", MissingFieldError, f"{path}.storage.type", kind,
+                f"buffer {b.name!r}: a quantized storage needs a known storage type")
+        return
+    if b.shape[-1] % st.block_elements:
+        yield F("buffer.storage", ExtentError, f"{path}.shape", list(b.shape),
+                f"buffer {b.name!r}: last axis {b.shape[-1]} is not whole {kind} blocks of "
+                f"{st.block_elements}")
 
 
 # Kernel reference ops that join tensor-parallel ranks (helios_tools.kernels.collective).

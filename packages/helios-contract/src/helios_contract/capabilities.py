@@ -66,6 +66,11 @@ class RuntimeCapabilities:
             core-level check: ``lint-core --require-target``).
         max_ranks: The most tensor-parallel ranks (``ExecutionManifest.rank_count``) the
             backend runs a manifest's programs on, or ``None`` for any number.
+        storage_types: ``StorageType`` values of quantized weights (``Buffer.storage``)
+            the backend executes.
+        storage_ops: Kernel ``reference_op`` names the backend executes with a quantized
+            weight argument (each has a quantized form there; any other op reading one
+            fails).
     """
 
     backend: str
@@ -86,6 +91,8 @@ class RuntimeCapabilities:
     argument_alignment_bytes: int = 0
     reference_ops: frozenset[str] | None = None
     max_ranks: int | None = 1
+    storage_types: frozenset[int] = frozenset()
+    storage_ops: frozenset[str] = frozenset()
 
 
 def _names(enum: object, numbers) -> str:
@@ -232,6 +239,7 @@ def _manifest(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Fin
                                enum_name(mpb.DType, buffer.dtype), caps,
                                f"{enum_name(mpb.DType, buffer.dtype)} buffers (it allocates "
                                f"{_names(mpb.DType, caps.dtypes)})")
+    yield from _storage(manifest, caps)
     if caps.reference_ops is not None:
         for i, kernel in enumerate(manifest.kernels):
             if kernel.reference_op not in caps.reference_ops:
@@ -257,6 +265,41 @@ def _manifest(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Fin
         yield _unsupported("runtime.tuning", "manifest.tuning.producers",
                            [g.name for g in manifest.tuning.producers], caps,
                            "startup tuning producers (the manifest's tuning catalog)")
+
+
+def _storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:
+    """Quantized weights: their storage type, and every kernel reading one, executed."""
+    stored = {}
+    for i, buffer in enumerate(manifest.buffers):
+        if not buffer.HasField("storage"):
+            continue
+        stored[buffer.name] = buffer.storage.type
+        if buffer.storage.type not in caps.storage_types:
+            name = enum_name(mpb.StorageType, buffer.storage.type)
+            yield _unsupported("runtime.storage", f"manifest.buffers[{i}].storage.type", name,
+                               caps, f"{name} weights (it executes "
+                               f"{_names(mpb.StorageType, caps.storage_types)})")
+    if not stored:
+        return
+    kernels = {k.id: k.reference_op for k in manifest.kernels}
+    seen: set[tuple[str, str]] = set()
+    for kind, programs in (("graphs", manifest.graphs),
+                           ("tuning.producers", manifest.tuning.producers)):
+        for g, program in enumerate(programs):
+            for j, launch in enumerate(program.launches):
+                op = kernels.get(launch.kernel, "")
+                for a, arg in enumerate(launch.args):
+                    if arg.WhichOneof("value") != "buffer" or arg.buffer.buffer not in stored:
+                        continue
+                    if op in caps.storage_ops or (op, arg.buffer.buffer) in seen:
+                        continue
+                    seen.add((op, arg.buffer.buffer))
+                    yield _unsupported(
+                        "runtime.storage",
+                        f"manifest.{kind}[{g}].launches[{j}].args[{a}].buffer.buffer",
+                        arg.buffer.buffer, caps,
+                        f"reference op {op!r} over quantized weights (it has a quantized form "
+                        f"of {', '.join(sorted(caps.storage_ops)) or 'no op'})")
 
 
 def _frontend(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:

@@ -88,8 +88,9 @@ def main() -> None:
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="Core to write (refused if it exists, unless --force).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --out.")
-@click.option("--weight-dtype", type=click.Choice(["bf16", "f32"]), default=None,
-              help="Override the recipe's weight dtype.")
+@click.option("--weight-dtype", type=click.Choice(["bf16", "f32", "gguf"]), default=None,
+              help="Override the recipe's weight dtype (gguf: keep a GGUF checkpoint's "
+                   "quantized blocks as they are; the cpu backend executes them).")
 @click.option("--target", "targets", multiple=True, callback=_targets,
               help="GPU target to compile kernels for (repeatable), e.g. sm_90.")
 @click.option("--carrier", type=click.Choice(["payload", "logical"]), default="payload",

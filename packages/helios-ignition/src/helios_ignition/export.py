@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from helios_contract import stored_nbytes
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import core_pb2
 from helios_tools.kernels import grammar_mask_words
@@ -34,7 +35,13 @@ from .checkpoint import (
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
 from .families.llama import LlamaShapes
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
-from .weights import iter_drafter_buffers, iter_stored_weights, weight_catalogs
+from .weights import (
+    declare_storage,
+    gguf_blocks,
+    iter_drafter_buffers,
+    iter_stored_weights,
+    weight_catalogs,
+)
 
 CONTRACT_VERSION = 3
 CARRIERS = ("payload", "logical")  # CoreBody.format_version 2 / logical-resource core
@@ -329,21 +336,38 @@ def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
         model=model)
 
 
-_STORED_ITEMSIZE = {"D_TYPE_F32": 4, "D_TYPE_BF16": 2, "D_TYPE_I32": 4, "D_TYPE_U32": 4}
-
-
 def _weight_nbytes(manifest) -> int:
-    """Decoded bytes of every weight buffer (the manifest's shapes and stored dtypes)."""
-    from helios_contract.schema import manifest_pb2 as mpb
-
+    """Decoded bytes of every weight buffer (the manifest's shapes and stored dtypes or
+    block storage)."""
     total = 0
     for b in manifest.buffers:
         copies = len(b.rank_weight_resource_ids) or int(bool(b.weight_resource_id))
-        n = _STORED_ITEMSIZE[mpb.DType.Name(b.dtype)] * copies
-        for dim in b.shape:
-            n *= int(dim)
-        total += n
+        if copies:
+            total += stored_nbytes(b) * copies
     return total
+
+
+def _gguf_blocks(recipe: Recipe, ckpt, shapes, tensor_parallel: int) -> dict[str, str]:
+    """The weight buffers that keep GGUF blocks (weights.gguf_blocks) under the ``gguf``
+    weight dtype; none under the others.
+
+    Raises:
+        ExportError: ``gguf`` with tensor parallelism, a drafter (its row-invariant
+            products have no quantized form) or a checkpoint that holds no GGUF blocks.
+    """
+    if recipe.weight_dtype != "gguf":
+        return {}
+    if tensor_parallel > 1:
+        raise ExportError("--weight-dtype gguf keeps whole GGUF tensors: export without "
+                          "--tensor-parallel")
+    if recipe.drafter is not None:
+        raise ExportError(f"--weight-dtype gguf: recipe {recipe.name} declares a drafter, "
+                          "whose row-invariant products have no quantized form")
+    blocks = gguf_blocks(ckpt, shapes)
+    if not blocks:
+        raise ExportError(f"--weight-dtype gguf: {ckpt.source} stores no matrix in GGUF "
+                          "blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")
+    return blocks
 
 
 def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: str | Path,
@@ -444,10 +468,14 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     speculation = (Speculation(drafter.geometry, recipe.drafter.widths,
                                coupled=recipe.drafter.coupled)
                    if drafter is not None and recipe.drafter is not None else None)
-    manifest, graphs = capture(shapes, caps, recipe.weight_dtype, spec=speculation,
+    blocks = _gguf_blocks(recipe, ckpt, shapes, tensor_parallel)
+    # gguf: the programs see f32 elements (the blocks are declared storage of them).
+    capture_dtype = "f32" if recipe.weight_dtype == "gguf" else recipe.weight_dtype
+    manifest, graphs = capture(shapes, caps, capture_dtype, spec=speculation,
                                split_tuning=recipe.split_tuning,
                                fold_layers=recipe.fold_layers,
                                chunked_sampling=recipe.chunked_sampling)
+    declare_storage(manifest, blocks)
     blobs: dict[str, bytes] = {}
     if targets:
         from .kernels_aot import compile_targets
@@ -475,7 +503,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         writer.add_resource("chat_template.jinja", core_pb2.RESOURCE_KIND_CHAT_TEMPLATE, tpl)
         written(len(tok) + len(tpl))
         stored = []
-        for done, weight in enumerate(iter_stored_weights(ckpt, shapes, recipe.weight_dtype)):
+        for done, weight in enumerate(iter_stored_weights(ckpt, shapes, recipe.weight_dtype,
+                                                                  blocks)):
             if progress:
                 progress("weights read", done + 1, weight_count, "")
             writer.add_resource(weight.resource_id, core_pb2.RESOURCE_KIND_WEIGHTS,

@@ -139,7 +139,8 @@ class Recipe:
         eos_token_ids: ids that end generation; None reads them from the checkpoint.
         sampling: model-card sampling defaults.
         capacities: captured capacities.
-        weight_dtype: "bf16" or "f32".
+        weight_dtype: "bf16", "f32" or "gguf" (a GGUF checkpoint's matrices kept as their
+            blocks, for the cpu backend; the others f32).
         aliases: extra served names.
         chat_template: a Jinja chat template stored in the core instead of the
             checkpoint's (None keeps the checkpoint's).
@@ -173,7 +174,7 @@ class Recipe:
 
 
 SUPPORTED_FAMILIES = ("llama",)
-SUPPORTED_WEIGHT_DTYPES = ("bf16", "f32")
+SUPPORTED_WEIGHT_DTYPES = ("bf16", "f32", "gguf")
 
 
 def load_recipe_module(path: str | Path) -> ModuleType:
@@ -210,7 +211,7 @@ def validate_recipe(recipe: Recipe) -> None:
                           f"supported: {', '.join(SUPPORTED_FAMILIES)}")
     if recipe.weight_dtype not in SUPPORTED_WEIGHT_DTYPES:
         raise RecipeError(f"recipe {recipe.name}: unsupported weight dtype "
-                          f"{recipe.weight_dtype!r}; supported: bf16, f32")
+                          f"{recipe.weight_dtype!r}; supported: bf16, f32, gguf")
     caps = recipe.capacities
     for label, values in (("decode_batch", caps.decode_batch),
                           ("prefill_tokens", caps.prefill_tokens)):

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from helios_contract import STORAGE_BLOCKS
+from helios_contract.schema import manifest_pb2 as mpb
 
 from .capture.buffers import rank_weight_resource_id, weight_resource_id
 from .families.llama import LlamaShapes, rope_inv_freq
@@ -91,15 +93,47 @@ def _read(checkpoint, sources: tuple[Slice, ...], shape: tuple[int, ...]) -> np.
     return array
 
 
-def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str
-                        ) -> Iterator[StoredWeight]:
+def gguf_blocks(checkpoint, shapes: LlamaShapes) -> dict[str, str]:
+    """Weight buffers of a single-rank core that keep the checkpoint's GGUF blocks (the
+    ``gguf`` weight dtype): buffer name -> ggml block type ("Q4_1"), for every matrix whose
+    source tensors are all stored in one block type (a fused buffer's rows are its sources'
+    rows, so their blocks concatenate). Other matrices are stored as float32.
+    """
+    out = {}
+    for name, shape in shapes.weight_layout().items():
+        if len(shape) < 2 or name == "rope_inv_freq":
+            continue
+        kinds = {checkpoint.block_type(src) for src in shapes.checkpoint_tensors(name)}
+        if len(kinds) == 1 and None not in kinds:
+            out[name] = kinds.pop()
+    return out
+
+
+def declare_storage(manifest, blocks: dict[str, str]) -> None:
+    """Declare each buffer of `blocks` (``gguf_blocks``) as GGUF block storage of f32
+    elements in `manifest` (Buffer.storage; geometry from helios_contract's table)."""
+    for decl in manifest.buffers:
+        kind = blocks.get(decl.name)
+        if kind is None:
+            continue
+        storage_type = mpb.StorageType.Value(f"STORAGE_TYPE_GGUF_{kind}")
+        elements, nbytes = STORAGE_BLOCKS[storage_type]
+        decl.dtype = mpb.D_TYPE_F32
+        decl.storage.CopyFrom(mpb.TensorStorage(type=storage_type, block_elements=elements,
+                                                block_bytes=nbytes))
+
+
+def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
+                        blocks: dict[str, str] | None = None) -> Iterator[StoredWeight]:
     """Yield every weight resource of a core with `shapes` (one rank's shapes when
     `shapes.ranks` > 1: each split weight yields one resource per rank), one at a time.
 
-    Matrices are stored in `weight_dtype` (bf16 as uint16 bit patterns); norm vectors and
-    the RoPE table stay float32. The sources of each are what the core's weight catalog
-    records.
+    Matrices are stored in `weight_dtype` (bf16 as uint16 bit patterns; ``gguf``: those
+    named in `blocks` as the checkpoint's blocks, uint8 [rows, row bytes], the others as
+    float32); norm vectors and the RoPE table stay float32. The sources of each are what
+    the core's weight catalog records.
     """
+    blocks = blocks or {}
     head_source = shapes.checkpoint_tensors("lm_head")[0]
     for name, shape in shapes.weight_layout().items():
         if name == "rope_inv_freq":
@@ -108,6 +142,16 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str
             continue
         split = shapes.ranks > 1 and shapes.weight_split(name) is not None
         for rank in range(shapes.ranks) if split else (None,):
+            if rank is None and name in blocks:  # GGUF blocks as they are, rows concatenated
+                names = shapes.checkpoint_tensors(name)
+                parts = [checkpoint.blocks(src)[1] for src in names]
+                sources = tuple(Slice(src, 0, 0, int(p.shape[0]))
+                                for src, p in zip(names, parts, strict=True))
+                array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+                assert array.shape[0] == shape[0], (name, array.shape, shape)
+                yield StoredWeight(name, weight_resource_id(name), None, sources,
+                                   np.ascontiguousarray(array))
+                continue
             if rank is None:  # whole tensors
                 names = shapes.checkpoint_tensors(name)
                 parts = [checkpoint.tensor(src) for src in names]

@@ -94,9 +94,17 @@ _SERVING = dict(
 # NumPy reference kernels (helios_tools.kernels) over host buffers.
 # Tensor-parallel ranks: RankPeers::Threads / ::Processes (helios_serve.runtime.ranks) run
 # the collectives; any rank count.
+# Quantized weights: GGUF blocks through ggml (helios_serve.runtime.ggml_lib builds each
+# launch of these ops over a quantized weight as a ggml graph; docs/cpu-kernels.md).
+CPU_STORAGE_TYPES = frozenset({
+    mpb.STORAGE_TYPE_GGUF_Q4_0, mpb.STORAGE_TYPE_GGUF_Q4_1, mpb.STORAGE_TYPE_GGUF_Q5_0,
+    mpb.STORAGE_TYPE_GGUF_Q8_0, mpb.STORAGE_TYPE_GGUF_Q4_K, mpb.STORAGE_TYPE_GGUF_Q6_K})
+CPU_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
+                             "swiglu_linear_add", "embedding"})
 CPU = RuntimeCapabilities(backend="cpu",
                           reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
-                          max_ranks=None, **_SERVING)
+                          max_ranks=None, storage_types=CPU_STORAGE_TYPES,
+                          storage_ops=CPU_STORAGE_OPS, **_SERVING)
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.

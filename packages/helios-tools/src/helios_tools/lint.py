@@ -30,9 +30,9 @@ from helios_contract import (
     ContractError,
     Finding,
     ResourceReferenceError,
-    buffer_nbytes,
     capability_findings,
     contract_findings,
+    stored_nbytes,
     upgrade_to_current,
 )
 from helios_contract.capabilities import backend_phrase
@@ -184,10 +184,11 @@ def resource_findings(contract: pb.ServingContract, manifest: mpb.ExecutionManif
             found = list(_resource(by_id, rid, path, core_pb2.RESOURCE_KIND_WEIGHTS))
             yield from found
             res = by_id.get(rid)
-            if not found and b.dtype and res.decoded_nbytes != buffer_nbytes(b):
+            if (not found and b.dtype and (not b.HasField("storage") or b.storage.block_elements)
+                    and res.decoded_nbytes != stored_nbytes(b)):
                 yield F("weight.nbytes", ResourceReferenceError, path, rid,
                         f"resource decodes to {res.decoded_nbytes} bytes; buffer {b.name!r} "
-                        f"holds {buffer_nbytes(b)}")
+                        f"holds {stored_nbytes(b)}")
     targets = list(manifest.targets)
     for i, k in enumerate(manifest.kernels):
         path = f"manifest.kernels[{i}]"

@@ -17,6 +17,11 @@ from .geometry import LlamaGeometry
 
 # Reads one HF-named tensor as float32 `[out, in]` (the loader's own layout fixes applied).
 TensorReader = Callable[[str], np.ndarray]
+# A GGUF tensor's stored blocks: (ggml type name such as "Q4_1", uint8 [rows, row bytes]
+# with the loader's row fixes applied), or None for a tensor not stored in blocks.
+BlockReader = Callable[[str], "tuple[str, np.ndarray] | None"]
+# A GGUF tensor's ggml type name without reading it (None: not stored in blocks).
+BlockTypeReader = Callable[[str], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,32 @@ class Checkpoint:
     special_tokens: dict[str, str]
     tensor_names: tuple[str, ...]
     _read: TensorReader = field(repr=False, compare=False)
+    _read_blocks: BlockReader | None = field(default=None, repr=False, compare=False)
+    _block_type: BlockTypeReader | None = field(default=None, repr=False, compare=False)
+
+    def block_type(self, name: str) -> str | None:
+        """The GGUF block type (ggml name, e.g. "Q4_1") `name` is stored in, read from the
+        file's index alone; None for a tensor of plain floats or a checkpoint without
+        blocks (safetensors, random weights).
+
+        Raises:
+            MissingTensorError: not a tensor of this geometry.
+        """
+        self.expected_shape(name)
+        return self._block_type(name) if self._block_type is not None else None
+
+    def blocks(self, name: str) -> tuple[str, np.ndarray]:
+        """`name`'s stored blocks as they are: (ggml type name, uint8 [rows, row bytes]),
+        rows in the same order as `tensor(name)`'s.
+
+        Raises:
+            MissingTensorError: not a tensor of this geometry, or not stored in blocks.
+        """
+        self.expected_shape(name)
+        found = self._read_blocks(name) if self._read_blocks is not None else None
+        if found is None:
+            raise MissingTensorError(self.source, name, "not stored in GGUF blocks")
+        return found
 
     @property
     def tensors(self) -> Mapping[str, np.ndarray]:

@@ -45,6 +45,8 @@ _GLOBAL_MAP = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# GGUF block types a core may keep as they are (manifest StorageType GGUF_*).
+GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 _TOKEN_TYPE_CONTROL = 3
 
@@ -228,6 +230,23 @@ def load_gguf(path: str | Path) -> Checkpoint:
             w = unpermute_qk(w, geometry.num_kv_heads)
         return w
 
+    def block_type(name: str) -> str | None:
+        t = by_hf.get(name)
+        if t is None or t.tensor_type.name not in GGUF_BLOCK_TYPES:
+            return None
+        return t.tensor_type.name
+
+    def read_blocks(name: str) -> tuple[str, np.ndarray] | None:
+        kind = block_type(name)
+        if kind is None:
+            return None
+        raw = np.asarray(by_hf[name].data)  # [rows, row bytes] uint8, memory-mapped
+        if name.endswith("self_attn.q_proj.weight"):
+            raw = unpermute_qk(raw, geometry.num_heads)  # whole rows move: blocks stay
+        elif name.endswith("self_attn.k_proj.weight"):
+            raw = unpermute_qk(raw, geometry.num_kv_heads)
+        return kind, np.ascontiguousarray(raw)
+
     return Checkpoint(
         source=source,
         geometry=geometry,
@@ -238,4 +257,6 @@ def load_gguf(path: str | Path) -> Checkpoint:
         special_tokens=special,
         tensor_names=names,
         _read=read,
+        _read_blocks=read_blocks,
+        _block_type=block_type,
     )

@@ -1,5 +1,7 @@
 """The CPU backend: executes a graph variant by running its launch records with the
-NumPy reference kernels (helios_tools.kernels) over buffers allocated once at load.
+NumPy reference kernels (helios_tools.kernels) over buffers allocated once at load;
+launches over quantized weights (GGUF blocks, Buffer.storage) run as ggml graphs built
+once at load over the same buffers (runtime.ggml_lib).
 
 Invariant: after `__init__` no buffer is allocated or reshaped; a step only writes
 request inputs (through shared packing) and runs the bound launch list. bf16 weights
@@ -28,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
+from helios_contract import stored_nbytes
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import reference_op
 from helios_tools.kernels.collective import COLLECTIVE_OPS
@@ -38,6 +41,7 @@ from .cache_sizing import HOST_MEMORY, CacheSizing, MemoryAsk, check_fits, host_
 from .collectives import Collectives, SingleRank
 from .completion import completion_buffers, confidence_buffers
 from .errors import RuntimeLoadError
+from .ggml_lib import GgmlPrograms
 from .tiers import TierRows
 
 STORED_DTYPE = {
@@ -117,6 +121,10 @@ class CpuBackend:
         self.counters: Counter[str] = Counter()
         self.buffers: dict[str, np.ndarray] = {}
         self._decls = {b.name: b for b in manifest.buffers}
+        # Quantized weights (Buffer.storage): kept as their blocks; the launches reading
+        # them run as ggml graphs built below, once (runtime.ggml_lib).
+        storage = {b.name: b.storage for b in manifest.buffers if b.HasField("storage")}
+        self._ggml = GgmlPrograms(storage) if storage else None
         tiers = tiers or TierRows()
         planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE
                   and b.name not in tiers.rows]
@@ -141,7 +149,8 @@ class CpuBackend:
             weights = [self.buffers[b.name] for b in manifest.buffers
                        if b.role == mpb.BUFFER_ROLE_WEIGHT]
             nbytes = sum(w.nbytes for w in weights)
-            phase.detail = f"{len(weights)} tensors, {format_bytes(nbytes)} (f32 on the host)"
+            phase.detail = (f"{len(weights)} tensors, {format_bytes(nbytes)} (f32 on the host"
+                            + (f", {len(storage)} in quantized blocks)" if storage else ")"))
         with log.phase("cache sizing") as phase:
             self.cache = sizing.choose(backend="cpu", page_bytes=page_bytes,
                                        prepared_pages=prepared, reserved=[tier_rows])
@@ -154,9 +163,15 @@ class CpuBackend:
             self._programs: dict[str, list[tuple[Callable[..., None], tuple]]] = {
                 g.name: [self._bind(launch, manifest) for launch in g.launches]
                 for g in programs}
+            if self._ggml is not None:
+                self._ggml.seal()
+                self.counters["ggml_graphs"] = self._ggml.graph_count
+                self.counters["ggml_pool_graphs"] = self._ggml.pool_graph_count
             phase.detail = (f"{len(manifest.graphs)} graphs and "
                             f"{len(manifest.tuning.producers)} tuning producers bound to the "
-                            "NumPy reference ops")
+                            "NumPy reference ops"
+                            + (f" and {self._ggml.graph_count} ggml graphs over quantized "
+                               f"weights ({self._ggml.threads} threads)" if self._ggml else ""))
         per_frame = {b.name for b in manifest.buffers
                      if b.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)}
         framed = confidence_buffers(manifest.graphs)
@@ -195,6 +210,13 @@ class CpuBackend:
         resource = (decl.rank_weight_resource_ids[self.rank] if decl.rank_weight_resource_ids
                     else decl.weight_resource_id)
         data = read_resource(resource)
+        if decl.HasField("storage"):  # blocks as they are, [rows, row bytes] uint8
+            if len(data) != stored_nbytes(decl):
+                raise RuntimeLoadError(f"weight {decl.name}: resource {resource} holds "
+                                       f"{len(data)} bytes, its blocks need "
+                                       f"{stored_nbytes(decl)}")
+            rows = math.prod(shape[:-1])
+            return np.frombuffer(data, dtype=np.uint8).reshape(rows, -1)  # read only
         stored = STORED_DTYPE[decl.dtype]
         expected = math.prod(shape) * stored.itemsize
         if len(data) != expected:
@@ -209,6 +231,12 @@ class CpuBackend:
         decl = self._decls[view.buffer]
         array = self.buffers[view.buffer]
         shape = tuple(int(s) for s in view.shape)
+        if decl.HasField("storage"):  # a quantized weight is read whole, as its blocks
+            if view.byte_offset or shape != tuple(int(s) for s in decl.shape):
+                raise RuntimeLoadError(f"a view of quantized weight {decl.name} must be the "
+                                       f"whole buffer {list(decl.shape)}, not {list(shape)} at "
+                                       f"byte {view.byte_offset}")
+            return array
         if view.byte_offset == 0 and math.prod(shape) == math.prod(decl.shape):
             return array  # the whole buffer (cache planes keep their loaded page count)
         offset = view.byte_offset // STORED_DTYPE[decl.dtype].itemsize
@@ -217,8 +245,10 @@ class CpuBackend:
     def _bind(self, launch: mpb.Launch, manifest: mpb.ExecutionManifest):
         kernel = next(k for k in manifest.kernels if k.id == launch.kernel)
         args = []
+        names: list[str | None] = []
         for arg in launch.args:
             kind = arg.WhichOneof("value")
+            names.append(arg.buffer.buffer if kind == "buffer" else None)
             if kind == "buffer":
                 args.append(self._view(arg.buffer))
             elif kind == "int_value":
@@ -227,6 +257,8 @@ class CpuBackend:
                 args.append(float(arg.float_value))
         if kernel.reference_op in COLLECTIVE_OPS:  # joins the ranks: their peers run it
             return getattr(self._collectives, kernel.reference_op), tuple(args)
+        if self._ggml is not None and any(n in self._ggml.storage for n in names if n):
+            return self._ggml.form(kernel.reference_op, names, tuple(args)), ()
         return reference_op(kernel.reference_op), tuple(args)
 
     def staging(self, frame: int) -> dict[str, np.ndarray]:

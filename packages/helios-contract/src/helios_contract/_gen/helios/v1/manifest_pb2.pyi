@@ -31,6 +31,18 @@ class BufferRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BUFFER_ROLE_SCRATCH: _ClassVar[BufferRole]
     BUFFER_ROLE_TUNED: _ClassVar[BufferRole]
 
+class StorageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STORAGE_TYPE_UNSPECIFIED: _ClassVar[StorageType]
+    STORAGE_TYPE_GGUF_Q4_0: _ClassVar[StorageType]
+    STORAGE_TYPE_GGUF_Q4_1: _ClassVar[StorageType]
+    STORAGE_TYPE_GGUF_Q5_0: _ClassVar[StorageType]
+    STORAGE_TYPE_GGUF_Q8_0: _ClassVar[StorageType]
+    STORAGE_TYPE_GGUF_Q4_K: _ClassVar[StorageType]
+    STORAGE_TYPE_GGUF_Q6_K: _ClassVar[StorageType]
+    STORAGE_TYPE_FP8_E4M3: _ClassVar[StorageType]
+    STORAGE_TYPE_INT4: _ClassVar[StorageType]
+
 class ParamKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PARAM_KIND_UNSPECIFIED: _ClassVar[ParamKind]
@@ -54,6 +66,15 @@ BUFFER_ROLE_REQUEST_INPUT: BufferRole
 BUFFER_ROLE_OUTPUT: BufferRole
 BUFFER_ROLE_SCRATCH: BufferRole
 BUFFER_ROLE_TUNED: BufferRole
+STORAGE_TYPE_UNSPECIFIED: StorageType
+STORAGE_TYPE_GGUF_Q4_0: StorageType
+STORAGE_TYPE_GGUF_Q4_1: StorageType
+STORAGE_TYPE_GGUF_Q5_0: StorageType
+STORAGE_TYPE_GGUF_Q8_0: StorageType
+STORAGE_TYPE_GGUF_Q4_K: StorageType
+STORAGE_TYPE_GGUF_Q6_K: StorageType
+STORAGE_TYPE_FP8_E4M3: StorageType
+STORAGE_TYPE_INT4: StorageType
 PARAM_KIND_UNSPECIFIED: ParamKind
 PARAM_KIND_BUFFER: ParamKind
 PARAM_KIND_I32: ParamKind
@@ -113,20 +134,44 @@ class TensorSlice(_message.Message):
     def __init__(self, tensor: _Optional[str] = ..., axis: _Optional[int] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class Buffer(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "role", "weight_resource_id", "rank_weight_resource_ids")
+    __slots__ = ("name", "dtype", "shape", "role", "weight_resource_id", "rank_weight_resource_ids", "storage")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_RESOURCE_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_WEIGHT_RESOURCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     role: BufferRole
     weight_resource_id: str
     rank_weight_resource_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., role: _Optional[_Union[BufferRole, str]] = ..., weight_resource_id: _Optional[str] = ..., rank_weight_resource_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    storage: TensorStorage
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., role: _Optional[_Union[BufferRole, str]] = ..., weight_resource_id: _Optional[str] = ..., rank_weight_resource_ids: _Optional[_Iterable[str]] = ..., storage: _Optional[_Union[TensorStorage, _Mapping]] = ...) -> None: ...
+
+class SideBuffer(_message.Message):
+    __slots__ = ("buffer", "dtype")
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    buffer: str
+    dtype: DType
+    def __init__(self, buffer: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
+
+class TensorStorage(_message.Message):
+    __slots__ = ("type", "block_elements", "block_bytes", "scales", "zero_points")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SCALES_FIELD_NUMBER: _ClassVar[int]
+    ZERO_POINTS_FIELD_NUMBER: _ClassVar[int]
+    type: StorageType
+    block_elements: int
+    block_bytes: int
+    scales: SideBuffer
+    zero_points: SideBuffer
+    def __init__(self, type: _Optional[_Union[StorageType, str]] = ..., block_elements: _Optional[int] = ..., block_bytes: _Optional[int] = ..., scales: _Optional[_Union[SideBuffer, _Mapping]] = ..., zero_points: _Optional[_Union[SideBuffer, _Mapping]] = ...) -> None: ...
 
 class KernelParam(_message.Message):
     __slots__ = ("name", "kind")

@@ -1,0 +1,175 @@
+"""Quantized tensor storage (manifest ``Buffer.storage``): the structural rule
+(helios_contract._rules_manifest, ``buffer.storage``) and the one capability rule
+(``runtime.storage``) that startup and ``lint-core --backend`` share.
+
+Each failing structural case goes through both consumers: ``from_contract`` raises exactly
+the first of ``contract_findings``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helios_contract import (
+    BufferRoleError,
+    ContractError,
+    ExtentError,
+    MissingFieldError,
+    PreparedContract,
+    RuntimeCapabilities,
+    UnspecifiedSelectorError,
+    buffer_nbytes,
+    capability_findings,
+    contract_findings,
+    stored_nbytes,
+)
+from helios_contract.schema import manifest_pb2 as mpb
+
+from tests.contract.example import HIDDEN, VOCAB, example_contract, example_manifest
+
+
+def _buffer(manifest, name):
+    return next(b for b in manifest.buffers if b.name == name)
+
+
+def _q4_1(manifest, name="token_embd"):
+    b = _buffer(manifest, name)
+    b.storage.CopyFrom(mpb.TensorStorage(type=mpb.STORAGE_TYPE_GGUF_Q4_1, block_elements=32,
+                                         block_bytes=20))
+    return b
+
+
+def test_gguf_storage_is_valid_and_sized_by_its_blocks():
+    serving, manifest = example_contract(), example_manifest()
+    b = _q4_1(manifest)
+    assert list(contract_findings(serving, manifest)) == []
+    assert stored_nbytes(b) == VOCAB * (HIDDEN // 32) * 20
+    assert buffer_nbytes(b) == VOCAB * HIDDEN * 4  # what views address: f32 elements
+    assert stored_nbytes(_buffer(manifest, "output_norm")) == HIDDEN * 4
+
+
+def _wrong_geometry(m):
+    _q4_1(m).storage.block_bytes = 18
+
+
+def _not_weight(m):
+    b = _buffer(m, "scratch.logits")
+    b.storage.type = mpb.STORAGE_TYPE_GGUF_Q8_0
+
+
+def _bf16_elements(m):
+    _q4_1(m).dtype = mpb.D_TYPE_BF16
+
+
+def _partial_block(m):
+    _q4_1(m).shape[-1] = HIDDEN + 16
+
+
+def _no_type(m):
+    _buffer(m, "token_embd").storage.block_elements = 32
+
+
+def _int4_without_scales(m):
+    _buffer(m, "token_embd").storage.CopyFrom(
+        mpb.TensorStorage(type=mpb.STORAGE_TYPE_INT4, block_elements=128, block_bytes=64))
+
+
+def _int4_wrong_bytes(m):
+    _buffer(m, "token_embd").storage.CopyFrom(
+        mpb.TensorStorage(type=mpb.STORAGE_TYPE_INT4, block_elements=128, block_bytes=128,
+                          scales=mpb.SideBuffer(buffer="scales", dtype=mpb.D_TYPE_F32)))
+
+
+FAILING = [
+    ("wrong-geometry", _wrong_geometry, ExtentError, ".storage.block_bytes"),
+    ("not-a-weight", _not_weight, BufferRoleError, ".storage"),
+    ("bf16-elements", _bf16_elements, BufferRoleError, ".storage"),
+    ("partial-block", _partial_block, ExtentError, ".shape"),
+    ("int4-without-scales", _int4_without_scales, MissingFieldError, ".storage.scales.buffer"),
+    ("int4-wrong-bytes", _int4_wrong_bytes, ExtentError, ".storage.block_bytes"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "cls", "suffix"), [c[1:] for c in FAILING],
+                         ids=[c[0] for c in FAILING])
+def test_storage_rejected_by_startup_and_lint_alike(mutate, cls, suffix):
+    serving, manifest = example_contract(), example_manifest()
+    mutate(manifest)
+    findings = list(contract_findings(serving, manifest))
+    with pytest.raises(ContractError) as info:
+        PreparedContract.from_contract(serving, manifest)
+    error = info.value
+    assert type(error) is cls
+    assert error.rule == "buffer.storage"
+    assert error.path.startswith("manifest.buffers[") and error.path.endswith(suffix)
+    assert (findings[0].error, findings[0].path, findings[0].rule) == (cls, error.path,
+                                                                      error.rule)
+
+
+def test_storage_without_a_type_is_an_unspecified_selector():
+    serving, manifest = example_contract(), example_manifest()
+    _no_type(manifest)
+    with pytest.raises(UnspecifiedSelectorError) as info:
+        PreparedContract.from_contract(serving, manifest)
+    assert info.value.path == "manifest.buffers[0].storage.type"
+
+
+def test_wrong_geometry_message_names_the_block():
+    serving, manifest = example_contract(), example_manifest()
+    _wrong_geometry(manifest)
+    with pytest.raises(ExtentError, match=r"GGUF_Q4_1 blocks are 32 elements in 20 bytes"):
+        PreparedContract.from_contract(serving, manifest)
+
+
+def _prepared(mutate=None):
+    serving, manifest = example_contract(), example_manifest()
+    if mutate:
+        mutate(manifest)
+    return PreparedContract.from_contract(serving, manifest)
+
+
+def _table(**fields) -> RuntimeCapabilities:
+    """A table that executes everything the example needs, plus `fields`."""
+    from helios_tools.capabilities import CPU
+
+    return RuntimeCapabilities(**{**CPU.__dict__, "reference_ops": None, **fields})
+
+
+def _storage_findings(prepared, caps):
+    return [f for f in capability_findings(prepared.serving, prepared.manifest, caps)
+            if f.rule == "runtime.storage"]
+
+
+def test_plain_cores_need_no_storage_capability():
+    assert _storage_findings(_prepared(), _table(storage_types=frozenset())) == []
+
+
+def test_a_storage_type_the_backend_lacks_fails_with_its_name():
+    prepared = _prepared(_q4_1)
+    caps = _table(storage_types=frozenset({mpb.STORAGE_TYPE_GGUF_Q8_0}),
+                  storage_ops=frozenset({"embedding"}))
+    (finding,) = _storage_findings(prepared, caps)
+    assert (finding.path, finding.value) == ("manifest.buffers[0].storage.type",
+                                             "STORAGE_TYPE_GGUF_Q4_1")
+    assert "it executes STORAGE_TYPE_GGUF_Q8_0" in finding.detail
+
+
+def test_an_op_without_a_quantized_form_fails_naming_the_op():
+    """token_embd (now Q4_1) is read by the example's embedding launches (prefill and
+    decode): one finding per (op, buffer), at the first launch."""
+    prepared = _prepared(_q4_1)
+    caps = _table(storage_types=frozenset({mpb.STORAGE_TYPE_GGUF_Q4_1}),
+                  storage_ops=frozenset({"linear"}))
+    (finding,) = _storage_findings(prepared, caps)
+    assert finding.value == "token_embd"
+    assert finding.path == "manifest.graphs[0].launches[0].args[1].buffer.buffer"
+    assert "reference op 'embedding' over quantized weights" in finding.detail
+    ok = _table(storage_types=frozenset({mpb.STORAGE_TYPE_GGUF_Q4_1}),
+                storage_ops=frozenset({"embedding"}))
+    assert _storage_findings(prepared, ok) == []
+
+
+def test_cuda_executes_no_quantized_storage_yet():
+    from helios_tools.capabilities import CUDA
+
+    rules = [f.rule for f in _storage_findings(_prepared(_q4_1), CUDA)]
+    assert rules and set(rules) == {"runtime.storage"}
