@@ -41,7 +41,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from helios_serve.engine.plan import Route, Tier
-from helios_serve.scheduler.pages import ROOT_HASH, PageAllocator, PageGrant, PrefixMatch
+from helios_serve.scheduler.pages import PageAllocator, PageGrant, PrefixMatch, chain_at
 from helios_serve.scheduler.rows import RowPool
 from helios_serve.scheduler.transfers import Done, Failed, TransferQueue
 
@@ -183,7 +183,7 @@ class CacheManager:
         """The longest snapshot after `pages` complete pages. Held in both tiers, it is
         restored from continuation storage (a device copy), or from the host tier when
         `prefer_host` (pages come from there anyway: the restore joins their step)."""
-        chain = hashes[pages - 1] if pages else ROOT_HASH
+        chain = chain_at(hashes, pages)
         tails = self._tails.get(chain)
         if not tails:
             return None

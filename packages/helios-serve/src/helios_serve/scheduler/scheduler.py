@@ -114,7 +114,7 @@ from helios_serve.engine.plan import (
     StepPlan,
 )
 from helios_serve.scheduler.cache import CacheManager, SnapshotKey
-from helios_serve.scheduler.pages import ROOT_HASH, page_hash
+from helios_serve.scheduler.pages import chain_at, extend_chain
 from helios_serve.scheduler.request import (
     AdmissionError,
     AdmissionReason,
@@ -1181,11 +1181,7 @@ class Scheduler:
         pages = endpoint // pt
         if not self.cache.snapshots or endpoint % pt == 0 or endpoint > seq.num_computed:
             return None
-        while len(seq.page_hashes) < pages:
-            i = len(seq.page_hashes)
-            parent = seq.page_hashes[-1] if seq.page_hashes else ROOT_HASH
-            seq.page_hashes.append(page_hash(parent, seq.tokens[i * pt:(i + 1) * pt]))
-        chain = seq.page_hashes[pages - 1] if pages else ROOT_HASH
+        chain = chain_at(extend_chain(seq.page_hashes, seq.tokens, pt, pages), pages)
         tail = tuple(seq.tokens[pages * pt:endpoint])
         if not self.cache.capture(chain, tail, seq.page_ids[pages]):
             return None
@@ -1198,10 +1194,10 @@ class Scheduler:
         if self.geometry.extra_pages_per_request:
             return  # shifted views: pages are private (see _admit)
         end = seq.num_computed if endpoint is None else min(endpoint, seq.num_computed)
+        if seq.num_published >= end // pt:
+            return
+        extend_chain(seq.page_hashes, seq.tokens, pt, end // pt)
         for i in range(seq.num_published, end // pt):
-            if i == len(seq.page_hashes):
-                parent = seq.page_hashes[-1] if seq.page_hashes else bytes(16)
-                seq.page_hashes.append(page_hash(parent, seq.tokens[i * pt : (i + 1) * pt]))
             self.cache.publish(seq.page_ids[i], seq.page_hashes[i])
             seq.num_published = i + 1
 
