@@ -138,7 +138,7 @@ class TokenRelay:
             self.finish_reason = FinishReason.STOP  # the frontend may say tool_calls
         return [TokenDelta(token_id)]
 
-    def finish(self, reason: FinishReason | str = FinishReason.LENGTH) -> list[Any]:
+    def finish(self, reason: FinishReason | str) -> list[Any]:
         if self.finish_reason is None:
             self.finish_reason = FinishReason(reason)
         return []

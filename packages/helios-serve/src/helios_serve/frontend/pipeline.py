@@ -387,8 +387,9 @@ class OutputPipeline:
         self._parse(token_id, text, out)
         return self._publish(out)
 
-    def finish(self, reason: FinishReason | str = FinishReason.LENGTH) -> list[Delta]:
-        """End without EOS: LENGTH at the output limit, STOP on cancellation.
+    def finish(self, reason: FinishReason | str) -> list[Delta]:
+        """End without EOS, for `reason` (decided by scheduler/finish.py's rule: LENGTH at
+        the output or context end; or STOP on cancellation).
 
         Held stop prefixes and partial characters are flushed as text.
         """
