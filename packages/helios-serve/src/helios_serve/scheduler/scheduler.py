@@ -296,8 +296,6 @@ class Scheduler:
                                   write_back=write_back)
         self.pages = self.cache.pages
         self._ready: deque[StepPlan] = deque()  # built, not yet issued; issue order
-        # Outstanding or ready TRANSFER plans (by identity) -> their copies' fence actions.
-        self._copies: dict[int, tuple[PendingCopy, ...]] = {}
         self._free_slots = list(range(g.slots))  # min-heap: lowest slot first
         self._generations = [0] * g.slots  # per physical request row
         self._requests: dict[int, Sequence] = {}  # every live request
@@ -425,12 +423,12 @@ class Scheduler:
         admit = True
         while True:
             plan = self._build(admit)
-            ready = self._drain_transfers()
+            ready = self._transfers.drain()
             if plan is not None:
                 ready.append(plan)
             elif not ready and self._idle() and self.cache.queue_write_backs(
                     min(self.geometry.transfer_rows, WRITE_BACK_ROWS)):
-                ready = self._drain_transfers()  # idle: write back ahead of eviction
+                ready = self._transfers.drain()  # idle: write back ahead of eviction
             if ready:
                 self._ready.extend(ready[1:])
                 return self._issue(ready[0])
@@ -444,13 +442,6 @@ class Scheduler:
     def _idle(self) -> bool:
         """No live request and no step in flight: what runs now delays nobody."""
         return not self._requests and not self._outstanding and not self._ready
-
-    def _drain_transfers(self) -> list[StepPlan]:
-        plans = []
-        for plan, copies in self._transfers.drain():
-            self._copies[id(plan)] = copies
-            plans.append(plan)
-        return plans
 
     def _build(self, admit: bool) -> StepPlan | None:
         decode_first = self._last_kind is StepKind.PREFILL and any(
@@ -1128,7 +1119,7 @@ class Scheduler:
         self._issued.popleft()  # a TRANSFER step's cost is no program's the policy weighs
         self._completed_at = self._clock()
         self._completed_key = None
-        return self._copies.pop(id(self._outstanding.popleft()))
+        return self._transfers.fence(self._outstanding.popleft())
 
     def _transfer_failed(self, seq: Sequence) -> FinishedRequest | None:
         """A copy into `seq`'s pages failed: its history is invalid, so it fails (once)."""
