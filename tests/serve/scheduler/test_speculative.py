@@ -523,7 +523,7 @@ def test_a_lane_proposes_its_copied_candidates_once_per_step(costs, width):
             return super().propose(tokens, count)
 
     s = _ahead_scheduler(costs, history=True)
-    s._history_index = Counting
+    s.lanes.history_index = Counting
     prompt = (5, 6, 7, 8, 9, 10, 5, 6, 7)  # ... 5 6 7, then 8 9 10 copied
     s.add(SchedRequest(request_id=7, prompt_tokens=prompt, max_output_tokens=20))
     s.complete(s.schedule(), [8])
@@ -575,7 +575,7 @@ def test_decode_certain_skips_the_proposals_and_the_choice():
                            ({("decode", 1): 1.0, ("speculative", 1, 2): 2.5,
                              ("speculative", 1, WIDTH): 3.0}, False)):
         s = _ahead_scheduler(costs, history=True)
-        s._history_index = Counting
+        s.lanes.history_index = Counting
         decided = []
         decide = s.policy.decide
         s.policy.decide = (lambda lanes, copied, d=decide, seen=decided:

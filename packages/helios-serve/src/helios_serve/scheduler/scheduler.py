@@ -98,12 +98,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import numpy as np
-from helios_tools.kernels.speculative import (
-    FIELD_ACCEPTED,
-    FIELD_EMITTED,
-    FIELD_OFFERS,
-    RECORD_FIELDS,
-)
+from helios_tools.kernels.speculative import RECORD_FIELDS
 
 from helios_serve.engine.plan import (
     PENDING_PLACEHOLDER,
@@ -114,10 +109,17 @@ from helios_serve.engine.plan import (
     StepPlan,
 )
 from helios_serve.scheduler.cache import CacheManager, SnapshotKey
+from helios_serve.scheduler.capacity import (
+    ceil_div,
+    check_capacity,
+    host_tier_pays,
+)
+from helios_serve.scheduler.lanes import SpeculativeLanes, speculates
 from helios_serve.scheduler.pages import chain_at, extend_chain
 from helios_serve.scheduler.request import (
     AdmissionError,
     AdmissionReason,
+    CompletionError,
     FinishedRequest,
     FinishReason,
     RowResult,
@@ -126,116 +128,15 @@ from helios_serve.scheduler.request import (
     TransferCost,
 )
 from helios_serve.scheduler.sequence import Sequence
+from helios_serve.scheduler.step_clock import StepClock
 from helios_serve.scheduler.transfers import PendingCopy, TransferQueue
 from helios_serve.speculation import HistoryIndex, WidthPolicy
-from helios_serve.speculation.policy import Choice
 
 MAX_FRAMES = 2
 _PLACEHOLDER = (PENDING_PLACEHOLDER,)  # a decode row's tokens while its token is on the device
 # Copies of one idle-time write-back step: bounds what a request arriving meanwhile waits
 # behind (64 SmolLM2 f32 pages = 47 MB: ~2 ms over the H200's host link).
 WRITE_BACK_ROWS = 64
-
-
-def speculates(request: SchedRequest) -> bool:
-    """Whether a request's generation rows may be SPECULATIVE lanes: speculative
-    programs apply no logit bias and record no logprobs (helios_tools.kernels.
-    speculative.spec_verify_coupled), so such requests run as DECODE rows instead."""
-    sampling = request.sampling
-    return not sampling.logit_bias and sampling.logprobs is None
-
-
-class CompletionError(RuntimeError):
-    """A completion record disagrees with the plan it claims to complete."""
-
-
-def smallest_capacity(capacities: Seq[int], n: int) -> int | None:
-    """Smallest captured capacity >= n (capacities ascending), or None."""
-    for c in capacities:
-        if c >= n:
-            return c
-    return None
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def check_capacity(geometry: ModelGeometry, request: SchedRequest) -> AdmissionError | None:
-    """The admission rule: whether a request fits the prepared capacities at all.
-
-    Preparation calls it (so a request that can never fit is refused before any
-    response byte) and `Scheduler.add` calls it again; it is written only here.
-
-    Returns:
-        None, or the first capacity the prompt plus the output limit exceeds
-        (context, page-table width, cache pages); `prompt_fits` tells whether the
-        prompt with a single output token would have fit.
-    """
-    g = geometry
-    prompt = len(request.prompt_tokens)
-    rid = request.request_id
-    if prompt == 0:
-        return AdmissionError(rid, AdmissionReason.EMPTY_PROMPT, "prompt has no tokens", False)
-    if request.max_output_tokens < 1:
-        return AdmissionError(
-            rid,
-            AdmissionReason.INVALID_OUTPUT_LIMIT,
-            f"max_output_tokens {request.max_output_tokens} < 1",
-        )
-    return _exceeded(g, rid, prompt, request.max_output_tokens)
-
-
-def _exceeded(g: ModelGeometry, rid: int, prompt: int, output: int) -> AdmissionError | None:
-    total = prompt + output
-    pages = _ceil_div(total, g.page_tokens)  # entries of each page-table view
-    owned = pages + g.extra_pages_per_request  # pages the request holds at its end
-    if total <= g.context_tokens and pages <= g.max_pages_per_request and owned <= g.num_pages:
-        return None
-    prompt_fits = output > 1 and _exceeded(g, rid, prompt, 1) is None
-    if total > g.context_tokens:
-        return AdmissionError(
-            rid,
-            AdmissionReason.CONTEXT_EXCEEDED,
-            f"prompt {prompt} + max output {output} tokens exceeds the context of "
-            f"{g.context_tokens} tokens",
-            prompt_fits,
-        )
-    if pages > g.max_pages_per_request:
-        return AdmissionError(
-            rid,
-            AdmissionReason.PAGE_TABLE_EXCEEDED,
-            f"{total} tokens need {pages} pages; the page table holds {g.max_pages_per_request}",
-            prompt_fits,
-        )
-    if owned > g.num_pages:
-        return AdmissionError(
-            rid,
-            AdmissionReason.CACHE_EXCEEDED,
-            f"{total} tokens need {owned} pages; the cache has {g.num_pages}",
-            prompt_fits,
-        )
-    raise AssertionError("unreachable: some capacity is exceeded")
-
-
-def host_tier_pays(geometry: ModelGeometry, cost: TransferCost) -> bool:
-    """Whether pages leaving the device go to the host tier (and come back by copy) or
-    are dropped and recomputed; decided once, at startup, for every page alike.
-
-    Cost rule (TransferCost.swap_pays): a page kept in the host tier is copied out once
-    (at its eviction, or ahead of it while idle) and back once (at a revisit), each copy
-    one row of a TRANSFER step holding up to `transfer_rows` copies, so a step's fixed
-    cost is shared by that many pages:
-
-        swap      = 2 * (transfer_step_s / transfer_rows + page_copy_s)
-        recompute = page_tokens / prefill_tokens_per_s
-
-    Swap when swap < recompute. A revisit of H host pages then takes ceil(H /
-    transfer_rows) steps (one for SmolLM2's 512-row programs: a whole 8,192-token
-    history), its snapshot's row joining them when the host tier holds it too.
-    """
-    rows = geometry.transfer_rows
-    return rows > 0 and cost.swap_pays(geometry.page_tokens, 1, 1 / rows)
 
 
 class Scheduler:
@@ -284,8 +185,6 @@ class Scheduler:
             if not caps or list(caps) != sorted(set(caps)) or caps[0] < 1:
                 raise ValueError(f"{name} must be nonempty, positive and ascending: {caps}")
         self.geometry = g
-        self.widths = tuple(g.speculative_widths)
-        self.max_width = max(self.widths) if self.widths else 0
         self.transfer_cost = transfer_cost or TransferCost()
         self._transfers = TransferQueue(g.transfer_rows)
         self.swap_pages = host_tier_pays(g, self.transfer_cost)
@@ -313,31 +212,10 @@ class Scheduler:
         self._prompt_tokens_computed = 0
         self._rejected = dict.fromkeys(AdmissionReason, 0)
         self._finished = dict.fromkeys(FinishReason, 0)
-        self._spec_steps = self._spec_draft = self._spec_accepted = 0
-        self._spec_per_position = [0] * max(self.max_width - 1, 0)
-        self._spec_lengths = [0] * (self.max_width + 1)
         self._feedback = 0  # live requests that need feedback and are not retiring
-        if history_drafting and not g.copied_proposals:
-            raise ValueError("history drafting needs speculative programs with copied-token "
-                             "inputs")
-        self.history_drafting = history_drafting
-        self._history_index = history_index
-        if isinstance(width_policy, WidthPolicy) or not width_policy or not self.widths:
-            self.policy = width_policy if width_policy and self.widths else None
-        else:
-            self.policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
-                                      g.prefix_programs)
-        self._clock = clock
-        self._issued: deque[tuple[float, tuple | None]] = deque()  # per outstanding plan
-        self._choice: Choice | None = None  # the policy's choice for the plan being built
-        # request id -> its lane's copied candidates, proposed for the plan being built
-        self._lanes_now: dict[int, CopiedCandidates | None] = {}
-        # clock at the latest completion (any plan), or when `schedule` found work after
-        # finding none with nothing in flight (`_resting`: the machine idled until then)
-        self._completed_at = -float("inf")
-        self._resting = True
-        self._completed_key: tuple | None = None  # program key of the latest completion
-        self._spec_copied_draft = self._spec_copied_accepted = 0
+        self.lanes = SpeculativeLanes(g, history_drafting=history_drafting,
+                                      history_index=history_index, width_policy=width_policy)
+        self._clock = StepClock(clock, self.lanes.policy, self.lanes.widths)
         self._reused_tokens = 0
         self._transfer_steps = 0
         self._preemption_swaps = 0
@@ -415,9 +293,7 @@ class Scheduler:
         # then the generation plan; one per call.
         if not self.can_schedule_ahead():
             raise RuntimeError("complete the outstanding plan before scheduling again")
-        if self._resting:  # the machine idled (nothing to run) until this call
-            self._resting = False
-            self._completed_at = self._clock()
+        self._clock.wake()  # after idle time (nothing to run), step costs start now
         if self._ready:
             return self._issue(self._ready.popleft())
         admit = True
@@ -435,7 +311,7 @@ class Scheduler:
             if self._outstanding:
                 return None
             if not self._preempt_newest():
-                self._resting = True  # nothing in flight, nothing to run: idle time
+                self._clock.rest()  # nothing in flight, nothing to run: idle time
                 return None
             admit = False
 
@@ -503,7 +379,7 @@ class Scheduler:
         pt = self.geometry.page_tokens
         start = seq.num_scheduled
         n = min(seq.prefill_tokens - start, budget)
-        need = _ceil_div(start + n, pt) - self._token_pages(seq)
+        need = ceil_div(start + n, pt) - self._token_pages(seq)
         if need > 0:
             need = min(need, self.pages.available_pages)
             n = min(n, (self._token_pages(seq) + need) * pt - start)
@@ -532,7 +408,7 @@ class Scheduler:
         start = match.reused_tokens
         n = min(len(seq.tokens) - start, budget)
         held = len(match.device.page_ids) + match.fresh_pages  # pages of the reused part
-        need = min(_ceil_div(start + n, pt) + extra - held, self.cache.available_for(match))
+        need = min(ceil_div(start + n, pt) + extra - held, self.cache.available_for(match))
         if need < 0 or (held + need - extra) * pt <= start:
             return False  # no page for the first token to compute
         grant = self.cache.grant(match, need, lambda: self._transfer_failed(seq))
@@ -588,53 +464,21 @@ class Scheduler:
         #   decided again then); requests that cannot speculate still get DECODE rows.
         # Fixed-width speculation (no policy) plans no row ahead: every speculating
         # request's next row is a lane.
+        lanes_of = self.lanes
         ahead = bool(self._outstanding) and self.device_pending and (
-            not self.widths or self.policy is not None)
+            not lanes_of.widths or lanes_of.policy is not None)
         ready = [s for s in self._running if s.decode_ready(ahead)]
         cap = self.geometry.decode_capacities[-1]
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
             ready = [s for s in ready if id(s) in keep]
-        self._choice = None
-        self._lanes_now = {}
-        if not self.widths or not ready:
-            return self._build_plain(ready)
-        lanes = [s for s in ready if speculates(s.request)]
-        plain = [s for s in ready if not speculates(s.request)]
-        if lanes and self.policy is not None:
-            if self.policy.decode_certain(len(lanes)):  # no lane could win: skip the
-                choice = Choice(0, 0, "certain")  # proposals and the choice (host time)
-            else:
-                ceilings = [(s.request_id, self.lane_ceiling(s)) for s in lanes]
-                copied = (self._copied_counts(lanes, ceilings) if self.history_drafting
-                          else None)
-                choice = self.policy.decide(ceilings, copied)
-            if choice.width == 0:  # plain decode is the best program for them now
-                plain, lanes = ready, []
-            elif any(s.inflight_samples for s in lanes):
-                lanes, choice = [], None  # they wait for their completion (not committed)
-            if choice is not None:
-                self._choice = self.policy.commit(choice)
+        plain, lanes = lanes_of.split(ready)  # the width policy decides (SpeculativeLanes)
+        if not lanes:
+            return self._build_plain(plain)
         if speculates(min(ready, key=lambda s: (s.last_step, s.order)).request):
             return self._build_speculative(lanes) or self._build_plain(plain)
         return self._build_plain(plain) or self._build_speculative(lanes)
 
-    def _copied_counts(self, lanes: list[Sequence],
-                       ceilings: list[tuple[int, int]]) -> dict[int, int]:
-        """request id -> copied candidates its lane would carry now (the width policy
-        weighs them before the step). A request with no row in flight proposes for its
-        lane (`_candidates`, kept in `_lanes_now` for `_build_speculative`: one proposal
-        per lane per step); one whose decode row is in flight (planned ahead: its pending
-        token is not known yet) proposes from the tokens known, the proposal's first id
-        standing for the pending token, so its count is one less."""
-        copied = {}
-        for seq, (rid, n) in zip(lanes, ceilings, strict=True):
-            if seq.inflight_samples:
-                copied[rid] = max(len(self._propose(seq, n)) - 1, 0) if n > 1 else 0
-            else:
-                candidates = self._lanes_now[rid] = self._candidates(seq, n)
-                copied[rid] = len(candidates.ids) if candidates else 0
-        return copied
     def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
         """A DECODE row per ready request whose next page is available."""
         pt = self.geometry.page_tokens
@@ -662,95 +506,33 @@ class Scheduler:
         """One SPECULATIVE lane per ready request (`lane_ceiling`), pages for all of it
         reserved first; a lane whose pages are not available waits."""
         pt = self.geometry.page_tokens
-        choice = self._choice
+        lanes = self.lanes
         rows: list[RowPlan] = []
-        proposed = self._lanes_now  # this step's proposals (`_copied_counts`), if made
         for seq in ready:
             start = seq.num_scheduled  # the pending token's position
-            n = self.lane_ceiling(seq)
-            if choice is not None:
-                n = min(n, choice.width)
-            need = _ceil_div(start + n, pt) - self._token_pages(seq)
+            n = lanes.length(seq)
+            need = ceil_div(start + n, pt) - self._token_pages(seq)
             if need > 0:
                 grant = self.pages.acquire(None, need)
                 if grant is None:
                     continue  # waits for reclamation (or preemption), never shortened
                 seq.page_ids.extend(grant.page_ids)
             fed = seq.tokens[start : start + 1] or [PENDING_PLACEHOLDER]
-            if seq.request_id in proposed:  # proposed for the ceiling: this lane's share
-                candidates = proposed[seq.request_id]
-                if candidates is not None and len(candidates.ids) >= n:
-                    candidates = (dataclasses.replace(candidates, ids=candidates.ids[:n - 1])
-                                  if n > 1 else None)
-            else:
-                candidates = self._candidates(seq, n)
             rows.append(self._row(seq, fed, sample=True, histogram=None, decode=True,
-                                  lane_length=n, candidates=candidates))
+                                  lane_length=n, candidates=lanes.candidates(seq, n)))
         if not rows:
             return None
-        packed = choice.packed_rows if choice is not None else 0
-        if packed and len(rows) > packed // 2:  # the prefix program holds len(rows) lanes
-            packed = 0
-        return StepPlan(StepKind.SPECULATIVE, tuple(rows), packed)
-
-    def _candidates(self, seq: Sequence, n: int) -> CopiedCandidates | None:
-        """History drafting: up to n - 1 tokens copied from the request's own sequence
-        for the lane starting at its pending token (speculation.HistoryIndex); for a
-        constrained request, only those its grammar accepts (`_constrained_candidates`)."""
-        if not self.history_drafting or n < 2:
-            return None
-        if seq.request.width_one:
-            ids = self._constrained_candidates(seq)[:n - 1]
-        else:
-            ids = self._propose(seq, n - 1)
-        if not ids:
-            return None
-        return CopiedCandidates(ids, seq.generation, seq.num_scheduled + 1)
-
-    def _propose(self, seq: Sequence, count: int) -> tuple[int, ...]:
-        if seq.history is None:
-            seq.history = self._history_index()
-        return seq.history.propose(seq.tokens, count)  # tokens end with the pending one
-
-    def _constrained_candidates(self, seq: Sequence) -> tuple[int, ...]:
-        """The copied candidates a constrained request's lane verifies: the longest
-        prefix of the history proposal that its grammar accepts (the worker then sends
-        the grammar mask of every position after one). Proposed once per endpoint."""
-        key = (seq.generation, len(seq.tokens))
-        if seq.constrained_candidates is None or seq.constrained_candidates[0] != key:
-            ids = self._propose(seq, self.max_width - 1)
-            check = seq.request.candidate_filter
-            keep = check(ids) if ids and check is not None else 0
-            seq.constrained_candidates = (key, ids[:keep])
-        return seq.constrained_candidates[1]
+        return StepPlan(StepKind.SPECULATIVE, tuple(rows), lanes.packed_rows(len(rows)))
 
     def lane_ceiling(self, seq: Sequence) -> int:
-        """Positions a request's next speculative lane may verify (pending included).
+        """Positions a request's next speculative lane may verify (SpeculativeLanes.
+        lane_ceiling)."""
+        return self.lanes.lane_ceiling(seq)
 
-        1 while the next token is masked by a mask that covers only the lane's first
-        position (min_tokens; a grammar without per-position candidate masks); a
-        constrained request whose grammar masks its copied candidates position by
-        position (history drafting on a core with ModelGeometry.candidate_masks) verifies
-        those candidates and no learned draft: 1 + the candidates its grammar accepts;
-        else min(widest served W = D + 1, output budget left; a token still in flight
-        counts as emitted: the policy weighs requests planned ahead). The request alone decides
-        it, never other requests or free pages: cores exported before coupled
-        verification sample seeded text that depends on the lane lengths (which
-        position's token is a bonus draw and which an acceptance test); with coupled
-        verification the text is the decode text whatever the lengths.
-        """
-        request = seq.request
-        sampling = request.sampling
-        outputs = seq.num_output_tokens + seq.inflight_samples  # an in-flight token counts
-        budget = request.max_output_tokens - outputs
-        if sampling.min_tokens_banned and outputs < sampling.min_tokens:
-            return 1
-        if request.width_one:
-            if not (self.history_drafting and self.geometry.candidate_masks
-                    and request.candidate_filter is not None):
-                return 1
-            return min(1 + len(self._constrained_candidates(seq)), self.max_width, budget)
-        return min(self.max_width, budget)
+    @property
+    def policy(self):
+        """The width policy (speculation.WidthPolicy), or None."""
+        return self.lanes.policy
 
     def _row(
         self,
@@ -767,7 +549,7 @@ class Scheduler:
         assert seq.slot is not None
         start = seq.num_scheduled
         end = start + (lane_length or len(tokens))
-        pages = _ceil_div(end, self.geometry.page_tokens) + self.geometry.extra_pages_per_request
+        pages = ceil_div(end, self.geometry.page_tokens) + self.geometry.extra_pages_per_request
         row = RowPlan(seq.request_id, seq.slot, seq.generation, tuple(tokens), start,
                       seq.page_prefix(pages), sample, seq.request.sampling, histogram, None,
                       lane_length, candidates)
@@ -775,13 +557,7 @@ class Scheduler:
         return row
 
     def _issue(self, plan: StepPlan) -> StepPlan:
-        key = None
-        if self.policy is not None and plan.kind in (StepKind.DECODE, StepKind.SPECULATIVE):
-            choice = Choice(0) if plan.kind is StepKind.DECODE else Choice(
-                smallest_capacity(self.widths, max(r.lane_length for r in plan.rows))
-                or self.max_width, plan.packed_rows)
-            key = self.policy.program_key(len(plan.rows), choice)
-        self._issued.append((self._clock(), key))
+        self._clock.issue(plan)
         self._outstanding.append(plan)
         self._step += 1
         if plan.kind is StepKind.TRANSFER:
@@ -792,7 +568,7 @@ class Scheduler:
             self._prefill_steps += 1
             self._prompt_tokens_computed += plan.token_count
         elif plan.kind is StepKind.SPECULATIVE:
-            self._spec_steps += 1
+            self.lanes.counts.steps += 1
         else:
             self._decode_steps += 1
         return plan
@@ -865,7 +641,7 @@ class Scheduler:
             return []
         tokens = self._check_completion(plan, sampled)
         self._outstanding.popleft()
-        self._observe_cost()
+        self._clock.complete()
         results: list[RowResult] = []
         requests = self._requests
         pt = self.geometry.page_tokens
@@ -927,62 +703,22 @@ class Scheduler:
                 raise CompletionError(f"row {i}: sampled id {token} outside [0, {vocab})")
         return tokens
 
-    def _observe_cost(self) -> None:
-        """Pop the oldest plan's issue record; a DECODE or SPECULATIVE step feeds the
-        width policy its cost.
-
-        Rule: a step's cost is what a run of such steps costs the batch per step.
-        A SPECULATIVE step is always planned after the previous completion (its lanes
-        need it), so every one waits for the host's work since then -- completing that
-        step, delivering its tokens, proposing copied candidates, choosing, packing --
-        and costs from the previous plan's completion to its own. A DECODE step costs
-        from its issue or the previous completion, whichever is later: in steady
-        pipelined decode the interval between completions, its host work hidden behind
-        the device step before it. The host work before the first decode after a
-        SPECULATIVE step (a switch back: that decode could not be planned ahead) is
-        charged to the speculative program (`WidthPolicy.observe_switch`): speculating
-        caused it, and a decode run pays it once, not per step.
-        Issue-to-completion costs for SPECULATIVE steps (the rule before) left their host
-        work out, so the policy ran W = 4 at batch 64 where it lost (docs/speculative.md,
-        "The width policy"). Time with nothing to run and nothing in flight (`_resting`)
-        is charged to no step.
-        """
-        issued, key = self._issued.popleft()
-        now = self._clock()
-        start = self._completed_at
-        previous, self._completed_key = self._completed_key, key
-        if key is None or key[0] == "decode":
-            if key is not None and previous is not None and previous[0] != "decode" \
-                    and issued > start:
-                self.policy.observe_switch(previous, issued - start)
-            start = max(issued, start)
-        self._completed_at = now
-        if key is not None:
-            self.policy.observe_step(key, now - start)
-
     def _complete_speculative(self, plan: StepPlan, record,
                               confidence: np.ndarray | None = None) -> list[RowResult]:
-        lanes = self._check_lanes(plan, record)
-        if confidence is not None:
-            self._check_confidence(plan, confidence)
+        if not self._outstanding or plan != self._outstanding[0]:
+            raise CompletionError("plan is not the oldest outstanding plan")
+        lanes = self.lanes.check(plan, record, confidence, self._in_flight,
+                                 self.slot_generation)
         self._outstanding.popleft()
-        self._observe_cost()
+        self._clock.complete()
         results: list[RowResult] = []
         for i, (row, lane) in enumerate(zip(plan.rows, lanes, strict=True)):
             seq = self._requests[row.request_id]
             seq.inflight_rows -= 1
             seq.inflight_samples -= 1
-            emitted = int(lane[FIELD_EMITTED])
+            emitted = self.lanes.observe(i, row, lane, confidence)
             consumed = row.start_position + emitted
             seq.num_computed = seq.num_scheduled = consumed  # rejected positions rewind
-            offers, accepted = int(lane[FIELD_OFFERS]), int(lane[FIELD_ACCEPTED])
-            copied = min(len(row.candidates.ids), offers - 1) if row.candidates else 0
-            self._count_lane(offers, accepted, copied)
-            if self.policy is not None:
-                self.policy.observe_lane(row.request_id, offers - 1, accepted, copied)
-                if confidence is not None:
-                    self.policy.observe_confidence(
-                        row.request_id, confidence[i, :self._drafted(row)], offers, accepted)
             if seq.retiring:
                 if seq.inflight_rows == 0:
                     self._retire(seq)
@@ -993,93 +729,10 @@ class Scheduler:
                 results.append(RowResult(row.request_id, int(token), seq.num_output_tokens))
         return results
 
-    def _check_lanes(self, plan: StepPlan, record) -> list[list[int]]:
-        """Validate a speculative completion record against the plan before any state
-        changes (model-contract.md: generations, submission order, offers against the
-        reserved lane ceilings and the aggregate, accepted counts, endpoints, ids).
-
-        Returns:
-            The record as Python ints, one list per lane (one conversion: reading NumPy
-            scalars field by field costs milliseconds at 64 lanes).
-        """
-        if not self._outstanding or plan != self._outstanding[0]:
-            raise CompletionError("plan is not the oldest outstanding plan")
-        shape = getattr(record, "shape", ())
-        if len(shape) != 2 or shape[0] != len(plan.rows) or shape[1] <= RECORD_FIELDS:
-            raise CompletionError(f"lane records of shape {shape} for {len(plan.rows)} lanes")
-        width = shape[1] - RECORD_FIELDS
-        lanes = np.asarray(record).astype(np.int64, copy=False).tolist()
-        vocab = self.geometry.vocab_size
-        lag = self.geometry.draft_cursor_lag
-        offered = 0
-        for i, (row, lane) in enumerate(zip(plan.rows, lanes, strict=True)):
-            seq = self._requests.get(row.request_id)
-            if seq is None or seq.slot != row.slot or seq.inflight_rows < 1:
-                raise CompletionError(f"lane {i}: request {row.request_id} not in flight")
-            generation, offers, accepted, emitted, cursor, reserved = (
-                int(v) for v in lane[:RECORD_FIELDS])
-            if self._generations[row.slot] != row.generation or generation != row.generation:
-                raise CompletionError(f"lane {i}: generation {generation} of slot {row.slot}, "
-                                      f"expected {row.generation}")
-            if plan.packed_rows and not 1 <= offers <= row.lane_length:
-                raise CompletionError(f"lane {i}: {offers} offers, outside 1..its ceiling "
-                                      f"{row.lane_length}")
-            if not plan.packed_rows and offers != row.lane_length:
-                raise CompletionError(f"lane {i}: {offers} offers, the lane reserved "
-                                      f"{row.lane_length} positions")
-            offered += offers
-            if not 0 <= accepted < offers or emitted != accepted + 1 or emitted > width:
-                raise CompletionError(f"lane {i}: {accepted} accepted and {emitted} emitted "
-                                      f"of {offers} offers")
-            expected = -1 if lag is None else max(row.start_position + emitted - lag, 0)
-            if cursor != expected:
-                raise CompletionError(f"lane {i}: draft cursor {cursor}, expected {expected}")
-            if reserved != -1:
-                raise CompletionError(f"lane {i}: reserved field {reserved}, expected -1")
-            ids = [int(t) for t in lane[RECORD_FIELDS:]]
-            bad = [t for t in ids[:emitted] if not 0 <= t < vocab]
-            if bad or any(t != -1 for t in ids[emitted:]):
-                raise CompletionError(f"lane {i}: emitted ids {ids[:emitted]} outside "
-                                      f"[0, {vocab}) or padding {ids[emitted:]} not -1")
-        capacity = plan.packed_rows or plan.token_count
-        if offered > capacity:
-            raise CompletionError(f"{offered} offers exceed the {capacity} packed "
-                                  "positions of the step")
-        return lanes
-
-    def _drafted(self, row: RowPlan) -> int:
-        """Drafts a prefix-limit lane made (it drafts up to its ceiling): the columns of
-        its proposal confidence the program wrote."""
-        return max(min(row.lane_length, self.max_width) - 1, 0)
-
-    def _check_confidence(self, plan: StepPlan, confidence) -> None:
-        """Validate a prefix-limit step's proposal confidence before any state changes
-        (model-contract.md, "Complete speculative generation": FP32, lane order, one
-        value per draft each lane made): finite probabilities in [0, 1]."""
-        shape = getattr(confidence, "shape", ())
-        need = max((self._drafted(r) for r in plan.rows), default=0)
-        if len(shape) != 2 or shape[0] != len(plan.rows) or shape[1] < need:
-            raise CompletionError(f"proposal confidence of shape {shape} for "
-                                  f"{len(plan.rows)} lanes of up to {need} drafts")
-        for i, row in enumerate(plan.rows):
-            values = np.asarray(confidence[i, :self._drafted(row)], np.float64)
-            bad = ~(np.isfinite(values) & (values >= 0.0) & (values <= 1.0))
-            if bad.any():
-                raise CompletionError(f"lane {i}: proposal confidence {values.tolist()} "
-                                      "outside [0, 1]")
-
-    def _count_lane(self, length: int, accepted: int, copied: int = 0) -> None:
-        """Count one lane of `length` offers: `copied` of its drafts (the first ones)
-        were copied candidates, the rest learned."""
-        if length < 2:
-            return  # width-one lanes draw no proposals
-        self._spec_draft += length - 1
-        self._spec_accepted += accepted
-        self._spec_copied_draft += copied
-        self._spec_copied_accepted += min(accepted, copied)
-        for k in range(accepted):
-            self._spec_per_position[k] += 1
-        self._spec_lengths[accepted + 1] += 1
+    def _in_flight(self, row: RowPlan) -> bool:
+        """Whether a row's request is live, holds the row's slot and has a row in flight."""
+        seq = self._requests.get(row.request_id)
+        return seq is not None and seq.slot == row.slot and seq.inflight_rows >= 1
 
     def fail(self, plan: StepPlan) -> list[FinishedRequest]:
         """Retire the oldest outstanding plan after an execution failure.
@@ -1095,9 +748,7 @@ class Scheduler:
         if not self._outstanding or plan != self._outstanding[0]:
             raise CompletionError("plan is not the oldest outstanding plan")
         self._outstanding.popleft()
-        self._issued.popleft()
-        self._completed_at = self._clock()
-        self._completed_key = None
+        self._clock.skip()
         failed: list[FinishedRequest] = []
         for row in plan.rows:
             seq = self._requests[row.request_id]
@@ -1116,9 +767,7 @@ class Scheduler:
     def _pop_transfer(self, plan: StepPlan) -> tuple[PendingCopy, ...]:
         if not self._outstanding or plan != self._outstanding[0]:
             raise CompletionError("plan is not the oldest outstanding plan")
-        self._issued.popleft()  # a TRANSFER step's cost is no program's the policy weighs
-        self._completed_at = self._clock()
-        self._completed_key = None
+        self._clock.skip()  # a TRANSFER step's cost is no program's the policy weighs
         return self._transfers.fence(self._outstanding.popleft())
 
     def _transfer_failed(self, seq: Sequence) -> FinishedRequest | None:
@@ -1253,8 +902,7 @@ class Scheduler:
         if seq.slot is not None:
             self._release(seq)
         del self._requests[seq.request_id]
-        if self.policy is not None:
-            self.policy.forget(seq.request_id)
+        self.lanes.forget(seq.request_id)
         assert seq.finish_reason is not None
         self._finished[seq.finish_reason] += 1
 
@@ -1303,6 +951,7 @@ class Scheduler:
         """Snapshot of counters and gauges for the metrics layer."""
         p = self.pages
         c = self.cache
+        lanes = self.lanes.counts
         return SchedulerStats(
             running=sum(not s.retiring for s in self._running),
             waiting=len(self._waiting),
@@ -1327,13 +976,13 @@ class Scheduler:
             prompt_tokens_computed=self._prompt_tokens_computed,
             rejected=dict(self._rejected),
             finished=dict(self._finished),
-            speculative_steps=self._spec_steps,
-            spec_draft_tokens=self._spec_draft,
-            spec_accepted_tokens=self._spec_accepted,
-            spec_accepted_per_position=tuple(self._spec_per_position),
-            spec_accepted_lengths=tuple(self._spec_lengths),
-            spec_copied_draft_tokens=self._spec_copied_draft,
-            spec_copied_accepted_tokens=self._spec_copied_accepted,
+            speculative_steps=lanes.steps,
+            spec_draft_tokens=lanes.draft,
+            spec_accepted_tokens=lanes.accepted,
+            spec_accepted_per_position=tuple(lanes.per_position),
+            spec_accepted_lengths=tuple(lanes.lengths),
+            spec_copied_draft_tokens=lanes.copied_draft,
+            spec_copied_accepted_tokens=lanes.copied_accepted,
             spec_policy_decisions=dict(self.policy.decisions) if self.policy else {},
             snapshot_publications=c.publications,
             snapshot_evictions=c.snapshot_evictions,
