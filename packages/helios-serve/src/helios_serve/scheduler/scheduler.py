@@ -91,7 +91,6 @@ whose pages it was filling.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import time
 from collections import deque
 from collections.abc import Callable
@@ -108,14 +107,15 @@ from helios_serve.engine.plan import (
     StepKind,
     StepPlan,
 )
-from helios_serve.scheduler.cache import CacheManager, SnapshotKey
+from helios_serve.scheduler.allocation import SequencePages
+from helios_serve.scheduler.cache import CacheManager
 from helios_serve.scheduler.capacity import (
     ceil_div,
     check_capacity,
     host_tier_pays,
 )
 from helios_serve.scheduler.lanes import SpeculativeLanes, speculates
-from helios_serve.scheduler.pages import chain_at, extend_chain
+from helios_serve.scheduler.publication import Publisher
 from helios_serve.scheduler.request import (
     AdmissionError,
     AdmissionReason,
@@ -193,10 +193,10 @@ class Scheduler:
                                   routes=g.routes, queue=self._transfers,
                                   sharing=not g.extra_pages_per_request,
                                   write_back=write_back)
-        self.pages = self.cache.pages
+        self.alloc = SequencePages(g, self.cache)
+        self.publisher = Publisher(self.cache, g.page_tokens,
+                                   shared=not g.extra_pages_per_request)
         self._ready: deque[StepPlan] = deque()  # built, not yet issued; issue order
-        self._free_slots = list(range(g.slots))  # min-heap: lowest slot first
-        self._generations = [0] * g.slots  # per physical request row
         self._requests: dict[int, Sequence] = {}  # every live request
         self._waiting: deque[Sequence] = deque()  # FIFO; preempted go to the front
         self._running: list[Sequence] = []  # slot holders, admission order (oldest first)
@@ -216,7 +216,6 @@ class Scheduler:
         self.lanes = SpeculativeLanes(g, history_drafting=history_drafting,
                                       history_index=history_index, width_policy=width_policy)
         self._clock = StepClock(clock, self.lanes.policy, self.lanes.widths)
-        self._reused_tokens = 0
         self._transfer_steps = 0
         self._preemption_swaps = 0
 
@@ -338,11 +337,11 @@ class Scheduler:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
             if seq.can_prefill:
-                n = self._grow(seq, budget)
+                n = self.alloc.grow(seq, budget)
                 if n:
                     rows.append(self._prefill_row(seq, n))
                     budget -= n
-        while admit and self._waiting and self._free_slots:
+        while admit and self._waiting and self.alloc.free_slots:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
             seq = self._waiting[0]
@@ -352,7 +351,7 @@ class Scheduler:
                 break  # strict FIFO: later requests don't overtake the head
             self._waiting.popleft()
             n = min(seq.prefill_tokens - seq.num_scheduled, budget)
-            n = min(n, self._token_pages(seq) * g.page_tokens - seq.num_scheduled)
+            n = min(n, self.alloc.token_pages(seq) * g.page_tokens - seq.num_scheduled)
             rows.append(self._prefill_row(seq, n))
             budget -= n
         return StepPlan(StepKind.PREFILL, tuple(rows)) if rows else None
@@ -370,65 +369,15 @@ class Scheduler:
             return True  # its fence is one TRANSFER step away (a failure frees it)
         return not parent.retiring and parent.num_computed < parent.num_prompt_tokens
 
-    def _grow(self, seq: Sequence, budget: int) -> int:
-        """Take pages for the next prefill chunk of a running request.
-
-        Returns the chunk length (tokens): min(remaining, budget), shortened to
-        what the available pages cover; 0 when no page is available.
-        """
-        pt = self.geometry.page_tokens
-        start = seq.num_scheduled
-        n = min(seq.prefill_tokens - start, budget)
-        need = ceil_div(start + n, pt) - self._token_pages(seq)
-        if need > 0:
-            need = min(need, self.pages.available_pages)
-            n = min(n, (self._token_pages(seq) + need) * pt - start)
-            if n <= 0:
-                return 0
-            if need:
-                grant = self.pages.acquire(None, need)
-                assert grant is not None
-                seq.page_ids.extend(grant.page_ids)
-        return n
-
-    def _token_pages(self, seq: Sequence) -> int:
-        """Pages of `seq` that hold its token positions (the rest are the extra pages of
-        shifted page-table views)."""
-        return len(seq.page_ids) - self.geometry.extra_pages_per_request
-
     def _admit(self, seq: Sequence, budget: int) -> bool:
-        """Give the waiting head a slot and pages for its first chunk, reusing the
-        longest cached prefix (device pages, host-tier pages, a snapshot); False (no
-        change) if the pages for the reused part and one computed token are not there."""
-        pt = self.geometry.page_tokens
-        extra = self.geometry.extra_pages_per_request
-        # A shifted page-table view keeps block i's history in page i + offset: pages are
-        # then private to their request (the cache shares nothing: CacheManager.sharing).
-        match = self.cache.match(seq.tokens)
-        start = match.reused_tokens
-        n = min(len(seq.tokens) - start, budget)
-        held = len(match.device.page_ids) + match.fresh_pages  # pages of the reused part
-        need = min(ceil_div(start + n, pt) + extra - held, self.cache.available_for(match))
-        if need < 0 or (held + need - extra) * pt <= start:
-            return False  # no page for the first token to compute
-        grant = self.cache.grant(match, need, lambda: self._transfer_failed(seq))
-        assert grant is not None
-        slot = heapq.heappop(self._free_slots)
-        self._generations[slot] += 1
+        """Give the waiting head a slot and pages for its first chunk (SequencePages.
+        allocate: the longest cached prefix is reused); False (no change) if the pages for
+        the reused part and one computed token are not there."""
         readmission = seq.order >= 0
+        if not self.alloc.allocate(seq, budget, lambda: self._transfer_failed(seq)):
+            return False
         self._order += 1
         seq.order = self._order
-        seq.slot = slot
-        seq.generation = self._generations[slot]
-        seq.prefill_tokens = len(seq.tokens)
-        seq.page_ids = list(grant.page_ids)
-        seq.page_hashes = list(match.device.hashes)
-        seq.num_published = match.complete_pages  # host pages are published by their copy
-        seq.num_scheduled = seq.num_computed = start
-        seq.needs_histogram = True
-        self._reused_tokens += start
-        if seq.reused_prompt_tokens is None:
-            seq.reused_prompt_tokens = grant.reused_tokens
         if readmission:
             self._readmitted += 1
         else:
@@ -485,13 +434,13 @@ class Scheduler:
         extra = self.geometry.extra_pages_per_request
         step = self._step
         rows: list[RowPlan] = []
+        alloc = self.alloc
         for seq in ready:
             pos = seq.num_scheduled  # the pending token's position
-            if pos == (len(seq.page_ids) - extra) * pt:  # pending token opens a page
-                grant = self.pages.acquire(None, 1)
-                if grant is None:
-                    continue  # waits for reclamation (or preemption)
-                seq.page_ids.extend(grant.page_ids)
+            # The pending token opens a page: a page for it, or it waits for reclamation
+            # (or preemption).
+            if pos == (len(seq.page_ids) - extra) * pt and not alloc.extend(seq, pos + 1):
+                continue
             # The pending token, or a placeholder while it is still on the device.
             fed = (seq.tokens[pos],) if pos < len(seq.tokens) else _PLACEHOLDER
             # _row of a one-token sampling row, spelled out (every decode row of every step):
@@ -505,18 +454,13 @@ class Scheduler:
     def _build_speculative(self, ready: list[Sequence]) -> StepPlan | None:
         """One SPECULATIVE lane per ready request (`lane_ceiling`), pages for all of it
         reserved first; a lane whose pages are not available waits."""
-        pt = self.geometry.page_tokens
         lanes = self.lanes
         rows: list[RowPlan] = []
         for seq in ready:
             start = seq.num_scheduled  # the pending token's position
             n = lanes.length(seq)
-            need = ceil_div(start + n, pt) - self._token_pages(seq)
-            if need > 0:
-                grant = self.pages.acquire(None, need)
-                if grant is None:
-                    continue  # waits for reclamation (or preemption), never shortened
-                seq.page_ids.extend(grant.page_ids)
+            if not self.alloc.extend(seq, start + n):
+                continue  # waits for reclamation (or preemption), never shortened
             fed = seq.tokens[start : start + 1] or [PENDING_PLACEHOLDER]
             rows.append(self._row(seq, fed, sample=True, histogram=None, decode=True,
                                   lane_length=n, candidates=lanes.candidates(seq, n)))
@@ -528,6 +472,11 @@ class Scheduler:
         """Positions a request's next speculative lane may verify (SpeculativeLanes.
         lane_ceiling)."""
         return self.lanes.lane_ceiling(seq)
+
+    @property
+    def pages(self):
+        """The device page allocator (scheduler/pages.py)."""
+        return self.cache.pages
 
     @property
     def policy(self):
@@ -599,7 +548,7 @@ class Scheduler:
         victim = max(victims, key=lambda s: s.order)
         tail = victim.num_computed % self.geometry.page_tokens
         if tail and self.transfer_cost.swap_pays(tail, 1, 1) and \
-                self._capture(victim, victim.num_computed):
+                self.publisher.capture(victim, victim.num_computed):
             self._preemption_swaps += 1
         self._release(victim)
         victim.preemptions += 1
@@ -645,7 +594,8 @@ class Scheduler:
         results: list[RowResult] = []
         requests = self._requests
         pt = self.geometry.page_tokens
-        shared = not self.geometry.extra_pages_per_request  # else _publish publishes none
+        publisher = self.publisher
+        shared = publisher.shared  # else it publishes no page
         for row, token in zip(plan.rows, tokens, strict=True):
             seq = requests[row.request_id]
             seq.inflight_rows -= 1
@@ -662,9 +612,9 @@ class Scheduler:
             # The calls only where they have work: a decode row completes a page once in
             # page_tokens steps, and requests rarely mark prompt-turn ends.
             if shared and seq.num_published < seq.num_computed // pt:
-                self._publish(seq)
+                publisher.pages(seq)
             if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
-                self._publish_endpoints(seq)
+                publisher.endpoints(seq)
             if sample:
                 seq.tokens.append(token)
             else:
@@ -692,12 +642,12 @@ class Scheduler:
             tokens = [int(t) if row.sample else t for row, t in zip(plan.rows, sampled, strict=True)]
         vocab = self.geometry.vocab_size
         requests = self._requests
-        generations = self._generations
+        generation = self.alloc.generation
         for i, (row, token) in enumerate(zip(plan.rows, tokens, strict=True)):
             seq = requests.get(row.request_id)
             if seq is None or seq.slot != row.slot or seq.inflight_rows < 1:
                 raise CompletionError(f"row {i}: request {row.request_id} not in flight")
-            if generations[row.slot] != row.generation:
+            if generation(row.slot) != row.generation:
                 raise CompletionError(f"row {i}: stale generation of slot {row.slot}")
             if row.sample and not 0 <= token < vocab:
                 raise CompletionError(f"row {i}: sampled id {token} outside [0, {vocab})")
@@ -723,7 +673,7 @@ class Scheduler:
                 if seq.inflight_rows == 0:
                     self._retire(seq)
                 continue
-            self._publish(seq, row.start_position + 1)  # the run itself: next completion
+            self.publisher.pages(seq, row.start_position + 1)  # the run: next completion
             for token in lane[RECORD_FIELDS:RECORD_FIELDS + emitted]:
                 seq.tokens.append(int(token))
                 results.append(RowResult(row.request_id, int(token), seq.num_output_tokens))
@@ -798,49 +748,6 @@ class Scheduler:
             kept.append(plan)
         self._ready = kept
 
-    def _publish_endpoints(self, seq: Sequence) -> None:
-        """Publish a snapshot at each prompt-turn end the committed state has reached."""
-        marks = seq.request.publish_endpoints
-        while seq.endpoints_done < len(marks) and marks[seq.endpoints_done] <= seq.num_computed:
-            self._capture(seq, marks[seq.endpoints_done])
-            seq.endpoints_done += 1
-        fork = seq.fork_endpoint
-        if fork is not None and fork > 0 and fork <= seq.num_computed:
-            seq.fork_snapshot = self._capture(seq, fork)
-            seq.fork_endpoint = 0  # done (0: never again)
-
-    def _capture(self, seq: Sequence, endpoint: int) -> SnapshotKey | None:
-        """Publish a snapshot of `seq` at exactly `endpoint` committed tokens: its
-        complete pages are (or become) published pages; its partial page is copied to a
-        continuation row. An endpoint on a page boundary needs no copy.
-
-        Returns:
-            The snapshot's key when its capture was queued, else None.
-        """
-        pt = self.geometry.page_tokens
-        pages = endpoint // pt
-        if not self.cache.snapshots or endpoint % pt == 0 or endpoint > seq.num_computed:
-            return None
-        chain = chain_at(extend_chain(seq.page_hashes, seq.tokens, pt, pages), pages)
-        tail = tuple(seq.tokens[pages * pt:endpoint])
-        if not self.cache.capture(chain, tail, seq.page_ids[pages]):
-            return None
-        return (chain, tail)
-
-    def _publish(self, seq: Sequence, endpoint: int | None = None) -> None:
-        """Publish pages completed by finished plans (up to `endpoint`, default the
-        computed endpoint), in position order."""
-        pt = self.geometry.page_tokens
-        if self.geometry.extra_pages_per_request:
-            return  # shifted views: pages are private (see _admit)
-        end = seq.num_computed if endpoint is None else min(endpoint, seq.num_computed)
-        if seq.num_published >= end // pt:
-            return
-        extend_chain(seq.page_hashes, seq.tokens, pt, end // pt)
-        for i in range(seq.num_published, end // pt):
-            self.cache.publish(seq.page_ids[i], seq.page_hashes[i])
-            seq.num_published = i + 1
-
     # -- leaving --------------------------------------------------------------------
 
     def finish(self, request_id: int, reason: FinishReason,
@@ -865,9 +772,7 @@ class Scheduler:
         if output_tokens is not None and not seq.retiring and output_tokens < seq.num_output_tokens:
             del seq.tokens[seq.num_prompt_tokens + output_tokens:]
         if publish and not seq.retiring and seq.slot is not None:
-            end = min(seq.num_computed, len(seq.tokens) - 1)
-            self._publish(seq, end)  # a speculative run's pages publish late
-            self._capture(seq, end)
+            self.publisher.end(seq)
         if not seq.retiring:
             self._feedback -= seq.request.needs_feedback
             seq.finish_reason = reason
@@ -907,14 +812,8 @@ class Scheduler:
         self._finished[seq.finish_reason] += 1
 
     def _release(self, seq: Sequence) -> None:
-        assert seq.slot is not None and seq.inflight_rows == 0
-        self.pages.release(seq.page_ids)
-        heapq.heappush(self._free_slots, seq.slot)
+        self.alloc.release(seq)
         self._running.remove(seq)
-        seq.slot = None
-        seq.page_ids = []
-        seq.page_hashes = []
-        seq.num_published = seq.num_scheduled = seq.num_computed = 0
 
     def _summary(self, seq: Sequence) -> FinishedRequest:
         assert seq.finish_reason is not None
@@ -945,7 +844,7 @@ class Scheduler:
 
     def slot_generation(self, slot: int) -> int:
         """Current generation of a physical request row."""
-        return self._generations[slot]
+        return self.alloc.generation(slot)
 
     def stats(self) -> SchedulerStats:
         """Snapshot of counters and gauges for the metrics layer."""
@@ -957,14 +856,14 @@ class Scheduler:
             waiting=len(self._waiting),
             outstanding_frames=len(self._outstanding),
             slots_total=self.geometry.slots,
-            slots_free=len(self._free_slots),
+            slots_free=self.alloc.free_slots,
             pages_total=p.num_pages,
             pages_free=p.free_pages,
             pages_used=p.used_pages,
             pages_cached=p.cached_pages,
             pages_evictable=p.evictable_pages,
             prefix_queries=p.prefix_queries,
-            prefix_hit_tokens=self._reused_tokens,
+            prefix_hit_tokens=self.alloc.reused_tokens,
             prefix_hit_pages=p.prefix_hit_pages,
             page_evictions=p.evictions,
             pages_published=p.published,
