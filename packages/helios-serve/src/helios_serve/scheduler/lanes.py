@@ -54,7 +54,6 @@ class LaneCounts:
     """Counters of completed lanes (SchedulerStats' spec_* fields).
 
     Attributes:
-        steps: SPECULATIVE steps issued.
         draft: drafts offered (lane length - 1 per lane of 2 or more).
         accepted: drafts accepted.
         per_position: lanes whose draft k was accepted, k = 0..max_width - 2.
@@ -64,7 +63,6 @@ class LaneCounts:
     """
 
     max_width: int
-    steps: int = 0
     draft: int = 0
     accepted: int = 0
     copied_draft: int = 0
@@ -375,6 +373,19 @@ class SpeculativeLanes:
                 self.policy.observe_confidence(
                     row.request_id, confidence[i, :self._drafted(row)], offers, accepted)
         return lane[FIELD_EMITTED]
+
+    def stats(self) -> dict:
+        """The SchedulerStats spec_* fields: lane counts and the policy's decisions."""
+        c = self.counts
+        return dict(
+            spec_draft_tokens=c.draft,
+            spec_accepted_tokens=c.accepted,
+            spec_accepted_per_position=tuple(c.per_position),
+            spec_accepted_lengths=tuple(c.lengths),
+            spec_copied_draft_tokens=c.copied_draft,
+            spec_copied_accepted_tokens=c.copied_accepted,
+            spec_policy_decisions=dict(self.policy.decisions) if self.policy else {},
+        )
 
     def forget(self, request_id: int) -> None:
         """A request left: the policy drops what it kept for it."""

@@ -5,8 +5,8 @@ The worker drives one loop (STYLE.md item 1):
     plan = scheduler.schedule()          # StepPlan or None
     sampled = runtime.execute(plan)      # one id per plan row, submission order
     for r in scheduler.complete(plan, sampled):
-        ...stop logic...                 # the worker owns EOS / length / stops
-        scheduler.finish(r.request_id, reason)   # when it decides
+        stop = check_stop(rule, r.token_id, r.output_tokens)   # scheduler/finish.py
+        scheduler.finish(r.request_id, stop.reason, ...)        # when it ends
 
 and must call `finish` for every decided request before the next `schedule()`.
 
@@ -30,24 +30,13 @@ Index spaces: a row's position in `StepPlan.rows` is its submission row;
 `RowPlan.slot` a physical request row; positions count tokens of the
 request's own sequence (prompt, then output).
 
-Speculative generation (geometry.speculative_widths non-empty): every generation row
-of a request that can speculate is a SPECULATIVE lane of length n = min(widest served
-W, output budget left) -- 1 while its next token is masked (min_tokens; grammar unless
-the core masks a constrained lane's copied candidates per position: then 1 + the copied
-candidates its grammar accepts) --
-with pages reserved for all n positions (the lane's full ceiling); a lane whose pages
-are not available waits, it is never shortened for them (lane lengths depend on the
-request alone, so a seeded request samples the same text alone and in any batch).
-Requests whose tokens need what speculative programs do not compute (logit_bias,
-logprobs) run as DECODE rows of the same core; a DECODE step and a SPECULATIVE step
-alternate when both kinds are ready (least recently served group first). A
-speculative plan needs its completion before
-the same requests are planned again (the consumed endpoints come from it). Its
-completion is one lane record per row, validated as a whole before any request state
-changes (`CompletionError` otherwise); each lane then yields one RowResult per emitted
-token and its consumed endpoint rewinds to start + emitted. Pages completed by a
-lane's accepted tokens are published only at its next completion (the worker may end
-the request inside the run and discard the rest: discarded tokens are never cached).
+Speculative generation (geometry.speculative_widths non-empty; scheduler/lanes.py): a
+request that can speculate gets SPECULATIVE lanes, with pages reserved for the lane's full
+ceiling (a lane whose pages are not available waits, never shortened); the others get
+DECODE rows of the same core; a DECODE step and a SPECULATIVE step alternate when both
+kinds are ready (least recently served group first). A speculative plan needs its
+completion before the same requests are planned again; each lane then yields one
+RowResult per emitted token and its consumed endpoint rewinds to start + emitted.
 
 Two execution frames (model-contract.md: completion feedback): `schedule()` may
 be called again before `complete()` of the previous plan only while
@@ -63,38 +52,35 @@ finishes it and the ahead row's result is discarded; slot and pages are released
 when that frame completes. Plans complete in issue order.
 
 On a speculative core rows go ahead only as DECODE rows, and only under the width policy
-(`_build_decode` states the rule): when it picks plain DECODE for the cohort, in-flight
-requests included, the decode is planned ahead exactly as on a plain core; when it picks
-speculation, requests with an in-flight row wait for its completion (a lane needs its
-completed record: consumed endpoint, copied candidates) and the choice is decided again
-then; where no program could beat decode (`WidthPolicy.decode_certain`) the decode is
-planned without proposing copied candidates or deciding. Fixed-width speculation plans
-nothing ahead. The policy's step cost is what a run of such steps costs the batch per
-step (`_observe_cost`): a SPECULATIVE step from the previous completion (its host work
-included), a DECODE step from its issue or the previous completion, whichever is later.
+(`_build_decode` states the rule); fixed-width speculation plans nothing ahead.
 
-Exact-endpoint snapshots and the host tier (scheduler/cache.py): admission reuses the
-longest cached prefix across tiers (device pages, host-tier pages, then a snapshot's
-tail), and every copy that reuse, publication or eviction needs is issued as TRANSFER
-plans ahead of the plan that depends on it (`schedule` returns them first, then the
-generation plan built with them). With nothing else to run (no live request, no step in
-flight), `schedule` writes published pages and captured snapshots back to free host rows
-(CacheManager.queue_write_backs), so that their later eviction costs no copy and a
-revisit's swap-in is one TRANSFER step. Snapshots are published where the committed state
-reaches a publishable endpoint: each prompt-turn end the request marks
-(`SchedRequest.publish_endpoints`) and the request's end when the worker finishes it
-with `publish=True` (EOS or output limit; a matched stop, host stop, cancellation or
-failure publishes nothing). A failed TRANSFER publishes nothing and fails the requests
-whose pages it was filling.
+Exact-endpoint snapshots and the host tier (scheduler/cache.py, scheduler/publication.py):
+every copy that reuse, publication or eviction needs is issued as TRANSFER plans ahead of
+the plan that depends on it (`schedule` returns them first, then the generation plan built
+with them). With nothing else to run (no live request, no step in flight), `schedule`
+writes published pages and captured snapshots back to free host rows
+(CacheManager.queue_write_backs), so that their later eviction costs no copy. A failed
+TRANSFER publishes nothing and fails the requests whose pages it was filling.
+
+Collaborators, each owning its state (the scheduler owns admission, planning and each
+request's lifecycle, and reads the rest):
+
+    allocation.SequencePages   slots and pages; sets and resets a Sequence's cache fields
+    publication.Publisher      pages and snapshots published from committed state
+    lanes.SpeculativeLanes     lane lengths, copied candidates, the width policy's choice,
+                               lane-record validation and counts
+    step_clock.StepClock       the step costs the width policy weighs
+    transfers.TransferQueue    copies batched into TRANSFER plans, and their fences
+    cache.CacheManager         the tiers: device pages, continuation rows, host rows
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 
 import numpy as np
 from helios_tools.kernels.speculative import RECORD_FIELDS
@@ -114,6 +100,7 @@ from helios_serve.scheduler.capacity import (
     check_capacity,
     host_tier_pays,
 )
+from helios_serve.scheduler.frames import Frames
 from helios_serve.scheduler.lanes import SpeculativeLanes, speculates
 from helios_serve.scheduler.publication import Publisher
 from helios_serve.scheduler.request import (
@@ -137,6 +124,21 @@ _PLACEHOLDER = (PENDING_PLACEHOLDER,)  # a decode row's tokens while its token i
 # Copies of one idle-time write-back step: bounds what a request arriving meanwhile waits
 # behind (64 SmolLM2 f32 pages = 47 MB: ~2 ms over the H200's host link).
 WRITE_BACK_ROWS = 64
+
+
+@dataclass
+class _Counts:
+    """The SchedulerStats counters the scheduler keeps itself (its collaborators keep
+    theirs)."""
+
+    admitted: int = 0
+    readmitted: int = 0
+    preemptions: int = 0
+    preemption_swaps: int = 0
+    rejected: dict[AdmissionReason, int] = field(
+        default_factory=lambda: dict.fromkeys(AdmissionReason, 0))
+    finished: dict[FinishReason, int] = field(
+        default_factory=lambda: dict.fromkeys(FinishReason, 0))
 
 
 class Scheduler:
@@ -176,8 +178,7 @@ class Scheduler:
         g = geometry
         if not 1 <= frames <= MAX_FRAMES:
             raise ValueError(f"frames must be in 1..{MAX_FRAMES}, got {frames}")
-        self.frames = frames
-        self.device_pending = device_pending
+        self._frames = Frames(frames, device_pending)
         if g.slots < 1 or g.prefill_row_capacity < 1:
             raise ValueError("geometry needs at least one slot and one prefill row")
         for name in ("decode_capacities", "prefill_token_capacities"):
@@ -196,28 +197,15 @@ class Scheduler:
         self.alloc = SequencePages(g, self.cache)
         self.publisher = Publisher(self.cache, g.page_tokens,
                                    shared=not g.extra_pages_per_request)
-        self._ready: deque[StepPlan] = deque()  # built, not yet issued; issue order
         self._requests: dict[int, Sequence] = {}  # every live request
         self._waiting: deque[Sequence] = deque()  # FIFO; preempted go to the front
         self._running: list[Sequence] = []  # slot holders, admission order (oldest first)
-        self._outstanding: deque[StepPlan] = deque()  # issued, not completed; issue order
-        self._last_kind: StepKind | None = None
-        self._step = 0
         self._order = 0
-        self._preemptions = 0
-        self._admitted = 0
-        self._readmitted = 0
-        self._prefill_steps = 0
-        self._decode_steps = 0
-        self._prompt_tokens_computed = 0
-        self._rejected = dict.fromkeys(AdmissionReason, 0)
-        self._finished = dict.fromkeys(FinishReason, 0)
+        self._counts = _Counts()
         self._feedback = 0  # live requests that need feedback and are not retiring
         self.lanes = SpeculativeLanes(g, history_drafting=history_drafting,
                                       history_index=history_index, width_policy=width_policy)
         self._clock = StepClock(clock, self.lanes.policy, self.lanes.widths)
-        self._transfer_steps = 0
-        self._preemption_swaps = 0
 
     # -- admission --------------------------------------------------------------
 
@@ -234,7 +222,7 @@ class Scheduler:
             raise ValueError(f"request {request.request_id} is already live")
         error = check_capacity(self.geometry, request)
         if error is not None:
-            self._rejected[error.reason] += 1
+            self._counts.rejected[error.reason] += 1
             return error
         seq = Sequence(request, order=-1)
         parent = self._requests.get(request.fork_of) if request.fork_of is not None else None
@@ -258,17 +246,17 @@ class Scheduler:
         (non-final prefill chunks), or is a DECODE and pending tokens are device-owned.
         False otherwise: complete the oldest plan first.
         """
-        if not self._outstanding:
-            return True
-        if len(self._outstanding) >= self.frames or self._feedback_live():
-            return False
-        newest = self._outstanding[-1]
-        if self.device_pending and newest.kind is StepKind.DECODE:
-            return True  # whether its rows sample or not (checked first: no row scan)
-        return not any(r.sample for r in newest.rows)
+        return self._frames.may_issue(self._feedback > 0)
 
-    def _feedback_live(self) -> bool:
-        return self._feedback > 0
+    @property
+    def frames(self) -> int:
+        """Execution frames the runtime offers."""
+        return self._frames.frames
+
+    @property
+    def device_pending(self) -> bool:
+        """Decode graphs read the pending token on the device."""
+        return self._frames.device_pending
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step, or None when nothing can run now.
@@ -293,8 +281,9 @@ class Scheduler:
         if not self.can_schedule_ahead():
             raise RuntimeError("complete the outstanding plan before scheduling again")
         self._clock.wake()  # after idle time (nothing to run), step costs start now
-        if self._ready:
-            return self._issue(self._ready.popleft())
+        frames = self._frames
+        if (plan := frames.next_ready()) is not None:
+            return self._issue(plan)
         admit = True
         while True:
             plan = self._build(admit)
@@ -305,9 +294,9 @@ class Scheduler:
                     min(self.geometry.transfer_rows, WRITE_BACK_ROWS)):
                 ready = self._transfers.drain()  # idle: write back ahead of eviction
             if ready:
-                self._ready.extend(ready[1:])
+                frames.hold(ready[1:])
                 return self._issue(ready[0])
-            if self._outstanding:
+            if frames.outstanding:
                 return None
             if not self._preempt_newest():
                 self._clock.rest()  # nothing in flight, nothing to run: idle time
@@ -316,10 +305,10 @@ class Scheduler:
 
     def _idle(self) -> bool:
         """No live request and no step in flight: what runs now delays nobody."""
-        return not self._requests and not self._outstanding and not self._ready
+        return not self._requests and not self._frames.outstanding and not self._frames.ready
 
     def _build(self, admit: bool) -> StepPlan | None:
-        decode_first = self._last_kind is StepKind.PREFILL and any(
+        decode_first = self._frames.last_kind is StepKind.PREFILL and any(
             s.can_decode for s in self._running
         )
         if decode_first:
@@ -379,9 +368,9 @@ class Scheduler:
         self._order += 1
         seq.order = self._order
         if readmission:
-            self._readmitted += 1
+            self._counts.readmitted += 1
         else:
-            self._admitted += 1
+            self._counts.admitted += 1
         self._running.append(seq)
         return True
 
@@ -404,7 +393,7 @@ class Scheduler:
         # that decode row may get a DECODE row now (fed from the device). On a speculative
         # core that needs the width policy, and only where the step is plain decode anyway:
         # - the policy decides for the whole cohort, in-flight requests included (their
-        #   ceilings and copied counts estimated from the tokens known: `_copied_counts`);
+        #   ceilings and copied counts estimated from the tokens known: SpeculativeLanes.split);
         # - it picks plain DECODE: every ready request gets a DECODE row, ahead or not;
         # - it picks speculation: a request with an in-flight row never gets a SPECULATIVE
         #   lane (a lane needs its completed record: the consumed endpoint, the tokens its
@@ -414,7 +403,7 @@ class Scheduler:
         # Fixed-width speculation (no policy) plans no row ahead: every speculating
         # request's next row is a lane.
         lanes_of = self.lanes
-        ahead = bool(self._outstanding) and self.device_pending and (
+        ahead = bool(self._frames.outstanding) and self.device_pending and (
             not lanes_of.widths or lanes_of.policy is not None)
         ready = [s for s in self._running if s.decode_ready(ahead)]
         cap = self.geometry.decode_capacities[-1]
@@ -432,7 +421,7 @@ class Scheduler:
         """A DECODE row per ready request whose next page is available."""
         pt = self.geometry.page_tokens
         extra = self.geometry.extra_pages_per_request
-        step = self._step
+        step = self._frames.step
         rows: list[RowPlan] = []
         alloc = self.alloc
         for seq in ready:
@@ -502,25 +491,12 @@ class Scheduler:
         row = RowPlan(seq.request_id, seq.slot, seq.generation, tuple(tokens), start,
                       seq.page_prefix(pages), sample, seq.request.sampling, histogram, None,
                       lane_length, candidates)
-        seq.issue(end, sample, decode, self._step)
+        seq.issue(end, sample, decode, self._frames.step)
         return row
 
     def _issue(self, plan: StepPlan) -> StepPlan:
         self._clock.issue(plan)
-        self._outstanding.append(plan)
-        self._step += 1
-        if plan.kind is StepKind.TRANSFER:
-            self._transfer_steps += 1
-            return plan  # copies only: the generation plans decide decode_first
-        self._last_kind = plan.kind
-        if plan.kind is StepKind.PREFILL:
-            self._prefill_steps += 1
-            self._prompt_tokens_computed += plan.token_count
-        elif plan.kind is StepKind.SPECULATIVE:
-            self.lanes.counts.steps += 1
-        else:
-            self._decode_steps += 1
-        return plan
+        return self._frames.issue(plan)
 
     def _preempt_newest(self) -> bool:
         """Preempt the newest running request if one is starved, swapping its state out
@@ -549,10 +525,10 @@ class Scheduler:
         tail = victim.num_computed % self.geometry.page_tokens
         if tail and self.transfer_cost.swap_pays(tail, 1, 1) and \
                 self.publisher.capture(victim, victim.num_computed):
-            self._preemption_swaps += 1
+            self._counts.preemption_swaps += 1
         self._release(victim)
         victim.preemptions += 1
-        self._preemptions += 1
+        self._counts.preemptions += 1
         self._waiting.appendleft(victim)
         return True
 
@@ -589,7 +565,7 @@ class Scheduler:
                 copy.done()
             return []
         tokens = self._check_completion(plan, sampled)
-        self._outstanding.popleft()
+        self._frames.pop(plan)
         self._clock.complete()
         results: list[RowResult] = []
         requests = self._requests
@@ -630,8 +606,7 @@ class Scheduler:
         Returns:
             The sampled ids as ints (submission rows).
         """
-        if not self._outstanding or plan != self._outstanding[0]:
-            raise CompletionError("plan is not the oldest outstanding plan")
+        self._frames.check_oldest(plan)
         if len(sampled) != len(plan.rows):
             raise CompletionError(f"{len(sampled)} sampled ids for {len(plan.rows)} rows")
         # One conversion for an integer record (an int() per NumPy scalar costs more); the
@@ -655,11 +630,10 @@ class Scheduler:
 
     def _complete_speculative(self, plan: StepPlan, record,
                               confidence: np.ndarray | None = None) -> list[RowResult]:
-        if not self._outstanding or plan != self._outstanding[0]:
-            raise CompletionError("plan is not the oldest outstanding plan")
+        self._frames.check_oldest(plan)
         lanes = self.lanes.check(plan, record, confidence, self._in_flight,
                                  self.slot_generation)
-        self._outstanding.popleft()
+        self._frames.pop(plan)
         self._clock.complete()
         results: list[RowResult] = []
         for i, (row, lane) in enumerate(zip(plan.rows, lanes, strict=True)):
@@ -695,9 +669,7 @@ class Scheduler:
         """
         if plan.kind is StepKind.TRANSFER:
             return [s for copy in self._pop_transfer(plan) if (s := copy.failed()) is not None]
-        if not self._outstanding or plan != self._outstanding[0]:
-            raise CompletionError("plan is not the oldest outstanding plan")
-        self._outstanding.popleft()
+        self._frames.pop(plan)
         self._clock.skip()
         failed: list[FinishedRequest] = []
         for row in plan.rows:
@@ -715,10 +687,9 @@ class Scheduler:
         return failed
 
     def _pop_transfer(self, plan: StepPlan) -> tuple[PendingCopy, ...]:
-        if not self._outstanding or plan != self._outstanding[0]:
-            raise CompletionError("plan is not the oldest outstanding plan")
+        issued = self._frames.pop(plan)
         self._clock.skip()  # a TRANSFER step's cost is no program's the policy weighs
-        return self._transfers.fence(self._outstanding.popleft())
+        return self._transfers.fence(issued)
 
     def _transfer_failed(self, seq: Sequence) -> FinishedRequest | None:
         """A copy into `seq`'s pages failed: its history is invalid, so it fails (once)."""
@@ -734,19 +705,9 @@ class Scheduler:
 
     def _unplan(self, seq: Sequence) -> None:
         """Remove `seq`'s rows from plans built but not issued (their inputs are invalid)."""
-        kept: deque[StepPlan] = deque()
-        for plan in self._ready:
-            rows = tuple(r for r in plan.rows if r.request_id != seq.request_id)
-            if len(rows) != len(plan.rows):
-                for r in plan.rows:
-                    if r.request_id == seq.request_id:
-                        seq.inflight_rows -= 1
-                        seq.inflight_samples -= int(r.sample)
-                if not rows:
-                    continue
-                plan = dataclasses.replace(plan, rows=rows)
-            kept.append(plan)
-        self._ready = kept
+        for row in self._frames.unplan(seq.request_id):
+            seq.inflight_rows -= 1
+            seq.inflight_samples -= int(row.sample)
 
     # -- leaving --------------------------------------------------------------------
 
@@ -809,7 +770,7 @@ class Scheduler:
         del self._requests[seq.request_id]
         self.lanes.forget(seq.request_id)
         assert seq.finish_reason is not None
-        self._finished[seq.finish_reason] += 1
+        self._counts.finished[seq.finish_reason] += 1
 
     def _release(self, seq: Sequence) -> None:
         self.alloc.release(seq)
@@ -830,12 +791,13 @@ class Scheduler:
     @property
     def outstanding_frames(self) -> int:
         """Plans issued and not yet completed (0..MAX_FRAMES)."""
-        return len(self._outstanding)
+        return self._frames.outstanding
 
     def has_work(self) -> bool:
         """Whether any request is waiting, running or in flight, a plan or copy is
         waiting to be issued, or an idle-time write-back is due."""
-        return bool(self._requests or self._outstanding or self._ready or len(self._transfers)
+        frames = self._frames
+        return bool(self._requests or frames.outstanding or frames.ready or len(self._transfers)
                     or self.cache.write_back_due())
 
     def is_live(self, request_id: int) -> bool:
@@ -847,53 +809,28 @@ class Scheduler:
         return self.alloc.generation(slot)
 
     def stats(self) -> SchedulerStats:
-        """Snapshot of counters and gauges for the metrics layer."""
-        p = self.pages
-        c = self.cache
-        lanes = self.lanes.counts
+        """Snapshot of counters and gauges for the metrics layer (the collaborators add
+        theirs: CacheManager.stats, SpeculativeLanes.stats)."""
+        n = self._counts
+        steps = self._frames.issued
         return SchedulerStats(
             running=sum(not s.retiring for s in self._running),
             waiting=len(self._waiting),
-            outstanding_frames=len(self._outstanding),
+            outstanding_frames=self._frames.outstanding,
             slots_total=self.geometry.slots,
             slots_free=self.alloc.free_slots,
-            pages_total=p.num_pages,
-            pages_free=p.free_pages,
-            pages_used=p.used_pages,
-            pages_cached=p.cached_pages,
-            pages_evictable=p.evictable_pages,
-            prefix_queries=p.prefix_queries,
             prefix_hit_tokens=self.alloc.reused_tokens,
-            prefix_hit_pages=p.prefix_hit_pages,
-            page_evictions=p.evictions,
-            pages_published=p.published,
-            preemptions=self._preemptions,
-            admitted=self._admitted,
-            readmitted=self._readmitted,
-            prefill_steps=self._prefill_steps,
-            decode_steps=self._decode_steps,
-            prompt_tokens_computed=self._prompt_tokens_computed,
-            rejected=dict(self._rejected),
-            finished=dict(self._finished),
-            speculative_steps=lanes.steps,
-            spec_draft_tokens=lanes.draft,
-            spec_accepted_tokens=lanes.accepted,
-            spec_accepted_per_position=tuple(lanes.per_position),
-            spec_accepted_lengths=tuple(lanes.lengths),
-            spec_copied_draft_tokens=lanes.copied_draft,
-            spec_copied_accepted_tokens=lanes.copied_accepted,
-            spec_policy_decisions=dict(self.policy.decisions) if self.policy else {},
-            snapshot_publications=c.publications,
-            snapshot_evictions=c.snapshot_evictions,
-            snapshot_hits=c.snapshot_hits,
-            snapshots_resident=c.snapshots_resident,
-            continuation_rows_used=c.continuation.used_rows,
-            host_rows_total=c.host.rows,
-            host_rows_used=c.host.used_rows,
-            host_hits=c.host_hits,
-            host_swap_ins=c.swap_ins,
-            host_swap_outs=c.swap_outs,
-            host_evictions=c.host_evictions,
-            transfer_steps=self._transfer_steps,
-            preemption_swaps=self._preemption_swaps,
+            preemptions=n.preemptions,
+            admitted=n.admitted,
+            readmitted=n.readmitted,
+            prefill_steps=steps[StepKind.PREFILL],
+            decode_steps=steps[StepKind.DECODE],
+            prompt_tokens_computed=self._frames.prefill_tokens,
+            rejected=dict(n.rejected),
+            finished=dict(n.finished),
+            speculative_steps=steps[StepKind.SPECULATIVE],
+            transfer_steps=steps[StepKind.TRANSFER],
+            preemption_swaps=n.preemption_swaps,
+            **self.cache.stats(),
+            **self.lanes.stats(),
         )
