@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from helios_serve.scheduler import FinishReason
-from helios_serve.scheduler.finish import EOS, LENGTH, MATCHED_STOP, Stop, StopRule, check_stop
+from helios_serve.scheduler.finish import (
+    EOS,
+    LENGTH,
+    MATCHED_STOP,
+    Stop,
+    StopRule,
+    check_stop,
+    ending_eos_ids,
+)
 
 RULE = StopRule(4, frozenset({2}), frozenset({7}), prompt_tokens=10, context_tokens=20)
 
@@ -37,3 +45,8 @@ def test_context_end_ends_with_length_before_the_output_limit():
 
 def test_ignore_eos_is_an_empty_eos_set():
     assert check_stop(StopRule(4), 2, 1) is None
+
+
+def test_ending_eos_ids_are_none_with_ignore_eos():
+    assert ending_eos_ids((2, 3), ignore_eos=False) == frozenset({2, 3})
+    assert ending_eos_ids((2, 3), ignore_eos=True) == frozenset()

@@ -68,6 +68,7 @@ from helios_serve.events import (
     SinkBase,
 )
 from helios_serve.metrics import dead_engine_families, engine_families
+from helios_serve.scheduler.finish import ending_eos_ids
 from helios_serve.wire import (
     METRICS_REPLY,
     STEP_EVENTS,
@@ -115,9 +116,9 @@ class EngineSpec:
 class TokenRelay:
     """Engine side: the output pipeline of a relayed choice (no host feedback).
 
-    The worker asks it what an `OutputPipeline` answers before the text exists: whether a
-    token is EOS (the request ends there) and whether it finished. `feed` hands the id on
-    as a `TokenDelta`; the frontend's pipeline turns it into text.
+    The worker asks it what an `OutputPipeline` answers before the text exists: whether it
+    finished (at EOS; the request's end itself is scheduler/finish.py's rule). `feed` hands
+    the id on as a `TokenDelta`; the frontend's pipeline turns it into text.
     """
 
     matched_stop = False  # no stops: relayed requests have none
@@ -129,9 +130,6 @@ class TokenRelay:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-    def is_eos(self, token_id: int) -> bool:
-        return token_id in self._eos
 
     def feed(self, token_id: int) -> list[Any]:
         if token_id in self._eos:
@@ -198,7 +196,7 @@ def _engine_requests(wire: WireRequest, frontend, grammars, channel: _Channel,
     if not wire.relayed:
         return GenerationRequest.build(wire.request_id, prepared, sink, wire.enqueue_ns,
                                        wire.first_index)
-    relay_eos = frozenset() if wire.ignore_eos else eos
+    relay_eos = ending_eos_ids(eos, wire.ignore_eos)
     choices = tuple(ChoiceState(wire.first_index + i, prepared.choice_sampling(i),
                                 TokenRelay(relay_eos), None, relayed=True)  # type: ignore[arg-type]
                     for i in range(wire.n))

@@ -77,7 +77,7 @@ from helios_serve.scheduler import (
     SchedRequest,
     Scheduler,
 )
-from helios_serve.scheduler.finish import StopRule, check_stop
+from helios_serve.scheduler.finish import StopRule, check_stop, ending_eos_ids
 
 log = logging.getLogger(__name__)
 
@@ -391,7 +391,7 @@ class ModelWorker:
                 ban = MinTokensBan(len(prepared.prompt_token_ids), sampling.min_tokens,
                                    sampling.min_tokens_banned, self.geometry.mask_words)
             stop = StopRule(prepared.max_output_tokens,
-                            frozenset(() if prepared.ignore_eos else self.geometry.eos_token_ids),
+                            ending_eos_ids(self.geometry.eos_token_ids, prepared.ignore_eos),
                             prompt_tokens=len(prepared.prompt_token_ids),
                             context_tokens=self.geometry.context_tokens)
             self._live[sched_id] = _Live(request, choice, sched_id, stop, ban)

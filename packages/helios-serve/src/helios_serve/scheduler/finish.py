@@ -22,9 +22,16 @@ output end of an admitted request; it is stated here so the rule is complete on 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from helios_serve.scheduler.request import FinishReason
+
+
+def ending_eos_ids(eos_token_ids: Iterable[int], ignore_eos: bool) -> frozenset[int]:
+    """The ids that end a request as EOS: the core's EOS ids, none with ignore_eos (then
+    they are sampled as ordinary tokens and omitted from the text)."""
+    return frozenset() if ignore_eos else frozenset(eos_token_ids)
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,7 @@ class StopRule:
 
     Attributes:
         max_output_tokens: the output limit (tokens, >= 1).
-        eos_token_ids: ids that end generation as EOS; empty with ignore_eos.
+        eos_token_ids: ids that end generation as EOS (`ending_eos_ids`).
         stop_token_ids: single ids that end generation as a matched stop.
         prompt_tokens: the prompt's length (tokens), for the context end.
         context_tokens: the context the request runs in (tokens); None: no context end.
