@@ -238,7 +238,7 @@ def test_constrained_lanes_verify_the_copied_candidates_their_grammar_accepts(ma
         return
     assert seen == [(4, 5, 1)]
     assert row.lane_length == 2 and row.candidates == CopiedCandidates((4,), 1, 8)
-    assert s.lane_ceiling(s._requests[7]) == 2 and len(seen) == 1  # proposed once
+    assert s.lane_ceiling(s.live.requests[7]) == 2 and len(seen) == 1  # proposed once
     s.complete(plan, _record(plan, [1], [[4, 5]]))
     plan = s.schedule()  # "... 1 2 3 4 5": "2 3 4 5" was followed by 1 2 3
     (row,) = plan.rows

@@ -62,9 +62,12 @@ writes published pages and captured snapshots back to free host rows
 (CacheManager.queue_write_backs), so that their later eviction costs no copy. A failed
 TRANSFER publishes nothing and fails the requests whose pages it was filling.
 
-Collaborators, each owning its state (the scheduler owns admission, planning and each
-request's lifecycle, and reads the rest):
+Collaborators, each owning its state (the scheduler owns admission and planning, and
+reads the rest):
 
+    lifecycle.Lifecycle        the live requests (waiting, running), completion records
+                               and the requests' ends
+    frames.Frames              plans built and issued, and when another may be issued
     allocation.SequencePages   slots and pages; sets and resets a Sequence's cache fields
     publication.Publisher      pages and snapshots published from committed state
     lanes.SpeculativeLanes     lane lengths, copied candidates, the width policy's choice,
@@ -77,13 +80,11 @@ request's lifecycle, and reads the rest):
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 import numpy as np
-from helios_tools.kernels.speculative import RECORD_FIELDS
 
 from helios_serve.engine.plan import (
     PENDING_PLACEHOLDER,
@@ -102,11 +103,11 @@ from helios_serve.scheduler.capacity import (
 )
 from helios_serve.scheduler.frames import Frames
 from helios_serve.scheduler.lanes import SpeculativeLanes, speculates
+from helios_serve.scheduler.lifecycle import Lifecycle
 from helios_serve.scheduler.publication import Publisher
 from helios_serve.scheduler.request import (
     AdmissionError,
     AdmissionReason,
-    CompletionError,
     FinishedRequest,
     FinishReason,
     RowResult,
@@ -116,7 +117,7 @@ from helios_serve.scheduler.request import (
 )
 from helios_serve.scheduler.sequence import Sequence
 from helios_serve.scheduler.step_clock import StepClock
-from helios_serve.scheduler.transfers import PendingCopy, TransferQueue
+from helios_serve.scheduler.transfers import TransferQueue
 from helios_serve.speculation import HistoryIndex, WidthPolicy
 
 MAX_FRAMES = 2
@@ -137,8 +138,6 @@ class _Counts:
     preemption_swaps: int = 0
     rejected: dict[AdmissionReason, int] = field(
         default_factory=lambda: dict.fromkeys(AdmissionReason, 0))
-    finished: dict[FinishReason, int] = field(
-        default_factory=lambda: dict.fromkeys(FinishReason, 0))
 
 
 class Scheduler:
@@ -197,15 +196,13 @@ class Scheduler:
         self.alloc = SequencePages(g, self.cache)
         self.publisher = Publisher(self.cache, g.page_tokens,
                                    shared=not g.extra_pages_per_request)
-        self._requests: dict[int, Sequence] = {}  # every live request
-        self._waiting: deque[Sequence] = deque()  # FIFO; preempted go to the front
-        self._running: list[Sequence] = []  # slot holders, admission order (oldest first)
         self._order = 0
         self._counts = _Counts()
-        self._feedback = 0  # live requests that need feedback and are not retiring
         self.lanes = SpeculativeLanes(g, history_drafting=history_drafting,
                                       history_index=history_index, width_policy=width_policy)
         self._clock = StepClock(clock, self.lanes.policy, self.lanes.widths)
+        self.live = Lifecycle(g, self.alloc, self.publisher, self.lanes, self._frames,
+                              self._clock, self._transfers)
 
     # -- admission --------------------------------------------------------------
 
@@ -218,22 +215,20 @@ class Scheduler:
         Raises:
             ValueError: request_id is already live (a caller bug).
         """
-        if request.request_id in self._requests:
+        if request.request_id in self.live.requests:
             raise ValueError(f"request {request.request_id} is already live")
         error = check_capacity(self.geometry, request)
         if error is not None:
             self._counts.rejected[error.reason] += 1
             return error
         seq = Sequence(request, order=-1)
-        parent = self._requests.get(request.fork_of) if request.fork_of is not None else None
+        parent = self.live.requests.get(request.fork_of) if request.fork_of is not None else None
         if parent is not None and self.cache.snapshots and parent.fork_endpoint is None \
                 and parent.request.prompt_tokens == request.prompt_tokens:
             # The choice restores the parent's state after all but the last prompt token
             # (one continuation row) instead of recomputing the prompt's partial page.
             parent.fork_endpoint = len(request.prompt_tokens) - 1
-        self._requests[request.request_id] = seq
-        self._waiting.append(seq)
-        self._feedback += request.needs_feedback
+        self.live.queue(seq)
         return None
 
     # -- planning ---------------------------------------------------------------
@@ -246,7 +241,7 @@ class Scheduler:
         (non-final prefill chunks), or is a DECODE and pending tokens are device-owned.
         False otherwise: complete the oldest plan first.
         """
-        return self._frames.may_issue(self._feedback > 0)
+        return self._frames.may_issue(self.live.feedback > 0)
 
     @property
     def frames(self) -> int:
@@ -305,11 +300,11 @@ class Scheduler:
 
     def _idle(self) -> bool:
         """No live request and no step in flight: what runs now delays nobody."""
-        return not self._requests and not self._frames.outstanding and not self._frames.ready
+        return not self.live.requests and not self._frames.outstanding and not self._frames.ready
 
     def _build(self, admit: bool) -> StepPlan | None:
         decode_first = self._frames.last_kind is StepKind.PREFILL and any(
-            s.can_decode for s in self._running
+            s.can_decode for s in self.live.running
         )
         if decode_first:
             return self._build_decode() or self._build_prefill(admit)
@@ -322,7 +317,7 @@ class Scheduler:
         budget = g.prefill_token_capacities[-1]  # packed tokens left
         rows: list[RowPlan] = []
         # Sequence.in_prefill as one filter first: in steady decode no running request is.
-        for seq in [s for s in self._running if s.num_scheduled < s.prefill_tokens]:
+        for seq in [s for s in self.live.running if s.num_scheduled < s.prefill_tokens]:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
             if seq.can_prefill:
@@ -330,15 +325,15 @@ class Scheduler:
                 if n:
                     rows.append(self._prefill_row(seq, n))
                     budget -= n
-        while admit and self._waiting and self.alloc.free_slots:
+        while admit and self.live.waiting and self.alloc.free_slots:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
-            seq = self._waiting[0]
+            seq = self.live.waiting[0]
             if self._awaits_fork_parent(seq):
                 break  # strict FIFO: the choice waits for its prompt's pages
             if not self._admit(seq, budget):
                 break  # strict FIFO: later requests don't overtake the head
-            self._waiting.popleft()
+            self.live.waiting.popleft()
             n = min(seq.prefill_tokens - seq.num_scheduled, budget)
             n = min(n, self.alloc.token_pages(seq) * g.page_tokens - seq.num_scheduled)
             rows.append(self._prefill_row(seq, n))
@@ -351,7 +346,7 @@ class Scheduler:
         the snapshot of all but the prompt's last token is being captured (then it
         restores that instead of recomputing the partial page: one prefilled token)."""
         parent_id = seq.request.fork_of
-        parent = self._requests.get(parent_id) if parent_id is not None else None
+        parent = self.live.requests.get(parent_id) if parent_id is not None else None
         if parent is None:
             return False
         if parent.fork_snapshot is not None and self.cache.capturing(parent.fork_snapshot):
@@ -363,7 +358,7 @@ class Scheduler:
         allocate: the longest cached prefix is reused); False (no change) if the pages for
         the reused part and one computed token are not there."""
         readmission = seq.order >= 0
-        if not self.alloc.allocate(seq, budget, lambda: self._transfer_failed(seq)):
+        if not self.alloc.allocate(seq, budget, lambda: self.live.transfer_failed(seq)):
             return False
         self._order += 1
         seq.order = self._order
@@ -371,7 +366,7 @@ class Scheduler:
             self._counts.readmitted += 1
         else:
             self._counts.admitted += 1
-        self._running.append(seq)
+        self.live.running.append(seq)
         return True
 
     def _prefill_row(self, seq: Sequence, n: int) -> RowPlan:
@@ -405,7 +400,7 @@ class Scheduler:
         lanes_of = self.lanes
         ahead = bool(self._frames.outstanding) and self.device_pending and (
             not lanes_of.widths or lanes_of.policy is not None)
-        ready = [s for s in self._running if s.decode_ready(ahead)]
+        ready = [s for s in self.live.running if s.decode_ready(ahead)]
         cap = self.geometry.decode_capacities[-1]
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
@@ -518,273 +513,40 @@ class Scheduler:
         captured as a snapshot when two TRANSFER steps and one page row out and back cost
         less than prefilling t tokens.
         """
-        if not any(s.can_decode or s.can_prefill for s in self._running):
+        if not any(s.can_decode or s.can_prefill for s in self.live.running):
             return False
-        victims = [s for s in self._running if not s.retiring]
+        victims = [s for s in self.live.running if not s.retiring]
         victim = max(victims, key=lambda s: s.order)
         tail = victim.num_computed % self.geometry.page_tokens
         if tail and self.transfer_cost.swap_pays(tail, 1, 1) and \
                 self.publisher.capture(victim, victim.num_computed):
             self._counts.preemption_swaps += 1
-        self._release(victim)
+        self.live.release(victim)
         victim.preemptions += 1
         self._counts.preemptions += 1
-        self._waiting.appendleft(victim)
+        self.live.waiting.appendleft(victim)
         return True
 
-    # -- completion ---------------------------------------------------------------
+    # -- completion and leaving (Lifecycle) --------------------------------------------
 
     def complete(self, plan: StepPlan, sampled: Seq[int],
                  confidence: np.ndarray | None = None) -> list[RowResult]:
-        """Apply the completion record of the oldest outstanding plan.
-
-        Args:
-            plan: the plan `schedule()` returned (equal to it: the worker may
-                attach grammar masks with dataclasses.replace, which equality
-                ignores).
-            sampled: one token id per plan row, submission-row order; entries of
-                rows with sample=False are ignored.
-            confidence: a prefix-limit step's proposal confidence (StepCompletion.
-                confidence: f32 [rows, draft capacity], lane order), validated with the
-                lane records and fed to the width policy; None when the program
-                reports none.
-
-        Returns:
-            One RowResult per row of a live request, in submission-row order;
-            rows of cancelled, failed or finished requests produce none.
-
-        Raises:
-            CompletionError: not the oldest outstanding plan, wrong length, a
-                slot generation mismatch or a sampled id outside the vocabulary;
-                nothing is changed then.
-        """
-        if plan.kind is StepKind.SPECULATIVE:
-            return self._complete_speculative(plan, sampled, confidence)
-        if plan.kind is StepKind.TRANSFER:
-            for copy in self._pop_transfer(plan):
-                copy.done()
-            return []
-        tokens = self._check_completion(plan, sampled)
-        self._frames.pop(plan)
-        self._clock.complete()
-        results: list[RowResult] = []
-        requests = self._requests
-        pt = self.geometry.page_tokens
-        publisher = self.publisher
-        shared = publisher.shared  # else it publishes no page
-        for row, token in zip(plan.rows, tokens, strict=True):
-            seq = requests[row.request_id]
-            seq.inflight_rows -= 1
-            end = row.start_position + len(row.tokens)
-            if end > seq.num_computed:
-                seq.num_computed = end
-            sample = row.sample
-            if sample:
-                seq.inflight_samples -= 1
-            if seq.cancelled or seq.failed or seq.finish_reason is not None:  # retiring
-                if seq.inflight_rows == 0:
-                    self._retire(seq)
-                continue
-            # The calls only where they have work: a decode row completes a page once in
-            # page_tokens steps, and requests rarely mark prompt-turn ends.
-            if shared and seq.num_published < seq.num_computed // pt:
-                publisher.pages(seq)
-            if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
-                publisher.endpoints(seq)
-            if sample:
-                seq.tokens.append(token)
-            else:
-                token = None
-            # Sequence.num_output_tokens, spelled out
-            results.append(RowResult(row.request_id, token,
-                                     len(seq.tokens) - seq.num_prompt_tokens))
-        return results
-
-    def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> list[int]:
-        """Validate a completion record against its plan before any state changes.
-
-        Returns:
-            The sampled ids as ints (submission rows).
-        """
-        self._frames.check_oldest(plan)
-        if len(sampled) != len(plan.rows):
-            raise CompletionError(f"{len(sampled)} sampled ids for {len(plan.rows)} rows")
-        # One conversion for an integer record (an int() per NumPy scalar costs more); the
-        # entries of rows that sample nothing are ignored, never converted.
-        if isinstance(sampled, np.ndarray) and sampled.ndim == 1 and sampled.dtype.kind in "iu":
-            tokens = sampled.tolist()
-        else:
-            tokens = [int(t) if row.sample else t for row, t in zip(plan.rows, sampled, strict=True)]
-        vocab = self.geometry.vocab_size
-        requests = self._requests
-        generation = self.alloc.generation
-        for i, (row, token) in enumerate(zip(plan.rows, tokens, strict=True)):
-            seq = requests.get(row.request_id)
-            if seq is None or seq.slot != row.slot or seq.inflight_rows < 1:
-                raise CompletionError(f"row {i}: request {row.request_id} not in flight")
-            if generation(row.slot) != row.generation:
-                raise CompletionError(f"row {i}: stale generation of slot {row.slot}")
-            if row.sample and not 0 <= token < vocab:
-                raise CompletionError(f"row {i}: sampled id {token} outside [0, {vocab})")
-        return tokens
-
-    def _complete_speculative(self, plan: StepPlan, record,
-                              confidence: np.ndarray | None = None) -> list[RowResult]:
-        self._frames.check_oldest(plan)
-        lanes = self.lanes.check(plan, record, confidence, self._in_flight,
-                                 self.slot_generation)
-        self._frames.pop(plan)
-        self._clock.complete()
-        results: list[RowResult] = []
-        for i, (row, lane) in enumerate(zip(plan.rows, lanes, strict=True)):
-            seq = self._requests[row.request_id]
-            seq.inflight_rows -= 1
-            seq.inflight_samples -= 1
-            emitted = self.lanes.observe(i, row, lane, confidence)
-            consumed = row.start_position + emitted
-            seq.num_computed = seq.num_scheduled = consumed  # rejected positions rewind
-            if seq.retiring:
-                if seq.inflight_rows == 0:
-                    self._retire(seq)
-                continue
-            self.publisher.pages(seq, row.start_position + 1)  # the run: next completion
-            for token in lane[RECORD_FIELDS:RECORD_FIELDS + emitted]:
-                seq.tokens.append(int(token))
-                results.append(RowResult(row.request_id, int(token), seq.num_output_tokens))
-        return results
-
-    def _in_flight(self, row: RowPlan) -> bool:
-        """Whether a row's request is live, holds the row's slot and has a row in flight."""
-        seq = self._requests.get(row.request_id)
-        return seq is not None and seq.slot == row.slot and seq.inflight_rows >= 1
+        """Apply the completion record of the oldest outstanding plan (Lifecycle.complete
+        states the record and its validation)."""
+        return self.live.complete(plan, sampled, confidence)
 
     def fail(self, plan: StepPlan) -> list[FinishedRequest]:
-        """Retire the oldest outstanding plan after an execution failure.
-
-        Nothing it computed is published. Each live request in it finishes with
-        ERROR; resources return once its frames drain.
-
-        Raises:
-            CompletionError: not the oldest outstanding plan.
-        """
-        if plan.kind is StepKind.TRANSFER:
-            return [s for copy in self._pop_transfer(plan) if (s := copy.failed()) is not None]
-        self._frames.pop(plan)
-        self._clock.skip()
-        failed: list[FinishedRequest] = []
-        for row in plan.rows:
-            seq = self._requests[row.request_id]
-            seq.inflight_rows -= 1
-            if row.sample:
-                seq.inflight_samples -= 1
-            if not seq.retiring:
-                self._feedback -= seq.request.needs_feedback
-                seq.failed = True
-                seq.finish_reason = FinishReason.ERROR
-                failed.append(self._summary(seq))
-            if seq.inflight_rows == 0:
-                self._retire(seq)
-        return failed
-
-    def _pop_transfer(self, plan: StepPlan) -> tuple[PendingCopy, ...]:
-        issued = self._frames.pop(plan)
-        self._clock.skip()  # a TRANSFER step's cost is no program's the policy weighs
-        return self._transfers.fence(issued)
-
-    def _transfer_failed(self, seq: Sequence) -> FinishedRequest | None:
-        """A copy into `seq`'s pages failed: its history is invalid, so it fails (once)."""
-        if seq.retiring:
-            return None
-        self._feedback -= seq.request.needs_feedback
-        seq.failed = True
-        seq.finish_reason = FinishReason.ERROR
-        summary = self._summary(seq)
-        self._unplan(seq)
-        self._leave(seq)
-        return summary
-
-    def _unplan(self, seq: Sequence) -> None:
-        """Remove `seq`'s rows from plans built but not issued (their inputs are invalid)."""
-        for row in self._frames.unplan(seq.request_id):
-            seq.inflight_rows -= 1
-            seq.inflight_samples -= int(row.sample)
-
-    # -- leaving --------------------------------------------------------------------
+        """Retire the oldest outstanding plan after an execution failure (Lifecycle.fail)."""
+        return self.live.fail(plan)
 
     def finish(self, request_id: int, reason: FinishReason,
                output_tokens: int | None = None, publish: bool = False) -> FinishedRequest:
-        """End a request the worker decided is done; release its slot and pages
-        now, or when its in-flight frames complete.
-
-        `output_tokens` cuts the output there: the tokens after it (the rest of a
-        speculative run the worker stopped inside) are discarded, never counted or
-        published. `publish` (EOS or output limit: the request's end is a publishable
-        endpoint) publishes a snapshot of its committed state, every token but the last
-        sampled one; a matched stop or host stop passes False, so its private candidate
-        is discarded and only the pages published before stay cached.
-
-        Returns the request's summary; an already retiring request keeps its
-        first reason.
-
-        Raises:
-            KeyError: unknown request (a caller bug).
-        """
-        seq = self._requests[request_id]
-        if output_tokens is not None and not seq.retiring and output_tokens < seq.num_output_tokens:
-            del seq.tokens[seq.num_prompt_tokens + output_tokens:]
-        if publish and not seq.retiring and seq.slot is not None:
-            self.publisher.end(seq)
-        if not seq.retiring:
-            self._feedback -= seq.request.needs_feedback
-            seq.finish_reason = reason
-            if reason is FinishReason.CANCELLED:
-                seq.cancelled = True
-            self._leave(seq)
-        return self._summary(seq)
+        """End a request the worker decided is done (Lifecycle.finish)."""
+        return self.live.finish(request_id, reason, output_tokens, publish)
 
     def cancel(self, request_id: int) -> FinishedRequest | None:
-        """Cancel a request: nothing more is planned or published for it.
-
-        A waiting request leaves at once; a running one keeps its slot and pages
-        until the in-flight plan containing it completes (then releases).
-
-        Returns:
-            Its summary, or None if the request is no longer live (a race with
-            finish, not an error).
-        """
-        seq = self._requests.get(request_id)
-        if seq is None:
-            return None
-        return self.finish(request_id, FinishReason.CANCELLED)
-
-    def _leave(self, seq: Sequence) -> None:
-        if seq.slot is None:  # waiting
-            self._waiting.remove(seq)
-            self._retire(seq)
-        elif seq.inflight_rows == 0:
-            self._retire(seq)
-
-    def _retire(self, seq: Sequence) -> None:
-        if seq.slot is not None:
-            self._release(seq)
-        del self._requests[seq.request_id]
-        self.lanes.forget(seq.request_id)
-        assert seq.finish_reason is not None
-        self._counts.finished[seq.finish_reason] += 1
-
-    def _release(self, seq: Sequence) -> None:
-        self.alloc.release(seq)
-        self._running.remove(seq)
-
-    def _summary(self, seq: Sequence) -> FinishedRequest:
-        assert seq.finish_reason is not None
-        return FinishedRequest(
-            request_id=seq.request_id,
-            reason=seq.finish_reason,
-            output_tokens=seq.output_tokens,
-            reused_prompt_tokens=seq.reused_prompt_tokens or 0,
-            preemptions=seq.preemptions,
-        )
+        """Cancel a request; None when it is no longer live (Lifecycle.cancel)."""
+        return self.live.cancel(request_id)
 
     # -- observation ------------------------------------------------------------------
 
@@ -797,12 +559,12 @@ class Scheduler:
         """Whether any request is waiting, running or in flight, a plan or copy is
         waiting to be issued, or an idle-time write-back is due."""
         frames = self._frames
-        return bool(self._requests or frames.outstanding or frames.ready or len(self._transfers)
+        return bool(self.live.requests or frames.outstanding or frames.ready or len(self._transfers)
                     or self.cache.write_back_due())
 
     def is_live(self, request_id: int) -> bool:
         """Whether the request is waiting, running or draining its frames."""
-        return request_id in self._requests
+        return request_id in self.live.requests
 
     def slot_generation(self, slot: int) -> int:
         """Current generation of a physical request row."""
@@ -814,8 +576,8 @@ class Scheduler:
         n = self._counts
         steps = self._frames.issued
         return SchedulerStats(
-            running=sum(not s.retiring for s in self._running),
-            waiting=len(self._waiting),
+            running=sum(not s.retiring for s in self.live.running),
+            waiting=len(self.live.waiting),
             outstanding_frames=self._frames.outstanding,
             slots_total=self.geometry.slots,
             slots_free=self.alloc.free_slots,
@@ -827,7 +589,7 @@ class Scheduler:
             decode_steps=steps[StepKind.DECODE],
             prompt_tokens_computed=self._frames.prefill_tokens,
             rejected=dict(n.rejected),
-            finished=dict(n.finished),
+            finished=dict(self.live.finished),
             speculative_steps=steps[StepKind.SPECULATIVE],
             transfer_steps=steps[StepKind.TRANSFER],
             preemption_swaps=n.preemption_swaps,
