@@ -115,7 +115,7 @@ def host_steps(batch: int, steps: int) -> dict:
             parts["wait"].append(t1 - t0)
             parts["complete"].append(t2 - t1)
         if sched.stats().running and all(  # restart before the output budget runs out
-                s.num_output_tokens > budget - 8 for s in sched._running):
+                s.num_output_tokens > budget - 8 for s in sched.live.running):
             break
     out = {k: statistics.median(v) * 1e6 for k, v in parts.items()}
     out["total"] = sum(out.values())

@@ -24,7 +24,13 @@ from collections import deque
 from dataclasses import replace
 
 from helios_serve.engine.plan import StepKind, Tier
-from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler, chain_hashes
+from helios_serve.scheduler import (
+    ROOT_HASH,
+    FinishReason,
+    SchedRequest,
+    Scheduler,
+    chain_hashes,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -151,7 +157,7 @@ class Harness:
                     continue
                 chain, tail = key[1] if tier is Tier.HOST else key
                 assert tuple(row[:len(tail)]) == tail, "snapshot payload"
-                assert chain in self.page_tokens or chain == bytes(16)
+                assert chain in self.page_tokens or chain == ROOT_HASH
         for rid, out in self.outputs.items():
             want = reference(self.requests[rid].prompt_tokens, self.limits[rid])
             assert out == want[:len(out)], f"request {rid} diverged"

@@ -153,7 +153,7 @@ class Driver:
         flight writes a published page."""
         pt = self.sched.geometry.page_tokens
         alloc = self.sched.pages
-        for seq in self.sched._running:
+        for seq in self.sched.live.running:
             for i in range(seq.num_published):
                 page = seq.page_ids[i]
                 if alloc.is_published(page):
@@ -455,7 +455,7 @@ def test_random_schedules_keep_invariants_and_serial_outputs(ops, pages, frames,
         elif kind == "fail":
             if d.inflight:
                 d.fail()
-        running = [s for s in d.sched._running if not s.retiring]
+        running = [s for s in d.sched.live.running if not s.retiring]
         slots = [s.slot for s in running]
         assert len(set(slots)) == len(slots)
     d.drain()

@@ -6,7 +6,14 @@ import hashlib
 import struct
 
 import pytest
-from helios_serve.scheduler import ROOT_HASH, PageAllocator, chain_hashes, page_hash
+from helios_serve.scheduler.pages import (
+    ROOT_HASH,
+    PageAllocator,
+    chain_at,
+    chain_hashes,
+    extend_chain,
+    page_hash,
+)
 
 A = list(range(1, 13))  # 12 tokens: three complete pages
 B = list(range(101, 109))  # 8 tokens: two complete pages
@@ -32,6 +39,18 @@ def test_page_hash_is_stable_blake2b_chain():
     assert h1 == page_hash(h0, [5, 6, 7, 8])
     # The same page content after a different prefix is a different page.
     assert h1 != page_hash(ROOT_HASH, [5, 6, 7, 8])
+
+
+def test_extend_chain_grows_in_place_from_any_length():
+    tokens = list(range(1, 13))
+    full = chain_hashes(tokens, 4, 3)
+    hashes: list[bytes] = []
+    assert extend_chain(hashes, tokens, 4, 1) is hashes and hashes == full[:1]
+    extend_chain(hashes, tokens, 4, 3)
+    assert hashes == full
+    extend_chain(hashes, tokens, 4, 2)  # covers more already: unchanged
+    assert hashes == full
+    assert chain_at(full, 0) == ROOT_HASH and chain_at(full, 2) == full[1]
 
 
 def test_fresh_allocation_is_ascending_and_release_returns_tail_first():

@@ -28,7 +28,7 @@ def check_allocator(sched: Scheduler) -> None:
     p = sched.pages
     assert p.free_pages + p.evictable_pages + p.used_pages == p.num_pages
     refs = [0] * p.num_pages
-    for seq in sched._running:
+    for seq in sched.live.running:
         for page in seq.page_ids:
             refs[page] += 1
     assert refs == [p.refcount(i) for i in range(p.num_pages)]

@@ -238,7 +238,7 @@ def test_constrained_lanes_verify_the_copied_candidates_their_grammar_accepts(ma
         return
     assert seen == [(4, 5, 1)]
     assert row.lane_length == 2 and row.candidates == CopiedCandidates((4,), 1, 8)
-    assert s.lane_ceiling(s._requests[7]) == 2 and len(seen) == 1  # proposed once
+    assert s.lane_ceiling(s.live.requests[7]) == 2 and len(seen) == 1  # proposed once
     s.complete(plan, _record(plan, [1], [[4, 5]]))
     plan = s.schedule()  # "... 1 2 3 4 5": "2 3 4 5" was followed by 1 2 3
     (row,) = plan.rows
@@ -523,7 +523,7 @@ def test_a_lane_proposes_its_copied_candidates_once_per_step(costs, width):
             return super().propose(tokens, count)
 
     s = _ahead_scheduler(costs, history=True)
-    s._history_index = Counting
+    s.lanes.history_index = Counting
     prompt = (5, 6, 7, 8, 9, 10, 5, 6, 7)  # ... 5 6 7, then 8 9 10 copied
     s.add(SchedRequest(request_id=7, prompt_tokens=prompt, max_output_tokens=20))
     s.complete(s.schedule(), [8])
@@ -575,7 +575,7 @@ def test_decode_certain_skips_the_proposals_and_the_choice():
                            ({("decode", 1): 1.0, ("speculative", 1, 2): 2.5,
                              ("speculative", 1, WIDTH): 3.0}, False)):
         s = _ahead_scheduler(costs, history=True)
-        s._history_index = Counting
+        s.lanes.history_index = Counting
         decided = []
         decide = s.policy.decide
         s.policy.decide = (lambda lanes, copied, d=decide, seen=decided:

@@ -64,6 +64,7 @@ from helios_serve.frontend.pipeline import Frontend
 from helios_serve.frontend.prepare import OutputRecipe, PipelineArgs, PreparedRequest
 from helios_serve.loading import cache_sizing, core_path, load_model, resolve_settings, startup_log
 from helios_serve.metrics import Metrics, engine_families
+from helios_serve.scheduler.finish import ending_eos_ids
 from helios_serve.wire import (
     FINAL_SNAPSHOT,
     HEARTBEAT,
@@ -94,9 +95,9 @@ HEARTBEAT_S = 0.5
 class TokenRelay:
     """Engine side: the output pipeline of a relayed choice (no host feedback).
 
-    The worker asks it what an `OutputPipeline` answers before the text exists: whether a
-    token is EOS (the request ends there) and whether it finished. `feed` hands the id on
-    as a `TokenDelta`; the frontend's pipeline turns it into text.
+    The worker asks it what an `OutputPipeline` answers before the text exists: whether it
+    finished (at EOS; the request's end itself is scheduler/finish.py's rule). `feed` hands
+    the id on as a `TokenDelta`; the frontend's pipeline turns it into text.
     """
 
     matched_stop = False  # no stops: relayed requests have none
@@ -109,15 +110,12 @@ class TokenRelay:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def is_eos(self, token_id: int) -> bool:
-        return token_id in self._eos
-
     def feed(self, token_id: int) -> list[Any]:
         if token_id in self._eos:
             self.finish_reason = FinishReason.STOP  # the frontend may say tool_calls
         return [TokenDelta(token_id)]
 
-    def finish(self, reason: FinishReason | str = FinishReason.LENGTH) -> list[Any]:
+    def finish(self, reason: FinishReason | str) -> list[Any]:
         if self.finish_reason is None:
             self.finish_reason = FinishReason(reason)
         return []
@@ -169,7 +167,7 @@ def engine_request(wire: WireRequest, frontend: Frontend, grammars: GrammarCompi
     if not wire.relayed:
         return GenerationRequest.build(wire.request_id, prepared, sink, wire.enqueue_ns,
                                        wire.first_index)
-    relay_eos = frozenset() if data.ignore_eos else eos
+    relay_eos = ending_eos_ids(eos, data.ignore_eos)
     choices = tuple(ChoiceState(wire.first_index + i, prepared.choice_sampling(i),
                                 TokenRelay(relay_eos), None, relayed=True)  # type: ignore[arg-type]
                     for i in range(data.n))

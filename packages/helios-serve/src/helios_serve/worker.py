@@ -77,6 +77,7 @@ from helios_serve.scheduler import (
     SchedRequest,
     Scheduler,
 )
+from helios_serve.scheduler.finish import StopRule, check_stop, ending_eos_ids
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class _Live:
     request: GenerationRequest
     choice: ChoiceState
     sched_id: int
+    stop: StopRule  # what ends it (scheduler/finish.py)
     ban: MinTokensBan | None = None  # min_tokens: ids masked before the minimum output
     scheduled_s: float | None = None  # step clock (seconds) of its first planned row
     first_token_s: float | None = None  # step clock (seconds) of the first token
@@ -402,7 +404,11 @@ class ModelWorker:
             if sampling.min_tokens > 0 and sampling.min_tokens_banned:
                 ban = MinTokensBan(len(prepared.prompt_token_ids), sampling.min_tokens,
                                    sampling.min_tokens_banned, self.geometry.mask_words)
-            self._live[sched_id] = _Live(request, choice, sched_id, ban)
+            stop = StopRule(prepared.max_output_tokens,
+                            ending_eos_ids(self.geometry.eos_token_ids, prepared.ignore_eos),
+                            prompt_tokens=len(prepared.prompt_token_ids),
+                            context_tokens=self.geometry.context_tokens)
+            self._live[sched_id] = _Live(request, choice, sched_id, stop, ban)
         self._requests[request.request_id] = _Request(request, sched_ids)
         self.metrics.prompt_tokens.inc(len(prepared.prompt_token_ids))
 
@@ -592,12 +598,9 @@ class ModelWorker:
             tokens += 1
             if prepared.needs_feedback:
                 feedback = True
-            elif live.choice.pipeline.is_eos(token):  # EOS and the output limit: publishable
-                live.ended = self.scheduler.finish(live.sched_id, FinishReason.STOP,
-                                                   result.output_tokens, publish=True)
-            elif result.output_tokens >= prepared.max_output_tokens:
-                live.ended = self.scheduler.finish(live.sched_id, FinishReason.LENGTH,
-                                                   result.output_tokens, publish=True)
+            elif (stop := check_stop(live.stop, token, result.output_tokens)) is not None:
+                live.ended = self.scheduler.finish(live.sched_id, stop.reason,
+                                                   result.output_tokens, publish=stop.publish)
         self.metrics.generation_tokens.inc(tokens)
         self._itl.flush()
         if feedback or not self._inflight:
@@ -675,8 +678,10 @@ class ModelWorker:
         # string stops are matched there, before presentation.
         pipeline = choice.pipeline
         deltas = pipeline.feed(token)
-        if not pipeline.finished and out.output_tokens >= prepared.max_output_tokens:
-            deltas = deltas + pipeline.finish(FinishReason.LENGTH)
+        if not pipeline.finished:  # EOS and host stops: the pipeline ended it already
+            stop = check_stop(live.stop, token, out.output_tokens)
+            if stop is not None:
+                deltas = deltas + pipeline.finish(stop.reason)
         # One TokenLogprob per sampled token, except the EOS id that ends the request.
         if logprob is not None and pipeline.finished and token in self.geometry.eos_token_ids:
             logprob = None

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from helios_contract import frontend_syntax_findings
 from helios_tools.token_rules import token_findings
 
+from helios_serve.scheduler.finish import ending_eos_ids
 from helios_serve.scheduler.request import FinishReason
 
 from .deltas import (
@@ -312,8 +313,8 @@ class OutputPipeline:
         self._detok = detokenizer
         self._reasoning = reasoning
         self._tools = tools
-        self._eos = frozenset() if ignore_eos else eos_token_ids
-        self._omitted = eos_token_ids if ignore_eos else frozenset()
+        self._eos = ending_eos_ids(eos_token_ids, ignore_eos)
+        self._omitted = eos_token_ids - self._eos  # ignored EOS ids: no text
         self._token_stops = (
             TokenStopMatcher(stops.token_ids, stops.token_sequences)
             if (stops.token_ids or stops.token_sequences)
@@ -339,11 +340,6 @@ class OutputPipeline:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-    def is_eos(self, token_id: int) -> bool:
-        """Whether feeding `token_id` ends generation as EOS (the worker decides this
-        before the token's output work runs)."""
-        return token_id in self._eos
 
     def feed(self, token_id: int) -> list[Delta]:
         """Process one sampled token id.
@@ -387,8 +383,9 @@ class OutputPipeline:
         self._parse(token_id, text, out)
         return self._publish(out)
 
-    def finish(self, reason: FinishReason | str = FinishReason.LENGTH) -> list[Delta]:
-        """End without EOS: LENGTH at the output limit, STOP on cancellation.
+    def finish(self, reason: FinishReason | str) -> list[Delta]:
+        """End without EOS, for `reason` (decided by scheduler/finish.py's rule: LENGTH at
+        the output or context end; or STOP on cancellation).
 
         Held stop prefixes and partial characters are flushed as text.
         """

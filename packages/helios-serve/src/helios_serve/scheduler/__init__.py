@@ -3,6 +3,7 @@
 Plain Python over plain data (STYLE.md item 3): no HTTP, no CUDA.
 """
 
+from helios_serve.scheduler.capacity import check_capacity, smallest_capacity
 from helios_serve.scheduler.pages import (
     ROOT_HASH,
     PageAllocator,
@@ -14,6 +15,7 @@ from helios_serve.scheduler.pages import (
 from helios_serve.scheduler.request import (
     AdmissionError,
     AdmissionReason,
+    CompletionError,
     FinishedRequest,
     FinishReason,
     RowResult,
@@ -21,13 +23,7 @@ from helios_serve.scheduler.request import (
     SchedulerStats,
     TransferCost,
 )
-from helios_serve.scheduler.scheduler import (
-    MAX_FRAMES,
-    CompletionError,
-    Scheduler,
-    check_capacity,
-    smallest_capacity,
-)
+from helios_serve.scheduler.scheduler import MAX_FRAMES, Scheduler
 
 __all__ = [
     "MAX_FRAMES",

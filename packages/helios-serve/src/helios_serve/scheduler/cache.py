@@ -41,7 +41,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from helios_serve.engine.plan import Route, Tier
-from helios_serve.scheduler.pages import ROOT_HASH, PageAllocator, PageGrant, PrefixMatch
+from helios_serve.scheduler.pages import PageAllocator, PageGrant, PrefixMatch, chain_at
 from helios_serve.scheduler.rows import RowPool
 from helios_serve.scheduler.transfers import Done, Failed, TransferQueue
 
@@ -183,7 +183,7 @@ class CacheManager:
         """The longest snapshot after `pages` complete pages. Held in both tiers, it is
         restored from continuation storage (a device copy), or from the host tier when
         `prefer_host` (pages come from there anyway: the restore joins their step)."""
-        chain = hashes[pages - 1] if pages else ROOT_HASH
+        chain = chain_at(hashes, pages)
         tails = self._tails.get(chain)
         if not tails:
             return None
@@ -469,3 +469,30 @@ class CacheManager:
                 and self.host.writing_rows == 0
                 and self.continuation.resident_rows == self.continuation.idle_rows
                 and self.host.resident_rows == self.host.idle_rows)
+
+    def stats(self) -> dict[str, int]:
+        """The SchedulerStats fields of the tiers: page gauges and prefix-cache counters,
+        snapshot and host-tier counters and row gauges."""
+        p = self.pages
+        return dict(
+            pages_total=p.num_pages,
+            pages_free=p.free_pages,
+            pages_used=p.used_pages,
+            pages_cached=p.cached_pages,
+            pages_evictable=p.evictable_pages,
+            prefix_queries=p.prefix_queries,
+            prefix_hit_pages=p.prefix_hit_pages,
+            page_evictions=p.evictions,
+            pages_published=p.published,
+            snapshot_publications=self.publications,
+            snapshot_evictions=self.snapshot_evictions,
+            snapshot_hits=self.snapshot_hits,
+            snapshots_resident=self.snapshots_resident,
+            continuation_rows_used=self.continuation.used_rows,
+            host_rows_total=self.host.rows,
+            host_rows_used=self.host.used_rows,
+            host_hits=self.host_hits,
+            host_swap_ins=self.swap_ins,
+            host_swap_outs=self.swap_outs,
+            host_evictions=self.host_evictions,
+        )

@@ -52,14 +52,37 @@ def page_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     return h.digest()
 
 
+def extend_chain(hashes: list[bytes], tokens: Sequence[int], page_tokens: int,
+                 count: int) -> list[bytes]:
+    """Extend a sequence's page-hash chain to its first `count` complete pages: the one
+    place a chain grows (every user calls it; ROOT_HASH is the parent of page 0).
+
+    Args:
+        hashes: chain hashes of the leading complete pages of `tokens`, in position order;
+            appended to in place.
+        tokens: the sequence's token ids (at least count * page_tokens of them).
+        page_tokens: tokens per page.
+        count: complete pages the chain should cover; no change when it covers as many.
+
+    Returns:
+        `hashes` itself.
+    """
+    parent = hashes[-1] if hashes else ROOT_HASH
+    for i in range(len(hashes), count):
+        parent = page_hash(parent, tokens[i * page_tokens : (i + 1) * page_tokens])
+        hashes.append(parent)
+    return hashes
+
+
 def chain_hashes(tokens: Sequence[int], page_tokens: int, count: int) -> list[bytes]:
     """Hashes of the first `count` complete pages of `tokens`."""
-    out: list[bytes] = []
-    parent = ROOT_HASH
-    for i in range(count):
-        parent = page_hash(parent, tokens[i * page_tokens : (i + 1) * page_tokens])
-        out.append(parent)
-    return out
+    return extend_chain([], tokens, page_tokens, count)
+
+
+def chain_at(hashes: Sequence[bytes], pages: int) -> bytes:
+    """The chain hash after the first `pages` complete pages (ROOT_HASH for none): what a
+    snapshot's continuation row is keyed under."""
+    return hashes[pages - 1] if pages else ROOT_HASH
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,10 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"  # execution or output failure
 
 
+class CompletionError(RuntimeError):
+    """A completion record disagrees with the plan it claims to complete."""
+
+
 @dataclass(frozen=True, init=False)
 class RowResult:
     """One completed plan row of a live request.

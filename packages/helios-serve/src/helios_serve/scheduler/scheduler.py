@@ -5,8 +5,8 @@ The worker drives one loop (STYLE.md item 1):
     plan = scheduler.schedule()          # StepPlan or None
     sampled = runtime.execute(plan)      # one id per plan row, submission order
     for r in scheduler.complete(plan, sampled):
-        ...stop logic...                 # the worker owns EOS / length / stops
-        scheduler.finish(r.request_id, reason)   # when it decides
+        stop = check_stop(rule, r.token_id, r.output_tokens)   # scheduler/finish.py
+        scheduler.finish(r.request_id, stop.reason, ...)        # when it ends
 
 and must call `finish` for every decided request before the next `schedule()`.
 
@@ -30,24 +30,13 @@ Index spaces: a row's position in `StepPlan.rows` is its submission row;
 `RowPlan.slot` a physical request row; positions count tokens of the
 request's own sequence (prompt, then output).
 
-Speculative generation (geometry.speculative_widths non-empty): every generation row
-of a request that can speculate is a SPECULATIVE lane of length n = min(widest served
-W, output budget left) -- 1 while its next token is masked (min_tokens; grammar unless
-the core masks a constrained lane's copied candidates per position: then 1 + the copied
-candidates its grammar accepts) --
-with pages reserved for all n positions (the lane's full ceiling); a lane whose pages
-are not available waits, it is never shortened for them (lane lengths depend on the
-request alone, so a seeded request samples the same text alone and in any batch).
-Requests whose tokens need what speculative programs do not compute (logit_bias,
-logprobs) run as DECODE rows of the same core; a DECODE step and a SPECULATIVE step
-alternate when both kinds are ready (least recently served group first). A
-speculative plan needs its completion before
-the same requests are planned again (the consumed endpoints come from it). Its
-completion is one lane record per row, validated as a whole before any request state
-changes (`CompletionError` otherwise); each lane then yields one RowResult per emitted
-token and its consumed endpoint rewinds to start + emitted. Pages completed by a
-lane's accepted tokens are published only at its next completion (the worker may end
-the request inside the run and discard the rest: discarded tokens are never cached).
+Speculative generation (geometry.speculative_widths non-empty; scheduler/lanes.py): a
+request that can speculate gets SPECULATIVE lanes, with pages reserved for the lane's full
+ceiling (a lane whose pages are not available waits, never shortened); the others get
+DECODE rows of the same core; a DECODE step and a SPECULATIVE step alternate when both
+kinds are ready (least recently served group first). A speculative plan needs its
+completion before the same requests are planned again; each lane then yields one
+RowResult per emitted token and its consumed endpoint rewinds to start + emitted.
 
 Two execution frames (model-contract.md: completion feedback): `schedule()` may
 be called again before `complete()` of the previous plan only while
@@ -63,47 +52,39 @@ finishes it and the ahead row's result is discarded; slot and pages are released
 when that frame completes. Plans complete in issue order.
 
 On a speculative core rows go ahead only as DECODE rows, and only under the width policy
-(`_build_decode` states the rule): when it picks plain DECODE for the cohort, in-flight
-requests included, the decode is planned ahead exactly as on a plain core; when it picks
-speculation, requests with an in-flight row wait for its completion (a lane needs its
-completed record: consumed endpoint, copied candidates) and the choice is decided again
-then; where no program could beat decode (`WidthPolicy.decode_certain`) the decode is
-planned without proposing copied candidates or deciding. Fixed-width speculation plans
-nothing ahead. The policy's step cost is what a run of such steps costs the batch per
-step (`_observe_cost`): a SPECULATIVE step from the previous completion (its host work
-included), a DECODE step from its issue or the previous completion, whichever is later.
+(`_build_decode` states the rule); fixed-width speculation plans nothing ahead.
 
-Exact-endpoint snapshots and the host tier (scheduler/cache.py): admission reuses the
-longest cached prefix across tiers (device pages, host-tier pages, then a snapshot's
-tail), and every copy that reuse, publication or eviction needs is issued as TRANSFER
-plans ahead of the plan that depends on it (`schedule` returns them first, then the
-generation plan built with them). With nothing else to run (no live request, no step in
-flight), `schedule` writes published pages and captured snapshots back to free host rows
-(CacheManager.queue_write_backs), so that their later eviction costs no copy and a
-revisit's swap-in is one TRANSFER step. Snapshots are published where the committed state
-reaches a publishable endpoint: each prompt-turn end the request marks
-(`SchedRequest.publish_endpoints`) and the request's end when the worker finishes it
-with `publish=True` (EOS or output limit; a matched stop, host stop, cancellation or
-failure publishes nothing). A failed TRANSFER publishes nothing and fails the requests
-whose pages it was filling.
+Exact-endpoint snapshots and the host tier (scheduler/cache.py, scheduler/publication.py):
+every copy that reuse, publication or eviction needs is issued as TRANSFER plans ahead of
+the plan that depends on it (`schedule` returns them first, then the generation plan built
+with them). With nothing else to run (no live request, no step in flight), `schedule`
+writes published pages and captured snapshots back to free host rows
+(CacheManager.queue_write_backs), so that their later eviction costs no copy. A failed
+TRANSFER publishes nothing and fails the requests whose pages it was filling.
+
+Collaborators, each owning its state (the scheduler owns admission and planning, and
+reads the rest):
+
+    lifecycle.Lifecycle        the live requests (waiting, running), completion records
+                               and the requests' ends
+    frames.Frames              plans built and issued, and when another may be issued
+    allocation.SequencePages   slots and pages; sets and resets a Sequence's cache fields
+    publication.Publisher      pages and snapshots published from committed state
+    lanes.SpeculativeLanes     lane lengths, copied candidates, the width policy's choice,
+                               lane-record validation and counts
+    step_clock.StepClock       the step costs the width policy weighs
+    transfers.TransferQueue    copies batched into TRANSFER plans, and their fences
+    cache.CacheManager         the tiers: device pages, continuation rows, host rows
 """
 
 from __future__ import annotations
 
-import dataclasses
-import heapq
 import time
-from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
 
 import numpy as np
-from helios_tools.kernels.speculative import (
-    FIELD_ACCEPTED,
-    FIELD_EMITTED,
-    FIELD_OFFERS,
-    RECORD_FIELDS,
-)
 
 from helios_serve.engine.plan import (
     PENDING_PLACEHOLDER,
@@ -113,8 +94,17 @@ from helios_serve.engine.plan import (
     StepKind,
     StepPlan,
 )
-from helios_serve.scheduler.cache import CacheManager, SnapshotKey
-from helios_serve.scheduler.pages import ROOT_HASH, page_hash
+from helios_serve.scheduler.allocation import SequencePages
+from helios_serve.scheduler.cache import CacheManager
+from helios_serve.scheduler.capacity import (
+    ceil_div,
+    check_capacity,
+    host_tier_pays,
+)
+from helios_serve.scheduler.frames import Frames
+from helios_serve.scheduler.lanes import SpeculativeLanes, speculates
+from helios_serve.scheduler.lifecycle import Lifecycle
+from helios_serve.scheduler.publication import Publisher
 from helios_serve.scheduler.request import (
     AdmissionError,
     AdmissionReason,
@@ -126,9 +116,9 @@ from helios_serve.scheduler.request import (
     TransferCost,
 )
 from helios_serve.scheduler.sequence import Sequence
-from helios_serve.scheduler.transfers import PendingCopy, TransferQueue
+from helios_serve.scheduler.step_clock import StepClock
+from helios_serve.scheduler.transfers import TransferQueue
 from helios_serve.speculation import HistoryIndex, WidthPolicy
-from helios_serve.speculation.policy import Choice
 
 MAX_FRAMES = 2
 _PLACEHOLDER = (PENDING_PLACEHOLDER,)  # a decode row's tokens while its token is on the device
@@ -137,105 +127,17 @@ _PLACEHOLDER = (PENDING_PLACEHOLDER,)  # a decode row's tokens while its token i
 WRITE_BACK_ROWS = 64
 
 
-def speculates(request: SchedRequest) -> bool:
-    """Whether a request's generation rows may be SPECULATIVE lanes: speculative
-    programs apply no logit bias and record no logprobs (helios_tools.kernels.
-    speculative.spec_verify_coupled), so such requests run as DECODE rows instead."""
-    sampling = request.sampling
-    return not sampling.logit_bias and sampling.logprobs is None
+@dataclass
+class _Counts:
+    """The SchedulerStats counters the scheduler keeps itself (its collaborators keep
+    theirs)."""
 
-
-class CompletionError(RuntimeError):
-    """A completion record disagrees with the plan it claims to complete."""
-
-
-def smallest_capacity(capacities: Seq[int], n: int) -> int | None:
-    """Smallest captured capacity >= n (capacities ascending), or None."""
-    for c in capacities:
-        if c >= n:
-            return c
-    return None
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def check_capacity(geometry: ModelGeometry, request: SchedRequest) -> AdmissionError | None:
-    """The admission rule: whether a request fits the prepared capacities at all.
-
-    Preparation calls it (so a request that can never fit is refused before any
-    response byte) and `Scheduler.add` calls it again; it is written only here.
-
-    Returns:
-        None, or the first capacity the prompt plus the output limit exceeds
-        (context, page-table width, cache pages); `prompt_fits` tells whether the
-        prompt with a single output token would have fit.
-    """
-    g = geometry
-    prompt = len(request.prompt_tokens)
-    rid = request.request_id
-    if prompt == 0:
-        return AdmissionError(rid, AdmissionReason.EMPTY_PROMPT, "prompt has no tokens", False)
-    if request.max_output_tokens < 1:
-        return AdmissionError(
-            rid,
-            AdmissionReason.INVALID_OUTPUT_LIMIT,
-            f"max_output_tokens {request.max_output_tokens} < 1",
-        )
-    return _exceeded(g, rid, prompt, request.max_output_tokens)
-
-
-def _exceeded(g: ModelGeometry, rid: int, prompt: int, output: int) -> AdmissionError | None:
-    total = prompt + output
-    pages = _ceil_div(total, g.page_tokens)  # entries of each page-table view
-    owned = pages + g.extra_pages_per_request  # pages the request holds at its end
-    if total <= g.context_tokens and pages <= g.max_pages_per_request and owned <= g.num_pages:
-        return None
-    prompt_fits = output > 1 and _exceeded(g, rid, prompt, 1) is None
-    if total > g.context_tokens:
-        return AdmissionError(
-            rid,
-            AdmissionReason.CONTEXT_EXCEEDED,
-            f"prompt {prompt} + max output {output} tokens exceeds the context of "
-            f"{g.context_tokens} tokens",
-            prompt_fits,
-        )
-    if pages > g.max_pages_per_request:
-        return AdmissionError(
-            rid,
-            AdmissionReason.PAGE_TABLE_EXCEEDED,
-            f"{total} tokens need {pages} pages; the page table holds {g.max_pages_per_request}",
-            prompt_fits,
-        )
-    if owned > g.num_pages:
-        return AdmissionError(
-            rid,
-            AdmissionReason.CACHE_EXCEEDED,
-            f"{total} tokens need {owned} pages; the cache has {g.num_pages}",
-            prompt_fits,
-        )
-    raise AssertionError("unreachable: some capacity is exceeded")
-
-
-def host_tier_pays(geometry: ModelGeometry, cost: TransferCost) -> bool:
-    """Whether pages leaving the device go to the host tier (and come back by copy) or
-    are dropped and recomputed; decided once, at startup, for every page alike.
-
-    Cost rule (TransferCost.swap_pays): a page kept in the host tier is copied out once
-    (at its eviction, or ahead of it while idle) and back once (at a revisit), each copy
-    one row of a TRANSFER step holding up to `transfer_rows` copies, so a step's fixed
-    cost is shared by that many pages:
-
-        swap      = 2 * (transfer_step_s / transfer_rows + page_copy_s)
-        recompute = page_tokens / prefill_tokens_per_s
-
-    Swap when swap < recompute. A revisit of H host pages then takes ceil(H /
-    transfer_rows) steps (one for SmolLM2's 512-row programs: a whole 8,192-token
-    history), its snapshot's row joining them when the host tier holds it too.
-    """
-    rows = geometry.transfer_rows
-    return rows > 0 and cost.swap_pays(geometry.page_tokens, 1, 1 / rows)
+    admitted: int = 0
+    readmitted: int = 0
+    preemptions: int = 0
+    preemption_swaps: int = 0
+    rejected: dict[AdmissionReason, int] = field(
+        default_factory=lambda: dict.fromkeys(AdmissionReason, 0))
 
 
 class Scheduler:
@@ -275,8 +177,7 @@ class Scheduler:
         g = geometry
         if not 1 <= frames <= MAX_FRAMES:
             raise ValueError(f"frames must be in 1..{MAX_FRAMES}, got {frames}")
-        self.frames = frames
-        self.device_pending = device_pending
+        self._frames = Frames(frames, device_pending)
         if g.slots < 1 or g.prefill_row_capacity < 1:
             raise ValueError("geometry needs at least one slot and one prefill row")
         for name in ("decode_capacities", "prefill_token_capacities"):
@@ -284,8 +185,6 @@ class Scheduler:
             if not caps or list(caps) != sorted(set(caps)) or caps[0] < 1:
                 raise ValueError(f"{name} must be nonempty, positive and ascending: {caps}")
         self.geometry = g
-        self.widths = tuple(g.speculative_widths)
-        self.max_width = max(self.widths) if self.widths else 0
         self.transfer_cost = transfer_cost or TransferCost()
         self._transfers = TransferQueue(g.transfer_rows)
         self.swap_pages = host_tier_pays(g, self.transfer_cost)
@@ -294,55 +193,16 @@ class Scheduler:
                                   routes=g.routes, queue=self._transfers,
                                   sharing=not g.extra_pages_per_request,
                                   write_back=write_back)
-        self.pages = self.cache.pages
-        self._ready: deque[StepPlan] = deque()  # built, not yet issued; issue order
-        # Outstanding or ready TRANSFER plans (by identity) -> their copies' fence actions.
-        self._copies: dict[int, tuple[PendingCopy, ...]] = {}
-        self._free_slots = list(range(g.slots))  # min-heap: lowest slot first
-        self._generations = [0] * g.slots  # per physical request row
-        self._requests: dict[int, Sequence] = {}  # every live request
-        self._waiting: deque[Sequence] = deque()  # FIFO; preempted go to the front
-        self._running: list[Sequence] = []  # slot holders, admission order (oldest first)
-        self._outstanding: deque[StepPlan] = deque()  # issued, not completed; issue order
-        self._last_kind: StepKind | None = None
-        self._step = 0
+        self.alloc = SequencePages(g, self.cache)
+        self.publisher = Publisher(self.cache, g.page_tokens,
+                                   shared=not g.extra_pages_per_request)
         self._order = 0
-        self._preemptions = 0
-        self._admitted = 0
-        self._readmitted = 0
-        self._prefill_steps = 0
-        self._decode_steps = 0
-        self._prompt_tokens_computed = 0
-        self._rejected = dict.fromkeys(AdmissionReason, 0)
-        self._finished = dict.fromkeys(FinishReason, 0)
-        self._spec_steps = self._spec_draft = self._spec_accepted = 0
-        self._spec_per_position = [0] * max(self.max_width - 1, 0)
-        self._spec_lengths = [0] * (self.max_width + 1)
-        self._feedback = 0  # live requests that need feedback and are not retiring
-        if history_drafting and not g.copied_proposals:
-            raise ValueError("history drafting needs speculative programs with copied-token "
-                             "inputs")
-        self.history_drafting = history_drafting
-        self._history_index = history_index
-        if isinstance(width_policy, WidthPolicy) or not width_policy or not self.widths:
-            self.policy = width_policy if width_policy and self.widths else None
-        else:
-            self.policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
-                                      g.prefix_programs)
-        self._clock = clock
-        self._issued: deque[tuple[float, tuple | None]] = deque()  # per outstanding plan
-        self._choice: Choice | None = None  # the policy's choice for the plan being built
-        # request id -> its lane's copied candidates, proposed for the plan being built
-        self._lanes_now: dict[int, CopiedCandidates | None] = {}
-        # clock at the latest completion (any plan), or when `schedule` found work after
-        # finding none with nothing in flight (`_resting`: the machine idled until then)
-        self._completed_at = -float("inf")
-        self._resting = True
-        self._completed_key: tuple | None = None  # program key of the latest completion
-        self._spec_copied_draft = self._spec_copied_accepted = 0
-        self._reused_tokens = 0
-        self._transfer_steps = 0
-        self._preemption_swaps = 0
+        self._counts = _Counts()
+        self.lanes = SpeculativeLanes(g, history_drafting=history_drafting,
+                                      history_index=history_index, width_policy=width_policy)
+        self._clock = StepClock(clock, self.lanes.policy, self.lanes.widths)
+        self.live = Lifecycle(g, self.alloc, self.publisher, self.lanes, self._frames,
+                              self._clock, self._transfers)
 
     # -- admission --------------------------------------------------------------
 
@@ -355,22 +215,20 @@ class Scheduler:
         Raises:
             ValueError: request_id is already live (a caller bug).
         """
-        if request.request_id in self._requests:
+        if request.request_id in self.live.requests:
             raise ValueError(f"request {request.request_id} is already live")
         error = check_capacity(self.geometry, request)
         if error is not None:
-            self._rejected[error.reason] += 1
+            self._counts.rejected[error.reason] += 1
             return error
         seq = Sequence(request, order=-1)
-        parent = self._requests.get(request.fork_of) if request.fork_of is not None else None
+        parent = self.live.requests.get(request.fork_of) if request.fork_of is not None else None
         if parent is not None and self.cache.snapshots and parent.fork_endpoint is None \
                 and parent.request.prompt_tokens == request.prompt_tokens:
             # The choice restores the parent's state after all but the last prompt token
             # (one continuation row) instead of recomputing the prompt's partial page.
             parent.fork_endpoint = len(request.prompt_tokens) - 1
-        self._requests[request.request_id] = seq
-        self._waiting.append(seq)
-        self._feedback += request.needs_feedback
+        self.live.queue(seq)
         return None
 
     # -- planning ---------------------------------------------------------------
@@ -383,17 +241,17 @@ class Scheduler:
         (non-final prefill chunks), or is a DECODE and pending tokens are device-owned.
         False otherwise: complete the oldest plan first.
         """
-        if not self._outstanding:
-            return True
-        if len(self._outstanding) >= self.frames or self._feedback_live():
-            return False
-        newest = self._outstanding[-1]
-        if self.device_pending and newest.kind is StepKind.DECODE:
-            return True  # whether its rows sample or not (checked first: no row scan)
-        return not any(r.sample for r in newest.rows)
+        return self._frames.may_issue(self.live.feedback > 0)
 
-    def _feedback_live(self) -> bool:
-        return self._feedback > 0
+    @property
+    def frames(self) -> int:
+        """Execution frames the runtime offers."""
+        return self._frames.frames
+
+    @property
+    def device_pending(self) -> bool:
+        """Decode graphs read the pending token on the device."""
+        return self._frames.device_pending
 
     def schedule(self) -> StepPlan | None:
         """Plan the next step, or None when nothing can run now.
@@ -417,44 +275,36 @@ class Scheduler:
         # then the generation plan; one per call.
         if not self.can_schedule_ahead():
             raise RuntimeError("complete the outstanding plan before scheduling again")
-        if self._resting:  # the machine idled (nothing to run) until this call
-            self._resting = False
-            self._completed_at = self._clock()
-        if self._ready:
-            return self._issue(self._ready.popleft())
+        self._clock.wake()  # after idle time (nothing to run), step costs start now
+        frames = self._frames
+        if (plan := frames.next_ready()) is not None:
+            return self._issue(plan)
         admit = True
         while True:
             plan = self._build(admit)
-            ready = self._drain_transfers()
+            ready = self._transfers.drain()
             if plan is not None:
                 ready.append(plan)
             elif not ready and self._idle() and self.cache.queue_write_backs(
                     min(self.geometry.transfer_rows, WRITE_BACK_ROWS)):
-                ready = self._drain_transfers()  # idle: write back ahead of eviction
+                ready = self._transfers.drain()  # idle: write back ahead of eviction
             if ready:
-                self._ready.extend(ready[1:])
+                frames.hold(ready[1:])
                 return self._issue(ready[0])
-            if self._outstanding:
+            if frames.outstanding:
                 return None
             if not self._preempt_newest():
-                self._resting = True  # nothing in flight, nothing to run: idle time
+                self._clock.rest()  # nothing in flight, nothing to run: idle time
                 return None
             admit = False
 
     def _idle(self) -> bool:
         """No live request and no step in flight: what runs now delays nobody."""
-        return not self._requests and not self._outstanding and not self._ready
-
-    def _drain_transfers(self) -> list[StepPlan]:
-        plans = []
-        for plan, copies in self._transfers.drain():
-            self._copies[id(plan)] = copies
-            plans.append(plan)
-        return plans
+        return not self.live.requests and not self._frames.outstanding and not self._frames.ready
 
     def _build(self, admit: bool) -> StepPlan | None:
-        decode_first = self._last_kind is StepKind.PREFILL and any(
-            s.can_decode for s in self._running
+        decode_first = self._frames.last_kind is StepKind.PREFILL and any(
+            s.can_decode for s in self.live.running
         )
         if decode_first:
             return self._build_decode() or self._build_prefill(admit)
@@ -467,25 +317,25 @@ class Scheduler:
         budget = g.prefill_token_capacities[-1]  # packed tokens left
         rows: list[RowPlan] = []
         # Sequence.in_prefill as one filter first: in steady decode no running request is.
-        for seq in [s for s in self._running if s.num_scheduled < s.prefill_tokens]:
+        for seq in [s for s in self.live.running if s.num_scheduled < s.prefill_tokens]:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
             if seq.can_prefill:
-                n = self._grow(seq, budget)
+                n = self.alloc.grow(seq, budget)
                 if n:
                     rows.append(self._prefill_row(seq, n))
                     budget -= n
-        while admit and self._waiting and self._free_slots:
+        while admit and self.live.waiting and self.alloc.free_slots:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
-            seq = self._waiting[0]
+            seq = self.live.waiting[0]
             if self._awaits_fork_parent(seq):
                 break  # strict FIFO: the choice waits for its prompt's pages
             if not self._admit(seq, budget):
                 break  # strict FIFO: later requests don't overtake the head
-            self._waiting.popleft()
+            self.live.waiting.popleft()
             n = min(seq.prefill_tokens - seq.num_scheduled, budget)
-            n = min(n, self._token_pages(seq) * g.page_tokens - seq.num_scheduled)
+            n = min(n, self.alloc.token_pages(seq) * g.page_tokens - seq.num_scheduled)
             rows.append(self._prefill_row(seq, n))
             budget -= n
         return StepPlan(StepKind.PREFILL, tuple(rows)) if rows else None
@@ -496,77 +346,27 @@ class Scheduler:
         the snapshot of all but the prompt's last token is being captured (then it
         restores that instead of recomputing the partial page: one prefilled token)."""
         parent_id = seq.request.fork_of
-        parent = self._requests.get(parent_id) if parent_id is not None else None
+        parent = self.live.requests.get(parent_id) if parent_id is not None else None
         if parent is None:
             return False
         if parent.fork_snapshot is not None and self.cache.capturing(parent.fork_snapshot):
             return True  # its fence is one TRANSFER step away (a failure frees it)
         return not parent.retiring and parent.num_computed < parent.num_prompt_tokens
 
-    def _grow(self, seq: Sequence, budget: int) -> int:
-        """Take pages for the next prefill chunk of a running request.
-
-        Returns the chunk length (tokens): min(remaining, budget), shortened to
-        what the available pages cover; 0 when no page is available.
-        """
-        pt = self.geometry.page_tokens
-        start = seq.num_scheduled
-        n = min(seq.prefill_tokens - start, budget)
-        need = _ceil_div(start + n, pt) - self._token_pages(seq)
-        if need > 0:
-            need = min(need, self.pages.available_pages)
-            n = min(n, (self._token_pages(seq) + need) * pt - start)
-            if n <= 0:
-                return 0
-            if need:
-                grant = self.pages.acquire(None, need)
-                assert grant is not None
-                seq.page_ids.extend(grant.page_ids)
-        return n
-
-    def _token_pages(self, seq: Sequence) -> int:
-        """Pages of `seq` that hold its token positions (the rest are the extra pages of
-        shifted page-table views)."""
-        return len(seq.page_ids) - self.geometry.extra_pages_per_request
-
     def _admit(self, seq: Sequence, budget: int) -> bool:
-        """Give the waiting head a slot and pages for its first chunk, reusing the
-        longest cached prefix (device pages, host-tier pages, a snapshot); False (no
-        change) if the pages for the reused part and one computed token are not there."""
-        pt = self.geometry.page_tokens
-        extra = self.geometry.extra_pages_per_request
-        # A shifted page-table view keeps block i's history in page i + offset: pages are
-        # then private to their request (the cache shares nothing: CacheManager.sharing).
-        match = self.cache.match(seq.tokens)
-        start = match.reused_tokens
-        n = min(len(seq.tokens) - start, budget)
-        held = len(match.device.page_ids) + match.fresh_pages  # pages of the reused part
-        need = min(_ceil_div(start + n, pt) + extra - held, self.cache.available_for(match))
-        if need < 0 or (held + need - extra) * pt <= start:
-            return False  # no page for the first token to compute
-        grant = self.cache.grant(match, need, lambda: self._transfer_failed(seq))
-        assert grant is not None
-        slot = heapq.heappop(self._free_slots)
-        self._generations[slot] += 1
+        """Give the waiting head a slot and pages for its first chunk (SequencePages.
+        allocate: the longest cached prefix is reused); False (no change) if the pages for
+        the reused part and one computed token are not there."""
         readmission = seq.order >= 0
+        if not self.alloc.allocate(seq, budget, lambda: self.live.transfer_failed(seq)):
+            return False
         self._order += 1
         seq.order = self._order
-        seq.slot = slot
-        seq.generation = self._generations[slot]
-        seq.prefill_tokens = len(seq.tokens)
-        seq.page_ids = list(grant.page_ids)
-        seq.page_hashes = list(match.device.hashes)
-        seq.num_published = match.complete_pages  # host pages are published by their copy
-        seq.num_scheduled = seq.num_computed = start
-        seq.needs_histogram = True
-        self._reused_tokens += start
-        if seq.reused_prompt_tokens is None:
-            seq.reused_prompt_tokens = grant.reused_tokens
         if readmission:
-            self._readmitted += 1
+            self._counts.readmitted += 1
         else:
-            self._admitted += 1
-        self._running.append(seq)
+            self._counts.admitted += 1
+        self.live.running.append(seq)
         return True
 
     def _prefill_row(self, seq: Sequence, n: int) -> RowPlan:
@@ -588,7 +388,7 @@ class Scheduler:
         # that decode row may get a DECODE row now (fed from the device). On a speculative
         # core that needs the width policy, and only where the step is plain decode anyway:
         # - the policy decides for the whole cohort, in-flight requests included (their
-        #   ceilings and copied counts estimated from the tokens known: `_copied_counts`);
+        #   ceilings and copied counts estimated from the tokens known: SpeculativeLanes.split);
         # - it picks plain DECODE: every ready request gets a DECODE row, ahead or not;
         # - it picks speculation: a request with an in-flight row never gets a SPECULATIVE
         #   lane (a lane needs its completed record: the consumed endpoint, the tokens its
@@ -597,66 +397,34 @@ class Scheduler:
         #   decided again then); requests that cannot speculate still get DECODE rows.
         # Fixed-width speculation (no policy) plans no row ahead: every speculating
         # request's next row is a lane.
-        ahead = bool(self._outstanding) and self.device_pending and (
-            not self.widths or self.policy is not None)
-        ready = [s for s in self._running if s.decode_ready(ahead)]
+        lanes_of = self.lanes
+        ahead = bool(self._frames.outstanding) and self.device_pending and (
+            not lanes_of.widths or lanes_of.policy is not None)
+        ready = [s for s in self.live.running if s.decode_ready(ahead)]
         cap = self.geometry.decode_capacities[-1]
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
             ready = [s for s in ready if id(s) in keep]
-        self._choice = None
-        self._lanes_now = {}
-        if not self.widths or not ready:
-            return self._build_plain(ready)
-        lanes = [s for s in ready if speculates(s.request)]
-        plain = [s for s in ready if not speculates(s.request)]
-        if lanes and self.policy is not None:
-            if self.policy.decode_certain(len(lanes)):  # no lane could win: skip the
-                choice = Choice(0, 0, "certain")  # proposals and the choice (host time)
-            else:
-                ceilings = [(s.request_id, self.lane_ceiling(s)) for s in lanes]
-                copied = (self._copied_counts(lanes, ceilings) if self.history_drafting
-                          else None)
-                choice = self.policy.decide(ceilings, copied)
-            if choice.width == 0:  # plain decode is the best program for them now
-                plain, lanes = ready, []
-            elif any(s.inflight_samples for s in lanes):
-                lanes, choice = [], None  # they wait for their completion (not committed)
-            if choice is not None:
-                self._choice = self.policy.commit(choice)
+        plain, lanes = lanes_of.split(ready)  # the width policy decides (SpeculativeLanes)
+        if not lanes:
+            return self._build_plain(plain)
         if speculates(min(ready, key=lambda s: (s.last_step, s.order)).request):
             return self._build_speculative(lanes) or self._build_plain(plain)
         return self._build_plain(plain) or self._build_speculative(lanes)
 
-    def _copied_counts(self, lanes: list[Sequence],
-                       ceilings: list[tuple[int, int]]) -> dict[int, int]:
-        """request id -> copied candidates its lane would carry now (the width policy
-        weighs them before the step). A request with no row in flight proposes for its
-        lane (`_candidates`, kept in `_lanes_now` for `_build_speculative`: one proposal
-        per lane per step); one whose decode row is in flight (planned ahead: its pending
-        token is not known yet) proposes from the tokens known, the proposal's first id
-        standing for the pending token, so its count is one less."""
-        copied = {}
-        for seq, (rid, n) in zip(lanes, ceilings, strict=True):
-            if seq.inflight_samples:
-                copied[rid] = max(len(self._propose(seq, n)) - 1, 0) if n > 1 else 0
-            else:
-                candidates = self._lanes_now[rid] = self._candidates(seq, n)
-                copied[rid] = len(candidates.ids) if candidates else 0
-        return copied
     def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
         """A DECODE row per ready request whose next page is available."""
         pt = self.geometry.page_tokens
         extra = self.geometry.extra_pages_per_request
-        step = self._step
+        step = self._frames.step
         rows: list[RowPlan] = []
+        alloc = self.alloc
         for seq in ready:
             pos = seq.num_scheduled  # the pending token's position
-            if pos == (len(seq.page_ids) - extra) * pt:  # pending token opens a page
-                grant = self.pages.acquire(None, 1)
-                if grant is None:
-                    continue  # waits for reclamation (or preemption)
-                seq.page_ids.extend(grant.page_ids)
+            # The pending token opens a page: a page for it, or it waits for reclamation
+            # (or preemption).
+            if pos == (len(seq.page_ids) - extra) * pt and not alloc.extend(seq, pos + 1):
+                continue
             # The pending token, or a placeholder while it is still on the device.
             fed = (seq.tokens[pos],) if pos < len(seq.tokens) else _PLACEHOLDER
             # _row of a one-token sampling row, spelled out (every decode row of every step):
@@ -670,96 +438,34 @@ class Scheduler:
     def _build_speculative(self, ready: list[Sequence]) -> StepPlan | None:
         """One SPECULATIVE lane per ready request (`lane_ceiling`), pages for all of it
         reserved first; a lane whose pages are not available waits."""
-        pt = self.geometry.page_tokens
-        choice = self._choice
+        lanes = self.lanes
         rows: list[RowPlan] = []
-        proposed = self._lanes_now  # this step's proposals (`_copied_counts`), if made
         for seq in ready:
             start = seq.num_scheduled  # the pending token's position
-            n = self.lane_ceiling(seq)
-            if choice is not None:
-                n = min(n, choice.width)
-            need = _ceil_div(start + n, pt) - self._token_pages(seq)
-            if need > 0:
-                grant = self.pages.acquire(None, need)
-                if grant is None:
-                    continue  # waits for reclamation (or preemption), never shortened
-                seq.page_ids.extend(grant.page_ids)
+            n = lanes.length(seq)
+            if not self.alloc.extend(seq, start + n):
+                continue  # waits for reclamation (or preemption), never shortened
             fed = seq.tokens[start : start + 1] or [PENDING_PLACEHOLDER]
-            if seq.request_id in proposed:  # proposed for the ceiling: this lane's share
-                candidates = proposed[seq.request_id]
-                if candidates is not None and len(candidates.ids) >= n:
-                    candidates = (dataclasses.replace(candidates, ids=candidates.ids[:n - 1])
-                                  if n > 1 else None)
-            else:
-                candidates = self._candidates(seq, n)
             rows.append(self._row(seq, fed, sample=True, histogram=None, decode=True,
-                                  lane_length=n, candidates=candidates))
+                                  lane_length=n, candidates=lanes.candidates(seq, n)))
         if not rows:
             return None
-        packed = choice.packed_rows if choice is not None else 0
-        if packed and len(rows) > packed // 2:  # the prefix program holds len(rows) lanes
-            packed = 0
-        return StepPlan(StepKind.SPECULATIVE, tuple(rows), packed)
-
-    def _candidates(self, seq: Sequence, n: int) -> CopiedCandidates | None:
-        """History drafting: up to n - 1 tokens copied from the request's own sequence
-        for the lane starting at its pending token (speculation.HistoryIndex); for a
-        constrained request, only those its grammar accepts (`_constrained_candidates`)."""
-        if not self.history_drafting or n < 2:
-            return None
-        if seq.request.width_one:
-            ids = self._constrained_candidates(seq)[:n - 1]
-        else:
-            ids = self._propose(seq, n - 1)
-        if not ids:
-            return None
-        return CopiedCandidates(ids, seq.generation, seq.num_scheduled + 1)
-
-    def _propose(self, seq: Sequence, count: int) -> tuple[int, ...]:
-        if seq.history is None:
-            seq.history = self._history_index()
-        return seq.history.propose(seq.tokens, count)  # tokens end with the pending one
-
-    def _constrained_candidates(self, seq: Sequence) -> tuple[int, ...]:
-        """The copied candidates a constrained request's lane verifies: the longest
-        prefix of the history proposal that its grammar accepts (the worker then sends
-        the grammar mask of every position after one). Proposed once per endpoint."""
-        key = (seq.generation, len(seq.tokens))
-        if seq.constrained_candidates is None or seq.constrained_candidates[0] != key:
-            ids = self._propose(seq, self.max_width - 1)
-            check = seq.request.candidate_filter
-            keep = check(ids) if ids and check is not None else 0
-            seq.constrained_candidates = (key, ids[:keep])
-        return seq.constrained_candidates[1]
+        return StepPlan(StepKind.SPECULATIVE, tuple(rows), lanes.packed_rows(len(rows)))
 
     def lane_ceiling(self, seq: Sequence) -> int:
-        """Positions a request's next speculative lane may verify (pending included).
+        """Positions a request's next speculative lane may verify (SpeculativeLanes.
+        lane_ceiling)."""
+        return self.lanes.lane_ceiling(seq)
 
-        1 while the next token is masked by a mask that covers only the lane's first
-        position (min_tokens; a grammar without per-position candidate masks); a
-        constrained request whose grammar masks its copied candidates position by
-        position (history drafting on a core with ModelGeometry.candidate_masks) verifies
-        those candidates and no learned draft: 1 + the candidates its grammar accepts;
-        else min(widest served W = D + 1, output budget left; a token still in flight
-        counts as emitted: the policy weighs requests planned ahead). The request alone decides
-        it, never other requests or free pages: cores exported before coupled
-        verification sample seeded text that depends on the lane lengths (which
-        position's token is a bonus draw and which an acceptance test); with coupled
-        verification the text is the decode text whatever the lengths.
-        """
-        request = seq.request
-        sampling = request.sampling
-        outputs = seq.num_output_tokens + seq.inflight_samples  # an in-flight token counts
-        budget = request.max_output_tokens - outputs
-        if sampling.min_tokens_banned and outputs < sampling.min_tokens:
-            return 1
-        if request.width_one:
-            if not (self.history_drafting and self.geometry.candidate_masks
-                    and request.candidate_filter is not None):
-                return 1
-            return min(1 + len(self._constrained_candidates(seq)), self.max_width, budget)
-        return min(self.max_width, budget)
+    @property
+    def pages(self):
+        """The device page allocator (scheduler/pages.py)."""
+        return self.cache.pages
+
+    @property
+    def policy(self):
+        """The width policy (speculation.WidthPolicy), or None."""
+        return self.lanes.policy
 
     def _row(
         self,
@@ -776,35 +482,16 @@ class Scheduler:
         assert seq.slot is not None
         start = seq.num_scheduled
         end = start + (lane_length or len(tokens))
-        pages = _ceil_div(end, self.geometry.page_tokens) + self.geometry.extra_pages_per_request
+        pages = ceil_div(end, self.geometry.page_tokens) + self.geometry.extra_pages_per_request
         row = RowPlan(seq.request_id, seq.slot, seq.generation, tuple(tokens), start,
                       seq.page_prefix(pages), sample, seq.request.sampling, histogram, None,
                       lane_length, candidates)
-        seq.issue(end, sample, decode, self._step)
+        seq.issue(end, sample, decode, self._frames.step)
         return row
 
     def _issue(self, plan: StepPlan) -> StepPlan:
-        key = None
-        if self.policy is not None and plan.kind in (StepKind.DECODE, StepKind.SPECULATIVE):
-            choice = Choice(0) if plan.kind is StepKind.DECODE else Choice(
-                smallest_capacity(self.widths, max(r.lane_length for r in plan.rows))
-                or self.max_width, plan.packed_rows)
-            key = self.policy.program_key(len(plan.rows), choice)
-        self._issued.append((self._clock(), key))
-        self._outstanding.append(plan)
-        self._step += 1
-        if plan.kind is StepKind.TRANSFER:
-            self._transfer_steps += 1
-            return plan  # copies only: the generation plans decide decode_first
-        self._last_kind = plan.kind
-        if plan.kind is StepKind.PREFILL:
-            self._prefill_steps += 1
-            self._prompt_tokens_computed += plan.token_count
-        elif plan.kind is StepKind.SPECULATIVE:
-            self._spec_steps += 1
-        else:
-            self._decode_steps += 1
-        return plan
+        self._clock.issue(plan)
+        return self._frames.issue(plan)
 
     def _preempt_newest(self) -> bool:
         """Preempt the newest running request if one is starved, swapping its state out
@@ -826,539 +513,86 @@ class Scheduler:
         captured as a snapshot when two TRANSFER steps and one page row out and back cost
         less than prefilling t tokens.
         """
-        if not any(s.can_decode or s.can_prefill for s in self._running):
+        if not any(s.can_decode or s.can_prefill for s in self.live.running):
             return False
-        victims = [s for s in self._running if not s.retiring]
+        victims = [s for s in self.live.running if not s.retiring]
         victim = max(victims, key=lambda s: s.order)
         tail = victim.num_computed % self.geometry.page_tokens
         if tail and self.transfer_cost.swap_pays(tail, 1, 1) and \
-                self._capture(victim, victim.num_computed):
-            self._preemption_swaps += 1
-        self._release(victim)
+                self.publisher.capture(victim, victim.num_computed):
+            self._counts.preemption_swaps += 1
+        self.live.release(victim)
         victim.preemptions += 1
-        self._preemptions += 1
-        self._waiting.appendleft(victim)
+        self._counts.preemptions += 1
+        self.live.waiting.appendleft(victim)
         return True
 
-    # -- completion ---------------------------------------------------------------
+    # -- completion and leaving (Lifecycle) --------------------------------------------
 
     def complete(self, plan: StepPlan, sampled: Seq[int],
                  confidence: np.ndarray | None = None) -> list[RowResult]:
-        """Apply the completion record of the oldest outstanding plan.
-
-        Args:
-            plan: the plan `schedule()` returned (equal to it: the worker may
-                attach grammar masks with dataclasses.replace, which equality
-                ignores).
-            sampled: one token id per plan row, submission-row order; entries of
-                rows with sample=False are ignored.
-            confidence: a prefix-limit step's proposal confidence (StepCompletion.
-                confidence: f32 [rows, draft capacity], lane order), validated with the
-                lane records and fed to the width policy; None when the program
-                reports none.
-
-        Returns:
-            One RowResult per row of a live request, in submission-row order;
-            rows of cancelled, failed or finished requests produce none.
-
-        Raises:
-            CompletionError: not the oldest outstanding plan, wrong length, a
-                slot generation mismatch or a sampled id outside the vocabulary;
-                nothing is changed then.
-        """
-        if plan.kind is StepKind.SPECULATIVE:
-            return self._complete_speculative(plan, sampled, confidence)
-        if plan.kind is StepKind.TRANSFER:
-            for copy in self._pop_transfer(plan):
-                copy.done()
-            return []
-        tokens = self._check_completion(plan, sampled)
-        self._outstanding.popleft()
-        self._observe_cost()
-        results: list[RowResult] = []
-        requests = self._requests
-        pt = self.geometry.page_tokens
-        shared = not self.geometry.extra_pages_per_request  # else _publish publishes none
-        for row, token in zip(plan.rows, tokens, strict=True):
-            seq = requests[row.request_id]
-            seq.inflight_rows -= 1
-            end = row.start_position + len(row.tokens)
-            if end > seq.num_computed:
-                seq.num_computed = end
-            sample = row.sample
-            if sample:
-                seq.inflight_samples -= 1
-            if seq.cancelled or seq.failed or seq.finish_reason is not None:  # retiring
-                if seq.inflight_rows == 0:
-                    self._retire(seq)
-                continue
-            # The calls only where they have work: a decode row completes a page once in
-            # page_tokens steps, and requests rarely mark prompt-turn ends.
-            if shared and seq.num_published < seq.num_computed // pt:
-                self._publish(seq)
-            if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
-                self._publish_endpoints(seq)
-            if sample:
-                seq.tokens.append(token)
-            else:
-                token = None
-            # Sequence.num_output_tokens, spelled out
-            results.append(RowResult(row.request_id, token,
-                                     len(seq.tokens) - seq.num_prompt_tokens))
-        return results
-
-    def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> list[int]:
-        """Validate a completion record against its plan before any state changes.
-
-        Returns:
-            The sampled ids as ints (submission rows).
-        """
-        if not self._outstanding or plan != self._outstanding[0]:
-            raise CompletionError("plan is not the oldest outstanding plan")
-        if len(sampled) != len(plan.rows):
-            raise CompletionError(f"{len(sampled)} sampled ids for {len(plan.rows)} rows")
-        # One conversion for an integer record (an int() per NumPy scalar costs more); the
-        # entries of rows that sample nothing are ignored, never converted.
-        if isinstance(sampled, np.ndarray) and sampled.ndim == 1 and sampled.dtype.kind in "iu":
-            tokens = sampled.tolist()
-        else:
-            tokens = [int(t) if row.sample else t for row, t in zip(plan.rows, sampled, strict=True)]
-        vocab = self.geometry.vocab_size
-        requests = self._requests
-        generations = self._generations
-        for i, (row, token) in enumerate(zip(plan.rows, tokens, strict=True)):
-            seq = requests.get(row.request_id)
-            if seq is None or seq.slot != row.slot or seq.inflight_rows < 1:
-                raise CompletionError(f"row {i}: request {row.request_id} not in flight")
-            if generations[row.slot] != row.generation:
-                raise CompletionError(f"row {i}: stale generation of slot {row.slot}")
-            if row.sample and not 0 <= token < vocab:
-                raise CompletionError(f"row {i}: sampled id {token} outside [0, {vocab})")
-        return tokens
-
-    def _observe_cost(self) -> None:
-        """Pop the oldest plan's issue record; a DECODE or SPECULATIVE step feeds the
-        width policy its cost.
-
-        Rule: a step's cost is what a run of such steps costs the batch per step.
-        A SPECULATIVE step is always planned after the previous completion (its lanes
-        need it), so every one waits for the host's work since then -- completing that
-        step, delivering its tokens, proposing copied candidates, choosing, packing --
-        and costs from the previous plan's completion to its own. A DECODE step costs
-        from its issue or the previous completion, whichever is later: in steady
-        pipelined decode the interval between completions, its host work hidden behind
-        the device step before it. The host work before the first decode after a
-        SPECULATIVE step (a switch back: that decode could not be planned ahead) is
-        charged to the speculative program (`WidthPolicy.observe_switch`): speculating
-        caused it, and a decode run pays it once, not per step.
-        Issue-to-completion costs for SPECULATIVE steps (the rule before) left their host
-        work out, so the policy ran W = 4 at batch 64 where it lost (docs/speculative.md,
-        "The width policy"). Time with nothing to run and nothing in flight (`_resting`)
-        is charged to no step.
-        """
-        issued, key = self._issued.popleft()
-        now = self._clock()
-        start = self._completed_at
-        previous, self._completed_key = self._completed_key, key
-        if key is None or key[0] == "decode":
-            if key is not None and previous is not None and previous[0] != "decode" \
-                    and issued > start:
-                self.policy.observe_switch(previous, issued - start)
-            start = max(issued, start)
-        self._completed_at = now
-        if key is not None:
-            self.policy.observe_step(key, now - start)
-
-    def _complete_speculative(self, plan: StepPlan, record,
-                              confidence: np.ndarray | None = None) -> list[RowResult]:
-        lanes = self._check_lanes(plan, record)
-        if confidence is not None:
-            self._check_confidence(plan, confidence)
-        self._outstanding.popleft()
-        self._observe_cost()
-        results: list[RowResult] = []
-        for i, (row, lane) in enumerate(zip(plan.rows, lanes, strict=True)):
-            seq = self._requests[row.request_id]
-            seq.inflight_rows -= 1
-            seq.inflight_samples -= 1
-            emitted = int(lane[FIELD_EMITTED])
-            consumed = row.start_position + emitted
-            seq.num_computed = seq.num_scheduled = consumed  # rejected positions rewind
-            offers, accepted = int(lane[FIELD_OFFERS]), int(lane[FIELD_ACCEPTED])
-            copied = min(len(row.candidates.ids), offers - 1) if row.candidates else 0
-            self._count_lane(offers, accepted, copied)
-            if self.policy is not None:
-                self.policy.observe_lane(row.request_id, offers - 1, accepted, copied)
-                if confidence is not None:
-                    self.policy.observe_confidence(
-                        row.request_id, confidence[i, :self._drafted(row)], offers, accepted)
-            if seq.retiring:
-                if seq.inflight_rows == 0:
-                    self._retire(seq)
-                continue
-            self._publish(seq, row.start_position + 1)  # the run itself: next completion
-            for token in lane[RECORD_FIELDS:RECORD_FIELDS + emitted]:
-                seq.tokens.append(int(token))
-                results.append(RowResult(row.request_id, int(token), seq.num_output_tokens))
-        return results
-
-    def _check_lanes(self, plan: StepPlan, record) -> list[list[int]]:
-        """Validate a speculative completion record against the plan before any state
-        changes (model-contract.md: generations, submission order, offers against the
-        reserved lane ceilings and the aggregate, accepted counts, endpoints, ids).
-
-        Returns:
-            The record as Python ints, one list per lane (one conversion: reading NumPy
-            scalars field by field costs milliseconds at 64 lanes).
-        """
-        if not self._outstanding or plan != self._outstanding[0]:
-            raise CompletionError("plan is not the oldest outstanding plan")
-        shape = getattr(record, "shape", ())
-        if len(shape) != 2 or shape[0] != len(plan.rows) or shape[1] <= RECORD_FIELDS:
-            raise CompletionError(f"lane records of shape {shape} for {len(plan.rows)} lanes")
-        width = shape[1] - RECORD_FIELDS
-        lanes = np.asarray(record).astype(np.int64, copy=False).tolist()
-        vocab = self.geometry.vocab_size
-        lag = self.geometry.draft_cursor_lag
-        offered = 0
-        for i, (row, lane) in enumerate(zip(plan.rows, lanes, strict=True)):
-            seq = self._requests.get(row.request_id)
-            if seq is None or seq.slot != row.slot or seq.inflight_rows < 1:
-                raise CompletionError(f"lane {i}: request {row.request_id} not in flight")
-            generation, offers, accepted, emitted, cursor, reserved = (
-                int(v) for v in lane[:RECORD_FIELDS])
-            if self._generations[row.slot] != row.generation or generation != row.generation:
-                raise CompletionError(f"lane {i}: generation {generation} of slot {row.slot}, "
-                                      f"expected {row.generation}")
-            if plan.packed_rows and not 1 <= offers <= row.lane_length:
-                raise CompletionError(f"lane {i}: {offers} offers, outside 1..its ceiling "
-                                      f"{row.lane_length}")
-            if not plan.packed_rows and offers != row.lane_length:
-                raise CompletionError(f"lane {i}: {offers} offers, the lane reserved "
-                                      f"{row.lane_length} positions")
-            offered += offers
-            if not 0 <= accepted < offers or emitted != accepted + 1 or emitted > width:
-                raise CompletionError(f"lane {i}: {accepted} accepted and {emitted} emitted "
-                                      f"of {offers} offers")
-            expected = -1 if lag is None else max(row.start_position + emitted - lag, 0)
-            if cursor != expected:
-                raise CompletionError(f"lane {i}: draft cursor {cursor}, expected {expected}")
-            if reserved != -1:
-                raise CompletionError(f"lane {i}: reserved field {reserved}, expected -1")
-            ids = [int(t) for t in lane[RECORD_FIELDS:]]
-            bad = [t for t in ids[:emitted] if not 0 <= t < vocab]
-            if bad or any(t != -1 for t in ids[emitted:]):
-                raise CompletionError(f"lane {i}: emitted ids {ids[:emitted]} outside "
-                                      f"[0, {vocab}) or padding {ids[emitted:]} not -1")
-        capacity = plan.packed_rows or plan.token_count
-        if offered > capacity:
-            raise CompletionError(f"{offered} offers exceed the {capacity} packed "
-                                  "positions of the step")
-        return lanes
-
-    def _drafted(self, row: RowPlan) -> int:
-        """Drafts a prefix-limit lane made (it drafts up to its ceiling): the columns of
-        its proposal confidence the program wrote."""
-        return max(min(row.lane_length, self.max_width) - 1, 0)
-
-    def _check_confidence(self, plan: StepPlan, confidence) -> None:
-        """Validate a prefix-limit step's proposal confidence before any state changes
-        (model-contract.md, "Complete speculative generation": FP32, lane order, one
-        value per draft each lane made): finite probabilities in [0, 1]."""
-        shape = getattr(confidence, "shape", ())
-        need = max((self._drafted(r) for r in plan.rows), default=0)
-        if len(shape) != 2 or shape[0] != len(plan.rows) or shape[1] < need:
-            raise CompletionError(f"proposal confidence of shape {shape} for "
-                                  f"{len(plan.rows)} lanes of up to {need} drafts")
-        for i, row in enumerate(plan.rows):
-            values = np.asarray(confidence[i, :self._drafted(row)], np.float64)
-            bad = ~(np.isfinite(values) & (values >= 0.0) & (values <= 1.0))
-            if bad.any():
-                raise CompletionError(f"lane {i}: proposal confidence {values.tolist()} "
-                                      "outside [0, 1]")
-
-    def _count_lane(self, length: int, accepted: int, copied: int = 0) -> None:
-        """Count one lane of `length` offers: `copied` of its drafts (the first ones)
-        were copied candidates, the rest learned."""
-        if length < 2:
-            return  # width-one lanes draw no proposals
-        self._spec_draft += length - 1
-        self._spec_accepted += accepted
-        self._spec_copied_draft += copied
-        self._spec_copied_accepted += min(accepted, copied)
-        for k in range(accepted):
-            self._spec_per_position[k] += 1
-        self._spec_lengths[accepted + 1] += 1
+        """Apply the completion record of the oldest outstanding plan (Lifecycle.complete
+        states the record and its validation)."""
+        return self.live.complete(plan, sampled, confidence)
 
     def fail(self, plan: StepPlan) -> list[FinishedRequest]:
-        """Retire the oldest outstanding plan after an execution failure.
-
-        Nothing it computed is published. Each live request in it finishes with
-        ERROR; resources return once its frames drain.
-
-        Raises:
-            CompletionError: not the oldest outstanding plan.
-        """
-        if plan.kind is StepKind.TRANSFER:
-            return [s for copy in self._pop_transfer(plan) if (s := copy.failed()) is not None]
-        if not self._outstanding or plan != self._outstanding[0]:
-            raise CompletionError("plan is not the oldest outstanding plan")
-        self._outstanding.popleft()
-        self._issued.popleft()
-        self._completed_at = self._clock()
-        self._completed_key = None
-        failed: list[FinishedRequest] = []
-        for row in plan.rows:
-            seq = self._requests[row.request_id]
-            seq.inflight_rows -= 1
-            if row.sample:
-                seq.inflight_samples -= 1
-            if not seq.retiring:
-                self._feedback -= seq.request.needs_feedback
-                seq.failed = True
-                seq.finish_reason = FinishReason.ERROR
-                failed.append(self._summary(seq))
-            if seq.inflight_rows == 0:
-                self._retire(seq)
-        return failed
-
-    def _pop_transfer(self, plan: StepPlan) -> tuple[PendingCopy, ...]:
-        if not self._outstanding or plan != self._outstanding[0]:
-            raise CompletionError("plan is not the oldest outstanding plan")
-        self._issued.popleft()  # a TRANSFER step's cost is no program's the policy weighs
-        self._completed_at = self._clock()
-        self._completed_key = None
-        return self._copies.pop(id(self._outstanding.popleft()))
-
-    def _transfer_failed(self, seq: Sequence) -> FinishedRequest | None:
-        """A copy into `seq`'s pages failed: its history is invalid, so it fails (once)."""
-        if seq.retiring:
-            return None
-        self._feedback -= seq.request.needs_feedback
-        seq.failed = True
-        seq.finish_reason = FinishReason.ERROR
-        summary = self._summary(seq)
-        self._unplan(seq)
-        self._leave(seq)
-        return summary
-
-    def _unplan(self, seq: Sequence) -> None:
-        """Remove `seq`'s rows from plans built but not issued (their inputs are invalid)."""
-        kept: deque[StepPlan] = deque()
-        for plan in self._ready:
-            rows = tuple(r for r in plan.rows if r.request_id != seq.request_id)
-            if len(rows) != len(plan.rows):
-                for r in plan.rows:
-                    if r.request_id == seq.request_id:
-                        seq.inflight_rows -= 1
-                        seq.inflight_samples -= int(r.sample)
-                if not rows:
-                    continue
-                plan = dataclasses.replace(plan, rows=rows)
-            kept.append(plan)
-        self._ready = kept
-
-    def _publish_endpoints(self, seq: Sequence) -> None:
-        """Publish a snapshot at each prompt-turn end the committed state has reached."""
-        marks = seq.request.publish_endpoints
-        while seq.endpoints_done < len(marks) and marks[seq.endpoints_done] <= seq.num_computed:
-            self._capture(seq, marks[seq.endpoints_done])
-            seq.endpoints_done += 1
-        fork = seq.fork_endpoint
-        if fork is not None and fork > 0 and fork <= seq.num_computed:
-            seq.fork_snapshot = self._capture(seq, fork)
-            seq.fork_endpoint = 0  # done (0: never again)
-
-    def _capture(self, seq: Sequence, endpoint: int) -> SnapshotKey | None:
-        """Publish a snapshot of `seq` at exactly `endpoint` committed tokens: its
-        complete pages are (or become) published pages; its partial page is copied to a
-        continuation row. An endpoint on a page boundary needs no copy.
-
-        Returns:
-            The snapshot's key when its capture was queued, else None.
-        """
-        pt = self.geometry.page_tokens
-        pages = endpoint // pt
-        if not self.cache.snapshots or endpoint % pt == 0 or endpoint > seq.num_computed:
-            return None
-        while len(seq.page_hashes) < pages:
-            i = len(seq.page_hashes)
-            parent = seq.page_hashes[-1] if seq.page_hashes else ROOT_HASH
-            seq.page_hashes.append(page_hash(parent, seq.tokens[i * pt:(i + 1) * pt]))
-        chain = seq.page_hashes[pages - 1] if pages else ROOT_HASH
-        tail = tuple(seq.tokens[pages * pt:endpoint])
-        if not self.cache.capture(chain, tail, seq.page_ids[pages]):
-            return None
-        return (chain, tail)
-
-    def _publish(self, seq: Sequence, endpoint: int | None = None) -> None:
-        """Publish pages completed by finished plans (up to `endpoint`, default the
-        computed endpoint), in position order."""
-        pt = self.geometry.page_tokens
-        if self.geometry.extra_pages_per_request:
-            return  # shifted views: pages are private (see _admit)
-        end = seq.num_computed if endpoint is None else min(endpoint, seq.num_computed)
-        for i in range(seq.num_published, end // pt):
-            if i == len(seq.page_hashes):
-                parent = seq.page_hashes[-1] if seq.page_hashes else bytes(16)
-                seq.page_hashes.append(page_hash(parent, seq.tokens[i * pt : (i + 1) * pt]))
-            self.cache.publish(seq.page_ids[i], seq.page_hashes[i])
-            seq.num_published = i + 1
-
-    # -- leaving --------------------------------------------------------------------
+        """Retire the oldest outstanding plan after an execution failure (Lifecycle.fail)."""
+        return self.live.fail(plan)
 
     def finish(self, request_id: int, reason: FinishReason,
                output_tokens: int | None = None, publish: bool = False) -> FinishedRequest:
-        """End a request the worker decided is done; release its slot and pages
-        now, or when its in-flight frames complete.
-
-        `output_tokens` cuts the output there: the tokens after it (the rest of a
-        speculative run the worker stopped inside) are discarded, never counted or
-        published. `publish` (EOS or output limit: the request's end is a publishable
-        endpoint) publishes a snapshot of its committed state, every token but the last
-        sampled one; a matched stop or host stop passes False, so its private candidate
-        is discarded and only the pages published before stay cached.
-
-        Returns the request's summary; an already retiring request keeps its
-        first reason.
-
-        Raises:
-            KeyError: unknown request (a caller bug).
-        """
-        seq = self._requests[request_id]
-        if output_tokens is not None and not seq.retiring and output_tokens < seq.num_output_tokens:
-            del seq.tokens[seq.num_prompt_tokens + output_tokens:]
-        if publish and not seq.retiring and seq.slot is not None:
-            end = min(seq.num_computed, len(seq.tokens) - 1)
-            self._publish(seq, end)  # a speculative run's pages publish late
-            self._capture(seq, end)
-        if not seq.retiring:
-            self._feedback -= seq.request.needs_feedback
-            seq.finish_reason = reason
-            if reason is FinishReason.CANCELLED:
-                seq.cancelled = True
-            self._leave(seq)
-        return self._summary(seq)
+        """End a request the worker decided is done (Lifecycle.finish)."""
+        return self.live.finish(request_id, reason, output_tokens, publish)
 
     def cancel(self, request_id: int) -> FinishedRequest | None:
-        """Cancel a request: nothing more is planned or published for it.
-
-        A waiting request leaves at once; a running one keeps its slot and pages
-        until the in-flight plan containing it completes (then releases).
-
-        Returns:
-            Its summary, or None if the request is no longer live (a race with
-            finish, not an error).
-        """
-        seq = self._requests.get(request_id)
-        if seq is None:
-            return None
-        return self.finish(request_id, FinishReason.CANCELLED)
-
-    def _leave(self, seq: Sequence) -> None:
-        if seq.slot is None:  # waiting
-            self._waiting.remove(seq)
-            self._retire(seq)
-        elif seq.inflight_rows == 0:
-            self._retire(seq)
-
-    def _retire(self, seq: Sequence) -> None:
-        if seq.slot is not None:
-            self._release(seq)
-        del self._requests[seq.request_id]
-        if self.policy is not None:
-            self.policy.forget(seq.request_id)
-        assert seq.finish_reason is not None
-        self._finished[seq.finish_reason] += 1
-
-    def _release(self, seq: Sequence) -> None:
-        assert seq.slot is not None and seq.inflight_rows == 0
-        self.pages.release(seq.page_ids)
-        heapq.heappush(self._free_slots, seq.slot)
-        self._running.remove(seq)
-        seq.slot = None
-        seq.page_ids = []
-        seq.page_hashes = []
-        seq.num_published = seq.num_scheduled = seq.num_computed = 0
-
-    def _summary(self, seq: Sequence) -> FinishedRequest:
-        assert seq.finish_reason is not None
-        return FinishedRequest(
-            request_id=seq.request_id,
-            reason=seq.finish_reason,
-            output_tokens=seq.output_tokens,
-            reused_prompt_tokens=seq.reused_prompt_tokens or 0,
-            preemptions=seq.preemptions,
-        )
+        """Cancel a request; None when it is no longer live (Lifecycle.cancel)."""
+        return self.live.cancel(request_id)
 
     # -- observation ------------------------------------------------------------------
 
     @property
     def outstanding_frames(self) -> int:
         """Plans issued and not yet completed (0..MAX_FRAMES)."""
-        return len(self._outstanding)
+        return self._frames.outstanding
 
     def has_work(self) -> bool:
         """Whether any request is waiting, running or in flight, a plan or copy is
         waiting to be issued, or an idle-time write-back is due."""
-        return bool(self._requests or self._outstanding or self._ready or len(self._transfers)
+        frames = self._frames
+        return bool(self.live.requests or frames.outstanding or frames.ready or len(self._transfers)
                     or self.cache.write_back_due())
 
     def is_live(self, request_id: int) -> bool:
         """Whether the request is waiting, running or draining its frames."""
-        return request_id in self._requests
+        return request_id in self.live.requests
 
     def slot_generation(self, slot: int) -> int:
         """Current generation of a physical request row."""
-        return self._generations[slot]
+        return self.alloc.generation(slot)
 
     def stats(self) -> SchedulerStats:
-        """Snapshot of counters and gauges for the metrics layer."""
-        p = self.pages
-        c = self.cache
+        """Snapshot of counters and gauges for the metrics layer (the collaborators add
+        theirs: CacheManager.stats, SpeculativeLanes.stats)."""
+        n = self._counts
+        steps = self._frames.issued
         return SchedulerStats(
-            running=sum(not s.retiring for s in self._running),
-            waiting=len(self._waiting),
-            outstanding_frames=len(self._outstanding),
+            running=sum(not s.retiring for s in self.live.running),
+            waiting=len(self.live.waiting),
+            outstanding_frames=self._frames.outstanding,
             slots_total=self.geometry.slots,
-            slots_free=len(self._free_slots),
-            pages_total=p.num_pages,
-            pages_free=p.free_pages,
-            pages_used=p.used_pages,
-            pages_cached=p.cached_pages,
-            pages_evictable=p.evictable_pages,
-            prefix_queries=p.prefix_queries,
-            prefix_hit_tokens=self._reused_tokens,
-            prefix_hit_pages=p.prefix_hit_pages,
-            page_evictions=p.evictions,
-            pages_published=p.published,
-            preemptions=self._preemptions,
-            admitted=self._admitted,
-            readmitted=self._readmitted,
-            prefill_steps=self._prefill_steps,
-            decode_steps=self._decode_steps,
-            prompt_tokens_computed=self._prompt_tokens_computed,
-            rejected=dict(self._rejected),
-            finished=dict(self._finished),
-            speculative_steps=self._spec_steps,
-            spec_draft_tokens=self._spec_draft,
-            spec_accepted_tokens=self._spec_accepted,
-            spec_accepted_per_position=tuple(self._spec_per_position),
-            spec_accepted_lengths=tuple(self._spec_lengths),
-            spec_copied_draft_tokens=self._spec_copied_draft,
-            spec_copied_accepted_tokens=self._spec_copied_accepted,
-            spec_policy_decisions=dict(self.policy.decisions) if self.policy else {},
-            snapshot_publications=c.publications,
-            snapshot_evictions=c.snapshot_evictions,
-            snapshot_hits=c.snapshot_hits,
-            snapshots_resident=c.snapshots_resident,
-            continuation_rows_used=c.continuation.used_rows,
-            host_rows_total=c.host.rows,
-            host_rows_used=c.host.used_rows,
-            host_hits=c.host_hits,
-            host_swap_ins=c.swap_ins,
-            host_swap_outs=c.swap_outs,
-            host_evictions=c.host_evictions,
-            transfer_steps=self._transfer_steps,
-            preemption_swaps=self._preemption_swaps,
+            slots_free=self.alloc.free_slots,
+            prefix_hit_tokens=self.alloc.reused_tokens,
+            preemptions=n.preemptions,
+            admitted=n.admitted,
+            readmitted=n.readmitted,
+            prefill_steps=steps[StepKind.PREFILL],
+            decode_steps=steps[StepKind.DECODE],
+            prompt_tokens_computed=self._frames.prefill_tokens,
+            rejected=dict(n.rejected),
+            finished=dict(self.live.finished),
+            speculative_steps=steps[StepKind.SPECULATIVE],
+            transfer_steps=steps[StepKind.TRANSFER],
+            preemption_swaps=n.preemption_swaps,
+            **self.cache.stats(),
+            **self.lanes.stats(),
         )

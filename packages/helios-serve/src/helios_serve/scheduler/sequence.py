@@ -19,7 +19,9 @@ class Sequence:
         self.order = order  # admission order; larger is newer
         self.tokens: list[int] = list(request.prompt_tokens)  # prompt + output
         self.num_prompt_tokens = len(request.prompt_tokens)
-        # Set on (re)admission:
+        # Cache fields: set by SequencePages.allocate at (re)admission and reset by its
+        # release (scheduler/allocation.py); publication advances page_hashes and
+        # num_published (scheduler/publication.py); plans advance the positions.
         self.prefill_tokens = 0  # tokens to prefill since admission (len(tokens) then)
         self.slot: int | None = None
         self.generation = 0

@@ -55,6 +55,8 @@ class TransferQueue:
         self._pending: dict[Route, list[PendingCopy]] = {r: [] for r in ROUTE_ORDER}
         self.copies = dict.fromkeys(ROUTE_ORDER, 0)  # queued copies per route, ever
         self._queued = 0  # copies in _pending (drain runs every step: most find none)
+        # Drained TRANSFER plans (by identity: plans are compared by value) -> their copies.
+        self._fences: dict[int, tuple[PendingCopy, ...]] = {}
 
     def add(self, route: Route, source: int, destination: int, done: Done,
             failed: Failed) -> None:
@@ -75,10 +77,11 @@ class TransferQueue:
     def __len__(self) -> int:
         return self._queued
 
-    def drain(self) -> list[tuple[StepPlan, tuple[PendingCopy, ...]]]:
+    def drain(self) -> list[StepPlan]:
         """Every queued copy as TRANSFER plans (ROUTE_ORDER, at most `capacity` copies
-        each), with the copies' fence actions; the queue is empty afterwards."""
-        out: list[tuple[StepPlan, tuple[PendingCopy, ...]]] = []
+        each); the queue is empty afterwards. Each plan's fence actions are kept until
+        `fence(plan)` hands them out (once its step completed or failed)."""
+        out: list[StepPlan] = []
         if not self._queued:
             return out  # no Route hashed (a dataclass of two enums: ~1 us each)
         self._queued = 0
@@ -90,5 +93,15 @@ class TransferQueue:
                 chunk = tuple(queued[i:i + self.capacity])
                 plan = StepPlan(StepKind.TRANSFER, (), copies=tuple(p.copy for p in chunk),
                                 route=route)
-                out.append((plan, chunk))
+                self._fences[id(plan)] = chunk
+                out.append(plan)
         return out
+
+    def fence(self, plan: StepPlan) -> tuple[PendingCopy, ...]:
+        """The copies of drained TRANSFER `plan`, for their `done` or `failed` actions;
+        forgotten here afterwards.
+
+        Raises:
+            KeyError: `plan` is no drained plan whose fence is still due (a caller bug).
+        """
+        return self._fences.pop(id(plan))

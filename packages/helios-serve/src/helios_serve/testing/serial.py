@@ -15,7 +15,8 @@ import numpy as np
 
 from helios_serve.engine.plan import Route, StepKind, StepPlan
 from helios_serve.runtime.native_model import NativeModel
-from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler, TransferCost
+from helios_serve.scheduler import SchedRequest, Scheduler, TransferCost
+from helios_serve.scheduler.finish import StopRule, check_stop
 
 LOGITS = "scratch.logits"  # [rows, vocab] f32 of the llama family's sampling steps
 
@@ -78,8 +79,12 @@ class Serial:
                     self.first_token_s[r.request_id] = (time.perf_counter(), time.process_time())
                     self.first_token_plan[r.request_id] = len(self.plans)
                 self.out[r.request_id].append(r.token_id)
-                if len(self.out[r.request_id]) == self.limits[r.request_id]:
-                    s = self.sched.finish(r.request_id, FinishReason.LENGTH, publish=True)
+                if r.request_id in self.reused:
+                    continue  # finished already
+                stop = check_stop(StopRule(self.limits[r.request_id]), r.token_id,
+                                  len(self.out[r.request_id]))
+                if stop is not None:
+                    s = self.sched.finish(r.request_id, stop.reason, publish=stop.publish)
                     self.reused[r.request_id] = s.reused_prompt_tokens
 
     def _logits(self) -> np.ndarray:

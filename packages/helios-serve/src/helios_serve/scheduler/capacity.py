@@ -1,0 +1,108 @@
+"""The capacity rules: whether a request fits the prepared capacities at all, which
+captured capacity a step pads to, and whether evicted pages go to the host tier.
+
+Plain functions over ModelGeometry; preparation and the scheduler both call them, so each
+rule is written only here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from helios_serve.engine.plan import ModelGeometry
+from helios_serve.scheduler.request import (
+    AdmissionError,
+    AdmissionReason,
+    SchedRequest,
+    TransferCost,
+)
+
+
+def smallest_capacity(capacities: Seq[int], n: int) -> int | None:
+    """Smallest captured capacity >= n (capacities ascending), or None."""
+    for c in capacities:
+        if c >= n:
+            return c
+    return None
+
+
+def ceil_div(a: int, b: int) -> int:
+    """ceil(a / b) for positive b, in integers."""
+    return -(-a // b)
+
+
+def check_capacity(geometry: ModelGeometry, request: SchedRequest) -> AdmissionError | None:
+    """The admission rule: whether a request fits the prepared capacities at all.
+
+    Preparation calls it (so a request that can never fit is refused before any
+    response byte) and `Scheduler.add` calls it again; it is written only here.
+
+    Returns:
+        None, or the first capacity the prompt plus the output limit exceeds
+        (context, page-table width, cache pages); `prompt_fits` tells whether the
+        prompt with a single output token would have fit.
+    """
+    g = geometry
+    prompt = len(request.prompt_tokens)
+    rid = request.request_id
+    if prompt == 0:
+        return AdmissionError(rid, AdmissionReason.EMPTY_PROMPT, "prompt has no tokens", False)
+    if request.max_output_tokens < 1:
+        return AdmissionError(
+            rid,
+            AdmissionReason.INVALID_OUTPUT_LIMIT,
+            f"max_output_tokens {request.max_output_tokens} < 1",
+        )
+    return _exceeded(g, rid, prompt, request.max_output_tokens)
+
+
+def _exceeded(g: ModelGeometry, rid: int, prompt: int, output: int) -> AdmissionError | None:
+    total = prompt + output
+    pages = ceil_div(total, g.page_tokens)  # entries of each page-table view
+    owned = pages + g.extra_pages_per_request  # pages the request holds at its end
+    if total <= g.context_tokens and pages <= g.max_pages_per_request and owned <= g.num_pages:
+        return None
+    prompt_fits = output > 1 and _exceeded(g, rid, prompt, 1) is None
+    if total > g.context_tokens:
+        return AdmissionError(
+            rid,
+            AdmissionReason.CONTEXT_EXCEEDED,
+            f"prompt {prompt} + max output {output} tokens exceeds the context of "
+            f"{g.context_tokens} tokens",
+            prompt_fits,
+        )
+    if pages > g.max_pages_per_request:
+        return AdmissionError(
+            rid,
+            AdmissionReason.PAGE_TABLE_EXCEEDED,
+            f"{total} tokens need {pages} pages; the page table holds {g.max_pages_per_request}",
+            prompt_fits,
+        )
+    if owned > g.num_pages:
+        return AdmissionError(
+            rid,
+            AdmissionReason.CACHE_EXCEEDED,
+            f"{total} tokens need {owned} pages; the cache has {g.num_pages}",
+            prompt_fits,
+        )
+    raise AssertionError("unreachable: some capacity is exceeded")
+
+
+def host_tier_pays(geometry: ModelGeometry, cost: TransferCost) -> bool:
+    """Whether pages leaving the device go to the host tier (and come back by copy) or
+    are dropped and recomputed; decided once, at startup, for every page alike.
+
+    Cost rule (TransferCost.swap_pays): a page kept in the host tier is copied out once
+    (at its eviction, or ahead of it while idle) and back once (at a revisit), each copy
+    one row of a TRANSFER step holding up to `transfer_rows` copies, so a step's fixed
+    cost is shared by that many pages:
+
+        swap      = 2 * (transfer_step_s / transfer_rows + page_copy_s)
+        recompute = page_tokens / prefill_tokens_per_s
+
+    Swap when swap < recompute. A revisit of H host pages then takes ceil(H /
+    transfer_rows) steps (one for SmolLM2's 512-row programs: a whole 8,192-token
+    history), its snapshot's row joining them when the host tier holds it too.
+    """
+    rows = geometry.transfer_rows
+    return rows > 0 and cost.swap_pays(geometry.page_tokens, 1, 1 / rows)
