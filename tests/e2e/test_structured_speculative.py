@@ -1,7 +1,7 @@
 """Constrained requests speculate through copied candidates (history drafting) on the
 tiny model with a drafter, served over real HTTP by the real worker and llguidance:
 JSON-schema answers are exactly the text served without speculation, streaming and not,
-and copied drafts are accepted (model-contract.md value sources, "Copied proposals":
+and copied drafts are accepted (the specification's value sources, "Copied proposals":
 per-position grammar masks; docs/speculative.md)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Admission limits, status codes, execution faults and cancellation over real HTTP
-(model-contract.md, admission paragraphs)."""
+(the specification, admission paragraphs)."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def test_scheduler_rejection_is_503_before_headers(scripted):
 def test_capacity_rejection_names_the_field(scripted, patch, param):
     # context 256: a request beyond it can never be admitted; it is decided at
     # preparation, so a stream gets the same 503 and JSON body before any SSE byte
-    # (DESIGN.md section 10), and param names the field at fault.
+    # (docs/api.md), and param names the field at fault.
     r = _post(scripted, {**_chat(scripted), **patch})
     assert r.status_code == 503, r.text
     assert r.json()["error"]["type"] == "admission_rejected"

@@ -1,6 +1,6 @@
 """The worker with two execution frames and a device-owned pending token (scripted
 backend): decode submitted ahead of completion where the feedback rules allow, one
-round outstanding while a request needs feedback (model-contract.md)."""
+round outstanding while a request needs feedback (the specification)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Adversarial tests of two execution frames through the real worker and HTTP server
-(ScriptedServer: frames=2, device-owned pending token; model-contract.md, completion
+(ScriptedServer: frames=2, device-owned pending token; the specification, completion
 feedback): output limits, EOS, cancellation with an ahead row in flight, prefix reuse
 after it, page pressure, the feedback barrier, and equality with a one-frame server."""
 

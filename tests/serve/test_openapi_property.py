@@ -5,7 +5,7 @@ clean afterwards (no permit, slot, page or live request left).
 Bounded: a fixed number of examples per operation and no deadline, against the scripted
 backend (real HTTP, scheduler, preparation and output path; chosen tokens). The one 5xx
 a valid request may get is the specified 503 of a request that can never fit the prepared
-capacities (`context_length_exceeded`, DESIGN.md section 10).
+capacities (`context_length_exceeded`, docs/api.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """String and token stops through the real worker, scheduler, output pipeline and HTTP,
-driven by the scripted token source (model-contract.md, "String stops")."""
+driven by the scripted token source (the specification, "String stops")."""
 
 from __future__ import annotations
 

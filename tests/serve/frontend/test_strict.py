@@ -1,5 +1,5 @@
 """Structured-output strictness: closed objects and bounded whitespace, as the schema
-transform and as what the request grammar accepts (DESIGN.md section 10)."""
+transform and as what the request grammar accepts (docs/api.md)."""
 
 from __future__ import annotations
 

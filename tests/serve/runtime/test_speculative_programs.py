@@ -458,7 +458,7 @@ def test_sampled_constrained_lanes_emit_only_tokens_their_masks_allow(model):
 
 
 def test_prefix_limit_programs_report_framed_proposal_confidence():
-    """proposal_confidence (model-contract.md: contiguous FP32 [2, request_slots,
+    """proposal_confidence (the specification: contiguous FP32 [2, request_slots,
     draft_capacity], plane = completion frame, rows in lane order): two prefix-limit steps
     in flight in frames 0 and 1 each read back their own confidences, probabilities of
     the drafts the lanes made, which reproduce the device's allocation exactly (the NumPy

@@ -1,5 +1,5 @@
 """NativeModel.load's speculative_width (helios-serve --speculative-width): load-time
-selection may reduce the captured width, never raise it (model-contract.md, "Serving
+selection may reduce the captured width, never raise it (the specification, "Serving
 metadata"). A width the core does not capture is a SpeculativeWidthError before any
 resource is read, never ignored."""
 

@@ -1,4 +1,4 @@
-"""Tiny geometry and a fake model loop for scheduler tests (STYLE.md item 13)."""
+"""Tiny geometry and a fake model loop for scheduler tests."""
 
 from __future__ import annotations
 

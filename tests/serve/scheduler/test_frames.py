@@ -1,5 +1,5 @@
 """Two execution frames with a device-owned pending token: decode planned ahead of the
-previous decode's completion (model-contract.md: completion feedback)."""
+previous decode's completion (the specification: completion feedback)."""
 
 from __future__ import annotations
 

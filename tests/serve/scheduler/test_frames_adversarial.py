@@ -1,4 +1,4 @@
-"""Adversarial tests of two execution frames (model-contract.md: completion feedback).
+"""Adversarial tests of two execution frames (the specification: completion feedback).
 
 The scheduler is driven against an emulated device that owns a paged cache and a
 per-slot pending token: each sampled id is a hash of the request's whole sequence as

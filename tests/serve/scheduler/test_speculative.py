@@ -1,5 +1,5 @@
 """Scheduler: SPECULATIVE lanes, their completion records and the validation of each field
-(model-contract.md, "Complete speculative generation", "Attention histories")."""
+(the specification, "Complete speculative generation", "Attention histories")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""NumPy references of history drafting and prefix-limit allocation (model-contract.md,
+"""NumPy references of history drafting and prefix-limit allocation (the specification,
 "Complete speculative generation": copied proposals, SPECULATIVE_PREFIX_LIMIT).
 
 The allocation cases are crafted by hand: equal survival products (exact in binary

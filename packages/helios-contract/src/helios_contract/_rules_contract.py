@@ -1,7 +1,7 @@
 """Rules a version 3 ServingContract must satisfy on its own (no execution manifest).
 
 Each rule is a generator of ``Finding``s (helios_contract.findings) naming the field path
-from the ``ServingContract`` root. Sections follow shared/seed/model-contract.md. A rule
+from the ``ServingContract`` root. Sections follow the specification. A rule
 that needs a value another rule rejects (a positive page size, a known region) skips what
 it cannot judge, so lint lists each fault once and never crashes on it.
 """

@@ -1,7 +1,7 @@
 """Frontend rules: parser pairings, the syntax data each parser reads, image layout data,
 and the concrete checks behind "frontend identifiers cannot carry runtime policy".
 
-Pairings (shared/seed/model-contract.md, "Frontend implementations"):
+Pairings (the specification, "Frontend implementations"):
 
 - XTML think reasoning requires the XTML tool parser;
 - recipient-header reasoning and ATEM tools are paired, both ways;

@@ -5,7 +5,7 @@ and the offending value:
 
 - ``StrictDecodeError``: bytes or JSON that are not a message of the schema.
 - ``ContractError``: a well-formed message that breaks a rule of the specification
-  (shared/seed/model-contract.md); raised by ``PreparedContract.from_contract``.
+  (the specification); raised by ``PreparedContract.from_contract``.
 """
 
 from __future__ import annotations

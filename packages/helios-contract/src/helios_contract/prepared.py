@@ -2,7 +2,7 @@
 
 Startup decodes the core's ``ServingContract`` (strictly, see ``helios_contract.strict``),
 then calls ``PreparedContract.from_contract``. Every rule of the specification
-(shared/seed/model-contract.md) is checked there once; the runtime then reads typed views
+(the specification) is checked there once; the runtime then reads typed views
 and never re-validates. There is no per-model code and no model-name dispatch: everything
 below is keyed by contract enums and declared names.
 
@@ -32,7 +32,7 @@ __all__ = ["PreparedContract", "contract_findings", "default_max_active", "reque
 def default_max_active(serving: pb.ServingContract) -> int:
     """Requests served at once when the operator sets none (helios-serve --max-active):
     the core's serving default ``defaults.max_active``, else its ``selected_concurrency``
-    (model-contract.md, "Serving metadata": core defaults fill missing settings); 0 when
+    (the specification, "Serving metadata": core defaults fill missing settings); 0 when
     the contract gives neither. The one rule helios-serve's settings and
     ``helios-tools inspect`` both apply; the server then runs at most
     ``request_slots`` of them (load-time selection may reduce captured concurrency,
@@ -246,7 +246,7 @@ class PreparedContract:
     def constrained_speculation(self, widths: Iterable[int] | None = None) -> bool:
         """Whether constrained lanes (a grammar mask applies) may verify copied candidates.
 
-        The rule (model-contract.md value sources, "Copied proposals"): the host masks only
+        The rule (the specification's value sources, "Copied proposals"): the host masks only
         what it proposes, so a constrained lane is wider than one only through copied
         candidates with their per-position grammar masks. That needs every selected wider
         SPECULATIVE graph (W > 1) to bind CANDIDATE_IDS and CANDIDATE_GRAMMAR_MASKS

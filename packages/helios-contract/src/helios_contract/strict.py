@@ -1,7 +1,7 @@
 """Strict decoding of Helios messages from binary wire bytes and from protobuf JSON.
 
 The Protobuf runtime is lenient in two ways that a signed contract cannot afford
-(DESIGN.md §3): the binary parser keeps unknown fields, and proto3 enums are open, so any
+(docs/architecture.md, "The core file"): the binary parser keeps unknown fields, and proto3 enums are open, so any
 enum number parses. Both decoders here parse with the runtime and then walk the whole
 message tree (nested messages, repeated messages and map values) rejecting:
 

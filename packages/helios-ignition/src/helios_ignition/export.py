@@ -1,4 +1,4 @@
-"""`ignition export`: recipe + checkpoint -> a signed payload core (DESIGN.md §4.5).
+"""`ignition export`: recipe + checkpoint -> a signed payload core (docs/architecture.md, "Preparation: from a recipe to a core").
 
 Order of work: every cheap check first (recipe, checkpoint geometry, tokenizer,
 template, output path, key), then capture, then the streaming write through
@@ -118,7 +118,7 @@ def _check_output(out: Path) -> None:
 
 @dataclass(frozen=True)
 class Carrier:
-    """How the core is carried (model-contract.md, "Payload cores"): a payload core, or a
+    """How the core is carried (the specification, "Payload cores"): a payload core, or a
     logical-resource core with ProtectedIndex version 6 (zstd frames) or 4 (AES-GCM chunks
     under the operator's resource key)."""
 

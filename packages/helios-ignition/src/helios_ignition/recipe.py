@@ -1,4 +1,4 @@
-"""The recipe API: what a file in recipes/ declares (DESIGN.md §4.1).
+"""The recipe API: what a file in recipes/ declares (docs/architecture.md, "Preparation: from a recipe to a core").
 
 A recipe declares semantic metadata only: the model family, where its checkpoint comes
 from, frontend syntax, EOS and template tokens, model-card sampling defaults, captured
@@ -104,7 +104,7 @@ class ServingDefaults:
 
 @dataclass(frozen=True)
 class DrafterDecl:
-    """The learned drafter of a speculative core (model-contract.md, "Complete speculative
+    """The learned drafter of a speculative core (the specification, "Complete speculative
     generation"; format: helios_ignition/checkpoint/drafter.py).
 
     Attributes:

@@ -1,5 +1,5 @@
 """Bootstrap.load: read and verify a core, authorize it, validate its contract, and load
-the frontend assets (model-contract.md, "Ownership and bootstrap").
+the frontend assets (the specification, "Ownership and bootstrap").
 
 Every startup failure becomes one `StartupError` whose message is one clear line: the
 CLI prints it without a traceback and exits 2.

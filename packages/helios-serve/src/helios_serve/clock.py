@@ -1,6 +1,6 @@
 """The process-local monotonic origin that token timestamps are relative to.
 
-model-contract.md, "Token and timing observation": nanoseconds are relative to a
+the specification, "Token and timing observation": nanoseconds are relative to a
 process-local monotonic origin initialized at native runtime startup; ingress and
 enqueue timestamps use the same origin. One `ObservationClock` is made right before
 the runtime loads and shared by the HTTP layer and the model worker.

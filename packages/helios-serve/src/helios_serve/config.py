@@ -1,6 +1,6 @@
 """Startup options and the settings resolved from them and the core's defaults.
 
-model-contract.md, "Serving metadata": core defaults fill missing settings; explicit
+the specification, "Serving metadata": core defaults fill missing settings; explicit
 startup options take precedence. A setting neither gives falls back to the built-in
 value below.
 """

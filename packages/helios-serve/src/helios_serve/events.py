@@ -1,4 +1,4 @@
-"""Data-only messages between the HTTP layer and the model worker (STYLE.md item 2).
+"""Data-only messages between the HTTP layer and the model worker.
 
 HTTP -> worker: a `GenerationRequest` (a frozen `PreparedRequest` plus each choice's
 output state) or a `Cancel`. Worker -> HTTP: events appended to the request's

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one server (model-contract.md, "/metrics").
+"""Prometheus metrics of one server (the specification, "/metrics").
 
 Every metric lives in the server's own `CollectorRegistry` (never the process-global
 one), so several servers in one test process do not collide. Labels carry only bounded
@@ -271,7 +271,7 @@ class Metrics:
             "cache; preempted requests' recomputed tokens included).",
             registry=r,
         )
-        # Exact-endpoint snapshots (model-contract.md, "Attention histories and cache
+        # Exact-endpoint snapshots (the specification, "Attention histories and cache
         # policy") and the host-memory cache tier.
         self.snapshot_publications = Counter(
             "helios_snapshot_publications",
@@ -376,7 +376,7 @@ class Metrics:
         for source in ("learned", "copied"):
             self.spec_draft_tokens.labels(source)
             self.spec_accepted_tokens.labels(source)
-        # model-contract.md, "/metrics": both cover the lifetime of the model worker.
+        # the specification, "/metrics": both cover the lifetime of the model worker.
         self.mixed_grammar_decode_steps = Counter(
             "flare_mixed_grammar_decode_steps",
             "Successful decode submissions whose request lanes include both constrained "
@@ -418,7 +418,7 @@ def engine_families(metrics: Metrics) -> list:
             for f in metrics.registry.collect()]
 
 
-# Gauges that record a lifetime maximum, not live state (model-contract.md, "/metrics":
+# Gauges that record a lifetime maximum, not live state (the specification, "/metrics":
 # flare_constrained_max_inflight "must remain one afterward"): kept after the engine died.
 LIFETIME_GAUGES = frozenset({"flare_constrained_max_inflight"})
 

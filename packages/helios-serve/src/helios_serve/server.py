@@ -3,7 +3,7 @@
     Bootstrap.load -> NativeModel.load -> Server.start
 
 HTTP shutdown allows five seconds for connection drain, then drops remaining
-connections (model-contract.md, admission paragraphs); the worker then stops and the
+connections (the specification, admission paragraphs); the worker then stops and the
 backend closes. On SIGTERM or SIGINT new connections are refused at once, requests in
 flight may finish within the five seconds, and a stream still open then is dropped: its
 client sees the connection close without [DONE] (an incomplete chunked body), its

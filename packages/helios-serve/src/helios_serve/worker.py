@@ -8,7 +8,7 @@ bounded ingress channel (`submit`) and cancellations to an unbounded one (`cance
 and reads events from each request's `EventSink`. Every backend call, scheduler call
 and output-pipeline call after submission happens on this thread.
 
-Termination semantics stay distinct (model-contract.md, "Frontend implementations"):
+Termination semantics stay distinct (the specification, "Frontend implementations"):
 EOS ids and user stops finish with `stop`, the output limit with `length`, a dropped
 reader cancels (no event), scheduler admission rejection is `Rejected`, and execution,
 device or output failures are `Failed` for exactly the requests of the failed step;
@@ -577,7 +577,7 @@ class ModelWorker:
         """
         logprobs = logprobs or {}
         sampled = [r for r in results if r.token_id is not None and r.request_id in self._live]
-        # model-contract.md, "Token and timing observation": stamp validated completions
+        # the specification, "Token and timing observation": stamp validated completions
         # right after scheduler.complete, before grammar, stops or parsing. The clock is
         # read once per step (never per token), and that one reading is the observation
         # stamp of timed requests and the time of the latency histograms.

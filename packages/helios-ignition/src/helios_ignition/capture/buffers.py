@@ -71,7 +71,7 @@ def decode_splits(context_tokens: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Speculation:
-    """A drafter core's speculative capture (model-contract.md, "Complete speculative
+    """A drafter core's speculative capture (the specification, "Complete speculative
     generation"): the head's geometry and the captured widths W. Each decode batch B gets
     one SPECULATIVE program per W with D = W - 1 draft tokens and P = B x W packed rows.
 
@@ -107,7 +107,7 @@ SPEC_NAMES = {"generation": "in.generation", "lane_start": "in.lane_start",
               "cand_generation": "in.cand_generation", "cand_endpoint": "in.cand_endpoint",
               "cand_masks": "state.cand_masks"}
 RECORD = "out.record"
-# PROPOSAL_CONFIDENCE (helios_contract): f32 [2, slots, D], model-contract.md, "Complete
+# PROPOSAL_CONFIDENCE (helios_contract): f32 [2, slots, D], the specification, "Complete
 # speculative generation"; rules speculative.confidence_buffer / _record check it.
 TRANSFER_NAMES = {"source": "in.transfer_source", "destination": "in.transfer_destination"}
 # Storage tiers of the RESTORE programs' routes, by the name used in graph names.

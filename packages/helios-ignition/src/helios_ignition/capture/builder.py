@@ -2,7 +2,7 @@
 
 A model family's forward pass is written once against `ProgramBuilder` and run once
 per graph variant (operation x captured capacity). The records, the buffer table and
-the kernel variants form the execution manifest (DESIGN.md §4.4, §5). Nothing is
+the kernel variants form the execution manifest (docs/architecture.md, "Preparation: from a recipe to a core"). Nothing is
 executed here: a launch record carries what a GPU launch needs (kernel, grid, block,
 shared bytes, ordered arguments) and what the CPU backend needs (the reference op and
 typed views).

@@ -3,7 +3,7 @@
 The scheduler produces a `StepPlan`; shared packing (helios_serve.runtime.packing)
 resolves the contract's value bindings from it; the backend executes one graph
 variant and returns the completion record (sampled ids per plan row). Plans are
-plain data (STYLE.md item 2): the scheduler never sees buffers, the runtime never
+plain data: the scheduler never sees buffers, the runtime never
 sees the allocator's lists.
 
 Index spaces: `RowPlan.slot` is a physical request row (0 <= slot < geometry.slots);
@@ -32,7 +32,7 @@ class StepKind(enum.Enum):
 
 
 class Tier(enum.Enum):
-    """Storage whose rows a TRANSFER step copies (model-contract.md, "Attention histories
+    """Storage whose rows a TRANSFER step copies (the specification, "Attention histories
     and cache policy"). A row is one page-shaped record of every plane of the tier."""
 
     PAGES = "pages"  # paged history planes; row = page id

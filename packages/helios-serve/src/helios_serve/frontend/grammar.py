@@ -1,6 +1,6 @@
 """Structured output: llguidance grammars for response_format and forced tool choice.
 
-The grammar is built from the same `FrontendSyntax` the parsers read (STYLE.md item 5):
+The grammar is built from the same `FrontendSyntax` the parsers read:
 the declared reasoning envelope stays free text (a reasoning model still reasons), and
 only the answer after it is constrained, either to the response_format JSON schema (an
 opaque document, so literal delimiters inside it stay answer text) or, for tool_choice

@@ -1,6 +1,6 @@
 """Syntax markers in generated output: the token-versus-text rule and incremental scanning.
 
-Rule (model-contract.md, "Frontend implementations"): a marker that the frontend tokenizer
+Rule (the specification, "Frontend implementations"): a marker that the frontend tokenizer
 encodes as one token delimits output only when generated as that token; any other spelling
 of it is text. A marker that the tokenizer splits into several tokens can only be spelled
 as text, so it is matched in the decoded text, across token boundaries. Tool tags (not

@@ -9,7 +9,7 @@ Runs in a preparation thread (HTTP admission's preparation slots). It imports no
 of the HTTP layer: the handler builds the plain-data input from its validated request,
 and a bad field raises `FrontendRequestError` naming it (400); a request that can never
 fit the prepared capacities raises `CapacityExceeded` (503 before any response byte,
-DESIGN.md section 10), decided by the same `check_capacity` the scheduler runs.
+docs/api.md), decided by the same `check_capacity` the scheduler runs.
 """
 
 from __future__ import annotations

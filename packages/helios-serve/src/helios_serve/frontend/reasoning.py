@@ -4,7 +4,7 @@ A reasoning parser is incremental: `feed(token_id, text)` per generated token an
 `finish()` at the end, each returning `ReasoningDelta`s and `AnswerPiece`s (the answer goes
 on to the tool parser). The non-streaming result is this path fed everything at once.
 
-Think-tag rules (model-contract.md, "Frontend implementations"):
+Think-tag rules (the specification, "Frontend implementations"):
 - the open delimiter starts reasoning only before any answer text (or the prompt opened it);
 - a close delimiter ends reasoning once; a later close (or open) is protocol markup and is
   dropped, never emitted as content; single-token delimiters delimit only as that token;

@@ -1,4 +1,4 @@
-"""String and token stops (model-contract.md, "String stops" and "Token and timing
+"""String and token stops (the specification, "String stops" and "Token and timing
 observation").
 
 String stops match the incremental decoded text, reasoning and tool envelopes included,

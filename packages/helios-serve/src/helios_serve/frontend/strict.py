@@ -1,4 +1,4 @@
-"""Structured-output strictness (DESIGN.md section 10): the JSON schemas a grammar enforces.
+"""Structured-output strictness (docs/api.md): the JSON schemas a grammar enforces.
 
 Two rules, applied to every JSON schema Helios constrains (a ``response_format`` schema,
 a forced tool call's parameters, a JSON-typed tagged parameter):

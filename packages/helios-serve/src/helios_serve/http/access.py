@@ -106,7 +106,7 @@ def middleware(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, capture)
         except asyncio.CancelledError:
             # uvicorn cancels the connections still open when the shutdown drain ends
-            # (model-contract.md: five seconds, then they are dropped): one line each;
+            # (the specification: five seconds, then they are dropped): one line each;
             # `QuietCancelledConnections` keeps uvicorn from adding a traceback.
             record.finish = "dropped"
             log.warning("dropped an open %s %s at shutdown: the connection drain ended",

@@ -1,4 +1,4 @@
-"""HTTP admission (model-contract.md, admission paragraphs).
+"""HTTP admission (the specification, admission paragraphs).
 
 At most queue_capacity + max_active admitted requests, counting CPU preparation,
 queued generation and responses still awaiting delivery; beyond that a request gets

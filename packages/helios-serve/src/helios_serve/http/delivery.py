@@ -2,7 +2,7 @@
 
 Before headers, a scheduler rejection is 503 and an execution failure 500 (the error
 table); after SSE headers either is one terminal error event without [DONE]
-(model-contract.md, admission paragraphs). A dropped connection cancels every request
+(the specification, admission paragraphs). A dropped connection cancels every request
 of the generation; the admission permit is released when the reader releases the
 response (`Generation.release`), however the response ends.
 """

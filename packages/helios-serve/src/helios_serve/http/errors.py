@@ -1,8 +1,8 @@
-"""API errors, the one table from errors to HTTP statuses (STYLE.md item 11), and the
+"""API errors, the one table from errors to HTTP statuses, and the
 one place an OpenAI error body is written.
 
 Handlers raise these; Litestar's exception handlers and the SSE terminal events both
-read `ERROR_TABLE`, so a status never depends on error text (model-contract.md,
+read `ERROR_TABLE`, so a status never depends on error text (the specification,
 admission paragraphs). `error.code` is a string where OpenAI has one
 (`context_length_exceeded`, `rate_limit_exceeded`, `model_not_found`, ...), else null.
 A rejection that can never succeed carries `x-should-retry: false` (the official

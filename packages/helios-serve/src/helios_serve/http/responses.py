@@ -1,6 +1,6 @@
 """OpenAI response shapes: chat.completion(.chunk) and text_completion objects.
 
-Pure functions over plain data. Observation fields follow model-contract.md, "Token and
+Pure functions over plain data. Observation fields follow the specification, "Token and
 timing observation": prompt_token_ids (top level; the first SSE chunk), choices[i]
 .token_ids and .token_timestamps_ns, reused_prompt_tokens on observed terminal
 responses, and the performance object on timed ones. Every choice and chunk carries its

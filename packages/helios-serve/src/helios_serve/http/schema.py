@@ -1,7 +1,7 @@
 """Request schemas: strict pydantic models (`extra="forbid"`) and their plain-data inputs.
 
 Unknown or ill-typed fields are 400s naming the field; `check_*` add the cross-field
-rules of model-contract.md ("String stops", "Token and timing observation") that a type
+rules of the specification ("String stops", "Token and timing observation") that a type
 cannot express. The models are also the OpenAPI document's request bodies
 (`http/openapi.py`), so what is documented is what is parsed. `*_input` turn a validated
 model into the frontend's plain-data input (`frontend.prepare`); semantics of tools,

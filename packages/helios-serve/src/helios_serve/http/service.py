@@ -5,7 +5,7 @@
     -> a `Generation` whose events the delivery layer turns into JSON or SSE
 
 Everything here happens before any response byte, so every rejection is a status and
-a JSON body (DESIGN.md section 10). Status codes come from the error table
+a JSON body (docs/api.md). Status codes come from the error table
 (`errors.ERROR_TABLE`). The HTTP layer only admits and delivers: preparation is the
 frontend's (`frontend.prepare.Preparer`), generation the worker's.
 """

@@ -1,7 +1,7 @@
 """The worker's events -> OpenAI Responses stream events and the response object.
 
 One `ResponseBuilder` per response. The streamed events and the non-streamed body come
-from the same builder (STYLE.md item 10): a non-streaming request feeds every event and
+from the same builder: a non-streaming request feeds every event and
 returns `response()`, which is the `response` of the terminal stream event.
 
 Event order (every event carries `sequence_number`, 0, 1, 2, ...):

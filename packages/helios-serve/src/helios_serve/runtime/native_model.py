@@ -381,7 +381,7 @@ def served_speculative_widths(prepared: PreparedContract,
     serves every captured width). The one rule for this option: NativeModel.load and
     helios-serve's startup check (loading.check_options) both apply it before anything loads.
 
-    model-contract.md, "Serving metadata": load-time selection may reduce the captured
+    the specification, "Serving metadata": load-time selection may reduce the captured
     speculative width, never raise it.
 
     Raises:

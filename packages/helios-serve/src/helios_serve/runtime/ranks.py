@@ -3,7 +3,7 @@
 Specification: "Ownership and bootstrap" (NativeModel.load loads each rank's resources;
 tensor-parallel peers on the serving host use RankPeers::Threads, ranks on other hosts
 connect as RankPeers::Processes). A tensor-parallel core's programs are SPMD: every rank
-runs the same launches over its own buffers (families/llama.py), so a step is the same
+runs the same launches over its own buffers (helios_ignition capture/programs.py and the family trunk), so a step is the same
 message to every rank:
 
 1. Rank 0's host packs the plan into the host mirror (`staging`), exactly as for one rank.

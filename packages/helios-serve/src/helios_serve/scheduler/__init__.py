@@ -1,6 +1,6 @@
 """Host scheduler: continuous batching, paged KV, prefix reuse, preemption.
 
-Plain Python over plain data (STYLE.md item 3): no HTTP, no CUDA.
+Plain Python over plain data: no HTTP, no CUDA.
 """
 
 from helios_serve.scheduler.capacity import check_capacity, smallest_capacity

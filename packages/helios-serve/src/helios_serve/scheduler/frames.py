@@ -2,7 +2,7 @@
 
 Plans are issued in the order they were built and complete in issue order, so both are
 FIFO queues. A second plan may be issued before the first completes only while
-`may_issue` says so (model-contract.md: completion feedback): fewer than `frames` plans
+`may_issue` says so (the specification: completion feedback): fewer than `frames` plans
 are outstanding, no live request needs feedback, and the newest outstanding plan either
 samples nothing (non-final prefill chunks) or is a DECODE whose pending tokens the device
 owns (`device_pending`).

@@ -272,7 +272,7 @@ class SpeculativeLanes:
               in_flight: Callable[[RowPlan], bool],
               slot_generation: Callable[[int], int]) -> list[list[int]]:
         """Validate a speculative completion record (and a prefix-limit step's proposal
-        confidence) against the plan before any state changes (model-contract.md:
+        confidence) against the plan before any state changes (the specification:
         generations, submission order, offers against the reserved lane ceilings and the
         aggregate, accepted counts, endpoints, ids).
 
@@ -342,7 +342,7 @@ class SpeculativeLanes:
 
     def _check_confidence(self, plan: StepPlan, confidence) -> None:
         """Validate a prefix-limit step's proposal confidence before any state changes
-        (model-contract.md, "Complete speculative generation": FP32, lane order, one
+        (the specification, "Complete speculative generation": FP32, lane order, one
         value per draft each lane made): finite probabilities in [0, 1]."""
         shape = getattr(confidence, "shape", ())
         need = max((self._drafted(r) for r in plan.rows), default=0)

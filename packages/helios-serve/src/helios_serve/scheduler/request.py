@@ -1,4 +1,4 @@
-"""Data-only types crossing the scheduler boundary (STYLE.md item 2)."""
+"""Data-only types crossing the scheduler boundary."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class AdmissionReason(enum.Enum):
 
 @dataclass(frozen=True)
 class AdmissionError:
-    """A rejected request (a value, not an exception: STYLE.md item 9).
+    """A rejected request (a value, not an exception: docs/architecture.md).
 
     Attributes:
         request_id: the rejected request.

@@ -1,6 +1,6 @@
 """Continuous batching over prepared capacities, with paged KV and prefix reuse.
 
-The worker drives one loop (STYLE.md item 1):
+The worker drives one loop:
 
     plan = scheduler.schedule()          # StepPlan or None
     sampled = runtime.execute(plan)      # one id per plan row, submission order
@@ -38,7 +38,7 @@ kinds are ready (least recently served group first). A speculative plan needs it
 completion before the same requests are planned again; each lane then yields one
 RowResult per emitted token and its consumed endpoint rewinds to start + emitted.
 
-Two execution frames (model-contract.md: completion feedback): `schedule()` may
+Two execution frames (the specification: completion feedback): `schedule()` may
 be called again before `complete()` of the previous plan only while
 `can_schedule_ahead()` is True: fewer than `frames` plans are outstanding, no live
 request needs feedback (grammar, host stops), and the newest outstanding plan either

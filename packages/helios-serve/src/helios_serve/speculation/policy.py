@@ -1,6 +1,6 @@
 """The width policy: each speculative step's program chosen from completed observations.
 
-Issue "Speculative generation II", item 3; model-contract.md: "The host chooses the
+Issue "Speculative generation II", item 3; the specification: "The host chooses the
 cohort and physical program from completed observations before that program generates
 proposals." The cohort is every request ready to generate; the policy picks its
 physical program -- plain DECODE, a SPECULATIVE program of width W (lanes of

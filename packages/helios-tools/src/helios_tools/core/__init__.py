@@ -1,5 +1,5 @@
 """The Helios core format: signed, memory-mappable files of a contract, a manifest and
-verified resources (DESIGN.md §3).
+verified resources (docs/architecture.md, "The core file").
 
 Layout (``layout``): magic ``b"HELIOSC\\0"``, a little-endian u64 CoreBody length, the
 CoreBody (format_version, signed PayloadEnvelope, unsigned LocationSet), then the stored

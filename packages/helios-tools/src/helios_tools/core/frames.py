@@ -4,7 +4,7 @@ Invariant of the read path: no stored byte reaches the zstd decoder before the S
 its 4 MiB chunk matches the signed commitment, and the frame must be exactly one zstd frame
 that fills the stored bytes. The structure is checked by walking the block headers of the
 verified bytes ourselves, because python-zstandard decodes across frames, silently skips
-skippable frames and returns partial output for a truncated frame (DESIGN.md §3).
+skippable frames and returns partial output for a truncated frame (docs/architecture.md, "The core file").
 """
 
 from __future__ import annotations

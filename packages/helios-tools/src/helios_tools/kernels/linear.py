@@ -75,7 +75,7 @@ def linear_invariant(
     property of the BLAS checked by tests/tools/kernels/test_linear_invariant.py (and by
     the real-model greedy identity tests); decode and speculative graphs of cores with
     a drafter use this op, so a verified position's logits equal the decode program's bit
-    for bit (model-contract.md, "Complete speculative generation": greedy output unchanged).
+    for bit (the specification, "Complete speculative generation": greedy output unchanged).
 
     Args: as ``linear``.
     """

@@ -718,7 +718,7 @@ def spec_candidate_masks(
     DMAX: int,
 ) -> None:
     """Per-position grammar masks of a constrained lane's copied candidates
-    (CANDIDATE_GRAMMAR_MASKS; model-contract.md value sources, "Copied proposals").
+    (CANDIDATE_GRAMMAR_MASKS; the specification's value sources, "Copied proposals").
 
     Runs after the verification rows' logits, before ``spec_verify``. A lane whose
     grammar mask applies (``use_mask``) verifies only its fresh copied candidates: the
@@ -857,7 +857,7 @@ def spec_allocate(
     P: int,
     DMAX: int,
 ) -> None:
-    """Allocate the P verification rows among lanes as causal prefixes (model-contract.md,
+    """Allocate the P verification rows among lanes as causal prefixes (the specification,
     "Complete speculative generation": device allocation; SPECULATIVE_PREFIX_LIMIT).
 
     Every live lane (slot >= 0, ceiling >= 1) starts with its pending position. Then,
