@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .dense import _load_act, _split_bf16, _store_out
+from .dense import _kmask, _load_act, _split_bf16, _store_out
 
 
 @triton.jit
@@ -44,18 +44,6 @@ def _split_store(x, out, T, K, BLOCK: tl.constexpr, SWIGLU: tl.constexpr):
     o = out.to(tl.pointer_type(tl.bfloat16), bitcast=True) + t * 2 * K
     tl.store(o + k, hi, mask=m)
     tl.store(o + K + k, lo, mask=m)
-
-
-@triton.jit
-def _kmask(rows_ok, kk, K, EVEN_K: tl.constexpr):
-    """Tile mask: live rows, and columns below K unless EVEN_K says K is a multiple of
-    BLOCK_K (slices end on K steps, so only K itself cuts one). A mask constant along K
-    lets Triton vectorize the loads (16 bytes a thread) and stage them with cp.async."""
-    if EVEN_K:
-        m = rows_ok[:, None] & (kk >= 0)[None, :]
-    else:
-        m = rows_ok[:, None] & (kk < K)[None, :]
-    return m
 
 
 @triton.jit
