@@ -41,6 +41,8 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}
 SMS = 132
 CHECK_COLS = 512
+PACKED_TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (64, 256, 64, 4, 4),
+                (256, 128, 64, 8, 3), (128, 256, 64, 8, 4))
 HEAD = dict(BLOCK_T=128, BLOCK_N=128, BLOCK_K=32, WARPS=8, STAGES=4, PREFETCH=0, STACK=0,
             WBF16=1, K16=1)
 
@@ -230,16 +232,24 @@ def main() -> None:
             else:
                 cell.append((_label(HEAD, 0), HEAD, 0))
                 cfg = rule.launch_config("linear", [T, N, Kd], [None, _View((N, Kd), "bf16")])
-                c = {**cfg.constants}
-                c["WARPS"] = cfg.constants["WARPS"]
-                tiles = -(-N // c["BLOCK_N"]) * -(-T // c["BLOCK_T"]) if c.get("TC") else 0
-                persist = int(c.get("TC", 0) and cfg.grid[0] < tiles)
-                cell.append(("rule " + _label(c, persist), c, persist))
+                c = dict(cfg.constants)
+                cell.append(("linear-rule " + _label(c, 0), c, 0))
                 if c.get("TC"):  # the other activation form of the same tile
                     other = dict(c, XSPLIT=1 - c.get("XSPLIT", 1))
-                    cell.append(("rule-other " + _label(other, persist), other, persist))
+                    cell.append(("linear-other " + _label(other, 0), other, 0))
+                pick = rule.launch_config("linear_packed", [T, N, Kd, 1],
+                                          [None, _View((N, Kd), "bf16")]).constants
+                for tile in PACKED_TILES:
+                    for xsplit in (1, 0):
+                        pc = dict(TC=1, BLOCK_T=tile[0], BLOCK_N=tile[1], BLOCK_K=tile[2],
+                                  WARPS=tile[3], STAGES=tile[4], GROUP_T=8, XSPLIT=xsplit,
+                                  EVEN_K=1, WBF16=1, K16=1, PACKED=1)
+                        tag = "packed-rule " if pc == {**pick, "XSPLIT": xsplit} else "packed "
+                        cell.append((tag + _label(pc, 0), pc, 0))
+                items.append(("split_bf16", dict(rule.launch_config(
+                    "split_bf16", [T, Kd], []).constants)))
             plan[(name, T)] = cell
-            items += [("linear", c) for _, c, _ in cell]
+            items += [("linear_packed" if c.get("PACKED") else "linear", c) for _, c, _ in cell]
     if args.mode == "rule":  # the folded forms of the rule's choices
         for N, Kd in SHAPES.values():
             for op in ("rmsnorm_linear", "linear_add"):
@@ -265,6 +275,7 @@ def main() -> None:
         wn = w[cols].float().cpu().numpy()
         ref_np = np.zeros((64, CHECK_COLS), np.float32)
         K.linear(xs, wn, ref_np, 64, CHECK_COLS, Kd)
+        xs = torch.empty(tmax, Kd, device="cuda")  # packed hi|lo terms (split_bf16)
         for T in rows_list:
             ref = x[:T].double() @ wc64.T
             ref_b = xb[:T].double() @ wc64.T
@@ -275,29 +286,40 @@ def main() -> None:
                        reps=10 if T < 1024 else 5)
             row = dict(shape=name, N=N, K=Kd, T=T, torch_us=tm, torch_tflops=flop / tm / 1e6,
                        ref_vs_numpy_rel=np_rel, variants=[])
+            if args.mode == "rule":  # the split pass the packed path adds (one launch)
+                sc = rule.launch_config("split_bf16", [T, Kd], [])
+                sa = [x, xs, T, Kd]
+                L.launch("split_bf16", dict(sc.constants), sc.grid, sa)
+                row["split_us"] = timed(lambda keep, sc=sc, sa=sa: keep.extend(L.launch(
+                    "split_bf16", dict(sc.constants), sc.grid, sa)), reps=10)
             for label, c, persist in plan[(name, T)]:
-                key = ("linear", tuple(sorted(c.items())))
+                op = "linear_packed" if c.get("PACKED") else "linear"
+                key = (op, tuple(sorted(c.items())))
                 if key not in L.fns:
                     continue
                 if time.perf_counter() - t0 > args.budget_s:
                     row["variants"].append(dict(label=label, skipped="budget"))
                     continue
                 grid = _grid(c, persist, T, N)
-                fa = [x, w, out, T, N, Kd]
+                fa = [xs, w, out, T, N, Kd, 1] if op == "linear_packed" else [x, w, out, T, N, Kd]
                 out.view(-1)[: T * N].fill_(float("nan"))
-                L.launch("linear", c, grid, fa)
+                L.launch(op, c, grid, fa)
                 got = out[:T].clone()
-                L.launch("linear", c, grid, fa)
+                L.launch(op, c, grid, fa)
                 same = bool(torch.equal(got.view(torch.int32), out[:T].view(torch.int32)))
                 finite = bool(torch.isfinite(got).all())
                 g64 = got[:, cols].double()
                 rel = float((g64 - ref).norm() / ref.norm())
                 rel_b = float((g64 - ref_b).norm() / ref_b.norm())
-                us = timed(lambda keep, c=c, grid=grid, fa=fa: keep.extend(
-                    L.launch("linear", c, grid, fa)), reps=10 if T < 1024 else 5)
+                us = timed(lambda keep, op=op, c=c, grid=grid, fa=fa: keep.extend(
+                    L.launch(op, c, grid, fa)), reps=10 if T < 1024 else 5)
+                if op == "linear_packed":  # with the split pass it needs
+                    us_split = us + row["split_us"]
                 _, ck, _, regs, local = L.fns[key]
                 row["variants"].append(dict(
-                    label=label, constants=c, persist=persist, grid=grid, us=us,
+                    label=label, op=op, constants=c, persist=persist, grid=grid, us=us,
+                    us_with_split=us_split if op == "linear_packed" else us,
+                    vs_torch_with_split=tm / (us_split if op == "linear_packed" else us),
                     tflops=flop / us / 1e6, vs_torch=tm / us, rel=rel, rel_bf16x=rel_b,
                     finite=finite, deterministic=same, regs=regs, local_bytes=local,
                     shared_bytes=ck.shared_bytes))
@@ -341,38 +363,37 @@ def main() -> None:
                     checks.append(dict(op=op, shape=name, T=T, rel=r, constants=c))
                     print(f"check {op} {name} T={T}: rel {r:.2e} ({_label(c, 0)})", flush=True)
 
-    # Summary table
-    print(f"\n{card}  commit {commit}")
-    print(f"{'shape':8} {'T':>5} {'torch us':>9} {'TF/s':>5} | best bf16 (1 term)           "
-          f"{'us':>8} {'xT':>5} {'rel':>8} | best hi/lo                   {'us':>8} {'xT':>5} "
-          f"{'rel':>8} | head us  xT")
+    # Summary table: per cell, torch and the best verified variant of each kind
+    print(f"\n{card}  commit {commit}  (us per product; xT = torch.matmul time / this; "
+          f"packed rows add the split_bf16 pass in '+split')")
     summary = []
     for row in results:
-        ok = [v for v in row["variants"] if "us" in v and v["finite"] and v["deterministic"]]
-        one = sorted((v for v in ok if v["constants"].get("TC") and not v["constants"].get(
-            "XSPLIT", 1) and v["rel_bf16x"] < 1e-5), key=lambda v: v["us"])
-        two = sorted((v for v in ok if v["constants"].get("XSPLIT", 1) and v["rel"] < 5e-5),
-                     key=lambda v: v["us"])
-        head = next((v for v in row["variants"] if v["label"].startswith("head")
-                     and "us" in v), None)
-        rule_v = [v for v in ok if v["label"].startswith("rule ")]
-        s = dict(shape=row["shape"], T=row["T"], torch_us=row["torch_us"],
-                 torch_tflops=row["torch_tflops"],
-                 best_bf16=one[0] if one else None, best_hilo=two[0] if two else None,
-                 head=head, rule=rule_v[0] if rule_v else None)
-        summary.append(s)
-        b1, b2 = (one[0] if one else None), (two[0] if two else None)
-
-        def f(v):
-            return (f"{v['label'][:28]:28} {v['us']:8.1f} {v['vs_torch']:5.2f} {v['rel']:8.1e}"
-                    if v else f"{'-':28} {'':8} {'':5} {'':8}")
-        hs = f"{head['us']:7.1f} {head['vs_torch']:4.2f}" if head else "-"
-        print(f"{row['shape']:8} {row['T']:5} {row['torch_us']:9.1f} "
-              f"{row['torch_tflops']:5.0f} | {f(b1)} | {f(b2)} | {hs}")
-        if s["rule"]:
-            v = s["rule"]
-            print(f"{'':15} rule: {v['label']:40} {v['us']:8.1f} us x{v['vs_torch']:.2f} "
-                  f"torch, rel {v['rel']:.1e} (bf16-x ref {v['rel_bf16x']:.1e})")
+        ok = [v for v in row["variants"] if "us" in v and v["finite"] and v["deterministic"]
+              and (v["rel"] < 5e-5 if v["constants"].get("XSPLIT", 1)
+                   else v["rel_bf16x"] < 5e-5)]
+        kinds = {
+            "head": [v for v in ok if v["label"].startswith("head")],
+            "linear tc hilo": [v for v in ok if v["constants"].get("TC") and v["op"] == "linear"
+                               and v["constants"].get("XSPLIT", 1)],
+            "linear tc bf16": [v for v in ok if v["constants"].get("TC") and v["op"] == "linear"
+                               and not v["constants"].get("XSPLIT", 1)],
+            "packed hilo": [v for v in ok if v["op"] == "linear_packed"
+                            and v["constants"]["XSPLIT"]],
+            "packed bf16": [v for v in ok if v["op"] == "linear_packed"
+                            and not v["constants"]["XSPLIT"]],
+            "rule": [v for v in ok if "rule " in v["label"]],
+        }
+        s_row = dict(shape=row["shape"], T=row["T"], torch_us=row["torch_us"],
+                     torch_tflops=row["torch_tflops"], split_us=row.get("split_us"))
+        print(f"{row['shape']:8} T={row['T']:5} torch {row['torch_us']:8.1f} us "
+              f"({row['torch_tflops']:.0f} TFLOP/s)"
+              + (f"  split_bf16 {row['split_us']:.1f} us" if row.get("split_us") else ""))
+        for kind, vs in kinds.items():
+            for v in sorted(vs, key=lambda v: v["us"])[: (2 if kind == "rule" else 1)]:
+                s_row.setdefault(kind, []).append(v)
+                print(f"    {kind:15} {v['label'][:44]:44} {v['us']:8.1f} us x{v['vs_torch']:.2f}"
+                      f"  +split x{v['vs_torch_with_split']:.2f}  rel {v['rel']:.1e}")
+        summary.append(s_row)
     bad = [(r["shape"], r["T"], v["label"]) for r in results for v in r["variants"]
            if "us" in v and not (v["finite"] and v["deterministic"])]
     print(f"{len(bad)} variant runs not finite or not deterministic: {bad[:10]}")
