@@ -750,6 +750,7 @@ def test_linear_packed_prefill_tc(gpu, rng, monkeypatch, terms, T, N, K_):
     from helios_ignition.capture import launch
 
     monkeypatch.setattr(launch, "PREFILL_TERMS", terms)
+    monkeypatch.setattr(launch, "PREFILL_PACKED", True)  # opt-in (HELIOS_LINEAR_PREFILL_PACKED)
     assert launch.mma_plan(T, N, K_) == 1
     x = rng.standard_normal((T, K_)).astype(np.float32)
     bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
@@ -772,8 +773,8 @@ def test_linear_packed_prefill_tc(gpu, rng, monkeypatch, terms, T, N, K_):
 
 @pytest.mark.parametrize("T,N,K_", PREFILL_CASES)
 def test_linear_prefill_tc_folded(gpu, rng, T, N, K_):
-    """The linear kernel's TC=1 tile over f32 activations (hi/lo): linear, the folded
-    RMS prologue (rmsnorm_linear) and the residual epilogue (linear_add)."""
+    """The linear kernel's TC=1 tile over f32 activations (hi/lo) on linear, and the
+    folded ops (rmsnorm_linear, linear_add) at the same rows under their launch rule."""
     from helios_ignition.capture import launch
 
     class _V:

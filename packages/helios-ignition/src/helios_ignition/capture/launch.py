@@ -51,14 +51,18 @@ LINEAR_PREFILL = os.environ.get("HELIOS_LINEAR_PREFILL", "auto")
 PREFILL_WIDE = "128,128,32,8,4,0,0"
 # Prefill GEMMs on the tensor-core tile paths (issue 27), for bf16 matrices with N >= 4096
 # (the 8B geometry; smaller models keep the rules above) and K a multiple of 64, beyond
-# the batched-decode rows (MMA_ROWS). The packed path (split_bf16 + linear_packed, which
-# capture records through mma_plan) runs linear_packed's TC=1 tiles, a plain bf16 GEMM
-# over the packed terms (prefill_tc_constants); the linear kernel itself (folded cores,
-# HELIOS_LINEAR_MMA=off, linear_invariant) runs its TC=1 tiles over f32 activations
-# (LINEAR_TC). HELIOS_LINEAR_PREFILL_TERMS at capture: 2 (default: hi and lo, near-f32
+# the batched-decode rows (MMA_ROWS). By default the plain linear op (``linear``,
+# ``linear_invariant``) runs the linear kernel's TC=1 tile over f32 activations
+# (LINEAR_TC); the folded ops (rmsnorm_linear, linear_add) keep the tiles above (their
+# TC=1 forms compile but have not run on a GPU). HELIOS_LINEAR_PREFILL_PACKED=1 at
+# capture records the packed path instead (split_bf16 + one-slice linear_packed through
+# mma_plan; linear_packed's TC=1 tile is a plain bf16 GEMM over the packed terms,
+# prefill_tc_constants): compiled for sm_90 under Triton 3.9 only, not yet run on a GPU,
+# so off. HELIOS_LINEAR_PREFILL_TERMS at capture: 2 (default: hi and lo, near-f32
 # products) or 1 (activations rounded to bf16, about 3 significant digits, half the
 # tensor work).
 PREFILL_TERMS = int(os.environ.get("HELIOS_LINEAR_PREFILL_TERMS", "2"))
+PREFILL_PACKED = os.environ.get("HELIOS_LINEAR_PREFILL_PACKED", "0") == "1"
 PREFILL_TC_MIN_N = 4096
 # The linear kernel's TC=1 tile over f32 activations: (BLOCK_T, BLOCK_N, BLOCK_K, WARPS,
 # STAGES), TMA loads. The fastest hi/lo tile that was finite and bitwise deterministic at
@@ -397,8 +401,8 @@ def mma_plan(T: int, N: int, K: int, rule: str = "") -> int | None:
         raise ValueError(f"HELIOS_LINEAR_MMA must be 'on' or 'off', got {rule!r}")
     if rule == "off" or N * K < MMA_MIN_WEIGHTS or T < MMA_ROWS[0]:
         return None
-    if T > MMA_ROWS[1]:  # prefill rows: one slice, linear_packed's TC=1 tiles
-        return 1 if prefill_tc(T, N, K) else None
+    if T > MMA_ROWS[1]:  # prefill rows: one slice, linear_packed's TC=1 tiles (opt-in)
+        return 1 if PREFILL_PACKED and prefill_tc(T, N, K) else None
     if _MMA_TILES.get(_mma_cell(T, N, K), ()) is None:  # measured: linear was faster
         return None
     return mma_splits(T, N, K)
@@ -526,6 +530,34 @@ def _linear_prefill(T: int, N: int, K: int, spec: str = "") -> dict[str, int]:
                 PREFETCH=prefetch, STACK=stack)
 
 
+def _linear_config(s: list, views: Sequence, tc: bool) -> LaunchConfig:
+    """Launch of the linear kernel for scalars ``[T, N, K]`` (GEMV, FMA, SWAP, the TC=1
+    prefill tile where `tc` and ``prefill_tc`` allow, else ``linear_constants``); the
+    folded ops pass ``tc=False`` (their TC=1 forms have not run on a GPU)."""
+    T, N, K = s
+    wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
+    if T == 1:  # GEMV (one token row): see gemv_constants
+        c = gemv_constants(N, K)
+        return _cfg((c.pop("PROGRAMS"), 1), c.pop("WARPS"), BLOCK_T=1, **c, WBF16=wbf16,
+                    K16=int(K % 16 == 0))
+    fma = linear_fma(T, N)
+    if fma is not None:
+        return _cfg((_cdiv(N, fma["BLOCK_N"]), _cdiv(T, fma["BLOCK_T"])), fma.pop("WARPS"),
+                    **fma, WBF16=wbf16, K16=int(K % 16 == 0))
+    if LINEAR_SWAP:  # out^T = W x^T: 64 weight rows per program, tokens as MMA N
+        bt = min(max(_np2(T), 16), 64)
+        return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=64, BLOCK_K=128,
+                    WBF16=wbf16, K16=int(K % 16 == 0), SWAP=1, STAGES=4)
+    if wbf16 and tc and prefill_tc(T, N, K):
+        bt, bn, bk, warps, stages = LINEAR_TC
+        return _cfg((_cdiv(T, bt) * _cdiv(N, bn),), warps, TC=1, BLOCK_T=bt, BLOCK_N=bn,
+                    BLOCK_K=bk, STAGES=stages, GROUP_T=8, TMA=1, EVEN_K=1,
+                    XSPLIT=int(PREFILL_TERMS != 1), WBF16=1, K16=1)
+    c = linear_constants(T, N, K)
+    return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
+                WBF16=wbf16, K16=int(K % 16 == 0))
+
+
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
     """The launch geometry of `op` given its scalar arguments (in parameter order) and
     its buffer views (in parameter order; their buffer dtypes select weight variants).
@@ -543,28 +575,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, D = s[0], s[1]
         return _cfg((T,), 4 if D <= 1024 else 8, BLOCK_D=_np2(D, 16))
     if op in ("linear", "linear_invariant"):
-        T, N, K = s
-        wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
-        if T == 1:  # GEMV (one token row): see gemv_constants
-            c = gemv_constants(N, K)
-            return _cfg((c.pop("PROGRAMS"), 1), c.pop("WARPS"), BLOCK_T=1, **c, WBF16=wbf16,
-                        K16=int(K % 16 == 0))
-        fma = linear_fma(T, N)
-        if fma is not None:
-            return _cfg((_cdiv(N, fma["BLOCK_N"]), _cdiv(T, fma["BLOCK_T"])), fma.pop("WARPS"),
-                        **fma, WBF16=wbf16, K16=int(K % 16 == 0))
-        if LINEAR_SWAP:  # out^T = W x^T: 64 weight rows per program, tokens as MMA N
-            bt = min(max(_np2(T), 16), 64)
-            return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=64, BLOCK_K=128,
-                        WBF16=wbf16, K16=int(K % 16 == 0), SWAP=1, STAGES=4)
-        if wbf16 and prefill_tc(T, N, K):
-            bt, bn, bk, warps, stages = LINEAR_TC
-            return _cfg((_cdiv(T, bt) * _cdiv(N, bn),), warps, TC=1, BLOCK_T=bt, BLOCK_N=bn,
-                        BLOCK_K=bk, STAGES=stages, GROUP_T=8, TMA=1, EVEN_K=1,
-                        XSPLIT=int(PREFILL_TERMS != 1), WBF16=1, K16=1)
-        c = linear_constants(T, N, K)
-        return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
-                    WBF16=wbf16, K16=int(K % 16 == 0))
+        return _linear_config(s, views, tc=True)
     if op in ("swiglu_linear", "swiglu_linear_add"):
         T, N, K = s
         if T != 1 and linear_fma(T, N) is None:  # any K on the GEMV (cores before v2)
@@ -573,12 +584,12 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         acc = int(op == "swiglu_linear_add")
         return replace(c, constants={**c.constants, "SWIGLU": 1, "ACC": acc})
     if op == "linear_add":  # linear with the residual add in its epilogue
-        c = launch_config("linear", s, views)
+        c = _linear_config(s, views, tc=False)
         return replace(c, constants={**c.constants, "ACC": 1})
     if op == "rmsnorm_linear":  # linear with the RMS prologue: the linear's geometry
         T, N, K = s[0], s[1], s[2]
-        return launch_config("linear", [T, N, K], (views[0], views[2], views[3])
-                             if len(views) > 3 else ())
+        return _linear_config([T, N, K], (views[0], views[2], views[3])
+                              if len(views) > 3 else (), tc=False)
     if op == "rope_kv_write":
         T, H, KVH, HD = s[0], s[4], s[5], s[6]
         return _cfg((T,), 4, BLOCK_H=_np2(H + KVH), BLOCK_HALF=_np2(HD // 2),
