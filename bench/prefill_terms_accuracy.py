@@ -12,7 +12,8 @@ recipe's largest chunk; decode steps and the LM head's rows are untouched):
 - ``bf16``: each activation rounded to bf16 (one term, ``HELIOS_LINEAR_PREFILL_TERMS=1``).
 
 Prompts are real English text (this repository's docs, tokenized, --length tokens each,
-prefilled in 256-token chunks), then --tokens greedy tokens. Reports, per mode, how many
+prefilled in 256-token chunks), then --tokens greedy tokens (480 + 32 fill the 512
+positions a slot gets). Reports, per mode, how many
 prompts keep the f32 greedy continuation in full and in its first 16 tokens (the GPU
 test's bar), the first diverging position, and the largest |logit| difference of the
 first sampled position against f32. SmolLM2's matrices are narrower than the 8B's (no
@@ -51,7 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--prompts", type=int, default=6)
-    ap.add_argument("--length", type=int, default=600)
+    ap.add_argument("--length", type=int, default=480)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--min-rows", type=int, default=256)
     args = ap.parse_args()

@@ -462,7 +462,10 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     ``PERSIST`` (the launch has at most PERSIST x 132 programs, each looping over row
     tiles ``pid, pid + programs, ...``), ``PRE=1`` (the next weight tile is loaded before
     the current one is reduced) and ``EVICT=1`` (evict-first weight loads); each output's
-    sum is the same as without them (K steps in order). Every variant is deterministic
+    sum is the same as without them (K steps in order). ``TC=1`` (prefill rows, bf16
+    weights; ``launch.prefill_tc``) is the tile path of ``_linear_tc`` on a 1-D grid:
+    ``GROUP_T`` token tiles per group, ``TMA=1`` tensor-memory loads, ``EVEN_K=1`` when
+    ``BLOCK_K`` divides K, ``XSPLIT`` as above. Every variant is deterministic
     (each output is written once, in a fixed reduction order that depends on the
     constants and the shape, never on the other rows or the grid).
     """

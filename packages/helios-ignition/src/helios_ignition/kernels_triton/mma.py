@@ -13,6 +13,9 @@ Ops (NumPy references in ``helios_tools.kernels.linear_splitk``):
   Triton's pipeliner stages both in shared memory for the tensor cores). The hi and lo
   rows of a token tile are stacked into one ``2*BLOCK_T``-row operand: one MMA per K
   step for both terms, the two halves of the accumulator added at the end.
+  ``TC=1`` (prefill rows, one slice): the packed row as a ``2K``-long bf16 operand of a
+  plain GEMM against the weight tile repeated, both operands by tensor-memory copies
+  (``_packed_tc``).
 - ``linear_partial``: the same K split over f32 activations split in registers (the
   ``linear`` kernel's MMA body).
 - ``splitk_reduce`` / ``splitk_reduce_add``: ``out = sum_s partial[s]`` in the order
