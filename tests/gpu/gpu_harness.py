@@ -96,12 +96,19 @@ class Gpu:
                 values.append((spec.kind, arg))
         config = launch_config(op, list(scalars), views)
         fn, ck, count = self.function(op, tuple(sorted(config.constants.items())))
-        values += [("ptr", 0)] * (count - len(params))
-        kargs = drv.KernelArgs(values)
         g = config.grid
+        scratch = []  # global / profile scratch, per program (TMA descriptors live there)
+        for per in (ck.global_scratch_bytes, ck.profile_scratch_bytes)[:count - len(params)]:
+            if per:
+                scratch.append(int(drv.call("alloc", cu.cuMemAlloc(per * g[0] * g[1] * g[2]))))
+            values.append(("ptr", scratch[-1] if per else 0))
+        values += [("ptr", 0)] * (count - len(values))
+        kargs = drv.KernelArgs(values)
         drv.call("launch", cu.cuLaunchKernel(fn, g[0], g[1], g[2], 32 * ck.num_warps, 1, 1,
                                              ck.shared_bytes, 0, kargs.address, 0))
         drv.call("sync", cu.cuCtxSynchronize())
+        for ptr in scratch:
+            drv.call("free", cu.cuMemFree(ptr))
         out = {}
         for name, (ptr, arr) in ptrs.items():
             res = np.empty_like(arr)

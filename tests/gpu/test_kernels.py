@@ -734,3 +734,68 @@ def test_linear_partial_splitk(gpu, rng, T, N, K_, S):
     part = gpu.run("linear_partial", x, bits, np.zeros_like(ref_p), T, N, K_, S,
                    bf16=("weight",))["partial"]
     assert rel(part, ref_p) < 5e-5
+
+
+# Prefill tile paths (TC=1, issue 27): the launch rule's tiles beyond the batched-decode
+# rows at the 8B matrices, ragged row counts (partial token tiles), both activation forms.
+PREFILL_CASES = [(300, 6144, 4096), (520, 4096, 4096), (1030, 28672, 4096), (257, 4096, 14336)]
+
+
+@pytest.mark.parametrize("terms", [2, 1])
+@pytest.mark.parametrize("T,N,K_", PREFILL_CASES)
+def test_linear_packed_prefill_tc(gpu, rng, monkeypatch, terms, T, N, K_):
+    """split_bf16 + linear_packed (one slice, TC=1): hi/lo against linear's reference
+    (near f32), one term against the reference over activations rounded to bf16; every
+    element written (poisoned output), a second launch bitwise equal."""
+    from helios_ignition.capture import launch
+
+    monkeypatch.setattr(launch, "PREFILL_TERMS", terms)
+    monkeypatch.setattr(launch, "PREFILL_PACKED", True)  # opt-in (HELIOS_LINEAR_PREFILL_PACKED)
+    assert launch.mma_plan(T, N, K_) == 1
+    x = rng.standard_normal((T, K_)).astype(np.float32)
+    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    xs = np.zeros_like(x)
+    K.split_bf16(x, xs, T, K_)
+    runs = [gpu.run("linear_packed", xs, bits, np.zeros((T, N), np.float32), T, N, K_, 1,
+                    bf16=("weight",))["partial"] for _ in range(2)]
+    assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
+    ref = np.zeros((T, N), np.float32)
+    if terms == 2:
+        K.linear(x, w, ref, T, N, K_)
+        assert rel(runs[0], ref) < 5e-5
+    else:
+        K.linear(bf16_round(x)[1], w, ref, T, N, K_)
+        assert rel(runs[0], ref) < 5e-5
+        full = np.zeros((T, N), np.float32)
+        K.linear(x, w, full, T, N, K_)
+        assert 1e-4 < rel(runs[0], full) < 1e-2  # activations rounded to bf16
+
+
+@pytest.mark.parametrize("T,N,K_", PREFILL_CASES)
+def test_linear_prefill_tc_folded(gpu, rng, T, N, K_):
+    """The linear kernel's TC=1 tile over f32 activations (hi/lo) on linear, and the
+    folded ops (rmsnorm_linear, linear_add) at the same rows under their launch rule."""
+    from helios_ignition.capture import launch
+
+    class _V:
+        shape, buffer = (N, K_), type("D", (), {"dtype": "bf16"})()
+
+    assert launch.launch_config("linear", [T, N, K_], [None, _V]).constants["TC"] == 1
+    x = (rng.standard_normal((T, K_)) * 3).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(K_)).astype(np.float32)
+    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    ref = np.zeros((T, N), np.float32)
+    K.linear(x, w, ref, T, N, K_)
+    outs = [gpu.run("linear", x, bits, np.zeros_like(ref), T, N, K_, bf16=("weight",))["out"]
+            for _ in range(2)]
+    assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    assert rel(outs[0], ref) < 5e-5
+    K.rmsnorm_linear(x, g, w, ref, T, N, K_, 1e-5)
+    out = gpu.run("rmsnorm_linear", x, g, bits, np.zeros_like(ref), T, N, K_, 1e-5,
+                  bf16=("weight",))["out"]
+    assert rel(out, ref) < 5e-5
+    res = (rng.standard_normal((T, N)) * 3).astype(np.float32)
+    ref = res.copy()
+    K.linear_add(x, w, ref, T, N, K_)
+    out = gpu.run("linear_add", x, bits, res, T, N, K_, bf16=("weight",))["out"]
+    assert rel(out - res, ref - res) < 5e-5

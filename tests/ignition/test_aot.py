@@ -465,3 +465,51 @@ def test_mma_rule_compiles_for_sm90():
     assert len([k for k in kernels if k.reference_op == "linear_packed"]) == 12 + 1
     compiled, failed = compile_each(kernels, "sm_90")
     assert failed == {} and len(compiled) == len(kernels)
+
+
+def test_prefill_tc_rule_and_compile_for_sm90(monkeypatch):
+    """Prefill tile paths (issue 27): which products take them, and every TC=1 variant the
+    rule or bench/gpu_prefill_gemm.py can record compiles for sm_90 with its TMA
+    descriptors in global scratch."""
+    from helios_ignition.capture import launch
+
+    class _W:  # a bf16 weight view
+        shape, buffer = (6144, 4096), type("D", (), {"dtype": "bf16"})()
+
+    def cfg(op, s):
+        views = [None, None, _W, None] if op == "rmsnorm_linear" else [None, _W, None]
+        return launch.launch_config(op, s, views)
+
+    assert not launch.prefill_tc(256, 6144, 4096)  # the batched-decode rows keep their path
+    assert launch.prefill_tc(257, 6144, 4096) and not launch.prefill_tc(1024, 3072, 576)
+    assert not launch.prefill_tc(1024, 4096, 4100)  # K not a multiple of 64
+    lin = cfg("linear", [1024, 6144, 4096])
+    assert lin.grid == (16 * 24, 1, 1) and lin.block == (128, 1, 1)
+    assert {k: lin.constants[k] for k in ("TC", "TMA", "XSPLIT", "BLOCK_T", "BLOCK_N")} == dict(
+        TC=1, TMA=1, XSPLIT=1, BLOCK_T=64, BLOCK_N=256)
+    assert "TC" not in cfg("linear", [256, 6144, 4096]).constants
+    assert "TC" not in cfg("rmsnorm_linear", [1024, 6144, 4096, 1e-5]).constants
+    assert "TC" not in cfg("linear_add", [1024, 6144, 4096]).constants
+    assert launch.mma_plan(1024, 6144, 4096) is None  # packed prefill is opt-in
+    monkeypatch.setattr(launch, "PREFILL_PACKED", True)
+    assert launch.mma_plan(1024, 6144, 4096) == 1 and launch.mma_plan(1024, 3072, 576) is None
+    packed = cfg("linear_packed", [1024, 6144, 4096, 1])
+    assert packed.constants["TC"] == 1 and packed.constants["PACKED"] == 1
+    assert packed.grid == (8 * 6144 // packed.constants["BLOCK_N"], 1, 1)
+    monkeypatch.setattr(launch, "PREFILL_TERMS", 1)
+    assert cfg("linear", [1024, 6144, 4096]).constants["XSPLIT"] == 0
+
+    base = dict(WBF16=1, K16=1, GROUP_T=8, EVEN_K=1, TC=1)
+    variants = [("linear", dict(lin.constants, XSPLIT=x)) for x in (0, 1)]
+    variants += [("rmsnorm_linear", dict(lin.constants, XSPLIT=1)),
+                 ("linear_add", dict(lin.constants, XSPLIT=1, ACC=1))]
+    for bt, bn, bk, warps, stages in launch.PREFILL_TILES:
+        for xsplit in (0, 1):
+            variants.append(("linear_packed", dict(base, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk,
+                                                   WARPS=warps, STAGES=stages, XSPLIT=xsplit,
+                                                   PACKED=1)))
+    kernels = [variant_kernel(f"tc{i}", op, c) for i, (op, c) in enumerate(variants)]
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC
+        assert ck.global_scratch_bytes > 0  # device-side tensor descriptors
+        assert ck.shared_bytes <= 227 * 1024

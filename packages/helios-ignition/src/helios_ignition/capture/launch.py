@@ -49,6 +49,27 @@ GEMV_LONG_K, GEMV_V2_LONG = 8192, "4,1024,2,0,0,0"
 # "v1" (linear_tiles) or "BLOCK_T,BLOCK_N,BLOCK_K,WARPS,STAGES,PREFETCH,STACK".
 LINEAR_PREFILL = os.environ.get("HELIOS_LINEAR_PREFILL", "auto")
 PREFILL_WIDE = "128,128,32,8,4,0,0"
+# Prefill GEMMs on the tensor-core tile paths (issue 27), for bf16 matrices with N >= 4096
+# (the 8B geometry; smaller models keep the rules above) and K a multiple of 64, beyond
+# the batched-decode rows (MMA_ROWS). By default the plain linear op (``linear``,
+# ``linear_invariant``) runs the linear kernel's TC=1 tile over f32 activations
+# (LINEAR_TC); the folded ops (rmsnorm_linear, linear_add) keep the tiles above (their
+# TC=1 forms compile but have not run on a GPU). HELIOS_LINEAR_PREFILL_PACKED=1 at
+# capture records the packed path instead (split_bf16 + one-slice linear_packed through
+# mma_plan; linear_packed's TC=1 tile is a plain bf16 GEMM over the packed terms,
+# prefill_tc_constants): compiled for sm_90 under Triton 3.9 only, not yet run on a GPU,
+# so off. HELIOS_LINEAR_PREFILL_TERMS at capture: 2 (default: hi and lo, near-f32
+# products) or 1 (activations rounded to bf16, about 3 significant digits, half the
+# tensor work).
+PREFILL_TERMS = int(os.environ.get("HELIOS_LINEAR_PREFILL_TERMS", "2"))
+PREFILL_PACKED = os.environ.get("HELIOS_LINEAR_PREFILL_PACKED", "0") == "1"
+PREFILL_TC_MIN_N = 4096
+# The linear kernel's TC=1 tile over f32 activations: (BLOCK_T, BLOCK_N, BLOCK_K, WARPS,
+# STAGES), TMA loads. The fastest hi/lo tile that was finite and bitwise deterministic at
+# every 8B matrix and row count of the H200 sweep (bench/results/h200_2026-12-06/
+# prefill_sweep_15a69b7.json: 0.22-0.37x torch.matmul, HEAD's tiles 0.08-0.13x); several
+# other TMA tiles of that sweep raced under Triton 3.6 (NaN or run-to-run differences).
+LINEAR_TC = (64, 256, 64, 4, 4)
 # Fused ops (rope_kv_write; swiglu_linear where the GEMV/FMA path runs): HELIOS_FUSE=0 at
 # capture records the unfused pairs instead.
 FUSE = os.environ.get("HELIOS_FUSE", "1") != "0"
@@ -304,6 +325,41 @@ _MMA_TILES: dict[tuple[int, int, int], tuple[int, int, int, int, int, int] | Non
 _MMA_DEFAULT = (32, 128, 64, 4, 4)
 
 
+def prefill_tc(T: int, N: int, K: int) -> bool:
+    """Whether a `T`-row product of a bf16 `N` x `K` matrix takes a TC=1 prefill tile
+    (beyond the batched-decode rows, N >= PREFILL_TC_MIN_N, K a multiple of 64: whole K
+    steps and 16-byte tensor-memory strides)."""
+    return T > MMA_ROWS[1] and N >= PREFILL_TC_MIN_N and K % 64 == 0
+
+
+# linear_packed TC=1 tiles: (BLOCK_T, BLOCK_N, BLOCK_K, WARPS, STAGES) per (N, K, rows up
+# to): filled from the H200 run of bench/gpu_prefill_gemm.py; other shapes and row counts
+# take the PREFILL_TILES candidate with the fewest tile-waves weighted by its measured
+# rate (_prefill_tile).
+_PREFILL_TC_TILES: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {}
+PREFILL_TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4))
+
+
+def _prefill_tile(T: int, N: int) -> tuple[int, int, int, int, int]:
+    """Fewest waves of SMS programs, each wave costing its tile's area (128 x 128 tiles
+    counted at 1.2x their area per output: shorter MMAs, more operand traffic)."""
+    def cost(tile):
+        bt, bn = tile[0], tile[1]
+        waves = _cdiv(_cdiv(T, bt) * _cdiv(N, bn), SMS)
+        return waves * bt * bn * (1.2 if bn < 256 else 1.0)
+    return min(PREFILL_TILES, key=cost)
+
+
+def prefill_tc_constants(T: int, N: int, K: int) -> dict[str, int]:
+    """Variant constants (with ``WARPS``/``STAGES``, without ``WBF16``/``K16``/``PACKED``)
+    of ``linear_packed``'s TC=1 tile for a `T`-row product (``prefill_tc`` holds): the
+    measured cell's tile, else ``_prefill_tile``; ``XSPLIT`` from PREFILL_TERMS."""
+    tile = _PREFILL_TC_TILES.get((N, K, _np2(T))) or _prefill_tile(T, N)
+    bt, bn, bk, warps, stages = tile
+    return dict(TC=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, STAGES=stages,
+                GROUP_T=8, XSPLIT=int(PREFILL_TERMS != 1), EVEN_K=1)
+
+
 def _mma_cell(T: int, N: int, K: int) -> tuple[int, int, int]:
     """The table key of a product: (N, K, rows rounded up to 8, 16, 32, ..., 256)."""
     return N, K, max(8, _np2(T))
@@ -343,8 +399,10 @@ def mma_plan(T: int, N: int, K: int, rule: str = "") -> int | None:
     rule = rule or LINEAR_MMA
     if rule not in ("on", "off"):
         raise ValueError(f"HELIOS_LINEAR_MMA must be 'on' or 'off', got {rule!r}")
-    if rule == "off" or N * K < MMA_MIN_WEIGHTS or not MMA_ROWS[0] <= T <= MMA_ROWS[1]:
+    if rule == "off" or N * K < MMA_MIN_WEIGHTS or T < MMA_ROWS[0]:
         return None
+    if T > MMA_ROWS[1]:  # prefill rows: one slice, linear_packed's TC=1 tiles (opt-in)
+        return 1 if PREFILL_PACKED and prefill_tc(T, N, K) else None
     if _MMA_TILES.get(_mma_cell(T, N, K), ()) is None:  # measured: linear was faster
         return None
     return mma_splits(T, N, K)
@@ -472,6 +530,34 @@ def _linear_prefill(T: int, N: int, K: int, spec: str = "") -> dict[str, int]:
                 PREFETCH=prefetch, STACK=stack)
 
 
+def _linear_config(s: list, views: Sequence, tc: bool) -> LaunchConfig:
+    """Launch of the linear kernel for scalars ``[T, N, K]`` (GEMV, FMA, SWAP, the TC=1
+    prefill tile where `tc` and ``prefill_tc`` allow, else ``linear_constants``); the
+    folded ops pass ``tc=False`` (their TC=1 forms have not run on a GPU)."""
+    T, N, K = s
+    wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
+    if T == 1:  # GEMV (one token row): see gemv_constants
+        c = gemv_constants(N, K)
+        return _cfg((c.pop("PROGRAMS"), 1), c.pop("WARPS"), BLOCK_T=1, **c, WBF16=wbf16,
+                    K16=int(K % 16 == 0))
+    fma = linear_fma(T, N)
+    if fma is not None:
+        return _cfg((_cdiv(N, fma["BLOCK_N"]), _cdiv(T, fma["BLOCK_T"])), fma.pop("WARPS"),
+                    **fma, WBF16=wbf16, K16=int(K % 16 == 0))
+    if LINEAR_SWAP:  # out^T = W x^T: 64 weight rows per program, tokens as MMA N
+        bt = min(max(_np2(T), 16), 64)
+        return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=64, BLOCK_K=128,
+                    WBF16=wbf16, K16=int(K % 16 == 0), SWAP=1, STAGES=4)
+    if wbf16 and tc and prefill_tc(T, N, K):
+        bt, bn, bk, warps, stages = LINEAR_TC
+        return _cfg((_cdiv(T, bt) * _cdiv(N, bn),), warps, TC=1, BLOCK_T=bt, BLOCK_N=bn,
+                    BLOCK_K=bk, STAGES=stages, GROUP_T=8, TMA=1, EVEN_K=1,
+                    XSPLIT=int(PREFILL_TERMS != 1), WBF16=1, K16=1)
+    c = linear_constants(T, N, K)
+    return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
+                WBF16=wbf16, K16=int(K % 16 == 0))
+
+
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
     """The launch geometry of `op` given its scalar arguments (in parameter order) and
     its buffer views (in parameter order; their buffer dtypes select weight variants).
@@ -489,23 +575,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, D = s[0], s[1]
         return _cfg((T,), 4 if D <= 1024 else 8, BLOCK_D=_np2(D, 16))
     if op in ("linear", "linear_invariant"):
-        T, N, K = s
-        wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
-        if T == 1:  # GEMV (one token row): see gemv_constants
-            c = gemv_constants(N, K)
-            return _cfg((c.pop("PROGRAMS"), 1), c.pop("WARPS"), BLOCK_T=1, **c, WBF16=wbf16,
-                        K16=int(K % 16 == 0))
-        fma = linear_fma(T, N)
-        if fma is not None:
-            return _cfg((_cdiv(N, fma["BLOCK_N"]), _cdiv(T, fma["BLOCK_T"])), fma.pop("WARPS"),
-                        **fma, WBF16=wbf16, K16=int(K % 16 == 0))
-        if LINEAR_SWAP:  # out^T = W x^T: 64 weight rows per program, tokens as MMA N
-            bt = min(max(_np2(T), 16), 64)
-            return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, BLOCK_T=bt, BLOCK_N=64, BLOCK_K=128,
-                        WBF16=wbf16, K16=int(K % 16 == 0), SWAP=1, STAGES=4)
-        c = linear_constants(T, N, K)
-        return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
-                    WBF16=wbf16, K16=int(K % 16 == 0))
+        return _linear_config(s, views, tc=True)
     if op in ("swiglu_linear", "swiglu_linear_add"):
         T, N, K = s
         if T != 1 and linear_fma(T, N) is None:  # any K on the GEMV (cores before v2)
@@ -514,12 +584,12 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         acc = int(op == "swiglu_linear_add")
         return replace(c, constants={**c.constants, "SWIGLU": 1, "ACC": acc})
     if op == "linear_add":  # linear with the residual add in its epilogue
-        c = launch_config("linear", s, views)
+        c = _linear_config(s, views, tc=False)
         return replace(c, constants={**c.constants, "ACC": 1})
     if op == "rmsnorm_linear":  # linear with the RMS prologue: the linear's geometry
         T, N, K = s[0], s[1], s[2]
-        return launch_config("linear", [T, N, K], (views[0], views[2], views[3])
-                             if len(views) > 3 else ())
+        return _linear_config([T, N, K], (views[0], views[2], views[3])
+                              if len(views) > 3 else (), tc=False)
     if op == "rope_kv_write":
         T, H, KVH, HD = s[0], s[4], s[5], s[6]
         return _cfg((T,), 4, BLOCK_H=_np2(H + KVH), BLOCK_HALF=_np2(HD // 2),
@@ -624,8 +694,12 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         return _cfg((T, _cdiv(K, 1024)), 4, BLOCK=1024, SWIGLU=int(op == "swiglu_split_bf16"))
     if op in ("linear_packed", "linear_partial"):  # grid z: the S K slices
         T, N, K, S = s
-        c = mma_constants(T, N, K)
         wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
+        if op == "linear_packed" and wbf16 and S == 1 and prefill_tc(T, N, K):
+            c = prefill_tc_constants(T, N, K)
+            tiles = _cdiv(T, c["BLOCK_T"]) * _cdiv(N, c["BLOCK_N"])
+            return _cfg((tiles,), c.pop("WARPS"), **c, WBF16=1, K16=1, PACKED=1)
+        c = mma_constants(T, N, K)
         return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"]), S), c.pop("WARPS"), **c,
                     WBF16=wbf16, K16=int(K % 16 == 0), PACKED=int(op == "linear_packed"))
     if op in ("splitk_reduce", "splitk_reduce_add"):

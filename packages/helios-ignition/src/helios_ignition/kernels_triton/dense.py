@@ -175,16 +175,103 @@ def _gemv_stream(xrow, norm_weight, weight, out_row, N, K, inv1, BLOCK_N: tl.con
 
 
 @triton.jit
+def _kmask(rows_ok, kk, K, EVEN_K: tl.constexpr):
+    """Tile mask: live rows, and columns below K unless EVEN_K says K is a multiple of
+    BLOCK_K (slices end on K steps, so only K itself cuts one). A mask constant along K
+    lets Triton vectorize the loads (16 bytes a thread) and stage them with cp.async."""
+    if EVEN_K:
+        m = rows_ok[:, None] & (kk >= 0)[None, :]
+    else:
+        m = rows_ok[:, None] & (kk < K)[None, :]
+    return m
+
+
+@triton.jit
+def _tc_tile(tile, T, N, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_T: tl.constexpr):
+    """(token tile, column tile) of output tile number `tile`: tiles run column by column
+    within groups of GROUP_T token tiles, so the programs in flight share a few activation
+    row tiles and each weight tile is read from HBM about once per group."""
+    nn = tl.cdiv(N, BLOCK_N)
+    width = GROUP_T * nn
+    first = (tile // width) * GROUP_T
+    size = tl.minimum(tl.cdiv(T, BLOCK_T) - first, GROUP_T)
+    return first + (tile % width) % size, (tile % width) // size
+
+
+@triton.jit
+def _linear_tc(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WBF16: tl.constexpr,
+               XSPLIT: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr,
+               GROUP_T: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr):
+    """The prefill tile path (``TC=1``): one ``BLOCK_T x BLOCK_N`` output tile per
+    iteration, tiles ``pid, pid + programs, ...`` (a persistent grid when the launch has
+    fewer programs than tiles) in ``_tc_tile``'s grouped order; the K loop is left to
+    Triton's pipeliner (``STAGES`` deep: cp.async, or with TMA=1 tensor-memory copies
+    through device-side descriptors, which take global scratch) so both operands reach
+    the wgmma from shared memory. The f32 activation tile becomes bf16 in registers:
+    ``hi`` only (XSPLIT=0: one MMA, activations rounded to bf16) or ``hi`` and ``lo``
+    (XSPLIT=1: two MMAs on the same weight tile, about 16 mantissa bits). NORM=1
+    accumulates each row's sum of squares in the same loop and scales the finished tile
+    by its reciprocal RMS (``x * inv * gain`` reassociated as ``(x * gain) @ w * inv``),
+    so the fold costs no second pass over the rows."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    tiles = tl.cdiv(T, BLOCK_T) * tl.cdiv(N, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    if TMA:
+        xd = tl.make_tensor_descriptor(x, shape=[T, K], strides=[K, 1],
+                                       block_shape=[BLOCK_T, BLOCK_K])
+        wd = tl.make_tensor_descriptor(weight, shape=[N, K], strides=[K, 1],
+                                       block_shape=[BLOCK_N, BLOCK_K])
+    for tile in range(pid, tiles, G):
+        pt, pn = _tc_tile(tile, T, N, BLOCK_T, BLOCK_N, GROUP_T)
+        offs_t = pt * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+        mt = offs_t < T
+        mn = offs_n < N
+        x_rows = x + offs_t[:, None].to(tl.int64) * K
+        w_rows = weight + offs_n[:, None].to(tl.int64) * K
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        ss = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            if TMA:
+                a = xd.load([pt * BLOCK_T, k0])
+                w = wd.load([pn * BLOCK_N, k0])
+            else:
+                a = tl.load(x_rows + kk[None, :], mask=_kmask(mt, kk, K, EVEN_K), other=0.0)
+                w = tl.load(w_rows + kk[None, :], mask=_kmask(mn, kk, K, EVEN_K), other=0.0)
+            if NORM:
+                ss += tl.sum(a * a, axis=1)
+                a = a * tl.load(norm_weight + kk, mask=kk < K, other=0.0)[None, :]
+            wt = tl.trans(w)
+            if WBF16:
+                hi = a.to(tl.bfloat16)
+                acc = tl.dot(hi, wt, acc)
+                if XSPLIT:
+                    acc = tl.dot((a - hi.to(tl.float32)).to(tl.bfloat16), wt, acc)
+            else:
+                acc = tl.dot(a, wt, acc, input_precision="ieee")
+        if NORM:
+            acc = acc * tl.math.div_rn(1.0, tl.math.sqrt_rn(ss / K + eps))[:, None]
+        dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
+        _store_out(dst, acc, mt[:, None] & mn[None, :], ACC)
+
+
+@triton.jit
 def _linear_body(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WBF16: tl.constexpr,
                  K16: tl.constexpr, SWAP: tl.constexpr, PREFETCH: tl.constexpr,
                  XSPLIT: tl.constexpr, STACK: tl.constexpr, FMA: tl.constexpr,
                  SWIGLU: tl.constexpr, ACC: tl.constexpr, NORM: tl.constexpr,
-                 PERSIST: tl.constexpr = 0, PRE: tl.constexpr = 0, EVICT: tl.constexpr = 0):
+                 PERSIST: tl.constexpr = 0, PRE: tl.constexpr = 0, EVICT: tl.constexpr = 0,
+                 TC: tl.constexpr = 0, GROUP_T: tl.constexpr = 8, TMA: tl.constexpr = 0,
+                 EVEN_K: tl.constexpr = 0):
     """The body of every linear entry: ``linear`` (NORM=0, ACC=0) and its fused forms.
     NORM=1 scales each activation row by its reciprocal RMS (over its K features) and
     ``norm_weight`` as it is loaded (op ``rmsnorm_linear``). PERSIST / PRE / EVICT are
-    GEMV (``BLOCK_T == 1``) constants: see ``_gemv_stream``."""
+    GEMV (``BLOCK_T == 1``) constants: see ``_gemv_stream``; TC / GROUP_T / TMA / EVEN_K
+    are the prefill tile path's: see ``_linear_tc``."""
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     if K16:
@@ -197,7 +284,10 @@ def _linear_body(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T: tl.constexp
         x_stride = 2 * K
     else:
         x_stride = K
-    if FMA:
+    if TC:
+        _linear_tc(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T, BLOCK_N, BLOCK_K, WBF16,
+                   XSPLIT, NORM, ACC, GROUP_T, TMA, EVEN_K)
+    elif FMA:
         # Few rows: one weight tile in registers serves every row ([T, N, K] products
         # reduced over K), f32 FMA like the GEMV below.
         offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -334,7 +424,8 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
            SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
            STACK: tl.constexpr = 0, FMA: tl.constexpr = 0, SWIGLU: tl.constexpr = 0,
            ACC: tl.constexpr = 0, PERSIST: tl.constexpr = 0, PRE: tl.constexpr = 0,
-           EVICT: tl.constexpr = 0):
+           EVICT: tl.constexpr = 0, TC: tl.constexpr = 0, GROUP_T: tl.constexpr = 8,
+           TMA: tl.constexpr = 0, EVEN_K: tl.constexpr = 0):
     """``out[t, n] = sum_k x[t, k] * weight[n, k]``; grid ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))``.
 
     Reference loop (``helios_tools.kernels.linear``)::
@@ -371,12 +462,16 @@ def linear(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr
     ``PERSIST`` (the launch has at most PERSIST x 132 programs, each looping over row
     tiles ``pid, pid + programs, ...``), ``PRE=1`` (the next weight tile is loaded before
     the current one is reduced) and ``EVICT=1`` (evict-first weight loads); each output's
-    sum is the same as without them (K steps in order). Every variant is deterministic
+    sum is the same as without them (K steps in order). ``TC=1`` (prefill rows, bf16
+    weights; ``launch.prefill_tc``) is the tile path of ``_linear_tc`` on a 1-D grid:
+    ``GROUP_T`` token tiles per group, ``TMA=1`` tensor-memory loads, ``EVEN_K=1`` when
+    ``BLOCK_K`` divides K, ``XSPLIT`` as above. Every variant is deterministic
     (each output is written once, in a fixed reduction order that depends on the
     constants and the shape, never on the other rows or the grid).
     """
     _linear_body(x, weight, weight, out, T, N, K, 0.0, BLOCK_T, BLOCK_N, BLOCK_K, WBF16, K16,
-                 SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 0, PERSIST, PRE, EVICT)
+                 SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 0, PERSIST, PRE, EVICT,
+                 TC, GROUP_T, TMA, EVEN_K)
 
 
 @triton.jit
@@ -385,14 +480,16 @@ def rmsnorm_linear(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T: tl.conste
            SWAP: tl.constexpr = 0, PREFETCH: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
            STACK: tl.constexpr = 0, FMA: tl.constexpr = 0, SWIGLU: tl.constexpr = 0,
            ACC: tl.constexpr = 0, PERSIST: tl.constexpr = 0, PRE: tl.constexpr = 0,
-           EVICT: tl.constexpr = 0):
+           EVICT: tl.constexpr = 0, TC: tl.constexpr = 0, GROUP_T: tl.constexpr = 8,
+           TMA: tl.constexpr = 0, EVEN_K: tl.constexpr = 0):
     """``out = rmsnorm(x; norm_weight, eps) @ weight^T`` (op ``rmsnorm_linear``): the
     ``linear`` kernel with each program recomputing the reciprocal RMS of its activation
     rows in a prologue (``rmsnorm``'s arithmetic: ``x * inv * gain``); same grid and
     variant constants as ``linear``. Saves the norm's launch; the normalized rows are
     never stored."""
     _linear_body(x, norm_weight, weight, out, T, N, K, eps, BLOCK_T, BLOCK_N, BLOCK_K, WBF16,
-                 K16, SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 1, PERSIST, PRE, EVICT)
+                 K16, SWAP, PREFETCH, XSPLIT, STACK, FMA, SWIGLU, ACC, 1, PERSIST, PRE, EVICT,
+                 TC, GROUP_T, TMA, EVEN_K)
 
 
 @triton.jit

@@ -13,6 +13,9 @@ Ops (NumPy references in ``helios_tools.kernels.linear_splitk``):
   Triton's pipeliner stages both in shared memory for the tensor cores). The hi and lo
   rows of a token tile are stacked into one ``2*BLOCK_T``-row operand: one MMA per K
   step for both terms, the two halves of the accumulator added at the end.
+  ``TC=1`` (prefill rows, one slice): the packed row as a ``2K``-long bf16 operand of a
+  plain GEMM against the weight tile repeated, both operands by tensor-memory copies
+  (``_packed_tc``).
 - ``linear_partial``: the same K split over f32 activations split in registers (the
   ``linear`` kernel's MMA body).
 - ``splitk_reduce`` / ``splitk_reduce_add``: ``out = sum_s partial[s]`` in the order
@@ -28,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .dense import _load_act, _split_bf16, _store_out
+from .dense import _kmask, _load_act, _split_bf16, _store_out, _tc_tile
 
 
 @triton.jit
@@ -47,18 +50,6 @@ def _split_store(x, out, T, K, BLOCK: tl.constexpr, SWIGLU: tl.constexpr):
 
 
 @triton.jit
-def _kmask(rows_ok, kk, K, EVEN_K: tl.constexpr):
-    """Tile mask: live rows, and columns below K unless EVEN_K says K is a multiple of
-    BLOCK_K (slices end on K steps, so only K itself cuts one). A mask constant along K
-    lets Triton vectorize the loads (16 bytes a thread) and stage them with cp.async."""
-    if EVEN_K:
-        m = rows_ok[:, None] & (kk >= 0)[None, :]
-    else:
-        m = rows_ok[:, None] & (kk < K)[None, :]
-    return m
-
-
-@triton.jit
 def split_bf16(x, out, T, K, BLOCK: tl.constexpr, SWIGLU: tl.constexpr = 0):
     """``out[t] = hi(x[t]) | lo(x[t])`` as 2K packed bf16; grid ``(T, cdiv(K, BLOCK))``.
     ``SWIGLU=1`` is op ``swiglu_split_bf16``: ``x`` is ``[T, 2K]`` gate|up and the split
@@ -67,10 +58,44 @@ def split_bf16(x, out, T, K, BLOCK: tl.constexpr, SWIGLU: tl.constexpr = 0):
 
 
 @triton.jit
+def _packed_tc(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, XSPLIT: tl.constexpr, GROUP_T: tl.constexpr):
+    """``linear_packed`` with one K slice as a plain bf16 GEMM (``TC=1``, prefill rows):
+    the packed row ``hi | lo`` is a ``2K``-long bf16 operand against the weight tile
+    repeated (``out = hi @ w^T + lo @ w^T``: K steps over the hi terms, then over the lo
+    terms, into one f32 accumulator); ``XSPLIT=0`` stops after the hi terms (activations
+    rounded to bf16). Both operands go from memory to shared memory by tensor-memory
+    copies through device-side descriptors (global scratch) and from there to the wgmma,
+    with nothing converted in registers; output tiles ``pid, pid + programs, ...`` in
+    ``_tc_tile``'s grouped order. Needs ``K % BLOCK_K == 0``."""
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    tiles = tl.cdiv(T, BLOCK_T) * tl.cdiv(N, BLOCK_N)
+    xb = x.to(tl.pointer_type(tl.bfloat16), bitcast=True)
+    xd = tl.make_tensor_descriptor(xb, shape=[T, 2 * K], strides=[2 * K, 1],
+                                   block_shape=[BLOCK_T, BLOCK_K])
+    wd = tl.make_tensor_descriptor(weight, shape=[N, K], strides=[K, 1],
+                                   block_shape=[BLOCK_N, BLOCK_K])
+    steps = tl.cdiv(K, BLOCK_K) * (1 + XSPLIT)
+    for tile in range(pid, tiles, G):
+        pt, pn = _tc_tile(tile, T, N, BLOCK_T, BLOCK_N, GROUP_T)
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        for j in range(0, steps):
+            k0 = j * BLOCK_K
+            a = xd.load([pt * BLOCK_T, k0])
+            w = wd.load([pn * BLOCK_N, k0 % K])
+            acc = tl.dot(a, w.T, acc)
+        offs_t = pt * BLOCK_T + tl.arange(0, BLOCK_T)
+        offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+        dst = out + offs_t[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(dst, acc, mask=(offs_t < T)[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
 def linear_splitk(x, weight, partial, T, N, K, S, BLOCK_T: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WBF16: tl.constexpr,
                   K16: tl.constexpr, PACKED: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
-                  EVEN_K: tl.constexpr = 0):
+                  EVEN_K: tl.constexpr = 0, TC: tl.constexpr = 0, GROUP_T: tl.constexpr = 8):
     """``partial[s*T + t, n] = sum_{k in slice s} x[t, k] * weight[n, k]``; grid
     ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T), S)``.
 
@@ -80,7 +105,21 @@ def linear_splitk(x, weight, partial, T, N, K, S, BLOCK_T: tl.constexpr,
     each K step is one MMA of the stacked ``[2*BLOCK_T, BLOCK_K]`` hi/lo tile. ``PACKED=0``
     (op ``linear_partial``): ``x`` is f32, split in registers into two MMAs on the same
     weight tile (``XSPLIT=0``: ``hi`` only, about 3 significant digits; sweeps only).
+    ``TC=1`` (``PACKED=1``, bf16 weights, ``S = 1``; prefill rows): ``_packed_tc`` on a
+    1-D grid of at most one program per output tile.
     """
+    if TC:
+        _packed_tc(x, weight, partial, T, N, K, BLOCK_T, BLOCK_N, BLOCK_K, XSPLIT, GROUP_T)
+    else:
+        _splitk(x, weight, partial, T, N, K, S, BLOCK_T, BLOCK_N, BLOCK_K, WBF16, K16, PACKED,
+                XSPLIT, EVEN_K)
+
+
+@triton.jit
+def _splitk(x, weight, partial, T, N, K, S, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr,
+            PACKED: tl.constexpr, XSPLIT: tl.constexpr, EVEN_K: tl.constexpr):
+    """The K-split body of ``linear_splitk`` (every ``TC=0`` variant)."""
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     ks = tl.program_id(2)
