@@ -295,6 +295,28 @@ case $stage in
       HELIOS_LINEAR_MMA=off python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 \
         --batches 8 64 --json "$OUTD/llama8b_mma_off.json" 2>&1 | tee "$OUTD/llama8b_mma_off.log"
     fi ;;
+  gpu-fast)  # every GPU test that needs no GGUF (pytest-xdist when the image has it), then
+    # the prefill GEMM rule against torch.matmul (bench/gpu_prefill_gemm.py --mode rule)
+    X=""; python3 -c "import xdist" 2>/dev/null && X="-n 8"
+    python3 -m pytest -q -p no:cacheprovider $X tests/gpu --deselect tests/gpu/conftest.py \
+      --ignore tests/gpu/test_fold_model.py --ignore tests/gpu/test_http.py \
+      --ignore tests/gpu/test_mma_model.py --ignore tests/gpu/test_model.py \
+      --ignore tests/gpu/test_snapshots.py --ignore tests/gpu/test_speculative.py \
+      --ignore tests/gpu/test_startup_memory.py --ignore tests/gpu/test_tuning_model.py \
+      2>&1 | tee "$OUTD/gpu_fast.log" | tail -5
+    python3 bench/gpu_prefill_gemm.py --mode rule --json "$OUTD/prefill_rule.json" 2>&1 \
+      | tee "$OUTD/prefill_rule.log" | tail -25 ;;
+  gpu-model)  # the GPU tests that need the real GGUF, then SmolLM2 and the 8B geometry
+    X=""; python3 -c "import xdist" 2>/dev/null && X="-n 4"
+    python3 -m pytest -q -p no:cacheprovider $X tests/gpu/test_fold_model.py \
+      tests/gpu/test_http.py tests/gpu/test_mma_model.py tests/gpu/test_model.py \
+      tests/gpu/test_snapshots.py tests/gpu/test_speculative.py \
+      tests/gpu/test_startup_memory.py tests/gpu/test_tuning_model.py 2>&1 \
+      | tee "$OUTD/gpu_model.log" | tail -5
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" \
+      --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" | tail -15
+    python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 \
+      --json "$OUTD/llama8b.json" 2>&1 | tee "$OUTD/llama8b.log" | tail -15 ;;
   *) echo "unknown step $stage"; exit 2 ;;
 esac
 done
