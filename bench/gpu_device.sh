@@ -298,7 +298,7 @@ case $stage in
   gpu-fast)  # every GPU test that needs no GGUF (pytest-xdist when the image has it), then
     # the prefill GEMM rule against torch.matmul (bench/gpu_prefill_gemm.py --mode rule)
     X=""; python3 -c "import xdist" 2>/dev/null && X="-n 8"
-    python3 -m pytest -q -p no:cacheprovider $X tests/gpu --deselect tests/gpu/conftest.py \
+    python3 -m pytest -q -p no:cacheprovider $X tests/gpu \
       --ignore tests/gpu/test_fold_model.py --ignore tests/gpu/test_http.py \
       --ignore tests/gpu/test_mma_model.py --ignore tests/gpu/test_model.py \
       --ignore tests/gpu/test_snapshots.py --ignore tests/gpu/test_speculative.py \
