@@ -67,7 +67,7 @@ async def collect(generation: Generation, shapes: Shapes,
     unfinished = generation.choices
     try:
         while True:
-            event = await _next_event(generation.sink, disconnected)
+            event = await next_event(generation.sink, disconnected)
             _apply(records, event)
             if isinstance(event, Finished):
                 unfinished -= 1
@@ -88,7 +88,8 @@ async def collect(generation: Generation, shapes: Shapes,
         raise
 
 
-async def _next_event(sink: EventSink, disconnected: asyncio.Future | None):
+async def next_event(sink: EventSink, disconnected: asyncio.Future | None):
+    """The sink's next event; ClientDisconnected first if `disconnected` completes."""
     if disconnected is None:
         return await sink.get()
     getter = asyncio.ensure_future(sink.get())

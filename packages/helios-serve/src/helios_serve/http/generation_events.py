@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 
 from litestar import Request
 
-from helios_serve.events import Event, EventSink, Failed, Finished, Rejected
-from helios_serve.http.delivery import ClientDisconnected, rejection
+from helios_serve.events import Event, Failed, Finished, Rejected
+from helios_serve.http.delivery import ClientDisconnected, next_event, rejection
 from helios_serve.http.errors import ApiError, ExecutionFailed
 from helios_serve.http.service import Generation
 
@@ -27,17 +27,6 @@ async def watch_disconnect(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-async def _next(sink: EventSink, disconnected: asyncio.Future | None) -> Event:
-    if disconnected is None:
-        return await sink.get()
-    getter = asyncio.ensure_future(sink.get())
-    done, _ = await asyncio.wait({getter, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-    if getter in done:
-        return getter.result()
-    getter.cancel()
-    raise ClientDisconnected()
 
 
 def terminal_error(event: Rejected | Failed) -> ApiError:
@@ -73,7 +62,7 @@ class GenerationEvents:
         unfinished = self.generation.choices
         while not self.terminal:
             batch: list[Event] = []
-            for event in [await _next(sink, disconnected), *sink.drain()]:
+            for event in [await next_event(sink, disconnected), *sink.drain()]:
                 batch.append(event)
                 if isinstance(event, Finished):
                     unfinished -= 1
