@@ -211,7 +211,8 @@ def test_admission_the_gauge_and_the_log_follow_the_chosen_count(tiny_served, op
         over = _chat(served.url, fits + 1)
         assert over.status_code == 503, over.text
         assert over.json()["error"]["message"] == (
-            f"{prompt + fits + 1} tokens need {pages + 1} pages; the cache has {pages}")
+            f"prompt is too long: {prompt + fits + 1} tokens need {pages + 1} pages; the "
+            f"cache has {pages}")
     how = "--num-pages" if option[0] == "--num-pages" else "--kv-cache-memory 20KiB"
     line = next(x for x in served.stderr_lines if x.startswith("helios-serve: cache sizing"))
     size = {8: "32.0 KiB", 5: "20.0 KiB"}[pages]  # PAGE_BYTES = 4 KiB

@@ -8,7 +8,7 @@ import asyncio
 import msgspec
 from helios_serve.engine.plan import SamplingParams
 from helios_serve.engine_process import TokenRelay, engine_request
-from helios_serve.events import EventSink, GenerationRequest
+from helios_serve.events import EventSink, FinishReason, GenerationRequest
 from helios_serve.frontend.pipeline import Frontend
 from helios_serve.frontend.prepare import (
     OutputRecipe,
@@ -92,4 +92,6 @@ def test_a_relayed_request_crosses_without_its_prompt_text():
     rebuilt = engine_request(wire, frontend, None, None, frozenset([eos]))
     assert rebuilt.prepared.data == wire.data
     assert all(c.relayed and type(c.pipeline) is TokenRelay for c in rebuilt.choices)
-    assert [c.pipeline.is_eos(eos) for c in rebuilt.choices] == [True, True]
+    for choice in rebuilt.choices:  # the relay ends its choice at the core's EOS id
+        choice.pipeline.feed(eos)
+    assert [c.pipeline.finish_reason for c in rebuilt.choices] == [FinishReason.STOP] * 2
