@@ -63,8 +63,8 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (7, "cli", ("cli", "__main__")),
 )
 LAYERED = "helios_serve"  # the package with floors inside, checked for cycles
-# The packages whose imports inside functions must say why (helios_ignition: not yet).
-REASONED = ("helios_contract", "helios_tools", "helios_serve")
+# The packages whose imports inside functions must say why (all four).
+REASONED = ("helios_contract", "helios_tools", "helios_ignition", "helios_serve")
 
 
 @dataclass(frozen=True)

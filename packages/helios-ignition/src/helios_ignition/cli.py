@@ -18,6 +18,7 @@ import traceback
 from pathlib import Path
 
 import click
+from helios_tools.progress import StepProgress
 
 from .checkpoint import CheckpointError
 from .export import ExportError, export_core
@@ -129,7 +130,6 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
     Progress (kernels compiled, weights read, bytes written) goes to stderr: live bars on a
     terminal, a plain line per quarter otherwise.
     """
-    from helios_tools.progress import StepProgress
 
     if Path(out).exists() and not force:
         raise click.UsageError(f"--out {out} exists; pass --force to overwrite it")

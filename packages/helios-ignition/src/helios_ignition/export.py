@@ -16,8 +16,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from helios_contract import stored_nbytes
+from helios_contract.errors import FieldError
+from helios_contract.prepared import PreparedContract
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import core_pb2
+from helios_tools.core import CoreWriter, LogicalCoreWriter, load_private_key
+from helios_tools.core.protected import load_resource_key
+from helios_tools.frontend_assets import (
+    ChatTemplateCompileError,
+    ChatTemplateError,
+    ChatTemplateLimitError,
+    load_tokenizer,
+    render_chat,
+)
 from helios_tools.kernels import grammar_mask_words
 
 from .capture.buffers import Speculation, cache_contract, weight_resource_id
@@ -135,7 +146,6 @@ class Carrier:
             ExportError: an unknown carrier or version, a version without
                 `--carrier logical`, version 4 without a key, or a key it would not use.
         """
-        from helios_tools.core.protected import load_resource_key
 
         if carrier not in CARRIERS:
             raise ExportError(f"--carrier must be one of {', '.join(CARRIERS)}, not {carrier!r}")
@@ -167,7 +177,6 @@ class Carrier:
 
     def writer(self, out: Path, key, namespace: str):
         """The helios-tools core writer for this carrier."""
-        from helios_tools.core import CoreWriter, LogicalCoreWriter
 
         if self.name == "payload":
             return CoreWriter(out, key, None, namespace)
@@ -206,8 +215,6 @@ def check_contract(contract: cpb.ServingContract, manifest) -> None:
     Raises:
         ExportError: the contract breaks a rule (names the field and value).
     """
-    from helios_contract.errors import FieldError
-    from helios_contract.prepared import PreparedContract
 
     try:
         PreparedContract.from_contract(contract, manifest)
@@ -222,7 +229,6 @@ def check_tokenizer(tokenizer_json: str, vocab_size: int, source: str) -> None:
     Raises:
         CheckpointError: names `source` and the problem.
     """
-    from helios_tools.frontend_assets import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(tokenizer_json)
@@ -240,13 +246,6 @@ def check_template(chat_template: str, source: str, error: type[Exception]) -> N
     Raises:
         `error` (RecipeError or CheckpointError, whichever supplied the template).
     """
-    from helios_tools.frontend_assets import (
-        ChatTemplateCompileError,
-        ChatTemplateError,
-        ChatTemplateLimitError,
-        render_chat,
-    )
-
     # As Bootstrap does: a template may refuse some conversations, but one that does not
     # compile, loads other templates or exceeds its limits on one message never serves.
     try:
@@ -415,7 +414,6 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     Raises:
         ExportError, RecipeError, CheckpointError: bad input; no file is written.
     """
-    from helios_tools.core import load_private_key
 
     started = time.perf_counter()
     out = Path(out)
@@ -478,7 +476,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     declare_storage(manifest, blocks)
     blobs: dict[str, bytes] = {}
     if targets:
-        from .kernels_aot import compile_targets
+        from .kernels_aot import compile_targets  # imports Triton: only with --target
 
         compiled = (lambda done, total: progress("kernels compiled", done, total, "")) \
             if progress else None
@@ -518,7 +516,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
                                     memoryview(array).cast("B"))
                 written(array.nbytes)
         if targets:
-            from .kernels_aot import add_binaries
+            from .kernels_aot import add_binaries  # imports Triton: only with --target
 
             written(add_binaries(writer, manifest))
         writer.finish(contract, manifest)

@@ -15,6 +15,7 @@ passes null pointers when the recorded scratch sizes are 0.
 from __future__ import annotations
 
 import inspect
+import multiprocessing as mp
 import os
 import re
 import tempfile
@@ -80,7 +81,7 @@ def signature(op: str, constants: dict[str, int]):
     views at element offset 0 of allocations the backend aligns to 256 bytes, and the
     backend checks each pointer at load.
     """
-    from .kernels_triton import TRITON_KERNELS, WEIGHT_PARAMS
+    from .kernels_triton import TRITON_KERNELS, WEIGHT_PARAMS  # imports Triton (optional)
 
     fn = TRITON_KERNELS[op]
     params = kernel_params(op)
@@ -118,6 +119,8 @@ def compile_variant(op: str, constants: dict[str, int], target: str,
         KernelCompileError: Triton rejected the kernel (message names op and target).
     """
     _setup_env()
+    # Triton is optional (a Linux x86-64 dependency) and needed only with --target; it
+    # must see the environment _setup_env sets before it is imported.
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -159,7 +162,6 @@ def compile_all(kernels: list[mpb.Kernel], targets: tuple[str, ...],
     if workers <= 1 or len(jobs) <= 1:
         results = map(_compile_job, jobs)
         return _counted(results, len(jobs), progress)
-    import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # no fork of a process that may hold threads
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:

@@ -174,7 +174,6 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
 def weight_catalogs(stored: list[StoredWeight], ranks: int) -> list:
     """Per-rank weight catalogs (manifest WeightCatalog, version 1) of `stored`: rank r
     lists the replicated weights and its own parts. Empty for a single-rank core."""
-    from helios_contract.schema import manifest_pb2 as mpb
 
     if ranks <= 1:
         return []

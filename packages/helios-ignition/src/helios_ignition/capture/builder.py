@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from helios_contract.schema import manifest_pb2 as mpb
-from helios_tools.kernels import check_launch
+from helios_tools.kernels import check_launch, kernel_params
 
 from .launch import launch_config
 
@@ -155,7 +155,6 @@ class ProgramBuilder:
         suffix = "_".join(f"{k}{v}" for k, v in sorted(constants.items()))
         kernel_id = f"{op}__{suffix}" if suffix else op
         if kernel_id not in self.kernels:
-            from helios_tools.kernels import kernel_params
 
             kernel = mpb.Kernel(id=kernel_id, reference_op=op)
             kinds = {"buffer": mpb.PARAM_KIND_BUFFER, "i32": mpb.PARAM_KIND_I32,

@@ -7,6 +7,7 @@ import math
 
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
+from helios_tools.kernels.tuning import CANDIDATE_STRIDE, MAX_CANDIDATES
 
 from ..recipe import Capacities, SplitTuning
 from .buffers import SPLIT_PRODUCER, TUNED_SPLITS, decode_splits
@@ -37,7 +38,6 @@ def split_producer(table: BufferTable, kernels: dict[str, mpb.Kernel], s: Family
     writes besides TUNED_SPLITS is its own scratch or serving scratch: it runs before any
     request, and touches no request input, graph state or cache storage.
     """
-    from helios_tools.kernels.tuning import CANDIDATE_STRIDE, MAX_CANDIDATES
 
     H, KVH, HD = s.heads, s.kv_heads, s.head_dim
     PT = caps.page_tokens

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import safe_open
 
 from .checkpoint import Checkpoint
 from .errors import (
@@ -144,8 +145,6 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         MissingTensorError: a tensor the geometry needs is in no shard.
         UnsupportedTensorError: a tensor has a non-float dtype.
     """
-    from safetensors import safe_open
-
     folder = Path(folder)
     source = str(folder)
     if not folder.is_dir():

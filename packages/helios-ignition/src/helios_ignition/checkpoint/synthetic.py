@@ -23,6 +23,8 @@ import numpy as np
 from .checkpoint import Checkpoint
 from .errors import CheckpointError
 from .geometry import NAMED_GEOMETRIES, LlamaGeometry
+from .gguf_loader import load_gguf
+from .locate import smollm2_gguf_path
 
 WEIGHT_STD = 0.02
 NORM_NOISE_STD = 0.02
@@ -30,9 +32,6 @@ NORM_NOISE_STD = 0.02
 
 @lru_cache(maxsize=1)
 def _smollm2_frontend() -> tuple[str, str, int | None, tuple[int, ...], tuple[tuple[str, str], ...]]:
-    from .gguf_loader import load_gguf
-    from .locate import smollm2_gguf_path
-
     ck = load_gguf(smollm2_gguf_path())
     return (ck.tokenizer_json, ck.chat_template, ck.bos_token_id, ck.eos_token_ids,
             tuple(ck.special_tokens.items()))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
 from .errors import MissingTokenizerError
 
 # Llama 3's split regex (its tokenizer.json), applied before a regex-free ByteLevel.
@@ -21,7 +23,6 @@ _LLAMA3_SPLIT = (
 
 def _pre_tokenizer(pre: str):
     """Pre-tokenizer for a `tokenizer.ggml.pre` value; unknown values are refused, not guessed."""
-    from tokenizers import Regex, pre_tokenizers
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre == "smollm":  # verified id for id against transformers (DESIGN §8)
@@ -66,7 +67,6 @@ def bpe_tokenizer_json(
     Raises:
         MissingTokenizerError: `pre` names a pre-tokenizer this builder does not know.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if filler_vocab_size is not None:
