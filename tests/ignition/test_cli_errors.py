@@ -52,6 +52,18 @@ def test_an_unknown_gpu_target_is_one_usage_line(key, tmp_path):
     assert not (tmp_path / "x.core").exists()
 
 
+@pytest.mark.parametrize("target", ["sm_0", "sm_1000"])
+def test_a_gpu_target_triton_cannot_compile_for_is_one_usage_line(key, tmp_path, target):
+    """It passed the format check and failed in ptxas: 582 lines of PTX and exit 3."""
+    proc = _ignition(*_export(key, tmp_path / "x.core", "--target", target))
+    assert proc.returncode == 2
+    assert _one_line(proc) == (
+        f"ignition: error: Invalid value for '--target': GPU target '{target}' is not one "
+        "Triton compiles for; known: sm_75, sm_80, sm_86, sm_87, sm_89, sm_90, sm_100, "
+        "sm_101, sm_103, sm_110, sm_120, sm_121")
+    assert not (tmp_path / "x.core").exists()
+
+
 def test_an_existing_out_is_refused_without_force(key, tmp_path):
     out = tmp_path / "earlier.core"
     out.write_bytes(b"an earlier core")

@@ -22,15 +22,16 @@ from helios_tools.progress import StepProgress
 
 from .checkpoint import CheckpointError
 from .export import ExportError, export_core
-from .kernels_aot import parse_target
+from .kernels_aot import KernelCompileError, parse_target
 from .recipe import RecipeError, SplitTuning
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
-_EXPORT_ERRORS = (ExportError, RecipeError, CheckpointError, OSError)
+_EXPORT_ERRORS = (ExportError, RecipeError, CheckpointError, KernelCompileError, OSError)
 
 
 def _fail(message: str, status: int) -> None:
-    click.echo(f"ignition: error: {message}", err=True)
+    first, *rest = message.splitlines() or [""]  # one line: a compiler's report can be pages
+    click.echo(f"ignition: error: {first}" + (" (...)" if rest else ""), err=True)
     sys.exit(status)
 
 

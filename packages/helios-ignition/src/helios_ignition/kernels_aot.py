@@ -52,16 +52,26 @@ class CompiledKernel:
     profile_scratch_bytes: int
 
 
+# The NVIDIA compute capabilities Triton's CUDA backend compiles for (Turing to
+# Blackwell); anything else fails inside ptxas with pages of compiler output, so it is
+# refused here as a usage error.
+KNOWN_ARCHS = (75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
 def parse_target(target: str) -> int:
     """``"sm_90"`` -> 90.
 
     Raises:
-        ValueError: not of the form ``sm_<digits>``.
+        ValueError: not of the form ``sm_<digits>``, or not in KNOWN_ARCHS.
     """
     m = re.fullmatch(r"sm_(\d+)", target)
     if not m:
         raise ValueError(f"unknown GPU target {target!r}; expected sm_<arch>, e.g. sm_90")
-    return int(m.group(1))
+    arch = int(m.group(1))
+    if arch not in KNOWN_ARCHS:
+        known = ", ".join(f"sm_{a}" for a in KNOWN_ARCHS)
+        raise ValueError(f"GPU target {target!r} is not one Triton compiles for; known: {known}")
+    return arch
 
 
 def resource_id(target: str, kernel_id: str) -> str:
