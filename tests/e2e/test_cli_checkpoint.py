@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -169,6 +170,24 @@ def test_recipe_checkpoint_failures_are_one_line_exit_2(tmp_path):
     assert line.startswith("helios-serve: error: llama-bad export failed: ") and \
         line.endswith(f"{bad}: no config.json"), line
     assert not list(folder.glob("*.core")) and not list(folder.glob(".*.partial"))
+
+
+def test_a_busy_port_is_reported_before_the_export(tmp_path):
+    """It was reported after the whole export (minutes for a large checkpoint)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    checkpoint = write_tiny_checkpoint(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([SERVE, "--recipe", str(LLAMA_RECIPE), "--checkpoint",
+                               str(checkpoint), "--port", str(port)],
+                              capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert serve_error_line(proc.stderr) == (
+        f"helios-serve: error: cannot listen on 127.0.0.1:{port}: Address already in use")
+    assert "preparing" not in proc.stderr  # nothing was exported
+    assert not (tmp_path / "cache" / "helios").exists()
 
 
 def test_recipe_without_ignition_is_one_line(tmp_path, monkeypatch):

@@ -310,6 +310,24 @@ def read_resource_key(path: str | os.PathLike[str] | None) -> bytes | None:
         raise StartupError(f"cannot read resource key: {exc}") from None
 
 
+def _check_port(options: ServeOptions) -> None:
+    """A busy port is reported before a --demo or --recipe export (minutes for a large
+    checkpoint), not after it. `start` binds it again for serving.
+
+    Raises:
+        StartupError: the port cannot be bound.
+    """
+    # start-up time: the HTTP server module imports uvicorn and Litestar
+    from helios_serve.server import bind_listener
+
+    try:
+        bind_listener(options.host, options.port).close()
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
+        ) from None
+
+
 def start(core: str | os.PathLike[str], trust: list[str], accept: str, options: ServeOptions,
           resource_key: bytes | None = None, ranks=None):
     """Check the core path, bind the port, then Bootstrap.load -> NativeModel.load -> Server
@@ -511,6 +529,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             if core or trust or accept or recipe or checkpoint:
                 raise StartupError("--demo takes no CORE, --trust, --accept, --recipe or "
                                    "--checkpoint")
+            _check_port(options)
             core_path, public, accept = prepare_demo()
             trust = (str(public),)
         elif recipe or checkpoint:
@@ -522,6 +541,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
                                    "safetensors directory)")
             if not recipe:
                 raise StartupError("--checkpoint needs --recipe RECIPE")
+            _check_port(options)
             core_path, public, accept = prepare_checkpoint(recipe, checkpoint)
             trust = (str(public),)
         else:
