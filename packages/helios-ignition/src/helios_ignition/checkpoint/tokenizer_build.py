@@ -1,6 +1,6 @@
 """Build a HF `tokenizers` JSON for a GPT-2 style byte-level BPE from its vocab and merges.
 
-The pre-tokenizer is chosen by GGUF's `tokenizer.ggml.pre`. The SmolLM2 recipe (DESIGN §8)
+The pre-tokenizer is chosen by GGUF's `tokenizer.ggml.pre`. The SmolLM2 recipe
 ("smollm") matches transformers' GGUF tokenizer id for id on SmolLM2:
 pre-tokenizer `Sequence([Digits(individual_digits=True), ByteLevel(add_prefix_space=False,
 use_regex=True)])`, ByteLevel decoder, and the CONTROL tokens as special added tokens.
@@ -25,7 +25,7 @@ def _pre_tokenizer(pre: str):
     """Pre-tokenizer for a `tokenizer.ggml.pre` value; unknown values are refused, not guessed."""
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre == "smollm":  # verified id for id against transformers (DESIGN §8)
+    if pre == "smollm":  # verified id for id against transformers
         return pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level]
         )
