@@ -10,6 +10,7 @@ being run, so it is on ``sys.path``).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -44,13 +45,16 @@ def write_json(path: str | Path, result: Any, *, indent: int = 1,
 
 
 def git_commit(tree: str | Path | None = None) -> str | None:
-    """The short commit checked out at `tree` (default: this checkout), or None where
-    there is none (a copy without .git, as on the device machine, or no git).
+    """The short commit checked out at `tree` (default: this checkout); else the
+    HELIOS_COMMIT environment variable (the device machine gets a copy without .git:
+    bench/gpu_device.sh's caller sets it); else None.
 
     A working tree with uncommitted changes still reports HEAD: results name the commit
     they were measured on only when run from a clean tree.
     """
     tree = Path(tree) if tree is not None else Path(__file__).resolve().parents[1]
+    if not (tree / ".git").exists():
+        return os.environ.get("HELIOS_COMMIT") or None
     try:
         out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, check=False)

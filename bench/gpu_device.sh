@@ -3,6 +3,8 @@
 #   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|startup-memory|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|packing|topp|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
+# Results name their commit: the device copy has no .git, so start the command with
+# HELIOS_COMMIT=$(git rev-parse --short HEAD) (run here) exported (bench/_report.git_commit).
 set -uo pipefail
 OUTD=${OUT:-/tmp/out}
 SRC=packages/helios-contract/src:packages/helios-tools/src:packages/helios-ignition/src:packages/helios-serve/src

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import write_json  # bench/ is this script's folder
+from _report import git_commit, write_json  # bench/ is this script's folder
 from gpu_common import (  # noqa: E402
     build_core,
     copy_bandwidth,
@@ -182,6 +182,7 @@ def main() -> None:
                                     ("device_allocations", "host_allocations",
                                      "graph_captures", "module_loads"))
     result["total_s"] = time.perf_counter() - t_start
+    result["commit"] = git_commit()
     model.close()
     if args.json:
         write_json(args.json, result)

@@ -57,3 +57,11 @@ def test_git_commit_names_a_checkouts_head_and_none_outside_one(tmp_path):
     assert report.git_commit() == subprocess.run(
         ["git", "-C", str(BENCH.parent), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_git_commit_outside_a_checkout_reads_helios_commit(tmp_path, monkeypatch):
+    """The device machine gets a copy without .git: the caller names the commit."""
+    monkeypatch.setenv("HELIOS_COMMIT", "062c372")
+    assert report.git_commit(tmp_path) == "062c372"
+    monkeypatch.setenv("HELIOS_COMMIT", "")
+    assert report.git_commit(tmp_path) is None
