@@ -297,6 +297,16 @@ case $stage in
       HELIOS_LINEAR_MMA=off python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 \
         --batches 8 64 --json "$OUTD/llama8b_mma_off.json" 2>&1 | tee "$OUTD/llama8b_mma_off.log"
     fi ;;
+  prefill-packed)  # issue 27: the packed TC prefill path (HELIOS_LINEAR_PREFILL_PACKED=1) against
+    # the default tile: its kernel tests, the GEMM rule vs torch, the 8B TTFT at 1,024 tokens
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py -k prefill_tc 2>&1 \
+      | tee "$OUTD/prefill_tc_tests.log" | tail -3
+    HELIOS_LINEAR_PREFILL_PACKED=1 python3 bench/gpu_prefill_gemm.py --mode rule --rows 512,1024,4096 \
+      --json "$OUTD/prefill_rule_packed.json" 2>&1 | tee "$OUTD/prefill_rule_packed.log" | tail -20
+    for P in 0 1; do
+      HELIOS_LINEAR_PREFILL_PACKED=$P python3 bench/gpu_models.py --model llama-3.1-8b --steps 10 \
+        --batches 1 8 --json "$OUTD/llama8b_packed$P.json" 2>&1 | tee "$OUTD/llama8b_packed$P.log" | tail -4
+    done ;;
   gpu-fast)  # every GPU test that needs no GGUF (pytest-xdist when the image has it), then
     # the prefill GEMM rule against torch.matmul (bench/gpu_prefill_gemm.py --mode rule)
     X=""; python3 -c "import xdist" 2>/dev/null && X="-n 8"
