@@ -37,17 +37,19 @@ class MemoryCore:
 
 def build_core(recipe, ckpt, caps: Capacities, target: str, weights,
                split_tuning=None, fold_layers: bool = False,
-               chunked_sampling: bool = True) -> tuple[MemoryCore, dict]:
+               chunked_sampling: bool = True,
+               wide_sampling: bool = True) -> tuple[MemoryCore, dict]:
     """Capture (with the decode-split tuning producer when `split_tuning` is a
     recipe.SplitTuning; decode layers folded with `fold_layers`; the chunked sampler with
-    `chunked_sampling`), compile for `target`
+    `chunked_sampling`, its wide form with `wide_sampling`), compile for `target`
     and wrap with `weights` (resource id -> bytes|callable)."""
     recipe = replace(recipe, capacities=caps, fold_layers=fold_layers,
                      chunked_sampling=chunked_sampling)
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
     t0 = time.perf_counter()
     manifest, graphs = capture(shapes, caps, recipe.weight_dtype, split_tuning=split_tuning,
-                               fold_layers=fold_layers, chunked_sampling=chunked_sampling)
+                               fold_layers=fold_layers, chunked_sampling=chunked_sampling,
+                               wide_sampling=wide_sampling)
     t1 = time.perf_counter()
     blobs = compile_targets(manifest, (target,))
     t2 = time.perf_counter()

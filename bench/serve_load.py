@@ -403,17 +403,29 @@ def probe_ignore_eos(url: str, model: str) -> tuple[bool, str]:
 
 
 def metrics_snapshot(url: str) -> dict:
-    """Selected counters of /metrics (preemptions, prefix hits, launches)."""
+    """Selected counters of /metrics (preemptions, prefix hits, launches, decode rows and
+    their padding)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict = {}
     for family in text_string_to_metric_families(_get(url + "/metrics").decode()):
         if any(k in family.name for k in ("preemption", "graph_launch", "generation_tokens",
-                                           "prompt_tokens", "requests_finished")):
+                                           "prompt_tokens", "requests_finished",
+                                           "decode_rows", "decode_padded_rows")):
             for s in family.samples:
                 label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
                 out[s.name + (f"{{{label}}}" if label else "")] = s.value
     return out
+
+
+def padding_fraction(before: dict, after: dict) -> float | None:
+    """Padded rows over all captured rows of the DECODE steps between two snapshots
+    (None when none ran or the server predates the counters)."""
+    keys = ("helios_decode_rows_total", "helios_decode_padded_rows_total")
+    if not all(k in before and k in after for k in keys):
+        return None
+    rows, padded = (after[k] - before[k] for k in keys)
+    return padded / (rows + padded) if rows + padded else None
 
 
 def main() -> None:
@@ -500,6 +512,7 @@ def main() -> None:
                     except SystemExit as exc:  # no py-spy: the figures still count
                         print(f"no profile: {exc}", flush=True)
                         args.profile = None
+                before = metrics_snapshot(url)
                 try:
                     level = run_level(url, model, batch, c, n_out, ignore_eos,
                                       args.client_procs)
@@ -509,6 +522,8 @@ def main() -> None:
                 if spy is not None:
                     level["profile"] = level_profile
                 level["metrics_after"] = metrics_snapshot(url)
+                level["decode_padding_fraction"] = padding_fraction(before,
+                                                                    level["metrics_after"])
                 ref = next((n for n in native if n["concurrency"] == c
                             and (n["input_tokens"], n["output_tokens"]) == (n_in, n_out)), None)
                 level.update(ratios(level, ref))
@@ -524,7 +539,9 @@ def main() -> None:
                       f"{f(level['tokens_per_chunk'], 10)}"
                       + (f"   served/native {level['served_over_native']:.2f}, decode/native "
                          f"{level['decode_over_native']:.2f}" if ref else "")
-                      + (f"  errors: {level['errors']}" if level["errors"] else ""), flush=True)
+                      + (f"  errors: {level['errors']}" if level["errors"] else "")
+                      + (f"  decode padding {level['decode_padding_fraction']:.3f}"
+                         if level["decode_padding_fraction"] is not None else ""), flush=True)
             result["workloads"].append({"input_tokens": n_in, "output_tokens": n_out,
                                         "levels": levels})
     finally:

@@ -2,17 +2,25 @@
 
 Any Llama checkpoint the generic recipe takes (`--checkpoint smollm2`, a GGUF or
 safetensors path, or `--random-weights SEED --geometry llama-3.1-8b`), captured for high
-concurrency: decode batches up to 256 rows, prefill chunks up to 1,024 tokens over 8
-rows, a 4,096-token context (a 1,024-token prompt plus 1,024 output tokens with room for
-the chat template), and a default of 256 running requests.
+concurrency: decode batches up to 256 rows (512 where the KV cache holds 512 requests
+of 2,048 tokens: SmolLM2), prefill chunks up to 1,024 tokens over 8 rows, a 4,096-token
+context (a 1,024-token prompt plus 1,024 output tokens with room for the chat template),
+and a default of that many running requests.
+
+Decode buckets (one captured graph each; a step runs the smallest that holds its rows):
+powers of two to 64, then every 32 rows to 256 and every 64 rows to 512, so a step past
+64 rows pads at most 31 rows of 96 (at most 63 of 320 past 256); the served padding
+fraction is /metrics' helios_decode_padded_rows over helios_decode_rows plus it
+(bench/serve_load.py reports it per level).
 
 KV pages: the cache planes are float32 (`capture/buffers.py`), so a token costs
 layers x 2 x kv_heads x head_dim x 4 bytes (Llama-3.1-8B: 256 KiB; SmolLM2-135M: 45 KiB).
-The prepared pages are what 256 requests of 2,048 tokens (1k in + 1k out) need, capped at
-KV_BUDGET_BYTES: 112 GiB of the H200's ~139 GiB, after 15 GiB of 8B bf16 weights and the
+The prepared pages are what the running requests at 2,048 tokens each (1k in + 1k out)
+need, capped at KV_BUDGET_BYTES: 112 GiB of the H200's ~139 GiB, after 15 GiB of 8B bf16 weights and the
 activation and logits buffers. For the 8B geometry the cap applies: 28,672 pages of 16
 tokens = 458,752 tokens, i.e. 224 such requests at full length at once (at concurrency
-256 the scheduler queues or preempts the rest); SmolLM2 gets all 32,768 pages it needs.
+256 the scheduler queues or preempts the rest); SmolLM2 gets all 65,536 pages 512 requests
+need (45 GiB).
 """
 
 import re
@@ -22,7 +30,9 @@ from helios_contract.schema import frontend_pb2 as fe
 from helios_ignition.recipe import Capacities, Recipe, SamplingDefaults, ServingDefaults
 
 PAGE_TOKENS = 16
-CONCURRENCY = 256
+CONCURRENCY = 256  # at least; 512 where the KV budget holds 512 full-length requests
+MAX_CONCURRENCY = 512
+DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 REQUEST_TOKENS = 2048  # 1,024 prompt + 1,024 output tokens
 KV_BUDGET_BYTES = 112 * 2**30
 KV_BYTES = 4  # float32 cache planes
@@ -32,8 +42,10 @@ def make_recipe(checkpoint) -> Recipe:
     """Declarations for `checkpoint`, pages sized from its geometry (module docstring)."""
     g = checkpoint.geometry
     page_bytes = g.num_layers * 2 * g.num_kv_heads * g.head_dim * KV_BYTES * PAGE_TOKENS
-    wanted = CONCURRENCY * -(-REQUEST_TOKENS // PAGE_TOKENS)
-    pages = min(wanted, KV_BUDGET_BYTES // page_bytes)
+    per_request = -(-REQUEST_TOKENS // PAGE_TOKENS)
+    fits = MAX_CONCURRENCY * per_request * page_bytes <= KV_BUDGET_BYTES
+    rows = MAX_CONCURRENCY if fits else CONCURRENCY
+    pages = min(rows * per_request, KV_BUDGET_BYTES // page_bytes)
     source = str(checkpoint.source)  # a path, or "synthetic:<geometry>:seed=<n>"
     base = source.split(":")[1] if source.startswith("synthetic:") else Path(source).stem
     name = re.sub(r"[^a-z0-9.]+", "-", base.lower()).strip("-") or "llama"
@@ -48,11 +60,11 @@ def make_recipe(checkpoint) -> Recipe:
             image_layout=fe.IMAGE_LAYOUT_NONE,
         ),
         sampling=SamplingDefaults(temperature=0.0, max_output_tokens=1024),
-        capacities=Capacities(decode_batch=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        capacities=Capacities(decode_batch=tuple(b for b in DECODE_BUCKETS if b <= rows),
                               prefill_tokens=(16, 128, 1024), prefill_rows=8,
                               context_tokens=4096, page_tokens=PAGE_TOKENS,
                               prepared_pages=int(pages)),
-        serving=ServingDefaults(max_active=CONCURRENCY, queue_capacity=CONCURRENCY,
+        serving=ServingDefaults(max_active=rows, queue_capacity=rows,
                                 frontend_workers=4, event_capacity=256),
         weight_dtype="bf16",
     )

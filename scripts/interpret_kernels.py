@@ -7,6 +7,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py     # prints one line per case; exit 1 on a mismatch
     uv run python scripts/interpret_kernels.py speculative   # the speculative kernels only
     uv run python scripts/interpret_kernels.py nucleus       # the nucleus sampler's GPU tests
+    uv run python scripts/interpret_kernels.py wide          # the wide sampler's GPU tests
     uv run python scripts/interpret_kernels.py gemv          # the batch-1 GEMV variants only
     uv run python scripts/interpret_kernels.py attention     # split decode attention layouts
     uv run python scripts/interpret_kernels.py mma           # packed terms, K split, reduce
@@ -486,6 +487,31 @@ def check_nucleus(full: bool) -> bool:
     return ok
 
 
+def check_wide(full: bool) -> bool:
+    """The wide-sampler tests of tests/gpu/test_sampling_chunks.py (rows with no top-k
+    raced over their chunks: sample_chunks_wide -> sample_merge_nucleus -> sample_race /
+    sample_pick at two levels -> sample_rest) with the interpreter as the device; `full`
+    adds V = 128256 and the 64-row batch test."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from tests.gpu import test_sampling_chunks as t
+
+    cases = [("test_wide_sampler_matches_sample_biased", (5000,)),
+             ("test_wide_sampler_matches_sample_biased", (49152,)),
+             ("test_wide_sampler_flat_rows_and_ties", ())]
+    if full:
+        cases += [("test_wide_sampler_matches_sample_biased", (128256,)),
+                  ("test_wide_sampler_seeded_and_batch_independent", ())]
+    ok = True
+    for i, (name, extra) in enumerate(cases):
+        try:
+            getattr(t, name)(_Interpreted(), np.random.default_rng(300 + i), *extra)
+            print(f"ok  {name}{list(extra) or ''}")
+        except AssertionError as exc:
+            ok = False
+            print(f"BAD {name}{list(extra) or ''}: {str(exc).splitlines()[0][:300]}")
+    return ok
+
+
 def check_mma(rng) -> bool:
     """The batched-decode GEMM ops (kernels_triton/mma.py): split_bf16 and
     swiglu_split_bf16 bitwise, linear_packed / linear_partial (f32 weights: IEEE dots of
@@ -547,6 +573,10 @@ def main() -> None:
     ok = True
     if sys.argv[1:] == ["nucleus"]:
         sys.exit(0 if check_nucleus(full=True) else 1)
+    if sys.argv[1:] == ["wide"]:
+        sys.exit(0 if check_wide(full=True) else 1)
+    if sys.argv[1:] == ["wide-quick"]:
+        sys.exit(0 if check_wide(full=False) else 1)
     if sys.argv[1:] == ["gemv"]:
         sys.exit(0 if check_gemv(rng) else 1)
     if sys.argv[1:] == ["attention"]:
@@ -559,6 +589,7 @@ def main() -> None:
         for V in (5000, 4097, 49152):
             ok &= check_sampler(rng, V)
         ok &= check_nucleus(full=False)
+        ok &= check_wide(full=False)
         ok &= check_attention(rng)
     for V in (4100, 300):
         ok &= check_candidate_masks(rng, V)

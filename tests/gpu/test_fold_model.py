@@ -22,8 +22,8 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 GOLDENS = json.loads((ROOT / "tests/golden/smollm2_goldens.json").read_text())
 GREEDY_TOKENS = 24
-FOLDED = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks_nucleus",
-          "sample_merge_nucleus", "sample_rest"}
+FOLDED = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks_wide",
+          "sample_merge_nucleus", "sample_race", "sample_pick", "sample_rest"}
 
 
 @pytest.fixture(scope="module")

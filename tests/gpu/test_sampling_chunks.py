@@ -303,3 +303,137 @@ def test_nucleus_sampler_seeded_and_batch_independent(gpu, rng):
     one = {k: (v[3:4] if k not in per_slot else v) for k, v in p.items()}
     alone, _, _ = _run_nucleus(gpu, logits[3:4], one, 1, V, check_parts=False)
     assert alone[0] == first[3]
+
+
+# The wide form: sample_chunks_wide -> sample_merge_nucleus -> sample_race / sample_pick
+# at levels 1 and 2 -> sample_rest, the sampler of cores exported since (every row with
+# no top-k drawn over its chunks: top-p, temperature alone, min-p).
+
+
+def _run_wide(gpu, logits, p, R, V, check_parts=True):
+    """The wide form's kernels in order on the GPU (outputs poisoned), the chunk and race
+    parts checked against their references; returns (sampled, histogram, after level 1,
+    after level 2): ``sampled`` after each pick (UNRESOLVED: not yet drawn)."""
+    from helios_tools.kernels.sampling_chunks import NUCLEUS, RACE_SLOTS, uses_wide
+
+    words = K.grammar_mask_words(V)
+    P, KM, KN, NB = -(-V // CHUNK), CANDIDATES, NUCLEUS, RACE_SLOTS
+    shapes = [((R, P), np.float32), ((R, P), np.int32), ((R, P), np.float32),
+              ((R, P * KM), np.int32), ((R, P * KM), np.int32)]
+    a = gpu.run("sample_chunks_wide", *_nucleus_chunk_args(logits, p, p["histogram"]),
+                *[np.zeros(s, d) for s, d in shapes], R, V, words, CHUNK, KM)
+    parts = [a["chunk_max"], a["chunk_arg"], a["chunk_mass"], a["cand_key"], a["cand_id"]]
+    live = p["slot"] >= 0
+    wide = live & np.array([uses_wide(float(p["temperature"][r]), int(p["top_k"][r]), V)
+                            for r in range(R)])
+    if check_parts:
+        ref = [np.full(s, np.nan if d == np.float32 else -7777, d) for s, d in shapes]
+        K.sample_chunks_wide(*_nucleus_chunk_args(logits, p, p["histogram"]), *ref, R, V,
+                             words, CHUNK, KM)
+        np.testing.assert_array_equal(a["chunk_max"][live], ref[0][live])
+        np.testing.assert_allclose(a["chunk_mass"][wide], ref[2][wide], rtol=2e-5)
+    merge_rest = [p["slot"], p["positions"], p["sampling_decision"], p["seed"],
+                  p["temperature"], p["top_p"], p["top_k"], p["min_p"]]
+    b = gpu.run("sample_merge_nucleus", *parts, *merge_rest, p["histogram"],
+                np.zeros((R, 2 * KN), np.int32), np.zeros(R, np.int32), R, V, P, CHUNK, KM,
+                KN)
+    sampled, hist = b["sampled"], b["histogram"]
+    level = np.full((R, 2), -7, np.int32)
+    after = []
+    for lv in (1, 2):
+        race_in = [logits, p["slot"], p["positions"], p["seed"], p["temperature"], p["top_k"],
+                   p["min_p"], p["presence"], p["frequency"], p["repetition"], hist,
+                   p["logit_bias"], p["use_bias"], p["grammar_mask"], p["use_mask"],
+                   a["chunk_max"], a["chunk_mass"], sampled]
+        outs = [np.full((R, P * NB), np.nan, np.float32),
+                np.full((R, P * NB * 2), -7, np.int32), np.full((R, P * NB), -7, np.int32)]
+        c = gpu.run("sample_race", *race_in, level, *outs, R, V, words, CHUNK, NB, lv)
+        raced = wide & (sampled == UNRESOLVED) & ((c["race_level"][:, 1] >= 0) | (lv == 1))
+        if check_parts:
+            rl = level.copy()
+            ref = [np.full_like(o, np.nan if o.dtype == np.float32 else -7) for o in outs]
+            K.sample_race(*race_in, rl, *ref, R, V, words, CHUNK, NB, lv)
+            np.testing.assert_array_equal(c["race_level"][raced], rl[raced])
+            # masses: the device's exp and summation order (f32 rounding)
+            np.testing.assert_allclose(c["race_mass"][raced], ref[0][raced], rtol=1e-4,
+                                       atol=1e-7)
+            got_best = c["race_best"][raced].view(np.float64)
+            np.testing.assert_allclose(got_best, ref[1][raced].view(np.float64), rtol=1e-5)
+        level = c["race_level"]
+        d = gpu.run("sample_pick", c["race_mass"], c["race_best"], c["race_arg"], p["slot"],
+                    p["sampling_decision"], p["temperature"], p["top_p"], p["top_k"], hist,
+                    level, sampled, R, V, P, NB, lv)
+        sampled, hist, level = d["sampled"], d["histogram"], d["race_level"]
+        after.append(sampled.copy())
+    e = gpu.run("sample_rest", logits, *_biased_args(p, hist), sampled, R, V, words)
+    assert not (e["sampled"] == UNRESOLVED).any()
+    return e["sampled"], e["histogram"], after[0], after[1]
+
+
+@pytest.mark.parametrize("V", [5000, 49152, 128256])
+def test_wide_sampler_matches_sample_biased(gpu, rng, V):
+    R, S = 14, 16
+    logits, p = _inputs(rng, R, V, S)
+    p["top_k"][:] = 0                                           # top-p only (OpenAI)
+    _peak(rng, logits, [1, 2, 3])
+    p["temperature"][0] = 0.0                                   # greedy
+    p["top_k"][2] = V                                           # top_k >= V: no top-k
+    p["min_p"][3] = 0.05                                        # top-p + min-p
+    p["presence"][4], p["frequency"][4], p["repetition"][4] = 0.5, 0.3, 1.3
+    p["use_mask"][5] = 1                                        # grammar mask
+    p["slot"][6] = -1                                           # padding
+    p["sampling_decision"][7] = 0                               # not counted
+    p["top_k"][8] = 50                                          # top-k row: the merge
+    p["top_k"][9] = 65                                          # past KM: sample_rest
+    p["top_p"][10] = 1.0                                        # temperature alone
+    ids = rng.choice(V, 300, replace=False)                     # logit bias, both signs
+    p["logit_bias"][p["slot"][11], ids] = rng.uniform(-100, 100, 300).astype(np.float32)
+    p["use_bias"][11] = 1
+    p["top_p"][12], p["min_p"][12] = 1.0, 0.1                   # min-p alone
+    p["top_p"][13], p["temperature"][13] = 0.5, 1.3
+    ref, ref_hist = _reference(logits, p, R, V)
+    got, hist, one, two = _run_wide(gpu, logits, p, R, V)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(hist, ref_hist)
+    assert (one[[10, 12]] >= 0).all()                           # no truncation: level 1
+    assert two[9] == UNRESOLVED                                 # top_k 65: the bisection
+
+
+def test_wide_sampler_flat_rows_and_ties(gpu, rng):
+    """Flat rows (nuclei of thousands of ids) resolve in the race; a nucleus ending inside
+    a tie class of hundreds of ids falls back when the race is won inside it; every token
+    is sample_biased's."""
+    R, V = 8, 49152
+    logits, p = _inputs(rng, R, V)
+    p["top_k"][:] = 0
+    logits[:4] *= np.float32(0.3)                               # flat
+    logits[4:] = np.round(logits[4:])                           # ties everywhere
+    logits[6, :400] = 9.0                                       # a 400-way tie at the top
+    p["top_p"][6] = 0.6
+    ref, ref_hist = _reference(logits, p, R, V)
+    got, hist, one, two = _run_wide(gpu, logits, p, R, V)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(hist, ref_hist)
+    assert (two[:4] >= 0).all()
+
+
+def test_wide_sampler_seeded_and_batch_independent(gpu, rng):
+    R, V = 64, 49152
+    logits, p = _inputs(rng, R, V, S=R)
+    _peak(rng, logits, range(0, R, 2))
+    logits[1::4] *= np.float32(0.2)
+    p["top_k"][:] = 0
+    p["top_p"][:] = rng.choice([0.8, 0.9, 0.95, 1.0], R).astype(np.float32)
+    p["min_p"][:] = rng.choice([0.0, 0.0, 0.05], R).astype(np.float32)
+    p["temperature"][:] = rng.choice([0.5, 0.8, 1.2], R).astype(np.float32)
+    ref, _ = _reference(logits, p, R, V)
+    first, _, _, two = _run_wide(gpu, logits, p, R, V, check_parts=False)
+    np.testing.assert_array_equal(first, ref)
+    perm = rng.permutation(R)
+    per_slot = ("histogram", "logit_bias")
+    q = {k: (v[perm] if k not in per_slot else v) for k, v in p.items()}
+    again, _, _, _ = _run_wide(gpu, logits[perm], q, R, V, check_parts=False)
+    np.testing.assert_array_equal(again, first[perm])
+    one = {k: (v[3:4] if k not in per_slot else v) for k, v in p.items()}
+    alone, _, _, _ = _run_wide(gpu, logits[3:4], one, 1, V, check_parts=False)
+    assert alone[0] == first[3]

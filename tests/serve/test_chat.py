@@ -195,6 +195,9 @@ def test_metrics(scripted):
     assert m[("helios_prompt_tokens_total", ())] > 0
     assert m[("helios_graph_launches_total", (("operation", "prefill"),))] >= 1
     assert m[("helios_graph_launches_total", (("operation", "decode"),))] >= 4
+    # one request at a time: every decode step fills the 1-row variant
+    assert m[("helios_decode_rows_total", ())] == 8 + 2
+    assert m[("helios_decode_padded_rows_total", ())] == 0
     assert m[("helios_time_to_first_token_seconds_count", ())] == 2
     assert m[("helios_inter_token_latency_seconds_count", ())] == 8
     assert m[("helios_e2e_request_latency_seconds_count", ())] == 2

@@ -74,7 +74,7 @@ def test_programs_reduce_after_row_parallel_products_and_gather_the_head(core):
         assert launched.count("all_reduce_sum") == 2 * GEOMETRY.num_layers, graph.name
         assert launched.count("all_gather_columns") == 1, graph.name
         gather = launched.index("all_gather_columns")
-        assert launched[gather + 1] in ("sample_chunks_nucleus", "sample_biased")  # the full row
+        assert launched[gather + 1] in ("sample_chunks_wide", "sample_biased")  # the full row
         for i, op in enumerate(launched):
             if op == "all_reduce_sum":  # right after the o_proj / down product
                 assert launched[i - 1] in ("linear", "swiglu_linear"), (graph.name, i)

@@ -54,18 +54,21 @@ def test_folded_decode_records_seven_launches_per_layer(folded, smollm2_core_f32
     plain = _open(smollm2_core_f32.path, smollm2_core_f32.public_key)
     got, before = _decode_ops(core), _decode_ops(plain)
     layers = 30
-    # two launches fewer per layer; the chunked sampler is three launches instead of one
-    assert sum(before.values()) - sum(got.values()) == 2 * layers + 2
+    # two launches fewer per layer; the chunked sampler (wide form) is seven launches
+    # instead of one
+    assert sum(before.values()) - sum(got.values()) == 2 * layers + 6
     assert got["rmsnorm_linear"] == 2 * layers and got["linear_add"] == layers
     assert got["swiglu_linear_add"] == layers
     assert got["add_rmsnorm"] == 0 and got["rmsnorm"] == 1  # the final norm
-    assert before["sample_chunks_nucleus"] == before["sample_merge_nucleus"] == 1
+    assert before["sample_chunks_wide"] == before["sample_merge_nucleus"] == 1
+    assert before["sample_race"] == before["sample_pick"] == 2
     assert before["sample_rest"] == 1
     assert got["sample_biased"] == 1 and before["sample_biased"] == 0
     # prefill graphs are not folded (they differ in the sampler only)
     pre, pre_plain = _decode_ops(core, "prefill_t16"), _decode_ops(plain, "prefill_t16")
-    for op in ("sample_chunks_nucleus", "sample_merge_nucleus", "sample_rest"):
-        assert pre_plain.pop(op) == 1
+    for op, n in (("sample_chunks_wide", 1), ("sample_merge_nucleus", 1), ("sample_race", 2),
+                  ("sample_pick", 2), ("sample_rest", 1)):
+        assert pre_plain.pop(op) == n
     assert pre.pop("sample_biased") == 1
     assert pre == pre_plain
 

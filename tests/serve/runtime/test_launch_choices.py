@@ -43,9 +43,9 @@ def test_choices_are_recorded_in_the_launches(models):
         graphs = model.prepared.manifest.graphs
         return {names[launch.kernel] for g in graphs for launch in g.launches}
 
-    assert {"rmsnorm_linear", "linear_add", "sample_chunks_nucleus", "sample_merge_nucleus",
-            "sample_rest"} <= ops(chosen)
-    assert not ops(chosen) & {"sample_chunks", "sample_merge"}
+    assert {"rmsnorm_linear", "linear_add", "sample_chunks_wide", "sample_merge_nucleus",
+            "sample_race", "sample_pick", "sample_rest"} <= ops(chosen)
+    assert not ops(chosen) & {"sample_chunks", "sample_merge", "sample_chunks_nucleus"}
     assert not ops(plain) & {"rmsnorm_linear", "linear_add", "sample_chunks",
                              "sample_chunks_nucleus"}
     assert "sample_biased" in ops(plain) and "sample_biased" not in ops(chosen)
@@ -72,6 +72,36 @@ def test_cores_recording_the_chunked_sampler_before_its_nucleus_form(models, bef
     _, chosen = models
     got = Driver(before_nucleus).generate(PROMPTS, max_new_tokens=14, sampling=SAMPLING)
     assert got == Driver(chosen).generate(PROMPTS, max_new_tokens=14, sampling=SAMPLING)
+
+
+@pytest.fixture(scope="module")
+def before_wide():
+    """The nucleus form as cores exported before the wide form record it."""
+    return load_native(tiny_core(seed=3, fold_layers=True, chunked_sampling=True,
+                                 wide_sampling=False), "cpu", cpu_frames=2)
+
+
+WIDE_SAMPLING = [SamplingParams(temperature=0.8, top_p=0.95, seed=21),
+                 SamplingParams(temperature=1.3, seed=22),  # temperature alone
+                 SamplingParams(temperature=1.0, min_p=0.05, seed=23, frequency_penalty=0.4),
+                 SamplingParams(temperature=0.9, top_p=0.5, seed=24, repetition_penalty=1.2,
+                                logit_bias=((4, 2.0),))]
+
+
+def test_cores_recording_the_nucleus_form_before_the_wide_form(models, before_wide):
+    """A core exported before the wide form (``sample_chunks_nucleus``, no race) loads
+    and samples what the wide form samples: top-p, temperature-only and min-p rows with
+    penalties and bias, each alone as in the batch."""
+    ops = {k.reference_op for k in before_wide.prepared.manifest.kernels}
+    assert {"sample_chunks_nucleus", "sample_merge_nucleus", "sample_rest"} <= ops
+    assert not ops & {"sample_chunks_wide", "sample_race", "sample_pick"}
+    plain, chosen = models
+    got = Driver(chosen).generate(PROMPTS, max_new_tokens=14, sampling=WIDE_SAMPLING)
+    assert got == Driver(before_wide).generate(PROMPTS, max_new_tokens=14,
+                                               sampling=WIDE_SAMPLING)
+    assert got == Driver(plain).generate(PROMPTS, max_new_tokens=14, sampling=WIDE_SAMPLING)
+    for prompt, sp, tokens in zip(PROMPTS, WIDE_SAMPLING, got, strict=True):
+        assert Driver(chosen).generate([prompt], 14, sp)[0] == tokens
 
 
 @pytest.fixture(scope="module")

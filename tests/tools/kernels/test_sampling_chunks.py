@@ -10,13 +10,18 @@ import pytest
 from helios_tools.kernels import grammar_mask_words, sample_biased
 from helios_tools.kernels.sampling_chunks import (
     KEY_PAD,
+    RACE_SLOTS,
     UNRESOLVED,
     key_value,
     order_key,
+    race_slots,
     sample_chunks,
     sample_chunks_nucleus,
+    sample_chunks_wide,
     sample_merge,
     sample_merge_nucleus,
+    sample_pick,
+    sample_race,
     sample_rest,
     uses_nucleus,
 )
@@ -311,3 +316,118 @@ def test_nucleus_ties_min_p_and_masks():
     assert _check_nucleus(c, 1, V)[0] in (600, *range(96, 128))
     c["grammar_mask"][0] = 0          # every id masked: token 0, as sample_biased
     assert _check_nucleus(c, 1, V)[0] == 0
+
+
+# The wide form: sample_chunks_wide -> sample_merge_nucleus -> (sample_race ->
+# sample_pick) at levels 1 and 2 -> sample_rest; rows with no top-k are drawn over their
+# chunks, top-p or not.
+NB = RACE_SLOTS
+
+
+def _wide(c, R, V, nb=NB):
+    """The wide form's references in order; returns (sampled, histogram, after level 1,
+    after level 2) where the last two are ``sampled`` after each pick."""
+    W = grammar_mask_words(V)
+    P = -(-V // C)
+    hist = c["histogram"].copy()
+    cm, ca, cmass = np.zeros((R, P), np.float32), np.zeros((R, P), np.int32), \
+        np.zeros((R, P), np.float32)
+    ck, ci = np.zeros((R, P * KM), np.int32), np.zeros((R, P * KM), np.int32)
+    sample_chunks_wide(c["logits"], c["slot"], c["temperature"], c["top_p"], c["top_k"],
+                       c["presence"], c["frequency"], c["repetition"], hist, c["logit_bias"],
+                       c["use_bias"], c["grammar_mask"], c["use_mask"], cm, ca, cmass, ck, ci,
+                       R, V, W, C, KM)
+    out = np.zeros(R, np.int32)
+    sample_merge_nucleus(cm, ca, cmass, ck, ci, c["slot"], c["positions"],
+                         c["sampling_decision"], c["seed"], c["temperature"], c["top_p"],
+                         c["top_k"], c["min_p"], hist, np.zeros((R, 2 * 256), np.int32), out,
+                         R, V, P, C, KM, 256)
+    level = np.full((R, 2), -7, np.int32)
+    after = []
+    for lv in (1, 2):
+        mass = np.full((R, P * nb), np.nan, np.float32)
+        best = np.full((R, P * nb * 2), -7, np.int32)
+        arg = np.full((R, P * nb), -7, np.int32)
+        sample_race(c["logits"], c["slot"], c["positions"], c["seed"], c["temperature"],
+                    c["top_k"], c["min_p"], c["presence"], c["frequency"], c["repetition"],
+                    hist, c["logit_bias"], c["use_bias"], c["grammar_mask"], c["use_mask"],
+                    cm, cmass, out, level, mass, best, arg, R, V, W, C, nb, lv)
+        sample_pick(mass, best, arg, c["slot"], c["sampling_decision"], c["temperature"],
+                    c["top_p"], c["top_k"], hist, level, out, R, V, P, nb, lv)
+        after.append(out.copy())
+    sample_rest(*_biased(c, hist), out, R, V, W)
+    return out, hist, after[0], after[1]
+
+
+def _check_wide(c, R, V):
+    ref, ref_hist = np.zeros(R, np.int32), c["histogram"].copy()
+    sample_biased(*_biased(c, ref_hist), ref, R, V, grammar_mask_words(V))
+    got, hist, one, two = _wide(c, R, V)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(hist, ref_hist)
+    return one, two
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_wide_composition_equals_sample_biased(seed):
+    rng = np.random.default_rng(100 + seed)
+    R, V = 12, 1000
+    c = _case(rng, R, V, 16, ties=seed % 2 == 1)
+    c["top_k"][: R // 2] = 0  # half the rows with no top-k
+    one, two = _check_wide(c, R, V)
+    live = c["slot"] >= 0
+    wide = live & (c["temperature"] > 0) & (c["top_k"] == 0)
+    # no wide row is left for the second level's pick without being raced by the first
+    assert not ((one == UNRESOLVED) & wide & (c["top_p"] >= 1)).any()
+
+
+def test_flat_rows_resolve_over_their_chunks():
+    """Flat rows (nuclei of thousands of ids: the merge falls back on every one) resolve
+    in the race at level 1 or 2 at every seed, with sample_biased's tokens."""
+    rng = np.random.default_rng(7)
+    R, V = 8, 4097
+    left = 0
+    for _ in range(4):
+        c = _case(rng, R, V, R, ties=False)
+        c.update(slot=np.arange(R, dtype=np.int32), temperature=np.full(R, 0.8, np.float32),
+                 top_p=np.full(R, 0.95, np.float32), top_k=np.zeros(R, np.int32),
+                 min_p=np.zeros(R, np.float32), use_mask=np.zeros(R, np.int32),
+                 logits=(rng.standard_normal((R, V)) * 1.5).astype(np.float32))
+        one, two = _check_wide(c, R, V)
+        left += int((two == UNRESOLVED).sum())
+    assert left == 0
+
+
+def test_temperature_and_min_p_rows_resolve_at_level_one():
+    rng = np.random.default_rng(8)
+    R, V = 8, 4097
+    c = _case(rng, R, V, R, ties=True)
+    c.update(slot=np.arange(R, dtype=np.int32), temperature=np.full(R, 1.1, np.float32),
+             top_p=np.ones(R, np.float32), top_k=np.zeros(R, np.int32))
+    c["min_p"][:4] = 0.1
+    one, _ = _check_wide(c, R, V)
+    assert (one >= 0).all()  # no truncation to locate: the race over every kept id
+
+
+def test_a_nucleus_ending_in_a_tie_class_resolves_or_falls_back_exactly():
+    """Hundreds of ids tied at the nucleus's end: the slots cannot split a tie class, so a
+    row whose race is won inside it falls back; either way sample_biased's token."""
+    V = 4097
+    z = np.zeros(V, np.float32)
+    z[:50] = 3.0
+    for s in range(12):
+        c = _one_row(z, 0.6)
+        c["seed"][0] = (s, 99)
+        _check_wide(c, 1, V)
+
+
+def test_race_slots_are_monotone_and_share_ties():
+    p = np.sort(np.random.default_rng(9).random(5000).astype(np.float32))[::-1]
+    p = np.concatenate([p, p[:10], np.zeros(3, np.float32)])
+    hi = int(np.float32(0.5).view(np.int32))
+    j = race_slots(p, hi, 13, NB)
+    order = np.argsort(-p, kind="stable")
+    assert (np.diff(j[order]) >= 0).all()
+    assert j[p > 0.5].max() == 0 and j[p == 0].min() == NB - 1
+    for v in p[:10]:
+        assert len(set(j[p == v])) == 1

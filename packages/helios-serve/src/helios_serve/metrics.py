@@ -236,6 +236,17 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        # Bucket fill: a DECODE step runs the smallest captured batch variant that holds
+        # its rows; the rows past them are padding. Padding fraction = padded / (rows +
+        # padded), over any window (bench/serve_load.py reports it per run).
+        self.decode_rows = Counter(
+            "helios_decode_rows", "Live rows of submitted DECODE steps.", registry=r
+        )
+        self.decode_padded_rows = Counter(
+            "helios_decode_padded_rows",
+            "Captured rows of submitted DECODE steps' graph variants past their live rows.",
+            registry=r,
+        )
         self.execution_failures = Counter(
             "helios_execution_failures", "Graph launches that raised.", registry=r
         )

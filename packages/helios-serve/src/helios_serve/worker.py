@@ -455,6 +455,10 @@ class ModelWorker:
             return
         self._inflight.append(_Submitted(plan, ticket))
         self.metrics.graph_launches.labels(plan.kind.value).inc()
+        if plan.kind is StepKind.DECODE:
+            rows = len(plan.rows)
+            self.metrics.decode_rows.inc(rows)
+            self.metrics.decode_padded_rows.inc(self._decode_bucket(rows) - rows)
         if any(constrained):
             # Frames outstanding right after a constrained submission (the scheduler keeps
             # it at one); the gauge records the maximum ever seen.
@@ -463,6 +467,12 @@ class ModelWorker:
             self.metrics.constrained_max_inflight.set(self._constrained_max_inflight)
             if plan.kind in (StepKind.DECODE, StepKind.SPECULATIVE) and not all(constrained):
                 self.metrics.mixed_grammar_decode_steps.inc()
+
+    def _decode_bucket(self, rows: int) -> int:
+        """Rows of the captured decode variant a DECODE step of `rows` rows runs (the
+        smallest that holds them, as NativeModel.select_graph picks)."""
+        return min((c for c in self.model.manifests.decode_capacities if c >= rows),
+                   default=rows)
 
     def _complete_oldest(self) -> None:
         """Wait for the oldest submitted plan and apply its completion."""

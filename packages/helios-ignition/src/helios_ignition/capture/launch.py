@@ -641,7 +641,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("sample", "sample_biased"):
         R = s[0]
         return _cfg((R,), 8, BLOCK_V=2048)
-    if op in ("sample_chunks", "sample_chunks_nucleus"):  # a program per (row, chunk of C ids)
+    if op in ("sample_chunks", "sample_chunks_nucleus", "sample_chunks_wide"):  # a program per (row, chunk of C ids)
         R, V, C, KM = s[0], s[1], s[3], s[4]
         return _cfg((R, _cdiv(V, C)), 4, BLOCK_V=C, KMAX=KM)
     if op == "sample_merge":  # one program per row over its P x KM candidates
@@ -651,6 +651,13 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         R, P, KM, KN = s[0], s[2], s[4], s[5]  # in blocks of KN x 32
         return _cfg((R,), 8, BLOCK_P=_np2(P, 2), BLOCK_C=_np2(P * KM, 32), KMAX=KM, NMAX=KN,
                     JB=min(KN, 32))
+    if op == "sample_race":  # a program per (row, chunk of C ids): JB slots at a time
+        R, V, C, NB = s[0], s[1], s[3], s[4]
+        return _cfg((R, _cdiv(V, C)), 8, BLOCK_V=C, BLOCK_P=_np2(_cdiv(V, C), 2), NSLOT=NB,
+                    JB=4)
+    if op == "sample_pick":  # one program per row over its P x NB slots
+        R, P, NB = s[0], s[2], s[3]
+        return _cfg((R,), 8, BLOCK_P=_np2(P, 2), NSLOT=NB)
     if op == "sample_rest":  # sample_biased's geometry; unresolved rows only
         R = s[0]
         return _cfg((R,), 8, BLOCK_V=2048)

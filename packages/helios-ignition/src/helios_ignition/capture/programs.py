@@ -53,7 +53,8 @@ from .tuning import split_producer
 def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: bool = True,
             spec: Speculation | None = None, split_tuning: SplitTuning | None = None,
             fold_layers: bool = False, chunked_sampling: bool = True,
-            nucleus_sampling: bool = True) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
+            nucleus_sampling: bool = True,
+            wide_sampling: bool = True) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
     """Capture every graph variant and declare their contracts.
 
     Args:
@@ -78,6 +79,10 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
             their nucleus lies inside the NUCLEUS most probable candidates; same outputs).
             False records ``sample_chunks`` + ``sample_merge``, as cores exported before
             it do (they keep loading).
+        wide_sampling: with `nucleus_sampling`, record the wide form (every row with no
+            top-k raced over its chunks: ``sample_chunks_wide`` + ``sample_race`` +
+            ``sample_pick``; same outputs). False records the nucleus form, as cores
+            exported before it do (they keep loading).
 
     Returns:
         The execution manifest (buffers, kernel variants, graph programs) and one
@@ -95,7 +100,7 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
     rows = max(max(caps.decode_batch), caps.prefill_rows)
     table.declare("in.sample_position", "i32", (rows,), "input")
     if chunked_sampling:
-        declare_chunked_sampling(table, s, rows, nucleus_sampling)
+        declare_chunked_sampling(table, s, rows, nucleus_sampling, wide_sampling)
     kernels: dict[str, mpb.Kernel] = {}
     tuned = split_tuning is not None
     producers = [split_producer(table, kernels, s, caps, split_tuning)] if tuned else []
@@ -217,7 +222,8 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
                  s.hidden)
     sampled = t.view(SAMPLED, (R,))
     sample(b, s, R, logits, slot, pos if decode else last_positions(b, R), inp,
-           "scratch.sample_chunk_max" in t.buffers, "scratch.sample_chunk_mass" in t.buffers)
+           "scratch.sample_chunk_max" in t.buffers, "scratch.sample_chunk_mass" in t.buffers,
+           "scratch.sample_race_mass" in t.buffers)
     # Same step, same logits (unmodified by the sampler): rows that ask record logprobs.
     K = decl.TOP_LOGPROBS
     b.launch("token_logprobs", logits, slot, sampled, inp("logprobs", R),

@@ -7,7 +7,7 @@ pass's logits into the sampled-token output.
 from __future__ import annotations
 
 from helios_tools.kernels import grammar_mask_words
-from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK, NUCLEUS
+from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK, NUCLEUS, RACE_SLOTS
 
 from .buffers import INPUT_NAMES, PAGE_TABLE, SAMPLED
 from .builder import BufferTable, ProgramBuilder
@@ -15,12 +15,19 @@ from .family import Family
 
 
 def declare_chunked_sampling(t: BufferTable, s: Family, rows: int,
-                             nucleus: bool = True) -> None:
+                             nucleus: bool = True, wide: bool = True) -> None:
     """Scratch of the chunked sampler (``sample_chunks`` -> ``sample_merge``): per row, each
     chunk's maximum and arg-max, its top-k candidates, and the merged winners; with
     `nucleus` (``sample_chunks_nucleus`` -> ``sample_merge_nucleus``) also each chunk's
-    softmax mass, and the staging row holds the NUCLEUS picks."""
+    softmax mass, and the staging row holds the NUCLEUS picks; with `wide` (and
+    `nucleus`: ``sample_race`` -> ``sample_pick``) each (chunk, probability slot)'s mass,
+    best race score (f64 as two i32 words) and id, and the row's slot level."""
     P = -(-s.vocab // CHUNK)
+    if nucleus and wide:
+        t.declare("scratch.sample_race_mass", "f32", (rows, P * RACE_SLOTS), "scratch")
+        t.declare("scratch.sample_race_best", "i32", (rows, 2 * P * RACE_SLOTS), "scratch")
+        t.declare("scratch.sample_race_arg", "i32", (rows, P * RACE_SLOTS), "scratch")
+        t.declare("scratch.sample_race_level", "i32", (rows, 2), "scratch")
     t.declare("scratch.sample_chunk_max", "f32", (rows, P), "scratch")
     t.declare("scratch.sample_chunk_arg", "i32", (rows, P), "scratch")
     t.declare("scratch.sample_cand_key", "i32", (rows, P * CANDIDATES), "scratch")
@@ -34,12 +41,16 @@ def declare_chunked_sampling(t: BufferTable, s: Family, rows: int,
 
 
 def sample(b: ProgramBuilder, s: Family, R: int, logits, slot, positions, inp,
-           chunked: bool, nucleus: bool) -> None:
+           chunked: bool, nucleus: bool, wide: bool = False) -> None:
     """Record the sampling step over `R` rows of `logits` into SAMPLED: ``sample_biased``,
     or with `chunked` its three-launch form (helios_tools.kernels.sampling_chunks: the
     vocabulary split over ``ceil(V / CHUNK)`` programs per row; same outputs), with
     `nucleus` the form that also resolves top-p rows with no top-k in the merge (cores
-    exported before it record ``sample_chunks`` + ``sample_merge``; they keep loading)."""
+    exported before it record ``sample_chunks`` + ``sample_merge``; they keep loading), with
+    `wide` (and `nucleus`) the form that draws every row with no top-k over its chunks:
+    ``sample_chunks_wide`` -> ``sample_merge_nucleus`` -> ``sample_race`` + ``sample_pick``
+    at two levels -> ``sample_rest`` (helios_tools.kernels.sampling_chunks; cores exported
+    before it record the nucleus form and keep loading)."""
     t = b.table
     n = INPUT_NAMES
     slots = t.buffers[PAGE_TABLE].shape[0]
@@ -64,12 +75,27 @@ def sample(b: ProgramBuilder, s: Family, R: int, logits, slot, positions, inp,
     if nucleus:
         mass = t.view("scratch.sample_chunk_mass", (R, P))
         width = 2 * max(CANDIDATES, NUCLEUS)
-        b.launch("sample_chunks_nucleus", logits, slot, inp("temperature", R),
+        b.launch("sample_chunks_wide" if wide else "sample_chunks_nucleus", logits, slot,
+                 inp("temperature", R),
                  inp("top_p", R), inp("top_k", R), *penalties, hist, *masks, cmax, carg, mass,
                  ckey, cid, R, s.vocab, words, CHUNK, CANDIDATES)
         b.launch("sample_merge_nucleus", cmax, carg, mass, ckey, cid, *row,
                  t.view("scratch.sample_selected", (R, width)), sampled, R, s.vocab, P, CHUNK,
                  CANDIDATES, NUCLEUS)
+        if wide:
+            NB = RACE_SLOTS
+            level = t.view("scratch.sample_race_level", (R, 2))
+            race = [t.view("scratch.sample_race_mass", (R, P * NB)),
+                    t.view("scratch.sample_race_best", (R, 2 * P * NB)),
+                    t.view("scratch.sample_race_arg", (R, P * NB))]
+            for lv in (1, 2):
+                b.launch("sample_race", logits, slot, positions, inp("seed", R, 2),
+                         inp("temperature", R), inp("top_k", R), inp("min_p", R), *penalties,
+                         hist, *masks, cmax, mass, sampled, level, *race, R, s.vocab, words,
+                         CHUNK, NB, lv)
+                b.launch("sample_pick", *race, slot, inp("sampling_decision", R),
+                         inp("temperature", R), inp("top_p", R), inp("top_k", R), hist, level,
+                         sampled, R, s.vocab, P, NB, lv)
     else:
         b.launch("sample_chunks", logits, slot, inp("temperature", R), inp("top_k", R),
                  *penalties, hist, *masks, cmax, carg, ckey, cid, R, s.vocab, words, CHUNK,

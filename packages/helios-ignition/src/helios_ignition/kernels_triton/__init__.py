@@ -36,8 +36,11 @@ from .sampling import sample, sample_biased, token_logprobs
 from .sampling_chunks import (
     sample_chunks,
     sample_chunks_nucleus,
+    sample_chunks_wide,
     sample_merge,
     sample_merge_nucleus,
+    sample_pick,
+    sample_race,
     sample_rest,
 )
 from .speculative import (
@@ -109,6 +112,9 @@ TRITON_KERNELS = {
     "sample_rest": sample_rest,
     "sample_chunks_nucleus": sample_chunks_nucleus,
     "sample_merge_nucleus": sample_merge_nucleus,
+    "sample_chunks_wide": sample_chunks_wide,
+    "sample_race": sample_race,
+    "sample_pick": sample_pick,
     "row_copy": row_copy,
     "split_bf16": split_bf16,
     "swiglu_split_bf16": split_bf16,  # SWIGLU=1 (see launch_config)

@@ -186,13 +186,12 @@ def sample_rest(logits, slot, positions, sampling_decision, seed, temperature, t
 
 
 @triton.jit
-def sample_chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, frequency,
-                          repetition, histogram, logit_bias, use_bias, grammar_mask, use_mask,
-                          chunk_max, chunk_arg, chunk_mass, cand_key, cand_id, R, V, W32, C,
-                          KM, BLOCK_V: tl.constexpr, KMAX: tl.constexpr):
-    """``sample_chunks``, and for top-p rows with no top-k also the chunk's top-KMAX
-    candidates and its softmax mass relative to its own maximum; grid
-    ``(R, cdiv(V, BLOCK_V))``."""
+def _chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, frequency, repetition,
+                    histogram, logit_bias, use_bias, grammar_mask, use_mask, chunk_max,
+                    chunk_arg, chunk_mass, cand_key, cand_id, V, W32, BLOCK_V: tl.constexpr,
+                    KMAX: tl.constexpr, WIDE: tl.constexpr):
+    """The body of ``sample_chunks_nucleus`` and (``WIDE``: the mass of every row with no
+    top-k, top-p or not) ``sample_chunks_wide``."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     P = tl.cdiv(V, BLOCK_V)
@@ -213,22 +212,53 @@ def sample_chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, fre
         tl.store(chunk_arg + at, ci)
         temp = tl.load(temperature + r)
         k = tl.load(top_k + r)
-        nucleus = (tl.load(top_p + r) < 1.0) & ((k <= 0) | (k >= V))
-        if (temp > 0.0) & (((k > 0) & (k <= KMAX) & (k < V)) | nucleus):
+        no_k = (k <= 0) | (k >= V)
+        nucleus = (tl.load(top_p + r) < 1.0) & no_k
+        if WIDE:
+            massed = no_k
+        else:
+            massed = nucleus
+        if (temp > 0.0) & (((k > 0) & (k <= KMAX) & (k < V)) | nucleus | massed):
             zt = tl.math.div_rn(z, temp + tl.zeros_like(z))
-            keep = _top_k_mask(_key(zt), idx < V, tl.where(nucleus, KMAX, k))
-            pos = tl.cumsum(keep.to(tl.int32), axis=0) - 1
-            n = tl.sum(keep.to(tl.int32), axis=0)
-            base = at * KMAX
-            tl.store(cand_key + base + pos, _key(zt), mask=keep)
-            tl.store(cand_id + base + pos, idx, mask=keep)
-            j = tl.arange(0, KMAX)
-            tl.store(cand_key + base + j, tl.zeros_like(j) + INT_MIN, mask=j >= n)
-            tl.store(cand_id + base + j, tl.zeros_like(j) - 1, mask=j >= n)
-            if nucleus:
+            if ((k > 0) & (k <= KMAX) & (k < V)) | nucleus:
+                keep = _top_k_mask(_key(zt), idx < V, tl.where(nucleus, KMAX, k))
+                pos = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+                n = tl.sum(keep.to(tl.int32), axis=0)
+                base = at * KMAX
+                tl.store(cand_key + base + pos, _key(zt), mask=keep)
+                tl.store(cand_id + base + pos, idx, mask=keep)
+                j = tl.arange(0, KMAX)
+                tl.store(cand_key + base + j, tl.zeros_like(j) + INT_MIN, mask=j >= n)
+                tl.store(cand_id + base + j, tl.zeros_like(j) - 1, mask=j >= n)
+            if massed:
                 top = tl.math.div_rn(cm, temp)  # = max(zt): division by temp > 0 is monotone
                 e = tl.where(zt > float("-inf"), libdevice.exp(zt - top), 0.0)
                 tl.store(chunk_mass + at, tl.where(cm > float("-inf"), tl.sum(e, axis=0), 0.0))
+
+
+@triton.jit
+def sample_chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, frequency,
+                          repetition, histogram, logit_bias, use_bias, grammar_mask, use_mask,
+                          chunk_max, chunk_arg, chunk_mass, cand_key, cand_id, R, V, W32, C,
+                          KM, BLOCK_V: tl.constexpr, KMAX: tl.constexpr):
+    """``sample_chunks``, and for top-p rows with no top-k also the chunk's top-KMAX
+    candidates and its softmax mass relative to its own maximum; grid
+    ``(R, cdiv(V, BLOCK_V))``."""
+    _chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, frequency, repetition,
+                    histogram, logit_bias, use_bias, grammar_mask, use_mask, chunk_max,
+                    chunk_arg, chunk_mass, cand_key, cand_id, V, W32, BLOCK_V, KMAX, False)
+
+
+@triton.jit
+def sample_chunks_wide(logits, slot, temperature, top_p, top_k, presence, frequency,
+                       repetition, histogram, logit_bias, use_bias, grammar_mask, use_mask,
+                       chunk_max, chunk_arg, chunk_mass, cand_key, cand_id, R, V, W32, C, KM,
+                       BLOCK_V: tl.constexpr, KMAX: tl.constexpr):
+    """``sample_chunks_nucleus`` that writes the chunk's mass for every sampled row with
+    no top-k (the race's normalizer); grid ``(R, cdiv(V, BLOCK_V))``."""
+    _chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, frequency, repetition,
+                    histogram, logit_bias, use_bias, grammar_mask, use_mask, chunk_max,
+                    chunk_arg, chunk_mass, cand_key, cand_id, V, W32, BLOCK_V, KMAX, True)
 
 
 @triton.jit
@@ -346,3 +376,135 @@ def sample_merge_nucleus(chunk_max, chunk_arg, chunk_mass, cand_key, cand_id, sl
         tl.store(sampled + r, tok)
         if (tok != UNRESOLVED) & (tl.load(sampling_decision + r) != 0):
             tl.atomic_add(histogram + s.to(tl.int64) * V + tok, 1)
+
+
+# The wide form's race (helios_tools.kernels.sampling_chunks: sample_race, sample_pick).
+RACE_SHIFT = tl.constexpr(20)
+RACE_SPLIT = tl.constexpr(7)
+
+
+@triton.jit
+def _row_normalizer(chunk_max, chunk_mass, r, P, temp, BLOCK_P: tl.constexpr):
+    """(zmax, S) of row r from its chunks, as ``_merge_nucleus`` computes them."""
+    pp = tl.arange(0, BLOCK_P)
+    vals = tl.load(chunk_max + r.to(tl.int64) * P + pp, mask=pp < P, other=float("-inf"))
+    mass = tl.load(chunk_mass + r.to(tl.int64) * P + pp, mask=pp < P, other=0.0)
+    zmax = tl.math.div_rn(tl.max(vals, axis=0), temp)
+    tops = tl.math.div_rn(vals, temp + tl.zeros_like(vals))
+    scale = tl.where(vals > float("-inf"), libdevice.exp(tops - zmax), 0.0)
+    return zmax, tl.sum(scale * mass, axis=0)
+
+
+@triton.jit
+def _raced(slot, sampled, temperature, top_k, r, V):
+    """Whether row r is drawn by the race: live, left UNRESOLVED, sampled, no top-k."""
+    k = tl.load(top_k + r)
+    return ((tl.load(slot + r) >= 0) & (tl.load(sampled + r) == UNRESOLVED)
+            & (tl.load(temperature + r) > 0.0) & ((k <= 0) | (k >= V)))
+
+
+@triton.jit
+def sample_race(logits, slot, positions, seed, temperature, top_k, min_p, presence, frequency,
+                repetition, histogram, logit_bias, use_bias, grammar_mask, use_mask, chunk_max,
+                chunk_mass, sampled, race_level, race_mass, race_best, race_arg, R, V, W32, C,
+                NB, LEVEL, BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr, NSLOT: tl.constexpr,
+                JB: tl.constexpr):
+    """Per (row, chunk, probability slot) of the raced rows: mass, best race score (f64 as
+    two i32 words) and its lowest id; grid ``(R, cdiv(V, BLOCK_V))``. The slots of each
+    block of JB are reduced from a ``BLOCK_V x JB`` one-hot in registers; blocks outside
+    the chunk's slot range store the empty values."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    P = tl.cdiv(V, BLOCK_V)
+    if _raced(slot, sampled, temperature, top_k, r, V):
+        temp = tl.load(temperature + r)
+        zmax, S = _row_normalizer(chunk_max, chunk_mass, r, P, temp, BLOCK_P)
+        if LEVEL == 1:
+            hi = tl.math.div_rn(1.0, S).to(tl.int32, bitcast=True)
+            shift = hi * 0 + RACE_SHIFT
+            if c == 0:
+                tl.store(race_level + 2 * r, hi)
+                tl.store(race_level + 2 * r + 1, shift)
+        else:
+            hi = tl.load(race_level + 2 * r)
+            shift = tl.load(race_level + 2 * r + 1)
+        if shift >= 0:
+            s = tl.load(slot + r)
+            idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
+            z = _logits(logits + r.to(tl.int64) * V, histogram + s.to(tl.int64) * V,
+                        logit_bias + s.to(tl.int64) * V, grammar_mask + r.to(tl.int64) * W32,
+                        idx, V, tl.load(use_bias + r), tl.load(use_mask + r),
+                        tl.load(repetition + r), tl.load(frequency + r), tl.load(presence + r))
+            zt = tl.math.div_rn(z, temp + tl.zeros_like(z))
+            e = tl.where(zt > float("-inf"), libdevice.exp(zt - zmax), 0.0)
+            p = tl.math.div_rn(e, S + tl.zeros_like(e))
+            mp = tl.load(min_p + r)
+            pmin = tl.where(mp > 0.0, mp * tl.math.div_rn(1.0, S), -1.0)
+            score = _race_score(p, idx, tl.load(positions + r), tl.load(seed + 2 * r),
+                                tl.load(seed + 2 * r + 1))
+            score = tl.where((p >= pmin) & (idx < V), score, float("-inf"))
+            pb = p.to(tl.int32, bitcast=True)
+            j = tl.where(pb > hi, 0, tl.minimum(((hi - pb) >> shift) + 1, NSLOT - 1))
+            jlo = tl.min(j, axis=0)
+            jhi = tl.max(j, axis=0)
+            base = (r.to(tl.int64) * P + c) * NSLOT
+            for j0 in range(0, NSLOT, JB):
+                jj = j0 + tl.arange(0, JB)
+                if (j0 + JB > jlo) & (j0 <= jhi):
+                    m = j[:, None] == jj[None, :]
+                    mass = tl.sum(tl.where(m, p[:, None], 0.0), axis=0)
+                    best = tl.max(tl.where(m, score[:, None], float("-inf")), axis=0)
+                    arg = tl.min(tl.where(m & (score[:, None] == best[None, :]), idx[:, None],
+                                          INT_MAX), axis=0)
+                else:
+                    mass = tl.zeros([JB], tl.float32)
+                    best = tl.zeros([JB], tl.float64) + float("-inf")
+                    arg = tl.zeros([JB], tl.int32) + INT_MAX
+                bits = best.to(tl.int64, bitcast=True)
+                tl.store(race_mass + base + jj, mass)
+                tl.store(race_best + 2 * (base + jj), bits.to(tl.int32))
+                tl.store(race_best + 2 * (base + jj) + 1, (bits >> 32).to(tl.int32))
+                tl.store(race_arg + base + jj, arg)
+
+
+@triton.jit
+def sample_pick(race_mass, race_best, race_arg, slot, sampling_decision, temperature, top_p,
+                top_k, histogram, race_level, sampled, R, V, P, NB, LEVEL,
+                BLOCK_P: tl.constexpr, NSLOT: tl.constexpr):
+    """Each raced row's token when its slots prove it, else (level 1) the uncertain slot
+    for level 2 or (level 2) nothing: the row stays UNRESOLVED; grid ``(R,)``."""
+    r = tl.program_id(0)
+    if _raced(slot, sampled, temperature, top_k, r, V):
+        shift = tl.load(race_level + 2 * r + 1)
+        if (LEVEL == 1) | (shift >= 0):
+            pp = tl.arange(0, BLOCK_P)
+            jj = tl.arange(0, NSLOT)
+            at = (r.to(tl.int64) * P + pp[:, None]) * NSLOT + jj[None, :]
+            live = (pp < P)[:, None] & (jj < NSLOT)[None, :]
+            mass = tl.sum(tl.load(race_mass + at, mask=live, other=0.0), axis=0)
+            lo = tl.load(race_best + 2 * at, mask=live, other=0)
+            hw = tl.load(race_best + 2 * at + 1, mask=live, other=0)
+            b = ((hw.to(tl.int64) << 32) | (lo.to(tl.int64) & 0xFFFFFFFF)).to(tl.float64,
+                                                                               bitcast=True)
+            b = tl.where(live, b, float("-inf"))
+            a = tl.load(race_arg + at, mask=live, other=INT_MAX)
+            best = tl.max(b, axis=0)
+            arg = tl.min(tl.where(b == best[None, :], a, INT_MAX), axis=0)
+            tp = tl.load(top_p + r)
+            reach = (tl.cumsum(mass, axis=0) >= tp) & (tp < 1.0)
+            e = tl.min(tl.where(reach, jj, NSLOT), axis=0)
+            tin = tl.max(tl.where(jj < e, best, float("-inf")), axis=0)
+            ain = tl.min(tl.where((jj < e) & (best == tin), arg, INT_MAX), axis=0)
+            tu = tl.max(tl.where(jj == e, best, float("-inf")), axis=0)
+            au = tl.min(tl.where(jj == e, arg, INT_MAX), axis=0)
+            if (e == NSLOT) | (tu < tin) | ((tu == tin) & (ain < au)):
+                tl.store(sampled + r, ain)
+                if tl.load(sampling_decision + r) != 0:
+                    tl.atomic_add(histogram + tl.load(slot + r).to(tl.int64) * V + ain, 1)
+            elif LEVEL == 1:
+                if (e >= 1) & (e <= NSLOT - 2):
+                    hi = tl.load(race_level + 2 * r)
+                    tl.store(race_level + 2 * r, hi - ((e - 1) << shift))
+                    tl.store(race_level + 2 * r + 1, shift - RACE_SPLIT)
+                else:
+                    tl.store(race_level + 2 * r + 1, shift * 0 - 1)

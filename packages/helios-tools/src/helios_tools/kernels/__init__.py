@@ -51,8 +51,11 @@ from .sampling import grammar_mask_words, sample, sample_biased, token_logprobs
 from .sampling_chunks import (
     sample_chunks,
     sample_chunks_nucleus,
+    sample_chunks_wide,
     sample_merge,
     sample_merge_nucleus,
+    sample_pick,
+    sample_race,
     sample_rest,
 )
 from .speculative import (
@@ -118,8 +121,11 @@ __all__ = [
     "sample_biased",
     "sample_chunks",
     "sample_chunks_nucleus",
+    "sample_chunks_wide",
     "sample_merge",
     "sample_merge_nucleus",
+    "sample_pick",
+    "sample_race",
     "sample_rest",
     "silu_mul",
     "slot_gather",

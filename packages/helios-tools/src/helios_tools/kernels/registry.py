@@ -47,8 +47,11 @@ from .sampling import sample, sample_biased, token_logprobs
 from .sampling_chunks import (
     sample_chunks,
     sample_chunks_nucleus,
+    sample_chunks_wide,
     sample_merge,
     sample_merge_nucleus,
+    sample_pick,
+    sample_race,
     sample_rest,
 )
 from .speculative import (
@@ -364,6 +367,32 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("min_p", "f32"), _b("histogram", "i32", "inout"), _b("selected", "i32", "out"),
         _b("sampled", "i32", "out"), *_i("R", "V", "P", "C", "KM", "KN"),
     ),
+    "sample_chunks_wide": (
+        _b("logits", "f32"), _b("slot", "i32"), _b("temperature", "f32"), _b("top_p", "f32"),
+        _b("top_k", "i32"), _b("presence", "f32"), _b("frequency", "f32"),
+        _b("repetition", "f32"), _b("histogram", "i32"), _b("logit_bias", "f32"),
+        _b("use_bias", "i32"), _b("grammar_mask", "i32"), _b("use_mask", "i32"),
+        _b("chunk_max", "f32", "out"), _b("chunk_arg", "i32", "out"),
+        _b("chunk_mass", "f32", "out"), _b("cand_key", "i32", "out"),
+        _b("cand_id", "i32", "out"), *_i("R", "V", "W32", "C", "KM"),
+    ),
+    "sample_race": (
+        _b("logits", "f32"), _b("slot", "i32"), _b("positions", "i32"), _b("seed", "u32"),
+        _b("temperature", "f32"), _b("top_k", "i32"), _b("min_p", "f32"),
+        _b("presence", "f32"), _b("frequency", "f32"), _b("repetition", "f32"),
+        _b("histogram", "i32"), _b("logit_bias", "f32"), _b("use_bias", "i32"),
+        _b("grammar_mask", "i32"), _b("use_mask", "i32"), _b("chunk_max", "f32"),
+        _b("chunk_mass", "f32"), _b("sampled", "i32"), _b("race_level", "i32", "inout"),
+        _b("race_mass", "f32", "out"), _b("race_best", "i32", "out"),
+        _b("race_arg", "i32", "out"), *_i("R", "V", "W32", "C", "NB", "LEVEL"),
+    ),
+    "sample_pick": (
+        _b("race_mass", "f32"), _b("race_best", "i32"), _b("race_arg", "i32"),
+        _b("slot", "i32"), _b("sampling_decision", "i32"), _b("temperature", "f32"),
+        _b("top_p", "f32"), _b("top_k", "i32"), _b("histogram", "i32", "inout"),
+        _b("race_level", "i32", "inout"), _b("sampled", "i32", "inout"),
+        *_i("R", "V", "P", "NB", "LEVEL"),
+    ),
     "sample_rest": (
         _b("logits", "f32"), _b("slot", "i32"), _b("positions", "i32"),
         _b("sampling_decision", "i32"), _b("seed", "u32"), _b("temperature", "f32"),
@@ -439,6 +468,9 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "sample_rest": sample_rest,
     "sample_chunks_nucleus": sample_chunks_nucleus,
     "sample_merge_nucleus": sample_merge_nucleus,
+    "sample_chunks_wide": sample_chunks_wide,
+    "sample_race": sample_race,
+    "sample_pick": sample_pick,
     "row_copy": row_copy,
 }
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from .rng import philox_uniform
 from .sampling import (
     _allowed,
     _processed,
@@ -489,3 +490,299 @@ def sample_merge_nucleus(
                      top_p[one], top_k[one], min_p[one], histogram,
                      np.zeros((1, 2 * KM), np.int32), out, 1, V, P, KM)
         sampled[r] = out[0]
+
+
+# The wide form (docs/gpu.md, "Sampling at greedy speed", design point 4): every sampled
+# row with no top-k (top-p, temperature alone, min-p; with penalties, bias, mask) is drawn
+# by programs over the row's chunks, never by one program sweeping the row. After the
+# nucleus merge, ``sample_race`` (grid R x P) computes each id's exact probability and
+# race score and sorts the ids into RACE_SLOTS probability slots per chunk: slot 0 above
+# the level's range, slots 1.. of 2**shift f32 bit patterns each below its top, the last
+# slot also everything lower. Per (chunk, slot) it writes the mass and the best race
+# score with its id. ``sample_pick`` (grid R) sums the slots over the chunks: the slot in
+# which the cumulative mass first reaches top_p holds the nucleus's end; every id in a
+# slot before it is in the nucleus, every id after it out. The row's token is the best
+# score of the slots before it whenever that beats the best score inside it: the race's
+# winner over any set between those two is then that id. Otherwise a second level
+# repeats it with the uncertain slot split into RACE_SLOTS - 1 finer ones, and a row still
+# uncertain after it is left UNRESOLVED to ``sample_rest``. Exact: the token is always
+# ``sample_biased``'s, up to the f32 summation order of the masses (as every form).
+RACE_SLOTS = 128
+RACE_SHIFT = 20   # level 1: 2**20 f32 bit patterns (1/8 of a binade) per slot
+RACE_SPLIT = 7    # level 2: each by 2**7 (RACE_SHIFT - RACE_SPLIT = 13 bits per slot)
+
+
+def uses_wide(temperature: float, top_k: int, V: int) -> bool:
+    """Whether a sampled row has no top-k (``top_k <= 0`` or ``>= V``): the rows the wide
+    form draws over the row's chunks (top-p or not)."""
+    return temperature > 0.0 and not 0 < top_k < V
+
+
+def sample_chunks_wide(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    temperature: NDArray[np.float32],
+    top_p: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    presence: NDArray[np.float32],
+    frequency: NDArray[np.float32],
+    repetition: NDArray[np.float32],
+    histogram: NDArray[np.int32],
+    logit_bias: NDArray[np.float32],
+    use_bias: NDArray[np.int32],
+    grammar_mask: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    chunk_max: NDArray[np.float32],
+    chunk_arg: NDArray[np.int32],
+    chunk_mass: NDArray[np.float32],
+    cand_key: NDArray[np.int32],
+    cand_id: NDArray[np.int32],
+    R: int,
+    V: int,
+    W32: int,
+    C: int,
+    KM: int,
+) -> None:
+    """``sample_chunks_nucleus`` that writes each chunk's softmax mass for every row with
+    no top-k (``uses_wide``), with top_p < 1 or not (the race needs the row's
+    normalizer); candidates as ``sample_chunks_nucleus``.
+
+    Reference loop: ``sample_chunks_nucleus``'s, then for each live row with
+    ``uses_wide(temperature[r], top_k[r], V)`` and each chunk::
+
+        chunk_mass[r, c] = sum(exp(zt - max(zt))) in f32  (0 when max(zt) = -inf)
+
+    Args: as ``sample_chunks_nucleus``.
+    """
+    sample_chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, frequency,
+                          repetition, histogram, logit_bias, use_bias, grammar_mask, use_mask,
+                          chunk_max, chunk_arg, chunk_mass, cand_key, cand_id, R, V, W32, C,
+                          KM)
+    P = -(-V // C)
+    for r in range(R):
+        if int(slot[r]) < 0 or not uses_wide(float(temperature[r]), int(top_k[r]), V):
+            continue
+        zt_row = _row_logits(logits, slot, presence, frequency, repetition, histogram,
+                             logit_bias, use_bias, grammar_mask, use_mask, r, V, W32)
+        zt_row = zt_row / np.float32(temperature[r])
+        for c in range(P):
+            zt = zt_row[c * C:min((c + 1) * C, V)]
+            top = zt.max()
+            with np.errstate(under="ignore", invalid="ignore"):
+                e = np.where(zt > -np.inf, np.exp(zt - top), np.float32(0))
+            chunk_mass[r, c] = e.sum(dtype=np.float32) if top > -np.inf else 0.0
+
+
+def _row_logits(logits, slot, presence, frequency, repetition, histogram, logit_bias,
+                use_bias, grammar_mask, use_mask, r, V, W32) -> NDArray[np.float32]:
+    """Row r's biased, penalized, masked f32 logits (as ``sample_biased``)."""
+    s = int(slot[r])
+    allowed = _allowed(grammar_mask[r, :W32], V) if use_mask[r] else None
+    return _processed(logits[r, :V].astype(np.float32, copy=False), histogram[s, :V],
+                      logit_bias[s, :V] if use_bias[r] else None, float(presence[r]),
+                      float(frequency[r]), float(repetition[r]), allowed)
+
+
+def row_normalizer(chunk_max: NDArray[np.float32], chunk_mass: NDArray[np.float32],
+                   temperature: float) -> tuple[np.float32, np.float32]:
+    """One row's ``(zmax, S)`` from its chunks: the largest scaled logit and the softmax
+    normalizer ``sum_c exp(chunk_max[c] / T - zmax) * chunk_mass[c]`` (f32), as
+    ``sample_merge_nucleus``."""
+    t = np.float32(temperature)
+    zmax = chunk_max.max() / t
+    with np.errstate(under="ignore", invalid="ignore"):
+        scale = np.where(chunk_max > -np.inf, np.exp(chunk_max / t - zmax), np.float32(0))
+    return np.float32(zmax), (scale * chunk_mass).sum(dtype=np.float32)
+
+
+def race_slots(p: NDArray[np.float32], hi: int, shift: int, NB: int) -> NDArray[np.int64]:
+    """Probability slots of f32 probabilities ``p``: 0 above bit pattern ``hi``, else
+    ``(hi - bits(p)) >> shift`` + 1, at most ``NB - 1``. Equal probabilities share a slot
+    and slots never increase with p."""
+    b = np.ascontiguousarray(p, np.float32).view(np.int32).astype(np.int64)
+    return np.where(b > hi, 0, np.minimum(((hi - b) >> shift) + 1, NB - 1))
+
+
+def _wide_row(sampled, slot, temperature, top_k, V, r) -> bool:
+    return (int(slot[r]) >= 0 and int(sampled[r]) == UNRESOLVED
+            and uses_wide(float(temperature[r]), int(top_k[r]), V))
+
+
+def sample_race(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    positions: NDArray[np.int32],
+    seed: NDArray[np.uint32],
+    temperature: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    min_p: NDArray[np.float32],
+    presence: NDArray[np.float32],
+    frequency: NDArray[np.float32],
+    repetition: NDArray[np.float32],
+    histogram: NDArray[np.int32],
+    logit_bias: NDArray[np.float32],
+    use_bias: NDArray[np.int32],
+    grammar_mask: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    chunk_max: NDArray[np.float32],
+    chunk_mass: NDArray[np.float32],
+    sampled: NDArray[np.int32],
+    race_level: NDArray[np.int32],
+    race_mass: NDArray[np.float32],
+    race_best: NDArray[np.int32],
+    race_arg: NDArray[np.int32],
+    R: int,
+    V: int,
+    W32: int,
+    C: int,
+    NB: int,
+    LEVEL: int,
+) -> None:
+    """Per (row, chunk, probability slot) of the rows the merge left UNRESOLVED with no
+    top-k: the slot's mass and its best race score and id.
+
+    Reference loop::
+
+        for r with slot[r] >= 0, sampled[r] == UNRESOLVED, uses_wide(T, top_k[r], V):
+            zmax, S = row_normalizer(chunk_max[r], chunk_mass[r], T)
+            if LEVEL == 1: race_level[r] = (bits(f32(1 / S)), RACE_SHIFT)
+            elif race_level[r, 1] < 0: continue              # level 1 gave up on it
+            hi, shift = race_level[r]
+            zt = z / T                                       # z as sample_biased's
+            p = f32(exp(zt - zmax) / S)                       # the reference's p, f32
+            pmin = min_p * f32(1 / S) if min_p > 0 else -1
+            score = log(p) - log(-log(philox_u(seed, position, id)))   # f64; -inf if p < pmin
+            j = race_slots(p, hi, shift, NB)
+            for each chunk c and slot j:                     # over the chunk's ids
+                race_mass[r, c*NB + j] = sum(p)               # f32, 0 if empty
+                race_best[r, c*NB + j] = max(score)           # f64 as (lo, hi) i32 words
+                race_arg[r, c*NB + j] = min id with score == max (INT_MAX if empty)
+
+    Args:
+        logits ... use_mask: as ``sample_biased`` (positions, seed, temperature, top_k,
+            min_p: ``[R]``).
+        chunk_max, chunk_mass: ``[R, P]`` f32 from ``sample_chunks_wide``.
+        sampled: ``[R]`` i32 from the merge (read).
+        race_level: ``[R, 2]`` i32 (slot top bit pattern, shift): written at level 1,
+            read at level 2 (shift < 0: the row is not raced).
+        race_mass: ``[R, P * NB]`` f32, written for raced rows.
+        race_best: ``[R, P * NB * 2]`` i32: f64 scores as little-endian word pairs.
+        race_arg: ``[R, P * NB]`` i32.
+        R, V, W32: as ``sample_biased``. C: ids per chunk. NB: slots (RACE_SLOTS).
+        LEVEL: 1 or 2.
+    """
+    P = -(-V // C)
+    best64 = race_best.view(np.float64)
+    for r in range(R):
+        if not _wide_row(sampled, slot, temperature, top_k, V, r):
+            continue
+        temp = float(temperature[r])
+        zmax, S = row_normalizer(chunk_max[r, :P], chunk_mass[r, :P], temp)
+        if LEVEL == 1:
+            race_level[r] = (int(np.float32(np.float32(1.0) / S).view(np.int32)), RACE_SHIFT)
+        elif race_level[r, 1] < 0:
+            continue
+        hi, shift = int(race_level[r, 0]), int(race_level[r, 1])
+        zt = _row_logits(logits, slot, presence, frequency, repetition, histogram, logit_bias,
+                         use_bias, grammar_mask, use_mask, r, V, W32) / np.float32(temp)
+        with np.errstate(under="ignore", over="ignore", invalid="ignore"):
+            p = np.exp(zt - zmax) / S
+        p = np.where(zt > -np.inf, p, np.float32(0)).astype(np.float32)
+        mp = float(min_p[r])
+        pmin = np.float32(mp) * (np.float32(1.0) / S) if mp > 0.0 else np.float32(-1.0)
+        ids = np.arange(V)
+        u = philox_uniform(int(seed[r, 0]), int(seed[r, 1]), int(positions[r]), ids)
+        with np.errstate(divide="ignore"):
+            score = np.log(p.astype(np.float64)) - np.log(-np.log(u))
+        score = np.where(p >= pmin, score, -np.inf)
+        j = race_slots(p, hi, shift, NB)
+        for c in range(P):
+            lo, up = c * C, min((c + 1) * C, V)
+            jc, pc, sc = j[lo:up], p[lo:up], score[lo:up]
+            mass = np.zeros(NB, np.float32)
+            np.add.at(mass, jc, pc)  # f32, in id order (the device's order differs)
+            best = np.full(NB, -np.inf)
+            np.maximum.at(best, jc, sc)
+            arg = np.full(NB, INT32_MAX, np.int64)
+            win = sc == best[jc]
+            np.minimum.at(arg, jc[win], ids[lo:up][win])
+            race_mass[r, c * NB:(c + 1) * NB] = mass
+            best64[r, c * NB:(c + 1) * NB] = best
+            race_arg[r, c * NB:(c + 1) * NB] = arg
+
+
+INT32_MAX = 2**31 - 1
+
+
+def sample_pick(
+    race_mass: NDArray[np.float32],
+    race_best: NDArray[np.int32],
+    race_arg: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    sampling_decision: NDArray[np.int32],
+    temperature: NDArray[np.float32],
+    top_p: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    histogram: NDArray[np.int32],
+    race_level: NDArray[np.int32],
+    sampled: NDArray[np.int32],
+    R: int,
+    V: int,
+    P: int,
+    NB: int,
+    LEVEL: int,
+) -> None:
+    """Each raced row's token from its slots, when the slots prove it; else at level 1 the
+    uncertain slot for level 2, at level 2 nothing (the row stays UNRESOLVED).
+
+    Reference loop (rows as ``sample_race``'s)::
+
+        M[j] = sum over chunks of race_mass[r, c*NB + j]          # f32
+        best[j], arg[j] = the largest race_best over chunks (lowest arg on ties)
+        e = first j with cumsum(M)[j] >= top_p[r] if top_p[r] < 1, else none
+        if e is none: tok = arg of the largest best (all slots)
+        else:
+            tin, ain = the largest best over slots j < e (lowest arg on ties)
+            if best[e] < tin or (best[e] == tin and ain < arg[e]): tok = ain
+            elif LEVEL == 1 and 1 <= e <= NB - 2:
+                race_level[r] = (hi - (e - 1) << shift, shift - RACE_SPLIT); continue
+            else:
+                if LEVEL == 1: race_level[r, 1] = -1
+                continue                                       # sample_rest draws it
+        sampled[r] = tok; if sampling_decision[r]: histogram[slot[r], tok] += 1
+
+    Every id in slots before ``e`` is in the nucleus (the mass ahead of it is below
+    top_p) and every id after it out (the mass ahead reaches top_p), so the race's
+    winner over the nucleus is ``ain`` whenever it beats every id of slot ``e``.
+
+    Args: ``sample_race``'s outputs, plus slot, sampling_decision, temperature, top_p,
+        top_k (``[R]``) and histogram (``[S, V]``, updated) as ``sample_biased``;
+        race_level ``[R, 2]`` i32 (inout); sampled ``[R]`` i32 (inout). P: chunks per
+        row. NB: slots. LEVEL: 1 or 2.
+    """
+    best64 = race_best.view(np.float64)
+    for r in range(R):
+        if not _wide_row(sampled, slot, temperature, top_k, V, r):
+            continue
+        if LEVEL == 2 and race_level[r, 1] < 0:
+            continue
+        mass = race_mass[r, :P * NB].reshape(P, NB).sum(axis=0, dtype=np.float32)
+        bests = best64[r, :P * NB].reshape(P, NB)
+        args = race_arg[r, :P * NB].reshape(P, NB).astype(np.int64)
+        best = bests.max(axis=0)
+        arg = np.where(bests == best[None, :], args, INT32_MAX).min(axis=0)
+        tp = np.float32(top_p[r])
+        reach = np.flatnonzero(np.cumsum(mass, dtype=np.float32) >= tp) if tp < 1.0 else []
+        e = int(reach[0]) if len(reach) else NB
+        tin = best[:e].max() if e > 0 else -np.inf
+        ain = int(np.where(best[:e] == tin, arg[:e], INT32_MAX).min()) if e > 0 else INT32_MAX
+        if e < NB and not (best[e] < tin or (best[e] == tin and ain < arg[e])):
+            if LEVEL == 1 and 1 <= e <= NB - 2:
+                hi, shift = int(race_level[r, 0]), int(race_level[r, 1])
+                race_level[r] = (hi - ((e - 1) << shift), shift - RACE_SPLIT)
+            elif LEVEL == 1:
+                race_level[r, 1] = -1
+            continue
+        sampled[r] = ain
+        if sampling_decision[r] != 0:
+            histogram[int(slot[r]), ain] += 1
