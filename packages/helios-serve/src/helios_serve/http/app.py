@@ -137,7 +137,8 @@ async def chat_completions(request: Request) -> Response:
     prepared = generation.prepared[0]
     ctx = _context(service, generation, parsed.stream_options,
                    observe_ids=prepared.observe_ids,
-                   observe_timestamps=prepared.observe_timestamps)  # fmt: skip
+                   observe_timestamps=prepared.observe_timestamps,
+                   prompt_logprobs=prepared.prompt_logprobs is not None)  # fmt: skip
     return await _deliver(request, generation, ChatShapes(ctx, service.pieces),
                           bool(parsed.stream))  # fmt: skip
 
@@ -157,7 +158,8 @@ async def completions(request: Request) -> Response:
     generation = await service.generate(service.preparer.completion, inputs, id_prefix="cmpl",
                                         ingress_ns=ingress_ns)  # fmt: skip
     ctx = _context(service, generation, parsed.stream_options, echo=bool(parsed.echo),
-                   prompt_texts=tuple(p.prompt_text for p in generation.prepared))  # fmt: skip
+                   prompt_texts=tuple(p.prompt_text for p in generation.prepared),
+                   echo_only=parsed.max_tokens == 0)  # fmt: skip
     return await _deliver(request, generation, CompletionShapes(ctx, service.pieces),
                           bool(parsed.stream))  # fmt: skip
 
