@@ -2,7 +2,8 @@
 
 Routes: POST /v1/chat/completions and /v1/completions (JSON and SSE), POST /v1/messages
 and /v1/messages/count_tokens (Anthropic's, `messages_api`), GET /v1/models
-and /v1/models/{id}, POST /tokenize and /detokenize (vLLM's shapes), GET /version,
+and /v1/models/{id}, POST /tokenize and /detokenize and GET /tokenizer_info (vLLM's
+shapes: what lm-eval's remote tokenizer reads), GET /version,
 /health, /metrics, /openapi.json and /docs; the Responses API's routes are
 `responses_api`'s. Handlers parse (`schema`), admit and
 submit (`service`), and deliver (`delivery`); errors become OpenAI-style bodies with the
@@ -238,6 +239,24 @@ async def detokenize(request: Request) -> dict[str, Any]:
     return {"prompt": tok.decode(parsed.tokens, skip_special_tokens=False)}
 
 
+@get("/tokenizer_info", guards=PROTECTED)
+async def tokenizer_info(request: Request) -> dict[str, Any]:
+    """vLLM's /tokenizer_info: the special tokens, chat template and context extent
+    (lm-eval's `local-completions` detects /tokenizer_info and /tokenize and tokenizes
+    through them)."""
+    service = _service(request)
+    names = service.bootstrap.template_variables
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": names.get("eos_token"),
+        "bos_token": names.get("bos_token"),
+        "pad_token": names.get("pad_token"),
+        "unk_token": names.get("unk_token"),
+        "chat_template": service.bootstrap.chat_template,
+        "model_max_length": service.engine.geometry.context_tokens,
+    }
+
+
 def _package_version() -> str:
     """The installed helios-serve distribution's version; "unknown" when the package runs
     from a source tree on PYTHONPATH without distribution metadata (the GPU machine)."""
@@ -302,7 +321,7 @@ def build_app(service: ApiService) -> Litestar:
 
     app = Litestar(
         route_handlers=[chat_completions, completions, list_models, retrieve_model, tokenize,
-                        detokenize, version, health, metrics, openapi.openapi_json,
+                        detokenize, tokenizer_info, version, health, metrics, openapi.openapi_json,
                         openapi.docs_asset, *responses_api.ROUTES, *messages_api.ROUTES],
         lifespan=[lifespan],
         middleware=[access.middleware],
