@@ -40,9 +40,8 @@ def test_multiple_choice_task_runs_against_the_server(real_server, tmp_path, mon
     samples = results["samples"]["helios_capitals"]
     assert len(samples) == 4
     for sample in samples:
-        # one loglikelihood per choice (lm-eval's filter keeps it of (ll, is_greedy)),
-        # each finite and negative
-        scores = [float(resp) for resp in sample["filtered_resps"]]
+        # one (loglikelihood, is_greedy) per choice, each loglikelihood finite and < 0
+        scores = [resp[0] for resp in sample["filtered_resps"]]
         assert len(scores) == 4 and all(-100 < s < 0 for s in scores)
     acc = results["results"]["helios_capitals"]["acc,none"]
     assert acc == sum(s["acc"] for s in samples) / 4
