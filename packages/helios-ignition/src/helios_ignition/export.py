@@ -192,9 +192,9 @@ class Carrier:
 def fit_context(recipe: Recipe, max_context_tokens: int) -> Recipe:
     """The recipe with its context capped at the checkpoint's trained context.
 
-    The cap is rounded down to whole pages; prefill chunk capacities and the default
-    output limit longer than the capped context shrink with it (the contract requires
-    chunk <= context and max_output_tokens <= context).
+    The cap is rounded down to whole pages; prefill and scored chunk capacities and the
+    default output limit longer than the capped context shrink with it (the contract
+    requires chunk <= context and max_output_tokens <= context).
 
     Raises:
         ExportError: no prefill chunk capacity fits in the checkpoint's context.
@@ -210,8 +210,10 @@ def fit_context(recipe: Recipe, max_context_tokens: int) -> Recipe:
                           f"capacity {caps.prefill_tokens} of recipe {recipe.name}")
     sampling = replace(recipe.sampling,
                        max_output_tokens=min(recipe.sampling.max_output_tokens, context))
+    scored = tuple(t for t in caps.scored_tokens if t <= context)
     return replace(recipe, capacities=replace(caps, context_tokens=context,
-                                              prefill_tokens=prefill), sampling=sampling)
+                                              prefill_tokens=prefill, scored_tokens=scored),
+                   sampling=sampling)
 
 
 def check_contract(contract: cpb.ServingContract, manifest) -> None:
