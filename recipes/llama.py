@@ -29,6 +29,7 @@ def make_recipe(checkpoint) -> Recipe:
         capacities=Capacities(decode_batch=(1, 2, 4, 8, 16, 32, 64),
                               prefill_tokens=(16, 128, 1024), prefill_rows=8,
                               context_tokens=4096, page_tokens=16, prepared_pages=2048,
-                              prepared_snapshots=256, host_tier=True, transfer_rows=64),
+                              prepared_snapshots=256, host_tier=True, transfer_rows=64,
+                              scored_tokens=(16, 128)),
         weight_dtype="bf16",
     )

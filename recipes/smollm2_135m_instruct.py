@@ -15,7 +15,8 @@ Sampling defaults follow the model card's generation example (temperature 0.2, t
 0.9). Every ChatML message ends with "<|im_end|>\n": a reusable prefix boundary
 (exact-endpoint snapshots there); 64 continuation rows, a host tier and 512-row transfer
 programs (one request's whole 8,192-token history per TRANSFER step: a swap-in is one
-step per route).
+step per route). SCORED_PREFILL programs of 16 and 64 tokens serve prompt log
+probabilities.
 """
 
 from helios_contract.schema import frontend_pb2 as fe
@@ -122,6 +123,9 @@ RECIPE = Recipe(
         prepared_snapshots=64,
         host_tier=True,
         transfer_rows=512,
+        # Prompt log probabilities (completions echo + logprobs, chat prompt_logprobs):
+        # scored prefill chunks of up to 64 tokens (a [64, 49152] f32 logits scratch).
+        scored_tokens=(16, 64),
     ),
     serving=ServingDefaults(
         max_active=8, queue_capacity=64, frontend_workers=2, event_capacity=256

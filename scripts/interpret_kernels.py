@@ -11,6 +11,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py gemv          # the batch-1 GEMV variants only
     uv run python scripts/interpret_kernels.py attention     # split decode attention layouts
     uv run python scripts/interpret_kernels.py mma           # packed terms, K split, reduce
+    uv run python scripts/interpret_kernels.py scores        # score_tokens (scored prefill)
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -68,6 +69,16 @@ def _bitwise(self, lhs, rhs, op):  # scalar comparisons come back as non-bool ar
 
 
 interp.InterpreterBuilder.binary_op = _bitwise
+_constexpr_sub = tl.constexpr.__sub__
+
+
+def _sub(self, other):  # `INT_MAX - idx` (a constexpr minus a tensor) must be a tensor
+    if isinstance(other, tl.tensor):
+        return tl.full((), self.value, other.dtype) - other
+    return _constexpr_sub(self, other)
+
+
+tl.constexpr.__sub__ = _sub
 
 from helios_ignition.capture.launch import launch_config  # noqa: E402
 from helios_ignition.kernels_triton import TRITON_KERNELS  # noqa: E402
@@ -567,6 +578,27 @@ def check_mma(rng) -> bool:
     return ok
 
 
+def check_scores(rng, V: int) -> bool:
+    """score_tokens (SCORED_PREFILL's log-softmax gather of the targets) against its NumPy
+    reference: tokens with target -1 stay poisoned, a tie at the top keeps ids ascending."""
+    T, TOP = 7, 20
+    logits = (rng.standard_normal((T, V)) * 4).astype(np.float32)
+    logits[3, 10:40] = 30.0
+    targets = rng.integers(0, V, T).astype(np.int32)
+    targets[[1, 6]] = -1
+    ref = np.full((T, 1 + TOP), np.nan, np.float32)
+    ref_ids = np.full((T, TOP), -7, np.int32)
+    K.score_tokens(logits, targets, ref, ref_ids, T, V, TOP)
+    got = np.full((T, 1 + TOP), np.nan, np.float32)
+    ids = np.full((T, TOP), -7, np.int32)
+    launch("score_tokens", logits, targets, got, ids, T, V, TOP)
+    ok = (np.array_equal(ids, ref_ids) and np.array_equal(np.isnan(got), np.isnan(ref))
+          and bool(np.nanmax(np.abs(got - ref)) < 2e-5) and ids[3].tolist() == list(range(10, 30)))
+    print(f"score_tokens V={V}: {'ok' if ok else 'MISMATCH'} "
+          f"(max |err| {float(np.nanmax(np.abs(got - ref))):.2e})")
+    return ok
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     np.seterr(divide="ignore", under="ignore", invalid="ignore")
@@ -583,6 +615,8 @@ def main() -> None:
         sys.exit(0 if check_attention(rng) else 1)
     if sys.argv[1:] == ["mma"]:
         sys.exit(0 if check_mma(rng) else 1)
+    if sys.argv[1:] == ["scores"]:
+        sys.exit(0 if all([check_scores(rng, V) for V in (300, 4097)]) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)
@@ -591,6 +625,7 @@ def main() -> None:
         ok &= check_nucleus(full=False)
         ok &= check_wide(full=False)
         ok &= check_attention(rng)
+        ok &= check_scores(rng, 4097)
     for V in (4100, 300):
         ok &= check_candidate_masks(rng, V)
     ok &= check_verify_cut(rng, 300)

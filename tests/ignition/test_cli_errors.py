@@ -92,6 +92,25 @@ def test_failures_are_one_line_with_their_status(args, status, line, tmp_path):
     assert _one_line(proc) == line
 
 
+@pytest.mark.parametrize(("more", "line"), [
+    ([], "ignition: error: no checkpoint: pass --checkpoint PATH|smollm2 or --random-weights"),
+    (["--checkpoint", "smollm2", "--geometry", "smollm2-135m"],
+     "ignition: error: --geometry applies only with --random-weights"),
+    (["--random-weights", "7"], "ignition: error: --random-weights needs --geometry "
+     "(smollm2-135m or llama-3.1-8b)"),
+    (["--checkpoint", "smollm2", "--protected-version", "4"],
+     "ignition: error: --protected-version applies only with --carrier logical"),
+], ids=["no checkpoint", "geometry alone", "random without geometry", "carrier options"])
+def test_options_that_do_not_go_together_are_usage_errors(key, tmp_path, more, line):
+    """Missing or conflicting options are usage (exit 2, as the CLI documents), not a
+    failed export (1): they were exit 1 before."""
+    proc = _ignition("export", RECIPE, "--key", key, "--namespace", "a.example/m", "--out",
+                     tmp_path / "x.core", *more)
+    assert proc.returncode == 2
+    assert _one_line(proc) == line
+    assert not (tmp_path / "x.core").exists()
+
+
 def test_an_internal_error_is_one_line_exit_3(key, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise KeyError("graph")

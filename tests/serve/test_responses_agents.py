@@ -3,9 +3,10 @@ scripted backend with think-tag reasoning and JSON_IN_TAGS tool calls
 (tests/serve/test_responses_api.py::ToolsServer): a tool call the SDK runs and answers,
 and a structured `output_type`.
 
-Tools and `output_type` are separate agents here: with a JSON-schema answer and
-tool_choice "auto", the chat path's grammar (frontend/grammar.py) admits the JSON answer
-only, so such a turn cannot call a tool on a JSON_IN_TAGS core.
+Tools and `output_type` are separate agents here. (With both, a turn calls a tool or
+answers in the schema, as OpenAI's: frontend/grammar.py admits either and
+tests/serve/frontend/test_answer_or_calls.py drives both; this scripted server's tag
+pieces are refused by any grammar's mask, tests/serve/test_tools_with_response_format.py.)
 """
 
 from __future__ import annotations

@@ -150,6 +150,23 @@ def split_final_norm(serving, manifest):
     norm.rank_weight_resource_ids.extend(["weights/final_norm"] * 3)
 
 
+def drop_score_targets(serving, manifest):
+    """A SCORED_PREFILL graph that binds no targets (its score_tokens would read stale
+    ones)."""
+    g = graph(serving, "scored_t16")
+    keep = [b for b in g.bindings if b.source != c.VALUE_SOURCE_SCORED_TARGET_TOKENS]
+    del g.bindings[:]
+    g.bindings.extend(keep)
+
+
+def targets_in_prefill(serving, manifest):
+    """Target tokens bound in a plain PREFILL graph (only scored programs read them)."""
+    scored = graph(serving, "scored_t16")
+    bound = next(b for b in scored.bindings if b.source == c.VALUE_SOURCE_SCORED_TARGET_TOKENS)
+    graph(serving, "prefill_t16").bindings.append(bound)
+    program(manifest, "prefill_t16").transports.add(destination=bound.destination, nbytes=64)
+
+
 CASES: dict[str, Case] = {
     # contract and manifest rules (PreparedContract.from_contract)
     "graph variant missing": Case("graph.missing", drop_program("decode_b2")),
@@ -165,6 +182,20 @@ CASES: dict[str, Case] = {
         lambda s, mf: setattr(s.model.cache.page_table_views[0], "page_offset", -1)),
     "uncaptured speculative width": Case("capacity.speculative_width",
                                          lambda s, mf: s.speculative_widths.append(4)),
+    # SCORED_PREFILL programs (prompt log probabilities)
+    "scored graph without targets": Case("scored.targets", drop_score_targets),
+    "targets bound in a prefill graph": Case("scored.targets", targets_in_prefill),
+    "scored program without its scores record": Case(
+        "scored.record",
+        lambda s, mf: program(mf, "scored_t16").completion.ClearField("scores_buffer")),
+    "scores record in a decode program": Case(
+        "scored.record",
+        lambda s, mf: setattr(program(mf, "decode_b1").completion, "scores_buffer",
+                              "out.scores")),
+    "scores ids of the wrong dtype": Case(
+        "scored.record",
+        lambda s, mf: setattr(program(mf, "scored_t16").completion, "score_ids_buffer",
+                              "out.logprobs")),
     # capability tables (NativeModel.load)
     "graph never scheduled": Case("runtime.operation",
                                   set_operation("decode_b1", c.OPERATION_MIXED)),

@@ -25,18 +25,18 @@ from helios_ignition.checkpoint import (
     TensorShapeError,
     UnsupportedTensorError,
 )
-from helios_ignition.export import ExportError, export_core
+from helios_ignition.export import ExportError, ExportUsageError, export_core
 from helios_ignition.recipe import RecipeError
 
 from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, TINY, run_export
 
 RECIPE_SOURCE = '''
 from helios_contract.schema import frontend_pb2 as fe
-from helios_ignition.recipe import Recipe
+from helios_ignition.recipe import Capacities, Recipe
 
 RECIPE = Recipe(
     name="custom", family={family!r}, checkpoint="unused", weight_dtype={dtype!r},
-    chat_template={template!r},
+    chat_template={template!r}, capacities=Capacities(scored_tokens={scored!r}),
     frontend=fe.FrontendContract(tool_parser={tool}, reasoning_parser={reasoning},
                                  image_preparation=fe.IMAGE_PREPARATION_NONE,
                                  image_layout=fe.IMAGE_LAYOUT_NONE))
@@ -47,11 +47,12 @@ BROKEN_TEMPLATE = "{% if %}{{ messages }}"
 def write_recipe(folder: Path, *, family: str = "llama", dtype: str = "f32",
                  tool: str = "fe.TOOL_PARSER_NONE",
                  reasoning: str = "fe.REASONING_PARSER_NONE",
-                 template: str | None = None) -> Path:
+                 template: str | None = None, scored_tokens: tuple[int, ...] = ()) -> Path:
     """A recipe file declaring one thing differently from a valid one."""
     path = folder / "custom_recipe.py"
     path.write_text(RECIPE_SOURCE.format(family=family, dtype=dtype, tool=tool,
-                                         reasoning=reasoning, template=template))
+                                         reasoning=reasoning, template=template,
+                                         scored=scored_tokens))
     return path
 
 
@@ -78,6 +79,7 @@ class Case:
     setup: Callable[[Env], tuple[str, ...]]  # edits env.kwargs, returns message fragments
     error: type[Exception]
     cli: bool = True  # False: the CLI refuses it as a usage error first (tested apart)
+    status: int = 1  # the CLI's exit status: 1 the export failed, 2 usage
 
 
 def _shape_mismatch(env: Env) -> tuple[str, ...]:
@@ -303,6 +305,12 @@ def _gguf_without_blocks(env: Env) -> tuple[str, ...]:
     return ("--weight-dtype gguf", str(env.checkpoint), "stores no matrix in GGUF blocks")
 
 
+def _scored_beyond_prefill(env: Env) -> tuple[str, ...]:
+    env.kwargs["recipe_path"] = write_recipe(env.tmp, scored_tokens=(16, 4096))
+    return ("capacities.scored_tokens must be ascending positive and at most the largest "
+            "prefill capacity", "(16, 4096)")
+
+
 def _checkpoint_path_missing(env: Env) -> tuple[str, ...]:
     env.kwargs["checkpoint"] = path = env.tmp / "absent-checkpoint"
     return (str(path), "neither a .gguf file nor a safetensors directory")
@@ -342,10 +350,14 @@ CASES = [
     Case("key is the public key", _public_key_as_key, ExportError),
     Case("key is not PEM", _garbage_key, ExportError),
     Case("namespace empty", _empty_namespace, ExportError),
-    Case("random weights without geometry", _random_without_geometry, ExportError),
-    Case("checkpoint with random weights", _checkpoint_and_random, ExportError),
-    Case("geometry without random weights", _geometry_without_random, ExportError),
-    Case("no checkpoint", _no_checkpoint, ExportError),
+    # options that do not go together: usage (ExportUsageError, an ExportError)
+    Case("random weights without geometry", _random_without_geometry, ExportUsageError,
+         status=2),
+    Case("checkpoint with random weights", _checkpoint_and_random, ExportUsageError, status=2),
+    Case("geometry without random weights", _geometry_without_random, ExportUsageError,
+         status=2),
+    Case("no checkpoint", _no_checkpoint, ExportUsageError, status=2),
+    Case("scored capacity beyond the prefill chunk", _scored_beyond_prefill, RecipeError),
     Case("geometry unknown", _unknown_geometry, CheckpointError),
     Case("checkpoint path missing", _checkpoint_path_missing, CheckpointNotFoundError),
     Case("gguf weights from a checkpoint without blocks", _gguf_without_blocks, ExportError),
@@ -407,7 +419,7 @@ def test_cli_refuses(case: Case, env: Env):
     fragments = case.setup(env)
     before = snapshot(env.out_dir)
     result = run_export(*cli_args(env.kwargs))
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == case.status, result.output
     assert isinstance(result.exception, SystemExit), result.exception  # not a crash
     assert result.stdout == ""  # no summary line
     errors = [line for line in result.stderr.splitlines()

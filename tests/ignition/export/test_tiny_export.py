@@ -76,9 +76,11 @@ def test_cli_summary(exported):
     result, out = exported
     assert result.exit_code == 0, result.output
     # Checkpoint context 520 tokens: capped to 512 (whole pages); the 1024 chunk is dropped.
-    # 9 generation graphs and the recipe's 5 RESTORE programs (one per transfer route).
-    assert result.stdout.startswith(f"wrote {out} (payload core): served id tiny-llama, 14 graphs ")
-    assert "prefill_t128, transfer_" in result.stdout and "prefill_t1024" not in result.stdout
+    # 9 generation graphs, 2 SCORED_PREFILL graphs and the recipe's 5 RESTORE programs
+    # (one per transfer route).
+    assert result.stdout.startswith(f"wrote {out} (payload core): served id tiny-llama, 16 graphs ")
+    assert "prefill_t128, scored_t16, scored_t128, transfer_" in result.stdout
+    assert "prefill_t1024" not in result.stdout
     assert "17 resources" in result.stdout
     assert "weights read: 15/15 (100%)\n" in result.stderr
     assert "bytes written: " in result.stderr and "MiB (100%)\n" in result.stderr

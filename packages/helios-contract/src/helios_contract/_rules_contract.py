@@ -335,6 +335,34 @@ def _bindings(serving: pb.ServingContract, graph: pb.GraphContract, path: str) -
                     f"page tables are written to page-table view buffers {sorted(page_tables)}")
 
 
+def _scored_targets(graph: pb.GraphContract, path: str) -> Findings:
+    """A SCORED_PREFILL graph scores each packed token against its target (the next
+    prompt token): it binds VALUE_SOURCE_SCORED_TARGET_TOKENS per packed token, padding
+    -1 (no target: nothing is written for that token). No other operation binds targets
+    (the specification, "Host values and graph state": scored-prefill target tokens)."""
+    scored = graph.operation == pb.OPERATION_SCORED_PREFILL
+    targets = [(i, b) for i, b in enumerate(graph.bindings)
+               if b.source == pb.VALUE_SOURCE_SCORED_TARGET_TOKENS]
+    if scored and not targets:
+        yield F("scored.targets", BindingError, f"{path}.bindings",
+                "no VALUE_SOURCE_SCORED_TARGET_TOKENS",
+                "SCORED_PREFILL graphs bind the target token of every packed token")
+    for i, binding in targets:
+        here = f"{path}.bindings[{i}]"
+        if not scored:
+            yield F("scored.targets", BindingError, f"{here}.source",
+                    "VALUE_SOURCE_SCORED_TARGET_TOKENS",
+                    f"only SCORED_PREFILL graphs bind target tokens, not "
+                    f"{enum_name(pb.Operation, graph.operation)}")
+        elif binding.indexing != pb.INDEXING_PACKED_TOKEN:
+            yield F("scored.targets", BindingError, f"{here}.indexing",
+                    enum_name(pb.Indexing, binding.indexing),
+                    "target tokens are indexed per packed token (INDEXING_PACKED_TOKEN)")
+        elif binding.padding != -1 or binding.offset:
+            yield F("scored.targets", BindingError, f"{here}.padding", binding.padding,
+                    "target tokens pad with -1 (no target) and take no offset")
+
+
 def _speculative(graph: pb.GraphContract, path: str) -> Findings:
     rule = "speculative.extent"
     if graph.operation != pb.OPERATION_SPECULATIVE:
@@ -492,5 +520,6 @@ def graphs(serving: pb.ServingContract) -> Findings:
             yield F("graph.cursor_lag", ExtentError, f"{path}.completion_cursor.lag_tokens",
                     cursor.lag_tokens, "a graph without a draft cursor has no cursor lag")
         yield from _bindings(serving, graph, path)
+        yield from _scored_targets(graph, path)
         yield from _speculative(graph, path)
         yield from _pending_token(graph, path)

@@ -526,6 +526,41 @@ def tuned(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
                     f"manifest graph {graph.name!r} depends on producers {physical}")
 
 
+def scores(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
+    """SCORED_PREFILL programs, and only they, name their per-token scores record:
+    scores_buffer F32 [>= token_capacity, 1 + top_logprobs] and score_ids_buffer I32
+    [>= token_capacity, top_logprobs] (manifest.proto CompletionLayout)."""
+    for g in serving.model.graphs:
+        program = names.programs.get(g.name)
+        if program is None:
+            continue
+        done = program.completion
+        path = f"manifest.graphs[{names.program_index[g.name]}].completion"
+        if g.operation != pb.OPERATION_SCORED_PREFILL:
+            for fd in ("scores_buffer", "score_ids_buffer"):
+                if getattr(done, fd):
+                    yield F("scored.record", BindingError, f"{path}.{fd}", getattr(done, fd),
+                            f"only SCORED_PREFILL programs record prompt scores, not "
+                            f"{enum_name(pb.Operation, g.operation)}")
+            continue
+        k = done.top_logprobs
+        for fd, dtype, width in (("scores_buffer", mpb.D_TYPE_F32, 1 + k),
+                                 ("score_ids_buffer", mpb.D_TYPE_I32, k)):
+            name = getattr(done, fd)
+            buffer = names.buffers.get(name) if name else None
+            if not name:
+                yield F("scored.record", MissingFieldError, f"{path}.{fd}", "",
+                        "SCORED_PREFILL programs name their per-token scores record")
+            elif buffer is None:
+                yield _unknown_buffer(f"{path}.{fd}", name)
+            elif buffer.dtype != dtype or len(buffer.shape) != 2 or \
+                    buffer.shape[0] < g.token_capacity or buffer.shape[1] != width:
+                yield F("scored.record", ViewBoundsError, f"{path}.{fd}",
+                        f"{enum_name(mpb.DType, buffer.dtype)}{list(buffer.shape)}",
+                        f"{name!r} is {enum_name(mpb.DType, dtype)} [>= {g.token_capacity} "
+                        f"packed tokens, {width}]")
+
+
 def confidence(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
     """Confidence programs have the framed F32 proposal_confidence storage, and exactly
     they name it as their completion's confidence_buffer (the record the host reads)."""
@@ -584,6 +619,7 @@ def manifest_findings(serving: pb.ServingContract, manifest: mpb.ExecutionManife
     yield from tier_plane_findings(serving, names.buffers)
     yield from tuned(serving, names)
     yield from confidence(serving, names)
+    yield from scores(serving, names)
     yield from speculative_programs(serving, names)
     yield from buffers(manifest)
     yield from collectives(manifest)

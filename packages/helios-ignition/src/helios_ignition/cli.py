@@ -3,7 +3,9 @@
 Every failure is one line on stderr, `ignition: error: ...`, and an exit status:
 
     1  the export failed (recipe, checkpoint, key, kernels, writing the core)
-    2  usage: an unknown option or a bad value (e.g. `--target sm_xx`), or `--out` exists
+    2  usage: an unknown option, a bad value (e.g. `--target sm_xx`), a missing or
+       conflicting option (no `--checkpoint` nor `--random-weights`, `--geometry` without
+       `--random-weights`, carrier options that do not go together), or `--out` exists
        without `--force`
     3  an internal error (a bug): the line names the exception; IGNITION_TRACEBACK=1
        prints the traceback too
@@ -21,7 +23,7 @@ import click
 from helios_tools.progress import StepProgress
 
 from .checkpoint import CheckpointError
-from .export import ExportError, export_core
+from .export import ExportError, ExportUsageError, export_core
 from .kernels_aot import KernelCompileError, parse_target
 from .recipe import RecipeError, SplitTuning
 
@@ -148,6 +150,8 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
                                   chunked_sampling=chunked_sampling,
                                   tensor_parallel=tensor_parallel,
                                   progress=progress.update)
+    except ExportUsageError as exc:  # options that do not go together: nothing was read
+        raise click.UsageError(str(exc)) from None
     except _EXPORT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {summary.path} ({summary.format}): served id {summary.served_id}, "

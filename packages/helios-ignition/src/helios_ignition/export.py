@@ -63,6 +63,11 @@ class ExportError(ValueError):
     """Export cannot proceed; the message names the input at fault."""
 
 
+class ExportUsageError(ExportError):
+    """The export's options do not go together or one is missing (`ignition export`
+    exits with its usage status, 2); nothing was read."""
+
+
 @dataclass(frozen=True)
 class ExportSummary:
     """What an export wrote (sizes in bytes, time in seconds)."""
@@ -95,14 +100,14 @@ def open_checkpoint(spec: str | None, random_seed: int | None, geometry: str | N
     """
     if random_seed is not None:
         if spec:
-            raise ExportError("--checkpoint and --random-weights are exclusive")
+            raise ExportUsageError("--checkpoint and --random-weights are exclusive")
         if not geometry:
-            raise ExportError("--random-weights needs --geometry (smollm2-135m or llama-3.1-8b)")
+            raise ExportUsageError("--random-weights needs --geometry (smollm2-135m or llama-3.1-8b)")
         return random_checkpoint(geometry, random_seed)
     if geometry:
-        raise ExportError("--geometry applies only with --random-weights")
+        raise ExportUsageError("--geometry applies only with --random-weights")
     if not spec:
-        raise ExportError("no checkpoint: pass --checkpoint PATH|smollm2 or --random-weights")
+        raise ExportUsageError("no checkpoint: pass --checkpoint PATH|smollm2 or --random-weights")
     if spec == "smollm2":
         return load_gguf(smollm2_gguf_path())
     return load_checkpoint(spec)
@@ -148,24 +153,24 @@ class Carrier:
         """
 
         if carrier not in CARRIERS:
-            raise ExportError(f"--carrier must be one of {', '.join(CARRIERS)}, not {carrier!r}")
+            raise ExportUsageError(f"--carrier must be one of {', '.join(CARRIERS)}, not {carrier!r}")
         if carrier == "payload":
             if protected_version is not None:
-                raise ExportError("--protected-version applies only with --carrier logical")
+                raise ExportUsageError("--protected-version applies only with --carrier logical")
             if resource_key_path is not None:
-                raise ExportError("--resource-key applies only with --carrier logical "
+                raise ExportUsageError("--resource-key applies only with --carrier logical "
                                   "--protected-version 4")
             return cls()
         version = 6 if protected_version is None else protected_version
         if version not in PROTECTED_VERSIONS:
-            raise ExportError(f"--protected-version must be 6 or 4, not {version}")
+            raise ExportUsageError(f"--protected-version must be 6 or 4, not {version}")
         if version == 6:
             if resource_key_path is not None:
-                raise ExportError("--resource-key applies only with --protected-version 4 "
+                raise ExportUsageError("--resource-key applies only with --protected-version 4 "
                                   "(version 6 resources are not encrypted)")
             return cls("logical", 6)
         if resource_key_path is None:
-            raise ExportError("--protected-version 4 needs --resource-key FILE (32 random "
+            raise ExportUsageError("--protected-version 4 needs --resource-key FILE (32 random "
                               "bytes: `helios-tools keygen --aes --out FILE`)")
         try:
             key = load_resource_key(resource_key_path)
@@ -187,9 +192,9 @@ class Carrier:
 def fit_context(recipe: Recipe, max_context_tokens: int) -> Recipe:
     """The recipe with its context capped at the checkpoint's trained context.
 
-    The cap is rounded down to whole pages; prefill chunk capacities and the default
-    output limit longer than the capped context shrink with it (the contract requires
-    chunk <= context and max_output_tokens <= context).
+    The cap is rounded down to whole pages; prefill and scored chunk capacities and the
+    default output limit longer than the capped context shrink with it (the contract
+    requires chunk <= context and max_output_tokens <= context).
 
     Raises:
         ExportError: no prefill chunk capacity fits in the checkpoint's context.
@@ -205,8 +210,10 @@ def fit_context(recipe: Recipe, max_context_tokens: int) -> Recipe:
                           f"capacity {caps.prefill_tokens} of recipe {recipe.name}")
     sampling = replace(recipe.sampling,
                        max_output_tokens=min(recipe.sampling.max_output_tokens, context))
+    scored = tuple(t for t in caps.scored_tokens if t <= context)
     return replace(recipe, capacities=replace(caps, context_tokens=context,
-                                              prefill_tokens=prefill), sampling=sampling)
+                                              prefill_tokens=prefill, scored_tokens=scored),
+                   sampling=sampling)
 
 
 def check_contract(contract: cpb.ServingContract, manifest) -> None:

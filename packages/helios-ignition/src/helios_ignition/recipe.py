@@ -38,6 +38,12 @@ class Capacities:
         prepared_snapshots: continuation rows for exact-endpoint snapshots (the
             load-time default; 0: no continuation storage, no snapshots).
         host_tier: declare host-tier planes (sized at load by the host cache capacity).
+        scored_tokens: SCORED_PREFILL packed-token capacities, ascending, each at most the
+            largest prefill capacity (empty: no scored programs, so no prompt log
+            probabilities). A scored program is its prefill variant plus the LM head over
+            every packed token and a log-softmax gather of each token's target (the next
+            prompt token): it holds an f32 [tokens, vocab] logits scratch, so its
+            capacities stay small.
         transfer_rows: rows one captured RESTORE program copies (0: no transfer programs,
             so neither snapshots nor a host tier). A TRANSFER step holds this many copies
             per route, so `context_tokens // page_tokens` (one request's whole history)
@@ -54,6 +60,7 @@ class Capacities:
     prepared_snapshots: int = 0
     host_tier: bool = False
     transfer_rows: int = 0
+    scored_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -220,6 +227,12 @@ def validate_recipe(recipe: Recipe) -> None:
         if not values or list(values) != sorted(set(values)) or values[0] < 1:
             raise RecipeError(f"recipe {recipe.name}: capacities.{label} must be ascending "
                               f"positive and non-empty, got {values}")
+    scored = caps.scored_tokens
+    if scored and (list(scored) != sorted(set(scored)) or scored[0] < 1
+                   or scored[-1] > caps.prefill_tokens[-1]):
+        raise RecipeError(f"recipe {recipe.name}: capacities.scored_tokens must be ascending "
+                          f"positive and at most the largest prefill capacity "
+                          f"({caps.prefill_tokens[-1]}), got {scored}")
     if caps.context_tokens % caps.page_tokens:
         raise RecipeError(f"recipe {recipe.name}: context_tokens {caps.context_tokens} is not "
                           f"a multiple of page_tokens {caps.page_tokens}")

@@ -35,6 +35,23 @@ class Output:
 
 
 @dataclass(frozen=True)
+class PromptScores:
+    """Log probabilities of prompt tokens (requests asking for prompt logprobs), in
+    prompt order from the second token (the first has none), as a scored prefill chunk
+    completes; each choice's first Output follows its last PromptScores. Every choice of
+    a prompt shares them: they are published for the prompt's first choice.
+
+    Attributes:
+        logprobs: per scored prompt token, its log probability under the model's raw
+            distribution after the tokens before it, and the requested alternatives.
+        choice: the prompt's first choice.
+    """
+
+    logprobs: tuple[TokenLogprob, ...]
+    choice: int = 0
+
+
+@dataclass(frozen=True)
 class TokenObserved:
     """One generated id (observed requests only), EOS and stop tokens included.
 
@@ -87,7 +104,7 @@ class Failed:
     message: str
 
 
-Event = Output | TokenObserved | Finished | Rejected | Failed
+Event = Output | PromptScores | TokenObserved | Finished | Rejected | Failed
 TERMINAL_EVENTS = (Finished, Rejected, Failed)
 
 

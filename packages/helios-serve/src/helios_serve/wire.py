@@ -17,6 +17,7 @@ whose first element names the event:
     Finished       [2, choice, reason, prompt_tokens, completion_tokens, reused_prompt_tokens]
     Rejected       [3, message, admission reason | None]
     Failed         [4, message]
+    PromptScores   [5, choice, logprobs]
 
 A delta is [0, text] (content), [1, text] (reasoning), [2, index, id, name] (tool call
 start) or [3, index, text] (tool call arguments). An Output of a relayed choice (one
@@ -41,6 +42,7 @@ from helios_serve.events import (
     FinishReason,
     GenerationRequest,
     Output,
+    PromptScores,
     Rejected,
     TokenObserved,
 )
@@ -162,8 +164,8 @@ def encode_event(e: Event) -> list:
     if type(e) is Output:
         tokens = [d.token_id for d in e.deltas if type(d) is TokenDelta]
         deltas = None if tokens else [encode_delta(d) for d in e.deltas]
-        logprobs = [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in e.logprobs]
-        return [0, e.choice, e.completion_tokens, deltas, tokens or None, logprobs]
+        return [0, e.choice, e.completion_tokens, deltas, tokens or None,
+                _encode_logprobs(e.logprobs)]
     if type(e) is TokenObserved:
         return [1, e.choice, e.token_id, e.timestamp_ns]
     if type(e) is Finished:
@@ -173,7 +175,13 @@ def encode_event(e: Event) -> list:
         return [3, e.message, None if e.reason is None else e.reason.value]
     if type(e) is Failed:
         return [4, e.message]
+    if type(e) is PromptScores:
+        return [5, e.choice, _encode_logprobs(e.logprobs)]
     raise TypeError(f"not an event: {e!r}")
+
+
+def _encode_logprobs(logprobs: tuple[TokenLogprob, ...]) -> list:
+    return [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in logprobs]
 
 
 def decode_logprobs(x: list) -> tuple[TokenLogprob, ...]:
@@ -194,4 +202,6 @@ def decode_event(x: list) -> Event:
         return Finished(FinishReason(x[2]), x[3], x[4], x[5], x[1])
     if kind == 3:
         return Rejected(x[1], None if x[2] is None else AdmissionReason(x[2]))
+    if kind == 5:
+        return PromptScores(decode_logprobs(x[2]), x[1])
     return Failed(x[1])

@@ -64,6 +64,7 @@ from helios_serve.events import (
     FinishReason,
     GenerationRequest,
     Output,
+    PromptScores,
     Rejected,
     TokenObserved,
     deliver,
@@ -391,6 +392,9 @@ class ModelWorker:
                                       if choice.grammar is not None else None),
                     fork_of=sched_ids[0] if sched_id != sched_ids[0] else None,
                     publish_endpoints=prepared.publish_endpoints,
+                    # the prompt's scores are the same for every choice: the first's
+                    score_prompt=prepared.prompt_logprobs is not None
+                    and sched_id == sched_ids[0],
                 )
             )
             if error is not None:  # prepared against the same rule: only a geometry bug
@@ -496,7 +500,22 @@ class ModelWorker:
             log.warning("invalid completion record: %s", exc)
             self._fail_plan(plan, f"invalid completion record: {exc}")
             return
+        if plan.scored:
+            self._prompt_scores(plan, completion)
         self._validate(results, self._logprobs(plan, completion))
+
+    def _prompt_scores(self, plan: StepPlan, completion: StepCompletion) -> None:
+        """Queue the PromptScores of each scoring row of a completed scored step on its
+        choice's events (they reach the reader with its next delivery, ahead of the
+        choice's first Output)."""
+        tops = {row.request_id: live.request.prepared.prompt_logprobs
+                for row in plan.rows if row.score_targets is not None
+                and (live := self._live.get(row.request_id)) is not None
+                and live.request.prepared.prompt_logprobs is not None}
+        for request_id, logprobs in completion.prompt_scores(plan, tops).items():
+            live = self._live[request_id]
+            if logprobs:
+                live.events.append(PromptScores(logprobs, live.choice.index))
 
     def _logprobs(self, plan: StepPlan, completion: StepCompletion) -> dict[int, TokenLogprob]:
         """request id -> its row's TokenLogprob, for the sampling rows that asked (only

@@ -42,6 +42,8 @@ _PER_TOKEN = (
     pb.VALUE_SOURCE_PROMPT_TOKENS, pb.VALUE_SOURCE_PENDING_TOKEN,
     pb.VALUE_SOURCE_PROMPT_POSITIONS, pb.VALUE_SOURCE_MIXED_PREFILL_ROW,
     pb.VALUE_SOURCE_SLOT,
+    # SCORED_PREFILL programs: each packed token's target (RowPlan.score_targets).
+    pb.VALUE_SOURCE_SCORED_TARGET_TOKENS,
 )
 
 # (source, indexing) pairs helios_serve.runtime.packing.SharedPacking supplies.
@@ -64,10 +66,12 @@ PACKED_BINDINGS = frozenset(
 
 # What both backends share: the scheduler, packing and frontend are the same code.
 _SERVING = dict(
-    # The scheduler plans PREFILL, DECODE and SPECULATIVE steps, and TRANSFER steps that
-    # run RESTORE programs (engine/plan.py StepKind; scheduler/transfers.py).
-    operations=frozenset({pb.OPERATION_PREFILL, pb.OPERATION_DECODE,
-                          pb.OPERATION_SPECULATIVE, pb.OPERATION_RESTORE}),
+    # The scheduler plans PREFILL, DECODE and SPECULATIVE steps, SCORED_PREFILL steps for
+    # requests asking for prompt log probabilities, and TRANSFER steps that run RESTORE
+    # programs (engine/plan.py StepKind; scheduler/transfers.py).
+    operations=frozenset({pb.OPERATION_PREFILL, pb.OPERATION_SCORED_PREFILL,
+                          pb.OPERATION_DECODE, pb.OPERATION_SPECULATIVE,
+                          pb.OPERATION_RESTORE}),
     required_operations=frozenset({pb.OPERATION_PREFILL, pb.OPERATION_DECODE}),
     bindings=PACKED_BINDINGS,
     # Paged histories, one record per token, all in the request's one page list (the

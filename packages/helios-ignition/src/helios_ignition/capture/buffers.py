@@ -45,6 +45,13 @@ TUNED_SPLITS = "tuned.decode_splits"
 SPLIT_PRODUCER = "tune.decode_splits"
 LOGPROBS = "out.logprobs"  # f32 [rows, 1 + TOP_LOGPROBS]: sampled token, then the top ids
 TOP_IDS = "out.top_ids"  # i32 [rows, TOP_LOGPROBS]
+# SCORED_PREFILL programs (Capacities.scored_tokens): each packed token's target id (the
+# next prompt token, -1 for none), the logits of every packed token, and the per-token
+# scores record (CompletionLayout.scores_buffer / score_ids_buffer).
+SCORE_TARGETS = "in.score_targets"  # i32 [scored tokens]
+SCORED_LOGITS = "scratch.scored_logits"  # f32 [scored tokens, vocab]
+SCORES = "out.scores"  # f32 [scored tokens, 1 + TOP_LOGPROBS]: target, then the top ids
+SCORE_IDS = "out.score_ids"  # i32 [scored tokens, TOP_LOGPROBS]
 
 
 def weight_resource_id(name: str) -> str:
@@ -240,6 +247,12 @@ def declare_buffers(s: Family, caps: Capacities, weight_dtype: str,
                       weight_resource_id)
     t.declare(LOGPROBS, "f32", (rows, 1 + decl.TOP_LOGPROBS), "output")
     t.declare(TOP_IDS, "i32", (rows, decl.TOP_LOGPROBS), "output")
+    if caps.scored_tokens:
+        scored = max(caps.scored_tokens)
+        t.declare(SCORE_TARGETS, "i32", (scored,), "input")
+        t.declare(SCORED_LOGITS, "f32", (scored, s.vocab), "scratch")
+        t.declare(SCORES, "f32", (scored, 1 + decl.TOP_LOGPROBS), "output")
+        t.declare(SCORE_IDS, "i32", (scored, decl.TOP_LOGPROBS), "output")
     if caps.transfer_rows:
         declare_tiers(t, s, caps, spec)
     return t

@@ -664,6 +664,9 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "token_logprobs":  # k + 2 sweeps of one row per program
         R = s[0]
         return _cfg((R,), 8, BLOCK_V=2048)
+    if op == "score_tokens":  # token_logprobs' sweeps, one packed token per program
+        T = s[0]
+        return _cfg((T,), 8, BLOCK_V=2048)
     if op in ("spec_draft_inputs", "spec_pack_tokens"):  # one program per lane / packed row
         n = s[1] if op == "spec_pack_tokens" else s[0]
         return _cfg((_cdiv(n, 128),), 4, BLOCK=128)

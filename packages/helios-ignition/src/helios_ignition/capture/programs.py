@@ -32,6 +32,10 @@ from .buffers import (
     PREFIX_ROWS_PER_LANE,
     RECORD,
     SAMPLED,
+    SCORE_IDS,
+    SCORE_TARGETS,
+    SCORED_LOGITS,
+    SCORES,
     SPEC_NAMES,
     SPLIT_PRODUCER,
     TOP_IDS,
@@ -93,6 +97,9 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
     if spec is not None and s.ranks > 1:
         raise TensorParallelError("speculative programs are captured for one rank only "
                                   "(a recipe with a drafter cannot be split between ranks)")
+    if caps.scored_tokens and s.ranks > 1:  # the head's shard scratch holds R rows, not T
+        raise TensorParallelError("scored prefill programs are captured for one rank only "
+                                  "(capacities.scored_tokens needs an unsplit LM head)")
     if fold_layers and s.ranks > 1:  # linear_add would add each rank's partial sum
         raise TensorParallelError("folded layers add the O and down products into the "
                                   "residual, which split ranks must all-reduce first")
@@ -108,6 +115,7 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
     contracts: list[cpb.GraphContract] = []
     variants = [("decode", b, b, 0) for b in caps.decode_batch]
     variants += [("prefill", t, caps.prefill_rows, 0) for t in caps.prefill_tokens]
+    variants += [("scored", t, caps.prefill_rows, 0) for t in caps.scored_tokens]
     if spec is not None:
         variants += [("speculative", b * w, b, w) for b in caps.decode_batch for w in spec.widths]
         if spec.prefix_batches:
@@ -127,21 +135,24 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
                 speculative=mpb.SpeculativeCompletion(token_width=width),
                 confidence_buffer=PROPOSAL_CONFIDENCE if prefix else "")
         else:
-            decode = kind == "decode"
+            decode, scored = kind == "decode", kind == "scored"
             forward(builder, s, caps, tokens, nrows, decode, device_pending, spec, tuned,
-                    fold_layers)
-            name = f"{kind}_b{tokens}" if decode else f"prefill_t{tokens}"
-            op = cpb.OPERATION_DECODE if decode else cpb.OPERATION_PREFILL
+                    fold_layers, scored=scored)
+            name = f"decode_b{tokens}" if decode else f"{kind}_t{tokens}"
+            op = (cpb.OPERATION_DECODE if decode else cpb.OPERATION_SCORED_PREFILL if scored
+                  else cpb.OPERATION_PREFILL)
             packed = tokens
             completion = mpb.CompletionLayout(
                 buffer=SAMPLED, rows=nrows, logprobs_buffer=LOGPROBS, top_ids_buffer=TOP_IDS,
-                top_logprobs=decl.TOP_LOGPROBS)
+                top_logprobs=decl.TOP_LOGPROBS,
+                scores_buffer=SCORES if scored else "",
+                score_ids_buffer=SCORE_IDS if scored else "")
         program = mpb.GraphProgram(name=name, operation=op, batch_capacity=nrows,
                                    token_capacity=packed, launches=builder.launches,
                                    completion=completion)
         contract = _graph_contract(name, op, nrows, packed, s, table, device_pending, width,
                                    prefix=kind == "prefix")
-        if tuned and op != cpb.OPERATION_PREFILL:  # its decode attention reads the choice
+        if tuned and decode_like(op):  # its decode attention reads the choice
             program.tuning_producers.append(SPLIT_PRODUCER)
             contract.tuned_bindings.add(buffer=TUNED_SPLITS, producer_graph=SPLIT_PRODUCER)
         for b in contract.bindings:
@@ -170,10 +181,22 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
 
 
 
+def decode_like(op: int) -> bool:
+    """DECODE and SPECULATIVE programs: one pending token per row (decode attention)."""
+    return op in (cpb.OPERATION_DECODE, cpb.OPERATION_SPECULATIVE)
+
+
 def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: int,
              decode: bool, device_pending: bool, spec: Speculation | None = None,
-             tuned: bool = False, fold: bool = False) -> None:
-    """Record one PREFILL or DECODE variant: `tokens` packed tokens over `rows` rows.
+             tuned: bool = False, fold: bool = False, scored: bool = False) -> None:
+    """Record one PREFILL, SCORED_PREFILL or DECODE variant: `tokens` packed tokens over
+    `rows` rows.
+
+    A SCORED_PREFILL variant (`scored`) is the prefill variant plus, before the last-token
+    gather, the LM head over every packed token into SCORED_LOGITS [T, V] and
+    ``score_tokens``: each token's target (SCORE_TARGETS, the next prompt token; -1 for
+    none) gets its raw-distribution logprob and the top alternatives in SCORES /
+    SCORE_IDS. Sampling and the last token's logprobs are the prefill's, unchanged.
 
     With `device_pending`, decode reads each row's fed token from the slot's pending-token
     state and every sampling row writes its sampled id back there (specification: "Host
@@ -206,6 +229,13 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
     if spec is not None:
         draft_context(b, s, caps, spec, toks, pos, trow, slot, T, R,
                       linear="linear_invariant" if decode else "linear")
+    if scored:
+        K = decl.TOP_LOGPROBS
+        all_logits = t.view(SCORED_LOGITS, (T, s.vocab))
+        b.launch("linear", h, t.view(s.head_buffer(), (s.vocab, s.hidden)), all_logits, T,
+                 s.vocab, s.hidden)
+        b.launch("score_tokens", all_logits, t.view(SCORE_TARGETS, (T,)),
+                 t.view(SCORES, (T, 1 + K)), t.view(SCORE_IDS, (T, K)), T, s.vocab, K)
     logits = t.view("scratch.logits", (R, s.vocab))
     if not decode:
         last = t.view("scratch.last", (R, s.hidden))
@@ -268,7 +298,7 @@ def _transfer_contract(name: str, s: Family, spec: Speculation | None, table: Bu
 def _graph_contract(name: str, op: int, rows: int, tokens: int, s: Family,
                     table: BufferTable, device_pending: bool, width: int = 0,
                     prefix: bool = False) -> cpb.GraphContract:
-    decode = op in (cpb.OPERATION_DECODE, cpb.OPERATION_SPECULATIVE)
+    decode = decode_like(op)
     speculative = op == cpb.OPERATION_SPECULATIVE
     slots = table.buffers[PAGE_TABLE].shape[0]
     g = cpb.GraphContract(name=name, operation=op, batch_capacity=rows, token_capacity=tokens,
@@ -294,9 +324,11 @@ def _graph_contract(name: str, op: int, rows: int, tokens: int, s: Family,
         g.bindings.extend(decl.shared_admission(INPUT_NAMES, prefill=not decode,
                                                 device_pending=device_pending))
     g.bindings.extend(decl.sampling(INPUT_NAMES))
-    if op == cpb.OPERATION_PREFILL:
+    if not decode:
         g.bindings.append(decl.binding("in.sample_position", cpb.VALUE_SOURCE_CONSUMED_ENDPOINT,
                                        cpb.INDEXING_SUBMISSION_ROW, offset=-1))
+    if op == cpb.OPERATION_SCORED_PREFILL:
+        g.bindings.append(decl.scored_targets(SCORE_TARGETS))
     pt_bindings, pt_access = decl.paged_text(PAGE_TABLE, table.buffers[PAGE_TABLE].shape[1] * 4,
                                              slots)
     g.bindings.extend(pt_bindings)

@@ -32,7 +32,7 @@ from .dense import (
     silu_mul,
 )
 from .mma import linear_splitk, split_bf16, splitk_reduce
-from .sampling import sample, sample_biased, token_logprobs
+from .sampling import sample, sample_biased, score_tokens, token_logprobs
 from .sampling_chunks import (
     sample_chunks,
     sample_chunks_nucleus,
@@ -107,6 +107,7 @@ TRITON_KERNELS = {
     "paged_row_gather_prev": paged_row_gather_prev,
     "sample_biased": sample_biased,
     "token_logprobs": token_logprobs,
+    "score_tokens": score_tokens,
     "sample_chunks": sample_chunks,
     "sample_merge": sample_merge,
     "sample_rest": sample_rest,

@@ -354,3 +354,17 @@ def token_logprobs(logits, slot, sampled, logprobs_k, logprobs, top_ids, R, V, K
         _row_logprobs(logits + r.to(tl.int64) * V, tl.load(sampled + r), tl.minimum(k, K),
                       logprobs + r.to(tl.int64) * (K + 1), top_ids + r.to(tl.int64) * K, V,
                       BLOCK_V)
+
+
+@triton.jit
+def score_tokens(logits, targets, scores, score_ids, T, V, K, BLOCK_V: tl.constexpr):
+    """Prompt scores of a SCORED_PREFILL program: per packed token with a target (>= 0)
+    the raw-distribution logprob of the target and the top-K; grid ``(T,)``. The row
+    sweep is ``token_logprobs``'s (``_row_logprobs``); tokens with target -1 write
+    nothing."""
+    t = tl.program_id(0)
+    target = tl.load(targets + t)
+    if target >= 0:
+        _row_logprobs(logits + t.to(tl.int64) * V, target, K,
+                      scores + t.to(tl.int64) * (K + 1), score_ids + t.to(tl.int64) * K, V,
+                      BLOCK_V)

@@ -54,6 +54,14 @@ def shared_admission(names: Mapping[str, str], *, prefill: bool,
     ]
 
 
+def scored_targets(destination: str) -> cpb.ValueBinding:
+    """A SCORED_PREFILL program's targets: per packed token, the prompt token after it
+    (VALUE_SOURCE_SCORED_TARGET_TOKENS), -1 where it has none (a prompt's last token,
+    rows that score nothing, padding)."""
+    return binding(destination, V.VALUE_SOURCE_SCORED_TARGET_TOKENS, V.INDEXING_PACKED_TOKEN,
+                   padding=-1)
+
+
 def speculative_lanes(names: Mapping[str, str], spec_names: Mapping[str, str]
                       ) -> list[cpb.ValueBinding]:
     """Lane geometry of a SPECULATIVE program with the QUERY_LENGTH length source.

@@ -141,6 +141,11 @@ class RowPlan:
             the lane's ceiling; the program chooses the length.
         candidates: SPECULATIVE lanes only: copied proposals (history drafting) that
             replace the head's first drafts, or None.
+        score_targets: PREFILL rows of a request asking for prompt log probabilities:
+            per token of `tokens`, the prompt token after it (scored against the model's
+            distribution at that token's position), or -1 where it has none (the
+            prompt's last token, positions scored before a preemption); None when the row
+            scores nothing. A step with such a row runs a SCORED_PREFILL program.
     """
 
     request_id: int
@@ -155,6 +160,7 @@ class RowPlan:
     grammar_mask: np.ndarray | None = field(default=None, compare=False)
     query_length: int = 0
     candidates: CopiedCandidates | None = None
+    score_targets: tuple[int, ...] | None = None
 
     # The generated __init__ of a frozen dataclass calls object.__setattr__ once per field
     # (~4 us for these 12 on CPython 3.11); rows are built for every lane of every step, so
@@ -163,7 +169,8 @@ class RowPlan:
                  start_position: int, page_ids: tuple[int, ...], sample: bool,
                  sampling: SamplingParams, histogram_tokens: tuple[int, ...] | None = None,
                  grammar_mask: np.ndarray | None = None, query_length: int = 0,
-                 candidates: CopiedCandidates | None = None) -> None:
+                 candidates: CopiedCandidates | None = None,
+                 score_targets: tuple[int, ...] | None = None) -> None:
         d = self.__dict__
         d["request_id"] = request_id
         d["slot"] = slot
@@ -177,6 +184,7 @@ class RowPlan:
         d["grammar_mask"] = grammar_mask
         d["query_length"] = query_length
         d["candidates"] = candidates
+        d["score_targets"] = score_targets
 
     @property
     def lane_length(self) -> int:
@@ -225,6 +233,13 @@ class StepPlan:
         """Packed tokens of the step."""
         return sum(r.lane_length for r in self.rows)
 
+    @property
+    def scored(self) -> bool:
+        """A PREFILL step with a row that scores its prompt tokens (RowPlan.score_targets):
+        it runs a SCORED_PREFILL program, whose token capacity must hold it."""
+        return self.kind is StepKind.PREFILL and any(
+            r.score_targets is not None for r in self.rows)
+
 
 @dataclass(frozen=True)
 class ModelGeometry:
@@ -238,6 +253,9 @@ class ModelGeometry:
         decode_capacities: captured decode batch capacities, ascending.
         prefill_token_capacities: captured prefill packed-token capacities, ascending.
         prefill_row_capacity: request rows of each prefill variant.
+        scored_token_capacities: captured SCORED_PREFILL packed-token capacities,
+            ascending (their rows are the prefill row capacity); empty when the core
+            computes no prompt log probabilities.
         context_tokens: largest prompt + output of one request.
         vocab_size: sampled vocabulary size.
         mask_words: int32 words per grammar mask row.
@@ -298,6 +316,7 @@ class ModelGeometry:
     transfer_rows: int = 0
     routes: tuple[Route, ...] = ()
     page_bytes: int = 0
+    scored_token_capacities: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -333,12 +352,19 @@ class StepCompletion:
         confidence: float32 ``[rows, draft_capacity]`` (SPECULATIVE programs producing
             proposal confidence: the frame's plane of proposal_confidence, lane order;
             column k = the head's confidence in the lane's draft k + 1), else None.
+        scores: float32 ``[tokens, 1 + K]`` (a scored PREFILL step: per packed token,
+            the logprob of its target, then the top K alternatives; only tokens with a
+            target hold values), else None.
+        score_ids: int32 ``[tokens, K]`` ids of those alternatives, or None with
+            ``scores``.
     """
 
     sampled: np.ndarray
     logprobs: np.ndarray | None = None
     top_ids: np.ndarray | None = None
     confidence: np.ndarray | None = None
+    scores: np.ndarray | None = None
+    score_ids: np.ndarray | None = None
 
     def token_logprob(self, row: int, top: int) -> TokenLogprob:
         """Row ``row``'s sampled token with ``top`` alternatives (a row that asked).
@@ -355,3 +381,30 @@ class StepCompletion:
         return TokenLogprob(
             int(self.sampled[row]), float(values[0]),
             tuple((int(ids[j]), float(values[1 + j])) for j in range(top)))
+
+    def prompt_scores(self, plan: StepPlan, tops: dict[int, int]
+                      ) -> dict[int, tuple[TokenLogprob, ...]]:
+        """The TokenLogprob of each target (a row token whose target is >= 0, in order)
+        of the scoring rows whose request is in `tops` (request id -> alternatives to
+        report), by request id.
+
+        Raises:
+            ValueError: the record holds no scores, or fewer alternatives than asked.
+        """
+        if self.scores is None or self.score_ids is None:
+            raise ValueError("this step's completion record holds no prompt scores")
+        values, ids = self.scores, self.score_ids
+        out: dict[int, tuple[TokenLogprob, ...]] = {}
+        start = 0  # packed-token index of the row's first token
+        for row in plan.rows:
+            targets, top = row.score_targets, tops.get(row.request_id)
+            if targets is not None and top is not None:
+                if not 0 <= top <= ids.shape[1]:
+                    raise ValueError(f"top {top} outside [0, {ids.shape[1]}]")
+                out[row.request_id] = tuple(
+                    TokenLogprob(target, float(values[start + j, 0]),
+                                 tuple((int(ids[start + j, i]), float(values[start + j, 1 + i]))
+                                       for i in range(top)))
+                    for j, target in enumerate(targets) if target >= 0)
+            start += row.lane_length
+        return out

@@ -23,7 +23,7 @@ import llguidance
 import numpy as np
 
 from .errors import GrammarError
-from .pipeline import Frontend, tool_registry
+from .pipeline import Frontend, answers_or_calls, tool_registry
 from .reasoning import ReasoningStart, initial_reasoning_state, prompt_tail
 from .strict import strict_schema
 from .syntax import ReasoningParser, ToolParser
@@ -196,6 +196,11 @@ class GrammarCompiler:
         else:
             if forced:
                 answer = self._tool_calls(g, registry, parallel_tool_calls)
+            elif answers_or_calls(syn, tools, tool_choice):
+                # OpenAI's response_format with tools the model may call ("auto"): it
+                # either calls tools or answers in the schema, never both in one turn.
+                calls = self._tool_calls(g, tool_registry(tools, "auto"), parallel_tool_calls)
+                answer = f"({_json_inline(schema)} | {calls})"
             else:
                 answer = _json_inline(schema)
             start = f"{self._reasoning_prefix(g, prompt_text)} {answer}"

@@ -44,7 +44,14 @@ from .reasoning import (
 from .recipient import RecipientFrameParser
 from .stops import StopSpec, StringStopMatcher, TokenStopMatcher
 from .syntax import FrontendSyntax, ReasoningParser, ToolParser
-from .tools import CallSink, JsonInTagsToolParser, NoToolParser, TaggedToolParser, random_call_id
+from .tools import (
+    AnswerOrCalls,
+    CallSink,
+    JsonInTagsToolParser,
+    NoToolParser,
+    TaggedToolParser,
+    random_call_id,
+)
 from .vocab import ByteLevelPieces
 
 
@@ -167,6 +174,19 @@ def validate_syntax(syntax: FrontendSyntax, tokenizer) -> None:
         raise FrontendConfigError(str(finding.to_error()), finding.rule)
 
 
+def answers_or_calls(syntax: FrontendSyntax, tools: Any, tool_choice: Any) -> bool:
+    """Whether a response_format answer may be tool calls instead (OpenAI's semantics
+    for response_format with tools and tool_choice "auto": the model calls tools or
+    answers in the schema, one or the other in a turn). The one rule of the grammar
+    (`GrammarCompiler.grammar`: the schema's document or the tool-call envelopes) and
+    the pipeline (`AnswerOrCalls`: the answer's opening decides). For syntaxes whose
+    calls open with a tag; recipient frames carry answers and calls in frames of their
+    own (the ATEM grammar and parser handle both)."""
+    return (bool(tools) and tool_choice in (None, "auto")
+            and syntax.tool_parser not in (ToolParser.NONE, ToolParser.ATEM_RECIPIENT_HEADERS)
+            and bool(syntax.tool_syntax.call_open))
+
+
 def tool_registry(tools: Any, tool_choice: Any = "auto") -> dict[str, dict[str, Any]]:
     """Map a request's OpenAI `tools` to name -> parameters schema, filtered by tool_choice.
 
@@ -272,10 +292,15 @@ class Frontend:
         req = _Request(prompt_text, CallSink(registry, call_id), structured_answer, forced)
         reasoning = (PassthroughReasoning() if plain_text
                      else REASONING_PARSERS[self.syntax.reasoning_parser](self, req))
-        if plain_text or (structured_answer
-                          and self.syntax.tool_parser is not ToolParser.ATEM_RECIPIENT_HEADERS):
+        tool_parser: IncrementalParser
+        if structured_answer and not plain_text and answers_or_calls(self.syntax, tools,
+                                                                     tool_choice):
+            tool_parser = AnswerOrCalls(TOOL_PARSERS[self.syntax.tool_parser](self, req),
+                                        self.syntax.tool_syntax.call_open)
+        elif plain_text or (structured_answer
+                            and self.syntax.tool_parser is not ToolParser.ATEM_RECIPIENT_HEADERS):
             # The constrained answer is an opaque document: literal tags in it stay text.
-            tool_parser: IncrementalParser = NoToolParser()
+            tool_parser = NoToolParser()
         else:
             tool_parser = TOOL_PARSERS[self.syntax.tool_parser](self, req)
         return OutputPipeline(

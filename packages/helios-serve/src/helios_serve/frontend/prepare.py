@@ -71,6 +71,10 @@ class GenerationInput:
             (validated by `frontend.logit_bias.parse_logit_bias`).
         ignore_eos: keep generating past EOS until the output limit (vLLM's field).
         min_tokens: EOS and stop tokens cannot be sampled before this many tokens.
+        prompt_logprobs: None for no prompt log probabilities; else the number of most
+            likely alternatives (0..20) to report beside each prompt token's.
+        prompt_field_logprobs: the request field that asked for them (named by a
+            rejection).
     """
 
     max_tokens: int | None = None
@@ -94,6 +98,8 @@ class GenerationInput:
     min_tokens: int = 0
     observe_ids: bool = False
     observe_timestamps: bool = False
+    prompt_logprobs: int | None = None
+    prompt_field_logprobs: str = "prompt_logprobs"
 
 
 @dataclass(frozen=True)
@@ -207,6 +213,10 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
         ignore_eos: EOS does not end generation.
         min_tokens: EOS and stop tokens are masked before this many output tokens.
         observe_ids / observe_timestamps: token and timing observation.
+        prompt_logprobs: None, or the alternatives reported beside each prompt token's
+            log probability (the first prompt token has none): the prompt's first choice
+            scores it through SCORED_PREFILL programs (OpenAI completions' echo with
+            logprobs, vLLM's prompt_logprobs).
         publish_endpoints: prompt-turn ends (token counts, ascending) the template marks
             (frontend.boundaries.prefix_endpoints): where the scheduler publishes
             snapshots of the prompt's state.
@@ -227,6 +237,7 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     observe_ids: bool = False
     observe_timestamps: bool = False
     publish_endpoints: tuple[int, ...] = ()
+    prompt_logprobs: int | None = None
 
     def choice_sampling(self, index: int) -> SamplingParams:
         """Choice `index`'s parameters: its own RNG stream, seed + index (mod 2**64),
@@ -480,6 +491,7 @@ class Preparer:
             raise FrontendRequestError(
                 "n", f"n {g.n} exceeds the {slots} requests this server runs at once")
         self._check_logprobs(g.logprobs, g.top_field)
+        self._check_prompt_logprobs(g.prompt_logprobs, g.prompt_field_logprobs)
         bias = parse_logit_bias(dict(g.logit_bias), self.geometry.vocab_size)
         if bias:
             self._check_logit_bias()
@@ -508,7 +520,22 @@ class Preparer:
             observe_ids=g.observe_ids,
             observe_timestamps=g.observe_timestamps,
             publish_endpoints=publish_endpoints,
+            prompt_logprobs=g.prompt_logprobs,
         )
+
+    def _check_prompt_logprobs(self, top: int | None, field_name: str) -> None:
+        """Whether this core scores prompts (SCORED_PREFILL programs) and records `top`
+        alternatives per token."""
+        if top is None:
+            return
+        g = self.geometry
+        if not g.scored_token_capacities or g.top_logprobs is None:
+            raise FrontendRequestError(field_name, "this model computes no prompt log "
+                                       "probabilities (its core has no SCORED_PREFILL "
+                                       "programs)")
+        if not 0 <= top <= g.top_logprobs:
+            raise FrontendRequestError(field_name, f"{top} alternatives outside the 0.."
+                                       f"{g.top_logprobs} this model records")
 
     def _check_logprobs(self, logprobs: int | None, top_field: str) -> None:
         """Whether this core can report `logprobs` alternatives per token (computed on

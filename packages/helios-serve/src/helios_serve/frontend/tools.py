@@ -158,6 +158,51 @@ class NoToolParser:
         return []
 
 
+class AnswerOrCalls:
+    """A response_format answer that may be tool calls instead (pipeline.answers_or_calls:
+    the grammar admits the schema's document or the syntax's call envelopes, one or the
+    other). The answer's first non-whitespace text decides: the call opener hands the
+    whole answer to the syntax's tool parser; anything else makes it an opaque document,
+    whose literal tags stay text (NoToolParser). Text is held while it is whitespace or a
+    proper prefix of the opener, then replayed, ids and all, into the chosen parser.
+
+    Args:
+        calls: the syntax's tool parser for this request.
+        opener: the syntax's call opener (ToolSyntax.call_open), nonempty.
+    """
+
+    def __init__(self, calls: JsonInTagsToolParser | TaggedToolParser, opener: str) -> None:
+        self._calls = calls
+        self._opener = opener
+        self._held: list[tuple[int, str]] = []
+        self._text = ""
+        self._chosen: JsonInTagsToolParser | TaggedToolParser | NoToolParser | None = None
+
+    def feed(self, token_id: int, text: str) -> list[Delta]:
+        if self._chosen is not None:
+            return self._chosen.feed(token_id, text)
+        self._held.append((token_id, text))
+        self._text += text
+        head = self._text.lstrip()
+        if not head or (len(head) < len(self._opener) and self._opener.startswith(head)):
+            return []  # undecided
+        return self._choose(self._calls if head.startswith(self._opener) else NoToolParser())
+
+    def finish(self) -> list[Delta]:
+        out = self._choose(NoToolParser()) if self._chosen is None else []
+        assert self._chosen is not None
+        return out + self._chosen.finish()
+
+    def _choose(self, parser: JsonInTagsToolParser | TaggedToolParser | NoToolParser
+                ) -> list[Delta]:
+        self._chosen = parser
+        out: list[Delta] = []
+        for token_id, text in self._held:
+            out += parser.feed(token_id, text)
+        self._held = []
+        return out
+
+
 class _Content:
     """Content around calls. Whitespace that only separates content from a call (before
     it, or after it up to the next text) is tag separation and is dropped."""

@@ -2,7 +2,8 @@
 
 Routes: POST /v1/chat/completions and /v1/completions (JSON and SSE), POST /v1/messages
 and /v1/messages/count_tokens (Anthropic's, `messages_api`), GET /v1/models
-and /v1/models/{id}, POST /tokenize and /detokenize (vLLM's shapes), GET /version,
+and /v1/models/{id}, POST /tokenize and /detokenize and GET /tokenizer_info (vLLM's
+shapes: what lm-eval's remote tokenizer reads), GET /version,
 /health, /metrics, /openapi.json and /docs; the Responses API's routes are
 `responses_api`'s. Handlers parse (`schema`), admit and
 submit (`service`), and deliver (`delivery`); errors become OpenAI-style bodies with the
@@ -137,7 +138,8 @@ async def chat_completions(request: Request) -> Response:
     prepared = generation.prepared[0]
     ctx = _context(service, generation, parsed.stream_options,
                    observe_ids=prepared.observe_ids,
-                   observe_timestamps=prepared.observe_timestamps)  # fmt: skip
+                   observe_timestamps=prepared.observe_timestamps,
+                   prompt_logprobs=prepared.prompt_logprobs is not None)  # fmt: skip
     return await _deliver(request, generation, ChatShapes(ctx, service.pieces),
                           bool(parsed.stream))  # fmt: skip
 
@@ -157,7 +159,8 @@ async def completions(request: Request) -> Response:
     generation = await service.generate(service.preparer.completion, inputs, id_prefix="cmpl",
                                         ingress_ns=ingress_ns)  # fmt: skip
     ctx = _context(service, generation, parsed.stream_options, echo=bool(parsed.echo),
-                   prompt_texts=tuple(p.prompt_text for p in generation.prepared))  # fmt: skip
+                   prompt_texts=tuple(p.prompt_text for p in generation.prepared),
+                   echo_only=parsed.max_tokens == 0)  # fmt: skip
     return await _deliver(request, generation, CompletionShapes(ctx, service.pieces),
                           bool(parsed.stream))  # fmt: skip
 
@@ -236,6 +239,24 @@ async def detokenize(request: Request) -> dict[str, Any]:
     return {"prompt": tok.decode(parsed.tokens, skip_special_tokens=False)}
 
 
+@get("/tokenizer_info", guards=PROTECTED)
+async def tokenizer_info(request: Request) -> dict[str, Any]:
+    """vLLM's /tokenizer_info: the special tokens, chat template and context extent
+    (lm-eval's `local-completions` detects /tokenizer_info and /tokenize and tokenizes
+    through them)."""
+    service = _service(request)
+    names = service.bootstrap.template_variables
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": names.get("eos_token"),
+        "bos_token": names.get("bos_token"),
+        "pad_token": names.get("pad_token"),
+        "unk_token": names.get("unk_token"),
+        "chat_template": service.bootstrap.chat_template,
+        "model_max_length": service.engine.geometry.context_tokens,
+    }
+
+
 def _package_version() -> str:
     """The installed helios-serve distribution's version; "unknown" when the package runs
     from a source tree on PYTHONPATH without distribution metadata (the GPU machine)."""
@@ -300,7 +321,7 @@ def build_app(service: ApiService) -> Litestar:
 
     app = Litestar(
         route_handlers=[chat_completions, completions, list_models, retrieve_model, tokenize,
-                        detokenize, version, health, metrics, openapi.openapi_json,
+                        detokenize, tokenizer_info, version, health, metrics, openapi.openapi_json,
                         openapi.docs_asset, *responses_api.ROUTES, *messages_api.ROUTES],
         lifespan=[lifespan],
         middleware=[access.middleware],

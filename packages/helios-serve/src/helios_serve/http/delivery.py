@@ -13,7 +13,15 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from helios_serve.events import EventSink, Failed, Finished, Output, Rejected, TokenObserved
+from helios_serve.events import (
+    EventSink,
+    Failed,
+    Finished,
+    Output,
+    PromptScores,
+    Rejected,
+    TokenObserved,
+)
 from helios_serve.frontend.deltas import coalesce
 from helios_serve.http.errors import (
     AdmissionRejected,
@@ -50,6 +58,8 @@ def _apply(records: list[ChoiceRecord], event: Any) -> None:
         record.completion_tokens = event.completion_tokens
     elif isinstance(event, Finished):
         records[event.choice].finished = event
+    elif isinstance(event, PromptScores):
+        records[event.choice].prompt_logprobs.extend(event.logprobs)
 
 
 async def collect(generation: Generation, shapes: Shapes,

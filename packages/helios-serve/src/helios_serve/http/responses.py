@@ -7,6 +7,13 @@ responses, and the performance object on timed ones. Every choice and chunk carr
 `index`; with n > 1 usage sums the choices' completion tokens and counts each prompt
 once. Log probabilities use OpenAI's shapes: chat `{"content": [{token, logprob, bytes,
 top_logprobs}]}`, legacy `{tokens, token_logprobs, top_logprobs, text_offset}`.
+
+Prompt log probabilities (scored prefill, `events.PromptScores`): legacy completions with
+`echo` and `logprobs` put the prompt's tokens first in `logprobs` (the first token's
+logprob and alternatives null, as OpenAI and vLLM send them); chat's `prompt_logprobs`
+(vLLM's extension) is a top-level list, null for the first token, then per token a map
+from token id to `{logprob, rank, decoded_token}` holding the prompt token and the
+requested alternatives.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ class ChoiceRecord:
     token_ids: list[int] = field(default_factory=list)
     token_timestamps_ns: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt's 1st choice
     completion_tokens: int = 0
     finished: Finished | None = None
 
@@ -52,6 +60,10 @@ class ResponseContext:
     Attributes:
         prompts: each prompt's token ids, in prompt order.
         first_choice: index of each prompt's first choice.
+        prompt_logprobs: chat: report the prompt's log probabilities (vLLM's
+            prompt_logprobs); legacy completions report them with `echo` and `logprobs`.
+        echo_only: legacy completions with max_tokens 0: the echoed prompt only (the one
+            token generated is left out of the text, logprobs and usage).
     """
 
     id: str
@@ -67,6 +79,8 @@ class ResponseContext:
     logprobs: bool = False
     echo: bool = False
     prompt_texts: tuple[str, ...] = ()
+    prompt_logprobs: bool = False
+    echo_only: bool = False
     ingress_ns: int = 0
     enqueue_ns: int = 0
 
@@ -104,7 +118,7 @@ def event(body: dict[str, Any]) -> bytes:
 def usage(ctx: ResponseContext, records: Sequence[ChoiceRecord]) -> dict[str, Any]:
     """Usage over every choice: prompts counted once, completion tokens summed."""
     prompt = sum(len(p) for p in ctx.prompts)
-    completion = sum(
+    completion = 0 if ctx.echo_only else sum(
         r.finished.completion_tokens if r.finished else r.completion_tokens for r in records
     )
     cached = sum(
@@ -204,10 +218,30 @@ class ChatShapes:
             "choices": choices,
             "usage": usage(ctx, records),
         }
+        if ctx.prompt_logprobs:
+            body["prompt_logprobs"] = self.prompt_logprobs(records[0].prompt_logprobs)
         if ctx.observe_ids:
             body["prompt_token_ids"] = list(ctx.prompts[0])
         _observed_terminal(ctx, records, body)
         return body
+
+    def prompt_logprobs(self, scores: Sequence[TokenLogprob]) -> list[dict[str, Any] | None]:
+        """vLLM's prompt_logprobs: null for the first prompt token, then per token a map
+        from token id (a string, as JSON keys are) to `{logprob, rank, decoded_token}` for
+        the prompt token and its alternatives. `rank` is 1-based among the vocabulary;
+        the prompt token's is known when it is one of the alternatives, else null (the
+        record holds the top alternatives, not the token's rank)."""
+        out: list[dict[str, Any] | None] = [None]
+        for lp in scores:
+            entry: dict[str, Any] = {}
+            ranks = {t: i + 1 for i, (t, _) in enumerate(lp.top)}
+            entry[str(lp.token_id)] = {"logprob": lp.logprob, "rank": ranks.get(lp.token_id),
+                                       "decoded_token": self.pieces.text_of(lp.token_id)}
+            for t, v in lp.top:
+                entry.setdefault(str(t), {"logprob": v, "rank": ranks[t],
+                                          "decoded_token": self.pieces.text_of(t)})
+            out.append(entry)
+        return out
 
     # -- SSE --------------------------------------------------------------------------
 
@@ -308,12 +342,19 @@ class ChatShapes:
 
 
 class CompletionShapes:
-    """text_completion bodies (legacy completions), JSON and SSE."""
+    """text_completion bodies (legacy completions), JSON and SSE.
+
+    With `echo`, a choice's text starts with its prompt; with `echo` and `logprobs` the
+    prompt's tokens open its logprobs too (from the prompt's scored prefill), so a stream
+    sends the echo chunk with the choice's first output or its finish, once the prompt's
+    scores are in (they precede the prompt's first token).
+    """
 
     def __init__(self, ctx: ResponseContext, pieces: TokenPieces) -> None:
         self.ctx = ctx
         self.pieces = pieces
         self._offsets = [0] * ctx.choices  # text offset of the next token, per choice
+        self._echoed = [False] * ctx.choices  # stream: the choice's echo chunk was sent
 
     def _prompt_of(self, index: int) -> int:
         prompt = 0
@@ -321,6 +362,10 @@ class CompletionShapes:
             if index >= first:
                 prompt = p
         return prompt
+
+    @property
+    def _scored_echo(self) -> bool:
+        return self.ctx.echo and self.ctx.logprobs
 
     def logprobs(self, index: int, items: Sequence[TokenLogprob]) -> dict[str, Any] | None:
         if not self.ctx.logprobs:
@@ -336,6 +381,23 @@ class CompletionShapes:
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
                 "text_offset": offsets}  # fmt: skip
 
+    def prompt_logprobs(self, index: int, records: Sequence[ChoiceRecord]) -> dict[str, Any]:
+        """The echoed prompt's logprobs: every prompt token, the first with null logprob
+        and alternatives (nothing precedes it), offsets from 0 in the echoed text."""
+        p = self._prompt_of(index)
+        ids = self.ctx.prompts[p]
+        scores = records[self.ctx.first_choice[p]].prompt_logprobs
+        tokens = [self.pieces.text_of(t) for t in ids]
+        offsets, at = [], 0
+        for text in tokens:
+            offsets.append(at)
+            at += len(text)
+        values: list[float | None] = [None, *(lp.logprob for lp in scores)]
+        tops: list[dict[str, float] | None] = [
+            None, *({self.pieces.text_of(t): v for t, v in lp.top} for lp in scores)]
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+                "text_offset": offsets}  # fmt: skip
+
     def _echo(self, index: int) -> str:
         return self.ctx.prompt_texts[self._prompt_of(index)] if self.ctx.echo else ""
 
@@ -346,10 +408,14 @@ class CompletionShapes:
             if self.ctx.echo:
                 self._offsets[index] = len(self._echo(index))
             text = "".join(d.text for d in record.deltas if isinstance(d, ContentDelta))
+            logprobs = self.logprobs(index, record.logprobs)
+            if self._scored_echo:
+                logprobs = _joined(self.prompt_logprobs(index, records),
+                                   None if self.ctx.echo_only else logprobs)
             choices.append({
                 "index": index,
-                "text": self._echo(index) + text,
-                "logprobs": self.logprobs(index, record.logprobs),
+                "text": self._echo(index) + ("" if self.ctx.echo_only else text),
+                "logprobs": logprobs,
                 "finish_reason": record.finished.reason.value,
             })  # fmt: skip
         return {
@@ -378,24 +444,38 @@ class CompletionShapes:
         return event(body)
 
     def first(self) -> bytes:
-        if not self.ctx.echo:
+        if not self.ctx.echo or self._scored_echo:  # a scored echo waits for its scores
             return b""
         out = []
         for index in range(self.ctx.choices):
-            self._offsets[index] = len(self._echo(index))
-            out.append(self._chunk(index, self._echo(index), None, None, None))
+            out.append(self._echo_chunk(index, None))
         return b"".join(out)
+
+    def _echo_chunk(self, index: int, records: Sequence[ChoiceRecord] | None) -> bytes:
+        self._echoed[index] = True
+        self._offsets[index] = len(self._echo(index))
+        logprobs = self.prompt_logprobs(index, records) if records is not None else None
+        return self._chunk(index, self._echo(index), None, logprobs, None)
+
+    def _pending_echo(self, index: int, records: Sequence[ChoiceRecord]) -> bytes:
+        if self._scored_echo and not self._echoed[index]:
+            return self._echo_chunk(index, records)
+        return b""
 
     def observation(self, index: int, token_id: int, timestamp_ns: int | None) -> bytes:
         return b""  # legacy completions have no observation fields
 
     def output(self, out: Output, records: Sequence[ChoiceRecord]) -> bytes:
+        echo = self._pending_echo(out.choice, records)
+        if self.ctx.echo_only:
+            return echo
         text = "".join(d.text for d in out.deltas if isinstance(d, ContentDelta))
         logprobs = self.logprobs(out.choice, out.logprobs) if out.logprobs else None
-        return self._chunk(out.choice, text, None, logprobs, records)
+        return echo + self._chunk(out.choice, text, None, logprobs, records)
 
     def finish(self, finished: Finished, records: Sequence[ChoiceRecord]) -> bytes:
-        return self._chunk(finished.choice, "", finished.reason.value, None, records)
+        return (self._pending_echo(finished.choice, records)
+                + self._chunk(finished.choice, "", finished.reason.value, None, records))
 
     def end(self, records: Sequence[ChoiceRecord]) -> bytes:
         out = []
@@ -409,6 +489,13 @@ class CompletionShapes:
     def error(self, error: ApiError) -> bytes:
         """The terminal error event (after SSE headers; no [DONE] follows)."""
         return error_event(error.body())
+
+
+def _joined(prompt: dict[str, Any], generated: dict[str, Any] | None) -> dict[str, Any]:
+    """Legacy logprobs of the echoed prompt followed by those of the generated tokens."""
+    if generated is None:
+        return prompt
+    return {key: prompt[key] + generated[key] for key in prompt}
 
 
 Shapes = ChatShapes | CompletionShapes

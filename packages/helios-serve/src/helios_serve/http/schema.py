@@ -161,13 +161,17 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
+    # vLLM's extension: log probabilities of the rendered prompt's tokens, with this many
+    # alternatives each (top-level `prompt_logprobs` of the response).
+    prompt_logprobs: TopLogprobs | None = None
 
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions body (legacy completions)."""
 
     prompt: str | list[str] | list[Int] | list[list[Int]]
-    max_tokens: PositiveInt | None = 16  # OpenAI's and vLLM's default
+    # 0 only with echo: the prompt (and its logprobs) back, nothing generated.
+    max_tokens: Int | None = 16  # OpenAI's and vLLM's default
     logprobs: TopLogprobs | None = None
     echo: bool | None = None
     best_of: PositiveInt | None = None
@@ -296,6 +300,9 @@ def chat_input(r: ChatCompletionRequest) -> ChatInput:
             )
     if r.top_logprobs is not None and not r.logprobs:
         raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
+    if r.prompt_logprobs is not None and r.stream:  # as vLLM
+        raise InvalidRequest("prompt_logprobs are not available with stream=true",
+                             param="prompt_logprobs")
     limit_field = "max_completion_tokens" if r.max_completion_tokens is not None else "max_tokens"
     generation = _generation(
         r,
@@ -306,6 +313,7 @@ def chat_input(r: ChatCompletionRequest) -> ChatInput:
         logprobs=(r.top_logprobs or 0) if r.logprobs else None,
         observe_ids=bool(r.return_token_ids),
         observe_timestamps=bool(r.return_token_timestamps),
+        prompt_logprobs=r.prompt_logprobs,
     )  # fmt: skip
     return ChatInput(
         messages=tuple(m.plain() for m in r.messages),
@@ -334,12 +342,16 @@ def completion_inputs(r: CompletionRequest) -> list[CompletionInput]:
     if r.best_of is not None and r.best_of != (r.n or 1):
         raise InvalidRequest("best_of must equal n (no choices are generated and dropped)",
                              param="best_of")  # fmt: skip
-    if r.echo and r.logprobs is not None:
-        raise InvalidRequest("echo with logprobs needs prompt log probabilities, which this "
-                             "server does not compute", param="echo")  # fmt: skip
+    if r.max_tokens == 0 and not r.echo:
+        raise InvalidRequest("max_tokens 0 generates nothing: it needs echo=true (the prompt "
+                             "and its logprobs back)", param="max_tokens")  # fmt: skip
     _check_stream(r)
-    generation = _generation(r, r.max_tokens, "max_tokens", logprobs=r.logprobs,
-                             top_field="logprobs")
+    # max_tokens 0 (echo only) runs one token, which the response leaves out (vLLM's
+    # echo without generation).
+    generation = _generation(r, r.max_tokens or (None if r.max_tokens is None else 1),
+                             "max_tokens", logprobs=r.logprobs, top_field="logprobs",
+                             prompt_logprobs=r.logprobs if r.echo else None,
+                             prompt_field_logprobs="logprobs")
     prompt = r.prompt
     if isinstance(prompt, str):
         prompts: list[str | tuple[int, ...]] = [prompt]

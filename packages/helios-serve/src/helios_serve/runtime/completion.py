@@ -7,7 +7,9 @@ distribution, then the top K alternatives) and i32 ``[rows, K]`` (their ids). A 
 copies each named buffer's leading ``rows`` rows into the frame's staging after the
 launches; `CompletionReader` turns one frame's staging into a `StepCompletion`, reading
 the logprobs only for steps in which some row asked for them. A SPECULATIVE program's
-record is its lane records instead (manifest SpeculativeCompletion).
+record is its lane records instead (manifest SpeculativeCompletion). A SCORED_PREFILL
+program's record adds the per-token scores (``scores_buffer`` f32 ``[T, 1 + K]`` and
+``score_ids_buffer`` i32 ``[T, K]``), whose leading ``token_capacity`` rows are copied.
 """
 
 from __future__ import annotations
@@ -24,10 +26,21 @@ from .errors import RuntimeLoadError
 
 def completion_buffers(layout: mpb.CompletionLayout) -> tuple[str, ...]:
     """The buffers a step's completion record copies back (their leading rows): sampled
-    ids, then the optional logprobs and top-id buffers. The framed confidence record
-    (`layout.confidence_buffer`) is copied into its frame's plane instead."""
-    names = (layout.buffer, layout.logprobs_buffer, layout.top_ids_buffer)
+    ids, then the optional logprobs and top-id buffers, then a scored program's scores
+    and score ids. The framed confidence record (`layout.confidence_buffer`) is copied
+    into its frame's plane instead."""
+    names = (layout.buffer, layout.logprobs_buffer, layout.top_ids_buffer,
+             layout.scores_buffer, layout.score_ids_buffer)
     return tuple(n for n in names if n)
+
+
+def record_rows(program: mpb.GraphProgram, buffer: str) -> int:
+    """Leading rows of `buffer` that `program`'s completion copies back: the packed
+    tokens of its scores record, else the record's submission rows."""
+    done = program.completion
+    if buffer in (done.scores_buffer, done.score_ids_buffer):
+        return int(program.token_capacity)
+    return int(done.rows)
 
 
 def confidence_buffers(programs: Sequence[mpb.GraphProgram]) -> frozenset[str]:
@@ -63,6 +76,9 @@ class CompletionReader:
         # Programs producing proposal confidence: graph -> its framed buffer.
         self._confidence = {g.name: g.completion.confidence_buffer for g in programs
                             if g.completion.confidence_buffer}
+        # SCORED_PREFILL programs: graph -> (scores buffer, score ids buffer).
+        self._scores = {g.name: (g.completion.scores_buffer, g.completion.score_ids_buffer)
+                        for g in programs if g.completion.scores_buffer}
         # RESTORE programs copy rows between storage tiers: no record.
         self._none = {g.name for g in programs if not g.completion.buffer}
         layouts = {(g.completion.buffer, g.completion.logprobs_buffer,
@@ -90,11 +106,13 @@ class CompletionReader:
                     f"{width + 1}] and i32 [rows, {width}]")
             self.top_logprobs = int(width)
 
-    def read(self, graph: str, frame: int, rows: int, logprobs: bool) -> StepCompletion:
+    def read(self, graph: str, frame: int, rows: int, logprobs: bool,
+             tokens: int = 0) -> StepCompletion:
         """`graph`'s record in `frame` for its `rows` live rows (copies): sampled ids (the
         logprobs too when `logprobs`, i.e. some row asked, and the record holds them), or
         a speculative program's lane records as `sampled`; an empty record for a
-        RESTORE program)."""
+        RESTORE program). A scored program's first `tokens` packed tokens' scores too
+        (`tokens` > 0)."""
         if graph in self._none:
             return StepCompletion(np.empty(0, np.int32))
         record = self._records.get(graph)
@@ -107,7 +125,13 @@ class CompletionReader:
                 self._staging[frame][framed][frame, :rows].copy()
             return StepCompletion(lanes, confidence=confidence)
         sampled = self._sampled[frame][:rows].copy()
+        scores = score_ids = None
+        if tokens and (named := self._scores.get(graph)) is not None:
+            staged = self._staging[frame]
+            scores = staged[named[0]][:tokens].copy()
+            score_ids = staged[named[1]][:tokens].copy()
         if not logprobs or self.top_logprobs is None:
-            return StepCompletion(sampled)
+            return StepCompletion(sampled, scores=scores, score_ids=score_ids)
         return StepCompletion(sampled, self._logprobs[frame][:rows].copy(),
-                              self._top_ids[frame][:rows].copy())
+                              self._top_ids[frame][:rows].copy(),
+                              scores=scores, score_ids=score_ids)

@@ -35,7 +35,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from ..config import format_bytes
 from ..startup import StartupLog
 from .cache_sizing import DEVICE_MEMORY, CacheSizing, MemoryAsk, check_fits
-from .completion import completion_buffers, confidence_buffers
+from .completion import completion_buffers, confidence_buffers, record_rows
 from .cuda import driver as drv
 from .errors import RuntimeLoadError
 from .tiers import TierRows
@@ -441,11 +441,12 @@ class CudaBackend:
             rows = int(g.completion.rows)
             for done in completion_buffers(g.completion):  # the record's leading rows
                 decl = self._decls[done]
+                copied = record_rows(g, done)  # a scores record: the packed tokens
                 if g.completion.HasField("speculative"):  # one [6 + W] lane record per row
                     per_row = 6 + g.completion.speculative.token_width
                 else:
                     per_row = math.prod(int(d) for d in decl.shape[1:])
-                n = rows * per_row * STORED_DTYPE[decl.dtype].itemsize
+                n = copied * per_row * STORED_DTYPE[decl.dtype].itemsize
                 drv.call("capture completion copy", cu.cuMemcpyDtoHAsync(
                     pinned[done].ptr, self._dev_ptrs[done], n, s))
             framed = g.completion.confidence_buffer

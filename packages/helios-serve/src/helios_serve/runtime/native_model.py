@@ -55,6 +55,7 @@ class Ticket:
     graph: str
     rows: int
     logprobs: bool = False
+    scored_tokens: int = 0  # packed tokens whose scores `wait_step` reads (scored steps)
 
 
 class NativeModel:
@@ -76,6 +77,8 @@ class NativeModel:
                               if g.batch_capacity <= max(geometry.decode_capacities))
         self._prefill = sorted((g.token_capacity, g.name)
                                for g in prepared.graphs_for(cpb.OPERATION_PREFILL))
+        self._scored = sorted((g.token_capacity, g.name)
+                              for g in prepared.graphs_for(cpb.OPERATION_SCORED_PREFILL))
         # SPECULATIVE programs of the served widths, narrowest first, then by batch.
         served = set(geometry.speculative_widths)
         self._speculative = sorted((g.speculative.token_capacity, g.batch_capacity, g.name)
@@ -240,15 +243,16 @@ class NativeModel:
                              f"width {width}")
         if plan.kind is StepKind.DECODE:
             need, table = len(plan.rows), self._decode
-        else:
-            need, table = plan.token_count, self._prefill
+        else:  # a PREFILL step with a scoring row runs a SCORED_PREFILL program
+            need, table = plan.token_count, self._scored if plan.scored else self._prefill
             if len(plan.rows) > self.manifests.prefill_row_capacity:
                 raise ValueError(f"prefill plan has {len(plan.rows)} rows; capacity "
                                  f"{self.manifests.prefill_row_capacity}")
         for capacity, name in table:
             if capacity >= need:
                 return name
-        raise ValueError(f"no captured {plan.kind.value} variant holds {need}")
+        raise ValueError(f"no captured {'scored ' if plan.scored else ''}{plan.kind.value} "
+                         f"variant holds {need}")
 
     @property
     def device_pending(self) -> bool:
@@ -282,7 +286,8 @@ class NativeModel:
         logprobs = self._completion.top_logprobs is not None and any(
             [r.sampling.logprobs is not None for r in plan.rows]) and any(
             r.sample and r.sampling.logprobs is not None for r in plan.rows)
-        ticket = Ticket(frame, name, len(plan.rows), logprobs)
+        ticket = Ticket(frame, name, len(plan.rows), logprobs,
+                        plan.token_count if plan.scored else 0)
         self._inflight.append(ticket)
         self.launches[plan.kind.value] += 1
         return ticket
@@ -302,7 +307,8 @@ class NativeModel:
             raise RuntimeError("steps complete in submission order: wait for the oldest")
         self._inflight.popleft()
         self.backend.wait(ticket.frame)
-        return self._completion.read(ticket.graph, ticket.frame, ticket.rows, ticket.logprobs)
+        return self._completion.read(ticket.graph, ticket.frame, ticket.rows, ticket.logprobs,
+                                     ticket.scored_tokens)
 
     def wait(self, ticket: Ticket) -> np.ndarray:
         """`wait_step`'s sampled ids (or speculative lane records)."""
@@ -459,7 +465,9 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
         prefix_programs=prefix,
         copied_proposals=bool(history) and all(
             _binds(g, cpb.VALUE_SOURCE_CANDIDATE_IDS) for g in history),
-        candidate_masks=bool(widths) and prepared.constrained_speculation(widths))
+        candidate_masks=bool(widths) and prepared.constrained_speculation(widths),
+        scored_token_capacities=tuple(sorted(
+            g.token_capacity for g in prepared.graphs_for(cpb.OPERATION_SCORED_PREFILL))))
 
 
 def _prefix_limit(graph: cpb.GraphContract) -> bool:

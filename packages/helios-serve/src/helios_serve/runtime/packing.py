@@ -101,6 +101,8 @@ TOKEN_VALUES: dict[int, Callable[[Rows], np.ndarray]] = {
         np.arange(len(rows)), [r.lane_length for r in rows]),
     V.VALUE_SOURCE_SLOT: lambda rows: np.repeat(
         np.asarray([r.slot for r in rows], np.int64), [r.lane_length for r in rows]),
+    V.VALUE_SOURCE_SCORED_TARGET_TOKENS: lambda rows: np.fromiter(
+        (t for r in rows for t in (r.score_targets or (-1,) * r.lane_length)), np.int64),
 }
 
 # The same sources when every row feeds exactly one token (decode): one value per row.
@@ -110,6 +112,8 @@ ONE_TOKEN_VALUES: dict[int, Callable[[Rows], list | np.ndarray]] = {
     V.VALUE_SOURCE_PROMPT_POSITIONS: lambda rows: [r.start_position for r in rows],
     V.VALUE_SOURCE_MIXED_PREFILL_ROW: lambda rows: np.arange(len(rows)),
     V.VALUE_SOURCE_SLOT: lambda rows: [r.slot for r in rows],
+    V.VALUE_SOURCE_SCORED_TARGET_TOKENS: lambda rows: [(r.score_targets or (-1,))[0]
+                                                       for r in rows],
 }
 
 

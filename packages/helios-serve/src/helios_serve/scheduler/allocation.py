@@ -85,7 +85,8 @@ class SequencePages:
         extra = self.extra
         # A shifted page-table view keeps block i's history in page i + offset: pages are
         # then private to their request (the cache shares nothing: CacheManager.sharing).
-        match = self.cache.match(seq.tokens)
+        # A request scoring its prompt needs the logits of every position: no reuse.
+        match = self.cache.match(() if seq.scoring else seq.tokens)
         start = match.reused_tokens
         n = min(len(seq.tokens) - start, budget)
         held = len(match.device.page_ids) + match.fresh_pages  # pages of the reused part

@@ -40,6 +40,10 @@ class SchedRequest:
         publish_endpoints: prompt positions (tokens, ascending, each in
             [1, len(prompt_tokens)]) where the template marks the end of a prompt turn:
             once the committed state reaches one, a snapshot is published there.
+        score_prompt: score every prompt token after the first (prompt log
+            probabilities): its prefill rows carry targets (RowPlan.score_targets) and
+            run SCORED_PREFILL programs, and it reuses no cached prefix (every position's
+            logits are needed).
     """
 
     request_id: int
@@ -50,6 +54,7 @@ class SchedRequest:
     width_one: bool = False
     fork_of: int | None = None
     publish_endpoints: tuple[int, ...] = ()
+    score_prompt: bool = False
     candidate_filter: Callable[[tuple[int, ...]], int] | None = field(
         default=None, compare=False, repr=False)
 

@@ -213,10 +213,13 @@ class Scheduler:
         are not rejections: the request waits.
 
         Raises:
-            ValueError: request_id is already live (a caller bug).
+            ValueError: request_id is already live, or it scores its prompt on a geometry
+                without scored programs (caller bugs: preparation rejects those).
         """
         if request.request_id in self.live.requests:
             raise ValueError(f"request {request.request_id} is already live")
+        if request.score_prompt and not self.geometry.scored_token_capacities:
+            raise ValueError("the core has no SCORED_PREFILL programs to score a prompt")
         error = check_capacity(self.geometry, request)
         if error is not None:
             self._counts.rejected[error.reason] += 1
@@ -312,15 +315,30 @@ class Scheduler:
 
     def _build_prefill(self, admit: bool) -> StepPlan | None:
         """Pack chunks up to the largest prefill token capacity and row capacity:
-        unfinished prompts first (admission order), then waiting requests FIFO."""
+        unfinished prompts first (admission order), then waiting requests FIFO.
+
+        A row scoring its prompt (Sequence.scoring) makes the step a scored one: its
+        packed tokens must then fit the largest SCORED_PREFILL capacity, so the first
+        scoring row cuts the budget to what that capacity has left (and waits for the
+        next step when the rows before it already exceed it)."""
         g = self.geometry
         budget = g.prefill_token_capacities[-1]  # packed tokens left
         rows: list[RowPlan] = []
+        scored = False
+
+        def room(seq: Sequence) -> int:
+            nonlocal budget, scored
+            if seq.scoring and not scored:
+                used = g.prefill_token_capacities[-1] - budget
+                budget = max(0, min(budget, g.scored_token_capacities[-1] - used))
+                scored = budget > 0
+            return budget
+
         # Sequence.in_prefill as one filter first: in steady decode no running request is.
         for seq in [s for s in self.live.running if s.num_scheduled < s.prefill_tokens]:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
-            if seq.can_prefill:
+            if seq.can_prefill and room(seq):
                 n = self.alloc.grow(seq, budget)
                 if n:
                     rows.append(self._prefill_row(seq, n))
@@ -331,7 +349,7 @@ class Scheduler:
             seq = self.live.waiting[0]
             if self._awaits_fork_parent(seq):
                 break  # strict FIFO: the choice waits for its prompt's pages
-            if not self._admit(seq, budget):
+            if not room(seq) or not self._admit(seq, budget):
                 break  # strict FIFO: later requests don't overtake the head
             self.live.waiting.popleft()
             n = min(seq.prefill_tokens - seq.num_scheduled, budget)
@@ -374,8 +392,15 @@ class Scheduler:
         start = seq.num_scheduled
         end = start + n
         histogram = tuple(seq.tokens) if seq.needs_histogram else None
+        targets = None
+        if seq.scoring:  # position p scores prompt token p + 1, each position once
+            last, done = seq.num_prompt_tokens - 1, seq.scored_upto
+            targets = tuple(seq.tokens[p + 1] if done <= p < last else -1
+                            for p in range(start, end))
+            seq.scored_upto = max(done, min(end, last))
         return self._row(
-            seq, seq.tokens[start:end], sample=end == seq.prefill_tokens, histogram=histogram
+            seq, seq.tokens[start:end], sample=end == seq.prefill_tokens, histogram=histogram,
+            score_targets=targets,
         )
 
     def _build_decode(self) -> StepPlan | None:
@@ -476,6 +501,7 @@ class Scheduler:
         decode: bool = False,
         lane_length: int = 0,
         candidates: CopiedCandidates | None = None,
+        score_targets: tuple[int, ...] | None = None,
     ) -> RowPlan:
         """Build a row and advance the request's scheduled state (a speculative lane
         schedules all `lane_length` positions it may write)."""
@@ -485,7 +511,7 @@ class Scheduler:
         pages = ceil_div(end, self.geometry.page_tokens) + self.geometry.extra_pages_per_request
         row = RowPlan(seq.request_id, seq.slot, seq.generation, tuple(tokens), start,
                       seq.page_prefix(pages), sample, seq.request.sampling, histogram, None,
-                      lane_length, candidates)
+                      lane_length, candidates, score_targets)
         seq.issue(end, sample, decode, self._frames.step)
         return row
 

@@ -35,6 +35,9 @@ class Sequence:
         self.num_computed = 0
         self.needs_histogram = False  # next row carries histogram_tokens
         self.endpoints_done = 0  # leading request.publish_endpoints already handled
+        # score_prompt: positions whose targets were issued (a readmission after a
+        # preemption scores none of them again); num_prompt_tokens - 1 when done.
+        self.scored_upto = 0 if request.score_prompt else max(0, self.num_prompt_tokens - 1)
         # n > 1: the endpoint len(prompt) - 1 published for the choices forking from this
         # one (None: none asked), and the key of that snapshot while it is captured.
         self.fork_endpoint: int | None = None
@@ -54,6 +57,11 @@ class Sequence:
         # A constrained request's grammar-accepted copied candidates, keyed by the
         # (generation, sequence length) they were proposed at (Scheduler.lane_ceiling).
         self.constrained_candidates: tuple[tuple[int, int], tuple[int, ...]] | None = None
+
+    @property
+    def scoring(self) -> bool:
+        """Prompt positions still need their scores (SchedRequest.score_prompt)."""
+        return self.scored_upto < self.num_prompt_tokens - 1
 
     @property
     def output_tokens(self) -> tuple[int, ...]:

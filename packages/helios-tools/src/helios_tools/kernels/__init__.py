@@ -47,7 +47,7 @@ from .registry import (
 )
 from .rng import philox4x32_10, philox_uniform
 from .rope import rope
-from .sampling import grammar_mask_words, sample, sample_biased, token_logprobs
+from .sampling import grammar_mask_words, sample, sample_biased, score_tokens, token_logprobs
 from .sampling_chunks import (
     sample_chunks,
     sample_chunks_nucleus,
@@ -142,6 +142,7 @@ __all__ = [
     "spec_verify_coupled",
     "split_tuning_select",
     "split_tuning_setup",
+    "score_tokens",
     "swiglu_linear",
     "swiglu_linear_add",
     "timer_mark",

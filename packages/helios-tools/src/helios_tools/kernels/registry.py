@@ -43,7 +43,7 @@ from .linear_splitk import (
 from .norm import add_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .rope import rope
-from .sampling import sample, sample_biased, token_logprobs
+from .sampling import sample, sample_biased, score_tokens, token_logprobs
 from .sampling_chunks import (
     sample_chunks,
     sample_chunks_nucleus,
@@ -334,6 +334,10 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("logprobs_k", "i32"), _b("logprobs", "f32", "out"), _b("top_ids", "i32", "out"),
         *_i("R", "V", "K"),
     ),
+    "score_tokens": (
+        _b("logits", "f32"), _b("targets", "i32"), _b("scores", "f32", "out"),
+        _b("score_ids", "i32", "out"), *_i("T", "V", "K"),
+    ),
     "sample_chunks": (
         _b("logits", "f32"), _b("slot", "i32"), _b("temperature", "f32"), _b("top_k", "i32"),
         _b("presence", "f32"), _b("frequency", "f32"), _b("repetition", "f32"),
@@ -463,6 +467,7 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "paged_row_gather_prev": paged_row_gather_prev,
     "sample_biased": sample_biased,
     "token_logprobs": token_logprobs,
+    "score_tokens": score_tokens,
     "sample_chunks": sample_chunks,
     "sample_merge": sample_merge,
     "sample_rest": sample_rest,

@@ -413,3 +413,51 @@ def token_logprobs(
         logprobs[r, 0] = lp
         logprobs[r, 1:1 + k] = values
         top_ids[r, :k] = ids
+
+
+def score_tokens(
+    logits: NDArray[np.float32],
+    targets: NDArray[np.int32],
+    scores: NDArray[np.float32],
+    score_ids: NDArray[np.int32],
+    T: int,
+    V: int,
+    K: int,
+) -> None:
+    """Prompt scores of a SCORED_PREFILL program: per packed token, the raw-distribution
+    log probability of its target (the next prompt token) and the top-K alternatives.
+
+    The distribution is ``log_softmax(logits[t])`` of the unprocessed logits at packed
+    token t's position (as ``token_logprobs``: vLLM's ``prompt_logprobs``, before any
+    sampling setting applies).
+
+    Reference loop::
+
+        for t in range(T):
+            if targets[t] < 0:
+                continue                                  # no target: writes nothing
+            lse = log(sum(exp(logits[t])))                # max-shifted
+            scores[t, 0] = logits[t, targets[t]] - lse
+            for j, i in enumerate(the K largest logits[t], largest first, ties: lower i):
+                score_ids[t, j] = i
+                scores[t, 1 + j] = logits[t, i] - lse
+
+    Args:
+        logits: ``[T, V]`` f32 (packed tokens), not modified.
+        targets: ``[T]`` i32 target ids, -1 for tokens without one (a prompt's last
+            token, rows that score nothing, padding).
+        scores: ``[T, 1 + K]`` f32, written: the target, then the top K.
+        score_ids: ``[T, K]`` i32, written: the top K ids.
+        T: packed tokens.
+        V: vocabulary size.
+        K: top alternatives recorded per token.
+    """
+    for t in range(T):
+        target = int(targets[t])
+        if target < 0:
+            continue
+        lp, ids, values = _row_logprobs(logits[t, :V].astype(np.float32, copy=False),
+                                        target, K)
+        scores[t, 0] = lp
+        scores[t, 1:1 + K] = values
+        score_ids[t, :K] = ids

@@ -263,7 +263,7 @@ class Transport(_message.Message):
     def __init__(self, destination: _Optional[str] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class CompletionLayout(_message.Message):
-    __slots__ = ("buffer", "rows", "logprobs_buffer", "top_ids_buffer", "top_logprobs", "speculative", "confidence_buffer")
+    __slots__ = ("buffer", "rows", "logprobs_buffer", "top_ids_buffer", "top_logprobs", "speculative", "confidence_buffer", "scores_buffer", "score_ids_buffer")
     BUFFER_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_BUFFER_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +271,8 @@ class CompletionLayout(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_BUFFER_FIELD_NUMBER: _ClassVar[int]
+    SCORES_BUFFER_FIELD_NUMBER: _ClassVar[int]
+    SCORE_IDS_BUFFER_FIELD_NUMBER: _ClassVar[int]
     buffer: str
     rows: int
     logprobs_buffer: str
@@ -278,7 +280,9 @@ class CompletionLayout(_message.Message):
     top_logprobs: int
     speculative: SpeculativeCompletion
     confidence_buffer: str
-    def __init__(self, buffer: _Optional[str] = ..., rows: _Optional[int] = ..., logprobs_buffer: _Optional[str] = ..., top_ids_buffer: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., speculative: _Optional[_Union[SpeculativeCompletion, _Mapping]] = ..., confidence_buffer: _Optional[str] = ...) -> None: ...
+    scores_buffer: str
+    score_ids_buffer: str
+    def __init__(self, buffer: _Optional[str] = ..., rows: _Optional[int] = ..., logprobs_buffer: _Optional[str] = ..., top_ids_buffer: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., speculative: _Optional[_Union[SpeculativeCompletion, _Mapping]] = ..., confidence_buffer: _Optional[str] = ..., scores_buffer: _Optional[str] = ..., score_ids_buffer: _Optional[str] = ...) -> None: ...
 
 class SpeculativeCompletion(_message.Message):
     __slots__ = ("token_width",)
