@@ -45,6 +45,7 @@ from .checkpoint import (
 )
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
 from .families.llama import LlamaShapes
+from .families.registry import FamilyMismatchError, family_shapes
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
     declare_storage,
@@ -450,7 +451,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     else:
         check_template(chat_template, ckpt.source, CheckpointError)
     try:
-        shapes = LlamaShapes.from_geometry(ckpt.geometry).shard(tensor_parallel)
+        try:
+            shapes = family_shapes(recipe.family, ckpt.geometry).shard(tensor_parallel)
+        except FamilyMismatchError as exc:
+            raise ExportError(f"recipe {recipe.name}: {exc}") from None
         if tensor_parallel > 1 and recipe.drafter is not None:
             raise TensorParallelError("speculative programs are captured for one rank only: "
                                       f"recipe {recipe.name} declares a drafter")
