@@ -718,16 +718,16 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, H, KVH, HD = s[0], s[1], s[2], s[3]
         return _cfg((T, H + KVH), 1, BLOCK_HD=_np2(HD, 16))
     if op == "moe_route":  # one program per token row over its E router logits
-        T, E = s[0], s[1]
-        return _cfg((T,), 1 if E <= 256 else 4, BLOCK_E=_np2(E, 16))
+        T, E, K = s[0], s[1], s[2]
+        return _cfg((T,), 1 if E <= 256 else 4, BLOCK_E=_np2(E, 16), BLOCK_K=_np2(K, 2))
     if op == "moe_align":  # one program: a counting sort of the T K pairs by expert
         T, K, BT = s[0], s[2], s[3]
-        return _cfg((1,), 4, BLOCK_P=_np2(T * K, 16), BT=BT)
+        return _cfg((1,), 4, BLOCK_P=_np2(T * K, 16), BLOCK_T=BT)
     if op in ("moe_gate_up", "moe_down"):  # one program per (expert block, N tile)
         D, F, BT, NB = s[1], s[2], s[4], s[5]
         N, K = (F, D) if op == "moe_gate_up" else (D, F)
         c = moe_constants(N, K)
-        return _cfg((NB, _cdiv(N, c["BLOCK_N"])), c.pop("WARPS"), BT=BT, **c,
+        return _cfg((NB, _cdiv(N, c["BLOCK_N"])), c.pop("WARPS"), BLOCK_T=BT, **c,
                     WBF16=_is_bf16(views[3]) if len(views) > 3 else 0)
     if op == "moe_sum":
         T, D = s[0], s[1]
