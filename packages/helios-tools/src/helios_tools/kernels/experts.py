@@ -12,7 +12,10 @@ The products are grouped by expert so each active expert's weights are read once
 lists the pairs of each expert in blocks of BT rows (the expert's pairs in ascending pair
 order, its last block padded with -1), ``moe_gate_up`` and ``moe_down`` run one block of
 one expert per program, and ``moe_sum`` adds each token's K weighted pair rows in order
-k = 0..K-1 (no atomics: the sum is deterministic). Stacked expert weights:
+k = 0..K-1 (no atomics: the sum is deterministic). Each pair's result depends on its own
+row alone, never on which other pairs share its block (here one BLAS GEMV per pair, as
+``linear_invariant``; on the GPU every output of a block's tile sums over the same K
+steps), so decode and speculative verification agree bit for bit. Stacked expert weights:
 ``w_gate_up`` ``[E, 2F, D]`` (expert e's gate rows, then its up rows) and ``w_down``
 ``[E, D, F]``.
 """
@@ -138,12 +141,12 @@ def moe_gate_up(x: NDArray[np.float32], sorted_pairs: NDArray[np.int32],
         e = int(block_expert[b])
         if e < 0:
             continue
-        pairs = sorted_pairs[b * BT:(b + 1) * BT]
-        pairs = pairs[pairs >= 0]
-        gu = x[pairs // K, :D] @ w_gate_up[e, :2 * F, :D].T
-        out = np.empty((len(pairs), F), np.float32)
-        silu_mul(gu.astype(np.float32), out, len(pairs), F)
-        act[pairs, :F] = out
+        w = w_gate_up[e, :2 * F, :D]
+        gu = np.empty((1, 2 * F), np.float32)
+        for p in sorted_pairs[b * BT:(b + 1) * BT]:
+            if p >= 0:  # one GEMV per pair: row-invariant (see the module docstring)
+                np.dot(w, x[p // K, :D], out=gu[0])
+                silu_mul(gu, act[p:p + 1], 1, F)
 
 
 def moe_down(act: NDArray[np.float32], sorted_pairs: NDArray[np.int32],
@@ -181,10 +184,11 @@ def moe_down(act: NDArray[np.float32], sorted_pairs: NDArray[np.int32],
         e = int(block_expert[b])
         if e < 0:
             continue
-        pairs = sorted_pairs[b * BT:(b + 1) * BT]
-        pairs = pairs[pairs >= 0]
-        y = act[pairs, :F] @ w_down[e, :D, :F].T
-        pair_out[pairs, :D] = (y * w[pairs, None]).astype(np.float32)
+        wd = w_down[e, :D, :F]
+        for p in sorted_pairs[b * BT:(b + 1) * BT]:
+            if p >= 0:
+                np.dot(wd, act[p, :F], out=pair_out[p, :D])
+                pair_out[p, :D] *= w[p]
 
 
 def moe_sum(pair_out: NDArray[np.float32], out: NDArray[np.float32], T: int, D: int,
