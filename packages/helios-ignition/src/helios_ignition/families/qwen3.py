@@ -12,7 +12,9 @@ each active expert's gate/up and down products over its block (``moe_gate_up``,
 ``moe_down``: grouped matrix products, each expert's weights read once per step), and the
 K weighted pair results summed per token (``moe_sum``); helios_tools.kernels.experts
 states the algorithm. Expert geometry (E experts, K per token, expert width F, the
-normalization) is data: the stacked expert buffers' shapes and the launches' scalars.
+normalization, block rows) is data: the manifest's `expert_geometry`, which the stacked
+expert buffers' shapes and every expert launch's scalars must match (helios_contract's
+`_rules_experts`, run by startup and lint-core alike).
 Expert parallelism is not implemented: an MoE core is one rank.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import moe_blocks
 
 from ..capture.builder import BufferTable, ProgramBuilder
@@ -94,6 +97,13 @@ class Qwen3MoeShapes(Qwen3Shapes):
             raise TensorParallelError("a mixture-of-experts core is one rank: expert "
                                       "parallelism is not implemented")
         return self
+
+    def expert_geometry(self) -> mpb.ExpertGeometry:
+        """The manifest's declaration of these experts (helios_contract checks every
+        expert launch against it)."""
+        return mpb.ExpertGeometry(experts=self.experts, experts_per_token=self.experts_per_token,
+                                  hidden=self.hidden, expert_width=self.ffn,
+                                  normalize_top_k=self.norm_topk, block_rows=MOE_BLOCK_ROWS)
 
     def weight_layout(self) -> dict[str, tuple[int, ...]]:
         """Qwen3's buffers with each layer's MLP replaced by `L{i}.router` [E, hidden],
