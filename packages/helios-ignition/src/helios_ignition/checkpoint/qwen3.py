@@ -117,3 +117,16 @@ def qwen3_geometry(config: dict[str, Any], source: str) -> Qwen3Geometry:
             norm_topk=bool(config.get("norm_topk_prob", True)))
     except KeyError as exc:
         raise GeometryError(f"{where}: missing key {exc.args[0]!r}") from exc
+
+
+# Real geometries for benchmarks with random weights (the models' config.json values).
+QWEN3_8B = Qwen3Geometry(
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
+    num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
+    max_context=40960, tie_word_embeddings=False)
+QWEN3_30B_A3B = Qwen3Geometry(
+    vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=48,
+    num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1_000_000.0, rms_eps=1e-6,
+    max_context=40960, tie_word_embeddings=False, architecture="Qwen3MoeForCausalLM",
+    experts=128, experts_per_token=8, expert_ffn=768, norm_topk=True)
+QWEN3_GEOMETRIES = {"qwen3-8b": QWEN3_8B, "qwen3-30b-a3b": QWEN3_30B_A3B}
