@@ -15,13 +15,17 @@ a linear) and, at batch 1, the achieved bandwidth against the active-parameter r
 bytes a batch-1 step must read (attention, norms, routers, the K routed experts of every
 layer, the LM head; one embedding row) over the copy bandwidth. The expert kernels' tiles
 (capture.launch.moe_constants) have not been swept yet: this run is their first
-measurement.
+measurement; a sweep reruns the MoE model with other tiles at capture:
+
+    HELIOS_MOE_TILES=32,128,4 python bench/gpu_qwen3.py --model qwen3-30b-a3b \
+        --batches 1 8 --json OUT.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -153,7 +157,8 @@ def main() -> None:
         cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
     target = f"sm_{major}{minor}"
     models = list(BATCHES) if args.model == "both" else [args.model]
-    result = {"commit": git_commit(), "target": target, "models": {}}
+    result = {"commit": git_commit(), "target": target, "models": {},
+              "moe_tiles": os.environ.get("HELIOS_MOE_TILES", "")}
     for model in models:
         batches = tuple(args.batches) if args.batches else BATCHES[model]
         result["models"][model] = bench_model(model, target, batches, cu)

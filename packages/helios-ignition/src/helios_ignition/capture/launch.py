@@ -90,6 +90,9 @@ SMS = 132
 # slower than split + merge on the H200: off by default).
 ATTN_RULE = os.environ.get("HELIOS_ATTN_RULE", "v3")
 ATTN_FUSED = os.environ.get("HELIOS_ATTN_FUSED", "0") != "0"
+# Grouped expert product tiles at capture (HELIOS_MOE_TILES="BLOCK_N,BLOCK_K,WARPS";
+# empty: moe_constants' rule).
+MOE_TILES = os.environ.get("HELIOS_MOE_TILES", "")
 
 
 @dataclass(frozen=True)
@@ -562,7 +565,13 @@ def moe_constants(N: int, K: int) -> dict[str, int]:
     """Tiles of the grouped expert products (``moe_gate_up``: N = F, K = D; ``moe_down``:
     N = D, K = F): one expert block of BT pair rows against a BLOCK_N x BLOCK_K weight
     tile per step (the MMA's M is the block). Not yet swept on a GPU: 64-wide N tiles
-    give the 30B-A3B geometry's blocks (F 768, D 2048) 12 and 32 programs each."""
+    give the 30B-A3B geometry's blocks (F 768, D 2048) 12 and 32 programs each.
+    HELIOS_MOE_TILES="BLOCK_N,BLOCK_K,WARPS" at capture overrides them (for sweeps;
+    each at least 16, powers of two, clipped to the matrix)."""
+    if MOE_TILES:
+        bn, bk, warps = (int(v) for v in MOE_TILES.split(","))
+        return {"BLOCK_N": min(bn, _np2(N, 16)), "BLOCK_K": min(bk, _np2(K, 16)),
+                "WARPS": warps}
     return {"BLOCK_N": 64 if N >= 64 else _np2(N, 16),
             "BLOCK_K": 64 if K >= 64 else _np2(K, 16), "WARPS": 4}
 
