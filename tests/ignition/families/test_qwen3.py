@@ -171,3 +171,19 @@ def test_dense_split_between_two_ranks_matches_transformers(tmp_path, signing_ke
         assert driver.generate([ids], max_new_tokens=GREEDY)[0] == \
             REFERENCE[f"{model}/p{p}/greedy"].tolist()
     driver.model.close()
+
+
+def test_random_weights_of_the_real_geometries():
+    """`--random-weights SEED --geometry qwen3-8b|qwen3-30b-a3b` (benchmarks): the real
+    shapes, drawn lazily, one tensor at a time."""
+    from helios_ignition.checkpoint import random_checkpoint
+    from helios_ignition.families.registry import family_shapes
+
+    moe = random_checkpoint("qwen3-30b-a3b", seed=1)
+    assert moe.geometry.family == "qwen3_moe"
+    assert moe.tensor("model.layers.47.mlp.experts.127.down_proj.weight").shape == (2048, 768)
+    assert moe.tensor("model.layers.0.self_attn.k_norm.weight").shape == (128,)
+    shapes = family_shapes("qwen3_moe", moe.geometry)
+    assert (shapes.experts, shapes.experts_per_token, shapes.ffn) == (128, 8, 768)
+    dense = random_checkpoint("qwen3-8b", seed=1)
+    assert family_shapes("qwen3", dense.geometry).qkv_width == (32 + 2 * 8) * 128
