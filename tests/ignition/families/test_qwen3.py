@@ -86,6 +86,12 @@ def test_layers_declare_their_math(core):
                  if kernels[launch.kernel] == "moe_route")
     assert [a.int_value for a in route.args[3:]] == [16, 8, 2, 1]  # T, E, K, NORM
     assert ops.count("moe_gate_up") == ops.count("moe_down") == ops.count("moe_sum") == 2
+    stored = next(b for b in opened.manifest.buffers if b.name == "L0.experts_down")
+    assert stored.dtype == mpb.D_TYPE_F32
+    down = np.frombuffer(opened.read_resource("weights/L0.experts_down"), "<f4")
+    ck = load_checkpoint(FIXTURES / "moe")
+    np.testing.assert_array_equal(down.reshape(8, 64, 32)[5], ck.tensor(
+        "model.layers.0.mlp.experts.5.down_proj.weight"))
 
 
 def test_moe_refuses_tensor_parallel(tmp_path, signing_key_pair):
@@ -134,19 +140,6 @@ def test_moe_geometry_rejections(tmp_path):
         (folder / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(GeometryError, match=message):
             load_checkpoint(folder)
-
-
-def test_storage_is_f32_stacked_experts(core):
-    model, opened = core
-    if model != "moe":
-        pytest.skip("dense")
-    stored = next(b for b in opened.manifest.buffers if b.name == "L0.experts_down")
-    assert stored.dtype == mpb.D_TYPE_F32
-    ck = load_checkpoint(FIXTURES / "moe")
-    down = np.frombuffer(opened.read_resource("weights/L0.experts_down"), "<f4").reshape(8, 64,
-                                                                                         32)
-    np.testing.assert_array_equal(down[5], ck.tensor("model.layers.0.mlp.experts.5.down_proj"
-                                                     ".weight"))
 
 
 @pytest.mark.parametrize("model", ["dense_tied", "dense_untied"])
