@@ -98,7 +98,8 @@ def open_checkpoint(spec: str | None, random_seed: int | None, geometry: str | N
         if spec:
             raise ExportError("--checkpoint and --random-weights are exclusive")
         if not geometry:
-            raise ExportError("--random-weights needs --geometry (smollm2-135m, llama-3.1-8b, qwen3-8b or qwen3-30b-a3b)")
+            raise ExportError("--random-weights needs --geometry (smollm2-135m, llama-3.1-8b, "
+                              "qwen3-8b or qwen3-30b-a3b)")
         return random_checkpoint(geometry, random_seed)
     if geometry:
         raise ExportError("--geometry applies only with --random-weights")
