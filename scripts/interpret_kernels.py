@@ -12,6 +12,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py attention     # split decode attention layouts
     uv run python scripts/interpret_kernels.py mma           # packed terms, K split, reduce
     uv run python scripts/interpret_kernels.py scores        # score_tokens (scored prefill)
+    uv run python scripts/interpret_kernels.py experts       # QK-norm and the MoE ops
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -599,6 +600,62 @@ def check_scores(rng, V: int) -> bool:
     return ok
 
 
+def check_experts(rng) -> bool:
+    """``qk_rmsnorm`` and the MoE chain (route -> align -> gate_up -> down -> sum) against
+    the references, f32 weights (the interpreter's bf16 dots are not faithful), for
+    decode-sized and prefill-sized row counts, with idle expert blocks and padded rows."""
+    ok = True
+    for T, H, KVH, HD in [(5, 4, 2, 32), (3, 6, 2, 24)]:
+        qkv = rng.standard_normal((T, (H + 2 * KVH) * HD)).astype(np.float32) * 3
+        gq, gk = (1 + 0.1 * rng.standard_normal((2, HD))).astype(np.float32)
+        ref, out = qkv.copy(), qkv.copy()
+        K.qk_rmsnorm(ref, gq, gk, T, H, KVH, HD, 1e-6)
+        launch("qk_rmsnorm", out, gq, gk, T, H, KVH, HD, 1e-6)
+        err = _rel(out, ref)
+        good = err < 1e-6 and np.array_equal(out[:, (H + KVH) * HD:], qkv[:, (H + KVH) * HD:])
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} qk_rmsnorm T={T} H={H} KVH={KVH} HD={HD} {err:.1e}")
+    for T, E, Kt, D, F, norm in [(1, 8, 2, 64, 32, 1), (7, 8, 2, 64, 32, 1), (19, 8, 2, 48, 40, 0),
+                                 (3, 128, 8, 32, 16, 1), (40, 12, 3, 64, 32, 1)]:
+        BT = 16
+        NB = K.moe_blocks(T, E, Kt, BT)
+        logits = rng.standard_normal((T, E)).astype(np.float32) * 2
+        ids_r, w_r = np.zeros((T, Kt), np.int32), np.zeros((T, Kt), np.float32)
+        K.moe_route(logits, ids_r, w_r, T, E, Kt, norm)
+        ids, w = np.full((T, Kt), -7, np.int32), np.full((T, Kt), np.nan, np.float32)
+        launch("moe_route", logits, ids, w, T, E, Kt, norm)
+        errs = {"route_ids": float(np.any(ids != ids_r)), "route_w": _rel(w, w_r)}
+        sp_r, be_r = np.zeros(NB * BT, np.int32), np.zeros(NB, np.int32)
+        K.moe_align(ids_r, sp_r, be_r, T, E, Kt, BT, NB)
+        sp, be = np.full(NB * BT, -9, np.int32), np.full(NB, -9, np.int32)
+        launch("moe_align", ids_r, sp, be, T, E, Kt, BT, NB)
+        errs["align"] = float(np.any(sp != sp_r) or np.any(be != be_r))
+        x = rng.standard_normal((T, D)).astype(np.float32)
+        wgu = (rng.standard_normal((E, 2 * F, D)) / np.sqrt(D)).astype(np.float32)
+        wd = (rng.standard_normal((E, D, F)) / np.sqrt(F)).astype(np.float32)
+        act_r = np.zeros((T * Kt, F), np.float32)
+        K.moe_gate_up(x, sp_r, be_r, wgu, act_r, T, D, F, Kt, BT, NB)
+        act = np.full((T * Kt, F), np.nan, np.float32)
+        launch("moe_gate_up", x, sp_r, be_r, wgu, act, T, D, F, Kt, BT, NB)
+        errs["gate_up"] = _rel(act, act_r)
+        po_r = np.zeros((T * Kt, D), np.float32)
+        K.moe_down(act_r, sp_r, be_r, wd, w_r, po_r, T, D, F, Kt, BT, NB)
+        po = np.full((T * Kt, D), np.nan, np.float32)
+        launch("moe_down", act_r, sp_r, be_r, wd, w_r, po, T, D, F, Kt, BT, NB)
+        errs["down"] = _rel(po, po_r)
+        y_r = np.zeros((T, D), np.float32)
+        K.moe_sum(po_r, y_r, T, D, Kt)
+        y = np.full((T, D), np.nan, np.float32)
+        launch("moe_sum", po_r, y, T, D, Kt)
+        errs["sum"] = float(np.any(y != y_r))
+        good = all(v < 1e-6 for v in errs.values())
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} moe T={T:<3} E={E:<3} K={Kt} D={D} F={F} norm={norm} "
+              f"blocks {int((be_r >= 0).sum())}/{NB} "
+              + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return ok
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     np.seterr(divide="ignore", under="ignore", invalid="ignore")
@@ -617,6 +674,8 @@ def main() -> None:
         sys.exit(0 if check_mma(rng) else 1)
     if sys.argv[1:] == ["scores"]:
         sys.exit(0 if all([check_scores(rng, V) for V in (300, 4097)]) else 1)
+    if sys.argv[1:] == ["experts"]:
+        sys.exit(0 if check_experts(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)

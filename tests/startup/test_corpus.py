@@ -241,6 +241,9 @@ CASES: dict[str, Case] = {
     "wrong namespace": Case("core.authorize", accept="someone.else/models"),
     "collective in a single-rank core": Case("kernel.collective", add_collective),
     "per-rank weights of another rank count": Case("buffer.rank_weights", split_final_norm),
+    "expert geometry with top-k 0": Case("experts.geometry", lambda s, mf: (
+        mf.expert_geometry.CopyFrom(m.ExpertGeometry(experts=8, experts_per_token=0, hidden=32,
+                                                     expert_width=16, block_rows=16)))),
 }
 
 

@@ -297,7 +297,8 @@ def _no_checkpoint(env: Env) -> tuple[str, ...]:
 
 def _unknown_geometry(env: Env) -> tuple[str, ...]:
     env.kwargs.update(checkpoint=None, random_seed=7, geometry="llama-9000")
-    return ("unknown geometry 'llama-9000'", "known: llama-3.1-8b, smollm2-135m")
+    return ("unknown geometry 'llama-9000'",
+            "known: llama-3.1-8b, qwen3-30b-a3b, qwen3-8b, smollm2-135m")
 
 
 def _gguf_without_blocks(env: Env) -> tuple[str, ...]:

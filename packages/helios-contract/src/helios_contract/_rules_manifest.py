@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
 from helios_contract._rules_contract import PAGED_KINDS, WRITES, context_pages, enum_name, selectors
+from helios_contract._rules_experts import expert_findings
 from helios_contract._rules_tiers import tier_plane_findings
 from helios_contract.errors import (
     BindingError,
@@ -624,3 +625,4 @@ def manifest_findings(serving: pb.ServingContract, manifest: mpb.ExecutionManife
     yield from buffers(manifest)
     yield from collectives(manifest)
     yield from programs(manifest, names)
+    yield from expert_findings(manifest, names.kernels)

@@ -18,6 +18,7 @@ __all__ = [
     "CapacityMismatchError",
     "ContractError",
     "DuplicateIdentifierError",
+    "ExpertGeometryError",
     "ExtentError",
     "FieldError",
     "FrontendPairingError",
@@ -128,6 +129,11 @@ class OperationMismatchError(ContractError):
 
 class CapacityMismatchError(ContractError):
     """A graph's captured capacities disagree with the execution manifest or serving extents."""
+
+
+class ExpertGeometryError(ContractError):
+    """An expert geometry that is inconsistent, or expert launches that disagree with it
+    or lack it."""
 
 
 class ExtentError(ContractError):

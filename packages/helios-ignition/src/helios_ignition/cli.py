@@ -85,7 +85,8 @@ def main() -> None:
               "safetensors directory.")
 @click.option("--random-weights", "random_seed", type=int, default=None,
               help="Seeded random bf16 weights of --geometry's real shapes.")
-@click.option("--geometry", help="smollm2-135m or llama-3.1-8b (with --random-weights).")
+@click.option("--geometry", help="smollm2-135m, llama-3.1-8b, qwen3-8b or qwen3-30b-a3b "
+              "(with --random-weights).")
 @click.option("--key", "key_path", required=True, type=click.Path(dir_okay=False),
               help="Ed25519 private key (helios-tools keygen).")
 @click.option("--namespace", required=True, help="Publisher namespace signed into the core.")

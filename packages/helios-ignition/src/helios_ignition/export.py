@@ -45,6 +45,7 @@ from .checkpoint import (
 )
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
 from .families.llama import LlamaShapes
+from .families.registry import FamilyMismatchError, family_shapes
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
     declare_storage,
@@ -102,7 +103,8 @@ def open_checkpoint(spec: str | None, random_seed: int | None, geometry: str | N
         if spec:
             raise ExportUsageError("--checkpoint and --random-weights are exclusive")
         if not geometry:
-            raise ExportUsageError("--random-weights needs --geometry (smollm2-135m or llama-3.1-8b)")
+            raise ExportUsageError("--random-weights needs --geometry (smollm2-135m, llama-3.1-8b, "
+                                   "qwen3-8b or qwen3-30b-a3b)")
         return random_checkpoint(geometry, random_seed)
     if geometry:
         raise ExportUsageError("--geometry applies only with --random-weights")
@@ -457,7 +459,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     else:
         check_template(chat_template, ckpt.source, CheckpointError)
     try:
-        shapes = LlamaShapes.from_geometry(ckpt.geometry).shard(tensor_parallel)
+        try:
+            shapes = family_shapes(recipe.family, ckpt.geometry).shard(tensor_parallel)
+        except FamilyMismatchError as exc:
+            raise ExportError(f"recipe {recipe.name}: {exc}") from None
         if tensor_parallel > 1 and recipe.drafter is not None:
             raise TensorParallelError("speculative programs are captured for one rank only: "
                                       f"recipe {recipe.name} declares a drafter")

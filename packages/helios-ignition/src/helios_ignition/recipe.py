@@ -139,7 +139,8 @@ class Recipe:
 
     Attributes:
         name: recipe name (also the default served id).
-        family: model family whose forward pass is captured ("llama").
+        family: model family whose forward pass is captured ("llama", "qwen3",
+            "qwen3_moe").
         checkpoint: default checkpoint spec ("smollm2" = the embedded GGUF, a path, or
             "random:<geometry>" for seeded random weights).
         frontend: tool/reasoning parser selectors and their syntax data.
@@ -182,7 +183,7 @@ class Recipe:
     chunked_sampling: bool = True
 
 
-SUPPORTED_FAMILIES = ("llama",)
+SUPPORTED_FAMILIES = ("llama", "qwen3", "qwen3_moe")  # families.registry.FAMILIES
 SUPPORTED_WEIGHT_DTYPES = ("bf16", "f32", "gguf")
 
 

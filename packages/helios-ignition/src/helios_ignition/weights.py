@@ -158,6 +158,8 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                 sources = tuple(Slice(src, 0, 0, int(p.shape[0]))
                                 for src, p in zip(names, parts, strict=True))
                 array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+                if len(shape) == 3:  # stacked experts [E, rows, in]: the sources' rows in order
+                    array = array.reshape(shape)
                 assert array.shape == shape, (name, array.shape, shape)
                 rid = weight_resource_id(name)
             else:

@@ -68,6 +68,10 @@ class Family(Protocol):
     [tokens, hidden] (the trunk's output: the final-norm hidden states, the LM head's
     input and the draft head's features). The K/V cache planes `L{i}.k_cache` /
     `L{i}.v_cache` [pages, page_tokens, kv_heads, head_dim] are the programs'.
+
+    A family with mixture-of-experts layers also has `expert_geometry()` (the manifest's
+    `ExpertGeometry`; capture copies it into the manifest, whose rules check every expert
+    launch against it).
     """
 
     @property

@@ -90,6 +90,9 @@ SMS = 132
 # slower than split + merge on the H200: off by default).
 ATTN_RULE = os.environ.get("HELIOS_ATTN_RULE", "v3")
 ATTN_FUSED = os.environ.get("HELIOS_ATTN_FUSED", "0") != "0"
+# Grouped expert product tiles at capture (HELIOS_MOE_TILES="BLOCK_N,BLOCK_K,WARPS";
+# empty: moe_constants' rule).
+MOE_TILES = os.environ.get("HELIOS_MOE_TILES", "")
 
 
 @dataclass(frozen=True)
@@ -558,6 +561,21 @@ def _linear_config(s: list, views: Sequence, tc: bool) -> LaunchConfig:
                 WBF16=wbf16, K16=int(K % 16 == 0))
 
 
+def moe_constants(N: int, K: int) -> dict[str, int]:
+    """Tiles of the grouped expert products (``moe_gate_up``: N = F, K = D; ``moe_down``:
+    N = D, K = F): one expert block of BT pair rows against a BLOCK_N x BLOCK_K weight
+    tile per step (the MMA's M is the block). Not yet swept on a GPU: 64-wide N tiles
+    give the 30B-A3B geometry's blocks (F 768, D 2048) 12 and 32 programs each.
+    HELIOS_MOE_TILES="BLOCK_N,BLOCK_K,WARPS" at capture overrides them (for sweeps;
+    each at least 16, powers of two, clipped to the matrix)."""
+    if MOE_TILES:
+        bn, bk, warps = (int(v) for v in MOE_TILES.split(","))
+        return {"BLOCK_N": min(bn, _np2(N, 16)), "BLOCK_K": min(bk, _np2(K, 16)),
+                "WARPS": warps}
+    return {"BLOCK_N": 64 if N >= 64 else _np2(N, 16),
+            "BLOCK_K": 64 if K >= 64 else _np2(K, 16), "WARPS": 4}
+
+
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
     """The launch geometry of `op` given its scalar arguments (in parameter order) and
     its buffer views (in parameter order; their buffer dtypes select weight variants).
@@ -715,6 +733,24 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("splitk_reduce", "splitk_reduce_add"):
         T, N = s[0], s[1]
         return _cfg((T, _cdiv(N, 1024)), 4, BLOCK=1024, ACC=int(op == "splitk_reduce_add"))
+    if op == "qk_rmsnorm":  # one program per (token, query or key head)
+        T, H, KVH, HD = s[0], s[1], s[2], s[3]
+        return _cfg((T, H + KVH), 1, BLOCK_HD=_np2(HD, 16))
+    if op == "moe_route":  # one program per token row over its E router logits
+        T, E, K = s[0], s[1], s[2]
+        return _cfg((T,), 1 if E <= 256 else 4, BLOCK_E=_np2(E, 16), BLOCK_K=_np2(K, 2))
+    if op == "moe_align":  # one program: a counting sort of the T K pairs by expert
+        T, K, BT = s[0], s[2], s[3]
+        return _cfg((1,), 4, BLOCK_P=_np2(T * K, 16), BLOCK_T=BT)
+    if op in ("moe_gate_up", "moe_down"):  # one program per (expert block, N tile)
+        D, F, BT, NB = s[1], s[2], s[4], s[5]
+        N, K = (F, D) if op == "moe_gate_up" else (D, F)
+        c = moe_constants(N, K)
+        return _cfg((NB, _cdiv(N, c["BLOCK_N"])), c.pop("WARPS"), BLOCK_T=BT, **c,
+                    WBF16=_is_bf16(views[3]) if len(views) > 3 else 0)
+    if op == "moe_sum":
+        T, D = s[0], s[1]
+        return _cfg((T, _cdiv(D, 1024)), 4, BLOCK=1024)
     if op == "row_copy":  # one program per (row, BLOCK elements): rows are ~10-100 KB
         R, ROW = s
         return _cfg((R, _cdiv(ROW, 4096)), 4, BLOCK=4096)

@@ -176,6 +176,9 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
                                      kernels=list(kernels.values()), graphs=programs,
                                      tuning=mpb.TuningCatalog(producers=producers),
                                      rank_count=s.ranks if s.ranks > 1 else 0)
+    experts = getattr(s, "expert_geometry", None)  # a family with sparse layers declares them
+    if experts is not None:
+        manifest.expert_geometry.CopyFrom(experts())
     return manifest, contracts
 
 

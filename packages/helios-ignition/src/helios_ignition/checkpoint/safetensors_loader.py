@@ -28,6 +28,7 @@ from .errors import (
     UnsupportedTensorError,
 )
 from .geometry import LlamaGeometry
+from .qwen3 import QWEN3_ARCHITECTURES, qwen3_geometry
 
 _FLOAT_DTYPES = {"F32", "F16", "F64", "BF16"}
 
@@ -85,9 +86,20 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, 8 + n
 
 
+# HF architectures of families whose geometry has its own reader (Llama's is below).
+ARCHITECTURE_GEOMETRY = {arch: qwen3_geometry for arch in QWEN3_ARCHITECTURES}
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", *ARCHITECTURE_GEOMETRY)
+
+
 def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry:
     archs = config.get("architectures") or []
     model_type = config.get("model_type")
+    reader = next((ARCHITECTURE_GEOMETRY[a] for a in archs if a in ARCHITECTURE_GEOMETRY), None)
+    if reader is not None:
+        return reader(config, source)
+    if archs and "LlamaForCausalLM" not in archs:
+        raise GeometryError(f"{source}: architecture {archs[0]} is not supported; supported: "
+                            f"{', '.join(SUPPORTED_ARCHITECTURES)}")
     if model_type not in (None, "llama") and "LlamaForCausalLM" not in archs:
         raise GeometryError(f"{source}: model_type {model_type!r} is not a Llama architecture")
     try:

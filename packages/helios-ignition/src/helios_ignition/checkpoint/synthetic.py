@@ -25,6 +25,10 @@ from .errors import CheckpointError
 from .geometry import NAMED_GEOMETRIES, LlamaGeometry
 from .gguf_loader import load_gguf
 from .locate import smollm2_gguf_path
+from .qwen3 import QWEN3_GEOMETRIES
+
+# Every named geometry random weights can take (Llama's and Qwen3's).
+RANDOM_GEOMETRIES = {**NAMED_GEOMETRIES, **QWEN3_GEOMETRIES}
 
 WEIGHT_STD = 0.02
 NORM_NOISE_STD = 0.02
@@ -65,7 +69,8 @@ def random_checkpoint(geometry_name: str, seed: int = 0) -> Checkpoint:
     """A lazily generated checkpoint of a named real geometry.
 
     Args:
-        geometry_name: one of `NAMED_GEOMETRIES` (`smollm2-135m`, `llama-3.1-8b`).
+        geometry_name: one of `RANDOM_GEOMETRIES` (`smollm2-135m`, `llama-3.1-8b`,
+            `qwen3-8b`, `qwen3-30b-a3b`).
         seed: base seed; tensor i uses `SeedSequence([seed, i])`.
 
     Returns:
@@ -75,10 +80,10 @@ def random_checkpoint(geometry_name: str, seed: int = 0) -> Checkpoint:
     Raises:
         CheckpointError: unknown geometry name (the message lists the known ones).
     """
-    geometry = NAMED_GEOMETRIES.get(geometry_name)
+    geometry = RANDOM_GEOMETRIES.get(geometry_name)
     if geometry is None:
         raise CheckpointError(
-            f"unknown geometry {geometry_name!r}; known: {', '.join(sorted(NAMED_GEOMETRIES))}"
+            f"unknown geometry {geometry_name!r}; known: {', '.join(sorted(RANDOM_GEOMETRIES))}"
         )
     tokenizer_json, template, bos, eos, special = _smollm2_frontend()
     base_vocab = len(json.loads(tokenizer_json)["model"]["vocab"])

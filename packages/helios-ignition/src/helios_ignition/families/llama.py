@@ -181,7 +181,7 @@ class LlamaShapes:
         T = p.tokens
         D = s.hidden
         H, KVH, HD = s.heads, s.kv_heads, s.head_dim
-        QKV, F = s.qkv_width, s.ffn
+        QKV = s.qkv_width
         lin = "linear_invariant" if p.invariant else "linear"
 
         def scratch(name: str, width: int, count: int = T):
@@ -189,7 +189,6 @@ class LlamaShapes:
 
         x, res, h = scratch("x", D), scratch("residual", D), scratch("h", D)
         qkv, attn = scratch("qkv", QKV), scratch("attn", H * HD)
-        gate_up, act = scratch("gate_up", 2 * F), scratch("act", F)
         inv_freq = t.view("rope_inv_freq", (HD // 2,))
         scale = 1.0 / math.sqrt(HD)
         b.launch("embedding", p.rows.tokens, t.view("embed", (s.vocab, D)), res, T, D)
@@ -201,28 +200,48 @@ class LlamaShapes:
                          t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D, s.rms_eps)
             else:
                 product(b, lin, h, t.view(f"L{i}.wqkv", (QKV, D)), qkv, T, QKV, D)
+            self.attention_inputs(b, p, i, qkv)
             write_kv(b, p, i, qkv, inv_freq, H, KVH, HD)
             attend(b, p, i, qkv, attn, H, KVH, HD, scale)
             if p.fold:
-                _folded_mlp(b, s, i, res, attn, gate_up, act, T)
+                self.folded_mlp(b, p, i, res, attn, T)
                 continue
             product(b, lin, attn, t.view(f"L{i}.wo", (D, H * HD)), x, T, D, H * HD)
             if s.ranks > 1:  # row-parallel: every rank holds a partial sum
                 b.launch("all_reduce_sum", x, T, D)
             b.launch("add_rmsnorm", x, res, t.view(f"L{i}.ffn_norm", (D,)), h, T, D,
                      s.rms_eps)
-            product(b, lin, h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
-            if p.decode_attention and not p.invariant and launch.fuse_swiglu_linear(T, D, F):
-                b.launch("swiglu_linear", gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
-            else:
-                product(b, lin, gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F,
-                        swiglu=True)
+            self.mlp(b, p, i, h, x)
             if s.ranks > 1:
                 b.launch("all_reduce_sum", x, T, D)
             next_norm = f"L{i + 1}.attn_norm" if i + 1 < s.layers else "final_norm"
             b.launch("add_rmsnorm", x, res, t.view(next_norm, (D,)), h, T, D, s.rms_eps)
         if p.fold:
             b.launch("rmsnorm", res, t.view("final_norm", (D,)), h, T, D, s.rms_eps)
+
+    def attention_inputs(self, b: ProgramBuilder, p: Pass, i: int, qkv) -> None:
+        """Hook between layer `i`'s QKV product and RoPE (`qkv` [T, qkv_width]): nothing
+        for Llama; a subclass family may transform the heads in place (Qwen3's QK-norm)."""
+
+    def mlp(self, b: ProgramBuilder, p: Pass, i: int, h, x) -> None:
+        """Layer `i`'s MLP of the normalized `h` ([T, hidden]) into `x` ([T, hidden]):
+        SwiGLU over the fused gate/up product (batch-1 decode fuses the down product)."""
+        t, T, D, F = b.table, p.tokens, self.hidden, self.ffn
+        lin = "linear_invariant" if p.invariant else "linear"
+        gate_up = t.view("scratch.gate_up", (T, 2 * F))
+        product(b, lin, h, t.view(f"L{i}.w_gate_up", (2 * F, D)), gate_up, T, 2 * F, D)
+        if p.decode_attention and not p.invariant and launch.fuse_swiglu_linear(T, D, F):
+            b.launch("swiglu_linear", gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F)
+        else:
+            product(b, lin, gate_up, t.view(f"L{i}.w_down", (D, F)), x, T, D, F,
+                    swiglu=True)
+
+    def folded_mlp(self, b: ProgramBuilder, p: Pass, i: int, res, attn, T: int) -> None:
+        """Layer `i` after attention with folding (`p.fold`): the O product added into
+        the residual `res`, then the MLP added into it (`_folded_mlp`)."""
+        t = b.table
+        _folded_mlp(b, self, i, res, attn, t.view("scratch.gate_up", (T, 2 * self.ffn)),
+                    t.view("scratch.act", (T, self.ffn)), T)
 
 
 def _layer_products(s: LlamaShapes) -> tuple[tuple[int, int], ...]:

@@ -31,6 +31,7 @@ from .dense import (
     rmsnorm_linear,
     silu_mul,
 )
+from .experts import moe_align, moe_down, moe_gate_up, moe_route, moe_sum, qk_rmsnorm
 from .mma import linear_splitk, split_bf16, splitk_reduce
 from .sampling import sample, sample_biased, score_tokens, token_logprobs
 from .sampling_chunks import (
@@ -67,6 +68,12 @@ TRITON_KERNELS = {
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,
     "linear": linear,
+    "qk_rmsnorm": qk_rmsnorm,
+    "moe_route": moe_route,
+    "moe_align": moe_align,
+    "moe_gate_up": moe_gate_up,
+    "moe_down": moe_down,
+    "moe_sum": moe_sum,
     "rope": rope,
     "kv_write": kv_write,
     "attention_prefill": attention_prefill,
@@ -129,6 +136,7 @@ TRITON_KERNELS = {
 WEIGHT_PARAMS = {"linear": "weight", "linear_invariant": "weight", "swiglu_linear": "weight",
                  "rmsnorm_linear": "weight", "linear_add": "weight",
                  "swiglu_linear_add": "weight", "embedding": "table",
-                 "linear_packed": "weight", "linear_partial": "weight"}
+                 "linear_packed": "weight", "linear_partial": "weight",
+                 "moe_gate_up": "w_gate_up", "moe_down": "w_down"}
 
 __all__ = ["TRITON_KERNELS", "WEIGHT_PARAMS"]

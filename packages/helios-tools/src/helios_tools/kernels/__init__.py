@@ -18,6 +18,7 @@ from .attention_split import (
 from .cache import kv_write, row_copy
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
+from .experts import moe_align, moe_blocks, moe_down, moe_gate_up, moe_route, moe_sum
 from .fused import (
     linear_add,
     rmsnorm_linear,
@@ -34,7 +35,7 @@ from .linear_splitk import (
     splitk_reduce_add,
     swiglu_split_bf16,
 )
-from .norm import add_rmsnorm, rmsnorm
+from .norm import add_rmsnorm, qk_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .registry import (
     DTYPES,
@@ -113,6 +114,13 @@ __all__ = [
     "philox_uniform",
     "reference_op",
     "rmsnorm",
+    "qk_rmsnorm",
+    "moe_align",
+    "moe_blocks",
+    "moe_down",
+    "moe_gate_up",
+    "moe_route",
+    "moe_sum",
     "rmsnorm_linear",
     "rope",
     "rope_kv_write",

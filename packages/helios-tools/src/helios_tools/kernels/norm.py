@@ -80,3 +80,45 @@ def add_rmsnorm(
     o = out[:T, :D]
     np.multiply(res, _rms_scale(res, eps), out=o)
     np.multiply(o, weight[:D], out=o)
+
+
+def qk_rmsnorm(
+    qkv: NDArray[np.float32],
+    q_weight: NDArray[np.float32],
+    k_weight: NDArray[np.float32],
+    T: int,
+    H: int,
+    KVH: int,
+    HD: int,
+    eps: float,
+) -> None:
+    """RMS norm of every query and key head of fused ``[q; k; v]`` rows, in place (QK-norm:
+    Qwen3's ``q_norm`` / ``k_norm``, applied before RoPE; values are untouched).
+
+    Reference loop::
+
+        for t in range(T):
+            for h in range(H + KVH):
+                head = qkv[t, h * HD:(h + 1) * HD]
+                g = q_weight if h < H else k_weight
+                r = 1 / sqrt(sum(head[d] ** 2 for d in range(HD)) / HD + eps)
+                head[:] = head * r * g
+
+    Args:
+        qkv: ``[T, (H + 2 KVH) HD]`` f32, updated in place.
+        q_weight: ``[HD]`` f32 gain of the query heads.
+        k_weight: ``[HD]`` f32 gain of the key heads.
+        T: token rows.
+        H: query heads.
+        KVH: key/value heads.
+        HD: head width.
+        eps: added to the mean square.
+    """
+    width = (H + 2 * KVH) * HD
+    heads = qkv[:T, :width].reshape(T, H + 2 * KVH, HD)
+    for lo, hi, gain in ((0, H, q_weight), (H, H + KVH, k_weight)):
+        x = heads[:, lo:hi]
+        ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+        ms += np.float32(eps)
+        np.multiply(x, np.float32(1.0) / np.sqrt(ms), out=x)
+        np.multiply(x, gain[:HD], out=x)

@@ -24,6 +24,7 @@ from .cache import kv_write, row_copy
 from .collective import COLLECTIVE_OPS
 from .elementwise import add, silu_mul
 from .embedding import embedding, gather_last
+from .experts import moe_align, moe_down, moe_gate_up, moe_route, moe_sum
 from .fused import (
     linear_add,
     rmsnorm_linear,
@@ -40,7 +41,7 @@ from .linear_splitk import (
     splitk_reduce_add,
     swiglu_split_bf16,
 )
-from .norm import add_rmsnorm, rmsnorm
+from .norm import add_rmsnorm, qk_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .rope import rope
 from .sampling import sample, sample_biased, score_tokens, token_logprobs
@@ -122,6 +123,29 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("out", "f32", "out"), *_i("T", "D"), *_f("eps"),
     ),
     "linear": (_b("x", "f32"), _b("weight", "f32"), _b("out", "f32", "out"), *_i("T", "N", "K")),
+    "qk_rmsnorm": (
+        _b("qkv", "f32", "inout"), _b("q_weight", "f32"), _b("k_weight", "f32"),
+        *_i("T", "H", "KVH", "HD"), *_f("eps"),
+    ),
+    # Mixture of experts (kernels/experts.py).
+    "moe_route": (
+        _b("logits", "f32"), _b("ids", "i32", "out"), _b("weights", "f32", "out"),
+        *_i("T", "E", "K", "NORM"),
+    ),
+    "moe_align": (
+        _b("ids", "i32"), _b("sorted_pairs", "i32", "out"), _b("block_expert", "i32", "out"),
+        *_i("T", "E", "K", "BT", "NB"),
+    ),
+    "moe_gate_up": (
+        _b("x", "f32"), _b("sorted_pairs", "i32"), _b("block_expert", "i32"),
+        _b("w_gate_up", "f32"), _b("act", "f32", "out"), *_i("T", "D", "F", "K", "BT", "NB"),
+    ),
+    "moe_down": (
+        _b("act", "f32"), _b("sorted_pairs", "i32"), _b("block_expert", "i32"),
+        _b("w_down", "f32"), _b("weights", "f32"), _b("pair_out", "f32", "out"),
+        *_i("T", "D", "F", "K", "BT", "NB"),
+    ),
+    "moe_sum": (_b("pair_out", "f32"), _b("out", "f32", "out"), *_i("T", "D", "K")),
     "rope": (
         _b("qkv", "f32", "inout"), _b("positions", "i32"), _b("inv_freq", "f32"),
         *_i("T", "H", "KVH", "HD"),
@@ -421,6 +445,12 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,
     "linear": linear,
+    "qk_rmsnorm": qk_rmsnorm,
+    "moe_route": moe_route,
+    "moe_align": moe_align,
+    "moe_gate_up": moe_gate_up,
+    "moe_down": moe_down,
+    "moe_sum": moe_sum,
     "rope": rope,
     "kv_write": kv_write,
     "attention_prefill": attention_prefill,

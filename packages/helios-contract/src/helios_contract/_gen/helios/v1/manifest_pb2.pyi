@@ -82,7 +82,7 @@ PARAM_KIND_F32: ParamKind
 PARAM_KIND_I64: ParamKind
 
 class ExecutionManifest(_message.Message):
-    __slots__ = ("abi", "buffers", "kernels", "graphs", "tuning", "targets", "rank_count", "weight_catalogs")
+    __slots__ = ("abi", "buffers", "kernels", "graphs", "tuning", "targets", "rank_count", "weight_catalogs", "expert_geometry")
     ABI_FIELD_NUMBER: _ClassVar[int]
     BUFFERS_FIELD_NUMBER: _ClassVar[int]
     KERNELS_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,7 @@ class ExecutionManifest(_message.Message):
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     RANK_COUNT_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_CATALOGS_FIELD_NUMBER: _ClassVar[int]
+    EXPERT_GEOMETRY_FIELD_NUMBER: _ClassVar[int]
     abi: str
     buffers: _containers.RepeatedCompositeFieldContainer[Buffer]
     kernels: _containers.RepeatedCompositeFieldContainer[Kernel]
@@ -99,7 +100,24 @@ class ExecutionManifest(_message.Message):
     targets: _containers.RepeatedScalarFieldContainer[str]
     rank_count: int
     weight_catalogs: _containers.RepeatedCompositeFieldContainer[WeightCatalog]
-    def __init__(self, abi: _Optional[str] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[GraphProgram, _Mapping]]] = ..., tuning: _Optional[_Union[TuningCatalog, _Mapping]] = ..., targets: _Optional[_Iterable[str]] = ..., rank_count: _Optional[int] = ..., weight_catalogs: _Optional[_Iterable[_Union[WeightCatalog, _Mapping]]] = ...) -> None: ...
+    expert_geometry: ExpertGeometry
+    def __init__(self, abi: _Optional[str] = ..., buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., kernels: _Optional[_Iterable[_Union[Kernel, _Mapping]]] = ..., graphs: _Optional[_Iterable[_Union[GraphProgram, _Mapping]]] = ..., tuning: _Optional[_Union[TuningCatalog, _Mapping]] = ..., targets: _Optional[_Iterable[str]] = ..., rank_count: _Optional[int] = ..., weight_catalogs: _Optional[_Iterable[_Union[WeightCatalog, _Mapping]]] = ..., expert_geometry: _Optional[_Union[ExpertGeometry, _Mapping]] = ...) -> None: ...
+
+class ExpertGeometry(_message.Message):
+    __slots__ = ("experts", "experts_per_token", "hidden", "expert_width", "normalize_top_k", "block_rows")
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    EXPERTS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    EXPERT_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_TOP_K_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ROWS_FIELD_NUMBER: _ClassVar[int]
+    experts: int
+    experts_per_token: int
+    hidden: int
+    expert_width: int
+    normalize_top_k: bool
+    block_rows: int
+    def __init__(self, experts: _Optional[int] = ..., experts_per_token: _Optional[int] = ..., hidden: _Optional[int] = ..., expert_width: _Optional[int] = ..., normalize_top_k: _Optional[bool] = ..., block_rows: _Optional[int] = ...) -> None: ...
 
 class WeightCatalog(_message.Message):
     __slots__ = ("version", "rank", "weights")
