@@ -307,6 +307,15 @@ case $stage in
       HELIOS_LINEAR_PREFILL_PACKED=$P python3 bench/gpu_models.py --model llama-3.1-8b --steps 10 \
         --batches 1 8 --json "$OUTD/llama8b_packed$P.json" 2>&1 | tee "$OUTD/llama8b_packed$P.log" | tail -4
     done ;;
+  new-tests)  # this session's new GPU tests (Qwen3 kernels and fixtures, the wide sampler,
+    # the scored prefill) and the sampled/greedy ratios of SmolLM2 per sampling mode
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_qwen3.py tests/gpu/test_sampling_chunks.py \
+      tests/gpu/test_scored_prefill.py 2>&1 | tee "$OUTD/new_tests.log" | tail -15
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --steps 30 \
+      --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" | tail -30 ;;
+  qwen3-8b)
+    python3 bench/gpu_qwen3.py --model qwen3-8b --json "$OUTD/qwen3_8b.json" 2>&1 \
+      | tee "$OUTD/qwen3_8b.log" | tail -20 ;;
   gpu-fast)  # every GPU test that needs no GGUF (pytest-xdist when the image has it), then
     # the prefill GEMM rule against torch.matmul (bench/gpu_prefill_gemm.py --mode rule)
     X=""; python3 -c "import xdist" 2>/dev/null && X="-n 8"
