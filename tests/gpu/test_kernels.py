@@ -750,7 +750,7 @@ def test_linear_packed_prefill_tc(gpu, rng, monkeypatch, terms, T, N, K_):
     from helios_ignition.capture import launch
 
     monkeypatch.setattr(launch, "PREFILL_TERMS", terms)
-    monkeypatch.setattr(launch, "PREFILL_PACKED", True)  # opt-in (HELIOS_LINEAR_PREFILL_PACKED)
+    monkeypatch.setattr(launch, "PREFILL_PACKED", True)  # the default (HELIOS_LINEAR_PREFILL_PACKED)
     assert launch.mma_plan(T, N, K_) == 1
     x = rng.standard_normal((T, K_)).astype(np.float32)
     bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))

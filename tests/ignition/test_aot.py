@@ -493,8 +493,9 @@ def test_prefill_tc_rule_and_compile_for_sm90(monkeypatch):
     assert "TC" not in cfg("linear", [256, 6144, 4096]).constants
     assert "TC" not in cfg("rmsnorm_linear", [1024, 6144, 4096, 1e-5]).constants
     assert "TC" not in cfg("linear_add", [1024, 6144, 4096]).constants
-    assert launch.mma_plan(1024, 6144, 4096) is None  # packed prefill is opt-in
-    monkeypatch.setattr(launch, "PREFILL_PACKED", True)
+    monkeypatch.setattr(launch, "PREFILL_PACKED", False)  # HELIOS_LINEAR_PREFILL_PACKED=0
+    assert launch.mma_plan(1024, 6144, 4096) is None
+    monkeypatch.setattr(launch, "PREFILL_PACKED", True)  # the default
     assert launch.mma_plan(1024, 6144, 4096) == 1 and launch.mma_plan(1024, 3072, 576) is None
     packed = cfg("linear_packed", [1024, 6144, 4096, 1])
     assert packed.constants["TC"] == 1 and packed.constants["PACKED"] == 1

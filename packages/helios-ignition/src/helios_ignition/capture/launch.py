@@ -51,18 +51,19 @@ LINEAR_PREFILL = os.environ.get("HELIOS_LINEAR_PREFILL", "auto")
 PREFILL_WIDE = "128,128,32,8,4,0,0"
 # Prefill GEMMs on the tensor-core tile paths (issue 27), for bf16 matrices with N >= 4096
 # (the 8B geometry; smaller models keep the rules above) and K a multiple of 64, beyond
-# the batched-decode rows (MMA_ROWS). By default the plain linear op (``linear``,
-# ``linear_invariant``) runs the linear kernel's TC=1 tile over f32 activations
-# (LINEAR_TC); the folded ops (rmsnorm_linear, linear_add) keep the tiles above (their
-# TC=1 forms compile but have not run on a GPU). HELIOS_LINEAR_PREFILL_PACKED=1 at
-# capture records the packed path instead (split_bf16 + one-slice linear_packed through
-# mma_plan; linear_packed's TC=1 tile is a plain bf16 GEMM over the packed terms,
-# prefill_tc_constants): compiled for sm_90 under Triton 3.9 only, not yet run on a GPU,
-# so off. HELIOS_LINEAR_PREFILL_TERMS at capture: 2 (default: hi and lo, near-f32
+# the batched-decode rows (MMA_ROWS). By default (HELIOS_LINEAR_PREFILL_PACKED=1) capture
+# records the packed path: split_bf16 + one-slice linear_packed through mma_plan, whose
+# TC=1 tile is a plain bf16 GEMM over the packed hi | lo terms (prefill_tc_constants),
+# both operands by TMA. On an H100 at ace5daa it ran 0.42-0.48x torch.matmul against the
+# f32-activation tile's 0.35x, and a 1,024-token 8B prompt in one chunk took 74.2 ms
+# against 84.5 ms (bench/results/h100_2026-12-06b/). HELIOS_LINEAR_PREFILL_PACKED=0 keeps
+# the plain linear op (``linear``, ``linear_invariant``) on the linear kernel's TC=1 tile
+# over f32 activations (LINEAR_TC); the folded ops (rmsnorm_linear, linear_add) keep the
+# tiles above. HELIOS_LINEAR_PREFILL_TERMS at capture: 2 (default: hi and lo, near-f32
 # products) or 1 (activations rounded to bf16, about 3 significant digits, half the
-# tensor work).
+# tensor work; breaks greedy identity with the f32 cpu backend on 2 of 6 long prompts).
 PREFILL_TERMS = int(os.environ.get("HELIOS_LINEAR_PREFILL_TERMS", "2"))
-PREFILL_PACKED = os.environ.get("HELIOS_LINEAR_PREFILL_PACKED", "0") == "1"
+PREFILL_PACKED = os.environ.get("HELIOS_LINEAR_PREFILL_PACKED", "1") == "1"
 PREFILL_TC_MIN_N = 4096
 # The linear kernel's TC=1 tile over f32 activations: (BLOCK_T, BLOCK_N, BLOCK_K, WARPS,
 # STAGES), TMA loads. The fastest hi/lo tile that was finite and bitwise deterministic at
