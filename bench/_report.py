@@ -45,16 +45,18 @@ def write_json(path: str | Path, result: Any, *, indent: int = 1,
 
 
 def git_commit(tree: str | Path | None = None) -> str | None:
-    """The short commit checked out at `tree` (default: this checkout); else the
-    HELIOS_COMMIT environment variable (the device machine gets a copy without .git:
-    bench/gpu_device.sh's caller sets it); else None.
+    """The HELIOS_COMMIT environment variable when set (the device machine's copy of the
+    tree carries no usable .git: bench/gpu_device.sh's caller sets it); else the short
+    commit checked out at `tree` (default: this checkout); else None.
 
     A working tree with uncommitted changes still reports HEAD: results name the commit
     they were measured on only when run from a clean tree.
     """
+    if os.environ.get("HELIOS_COMMIT"):
+        return os.environ["HELIOS_COMMIT"]
     tree = Path(tree) if tree is not None else Path(__file__).resolve().parents[1]
     if not (tree / ".git").exists():
-        return os.environ.get("HELIOS_COMMIT") or None
+        return None
     try:
         out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, check=False)

@@ -42,7 +42,7 @@ def test_a_default_encodes_other_values_and_without_it_nothing_is_written(tmp_pa
     assert not (tmp_path / "new").exists()  # encoded before any folder or file is made
 
 
-def test_git_commit_names_a_checkouts_head_and_none_outside_one(tmp_path):
+def test_git_commit_names_a_checkouts_head_and_none_outside_one(tmp_path, monkeypatch):
     import subprocess
 
     def git(*args):
@@ -60,8 +60,11 @@ def test_git_commit_names_a_checkouts_head_and_none_outside_one(tmp_path):
 
 
 def test_git_commit_outside_a_checkout_reads_helios_commit(tmp_path, monkeypatch):
-    """The device machine gets a copy without .git: the caller names the commit."""
+    """The device machine's copy has no usable .git: the caller names the commit, and
+    the name wins over a checkout's HEAD."""
+    monkeypatch.delenv("HELIOS_COMMIT", raising=False)
     monkeypatch.setenv("HELIOS_COMMIT", "062c372")
     assert report.git_commit(tmp_path) == "062c372"
+    assert report.git_commit() == "062c372"
     monkeypatch.setenv("HELIOS_COMMIT", "")
     assert report.git_commit(tmp_path) is None
