@@ -45,6 +45,8 @@ def test_a_default_encodes_other_values_and_without_it_nothing_is_written(tmp_pa
 def test_git_commit_names_a_checkouts_head_and_none_outside_one(tmp_path, monkeypatch):
     import subprocess
 
+    monkeypatch.delenv("HELIOS_COMMIT", raising=False)
+
     def git(*args):
         return subprocess.run(["git", "-C", str(tmp_path), *args], check=True,
                               capture_output=True, text=True).stdout.strip()
@@ -62,7 +64,6 @@ def test_git_commit_names_a_checkouts_head_and_none_outside_one(tmp_path, monkey
 def test_git_commit_outside_a_checkout_reads_helios_commit(tmp_path, monkeypatch):
     """The device machine's copy has no usable .git: the caller names the commit, and
     the name wins over a checkout's HEAD."""
-    monkeypatch.delenv("HELIOS_COMMIT", raising=False)
     monkeypatch.setenv("HELIOS_COMMIT", "062c372")
     assert report.git_commit(tmp_path) == "062c372"
     assert report.git_commit() == "062c372"
