@@ -87,7 +87,10 @@ def build(model: str, target: str, batches: tuple[int, ...]):
     caps = Capacities(decode_batch=batches, prefill_tokens=(128,), prefill_rows=8,
                       context_tokens=per_row * 16, page_tokens=16,
                       prepared_pages=max(batches) * per_row)
-    recipe = replace(recipe, capacities=caps)
+    # the recipe's output default (1,024) must fit the short benchmark context
+    recipe = replace(recipe, capacities=caps, sampling=replace(
+        recipe.sampling, max_output_tokens=min(recipe.sampling.max_output_tokens,
+                                               caps.context_tokens)))
     shapes = family_shapes(geometry.family, geometry)
     t0 = time.perf_counter()
     manifest, graphs = capture(shapes, caps, "bf16")
