@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +51,30 @@ def test_inconsistent_scaling_options_are_one_line(tmp_path, options, message):
     r = _run(tmp_path / "x.core", "--trust", tmp_path / "k.pub", "--accept", "x", *options)
     assert r.returncode == 2
     assert r.stderr.splitlines() == [f"helios-serve-ray: error: {message}"]
+
+
+@pytest.mark.slow
+def test_two_replicas_serve_locally_and_stop_on_sigint(tiny_served):
+    """The command end to end: its own local Ray cluster, 2 replicas, one answer, SIGINT."""
+    import httpx
+
+    core = tiny_served.core
+    proc = subprocess.Popen(
+        [str(RAY_CLI), str(core.path), "--trust", str(core.public_key), "--accept",
+         core.namespace, "--replicas", "2", "--replica-cpus", "0.5", "--port", "0",
+         "--", "--max-active", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"})  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith(f"Helios is serving 2 replicas of {core.path} at http://"), line
+        url = line.split(" at ")[1].split()[0]
+        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": "tiny-served", "max_tokens": 3, "min_tokens": 3,
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+        assert httpx.get(url + "/health", timeout=30).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    assert code == 0
