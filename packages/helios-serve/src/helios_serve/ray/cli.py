@@ -100,13 +100,13 @@ def main(core, serve_args, trust, accept, resource_key, host, port, replicas, mi
     except StartupError as exc:
         _fail(str(exc))
     # Ray's `uv run` hook would build a fresh environment for every worker; the workers
-    # run this interpreter's environment instead. Ray is imported here, after that
-    # setting, and only by this command (the optional `ray` extra).
+    # run this interpreter's environment instead.
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    # Ray is imported after that setting (it reads it at import), so here, not at the top.
     import ray
-    from ray import serve
+    from ray import serve  # (after the setting above, as `ray`)
 
-    from helios_serve.ray.app import APP_NAME, RayOptions, application
+    from helios_serve.ray.app import APP_NAME, RayOptions, application  # imports Ray
 
     options = RayOptions(
         core=str(core), trust=tuple(trust), accept=accept, serve_args=tuple(serve_args),
