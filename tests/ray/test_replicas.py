@@ -19,6 +19,7 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # before Ray reads 
 ray = pytest.importorskip("ray")
 from helios_serve.ray.app import APP_NAME, REPLICA_DEPLOYMENT, RayOptions, application  # noqa: E402
 from helios_serve.ray.ingress import REPLICA_HEADER  # noqa: E402
+from helios_serve.ray.prompt import PromptRouting  # noqa: E402
 from ray import serve  # noqa: E402
 
 from tests.tiny_model import NAMESPACE, SERVED_ID, ServeProcess  # noqa: E402
@@ -128,6 +129,54 @@ def test_affinity_keeps_a_five_turn_conversation_on_one_replica(tiny_app):
                          ["content"]})  # fmt: skip
     assert len(set(replicas)) == 1, replicas
     assert all(n > 0 for n in reused[1:]), reused
+
+
+def test_the_ingress_renders_prompts_as_the_server_does(tiny_served, single):
+    """The affinity keys hash the token ids a replica's cache holds: the ingress's
+    rendering equals the server's own /tokenize, for a chat and for Messages' system."""
+    core = tiny_served.core
+    routing = PromptRouting.from_core(str(core.path), [str(core.public_key)], core.namespace)
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is a prefix cache?"},
+                {"role": "assistant", "content": "Reused pages."},
+                {"role": "user", "content": "And a page?"}]
+    served = httpx.post(single + "/tokenize", timeout=30,
+                        json={"model": SERVED_ID, "messages": messages}).json()["tokens"]
+    assert routing.token_ids("/v1/chat/completions", {"messages": messages}) == served
+    anthropic = {"system": "Be brief.", "messages": [
+        {"role": m["role"], "content": [{"type": "text", "text": m["content"]}]}
+        for m in messages[1:]]}
+    assert routing.token_ids("/v1/messages", anthropic) == served
+    view = routing.view("/v1/chat/completions", json.dumps({"messages": messages}).encode())
+    assert len(view.keys) == len(served) // routing.page_tokens
+    assert routing.view("/v1/chat/completions", b"{not json").keys == ()
+
+
+def _stored(url: str, stream: bool) -> tuple[str, str]:
+    """(response id, replica) of a stored response, created as JSON or as SSE (whose
+    response.created event carries the id the ingress remembers)."""
+    body = {"model": SERVED_ID, "input": "Remember the word lantern.",
+            "max_output_tokens": 4, "stream": stream}
+    with httpx.stream("POST", url + "/v1/responses", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        text = r.read().decode()
+        replica = r.headers[REPLICA_HEADER]
+    if not stream:
+        return json.loads(text)["id"], replica
+    created = next(json.loads(line[6:]) for line in text.splitlines()
+                   if line.startswith("data: ") and "response.created" in line)
+    return created["response"]["id"], replica
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_previous_response_id_goes_to_the_replica_that_stored_it(tiny_app, stream):
+    rid, home = _stored(tiny_app, stream)
+    for _ in range(4):  # unpinned, each would find the response on one replica of two
+        r = httpx.post(tiny_app + "/v1/responses", timeout=120, json={
+            "model": SERVED_ID, "input": "Which word?", "max_output_tokens": 4,
+            "previous_response_id": rid})
+        assert r.status_code == 200, r.text
+        assert r.headers[REPLICA_HEADER] == home
 
 
 def test_a_killed_replica_ends_its_stream_with_an_error_and_the_next_requests_succeed(
