@@ -118,7 +118,10 @@ def main(core, serve_args, trust, accept, resource_key, host, port, replicas, mi
         health_check_timeout_s=health_check_timeout, resource_key=key,
     )  # fmt: skip
     port = port or _free_port(host)
-    ray.init(address=ray_address, include_dashboard=False, logging_level="WARNING")
+    try:
+        ray.init(address=ray_address, include_dashboard=False, logging_level="WARNING")
+    except Exception as exc:  # Ray raises a plain Exception (or ConnectionError) here
+        _fail(f"Ray did not start: {str(exc).strip().splitlines()[-1]}")
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(application(options, resource_key), name=APP_NAME, route_prefix="/")
