@@ -159,6 +159,7 @@ class HeliosIngress:
                     sniff: bool) -> AsyncIterator[bytes]:  # fmt: skip
         seen = b""  # the start of a Responses body, until its id is known
         sequence = -1
+        ended = False
         try:
             async for chunk in stream:
                 if sniff:
@@ -172,11 +173,16 @@ class HeliosIngress:
                 if numbers:
                     sequence = int(numbers[-1])
                 yield chunk
+            ended = True
         except (RayError, RayServeException) as exc:
+            ended = True
             log.warning("replica %s failed while streaming %s: %s", replica, path, exc)
             if not content_type.startswith("text/event-stream"):
                 raise  # a JSON body cut short: the connection drops, never a short 200 body
             yield failure_event(path, _failure(exc), sequence + 1)
+        finally:
+            if not ended:  # the client went away: cancel the replica's call, whose server
+                stream.cancel()  # then drops the request (a dropped response cancels it)
 
 
 def _failure(exc: BaseException) -> str:

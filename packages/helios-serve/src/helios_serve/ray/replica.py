@@ -40,7 +40,9 @@ class ReplicaStartError(RuntimeError):
 
 def _die_with_parent() -> None:
     """preexec_fn: SIGKILL this child when the replica actor dies (Linux prctl 1 =
-    PR_SET_PDEATHSIG); a no-op elsewhere."""
+    PR_SET_PDEATHSIG); a no-op elsewhere. The signal follows the thread that started the
+    child: Ray Serve runs a replica's constructor on the replica's user-code thread,
+    which lives as long as the replica."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
