@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 
 import httpx
@@ -185,6 +186,14 @@ def test_a_killed_replica_ends_its_stream_with_an_error_and_the_next_requests_su
     body = {"model": "smollm2", "stream": True, "max_tokens": 200,
             "temperature": 0, "messages": [{"role": "user", "content": "Write a long story."}]}
     lines = []
+    waiting = {}  # a JSON request in flight on the same replica when it dies
+
+    def post_json() -> None:
+        r = httpx.post(cluster + "/v1/chat/completions", timeout=300,
+                       json={**body, "stream": False})  # fmt: skip
+        waiting.update(status=r.status_code, body=r.json())
+
+    worker = threading.Thread(target=post_json)
     with httpx.stream("POST", cluster + "/v1/chat/completions", json=body, timeout=300) as r:
         assert r.status_code == 200
         victim = r.headers[REPLICA_HEADER]
@@ -192,10 +201,18 @@ def test_a_killed_replica_ends_its_stream_with_an_error_and_the_next_requests_su
             if not line.startswith("data: "):
                 continue
             lines.append(line[6:])
-            if len(lines) == 3:  # mid-stream: kill the replica actor (its server dies too)
+            if len(lines) == 2:
+                # The same prompt: affinity sends it to the victim (its queue of 1 is
+                # within the imbalance allowance of the idle replica's 0).
+                worker.start()
+            if len(lines) == 10:  # mid-stream: kill the replica actor (its server dies too)
                 actor = ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#{victim}",
                                       namespace="serve")
                 ray.kill(actor, no_restart=True)
+    worker.join()
+    assert waiting == {"status": 500, "body": {"error": {
+        "message": "the replica serving this request failed (ActorDiedError)",
+        "type": "server_error", "param": None, "code": None}}}
     assert lines[-1] != "[DONE]"
     error = json.loads(lines[-1])["error"]
     assert error == {"message": "the replica serving this request failed (ActorDiedError)",
