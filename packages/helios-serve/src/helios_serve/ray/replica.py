@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -60,9 +59,11 @@ class ServerProcess:
     """
 
     def __init__(self, args: Sequence[str], start_timeout_s: float) -> None:
-        serve = Path(sys.executable).parent / "helios-serve"
+        # helios-serve's entry point through this interpreter: the same environment as
+        # the replica, with or without the console script installed (a source tree).
         self.proc = subprocess.Popen(
-            [str(serve), *args, "--host", "127.0.0.1", "--port", "0"],
+            [sys.executable, "-c", "from helios_serve.cli import main; main()", *args,
+             "--host", "127.0.0.1", "--port", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             preexec_fn=_die_with_parent,
         )  # fmt: skip
