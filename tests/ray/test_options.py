@@ -35,3 +35,28 @@ def test_the_replica_deployment_carries_the_options():
     router = config.request_router_config
     assert router.request_router_class.endswith("AffinityRouter")
     assert router.request_router_kwargs == {"imbalance": 4}
+
+
+def test_a_failed_replica_ends_each_api_in_its_own_error_shape():
+    from helios_serve.ray.ingress import failure_body, failure_event, response_id
+
+    msg = "the replica serving this request failed (ActorDiedError)"
+    openai = {"error": {"message": msg, "type": "server_error", "param": None, "code": None}}
+    assert failure_body("/v1/chat/completions", msg) == openai
+    assert failure_body("/v1/messages", msg) == {
+        "type": "error", "error": {"type": "api_error", "message": msg}}
+    assert failure_event("/v1/chat/completions", msg, 0) == (
+        b'data: {"error":{"message":"' + msg.encode()
+        + b'","type":"server_error","param":null,"code":null}}\n\n')
+    assert failure_event("/v1/messages", msg, 0) == (
+        b'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"'
+        + msg.encode() + b'"}}\n\n')
+    assert failure_event("/v1/responses", msg, 7) == (
+        b'event: error\ndata: {"type":"error","sequence_number":7,"code":"server_error",'
+        b'"message":"' + msg.encode() + b'","param":null}\n\n')
+    # The id the ingress pins a continuation to: a JSON body's, or response.created's.
+    assert response_id("application/json", b'{"id": "resp_1", "object": "response"}') == "resp_1"
+    created = b'event: response.created\ndata: {"type":"response.created","response":{"id":"r2"}}'
+    assert response_id("text/event-stream", created) is None  # the event is not complete yet
+    assert response_id("text/event-stream", created + b"\n\n") == "r2"
+    assert response_id("application/json", b"{cut") is None

@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from helios_serve.http.errors import ExecutionFailed
 from helios_serve.http.messages_errors import anthropic_body
+from helios_serve.http.messages_shapes import sse
 from helios_serve.http.responses import error_event
 from helios_serve.ray.affinity import DEFAULT_MAX_PAGES, AffinityIndex, RouteHint
 from helios_serve.ray.prompt import PromptRouting, RequestView
@@ -69,12 +70,10 @@ def failure_event(path: str, message: str, sequence: int) -> bytes:
     """The terminal SSE error event of a failed replica, as each API ends a stream on an
     execution failure after its headers were sent."""
     if path == "/v1/messages":
-        return b"event: error\ndata: " + json.dumps(failure_body(path, message)).encode() + \
-            b"\n\n"
+        return sse("error", failure_body(path, message))
     if path == "/v1/responses":  # the Responses stream's top-level `error` event
-        body = {"type": "error", "sequence_number": sequence, "code": "server_error",
-                "message": message, "param": None}
-        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
+        return sse("error", {"type": "error", "sequence_number": sequence,
+                             "code": "server_error", "message": message, "param": None})
     return error_event(failure_body(path, message))
 
 
