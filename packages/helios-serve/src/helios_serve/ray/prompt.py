@@ -50,7 +50,12 @@ def _messages(path: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         raw = body.get("messages")
         if not isinstance(raw, list):
             return None
-        return [{**m, "content": _text(m.get("content"))} for m in raw if isinstance(m, dict)]
+        # As the server's preparation does: None fields dropped, text parts joined.
+        out = [{k: v for k, v in m.items() if v is not None} for m in raw if isinstance(m, dict)]
+        for m in out:
+            if isinstance(m.get("content"), list):
+                m["content"] = _text(m["content"])
+        return out
     if path == "/v1/messages":
         out = [{"role": "system", "content": _text(body["system"])}] if body.get("system") else []
         for m in body.get("messages") or []:
