@@ -36,7 +36,7 @@ module prefix that names a module; a module imports its own floor or lower ones)
     5 http       http, responses (the HTTP API; the Responses API's schema, conversation,
                  presenter and store)
     6 server     server, testing.harness (a Server around a test backend)
-    7 cli        cli, __main__
+    7 cli        cli, __main__, ray (helios-serve-ray: replicas on Ray Serve)
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (4, "engine", ("engine_process", "engine_client")),
     (5, "http", ("http", "responses")),
     (6, "server", ("server", "testing.harness")),
-    (7, "cli", ("cli", "__main__")),
+    (7, "cli", ("cli", "__main__", "ray")),
 )
 LAYERED = "helios_serve"  # the package with floors inside, checked for cycles
 # The packages whose imports inside functions must say why (all four).

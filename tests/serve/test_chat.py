@@ -214,7 +214,9 @@ def test_metrics(scripted):
     assert m[("helios_http_admission_permits_in_use", ())] == 0
     assert m[("helios_http_admission_permits_capacity", ())] == 12
     # Labels carry bounded enumerations only: no ids, prompts or token ids.
-    allowed = {"reason", "operation", "le", "source", "position"}
+    # The gateway's info gauges carry configuration (test_gateway_metrics.py).
+    allowed = {"reason", "operation", "le", "source", "position", "max_lora",
+               "running_lora_adapters", "waiting_lora_adapters", "block_size", "num_gpu_blocks"}
     assert all(set(dict(labels)) <= allowed for _, labels in m)
 
 

@@ -358,6 +358,32 @@ class Metrics:
         self.slots_capacity = Gauge(
             "helios_request_slots_capacity", "Physical request rows.", registry=r
         )
+        # The Gateway API Inference Extension's model-server protocol (docs/deploy.md,
+        # "Inference-gateway metrics"): the endpoint picker reads queued and running
+        # requests (helios_requests_waiting, helios_requests_running above), this fraction,
+        # the LoRA info and the cache info, each under a name its flags select.
+        self.kv_cache_usage = Gauge(
+            "helios_kv_cache_usage_perc",
+            "Fraction (0 to 1) of the physical cache pages that requests reference: "
+            "helios_cache_pages_used / helios_cache_pages_capacity (idle prefix-cache pages "
+            "count as free, as a later allocation may evict them).",
+            registry=r,
+        )
+        self.lora_requests_info = Gauge(
+            "helios_lora_requests_info",
+            "LoRA adapters in the inference gateway's label format; the value is the "
+            "Unix time (s) of the last update. Helios serves no adapters: max_lora is 0 and "
+            "both lists are empty.",
+            ["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+            registry=r,
+        )
+        self.cache_config_info = Gauge(
+            "helios_cache_config_info",
+            "The cache geometry in the inference gateway's label format: block_size = "
+            "tokens per page, num_gpu_blocks = physical pages; the value is 1.",
+            ["block_size", "num_gpu_blocks"],
+            registry=r,
+        )
         # Speculative decoding (the shape of vLLM's spec-decode metrics; source "learned"
         # = the drafter, "copied" = history drafting).
         self.spec_draft_tokens = Counter(

@@ -39,6 +39,7 @@ import dataclasses
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -233,6 +234,10 @@ class ModelWorker:
         metrics.snapshot_capacity.set(self.geometry.snapshot_rows)
         metrics.host_cache_bytes_capacity.set(self.geometry.host_rows * self.geometry.page_bytes)
         metrics.slots_capacity.set(self.geometry.slots)
+        metrics.cache_config_info.labels(str(self.geometry.page_tokens),
+                                         str(self.geometry.num_pages)).set(1)
+        metrics.lora_requests_info.labels("0", "", "").set(time.time())
+        metrics.kv_cache_usage.set(0.0)
         self.crashed: BaseException | None = None
         # Liveness (liveness.StallWatch, read by any thread): one per turn of the loop, so
         # a step stuck in the model (a hung device call) stops it while work waits.
@@ -764,6 +769,7 @@ class ModelWorker:
         m.requests_running.set(stats.running)
         m.requests_waiting.set(stats.waiting)
         m.pages_used.set(stats.pages_used)
+        m.kv_cache_usage.set(stats.pages_used / self.geometry.num_pages)
         m.pages_evictable.set(stats.pages_evictable)
         m.snapshots_resident.set(stats.snapshots_resident)
         m.host_cache_bytes_used.set(stats.host_rows_used * self.geometry.page_bytes)
