@@ -256,8 +256,13 @@ class ModelGeometry:
             view of a request's n token pages references page n + offset - 1. Pages are
             then not shared between requests (a shifted history does not lie in the page
             of the tokens it belongs to).
-        prefix_programs: served SPECULATIVE_PREFIX_LIMIT programs as (B, P, W), ascending:
-            B lanes of ceilings up to W share P verification rows the device allocates.
+        lane_limits: the lane limit of each served width, in the order of
+            speculative_widths (SpeculativeDescriptor.lane_limit: the longest lane, pending
+            token included, the host may select for that width's programs; one per width,
+            rule speculative.lane_limit_consistency); empty: each width's own W.
+        prefix_programs: served SPECULATIVE_PREFIX_LIMIT programs as (B, P, L), ascending:
+            B lanes of ceilings up to L (the program's lane limit) share P verification
+            rows the device allocates.
         copied_proposals: every served wider SPECULATIVE program binds the copied-token
             inputs (history drafting may be enabled).
         candidate_masks: constrained lanes may verify copied candidates: every served
@@ -286,6 +291,7 @@ class ModelGeometry:
     mask_words: int
     eos_token_ids: tuple[int, ...]
     speculative_widths: tuple[int, ...] = ()
+    lane_limits: tuple[int, ...] = ()
     draft_cursor_lag: int | None = None
     top_logprobs: int | None = None
     logit_bias: bool = False
@@ -298,6 +304,13 @@ class ModelGeometry:
     transfer_rows: int = 0
     routes: tuple[Route, ...] = ()
     page_bytes: int = 0
+
+    @property
+    def lane_widths(self) -> tuple[int, ...]:
+        """The lane lengths the scheduler plans against: the distinct lane limits of the
+        served widths, ascending (a lane of n positions runs in the narrowest program whose
+        limit holds n)."""
+        return tuple(sorted(set(self.lane_limits or self.speculative_widths)))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 verifies, which program the width policy chooses, and what a completed lane record says.
 
 Every generation row of a request that can speculate (`speculates`) is a SPECULATIVE
-lane of length n = min(widest served W, output budget left) -- 1 while its next token is
+lane of length n = min(longest served lane limit, output budget left) -- 1 while its next token is
 masked (min_tokens; grammar unless the core masks a constrained lane's copied candidates
 per position: then 1 + the copied candidates its grammar accepts) -- with pages reserved
 for all n positions by the scheduler (the lane's full ceiling); a lane whose pages are not
@@ -109,7 +109,7 @@ class SpeculativeLanes:
                  width_policy: bool | WidthPolicy = False) -> None:
         g = geometry
         self.geometry = g
-        self.widths = tuple(g.speculative_widths)
+        self.widths = g.lane_widths  # lane lengths: the served widths' lane limits
         self.max_width = max(self.widths) if self.widths else 0
         if history_drafting and not g.copied_proposals:
             raise ValueError("history drafting needs speculative programs with copied-token "
@@ -120,7 +120,7 @@ class SpeculativeLanes:
         if isinstance(width_policy, WidthPolicy) or not width_policy or not self.widths:
             self.policy = width_policy if width_policy and self.widths else None  # type: ignore[assignment]
         else:
-            self.policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
+            self.policy = WidthPolicy(self.widths, g.decode_capacities,
                                       g.prefix_programs)
         self.counts = LaneCounts(self.max_width)
         self._choice: Choice | None = None  # the policy's choice for the plan being built
@@ -246,7 +246,8 @@ class SpeculativeLanes:
         constrained request whose grammar masks its copied candidates position by
         position (history drafting on a core with ModelGeometry.candidate_masks) verifies
         those candidates and no learned draft: 1 + the candidates its grammar accepts;
-        else min(widest served W = D + 1, output budget left; a token still in flight
+        else min(longest served lane limit (ModelGeometry.lane_widths: min(D + 1, W)
+        unless the core declares less), output budget left; a token still in flight
         counts as emitted: the policy weighs requests planned ahead). The request alone
         decides it, never other requests or free pages: cores exported before coupled
         verification sample seeded text that depends on the lane lengths (which
