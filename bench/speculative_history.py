@@ -79,7 +79,7 @@ MODES = {"off": dict(widths=False, history=False, policy=False),
 
 def _latest_occurrence():
     """The proposer before the copy cursor: latest occurrence of the longest n-gram."""
-    from helios_serve.speculation import HistoryIndex, SuffixIndex
+    from helios_serve.speculation import HistoryIndex
 
     return HistoryIndex(cursor=False, candidates=1, resume=0)
 

@@ -185,6 +185,25 @@ def test_history_drafting_counts_copied_drafts_under_their_source(tok):
     assert total == sum(n - 1 for n in server.model.lane_lengths)  # every draft counted once
 
 
+@pytest.mark.parametrize(("proposer", "first_lane"), [("copy", ""), ("suffix", "rsq")])
+def test_the_history_proposer_option_picks_the_lanes_candidates(tok, proposer, first_lane):
+    """The prompt's content " qrsqrsqrt" is one token per byte; the answer starts "q".
+    Its first lane (pending "q") has no earlier 2-gram "\nq" for the copy proposer
+    (n = 4, 3, 2), while suffix drafting matches "q" (followed by "r" three times) and
+    walks r s q: probabilities 1, 2/3, 2/3, three tokens allowed after a match of 1
+    (2 x 1 + 1)."""
+    geometry = {"speculative_widths": (1, 2, 4), "copied_proposals": True}
+    with ScriptedServer(tok, geometry=geometry, history_drafting=True,
+                        history_proposer=proposer) as server:
+        server.script("qrsqrsqrt", ["q", "r", "s", "q", "r"])
+        server.model.accept = lambda _rid, offers: 0
+        r = server.openai().chat.completions.create(
+            model=server.model_name, messages=[{"role": "user", "content": " qrsqrsqrt"}],
+            max_tokens=5)  # the first lane: 4 tokens left, 3 drafts
+        assert r.choices[0].message.content == "qrsqr"
+        assert server.model.lane_candidates[0] == tuple(tok.ids(list(first_lane)))
+
+
 def test_logprobs_and_logit_bias_requests_decode_beside_speculating_ones(tok):
     geometry = {"speculative_widths": (1, 2, 4), "top_logprobs": 5, "logit_bias": True}
     with ScriptedServer(tok, geometry=geometry) as server:

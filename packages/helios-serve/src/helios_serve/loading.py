@@ -103,7 +103,8 @@ def _speculation_line(geometry, options: ServeOptions) -> str:
     if widest < 2:  # lanes of one position: plain decode
         return f"off (--speculative-width {options.speculative_width})"
     lanes = f" (lanes up to {longest})" if longest < widest else ""
-    history = ", history drafting" if options.history_drafting else ""
+    history = (f", history drafting ({options.history_proposer})" if options.history_drafting
+               else "")
     return f"widths up to {widest}{lanes}, {options.speculative_policy} width policy{history}"
 
 

@@ -78,6 +78,7 @@ from helios_serve.scheduler import (
     Scheduler,
 )
 from helios_serve.scheduler.finish import StopRule, check_stop, ending_eos_ids
+from helios_serve.speculation import PROPOSERS
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +198,7 @@ class ModelWorker:
         max_active: int,
         queue_capacity: int,
         history_drafting: bool = False,
+        history_proposer: str = "copy",
         width_policy: bool = False,
         stream_interval: int = 1,
     ) -> None:
@@ -209,7 +211,9 @@ class ModelWorker:
         self.geometry = serving_geometry(model.manifests, max_active)
         self.scheduler = Scheduler(self.geometry, frames=model.frames,
                                    device_pending=model.device_pending,
-                                   history_drafting=history_drafting, width_policy=width_policy,
+                                   history_drafting=history_drafting,
+                                   history_index=PROPOSERS[history_proposer],
+                                   width_policy=width_policy,
                                    transfer_cost=getattr(model, "transfer_cost", None))
         self._inflight: deque[_Submitted] = deque()  # submission order
         self._lock = threading.Lock()

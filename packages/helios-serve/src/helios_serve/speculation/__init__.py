@@ -6,4 +6,8 @@ from .history import HistoryIndex
 from .policy import StepCosts, WidthPolicy
 from .suffix import SuffixIndex
 
-__all__ = ["HistoryIndex", "StepCosts", "SuffixIndex", "WidthPolicy"]
+__all__ = ["PROPOSERS", "HistoryIndex", "StepCosts", "SuffixIndex", "WidthPolicy"]
+
+# History drafting's proposers by their helios-serve --history-proposer name: "copy" the
+# latest-occurrence copy with its cursor (history.py), "suffix" suffix drafting (suffix.py).
+PROPOSERS = {"copy": HistoryIndex, "suffix": SuffixIndex}

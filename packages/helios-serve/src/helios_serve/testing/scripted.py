@@ -169,6 +169,8 @@ class ScriptedModel:
         self.closed = False
         self.accept = accept or (lambda _request_id, offers: offers - 1)
         self.lane_lengths: list[int] = []  # every SPECULATIVE lane's length, in order
+        # every SPECULATIVE lane's copied candidate ids (() for none), in order
+        self.lane_candidates: list[tuple[int, ...]] = []
         self._record_faults: list[Callable[[StepPlan, np.ndarray], None]] = []
 
     def corrupt_records(self, edit: Callable[[StepPlan, np.ndarray], None]) -> None:
@@ -360,6 +362,7 @@ class ScriptedModel:
         pt = g.page_tokens
         n = row.lane_length
         self.lane_lengths.append(n)
+        self.lane_candidates.append(tuple(row.candidates.ids) if row.candidates else ())
         assert len(row.page_ids) * pt >= row.start_position + n, "lane ceiling not reserved"
         width = max(g.speculative_widths)
         accepted = min(max(int(self.accept(row.request_id, n)), 0), n - 1)
