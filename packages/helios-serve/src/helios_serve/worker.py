@@ -771,12 +771,16 @@ class ModelWorker:
         ):
             if now > then:  # scheduler counters are cumulative; export their increments
                 counter.inc(now - then)
-        for position, (now, then) in enumerate(zip(
-                stats.spec_accepted_per_position,
-                before.spec_accepted_per_position or (0,) * len(stats.spec_accepted_per_position),
-                strict=True)):
-            if now > then:
-                m.spec_accepted_per_position.labels(str(position)).inc(now - then)
+        for counter, now_by, then_by in (
+                (m.spec_draft_per_position, stats.spec_offered_by_source,
+                 before.spec_offered_by_source),
+                (m.spec_accepted_per_position, stats.spec_accepted_by_source,
+                 before.spec_accepted_by_source)):
+            for source, counts in now_by.items():
+                earlier = then_by.get(source) or (0,) * len(counts)
+                for position, (now, then) in enumerate(zip(counts, earlier, strict=True)):
+                    if now > then:
+                        counter.labels(str(position), source).inc(now - then)
         for length, (now, then) in enumerate(zip(
                 stats.spec_accepted_lengths,
                 before.spec_accepted_lengths or (0,) * len(stats.spec_accepted_lengths),
