@@ -139,3 +139,14 @@ def test_step_clock_charges_speculative_steps_from_the_previous_completion():
     clock.skip()  # 35
     assert policy.seen == [("step", ("w2", 2), 3.0), ("switch", ("w2", 2), 1.0),
                            ("step", ("decode", 2), 3.0)]
+
+
+def test_lane_widths_are_the_served_widths_lane_limits_and_none_once_widths_are_cleared():
+    from dataclasses import replace
+
+    geometry = tiny_geometry(64, speculative_widths=(1, 2, 4), lane_limits=(1, 2, 2))
+    assert geometry.lane_widths == (1, 2)
+    assert SpeculativeLanes(geometry).max_width == 2
+    assert tiny_geometry(64, speculative_widths=(1, 2, 4)).lane_widths == (1, 2, 4)
+    off = replace(geometry, speculative_widths=())  # speculation off keeps no lane width
+    assert off.lane_widths == () and SpeculativeLanes(off).max_width == 0

@@ -310,7 +310,11 @@ class ModelGeometry:
         """The lane lengths the scheduler plans against: the distinct lane limits of the
         served widths, ascending (a lane of n positions runs in the narrowest program whose
         limit holds n)."""
-        return tuple(sorted(set(self.lane_limits or self.speculative_widths)))
+        limits = self.lane_limits or self.speculative_widths
+        # pairs with the served widths: a geometry whose widths were cleared (speculation
+        # off) has no lane widths, whatever limits it kept
+        return tuple(sorted({limit for _, limit in zip(self.speculative_widths, limits,
+                                                       strict=False)}))
 
 
 @dataclass(frozen=True)
