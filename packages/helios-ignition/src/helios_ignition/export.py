@@ -451,9 +451,6 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         check_template(chat_template, ckpt.source, CheckpointError)
     try:
         shapes = LlamaShapes.from_geometry(ckpt.geometry).shard(tensor_parallel)
-        if tensor_parallel > 1 and recipe.drafter is not None:
-            raise TensorParallelError("speculative programs are captured for one rank only: "
-                                      f"recipe {recipe.name} declares a drafter")
         if tensor_parallel > 1 and recipe.fold_layers:
             raise TensorParallelError(
                 "folded layers add the O and down products into the residual, which split "

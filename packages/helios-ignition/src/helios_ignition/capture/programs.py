@@ -85,9 +85,6 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
     """
     if spec is not None and not device_pending:
         raise ValueError("speculative programs read the device-owned pending token")
-    if spec is not None and s.ranks > 1:
-        raise TensorParallelError("speculative programs are captured for one rank only "
-                                  "(a recipe with a drafter cannot be split between ranks)")
     if fold_layers and s.ranks > 1:  # linear_add would add each rank's partial sum
         raise TensorParallelError("folded layers add the O and down products into the "
                                   "residual, which split ranks must all-reduce first")

@@ -30,6 +30,14 @@ def completion_buffers(layout: mpb.CompletionLayout) -> tuple[str, ...]:
     return tuple(n for n in names if n)
 
 
+def rank_record_buffers(layout: mpb.CompletionLayout) -> tuple[str, ...]:
+    """What each tensor-parallel rank returns of a step for the agreement check
+    (runtime.ranks): `completion_buffers`, then the framed confidence record (whole: the
+    step's frame plane holds its values), which every rank must hold equal too."""
+    names = completion_buffers(layout)
+    return names + ((layout.confidence_buffer,) if layout.confidence_buffer else ())
+
+
 def confidence_buffers(programs: Sequence[mpb.GraphProgram]) -> frozenset[str]:
     """Framed proposal-confidence buffers (f32 [2, request_slots, draft_capacity]): ONE
     host array shared by both frames; a step's completion copies the program's rows of

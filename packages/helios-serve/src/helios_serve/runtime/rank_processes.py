@@ -63,7 +63,7 @@ from helios_tools.kernels import collective as reference
 from ..startup import StartupLog
 from . import rank_control as control
 from .cache_sizing import CacheSizing
-from .completion import completion_buffers
+from .completion import rank_record_buffers
 from .cpu_backend import CpuBackend
 from .errors import RankLost, RuntimeLoadError
 from .ranks import RankedBackend, RankStep, Step
@@ -275,6 +275,9 @@ class MpiCollectives:
     def all_gather_columns(self, x: np.ndarray, out: np.ndarray, T: int, NL: int,
                            N: int) -> None:
         out[:T, :N] = reference.all_gather_columns(self._parts(x[:T, :NL]), T, NL, N)
+
+    def broadcast_rank0(self, x: np.ndarray, T: int, N: int) -> None:
+        x[:T, :N] = reference.broadcast_rank0(self._parts(x[:T, :N]), T, N)
 
 
 def _pack(header: dict, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -675,7 +678,7 @@ def load_process_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[
     backend = CpuBackend(manifest, read_resource, cache, frames, log, rank=0,
                          collectives=MpiCollectives(comm))
     _agree_on_pages(comm, backend, setup.timeout_s)
-    completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
+    completion = {g.name: rank_record_buffers(g.completion) for g in manifest.graphs}
     peers = ProcessPeers(comm, RankStep(backend, completion), controls)
     return RankedBackend(manifest, backend, peers)
 
@@ -718,7 +721,7 @@ def serve_rank(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], b
     backend = CpuBackend(manifest, read_resource, cache, frames, log, rank=setup.rank,
                          collectives=MpiCollectives(comm))
     _agree_on_pages(comm, backend, setup.timeout_s)
-    completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
+    completion = {g.name: rank_record_buffers(g.completion) for g in manifest.graphs}
     rank_step = RankStep(backend, completion)
 
     closing = threading.Event()
