@@ -138,6 +138,7 @@ def main(argv=None) -> int:
 
     ck = load_gguf(args.gguf or smollm2_gguf_path())
     sets = sh.prompt_sets(ck)
+    load_before = os.getloadavg()  # the machine is shared: how busy it was
     rows, greedy = speed(args, sets, ck) if args.speed else ([], {})
     if args.outputs:
         previous = json.loads(Path(args.outputs).read_text())["sets"]
@@ -150,6 +151,7 @@ def main(argv=None) -> int:
               "widths": args.widths,
               "commit": os.environ.get("HELIOS_COMMIT") or git_commit() or "unknown",
               "machine": f"{platform.machine()}, {os.cpu_count()} cpus (shared)",
+              "load_average_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
               "command": "python bench/suffix_drafting.py " + " ".join(argv or sys.argv[1:]),
               "outputs_from": args.outputs or "this run", "speed": rows, "sets": {}}
     totals: dict[str, dict[str, list[int]]] = {}
