@@ -144,10 +144,15 @@ def test_a_lane_limited_core_lints_clean_and_serves_lanes_within_its_limit(cores
     assert metrics[LANES] > 0
     assert metrics[DRAFTS] == metrics[LANES]
     assert metrics['helios_spec_decode_accepted_length_bucket{le="2.0"}'] == metrics[LANES]
-    assert 'helios_spec_decode_accepted_per_position_total{position="1"}' not in metrics
+    # one draft position only: every lane offered its draft 0, none a draft 1
+    first = 'helios_spec_decode_draft_per_position_total{position="0",source="learned"}'
+    assert metrics[first] == metrics[LANES]
+    assert not any(name.startswith("helios_spec_decode_draft_per_position_total")
+                   and 'position="1"' in name for name in metrics)
     # The unlimited core's lanes of the same requests were 4 long (3 drafts each), but
     # where fewer than 4 tokens were left.
     assert wide[DRAFTS] > 2 * wide[LANES]
+    assert wide['helios_spec_decode_draft_per_position_total{position="2",source="learned"}'] > 0
 
 
 def test_lane_limits_that_disagree_within_a_width_are_refused_by_lint_and_startup(cores):
