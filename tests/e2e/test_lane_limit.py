@@ -162,3 +162,16 @@ def test_lane_limits_that_disagree_within_a_width_are_refused_by_lint_and_startu
         start(inconsistent, [str(public)], NAMESPACE, ServeOptions(port=0)).stop()
     assert info.value.rule == RULE
     assert "W = 4 programs declare one lane limit" in str(info.value)
+
+
+@pytest.mark.parametrize(("limits", "options", "line"), [
+    ((1, 2, 4), {}, "widths up to 4, adaptive width policy"),
+    ((1, 2, 2), {"history_drafting": True, "history_proposer": "suffix"},
+     "widths up to 4 (lanes up to 2), adaptive width policy, history drafting (suffix)"),
+])  # fmt: skip
+def test_the_startup_log_names_a_lane_limit_below_the_width(limits, options, line):
+    from helios_serve.loading import _speculation_line
+    from helios_serve.testing.scripted import tiny_geometry
+
+    geometry = tiny_geometry(64, speculative_widths=(1, 2, 4), lane_limits=limits)
+    assert _speculation_line(geometry, ServeOptions(**options)) == line
