@@ -18,7 +18,7 @@ split). Modes, same core, same process:
 - learned+history: plus copied candidates (--history-drafting: copy cursor, ranked
   occurrences), fixed;
 - learned+suffix: plus suffix drafting's candidates (--history-proposer suffix:
-  speculation/suffix.py), fixed;
+  speculation/suffix.py), fixed (only when --modes names it, as adaptive+suffix);
 - adaptive: learned+history with the width policy (--speculative-policy adaptive),
   after one untimed run of the same requests (a server's policy keeps its measurements);
   adaptive+suffix: the same with suffix drafting.
@@ -209,7 +209,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--sets", nargs="+", default=["editing", "extraction", "chat"])
     ap.add_argument("--samplings", nargs="+", default=list(SAMPLINGS), choices=list(SAMPLINGS))
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    # the suffix modes run when asked (--modes ... learned+suffix adaptive+suffix): the
+    # default run stays the one bench/gpu_device.sh budgets for
+    ap.add_argument("--modes", nargs="+", default=[m for m in MODES if "suffix" not in m],
+                    choices=list(MODES))
     ap.add_argument("--rounds", type=int, default=1,
                     help="timed runs of every mode, interleaved; tok/s is their median")
     ap.add_argument("--cpu-frames", type=int, default=1, choices=(1, 2),
