@@ -120,8 +120,10 @@ def test_two_ranks_speculate_the_one_rank_greedy_ids(cores, prompts, single, wid
         model.close()
 
 
-def test_two_ranks_allocate_prefix_rows_from_rank_zeros_confidence(cores, prompts, single):
-    model = _load(cores.split, cores.public)
+@pytest.mark.parametrize("frames", [1, 2])
+def test_two_ranks_allocate_prefix_rows_from_rank_zeros_confidence(cores, prompts, single,
+                                                                    frames):
+    model = _load(cores.split, cores.public, cpu_frames=frames)
     try:
         driver = Driver(model)
         ids, records = driver.generate_speculative(prompts, TOKENS, 4, packed_rows=4)
@@ -129,6 +131,9 @@ def test_two_ranks_allocate_prefix_rows_from_rank_zeros_confidence(cores, prompt
         # two lanes of ceiling 4 shared 4 rows: the device allocated, the lanes stayed
         # within them
         assert all(sum(int(r[1]) for r in record) <= 4 for record in records)
+        # the mirror holds rank 0's confidence in the plane of the step's frame
+        framed = model.backend.staging(0)["proposal_confidence"][0]
+        assert framed.shape[-1] == 3 and np.isfinite(framed).all()
     finally:
         model.close()
 

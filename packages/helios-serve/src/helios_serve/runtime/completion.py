@@ -32,10 +32,17 @@ def completion_buffers(layout: mpb.CompletionLayout) -> tuple[str, ...]:
 
 def rank_record_buffers(layout: mpb.CompletionLayout) -> tuple[str, ...]:
     """What each tensor-parallel rank returns of a step for the agreement check
-    (runtime.ranks): `completion_buffers`, then the framed confidence record (whole: the
-    step's frame plane holds its values), which every rank must hold equal too."""
+    (runtime.ranks): `completion_buffers`, then the framed confidence record (its plane
+    of the step's frame only: runtime.ranks.RankStep), which every rank must hold equal
+    too."""
     names = completion_buffers(layout)
     return names + ((layout.confidence_buffer,) if layout.confidence_buffer else ())
+
+
+def framed_confidence(programs: Sequence[mpb.GraphProgram]) -> dict[str, str]:
+    """Graph -> its framed proposal-confidence buffer, for the programs producing one."""
+    return {g.name: g.completion.confidence_buffer for g in programs
+            if g.completion.confidence_buffer}
 
 
 def confidence_buffers(programs: Sequence[mpb.GraphProgram]) -> frozenset[str]:

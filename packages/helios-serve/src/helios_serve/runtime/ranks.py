@@ -45,7 +45,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from ..startup import StartupLog
 from .cache_sizing import CacheSizing
 from .collectives import ThreadGroup
-from .completion import rank_record_buffers
+from .completion import framed_confidence, rank_record_buffers
 from .cpu_backend import CpuBackend
 from .errors import (
     RankDisagreement,
@@ -73,14 +73,19 @@ class Step:
 
 @dataclass
 class RankStep:
-    """One rank's backend and what a step needs of the manifest (shared by the peers)."""
+    """One rank's backend and what a step needs of the manifest (shared by the peers):
+    per graph the buffers of its record (runtime.completion.rank_record_buffers) and the
+    framed confidence buffer among them, if any (`rank_steps` builds both)."""
 
     backend: CpuBackend
     completion: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    framed: dict[str, str] = field(default_factory=dict)
 
     def run(self, step: Step) -> dict[str, np.ndarray]:
         """Apply `step` to this rank's buffers, run it; returns the completion arrays
-        (views of this rank's frame staging, valid until its next step in that frame)."""
+        (views of this rank's frame staging, valid until its next step in that frame;
+        of a framed confidence buffer, which both frames share, a copy of the step's
+        frame plane: the other frame's step may rewrite the other plane meanwhile)."""
         backend = self.backend
         staged = backend.staging(step.frame)
         for name, values in step.inputs.items():
@@ -88,10 +93,18 @@ class RankStep:
         for name, row, start, values in step.writes:
             _row(backend.buffers[name], row)[start:start + len(values)] = values
         backend.launch(step.graph, step.frame)
-        return {name: staged[name] for name in self.completion[step.graph]}
+        framed = self.framed.get(step.graph)
+        return {name: staged[name][step.frame].copy() if name == framed else staged[name]
+                for name in self.completion[step.graph]}
 
     def write_state(self, name: str, byte_offset: int, values: np.ndarray) -> None:
         self.backend.write_state(name, byte_offset, values)
+
+
+def rank_step(manifest: mpb.ExecutionManifest, backend: CpuBackend) -> RankStep:
+    """`backend`'s RankStep for `manifest`'s graphs."""
+    return RankStep(backend, {g.name: rank_record_buffers(g.completion)
+                              for g in manifest.graphs}, framed_confidence(manifest.graphs))
 
 
 def _row(array: np.ndarray, row: int) -> np.ndarray:
@@ -157,6 +170,7 @@ class RankedBackend:
         self._graphs: list[str | None] = [None] * self.frames
         self._speculative = {g.name for g in manifest.graphs
                              if g.operation == cpb.OPERATION_SPECULATIVE}
+        self._framed = framed_confidence(manifest.graphs)
         self.failed: RankFailure | None = None
 
     @property
@@ -219,8 +233,12 @@ class RankedBackend:
                                                    "on every rank")
                     self.failed = RankDisagreement(why)
                     raise self.failed
+        framed = self._framed.get(graph)
         for name in self._completion[graph]:
-            self._staging[frame][name][...] = records[0][name]
+            if name == framed:  # rank 0's plane of this frame
+                self._staging[frame][name][frame] = records[0][name]
+            else:
+                self._staging[frame][name][...] = records[0][name]
 
     def run(self, graph: str, dirty=()) -> None:
         self.launch(graph, 0, dirty)
@@ -346,9 +364,8 @@ def load_thread_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[[
     pages = {b.num_pages for b in backends}
     if len(pages) != 1:
         raise RuntimeLoadError(f"the ranks chose different page counts: {sorted(pages)}")
-    completion = {g.name: rank_record_buffers(g.completion) for g in manifest.graphs}
     with (log or StartupLog()).phase("ranks") as phase:
-        peers = ThreadPeers([RankStep(b, completion) for b in backends], group)
+        peers = ThreadPeers([rank_step(manifest, b) for b in backends], group)
         phase.detail = (f"{ranks} tensor-parallel ranks (threads), each with its own "
                         "weights, buffers and cache")
     return RankedBackend(manifest, backends[0], peers)
