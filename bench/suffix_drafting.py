@@ -139,6 +139,7 @@ def main(argv=None) -> int:
     ck = load_gguf(args.gguf or smollm2_gguf_path())
     sets = sh.prompt_sets(ck)
     load_before = os.getloadavg()  # the machine is shared: how busy it was
+    commit = os.environ.get("HELIOS_COMMIT") or git_commit() or "unknown"  # what runs now
     rows, greedy = speed(args, sets, ck) if args.speed else ([], {})
     if args.outputs:
         previous = json.loads(Path(args.outputs).read_text())["sets"]
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
     result = {"model": "smollm2-135m-instruct", "backend": "cpu", "batch": 1,
               "tokens_per_request": args.tokens, "rounds": args.rounds,
               "widths": args.widths,
-              "commit": os.environ.get("HELIOS_COMMIT") or git_commit() or "unknown",
+              "commit": commit,
               "machine": f"{platform.machine()}, {os.cpu_count()} cpus (shared)",
               "load_average_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
               "command": "python bench/suffix_drafting.py " + " ".join(argv or sys.argv[1:]),
