@@ -17,8 +17,11 @@ split). Modes, same core, same process:
   cursor (latest occurrence of the longest n-gram; speculation/history.py), fixed;
 - learned+history: plus copied candidates (--history-drafting: copy cursor, ranked
   occurrences), fixed;
+- learned+suffix: plus suffix drafting's candidates (--history-proposer suffix:
+  speculation/suffix.py), fixed (only when --modes names it, as adaptive+suffix);
 - adaptive: learned+history with the width policy (--speculative-policy adaptive),
-  after one untimed run of the same requests (a server's policy keeps its measurements).
+  after one untimed run of the same requests (a server's policy keeps its measurements);
+  adaptive+suffix: the same with suffix drafting.
 
 Every prompt of a set runs, in groups of `batch` requests one after another (batch 1:
 each prompt alone; the set repeated to fill a larger batch). A request generates up to
@@ -69,7 +72,9 @@ MODES = {"off": dict(widths=False, history=False, policy=False),
          "learned": dict(widths=True, history=False, policy=False),
          "learned+history_latest": dict(widths=True, history="latest", policy=False),
          "learned+history": dict(widths=True, history=True, policy=False),
-         "adaptive": dict(widths=True, history=True, policy=True)}
+         "learned+suffix": dict(widths=True, history="suffix", policy=False),
+         "adaptive": dict(widths=True, history=True, policy=True),
+         "adaptive+suffix": dict(widths=True, history="suffix", policy=True)}
 
 
 def _latest_occurrence():
@@ -108,7 +113,7 @@ def serve(model, prompts, tokens, sampling, mode, policy=None, walls=None):
 
     from helios_serve.engine.plan import StepKind
     from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler
-    from helios_serve.speculation import HistoryIndex
+    from helios_serve.speculation import HistoryIndex, SuffixIndex
 
     geometry = model.manifests
     if not mode["widths"]:
@@ -116,8 +121,9 @@ def serve(model, prompts, tokens, sampling, mode, policy=None, walls=None):
                            copied_proposals=False)
     scheduler = Scheduler(geometry, frames=model.frames, device_pending=model.device_pending,
                           history_drafting=bool(mode["history"]),
-                          history_index=(_latest_occurrence if mode["history"] == "latest"
-                                         else HistoryIndex),
+                          history_index={"latest": _latest_occurrence,
+                                         "suffix": SuffixIndex}.get(mode["history"],
+                                                                    HistoryIndex),
                           width_policy=(policy or True) if mode["policy"] else False)
     eos = set(geometry.eos_token_ids)
     for i, prompt in enumerate(prompts):
@@ -203,7 +209,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--sets", nargs="+", default=["editing", "extraction", "chat"])
     ap.add_argument("--samplings", nargs="+", default=list(SAMPLINGS), choices=list(SAMPLINGS))
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    # the suffix modes run when asked (--modes ... learned+suffix adaptive+suffix): the
+    # default run stays the one bench/gpu_device.sh budgets for
+    ap.add_argument("--modes", nargs="+", default=[m for m in MODES if "suffix" not in m],
+                    choices=list(MODES))
     ap.add_argument("--rounds", type=int, default=1,
                     help="timed runs of every mode, interleaved; tok/s is their median")
     ap.add_argument("--cpu-frames", type=int, default=1, choices=(1, 2),

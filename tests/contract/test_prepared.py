@@ -131,6 +131,25 @@ def resize_speculative(b, d, w, p, lane) -> Mutation:
     return apply
 
 
+def second_speculative_batch(lane: int) -> Mutation:
+    """A second W = 4 speculative graph (its program too), at batch 2 and lane limit
+    `lane`: a width's programs at two batch capacities."""
+    def apply(serving, manifest):
+        first = serving.model.graphs[2]
+        graph = serving.model.graphs.add()
+        graph.CopyFrom(first)
+        graph.name = "speculative_b2_w4"
+        graph.batch_capacity = graph.speculative.batch_capacity = 2
+        graph.token_capacity = graph.speculative.packed_token_capacity = 8
+        graph.speculative.lane_limit = lane
+        prog = manifest.graphs.add()
+        prog.CopyFrom(program(manifest, first.name))
+        prog.name = graph.name
+        prog.batch_capacity, prog.token_capacity = 2, 8
+        prog.completion.rows = 2
+    return apply
+
+
 # --- failing cases: (id, mutation, error class, path) ----------------------------------------
 
 FAILING: list[tuple[str, Mutation, type, str]] = [
@@ -311,6 +330,8 @@ FAILING: list[tuple[str, Mutation, type, str]] = [
      SpeculativeExtentError, "model.graphs[2].speculative.lane_limit"),
     ("lane-limit-zero", with_speculative(set_attr(spec, "lane_limit", 0)),
      SpeculativeExtentError, "model.graphs[2].speculative.lane_limit"),
+    ("lane-limits-disagree-within-a-width", with_speculative(second_speculative_batch(2)),
+     SpeculativeExtentError, "model.graphs[3].speculative.lane_limit"),
     ("confidence-width-not-d",
      with_speculative(set_attr(spec, "confidence_width", 2), confidence=True),
      SpeculativeExtentError, "model.graphs[2].speculative.confidence_width"),
@@ -509,6 +530,9 @@ PASSING: list[tuple[str, Mutation]] = [
                       confidence=True)),
     ("speculative-width-one", with_speculative(resize_speculative(4, 0, 1, 4, 1))),
     ("speculative-lane-limit-below-ceiling", with_speculative(set_attr(spec, "lane_limit", 2))),
+    ("speculative-lane-limit-below-ceiling-at-every-batch",
+     with_speculative(lambda s, m: (set_attr(spec, "lane_limit", 2)(s, m),
+                                    second_speculative_batch(2)(s, m)))),
     ("tuned-binding", with_tuning()),
 ]
 

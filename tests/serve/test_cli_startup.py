@@ -165,6 +165,13 @@ def test_negative_speculative_width_is_a_usage_error(tmp_path):
                     "in the range x>=0.")
 
 
+def test_an_unknown_history_proposer_is_a_usage_error(tmp_path):
+    line = _fails(str(tmp_path / "absent.core"), "--trust", "k.pub", "--accept", "ns",
+                  "--history-proposer", "tree")
+    assert line == ("helios-serve: error: Invalid value for '--history-proposer': 'tree' is "
+                    "not one of 'copy', 'suffix'.")
+
+
 @pytest.mark.parametrize("port", ["99999", "-1", "65536"])
 def test_a_port_outside_0_to_65535_is_one_line(tiny_served, port):
     """It was a traceback (socket.bind's OverflowError) and exit 1."""
@@ -186,7 +193,7 @@ def test_an_empty_served_name_is_refused(tiny_served, name):
 @pytest.mark.parametrize(("options", "line"), [
     ((), "widths up to 4, adaptive width policy"),
     (("--speculative-width", "2", "--speculative-policy", "fixed", "--history-drafting"),
-     "widths up to 2, fixed width policy, history drafting"),
+     "widths up to 2, fixed width policy, history drafting (copy)"),
     (("--speculative-width", "0"), "off (--speculative-width 0)"),
 ])  # fmt: skip
 def test_the_startup_log_says_how_speculation_is_served(tiny_served, speculative_core,

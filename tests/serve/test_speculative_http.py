@@ -120,12 +120,61 @@ def test_spec_decode_metrics_move_with_real_steps(spec_server):
     # prefill gives token 1; lanes of 4 (2 accepted -> 3 tokens), 3 (2 -> 3): 7 tokens.
     assert moved('helios_spec_decode_draft_tokens_total{source="learned"}') == 3 + 2
     assert moved('helios_spec_decode_accepted_tokens_total{source="learned"}') == 4
-    assert moved('helios_spec_decode_accepted_per_position_total{position="0"}') == 2
-    assert moved('helios_spec_decode_accepted_per_position_total{position="1"}') == 2
+    # per draft position: both lanes offered drafts 0 and 1 and had them accepted; only
+    # the lane of 4 offered draft 2 (rejected)
+    for position, offered, accepted in ((0, 2, 2), (1, 2, 2), (2, 1, 0)):
+        label = f'{{position="{position}",source="learned"}}'
+        assert moved(f"helios_spec_decode_draft_per_position_total{label}") == offered
+        assert moved(f"helios_spec_decode_accepted_per_position_total{label}") == accepted
+        copied = f'{{position="{position}",source="copied"}}'
+        assert moved(f"helios_spec_decode_draft_per_position_total{copied}") == 0
+    # the acceptance length histogram: two lanes emitting 3 tokens each
     assert moved("helios_spec_decode_accepted_length_count") == 2
     assert moved("helios_spec_decode_accepted_length_sum") == 6
+    for le, lanes in (("1.0", 0), ("2.0", 0), ("3.0", 2), ("4.0", 2), ("+Inf", 2)):
+        assert moved(f'helios_spec_decode_accepted_length_bucket{{le="{le}"}}') == lanes
     assert moved('helios_spec_decode_draft_tokens_total{source="copied"}') == 0
     assert moved('helios_graph_launches_total{operation="speculative"}') == 2
+
+
+def test_per_position_and_per_source_metrics_count_copied_and_learned_drafts(tok):
+    """Suffix drafting on a constructed prompt (see the proposer test below): every lane's
+    first drafts are copied candidates, the rest learned; one draft accepted per lane.
+    Each lane's counts follow from what the model saw (its length and candidates)."""
+    geometry = {"speculative_widths": (1, 2, 4), "copied_proposals": True}
+    with ScriptedServer(tok, geometry=geometry, history_drafting=True,
+                        history_proposer="suffix") as server:
+        server.script("qrsqrsqrt", ["q", "r", "s", "q", "r", "t", "!"])
+        server.model.accept = lambda _rid, offers: min(1, offers - 1)
+        before = _metrics(server)
+        r = server.openai().chat.completions.create(
+            model=server.model_name, messages=[{"role": "user", "content": " qrsqrsqrt"}],
+            max_tokens=7)
+        assert r.choices[0].message.content == "qrsqrt!"
+        server.wait_idle()
+        after = _metrics(server)
+        lanes = list(zip(server.model.lane_lengths, server.model.lane_candidates,
+                         strict=True))
+
+    def moved(name):
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    # prefill gives "q"; lanes of 4, 4, 2 (6, 4, 2 tokens left) emit 2, 2, 2 tokens
+    assert [n for n, _ in lanes] == [4, 4, 2]
+    assert [len(ids) for _, ids in lanes] == [3, 3, 1]  # every draft copied
+    assert lanes[0][1] == tuple(tok.ids(["r", "s", "q"]))
+    for position, offered in ((0, 3), (1, 2), (2, 2)):
+        copied = f'{{position="{position}",source="copied"}}'
+        learned = f'{{position="{position}",source="learned"}}'
+        assert moved(f"helios_spec_decode_draft_per_position_total{copied}") == offered
+        assert moved(f"helios_spec_decode_accepted_per_position_total{copied}") == (
+            3 if position == 0 else 0)
+        assert moved(f"helios_spec_decode_draft_per_position_total{learned}") == 0
+    assert moved('helios_spec_decode_draft_tokens_total{source="copied"}') == 7
+    assert moved('helios_spec_decode_accepted_tokens_total{source="copied"}') == 3
+    assert moved('helios_spec_decode_draft_tokens_total{source="learned"}') == 0
+    assert moved("helios_spec_decode_accepted_length_count") == 3
+    assert moved('helios_spec_decode_accepted_length_bucket{le="2.0"}') == 3
 
 
 def test_constrained_requests_run_at_width_one(spec_server, tok):
@@ -183,6 +232,25 @@ def test_history_drafting_counts_copied_drafts_under_their_source(tok):
     total = after[copied] + after.get(learned, 0.0) - before.get(copied, 0.0) - before.get(
         learned, 0.0)
     assert total == sum(n - 1 for n in server.model.lane_lengths)  # every draft counted once
+
+
+@pytest.mark.parametrize(("proposer", "first_lane"), [("copy", ""), ("suffix", "rsq")])
+def test_the_history_proposer_option_picks_the_lanes_candidates(tok, proposer, first_lane):
+    """The prompt's content " qrsqrsqrt" is one token per byte; the answer starts "q".
+    Its first lane (pending "q") has no earlier 2-gram "\nq" for the copy proposer
+    (n = 4, 3, 2), while suffix drafting matches "q" (followed by "r" three times) and
+    walks r s q: probabilities 1, 2/3, 2/3, three tokens allowed after a match of 1
+    (2 x 1 + 1)."""
+    geometry = {"speculative_widths": (1, 2, 4), "copied_proposals": True}
+    with ScriptedServer(tok, geometry=geometry, history_drafting=True,
+                        history_proposer=proposer) as server:
+        server.script("qrsqrsqrt", ["q", "r", "s", "q", "r"])
+        server.model.accept = lambda _rid, offers: 0
+        r = server.openai().chat.completions.create(
+            model=server.model_name, messages=[{"role": "user", "content": " qrsqrsqrt"}],
+            max_tokens=5)  # the first lane: 4 tokens left, 3 drafts
+        assert r.choices[0].message.content == "qrsqr"
+        assert server.model.lane_candidates[0] == tuple(tok.ids(list(first_lane)))
 
 
 def test_logprobs_and_logit_bias_requests_decode_beside_speculating_ones(tok):

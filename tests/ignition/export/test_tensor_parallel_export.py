@@ -164,21 +164,6 @@ def test_single_rank_capture_is_unchanged_by_tensor_parallel_support():
     assert isinstance(TINY_SHAPES, LlamaShapes) and TINY_SHAPES.ranks == 1
 
 
-def test_a_recipe_with_a_drafter_is_refused(tmp_path, signing_key_pair):
-    from tests.ignition.export.tiny import REPO
-
-    private, _ = signing_key_pair
-    out = tmp_path / "spec-tp3.core"
-    result = run_export(REPO / "recipes" / "smollm2_135m_instruct_speculative.py",
-                        "--checkpoint", "smollm2", "--key", private, "--namespace", NAMESPACE,
-                        "--out", out, "--tensor-parallel", "3")
-    assert result.exit_code == 1
-    assert result.stderr.strip().splitlines() == [
-        "ignition: error: --tensor-parallel 3: speculative programs are captured for one rank only: "
-        "recipe smollm2-135m-instruct declares a drafter"]
-    assert not out.exists()
-
-
 def _lint(core, *backends: str) -> tuple[int, list[dict]]:
     import json
 

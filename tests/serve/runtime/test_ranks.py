@@ -68,13 +68,18 @@ def test_thread_collectives_equal_the_references_on_every_rank():
         member = group.member(r)
         member.all_reduce_sum(x, 4, 7)
         member.all_gather_columns(shards[r], out, 4, 3, 8)
-        return x, out
+        mine = shards[r].copy()
+        member.broadcast_rank0(mine, 4, 2)
+        return x, out, mine
 
-    for r, (x, out) in enumerate(_run_ranks(3, body)):
+    for r, (x, out, mine) in enumerate(_run_ranks(3, body)):
         np.testing.assert_array_equal(x[:4], want_sum)  # bit-identical on every rank
         np.testing.assert_array_equal(x[4], parts[r][4])  # rows past T untouched
         np.testing.assert_array_equal(out[:4], want_cols)
         np.testing.assert_array_equal(out[4], -1.0)
+        np.testing.assert_array_equal(mine[:4, :2], shards[0][:4, :2])  # rank 0's values
+        np.testing.assert_array_equal(mine[4], shards[r][4])  # outside the view: its own
+        np.testing.assert_array_equal(mine[:4, 2], shards[r][:4, 2])
 
 
 def test_an_abandoned_collective_raises_rank_lost_instead_of_hanging():

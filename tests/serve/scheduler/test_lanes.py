@@ -31,6 +31,10 @@ def test_lane_counts_count_offers_acceptance_and_copies_exactly():
     c.count(3, 0)
     assert (c.draft, c.accepted, c.copied_draft, c.copied_accepted) == (5, 2, 1, 1)
     assert c.per_position == [1, 1, 0] and c.lengths == [0, 1, 0, 1, 0]
+    # per position and source: the lane of 4 offered a copied draft 0 (accepted) and
+    # learned drafts 1 (accepted) and 2; the lane of 3 learned drafts 0 and 1
+    assert c.offered_by_source == {"learned": [1, 2, 1], "copied": [1, 0, 0]}
+    assert c.accepted_by_source == {"learned": [0, 1, 0], "copied": [1, 0, 0]}
 
 
 def test_lane_ceiling_follows_width_budget_min_tokens_and_width_one():
@@ -135,3 +139,14 @@ def test_step_clock_charges_speculative_steps_from_the_previous_completion():
     clock.skip()  # 35
     assert policy.seen == [("step", ("w2", 2), 3.0), ("switch", ("w2", 2), 1.0),
                            ("step", ("decode", 2), 3.0)]
+
+
+def test_lane_widths_are_the_served_widths_lane_limits_and_none_once_widths_are_cleared():
+    from dataclasses import replace
+
+    geometry = tiny_geometry(64, speculative_widths=(1, 2, 4), lane_limits=(1, 2, 2))
+    assert geometry.lane_widths == (1, 2)
+    assert SpeculativeLanes(geometry).max_width == 2
+    assert tiny_geometry(64, speculative_widths=(1, 2, 4)).lane_widths == (1, 2, 4)
+    off = replace(geometry, speculative_widths=())  # speculation off keeps no lane width
+    assert off.lane_widths == () and SpeculativeLanes(off).max_width == 0

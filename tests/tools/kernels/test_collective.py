@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helios_tools.kernels import KERNEL_PARAMS, reference_op
-from helios_tools.kernels.collective import all_gather_columns, all_reduce_sum
+from helios_tools.kernels.collective import all_gather_columns, all_reduce_sum, broadcast_rank0
 
 
 def test_all_reduce_sum_adds_in_rank_order_within_the_view():
@@ -41,3 +41,12 @@ def test_collectives_are_in_the_kernel_table_but_have_no_local_reference():
     assert [p.name for p in KERNEL_PARAMS["all_gather_columns"]] == ["x", "out", "T", "NL", "N"]
     with pytest.raises(KeyError, match="all_reduce_sum is a collective"):
         reference_op("all_reduce_sum")
+
+
+def test_broadcast_rank0_copies_rank_zeros_view():
+    parts = [np.full((3, 4), float(r), np.float32) for r in range(3)]
+    got = broadcast_rank0(parts, 2, 3)
+    np.testing.assert_array_equal(got, np.zeros((2, 3), np.float32))
+    assert got is not parts[0] and got.dtype == np.float32
+    with pytest.raises(ValueError, match="at least one rank"):
+        broadcast_rank0([], 1, 1)

@@ -523,3 +523,31 @@ def graphs(serving: pb.ServingContract) -> Findings:
         yield from _scored_targets(graph, path)
         yield from _speculative(graph, path)
         yield from _pending_token(graph, path)
+    yield from _lane_limits(serving)
+
+
+def _lane_limits(serving: pb.ServingContract) -> Findings:
+    """Every SPECULATIVE graph of one width W declares the same lane_limit.
+
+    The host picks each lane's length from its request and the served widths before it
+    selects the batch variant that runs the step (the specification, "Complete
+    speculative generation": the host chooses the cohort and physical program), so the
+    longest lane a width serves is a property of the width: one lane limit per W, for
+    every batch capacity and both length sources. The one rule for it; lint and startup
+    both apply it (PreparedContract.lane_limits reads the limits it leaves consistent).
+    """
+    first: dict[int, tuple[int, int]] = {}  # W -> (graph index, its lane_limit)
+    for index, graph in enumerate(serving.model.graphs):
+        if graph.operation != pb.OPERATION_SPECULATIVE or not graph.HasField("speculative"):
+            continue
+        spec = graph.speculative
+        width = spec.token_capacity
+        if width not in first:
+            first[width] = (index, spec.lane_limit)
+            continue
+        other, limit = first[width]
+        if spec.lane_limit != limit:
+            yield F("speculative.lane_limit_consistency", SpeculativeExtentError,
+                    f"model.graphs[{index}].speculative.lane_limit", spec.lane_limit,
+                    f"W = {width} programs declare one lane limit: model.graphs[{other}] "
+                    f"({serving.model.graphs[other].name}) declares {limit}")

@@ -247,7 +247,7 @@ def _storage(b: mpb.Buffer, path: str) -> Findings:
 
 
 # Kernel reference ops that join tensor-parallel ranks (helios_tools.kernels.collective).
-COLLECTIVE_OPS = frozenset({"all_reduce_sum", "all_gather_columns"})
+COLLECTIVE_OPS = frozenset({"all_reduce_sum", "all_gather_columns", "broadcast_rank0"})
 
 
 def collectives(manifest: mpb.ExecutionManifest) -> Findings:

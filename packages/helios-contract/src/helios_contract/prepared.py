@@ -214,6 +214,14 @@ class PreparedContract:
         return tuple(sorted({g.speculative.token_capacity
                              for g in self.graphs_for(pb.OPERATION_SPECULATIVE)}))
 
+    @property
+    def lane_limits(self) -> Mapping[int, int]:
+        """Speculative width W -> the longest lane (target positions, pending token
+        included) the host may select for its programs (SpeculativeDescriptor.lane_limit;
+        rule ``speculative.lane_limit_consistency``: one limit per width)."""
+        return MappingProxyType({g.speculative.token_capacity: g.speculative.lane_limit
+                                 for g in self.graphs_for(pb.OPERATION_SPECULATIVE)})
+
     def history_drafting_findings(self, widths: Iterable[int] | None = None
                                   ) -> Iterator[Finding]:
         """The contract side of the history-drafting startup option, as findings.

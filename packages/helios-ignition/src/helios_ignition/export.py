@@ -463,9 +463,6 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
             shapes = family_shapes(recipe.family, ckpt.geometry).shard(tensor_parallel)
         except FamilyMismatchError as exc:
             raise ExportError(f"recipe {recipe.name}: {exc}") from None
-        if tensor_parallel > 1 and recipe.drafter is not None:
-            raise TensorParallelError("speculative programs are captured for one rank only: "
-                                      f"recipe {recipe.name} declares a drafter")
         if tensor_parallel > 1 and recipe.fold_layers:
             raise TensorParallelError(
                 "folded layers add the O and down products into the residual, which split "

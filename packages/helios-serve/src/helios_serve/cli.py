@@ -430,6 +430,12 @@ class _OneLineUsage(click.Command):
 @click.option("--history-drafting", is_flag=True,
               help="Copy proposals from each request's own prompt and output (n-gram "
                    "lookup) beside the learned drafter's; needs learned speculation.")
+@click.option("--history-proposer", type=click.Choice(["copy", "suffix"]), default="copy",
+              show_default=True,
+              help="With --history-drafting: copy (the latest occurrence of the longest "
+                   "matching n-gram, followed while in step) or suffix (suffix drafting: "
+                   "the most frequent continuation of the best-scoring match, its length "
+                   "adapted to the match).")
 @click.option("--speculative-policy", type=click.Choice(["adaptive", "fixed"]),
               default="adaptive", show_default=True,
               help="adaptive: each step's speculative program (decode, a width, or a "
@@ -494,7 +500,8 @@ class _OneLineUsage(click.Command):
               default=120.0, show_default=True,
               help="With --world: seconds bootstrap waits for the other ranks.")
 def main(core, trust, accept, host, port, backend, max_active, queue_capacity, frontend_workers,
-         event_capacity, served_name, speculative_width, history_drafting, speculative_policy,
+         event_capacity, served_name, speculative_width, history_drafting, history_proposer,
+         speculative_policy,
          num_pages, kv_cache_memory, kv_cache_fraction, snapshots, host_cache_bytes,
          stream_interval, engine_process, engine_stall_timeout, responses_db, resource_key,
          api_key, demo, recipe, checkpoint, world, rank, peers, rank_key,
@@ -521,7 +528,8 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             event_capacity=event_capacity, served_name=served_name,
             speculative_width=speculative_width, num_pages=num_pages,
             kv_cache_memory=memory, kv_cache_fraction=kv_cache_fraction, api_key=api_key,
-            history_drafting=history_drafting, speculative_policy=speculative_policy,
+            history_drafting=history_drafting, history_proposer=history_proposer,
+            speculative_policy=speculative_policy,
             snapshots=snapshots, host_cache_bytes=host_bytes, stream_interval=stream_interval,
             engine_process=engine_process, responses_db=responses_db,
             engine_stall_timeout=engine_stall_timeout,

@@ -39,6 +39,7 @@ class ServeOptions:
     kv_cache_fraction: float | None = None
     api_key: str | None = None
     history_drafting: bool = False  # copied proposals beside the learned drafter
+    history_proposer: str = "copy"  # speculation.PROPOSERS: "copy" or "suffix"
     speculative_policy: str = "adaptive"  # "adaptive": speculation.WidthPolicy; "fixed"
     snapshots: int | None = None  # continuation rows; None: the core's prepared count; 0: off
     host_cache_bytes: int = 0  # host-memory cache tier; 0: none
@@ -62,6 +63,8 @@ class ServeSettings:
         aliases: other accepted request model names.
         api_key: the Bearer key /v1/* and the tokenize routes require, or None (open).
         history_drafting: lanes carry copied candidates (helios-serve --history-drafting).
+        history_proposer: which proposer makes them (--history-proposer: a key of
+            speculation.PROPOSERS).
         width_policy: speculative programs chosen per step from observations
             (--speculative-policy adaptive) rather than the widest lane always.
         stream_interval: a choice's output reaches its reader every this many tokens
@@ -84,6 +87,7 @@ class ServeSettings:
     aliases: tuple[str, ...]
     api_key: str | None = None
     history_drafting: bool = False
+    history_proposer: str = "copy"
     width_policy: bool = False
     stream_interval: int = 1
     responses_db: str | None = None
@@ -125,6 +129,7 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
         ),
         api_key=options.api_key or None,
         history_drafting=options.history_drafting,
+        history_proposer=options.history_proposer,
         width_policy=options.speculative_policy == "adaptive",
         stream_interval=options.stream_interval,
         responses_db=options.responses_db,

@@ -90,19 +90,22 @@ def load_model(bootstrap: Bootstrap, path: Path, options: ServeOptions,
         raise StartupError(f"bad core: {path}: {' '.join(str(exc).split())}",
                            "resource.integrity") from None
     if model.prepared.speculative_widths:  # what the operator's options made of them
-        log.record("speculation", 0.0, _speculation_line(model.manifests.speculative_widths,
-                                                          options))
+        log.record("speculation", 0.0, _speculation_line(model.manifests, options))
     return model
 
 
-def _speculation_line(served_widths, options: ServeOptions) -> str:
+def _speculation_line(geometry, options: ServeOptions) -> str:
     """The startup log's account of the speculation served: "widths up to 4, adaptive width
-    policy, history drafting", or "off (--speculative-width 0)"."""
-    widest = max(served_widths, default=1)
+    policy, history drafting" ("widths up to 4 (lanes up to 2), ..." where the core's lane
+    limits are shorter), or "off (--speculative-width 0)"."""
+    widest = max(geometry.speculative_widths, default=1)
+    longest = max(geometry.lane_widths, default=1)
     if widest < 2:  # lanes of one position: plain decode
         return f"off (--speculative-width {options.speculative_width})"
-    history = ", history drafting" if options.history_drafting else ""
-    return f"widths up to {widest}, {options.speculative_policy} width policy{history}"
+    lanes = f" (lanes up to {longest})" if longest < widest else ""
+    history = (f", history drafting ({options.history_proposer})" if options.history_drafting
+               else "")
+    return f"widths up to {widest}{lanes}, {options.speculative_policy} width policy{history}"
 
 
 def check_options(prepared, options: ServeOptions) -> None:

@@ -400,8 +400,17 @@ class Metrics:
         )
         self.spec_accepted_per_position = Counter(
             "helios_spec_decode_accepted_per_position",
-            "Accepted draft tokens by draft position (0 = the first draft of a round).",
-            ["position"],
+            "Accepted draft tokens by draft position (0 = the first draft of a round) and "
+            "proposal source.",
+            ["position", "source"],
+            registry=r,
+        )
+        self.spec_draft_per_position = Counter(
+            "helios_spec_decode_draft_per_position",
+            "Draft tokens offered to verification by draft position (0 = the first draft "
+            "of a round) and proposal source: the acceptance rate at a position is "
+            "accepted_per_position over this.",
+            ["position", "source"],
             registry=r,
         )
         self.spec_accepted_length = Histogram(

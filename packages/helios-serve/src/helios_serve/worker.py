@@ -80,6 +80,7 @@ from helios_serve.scheduler import (
     Scheduler,
 )
 from helios_serve.scheduler.finish import StopRule, check_stop, ending_eos_ids
+from helios_serve.speculation import PROPOSERS
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,7 @@ class ModelWorker:
         max_active: int,
         queue_capacity: int,
         history_drafting: bool = False,
+        history_proposer: str = "copy",
         width_policy: bool = False,
         stream_interval: int = 1,
     ) -> None:
@@ -211,7 +213,9 @@ class ModelWorker:
         self.geometry = serving_geometry(model.manifests, max_active)
         self.scheduler = Scheduler(self.geometry, frames=model.frames,
                                    device_pending=model.device_pending,
-                                   history_drafting=history_drafting, width_policy=width_policy,
+                                   history_drafting=history_drafting,
+                                   history_index=PROPOSERS[history_proposer],
+                                   width_policy=width_policy,
                                    transfer_cost=getattr(model, "transfer_cost", None))
         self._inflight: deque[_Submitted] = deque()  # submission order
         self._lock = threading.Lock()
@@ -802,12 +806,16 @@ class ModelWorker:
         ):
             if now > then:  # scheduler counters are cumulative; export their increments
                 counter.inc(now - then)
-        for position, (now, then) in enumerate(zip(
-                stats.spec_accepted_per_position,
-                before.spec_accepted_per_position or (0,) * len(stats.spec_accepted_per_position),
-                strict=True)):
-            if now > then:
-                m.spec_accepted_per_position.labels(str(position)).inc(now - then)
+        for counter, now_by, then_by in (
+                (m.spec_draft_per_position, stats.spec_offered_by_source,
+                 before.spec_offered_by_source),
+                (m.spec_accepted_per_position, stats.spec_accepted_by_source,
+                 before.spec_accepted_by_source)):
+            for source, counts in now_by.items():
+                earlier = then_by.get(source) or (0,) * len(counts)
+                for position, (now, then) in enumerate(zip(counts, earlier, strict=True)):
+                    if now > then:
+                        counter.labels(str(position), source).inc(now - then)
         for length, (now, then) in enumerate(zip(
                 stats.spec_accepted_lengths,
                 before.spec_accepted_lengths or (0,) * len(stats.spec_accepted_lengths),

@@ -40,6 +40,7 @@ def build_worker(model: ModelBackend, settings: ServeSettings, clock: Observatio
     return ModelWorker(model, clock, metrics, max_active=settings.max_active,
                        queue_capacity=settings.queue_capacity,
                        history_drafting=settings.history_drafting,
+                       history_proposer=settings.history_proposer,
                        width_policy=settings.width_policy,
                        stream_interval=settings.stream_interval)
 

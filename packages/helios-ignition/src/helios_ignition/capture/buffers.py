@@ -219,7 +219,7 @@ def declare_buffers(s: Family, caps: Capacities, weight_dtype: str,
     t.declare("scratch.last", "f32", (rows, s.hidden), "scratch")
     t.declare("scratch.logits", "f32", (max(rows, packed), s.vocab), "scratch")
     if s.ranks > 1:  # this rank's columns of the vocabulary-parallel head
-        t.declare("scratch.logits_shard", "f32", (rows, s.head_rows), "scratch")
+        t.declare("scratch.logits_shard", "f32", (max(rows, packed), s.head_rows), "scratch")
     t.declare(SAMPLED, "i32", (rows,), "output")
     if spec is not None:
         g, dmax = spec.drafter, max(spec.max_width - 1, 1)

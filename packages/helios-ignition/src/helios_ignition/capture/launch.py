@@ -715,7 +715,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("paged_row_write", "paged_row_gather_prev"):
         T, D = s[0], s[4]
         return _cfg((T,), 4, BLOCK_D=_np2(D, 16))
-    if op in ("all_reduce_sum", "all_gather_columns"):
+    if op in ("all_reduce_sum", "all_gather_columns", "broadcast_rank0"):
         # Collectives are no kernel launches (rank peers run them; NCCL on cuda): no grid.
         return LaunchConfig(grid=(1, 1, 1), block=(1, 1, 1))
     if op in ("split_bf16", "swiglu_split_bf16"):

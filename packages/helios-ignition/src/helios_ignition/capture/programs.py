@@ -94,9 +94,6 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
     """
     if spec is not None and not device_pending:
         raise ValueError("speculative programs read the device-owned pending token")
-    if spec is not None and s.ranks > 1:
-        raise TensorParallelError("speculative programs are captured for one rank only "
-                                  "(a recipe with a drafter cannot be split between ranks)")
     if caps.scored_tokens and s.ranks > 1:  # the head's shard scratch holds R rows, not T
         raise TensorParallelError("scored prefill programs are captured for one rank only "
                                   "(capacities.scored_tokens needs an unsplit LM head)")

@@ -2,6 +2,17 @@
 
 The draft head's own launches are families/draft.py's; the target's verification pass
 is the family's trunk (`Family.trunk`) over the packed verification rows.
+
+Tensor parallelism (`Family.ranks` = N > 1): the head is replicated (its weights, its
+K/V and feature histories are whole on every rank; its inputs -- the target's final-norm
+features and the tokens -- are the same on every rank), so every rank drafts the same
+tokens; the target's verification is the trunk's split forward (its collectives) and
+the vocabulary-parallel LM head (`all_gather_columns`), so every rank verifies the same
+logits. Prefix-limit programs broadcast rank 0's proposal confidence before
+`spec_allocate` (`broadcast_rank0`; the specification: "Rank-zero confidence is
+broadcast before allocation"), so every rank allocates the same rows whatever its own
+confidences were. Every rank's completion record must then equal rank 0's (the runtime's
+validation agreement: runtime/ranks.py).
 """
 
 from __future__ import annotations
@@ -117,6 +128,8 @@ def speculative(b: ProgramBuilder, s: Family, caps: Capacities, spec: Speculatio
             b.launch("spec_confidence", logits, sp("d_slot", B), drafts, vocab_map, confidence,
                      B, g.draft_vocab, dmax, k)
     if prefix:
+        if s.ranks > 1:  # every rank allocates from rank 0's confidence
+            b.launch("broadcast_rank0", confidence, B, dmax)
         qlen = sp("query_length", B)
         b.launch("spec_allocate", inp("lane_ceiling", B), slot, confidence, qlen, B, P, dmax)
         pos, trow, tslot = sp("positions", P), sp("token_row", P), sp("token_slot", P)
@@ -130,8 +143,14 @@ def speculative(b: ProgramBuilder, s: Family, caps: Capacities, spec: Speculatio
                     invariant=True, tuned=tuned))
     h = t.view("scratch.h", (P, s.hidden))
     logits = t.view("scratch.logits", (P, s.vocab))
-    head = t.view(s.head_buffer(), (s.vocab, s.hidden))
-    b.launch("linear_invariant", h, head, logits, P, s.vocab, s.hidden)
+    if s.ranks > 1:  # vocabulary-parallel, as decode: this rank's rows, then every rank's
+        shard = t.view("scratch.logits_shard", (P, s.head_rows))
+        b.launch("linear_invariant", h, t.view("lm_head", (s.head_rows, s.hidden)), shard, P,
+                 s.head_rows, s.hidden)
+        b.launch("all_gather_columns", shard, logits, P, s.head_rows, s.vocab)
+    else:
+        head = t.view(s.head_buffer(), (s.vocab, s.hidden))
+        b.launch("linear_invariant", h, head, logits, P, s.vocab, s.hidden)
     words = grammar_mask_words(s.vocab)
     if D > 0:  # constrained lanes: per-position masks of their copied candidates
         b.launch("spec_candidate_masks", logits, trow, pos, slot, start, qlen,

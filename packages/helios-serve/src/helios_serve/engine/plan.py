@@ -274,8 +274,13 @@ class ModelGeometry:
             view of a request's n token pages references page n + offset - 1. Pages are
             then not shared between requests (a shifted history does not lie in the page
             of the tokens it belongs to).
-        prefix_programs: served SPECULATIVE_PREFIX_LIMIT programs as (B, P, W), ascending:
-            B lanes of ceilings up to W share P verification rows the device allocates.
+        lane_limits: the lane limit of each served width, in the order of
+            speculative_widths (SpeculativeDescriptor.lane_limit: the longest lane, pending
+            token included, the host may select for that width's programs; one per width,
+            rule speculative.lane_limit_consistency); empty: each width's own W.
+        prefix_programs: served SPECULATIVE_PREFIX_LIMIT programs as (B, P, L), ascending:
+            B lanes of ceilings up to L (the program's lane limit) share P verification
+            rows the device allocates.
         copied_proposals: every served wider SPECULATIVE program binds the copied-token
             inputs (history drafting may be enabled).
         candidate_masks: constrained lanes may verify copied candidates: every served
@@ -304,6 +309,7 @@ class ModelGeometry:
     mask_words: int
     eos_token_ids: tuple[int, ...]
     speculative_widths: tuple[int, ...] = ()
+    lane_limits: tuple[int, ...] = ()
     draft_cursor_lag: int | None = None
     top_logprobs: int | None = None
     logit_bias: bool = False
@@ -317,6 +323,17 @@ class ModelGeometry:
     routes: tuple[Route, ...] = ()
     page_bytes: int = 0
     scored_token_capacities: tuple[int, ...] = ()
+
+    @property
+    def lane_widths(self) -> tuple[int, ...]:
+        """The lane lengths the scheduler plans against: the distinct lane limits of the
+        served widths, ascending (a lane of n positions runs in the narrowest program whose
+        limit holds n)."""
+        limits = self.lane_limits or self.speculative_widths
+        # pairs with the served widths: a geometry whose widths were cleared (speculation
+        # off) has no lane widths, whatever limits it kept
+        return tuple(sorted({limit for _, limit in zip(self.speculative_widths, limits,
+                                                       strict=False)}))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """What the collective ops of a tensor-parallel program run on, per rank.
 
-A CPU backend binds each ``all_reduce_sum`` / ``all_gather_columns`` launch to one
+A CPU backend binds each collective launch (``all_reduce_sum``, ``all_gather_columns``,
+``broadcast_rank0``) to one
 rank's `Collectives` (the launch's arguments are that rank's views). Every implementation
 computes exactly the NumPy references of ``helios_tools.kernels.collective`` (the sum in
 rank order), so every rank ends a collective with the same bytes:
@@ -33,6 +34,8 @@ class Collectives(Protocol):
     def all_gather_columns(self, x: np.ndarray, out: np.ndarray, T: int, NL: int,
                            N: int) -> None: ...
 
+    def broadcast_rank0(self, x: np.ndarray, T: int, N: int) -> None: ...
+
 
 class SingleRank:
     """The collectives of a single-rank core: local copies."""
@@ -43,6 +46,9 @@ class SingleRank:
     def all_gather_columns(self, x: np.ndarray, out: np.ndarray, T: int, NL: int,
                            N: int) -> None:
         out[:T, :N] = reference.all_gather_columns([x], T, NL, N)
+
+    def broadcast_rank0(self, x: np.ndarray, T: int, N: int) -> None:
+        """Nothing to copy: the rank is rank 0."""
 
 
 class ThreadGroup:
@@ -101,3 +107,9 @@ class _ThreadMember:
         parts = self._group._exchange(self.rank, x)
         out[:T, :N] = reference.all_gather_columns(parts, T, NL, N)
         self._group._wait()  # no rank rewrites its part before every rank copied it
+
+    def broadcast_rank0(self, x: np.ndarray, T: int, N: int) -> None:
+        parts = self._group._exchange(self.rank, x)
+        first = reference.broadcast_rank0(parts, T, N)
+        self._group._wait()  # every rank has read rank 0's part: now overwrite in place
+        x[:T, :N] = first

@@ -43,6 +43,21 @@ def record_rows(program: mpb.GraphProgram, buffer: str) -> int:
     return int(done.rows)
 
 
+def rank_record_buffers(layout: mpb.CompletionLayout) -> tuple[str, ...]:
+    """What each tensor-parallel rank returns of a step for the agreement check
+    (runtime.ranks): `completion_buffers`, then the framed confidence record (its plane
+    of the step's frame only: runtime.ranks.RankStep), which every rank must hold equal
+    too."""
+    names = completion_buffers(layout)
+    return names + ((layout.confidence_buffer,) if layout.confidence_buffer else ())
+
+
+def framed_confidence(programs: Sequence[mpb.GraphProgram]) -> dict[str, str]:
+    """Graph -> its framed proposal-confidence buffer, for the programs producing one."""
+    return {g.name: g.completion.confidence_buffer for g in programs
+            if g.completion.confidence_buffer}
+
+
 def confidence_buffers(programs: Sequence[mpb.GraphProgram]) -> frozenset[str]:
     """Framed proposal-confidence buffers (f32 [2, request_slots, draft_capacity]): ONE
     host array shared by both frames; a step's completion copies the program's rows of

@@ -42,3 +42,12 @@ class RankLost(RankFailure):
 class RankDisagreement(RankFailure):
     """The ranks' completion records of one step differ: the step is rejected on every
     rank (nothing of it is committed), and their device states may have diverged."""
+
+
+class SpeculativeRejection(RuntimeError):
+    """A rank's completion record of a SPECULATIVE step differs from rank 0's: the ranks
+    do not agree on the cohort's validation, so the step is rejected on every rank (the
+    specification, "Complete speculative generation": validation agreement suppresses
+    commit on all ranks if a rank rejects the cohort). Exactly that step's requests fail
+    (nothing of it reaches the scheduler); the ranks serve on, because a speculative step
+    writes device state only for its own lanes' requests, which the failure releases."""

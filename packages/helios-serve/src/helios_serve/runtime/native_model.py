@@ -79,9 +79,11 @@ class NativeModel:
                                for g in prepared.graphs_for(cpb.OPERATION_PREFILL))
         self._scored = sorted((g.token_capacity, g.name)
                               for g in prepared.graphs_for(cpb.OPERATION_SCORED_PREFILL))
-        # SPECULATIVE programs of the served widths, narrowest first, then by batch.
+        # SPECULATIVE programs of the served widths as (lane limit, W, B, name): the
+        # shortest lane limit first, then the narrowest, then by batch.
         served = set(geometry.speculative_widths)
-        self._speculative = sorted((g.speculative.token_capacity, g.batch_capacity, g.name)
+        self._speculative = sorted((g.speculative.lane_limit, g.speculative.token_capacity,
+                                    g.batch_capacity, g.name)
                                    for g in prepared.graphs_for(cpb.OPERATION_SPECULATIVE)
                                    if g.speculative.token_capacity in served
                                    and not _prefix_limit(g))
@@ -236,8 +238,8 @@ class NativeModel:
                              f"in {plan.packed_rows} rows")
         if plan.kind is StepKind.SPECULATIVE:
             width = max(r.lane_length for r in plan.rows)
-            for w, capacity, name in self._speculative:
-                if w >= width and capacity >= len(plan.rows):
+            for limit, _w, capacity, name in self._speculative:
+                if limit >= width and capacity >= len(plan.rows):
                     return name
             raise ValueError(f"no served speculative variant holds {len(plan.rows)} lanes of "
                              f"width {width}")
@@ -436,8 +438,9 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
     widths = list(served_speculative_widths(prepared, speculative_width))
     speculative = prepared.graphs_for(cpb.OPERATION_SPECULATIVE)
     cursor = speculative[0].completion_cursor if speculative else None
+    limits = prepared.lane_limits
     prefix = tuple(sorted((g.batch_capacity, g.speculative.packed_token_capacity,
-                           g.speculative.token_capacity) for g in speculative
+                           g.speculative.lane_limit) for g in speculative
                           if _prefix_limit(g) and g.speculative.token_capacity in widths
                           and g.batch_capacity <= max(decode)))
     history = [g for g in speculative if g.speculative.token_capacity in widths
@@ -457,6 +460,7 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
         vocab_size=prepared.sampled_tokens, mask_words=prepared.mask_words,
         eos_token_ids=prepared.eos_token_ids,
         speculative_widths=tuple(widths),
+        lane_limits=tuple(limits[w] for w in widths),
         draft_cursor_lag=int(cursor.lag_tokens) if cursor and cursor.has_draft_cursor else None,
         top_logprobs=top_logprobs,
         logit_bias=bool(sampling) and all(_binds(g, cpb.VALUE_SOURCE_LOGIT_BIAS)

@@ -63,10 +63,9 @@ from helios_tools.kernels import collective as reference
 from ..startup import StartupLog
 from . import rank_control as control
 from .cache_sizing import CacheSizing
-from .completion import completion_buffers
 from .cpu_backend import CpuBackend
 from .errors import RankLost, RuntimeLoadError
-from .ranks import RankedBackend, RankStep, Step
+from .ranks import RankedBackend, RankStep, Step, rank_step
 
 # Environment an MPICH launcher (gforker, hydra) gives the processes it starts.
 LAUNCHED = ("PMI_FD", "PMI_PORT", "PMI_RANK")
@@ -275,6 +274,9 @@ class MpiCollectives:
     def all_gather_columns(self, x: np.ndarray, out: np.ndarray, T: int, NL: int,
                            N: int) -> None:
         out[:T, :N] = reference.all_gather_columns(self._parts(x[:T, :NL]), T, NL, N)
+
+    def broadcast_rank0(self, x: np.ndarray, T: int, N: int) -> None:
+        x[:T, :N] = reference.broadcast_rank0(self._parts(x[:T, :N]), T, N)
 
 
 def _pack(header: dict, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -675,8 +677,7 @@ def load_process_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[
     backend = CpuBackend(manifest, read_resource, cache, frames, log, rank=0,
                          collectives=MpiCollectives(comm))
     _agree_on_pages(comm, backend, setup.timeout_s)
-    completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
-    peers = ProcessPeers(comm, RankStep(backend, completion), controls)
+    peers = ProcessPeers(comm, rank_step(manifest, backend), controls)
     return RankedBackend(manifest, backend, peers)
 
 
@@ -718,8 +719,7 @@ def serve_rank(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], b
     backend = CpuBackend(manifest, read_resource, cache, frames, log, rank=setup.rank,
                          collectives=MpiCollectives(comm))
     _agree_on_pages(comm, backend, setup.timeout_s)
-    completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
-    rank_step = RankStep(backend, completion)
+    step_runner = rank_step(manifest, backend)
 
     closing = threading.Event()
 
@@ -735,7 +735,7 @@ def serve_rank(manifest: mpb.ExecutionManifest, read_resource: Callable[[str], b
     _exit_on_stop_signals()
     if ready is not None:
         ready()
-    while execute(comm, rank_step, None)[0] != "close":
+    while execute(comm, step_runner, None)[0] != "close":
         pass
     closing.set()
     _hang_up(to_rank0)  # rank 0 waits for this before it closes its end

@@ -13,9 +13,14 @@ message to every rank:
    join the ranks (runtime.collectives).
 3. `wait` collects every rank's completion record. Rank agreement (specification:
    "validation agreement suppresses commit on all ranks if a rank rejects"): every
-   rank's record must equal rank 0's byte for byte, else the step fails with
-   RankDisagreement and nothing of it reaches the scheduler; a rank that failed or left
-   raises RankLost. Both are RankFailure: the model is unhealthy afterwards.
+   rank's record must equal rank 0's byte for byte (rank 0's host then validates it for
+   all: every rank validates the same completion), else nothing of the step reaches the
+   scheduler. A SPECULATIVE step that disagrees raises SpeculativeRejection: exactly
+   that step's requests fail and the ranks serve on (the step's device writes belong to
+   its own lanes' requests: their pending tokens, histograms, K/V and draft context past
+   their committed endpoints, all released with them). Any other disagreement raises
+   RankDisagreement, and a rank that failed or left RankLost; both are RankFailure: the
+   model is unhealthy afterwards.
 
 `ThreadPeers` (RankPeers::Threads): one CpuBackend per rank in this process, one thread
 each, collectives through shared memory (`ThreadGroup`).
@@ -34,14 +39,21 @@ from typing import Protocol
 
 import numpy as np
 from helios_contract import rank_count
+from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 
 from ..startup import StartupLog
 from .cache_sizing import CacheSizing
 from .collectives import ThreadGroup
-from .completion import completion_buffers
+from .completion import framed_confidence, rank_record_buffers
 from .cpu_backend import CpuBackend
-from .errors import RankDisagreement, RankFailure, RankLost, RuntimeLoadError
+from .errors import (
+    RankDisagreement,
+    RankFailure,
+    RankLost,
+    RuntimeLoadError,
+    SpeculativeRejection,
+)
 from .tiers import TierRows
 
 PER_FRAME_ROLES = (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)
@@ -61,14 +73,19 @@ class Step:
 
 @dataclass
 class RankStep:
-    """One rank's backend and what a step needs of the manifest (shared by the peers)."""
+    """One rank's backend and what a step needs of the manifest (shared by the peers):
+    per graph the buffers of its record (runtime.completion.rank_record_buffers) and the
+    framed confidence buffer among them, if any (`rank_steps` builds both)."""
 
     backend: CpuBackend
     completion: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    framed: dict[str, str] = field(default_factory=dict)
 
     def run(self, step: Step) -> dict[str, np.ndarray]:
         """Apply `step` to this rank's buffers, run it; returns the completion arrays
-        (views of this rank's frame staging, valid until its next step in that frame)."""
+        (views of this rank's frame staging, valid until its next step in that frame;
+        of a framed confidence buffer, which both frames share, a copy of the step's
+        frame plane: the other frame's step may rewrite the other plane meanwhile)."""
         backend = self.backend
         staged = backend.staging(step.frame)
         for name, values in step.inputs.items():
@@ -76,10 +93,18 @@ class RankStep:
         for name, row, start, values in step.writes:
             _row(backend.buffers[name], row)[start:start + len(values)] = values
         backend.launch(step.graph, step.frame)
-        return {name: staged[name] for name in self.completion[step.graph]}
+        framed = self.framed.get(step.graph)
+        return {name: staged[name][step.frame].copy() if name == framed else staged[name]
+                for name in self.completion[step.graph]}
 
     def write_state(self, name: str, byte_offset: int, values: np.ndarray) -> None:
         self.backend.write_state(name, byte_offset, values)
+
+
+def rank_step(manifest: mpb.ExecutionManifest, backend: CpuBackend) -> RankStep:
+    """`backend`'s RankStep for `manifest`'s graphs."""
+    return RankStep(backend, {g.name: rank_record_buffers(g.completion)
+                              for g in manifest.graphs}, framed_confidence(manifest.graphs))
 
 
 def _row(array: np.ndarray, row: int) -> np.ndarray:
@@ -129,7 +154,7 @@ class RankedBackend:
         self.frames = rank0.frames
         self.cache = rank0.cache
         roles = {b.name: b.role for b in manifest.buffers}
-        self._completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
+        self._completion = {g.name: rank_record_buffers(g.completion) for g in manifest.graphs}
         # What packing writes (binding destinations) and the completion reader reads.
         mirrored = {t.destination for g in manifest.graphs for t in g.transports}
         mirrored |= {n for names in self._completion.values() for n in names}
@@ -143,6 +168,9 @@ class RankedBackend:
                                  if roles.get(t.destination) in PER_FRAME_ROLES]
                         for g in manifest.graphs}
         self._graphs: list[str | None] = [None] * self.frames
+        self._speculative = {g.name for g in manifest.graphs
+                             if g.operation == cpb.OPERATION_SPECULATIVE}
+        self._framed = framed_confidence(manifest.graphs)
         self.failed: RankFailure | None = None
 
     @property
@@ -184,22 +212,33 @@ class RankedBackend:
 
         Raises:
             RankLost: a rank failed or left (now or earlier).
-            RankDisagreement: a rank's record differs from rank 0's.
+            SpeculativeRejection: a rank's record of a SPECULATIVE step differs from rank
+                0's (that step fails; the ranks serve on).
+            RankDisagreement: a rank's record of any other step differs from rank 0's.
         """
         self._check()
         graph = self._graphs[frame]
         try:
             records = self.peers.finish(frame)
-            for rank, record in enumerate(records[1:], start=1):
-                for name in self._completion[graph]:
-                    if not np.array_equal(record[name], records[0][name]):
-                        raise RankDisagreement(f"rank {rank}'s completion record ({name}) "
-                                               f"of {graph} differs from rank 0's")
         except RankFailure as exc:
             self.failed = exc
             raise
+        for rank, record in enumerate(records[1:], start=1):
+            for name in self._completion[graph]:
+                if not np.array_equal(record[name], records[0][name]):
+                    why = (f"rank {rank}'s completion record ({name}) of {graph} differs "
+                           "from rank 0's")
+                    if graph in self._speculative:
+                        raise SpeculativeRejection(f"{why}: the speculative step is rejected "
+                                                   "on every rank")
+                    self.failed = RankDisagreement(why)
+                    raise self.failed
+        framed = self._framed.get(graph)
         for name in self._completion[graph]:
-            self._staging[frame][name][...] = records[0][name]
+            if name == framed:  # rank 0's plane of this frame
+                self._staging[frame][name][frame] = records[0][name]
+            else:
+                self._staging[frame][name][...] = records[0][name]
 
     def run(self, graph: str, dirty=()) -> None:
         self.launch(graph, 0, dirty)
@@ -325,9 +364,8 @@ def load_thread_ranks(manifest: mpb.ExecutionManifest, read_resource: Callable[[
     pages = {b.num_pages for b in backends}
     if len(pages) != 1:
         raise RuntimeLoadError(f"the ranks chose different page counts: {sorted(pages)}")
-    completion = {g.name: completion_buffers(g.completion) for g in manifest.graphs}
     with (log or StartupLog()).phase("ranks") as phase:
-        peers = ThreadPeers([RankStep(b, completion) for b in backends], group)
+        peers = ThreadPeers([rank_step(manifest, b) for b in backends], group)
         phase.detail = (f"{ranks} tensor-parallel ranks (threads), each with its own "
                         "weights, buffers and cache")
     return RankedBackend(manifest, backends[0], peers)

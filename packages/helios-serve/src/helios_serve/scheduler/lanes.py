@@ -2,7 +2,7 @@
 verifies, which program the width policy chooses, and what a completed lane record says.
 
 Every generation row of a request that can speculate (`speculates`) is a SPECULATIVE
-lane of length n = min(widest served W, output budget left) -- 1 while its next token is
+lane of length n = min(longest served lane limit, output budget left) -- 1 while its next token is
 masked (min_tokens; grammar unless the core masks a constrained lane's copied candidates
 per position: then 1 + the copied candidates its grammar accepts) -- with pages reserved
 for all n positions by the scheduler (the lane's full ceiling); a lane whose pages are not
@@ -49,6 +49,11 @@ def speculates(request: SchedRequest) -> bool:
     return not sampling.logit_bias and sampling.logprobs is None
 
 
+# Proposal sources of a lane's drafts: its first drafts are the copied candidates it
+# carries (history drafting), the rest the learned head's.
+SOURCES = ("learned", "copied")
+
+
 @dataclass
 class LaneCounts:
     """Counters of completed lanes (SchedulerStats' spec_* fields).
@@ -60,6 +65,9 @@ class LaneCounts:
         lengths: lanes by accepted + 1 (tokens emitted), 0..max_width.
         copied_draft: drafts that were copied candidates.
         copied_accepted: copied candidates accepted.
+        offered_by_source / accepted_by_source: source (SOURCES) -> per draft position
+            k = 0..max_width - 2, the lanes that offered a draft of that source at k /
+            in which it was accepted (the acceptance rate at k is their ratio).
     """
 
     max_width: int
@@ -69,10 +77,15 @@ class LaneCounts:
     copied_accepted: int = 0
     per_position: list[int] = field(init=False)
     lengths: list[int] = field(init=False)
+    offered_by_source: dict[str, list[int]] = field(init=False)
+    accepted_by_source: dict[str, list[int]] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.per_position = [0] * max(self.max_width - 1, 0)
+        depth = max(self.max_width - 1, 0)
+        self.per_position = [0] * depth
         self.lengths = [0] * (self.max_width + 1)
+        self.offered_by_source = {s: [0] * depth for s in SOURCES}
+        self.accepted_by_source = {s: [0] * depth for s in SOURCES}
 
     def count(self, length: int, accepted: int, copied: int = 0) -> None:
         """Count one lane of `length` offers: `copied` of its drafts (the first ones)
@@ -85,6 +98,10 @@ class LaneCounts:
         self.copied_accepted += min(accepted, copied)
         for k in range(accepted):
             self.per_position[k] += 1
+        for k in range(length - 1):
+            source = SOURCES[k < copied]
+            self.offered_by_source[source][k] += 1
+            self.accepted_by_source[source][k] += k < accepted
         self.lengths[accepted + 1] += 1
 
 
@@ -109,7 +126,7 @@ class SpeculativeLanes:
                  width_policy: bool | WidthPolicy = False) -> None:
         g = geometry
         self.geometry = g
-        self.widths = tuple(g.speculative_widths)
+        self.widths = g.lane_widths  # lane lengths: the served widths' lane limits
         self.max_width = max(self.widths) if self.widths else 0
         if history_drafting and not g.copied_proposals:
             raise ValueError("history drafting needs speculative programs with copied-token "
@@ -120,7 +137,7 @@ class SpeculativeLanes:
         if isinstance(width_policy, WidthPolicy) or not width_policy or not self.widths:
             self.policy = width_policy if width_policy and self.widths else None  # type: ignore[assignment]
         else:
-            self.policy = WidthPolicy(g.speculative_widths, g.decode_capacities,
+            self.policy = WidthPolicy(self.widths, g.decode_capacities,
                                       g.prefix_programs)
         self.counts = LaneCounts(self.max_width)
         self._choice: Choice | None = None  # the policy's choice for the plan being built
@@ -246,7 +263,8 @@ class SpeculativeLanes:
         constrained request whose grammar masks its copied candidates position by
         position (history drafting on a core with ModelGeometry.candidate_masks) verifies
         those candidates and no learned draft: 1 + the candidates its grammar accepts;
-        else min(widest served W = D + 1, output budget left; a token still in flight
+        else min(longest served lane limit (ModelGeometry.lane_widths: min(D + 1, W)
+        unless the core declares less), output budget left; a token still in flight
         counts as emitted: the policy weighs requests planned ahead). The request alone
         decides it, never other requests or free pages: cores exported before coupled
         verification sample seeded text that depends on the lane lengths (which
@@ -382,6 +400,8 @@ class SpeculativeLanes:
             spec_accepted_tokens=c.accepted,
             spec_accepted_per_position=tuple(c.per_position),
             spec_accepted_lengths=tuple(c.lengths),
+            spec_offered_by_source={s: tuple(v) for s, v in c.offered_by_source.items()},
+            spec_accepted_by_source={s: tuple(v) for s, v in c.accepted_by_source.items()},
             spec_copied_draft_tokens=c.copied_draft,
             spec_copied_accepted_tokens=c.copied_accepted,
             spec_policy_decisions=dict(self.policy.decisions) if self.policy else {},

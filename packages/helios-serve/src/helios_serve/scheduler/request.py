@@ -221,6 +221,10 @@ class SchedulerStats:
     # of spec_draft_tokens / spec_accepted_tokens: the copied candidates (history drafting)
     spec_copied_draft_tokens: int = 0
     spec_copied_accepted_tokens: int = 0
+    # source ("learned", "copied") -> per draft position k, lanes that offered a draft of
+    # that source at k / in which it was accepted
+    spec_offered_by_source: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    spec_accepted_by_source: dict[str, tuple[int, ...]] = field(default_factory=dict)
     spec_policy_decisions: dict[str, int] = field(default_factory=dict)  # program -> steps
     # Exact-endpoint snapshots and the host tier (counters except the *_rows gauges).
     snapshot_publications: int = 0

@@ -140,9 +140,10 @@ class WidthPolicy:
     """Chooses each step's program; see the module docstring.
 
     Args:
-        widths: served SPECULATIVE widths (ascending, 1 included when served).
+        widths: served lane widths (ModelGeometry.lane_widths: the served programs'
+            lane limits, ascending, 1 included when served).
         batches: captured batch capacities of the decode and speculative programs.
-        prefix_programs: served prefix-limit programs (B, P, W).
+        prefix_programs: served prefix-limit programs (B, P, L), L their lane limit.
         bounded_exploration: measure only what could win, within EXPLORE_SHARE
             (`decide`); False measures every program as soon as it is a candidate (the
             rule before, kept for the reference test of the rates).

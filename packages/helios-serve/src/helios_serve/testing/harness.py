@@ -46,6 +46,7 @@ class ScriptedServer:
         api_key: str | None = None,
         speculative_policy: str = "fixed",
         history_drafting: bool = False,
+        history_proposer: str = "copy",
         stream_interval: int = 1,
         engine_stall_timeout: float = DEFAULT_STALL_TIMEOUT_S,
     ) -> None:
@@ -61,6 +62,7 @@ class ScriptedServer:
             port=0, max_active=max_active, queue_capacity=queue_capacity,
             frontend_workers=frontend_workers, api_key=api_key,
             speculative_policy=speculative_policy, history_drafting=history_drafting,
+            history_proposer=history_proposer,
             stream_interval=stream_interval, engine_stall_timeout=engine_stall_timeout,
         )  # fmt: skip
         self.server = Server.start(

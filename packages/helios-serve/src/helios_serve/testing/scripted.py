@@ -66,6 +66,7 @@ def tiny_geometry(
     prefill_token_capacities: tuple[int, ...] = (32, 64),
     prefill_row_capacity: int = 4,
     speculative_widths: tuple[int, ...] = (),
+    lane_limits: tuple[int, ...] = (),
     top_logprobs: int | None = None,
     logit_bias: bool = False,
     copied_proposals: bool = False,
@@ -75,7 +76,8 @@ def tiny_geometry(
     transfer_rows: int = 8,
 ) -> ModelGeometry:
     """A small geometry for scripted tests (context = 256 tokens by default;
-    `speculative_widths` makes generation rows SPECULATIVE lanes, draft cursor lag 0;
+    `speculative_widths` makes generation rows SPECULATIVE lanes, draft cursor lag 0
+    (`lane_limits`: each width's lane limit, ModelGeometry.lane_limits);
     `snapshot_rows` / `host_rows` back snapshots and the host tier, every transfer route
     served)."""
     return ModelGeometry(
@@ -91,6 +93,7 @@ def tiny_geometry(
         mask_words=(vocab_size + 31) // 32,
         eos_token_ids=eos_token_ids,
         speculative_widths=speculative_widths,
+        lane_limits=lane_limits,
         draft_cursor_lag=0 if speculative_widths else None,
         top_logprobs=top_logprobs,
         logit_bias=logit_bias,
@@ -166,6 +169,8 @@ class ScriptedModel:
         self.closed = False
         self.accept = accept or (lambda _request_id, offers: offers - 1)
         self.lane_lengths: list[int] = []  # every SPECULATIVE lane's length, in order
+        # every SPECULATIVE lane's copied candidate ids (() for none), in order
+        self.lane_candidates: list[tuple[int, ...]] = []
         self._record_faults: list[Callable[[StepPlan, np.ndarray], None]] = []
 
     def corrupt_records(self, edit: Callable[[StepPlan, np.ndarray], None]) -> None:
@@ -306,8 +311,8 @@ class ScriptedModel:
             assert len(plan.rows) <= max(g.decode_capacities), "decode batch over capacity"
             if plan.kind is StepKind.SPECULATIVE:
                 assert g.speculative_widths, "speculative plan for a geometry without widths"
-                assert all(1 <= r.lane_length <= max(g.speculative_widths)
-                           for r in plan.rows), "lane over the served width"
+                assert all(1 <= r.lane_length <= max(g.lane_widths)
+                           for r in plan.rows), "lane over the served lane limit"
                 # As the real programs: a lane applies no logit bias, records no logprobs.
                 assert not any(r.sampling.logit_bias or r.sampling.logprobs is not None
                                for r in plan.rows), "a logprobs/logit_bias request in a lane"
@@ -357,6 +362,7 @@ class ScriptedModel:
         pt = g.page_tokens
         n = row.lane_length
         self.lane_lengths.append(n)
+        self.lane_candidates.append(tuple(row.candidates.ids) if row.candidates else ())
         assert len(row.page_ids) * pt >= row.start_position + n, "lane ceiling not reserved"
         width = max(g.speculative_widths)
         accepted = min(max(int(self.accept(row.request_id, n)), 0), n - 1)

@@ -434,6 +434,7 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     # function of their arguments.
     "all_reduce_sum": (_b("x", "f32", "inout"), *_i("T", "N")),
     "all_gather_columns": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "NL", "N")),
+    "broadcast_rank0": (_b("x", "f32", "inout"), *_i("T", "N")),
     "row_copy": (
         _b("src", "f32"), _b("dst", "f32", "inout"), _b("src_rows", "i32"),
         _b("dst_rows", "i32"), *_i("R", "ROW"),
