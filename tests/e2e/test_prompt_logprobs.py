@@ -170,3 +170,23 @@ def test_rejections_name_the_field(tiny_server, path, body, param):
     assert r.json()["error"]["param"] == param
     assert _post(tiny_server, "/v1/completions", {"prompt": "x", "max_tokens": 1}
                  ).status_code == 200  # nothing else disturbed
+
+
+def test_a_scored_record_without_scores_fails_the_request():
+    """A model whose scored step reports no scores (the scripted model records none): the
+    record is invalid, the request fails with a 500 and the server serves on."""
+    from helios_serve.testing.harness import ScriptedServer
+    from helios_serve.testing.tokenizer import TinyTokenizer
+
+    with ScriptedServer(TinyTokenizer(), geometry={"scored_token_capacities": (16,),
+                                       "top_logprobs": 2}) as s:
+        s.script("hi", ["Hello"])
+        r = httpx.post(s.url + "/v1/completions", json={
+            "model": s.model_name, "prompt": "hi", "echo": True, "logprobs": 1}, timeout=60)
+        assert r.status_code == 500, r.text
+        assert r.json()["error"]["message"] == (
+            "invalid completion record: a scored step's record holds no score for every "
+            "packed token")
+        ok = httpx.post(s.url + "/v1/completions",
+                        json={"model": s.model_name, "prompt": "hi"}, timeout=60)
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "Hello"
