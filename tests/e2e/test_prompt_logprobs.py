@@ -15,8 +15,10 @@ import json
 import httpx
 import numpy as np
 import pytest
+from helios_serve.testing.harness import ScriptedServer
+from helios_serve.testing.tokenizer import TinyTokenizer
 
-from tests.tiny_model import SERVED_ID, TOKENIZER, _plain
+from tests.tiny_model import SERVED_ID, TOKENIZER, _plain, prompt_ids
 
 PROMPT = "Hello there, world"
 LONG = "The quick brown fox jumps over the lazy dog. " * 4  # 180 ids: two scored chunks
@@ -132,8 +134,6 @@ def test_streamed_echo_carries_the_prompt_logprobs(tiny_server):
 
 
 def test_chat_prompt_logprobs(tiny_server, tiny_served):
-    from tests.tiny_model import prompt_ids
-
     ids = prompt_ids("Hi")
     ref = _reference(tiny_served.checkpoint, ids)
     r = _post(tiny_server, "/v1/chat/completions", {
@@ -170,3 +170,20 @@ def test_rejections_name_the_field(tiny_server, path, body, param):
     assert r.json()["error"]["param"] == param
     assert _post(tiny_server, "/v1/completions", {"prompt": "x", "max_tokens": 1}
                  ).status_code == 200  # nothing else disturbed
+
+
+def test_a_scored_record_without_scores_fails_the_request():
+    """A model whose scored step reports no scores (the scripted model records none): the
+    record is invalid, the request fails with a 500 and the server serves on."""
+    with ScriptedServer(TinyTokenizer(), geometry={"scored_token_capacities": (16,),
+                                       "top_logprobs": 2}) as s:
+        s.script("hi", ["Hello"])
+        r = httpx.post(s.url + "/v1/completions", json={
+            "model": s.model_name, "prompt": "hi", "echo": True, "logprobs": 1}, timeout=60)
+        assert r.status_code == 500, r.text
+        assert r.json()["error"]["message"] == (
+            "invalid completion record: a scored step's record holds no score for every "
+            "packed token")
+        ok = httpx.post(s.url + "/v1/completions",
+                        json={"model": s.model_name, "prompt": "hi"}, timeout=60)
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "Hello"

@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+import httpx
 import numpy as np
 import pytest
+from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
 
 from tests.conftest import REPO
 
@@ -19,8 +21,6 @@ TEXT = "The capital of France is Paris. The capital of Italy is"
 
 
 def _plain_logprobs(ids: list[int]) -> np.ndarray:
-    from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
-
     spec = importlib.util.spec_from_file_location("helios_bench_numpy_forward",
                                                   REPO / "bench" / "numpy_forward.py")
     module = importlib.util.module_from_spec(spec)
@@ -33,11 +33,11 @@ def _plain_logprobs(ids: list[int]) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def test_echo_logprobs_of_the_real_model(client):
+def test_echo_logprobs_of_the_real_model(client, real_server):
     r = client.completions.create(model="smollm2-135m-instruct", prompt=TEXT, max_tokens=0,
                                   echo=True, logprobs=5, temperature=0)
-    ids = client._client.post(str(client.base_url).replace("/v1/", "/tokenize"),
-                              json={"prompt": TEXT, "add_special_tokens": False}).json()["tokens"]
+    ids = httpx.post(real_server.url + "/tokenize",
+                     json={"prompt": TEXT, "add_special_tokens": False}).json()["tokens"]
     ref = _plain_logprobs(ids)
     lp = r.choices[0].logprobs
     assert r.choices[0].text == TEXT and len(lp.tokens) == len(ids)
@@ -46,10 +46,10 @@ def test_echo_logprobs_of_the_real_model(client):
                                [ref[p, ids[p + 1]] for p in range(len(ids) - 1)],
                                atol=2e-3, rtol=0)
     # the five alternatives are the plain forward's five most likely (keyed by text)
-    detok = str(client.base_url).replace("/v1/", "/detokenize")
     for p in range(len(ids) - 1):
         best = [int(i) for i in np.argsort(-ref[p], kind="stable")[:5]]
-        texts = [client._client.post(detok, json={"tokens": [i]}).json()["prompt"] for i in best]
+        texts = [httpx.post(real_server.url + "/detokenize", json={"tokens": [i]}).json()["prompt"]
+                 for i in best]
         assert list(lp.top_logprobs[p + 1]) == texts
         np.testing.assert_allclose(list(lp.top_logprobs[p + 1].values()),
                                    [ref[p, i] for i in best], atol=2e-3, rtol=0)

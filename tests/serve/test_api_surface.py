@@ -284,7 +284,9 @@ def test_completions_default_limit_is_16(scripted):
 @pytest.mark.parametrize(
     ("patch", "param"),
     [({"suffix": "end"}, "suffix"), ({"best_of": 3}, "best_of"),
-     ({"echo": True, "logprobs": 1}, "echo"), ({"prompt": []}, "prompt"),
+     # the scripted core has no SCORED_PREFILL programs: no prompt log probabilities
+     ({"echo": True, "logprobs": 1}, "logprobs"), ({"max_tokens": 0}, "max_tokens"),
+     ({"prompt": []}, "prompt"),
      ({"prompt": [10**7]}, "prompt[0]"), ({"prompt": ""}, "prompt"),
      ({"max_tokens": 1000}, "max_tokens")],
 )  # fmt: skip

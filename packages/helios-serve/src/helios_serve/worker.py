@@ -503,6 +503,10 @@ class ModelWorker:
             self._fail_plan(plan, f"model execution failed: {exc}")
             return
         try:
+            if plan.scored and (completion.scores is None
+                                or len(completion.scores) < plan.token_count):
+                raise CompletionError("a scored step's record holds no score for every "
+                                      "packed token")
             results = self.scheduler.complete(plan, completion.sampled,
                                               confidence=completion.confidence)
         except CompletionError as exc:  # the completion record is invalid: output error

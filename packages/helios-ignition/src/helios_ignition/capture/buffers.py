@@ -50,6 +50,7 @@ TOP_IDS = "out.top_ids"  # i32 [rows, TOP_LOGPROBS]
 # scores record (CompletionLayout.scores_buffer / score_ids_buffer).
 SCORE_TARGETS = "in.score_targets"  # i32 [scored tokens]
 SCORED_LOGITS = "scratch.scored_logits"  # f32 [scored tokens, vocab]
+SCORED_SHARD = "scratch.scored_logits_shard"  # f32 [scored tokens, head rows] (ranks > 1)
 SCORES = "out.scores"  # f32 [scored tokens, 1 + TOP_LOGPROBS]: target, then the top ids
 SCORE_IDS = "out.score_ids"  # i32 [scored tokens, TOP_LOGPROBS]
 
@@ -251,6 +252,8 @@ def declare_buffers(s: Family, caps: Capacities, weight_dtype: str,
         scored = max(caps.scored_tokens)
         t.declare(SCORE_TARGETS, "i32", (scored,), "input")
         t.declare(SCORED_LOGITS, "f32", (scored, s.vocab), "scratch")
+        if s.ranks > 1:  # this rank's columns of the vocabulary-parallel head
+            t.declare(SCORED_SHARD, "f32", (scored, s.head_rows), "scratch")
         t.declare(SCORES, "f32", (scored, 1 + decl.TOP_LOGPROBS), "output")
         t.declare(SCORE_IDS, "i32", (scored, decl.TOP_LOGPROBS), "output")
     if caps.transfer_rows:

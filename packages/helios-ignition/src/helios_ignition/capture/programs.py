@@ -35,6 +35,7 @@ from .buffers import (
     SCORE_IDS,
     SCORE_TARGETS,
     SCORED_LOGITS,
+    SCORED_SHARD,
     SCORES,
     SPEC_NAMES,
     SPLIT_PRODUCER,
@@ -94,9 +95,6 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
     """
     if spec is not None and not device_pending:
         raise ValueError("speculative programs read the device-owned pending token")
-    if caps.scored_tokens and s.ranks > 1:  # the head's shard scratch holds R rows, not T
-        raise TensorParallelError("scored prefill programs are captured for one rank only "
-                                  "(capacities.scored_tokens needs an unsplit LM head)")
     if fold_layers and s.ranks > 1:  # linear_add would add each rank's partial sum
         raise TensorParallelError("folded layers add the O and down products into the "
                                   "residual, which split ranks must all-reduce first")
@@ -232,8 +230,14 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
     if scored:
         K = decl.TOP_LOGPROBS
         all_logits = t.view(SCORED_LOGITS, (T, s.vocab))
-        b.launch("linear", h, t.view(s.head_buffer(), (s.vocab, s.hidden)), all_logits, T,
-                 s.vocab, s.hidden)
+        if s.ranks > 1:  # vocabulary-parallel, as the sampled rows' head below
+            shard = t.view(SCORED_SHARD, (T, s.head_rows))
+            b.launch("linear", h, t.view("lm_head", (s.head_rows, s.hidden)), shard, T,
+                     s.head_rows, s.hidden)
+            b.launch("all_gather_columns", shard, all_logits, T, s.head_rows, s.vocab)
+        else:
+            b.launch("linear", h, t.view(s.head_buffer(), (s.vocab, s.hidden)), all_logits, T,
+                     s.vocab, s.hidden)
         b.launch("score_tokens", all_logits, t.view(SCORE_TARGETS, (T,)),
                  t.view(SCORES, (T, 1 + K)), t.view(SCORE_IDS, (T, K)), T, s.vocab, K)
     logits = t.view("scratch.logits", (R, s.vocab))

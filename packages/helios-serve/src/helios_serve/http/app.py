@@ -146,7 +146,9 @@ async def chat_completions(request: Request) -> Response:
 
 @post("/v1/completions", status_code=200, guards=PROTECTED)
 async def completions(request: Request) -> Response:
-    """OpenAI legacy completions: a prompt string, strings, token ids or id lists."""
+    """OpenAI legacy completions: a prompt string, strings, token ids or id lists. With
+    `echo` and `logprobs`, the prompt's log probabilities (scored prefill) open each
+    choice's `logprobs`; `max_tokens` 0 with `echo` returns the prompt only."""
     service = _service(request)
     body = await request.body()
     ingress_ns = service.received()

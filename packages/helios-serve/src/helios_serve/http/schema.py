@@ -163,7 +163,11 @@ class ChatCompletionRequest(_Sampling):
     continue_final_message: bool | None = None
     # vLLM's extension: log probabilities of the rendered prompt's tokens, with this many
     # alternatives each (top-level `prompt_logprobs` of the response).
-    prompt_logprobs: TopLogprobs | None = None
+    prompt_logprobs: TopLogprobs | None = Field(
+        default=None, description="vLLM's extension: report the rendered prompt's log "
+        "probabilities (top-level `prompt_logprobs`: null for the first token, then per token "
+        "a map from token id to {logprob, rank, decoded_token}) with this many alternatives; "
+        "not with stream")
 
 
 class CompletionRequest(_Sampling):
@@ -171,8 +175,12 @@ class CompletionRequest(_Sampling):
 
     prompt: str | list[str] | list[Int] | list[list[Int]]
     # 0 only with echo: the prompt (and its logprobs) back, nothing generated.
-    max_tokens: Int | None = 16  # OpenAI's and vLLM's default
-    logprobs: TopLogprobs | None = None
+    max_tokens: Int | None = Field(default=16, description=(  # OpenAI's and vLLM's default
+        "output limit in tokens; 0 only with echo (the prompt and its logprobs back, nothing "
+        "generated)"))
+    logprobs: TopLogprobs | None = Field(default=None, description=(
+        "log probabilities of the generated tokens with this many alternatives each; with "
+        "echo, of the prompt's tokens too (the first one null)"))
     echo: bool | None = None
     best_of: PositiveInt | None = None
     suffix: str | None = None

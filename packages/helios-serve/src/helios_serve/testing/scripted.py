@@ -74,12 +74,14 @@ def tiny_geometry(
     snapshot_rows: int = 0,
     host_rows: int = 0,
     transfer_rows: int = 8,
+    scored_token_capacities: tuple[int, ...] = (),
 ) -> ModelGeometry:
     """A small geometry for scripted tests (context = 256 tokens by default;
     `speculative_widths` makes generation rows SPECULATIVE lanes, draft cursor lag 0
     (`lane_limits`: each width's lane limit, ModelGeometry.lane_limits);
     `snapshot_rows` / `host_rows` back snapshots and the host tier, every transfer route
-    served)."""
+    served; `scored_token_capacities` plans scored prefill steps, whose scores the
+    scripted model does not record)."""
     return ModelGeometry(
         page_tokens=page_tokens,
         num_pages=num_pages,
@@ -104,6 +106,7 @@ def tiny_geometry(
         transfer_rows=transfer_rows,
         routes=ALL_ROUTES,
         page_bytes=page_tokens * 8,
+        scored_token_capacities=scored_token_capacities,
     )
 
 
