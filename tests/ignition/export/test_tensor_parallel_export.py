@@ -72,9 +72,11 @@ def test_programs_reduce_after_row_parallel_products_and_gather_the_head(core):
     for graph in forward:
         launched = [ops[launch.kernel] for launch in graph.launches]
         assert launched.count("all_reduce_sum") == 2 * GEOMETRY.num_layers, graph.name
-        assert launched.count("all_gather_columns") == 1, graph.name
-        gather = launched.index("all_gather_columns")
-        assert launched[gather + 1] in ("sample_chunks_wide", "sample_biased")  # the full row
+        # the sampled rows' head; a scored prefill gathers the every-token head too
+        scored = graph.name.startswith("scored_")
+        assert launched.count("all_gather_columns") == 1 + scored, graph.name
+        gather = len(launched) - 1 - launched[::-1].index("all_gather_columns")
+        assert launched[gather + 1] in ("sample_chunks_wide", "sample_biased", "score_tokens")
         for i, op in enumerate(launched):
             if op == "all_reduce_sum":  # right after the o_proj / down product
                 assert launched[i - 1] in ("linear", "swiglu_linear"), (graph.name, i)
