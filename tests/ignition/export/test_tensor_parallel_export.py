@@ -72,8 +72,14 @@ def test_programs_reduce_after_row_parallel_products_and_gather_the_head(core):
     for graph in forward:
         launched = [ops[launch.kernel] for launch in graph.launches]
         assert launched.count("all_reduce_sum") == 2 * GEOMETRY.num_layers, graph.name
-        assert launched.count("all_gather_columns") == 1, graph.name
-        gather = launched.index("all_gather_columns")
+        # a scored program gathers the head's columns of every packed token first, for
+        # score_tokens; then, as every program, those of the sampled rows
+        scored = graph.name.startswith("scored_")
+        assert launched.count("all_gather_columns") == 1 + scored, graph.name
+        if scored:
+            first = launched.index("all_gather_columns")
+            assert launched[first + 1] == "score_tokens", graph.name
+        gather = len(launched) - 1 - launched[::-1].index("all_gather_columns")
         assert launched[gather + 1] in ("sample_chunks_nucleus", "sample_biased")  # the full row
         for i, op in enumerate(launched):
             if op == "all_reduce_sum":  # right after the o_proj / down product
