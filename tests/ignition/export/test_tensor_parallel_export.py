@@ -72,11 +72,15 @@ def test_programs_reduce_after_row_parallel_products_and_gather_the_head(core):
     for graph in forward:
         launched = [ops[launch.kernel] for launch in graph.launches]
         assert launched.count("all_reduce_sum") == 2 * GEOMETRY.num_layers, graph.name
-        # the sampled rows' head; a scored prefill gathers the every-token head too
+        # a scored program gathers the head's columns of every packed token first, for
+        # score_tokens; then, as every program, those of the sampled rows
         scored = graph.name.startswith("scored_")
         assert launched.count("all_gather_columns") == 1 + scored, graph.name
+        if scored:
+            first = launched.index("all_gather_columns")
+            assert launched[first + 1] == "score_tokens", graph.name
         gather = len(launched) - 1 - launched[::-1].index("all_gather_columns")
-        assert launched[gather + 1] in ("sample_chunks_wide", "sample_biased", "score_tokens")
+        assert launched[gather + 1] in ("sample_chunks_nucleus", "sample_biased")  # the full row
         for i, op in enumerate(launched):
             if op == "all_reduce_sum":  # right after the o_proj / down product
                 assert launched[i - 1] in ("linear", "swiglu_linear"), (graph.name, i)
@@ -164,6 +168,21 @@ def test_single_rank_capture_is_unchanged_by_tensor_parallel_support():
     assert not any(k.reference_op in ("all_reduce_sum", "all_gather_columns")
                    for k in one.kernels)
     assert isinstance(TINY_SHAPES, LlamaShapes) and TINY_SHAPES.ranks == 1
+
+
+def test_a_recipe_with_a_drafter_is_refused(tmp_path, signing_key_pair):
+    from tests.ignition.export.tiny import REPO
+
+    private, _ = signing_key_pair
+    out = tmp_path / "spec-tp3.core"
+    result = run_export(REPO / "recipes" / "smollm2_135m_instruct_speculative.py",
+                        "--checkpoint", "smollm2", "--key", private, "--namespace", NAMESPACE,
+                        "--out", out, "--tensor-parallel", "3")
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        "ignition: error: --tensor-parallel 3: speculative programs are captured for one rank only: "
+        "recipe smollm2-135m-instruct declares a drafter"]
+    assert not out.exists()
 
 
 def _lint(core, *backends: str) -> tuple[int, list[dict]]:
