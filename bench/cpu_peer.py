@@ -13,7 +13,10 @@ Measured, alternating llama.cpp and Helios each round (a busy host slows both al
     helios     the ``--weight-dtype gguf`` core of the recipe (exported into bench/out/
                when absent), NativeModel through runtime.driver.Driver, batch 1:
                prefill of PROMPT tokens (one step, wall time) and GEN decode steps
-               after a one-token prompt (tg, as llama-bench's: an empty context)
+               after a one-token prompt (tg, as llama-bench's: an empty context); in a
+               fresh process each round, with the wheel's ggml ("helios") and, where
+               the llama.cpp folder has its own libggml-cpu.so, with that native build
+               too ("helios_native_ggml", HELIOS_GGML_LIB): same kernels as the peer
 
 Tokens/s are medians over rounds; ratio = Helios / llama.cpp. The JSON records the
 commit, machine, load average, threads and ggml's SIMD build. Figures only; never asserted.
@@ -59,7 +62,7 @@ def llama_bench(binary: Path, gguf: Path, threads: int, prompt: int, gen: int) -
 
 def helios_round(model, prompt: int, gen: int) -> dict:
     """{"pp": tokens/s of one PROMPT-token prefill, "tg": GEN decode steps per second}."""
-    from helios_serve.runtime.driver import Driver
+    from helios_serve.runtime.driver import Driver  # the child alone loads the runtime
 
     tokens = [1 + (7 * j) % 4000 for j in range(prompt)]
     t0 = time.perf_counter()
@@ -74,6 +77,41 @@ def helios_round(model, prompt: int, gen: int) -> dict:
     return {"pp": pp, "tg": tg}
 
 
+def helios_child(prompt: int, gen: int) -> int:
+    """One Helios round in this process (ggml from HELIOS_GGML_LIB or the wheel): loads
+    the gguf core, warms it, prints {"pp", "tg", "simd", "lib", "step_graphs"} as JSON."""
+    # the child alone loads the runtime (its ggml from the environment the parent set)
+    from helios_serve.runtime.ggml_lib import library_folder, simd_features
+    from helios_serve.testing.native import load_native
+    from helios_tools.core import authorize, load_public_key, open_core
+
+    core_path, public = export("gguf")
+    core = open_core(core_path, [load_public_key(public)])
+    authorize(core, NAMESPACE)
+    model = load_native(core, "cpu")
+    helios_round(model, 16, 4)  # warm: first touch of the weights, graphs placed
+    got = helios_round(model, prompt, gen)
+    got.update(simd=simd_features(), lib=library_folder(),
+               step_graphs=model.backend.counters.get("ggml_step_graphs", 0))
+    model.close()
+    print(json.dumps(got))
+    return 0
+
+
+def helios_run(prompt: int, gen: int, threads: int, ggml_lib: str | None) -> dict:
+    """A Helios round in a fresh process (the ggml libraries load once per process)."""
+    env = dict(os.environ, HELIOS_CPU_THREADS=str(threads))
+    env.pop("HELIOS_GGML_LIB", None)
+    if ggml_lib:
+        env["HELIOS_GGML_LIB"] = ggml_lib
+    done = subprocess.run([sys.executable, __file__, "--child", "--prompt", str(prompt),
+                           "--gen", str(gen)], capture_output=True, text=True, env=env,
+                          check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"Helios round failed: {done.stderr[-600:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN"),
@@ -83,62 +121,60 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(BENCH / "results" / "cpu_peer.json"))
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        return helios_child(args.prompt, args.gen)
     if not args.llama_bin:
         ap.error("name llama.cpp's binary folder: --llama-bin or LLAMA_CPP_BIN")
     binary = Path(args.llama_bin) / "llama-bench"
     if not binary.is_file():
         ap.error(f"no llama-bench in {args.llama_bin}")
-    # Helios' ggml pool gets the same threads as llama.cpp (read at load).
-    os.environ["HELIOS_CPU_THREADS"] = str(args.threads)
-
-    from helios_ignition.checkpoint import smollm2_gguf_path
-    from helios_serve.runtime.ggml_lib import simd_features
-    from helios_serve.testing.native import load_native
-    from helios_tools.core import authorize, load_public_key, open_core
+    from helios_ignition.checkpoint import smollm2_gguf_path  # after parsing: start-up
 
     gguf = Path(smollm2_gguf_path())
-    core_path, public = export("gguf")
-    core = open_core(core_path, [load_public_key(public)])
-    authorize(core, NAMESPACE)
-    model = load_native(core, "cpu")
-    helios_round(model, 16, 4)  # warm: first-touch of the weights and buffers
-    runs: dict[str, dict[str, list[float]]] = {"llama.cpp": {"pp": [], "tg": []},
-                                               "helios": {"pp": [], "tg": []}}
+    export("gguf")  # once, before the rounds
+    # Helios with the wheel's ggml (what it ships), and with llama.cpp's own ggml build
+    # when the folder has one (the same kernels as the peer: separates the graph from
+    # the kernel library's SIMD build).
+    variants = {"helios": None}
+    if (Path(args.llama_bin) / "libggml-cpu.so").is_file():
+        variants["helios_native_ggml"] = str(Path(args.llama_bin).resolve())
+    runs: dict[str, dict[str, list[float]]] = {
+        name: {"pp": [], "tg": []} for name in ["llama.cpp", *variants]}
     info: dict = {}
     for r in range(args.rounds):
         peer = llama_bench(binary, gguf, args.threads, args.prompt, args.gen)
-        info = {"build": peer["build"], "cpu": peer["cpu"]}
-        ours = helios_round(model, args.prompt, args.gen)
-        for name, got in (("llama.cpp", peer), ("helios", ours)):
+        info["llama.cpp"] = {"build": peer["build"], "cpu": peer["cpu"], "repack": 0}
+        got = {"llama.cpp": peer}
+        for name, lib in variants.items():
+            got[name] = helios_run(args.prompt, args.gen, args.threads, lib)
+            info[name] = {"ggml": got[name]["lib"], "ggml_simd": got[name]["simd"],
+                          "ggml_step_graphs": got[name]["step_graphs"]}
+        for name, row in got.items():
             for key in ("pp", "tg"):
-                runs[name][key].append(got[key])
-        print(f"round {r}: llama.cpp pp{args.prompt} {peer['pp']:7.1f} tg{args.gen} "
-              f"{peer['tg']:6.1f} | helios pp {ours['pp']:7.1f} tg {ours['tg']:6.1f} tok/s",
-              flush=True)
-    counters = dict(model.backend.counters)
-    model.close()
+                runs[name][key].append(row[key])
+        print(f"round {r}: " + " | ".join(f"{n} pp{args.prompt} {g['pp']:6.1f} "
+                                          f"tg{args.gen} {g['tg']:5.1f}"
+                                          for n, g in got.items()), flush=True)
     med = {name: {key: round(statistics.median(v), 1) for key, v in d.items()}
            for name, d in runs.items()}
     result = {
         "commit": git_commit(),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "cpu": info.get("cpu"), "python": sys.version.split()[0],
+                    "cpu": info["llama.cpp"].get("cpu"), "python": sys.version.split()[0],
                     "load_average": os.getloadavg(),
                     "shared": "may be shared with other jobs: compare within this run"},
         "gguf": gguf.name, "threads": args.threads, "prompt_tokens": args.prompt,
         "gen_tokens": args.gen, "rounds": args.rounds, "statistic": "median",
-        "llama_cpp": {"build": info.get("build"), "repack": 0},
-        "helios": {"core": "--weight-dtype gguf", "ggml_simd": simd_features(),
-                   "ggml_graphs": counters.get("ggml_graphs", 0),
-                   "ggml_step_graphs": counters.get("ggml_step_graphs", 0)},
+        "helios_core": "--weight-dtype gguf, whole-program ggml graphs (runtime.ggml_step)",
+        "setups": info,
         "tokens_per_s": med,
         "per_round": runs,
-        "ratio": {key: round(med["helios"][key] / med["llama.cpp"][key], 2)
-                  for key in ("pp", "tg")},
+        "ratio_to_llama_cpp": {name: {key: round(med[name][key] / med["llama.cpp"][key], 2)
+                                      for key in ("pp", "tg")} for name in variants},
     }
-    print(f"median: llama.cpp {med['llama.cpp']}  helios {med['helios']}  "
-          f"ratio {result['ratio']}")
+    print(f"median tokens/s {med}  ratio {result['ratio_to_llama_cpp']}")
     print(f"wrote {write_json(args.out, result)}")
     return 0
 

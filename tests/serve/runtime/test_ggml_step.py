@@ -155,3 +155,34 @@ def test_step_graphs_switch(monkeypatch):
     monkeypatch.setenv("HELIOS_CPU_STEP_GRAPHS", "yes")
     with pytest.raises(RuntimeLoadError, match="HELIOS_CPU_STEP_GRAPHS='yes': not 0 or 1"):
         step_graphs_enabled()
+
+
+def test_prefill_attention_is_causal_over_the_cache_and_zeroes_padding():
+    """Four packed tokens: three of row 0 at positions 4..6 (positions 0..3 already in
+    the cache) and one padding token."""
+    r = _rng(3)
+    Tp, R = 4, 1
+    qkv = r.standard_normal((Tp, W)).astype(np.float32)
+    positions = np.array([4, 5, 6, 0], np.int32)
+    token_row = np.array([0, 0, 0, -1], np.int32)
+    slot = np.array([1], np.int32)
+    page_table = np.array([[0, 1, 2], [3, 5, 4]], np.int32)
+    k_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    v_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    inv = (1.0 / (10000 ** (np.arange(0, HD, 2) / HD))).astype(np.float32)
+    out = np.full((Tp, H * HD), 3.0, np.float32)
+    n = [None] * 8
+    records = [
+        ("rope_kv_write", ["qkv", "pos", "inv", "row", "slot", "pt", "k", "v", *n[:7]],
+         (qkv, positions, inv, token_row, slot, page_table, k_cache, v_cache,
+          Tp, R, MP, PT, H, KVH, HD)),
+        ("attention_prefill", ["qkv", "pos", "row", "slot", "pt", "k", "v", "out", *n],
+         (qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
+          Tp, R, MP, PT, H, KVH, HD, HD ** -0.5)),
+    ]
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    _run(records)
+    np.testing.assert_allclose(k_cache, oracle[0][2][6], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out[:3], oracle[1][2][7][:3], rtol=1e-4, atol=1e-5)
+    assert not out[3].any()
