@@ -16,7 +16,8 @@ Measured, alternating llama.cpp and Helios each round (a busy host slows both al
                after a one-token prompt (tg, as llama-bench's: an empty context); in a
                fresh process each round, with the wheel's ggml ("helios") and, where
                the llama.cpp folder has its own libggml-cpu.so, with that native build
-               too ("helios_native_ggml", HELIOS_GGML_LIB): same kernels as the peer
+               too ("helios_native_ggml", HELIOS_GGML_LIB): same kernels as the peer;
+               and the launch-by-launch path ("helios_launch_path")
 
 Tokens/s are medians over rounds; ratio = Helios / llama.cpp. The JSON records the
 commit, machine, load average, threads and ggml's SIMD build. Figures only; never asserted.
@@ -98,12 +99,13 @@ def helios_child(prompt: int, gen: int) -> int:
     return 0
 
 
-def helios_run(prompt: int, gen: int, threads: int, ggml_lib: str | None) -> dict:
-    """A Helios round in a fresh process (the ggml libraries load once per process)."""
+def helios_run(prompt: int, gen: int, threads: int, setup: dict[str, str]) -> dict:
+    """A Helios round in a fresh process (the ggml libraries load once per process) with
+    the environment `setup` adds."""
     env = dict(os.environ, HELIOS_CPU_THREADS=str(threads))
     env.pop("HELIOS_GGML_LIB", None)
-    if ggml_lib:
-        env["HELIOS_GGML_LIB"] = ggml_lib
+    env.pop("HELIOS_CPU_STEP_GRAPHS", None)
+    env.update(setup)
     done = subprocess.run([sys.executable, __file__, "--child", "--prompt", str(prompt),
                            "--gen", str(gen)], capture_output=True, text=True, env=env,
                           check=False)
@@ -137,9 +139,12 @@ def main() -> int:
     # Helios with the wheel's ggml (what it ships), and with llama.cpp's own ggml build
     # when the folder has one (the same kernels as the peer: separates the graph from
     # the kernel library's SIMD build).
-    variants = {"helios": None}
+    # The launch-by-launch path (HELIOS_CPU_STEP_GRAPHS=0) shows what the graphs buy.
+    variants: dict[str, dict[str, str]] = {"helios": {},
+                                           "helios_launch_path": {"HELIOS_CPU_STEP_GRAPHS": "0"}}
     if (Path(args.llama_bin) / "libggml-cpu.so").is_file():
-        variants["helios_native_ggml"] = str(Path(args.llama_bin).resolve())
+        variants["helios_native_ggml"] = {"HELIOS_GGML_LIB":
+                                          str(Path(args.llama_bin).resolve())}
     runs: dict[str, dict[str, list[float]]] = {
         name: {"pp": [], "tg": []} for name in ["llama.cpp", *variants]}
     info: dict = {}
@@ -147,9 +152,10 @@ def main() -> int:
         peer = llama_bench(binary, gguf, args.threads, args.prompt, args.gen)
         info["llama.cpp"] = {"build": peer["build"], "cpu": peer["cpu"], "repack": 0}
         got = {"llama.cpp": peer}
-        for name, lib in variants.items():
-            got[name] = helios_run(args.prompt, args.gen, args.threads, lib)
-            info[name] = {"ggml": got[name]["lib"], "ggml_simd": got[name]["simd"],
+        for name, setup in variants.items():
+            got[name] = helios_run(args.prompt, args.gen, args.threads, setup)
+            info[name] = {"env": setup, "ggml": got[name]["lib"],
+                          "ggml_simd": got[name]["simd"],
                           "ggml_step_graphs": got[name]["step_graphs"]}
         for name, row in got.items():
             for key in ("pp", "tg"):
