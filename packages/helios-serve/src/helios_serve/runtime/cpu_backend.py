@@ -185,7 +185,9 @@ class CpuBackend:
                             f"{len(manifest.tuning.producers)} tuning producers bound to the "
                             "NumPy reference ops"
                             + (f" and {self._ggml.graph_count} ggml graphs over quantized "
-                               f"weights ({self._ggml.threads} threads)" if self._ggml else ""))
+                               f"weights ({self._ggml.threads} threads)" if self._ggml else "")
+                            + (f"; {len(self._steps)} programs as {steps.graph_count} "
+                               f"whole-program ggml graphs" if self._steps else ""))
         per_frame = {b.name for b in manifest.buffers
                      if b.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)}
         framed = confidence_buffers(manifest.graphs)
