@@ -186,3 +186,33 @@ def test_prefill_attention_is_causal_over_the_cache_and_zeroes_padding():
     np.testing.assert_allclose(k_cache, oracle[0][2][6], rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(out[:3], oracle[1][2][7][:3], rtol=1e-4, atol=1e-5)
     assert not out[3].any()
+
+
+def test_prefill_attention_of_two_packed_rows_gathers_each_rows_context():
+    """Tokens of two requests in one step (rows 0 and 1, slots 1 and 0): each token
+    attends to its own row's positions only."""
+    r = _rng(4)
+    Tp, R = 4, 2
+    qkv = r.standard_normal((Tp, W)).astype(np.float32)
+    positions = np.array([2, 3, 0, 1], np.int32)
+    token_row = np.array([0, 0, 1, 1], np.int32)
+    slot = np.array([1, 0], np.int32)
+    page_table = np.array([[0, 1, 2], [3, 5, 4]], np.int32)
+    k_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    v_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    inv = (1.0 / (10000 ** (np.arange(0, HD, 2) / HD))).astype(np.float32)
+    out = np.zeros((Tp, H * HD), np.float32)
+    n = [None] * 8
+    records = [
+        ("rope_kv_write", ["qkv", "pos", "inv", "row", "slot", "pt", "k", "v", *n[:7]],
+         (qkv, positions, inv, token_row, slot, page_table, k_cache, v_cache,
+          Tp, R, MP, PT, H, KVH, HD)),
+        ("attention_prefill", ["qkv", "pos", "row", "slot", "pt", "k", "v", "out", *n],
+         (qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
+          Tp, R, MP, PT, H, KVH, HD, HD ** -0.5)),
+    ]
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    _run(records)
+    np.testing.assert_allclose(k_cache, oracle[0][2][6], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out, oracle[1][2][7], rtol=1e-4, atol=1e-5)

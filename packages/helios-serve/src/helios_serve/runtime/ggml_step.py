@@ -362,7 +362,7 @@ class StepPrograms:
                 break
             if op == "attention_prefill":
                 _, positions, token_row, slot, _, _, _, _, T, R, MP, PT, H, KVH, HD, _ = args
-                self._bucket(run, MP * PT, R * (3 * KVH * HD + T * H),
+                self._bucket(run, R * MP * PT, 3 * KVH * HD + T * H,
                              _prefill_need(positions, token_row, slot, T, R))
                 break
         hosts: dict[tuple, tuple] = {}
@@ -640,14 +640,16 @@ def _decode_need(positions, slot, B) -> Callable[[], int | None]:
 
 
 def _prefill_need(positions, token_row, slot, T, R) -> Callable[[], int | None]:
-    """The step's longest context of packed prefill tokens (None: no live token)."""
+    """The step's gathered positions for packed prefill tokens: the sum over live rows
+    of their contexts (None: no live token)."""
     def need() -> int | None:
         rows = token_row[:T]
         live = rows >= 0
         live[live] = slot[:R][rows[live]] >= 0
         if not live.any():
             return None
-        return int(positions[:T][live].max()) + 1
+        pos = positions[:T]
+        return sum(int(pos[live & (rows == r)].max()) + 1 for r in np.unique(rows[live]))
     return need
 
 
@@ -722,16 +724,17 @@ def _attention_merge(b: _Builder, names, args, writers, hosts) -> None:
 
 
 def _prefill_rows(hosts, positions, token_row, slot, page_table, T, R, MP, PT, L):
-    """Host arrays of one bucket's prefill attention: the gathered cache row of each
-    (row, position) [R * L], the additive mask [T, R * L] (a token sees its own row's
-    positions up to its own) and the live-token factor [T]; shared by every layer."""
+    """Host arrays of one bucket's prefill attention, shared by every layer: the live
+    rows' contexts gathered one after another (row r: its positions 0 .. its last
+    token's, cache row page * PT + position) into `L` slots [L], the additive mask
+    [T, L] (a token sees its own row's positions up to its own) and the live-token
+    factor [T]. Gathering only live rows keeps the work to the contexts there are."""
     key = ("prefill", positions.ctypes.data, token_row.ctypes.data, slot.ctypes.data, T, L)
     if key in hosts:
         return hosts[key]
-    idx = np.zeros(R * L, np.int32)
-    mask = np.zeros((T, R * L), np.float32)
+    idx = np.zeros(L, np.int32)
+    mask = np.zeros((T, L), np.float32)
     live_f = np.zeros(T, np.float32)
-    j = np.arange(L)
 
     def write() -> int | None:
         rows = token_row[:T].astype(np.int64)
@@ -740,28 +743,35 @@ def _prefill_rows(hosts, positions, token_row, slot, page_table, T, R, MP, PT, L
         if not live.any():
             return None
         pos = positions[:T].astype(np.int64)
-        if pos[live].min() < 0 or int(pos[live].max()) + 1 > L \
-                or (int(pos[live].max()) + PT) // PT > MP:
+        if pos[live].min() < 0 or (int(pos[live].max()) + PT) // PT > MP:
             return None
-        row_slot = slot[:R].astype(np.int64)
-        fill = int(s[live][0])
-        row_slot = np.where(row_slot >= 0, row_slot, fill)
-        pages = page_table[row_slot[:, None], np.minimum(j // PT, MP - 1)[None, :]]
-        idx[:] = (pages.astype(np.int64) * PT + j % PT).reshape(-1)
         mask[:] = -np.inf
-        t = np.flatnonzero(live)
-        cols = rows[t, None] * L + j[None, :]
-        seen = j[None, :] <= pos[t, None]
-        mask[np.repeat(t, L)[seen.reshape(-1)], cols[seen]] = 0.0
+        idx[:] = 0
+        start = 0
+        for r in np.unique(rows[live]):
+            mine = np.flatnonzero(live & (rows == r))
+            ctx = int(pos[mine].max()) + 1
+            if start + ctx > L:
+                return None
+            j = np.arange(ctx)
+            idx[start:start + ctx] = page_table[int(slot[r]), j // PT].astype(np.int64) * PT \
+                + j % PT
+            seen = j[None, :] <= pos[mine, None]  # [tokens, ctx]
+            block = mask[mine, start:start + ctx]
+            block[seen] = 0.0
+            mask[mine, start:start + ctx] = block
+            start += ctx
         mask[~live, 0] = 0.0  # padding tokens: one finite score (their output is zeroed)
         live_f[:] = live
-        return int(pos[live].max()) + 1
+        return start
 
     hosts[key] = (idx, mask, live_f, write)
     return hosts[key]
 
 
 def _attention_prefill(b: _Builder, names, args, writers, hosts) -> None:
+    """Causal attention of packed prefill tokens over their rows' gathered contexts
+    (bucket `b.bucket` positions in all)."""
     (qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
      T, R, MP, PT, H, KVH, HD, scale) = args
     g, ctx, L = b.g, b.ctx, b.bucket
@@ -772,20 +782,20 @@ def _attention_prefill(b: _Builder, names, args, writers, hosts) -> None:
                                              T, R, MP, PT, L)
     if write not in writers:
         writers.append(write)
-    t_idx = g.new_tensor_1d(ctx, GGML_I32, R * L)
+    t_idx = g.new_tensor_1d(ctx, GGML_I32, L)
     b.o.attach(t_idx, idx)
-    t_mask = g.new_tensor_2d(ctx, GGML_F32, R * L, T)
+    t_mask = g.new_tensor_2d(ctx, GGML_F32, L, T)
     b.o.attach(t_mask, mask)
     t_live = g.new_tensor_2d(ctx, GGML_F32, 1, T)
     b.o.attach(t_live, live_f)
 
     def gathered(name: str, cache: np.ndarray) -> int:
         rows = g.get_rows(ctx, _cache_value(b, name, cache, PT, KVH * HD), t_idx)
-        return g.reshape_3d(ctx, rows, HD, KVH, R * L)
+        return g.reshape_3d(ctx, rows, HD, KVH, L)
 
-    k = g.permute(ctx, gathered(names[5], k_cache), 0, 2, 1, 3)  # [HD, R*L, KVH]
-    kq = g.soft_max_ext(ctx, g.mul_mat(ctx, k, q), t_mask, float(scale), 0.0)  # [R*L,T,H]
-    v = g.cont(ctx, g.permute(ctx, gathered(names[6], v_cache), 1, 2, 0, 3))  # [R*L,HD,KVH]
+    k = g.permute(ctx, gathered(names[5], k_cache), 0, 2, 1, 3)  # [HD, L, KVH]
+    kq = g.soft_max_ext(ctx, g.mul_mat(ctx, k, q), t_mask, float(scale), 0.0)  # [L, T, H]
+    v = g.cont(ctx, g.permute(ctx, gathered(names[6], v_cache), 1, 2, 0, 3))  # [L, HD, KVH]
     o = g.permute(ctx, g.mul_mat(ctx, v, kq), 0, 2, 1, 3)  # [HD, H, T]
     o = g.mul(ctx, g.reshape_2d(ctx, g.cont(ctx, o), H * HD, T), t_live)
     b.write(names[7], out, o, T, H * HD)
