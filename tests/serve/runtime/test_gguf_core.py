@@ -90,6 +90,9 @@ def test_cpu_serves_the_blocks_through_ggml(gguf_core, smollm2_core_f32):
         try:
             if name == "gguf":
                 assert model.backend.counters["ggml_graphs"] > 0
+                # whole-program graphs: decode batches 1-8 and the three prefill programs
+                # (decode 16 and 32 keep the launch path: runtime.ggml_step.MAX_GRAPH_ROWS)
+                assert model.backend.counters["ggml_step_programs"] == 7
             firsts = []
             for prompt in prompts:  # one request at a time: its own first step
                 driver = Driver(model, collect_logits=True)

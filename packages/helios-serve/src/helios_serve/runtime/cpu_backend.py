@@ -181,6 +181,7 @@ class CpuBackend:
                     self._steps = {name: steps.runner(name) for name in steps.programs()}
                     self._step_programs = steps
                     self.counters["ggml_step_graphs"] = steps.graph_count
+                    self.counters["ggml_step_programs"] = len(self._steps)
             phase.detail = (f"{len(manifest.graphs)} graphs and "
                             f"{len(manifest.tuning.producers)} tuning producers bound to the "
                             "NumPy reference ops"
