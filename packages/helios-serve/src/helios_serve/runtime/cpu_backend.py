@@ -42,6 +42,7 @@ from .collectives import Collectives, SingleRank
 from .completion import completion_buffers, confidence_buffers
 from .errors import RuntimeLoadError
 from .ggml_lib import GgmlPrograms
+from .ggml_step import StepPrograms, step_graphs_enabled
 from .tiers import TierRows
 
 STORED_DTYPE = {
@@ -160,18 +161,34 @@ class CpuBackend:
             phase.detail = self.cache.describe()
         with log.phase("graphs") as phase:
             programs = [*manifest.graphs, *manifest.tuning.producers]
+            self._records: dict[str, list[tuple[str, list[str | None], tuple]]] = {}
             self._programs: dict[str, list[tuple[Callable[..., None], tuple]]] = {
-                g.name: [self._bind(launch, manifest) for launch in g.launches]
+                g.name: [self._bind(launch, manifest, self._records.setdefault(g.name, []))
+                         for launch in g.launches]
                 for g in programs}
+            self._steps: dict[str, Callable[[], None]] = {}
+            self._step_programs: StepPrograms | None = None
             if self._ggml is not None:
                 self._ggml.seal()
                 self.counters["ggml_graphs"] = self._ggml.graph_count
                 self.counters["ggml_pool_graphs"] = self._ggml.pool_graph_count
+                if step_graphs_enabled():  # whole programs, captured once (ggml_step)
+                    steps = StepPrograms(self._ggml)
+                    for g in manifest.graphs:
+                        steps.add_program(g.name, self._records[g.name],
+                                          self._programs[g.name])
+                    steps.seal()
+                    self._steps = {name: steps.runner(name) for name in steps.programs()}
+                    self._step_programs = steps
+                    self.counters["ggml_step_graphs"] = steps.graph_count
+                    self.counters["ggml_step_programs"] = len(self._steps)
             phase.detail = (f"{len(manifest.graphs)} graphs and "
                             f"{len(manifest.tuning.producers)} tuning producers bound to the "
                             "NumPy reference ops"
                             + (f" and {self._ggml.graph_count} ggml graphs over quantized "
-                               f"weights ({self._ggml.threads} threads)" if self._ggml else ""))
+                               f"weights ({self._ggml.threads} threads)" if self._ggml else "")
+                            + (f"; {len(self._steps)} programs as {steps.graph_count} "
+                               f"whole-program ggml graphs" if self._steps else ""))
         per_frame = {b.name for b in manifest.buffers
                      if b.role in (mpb.BUFFER_ROLE_REQUEST_INPUT, mpb.BUFFER_ROLE_OUTPUT)}
         framed = confidence_buffers(manifest.graphs)
@@ -242,7 +259,10 @@ class CpuBackend:
         offset = view.byte_offset // STORED_DTYPE[decl.dtype].itemsize
         return array.reshape(-1)[offset:offset + math.prod(shape)].reshape(shape)
 
-    def _bind(self, launch: mpb.Launch, manifest: mpb.ExecutionManifest):
+    def _bind(self, launch: mpb.Launch, manifest: mpb.ExecutionManifest,
+              records: list[tuple[str, list[str | None], tuple]]):
+        """The launch's callable and arguments; (op, buffer names, arguments) is appended
+        to `records` (what the whole-program graphs are built from)."""
         kernel = next(k for k in manifest.kernels if k.id == launch.kernel)
         args = []
         names: list[str | None] = []
@@ -255,6 +275,7 @@ class CpuBackend:
                 args.append(int(arg.int_value))
             else:
                 args.append(float(arg.float_value))
+        records.append((kernel.reference_op, names, tuple(args)))
         if kernel.reference_op in COLLECTIVE_OPS:  # joins the ranks: their peers run it
             return getattr(self._collectives, kernel.reference_op), tuple(args)
         if self._ggml is not None and any(n in self._ggml.storage for n in names if n):
@@ -289,7 +310,12 @@ class CpuBackend:
         """Steps complete inside `launch`: nothing to wait for."""
 
     def run(self, graph: str, dirty=()) -> None:
-        """Execute every launch of `graph` in order on the working buffers (synchronous)."""
+        """Execute every launch of `graph` in order on the working buffers (synchronous):
+        its whole-program ggml graphs where it has them (same results)."""
+        step = self._steps.get(graph)
+        if step is not None:
+            step()
+            return
         for fn, args in self._programs[graph]:
             fn(*args)
 

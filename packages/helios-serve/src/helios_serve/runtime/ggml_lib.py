@@ -77,11 +77,7 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     global _LIBS
     if _LIBS is not None:
         return _LIBS
-    try:
-        import libggml  # imported here: only cores with quantized weights need it
-    except ImportError as e:
-        raise RuntimeLoadError(f"quantized weights need the libggml-python package: {e}") from e
-    lib = Path(libggml.__file__).parent / "lib64"
+    lib = _library_folder()
     try:
         base = ctypes.CDLL(str(lib / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
         cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
@@ -122,6 +118,32 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         fn.argtypes, fn.restype = args, res
     _LIBS = (base, cpu)
     return _LIBS
+
+
+def _library_folder() -> Path:
+    """HELIOS_GGML_LIB (a folder holding libggml-base.so and libggml-cpu.so, e.g. a
+    native llama.cpp build's, for its SIMD: bench/cpu_peer.py's kernel comparison), else
+    the libggml-python wheel's.
+
+    Raises:
+        RuntimeLoadError: the folder lacks the libraries, or the wheel is missing.
+    """
+    override = os.environ.get("HELIOS_GGML_LIB")
+    if override:
+        folder = Path(override)
+        if not (folder / "libggml-cpu.so").is_file():
+            raise RuntimeLoadError(f"HELIOS_GGML_LIB={override!r}: no libggml-cpu.so there")
+        return folder
+    try:
+        import libggml  # imported here: only cores with quantized weights need it
+    except ImportError as e:
+        raise RuntimeLoadError(f"quantized weights need the libggml-python package: {e}") from e
+    return Path(libggml.__file__).parent / "lib64"
+
+
+def library_folder() -> str:
+    """Where the loaded ggml libraries come from (for reports)."""
+    return str(_library_folder())
 
 
 def simd_features() -> dict[str, bool]:

@@ -1,0 +1,218 @@
+"""Whole-program ggml graphs (runtime.ggml_step) against the NumPy reference ops, on small
+synthetic programs: each graph form alone, a decode layer built as one graph and replayed
+with new host values, the fallback to the launch path, and HELIOS_CPU_STEP_GRAPHS.
+
+f32 weights keep every product in f32, so the graphs differ from the references only by
+summation order and ggml's exp/silu (tolerances below); quantized weights are covered by
+test_gguf_core.py on the real model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helios_serve.runtime.errors import RuntimeLoadError
+from helios_serve.runtime.ggml_lib import GgmlPrograms
+from helios_serve.runtime.ggml_step import StepPrograms, step_graphs_enabled
+from helios_tools.kernels import reference_op
+
+T, H, KVH, HD, D = 3, 4, 2, 8, 32
+W = (H + 2 * KVH) * HD
+P, PT, MP = 6, 4, 3  # pages, tokens per page, page-table width
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def _run(records, arrays_for_oracle=None):
+    """Build `records` as one program, run it once; returns the StepPrograms."""
+    steps = StepPrograms(GgmlPrograms({}, threads=1))
+    bound = [(reference_op(op), args) for op, _, args in records]
+    assert steps.add_program("p", records, bound)
+    steps.seal()
+    steps.runner("p")()
+    return steps
+
+
+def _oracle(records):
+    for op, _, args in records:
+        reference_op(op)(*args)
+
+
+def _copy_args(records):
+    """The same records over copies of every array (the oracle's buffers)."""
+    copies: dict[int, np.ndarray] = {}
+    out = []
+    for op, names, args in records:
+        new = []
+        for a in args:
+            if isinstance(a, np.ndarray):
+                new.append(copies.setdefault(id(a), a.copy()))
+            else:
+                new.append(a)
+        out.append((op, names, tuple(new)))
+    return out
+
+
+def test_norms_and_products_equal_their_references():
+    r = _rng()
+    x = r.standard_normal((T, D)).astype(np.float32)
+    res = r.standard_normal((T, D)).astype(np.float32)
+    gain = r.standard_normal(D).astype(np.float32)
+    w = r.standard_normal((2 * D, D)).astype(np.float32)
+    w2 = r.standard_normal((D, D)).astype(np.float32)
+    h = np.zeros((T, D), np.float32)
+    gu = np.zeros((T, 2 * D), np.float32)
+    y = np.zeros((T, D), np.float32)
+    records = [
+        ("add_rmsnorm", ["x", "res", "g", "h", None, None, None], (x, res, gain, h, T, D, 1e-5)),
+        ("linear", ["h", "w", "gu", None, None, None], (h, w, gu, T, 2 * D, D)),
+        ("swiglu_linear", ["gu", "w2", "y", None, None, None], (gu, w2, y, T, D, D)),
+        ("rmsnorm", ["y", "g", "h", None, None, None], (y, gain, h, T, D, 1e-5)),
+    ]
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    _run(records)
+    for (_, _, got), (_, _, want) in zip(records, oracle, strict=True):
+        for a, b in zip(got, want, strict=True):
+            if isinstance(a, np.ndarray):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def _layer(seed=1):
+    """qkv -> rope_kv_write -> attention split/merge over a paged cache: a decode step of
+    B=2 rows (row 1 padding) whose row 0 has 6 cached positions before this one."""
+    r = _rng(seed)
+    B = 2
+    qkv = r.standard_normal((B, W)).astype(np.float32)
+    positions = np.array([6, 0], np.int32)
+    token_row = np.array([0, -1], np.int32)
+    slot = np.array([1, -1], np.int32)
+    page_table = np.array([[0, 1, 2], [3, 5, 4]], np.int32)
+    k_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    v_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    inv = (1.0 / (10000 ** (np.arange(0, HD, 2) / HD))).astype(np.float32)
+    NS, SPLIT = 2, 8
+    ml = np.zeros((B, H, NS, 2), np.float32)
+    po = np.zeros((B, H, NS, HD), np.float32)
+    out = np.zeros((B, H * HD), np.float32)
+    n = [None] * 8
+    records = [
+        ("rope_kv_write", ["qkv", "pos", "inv", "row", "slot", "pt", "k", "v", *n[:7]],
+         (qkv, positions, inv, token_row, slot, page_table, k_cache, v_cache,
+          B, B, MP, PT, H, KVH, HD)),
+        ("attention_decode_split", ["qkv", "pos", "slot", "pt", "k", "v", "ml", "po", *n],
+         (qkv, positions, slot, page_table, k_cache, v_cache, ml, po,
+          B, MP, PT, H, KVH, HD, NS, SPLIT, HD ** -0.5)),
+        ("attention_decode_merge", ["ml", "po", "slot", "out", *n[:4]],
+         (ml, po, slot, out, B, H, HD, NS)),
+    ]
+    return records
+
+
+def test_a_decode_layer_is_one_graph_replayed_with_new_host_values():
+    records = _layer()
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    steps = _run(records)
+    assert steps.graph_count == 1  # one context bucket: the page table reaches 12 positions
+    qkv = records[0][2][0]
+    out, k_cache = records[2][2][3], records[0][2][6]
+    np.testing.assert_allclose(qkv, oracle[0][2][0], rtol=RTOL, atol=ATOL)  # rotated q, k
+    np.testing.assert_allclose(k_cache, oracle[0][2][6], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out[0], oracle[2][2][3][0], rtol=1e-4, atol=1e-5)
+    assert not out[1].any()  # the padding row: zeros, as the reference
+    # replay: the next position, new projections; host values are rewritten
+    nxt = _rng(7).standard_normal(qkv.shape).astype(np.float32)
+    for recs in (records, oracle):
+        recs[0][2][0][...] = nxt
+        recs[0][2][1][0] = 7
+    _oracle(oracle)
+    steps.runner("p")()
+    np.testing.assert_allclose(k_cache, oracle[0][2][6], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out[0], oracle[2][2][3][0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_step_past_the_graphs_runs_the_launch_path():
+    """No live row: the graphs hold nothing to do; the launch path (the reference) runs."""
+    records = _layer()
+    steps = _run(records)
+    slot = records[0][2][4]
+    slot[0] = -1
+    out = records[2][2][3]
+    out[...] = 5.0
+    steps.runner("p")()
+    assert not out.any()  # the reference merge zeroed the padding rows
+
+
+def test_step_graphs_switch(monkeypatch):
+    monkeypatch.delenv("HELIOS_CPU_STEP_GRAPHS", raising=False)
+    assert step_graphs_enabled()
+    monkeypatch.setenv("HELIOS_CPU_STEP_GRAPHS", "0")
+    assert not step_graphs_enabled()
+    monkeypatch.setenv("HELIOS_CPU_STEP_GRAPHS", "yes")
+    with pytest.raises(RuntimeLoadError, match="HELIOS_CPU_STEP_GRAPHS='yes': not 0 or 1"):
+        step_graphs_enabled()
+
+
+def test_prefill_attention_is_causal_over_the_cache_and_zeroes_padding():
+    """Four packed tokens: three of row 0 at positions 4..6 (positions 0..3 already in
+    the cache) and one padding token."""
+    r = _rng(3)
+    Tp, R = 4, 1
+    qkv = r.standard_normal((Tp, W)).astype(np.float32)
+    positions = np.array([4, 5, 6, 0], np.int32)
+    token_row = np.array([0, 0, 0, -1], np.int32)
+    slot = np.array([1], np.int32)
+    page_table = np.array([[0, 1, 2], [3, 5, 4]], np.int32)
+    k_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    v_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    inv = (1.0 / (10000 ** (np.arange(0, HD, 2) / HD))).astype(np.float32)
+    out = np.full((Tp, H * HD), 3.0, np.float32)
+    n = [None] * 8
+    records = [
+        ("rope_kv_write", ["qkv", "pos", "inv", "row", "slot", "pt", "k", "v", *n[:7]],
+         (qkv, positions, inv, token_row, slot, page_table, k_cache, v_cache,
+          Tp, R, MP, PT, H, KVH, HD)),
+        ("attention_prefill", ["qkv", "pos", "row", "slot", "pt", "k", "v", "out", *n],
+         (qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
+          Tp, R, MP, PT, H, KVH, HD, HD ** -0.5)),
+    ]
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    _run(records)
+    np.testing.assert_allclose(k_cache, oracle[0][2][6], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out[:3], oracle[1][2][7][:3], rtol=1e-4, atol=1e-5)
+    assert not out[3].any()
+
+
+def test_prefill_attention_of_two_packed_rows_gathers_each_rows_context():
+    """Tokens of two requests in one step (rows 0 and 1, slots 1 and 0): each token
+    attends to its own row's positions only."""
+    r = _rng(4)
+    Tp, R = 4, 2
+    qkv = r.standard_normal((Tp, W)).astype(np.float32)
+    positions = np.array([2, 3, 0, 1], np.int32)
+    token_row = np.array([0, 0, 1, 1], np.int32)
+    slot = np.array([1, 0], np.int32)
+    page_table = np.array([[0, 1, 2], [3, 5, 4]], np.int32)
+    k_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    v_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    inv = (1.0 / (10000 ** (np.arange(0, HD, 2) / HD))).astype(np.float32)
+    out = np.zeros((Tp, H * HD), np.float32)
+    n = [None] * 8
+    records = [
+        ("rope_kv_write", ["qkv", "pos", "inv", "row", "slot", "pt", "k", "v", *n[:7]],
+         (qkv, positions, inv, token_row, slot, page_table, k_cache, v_cache,
+          Tp, R, MP, PT, H, KVH, HD)),
+        ("attention_prefill", ["qkv", "pos", "row", "slot", "pt", "k", "v", "out", *n],
+         (qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
+          Tp, R, MP, PT, H, KVH, HD, HD ** -0.5)),
+    ]
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    _run(records)
+    np.testing.assert_allclose(k_cache, oracle[0][2][6], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out, oracle[1][2][7], rtol=1e-4, atol=1e-5)
