@@ -173,7 +173,7 @@ class Recipe:
     chunked_sampling: bool = True
 
 
-SUPPORTED_FAMILIES = ("llama",)
+SUPPORTED_FAMILIES = ("gemma3", "llama")  # helios_ignition.families.FAMILIES
 SUPPORTED_WEIGHT_DTYPES = ("bf16", "f32", "gguf")
 
 

@@ -80,3 +80,42 @@ def add_rmsnorm(
     o = out[:T, :D]
     np.multiply(res, _rms_scale(res, eps), out=o)
     np.multiply(o, weight[:D], out=o)
+
+
+def head_rmsnorm(
+    qkv: NDArray[np.float32],
+    q_weight: NDArray[np.float32],
+    k_weight: NDArray[np.float32],
+    T: int,
+    H: int,
+    KVH: int,
+    HD: int,
+    eps: float,
+) -> None:
+    """Per-head RMS norm of the queries and keys of fused ``[q; k; v]`` rows, in place
+    (QK-norm: each head's ``HD`` values normalized on their own, before RoPE).
+
+    Reference loop::
+
+        for t in range(T):
+            for h in range(H + KVH):        # the query heads, then the key heads
+                x = qkv[t, h*HD:(h+1)*HD]
+                w = q_weight if h < H else k_weight
+                r = 1 / sqrt(sum(x[d] ** 2 for d in range(HD)) / HD + eps)
+                qkv[t, h*HD:(h+1)*HD] = x * r * w
+        # the value heads qkv[t, (H + KVH)*HD:] are untouched
+
+    Args:
+        qkv: ``[T, (H + 2*KVH) * HD]`` f32, its query and key heads updated.
+        q_weight: ``[HD]`` f32 gain of every query head.
+        k_weight: ``[HD]`` f32 gain of every key head.
+        T: token rows.
+        H: query heads.
+        KVH: key/value heads.
+        HD: head dim.
+        eps: added to the mean square.
+    """
+    for lo, n, w in ((0, H, q_weight), (H * HD, KVH, k_weight)):
+        heads = qkv[:T, lo : lo + n * HD].reshape(T, n, HD)
+        heads *= _rms_scale(heads, eps)
+        heads *= w[:HD]
