@@ -56,6 +56,7 @@ def test_prompts_tokenize_as_llama_cpp_does(gemma3_core):
             prompt["name"]
 
 
+@pytest.mark.slow
 def test_cpu_backend_matches_llama_cpp(gemma3_core):
     model = load_native(_open(gemma3_core), "cpu")
     try:
