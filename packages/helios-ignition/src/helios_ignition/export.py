@@ -443,6 +443,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     if chunked_sampling is not None:
         recipe = replace(recipe, chunked_sampling=chunked_sampling)
     validate_recipe(recipe)
+    try:
+        shapes = family_shapes(recipe.family, ckpt.geometry)
+    except FamilyMismatchError as exc:
+        raise ExportError(f"recipe {recipe.name}: {exc}") from None
     if not ckpt.tokenizer_json:
         raise MissingTokenizerError(f"{ckpt.source}: no tokenizer")
     chat_template = recipe.chat_template or ckpt.chat_template  # the recipe's wins
@@ -453,10 +457,6 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
         check_template(chat_template, f"recipe {recipe.name}", RecipeError)
     else:
         check_template(chat_template, ckpt.source, CheckpointError)
-    try:
-        shapes = family_shapes(recipe.family, ckpt.geometry)
-    except FamilyMismatchError as exc:
-        raise ExportError(f"recipe {recipe.name}: {exc}") from None
     try:
         shapes = shapes.shard(tensor_parallel)
         if tensor_parallel > 1 and recipe.drafter is not None:

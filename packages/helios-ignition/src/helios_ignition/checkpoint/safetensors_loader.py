@@ -85,11 +85,17 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, 8 + n
 
 
+# config.json `architectures` this loader reads.
+SUPPORTED_HF_ARCHITECTURES = ("LlamaForCausalLM",)
+
+
 def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry:
     archs = config.get("architectures") or []
     model_type = config.get("model_type")
     if model_type not in (None, "llama") and "LlamaForCausalLM" not in archs:
-        raise GeometryError(f"{source}: model_type {model_type!r} is not a Llama architecture")
+        name = archs[0] if archs else model_type
+        raise GeometryError(f"{source}: architecture {name!r} is not supported; supported: "
+                            f"{', '.join(SUPPORTED_HF_ARCHITECTURES)}")
     try:
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
