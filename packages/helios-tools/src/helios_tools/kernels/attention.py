@@ -268,9 +268,11 @@ def _decode(qkv, positions, slot, page_table, k_cache, v_cache, out, B, MP, PT, 
     # may name pages returned to the pool) and masks positions behind each row's window.
     first = max(0, int(ctx.min()) - W) // PT * PT if W else 0
     idx = _context_index(page_table[slot[rows], :MP], ctx, length, PT)  # [n, length]
-    if W:  # positions behind a row's window read its newest token (masked below)
+    if W:  # positions outside a row's window read its newest token (masked below): the
+        # position 0 a padded gather otherwise reads may lie on a page returned to the pool
         newest = np.take_along_axis(idx, (ctx - 1)[:, None], axis=1)
-        idx = np.where(np.arange(length)[None, :] >= ctx[:, None] - W, idx, newest)
+        j = np.arange(length)[None, :]
+        idx = np.where((j >= ctx[:, None] - W) & (j < ctx[:, None]), idx, newest)
     idx = idx[:, first:]
     k = k_cache.reshape(-1, KVH, HD)[idx].transpose(0, 2, 3, 1)  # [n, KVH, HD, L]
     v = v_cache.reshape(-1, KVH, HD)[idx].transpose(0, 2, 1, 3)  # [n, KVH, L, HD]
