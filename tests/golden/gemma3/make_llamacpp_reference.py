@@ -33,8 +33,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 STEPS = 16
 TOP_K = 5
+# Longer than the 512-token window of the local layers (about 800 tokens), so their window
+# decides the logits: a plain text the base model continues.
+LONG_TEXT = "<bos>" + " ".join(
+    f"Day {i}: the keeper of lighthouse {i % 7} logged {3 * i + 1} ships, wind from the "
+    f"{['north', 'east', 'south', 'west'][i % 4]}, and {i % 5} lamps replaced." for i in range(1, 36)
+) + " Day 36: the keeper of lighthouse"
 PROMPTS = [
     {"name": "france_text", "text": "<bos>The capital of France is"},
+    {"name": "long_text", "text": LONG_TEXT},
     {"name": "france", "messages": [{"role": "user", "content": "What is the capital of France?"}]},
     {
         "name": "system_haiku",

@@ -11,6 +11,12 @@ the argmax differs only where the reference's top two are within 0.42 of each ot
 (system_haiku step 3: 0.41; france step 7: 0.08). The test holds the logits to 2.0 and the
 argmax to every step whose reference margin is at least 0.5, and the free-running greedy
 ids to the reference up to the first step under that margin.
+
+The window matters: `long_text` is 982 tokens, past the local layers' 512-token window.
+Against llama.cpp its teacher-forced logits differ by at most 0.7 with every argmax
+equal; the same core exported with every layer global (no window) differs by up to 9.7
+and picks 6 of the 16 tokens differently (measured once by hand, not a test: it takes a
+second export).
 """
 
 from __future__ import annotations
@@ -76,6 +82,6 @@ def test_cpu_backend_matches_llama_cpp(gemma3_core):
                     assert int(np.argmax(forced[k])) == step["id"], (prompt["name"], k)
     finally:
         model.close()
-    # Two of the four prompts agree for all 16 steps; the others part only at near-ties.
+    # Three of the five prompts agree for all 16 steps; the others part only at near-ties.
     assert sum(ids == [s["id"] for s in p["steps"]]
-               for p, ids in zip(REFERENCE["prompts"], free, strict=True)) >= 2
+               for p, ids in zip(REFERENCE["prompts"], free, strict=True)) >= 3
