@@ -58,6 +58,19 @@ def smollm2_core_bf16(tmp_path_factory, signing_key_pair) -> ExportedCore:
     return _export(tmp_path_factory, signing_key_pair, "bf16")
 
 
+@pytest.fixture(scope="session")
+def gemma3_core(tmp_path_factory, signing_key_pair) -> ExportedCore:
+    """Gemma 3 270M (recipes/gemma3_270m.py: GGUF blocks) from the development group's
+    GGUF package."""
+    from helios_ignition.export import export_core
+
+    private, public = signing_key_pair
+    out = tmp_path_factory.mktemp("core-gemma3") / "gemma3-270m.core"
+    export_core(REPO / "recipes" / "gemma3_270m.py", checkpoint="gemma3-270m",
+                key_path=private, namespace=NAMESPACE, out=out)
+    return ExportedCore(out, public, private, NAMESPACE)
+
+
 @dataclass(frozen=True)
 class TinyServed:
     """The tiny model of tests/tiny_model.py: its checkpoint and its exported core."""

@@ -38,13 +38,13 @@ from .checkpoint import (
     CheckpointError,
     MissingChatTemplateError,
     MissingTokenizerError,
+    gemma3_270m_gguf_path,
     load_checkpoint,
     load_gguf,
     random_checkpoint,
     smollm2_gguf_path,
 )
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
-from .families.llama import LlamaShapes
 from .families.registry import FamilyMismatchError, family_shapes
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
@@ -93,7 +93,8 @@ class ExportSummary:
 
 
 def open_checkpoint(spec: str | None, random_seed: int | None, geometry: str | None):
-    """Resolve a checkpoint spec: "smollm2" (the embedded GGUF), a path, or random weights.
+    """Resolve a checkpoint spec: "smollm2" (the embedded GGUF), "gemma3-270m" (the
+    development group's Gemma 3 270M GGUF), a path, or random weights.
 
     Raises:
         ExportError: conflicting or missing choices.
@@ -112,6 +113,8 @@ def open_checkpoint(spec: str | None, random_seed: int | None, geometry: str | N
         raise ExportUsageError("no checkpoint: pass --checkpoint PATH|smollm2 or --random-weights")
     if spec == "smollm2":
         return load_gguf(smollm2_gguf_path())
+    if spec == "gemma3-270m":
+        return load_gguf(gemma3_270m_gguf_path())
     return load_checkpoint(spec)
 
 
@@ -303,7 +306,7 @@ def open_drafter(recipe: Recipe, recipe_path: str | Path, checkpoint) -> Drafter
     return read_drafter(path, target)
 
 
-def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
+def build_contract(recipe: Recipe, checkpoint, shapes,
                    graphs: list[cpb.GraphContract], manifest,
                    speculation: Speculation | None = None) -> cpb.ServingContract:
     """Assemble the ServingContract (contract version 3) for the captured graphs."""
@@ -448,6 +451,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     if chunked_sampling is not None:
         recipe = replace(recipe, chunked_sampling=chunked_sampling)
     validate_recipe(recipe)
+    try:
+        shapes = family_shapes(recipe.family, ckpt.geometry)
+    except FamilyMismatchError as exc:
+        raise ExportError(f"recipe {recipe.name}: {exc}") from None
     if not ckpt.tokenizer_json:
         raise MissingTokenizerError(f"{ckpt.source}: no tokenizer")
     chat_template = recipe.chat_template or ckpt.chat_template  # the recipe's wins
@@ -459,10 +466,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     else:
         check_template(chat_template, ckpt.source, CheckpointError)
     try:
-        try:
-            shapes = family_shapes(recipe.family, ckpt.geometry).shard(tensor_parallel)
-        except FamilyMismatchError as exc:
-            raise ExportError(f"recipe {recipe.name}: {exc}") from None
+        shapes = shapes.shard(tensor_parallel)
         if tensor_parallel > 1 and recipe.drafter is not None:
             raise TensorParallelError("speculative programs are captured for one rank only: "
                                       f"recipe {recipe.name} declares a drafter")
