@@ -62,18 +62,41 @@ def test_prompts_tokenize_as_llama_cpp_does(gemma3_core):
             prompt["name"]
 
 
+def _free_run_logits(model, logits: list[np.ndarray], prompts: list[list[int]],
+                     steps: int) -> list[list[np.ndarray]]:
+    """Each prompt's logits (float32 `[vocab]`) at every step of one `Driver.generate`
+    collected in `logits`: its last prefill chunk's row, then its row of each batched
+    decode step."""
+    chunk = max(model.manifests.prefill_token_capacities)
+    last = np.cumsum([-(-len(p) // chunk) for p in prompts]) - 1
+    decode = logits[last[-1] + 1:]
+    assert len(decode) == steps - 1
+    return [[logits[j][0]] + [d[i] for d in decode] for i, j in enumerate(last)]
+
+
 @pytest.mark.slow
 def test_cpu_backend_matches_llama_cpp(gemma3_core):
+    """One batched greedy run of every prompt, then teacher forcing only where it parted
+    from the reference: up to and including the first differing step the free run's
+    context is the reference's, so its logits there are the teacher-forced ones."""
     model = load_native(_open(gemma3_core), "cpu")
     try:
         prompts = [p["prompt_ids"] for p in REFERENCE["prompts"]]
-        free = Driver(model).generate(prompts, REFERENCE["steps"])
-        for prompt, ids in zip(REFERENCE["prompts"], free, strict=True):
+        driver = Driver(model, collect_logits=True)
+        free = driver.generate(prompts, REFERENCE["steps"])
+        free_logits = _free_run_logits(model, driver.logits, prompts, REFERENCE["steps"])
+        for prompt, ids, rows in zip(REFERENCE["prompts"], free, free_logits, strict=True):
             steps = prompt["steps"]
+            ref = [s["id"] for s in steps]
             decided = next((k for k, s in enumerate(steps) if _margin(s) < DECIDED_MARGIN),
                            len(steps))
-            assert ids[:decided] == [s["id"] for s in steps[:decided]], prompt["name"]
-            forced = Driver(model).teacher_force(prompt["prompt_ids"], [s["id"] for s in steps])
+            assert ids[:decided] == ref[:decided], prompt["name"]
+            agree = next((k for k in range(len(steps)) if ids[k] != ref[k]), len(steps))
+            forced = rows[:agree + 1]
+            if agree + 1 < len(steps):
+                forced += list(driver.teacher_force(prompt["prompt_ids"] + ref[:agree + 1],
+                                                    ref[agree + 1:]))
+            assert len(forced) == len(steps)
             for k, step in enumerate(steps):
                 got = forced[k][step["top_ids"]]
                 np.testing.assert_allclose(got, step["top_logits"], atol=LOGIT_TOLERANCE,
