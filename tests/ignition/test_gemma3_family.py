@@ -33,8 +33,8 @@ IGNITION = str(Path(sys.executable).parent / "ignition")
 
 
 @pytest.fixture(scope="module")
-def checkpoint():
-    return load_gguf(gemma3_270m_gguf_path())
+def checkpoint(gemma3_checkpoint):
+    return gemma3_checkpoint
 
 
 def test_the_reader_declares_gemma3_geometry(checkpoint):

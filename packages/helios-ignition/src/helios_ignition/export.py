@@ -35,6 +35,7 @@ from .capture.buffers import Speculation, cache_contract, weight_resource_id
 from .capture.family import TensorParallelError
 from .capture.programs import capture
 from .checkpoint import (
+    Checkpoint,
     CheckpointError,
     MissingChatTemplateError,
     MissingTokenizerError,
@@ -92,14 +93,18 @@ class ExportSummary:
         return f"logical-resource core (ProtectedIndex version {self.protected_version})"
 
 
-def open_checkpoint(spec: str | None, random_seed: int | None, geometry: str | None):
+def open_checkpoint(spec: str | Checkpoint | None, random_seed: int | None,
+                    geometry: str | None):
     """Resolve a checkpoint spec: "smollm2" (the embedded GGUF), "gemma3-270m" (the
-    development group's Gemma 3 270M GGUF), a path, or random weights.
+    development group's Gemma 3 270M GGUF), a path, random weights, or a `Checkpoint`
+    already opened (returned as it is).
 
     Raises:
         ExportError: conflicting or missing choices.
         CheckpointError: the checkpoint itself is bad (from the loaders).
     """
+    if isinstance(spec, Checkpoint) and random_seed is None and not geometry:
+        return spec
     if random_seed is not None:
         if spec:
             raise ExportUsageError("--checkpoint and --random-weights are exclusive")
@@ -381,7 +386,8 @@ def _gguf_blocks(recipe: Recipe, ckpt, shapes, tensor_parallel: int) -> dict[str
     return blocks
 
 
-def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: str | Path,
+def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
+                key_path: str | Path,
                 namespace: str, out: str | Path, weight_dtype: str | None = None,
                 random_seed: int | None = None, geometry: str | None = None,
                 targets: tuple[str, ...] = (), carrier: str = "payload",
@@ -397,8 +403,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
 
     Args:
         recipe_path: a recipe file in recipes/.
-        checkpoint: "smollm2", a .gguf file or a safetensors directory (or None with
-            `random_seed` + `geometry`).
+        checkpoint: "smollm2", "gemma3-270m", a .gguf file, a safetensors directory or an
+            opened `Checkpoint` (or None with `random_seed` + `geometry`).
         key_path: Ed25519 private key (PEM) from `helios-tools keygen`.
         namespace: publisher namespace signed into the core.
         out: core path to write.
