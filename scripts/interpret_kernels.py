@@ -13,6 +13,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py mma           # packed terms, K split, reduce
     uv run python scripts/interpret_kernels.py scores        # score_tokens (scored prefill)
     uv run python scripts/interpret_kernels.py experts       # QK-norm and the MoE ops
+    uv run python scripts/interpret_kernels.py window        # sliding-window family ops
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -656,9 +657,78 @@ def check_experts(rng) -> bool:
     return ok
 
 
+def check_window(rng) -> bool:
+    """The sliding-window family's kernels (kernels_triton/window.py): windowed prefill and
+    decode attention with the pages behind every window NaN and their page-table entries
+    pointing at a NaN page, head_rmsnorm, gelu_mul, scale."""
+    ok = True
+    PT, MP, P, H, KVH, HD = 4, 8, 40, 4, 2, 16
+    width = (H + 2 * KVH) * HD
+    for W, lengths in ((1, [9, 3]), (5, [17, 6, 11]), (8, [30, 2]), (64, [13, 7])):
+        k_cache = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+        v_cache = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+        k_cache[P - 1] = v_cache[P - 1] = np.nan  # never owned
+        table = np.full((len(lengths), MP), P - 1, np.int32)
+        pages = rng.permutation(P - 1)
+        for r, n in enumerate(lengths):
+            table[r, :-(-n // PT)] = pages[r * MP:r * MP + -(-n // PT)]
+        B = len(lengths)
+        pos = np.array([n - 1 for n in lengths], np.int32)
+        for r, n in enumerate(lengths):  # pages behind the prefill chunk's first window go
+            for j in range(max(0, n - 3 - W + 1) // PT):
+                k_cache[table[r, j]] = v_cache[table[r, j]] = np.nan
+                table[r, j] = P - 1
+        qkv = rng.standard_normal((B, width)).astype(np.float32)
+        slot = np.arange(B, dtype=np.int32)
+        ref = np.zeros((B, H * HD), np.float32)
+        K.attention_decode_window(qkv, pos, slot, table, k_cache, v_cache, ref, B, MP, PT, H,
+                                  KVH, HD, W, HD**-0.5)
+        out = np.full_like(ref, np.nan)
+        launch("attention_decode_window", qkv, pos, slot, table, k_cache, v_cache, out, B, MP,
+               PT, H, KVH, HD, W, HD**-0.5)
+        errs = {"decode": _rel(out, ref)}
+        # prefill: the last 3 tokens of each row as one packed chunk plus a padding token
+        rows = np.array([r for r, n in enumerate(lengths) for _ in range(min(3, n))] + [-1],
+                        np.int32)
+        ppos = np.array([p for n in lengths for p in range(max(0, n - 3), n)] + [0], np.int32)
+        T = len(rows)
+        pq = rng.standard_normal((T, width)).astype(np.float32)
+        ref = np.zeros((T, H * HD), np.float32)
+        K.attention_prefill_window(pq, ppos, rows, slot, table, k_cache, v_cache, ref, T, B, MP,
+                                   PT, H, KVH, HD, W, HD**-0.5)
+        out = np.full_like(ref, np.nan)
+        launch("attention_prefill_window", pq, ppos, rows, slot, table, k_cache, v_cache, out, T,
+               B, MP, PT, H, KVH, HD, W, HD**-0.5)
+        errs["prefill"] = _rel(out, ref)
+        bad = {k: e for k, e in errs.items() if not e < 1e-5}
+        print(f"window W={W} lengths={lengths}: " + ", ".join(f"{k} {e:.1e}"
+                                                               for k, e in errs.items())
+              + ("  MISMATCH" if bad else ""))
+        ok &= not bad
+    T = 5
+    x = rng.standard_normal((T, width)).astype(np.float32) * 3
+    qw, kw = (rng.standard_normal(HD).astype(np.float32) for _ in range(2))
+    ref, out = x.copy(), x.copy()
+    K.head_rmsnorm(ref, qw, kw, T, H, KVH, HD, 1e-6)
+    launch("head_rmsnorm", out, qw, kw, T, H, KVH, HD, 1e-6)
+    gu = (rng.standard_normal((T, 2 * 1100)) * 4).astype(np.float32)
+    gref, gout = np.zeros((T, 1100), np.float32), np.full((T, 1100), np.nan, np.float32)
+    K.gelu_mul(gu, gref, T, 1100)
+    launch("gelu_mul", gu, gout, T, 1100)
+    sref, sout = x.copy(), x.copy()
+    K.scale(sref, T, width, 25.3)
+    launch("scale", sout, T, width, 25.3)
+    errs = {"head_rmsnorm": _rel(out, ref), "gelu_mul": _rel(gout, gref),
+            "scale": _rel(sout, sref)}
+    bad = {k: e for k, e in errs.items() if not e < 1e-6}
+    print("window elementwise: " + ", ".join(f"{k} {e:.1e}" for k, e in errs.items())
+          + ("  MISMATCH" if bad else ""))
+    return ok and not bad
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
-    np.seterr(divide="ignore", under="ignore", invalid="ignore")
+    np.seterr(divide="ignore", under="ignore", invalid="ignore", over="ignore")
     ok = True
     if sys.argv[1:] == ["nucleus"]:
         sys.exit(0 if check_nucleus(full=True) else 1)
@@ -676,6 +746,8 @@ def main() -> None:
         sys.exit(0 if all([check_scores(rng, V) for V in (300, 4097)]) else 1)
     if sys.argv[1:] == ["experts"]:
         sys.exit(0 if check_experts(rng) else 1)
+    if sys.argv[1:] == ["window"]:
+        sys.exit(0 if check_window(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)
@@ -685,6 +757,7 @@ def main() -> None:
         ok &= check_wide(full=False)
         ok &= check_attention(rng)
         ok &= check_scores(rng, 4097)
+        ok &= check_window(rng)
     for V in (4100, 300):
         ok &= check_candidate_masks(rng, V)
     ok &= check_verify_cut(rng, 300)

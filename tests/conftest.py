@@ -1,4 +1,4 @@
-"""Shared fixtures: real SmolLM2 cores exported once per test session.
+"""Shared fixtures: real cores (SmolLM2, Gemma 3) exported once per test session.
 
 `ignition export` runs through its library entry point (the CLI is covered by its own
 tests); each core is signed with a key generated for the session. Use these fixtures
@@ -56,6 +56,28 @@ def smollm2_core_f32(tmp_path_factory, signing_key_pair) -> ExportedCore:
 def smollm2_core_bf16(tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with bf16 weights (the recipe's default)."""
     return _export(tmp_path_factory, signing_key_pair, "bf16")
+
+
+@pytest.fixture(scope="session")
+def gemma3_checkpoint():
+    """Gemma 3 270M's Q4_K_M GGUF from the development group's package, opened once (its
+    262,144-piece vocabulary takes most of the load): the reader tests and `gemma3_core`
+    share it."""
+    from helios_ignition.checkpoint import gemma3_270m_gguf_path, load_gguf
+
+    return load_gguf(gemma3_270m_gguf_path())
+
+
+@pytest.fixture(scope="session")
+def gemma3_core(tmp_path_factory, signing_key_pair, gemma3_checkpoint) -> ExportedCore:
+    """Gemma 3 270M (recipes/gemma3_270m.py: GGUF blocks) from `gemma3_checkpoint`."""
+    from helios_ignition.export import export_core
+
+    private, public = signing_key_pair
+    out = tmp_path_factory.mktemp("core-gemma3") / "gemma3-270m.core"
+    export_core(REPO / "recipes" / "gemma3_270m.py", checkpoint=gemma3_checkpoint,
+                key_path=private, namespace=NAMESPACE, out=out)
+    return ExportedCore(out, public, private, NAMESPACE)
 
 
 @dataclass(frozen=True)

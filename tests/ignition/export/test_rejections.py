@@ -184,7 +184,7 @@ def _unknown_reasoning_parser(env: Env) -> tuple[str, ...]:
 
 def _unsupported_family(env: Env) -> tuple[str, ...]:
     env.kwargs["recipe_path"] = write_recipe(env.tmp, family="mistral")
-    return ("unsupported family 'mistral'", "supported: llama")
+    return ("unsupported family 'mistral'", "supported: gemma3, llama, qwen3, qwen3_moe")
 
 
 def _unsupported_recipe_dtype(env: Env) -> tuple[str, ...]:

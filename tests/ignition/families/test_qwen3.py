@@ -122,7 +122,7 @@ def test_unsupported_architecture_is_named(tmp_path):
     with pytest.raises(GeometryError) as info:
         load_checkpoint(folder)
     assert str(info.value) == (
-        f"{folder}: architecture MambaForCausalLM is not supported; supported: "
+        f"{folder}: architecture 'MambaForCausalLM' is not supported; supported: "
         "LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM")
 
 

@@ -35,16 +35,17 @@ from .capture.buffers import Speculation, cache_contract, weight_resource_id
 from .capture.family import TensorParallelError
 from .capture.programs import capture
 from .checkpoint import (
+    Checkpoint,
     CheckpointError,
     MissingChatTemplateError,
     MissingTokenizerError,
+    gemma3_270m_gguf_path,
     load_checkpoint,
     load_gguf,
     random_checkpoint,
     smollm2_gguf_path,
 )
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
-from .families.llama import LlamaShapes
 from .families.registry import FamilyMismatchError, family_shapes
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
@@ -92,13 +93,18 @@ class ExportSummary:
         return f"logical-resource core (ProtectedIndex version {self.protected_version})"
 
 
-def open_checkpoint(spec: str | None, random_seed: int | None, geometry: str | None):
-    """Resolve a checkpoint spec: "smollm2" (the embedded GGUF), a path, or random weights.
+def open_checkpoint(spec: str | Checkpoint | None, random_seed: int | None,
+                    geometry: str | None):
+    """Resolve a checkpoint spec: "smollm2" (the embedded GGUF), "gemma3-270m" (the
+    development group's Gemma 3 270M GGUF), a path, random weights, or a `Checkpoint`
+    already opened (returned as it is).
 
     Raises:
         ExportError: conflicting or missing choices.
         CheckpointError: the checkpoint itself is bad (from the loaders).
     """
+    if isinstance(spec, Checkpoint) and random_seed is None and not geometry:
+        return spec
     if random_seed is not None:
         if spec:
             raise ExportUsageError("--checkpoint and --random-weights are exclusive")
@@ -112,6 +118,8 @@ def open_checkpoint(spec: str | None, random_seed: int | None, geometry: str | N
         raise ExportUsageError("no checkpoint: pass --checkpoint PATH|smollm2 or --random-weights")
     if spec == "smollm2":
         return load_gguf(smollm2_gguf_path())
+    if spec == "gemma3-270m":
+        return load_gguf(gemma3_270m_gguf_path())
     return load_checkpoint(spec)
 
 
@@ -303,7 +311,7 @@ def open_drafter(recipe: Recipe, recipe_path: str | Path, checkpoint) -> Drafter
     return read_drafter(path, target)
 
 
-def build_contract(recipe: Recipe, checkpoint, shapes: LlamaShapes,
+def build_contract(recipe: Recipe, checkpoint, shapes,
                    graphs: list[cpb.GraphContract], manifest,
                    speculation: Speculation | None = None) -> cpb.ServingContract:
     """Assemble the ServingContract (contract version 3) for the captured graphs."""
@@ -378,7 +386,8 @@ def _gguf_blocks(recipe: Recipe, ckpt, shapes, tensor_parallel: int) -> dict[str
     return blocks
 
 
-def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: str | Path,
+def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
+                key_path: str | Path,
                 namespace: str, out: str | Path, weight_dtype: str | None = None,
                 random_seed: int | None = None, geometry: str | None = None,
                 targets: tuple[str, ...] = (), carrier: str = "payload",
@@ -394,8 +403,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
 
     Args:
         recipe_path: a recipe file in recipes/.
-        checkpoint: "smollm2", a .gguf file or a safetensors directory (or None with
-            `random_seed` + `geometry`).
+        checkpoint: "smollm2", "gemma3-270m", a .gguf file, a safetensors directory or an
+            opened `Checkpoint` (or None with `random_seed` + `geometry`).
         key_path: Ed25519 private key (PEM) from `helios-tools keygen`.
         namespace: publisher namespace signed into the core.
         out: core path to write.
@@ -448,6 +457,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     if chunked_sampling is not None:
         recipe = replace(recipe, chunked_sampling=chunked_sampling)
     validate_recipe(recipe)
+    try:
+        shapes = family_shapes(recipe.family, ckpt.geometry)
+    except FamilyMismatchError as exc:
+        raise ExportError(f"recipe {recipe.name}: {exc}") from None
     if not ckpt.tokenizer_json:
         raise MissingTokenizerError(f"{ckpt.source}: no tokenizer")
     chat_template = recipe.chat_template or ckpt.chat_template  # the recipe's wins
@@ -459,10 +472,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | None, key_path: st
     else:
         check_template(chat_template, ckpt.source, CheckpointError)
     try:
-        try:
-            shapes = family_shapes(recipe.family, ckpt.geometry).shard(tensor_parallel)
-        except FamilyMismatchError as exc:
-            raise ExportError(f"recipe {recipe.name}: {exc}") from None
+        shapes = shapes.shard(tensor_parallel)
         if tensor_parallel > 1 and recipe.fold_layers:
             raise TensorParallelError(
                 "folded layers add the O and down products into the residual, which split "

@@ -183,7 +183,7 @@ class Recipe:
     chunked_sampling: bool = True
 
 
-SUPPORTED_FAMILIES = ("llama", "qwen3", "qwen3_moe")  # families.registry.FAMILIES
+SUPPORTED_FAMILIES = ("gemma3", "llama", "qwen3", "qwen3_moe")  # families.registry.FAMILIES
 SUPPORTED_WEIGHT_DTYPES = ("bf16", "f32", "gguf")
 
 

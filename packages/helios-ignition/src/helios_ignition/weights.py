@@ -136,9 +136,9 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
     blocks = blocks or {}
     head_source = shapes.checkpoint_tensors("lm_head")[0]
     for name, shape in shapes.weight_layout().items():
-        if name == "rope_inv_freq":
-            array = rope_inv_freq(shapes, checkpoint.geometry.rope_scaling)
-            yield StoredWeight(name, weight_resource_id(name), None, (), array)
+        computed = _computed_weight(shapes, name, checkpoint)
+        if computed is not None:
+            yield StoredWeight(name, weight_resource_id(name), None, (), computed)
             continue
         split = shapes.ranks > 1 and shapes.weight_split(name) is not None
         for rank in range(shapes.ranks) if split else (None,):
@@ -161,6 +161,8 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                 if len(shape) == 3:  # stacked experts [E, rows, in]: the sources' rows in order
                     array = array.reshape(shape)
                 assert array.shape == shape, (name, array.shape, shape)
+                if hasattr(shapes, "stored_value"):  # a family's value rule (Gemma's 1 + w)
+                    array = shapes.stored_value(name, array)
                 rid = weight_resource_id(name)
             else:
                 sources = _rank_sources(name, shapes, rank, head_source)
@@ -171,6 +173,17 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
             else:
                 array = np.ascontiguousarray(array, dtype=np.float32)
             yield StoredWeight(name, rid, rank, sources, array)
+
+
+def _computed_weight(shapes, name: str, checkpoint) -> np.ndarray | None:
+    """The value of a buffer the family computes instead of reading (RoPE tables), or None.
+    A family may define ``computed_weight(name, checkpoint)``; else the Llama rule: the
+    one ``rope_inv_freq`` table with the checkpoint's RoPE scaling."""
+    if hasattr(shapes, "computed_weight"):
+        return shapes.computed_weight(name, checkpoint)
+    if name == "rope_inv_freq":
+        return rope_inv_freq(shapes, checkpoint.geometry.rope_scaling)
+    return None
 
 
 def weight_catalogs(stored: list[StoredWeight], ranks: int) -> list:

@@ -619,10 +619,10 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "kv_write":
         T, KVH, HD = s[0], s[5], s[6]
         return _cfg((T,), 4, BLOCK=_np2(KVH * HD, 32))
-    if op == "attention_prefill":
+    if op in ("attention_prefill", "attention_prefill_window"):
         T, H, HD = s[0], s[4], s[6]
         return _cfg((_cdiv(T, 32), H), 4, BLOCK_M=32, BLOCK_N=32, BLOCK_HD=_np2(HD, 16))
-    if op == "attention_decode":
+    if op in ("attention_decode", "attention_decode_window"):
         B, H, HD = s[0], s[3], s[5]
         return _cfg((B, H), 8, BLOCK_N=128, BLOCK_HD=_np2(HD, 16))
     if op in ("attention_decode_split", "attention_decode_split_tuned"):
@@ -648,9 +648,15 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         return _cfg((B,), 1, BLOCK=_np2(min(MP, 1024), 32))
     if op == "split_tuning_select":
         return _cfg((1,), 1, BLOCK_C=4)
-    if op in ("silu_mul", "add"):
+    if op in ("silu_mul", "add", "gelu_mul"):
         T, W = s
         return _cfg((T, _cdiv(W, 1024)), 4, BLOCK=1024)
+    if op == "scale":
+        T, D = s[0], s[1]
+        return _cfg((T, _cdiv(D, 1024)), 4, BLOCK=1024)
+    if op == "head_rmsnorm":  # one program per (row, query or key head)
+        T, H, KVH, HD = s[0], s[1], s[2], s[3]
+        return _cfg((T, H + KVH), 4, BLOCK_D=_np2(HD, 16))
     if op == "gather_last":
         R, D = s[1], s[2]
         return _cfg((R,), 4, BLOCK_D=_np2(D, 16))

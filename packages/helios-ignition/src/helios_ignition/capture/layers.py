@@ -99,7 +99,7 @@ def write_kv(b: ProgramBuilder, p: Pass, layer: int, qkv: View, inv_freq: View, 
 
 
 def attend(b: ProgramBuilder, p: Pass, layer: int, qkv: View, attn: View, H: int, KVH: int,
-           HD: int, scale: float) -> None:
+           HD: int, scale: float, window: int = 0) -> None:
     """Attention of the queries in `qkv` over layer `layer`'s paged cache into `attn`
     ([T, H HD]), logits scaled by `scale`.
 
@@ -108,6 +108,10 @@ def attend(b: ProgramBuilder, p: Pass, layer: int, qkv: View, attn: View, H: int
     verification rows are causal within a lane), reading the tuned split count when
     `p.tuned`, or fused into one launch where that op is on. Otherwise
     ``attention_prefill``, causal over the chunk.
+
+    `window` > 0 (a sliding-window layer): each query attends to the last `window`
+    positions only, itself included (``attention_decode_window``, one launch per decode
+    pass; ``attention_prefill_window``).
     """
     t = b.table
     T, R, PT, MP = p.tokens, p.requests, p.page_tokens, p.pages_per_request
@@ -118,6 +122,14 @@ def attend(b: ProgramBuilder, p: Pass, layer: int, qkv: View, attn: View, H: int
     page_table = t.view(PAGE_TABLE, (slots, MP))
     kc = t.view(f"L{layer}.k_cache", (pages, PT, KVH, HD))
     vc = t.view(f"L{layer}.v_cache", (pages, PT, KVH, HD))
+    if window:
+        if p.decode_attention:
+            b.launch("attention_decode_window", qkv, pos, rows.attn_slot, page_table, kc, vc,
+                     attn, T, MP, PT, H, KVH, HD, window, scale)
+        else:
+            b.launch("attention_prefill_window", qkv, pos, rows.token_row, rows.slot,
+                     page_table, kc, vc, attn, T, R, MP, PT, H, KVH, HD, window, scale)
+        return
     if not p.decode_attention:
         b.launch("attention_prefill", qkv, pos, rows.token_row, rows.slot, page_table, kc, vc,
                  attn, T, R, MP, PT, H, KVH, HD, scale)

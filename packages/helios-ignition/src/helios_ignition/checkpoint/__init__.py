@@ -21,7 +21,13 @@ from .errors import (
 )
 from .geometry import LLAMA_31_8B, NAMED_GEOMETRIES, SMOLLM2_135M, LlamaGeometry
 from .gguf_loader import load_gguf, unpermute_qk
-from .locate import SMOLLM2_GGUF_SHA256, smollm2_gguf_path, verify_sha256
+from .locate import (
+    GEMMA3_270M_GGUF_SHA256,
+    SMOLLM2_GGUF_SHA256,
+    gemma3_270m_gguf_path,
+    smollm2_gguf_path,
+    verify_sha256,
+)
 from .safetensors_loader import bf16_to_float32, load_safetensors_dir
 from .synthetic import random_checkpoint
 from .template import render_chat
@@ -42,6 +48,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 
 __all__ = [
+    "GEMMA3_270M_GGUF_SHA256",
     "LLAMA_31_8B",
     "NAMED_GEOMETRIES",
     "SMOLLM2_135M",
@@ -59,6 +66,7 @@ __all__ = [
     "TensorShapeError",
     "UnsupportedTensorError",
     "bf16_to_float32",
+    "gemma3_270m_gguf_path",
     "load_checkpoint",
     "load_gguf",
     "load_safetensors_dir",

@@ -1,4 +1,5 @@
-"""Load a llama.cpp GGUF (architecture `llama`) as a `Checkpoint`.
+"""Load a llama.cpp GGUF as a `Checkpoint`: architecture `llama` here, the others through
+their readers (`GGUF_READERS`; gemma3: checkpoint/gemma3.py).
 
 Tensors are dequantized one at a time with `gguf.quants.dequantize` from the memory-mapped
 file. llama.cpp's converter permutes the rows of `attn_q`/`attn_k` within each head so that
@@ -25,6 +26,7 @@ from .errors import (
     MissingTokenizerError,
     UnsupportedTensorError,
 )
+from .gemma3 import read_gemma3_gguf
 from .geometry import LlamaGeometry
 from .tokenizer_build import bpe_tokenizer_json
 
@@ -49,6 +51,10 @@ _GLOBAL_MAP = {
 GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 _TOKEN_TYPE_CONTROL = 3
+# general.architecture -> the reader of an opened GGUF of that architecture, called as
+# reader(gguf_reader, source, field_of, GGUF_BLOCK_TYPES) (llama: this file's own).
+GGUF_READERS = {"gemma3": read_gemma3_gguf}
+SUPPORTED_GGUF_ARCHITECTURES = tuple(sorted({"llama", *GGUF_READERS}))
 
 
 def gguf_to_hf_name(name: str) -> str | None:
@@ -99,7 +105,8 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 def _geometry(reader: Any, path: str, tensor_names: set[str]) -> LlamaGeometry:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
-        raise GeometryError(f"{path}: general.architecture is {arch!r}, expected 'llama'")
+        raise GeometryError(f"{path}: architecture {arch!r} is not supported; supported: "
+                            f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}")
 
     def req(key: str) -> Any:
         value = _field(reader, f"llama.{key}")
@@ -172,6 +179,9 @@ def load_gguf(path: str | Path) -> Checkpoint:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, IndexError, OSError, struct.error) as exc:
         raise CheckpointFormatError(f"{source}: not a readable GGUF file: {exc}") from exc
+    other = GGUF_READERS.get(_field(reader, "general.architecture"))
+    if other is not None:
+        return other(reader, source, lambda key: _field(reader, key), GGUF_BLOCK_TYPES)
     by_hf: dict[str, Any] = {}
     for t in reader.tensors:
         hf = gguf_to_hf_name(t.name)

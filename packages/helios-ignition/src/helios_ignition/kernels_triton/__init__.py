@@ -62,6 +62,13 @@ from .speculative import (
 )
 from .state import row_copy, slot_gather, slot_scatter
 from .tuning import split_tuning_select, split_tuning_setup, timer_mark
+from .window import (
+    attention_decode_window,
+    attention_prefill_window,
+    gelu_mul,
+    head_rmsnorm,
+    scale,
+)
 
 TRITON_KERNELS = {
     "embedding": embedding,
@@ -130,6 +137,11 @@ TRITON_KERNELS = {
     "linear_partial": linear_splitk,  # PACKED=0
     "splitk_reduce": splitk_reduce,
     "splitk_reduce_add": splitk_reduce,  # ACC=1
+    "attention_prefill_window": attention_prefill_window,
+    "attention_decode_window": attention_decode_window,
+    "head_rmsnorm": head_rmsnorm,
+    "gelu_mul": gelu_mul,
+    "scale": scale,
 }
 
 # Buffer parameters whose element type follows the variant constant WBF16.

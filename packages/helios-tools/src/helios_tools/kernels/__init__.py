@@ -6,7 +6,12 @@ index buffers are int32; a token with ``token_row < 0`` or a row with ``slot < 0
 padding and writes no cache, histogram or completion.
 """
 
-from .attention import attention_decode, attention_prefill
+from .attention import (
+    attention_decode,
+    attention_decode_window,
+    attention_prefill,
+    attention_prefill_window,
+)
 from .attention_split import (
     attention_decode_fused,
     attention_decode_merge,
@@ -16,7 +21,7 @@ from .attention_split import (
     tuned_split_length,
 )
 from .cache import kv_write, row_copy
-from .elementwise import add, silu_mul
+from .elementwise import add, gelu_mul, scale, silu_mul
 from .embedding import embedding, gather_last
 from .experts import moe_align, moe_blocks, moe_down, moe_gate_up, moe_route, moe_sum
 from .fused import (
@@ -35,7 +40,7 @@ from .linear_splitk import (
     splitk_reduce_add,
     swiglu_split_bf16,
 )
-from .norm import add_rmsnorm, qk_rmsnorm, rmsnorm
+from .norm import add_rmsnorm, head_rmsnorm, qk_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .registry import (
     DTYPES,
@@ -80,8 +85,8 @@ from .tuning import split_tuning_select, split_tuning_setup, timer_mark
 __all__ = [
     "DTYPES",
     "KERNEL_PARAMS",
-    "REFERENCE_OPS",
     "ParamSpec",
+    "REFERENCE_OPS",
     "add",
     "add_rmsnorm",
     "attention_decode",
@@ -90,13 +95,17 @@ __all__ = [
     "attention_decode_merge_tuned",
     "attention_decode_split",
     "attention_decode_split_tuned",
+    "attention_decode_window",
     "attention_prefill",
+    "attention_prefill_window",
     "check_launch",
     "draft_sample",
     "draft_sample_coupled",
     "embedding",
     "gather_last",
+    "gelu_mul",
     "grammar_mask_words",
+    "head_rmsnorm",
     "kernel_params",
     "kv_write",
     "linear",
@@ -104,10 +113,6 @@ __all__ = [
     "linear_invariant",
     "linear_packed",
     "linear_partial",
-    "split_bf16",
-    "splitk_reduce",
-    "splitk_reduce_add",
-    "swiglu_split_bf16",
     "paged_row_gather_prev",
     "paged_row_write",
     "philox4x32_10",
@@ -135,6 +140,7 @@ __all__ = [
     "sample_pick",
     "sample_race",
     "sample_rest",
+    "scale",
     "silu_mul",
     "slot_gather",
     "slot_scatter",
@@ -148,11 +154,15 @@ __all__ = [
     "spec_pack_tokens",
     "spec_verify",
     "spec_verify_coupled",
+    "split_bf16",
     "split_tuning_select",
     "split_tuning_setup",
     "score_tokens",
+    "splitk_reduce",
+    "splitk_reduce_add",
     "swiglu_linear",
     "swiglu_linear_add",
+    "swiglu_split_bf16",
     "timer_mark",
     "token_logprobs",
     "tuned_split_length",

@@ -94,6 +94,46 @@ def attention_prefill(
         HD: head dim.
         scale: score multiplier, usually ``HD ** -0.5``.
     """
+    _prefill(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out, T, R, MP,
+             PT, H, KVH, HD, 0, scale)
+
+
+def attention_prefill_window(
+    qkv: NDArray[np.float32],
+    positions: NDArray[np.int32],
+    token_row: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    page_table: NDArray[np.int32],
+    k_cache: NDArray[np.float32],
+    v_cache: NDArray[np.float32],
+    out: NDArray[np.float32],
+    T: int,
+    R: int,
+    MP: int,
+    PT: int,
+    H: int,
+    KVH: int,
+    HD: int,
+    W: int,
+    scale: float,
+) -> None:
+    """``attention_prefill`` over a sliding window: the token at position ``p`` attends to
+    positions ``max(0, p - W + 1)..p`` only (the specification's sliding-window history
+    regions: a local layer sees the last ``W`` tokens, itself included).
+
+    Reference loop: ``attention_prefill``'s, with ``range(p + 1)`` replaced by
+    ``range(max(0, p - W + 1), p + 1)``. The page-table entries of pages wholly behind
+    every query's window are never read (they may name pages returned to the pool).
+
+    Args: as ``attention_prefill``, plus ``W`` (i32 >= 1): the window in tokens.
+    """
+    _prefill(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out, T, R, MP,
+             PT, H, KVH, HD, W, scale)
+
+
+def _prefill(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out, T, R, MP,
+             PT, H, KVH, HD, W, scale) -> None:
+    """Both prefill attentions (``W`` = 0: the whole causal context)."""
     G = H // KVH
     o = out[:T, : H * HD]
     o[...] = 0.0
@@ -113,19 +153,25 @@ def attention_prefill(
         ctx = int(pos.max()) + 1
         if (ctx + PT - 1) // PT > MP:
             raise IndexError(f"position {ctx - 1} exceeds the page table (MP={MP}, PT={PT})")
-        idx = _context_index(page_table[s : s + 1, :MP], np.array([ctx]), ctx, PT)[0]
-        k = k_flat[idx].transpose(1, 2, 0)  # [KVH, HD, ctx]
-        v = v_flat[idx].transpose(1, 0, 2)  # [KVH, ctx, HD]
-        kpos = np.arange(ctx)
+        # A window starts the gather at the first page any query of the row still sees.
+        first = max(0, int(pos.min()) - W + 1) // PT * PT if W else 0
+        idx = _context_index(page_table[s : s + 1, :MP], np.array([ctx]), ctx, PT)[0][first:]
+        k = k_flat[idx].transpose(1, 2, 0)  # [KVH, HD, ctx - first]
+        v = v_flat[idx].transpose(1, 0, 2)  # [KVH, ctx - first, HD]
+        kpos = np.arange(first, ctx)
         for b0 in range(0, toks.size, _PREFILL_BLOCK_TOKENS):
             tb = toks[b0 : b0 + _PREFILL_BLOCK_TOKENS]
             n = tb.size
             # q: [n, H*HD] -> [KVH, n*G, HD] so one matmul per kv head covers its G q heads
             q = qkv[tb, : H * HD].reshape(n, KVH, G, HD).transpose(1, 0, 2, 3)
             q = q.reshape(KVH, n * G, HD) * sc
-            scores = np.matmul(q, k).reshape(KVH, n, G, ctx)
-            visible = (kpos[None, :] <= pos[b0 : b0 + n, None])[None, :, None, :]
-            w = _softmax_masked(scores, visible).reshape(KVH, n * G, ctx)
+            scores = np.matmul(q, k).reshape(KVH, n, G, ctx - first)
+            qpos = pos[b0 : b0 + n, None]
+            visible = kpos[None, :] <= qpos
+            if W:
+                visible &= kpos[None, :] > qpos - W
+            w = _softmax_masked(scores, visible[None, :, None, :]).reshape(KVH, n * G,
+                                                                           ctx - first)
             att = np.matmul(w, v)  # [KVH, n*G, HD]
             o[tb] = att.reshape(KVH, n, G, HD).transpose(1, 0, 2, 3).reshape(n, H * HD)
 
@@ -172,6 +218,40 @@ def attention_decode(
         HD: head dim.
         scale: score multiplier, usually ``HD ** -0.5``.
     """
+    _decode(qkv, positions, slot, page_table, k_cache, v_cache, out, B, MP, PT, H, KVH, HD,
+            0, scale)
+
+
+def attention_decode_window(
+    qkv: NDArray[np.float32],
+    positions: NDArray[np.int32],
+    slot: NDArray[np.int32],
+    page_table: NDArray[np.int32],
+    k_cache: NDArray[np.float32],
+    v_cache: NDArray[np.float32],
+    out: NDArray[np.float32],
+    B: int,
+    MP: int,
+    PT: int,
+    H: int,
+    KVH: int,
+    HD: int,
+    W: int,
+    scale: float,
+) -> None:
+    """``attention_decode`` over a sliding window of ``W`` tokens: the row at position
+    ``p`` attends to positions ``max(0, p - W + 1)..p`` (``attention_prefill_window``'s
+    rule; page-table entries wholly behind the window are never read).
+
+    Args: as ``attention_decode``, plus ``W`` (i32 >= 1): the window in tokens.
+    """
+    _decode(qkv, positions, slot, page_table, k_cache, v_cache, out, B, MP, PT, H, KVH, HD,
+            W, scale)
+
+
+def _decode(qkv, positions, slot, page_table, k_cache, v_cache, out, B, MP, PT, H, KVH, HD,
+            W, scale) -> None:
+    """Both decode attentions (``W`` = 0: the whole causal context)."""
     G = H // KVH
     o = out[:B, : H * HD]
     o[...] = 0.0
@@ -183,12 +263,24 @@ def attention_decode(
     length = int(ctx.max())
     if (length + PT - 1) // PT > MP:
         raise IndexError(f"position {length - 1} exceeds the page table (MP={MP}, PT={PT})")
-    # All live rows in one batched gather, padded to the longest context and masked.
-    idx = _context_index(page_table[slot[rows], :MP], ctx, length, PT)  # [n, L]
+    # All live rows in one batched gather, padded to the longest context and masked; a
+    # window gathers from the first page the earliest row still sees (entries before it
+    # may name pages returned to the pool) and masks positions behind each row's window.
+    first = max(0, int(ctx.min()) - W) // PT * PT if W else 0
+    idx = _context_index(page_table[slot[rows], :MP], ctx, length, PT)  # [n, length]
+    if W:  # positions outside a row's window read its newest token (masked below): the
+        # position 0 a padded gather otherwise reads may lie on a page returned to the pool
+        newest = np.take_along_axis(idx, (ctx - 1)[:, None], axis=1)
+        j = np.arange(length)[None, :]
+        idx = np.where((j >= ctx[:, None] - W) & (j < ctx[:, None]), idx, newest)
+    idx = idx[:, first:]
     k = k_cache.reshape(-1, KVH, HD)[idx].transpose(0, 2, 3, 1)  # [n, KVH, HD, L]
     v = v_cache.reshape(-1, KVH, HD)[idx].transpose(0, 2, 1, 3)  # [n, KVH, L, HD]
     q = qkv[rows, : H * HD].reshape(n, KVH, G, HD) * np.float32(scale)
     scores = np.matmul(q, k)  # [n, KVH, G, L]
-    visible = (np.arange(length)[None, :] < ctx[:, None])[:, None, None, :]
-    w = _softmax_masked(scores, visible)
+    kpos = np.arange(first, length)[None, :]
+    visible = kpos < ctx[:, None]
+    if W:
+        visible &= kpos >= ctx[:, None] - W
+    w = _softmax_masked(scores, visible[:, None, None, :])
     o[rows] = np.matmul(w, v).reshape(n, H * HD)

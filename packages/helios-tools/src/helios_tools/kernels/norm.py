@@ -93,7 +93,7 @@ def qk_rmsnorm(
     eps: float,
 ) -> None:
     """RMS norm of every query and key head of fused ``[q; k; v]`` rows, in place (QK-norm:
-    Qwen3's ``q_norm`` / ``k_norm``, applied before RoPE; values are untouched).
+    Qwen3's and Gemma 3's ``q_norm`` / ``k_norm``, before RoPE; values are untouched).
 
     Reference loop::
 
@@ -122,3 +122,8 @@ def qk_rmsnorm(
         ms += np.float32(eps)
         np.multiply(x, np.float32(1.0) / np.sqrt(ms), out=x)
         np.multiply(x, gain[:HD], out=x)
+
+
+# Gemma 3's name for the same operation (its cores launch ``head_rmsnorm``); both names stay
+# registered until one family's capture moves to the other's.
+head_rmsnorm = qk_rmsnorm

@@ -12,7 +12,12 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from .attention import attention_decode, attention_prefill
+from .attention import (
+    attention_decode,
+    attention_decode_window,
+    attention_prefill,
+    attention_prefill_window,
+)
 from .attention_split import (
     attention_decode_fused,
     attention_decode_merge,
@@ -22,7 +27,7 @@ from .attention_split import (
 )
 from .cache import kv_write, row_copy
 from .collective import COLLECTIVE_OPS
-from .elementwise import add, silu_mul
+from .elementwise import add, gelu_mul, scale, silu_mul
 from .embedding import embedding, gather_last
 from .experts import moe_align, moe_down, moe_gate_up, moe_route, moe_sum
 from .fused import (
@@ -41,7 +46,7 @@ from .linear_splitk import (
     splitk_reduce_add,
     swiglu_split_bf16,
 )
-from .norm import add_rmsnorm, qk_rmsnorm, rmsnorm
+from .norm import add_rmsnorm, head_rmsnorm, qk_rmsnorm, rmsnorm
 from .pending import slot_gather, slot_scatter
 from .rope import rope
 from .sampling import sample, sample_biased, score_tokens, token_logprobs
@@ -192,6 +197,24 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("part_ml", "f32"), _b("part_o", "f32"), _b("slot", "i32"), _b("choice", "i32"),
         _b("out", "f32", "out"), *_i("B", "H", "HD", "NS"),
     ),
+    # Sliding-window attention (local layers): the causal ops above over the last W tokens.
+    "attention_prefill_window": (
+        _b("qkv", "f32"), _b("positions", "i32"), _b("token_row", "i32"), _b("slot", "i32"),
+        _b("page_table", "i32"), _b("k_cache", "f32"), _b("v_cache", "f32"),
+        _b("out", "f32", "out"),
+        *_i("T", "R", "MP", "PT", "H", "KVH", "HD", "W"), *_f("scale"),
+    ),
+    "attention_decode_window": (
+        _b("qkv", "f32"), _b("positions", "i32"), _b("slot", "i32"), _b("page_table", "i32"),
+        _b("k_cache", "f32"), _b("v_cache", "f32"), _b("out", "f32", "out"),
+        *_i("B", "MP", "PT", "H", "KVH", "HD", "W"), *_f("scale"),
+    ),
+    "head_rmsnorm": (
+        _b("qkv", "f32", "inout"), _b("q_weight", "f32"), _b("k_weight", "f32"),
+        *_i("T", "H", "KVH", "HD"), *_f("eps"),
+    ),
+    "gelu_mul": (_b("gate_up", "f32"), _b("out", "f32", "out"), *_i("T", "F")),
+    "scale": (_b("x", "f32", "inout"), *_i("T", "D"), *_f("factor")),
     "timer_mark": (_b("stamps", "u32", "inout"), *_i("index")),
     "split_tuning_setup": (
         _b("positions", "i32", "out"), _b("slot", "i32", "out"), _b("page_table", "i32", "out"),
@@ -461,6 +484,11 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "attention_decode_fused": attention_decode_fused,
     "attention_decode_split_tuned": attention_decode_split_tuned,
     "attention_decode_merge_tuned": attention_decode_merge_tuned,
+    "attention_prefill_window": attention_prefill_window,
+    "attention_decode_window": attention_decode_window,
+    "head_rmsnorm": head_rmsnorm,
+    "gelu_mul": gelu_mul,
+    "scale": scale,
     "timer_mark": timer_mark,
     "split_tuning_setup": split_tuning_setup,
     "split_tuning_select": split_tuning_select,

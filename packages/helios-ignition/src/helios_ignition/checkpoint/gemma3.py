@@ -1,0 +1,290 @@
+"""Gemma 3 text checkpoints: geometry, HF tensor names, and the GGUF reader (architecture
+`gemma3`).
+
+Conventions, so every consumer sees HF Gemma 3 (`Gemma3ForCausalLM`) tensors:
+
+- Norm weights: Gemma's RMS norm multiplies by (1 + w). llama.cpp's converter stores
+  1 + w in the GGUF; this reader returns w (HF's value), and the family adds its declared
+  norm shift when it stores the buffer (families/gemma3.py).
+- Q/K rows: llama.cpp runs Gemma's RoPE in the NEOX (half-split) convention, so its
+  converter does not permute them; nothing is undone here (unlike the Llama reader).
+- Layer pattern and the local RoPE base: the GGUF keys
+  `gemma3.attention.sliding_window_pattern` (n: every n-th layer global) and
+  `gemma3.rope.local_freq_base` when present, else the architecture's values llama.cpp
+  and HF's `Gemma3TextConfig` use (pattern 6, local base 10,000).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .checkpoint import Checkpoint
+from .errors import GeometryError, MissingTensorError, MissingTokenizerError, UnsupportedTensorError
+from .sentencepiece import spm_tokenizer_json
+
+ARCHITECTURE = "gemma3"
+DEFAULT_SLIDING_WINDOW_PATTERN = 6
+DEFAULT_LOCAL_ROPE_THETA = 10000.0
+
+LAYER_TENSORS: tuple[str, ...] = (
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight",
+    "pre_feedforward_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "post_feedforward_layernorm.weight",
+)
+
+# GGUF per-layer suffix -> HF per-layer suffix (llama.cpp's gemma3 tensor names).
+_LAYER_MAP = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+_GLOBAL_MAP = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+# The value llama.cpp's converter adds to every Gemma norm weight.
+_GGUF_NORM_SHIFT = np.float32(1.0)
+
+
+@dataclass(frozen=True)
+class Gemma3Geometry:
+    """Shapes and constants of a Gemma 3 text decoder.
+
+    Attributes:
+        vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads,
+            head_dim, rms_eps, max_context, tie_word_embeddings: as `LlamaGeometry`'s
+            (`intermediate_size`: the GeGLU width).
+        rope_theta: RoPE base of the global layers.
+        rope_local_theta: RoPE base of the sliding-window (local) layers.
+        sliding_window: tokens a local layer attends to (itself included).
+        layer_windows: per layer, its attention window in tokens (0: global, the whole
+            causal context).
+        query_scale: attention logit multiplier (Gemma 3: query_pre_attn_scalar ** -0.5,
+            query_pre_attn_scalar = head_dim).
+        rope_scaling: HF `rope_scaling` of the global layers, or None (the 270M: none).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rope_local_theta: float
+    rms_eps: float
+    max_context: int
+    tie_word_embeddings: bool
+    sliding_window: int
+    layer_windows: tuple[int, ...]
+    query_scale: float
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False, compare=True)
+    architecture: str = ARCHITECTURE
+
+    @property
+    def family(self) -> str:
+        """The helios family that captures this geometry (families/gemma3.py)."""
+        return "gemma3"
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """HF tensor name -> float32 shape `[out, in]` (norms `[d]`), in canonical order."""
+        d, f, v, hd = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
+        q_rows, kv_rows = self.num_heads * hd, self.num_kv_heads * hd
+        per_layer = {
+            "input_layernorm.weight": (d,),
+            "self_attn.q_proj.weight": (q_rows, d),
+            "self_attn.k_proj.weight": (kv_rows, d),
+            "self_attn.v_proj.weight": (kv_rows, d),
+            "self_attn.q_norm.weight": (hd,),
+            "self_attn.k_norm.weight": (hd,),
+            "self_attn.o_proj.weight": (d, q_rows),
+            "post_attention_layernorm.weight": (d,),
+            "pre_feedforward_layernorm.weight": (d,),
+            "mlp.gate_proj.weight": (f, d),
+            "mlp.up_proj.weight": (f, d),
+            "mlp.down_proj.weight": (d, f),
+            "post_feedforward_layernorm.weight": (d,),
+        }
+        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, d)}
+        for i in range(self.num_layers):
+            for suffix in LAYER_TENSORS:
+                shapes[f"model.layers.{i}.{suffix}"] = per_layer[suffix]
+        shapes["model.norm.weight"] = (d,)
+        if not self.tie_word_embeddings:
+            shapes["lm_head.weight"] = (v, d)
+        return shapes
+
+
+def layer_windows(layers: int, pattern: int, window: int) -> tuple[int, ...]:
+    """Per-layer attention windows of Gemma 3's pattern: every `pattern`-th layer (1-based)
+    is global (0), the others see `window` tokens (HF `layer_types`, llama.cpp's
+    `swa_pattern`)."""
+    return tuple(0 if (i + 1) % pattern == 0 else window for i in range(layers))
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    """HF name of a gemma3 GGUF tensor, or None when it has no HF counterpart."""
+    if name in _GLOBAL_MAP:
+        return _GLOBAL_MAP[name]
+    m = _LAYER_RE.match(name)
+    if m and m.group(2) in _LAYER_MAP:
+        return f"model.layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}"
+    return None
+
+
+def _geometry(field_of, source: str, tensor_names: set[str]) -> Gemma3Geometry:
+    def req(key: str) -> Any:
+        value = field_of(f"gemma3.{key}")
+        if value is None:
+            raise GeometryError(f"{source}: missing metadata key 'gemma3.{key}'")
+        return value
+
+    heads = int(req("attention.head_count"))
+    head_dim = int(req("attention.key_length"))
+    if field_of("gemma3.rope.scaling.type") not in (None, "none"):
+        raise GeometryError(f"{source}: gemma3.rope.scaling.type "
+                            f"{field_of('gemma3.rope.scaling.type')!r} is not supported")
+    layers = int(req("block_count"))
+    window = int(req("attention.sliding_window"))
+    pattern = int(field_of("gemma3.attention.sliding_window_pattern")
+                  or DEFAULT_SLIDING_WINDOW_PATTERN)
+    return Gemma3Geometry(
+        vocab_size=len(field_of("tokenizer.ggml.tokens") or ()),
+        hidden_size=int(req("embedding_length")),
+        intermediate_size=int(req("feed_forward_length")),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(field_of("gemma3.attention.head_count_kv") or heads),
+        head_dim=head_dim,
+        rope_theta=float(field_of("gemma3.rope.freq_base") or 1000000.0),
+        rope_local_theta=float(field_of("gemma3.rope.local_freq_base")
+                               or DEFAULT_LOCAL_ROPE_THETA),
+        # GGUF stores eps as float32; round-trip to the decimal it encodes.
+        rms_eps=float(np.format_float_positional(
+            np.float32(req("attention.layer_norm_rms_epsilon")), unique=True)),
+        max_context=int(req("context_length")),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        sliding_window=window,
+        layer_windows=layer_windows(layers, pattern, window),
+        query_scale=float(head_dim) ** -0.5,
+    )
+
+
+def read_gemma3_gguf(reader: Any, source: str, field_of, block_types: tuple[str, ...]
+                     ) -> Checkpoint:
+    """A `Checkpoint` of an opened gemma3 GGUF (gguf_loader.load_gguf dispatches here).
+
+    Args:
+        reader: the `gguf.GGUFReader`.
+        source: the file's path, for messages.
+        field_of: metadata key -> value (None when absent).
+        block_types: the ggml block types a core may keep as they are.
+
+    Raises:
+        GeometryError: metadata missing or a RoPE scaling this reader does not know.
+        MissingTensorError: a tensor the geometry needs is absent.
+        MissingTokenizerError: no SentencePiece vocabulary (`tokenizer.ggml.model` llama).
+    """
+    import gguf  # start-up time: as gguf_loader, only when a GGUF is read
+
+    by_hf: dict[str, Any] = {}
+    for t in reader.tensors:
+        hf = gguf_to_hf_name(t.name)
+        if hf is not None:
+            by_hf[hf] = t
+    geometry = _geometry(field_of, source, {t.name for t in reader.tensors})
+    names = tuple(geometry.tensor_shapes())
+    for name in names:
+        if name not in by_hf:
+            raise MissingTensorError(source, name, "no matching GGUF tensor")
+    tokens = field_of("tokenizer.ggml.tokens")
+    if field_of("tokenizer.ggml.model") != "llama" or not tokens:
+        raise MissingTokenizerError(f"{source}: no SentencePiece tokenizer (tokenizer.ggml.*)")
+    unk = field_of("tokenizer.ggml.unknown_token_id")
+    try:
+        tokenizer_json = spm_tokenizer_json(
+            tokens, field_of("tokenizer.ggml.scores") or [0.0] * len(tokens),
+            field_of("tokenizer.ggml.token_type") or [1] * len(tokens),
+            int(unk) if unk is not None else 0,
+            bool(field_of("tokenizer.ggml.add_space_prefix")))
+    except MissingTokenizerError as exc:
+        raise MissingTokenizerError(f"{source}: {exc}") from exc
+    bos = field_of("tokenizer.ggml.bos_token_id")
+    eos = field_of("tokenizer.ggml.eos_token_id")
+    eos_ids = tuple(int(e) for e in ([eos] if eos is not None else []))
+    eot = field_of("tokenizer.ggml.eot_token_id")
+    if eot is not None and int(eot) not in eos_ids:
+        eos_ids += (int(eot),)
+    special = {}
+    for key, tid in (("bos_token", bos), ("eos_token", eos), ("unk_token", unk),
+                     ("pad_token", field_of("tokenizer.ggml.padding_token_id"))):
+        if tid is not None and 0 <= int(tid) < len(tokens):
+            special[key] = tokens[int(tid)]
+
+    def read(name: str) -> np.ndarray:
+        t = by_hf.get(name)
+        if t is None:
+            raise MissingTensorError(source, name, "no matching GGUF tensor")
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as exc:
+            raise UnsupportedTensorError(
+                f"{source}: tensor {name!r} ({t.name}) has unsupported type {t.tensor_type.name}"
+            ) from exc
+        w = np.asarray(w, dtype=np.float32)
+        if name.endswith("norm.weight"):
+            w = w - _GGUF_NORM_SHIFT
+        return w
+
+    def block_type(name: str) -> str | None:
+        t = by_hf.get(name)
+        if t is None or t.tensor_type.name not in block_types:
+            return None
+        return t.tensor_type.name
+
+    def read_blocks(name: str) -> tuple[str, np.ndarray] | None:
+        kind = block_type(name)
+        if kind is None:
+            return None
+        return kind, np.ascontiguousarray(np.asarray(by_hf[name].data))
+
+    return Checkpoint(
+        source=source,
+        geometry=geometry,
+        tokenizer_json=tokenizer_json,
+        chat_template=field_of("tokenizer.chat_template") or "",
+        bos_token_id=int(bos) if bos is not None else None,
+        eos_token_ids=eos_ids,
+        special_tokens=special,
+        tensor_names=names,
+        _read=read,
+        _read_blocks=read_blocks,
+        _block_type=block_type,
+    )
