@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|snap|snap-bench|startup-memory|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|packing|topp|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|snap|snap-bench|startup-memory|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|packing|topp|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -142,6 +142,20 @@ case $stage in
       --json "$OUTD/topp_smollm2.json" 2>&1 | tail -20 | tee "$OUTD/topp_smollm2.log"
     python3 bench/gpu_models.py --model llama-3.1-8b --batches 1 8 --steps 20 \
       --json "$OUTD/topp_llama8b.json" 2>&1 | tail -20 | tee "$OUTD/topp_llama8b.log" ;;
+  wide-tests)  # issue 27, the wide sampler (docs/gpu.md "Sampling at greedy speed", point 4):
+    # its GPU tests and every other sampler test, no GGUF needed (~3-5 min)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sampling_chunks.py tests/gpu/test_kernels.py \
+      -k "sampl or chunked or nucleus or wide" 2>&1 | tee "$OUTD/wide_tests.log" | tail -4 ;;
+  wide-smollm2)  # SmolLM2 (the GGUF carried): every sampling mode beside greedy at 1/8/64/256
+    # rows with the wide sampler, then top_p only with the nucleus form (cores before it)
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 256 \
+      --steps 30 --json "$OUTD/wide_smollm2.json" 2>&1 | tail -40 | tee "$OUTD/wide_smollm2.log"
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 256 \
+      --steps 30 --sampler nucleus --modes top_p \
+      --json "$OUTD/wide_smollm2_nucleus.json" 2>&1 | tail -12 | tee "$OUTD/wide_smollm2_nucleus.log" ;;
+  wide-8b)  # the 8B geometry (no GGUF): every sampling mode beside greedy at 1/8/64/256 rows
+    python3 bench/gpu_models.py --model llama-3.1-8b --batches 1 8 64 256 --steps 20 \
+      --json "$OUTD/wide_llama8b.json" 2>&1 | tail -40 | tee "$OUTD/wide_llama8b.log" ;;
   model)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;

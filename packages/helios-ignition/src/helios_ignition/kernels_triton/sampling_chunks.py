@@ -445,8 +445,9 @@ def sample_race(logits, slot, positions, seed, temperature, top_k, min_p, presen
             score = tl.where((p >= pmin) & (idx < V), score, float("-inf"))
             pb = p.to(tl.int32, bitcast=True)
             j = tl.where(pb > hi, 0, tl.minimum(((hi - pb) >> shift) + 1, NSLOT - 1))
+            j = tl.where(idx < V, j, NSLOT)  # past the vocabulary: in no slot
             jlo = tl.min(j, axis=0)
-            jhi = tl.max(j, axis=0)
+            jhi = tl.max(tl.where(idx < V, j, 0), axis=0)
             base = (r.to(tl.int64) * P + c) * NSLOT
             for j0 in range(0, NSLOT, JB):
                 jj = j0 + tl.arange(0, JB)
