@@ -330,6 +330,24 @@ case $stage in
   qwen3-8b)
     python3 bench/gpu_qwen3.py --model qwen3-8b --json "$OUTD/qwen3_8b.json" 2>&1 \
       | tee "$OUTD/qwen3_8b.log" | tail -20 ;;
+  final-fast)  # gpu-fast's tests without the prefill GEMM rule, six workers (eight ran one
+    # attention test out of memory on an H100)
+    X=""; python3 -c "import xdist" 2>/dev/null && X="-n 6"
+    python3 -m pytest -q -p no:cacheprovider $X tests/gpu \
+      --ignore tests/gpu/test_fold_model.py --ignore tests/gpu/test_http.py \
+      --ignore tests/gpu/test_mma_model.py --ignore tests/gpu/test_model.py \
+      --ignore tests/gpu/test_snapshots.py --ignore tests/gpu/test_speculative.py \
+      --ignore tests/gpu/test_startup_memory.py --ignore tests/gpu/test_tuning_model.py \
+      2>&1 | tee "$OUTD/gpu_fast.log" | tail -15 ;;
+  final-model)  # gpu-model's tests and the SmolLM2 benchmark (the 8B: wide-8b)
+    X=""; python3 -c "import xdist" 2>/dev/null && X="-n 4"
+    python3 -m pytest -q -p no:cacheprovider $X tests/gpu/test_fold_model.py \
+      tests/gpu/test_http.py tests/gpu/test_mma_model.py tests/gpu/test_model.py \
+      tests/gpu/test_snapshots.py tests/gpu/test_speculative.py \
+      tests/gpu/test_startup_memory.py tests/gpu/test_tuning_model.py 2>&1 \
+      | tee "$OUTD/gpu_model.log" | tail -15
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 256 \
+      --steps 30 --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" | tail -40 ;;
   gpu-fast)  # every GPU test that needs no GGUF (pytest-xdist when the image has it), then
     # the prefill GEMM rule against torch.matmul (bench/gpu_prefill_gemm.py --mode rule)
     X=""; python3 -c "import xdist" 2>/dev/null && X="-n 8"
