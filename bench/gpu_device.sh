@@ -148,9 +148,9 @@ case $stage in
       -k "sampl or chunked or nucleus or wide" 2>&1 | tee "$OUTD/wide_tests.log" | tail -4 ;;
   wide-smollm2)  # SmolLM2 (the GGUF carried): every sampling mode beside greedy at 1/8/64/256
     # rows with the wide sampler, then top_p only with the nucleus form (cores before it)
-    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 256 \
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" \
       --steps 30 --json "$OUTD/wide_smollm2.json" 2>&1 | tail -40 | tee "$OUTD/wide_smollm2.log"
-    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 256 \
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" \
       --steps 30 --sampler nucleus --modes top_p \
       --json "$OUTD/wide_smollm2_nucleus.json" 2>&1 | tail -12 | tee "$OUTD/wide_smollm2_nucleus.log" ;;
   wide-8b)  # the 8B geometry (no GGUF): every sampling mode beside greedy at 1/8/64/256 rows
@@ -346,7 +346,7 @@ case $stage in
       tests/gpu/test_snapshots.py tests/gpu/test_speculative.py \
       tests/gpu/test_startup_memory.py tests/gpu/test_tuning_model.py 2>&1 \
       | tee "$OUTD/gpu_model.log" | tail -15
-    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --batches 1 8 64 256 \
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" \
       --steps 30 --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" | tail -40 ;;
   gpu-fast)  # every GPU test that needs no GGUF (pytest-xdist when the image has it), then
     # the prefill GEMM rule against torch.matmul (bench/gpu_prefill_gemm.py --mode rule)
