@@ -25,35 +25,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18helios/v1/frontend.proto\x12\thelios.v1\"\xa7\x04\n\x10\x46rontendContract\x12*\n\x0btool_parser\x18\x01 \x01(\x0e\x32\x15.helios.v1.ToolParser\x12\x34\n\x10reasoning_parser\x18\x02 \x01(\x0e\x32\x1a.helios.v1.ReasoningParser\x12\x36\n\x11image_preparation\x18\x03 \x01(\x0e\x32\x1b.helios.v1.ImagePreparation\x12,\n\x0cimage_layout\x18\x04 \x01(\x0e\x32\x16.helios.v1.ImageLayout\x12*\n\x0btool_syntax\x18\x05 \x01(\x0b\x32\x15.helios.v1.ToolSyntax\x12\x34\n\x10reasoning_syntax\x18\x06 \x01(\x0b\x32\x1a.helios.v1.ReasoningSyntax\x12<\n\x14\x61ssistant_boundaries\x18\x07 \x01(\x0b\x32\x1e.helios.v1.AssistantBoundaries\x12\x34\n\x10recipient_syntax\x18\x08 \x01(\x0b\x32\x1a.helios.v1.RecipientSyntax\x12<\n\x15prefix_boundary_rules\x18\t \x03(\x0b\x32\x1d.helios.v1.PrefixBoundaryRule\x12\x37\n\x12image_token_layout\x18\n \x01(\x0b\x32\x1b.helios.v1.ImageTokenLayout\"\xd7\x03\n\nToolSyntax\x12\x11\n\tcall_open\x18\x01 \x01(\t\x12\x12\n\ncall_close\x18\x02 \x01(\t\x12\x1a\n\x12\x66unction_name_open\x18\x03 \x01(\t\x12\x1b\n\x13\x66unction_name_close\x18\x04 \x01(\t\x12\x16\n\x0e\x66unction_close\x18\x05 \x01(\t\x12\x1b\n\x13parameter_name_open\x18\x06 \x01(\t\x12\x1c\n\x14parameter_name_close\x18\x07 \x01(\t\x12\x1b\n\x13parameter_kind_open\x18\x08 \x01(\t\x12\x1c\n\x14parameter_kind_close\x18\t \x01(\t\x12\x1d\n\x15parameter_kind_string\x18\n \x01(\t\x12\x1b\n\x13parameter_kind_json\x18\x0b \x01(\t\x12\x1c\n\x14parameter_value_open\x18\x0c \x01(\t\x12\x1d\n\x15parameter_value_close\x18\r \x01(\t\x12\x18\n\x10wrapping_newline\x18\x0e \x01(\t\x12\x15\n\rtag_separator\x18\x0f \x01(\t\x12\x15\n\rjson_name_key\x18\x10 \x01(\t\x12\x1a\n\x12json_arguments_key\x18\x11 \x01(\t\"b\n\x0fReasoningSyntax\x12\x0c\n\x04open\x18\x01 \x01(\t\x12\r\n\x05\x63lose\x18\x02 \x01(\t\x12\x18\n\x10terminal_markers\x18\x03 \x03(\t\x12\x18\n\x10\x61nswer_separator\x18\x04 \x01(\t\"L\n\x13\x41ssistantBoundaries\x12\x1b\n\x13message_end_markers\x18\x01 \x03(\t\x12\x18\n\x10\x61ssistant_header\x18\x02 \x01(\t\"\xfd\x01\n\x0fRecipientSyntax\x12\x18\n\x10recipient_prefix\x18\x01 \x01(\t\x12\x14\n\x0cmessage_open\x18\x02 \x01(\t\x12\x1c\n\x14internal_message_end\x18\x03 \x01(\t\x12\x1b\n\x13reasoning_recipient\x18\x04 \x01(\t\x12\x1a\n\x12\x63ontent_recipients\x18\x05 \x03(\t\x12\x16\n\x0etool_recipient\x18\x06 \x01(\t\x12\x1c\n\x14named_tool_separator\x18\x07 \x01(\t\x12\x18\n\x10\x61nswer_recipient\x18\x08 \x01(\t\x12\x13\n\x0b\x66rame_start\x18\t \x01(\t\"|\n\x12PrefixBoundaryRule\x12,\n\x04role\x18\x01 \x01(\x0e\x32\x1e.helios.v1.FrontendMessageRole\x12\x12\n\nend_marker\x18\x02 \x01(\t\x12$\n\x1crerendered_by_later_messages\x18\x03 \x01(\x08\"\xb7\x01\n\x10ImageTokenLayout\x12\x18\n\x10\x66\x65\x61ture_token_id\x18\x01 \x01(\x05\x12\x1b\n\x13span_start_token_id\x18\x02 \x01(\x05\x12\x19\n\x11span_end_token_id\x18\x03 \x01(\x05\x12\x1e\n\x16row_separator_token_id\x18\x04 \x01(\x05\x12\x1b\n\x13patches_per_feature\x18\x05 \x01(\x05\x12\x14\n\x0c\x61tomic_spans\x18\x06 \x01(\x08*\xfe\x01\n\nToolParser\x12\x1b\n\x17TOOL_PARSER_UNSPECIFIED\x10\x00\x12\x14\n\x10TOOL_PARSER_NONE\x10\x01\x12(\n$TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS\x10\x02\x12!\n\x1dTOOL_PARSER_GLM_ARGUMENT_TAGS\x10\x03\x12\x14\n\x10TOOL_PARSER_DSML\x10\x04\x12\x14\n\x10TOOL_PARSER_XTML\x10\x05\x12&\n\"TOOL_PARSER_ATEM_RECIPIENT_HEADERS\x10\x06\x12\x1c\n\x18TOOL_PARSER_JSON_IN_TAGS\x10\x07*\xb7\x01\n\x0fReasoningParser\x12 \n\x1cREASONING_PARSER_UNSPECIFIED\x10\x00\x12\x19\n\x15REASONING_PARSER_NONE\x10\x01\x12\x1f\n\x1bREASONING_PARSER_THINK_TAGS\x10\x02\x12\x1f\n\x1bREASONING_PARSER_XTML_THINK\x10\x03\x12%\n!REASONING_PARSER_RECIPIENT_HEADER\x10\x04*s\n\x10ImagePreparation\x12!\n\x1dIMAGE_PREPARATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16IMAGE_PREPARATION_NONE\x10\x01\x12 \n\x1cIMAGE_PREPARATION_PATCH_GRID\x10\x02*\x85\x01\n\x0bImageLayout\x12\x1c\n\x18IMAGE_LAYOUT_UNSPECIFIED\x10\x00\x12\x15\n\x11IMAGE_LAYOUT_NONE\x10\x01\x12\x1c\n\x18IMAGE_LAYOUT_SINGLE_SPAN\x10\x02\x12#\n\x1fIMAGE_LAYOUT_ROW_SEPARATED_SPAN\x10\x03*\xc3\x01\n\x13\x46rontendMessageRole\x12%\n!FRONTEND_MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12 \n\x1c\x46RONTEND_MESSAGE_ROLE_SYSTEM\x10\x01\x12\x1e\n\x1a\x46RONTEND_MESSAGE_ROLE_USER\x10\x02\x12#\n\x1f\x46RONTEND_MESSAGE_ROLE_ASSISTANT\x10\x03\x12\x1e\n\x1a\x46RONTEND_MESSAGE_ROLE_TOOL\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18helios/v1/frontend.proto\x12\thelios.v1\"\xd5\x04\n\x10\x46rontendContract\x12*\n\x0btool_parser\x18\x01 \x01(\x0e\x32\x15.helios.v1.ToolParser\x12\x34\n\x10reasoning_parser\x18\x02 \x01(\x0e\x32\x1a.helios.v1.ReasoningParser\x12\x36\n\x11image_preparation\x18\x03 \x01(\x0e\x32\x1b.helios.v1.ImagePreparation\x12,\n\x0cimage_layout\x18\x04 \x01(\x0e\x32\x16.helios.v1.ImageLayout\x12*\n\x0btool_syntax\x18\x05 \x01(\x0b\x32\x15.helios.v1.ToolSyntax\x12\x34\n\x10reasoning_syntax\x18\x06 \x01(\x0b\x32\x1a.helios.v1.ReasoningSyntax\x12<\n\x14\x61ssistant_boundaries\x18\x07 \x01(\x0b\x32\x1e.helios.v1.AssistantBoundaries\x12\x34\n\x10recipient_syntax\x18\x08 \x01(\x0b\x32\x1a.helios.v1.RecipientSyntax\x12<\n\x15prefix_boundary_rules\x18\t \x03(\x0b\x32\x1d.helios.v1.PrefixBoundaryRule\x12\x37\n\x12image_token_layout\x18\n \x01(\x0b\x32\x1b.helios.v1.ImageTokenLayout\x12,\n\x0cimage_tiling\x18\x0b \x01(\x0b\x32\x16.helios.v1.ImageTiling\"\xd7\x03\n\nToolSyntax\x12\x11\n\tcall_open\x18\x01 \x01(\t\x12\x12\n\ncall_close\x18\x02 \x01(\t\x12\x1a\n\x12\x66unction_name_open\x18\x03 \x01(\t\x12\x1b\n\x13\x66unction_name_close\x18\x04 \x01(\t\x12\x16\n\x0e\x66unction_close\x18\x05 \x01(\t\x12\x1b\n\x13parameter_name_open\x18\x06 \x01(\t\x12\x1c\n\x14parameter_name_close\x18\x07 \x01(\t\x12\x1b\n\x13parameter_kind_open\x18\x08 \x01(\t\x12\x1c\n\x14parameter_kind_close\x18\t \x01(\t\x12\x1d\n\x15parameter_kind_string\x18\n \x01(\t\x12\x1b\n\x13parameter_kind_json\x18\x0b \x01(\t\x12\x1c\n\x14parameter_value_open\x18\x0c \x01(\t\x12\x1d\n\x15parameter_value_close\x18\r \x01(\t\x12\x18\n\x10wrapping_newline\x18\x0e \x01(\t\x12\x15\n\rtag_separator\x18\x0f \x01(\t\x12\x15\n\rjson_name_key\x18\x10 \x01(\t\x12\x1a\n\x12json_arguments_key\x18\x11 \x01(\t\"b\n\x0fReasoningSyntax\x12\x0c\n\x04open\x18\x01 \x01(\t\x12\r\n\x05\x63lose\x18\x02 \x01(\t\x12\x18\n\x10terminal_markers\x18\x03 \x03(\t\x12\x18\n\x10\x61nswer_separator\x18\x04 \x01(\t\"L\n\x13\x41ssistantBoundaries\x12\x1b\n\x13message_end_markers\x18\x01 \x03(\t\x12\x18\n\x10\x61ssistant_header\x18\x02 \x01(\t\"\xfd\x01\n\x0fRecipientSyntax\x12\x18\n\x10recipient_prefix\x18\x01 \x01(\t\x12\x14\n\x0cmessage_open\x18\x02 \x01(\t\x12\x1c\n\x14internal_message_end\x18\x03 \x01(\t\x12\x1b\n\x13reasoning_recipient\x18\x04 \x01(\t\x12\x1a\n\x12\x63ontent_recipients\x18\x05 \x03(\t\x12\x16\n\x0etool_recipient\x18\x06 \x01(\t\x12\x1c\n\x14named_tool_separator\x18\x07 \x01(\t\x12\x18\n\x10\x61nswer_recipient\x18\x08 \x01(\t\x12\x13\n\x0b\x66rame_start\x18\t \x01(\t\"|\n\x12PrefixBoundaryRule\x12,\n\x04role\x18\x01 \x01(\x0e\x32\x1e.helios.v1.FrontendMessageRole\x12\x12\n\nend_marker\x18\x02 \x01(\t\x12$\n\x1crerendered_by_later_messages\x18\x03 \x01(\x08\"\x83\x02\n\x10ImageTokenLayout\x12\x18\n\x10\x66\x65\x61ture_token_id\x18\x01 \x01(\x05\x12\x1b\n\x13span_start_token_id\x18\x02 \x01(\x05\x12\x19\n\x11span_end_token_id\x18\x03 \x01(\x05\x12\x1e\n\x16row_separator_token_id\x18\x04 \x01(\x05\x12\x1b\n\x13patches_per_feature\x18\x05 \x01(\x05\x12\x14\n\x0c\x61tomic_spans\x18\x06 \x01(\x08\x12\x16\n\x0etile_token_ids\x18\x07 \x03(\x05\x12\x19\n\x11tile_grid_columns\x18\x08 \x01(\r\x12\x17\n\x0fglobal_token_id\x18\t \x01(\x05\"\xad\x01\n\x0bImageTiling\x12\x13\n\x0btile_pixels\x18\x01 \x01(\r\x12\x14\n\x0cpatch_pixels\x18\x02 \x01(\r\x12\x1b\n\x13resize_longest_edge\x18\x03 \x01(\r\x12*\n\x08resample\x18\x04 \x01(\x0e\x32\x18.helios.v1.ImageResample\x12\x0f\n\x07rescale\x18\x05 \x01(\x02\x12\x0c\n\x04mean\x18\x06 \x03(\x02\x12\x0b\n\x03std\x18\x07 \x03(\x02*\xfe\x01\n\nToolParser\x12\x1b\n\x17TOOL_PARSER_UNSPECIFIED\x10\x00\x12\x14\n\x10TOOL_PARSER_NONE\x10\x01\x12(\n$TOOL_PARSER_QWEN_CODER_FUNCTION_TAGS\x10\x02\x12!\n\x1dTOOL_PARSER_GLM_ARGUMENT_TAGS\x10\x03\x12\x14\n\x10TOOL_PARSER_DSML\x10\x04\x12\x14\n\x10TOOL_PARSER_XTML\x10\x05\x12&\n\"TOOL_PARSER_ATEM_RECIPIENT_HEADERS\x10\x06\x12\x1c\n\x18TOOL_PARSER_JSON_IN_TAGS\x10\x07*\xb7\x01\n\x0fReasoningParser\x12 \n\x1cREASONING_PARSER_UNSPECIFIED\x10\x00\x12\x19\n\x15REASONING_PARSER_NONE\x10\x01\x12\x1f\n\x1bREASONING_PARSER_THINK_TAGS\x10\x02\x12\x1f\n\x1bREASONING_PARSER_XTML_THINK\x10\x03\x12%\n!REASONING_PARSER_RECIPIENT_HEADER\x10\x04*\x97\x01\n\x10ImagePreparation\x12!\n\x1dIMAGE_PREPARATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16IMAGE_PREPARATION_NONE\x10\x01\x12 \n\x1cIMAGE_PREPARATION_PATCH_GRID\x10\x02\x12\"\n\x1eIMAGE_PREPARATION_TILED_GLOBAL\x10\x03*\xa6\x01\n\x0bImageLayout\x12\x1c\n\x18IMAGE_LAYOUT_UNSPECIFIED\x10\x00\x12\x15\n\x11IMAGE_LAYOUT_NONE\x10\x01\x12\x1c\n\x18IMAGE_LAYOUT_SINGLE_SPAN\x10\x02\x12#\n\x1fIMAGE_LAYOUT_ROW_SEPARATED_SPAN\x10\x03\x12\x1f\n\x1bIMAGE_LAYOUT_TILE_GRID_SPAN\x10\x04*\x84\x01\n\rImageResample\x12\x1e\n\x1aIMAGE_RESAMPLE_UNSPECIFIED\x10\x00\x12\x1b\n\x17IMAGE_RESAMPLE_BILINEAR\x10\x01\x12\x1a\n\x16IMAGE_RESAMPLE_BICUBIC\x10\x02\x12\x1a\n\x16IMAGE_RESAMPLE_LANCZOS\x10\x03*\xc3\x01\n\x13\x46rontendMessageRole\x12%\n!FRONTEND_MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12 \n\x1c\x46RONTEND_MESSAGE_ROLE_SYSTEM\x10\x01\x12\x1e\n\x1a\x46RONTEND_MESSAGE_ROLE_USER\x10\x02\x12#\n\x1f\x46RONTEND_MESSAGE_ROLE_ASSISTANT\x10\x03\x12\x1e\n\x1a\x46RONTEND_MESSAGE_ROLE_TOOL\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'helios.v1.frontend_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLPARSER']._serialized_start=1814
-  _globals['_TOOLPARSER']._serialized_end=2068
-  _globals['_REASONINGPARSER']._serialized_start=2071
-  _globals['_REASONINGPARSER']._serialized_end=2254
-  _globals['_IMAGEPREPARATION']._serialized_start=2256
-  _globals['_IMAGEPREPARATION']._serialized_end=2371
-  _globals['_IMAGELAYOUT']._serialized_start=2374
-  _globals['_IMAGELAYOUT']._serialized_end=2507
-  _globals['_FRONTENDMESSAGEROLE']._serialized_start=2510
-  _globals['_FRONTENDMESSAGEROLE']._serialized_end=2705
+  _globals['_TOOLPARSER']._serialized_start=2112
+  _globals['_TOOLPARSER']._serialized_end=2366
+  _globals['_REASONINGPARSER']._serialized_start=2369
+  _globals['_REASONINGPARSER']._serialized_end=2552
+  _globals['_IMAGEPREPARATION']._serialized_start=2555
+  _globals['_IMAGEPREPARATION']._serialized_end=2706
+  _globals['_IMAGELAYOUT']._serialized_start=2709
+  _globals['_IMAGELAYOUT']._serialized_end=2875
+  _globals['_IMAGERESAMPLE']._serialized_start=2878
+  _globals['_IMAGERESAMPLE']._serialized_end=3010
+  _globals['_FRONTENDMESSAGEROLE']._serialized_start=3013
+  _globals['_FRONTENDMESSAGEROLE']._serialized_end=3208
   _globals['_FRONTENDCONTRACT']._serialized_start=40
-  _globals['_FRONTENDCONTRACT']._serialized_end=591
-  _globals['_TOOLSYNTAX']._serialized_start=594
-  _globals['_TOOLSYNTAX']._serialized_end=1065
-  _globals['_REASONINGSYNTAX']._serialized_start=1067
-  _globals['_REASONINGSYNTAX']._serialized_end=1165
-  _globals['_ASSISTANTBOUNDARIES']._serialized_start=1167
-  _globals['_ASSISTANTBOUNDARIES']._serialized_end=1243
-  _globals['_RECIPIENTSYNTAX']._serialized_start=1246
-  _globals['_RECIPIENTSYNTAX']._serialized_end=1499
-  _globals['_PREFIXBOUNDARYRULE']._serialized_start=1501
-  _globals['_PREFIXBOUNDARYRULE']._serialized_end=1625
-  _globals['_IMAGETOKENLAYOUT']._serialized_start=1628
-  _globals['_IMAGETOKENLAYOUT']._serialized_end=1811
+  _globals['_FRONTENDCONTRACT']._serialized_end=637
+  _globals['_TOOLSYNTAX']._serialized_start=640
+  _globals['_TOOLSYNTAX']._serialized_end=1111
+  _globals['_REASONINGSYNTAX']._serialized_start=1113
+  _globals['_REASONINGSYNTAX']._serialized_end=1211
+  _globals['_ASSISTANTBOUNDARIES']._serialized_start=1213
+  _globals['_ASSISTANTBOUNDARIES']._serialized_end=1289
+  _globals['_RECIPIENTSYNTAX']._serialized_start=1292
+  _globals['_RECIPIENTSYNTAX']._serialized_end=1545
+  _globals['_PREFIXBOUNDARYRULE']._serialized_start=1547
+  _globals['_PREFIXBOUNDARYRULE']._serialized_end=1671
+  _globals['_IMAGETOKENLAYOUT']._serialized_start=1674
+  _globals['_IMAGETOKENLAYOUT']._serialized_end=1933
+  _globals['_IMAGETILING']._serialized_start=1936
+  _globals['_IMAGETILING']._serialized_end=2109
 # @@protoc_insertion_point(module_scope)
