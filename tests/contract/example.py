@@ -479,6 +479,8 @@ def add_tiled_images(serving: ServingContract, manifest: ExecutionManifest | Non
     layout.tile_token_ids.extend([VOCAB + 4, VOCAB + 5, VOCAB + 6, VOCAB + 7])
     layout.tile_grid_columns = 2
     layout.global_token_id = VOCAB + 8
+    layout.grid_end_token_ids.extend([VOCAB + 3, VOCAB + 3])
+    layout.template_placeholder = "<image>"
     front.image_tiling.CopyFrom(f.ImageTiling(
         tile_pixels=64, patch_pixels=16, resize_longest_edge=128,
         resample=f.IMAGE_RESAMPLE_LANCZOS, rescale=1 / 255, mean=[0.5] * 3, std=[0.5] * 3))

@@ -85,6 +85,7 @@ def layout_token_ids(layout_enum: int, layout: fpb.ImageTokenLayout
     ids = [(name, getattr(layout, name)) for name in names]
     if layout_enum == fpb.IMAGE_LAYOUT_TILE_GRID_SPAN:
         ids += [(f"tile_token_ids[{i}]", v) for i, v in enumerate(layout.tile_token_ids)]
+        ids += [(f"grid_end_token_ids[{i}]", v) for i, v in enumerate(layout.grid_end_token_ids)]
     return ids
 
 
@@ -157,6 +158,12 @@ def _token_grid(model: pb.ModelContract) -> Findings:
                     f"outside the input range [0, {inputs.input_tokens})")
     if front.image_layout != fpb.IMAGE_LAYOUT_TILE_GRID_SPAN:
         return
+    if not layout.grid_end_token_ids:
+        yield F("image.tile_grid", MissingFieldError, f"{path}.grid_end_token_ids",
+                detail="tokens between the tile rows and the global view")
+    if not layout.template_placeholder:
+        yield F("image.tile_grid", MissingFieldError, f"{path}.template_placeholder",
+                detail="the text the chat template writes for an image part")
     columns, tiles = layout.tile_grid_columns, list(layout.tile_token_ids)
     if not columns or not tiles or len(tiles) % columns:
         yield F("image.tile_grid", ExtentError, f"{path}.tile_grid_columns", columns,

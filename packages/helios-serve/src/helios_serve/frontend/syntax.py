@@ -155,6 +155,8 @@ class ImageTokenLayout:
     tile_token_ids: tuple[int, ...] = ()
     tile_grid_columns: int = 0
     global_token_id: int = 0
+    grid_end_token_ids: tuple[int, ...] = ()
+    template_placeholder: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,7 +205,7 @@ class PrefixBoundaryRule(_message.Message):
     def __init__(self, role: _Optional[_Union[FrontendMessageRole, str]] = ..., end_marker: _Optional[str] = ..., rerendered_by_later_messages: _Optional[bool] = ...) -> None: ...
 
 class ImageTokenLayout(_message.Message):
-    __slots__ = ("feature_token_id", "span_start_token_id", "span_end_token_id", "row_separator_token_id", "patches_per_feature", "atomic_spans", "tile_token_ids", "tile_grid_columns", "global_token_id")
+    __slots__ = ("feature_token_id", "span_start_token_id", "span_end_token_id", "row_separator_token_id", "patches_per_feature", "atomic_spans", "tile_token_ids", "tile_grid_columns", "global_token_id", "grid_end_token_ids", "template_placeholder")
     FEATURE_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     SPAN_START_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     SPAN_END_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,8 @@ class ImageTokenLayout(_message.Message):
     TILE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TILE_GRID_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    GRID_END_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_PLACEHOLDER_FIELD_NUMBER: _ClassVar[int]
     feature_token_id: int
     span_start_token_id: int
     span_end_token_id: int
@@ -224,7 +226,9 @@ class ImageTokenLayout(_message.Message):
     tile_token_ids: _containers.RepeatedScalarFieldContainer[int]
     tile_grid_columns: int
     global_token_id: int
-    def __init__(self, feature_token_id: _Optional[int] = ..., span_start_token_id: _Optional[int] = ..., span_end_token_id: _Optional[int] = ..., row_separator_token_id: _Optional[int] = ..., patches_per_feature: _Optional[int] = ..., atomic_spans: _Optional[bool] = ..., tile_token_ids: _Optional[_Iterable[int]] = ..., tile_grid_columns: _Optional[int] = ..., global_token_id: _Optional[int] = ...) -> None: ...
+    grid_end_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    template_placeholder: str
+    def __init__(self, feature_token_id: _Optional[int] = ..., span_start_token_id: _Optional[int] = ..., span_end_token_id: _Optional[int] = ..., row_separator_token_id: _Optional[int] = ..., patches_per_feature: _Optional[int] = ..., atomic_spans: _Optional[bool] = ..., tile_token_ids: _Optional[_Iterable[int]] = ..., tile_grid_columns: _Optional[int] = ..., global_token_id: _Optional[int] = ..., grid_end_token_ids: _Optional[_Iterable[int]] = ..., template_placeholder: _Optional[str] = ...) -> None: ...
 
 class ImageTiling(_message.Message):
     __slots__ = ("tile_pixels", "patch_pixels", "resize_longest_edge", "resample", "rescale", "mean", "std")
