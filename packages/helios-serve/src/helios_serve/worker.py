@@ -391,6 +391,7 @@ class ModelWorker:
                                       if choice.grammar is not None else None),
                     fork_of=sched_ids[0] if sched_id != sched_ids[0] else None,
                     publish_endpoints=prepared.publish_endpoints,
+                    images=prepared.images,
                 )
             )
             if error is not None:  # prepared against the same rule: only a geometry bug

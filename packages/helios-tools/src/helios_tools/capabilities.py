@@ -59,7 +59,11 @@ PACKED_BINDINGS = frozenset(
        # RESTORE programs (TRANSFER steps): per row copy, the row read and the row written.
        (pb.VALUE_SOURCE_RESTORE_SOURCE, pb.INDEXING_SUBMISSION_ROW),
        (pb.VALUE_SOURCE_SNAPSHOT_DESTINATION, pb.INDEXING_SUBMISSION_ROW),
-       (pb.VALUE_SOURCE_CONSTANT, pb.INDEXING_SCALAR)}
+       (pb.VALUE_SOURCE_CONSTANT, pb.INDEXING_SCALAR),
+       # Image prefill programs: the layout's whole-tensor outputs (windows, window
+       # count) and each packed token's feature row (RowPlan.images).
+       (pb.VALUE_SOURCE_IMAGE_TENSOR, pb.INDEXING_SCALAR),
+       (pb.VALUE_SOURCE_IMAGE_FEATURE_INDEX, pb.INDEXING_PACKED_TOKEN)}
 )
 
 # What both backends share: the scheduler, packing and frontend are the same code.
@@ -101,10 +105,18 @@ CPU_STORAGE_TYPES = frozenset({
     mpb.STORAGE_TYPE_GGUF_Q8_0, mpb.STORAGE_TYPE_GGUF_Q4_K, mpb.STORAGE_TYPE_GGUF_Q6_K})
 CPU_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
                              "swiglu_linear_add", "embedding"})
+# Images: tiled preparation and the tile-grid layout (helios_serve.frontend.images), the
+# vision kernels being NumPy references (no Triton kernels yet: the cuda table has none).
 CPU = RuntimeCapabilities(backend="cpu",
                           reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
                           max_ranks=None, storage_types=CPU_STORAGE_TYPES,
-                          storage_ops=CPU_STORAGE_OPS, **_SERVING)
+                          storage_ops=CPU_STORAGE_OPS, **{
+                              **_SERVING,
+                              "image_preparations": frozenset({
+                                  fpb.IMAGE_PREPARATION_NONE,
+                                  fpb.IMAGE_PREPARATION_TILED_GLOBAL}),
+                              "image_layouts": frozenset({fpb.IMAGE_LAYOUT_NONE,
+                                                          fpb.IMAGE_LAYOUT_TILE_GRID_SPAN})})
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.

@@ -24,17 +24,17 @@ import msgspec
 from helios_contract.schema import contract_pb2
 from helios_tools.frontend_assets import ChatTemplateError, render_chat
 
-from helios_serve.engine.plan import ModelGeometry, SamplingParams
+from helios_serve.engine.plan import ModelGeometry, PromptImage, SamplingParams
 from helios_serve.scheduler import AdmissionError, SchedRequest, check_capacity
 
 from .boundaries import first_message_end, prefix_endpoints
 from .detokenizer import IncrementalDetokenizer
 from .errors import FrontendRequestError
 from .grammar import GrammarCompiler, GrammarState
+from .image_prompt import ImagePrompt, ImageSource
 from .logit_bias import parse_logit_bias
 from .pipeline import Frontend, OutputPipeline
 from .stops import StopSpec, parse_stops
-from .syntax import ImagePreparation
 
 MAX_TOP_LOGPROBS = 20
 _TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})
@@ -210,6 +210,7 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
         publish_endpoints: prompt-turn ends (token counts, ascending) the template marks
             (frontend.boundaries.prefix_endpoints): where the scheduler publishes
             snapshots of the prompt's state.
+        images: the prompt's images (spans, feature positions, windows; PromptImage).
     """
 
     prompt_text: str
@@ -227,6 +228,7 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     observe_ids: bool = False
     observe_timestamps: bool = False
     publish_endpoints: tuple[int, ...] = ()
+    images: tuple[PromptImage, ...] = ()
 
     def choice_sampling(self, index: int) -> SamplingParams:
         """Choice `index`'s parameters: its own RNG stream, seed + index (mod 2**64),
@@ -286,8 +288,10 @@ class Preparer:
         template_variables: Mapping[str, str],
         defaults: contract_pb2.ServingDefaults,
         geometry: ModelGeometry,
+        images: ImagePrompt | None = None,
     ) -> None:
         self.frontend = frontend
+        self.images = images or ImagePrompt(frontend.syntax, geometry)
         self.tokenizer = frontend.tokenizer
         self.chat_template = chat_template
         self.template_variables = dict(template_variables)
@@ -305,10 +309,12 @@ class Preparer:
             FrontendRequestError: a field is invalid (named in `field`).
             CapacityExceeded: the prompt plus the output limit can never fit.
         """
-        messages = [self._message(i, m) for i, m in enumerate(request.messages)]
+        sources: list[ImageSource] = []
+        messages = [self._message(i, m, sources) for i, m in enumerate(request.messages)]
         tools = [dict(t) for t in request.tools] if request.tools else None
         prompt_text = self._render(request, messages, tools)
-        prompt_ids, token_ends = self._encode_prompt(prompt_text, request.prompt_prefix)
+        prompt_ids, token_ends = self._encode_prompt(
+            prompt_text, () if sources else request.prompt_prefix)
         # Where the rendered turns end: the scheduler publishes a snapshot there, so a
         # later conversation sharing those turns restores the state after them.
         rules = self.frontend.syntax.prefix_boundary_rules
@@ -316,6 +322,12 @@ class Preparer:
                                      [m.get("role", "") for m in messages], rules,
                                      self._first_message_end(request, messages, tools,
                                                              prompt_text, rules))
+        images: tuple[PromptImage, ...] = ()
+        if self.images.accepts:  # placeholders become image spans; endpoints move with them
+            placeholder = self.tokenizer.token_to_id(
+                self.frontend.syntax.image_token_layout.template_placeholder)
+            prompt_ids, images, moved = self.images.expand(prompt_ids, placeholder, sources)
+            endpoints = tuple(moved[e] for e in endpoints)
         g = request.generation
         fmt = (request.response_format or {}).get("type")
         structured = fmt in ("json_object", "json_schema") or (
@@ -340,7 +352,7 @@ class Preparer:
         )
         return self._finish(prompt_text, prompt_ids, "messages", g, stops,
                             OutputRecipe(self.frontend, pipeline, grammar),
-                            endpoints)  # fmt: skip
+                            endpoints, images)  # fmt: skip
 
     def completion(self, request: CompletionInput) -> PreparedRequest:
         """Prepare a legacy completion (no chat template).
@@ -371,7 +383,7 @@ class Preparer:
 
     def encode_chat(self, request: ChatInput) -> tuple[str, tuple[int, ...]]:
         """The rendered prompt and its ids (POST /tokenize with messages)."""
-        messages = [self._message(i, m) for i, m in enumerate(request.messages)]
+        messages = [self._message(i, m, []) for i, m in enumerate(request.messages)]
         tools = [dict(t) for t in request.tools] if request.tools else None
         text = self._render(request, messages, tools)
         return text, tuple(self.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -403,20 +415,26 @@ class Preparer:
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
         return tuple(encoding.ids), [end for _, end in encoding.offsets]
 
-    def _message(self, i: int, message: Mapping[str, Any]) -> dict[str, Any]:
+    def _message(self, i: int, message: Mapping[str, Any],
+                 sources: list[ImageSource]) -> dict[str, Any]:
+        """Message `i` as the template sees it. A model with images gets content as
+        parts ({"type": "text"} / {"type": "image"}, image parts appended to `sources`);
+        a text model gets the text parts joined (an image part is a 400)."""
         out = {k: v for k, v in message.items() if v is not None}
         content = message.get("content")
+        if self.images.accepts:
+            if isinstance(content, str):
+                out["content"] = [{"type": "text", "text": content}]
+            elif isinstance(content, list | tuple):
+                out["content"] = self.images.message_parts(i, content, sources)
+            return out
         if isinstance(content, list | tuple):
             texts = []
             for j, part in enumerate(content):
-                if part.get("type") == "text":
-                    texts.append(part["text"])
-                elif self.frontend.syntax.image_preparation is not ImagePreparation.PATCH_GRID:
+                if part.get("type") != "text":
                     raise FrontendRequestError(f"messages[{i}].content[{j}]",
                                                "this model accepts no images")
-                else:
-                    raise FrontendRequestError(f"messages[{i}].content[{j}]",
-                                               "image input is not served by this runtime")
+                texts.append(part["text"])
             out["content"] = "".join(texts)
         return out
 
@@ -474,7 +492,8 @@ class Preparer:
 
     def _finish(self, prompt_text: str, prompt_ids: tuple[int, ...], prompt_field: str,
                 g: GenerationInput, stops: StopSpec, output: OutputRecipe,
-                publish_endpoints: tuple[int, ...] = ()) -> PreparedRequest:  # fmt: skip
+                publish_endpoints: tuple[int, ...] = (),
+                images: tuple[PromptImage, ...] = ()) -> PreparedRequest:  # fmt: skip
         slots = self.geometry.slots
         if g.n > slots:
             raise FrontendRequestError(
@@ -508,6 +527,7 @@ class Preparer:
             observe_ids=g.observe_ids,
             observe_timestamps=g.observe_timestamps,
             publish_endpoints=publish_endpoints,
+            images=images,
         )
 
     def _check_logprobs(self, logprobs: int | None, top_field: str) -> None:

@@ -75,7 +75,12 @@ class NativeModel:
                               for g in prepared.graphs_for(cpb.OPERATION_DECODE)
                               if g.batch_capacity <= max(geometry.decode_capacities))
         self._prefill = sorted((g.token_capacity, g.name)
-                               for g in prepared.graphs_for(cpb.OPERATION_PREFILL))
+                               for g in prepared.graphs_for(cpb.OPERATION_PREFILL)
+                               if not _image_graph(g))
+        # Image prefill programs (they bind the image inputs): steps carrying images.
+        self._image_prefill = sorted((g.token_capacity, g.name)
+                                     for g in prepared.graphs_for(cpb.OPERATION_PREFILL)
+                                     if _image_graph(g))
         # SPECULATIVE programs of the served widths, narrowest first, then by batch.
         served = set(geometry.speculative_widths)
         self._speculative = sorted((g.speculative.token_capacity, g.batch_capacity, g.name)
@@ -242,6 +247,8 @@ class NativeModel:
             need, table = len(plan.rows), self._decode
         else:
             need, table = plan.token_count, self._prefill
+            if any(r.images for r in plan.rows):
+                table = self._image_prefill
             if len(plan.rows) > self.manifests.prefill_row_capacity:
                 raise ValueError(f"prefill plan has {len(plan.rows)} rows; capacity "
                                  f"{self.manifests.prefill_row_capacity}")
@@ -426,7 +433,11 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
     decode = list(prepared.decode_capacities)
     if max_concurrency is not None:
         decode = [b for b in decode if b <= max_concurrency] or decode[:1]
-    prefill = prepared.prefill_capacities  # (rows, tokens) pairs
+    prefill = [(g.batch_capacity, g.token_capacity)
+               for g in prepared.graphs_for(cpb.OPERATION_PREFILL) if not _image_graph(g)]
+    image_windows = min((int(buffers[b.destination].shape[0])
+                         for g in prepared.graphs_for(cpb.OPERATION_PREFILL)
+                         for b in g.bindings if b.image_output == "windows"), default=0)
     widths = list(served_speculative_widths(prepared, speculative_width))
     speculative = prepared.graphs_for(cpb.OPERATION_SPECULATIVE)
     cursor = speculative[0].completion_cursor if speculative else None
@@ -459,12 +470,18 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
         prefix_programs=prefix,
         copied_proposals=bool(history) and all(
             _binds(g, cpb.VALUE_SOURCE_CANDIDATE_IDS) for g in history),
-        candidate_masks=bool(widths) and prepared.constrained_speculation(widths))
+        candidate_masks=bool(widths) and prepared.constrained_speculation(widths),
+        image_windows=image_windows, image_feature_slots=prepared.vision.feature_slots)
 
 
 def _prefix_limit(graph: cpb.GraphContract) -> bool:
     return (graph.operation == cpb.OPERATION_SPECULATIVE and graph.speculative.length_source
             == cpb.LENGTH_SOURCE_SPECULATIVE_PREFIX_LIMIT)
+
+
+def _image_graph(graph: cpb.GraphContract) -> bool:
+    """A prefill program that encodes images (it binds the image layout's outputs)."""
+    return _binds(graph, cpb.VALUE_SOURCE_IMAGE_TENSOR)
 
 
 def _binds(graph: cpb.GraphContract, source: int) -> bool:

@@ -85,7 +85,7 @@ class SequencePages:
         extra = self.extra
         # A shifted page-table view keeps block i's history in page i + offset: pages are
         # then private to their request (the cache shares nothing: CacheManager.sharing).
-        match = self.cache.match(seq.tokens)
+        match = self.cache.match(seq.cache_tokens)
         start = match.reused_tokens
         n = min(len(seq.tokens) - start, budget)
         held = len(match.device.page_ids) + match.fresh_pages  # pages of the reused part

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from helios_serve.engine.plan import SamplingParams
+from helios_serve.engine.plan import PromptImage, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class SchedRequest:
         publish_endpoints: prompt positions (tokens, ascending, each in
             [1, len(prompt_tokens)]) where the template marks the end of a prompt turn:
             once the committed state reaches one, a snapshot is published there.
+        images: the prompt's images, spans ascending (PromptImage): chunks never end
+            inside a span, and the prefix cache keys feature positions by content.
     """
 
     request_id: int
@@ -50,6 +52,7 @@ class SchedRequest:
     width_one: bool = False
     fork_of: int | None = None
     publish_endpoints: tuple[int, ...] = ()
+    images: tuple[PromptImage, ...] = ()
     candidate_filter: Callable[[tuple[int, ...]], int] | None = field(
         default=None, compare=False, repr=False)
 

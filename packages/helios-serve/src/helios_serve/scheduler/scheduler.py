@@ -317,14 +317,18 @@ class Scheduler:
         budget = g.prefill_token_capacities[-1]  # packed tokens left
         rows: list[RowPlan] = []
         # Sequence.in_prefill as one filter first: in steady decode no running request is.
+        windows = g.image_windows  # image windows the step may still encode
         for seq in [s for s in self.live.running if s.num_scheduled < s.prefill_tokens]:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
             if seq.can_prefill:
-                n = self.alloc.grow(seq, budget)
+                n, used = self._image_cut(seq, budget, windows)
+                n = self.alloc.grow(seq, n) if n else 0
+                n, used = self._image_cut(seq, n, windows)  # pages may shorten it
                 if n:
                     rows.append(self._prefill_row(seq, n))
                     budget -= n
+                    windows -= used
         while admit and self.live.waiting and self.alloc.free_slots:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
@@ -336,9 +340,21 @@ class Scheduler:
             self.live.waiting.popleft()
             n = min(seq.prefill_tokens - seq.num_scheduled, budget)
             n = min(n, self.alloc.token_pages(seq) * g.page_tokens - seq.num_scheduled)
-            rows.append(self._prefill_row(seq, n))
-            budget -= n
+            n, used = self._image_cut(seq, n, windows)
+            if n:  # else its next span waits for a step with room (it is running now)
+                rows.append(self._prefill_row(seq, n))
+                budget -= n
+                windows -= used
         return StepPlan(StepKind.PREFILL, tuple(rows)) if rows else None
+
+    @staticmethod
+    def _image_cut(seq: Sequence, n: int, windows: int) -> tuple[int, int]:
+        """The next chunk of `seq`, at most `n` tokens, shortened so it ends outside every
+        image span and its images fit `windows` (Sequence.image_cut): (tokens, windows)."""
+        if not seq.request.images or n <= 0:
+            return max(n, 0), 0
+        return seq.image_cut(seq.num_scheduled, min(n, seq.prefill_tokens - seq.num_scheduled),
+                             windows)
 
     def _awaits_fork_parent(self, seq: Sequence) -> bool:
         """A choice of n > 1 waits while the choice it forks from still computes the
@@ -375,7 +391,8 @@ class Scheduler:
         end = start + n
         histogram = tuple(seq.tokens) if seq.needs_histogram else None
         return self._row(
-            seq, seq.tokens[start:end], sample=end == seq.prefill_tokens, histogram=histogram
+            seq, seq.tokens[start:end], sample=end == seq.prefill_tokens, histogram=histogram,
+            images=seq.chunk_images(start, end) if seq.request.images else (),
         )
 
     def _build_decode(self) -> StepPlan | None:
@@ -476,6 +493,7 @@ class Scheduler:
         decode: bool = False,
         lane_length: int = 0,
         candidates: CopiedCandidates | None = None,
+        images: tuple = (),
     ) -> RowPlan:
         """Build a row and advance the request's scheduled state (a speculative lane
         schedules all `lane_length` positions it may write)."""
@@ -485,7 +503,7 @@ class Scheduler:
         pages = ceil_div(end, self.geometry.page_tokens) + self.geometry.extra_pages_per_request
         row = RowPlan(seq.request_id, seq.slot, seq.generation, tuple(tokens), start,
                       seq.page_prefix(pages), sample, seq.request.sampling, histogram, None,
-                      lane_length, candidates)
+                      lane_length, candidates, images)
         seq.issue(end, sample, decode, self._frames.step)
         return row
 
