@@ -228,3 +228,54 @@ def test_image_on_a_text_only_core_is_a_400(tiny_thread_server):
             max_tokens=2)
     assert (info.value.body["param"], info.value.body["message"]) == (
         "messages[0].content[0]", "this model accepts no images")
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    """A local HTTP server of the fixture folder (for --allow-image-urls)."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(FIXTURE))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    thread.join()
+
+
+@pytest.fixture(scope="module")
+def url_client(vision_core):
+    path, public = vision_core
+    bootstrap = Bootstrap.load(path, [public], NAMESPACE)
+    options = ServeOptions(port=0, max_active=2, queue_capacity=4, allow_image_urls=True,
+                           max_images_per_request=2)
+    settings = resolve(options, bootstrap.contract)
+    model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
+                             max_concurrency=settings.max_active)
+    server = Server.start(bootstrap, model, settings, ObservationClock())
+    yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                        timeout=120.0)
+    server.stop()
+    bootstrap.close()
+
+
+def test_allowed_image_urls_are_fetched(url_client, image_host):
+    messages = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"{image_host}/wide.png"}},
+        *MESSAGES[0]["content"][1:2],
+        {"type": "image_url", "image_url": {"url": f"{image_host}/square.png"}},
+        *MESSAGES[0]["content"][3:]]}]
+    reply = url_client.chat.completions.create(
+        model="idefics3-tiny", messages=messages, max_tokens=8, temperature=0,
+        extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert reply.choices[0].model_extra["token_ids"] == META["greedy"]
+    status, message = _error(url_client, _image(f"{image_host}/missing.png"))
+    assert (status, message) == (400, "messages[0].content[0].image_url: the image URL could "
+                                 "not be fetched: File not found")
+    parts = [{"type": "image_url", "image_url": {"url": data_url("wide.png")}}] * 3
+    assert _error(url_client, [{"role": "user", "content": parts}]) == (
+        400, "messages[0].content[2]: more than 2 images in one request "
+        "(max_images_per_request)")
