@@ -279,3 +279,40 @@ def test_allowed_image_urls_are_fetched(url_client, image_host):
     assert _error(url_client, [{"role": "user", "content": parts}]) == (
         400, "messages[0].content[2]: more than 2 images in one request "
         "(max_images_per_request)")
+
+
+def test_images_cross_to_the_engine_process(vision_core):
+    """PromptImage is plain data: the same answer with the model worker in its own
+    process (--engine-process)."""
+    from helios_serve.cli import start
+
+    path, public = vision_core
+    server = start(path, [str(public)], NAMESPACE,
+                   ServeOptions(port=0, max_active=2, queue_capacity=4, engine_process=True))
+    server.serve_in_background()
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                               timeout=120.0)
+        test_greedy_equals_transformers(client)
+    finally:
+        server.stop()
+        server.bootstrap.close()
+
+
+def test_responses_input_image(client):
+    """The Responses API's input_image parts take the chat path: the same answer."""
+    chat = client.chat.completions.create(model="idefics3-tiny", messages=MESSAGES,
+                                          max_tokens=6, temperature=0)
+    content = [{"type": "input_image", "image_url": MESSAGES[0]["content"][0]["image_url"]["url"],
+                "detail": "high"},
+               {"type": "input_text", "text": "Compare the two images."},
+               {"type": "input_image", "image_url": MESSAGES[0]["content"][2]["image_url"]["url"]},
+               {"type": "input_text", "text": "What is in this image?"}]
+    response = client.responses.create(model="idefics3-tiny", max_output_tokens=6,
+                                       temperature=0, input=[{"role": "user",
+                                                              "content": content}])
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == 94
+    items = client.responses.input_items.list(response.id).data
+    assert [p.type for p in items[0].content] == ["input_image", "input_text", "input_image",
+                                                  "input_text"]
