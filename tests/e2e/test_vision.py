@@ -203,11 +203,12 @@ def _reused(client, messages) -> tuple[int, list[int], list[int]]:
 
 
 def test_prefix_cache_keys_image_spans_by_content(client):
-    """Equal pixels reuse the cached pages; equal tokens of other pixels reuse none past
+    """Equal pixels reuse the cached state; equal tokens of other pixels reuse none past
     the first feature sentinel (position 8: no complete 16-token page before it)."""
     _reused(client, MESSAGES)
     reused, ids, out = _reused(client, MESSAGES)
-    assert reused == 80  # every complete page before the last token's page
+    user_end = ids.index(2) + 2  # the user message's end: its snapshot (86 tokens)
+    assert reused == user_end == 86
     other = [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": _flipped_wide_url()}},
         *MESSAGES[0]["content"][1:]]}]
@@ -216,7 +217,7 @@ def test_prefix_cache_keys_image_spans_by_content(client):
     assert reused_other == 0  # ... but another image: nothing cached is reused
     assert out == META["greedy"][:4]
     fresh = _reused(client, other)  # and it computes its own answer, cached in turn
-    assert fresh[0] == 80 and fresh[2] == out_other
+    assert fresh[0] == 86 and fresh[2] == out_other
 
 
 def test_image_on_a_text_only_core_is_a_400(tiny_thread_server):
@@ -316,3 +317,63 @@ def test_responses_input_image(client):
     items = client.responses.input_items.list(response.id).data
     assert [p.type for p in items[0].content] == ["input_image", "input_text", "input_image",
                                                   "input_text"]
+
+
+CHUNKED_RECIPE = '''
+import dataclasses, importlib.util
+spec = importlib.util.spec_from_file_location("fixture_recipe", {path!r})
+base = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(base)
+
+
+def make_recipe(checkpoint):
+    recipe = base.make_recipe(checkpoint)
+    return dataclasses.replace(recipe, capacities=dataclasses.replace(
+        recipe.capacities, prefill_tokens=(40,), image_windows=5))
+'''
+
+
+def test_chunked_prefill_never_splits_a_span(tmp_path, signing_key_pair):
+    """40-token chunks and 5 encoder windows: the 94-token prompt takes several steps
+    (chunks end before each 21- and 34-token span, one image a step) and still answers
+    as transformers does."""
+    from helios_ignition.export import export_core
+
+    private, public = signing_key_pair
+    recipe = tmp_path / "chunked.py"
+    recipe.write_text(CHUNKED_RECIPE.format(path=str(FIXTURE / "recipe.py")))
+    out = tmp_path / "chunked.core"
+    export_core(recipe, checkpoint=str(FIXTURE / "checkpoint"), key_path=private,
+                namespace=NAMESPACE, out=out, weight_dtype="f32")
+    bootstrap = Bootstrap.load(out, [public], NAMESPACE)
+    settings = resolve(ServeOptions(port=0, max_active=2, queue_capacity=4), bootstrap.contract)
+    model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
+                             max_concurrency=settings.max_active)
+    server = Server.start(bootstrap, model, settings, ObservationClock())
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        test_greedy_equals_transformers(client)
+        # [0, 39) ends before the second span; [39, 79) holds it whole; [79, 94)
+        assert model.launches["prefill"] == 3
+    finally:
+        server.stop()
+        bootstrap.close()
+
+
+def test_the_next_turn_restores_the_image_turn(client):
+    """A conversation's second turn continues from the snapshot published at the end of
+    the first (image) turn's user message: exactly those tokens are reused."""
+    first = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url("wide.png")}},
+        {"type": "text", "text": "What is in this image?"}]}]
+    one = client.chat.completions.create(model="idefics3-tiny", messages=first, max_tokens=3,
+                                         temperature=0, extra_body={"return_token_ids": True})
+    ids = one.model_extra["prompt_token_ids"]
+    user_end = ids.index(2) + 2  # <end_of_utterance> "\n": the user message's end
+    assert user_end % 16 != 0  # not a page boundary: only a snapshot reuses it exactly
+    second = [*first, {"role": "user", "content": "And the colors?"}]  # diverges at user_end
+    two = client.chat.completions.create(model="idefics3-tiny", messages=second, max_tokens=3,
+                                         temperature=0, extra_body={"return_token_ids": True})
+    reused = two.model_extra["reused_prompt_tokens"]
+    assert two.model_extra["prompt_token_ids"][:reused] == ids[:reused]
+    assert reused == user_end
