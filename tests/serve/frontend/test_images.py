@@ -154,3 +154,23 @@ def test_huge_dimensions_are_refused_before_decoding():
         decode_image(bomb, "image", ImageLimits(max_pixels=1 << 20))
     assert (str(info.value), info.value.limit) == ("image: the image has too many pixels",
                                                    "max_image_pixels")
+
+
+def test_the_placeholder_must_encode_as_one_token():
+    """Startup (the output frontend) and lint-core share this finding."""
+    from helios_contract.schema import frontend_pb2 as fpb
+    from helios_tools.token_rules import token_findings
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(FIXTURE / "checkpoint" / "tokenizer.json"))
+    front = fpb.FrontendContract(image_layout=fpb.IMAGE_LAYOUT_TILE_GRID_SPAN,
+                                 image_token_layout=fpb.ImageTokenLayout(
+                                     template_placeholder="<image>"))
+    assert list(token_findings(front, tok)) == []
+    front.image_token_layout.template_placeholder = "[img]"
+    (finding,) = token_findings(front, tok)
+    assert (finding.rule, finding.path, finding.value) == (
+        "frontend.token_bound", "model.frontend.image_token_layout.template_placeholder",
+        "[img]")
+    assert finding.detail.startswith("the layout replaces the image placeholder's one token; "
+                                     "the tokenizer encodes it as ")
