@@ -124,15 +124,14 @@ def window_attention(
     """
     n = _live(count, W)
     E = H * HD
-    x = qkv[:n * NP, :3 * E].reshape(n, NP, 3, H, HD)
-    q = x[:, :, 0].transpose(0, 2, 1, 3)  # [n, H, NP, HD]
-    k = x[:, :, 1].transpose(0, 2, 1, 3)
-    v = x[:, :, 2].transpose(0, 2, 1, 3)
-    s = (q @ k.transpose(0, 1, 3, 2)) * np.float32(scale)  # [n, H, NP, NP]
-    s = np.exp(s - s.max(axis=-1, keepdims=True))
-    s /= s.sum(axis=-1, keepdims=True)
     o = out[:W * NP, :E]
-    o[:n * NP] = (s @ v).transpose(0, 2, 1, 3).reshape(n * NP, E)
+    for w in range(n):  # one window at a time: [H, NP, NP] scores (SmolVLM: 50 MB)
+        x = qkv[w * NP:(w + 1) * NP, :3 * E].reshape(NP, 3, H, HD)
+        q, k, v = (x[:, i].transpose(1, 0, 2) for i in range(3))  # [H, NP, HD]
+        s = (q @ k.transpose(0, 2, 1)) * np.float32(scale)
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        o[w * NP:(w + 1) * NP] = (s @ v).transpose(1, 0, 2).reshape(NP, E)
     o[n * NP:] = 0.0
 
 
