@@ -199,9 +199,7 @@ def test_the_cuda_table_declares_what_the_cuda_backend_allocates():
 def test_both_backends_share_the_scheduler_packing_and_frontend():
     differ = {f for f in CPU.__dataclass_fields__ if getattr(CPU, f) != getattr(CUDA, f)}
     assert differ == {"backend", "reference_ops", "argument_alignment_bytes", "max_ranks",
-                      "storage_types", "storage_ops",  # quantized weights: cpu only
-                      "image_preparations", "image_layouts"}  # vision kernels: cpu only
-    assert CPU.image_layouts - CUDA.image_layouts == {fpb.IMAGE_LAYOUT_TILE_GRID_SPAN}
+                      "storage_types", "storage_ops"}  # quantized weights: cpu only
     assert CPU.reference_ops == frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS)
     assert CUDA.reference_ops is None
 

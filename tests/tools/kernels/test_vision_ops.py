@@ -25,10 +25,11 @@ def test_tower_and_connector_equal_transformers():
     count = np.array([W], np.int32)
     t, P = ck.tensor, "model.vision_model."
     x, h = np.zeros((T, D), np.float32), np.zeros((T, D), np.float32)
-    K.patch_embed(pixels, count, t(P + "embeddings.patch_embedding.weight"),
-                  t(P + "embeddings.patch_embedding.bias"),
-                  t(P + "embeddings.position_embedding.weight"), x, W, v.image_size,
-                  v.patch_size, D)
+    patches = np.zeros((T, 3 * v.patch_size ** 2), np.float32)
+    K.patchify(pixels, count, patches, W, v.image_size, v.patch_size)
+    x[:] = patches @ t(P + "embeddings.patch_embedding.weight").T
+    K.bias_add(x, t(P + "embeddings.patch_embedding.bias"), T, D)
+    K.position_add(x, t(P + "embeddings.position_embedding.weight"), T, NP, D)
     for i in range(v.num_layers):
         L = f"{P}encoder.layers.{i}."
         K.layernorm(x, t(L + "layer_norm1.weight"), t(L + "layer_norm1.bias"), h, T, D, 1e-6)
@@ -55,13 +56,13 @@ def test_tower_and_connector_equal_transformers():
 def test_only_live_windows_are_computed():
     rng = np.random.default_rng(0)
     windows = rng.standard_normal((3, 3, 4, 4)).astype(np.float32)
-    weight = rng.standard_normal((5, 12)).astype(np.float32)
-    out = np.full((12, 5), 9.0, np.float32)
-    K.patch_embed(windows, np.array([2], np.int32), weight, np.zeros(5, np.float32),
-                  np.zeros((4, 5), np.float32), out, 3, 4, 2, 5)
-    patch = windows[1, :, 2:4, 0:2].reshape(12)  # window 1, patch (1, 0)
-    np.testing.assert_allclose(out[4 + 2], weight @ patch, rtol=1e-6)
+    out = np.full((12, 12), 9.0, np.float32)
+    K.patchify(windows, np.array([2], np.int32), out, 3, 4, 2)
+    assert (out[4 + 2] == windows[1, :, 2:4, 0:2].reshape(12)).all()  # window 1, patch (1, 0)
     assert (out[8:] == 0).all()
+    rows = np.ones((8, 2), np.float32)
+    K.position_add(rows, np.array([[1, 2], [3, 4], [5, 6], [7, 8]], np.float32), 8, 4, 2)
+    assert rows[:, 0].tolist() == [2, 4, 6, 8, 2, 4, 6, 8]
     qkv = rng.standard_normal((12, 6)).astype(np.float32)
     attn = np.full((12, 2), 9.0, np.float32)
     K.window_attention(qkv, np.array([1], np.int32), attn, 3, 4, 1, 2, 1.0)

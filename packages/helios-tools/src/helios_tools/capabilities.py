@@ -91,8 +91,11 @@ _SERVING = dict(
     speculative_confidence=True,
     tuning=True,  # NativeModel.load runs the producers before exposing the graphs
     dtypes=frozenset({mpb.D_TYPE_F32, mpb.D_TYPE_BF16, mpb.D_TYPE_I32, mpb.D_TYPE_U32}),
-    image_preparations=frozenset({fpb.IMAGE_PREPARATION_NONE}),
-    image_layouts=frozenset({fpb.IMAGE_LAYOUT_NONE}),
+    # Images: tiled preparation and the tile-grid layout (helios_serve.frontend.images;
+    # the vision kernels: helios_tools/kernels/vision.py, kernels_triton/vision.py).
+    image_preparations=frozenset({fpb.IMAGE_PREPARATION_NONE,
+                                  fpb.IMAGE_PREPARATION_TILED_GLOBAL}),
+    image_layouts=frozenset({fpb.IMAGE_LAYOUT_NONE, fpb.IMAGE_LAYOUT_TILE_GRID_SPAN}),
 )
 
 # NumPy reference kernels (helios_tools.kernels) over host buffers.
@@ -105,18 +108,10 @@ CPU_STORAGE_TYPES = frozenset({
     mpb.STORAGE_TYPE_GGUF_Q8_0, mpb.STORAGE_TYPE_GGUF_Q4_K, mpb.STORAGE_TYPE_GGUF_Q6_K})
 CPU_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
                              "swiglu_linear_add", "embedding"})
-# Images: tiled preparation and the tile-grid layout (helios_serve.frontend.images), the
-# vision kernels being NumPy references (no Triton kernels yet: the cuda table has none).
 CPU = RuntimeCapabilities(backend="cpu",
                           reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
                           max_ranks=None, storage_types=CPU_STORAGE_TYPES,
-                          storage_ops=CPU_STORAGE_OPS, **{
-                              **_SERVING,
-                              "image_preparations": frozenset({
-                                  fpb.IMAGE_PREPARATION_NONE,
-                                  fpb.IMAGE_PREPARATION_TILED_GLOBAL}),
-                              "image_layouts": frozenset({fpb.IMAGE_LAYOUT_NONE,
-                                                          fpb.IMAGE_LAYOUT_TILE_GRID_SPAN})})
+                          storage_ops=CPU_STORAGE_OPS, **_SERVING)
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.

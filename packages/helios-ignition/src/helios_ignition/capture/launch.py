@@ -710,9 +710,13 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         return _cfg((R, _cdiv(ROW, 4096)), 4, BLOCK=4096)
     # Vision encoder (kernels/vision.py): one program per row (window rows, patch rows or
     # packed tokens); no Triton kernels yet, so the cpu backend alone executes them.
-    if op == "patch_embed":
-        W, S, P, D = s
-        return _cfg((W * (S // P) ** 2,), 4, BLOCK_D=_np2(D, 16))
+    if op == "patchify":
+        W, S, P = s
+        return _cfg((W * (S // P) ** 2,), 4, BLOCK=_np2(3 * P * P, 16))
+    if op == "position_add":
+        T, D = s[0], s[2]
+        return _cfg((T,), 4, BLOCK_D=_np2(D, 16),
+                    WBF16=_is_bf16(views[1]) if len(views) > 1 else 0)
     if op in ("layernorm", "bias_add", "gelu_tanh"):
         T, D = s[0], s[1]
         return _cfg((T,), 4, BLOCK_D=_np2(D, 16))

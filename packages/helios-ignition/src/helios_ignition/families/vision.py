@@ -2,7 +2,7 @@
 (HF ``Idefics3VisionTransformer`` + ``Idefics3Connector``; SmolVLM's tower).
 
 Layer math, per window of NP = G x G patches (attention never crosses windows):
-x = patch_embed(pixels) + position; per layer x += out(attn(ln1(x))) and
+x = patch_w @ patchify(pixels) + patch_b + position; per layer x += out(attn(ln1(x))) and
 x += fc2(gelu_tanh(fc1(ln2(x)))) (every product with its bias); h = post_ln(x);
 features = proj(pixel_shuffle(h, R)) (no bias): NP / R^2 features of the text model's
 width per window.
@@ -86,7 +86,8 @@ def declare(t: BufferTable, v: VisionGeometry, windows: int, tokens: int) -> Non
     t.declare(WINDOW_COUNT, "i32", (1,), "input")
     t.declare(FEATURE_INDEX, "i32", (tokens,), "input")
     rows = windows * NP
-    for name, width in (("x", d), ("h", d), ("qkv", 3 * d), ("attn", d),
+    for name, width in (("patches", 3 * v.patch_size ** 2), ("x", d), ("h", d),
+                        ("qkv", 3 * d), ("attn", d),
                         ("ffn", v.intermediate_size), ("act", v.intermediate_size)):
         t.declare(f"vision.{name}", "f32", (rows, width), "scratch")
     t.declare("vision.shuffled", "f32", (rows // R2, d * R2), "scratch")
@@ -113,9 +114,11 @@ def encode(b: ProgramBuilder, v: VisionGeometry, windows: int) -> View:
 
     x, h, qkv, attn = s("x", d), s("h", d), s("qkv", 3 * d), s("attn", d)
     ffn, act = s("ffn", f), s("act", f)
-    b.launch("patch_embed", t.view(WINDOWS, (windows, 3, S, S)), count,
-             w("V.patch_w", d, 3 * P * P), w("V.patch_b", d), w("V.pos", NP, d), x, windows,
-             S, P, d)
+    patches = s("patches", 3 * P * P)
+    b.launch("patchify", t.view(WINDOWS, (windows, 3, S, S)), count, patches, windows, S, P)
+    b.launch("linear", patches, w("V.patch_w", d, 3 * P * P), x, T, d, 3 * P * P)
+    b.launch("bias_add", x, w("V.patch_b", d), T, d)
+    b.launch("position_add", x, w("V.pos", NP, d), T, NP, d)
     for i in range(v.num_layers):
         L = f"V{i}."
         b.launch("layernorm", x, w(L + "ln1_w", d), w(L + "ln1_b", d), h, T, d, eps)

@@ -73,8 +73,9 @@ from .vision import (
     gelu_tanh,
     image_merge,
     layernorm,
-    patch_embed,
+    patchify,
     pixel_shuffle,
+    position_add,
     window_attention,
 )
 
@@ -391,10 +392,10 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("dst_rows", "i32"), *_i("R", "ROW"),
     ),
     # Vision encoder and connector (kernels/vision.py).
-    "patch_embed": (
-        _b("windows", "f32"), _b("count", "i32"), _b("weight", "f32"), _b("bias", "f32"),
-        _b("positions", "f32"), _b("out", "f32", "out"), *_i("W", "S", "P", "D"),
+    "patchify": (
+        _b("windows", "f32"), _b("count", "i32"), _b("out", "f32", "out"), *_i("W", "S", "P"),
     ),
+    "position_add": (_b("x", "f32", "inout"), _b("positions", "f32"), *_i("T", "NP", "D")),
     "layernorm": (
         _b("x", "f32"), _b("weight", "f32"), _b("bias", "f32"), _b("out", "f32", "out"),
         *_i("T", "D"), *_f("eps"),
@@ -468,7 +469,8 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "sample_chunks_nucleus": sample_chunks_nucleus,
     "sample_merge_nucleus": sample_merge_nucleus,
     "row_copy": row_copy,
-    "patch_embed": patch_embed,
+    "patchify": patchify,
+    "position_add": position_add,
     "layernorm": layernorm,
     "bias_add": bias_add,
     "gelu_tanh": gelu_tanh,

@@ -26,43 +26,51 @@ def _live(count: NDArray[np.int32], W: int) -> int:
     return n
 
 
-def patch_embed(
+def patchify(
     windows: NDArray[np.float32],
     count: NDArray[np.int32],
-    weight: NDArray[np.float32],
-    bias: NDArray[np.float32],
-    positions: NDArray[np.float32],
     out: NDArray[np.float32],
     W: int,
     S: int,
     P: int,
-    D: int,
 ) -> None:
-    """Embed each live window's patches: a stride-P convolution plus the learned position.
+    """Cut each live window into its patch rows (the input of the patch embedding, a
+    stride-P convolution written as a product with the ``[D, 3 P P]`` kernel).
 
     Reference loop::
 
         for w < count[0], patch (i, j):
-            v = windows[w, :, i*P:(i+1)*P, j*P:(j+1)*P].reshape(3 * P * P)   # (c, y, x)
-            out[w*NP + i*G + j] = weight @ v + bias + positions[i*G + j]
+            out[w*NP + i*G + j] = windows[w, :, i*P:(i+1)*P, j*P:(j+1)*P].reshape(3*P*P)
+        rows of windows >= count[0]: zeros
 
     Args:
         windows: ``[W, 3, S, S]`` f32 normalized pixels.
         count: ``[1]`` i32 live windows.
-        weight: ``[D, 3 * P * P]`` f32 (the convolution kernel ``[D, 3, P, P]`` flattened).
-        bias: ``[D]`` f32.
-        positions: ``[NP, D]`` f32 position embeddings.
-        out: ``[W * NP, D]`` f32, written.
+        out: ``[W * NP, 3 * P * P]`` f32, written (patch values in (c, y, x) order).
     """
     G = S // P
     NP = G * G
     n = _live(count, W)
     x = windows[:W].reshape(W, 3, S, S)[:n]
-    # [n, 3, G, P, G, P] -> [n, G, G, 3, P, P]: patch (i, j) flattened as (c, y, x)
-    v = x.reshape(n, 3, G, P, G, P).transpose(0, 2, 4, 1, 3, 5).reshape(n * NP, 3 * P * P)
-    o = out[:W * NP, :D]
-    o[:n * NP] = v @ weight[:D].T + bias[:D] + np.tile(positions[:NP, :D], (n, 1))
+    o = out[:W * NP, :3 * P * P]
+    o[:n * NP] = x.reshape(n, 3, G, P, G, P).transpose(0, 2, 4, 1, 3, 5).reshape(n * NP, -1)
     o[n * NP:] = 0.0
+
+
+def position_add(
+    x: NDArray[np.float32],
+    positions: NDArray[np.float32],
+    T: int,
+    NP: int,
+    D: int,
+) -> None:
+    """``x[t] += positions[t % NP]`` in place (each window's learned patch positions).
+
+    Args:
+        x: ``[T, D]`` f32 window-major patch rows. positions: ``[NP, D]`` f32.
+    """
+    rows = x[:T, :D].reshape(T // NP, NP, D)
+    rows += positions[:NP, :D]
 
 
 def layernorm(
