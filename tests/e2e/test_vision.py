@@ -9,6 +9,7 @@ import base64
 import json
 from pathlib import Path
 
+import anthropic
 import numpy as np
 import openai
 import pytest
@@ -373,3 +374,22 @@ def test_the_next_turn_restores_the_image_turn(client):
     reused = two.model_extra["reused_prompt_tokens"]
     assert two.model_extra["prompt_token_ids"][:reused] == ids[:reused]
     assert reused == user_end
+
+
+def test_messages_api_image_blocks(server, client):
+    """Anthropic image blocks (base64 sources) take the chat path too: the same answer."""
+    chat = client.chat.completions.create(model="idefics3-tiny", messages=MESSAGES,
+                                          max_tokens=6, temperature=0)
+
+    def block(name: str) -> dict:
+        return {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                            "data": base64.b64encode(
+                                                (FIXTURE / name).read_bytes()).decode()}}
+
+    messages = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    reply = messages.messages.create(
+        model="idefics3-tiny", max_tokens=6, temperature=0, messages=[{"role": "user", "content": [
+            block("wide.png"), {"type": "text", "text": "Compare the two images."},
+            block("square.png"), {"type": "text", "text": "What is in this image?"}]}])
+    assert reply.content[0].text == chat.choices[0].message.content
+    assert reply.usage.input_tokens == 94
