@@ -393,3 +393,18 @@ def test_messages_api_image_blocks(server, client):
             block("square.png"), {"type": "text", "text": "What is in this image?"}]}])
     assert reply.content[0].text == chat.choices[0].message.content
     assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == 94  # the snapshot
+
+
+def test_continue_final_message_on_an_image_model(client):
+    """Assistant content reaches an image model's template as parts; continuing it
+    still cuts the prompt right after that text."""
+    messages = [*_image(data_url("wide.png")), {"role": "assistant", "content": "It is a"}]
+    reply = client.chat.completions.create(
+        model="idefics3-tiny", messages=messages, max_tokens=2, temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False,
+                    "return_token_ids": True})
+    from tokenizers import Tokenizer
+
+    ids = reply.model_extra["prompt_token_ids"]
+    tok = Tokenizer.from_file(str(FIXTURE / "checkpoint" / "tokenizer.json"))
+    assert tok.decode(ids[-16:], skip_special_tokens=False).endswith("\nAssistant: It is a")

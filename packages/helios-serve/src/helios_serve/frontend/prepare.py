@@ -476,7 +476,10 @@ class Preparer:
         except ChatTemplateError as exc:
             raise FrontendRequestError("messages", f"messages: {exc}") from None
         if continuation:
-            text = _continue_final(text, messages[-1].get("content") or "")
+            final = messages[-1].get("content") or ""
+            if not isinstance(final, str):  # an image model's parts: the text they hold
+                final = "".join(p.get("text", "") for p in final if p.get("type") == "text")
+            text = _continue_final(text, final)
         return text
 
     def _stops(self, g: GenerationInput, structured: bool) -> StopSpec:
