@@ -408,3 +408,71 @@ def test_continue_final_message_on_an_image_model(client):
     ids = reply.model_extra["prompt_token_ids"]
     tok = Tokenizer.from_file(str(FIXTURE / "checkpoint" / "tokenizer.json"))
     assert tok.decode(ids[-16:], skip_special_tokens=False).endswith("\nAssistant: It is a")
+
+
+SCORED_RECIPE = CHUNKED_RECIPE.replace("prefill_tokens=(40,), image_windows=5",
+                                      "scored_tokens=(128,)")
+
+
+@pytest.fixture(scope="module")
+def scored_server(tmp_path_factory, signing_key_pair):
+    """The tiny Idefics3 core with a SCORED_PREFILL program beside its image prefills."""
+    from helios_ignition.export import export_core
+
+    private, public = signing_key_pair
+    folder = tmp_path_factory.mktemp("scored-vision")
+    (folder / "scored.py").write_text(SCORED_RECIPE.format(path=str(FIXTURE / "recipe.py")))
+    out = folder / "scored.core"
+    export_core(folder / "scored.py", checkpoint=str(FIXTURE / "checkpoint"), key_path=private,
+                namespace=NAMESPACE, out=out, weight_dtype="f32")
+    bootstrap = Bootstrap.load(out, [public], NAMESPACE)
+    settings = resolve(ServeOptions(port=0, max_active=2, queue_capacity=4), bootstrap.contract)
+    model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
+                             max_concurrency=settings.max_active)
+    server = Server.start(bootstrap, model, settings, ObservationClock())
+    yield server, out, public
+    server.stop()
+    bootstrap.close()
+
+
+def test_a_scored_vision_core_lints_clean(scored_server):
+    from helios_tools.core import open_core
+    from helios_tools.lint import lint_core
+
+    _, path, public = scored_server
+    with open_core(path, [public.read_bytes()]) as core:
+        assert [f.rule for f in lint_core(core, acceptance=NAMESPACE)] == []
+
+
+def test_prompt_logprobs_of_a_prompt_with_images_are_a_400(scored_server):
+    server = scored_server[0]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    assert _error(client, _image(data_url("wide.png")), extra_body={"prompt_logprobs": 1}) == (
+        400, "prompt_logprobs: prompt log probabilities of a prompt with images are not "
+             "computed")
+
+
+def test_scored_text_and_images_on_one_core(scored_server):
+    """A text prompt's scores equal the sampling step's logprobs after each prefix, and an
+    image chat sent beside it still answers as transformers does (the scheduler keeps
+    image rows out of scored steps)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = scored_server[0]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                           timeout=120.0)
+    ids = [120, 45, 200, 77, 150, 33, 99, 180, 61, 222, 140, 88]  # no special token
+    with ThreadPoolExecutor(2) as pool:
+        images = pool.submit(test_greedy_equals_transformers, client)
+        scored = pool.submit(client.completions.create, model="idefics3-tiny", prompt=ids,
+                             max_tokens=1, temperature=0, echo=True, logprobs=1)
+        images.result()
+        reply = scored.result()
+    scores = reply.choices[0].logprobs.token_logprobs
+    assert scores[0] is None and len(scores) == len(ids) + 1
+    for p in (1, 5, 11):
+        step = client.completions.create(model="idefics3-tiny", prompt=ids[:p], max_tokens=1,
+                                         temperature=0, logprobs=1,
+                                         logit_bias={str(ids[p]): 100})
+        assert step.choices[0].logprobs.tokens[0] == reply.choices[0].logprobs.tokens[p]
+        assert scores[p] == pytest.approx(step.choices[0].logprobs.token_logprobs[0], abs=1e-5)
