@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|snap|snap-bench|startup-memory|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|packing|topp|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|vision|snap|snap-bench|startup-memory|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|packing|topp|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -95,6 +95,9 @@ case $stage in
     # shellcheck disable=SC2086
     python3 bench/speculative_history.py --backend cuda --gguf "$HOME/g/smol.gguf" \
       $spec_args --json "$OUTD/spec_history.json" 2>&1 | tee "$OUTD/spec_history.log" ;;
+  vision)  # the vision tower's kernels, the tiny Idefics3 core on cuda, image prefill per tile
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_vision.py 2>&1 | tee "$OUTD/vision.log"
+    python3 bench/gpu_vision.py --backend cuda --out "$OUTD/gpu_vision.json" 2>&1 | tee "$OUTD/gpu_vision.log" ;;
   tuning)  # startup tuning (decode-split producer) and KV cache sizing on the device:
     # tests, then each candidate split count timed against the producer's choice
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_tuning_kernels.py \

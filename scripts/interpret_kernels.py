@@ -14,6 +14,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py scores        # score_tokens (scored prefill)
     uv run python scripts/interpret_kernels.py experts       # QK-norm and the MoE ops
     uv run python scripts/interpret_kernels.py window        # sliding-window family ops
+    uv run python scripts/interpret_kernels.py vision        # the vision tower's kernels
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -726,6 +727,63 @@ def check_window(rng) -> bool:
     return ok and not bad
 
 
+def check_vision(rng) -> bool:
+    """The vision tower's kernels (kernels_triton/vision.py) against their references,
+    with fewer live windows than captured (dead rows zero) and bf16 positions."""
+    ok = True
+    W, S, P, D, H, HD, R = 3, 8, 2, 12, 3, 4, 2
+    G, NP = S // P, (S // P) ** 2
+    T = W * NP
+    count = np.array([2], np.int32)
+    windows = rng.standard_normal((W, 3, S, S)).astype(np.float32)
+    errs = {}
+    ref, out = np.zeros((T, 3 * P * P), np.float32), np.full((T, 3 * P * P), np.nan, np.float32)
+    K.patchify(windows, count, ref, W, S, P)
+    launch("patchify", windows, count, out, W, S, P)
+    errs["patchify"] = _rel(out, ref)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    bits, pos = _bf16(rng.standard_normal((NP, D)).astype(np.float32))
+    ref, out = x.copy(), x.copy()
+    K.position_add(ref, pos, T, NP, D)
+    launch("position_add", out, bits, T, NP, D, bf16=(1,))
+    errs["position_add"] = _rel(out, ref)
+    g, b = rng.standard_normal(D).astype(np.float32), rng.standard_normal(D).astype(np.float32)
+    ref, out = np.zeros_like(x), np.full_like(x, np.nan)
+    K.layernorm(x, g, b, ref, T, D, 1e-6)
+    launch("layernorm", x, g, b, out, T, D, 1e-6)
+    errs["layernorm"] = _rel(out, ref)
+    ref, out = x.copy(), x.copy()
+    K.bias_add(ref, b, T, D)
+    launch("bias_add", out, b, T, D)
+    errs["bias_add"] = _rel(out, ref)
+    big = (x * 4).astype(np.float32)
+    ref, out = np.zeros_like(x), np.full_like(x, np.nan)
+    K.gelu_tanh(big, ref, T, D)
+    launch("gelu_tanh", big, out, T, D)
+    errs["gelu_tanh"] = _rel(out, ref)
+    qkv = rng.standard_normal((T, 3 * H * HD)).astype(np.float32)
+    ref, out = np.zeros((T, H * HD), np.float32), np.full((T, H * HD), np.nan, np.float32)
+    K.window_attention(qkv, count, ref, W, NP, H, HD, 0.5)
+    launch("window_attention", qkv, count, out, W, NP, H, HD, 0.5)
+    errs["window_attention"] = _rel(out, ref)
+    F = T // (R * R)
+    ref, out = np.zeros((F, D * R * R), np.float32), np.full((F, D * R * R), np.nan, np.float32)
+    K.pixel_shuffle(x, ref, W, G, D, R)
+    launch("pixel_shuffle", x, out, W, G, D, R)
+    errs["pixel_shuffle"] = _rel(out, ref)
+    feats = rng.standard_normal((5, D)).astype(np.float32)
+    index = np.array([-1, 3, 0, 7, 4, -1, 1, 2] * (T // 8), np.int32)
+    ref, out = x.copy(), x.copy()
+    K.image_merge(feats, index, ref, T, 5, D)
+    launch("image_merge", feats, index, out, T, 5, D)
+    errs["image_merge"] = _rel(out, ref)
+    for op, err in errs.items():
+        good = err < 1e-6
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} {op:<17} {err:.1e}")
+    return ok
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     np.seterr(divide="ignore", under="ignore", invalid="ignore", over="ignore")
@@ -748,6 +806,8 @@ def main() -> None:
         sys.exit(0 if check_experts(rng) else 1)
     if sys.argv[1:] == ["window"]:
         sys.exit(0 if check_window(rng) else 1)
+    if sys.argv[1:] == ["vision"]:
+        sys.exit(0 if check_vision(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)

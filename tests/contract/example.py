@@ -461,6 +461,31 @@ def add_images(serving: ServingContract, manifest: ExecutionManifest | None = No
                                nbytes=PREFILL_TOKENS * HIDDEN * 4)
 
 
+def add_tiled_images(serving: ServingContract, manifest: ExecutionManifest | None = None
+                     ) -> None:  # fmt: skip
+    """`add_images` with tiled preparation and the tile-grid layout: 64-pixel tiles of
+    16-pixel patches (16 patches a window, 4 merged per feature: 4 features a window),
+    images resized to 128 pixels (up to 2 x 2 tiles + the global view = 5 windows), tile
+    tokens 324..327 and global token 328 (input ids up to 329)."""
+    add_images(serving, manifest)
+    model = serving.model
+    model.input_vocabulary.input_tokens = VOCAB + 9
+    model.vision.CopyFrom(VisionContract(feature_slots=40, features_per_window=4,
+                                         patches_per_feature=4, patch_capacities=[16, 80]))
+    front = model.frontend
+    front.image_preparation = f.IMAGE_PREPARATION_TILED_GLOBAL
+    front.image_layout = f.IMAGE_LAYOUT_TILE_GRID_SPAN
+    layout = front.image_token_layout
+    layout.tile_token_ids.extend([VOCAB + 4, VOCAB + 5, VOCAB + 6, VOCAB + 7])
+    layout.tile_grid_columns = 2
+    layout.global_token_id = VOCAB + 8
+    layout.grid_end_token_ids.extend([VOCAB + 3, VOCAB + 3])
+    layout.template_placeholder = "<image>"
+    front.image_tiling.CopyFrom(f.ImageTiling(
+        tile_pixels=64, patch_pixels=16, resize_longest_edge=128,
+        resample=f.IMAGE_RESAMPLE_LANCZOS, rescale=1 / 255, mean=[0.5] * 3, std=[0.5] * 3))
+
+
 def example_deployment_body() -> DeploymentBody:
     """``DeploymentBody`` carrying the example contract, manifest and two resources."""
     chunk = 4 << 20

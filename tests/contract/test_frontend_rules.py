@@ -14,13 +14,14 @@ from helios_contract import (
     FrontendPolicyError,
     FrontendSyntaxError,
     MissingFieldError,
+    UnspecifiedSelectorError,
     VocabularyRangeError,
 )
 from helios_contract.schema import contract_pb2 as c
 from helios_contract.schema import frontend_pb2 as f
 
 from tests.contract.checks import accepts, rejects
-from tests.contract.example import add_images
+from tests.contract.example import add_images, add_tiled_images
 
 Mutation = Callable[[c.ServingContract], None]
 F = "model.frontend"
@@ -109,6 +110,14 @@ def then(*steps: Mutation) -> Mutation:
     return apply
 
 
+def tiling(s):
+    return front(s).image_token_layout
+
+
+def geometry(s):
+    return front(s).image_tiling
+
+
 def set_attr(getter, name, value) -> Mutation:
     return lambda s: setattr(getter(s), name, value)
 
@@ -127,6 +136,10 @@ PASSING: list[tuple[str, Mutation]] = [
     ("images-single-span", add_images),
     ("images-row-separated",
      then(add_images, set_attr(front, "image_layout", f.IMAGE_LAYOUT_ROW_SEPARATED_SPAN))),
+    ("images-tiled", add_tiled_images),
+    ("images-tiled-larger-grid", then(add_tiled_images, lambda s: setattr(
+        s.model.input_vocabulary, "input_tokens", 400), lambda s: tiling(s).tile_token_ids
+        .extend(range(330, 335)), set_attr(tiling, "tile_grid_columns", 3))),
     ("eos-as-message-end-marker", lambda s: None),  # "<|im_end|>" ends messages and is EOS
 ]
 
@@ -257,6 +270,74 @@ FAILING: list[tuple[str, Mutation, type, str]] = [
      then(lambda s: setattr(s.model.input_vocabulary, "input_tokens", 321),
           lambda s: s.model.input_vocabulary.image_sentinel_ids.append(320)),
      VocabularyRangeError, "model.input_vocabulary.image_sentinel_ids"),
+    # tiled images (IMAGE_PREPARATION_TILED_GLOBAL, IMAGE_LAYOUT_TILE_GRID_SPAN)
+    ("tiled-preparation-without-grid-layout",
+     then(add_tiled_images, set_attr(front, "image_layout", f.IMAGE_LAYOUT_SINGLE_SPAN)),
+     FrontendPairingError, f"{F}.image_layout"),
+    ("tiling-without-tiled-preparation",
+     then(add_images, lambda s: front(s).image_tiling.MergeFrom(f.ImageTiling(
+         tile_pixels=8, resample=f.IMAGE_RESAMPLE_BICUBIC))),
+     FrontendSyntaxError, f"{F}.image_tiling"),
+    ("tiled-without-tiling",
+     then(add_tiled_images, lambda s: front(s).ClearField("image_tiling")),
+     MissingFieldError, f"{F}.image_tiling"),
+    ("tiling-patch-not-dividing",
+     then(add_tiled_images, set_attr(geometry, "patch_pixels", 24)),
+     ExtentError, f"{F}.image_tiling.patch_pixels"),
+    ("tiling-no-resample",
+     then(add_tiled_images, set_attr(geometry, "resample", f.IMAGE_RESAMPLE_UNSPECIFIED)),
+     UnspecifiedSelectorError, f"{F}.image_tiling.resample"),
+    ("tiling-zero-rescale", then(add_tiled_images, set_attr(geometry, "rescale", 0.0)),
+     ExtentError, f"{F}.image_tiling.rescale"),
+    ("tiling-two-means", then(add_tiled_images, lambda s: geometry(s).mean.pop()),
+     ExtentError, f"{F}.image_tiling.mean"),
+    ("tiling-zero-std", then(add_tiled_images, lambda s: geometry(s).std.__setitem__(1, 0.0)),
+     ExtentError, f"{F}.image_tiling.std"),
+    ("tile-token-outside-inputs",
+     then(add_tiled_images, lambda s: tiling(s).tile_token_ids.__setitem__(3, 400)),
+     VocabularyRangeError, f"{F}.image_token_layout.tile_token_ids[3]"),
+    ("global-token-outside-inputs",
+     then(add_tiled_images, set_attr(tiling, "global_token_id", -1)),
+     VocabularyRangeError, f"{F}.image_token_layout.global_token_id"),
+    ("tile-token-twice",
+     then(add_tiled_images, lambda s: tiling(s).tile_token_ids.__setitem__(3, 324)),
+     DuplicateIdentifierError, f"{F}.image_token_layout.tile_token_ids[3]"),
+    ("tile-grid-without-end",
+     then(add_tiled_images, lambda s: tiling(s).ClearField("grid_end_token_ids")),
+     MissingFieldError, f"{F}.image_token_layout.grid_end_token_ids"),
+    ("tile-grid-without-placeholder",
+     then(add_tiled_images, set_attr(tiling, "template_placeholder", "")),
+     MissingFieldError, f"{F}.image_token_layout.template_placeholder"),
+    ("grid-end-outside-inputs",
+     then(add_tiled_images, lambda s: tiling(s).grid_end_token_ids.__setitem__(1, 999)),
+     VocabularyRangeError, f"{F}.image_token_layout.grid_end_token_ids[1]"),
+    ("tile-grid-ragged",
+     then(add_tiled_images, set_attr(tiling, "tile_grid_columns", 3)),
+     ExtentError, f"{F}.image_token_layout.tile_grid_columns"),
+    ("tile-grid-too-small",
+     then(add_tiled_images, set_attr(geometry, "resize_longest_edge", 192)),
+     ExtentError, f"{F}.image_token_layout.tile_token_ids"),
+    ("window-features-disagree",
+     then(add_tiled_images, set_attr(lambda s: s.model.vision, "features_per_window", 8)),
+     ExtentError, "model.vision.features_per_window"),
+    ("shuffle-not-square",
+     then(add_tiled_images, set_attr(lambda s: s.model.vision, "patches_per_feature", 2),
+          set_attr(lambda s: s.model.vision, "features_per_window", 8),
+          set_attr(tiling, "patches_per_feature", 2)),
+     ExtentError, "model.vision.patches_per_feature"),
+    ("feature-slots-below-largest-image",
+     then(add_tiled_images, set_attr(lambda s: s.model.vision, "feature_slots", 19)),
+     ExtentError, "model.vision.feature_slots"),
+    ("patch-capacity-partial-window",
+     then(add_tiled_images, lambda s: s.model.vision.patch_capacities.__setitem__(0, 20)),
+     ExtentError, "model.vision.patch_capacities[0]"),
+    ("patch-capacity-below-largest-image",
+     then(add_tiled_images, lambda s: s.model.vision.patch_capacities.__setitem__(1, 64)),
+     ExtentError, "model.vision.patch_capacities"),
+    ("tile-token-is-eos",
+     then(add_tiled_images, lambda s: s.eos_token_ids.append(319),
+          lambda s: tiling(s).tile_token_ids.__setitem__(2, 319)),
+     FrontendPolicyError, f"{F}.image_token_layout.tile_token_ids[2]"),
     # frontend data cannot carry completion behavior
     ("reasoning-close-is-eos-text",
      set_attr(lambda s: front(s).reasoning_syntax, "close", "<|im_end|>"), FrontendPolicyError,

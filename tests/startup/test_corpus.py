@@ -105,6 +105,14 @@ def add_images(serving, manifest):
         patches_per_feature=4, atomic_spans=True))
 
 
+def tiled_without_geometry(serving, manifest):
+    """The tiled preparation and tile-grid layout without their tile geometry."""
+    add_images(serving, manifest)
+    front = serving.model.frontend
+    front.image_preparation = f.IMAGE_PREPARATION_TILED_GLOBAL
+    front.image_layout = f.IMAGE_LAYOUT_TILE_GRID_SPAN
+
+
 def recipient_frames(serving, manifest):
     """ATEM recipient frames, whose controls the tiny tokenizer splits into bytes."""
     front = serving.model.frontend
@@ -223,6 +231,7 @@ CASES: dict[str, Case] = {
             c.CompletionCursor(has_draft_cursor=True, lag_tokens=1))),
     "tuned binding without its producer": Case("tuned.producer", tuned_without_producer),
     "image selectors": Case("runtime.image", add_images),
+    "tiled images without tile geometry": Case("image.tiling", tiled_without_geometry),
     "f16 buffer": Case("runtime.dtype",
                        lambda s, mf: mf.buffers.add(name="scratch.half", dtype=m.D_TYPE_F16,
                                                     shape=[4], role=m.BUFFER_ROLE_SCRATCH)),

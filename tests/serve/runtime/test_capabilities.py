@@ -9,6 +9,8 @@ fails when packing supplies a pair the table leaves out).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from helios_contract.schema import contract_pb2 as c
@@ -16,6 +18,7 @@ from helios_contract.schema import frontend_pb2 as fpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_serve.engine.plan import (
     CopiedCandidates,
+    PromptImage,
     Route,
     RowCopy,
     RowPlan,
@@ -67,7 +70,10 @@ def _destination(indexing: int, source: int) -> np.ndarray:
 
 # What RESTORE programs bind: packed from a TRANSFER plan's row copies.
 COPY_BINDINGS = frozenset((s, c.INDEXING_SUBMISSION_ROW) for s in packing.COPY_VALUES)
-GENERATION_BINDINGS = sorted(PACKED_BINDINGS - COPY_BINDINGS)
+# What image prefill programs bind: packed from the rows' images (test below).
+IMAGE_BINDINGS = frozenset({(c.VALUE_SOURCE_IMAGE_TENSOR, c.INDEXING_SCALAR),
+                            (c.VALUE_SOURCE_IMAGE_FEATURE_INDEX, c.INDEXING_PACKED_TOKEN)})
+GENERATION_BINDINGS = sorted(PACKED_BINDINGS - COPY_BINDINGS - IMAGE_BINDINGS)
 
 
 def _plan(kind: StepKind) -> StepPlan:
@@ -138,8 +144,39 @@ def test_packing_supplies_nothing_the_table_leaves_out():
            (c.VALUE_SOURCE_CANDIDATE_GRAMMAR_MASKS, c.INDEXING_PHYSICAL_REQUEST_ROW),
            (c.VALUE_SOURCE_LIVE_ROW_COUNT, c.INDEXING_SCALAR),
            (c.VALUE_SOURCE_CONSTANT, c.INDEXING_SCALAR)}
+        | {(s, c.INDEXING_SCALAR if s == c.VALUE_SOURCE_IMAGE_TENSOR else
+            c.INDEXING_PACKED_TOKEN) for s in packing.IMAGE_SOURCES}
     )
     assert implemented == PACKED_BINDINGS
+
+
+def test_image_inputs_are_packed_from_the_rows_images():
+    """Windows fill from window 0 in row order, the count is their total, and each
+    packed token of a feature position gets its feature row (the image's features in
+    window order, images in row order); other tokens get the padding."""
+    def image(start, positions, fill, windows):
+        pixels = np.full((windows, 3, 2, 2), fill, np.float32)
+        return PromptImage(start, positions[-1] + 2, positions, pixels.tobytes(), windows, 2,
+                           bytes(32))
+
+    a = image(9, (10, 11), 1.0, 1)  # row 0: tokens at positions 8..10 (chunk ends mid-way)
+    b = image(0, (1, 2, 3, 4), 2.0, 2)  # row 1: tokens at positions 0..4
+    rows = _rows(StepKind.PREFILL)
+    rows = (replace(rows[0], images=(a,)),
+            replace(rows[1], tokens=(21, 22, 23, 24, 25), start_position=0, images=(b,)))
+    bindings = [c.ValueBinding(destination="w", source=c.VALUE_SOURCE_IMAGE_TENSOR,
+                               indexing=c.INDEXING_SCALAR, image_output="windows"),
+                c.ValueBinding(destination="n", source=c.VALUE_SOURCE_IMAGE_TENSOR,
+                               indexing=c.INDEXING_SCALAR, image_output="window_count"),
+                c.ValueBinding(destination="i", source=c.VALUE_SOURCE_IMAGE_FEATURE_INDEX,
+                               indexing=c.INDEXING_PACKED_TOKEN, padding=-1)]
+    dest = {"w": np.zeros((4, 3, 2, 2), np.float32), "n": np.zeros(1, np.int32),
+            "i": np.full(10, SENTINEL, np.int32)}
+    SharedPacking([c.GraphContract(name="g", bindings=bindings)], [dest]).pack(
+        "g", StepPlan(StepKind.PREFILL, rows), rows=SLOTS, tokens=10)
+    assert dest["w"][:, 0, 0, 0].tolist() == [1.0, 2.0, 2.0, 0.0] and dest["n"][0] == 3
+    # row 0 packs positions 8, 9, 10 (feature 0 of a at 10), row 1 positions 0..4
+    assert dest["i"].tolist() == [-1, -1, 0, -1, 2, 3, 4, 5, -1, -1]
 
 
 @pytest.mark.parametrize("dtype", sorted(CPU.dtypes), ids=mpb.DType.Name)

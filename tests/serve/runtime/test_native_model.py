@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helios_contract import PreparedContract
 from helios_ignition.testing import TINY_SHAPES, dense_forward, tiny_core
-from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+from helios_serve.engine.plan import PromptImage, RowPlan, SamplingParams, StepKind, StepPlan
 from helios_serve.runtime import NativeModel, UnknownBackend
 from helios_serve.testing.native import load_native
 
@@ -152,6 +152,15 @@ def test_select_graph_rejects_plans_outside_capacity(model):
         model.select_graph(StepPlan(StepKind.DECODE, too_many))
     with pytest.raises(ValueError, match="no captured prefill variant holds 17"):
         model.select_graph(StepPlan(StepKind.PREFILL, (row(1, 0, range(17), 0, range(5)),)))
+
+
+def test_select_graph_rejects_a_scored_plan_with_images(model):
+    image = PromptImage(0, 3, (1,), b"", 1, 2, bytes(32))
+    scored = RowPlan(1, 0, 1, (5, 6, 7), 0, (0,), True, GREEDY, score_targets=(6, 7, -1))
+    imaged = RowPlan(2, 1, 1, (8, 9, 10), 0, (1,), True, GREEDY, images=(image,))
+    with pytest.raises(ValueError, match="^a scored prefill plan carries images; no captured "
+                                         "variant scores image rows$"):
+        model.select_graph(StepPlan(StepKind.PREFILL, (scored, imaged)))
 
 
 def test_unknown_backend_lists_known(core):

@@ -1,5 +1,5 @@
-"""Frontend rules: parser pairings, the syntax data each parser reads, image layout data,
-and the concrete checks behind "frontend identifiers cannot carry runtime policy".
+"""Frontend rules: parser pairings, the syntax data each parser reads (image layout data:
+_rules_images.py), and the concrete checks behind "frontend identifiers cannot carry runtime policy".
 
 Pairings (the specification, "Frontend implementations"):
 
@@ -28,15 +28,12 @@ from collections.abc import Iterator
 from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
 from helios_contract._rules_contract import enum_name
+from helios_contract._rules_images import images, layout_token_ids
 from helios_contract.errors import (
-    BindingError,
     DuplicateIdentifierError,
-    ExtentError,
     FrontendPairingError,
     FrontendPolicyError,
     FrontendSyntaxError,
-    MissingFieldError,
-    VocabularyRangeError,
 )
 from helios_contract.findings import Finding
 
@@ -76,12 +73,6 @@ REASONING_SYNTAX_REQUIRED = {
 }
 RECIPIENT_REQUIRED = ("recipient_prefix", "message_open", "internal_message_end",
                       "reasoning_recipient", "tool_recipient", "answer_recipient", "frame_start")
-IMAGE_SOURCES = (
-    pb.VALUE_SOURCE_IMAGE_FEATURE_INDEX,
-    pb.VALUE_SOURCE_IMAGE_CONTEXT_INDEX,
-    pb.VALUE_SOURCE_IMAGE_FEATURE_SLOT,
-    pb.VALUE_SOURCE_IMAGE_TENSOR,
-)
 
 
 def _require(message, fields, path: str, why: str) -> Findings:
@@ -114,6 +105,13 @@ def pairings(front: fpb.FrontendContract, base: str = FRONTEND) -> Findings:
                 f"image preparation is "
                 f"{enum_name(fpb.ImagePreparation, front.image_preparation)}: "
                 "both or neither are NONE")
+    tiled_prep = front.image_preparation == fpb.IMAGE_PREPARATION_TILED_GLOBAL
+    tiled_layout = front.image_layout == fpb.IMAGE_LAYOUT_TILE_GRID_SPAN
+    if tiled_prep != tiled_layout:
+        yield F(rule, FrontendPairingError, f"{base}.image_layout",
+                enum_name(fpb.ImageLayout, front.image_layout),
+                "IMAGE_PREPARATION_TILED_GLOBAL's tiles are placed by "
+                "IMAGE_LAYOUT_TILE_GRID_SPAN, which reads no other windows: both or neither")
 
 
 def tool_syntax(front: fpb.FrontendContract, base: str = FRONTEND) -> Findings:
@@ -228,60 +226,6 @@ def syntax_findings(front: fpb.FrontendContract, base: str = FRONTEND) -> Findin
     yield from prefix_rules(front, base)
 
 
-def images(serving: pb.ServingContract) -> Findings:
-    """Image layout data agrees with the vision capacities and the input vocabulary."""
-    model, front = serving.model, serving.model.frontend
-    layout, path = front.image_token_layout, f"{FRONTEND}.image_token_layout"
-    vision = model.vision
-    if front.image_layout == fpb.IMAGE_LAYOUT_NONE:
-        if front.HasField("image_token_layout"):
-            yield F("frontend.syntax_unused", FrontendSyntaxError, path, "set",
-                    "IMAGE_LAYOUT_NONE reads no image token layout")
-        if model.input_vocabulary.image_sentinel_ids:
-            yield F("vocabulary.image_sentinel", VocabularyRangeError,
-                    "model.input_vocabulary.image_sentinel_ids",
-                    list(model.input_vocabulary.image_sentinel_ids),
-                    "image sentinels without an image layout")
-        for g, graph in enumerate(model.graphs):
-            for b, binding in enumerate(graph.bindings):
-                if binding.source in IMAGE_SOURCES:
-                    yield F("binding.image_source", BindingError,
-                            f"model.graphs[{g}].bindings[{b}].source",
-                            enum_name(pb.ValueSource, binding.source),
-                            "image inputs bound while the image layout is IMAGE_LAYOUT_NONE")
-        return
-    if front.image_layout == fpb.IMAGE_LAYOUT_UNSPECIFIED:
-        return
-    for name in ("feature_slots", "features_per_window", "patches_per_feature"):
-        if getattr(vision, name) == 0:
-            yield F("vision.capacity", ExtentError, f"model.vision.{name}", 0,
-                    "image models declare vision capacities")
-    if not vision.patch_capacities:
-        yield F("vision.capacity", ExtentError, "model.vision.patch_capacities", [],
-                "image models capture patches")
-    if not front.HasField("image_token_layout"):
-        yield F("frontend.image_layout", MissingFieldError, path,
-                detail="image layouts read image token layout data")
-        return
-    if layout.feature_token_id not in model.input_vocabulary.image_sentinel_ids:
-        yield F("frontend.image_layout", VocabularyRangeError, f"{path}.feature_token_id",
-                layout.feature_token_id,
-                "the feature token is a declared image sentinel "
-                "(input_vocabulary.image_sentinel_ids)")
-    ids = ["span_start_token_id", "span_end_token_id"]
-    if front.image_layout == fpb.IMAGE_LAYOUT_ROW_SEPARATED_SPAN:
-        ids.append("row_separator_token_id")
-    for name in ids:
-        value = getattr(layout, name)
-        if not 0 <= value < model.input_vocabulary.input_tokens:
-            yield F("frontend.image_layout", VocabularyRangeError, f"{path}.{name}", value,
-                    f"outside the input range [0, {model.input_vocabulary.input_tokens})")
-    if layout.patches_per_feature != vision.patches_per_feature:
-        yield F("frontend.image_layout", FrontendSyntaxError, f"{path}.patches_per_feature",
-                layout.patches_per_feature,
-                f"disagrees with model.vision.patches_per_feature ({vision.patches_per_feature})")
-
-
 def policy(serving: pb.ServingContract) -> Findings:
     """Frontend data cannot carry completion behavior (EOS text or ids)."""
     front = serving.model.frontend
@@ -302,13 +246,10 @@ def policy(serving: pb.ServingContract) -> Findings:
     if front.HasField("image_token_layout"):
         layout = front.image_token_layout
         eos = set(serving.eos_token_ids)
-        for name in ("feature_token_id", "span_start_token_id", "span_end_token_id",
-                     "row_separator_token_id"):
-            if getattr(layout, name) in eos and (name != "row_separator_token_id" or
-                                                 front.image_layout ==
-                                                 fpb.IMAGE_LAYOUT_ROW_SEPARATED_SPAN):
+        for name, value in layout_token_ids(front.image_layout, layout):
+            if value in eos:
                 yield F("frontend.policy", FrontendPolicyError,
-                        f"{FRONTEND}.image_token_layout.{name}", getattr(layout, name),
+                        f"{FRONTEND}.image_token_layout.{name}", value,
                         "an image layout token cannot be an EOS id (completion behavior)")
 
 

@@ -20,6 +20,7 @@ from helios_contract.errors import FieldError
 from helios_contract.prepared import PreparedContract
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import core_pb2
+from helios_contract.schema import frontend_pb2 as fe_pb
 from helios_tools.core import CoreWriter, LogicalCoreWriter, load_private_key
 from helios_tools.core.protected import load_resource_key
 from helios_tools.frontend_assets import (
@@ -46,6 +47,7 @@ from .checkpoint import (
     smollm2_gguf_path,
 )
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
+from .families import vision
 from .families.registry import FamilyMismatchError, family_shapes
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
@@ -319,12 +321,20 @@ def build_contract(recipe: Recipe, checkpoint, shapes,
     eos = recipe.eos_token_ids or checkpoint.eos_token_ids
     words = grammar_mask_words(shapes.vocab)
     cache = cache_contract(shapes, caps, speculation)
+    inputs, vision_contract = cpb.InputVocabulary(input_tokens=shapes.vocab), cpb.VisionContract()
+    if shapes.vision is not None:  # one nonsampled sentinel after the text vocabulary
+        inputs = cpb.InputVocabulary(input_tokens=shapes.vocab + 1,
+                                     image_sentinel_ids=[shapes.vocab])
+        per_window = vision.features_per_window(shapes.vision)
+        vision_contract = cpb.VisionContract(
+            feature_slots=caps.image_feature_slots or caps.image_windows * per_window,
+            features_per_window=per_window, patches_per_feature=shapes.vision.scale_factor ** 2,
+            patch_capacities=[caps.image_windows * shapes.vision.grid ** 2])
     model = cpb.ModelContract(
         version=CONTRACT_VERSION,
         vocabulary=cpb.Vocabulary(sampled_tokens=shapes.vocab, histogram_width=shapes.vocab,
                                   mask_words=words),
-        input_vocabulary=cpb.InputVocabulary(input_tokens=shapes.vocab),
-        vision=cpb.VisionContract(),
+        input_vocabulary=inputs, vision=vision_contract,
         cache=cache, graphs=graphs, frontend=recipe.frontend)
     s, d = recipe.sampling, recipe.serving
     identity = hashlib.sha256(manifest.SerializeToString(deterministic=True)
@@ -481,6 +491,14 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         raise ExportError(f"--tensor-parallel {tensor_parallel}: {exc}") from None
     recipe = fit_context(recipe, ckpt.geometry.max_context)
     caps = recipe.capacities
+    images = recipe.frontend.image_layout not in (fe_pb.IMAGE_LAYOUT_NONE,
+                                                  fe_pb.IMAGE_LAYOUT_UNSPECIFIED)
+    if images != (shapes.vision is not None) or (images and not caps.image_windows):
+        raise ExportError(
+            f"recipe {recipe.name} declares "
+            f"{'an image layout' if images else 'no image layout'} "
+            f"(capacities.image_windows {caps.image_windows}) but {ckpt.source} has "
+            f"{'a vision tower' if shapes.vision is not None else 'no vision tower'}")
     drafter = open_drafter(recipe, recipe_path, ckpt)
     speculation = (Speculation(drafter.geometry, recipe.drafter.widths,
                                coupled=recipe.drafter.coupled)

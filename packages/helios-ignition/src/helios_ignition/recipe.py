@@ -49,6 +49,11 @@ class Capacities:
             per route, so `context_tokens // page_tokens` (one request's whole history)
             makes a swap-in of any request one step: padding rows copy nothing (NumPy
             skips them; a Triton program per padding row returns at once).
+        image_windows: windows (tiles and global views) one image prefill program
+            encodes (a vision model's patch capacity is this x patches per window; 0 for
+            a text model). Every image span of a prefill step is encoded whole in it.
+        image_feature_slots: image features one request may hold (0: one program's,
+            image_windows x features per window).
     """
 
     decode_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -61,6 +66,8 @@ class Capacities:
     host_tier: bool = False
     transfer_rows: int = 0
     scored_tokens: tuple[int, ...] = ()
+    image_windows: int = 0
+    image_feature_slots: int = 0
 
 
 @dataclass(frozen=True)

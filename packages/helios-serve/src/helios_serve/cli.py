@@ -477,6 +477,13 @@ class _OneLineUsage(click.Command):
 @click.option("--resource-key", "resource_key", envvar=RESOURCE_KEY_ENV,
               help="AES-256 key file (32 raw bytes) of a ProtectedIndex version 4 core "
                    f"[env {RESOURCE_KEY_ENV}].")
+@click.option("--allow-image-urls", "allow_image_urls", is_flag=True,
+              help="Fetch http(s) image URLs of image parts (10 s timeout, 16 MiB); without "
+                   "it only data: URLs are accepted.")
+@click.option("--max-images-per-request", "max_images_per_request", type=int, default=8,
+              show_default=True, help="Images one request may carry.")
+@click.option("--max-image-pixels", "max_image_pixels", type=int, default=4096 * 4096,
+              show_default=True, help="Width x height of one decoded image.")
 @click.option("--api-key", envvar=API_KEY_ENV, default=None,
               help="Require `Authorization: Bearer KEY` on /v1/* and the tokenize routes "
                    "[env HELIOS_API_KEY; none: open].")
@@ -504,7 +511,7 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
          speculative_policy,
          num_pages, kv_cache_memory, kv_cache_fraction, snapshots, host_cache_bytes,
          stream_interval, engine_process, engine_stall_timeout, responses_db, resource_key,
-         api_key, demo, recipe, checkpoint, world, rank, peers, rank_key,
+         allow_image_urls, max_images_per_request, max_image_pixels, api_key, demo, recipe, checkpoint, world, rank, peers, rank_key,
          rank_timeout) -> None:  # fmt: skip
     """Serve CORE (a signed Helios core) over OpenAI-compatible HTTP.
 
@@ -532,7 +539,8 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             speculative_policy=speculative_policy,
             snapshots=snapshots, host_cache_bytes=host_bytes, stream_interval=stream_interval,
             engine_process=engine_process, responses_db=responses_db,
-            engine_stall_timeout=engine_stall_timeout,
+            engine_stall_timeout=engine_stall_timeout, allow_image_urls=allow_image_urls,
+            max_images_per_request=max_images_per_request, max_image_pixels=max_image_pixels,
         )  # fmt: skip
         if demo:
             if core or trust or accept or recipe or checkpoint:

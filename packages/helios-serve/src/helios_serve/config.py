@@ -47,6 +47,9 @@ class ServeOptions:
     engine_process: bool = False  # the model worker in its own process (docs/serving.md)
     responses_db: str | None = None  # stored /v1/responses: a SQLite file; None: in memory
     engine_stall_timeout: float = DEFAULT_STALL_TIMEOUT_S  # seconds (liveness.StallWatch)
+    allow_image_urls: bool = False  # fetch http(s) image URLs (else data: URLs only)
+    max_images_per_request: int = 8
+    max_image_pixels: int = 4096 * 4096  # width x height of one decoded image
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,10 @@ class ServeSettings:
         engine_stall_timeout_s: seconds the model engine may have work without progress
             before /health answers 503 (helios-serve --engine-stall-timeout;
             `liveness.StallWatch`).
+        allow_image_urls: image parts may name http(s) URLs, fetched with a timeout and
+            the byte bound (--allow-image-urls); else data: URLs only.
+        max_images_per_request / max_image_pixels: image bounds of one request
+            (--max-images-per-request, --max-image-pixels; frontend/images.ImageLimits).
     """
 
     host: str
@@ -92,6 +99,9 @@ class ServeSettings:
     stream_interval: int = 1
     responses_db: str | None = None
     engine_stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S
+    allow_image_urls: bool = False
+    max_images_per_request: int = 8
+    max_image_pixels: int = 4096 * 4096
 
     @property
     def http_capacity(self) -> int:
@@ -134,9 +144,12 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
         stream_interval=options.stream_interval,
         responses_db=options.responses_db,
         engine_stall_timeout_s=options.engine_stall_timeout,
+        allow_image_urls=options.allow_image_urls,
+        max_images_per_request=options.max_images_per_request,
+        max_image_pixels=options.max_image_pixels,
     )
     for name in ("max_active", "queue_capacity", "frontend_workers", "event_capacity",
-                 "stream_interval"):
+                 "stream_interval", "max_images_per_request", "max_image_pixels"):
         if getattr(settings, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if not settings.engine_stall_timeout_s > 0:

@@ -404,6 +404,7 @@ class ModelWorker:
                     # the prompt's scores are the same for every choice: the first's
                     score_prompt=prepared.prompt_logprobs is not None
                     and sched_id == sched_ids[0],
+                    images=prepared.images,
                 )
             )
             if error is not None:  # prepared against the same rule: only a geometry bug

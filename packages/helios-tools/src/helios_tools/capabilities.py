@@ -61,7 +61,11 @@ PACKED_BINDINGS = frozenset(
        # RESTORE programs (TRANSFER steps): per row copy, the row read and the row written.
        (pb.VALUE_SOURCE_RESTORE_SOURCE, pb.INDEXING_SUBMISSION_ROW),
        (pb.VALUE_SOURCE_SNAPSHOT_DESTINATION, pb.INDEXING_SUBMISSION_ROW),
-       (pb.VALUE_SOURCE_CONSTANT, pb.INDEXING_SCALAR)}
+       (pb.VALUE_SOURCE_CONSTANT, pb.INDEXING_SCALAR),
+       # Image prefill programs: the layout's whole-tensor outputs (windows, window
+       # count) and each packed token's feature row (RowPlan.images).
+       (pb.VALUE_SOURCE_IMAGE_TENSOR, pb.INDEXING_SCALAR),
+       (pb.VALUE_SOURCE_IMAGE_FEATURE_INDEX, pb.INDEXING_PACKED_TOKEN)}
 )
 
 # What both backends share: the scheduler, packing and frontend are the same code.
@@ -91,8 +95,11 @@ _SERVING = dict(
     speculative_confidence=True,
     tuning=True,  # NativeModel.load runs the producers before exposing the graphs
     dtypes=frozenset({mpb.D_TYPE_F32, mpb.D_TYPE_BF16, mpb.D_TYPE_I32, mpb.D_TYPE_U32}),
-    image_preparations=frozenset({fpb.IMAGE_PREPARATION_NONE}),
-    image_layouts=frozenset({fpb.IMAGE_LAYOUT_NONE}),
+    # Images: tiled preparation and the tile-grid layout (helios_serve.frontend.images;
+    # the vision kernels: helios_tools/kernels/vision.py, kernels_triton/vision.py).
+    image_preparations=frozenset({fpb.IMAGE_PREPARATION_NONE,
+                                  fpb.IMAGE_PREPARATION_TILED_GLOBAL}),
+    image_layouts=frozenset({fpb.IMAGE_LAYOUT_NONE, fpb.IMAGE_LAYOUT_TILE_GRID_SPAN}),
 )
 
 # NumPy reference kernels (helios_tools.kernels) over host buffers.

@@ -1,4 +1,5 @@
-"""Frontend rules that need the tokenizer: markers that delimit only as their one token.
+"""Frontend rules that need the tokenizer: markers that delimit only as their one token,
+and the image placeholder the layout replaces by a span.
 
 The specification ("Frontend implementations") makes some syntax strings token-bound:
 recipient frame controls "delimit frames only when observed as their tokenizer tokens". A
@@ -33,6 +34,7 @@ def token_findings(frontend: fpb.FrontendContract, tokenizer,
     Yields:
         ``frontend.token_bound`` findings (raised as ``FrontendSyntaxError``).
     """
+    yield from _placeholder(frontend, tokenizer, base)
     if frontend.reasoning_parser != fpb.REASONING_PARSER_RECIPIENT_HEADER:
         return
     for name in FRAME_CONTROLS:
@@ -47,3 +49,20 @@ def token_findings(frontend: fpb.FrontendContract, tokenizer,
                 f"recipient frame controls delimit only as their token; the tokenizer "
                 f"encodes it as {len(ids)} tokens",
             )
+
+
+def _placeholder(frontend: fpb.FrontendContract, tokenizer, base: str) -> Iterator[Finding]:
+    """IMAGE_LAYOUT_TILE_GRID_SPAN replaces the placeholder's token by an image's span:
+    the template's placeholder text must encode as exactly one token."""
+    if frontend.image_layout != fpb.IMAGE_LAYOUT_TILE_GRID_SPAN:
+        return
+    text = frontend.image_token_layout.template_placeholder
+    if not text:
+        return  # a missing placeholder is a contract rule (image.tile_grid)
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    if len(ids) != 1:
+        yield Finding.of(
+            "frontend.token_bound", FrontendSyntaxError,
+            f"{base}.image_token_layout.template_placeholder", text,
+            f"the layout replaces the image placeholder's one token; the tokenizer encodes "
+            f"it as {len(ids)} tokens")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..checkpoint.geometry import VisionGeometry
 from .builder import BufferTable, ProgramBuilder, View
 
 
@@ -32,6 +33,16 @@ class Rows:
 
 
 @dataclass(frozen=True)
+class ImageRows:
+    """The image features a pass writes into its embedding rows: `features` [F, hidden]
+    f32 (the connector's outputs) and `index` [T] i32 (per packed token, its feature row
+    or -1)."""
+
+    features: View
+    index: View
+
+
+@dataclass(frozen=True)
 class Pass:
     """One forward pass a family records its trunk for: `tokens` (T) packed rows of
     `requests` (R) requests over paged caches of `page_tokens` (PT) tokens a page and
@@ -43,6 +54,8 @@ class Pass:
     row's result is independent of T (decode and verification agree bit for bit).
     `tuned`: decode attention reads the tuned split count. `fold`: the family may fold
     norms and residual adds into its products (a family without such kernels ignores it).
+    `images`: after embedding, the trunk writes these features into their token rows
+    (``image_merge``).
     """
 
     rows: Rows
@@ -54,6 +67,7 @@ class Pass:
     invariant: bool
     tuned: bool = False
     fold: bool = False
+    images: ImageRows | None = None
 
 
 class Family(Protocol):
@@ -74,6 +88,10 @@ class Family(Protocol):
     launch against it).
     """
 
+    @property
+    def vision(self) -> VisionGeometry | None:
+        """The vision tower an image prefill program records (families/vision.py)."""
+        ...
     @property
     def vocab(self) -> int: ...
     @property

@@ -761,4 +761,25 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "row_copy":  # one program per (row, BLOCK elements): rows are ~10-100 KB
         R, ROW = s
         return _cfg((R, _cdiv(ROW, 4096)), 4, BLOCK=4096)
+    # Vision encoder (kernels/vision.py): one program per row (window rows, patch rows or
+    # packed tokens); no Triton kernels yet, so the cpu backend alone executes them.
+    if op == "patchify":
+        W, S, P = s
+        return _cfg((W * (S // P) ** 2,), 4, BLOCK=_np2(3 * P * P, 16))
+    if op == "position_add":
+        T, D = s[0], s[2]
+        return _cfg((T,), 4, BLOCK_D=_np2(D, 16),
+                    WBF16=_is_bf16(views[1]) if len(views) > 1 else 0)
+    if op in ("layernorm", "bias_add", "gelu_tanh"):
+        T, D = s[0], s[1]
+        return _cfg((T,), 4, BLOCK_D=_np2(D, 16))
+    if op == "window_attention":
+        W, NP, H, HD = s[0], s[1], s[2], s[3]
+        return _cfg((W * NP, H), 4, BLOCK_N=_np2(NP, 16), BLOCK_HD=_np2(HD, 16))
+    if op == "pixel_shuffle":
+        W, G, D, R = s
+        return _cfg((W * (G // R) ** 2,), 4, BLOCK_D=_np2(D * R * R, 16))
+    if op == "image_merge":
+        T, D = s[0], s[2]
+        return _cfg((T,), 4, BLOCK_D=_np2(D, 16))
     raise KeyError(f"no launch rule for kernel op {op!r}")

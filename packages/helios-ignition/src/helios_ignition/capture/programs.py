@@ -22,6 +22,7 @@ from helios_contract import PROPOSAL_CONFIDENCE
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 
+from ..families import vision
 from ..preparation import contract as decl
 from ..recipe import Capacities, SplitTuning
 from .buffers import (
@@ -49,7 +50,7 @@ from .buffers import (
     transfer_routes,
 )
 from .builder import BufferTable, ProgramBuilder
-from .family import Family, Pass, Rows, TensorParallelError
+from .family import Family, ImageRows, Pass, Rows, TensorParallelError
 from .sampling import declare_chunked_sampling, last_positions, sample
 from .speculative import DRAFT_LAG, draft_context, speculative
 from .tuning import split_producer
@@ -111,6 +112,10 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
     variants = [("decode", b, b, 0) for b in caps.decode_batch]
     variants += [("prefill", t, caps.prefill_rows, 0) for t in caps.prefill_tokens]
     variants += [("scored", t, caps.prefill_rows, 0) for t in caps.scored_tokens]
+    windows = caps.image_windows if s.vision is not None else 0
+    if windows:  # the image inputs, encoder scratch, and one image prefill per T
+        vision.declare(table, s.vision, windows, max(caps.prefill_tokens))
+        variants += [("image", t, caps.prefill_rows, 0) for t in caps.prefill_tokens]
     if spec is not None:
         variants += [("speculative", b * w, b, w) for b in caps.decode_batch for w in spec.widths]
         if spec.prefix_batches:
@@ -131,9 +136,14 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
                 confidence_buffer=PROPOSAL_CONFIDENCE if prefix else "")
         else:
             decode, scored = kind == "decode", kind == "scored"
+            images = None
+            if kind == "image":
+                features = vision.encode(builder, s.vision, windows)
+                images = ImageRows(features, table.view(vision.FEATURE_INDEX, (tokens,)))
             forward(builder, s, caps, tokens, nrows, decode, device_pending, spec, tuned,
-                    fold_layers, scored=scored)
-            name = f"decode_b{tokens}" if decode else f"{kind}_t{tokens}"
+                    fold_layers, scored=scored, images=images)
+            name = (f"decode_b{tokens}" if decode else f"prefill_t{tokens}_w{windows}"
+                    if images is not None else f"{kind}_t{tokens}")
             op = (cpb.OPERATION_DECODE if decode else cpb.OPERATION_SCORED_PREFILL if scored
                   else cpb.OPERATION_PREFILL)
             packed = tokens
@@ -147,6 +157,9 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
                                    completion=completion)
         contract = _graph_contract(name, op, nrows, packed, s, table, device_pending, width,
                                    prefix=kind == "prefix")
+        if kind == "image":
+            contract.bindings.extend(decl.image_inputs(vision.WINDOWS, vision.WINDOW_COUNT,
+                                                       vision.FEATURE_INDEX))
         if tuned and decode_like(op):  # its decode attention reads the choice
             program.tuning_producers.append(SPLIT_PRODUCER)
             contract.tuned_bindings.add(buffer=TUNED_SPLITS, producer_graph=SPLIT_PRODUCER)
@@ -186,7 +199,8 @@ def decode_like(op: int) -> bool:
 
 def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: int,
              decode: bool, device_pending: bool, spec: Speculation | None = None,
-             tuned: bool = False, fold: bool = False, scored: bool = False) -> None:
+             tuned: bool = False, fold: bool = False, scored: bool = False,
+             images: ImageRows | None = None) -> None:
     """Record one PREFILL, SCORED_PREFILL or DECODE variant: `tokens` packed tokens over
     `rows` rows.
 
@@ -195,6 +209,8 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
     ``score_tokens``: each token's target (SCORE_TARGETS, the next prompt token; -1 for
     none) gets its raw-distribution logprob and the top alternatives in SCORES /
     SCORE_IDS. Sampling and the last token's logprobs are the prefill's, unchanged.
+    `images` (an image prefill): the encoded image features replace the embeddings of the
+    positions FEATURE_INDEX names (ImageRows).
 
     With `device_pending`, decode reads each row's fed token from the slot's pending-token
     state and every sampling row writes its sampled id back there (specification: "Host
@@ -222,7 +238,7 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
     s.trunk(b, Pass(Rows(toks, pos, trow, slot, slot), T, R, caps.page_tokens,
                     caps.context_tokens // caps.page_tokens, decode_attention=decode,
                     invariant=decode and spec is not None, tuned=decode and tuned,
-                    fold=fold and decode and spec is None))
+                    fold=fold and decode and spec is None, images=images))
     h = t.view("scratch.h", (T, s.hidden))
     if spec is not None:
         draft_context(b, s, caps, spec, toks, pos, trow, slot, T, R,

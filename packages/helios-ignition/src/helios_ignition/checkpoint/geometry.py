@@ -18,6 +18,71 @@ LAYER_TENSORS: tuple[str, ...] = (
 )
 
 
+VISION_LAYER_TENSORS: tuple[str, ...] = (
+    "layer_norm1.weight", "layer_norm1.bias",
+    "self_attn.q_proj.weight", "self_attn.q_proj.bias",
+    "self_attn.k_proj.weight", "self_attn.k_proj.bias",
+    "self_attn.v_proj.weight", "self_attn.v_proj.bias",
+    "self_attn.out_proj.weight", "self_attn.out_proj.bias",
+    "layer_norm2.weight", "layer_norm2.bias",
+    "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias",
+)
+VISION_PREFIX = "model.vision_model."
+CONNECTOR = "model.connector.modality_projection.proj.weight"
+
+
+@dataclass(frozen=True)
+class VisionGeometry:
+    """A SigLIP vision tower and Idefics3's pixel-shuffle connector (HF
+    ``Idefics3VisionTransformer`` + ``Idefics3Connector``).
+
+    Attributes:
+        hidden_size / intermediate_size / num_layers / num_heads: the encoder's widths.
+        image_size: edge of one window (tile) in pixels.
+        patch_size: edge of one patch in pixels.
+        layer_norm_eps: LayerNorm epsilon.
+        scale_factor: pixel-shuffle side R (R x R patches merge into one feature).
+        text_hidden: the connector's output width (the text model's hidden size).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    image_size: int
+    patch_size: int
+    layer_norm_eps: float
+    scale_factor: int
+    text_hidden: int
+
+    @property
+    def grid(self) -> int:
+        """Patches along a window's edge (G)."""
+        return self.image_size // self.patch_size
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """HF tensor name -> float32 shape; the patch convolution ``[D, 3, P, P]`` is read
+        flattened ``[D, 3 P P]`` (the loader's layout)."""
+        d, f, p = self.hidden_size, self.intermediate_size, self.patch_size
+        e = VISION_PREFIX + "embeddings."
+        shapes: dict[str, tuple[int, ...]] = {
+            e + "patch_embedding.weight": (d, 3 * p * p), e + "patch_embedding.bias": (d,),
+            e + "position_embedding.weight": (self.grid ** 2, d)}
+        per_layer = {"q_proj": (d, d), "k_proj": (d, d), "v_proj": (d, d), "out_proj": (d, d),
+                     "fc1": (f, d), "fc2": (d, f)}
+        for i in range(self.num_layers):
+            for suffix in VISION_LAYER_TENSORS:
+                module, kind = suffix.rsplit(".", 2)[-2:]
+                shape = per_layer.get(module, (d,))
+                if kind == "bias":
+                    shape = (shape[0],)
+                shapes[f"{VISION_PREFIX}encoder.layers.{i}.{suffix}"] = shape
+        shapes[VISION_PREFIX + "post_layernorm.weight"] = (d,)
+        shapes[VISION_PREFIX + "post_layernorm.bias"] = (d,)
+        shapes[CONNECTOR] = (self.text_hidden, d * self.scale_factor ** 2)
+        return shapes
+
+
 @dataclass(frozen=True)
 class LlamaGeometry:
     """Shapes and constants of a Llama-architecture decoder.
@@ -49,6 +114,8 @@ class LlamaGeometry:
     max_context: int
     tie_word_embeddings: bool
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False, compare=True)
+    # An image-text model's vision tower (Idefics3: SigLIP + pixel shuffle), else None.
+    vision: VisionGeometry | None = None
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """HF tensor name -> float32 shape `[out, in]` (norms `[d]`), in canonical order."""
@@ -72,6 +139,8 @@ class LlamaGeometry:
         shapes["model.norm.weight"] = (d,)
         if not self.tie_word_embeddings:
             shapes["lm_head.weight"] = (v, d)
+        if self.vision is not None:
+            shapes.update(self.vision.tensor_shapes())
         return shapes
 
     def parameter_count(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,11 @@ from .errors import (
     MissingTokenizerError,
     UnsupportedTensorError,
 )
-from .geometry import LlamaGeometry
+from .geometry import VISION_PREFIX, LlamaGeometry, VisionGeometry
 from .qwen3 import QWEN3_ARCHITECTURES, qwen3_geometry
 
 _FLOAT_DTYPES = {"F32", "F16", "F64", "BF16"}
+PATCH_WEIGHT = VISION_PREFIX + "embeddings.patch_embedding.weight"
 
 
 def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
@@ -92,7 +94,37 @@ ARCHITECTURE_GEOMETRY = {arch: qwen3_geometry for arch in QWEN3_ARCHITECTURES}
 SUPPORTED_HF_ARCHITECTURES = ("LlamaForCausalLM", *ARCHITECTURE_GEOMETRY)
 
 
+def _vision_geometry(config: dict[str, Any], text: LlamaGeometry, source: str
+                     ) -> VisionGeometry:  # fmt: skip
+    """An Idefics3 config's vision tower (``vision_config``, ``scale_factor``)."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        raise GeometryError(f"{source}/config.json: an idefics3 config has a vision_config")
+    act = vision.get("hidden_act", "gelu_pytorch_tanh")
+    if act not in ("gelu_pytorch_tanh", "gelu_new"):
+        raise GeometryError(f"{source}/config.json: vision hidden_act {act!r} is not the tanh "
+                            "GELU this family captures")
+    try:
+        return VisionGeometry(
+            hidden_size=int(vision["hidden_size"]),
+            intermediate_size=int(vision["intermediate_size"]),
+            num_layers=int(vision["num_hidden_layers"]),
+            num_heads=int(vision["num_attention_heads"]),
+            image_size=int(vision["image_size"]), patch_size=int(vision["patch_size"]),
+            layer_norm_eps=float(vision.get("layer_norm_eps", 1e-6)),
+            scale_factor=int(config.get("scale_factor", 2)), text_hidden=text.hidden_size)
+    except KeyError as exc:
+        raise GeometryError(f"{source}/config.json: vision_config lacks {exc.args[0]!r}") from exc
+
+
 def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry:
+    if config.get("model_type") == "idefics3":  # a Llama text model beside a vision tower
+        text_config = config.get("text_config")
+        if not isinstance(text_config, dict):
+            raise GeometryError(f"{source}/config.json: an idefics3 config has a text_config")
+        text = _geometry({"tie_word_embeddings": config.get("tie_word_embeddings", False),
+                          **text_config, "model_type": "llama"}, source)
+        return replace(text, vision=_vision_geometry(config, text, source))
     archs = config.get("architectures") or []
     model_type = config.get("model_type")
     reader = next((ARCHITECTURE_GEOMETRY[a] for a in archs if a in ARCHITECTURE_GEOMETRY), None)
@@ -113,7 +145,9 @@ def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry:
             num_heads=heads,
             num_kv_heads=int(config.get("num_key_value_heads") or heads),
             head_dim=int(config.get("head_dim") or hidden // heads),
-            rope_theta=float(config.get("rope_theta", 10000.0)),
+            # transformers 5 writes rope_parameters; earlier versions rope_theta
+            rope_theta=float(config.get("rope_theta") or
+                             (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
             rms_eps=float(config.get("rms_norm_eps", 1e-6)),
             max_context=int(config.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
@@ -184,6 +218,9 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
                            end - begin)
     names = tuple(geometry.tensor_shapes())
     for name in names:
+        if geometry.vision is not None and name.startswith("model.") and \
+                not name.startswith((VISION_PREFIX, "model.connector.")):
+            name = "model.text_model." + name[len("model."):]
         if name not in where:
             raise MissingTensorError(source, name, f"in none of {[s.name for s in shards]}")
 
@@ -206,6 +243,15 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         bos = vocab_ids.get(special["bos_token"])
 
     def read(name: str) -> np.ndarray:
+        if geometry.vision is not None:  # Idefics3 nests the text model's tensors
+            if name == PATCH_WEIGHT:
+                return read_raw(name).reshape(geometry.vision.hidden_size, -1)
+            if name.startswith("model.") and not name.startswith((VISION_PREFIX,
+                                                                  "model.connector.")):
+                return read_raw("model.text_model." + name[len("model."):])
+        return read_raw(name)
+
+    def read_raw(name: str) -> np.ndarray:
         entry = where.get(name)
         if entry is None:
             raise MissingTensorError(source, name)

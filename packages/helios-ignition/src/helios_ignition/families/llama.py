@@ -28,6 +28,8 @@ from ..capture import launch
 from ..capture.builder import BufferTable, ProgramBuilder
 from ..capture.family import Pass, TensorParallelError
 from ..capture.layers import attend, declare_mma_scratch, product, write_kv
+from ..checkpoint.geometry import VisionGeometry
+from . import vision
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class LlamaShapes:
     # Tensor-parallel ranks these shapes are one rank's of (heads, kv_heads and ffn are
     # that rank's share; vocab and hidden are the model's).
     ranks: int = 1
+    # An image-text model's vision tower (families/vision.py records it), else None.
+    vision: VisionGeometry | None = None
 
     @property
     def qkv_width(self) -> int:
@@ -73,6 +77,8 @@ class LlamaShapes:
             raise TensorParallelError("these shapes are already one rank's")
         if ranks == 1:
             return self
+        if self.vision is not None:
+            raise TensorParallelError("a vision tower is captured for one rank only")
         if self.heads % ranks or self.kv_heads % ranks:
             raise TensorParallelError(
                 f"the model's {self.heads} query heads and "
@@ -88,7 +94,8 @@ class LlamaShapes:
         return cls(vocab=g.vocab_size, hidden=g.hidden_size, ffn=g.intermediate_size,
                    layers=g.num_layers, heads=g.num_heads, kv_heads=g.num_kv_heads,
                    head_dim=g.head_dim, rope_theta=float(g.rope_theta),
-                   rms_eps=float(g.rms_eps), tied=bool(g.tie_word_embeddings))
+                   rms_eps=float(g.rms_eps), tied=bool(g.tie_word_embeddings),
+                   vision=g.vision)
 
     def weight_layout(self) -> dict[str, tuple[int, ...]]:
         """Weight buffer name -> one rank's shape `[out, in]` (norms and rope table are
@@ -109,6 +116,8 @@ class LlamaShapes:
         elif not s.tied:
             shapes["lm_head"] = (s.vocab, s.hidden)
         shapes["rope_inv_freq"] = (s.head_dim // 2,)
+        if s.vision is not None:
+            shapes.update(vision.weight_layout(s.vision))
         return shapes
 
     def weight_split(self, name: str) -> int | None:
@@ -122,6 +131,8 @@ class LlamaShapes:
         """HF checkpoint tensors concatenated (along axis 0) into weight buffer `name`
         (`lm_head` of a tied model: the embedding). `rope_inv_freq` is computed
         (`rope_inv_freq`), not read."""
+        if vision.owns(name):
+            return vision.checkpoint_tensors(name)
         if name == "embed":
             return ["model.embed_tokens.weight"]
         if name == "final_norm":
@@ -192,6 +203,9 @@ class LlamaShapes:
         inv_freq = t.view("rope_inv_freq", (HD // 2,))
         scale = 1.0 / math.sqrt(HD)
         b.launch("embedding", p.rows.tokens, t.view("embed", (s.vocab, D)), res, T, D)
+        if p.images is not None:  # feature sentinels embed as zeros; their rows get features
+            b.launch("image_merge", p.images.features, p.images.index, res, T,
+                     p.images.features.shape[0], D)
         if not p.fold:
             b.launch("rmsnorm", res, t.view("L0.attn_norm", (D,)), h, T, D, s.rms_eps)
         for i in range(s.layers):

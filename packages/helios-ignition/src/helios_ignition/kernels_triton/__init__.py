@@ -9,6 +9,7 @@ ahead of time by ``helios_ignition.kernels_aot``; nothing here launches anything
 
 from __future__ import annotations
 
+from . import vision
 from .attention import (
     attention_decode,
     attention_decode_fused,
@@ -142,6 +143,15 @@ TRITON_KERNELS = {
     "head_rmsnorm": head_rmsnorm,
     "gelu_mul": gelu_mul,
     "scale": scale,
+    # vision tower and connector (kernels_triton/vision.py)
+    "patchify": vision.patchify,
+    "position_add": vision.position_add,
+    "layernorm": vision.layernorm,
+    "bias_add": vision.bias_add,
+    "gelu_tanh": vision.gelu_tanh,
+    "window_attention": vision.window_attention,
+    "pixel_shuffle": vision.pixel_shuffle,
+    "image_merge": vision.image_merge,
 }
 
 # Buffer parameters whose element type follows the variant constant WBF16.
@@ -149,6 +159,7 @@ WEIGHT_PARAMS = {"linear": "weight", "linear_invariant": "weight", "swiglu_linea
                  "rmsnorm_linear": "weight", "linear_add": "weight",
                  "swiglu_linear_add": "weight", "embedding": "table",
                  "linear_packed": "weight", "linear_partial": "weight",
-                 "moe_gate_up": "w_gate_up", "moe_down": "w_down"}
+                 "moe_gate_up": "w_gate_up", "moe_down": "w_down",
+                 "position_add": "positions"}
 
 __all__ = ["TRITON_KERNELS", "WEIGHT_PARAMS"]

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from helios_contract.schema import contract_pb2 as cpb
+from helios_contract.schema import frontend_pb2 as fpb
+from tokenizers import Tokenizer
 
 V = cpb  # enum access: V.VALUE_SOURCE_SLOT, V.INDEXING_ACTIVE_ROW, ...
 
@@ -255,3 +257,67 @@ def row_transfer(source_planes: Sequence[str], destination_planes: Sequence[str]
                                  byte_extent=nbytes)
             accesses.append(cpb.StateAccess(view=view, access=access))
     return bindings, accesses
+
+
+def image_inputs(windows: str, window_count: str, feature_index: str
+                 ) -> list[cpb.ValueBinding]:  # fmt: skip
+    """The image inputs of an image prefill program (specification: value sources,
+    "Image tensors" and "image feature ... indices"): the layout's ``windows`` output
+    (f32 ``[windows, 3, S, S]`` pixels of the step's images, in row order; padding
+    windows zero) and ``window_count`` (i32 ``[1]``), both whole tensors (SCALAR), and
+    per packed token the feature row it reads (-1: a text token).
+
+    Args:
+        windows, window_count, feature_index: the buffer names.
+    """
+    return [
+        cpb.ValueBinding(destination=windows, source=V.VALUE_SOURCE_IMAGE_TENSOR,
+                         indexing=V.INDEXING_SCALAR, image_output="windows"),
+        cpb.ValueBinding(destination=window_count, source=V.VALUE_SOURCE_IMAGE_TENSOR,
+                         indexing=V.INDEXING_SCALAR, image_output="window_count"),
+        binding(feature_index, V.VALUE_SOURCE_IMAGE_FEATURE_INDEX, V.INDEXING_PACKED_TOKEN,
+                padding=-1),
+    ]
+
+
+def tile_grid_images(front: fpb.FrontendContract, tokenizer_json: str, sentinel: int, *,
+                     tiling: fpb.ImageTiling, patches_per_feature: int, grid: int,
+                     span: str, global_view: str, tile: str, row_separator: str,
+                     grid_end: str, placeholder: str) -> fpb.FrontendContract:
+    """`front` with IMAGE_PREPARATION_TILED_GLOBAL / IMAGE_LAYOUT_TILE_GRID_SPAN and their
+    data, token texts resolved to ids with the checkpoint's tokenizer (a recipe names
+    texts, the core holds ids).
+
+    Args:
+        sentinel: the nonsampled feature sentinel id (the text vocabulary's size).
+        grid: tile rows and columns named (`tile` formatted with r, c from 1).
+        span / global_view / placeholder: texts that encode as one token each.
+        row_separator / grid_end: texts after a tile row and after the last one.
+
+    Raises:
+        ValueError: a text the layout needs as one token encodes otherwise.
+    """
+    tok = Tokenizer.from_str(tokenizer_json)
+
+    def one(text: str) -> int:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        if len(ids) != 1:
+            raise ValueError(f"image layout token {text!r} encodes as {ids}, not one token")
+        return ids[0]
+
+    out = fpb.FrontendContract()
+    out.CopyFrom(front)
+    out.image_preparation = fpb.IMAGE_PREPARATION_TILED_GLOBAL
+    out.image_layout = fpb.IMAGE_LAYOUT_TILE_GRID_SPAN
+    out.image_tiling.CopyFrom(tiling)
+    out.image_token_layout.CopyFrom(fpb.ImageTokenLayout(
+        feature_token_id=sentinel, span_start_token_id=one(span), span_end_token_id=one(span),
+        row_separator_token_id=one(row_separator), patches_per_feature=patches_per_feature,
+        atomic_spans=True,
+        tile_token_ids=[one(tile.format(r=r, c=c)) for r in range(1, grid + 1)
+                        for c in range(1, grid + 1)],
+        tile_grid_columns=grid, global_token_id=one(global_view),
+        grid_end_token_ids=tok.encode(grid_end, add_special_tokens=False).ids,
+        template_placeholder=placeholder))
+    one(placeholder)
+    return out

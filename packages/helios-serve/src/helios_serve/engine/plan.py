@@ -113,6 +113,45 @@ class CopiedCandidates:
     grammar_masks: np.ndarray | None = field(default=None, compare=False)
 
 
+@dataclass(frozen=True)
+class PromptImage:
+    """One image of a prompt, as prepared (frontend/images.py) and laid out.
+
+    Its span [start, end) (prompt positions) is atomic: a prefill chunk never ends
+    inside it, so one step encodes the whole image (the windows of an image whose span a
+    cached prefix cut are encoded again; the step reads only the features of its own
+    positions). Feature k of the image fills prompt position ``feature_positions[k]``.
+
+    Attributes:
+        start / end: the span, prompt positions.
+        feature_positions: positions of its feature sentinels, ascending.
+        pixels: f32 ``[windows, 3, window_pixels, window_pixels]`` as bytes (plain data:
+            it crosses to the engine process).
+        windows / window_pixels: that shape.
+        content_hash: SHA-256 of the pixels: the span's prefix-cache key.
+    """
+
+    start: int
+    end: int
+    feature_positions: tuple[int, ...]
+    pixels: bytes = field(repr=False, compare=False)
+    windows: int = 0
+    window_pixels: int = 0
+    content_hash: bytes = b""
+
+    def array(self) -> np.ndarray:
+        """The windows, f32 ``[windows, 3, window_pixels, window_pixels]`` (a view)."""
+        s = self.window_pixels
+        return np.frombuffer(self.pixels, np.float32).reshape(self.windows, 3, s, s)
+
+    def cache_keys(self) -> list[int]:
+        """Prefix-cache keys of the feature positions: the content hash and the feature
+        index, above every token id (2^62 + ...), so equal sentinels of different images
+        never share a cached page."""
+        base = (1 << 62) | (int.from_bytes(self.content_hash[:5], "little") << 20)
+        return [base | k for k in range(len(self.feature_positions))]
+
+
 @dataclass(frozen=True, init=False)
 class RowPlan:
     """One request lane of a step.
@@ -146,6 +185,8 @@ class RowPlan:
             distribution at that token's position), or -1 where it has none (the
             prompt's last token, positions scored before a preemption); None when the row
             scores nothing. A step with such a row runs a SCORED_PREFILL program.
+        images: PREFILL rows only: the request's images whose spans overlap this chunk
+            (each encoded whole by the step; PromptImage).
     """
 
     request_id: int
@@ -161,6 +202,7 @@ class RowPlan:
     query_length: int = 0
     candidates: CopiedCandidates | None = None
     score_targets: tuple[int, ...] | None = None
+    images: tuple[PromptImage, ...] = ()
 
     # The generated __init__ of a frozen dataclass calls object.__setattr__ once per field
     # (~4 us for these 12 on CPython 3.11); rows are built for every lane of every step, so
@@ -170,7 +212,8 @@ class RowPlan:
                  sampling: SamplingParams, histogram_tokens: tuple[int, ...] | None = None,
                  grammar_mask: np.ndarray | None = None, query_length: int = 0,
                  candidates: CopiedCandidates | None = None,
-                 score_targets: tuple[int, ...] | None = None) -> None:
+                 score_targets: tuple[int, ...] | None = None,
+                 images: tuple[PromptImage, ...] = ()) -> None:
         d = self.__dict__
         d["request_id"] = request_id
         d["slot"] = slot
@@ -185,6 +228,7 @@ class RowPlan:
         d["query_length"] = query_length
         d["candidates"] = candidates
         d["score_targets"] = score_targets
+        d["images"] = images
 
     @property
     def lane_length(self) -> int:
@@ -295,6 +339,9 @@ class ModelGeometry:
         routes: TRANSFER routes served (one RESTORE program per route and capacity).
         page_bytes: bytes of one row across every plane of the paged region (what a page
             costs to move to the host tier and back).
+        image_windows: windows one image prefill program encodes (0: no images); every
+            image span of a step is encoded whole.
+        image_feature_slots: image features one request may hold (vision.feature_slots).
     """
 
     page_tokens: int
@@ -323,6 +370,8 @@ class ModelGeometry:
     routes: tuple[Route, ...] = ()
     page_bytes: int = 0
     scored_token_capacities: tuple[int, ...] = ()
+    image_windows: int = 0
+    image_feature_slots: int = 0
 
     @property
     def lane_widths(self) -> tuple[int, ...]:

@@ -24,17 +24,17 @@ import msgspec
 from helios_contract.schema import contract_pb2
 from helios_tools.frontend_assets import ChatTemplateError, render_chat
 
-from helios_serve.engine.plan import ModelGeometry, SamplingParams
+from helios_serve.engine.plan import ModelGeometry, PromptImage, SamplingParams
 from helios_serve.scheduler import AdmissionError, SchedRequest, check_capacity
 
 from .boundaries import first_message_end, prefix_endpoints
 from .detokenizer import IncrementalDetokenizer
 from .errors import FrontendRequestError
 from .grammar import GrammarCompiler, GrammarState
+from .image_prompt import ImagePrompt, ImageSource
 from .logit_bias import parse_logit_bias
 from .pipeline import Frontend, OutputPipeline
 from .stops import StopSpec, parse_stops
-from .syntax import ImagePreparation
 
 MAX_TOP_LOGPROBS = 20
 _TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})
@@ -220,6 +220,7 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
         publish_endpoints: prompt-turn ends (token counts, ascending) the template marks
             (frontend.boundaries.prefix_endpoints): where the scheduler publishes
             snapshots of the prompt's state.
+        images: the prompt's images (spans, feature positions, windows; PromptImage).
     """
 
     prompt_text: str
@@ -238,6 +239,7 @@ class RequestData(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     observe_timestamps: bool = False
     publish_endpoints: tuple[int, ...] = ()
     prompt_logprobs: int | None = None
+    images: tuple[PromptImage, ...] = ()
 
     def choice_sampling(self, index: int) -> SamplingParams:
         """Choice `index`'s parameters: its own RNG stream, seed + index (mod 2**64),
@@ -297,8 +299,10 @@ class Preparer:
         template_variables: Mapping[str, str],
         defaults: contract_pb2.ServingDefaults,
         geometry: ModelGeometry,
+        images: ImagePrompt | None = None,
     ) -> None:
         self.frontend = frontend
+        self.images = images or ImagePrompt(frontend.syntax, geometry)
         self.tokenizer = frontend.tokenizer
         self.chat_template = chat_template
         self.template_variables = dict(template_variables)
@@ -316,10 +320,12 @@ class Preparer:
             FrontendRequestError: a field is invalid (named in `field`).
             CapacityExceeded: the prompt plus the output limit can never fit.
         """
-        messages = [self._message(i, m) for i, m in enumerate(request.messages)]
+        sources: list[ImageSource] = []
+        messages = [self._message(i, m, sources) for i, m in enumerate(request.messages)]
         tools = [dict(t) for t in request.tools] if request.tools else None
         prompt_text = self._render(request, messages, tools)
-        prompt_ids, token_ends = self._encode_prompt(prompt_text, request.prompt_prefix)
+        prompt_ids, token_ends = self._encode_prompt(
+            prompt_text, () if sources else request.prompt_prefix)
         # Where the rendered turns end: the scheduler publishes a snapshot there, so a
         # later conversation sharing those turns restores the state after them.
         rules = self.frontend.syntax.prefix_boundary_rules
@@ -327,6 +333,12 @@ class Preparer:
                                      [m.get("role", "") for m in messages], rules,
                                      self._first_message_end(request, messages, tools,
                                                              prompt_text, rules))
+        images: tuple[PromptImage, ...] = ()
+        if self.images.accepts:  # placeholders become image spans; endpoints move with them
+            placeholder = self.tokenizer.token_to_id(
+                self.frontend.syntax.image_token_layout.template_placeholder)
+            prompt_ids, images, moved = self.images.expand(prompt_ids, placeholder, sources)
+            endpoints = tuple(moved[e] for e in endpoints)
         g = request.generation
         fmt = (request.response_format or {}).get("type")
         structured = fmt in ("json_object", "json_schema") or (
@@ -351,7 +363,7 @@ class Preparer:
         )
         return self._finish(prompt_text, prompt_ids, "messages", g, stops,
                             OutputRecipe(self.frontend, pipeline, grammar),
-                            endpoints)  # fmt: skip
+                            endpoints, images)  # fmt: skip
 
     def completion(self, request: CompletionInput) -> PreparedRequest:
         """Prepare a legacy completion (no chat template).
@@ -382,7 +394,7 @@ class Preparer:
 
     def encode_chat(self, request: ChatInput) -> tuple[str, tuple[int, ...]]:
         """The rendered prompt and its ids (POST /tokenize with messages)."""
-        messages = [self._message(i, m) for i, m in enumerate(request.messages)]
+        messages = [self._message(i, m, []) for i, m in enumerate(request.messages)]
         tools = [dict(t) for t in request.tools] if request.tools else None
         text = self._render(request, messages, tools)
         return text, tuple(self.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -414,20 +426,26 @@ class Preparer:
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
         return tuple(encoding.ids), [end for _, end in encoding.offsets]
 
-    def _message(self, i: int, message: Mapping[str, Any]) -> dict[str, Any]:
+    def _message(self, i: int, message: Mapping[str, Any],
+                 sources: list[ImageSource]) -> dict[str, Any]:
+        """Message `i` as the template sees it. A model with images gets content as
+        parts ({"type": "text"} / {"type": "image"}, image parts appended to `sources`);
+        a text model gets the text parts joined (an image part is a 400)."""
         out = {k: v for k, v in message.items() if v is not None}
         content = message.get("content")
+        if self.images.accepts:
+            if isinstance(content, str):
+                out["content"] = [{"type": "text", "text": content}]
+            elif isinstance(content, list | tuple):
+                out["content"] = self.images.message_parts(i, content, sources)
+            return out
         if isinstance(content, list | tuple):
             texts = []
             for j, part in enumerate(content):
-                if part.get("type") == "text":
-                    texts.append(part["text"])
-                elif self.frontend.syntax.image_preparation is not ImagePreparation.PATCH_GRID:
+                if part.get("type") != "text":
                     raise FrontendRequestError(f"messages[{i}].content[{j}]",
                                                "this model accepts no images")
-                else:
-                    raise FrontendRequestError(f"messages[{i}].content[{j}]",
-                                               "image input is not served by this runtime")
+                texts.append(part["text"])
             out["content"] = "".join(texts)
         return out
 
@@ -469,7 +487,10 @@ class Preparer:
         except ChatTemplateError as exc:
             raise FrontendRequestError("messages", f"messages: {exc}") from None
         if continuation:
-            text = _continue_final(text, messages[-1].get("content") or "")
+            final = messages[-1].get("content") or ""
+            if not isinstance(final, str):  # an image model's parts: the text they hold
+                final = "".join(p.get("text", "") for p in final if p.get("type") == "text")
+            text = _continue_final(text, final)
         return text
 
     def _stops(self, g: GenerationInput, structured: bool) -> StopSpec:
@@ -485,13 +506,14 @@ class Preparer:
 
     def _finish(self, prompt_text: str, prompt_ids: tuple[int, ...], prompt_field: str,
                 g: GenerationInput, stops: StopSpec, output: OutputRecipe,
-                publish_endpoints: tuple[int, ...] = ()) -> PreparedRequest:  # fmt: skip
+                publish_endpoints: tuple[int, ...] = (),
+                images: tuple[PromptImage, ...] = ()) -> PreparedRequest:  # fmt: skip
         slots = self.geometry.slots
         if g.n > slots:
             raise FrontendRequestError(
                 "n", f"n {g.n} exceeds the {slots} requests this server runs at once")
         self._check_logprobs(g.logprobs, g.top_field)
-        self._check_prompt_logprobs(g.prompt_logprobs, g.prompt_field_logprobs)
+        self._check_prompt_logprobs(g.prompt_logprobs, g.prompt_field_logprobs, bool(images))
         bias = parse_logit_bias(dict(g.logit_bias), self.geometry.vocab_size)
         if bias:
             self._check_logit_bias()
@@ -521,11 +543,14 @@ class Preparer:
             observe_timestamps=g.observe_timestamps,
             publish_endpoints=publish_endpoints,
             prompt_logprobs=g.prompt_logprobs,
+            images=images,
         )
 
-    def _check_prompt_logprobs(self, top: int | None, field_name: str) -> None:
+    def _check_prompt_logprobs(self, top: int | None, field_name: str,
+                               images: bool = False) -> None:
         """Whether this core scores prompts (SCORED_PREFILL programs) and records `top`
-        alternatives per token."""
+        alternatives per token; a prompt with `images` is never scored (no SCORED_PREFILL
+        program encodes images)."""
         if top is None:
             return
         g = self.geometry
@@ -533,6 +558,9 @@ class Preparer:
             raise FrontendRequestError(field_name, "this model computes no prompt log "
                                        "probabilities (its core has no SCORED_PREFILL "
                                        "programs)")
+        if images:
+            raise FrontendRequestError(field_name, "prompt log probabilities of a prompt "
+                                       "with images are not computed")
         if not 0 <= top <= g.top_logprobs:
             raise FrontendRequestError(field_name, f"{top} alternatives outside the 0.."
                                        f"{g.top_logprobs} this model records")

@@ -45,6 +45,7 @@ class ImagePreparation(enum.IntEnum):
     UNSPECIFIED = 0
     NONE = 1
     PATCH_GRID = 2
+    TILED_GLOBAL = 3
 
 
 class ImageLayout(enum.IntEnum):
@@ -54,6 +55,16 @@ class ImageLayout(enum.IntEnum):
     NONE = 1
     SINGLE_SPAN = 2
     ROW_SEPARATED_SPAN = 3
+    TILE_GRID_SPAN = 4
+
+
+class ImageResample(enum.IntEnum):
+    """Mirrors `helios.v1.ImageResample`."""
+
+    UNSPECIFIED = 0
+    BILINEAR = 1
+    BICUBIC = 2
+    LANCZOS = 3
 
 
 class FrontendMessageRole(enum.IntEnum):
@@ -141,6 +152,24 @@ class ImageTokenLayout:
     row_separator_token_id: int = 0
     patches_per_feature: int = 0
     atomic_spans: bool = False
+    tile_token_ids: tuple[int, ...] = ()
+    tile_grid_columns: int = 0
+    global_token_id: int = 0
+    grid_end_token_ids: tuple[int, ...] = ()
+    template_placeholder: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageTiling:
+    """Mirrors `helios.v1.ImageTiling` (pixels; per-RGB-channel mean and std)."""
+
+    tile_pixels: int = 0
+    patch_pixels: int = 0
+    resize_longest_edge: int = 0
+    resample: ImageResample = ImageResample.UNSPECIFIED
+    rescale: float = 0.0
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
 
 
 _MESSAGE_TYPES: dict[str, type] = {
@@ -149,12 +178,14 @@ _MESSAGE_TYPES: dict[str, type] = {
     "assistant_boundaries": AssistantBoundaries,
     "recipient_syntax": RecipientSyntax,
     "image_token_layout": ImageTokenLayout,
+    "image_tiling": ImageTiling,
 }
 _ENUM_TYPES: dict[str, type[enum.IntEnum]] = {
     "tool_parser": ToolParser,
     "reasoning_parser": ReasoningParser,
     "image_preparation": ImagePreparation,
     "image_layout": ImageLayout,
+    "resample": ImageResample,
     "role": FrontendMessageRole,
 }
 
@@ -207,6 +238,7 @@ class FrontendSyntax:
     recipient_syntax: RecipientSyntax = field(default_factory=RecipientSyntax)
     prefix_boundary_rules: tuple[PrefixBoundaryRule, ...] = ()
     image_token_layout: ImageTokenLayout = field(default_factory=ImageTokenLayout)
+    image_tiling: ImageTiling = field(default_factory=ImageTiling)
 
     @classmethod
     def from_contract(cls, msg: Any) -> FrontendSyntax:

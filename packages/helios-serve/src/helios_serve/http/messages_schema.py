@@ -228,6 +228,17 @@ def messages_field(param: str | None) -> str | None:
     return MESSAGES_FIELDS.get(param, param) if param is not None else None
 
 
+def _image_part(block: ImageBlock) -> dict[str, Any]:
+    """An image block as a chat image part: a base64 source becomes a data: URL and a url
+    source its URL (the chat path's image preparation decides what it accepts)."""
+    source = block.source.model_dump()
+    if source.get("type") == "base64":
+        url = f"data:{source.get('media_type', '')};base64,{source.get('data', '')}"
+    else:
+        url = str(source.get("url") or f"{source.get('type')}-image")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 def _text_of(blocks: str | list[TextBlock] | list[TextBlock | ImageBlock] | None,
              where: str) -> str | list[dict[str, Any]]:  # fmt: skip
     """A content string, or chat content parts (an image becomes an image part, which the
@@ -241,7 +252,7 @@ def _text_of(blocks: str | list[TextBlock] | list[TextBlock | ImageBlock] | None
         if isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
         else:
-            parts.append({"type": "image_url", "image_url": {"url": "anthropic-image"}})
+            parts.append(_image_part(block))
     return parts
 
 
@@ -296,7 +307,7 @@ def _chat_messages(r: _Conversation) -> list[dict[str, Any]]:
             elif isinstance(block, TextBlock):
                 parts.append({"type": "text", "text": block.text})
             elif isinstance(block, ImageBlock):
-                parts.append({"type": "image_url", "image_url": {"url": "anthropic-image"}})
+                parts.append(_image_part(block))
             else:
                 raise InvalidRequest(f"a user message cannot carry a {block.type} block",
                                      param=f"{where}.type")  # fmt: skip

@@ -25,6 +25,8 @@ from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeSettings
 from helios_serve.events import EventSink, GenerationRequest
 from helios_serve.frontend.errors import FrontendRequestError
+from helios_serve.frontend.image_prompt import ImagePrompt
+from helios_serve.frontend.images import ImageLimits
 from helios_serve.frontend.prepare import CapacityExceeded as PrepCapacityExceeded
 from helios_serve.frontend.prepare import PreparedRequest, Preparer
 from helios_serve.frontend.vocab import TokenPieces
@@ -104,9 +106,13 @@ class ApiService:
         self.admission: Admission | None = None  # made on the event loop (lifespan)
         self.created = int(time.time())
         self.draining = False
+        images = ImagePrompt(bootstrap.frontend.syntax, engine.geometry,
+                             ImageLimits(max_images=settings.max_images_per_request,
+                                         max_pixels=settings.max_image_pixels),
+                             allow_urls=settings.allow_image_urls)
         self.preparer = Preparer(bootstrap.frontend, bootstrap.chat_template,
                                  bootstrap.template_variables, bootstrap.defaults,
-                                 engine.geometry)  # fmt: skip
+                                 engine.geometry, images)  # fmt: skip
         self.pieces = TokenPieces(bootstrap.tokenizer)  # logprob token texts and bytes
         names = (settings.served_name, *settings.aliases)
         self.model_names = frozenset(n for n in names if n)

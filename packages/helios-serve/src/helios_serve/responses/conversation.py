@@ -42,10 +42,14 @@ def chat_messages(instructions: str | None, items: Sequence[dict[str, Any]]) -> 
     for item in items:
         kind = item["type"]
         if kind == "message":
-            text = "".join(p["text"] for p in item["content"])
+            text = "".join(p.get("text", "") for p in item["content"])
             if item["role"] == "assistant":
                 out.append(assistant(text))
                 assistant_open = True
+            elif any(p["type"] == "input_image" for p in item["content"]):
+                out.append({"role": item["role"], "content": [_chat_part(p)
+                                                              for p in item["content"]]})
+                assistant_open = False
             else:
                 out.append({"role": item["role"], "content": text})
                 assistant_open = False
@@ -64,6 +68,14 @@ def chat_messages(instructions: str | None, items: Sequence[dict[str, Any]]) -> 
                         "content": item["output"]})  # fmt: skip
             assistant_open = False
     return out
+
+
+def _chat_part(part: dict[str, Any]) -> dict[str, Any]:
+    """A canonical content part as a chat content part (input_image -> image_url)."""
+    if part["type"] == "input_image":
+        return {"type": "image_url",
+                "image_url": {"url": part["image_url"], "detail": part["detail"]}}
+    return {"type": "text", "text": part["text"]}
 
 
 def _response_format(r: ResponsesRequest) -> dict[str, Any] | None:

@@ -6,14 +6,15 @@ each item is checked here and rewritten in its canonical form, the shape OpenAI 
 from GET /v1/responses/{id}/input_items (every item has an `id`):
 
     {"type": "message", "id", "role", "content": [{"type": "input_text" | "output_text",
-        "text"}], "status": "completed"}
+        "text"} | {"type": "input_image", "image_url", "detail"}], "status": "completed"}
     {"type": "function_call", "id", "call_id", "name", "arguments", "status"}
     {"type": "function_call_output", "id", "call_id", "output": str, "status"}
     {"type": "reasoning", "id", "summary": [{"type": "summary_text", "text"}],
         "content": [{"type": "reasoning_text", "text"}]}
 
-Served: text content only (input_text, output_text; an image, file or audio part is a
-400), function tools, text.format json_schema / json_object / text, and the include
+Served: text and image content (input_text, output_text; input_image in user and
+system messages, as {"type": "input_image", "image_url", "detail"}: a file, audio or
+file-id part is a 400), function tools, text.format json_schema / json_object / text, and the include
 value `message.output_text.logprobs`. Fields accepted because they change nothing here:
 `user`, `metadata` (echoed), `service_tier`, `safety_identifier`, `prompt_cache_key`,
 `truncation: "disabled"`, `background: false`, `reasoning: null`.
@@ -154,7 +155,8 @@ def check_request(r: ResponsesRequest) -> None:
 # -- input items --------------------------------------------------------------------
 
 _TEXT_PARTS = ("input_text", "output_text")
-_UNSERVED_PARTS = ("input_image", "input_file", "input_audio", "refusal")
+_INPUT_PARTS = ("input_text", "input_image")  # what a user or system message may hold
+_UNSERVED_PARTS = ("input_file", "input_audio", "refusal")
 _ROLES = ("user", "system", "developer", "assistant")
 _STATUSES = ("in_progress", "completed", "incomplete")
 
@@ -190,14 +192,31 @@ def _texts(parts: Any, allowed: tuple[str, ...], param: str) -> list[dict[str, A
             raise _bad(where, f"{where} must be an object")
         kind = part.get("type")
         if kind in _UNSERVED_PARTS:
-            raise _bad(where, f"{where}: {kind} content is not served here (text only)")
+            raise _bad(where, f"{where}: {kind} content is not served here (text and images only)")
         if kind not in allowed:
             raise _bad(f"{where}.type", f"{where}.type must be one of {', '.join(allowed)}")
+        if kind == "input_image":
+            out.append(_image(part, where))
+            continue
         _only(part, ("type", "text", "annotations", "logprobs"), where)
         text = _string(part, "text", where)
         out.append({"type": kind, "text": text, "annotations": []} if kind == "output_text"
                    else {"type": kind, "text": text})  # fmt: skip
     return out
+
+
+def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An input_image part: its image_url (a data: URL, or http(s) where the server
+    allows image URLs: the chat path decides) and detail; file ids are not served."""
+    _only(part, ("type", "image_url", "detail", "file_id"), where)
+    if part.get("file_id") is not None:
+        raise _bad(f"{where}.file_id", f"{where}: file ids are not served here: send the "
+                   "image as image_url")
+    detail = part.get("detail") or "auto"
+    if detail not in ("auto", "low", "high"):
+        raise _bad(f"{where}.detail", f"{where}.detail must be one of auto, low, high")
+    return {"type": "input_image", "image_url": _string(part, "image_url", where),
+            "detail": detail}
 
 
 def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
@@ -210,7 +229,8 @@ def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
         kind = "output_text" if role == "assistant" else "input_text"
         parts = _texts([{"type": kind, "text": content}], _TEXT_PARTS, f"{param}.content")
     else:
-        parts = _texts(content, _TEXT_PARTS, f"{param}.content")
+        allowed = _TEXT_PARTS if role == "assistant" else (*_TEXT_PARTS, "input_image")
+        parts = _texts(content, allowed, f"{param}.content")
     return {"type": "message", "id": _string(item, "id", param, optional=True) or new_id("msg"),
             "role": role, "content": parts, "status": "completed"}  # fmt: skip
 

@@ -76,9 +76,14 @@ class NativeModel:
                               for g in prepared.graphs_for(cpb.OPERATION_DECODE)
                               if g.batch_capacity <= max(geometry.decode_capacities))
         self._prefill = sorted((g.token_capacity, g.name)
-                               for g in prepared.graphs_for(cpb.OPERATION_PREFILL))
+                               for g in prepared.graphs_for(cpb.OPERATION_PREFILL)
+                               if not _image_graph(g))
         self._scored = sorted((g.token_capacity, g.name)
                               for g in prepared.graphs_for(cpb.OPERATION_SCORED_PREFILL))
+        # Image prefill programs (they bind the image inputs): steps carrying images.
+        self._image_prefill = sorted((g.token_capacity, g.name)
+                                     for g in prepared.graphs_for(cpb.OPERATION_PREFILL)
+                                     if _image_graph(g))
         # SPECULATIVE programs of the served widths as (lane limit, W, B, name): the
         # shortest lane limit first, then the narrowest, then by batch.
         served = set(geometry.speculative_widths)
@@ -245,8 +250,16 @@ class NativeModel:
                              f"width {width}")
         if plan.kind is StepKind.DECODE:
             need, table = len(plan.rows), self._decode
-        else:  # a PREFILL step with a scoring row runs a SCORED_PREFILL program
-            need, table = plan.token_count, self._scored if plan.scored else self._prefill
+        else:  # a scoring row: a SCORED_PREFILL program; rows with images: an image prefill
+            need, table = plan.token_count, self._prefill
+            imaged = any(r.images for r in plan.rows)
+            if plan.scored and imaged:  # Scheduler._build_prefill never joins them
+                raise ValueError("a scored prefill plan carries images; no captured "
+                                 "variant scores image rows")
+            if plan.scored:
+                table = self._scored
+            elif imaged:
+                table = self._image_prefill
             if len(plan.rows) > self.manifests.prefill_row_capacity:
                 raise ValueError(f"prefill plan has {len(plan.rows)} rows; capacity "
                                  f"{self.manifests.prefill_row_capacity}")
@@ -434,7 +447,11 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
     decode = list(prepared.decode_capacities)
     if max_concurrency is not None:
         decode = [b for b in decode if b <= max_concurrency] or decode[:1]
-    prefill = prepared.prefill_capacities  # (rows, tokens) pairs
+    prefill = [(g.batch_capacity, g.token_capacity)
+               for g in prepared.graphs_for(cpb.OPERATION_PREFILL) if not _image_graph(g)]
+    image_windows = min((int(buffers[b.destination].shape[0])
+                         for g in prepared.graphs_for(cpb.OPERATION_PREFILL)
+                         for b in g.bindings if b.image_output == "windows"), default=0)
     widths = list(served_speculative_widths(prepared, speculative_width))
     speculative = prepared.graphs_for(cpb.OPERATION_SPECULATIVE)
     cursor = speculative[0].completion_cursor if speculative else None
@@ -471,12 +488,18 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
             _binds(g, cpb.VALUE_SOURCE_CANDIDATE_IDS) for g in history),
         candidate_masks=bool(widths) and prepared.constrained_speculation(widths),
         scored_token_capacities=tuple(sorted(
-            g.token_capacity for g in prepared.graphs_for(cpb.OPERATION_SCORED_PREFILL))))
+            g.token_capacity for g in prepared.graphs_for(cpb.OPERATION_SCORED_PREFILL))),
+        image_windows=image_windows, image_feature_slots=prepared.vision.feature_slots)
 
 
 def _prefix_limit(graph: cpb.GraphContract) -> bool:
     return (graph.operation == cpb.OPERATION_SPECULATIVE and graph.speculative.length_source
             == cpb.LENGTH_SOURCE_SPECULATIVE_PREFIX_LIMIT)
+
+
+def _image_graph(graph: cpb.GraphContract) -> bool:
+    """A prefill program that encodes images (it binds the image layout's outputs)."""
+    return _binds(graph, cpb.VALUE_SOURCE_IMAGE_TENSOR)
 
 
 def _binds(graph: cpb.GraphContract, source: int) -> bool:

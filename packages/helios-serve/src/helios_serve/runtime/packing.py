@@ -82,6 +82,10 @@ SAMPLING_VALUES: dict[int, Callable[[SamplingParams], object]] = {
     V.VALUE_SOURCE_SEED_BITS: lambda s: (s.seed & 0xFFFFFFFF, (s.seed >> 32) & 0xFFFFFFFF),
 }
 
+# Image inputs (IMAGE_TENSOR outputs "windows" / "window_count", IMAGE_FEATURE_INDEX):
+# the step's RowPlan.images (SharedPacking._pack_images).
+IMAGE_SOURCES = frozenset({V.VALUE_SOURCE_IMAGE_TENSOR, V.VALUE_SOURCE_IMAGE_FEATURE_INDEX})
+
 # Per-row sources of TRANSFER steps (RESTORE programs): one value per row copy.
 COPY_VALUES: dict[int, Callable[[Sequence[RowCopy]], list]] = {
     V.VALUE_SOURCE_RESTORE_SOURCE: lambda copies: [c.source for c in copies],
@@ -240,7 +244,9 @@ class SharedPacking:
             for b in graph.bindings:
                 dest = tuple(frame[b.destination] for frame in staging)
                 table = None
-                if b.indexing == V.INDEXING_PHYSICAL_REQUEST_ROW:
+                if b.source in IMAGE_SOURCES:
+                    method = self._pack_images
+                elif b.indexing == V.INDEXING_PHYSICAL_REQUEST_ROW:
                     method = self._pack_physical
                 elif b.indexing == V.INDEXING_PACKED_TOKEN:
                     method = self._pack_tokens
@@ -316,6 +322,37 @@ class SharedPacking:
         dest[:n] = values + dest.dtype.type(item.offset) if item.offset else values
         if capacity > n:
             dest[n:capacity] = item.padding
+
+    def _pack_images(self, item: _Resolved, dest: np.ndarray, step: _Step,
+                     dirty: list[DirtyRange]) -> None:
+        """The image inputs of an image prefill (specification: "Image tensors" and
+        image feature indices). The step's images, in row order, are encoded whole: their
+        windows fill ``windows`` from window 0 (``window_count`` of them; later windows are
+        never read), and their feature rows follow in the same order, each image's
+        ``len(feature_positions)`` rows (its windows x features per window). Per packed
+        token, IMAGE_FEATURE_INDEX is the feature row of a feature position, else the
+        padding (-1)."""
+        images = [image for r in step.rows for image in r.images]
+        output = item.binding.image_output
+        if output == "windows":
+            at = 0
+            for image in images:
+                dest[at:at + image.windows] = image.array()
+                at += image.windows
+            return
+        if output == "window_count":
+            dest.reshape(-1)[0] = sum(image.windows for image in images)
+            return
+        # VALUE_SOURCE_IMAGE_FEATURE_INDEX, PACKED_TOKEN
+        dest[:step.token_capacity] = item.padding
+        base, at = 0, 0  # first feature row of the image; packed index of the row
+        for r in step.rows:
+            for image in r.images:
+                for k, position in enumerate(image.feature_positions):
+                    if r.start_position <= position < r.start_position + len(r.tokens):
+                        dest[at + position - r.start_position] = base + k
+                base += len(image.feature_positions)
+            at += r.lane_length
 
     def _pack_sampling(self, item: _Resolved, dest: np.ndarray, step: _Step,
                        dirty: list[DirtyRange]) -> None:

@@ -86,7 +86,7 @@ class SequencePages:
         # A shifted page-table view keeps block i's history in page i + offset: pages are
         # then private to their request (the cache shares nothing: CacheManager.sharing).
         # A request scoring its prompt needs the logits of every position: no reuse.
-        match = self.cache.match(() if seq.scoring else seq.tokens)
+        match = self.cache.match(() if seq.scoring else seq.cache_tokens)
         start = match.reused_tokens
         n = min(len(seq.tokens) - start, budget)
         held = len(match.device.page_ids) + match.fresh_pages  # pages of the reused part

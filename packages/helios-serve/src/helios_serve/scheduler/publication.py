@@ -49,7 +49,7 @@ class Publisher:
         end = seq.num_computed if endpoint is None else min(endpoint, seq.num_computed)
         if seq.num_published >= end // pt:
             return
-        extend_chain(seq.page_hashes, seq.tokens, pt, end // pt)
+        extend_chain(seq.page_hashes, seq.cache_tokens, pt, end // pt)
         for i in range(seq.num_published, end // pt):
             self.cache.publish(seq.page_ids[i], seq.page_hashes[i])
             seq.num_published = i + 1
@@ -85,8 +85,9 @@ class Publisher:
         pages = endpoint // pt
         if not self.cache.snapshots or endpoint % pt == 0 or endpoint > seq.num_computed:
             return None
-        chain = chain_at(extend_chain(seq.page_hashes, seq.tokens, pt, pages), pages)
-        tail = tuple(seq.tokens[pages * pt:endpoint])
+        keys = seq.cache_tokens
+        chain = chain_at(extend_chain(seq.page_hashes, keys, pt, pages), pages)
+        tail = tuple(keys[pages * pt:endpoint])
         if not self.cache.capture(chain, tail, seq.page_ids[pages]):
             return None
         return (chain, tail)

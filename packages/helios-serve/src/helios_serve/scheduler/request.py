@@ -6,7 +6,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from helios_serve.engine.plan import SamplingParams
+from helios_serve.engine.plan import PromptImage, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class SchedRequest:
             probabilities): its prefill rows carry targets (RowPlan.score_targets) and
             run SCORED_PREFILL programs, and it reuses no cached prefix (every position's
             logits are needed).
+        images: the prompt's images, spans ascending (PromptImage): chunks never end
+            inside a span, and the prefix cache keys feature positions by content.
     """
 
     request_id: int
@@ -55,6 +57,7 @@ class SchedRequest:
     fork_of: int | None = None
     publish_endpoints: tuple[int, ...] = ()
     score_prompt: bool = False
+    images: tuple[PromptImage, ...] = ()
     candidate_filter: Callable[[tuple[int, ...]], int] | None = field(
         default=None, compare=False, repr=False)
 

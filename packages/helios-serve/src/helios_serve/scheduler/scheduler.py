@@ -320,7 +320,9 @@ class Scheduler:
         A row scoring its prompt (Sequence.scoring) makes the step a scored one: its
         packed tokens must then fit the largest SCORED_PREFILL capacity, so the first
         scoring row cuts the budget to what that capacity has left (and waits for the
-        next step when the rows before it already exceed it)."""
+        next step when the rows before it already exceed it). No SCORED_PREFILL program
+        encodes images: a scored step's image rows stop before their next image, and a
+        scoring row waits when the step already encodes one."""
         g = self.geometry
         budget = g.prefill_token_capacities[-1]  # packed tokens left
         rows: list[RowPlan] = []
@@ -328,6 +330,8 @@ class Scheduler:
 
         def room(seq: Sequence) -> int:
             nonlocal budget, scored
+            if seq.scoring and windows < g.image_windows:
+                return 0  # no SCORED_PREFILL program encodes images: the next step
             if seq.scoring and not scored:
                 used = g.prefill_token_capacities[-1] - budget
                 budget = max(0, min(budget, g.scored_token_capacities[-1] - used))
@@ -335,14 +339,19 @@ class Scheduler:
             return budget
 
         # Sequence.in_prefill as one filter first: in steady decode no running request is.
+        windows = g.image_windows  # image windows the step may still encode
         for seq in [s for s in self.live.running if s.num_scheduled < s.prefill_tokens]:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
             if seq.can_prefill and room(seq):
-                n = self.alloc.grow(seq, budget)
+                n, used = self._image_cut(seq, budget, 0 if scored else windows)
+                n = self.alloc.grow(seq, n) if n else 0
+                # pages may shorten it
+                n, used = self._image_cut(seq, n, 0 if scored else windows)
                 if n:
                     rows.append(self._prefill_row(seq, n))
                     budget -= n
+                    windows -= used
         while admit and self.live.waiting and self.alloc.free_slots:
             if budget == 0 or len(rows) == g.prefill_row_capacity:
                 break
@@ -354,9 +363,21 @@ class Scheduler:
             self.live.waiting.popleft()
             n = min(seq.prefill_tokens - seq.num_scheduled, budget)
             n = min(n, self.alloc.token_pages(seq) * g.page_tokens - seq.num_scheduled)
-            rows.append(self._prefill_row(seq, n))
-            budget -= n
+            n, used = self._image_cut(seq, n, 0 if scored else windows)
+            if n:  # else its next span waits for a step with room (it is running now)
+                rows.append(self._prefill_row(seq, n))
+                budget -= n
+                windows -= used
         return StepPlan(StepKind.PREFILL, tuple(rows)) if rows else None
+
+    @staticmethod
+    def _image_cut(seq: Sequence, n: int, windows: int) -> tuple[int, int]:
+        """The next chunk of `seq`, at most `n` tokens, shortened so it ends outside every
+        image span and its images fit `windows` (Sequence.image_cut): (tokens, windows)."""
+        if not seq.request.images or n <= 0:
+            return max(n, 0), 0
+        return seq.image_cut(seq.num_scheduled, min(n, seq.prefill_tokens - seq.num_scheduled),
+                             windows)
 
     def _awaits_fork_parent(self, seq: Sequence) -> bool:
         """A choice of n > 1 waits while the choice it forks from still computes the
@@ -401,6 +422,7 @@ class Scheduler:
         return self._row(
             seq, seq.tokens[start:end], sample=end == seq.prefill_tokens, histogram=histogram,
             score_targets=targets,
+            images=seq.chunk_images(start, end) if seq.request.images else (),
         )
 
     def _build_decode(self) -> StepPlan | None:
@@ -502,6 +524,7 @@ class Scheduler:
         lane_length: int = 0,
         candidates: CopiedCandidates | None = None,
         score_targets: tuple[int, ...] | None = None,
+        images: tuple = (),
     ) -> RowPlan:
         """Build a row and advance the request's scheduled state (a speculative lane
         schedules all `lane_length` positions it may write)."""
@@ -511,7 +534,7 @@ class Scheduler:
         pages = ceil_div(end, self.geometry.page_tokens) + self.geometry.extra_pages_per_request
         row = RowPlan(seq.request_id, seq.slot, seq.generation, tuple(tokens), start,
                       seq.page_prefix(pages), sample, seq.request.sampling, histogram, None,
-                      lane_length, candidates, score_targets)
+                      lane_length, candidates, score_targets, images)
         seq.issue(end, sample, decode, self._frames.step)
         return row
 

@@ -64,6 +64,37 @@ class Sequence:
         return self.scored_upto < self.num_prompt_tokens - 1
 
     @property
+    def cache_tokens(self) -> list[int]:
+        """What the prefix cache keys this sequence's positions by: its tokens, with each
+        image feature position keyed by the image's content (PromptImage.cache_keys)."""
+        if not self.request.images:
+            return self.tokens
+        keys = list(self.tokens)
+        for image in self.request.images:
+            for position, key in zip(image.feature_positions, image.cache_keys(), strict=True):
+                keys[position] = key
+        return keys
+
+    def chunk_images(self, start: int, end: int) -> tuple:
+        """The images whose spans overlap prompt positions [start, end)."""
+        return tuple(i for i in self.request.images if i.start < end and i.end > start)
+
+    def image_cut(self, start: int, n: int, windows_left: int) -> tuple[int, int]:
+        """The longest chunk [start, start + m), m <= n, that ends outside every image
+        span and whose images have at most `windows_left` windows; returns (m, windows
+        it encodes). m = 0: the next span does not fit this step."""
+        end, used = start + n, 0
+        for image in self.request.images:
+            if image.end <= start:
+                continue
+            if image.start >= end:
+                break
+            if image.end > end or used + image.windows > windows_left:
+                return max(image.start - start, 0), used
+            used += image.windows
+        return n, used
+
+    @property
     def output_tokens(self) -> tuple[int, ...]:
         return tuple(self.tokens[self.num_prompt_tokens :])
 

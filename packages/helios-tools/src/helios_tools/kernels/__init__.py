@@ -81,6 +81,16 @@ from .speculative import (
     spec_verify_coupled,
 )
 from .tuning import split_tuning_select, split_tuning_setup, timer_mark
+from .vision import (
+    bias_add,
+    gelu_tanh,
+    image_merge,
+    layernorm,
+    patchify,
+    pixel_shuffle,
+    position_add,
+    window_attention,
+)
 
 __all__ = [
     "DTYPES",
@@ -130,6 +140,14 @@ __all__ = [
     "rope",
     "rope_kv_write",
     "row_copy",
+    "patchify",
+    "position_add",
+    "layernorm",
+    "bias_add",
+    "gelu_tanh",
+    "window_attention",
+    "pixel_shuffle",
+    "image_merge",
     "sample",
     "sample_biased",
     "sample_chunks",

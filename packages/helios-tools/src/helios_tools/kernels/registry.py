@@ -77,6 +77,16 @@ from .speculative import (
     spec_verify_coupled,
 )
 from .tuning import split_tuning_select, split_tuning_setup, timer_mark
+from .vision import (
+    bias_add,
+    gelu_tanh,
+    image_merge,
+    layernorm,
+    patchify,
+    pixel_shuffle,
+    position_add,
+    window_attention,
+)
 
 ParamKind = Literal["buffer", "i32", "f32"]
 Direction = Literal["in", "out", "inout"]
@@ -462,6 +472,25 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("src", "f32"), _b("dst", "f32", "inout"), _b("src_rows", "i32"),
         _b("dst_rows", "i32"), *_i("R", "ROW"),
     ),
+    # Vision encoder and connector (kernels/vision.py).
+    "patchify": (
+        _b("windows", "f32"), _b("count", "i32"), _b("out", "f32", "out"), *_i("W", "S", "P"),
+    ),
+    "position_add": (_b("x", "f32", "inout"), _b("positions", "f32"), *_i("T", "NP", "D")),
+    "layernorm": (
+        _b("x", "f32"), _b("weight", "f32"), _b("bias", "f32"), _b("out", "f32", "out"),
+        *_i("T", "D"), *_f("eps"),
+    ),
+    "bias_add": (_b("x", "f32", "inout"), _b("bias", "f32"), *_i("T", "N")),
+    "gelu_tanh": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "N")),
+    "window_attention": (
+        _b("qkv", "f32"), _b("count", "i32"), _b("out", "f32", "out"),
+        *_i("W", "NP", "H", "HD"), *_f("scale"),
+    ),
+    "pixel_shuffle": (_b("x", "f32"), _b("out", "f32", "out"), *_i("W", "G", "D", "R")),
+    "image_merge": (
+        _b("features", "f32"), _b("index", "i32"), _b("x", "f32", "inout"), *_i("T", "F", "D"),
+    ),
 }  # fmt: skip
 
 REFERENCE_OPS: dict[str, Callable[..., None]] = {
@@ -536,6 +565,14 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "sample_race": sample_race,
     "sample_pick": sample_pick,
     "row_copy": row_copy,
+    "patchify": patchify,
+    "position_add": position_add,
+    "layernorm": layernorm,
+    "bias_add": bias_add,
+    "gelu_tanh": gelu_tanh,
+    "window_attention": window_attention,
+    "pixel_shuffle": pixel_shuffle,
+    "image_merge": image_merge,
 }
 
 

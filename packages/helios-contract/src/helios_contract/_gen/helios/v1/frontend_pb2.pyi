@@ -32,6 +32,7 @@ class ImagePreparation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IMAGE_PREPARATION_UNSPECIFIED: _ClassVar[ImagePreparation]
     IMAGE_PREPARATION_NONE: _ClassVar[ImagePreparation]
     IMAGE_PREPARATION_PATCH_GRID: _ClassVar[ImagePreparation]
+    IMAGE_PREPARATION_TILED_GLOBAL: _ClassVar[ImagePreparation]
 
 class ImageLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -39,6 +40,14 @@ class ImageLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IMAGE_LAYOUT_NONE: _ClassVar[ImageLayout]
     IMAGE_LAYOUT_SINGLE_SPAN: _ClassVar[ImageLayout]
     IMAGE_LAYOUT_ROW_SEPARATED_SPAN: _ClassVar[ImageLayout]
+    IMAGE_LAYOUT_TILE_GRID_SPAN: _ClassVar[ImageLayout]
+
+class ImageResample(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IMAGE_RESAMPLE_UNSPECIFIED: _ClassVar[ImageResample]
+    IMAGE_RESAMPLE_BILINEAR: _ClassVar[ImageResample]
+    IMAGE_RESAMPLE_BICUBIC: _ClassVar[ImageResample]
+    IMAGE_RESAMPLE_LANCZOS: _ClassVar[ImageResample]
 
 class FrontendMessageRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -63,10 +72,16 @@ REASONING_PARSER_RECIPIENT_HEADER: ReasoningParser
 IMAGE_PREPARATION_UNSPECIFIED: ImagePreparation
 IMAGE_PREPARATION_NONE: ImagePreparation
 IMAGE_PREPARATION_PATCH_GRID: ImagePreparation
+IMAGE_PREPARATION_TILED_GLOBAL: ImagePreparation
 IMAGE_LAYOUT_UNSPECIFIED: ImageLayout
 IMAGE_LAYOUT_NONE: ImageLayout
 IMAGE_LAYOUT_SINGLE_SPAN: ImageLayout
 IMAGE_LAYOUT_ROW_SEPARATED_SPAN: ImageLayout
+IMAGE_LAYOUT_TILE_GRID_SPAN: ImageLayout
+IMAGE_RESAMPLE_UNSPECIFIED: ImageResample
+IMAGE_RESAMPLE_BILINEAR: ImageResample
+IMAGE_RESAMPLE_BICUBIC: ImageResample
+IMAGE_RESAMPLE_LANCZOS: ImageResample
 FRONTEND_MESSAGE_ROLE_UNSPECIFIED: FrontendMessageRole
 FRONTEND_MESSAGE_ROLE_SYSTEM: FrontendMessageRole
 FRONTEND_MESSAGE_ROLE_USER: FrontendMessageRole
@@ -74,7 +89,7 @@ FRONTEND_MESSAGE_ROLE_ASSISTANT: FrontendMessageRole
 FRONTEND_MESSAGE_ROLE_TOOL: FrontendMessageRole
 
 class FrontendContract(_message.Message):
-    __slots__ = ("tool_parser", "reasoning_parser", "image_preparation", "image_layout", "tool_syntax", "reasoning_syntax", "assistant_boundaries", "recipient_syntax", "prefix_boundary_rules", "image_token_layout")
+    __slots__ = ("tool_parser", "reasoning_parser", "image_preparation", "image_layout", "tool_syntax", "reasoning_syntax", "assistant_boundaries", "recipient_syntax", "prefix_boundary_rules", "image_token_layout", "image_tiling")
     TOOL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PREPARATION_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +100,7 @@ class FrontendContract(_message.Message):
     RECIPIENT_SYNTAX_FIELD_NUMBER: _ClassVar[int]
     PREFIX_BOUNDARY_RULES_FIELD_NUMBER: _ClassVar[int]
     IMAGE_TOKEN_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_TILING_FIELD_NUMBER: _ClassVar[int]
     tool_parser: ToolParser
     reasoning_parser: ReasoningParser
     image_preparation: ImagePreparation
@@ -95,7 +111,8 @@ class FrontendContract(_message.Message):
     recipient_syntax: RecipientSyntax
     prefix_boundary_rules: _containers.RepeatedCompositeFieldContainer[PrefixBoundaryRule]
     image_token_layout: ImageTokenLayout
-    def __init__(self, tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ..., image_preparation: _Optional[_Union[ImagePreparation, str]] = ..., image_layout: _Optional[_Union[ImageLayout, str]] = ..., tool_syntax: _Optional[_Union[ToolSyntax, _Mapping]] = ..., reasoning_syntax: _Optional[_Union[ReasoningSyntax, _Mapping]] = ..., assistant_boundaries: _Optional[_Union[AssistantBoundaries, _Mapping]] = ..., recipient_syntax: _Optional[_Union[RecipientSyntax, _Mapping]] = ..., prefix_boundary_rules: _Optional[_Iterable[_Union[PrefixBoundaryRule, _Mapping]]] = ..., image_token_layout: _Optional[_Union[ImageTokenLayout, _Mapping]] = ...) -> None: ...
+    image_tiling: ImageTiling
+    def __init__(self, tool_parser: _Optional[_Union[ToolParser, str]] = ..., reasoning_parser: _Optional[_Union[ReasoningParser, str]] = ..., image_preparation: _Optional[_Union[ImagePreparation, str]] = ..., image_layout: _Optional[_Union[ImageLayout, str]] = ..., tool_syntax: _Optional[_Union[ToolSyntax, _Mapping]] = ..., reasoning_syntax: _Optional[_Union[ReasoningSyntax, _Mapping]] = ..., assistant_boundaries: _Optional[_Union[AssistantBoundaries, _Mapping]] = ..., recipient_syntax: _Optional[_Union[RecipientSyntax, _Mapping]] = ..., prefix_boundary_rules: _Optional[_Iterable[_Union[PrefixBoundaryRule, _Mapping]]] = ..., image_token_layout: _Optional[_Union[ImageTokenLayout, _Mapping]] = ..., image_tiling: _Optional[_Union[ImageTiling, _Mapping]] = ...) -> None: ...
 
 class ToolSyntax(_message.Message):
     __slots__ = ("call_open", "call_close", "function_name_open", "function_name_close", "function_close", "parameter_name_open", "parameter_name_close", "parameter_kind_open", "parameter_kind_close", "parameter_kind_string", "parameter_kind_json", "parameter_value_open", "parameter_value_close", "wrapping_newline", "tag_separator", "json_name_key", "json_arguments_key")
@@ -188,17 +205,45 @@ class PrefixBoundaryRule(_message.Message):
     def __init__(self, role: _Optional[_Union[FrontendMessageRole, str]] = ..., end_marker: _Optional[str] = ..., rerendered_by_later_messages: _Optional[bool] = ...) -> None: ...
 
 class ImageTokenLayout(_message.Message):
-    __slots__ = ("feature_token_id", "span_start_token_id", "span_end_token_id", "row_separator_token_id", "patches_per_feature", "atomic_spans")
+    __slots__ = ("feature_token_id", "span_start_token_id", "span_end_token_id", "row_separator_token_id", "patches_per_feature", "atomic_spans", "tile_token_ids", "tile_grid_columns", "global_token_id", "grid_end_token_ids", "template_placeholder")
     FEATURE_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     SPAN_START_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     SPAN_END_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     ROW_SEPARATOR_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     PATCHES_PER_FEATURE_FIELD_NUMBER: _ClassVar[int]
     ATOMIC_SPANS_FIELD_NUMBER: _ClassVar[int]
+    TILE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TILE_GRID_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    GRID_END_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_PLACEHOLDER_FIELD_NUMBER: _ClassVar[int]
     feature_token_id: int
     span_start_token_id: int
     span_end_token_id: int
     row_separator_token_id: int
     patches_per_feature: int
     atomic_spans: bool
-    def __init__(self, feature_token_id: _Optional[int] = ..., span_start_token_id: _Optional[int] = ..., span_end_token_id: _Optional[int] = ..., row_separator_token_id: _Optional[int] = ..., patches_per_feature: _Optional[int] = ..., atomic_spans: _Optional[bool] = ...) -> None: ...
+    tile_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    tile_grid_columns: int
+    global_token_id: int
+    grid_end_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    template_placeholder: str
+    def __init__(self, feature_token_id: _Optional[int] = ..., span_start_token_id: _Optional[int] = ..., span_end_token_id: _Optional[int] = ..., row_separator_token_id: _Optional[int] = ..., patches_per_feature: _Optional[int] = ..., atomic_spans: _Optional[bool] = ..., tile_token_ids: _Optional[_Iterable[int]] = ..., tile_grid_columns: _Optional[int] = ..., global_token_id: _Optional[int] = ..., grid_end_token_ids: _Optional[_Iterable[int]] = ..., template_placeholder: _Optional[str] = ...) -> None: ...
+
+class ImageTiling(_message.Message):
+    __slots__ = ("tile_pixels", "patch_pixels", "resize_longest_edge", "resample", "rescale", "mean", "std")
+    TILE_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    PATCH_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_LONGEST_EDGE_FIELD_NUMBER: _ClassVar[int]
+    RESAMPLE_FIELD_NUMBER: _ClassVar[int]
+    RESCALE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    STD_FIELD_NUMBER: _ClassVar[int]
+    tile_pixels: int
+    patch_pixels: int
+    resize_longest_edge: int
+    resample: ImageResample
+    rescale: float
+    mean: _containers.RepeatedScalarFieldContainer[float]
+    std: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, tile_pixels: _Optional[int] = ..., patch_pixels: _Optional[int] = ..., resize_longest_edge: _Optional[int] = ..., resample: _Optional[_Union[ImageResample, str]] = ..., rescale: _Optional[float] = ..., mean: _Optional[_Iterable[float]] = ..., std: _Optional[_Iterable[float]] = ...) -> None: ...
