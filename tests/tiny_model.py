@@ -157,8 +157,8 @@ class ServeProcess:
         import signal
 
         self.proc.send_signal(signal.SIGINT)
-        try:
-            _, err = self.proc.communicate(timeout=30)
+        try:  # a hang guard, generous for a loaded 2-core machine
+            _, err = self.proc.communicate(timeout=120)
         except Exception:
             self.proc.kill()
             raise

@@ -97,7 +97,7 @@ def test_failures_are_one_line_with_their_status(args, status, line, tmp_path):
     (["--checkpoint", "smollm2", "--geometry", "smollm2-135m"],
      "ignition: error: --geometry applies only with --random-weights"),
     (["--random-weights", "7"], "ignition: error: --random-weights needs --geometry "
-     "(smollm2-135m or llama-3.1-8b)"),
+     "(smollm2-135m, llama-3.1-8b, qwen3-8b or qwen3-30b-a3b)"),
     (["--checkpoint", "smollm2", "--protected-version", "4"],
      "ignition: error: --protected-version applies only with --carrier logical"),
 ], ids=["no checkpoint", "geometry alone", "random without geometry", "carrier options"])

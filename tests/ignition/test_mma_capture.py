@@ -23,7 +23,11 @@ def test_mma_off_and_small_models_record_linear_only(monkeypatch):
     assert launch.mma_plan(64, 6144, 4096, "off") is None
     assert launch.mma_plan(4, 6144, 4096, "on") is None  # below 8 rows: GEMV / FMA / v3
     assert launch.mma_plan(8, 960, 576, "on") is None  # SmolLM2: launch-bound, unchanged
-    assert launch.mma_plan(300, 6144, 4096, "on") is None  # prefill tiles beyond 256 rows
+    # beyond 256 rows: the packed TC prefill tile (one slice), unless turned off
+    assert launch.mma_plan(300, 6144, 4096, "on") == 1
+    monkeypatch.setattr(launch, "PREFILL_PACKED", False)  # HELIOS_LINEAR_PREFILL_PACKED=0
+    assert launch.mma_plan(300, 6144, 4096, "on") is None  # the linear kernel's prefill tile
+    monkeypatch.setattr(launch, "PREFILL_PACKED", True)
     # the measured cells (bench/results/h200_2026-12-02/mma_sweep_bf8287c.json)
     assert launch.mma_plan(8, 6144, 4096) == 2 and launch.mma_plan(48, 4096, 14336) == 4
     assert launch.mma_constants(48, 4096, 14336) == dict(
