@@ -63,6 +63,11 @@ class Gemma3Shapes:
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
     @property
+    def vision(self) -> None:
+        """No vision tower: the family exports text-only cores (capture.family.Family)."""
+        return None
+
+    @property
     def head_rows(self) -> int:
         return self.vocab
 
