@@ -115,6 +115,17 @@ def plain_logprobs(checkpoint: Path, ids: list[int], steps: int, top: int
     return out
 
 
+def _default_signals() -> None:
+    """In the child before exec: no blocked signals and SIGINT at its default, whatever the
+    test process inherited or set (a blocked or ignored SIGINT is inherited across exec,
+    and Ray's in-process drivers in tests/ray may leave one behind), so that the server's
+    own SIGINT handling is what the test sees."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class ServeProcess:
     """`helios-serve ARGS --port 0` as a subprocess; `url` once it serves.
 
@@ -131,7 +142,8 @@ class ServeProcess:
         serve = Path(sys.executable).parent / "helios-serve"
         self.proc = subprocess.Popen([str(serve), *map(str, args), "--port", "0"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})},
+                                     preexec_fn=_default_signals)
         first = self.proc.stdout.readline()
         if not first.startswith("Helios is serving"):
             self.proc.kill()
