@@ -12,6 +12,7 @@ from helios_ignition.checkpoint import (
     CheckpointError,
     random_checkpoint,
 )
+from helios_ignition.checkpoint.synthetic import synthetic_tensor
 from helios_tools.frontend_assets import load_tokenizer
 
 
@@ -94,3 +95,16 @@ def test_order_independent():
 def test_unknown_geometry_lists_known():
     with pytest.raises(CheckpointError, match="llama-3.1-8b.*smollm2-135m"):
         random_checkpoint("gpt-5", seed=0)
+
+
+def test_read_ahead_returns_each_tensor_whatever_the_order():
+    # The read-ahead pool draws later tensors early; a read out of canonical order (a
+    # skipped-ahead tensor, one behind the cursor, one read twice) gets the same values
+    # as drawing that tensor alone.
+    ck = random_checkpoint("smollm2-135m", seed=3)
+    names = ck.tensor_names
+    geometry = ck.geometry
+    order = [names[0], names[5], names[1], names[2], names[2], names[-1], names[3]]
+    for name in order:
+        expected = synthetic_tensor(geometry, 3, names.index(name), name)
+        np.testing.assert_array_equal(ck.tensor(name), expected)
