@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -275,6 +277,51 @@ def check_template(chat_template: str, source: str, error: type[Exception]) -> N
         pass
 
 
+
+def read_ahead(items: Iterator, depth: int = 2) -> Iterator:
+    """Yield `items` in order while a background thread produces up to `depth` ahead.
+
+    Export reads and converts a weight (checkpoint decode, bf16 rounding: NumPy, which
+    releases the GIL) while the writer compresses and hashes the previous one. An exception
+    in the producer is raised here, at the item where it happened; closing this generator
+    early (an error while writing) stops the producer.
+    """
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(entry: tuple) -> bool:
+        while not stop.is_set():  # never blocks for good once the consumer has gone
+            try:
+                slots.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((done, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put((done, exc))
+
+    worker = threading.Thread(target=produce, name="export-read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, exc = slots.get()
+            if item is done:
+                if exc is not None:
+                    raise exc
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
 @contextmanager
 def _write_errors(out: Path) -> Iterator[None]:
     """Turn an OSError of writing the core (folder, disk) into an ExportError naming `out`."""
@@ -538,8 +585,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         writer.add_resource("chat_template.jinja", core_pb2.RESOURCE_KIND_CHAT_TEMPLATE, tpl)
         written(len(tok) + len(tpl))
         stored = []
-        for done, weight in enumerate(iter_stored_weights(ckpt, shapes, recipe.weight_dtype,
-                                                                  blocks)):
+        for done, weight in enumerate(read_ahead(iter_stored_weights(
+                ckpt, shapes, recipe.weight_dtype, blocks))):
             if progress:
                 progress("weights read", done + 1, weight_count, "")
             writer.add_resource(weight.resource_id, core_pb2.RESOURCE_KIND_WEIGHTS,
