@@ -219,6 +219,28 @@ def gemv_constants(N: int, K: int, spec: str = "") -> dict[str, int]:
     return c
 
 
+# Rows per program of the row-invariant linear (``linear_invariant``: drafter cores'
+# decode and verification rows): one weight tile serves up to this many rows, so a
+# verification of up to 8 positions (a batch-1 lane of W <= 8, two lanes of W = 4) or
+# a batch-8 decode step reads each weight once.
+INVARIANT_ROWS = 8
+
+
+def invariant_constants(N: int, K: int) -> dict[str, int]:
+    """Variant constants (with ``WARPS``) of ``linear_invariant`` for an `N` x `K`
+    matrix: the batch-1 GEMV's BLOCK_N / BLOCK_K / warps (``gemv_constants``, EVICT where
+    its spec sets it; a persistent or prefetching GEMV spec keeps only its tile) and
+    ``ROWS = INVARIANT_ROWS``. Nothing depends on the row count, so decode rows and
+    verification rows of one matrix run one binary and reduce every row in one order
+    (kernels_triton/invariant.py)."""
+    g = gemv_constants(N, K)
+    c = dict(BLOCK_N=g["BLOCK_N"], BLOCK_K=g["BLOCK_K"], ROWS=INVARIANT_ROWS,
+             WARPS=g["WARPS"])
+    if g.get("EVICT"):
+        c["EVICT"] = 1
+    return c
+
+
 def fuse_swiglu_linear(T: int, N: int, K: int = 0) -> bool:
     """Whether capture records ``swiglu_linear`` instead of ``silu_mul`` + ``linear`` for
     a `T`-row product with `N` outputs over `K` (the FFN width): where the linear runs on
@@ -593,8 +615,14 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("rmsnorm", "add_rmsnorm"):
         T, D = s[0], s[1]
         return _cfg((T,), 4 if D <= 1024 else 8, BLOCK_D=_np2(D, 16))
-    if op in ("linear", "linear_invariant"):
+    if op == "linear":
         return _linear_config(s, views, tc=True)
+    if op == "linear_invariant":
+        T, N, K = s
+        c = invariant_constants(N, K)
+        groups = _cdiv(T, c["ROWS"])
+        return _cfg((groups * _cdiv(N, c["BLOCK_N"]),), c.pop("WARPS"), **c,
+                    WBF16=_is_bf16(views[1]) if len(views) > 1 else 0, K16=int(K % 16 == 0))
     if op in ("swiglu_linear", "swiglu_linear_add"):
         T, N, K = s
         if T != 1 and linear_fma(T, N) is None:  # any K on the GEMV (cores before v2)

@@ -33,6 +33,7 @@ from .dense import (
     silu_mul,
 )
 from .experts import moe_align, moe_down, moe_gate_up, moe_route, moe_sum, qk_rmsnorm
+from .invariant import linear_rows
 from .mma import linear_splitk, split_bf16, splitk_reduce
 from .sampling import sample, sample_biased, score_tokens, token_logprobs
 from .sampling_chunks import (
@@ -105,7 +106,7 @@ TRITON_KERNELS = {
     "slot_gather": slot_gather,
     "slot_scatter": slot_scatter,
     "sample": sample,
-    "linear_invariant": linear,  # the same kernel: GPU row invariance is measured, not built
+    "linear_invariant": linear_rows,  # one binary per matrix for every row count
     "spec_draft_inputs": spec_draft_inputs,
     "draft_sample": draft_sample,
     "draft_sample_coupled": draft_sample_coupled,
