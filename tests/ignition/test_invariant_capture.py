@@ -1,0 +1,57 @@
+"""The row-invariant linear in captured drafter cores: one kernel variant per weight
+matrix, shared by every decode and SPECULATIVE graph whatever their row counts (the
+launches differ only in their grids), which is what makes a verified row's logits the
+decode row's on the GPU (kernels_triton/invariant.py; the device checks the compiled
+reduction in tests/gpu/test_invariant.py)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from helios_ignition.capture import launch
+from helios_ignition.testing import tiny_core
+
+
+def test_invariant_constants_follow_the_matrix_alone(monkeypatch):
+    for N, K in ((960, 576), (49152, 576), (6144, 4096), (4096, 14336), (37, 100)):
+        configs = [launch.launch_config("linear_invariant", [T, N, K]) for T in range(1, 41)]
+        assert all(c.constants == configs[0].constants for c in configs)
+        c = configs[0].constants
+        assert c["ROWS"] == launch.INVARIANT_ROWS == 8
+        gemv = launch.gemv_constants(N, K)
+        assert (c["BLOCK_N"], c["BLOCK_K"], c["WARPS"]) == (gemv["BLOCK_N"], gemv["BLOCK_K"],
+                                                            gemv["WARPS"])
+        tiles = -(-N // c["BLOCK_N"])
+        assert [x.grid for x in configs[:9]] == [(tiles, 1, 1)] * 8 + [(2 * tiles, 1, 1)]
+    # the 8B down projection: the long-K GEMV tile (1024-wide K steps, 2 warps)
+    assert launch.invariant_constants(4096, 14336) == dict(BLOCK_N=4, BLOCK_K=1024, ROWS=8,
+                                                           WARPS=2)
+    # a persistent, prefetching, evict-first GEMV spec keeps only its tile and EVICT
+    monkeypatch.setattr(launch, "LINEAR_GEMV", "8,64,4,2,1,1")
+    assert launch.invariant_constants(960, 576) == dict(BLOCK_N=8, BLOCK_K=64, ROWS=8, WARPS=4,
+                                                        EVICT=1)
+
+
+def test_one_variant_per_matrix_in_decode_and_speculative_graphs():
+    core = tiny_core(speculative_widths=(1, 2, 3, 4))
+    manifest = core.manifest
+    kernels = {k.id: k for k in manifest.kernels}
+    by_matrix: dict[tuple, set] = defaultdict(set)
+    rows_seen: dict[tuple, set] = defaultdict(set)
+    graphs = {g.name: g for g in manifest.graphs}
+    spec_graphs = [g for g in graphs.values() if g.name.startswith("spec_")]
+    assert spec_graphs
+    for g in graphs.values():
+        for x in g.launches:
+            k = kernels[x.kernel]
+            if k.reference_op != "linear_invariant":
+                continue
+            weight = x.args[1].buffer.buffer
+            T, N, K = (a.int_value for a in x.args[3:6])
+            by_matrix[(weight, N, K)].add(x.kernel)
+            rows_seen[(weight, N, K)].add(T)
+            assert x.grid[0] == -(-T // 8) * -(-N // k.constants["BLOCK_N"])
+    assert by_matrix
+    assert all(len(ids) == 1 for ids in by_matrix.values()), by_matrix
+    # the target's products run at decode row counts and at verification row counts
+    assert max(len(t) for t in rows_seen.values()) >= 3
