@@ -91,10 +91,14 @@ case $stage in
       --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" | tail -6 ;;
   serve-spec)  # issue 32 item 5 (needs the joined GGUF): helios-serve with the SmolLM2
     # speculative core, speculation off then on (adaptive + history drafting), chat /
-    # editing / extraction, greedy and sampled, C 1..256 (SERVE_SPEC_ARGS overrides)
+    # editing / extraction, greedy and sampled, C 1..256. The whole grid is ~10 min: split
+    # it over calls with SERVE_SPEC_ARGS (e.g. "--samplings greedy") and SERVE_SPEC_TAG
+    # (names the JSON); the core is exported once under $HOME/cores/serve_spec (kept warm)
+    T=${SERVE_SPEC_TAG:+_$SERVE_SPEC_TAG}
     # shellcheck disable=SC2086
     python3 bench/serve_spec.py --backend cuda --gguf "$HOME/g/smol.gguf" \
-      ${SERVE_SPEC_ARGS:-} --json "$OUTD/serve_spec.json" 2>&1 | tee "$OUTD/serve_spec.log" | tail -45 ;;
+      --export-dir "$HOME/cores/serve_spec" ${SERVE_SPEC_ARGS:-} --json "$OUTD/serve_spec$T.json" \
+      2>&1 | tee "$OUTD/serve_spec$T.log" | tail -45 ;;
   spec-structured)  # issue 13: JSON-schema requests through copied candidates (real server)
     python3 bench/structured_speculative.py --backend cuda --gguf "$HOME/g/smol.gguf" \
       --batches 1 8 32 --tokens 128 --json "$OUTD/structured_spec.json" 2>&1 | tee "$OUTD/structured_spec.log" ;;

@@ -232,6 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gguf", default=os.environ.get("HELIOS_SMOLLM2_GGUF"))
     ap.add_argument("--core", help="a speculative core (else one is exported here)")
     ap.add_argument("--trust")
+    ap.add_argument("--export-dir", help="export the core here, or reuse the one exported "
+                    "there before (its decode batches must cover --concurrency)")
     ap.add_argument("--accept", default=NS)
     ap.add_argument("--concurrency", type=int, nargs="+", default=list(LEVELS))
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
@@ -250,11 +252,16 @@ def main(argv=None) -> int:
     sets = prompt_sets(chat_count=32)
     out_dir = Path(args.json).parent if args.json else Path(tempfile.gettempdir())
     with tempfile.TemporaryDirectory() as d:
+        folder = Path(args.export_dir) if args.export_dir else Path(d)
         if args.core:
             core, trust = Path(args.core), Path(args.trust)
+        elif (folder / "serve_spec.core").is_file():  # --export-dir: a core exported before
+            core, trust = folder / "serve_spec.core", folder / "key.pem.pub"
+            print(f"reusing {core}", flush=True)
         else:
             t0 = time.perf_counter()
-            core, trust = export(args, Path(d))
+            folder.mkdir(parents=True, exist_ok=True)
+            core, trust = export(args, folder)
             print(f"exported {core} in {time.perf_counter() - t0:.1f} s", flush=True)
         rows = []
         for mode in args.modes:
