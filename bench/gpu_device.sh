@@ -86,9 +86,13 @@ case $stage in
       "tests/gpu/test_speculative.py::test_copied_candidates_and_prefix_limit_programs_on_the_device" \
       2>&1 | tee "$OUTD/spec_identity.log" | grep -v '^$' | tail -30 ;;
   spec-8b)  # issue 32 item 2 (no GGUF): the 8B geometry's W = 4 step over a decode step at
-    # batch 1 and 8 (execute and graph-only device time, ms per op)
+    # batch 1 and 8 (execute and graph-only device time, ms per op), with the row-invariant
+    # products on linear_rows (default) and on the packed tensor-core rule
     python3 bench/speculative.py --model llama-3.1-8b --backend cuda --steps 30 \
-      --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" | tail -6 ;;
+      --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" | tail -3
+    HELIOS_LINEAR_INVARIANT=packed python3 bench/speculative.py --model llama-3.1-8b \
+      --backend cuda --steps 30 --json "$OUTD/spec_8b_packed.json" 2>&1 \
+      | tee "$OUTD/spec_8b_packed.log" | tail -3 ;;
   serve-spec)  # issue 32 item 5 (needs the joined GGUF): helios-serve with the SmolLM2
     # speculative core, speculation off then on (adaptive + history drafting), chat /
     # editing / extraction, greedy and sampled, C 1..256. The whole grid is ~10 min: split

@@ -273,8 +273,10 @@ def bench_8b(args) -> dict:
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_ops_ms")}),
               flush=True)
     model.close()
+    from helios_ignition.capture import launch
+
     return {"model": "llama-3.1-8b geometry, random bf16 weights", "draft_vocab": 32768,
-            "rows": rows_out}
+            "invariant_linear": launch.INVARIANT_LINEAR, "rows": rows_out}
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,8 @@ every row of a T-row launch is bitwise the row launched alone -- what makes a ve
 position's logits the decode row's (docs/speculative.md, "Exactness") -- at SmolLM2's and
 the Llama-3.1-8B geometry's matrices, bf16 weights, row counts of decode (1, 8) and of
 verification (4 = one W = 4 lane, 9, 32 = eight), rows in any order; and close to the
-NumPy reference. Fresh random inputs, NaN-poisoned outputs (gpu_harness).
+NumPy reference; and the opt-in packed rule's chain (HELIOS_LINEAR_INVARIANT=packed) at
+the 8B matrices. Fresh random inputs, NaN-poisoned outputs (gpu_harness).
 """
 
 from __future__ import annotations
@@ -57,3 +58,34 @@ def test_linear_invariant_f32_weights_and_ragged_shapes(gpu, rng):
         assert np.linalg.norm(alone - ref) / np.linalg.norm(ref) < 1e-6
         got = gpu.run("linear_invariant", x, w, np.zeros((T, N), np.float32), T, N, K_)["out"]
         assert np.array_equal(_bits(got), _bits(alone))
+
+
+def _packed_rows(gpu, x, bits, N, K_, S):
+    """split_bf16 -> linear_packed_rows -> splitk_reduce (HELIOS_LINEAR_INVARIANT=packed)."""
+    T = x.shape[0]
+    xs = gpu.run("split_bf16", x, np.zeros_like(x), T, K_)["out"]
+    part = gpu.run("linear_packed_rows", xs, bits, np.zeros((S * T, N), np.float32), T, N, K_,
+                   S, bf16=("weight",))["partial"]
+    if S == 1:
+        return part
+    return gpu.run("splitk_reduce", part, np.zeros((T, N), np.float32), T, N, S)["out"]
+
+
+@pytest.mark.parametrize("N,K_", LLAMA8B[:4])
+def test_packed_invariant_rows_are_the_decode_rows(gpu, rng, N, K_):
+    """The opt-in packed rule (capture.launch.invariant_splits): one tensor-core tile and
+    K split per matrix at every row count; each row bitwise the row alone."""
+    from helios_ignition.capture import launch
+
+    S = launch.invariant_splits(N, K_, "packed")
+    T = 32
+    x = (rng.standard_normal((T, K_)) * 2).astype(np.float32)
+    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    alone = np.stack([_packed_rows(gpu, x[t:t + 1], bits, N, K_, S)[0] for t in range(T)])
+    ref = np.zeros((T, N), np.float32)
+    K.linear_invariant(x, w, ref, T, N, K_)
+    assert np.linalg.norm(alone - ref) / np.linalg.norm(ref) < 5e-5
+    for n in (T, 4, 8, 17):
+        rows = rng.permutation(T)[:n]
+        got = _packed_rows(gpu, x[rows], bits, N, K_, S)
+        assert np.array_equal(_bits(got), _bits(alone[rows])), (n, N, K_, S)

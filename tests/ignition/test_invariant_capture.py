@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
 from helios_ignition.capture import launch
 from helios_ignition.testing import tiny_core
 
@@ -55,3 +56,45 @@ def test_one_variant_per_matrix_in_decode_and_speculative_graphs():
     assert all(len(ids) == 1 for ids in by_matrix.values()), by_matrix
     # the target's products run at decode row counts and at verification row counts
     assert max(len(t) for t in rows_seen.values()) >= 3
+
+
+def test_the_packed_rule_records_one_tile_and_split_per_matrix(monkeypatch):
+    """HELIOS_LINEAR_INVARIANT=packed: the drafter core's row-invariant target products
+    take split_bf16 + linear_packed_rows (+ splitk_reduce), one kernel variant and one K
+    split per matrix at every row count, scratch sized for them."""
+    from helios_ignition.capture.buffers import Speculation
+    from helios_ignition.capture.programs import capture
+    from helios_ignition.testing import TINY_CAPACITIES, TINY_SHAPES, tiny_drafter, tiny_weights
+
+    assert launch.invariant_splits(6144, 4096, "rows") is None
+    assert launch.invariant_splits(960, 576, "packed") is None  # small: linear_rows
+    assert launch.invariant_splits(4096, 14336, "packed") == 4  # the 16-row cell's S
+    with pytest.raises(ValueError, match="HELIOS_LINEAR_INVARIANT must be 'rows' or "
+                                         "'packed', got 'x'"):
+        launch.invariant_splits(6144, 4096, "x")
+    c = [launch.launch_config("linear_packed_rows", [T, 4096, 14336, 4]) for T in (1, 16, 32)]
+    assert all(x.constants == c[0].constants for x in c)
+    assert [x.grid for x in c] == [(64, 1, 4), (64, 1, 4), (64, 2, 4)]
+
+    monkeypatch.setattr(launch, "INVARIANT_LINEAR", "packed")
+    monkeypatch.setattr(launch, "MMA_MIN_WEIGHTS", 0)  # let the tiny matrices take it
+    monkeypatch.setattr(launch, "mma_splits", lambda T, N, K, c=None: 2)
+    geometry, _ = tiny_drafter(TINY_SHAPES, 48, 0, tiny_weights(TINY_SHAPES, 0))
+    manifest, _ = capture(TINY_SHAPES, TINY_CAPACITIES, "bf16",
+                          spec=Speculation(geometry, (1, 2, 3, 4)))
+    kernels = {k.id: k for k in manifest.kernels}
+    ids: dict[str, set] = defaultdict(set)
+    rows: dict[str, set] = defaultdict(set)
+    for g in manifest.graphs:
+        ops = [kernels[x.kernel].reference_op for x in g.launches]
+        if g.name.startswith("spec_") or g.name.startswith("decode"):
+            assert "linear_packed" not in ops and "linear_packed_rows" in ops, g.name
+        for x in g.launches:
+            if kernels[x.kernel].reference_op == "linear_packed_rows":
+                T, S = x.args[3].int_value, x.args[6].int_value
+                ids[x.args[1].buffer.buffer].add(x.kernel)
+                rows[x.args[1].buffer.buffer].add(T)
+                assert S == 2
+    assert ids and all(len(v) == 1 for v in ids.values())
+    assert max(len(t) for t in rows.values()) >= 3
+    assert {b.name for b in manifest.buffers} >= {"scratch.xsplit", "scratch.mma_partial"}

@@ -219,6 +219,34 @@ def gemv_constants(N: int, K: int, spec: str = "") -> dict[str, int]:
     return c
 
 
+# The row-invariant products of drafter cores at capture (HELIOS_LINEAR_INVARIANT):
+# "rows" (default: linear_rows, the GEMV's tiles on the FMA units for every matrix) or
+# "packed" (bf16 matrices of at least MMA_MIN_WEIGHTS weights take the packed tensor-core
+# path with one tile and K split per matrix at every row count: invariant_splits; an
+# experiment for issue 32's batch-8 verification cost, not yet run on a GPU).
+INVARIANT_LINEAR = os.environ.get("HELIOS_LINEAR_INVARIANT", "rows")
+# The row cell whose packed tile and K split every row count uses under "packed": the 8B
+# cells of 8 and 16 rows share their tiles (_MMA_TILES).
+INVARIANT_PACKED_ROWS = 16
+
+
+def invariant_splits(N: int, K: int, rule: str = "") -> int | None:
+    """K slices S of a row-invariant bf16 product of `N` x `K` weights on the packed path
+    (``linear_packed_rows``: the INVARIANT_PACKED_ROWS cell's tile and S at every row
+    count), or None where it runs ``linear_invariant`` (rule `rule`, default
+    INVARIANT_LINEAR: "rows", or a matrix below MMA_MIN_WEIGHTS).
+
+    Raises:
+        ValueError: a rule other than "rows" / "packed".
+    """
+    rule = rule or INVARIANT_LINEAR
+    if rule not in ("rows", "packed"):
+        raise ValueError(f"HELIOS_LINEAR_INVARIANT must be 'rows' or 'packed', got {rule!r}")
+    if rule == "rows" or N * K < MMA_MIN_WEIGHTS:
+        return None
+    return mma_splits(INVARIANT_PACKED_ROWS, N, K)
+
+
 # Rows per program of the row-invariant linear (``linear_invariant``: drafter cores'
 # decode and verification rows): one weight tile serves up to this many rows, so a
 # verification of up to 8 positions (a batch-1 lane of W <= 8, two lanes of W = 4) or
@@ -765,6 +793,12 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         c = mma_constants(T, N, K)
         return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"]), S), c.pop("WARPS"), **c,
                     WBF16=wbf16, K16=int(K % 16 == 0), PACKED=int(op == "linear_packed"))
+    if op == "linear_packed_rows":  # one tile per matrix whatever T: invariant_splits
+        T, N, K, S = s
+        c = mma_constants(INVARIANT_PACKED_ROWS, N, K)
+        return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"]), S), c.pop("WARPS"), **c,
+                    WBF16=_is_bf16(views[1]) if len(views) > 1 else 0, K16=int(K % 16 == 0),
+                    PACKED=1)
     if op in ("splitk_reduce", "splitk_reduce_add"):
         T, N = s[0], s[1]
         return _cfg((T, _cdiv(N, 1024)), 4, BLOCK=1024, ACC=int(op == "splitk_reduce_add"))

@@ -137,6 +137,7 @@ TRITON_KERNELS = {
     "swiglu_split_bf16": split_bf16,  # SWIGLU=1 (see launch_config)
     "linear_packed": linear_splitk,  # PACKED=1
     "linear_partial": linear_splitk,  # PACKED=0
+    "linear_packed_rows": linear_splitk,  # PACKED=1, one tile per matrix at every row count
     "splitk_reduce": splitk_reduce,
     "splitk_reduce_add": splitk_reduce,  # ACC=1
     "attention_prefill_window": attention_prefill_window,
@@ -160,6 +161,7 @@ WEIGHT_PARAMS = {"linear": "weight", "linear_invariant": "weight", "swiglu_linea
                  "rmsnorm_linear": "weight", "linear_add": "weight",
                  "swiglu_linear_add": "weight", "embedding": "table",
                  "linear_packed": "weight", "linear_partial": "weight",
+                 "linear_packed_rows": "weight",
                  "moe_gate_up": "w_gate_up", "moe_down": "w_down",
                  "position_add": "positions"}
 
