@@ -98,3 +98,21 @@ def test_the_packed_rule_records_one_tile_and_split_per_matrix(monkeypatch):
     assert ids and all(len(v) == 1 for v in ids.values())
     assert max(len(t) for t in rows.values()) >= 3
     assert {b.name for b in manifest.buffers} >= {"scratch.xsplit", "scratch.mma_partial"}
+    # and the recorded variants compile for sm_90 (Triton, no GPU)
+    from helios_ignition.kernels_aot import compile_variant
+
+    for kid in set().union(*ids.values()):
+        k = kernels[kid]
+        assert compile_variant(k.reference_op, dict(k.constants), "sm_90").binary[:4] == \
+            b"\x7fELF"
+
+
+def test_linear_invariant_variants_compile_for_sm90():
+    from helios_ignition.kernels_aot import compile_variant
+
+    core = tiny_core(speculative_widths=(1, 4))
+    variants = [k for k in core.manifest.kernels if k.reference_op == "linear_invariant"]
+    assert variants
+    for k in variants:
+        assert compile_variant(k.reference_op, dict(k.constants), "sm_90").binary[:4] == \
+            b"\x7fELF"
