@@ -285,7 +285,7 @@ def main(argv=None) -> int:
     speedups = [r["speedup"] for r in rows if "speedup" in r]
     result = {"commit": git_commit(), "card": card(), "backend": args.backend,
               "options": {k: v for k, v in vars(args).items() if k not in ("json",)},
-              "rows": rows,
+              "load_average_1m": round(os.getloadavg()[0], 2), "rows": rows,
               "min_speedup": min(speedups) if speedups else None,
               "median_speedup": statistics.median(speedups) if speedups else None}
     if args.json:
