@@ -40,6 +40,7 @@ from .fused import (
 from .linear import linear, linear_invariant
 from .linear_splitk import (
     linear_packed,
+    linear_packed_rows,
     linear_partial,
     split_bf16,
     splitk_reduce,
@@ -539,7 +540,7 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "swiglu_split_bf16": swiglu_split_bf16,
     "linear_packed": linear_packed,
     "linear_partial": linear_partial,
-    "linear_packed_rows": linear_packed,  # the same arithmetic; only the GPU tiles differ
+    "linear_packed_rows": linear_packed_rows,
     "splitk_reduce": splitk_reduce,
     "splitk_reduce_add": splitk_reduce_add,
     "slot_gather": slot_gather,
