@@ -97,7 +97,8 @@ case $stage in
     # speculative core, speculation off then on (adaptive + history drafting), chat /
     # editing / extraction, greedy and sampled, C 1..256. The whole grid is ~10 min: split
     # it over calls with SERVE_SPEC_ARGS (e.g. "--samplings greedy") and SERVE_SPEC_TAG
-    # (names the JSON); the core is exported once under $HOME/cores/serve_spec (kept warm)
+    # (names the JSON); the core is exported once under $HOME/cores/serve_spec (kept warm);
+    # "--modes off on plain" adds the default core without a drafter as a third baseline
     T=${SERVE_SPEC_TAG:+_$SERVE_SPEC_TAG}
     # shellcheck disable=SC2086
     python3 bench/serve_spec.py --backend cuda --gguf "$HOME/g/smol.gguf" \

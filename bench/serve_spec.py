@@ -25,8 +25,10 @@ client (httpx): output tokens/s = completion tokens (usage) / the level's wall t
 From /metrics before and after the level: drafts offered and accepted per source, the
 mean accepted length (helios_spec_decode_accepted_length: tokens per lane round with
 drafts) and acceptance per draft position. `speedup` is on over off at the same level;
-`same_text` counts requests whose text is identical in both runs (greedy: all of them
-by construction; sampled: the seeded draws).
+`same_text` counts requests whose text is identical to the off run's (greedy: all of
+them by construction; sampled: the seeded draws). `--modes off on plain` also serves the
+embedded default's recipe (no drafter: its decode runs `linear`, not the row-invariant
+kernel) at the same levels: `speedup_vs_plain`.
 
 JSON: commit, card (nvidia-smi's name, else the CPU), backend, options, and a row per
 level and mode. Figures only; never asserted on.
@@ -87,30 +89,49 @@ def card() -> str:
     return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
-def export(args, folder: Path) -> tuple[Path, Path]:
-    """The speculative SmolLM2 core with decode batches up to max(--concurrency)."""
+def export(args, folder: Path, plain: bool = False) -> tuple[Path, Path]:
+    """The speculative SmolLM2 core (`plain`: the embedded default's recipe, no drafter)
+    with decode batches up to max(--concurrency), signed with folder/key.pem."""
     from helios_ignition.export import export_core
     from helios_tools.core import generate_key, write_key_pair
 
     top = 1 << (max(args.concurrency) - 1).bit_length()
     batches = [1 << i for i in range(top.bit_length())]  # 1, 2, 4, ... up to top
     key = folder / "key.pem"
-    write_key_pair(generate_key(), key)
-    recipe = folder / "serve_spec_recipe.py"
-    base = ROOT / "recipes/smollm2_135m_instruct_speculative.py"
-    # the recipe's drafter path is relative to its own folder: made absolute here
+    if not key.is_file():
+        write_key_pair(generate_key(), key)
+    name = "serve_plain" if plain else "serve_spec"
+    recipe = folder / f"{name}_recipe.py"
+    base = ROOT / ("recipes/smollm2_135m_instruct.py" if plain
+                   else "recipes/smollm2_135m_instruct_speculative.py")
+    # the speculative recipe's drafter path is relative to its own folder: made absolute
+    drafter = ("" if plain else
+               "drafter = replace(b.RECIPE.drafter, checkpoint=str(__import__('pathlib').Path("
+               f"{str(base.parent)!r}) / b.RECIPE.drafter.checkpoint))\n"
+               "RECIPE = replace(RECIPE, drafter=drafter)\n")
     recipe.write_text(
         "from dataclasses import replace\nimport importlib.util\n"
         f"s = importlib.util.spec_from_file_location('b', {str(base)!r})\n"
         "b = importlib.util.module_from_spec(s); s.loader.exec_module(b)\n"
-        f"drafter = replace(b.RECIPE.drafter, checkpoint=str(__import__('pathlib').Path("
-        f"{str(base.parent)!r}) / b.RECIPE.drafter.checkpoint))\n"
-        "RECIPE = replace(b.RECIPE, drafter=drafter, capacities=replace("
-        f"b.RECIPE.capacities, decode_batch={tuple(batches)!r}))\n")
-    out = folder / "serve_spec.core"
+        "RECIPE = replace(b.RECIPE, capacities=replace("
+        f"b.RECIPE.capacities, decode_batch={tuple(batches)!r}))\n" + drafter)
+    out = folder / f"{name}.core"
     export_core(recipe, checkpoint=args.gguf or "smollm2", key_path=key, namespace=NS, out=out,
                 targets=(args.target,) if args.backend == "cuda" else ())
     return out, Path(str(key) + ".pub")
+
+
+def _core(args, folder: Path, plain: bool) -> tuple[Path, Path]:
+    """The core of `folder` exported before (--export-dir), else a fresh export."""
+    core = folder / ("serve_plain.core" if plain else "serve_spec.core")
+    if core.is_file():
+        print(f"reusing {core}", flush=True)
+        return core, folder / "key.pem.pub"
+    t0 = time.perf_counter()
+    folder.mkdir(parents=True, exist_ok=True)
+    core, trust = export(args, folder, plain)
+    print(f"exported {core} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return core, trust
 
 
 def spec_counters(text: str) -> dict:
@@ -191,7 +212,7 @@ def run_mode(args, mode: str, core: Path, trust: Path, accept: str, sets: dict,
     options = ["--max-active", str(max(args.concurrency))]
     if mode == "off":
         options += ["--speculative-width", "0"]
-    else:
+    elif mode == "on":
         options += ["--speculative-width", str(args.width), "--speculative-policy", "adaptive",
                     "--history-drafting", "--history-proposer", args.history_proposer]
     rows = []
@@ -244,7 +265,9 @@ def main(argv=None) -> int:
                     help="timed requests per level at least (C when larger)")
     ap.add_argument("--width", type=int, default=4)
     ap.add_argument("--history-proposer", choices=("copy", "suffix"), default="copy")
-    ap.add_argument("--modes", nargs="+", default=["off", "on"], choices=("off", "on"))
+    ap.add_argument("--modes", nargs="+", default=["off", "on"], choices=("off", "on", "plain"),
+                    help="plain: also serve the embedded default's recipe (no drafter), "
+                         "the decode a core without speculation runs")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.core and not args.trust:
@@ -255,32 +278,33 @@ def main(argv=None) -> int:
         folder = Path(args.export_dir) if args.export_dir else Path(d)
         if args.core:
             core, trust = Path(args.core), Path(args.trust)
-        elif (folder / "serve_spec.core").is_file():  # --export-dir: a core exported before
-            core, trust = folder / "serve_spec.core", folder / "key.pem.pub"
-            print(f"reusing {core}", flush=True)
         else:
-            t0 = time.perf_counter()
-            folder.mkdir(parents=True, exist_ok=True)
-            core, trust = export(args, folder)
-            print(f"exported {core} in {time.perf_counter() - t0:.1f} s", flush=True)
+            core, trust = _core(args, folder, plain=False)
         rows = []
         for mode in args.modes:
-            rows += run_mode(args, mode, core, trust, args.accept, sets,
+            c, tr = _core(args, folder, plain=True) if mode == "plain" else (core, trust)
+            rows += run_mode(args, mode, c, tr, args.accept, sets,
                              out_dir / f"serve_spec_{mode}.log")
-    off = {(r["set"], r["sampling"], r["concurrency"]): r for r in rows if r["mode"] == "off"}
+    by = {m: {(r["set"], r["sampling"], r["concurrency"]): r for r in rows if r["mode"] == m}
+          for m in ("off", "plain")}
     for r in rows:
-        base = off.get((r["set"], r["sampling"], r["concurrency"]))
+        key = (r["set"], r["sampling"], r["concurrency"])
+        base = by["off"].get(key)
         if r["mode"] != "off" and base:
-            r["speedup"] = round(r["tok_s"] / base["tok_s"], 3)
             r["same_text"] = sum(a == b for a, b in zip(r["text_sha"], base["text_sha"],
                                                         strict=True))
-    print(f"{'set':11} {'sampling':8} {'C':>4} {'off tok/s':>10} {'on tok/s':>10} "
-          f"{'speedup':>8} {'mean acc len':>12} {'same text':>9}")
+            if r["mode"] == "on":
+                r["speedup"] = round(r["tok_s"] / base["tok_s"], 3)
+        if r["mode"] == "on" and key in by["plain"]:
+            r["speedup_vs_plain"] = round(r["tok_s"] / by["plain"][key]["tok_s"], 3)
+    print(f"{'set':11} {'sampling':8} {'C':>4} {'plain tok/s':>11} {'off tok/s':>10} "
+          f"{'on tok/s':>10} {'speedup':>8} {'mean acc len':>12} {'same text':>9}")
     for r in rows:
         if r["mode"] == "on" and "speedup" in r:
-            base = off[(r["set"], r["sampling"], r["concurrency"])]
-            print(f"{r['set']:11} {r['sampling']:8} {r['concurrency']:4d} {base['tok_s']:10.1f} "
-                  f"{r['tok_s']:10.1f} {r['speedup']:8.3f} "
+            key = (r["set"], r["sampling"], r["concurrency"])
+            plain = by["plain"].get(key, {}).get("tok_s", float("nan"))
+            print(f"{r['set']:11} {r['sampling']:8} {r['concurrency']:4d} {plain:11.1f} "
+                  f"{by['off'][key]['tok_s']:10.1f} {r['tok_s']:10.1f} {r['speedup']:8.3f} "
                   f"{r['mean_accepted_length'] or 0:12.3f} {r['same_text']:>4}/{r['requests']}")
     speedups = [r["speedup"] for r in rows if "speedup" in r]
     result = {"commit": git_commit(), "card": card(), "backend": args.backend,

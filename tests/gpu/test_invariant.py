@@ -31,7 +31,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 def test_linear_invariant_rows_are_the_decode_rows(gpu, rng, N, K_):
     T = 32
     x = (rng.standard_normal((T, K_)) * 2).astype(np.float32)
-    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    bits, w = bf16_round(rng.standard_normal((N, K_), dtype=np.float32) / np.float32(np.sqrt(K_)))
     alone = np.stack([gpu.run("linear_invariant", x[t:t + 1], bits, np.zeros((1, N), np.float32),
                               1, N, K_, bf16=("weight",))["out"][0] for t in range(T)])
     ref = np.zeros((T, N), np.float32)
@@ -80,7 +80,7 @@ def test_packed_invariant_rows_are_the_decode_rows(gpu, rng, N, K_):
     S = launch.invariant_splits(N, K_, "packed")
     T = 32
     x = (rng.standard_normal((T, K_)) * 2).astype(np.float32)
-    bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    bits, w = bf16_round(rng.standard_normal((N, K_), dtype=np.float32) / np.float32(np.sqrt(K_)))
     alone = np.stack([_packed_rows(gpu, x[t:t + 1], bits, N, K_, S)[0] for t in range(T)])
     ref = np.zeros((T, N), np.float32)
     K.linear_invariant(x, w, ref, T, N, K_)
