@@ -237,7 +237,7 @@ def run_mode(args, mode: str, core: Path, trust: Path, accept: str, sets: dict,
                            "wall_s": round(wall, 4), "tok_s": round(tokens / wall, 2),
                            "text_sha": [hashlib.sha256(t.encode()).hexdigest()[:16]
                                         for _, t in results]}
-                    if mode != "off":
+                    if mode == "on":
                         row.update(acceptance(before, after))
                     rows.append(row)
                     print(json.dumps({k: v for k, v in row.items()
