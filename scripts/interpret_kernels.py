@@ -262,6 +262,38 @@ def check_invariant(rng) -> bool:
     return ok
 
 
+def _packed_rows(xs, w, rows, N, Kd, S):
+    """``linear_packed_rows`` over the packed rows `rows` of `xs`: ``[S, len(rows), N]``."""
+    out = np.full((S * len(rows), N), np.nan, np.float32)
+    launch("linear_packed_rows", np.ascontiguousarray(xs[rows]), w, out, len(rows), N, Kd, S)
+    return out.reshape(S, len(rows), N)
+
+
+def check_packed_rows(rng) -> bool:
+    """``linear_packed_rows`` (HELIOS_LINEAR_INVARIANT=packed; f32 weights, whose IEEE
+    dots the interpreter computes as the GPU's f32 path, which checks the token-tile-first
+    grid, the packed indexing, the slices and the masks): every row of a T-row launch
+    bitwise the row alone, and the reference's values."""
+    ok = True
+    for T, N, Kd, S in ((40, 200, 1024, 2), (33, 70, 300, 1)):
+        x = (rng.standard_normal((T, Kd)) * 3).astype(np.float32)
+        xs = np.zeros_like(x)
+        K.split_bf16(x, xs, T, Kd)
+        w = (rng.standard_normal((N, Kd)) / np.sqrt(Kd)).astype(np.float32)
+
+        alone = np.concatenate([_packed_rows(xs, w, [t], N, Kd, S) for t in range(T)], axis=1)
+        same = np.array_equal(_packed_rows(xs, w, list(range(T)), N, Kd, S).view(np.uint32),
+                              alone.view(np.uint32))
+        ref = np.zeros((S * T, N), np.float32)
+        K.linear_packed_rows(xs, w, ref, T, N, Kd, S)
+        err = _rel(alone.reshape(S * T, N), ref)
+        good = same and err < 1e-6
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} linear_packed_rows f32 T={T} N={N} K={Kd} S={S}: "
+              f"rows bitwise alone/in one launch: {same}, ref {err:.1e}")
+    return ok
+
+
 def check_sampler(rng, V: int) -> bool:
     R, S = 10, 16
     W, P, KM = K.grammar_mask_words(V), -(-V // CHUNK), CANDIDATES
@@ -845,7 +877,7 @@ def main() -> None:
     if sys.argv[1:] == ["gemv"]:
         sys.exit(0 if check_gemv(rng) else 1)
     if sys.argv[1:] == ["invariant"]:
-        sys.exit(0 if check_invariant(rng) else 1)
+        sys.exit(0 if check_invariant(rng) and check_packed_rows(rng) else 1)
     if sys.argv[1:] == ["attention"]:
         sys.exit(0 if check_attention(rng) else 1)
     if sys.argv[1:] == ["mma"]:
@@ -862,6 +894,7 @@ def main() -> None:
         ok = check_linear(rng)
         ok &= check_gemv(rng)
         ok &= check_invariant(rng)
+        ok &= check_packed_rows(rng)
         for V in (5000, 4097, 49152):
             ok &= check_sampler(rng, V)
         ok &= check_nucleus(full=False)

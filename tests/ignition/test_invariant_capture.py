@@ -68,13 +68,19 @@ def test_the_packed_rule_records_one_tile_and_split_per_matrix(monkeypatch):
 
     assert launch.invariant_splits(6144, 4096, "rows") is None
     assert launch.invariant_splits(960, 576, "packed") is None  # small: linear_rows
-    assert launch.invariant_splits(4096, 14336, "packed") == 4  # the 16-row cell's S
+    # S: the fewest slices giving each of the 132 SMs a program at one token tile
+    assert launch.invariant_splits(4096, 14336, "packed") == 3  # 64 column tiles
+    assert launch.invariant_splits(6144, 4096, "packed") == 2  # 96
+    assert launch.invariant_splits(28672, 4096, "packed") == 1  # 224
     with pytest.raises(ValueError, match="HELIOS_LINEAR_INVARIANT must be 'rows' or "
                                          "'packed', got 'x'"):
         launch.invariant_splits(6144, 4096, "x")
-    c = [launch.launch_config("linear_packed_rows", [T, 4096, 14336, 4]) for T in (1, 16, 32)]
+    c = [launch.launch_config("linear_packed_rows", [T, 4096, 14336, 3])
+         for T in (1, 8, 32, 33, 256)]
     assert all(x.constants == c[0].constants for x in c)
-    assert [x.grid for x in c] == [(64, 1, 4), (64, 1, 4), (64, 2, 4)]
+    assert c[0].constants["BLOCK_T"] == 32 and c[0].constants["ROWS_FIRST"] == 1
+    # token tiles first: one for up to 32 rows (a batch-8 W = 4 step), then adjacent ones
+    assert [x.grid for x in c] == [(1, 64, 3)] * 3 + [(2, 64, 3), (8, 64, 3)]
 
     monkeypatch.setattr(launch, "INVARIANT_LINEAR", "packed")
     monkeypatch.setattr(launch, "MMA_MIN_WEIGHTS", 0)  # let the tiny matrices take it

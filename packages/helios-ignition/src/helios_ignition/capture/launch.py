@@ -225,15 +225,17 @@ def gemv_constants(N: int, K: int, spec: str = "") -> dict[str, int]:
 # path with one tile and K split per matrix at every row count: invariant_splits; an
 # experiment for issue 32's batch-8 verification cost, not yet run on a GPU).
 INVARIANT_LINEAR = os.environ.get("HELIOS_LINEAR_INVARIANT", "rows")
-# The row cell whose packed tile and K split every row count uses under "packed": the 8B
-# cells of 8 and 16 rows share their tiles (_MMA_TILES).
-INVARIANT_PACKED_ROWS = 16
+# The row cell whose packed tile and K split every row count uses under "packed": 32
+# rows, the H200 sweep's winners at 32 rows (_MMA_TILES), so a batch-8 W = 4
+# verification and every smaller step is one token tile that reads each weight once;
+# more rows take more token tiles, adjacent in launch order (ROWS_FIRST).
+INVARIANT_PACKED_ROWS = 32
 
 
 def invariant_splits(N: int, K: int, rule: str = "") -> int | None:
     """K slices S of a row-invariant bf16 product of `N` x `K` weights on the packed path
-    (``linear_packed_rows``: the INVARIANT_PACKED_ROWS cell's tile and S at every row
-    count), or None where it runs ``linear_invariant`` (rule `rule`, default
+    (``linear_packed_rows``: the INVARIANT_PACKED_ROWS cell's tile at every row count,
+    S slices so that one token tile gives every SM a program), or None where it runs ``linear_invariant`` (rule `rule`, default
     INVARIANT_LINEAR: "rows", or a matrix below MMA_MIN_WEIGHTS).
 
     Raises:
@@ -244,7 +246,10 @@ def invariant_splits(N: int, K: int, rule: str = "") -> int | None:
         raise ValueError(f"HELIOS_LINEAR_INVARIANT must be 'rows' or 'packed', got {rule!r}")
     if rule == "rows" or N * K < MMA_MIN_WEIGHTS:
         return None
-    return mma_splits(INVARIANT_PACKED_ROWS, N, K)
+    # the fewest slices giving every SM a program at one token tile (a batch-1 decode
+    # step), not the 32-row cell's measured S, which counted on more rows
+    return mma_splits(INVARIANT_PACKED_ROWS, N, K,
+                      mma_constants(INVARIANT_PACKED_ROWS, N, K))
 
 
 # Rows per program of the row-invariant linear (``linear_invariant``: drafter cores'
@@ -796,9 +801,9 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "linear_packed_rows":  # one tile per matrix whatever T: invariant_splits
         T, N, K, S = s
         c = mma_constants(INVARIANT_PACKED_ROWS, N, K)
-        return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"]), S), c.pop("WARPS"), **c,
+        return _cfg((_cdiv(T, c["BLOCK_T"]), _cdiv(N, c["BLOCK_N"]), S), c.pop("WARPS"), **c,
                     WBF16=_is_bf16(views[1]) if len(views) > 1 else 0, K16=int(K % 16 == 0),
-                    PACKED=1)
+                    PACKED=1, ROWS_FIRST=1)
     if op in ("splitk_reduce", "splitk_reduce_add"):
         T, N = s[0], s[1]
         return _cfg((T, _cdiv(N, 1024)), 4, BLOCK=1024, ACC=int(op == "splitk_reduce_add"))
