@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|vision|snap|snap-bench|startup-memory|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|packing|topp|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|packing|topp|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -78,6 +78,32 @@ case $stage in
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_speculative.py 2>&1 | tee "$OUTD/spec_tests.log"
     python3 bench/speculative.py --model smollm2 --backend cuda --gguf "$HOME/g/smol.gguf" --baseline --json "$OUTD/spec_smollm2.json" 2>&1 | tee "$OUTD/spec_smollm2.log"
     python3 bench/speculative.py --model llama-3.1-8b --backend cuda --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" ;;
+  spec-identity)  # issue 32 item 1 (needs the joined GGUF): the row-invariant linear per
+    # row at SmolLM2 and 8B matrices, then greedy speculative == decode text over 100 chat
+    # prompts x 128 tokens at batch 1 and 8 (plus the copied / prefix-limit identity)
+    python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_invariant.py \
+      "tests/gpu/test_speculative.py::test_greedy_speculative_output_is_the_decode_output" \
+      "tests/gpu/test_speculative.py::test_copied_candidates_and_prefix_limit_programs_on_the_device" \
+      2>&1 | tee "$OUTD/spec_identity.log" | grep -v '^$' | tail -30 ;;
+  spec-8b)  # issue 32 item 2 (no GGUF): the 8B geometry's W = 4 step over a decode step at
+    # batch 1 and 8 (execute and graph-only device time, ms per op), with the row-invariant
+    # products on linear_rows (default) and on the packed tensor-core rule
+    python3 bench/speculative.py --model llama-3.1-8b --backend cuda --steps 30 \
+      --json "$OUTD/spec_8b.json" 2>&1 | tee "$OUTD/spec_8b.log" | tail -3
+    HELIOS_LINEAR_INVARIANT=packed python3 bench/speculative.py --model llama-3.1-8b \
+      --backend cuda --steps 30 --json "$OUTD/spec_8b_packed.json" 2>&1 \
+      | tee "$OUTD/spec_8b_packed.log" | tail -3 ;;
+  serve-spec)  # issue 32 item 5 (needs the joined GGUF): helios-serve with the SmolLM2
+    # speculative core, speculation off then on (adaptive + history drafting), chat /
+    # editing / extraction, greedy and sampled, C 1..256. The whole grid is ~10 min: split
+    # it over calls with SERVE_SPEC_ARGS (e.g. "--samplings greedy") and SERVE_SPEC_TAG
+    # (names the JSON); the core is exported once under $HOME/cores/serve_spec (kept warm);
+    # "--modes off on plain" adds the default core without a drafter as a third baseline
+    T=${SERVE_SPEC_TAG:+_$SERVE_SPEC_TAG}
+    # shellcheck disable=SC2086
+    python3 bench/serve_spec.py --backend cuda --gguf "$HOME/g/smol.gguf" \
+      --export-dir "$HOME/cores/serve_spec" ${SERVE_SPEC_ARGS:-} --json "$OUTD/serve_spec$T.json" \
+      2>&1 | tee "$OUTD/serve_spec$T.log" | tail -45 ;;
   spec-structured)  # issue 13: JSON-schema requests through copied candidates (real server)
     python3 bench/structured_speculative.py --backend cuda --gguf "$HOME/g/smol.gguf" \
       --batches 1 8 32 --tokens 128 --json "$OUTD/structured_spec.json" 2>&1 | tee "$OUTD/structured_spec.log" ;;

@@ -19,7 +19,12 @@ are compared with the drafter core's decode (greedy: identical by construction).
 
 8B: random weights make acceptance meaningless, so only the cost of one speculative
 step of lanes of length 4 (3 drafts + 4 verified positions + commit) over one decode
-step is timed, at batch 1 and 8, at a context of --context tokens.
+step is timed, at batch 1 and 8, at a context of --context tokens: through
+`NativeModel.execute` (host included: `ratio`), as the graph alone replayed back to back
+(`device_ratio`, issue 32's "8B geometry width-4 step <= 1.15x a decode step at batch 1,
+<= 1.3x at batch 8"), and per op (`*_ops_ms`, device ms per step). Decode and
+verification rows of this drafter core both run the row-invariant linear
+(kernels_triton/invariant.py).
 """
 
 from __future__ import annotations
@@ -194,7 +199,7 @@ def bench_8b(args) -> dict:
     from helios_serve.testing.native import load_native
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from gpu_common import MemoryCore, random_bf16_weights
+    from gpu_common import MemoryCore, profile_ops, random_bf16_weights
 
     recipe_mod = importlib.util.spec_from_file_location("r", ROOT / "recipes" / "llama.py")
     module = importlib.util.module_from_spec(recipe_mod)
@@ -236,7 +241,7 @@ def bench_8b(args) -> dict:
                          for i in range(batch))
             return StepPlan(kind, rows)
 
-        times = {}
+        times, device, ops = {}, {}, {}
         for kind, n in ((StepKind.DECODE, 1), (StepKind.SPECULATIVE, 4)):
             p = plan(kind, n)
             for _ in range(5):
@@ -245,15 +250,33 @@ def bench_8b(args) -> dict:
             for _ in range(args.steps):
                 model.execute(p)
             times[kind.value] = (time.perf_counter() - t0) / args.steps
+            # the graph alone, replayed back to back (no host work between steps), and
+            # its device ms per op (one throwaway graph per op: gpu_common.profile_ops)
+            name = model.select_graph(p)
+            model.backend.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                model.backend.launch_only(name)
+            model.backend.synchronize()
+            device[kind.value] = (time.perf_counter() - t0) / args.steps
+            ops[kind.value] = {op: round(ms, 4) for op, ms in sorted(
+                profile_ops(model.backend, name).items(), key=lambda kv: -kv[1])}
         row = {"batch": batch, "context": args.context,
                "decode_step_ms": round(times["decode"] * 1e3, 3),
                "speculative_w4_step_ms": round(times["speculative"] * 1e3, 3),
-               "ratio": round(times["speculative"] / times["decode"], 3)}
+               "ratio": round(times["speculative"] / times["decode"], 3),
+               "decode_device_ms": round(device["decode"] * 1e3, 3),
+               "speculative_w4_device_ms": round(device["speculative"] * 1e3, 3),
+               "device_ratio": round(device["speculative"] / device["decode"], 3),
+               "decode_ops_ms": ops["decode"], "speculative_w4_ops_ms": ops["speculative"]}
         rows_out.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if not k.endswith("_ops_ms")}),
+              flush=True)
     model.close()
+    from helios_ignition.capture import launch
+
     return {"model": "llama-3.1-8b geometry, random bf16 weights", "draft_vocab": 32768,
-            "rows": rows_out}
+            "invariant_linear": launch.INVARIANT_LINEAR, "rows": rows_out}
 
 
 def main(argv=None) -> int:

@@ -9,6 +9,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py nucleus       # the nucleus sampler's GPU tests
     uv run python scripts/interpret_kernels.py wide          # the wide sampler's GPU tests
     uv run python scripts/interpret_kernels.py gemv          # the batch-1 GEMV variants only
+    uv run python scripts/interpret_kernels.py invariant     # linear_invariant: rows bitwise alone
     uv run python scripts/interpret_kernels.py attention     # split decode attention layouts
     uv run python scripts/interpret_kernels.py mma           # packed terms, K split, reduce
     uv run python scripts/interpret_kernels.py scores        # score_tokens (scored prefill)
@@ -211,6 +212,85 @@ def check_gemv(rng) -> bool:
                           + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     finally:
         L.SMS, L.LINEAR_GEMV = sms, spec0
+    return ok
+
+
+def check_invariant(rng) -> bool:
+    """``linear_invariant`` (kernels_triton/invariant.py): every row of a T-row launch is
+    bitwise the row launched alone (the decode row), at any T, any place in the launch
+    (row groups, permuted rows), under the default GEMV tiles and under narrow K steps
+    (several per row) with and without EVICT; and within 1e-6 of the NumPy reference.
+    The interpreter reduces with NumPy, so this checks the indexing and masking; the
+    device test (tests/gpu/test_speculative.py::test_linear_invariant_rows_are_the_decode_
+    rows) checks the compiled reduction order."""
+    from helios_ignition.capture import launch as L
+
+    ok, spec0 = True, L.LINEAR_GEMV
+    try:
+        for spec in ("v2", "4,32,4,0,0,0", "2,16,2,0,0,1"):
+            L.LINEAR_GEMV = spec
+            for wb in (0, 1):
+                for N, Kd in [(37, 100), (130, 64)]:
+                    T = 19
+                    x = (rng.standard_normal((T, Kd)) * 3).astype(np.float32)
+                    w = (rng.standard_normal((N, Kd)) / np.sqrt(Kd)).astype(np.float32)
+                    bits, wv = _bf16(w) if wb else (w, w)
+                    ref = np.zeros((T, N), np.float32)
+                    K.linear_invariant(x, wv, ref, T, N, Kd)
+                    alone = np.full((T, N), np.nan, np.float32)
+                    for t in range(T):
+                        row = np.full((1, N), np.nan, np.float32)
+                        c = launch("linear_invariant", np.ascontiguousarray(x[t:t + 1]), bits,
+                                   row, 1, N, Kd, bf16=(1,) if wb else ())
+                        alone[t] = row[0]
+                    same = True
+                    for n in (T, 4, 8, 9):
+                        perm = rng.permutation(T)[:n]
+                        got = np.full((n, N), np.nan, np.float32)
+                        launch("linear_invariant", np.ascontiguousarray(x[perm]), bits, got, n,
+                               N, Kd, bf16=(1,) if wb else ())
+                        same &= np.array_equal(got.view(np.uint32), alone[perm].view(np.uint32))
+                    err = _rel(alone, ref)
+                    good = same and err < 1e-6
+                    ok &= good
+                    print(f"{'ok ' if good else 'BAD'} linear_invariant GEMV {spec:<12} "
+                          f"{'bf16' if wb else 'f32 '} N={N:<4} K={Kd:<3} BLOCK_K={c['BLOCK_K']:<3}"
+                          f" ROWS={c['ROWS']} rows bitwise alone/in T=19,4,8,9 launches: {same}, "
+                          f"ref {err:.1e}")
+    finally:
+        L.LINEAR_GEMV = spec0
+    return ok
+
+
+def _packed_rows(xs, w, rows, N, Kd, S):
+    """``linear_packed_rows`` over the packed rows `rows` of `xs`: ``[S, len(rows), N]``."""
+    out = np.full((S * len(rows), N), np.nan, np.float32)
+    launch("linear_packed_rows", np.ascontiguousarray(xs[rows]), w, out, len(rows), N, Kd, S)
+    return out.reshape(S, len(rows), N)
+
+
+def check_packed_rows(rng) -> bool:
+    """``linear_packed_rows`` (HELIOS_LINEAR_INVARIANT=packed; f32 weights, whose IEEE
+    dots the interpreter computes as the GPU's f32 path, which checks the token-tile-first
+    grid, the packed indexing, the slices and the masks): every row of a T-row launch
+    bitwise the row alone, and the reference's values."""
+    ok = True
+    for T, N, Kd, S in ((40, 200, 1024, 2), (33, 70, 300, 1)):
+        x = (rng.standard_normal((T, Kd)) * 3).astype(np.float32)
+        xs = np.zeros_like(x)
+        K.split_bf16(x, xs, T, Kd)
+        w = (rng.standard_normal((N, Kd)) / np.sqrt(Kd)).astype(np.float32)
+
+        alone = np.concatenate([_packed_rows(xs, w, [t], N, Kd, S) for t in range(T)], axis=1)
+        same = np.array_equal(_packed_rows(xs, w, list(range(T)), N, Kd, S).view(np.uint32),
+                              alone.view(np.uint32))
+        ref = np.zeros((S * T, N), np.float32)
+        K.linear_packed_rows(xs, w, ref, T, N, Kd, S)
+        err = _rel(alone.reshape(S * T, N), ref)
+        good = same and err < 1e-6
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} linear_packed_rows f32 T={T} N={N} K={Kd} S={S}: "
+              f"rows bitwise alone/in one launch: {same}, ref {err:.1e}")
     return ok
 
 
@@ -796,6 +876,8 @@ def main() -> None:
         sys.exit(0 if check_wide(full=False) else 1)
     if sys.argv[1:] == ["gemv"]:
         sys.exit(0 if check_gemv(rng) else 1)
+    if sys.argv[1:] == ["invariant"]:
+        sys.exit(0 if check_invariant(rng) and check_packed_rows(rng) else 1)
     if sys.argv[1:] == ["attention"]:
         sys.exit(0 if check_attention(rng) else 1)
     if sys.argv[1:] == ["mma"]:
@@ -811,6 +893,8 @@ def main() -> None:
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)
+        ok &= check_invariant(rng)
+        ok &= check_packed_rows(rng)
         for V in (5000, 4097, 49152):
             ok &= check_sampler(rng, V)
         ok &= check_nucleus(full=False)

@@ -69,3 +69,27 @@ def test_chunk_size_follows_K_only():
     assert invariant_chunks(49152, 576)[0] == (0, 224)  # 512 KiB of f32 weights per call
     assert invariant_chunks(576, 1536)[0] == (0, 80)
     assert invariant_chunks(225, 576) == [(0, 225)]  # a one-feature tail joins its neighbour
+
+
+@pytest.mark.parametrize(("N", "K", "S"), [(960, 576, 1), (577, 1536, 3), (4096, 1024, 4)])
+def test_packed_rows_are_row_invariant_and_equal_linear_packed(N, K, S):
+    """`linear_packed_rows` (the packed path of row-invariant products): each row bitwise
+    the row alone, within f32 rounding of `linear_packed` (which is a GEMM on the CPU)."""
+    from helios_tools.kernels import linear_packed, linear_packed_rows, split_bf16
+
+    rng = np.random.default_rng(N + K + S)
+    w = rng.standard_normal((N, K), dtype=np.float32)
+    x = rng.standard_normal((9, K), dtype=np.float32)
+    xs = np.zeros_like(x)
+    split_bf16(x, xs, 9, K)
+
+    def run(op, rows):
+        part = np.full((S * len(rows), N), np.nan, np.float32)
+        op(np.ascontiguousarray(xs[rows]), w, part, len(rows), N, K, S)
+        return part.reshape(S, len(rows), N)
+
+    alone = np.concatenate([run(linear_packed_rows, [t]) for t in range(9)], axis=1)
+    order = [4, 0, 8, 2]
+    assert np.array_equal(run(linear_packed_rows, list(range(9))), alone)
+    assert np.array_equal(run(linear_packed_rows, order), alone[:, order])
+    np.testing.assert_allclose(run(linear_packed, list(range(9))), alone, rtol=1e-4, atol=1e-3)

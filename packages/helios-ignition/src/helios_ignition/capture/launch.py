@@ -219,6 +219,61 @@ def gemv_constants(N: int, K: int, spec: str = "") -> dict[str, int]:
     return c
 
 
+# The row-invariant products of drafter cores at capture (HELIOS_LINEAR_INVARIANT):
+# "rows" (default: linear_rows, the GEMV's tiles on the FMA units for every matrix) or
+# "packed" (bf16 matrices of at least MMA_MIN_WEIGHTS weights take the packed tensor-core
+# path with one tile and K split per matrix at every row count: invariant_splits; an
+# experiment for issue 32's batch-8 verification cost, not yet run on a GPU).
+INVARIANT_LINEAR = os.environ.get("HELIOS_LINEAR_INVARIANT", "rows")
+# The row cell whose packed tile and K split every row count uses under "packed": 32
+# rows, the H200 sweep's winners at 32 rows (_MMA_TILES), so a batch-8 W = 4
+# verification and every smaller step is one token tile that reads each weight once;
+# more rows take more token tiles, adjacent in launch order (ROWS_FIRST).
+INVARIANT_PACKED_ROWS = 32
+
+
+def invariant_splits(N: int, K: int, rule: str = "") -> int | None:
+    """K slices S of a row-invariant bf16 product of `N` x `K` weights on the packed path
+    (``linear_packed_rows``: the INVARIANT_PACKED_ROWS cell's tile at every row count,
+    S slices so that one token tile gives every SM a program), or None where it runs ``linear_invariant`` (rule `rule`, default
+    INVARIANT_LINEAR: "rows", or a matrix below MMA_MIN_WEIGHTS).
+
+    Raises:
+        ValueError: a rule other than "rows" / "packed".
+    """
+    rule = rule or INVARIANT_LINEAR
+    if rule not in ("rows", "packed"):
+        raise ValueError(f"HELIOS_LINEAR_INVARIANT must be 'rows' or 'packed', got {rule!r}")
+    if rule == "rows" or N * K < MMA_MIN_WEIGHTS:
+        return None
+    # the fewest slices giving every SM a program at one token tile (a batch-1 decode
+    # step), not the 32-row cell's measured S, which counted on more rows
+    return mma_splits(INVARIANT_PACKED_ROWS, N, K,
+                      mma_constants(INVARIANT_PACKED_ROWS, N, K))
+
+
+# Rows per program of the row-invariant linear (``linear_invariant``: drafter cores'
+# decode and verification rows): one weight tile serves up to this many rows, so a
+# verification of up to 8 positions (a batch-1 lane of W <= 8, two lanes of W = 4) or
+# a batch-8 decode step reads each weight once.
+INVARIANT_ROWS = 8
+
+
+def invariant_constants(N: int, K: int) -> dict[str, int]:
+    """Variant constants (with ``WARPS``) of ``linear_invariant`` for an `N` x `K`
+    matrix: the batch-1 GEMV's BLOCK_N / BLOCK_K / warps (``gemv_constants``, EVICT where
+    its spec sets it; a persistent or prefetching GEMV spec keeps only its tile) and
+    ``ROWS = INVARIANT_ROWS``. Nothing depends on the row count, so decode rows and
+    verification rows of one matrix run one binary and reduce every row in one order
+    (kernels_triton/invariant.py)."""
+    g = gemv_constants(N, K)
+    c = dict(BLOCK_N=g["BLOCK_N"], BLOCK_K=g["BLOCK_K"], ROWS=INVARIANT_ROWS,
+             WARPS=g["WARPS"])
+    if g.get("EVICT"):
+        c["EVICT"] = 1
+    return c
+
+
 def fuse_swiglu_linear(T: int, N: int, K: int = 0) -> bool:
     """Whether capture records ``swiglu_linear`` instead of ``silu_mul`` + ``linear`` for
     a `T`-row product with `N` outputs over `K` (the FFN width): where the linear runs on
@@ -593,8 +648,14 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("rmsnorm", "add_rmsnorm"):
         T, D = s[0], s[1]
         return _cfg((T,), 4 if D <= 1024 else 8, BLOCK_D=_np2(D, 16))
-    if op in ("linear", "linear_invariant"):
+    if op == "linear":
         return _linear_config(s, views, tc=True)
+    if op == "linear_invariant":
+        T, N, K = s
+        c = invariant_constants(N, K)
+        groups = _cdiv(T, c["ROWS"])
+        return _cfg((groups * _cdiv(N, c["BLOCK_N"]),), c.pop("WARPS"), **c,
+                    WBF16=_is_bf16(views[1]) if len(views) > 1 else 0, K16=int(K % 16 == 0))
     if op in ("swiglu_linear", "swiglu_linear_add"):
         T, N, K = s
         if T != 1 and linear_fma(T, N) is None:  # any K on the GEMV (cores before v2)
@@ -737,6 +798,12 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         c = mma_constants(T, N, K)
         return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"]), S), c.pop("WARPS"), **c,
                     WBF16=wbf16, K16=int(K % 16 == 0), PACKED=int(op == "linear_packed"))
+    if op == "linear_packed_rows":  # one tile per matrix whatever T: invariant_splits
+        T, N, K, S = s
+        c = mma_constants(INVARIANT_PACKED_ROWS, N, K)
+        return _cfg((_cdiv(T, c["BLOCK_T"]), _cdiv(N, c["BLOCK_N"]), S), c.pop("WARPS"), **c,
+                    WBF16=_is_bf16(views[1]) if len(views) > 1 else 0, K16=int(K % 16 == 0),
+                    PACKED=1, ROWS_FIRST=1)
     if op in ("splitk_reduce", "splitk_reduce_add"):
         T, N = s[0], s[1]
         return _cfg((T, _cdiv(N, 1024)), 4, BLOCK=1024, ACC=int(op == "splitk_reduce_add"))

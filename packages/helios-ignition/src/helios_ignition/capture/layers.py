@@ -32,10 +32,12 @@ def declare_mma_scratch(t: BufferTable, products: Sequence[tuple[int, int]],
     width = partial = 0
     for T in range(1, tokens + 1):
         for N, K in products:
-            S = launch.mma_plan(T, N, K)
-            if S is not None:
-                width = max(width, K)
-                partial = max(partial, (S * T * N) if S > 1 else 0)
+            # the packed path of `linear` products, and (HELIOS_LINEAR_INVARIANT=packed)
+            # of row-invariant ones, which take it at every row count
+            for S in (launch.mma_plan(T, N, K), launch.invariant_splits(N, K)):
+                if S is not None:
+                    width = max(width, K)
+                    partial = max(partial, (S * T * N) if S > 1 else 0)
     if width:
         t.declare("scratch.xsplit", "f32", (tokens, width), "scratch")
     if partial:  # flat, one element over: every [S*T, N] view is a strict prefix (a view
@@ -52,12 +54,19 @@ def product(b: ProgramBuilder, lin: str, x: View, w: View, out: View, T: int, N:
     ``silu_mul``) into ``scratch.xsplit``, ``linear_packed`` over S K slices into
     ``scratch.mma_partial`` and ``splitk_reduce`` into `out` (S = 1: straight into
     `out`). Otherwise ``silu_mul`` (if `swiglu`, into the family's ``scratch.act``
-    ``[T, K]``) and `lin`. Row-invariant products (``linear_invariant``) always take
-    `lin`.
+    ``[T, K]``) and `lin`. Row-invariant products (``linear_invariant``) take `lin`,
+    or with HELIOS_LINEAR_INVARIANT=packed (``launch.invariant_splits``) the same
+    sequence with ``linear_packed_rows``: one tile and K split per matrix at every row
+    count, so a row's result does not depend on T.
     """
     t = b.table
-    S = (launch.mma_plan(T, N, K) if lin == "linear" and _packed_weights(w.buffer.dtype)
-         and "scratch.xsplit" in t.buffers else None)
+    packed = _packed_weights(w.buffer.dtype) and "scratch.xsplit" in t.buffers
+    rows_op = "linear_packed_rows" if lin == "linear_invariant" else "linear_packed"
+    S = None
+    if packed and lin == "linear":
+        S = launch.mma_plan(T, N, K)
+    elif packed and lin == "linear_invariant":
+        S = launch.invariant_splits(N, K)
     if S is None:
         if swiglu:
             act = t.view("scratch.act", (T, K))
@@ -68,10 +77,10 @@ def product(b: ProgramBuilder, lin: str, x: View, w: View, out: View, T: int, N:
     xs = t.view("scratch.xsplit", (T, K))
     b.launch("swiglu_split_bf16" if swiglu else "split_bf16", x, xs, T, K)
     if S == 1:
-        b.launch("linear_packed", xs, w, out, T, N, K, 1)
+        b.launch(rows_op, xs, w, out, T, N, K, 1)
         return
     part = t.view("scratch.mma_partial", (S * T, N))
-    b.launch("linear_packed", xs, w, part, T, N, K, S)
+    b.launch(rows_op, xs, w, part, T, N, K, S)
     b.launch("splitk_reduce", part, out, T, N, S)
 
 

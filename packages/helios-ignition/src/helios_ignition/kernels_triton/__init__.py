@@ -33,6 +33,7 @@ from .dense import (
     silu_mul,
 )
 from .experts import moe_align, moe_down, moe_gate_up, moe_route, moe_sum, qk_rmsnorm
+from .invariant import linear_rows
 from .mma import linear_splitk, split_bf16, splitk_reduce
 from .sampling import sample, sample_biased, score_tokens, token_logprobs
 from .sampling_chunks import (
@@ -105,7 +106,7 @@ TRITON_KERNELS = {
     "slot_gather": slot_gather,
     "slot_scatter": slot_scatter,
     "sample": sample,
-    "linear_invariant": linear,  # the same kernel: GPU row invariance is measured, not built
+    "linear_invariant": linear_rows,  # one binary per matrix for every row count
     "spec_draft_inputs": spec_draft_inputs,
     "draft_sample": draft_sample,
     "draft_sample_coupled": draft_sample_coupled,
@@ -136,6 +137,7 @@ TRITON_KERNELS = {
     "swiglu_split_bf16": split_bf16,  # SWIGLU=1 (see launch_config)
     "linear_packed": linear_splitk,  # PACKED=1
     "linear_partial": linear_splitk,  # PACKED=0
+    "linear_packed_rows": linear_splitk,  # PACKED=1, one tile per matrix at every row count
     "splitk_reduce": splitk_reduce,
     "splitk_reduce_add": splitk_reduce,  # ACC=1
     "attention_prefill_window": attention_prefill_window,
@@ -159,6 +161,7 @@ WEIGHT_PARAMS = {"linear": "weight", "linear_invariant": "weight", "swiglu_linea
                  "rmsnorm_linear": "weight", "linear_add": "weight",
                  "swiglu_linear_add": "weight", "embedding": "table",
                  "linear_packed": "weight", "linear_partial": "weight",
+                 "linear_packed_rows": "weight",
                  "moe_gate_up": "w_gate_up", "moe_down": "w_down",
                  "position_add": "positions"}
 

@@ -95,7 +95,8 @@ def _packed_tc(x, weight, out, T, N, K, BLOCK_T: tl.constexpr, BLOCK_N: tl.const
 def linear_splitk(x, weight, partial, T, N, K, S, BLOCK_T: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WBF16: tl.constexpr,
                   K16: tl.constexpr, PACKED: tl.constexpr = 1, XSPLIT: tl.constexpr = 1,
-                  EVEN_K: tl.constexpr = 0, TC: tl.constexpr = 0, GROUP_T: tl.constexpr = 8):
+                  EVEN_K: tl.constexpr = 0, TC: tl.constexpr = 0, GROUP_T: tl.constexpr = 8,
+                  ROWS_FIRST: tl.constexpr = 0):
     """``partial[s*T + t, n] = sum_{k in slice s} x[t, k] * weight[n, k]``; grid
     ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T), S)``.
 
@@ -106,22 +107,30 @@ def linear_splitk(x, weight, partial, T, N, K, S, BLOCK_T: tl.constexpr,
     (op ``linear_partial``): ``x`` is f32, split in registers into two MMAs on the same
     weight tile (``XSPLIT=0``: ``hi`` only, about 3 significant digits; sweeps only).
     ``TC=1`` (``PACKED=1``, bf16 weights, ``S = 1``; prefill rows): ``_packed_tc`` on a
-    1-D grid of at most one program per output tile.
+    1-D grid of at most one program per output tile. ``ROWS_FIRST=1`` (op
+    ``linear_packed_rows``) swaps the first two grid axes, ``(cdiv(T, BLOCK_T),
+    cdiv(N, BLOCK_N), S)``: the token tiles of one weight tile are adjacent in launch
+    order, so beyond one token tile its later reads hit L2 (the arithmetic is unchanged).
     """
     if TC:
         _packed_tc(x, weight, partial, T, N, K, BLOCK_T, BLOCK_N, BLOCK_K, XSPLIT, GROUP_T)
     else:
         _splitk(x, weight, partial, T, N, K, S, BLOCK_T, BLOCK_N, BLOCK_K, WBF16, K16, PACKED,
-                XSPLIT, EVEN_K)
+                XSPLIT, EVEN_K, ROWS_FIRST)
 
 
 @triton.jit
 def _splitk(x, weight, partial, T, N, K, S, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, WBF16: tl.constexpr, K16: tl.constexpr,
-            PACKED: tl.constexpr, XSPLIT: tl.constexpr, EVEN_K: tl.constexpr):
+            PACKED: tl.constexpr, XSPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+            ROWS_FIRST: tl.constexpr = 0):
     """The K-split body of ``linear_splitk`` (every ``TC=0`` variant)."""
-    pid_n = tl.program_id(0)
-    pid_t = tl.program_id(1)
+    if ROWS_FIRST:
+        pid_t = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    else:
+        pid_n = tl.program_id(0)
+        pid_t = tl.program_id(1)
     ks = tl.program_id(2)
     if K16:  # K % 16 == 0: say so in a form every Triton's alignment analysis reads
         K = (K // 16) * 16  # (tl.multiple_of on the scalar is lost by 3.6 and 3.9)

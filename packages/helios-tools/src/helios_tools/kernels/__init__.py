@@ -34,6 +34,7 @@ from .fused import (
 from .linear import linear, linear_invariant
 from .linear_splitk import (
     linear_packed,
+    linear_packed_rows,
     linear_partial,
     split_bf16,
     splitk_reduce,
@@ -122,6 +123,7 @@ __all__ = [
     "linear_add",
     "linear_invariant",
     "linear_packed",
+    "linear_packed_rows",
     "linear_partial",
     "paged_row_gather_prev",
     "paged_row_write",

@@ -91,6 +91,24 @@ def linear_packed(x: NDArray[np.float32], weight: NDArray[np.float32],
     _partials(unpack_terms(x, T, K), weight, partial, T, N, K, S)
 
 
+def linear_packed_rows(x: NDArray[np.float32], weight: NDArray[np.float32],
+                       partial: NDArray[np.float32], T: int, N: int, K: int, S: int) -> None:
+    """``linear_packed`` whose rows do not depend on T or on the other rows: every row of
+    every slice is one matrix-vector product (BLAS GEMV), as ``linear_invariant``
+    computes its rows (a GEMM picks another kernel and rounding per row count). The op
+    of drafter cores' row-invariant products on the packed path (capture.launch.
+    invariant_splits); on the GPU, ``linear_packed`` with one tile per matrix.
+
+    Args: as ``linear_packed``.
+    """
+    a = unpack_terms(x, T, K)
+    for s in range(S):
+        k0, k1 = splitk_slice(K, S, s)
+        w = weight[:N, k0:k1]
+        for t in range(T):
+            np.dot(w, a[t, k0:k1], out=partial[s * T + t, :N])
+
+
 def linear_partial(x: NDArray[np.float32], weight: NDArray[np.float32],
                    partial: NDArray[np.float32], T: int, N: int, K: int, S: int) -> None:
     """``linear_packed`` over f32 activations ``x`` ``[T, K]`` (the kernel splits them

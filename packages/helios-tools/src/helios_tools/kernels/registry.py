@@ -40,6 +40,7 @@ from .fused import (
 from .linear import linear, linear_invariant
 from .linear_splitk import (
     linear_packed,
+    linear_packed_rows,
     linear_partial,
     split_bf16,
     splitk_reduce,
@@ -266,6 +267,12 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         *_i("T", "N", "K", "S"),
     ),
     "linear_partial": (
+        _b("x", "f32"), _b("weight", "f32"), _b("partial", "f32", "out"),
+        *_i("T", "N", "K", "S"),
+    ),
+    # linear_packed with one tile and K split per matrix at every row count (drafter
+    # cores' row-invariant products on the packed path: capture.launch.invariant_splits)
+    "linear_packed_rows": (
         _b("x", "f32"), _b("weight", "f32"), _b("partial", "f32", "out"),
         *_i("T", "N", "K", "S"),
     ),
@@ -533,6 +540,7 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "swiglu_split_bf16": swiglu_split_bf16,
     "linear_packed": linear_packed,
     "linear_partial": linear_partial,
+    "linear_packed_rows": linear_packed_rows,
     "splitk_reduce": splitk_reduce,
     "splitk_reduce_add": splitk_reduce_add,
     "slot_gather": slot_gather,
