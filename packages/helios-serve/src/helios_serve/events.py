@@ -187,6 +187,11 @@ class EventSink(SinkBase):
                 self._waiter = None
         return self._events.popleft()
 
+    @property
+    def queued(self) -> int:
+        """Events already queued (HTTP loop)."""
+        return len(self._events)
+
     def drain(self) -> list[Event]:
         """Every event already queued (possibly none), without waiting; HTTP loop."""
         events = list(self._events)
