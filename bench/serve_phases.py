@@ -76,16 +76,29 @@ IDLE = ("PacedBackend.wait", "EpollSelector.select", "Runner.run (", "Condition.
         "_worker (", "serve_child.<locals>.answer", "Event.wait", "select (", "poll (")
 
 
+# Time inside the scheduler's own helpers belongs to the scheduler call above it.
+SCHEDULER_CALLS = (("Scheduler.schedule", "scheduler schedule"),
+                   ("Scheduler.complete", "scheduler complete"),
+                   ("Scheduler.finish", "scheduler finish (pages released)"),
+                   ("Scheduler.add", "scheduler admission"))
+
+
 def phase_of(frames: list[str]) -> str:
     for frame in reversed(frames):
         for phase, needles in PHASES:
             if any(n in frame for n in needles):
+                if phase == "scheduler (other)":
+                    for call, named in SCHEDULER_CALLS:
+                        if any(call + " (" in f for f in frames):
+                            return named
                 return phase
     return "other"
 
 
-def read_folded(path: Path) -> dict[str, dict[str, int]]:
-    """thread name -> phase -> samples (idle leaves counted as 'idle')."""
+def read_folded(path: Path, gil: bool = False) -> dict[str, dict[str, int]]:
+    """thread name -> phase -> samples. A wall profile's idle leaves count as 'idle'; in a
+    GIL profile every sample holds the GIL, and a leaf that is a wait there is the event
+    loop's own native code (uvloop: callbacks, socket writes) or a hand-off in progress."""
     out: dict[str, dict[str, int]] = {}
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -93,7 +106,9 @@ def read_folded(path: Path) -> dict[str, dict[str, int]]:
         name = frames[0].split(": ", 1)[-1]
         if name.startswith("helios-prepare"):
             name = "helios-prepare"
-        phase = "idle" if any(frames[-1].startswith(w) for w in IDLE) else phase_of(frames[1:])
+        waiting = any(frames[-1].startswith(w) for w in IDLE)
+        phase = (("event loop native / GIL hand-off" if gil else "idle") if waiting
+                 else phase_of(frames[1:]))
         t = out.setdefault(name, {})
         t[phase] = t.get(phase, 0) + int(count)
     return out
@@ -108,8 +123,9 @@ def level_of(run: Path, concurrency: int | None) -> dict:
 
 def table(folded: Path, level: dict, hz: int) -> dict:
     tokens, launches = level["served"]["tokens"], level["served"]["launches"]
+    gil = "gil_us_per_token" in level["served"]  # profiled with --profile-gil
     out = {}
-    for thread, phases in read_folded(folded).items():
+    for thread, phases in read_folded(folded, gil).items():
         busy = {p: n for p, n in phases.items() if p != "idle"}
         if not busy:
             continue
@@ -121,10 +137,11 @@ def table(folded: Path, level: dict, hz: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--folded", required=True)
+    ap.add_argument("--folded", required=True,
+                    help="the folded stacks (a wall profile, or a --profile-gil one alone)")
     ap.add_argument("--run", required=True, help="serve_overhead.py's JSON of that profile")
-    ap.add_argument("--gil-folded")
-    ap.add_argument("--gil-run")
+    ap.add_argument("--gil-folded", help="the same level's --profile-gil stacks")
+    ap.add_argument("--gil-run", help="its serve_overhead.py JSON")
     ap.add_argument("--concurrency", type=int)
     ap.add_argument("--hz", type=int, default=500, help="py-spy's --rate (serve_overhead: 500)")
     ap.add_argument("--label", default="")
@@ -133,6 +150,7 @@ def main() -> None:
     level = level_of(Path(args.run), args.concurrency)
     wall = table(Path(args.folded), level, args.hz)
     result = {"label": args.label, "commit": git_commit(REPO),
+              "profile": "gil" if "gil_us_per_token" in level["served"] else "wall",
               "concurrency": level["concurrency"], "tokens": level["served"]["tokens"],
               "launches": level["served"]["launches"],
               "tokens_per_launch": level["served"]["tokens_per_launch"],
@@ -145,7 +163,7 @@ def main() -> None:
         print(f"  {thread}: {total:.1f} us/token busy ({total * level['served']['tokens_per_launch']:.0f}"
               f" us per launch)")
         for p, v in phases.items():
-            print(f"    {p:<30} {v['us_per_token']:6.2f} us/token  {v['us_per_launch']:8.1f} us/launch")
+            print(f"    {p:<34} {v['us_per_token']:6.2f} us/token  {v['us_per_launch']:8.1f} us/launch")
     if args.gil_folded and args.gil_run:
         gil_level = level_of(Path(args.gil_run), args.concurrency)
         gil = table(Path(args.gil_folded), gil_level, args.hz)
