@@ -584,6 +584,6 @@ def test_json_in_tags_plain_text_path_equals_the_scan_for_every_chunking():
         outs = []
         for cls in (JsonInTagsToolParser, ScanOnly):
             ids = iter(f"call_{i}" for i in range(99))
-            parser = cls(JSON_IN_TAGS, marks, CallSink({"get": {}}, lambda: next(ids)))
+            parser = cls(JSON_IN_TAGS, marks, CallSink({"get": {}}, ids.__next__))
             outs.append([parser.feed(t, x) for t, x in feeds] + [parser.finish()])
         assert outs[0] == outs[1], (trial, feeds)
