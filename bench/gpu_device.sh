@@ -234,13 +234,16 @@ case $stage in
       --json "$OUTD/serve_keepup_smollm2_engproc.json" 2>&1 | grep -v "^    " | tee "$OUTD/serve_keepup_engproc.log" ;;
   serve-keepup-host)
     # After serve-keepup (its core): this host's CPU at 256 rows. The host step
-    # (schedule + submit + wait + complete, bench/packing.py) at 1/8/64/256 rows; the
+    # (schedule + submit + wait + complete, bench/packing.py) at 1/8/64/256 rows and the
+    # worker's whole step with its output work (bench/serve_worker_step.py); the
     # served path over the paced device at C 256 (two raw clients per slot: 256 rows per
     # decode step), both modes alternated, CPU per token by thread; then one py-spy GIL
     # profile of each mode split into host phases per step (bench/serve_phases.py; with the
     # engine process py-spy samples the frontend process only). ~6 min.
     C=$HOME/cores/smollm2-bench.core
     python3 bench/packing.py --json "$OUTD/packing_keepup_h200host.json" 2>&1 | tee "$OUTD/serve_keepup_host.log"
+    python3 bench/serve_worker_step.py --core "$C" --trust "$K.pub" --accept $NS --rows 1 64 256 \
+      --json "$OUTD/serve_worker_step_h200host.json" 2>&1 | tee -a "$OUTD/serve_keepup_host.log"
     python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS --client raw \
       --clients-per-slot 2 --concurrency 256 --requests 1 --max-tokens 256 --engine-process both \
       --json "$OUTD/serve_overhead_keepup_h200host.json" 2>&1 | grep -v "^    " | tee -a "$OUTD/serve_keepup_host.log"
