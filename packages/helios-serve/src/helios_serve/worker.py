@@ -127,6 +127,12 @@ class _Live:
     # Set when the worker ended the request in the scheduler (EOS, output limit) before
     # its last token's output work ran: the scheduler's summary for the Finished event.
     ended: FinishedRequest | None = None
+    # The prepared request's needs_feedback (a property over its stops and grammar, both
+    # fixed), read once: `_validate` asks it for every token.
+    feedback: bool = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.feedback = self.request.prepared.needs_feedback
 
     @property
     def constrained(self) -> bool:
@@ -644,7 +650,7 @@ class ModelWorker:
                           logprobs.get(result.request_id) if logprobs else None)
             self._outputs.append(out)
             tokens += 1
-            if prepared.needs_feedback:
+            if live.feedback:
                 feedback = True
             else:
                 stop = out.stop = check_stop(live.stop, token, result.output_tokens)
@@ -700,6 +706,15 @@ class ModelWorker:
         request keeps nothing back) go at once.
         """
         batches: list[tuple[EventSink, list[Event]]] = []
+        if self.stream_interval == 1 and not self._held:  # nothing is ever held back
+            for live in touched.values():
+                if live.events:
+                    batches.append((live.request.sink, live.events))
+                    live.events = []
+                    live.undelivered = 0
+                    live.delivered = True
+            deliver(batches)
+            return
         held, self._held = self._held, {}
         held.update(touched)
         for key, live in held.items():
