@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
 #   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|packing|topp|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|vision|snap|snap-bench|startup-memory|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -236,6 +237,53 @@ case $stage in
       --json "$OUTD/serve_overhead_engproc_h200host.json" 2>&1 | grep -v "^    " | tee -a "$OUTD/serve_engproc.log"
     python3 bench/serve_overhead_summary.py --engine-split "$OUTD/serve_overhead_engproc_h200host.json" \
       --json "$OUTD/serve_overhead_engproc_h200host_summary.json" 2>&1 | tail -14 | tee -a "$OUTD/serve_engproc.log" ;;
+  serve-keepup)
+    # Issue 27 item 5 (docs/serving.md, "Keeping up at 256 rows"): served / NativeModel loop
+    # of the SmolLM2 serving-bench core (decode captured to 256 rows) at 1024/1024 and
+    # 128/128, C 1/16/64/256, --max-active 256, one server process; the native loop of
+    # the same core beside each level (served_over_native per level). Exports the core
+    # when serve-smollm2 has not (same file). ~6-8 min.
+    ensure_key
+    C=$HOME/cores/smollm2-bench.core
+    [ -f "$C" ] || ign export recipes/llama_serving_bench.py --checkpoint "$HOME/g/smol.gguf" --key "$K" \
+      --namespace $NS --out "$C" --target sm_90 2>&1 | tail -2 | tee "$OUTD/export_smollm2.log"
+    python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
+      --max-active 256 --workload 1024/1024 128/128 --concurrency 1 16 64 256 \
+      --json "$OUTD/serve_keepup_smollm2.json" 2>&1 | grep -v "^    " | tee "$OUTD/serve_keepup.log" ;;
+  serve-keepup-engproc)
+    # After serve-keepup (its core, same lease): the same levels with helios-serve
+    # --engine-process and no native loop (--no-native: compare its served tok/s with
+    # serve_keepup_smollm2.json's native_tokens_per_s, level by level). ~5-7 min.
+    C=$HOME/cores/smollm2-bench.core
+    python3 bench/serve_load.py --core "$C" --trust "$K.pub" --accept $NS --backend cuda \
+      --max-active 256 --workload 1024/1024 128/128 --concurrency 1 16 64 256 \
+      --engine-process --no-native \
+      --json "$OUTD/serve_keepup_smollm2_engproc.json" 2>&1 | grep -v "^    " | tee "$OUTD/serve_keepup_engproc.log" ;;
+  serve-keepup-host)
+    # After serve-keepup (its core): this host's CPU at 256 rows. The host step
+    # (schedule + submit + wait + complete, bench/packing.py) at 1/8/64/256 rows and the
+    # worker's whole step with its output work (bench/serve_worker_step.py); the
+    # served path over the paced device at C 256 (two raw clients per slot: 256 rows per
+    # decode step), both modes alternated, CPU per token by thread; then one py-spy GIL
+    # profile of each mode split into host phases per step (bench/serve_phases.py; with the
+    # engine process py-spy samples the frontend process only). ~6 min.
+    C=$HOME/cores/smollm2-bench.core
+    python3 bench/packing.py --json "$OUTD/packing_keepup_h200host.json" 2>&1 | tee "$OUTD/serve_keepup_host.log"
+    python3 bench/serve_worker_step.py --core "$C" --trust "$K.pub" --accept $NS --rows 1 64 256 \
+      --json "$OUTD/serve_worker_step_h200host.json" 2>&1 | tee -a "$OUTD/serve_keepup_host.log"
+    python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS --client raw \
+      --clients-per-slot 2 --concurrency 256 --requests 1 --max-tokens 256 --engine-process both \
+      --json "$OUTD/serve_overhead_keepup_h200host.json" 2>&1 | grep -v "^    " | tee -a "$OUTD/serve_keepup_host.log"
+    for mode in off on; do
+      python3 bench/serve_overhead.py --core "$C" --trust "$K.pub" --accept $NS --client raw \
+        --clients-per-slot 2 --concurrency 256 --requests 1 --max-tokens 256 --engine-process $mode \
+        --profile --profile-gil --json "$OUTD/serve_overhead_keepup_gil_$mode.json" 2>&1 | grep -v "^    " \
+        | tail -3 | tee -a "$OUTD/serve_keepup_host.log"
+      cp bench/out/serve_overhead_c256_i1.folded "$OUTD/keepup_gil_$mode.folded" 2>/dev/null || true
+      python3 bench/serve_phases.py --folded "$OUTD/keepup_gil_$mode.folded" \
+        --run "$OUTD/serve_overhead_keepup_gil_$mode.json" --label "gil, engine-process $mode" \
+        --json "$OUTD/serve_phases_keepup_$mode.json" 2>&1 | tee -a "$OUTD/serve_keepup_host.log"
+    done ;;
   serve-host)
     # After serve-smollm2 (its core): this host's CPU over the paced device
     # (serve_overhead.py at stream intervals 1 and 4; the chat TTFT floor) and packing.

@@ -2,18 +2,18 @@
 
 Packing runs on the host for every step (graph selection, then `SharedPacking.pack`, then
 the launch); with two execution frames it overlaps the device for decode, not for
-prefill. Both tables use the tiny model captured with decode capacities 1 / 8 / 64 (the
-bindings, and so the host work, depend on the contract, not on the model's size).
+prefill. Both tables use the tiny model captured with decode capacities 1 / 8 / 64 / 256
+(the bindings, and so the host work, depend on the contract, not on the model's size).
 
-    pack       `SharedPacking.pack` of a fixed decode plan at 1 / 8 / 64 rows and a
+    pack       `SharedPacking.pack` of a fixed decode plan at 1 / 8 / 64 / 256 rows and a
                4-row, 256-token prefill (page tables already uploaded)
     host step  the worker's scheduling path in steady decode with B live requests, two
                frames, decode submitted ahead: `Scheduler.schedule` + `NativeModel.submit`
                (graph selection, packing, the launch call) + `NativeModel.wait` +
                `Scheduler.complete`, over a device that takes no time
                (helios_serve.testing.paced); the output pipeline is not included
-               (bench/serve_overhead.py measures it). Target (issue 17): <= 50 µs at
-               batch 1, <= 300 µs at batch 64; on the GPU the launch call and the
+               (bench/serve_overhead.py measures it). Targets: <= 50 µs at batch 1,
+               <= 300 µs at batch 64 (issue 17) and at 256 rows (issue 27); on the GPU the launch call and the
                page-table uploads add the driver's cost (bench/gpu_models.py host_us).
 
 Times are wall-clock medians (`time.perf_counter`, 0.1 µs a reading; the thread CPU
@@ -33,7 +33,7 @@ import platform
 import statistics
 import time
 
-from _report import write_json  # bench/ is this script's folder
+from _report import git_commit, write_json  # bench/ is this script's folder
 from helios_ignition.recipe import Capacities
 from helios_ignition.testing import tiny_core
 from helios_serve.engine.plan import (
@@ -48,8 +48,9 @@ from helios_serve.scheduler import SchedRequest, Scheduler
 from helios_serve.testing.native import load_native
 from helios_serve.testing.paced import paced_model
 
-CAPS = Capacities(decode_batch=(1, 8, 64), prefill_tokens=(256,), prefill_rows=8,
-                  context_tokens=512, page_tokens=16, prepared_pages=64 * 32)
+CAPS = Capacities(decode_batch=(1, 8, 64, 256), prefill_tokens=(256,), prefill_rows=8,
+                  context_tokens=512, page_tokens=16, prepared_pages=256 * 32)
+BATCHES = (1, 8, 64, 256)
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9, seed=7)
 
 
@@ -131,9 +132,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--json", default="bench/out/packing.json")
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES),
+                    help="decode rows (each one of CAPS' decode capacities)")
     args = ap.parse_args()
     model = load_native(tiny_core(caps=CAPS), "cpu")
-    cases = [(f"decode b{b}", decode_plan(b)) for b in (1, 8, 64)]
+    cases = [(f"decode b{b}", decode_plan(b)) for b in args.batches]
     cases.append(("prefill 4 rows x 64 tokens", prefill_plan()))
     rows = []
     print(f"{'step':28} {'bindings':>8} {'median us':>10} {'us/row':>8}")
@@ -148,12 +151,13 @@ def main() -> None:
     print(f"\n{'host step (median us)':24} {'schedule':>9} {'submit':>8} {'wait':>6} "
           f"{'complete':>9} {'total':>7}")
     host = []
-    for batch in (1, 8, 64):
+    for batch in args.batches:
         h = {"batch": batch, **host_steps(batch, min(args.steps, 300))}
         host.append(h)
         print(f"{'decode b' + str(batch):24} {h['schedule']:>9.1f} {h['submit']:>8.1f} "
               f"{h['wait']:>6.1f} {h['complete']:>9.1f} {h['total']:>7.1f}")
-    write_json(args.json, {"machine": platform.processor() or platform.machine(),
+    write_json(args.json, {"commit": git_commit(),
+                           "machine": platform.processor() or platform.machine(),
                            "python": platform.python_version(), "steps": args.steps,
                            "cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
                            "rows": rows, "host_step": host})

@@ -81,3 +81,30 @@ def test_smollm2_random_and_text_sequences_match_the_tokenizer(smollm2_tokenizer
         prompt = [rng.randrange(vocab) for _ in range(rng.randrange(0, 8))]
         fast, slow = _both(tok, prompt, ids, pieces)
         assert fast == slow, (prompt, ids)
+
+
+def test_whole_character_tokens_take_the_per_token_path_and_split_ones_the_window():
+    """Streaming text: each whole-character id returns its cached text without a window
+    decode, a character split over ids waits for its last byte, a literal U+FFFD piece is
+    held as the window path holds it, an invalid byte goes through the tokenizer and the
+    valid text after it is still the tokenizer's. Same pieces as the tokenizer path."""
+    st = ScriptTokenizer(["<|eos|>"], ["Hello", " wörld", "👋", "\ufffd"])
+    tok = st.tokenizer
+    pieces = ByteLevelPieces.of(tok)
+    vocab = tok.get_vocab()
+    word, world, wave, fffd = (vocab[t] for t in ("Hello", "Ġw" + "Ã¶" + "rld",
+                                                   "ðŁĳĭ", "ï¿½"))
+    split = list("👋".encode())  # byte-level: one id per byte
+    invalid = [0xFF]
+    cases = [
+        [word, world, wave, word],
+        [word, *split, world],
+        [fffd, word, fffd],
+        [word, *invalid, world, word, *split[:2], world],
+    ]
+    for ids in cases:
+        fast, slow = _both(tok, [], ids, pieces)
+        assert fast == slow, ids
+    fast, _ = _both(tok, [], [word, world, wave, word], pieces)
+    assert fast == ["Hello", " wörld", "👋", "Hello", ""]
+    assert pieces.text_alone(split[0]) is None and pieces.text_alone(wave) == "👋"

@@ -551,3 +551,39 @@ def test_a_named_tool_choice_finishes_its_call_with_stop(choice, reason):
     run_all(JSONTAGS, [S("<tool_call>"), '\n{"name": "get_weather", "arguments": '
                        '{"city": "Paris"}}\n', S("</tool_call>")], THINK + TOOL_TAGS, expected,
             ["tool_call"], tools=tools, tool_choice=choice)
+
+
+def test_json_in_tags_plain_text_path_equals_the_scan_for_every_chunking():
+    """`JsonInTagsToolParser.feed` hands plain text between calls to the content rule
+    without its scan; the deltas are the scan's, piece for piece, for random chunkings of
+    replies with text markers, marker tokens, marker prefixes and whitespace around calls."""
+    import random
+
+    from helios_serve.frontend.markup import TokenMarks
+    from helios_serve.frontend.tools import CallSink, JsonInTagsToolParser
+
+    class ScanOnly(JsonInTagsToolParser):
+        def feed(self, token_id: int, text: str) -> list:
+            self._scan.push(token_id, text)
+            return self._drain(False)
+
+    call = '{"name": "get", "arguments": {"a": 1}}'
+    parts = ["Hello", " world", "\n", "  ", "<tool_call>", call, "</tool_call>", "<", "<tool",
+             "a < b", "x<", "done.", "é👋"]
+    by_id = {7: "<tool_call>", 8: "</tool_call>"}
+    rng = random.Random(5)
+    for trial in range(400):
+        text = "".join(rng.choice(parts) for _ in range(rng.randrange(1, 12)))
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randrange(0, 8))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        marks = TokenMarks(by_id, {v: k for k, v in by_id.items()}) if trial % 2 else TokenMarks.none()
+        feeds = []
+        for piece in pieces:  # with token marks, a whole marker piece arrives as its token
+            token = next((i for i, m in by_id.items() if m == piece), -1) if trial % 2 else -1
+            feeds.append((token, "" if token >= 0 else piece))
+        outs = []
+        for cls in (JsonInTagsToolParser, ScanOnly):
+            ids = iter(f"call_{i}" for i in range(99))
+            parser = cls(JSON_IN_TAGS, marks, CallSink({"get": {}}, ids.__next__))
+            outs.append([parser.feed(t, x) for t, x in feeds] + [parser.finish()])
+        assert outs[0] == outs[1], (trial, feeds)

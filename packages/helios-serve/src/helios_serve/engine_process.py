@@ -102,6 +102,10 @@ class TokenRelay:
 
     matched_stop = False  # no stops: relayed requests have none
 
+    # One TokenDelta per id, shared by every relay (immutable; at most the vocabulary):
+    # `feed` runs for every relayed token of every step.
+    _deltas: dict[int, TokenDelta] = {}
+
     def __init__(self, eos_token_ids: frozenset[int]) -> None:
         self._eos = eos_token_ids
         self.finish_reason: FinishReason | None = None
@@ -113,7 +117,10 @@ class TokenRelay:
     def feed(self, token_id: int) -> list[Any]:
         if token_id in self._eos:
             self.finish_reason = FinishReason.STOP  # the frontend may say tool_calls
-        return [TokenDelta(token_id)]
+        delta = self._deltas.get(token_id)
+        if delta is None:
+            delta = self._deltas[token_id] = TokenDelta(token_id)
+        return [delta]
 
     def finish(self, reason: FinishReason | str) -> list[Any]:
         if self.finish_reason is None:

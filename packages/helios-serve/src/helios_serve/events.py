@@ -33,6 +33,17 @@ class Output:
     logprobs: tuple[TokenLogprob, ...] = ()
     completion_tokens: int = 0  # the choice's output tokens so far
 
+    # One per streamed token of every row of every step: the generated __init__ of a
+    # frozen dataclass calls object.__setattr__ per field (~2 us here); this fills the
+    # instance dict directly. Same signature (tests/serve/test_events.py checks).
+    def __init__(self, deltas: tuple[Delta, ...], choice: int = 0,
+                 logprobs: tuple[TokenLogprob, ...] = (), completion_tokens: int = 0) -> None:
+        d = self.__dict__
+        d["deltas"] = deltas
+        d["choice"] = choice
+        d["logprobs"] = logprobs
+        d["completion_tokens"] = completion_tokens
+
 
 @dataclass(frozen=True)
 class PromptScores:
@@ -128,9 +139,12 @@ class SinkBase:
         if not events or self.terminal_sent:
             return False
         for event in events:
-            if isinstance(event, Finished):
+            kind = type(event)
+            if kind is Output or kind is TokenObserved:  # the per-token events: not terminal
+                continue
+            if kind is Finished:
                 self._unfinished -= 1
-            if isinstance(event, Rejected | Failed) or self._unfinished == 0:
+            if kind is Rejected or kind is Failed or self._unfinished == 0:
                 self.terminal_sent = True
         return True
 
@@ -173,6 +187,11 @@ class EventSink(SinkBase):
                 self._waiter = None
         return self._events.popleft()
 
+    @property
+    def queued(self) -> int:
+        """Events already queued (HTTP loop)."""
+        return len(self._events)
+
     def drain(self) -> list[Event]:
         """Every event already queued (possibly none), without waiting; HTTP loop."""
         events = list(self._events)
@@ -187,12 +206,18 @@ def deliver(batches: list[tuple[SinkBase, list[Event]]]) -> None:
     Events after a response's terminal event are dropped; a closed loop (its readers are
     gone) drops its events.
     """
-    by_loop: dict[Any, list[tuple[SinkBase, list[Event]]]] = {}
-    for sink, events in batches:
-        if sink._accept(events):
-            by_loop.setdefault(sink._mailbox, []).append((sink, events))
-    for mailbox, accepted in by_loop.items():
+    accepted = [item for item in batches if item[0]._accept(item[1])]
+    if not accepted:
+        return
+    mailbox = accepted[0][0]._mailbox
+    if all(sink._mailbox is mailbox for sink, _ in accepted):  # one loop: the server's case
         mailbox.post(accepted)
+        return
+    by_loop: dict[Any, list[tuple[SinkBase, list[Event]]]] = {}
+    for sink, events in accepted:
+        by_loop.setdefault(sink._mailbox, []).append((sink, events))
+    for box, items in by_loop.items():
+        box.post(items)
 
 
 class _Mailbox:

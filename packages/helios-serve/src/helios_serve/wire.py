@@ -162,6 +162,10 @@ def decode_delta(x: list) -> Any:
 def encode_event(e: Event) -> list:
     """One event as a MessagePack-ready array (the table in the module docstring)."""
     if type(e) is Output:
+        deltas = e.deltas
+        if len(deltas) == 1 and type(deltas[0]) is TokenDelta:  # a relayed token (per step)
+            return [0, e.choice, e.completion_tokens, None, [deltas[0].token_id],
+                    _encode_logprobs(e.logprobs) if e.logprobs else []]
         tokens = [d.token_id for d in e.deltas if type(d) is TokenDelta]
         deltas = None if tokens else [encode_delta(d) for d in e.deltas]
         return [0, e.choice, e.completion_tokens, deltas, tokens or None,

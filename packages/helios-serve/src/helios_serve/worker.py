@@ -79,7 +79,7 @@ from helios_serve.scheduler import (
     SchedRequest,
     Scheduler,
 )
-from helios_serve.scheduler.finish import StopRule, check_stop, ending_eos_ids
+from helios_serve.scheduler.finish import Stop, StopRule, check_stop, ending_eos_ids
 from helios_serve.speculation import PROPOSERS
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,12 @@ class _Live:
     # Set when the worker ended the request in the scheduler (EOS, output limit) before
     # its last token's output work ran: the scheduler's summary for the Finished event.
     ended: FinishedRequest | None = None
+    # The prepared request's needs_feedback (a property over its stops and grammar, both
+    # fixed), read once: `_validate` asks it for every token.
+    feedback: bool = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.feedback = self.request.prepared.needs_feedback
 
     @property
     def constrained(self) -> bool:
@@ -141,7 +147,7 @@ class _Request:
     sched_ids: list[int]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Output:
     """A validated token whose output work (grammar, pipeline, events) is still to run."""
 
@@ -151,6 +157,10 @@ class _Output:
     stamp_ns: int | None  # observation stamp (timed requests), taken after complete
     now_s: float  # the step's clock reading (latency metrics, Finished)
     logprob: TokenLogprob | None = None  # the row's logprobs record, when it asked
+    # check_stop's answer for this token when `_validate` already asked it (requests
+    # without feedback): the rule is the request's and fixed, so `_feed` reuses it.
+    stop: Stop | None = None
+    stop_checked: bool = False
 
 
 @dataclass
@@ -636,14 +646,19 @@ class ModelWorker:
             token = int(result.token_id)  # type: ignore[arg-type]
             self._observe_latency(live, now_s)
             stamp_ns = now_ns if prepared.observe_timestamps else None
-            self._outputs.append(_Output(live, token, result.output_tokens, stamp_ns, now_s,
-                                         logprobs.get(result.request_id)))
+            out = _Output(live, token, result.output_tokens, stamp_ns, now_s,
+                          logprobs.get(result.request_id) if logprobs else None)
+            self._outputs.append(out)
             tokens += 1
-            if prepared.needs_feedback:
+            if live.feedback:
                 feedback = True
-            elif (stop := check_stop(live.stop, token, result.output_tokens)) is not None:
-                live.ended = self.scheduler.finish(live.sched_id, stop.reason,
-                                                   result.output_tokens, publish=stop.publish)
+            else:
+                stop = out.stop = check_stop(live.stop, token, result.output_tokens)
+                out.stop_checked = True
+                if stop is not None:
+                    live.ended = self.scheduler.finish(live.sched_id, stop.reason,
+                                                       result.output_tokens,
+                                                       publish=stop.publish)
         self.metrics.generation_tokens.inc(tokens)
         self._itl.flush()
         if feedback or not self._inflight:
@@ -691,6 +706,15 @@ class ModelWorker:
         request keeps nothing back) go at once.
         """
         batches: list[tuple[EventSink, list[Event]]] = []
+        if self.stream_interval == 1 and not self._held:  # nothing is ever held back
+            for live in touched.values():
+                if live.events:
+                    batches.append((live.request.sink, live.events))
+                    live.events = []
+                    live.undelivered = 0
+                    live.delivered = True
+            deliver(batches)
+            return
         held, self._held = self._held, {}
         held.update(touched)
         for key, live in held.items():
@@ -721,17 +745,19 @@ class ModelWorker:
         # string stops are matched there, before presentation.
         pipeline = choice.pipeline
         deltas = pipeline.feed(token)
-        if not pipeline.finished:  # EOS and host stops: the pipeline ended it already
-            stop = check_stop(live.stop, token, out.output_tokens)
+        if pipeline.finish_reason is None:  # EOS and host stops: the pipeline ended it already
+            stop = (out.stop if out.stop_checked
+                    else check_stop(live.stop, token, out.output_tokens))
             if stop is not None:
                 deltas = deltas + pipeline.finish(stop.reason)
         # One TokenLogprob per sampled token, except the EOS id that ends the request.
-        if logprob is not None and pipeline.finished and token in self.geometry.eos_token_ids:
+        if (logprob is not None and pipeline.finish_reason is not None
+                and token in self.geometry.eos_token_ids):
             logprob = None
         if deltas or logprob is not None:
             live.events.append(Output(tuple(deltas), choice.index,
                                       (logprob,) if logprob else (), out.output_tokens))
-        if pipeline.finished:
+        if pipeline.finish_reason is not None:
             assert pipeline.finish_reason is not None
             # EOS and the output limit end at a publishable endpoint; a matched stop's
             # private candidate is discarded ("String stops").

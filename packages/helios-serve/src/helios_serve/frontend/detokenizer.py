@@ -12,6 +12,11 @@ window decodes are done on bytes kept beside the ids (no tokenizer call per toke
 window whose bytes are not valid UTF-8 (a character still incomplete, an invalid byte)
 is decoded by the tokenizer, as is everything after an id without known bytes: the text
 is the tokenizer's in every case.
+
+Per token, in steady streaming: when nothing is held back (the previous token completed
+its characters) and the new id's bytes are whole characters, the two window decodes
+differ by exactly that id's text (valid UTF-8 concatenates), so `push` returns the id's
+cached text (`ByteLevelPieces.text_alone`) without decoding the window.
 """
 
 from __future__ import annotations
@@ -40,10 +45,18 @@ class IncrementalDetokenizer:
         self._pieces = pieces
         # With pieces: the bytes of _ids[_prefix:_read] and of _ids[_read:].
         self._head = self._tail = b""
+        # _head is valid UTF-8 (its text is what the window starts with): the per-token
+        # path (`push`) may then append a whole-character id's text without decoding.
+        self._head_valid = False
         if pieces is not None:
             known = [pieces.bytes_of(i) for i in self._ids]
             if all(b is not None for b in known):
                 self._head = b"".join(known)  # type: ignore[arg-type]
+                try:
+                    self._head.decode()
+                    self._head_valid = True
+                except UnicodeDecodeError:
+                    pass
             else:
                 self._pieces = None
 
@@ -55,6 +68,16 @@ class IncrementalDetokenizer:
         self._ids.append(token_id)
         texts = None
         if self._pieces is not None:
+            if self._head_valid and not self._tail:
+                text = self._pieces.text_alone(token_id)
+                if text and not text.endswith("\ufffd"):  # what the window path emits
+                    self._prefix, self._read = self._read, len(self._ids)
+                    self._head = self._pieces.bytes_of(token_id)  # type: ignore[assignment]
+                    if self._prefix > 64:  # as below
+                        del self._ids[: self._prefix]
+                        self._read -= self._prefix
+                        self._prefix = 0
+                    return text
             piece = self._pieces.bytes_of(token_id)
             if piece is None:
                 self._pieces = None  # the tokenizer decodes from now on
@@ -64,11 +87,14 @@ class IncrementalDetokenizer:
                     texts = self._head.decode(), (self._head + self._tail).decode()
                 except UnicodeDecodeError:  # the tokenizer says what it decodes to
                     pass
+        from_bytes = texts is not None
         if texts is None:
             texts = (self._decode(self._ids[self._prefix : self._read]),
                      self._decode(self._ids[self._prefix :]))  # fmt: skip
         prefix_text, new_text = texts
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            # The new head's bytes decoded here only when the bytes path decoded them.
+            self._head_valid = self._pieces is not None and from_bytes
             self._prefix, self._read = self._read, len(self._ids)
             self._head, self._tail = self._tail, b""
             if self._prefix > 64:  # keep the id list short; offsets move with it
@@ -86,4 +112,5 @@ class IncrementalDetokenizer:
         new_text = self._decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
         self._head = self._tail = b""
+        self._head_valid = self._pieces is not None
         return new_text[len(prefix_text) :]

@@ -492,8 +492,22 @@ class JsonInTagsToolParser:
         self._content = _Content(sink, emit_content)
         self._in_block = False
         self._body = ""
+        self._marker_ids = marks.by_id
+        # Characters a text marker starts with: text outside a block that holds none of
+        # them can neither contain a marker nor end with a marker's prefix.
+        self._marker_starts = frozenset(m[0] for m in (syntax.call_open, syntax.call_close) if m)
 
     def feed(self, token_id: int, text: str) -> list[Delta]:
+        if (not self._in_block and token_id not in self._marker_ids
+                and self._scan.empty()):
+            # Plain answer text between calls (every token of a reply without calls):
+            # what _drain makes of it, without the scan: the whole text is content.
+            starts = self._marker_starts
+            if not any(c in starts for c in text):
+                out: list[Delta] = []
+                if text:
+                    self._content.text(text, out)
+                return out
         self._scan.push(token_id, text)
         return self._drain(False)
 

@@ -64,6 +64,25 @@ class TokenPieces:
         self._cache[token_id] = out
         return out
 
+    def text_alone(self, token_id: int) -> str | None:
+        """The text of the id's bytes when they are valid UTF-8 on their own (whole
+        characters), else None (part of a character, an invalid byte, no known bytes).
+
+        Valid UTF-8 concatenates: when the bytes before it decode, the text with this id
+        appended is that text followed by this one (the detokenizer's per-token path).
+        """
+        try:
+            return self._texts[token_id]
+        except KeyError:
+            pass
+        raw = self.bytes_of(token_id)
+        try:
+            text = raw.decode() if raw is not None else None
+        except UnicodeDecodeError:
+            text = None
+        self._texts[token_id] = text
+        return text
+
     def text_of(self, token_id: int) -> str:
         """The token's text (U+FFFD where it holds part of a character)."""
         return self.bytes_of(token_id).decode("utf-8", errors="replace")
@@ -89,6 +108,7 @@ class ByteLevelPieces:
         self._added = added
         self._table = unicode_to_byte()
         self._cache: dict[int, bytes | None] = {}
+        self._texts: dict[int, str | None] = {}
 
     @classmethod
     def of(cls, tokenizer) -> ByteLevelPieces | None:
@@ -115,3 +135,22 @@ class ByteLevelPieces:
                    if piece and all(c in table for c in piece) else None)  # fmt: skip
         self._cache[token_id] = out
         return out
+
+    def text_alone(self, token_id: int) -> str | None:
+        """The text of the id's bytes when they are valid UTF-8 on their own (whole
+        characters), else None (part of a character, an invalid byte, no known bytes).
+
+        Valid UTF-8 concatenates: when the bytes before it decode, the text with this id
+        appended is that text followed by this one (the detokenizer's per-token path).
+        """
+        try:
+            return self._texts[token_id]
+        except KeyError:
+            pass
+        raw = self.bytes_of(token_id)
+        try:
+            text = raw.decode() if raw is not None else None
+        except UnicodeDecodeError:
+            text = None
+        self._texts[token_id] = text
+        return text

@@ -156,8 +156,16 @@ class SseStream:
             if first:
                 yield first
             while True:
+                got = await sink.get()
+                if not sink.queued and type(got) is Output and len(got.deltas) <= 1:
+                    # One token of one choice (the steady stream: a reader that keeps
+                    # up gets one Output per step): its chunk as the general path
+                    # below writes it (merge returns a lone one-delta Output as it is).
+                    _apply(records, got)
+                    yield shapes.output(got, records)
+                    continue
                 out: list[bytes] = []
-                for event in [await sink.get(), *sink.drain()]:
+                for event in [got, *sink.drain()]:
                     if isinstance(event, TokenObserved | Finished):
                         flush(event.choice, out)  # (usage so far: before this event)
                     _apply(records, event)
