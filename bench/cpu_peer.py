@@ -19,8 +19,13 @@ Measured, alternating llama.cpp and Helios each round (a busy host slows both al
                too ("helios_native_ggml", HELIOS_GGML_LIB): same kernels as the peer;
                and the launch-by-launch path ("helios_launch_path")
 
-Tokens/s are medians over rounds; ratio = Helios / llama.cpp. The JSON records the
-commit, machine, load average, threads and ggml's SIMD build. Figures only; never asserted.
+Tokens/s are medians over rounds; ratio = Helios / llama.cpp. Then, once (`served_run`;
+--no-served skips it): the NativeModel loop's aggregate decode tokens/s at batch 1, 4 and
+8 (--native-batches), helios-serve on the same core with the demo's settings through HTTP
+at C1 and C4 (--concurrency; served/native against the loop at batch C), and the
+server's peak RSS against 1.5x the GGUF plus its KV cache. The JSON records the commit,
+machine, load average (and --machine-note), threads and ggml's SIMD build. Figures only;
+never asserted.
 
 Run: `uv run python bench/cpu_peer.py --llama-bin /path/to/llama.cpp/build/bin
 [--threads 2] [--prompt 256] [--gen 64] [--rounds 3]` -> bench/results/cpu_peer.json
@@ -32,14 +37,18 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import time
+from argparse import Namespace
 from pathlib import Path
 
+import serve_load  # bench/ is this script's folder
 from _report import git_commit, write_json
 from cpu_quantized_step import NAMESPACE, export
+from server import ServeProcess
 
 BENCH = Path(__file__).resolve().parent
 
@@ -114,6 +123,97 @@ def helios_run(prompt: int, gen: int, threads: int, setup: dict[str, str]) -> di
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def vm_kib(pid: int) -> dict[str, int]:
+    """VmHWM (peak resident set) and VmRSS of process `pid`, KiB (/proc/PID/status)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS"):
+            fields[key] = int(value.split()[0])
+    return fields
+
+
+def served_run(threads: int, prompt: int, gen: int, concurrency: list[int],
+               native_batches: list[int], log: Path) -> dict:
+    """The served path beside the NativeModel loop, on the ``gguf`` core at `threads`
+    threads (HELIOS_CPU_THREADS for both):
+
+        native    serve_load.native_loop in a child process: greedy decode at batch B for
+                  each of `native_batches` (aggregate tokens/s; rows at a PROMPT + GEN/2
+                  context, as a served request's mean)
+        served    helios-serve with the demo's settings (the recipe's max active rows, no
+                  options) and ``serve_load.run_level``: at each of `concurrency`, C
+                  streams of PROMPT-token chat prompts and GEN tokens (ignore_eos), after
+                  one unrecorded round; served/native = output tokens/s over the loop's at
+                  batch C
+        rss       the server's VmHWM after startup and after the levels (KiB), against
+                  1.5 x the GGUF's size + the KV cache it allocated (its startup log)
+    """
+    # the runtime after the environment is set (the loop's child and the server read it)
+    from helios_ignition.checkpoint import smollm2_gguf_path
+    from helios_serve.bootstrap import Bootstrap
+
+    core, public = export("gguf")
+    os.environ["HELIOS_CPU_THREADS"] = str(threads)  # the loop's child and the server
+    os.environ.pop("HELIOS_GGML_LIB", None)
+    os.environ.pop("HELIOS_CPU_STEP_GRAPHS", None)
+    workload = [(prompt, gen)]
+    native = serve_load.native_in_child(
+        Namespace(core=core, trust=public, accept=NAMESPACE, backend="cpu", native_steps=gen,
+                  seed=0, concurrency=sorted(set(native_batches) | set(concurrency))),
+        workload)
+    aggregate = {str(n["concurrency"]): round(n["tokens_per_s"], 1) for n in native}
+    bootstrap = Bootstrap.load(core, [public], NAMESPACE)
+    model = bootstrap.contract.served_id
+    prompts = serve_load.PromptMaker(bootstrap, 0)
+    levels = []
+    with ServeProcess(core, public, NAMESPACE, log=log) as served:
+        startup = vm_kib(served.proc.pid)
+        ignore_eos, _ = serve_load.probe_ignore_eos(served.url, model)
+        for c in concurrency:
+            serve_load.run_level(served.url, model, [prompts.make(prompt) for _ in range(c)],
+                                 c, 8, ignore_eos, 1)  # every graph of the level run once
+            level = serve_load.run_level(
+                served.url, model, [prompts.make(prompt) for _ in range(max(4, 2 * c))], c,
+                gen, ignore_eos, 1)
+            ref = next(n for n in native if n["concurrency"] == c)
+            level.update(serve_load.ratios(level, ref))
+            levels.append({k: level[k] for k in (
+                "concurrency", "completed", "errors", "output_tokens_per_s", "ttft_ms",
+                "tpot_ms", "native_tokens_per_s", "served_over_native",
+                "decode_over_native")})
+            print(f"served C={c}: {level['output_tokens_per_s']:.1f} tok/s, native "
+                  f"{ref['tokens_per_s']:.1f}, served/native "
+                  f"{level['served_over_native']:.2f}", flush=True)
+        after = vm_kib(served.proc.pid)
+    bootstrap.close()
+    sizing = next((line for line in log.read_text().splitlines() if "cache sizing" in line), "")
+    kv = re.search(r"([0-9.]+) MiB", sizing)
+    kv_mib = float(kv.group(1)) if kv else None
+    gguf_mib = Path(smollm2_gguf_path()).stat().st_size / 2**20
+    bound = 1.5 * gguf_mib + kv_mib if kv_mib is not None else None
+    peak = after["VmHWM"] / 1024
+    return {
+        "workload": {"prompt_tokens": prompt, "output_tokens": gen,
+                     "ignore_eos": ignore_eos},
+        "native_loop": native,
+        "native_aggregate_tokens_per_s": aggregate,
+        "native_b8_over_b1": (round(aggregate["8"] / aggregate["1"], 2)
+                              if "8" in aggregate and "1" in aggregate else None),
+        "served": levels,
+        "server_rss": {
+            "startup_peak_mib": round(startup["VmHWM"] / 1024, 1),
+            "peak_mib": round(peak, 1),
+            "gguf_mib": round(gguf_mib, 1), "kv_cache_mib": kv_mib,
+            "bound_mib": round(bound, 1) if bound else None,
+            "peak_over_bound": round(peak / bound, 2) if bound else None,
+            "note": "VmHWM of the helios-serve process (the demo's settings: the recipe's "
+                    "max active rows and KV pages); the KV cache is allocated whole but "
+                    "only the pages written become resident",
+        },
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN"),
@@ -122,6 +222,15 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--served-prompt", type=int, default=128,
+                    help="prompt tokens of the served levels and the loop's context")
+    ap.add_argument("--served-gen", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--native-batches", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--no-served", dest="served", action="store_false",
+                    help="skip the served path, the batch aggregate and the RSS")
+    ap.add_argument("--machine-note", default="may be shared with other jobs: compare "
+                    "within this run", help="how busy the machine was (into the JSON)")
     ap.add_argument("--out", default=str(BENCH / "results" / "cpu_peer.json"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -163,6 +272,10 @@ def main() -> int:
         print(f"round {r}: " + " | ".join(f"{n} pp{args.prompt} {g['pp']:6.1f} "
                                           f"tg{args.gen} {g['tg']:5.1f}"
                                           for n, g in got.items()), flush=True)
+    served = (served_run(args.threads, args.served_prompt, args.served_gen,
+                         args.concurrency, args.native_batches,
+                         Path(args.out).with_suffix(".server.log"))
+              if args.served else None)
     med = {name: {key: round(statistics.median(v), 1) for key, v in d.items()}
            for name, d in runs.items()}
     result = {
@@ -170,7 +283,7 @@ def main() -> int:
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "cpu": info["llama.cpp"].get("cpu"), "python": sys.version.split()[0],
                     "load_average": os.getloadavg(),
-                    "shared": "may be shared with other jobs: compare within this run"},
+                    "shared": args.machine_note},
         "gguf": gguf.name, "threads": args.threads, "prompt_tokens": args.prompt,
         "gen_tokens": args.gen, "rounds": args.rounds, "statistic": "median",
         "helios_core": "--weight-dtype gguf, whole-program ggml graphs (runtime.ggml_step)",
@@ -179,8 +292,13 @@ def main() -> int:
         "per_round": runs,
         "ratio_to_llama_cpp": {name: {key: round(med[name][key] / med["llama.cpp"][key], 2)
                                       for key in ("pp", "tg")} for name in variants},
+        "served": served,
     }
     print(f"median tokens/s {med}  ratio {result['ratio_to_llama_cpp']}")
+    if served:
+        print(f"native aggregate tokens/s {served['native_aggregate_tokens_per_s']}; "
+              f"server peak RSS {served['server_rss']['peak_mib']} MiB "
+              f"(bound {served['server_rss']['bound_mib']} MiB)")
     print(f"wrote {write_json(args.out, result)}")
     return 0
 

@@ -40,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from _report import write_json  # bench/ is this script's folder
+from _report import git_commit, write_json  # bench/ is this script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ROOT / "recipes" / "drafters" / "smollm2-135m-instruct-eagle.safetensors"
@@ -100,8 +100,9 @@ def bench_smollm2(args) -> dict:
     rows = []
     for batch in args.batches:
         for label, (temperature, top_p) in SAMPLINGS.items():
-            rates: dict[str, list[float]] = {"default": [], "decode": [], "speculative": []}
-            lanes = emitted = same = 0
+            rates: dict[str, list[float]] = {"default": [], "decode": [], "speculative": [],
+                                             "speculative_suffix": []}
+            lanes = emitted = same = same_suffix = 0
             for r in range(args.rounds):
                 group = prompts[r * batch:(r + 1) * batch]
                 params = [SamplingParams(temperature=temperature, top_p=top_p, seed=7 + i)
@@ -118,6 +119,13 @@ def bench_smollm2(args) -> dict:
                                                  drv.generate_speculative(g, args.tokens,
                                                                           args.width, p))
                 rates["speculative"].append(tokens / seconds)
+                if args.history == "suffix":  # learned drafts, copied ones where proposed
+                    seconds, (copied, _) = _timed(model, group, params, lambda drv, g, p:
+                                                  drv.generate_speculative(
+                                                      g, args.tokens, args.width, p,
+                                                      propose=_suffix_proposer(args.width)))
+                    rates["speculative_suffix"].append(tokens / seconds)
+                    same_suffix += sum(a == b for a, b in zip(copied, want, strict=True))
                 lanes += sum(len(rec) for rec in records)
                 emitted += sum(int(rec[:, 3].sum()) for rec in records)
                 same += sum(a == b for a, b in zip(got, want, strict=True))
@@ -132,8 +140,15 @@ def bench_smollm2(args) -> dict:
                    "identical_outputs": f"{same}/{args.rounds * batch}",
                    "per_round_tok_s": {k: [round(x, 2) for x in v] for k, v in rates.items()}}
             if "default" in med:
+                row["default_core"] = args.baseline_dtype
                 row["default_core_decode_tok_s"] = round(med["default"], 2)
                 row["speedup_over_default_core"] = round(med["speculative"] / med["default"], 3)
+            if "speculative_suffix" in med:
+                row["speculative_suffix_tok_s"] = round(med["speculative_suffix"], 2)
+                row["suffix_identical_outputs"] = f"{same_suffix}/{args.rounds * batch}"
+                if "default" in med:
+                    row["suffix_speedup_over_default_core"] = round(
+                        med["speculative_suffix"] / med["default"], 3)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "per_round_tok_s"}),
                   flush=True)
@@ -142,6 +157,20 @@ def bench_smollm2(args) -> dict:
         default.close()
     return {"model": "smollm2-135m-instruct", "drafter": args.drafter, "width": args.width,
             "backend": args.backend, "tokens_per_request": args.tokens, "rows": rows}
+
+
+def _suffix_proposer(width: int):
+    """History drafting with suffix drafting (`--history-proposer suffix`) for one lane:
+    up to width - 1 copied candidates from its sequence so far."""
+    from helios_serve.speculation.suffix import SuffixIndex
+
+    index = SuffixIndex()
+
+    def propose(tokens: list[int]) -> tuple[int, ...]:
+        index.extend(tokens)
+        return index.propose(tokens, width - 1)
+
+    return propose
 
 
 def _load(args, core):
@@ -162,7 +191,8 @@ def _timed(model, group, params, run):
 
 def _default_core(args, folder: Path):
     """The core without a drafter (recipes/smollm2_135m_instruct.py: the embedded
-    default, plain linears)."""
+    default, plain linears) in --baseline-dtype (gguf: the demo's core, GGUF blocks
+    through ggml graphs; a drafter core cannot be gguf, the export refuses it)."""
     from helios_ignition.export import export_core
     from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
 
@@ -170,7 +200,7 @@ def _default_core(args, folder: Path):
     write_key_pair(generate_key(), key)
     out = folder / "default.core"
     export_core(ROOT / "recipes/smollm2_135m_instruct.py", checkpoint=args.gguf or "smollm2",
-                key_path=key, namespace="bench.spec", out=out, weight_dtype="bf16",
+                key_path=key, namespace="bench.spec", out=out, weight_dtype=args.baseline_dtype,
                 targets=(args.target,) if args.backend == "cuda" else ())
     return open_core(out, [load_public_key(Path(str(key) + ".pub"))])
 
@@ -294,10 +324,16 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=1024, help="lane position (8B)")
     ap.add_argument("--baseline", action="store_true",
                     help="also time decode on the core without a drafter, same rounds (smollm2)")
+    ap.add_argument("--baseline-dtype", choices=("bf16", "gguf"), default="bf16",
+                    help="weight dtype of the --baseline core (gguf: the demo's)")
+    ap.add_argument("--history", choices=("none", "suffix"), default="none",
+                    help="also time speculative rounds with suffix-drafted copied "
+                         "candidates (history drafting, --history-proposer suffix)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     result = bench_smollm2(args) if args.model == "smollm2" else bench_8b(args)
-    result["commit"] = os.environ.get("HELIOS_COMMIT", "unknown")
+    result["commit"] = os.environ.get("HELIOS_COMMIT") or git_commit()
+    result["cpu_threads"] = os.environ.get("HELIOS_CPU_THREADS")
     if args.json:
         write_json(args.json, result)
     return 0

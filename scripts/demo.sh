@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Serve the embedded default model (SmolLM2-135M-Instruct) on the CPU backend.
+# Serve the embedded default model (SmolLM2-135M-Instruct) on the CPU backend: the Q4_1
+# blocks of its GGUF as they are, through ggml (`--weight-dtype gguf`, docs/cpu-kernels.md).
 # Installs uv if missing, syncs the locked workspace, exports the demo core once into
 # ${XDG_CACHE_HOME:-~/.cache}/helios/demo/, then runs `helios-serve --demo`.
 # Extra arguments go to helios-serve (e.g. --port 8001).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,13 @@ from tests.tiny_model import serve_error_line
 pytestmark = pytest.mark.slow
 
 SERVE = str(Path(sys.executable).parent / "helios-serve")
+# The demo's question (the README's and the startup `Try:` line's) and llama.cpp's greedy
+# answer to it on the same Q4_1 GGUF (tests/golden/make_llamacpp_reference.py): the demo
+# serves that GGUF's blocks, so its greedy answer is llama.cpp's, token for token.
+_LLAMACPP = json.loads((Path(__file__).parents[1] / "golden" / "smollm2_llamacpp.json")
+                       .read_text())
+DEMO_REFERENCE = next(p for p in _LLAMACPP["runs"]["f32_cache"]["prompts"]
+                      if p["name"] == "demo_germany")
 
 
 def _fails(*args) -> str:
@@ -118,8 +126,8 @@ def _runtime_resources(metrics: str) -> dict[str, float]:
             for line in metrics.splitlines() if line.startswith(prefix)}
 
 
-def test_demo_fingerprint_follows_the_recipe_and_the_sources(tmp_path):
-    from helios_serve.cli import demo_fingerprint
+def test_demo_fingerprint_follows_the_recipe_the_options_and_the_sources(tmp_path):
+    from helios_serve.cli import DEMO_EXPORT_OPTIONS, demo_fingerprint
 
     recipe, src = tmp_path / "recipe.py", tmp_path / "pkg"
     (src / "sub").mkdir(parents=True)
@@ -131,11 +139,19 @@ def test_demo_fingerprint_follows_the_recipe_and_the_sources(tmp_path):
     second = demo_fingerprint(recipe, [src])
     recipe.write_text("RECIPE = 2\n")
     assert len({first, second, demo_fingerprint(recipe, [src])}) == 3
+    # the export options count: a demo core of another weight dtype is exported again
+    quantized = demo_fingerprint(recipe, [src], DEMO_EXPORT_OPTIONS)
+    assert DEMO_EXPORT_OPTIONS == ("--weight-dtype", "gguf")
+    assert quantized != demo_fingerprint(recipe, [src])
+    assert quantized != demo_fingerprint(recipe, [src], ("--weight-dtype", "bf16"))
     assert len(demo_fingerprint(Path(__file__))) == 16  # the installed packages resolve
 
 
 def _demo_serves(env: dict, repo: Path) -> str:
-    """Run `helios-serve --demo --port 0` until it answers one chat request; its stderr."""
+    """Run `helios-serve --demo --port 0` until it answers the example question as
+    llama.cpp does on the same GGUF; its stderr."""
+    from helios_serve.cli import EXAMPLE_QUESTION
+
     proc = subprocess.Popen([SERVE, "--demo", "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=repo)
     try:
@@ -143,10 +159,23 @@ def _demo_serves(env: dict, repo: Path) -> str:
         assert first.startswith("Helios is serving"), (
             first + (proc.stderr.read() if proc.poll() is not None else ""))
         url = first.split(" at ")[1].split()[0]
+        assert EXAMPLE_QUESTION in proc.stdout.readline()  # the `Try:` line asks it
+        messages = [{"role": "user", "content": EXAMPLE_QUESTION}]
+        model = first.split()[3]
+        tokens = httpx.post(url + "/tokenize", timeout=60,
+                            json={"model": model, "messages": messages}).json()["tokens"]
+        assert tokens == DEMO_REFERENCE["prompt_ids"]  # the prompt llama.cpp answered
+        answer = DEMO_REFERENCE["greedy_ids"]
+        answer = answer[:answer.index(_LLAMACPP["eos_token_id"])]
+        expected = httpx.post(url + "/detokenize", timeout=60,
+                              json={"model": model, "tokens": answer}).json()["prompt"]
+        assert expected == "The capital of Germany is Berlin."
         r = httpx.post(url + "/v1/chat/completions", timeout=300, json={
-            "model": first.split()[3], "max_tokens": 24, "temperature": 0,
-            "messages": [{"role": "user", "content": "What is the capital of France?"}]})
-        assert "Paris" in r.json()["choices"][0]["message"]["content"]
+            "model": model, "max_tokens": 24, "temperature": 0, "messages": messages})
+        choice = r.json()["choices"][0]
+        # the quantized core's greedy answer, token for token llama.cpp's on the GGUF
+        assert choice["message"]["content"] == expected and choice["finish_reason"] == "stop"
+        assert r.json()["usage"]["completion_tokens"] == len(answer) + 1  # and its EOS
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
@@ -172,6 +201,7 @@ def test_demo_prepares_once_keeps_other_versions_cores_and_serves(tmp_path):
         path.write_bytes(b"exported by another Helios")
         os.utime(path, (1e9 - age, 1e9 - age))  # stale[0] the newest
     err = _demo_serves(env, repo)
+    assert "in quantized blocks" in err and "whole-program ggml graphs" in err  # gguf
     assert ("preparing the demo core for this version of the export code (the cached "
             "cores were exported by other versions)") in err
     cores = sorted(demo.glob("smollm2-135m-instruct-*.core"))

@@ -11,7 +11,8 @@ Its library folder is given by ``--llama-lib`` or ``LLAMA_CPP_LIB`` (e.g. a CMak
         uv run python tests/golden/make_llamacpp_reference.py
 
 What it records, for each of RUNS (llama.cpp's context settings) and golden prompt (tests/golden/smollm2_goldens.json; the prompt's token
-ids are fed as they are, so tokenization is not part of the comparison): `steps` greedy
+ids are fed as they are, so tokenization is not part of the comparison), then each of
+DEMO_PROMPTS (tokenized by llama.cpp): `steps` greedy
 steps (argmax of the last position's logits; EOS does not stop the loop), each with the
 chosen id, the top-5 ids and logits and the top-1 minus top-2 margin. Settings are
 llama.cpp's defaults except those named in ``settings`` (threads, context).
@@ -43,6 +44,15 @@ FLASH_ATTN_DISABLED = 0  # enum llama_flash_attn_type
 # it), and the KV cache in f32 without flash attention (the Helios cpu backend's numbers:
 # f32 cache and attention; only the products' activations are quantized, as in both).
 RUNS = {"default": False, "f32_cache": True}
+# Beside the golden prompts: the demo's example question (README, the startup `Try:` line),
+# rendered as the SmolLM2 recipe's chat template renders one user message (the default
+# system prompt) and tokenized by llama.cpp, so the demo's asserted answer is llama.cpp's.
+SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+DEMO_PROMPTS = [
+    {"name": "demo_germany",
+     "rendered": f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
+                 "What is the capital of Germany?<|im_end|>\n<|im_start|>assistant\n"},
+]
 
 vp, i32, u32, f32, b = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32, ctypes.c_float, \
     ctypes.c_bool
@@ -189,7 +199,8 @@ def main() -> int:
     for run, f32_cache in RUNS.items():
         llama = Llama(lib_dir, gguf, args.threads, n_ctx, f32_cache)
         prompts = []
-        for p in goldens["prompts"]:
+        demo = [dict(p, prompt_ids=llama.tokenize(p["rendered"])) for p in DEMO_PROMPTS]
+        for p in goldens["prompts"] + demo:
             steps = llama.greedy(p["prompt_ids"], args.steps)
             prompts.append({"name": p["name"], "prompt_ids": p["prompt_ids"],
                             "llama_tokenize_equal":

@@ -10,8 +10,10 @@ prints one line (`helios-serve: error: ...`) without a traceback and exits 2.
 `--demo` prepares the embedded default once: it generates a local key with
 `helios-tools keygen` and exports the real SmolLM2 core with `ignition export` (both as
 subprocesses: serve never imports ignition) into ${XDG_CACHE_HOME:-~/.cache}/helios/demo/,
-then serves it. The core's file name carries a digest of what exports it (the recipe and
-the helios-ignition, helios-tools and helios-contract sources), so a core exported by an
+then serves it: the recipe's GGUF blocks kept as they are (DEMO_EXPORT_OPTIONS, `--weight-dtype
+gguf`), run as ggml whole-program graphs. The core's file name carries a digest of what
+exports it (the recipe, the export options and the helios-ignition, helios-tools and
+helios-contract sources), so a core exported by an
 older Helios is prepared again instead of served without what the new code exports. A
 cached core of this digest is served as found (nothing in the cache changes); cores of
 other digests (another checkout or environment, an older version) are kept up to
@@ -70,6 +72,13 @@ from helios_serve.wire import EngineSpec
 
 DEMO_NAMESPACE = "helios.demo/local"
 DEMO_RECIPE = Path("recipes") / "smollm2_135m_instruct.py"
+# The demo serves the GGUF's quantized blocks as they are (docs/cpu-kernels.md): ggml
+# whole-program graphs over 93 MB of Q4_1/Q8_0 blocks, llama.cpp's numbers and speed.
+DEMO_EXPORT_OPTIONS = ("--weight-dtype", "gguf")
+# The startup `Try:` question and the README's: one on which the demo's Q4_1 model and
+# the float model answer alike with a clear margin at every step ("The capital of
+# Germany is Berlin."; France is a near tie on this GGUF, docs/cpu-kernels.md).
+EXAMPLE_QUESTION = "What is the capital of Germany?"
 
 
 def demo_dir() -> Path:
@@ -109,15 +118,18 @@ EXPORT_PACKAGES = ("helios_ignition", "helios_tools", "helios_contract")
 DEMO_KEEP = 3  # demo cores kept after an export: the new one and the 2 newest others
 
 
-def demo_fingerprint(recipe: Path, roots: list[Path] | None = None) -> str:
-    """16 hex digits of sha256 over the recipe and every .py file under `roots` (default:
-    the installed export packages, located without importing them)."""
+def demo_fingerprint(recipe: Path, roots: list[Path] | None = None,
+                     options: tuple[str, ...] = ()) -> str:
+    """16 hex digits of sha256 over the recipe, the export `options` (e.g. the weight
+    dtype) and every .py file under `roots` (default: the installed export packages,
+    located without importing them)."""
     if roots is None:
         roots = []
         for name in EXPORT_PACKAGES:
             spec = importlib.util.find_spec(name)
             roots.extend(Path(p) for p in (spec.submodule_search_locations or []) if spec)
     digest = hashlib.sha256(recipe.read_bytes())
+    digest.update(b"\0".join(o.encode() for o in options) + b"\1")
     for root in roots:
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
@@ -125,7 +137,8 @@ def demo_fingerprint(recipe: Path, roots: list[Path] | None = None) -> str:
 
 
 def prepare_demo(echo=click.echo) -> tuple[Path, Path, str]:
-    """Export the demo core once per version of the export code; returns (core, public
+    """Export the demo core (the recipe with DEMO_EXPORT_OPTIONS: the GGUF's blocks kept)
+    once per version of the recipe, options and export code; returns (core, public
     key, namespace). A cached core of this version is returned untouched; after a new
     export the DEMO_KEEP - 1 most recently exported cores of other versions are kept
     (another install reuses its own) and older ones removed.
@@ -135,9 +148,11 @@ def prepare_demo(echo=click.echo) -> tuple[Path, Path, str]:
     """
     folder = demo_dir()
     recipe = _demo_recipe()
-    core = folder / f"smollm2-135m-instruct-{demo_fingerprint(recipe)}.core"
+    digest = demo_fingerprint(recipe, options=DEMO_EXPORT_OPTIONS)
+    core = folder / f"smollm2-135m-instruct-{digest}.core"
     public = cached_export(
-        folder, core, [str(recipe), "--checkpoint", "smollm2"], DEMO_NAMESPACE, "demo",
+        folder, core, [str(recipe), "--checkpoint", "smollm2", *DEMO_EXPORT_OPTIONS],
+        DEMO_NAMESPACE, "demo",
         option="--demo",
         changed="for this version of the export code (the cached cores were exported by "
                 "other versions)", echo=echo, duration=" (about a minute)")
@@ -287,7 +302,7 @@ def _curl_example(url: str, model: str, api_key: bool = False) -> str:
     return (
         f"curl {url}/v1/chat/completions {auth}-H 'Content-Type: application/json' "
         f'-d \'{{"model": "{model}", "messages": [{{"role": "user", '
-        f'"content": "What is the capital of France?"}}], "temperature": 0, '
+        f'"content": "{EXAMPLE_QUESTION}"}}], "temperature": 0, '
         f'"max_tokens": 64}}\''  # greedy and short: a small model's first answer, at once
     )
 

@@ -16,14 +16,21 @@ Conventions, so every consumer sees HF Gemma 3 (`Gemma3ForCausalLM`) tensors:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .checkpoint import Checkpoint
-from .errors import GeometryError, MissingTensorError, MissingTokenizerError, UnsupportedTensorError
+from .errors import GeometryError, MissingTokenizerError
+from .gguf_read import (
+    hf_name,
+    require_tensors,
+    rms_eps,
+    special_tokens,
+    tensor_access,
+    tensors_by_hf,
+)
 from .sentencepiece import spm_tokenizer_json
 
 ARCHITECTURE = "gemma3"
@@ -67,7 +74,6 @@ _GLOBAL_MAP = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 # The value llama.cpp's converter adds to every Gemma norm weight.
 _GGUF_NORM_SHIFT = np.float32(1.0)
 
@@ -151,12 +157,7 @@ def layer_windows(layers: int, pattern: int, window: int) -> tuple[int, ...]:
 
 def gguf_to_hf_name(name: str) -> str | None:
     """HF name of a gemma3 GGUF tensor, or None when it has no HF counterpart."""
-    if name in _GLOBAL_MAP:
-        return _GLOBAL_MAP[name]
-    m = _LAYER_RE.match(name)
-    if m and m.group(2) in _LAYER_MAP:
-        return f"model.layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}"
-    return None
+    return hf_name(name, _GLOBAL_MAP, _LAYER_MAP)
 
 
 def _geometry(field_of, source: str, tensor_names: set[str]) -> Gemma3Geometry:
@@ -186,9 +187,7 @@ def _geometry(field_of, source: str, tensor_names: set[str]) -> Gemma3Geometry:
         rope_theta=float(field_of("gemma3.rope.freq_base") or 1000000.0),
         rope_local_theta=float(field_of("gemma3.rope.local_freq_base")
                                or DEFAULT_LOCAL_ROPE_THETA),
-        # GGUF stores eps as float32; round-trip to the decimal it encodes.
-        rms_eps=float(np.format_float_positional(
-            np.float32(req("attention.layer_norm_rms_epsilon")), unique=True)),
+        rms_eps=rms_eps(req("attention.layer_norm_rms_epsilon")),
         max_context=int(req("context_length")),
         tie_word_embeddings="output.weight" not in tensor_names,
         sliding_window=window,
@@ -212,18 +211,10 @@ def read_gemma3_gguf(reader: Any, source: str, field_of, block_types: tuple[str,
         MissingTensorError: a tensor the geometry needs is absent.
         MissingTokenizerError: no SentencePiece vocabulary (`tokenizer.ggml.model` llama).
     """
-    import gguf  # start-up time: as gguf_loader, only when a GGUF is read
-
-    by_hf: dict[str, Any] = {}
-    for t in reader.tensors:
-        hf = gguf_to_hf_name(t.name)
-        if hf is not None:
-            by_hf[hf] = t
+    by_hf = tensors_by_hf(reader, gguf_to_hf_name)
     geometry = _geometry(field_of, source, {t.name for t in reader.tensors})
     names = tuple(geometry.tensor_shapes())
-    for name in names:
-        if name not in by_hf:
-            raise MissingTensorError(source, name, "no matching GGUF tensor")
+    require_tensors(by_hf, names, source)
     tokens = field_of("tokenizer.ggml.tokens")
     if field_of("tokenizer.ggml.model") != "llama" or not tokens:
         raise MissingTokenizerError(f"{source}: no SentencePiece tokenizer (tokenizer.ggml.*)")
@@ -236,51 +227,20 @@ def read_gemma3_gguf(reader: Any, source: str, field_of, block_types: tuple[str,
             bool(field_of("tokenizer.ggml.add_space_prefix")))
     except MissingTokenizerError as exc:
         raise MissingTokenizerError(f"{source}: {exc}") from exc
-    bos = field_of("tokenizer.ggml.bos_token_id")
-    eos = field_of("tokenizer.ggml.eos_token_id")
-    eos_ids = tuple(int(e) for e in ([eos] if eos is not None else []))
-    eot = field_of("tokenizer.ggml.eot_token_id")
-    if eot is not None and int(eot) not in eos_ids:
-        eos_ids += (int(eot),)
-    special = {}
-    for key, tid in (("bos_token", bos), ("eos_token", eos), ("unk_token", unk),
-                     ("pad_token", field_of("tokenizer.ggml.padding_token_id"))):
-        if tid is not None and 0 <= int(tid) < len(tokens):
-            special[key] = tokens[int(tid)]
+    bos, eos_ids, special = special_tokens(field_of, tokens)
 
-    def read(name: str) -> np.ndarray:
-        t = by_hf.get(name)
-        if t is None:
-            raise MissingTensorError(source, name, "no matching GGUF tensor")
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as exc:
-            raise UnsupportedTensorError(
-                f"{source}: tensor {name!r} ({t.name}) has unsupported type {t.tensor_type.name}"
-            ) from exc
-        w = np.asarray(w, dtype=np.float32)
-        if name.endswith("norm.weight"):
-            w = w - _GGUF_NORM_SHIFT
-        return w
+    def hf_norms(name: str, w: np.ndarray) -> np.ndarray:
+        """HF's norm weight w from the GGUF's 1 + w."""
+        return w - _GGUF_NORM_SHIFT if name.endswith("norm.weight") else w
 
-    def block_type(name: str) -> str | None:
-        t = by_hf.get(name)
-        if t is None or t.tensor_type.name not in block_types:
-            return None
-        return t.tensor_type.name
-
-    def read_blocks(name: str) -> tuple[str, np.ndarray] | None:
-        kind = block_type(name)
-        if kind is None:
-            return None
-        return kind, np.ascontiguousarray(np.asarray(by_hf[name].data))
-
+    read, block_type, read_blocks = tensor_access(by_hf, source, block_types,
+                                                  values=hf_norms)
     return Checkpoint(
         source=source,
         geometry=geometry,
         tokenizer_json=tokenizer_json,
         chat_template=field_of("tokenizer.chat_template") or "",
-        bos_token_id=int(bos) if bos is not None else None,
+        bos_token_id=bos,
         eos_token_ids=eos_ids,
         special_tokens=special,
         tensor_names=names,

@@ -9,7 +9,6 @@ RoPE pairs are interleaved; this loader undoes it, so every consumer uses HF hal
 
 from __future__ import annotations
 
-import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,19 @@ from .errors import (
     CheckpointNotFoundError,
     GeometryError,
     MissingChatTemplateError,
-    MissingTensorError,
     MissingTokenizerError,
-    UnsupportedTensorError,
 )
 from .gemma3 import read_gemma3_gguf
 from .geometry import LlamaGeometry
+from .gguf_read import (
+    field_value,
+    hf_name,
+    require_tensors,
+    rms_eps,
+    special_tokens,
+    tensor_access,
+    tensors_by_hf,
+)
 from .tokenizer_build import bpe_tokenizer_json
 
 # GGUF per-layer suffix -> HF per-layer suffix.
@@ -49,7 +55,6 @@ _GLOBAL_MAP = {
 }
 # GGUF block types a core may keep as they are (manifest StorageType GGUF_*).
 GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 _TOKEN_TYPE_CONTROL = 3
 # general.architecture -> the reader of an opened GGUF of that architecture, called as
 # reader(gguf_reader, source, field_of, GGUF_BLOCK_TYPES) (llama: this file's own).
@@ -59,12 +64,7 @@ SUPPORTED_GGUF_ARCHITECTURES = tuple(sorted({"llama", *GGUF_READERS}))
 
 def gguf_to_hf_name(name: str) -> str | None:
     """HF name for a GGUF tensor name, or None when it has no HF counterpart."""
-    if name in _GLOBAL_MAP:
-        return _GLOBAL_MAP[name]
-    m = _LAYER_RE.match(name)
-    if m and m.group(2) in _LAYER_MAP:
-        return f"model.layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}"
-    return None
+    return hf_name(name, _GLOBAL_MAP, _LAYER_MAP)
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -85,21 +85,7 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
     """Scalar, string or list value of a GGUF metadata key (None/default when absent)."""
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    if not f.data:
-        return []
-    values = [f.parts[i] for i in f.data]
-    decoded = [
-        bytes(v).decode("utf-8") if v.dtype == np.uint8 else v.tolist()[0] for v in values
-    ]
-    # Arrays have types [ARRAY, elem]; scalars/strings have one type.
-    from gguf import GGUFValueType
-
-    if f.types and f.types[0] == GGUFValueType.ARRAY:
-        return decoded
-    return decoded[0]
+    return field_value(reader, key, default)
 
 
 def _geometry(reader: Any, path: str, tensor_names: set[str]) -> LlamaGeometry:
@@ -143,9 +129,7 @@ def _geometry(reader: Any, path: str, tensor_names: set[str]) -> LlamaGeometry:
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        # GGUF stores eps as float32 (9.9999997e-06); round-trip to the decimal it encodes.
-        rms_eps=float(np.format_float_positional(
-            np.float32(req("attention.layer_norm_rms_epsilon")), unique=True)),
+        rms_eps=rms_eps(req("attention.layer_norm_rms_epsilon")),
         max_context=int(req("context_length")),
         tie_word_embeddings="output.weight" not in tensor_names,
         rope_scaling=rope_scaling,
@@ -182,16 +166,10 @@ def load_gguf(path: str | Path) -> Checkpoint:
     other = GGUF_READERS.get(_field(reader, "general.architecture"))
     if other is not None:
         return other(reader, source, lambda key: _field(reader, key), GGUF_BLOCK_TYPES)
-    by_hf: dict[str, Any] = {}
-    for t in reader.tensors:
-        hf = gguf_to_hf_name(t.name)
-        if hf is not None:
-            by_hf[hf] = t
+    by_hf = tensors_by_hf(reader, gguf_to_hf_name)
     geometry = _geometry(reader, source, {t.name for t in reader.tensors})
     names = tuple(geometry.tensor_shapes())
-    for name in names:
-        if name not in by_hf:
-            raise MissingTensorError(source, name, "no matching GGUF tensor")
+    require_tensors(by_hf, names, source)
 
     if _field(reader, "tokenizer.ggml.model") != "gpt2" or not _field(
         reader, "tokenizer.ggml.tokens"
@@ -210,59 +188,26 @@ def load_gguf(path: str | Path) -> Checkpoint:
     template = _field(reader, "tokenizer.chat_template")
     if not template:
         raise MissingChatTemplateError(f"{source}: no tokenizer.chat_template")
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    eos_ids = tuple(int(e) for e in ([eos] if eos is not None else []))
-    eot = _field(reader, "tokenizer.ggml.eot_token_id")
-    if eot is not None and int(eot) not in eos_ids:
-        eos_ids += (int(eot),)
-    special = {}
-    for key, tid in (("bos_token", bos), ("eos_token", eos),
-                     ("unk_token", _field(reader, "tokenizer.ggml.unknown_token_id")),
-                     ("pad_token", _field(reader, "tokenizer.ggml.padding_token_id"))):
-        if tid is not None and 0 <= int(tid) < len(tokens):
-            special[key] = tokens[int(tid)]
+    bos, eos_ids, special = special_tokens(lambda key: _field(reader, key), tokens)
 
-    def read(name: str) -> np.ndarray:
-        t = by_hf.get(name)
-        if t is None:
-            raise MissingTensorError(source, name, "no matching GGUF tensor")
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as exc:
-            raise UnsupportedTensorError(
-                f"{source}: tensor {name!r} ({t.name}) has unsupported type {t.tensor_type.name}"
-            ) from exc
-        w = np.asarray(w, dtype=np.float32)
-        if name.endswith("self_attn.q_proj.weight") and w.ndim == 2:
-            w = unpermute_qk(w, geometry.num_heads)
-        elif name.endswith("self_attn.k_proj.weight") and w.ndim == 2:
-            w = unpermute_qk(w, geometry.num_kv_heads)
+    def hf_rows(name: str, w: np.ndarray) -> np.ndarray:
+        """Q/K rows in HF's half-split order (whole rows move: blocks stay blocks)."""
+        if w.ndim != 2:
+            return w
+        if name.endswith("self_attn.q_proj.weight"):
+            return unpermute_qk(w, geometry.num_heads)
+        if name.endswith("self_attn.k_proj.weight"):
+            return unpermute_qk(w, geometry.num_kv_heads)
         return w
 
-    def block_type(name: str) -> str | None:
-        t = by_hf.get(name)
-        if t is None or t.tensor_type.name not in GGUF_BLOCK_TYPES:
-            return None
-        return t.tensor_type.name
-
-    def read_blocks(name: str) -> tuple[str, np.ndarray] | None:
-        kind = block_type(name)
-        if kind is None:
-            return None
-        raw = np.asarray(by_hf[name].data)  # [rows, row bytes] uint8, memory-mapped
-        if name.endswith("self_attn.q_proj.weight"):
-            raw = unpermute_qk(raw, geometry.num_heads)  # whole rows move: blocks stay
-        elif name.endswith("self_attn.k_proj.weight"):
-            raw = unpermute_qk(raw, geometry.num_kv_heads)
-        return kind, np.ascontiguousarray(raw)
-
+    read, block_type, read_blocks = tensor_access(by_hf, source, GGUF_BLOCK_TYPES,
+                                                  values=hf_rows, rows=hf_rows)
     return Checkpoint(
         source=source,
         geometry=geometry,
         tokenizer_json=tokenizer_json,
         chat_template=template,
-        bos_token_id=int(bos) if bos is not None else None,
+        bos_token_id=bos,
         eos_token_ids=eos_ids,
         special_tokens=special,
         tensor_names=names,

@@ -32,6 +32,7 @@ import numpy as np
 from ..capture.builder import BufferTable, ProgramBuilder
 from ..capture.family import Pass, TensorParallelError
 from ..capture.layers import attend, declare_mma_scratch, product, write_kv
+from .shapes import DecoderShapes
 
 # Gemma's RMS norm gain is (1 + w): the value added to every stored norm weight.
 NORM_SHIFT = 1.0
@@ -39,28 +40,14 @@ _NORMS = ("attn_norm", "q_norm", "k_norm", "post_attn_norm", "ffn_norm", "post_f
 
 
 @dataclass(frozen=True)
-class Gemma3Shapes:
-    """Gemma 3 geometry (read from the checkpoint) and the family hooks the programs call
-    (capture.family.Family)."""
+class Gemma3Shapes(DecoderShapes):
+    """Gemma 3 geometry (read from the checkpoint; the fields of DecoderShapes and those
+    below) and the family hooks the programs call (capture.family.Family)."""
 
-    vocab: int
-    hidden: int
-    ffn: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rope_theta: float
     rope_local_theta: float
-    rms_eps: float
-    tied: bool
     windows: tuple[int, ...]  # per layer: attention window in tokens, 0 = global
     query_scale: float
     ranks: int = 1
-
-    @property
-    def qkv_width(self) -> int:
-        return (self.heads + 2 * self.kv_heads) * self.head_dim
 
     @property
     def vision(self) -> None:
@@ -84,11 +71,8 @@ class Gemma3Shapes:
     @classmethod
     def from_geometry(cls, g) -> Gemma3Shapes:
         """From a `checkpoint.gemma3.Gemma3Geometry`."""
-        return cls(vocab=g.vocab_size, hidden=g.hidden_size, ffn=g.intermediate_size,
-                   layers=g.num_layers, heads=g.num_heads, kv_heads=g.num_kv_heads,
-                   head_dim=g.head_dim, rope_theta=float(g.rope_theta),
-                   rope_local_theta=float(g.rope_local_theta), rms_eps=float(g.rms_eps),
-                   tied=bool(g.tie_word_embeddings), windows=tuple(g.layer_windows),
+        return cls(**DecoderShapes.geometry_fields(g),
+                   rope_local_theta=float(g.rope_local_theta), windows=tuple(g.layer_windows),
                    query_scale=float(g.query_scale))
 
     def weight_layout(self) -> dict[str, tuple[int, ...]]:

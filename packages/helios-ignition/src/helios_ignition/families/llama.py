@@ -30,32 +30,19 @@ from ..capture.family import Pass, TensorParallelError
 from ..capture.layers import attend, declare_mma_scratch, product, write_kv
 from ..checkpoint.geometry import VisionGeometry
 from . import vision
+from .shapes import DecoderShapes
 
 
 @dataclass(frozen=True)
-class LlamaShapes:
-    """Llama geometry (read from the checkpoint) and the family hooks the programs call
-    (capture.family.Family)."""
+class LlamaShapes(DecoderShapes):
+    """Llama geometry (read from the checkpoint; the fields of DecoderShapes and those
+    below) and the family hooks the programs call (capture.family.Family)."""
 
-    vocab: int
-    hidden: int
-    ffn: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rope_theta: float
-    rms_eps: float
-    tied: bool
     # Tensor-parallel ranks these shapes are one rank's of (heads, kv_heads and ffn are
     # that rank's share; vocab and hidden are the model's).
     ranks: int = 1
     # An image-text model's vision tower (families/vision.py records it), else None.
     vision: VisionGeometry | None = None
-
-    @property
-    def qkv_width(self) -> int:
-        return (self.heads + 2 * self.kv_heads) * self.head_dim
 
     @property
     def head_rows(self) -> int:
@@ -91,11 +78,7 @@ class LlamaShapes:
 
     @classmethod
     def from_geometry(cls, g) -> LlamaShapes:
-        return cls(vocab=g.vocab_size, hidden=g.hidden_size, ffn=g.intermediate_size,
-                   layers=g.num_layers, heads=g.num_heads, kv_heads=g.num_kv_heads,
-                   head_dim=g.head_dim, rope_theta=float(g.rope_theta),
-                   rms_eps=float(g.rms_eps), tied=bool(g.tie_word_embeddings),
-                   vision=g.vision)
+        return cls(**DecoderShapes.geometry_fields(g), vision=g.vision)
 
     def weight_layout(self) -> dict[str, tuple[int, ...]]:
         """Weight buffer name -> one rank's shape `[out, in]` (norms and rope table are
