@@ -19,6 +19,7 @@ from helios_contract.schema import frontend_pb2 as fpb
 from helios_contract.schema import manifest_pb2 as mpb
 
 from helios_tools.kernels.collective import COLLECTIVE_OPS
+from helios_tools.kernels.fp8 import FP8_FORMS
 from helios_tools.kernels.registry import REFERENCE_OPS
 
 __all__ = ["BACKENDS", "CPU", "CUDA", "PACKED_BINDINGS"]
@@ -110,8 +111,12 @@ _SERVING = dict(
 CPU_STORAGE_TYPES = frozenset({
     mpb.STORAGE_TYPE_GGUF_Q4_0, mpb.STORAGE_TYPE_GGUF_Q4_1, mpb.STORAGE_TYPE_GGUF_Q5_0,
     mpb.STORAGE_TYPE_GGUF_Q8_0, mpb.STORAGE_TYPE_GGUF_Q4_K, mpb.STORAGE_TYPE_GGUF_Q6_K})
+# FP8 e4m3 weights: the W8A8 ops of helios_tools.kernels.fp8, whose NumPy references read
+# the codes and scales (the products' FP8 forms, FP8_FORMS; both backends).
+FP8_STORAGE_OPS = frozenset(FP8_FORMS.values())
+CPU_STORAGE_TYPES = CPU_STORAGE_TYPES | {mpb.STORAGE_TYPE_FP8_E4M3}
 CPU_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
-                             "swiglu_linear_add", "embedding"})
+                             "swiglu_linear_add", "embedding"}) | FP8_STORAGE_OPS
 CPU = RuntimeCapabilities(backend="cpu",
                           reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
                           max_ranks=None, storage_types=CPU_STORAGE_TYPES,
@@ -121,7 +126,10 @@ CPU = RuntimeCapabilities(backend="cpu",
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.
 # One rank: collectives through NCCL inside the captured graph are not written yet
 # (issue 16; docs/tensor-parallel.md).
+# Quantized weights: FP8 e4m3 through the ``*_fp8`` Triton kernels
+# (helios_ignition/kernels_triton/fp8.py); the codes are uploaded as stored.
 CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignment_bytes=16,
-                           max_ranks=1, **_SERVING)
+                           max_ranks=1, storage_types=frozenset({mpb.STORAGE_TYPE_FP8_E4M3}),
+                           storage_ops=FP8_STORAGE_OPS, **_SERVING)
 
 BACKENDS = {"cpu": CPU, "cuda": CUDA}

@@ -33,6 +33,7 @@ from .dense import (
     silu_mul,
 )
 from .experts import moe_align, moe_down, moe_gate_up, moe_route, moe_sum, qk_rmsnorm
+from .fp8 import FP8_TRITON
 from .mma import linear_splitk, split_bf16, splitk_reduce
 from .sampling import sample, sample_biased, score_tokens, token_logprobs
 from .sampling_chunks import (
@@ -72,6 +73,8 @@ from .window import (
 )
 
 TRITON_KERNELS = {
+    # FP8 W8A8 products (kernels_triton/fp8.py)
+    **FP8_TRITON,
     "embedding": embedding,
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,
