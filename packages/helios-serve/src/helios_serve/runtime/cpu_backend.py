@@ -44,9 +44,9 @@ from .completion import completion_buffers, confidence_buffers
 from .errors import RuntimeLoadError
 from .ggml_lib import GgmlPrograms
 from .ggml_step import StepPrograms, step_graphs_enabled
+from .tiers import TierRows
 
 FP8_OPS = frozenset(FP8_FORMS.values())
-from .tiers import TierRows
 
 STORED_DTYPE = {
     mpb.D_TYPE_F32: np.dtype("<f4"),
