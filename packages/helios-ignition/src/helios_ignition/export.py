@@ -492,6 +492,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if chunked_sampling is not None:
         recipe = replace(recipe, chunked_sampling=chunked_sampling)
     validate_recipe(recipe)
+    _check_quantize(quantize, recipe, tensor_parallel)
     try:
         shapes = family_shapes(recipe.family, ckpt.geometry)
     except FamilyMismatchError as exc:
@@ -529,7 +530,6 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                                coupled=recipe.drafter.coupled)
                    if drafter is not None and recipe.drafter is not None else None)
     blocks = _gguf_blocks(recipe, ckpt, shapes, tensor_parallel)
-    _check_quantize(quantize, recipe, tensor_parallel)
     # gguf: the programs see f32 elements (the blocks are declared storage of them).
     capture_dtype = "f32" if recipe.weight_dtype == "gguf" else recipe.weight_dtype
     with packed_path_off() if quantize else nullcontext():
