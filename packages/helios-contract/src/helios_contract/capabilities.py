@@ -16,8 +16,8 @@ until a backend's table turns it on (docs/contract-rules.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
@@ -71,6 +71,9 @@ class RuntimeCapabilities:
         storage_ops: Kernel ``reference_op`` names the backend executes with a quantized
             weight argument (each has a quantized form there; any other op reading one
             fails).
+        storage_forms: Per storage type, the ops of ``storage_ops`` with a form for that
+            type (a GGUF block reader is no FP8 reader); a type absent here takes every
+            op of ``storage_ops``.
     """
 
     backend: str
@@ -93,6 +96,11 @@ class RuntimeCapabilities:
     max_ranks: int | None = 1
     storage_types: frozenset[int] = frozenset()
     storage_ops: frozenset[str] = frozenset()
+    storage_forms: Mapping[int, frozenset[str]] = field(default_factory=dict)
+
+    def forms(self, storage_type: int) -> frozenset[str]:
+        """The ops reading weights of `storage_type` the backend executes."""
+        return self.storage_forms.get(storage_type, self.storage_ops)
 
 
 def _names(enum: object, numbers) -> str:
@@ -291,15 +299,17 @@ def _storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Find
                 for a, arg in enumerate(launch.args):
                     if arg.WhichOneof("value") != "buffer" or arg.buffer.buffer not in stored:
                         continue
-                    if op in caps.storage_ops or (op, arg.buffer.buffer) in seen:
+                    forms = caps.forms(stored[arg.buffer.buffer])
+                    if op in forms or (op, arg.buffer.buffer) in seen:
                         continue
                     seen.add((op, arg.buffer.buffer))
+                    name = enum_name(mpb.StorageType, stored[arg.buffer.buffer])
                     yield _unsupported(
                         "runtime.storage",
                         f"manifest.{kind}[{g}].launches[{j}].args[{a}].buffer.buffer",
                         arg.buffer.buffer, caps,
-                        f"reference op {op!r} over quantized weights (it has a quantized form "
-                        f"of {', '.join(sorted(caps.storage_ops)) or 'no op'})")
+                        f"reference op {op!r} over quantized weights (it has a {name} form "
+                        f"of {', '.join(sorted(forms)) or 'no op'})")
 
 
 def _frontend(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:

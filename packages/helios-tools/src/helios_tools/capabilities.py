@@ -114,13 +114,17 @@ CPU_STORAGE_TYPES = frozenset({
 # FP8 e4m3 weights: the W8A8 ops of helios_tools.kernels.fp8, whose NumPy references read
 # the codes and scales (the products' FP8 forms, FP8_FORMS; both backends).
 FP8_STORAGE_OPS = frozenset(FP8_FORMS.values())
+GGUF_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
+                              "swiglu_linear_add", "embedding"})
+CPU_STORAGE_FORMS = {**{t: GGUF_STORAGE_OPS for t in CPU_STORAGE_TYPES},
+                     mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS}
 CPU_STORAGE_TYPES = CPU_STORAGE_TYPES | {mpb.STORAGE_TYPE_FP8_E4M3}
-CPU_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
-                             "swiglu_linear_add", "embedding"}) | FP8_STORAGE_OPS
+CPU_STORAGE_OPS = GGUF_STORAGE_OPS | FP8_STORAGE_OPS
 CPU = RuntimeCapabilities(backend="cpu",
                           reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
                           max_ranks=None, storage_types=CPU_STORAGE_TYPES,
-                          storage_ops=CPU_STORAGE_OPS, **_SERVING)
+                          storage_ops=CPU_STORAGE_OPS, storage_forms=CPU_STORAGE_FORMS,
+                          **_SERVING)
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.
@@ -130,6 +134,8 @@ CPU = RuntimeCapabilities(backend="cpu",
 # (helios_ignition/kernels_triton/fp8.py); the codes are uploaded as stored.
 CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignment_bytes=16,
                            max_ranks=1, storage_types=frozenset({mpb.STORAGE_TYPE_FP8_E4M3}),
-                           storage_ops=FP8_STORAGE_OPS, **_SERVING)
+                           storage_ops=FP8_STORAGE_OPS,
+                           storage_forms={mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS},
+                           **_SERVING)
 
 BACKENDS = {"cpu": CPU, "cuda": CUDA}
