@@ -586,14 +586,15 @@ def fp8_constants(T: int, N: int, K: int) -> dict[str, int]:
     """Tiles (with ``WARPS`` and ``STAGES``) of the FP8 products for `T` rows, `N` outputs
     over `K`: one row on the FMA units (``MMA=0``, a GEMV of 16-row weight tiles, each
     program its own amax pass over the row), else ``tl.dot`` on e4m3 operands with 16 to
-    128 token rows per program (the MMA's M; e4m3 needs K tiles of at least 32). Not yet
-    swept on a GPU (bench/gpu_fp8.py times them)."""
+    64 token rows per program (the MMA's M; e4m3 needs K tiles of at least 32; 64 rows in
+    two stages keep the SwiGLU form's f32 gate and up tiles within sm_90's 227 KiB of
+    shared memory). Not yet swept on a GPU (bench/gpu_fp8.py times them)."""
     bk = min(_np2(K, 32), 128)
     if T == 1:
         return dict(MMA=0, BLOCK_T=1, BLOCK_N=16, BLOCK_K=min(_np2(K, 32), 512), WARPS=4)
-    bt = min(max(_np2(T), 16), 128)
+    bt = min(max(_np2(T), 16), 64)
     return dict(MMA=1, BLOCK_T=bt, BLOCK_N=64 if bt <= 32 else 128, BLOCK_K=bk,
-                WARPS=4 if bt <= 32 else 8, STAGES=3)
+                WARPS=4 if bt <= 32 else 8, STAGES=3 if bt <= 32 else 2)
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:

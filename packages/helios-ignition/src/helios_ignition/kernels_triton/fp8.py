@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .dense import _silu
 
-E4M3_MAX: tl.constexpr = 448.0
+E4M3_MAX = tl.constexpr(448.0)
 
 
 @triton.jit
