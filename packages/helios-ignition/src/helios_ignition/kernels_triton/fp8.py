@@ -10,8 +10,9 @@ output features and makes two passes over K:
    scale ``s = max / 448`` (1 for a zero row);
 2. the product: each K tile of ``a`` is quantized (``a / s``, saturated to +-448,
    converted to e4m3 round-to-nearest-even) and multiplied with the weight's e4m3 codes:
-   ``MMA=1`` on the tensor cores (``tl.dot`` of float8e4nv operands, f32 accumulation:
-   FP8 wgmma on sm_90), ``MMA=0`` (one row, batch-1 decode) on the FMA units over the
+   ``MMA=1`` on the tensor cores (``tl.dot`` of float8e4nv operands: FP8 wgmma on sm_90,
+   each BLOCK_K tile's partial product added to an f32 accumulator, as DeepSeek-V3 promotes
+   every 128 elements, since the MMA's own accumulation keeps about 14 bits), ``MMA=0`` (one row, batch-1 decode) on the FMA units over the
    decoded values (a GEMV reads each weight byte once; the tensor cores need 16 rows).
    The epilogue multiplies by ``s[t] * weight_scale[n]`` and stores (``ACC``: adds).
 
@@ -89,8 +90,9 @@ def _fp8_body(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
         q = tl.minimum(tl.maximum(a, -E4M3_MAX), E4M3_MAX).to(tl.float8e4nv)
         codes = tl.load(wrows + kk[None, :], mask=mn[:, None] & (kk < K)[None, :], other=0)
         w = codes.to(tl.float8e4nv, bitcast=True)
-        if MMA:
-            acc = tl.dot(q, tl.trans(w), acc, out_dtype=tl.float32)
+        if MMA:  # each K tile's product added in f32: sm_90's FP8 MMA accumulates in
+            # about 14 bits within the tile (Triton's default never promotes on sm_90)
+            acc += tl.dot(q, tl.trans(w), out_dtype=tl.float32)
         else:
             qa = tl.sum(q.to(tl.float32), axis=0)  # the one live row (BLOCK_T = 1)
             acc += tl.sum(w.to(tl.float32) * qa[None, :], axis=1)
