@@ -4,7 +4,10 @@ Expected files: `config.json`, `model.safetensors` or shards `model-*.safetensor
 `tokenizer.json`, and a chat template in `tokenizer_config.json["chat_template"]` or
 `chat_template.jinja`. Tensors are read one at a time with `safe_open(framework="numpy")`;
 BF16 has no NumPy dtype, so BF16 tensors are read as raw uint16 from the file (offsets from
-the safetensors header) and widened exactly: float32 bits = bf16 bits << 16.
+the safetensors header) and widened exactly: float32 bits = bf16 bits << 16. FP8
+checkpoints (F8_E4M3 weights with their `weight_scale`, HF compressed-tensors / FBGEMM
+layouts) read as their codes times their scales; `Checkpoint.fp8` hands the codes and
+scales over as stored (`ignition export --quantize fp8` keeps them).
 """
 
 from __future__ import annotations
