@@ -55,7 +55,7 @@ case $stage in
     python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --json "$OUTD/llama8b.json" 2>&1 | tee "$OUTD/llama8b.log" ;;
   fp8)  # issue 31: the FP8 W8A8 kernels against their references, then 8B decode b1/8/64/256
     # bf16 vs FP8 (random weights, one process), then SmolLM2 FP8 accuracy on cuda
-    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fp8.py 2>&1 | tee "$OUTD/fp8_kernels.log" | tail -5
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fp8.py tests/gpu/test_int4.py 2>&1 | tee "$OUTD/fp8_kernels.log" | tail -5
     python3 bench/gpu_fp8.py --json "$OUTD/fp8_8b.json" 2>&1 | tee "$OUTD/fp8_8b.log"
     python3 bench/fp8_accuracy.py --backend cuda --out "$OUTD/fp8_accuracy_cuda.json" 2>&1 | tail -20 | tee "$OUTD/fp8_accuracy.log" ;;
   bench8b)

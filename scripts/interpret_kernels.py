@@ -16,6 +16,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py window        # sliding-window family ops
     uv run python scripts/interpret_kernels.py vision        # the vision tower's kernels
     uv run python scripts/interpret_kernels.py fp8           # the FP8 W8A8 products
+    uv run python scripts/interpret_kernels.py int4          # the W4A16 GEMV
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -210,6 +211,26 @@ def check_fp8(rng) -> bool:
         path = "MMA" if c["MMA"] else "GEMV"
         print(f"{'ok ' if good else 'BAD'} fp8 T={T:<3} N={N:<4} K={Kd:<4} {path:<4} "
               + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return ok
+
+
+def check_int4(rng) -> bool:
+    """The W4A16 GEMV (kernels_triton/int4.py) against kernels.int4's reference."""
+    from helios_tools.kernels.int4 import linear_int4, quantize_int4
+
+    ok = True
+    for T, N, Kd, group in [(1, 40, 256, 128), (1, 130, 512, 128), (3, 70, 1024, 128),
+                            (2, 33, 96, 32)]:
+        x = rng.standard_normal((T, Kd)).astype(np.float32)
+        packed, scales = quantize_int4(rng.standard_normal((N, Kd)).astype(np.float32), group)
+        ref = np.zeros((T, N), np.float32)
+        linear_int4(x, packed, scales, ref, T, N, Kd)
+        out = np.full((T, N), np.nan, np.float32)
+        launch("linear_int4", x, packed, scales, out, T, N, Kd)
+        err = _rel(out, ref)
+        good = err < 1e-6
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} int4 T={T:<3} N={N:<4} K={Kd:<5} G={group:<4} {err:.1e}")
     return ok
 
 
@@ -858,6 +879,8 @@ def main() -> None:
         sys.exit(0 if check_vision(rng) else 1)
     if sys.argv[1:] == ["fp8"]:
         sys.exit(0 if check_fp8(rng) else 1)
+    if sys.argv[1:] == ["int4"]:
+        sys.exit(0 if check_int4(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)

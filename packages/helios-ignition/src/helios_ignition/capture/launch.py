@@ -629,6 +629,11 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, N, K = s[0], s[1], s[2]
         return _linear_config([T, N, K], (views[0], views[2], views[3])
                               if len(views) > 3 else (), tc=False)
+    if op == "linear_int4":  # W4A16 GEMV per token row (kernels_triton/int4.py)
+        T, N, K = s
+        groups = int(views[2].shape[1]) if len(views) > 2 else K // 128
+        return _cfg((_cdiv(N, 16), T), 4, GROUP=K // groups, BLOCK_N=16,
+                    BLOCK_B=min(_np2(K // 2, 16), 256))
     if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
         T, N, K = s[0], s[1], s[2]
         c = fp8_constants(T, N, K)

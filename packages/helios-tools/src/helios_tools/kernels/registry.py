@@ -44,6 +44,7 @@ from .fused import (
     swiglu_linear,
     swiglu_linear_add,
 )
+from .int4 import linear_int4
 from .linear import linear, linear_invariant
 from .linear_splitk import (
     linear_packed,
@@ -287,6 +288,11 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     "swiglu_linear_add_fp8": (
         _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
         _b("out", "f32", "inout"), *_i("T", "N", "K"),
+    ),
+    # W4A16 (kernels/int4.py): packed 4-bit codes [N, K/2], group scales [N, K/G] f32.
+    "linear_int4": (
+        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"), _b("out", "f32", "out"),
+        *_i("T", "N", "K"),
     ),
     # Batched-decode GEMM path (kernels/linear_splitk.py): packed bf16 terms, K-split
     # products, fixed-order reduction.
@@ -561,6 +567,7 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "linear_add": linear_add,
     "swiglu_linear_add": swiglu_linear_add,
     "linear_fp8": linear_fp8,
+    "linear_int4": linear_int4,
     "linear_add_fp8": linear_add_fp8,
     "rmsnorm_linear_fp8": rmsnorm_linear_fp8,
     "swiglu_linear_fp8": swiglu_linear_fp8,
