@@ -13,8 +13,13 @@ chosen backend:
   the fraction of the 64 positions where the FP8 core's token equals the bf16 core's, and
   the first position where they differ (64: none).
 
-    uv run python bench/fp8_accuracy.py                       # cpu backend
+    OPENBLAS_NUM_THREADS=1 uv run python bench/fp8_accuracy.py   # cpu backend (~7 min)
     uv run python bench/fp8_accuracy.py --backend cuda        # on a GPU (kernels for --target)
+
+On a shared machine keep BLAS to one thread: OpenBLAS's spinning workers starved the
+NumPy launch path here (a 45-minute run left unfinished; 7 minutes with one thread).
+Greedy agreement counts equal tokens position by position, so after the first different
+token the two continuations rarely line up again: `first_difference` says where they part.
 
 Writes bench/results/fp8_accuracy_<backend>.json (commit, machine, backend, figures).
 """
