@@ -107,6 +107,32 @@ def test_lint_passes_for_both_backends(fp8_core):
     assert lint_capabilities(fp8_core.contract, fp8_core.manifest, ["cpu", "cuda"]) == []
 
 
+def _first_fp8_launch(manifest):
+    ops = {k.id: k.reference_op for k in manifest.kernels}
+    return next(launch for g in manifest.graphs for launch in g.launches
+                if ops[launch.kernel] == "linear_fp8")
+
+
+@pytest.mark.parametrize("swap", ["scale", "weight"])
+def test_an_fp8_product_must_read_codes_and_their_own_scales(fp8_core, swap):
+    """runtime.storage on both backends: a linear_fp8 launch passing another weight's
+    scales, or a plain buffer as its codes, is refused at the argument."""
+    manifest = type(fp8_core.manifest)()
+    manifest.CopyFrom(fp8_core.manifest)
+    launch = _first_fp8_launch(manifest)
+    if swap == "scale":
+        index, value = 2, "L1.wo.scale" if launch.args[1].buffer.buffer != "L1.wo" else "L0.wo.scale"
+    else:
+        index, value = 1, "final_norm"
+    launch.args[index].buffer.buffer = value
+    for backend in ("cpu", "cuda"):
+        findings = [f for f in lint_capabilities(fp8_core.contract, manifest, [backend])
+                    if f.rule == "runtime.storage"]
+        assert len(findings) == 1, [str(f) for f in findings]
+        assert findings[0].path.endswith(f".args[{index}].buffer.buffer")
+        assert findings[0].value == value
+
+
 class _W8A8:
     """An input-major weight [in, out] whose products quantize their input rows per token
     (e4m3, scale max|row| / 448): ``h @ _W8A8(w)``."""

@@ -20,7 +20,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 
 from helios_tools.kernels.collective import COLLECTIVE_OPS
 from helios_tools.kernels.fp8 import FP8_FORMS
-from helios_tools.kernels.registry import REFERENCE_OPS
+from helios_tools.kernels.registry import REFERENCE_OPS, kernel_params
 
 __all__ = ["BACKENDS", "CPU", "CUDA", "PACKED_BINDINGS"]
 
@@ -114,6 +114,10 @@ CPU_STORAGE_TYPES = frozenset({
 # FP8 e4m3 weights: the W8A8 ops of helios_tools.kernels.fp8, whose NumPy references read
 # the codes and scales (the products' FP8 forms, FP8_FORMS; both backends).
 FP8_STORAGE_OPS = frozenset(FP8_FORMS.values())
+# Where each FP8 product's codes and scales are among its arguments (KERNEL_PARAMS order).
+FP8_STORAGE_ARGS = {op: (names.index("weight"), names.index("weight_scale"))
+                    for op in FP8_STORAGE_OPS
+                    for names in [[p.name for p in kernel_params(op)]]}
 GGUF_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
                               "swiglu_linear_add", "embedding"})
 CPU_STORAGE_FORMS = {**{t: GGUF_STORAGE_OPS for t in CPU_STORAGE_TYPES},
@@ -124,7 +128,7 @@ CPU = RuntimeCapabilities(backend="cpu",
                           reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
                           max_ranks=None, storage_types=CPU_STORAGE_TYPES,
                           storage_ops=CPU_STORAGE_OPS, storage_forms=CPU_STORAGE_FORMS,
-                          **_SERVING)
+                          storage_args=FP8_STORAGE_ARGS, **_SERVING)
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.
@@ -136,6 +140,6 @@ CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignmen
                            max_ranks=1, storage_types=frozenset({mpb.STORAGE_TYPE_FP8_E4M3}),
                            storage_ops=FP8_STORAGE_OPS,
                            storage_forms={mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS},
-                           **_SERVING)
+                           storage_args=FP8_STORAGE_ARGS, **_SERVING)
 
 BACKENDS = {"cpu": CPU, "cuda": CUDA}
