@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -53,6 +53,12 @@ case $stage in
   kernels+8b)
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 | tee "$OUTD/kernels.log"
     python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --json "$OUTD/llama8b.json" 2>&1 | tee "$OUTD/llama8b.log" ;;
+  fp8)  # issue 31 (no GGUF needed): the FP8 W8A8 and W4A16 kernels against their NumPy
+    # references, then Llama-3.1-8B-geometry decode b1/8/64/256, bf16 vs FP8, one process
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fp8.py tests/gpu/test_int4.py 2>&1 | tee "$OUTD/fp8_kernels.log" | tail -5
+    python3 bench/gpu_fp8.py --json "$OUTD/fp8_8b.json" 2>&1 | tee "$OUTD/fp8_8b.log" ;;
+  fp8-acc)  # issue 31 (the SmolLM2 GGUF parked): FP8 vs bf16 accuracy on the cuda backend
+    python3 bench/fp8_accuracy.py --backend cuda --out "$OUTD/fp8_accuracy_cuda.json" 2>&1 | tail -40 | tee "$OUTD/fp8_accuracy.log" ;;
   bench8b)
     python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 --json "$OUTD/llama8b.json" 2>&1 | tee "$OUTD/llama8b.log" ;;
   peers)

@@ -16,6 +16,8 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py experts       # QK-norm and the MoE ops
     uv run python scripts/interpret_kernels.py window        # sliding-window family ops
     uv run python scripts/interpret_kernels.py vision        # the vision tower's kernels
+    uv run python scripts/interpret_kernels.py fp8           # the FP8 W8A8 products
+    uv run python scripts/interpret_kernels.py int4          # the W4A16 GEMV
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -73,6 +75,21 @@ def _bitwise(self, lhs, rhs, op):  # scalar comparisons come back as non-bool ar
 
 
 interp.InterpreterBuilder.binary_op = _bitwise
+_fp_to_fp = interp.InterpreterBuilder.create_fp_to_fp
+
+
+def _fp_to_fp8(self, src, dst_type, rounding_mode):
+    """f32 -> e4m3 as the GPU's cvt.rn.satfinite does (kernels.fp8.encode_e4m3): the
+    interpreter's own conversion (Triton 3.9) drops the carry when rounding overflows
+    the mantissa (31.2 -> 16, not 32), rounds ties up and flushes subnormals."""
+    if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.float8e4nv:
+        from helios_tools.kernels.fp8 import encode_e4m3
+
+        return interp.TensorHandle(encode_e4m3(src.data), dst_type.scalar)
+    return _fp_to_fp(self, src, dst_type, rounding_mode)
+
+
+interp.InterpreterBuilder.create_fp_to_fp = _fp_to_fp8
 _constexpr_sub = tl.constexpr.__sub__
 
 
@@ -91,7 +108,8 @@ from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK  # noqa: E402
 from helios_tools.kernels.speculative import RECORD_FIELDS  # noqa: E402
 
 _DTYPES = {np.dtype(np.float32): tl.float32, np.dtype(np.int32): tl.int32,
-           np.dtype(np.uint32): tl.uint32, np.dtype(np.uint16): tl.bfloat16}
+           np.dtype(np.uint32): tl.uint32, np.dtype(np.uint16): tl.bfloat16,
+           np.dtype(np.uint8): tl.uint8}
 
 
 class _Arr:
@@ -163,6 +181,57 @@ def check_linear(rng) -> bool:
             ok &= good
             print(f"{'ok ' if good else 'BAD'} {'bf16' if wb else 'f32 '} T={T:<3} N={N:<4} "
                   f"K={Kd:<3} {path:<4} " + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return ok
+
+
+def check_fp8(rng) -> bool:
+    """The FP8 W8A8 products (kernels_triton/fp8.py: the GEMV at one row, tl.dot on e4m3
+    operands above) against kernels.fp8's references, with the interpreter's f32 -> e4m3
+    conversion replaced by the exact one (``_fp_to_fp8``). Same codes, different f32
+    summation order: 1e-5 relative; tests/gpu/test_fp8.py is the verdict on hardware."""
+    from helios_tools.kernels.fp8 import quantize_rows
+
+    ok = True
+    for T, N, Kd in [(1, 40, 96), (1, 130, 64), (3, 70, 64), (20, 96, 160), (40, 130, 48)]:
+        x = (rng.standard_normal((T, 2 * Kd)) * 3).astype(np.float32)
+        g = (1 + 0.1 * rng.standard_normal(Kd)).astype(np.float32)
+        codes, scales = quantize_rows(rng.standard_normal((N, Kd)).astype(np.float32))
+        res = rng.standard_normal((T, N)).astype(np.float32)
+        xk = np.ascontiguousarray(x[:, :Kd])
+        errs = {}
+        for op, pre, xin in (("linear_fp8", (), xk), ("linear_add_fp8", (), xk),
+                             ("rmsnorm_linear_fp8", (g,), xk), ("swiglu_linear_fp8", (), x),
+                             ("swiglu_linear_add_fp8", (), x)):
+            tail = (T, N, Kd, 1e-5) if op.startswith("rmsnorm") else (T, N, Kd)
+            ref, out = res.copy(), res.copy()
+            K.reference_op(op)(xin, *pre, codes, scales, ref, *tail)
+            c = launch(op, xin, *pre, codes, scales, out, *tail)
+            errs[op] = _rel(out - res, ref - res)
+        good = all(e < 1e-5 for e in errs.values())
+        ok &= good
+        path = "MMA" if c["MMA"] else "GEMV"
+        print(f"{'ok ' if good else 'BAD'} fp8 T={T:<3} N={N:<4} K={Kd:<4} {path:<4} "
+              + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return ok
+
+
+def check_int4(rng) -> bool:
+    """The W4A16 GEMV (kernels_triton/int4.py) against kernels.int4's reference."""
+    from helios_tools.kernels.int4 import linear_int4, quantize_int4
+
+    ok = True
+    for T, N, Kd, group in [(1, 40, 256, 128), (1, 130, 512, 128), (3, 70, 1024, 128),
+                            (2, 33, 96, 32)]:
+        x = rng.standard_normal((T, Kd)).astype(np.float32)
+        packed, scales = quantize_int4(rng.standard_normal((N, Kd)).astype(np.float32), group)
+        ref = np.zeros((T, N), np.float32)
+        linear_int4(x, packed, scales, ref, T, N, Kd)
+        out = np.full((T, N), np.nan, np.float32)
+        launch("linear_int4", x, packed, scales, out, T, N, Kd)
+        err = _rel(out, ref)
+        good = err < 1e-6
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} int4 T={T:<3} N={N:<4} K={Kd:<5} G={group:<4} {err:.1e}")
     return ok
 
 
@@ -890,6 +959,10 @@ def main() -> None:
         sys.exit(0 if check_window(rng) else 1)
     if sys.argv[1:] == ["vision"]:
         sys.exit(0 if check_vision(rng) else 1)
+    if sys.argv[1:] == ["fp8"]:
+        sys.exit(0 if check_fp8(rng) else 1)
+    if sys.argv[1:] == ["int4"]:
+        sys.exit(0 if check_int4(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)

@@ -16,6 +16,7 @@ from helios_contract import (
     MissingFieldError,
     PreparedContract,
     RuntimeCapabilities,
+    UnknownIdentifierError,
     UnspecifiedSelectorError,
     buffer_nbytes,
     capability_findings,
@@ -79,7 +80,46 @@ def _int4_wrong_bytes(m):
                           scales=mpb.SideBuffer(buffer="scales", dtype=mpb.D_TYPE_F32)))
 
 
+def _fp8(m, scale_shape=(VOCAB, 1), scale_dtype=mpb.D_TYPE_F32, declare=True):
+    """token_embd as FP8 e4m3 codes, one block per row, scales in `token_embd.scale`."""
+    b = _buffer(m, "token_embd")
+    b.storage.CopyFrom(mpb.TensorStorage(
+        type=mpb.STORAGE_TYPE_FP8_E4M3, block_elements=HIDDEN, block_bytes=HIDDEN,
+        scales=mpb.SideBuffer(buffer="token_embd.scale", dtype=mpb.D_TYPE_F32)))
+    if declare:
+        m.buffers.add(name="token_embd.scale", dtype=scale_dtype, shape=list(scale_shape),
+                      role=mpb.BUFFER_ROLE_WEIGHT, weight_resource_id="weights/token_embd.scale")
+    return b
+
+
+def _fp8_scales_undeclared(m):
+    _fp8(m, declare=False)
+
+
+def _fp8_scales_wrong_shape(m):
+    _fp8(m, scale_shape=(VOCAB, 2))
+
+
+def _fp8_scales_bf16(m):
+    _fp8(m, scale_dtype=mpb.D_TYPE_BF16)
+
+
+def _fp8_zero_points(m):
+    _fp8(m).storage.zero_points.CopyFrom(mpb.SideBuffer(buffer="token_embd.scale",
+                                                         dtype=mpb.D_TYPE_F32))
+
+
+def _fp8_wrong_bytes(m):
+    _fp8(m).storage.block_bytes = HIDDEN // 2
+
+
 FAILING = [
+    ("fp8-scales-undeclared", _fp8_scales_undeclared, UnknownIdentifierError,
+     ".storage.scales.buffer"),
+    ("fp8-scales-wrong-shape", _fp8_scales_wrong_shape, ExtentError, ".storage.scales.buffer"),
+    ("fp8-scales-bf16", _fp8_scales_bf16, BufferRoleError, ".storage.scales.buffer"),
+    ("fp8-zero-points", _fp8_zero_points, BufferRoleError, ".storage.zero_points"),
+    ("fp8-wrong-bytes", _fp8_wrong_bytes, ExtentError, ".storage.block_bytes"),
     ("wrong-geometry", _wrong_geometry, ExtentError, ".storage.block_bytes"),
     ("not-a-weight", _not_weight, BufferRoleError, ".storage"),
     ("bf16-elements", _bf16_elements, BufferRoleError, ".storage"),
@@ -131,7 +171,8 @@ def _table(**fields) -> RuntimeCapabilities:
     """A table that executes everything the example needs, plus `fields`."""
     from helios_tools.capabilities import CPU
 
-    return RuntimeCapabilities(**{**CPU.__dict__, "reference_ops": None, **fields})
+    return RuntimeCapabilities(**{**CPU.__dict__, "reference_ops": None, "storage_forms": {},
+                                  **fields})
 
 
 def _storage_findings(prepared, caps):
@@ -168,8 +209,29 @@ def test_an_op_without_a_quantized_form_fails_naming_the_op():
     assert _storage_findings(prepared, ok) == []
 
 
-def test_cuda_executes_no_quantized_storage_yet():
+def test_cuda_executes_no_gguf_blocks():
     from helios_tools.capabilities import CUDA
 
     rules = [f.rule for f in _storage_findings(_prepared(_q4_1), CUDA)]
     assert rules and set(rules) == {"runtime.storage"}
+
+
+def test_fp8_storage_is_valid_and_sized_by_its_codes():
+    serving, manifest = example_contract(), example_manifest()
+    b = _fp8(manifest)
+    assert list(contract_findings(serving, manifest)) == []
+    assert stored_nbytes(b) == VOCAB * HIDDEN  # one byte an element
+
+
+def test_fp8_weights_need_the_fp8_form_of_each_reader_on_both_backends():
+    """The example's embedding reads token_embd: no FP8 form, so both backends refuse it by
+    the one rule, naming the op (the cpu's GGUF embedding form is no FP8 form); the
+    storage type itself both execute."""
+    from helios_tools.capabilities import CPU, CUDA
+
+    for caps in (CPU, CUDA):
+        (finding,) = _storage_findings(_prepared(_fp8), caps)
+        assert finding.value == "token_embd"
+        assert "reference op 'embedding' over quantized weights" in finding.detail
+        assert "it has a STORAGE_TYPE_FP8_E4M3 form of linear_add_fp8, linear_fp8" in \
+            finding.detail

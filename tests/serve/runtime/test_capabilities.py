@@ -199,7 +199,13 @@ def test_the_cuda_table_declares_what_the_cuda_backend_allocates():
 def test_both_backends_share_the_scheduler_packing_and_frontend():
     differ = {f for f in CPU.__dataclass_fields__ if getattr(CPU, f) != getattr(CUDA, f)}
     assert differ == {"backend", "reference_ops", "argument_alignment_bytes", "max_ranks",
-                      "storage_types", "storage_ops"}  # quantized weights: cpu only
+                      "storage_types", "storage_ops", "storage_forms"}
+    # quantized weights: GGUF blocks on cpu only, FP8 on both through the same ops
+    fp8 = mpb.STORAGE_TYPE_FP8_E4M3
+    assert CUDA.storage_types == {fp8} and fp8 in CPU.storage_types
+    assert CPU.forms(fp8) == CUDA.forms(fp8) == CUDA.storage_ops == {
+        "linear_fp8", "linear_add_fp8", "rmsnorm_linear_fp8", "swiglu_linear_fp8",
+        "swiglu_linear_add_fp8"}
     assert CPU.reference_ops == frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS)
     assert CUDA.reference_ops is None
 

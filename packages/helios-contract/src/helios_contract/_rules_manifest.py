@@ -182,6 +182,7 @@ def buffers(manifest: mpb.ExecutionManifest) -> Findings:
     """Weights name their resource, shared by every rank or one per rank (exactly
     ``rank_count``); nothing else does."""
     ranks = rank_count(manifest)
+    by_name = {b.name: b for b in manifest.buffers}
     for index, b in enumerate(manifest.buffers):
         path = f"manifest.buffers[{index}].weight_resource_id"
         per_rank = list(b.rank_weight_resource_ids)
@@ -203,12 +204,13 @@ def buffers(manifest: mpb.ExecutionManifest) -> Findings:
                     f"weight buffer {b.name!r} names {len(per_rank)} per-rank resources; "
                     f"the manifest has rank_count {ranks}")
         if b.HasField("storage"):
-            yield from _storage(b, f"manifest.buffers[{index}]")
+            yield from _storage(b, f"manifest.buffers[{index}]", by_name)
 
 
-def _storage(b: mpb.Buffer, path: str) -> Findings:
+def _storage(b: mpb.Buffer, path: str, by_name: dict[str, mpb.Buffer]) -> Findings:
     """A quantized weight: a weight of F32 elements, at least one axis, its last axis whole
-    blocks, the geometry its block type fixes, its scale buffer named where it has one."""
+    blocks, the geometry its block type fixes, its scale buffer named where it has one
+    (``_side_buffers``)."""
     st = b.storage
     kind = enum_name(mpb.StorageType, st.type)
     if b.role != mpb.BUFFER_ROLE_WEIGHT or b.dtype != mpb.D_TYPE_F32 or not b.shape:
@@ -244,6 +246,37 @@ def _storage(b: mpb.Buffer, path: str) -> Findings:
         yield F("buffer.storage", ExtentError, f"{path}.shape", list(b.shape),
                 f"buffer {b.name!r}: last axis {b.shape[-1]} is not whole {kind} blocks of "
                 f"{st.block_elements}")
+        return
+    if st.type in STORAGE_CODE_BITS:
+        yield from _side_buffers(b, path, by_name)
+
+
+def _side_buffers(b: mpb.Buffer, path: str, by_name: dict[str, mpb.Buffer]) -> Findings:
+    """The scales (and INT4 zero points) of element-wise codes: F32 weights of their own
+    (plain storage) of shape [rows, K / block_elements]; FP8 has no zero points."""
+    st = b.storage
+    kind = enum_name(mpb.StorageType, st.type)
+    if st.type == mpb.STORAGE_TYPE_FP8_E4M3 and st.HasField("zero_points"):
+        yield F("buffer.storage", BufferRoleError, f"{path}.storage.zero_points",
+                st.zero_points.buffer, f"buffer {b.name!r}: {kind} codes have no zero points")
+    want = [*b.shape[:-1], b.shape[-1] // st.block_elements]
+    sides = [("scales", st.scales)] + ([("zero_points", st.zero_points)]
+                                       if st.HasField("zero_points") else [])
+    for field, side in sides:
+        other = by_name.get(side.buffer)
+        where = f"{path}.storage.{field}"
+        if other is None:
+            yield F("buffer.storage", UnknownIdentifierError, f"{where}.buffer", side.buffer,
+                    f"buffer {b.name!r}: its {field} buffer {side.buffer!r} is not declared")
+        elif (other.role != mpb.BUFFER_ROLE_WEIGHT or other.dtype != mpb.D_TYPE_F32
+              or side.dtype != mpb.D_TYPE_F32 or other.HasField("storage")):
+            yield F("buffer.storage", BufferRoleError, f"{where}.buffer", side.buffer,
+                    f"buffer {b.name!r}: its {field} {side.buffer!r} must be a D_TYPE_F32 "
+                    "weight stored as plain elements (SideBuffer.dtype D_TYPE_F32)")
+        elif list(other.shape) != want:
+            yield F("buffer.storage", ExtentError, f"{where}.buffer", list(other.shape),
+                    f"buffer {b.name!r}: its {field} {side.buffer!r} must have shape {want} "
+                    f"(rows x blocks of {st.block_elements}), not {list(other.shape)}")
 
 
 # Kernel reference ops that join tensor-parallel ranks (helios_tools.kernels.collective).

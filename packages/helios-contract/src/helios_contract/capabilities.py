@@ -16,15 +16,15 @@ until a backend's table turns it on (docs/contract-rules.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
 from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
 from helios_contract._rules_contract import enum_name
 from helios_contract._rules_manifest import rank_count
-from helios_contract.errors import UnsupportedFeatureError
+from helios_contract.errors import LaunchError, UnsupportedFeatureError
 from helios_contract.findings import Finding
 
 __all__ = ["RuntimeCapabilities", "backend_phrase", "capability_findings"]
@@ -71,6 +71,13 @@ class RuntimeCapabilities:
         storage_ops: Kernel ``reference_op`` names the backend executes with a quantized
             weight argument (each has a quantized form there; any other op reading one
             fails).
+        storage_forms: Per storage type, the ops of ``storage_ops`` with a form for that
+            type (a GGUF block reader is no FP8 reader); a type absent here takes every
+            op of ``storage_ops``.
+        storage_args: Ops that read a quantized weight's codes and scales as two
+            arguments (the FP8 products): op -> (index of the codes argument, index of
+            the scales argument). Such a launch must pass a weight of a storage type the
+            op is a form of, and that weight's own scale buffer.
     """
 
     backend: str
@@ -93,6 +100,12 @@ class RuntimeCapabilities:
     max_ranks: int | None = 1
     storage_types: frozenset[int] = frozenset()
     storage_ops: frozenset[str] = frozenset()
+    storage_forms: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    storage_args: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def forms(self, storage_type: int) -> frozenset[str]:
+        """The ops reading weights of `storage_type` the backend executes."""
+        return self.storage_forms.get(storage_type, self.storage_ops)
 
 
 def _names(enum: object, numbers) -> str:
@@ -268,7 +281,10 @@ def _manifest(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Fin
 
 
 def _storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:
-    """Quantized weights: their storage type, and every kernel reading one, executed."""
+    """Quantized weights: their storage type, and every kernel reading one, executed;
+    every op reading codes and scales (``storage_args``) passes a quantized weight and its
+    own scales."""
+    yield from _storage_args(manifest, caps)
     stored = {}
     for i, buffer in enumerate(manifest.buffers):
         if not buffer.HasField("storage"):
@@ -291,15 +307,49 @@ def _storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Find
                 for a, arg in enumerate(launch.args):
                     if arg.WhichOneof("value") != "buffer" or arg.buffer.buffer not in stored:
                         continue
-                    if op in caps.storage_ops or (op, arg.buffer.buffer) in seen:
+                    forms = caps.forms(stored[arg.buffer.buffer])
+                    if op in forms or (op, arg.buffer.buffer) in seen:
                         continue
                     seen.add((op, arg.buffer.buffer))
+                    name = enum_name(mpb.StorageType, stored[arg.buffer.buffer])
                     yield _unsupported(
                         "runtime.storage",
                         f"manifest.{kind}[{g}].launches[{j}].args[{a}].buffer.buffer",
                         arg.buffer.buffer, caps,
-                        f"reference op {op!r} over quantized weights (it has a quantized form "
-                        f"of {', '.join(sorted(caps.storage_ops)) or 'no op'})")
+                        f"reference op {op!r} over quantized weights (it has a {name} form "
+                        f"of {', '.join(sorted(forms)) or 'no op'})")
+
+
+def _storage_args(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:
+    if not caps.storage_args:
+        return
+    storage = {b.name: b.storage for b in manifest.buffers if b.HasField("storage")}
+    kernels = {k.id: k.reference_op for k in manifest.kernels}
+    for kind, programs in (("graphs", manifest.graphs),
+                           ("tuning.producers", manifest.tuning.producers)):
+        for g, program in enumerate(programs):
+            for j, launch in enumerate(program.launches):
+                op = kernels.get(launch.kernel, "")
+                if op not in caps.storage_args:
+                    continue
+                w, s = caps.storage_args[op]
+                args = launch.args
+                if max(w, s) >= len(args) or any(args[i].WhichOneof("value") != "buffer"
+                                                  for i in (w, s)):
+                    continue  # the launch's arity and kinds: kernel.launch_args
+                weight, scale = args[w].buffer.buffer, args[s].buffer.buffer
+                path = f"manifest.{kind}[{g}].launches[{j}].args"
+                st = storage.get(weight)
+                if st is None or op not in caps.forms(st.type):
+                    yield Finding.of("runtime.storage", LaunchError,
+                                     f"{path}[{w}].buffer.buffer", weight,
+                                     f"reference op {op!r} reads quantized codes; buffer "
+                                     f"{weight!r} is not stored in a type it is a form of")
+                elif scale != st.scales.buffer:
+                    yield Finding.of("runtime.storage", LaunchError,
+                                     f"{path}[{s}].buffer.buffer", scale,
+                                     f"reference op {op!r} must read {weight!r}'s own scales "
+                                     f"{st.scales.buffer!r}")
 
 
 def _frontend(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:

@@ -96,6 +96,11 @@ def main() -> None:
 @click.option("--weight-dtype", type=click.Choice(["bf16", "f32", "gguf"]), default=None,
               help="Override the recipe's weight dtype (gguf: keep a GGUF checkpoint's "
                    "quantized blocks as they are; the cpu backend executes them).")
+@click.option("--quantize", type=click.Choice(["fp8"]), default=None,
+              help="fp8: store the products' weight matrices as FP8 e4m3 codes with one "
+                   "scale per output channel (a checkpoint's own FP8 codes kept), served "
+                   "W8A8 with activations quantized per token; embedding and LM head keep "
+                   "the weight dtype.")
 @click.option("--target", "targets", multiple=True, callback=_targets,
               help="GPU target to compile kernels for (repeatable), e.g. sm_90.")
 @click.option("--carrier", type=click.Choice(["payload", "logical"]), default="payload",
@@ -127,7 +132,7 @@ def main() -> None:
                    "collectives in one core; the query heads, key/value heads and FFN width "
                    "must divide by N). docs/tensor-parallel.md.")
 def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, force,
-           weight_dtype, targets, carrier, protected_version, resource_key, tune_splits,
+           weight_dtype, quantize, targets, carrier, protected_version, resource_key, tune_splits,
            fold_layers, chunked_sampling, tensor_parallel) -> None:
     """Export RECIPE with a checkpoint to a signed core.
 
@@ -150,6 +155,7 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
                                   fold_layers=True if fold_layers else None,
                                   chunked_sampling=chunked_sampling,
                                   tensor_parallel=tensor_parallel,
+                                  quantize=quantize,
                                   progress=progress.update)
     except ExportUsageError as exc:  # options that do not go together: nothing was read
         raise click.UsageError(str(exc)) from None

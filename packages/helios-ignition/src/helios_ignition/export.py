@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -51,6 +51,7 @@ from .checkpoint import (
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
 from .families import vision
 from .families.registry import FamilyMismatchError, family_shapes
+from .quantize import QUANTIZE_CHOICES, apply_fp8, fp8_weights, packed_path_off
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
     declare_storage,
@@ -443,6 +444,26 @@ def _gguf_blocks(recipe: Recipe, ckpt, shapes, tensor_parallel: int) -> dict[str
     return blocks
 
 
+def _check_quantize(quantize: str | None, recipe: Recipe, tensor_parallel: int) -> None:
+    """Refuse a ``--quantize`` the export cannot honour.
+
+    Raises:
+        ExportUsageError: an unknown choice, or one with ``gguf`` weights (already
+            quantized) or tensor parallelism (per-rank FP8 parts are not written).
+    """
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE_CHOICES:
+        raise ExportUsageError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, "
+                               f"not {quantize!r}")
+    if recipe.weight_dtype == "gguf":
+        raise ExportUsageError("--quantize fp8 and --weight-dtype gguf are exclusive (the "
+                               "gguf blocks are quantized already)")
+    if tensor_parallel > 1:
+        raise ExportUsageError("--quantize fp8 stores whole tensors: export without "
+                               "--tensor-parallel")
+
+
 def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                 key_path: str | Path,
                 namespace: str, out: str | Path, weight_dtype: str | None = None,
@@ -454,6 +475,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                 fold_layers: bool | None = None,
                 chunked_sampling: bool | None = None,
                 tensor_parallel: int = 1,
+                quantize: str | None = None,
                 progress: Callable[[str, int, int, str], None] | None = None
                 ) -> ExportSummary:
     """Export a recipe and checkpoint to a signed core at `out` (atomic).
@@ -481,6 +503,9 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         tensor_parallel: ranks the model is split between (docs/tensor-parallel.md): the
             manifest's shapes become one rank's, split weights are stored once per rank
             with a per-rank weight catalog, and the programs carry the collectives.
+        quantize: "fp8": store the products' weight matrices as FP8 e4m3 codes with
+            per-row scales, served W8A8 (helios_ignition.quantize); None: as the weight
+            dtype says.
         progress: called as progress(step, done, total, unit) for the steps "kernels
             compiled" (kernel variants), "weights read" (weight tensors) and "bytes
             written" (decoded bytes stored in the core; unit "bytes"), as
@@ -514,6 +539,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if chunked_sampling is not None:
         recipe = replace(recipe, chunked_sampling=chunked_sampling)
     validate_recipe(recipe)
+    _check_quantize(quantize, recipe, tensor_parallel)
     try:
         shapes = family_shapes(recipe.family, ckpt.geometry)
     except FamilyMismatchError as exc:
@@ -553,11 +579,17 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     blocks = _gguf_blocks(recipe, ckpt, shapes, tensor_parallel)
     # gguf: the programs see f32 elements (the blocks are declared storage of them).
     capture_dtype = "f32" if recipe.weight_dtype == "gguf" else recipe.weight_dtype
-    manifest, graphs = capture(shapes, caps, capture_dtype, spec=speculation,
-                               split_tuning=recipe.split_tuning,
-                               fold_layers=recipe.fold_layers,
-                               chunked_sampling=recipe.chunked_sampling)
+    with packed_path_off() if quantize else nullcontext():
+        manifest, graphs = capture(shapes, caps, capture_dtype, spec=speculation,
+                                   split_tuning=recipe.split_tuning,
+                                   fold_layers=recipe.fold_layers,
+                                   chunked_sampling=recipe.chunked_sampling)
     declare_storage(manifest, blocks)
+    fp8 = frozenset(fp8_weights(manifest)) if quantize == "fp8" else frozenset()
+    if quantize and not fp8:
+        raise ExportError(f"--quantize {quantize}: recipe {recipe.name}'s programs read no "
+                          "weight matrix through a product with an FP8 form")
+    apply_fp8(manifest, sorted(fp8, key=[b.name for b in manifest.buffers].index))
     blobs: dict[str, bytes] = {}
     if targets:
         from .kernels_aot import compile_targets  # imports Triton: only with --target
@@ -586,7 +618,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         written(len(tok) + len(tpl))
         stored = []
         for done, weight in enumerate(read_ahead(iter_stored_weights(
-                ckpt, shapes, recipe.weight_dtype, blocks))):
+                ckpt, shapes, recipe.weight_dtype, blocks, fp8))):
             if progress:
                 progress("weights read", done + 1, weight_count, "")
             writer.add_resource(weight.resource_id, core_pb2.RESOURCE_KIND_WEIGHTS,

@@ -17,6 +17,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 
 from .capture.buffers import rank_weight_resource_id, weight_resource_id
 from .families.llama import LlamaShapes, rope_inv_freq
+from .quantize import SCALE_SUFFIX, fp8_codes
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -124,14 +125,18 @@ def declare_storage(manifest, blocks: dict[str, str]) -> None:
 
 
 def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
-                        blocks: dict[str, str] | None = None) -> Iterator[StoredWeight]:
+                        blocks: dict[str, str] | None = None,
+                        fp8: frozenset[str] = frozenset()) -> Iterator[StoredWeight]:
     """Yield every weight resource of a core with `shapes` (one rank's shapes when
     `shapes.ranks` > 1: each split weight yields one resource per rank), one at a time.
 
     Matrices are stored in `weight_dtype` (bf16 as uint16 bit patterns; ``gguf``: those
     named in `blocks` as the checkpoint's blocks, uint8 [rows, row bytes], the others as
     float32); norm vectors and the RoPE table stay float32. The sources of each are what
-    the core's weight catalog records.
+    the core's weight catalog records. Matrices named in `fp8` (``quantize.fp8_weights``)
+    are stored as e4m3 codes (uint8 [rows, K]), each followed by its per-row scales
+    (``<name>.scale``, f32 [rows, 1]): the checkpoint's own FP8 codes where every source
+    has them, else quantized here (``quantize.fp8_codes``).
     """
     blocks = blocks or {}
     head_source = shapes.checkpoint_tensors("lm_head")[0]
@@ -151,6 +156,16 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                 assert array.shape[0] == shape[0], (name, array.shape, shape)
                 yield StoredWeight(name, weight_resource_id(name), None, sources,
                                    np.ascontiguousarray(array))
+                continue
+            if rank is None and name in fp8:  # e4m3 codes, then their per-row scales
+                names = shapes.checkpoint_tensors(name)
+                sources = tuple(Slice(src, 0, 0, checkpoint.expected_shape(src)[0])
+                                for src in names)
+                codes, scales = fp8_codes(checkpoint, list(names))
+                assert codes.shape == shape, (name, codes.shape, shape)
+                yield StoredWeight(name, weight_resource_id(name), None, sources, codes)
+                scale = name + SCALE_SUFFIX
+                yield StoredWeight(scale, weight_resource_id(scale), None, sources, scales)
                 continue
             if rank is None:  # whole tensors
                 names = shapes.checkpoint_tensors(name)

@@ -19,7 +19,8 @@ from helios_contract.schema import frontend_pb2 as fpb
 from helios_contract.schema import manifest_pb2 as mpb
 
 from helios_tools.kernels.collective import COLLECTIVE_OPS
-from helios_tools.kernels.registry import REFERENCE_OPS
+from helios_tools.kernels.fp8 import FP8_FORMS
+from helios_tools.kernels.registry import REFERENCE_OPS, kernel_params
 
 __all__ = ["BACKENDS", "CPU", "CUDA", "PACKED_BINDINGS"]
 
@@ -110,18 +111,35 @@ _SERVING = dict(
 CPU_STORAGE_TYPES = frozenset({
     mpb.STORAGE_TYPE_GGUF_Q4_0, mpb.STORAGE_TYPE_GGUF_Q4_1, mpb.STORAGE_TYPE_GGUF_Q5_0,
     mpb.STORAGE_TYPE_GGUF_Q8_0, mpb.STORAGE_TYPE_GGUF_Q4_K, mpb.STORAGE_TYPE_GGUF_Q6_K})
-CPU_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
-                             "swiglu_linear_add", "embedding"})
+# FP8 e4m3 weights: the W8A8 ops of helios_tools.kernels.fp8, whose NumPy references read
+# the codes and scales (the products' FP8 forms, FP8_FORMS; both backends).
+FP8_STORAGE_OPS = frozenset(FP8_FORMS.values())
+# Where each FP8 product's codes and scales are among its arguments (KERNEL_PARAMS order).
+FP8_STORAGE_ARGS = {op: (names.index("weight"), names.index("weight_scale"))
+                    for op in FP8_STORAGE_OPS
+                    for names in [[p.name for p in kernel_params(op)]]}
+GGUF_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
+                              "swiglu_linear_add", "embedding"})
+CPU_STORAGE_FORMS = {**{t: GGUF_STORAGE_OPS for t in CPU_STORAGE_TYPES},
+                     mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS}
+CPU_STORAGE_TYPES = CPU_STORAGE_TYPES | {mpb.STORAGE_TYPE_FP8_E4M3}
+CPU_STORAGE_OPS = GGUF_STORAGE_OPS | FP8_STORAGE_OPS
 CPU = RuntimeCapabilities(backend="cpu",
                           reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
                           max_ranks=None, storage_types=CPU_STORAGE_TYPES,
-                          storage_ops=CPU_STORAGE_OPS, **_SERVING)
+                          storage_ops=CPU_STORAGE_OPS, storage_forms=CPU_STORAGE_FORMS,
+                          storage_args=FP8_STORAGE_ARGS, **_SERVING)
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.
 # One rank: collectives through NCCL inside the captured graph are not written yet
 # (issue 16; docs/tensor-parallel.md).
+# Quantized weights: FP8 e4m3 through the ``*_fp8`` Triton kernels
+# (helios_ignition/kernels_triton/fp8.py); the codes are uploaded as stored.
 CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignment_bytes=16,
-                           max_ranks=1, **_SERVING)
+                           max_ranks=1, storage_types=frozenset({mpb.STORAGE_TYPE_FP8_E4M3}),
+                           storage_ops=FP8_STORAGE_OPS,
+                           storage_forms={mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS},
+                           storage_args=FP8_STORAGE_ARGS, **_SERVING)
 
 BACKENDS = {"cpu": CPU, "cuda": CUDA}

@@ -632,6 +632,26 @@ def moe_constants(N: int, K: int) -> dict[str, int]:
             "BLOCK_K": 64 if K >= 64 else _np2(K, 16), "WARPS": 4}
 
 
+# The FP8 products' prologue constant PRO: 0 none, 1 the RMS norm, 2 SwiGLU.
+FP8_PROLOGUE = {"linear_fp8": 0, "linear_add_fp8": 0, "rmsnorm_linear_fp8": 1,
+                "swiglu_linear_fp8": 2, "swiglu_linear_add_fp8": 2}
+
+
+def fp8_constants(T: int, N: int, K: int) -> dict[str, int]:
+    """Tiles (with ``WARPS`` and ``STAGES``) of the FP8 products for `T` rows, `N` outputs
+    over `K`: one row on the FMA units (``MMA=0``, a GEMV of 16-row weight tiles, each
+    program its own amax pass over the row), else ``tl.dot`` on e4m3 operands with 16 to
+    64 token rows per program (the MMA's M; e4m3 needs K tiles of at least 32; 64 rows in
+    two stages keep the SwiGLU form's f32 gate and up tiles within sm_90's 227 KiB of
+    shared memory). Not yet swept on a GPU (bench/gpu_fp8.py times them)."""
+    bk = min(_np2(K, 32), 128)
+    if T == 1:
+        return dict(MMA=0, BLOCK_T=1, BLOCK_N=16, BLOCK_K=min(_np2(K, 32), 512), WARPS=4)
+    bt = min(max(_np2(T), 16), 64)
+    return dict(MMA=1, BLOCK_T=bt, BLOCK_N=64 if bt <= 32 else 128, BLOCK_K=bk,
+                WARPS=4 if bt <= 32 else 8, STAGES=3 if bt <= 32 else 2)
+
+
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
     """The launch geometry of `op` given its scalar arguments (in parameter order) and
     its buffer views (in parameter order; their buffer dtypes select weight variants).
@@ -670,6 +690,17 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, N, K = s[0], s[1], s[2]
         return _linear_config([T, N, K], (views[0], views[2], views[3])
                               if len(views) > 3 else (), tc=False)
+    if op == "linear_int4":  # W4A16 GEMV per token row (kernels_triton/int4.py)
+        T, N, K = s
+        groups = int(views[2].shape[1]) if len(views) > 2 else K // 128
+        return _cfg((_cdiv(N, 16), T), 4, GROUP=K // groups, BLOCK_N=16,
+                    BLOCK_B=min(_np2(K // 2, 16), 256))
+    if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
+        T, N, K = s[0], s[1], s[2]
+        c = fp8_constants(T, N, K)
+        return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
+                    PRO=FP8_PROLOGUE[op], ACC=int(op in ("linear_add_fp8",
+                                                         "swiglu_linear_add_fp8")))
     if op == "rope_kv_write":
         T, H, KVH, HD = s[0], s[4], s[5], s[6]
         return _cfg((T,), 4, BLOCK_H=_np2(H + KVH), BLOCK_HALF=_np2(HD // 2),

@@ -22,6 +22,9 @@ TensorReader = Callable[[str], np.ndarray]
 BlockReader = Callable[[str], "tuple[str, np.ndarray] | None"]
 # A GGUF tensor's ggml type name without reading it (None: not stored in blocks).
 BlockTypeReader = Callable[[str], "str | None"]
+# An FP8 checkpoint tensor's stored codes and per-row scales (uint8 e4m3 [rows, K], f32
+# [rows, 1]), or None for a tensor not stored in FP8.
+Fp8Reader = Callable[[str], "tuple[np.ndarray, np.ndarray] | None"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,19 @@ class Checkpoint:
     _read: TensorReader = field(repr=False, compare=False)
     _read_blocks: BlockReader | None = field(default=None, repr=False, compare=False)
     _block_type: BlockTypeReader | None = field(default=None, repr=False, compare=False)
+    _read_fp8: Fp8Reader | None = field(default=None, repr=False, compare=False)
+
+    def fp8(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """`name`'s FP8 codes and per-row scales as stored (HF compressed-tensors / FBGEMM
+        FP8 checkpoints: ``float8_e4m3fn`` weights with a ``weight_scale`` per output
+        channel or per tensor, broadcast to rows): ``(uint8 [rows, K], f32 [rows, 1])``;
+        None for a tensor stored otherwise. ``tensor(name)`` is their product.
+
+        Raises:
+            MissingTensorError: not a tensor of this geometry.
+        """
+        self.expected_shape(name)
+        return self._read_fp8(name) if self._read_fp8 is not None else None
 
     def block_type(self, name: str) -> str | None:
         """The GGUF block type (ggml name, e.g. "Q4_1") `name` is stored in, read from the

@@ -4,7 +4,10 @@ Expected files: `config.json`, `model.safetensors` or shards `model-*.safetensor
 `tokenizer.json`, and a chat template in `tokenizer_config.json["chat_template"]` or
 `chat_template.jinja`. Tensors are read one at a time with `safe_open(framework="numpy")`;
 BF16 has no NumPy dtype, so BF16 tensors are read as raw uint16 from the file (offsets from
-the safetensors header) and widened exactly: float32 bits = bf16 bits << 16.
+the safetensors header) and widened exactly: float32 bits = bf16 bits << 16. FP8
+checkpoints (F8_E4M3 weights with their `weight_scale`, HF compressed-tensors / FBGEMM
+layouts) read as their codes times their scales; `Checkpoint.fp8` hands the codes and
+scales over as stored (`ignition export --quantize fp8` keeps them).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from helios_tools.kernels.fp8 import dequantize_rows
 from safetensors import safe_open
 
 from .checkpoint import Checkpoint
@@ -41,7 +45,13 @@ def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
 
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
-                "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+                "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1}
+# FP8 weights (HF compressed-tensors "float-quantized" and FBGEMM FP8 checkpoints): the
+# weight `X.weight` in F8_E4M3 and its scale `X.weight_scale` (F32 or BF16; [rows, 1] per
+# output channel, or one value per tensor). Activation scales (`input_scale`,
+# `input_scale_ub`) are not read: activations are quantized per token when served.
+FP8_DTYPE = "F8_E4M3"
+FP8_SCALE_SUFFIX = "_scale"
 
 
 def _read_json(path: Path) -> Any:
@@ -256,6 +266,9 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         if entry is None:
             raise MissingTensorError(source, name)
         shard, dtype, shape, offset, nbytes = entry
+        if dtype == FP8_DTYPE:  # codes x their scales: the weight the FP8 checkpoint means
+            codes, scales = read_fp8(name)
+            return dequantize_rows(codes, scales).reshape(shape)
         if dtype not in _FLOAT_DTYPES:
             raise UnsupportedTensorError(f"{shard}: tensor {name!r} has dtype {dtype}")
         if dtype == "BF16":
@@ -267,6 +280,37 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         except Exception as exc:  # SafetensorError comes from Rust as a bare Exception
             raise CheckpointFormatError(f"{shard}: cannot read tensor {name!r}: {exc}") from exc
 
+    def read_fp8(name: str) -> tuple[np.ndarray, np.ndarray]:
+        shard, _, shape, offset, nbytes = where[name]
+        if len(shape) != 2:
+            raise UnsupportedTensorError(f"{shard}: FP8 tensor {name!r} has shape "
+                                         f"{list(shape)}; FP8 weights are matrices")
+        scale_name = name + FP8_SCALE_SUFFIX
+        if scale_name not in where:
+            raise MissingTensorError(source, scale_name, f"(the scale of FP8 tensor {name!r})")
+        scale = read_raw(scale_name).astype(np.float32)
+        rows = shape[0]
+        if scale.size == 1:  # per tensor
+            scale = np.full((rows, 1), scale.reshape(()), np.float32)
+        elif scale.size == rows:  # per output channel
+            scale = scale.reshape(rows, 1)
+        else:
+            raise UnsupportedTensorError(
+                f"{shard}: {scale_name!r} has shape {list(scale.shape)}; FP8 scales are one "
+                f"per tensor or one per output channel ({rows}), not per block")
+        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+            raise CheckpointFormatError(f"{shard}: {scale_name!r} holds a scale that is not "
+                                        "a positive finite number")
+        codes = np.fromfile(shard, dtype=np.uint8, count=nbytes, offset=offset).reshape(shape)
+        return codes, scale
+
+    def stored_fp8(name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        if geometry.vision is not None and name.startswith("model.") and \
+                not name.startswith((VISION_PREFIX, "model.connector.")):
+            name = "model.text_model." + name[len("model."):]
+        entry = where.get(name)
+        return read_fp8(name) if entry is not None and entry[1] == FP8_DTYPE else None
+
     return Checkpoint(
         source=source,
         geometry=geometry,
@@ -277,6 +321,7 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         special_tokens=special,
         tensor_names=names,
         _read=read,
+        _read_fp8=stored_fp8,
     )
 
 

@@ -30,10 +30,11 @@ from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
-from helios_contract import stored_nbytes
+from helios_contract import STORAGE_BLOCKS, stored_nbytes
 from helios_contract.schema import manifest_pb2 as mpb
-from helios_tools.kernels import reference_op
+from helios_tools.kernels import kernel_params, reference_op
 from helios_tools.kernels.collective import COLLECTIVE_OPS
+from helios_tools.kernels.fp8 import FP8_FORMS, decode_e4m3
 
 from ..config import format_bytes
 from ..startup import StartupLog
@@ -44,6 +45,8 @@ from .errors import RuntimeLoadError
 from .ggml_lib import GgmlPrograms
 from .ggml_step import StepPrograms, step_graphs_enabled
 from .tiers import TierRows
+
+FP8_OPS = frozenset(FP8_FORMS.values())
 
 STORED_DTYPE = {
     mpb.D_TYPE_F32: np.dtype("<f4"),
@@ -124,8 +127,11 @@ class CpuBackend:
         self._decls = {b.name: b for b in manifest.buffers}
         # Quantized weights (Buffer.storage): kept as their blocks; the launches reading
         # them run as ggml graphs built below, once (runtime.ggml_lib).
-        storage = {b.name: b.storage for b in manifest.buffers if b.HasField("storage")}
+        # FP8 codes stay uint8 [rows, K] for the NumPy W8A8 ops (kernels.fp8) that name them.
+        storage = {b.name: b.storage for b in manifest.buffers if b.HasField("storage")
+                   and b.storage.type in STORAGE_BLOCKS}
         self._ggml = GgmlPrograms(storage) if storage else None
+        self._fp8_values: dict[str, np.ndarray] = {}
         tiers = tiers or TierRows()
         planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE
                   and b.name not in tiers.rows]
@@ -275,6 +281,11 @@ class CpuBackend:
                 args.append(int(arg.int_value))
             else:
                 args.append(float(arg.float_value))
+        if kernel.reference_op in FP8_OPS:  # e4m3 codes decoded once, shared by launches
+            at = [p.name for p in kernel_params(kernel.reference_op)].index("weight")
+            if names[at] not in self._fp8_values:
+                self._fp8_values[names[at]] = decode_e4m3(args[at])
+            args[at] = self._fp8_values[names[at]]
         records.append((kernel.reference_op, names, tuple(args)))
         if kernel.reference_op in COLLECTIVE_OPS:  # joins the ranks: their peers run it
             return getattr(self._collectives, kernel.reference_op), tuple(args)

@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
+from helios_contract import stored_nbytes
 from helios_contract.schema import manifest_pb2 as mpb
 
 from ..config import format_bytes
@@ -200,6 +201,8 @@ class CudaBackend:
                 f"`ignition export ... --target {self.target}`")
 
     def _nbytes(self, decl: mpb.Buffer) -> int:
+        if decl.HasField("storage"):  # a quantized weight: its codes as stored (FP8 e4m3)
+            return stored_nbytes(decl)
         return math.prod(self._shapes[decl.name]) * STORED_DTYPE[decl.dtype].itemsize
 
     def _check_memory(self, others: list[mpb.Buffer], planes: list[mpb.Buffer],

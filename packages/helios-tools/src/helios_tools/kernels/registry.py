@@ -30,6 +30,13 @@ from .collective import COLLECTIVE_OPS
 from .elementwise import add, gelu_mul, scale, silu_mul
 from .embedding import embedding, gather_last
 from .experts import moe_align, moe_down, moe_gate_up, moe_route, moe_sum
+from .fp8 import (
+    linear_add_fp8,
+    linear_fp8,
+    rmsnorm_linear_fp8,
+    swiglu_linear_add_fp8,
+    swiglu_linear_fp8,
+)
 from .fused import (
     linear_add,
     rmsnorm_linear,
@@ -37,6 +44,7 @@ from .fused import (
     swiglu_linear,
     swiglu_linear_add,
 )
+from .int4 import linear_int4
 from .linear import linear, linear_invariant
 from .linear_splitk import (
     linear_packed,
@@ -99,7 +107,8 @@ class ParamSpec(NamedTuple):
     Attributes:
         name: parameter name, as in the reference function.
         kind: ``"buffer"`` (array / device pointer) or a scalar kind ``"i32"`` / ``"f32"``.
-        dtype: element dtype of a buffer (``"f32"``, ``"i32"``, ``"u32"``); None for scalars.
+        dtype: element dtype of a buffer (``"f32"``, ``"i32"``, ``"u32"``; ``"u8"``: the
+            e4m3 codes of an FP8-stored weight); None for scalars.
         direction: ``"in"``, ``"out"`` or ``"inout"`` (scalars are always ``"in"``).
     """
 
@@ -113,6 +122,7 @@ DTYPES: dict[str, np.dtype] = {
     "f32": np.dtype(np.float32),
     "i32": np.dtype(np.int32),
     "u32": np.dtype(np.uint32),
+    "u8": np.dtype(np.uint8),
 }
 
 
@@ -257,6 +267,33 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     ),
     "swiglu_linear_add": (
         _b("x", "f32"), _b("weight", "f32"), _b("out", "f32", "inout"), *_i("T", "N", "K"),
+    ),
+    # W8A8 forms of the products (kernels/fp8.py): e4m3 weight codes, then their per-row
+    # scales ([N, 1] f32, the weight's Buffer.storage.scales), activations quantized per token.
+    "linear_fp8": (
+        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"), _b("out", "f32", "out"),
+        *_i("T", "N", "K"),
+    ),
+    "linear_add_fp8": (
+        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
+        _b("out", "f32", "inout"), *_i("T", "N", "K"),
+    ),
+    "rmsnorm_linear_fp8": (
+        _b("x", "f32"), _b("norm_weight", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
+        _b("out", "f32", "out"), *_i("T", "N", "K"), *_f("eps"),
+    ),
+    "swiglu_linear_fp8": (
+        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"), _b("out", "f32", "out"),
+        *_i("T", "N", "K"),
+    ),
+    "swiglu_linear_add_fp8": (
+        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
+        _b("out", "f32", "inout"), *_i("T", "N", "K"),
+    ),
+    # W4A16 (kernels/int4.py): packed 4-bit codes [N, K/2], group scales [N, K/G] f32.
+    "linear_int4": (
+        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"), _b("out", "f32", "out"),
+        *_i("T", "N", "K"),
     ),
     # Batched-decode GEMM path (kernels/linear_splitk.py): packed bf16 terms, K-split
     # products, fixed-order reduction.
@@ -536,6 +573,12 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "rmsnorm_linear": rmsnorm_linear,
     "linear_add": linear_add,
     "swiglu_linear_add": swiglu_linear_add,
+    "linear_fp8": linear_fp8,
+    "linear_int4": linear_int4,
+    "linear_add_fp8": linear_add_fp8,
+    "rmsnorm_linear_fp8": rmsnorm_linear_fp8,
+    "swiglu_linear_fp8": swiglu_linear_fp8,
+    "swiglu_linear_add_fp8": swiglu_linear_add_fp8,
     "split_bf16": split_bf16,
     "swiglu_split_bf16": swiglu_split_bf16,
     "linear_packed": linear_packed,

@@ -1,0 +1,138 @@
+"""FP8 W8A8 accuracy of SmolLM2-135M-Instruct against its bf16 core (issue 31, "Accuracy,
+measured").
+
+Exports two cores of the same checkpoint (the embedded GGUF; its blocks dequantized at
+export): bf16 weights, and ``--quantize fp8`` (the products' matrices as e4m3 codes with
+per-output-channel scales, activations quantized per token when served). Then, on the
+chosen backend:
+
+- perplexity of each core on a fixed committed text (bench/prompts/fp8_accuracy_text.txt,
+  teacher-forced: every position's logits predict the next token), and the mean per-token
+  KL divergence KL(bf16 || fp8) over the same positions (nats);
+- greedy agreement on the golden prompts (tests/golden/smollm2_goldens.json) x 64 tokens:
+  the fraction of the 64 positions where the FP8 core's token equals the bf16 core's, and
+  the first position where they differ (64: none).
+
+    OPENBLAS_NUM_THREADS=1 uv run python bench/fp8_accuracy.py   # cpu backend (~7 min)
+    uv run python bench/fp8_accuracy.py --backend cuda        # on a GPU (kernels for --target)
+
+On a shared machine keep BLAS to one thread: OpenBLAS's spinning workers starved the
+NumPy launch path here (a 45-minute run left unfinished; 7 minutes with one thread).
+Greedy agreement counts equal tokens position by position, so after the first different
+token the two continuations rarely line up again: `first_difference` says where they part.
+
+Writes bench/results/fp8_accuracy_<backend>.json (commit, machine, backend, figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from _report import git_commit, write_json
+from helios_ignition.export import export_core
+from helios_serve.runtime.driver import Driver
+from helios_serve.testing.native import load_native
+from helios_tools.core import authorize, generate_key, load_public_key, open_core, write_key_pair
+from helios_tools.frontend_assets import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "smollm2_135m_instruct.py"
+TEXT = ROOT / "bench" / "prompts" / "fp8_accuracy_text.txt"
+GOLDENS = ROOT / "tests" / "golden" / "smollm2_goldens.json"
+STEPS = 64
+NAMESPACE = "bench"
+_KEYS: dict[Path, tuple[Path, Path]] = {}  # folder -> (private, public) key files
+
+
+def _export(folder: Path, quantize: str | None, targets: tuple[str, ...]) -> Path:
+    if folder not in _KEYS:
+        _KEYS[folder] = write_key_pair(generate_key(), folder / "publisher.key")
+    private = _KEYS[folder][0]
+    out = folder / f"smollm2-{quantize or 'bf16'}.core"
+    export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
+                weight_dtype="bf16", quantize=quantize, targets=targets)
+    return out
+
+
+def _public(folder: Path) -> Path:
+    return _KEYS[folder][1]
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def measure(core_path: Path, backend: str, text_ids: list[int], prompts: list[list[int]]
+            ) -> tuple[np.ndarray, list[list[int]]]:
+    """(teacher-forced log-probabilities [len(text) - 1, vocab], greedy ids per prompt)."""
+    core = open_core(core_path, [load_public_key(_public(core_path.parent))])
+    authorize(core, NAMESPACE)
+    model = load_native(core, backend)
+    try:
+        driver = Driver(model)
+        logprobs = _log_softmax(driver.teacher_force(text_ids[:1], text_ids[1:]))
+        greedy = [Driver(model).generate([p], STEPS)[0] for p in prompts]
+    finally:
+        model.close()
+    return logprobs, greedy
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--target", default="sm_90", help="with --backend cuda")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    targets = (args.target,) if args.backend == "cuda" else ()
+    goldens = json.loads(GOLDENS.read_text())
+    prompts = [p["prompt_ids"] for p in goldens["prompts"]]
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        cores = {"bf16": _export(folder, None, targets), "fp8": _export(folder, "fp8", targets)}
+        tok = load_tokenizer(open_core(cores["bf16"], [load_public_key(_public(folder))])
+                             .read_resource("tokenizer.json").decode())
+        text_ids = tok.encode(TEXT.read_text(), add_special_tokens=False).ids
+        results = {name: measure(path, args.backend, text_ids, prompts)
+                   for name, path in cores.items()}
+    targets_next = np.asarray(text_ids[1:])
+    rows = np.arange(len(targets_next))
+    lp = {name: r[0] for name, r in results.items()}
+    ppl = {name: float(np.exp(-lp[name][rows, targets_next].mean())) for name in lp}
+    kl = np.sum(np.exp(lp["bf16"]) * (lp["bf16"] - lp["fp8"]), axis=-1)
+    agree = []
+    for ref, got in zip(results["bf16"][1], results["fp8"][1], strict=True):
+        same = [a == b for a, b in zip(ref, got, strict=True)]
+        agree.append({"agreement": sum(same) / STEPS,
+                      "first_difference": same.index(False) if False in same else STEPS})
+    result = {
+        "commit": git_commit(), "machine": platform.node(), "backend": args.backend,
+        "model": "SmolLM2-135M-Instruct (embedded GGUF, dequantized)",
+        "formats": {"bf16": "bf16 weights", "fp8": "e4m3 per-channel weights, "
+                    "per-token dynamic e4m3 activations (W8A8); embedding and LM head bf16"},
+        "text": str(TEXT.relative_to(ROOT)), "text_tokens": len(text_ids),
+        "perplexity": ppl, "mean_kl_bf16_fp8_nats": float(kl.mean()),
+        "max_kl_bf16_fp8_nats": float(kl.max()),
+        "teacher_forced_top1_agreement": float(np.mean(lp["bf16"].argmax(-1)
+                                                       == lp["fp8"].argmax(-1))),
+        "greedy_steps": STEPS, "greedy": agree,
+        "greedy_agreement_mean": float(np.mean([a["agreement"] for a in agree])),
+        "seconds": round(time.time() - started, 1),
+    }
+    print(json.dumps(result, indent=1))
+    out = args.out or ROOT / "bench" / "results" / f"fp8_accuracy_{args.backend}.json"
+    write_json(out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""``ignition export --quantize fp8`` of a tiny checkpoint whose projections are an HF
+compressed-tensors FP8 shard (tests/fixtures/fp8_tiny, written by its make_fixture.py):
+the loader reads the codes and scales as stored, the export keeps them exactly (FP8
+storage with [rows, 1] scale weights), lint passes for both backends, and the cpu backend
+serves the core: its greedy tokens and logits are those of the plain NumPy forward
+(bench/numpy_forward.py) with each projection's input rows quantized to e4m3 per token.
+Then every rejection of the option."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helios_contract.schema import manifest_pb2 as mpb
+from helios_ignition.checkpoint import load_safetensors_dir
+from helios_ignition.checkpoint.errors import UnsupportedTensorError
+from helios_serve.runtime.driver import Driver
+from helios_serve.testing.native import load_native
+from helios_tools.core import authorize, load_public_key, open_core
+from helios_tools.kernels.fp8 import decode_e4m3, quantize_rows
+from helios_tools.lint import lint_capabilities
+
+from tests.ignition.export.test_tiny_export import plain_llama_class
+from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, REPO, TINY, run_export
+
+SHARD = REPO / "tests" / "fixtures" / "fp8_tiny" / "model-fp8.safetensors"
+PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+FP8_NAMES = tuple(f"model.layers.{i}.{p}.weight" for i in range(2) for p in PROJ)
+
+
+def _header(path: Path) -> dict:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8:8 + n]), 8 + n, raw
+
+
+def _stored(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scales [rows, 1]) of `name` read straight from the fixture's bytes."""
+    header, start, raw = _header(SHARD)
+    w, s = header[name], header[name + "_scale"]
+    codes = np.frombuffer(raw[start + w["data_offsets"][0]:start + w["data_offsets"][1]],
+                          np.uint8).reshape(w["shape"])
+    scale = np.frombuffer(raw[start + s["data_offsets"][0]:start + s["data_offsets"][1]], "<f4")
+    return codes, np.broadcast_to(scale.reshape(-1, 1), (codes.shape[0], 1))
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(tmp_path_factory, smollm2_frontend) -> Path:
+    from tests.ignition.export.tiny import write_checkpoint
+
+    folder = write_checkpoint(tmp_path_factory.mktemp("fp8") / "tiny-fp8", smollm2_frontend,
+                              drop=FP8_NAMES)
+    shutil.copy(SHARD, folder / SHARD.name)
+    return folder
+
+
+def test_loader_reads_codes_and_scales_as_stored(fp8_checkpoint):
+    ck = load_safetensors_dir(fp8_checkpoint)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+        codes, scales = ck.fp8(name)
+        want_codes, want_scales = _stored(name)
+        assert np.array_equal(codes, want_codes) and np.array_equal(scales, want_scales)
+        assert np.array_equal(ck.tensor(name), decode_e4m3(want_codes) * want_scales)
+    assert ck.fp8("model.norm.weight") is None
+
+
+@pytest.fixture(scope="module")
+def fp8_core(tmp_path_factory, fp8_checkpoint, signing_key_pair):
+    private, public = signing_key_pair
+    out = tmp_path_factory.mktemp("fp8-core") / "tiny-fp8.core"
+    result = run_export(LLAMA_RECIPE, "--checkpoint", fp8_checkpoint, "--key", private,
+                        "--namespace", NAMESPACE, "--out", out, "--weight-dtype", "f32",
+                        "--quantize", "fp8")
+    assert result.exit_code == 0, result.output
+    core = open_core(out, [load_public_key(public)])
+    authorize(core, NAMESPACE)
+    return core
+
+
+def test_export_keeps_the_codes_and_declares_fp8_storage(fp8_core):
+    buffers = {b.name: b for b in fp8_core.manifest.buffers}
+    stored = sorted(n for n, b in buffers.items() if b.HasField("storage"))
+    assert stored == sorted(f"L{i}.{k}" for i in range(2)
+                            for k in ("wqkv", "wo", "w_gate_up", "w_down"))
+    wqkv = buffers["L1.wqkv"]
+    assert wqkv.storage == mpb.TensorStorage(
+        type=mpb.STORAGE_TYPE_FP8_E4M3, block_elements=64, block_bytes=64,
+        scales=mpb.SideBuffer(buffer="L1.wqkv.scale", dtype=mpb.D_TYPE_F32))
+    assert list(buffers["L1.wqkv.scale"].shape) == [128, 1]
+    parts = [_stored(f"model.layers.1.self_attn.{p}_proj.weight") for p in "qkv"]
+    codes = np.frombuffer(fp8_core.read_resource("weights/L1.wqkv"), np.uint8)
+    scales = np.frombuffer(fp8_core.read_resource("weights/L1.wqkv.scale"), "<f4")
+    assert np.array_equal(codes, np.concatenate([c for c, _ in parts]).reshape(-1))
+    assert np.array_equal(scales, np.concatenate([s for _, s in parts]).reshape(-1))
+    ops = {k.reference_op for k in fp8_core.manifest.kernels}
+    assert {"linear_fp8", "swiglu_linear_fp8"} <= ops
+    # the embedding (and the tied LM head reading it) stays plain
+    assert not buffers["embed"].HasField("storage")
+
+
+def test_lint_passes_for_both_backends(fp8_core):
+    assert lint_capabilities(fp8_core.contract, fp8_core.manifest, ["cpu", "cuda"]) == []
+
+
+def _first_fp8_launch(manifest):
+    ops = {k.id: k.reference_op for k in manifest.kernels}
+    return next(launch for g in manifest.graphs for launch in g.launches
+                if ops[launch.kernel] == "linear_fp8")
+
+
+@pytest.mark.parametrize("swap", ["scale", "weight"])
+def test_an_fp8_product_must_read_codes_and_their_own_scales(fp8_core, swap):
+    """runtime.storage on both backends: a linear_fp8 launch passing another weight's
+    scales, or a plain buffer as its codes, is refused at the argument."""
+    manifest = type(fp8_core.manifest)()
+    manifest.CopyFrom(fp8_core.manifest)
+    launch = _first_fp8_launch(manifest)
+    if swap == "scale":
+        index, value = 2, "L1.wo.scale" if launch.args[1].buffer.buffer != "L1.wo" else "L0.wo.scale"
+    else:
+        index, value = 1, "final_norm"
+    launch.args[index].buffer.buffer = value
+    for backend in ("cpu", "cuda"):
+        findings = [f for f in lint_capabilities(fp8_core.contract, manifest, [backend])
+                    if f.rule == "runtime.storage"]
+        assert len(findings) == 1, [str(f) for f in findings]
+        assert findings[0].path.endswith(f".args[{index}].buffer.buffer")
+        assert findings[0].value == value
+
+
+class _W8A8:
+    """An input-major weight [in, out] whose products quantize their input rows per token
+    (e4m3, scale max|row| / 448): ``h @ _W8A8(w)``."""
+
+    __array_ufunc__ = None  # ndarray @ this defers to __rmatmul__
+
+    def __init__(self, w_t: np.ndarray):
+        self.w_t = w_t
+
+    def __rmatmul__(self, h: np.ndarray) -> np.ndarray:
+        rows = h.reshape(-1, h.shape[-1])
+        codes, scales = quantize_rows(rows)
+        return ((decode_e4m3(codes) * scales) @ self.w_t).reshape(*h.shape[:-1], -1)
+
+
+def test_cpu_serves_fp8_like_the_plain_forward(fp8_core, fp8_checkpoint):
+    ck = load_safetensors_dir(fp8_checkpoint)
+    tokenizer_ids = [[1, 504, 3458, 282, 2012, 30], [1, 9690, 314]]
+    model = load_native(fp8_core, "cpu")
+    try:
+        driver = Driver(model, collect_logits=True)
+        got = driver.generate(tokenizer_ids, max_new_tokens=6)
+    finally:
+        model.close()
+    plain = plain_llama_class()(ck, max_context=256)
+    for layer in plain.layers:
+        for key in ("wq", "wk", "wv", "wo", "wg", "wu", "wd"):
+            layer[key] = _W8A8(layer[key])
+    for i, ids in enumerate(tokenizer_ids):
+        want, _ = plain.greedy(ids, 6)
+        assert got[i] == want, i
+        first = plain.forward(np.asarray([ids]), plain.new_cache(1, len(ids)))[0]
+        np.testing.assert_allclose(driver.logits[i][0], first, rtol=0, atol=1e-3)
+
+
+def test_quantize_from_float_weights(tmp_path, make_checkpoint, signing_key_pair):
+    """A float checkpoint: each row quantized with scale max|row| / 448."""
+    private, public = signing_key_pair
+    folder = make_checkpoint()
+    out = tmp_path / "q.core"
+    result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private, "--namespace",
+                        NAMESPACE, "--out", out, "--quantize", "fp8")
+    assert result.exit_code == 0, result.output
+    core = open_core(out, [load_public_key(public)])
+    w = load_safetensors_dir(folder).tensor("model.layers.0.self_attn.o_proj.weight")
+    codes, scales = quantize_rows(w)
+    assert np.array_equal(np.frombuffer(core.read_resource("weights/L0.wo"), np.uint8),
+                          codes.reshape(-1))
+    assert np.array_equal(np.frombuffer(core.read_resource("weights/L0.wo.scale"), "<f4"),
+                          scales.reshape(-1))
+    # the recipe's bf16 embedding is kept in bf16
+    assert next(b for b in core.manifest.buffers if b.name == "embed").dtype == mpb.D_TYPE_BF16
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (("--weight-dtype", "gguf"), "--quantize fp8 and --weight-dtype gguf are exclusive"),
+    (("--tensor-parallel", "2"), "--quantize fp8 stores whole tensors"),
+    (("--quantize", "int3"), "Invalid value for '--quantize'"),
+])
+def test_rejections_are_usage_errors(tmp_path, tiny_checkpoint, signing_key_pair, extra,
+                                     message):
+    private, _ = signing_key_pair
+    out = tmp_path / "x.core"
+    args = ["--quantize", "fp8", *extra] if extra[0] != "--quantize" else list(extra)
+    result = run_export(LLAMA_RECIPE, "--checkpoint", tiny_checkpoint, "--key", private,
+                        "--namespace", NAMESPACE, "--out", out, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_fp8_scale_of_another_shape_is_refused(tmp_path, fp8_checkpoint):
+    """A scale that is neither one per output channel nor one per tensor (here 32 values
+    for 64 rows, as a block-wise layout has) is refused, naming the tensor."""
+    folder = tmp_path / "blocky"
+    shutil.copytree(fp8_checkpoint, folder)
+    spec = importlib.util.spec_from_file_location("fp8_fixture", SHARD.with_name("make_fixture.py"))
+    fixture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixture)
+    entries = fixture.tensors()
+    name = "model.layers.0.mlp.down_proj.weight_scale"
+    entries[name] = ("F32", (32, 1), np.full(32, 1e-4, "<f4").tobytes())  # 64 rows want 64
+    fixture.write(folder / SHARD.name, entries)
+    ck = load_safetensors_dir(folder)
+    with pytest.raises(UnsupportedTensorError, match=f"{name!r} has shape \\[32, 1\\]; FP8 "
+                       "scales are one per tensor or one per output channel \\(64\\)"):
+        ck.tensor("model.layers.0.mlp.down_proj.weight")
+    assert TINY.hidden_size == 64
