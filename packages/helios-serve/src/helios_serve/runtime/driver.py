@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
 from helios_contract import window_request_pages
 
 from ..engine.plan import (
