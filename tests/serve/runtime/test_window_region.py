@@ -152,6 +152,48 @@ def test_pages_behind_the_window_return_to_the_pool_and_logits_match(core):
     assert stats.idle
 
 
+def poisoned_window_run(model, contract: cpb.ServingContract,
+                        weights: dict[str, np.ndarray]) -> None:
+    """Two requests through the scheduler, 50 tokens each, far past the window; after each
+    completion every page of the window pool no request holds is overwritten with NaN (a
+    kernel reading behind its window, or a freed page handed out before its last reader
+    ran, turns logits NaN). Every sampled step's logits equal the masked dense forward."""
+    g = model.manifests
+    window_planes = list(contract.model.cache.regions[1].planes)
+    sched = Scheduler(g, frames=1, device_pending=model.device_pending)
+    prompts = {1: PROMPT, 2: PROMPT[5:] + PROMPT[:4]}
+    for rid, prompt in prompts.items():
+        assert sched.add(SchedRequest(rid, tuple(prompt), max_output_tokens=50,
+                                      sampling=SamplingParams())) is None
+    logits: dict[int, list[np.ndarray]] = {1: [], 2: []}
+    released = 0
+    while (plan := sched.schedule()) is not None:
+        out = model.execute(plan)
+        rows = model.backend.read_buffer("scratch.logits")[:len(plan.rows)]
+        for r, row in zip(plan.rows, rows, strict=True):
+            if r.sample:
+                logits[r.request_id].append(row.copy())
+        sched.complete(plan, [int(t) for t in out])
+        stats = sched.stats()
+        if stats.window_pages_released > released:  # poison what went back
+            held = {p for s in sched.live.requests.values() for p in s.window_page_ids}
+            free = sorted(set(range(g.window_pages)) - held)
+            for plane in window_planes:
+                array = model.backend.read_buffer(plane)
+                array[free] = np.nan
+                model.backend.write_state(plane, 0, array.reshape(-1))
+            released = stats.window_pages_released
+    assert released > 2 * len(prompts)  # both ran several windows past the first
+    for rid, prompt in prompts.items():
+        seq = prompt + [int(np.argmax(row)) for row in logits[rid]]
+        ref = dense_forward(weights, SHAPES, seq[:-1])[len(prompt) - 1:]
+        np.testing.assert_allclose(np.stack(logits[rid]), ref, rtol=0, atol=2e-3)
+
+
+def test_freed_window_pages_are_reused_and_never_read(core):
+    poisoned_window_run(load_native(core, "cpu"), core.contract, core.weights)
+
+
 def test_two_requests_share_no_window_page_and_reuse_no_prefix(core):
     model = load_native(core, "cpu")
     sched = Scheduler(model.manifests, frames=1, device_pending=model.device_pending)

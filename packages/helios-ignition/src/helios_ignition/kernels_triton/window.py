@@ -18,6 +18,7 @@ from triton.language.extra.cuda import libdevice
 
 from .attention import _decode_rows, _prefill_block
 
+
 @triton.jit
 def attention_decode_window(qkv, positions, slot, page_table, k_cache, v_cache, out,
                             B, MP, PT, H, KVH, HD, W, scale, BLOCK_N: tl.constexpr,
