@@ -247,3 +247,21 @@ def test_export_refuses_two_windows():
     shapes = dataclasses.replace(SHAPES, windows=(W, 8, 0, W))
     with pytest.raises(CaptureError, match=r"local layers of windows \[8, 16\]"):
         tiny_core(seed=4, shapes=shapes, caps=CAPS)
+
+
+def test_a_second_window_region_is_not_served(core):
+    """One window pool per request: both backends refuse a second sliding-window region
+    (lint-core --backend and startup read the same finding)."""
+    from helios_contract import capability_findings
+    from helios_tools.capabilities import BACKENDS
+
+    serving = cpb.ServingContract()
+    serving.CopyFrom(core.contract)
+    serving.model.cache.regions.add(name="window2", kind=cpb.HISTORY_KIND_SLIDING_WINDOW,
+                                    planes=["L9.k_cache"], tokens_per_record=1,
+                                    window_tokens=8)
+    for backend in ("cpu", "cuda"):
+        findings = list(capability_findings(serving, core.manifest, BACKENDS[backend]))
+        assert [(f.rule, f.path) for f in findings] == [
+            ("runtime.window_regions", "model.cache.regions[2].kind")], backend
+    assert not list(capability_findings(core.contract, core.manifest, BACKENDS["cpu"]))
