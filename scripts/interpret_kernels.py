@@ -14,7 +14,8 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py mma           # packed terms, K split, reduce
     uv run python scripts/interpret_kernels.py scores        # score_tokens (scored prefill)
     uv run python scripts/interpret_kernels.py experts       # QK-norm and the MoE ops
-    uv run python scripts/interpret_kernels.py window        # sliding-window family ops
+    uv run python scripts/interpret_kernels.py window        # sliding-window family ops (and
+                                                             # the unwindowed attention bodies)
     uv run python scripts/interpret_kernels.py vision        # the vision tower's kernels
     uv run python scripts/interpret_kernels.py fp8           # the FP8 W8A8 products
     uv run python scripts/interpret_kernels.py int4          # the W4A16 GEMV
@@ -814,7 +815,12 @@ def check_window(rng) -> bool:
     ok = True
     PT, MP, P, H, KVH, HD = 4, 8, 40, 4, 2, 16
     width = (H + 2 * KVH) * HD
-    for W, lengths in ((1, [9, 3]), (5, [17, 6, 11]), (8, [30, 2]), (64, [13, 7])):
+    # W = 0: the unwindowed ops, whose bodies the window kernels share (attention.py).
+    for W, lengths in ((0, [9, 3]), (1, [9, 3]), (5, [17, 6, 11]), (8, [30, 2]),
+                       (64, [13, 7])):
+        decode_op, prefill_op = (("attention_decode", "attention_prefill") if W == 0 else
+                                 ("attention_decode_window", "attention_prefill_window"))
+        window = (W,) if W else ()
         k_cache = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
         v_cache = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
         k_cache[P - 1] = v_cache[P - 1] = np.nan  # never owned
@@ -825,17 +831,17 @@ def check_window(rng) -> bool:
         B = len(lengths)
         pos = np.array([n - 1 for n in lengths], np.int32)
         for r, n in enumerate(lengths):  # pages behind the prefill chunk's first window go
-            for j in range(max(0, n - 3 - W + 1) // PT):
+            for j in range(max(0, n - 3 - W + 1) // PT if W else 0):
                 k_cache[table[r, j]] = v_cache[table[r, j]] = np.nan
                 table[r, j] = P - 1
         qkv = rng.standard_normal((B, width)).astype(np.float32)
         slot = np.arange(B, dtype=np.int32)
         ref = np.zeros((B, H * HD), np.float32)
-        K.attention_decode_window(qkv, pos, slot, table, k_cache, v_cache, ref, B, MP, PT, H,
-                                  KVH, HD, W, HD**-0.5)
+        getattr(K, decode_op)(qkv, pos, slot, table, k_cache, v_cache, ref, B, MP, PT, H, KVH,
+                              HD, *window, HD**-0.5)
         out = np.full_like(ref, np.nan)
-        launch("attention_decode_window", qkv, pos, slot, table, k_cache, v_cache, out, B, MP,
-               PT, H, KVH, HD, W, HD**-0.5)
+        launch(decode_op, qkv, pos, slot, table, k_cache, v_cache, out, B, MP, PT, H, KVH, HD,
+               *window, HD**-0.5)
         errs = {"decode": _rel(out, ref)}
         # prefill: the last 3 tokens of each row as one packed chunk plus a padding token
         rows = np.array([r for r, n in enumerate(lengths) for _ in range(min(3, n))] + [-1],
@@ -844,11 +850,11 @@ def check_window(rng) -> bool:
         T = len(rows)
         pq = rng.standard_normal((T, width)).astype(np.float32)
         ref = np.zeros((T, H * HD), np.float32)
-        K.attention_prefill_window(pq, ppos, rows, slot, table, k_cache, v_cache, ref, T, B, MP,
-                                   PT, H, KVH, HD, W, HD**-0.5)
+        getattr(K, prefill_op)(pq, ppos, rows, slot, table, k_cache, v_cache, ref, T, B, MP,
+                               PT, H, KVH, HD, *window, HD**-0.5)
         out = np.full_like(ref, np.nan)
-        launch("attention_prefill_window", pq, ppos, rows, slot, table, k_cache, v_cache, out, T,
-               B, MP, PT, H, KVH, HD, W, HD**-0.5)
+        launch(prefill_op, pq, ppos, rows, slot, table, k_cache, v_cache, out, T, B, MP, PT, H,
+               KVH, HD, *window, HD**-0.5)
         errs["prefill"] = _rel(out, ref)
         bad = {k: e for k, e in errs.items() if not e < 1e-5}
         print(f"window W={W} lengths={lengths}: " + ", ".join(f"{k} {e:.1e}"

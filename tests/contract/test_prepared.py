@@ -29,6 +29,7 @@ from helios_contract import (
     TunedProducerError,
     UnknownIdentifierError,
     UnspecifiedSelectorError,
+    UnsupportedFeatureError,
     UnsupportedVersionError,
     ViewBoundsError,
     VocabularyRangeError,
@@ -261,6 +262,37 @@ FAILING: list[tuple[str, Mutation, type, str]] = [
      ExtentError, "model.cache.regions[1].window_tokens"),
     ("window-on-paged", set_attr(lambda s: s.model.cache.regions[0], "window_tokens", 64),
      ExtentError, "model.cache.regions[0].window_tokens"),
+    ("window-without-planes",
+     lambda s, m: s.model.cache.regions.add(name="local", kind=c.HISTORY_KIND_SLIDING_WINDOW,
+                                            window_tokens=64, tokens_per_record=1),
+     MissingFieldError, "model.cache.regions[1].planes"),
+    ("window-compressed",
+     lambda s, m: (add_window_region(s, m),
+                   setattr(s.model.cache.regions[1], "tokens_per_record", 2)),
+     ExtentError, "model.cache.regions[1].tokens_per_record"),
+    ("window-host-tier",
+     lambda s, m: (add_window_region(s, m), s.model.cache.regions[1].host_planes.extend(
+         ["local.k.host", "local.v.host"])),
+     ExtentError, "model.cache.regions[1].host_planes"),
+    ("window-without-view",
+     lambda s, m: s.model.cache.regions.add(name="local", kind=c.HISTORY_KIND_SLIDING_WINDOW,
+                                            window_tokens=64, planes=["local.k"],
+                                            tokens_per_record=1),
+     MissingFieldError, "model.cache.regions[1]"),
+    ("window-view-shifted", lambda s, m: add_window_region(s, m, view_offset=1),
+     ViewBoundsError, "model.cache.page_table_views[1].page_offset"),
+    ("window-view-on-the-paged-table", lambda s, m: add_window_region(s, m, table="page_table"),
+     DuplicateIdentifierError, "model.cache.page_table_views[1].buffer"),
+    ("window-with-snapshots",
+     lambda s, m: (add_window_region(s, m), s.model.cache.regions.add(
+         name="continuation", kind=c.HISTORY_KIND_CONTINUATION, planes=["kv.k.c", "kv.v.c"],
+         tokens_per_record=1)),
+     UnsupportedFeatureError, "model.cache.regions[2].kind"),
+    ("window-pool-too-small", lambda s, m: add_window_region(s, m, pool=4),
+     ExtentError, "model.cache.regions[1].planes"),
+    ("window-pools-differ",
+     lambda s, m: (add_window_region(s, m), m.buffers[-2].shape.__setitem__(0, 6)),
+     ExtentError, "model.cache.regions[1].planes"),
     ("duplicate-region",
      lambda s, m: s.model.cache.regions.add(name="attention",
                                             kind=c.HISTORY_KIND_RECURRENT),
@@ -490,6 +522,22 @@ def test_rule_rejects(serving, manifest, mutate, cls, path):
 
 # --- passing cases: the boundary of each rule, still valid -----------------------------------
 
+def add_window_region(s, m, window=64, pool=5, view_offset=0, table="window_page_table"):
+    """A complete sliding-window region: its planes (a pool of `pool` pages of 16
+    tokens) and its own page-table view."""
+    s.model.cache.regions.add(name="local", kind=c.HISTORY_KIND_SLIDING_WINDOW,
+                              window_tokens=window, planes=["local.k", "local.v"],
+                              tokens_per_record=1)
+    s.model.cache.page_table_views.add(region="local", buffer=table, page_offset=view_offset)
+    for plane in ("local.k", "local.v"):
+        m.buffers.add().CopyFrom(mpb.Buffer(name=plane, dtype=mpb.D_TYPE_BF16,
+                                            shape=[pool, 16, 2, 16],
+                                            role=mpb.BUFFER_ROLE_CACHE_PLANE))
+    if table == "window_page_table":
+        m.buffers.add().CopyFrom(mpb.Buffer(name=table, dtype=mpb.D_TYPE_I32, shape=[4, 16],
+                                            role=mpb.BUFFER_ROLE_PERSISTENT_STATE))
+
+
 PASSING: list[tuple[str, Mutation]] = [
     ("example", lambda s, m: None),
     ("version-1-upgraded", downgrade_to_v1),
@@ -502,9 +550,7 @@ PASSING: list[tuple[str, Mutation]] = [
     ("sampling-greedy-bounds",
      lambda s, m: s.defaults.sampling.MergeFrom(c.SamplingDefaults(
          temperature=0.0, top_p=1.0, min_p=1.0, max_output_tokens=256))),
-    ("sliding-window-region",
-     lambda s, m: s.model.cache.regions.add(name="local", kind=c.HISTORY_KIND_SLIDING_WINDOW,
-                                            window_tokens=64)),
+    ("sliding-window-region", add_window_region),
     ("recurrent-region",
      lambda s, m: s.model.cache.regions.add(name="ssm", kind=c.HISTORY_KIND_RECURRENT)),
     # Entry i of a shifted view references page i + 1: same columns, one extra page.

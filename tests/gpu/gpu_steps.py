@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+from helios_serve.runtime.driver import ring_window_pages
 
 
 class Steps:
@@ -37,7 +38,9 @@ class Steps:
             row = RowPlan(request_id=slot, slot=slot, generation=self.generation, tokens=piece,
                           start_position=start, page_ids=self.pages(slot, start + len(piece)),
                           sample=last, sampling=sampling,
-                          histogram_tokens=tuple(tokens) if start == 0 else None)
+                          histogram_tokens=tuple(tokens) if start == 0 else None,
+                          window_page_ids=ring_window_pages(self.model.manifests, slot,
+                                                            start + len(piece)))
             sampled = int(self.model.execute(StepPlan(StepKind.PREFILL, (row,)))[0])
         return sampled
 
@@ -45,7 +48,8 @@ class Steps:
                sampling: Sequence[SamplingParams]) -> np.ndarray:
         rows = tuple(RowPlan(request_id=s, slot=s, generation=self.generation, tokens=(int(t),),
                              start_position=n, page_ids=self.pages(s, n + 1), sample=True,
-                             sampling=p)
+                             sampling=p,
+                             window_page_ids=ring_window_pages(self.model.manifests, s, n + 1))
                      for s, n, t, p in zip(slots, lengths, fed, sampling, strict=True))
         return self.model.execute(StepPlan(StepKind.DECODE, rows))
 

@@ -212,9 +212,16 @@ CASES: dict[str, Case] = {
                              set_operation("decode_b2", c.OPERATION_INITIALIZE)),
     "no prefill graph": Case("runtime.required_operation", no_prefill),
     "output limit binding": Case("runtime.binding", bind_output_limit),
-    "sliding window history": Case(
-        "runtime.history_kind",
+    # Sliding windows are served (one region); a declaration without planes is not.
+    "sliding window without planes": Case(
+        "cache.window_planes",
         lambda s, mf: s.model.cache.regions.add(name="local", window_tokens=64,
+                                                kind=c.HISTORY_KIND_SLIDING_WINDOW,
+                                                tokens_per_record=1)),
+    "sliding window of compressed records": Case(
+        "cache.window_records",
+        lambda s, mf: s.model.cache.regions.add(name="local", window_tokens=64,
+                                                planes=["local.k"],
                                                 kind=c.HISTORY_KIND_SLIDING_WINDOW)),
     "recurrent history": Case(
         "runtime.history_kind",

@@ -26,10 +26,15 @@ def _rng(seed=0):
     return np.random.default_rng(seed)
 
 
-def _run(records, arrays_for_oracle=None):
-    """Build `records` as one program, run it once; returns the StepPrograms."""
+def _refuse(*args):
+    raise AssertionError("the launch path ran: the step fell outside the graphs")
+
+
+def _run(records, arrays_for_oracle=None, graphs_only=False):
+    """Build `records` as one program, run it once (`graphs_only`: a launch-path
+    fallback fails); returns the StepPrograms."""
     steps = StepPrograms(GgmlPrograms({}, threads=1))
-    bound = [(reference_op(op), args) for op, _, args in records]
+    bound = [(_refuse if graphs_only else reference_op(op), args) for op, _, args in records]
     assert steps.add_program("p", records, bound)
     steps.seal()
     steps.runner("p")()
@@ -216,3 +221,59 @@ def test_prefill_attention_of_two_packed_rows_gathers_each_rows_context():
     _run(records)
     np.testing.assert_allclose(k_cache, oracle[0][2][6], rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(out, oracle[1][2][7], rtol=1e-4, atol=1e-5)
+
+
+def _windowed(r, lengths, W, pages=16):
+    """A page table and caches for rows `lengths` long whose pages wholly behind the
+    window of position length - 3 hold NaN and whose entries there name a NaN page (the
+    pool took them back): a form reading behind a window turns its output NaN."""
+    k_cache = r.standard_normal((pages, PT, KVH, HD)).astype(np.float32)
+    v_cache = r.standard_normal((pages, PT, KVH, HD)).astype(np.float32)
+    k_cache[-1] = v_cache[-1] = np.nan
+    order = r.permutation(pages - 1).astype(np.int32)
+    table = np.zeros((len(lengths), 5), np.int32)
+    for row, n in enumerate(lengths):
+        table[row] = order[row * 5:(row + 1) * 5]
+        for j in range(max(0, n - 3 - W + 1) // PT):
+            k_cache[table[row, j]] = v_cache[table[row, j]] = np.nan
+            table[row, j] = pages - 1
+    return table, k_cache, v_cache
+
+
+@pytest.mark.parametrize("window", [3, 6])
+def test_window_attention_forms_gather_only_the_window(window):
+    """attention_decode_window and attention_prefill_window as graphs: two rows of 18
+    and 9 positions (5 pages of 4), pages behind each window poisoned."""
+    r = _rng(5)
+    mp = 5
+    lengths = [18, 9]
+    table, k_cache, v_cache = _windowed(r, lengths, window)
+    slot = np.array([0, 1], np.int32)
+    B = 2
+    qkv = r.standard_normal((B, W)).astype(np.float32)
+    pos = np.array([n - 1 for n in lengths], np.int32)
+    out = np.full((B, H * HD), 3.0, np.float32)
+    n = [None] * 8
+    decode = [("attention_decode_window", ["qkv", "pos", "slot", "wpt", "k", "v", "out", *n],
+               (qkv, pos, slot, table, k_cache, v_cache, out, B, mp, PT, H, KVH, HD, window,
+                HD ** -0.5))]
+    oracle = _copy_args(decode)
+    _oracle(oracle)
+    _run(decode, graphs_only=True)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, oracle[0][2][6], rtol=1e-4, atol=1e-5)
+    # prefill: the last 3 tokens of each row packed, and a padding token
+    rows = np.array([0, 0, 0, 1, 1, 1, -1], np.int32)
+    ppos = np.array([15, 16, 17, 6, 7, 8, 0], np.int32)
+    Tp = len(rows)
+    pq = r.standard_normal((Tp, W)).astype(np.float32)
+    pout = np.full((Tp, H * HD), 3.0, np.float32)
+    prefill = [("attention_prefill_window",
+                ["qkv", "pos", "row", "slot", "wpt", "k", "v", "out", *n],
+                (pq, ppos, rows, slot, table, k_cache, v_cache, pout, Tp, B, mp, PT, H, KVH,
+                 HD, window, HD ** -0.5))]
+    oracle = _copy_args(prefill)
+    _oracle(oracle)
+    _run(prefill, graphs_only=True)
+    assert np.isfinite(pout).all() and not pout[-1].any()
+    np.testing.assert_allclose(pout, oracle[0][2][7], rtol=1e-4, atol=1e-5)

@@ -93,6 +93,7 @@ from helios_contract._rules_manifest import (
     buffer_nbytes,
     rank_count,
     stored_nbytes,
+    window_request_pages,
 )
 from helios_contract.capabilities import RuntimeCapabilities, capability_findings
 from helios_contract.errors import (
@@ -170,6 +171,7 @@ __all__ = [
     "buffer_nbytes",
     "stored_nbytes",
     "rank_count",
+    "window_request_pages",
     "capability_findings",
     "contract_findings",
     "RuntimeCapabilities",

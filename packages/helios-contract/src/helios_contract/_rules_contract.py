@@ -27,6 +27,7 @@ from helios_contract.errors import (
     SpeculativeExtentError,
     UnknownIdentifierError,
     UnspecifiedSelectorError,
+    UnsupportedFeatureError,
     ViewBoundsError,
     VocabularyRangeError,
 )
@@ -36,6 +37,8 @@ F = Finding.of
 Findings = Iterator[Finding]
 
 PAGED_KINDS = (pb.HISTORY_KIND_PAGED_KV, pb.HISTORY_KIND_PAGED_LATENT)
+# Regions whose page ids a page-table view holds.
+VIEWED_KINDS = (*PAGED_KINDS, pb.HISTORY_KIND_SLIDING_WINDOW)
 # Operations that consume the pending token and produce the next one.
 GENERATING_OPERATIONS = (pb.OPERATION_DECODE, pb.OPERATION_SPECULATIVE, pb.OPERATION_MIXED)
 # Operations that run request rows over packed tokens (need nonzero capacities).
@@ -258,19 +261,29 @@ def cache(serving: pb.ServingContract) -> Findings:
                 yield F("cache.tokens_per_record", ExtentError, f"{path}.tokens_per_record", 0,
                         "paged regions declare tokens per record >= 1")
         if region.kind == pb.HISTORY_KIND_SLIDING_WINDOW:
-            if region.window_tokens == 0:
-                yield F("cache.window", ExtentError, f"{path}.window_tokens", 0,
-                        "sliding windows declare their extent")
+            yield from _window_region(region, path)
         elif region.window_tokens:
             yield F("cache.window", ExtentError, f"{path}.window_tokens", region.window_tokens,
                     "only sliding-window regions have a window extent")
     viewed: set[str] = set()
     offsets: dict[str, int] = {}  # view buffer -> page offset of its first view
+    windowed: dict[str, bool] = {}  # view buffer -> whether its first view is a window's
     for index, view in enumerate(c.page_table_views):
         path = f"model.cache.page_table_views[{index}]"
-        if names.get(view.region) not in PAGED_KINDS:
+        kind = names.get(view.region)
+        if kind not in VIEWED_KINDS:
             yield F("cache.view_region", UnknownIdentifierError, f"{path}.region", view.region,
-                    "not a paged history region of model.cache.regions")
+                    "not a paged or sliding-window history region of model.cache.regions")
+        window = kind == pb.HISTORY_KIND_SLIDING_WINDOW
+        if window and view.page_offset:
+            yield F("cache.window_view_offset", ViewBoundsError, f"{path}.page_offset",
+                    view.page_offset, "a sliding-window view is unshifted: entry i holds "
+                    "the page of positions [i * page_tokens, (i + 1) * page_tokens)")
+        if view.buffer and windowed.setdefault(view.buffer, window) != window:
+            # A window's pages come from its own pool and leave it behind the window.
+            yield F("cache.window_view_shared", DuplicateIdentifierError, f"{path}.buffer",
+                    view.buffer, "a sliding-window region's page table holds its own page "
+                    "ids: no paged region's view shares its buffer")
         if not view.buffer:
             yield F("cache.view_buffer", MissingFieldError, f"{path}.buffer", "",
                     "page-table views name their buffer")
@@ -285,9 +298,35 @@ def cache(serving: pb.ServingContract) -> Findings:
                     view.page_offset, "a view cannot reference pages before a request's first")
         viewed.add(view.region)
     for index, region in enumerate(c.regions):
-        if region.kind in PAGED_KINDS and region.name not in viewed:
+        if region.kind in VIEWED_KINDS and region.name not in viewed:
             yield F("cache.region_view", MissingFieldError, f"model.cache.regions[{index}]",
-                    region.name, "paged region has no page-table view")
+                    region.name, "paged or sliding-window region has no page-table view")
+    if any(r.kind == pb.HISTORY_KIND_SLIDING_WINDOW for r in c.regions):
+        for index, region in enumerate(c.regions):
+            if region.kind == pb.HISTORY_KIND_CONTINUATION:
+                yield F("cache.window_snapshots", UnsupportedFeatureError,
+                        f"model.cache.regions[{index}].kind", "HISTORY_KIND_CONTINUATION",
+                        "exact-endpoint snapshots restore paged regions only: a "
+                        "sliding-window region's pages leave it behind the window, so a "
+                        "snapshot could not restore the window's last tokens")
+
+
+def _window_region(region: pb.HistoryRegion, path: str) -> Findings:
+    """A sliding-window region (the specification, "Attention histories and cache
+    policy"): its window extent, its planes (one record per token), no host tier."""
+    if region.window_tokens == 0:
+        yield F("cache.window", ExtentError, f"{path}.window_tokens", 0,
+                "sliding windows declare their extent")
+    if not region.planes:
+        yield F("cache.window_planes", MissingFieldError, f"{path}.planes",
+                detail="sliding-window regions name their planes")
+    if region.tokens_per_record != 1:
+        yield F("cache.window_records", ExtentError, f"{path}.tokens_per_record",
+                region.tokens_per_record, "a sliding window stores one record per token")
+    if region.host_planes:
+        yield F("cache.window_host", ExtentError, f"{path}.host_planes",
+                len(region.host_planes), "a sliding window's pages are private to their "
+                "request and released behind the window: no host tier")
 
 
 # --- graphs ----------------------------------------------------------------------------------

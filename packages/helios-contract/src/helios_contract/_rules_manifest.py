@@ -476,6 +476,8 @@ def cache(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
     """History planes are cache planes sized by the prepared pages; page tables fit."""
     c = serving.model.cache
     for index, region in enumerate(c.regions):
+        if region.kind == pb.HISTORY_KIND_SLIDING_WINDOW:
+            yield from _window_pool(serving, region, index, names)
         for p, plane in enumerate(region.planes):
             path = f"model.cache.regions[{index}].planes[{p}]"
             buffer = names.buffers.get(plane)
@@ -511,6 +513,37 @@ def cache(serving: pb.ServingContract, names: ManifestIndex) -> Findings:
             yield F("cache.view_columns", ViewBoundsError, f"{path}.buffer", view.buffer,
                     f"{pages} context pages exceed the {buffer.shape[1]} columns of "
                     f"{view.buffer!r}")
+
+
+def window_request_pages(window_tokens: int, page_tokens: int, chunk_tokens: int) -> int:
+    """Pages one request holds in a sliding-window region while a step computes
+    `chunk_tokens` positions from position p: the window of its first query
+    ([p - window + 1, p]) and the chunk ([p, p + chunk)) span window + chunk - 1
+    positions, on at most ceil((window + chunk - 1) / page_tokens) + 1 pages (one more
+    when the span starts mid-page). A decode step (chunk 1): ceil(window / page) + 1."""
+    return -(-(window_tokens + chunk_tokens - 1) // page_tokens) + 1
+
+
+def _window_pool(serving: pb.ServingContract, region: pb.HistoryRegion, index: int,
+                 names: ManifestIndex) -> Findings:
+    """A sliding-window region's planes lead with its own page pool (kept at load, not
+    sized by the cache budget), one extent for all, holding at least one request's
+    decode window."""
+    extents = {int(b.shape[0]) for p in region.planes
+               if (b := names.buffers.get(p)) is not None and b.shape}
+    path = f"model.cache.regions[{index}].planes"
+    if len(extents) > 1:
+        yield F("capacity.window_pages", ExtentError, path, sorted(extents),
+                "the planes of a sliding-window region share one page pool (one leading "
+                "extent)")
+    elif extents and region.window_tokens and serving.model.cache.page_tokens:
+        need = window_request_pages(region.window_tokens, serving.model.cache.page_tokens, 1)
+        pool = extents.pop()
+        if pool < need:
+            yield F("capacity.window_pages", ExtentError, path, pool,
+                    f"a {region.window_tokens}-token window of "
+                    f"{serving.model.cache.page_tokens}-token pages needs a pool of at least "
+                    f"{need} pages (one request's decode window)")
 
 
 def tuned(serving: pb.ServingContract, names: ManifestIndex) -> Findings:

@@ -43,7 +43,8 @@ class RuntimeCapabilities:
             graph (the scheduler cannot serve without them).
         bindings: ``(ValueSource, Indexing)`` pairs shared packing supplies.
         history_kinds: ``HistoryKind`` values whose storage the runtime backs (paged
-            kinds share the request's one page list, whatever their number).
+            kinds share the request's one page list, whatever their number; one
+            sliding-window region has its own pool and page list).
         tokens_per_record: ``HistoryRegion.tokens_per_record`` values the kernels read.
         host_tier: Whether paged regions' ``host_planes`` (host-memory tier planes) are
             backed: allocated in host memory the RESTORE programs read and write.
@@ -224,6 +225,12 @@ def _cache(serving: pb.ServingContract, manifest: mpb.ExecutionManifest,
                                region.tokens_per_record, caps,
                                f"compressed histories (tokens per record "
                                f"{sorted(caps.tokens_per_record)})")
+        if region.kind == pb.HISTORY_KIND_SLIDING_WINDOW and any(
+                r.kind == pb.HISTORY_KIND_SLIDING_WINDOW for r in serving.model.cache.regions[:i]):
+            yield _unsupported("runtime.window_regions", f"{path}.kind",
+                               enum_name(pb.HistoryKind, region.kind), caps,
+                               "a second sliding-window region (it backs one window pool "
+                               "per request)")
         if region.host_planes and not caps.host_tier:
             yield _unsupported("runtime.host_tier", f"{path}.host_planes",
                                len(region.host_planes), caps,

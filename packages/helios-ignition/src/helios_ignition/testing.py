@@ -46,8 +46,12 @@ def tiny_weights(shapes: LlamaShapes, seed: int) -> dict[str, np.ndarray]:
     """Seeded random f32 weights by physical buffer name (norms near 1, never zero)."""
     rng = np.random.default_rng(seed)
     out = {}
+    computed = getattr(shapes, "computed_weight", None)  # families with computed tables
     for name, shape in shapes.weight_layout().items():
-        if name == "rope_inv_freq":
+        value = computed(name, None) if computed is not None else None
+        if value is not None:
+            out[name] = value
+        elif name == "rope_inv_freq":
             out[name] = rope_inv_freq(shapes, None)
         elif len(shape) == 1:
             out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)

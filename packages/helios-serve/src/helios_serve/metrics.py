@@ -355,6 +355,25 @@ class Metrics:
             "may reuse, evicted least recently used first when an allocation needs them.",
             registry=r,
         )
+        # The sliding-window region's own pool (0 without one): the helios_cache_pages_*
+        # gauges above count the paged region's pages.
+        self.window_pages_capacity = Gauge(
+            "helios_cache_window_pages_capacity",
+            "Pages of the sliding-window region's pool (its planes' extent; 0: no window "
+            "region).",
+            registry=r,
+        )
+        self.window_pages_used = Gauge(
+            "helios_cache_window_pages_used",
+            "Sliding-window pages held by running requests (pages wholly behind a "
+            "request's window are back in the pool).",
+            registry=r,
+        )
+        self.window_pages_released = Counter(
+            "helios_cache_window_pages_released",
+            "Sliding-window pages returned to the pool behind their request's window.",
+            registry=r,
+        )
         self.slots_capacity = Gauge(
             "helios_request_slots_capacity", "Physical request rows.", registry=r
         )

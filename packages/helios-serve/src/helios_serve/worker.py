@@ -248,6 +248,7 @@ class ModelWorker:
         metrics.snapshot_capacity.set(self.geometry.snapshot_rows)
         metrics.host_cache_bytes_capacity.set(self.geometry.host_rows * self.geometry.page_bytes)
         metrics.slots_capacity.set(self.geometry.slots)
+        metrics.window_pages_capacity.set(self.geometry.window_pages)
         metrics.cache_config_info.labels(str(self.geometry.page_tokens),
                                          str(self.geometry.num_pages)).set(1)
         metrics.lora_requests_info.labels("0", "", "").set(time.time())
@@ -806,6 +807,7 @@ class ModelWorker:
         m.pages_used.set(stats.pages_used)
         m.kv_cache_usage.set(stats.pages_used / self.geometry.num_pages)
         m.pages_evictable.set(stats.pages_evictable)
+        m.window_pages_used.set(stats.window_pages_used)
         m.snapshots_resident.set(stats.snapshots_resident)
         m.host_cache_bytes_used.set(stats.host_rows_used * self.geometry.page_bytes)
         before = self._reported
@@ -814,6 +816,8 @@ class ModelWorker:
             (m.prefix_cache_hits, stats.prefix_hit_tokens, before.prefix_hit_tokens),
             (m.pages_published, stats.pages_published, before.pages_published),
             (m.page_evictions, stats.page_evictions, before.page_evictions),
+            (m.window_pages_released, stats.window_pages_released,
+             before.window_pages_released),
             (m.preemptions, stats.preemptions, before.preemptions),
             (m.prefill_tokens, stats.prompt_tokens_computed, before.prompt_tokens_computed),
             (m.snapshot_publications, stats.snapshot_publications,

@@ -82,8 +82,10 @@ _SERVING = dict(
     # Paged histories, one record per token, all in the request's one page list (the
     # drafter's key/value and feature histories share the target's page table).
     # Continuation storage holds exact-endpoint snapshot rows (scheduler/cache.py).
+    # One sliding-window region: its own page pool and page list, pages released behind
+    # the window as the request advances (scheduler/allocation.py, WindowPages).
     history_kinds=frozenset({pb.HISTORY_KIND_PAGED_KV, pb.HISTORY_KIND_PAGED_LATENT,
-                             pb.HISTORY_KIND_CONTINUATION}),
+                             pb.HISTORY_KIND_SLIDING_WINDOW, pb.HISTORY_KIND_CONTINUATION}),
     tokens_per_record=frozenset({1}),
     # Host-tier planes: host memory (pinned and device-mapped on cuda), runtime/tiers.py.
     host_tier=True,

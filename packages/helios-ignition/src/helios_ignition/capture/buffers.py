@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helios_contract import PROPOSAL_CONFIDENCE
+from helios_contract import PROPOSAL_CONFIDENCE, window_request_pages
 from helios_contract.schema import contract_pb2 as cpb
 from helios_tools.kernels import grammar_mask_words
 from helios_tools.kernels.speculative import RECORD_FIELDS
@@ -22,7 +22,7 @@ from ..families import draft
 from ..preparation import contract as decl
 from ..recipe import Capacities
 from . import launch
-from .builder import BufferTable
+from .builder import BufferTable, CaptureError
 from .family import Family
 
 INPUT_NAMES = {
@@ -36,6 +36,10 @@ INPUT_NAMES = {
     "use_bias": "in.use_bias", "logit_bias": "state.logit_bias", "logprobs": "in.logprobs",
 }
 PAGE_TABLE = "state.page_table"
+# The sliding-window region of the local layers (a family with `windows`): its own page
+# pool (the local layers' planes lead with it) and page table.
+WINDOW_REGION = "window"
+WINDOW_PAGE_TABLE = "state.window_page_table"
 PENDING = "state.pending_token"  # device-owned pending token, one i32 per slot
 SAMPLED = "out.sampled"
 # Startup tuning of the decode split count (recipe.SplitTuning): the tuned buffer every
@@ -123,10 +127,48 @@ PAGES, CONTINUATION, HOST = "pages", "continuation", "host"
 HOST_PREPARED_ROWS = 1  # host-tier planes are sized at load; the manifest holds one row
 
 
+def layer_windows(s: Family) -> tuple[int, ...]:
+    """Per layer: its sliding window in tokens, 0 for a layer over the whole context (a
+    family declaring no `windows`, such as Llama: every layer 0)."""
+    windows = tuple(getattr(s, "windows", ()))  # only sliding-window families declare it
+    return windows or (0,) * s.layers
+
+
+def window_tokens(s: Family) -> int:
+    """The window of the family's local layers, 0 when it has none.
+
+    Raises:
+        CaptureError: local layers of different windows (one sliding-window region per
+            core: its pool holds one window per request).
+    """
+    windows = {w for w in layer_windows(s) if w}
+    if len(windows) > 1:
+        raise CaptureError(f"local layers of windows {sorted(windows)}: a core declares one "
+                           "sliding-window region")
+    return windows.pop() if windows else 0
+
+
+def window_pages(s: Family, caps: Capacities) -> int:
+    """Pages of the sliding-window region's pool: every slot holding the most one
+    request ever holds there (`window_request_pages` at the longest captured chunk), so
+    the window region never limits admission before the paged region does."""
+    chunk = max((*caps.prefill_tokens, *caps.scored_tokens, max(caps.decode_batch)))
+    per_request = window_request_pages(window_tokens(s), caps.page_tokens, chunk)
+    return max(caps.decode_batch) * per_request
+
+
+def window_planes(s: Family) -> list[str]:
+    """Planes of the sliding-window region: the local layers' K/V, in layer order."""
+    return [f"L{i}.{p}_cache" for i, w in enumerate(layer_windows(s)) if w
+            for p in ("k", "v")]
+
+
 def paged_planes(s: Family, spec: Speculation | None = None) -> list[str]:
-    """Planes of every paged region, in region order (the target's K/V per layer, then
-    the draft head's K/V and features): the page rows a transfer moves together."""
-    planes = [f"L{i}.{p}_cache" for i in range(s.layers) for p in ("k", "v")]
+    """Planes of every paged region, in region order (the target's K/V per layer over the
+    whole context, then the draft head's K/V and features): the page rows a transfer
+    moves together. A local layer's planes are the sliding-window region's."""
+    planes = [f"L{i}.{p}_cache" for i, w in enumerate(layer_windows(s)) if not w
+              for p in ("k", "v")]
     if spec is not None:
         planes += [draft.K_CACHE, draft.V_CACHE, draft.F_CACHE]
     return planes
@@ -154,7 +196,8 @@ def transfer_routes(caps: Capacities) -> list[tuple[str, str]]:
 def cache_contract(s: Family, caps: Capacities,
                    spec: Speculation | None = None) -> cpb.CacheContract:
     """The CacheContract of a captured core: the paged K/V region (and the draft head's
-    regions) on one page table, their host-tier planes, and continuation storage."""
+    regions) on one page table, their host-tier planes, and continuation storage; the
+    local layers' sliding-window region on its own page table."""
     host = caps.host_tier and caps.transfer_rows > 0
     cache = cpb.CacheContract(page_tokens=caps.page_tokens)
 
@@ -164,7 +207,14 @@ def cache_contract(s: Family, caps: Capacities,
         cache.page_table_views.add(region=name, buffer=PAGE_TABLE, page_offset=0)
 
     target = paged_planes(s)
-    region("kv", cpb.HISTORY_KIND_PAGED_KV, target)
+    if target:
+        region("kv", cpb.HISTORY_KIND_PAGED_KV, target)
+    window = window_tokens(s)
+    if window:  # the local layers: their own pool and page table, pages freed behind
+        cache.regions.add(name=WINDOW_REGION, kind=cpb.HISTORY_KIND_SLIDING_WINDOW,
+                          planes=window_planes(s), tokens_per_record=1, window_tokens=window)
+        cache.page_table_views.add(region=WINDOW_REGION, buffer=WINDOW_PAGE_TABLE,
+                                   page_offset=0)
     if spec is not None:  # the head's histories share the target's page table
         region("draft_kv", cpb.HISTORY_KIND_PAGED_KV, [draft.K_CACHE, draft.V_CACHE])
         region("draft_features", cpb.HISTORY_KIND_PAGED_LATENT, [draft.F_CACHE])
@@ -179,6 +229,14 @@ def cache_contract(s: Family, caps: Capacities,
 def declare_buffers(s: Family, caps: Capacities, weight_dtype: str,
                     spec: Speculation | None = None) -> BufferTable:
     """The physical buffer table shared by every graph variant of family `s`."""
+    window = window_tokens(s)
+    if window and (spec is not None or caps.transfer_rows or caps.prepared_snapshots
+                   or caps.host_tier):
+        # The window region's pages are private and released behind the window: nothing
+        # cached, snapshotted or drafted from could restore the local layers' last tokens.
+        raise CaptureError("a family with sliding-window layers exports without speculative "
+                           "programs, snapshots, host tier or transfer programs (its window "
+                           "pages are released behind the window)")
     t = BufferTable()
     for name, shape in s.weight_layout().items():
         dtype = "f32" if len(shape) == 1 else weight_dtype  # norms and rope stay f32
@@ -204,13 +262,17 @@ def declare_buffers(s: Family, caps: Capacities, weight_dtype: str,
     t.declare(n["seed"], "u32", (rows, 2), "input")
     t.declare(n["grammar_mask"], "i32", (rows, words), "input")
     t.declare(PAGE_TABLE, "i32", (slots, pages_per_request), "state")
+    if window:
+        t.declare(WINDOW_PAGE_TABLE, "i32", (slots, pages_per_request), "state")
     t.declare(n["histogram"], "i32", (slots, s.vocab), "state")
     t.declare(n["logit_bias"], "f32", (slots, s.vocab), "state")
     t.declare(PENDING, "i32", (slots,), "state")
-    for i in range(s.layers):
+    local_pages = window_pages(s, caps) if window else 0
+    for i, w in enumerate(layer_windows(s)):
         for plane in ("k", "v"):
             t.declare(f"L{i}.{plane}_cache", "f32",
-                      (caps.prepared_pages, caps.page_tokens, s.kv_heads, s.head_dim), "cache")
+                      (local_pages if w else caps.prepared_pages, caps.page_tokens,
+                       s.kv_heads, s.head_dim), "cache")
     s.declare_scratch(t, tokens, weight_dtype)
     ns, _ = decode_splits(pages_per_request * caps.page_tokens)
     t.declare("scratch.attn_ml", "f32", (packed, s.heads, ns, 2), "scratch")

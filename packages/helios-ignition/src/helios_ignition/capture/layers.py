@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import launch
-from .buffers import PAGE_TABLE, TUNED_SPLITS, decode_splits
+from .buffers import PAGE_TABLE, TUNED_SPLITS, WINDOW_PAGE_TABLE, decode_splits
 from .builder import BufferTable, ProgramBuilder, View
 from .family import Pass
 
@@ -84,20 +84,29 @@ def product(b: ProgramBuilder, lin: str, x: View, w: View, out: View, T: int, N:
     b.launch("splitk_reduce", part, out, T, N, S)
 
 
+def _layer_cache(t: BufferTable, layer: int, MP: int, PT: int, KVH: int, HD: int,
+                 window: int) -> tuple[View, View, View]:
+    """(page table, K plane, V plane) of layer `layer`: a sliding-window layer's planes
+    and page table are the window region's (its own pool), the others the paged
+    region's."""
+    table = WINDOW_PAGE_TABLE if window else PAGE_TABLE
+    slots = t.buffers[table].shape[0]
+    pages = t.buffers[f"L{layer}.k_cache"].shape[0]
+    return (t.view(table, (slots, MP)), t.view(f"L{layer}.k_cache", (pages, PT, KVH, HD)),
+            t.view(f"L{layer}.v_cache", (pages, PT, KVH, HD)))
+
+
 def write_kv(b: ProgramBuilder, p: Pass, layer: int, qkv: View, inv_freq: View, H: int,
-             KVH: int, HD: int) -> None:
+             KVH: int, HD: int, window: int = 0) -> None:
     """Rotate the queries and keys of `qkv` ([T, (H + 2 KVH) HD], fused [q; k; v]) by
     RoPE with `inv_freq` ([HD / 2] f32, the family's table) in place and write the keys
     and values at their positions into layer `layer`'s cache planes: ``rope_kv_write``,
-    or ``rope`` + ``kv_write`` where the fused op is off."""
+    or ``rope`` + ``kv_write`` where the fused op is off. `window` > 0: the layer's
+    planes are the sliding-window region's (its page table)."""
     t = b.table
     T, R, PT, MP = p.tokens, p.requests, p.page_tokens, p.pages_per_request
     rows = p.rows
-    slots = t.buffers[PAGE_TABLE].shape[0]
-    pages = t.buffers["L0.k_cache"].shape[0]
-    page_table = t.view(PAGE_TABLE, (slots, MP))
-    kc = t.view(f"L{layer}.k_cache", (pages, PT, KVH, HD))
-    vc = t.view(f"L{layer}.v_cache", (pages, PT, KVH, HD))
+    page_table, kc, vc = _layer_cache(t, layer, MP, PT, KVH, HD, window)
     if launch.fuse_rope_kv_write():
         b.launch("rope_kv_write", qkv, rows.positions, inv_freq, rows.token_row, rows.slot,
                  page_table, kc, vc, T, R, MP, PT, H, KVH, HD)
@@ -120,17 +129,15 @@ def attend(b: ProgramBuilder, p: Pass, layer: int, qkv: View, attn: View, H: int
 
     `window` > 0 (a sliding-window layer): each query attends to the last `window`
     positions only, itself included (``attention_decode_window``, one launch per decode
-    pass; ``attention_prefill_window``).
+    pass; ``attention_prefill_window``), over the window region's planes through its
+    page table (entries wholly behind the window are never read: their pages went back
+    to the pool).
     """
     t = b.table
     T, R, PT, MP = p.tokens, p.requests, p.page_tokens, p.pages_per_request
     rows = p.rows
     pos = rows.positions
-    slots = t.buffers[PAGE_TABLE].shape[0]
-    pages = t.buffers["L0.k_cache"].shape[0]
-    page_table = t.view(PAGE_TABLE, (slots, MP))
-    kc = t.view(f"L{layer}.k_cache", (pages, PT, KVH, HD))
-    vc = t.view(f"L{layer}.v_cache", (pages, PT, KVH, HD))
+    page_table, kc, vc = _layer_cache(t, layer, MP, PT, KVH, HD, window)
     if window:
         if p.decode_attention:
             b.launch("attention_decode_window", qkv, pos, rows.attn_slot, page_table, kc, vc,

@@ -43,6 +43,7 @@ from .buffers import (
     TOP_IDS,
     TRANSFER_NAMES,
     TUNED_SPLITS,
+    WINDOW_PAGE_TABLE,
     Speculation,
     declare_buffers,
     paged_planes,
@@ -353,6 +354,11 @@ def _graph_contract(name: str, op: int, rows: int, tokens: int, s: Family,
                                              slots)
     g.bindings.extend(pt_bindings)
     g.state_accesses.extend(pt_access)
+    if WINDOW_PAGE_TABLE in table.buffers:  # the sliding-window region's page table
+        pt_bindings, pt_access = decl.paged_text(
+            WINDOW_PAGE_TABLE, table.buffers[WINDOW_PAGE_TABLE].shape[1] * 4, slots)
+        g.bindings.extend(pt_bindings)
+        g.state_accesses.extend(pt_access)
     g.state_accesses.extend(decl.state_transfer(INPUT_NAMES["histogram"], s.vocab * 4, slots,
                                                 logit_bias=INPUT_NAMES["logit_bias"]))
     if device_pending:

@@ -188,7 +188,7 @@ class Gemma3Shapes(DecoderShapes):
             product(b, lin, h, w(f"L{i}.wqkv", s.qkv_width, D), qkv, T, s.qkv_width, D)
             b.launch("head_rmsnorm", qkv, w(f"L{i}.q_norm", HD), w(f"L{i}.k_norm", HD), T, H,
                      KVH, HD, s.rms_eps)
-            write_kv(b, p, i, qkv, tables[int(window > 0)], H, KVH, HD)
+            write_kv(b, p, i, qkv, tables[int(window > 0)], H, KVH, HD, window=window)
             attend(b, p, i, qkv, attn, H, KVH, HD, s.query_scale, window=window)
             product(b, lin, attn, w(f"L{i}.wo", D, H * HD), x, T, D, H * HD)
             b.launch("rmsnorm", x, w(f"L{i}.post_attn_norm", D), y, T, D, s.rms_eps)

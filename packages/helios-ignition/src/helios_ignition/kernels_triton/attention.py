@@ -92,6 +92,17 @@ def rope_kv_write(qkv, positions, inv_freq, token_row, slot, page_table, k_cache
                     MP, PT, H, KVH, HD, BLOCK)
 
 
+# A window of W > 0 tokens: a query at position p sees positions p - W + 1 .. p; W = 0:
+# the whole causal context. The span below is the window, or INT32_MAX for none (p - span
+# never overflows for p >= 0), so one formula serves both.
+_NO_WINDOW = tl.constexpr(2147483647)
+
+
+@triton.jit
+def _window_span(W):
+    return tl.where(W > 0, W, _NO_WINDOW)
+
+
 @triton.jit
 def attention_decode(qkv, positions, slot, page_table, k_cache, v_cache, out,
                      B, MP, PT, H, KVH, HD, scale, BLOCK_N: tl.constexpr,
@@ -101,6 +112,16 @@ def attention_decode(qkv, positions, slot, page_table, k_cache, v_cache, out,
     Online softmax (running max / sum / weighted value) over ``BLOCK_N``-token context
     blocks, f32 throughout; ``q`` is scaled before the dot as the reference does.
     """
+    _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, out, MP, PT, H, KVH, HD,
+                 0, scale, BLOCK_N, BLOCK_HD)
+
+
+@triton.jit
+def _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, out, MP, PT, H, KVH, HD,
+                 W, scale, BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr):
+    """``attention_decode`` (W = 0) and ``attention_decode_window`` (kernels_triton/
+    window.py): the row at position p reads positions ``max(0, p - W + 1)..p`` only, so
+    no page-table entry wholly behind its window is read."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     kvh = h // (H // KVH)
@@ -114,11 +135,12 @@ def attention_decode(qkv, positions, slot, page_table, k_cache, v_cache, out,
         width = (H + 2 * KVH) * HD
         q = tl.load(qkv + b * width + h * HD + d, mask=md, other=0.0) * scale
         ctx = tl.load(positions + b) + 1
+        lo = tl.maximum(ctx - _window_span(W), 0)
         m_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0) + NEG_BIG
         l_i = tl.sum(tl.zeros((BLOCK_N,), tl.float32), axis=0)
         acc = tl.zeros((BLOCK_HD,), tl.float32)
         row = page_table + s.to(tl.int64) * MP
-        for j0 in range(0, ctx, BLOCK_N):
+        for j0 in range(lo, ctx, BLOCK_N):
             j = j0 + tl.arange(0, BLOCK_N)
             mj = j < ctx
             page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
@@ -149,9 +171,22 @@ def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_ca
     token to its own row and to ``j <= position`` (flash attention with an online
     softmax; dots in 3xTF32, near f32). Padding tokens and rows get zeros.
     """
+    _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out, T, MP,
+                   PT, H, KVH, HD, 0, scale, BLOCK_M, BLOCK_N, BLOCK_HD)
+
+
+@triton.jit
+def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out, T, MP,
+                   PT, H, KVH, HD, W, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_HD: tl.constexpr):
+    """``attention_prefill`` (W = 0) and ``attention_prefill_window`` (kernels_triton/
+    window.py): each row present in the block streams its cache positions from the first
+    its earliest token still sees (``min position - W + 1``; 0 without a window) to its
+    latest, masked to ``p - W < j <= p``."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // (H // KVH)
+    span = _window_span(W)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mm = offs_m < T
     d = tl.arange(0, BLOCK_HD)
@@ -172,8 +207,10 @@ def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_ca
         mine = live & (trow == r)
         s = tl.max(tl.where(mine, srow, -1), axis=0)
         pmax = tl.max(tl.where(mine, pos, -1), axis=0)
+        pmin = tl.min(tl.where(mine, pos, 2147483647), axis=0)
+        lo = tl.maximum(pmin - span + 1, 0)
         row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
-        for j0 in range(0, pmax + 1, BLOCK_N):
+        for j0 in range(lo, pmax + 1, BLOCK_N):
             j = j0 + tl.arange(0, BLOCK_N)
             mj = j <= pmax
             page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
@@ -181,7 +218,8 @@ def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_ca
             mkv = mj[:, None] & md[None, :]
             k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
             sc = tl.dot(q, tl.trans(k), input_precision="tf32x3")
-            vis = mine[:, None] & (j[None, :] <= pos[:, None]) & mj[None, :]
+            vis = (mine[:, None] & (j[None, :] <= pos[:, None])
+                   & (j[None, :] > pos[:, None] - span) & mj[None, :])
             sc = tl.where(vis, sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
             alpha = libdevice.exp(m_i - m_new)

@@ -187,6 +187,10 @@ class RowPlan:
             scores nothing. A step with such a row runs a SCORED_PREFILL program.
         images: PREFILL rows only: the request's images whose spans overlap this chunk
             (each encoded whole by the step; PromptImage).
+        window_page_ids: the slot's sliding-window page list (ModelGeometry
+            .window_tokens > 0), unshifted like `page_ids` and as long; entries of pages
+            wholly behind the window of every query still to compute are -1 (returned
+            to the pool; never read). Empty when the core has no window region.
     """
 
     request_id: int
@@ -203,6 +207,7 @@ class RowPlan:
     candidates: CopiedCandidates | None = None
     score_targets: tuple[int, ...] | None = None
     images: tuple[PromptImage, ...] = ()
+    window_page_ids: tuple[int, ...] = ()
 
     # The generated __init__ of a frozen dataclass calls object.__setattr__ once per field
     # (~4 us for these 12 on CPython 3.11); rows are built for every lane of every step, so
@@ -213,7 +218,8 @@ class RowPlan:
                  grammar_mask: np.ndarray | None = None, query_length: int = 0,
                  candidates: CopiedCandidates | None = None,
                  score_targets: tuple[int, ...] | None = None,
-                 images: tuple[PromptImage, ...] = ()) -> None:
+                 images: tuple[PromptImage, ...] = (),
+                 window_page_ids: tuple[int, ...] = ()) -> None:
         d = self.__dict__
         d["request_id"] = request_id
         d["slot"] = slot
@@ -229,6 +235,7 @@ class RowPlan:
         d["candidates"] = candidates
         d["score_targets"] = score_targets
         d["images"] = images
+        d["window_page_ids"] = window_page_ids
 
     @property
     def lane_length(self) -> int:
@@ -342,6 +349,12 @@ class ModelGeometry:
         image_windows: windows one image prefill program encodes (0: no images); every
             image span of a step is encoded whole.
         image_feature_slots: image features one request may hold (vision.feature_slots).
+        window_tokens: the sliding-window region's window (HistoryRegion.window_tokens;
+            0: the core has none). Its pages come from their own pool, are private to
+            their request, and go back to the pool once wholly behind the window of every
+            position still to compute (scheduler/allocation.py, WindowPages); prefix
+            reuse is then off (a cached prefix holds no window pages).
+        window_pages: pages of the sliding-window region's pool (its planes' extent).
     """
 
     page_tokens: int
@@ -372,6 +385,8 @@ class ModelGeometry:
     scored_token_capacities: tuple[int, ...] = ()
     image_windows: int = 0
     image_feature_slots: int = 0
+    window_tokens: int = 0
+    window_pages: int = 0
 
     @property
     def lane_widths(self) -> tuple[int, ...]:

@@ -229,13 +229,17 @@ class CudaBackend:
             if decl.dtype not in STORED_DTYPE:
                 raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
                                        "is not supported by the cuda backend")
-        snapshots = [d for d in others if d.name in tiers.rows]
+        snapshots = [d for d in others if d.name in tiers.rows and d.name not in tiers.window]
+        window = [d for d in others if d.name in tiers.window]
         model = sum(self._nbytes(d) for d in others if d.name not in tiers.rows)
         rows = tiers.rows[snapshots[0].name] if snapshots else 0
         asks = [MemoryAsk("the core", "the model", model, "weights and other buffers"),
                 MemoryAsk("the core", "kernel scratch", self._scratch_nbytes(programs)),
                 MemoryAsk(snapshot_option, "snapshot storage",
                           sum(self._nbytes(d) for d in snapshots), f"{rows} rows"),
+                MemoryAsk("the core", "sliding-window pages",
+                          sum(self._nbytes(d) for d in window),
+                          f"{tiers.rows[window[0].name] if window else 0} pages"),
                 cache.fixed_ask(backend="cuda", page_bytes=max(_page_bytes(planes), 1),
                                 prepared_pages=int(planes[0].shape[0]) if planes else 0)]
         return [a for a in asks if a is not None]

@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from helios_contract import window_request_pages
 
 from ..engine.plan import (
     CopiedCandidates,
+    ModelGeometry,
     RowPlan,
     SamplingParams,
     StepCompletion,
@@ -25,6 +27,27 @@ from ..engine.plan import (
 from .native_model import NativeModel
 
 GREEDY = SamplingParams()
+
+
+def ring_window_pages(g: ModelGeometry, slot: int, length: int) -> tuple[int, ...]:
+    """A slot's sliding-window page list covering positions [0, length) without the
+    scheduler (RowPlan.window_page_ids): slot s owns window pages [s n, (s + 1) n),
+    n = window_pages // slots, and logical page i is page s n + i % n, a ring. Page i is
+    reused for page i + n only after every query reading it ran, since n holds one
+    request's window at the longest captured chunk (capture sizes the pool so).
+    () without a window region.
+
+    Raises:
+        ValueError: the pool holds fewer pages per slot than a prefill chunk's window.
+    """
+    if not g.window_tokens:
+        return ()
+    n = g.window_pages // g.slots
+    chunk = max(g.prefill_token_capacities)
+    if n < window_request_pages(g.window_tokens, g.page_tokens, chunk):
+        raise ValueError(f"the window pool's {n} pages per slot hold no {chunk}-token chunk "
+                         f"of a {g.window_tokens}-token window")
+    return tuple(slot * n + i % n for i in range(math.ceil(length / g.page_tokens)))
 
 
 @dataclass
@@ -85,7 +108,9 @@ class Driver:
                           tokens=tuple(piece), start_position=start,
                           page_ids=self._pages(lane.slot, start + len(piece)), sample=last,
                           sampling=lane.sampling,
-                          histogram_tokens=tuple(lane.tokens) if start == 0 else None)
+                          histogram_tokens=tuple(lane.tokens) if start == 0 else None,
+                          window_page_ids=ring_window_pages(self.model.manifests, lane.slot,
+                                                            start + len(piece)))
             sampled = int(self._run(StepPlan(StepKind.PREFILL, (row,)))[0])
         return sampled
 
@@ -93,7 +118,9 @@ class Driver:
         rows = tuple(RowPlan(request_id=lane.slot, slot=lane.slot, generation=self._generation,
                              tokens=(tok,), start_position=len(lane.tokens),
                              page_ids=self._pages(lane.slot, len(lane.tokens) + 1),
-                             sample=True, sampling=lane.sampling)
+                             sample=True, sampling=lane.sampling,
+                             window_page_ids=ring_window_pages(
+                                 self.model.manifests, lane.slot, len(lane.tokens) + 1))
                      for lane, tok in zip(lanes, fed, strict=True))
         return self._run(StepPlan(StepKind.DECODE, rows))
 

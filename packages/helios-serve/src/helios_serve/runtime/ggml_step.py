@@ -15,8 +15,11 @@ Graph forms (each the math of its NumPy reference op in helios_tools.kernels):
 ``embedding``, ``rmsnorm``, ``add_rmsnorm``, ``linear``, ``linear_add``,
 ``swiglu_linear``, ``swiglu_linear_add``, ``silu_mul``, ``rope_kv_write`` (RoPE in
 ggml's half-split layout, then the keys and values stored in the paged cache by row
-index), and ``attention_decode_split`` followed by its ``attention_decode_merge`` (one
-attention over the gathered cache rows: the split is a GPU scheduling detail).
+index), ``attention_decode_split`` followed by its ``attention_decode_merge`` (one
+attention over the gathered cache rows: the split is a GPU scheduling detail),
+``attention_prefill``, and the sliding-window ``attention_decode_window`` and
+``attention_prefill_window`` (the same forms gathering each row's window only: no
+page-table entry behind it is read).
 
 Attention reads a fixed number of gathered cache positions per row, so a program with
 attention is built once per context bucket (64, 128, ... positions up to the page table's
@@ -53,7 +56,8 @@ ATTENTION_BYTES = 64 << 20
 GRAPH_OPS = frozenset({"embedding", "rmsnorm", "add_rmsnorm", "linear", "linear_add",
                        "swiglu_linear", "swiglu_linear_add", "silu_mul", "rope_kv_write",
                        "attention_decode_split", "attention_decode_merge",
-                       "attention_prefill"})
+                       "attention_prefill", "attention_decode_window",
+                       "attention_prefill_window"})
 
 
 def step_graphs_enabled() -> bool:
@@ -365,6 +369,19 @@ class StepPrograms:
                 self._bucket(run, R * MP * PT, 3 * KVH * HD + T * H,
                              _prefill_need(positions, token_row, slot, T, R))
                 break
+            if op == "attention_decode_window":
+                _, positions, slot, _, _, _, _, B, MP, PT, H, KVH, HD, W, _ = args
+                if B > MAX_GRAPH_ROWS:
+                    raise Unfusable(f"{B} attention rows")
+                self._bucket(run, min(MP * PT, W), B * (3 * KVH * HD + H),
+                             _decode_need(positions, slot, B, W))
+                break
+            if op == "attention_prefill_window":
+                _, positions, token_row, slot, _, _, _, _, T, R, MP, PT, H, KVH, HD, W, _ = args
+                # a row gathers its tokens' span and the W - 1 positions before it
+                self._bucket(run, min(R * MP * PT, R * (W - 1) + T), 3 * KVH * HD + T * H,
+                             _prefill_need(positions, token_row, slot, T, R, W))
+                break
         hosts: dict[tuple, tuple] = {}
         for bucket in run.buckets:
             ctx, nodes = self._new_ctx(len(run.launches))
@@ -550,8 +567,10 @@ def _rope_freqs(inv_freq: np.ndarray, HD: int) -> tuple[float, np.ndarray | None
 def _cache_rows(hosts, positions, token_row, slot, page_table, T, R, MP, PT):
     """The host arrays of a step's cache-row writes, shared by every layer: destination
     row per token (page * PT + position % PT) and the source token it copies (padding
-    tokens repeat a live token's write)."""
-    key = ("rows", positions.ctypes.data, token_row.ctypes.data, slot.ctypes.data, T)
+    tokens repeat a live token's write). Keyed by the page table too: a sliding-window
+    region's layers write through their own."""
+    key = ("rows", positions.ctypes.data, token_row.ctypes.data, slot.ctypes.data,
+           page_table.ctypes.data, T)
     if key in hosts:
         return hosts[key]
     dst = np.zeros(T, np.int64)
@@ -629,19 +648,28 @@ def _rope_kv_write(b: _Builder, names, args, writers, hosts) -> None:
         b.heads.append(stored)
 
 
-def _decode_need(positions, slot, B) -> Callable[[], int | None]:
-    """The step's longest context of one-token rows (None: no live row)."""
+def _decode_need(positions, slot, B, W: int = 0) -> Callable[[], int | None]:
+    """The step's longest context of one-token rows, or within a window of `W` > 0
+    tokens its longest window (None: no live row)."""
     def need() -> int | None:
         live = slot[:B] >= 0
         if not live.any():
             return None
-        return int(positions[:B][live].max()) + 1
+        ctx = int(positions[:B][live].max()) + 1
+        return min(ctx, W) if W else ctx
     return need
 
 
-def _prefill_need(positions, token_row, slot, T, R) -> Callable[[], int | None]:
+def _first_seen(pmin: int, W: int) -> int:
+    """The first position a row's tokens see: 0, or within a window of `W` > 0 tokens
+    the earliest token's window start."""
+    return max(0, pmin - W + 1) if W else 0
+
+
+def _prefill_need(positions, token_row, slot, T, R, W: int = 0) -> Callable[[], int | None]:
     """The step's gathered positions for packed prefill tokens: the sum over live rows
-    of their contexts (None: no live token)."""
+    of the positions they see (`_first_seen` .. their last token's; None: no live
+    token)."""
     def need() -> int | None:
         rows = token_row[:T]
         live = rows >= 0
@@ -649,14 +677,20 @@ def _prefill_need(positions, token_row, slot, T, R) -> Callable[[], int | None]:
         if not live.any():
             return None
         pos = positions[:T]
-        return sum(int(pos[live & (rows == r)].max()) + 1 for r in np.unique(rows[live]))
+        total = 0
+        for r in np.unique(rows[live]):
+            mine = pos[live & (rows == r)]
+            total += int(mine.max()) + 1 - _first_seen(int(mine.min()), W)
+        return total
     return need
 
 
-def _attention_rows(hosts, positions, slot, page_table, B, MP, PT, L):
+def _attention_rows(hosts, positions, slot, page_table, B, MP, PT, L, W=0):
     """Host arrays of one bucket's attention: gathered cache row per (row, position),
-    the additive mask (0 or -inf) and the live-row factor; shared by every layer."""
-    key = ("attn", positions.ctypes.data, slot.ctypes.data, B, L)
+    the additive mask (0 or -inf) and the live-row factor; shared by every layer. Row b
+    gathers positions lo_b + i (i < L): lo_b = 0, or within a window of `W` > 0 tokens
+    ctx_b - W, so no page-table entry behind its window is read."""
+    key = ("attn", positions.ctypes.data, slot.ctypes.data, page_table.ctypes.data, B, L, W)
     if key in hosts:
         return hosts[key]
     idx = np.zeros(L * B, np.int32)
@@ -673,14 +707,16 @@ def _attention_rows(hosts, positions, slot, page_table, B, MP, PT, L):
         worst = int(ctx_len.max())
         if (worst + PT - 1) // PT > MP:
             return None
-        valid = j[None, :] < ctx_len[:, None]
+        lo = np.maximum(ctx_len - W, 0) if W else np.zeros_like(ctx_len)
+        at = lo[:, None] + j[None, :]
+        valid = at < ctx_len[:, None]
         sl = np.where(live, s, s[live][0])
-        jc = np.where(valid, j[None, :], 0)
+        jc = np.where(valid, at, lo[:, None])
         rows = page_table[sl[:, None], jc // PT].astype(np.int64) * PT + jc % PT
         idx[:] = rows.reshape(-1)
         mask[:] = np.where(valid, 0.0, -np.inf)
         live_f[:] = live
-        return worst
+        return int((ctx_len - lo).max())
 
     hosts[key] = (idx, mask, live_f, write)
     return hosts[key]
@@ -695,12 +731,26 @@ def _attention_merge(b: _Builder, names, args, writers, hosts) -> None:
     (qkv, positions, slot, page_table, k_cache, v_cache, _, _,
      B, MP, PT, H, KVH, HD, NS, SPLIT, scale) = sargs
     _, _, _, out, _, _, _, _ = args
+    _decode_form(b, (snames[0], snames[4], snames[5], names[3]),
+                 (qkv, positions, slot, page_table, k_cache, v_cache, out,
+                  B, MP, PT, H, KVH, HD, 0, scale), writers, hosts)
+
+
+def _attention_decode_window(b: _Builder, names, args, writers, hosts) -> None:
+    _decode_form(b, (names[0], names[4], names[5], names[6]), args, writers, hosts)
+
+
+def _decode_form(b: _Builder, names, args, writers, hosts) -> None:
+    """One-token-per-row attention over each row's gathered positions (its context, or
+    its window of W > 0 tokens); `names`: (qkv, k cache, v cache, out) buffers."""
+    (qkv, positions, slot, page_table, k_cache, v_cache, out,
+     B, MP, PT, H, KVH, HD, W, scale) = args
     g, ctx, L = b.g, b.ctx, b.bucket
-    x = b.read(snames[0], qkv, B, qkv.shape[1])
+    x = b.read(names[0], qkv, B, qkv.shape[1])
     row = _nb1(x)
     q = g.view_4d(ctx, x, HD, 1, H, B, HD * 4, HD * 4, row, 0)
     idx, mask, live_f, write = _attention_rows(hosts, positions, slot, page_table, B, MP,
-                                               PT, L)
+                                               PT, L, W)
     if write not in writers:
         writers.append(write)
     t_idx = g.new_tensor_1d(ctx, GGML_I32, L * B)
@@ -714,22 +764,24 @@ def _attention_merge(b: _Builder, names, args, writers, hosts) -> None:
         rows = g.get_rows(ctx, _cache_value(b, name, cache, PT, KVH * HD), t_idx)
         return g.reshape_4d(ctx, rows, HD, KVH, L, B)
 
-    k = g.permute(ctx, gathered(snames[4], k_cache), 0, 2, 1, 3)  # [HD, L, KVH, B]
+    k = g.permute(ctx, gathered(names[1], k_cache), 0, 2, 1, 3)  # [HD, L, KVH, B]
     kq = g.mul_mat(ctx, k, q)  # [L, 1, H, B]
     kq = g.soft_max_ext(ctx, kq, t_mask, float(scale), 0.0)
-    v = g.cont(ctx, g.permute(ctx, gathered(snames[5], v_cache), 1, 2, 0, 3))  # [L,HD,KVH,B]
+    v = g.cont(ctx, g.permute(ctx, gathered(names[2], v_cache), 1, 2, 0, 3))  # [L,HD,KVH,B]
     o = g.mul_mat(ctx, v, kq)  # [HD, 1, H, B]
     o = g.mul(ctx, o, t_live)  # padding rows: zeros, as the reference
     b.write(names[3], out, g.reshape_2d(ctx, o, H * HD, B), B, H * HD)
 
 
-def _prefill_rows(hosts, positions, token_row, slot, page_table, T, R, MP, PT, L):
+def _prefill_rows(hosts, positions, token_row, slot, page_table, T, R, MP, PT, L, W=0):
     """Host arrays of one bucket's prefill attention, shared by every layer: the live
-    rows' contexts gathered one after another (row r: its positions 0 .. its last
-    token's, cache row page * PT + position) into `L` slots [L], the additive mask
-    [T, L] (a token sees its own row's positions up to its own) and the live-token
-    factor [T]. Gathering only live rows keeps the work to the contexts there are."""
-    key = ("prefill", positions.ctypes.data, token_row.ctypes.data, slot.ctypes.data, T, L)
+    rows' contexts gathered one after another (row r: its positions `_first_seen` .. its
+    last token's, cache row page * PT + position) into `L` slots [L], the additive mask
+    [T, L] (a token sees its own row's positions up to its own, and within a window of
+    `W` > 0 tokens none at or before its position - W) and the live-token factor [T].
+    Gathering only live rows keeps the work to the contexts there are."""
+    key = ("prefill", positions.ctypes.data, token_row.ctypes.data, slot.ctypes.data,
+           page_table.ctypes.data, T, L, W)
     if key in hosts:
         return hosts[key]
     idx = np.zeros(L, np.int32)
@@ -750,17 +802,20 @@ def _prefill_rows(hosts, positions, token_row, slot, page_table, T, R, MP, PT, L
         start = 0
         for r in np.unique(rows[live]):
             mine = np.flatnonzero(live & (rows == r))
-            ctx = int(pos[mine].max()) + 1
-            if start + ctx > L:
+            first = _first_seen(int(pos[mine].min()), W)
+            n = int(pos[mine].max()) + 1 - first
+            if start + n > L:
                 return None
-            j = np.arange(ctx)
-            idx[start:start + ctx] = page_table[int(slot[r]), j // PT].astype(np.int64) * PT \
+            j = np.arange(first, first + n)
+            idx[start:start + n] = page_table[int(slot[r]), j // PT].astype(np.int64) * PT \
                 + j % PT
-            seen = j[None, :] <= pos[mine, None]  # [tokens, ctx]
-            block = mask[mine, start:start + ctx]
+            seen = j[None, :] <= pos[mine, None]  # [tokens, n]
+            if W:
+                seen &= j[None, :] > pos[mine, None] - W
+            block = mask[mine, start:start + n]
             block[seen] = 0.0
-            mask[mine, start:start + ctx] = block
-            start += ctx
+            mask[mine, start:start + n] = block
+            start += n
         mask[~live, 0] = 0.0  # padding tokens: one finite score (their output is zeroed)
         live_f[:] = live
         return start
@@ -770,16 +825,24 @@ def _prefill_rows(hosts, positions, token_row, slot, page_table, T, R, MP, PT, L
 
 
 def _attention_prefill(b: _Builder, names, args, writers, hosts) -> None:
-    """Causal attention of packed prefill tokens over their rows' gathered contexts
-    (bucket `b.bucket` positions in all)."""
     (qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
      T, R, MP, PT, H, KVH, HD, scale) = args
+    _prefill_form(b, names, (qkv, positions, token_row, slot, page_table, k_cache, v_cache,
+                             out, T, R, MP, PT, H, KVH, HD, 0, scale), writers, hosts)
+
+
+def _prefill_form(b: _Builder, names, args, writers, hosts) -> None:
+    """Causal attention of packed prefill tokens over their rows' gathered contexts
+    (bucket `b.bucket` positions in all), within a window of W > 0 tokens when given
+    (``attention_prefill_window``'s arguments)."""
+    (qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
+     T, R, MP, PT, H, KVH, HD, W, scale) = args
     g, ctx, L = b.g, b.ctx, b.bucket
     x = b.read(names[0], qkv, T, qkv.shape[1])
     row = _nb1(x)
     q = g.permute(ctx, g.view_3d(ctx, x, HD, H, T, HD * 4, row, 0), 0, 2, 1, 3)  # [HD,T,H]
     idx, mask, live_f, write = _prefill_rows(hosts, positions, token_row, slot, page_table,
-                                             T, R, MP, PT, L)
+                                             T, R, MP, PT, L, W)
     if write not in writers:
         writers.append(write)
     t_idx = g.new_tensor_1d(ctx, GGML_I32, L)
@@ -814,6 +877,8 @@ def _cache_value(b: _Builder, name: str, cache: np.ndarray, PT: int, row: int) -
 
 _FORMS: dict[str, Callable] = {
     "attention_prefill": _attention_prefill,
+    "attention_prefill_window": _prefill_form,  # its arguments are the form's
+    "attention_decode_window": _attention_decode_window,
     "embedding": _embedding,
     "rmsnorm": _rmsnorm,
     "add_rmsnorm": _add_rmsnorm,

@@ -98,7 +98,8 @@ class NativeModel:
                         if _prefix_limit(g) and g.speculative.token_capacity in served}
         self.frames = int(backend.frames)
         staging = [backend.staging(f) for f in range(self.frames)]
-        self.packing = SharedPacking(graphs, staging, prepared.page_table_views)
+        self.packing = SharedPacking(graphs, staging, prepared.page_table_views,
+                                     _window_regions(prepared.serving.model.cache))
         self._completion = CompletionReader(list(manifest.graphs), staging)
         # One pending-token view for every decode graph: a capability rule checked at load.
         decode = prepared.graphs_for(cpb.OPERATION_DECODE)[0]
@@ -181,7 +182,7 @@ class NativeModel:
         # Before anything is allocated (the cuda backend checks its device memory itself).
         check_fits(tiers.host_asks(backend), memory=HOST_MEMORY,
                    available=host_available_bytes())
-        if tiers.rows.rows:  # the core declares continuation or host-tier planes
+        if set(tiers.rows.rows) - tiers.rows.window:  # continuation or host-tier planes
             with log.phase("cache tiers") as phase:
                 phase.detail = tiers.describe(backend)
         if backend == "cuda":
@@ -442,6 +443,8 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
     manifest = prepared.manifest
     buffers = {b.name: b for b in manifest.buffers}
     tables = [buffers[v.buffer] for v in prepared.page_table_views]
+    window = next((r for r in prepared.serving.model.cache.regions
+                   if r.kind == cpb.HISTORY_KIND_SLIDING_WINDOW), None)
     slots = request_slots(prepared.serving, manifest)
     width = min(int(t.shape[1]) for t in tables)
     decode = list(prepared.decode_capacities)
@@ -489,7 +492,13 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
         candidate_masks=bool(widths) and prepared.constrained_speculation(widths),
         scored_token_capacities=tuple(sorted(
             g.token_capacity for g in prepared.graphs_for(cpb.OPERATION_SCORED_PREFILL))),
-        image_windows=image_windows, image_feature_slots=prepared.vision.feature_slots)
+        image_windows=image_windows, image_feature_slots=prepared.vision.feature_slots,
+        window_tokens=window.window_tokens if window else 0,
+        window_pages=int(buffers[window.planes[0]].shape[0]) if window else 0)
+
+
+def _window_regions(cache: cpb.CacheContract) -> frozenset[str]:
+    return frozenset(r.name for r in cache.regions if r.kind == cpb.HISTORY_KIND_SLIDING_WINDOW)
 
 
 def _prefix_limit(graph: cpb.GraphContract) -> bool:

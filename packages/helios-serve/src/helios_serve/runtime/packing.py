@@ -9,7 +9,9 @@ contract against; tests/serve/runtime/test_capabilities.py packs every pair of i
 Page tables are uploaded incrementally: only entries assigned since the slot's last
 upload, unless the slot generation changed. Entry i of a page-table view holds the
 request's page i + page_offset (PageTableView, contract.proto): a shifted view skips the
-first page_offset pages of `RowPlan.page_ids`. A slot's histogram row is initialized
+first page_offset pages of `RowPlan.page_ids` (a sliding-window region's view holds
+`RowPlan.window_page_ids`; entries behind the window are never read, so the stale
+ids uploaded there earlier stay). A slot's histogram row is initialized
 once, on the step that places the request in the slot.
 
 Index spaces: PACKED_TOKEN entries follow each row's actual token count in row order;
@@ -228,11 +230,15 @@ class SharedPacking:
             while step N runs); physical-request-row state (page tables, histogram rows)
             is the same host mirror in every frame.
         page_table_views: the contract's page-table views (their page offsets).
+        window_regions: names of the sliding-window regions: their views hold
+            `RowPlan.window_page_ids` (the window region's own page list), the others
+            `RowPlan.page_ids`.
     """
 
     def __init__(self, graphs: Sequence[cpb.GraphContract],
                  staging: Sequence[Mapping[str, np.ndarray]],
-                 page_table_views: Sequence[cpb.PageTableView] = ()):
+                 page_table_views: Sequence[cpb.PageTableView] = (),
+                 window_regions: frozenset[str] = frozenset()):
         # SAMPLING_VALUES sources: one table per (source, dtype, row shape), shared by the
         # bindings that write it; `_holders[slot]` is the SamplingParams its row holds.
         self._tables: dict[tuple, tuple[int, np.ndarray]] = {}
@@ -276,6 +282,8 @@ class SharedPacking:
         self._written: dict[int, tuple[int, tuple[SamplingParams, ...]]] = {}
         # page-table buffer -> pages of RowPlan.page_ids before its entry 0.
         self._page_offset = {v.buffer: v.page_offset for v in page_table_views}
+        self._window_tables = {v.buffer for v in page_table_views if v.region in window_regions}
+        self._extra = max((v.page_offset for v in page_table_views), default=0)
         # page-table buffer -> per slot: [generation, page entries uploaded] (lists grown
         # on demand); see the module docstring.
         self._uploaded: dict[str, tuple[list[int], list[int]]] = {}
@@ -447,20 +455,26 @@ class SharedPacking:
         rows = step.rows
         if b.source == V.VALUE_SOURCE_PAGE_TABLE:
             shift = self._page_offset.get(b.destination, 0)
+            window = b.destination in self._window_tables
             uploaded = self._uploaded.get(b.destination)
             if uploaded is None:
                 uploaded = self._uploaded[b.destination] = ([-1] * len(dest), [0] * len(dest))
             generations, uploads = uploaded
             for r in rows:
                 slot = r.slot
-                entries = len(r.page_ids) - shift  # view entry i = page i + shift
+                pages = r.window_page_ids if window else r.page_ids
+                if window and len(pages) + self._extra != len(r.page_ids):
+                    raise ValueError(f"row of request {r.request_id}: a sliding-window view "
+                                     f"needs its window pages ({len(pages)} for "
+                                     f"{len(r.page_ids)} pages)")
+                entries = len(pages) - shift  # view entry i = page i + shift
                 if generations[slot] == r.generation:
                     done = uploads[slot]
                 else:
                     done = 0
                     generations[slot] = r.generation
                 if entries > done:
-                    dest[slot, done:entries] = r.page_ids[shift + done:]
+                    dest[slot, done:entries] = pages[shift + done:]
                     dirty.append(DirtyRange(b.destination, slot, done, entries))
                 uploads[slot] = entries if entries > 0 else 0
         elif b.source == V.VALUE_SOURCE_PROMPT_HISTOGRAM:

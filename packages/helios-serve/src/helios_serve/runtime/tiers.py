@@ -27,15 +27,19 @@ from .errors import RuntimeLoadError
 
 @dataclass(frozen=True)
 class TierRows:
-    """Rows of each continuation and host-tier plane (the other cache planes are paged).
+    """Rows of each cache plane whose leading extent is not the paged cache's chosen page
+    count: continuation and host-tier planes, and the sliding-window region's planes
+    (its own page pool, kept at the manifest's extent). The other cache planes are paged.
 
     Attributes:
         rows: plane name -> leading extent (0 allowed: the tier is off).
         host: the names among `rows` that are host-tier planes (host memory).
+        window: the names among `rows` that are sliding-window planes (device memory).
     """
 
     rows: Mapping[str, int] = field(default_factory=dict)
     host: frozenset[str] = frozenset()
+    window: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         bad = {n: r for n, r in self.rows.items() if r < 0}
@@ -162,9 +166,13 @@ def choose_tiers(cache: cpb.CacheContract, graphs: Sequence[cpb.GraphContract],
               if r.source in used and r.destination in used}
     rows = {p: snapshot_rows for p in tiers.continuation}
     rows.update({p: host_rows for p in tiers.host})
+    window = {p: int(buffers[p].shape[0]) for r in cache.regions
+              if r.kind == cpb.HISTORY_KIND_SLIDING_WINDOW for p in r.planes}
+    rows.update(window)
     snapshot_option = (f"--snapshots {snapshots}" if snapshots is not None
                        else f"the core's prepared_snapshots {prepared_snapshots}")
-    return TierChoice(TierRows(rows, frozenset(tiers.host)), snapshot_rows, host_rows,
+    return TierChoice(TierRows(rows, frozenset(tiers.host), frozenset(window)),
+                      snapshot_rows, host_rows,
                       host_row_bytes, sum(_row_bytes(buffers[p]) for p in tiers.pages), routes,
                       sum(_row_bytes(buffers[p]) for p in tiers.continuation),
                       snapshot_option, f"--host-cache-bytes {host_cache_bytes}")

@@ -24,17 +24,71 @@ Fields set by `allocate` and reset by `release` (Sequence):
 Page indexes are physical page ids; positions count tokens of the request's own sequence.
 A shifted page-table view keeps `extra_pages_per_request` pages beyond those holding
 positions (`token_pages`).
+
+A sliding-window region (ModelGeometry.window_tokens > 0) has its own pool
+(`WindowPages`) and page list (`Sequence.window_page_ids`, logical like `page_ids` and
+always as long as its token pages): window pages are taken with the token pages they
+mirror (all or none) and released once wholly behind the window (`trim_window`).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 from helios_serve.engine.plan import ModelGeometry
 from helios_serve.scheduler.cache import CacheManager
 from helios_serve.scheduler.capacity import ceil_div
 from helios_serve.scheduler.sequence import Sequence
 from helios_serve.scheduler.transfers import Failed
+
+
+class WindowPages:
+    """The sliding-window region's page pool: private pages, no prefix cache.
+
+    Invariant: ``free_pages + used_pages == num_pages``. Page k of a request (positions
+    [k * page_tokens, (k + 1) * page_tokens)) is released once
+    ``(k + 1) * page_tokens <= num_computed - window_tokens + 1``: a query at position p
+    reads positions p - window_tokens + 1 .. p, and every query of the request still to
+    run (in flight or not yet planned) has p >= num_computed, so no program reads the
+    page again and another request may take it at once. A request thus holds at most
+    ceil(window_tokens / page_tokens) + 1 pages while it decodes (capture's
+    ``window_request_pages``; a prefill chunk adds its own pages).
+
+    Args:
+        num_pages: pages of the region's pool (its planes' leading extent).
+        page_tokens: tokens per page.
+        window_tokens: the region's window (>= 1).
+    """
+
+    def __init__(self, num_pages: int, page_tokens: int, window_tokens: int) -> None:
+        self.num_pages = num_pages
+        self.page_tokens = page_tokens
+        self.window_tokens = window_tokens
+        self._free = deque(range(num_pages))  # FIFO, ascending ids at start
+        self.released = 0  # pages returned behind the window (monotonic)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def behind(self, computed: int) -> int:
+        """Leading pages of a request wholly behind the window of every position >=
+        `computed` (the class invariant)."""
+        return max(0, computed - self.window_tokens + 1) // self.page_tokens
+
+    def acquire(self, count: int) -> list[int] | None:
+        """`count` free pages (ascending take order), or None (no change) if fewer."""
+        if count > len(self._free):
+            return None
+        return [self._free.popleft() for _ in range(count)]
+
+    def release(self, page_ids: list[int]) -> None:
+        self._free.extend(page_ids)
 
 
 class SequencePages:
@@ -52,6 +106,9 @@ class SequencePages:
         self._free_slots = list(range(geometry.slots))  # min-heap: lowest slot first
         self._generations = [0] * geometry.slots  # per physical request row
         self.reused_tokens = 0  # prompt tokens reused over every allocation
+        self.window = (WindowPages(geometry.window_pages, geometry.page_tokens,
+                                   geometry.window_tokens)
+                       if geometry.window_tokens else None)
 
     @property
     def free_slots(self) -> int:
@@ -91,10 +148,17 @@ class SequencePages:
         n = min(len(seq.tokens) - start, budget)
         held = len(match.device.page_ids) + match.fresh_pages  # pages of the reused part
         need = min(ceil_div(start + n, pt) + extra - held, self.cache.available_for(match))
+        if self.window is not None:  # as many window pages as token pages (no reuse)
+            need = min(need, self.window.free_pages + extra - held)
         if need < 0 or (held + need - extra) * pt <= start:
             return False  # no page for the first token to compute
         grant = self.cache.grant(match, need, failed)
         assert grant is not None
+        if self.window is not None:
+            window = self.window.acquire(held + need - extra)
+            assert window is not None
+            seq.window_page_ids = window
+            seq.window_released = 0
         slot = heapq.heappop(self._free_slots)
         self._generations[slot] += 1
         seq.slot = slot
@@ -121,9 +185,12 @@ class SequencePages:
         start = seq.num_scheduled
         n = min(seq.prefill_tokens - start, budget)
         need = ceil_div(start + n, pt) - self.token_pages(seq)
+        self.trim_window(seq)
         if need > 0:
             pages = self.cache.pages
             need = min(need, pages.available_pages)
+            if self.window is not None:
+                need = min(need, self.window.free_pages)
             n = min(n, (self.token_pages(seq) + need) * pt - start)
             if n <= 0:
                 return 0
@@ -131,6 +198,7 @@ class SequencePages:
                 grant = pages.acquire(None, need)
                 assert grant is not None
                 seq.page_ids.extend(grant.page_ids)
+                self._take_window(seq, need)
         return n
 
     def extend(self, seq: Sequence, end: int) -> bool:
@@ -141,18 +209,53 @@ class SequencePages:
             False (no change) when the pages are not available.
         """
         need = ceil_div(end, self.page_tokens) - self.token_pages(seq)
+        self.trim_window(seq)
         if need > 0:
+            if self.window is not None and self.window.free_pages < need:
+                return False
             grant = self.cache.pages.acquire(None, need)
             if grant is None:
                 return False
             seq.page_ids.extend(grant.page_ids)
+            self._take_window(seq, need)
         return True
+
+    def _take_window(self, seq: Sequence, count: int) -> None:
+        """`count` more window pages for `seq` (the callers checked they are free)."""
+        if self.window is not None:
+            window = self.window.acquire(count)
+            assert window is not None
+            seq.window_page_ids.extend(window)
+
+    def trim_window(self, seq: Sequence) -> None:
+        """Return `seq`'s window pages wholly behind the window of every position it still
+        computes (WindowPages) to the pool; their entries become -1."""
+        w = self.window
+        if w is None:
+            return
+        behind = min(w.behind(seq.num_computed), len(seq.window_page_ids))
+        done = seq.window_released
+        if behind > done:
+            ids = seq.window_page_ids
+            w.release(ids[done:behind])
+            w.released += behind - done
+            ids[done:behind] = [-1] * (behind - done)
+            seq.window_released = behind
+
+    def window_prefix(self, seq: Sequence, count: int) -> tuple[int, ...]:
+        """The first `count` entries of `seq`'s window page list (a RowPlan's
+        window_page_ids; () without a window region)."""
+        return tuple(seq.window_page_ids[:count]) if self.window is not None else ()
 
     def release(self, seq: Sequence) -> None:
         """Return `seq`'s pages (tail first) and slot, and reset its cache fields: a
         preempted request is allocated again from its tokens alone."""
         assert seq.slot is not None and seq.inflight_rows == 0
         self.cache.release(seq.page_ids)
+        if self.window is not None:
+            self.window.release(seq.window_page_ids[seq.window_released:])
+            seq.window_page_ids = []
+            seq.window_released = 0
         heapq.heappush(self._free_slots, seq.slot)
         seq.slot = None
         seq.page_ids = []

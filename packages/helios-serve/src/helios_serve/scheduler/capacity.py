@@ -57,6 +57,9 @@ def check_capacity(geometry: ModelGeometry, request: SchedRequest) -> AdmissionE
 
 
 def _exceeded(g: ModelGeometry, rid: int, prompt: int, output: int) -> AdmissionError | None:
+    # A sliding-window region (g.window_tokens) bounds no request: a request holds at most
+    # ceil(window / page_tokens) + 1 of its pages while decoding, which the pool holds
+    # (rule capacity.window_pages), and a prefill chunk shortens to the pages free.
     total = prompt + output
     pages = ceil_div(total, g.page_tokens)  # entries of each page-table view
     owned = pages + g.extra_pages_per_request  # pages the request holds at its end

@@ -119,6 +119,8 @@ class Lifecycle:
             end = row.start_position + len(row.tokens)
             if end > seq.num_computed:
                 seq.num_computed = end
+                if row.window_page_ids:  # pages now behind the window go back at once
+                    self.alloc.trim_window(seq)
             sample = row.sample
             if sample:
                 seq.inflight_samples -= 1

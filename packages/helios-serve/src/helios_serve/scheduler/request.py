@@ -243,6 +243,11 @@ class SchedulerStats:
     host_evictions: int = 0
     transfer_steps: int = 0
     preemption_swaps: int = 0
+    # The sliding-window region's pool (gauges; released: counter of pages returned
+    # behind the window); all 0 without a window region.
+    window_pages_total: int = 0
+    window_pages_used: int = 0
+    window_pages_released: int = 0
 
     @property
     def idle(self) -> bool:
@@ -253,4 +258,5 @@ class SchedulerStats:
             and self.outstanding_frames == 0
             and self.slots_free == self.slots_total
             and self.pages_used == 0
+            and self.window_pages_used == 0
         )

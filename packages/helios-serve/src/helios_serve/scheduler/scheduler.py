@@ -191,11 +191,9 @@ class Scheduler:
         self.cache = CacheManager(g.num_pages, g.page_tokens, snapshot_rows=g.snapshot_rows,
                                   host_rows=g.host_rows if self.swap_pages else 0,
                                   routes=g.routes, queue=self._transfers,
-                                  sharing=not g.extra_pages_per_request,
-                                  write_back=write_back)
+                                  sharing=_shares_pages(g), write_back=write_back)
         self.alloc = SequencePages(g, self.cache)
-        self.publisher = Publisher(self.cache, g.page_tokens,
-                                   shared=not g.extra_pages_per_request)
+        self.publisher = Publisher(self.cache, g.page_tokens, shared=_shares_pages(g))
         self._order = 0
         self._counts = _Counts()
         self.lanes = SpeculativeLanes(g, history_drafting=history_drafting,
@@ -478,7 +476,8 @@ class Scheduler:
             # pages cover [0, pos + 1), plus the extra pages.
             rows.append(RowPlan(seq.request_id, seq.slot, seq.generation, fed, pos,
                                 seq.page_prefix(pos // pt + 1 + extra), True,
-                                seq.request.sampling))
+                                seq.request.sampling,
+                                window_page_ids=alloc.window_prefix(seq, pos // pt + 1)))
             seq.issue(pos + 1, True, True, step)
         return StepPlan(StepKind.DECODE, tuple(rows)) if rows else None
 
@@ -531,10 +530,12 @@ class Scheduler:
         assert seq.slot is not None
         start = seq.num_scheduled
         end = start + (lane_length or len(tokens))
-        pages = ceil_div(end, self.geometry.page_tokens) + self.geometry.extra_pages_per_request
+        token_pages = ceil_div(end, self.geometry.page_tokens)
+        pages = token_pages + self.geometry.extra_pages_per_request
         row = RowPlan(seq.request_id, seq.slot, seq.generation, tuple(tokens), start,
                       seq.page_prefix(pages), sample, seq.request.sampling, histogram, None,
-                      lane_length, candidates, score_targets, images)
+                      lane_length, candidates, score_targets, images,
+                      self.alloc.window_prefix(seq, token_pages))
         seq.issue(end, sample, decode, self._frames.step)
         return row
 
@@ -642,6 +643,17 @@ class Scheduler:
             speculative_steps=steps[StepKind.SPECULATIVE],
             transfer_steps=steps[StepKind.TRANSFER],
             preemption_swaps=n.preemption_swaps,
+            window_pages_total=self.alloc.window.num_pages if self.alloc.window else 0,
+            window_pages_used=self.alloc.window.used_pages if self.alloc.window else 0,
+            window_pages_released=self.alloc.window.released if self.alloc.window else 0,
             **self.cache.stats(),
             **self.lanes.stats(),
         )
+
+
+def _shares_pages(g: ModelGeometry) -> bool:
+    """Whether requests share cached pages (prefix reuse, snapshots, the host tier): not
+    with a shifted page-table view (a shifted history does not lie in the page of the
+    tokens it belongs to), nor with a sliding-window region (its pages are private and
+    released behind the window, so a cached prefix holds no window pages to reuse)."""
+    return not g.extra_pages_per_request and not g.window_tokens

@@ -29,6 +29,11 @@ class Sequence:
         # page_prefix() cache: (the page_ids list it was cut from, the prefix). page_ids is
         # only appended to or replaced, so a prefix of the same list never changes.
         self._page_prefix: tuple[list[int], tuple[int, ...]] = ([], ())
+        # Sliding-window region (scheduler/allocation.py, WindowPages): logical page list
+        # as long as the token pages; the leading window_released entries went back to
+        # the pool (-1).
+        self.window_page_ids: list[int] = []
+        self.window_released = 0
         self.page_hashes: list[bytes] = []  # chain hashes of complete pages, in order
         self.num_published = 0  # leading pages whose publication was decided
         self.num_scheduled = 0
