@@ -243,6 +243,7 @@ class SchedulerStats:
     host_evictions: int = 0
     transfer_steps: int = 0
     preemption_swaps: int = 0
+    mixed_steps: int = 0  # MIXED steps issued (decode lanes and prefill chunks together)
 
     @property
     def idle(self) -> bool:
