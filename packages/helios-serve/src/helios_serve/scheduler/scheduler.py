@@ -22,6 +22,9 @@ Policy (exact, deterministic):
   decode capacity (least recently served first when over it), rows in
   admission order; the runtime pads to the smallest capacity >= rows.
 - After a PREFILL, a DECODE goes first whenever a request has a pending token.
+- MIXED (geometry.mixed_capacities, not on a speculative core): when decode lanes and
+  prefill work meet, one step holds both, decode lanes first and prefill chunks filling
+  the rest of the largest mixed token capacity (`_build_mixed`; docs/mixed.md).
 - Page shortage: a request without pages waits while others progress or
   frames are in flight; with no progress possible, the newest running request
   is preempted (recompute) and readmitted later from the front of the queue.
