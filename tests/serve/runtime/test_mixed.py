@@ -194,3 +194,23 @@ def test_a_mixed_graph_off_the_decode_pending_view_fails_startup(core):
         "host: not executed by the "
         "cpu backend: a MIXED graph whose pending-token view differs from the decode graphs' "
         "(the next decode reads the tokens a mixed step samples there)")
+
+
+def test_a_seeded_lane_draws_what_its_decode_step_draws(core):
+    """Seeded sampling keys its draw by the row's seed and the fed token's position, which
+    a mixed lane and a decode row share (CONSUMED_ENDPOINT - 1 = the pending position)."""
+    hot = SamplingParams(temperature=1.5, top_p=0.95, seed=1234)
+    prompt, other = [5, 17, 3, 88, 41], [9, 12, 60, 2, 33, 70, 11]
+    draws = []
+    for mixed in (False, True):
+        model = load_native(core)
+        first = int(model.execute(StepPlan(StepKind.PREFILL, (
+            row(1, 0, prompt, 0, [1, 2], hist=prompt, sampling=hot),)))[0])
+        lane = row(1, 0, [first], len(prompt), [1, 2], sampling=hot)
+        chunk = row(2, 1, other, 0, [3, 4], hist=other, sampling=hot)
+        if mixed:
+            out = model.execute(StepPlan(StepKind.MIXED, (lane, chunk), lanes=1))
+        else:
+            out = model.execute(StepPlan(StepKind.DECODE, (lane,)))
+        draws.append((first, int(out[0])))
+    assert draws[0] == draws[1]
