@@ -22,6 +22,7 @@ from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
 from helios_serve.runtime import NativeModel, UnsupportedContract
 from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler
 from helios_serve.testing.native import load_native
+from helios_tools.lint import lint_capabilities, lint_contract
 
 REPO = Path(__file__).resolve().parents[3]
 GREEDY = SamplingParams(logprobs=5)
@@ -172,6 +173,19 @@ def _mixed_graphs(core, change):
         if g.operation == cpb.OPERATION_MIXED:
             change(g)
     return contract
+
+
+def test_lint_lists_what_startup_raises_first(core):
+    contract = _without(core, cpb.VALUE_SOURCE_QUERY_LENGTH)
+    found = [f for f in lint_contract(contract, core.manifest) if f.rule == "mixed.bindings"]
+    assert len(found) == 4  # one per MIXED graph
+    assert found[0].path == "model.graphs[5].bindings"
+    assert "VALUE_SOURCE_QUERY_LENGTH per row" in str(found[0])
+    broken = _mixed_graphs(core, lambda g: g.ClearField("pending_token"))
+    found = [f for f in lint_capabilities(broken, core.manifest, ["cpu", "cuda"])
+             if f.rule == "runtime.mixed_pending_token"]
+    assert [f.path for f in found] == [f"model.graphs[{i}].pending_token" for i in (5, 6, 7, 8)]
+    assert "not executed by the cpu and cuda backends" in str(found[0])
 
 
 def test_a_mixed_graph_must_write_its_pending_token_view(core):

@@ -449,14 +449,16 @@ def _candidate_masks(graph: pb.GraphContract, path: str) -> Findings:
 
 # What a MIXED graph binds (rule mixed.bindings): its packed tokens fed from the host
 # (prefill chunks' prompt tokens and decode lanes' completed pending tokens), each packed
-# token's row, each row's token count, and which rows sample (final chunks and lanes).
+# token's row and position, and each row's slot, token count and sampling decision.
 MIXED_TOKEN_SOURCES = (pb.VALUE_SOURCE_PROMPT_TOKENS, pb.VALUE_SOURCE_PENDING_TOKEN)
+_PER_TOKEN = (pb.INDEXING_PACKED_TOKEN,)
+_PER_ROW = (pb.INDEXING_SUBMISSION_ROW, pb.INDEXING_ACTIVE_ROW)
 MIXED_NEEDS = (
-    ((pb.VALUE_SOURCE_MIXED_PREFILL_ROW,), (pb.INDEXING_PACKED_TOKEN,)),
-    ((pb.VALUE_SOURCE_PROMPT_POSITIONS,), (pb.INDEXING_PACKED_TOKEN,)),
-    ((pb.VALUE_SOURCE_QUERY_LENGTH,), (pb.INDEXING_SUBMISSION_ROW, pb.INDEXING_ACTIVE_ROW)),
-    ((pb.VALUE_SOURCE_SAMPLING_DECISION,), (pb.INDEXING_SUBMISSION_ROW, pb.INDEXING_ACTIVE_ROW)),
-    ((pb.VALUE_SOURCE_SLOT,), (pb.INDEXING_SUBMISSION_ROW, pb.INDEXING_ACTIVE_ROW)),
+    (pb.VALUE_SOURCE_MIXED_PREFILL_ROW, _PER_TOKEN),
+    (pb.VALUE_SOURCE_PROMPT_POSITIONS, _PER_TOKEN),
+    (pb.VALUE_SOURCE_QUERY_LENGTH, _PER_ROW),
+    (pb.VALUE_SOURCE_SAMPLING_DECISION, _PER_ROW),
+    (pb.VALUE_SOURCE_SLOT, _PER_ROW),
 )
 
 
@@ -473,10 +475,10 @@ def _mixed(graph: pb.GraphContract, path: str) -> Findings:
     if not any((s, pb.INDEXING_PACKED_TOKEN) in bound for s in MIXED_TOKEN_SOURCES):
         missing.append("VALUE_SOURCE_PROMPT_TOKENS or VALUE_SOURCE_PENDING_TOKEN per packed "
                        "token")
-    for sources, indexings in MIXED_NEEDS:
-        if not any((s, i) in bound for s in sources for i in indexings):
-            missing.append(f"{enum_name(pb.ValueSource, sources[0])} per "
-                           f"{'packed token' if indexings[0] == pb.INDEXING_PACKED_TOKEN else 'row'}")
+    for source, indexings in MIXED_NEEDS:
+        if not any((source, i) in bound for i in indexings):
+            per = "packed token" if indexings is _PER_TOKEN else "row"
+            missing.append(f"{enum_name(pb.ValueSource, source)} per {per}")
     if missing:
         yield F("mixed.bindings", BindingError, f"{path}.bindings", missing,
                 "a MIXED graph packs host-fed decode lanes and prefill chunks: it binds "
