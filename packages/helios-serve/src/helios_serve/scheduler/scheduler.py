@@ -210,8 +210,11 @@ class Scheduler:
         # MIXED steps (`_build_mixed`): not on a speculative core, whose lanes the width
         # policy plans. Rows of the largest mixed token capacity's widest variant.
         self._mixes = bool(g.mixed_capacities) and not self.lanes.widths
-        budget = g.mixed_capacities[-1][1] if g.mixed_capacities else 0
-        self._mixed_rows = max((b for b, t in g.mixed_capacities if t == budget), default=0)
+        # The token budget (the largest mixed token capacity) and the rows of its widest
+        # variant: a plan within both fits that variant.
+        self._mixed_budget = max((t for _, t in g.mixed_capacities), default=0)
+        self._mixed_rows = max((b for b, t in g.mixed_capacities if t == self._mixed_budget),
+                               default=0)
         self._mix_blocked = False  # the last mixed attempt placed no chunk
 
     # -- admission --------------------------------------------------------------
@@ -363,7 +366,7 @@ class Scheduler:
         if not ready:
             return _NO_MIX
         g = self.geometry
-        budget = g.mixed_capacities[-1][1]
+        budget = self._mixed_budget
         cap = min(self._mixed_rows - 1, budget - 1, g.decode_capacities[-1])
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
