@@ -73,7 +73,8 @@ def _smollm2_core(args, folder: Path):
         f"{str(ROOT / 'recipes/smollm2_135m_instruct.py')!r})\n"
         "b = importlib.util.module_from_spec(s); s.loader.exec_module(b)\n"
         "from helios_ignition.recipe import DrafterDecl\n"
-        f"RECIPE = replace(b.RECIPE, drafter=DrafterDecl({args.drafter!r}, widths=(1, 2, 3, 4)))\n"
+        f"RECIPE = replace(b.RECIPE, drafter=DrafterDecl({args.drafter!r}, widths=(1, 2, 3, 4)),\n"
+        "                 capacities=replace(b.RECIPE.capacities, mixed_tokens=()))\n"
         + (f"RECIPE = replace(RECIPE, capacities=replace(RECIPE.capacities, "
            f"decode_batch={tuple(args.decode_batch)!r}))\n"
            if getattr(args, "decode_batch", None) else ""))

@@ -36,6 +36,9 @@ DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256, 320, 384,
 REQUEST_TOKENS = 2048  # 1,024 prompt + 1,024 output tokens
 KV_BUDGET_BYTES = 112 * 2**30
 KV_BYTES = 4  # float32 cache planes
+# MIXED steps (docs/mixed.md): decode lanes first, then prompt chunks, 512 tokens per step
+# in all (64 lanes leave 448 prompt tokens: a 1k prompt joins over 3 steps).
+MIXED_TOKENS = (512,)
 
 
 def make_recipe(checkpoint) -> Recipe:
@@ -63,7 +66,7 @@ def make_recipe(checkpoint) -> Recipe:
         capacities=Capacities(decode_batch=tuple(b for b in DECODE_BUCKETS if b <= rows),
                               prefill_tokens=(16, 128, 1024), prefill_rows=8,
                               context_tokens=4096, page_tokens=PAGE_TOKENS,
-                              prepared_pages=int(pages)),
+                              prepared_pages=int(pages), mixed_tokens=MIXED_TOKENS),
         serving=ServingDefaults(max_active=rows, queue_capacity=rows,
                                 frontend_workers=4, event_capacity=256),
         weight_dtype="bf16",

@@ -126,6 +126,9 @@ RECIPE = Recipe(
         # Prompt log probabilities (completions echo + logprobs, chat prompt_logprobs):
         # scored prefill chunks of up to 64 tokens (a [64, 49152] f32 logits scratch).
         scored_tokens=(16, 64),
+        # MIXED steps (docs/mixed.md): running streams keep a token per step while a
+        # prompt is prefilled, 256 tokens per step in all.
+        mixed_tokens=(256,),
     ),
     serving=ServingDefaults(
         max_active=8, queue_capacity=64, frontend_workers=2, event_capacity=256

@@ -17,5 +17,8 @@ _spec = importlib.util.spec_from_file_location(
 _base = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_base)
 
+# No MIXED programs: a drafter core's decode rows stay row-invariant with verification
+# (recipe.validate_recipe refuses mixed capacities with a drafter).
 RECIPE = replace(_base.RECIPE, drafter=DrafterDecl(
-    "drafters/smollm2-135m-instruct-eagle.safetensors", widths=(1, 2, 3, 4)))
+    "drafters/smollm2-135m-instruct-eagle.safetensors", widths=(1, 2, 3, 4)),
+    capacities=replace(_base.RECIPE.capacities, mixed_tokens=()))

@@ -19,6 +19,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py vision        # the vision tower's kernels
     uv run python scripts/interpret_kernels.py fp8           # the FP8 W8A8 products
     uv run python scripts/interpret_kernels.py int4          # the W4A16 GEMV
+    uv run python scripts/interpret_kernels.py mixed         # a MIXED program's packed rows
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -882,6 +883,59 @@ def check_window(rng) -> bool:
     return ok and not bad
 
 
+def check_mixed(rng) -> bool:
+    """A MIXED program's packed rows (issue 27): one-token decode lanes at long positions
+    beside prefill chunks that start mid-context, then padding rows and tokens, through
+    ``attention_prefill`` and ``gather_last`` against their references; and each lane's
+    attention equals what ``attention_decode`` gives that row alone."""
+    ok = True
+    PT, MP, P, H, KVH, HD = 4, 16, 80, 4, 2, 16
+    width = (H + 2 * KVH) * HD
+    # (context before the step, tokens this step): lanes of 1 token, then chunks
+    rows_spec = [(37, 1), (5, 1), (60, 1), (0, 9), (22, 6), (13, 1)]
+    k_cache = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    v_cache = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    R = len(rows_spec) + 2  # two padding rows
+    table = np.zeros((R, MP), np.int32)
+    pages, used = rng.permutation(P), 0
+    for r, (ctx, n) in enumerate(rows_spec):
+        need = -(-(ctx + n) // PT)
+        table[r, :need] = pages[used:used + need]
+        used += need
+    slot = np.array(list(range(len(rows_spec))) + [-1, -1], np.int32)
+    token_row = np.array([r for r, (_, n) in enumerate(rows_spec) for _ in range(n)]
+                         + [-1] * 3, np.int32)
+    positions = np.array([p for ctx, n in rows_spec for p in range(ctx, ctx + n)] + [0] * 3,
+                         np.int32)
+    T = len(token_row)
+    q = rng.standard_normal((T, width)).astype(np.float32)
+    ref = np.zeros((T, H * HD), np.float32)
+    K.attention_prefill(q, positions, token_row, slot, table, k_cache, v_cache, ref, T, R, MP,
+                        PT, H, KVH, HD, HD**-0.5)
+    out = np.full_like(ref, np.nan)
+    launch("attention_prefill", q, positions, token_row, slot, table, k_cache, v_cache, out, T,
+           R, MP, PT, H, KVH, HD, HD**-0.5)
+    errs = {"prefill attention": _rel(out, ref)}
+    lanes = [i for i, (_, n) in enumerate(rows_spec) if n == 1]
+    at = np.cumsum([0] + [n for _, n in rows_spec])[lanes]
+    dec = np.zeros((len(lanes), H * HD), np.float32)
+    K.attention_decode(q[at], positions[at], slot[lanes], table, k_cache, v_cache, dec,
+                       len(lanes), MP, PT, H, KVH, HD, HD**-0.5)
+    errs["lanes vs decode"] = _rel(out[at], dec)
+    lengths = np.array([n for _, n in rows_spec] + [0, 0], np.int32)
+    x = rng.standard_normal((T, 24)).astype(np.float32)
+    gref = np.zeros((R, 24), np.float32)
+    K.gather_last(x, lengths, gref, T, R, 24)
+    gout = np.full_like(gref, np.nan)
+    launch("gather_last", x, lengths, gout, T, R, 24)
+    errs["gather_last"] = _rel(gout, gref)
+    bad = {k: e for k, e in errs.items() if not e < 1e-5}
+    print("mixed rows: " + ", ".join(f"{k} {e:.1e}" for k, e in errs.items())
+          + ("  MISMATCH" if bad else ""))
+    ok &= not bad
+    return ok
+
+
 def check_vision(rng) -> bool:
     """The vision tower's kernels (kernels_triton/vision.py) against their references,
     with fewer live windows than captured (dead rows zero) and bf16 positions."""
@@ -969,6 +1023,8 @@ def main() -> None:
         sys.exit(0 if check_fp8(rng) else 1)
     if sys.argv[1:] == ["int4"]:
         sys.exit(0 if check_int4(rng) else 1)
+    if sys.argv[1:] == ["mixed"]:
+        sys.exit(0 if check_mixed(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)
@@ -981,6 +1037,7 @@ def main() -> None:
         ok &= check_attention(rng)
         ok &= check_scores(rng, 4097)
         ok &= check_window(rng)
+        ok &= check_mixed(rng)
     for V in (4100, 300):
         ok &= check_candidate_masks(rng, V)
     ok &= check_verify_cut(rng, 300)

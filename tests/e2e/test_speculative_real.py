@@ -34,7 +34,7 @@ base = importlib.util.module_from_spec(spec); spec.loader.exec_module(base)
 from helios_ignition.recipe import Capacities, DrafterDecl
 RECIPE = replace(base.RECIPE, drafter=DrafterDecl({drafter!r}, widths=(1, 2, 3, 4)),
                  capacities=replace(base.RECIPE.capacities, decode_batch=(1, 8),
-                                    prefill_tokens=(64, 256)))
+                                    prefill_tokens=(64, 256), mixed_tokens=()))
 """
 
 

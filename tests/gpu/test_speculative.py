@@ -284,7 +284,8 @@ def spec_model(gpu, tmp_path_factory):
         f"s = importlib.util.spec_from_file_location('b', {str(ROOT / 'recipes/smollm2_135m_instruct.py')!r})\n"
         "b = importlib.util.module_from_spec(s); s.loader.exec_module(b)\n"
         "from helios_ignition.recipe import DrafterDecl\n"
-        f"RECIPE = replace(b.RECIPE, drafter=DrafterDecl({drafter!r}, widths=(1, 2, 3, 4)))\n")
+        f"RECIPE = replace(b.RECIPE, drafter=DrafterDecl({drafter!r}, widths=(1, 2, 3, 4)),\n"
+        "                 capacities=replace(b.RECIPE.capacities, mixed_tokens=()))\n")
     out = d / "spec.core"
     export_core(recipe, checkpoint=os.environ.get("HELIOS_SMOLLM2_GGUF", "smollm2"),
                 key_path=key, namespace="gpu.test", out=out, targets=(gpu.target,))

@@ -19,6 +19,8 @@ def test_llama_8b_geometry_fills_the_kv_budget():
     # 32 layers x 2 planes x 8 kv heads x 128 x 4 bytes x 16 tokens = 4 MiB per page.
     assert caps.prepared_pages == 112 * 2**30 // (4 * 2**20) == 28672
     assert recipe.serving.max_active == 256
+    # MIXED steps of 512 tokens: 64 lanes leave 448 prompt tokens per step.
+    assert caps.mixed_tokens == (512,)
 
 
 def test_smollm2_geometry_decodes_512_rows_with_every_page_they_need():

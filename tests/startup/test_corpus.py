@@ -71,6 +71,21 @@ def set_operation(name: str, operation: int, *, contract=True) -> Mutate:
     return apply
 
 
+def mixed_prefill(change) -> Mutate:
+    """prefill_t16 declared a MIXED program (its packing is a mixed program's), then
+    `change(graph contract)`."""
+    def apply(serving, manifest):
+        set_operation("prefill_t16", c.OPERATION_MIXED)(serving, manifest)
+        change(graph(serving, "prefill_t16"))
+    return apply
+
+
+def _drop_rows(g) -> None:
+    keep = [b for b in g.bindings if b.source != c.VALUE_SOURCE_MIXED_PREFILL_ROW]
+    del g.bindings[:]
+    g.bindings.extend(keep)
+
+
 def bind_output_limit(serving, manifest):
     """A decode binding of VALUE_SOURCE_OUTPUT_LIMIT, which shared packing does not pack."""
     manifest.buffers.add(name="in.output_limit", dtype=m.D_TYPE_I32, shape=[64],
@@ -206,8 +221,12 @@ CASES: dict[str, Case] = {
                               "out.logprobs")),
     # capability tables (NativeModel.load)
     "graph never scheduled": Case("runtime.operation",
-                                  set_operation("decode_b1", c.OPERATION_MIXED)),
+                                  set_operation("decode_b1", c.OPERATION_RESUME)),
     # No served history needs fresh state (docs/snapshots.md, "INITIALIZE programs").
+    "mixed graph without its packed rows": Case("mixed.bindings", mixed_prefill(_drop_rows)),
+    "mixed graph off the decode pending view": Case(
+        "runtime.mixed_pending_token",
+        mixed_prefill(lambda g: g.ClearField("pending_token"))),
     "initialize graph": Case("runtime.operation",
                              set_operation("decode_b2", c.OPERATION_INITIALIZE)),
     "no prefill graph": Case("runtime.required_operation", no_prefill),

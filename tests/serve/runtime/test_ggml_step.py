@@ -277,3 +277,35 @@ def test_window_attention_forms_gather_only_the_window(window):
     _run(prefill, graphs_only=True)
     assert np.isfinite(pout).all() and not pout[-1].any()
     np.testing.assert_allclose(pout, oracle[0][2][7], rtol=1e-4, atol=1e-5)
+
+
+def test_prefill_attention_of_mixed_rows_gathers_lanes_and_chunks():
+    """A MIXED step's packed rows: two one-token decode lanes deep in their contexts
+    (positions 9 and 6, the rest from the cache), a three-token prefill chunk and a
+    padding token: each attends to its own row's positions only."""
+    r = _rng(5)
+    Tp, R = 6, 4
+    qkv = r.standard_normal((Tp, W)).astype(np.float32)
+    positions = np.array([9, 6, 0, 1, 2, 0], np.int32)
+    token_row = np.array([0, 1, 2, 2, 2, -1], np.int32)
+    slot = np.array([1, 0, 2, -1], np.int32)
+    page_table = np.array([[0, 1, 0], [2, 3, 4], [5, 0, 0]], np.int32)
+    k_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    v_cache = r.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    inv = (1.0 / (10000 ** (np.arange(0, HD, 2) / HD))).astype(np.float32)
+    out = np.full((Tp, H * HD), 3.0, np.float32)
+    n = [None] * 8
+    records = [
+        ("rope_kv_write", ["qkv", "pos", "inv", "row", "slot", "pt", "k", "v", *n[:7]],
+         (qkv, positions, inv, token_row, slot, page_table, k_cache, v_cache,
+          Tp, R, MP, PT, H, KVH, HD)),
+        ("attention_prefill", ["qkv", "pos", "row", "slot", "pt", "k", "v", "out", *n],
+         (qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
+          Tp, R, MP, PT, H, KVH, HD, HD ** -0.5)),
+    ]
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    _run(records)
+    np.testing.assert_allclose(k_cache, oracle[0][2][6], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out[:5], oracle[1][2][7][:5], rtol=1e-4, atol=1e-5)
+    assert not out[5].any()

@@ -90,10 +90,10 @@ def test_cpu_serves_the_blocks_through_ggml(gguf_core, smollm2_core_f32):
         try:
             if name == "gguf":
                 assert model.backend.counters["ggml_graphs"] > 0
-                # whole-program graphs: decode batches 1-8, the three prefill programs and
-                # the two scored prefills (decode 16 and 32 keep the launch path:
-                # runtime.ggml_step.MAX_GRAPH_ROWS)
-                assert model.backend.counters["ggml_step_programs"] == 9
+                # whole-program graphs: decode batches 1-8, the three prefill programs, the
+                # two scored prefills and the five mixed programs (decode 16 and 32 keep
+                # the launch path: runtime.ggml_step.MAX_GRAPH_ROWS)
+                assert model.backend.counters["ggml_step_programs"] == 14
             firsts = []
             for prompt in prompts:  # one request at a time: its own first step
                 driver = Driver(model, collect_logits=True)

@@ -486,6 +486,44 @@ def _candidate_masks(graph: pb.GraphContract, path: str) -> Findings:
                 "lane's grammar mask")
 
 
+# What a MIXED graph binds (rule mixed.bindings): its packed tokens fed from the host
+# (prefill chunks' prompt tokens and decode lanes' completed pending tokens), each packed
+# token's row and position, and each row's slot, token count and sampling decision.
+MIXED_TOKEN_SOURCES = (pb.VALUE_SOURCE_PROMPT_TOKENS, pb.VALUE_SOURCE_PENDING_TOKEN)
+_PER_TOKEN = (pb.INDEXING_PACKED_TOKEN,)
+_PER_ROW = (pb.INDEXING_SUBMISSION_ROW, pb.INDEXING_ACTIVE_ROW)
+MIXED_NEEDS = (
+    (pb.VALUE_SOURCE_MIXED_PREFILL_ROW, _PER_TOKEN),
+    (pb.VALUE_SOURCE_PROMPT_POSITIONS, _PER_TOKEN),
+    (pb.VALUE_SOURCE_QUERY_LENGTH, _PER_ROW),
+    (pb.VALUE_SOURCE_SAMPLING_DECISION, _PER_ROW),
+    (pb.VALUE_SOURCE_SLOT, _PER_ROW),
+)
+
+
+def _mixed(graph: pb.GraphContract, path: str) -> Findings:
+    """A MIXED graph (mixed generation) runs decode lanes and prefill chunks as rows of
+    one packed step: it binds its packed tokens from the host (PROMPT_TOKENS or
+    PENDING_TOKEN per packed token: a decode lane's pending token is the completed one,
+    since a step that changes phase waits for completion feedback), each packed token's
+    row (MIXED_PREFILL_ROW), positions, each row's slot, length and sampling decision."""
+    if graph.operation != pb.OPERATION_MIXED:
+        return
+    bound = {(b.source, b.indexing) for b in graph.bindings}
+    missing = []
+    if not any((s, pb.INDEXING_PACKED_TOKEN) in bound for s in MIXED_TOKEN_SOURCES):
+        missing.append("VALUE_SOURCE_PROMPT_TOKENS or VALUE_SOURCE_PENDING_TOKEN per packed "
+                       "token")
+    for source, indexings in MIXED_NEEDS:
+        if not any((source, i) in bound for i in indexings):
+            per = "packed token" if indexings is _PER_TOKEN else "row"
+            missing.append(f"{enum_name(pb.ValueSource, source)} per {per}")
+    if missing:
+        yield F("mixed.bindings", BindingError, f"{path}.bindings", missing,
+                "a MIXED graph packs host-fed decode lanes and prefill chunks: it binds "
+                + "; ".join(missing))
+
+
 def _pending_token(graph: pb.GraphContract, path: str) -> Findings:
     rule = "graph.pending_token"
     device = graph.HasField("pending_token") and bool(graph.pending_token.buffer)
@@ -493,6 +531,15 @@ def _pending_token(graph: pb.GraphContract, path: str) -> Findings:
     if graph.HasField("pending_token") and not device:
         yield F(rule, MissingFieldError, f"{path}.pending_token.buffer", "",
                 "state views name a buffer")
+    if graph.operation == pb.OPERATION_MIXED:
+        # Host-fed lanes (rule mixed.bindings); a device view is only written: the
+        # tokens its sampling rows produce, read by the next decode.
+        if device and not any(a.access in WRITES and _covers(a.view, graph.pending_token)
+                              for a in graph.state_accesses):
+            yield F(rule, PendingTokenError, f"{path}.pending_token", graph.pending_token.buffer,
+                    "a MIXED graph writes the pending tokens it samples: declare WRITE state "
+                    "access covering the view")
+        return
     generating = graph.operation in GENERATING_OPERATIONS
     if device and host:
         yield F(rule, PendingTokenError, f"{path}.bindings[{host[0]}].source",
@@ -561,6 +608,7 @@ def graphs(serving: pb.ServingContract) -> Findings:
         yield from _bindings(serving, graph, path)
         yield from _scored_targets(graph, path)
         yield from _speculative(graph, path)
+        yield from _mixed(graph, path)
         yield from _pending_token(graph, path)
     yield from _lane_limits(serving)
 

@@ -198,7 +198,8 @@ def _speculative(serving: pb.ServingContract, caps: RuntimeCapabilities,
 
 
 def _pending_token(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:
-    """The runtime feeds (and restores) one pending-token view for every decode step."""
+    """The runtime feeds (and restores) one pending-token view for every decode step, and
+    a mixed step hands its sampled tokens to the next decode through that same view."""
     decode = [(i, g) for i, g in enumerate(serving.model.graphs)
               if g.operation == pb.OPERATION_DECODE]
     views = {g.pending_token.SerializeToString(deterministic=True) for _, g in decode}
@@ -209,6 +210,16 @@ def _pending_token(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Fi
                          f"not executed by {backend_phrase(caps.backend)}: decode graphs that "
                          "disagree on the pending token's owner or view (it feeds every decode "
                          "graph the same way)")
+        return
+    for i, graph in enumerate(serving.model.graphs):
+        if graph.operation == pb.OPERATION_MIXED and views and \
+                graph.pending_token.SerializeToString(deterministic=True) not in views:
+            yield Finding.of("runtime.mixed_pending_token", UnsupportedFeatureError,
+                             f"model.graphs[{i}].pending_token",
+                             graph.pending_token.buffer or "host",
+                             f"not executed by {backend_phrase(caps.backend)}: a MIXED graph "
+                             "whose pending-token view differs from the decode graphs' (the "
+                             "next decode reads the tokens a mixed step samples there)")
 
 
 def _cache(serving: pb.ServingContract, manifest: mpb.ExecutionManifest,

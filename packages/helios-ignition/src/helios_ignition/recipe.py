@@ -54,6 +54,13 @@ class Capacities:
             a text model). Every image span of a prefill step is encoded whole in it.
         image_feature_slots: image features one request may hold (0: one program's,
             image_windows x features per window).
+        mixed_tokens: MIXED packed-token capacities, ascending (empty: no mixed programs;
+            the scheduler then alternates PREFILL and DECODE steps). The largest is the
+            per-step token budget of a mixed step: its decode lanes (one token each)
+            first, then prefill chunks fill the rest. One MIXED program is captured per
+            (decode batch capacity B <= T, T): B rows in all, decode lanes and prefill
+            chunks, packed as a PREFILL program packs them. Not captured with a drafter
+            (a drafter core's decode rows are row-invariant with verification).
     """
 
     decode_batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -68,6 +75,7 @@ class Capacities:
     scored_tokens: tuple[int, ...] = ()
     image_windows: int = 0
     image_feature_slots: int = 0
+    mixed_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -220,8 +228,8 @@ def validate_recipe(recipe: Recipe) -> None:
     """Check a recipe's declarations before any work is done.
 
     Raises:
-        RecipeError: unsupported family or dtype, empty or unsorted capacities, or a
-            parser selector left UNSPECIFIED.
+        RecipeError: unsupported family or dtype, empty or unsorted capacities, mixed
+            capacities with a drafter, or a parser selector left UNSPECIFIED.
     """
     if recipe.family not in SUPPORTED_FAMILIES:
         raise RecipeError(f"recipe {recipe.name}: unsupported family {recipe.family!r}; "
@@ -244,6 +252,14 @@ def validate_recipe(recipe: Recipe) -> None:
     if caps.context_tokens % caps.page_tokens:
         raise RecipeError(f"recipe {recipe.name}: context_tokens {caps.context_tokens} is not "
                           f"a multiple of page_tokens {caps.page_tokens}")
+    mixed = caps.mixed_tokens
+    if mixed and (list(mixed) != sorted(set(mixed)) or mixed[0] < 2):
+        raise RecipeError(f"recipe {recipe.name}: capacities.mixed_tokens must be ascending and "
+                          f"at least 2 (a decode lane and a prefill token), got {mixed}")
+    if mixed and recipe.drafter is not None:
+        raise RecipeError(f"recipe {recipe.name}: capacities.mixed_tokens with a drafter: "
+                          "mixed programs are not captured in a drafter core (its decode rows "
+                          "stay row-invariant with verification)")
     if recipe.drafter is not None:
         widths = recipe.drafter.widths
         if not widths or list(widths) != sorted(set(widths)) or widths[0] != 1 or widths[-1] > 8:

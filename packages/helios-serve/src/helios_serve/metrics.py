@@ -242,6 +242,12 @@ class Metrics:
         self.decode_rows = Counter(
             "helios_decode_rows", "Live rows of submitted DECODE steps.", registry=r
         )
+        self.mixed_lanes = Counter(
+            "helios_mixed_lanes",
+            "Decode lanes of submitted MIXED steps (running streams that got a token in a "
+            "step that also prefilled prompt chunks).",
+            registry=r,
+        )
         self.decode_padded_rows = Counter(
             "helios_decode_padded_rows",
             "Captured rows of submitted DECODE steps' graph variants past their live rows.",
@@ -458,7 +464,7 @@ class Metrics:
             self.requests_rejected.labels(reason)
         for reason in ("stop", "length", "tool_calls", "cancelled", "error"):
             self.requests_finished.labels(reason)
-        for op in ("prefill", "decode", "speculative", "transfer"):
+        for op in ("prefill", "decode", "speculative", "transfer", "mixed"):
             self.graph_launches.labels(op)
 
     def watch_runtime(self, read: Callable[[], Mapping[str, int]], frames: int) -> None:

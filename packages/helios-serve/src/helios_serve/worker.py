@@ -484,6 +484,8 @@ class ModelWorker:
             rows = len(plan.rows)
             self.metrics.decode_rows.inc(rows)
             self.metrics.decode_padded_rows.inc(self._decode_bucket(rows) - rows)
+        elif plan.kind is StepKind.MIXED:
+            self.metrics.mixed_lanes.inc(plan.lanes)
         if any(constrained):
             # Frames outstanding right after a constrained submission (the scheduler keeps
             # it at one); the gauge records the maximum ever seen.

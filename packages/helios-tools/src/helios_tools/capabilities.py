@@ -72,11 +72,12 @@ PACKED_BINDINGS = frozenset(
 # What both backends share: the scheduler, packing and frontend are the same code.
 _SERVING = dict(
     # The scheduler plans PREFILL, DECODE and SPECULATIVE steps, SCORED_PREFILL steps for
-    # requests asking for prompt log probabilities, and TRANSFER steps that run RESTORE
-    # programs (engine/plan.py StepKind; scheduler/transfers.py).
+    # requests asking for prompt log probabilities, MIXED steps (decode lanes and prefill
+    # chunks under one token budget), and TRANSFER steps that run RESTORE programs
+    # (engine/plan.py StepKind; scheduler/transfers.py).
     operations=frozenset({pb.OPERATION_PREFILL, pb.OPERATION_SCORED_PREFILL,
                           pb.OPERATION_DECODE, pb.OPERATION_SPECULATIVE,
-                          pb.OPERATION_RESTORE}),
+                          pb.OPERATION_MIXED, pb.OPERATION_RESTORE}),
     required_operations=frozenset({pb.OPERATION_PREFILL, pb.OPERATION_DECODE}),
     bindings=PACKED_BINDINGS,
     # Paged histories, one record per token, all in the request's one page list (the

@@ -248,7 +248,7 @@ def declare_buffers(s: Family, caps: Capacities, weight_dtype: str,
     slots = max(caps.decode_batch)
     rows = max(slots, caps.prefill_rows)
     packed = slots * spec.max_width if spec else slots  # decode rows or verify rows
-    tokens = max(max(caps.prefill_tokens), packed)
+    tokens = max(max(caps.prefill_tokens), packed, max(caps.mixed_tokens, default=0))
     pages_per_request = caps.context_tokens // caps.page_tokens
     words = grammar_mask_words(s.vocab)
     n = INPUT_NAMES

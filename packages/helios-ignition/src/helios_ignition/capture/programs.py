@@ -1,7 +1,10 @@
 """Every family's programs: capture the graph variants of a core and their contracts.
 
 Captured per graph variant: PREFILL (packed prompt tokens across rows, per prefill token
-capacity), DECODE (one pending token per row, per batch capacity), in a core with a
+capacity), DECODE (one pending token per row, per batch capacity), MIXED (per mixed token
+capacity T and decode batch capacity B <= T: B rows of decode lanes and prefill chunks, the
+PREFILL program's packing and math, its decode lanes' pending tokens fed from the host
+after completion, every sampling row writing the device pending token), in a core with a
 learned drafter SPECULATIVE (per batch capacity and width: draft, verify, commit;
 capture/speculative.py), and with transfer rows one RESTORE program per storage route
 (rows copied between pages, continuation rows and host-tier rows: snapshots, restores,
@@ -95,6 +98,9 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
         The execution manifest (buffers, kernel variants, graph programs) and one
         GraphContract per variant, in the same order.
     """
+    if caps.mixed_tokens and spec is not None:
+        raise ValueError("mixed programs are not captured in a drafter core (its decode rows "
+                         "stay row-invariant with verification)")
     if spec is not None and not device_pending:
         raise ValueError("speculative programs read the device-owned pending token")
     if fold_layers and s.ranks > 1:  # linear_add would add each rank's partial sum
@@ -113,6 +119,8 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
     variants = [("decode", b, b, 0) for b in caps.decode_batch]
     variants += [("prefill", t, caps.prefill_rows, 0) for t in caps.prefill_tokens]
     variants += [("scored", t, caps.prefill_rows, 0) for t in caps.scored_tokens]
+    variants += [("mixed", t, b, 0) for b in caps.decode_batch for t in caps.mixed_tokens
+                 if 2 <= b <= t]
     windows = caps.image_windows if s.vision is not None else 0
     if windows:  # the image inputs, encoder scratch, and one image prefill per T
         vision.declare(table, s.vision, windows, max(caps.prefill_tokens))
@@ -144,9 +152,10 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
             forward(builder, s, caps, tokens, nrows, decode, device_pending, spec, tuned,
                     fold_layers, scored=scored, images=images)
             name = (f"decode_b{tokens}" if decode else f"prefill_t{tokens}_w{windows}"
-                    if images is not None else f"{kind}_t{tokens}")
+                    if images is not None else f"mixed_b{nrows}_t{tokens}" if kind == "mixed"
+                    else f"{kind}_t{tokens}")
             op = (cpb.OPERATION_DECODE if decode else cpb.OPERATION_SCORED_PREFILL if scored
-                  else cpb.OPERATION_PREFILL)
+                  else cpb.OPERATION_MIXED if kind == "mixed" else cpb.OPERATION_PREFILL)
             packed = tokens
             completion = mpb.CompletionLayout(
                 buffer=SAMPLED, rows=nrows, logprobs_buffer=LOGPROBS, top_ids_buffer=TOP_IDS,
@@ -202,8 +211,10 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
              decode: bool, device_pending: bool, spec: Speculation | None = None,
              tuned: bool = False, fold: bool = False, scored: bool = False,
              images: ImageRows | None = None) -> None:
-    """Record one PREFILL, SCORED_PREFILL or DECODE variant: `tokens` packed tokens over
-    `rows` rows.
+    """Record one PREFILL, SCORED_PREFILL, MIXED or DECODE variant: `tokens` packed tokens
+    over `rows` rows (a MIXED variant is the PREFILL recording: its decode lanes are rows
+    of one host-fed token, which the packed attention and last-token gather treat as
+    chunks of length one).
 
     A SCORED_PREFILL variant (`scored`) is the prefill variant plus, before the last-token
     gather, the LM head over every packed token into SCORED_LOGITS [T, V] and

@@ -27,6 +27,7 @@ class StepKind(enum.Enum):
 
     PREFILL = "prefill"
     DECODE = "decode"
+    MIXED = "mixed"  # decode lanes and prefill chunks in one packed step (OPERATION_MIXED)
     SPECULATIVE = "speculative"
     TRANSFER = "transfer"
 
@@ -256,10 +257,15 @@ class StepPlan:
     A TRANSFER step has no request rows: it copies `copies` (one submission row each,
     at most geometry.transfer_rows) along `route`, and completes with no record.
 
+    A MIXED step packs like a PREFILL step (rows' tokens back to back) with its first
+    `lanes` rows decode lanes (one completed pending token each, sampling) and the rest
+    prefill chunks; it must fit one captured MIXED variant (rows, packed tokens).
+
     Attributes:
         packed_rows: SPECULATIVE steps with device allocation (SPECULATIVE_PREFIX_LIMIT
             programs): P, the verification rows the program shares among the lanes,
             whose `query_length` are then ceilings that may sum to more; 0 otherwise.
+        lanes: MIXED steps: the leading rows that are decode lanes; 0 otherwise.
     """
 
     kind: StepKind
@@ -268,16 +274,19 @@ class StepPlan:
     # TRANSFER steps only; keyword-only (fields added after them stay positional-safe).
     copies: tuple[RowCopy, ...] = field(default=(), kw_only=True)
     route: Route | None = field(default=None, kw_only=True)
+    lanes: int = field(default=0, kw_only=True)
 
     # One per step: fills the instance dict (see RowPlan.__init__). Same signature.
     def __init__(self, kind: StepKind, rows: tuple[RowPlan, ...], packed_rows: int = 0, *,
-                 copies: tuple[RowCopy, ...] = (), route: Route | None = None) -> None:
+                 copies: tuple[RowCopy, ...] = (), route: Route | None = None,
+                 lanes: int = 0) -> None:
         d = self.__dict__
         d["kind"] = kind
         d["rows"] = rows
         d["packed_rows"] = packed_rows
         d["copies"] = copies
         d["route"] = route
+        d["lanes"] = lanes
 
     @property
     def token_count(self) -> int:
@@ -355,6 +364,9 @@ class ModelGeometry:
             position still to compute (scheduler/allocation.py, WindowPages); prefix
             reuse is then off (a cached prefix holds no window pages).
         window_pages: pages of the sliding-window region's pool (its planes' extent).
+        mixed_capacities: captured MIXED variants as (rows, packed tokens), ascending
+            (empty: no mixed steps; PREFILL and DECODE steps alternate). The largest token
+            capacity is the per-step token budget of a mixed step.
     """
 
     page_tokens: int
@@ -387,6 +399,7 @@ class ModelGeometry:
     image_feature_slots: int = 0
     window_tokens: int = 0
     window_pages: int = 0
+    mixed_capacities: tuple[tuple[int, int], ...] = ()
 
     @property
     def lane_widths(self) -> tuple[int, ...]:

@@ -80,6 +80,11 @@ class NativeModel:
                                if not _image_graph(g))
         self._scored = sorted((g.token_capacity, g.name)
                               for g in prepared.graphs_for(cpb.OPERATION_SCORED_PREFILL))
+        # MIXED programs as (packed tokens, rows, name): the fewest tokens first.
+        self._mixed = sorted((g.token_capacity, g.batch_capacity, g.name)
+                             for g in prepared.graphs_for(cpb.OPERATION_MIXED)
+                             if (g.batch_capacity, g.token_capacity)
+                             in geometry.mixed_capacities)
         # Image prefill programs (they bind the image inputs): steps carrying images.
         self._image_prefill = sorted((g.token_capacity, g.name)
                                      for g in prepared.graphs_for(cpb.OPERATION_PREFILL)
@@ -249,6 +254,12 @@ class NativeModel:
                     return name
             raise ValueError(f"no served speculative variant holds {len(plan.rows)} lanes of "
                              f"width {width}")
+        if plan.kind is StepKind.MIXED:
+            rows, need = len(plan.rows), plan.token_count
+            for tokens, batch, name in self._mixed:
+                if tokens >= need and batch >= rows:
+                    return name
+            raise ValueError(f"no captured mixed variant holds {rows} rows of {need} tokens")
         if plan.kind is StepKind.DECODE:
             need, table = len(plan.rows), self._decode
         else:  # a scoring row: a SCORED_PREFILL program; rows with images: an image prefill
@@ -494,7 +505,10 @@ def _geometry(prepared: PreparedContract, pages: int, max_concurrency: int | Non
             g.token_capacity for g in prepared.graphs_for(cpb.OPERATION_SCORED_PREFILL))),
         image_windows=image_windows, image_feature_slots=prepared.vision.feature_slots,
         window_tokens=window.window_tokens if window else 0,
-        window_pages=int(buffers[window.planes[0]].shape[0]) if window else 0)
+        window_pages=int(buffers[window.planes[0]].shape[0]) if window else 0,
+        mixed_capacities=tuple(sorted((g.batch_capacity, g.token_capacity)
+                                      for g in prepared.graphs_for(cpb.OPERATION_MIXED)
+                                      if g.batch_capacity <= max(decode))))
 
 
 def _window_regions(cache: cpb.CacheContract) -> frozenset[str]:

@@ -33,7 +33,7 @@ class Frames:
         self.step = 0  # plans issued (the step index of the next one)
         self.last_kind: StepKind | None = None  # of the latest PREFILL/DECODE/SPECULATIVE
         self.issued = dict.fromkeys(StepKind, 0)  # plans issued per kind
-        self.prefill_tokens = 0  # packed tokens of the PREFILL plans issued
+        self.prefill_tokens = 0  # prompt tokens of the PREFILL and MIXED plans issued
 
     @property
     def outstanding(self) -> int:
@@ -75,6 +75,8 @@ class Frames:
         self.last_kind = plan.kind
         if plan.kind is StepKind.PREFILL:
             self.prefill_tokens += plan.token_count
+        elif plan.kind is StepKind.MIXED:  # its chunks' tokens, after the lanes' one each
+            self.prefill_tokens += plan.token_count - plan.lanes
         return plan
 
     def check_oldest(self, plan: StepPlan) -> None:

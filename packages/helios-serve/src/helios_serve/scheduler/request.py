@@ -248,6 +248,7 @@ class SchedulerStats:
     window_pages_total: int = 0
     window_pages_used: int = 0
     window_pages_released: int = 0
+    mixed_steps: int = 0  # MIXED steps issued (decode lanes and prefill chunks together)
 
     @property
     def idle(self) -> bool:

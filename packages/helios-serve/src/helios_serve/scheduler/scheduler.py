@@ -22,6 +22,9 @@ Policy (exact, deterministic):
   decode capacity (least recently served first when over it), rows in
   admission order; the runtime pads to the smallest capacity >= rows.
 - After a PREFILL, a DECODE goes first whenever a request has a pending token.
+- MIXED (geometry.mixed_capacities, not on a speculative core): when decode lanes and
+  prefill work meet, one step holds both, decode lanes first and prefill chunks filling
+  the rest of the largest mixed token capacity (`_build_mixed`; docs/mixed.md).
 - Page shortage: a request without pages waits while others progress or
   frames are in flight; with no progress possible, the newest running request
   is preempted (recompute) and readmitted later from the front of the queue.
@@ -121,6 +124,7 @@ from helios_serve.scheduler.transfers import TransferQueue
 from helios_serve.speculation import HistoryIndex, WidthPolicy
 
 MAX_FRAMES = 2
+_NO_MIX = object()  # Scheduler._build_mixed: mixing does not apply to this step
 _PLACEHOLDER = (PENDING_PLACEHOLDER,)  # a decode row's tokens while its token is on the device
 # Copies of one idle-time write-back step: bounds what a request arriving meanwhile waits
 # behind (64 SmolLM2 f32 pages = 47 MB: ~2 ms over the H200's host link).
@@ -201,6 +205,15 @@ class Scheduler:
         self._clock = StepClock(clock, self.lanes.policy, self.lanes.widths)
         self.live = Lifecycle(g, self.alloc, self.publisher, self.lanes, self._frames,
                               self._clock, self._transfers)
+        # MIXED steps (`_build_mixed`): not on a speculative core, whose lanes the width
+        # policy plans. Rows of the largest mixed token capacity's widest variant.
+        self._mixes = bool(g.mixed_capacities) and not self.lanes.widths
+        # The token budget (the largest mixed token capacity) and the rows of its widest
+        # variant: a plan within both fits that variant.
+        self._mixed_budget = max((t for _, t in g.mixed_capacities), default=0)
+        self._mixed_rows = max((b for b, t in g.mixed_capacities if t == self._mixed_budget),
+                               default=0)
+        self._mix_blocked = False  # the last mixed attempt placed no chunk
 
     # -- admission --------------------------------------------------------------
 
@@ -304,12 +317,69 @@ class Scheduler:
         return not self.live.requests and not self._frames.outstanding and not self._frames.ready
 
     def _build(self, admit: bool) -> StepPlan | None:
+        if self._mixes:
+            plan = self._build_mixed(admit)
+            if plan is not _NO_MIX:
+                return plan
         decode_first = self._frames.last_kind is StepKind.PREFILL and any(
             s.can_decode for s in self.live.running
         )
         if decode_first:
             return self._build_decode() or self._build_prefill(admit)
         return self._build_prefill(admit) or self._build_decode()
+
+    def _build_mixed(self, admit: bool) -> StepPlan | None | object:
+        """A MIXED step when decode lanes and prefill work meet (geometry.mixed_capacities):
+        the token budget is the largest mixed token capacity; the decode lanes take one
+        token each first (least recently served first when over the largest mixed row
+        capacity less one, or the budget less one), then prefill chunks fill the rest
+        (`_prefill_rows`, at most the prefill row capacity). Running streams so get a
+        token every step while a long prompt is prefilled across steps.
+
+        A mixed step feeds its lanes' completed pending tokens and changes phases, so it
+        waits for completion feedback: with a plan outstanding and prefill work meeting
+        requests that decode, nothing is planned (None) until it completes. A mixed
+        attempt that places no chunk (pages, a scoring or image chunk the mixed program
+        does not run) issues its lanes as a DECODE step and lets the next step plan as
+        without mixed programs (`_build`), so no prefill waits for ever.
+
+        Returns:
+            The plan, None (wait for the outstanding plan), or _NO_MIX: mixing does not
+            apply now (no prefill work or no decoding request); plan as without it.
+        """
+        if self._mix_blocked:
+            self._mix_blocked = False
+            return _NO_MIX
+        live = self.live
+        prefill = (admit and live.waiting and self.alloc.free_slots) or any(
+            s.num_scheduled < s.prefill_tokens and s.can_prefill for s in live.running)
+        if not prefill:
+            return _NO_MIX
+        if self._frames.outstanding:
+            # Requests past their prompts would be lanes of the mixed step once it completes.
+            decoding = any(not s.retiring and s.num_scheduled >= s.prefill_tokens
+                           for s in live.running)
+            return None if decoding else _NO_MIX
+        ready = [s for s in live.running if s.decode_ready(False)]
+        if not ready:
+            return _NO_MIX
+        g = self.geometry
+        budget = self._mixed_budget
+        cap = min(self._mixed_rows - 1, budget - 1, g.decode_capacities[-1])
+        if len(ready) > cap:
+            keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
+            ready = [s for s in ready if id(s) in keep]
+        plan = self._build_plain(ready)
+        lanes = plan.rows if plan is not None else ()
+        if not lanes:
+            return _NO_MIX
+        chunks = self._prefill_rows(admit, budget - len(lanes),
+                                    min(self._mixed_rows - len(lanes), g.prefill_row_capacity),
+                                    mixed=True)
+        if not chunks:
+            self._mix_blocked = True
+            return plan
+        return StepPlan(StepKind.MIXED, lanes + tuple(chunks), lanes=len(lanes))
 
     def _build_prefill(self, admit: bool) -> StepPlan | None:
         """Pack chunks up to the largest prefill token capacity and row capacity:
@@ -322,12 +392,24 @@ class Scheduler:
         encodes images: a scored step's image rows stop before their next image, and a
         scoring row waits when the step already encodes one."""
         g = self.geometry
-        budget = g.prefill_token_capacities[-1]  # packed tokens left
+        rows = self._prefill_rows(admit, g.prefill_token_capacities[-1], g.prefill_row_capacity)
+        return StepPlan(StepKind.PREFILL, tuple(rows)) if rows else None
+
+    def _prefill_rows(self, admit: bool, budget: int, max_rows: int,
+                      mixed: bool = False) -> list[RowPlan]:
+        """The prefill chunks of one step (`_build_prefill`'s rule): at most `budget`
+        packed tokens in at most `max_rows` rows. `mixed`: the chunks of a MIXED step,
+        whose program neither scores nor encodes images: a scoring request is skipped
+        (the head of the queue waits) and chunks stop before their next image span
+        (Scheduler._build_mixed gives them a PREFILL step when nothing else moves)."""
+        g = self.geometry
         rows: list[RowPlan] = []
         scored = False
 
         def room(seq: Sequence) -> int:
             nonlocal budget, scored
+            if seq.scoring and mixed:
+                return 0
             if seq.scoring and windows < g.image_windows:
                 return 0  # no SCORED_PREFILL program encodes images: the next step
             if seq.scoring and not scored:
@@ -337,9 +419,9 @@ class Scheduler:
             return budget
 
         # Sequence.in_prefill as one filter first: in steady decode no running request is.
-        windows = g.image_windows  # image windows the step may still encode
+        windows = 0 if mixed else g.image_windows  # image windows the step may still encode
         for seq in [s for s in self.live.running if s.num_scheduled < s.prefill_tokens]:
-            if budget == 0 or len(rows) == g.prefill_row_capacity:
+            if budget == 0 or len(rows) == max_rows:
                 break
             if seq.can_prefill and room(seq):
                 n, used = self._image_cut(seq, budget, 0 if scored else windows)
@@ -351,7 +433,7 @@ class Scheduler:
                     budget -= n
                     windows -= used
         while admit and self.live.waiting and self.alloc.free_slots:
-            if budget == 0 or len(rows) == g.prefill_row_capacity:
+            if budget == 0 or len(rows) == max_rows:
                 break
             seq = self.live.waiting[0]
             if self._awaits_fork_parent(seq):
@@ -366,7 +448,7 @@ class Scheduler:
                 rows.append(self._prefill_row(seq, n))
                 budget -= n
                 windows -= used
-        return StepPlan(StepKind.PREFILL, tuple(rows)) if rows else None
+        return rows
 
     @staticmethod
     def _image_cut(seq: Sequence, n: int, windows: int) -> tuple[int, int]:
@@ -646,6 +728,7 @@ class Scheduler:
             window_pages_total=self.alloc.window.num_pages if self.alloc.window else 0,
             window_pages_used=self.alloc.window.used_pages if self.alloc.window else 0,
             window_pages_released=self.alloc.window.released if self.alloc.window else 0,
+            mixed_steps=steps[StepKind.MIXED],
             **self.cache.stats(),
             **self.lanes.stats(),
         )
