@@ -113,3 +113,24 @@ def test_a_kv_cache_memory_that_holds_no_page_fails_before_anything_is_allocated
                                                r"10 B\) holds no page; one page of every cache plane needs "
                                                r"1\.0 KiB$"):
         _asks(core, None, CacheSizing(memory_bytes=10))
+
+
+def test_a_window_region_asks_its_pool_apart_from_the_kv_cache():
+    """The sliding-window planes keep their manifest extent (their own pool): one ask of
+    their own, and the paged KV cache's page counts the global layers' planes only."""
+    from tests.serve.runtime.test_window_region import CAPS, SHAPES
+
+    core = tiny_core(seed=4, shapes=SHAPES, caps=CAPS)
+    for kernel in core.manifest.kernels:
+        kernel.binaries.append(mpb.KernelBinary(target="sm_90", resource_id="kernels.sm_90",
+                                                entry_name=kernel.id,
+                                                global_scratch_bytes=SCRATCH))
+    asks, planes, others, _, rows = _asks(core, None, CacheSizing(num_pages=50))
+    window = [d for d in others if d.name in rows]
+    assert sorted(d.name for d in window) == sorted(core.contract.model.cache.regions[1].planes)
+    assert [d.name for d in planes] == ["L2.k_cache", "L2.v_cache"]
+    assert asks[3] == MemoryAsk("the core", "sliding-window pages",
+                                sum(_nbytes(d) for d in window), "36 pages")
+    assert asks[4] == MemoryAsk("--num-pages 50", "the KV cache",
+                                50 * sum(_nbytes(d) // int(d.shape[0]) for d in planes),
+                                "50 pages")

@@ -140,11 +140,16 @@ class CpuBackend:
         # The tier rows are allocated but untouched: the available memory omits them.
         tier_rows = MemoryAsk("--snapshots / --host-cache-bytes", "the cache tiers",
                               sum(_row_bytes(d) * rows for d in manifest.buffers
-                                  if (rows := tiers.rows.get(d.name)) is not None))
+                                  if (rows := tiers.rows.get(d.name)) is not None
+                                  and d.name not in tiers.window))
+        # The sliding-window region's pool: its planes keep their manifest extent.
+        window = [MemoryAsk("the core", "sliding-window pages",
+                            sum(_row_bytes(d) * tiers.rows[d.name] for d in manifest.buffers
+                                if d.name in tiers.window))] if tiers.window else []
         sizing = cache or CacheSizing()
         # A cache the options size fails here, in a second, not after the weights load.
         fixed = sizing.fixed_ask(backend="cpu", page_bytes=page_bytes, prepared_pages=prepared)
-        check_fits([tier_rows, *([fixed] if fixed else [])], memory=HOST_MEMORY,
+        check_fits([tier_rows, *window, *([fixed] if fixed else [])], memory=HOST_MEMORY,
                    available=host_available_bytes())
         with log.phase("weights") as phase:
             for decl in manifest.buffers:

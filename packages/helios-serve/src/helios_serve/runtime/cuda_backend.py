@@ -237,9 +237,9 @@ class CudaBackend:
                 MemoryAsk("the core", "kernel scratch", self._scratch_nbytes(programs)),
                 MemoryAsk(snapshot_option, "snapshot storage",
                           sum(self._nbytes(d) for d in snapshots), f"{rows} rows"),
-                MemoryAsk("the core", "sliding-window pages",
-                          sum(self._nbytes(d) for d in window),
-                          f"{tiers.rows[window[0].name] if window else 0} pages"),
+                *([MemoryAsk("the core", "sliding-window pages",
+                             sum(self._nbytes(d) for d in window),
+                             f"{tiers.rows[window[0].name]} pages")] if window else []),
                 cache.fixed_ask(backend="cuda", page_bytes=max(_page_bytes(planes), 1),
                                 prepared_pages=int(planes[0].shape[0]) if planes else 0)]
         return [a for a in asks if a is not None]
