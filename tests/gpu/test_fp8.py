@@ -77,6 +77,6 @@ def test_activation_codes_exact(gpu, T):
     x[:, 0] = 448.0
     codes, scales = quantize_rows(np.eye(N, K_, dtype=np.float32))
     ref = np.zeros((T, N), np.float32)
-    K.linear_fp8(x, codes, scales, ref, T, N, K_)
+    K.reference_op("linear_fp8")(x, codes, scales, ref, T, N, K_)
     out = gpu.run("linear_fp8", x, codes, scales, np.zeros_like(ref), T, N, K_)["out"]
     assert np.array_equal(out, ref)
