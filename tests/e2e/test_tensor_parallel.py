@@ -89,18 +89,37 @@ def _start_rank1(core, tmp_path: Path) -> Ranks:
     return Ranks(rank1, options)
 
 
-def test_processes_serve_the_unsplit_models_greedy_ids(tiny_tp2, expected, tmp_path):
+def test_processes_serve_the_unsplit_models_greedy_ids_on_the_declared_addresses(
+        tiny_tp2, expected, tmp_path):
+    """One pair of rank processes (each pair costs two helios-serve starts): their greedy
+    ids, then every listener they hold while serving, then their shared memory."""
     ranks = _start_rank1(tiny_tp2, tmp_path)
+    control = int(ranks.options[ranks.options.index("--peers") + 1].split(",")[1]
+                  .rsplit(":", 1)[1])
     try:
         with ServeProcess(*ranks.options, "--rank", "0") as served:
             got = {text: served.chat_ids(text, STEPS) for text in PROMPTS}
             joined = ranks.rank1.stdout.readline()
+            http_port = int(served.url.rsplit(":", 1)[1])
+            # every listener of a serving step is open (the requests above were served)
+            rank0 = {a for p in _tree(served.proc.pid) for a in _listening(p)}
+            rank1 = {a for p in _tree(ranks.rank1.pid) for a in _listening(p)}
+            mappings = [m for p in [*_tree(served.proc.pid), *_tree(ranks.rank1.pid)]
+                        for m in _shm_mappings(p)]
         assert ranks.rank1.wait(timeout=60) == 0  # rank 0's shutdown closed rank 1
     finally:
         err = ranks.stop()
     assert got == expected
     assert joined.startswith("Helios rank 1 of 2 joined rank 0"), (joined, err)
     assert any("2 tensor-parallel ranks (processes" in line for line in served.stderr_lines)
+    # --host, every --peers entry and MPI's listeners: 127.0.0.1 only (none on 0.0.0.0,
+    # ::, or the host's external address).
+    assert {address for address, _ in rank0 | rank1} == {"127.0.0.1"}, (rank0, rank1)
+    assert (("127.0.0.1", http_port) in rank0 and ("127.0.0.1", control) not in rank0)
+    # rank 1's control listener closed once rank 0 called; what is left is MPI's
+    assert ("127.0.0.1", control) not in rank1 and len(rank1) == 1, rank1
+    # MPICH's segment is unlinked while mapped: nothing of it outlives the processes
+    assert mappings and all(m.endswith("(deleted)") for m in mappings), mappings
 
 
 def _sse_lines(response, into: queue.Queue) -> None:
@@ -225,31 +244,6 @@ def _shm_mappings(pid: int) -> list[str]:
     """The MPICH shared-memory segments process `pid` maps (`(deleted)`: unlinked)."""
     lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
     return [line.split(None, 5)[-1] for line in lines if "/dev/shm/mpich_shm_" in line]
-
-
-def test_every_rank_listener_is_on_the_declared_address(tiny_tp2, tmp_path):
-    ranks = _start_rank1(tiny_tp2, tmp_path)
-    control = int(ranks.options[ranks.options.index("--peers") + 1].split(",")[1]
-                  .rsplit(":", 1)[1])
-    try:
-        with ServeProcess(*ranks.options, "--rank", "0") as served:
-            assert ranks.rank1.stdout.readline().startswith("Helios rank 1 of 2 joined")
-            http_port = int(served.url.rsplit(":", 1)[1])
-            served.chat_ids(PROMPTS[0], 2)  # every listener of a serving step is open
-            rank0 = {a for p in _tree(served.proc.pid) for a in _listening(p)}
-            rank1 = {a for p in _tree(ranks.rank1.pid) for a in _listening(p)}
-            mappings = [m for p in [*_tree(served.proc.pid), *_tree(ranks.rank1.pid)]
-                        for m in _shm_mappings(p)]
-    finally:
-        ranks.stop()
-    # --host, every --peers entry and MPI's listeners: 127.0.0.1 only (none on 0.0.0.0,
-    # ::, or the host's external address).
-    assert {address for address, _ in rank0 | rank1} == {"127.0.0.1"}, (rank0, rank1)
-    assert (("127.0.0.1", http_port) in rank0 and ("127.0.0.1", control) not in rank0)
-    # rank 1's control listener closed once rank 0 called; what is left is MPI's
-    assert ("127.0.0.1", control) not in rank1 and len(rank1) == 1, rank1
-    # MPICH's segment is unlinked while mapped: nothing of it outlives the processes
-    assert mappings and all(m.endswith("(deleted)") for m in mappings), mappings
 
 
 def _stranger(kind: str, address: tuple[str, int], key: bytes) -> socket.socket:
