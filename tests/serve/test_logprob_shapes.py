@@ -29,6 +29,9 @@ def test_pieces_give_exact_bytes_of_a_split_character(tok):
     (hello,) = tok.ids(["Hello"])
     assert pieces.bytes_of(hello) == b"Hello"
     assert pieces.bytes_of(2) == b"<|im_end|>"  # an added (special) token: its content
+    # Whole characters alone: a half of "é" has no text of its own, "Hello" does.
+    assert pieces.text_alone(first) is None and pieces.text_alone(second) is None
+    assert pieces.text_alone(hello) == "Hello"
 
 
 def test_chat_logprobs_shape(tok):

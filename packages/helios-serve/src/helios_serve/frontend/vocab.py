@@ -32,37 +32,13 @@ def unicode_to_byte() -> dict[str, int]:
     return table
 
 
-class TokenPieces:
-    """Per-id text and bytes of a `tokenizers.Tokenizer`; cached per id.
+class _WholeCharacters:
+    """`text_alone` over a subclass's `bytes_of` (cached per id in `self._texts`)."""
 
-    Args:
-        tokenizer: the frontend tokenizer.
-    """
+    _texts: dict[int, str | None]
 
-    def __init__(self, tokenizer) -> None:
-        self._tok = tokenizer
-        spec = json.loads(tokenizer.to_str())
-        decoder = spec.get("decoder") or {}
-        kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", [])]
-        self._byte_level = "ByteLevel" in kinds
-        self._added = {t["id"]: t["content"] for t in spec.get("added_tokens", [])}
-        self._cache: dict[int, bytes] = {}
-
-    def bytes_of(self, token_id: int) -> bytes:
-        """The UTF-8 bytes token `token_id` contributes to the text."""
-        cached = self._cache.get(token_id)
-        if cached is not None:
-            return cached
-        if token_id in self._added:
-            out = self._added[token_id].encode()
-        elif self._byte_level:
-            piece = self._tok.id_to_token(token_id) or ""
-            table = unicode_to_byte()
-            out = bytes(table[c] for c in piece if c in table)
-        else:
-            out = self._tok.decode([token_id], skip_special_tokens=False).encode()
-        self._cache[token_id] = out
-        return out
+    def bytes_of(self, token_id: int) -> bytes | None:
+        raise NotImplementedError
 
     def text_alone(self, token_id: int) -> str | None:
         """The text of the id's bytes when they are valid UTF-8 on their own (whole
@@ -83,6 +59,40 @@ class TokenPieces:
         self._texts[token_id] = text
         return text
 
+
+class TokenPieces(_WholeCharacters):
+    """Per-id text and bytes of a `tokenizers.Tokenizer`; cached per id.
+
+    Args:
+        tokenizer: the frontend tokenizer.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self._tok = tokenizer
+        spec = json.loads(tokenizer.to_str())
+        decoder = spec.get("decoder") or {}
+        kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", [])]
+        self._byte_level = "ByteLevel" in kinds
+        self._added = {t["id"]: t["content"] for t in spec.get("added_tokens", [])}
+        self._cache: dict[int, bytes] = {}
+        self._texts: dict[int, str | None] = {}
+
+    def bytes_of(self, token_id: int) -> bytes:
+        """The UTF-8 bytes token `token_id` contributes to the text."""
+        cached = self._cache.get(token_id)
+        if cached is not None:
+            return cached
+        if token_id in self._added:
+            out = self._added[token_id].encode()
+        elif self._byte_level:
+            piece = self._tok.id_to_token(token_id) or ""
+            table = unicode_to_byte()
+            out = bytes(table[c] for c in piece if c in table)
+        else:
+            out = self._tok.decode([token_id], skip_special_tokens=False).encode()
+        self._cache[token_id] = out
+        return out
+
     def text_of(self, token_id: int) -> str:
         """The token's text (U+FFFD where it holds part of a character)."""
         return self.bytes_of(token_id).decode("utf-8", errors="replace")
@@ -94,7 +104,7 @@ class TokenPieces:
 _PLAIN_ASCII = frozenset(chr(c) for c in range(ord("!"), ord("~") + 1))
 
 
-class ByteLevelPieces:
+class ByteLevelPieces(_WholeCharacters):
     """The UTF-8 bytes of each id of a tokenizer whose decoder is ByteLevel alone; one
     per tokenizer, shared by every request's detokenizer (cached per id).
 
@@ -136,21 +146,3 @@ class ByteLevelPieces:
         self._cache[token_id] = out
         return out
 
-    def text_alone(self, token_id: int) -> str | None:
-        """The text of the id's bytes when they are valid UTF-8 on their own (whole
-        characters), else None (part of a character, an invalid byte, no known bytes).
-
-        Valid UTF-8 concatenates: when the bytes before it decode, the text with this id
-        appended is that text followed by this one (the detokenizer's per-token path).
-        """
-        try:
-            return self._texts[token_id]
-        except KeyError:
-            pass
-        raw = self.bytes_of(token_id)
-        try:
-            text = raw.decode() if raw is not None else None
-        except UnicodeDecodeError:
-            text = None
-        self._texts[token_id] = text
-        return text
