@@ -74,6 +74,30 @@ def test_logits_and_greedy_ids_match_transformers(opened):
     driver.model.close()
 
 
+def test_the_window_is_what_separates_the_long_prompt(tmp_path, signing_key_pair):
+    """The same weights with a window longer than every prompt: positions 0..15 (whose
+    16-token window is their whole context) keep transformers' logits, position 16 on
+    (the first to drop a token) do not, so the window, its bound included, is what the
+    reference checks."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(CHECKPOINT, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "sliding_window": 4096}))
+    out = tmp_path / "wide.core"
+    result = run_export(RECIPE, "--checkpoint", folder, "--key", signing_key_pair[0],
+                        "--namespace", NAMESPACE, "--out", out, "--weight-dtype", "f32")
+    assert result.exit_code == 0, result.output
+    core = open_core(out, [load_public_key(signing_key_pair[1])])
+    authorize(core, NAMESPACE)
+    driver = Driver(load_native(core, "cpu"))
+    ids, want = REFERENCE["p2/ids"].tolist(), REFERENCE["p2/logits"]
+    got = driver.teacher_force(ids[:1], ids[1:] + [0])
+    driver.model.close()
+    np.testing.assert_allclose(got[:WINDOW], want[:WINDOW], rtol=0, atol=5e-5)
+    gaps = np.abs(got - want).max(axis=1)
+    assert (gaps[WINDOW:] > 1e-2).all(), gaps[WINDOW:].round(4).tolist()
+
+
 def test_norms_are_stored_as_one_plus_w(opened):
     stored = np.frombuffer(opened.read_resource("weights/L2.q_norm"), "<f4")
     hf = load_checkpoint(CHECKPOINT).tensor("model.layers.2.self_attn.q_norm.weight")
