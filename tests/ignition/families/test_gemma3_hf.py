@@ -18,6 +18,7 @@ import shutil
 
 import numpy as np
 import pytest
+from helios_contract.schema import contract_pb2 as cpb
 from helios_ignition.checkpoint import GeometryError, load_checkpoint
 from helios_serve.runtime.driver import Driver
 from helios_serve.testing.native import load_native
@@ -59,6 +60,10 @@ def test_the_config_declares_the_geometry():
 
 def test_logits_and_greedy_ids_match_transformers(opened):
     assert_lint_clean(opened)
+    regions = {r.name: r for r in opened.contract.model.cache.regions}
+    assert regions["window"].kind == cpb.HISTORY_KIND_SLIDING_WINDOW
+    assert regions["window"].window_tokens == WINDOW
+    assert regions["kv"].kind == cpb.HISTORY_KIND_PAGED_KV
     assert len(REFERENCE["p2/ids"]) == 3 * WINDOW
     driver = Driver(load_native(opened, "cpu"))
     for p in range(PROMPTS):
