@@ -152,6 +152,19 @@ def test_the_pattern_is_read_without_layer_types(tmp_path):
     assert load_checkpoint(folder).geometry.layer_windows == (16, 0, 16, 0)
 
 
+def test_the_transformers_4_spelling_is_read(tmp_path):
+    """Gemma 3's published configs (transformers 4): `rope_theta`, `rope_local_base_freq`
+    and `rope_scaling` null in place of `rope_parameters`."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(CHECKPOINT, folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["rope_parameters"]
+    config.update(rope_theta=500_000.0, rope_local_base_freq=20_000.0, rope_scaling=None)
+    (folder / "config.json").write_text(json.dumps(config))
+    g = load_checkpoint(folder).geometry
+    assert (g.rope_theta, g.rope_local_theta) == (500_000.0, 20_000.0)
+
+
 def test_the_vision_model_is_refused_in_one_line(tmp_path):
     (tmp_path / "config.json").write_text(
         '{"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3"}')
