@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +36,7 @@ REFERENCE = np.load(FIXTURE / "reference.npz")
 PROMPTS = 3
 GREEDY = 8
 WINDOW = 16
+IGNITION = Path(sys.executable).parent / "ignition"
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +167,26 @@ def test_the_transformers_4_spelling_is_read(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     g = load_checkpoint(folder).geometry
     assert (g.rope_theta, g.rope_local_theta) == (500_000.0, 20_000.0)
+
+
+def test_export_of_the_vision_model_is_one_line(tmp_path):
+    """Through the real `ignition` command: one line on stderr, exit 1, nothing written."""
+    from helios_tools.core import generate_key, write_key_pair
+
+    private, _ = write_key_pair(generate_key(), tmp_path / "p.key")
+    folder = tmp_path / "gemma3-4b"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        '{"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3"}')
+    proc = subprocess.run(
+        [IGNITION, "export", str(RECIPE), "--checkpoint", str(folder), "--key", str(private),
+         "--namespace", "a.example/m", "--out", str(tmp_path / "x.core")],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"ignition: error: {folder}: architecture 'Gemma3ForConditionalGeneration': Gemma 3 "
+        "with its vision tower is not supported; only the text model (Gemma3ForCausalLM)"]
+    assert not (tmp_path / "x.core").exists()
 
 
 def test_the_vision_model_is_refused_in_one_line(tmp_path):
