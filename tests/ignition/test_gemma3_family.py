@@ -182,7 +182,8 @@ def test_an_unsupported_hf_architecture_is_refused_naming_the_supported(tmp_path
         load_safetensors_dir(tmp_path)
     assert str(caught.value) == (f"{tmp_path}: architecture 'BloomForCausalLM' is not "
                                  "supported; supported: LlamaForCausalLM, "
-                                 "Qwen3ForCausalLM, Qwen3MoeForCausalLM")
+                                 "Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+                                 "Gemma3ForCausalLM")
 
 
 def test_the_assembled_gguf_is_verified_against_its_pinned_digest():

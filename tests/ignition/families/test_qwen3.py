@@ -123,7 +123,7 @@ def test_unsupported_architecture_is_named(tmp_path):
         load_checkpoint(folder)
     assert str(info.value) == (
         f"{folder}: architecture 'MambaForCausalLM' is not supported; supported: "
-        "LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM")
+        "LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM")
 
 
 def test_moe_geometry_rejections(tmp_path):

@@ -1,5 +1,5 @@
-"""Gemma 3 text checkpoints: geometry, HF tensor names, and the GGUF reader (architecture
-`gemma3`).
+"""Gemma 3 text checkpoints: geometry, HF tensor names, the GGUF reader (architecture
+`gemma3`) and the HF `config.json` reader (`Gemma3ForCausalLM`).
 
 Conventions, so every consumer sees HF Gemma 3 (`Gemma3ForCausalLM`) tensors:
 
@@ -12,6 +12,8 @@ Conventions, so every consumer sees HF Gemma 3 (`Gemma3ForCausalLM`) tensors:
   `gemma3.attention.sliding_window_pattern` (n: every n-th layer global) and
   `gemma3.rope.local_freq_base` when present, else the architecture's values llama.cpp
   and HF's `Gemma3TextConfig` use (pattern 6, local base 10,000).
+- HF safetensors (`Gemma3ForCausalLM`) already hold HF's names and w, so the safetensors
+  loader reads them as they are; only the geometry is read here (`gemma3_hf_geometry`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from .gguf_read import (
 from .sentencepiece import spm_tokenizer_json
 
 ARCHITECTURE = "gemma3"
+HF_ARCHITECTURE = "Gemma3ForCausalLM"
+# HF's activation of the GeGLU (the family's `gelu_mul` is the tanh approximation).
+_HF_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_new")
 DEFAULT_SLIDING_WINDOW_PATTERN = 6
 DEFAULT_LOCAL_ROPE_THETA = 10000.0
 
@@ -115,6 +120,11 @@ class Gemma3Geometry:
     architecture: str = ARCHITECTURE
 
     @property
+    def vision(self) -> None:
+        """No vision tower: text weights only (the loaders' `geometry.vision`)."""
+        return None
+
+    @property
     def family(self) -> str:
         """The helios family that captures this geometry (families/gemma3.py)."""
         return "gemma3"
@@ -153,6 +163,82 @@ def layer_windows(layers: int, pattern: int, window: int) -> tuple[int, ...]:
     is global (0), the others see `window` tokens (HF `layer_types`, llama.cpp's
     `swa_pattern`)."""
     return tuple(0 if (i + 1) % pattern == 0 else window for i in range(layers))
+
+
+def gemma3_hf_geometry(config: dict[str, Any], source: str) -> Gemma3Geometry:
+    """The geometry a HF `Gemma3ForCausalLM` `config.json` (`Gemma3TextConfig`) declares.
+
+    Reads both transformers spellings: the RoPE bases from `rope_parameters`
+    (`full_attention` / `sliding_attention`, transformers 5) or `rope_theta` /
+    `rope_local_base_freq` (transformers 4); the layer pattern from `layer_types`, else
+    `sliding_window_pattern` (every n-th layer global; HF's default 6); the attention scale
+    `query_pre_attn_scalar ** -0.5`.
+
+    Raises:
+        GeometryError: a required key is missing or not a number, or the config declares what the family
+            does not capture: logit soft-capping (final or attention), bidirectional
+            attention, attention biases, RoPE scaling, an activation other than the tanh
+            GELU, a `layer_types` entry other than sliding_attention / full_attention, or
+            no positive `sliding_window`.
+    """
+    where = f"{source}/config.json"
+
+    def refuse(what: str) -> GeometryError:
+        return GeometryError(f"{where}: {what} is not supported for Gemma 3")
+
+    try:
+        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if config.get(key) is not None:
+                raise refuse(f"{key} {config[key]}")
+        if config.get("use_bidirectional_attention"):
+            raise refuse("use_bidirectional_attention")
+        if config.get("attention_bias"):
+            raise refuse("attention_bias")
+        act = config.get("hidden_activation") or config.get("hidden_act") or _HF_ACTIVATIONS[0]
+        if act not in _HF_ACTIVATIONS:
+            raise refuse(f"hidden_activation {act!r} (only the tanh GELU)")
+        rope = config.get("rope_parameters") or {}
+        full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+        scaling = config.get("rope_scaling")
+        for params in (full, local, scaling or {}):
+            if params.get("rope_type", params.get("type", "default")) != "default":
+                raise refuse(f"rope scaling {params}")
+        theta = full.get("rope_theta", config.get("rope_theta", 1_000_000.0))
+        local_theta = local.get("rope_theta", config.get("rope_local_base_freq",
+                                                         DEFAULT_LOCAL_ROPE_THETA))
+        layers = int(config["num_hidden_layers"])
+        window = config.get("sliding_window")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise GeometryError(f"{where}: sliding_window must be a positive number of "
+                                f"tokens, not {window!r}")
+        types = config.get("layer_types")
+        if types is not None:
+            unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+            if unknown or len(types) != layers:
+                raise GeometryError(f"{where}: layer_types must be {layers} entries of "
+                                    f"sliding_attention or full_attention, not {types}")
+            windows = tuple(window if t == "sliding_attention" else 0 for t in types)
+        else:
+            pattern = int(config.get("sliding_window_pattern")
+                          or DEFAULT_SLIDING_WINDOW_PATTERN)
+            windows = layer_windows(layers, pattern, window)
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        return Gemma3Geometry(
+            vocab_size=int(config["vocab_size"]), hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]), num_layers=layers,
+            num_heads=heads, num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=head_dim, rope_theta=float(theta), rope_local_theta=float(local_theta),
+            rms_eps=float(config.get("rms_norm_eps", 1e-6)),
+            max_context=int(config.get("max_position_embeddings", 131072)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+            sliding_window=window, layer_windows=windows,
+            query_scale=float(config.get("query_pre_attn_scalar", head_dim)) ** -0.5)
+    except KeyError as exc:
+        raise GeometryError(f"{where}: missing key {exc.args[0]!r}") from exc
+    except (TypeError, ValueError) as exc:  # a value of the wrong type, e.g. null
+        raise GeometryError(f"{where}: a value is not a number: {exc}") from exc
 
 
 def gguf_to_hf_name(name: str) -> str | None:

@@ -1,4 +1,5 @@
-"""Load a HF safetensors checkpoint directory (Llama architecture) as a `Checkpoint`.
+"""Load a HF safetensors checkpoint directory as a `Checkpoint` (`SUPPORTED_HF_ARCHITECTURES`:
+Llama, Qwen3, Qwen3-MoE, Gemma 3 text; Idefics3 with a Llama text model).
 
 Expected files: `config.json`, `model.safetensors` or shards `model-*.safetensors`,
 `tokenizer.json`, and a chat template in `tokenizer_config.json["chat_template"]` or
@@ -32,6 +33,8 @@ from .errors import (
     MissingTokenizerError,
     UnsupportedTensorError,
 )
+from .gemma3 import HF_ARCHITECTURE as GEMMA3_ARCHITECTURE
+from .gemma3 import Gemma3Geometry, gemma3_hf_geometry
 from .geometry import VISION_PREFIX, LlamaGeometry, VisionGeometry
 from .qwen3 import QWEN3_ARCHITECTURES, qwen3_geometry
 
@@ -99,7 +102,13 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
 
 
 # HF architectures of families whose geometry has its own reader (Llama's is below).
-ARCHITECTURE_GEOMETRY = {arch: qwen3_geometry for arch in QWEN3_ARCHITECTURES}
+ARCHITECTURE_GEOMETRY = {**{arch: qwen3_geometry for arch in QWEN3_ARCHITECTURES},
+                         GEMMA3_ARCHITECTURE: gemma3_hf_geometry}
+# Architectures refused with their own reason rather than the supported list alone.
+REFUSED_HF_ARCHITECTURES = {
+    "Gemma3ForConditionalGeneration": "Gemma 3 with its vision tower is not supported; "
+                                      "only the text model (Gemma3ForCausalLM)",
+}
 # config.json `architectures` this loader reads.
 SUPPORTED_HF_ARCHITECTURES = ("LlamaForCausalLM", *ARCHITECTURE_GEOMETRY)
 
@@ -127,7 +136,7 @@ def _vision_geometry(config: dict[str, Any], text: LlamaGeometry, source: str
         raise GeometryError(f"{source}/config.json: vision_config lacks {exc.args[0]!r}") from exc
 
 
-def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry:
+def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry | Gemma3Geometry:
     if config.get("model_type") == "idefics3":  # a Llama text model beside a vision tower
         text_config = config.get("text_config")
         if not isinstance(text_config, dict):
@@ -140,6 +149,10 @@ def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry:
     reader = next((ARCHITECTURE_GEOMETRY[a] for a in archs if a in ARCHITECTURE_GEOMETRY), None)
     if reader is not None:
         return reader(config, source)
+    refused = next((a for a in archs if a in REFUSED_HF_ARCHITECTURES), None)
+    if refused is not None:
+        raise GeometryError(f"{source}: architecture {refused!r}: "
+                            f"{REFUSED_HF_ARCHITECTURES[refused]}")
     if "LlamaForCausalLM" not in archs and (archs or model_type not in (None, "llama")):
         name = archs[0] if archs else model_type
         raise GeometryError(f"{source}: architecture {name!r} is not supported; supported: "
@@ -195,7 +208,8 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         CheckpointNotFoundError: no directory, no config.json, or no *.safetensors file.
         CheckpointFormatError: a JSON file does not parse, or a safetensors file is
             truncated or corrupt (names the file and tensor).
-        GeometryError: config.json lacks a required key or is not Llama.
+        GeometryError: config.json lacks a required key, declares what its family does
+            not capture, or names an architecture not in SUPPORTED_HF_ARCHITECTURES.
         MissingTokenizerError: no tokenizer.json.
         MissingChatTemplateError: no chat template.
         MissingTensorError: a tensor the geometry needs is in no shard.
