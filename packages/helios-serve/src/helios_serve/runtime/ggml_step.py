@@ -118,6 +118,7 @@ class _Lib:
             "ggml_mul": ([vp, vp, vp], vp),
             "ggml_rms_norm": ([vp, vp, f], vp),
             "ggml_mul_mat": ([vp, vp, vp], vp),
+            "ggml_out_prod": ([vp, vp, vp], vp),
             "ggml_swiglu": ([vp, vp], vp),
             "ggml_get_rows": ([vp, vp, vp], vp),
             "ggml_set_rows": ([vp, vp, vp, vp], vp),
@@ -767,8 +768,11 @@ def _decode_form(b: _Builder, names, args, writers, hosts) -> None:
     k = g.permute(ctx, gathered(names[1], k_cache), 0, 2, 1, 3)  # [HD, L, KVH, B]
     kq = g.mul_mat(ctx, k, q)  # [L, 1, H, B]
     kq = g.soft_max_ext(ctx, kq, t_mask, float(scale), 0.0)
-    v = g.cont(ctx, g.permute(ctx, gathered(names[2], v_cache), 1, 2, 0, 3))  # [L,HD,KVH,B]
-    o = g.mul_mat(ctx, v, kq)  # [HD, 1, H, B]
+    # o = sum over positions of p * v: out_prod contracts the gathered values' position
+    # axis in place, where mul_mat would need them transposed into a copy (`cont`: at
+    # batch 8 that copy cost more than the products, bench/cpu_step_breakdown.py)
+    v = g.permute(ctx, gathered(names[2], v_cache), 0, 2, 1, 3)  # [HD, L, KVH, B]
+    o = g.out_prod(ctx, v, g.reshape_4d(ctx, kq, 1, L, H, B))  # [HD, 1, H, B]
     o = g.mul(ctx, o, t_live)  # padding rows: zeros, as the reference
     b.write(names[3], out, g.reshape_2d(ctx, o, H * HD, B), B, H * HD)
 
