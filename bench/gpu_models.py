@@ -89,9 +89,10 @@ def main() -> None:
     ap.add_argument("--chunked-sampling", dest="chunked_sampling", action="store_true",
                     help="the chunked sampler (the default)")
     ap.set_defaults(chunked_sampling=True)
-    ap.add_argument("--sampler", choices=["wide", "nucleus"], default="wide",
-                    help="the chunked sampler's form: wide (rows with no top-k raced over "
-                         "their chunks; the default) or nucleus (as cores exported before it)")
+    ap.add_argument("--sampler", choices=["race", "wide", "nucleus"], default="race",
+                    help="the chunked sampler's form: race (the candidate race; the "
+                         "default), wide (the slot race, cores exported before it) or "
+                         "nucleus (cores exported before the wide form)")
     ap.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(MODES),
                     help="sampling modes measured beside greedy at every batch")
     ap.add_argument("--json")
@@ -138,7 +139,8 @@ def main() -> None:
     core, info = build_core(recipe, ckpt, caps, f"sm_{major}{minor}", weights,
                             fold_layers=args.fold_layers,
                             chunked_sampling=args.chunked_sampling,
-                            wide_sampling=args.sampler == "wide")
+                            wide_sampling=args.sampler in ("race", "wide"),
+                            race_sampling=args.sampler == "race")
     t_core = time.perf_counter()
     model = load_native(core, "cuda")
     t_load = time.perf_counter()

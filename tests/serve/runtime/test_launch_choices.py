@@ -43,9 +43,10 @@ def test_choices_are_recorded_in_the_launches(models):
         graphs = model.prepared.manifest.graphs
         return {names[launch.kernel] for g in graphs for launch in g.launches}
 
-    assert {"rmsnorm_linear", "linear_add", "sample_chunks_wide", "sample_merge_nucleus",
-            "sample_race", "sample_pick", "sample_rest"} <= ops(chosen)
-    assert not ops(chosen) & {"sample_chunks", "sample_merge", "sample_chunks_nucleus"}
+    assert {"rmsnorm_linear", "linear_add", "sample_chunks_mass", "sample_merge",
+            "sample_race_top", "sample_race_mass", "sample_race_pick"} <= ops(chosen)
+    assert not ops(chosen) & {"sample_chunks", "sample_chunks_nucleus", "sample_chunks_wide",
+                              "sample_race", "sample_pick", "sample_rest"}
     assert not ops(plain) & {"rmsnorm_linear", "linear_add", "sample_chunks",
                              "sample_chunks_nucleus"}
     assert "sample_biased" in ops(plain) and "sample_biased" not in ops(chosen)
@@ -156,3 +157,29 @@ def test_fused_decode_attention_is_recorded_and_changes_nothing(attention_rules)
         assert np.array_equal(x, y)
     for prompt, sp, tokens in zip(PROMPTS, SAMPLING, got, strict=True):
         assert Driver(new).generate([prompt], 14, sp)[0] == tokens
+
+
+@pytest.fixture(scope="module")
+def before_race():
+    """The wide form (the slot race) as cores exported before the candidate race record
+    it."""
+    return load_native(tiny_core(seed=3, fold_layers=True, chunked_sampling=True,
+                                 race_sampling=False), "cpu", cpu_frames=2)
+
+
+def test_cores_recording_the_wide_form_before_the_candidate_race(models, before_race):
+    """A core exported before the candidate race (``sample_race`` + ``sample_pick``)
+    loads and samples what the candidate race samples: top-p, temperature-only and min-p
+    rows with penalties and bias, each alone as in the batch, and sample_biased's
+    tokens."""
+    ops = {k.reference_op for k in before_race.prepared.manifest.kernels}
+    assert {"sample_chunks_wide", "sample_race", "sample_pick", "sample_rest"} <= ops
+    assert not ops & {"sample_chunks_mass", "sample_race_top", "sample_race_pick"}
+    plain, chosen = models
+    for sampling in (WIDE_SAMPLING, SAMPLING):
+        got = Driver(chosen).generate(PROMPTS, max_new_tokens=14, sampling=sampling)
+        assert got == Driver(before_race).generate(PROMPTS, max_new_tokens=14,
+                                                   sampling=sampling)
+        assert got == Driver(plain).generate(PROMPTS, max_new_tokens=14, sampling=sampling)
+        for prompt, sp, tokens in zip(PROMPTS, sampling, got, strict=True):
+            assert Driver(chosen).generate([prompt], 14, sp)[0] == tokens

@@ -7,7 +7,13 @@ pass's logits into the sampled-token output.
 from __future__ import annotations
 
 from helios_tools.kernels import grammar_mask_words
-from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK, NUCLEUS, RACE_SLOTS
+from helios_tools.kernels.sampling_chunks import (
+    CANDIDATES,
+    CHUNK,
+    NUCLEUS,
+    RACE_SLOTS,
+    RACE_TOP,
+)
 
 from .buffers import INPUT_NAMES, PAGE_TABLE, SAMPLED
 from .builder import BufferTable, ProgramBuilder
@@ -15,14 +21,32 @@ from .family import Family
 
 
 def declare_chunked_sampling(t: BufferTable, s: Family, rows: int,
-                             nucleus: bool = True, wide: bool = True) -> None:
+                             nucleus: bool = True, wide: bool = True,
+                             race: bool = True) -> None:
     """Scratch of the chunked sampler (``sample_chunks`` -> ``sample_merge``): per row, each
     chunk's maximum and arg-max, its top-k candidates, and the merged winners; with
     `nucleus` (``sample_chunks_nucleus`` -> ``sample_merge_nucleus``) also each chunk's
     softmax mass, and the staging row holds the NUCLEUS picks; with `wide` (and
     `nucleus`: ``sample_race`` -> ``sample_pick``) each (chunk, probability slot)'s mass,
-    best race score (f64 as two i32 words) and id, and the row's slot level."""
+    best race score (f64 as two i32 words) and id, and the row's slot level; with `race`
+    (and `wide`: the candidate race, ``sample_race_top`` -> ``sample_race_mass`` ->
+    ``sample_race_pick``) instead each chunk's softmax mass, its RACE_TOP best race scores
+    (f64 as two i32 words), their ids and probabilities, and the chunk's mass ahead of
+    each of the row's RACE_TOP candidates."""
     P = -(-s.vocab // CHUNK)
+    if nucleus and wide and race:
+        M = RACE_TOP
+        t.declare("scratch.sample_chunk_max", "f32", (rows, P), "scratch")
+        t.declare("scratch.sample_chunk_arg", "i32", (rows, P), "scratch")
+        t.declare("scratch.sample_chunk_mass", "f32", (rows, P), "scratch")
+        t.declare("scratch.sample_cand_key", "i32", (rows, P * CANDIDATES), "scratch")
+        t.declare("scratch.sample_cand_id", "i32", (rows, P * CANDIDATES), "scratch")
+        t.declare("scratch.sample_selected", "i32", (rows, 2 * CANDIDATES), "scratch")
+        t.declare("scratch.sample_top_score", "i32", (rows, 2 * P * M), "scratch")
+        t.declare("scratch.sample_top_id", "i32", (rows, P * M), "scratch")
+        t.declare("scratch.sample_top_prob", "f32", (rows, P * M), "scratch")
+        t.declare("scratch.sample_ahead", "f32", (rows, P * M), "scratch")
+        return
     if nucleus and wide:
         t.declare("scratch.sample_race_mass", "f32", (rows, P * RACE_SLOTS), "scratch")
         t.declare("scratch.sample_race_best", "i32", (rows, 2 * P * RACE_SLOTS), "scratch")
@@ -41,7 +65,7 @@ def declare_chunked_sampling(t: BufferTable, s: Family, rows: int,
 
 
 def sample(b: ProgramBuilder, s: Family, R: int, logits, slot, positions, inp,
-           chunked: bool, nucleus: bool, wide: bool = False) -> None:
+           chunked: bool, nucleus: bool, wide: bool = False, race: bool = False) -> None:
     """Record the sampling step over `R` rows of `logits` into SAMPLED: ``sample_biased``,
     or with `chunked` its three-launch form (helios_tools.kernels.sampling_chunks: the
     vocabulary split over ``ceil(V / CHUNK)`` programs per row; same outputs), with
@@ -50,7 +74,11 @@ def sample(b: ProgramBuilder, s: Family, R: int, logits, slot, positions, inp,
     `wide` (and `nucleus`) the form that draws every row with no top-k over its chunks:
     ``sample_chunks_wide`` -> ``sample_merge_nucleus`` -> ``sample_race`` + ``sample_pick``
     at two levels -> ``sample_rest`` (helios_tools.kernels.sampling_chunks; cores exported
-    before it record the nucleus form and keep loading)."""
+    before it record the nucleus form and keep loading), with `race` (the default since;
+    cores exported before it record the wide form and keep loading) the candidate race:
+    ``sample_chunks_mass`` -> ``sample_merge`` -> ``sample_race_top`` ->
+    ``sample_race_mass`` -> ``sample_race_pick`` (five launches, each chunk's ids read by
+    three of them)."""
     t = b.table
     n = INPUT_NAMES
     slots = t.buffers[PAGE_TABLE].shape[0]
@@ -72,6 +100,29 @@ def sample(b: ProgramBuilder, s: Family, R: int, logits, slot, positions, inp,
     ckey = t.view("scratch.sample_cand_key", (R, P * CANDIDATES))
     cid = t.view("scratch.sample_cand_id", (R, P * CANDIDATES))
     row = [slot, positions, inp("sampling_decision", R), inp("seed", R, 2), *params, hist]
+    if race:
+        M = RACE_TOP
+        mass = t.view("scratch.sample_chunk_mass", (R, P))
+        b.launch("sample_chunks_mass", logits, slot, inp("temperature", R), inp("top_k", R),
+                 *penalties, hist, *masks, cmax, carg, mass, ckey, cid, R, s.vocab, words,
+                 CHUNK, CANDIDATES)
+        b.launch("sample_merge", cmax, carg, ckey, cid, *row,
+                 t.view("scratch.sample_selected", (R, 2 * CANDIDATES)), sampled, R, s.vocab,
+                 P, CANDIDATES)
+        top = [t.view("scratch.sample_top_score", (R, 2 * P * M)),
+               t.view("scratch.sample_top_id", (R, P * M)),
+               t.view("scratch.sample_top_prob", (R, P * M))]
+        ahead = t.view("scratch.sample_ahead", (R, P * M))
+        b.launch("sample_race_top", logits, slot, positions, inp("seed", R, 2),
+                 inp("temperature", R), inp("top_k", R), inp("min_p", R), *penalties, hist,
+                 *masks, cmax, mass, sampled, *top, R, s.vocab, words, CHUNK, M)
+        b.launch("sample_race_mass", logits, slot, inp("temperature", R), inp("top_p", R),
+                 inp("top_k", R), inp("min_p", R), *penalties, hist, *masks, cmax, mass,
+                 sampled, *top, ahead, R, s.vocab, words, CHUNK, M)
+        b.launch("sample_race_pick", logits, slot, positions, inp("sampling_decision", R),
+                 inp("seed", R, 2), *params, *penalties, hist, *masks, *top, ahead, sampled,
+                 R, s.vocab, words, P, M)
+        return
     if nucleus:
         mass = t.view("scratch.sample_chunk_mass", (R, P))
         width = 2 * max(CANDIDATES, NUCLEUS)
