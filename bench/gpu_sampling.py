@@ -165,7 +165,7 @@ def scratch_shapes(R: int, V: int, variant) -> dict[str, tuple[tuple[int, ...], 
             "chunk_mass": ((R, P), np.float32), "cand_key": ((R, P * KM), np.int32),
             "cand_id": ((R, P * KM), np.int32), "selected": ((R, 2 * KN), np.int32),
             "sampled": ((R,), np.int32), "top_score": ((R, 2 * P * M), np.int32),
-            "top_id": ((R, P * M), np.int32), "top_prob": ((R, P * M), np.float32),
+            "top_id": ((R, P * M), np.int32), "top_zt": ((R, P * M), np.float32),
             "ahead": ((R, P * M), np.float32), "race_level": ((R, 2), np.int32),
             "race_mass": ((R, P * NB), np.float32), "race_best": ((R, 2 * P * NB), np.int32),
             "race_arg": ((R, P * NB), np.int32)}

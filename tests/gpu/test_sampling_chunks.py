@@ -490,7 +490,7 @@ def _run_race(gpu, logits, p, R, V, check_parts=True, M=None):
     outs = [np.zeros((R, 2 * P * M), np.int32), np.zeros((R, P * M), np.int32),
             np.zeros((R, P * M), np.float32)]
     c = gpu.run("sample_race_top", *top_in, *outs, R, V, words, CHUNK, M)
-    top = [c["top_score"], c["top_id"], c["top_prob"]]
+    top = [c["top_score"], c["top_id"], c["top_zt"]]
     mass_in = [logits, p["slot"], p["temperature"], p["top_p"], p["top_k"], p["min_p"], *pen,
                a["chunk_max"], a["chunk_mass"], merged, *top]
     d = gpu.run("sample_race_mass", *mass_in, np.zeros((R, P * M), np.float32), R, V, words,
@@ -504,14 +504,14 @@ def _run_race(gpu, logits, p, R, V, check_parts=True, M=None):
         np.testing.assert_array_equal(c["top_id"][raced], ref[1][raced])
         np.testing.assert_allclose(c["top_score"][raced].view(np.float64),
                                    ref[0][raced].view(np.float64), rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(c["top_prob"][raced], ref[2][raced], rtol=1e-5)
+        np.testing.assert_array_equal(c["top_zt"][raced], ref[2][raced])  # no S in zt
         massed = raced & (p["top_p"] < 1)
         ahead = np.full((R, P * M), np.nan, np.float32)
         K.sample_race_mass(*mass_in, ahead, R, V, words, CHUNK, M)
         np.testing.assert_allclose(d["ahead"][massed], ahead[massed], rtol=1e-4, atol=1e-7)
         for r in np.flatnonzero(raced):  # the row's candidates: the reference's, in order
             want = race_candidates(ref[0][r], ref[1][r], ref[2][r], P, M)[1]
-            got = race_candidates(c["top_score"][r], c["top_id"][r], c["top_prob"][r], P,
+            got = race_candidates(c["top_score"][r], c["top_id"][r], c["top_zt"][r], P,
                                   M)[1]
             np.testing.assert_array_equal(got, want)
     e = gpu.run("sample_race_pick", logits, *_biased_args(p, hist), *top, d["ahead"], merged,

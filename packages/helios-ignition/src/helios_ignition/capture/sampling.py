@@ -97,7 +97,7 @@ def declare_chunked_sampling(t: BufferTable, s: Family, rows: int,
         t.declare("scratch.sample_selected", "i32", (rows, 2 * CANDIDATES), "scratch")
         t.declare("scratch.sample_top_score", "i32", (rows, 2 * PM), "scratch")
         t.declare("scratch.sample_top_id", "i32", (rows, PM), "scratch")
-        t.declare("scratch.sample_top_prob", "f32", (rows, PM), "scratch")
+        t.declare("scratch.sample_top_zt", "f32", (rows, PM), "scratch")
         t.declare("scratch.sample_ahead", "f32", (rows, PM), "scratch")
         return
     if nucleus and wide:
@@ -169,7 +169,7 @@ def sample(b: ProgramBuilder, s: Family, R: int, logits, slot, positions, inp,
                  P, CANDIDATES)
         top = [t.view("scratch.sample_top_score", (R, 2 * P * M)),
                t.view("scratch.sample_top_id", (R, P * M)),
-               t.view("scratch.sample_top_prob", (R, P * M))]
+               t.view("scratch.sample_top_zt", (R, P * M))]
         ahead = t.view("scratch.sample_ahead", (R, P * M))
         b.launch("sample_race_top", logits, slot, positions, inp("seed", R, 2),
                  inp("temperature", R), inp("top_k", R), inp("min_p", R), *penalties, hist,

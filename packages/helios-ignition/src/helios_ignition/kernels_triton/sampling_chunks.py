@@ -551,41 +551,42 @@ def sample_chunks_mass(logits, slot, temperature, top_k, presence, frequency, re
 
 
 @triton.jit
-def _race_p(logits, slot, temperature, presence, frequency, repetition, histogram,
-            logit_bias, use_bias, grammar_mask, use_mask, chunk_max, chunk_mass, r, c, V, W32,
-            BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr):
-    """(ids, f32 probabilities, 1 / S) of chunk c of raced row r: ``exp(zt - zmax) / S``
-    with the row's zmax and S from its chunks (``race_probabilities``); 0 past V and for
-    masked ids."""
-    P = tl.cdiv(V, BLOCK_V)
-    temp = tl.load(temperature + r)
-    zmax, S = _row_normalizer(chunk_max, chunk_mass, r, P, temp, BLOCK_P)
-    idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
+def _race_zt(logits, slot, temperature, presence, frequency, repetition, histogram,
+             logit_bias, use_bias, grammar_mask, use_mask, r, idx, V, W32):
+    """Scaled logits ``z / T`` of ids ``idx`` of row r (-inf masked or past V)."""
     z = _chunk_z(logits, histogram, logit_bias, grammar_mask, use_bias, use_mask, repetition,
                  frequency, presence, r, tl.load(slot + r), idx, V, W32)
-    zt = tl.math.div_rn(z, temp + tl.zeros_like(z))
+    return tl.math.div_rn(z, tl.load(temperature + r) + tl.zeros_like(z))
+
+
+@triton.jit
+def _p_of(zt, zmax, S):
+    """``race_p``: f32 ``exp(zt - zmax) / S``, 0 where zt is -inf."""
     e = tl.where(zt > float("-inf"), libdevice.exp(zt - zmax), 0.0)
-    return idx, tl.math.div_rn(e, S + tl.zeros_like(e)), tl.math.div_rn(1.0, S)
+    return tl.math.div_rn(e, S + tl.zeros_like(e))
 
 
 @triton.jit
 def sample_race_top(logits, slot, positions, seed, temperature, top_k, min_p, presence,
                     frequency, repetition, histogram, logit_bias, use_bias, grammar_mask,
-                    use_mask, chunk_max, chunk_mass, sampled, top_score, top_id, top_prob, R,
+                    use_mask, chunk_max, chunk_mass, sampled, top_score, top_id, top_zt, R,
                     V, W32, C, M, BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr,
                     MTOP: tl.constexpr):
     """Per (row, chunk) of the raced rows: the MTOP best race scores (f64 as two i32
-    words), best first, ties to the lower id, with their ids and probabilities; grid
+    words), best first, ties to the lower id, with their ids and scaled logits; grid
     ``(R, cdiv(V, BLOCK_V))``."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     P = tl.cdiv(V, BLOCK_V)
     if _raced(slot, sampled, temperature, top_k, r, V):
-        idx, p, inv_s = _race_p(logits, slot, temperature, presence, frequency, repetition,
-                                histogram, logit_bias, use_bias, grammar_mask, use_mask,
-                                chunk_max, chunk_mass, r, c, V, W32, BLOCK_V, BLOCK_P)
+        zmax, S = _row_normalizer(chunk_max, chunk_mass, r, P, tl.load(temperature + r),
+                                  BLOCK_P)
+        idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
+        zt = _race_zt(logits, slot, temperature, presence, frequency, repetition, histogram,
+                      logit_bias, use_bias, grammar_mask, use_mask, r, idx, V, W32)
+        p = _p_of(zt, zmax, S)  # race_probabilities
         mp = tl.load(min_p + r)
-        pmin = tl.where(mp > 0.0, mp * inv_s, -1.0)
+        pmin = tl.where(mp > 0.0, mp * tl.math.div_rn(1.0, S), -1.0)
         score = _race_score(p, idx, tl.load(positions + r), tl.load(seed + 2 * r),
                             tl.load(seed + 2 * r + 1))
         score = tl.where((p >= pmin) & (idx < V), score, float("-inf"))
@@ -594,20 +595,22 @@ def sample_race_top(logits, slot, positions, seed, temperature, top_k, min_p, pr
             best = tl.max(score, axis=0)
             arg = tl.min(tl.where((score == best) & (best > float("-inf")), idx, INT_MAX),
                          axis=0)
-            prob = tl.sum(tl.where(idx == arg, p, 0.0), axis=0)
+            # the candidate's scaled logit (-inf for a pad): sample_race_mass recomputes
+            # its p with its own S, so every p it compares comes from one S
+            prob = tl.max(tl.where(idx == arg, zt, float("-inf")), axis=0)
             bits = best.to(tl.int64, bitcast=True)
             tl.store(top_score + 2 * (base + m), bits.to(tl.int32))
             tl.store(top_score + 2 * (base + m) + 1, (bits >> 32).to(tl.int32))
             tl.store(top_id + base + m, arg)
-            tl.store(top_prob + base + m, prob)
+            tl.store(top_zt + base + m, prob)
             score = tl.where(idx == arg, float("-inf"), score)
 
 
 @triton.jit
-def _race_candidates(top_score, top_id, top_prob, r, P, BLOCK_Q: tl.constexpr,
+def _race_candidates(top_score, top_id, top_zt, r, P, BLOCK_Q: tl.constexpr,
                      MTOP: tl.constexpr):
     """Row r's MTOP best race scores over its chunks' (ties: lower id), best first:
-    (scores f64, ids, probabilities), each an MTOP vector (``race_candidates``)."""
+    (scores f64, ids, scaled logits), each an MTOP vector (``race_candidates``)."""
     q = tl.arange(0, BLOCK_Q)
     live = q < P * MTOP
     at = r.to(tl.int64) * P * MTOP + q
@@ -617,31 +620,31 @@ def _race_candidates(top_score, top_id, top_prob, r, P, BLOCK_Q: tl.constexpr,
                                                                        bitcast=True)
     sc = tl.where(live, sc, float("-inf"))
     ids = tl.load(top_id + at, mask=live, other=INT_MAX)
-    pr = tl.load(top_prob + at, mask=live, other=0.0)
+    pr = tl.load(top_zt + at, mask=live, other=float("-inf"))
     jm = tl.arange(0, MTOP)
     out_s = tl.zeros([MTOP], tl.float64) + float("-inf")
     out_i = tl.zeros([MTOP], tl.int32) + INT_MAX
-    out_p = tl.zeros([MTOP], tl.float32)
+    out_p = tl.zeros([MTOP], tl.float32) + float("-inf")
     for m in tl.static_range(MTOP):
         best = tl.max(sc, axis=0)
         arg = tl.min(tl.where(sc == best, ids, INT_MAX), axis=0)
         hit = (sc == best) & (ids == arg)  # one lane for a real id; pads are all alike
-        prob = tl.max(tl.where(hit, pr, 0.0), axis=0)
+        prob = tl.max(tl.where(hit, pr, float("-inf")), axis=0)
         out_s = tl.where(jm == m, best, out_s)
         out_i = tl.where(jm == m, arg, out_i)
         out_p = tl.where(jm == m, prob, out_p)
-        # Taken: now a pad (-inf, INT_MAX, 0) like the chunks' own, so a later pad pick
-        # reads probability 0.
+        # Taken: now a pad (-inf, INT_MAX, -inf) like the chunks' own, so a later pad
+        # pick reads a pad's scaled logit.
         sc = tl.where(hit, float("-inf"), sc)
         ids = tl.where(hit, INT_MAX, ids)
-        pr = tl.where(hit, 0.0, pr)
+        pr = tl.where(hit, float("-inf"), pr)
     return out_s, out_i, out_p
 
 
 @triton.jit
 def sample_race_mass(logits, slot, temperature, top_p, top_k, min_p, presence, frequency,
                      repetition, histogram, logit_bias, use_bias, grammar_mask, use_mask,
-                     chunk_max, chunk_mass, sampled, top_score, top_id, top_prob, ahead, R, V,
+                     chunk_max, chunk_mass, sampled, top_score, top_id, top_zt, ahead, R, V,
                      W32, C, M, BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr,
                      BLOCK_Q: tl.constexpr, MTOP: tl.constexpr):
     """Per (row, chunk) of the raced rows with top_p < 1: the chunk's probability mass
@@ -651,10 +654,14 @@ def sample_race_mass(logits, slot, temperature, top_p, top_k, min_p, presence, f
     c = tl.program_id(1)
     P = tl.cdiv(V, BLOCK_V)
     if _raced(slot, sampled, temperature, top_k, r, V) & (tl.load(top_p + r) < 1.0):
-        _, cid, cp = _race_candidates(top_score, top_id, top_prob, r, P, BLOCK_Q, MTOP)
-        idx, p, _ = _race_p(logits, slot, temperature, presence, frequency, repetition,
-                            histogram, logit_bias, use_bias, grammar_mask, use_mask,
-                            chunk_max, chunk_mass, r, c, V, W32, BLOCK_V, BLOCK_P)
+        _, cid, cz = _race_candidates(top_score, top_id, top_zt, r, P, BLOCK_Q, MTOP)
+        zmax, S = _row_normalizer(chunk_max, chunk_mass, r, P, tl.load(temperature + r),
+                                  BLOCK_P)
+        cp = _p_of(cz, zmax, S)
+        idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
+        p = _p_of(_race_zt(logits, slot, temperature, presence, frequency, repetition,
+                           histogram, logit_bias, use_bias, grammar_mask, use_mask, r, idx, V,
+                           W32), zmax, S)
         pi = p[:, None]
         pc = cp[None, :]
         before = (pi > pc) | ((pi == pc) & (idx[:, None] < cid[None, :]))
@@ -665,7 +672,7 @@ def sample_race_mass(logits, slot, temperature, top_p, top_k, min_p, presence, f
 @triton.jit
 def sample_race_pick(logits, slot, positions, sampling_decision, seed, temperature, top_p,
                      top_k, min_p, presence, frequency, repetition, histogram, logit_bias,
-                     use_bias, grammar_mask, use_mask, top_score, top_id, top_prob, ahead,
+                     use_bias, grammar_mask, use_mask, top_score, top_id, top_zt, ahead,
                      sampled, R, V, W32, P, M, BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr,
                      BLOCK_Q: tl.constexpr, MTOP: tl.constexpr):
     """Every row still UNRESOLVED: a raced row's first candidate inside its nucleus (its
@@ -675,7 +682,7 @@ def sample_race_pick(logits, slot, positions, sampling_decision, seed, temperatu
     if tl.load(sampled + r) == UNRESOLVED:
         tok = r * 0 + UNRESOLVED
         if _raced(slot, sampled, temperature, top_k, r, V):
-            cs, cid, _ = _race_candidates(top_score, top_id, top_prob, r, P, BLOCK_Q, MTOP)
+            cs, cid, _ = _race_candidates(top_score, top_id, top_zt, r, P, BLOCK_Q, MTOP)
             jm = tl.arange(0, MTOP)
             tp = tl.load(top_p + r)
             inside = jm >= 0

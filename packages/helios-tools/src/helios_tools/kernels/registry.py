@@ -474,7 +474,7 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("histogram", "i32"), _b("logit_bias", "f32"), _b("use_bias", "i32"),
         _b("grammar_mask", "i32"), _b("use_mask", "i32"), _b("chunk_max", "f32"),
         _b("chunk_mass", "f32"), _b("sampled", "i32"), _b("top_score", "i32", "out"),
-        _b("top_id", "i32", "out"), _b("top_prob", "f32", "out"),
+        _b("top_id", "i32", "out"), _b("top_zt", "f32", "out"),
         *_i("R", "V", "W32", "C", "M"),
     ),
     "sample_race_mass": (
@@ -484,7 +484,7 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("logit_bias", "f32"), _b("use_bias", "i32"), _b("grammar_mask", "i32"),
         _b("use_mask", "i32"), _b("chunk_max", "f32"), _b("chunk_mass", "f32"),
         _b("sampled", "i32"), _b("top_score", "i32"), _b("top_id", "i32"),
-        _b("top_prob", "f32"), _b("ahead", "f32", "out"), *_i("R", "V", "W32", "C", "M"),
+        _b("top_zt", "f32"), _b("ahead", "f32", "out"), *_i("R", "V", "W32", "C", "M"),
     ),
     "sample_race_pick": (
         _b("logits", "f32"), _b("slot", "i32"), _b("positions", "i32"),
@@ -493,7 +493,7 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("frequency", "f32"), _b("repetition", "f32"), _b("histogram", "i32", "inout"),
         _b("logit_bias", "f32"), _b("use_bias", "i32"), _b("grammar_mask", "i32"),
         _b("use_mask", "i32"), _b("top_score", "i32"), _b("top_id", "i32"),
-        _b("top_prob", "f32"), _b("ahead", "f32"), _b("sampled", "i32", "inout"),
+        _b("top_zt", "f32"), _b("ahead", "f32"), _b("sampled", "i32", "inout"),
         *_i("R", "V", "W32", "P", "M"),
     ),
     "sample_rest": (

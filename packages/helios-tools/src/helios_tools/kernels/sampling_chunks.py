@@ -848,21 +848,25 @@ def sample_chunks_mass(
 def race_probabilities(logits, slot, temperature, min_p, presence, frequency, repetition,
                        histogram, logit_bias, use_bias, grammar_mask, use_mask, chunk_max,
                        chunk_mass, r, V, W32, P
-                       ) -> tuple[NDArray[np.float32], np.float32]:
-    """Row r's f32 probabilities ``exp(zt - zmax) / S`` (``row_normalizer``'s zmax and S;
-    0 for masked ids) and its min-p floor ``min_p * (1 / S)`` (-1 without min-p): the
-    values the race forms give each id, as ``sample_biased``'s up to the order of S's
-    sum."""
+                       ) -> tuple[NDArray[np.float32], NDArray[np.float32], np.float32]:
+    """Row r's scaled logits ``zt``, their f32 probabilities ``exp(zt - zmax) / S``
+    (``race_p``: ``row_normalizer``'s zmax and S) and its min-p floor ``min_p * (1 / S)``
+    (-1 without min-p): the values the race forms give each id, as ``sample_biased``'s
+    up to the order of S's sum."""
     temp = float(temperature[r])
     zmax, S = row_normalizer(chunk_max[r, :P], chunk_mass[r, :P], temp)
     zt = row_logits(logits, slot, presence, frequency, repetition, histogram, logit_bias,
                     use_bias, grammar_mask, use_mask, r, V, W32) / np.float32(temp)
-    with np.errstate(under="ignore", over="ignore", invalid="ignore"):
-        p = np.exp(zt - zmax) / S
-    p = np.where(zt > -np.inf, p, np.float32(0)).astype(np.float32)
     mp = float(min_p[r])
     pmin = np.float32(mp) * (np.float32(1.0) / S) if mp > 0.0 else np.float32(-1.0)
-    return p, np.float32(pmin)
+    return zt, race_p(zt, zmax, S), np.float32(pmin)
+
+
+def race_p(zt: NDArray[np.float32], zmax: np.float32, S: np.float32) -> NDArray[np.float32]:
+    """f32 probabilities ``exp(zt - zmax) / S`` of scaled logits ``zt`` (0 where -inf)."""
+    with np.errstate(under="ignore", over="ignore", invalid="ignore"):
+        p = np.exp(zt - zmax) / S
+    return np.where(zt > -np.inf, p, np.float32(0)).astype(np.float32)
 
 
 def race_scores(p: NDArray[np.float32], pmin: np.float32, seed_lo: int, seed_hi: int,
@@ -900,7 +904,7 @@ def sample_race_top(
     sampled: NDArray[np.int32],
     top_score: NDArray[np.int32],
     top_id: NDArray[np.int32],
-    top_prob: NDArray[np.float32],
+    top_zt: NDArray[np.float32],
     R: int,
     V: int,
     W32: int,
@@ -913,20 +917,22 @@ def sample_race_top(
     Reference loop::
 
         for r with slot[r] >= 0, sampled[r] == UNRESOLVED, uses_wide(T, top_k[r], V):
-            p, pmin = race_probabilities(...)              # f32, as sample_race's
+            zt, p, pmin = race_probabilities(...)          # f32, as sample_race's
             score = race_scores(p, pmin, seed[r], positions[r])   # f64, -inf below min-p
             for each chunk c: the M largest (score, -id) of its ids, best first
                 top_score[r, c*M + m] = that score (f64 as two i32 words; -inf past the
                                         chunk's finite scores)
                 top_id[r, c*M + m] = its id (INT32_MAX where the score is -inf)
-                top_prob[r, c*M + m] = its p (0 where the score is -inf)
+                top_zt[r, c*M + m] = its scaled logit zt (-inf where the score is -inf)
 
     Args:
         logits ... use_mask: as ``sample_biased`` (``[R]`` row parameters).
         chunk_max, chunk_mass: ``[R, P]`` f32 from ``sample_chunks_mass``.
         sampled: ``[R]`` i32 from the merge (read).
         top_score: ``[R, P * M * 2]`` i32: f64 scores as little-endian word pairs, written
-            for raced rows; top_id ``[R, P * M]`` i32; top_prob ``[R, P * M]`` f32.
+            for raced rows; top_id ``[R, P * M]`` i32; top_zt ``[R, P * M]`` f32 (the
+            scaled logit, so a later kernel recomputes p with its own S: one order of
+            every p it compares).
         R, V, W32: as ``sample_biased``. C: ids per chunk. M: candidates per chunk.
     """
     P = -(-V // C)
@@ -934,10 +940,10 @@ def sample_race_top(
     for r in range(R):
         if not _raced(sampled, slot, temperature, top_k, V, r):
             continue
-        p, pmin = race_probabilities(logits, slot, temperature, min_p, presence, frequency,
-                                     repetition, histogram, logit_bias, use_bias,
-                                     grammar_mask, use_mask, chunk_max, chunk_mass, r, V, W32,
-                                     P)
+        zt, p, pmin = race_probabilities(logits, slot, temperature, min_p, presence,
+                                         frequency, repetition, histogram, logit_bias,
+                                         use_bias, grammar_mask, use_mask, chunk_max,
+                                         chunk_mass, r, V, W32, P)
         score = race_scores(p, pmin, int(seed[r, 0]), int(seed[r, 1]), int(positions[r]))
         for c in range(P):
             lo, up = c * C, min((c + 1) * C, V)
@@ -945,25 +951,25 @@ def sample_race_top(
             order = np.lexsort((ids, -score[lo:up]))[:M]
             best = np.full(M, -np.inf)
             arg = np.full(M, INT32_MAX_ID, np.int64)
-            prob = np.zeros(M, np.float32)
+            cz = np.full(M, -np.inf, np.float32)
             n = order.size
-            best[:n], arg[:n], prob[:n] = score[lo:up][order], ids[order], p[lo:up][order]
+            best[:n], arg[:n], cz[:n] = score[lo:up][order], ids[order], zt[lo:up][order]
             pad = best == -np.inf
-            arg[pad], prob[pad] = INT32_MAX_ID, 0.0
+            arg[pad], cz[pad] = INT32_MAX_ID, -np.inf
             score64[r, c * M:(c + 1) * M] = best
             top_id[r, c * M:(c + 1) * M] = arg
-            top_prob[r, c * M:(c + 1) * M] = prob
+            top_zt[r, c * M:(c + 1) * M] = cz
 
 
 def race_candidates(top_score: NDArray[np.int32], top_id: NDArray[np.int32],
-                    top_prob: NDArray[np.float32], P: int, M: int
+                    top_zt: NDArray[np.float32], P: int, M: int
                     ) -> tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.float32]]:
     """One row's M best race scores over its chunks' (score desc, ties: lower id): the
-    row's exact top-M by race score; (scores f64, ids, probabilities f32), best first."""
+    row's exact top-M by race score; (scores f64, ids, scaled logits f32), best first."""
     score = top_score[:2 * P * M].view(np.float64)
     ids = top_id[:P * M].astype(np.int64)
     order = np.lexsort((ids, -score))[:M]
-    return score[order], ids[order], top_prob[:P * M][order]
+    return score[order], ids[order], top_zt[:P * M][order]
 
 
 def sample_race_mass(
@@ -986,7 +992,7 @@ def sample_race_mass(
     sampled: NDArray[np.int32],
     top_score: NDArray[np.int32],
     top_id: NDArray[np.int32],
-    top_prob: NDArray[np.float32],
+    top_zt: NDArray[np.float32],
     ahead: NDArray[np.float32],
     R: int,
     V: int,
@@ -1000,8 +1006,9 @@ def sample_race_mass(
     Reference loop::
 
         for r raced (as sample_race_top) with top_p[r] < 1:
-            p, _ = race_probabilities(...)
-            _, cid, cp = race_candidates(top_score[r], top_id[r], top_prob[r], P, M)
+            zt, p, _ = race_probabilities(...)
+            _, cid, cz = race_candidates(top_score[r], top_id[r], top_zt[r], P, M)
+            cp = race_p(cz, zmax, S)                      # the same f32 formula as p
             for each chunk c and candidate m:               # ids j of the chunk
                 ahead[r, c*M + m] = sum of p[j] over j with p[j] > cp[m] or
                                     (p[j] == cp[m] and j < cid[m])         # f32
@@ -1013,10 +1020,13 @@ def sample_race_mass(
     for r in range(R):
         if not _raced(sampled, slot, temperature, top_k, V, r) or not top_p[r] < 1.0:
             continue
-        p, _ = race_probabilities(logits, slot, temperature, min_p, presence, frequency,
-                                  repetition, histogram, logit_bias, use_bias, grammar_mask,
-                                  use_mask, chunk_max, chunk_mass, r, V, W32, P)
-        _, cid, cp = race_candidates(top_score[r], top_id[r], top_prob[r], P, M)
+        _, p, _ = race_probabilities(logits, slot, temperature, min_p, presence, frequency,
+                                     repetition, histogram, logit_bias, use_bias,
+                                     grammar_mask, use_mask, chunk_max, chunk_mass, r, V,
+                                     W32, P)
+        _, cid, cz = race_candidates(top_score[r], top_id[r], top_zt[r], P, M)
+        zmax, S = row_normalizer(chunk_max[r, :P], chunk_mass[r, :P], float(temperature[r]))
+        cp = race_p(cz, zmax, S)
         for c in range(P):
             lo, up = c * C, min((c + 1) * C, V)
             pc, ids = p[lo:up], np.arange(lo, up)
@@ -1045,7 +1055,7 @@ def sample_race_pick(
     use_mask: NDArray[np.int32],
     top_score: NDArray[np.int32],
     top_id: NDArray[np.int32],
-    top_prob: NDArray[np.float32],
+    top_zt: NDArray[np.float32],
     ahead: NDArray[np.float32],
     sampled: NDArray[np.int32],
     R: int,
@@ -1062,7 +1072,7 @@ def sample_race_pick(
         for r with sampled[r] == UNRESOLVED:
             tok = None
             if raced (as sample_race_top):
-                score, cid, _ = race_candidates(top_score[r], top_id[r], top_prob[r], P, M)
+                score, cid, _ = race_candidates(top_score[r], top_id[r], top_zt[r], P, M)
                 before[m] = sum over chunks of ahead[r, c*M + m]          # f32
                 tok = first cid[m] with score[m] > -inf and
                       (top_p[r] >= 1 or before[m] < top_p[r] or before[m] == 0)
@@ -1082,7 +1092,7 @@ def sample_race_pick(
         if int(sampled[r]) != UNRESOLVED:
             continue
         if _raced(sampled, slot, temperature, top_k, V, r):
-            score, cid, _ = race_candidates(top_score[r], top_id[r], top_prob[r], P, M)
+            score, cid, _ = race_candidates(top_score[r], top_id[r], top_zt[r], P, M)
             tp = np.float32(top_p[r])
             if tp < 1.0:
                 part = score_ahead[r].reshape(P, M)
