@@ -347,10 +347,7 @@ def sample_chunks_nucleus(
             cand_key[r, c * KM + n:(c + 1) * KM] = KEY_PAD
             cand_id[r, c * KM:c * KM + n] = lo + keep
             cand_id[r, c * KM + n:(c + 1) * KM] = -1
-            top = zt.max()
-            with np.errstate(under="ignore", invalid="ignore"):
-                e = np.where(zt > -np.inf, np.exp(zt - top), np.float32(0))
-            chunk_mass[r, c] = e.sum(dtype=np.float32) if top > -np.inf else 0.0
+            chunk_mass[r, c] = chunk_softmax_mass(zt)
 
 
 def nucleus_bound(cand_key: NDArray[np.int32], cand_id: NDArray[np.int32],
@@ -370,13 +367,7 @@ def nucleus_bound(cand_key: NDArray[np.int32], cand_id: NDArray[np.int32],
 def _nucleus_draw(chunk_max, chunk_mass, cand_key, cand_id, r, V, P, C, KM, KN, temp, tp,
                   mp, seed_lo, seed_hi, position) -> int:
     """A nucleus row's token from its chunks, or ``UNRESOLVED`` (see sample_merge_nucleus)."""
-    t = np.float32(temp)
-    best = chunk_max[r, :P].max()
-    zmax = best / t
-    tops = chunk_max[r, :P] / t
-    with np.errstate(under="ignore", invalid="ignore"):
-        scale = np.where(chunk_max[r, :P] > -np.inf, np.exp(tops - zmax), np.float32(0))
-    S = (scale * chunk_mass[r, :P]).sum(dtype=np.float32)
+    zmax, S = row_normalizer(chunk_max[r, :P], chunk_mass[r, :P], temp)
     ids = cand_id[r, :P * KM]
     valid = ids >= 0
     keys = cand_key[r, :P * KM]
@@ -562,10 +553,18 @@ def sample_chunks_wide(
         zt_row = zt_row / np.float32(temperature[r])
         for c in range(P):
             zt = zt_row[c * C:min((c + 1) * C, V)]
-            top = zt.max()
-            with np.errstate(under="ignore", invalid="ignore"):
-                e = np.where(zt > -np.inf, np.exp(zt - top), np.float32(0))
-            chunk_mass[r, c] = e.sum(dtype=np.float32) if top > -np.inf else 0.0
+            chunk_mass[r, c] = chunk_softmax_mass(zt)
+
+
+def chunk_softmax_mass(zt: NDArray[np.float32]) -> np.float32:
+    """One chunk's ``sum(exp(zt - max(zt)))`` in f32 (0 when every id is -inf): the mass
+    every chunked form writes, relative to the chunk's own maximum."""
+    top = zt.max()
+    if not top > -np.inf:
+        return np.float32(0.0)
+    with np.errstate(under="ignore", invalid="ignore"):
+        e = np.where(zt > -np.inf, np.exp(zt - top), np.float32(0))
+    return e.sum(dtype=np.float32)
 
 
 def row_normalizer(chunk_max: NDArray[np.float32], chunk_mass: NDArray[np.float32],
@@ -839,10 +838,7 @@ def sample_chunks_mass(
         zt_row = zt_row / np.float32(temperature[r])
         for c in range(P):
             zt = zt_row[c * C:min((c + 1) * C, V)]
-            top = zt.max()
-            with np.errstate(under="ignore", invalid="ignore"):
-                e = np.where(zt > -np.inf, np.exp(zt - top), np.float32(0))
-            chunk_mass[r, c] = e.sum(dtype=np.float32) if top > -np.inf else 0.0
+            chunk_mass[r, c] = chunk_softmax_mass(zt)
 
 
 def race_probabilities(logits, slot, temperature, min_p, presence, frequency, repetition,
