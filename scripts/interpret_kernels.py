@@ -844,6 +844,7 @@ def main() -> None:
             ok &= check_sampler(rng, V)
         ok &= check_nucleus(full=False)
         ok &= check_wide(full=False)
+        ok &= check_race(full=False)
         ok &= check_attention(rng)
         ok &= check_scores(rng, 4097)
         ok &= check_window(rng)
