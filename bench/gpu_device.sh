@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -191,6 +191,27 @@ case $stage in
   wide-8b)  # the 8B geometry (no GGUF): every sampling mode beside greedy at 1/8/64/256 rows
     python3 bench/gpu_models.py --model llama-3.1-8b --batches 1 8 64 256 --steps 20 \
       --json "$OUTD/wide_llama8b.json" 2>&1 | tail -40 | tee "$OUTD/wide_llama8b.log" ;;
+  race-tests)  # issue 27 item 4, the candidate race (docs/gpu.md "Sampling at greedy
+    # speed", point 5): its GPU tests beside every other sampler test (no GGUF, ~3-5 min)
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sampling_chunks.py tests/gpu/test_kernels.py \
+      -k "sampl or chunked or nucleus or wide or race" 2>&1 | tee "$OUTD/race_tests.log" | tail -4 ;;
+  race-sweep)  # the sampler's launches alone: every mode vs greedy at 1/8/64/256 rows on
+    # both vocabularies, candidate race vs slot race, and the race's C x M x warps sweep
+    # (the fastest per bucket printed last: set HELIOS_RACE_GEOMETRY from it; ~9 min)
+    python3 bench/gpu_sampling.py --budget-s 540 --json "$OUTD/race_sweep.json" 2>&1 \
+      | tee "$OUTD/race_sweep.log" | tail -60 ;;
+  race-8b)  # the 8B geometry (no GGUF): every sampling mode beside greedy at 1/8/64/256
+    # rows, candidate race (the default) then the slot race (wide) in the same lease
+    python3 bench/gpu_models.py --model llama-3.1-8b --batches 1 8 64 256 --steps 20 \
+      --json "$OUTD/race_llama8b.json" 2>&1 | tail -48 | tee "$OUTD/race_llama8b.log"
+    python3 bench/gpu_models.py --model llama-3.1-8b --batches 64 256 --steps 20 \
+      --sampler wide --modes top_p all \
+      --json "$OUTD/race_llama8b_wide.json" 2>&1 | tail -16 | tee "$OUTD/race_llama8b_wide.log" ;;
+  race-smollm2)  # SmolLM2 (the GGUF carried): every sampling mode beside greedy at
+    # 1/8/64/256 rows with the candidate race
+    python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" \
+      --batches 1 8 64 256 --steps 30 \
+      --json "$OUTD/race_smollm2.json" 2>&1 | tail -48 | tee "$OUTD/race_smollm2.log" ;;
   model)
     python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_model.py tests/gpu/test_http.py 2>&1 | tee "$OUTD/model.log"
     python3 bench/gpu_models.py --model smollm2 --gguf "$HOME/g/smol.gguf" --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" ;;

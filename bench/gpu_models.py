@@ -18,12 +18,15 @@ one list per sampling mode in ``decode_sampled_modes`` (``--modes``, all seeded)
     min_p        T 0.8, min_p 0.05
     penalties    T 0.8, top_p 0.95, presence 0.5, frequency 0.3, repetition 1.1 and a
                  32-entry logit_bias
+    top_p_t1     top_p 0.95 at temperature 1 (top_p alone, no temperature sent)
+    logit_bias   T 0.8, top_p 0.95 and the 32-entry logit_bias alone
+    all          T 0.8, top_p 0.95, min_p 0.05, the penalties and the logit_bias
 
 The decode prompts are random ids, whose flat next-token distributions give nuclei of
-thousands of ids: the case the wide sampler (``--sampler wide``, the default) draws over
-the row's chunks and the nucleus form (``--sampler nucleus``, cores exported before it)
-leaves to the bisection. To compare them, run the script once per sampler on the same
-machine. Batches past 64 prepare 32 pages per row (512 tokens) instead of 128 and skip
+thousands of ids: the case the candidate race (``--sampler race``, the default) and the
+wide sampler (``--sampler wide``, cores exported before it) draw over the row's chunks
+and the nucleus form (``--sampler nucleus``) leaves to the bisection. To compare them,
+run the script once per sampler on the same machine. Batches past 64 prepare 32 pages per row (512 tokens) instead of 128 and skip
 the 1024-token TTFT (it needs 64 pages in one row):
 
     python bench/gpu_models.py --model llama-3.1-8b --batches 1 8 64 256 --json OUT.json
@@ -70,6 +73,11 @@ MODES = {
     "penalties": SamplingParams(temperature=0.8, top_p=0.95, seed=1, presence_penalty=0.5,
                                 frequency_penalty=0.3, repetition_penalty=1.1,
                                 logit_bias=_BIAS),
+    "top_p_t1": SamplingParams(temperature=1.0, top_p=0.95, top_k=0, seed=1),
+    "logit_bias": SamplingParams(temperature=0.8, top_p=0.95, seed=1, logit_bias=_BIAS),
+    "all": SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05, seed=1,
+                          presence_penalty=0.5, frequency_penalty=0.3,
+                          repetition_penalty=1.1, logit_bias=_BIAS),
 }
 
 
@@ -89,9 +97,10 @@ def main() -> None:
     ap.add_argument("--chunked-sampling", dest="chunked_sampling", action="store_true",
                     help="the chunked sampler (the default)")
     ap.set_defaults(chunked_sampling=True)
-    ap.add_argument("--sampler", choices=["wide", "nucleus"], default="wide",
-                    help="the chunked sampler's form: wide (rows with no top-k raced over "
-                         "their chunks; the default) or nucleus (as cores exported before it)")
+    ap.add_argument("--sampler", choices=["race", "wide", "nucleus"], default="race",
+                    help="the chunked sampler's form: race (the candidate race; the "
+                         "default), wide (the slot race, cores exported before it) or "
+                         "nucleus (cores exported before the wide form)")
     ap.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(MODES),
                     help="sampling modes measured beside greedy at every batch")
     ap.add_argument("--json")
@@ -138,7 +147,8 @@ def main() -> None:
     core, info = build_core(recipe, ckpt, caps, f"sm_{major}{minor}", weights,
                             fold_layers=args.fold_layers,
                             chunked_sampling=args.chunked_sampling,
-                            wide_sampling=args.sampler == "wide")
+                            wide_sampling=args.sampler in ("race", "wide"),
+                            race_sampling=args.sampler == "race")
     t_core = time.perf_counter()
     model = load_native(core, "cuda")
     t_load = time.perf_counter()

@@ -8,6 +8,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py speculative   # the speculative kernels only
     uv run python scripts/interpret_kernels.py nucleus       # the nucleus sampler's GPU tests
     uv run python scripts/interpret_kernels.py wide          # the wide sampler's GPU tests
+    uv run python scripts/interpret_kernels.py race          # the candidate race's GPU tests
     uv run python scripts/interpret_kernels.py gemv          # the batch-1 GEMV variants only
     uv run python scripts/interpret_kernels.py invariant     # linear_invariant: rows bitwise alone
     uv run python scripts/interpret_kernels.py attention     # split decode attention layouts
@@ -677,6 +678,30 @@ def check_wide(full: bool) -> bool:
     return ok
 
 
+def check_race(full: bool) -> bool:
+    """The candidate-race tests of tests/gpu/test_sampling_chunks.py (sample_chunks_mass
+    -> sample_merge -> sample_race_top -> sample_race_mass -> sample_race_pick) with the
+    interpreter as the device; `full` adds V = 128256 and the 64-row batch test."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from tests.gpu import test_sampling_chunks as t
+
+    cases = [("test_race_sampler_matches_sample_biased", (5000,)),
+             ("test_race_sampler_matches_sample_biased", (49152,)),
+             ("test_race_sampler_flat_rows_ties_and_fallback", ())]
+    if full:
+        cases += [("test_race_sampler_matches_sample_biased", (128256,)),
+                  ("test_race_sampler_seeded_and_batch_independent", ())]
+    ok = True
+    for i, (name, extra) in enumerate(cases):
+        try:
+            getattr(t, name)(_Interpreted(), np.random.default_rng(400 + i), *extra)
+            print(f"ok  {name}{list(extra) or ''}")
+        except AssertionError as exc:
+            ok = False
+            print(f"BAD {name}{list(extra) or ''}: {str(exc).splitlines()[0][:300]}")
+    return ok
+
+
 def check_mma(rng) -> bool:
     """The batched-decode GEMM ops (kernels_triton/mma.py): split_bf16 and
     swiglu_split_bf16 bitwise, linear_packed / linear_partial (f32 weights: IEEE dots of
@@ -1001,6 +1026,10 @@ def main() -> None:
         sys.exit(0 if check_nucleus(full=True) else 1)
     if sys.argv[1:] == ["wide"]:
         sys.exit(0 if check_wide(full=True) else 1)
+    if sys.argv[1:] == ["race"]:
+        sys.exit(0 if check_race(full=True) else 1)
+    if sys.argv[1:] == ["race-quick"]:
+        sys.exit(0 if check_race(full=False) else 1)
     if sys.argv[1:] == ["wide-quick"]:
         sys.exit(0 if check_wide(full=False) else 1)
     if sys.argv[1:] == ["gemv"]:
@@ -1034,6 +1063,7 @@ def main() -> None:
             ok &= check_sampler(rng, V)
         ok &= check_nucleus(full=False)
         ok &= check_wide(full=False)
+        ok &= check_race(full=False)
         ok &= check_attention(rng)
         ok &= check_scores(rng, 4097)
         ok &= check_window(rng)

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 GOLDENS = json.loads((ROOT / "tests/golden/smollm2_goldens.json").read_text())
 GREEDY_TOKENS = 24
-FOLDED = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks_wide",
-          "sample_merge_nucleus", "sample_race", "sample_pick", "sample_rest"}
+FOLDED = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks_mass",
+          "sample_merge", "sample_race_top", "sample_race_mass", "sample_race_pick"}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_folded_teacher_forced_logits(models):
 def test_folded_seeded_sampling_reproducible_and_batch_independent(models):
     """The chunked sampler in the captured step: the same seeds give the same tokens, a
     request's tokens do not depend on its neighbours; rows without top-k (the second
-    setting) go through sample_rest."""
+    setting) go through the candidate race."""
     cuda, _ = models
     prompts = [p["prompt_ids"] for p in GOLDENS["prompts"]]
     sp = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234)

@@ -442,3 +442,154 @@ def test_wide_sampler_seeded_and_batch_independent(gpu, rng):
     one = {k: (v[3:4] if k not in per_slot else v) for k, v in p.items()}
     alone, _, _, _ = _run_wide(gpu, logits[3:4], one, 1, V, check_parts=False)
     assert alone[0] == first[3]
+
+
+# The candidate race: sample_chunks_mass -> sample_merge -> sample_race_top ->
+# sample_race_mass -> sample_race_pick (sample_biased's row for what no candidate
+# decides), the sampler of cores exported since (every row with no top-k).
+
+
+def _run_race(gpu, logits, p, R, V, check_parts=True, M=None):
+    """The candidate race's kernels in order on the GPU (outputs poisoned), each part
+    checked against its reference; returns (sampled, histogram, after the merge)."""
+    from helios_tools.kernels.sampling_chunks import RACE_TOP, race_candidates, uses_wide
+
+    M = M or RACE_TOP
+    words = K.grammar_mask_words(V)
+    P, KM = -(-V // CHUNK), CANDIDATES
+    pen = [p["presence"], p["frequency"], p["repetition"], p["histogram"], p["logit_bias"],
+           p["use_bias"], p["grammar_mask"], p["use_mask"]]
+    shapes = [((R, P), np.float32), ((R, P), np.int32), ((R, P), np.float32),
+              ((R, P * KM), np.int32), ((R, P * KM), np.int32)]
+    head = [logits, p["slot"], p["temperature"], p["top_k"], *pen]
+    a = gpu.run("sample_chunks_mass", *head, *[np.zeros(s, d) for s, d in shapes], R, V,
+                words, CHUNK, KM)
+    live = p["slot"] >= 0
+    raced_rows = live & np.array([uses_wide(float(p["temperature"][r]), int(p["top_k"][r]),
+                                            V) for r in range(R)])
+    if check_parts:
+        ref = [np.full(s, np.nan if d == np.float32 else -7777, d) for s, d in shapes]
+        K.sample_chunks_mass(*head, *ref, R, V, words, CHUNK, KM)
+        np.testing.assert_array_equal(a["chunk_max"][live], ref[0][live])
+        np.testing.assert_array_equal(a["chunk_arg"][live], ref[1][live])
+        np.testing.assert_allclose(a["chunk_mass"][raced_rows], ref[2][raced_rows],
+                                   rtol=2e-5)
+        cands = live & (p["temperature"] > 0) & (p["top_k"] > 0) & (p["top_k"] <= KM)
+        np.testing.assert_array_equal(a["cand_key"][cands], ref[3][cands])
+        np.testing.assert_array_equal(a["cand_id"][cands], ref[4][cands])
+    merge_rest = [p["slot"], p["positions"], p["sampling_decision"], p["seed"],
+                  p["temperature"], p["top_p"], p["top_k"], p["min_p"]]
+    b = gpu.run("sample_merge", a["chunk_max"], a["chunk_arg"], a["cand_key"], a["cand_id"],
+                *merge_rest, p["histogram"], np.zeros((R, 2 * KM), np.int32),
+                np.zeros(R, np.int32), R, V, P, KM)
+    merged, hist = b["sampled"], b["histogram"]
+    pen[3] = hist
+    raced = raced_rows & (merged == UNRESOLVED)
+    top_in = [logits, p["slot"], p["positions"], p["seed"], p["temperature"], p["top_k"],
+              p["min_p"], *pen, a["chunk_max"], a["chunk_mass"], merged]
+    outs = [np.zeros((R, 2 * P * M), np.int32), np.zeros((R, P * M), np.int32),
+            np.zeros((R, P * M), np.float32)]
+    c = gpu.run("sample_race_top", *top_in, *outs, R, V, words, CHUNK, M)
+    top = [c["top_score"], c["top_id"], c["top_zt"]]
+    mass_in = [logits, p["slot"], p["temperature"], p["top_p"], p["top_k"], p["min_p"], *pen,
+               a["chunk_max"], a["chunk_mass"], merged, *top]
+    d = gpu.run("sample_race_mass", *mass_in, np.zeros((R, P * M), np.float32), R, V, words,
+                CHUNK, M)
+    if check_parts:
+        # The normalizer's f32 sum over the chunks runs in the device's order, so a row's
+        # p may differ by an ulp from the reference's: ids and order exactly, scores and
+        # masses to f32 rounding.
+        ref = [np.full_like(o, np.nan if o.dtype == np.float32 else -7) for o in outs]
+        K.sample_race_top(*top_in, *ref, R, V, words, CHUNK, M)
+        np.testing.assert_array_equal(c["top_id"][raced], ref[1][raced])
+        np.testing.assert_allclose(c["top_score"][raced].view(np.float64),
+                                   ref[0][raced].view(np.float64), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(c["top_zt"][raced], ref[2][raced])  # no S in zt
+        massed = raced & (p["top_p"] < 1)
+        ahead = np.full((R, P * M), np.nan, np.float32)
+        K.sample_race_mass(*mass_in, ahead, R, V, words, CHUNK, M)
+        np.testing.assert_allclose(d["ahead"][massed], ahead[massed], rtol=1e-4, atol=1e-7)
+        for r in np.flatnonzero(raced):  # the row's candidates: the reference's, in order
+            want = race_candidates(ref[0][r], ref[1][r], ref[2][r], P, M)[1]
+            got = race_candidates(c["top_score"][r], c["top_id"][r], c["top_zt"][r], P,
+                                  M)[1]
+            np.testing.assert_array_equal(got, want)
+    e = gpu.run("sample_race_pick", logits, *_biased_args(p, hist), *top, d["ahead"], merged,
+                R, V, words, P, M)
+    assert not (e["sampled"] == UNRESOLVED).any()
+    return e["sampled"], e["histogram"], merged
+
+
+@pytest.mark.parametrize("V", [5000, 49152, 128256])
+def test_race_sampler_matches_sample_biased(gpu, rng, V):
+    R, S = 14, 16
+    logits, p = _inputs(rng, R, V, S)
+    p["top_k"][:] = 0                                           # top-p only (OpenAI)
+    _peak(rng, logits, [1, 2, 3])
+    p["temperature"][0] = 0.0                                   # greedy
+    p["top_k"][2] = V                                           # top_k >= V: no top-k
+    p["min_p"][3] = 0.05                                        # top-p + min-p
+    p["presence"][4], p["frequency"][4], p["repetition"][4] = 0.5, 0.3, 1.3
+    p["use_mask"][5] = 1                                        # grammar mask
+    p["slot"][6] = -1                                           # padding
+    p["sampling_decision"][7] = 0                               # not counted
+    p["top_k"][8] = 50                                          # top-k row: the merge
+    p["top_k"][9] = 65                                          # past KM: the bisection
+    p["top_p"][10] = 1.0                                        # temperature alone
+    ids = rng.choice(V, 300, replace=False)                     # logit bias, both signs
+    p["logit_bias"][p["slot"][11], ids] = rng.uniform(-100, 100, 300).astype(np.float32)
+    p["use_bias"][11] = 1
+    p["top_p"][12], p["min_p"][12] = 1.0, 0.1                   # min-p alone
+    p["top_p"][13], p["temperature"][13] = 0.5, 1.3
+    ref, ref_hist = _reference(logits, p, R, V)
+    got, hist, merged = _run_race(gpu, logits, p, R, V)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(hist, ref_hist)
+    assert merged[0] >= 0 and merged[8] >= 0 and merged[9] == UNRESOLVED
+
+
+def test_race_sampler_flat_rows_ties_and_fallback(gpu, rng):
+    """Flat rows (nuclei of thousands of ids), rows of tied logits, a nucleus ending inside
+    a 400-way tie, and one candidate per chunk at top_p 0.1 (most rows fall back to the
+    bisection in the pick): every token is sample_biased's."""
+    R, V = 8, 49152
+    logits, p = _inputs(rng, R, V)
+    p["top_k"][:] = 0
+    logits[:4] *= np.float32(0.3)                               # flat
+    logits[4:] = np.round(logits[4:])                           # ties everywhere
+    logits[6, :400] = 9.0                                       # a 400-way tie at the top
+    p["top_p"][6] = 0.6
+    ref, ref_hist = _reference(logits, p, R, V)
+    got, hist, _ = _run_race(gpu, logits, p, R, V)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(hist, ref_hist)
+    p["top_p"][:] = 0.1
+    ref, ref_hist = _reference(logits, p, R, V)
+    got, hist, _ = _run_race(gpu, logits, p, R, V, M=1)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(hist, ref_hist)
+
+
+def test_race_sampler_seeded_and_batch_independent(gpu, rng):
+    R, V = 64, 49152
+    logits, p = _inputs(rng, R, V, S=R)
+    _peak(rng, logits, range(0, R, 2))
+    logits[1::4] *= np.float32(0.2)
+    p["top_k"][:] = 0
+    p["top_p"][:] = rng.choice([0.8, 0.9, 0.95, 1.0], R).astype(np.float32)
+    p["min_p"][:] = rng.choice([0.0, 0.0, 0.05], R).astype(np.float32)
+    p["temperature"][:] = rng.choice([0.5, 0.8, 1.2], R).astype(np.float32)
+    p["presence"][::3], p["frequency"][::3], p["repetition"][::3] = 0.5, 0.3, 1.1
+    ref, _ = _reference(logits, p, R, V)
+    first, _, _ = _run_race(gpu, logits, p, R, V, check_parts=False)
+    np.testing.assert_array_equal(first, ref)
+    again, _, _ = _run_race(gpu, logits, p, R, V, check_parts=False)
+    np.testing.assert_array_equal(again, first)                 # same seeds: same tokens
+    perm = rng.permutation(R)
+    per_slot = ("histogram", "logit_bias")
+    q = {k: (v[perm] if k not in per_slot else v) for k, v in p.items()}
+    moved, _, _ = _run_race(gpu, logits[perm], q, R, V, check_parts=False)
+    np.testing.assert_array_equal(moved, first[perm])
+    one = {k: (v[3:4] if k not in per_slot else v) for k, v in p.items()}
+    alone, _, _ = _run_race(gpu, logits[3:4], one, 1, V, check_parts=False)
+    assert alone[0] == first[3]

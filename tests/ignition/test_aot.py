@@ -63,8 +63,8 @@ def test_every_variant_compiles_for_sm90_f32_and_bf16():
     assert ops == {"embedding", "rmsnorm", "add_rmsnorm", "linear", "rope_kv_write",
                    "attention_decode_split", "attention_decode_merge", "attention_prefill",
                    "silu_mul", "swiglu_linear", "gather_last", "slot_gather", "slot_scatter",
-                   "sample_chunks_wide", "sample_merge_nucleus", "sample_race",
-                   "sample_pick", "sample_rest", "token_logprobs"}
+                   "sample_chunks_mass", "sample_merge", "sample_race_top",
+                   "sample_race_mass", "sample_race_pick", "token_logprobs"}
     assert any(k.constants.get("WBF16") for k in bf16.kernels)
     for manifest in (f32, bf16):
         blobs = compile_targets(manifest, ("sm_90",), workers=2)
@@ -346,8 +346,8 @@ def test_long_context_attention_compiles_for_sm90():
         assert ck.shared_bytes <= 227 * 1024
 
 
-NEW_OPS = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks_wide",
-           "sample_merge_nucleus", "sample_race", "sample_pick", "sample_rest"}
+NEW_OPS = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks_mass",
+           "sample_merge", "sample_race_top", "sample_race_mass", "sample_race_pick"}
 
 
 def test_launch_choices_compile_for_sm90():
@@ -380,8 +380,15 @@ def test_launch_choices_compile_for_sm90():
                             ("sample_chunks_wide", [8, V, W, 2048, 64]),
                             ("sample_race", [8, V, W, 2048, 128, 1]),
                             ("sample_pick", [8, V, P, 128, 1]),
-                            ("sample_rest", [8, V, W])):
-            variants[(op, V)] = (op, launch_config(op, scalars).constants)
+                            ("sample_rest", [8, V, W]),
+                            ("sample_chunks_mass", [8, V, W, 2048, 64]),
+                            ("sample_race_top", [8, V, W, 2048, 4]),
+                            ("sample_race_mass", [8, V, W, 2048, 4]),
+                            ("sample_race_pick", [8, V, W, P, 4]),
+                            ("sample_race_top", [256, V, W, 1024, 8]),
+                            ("sample_race_mass", [256, V, W, 1024, 8]),
+                            ("sample_race_pick", [256, V, W, 2 * P, 8])):
+            variants[(op, V, tuple(scalars))] = (op, launch_config(op, scalars).constants)
     kernels += [variant_kernel(f"{op}{i}", op, c) for i, (op, c) in enumerate(variants.values())]
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0

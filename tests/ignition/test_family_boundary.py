@@ -129,9 +129,8 @@ def test_a_second_family_gets_every_program_unchanged():
         assert _outside_trunk(mine) == _outside_trunk(theirs), mine.name
     prefill = next(g for g in other.graphs if g.name == "prefill_t8")
     assert [k.split("__")[0] for k in _outside_trunk(prefill)] == [
-        "gather_last", "linear", "sample_chunks_wide", "sample_merge_nucleus",
-        "sample_race", "sample_pick", "sample_race", "sample_pick", "sample_rest",
-        "token_logprobs", "slot_scatter"]
+        "gather_last", "linear", "sample_chunks_mass", "sample_merge", "sample_race_top",
+        "sample_race_mass", "sample_race_pick", "token_logprobs", "slot_scatter"]
 
 
 def test_the_second_family_runs_on_the_cpu_backend():

@@ -80,7 +80,7 @@ def test_programs_reduce_after_row_parallel_products_and_gather_the_head(core):
             first = launched.index("all_gather_columns")
             assert launched[first + 1] == "score_tokens", graph.name
         gather = len(launched) - 1 - launched[::-1].index("all_gather_columns")
-        assert launched[gather + 1] in ("sample_chunks_wide", "sample_chunks_nucleus",
+        assert launched[gather + 1] in ("sample_chunks_mass", "sample_chunks_nucleus",
                                         "sample_biased")  # the full row
         for i, op in enumerate(launched):
             if op == "all_reduce_sum":  # right after the o_proj / down product

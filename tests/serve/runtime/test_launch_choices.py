@@ -43,9 +43,10 @@ def test_choices_are_recorded_in_the_launches(models):
         graphs = model.prepared.manifest.graphs
         return {names[launch.kernel] for g in graphs for launch in g.launches}
 
-    assert {"rmsnorm_linear", "linear_add", "sample_chunks_wide", "sample_merge_nucleus",
-            "sample_race", "sample_pick", "sample_rest"} <= ops(chosen)
-    assert not ops(chosen) & {"sample_chunks", "sample_merge", "sample_chunks_nucleus"}
+    assert {"rmsnorm_linear", "linear_add", "sample_chunks_mass", "sample_merge",
+            "sample_race_top", "sample_race_mass", "sample_race_pick"} <= ops(chosen)
+    assert not ops(chosen) & {"sample_chunks", "sample_chunks_nucleus", "sample_chunks_wide",
+                              "sample_race", "sample_pick", "sample_rest"}
     assert not ops(plain) & {"rmsnorm_linear", "linear_add", "sample_chunks",
                              "sample_chunks_nucleus"}
     assert "sample_biased" in ops(plain) and "sample_biased" not in ops(chosen)
@@ -156,3 +157,86 @@ def test_fused_decode_attention_is_recorded_and_changes_nothing(attention_rules)
         assert np.array_equal(x, y)
     for prompt, sp, tokens in zip(PROMPTS, SAMPLING, got, strict=True):
         assert Driver(new).generate([prompt], 14, sp)[0] == tokens
+
+
+@pytest.fixture(scope="module")
+def before_race():
+    """The wide form (the slot race) as cores exported before the candidate race record
+    it."""
+    return load_native(tiny_core(seed=3, fold_layers=True, chunked_sampling=True,
+                                 race_sampling=False), "cpu", cpu_frames=2)
+
+
+def test_cores_recording_the_wide_form_before_the_candidate_race(models, before_race):
+    """A core exported before the candidate race (``sample_race`` + ``sample_pick``)
+    loads and samples what the candidate race samples: top-p, temperature-only and min-p
+    rows with penalties and bias, each alone as in the batch, and sample_biased's
+    tokens."""
+    ops = {k.reference_op for k in before_race.prepared.manifest.kernels}
+    assert {"sample_chunks_wide", "sample_race", "sample_pick", "sample_rest"} <= ops
+    assert not ops & {"sample_chunks_mass", "sample_race_top", "sample_race_pick"}
+    plain, chosen = models
+    for sampling in (WIDE_SAMPLING, SAMPLING):
+        got = Driver(chosen).generate(PROMPTS, max_new_tokens=14, sampling=sampling)
+        assert got == Driver(before_race).generate(PROMPTS, max_new_tokens=14,
+                                                   sampling=sampling)
+        assert got == Driver(plain).generate(PROMPTS, max_new_tokens=14, sampling=sampling)
+        for prompt, sp, tokens in zip(PROMPTS, sampling, got, strict=True):
+            assert Driver(chosen).generate([prompt], 14, sp)[0] == tokens
+
+
+def test_race_geometry_is_chosen_per_batch_bucket_at_capture():
+    """HELIOS_RACE_GEOMETRY picks the candidate race's chunk and candidate counts per
+    decode bucket; the launches record them (the kernels' BLOCK_V and MTOP) and the
+    tokens stay sample_biased's, each request alone as in the batch."""
+    from helios_ignition.capture import sampling
+
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(sampling, "RACE_GEOMETRY", "2:512:2,4:256:8")
+        core = tiny_core(seed=3, chunked_sampling=True)
+    finally:
+        mp.undo()
+    kernels = {k.id: k for k in core.manifest.kernels}
+    chosen = {}
+    for g in core.manifest.graphs:
+        for launch in g.launches:
+            k = kernels[launch.kernel]
+            if k.reference_op == "sample_race_top":
+                chosen[g.name] = (k.constants["BLOCK_V"], k.constants["MTOP"])
+    assert chosen["decode_b1"] == (2048, 4)
+    assert chosen["decode_b2"] == (512, 2)
+    assert chosen["decode_b4"] == (256, 8)
+    model = load_native(core, "cpu", cpu_frames=2)
+    plain = load_native(tiny_core(seed=3, chunked_sampling=False), "cpu", cpu_frames=2)
+    for sampling_ in (WIDE_SAMPLING, SAMPLING):
+        got = Driver(model).generate(PROMPTS, max_new_tokens=10, sampling=sampling_)
+        assert got == Driver(plain).generate(PROMPTS, max_new_tokens=10, sampling=sampling_)
+        for prompt, sp, tokens in zip(PROMPTS, sampling_, got, strict=True):
+            assert Driver(model).generate([prompt], 10, sp)[0] == tokens
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("4:2048", "is not ROWS:C:M"),
+    ("a:2048:4", "is not ROWS:C:M"),
+    ("8:2048:4,4:1024:4", "rows must ascend"),
+    ("0:2048:4", "rows must ascend"),
+    ("8:3000:4", "C must be a power of two"),
+    ("8:128:4", "C must be a power of two"),
+    ("8:2048:3", "M must be a power of two"),
+    ("8:2048:32", "M must be a power of two"),
+])
+def test_race_geometry_rejects_bad_entries(spec, message):
+    from helios_ignition.capture.sampling import race_geometry
+
+    with pytest.raises(ValueError, match=message):
+        race_geometry(8, spec)
+
+
+def test_race_geometry_takes_the_last_entry_at_or_below_the_rows():
+    from helios_ignition.capture.sampling import race_geometry
+
+    spec = "1:1024:2,64:2048:4,256:4096:8"
+    assert race_geometry(1, spec) == (1024, 2) and race_geometry(63, spec) == (1024, 2)
+    assert race_geometry(64, spec) == (2048, 4) and race_geometry(300, spec) == (4096, 8)
+    assert race_geometry(8, "") == (2048, 4)

@@ -14,14 +14,19 @@ from helios_tools.kernels.sampling_chunks import (
     UNRESOLVED,
     key_value,
     order_key,
+    race_candidates,
     race_slots,
     sample_chunks,
+    sample_chunks_mass,
     sample_chunks_nucleus,
     sample_chunks_wide,
     sample_merge,
     sample_merge_nucleus,
     sample_pick,
     sample_race,
+    sample_race_mass,
+    sample_race_pick,
+    sample_race_top,
     sample_rest,
     uses_nucleus,
 )
@@ -431,3 +436,137 @@ def test_race_slots_are_monotone_and_share_ties():
     assert j[p > 0.5].max() == 0 and j[p == 0].min() == NB - 1
     for v in p[:10]:
         assert len(set(j[p == v])) == 1
+
+
+# The candidate race: sample_chunks_mass -> sample_merge -> sample_race_top ->
+# sample_race_mass -> sample_race_pick (its sample_biased fallback included).
+
+
+def _race(c, R, V, M=4):
+    """The candidate race's references in order (outputs poisoned); returns (sampled,
+    histogram, after the merge, which rows ran sample_biased's row in the pick)."""
+    W, P = grammar_mask_words(V), -(-V // C)
+    hist = c["histogram"].copy()
+    cm, ca = np.full((R, P), np.nan, np.float32), np.full((R, P), -7, np.int32)
+    cmass = np.full((R, P), np.nan, np.float32)
+    ck, ci = np.full((R, P * KM), -7, np.int32), np.full((R, P * KM), -7, np.int32)
+    pen = [c["presence"], c["frequency"], c["repetition"], hist, c["logit_bias"],
+           c["use_bias"], c["grammar_mask"], c["use_mask"]]
+    sample_chunks_mass(c["logits"], c["slot"], c["temperature"], c["top_k"], *pen, cm, ca,
+                       cmass, ck, ci, R, V, W, C, KM)
+    out = np.full(R, -7, np.int32)
+    sample_merge(cm, ca, ck, ci, c["slot"], c["positions"], c["sampling_decision"], c["seed"],
+                 c["temperature"], c["top_p"], c["top_k"], c["min_p"], hist,
+                 np.zeros((R, 2 * KM), np.int32), out, R, V, P, KM)
+    merged = out.copy()
+    ts = np.full((R, 2 * P * M), -7, np.int32)
+    tid = np.full((R, P * M), -7, np.int32)
+    tpr = np.full((R, P * M), np.nan, np.float32)
+    sample_race_top(c["logits"], c["slot"], c["positions"], c["seed"], c["temperature"],
+                    c["top_k"], c["min_p"], *pen, cm, cmass, out, ts, tid, tpr, R, V, W, C, M)
+    ahead = np.full((R, P * M), np.nan, np.float32)
+    sample_race_mass(c["logits"], c["slot"], c["temperature"], c["top_p"], c["top_k"],
+                     c["min_p"], *pen, cm, cmass, out, ts, tid, tpr, ahead, R, V, W, C, M)
+    fallback = np.zeros(R, bool)
+    for r in range(R):  # which unresolved rows no candidate decides (the pick's bisection)
+        if out[r] != UNRESOLVED:
+            continue
+        fallback[r] = True
+        if c["temperature"][r] > 0 and not 0 < c["top_k"][r] < V:
+            score, _, _ = race_candidates(ts[r], tid[r], tpr[r], P, M)
+            if c["top_p"][r] >= 1:
+                fallback[r] = not np.isfinite(score[0])
+            else:
+                before = ahead[r].reshape(P, M).sum(axis=0, dtype=np.float32)
+                ok = np.isfinite(score) & ((before < c["top_p"][r]) | (before == 0))
+                fallback[r] = not ok.any()
+    sample_race_pick(*_biased(c, hist), ts, tid, tpr, ahead, out, R, V, W, P, M)
+    return out, hist, merged, fallback
+
+
+def _check_race(c, R, V, M=4):
+    ref, ref_hist = np.zeros(R, np.int32), c["histogram"].copy()
+    sample_biased(*_biased(c, ref_hist), ref, R, V, grammar_mask_words(V))
+    got, hist, merged, fallback = _race(c, R, V, M)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(hist, ref_hist)
+    return merged, fallback
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_race_composition_equals_sample_biased(seed):
+    """Every truncation, penalties, bias, masks, ties, padding, vocabularies that end
+    mid-chunk: the candidate race's tokens and counts are sample_biased's."""
+    rng = np.random.default_rng(300 + seed)
+    R = 12
+    V = int(rng.choice([300, 1000, 4097]))
+    c = _case(rng, R, V, 16, ties=seed % 2 == 1)
+    c["top_k"][: R // 2] = 0
+    c["top_k"][R // 2] = V  # top_k >= V: no top-k
+    merged, _ = _check_race(c, R, V, M=int(rng.choice([1, 2, 4, 8])))
+    live = c["slot"] >= 0
+    raced = live & (c["temperature"] > 0) & ((c["top_k"] <= 0) | (c["top_k"] >= V))
+    masked = np.array([not np.isfinite(_masked_max(c, r, V)) for r in range(R)])
+    assert (merged[raced & ~masked] == UNRESOLVED).all()  # the merge leaves them to the race
+
+
+def _flat(rng, R, V, top_p, scale=1.5):
+    c = _case(rng, R, V, R, ties=False)
+    c.update(slot=np.arange(R, dtype=np.int32), temperature=np.full(R, 0.8, np.float32),
+             top_p=np.full(R, top_p, np.float32), top_k=np.zeros(R, np.int32),
+             min_p=np.zeros(R, np.float32), use_mask=np.zeros(R, np.int32),
+             logits=(rng.standard_normal((R, V)) * scale).astype(np.float32))
+    return c
+
+
+def test_flat_rows_resolve_from_the_candidates():
+    """Flat rows (nuclei of thousands of ids) are drawn from the race's candidates at
+    top_p 0.95 and 0.8 without the bisection at these seeds, sample_biased's tokens."""
+    rng = np.random.default_rng(17)
+    R, V = 16, 4097
+    for tp in (0.95, 0.8):
+        _, fallback = _check_race(_flat(rng, R, V, tp), R, V)
+        assert not fallback.any()
+
+
+def test_candidates_outside_the_nucleus_fall_back_exactly():
+    """A small top_p on flat rows: with one candidate per chunk most rows' best race
+    score lies outside the nucleus and the pick runs sample_biased's row; the tokens are
+    sample_biased's either way."""
+    rng = np.random.default_rng(18)
+    R, V = 12, 1000
+    _, fallback = _check_race(_flat(rng, R, V, 0.1), R, V, M=1)
+    assert fallback.sum() >= R // 2
+
+
+def test_temperature_and_min_p_rows_need_no_mass():
+    """No top-p: the race's best candidate is the token (min-p already in its scores)."""
+    rng = np.random.default_rng(19)
+    R, V = 8, 4097
+    c = _case(rng, R, V, R, ties=True)
+    c.update(slot=np.arange(R, dtype=np.int32), temperature=np.full(R, 1.1, np.float32),
+             top_p=np.ones(R, np.float32), top_k=np.zeros(R, np.int32))
+    c["min_p"][:4] = 0.1
+    _, fallback = _check_race(c, R, V)
+    assert not fallback.any()
+
+
+def test_race_nucleus_ending_in_a_tie_class():
+    """Fifty ids tied at the top and a nucleus ending inside the tie class: the mass
+    ahead of a tied candidate counts the tied lower ids, as sample_biased's order."""
+    V = 4097
+    z = np.zeros(V, np.float32)
+    z[:50] = 3.0
+    for s in range(12):
+        c = _one_row(z, 0.6)
+        c["seed"][0] = (s, 99)
+        _check_race(c, 1, V)
+
+
+def test_race_candidates_are_the_rows_best_scores_ties_to_lower_ids():
+    P, M = 3, 2
+    score = np.array([5.0, 1.0, 5.0, -np.inf, 7.0, 5.0])
+    ids = np.array([10, 11, 4, 2**31 - 1, 30, 2], np.int32)
+    prob = np.arange(6, dtype=np.float32)
+    s, i, p = race_candidates(score.view(np.int32), ids, prob, P, M)
+    assert s.tolist() == [7.0, 5.0] and i.tolist() == [30, 2] and p.tolist() == [4.0, 5.0]

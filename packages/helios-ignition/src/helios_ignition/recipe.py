@@ -173,9 +173,9 @@ class Recipe:
         fold_layers: decode graphs fold each RMS norm into the next product and each
             residual add into the previous one (7 launches per layer instead of 9; same
             arithmetic). Off by default until its GPU kernels are measured.
-        chunked_sampling: sample with the chunked sampler (its wide form:
-            ``sample_chunks_wide`` + ``sample_merge_nucleus`` + ``sample_race`` /
-            ``sample_pick`` at two levels + ``sample_rest``: same outputs as
+        chunked_sampling: sample with the chunked sampler (its candidate race:
+            ``sample_chunks_mass`` + ``sample_merge`` + ``sample_race_top`` +
+            ``sample_race_mass`` + ``sample_race_pick``: same outputs as
             ``sample_biased``, the vocabulary split over many programs per row; the
             default; capture/sampling.py). False: the one-launch bisection sampler
             ``sample_biased``.

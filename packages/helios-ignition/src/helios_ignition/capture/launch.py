@@ -94,6 +94,11 @@ ATTN_FUSED = os.environ.get("HELIOS_ATTN_FUSED", "0") != "0"
 # Grouped expert product tiles at capture (HELIOS_MOE_TILES="BLOCK_N,BLOCK_K,WARPS";
 # empty: moe_constants' rule).
 MOE_TILES = os.environ.get("HELIOS_MOE_TILES", "")
+# Warps of the candidate race's per-chunk programs (sample_race_top, sample_race_mass) at
+# capture (HELIOS_RACE_WARPS): their cost is reductions over a chunk, so fewer warps mean
+# fewer shared-memory rounds per reduction and more programs per SM. Not yet measured:
+# bench/gpu_sampling.py sweeps 2/4/8.
+RACE_WARPS = int(os.environ.get("HELIOS_RACE_WARPS", "4"))
 
 
 @dataclass(frozen=True)
@@ -775,6 +780,19 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op == "sample_pick":  # one program per row over its P x NB slots
         R, P, NB = s[0], s[2], s[3]
         return _cfg((R,), 8, BLOCK_P=_np2(P, 2), NSLOT=NB)
+    if op == "sample_chunks_mass":  # a program per (row, chunk of C ids)
+        R, V, C, KM = s[0], s[1], s[3], s[4]
+        return _cfg((R, _cdiv(V, C)), 4, BLOCK_V=C, KMAX=KM)
+    if op in ("sample_race_top", "sample_race_mass"):  # a program per (row, chunk of C ids)
+        R, V, C, M = s[0], s[1], s[3], s[4]
+        P = _cdiv(V, C)
+        c = dict(BLOCK_V=C, BLOCK_P=_np2(P, 2), MTOP=M)
+        if op == "sample_race_mass":  # each program re-merges the row's P x M candidates
+            c["BLOCK_Q"] = _np2(P * M, 2)
+        return _cfg((R, P), RACE_WARPS, **c)
+    if op == "sample_race_pick":  # one program per row; sample_biased's sweeps if needed
+        R, P, M = s[0], s[3], s[4]
+        return _cfg((R,), 8, BLOCK_V=2048, BLOCK_P=_np2(P, 2), BLOCK_Q=_np2(P * M, 2), MTOP=M)
     if op == "sample_rest":  # sample_biased's geometry; unresolved rows only
         R = s[0]
         return _cfg((R,), 8, BLOCK_V=2048)

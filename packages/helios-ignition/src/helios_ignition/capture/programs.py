@@ -64,7 +64,8 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
             spec: Speculation | None = None, split_tuning: SplitTuning | None = None,
             fold_layers: bool = False, chunked_sampling: bool = True,
             nucleus_sampling: bool = True,
-            wide_sampling: bool = True) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
+            wide_sampling: bool = True,
+            race_sampling: bool = True) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
     """Capture every graph variant and declare their contracts.
 
     Args:
@@ -93,6 +94,11 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
             top-k raced over its chunks: ``sample_chunks_wide`` + ``sample_race`` +
             ``sample_pick``; same outputs). False records the nucleus form, as cores
             exported before it do (they keep loading).
+        race_sampling: with `wide_sampling`, record the candidate race instead of the
+            slot race (``sample_chunks_mass`` + ``sample_merge`` + ``sample_race_top`` +
+            ``sample_race_mass`` + ``sample_race_pick``: the race's best scores first,
+            then the nucleus test of those few ids; same outputs). False records the
+            wide form, as cores exported before it do (they keep loading).
 
     Returns:
         The execution manifest (buffers, kernel variants, graph programs) and one
@@ -110,7 +116,8 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
     rows = max(max(caps.decode_batch), caps.prefill_rows)
     table.declare("in.sample_position", "i32", (rows,), "input")
     if chunked_sampling:
-        declare_chunked_sampling(table, s, rows, nucleus_sampling, wide_sampling)
+        declare_chunked_sampling(table, s, rows, nucleus_sampling, wide_sampling,
+                                 race_sampling)
     kernels: dict[str, mpb.Kernel] = {}
     tuned = split_tuning is not None
     producers = [split_producer(table, kernels, s, caps, split_tuning)] if tuned else []
@@ -285,7 +292,7 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
     sampled = t.view(SAMPLED, (R,))
     sample(b, s, R, logits, slot, pos if decode else last_positions(b, R), inp,
            "scratch.sample_chunk_max" in t.buffers, "scratch.sample_chunk_mass" in t.buffers,
-           "scratch.sample_race_mass" in t.buffers)
+           "scratch.sample_race_mass" in t.buffers, "scratch.sample_ahead" in t.buffers)
     # Same step, same logits (unmodified by the sampler): rows that ask record logprobs.
     K = decl.TOP_LOGPROBS
     b.launch("token_logprobs", logits, slot, sampled, inp("logprobs", R),

@@ -40,12 +40,16 @@ from .mma import linear_splitk, split_bf16, splitk_reduce
 from .sampling import sample, sample_biased, score_tokens, token_logprobs
 from .sampling_chunks import (
     sample_chunks,
+    sample_chunks_mass,
     sample_chunks_nucleus,
     sample_chunks_wide,
     sample_merge,
     sample_merge_nucleus,
     sample_pick,
     sample_race,
+    sample_race_mass,
+    sample_race_pick,
+    sample_race_top,
     sample_rest,
 )
 from .speculative import (
@@ -137,6 +141,10 @@ TRITON_KERNELS = {
     "sample_chunks_wide": sample_chunks_wide,
     "sample_race": sample_race,
     "sample_pick": sample_pick,
+    "sample_chunks_mass": sample_chunks_mass,
+    "sample_race_top": sample_race_top,
+    "sample_race_mass": sample_race_mass,
+    "sample_race_pick": sample_race_pick,
     "row_copy": row_copy,
     "split_bf16": split_bf16,
     "swiglu_split_bf16": split_bf16,  # SWIGLU=1 (see launch_config)

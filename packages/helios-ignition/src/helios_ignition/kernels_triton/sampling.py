@@ -33,11 +33,15 @@ def _key(x):
 @triton.jit
 def _logits(lrow, hrow, brow, mrow, idx, V, ub, um, rep, freq, pres):
     """Biased, penalized, masked f32 logits of ids ``idx`` (``-inf`` past V or masked
-    out). The bias load is predicated off for rows without one (no memory traffic)."""
+    out). The bias, histogram and mask loads are predicated off for rows that do not use
+    them (no memory traffic)."""
     inside = idx < V
     z = tl.load(lrow + idx, mask=inside, other=0.0)
     z = z + tl.load(brow + idx, mask=inside & (ub != 0), other=0.0)
-    c = tl.load(hrow + idx, mask=inside, other=0)
+    # The histogram is read only where a penalty uses it (an unpenalized row's counts
+    # change nothing below): 4 bytes per id fewer for most rows, in every sampler pass.
+    penalized = (rep != 1.0) | (freq != 0.0) | (pres != 0.0)
+    c = tl.load(hrow + idx, mask=inside & penalized, other=0)
     seen = c > 0
     zr = tl.where(z > 0, tl.math.div_rn(z, rep + tl.zeros_like(z)), z * rep)
     z = tl.where(seen & (rep != 1.0), zr, z)

@@ -56,6 +56,40 @@ def _top_k_mask(key, valid, k):
 
 
 @triton.jit
+def _chunk_z(logits, histogram, logit_bias, grammar_mask, use_bias, use_mask, repetition,
+             frequency, presence, r, s, idx, V, W32):
+    """Submission row r's (slot s) biased, penalized, masked f32 logits of ids ``idx``:
+    ``_logits`` over the row's buffers, the one preparation of every chunk kernel."""
+    return _logits(logits + r.to(tl.int64) * V, histogram + s.to(tl.int64) * V,
+                   logit_bias + s.to(tl.int64) * V, grammar_mask + r.to(tl.int64) * W32, idx,
+                   V, tl.load(use_bias + r), tl.load(use_mask + r), tl.load(repetition + r),
+                   tl.load(frequency + r), tl.load(presence + r))
+
+
+@triton.jit
+def _store_candidates(zt, idx, V, k, cand_key, cand_id, base, KMAX: tl.constexpr):
+    """A chunk's k largest scaled logits ``zt`` (ties: lower ids) as keys and ids in id
+    order at ``base``, padded to KMAX with KEY_PAD / -1."""
+    keep = _top_k_mask(_key(zt), idx < V, k)
+    pos = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    n = tl.sum(keep.to(tl.int32), axis=0)
+    tl.store(cand_key + base + pos, _key(zt), mask=keep)
+    tl.store(cand_id + base + pos, idx, mask=keep)
+    j = tl.arange(0, KMAX)
+    tl.store(cand_key + base + j, tl.zeros_like(j) + INT_MIN, mask=j >= n)
+    tl.store(cand_id + base + j, tl.zeros_like(j) - 1, mask=j >= n)
+
+
+@triton.jit
+def _chunk_mass(zt, cm, temp):
+    """``sum(exp(zt - max(zt)))`` of a chunk whose unscaled maximum is ``cm`` (0 when every
+    id is masked)."""
+    top = tl.math.div_rn(cm, temp)  # = max(zt): division by temp > 0 is monotone
+    e = tl.where(zt > float("-inf"), libdevice.exp(zt - top), 0.0)
+    return tl.where(cm > float("-inf"), tl.sum(e, axis=0), 0.0)
+
+
+@triton.jit
 def sample_chunks(logits, slot, temperature, top_k, presence, frequency, repetition,
                   histogram, logit_bias, use_bias, grammar_mask, use_mask, chunk_max,
                   chunk_arg, cand_key, cand_id, R, V, W32, C, KM, BLOCK_V: tl.constexpr,
@@ -67,14 +101,9 @@ def sample_chunks(logits, slot, temperature, top_k, presence, frequency, repetit
     P = tl.cdiv(V, BLOCK_V)
     s = tl.load(slot + r)
     if s >= 0:
-        lrow = logits + r.to(tl.int64) * V
-        hrow = histogram + s.to(tl.int64) * V
-        brow = logit_bias + s.to(tl.int64) * V
-        mrow = grammar_mask + r.to(tl.int64) * W32
         idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
-        z = _logits(lrow, hrow, brow, mrow, idx, V, tl.load(use_bias + r),
-                    tl.load(use_mask + r), tl.load(repetition + r), tl.load(frequency + r),
-                    tl.load(presence + r))
+        z = _chunk_z(logits, histogram, logit_bias, grammar_mask, use_bias, use_mask,
+                     repetition, frequency, presence, r, s, idx, V, W32)
         cm = tl.max(z, axis=0)
         ci = tl.min(tl.where(z == cm, idx, INT_MAX), axis=0)
         at = r.to(tl.int64) * P + c
@@ -84,15 +113,7 @@ def sample_chunks(logits, slot, temperature, top_k, presence, frequency, repetit
         k = tl.load(top_k + r)
         if (temp > 0.0) & (k > 0) & (k <= KMAX) & (k < V):
             zt = tl.math.div_rn(z, temp + tl.zeros_like(z))
-            keep = _top_k_mask(_key(zt), idx < V, k)
-            pos = tl.cumsum(keep.to(tl.int32), axis=0) - 1
-            n = tl.sum(keep.to(tl.int32), axis=0)
-            base = at * KMAX
-            tl.store(cand_key + base + pos, _key(zt), mask=keep)
-            tl.store(cand_id + base + pos, idx, mask=keep)
-            j = tl.arange(0, KMAX)
-            tl.store(cand_key + base + j, tl.zeros_like(j) + INT_MIN, mask=j >= n)
-            tl.store(cand_id + base + j, tl.zeros_like(j) - 1, mask=j >= n)
+            _store_candidates(zt, idx, V, k, cand_key, cand_id, at * KMAX, KMAX)
 
 
 @triton.jit
@@ -197,14 +218,9 @@ def _chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, frequency
     P = tl.cdiv(V, BLOCK_V)
     s = tl.load(slot + r)
     if s >= 0:
-        lrow = logits + r.to(tl.int64) * V
-        hrow = histogram + s.to(tl.int64) * V
-        brow = logit_bias + s.to(tl.int64) * V
-        mrow = grammar_mask + r.to(tl.int64) * W32
         idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
-        z = _logits(lrow, hrow, brow, mrow, idx, V, tl.load(use_bias + r),
-                    tl.load(use_mask + r), tl.load(repetition + r), tl.load(frequency + r),
-                    tl.load(presence + r))
+        z = _chunk_z(logits, histogram, logit_bias, grammar_mask, use_bias, use_mask,
+                     repetition, frequency, presence, r, s, idx, V, W32)
         cm = tl.max(z, axis=0)
         ci = tl.min(tl.where(z == cm, idx, INT_MAX), axis=0)
         at = r.to(tl.int64) * P + c
@@ -221,19 +237,10 @@ def _chunks_nucleus(logits, slot, temperature, top_p, top_k, presence, frequency
         if (temp > 0.0) & (((k > 0) & (k <= KMAX) & (k < V)) | nucleus | massed):
             zt = tl.math.div_rn(z, temp + tl.zeros_like(z))
             if ((k > 0) & (k <= KMAX) & (k < V)) | nucleus:
-                keep = _top_k_mask(_key(zt), idx < V, tl.where(nucleus, KMAX, k))
-                pos = tl.cumsum(keep.to(tl.int32), axis=0) - 1
-                n = tl.sum(keep.to(tl.int32), axis=0)
-                base = at * KMAX
-                tl.store(cand_key + base + pos, _key(zt), mask=keep)
-                tl.store(cand_id + base + pos, idx, mask=keep)
-                j = tl.arange(0, KMAX)
-                tl.store(cand_key + base + j, tl.zeros_like(j) + INT_MIN, mask=j >= n)
-                tl.store(cand_id + base + j, tl.zeros_like(j) - 1, mask=j >= n)
+                _store_candidates(zt, idx, V, tl.where(nucleus, KMAX, k), cand_key, cand_id,
+                                  at * KMAX, KMAX)
             if massed:
-                top = tl.math.div_rn(cm, temp)  # = max(zt): division by temp > 0 is monotone
-                e = tl.where(zt > float("-inf"), libdevice.exp(zt - top), 0.0)
-                tl.store(chunk_mass + at, tl.where(cm > float("-inf"), tl.sum(e, axis=0), 0.0))
+                tl.store(chunk_mass + at, _chunk_mass(zt, cm, temp))
 
 
 @triton.jit
@@ -262,18 +269,14 @@ def sample_chunks_wide(logits, slot, temperature, top_p, top_k, presence, freque
 
 
 @triton.jit
-def _merge_nucleus(cand_key, cand_id, chunk_mass, srow, r, P, V, C, vals, best, temp, tp, mp,
+def _merge_nucleus(cand_key, cand_id, chunk_max, chunk_mass, srow, r, P, V, C, temp, tp, mp,
                    pos, k0, k1, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
                    KMAX: tl.constexpr, NMAX: tl.constexpr, JB: tl.constexpr):
     """The sampled id of a top-p row with no top-k from its chunks' candidates, or
     UNRESOLVED when its nucleus is not provably inside them (see sample_merge_nucleus)."""
-    zmax = tl.math.div_rn(best, temp)
     # The full row's normalizer from each chunk's mass, scaled to the row's maximum.
+    zmax, S = _row_normalizer(chunk_max, chunk_mass, r, P, temp, BLOCK_P)
     pp = tl.arange(0, BLOCK_P)
-    mass = tl.load(chunk_mass + r.to(tl.int64) * P + pp, mask=pp < P, other=0.0)
-    tops = tl.math.div_rn(vals, temp + tl.zeros_like(vals))
-    scale = tl.where(vals > float("-inf"), libdevice.exp(tops - zmax), 0.0)
-    S = tl.sum(scale * mass, axis=0)
     # The NMAX largest candidates, and the largest key of every id left out of them.
     cc = tl.arange(0, BLOCK_C)
     inside = cc < P * KMAX
@@ -366,8 +369,8 @@ def sample_merge_nucleus(chunk_max, chunk_arg, chunk_mass, cand_key, cand_id, sl
                                    tl.load(seed + 2 * r), tl.load(seed + 2 * r + 1), BLOCK_C,
                                    KMAX)
             elif (tp < 1.0) & ((k <= 0) | (k >= V)):
-                tok = _merge_nucleus(cand_key, cand_id, chunk_mass, srow, r, P, V, C, vals,
-                                     best, temp, tp, tl.load(min_p + r),
+                tok = _merge_nucleus(cand_key, cand_id, chunk_max, chunk_mass, srow, r, P, V,
+                                     C, temp, tp, tl.load(min_p + r),
                                      tl.load(positions + r), tl.load(seed + 2 * r),
                                      tl.load(seed + 2 * r + 1), BLOCK_P, BLOCK_C, KMAX, NMAX,
                                      JB)
@@ -431,10 +434,8 @@ def sample_race(logits, slot, positions, seed, temperature, top_k, min_p, presen
         if shift >= 0:
             s = tl.load(slot + r)
             idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
-            z = _logits(logits + r.to(tl.int64) * V, histogram + s.to(tl.int64) * V,
-                        logit_bias + s.to(tl.int64) * V, grammar_mask + r.to(tl.int64) * W32,
-                        idx, V, tl.load(use_bias + r), tl.load(use_mask + r),
-                        tl.load(repetition + r), tl.load(frequency + r), tl.load(presence + r))
+            z = _chunk_z(logits, histogram, logit_bias, grammar_mask, use_bias, use_mask,
+                         repetition, frequency, presence, r, s, idx, V, W32)
             zt = tl.math.div_rn(z, temp + tl.zeros_like(z))
             e = tl.where(zt > float("-inf"), libdevice.exp(zt - zmax), 0.0)
             p = tl.math.div_rn(e, S + tl.zeros_like(e))
@@ -509,3 +510,198 @@ def sample_pick(race_mass, race_best, race_arg, slot, sampling_decision, tempera
                     tl.store(race_level + 2 * r + 1, shift - RACE_SPLIT)
                 else:
                     tl.store(race_level + 2 * r + 1, shift * 0 - 1)
+
+
+# The candidate race (helios_tools.kernels.sampling_chunks: sample_chunks_mass,
+# sample_race_top, sample_race_mass, sample_race_pick): the race's best scores first, then
+# the nucleus test of those few ids only. Each chunk program reduces its BLOCK_V ids
+# 3 x MTOP times (race_top) or once over a BLOCK_V x MTOP comparison (race_mass), where
+# the slot race above reduces 128 slots per chunk at each of two levels.
+
+
+@triton.jit
+def sample_chunks_mass(logits, slot, temperature, top_k, presence, frequency, repetition,
+                       histogram, logit_bias, use_bias, grammar_mask, use_mask, chunk_max,
+                       chunk_arg, chunk_mass, cand_key, cand_id, R, V, W32, C, KM,
+                       BLOCK_V: tl.constexpr, KMAX: tl.constexpr):
+    """``sample_chunks``, plus the chunk's softmax mass relative to its own maximum for
+    every sampled row with no top-k (the race's normalizer); grid
+    ``(R, cdiv(V, BLOCK_V))``."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    P = tl.cdiv(V, BLOCK_V)
+    s = tl.load(slot + r)
+    if s >= 0:
+        idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
+        z = _chunk_z(logits, histogram, logit_bias, grammar_mask, use_bias, use_mask,
+                     repetition, frequency, presence, r, s, idx, V, W32)
+        cm = tl.max(z, axis=0)
+        ci = tl.min(tl.where(z == cm, idx, INT_MAX), axis=0)
+        at = r.to(tl.int64) * P + c
+        tl.store(chunk_max + at, cm)
+        tl.store(chunk_arg + at, ci)
+        temp = tl.load(temperature + r)
+        k = tl.load(top_k + r)
+        if temp > 0.0:
+            zt = tl.math.div_rn(z, temp + tl.zeros_like(z))
+            if (k > 0) & (k <= KMAX) & (k < V):
+                _store_candidates(zt, idx, V, k, cand_key, cand_id, at * KMAX, KMAX)
+            elif (k <= 0) | (k >= V):
+                tl.store(chunk_mass + at, _chunk_mass(zt, cm, temp))
+
+
+@triton.jit
+def _race_zt(logits, slot, temperature, presence, frequency, repetition, histogram,
+             logit_bias, use_bias, grammar_mask, use_mask, r, idx, V, W32):
+    """Scaled logits ``z / T`` of ids ``idx`` of row r (-inf masked or past V)."""
+    z = _chunk_z(logits, histogram, logit_bias, grammar_mask, use_bias, use_mask, repetition,
+                 frequency, presence, r, tl.load(slot + r), idx, V, W32)
+    return tl.math.div_rn(z, tl.load(temperature + r) + tl.zeros_like(z))
+
+
+@triton.jit
+def _p_of(zt, zmax, S):
+    """``race_p``: f32 ``exp(zt - zmax) / S``, 0 where zt is -inf."""
+    e = tl.where(zt > float("-inf"), libdevice.exp(zt - zmax), 0.0)
+    return tl.math.div_rn(e, S + tl.zeros_like(e))
+
+
+@triton.jit
+def sample_race_top(logits, slot, positions, seed, temperature, top_k, min_p, presence,
+                    frequency, repetition, histogram, logit_bias, use_bias, grammar_mask,
+                    use_mask, chunk_max, chunk_mass, sampled, top_score, top_id, top_zt, R,
+                    V, W32, C, M, BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr,
+                    MTOP: tl.constexpr):
+    """Per (row, chunk) of the raced rows: the MTOP best race scores (f64 as two i32
+    words), best first, ties to the lower id, with their ids and scaled logits; grid
+    ``(R, cdiv(V, BLOCK_V))``."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    P = tl.cdiv(V, BLOCK_V)
+    if _raced(slot, sampled, temperature, top_k, r, V):
+        zmax, S = _row_normalizer(chunk_max, chunk_mass, r, P, tl.load(temperature + r),
+                                  BLOCK_P)
+        idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
+        zt = _race_zt(logits, slot, temperature, presence, frequency, repetition, histogram,
+                      logit_bias, use_bias, grammar_mask, use_mask, r, idx, V, W32)
+        p = _p_of(zt, zmax, S)  # race_probabilities
+        mp = tl.load(min_p + r)
+        pmin = tl.where(mp > 0.0, mp * tl.math.div_rn(1.0, S), -1.0)
+        score = _race_score(p, idx, tl.load(positions + r), tl.load(seed + 2 * r),
+                            tl.load(seed + 2 * r + 1))
+        score = tl.where((p >= pmin) & (idx < V), score, float("-inf"))
+        base = (r.to(tl.int64) * P + c) * MTOP
+        for m in tl.static_range(MTOP):
+            best = tl.max(score, axis=0)
+            arg = tl.min(tl.where((score == best) & (best > float("-inf")), idx, INT_MAX),
+                         axis=0)
+            # the candidate's scaled logit (-inf for a pad): sample_race_mass recomputes
+            # its p with its own S, so every p it compares comes from one S
+            prob = tl.max(tl.where(idx == arg, zt, float("-inf")), axis=0)
+            bits = best.to(tl.int64, bitcast=True)
+            tl.store(top_score + 2 * (base + m), bits.to(tl.int32))
+            tl.store(top_score + 2 * (base + m) + 1, (bits >> 32).to(tl.int32))
+            tl.store(top_id + base + m, arg)
+            tl.store(top_zt + base + m, prob)
+            score = tl.where(idx == arg, float("-inf"), score)
+
+
+@triton.jit
+def _race_candidates(top_score, top_id, top_zt, r, P, BLOCK_Q: tl.constexpr,
+                     MTOP: tl.constexpr):
+    """Row r's MTOP best race scores over its chunks' (ties: lower id), best first:
+    (scores f64, ids, scaled logits), each an MTOP vector (``race_candidates``)."""
+    q = tl.arange(0, BLOCK_Q)
+    live = q < P * MTOP
+    at = r.to(tl.int64) * P * MTOP + q
+    lo = tl.load(top_score + 2 * at, mask=live, other=0)
+    hw = tl.load(top_score + 2 * at + 1, mask=live, other=0)
+    sc = ((hw.to(tl.int64) << 32) | (lo.to(tl.int64) & 0xFFFFFFFF)).to(tl.float64,
+                                                                       bitcast=True)
+    sc = tl.where(live, sc, float("-inf"))
+    ids = tl.load(top_id + at, mask=live, other=INT_MAX)
+    pr = tl.load(top_zt + at, mask=live, other=float("-inf"))
+    jm = tl.arange(0, MTOP)
+    out_s = tl.zeros([MTOP], tl.float64) + float("-inf")
+    out_i = tl.zeros([MTOP], tl.int32) + INT_MAX
+    out_p = tl.zeros([MTOP], tl.float32) + float("-inf")
+    for m in tl.static_range(MTOP):
+        best = tl.max(sc, axis=0)
+        arg = tl.min(tl.where(sc == best, ids, INT_MAX), axis=0)
+        hit = (sc == best) & (ids == arg)  # one lane for a real id; pads are all alike
+        prob = tl.max(tl.where(hit, pr, float("-inf")), axis=0)
+        out_s = tl.where(jm == m, best, out_s)
+        out_i = tl.where(jm == m, arg, out_i)
+        out_p = tl.where(jm == m, prob, out_p)
+        # Taken: now a pad (-inf, INT_MAX, -inf) like the chunks' own, so a later pad
+        # pick reads a pad's scaled logit.
+        sc = tl.where(hit, float("-inf"), sc)
+        ids = tl.where(hit, INT_MAX, ids)
+        pr = tl.where(hit, float("-inf"), pr)
+    return out_s, out_i, out_p
+
+
+@triton.jit
+def sample_race_mass(logits, slot, temperature, top_p, top_k, min_p, presence, frequency,
+                     repetition, histogram, logit_bias, use_bias, grammar_mask, use_mask,
+                     chunk_max, chunk_mass, sampled, top_score, top_id, top_zt, ahead, R, V,
+                     W32, C, M, BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr,
+                     BLOCK_Q: tl.constexpr, MTOP: tl.constexpr):
+    """Per (row, chunk) of the raced rows with top_p < 1: the chunk's probability mass
+    ahead of each of the row's MTOP race candidates (p descending, ties: lower id), one
+    ``BLOCK_V x MTOP`` comparison; grid ``(R, cdiv(V, BLOCK_V))``."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    P = tl.cdiv(V, BLOCK_V)
+    if _raced(slot, sampled, temperature, top_k, r, V) & (tl.load(top_p + r) < 1.0):
+        _, cid, cz = _race_candidates(top_score, top_id, top_zt, r, P, BLOCK_Q, MTOP)
+        zmax, S = _row_normalizer(chunk_max, chunk_mass, r, P, tl.load(temperature + r),
+                                  BLOCK_P)
+        cp = _p_of(cz, zmax, S)
+        idx = c * BLOCK_V + tl.arange(0, BLOCK_V)
+        p = _p_of(_race_zt(logits, slot, temperature, presence, frequency, repetition,
+                           histogram, logit_bias, use_bias, grammar_mask, use_mask, r, idx, V,
+                           W32), zmax, S)
+        pi = p[:, None]
+        pc = cp[None, :]
+        before = (pi > pc) | ((pi == pc) & (idx[:, None] < cid[None, :]))
+        mass = tl.sum(tl.where(before, pi, 0.0), axis=0)
+        tl.store(ahead + (r.to(tl.int64) * P + c) * MTOP + tl.arange(0, MTOP), mass)
+
+
+@triton.jit
+def sample_race_pick(logits, slot, positions, sampling_decision, seed, temperature, top_p,
+                     top_k, min_p, presence, frequency, repetition, histogram, logit_bias,
+                     use_bias, grammar_mask, use_mask, top_score, top_id, top_zt, ahead,
+                     sampled, R, V, W32, P, M, BLOCK_V: tl.constexpr, BLOCK_P: tl.constexpr,
+                     BLOCK_Q: tl.constexpr, MTOP: tl.constexpr):
+    """Every row still UNRESOLVED: a raced row's first candidate inside its nucleus (its
+    mass ahead below top_p, or none ahead), else ``sample_biased``'s row (as
+    ``sample_rest``); every other row returns at once; grid ``(R,)``."""
+    r = tl.program_id(0)
+    if tl.load(sampled + r) == UNRESOLVED:
+        tok = r * 0 + UNRESOLVED
+        if _raced(slot, sampled, temperature, top_k, r, V):
+            cs, cid, _ = _race_candidates(top_score, top_id, top_zt, r, P, BLOCK_Q, MTOP)
+            jm = tl.arange(0, MTOP)
+            tp = tl.load(top_p + r)
+            inside = jm >= 0
+            if tp < 1.0:
+                pp = tl.arange(0, BLOCK_P)
+                part = tl.load(ahead + (r.to(tl.int64) * P + pp[:, None]) * MTOP + jm[None, :],
+                               mask=(pp < P)[:, None] & (jm >= 0)[None, :], other=0.0)
+                before = tl.sum(part, axis=0)
+                inside = (before < tp) | (before == 0.0)
+            ok = inside & (cs > float("-inf"))
+            first = tl.min(tl.where(ok, jm, MTOP), axis=0)
+            won = tl.min(tl.where(jm == first, cid, INT_MAX), axis=0)
+            tok = tl.where(first < MTOP, won, tok)
+        if tok != UNRESOLVED:
+            tl.store(sampled + r, tok)
+            if tl.load(sampling_decision + r) != 0:
+                tl.atomic_add(histogram + tl.load(slot + r).to(tl.int64) * V + tok, 1)
+        else:
+            _sample_entry(logits, slot, positions, sampling_decision, seed, temperature,
+                          top_p, top_k, min_p, presence, frequency, repetition, histogram,
+                          logit_bias, use_bias, grammar_mask, use_mask, sampled, V, W32, True,
+                          BLOCK_V)

@@ -57,12 +57,16 @@ from .rope import rope
 from .sampling import grammar_mask_words, sample, sample_biased, score_tokens, token_logprobs
 from .sampling_chunks import (
     sample_chunks,
+    sample_chunks_mass,
     sample_chunks_nucleus,
     sample_chunks_wide,
     sample_merge,
     sample_merge_nucleus,
     sample_pick,
     sample_race,
+    sample_race_mass,
+    sample_race_pick,
+    sample_race_top,
     sample_rest,
 )
 from .speculative import (
@@ -159,7 +163,11 @@ __all__ = [
     "sample_merge_nucleus",
     "sample_pick",
     "sample_race",
+    "sample_race_mass",
+    "sample_race_pick",
+    "sample_race_top",
     "sample_rest",
+    "sample_chunks_mass",
     "scale",
     "silu_mul",
     "slot_gather",

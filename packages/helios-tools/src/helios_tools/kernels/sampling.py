@@ -137,6 +137,23 @@ def _processed(z: NDArray[np.float32], counts: NDArray[np.int32],
     return z
 
 
+def row_logits(logits: NDArray[np.float32], slot: NDArray[np.int32],
+               presence: NDArray[np.float32], frequency: NDArray[np.float32],
+               repetition: NDArray[np.float32], histogram: NDArray[np.int32],
+               logit_bias: NDArray[np.float32], use_bias: NDArray[np.int32],
+               grammar_mask: NDArray[np.int32], use_mask: NDArray[np.int32], r: int, V: int,
+               W32: int) -> NDArray[np.float32]:
+    """Submission row r's ``[V]`` f32 logits after its slot's logit bias, its penalties
+    (the slot's histogram) and its grammar mask: the one preparation every sampler form
+    applies before temperature (``sample_biased`` and the chunked references). Arguments
+    as ``sample_biased``'s; ``slot[r]`` must be >= 0."""
+    s = int(slot[r])
+    allowed = _allowed(grammar_mask[r, :W32], V) if use_mask[r] else None
+    return _processed(logits[r, :V].astype(np.float32, copy=False), histogram[s, :V],
+                      logit_bias[s, :V] if use_bias[r] else None, float(presence[r]),
+                      float(frequency[r]), float(repetition[r]), allowed)
+
+
 def row_distribution(
     z: NDArray[np.float32],
     counts: NDArray[np.int32],
@@ -159,32 +176,16 @@ def row_distribution(
     or None. A speculative verify step reads p(token) and residuals from this.
     """
     z = _processed(z, counts, bias, presence, frequency, repetition, allowed)
+    return _distribution(z, temperature, top_k, top_p, min_p)
+
+
+def _distribution(z: NDArray[np.float32], temperature: float, top_k: int, top_p: float,
+                  min_p: float) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
+    """``row_distribution`` of logits ``z`` already biased, penalized and masked."""
     best = int(np.argmax(z))
     if temperature <= 0.0 or not np.isfinite(z[best]):
         return np.array([best], np.int64), np.ones(1, np.float32)
     return _candidates(z, temperature, top_k, top_p, min_p)
-
-
-def _sample_row(
-    z: NDArray[np.float32],
-    counts: NDArray[np.int32],
-    bias: NDArray[np.float32] | None,
-    seed_lo: int,
-    seed_hi: int,
-    position: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    min_p: float,
-    presence: float,
-    frequency: float,
-    repetition: float,
-    allowed: NDArray[np.bool_] | None,
-) -> int:
-    """One row of ``sample_biased``: the seeded race over ``row_distribution``."""
-    cand, p = row_distribution(z, counts, bias, temperature, top_p, top_k, min_p, presence,
-                               frequency, repetition, allowed)
-    return _race(cand, p, seed_lo, seed_hi, position)
 
 
 def _race(cand: NDArray[np.int64], p: NDArray[np.float32], seed_lo: int, seed_hi: int,
@@ -295,23 +296,11 @@ def sample_biased(
         if s < 0:
             sampled[r] = -1
             continue
-        allowed = _allowed(grammar_mask[r, :W32], V) if use_mask[r] else None
-        tok = _sample_row(
-            logits[r, :V].astype(np.float32, copy=False),
-            histogram[s, :V],
-            logit_bias[s, :V] if use_bias[r] else None,
-            int(seed[r, 0]),
-            int(seed[r, 1]),
-            int(positions[r]),
-            float(temperature[r]),
-            float(top_p[r]),
-            int(top_k[r]),
-            float(min_p[r]),
-            float(presence[r]),
-            float(frequency[r]),
-            float(repetition[r]),
-            allowed,
-        )
+        z = row_logits(logits, slot, presence, frequency, repetition, histogram, logit_bias,
+                       use_bias, grammar_mask, use_mask, r, V, W32)
+        cand, p = _distribution(z, float(temperature[r]), int(top_k[r]), float(top_p[r]),
+                                float(min_p[r]))
+        tok = _race(cand, p, int(seed[r, 0]), int(seed[r, 1]), int(positions[r]))
         sampled[r] = tok
         if sampling_decision[r] != 0:
             histogram[s, tok] += 1

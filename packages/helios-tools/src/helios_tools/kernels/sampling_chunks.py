@@ -29,12 +29,11 @@ from numpy.typing import NDArray
 
 from .rng import philox_uniform
 from .sampling import (
-    _allowed,
-    _processed,
     _race,
     _top_k,
     _top_p_prefix,
     _truncate,
+    row_logits,
     sample_biased,
 )
 
@@ -122,10 +121,8 @@ def sample_chunks(
         s = int(slot[r])
         if s < 0:
             continue
-        allowed = _allowed(grammar_mask[r, :W32], V) if use_mask[r] else None
-        z = _processed(logits[r, :V].astype(np.float32, copy=False), histogram[s, :V],
-                       logit_bias[s, :V] if use_bias[r] else None, float(presence[r]),
-                       float(frequency[r]), float(repetition[r]), allowed)
+        z = row_logits(logits, slot, presence, frequency, repetition, histogram, logit_bias,
+                       use_bias, grammar_mask, use_mask, r, V, W32)
         temp, k = float(temperature[r]), int(top_k[r])
         cands = uses_candidates(temp, k, V, KM)
         zt_row = z / np.float32(temp) if cands else None
@@ -338,10 +335,8 @@ def sample_chunks_nucleus(
         if s < 0 or not uses_nucleus(float(temperature[r]), float(top_p[r]), int(top_k[r]),
                                      V):
             continue
-        allowed = _allowed(grammar_mask[r, :W32], V) if use_mask[r] else None
-        z = _processed(logits[r, :V].astype(np.float32, copy=False), histogram[s, :V],
-                       logit_bias[s, :V] if use_bias[r] else None, float(presence[r]),
-                       float(frequency[r]), float(repetition[r]), allowed)
+        z = row_logits(logits, slot, presence, frequency, repetition, histogram, logit_bias,
+                       use_bias, grammar_mask, use_mask, r, V, W32)
         zt_row = z / np.float32(temperature[r])
         for c in range(P):
             lo, hi = c * C, min((c + 1) * C, V)
@@ -352,10 +347,7 @@ def sample_chunks_nucleus(
             cand_key[r, c * KM + n:(c + 1) * KM] = KEY_PAD
             cand_id[r, c * KM:c * KM + n] = lo + keep
             cand_id[r, c * KM + n:(c + 1) * KM] = -1
-            top = zt.max()
-            with np.errstate(under="ignore", invalid="ignore"):
-                e = np.where(zt > -np.inf, np.exp(zt - top), np.float32(0))
-            chunk_mass[r, c] = e.sum(dtype=np.float32) if top > -np.inf else 0.0
+            chunk_mass[r, c] = chunk_softmax_mass(zt)
 
 
 def nucleus_bound(cand_key: NDArray[np.int32], cand_id: NDArray[np.int32],
@@ -375,13 +367,7 @@ def nucleus_bound(cand_key: NDArray[np.int32], cand_id: NDArray[np.int32],
 def _nucleus_draw(chunk_max, chunk_mass, cand_key, cand_id, r, V, P, C, KM, KN, temp, tp,
                   mp, seed_lo, seed_hi, position) -> int:
     """A nucleus row's token from its chunks, or ``UNRESOLVED`` (see sample_merge_nucleus)."""
-    t = np.float32(temp)
-    best = chunk_max[r, :P].max()
-    zmax = best / t
-    tops = chunk_max[r, :P] / t
-    with np.errstate(under="ignore", invalid="ignore"):
-        scale = np.where(chunk_max[r, :P] > -np.inf, np.exp(tops - zmax), np.float32(0))
-    S = (scale * chunk_mass[r, :P]).sum(dtype=np.float32)
+    zmax, S = row_normalizer(chunk_max[r, :P], chunk_mass[r, :P], temp)
     ids = cand_id[r, :P * KM]
     valid = ids >= 0
     keys = cand_key[r, :P * KM]
@@ -562,25 +548,23 @@ def sample_chunks_wide(
     for r in range(R):
         if int(slot[r]) < 0 or not uses_wide(float(temperature[r]), int(top_k[r]), V):
             continue
-        zt_row = _row_logits(logits, slot, presence, frequency, repetition, histogram,
+        zt_row = row_logits(logits, slot, presence, frequency, repetition, histogram,
                              logit_bias, use_bias, grammar_mask, use_mask, r, V, W32)
         zt_row = zt_row / np.float32(temperature[r])
         for c in range(P):
             zt = zt_row[c * C:min((c + 1) * C, V)]
-            top = zt.max()
-            with np.errstate(under="ignore", invalid="ignore"):
-                e = np.where(zt > -np.inf, np.exp(zt - top), np.float32(0))
-            chunk_mass[r, c] = e.sum(dtype=np.float32) if top > -np.inf else 0.0
+            chunk_mass[r, c] = chunk_softmax_mass(zt)
 
 
-def _row_logits(logits, slot, presence, frequency, repetition, histogram, logit_bias,
-                use_bias, grammar_mask, use_mask, r, V, W32) -> NDArray[np.float32]:
-    """Row r's biased, penalized, masked f32 logits (as ``sample_biased``)."""
-    s = int(slot[r])
-    allowed = _allowed(grammar_mask[r, :W32], V) if use_mask[r] else None
-    return _processed(logits[r, :V].astype(np.float32, copy=False), histogram[s, :V],
-                      logit_bias[s, :V] if use_bias[r] else None, float(presence[r]),
-                      float(frequency[r]), float(repetition[r]), allowed)
+def chunk_softmax_mass(zt: NDArray[np.float32]) -> np.float32:
+    """One chunk's ``sum(exp(zt - max(zt)))`` in f32 (0 when every id is -inf): the mass
+    every chunked form writes, relative to the chunk's own maximum."""
+    top = zt.max()
+    if not top > -np.inf:
+        return np.float32(0.0)
+    with np.errstate(under="ignore", invalid="ignore"):
+        e = np.where(zt > -np.inf, np.exp(zt - top), np.float32(0))
+    return e.sum(dtype=np.float32)
 
 
 def row_normalizer(chunk_max: NDArray[np.float32], chunk_mass: NDArray[np.float32],
@@ -683,7 +667,7 @@ def sample_race(
         elif race_level[r, 1] < 0:
             continue
         hi, shift = int(race_level[r, 0]), int(race_level[r, 1])
-        zt = _row_logits(logits, slot, presence, frequency, repetition, histogram, logit_bias,
+        zt = row_logits(logits, slot, presence, frequency, repetition, histogram, logit_bias,
                          use_bias, grammar_mask, use_mask, r, V, W32) / np.float32(temp)
         with np.errstate(under="ignore", over="ignore", invalid="ignore"):
             p = np.exp(zt - zmax) / S
@@ -786,3 +770,343 @@ def sample_pick(
         sampled[r] = ain
         if sampling_decision[r] != 0:
             histogram[int(slot[r]), ain] += 1
+
+
+# The candidate race (docs/gpu.md, "Sampling at greedy speed", design point 5): the
+# sampler of cores exported since. Every sampled row with no top-k (``uses_wide``: top-p,
+# temperature alone, min-p; with penalties, bias and mask) is drawn by the exponential
+# race itself, not by locating its nucleus first. The race's winner over the kept ids is
+# the first id, in race-score order, that is kept; an id with probability p is in the
+# nucleus exactly when the mass of the ids ahead of it (p descending, ties: lower id) is
+# below top_p. So: ``sample_race_top`` (grid R x P) keeps each chunk's RACE_TOP best race
+# scores; ``sample_race_mass`` (grid R x P) takes the row's RACE_TOP best of those (the
+# row's exact top by score, ties: lower id) and sums, per chunk, the mass ahead of each;
+# ``sample_race_pick`` (grid R) draws the first of them whose mass ahead is below top_p
+# (or is zero: the most probable id) and leaves none to chance: a row whose every
+# candidate lies outside its nucleus (probability about (1 - top_p)**RACE_TOP on flat
+# rows) and every other unresolved row run ``sample_biased``'s row there. Exact: the
+# token is always ``sample_biased``'s, up to the f32 summation order of the masses.
+RACE_TOP = 4
+INT32_MAX_ID = 2**31 - 1
+
+
+def sample_chunks_mass(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    temperature: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    presence: NDArray[np.float32],
+    frequency: NDArray[np.float32],
+    repetition: NDArray[np.float32],
+    histogram: NDArray[np.int32],
+    logit_bias: NDArray[np.float32],
+    use_bias: NDArray[np.int32],
+    grammar_mask: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    chunk_max: NDArray[np.float32],
+    chunk_arg: NDArray[np.int32],
+    chunk_mass: NDArray[np.float32],
+    cand_key: NDArray[np.int32],
+    cand_id: NDArray[np.int32],
+    R: int,
+    V: int,
+    W32: int,
+    C: int,
+    KM: int,
+) -> None:
+    """``sample_chunks`` that also writes each chunk's softmax mass relative to its own
+    maximum for every sampled row with no top-k (``uses_wide``; no nucleus candidates).
+
+    Reference loop: ``sample_chunks``' for every live row, then for each live row with
+    ``uses_wide(temperature[r], top_k[r], V)`` and each chunk::
+
+        zt = z[ids] / temperature[r]                      # z: biased, penalized, masked
+        chunk_mass[r, c] = sum(exp(zt - max(zt))) in f32  (0 when max(zt) = -inf)
+
+    Args: as ``sample_chunks``, plus ``chunk_mass`` ``[R, P]`` f32 (after ``chunk_arg``),
+        written for those rows.
+    """
+    sample_chunks(logits, slot, temperature, top_k, presence, frequency, repetition,
+                  histogram, logit_bias, use_bias, grammar_mask, use_mask, chunk_max,
+                  chunk_arg, cand_key, cand_id, R, V, W32, C, KM)
+    P = -(-V // C)
+    for r in range(R):
+        if int(slot[r]) < 0 or not uses_wide(float(temperature[r]), int(top_k[r]), V):
+            continue
+        zt_row = row_logits(logits, slot, presence, frequency, repetition, histogram,
+                            logit_bias, use_bias, grammar_mask, use_mask, r, V, W32)
+        zt_row = zt_row / np.float32(temperature[r])
+        for c in range(P):
+            zt = zt_row[c * C:min((c + 1) * C, V)]
+            chunk_mass[r, c] = chunk_softmax_mass(zt)
+
+
+def race_probabilities(logits, slot, temperature, min_p, presence, frequency, repetition,
+                       histogram, logit_bias, use_bias, grammar_mask, use_mask, chunk_max,
+                       chunk_mass, r, V, W32, P
+                       ) -> tuple[NDArray[np.float32], NDArray[np.float32], np.float32]:
+    """Row r's scaled logits ``zt``, their f32 probabilities ``exp(zt - zmax) / S``
+    (``race_p``: ``row_normalizer``'s zmax and S) and its min-p floor ``min_p * (1 / S)``
+    (-1 without min-p): the values the race forms give each id, as ``sample_biased``'s
+    up to the order of S's sum."""
+    temp = float(temperature[r])
+    zmax, S = row_normalizer(chunk_max[r, :P], chunk_mass[r, :P], temp)
+    zt = row_logits(logits, slot, presence, frequency, repetition, histogram, logit_bias,
+                    use_bias, grammar_mask, use_mask, r, V, W32) / np.float32(temp)
+    mp = float(min_p[r])
+    pmin = np.float32(mp) * (np.float32(1.0) / S) if mp > 0.0 else np.float32(-1.0)
+    return zt, race_p(zt, zmax, S), np.float32(pmin)
+
+
+def race_p(zt: NDArray[np.float32], zmax: np.float32, S: np.float32) -> NDArray[np.float32]:
+    """f32 probabilities ``exp(zt - zmax) / S`` of scaled logits ``zt`` (0 where -inf)."""
+    with np.errstate(under="ignore", over="ignore", invalid="ignore"):
+        p = np.exp(zt - zmax) / S
+    return np.where(zt > -np.inf, p, np.float32(0)).astype(np.float32)
+
+
+def race_scores(p: NDArray[np.float32], pmin: np.float32, seed_lo: int, seed_hi: int,
+                position: int) -> NDArray[np.float64]:
+    """The race score of every id of a row, ``log p - log(-log u)`` in f64 (``_race``'s),
+    -inf where ``p < pmin``."""
+    u = philox_uniform(seed_lo, seed_hi, position, np.arange(p.size))
+    with np.errstate(divide="ignore"):
+        score = np.log(p.astype(np.float64)) - np.log(-np.log(u))
+    return np.where(p >= pmin, score, -np.inf)
+
+
+def _raced(sampled, slot, temperature, top_k, V, r) -> bool:
+    return _wide_row(sampled, slot, temperature, top_k, V, r)
+
+
+def sample_race_top(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    positions: NDArray[np.int32],
+    seed: NDArray[np.uint32],
+    temperature: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    min_p: NDArray[np.float32],
+    presence: NDArray[np.float32],
+    frequency: NDArray[np.float32],
+    repetition: NDArray[np.float32],
+    histogram: NDArray[np.int32],
+    logit_bias: NDArray[np.float32],
+    use_bias: NDArray[np.int32],
+    grammar_mask: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    chunk_max: NDArray[np.float32],
+    chunk_mass: NDArray[np.float32],
+    sampled: NDArray[np.int32],
+    top_score: NDArray[np.int32],
+    top_id: NDArray[np.int32],
+    top_zt: NDArray[np.float32],
+    R: int,
+    V: int,
+    W32: int,
+    C: int,
+    M: int,
+) -> None:
+    """Per (row, chunk) of the rows the merge left UNRESOLVED with no top-k: the chunk's
+    M best race scores, best first (ties: lower id), their ids and probabilities.
+
+    Reference loop::
+
+        for r with slot[r] >= 0, sampled[r] == UNRESOLVED, uses_wide(T, top_k[r], V):
+            zt, p, pmin = race_probabilities(...)          # f32, as sample_race's
+            score = race_scores(p, pmin, seed[r], positions[r])   # f64, -inf below min-p
+            for each chunk c: the M largest (score, -id) of its ids, best first
+                top_score[r, c*M + m] = that score (f64 as two i32 words; -inf past the
+                                        chunk's finite scores)
+                top_id[r, c*M + m] = its id (INT32_MAX where the score is -inf)
+                top_zt[r, c*M + m] = its scaled logit zt (-inf where the score is -inf)
+
+    Args:
+        logits ... use_mask: as ``sample_biased`` (``[R]`` row parameters).
+        chunk_max, chunk_mass: ``[R, P]`` f32 from ``sample_chunks_mass``.
+        sampled: ``[R]`` i32 from the merge (read).
+        top_score: ``[R, P * M * 2]`` i32: f64 scores as little-endian word pairs, written
+            for raced rows; top_id ``[R, P * M]`` i32; top_zt ``[R, P * M]`` f32 (the
+            scaled logit, so a later kernel recomputes p with its own S: one order of
+            every p it compares).
+        R, V, W32: as ``sample_biased``. C: ids per chunk. M: candidates per chunk.
+    """
+    P = -(-V // C)
+    score64 = top_score.view(np.float64)
+    for r in range(R):
+        if not _raced(sampled, slot, temperature, top_k, V, r):
+            continue
+        zt, p, pmin = race_probabilities(logits, slot, temperature, min_p, presence,
+                                         frequency, repetition, histogram, logit_bias,
+                                         use_bias, grammar_mask, use_mask, chunk_max,
+                                         chunk_mass, r, V, W32, P)
+        score = race_scores(p, pmin, int(seed[r, 0]), int(seed[r, 1]), int(positions[r]))
+        for c in range(P):
+            lo, up = c * C, min((c + 1) * C, V)
+            ids = np.arange(lo, up)
+            order = np.lexsort((ids, -score[lo:up]))[:M]
+            best = np.full(M, -np.inf)
+            arg = np.full(M, INT32_MAX_ID, np.int64)
+            cz = np.full(M, -np.inf, np.float32)
+            n = order.size
+            best[:n], arg[:n], cz[:n] = score[lo:up][order], ids[order], zt[lo:up][order]
+            pad = best == -np.inf
+            arg[pad], cz[pad] = INT32_MAX_ID, -np.inf
+            score64[r, c * M:(c + 1) * M] = best
+            top_id[r, c * M:(c + 1) * M] = arg
+            top_zt[r, c * M:(c + 1) * M] = cz
+
+
+def race_candidates(top_score: NDArray[np.int32], top_id: NDArray[np.int32],
+                    top_zt: NDArray[np.float32], P: int, M: int
+                    ) -> tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.float32]]:
+    """One row's M best race scores over its chunks' (score desc, ties: lower id): the
+    row's exact top-M by race score; (scores f64, ids, scaled logits f32), best first."""
+    score = top_score[:2 * P * M].view(np.float64)
+    ids = top_id[:P * M].astype(np.int64)
+    order = np.lexsort((ids, -score))[:M]
+    return score[order], ids[order], top_zt[:P * M][order]
+
+
+def sample_race_mass(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    temperature: NDArray[np.float32],
+    top_p: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    min_p: NDArray[np.float32],
+    presence: NDArray[np.float32],
+    frequency: NDArray[np.float32],
+    repetition: NDArray[np.float32],
+    histogram: NDArray[np.int32],
+    logit_bias: NDArray[np.float32],
+    use_bias: NDArray[np.int32],
+    grammar_mask: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    chunk_max: NDArray[np.float32],
+    chunk_mass: NDArray[np.float32],
+    sampled: NDArray[np.int32],
+    top_score: NDArray[np.int32],
+    top_id: NDArray[np.int32],
+    top_zt: NDArray[np.float32],
+    ahead: NDArray[np.float32],
+    R: int,
+    V: int,
+    W32: int,
+    C: int,
+    M: int,
+) -> None:
+    """Per (row, chunk) of the raced rows with top_p < 1: the chunk's probability mass
+    ahead of each of the row's M race candidates in the nucleus order.
+
+    Reference loop::
+
+        for r raced (as sample_race_top) with top_p[r] < 1:
+            zt, p, _ = race_probabilities(...)
+            _, cid, cz = race_candidates(top_score[r], top_id[r], top_zt[r], P, M)
+            cp = race_p(cz, zmax, S)                      # the same f32 formula as p
+            for each chunk c and candidate m:               # ids j of the chunk
+                ahead[r, c*M + m] = sum of p[j] over j with p[j] > cp[m] or
+                                    (p[j] == cp[m] and j < cid[m])         # f32
+
+    Args: as ``sample_race_top`` (its outputs read), plus top_p ``[R]`` f32 and ahead
+        ``[R, P * M]`` f32, written for those rows.
+    """
+    P = -(-V // C)
+    for r in range(R):
+        if not _raced(sampled, slot, temperature, top_k, V, r) or not top_p[r] < 1.0:
+            continue
+        _, p, _ = race_probabilities(logits, slot, temperature, min_p, presence, frequency,
+                                     repetition, histogram, logit_bias, use_bias,
+                                     grammar_mask, use_mask, chunk_max, chunk_mass, r, V,
+                                     W32, P)
+        _, cid, cz = race_candidates(top_score[r], top_id[r], top_zt[r], P, M)
+        zmax, S = row_normalizer(chunk_max[r, :P], chunk_mass[r, :P], float(temperature[r]))
+        cp = race_p(cz, zmax, S)
+        for c in range(P):
+            lo, up = c * C, min((c + 1) * C, V)
+            pc, ids = p[lo:up], np.arange(lo, up)
+            for m in range(M):
+                before = (pc > cp[m]) | ((pc == cp[m]) & (ids < cid[m]))
+                ahead[r, c * M + m] = pc[before].sum(dtype=np.float32)
+
+
+def sample_race_pick(
+    logits: NDArray[np.float32],
+    slot: NDArray[np.int32],
+    positions: NDArray[np.int32],
+    sampling_decision: NDArray[np.int32],
+    seed: NDArray[np.uint32],
+    temperature: NDArray[np.float32],
+    top_p: NDArray[np.float32],
+    top_k: NDArray[np.int32],
+    min_p: NDArray[np.float32],
+    presence: NDArray[np.float32],
+    frequency: NDArray[np.float32],
+    repetition: NDArray[np.float32],
+    histogram: NDArray[np.int32],
+    logit_bias: NDArray[np.float32],
+    use_bias: NDArray[np.int32],
+    grammar_mask: NDArray[np.int32],
+    use_mask: NDArray[np.int32],
+    top_score: NDArray[np.int32],
+    top_id: NDArray[np.int32],
+    top_zt: NDArray[np.float32],
+    ahead: NDArray[np.float32],
+    sampled: NDArray[np.int32],
+    R: int,
+    V: int,
+    W32: int,
+    P: int,
+    M: int,
+) -> None:
+    """Every row still UNRESOLVED: a raced row's first race candidate inside its nucleus,
+    else (and for every other unresolved row) ``sample_biased``'s row.
+
+    Reference loop::
+
+        for r with sampled[r] == UNRESOLVED:
+            tok = None
+            if raced (as sample_race_top):
+                score, cid, _ = race_candidates(top_score[r], top_id[r], top_zt[r], P, M)
+                before[m] = sum over chunks of ahead[r, c*M + m]          # f32
+                tok = first cid[m] with score[m] > -inf and
+                      (top_p[r] >= 1 or before[m] < top_p[r] or before[m] == 0)
+            if tok is None: tok = sample_biased's row r        # as sample_rest
+            sampled[r] = tok; if sampling_decision[r]: histogram[slot[r], tok] += 1
+
+    The candidates are the row's best race scores over the ids min-p keeps, in order, so
+    the first that top-p keeps is the race's winner over the kept ids.
+
+    Args: as ``sample_rest`` (``sampled`` inout, ``histogram`` updated), plus
+        ``sample_race_top``'s and ``sample_race_mass``' outputs. P: chunks per row. M:
+        candidates per chunk.
+    """
+    score_ahead = ahead[:, :P * M]
+    rest = np.zeros(R, np.int32)
+    for r in range(R):
+        if int(sampled[r]) != UNRESOLVED:
+            continue
+        if _raced(sampled, slot, temperature, top_k, V, r):
+            score, cid, _ = race_candidates(top_score[r], top_id[r], top_zt[r], P, M)
+            tp = np.float32(top_p[r])
+            if tp < 1.0:
+                part = score_ahead[r].reshape(P, M)
+                before = np.array([part[:, m].sum(dtype=np.float32) for m in range(M)])
+                inside = (before < tp) | (before == 0)
+            else:
+                inside = np.ones(M, bool)
+            hit = np.flatnonzero((score > -np.inf) & inside)
+            if hit.size:
+                tok = int(cid[hit[0]])
+                sampled[r] = tok
+                if sampling_decision[r] != 0:
+                    histogram[int(slot[r]), tok] += 1
+                continue
+        rest[r] = 1
+    if rest.any():
+        sub = np.where(rest != 0, UNRESOLVED, 0).astype(np.int32)
+        sample_rest(logits, slot, positions, sampling_decision, seed, temperature, top_p,
+                    top_k, min_p, presence, frequency, repetition, histogram, logit_bias,
+                    use_bias, grammar_mask, use_mask, sub, R, V, W32)
+        sampled[rest != 0] = sub[rest != 0]
