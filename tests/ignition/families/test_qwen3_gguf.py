@@ -2,19 +2,27 @@
 llama.cpp, and against the same checkpoints exported from HF safetensors.
 
 The GGUFs are tests/fixtures/qwen3/'s tiny checkpoints converted by llama.cpp's own
-`convert_hf_to_gguf.py` (f32, and the untied dense one in Q8_0);
+`convert_hf_to_gguf.py` (f32; the untied dense one and the MoE one also in Q8_0);
 tests/fixtures/qwen3_gguf/make_reference.py wrote them and llama.cpp's logits at every
 prompt position and its 8 greedy ids (f32 KV cache, no flash attention).
 
 Tolerances (measured when the fixtures were written, cpu backend, 2 threads):
 - f32: Helios and llama.cpp differ by at most 9.6e-6 on these logits (llama.cpp and
-  transformers by at most 1.4e-5); held to F32_TOLERANCE, and to llama.cpp's greedy ids
+  transformers by at most 1.4e-5); held to 2e-5, and to llama.cpp's greedy ids
   (the smallest top-two gap on their paths is 0.045).
-- Q8_0 (`--weight-dtype gguf`: the core keeps the Q8_0 blocks and its products run
-  through ggml as llama.cpp's do, activations quantized to Q8 blocks as there): the
-  logits measured equal to llama.cpp's bit for bit (the norms, QK-norm, RoPE and
-  attention are f32 on both sides); held to Q8_TOLERANCE, and the greedy ids equal
-  (smallest top-two gap 0.013, on `def add(a, b):`).
+- Q8_0, dense (`--weight-dtype gguf`: the core keeps the Q8_0 blocks and its products
+  run through ggml as llama.cpp's do, activations quantized to Q8 blocks as there): the
+  logits measured equal to llama.cpp's bit for bit (norms, QK-norm, RoPE and attention
+  are f32 on both sides); held to 1e-4, and the greedy ids equal (smallest top-two gap
+  0.013).
+- Q8_0, MoE: attention and head keep their blocks, but the stacked experts are stored
+  as f32 (the expert operations have no block form) and multiply f32 activations, where
+  llama.cpp quantizes the activations; measured differences 0.08 to 0.22, held to 0.4.
+  At one position (ROUTING_FLIPS) llama.cpp's Q8_0 run differs from its own f32 run by
+  2.24 while Helios' Q8_0 core stays within 0.17 of llama.cpp's f32 run: the quantized
+  activations route that token to other experts in llama.cpp. There the core is held to
+  llama.cpp's f32 logits instead (the test checks both facts); the greedy ids equal
+  llama.cpp's.
 - GGUF against safetensors (f32): the readers return the same tensors bit for bit, so
   the two cores' logits are held to 1e-6.
 """
@@ -26,6 +34,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from helios_contract.schema import manifest_pb2 as mpb
 from helios_ignition.checkpoint import GeometryError, load_checkpoint
 from helios_ignition.checkpoint.errors import MissingTokenizerError
 from helios_ignition.checkpoint.gguf_read import gpt2_tokenizer_json
@@ -41,13 +50,18 @@ FIXTURES = REPO / "tests" / "fixtures" / "qwen3_gguf"
 HF_FIXTURES = REPO / "tests" / "fixtures" / "qwen3"
 QWEN3_RECIPE = REPO / "recipes" / "qwen3.py"
 LLAMA_CPP = np.load(FIXTURES / "reference.npz")
-# GGUF fixture -> the --weight-dtype it is exported with
-GGUFS = {"dense_tied.f32": "f32", "dense_untied.f32": "f32", "moe.f32": "f32",
-         "dense_untied.q8_0": "gguf"}
+# GGUF fixture -> (the --weight-dtype it is exported with, the logits' tolerance)
+GGUFS = {"dense_tied.f32": ("f32", 2e-5), "dense_untied.f32": ("f32", 2e-5),
+         "moe.f32": ("f32", 2e-5), "dense_untied.q8_0": ("gguf", 1e-4),
+         "moe.q8_0": ("gguf", 0.4)}
+# Prompt positions (prompt, position) where llama.cpp's own runs of a Q8_0 GGUF and of its
+# f32 original differ by more than ROUTING_FLIP while Helios' Q8_0 core stays by the f32
+# run: llama.cpp's quantized activations change a token's experts there. There the core
+# is held to llama.cpp's f32 logits instead.
+ROUTING_FLIPS = {"moe.q8_0": [(0, 14)]}
+ROUTING_FLIP = 1.0
 PROMPTS = 3
 GREEDY = 8
-F32_TOLERANCE = 2e-5
-Q8_TOLERANCE = 1e-4
 PROMPT_TEXTS = [  # tests/fixtures/qwen3/make_reference.py's PROMPTS
     "Hello there, what is the weather in Paris?",
     "def add(a, b):",
@@ -81,13 +95,14 @@ def teacher_forced(core) -> list[np.ndarray]:
 def gguf_core(request, tmp_path_factory, signing_key_pair):
     key = request.param
     core = export(tmp_path_factory.mktemp("qwen3_gguf"), signing_key_pair,
-                  FIXTURES / f"{key}.gguf", GGUFS[key])
+                  FIXTURES / f"{key}.gguf", GGUFS[key][0])
     return key, core
 
 
 def test_logits_and_greedy_ids_match_llama_cpp(gguf_core):
     key, core = gguf_core
-    quantized = GGUFS[key] == "gguf"
+    weight_dtype, tolerance = GGUFS[key]
+    quantized = weight_dtype == "gguf"
     if quantized:  # GGUF blocks are a cpu-backend storage: lint for the cpu backend
         assert lint_core(core, acceptance=NAMESPACE, backends=["cpu"]) == []
     else:
@@ -97,8 +112,13 @@ def test_logits_and_greedy_ids_match_llama_cpp(gguf_core):
         ids = LLAMA_CPP[f"{key}/p{p}/ids"].tolist()
         want = LLAMA_CPP[f"{key}/p{p}/logits"]
         got = driver.teacher_force(ids[:1], ids[1:] + [0])
-        np.testing.assert_allclose(got, want, rtol=0,
-                                   atol=Q8_TOLERANCE if quantized else F32_TOLERANCE,
+        keep = np.ones(len(ids), bool)
+        for flip in (i for q, i in ROUTING_FLIPS.get(key, []) if q == p):
+            f32 = LLAMA_CPP[f"{key.split('.')[0]}.f32/p{p}/logits"][flip]
+            assert np.abs(want[flip] - f32).max() > ROUTING_FLIP  # llama.cpp moves alone
+            np.testing.assert_allclose(got[flip], f32, rtol=0, atol=tolerance)
+            keep[flip] = False
+        np.testing.assert_allclose(got[keep], want[keep], rtol=0, atol=tolerance,
                                    err_msg=f"{key} p{p}")
         greedy = driver.generate([ids], max_new_tokens=GREEDY)[0]
         assert greedy == LLAMA_CPP[f"{key}/p{p}/greedy"].tolist(), (key, p)
@@ -147,11 +167,22 @@ def test_moe_geometry_comes_from_the_metadata():
     assert load_checkpoint(FIXTURES / "dense_tied.f32.gguf").geometry.tie_word_embeddings
 
 
-def test_q8_0_blocks_are_kept(tmp_path, signing_key_pair):
-    ck = load_checkpoint(FIXTURES / "dense_untied.q8_0.gguf")
-    kind, blocks = ck.blocks("model.layers.0.self_attn.q_proj.weight")
-    assert (kind, blocks.shape) == ("Q8_0", (128, 68))  # 2 blocks of 34 bytes a row
+def test_q8_0_blocks_are_kept_but_experts_are_f32(tmp_path, signing_key_pair):
+    """`--weight-dtype gguf` keeps the Q8_0 blocks of every 2-D matrix stored in them; the
+    stacked experts (no block form of the expert operations) are stored as f32."""
+    ck = load_checkpoint(FIXTURES / "moe.q8_0.gguf")
+    kind, blocks = ck.blocks("model.layers.0.mlp.experts.3.down_proj.weight")
+    assert (kind, blocks.shape) == ("Q8_0", (64, 34))  # one block of 34 bytes a row
     assert ck.block_type("model.layers.0.self_attn.q_norm.weight") is None  # f32
+    core = export(tmp_path, signing_key_pair, FIXTURES / "moe.q8_0.gguf", "gguf")
+    storage = {b.name: mpb.StorageType.Name(b.storage.type)
+               for b in core.manifest.buffers if b.weight_resource_id}
+    # The converter keeps the router (ffn_gate_inp) and the norms in f32.
+    assert sorted(name for name, kind in storage.items()
+                  if kind == "STORAGE_TYPE_GGUF_Q8_0") == \
+        ["L0.wo", "L0.wqkv", "L1.wo", "L1.wqkv", "embed", "lm_head"]
+    assert storage["L0.experts_gate_up"] == storage["L1.experts_down"] == \
+        "STORAGE_TYPE_UNSPECIFIED"  # f32
 
 
 def _write(path: Path, arch: str, kv: dict, tensors: tuple[str, ...] = ()) -> Path:
