@@ -25,6 +25,8 @@ Tolerances (measured when the fixtures were written, cpu backend, 2 threads):
   llama.cpp's.
 - GGUF against safetensors (f32): the readers return the same tensors bit for bit, so
   the two cores' logits are held to 1e-6.
+
+One core is also served through HTTP: a text prompt completes with llama.cpp's greedy ids.
 """
 
 from __future__ import annotations
@@ -250,3 +252,31 @@ def test_a_gguf_without_a_gpt2_tokenizer_is_refused():
         gpt2_tokenizer_json(fields.get, "x.gguf")
     assert str(caught.value) == ("x.gguf: unsupported tokenizer.ggml.pre 'qwen35'; known: "
                                  "default, gpt-2, gpt2, llama-bpe, smollm")
+
+
+def test_a_gguf_core_serves_llama_cpps_greedy_text_over_http(tmp_path, signing_key_pair):
+    """The dense GGUF core through helios-serve's HTTP API (official openai client, cpu
+    backend): a text prompt with Qwen3's special and added tokens, tokenized by the
+    core's tokenizer, completes greedily with llama.cpp's ids."""
+    from helios_serve.bootstrap import Bootstrap
+
+    from tests.ignition.families.test_qwen3_http import Served
+
+    out = tmp_path / "dense.core"
+    result = run_export(QWEN3_RECIPE, "--checkpoint", FIXTURES / "dense_untied.f32.gguf",
+                        "--key", signing_key_pair[0], "--namespace", NAMESPACE, "--out", out,
+                        "--weight-dtype", "f32")
+    assert result.exit_code == 0, result.output
+    bootstrap = Bootstrap.load(out, [signing_key_pair[1]], NAMESPACE)
+    served = Served(bootstrap, load_native(bootstrap.core, "cpu"))
+    try:
+        r = served.openai().completions.create(
+            model=served.model_name, prompt=PROMPT_TEXTS[2], max_tokens=GREEDY,
+            temperature=0.0)
+    finally:
+        served.server.stop()
+    want = LLAMA_CPP["dense_untied.f32/p2/greedy"].tolist()
+    assert 2 not in want  # <|im_end|> would stop the completion early
+    assert served.model_name == "qwen3-dense-untied.f32"
+    assert r.usage.prompt_tokens == len(LLAMA_CPP["dense_untied.f32/p2/ids"])
+    assert r.choices[0].text == bootstrap.tokenizer.decode(want, skip_special_tokens=False)
