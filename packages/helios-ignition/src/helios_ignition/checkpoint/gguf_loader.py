@@ -138,7 +138,8 @@ def _geometry(reader: Any, path: str, tensor_names: set[str]) -> LlamaGeometry:
 
 
 def load_gguf(path: str | Path) -> Checkpoint:
-    """Open a Llama GGUF; tensors are dequantized lazily, one per `Checkpoint.tensor` call.
+    """Open a GGUF: `llama` here, the architectures of `GGUF_READERS` through their readers;
+    tensors are dequantized lazily, one per `Checkpoint.tensor` call.
 
     Args:
         path: the `.gguf` file.
@@ -150,7 +151,8 @@ def load_gguf(path: str | Path) -> Checkpoint:
     Raises:
         CheckpointNotFoundError: no such file.
         CheckpointFormatError: the file is not a readable GGUF (truncated, bad magic).
-        GeometryError: not a llama GGUF or metadata missing.
+        GeometryError: an architecture not in SUPPORTED_GGUF_ARCHITECTURES (one line
+            naming it and the supported ones), or metadata missing.
         MissingTokenizerError / MissingChatTemplateError: tokenizer or template absent.
         MissingTensorError: a tensor the geometry needs is absent.
     """
