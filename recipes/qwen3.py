@@ -55,8 +55,10 @@ CAPACITIES = Capacities(decode_batch=(1, 2, 4, 8, 16, 32, 64),
 
 
 def served_name(checkpoint, prefix: str) -> str:
-    """`prefix` + the checkpoint folder's name, lower case, dashes for underscores."""
-    return prefix + Path(str(checkpoint.source)).name.lower().replace("_", "-")
+    """`prefix` + the checkpoint folder's (or GGUF file's, less `.gguf`) name, lower case,
+    dashes for underscores."""
+    return prefix + Path(str(checkpoint.source)).name.removesuffix(".gguf").lower() \
+        .replace("_", "-")
 
 
 def make_recipe(checkpoint) -> Recipe:

@@ -140,7 +140,7 @@ def test_an_unsupported_architecture_is_refused_naming_the_supported(tmp_path):
     with pytest.raises(GeometryError) as caught:
         load_gguf(path)
     assert str(caught.value) == (f"{path}: architecture 'bloom' is not supported; "
-                                 "supported: gemma3, llama")
+                                 "supported: gemma3, llama, qwen3, qwen3moe")
 
 
 def _ignition(*args) -> subprocess.CompletedProcess:
@@ -158,7 +158,7 @@ def test_export_of_an_unsupported_architecture_is_one_line(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         f"ignition: error: {path}: architecture 'bloom' is not supported; supported: "
-        "gemma3, llama"]
+        "gemma3, llama, qwen3, qwen3moe"]
     assert not (tmp_path / "x.core").exists()
 
 

@@ -98,11 +98,13 @@ def gguf_blocks(checkpoint, shapes: LlamaShapes) -> dict[str, str]:
     """Weight buffers of a single-rank core that keep the checkpoint's GGUF blocks (the
     ``gguf`` weight dtype): buffer name -> ggml block type ("Q4_1"), for every matrix whose
     source tensors are all stored in one block type (a fused buffer's rows are its sources'
-    rows, so their blocks concatenate). Other matrices are stored as float32.
+    rows, so their blocks concatenate). Other matrices are stored as float32, and so
+    are stacked expert matrices (`[experts, rows, columns]`: the expert operations have no
+    GGUF block form).
     """
     out = {}
     for name, shape in shapes.weight_layout().items():
-        if len(shape) < 2 or name == "rope_inv_freq":
+        if len(shape) != 2 or name == "rope_inv_freq":
             continue
         kinds = {checkpoint.block_type(src) for src in shapes.checkpoint_tensors(name)}
         if len(kinds) == 1 and None not in kinds:

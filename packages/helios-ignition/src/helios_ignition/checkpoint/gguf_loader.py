@@ -1,5 +1,6 @@
 """Load a llama.cpp GGUF as a `Checkpoint`: architecture `llama` here, the others through
-their readers (`GGUF_READERS`; gemma3: checkpoint/gemma3.py).
+their readers (`GGUF_READERS`; gemma3: checkpoint/gemma3.py; qwen3, qwen3moe:
+checkpoint/qwen3.py).
 
 Tensors are dequantized one at a time with `gguf.quants.dequantize` from the memory-mapped
 file. llama.cpp's converter permutes the rows of `attn_q`/`attn_k` within each head so that
@@ -21,12 +22,12 @@ from .errors import (
     CheckpointNotFoundError,
     GeometryError,
     MissingChatTemplateError,
-    MissingTokenizerError,
 )
 from .gemma3 import read_gemma3_gguf
 from .geometry import LlamaGeometry
 from .gguf_read import (
     field_value,
+    gpt2_tokenizer_json,
     hf_name,
     require_tensors,
     rms_eps,
@@ -34,7 +35,7 @@ from .gguf_read import (
     tensor_access,
     tensors_by_hf,
 )
-from .tokenizer_build import bpe_tokenizer_json
+from .qwen3 import QWEN3_GGUF_ARCHITECTURES, read_qwen3_gguf
 
 # GGUF per-layer suffix -> HF per-layer suffix.
 _LAYER_MAP = {
@@ -55,10 +56,10 @@ _GLOBAL_MAP = {
 }
 # GGUF block types a core may keep as they are (manifest StorageType GGUF_*).
 GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
-_TOKEN_TYPE_CONTROL = 3
 # general.architecture -> the reader of an opened GGUF of that architecture, called as
 # reader(gguf_reader, source, field_of, GGUF_BLOCK_TYPES) (llama: this file's own).
-GGUF_READERS = {"gemma3": read_gemma3_gguf}
+GGUF_READERS = {"gemma3": read_gemma3_gguf,
+                **{arch: read_qwen3_gguf for arch in QWEN3_GGUF_ARCHITECTURES}}
 SUPPORTED_GGUF_ARCHITECTURES = tuple(sorted({"llama", *GGUF_READERS}))
 
 
@@ -137,7 +138,8 @@ def _geometry(reader: Any, path: str, tensor_names: set[str]) -> LlamaGeometry:
 
 
 def load_gguf(path: str | Path) -> Checkpoint:
-    """Open a Llama GGUF; tensors are dequantized lazily, one per `Checkpoint.tensor` call.
+    """Open a GGUF: `llama` here, the architectures of `GGUF_READERS` through their readers;
+    tensors are dequantized lazily, one per `Checkpoint.tensor` call.
 
     Args:
         path: the `.gguf` file.
@@ -149,7 +151,8 @@ def load_gguf(path: str | Path) -> Checkpoint:
     Raises:
         CheckpointNotFoundError: no such file.
         CheckpointFormatError: the file is not a readable GGUF (truncated, bad magic).
-        GeometryError: not a llama GGUF or metadata missing.
+        GeometryError: an architecture not in SUPPORTED_GGUF_ARCHITECTURES (one line
+            naming it and the supported ones), or metadata missing.
         MissingTokenizerError / MissingChatTemplateError: tokenizer or template absent.
         MissingTensorError: a tensor the geometry needs is absent.
     """
@@ -171,19 +174,8 @@ def load_gguf(path: str | Path) -> Checkpoint:
     names = tuple(geometry.tensor_shapes())
     require_tensors(by_hf, names, source)
 
-    if _field(reader, "tokenizer.ggml.model") != "gpt2" or not _field(
-        reader, "tokenizer.ggml.tokens"
-    ):
-        raise MissingTokenizerError(f"{source}: no GPT-2 style BPE tokenizer (tokenizer.ggml.*)")
+    tokenizer_json = gpt2_tokenizer_json(lambda key: _field(reader, key), source)
     tokens = _field(reader, "tokenizer.ggml.tokens")
-    token_types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = _field(reader, "tokenizer.ggml.merges") or []
-    control = [i for i, kind in enumerate(token_types) if kind == _TOKEN_TYPE_CONTROL]
-    pre = _field(reader, "tokenizer.ggml.pre") or "default"
-    try:
-        tokenizer_json = bpe_tokenizer_json(tokens, merges, control, pre=pre)
-    except MissingTokenizerError as exc:
-        raise MissingTokenizerError(f"{source}: {exc}") from exc
 
     template = _field(reader, "tokenizer.chat_template")
     if not template:

@@ -14,9 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MissingTensorError, UnsupportedTensorError
+from .errors import MissingTensorError, MissingTokenizerError, UnsupportedTensorError
+from .tokenizer_build import bpe_tokenizer_json
 
 LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
 # A tensor's adjustment from the GGUF's convention to HF's: (HF name, array) -> array.
 Adjust = Callable[[str, np.ndarray], np.ndarray]
 
@@ -75,6 +79,30 @@ def rms_eps(value: Any) -> float:
     """The RMS norm epsilon GGUF stores as float32 (9.9999997e-06), as the decimal it
     encodes (1e-05)."""
     return float(np.format_float_positional(np.float32(value), unique=True))
+
+
+def gpt2_tokenizer_json(field_of: Callable[[str], Any], source: str) -> str:
+    """`tokenizers` JSON of a GGUF's GPT-2 style byte-level BPE (`tokenizer.ggml.model`
+    gpt2): its tokens, merges and pre-tokenizer (`tokenizer.ggml.pre`); CONTROL tokens
+    become special added tokens, USER_DEFINED ones (Qwen3's `<think>`, `<tool_call>`)
+    plain added tokens, never split, as llama.cpp's tokenizer treats them.
+
+    Raises:
+        MissingTokenizerError: no gpt2 tokenizer in the file, or a pre-tokenizer the
+            builder does not know (the message names `source`).
+    """
+    tokens = field_of("tokenizer.ggml.tokens")
+    if field_of("tokenizer.ggml.model") != "gpt2" or not tokens:
+        raise MissingTokenizerError(f"{source}: no GPT-2 style BPE tokenizer (tokenizer.ggml.*)")
+    types = field_of("tokenizer.ggml.token_type") or [1] * len(tokens)
+    try:
+        return bpe_tokenizer_json(
+            tokens, field_of("tokenizer.ggml.merges") or [],
+            [i for i, kind in enumerate(types) if kind == TOKEN_TYPE_CONTROL],
+            pre=field_of("tokenizer.ggml.pre") or "default",
+            plain_ids=[i for i, kind in enumerate(types) if kind == TOKEN_TYPE_USER_DEFINED])
+    except MissingTokenizerError as exc:
+        raise MissingTokenizerError(f"{source}: {exc}") from exc
 
 
 def special_tokens(field_of: Callable[[str], Any], tokens: list[str]

@@ -29,7 +29,7 @@ def _pre_tokenizer(pre: str):
         return pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level]
         )
-    if pre in ("gpt2", "default"):
+    if pre in ("gpt2", "gpt-2", "default"):  # gpt-2: llama.cpp's name for GPT-2's split
         return byte_level
     if pre == "llama-bpe":  # from Llama 3's tokenizer.json; not checked against a real file here
         return pre_tokenizers.Sequence(
@@ -39,7 +39,8 @@ def _pre_tokenizer(pre: str):
             ]
         )
     raise MissingTokenizerError(
-        f"unsupported tokenizer.ggml.pre {pre!r}; known: default, gpt2, llama-bpe, smollm"
+        f"unsupported tokenizer.ggml.pre {pre!r}; known: default, gpt-2, gpt2, llama-bpe, "
+        "smollm"
     )
 
 
@@ -49,6 +50,7 @@ def bpe_tokenizer_json(
     special_ids: Sequence[int],
     filler_vocab_size: int | None = None,
     pre: str = "smollm",
+    plain_ids: Sequence[int] = (),
 ) -> str:
     """Return `tokenizer.json` text for a byte-level BPE.
 
@@ -60,6 +62,8 @@ def bpe_tokenizer_json(
             to the BPE vocab as `<|filler_{id}|>`: no merge produces them, so encoding never
             emits them, but they exist for decoding and for vocab-sized tables.
         pre: the GGUF `tokenizer.ggml.pre` name selecting the pre-tokenizer.
+        plain_ids: ids registered as plain (not special) added tokens: matched whole
+            before the BPE runs, kept when special tokens are skipped in decoding.
 
     Returns:
         The JSON text accepted by `tokenizers.Tokenizer.from_str`.
@@ -80,4 +84,7 @@ def bpe_tokenizer_json(
     tokenizer.add_special_tokens(
         [AddedToken(tokens[i], special=True, normalized=False) for i in special_ids]
     )
+    if plain_ids:
+        tokenizer.add_tokens(
+            [AddedToken(tokens[i], special=False, normalized=False) for i in plain_ids])
     return tokenizer.to_str()
