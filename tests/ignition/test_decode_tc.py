@@ -87,8 +87,18 @@ def test_capture_records_one_slice_tc_products(monkeypatch):
         tc = {dict(k.constants).get("TC", 0) for k in packed}
         assert tc == ({1} if B >= 4 else {0}), g.name
         assert ("splitk_reduce" in ops) == (B < 4), g.name
+        # the LM head (N = vocab) joins the TC tile where it applies, else stays linear
+        heads = [k for k in packed if k.reference_op == "linear_packed"
+                 and any(x.int_value == SHAPES.vocab for x in _args_of(g, k))]
+        assert bool(heads) == (B >= 4), g.name
+        assert ("linear" in ops) == (B < 4), g.name
         seen.add(B >= 4)
     assert seen == {True, False}
+
+
+def _args_of(graph, kernel):
+    """The argument lists of `graph`'s launches of `kernel`, flattened."""
+    return [a for x in graph.launches if x.kernel == kernel.id for a in x.args]
 
 
 def test_decode_tiles_compile_for_sm90():

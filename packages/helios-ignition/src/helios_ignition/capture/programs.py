@@ -28,6 +28,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from ..families import vision
 from ..preparation import contract as decl
 from ..recipe import Capacities, SplitTuning
+from . import launch
 from .buffers import (
     INPUT_NAMES,
     LOGPROBS,
@@ -55,6 +56,7 @@ from .buffers import (
 )
 from .builder import BufferTable, ProgramBuilder
 from .family import Family, ImageRows, Pass, Rows, TensorParallelError
+from .layers import product
 from .sampling import declare_chunked_sampling, last_positions, sample
 from .speculative import DRAFT_LAG, draft_context, speculative
 from .tuning import split_producer
@@ -280,8 +282,11 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
                  s.head_rows, s.hidden)
         b.launch("all_gather_columns", shard, logits, R, s.head_rows, s.vocab)
     else:
-        b.launch(head_op, h, t.view(s.head_buffer(), (s.vocab, s.hidden)), logits, R, s.vocab,
-                 s.hidden)
+        head = t.view(s.head_buffer(), (s.vocab, s.hidden))
+        if head_op == "linear" and _head_on_tc(t, head, R, s.vocab, s.hidden):
+            product(b, "linear", h, head, logits, R, s.vocab, s.hidden)
+        else:
+            b.launch(head_op, h, head, logits, R, s.vocab, s.hidden)
     sampled = t.view(SAMPLED, (R,))
     sample(b, s, R, logits, slot, pos if decode else last_positions(b, R), inp,
            "scratch.sample_chunk_max" in t.buffers, "scratch.sample_chunk_mass" in t.buffers,
@@ -295,6 +300,15 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
                  pending, R, slots)
 
 
+
+
+def _head_on_tc(t: BufferTable, head, R: int, vocab: int, hidden: int) -> bool:
+    """Whether the LM head of `R` rows takes the layer products' packed path: only where
+    it is linear_packed's TC=1 tile with one slice (``launch.decode_tc``, issue 27), so
+    no K-slice partials of vocabulary width are ever needed; bf16 heads with the packed
+    scratch declared."""
+    return (head.buffer.dtype == "bf16" and "scratch.xsplit" in t.buffers
+            and launch.decode_tc(R, vocab, hidden) and launch.mma_plan(R, vocab, hidden) == 1)
 
 
 def _transfer(b: ProgramBuilder, s: Family, spec: Speculation | None, source: str,
