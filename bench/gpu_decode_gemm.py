@@ -3,7 +3,8 @@
 (``split_bf16`` -> ``linear_packed`` over S K slices -> ``splitk_reduce``) against
 linear_packed's ``TC=1`` tile with one slice (prefill's packed path: no reduction) over a
 grid of tiles, both activation forms, and torch.matmul (cuBLAS, bf16 x bf16) in the same
-process as the yardstick.
+process as the yardstick. The LM head (128256 x 4096) is measured too, against the path
+capture records for it today at these rows (the ``linear`` kernel over f32 activations).
 
     python bench/gpu_decode_gemm.py --json OUT.json [--rows 64,96,128,160,192,224,256]
 
@@ -44,6 +45,9 @@ LAYERS = 32  # Llama-3.1-8B
 EXTRA_TILES = ((64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (64, 256, 64, 4, 4),
                (128, 128, 64, 4, 4), (64, 128, 128, 4, 3))
 REL_BOUND = 5e-5
+# The layer products and the LM head (Llama-3.1-8B's vocabulary; today's path at decode
+# rows is the linear kernel over f32 activations, no split pass).
+ALL_SHAPES = {**SHAPES, "lm_head": (128256, 4096)}
 
 
 def tc_constants(tile, xsplit: int) -> dict:
@@ -99,22 +103,25 @@ def measure(L, rule, plan: dict, name: str, N: int, Kd: int, rows_list: list[int
             "split_bf16", dict(sc.constants), sc.grid, sa)), reps=10)
         row = dict(shape=name, N=N, K=Kd, T=T, torch_us=tm, split_us=split_us, ksplit=None,
                    tc=[])
-        S, ks, red = p["S"], p["ksplit"], p["reduce"]
-        if ("linear_packed", tuple(sorted(ks.items()))) in L.fns:
+        S, ks, red, op = p["S"], p["ksplit"], p["reduce"], p["op"]
+        if (op, tuple(sorted(ks.items()))) in L.fns:
             part = torch.empty(S * T, N, device="cuda") if S > 1 else out
-            grid = (-(-N // ks["BLOCK_N"]), -(-T // ks["BLOCK_T"]), S)
-            pa = [xs, w, part, T, N, Kd, S]
+            if op == "linear":  # f32 activations, no split pass
+                grid, pa, extra = p["grid"], [x, w, out, T, N, Kd], 0.0
+            else:
+                grid = (-(-N // ks["BLOCK_N"]), -(-T // ks["BLOCK_T"]), S)
+                pa, extra = [xs, w, part, T, N, Kd, S], split_us
             ra = [part, out, T, N, S]
 
-            def ksplit(keep, ks=ks, grid=grid, pa=pa, red=red, ra=ra):
-                keep.extend(L.launch("linear_packed", ks, grid, pa))
+            def ksplit(keep, op=op, ks=ks, grid=grid, pa=pa, red=red, ra=ra):
+                keep.extend(L.launch(op, ks, grid, pa))
                 if red is not None:
                     keep.extend(L.launch("splitk_reduce", dict(red.constants), red.grid, ra))
 
             finite, same, rel, rel_b = check(out, T, cols, ref, ref_b, ksplit)
             us = timed(ksplit, reps=10)
-            row["ksplit"] = dict(S=S, constants=ks, us=us, us_with_split=us + split_us,
-                                 vs_torch=tm / (us + split_us), finite=finite,
+            row["ksplit"] = dict(op=op, S=S, constants=ks, us=us, us_with_split=us + extra,
+                                 vs_torch=tm / (us + extra), finite=finite,
                                  deterministic=same, rel=rel, rel_bf16x=rel_b)
         for c in p["tc"]:
             key = ("linear_packed", tuple(sorted(c.items())))
@@ -162,15 +169,22 @@ def main() -> None:
     tiles = list(dict.fromkeys(rule.DECODE_TILES + EXTRA_TILES))
     plan: dict[tuple[str, int], dict] = {}
     items = []
-    for name, (N, Kd) in SHAPES.items():
+    for name, (N, Kd) in ALL_SHAPES.items():
         w = _View((N, Kd), "bf16")
         for T in rows_list:
+            tcs = [tc_constants(tile, x) for tile in tiles for x in (1, 0)]
+            if name == "lm_head":  # the linear kernel, as capture records the head today
+                cfg = rule.launch_config("linear", [T, N, Kd], [None, w])
+                ks = dict(cfg.constants)
+                plan[(name, T)] = dict(op="linear", S=1, ksplit=ks, reduce=None, tc=tcs,
+                                       grid=cfg.grid)
+                items += [("linear", ks)] + [("linear_packed", c) for c in tcs]
+                continue
             S = rule.mma_plan(T, N, Kd)
             assert S is not None, (name, T)  # every 8B cell at 8-256 rows takes the path
             ks = dict(rule.launch_config("linear_packed", [T, N, Kd, S], [None, w]).constants)
             red = rule.launch_config("splitk_reduce", [T, N, S]) if S > 1 else None
-            tcs = [tc_constants(tile, x) for tile in tiles for x in (1, 0)]
-            plan[(name, T)] = dict(S=S, ksplit=ks, reduce=red, tc=tcs)
+            plan[(name, T)] = dict(op="linear_packed", S=S, ksplit=ks, reduce=red, tc=tcs)
             items += [("linear_packed", ks)] + [("linear_packed", c) for c in tcs]
             if red is not None:
                 items.append(("splitk_reduce", dict(red.constants)))
@@ -184,7 +198,7 @@ def main() -> None:
 
     gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
     results = []
-    for name, (N, Kd) in SHAPES.items():
+    for name, (N, Kd) in ALL_SHAPES.items():
         results += measure(L, rule, plan, name, N, Kd, rows_list, gen, t0 + args.budget_s)
         torch.cuda.empty_cache()
         print(f"{name}: t={time.perf_counter() - t0:.0f}s", flush=True)
@@ -229,7 +243,8 @@ def main() -> None:
     print(f"\nper layer (the 4 products) and x{LAYERS} layers, ms per decode step:")
     per_rows = []
     for T in rows_list:
-        cells = [s for s in summary if s["T"] == T]
+        cells = [s for s in summary if s["T"] == T and s["shape"] in SHAPES]
+        head = next((s for s in summary if s["T"] == T and s["shape"] == "lm_head"), None)
 
         def total(get, cells=cells):
             vals = [get(s) for s in cells]
@@ -243,14 +258,18 @@ def main() -> None:
                                    default=None))
         tq = total(lambda s: s["torch_us"])
         per_rows.append(dict(T=T, ksplit_us=ks, tc_hilo_us=hl, tc_bf16_us=b1,
-                             best_hilo_us=best, torch_us=tq))
+                             best_hilo_us=best, torch_us=tq, lm_head=head))
 
         def fmt(v):
             return f"{v:8.1f} us {v * LAYERS / 1e3:6.2f} ms" if v is not None else " " * 20
 
         print(f"  T={T:4} K-split {fmt(ks)} | TC hi/lo {fmt(hl)} | per-cell best {fmt(best)}"
               f" | TC bf16 {fmt(b1)} | torch {fmt(tq)}")
-    print("\n_DECODE_TC_TILES entries (cells where the TC hi/lo tile beat the K split):")
+        if head:
+            th = head["tc_hilo"]["us"] if head["tc_hilo"] else float("nan")
+            print(f"         lm_head: linear {head['ksplit_us'] or float('nan'):8.1f} us | TC "
+                  f"hi/lo {th:8.1f} us | torch {head['torch_us']:8.1f} us (once per step)")
+    print("\n_DECODE_TC_TILES entries (cells where the TC hi/lo tile beat today's path):")
     for (N, Kd, T), (tile, shape, x) in table.items():
         print(f"    ({N}, {Kd}, {T}): {tile},  # {shape} x{x:.2f}")
     bad = [(r["shape"], r["T"], v["label"]) for r in results for v in r["tc"]

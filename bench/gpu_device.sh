@@ -458,7 +458,7 @@ case $stage in
     # per-op-class breakdown, one process. DECODE_TC_PARTS picks parts (default all three),
     # DECODE_TC_VARIANTS the captures (RULE[:TERMS], default "off 128").
     for part in ${DECODE_TC_PARTS:-sweep tests 8b}; do case $part in
-      sweep) python3 bench/gpu_decode_gemm.py --budget-s 200 --json "$OUTD/decode_gemm.json" \
+      sweep) python3 bench/gpu_decode_gemm.py --budget-s 300 --json "$OUTD/decode_gemm.json" \
         2>&1 | tee "$OUTD/decode_gemm.log" | tail -45 ;;
       tests) python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_decode_tc.py 2>&1 \
         | tee "$OUTD/decode_tc_tests.log" | tail -8 ;;
