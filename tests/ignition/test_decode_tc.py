@@ -114,3 +114,52 @@ def test_decode_tiles_compile_for_sm90():
         assert ck.binary[:4] == ELF_MAGIC
         assert ck.global_scratch_bytes > 0  # device-side tensor descriptors
         assert ck.shared_bytes <= 227 * 1024
+
+
+def test_tc_sequence_on_the_cpu_backend_matches_dense(monkeypatch):
+    """Prefill and decode programs recorded with every product and the LM head on the TC
+    tile (split_bf16 -> one-slice linear_packed, no reduction) run by the CPU backend's
+    references give the dense forward's logits (f32 weights let through for the test)."""
+    import numpy as np
+    from helios_ignition.capture import layers
+    from helios_ignition.testing import dense_forward, tiny_core
+    from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
+    from helios_serve.testing.native import load_native
+
+    monkeypatch.setattr(launch, "LINEAR_MMA", "on")
+    monkeypatch.setattr(launch, "MMA_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(launch, "MMA_ROWS", (1, 256))
+    monkeypatch.setattr(launch, "PREFILL_TC_MIN_N", 0)
+    monkeypatch.setattr(launch, "DECODE_TC", "2")
+    monkeypatch.setattr(layers, "_packed_weights", lambda dtype: True)
+    core = tiny_core(seed=5, shapes=SHAPES)
+    graphs = {g.name: g for g in core.manifest.graphs}
+    kernels = {k.id: k for k in core.manifest.kernels}
+    dec = [kernels[x.kernel] for x in graphs["decode_b4"].launches]
+    assert {k.reference_op for k in dec} >= {"split_bf16", "linear_packed"}
+    assert not {"linear", "splitk_reduce"} & {k.reference_op for k in dec}
+    model = load_native(core, "cpu")
+    prompts = {0: [1, 2, 3, 4, 5], 1: [9, 8, 7], 3: [40, 41, 42, 43, 44, 45, 46]}
+    pages = {0: [0, 1], 1: [5], 3: [9, 2]}
+    rows = tuple(RowPlan(request_id=10 + s, slot=s, generation=1, tokens=tuple(p),
+                         start_position=0, page_ids=tuple(pages[s]), sample=True,
+                         sampling=SamplingParams(), histogram_tokens=tuple(p))
+                 for s, p in prompts.items())
+    model.execute(StepPlan(StepKind.PREFILL, rows))  # 15 tokens: the 16-token graph
+    got = model.backend.buffers["scratch.logits"][:3].copy()
+    for i, p in enumerate(prompts.values()):
+        ref = dense_forward(core.weights, SHAPES, p)[-1]
+        np.testing.assert_allclose(got[i], ref, atol=2e-3, rtol=1e-3)
+    fed = {0: 11, 1: 12, 3: 13}
+    rows = tuple(RowPlan(request_id=10 + s, slot=s, generation=1, tokens=(fed[s],),
+                         start_position=len(p), page_ids=tuple(pages[s]), sample=True,
+                         sampling=SamplingParams())
+                 for s, p in prompts.items())
+    if model.device_pending:  # the fed tokens, not the sampled ones
+        model.write_pending_tokens(list(prompts), list(fed.values()))
+    model.execute(StepPlan(StepKind.DECODE, rows))  # 3 rows: decode_b4
+    got = model.backend.buffers["scratch.logits"][:3]
+    for i, (s, p) in enumerate(prompts.items()):
+        ref = dense_forward(core.weights, SHAPES, p + [fed[s]])[-1]
+        np.testing.assert_allclose(got[i], ref, atol=2e-3, rtol=1e-3)
+    model.close()

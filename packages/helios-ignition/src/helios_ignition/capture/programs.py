@@ -28,7 +28,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from ..families import vision
 from ..preparation import contract as decl
 from ..recipe import Capacities, SplitTuning
-from . import launch
+from . import launch, layers
 from .buffers import (
     INPUT_NAMES,
     LOGPROBS,
@@ -56,7 +56,6 @@ from .buffers import (
 )
 from .builder import BufferTable, ProgramBuilder
 from .family import Family, ImageRows, Pass, Rows, TensorParallelError
-from .layers import product
 from .sampling import declare_chunked_sampling, last_positions, sample
 from .speculative import DRAFT_LAG, draft_context, speculative
 from .tuning import split_producer
@@ -284,7 +283,7 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
     else:
         head = t.view(s.head_buffer(), (s.vocab, s.hidden))
         if head_op == "linear" and _head_on_tc(t, head, R, s.vocab, s.hidden):
-            product(b, "linear", h, head, logits, R, s.vocab, s.hidden)
+            layers.product(b, "linear", h, head, logits, R, s.vocab, s.hidden)
         else:
             b.launch(head_op, h, head, logits, R, s.vocab, s.hidden)
     sampled = t.view(SAMPLED, (R,))
@@ -305,9 +304,9 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
 def _head_on_tc(t: BufferTable, head, R: int, vocab: int, hidden: int) -> bool:
     """Whether the LM head of `R` rows takes the layer products' packed path: only where
     it is linear_packed's TC=1 tile with one slice (``launch.decode_tc``, issue 27), so
-    no K-slice partials of vocabulary width are ever needed; bf16 heads with the packed
-    scratch declared."""
-    return (head.buffer.dtype == "bf16" and "scratch.xsplit" in t.buffers
+    no K-slice partials of vocabulary width are ever needed; bf16 heads
+    (``layers._packed_weights``) with the packed scratch declared."""
+    return (layers._packed_weights(head.buffer.dtype) and "scratch.xsplit" in t.buffers
             and launch.decode_tc(R, vocab, hidden) and launch.mma_plan(R, vocab, hidden) == 1)
 
 
