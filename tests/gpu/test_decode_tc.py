@@ -77,6 +77,7 @@ def test_decode_tc_tiles(gpu, rng, monkeypatch, tile):
 
     assert tile in launch.DECODE_TILES
     T, N, K_ = 160, 4096, 4096
+    monkeypatch.setattr(launch, "DECODE_TC", "table")
     monkeypatch.setattr(launch, "_DECODE_TC_TILES", {(N, K_, T): tile})
     assert launch.decode_tc(T, N, K_) and launch.tc_constants(T, N, K_)["BLOCK_N"] == tile[1]
     x = (rng.standard_normal((T, K_)) * 3).astype(np.float32)

@@ -23,8 +23,9 @@ class _W:  # a bf16 weight view
 
 
 def test_decode_tc_rule(monkeypatch):
-    # the default "table" rule with an empty table: every decode bucket keeps the K split
-    assert launch.DECODE_TC == "table" and launch._DECODE_TC_TILES == {}
+    # the default "table" rule without measured cells: every decode bucket keeps the K split
+    monkeypatch.setattr(launch, "DECODE_TC", "table")
+    monkeypatch.setattr(launch, "_DECODE_TC_TILES", {})
     assert not launch.decode_tc(256, 6144, 4096)
     assert launch.mma_plan(256, 6144, 4096) == 1  # measured K-split cell, S = 1
     assert "TC" not in launch.launch_config("linear_packed", [256, 6144, 4096, 1],
