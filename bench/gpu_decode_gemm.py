@@ -173,6 +173,8 @@ def main() -> None:
         w = _View((N, Kd), "bf16")
         for T in rows_list:
             tcs = [tc_constants(tile, x) for tile in tiles for x in (1, 0)]
+            items.append(("split_bf16", dict(rule.launch_config("split_bf16", [T, Kd],
+                                                                []).constants)))
             if name == "lm_head":  # the linear kernel, as capture records the head today
                 cfg = rule.launch_config("linear", [T, N, Kd], [None, w])
                 ks = dict(cfg.constants)
@@ -188,8 +190,6 @@ def main() -> None:
             items += [("linear_packed", ks)] + [("linear_packed", c) for c in tcs]
             if red is not None:
                 items.append(("splitk_reduce", dict(red.constants)))
-            items.append(("split_bf16", dict(rule.launch_config("split_bf16", [T, Kd],
-                                                                []).constants)))
     L.compile(items, args.workers)
     print(f"compiled {len(L.fns)} variants ({len(L.failed)} failed) in "
           f"{time.perf_counter() - t0:.0f}s", flush=True)
@@ -227,7 +227,8 @@ def main() -> None:
                                                us=best["bf16"]["us_with_split"]))
         summary.append(s)
         line = f"{row['shape']:8} T={row['T']:4} torch {row['torch_us']:7.1f}"
-        line += (f"  K-split S={ks['S']} {ks['us_with_split']:7.1f} x{ks['vs_torch']:.2f}"
+        today = "linear" if ks and ks["op"] == "linear" else f"K-split S={ks and ks['S']}"
+        line += (f"  {today} {ks['us_with_split']:7.1f} x{ks['vs_torch']:.2f}"
                  if ks_ok else "  K-split (not verified)")
         for form in ("hilo", "bf16"):
             v = best[form]
