@@ -473,6 +473,20 @@ case $stage in
       --json "$OUTD/smollm2.json" 2>&1 | tee "$OUTD/smollm2.log" | tail -15
     python3 bench/gpu_models.py --model llama-3.1-8b --steps 30 \
       --json "$OUTD/llama8b.json" 2>&1 | tee "$OUTD/llama8b.log" | tail -15 ;;
+  decode-tc)  # issue 27 item 3 (docs/gpu.md, "Decode buckets on the tensor-core tile"): the
+    # sweep at 64-256 rows (K split vs TC tiles vs torch), the TC tile's tests (the SmolLM2
+    # 128-row identity needs the GGUF parked), the 8B decode b64/128/256 old vs new with the
+    # per-op-class breakdown, one process. DECODE_TC_PARTS picks parts (default all three),
+    # DECODE_TC_VARIANTS the captures (RULE[:TERMS], default "off 128").
+    for part in ${DECODE_TC_PARTS:-sweep tests 8b}; do case $part in
+      sweep) python3 bench/gpu_decode_gemm.py --budget-s 300 --json "$OUTD/decode_gemm.json" \
+        2>&1 | tee "$OUTD/decode_gemm.log" | tail -45 ;;
+      tests) python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_decode_tc.py 2>&1 \
+        | tee "$OUTD/decode_tc_tests.log" | tail -8 ;;
+      8b) python3 bench/gpu_decode_breakdown.py --variants ${DECODE_TC_VARIANTS:-off 128} \
+        --batches 64 128 256 --json "$OUTD/decode_breakdown.json" 2>&1 \
+        | tee "$OUTD/decode_breakdown.log" | tail -60 ;;
+    esac; done ;;
   *) echo "unknown step $stage"; exit 2 ;;
 esac
 done

@@ -21,6 +21,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py fp8           # the FP8 W8A8 products
     uv run python scripts/interpret_kernels.py int4          # the W4A16 GEMV
     uv run python scripts/interpret_kernels.py mixed         # a MIXED program's packed rows
+    uv run python scripts/interpret_kernels.py decodetc      # decode buckets on the TC tile
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -757,6 +758,78 @@ def check_mma(rng) -> bool:
     return ok
 
 
+def _bf16_dots():
+    """The interpreter's dot multiplies bf16 operands as their uint16 bits; this wraps it
+    to widen them to f32 first (exact: a bf16 x bf16 product fits f32), so bf16
+    tensor-core tiles can be checked. Returns the original, to restore."""
+    dot = interp.InterpreterBuilder.create_dot
+
+    def widened(self, a, b, d, input_precision, max_num_imprecise_acc):
+        def f32(h):
+            if h.dtype.scalar != tl.bfloat16:
+                return h
+            return interp.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32),
+                                       tl.float32)
+        return dot(self, f32(a), f32(b), d, input_precision, max_num_imprecise_acc)
+
+    interp.InterpreterBuilder.create_dot = widened
+    return dot
+
+
+def check_decode_tc(rng) -> bool:
+    """Decode buckets on linear_packed's TC=1 tile (issue 27, ``launch.decode_tc``), bf16
+    weights with bf16 dots widened (``_bf16_dots``): the launch rule's tile (threshold
+    rule, the N floor lowered so small matrices take it) at ragged and whole buckets, and
+    every DECODE_TILES candidate on one cell, both activation forms, poisoned outputs:
+    hi/lo against ``linear`` (near f32), hi only against the product of the activations
+    rounded to bf16."""
+    from helios_ignition.capture import launch as rule
+
+    dot = _bf16_dots()
+    saved = rule.DECODE_TC, rule.PREFILL_TC_MIN_N
+    rule.DECODE_TC, rule.PREFILL_TC_MIN_N = "8", 0
+    ok = True
+    try:
+        cases = [(T, N, Kd, None) for T, N, Kd in ((96, 320, 256), (100, 192, 128),
+                                                   (256, 130, 192))]
+        cases += [(160, 320, 128, tile) for tile in rule.DECODE_TILES]
+        for T, N, Kd, tile in cases:
+            x = (rng.standard_normal((T, Kd)) * 3).astype(np.float32)
+            xs = np.zeros_like(x)
+            K.split_bf16(x, xs, T, Kd)
+            bits, wv = _bf16((rng.standard_normal((N, Kd)) / np.sqrt(Kd)).astype(np.float32))
+            ref = np.zeros((T, N), np.float32)
+            K.linear(x, wv, ref, T, N, Kd)
+            ref_b = np.zeros((T, N), np.float32)
+            K.linear(_bf16(x)[1], wv, ref_b, T, N, Kd)
+            errs = {}
+            for xsplit in (1, 0):
+                out = np.full((T, N), np.nan, np.float32)
+                if tile is None:
+                    rule.DECODE_TERMS = 2 if xsplit else 1
+                    c = launch("linear_packed", xs, bits, out, T, N, Kd, 1, bf16=(1,))
+                    rule.DECODE_TERMS = 2
+                else:
+                    bt, bn, bk, _, _ = tile
+                    c = dict(TC=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, GROUP_T=8,
+                             XSPLIT=xsplit, EVEN_K=1, WBF16=1, K16=1, PACKED=1)
+                    TRITON_KERNELS["linear_packed"][(-(-T // bt) * -(-N // bn), 1, 1)](
+                        _Arr(xs), _Arr(bits), _Arr(out), T, N, Kd, 1, **c)
+                assert c["TC"] == 1 and c["XSPLIT"] == xsplit
+                errs["hilo" if xsplit else "hi"] = (
+                    _rel(out, ref if xsplit else ref_b) if np.isfinite(out).all() else np.inf)
+            bad = {k: v for k, v in errs.items() if not v < 5e-5}
+            print(f"{'ok ' if not bad else 'BAD'} decode TC T={T} N={N} K={Kd} tile "
+                  f"{c['BLOCK_T']}x{c['BLOCK_N']}x{c['BLOCK_K']}: "
+                  + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+            ok &= not bad
+    finally:
+        rule.DECODE_TC, rule.PREFILL_TC_MIN_N = saved
+        rule.DECODE_TERMS = 2
+        interp.InterpreterBuilder.create_dot = dot
+    return ok
+
+
 def check_scores(rng, V: int) -> bool:
     """score_tokens (SCORED_PREFILL's log-softmax gather of the targets) against its NumPy
     reference: tokens with target -1 stay poisoned, a tie at the top keeps ids ascending."""
@@ -1052,6 +1125,8 @@ def main() -> None:
         sys.exit(0 if check_fp8(rng) else 1)
     if sys.argv[1:] == ["int4"]:
         sys.exit(0 if check_int4(rng) else 1)
+    if sys.argv[1:] == ["decodetc"]:
+        sys.exit(0 if check_decode_tc(rng) else 1)
     if sys.argv[1:] == ["mixed"]:
         sys.exit(0 if check_mixed(rng) else 1)
     if sys.argv[1:] != ["speculative"]:

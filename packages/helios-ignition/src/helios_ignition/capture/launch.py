@@ -424,6 +424,73 @@ def prefill_tc_constants(T: int, N: int, K: int) -> dict[str, int]:
                 GROUP_T=8, XSPLIT=int(PREFILL_TERMS != 1), EVEN_K=1)
 
 
+# Batched decode on the tensor-core tile (issue 27): decode buckets of many rows take
+# linear_packed's TC=1 tile with one slice (prefill's packed path and numerics: hi then lo
+# terms into one f32 accumulator) instead of the K-split path with its reduction.
+# HELIOS_LINEAR_DECODE_TC at capture: "table" (default: the (N, K, rows) cells of
+# _DECODE_TC_TILES, where a device sweep measured the TC tile faster than the K-split
+# sequence; bench/gpu_decode_gemm.py prints them), "off", or ROWS (an integer: every
+# bucket of ROWS..MMA_ROWS[1] rows, the table's tile else _decode_tile; for timing
+# thresholds 96..256). HELIOS_LINEAR_DECODE_TERMS=1 at capture rounds these products'
+# activations to bf16 (hi terms only, half the tensor work; timing only: greedy identity
+# with the f32 cpu backend is not shown for it).
+DECODE_TC = os.environ.get("HELIOS_LINEAR_DECODE_TC", "table")
+DECODE_TERMS = int(os.environ.get("HELIOS_LINEAR_DECODE_TERMS", "2"))
+# TC=1 tiles at decode rows: (BLOCK_T, BLOCK_N, BLOCK_K, WARPS, STAGES) per (N, K, bucket
+# rows), the fastest verified hi/lo tile of bench/gpu_decode_gemm.py where it beat the
+# K-split sequence (split_bf16 counted on both sides). Empty until that device sweep runs,
+# so under "table" capture keeps the K-split path everywhere.
+_DECODE_TC_TILES: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {}
+# Candidates of _decode_tile (and the sweep's grid): 64-row tiles give a 128-row bucket
+# two token tiles, so narrow matrices still fill the SMs without a K split.
+DECODE_TILES = ((64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 128, 64, 8, 4),
+                (128, 256, 64, 8, 3))
+
+
+def decode_tc(T: int, N: int, K: int, rule: str = "") -> bool:
+    """Whether a `T`-row product (a decode bucket, ``MMA_ROWS``) of a bf16 `N` x `K`
+    matrix takes the TC=1 tile with one slice under `rule` (default DECODE_TC: "table",
+    "off" or a row threshold; N >= PREFILL_TC_MIN_N and K a multiple of 64 as for prefill).
+
+    Raises:
+        ValueError: a rule that is neither "table", "off" nor an integer.
+    """
+    rule = rule or DECODE_TC
+    if rule == "off":
+        return False
+    if not (MMA_ROWS[0] <= T <= MMA_ROWS[1] and N >= PREFILL_TC_MIN_N and K % 64 == 0):
+        return False
+    if rule == "table":
+        return (N, K, T) in _DECODE_TC_TILES
+    try:
+        return T >= int(rule)
+    except ValueError:
+        raise ValueError("HELIOS_LINEAR_DECODE_TC must be 'table', 'off' or a row count, "
+                         f"got {rule!r}") from None
+
+
+def _decode_tile(T: int, N: int) -> tuple[int, int, int, int, int]:
+    """The DECODE_TILES candidate with the fewest waves of SMS programs, each wave costing
+    its tile's area (tiles narrower than 128 x 256 counted at 1.2x their area per side
+    below it: shorter MMAs, more operand traffic per output)."""
+    def cost(tile):
+        bt, bn = tile[0], tile[1]
+        waves = _cdiv(_cdiv(T, bt) * _cdiv(N, bn), SMS)
+        return waves * bt * bn * (1.2 if bn < 256 else 1.0) * (1.2 if bt < 128 else 1.0)
+    return min(DECODE_TILES, key=cost)
+
+
+def tc_constants(T: int, N: int, K: int) -> dict[str, int]:
+    """``linear_packed``'s TC=1 constants for a `T`-row product: decode buckets
+    (``decode_tc``) from _DECODE_TC_TILES / _decode_tile with DECODE_TERMS, prefill rows
+    from ``prefill_tc_constants``."""
+    if T > MMA_ROWS[1]:
+        return prefill_tc_constants(T, N, K)
+    bt, bn, bk, warps, stages = _DECODE_TC_TILES.get((N, K, T)) or _decode_tile(T, N)
+    return dict(TC=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, STAGES=stages,
+                GROUP_T=8, XSPLIT=int(DECODE_TERMS != 1), EVEN_K=1)
+
+
 def _mma_cell(T: int, N: int, K: int) -> tuple[int, int, int]:
     """The table key of a product: (N, K, rows rounded up to 8, 16, 32, ..., 256)."""
     return N, K, max(8, _np2(T))
@@ -467,6 +534,8 @@ def mma_plan(T: int, N: int, K: int, rule: str = "") -> int | None:
         return None
     if T > MMA_ROWS[1]:  # prefill rows: one slice, linear_packed's TC=1 tiles (opt-in)
         return 1 if PREFILL_PACKED and prefill_tc(T, N, K) else None
+    if decode_tc(T, N, K):  # a decode bucket on the TC=1 tile: one slice, no reduction
+        return 1
     if _MMA_TILES.get(_mma_cell(T, N, K), ()) is None:  # measured: linear was faster
         return None
     return mma_splits(T, N, K)
@@ -840,8 +909,9 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("linear_packed", "linear_partial"):  # grid z: the S K slices
         T, N, K, S = s
         wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
-        if op == "linear_packed" and wbf16 and S == 1 and prefill_tc(T, N, K):
-            c = prefill_tc_constants(T, N, K)
+        if op == "linear_packed" and wbf16 and S == 1 and (prefill_tc(T, N, K)
+                                                            or decode_tc(T, N, K)):
+            c = tc_constants(T, N, K)
             tiles = _cdiv(T, c["BLOCK_T"]) * _cdiv(N, c["BLOCK_N"])
             return _cfg((tiles,), c.pop("WARPS"), **c, WBF16=1, K16=1, PACKED=1)
         c = mma_constants(T, N, K)

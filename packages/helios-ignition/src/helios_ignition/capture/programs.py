@@ -28,6 +28,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from ..families import vision
 from ..preparation import contract as decl
 from ..recipe import Capacities, SplitTuning
+from . import launch, layers
 from .buffers import (
     INPUT_NAMES,
     LOGPROBS,
@@ -287,8 +288,11 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
                  s.head_rows, s.hidden)
         b.launch("all_gather_columns", shard, logits, R, s.head_rows, s.vocab)
     else:
-        b.launch(head_op, h, t.view(s.head_buffer(), (s.vocab, s.hidden)), logits, R, s.vocab,
-                 s.hidden)
+        head = t.view(s.head_buffer(), (s.vocab, s.hidden))
+        if head_op == "linear" and _head_on_tc(t, head, R, s.vocab, s.hidden):
+            layers.product(b, "linear", h, head, logits, R, s.vocab, s.hidden)
+        else:
+            b.launch(head_op, h, head, logits, R, s.vocab, s.hidden)
     sampled = t.view(SAMPLED, (R,))
     sample(b, s, R, logits, slot, pos if decode else last_positions(b, R), inp,
            "scratch.sample_chunk_max" in t.buffers, "scratch.sample_chunk_mass" in t.buffers,
@@ -302,6 +306,15 @@ def forward(b: ProgramBuilder, s: Family, caps: Capacities, tokens: int, rows: i
                  pending, R, slots)
 
 
+
+
+def _head_on_tc(t: BufferTable, head, R: int, vocab: int, hidden: int) -> bool:
+    """Whether the LM head of `R` rows takes the layer products' packed path: only where
+    it is linear_packed's TC=1 tile with one slice (``launch.decode_tc``, issue 27), so
+    no K-slice partials of vocabulary width are ever needed; bf16 heads
+    (``layers._packed_weights``) with the packed scratch declared."""
+    return (layers._packed_weights(head.buffer.dtype) and "scratch.xsplit" in t.buffers
+            and launch.decode_tc(R, vocab, hidden) and launch.mma_plan(R, vocab, hidden) == 1)
 
 
 def _transfer(b: ProgramBuilder, s: Family, spec: Speculation | None, source: str,
