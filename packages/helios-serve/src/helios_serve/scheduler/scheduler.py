@@ -125,6 +125,9 @@ from helios_serve.scheduler.transfers import TransferQueue
 from helios_serve.speculation import HistoryIndex, WidthPolicy
 
 MAX_FRAMES = 2
+# Plain decode plans of at least this many rows carry RowColumns (`_columns`): below it the
+# arrays cost more to build than the passes over the rows they replace (bench/packing.py).
+COLUMN_ROWS = 16
 _NO_MIX = object()  # Scheduler._build_mixed: mixing does not apply to this step
 _PLACEHOLDER = (PENDING_PLACEHOLDER,)  # a decode row's tokens while its token is on the device
 # Copies of one idle-time write-back step: bounds what a request arriving meanwhile waits
@@ -589,6 +592,8 @@ class Scheduler:
             positions.append(pos)
         if not rows:
             return None
+        if len(rows) < COLUMN_ROWS:
+            return StepPlan(StepKind.DECODE, tuple(rows))
         rows_ = tuple(rows)
         return StepPlan(StepKind.DECODE, rows_, columns=self._columns(rows_, built, positions))
 
