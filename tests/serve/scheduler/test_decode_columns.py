@@ -25,7 +25,7 @@ from helios_serve.runtime.packing import (
     ROW_VALUES,
     _Step,
 )
-from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler
+from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler, lifecycle
 from helios_serve.scheduler.request import CompletionError, RowResult
 from helios_serve.scheduler.scheduler import COLUMN_ROWS
 from helios_serve.testing.paced import paced_model
@@ -176,9 +176,12 @@ def test_plans_of_fewer_rows_carry_no_columns():
     assert _decode_of(sched, model, COLUMN_ROWS - 1).columns is None
 
 
-def test_an_integer_record_is_checked_against_the_vocabulary_in_one_pass():
+@pytest.mark.parametrize("array_rows", [1, 16])
+def test_an_integer_record_is_checked_against_the_vocabulary_in_one_pass(monkeypatch,
+                                                                          array_rows):
     """complete() tests an int array's ids at once, and row by row only when one is
     outside the vocabulary: the same first error, rows that sample nothing ignored."""
+    monkeypatch.setattr(lifecycle, "ARRAY_CHECK_ROWS", array_rows)
     caps = dataclasses.replace(CAPS, prefill_tokens=(8,))
     model = paced_model(tiny_core(caps=caps), lambda graph: 0.0, range(3, 90))
     sched = Scheduler(model.manifests, frames=1, device_pending=model.device_pending)

@@ -37,6 +37,9 @@ from helios_serve.scheduler.sequence import Sequence
 from helios_serve.scheduler.step_clock import StepClock
 from helios_serve.scheduler.transfers import PendingCopy, TransferQueue
 
+# Completion records of at least this many rows have their ids tested as one array.
+ARRAY_CHECK_ROWS = 16
+
 
 class Lifecycle:
     """Every live request, the waiting FIFO and the running list, and their ends.
@@ -158,7 +161,8 @@ class Lifecycle:
         if isinstance(sampled, np.ndarray) and sampled.ndim == 1 and sampled.dtype.kind in "iu":
             tokens = sampled.tolist()
             # Every id inside the vocabulary (one array test): the rows need no id test.
-            check_ids = len(tokens) > 0 and not (
+            # Below ARRAY_CHECK_ROWS the two reductions cost more than the row tests.
+            check_ids = len(tokens) < ARRAY_CHECK_ROWS or not (
                 int(sampled.min()) >= 0 and int(sampled.max()) < vocab)
         else:
             tokens = [int(t) if row.sample else t for row, t in zip(plan.rows, sampled, strict=True)]
