@@ -5,8 +5,10 @@ the launch); with two execution frames it overlaps the device for decode, not fo
 prefill. Both tables use the tiny model captured with decode capacities 1 / 8 / 64 / 256
 (the bindings, and so the host work, depend on the contract, not on the model's size).
 
-    pack       `SharedPacking.pack` of a fixed decode plan at 1 / 8 / 64 / 256 rows and a
-               4-row, 256-token prefill (page tables already uploaded)
+    pack       `SharedPacking.pack` of a fixed decode plan at 1 / 8 / 64 / 256 rows, the
+               same plans carrying their RowColumns (as the scheduler's plain decode
+               plans do: "columns"), and a 4-row, 256-token prefill (page tables already
+               uploaded)
     host step  the worker's scheduling path in steady decode with B live requests, two
                frames, decode submitted ahead: `Scheduler.schedule` + `NativeModel.submit`
                (graph selection, packing, the launch call) + `NativeModel.wait` +
@@ -33,11 +35,13 @@ import platform
 import statistics
 import time
 
+import numpy as np
 from _report import git_commit, write_json  # bench/ is this script's folder
 from helios_ignition.recipe import Capacities
 from helios_ignition.testing import tiny_core
 from helios_serve.engine.plan import (
     PENDING_PLACEHOLDER,
+    RowColumns,
     RowPlan,
     SamplingParams,
     StepKind,
@@ -59,6 +63,18 @@ def decode_plan(rows: int) -> StepPlan:
         RowPlan(request_id=s, slot=s, generation=1, tokens=(PENDING_PLACEHOLDER,),
                 start_position=100, page_ids=tuple(range(s * 32, s * 32 + 7)), sample=True,
                 sampling=SAMPLING) for s in range(rows)))
+
+
+def with_columns(plan: StepPlan) -> StepPlan:
+    """`plan` carrying its rows' RowColumns, as Scheduler._build_plain attaches them."""
+    rows = plan.rows
+    columns = RowColumns(rows, np.array([r.slot for r in rows], np.intp),
+                         np.array([r.generation for r in rows], np.int64),
+                         np.array([r.start_position for r in rows], np.int64),
+                         np.array([-1 if r.sampling.logprobs is None else r.sampling.logprobs
+                                   for r in rows], np.int64),
+                         tuple(r.sampling for r in rows))
+    return StepPlan(plan.kind, rows, columns=columns)
 
 
 def prefill_plan() -> StepPlan:
@@ -137,6 +153,7 @@ def main() -> None:
     args = ap.parse_args()
     model = load_native(tiny_core(caps=CAPS), "cpu")
     cases = [(f"decode b{b}", decode_plan(b)) for b in args.batches]
+    cases += [(f"decode b{b} columns", with_columns(decode_plan(b))) for b in args.batches]
     cases.append(("prefill 4 rows x 64 tokens", prefill_plan()))
     rows = []
     print(f"{'step':28} {'bindings':>8} {'median us':>10} {'us/row':>8}")

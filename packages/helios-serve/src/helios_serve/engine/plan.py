@@ -244,6 +244,42 @@ class RowPlan:
         return self.query_length or len(self.tokens)
 
 
+class RowColumns:
+    """A DECODE plan's per-row host values as NumPy columns, kept by the scheduler across
+    the steps of an unchanged decode cohort (Scheduler._build_plain), so that shared
+    packing writes them with array operations instead of a pass over the rows per binding.
+
+    They describe `rows` only (`describes`): a plan rebuilt with other rows (the worker
+    attaching grammar masks with dataclasses.replace) keeps the object, which then no
+    longer applies. Every row they describe feeds one token, samples, and carries no
+    grammar mask, histogram, candidates, score targets or images.
+
+    Attributes:
+        rows: the plan rows the columns were built from (compared by identity).
+        slots: intp [rows] RowPlan.slot.
+        generations: int64 [rows] RowPlan.generation.
+        positions: int64 [rows] RowPlan.start_position.
+        logprobs: int64 [rows] RowPlan.sampling.logprobs, -1 where None.
+        holders: RowPlan.sampling of each row.
+    """
+
+    __slots__ = ("rows", "slots", "generations", "positions", "logprobs", "holders")
+
+    def __init__(self, rows: tuple[RowPlan, ...], slots: np.ndarray, generations: np.ndarray,
+                 positions: np.ndarray, logprobs: np.ndarray,
+                 holders: tuple[SamplingParams, ...]) -> None:
+        self.rows = rows
+        self.slots = slots
+        self.generations = generations
+        self.positions = positions
+        self.logprobs = logprobs
+        self.holders = holders
+
+    def describes(self, plan: StepPlan) -> bool:
+        """Whether these columns are `plan`'s rows' values."""
+        return self.rows is plan.rows
+
+
 @dataclass(frozen=True, init=False)
 class StepPlan:
     """One graph launch: a PREFILL over packed chunks, a DECODE over rows, or a TRANSFER.
@@ -266,6 +302,9 @@ class StepPlan:
             programs): P, the verification rows the program shares among the lanes,
             whose `query_length` are then ceilings that may sum to more; 0 otherwise.
         lanes: MIXED steps: the leading rows that are decode lanes; 0 otherwise.
+        columns: DECODE steps the scheduler built from an unchanged decode cohort: the
+            rows' host values as arrays (RowColumns; packing reads them where
+            `columns.describes(plan)`), else None. Not compared.
     """
 
     kind: StepKind
@@ -275,11 +314,12 @@ class StepPlan:
     copies: tuple[RowCopy, ...] = field(default=(), kw_only=True)
     route: Route | None = field(default=None, kw_only=True)
     lanes: int = field(default=0, kw_only=True)
+    columns: RowColumns | None = field(default=None, kw_only=True, compare=False, repr=False)
 
     # One per step: fills the instance dict (see RowPlan.__init__). Same signature.
     def __init__(self, kind: StepKind, rows: tuple[RowPlan, ...], packed_rows: int = 0, *,
                  copies: tuple[RowCopy, ...] = (), route: Route | None = None,
-                 lanes: int = 0) -> None:
+                 lanes: int = 0, columns: RowColumns | None = None) -> None:
         d = self.__dict__
         d["kind"] = kind
         d["rows"] = rows
@@ -287,6 +327,7 @@ class StepPlan:
         d["copies"] = copies
         d["route"] = route
         d["lanes"] = lanes
+        d["columns"] = columns
 
     @property
     def token_count(self) -> int:

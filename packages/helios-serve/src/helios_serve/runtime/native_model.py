@@ -310,9 +310,15 @@ class NativeModel:
         self._next_frame = (frame + 1) % self.frames
         # Only a record that holds logprobs is read for them (no row scan otherwise); the
         # list is the cheaper first pass (no request asks, mostly), the sample test second.
-        logprobs = self._completion.top_logprobs is not None and any(
-            [r.sampling.logprobs is not None for r in plan.rows]) and any(
-            r.sample and r.sampling.logprobs is not None for r in plan.rows)
+        # A plain decode's RowColumns hold each row's ask (-1: none; every row samples).
+        columns = plan.columns
+        if columns is not None and columns.describes(plan):
+            logprobs = self._completion.top_logprobs is not None and bool(
+                (columns.logprobs >= 0).any())
+        else:
+            logprobs = self._completion.top_logprobs is not None and any(
+                [r.sampling.logprobs is not None for r in plan.rows]) and any(
+                r.sample and r.sampling.logprobs is not None for r in plan.rows)
         ticket = Ticket(frame, name, len(plan.rows), logprobs,
                         plan.token_count if plan.scored else 0)
         self._inflight.append(ticket)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
 
-from ..engine.plan import RowCopy, RowPlan, SamplingParams, StepKind, StepPlan
+from ..engine.plan import RowColumns, RowCopy, RowPlan, SamplingParams, StepKind, StepPlan
 
 V = cpb
 
@@ -123,6 +123,23 @@ ONE_TOKEN_VALUES: dict[int, Callable[[Rows], list | np.ndarray]] = {
 }
 
 
+# ROW_VALUES and ONE_TOKEN_VALUES sources of a plan whose rows are described by
+# RowColumns (a plain DECODE: one token per row, every row samples, no grammar mask).
+COLUMN_ROW_VALUES: dict[int, Callable[[RowColumns], np.ndarray]] = {
+    V.VALUE_SOURCE_GENERATION: lambda c: c.generations,
+    V.VALUE_SOURCE_QUERY_LENGTH: lambda c: np.ones(len(c.slots), np.int64),
+    V.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda c: np.ones(len(c.slots), np.int64),
+    V.VALUE_SOURCE_SAMPLING_DECISION: lambda c: np.ones(len(c.slots), np.int64),
+    V.VALUE_SOURCE_CONSUMED_ENDPOINT: lambda c: c.positions + 1,
+    V.VALUE_SOURCE_GRAMMAR_MASK_ENABLED: lambda c: np.zeros(len(c.slots), np.int64),
+    V.VALUE_SOURCE_LOGPROBS: lambda c: c.logprobs,
+}
+COLUMN_TOKEN_VALUES: dict[int, Callable[[RowColumns], np.ndarray]] = {
+    V.VALUE_SOURCE_PROMPT_POSITIONS: lambda c: c.positions,
+    V.VALUE_SOURCE_MIXED_PREFILL_ROW: lambda c: np.arange(len(c.slots)),
+}
+
+
 @dataclass(frozen=True, init=False)
 class DirtyRange:
     """Elements [start, end) of row `row` of physical-row buffer `destination`."""
@@ -181,6 +198,9 @@ class _Step:
         self.row_capacity = row_capacity  # captured capacities of the graph
         self.token_capacity = token_capacity
         self.held = False  # every row's slot holds its SamplingParams' values (_hold)
+        # The rows' values as arrays (engine.plan.RowColumns), where the plan carries them.
+        columns = plan.columns
+        self.columns = columns if columns is not None and columns.describes(plan) else None
 
     @_once
     def lanes(self) -> list[int]:
@@ -191,21 +211,27 @@ class _Step:
     @_once
     def one_token(self) -> bool:
         """Every row feeds exactly one token (decode): token sources take one per row."""
-        return self.lanes.count(1) == len(self.rows)
+        return self.columns is not None or self.lanes.count(1) == len(self.rows)
 
     @_once
     def masked(self) -> list[int]:
         """Submission rows with a grammar mask."""
+        if self.columns is not None:
+            return []
         return [i for i, r in enumerate(self.rows) if r.grammar_mask is not None]
 
     @_once
-    def slots(self) -> list[int]:
+    def slots(self) -> list[int] | np.ndarray:
         """Physical request row of each submission row."""
+        if self.columns is not None:
+            return self.columns.slots
         return [r.slot for r in self.rows]
 
     @_once
     def holders(self) -> tuple[SamplingParams, ...]:
         """Each row's SamplingParams (what its SAMPLING_VALUES values are a function of)."""
+        if self.columns is not None:
+            return self.columns.holders
         return tuple([r.sampling for r in self.rows])
 
     @_once
@@ -216,6 +242,8 @@ class _Step:
     @_once
     def placed(self) -> list[RowPlan]:
         """Rows placing their request in its slot this step (histogram_tokens set)."""
+        if self.columns is not None:
+            return []
         return [r for r in self.rows if r.histogram_tokens is not None]
 
 
@@ -322,6 +350,8 @@ class SharedPacking:
             return
         if item.source == V.VALUE_SOURCE_SLOT and step.one_token:
             values = np.asarray(step.slots, dtype=dest.dtype)
+        elif step.columns is not None and item.source in COLUMN_TOKEN_VALUES:
+            values = COLUMN_TOKEN_VALUES[item.source](step.columns).astype(dest.dtype)
         elif step.one_token:
             values = np.asarray(ONE_TOKEN_VALUES[item.source](rows), dtype=dest.dtype)
         else:
@@ -415,6 +445,8 @@ class SharedPacking:
         else:
             if source == V.VALUE_SOURCE_SLOT:
                 values = step.slots
+            elif step.columns is not None and source in COLUMN_ROW_VALUES:
+                values = COLUMN_ROW_VALUES[source](step.columns)
             elif source in _LANE_SOURCES:
                 values = step.lanes
             else:

@@ -119,6 +119,12 @@ class SequencePages:
         """Current generation of a physical request row."""
         return self._generations[slot]
 
+    @property
+    def generations(self) -> list[int]:
+        """Current generation of every physical request row, by slot (read only: the
+        completion check reads one per row without a call)."""
+        return self._generations
+
     def token_pages(self, seq: Sequence) -> int:
         """Pages of `seq` that hold its token positions (the rest are the extra pages of
         shifted page-table views)."""

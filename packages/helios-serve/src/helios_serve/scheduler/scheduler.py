@@ -93,6 +93,7 @@ from helios_serve.engine.plan import (
     PENDING_PLACEHOLDER,
     CopiedCandidates,
     ModelGeometry,
+    RowColumns,
     RowPlan,
     StepKind,
     StepPlan,
@@ -124,6 +125,9 @@ from helios_serve.scheduler.transfers import TransferQueue
 from helios_serve.speculation import HistoryIndex, WidthPolicy
 
 MAX_FRAMES = 2
+# Plain decode plans of at least this many rows carry RowColumns (`_columns`): below it the
+# arrays cost more to build than the passes over the rows they replace (bench/packing.py).
+COLUMN_ROWS = 16
 _NO_MIX = object()  # Scheduler._build_mixed: mixing does not apply to this step
 _PLACEHOLDER = (PENDING_PLACEHOLDER,)  # a decode row's tokens while its token is on the device
 # Copies of one idle-time write-back step: bounds what a request arriving meanwhile waits
@@ -214,6 +218,9 @@ class Scheduler:
         self._mixed_rows = max((b for b, t in g.mixed_capacities if t == self._mixed_budget),
                                default=0)
         self._mix_blocked = False  # the last mixed attempt placed no chunk
+        # The plain decode cohort (`_columns`): its requests in row order, and their slot,
+        # generation and logprobs columns and SamplingParams; None after another step.
+        self._cohort: tuple | None = None
 
     # -- admission --------------------------------------------------------------
 
@@ -546,22 +553,71 @@ class Scheduler:
         step = self._frames.step
         rows: list[RowPlan] = []
         alloc = self.alloc
+        windowed = alloc.window is not None
+        append = rows.append
+        built: list[Sequence] = []  # the requests that got a row, row order
+        positions: list[int] = []
+        # Every decode row of every step runs this body: Sequence.page_prefix,
+        # SequencePages.window_prefix and Sequence.issue are spelled out (a call per row
+        # each costs more than their reads; bench/packing.py).
         for seq in ready:
             pos = seq.num_scheduled  # the pending token's position
+            page_ids = seq.page_ids
             # The pending token opens a page: a page for it, or it waits for reclamation
             # (or preemption).
-            if pos == (len(seq.page_ids) - extra) * pt and not alloc.extend(seq, pos + 1):
-                continue
+            if pos == (len(page_ids) - extra) * pt:
+                if not alloc.extend(seq, pos + 1):
+                    continue
+                page_ids = seq.page_ids
+            tokens = seq.tokens
             # The pending token, or a placeholder while it is still on the device.
-            fed = (seq.tokens[pos],) if pos < len(seq.tokens) else _PLACEHOLDER
-            # _row of a one-token sampling row, spelled out (every decode row of every step):
-            # pages cover [0, pos + 1), plus the extra pages.
-            rows.append(RowPlan(seq.request_id, seq.slot, seq.generation, fed, pos,
-                                seq.page_prefix(pos // pt + 1 + extra), True,
-                                seq.request.sampling,
-                                window_page_ids=alloc.window_prefix(seq, pos // pt + 1)))
-            seq.issue(pos + 1, True, True, step)
-        return StepPlan(StepKind.DECODE, tuple(rows)) if rows else None
+            fed = (tokens[pos],) if pos < len(tokens) else _PLACEHOLDER
+            # _row of a one-token sampling row: pages cover [0, pos + 1), plus the extra
+            # pages (Sequence.page_prefix: the cached prefix while the count holds).
+            count = pos // pt + 1
+            source, pages = seq._page_prefix
+            if source is not page_ids or len(pages) != count + extra:
+                pages = seq.page_prefix(count + extra)
+            append(RowPlan(seq.request_id, seq.slot, seq.generation, fed, pos, pages, True,
+                           seq.request.sampling, None, None, 0, None, None, (),
+                           tuple(seq.window_page_ids[:count]) if windowed else ()))
+            # Sequence.issue(pos + 1, sample=True, decode=True, step)
+            seq.num_scheduled = pos + 1
+            seq.inflight_rows += 1
+            seq.inflight_samples += 1
+            seq.last_row_decode = True
+            seq.needs_histogram = False
+            seq.last_step = step
+            built.append(seq)
+            positions.append(pos)
+        if not rows:
+            return None
+        if len(rows) < COLUMN_ROWS:
+            return StepPlan(StepKind.DECODE, tuple(rows))
+        rows_ = tuple(rows)
+        return StepPlan(StepKind.DECODE, rows_, columns=self._columns(rows_, built, positions))
+
+    def _columns(self, rows: tuple[RowPlan, ...], built: list[Sequence],
+                 positions: list[int]) -> RowColumns:
+        """The plain DECODE rows' host values as arrays (engine.plan.RowColumns). The
+        slot, generation and sampling columns are the decode cohort's: kept while the same
+        requests get rows in the same order and no other plan is issued between (`_issue`
+        drops them): a request's slot and generation change only by a release and a new
+        allocation, whose prefill (or mixed) plan is issued before it decodes again."""
+        cohort = tuple(built)
+        kept = self._cohort
+        if kept is None or kept[0] != cohort:  # Sequence has no __eq__: identity per item
+            holders = tuple([s.request.sampling for s in cohort])
+            kept = self._cohort = (
+                cohort,
+                np.array([s.slot for s in cohort], np.intp),
+                np.array([s.generation for s in cohort], np.int64),
+                np.array([-1 if h.logprobs is None else h.logprobs for h in holders],
+                         np.int64),
+                holders)
+        _, slots, generations, logprobs, holders = kept
+        return RowColumns(rows, slots, generations, np.array(positions, np.int64), logprobs,
+                          holders)
 
     def _build_speculative(self, ready: list[Sequence]) -> StepPlan | None:
         """One SPECULATIVE lane per ready request (`lane_ceiling`), pages for all of it
@@ -622,6 +678,8 @@ class Scheduler:
         return row
 
     def _issue(self, plan: StepPlan) -> StepPlan:
+        if plan.columns is None:  # another kind of step may move slots (`_columns`)
+            self._cohort = None
         self._clock.issue(plan)
         return self._frames.issue(plan)
 
