@@ -637,19 +637,56 @@ FP8_PROLOGUE = {"linear_fp8": 0, "linear_add_fp8": 0, "rmsnorm_linear_fp8": 1,
                 "swiglu_linear_fp8": 2, "swiglu_linear_add_fp8": 2}
 
 
+# FP8 product tiles per (N, K, rows bucket): the sweep's picks (bench/gpu_fp8_sweep.py
+# prints this table and writes it as "picks" in its JSON). Empty until a device run fills
+# it: every cell then takes fp8_default's guess, chosen only to compile without register
+# spills for sm_90. HELIOS_FP8_TILES=<sweep JSON> at capture reads the picks from a sweep's
+# output instead (the `fp8-tune` step of bench/gpu_device.sh captures that way).
+_FP8_TILES: dict[tuple[int, int, int], dict[str, int]] = {}
+# The row counts the sweep times; a launch of T rows takes the cell of the smallest >= T.
+FP8_ROWS = (1, 8, 16, 32, 64, 128, 256, 1024)
+FP8_TILES_FILE = os.environ.get("HELIOS_FP8_TILES", "")
+
+
+def _fp8_table() -> dict[tuple[int, int, int], dict[str, int]]:
+    """``_FP8_TILES``, or the picks of the sweep JSON named by HELIOS_FP8_TILES.
+
+    Raises:
+        ValueError: the file does not hold a sweep's picks.
+    """
+    if not FP8_TILES_FILE:
+        return _FP8_TILES
+    import json  # only when a sweep file is named (a sweep-time override)
+
+    try:
+        with open(FP8_TILES_FILE) as f:
+            picks = json.load(f)["picks"]
+        return {tuple(int(v) for v in key.split(",")): dict(c) for key, c in picks.items()}
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"HELIOS_FP8_TILES={FP8_TILES_FILE!r} is not a bench/gpu_fp8_sweep.py "
+                         f"JSON with picks: {exc}") from None
+
+
+def fp8_default(T: int, N: int, K: int) -> dict[str, int]:
+    """The unswept tiles (with ``WARPS`` / ``STAGES``) of a `T`-row FP8 product: one row on
+    the FMA units (``MMA=0``: 8 weight rows a program, K steps of up to 1024), else
+    ``tl.dot`` on e4m3 operands (16 to 64 token rows; 64-wide K steps, which keep the f32
+    activation tile of the quantizing prologue within registers at 4 warps)."""
+    if T == 1:
+        return dict(MMA=0, BLOCK_T=1, BLOCK_N=8, BLOCK_K=min(_np2(K, 32), 1024),
+                    BLOCK_KS=min(_np2(K, 32), 1024), WARPS=4)
+    bt = min(max(_np2(T), 16), 64)
+    return dict(MMA=1, BLOCK_T=bt, BLOCK_N=64, BLOCK_K=min(_np2(K, 32), 64),
+                BLOCK_KS=min(_np2(K, 32), 128), WARPS=4, STAGES=3)
+
+
 def fp8_constants(T: int, N: int, K: int) -> dict[str, int]:
     """Tiles (with ``WARPS`` and ``STAGES``) of the FP8 products for `T` rows, `N` outputs
-    over `K`: one row on the FMA units (``MMA=0``, a GEMV of 16-row weight tiles, each
-    program its own amax pass over the row), else ``tl.dot`` on e4m3 operands with 16 to
-    64 token rows per program (the MMA's M; e4m3 needs K tiles of at least 32; 64 rows in
-    two stages keep the SwiGLU form's f32 gate and up tiles within sm_90's 227 KiB of
-    shared memory). Not yet swept on a GPU (bench/gpu_fp8.py times them)."""
-    bk = min(_np2(K, 32), 128)
-    if T == 1:
-        return dict(MMA=0, BLOCK_T=1, BLOCK_N=16, BLOCK_K=min(_np2(K, 32), 512), WARPS=4)
-    bt = min(max(_np2(T), 16), 64)
-    return dict(MMA=1, BLOCK_T=bt, BLOCK_N=64 if bt <= 32 else 128, BLOCK_K=bk,
-                WARPS=4 if bt <= 32 else 8, STAGES=3 if bt <= 32 else 2)
+    over `K`: the swept cell ``(N, K, smallest FP8_ROWS >= T)`` where the table has it,
+    else ``fp8_default``. A GEMV pick (``MMA=0``) runs one program row per token row."""
+    bucket = next((r for r in FP8_ROWS if r >= T), FP8_ROWS[-1])
+    pick = _fp8_table().get((N, K, bucket))
+    return dict(pick) if pick else fp8_default(T, N, K)
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
@@ -698,7 +735,8 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
         T, N, K = s[0], s[1], s[2]
         c = fp8_constants(T, N, K)
-        return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
+        rows = T if c["MMA"] == 0 else _cdiv(T, c["BLOCK_T"])
+        return _cfg((_cdiv(N, c["BLOCK_N"]), rows), c.pop("WARPS"), **c,
                     PRO=FP8_PROLOGUE[op], ACC=int(op in ("linear_add_fp8",
                                                          "swiglu_linear_add_fp8")))
     if op == "rope_kv_write":

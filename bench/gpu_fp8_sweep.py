@@ -1,0 +1,354 @@
+"""Sweep the FP8 W8A8 product tiles (kernels_triton/fp8.py) on the Llama-3.1-8B matrices;
+verify each variant on the device; print and write the picks ``launch.fp8_constants`` reads.
+
+    python bench/gpu_fp8_sweep.py --json OUT.json [--budget-s 240] [--dry-run]
+
+For each 8B matrix as a decode step launches it (qkv 4096->6144 and gate_up 4096->28672
+as ``rmsnorm_linear_fp8``, o 4096->4096 and down 14336->4096 as ``linear_add_fp8``) and
+each row count of ``launch.FP8_ROWS``, times today's rule (``fp8_default``, the baseline
+of every ratio) and a grid of variants: at 1 and 8 rows the FMA-unit GEMV (``MMA=0``:
+weight rows a program, K step, warps, evict-first weight loads), from 8 rows on the
+e4m3 ``tl.dot`` tiles (token rows, output columns, K step, warps, stages, and
+``IMPRECISE`` 128, Triton's promotion of the MMA's partial sums). Each runs as a CUDA
+graph of launches over rotating weight copies that together exceed 192 MB (L2 is 50 MB:
+each launch reads its weights from HBM, as a decode step does), replayed 10 times, best
+of 2. In the same run: ``cuMemcpyDtoDAsync`` of the same weight bytes (``copy_TBps``,
+bytes read plus written, the roofline's convention) and the bf16 GEMV's equivalent is
+not timed here (bench/gpu_fp8.py compares whole decode steps).
+
+Every variant's output (poisoned with NaN first) is checked against the NumPy reference
+of its op (helios_tools.kernels.fp8: activations quantized per token, f32 accumulation)
+on up to 512 columns (``rel`` = ||gpu - ref|| / ||ref||, at most 2e-3 as
+tests/gpu/test_fp8.py bounds it) and relaunched to check it is bitwise deterministic;
+failing variants are reported and never picked. The compiled binaries' registers and
+local (spill) bytes are recorded. Picks: per (N, K, rows) the fastest good variant,
+printed as the ``launch._FP8_TILES`` literal and written under ``"picks"`` (keys
+"N,K,rows"), which ``HELIOS_FP8_TILES=OUT.json`` at capture reads. ``--dry-run`` (no GPU)
+compiles every variant for sm_90 and prints registers and spills.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import git_commit, write_json  # bench/ is this script's folder
+from helios_ignition.capture import launch as L
+from helios_tools import kernels as K_
+from helios_tools.kernels.fp8 import quantize_rows
+
+# (name, N, K, op) of one 8B decode step's products.
+MATRICES = [("qkv", 6144, 4096, "rmsnorm_linear_fp8"), ("o", 4096, 4096, "linear_add_fp8"),
+            ("gate_up", 28672, 4096, "rmsnorm_linear_fp8"),
+            ("down", 4096, 14336, "linear_add_fp8")]
+CHECK_COLS = 512
+LAUNCHES, REPLAYS, MAX_COPIES = 10, 10, 64
+REL_MAX = 2e-3
+
+
+def gemv_variants(K: int) -> list[dict[str, int]]:
+    """The swept ``MMA=0`` constants (with WARPS)."""
+    out = []
+    for bn in (4, 8, 16, 32):
+        for bk in (512, 1024, 2048):
+            for warps in (2, 4, 8):
+                if bn * bk > 16384 or bk > L._np2(K, 32):
+                    continue
+                for evict in (0, 1):
+                    out.append(dict(MMA=0, BLOCK_T=1, BLOCK_N=bn, BLOCK_K=bk,
+                                    BLOCK_KS=min(L._np2(K, 32), 1024), WARPS=warps,
+                                    EVICT=evict))
+    return out
+
+
+def mma_variants(T: int, K: int) -> list[dict[str, int]]:
+    """The swept ``MMA=1`` constants for `T` rows (with WARPS and STAGES)."""
+    out = []
+    for bt in (16, 32, 64, 128):
+        if bt > max(16, L._np2(T)) or (T >= 64 and bt < 32):
+            continue
+        for bn in (32, 64, 128, 256):
+            for bk in (32, 64, 128):
+                for warps in (4, 8):
+                    if bt * bn > 64 * 64 * warps // 2 or bt * bk > 64 * 64 * warps // 4:
+                        continue  # accumulator or f32 activation tile beyond ~64 regs
+                    for stages in (2, 3, 4):
+                        for imprecise in (0, 128):
+                            if imprecise > bk:
+                                continue
+                            out.append(dict(MMA=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk,
+                                            BLOCK_KS=128, WARPS=warps, STAGES=stages,
+                                            IMPRECISE=imprecise))
+    return out
+
+
+def variants(T: int, K: int) -> list[dict[str, int]]:
+    """Today's rule first, then the grid (GEMVs at 1 and 8 rows, tiles from 8 rows)."""
+    out = [L.fp8_default(T, 0, K)]
+    if T <= 8:
+        out += gemv_variants(K)
+    if T >= 8:
+        out += mma_variants(T, K)
+    seen, uniq = set(), []
+    for c in out:
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            uniq.append(c)
+    return uniq
+
+
+def kernel_key(op: str, c: dict[str, int]) -> tuple:
+    return op, tuple(sorted(c.items()))
+
+
+def full_constants(op: str, c: dict[str, int]) -> dict[str, int]:
+    return dict(c, PRO=L.FP8_PROLOGUE[op], ACC=int(op in ("linear_add_fp8",
+                                                           "swiglu_linear_add_fp8")))
+
+
+def compile_all(items: list[tuple], workers: int):
+    """Compile every (op, constants) for sm_90 -> ({key: CompiledKernel}, {key: error})."""
+    from helios_ignition.kernels_aot import compile_each, variant_kernel
+
+    kernels = [variant_kernel(f"f{i}", op, full_constants(op, dict(c)))
+               for i, (op, c) in enumerate(items)]
+    byid = {k.id: key for k, key in zip(kernels, items, strict=True)}
+    compiled, failed = compile_each(kernels, "sm_90", workers)
+    return ({byid[ck.kernel_id]: ck for ck in compiled},
+            {byid[kid]: err for kid, err in failed.items()})
+
+
+def resource_usage(binary: bytes) -> tuple[int, int]:
+    """(registers, stack bytes) of a cubin by Triton's bundled cuobjdump (-1 if absent)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(binary)
+    try:
+        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True,
+                              text=True, check=False).stdout
+    finally:
+        os.unlink(f.name)
+    regs = stack = -1
+    for word in text.split():
+        if word.startswith("REG:"):
+            regs = int(word[4:])
+        elif word.startswith("STACK:"):
+            stack = int(word[6:])
+    return regs, stack
+
+
+def reference(op: str, x, g, codes, scales, res, T: int, N: int, K: int, cols):
+    """The op's NumPy reference on columns `cols` ([T, len(cols)] f32; the residual
+    subtracted for the _add forms)."""
+    sub_codes, sub_scales = codes[cols], scales[cols]
+    n = len(cols)
+    out = np.zeros((T, n), np.float32)
+    if op == "rmsnorm_linear_fp8":
+        K_.reference_op(op)(x, g, sub_codes, sub_scales, out, T, n, K, 1e-5)
+    else:
+        K_.reference_op(op.replace("_add", ""))(x, sub_codes, sub_scales, out, T, n, K)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--budget-s", type=float, default=240,
+                    help="stop timing new cells after this many seconds")
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--rows", type=int, nargs="+", default=list(L.FP8_ROWS))
+    ap.add_argument("--dry-run", action="store_true", help="compile only (no GPU)")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    cells = [(name, N, K, op, T) for T in args.rows for name, N, K, op in MATRICES]
+    items = sorted({kernel_key(op, c) for _, _, K, op, T in cells for c in variants(T, K)})
+    print(f"{len(cells)} cells, {len(items)} distinct (op, constants)", flush=True)
+    compiled, failed = compile_all(items, args.workers)
+    for key, err in failed.items():
+        print("compile failed:", key, err[:300])
+    usage = {key: resource_usage(ck.binary) for key, ck in compiled.items()}
+    print(f"compiled {len(compiled)}/{len(items)} for sm_90 in "
+          f"{time.perf_counter() - t_start:.0f}s", flush=True)
+    if args.dry_run:
+        for key, (regs, stack) in sorted(usage.items(), key=lambda kv: kv[1][1]):
+            print(f"regs {regs:3} stack {stack:5}  {key[0]} {dict(key[1])}")
+        return
+    from helios_serve.runtime.cuda import driver as drv
+
+    cu, stream = drv.current_stream()
+    attr = cu.CUfunction_attribute
+
+    def load(ck):
+        mod = drv.call("l", cu.cuModuleLoadData(ck.binary))
+        fn = drv.call("f", cu.cuModuleGetFunction(mod, ck.entry_name.encode()))
+        if ck.shared_bytes > 48 * 1024:
+            drv.call("s", cu.cuFuncSetAttribute(
+                fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ck.shared_bytes))
+        return fn, drv.param_count(fn)
+
+    fns = {key: (*load(ck), ck) for key, ck in compiled.items()}
+    dev = drv.call("d", cu.cuCtxGetDevice())
+    name = drv.call("n", cu.cuDeviceGetName(64, dev)).split(b"\0")[0].decode()
+    rng = np.random.default_rng(0)
+    tmax = max(args.rows)
+
+    def alloc(nbytes):
+        return int(drv.call("a", cu.cuMemAlloc(max(nbytes, 4))))
+
+    def upload(ptr, arr):
+        arr = np.ascontiguousarray(arr)
+        drv.call("h", cu.cuMemcpyHtoD(ptr, arr.ctypes.data, arr.nbytes))
+
+    def download(ptr, shape):
+        host = np.empty(shape, np.float32)
+        drv.call("c", cu.cuMemcpyDtoH(host.ctypes.data, ptr, host.nbytes))
+        return host
+
+    def timed(launch_one, copies) -> float:
+        """Best of 2 timings of REPLAYS replays of a graph over rotating copies, us each."""
+        keep = []
+        drv.call("b", cu.cuStreamBeginCapture(
+            stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+        for i in range(max(LAUNCHES, len(copies))):
+            keep.append(launch_one(copies[i % len(copies)]))
+        graph = drv.call("e", cu.cuStreamEndCapture(stream))
+        exe = drv.call("i", cu.cuGraphInstantiate(graph, 0))
+        drv.call("g", cu.cuGraphLaunch(exe, stream))
+        drv.call("s", cu.cuStreamSynchronize(stream))
+        best = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            for _ in range(REPLAYS):
+                drv.call("g", cu.cuGraphLaunch(exe, stream))
+            drv.call("s", cu.cuStreamSynchronize(stream))
+            best = min(best, (time.perf_counter() - t0) / (REPLAYS * len(keep)) * 1e6)
+        cu.cuGraphExecDestroy(exe)
+        cu.cuGraphDestroy(graph)
+        return best
+
+    result = {"commit": git_commit(), "device": name, "target": "sm_90", "rel_max": REL_MAX,
+              "rows": [], "picks": {}, "baseline": {}}
+    skipped = []
+    for mname, N, K, op in MATRICES:
+        wbytes = N * K
+        codes, scales = quantize_rows((rng.standard_normal((N, K)) / np.sqrt(K))
+                                      .astype(np.float32))
+        copies = min(MAX_COPIES, max(2, -(-(192 << 20) // wbytes)))
+        w = [alloc(wbytes) for _ in range(copies)]
+        upload(w[0], codes)
+        for p in w[1:]:
+            drv.call("d", cu.cuMemcpyDtoD(p, w[0], wbytes))
+        sc = alloc(4 * N)
+        upload(sc, scales)
+        g = (1 + 0.1 * rng.standard_normal(K)).astype(np.float32)
+        gd = alloc(4 * K)
+        upload(gd, g)
+        xall = (rng.standard_normal((tmax, K)) * 2).astype(np.float32)
+        xd = alloc(xall.nbytes)
+        upload(xd, xall)
+        res = rng.standard_normal((tmax, N)).astype(np.float32)
+        od = alloc(res.nbytes)
+        dst = alloc(wbytes)
+        cols = np.unique(np.concatenate([rng.integers(0, N, CHECK_COLS), [N - 1]]))
+        copy_us = timed(lambda p, dst=dst, n=wbytes: drv.call(
+            "c", cu.cuMemcpyDtoDAsync(dst, p, n, stream)), w)
+        copy_tbps = 2 * wbytes / copy_us / 1e6
+        for T in args.rows:
+            if time.perf_counter() - t_start > args.budget_s:
+                skipped.append((mname, T))
+                continue
+            x = xall[:T]
+            ref = reference(op, x, g, codes, scales, res, T, N, K, cols)
+            acc = op.endswith("_add_fp8")
+
+            def launch(fn, count, ck, c, wp, T=T, N=N, K=K, op=op, xd=xd, gd=gd, sc=sc,
+                       od=od):
+                bufs = [("ptr", xd)] + ([("ptr", gd)] if op.startswith("rmsnorm") else [])
+                tail = [("i32", T), ("i32", N), ("i32", K)]
+                if op.startswith("rmsnorm"):
+                    tail.append(("f32", 1e-5))
+                vals = bufs + [("ptr", wp), ("ptr", sc), ("ptr", od)] + tail
+                a = drv.KernelArgs(vals + [("ptr", 0)] * (count - len(vals)))
+                gy = T if c["MMA"] == 0 else -(-T // c["BLOCK_T"])
+                drv.call("k", cu.cuLaunchKernel(fn, -(-N // c["BLOCK_N"]), gy, 1,
+                                                32 * ck.num_warps, 1, 1, ck.shared_bytes,
+                                                stream, a.address, 0))
+                return a
+
+            base_us = None
+            for i, c in enumerate(variants(T, K)):
+                key = kernel_key(op, c)
+                if key not in fns:
+                    continue
+                fn, count, ck = fns[key]
+                outs = []
+                for _ in range(2):
+                    if acc:
+                        upload(od, res[:T])
+                    else:
+                        drv.call("p", cu.cuMemsetD32Async(od, 0x7FC00000, T * N, stream))
+                    keep = launch(fn, count, ck, c, w[0])
+                    drv.call("s", cu.cuStreamSynchronize(stream))
+                    outs.append(download(od, (T, N)))
+                    del keep
+                got = outs[0][:, cols] - (res[:T][:, cols] if acc else 0)
+                finite = bool(np.isfinite(outs[0]).all())
+                rel = (float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+                       if finite else float("inf"))
+                same = bool(np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)))
+                us = timed(lambda wp, fn=fn, count=count, ck=ck, c=c, launch=launch:
+                           launch(fn, count, ck, c, wp), w)
+                if i == 0:
+                    base_us = us
+                regs, stack = usage[key]
+                row = {"matrix": mname, "op": op, "N": N, "K": K, "rows": T, "constants": c,
+                       "baseline": i == 0, "us": us, "TBps": wbytes / us / 1e6,
+                       "of_copy": wbytes / us / 1e6 / copy_tbps, "x_default": base_us / us,
+                       "rel": rel, "finite": finite, "deterministic": same, "regs": regs,
+                       "stack_bytes": stack,
+                       "good": finite and same and rel <= REL_MAX}
+                result["rows"].append(row)
+            mine = [r for r in result["rows"] if (r["matrix"], r["rows"]) == (mname, T)]
+            ok = sorted((r for r in mine if r["good"]), key=lambda r: r["us"])
+            base = next((r for r in mine if r["baseline"]), None)
+            if base:
+                result["baseline"][f"{N},{K},{T}"] = base["us"]
+            if ok:
+                best = ok[0]
+                result["picks"][f"{N},{K},{T}"] = best["constants"]
+                print(f"{mname:8} T={T:<5} default {base_us or float('nan'):9.1f} us  best "
+                      f"{best['us']:9.1f} us ({best['TBps']:.2f} TB/s, {best['of_copy']:.2f} "
+                      f"of copy, x{best['x_default']:.2f}) rel {best['rel']:.1e} regs "
+                      f"{best['regs']} stack {best['stack_bytes']}  {best['constants']}",
+                      flush=True)
+            bad = [r for r in mine if not r["good"]]
+            for r in bad[:5]:
+                print(f"  BAD {mname} T={T} rel {r['rel']:.1e} finite {r['finite']} "
+                      f"deterministic {r['deterministic']} {r['constants']}")
+        for p in [*w, sc, gd, xd, od, dst]:
+            cu.cuMemFree(p)
+    result["skipped_for_budget"] = skipped
+    print(f"swept in {time.perf_counter() - t_start:.0f}s; skipped for the budget: {skipped}")
+    print("\n_FP8_TILES = {")
+    for key, c in result["picks"].items():
+        n, k, t = key.split(",")
+        print(f"    ({n}, {k}, {t}): {c},")
+    print("}")
+    if args.json:
+        write_json(args.json, result)
+
+
+if __name__ == "__main__":
+    main()
