@@ -107,21 +107,22 @@ def variants(T: int, K: int) -> list[dict[str, int]]:
     return uniq
 
 
-def kernel_key(op: str, c: dict[str, int]) -> tuple:
-    return op, tuple(sorted(c.items()))
+def kernel_key(op: str, K: int, c: dict[str, int]) -> tuple:
+    """The compiled kernel of tiles `c` for `op` over `K` (its alignment flags)."""
+    return op, tuple(sorted(full_constants(op, K, c).items()))
 
 
-def full_constants(op: str, c: dict[str, int]) -> dict[str, int]:
-    return dict(c, PRO=L.FP8_PROLOGUE[op], ACC=int(op in ("linear_add_fp8",
-                                                           "swiglu_linear_add_fp8")))
+def full_constants(op: str, K: int, c: dict[str, int]) -> dict[str, int]:
+    """What launch_config adds to tiles `c`: the alignment flags, PRO and ACC."""
+    return dict(L.fp8_flags(K, c), PRO=L.FP8_PROLOGUE[op],
+                ACC=int(op in ("linear_add_fp8", "swiglu_linear_add_fp8")))
 
 
 def compile_all(items: list[tuple], workers: int):
     """Compile every (op, constants) for sm_90 -> ({key: CompiledKernel}, {key: error})."""
     from helios_ignition.kernels_aot import compile_each, variant_kernel
 
-    kernels = [variant_kernel(f"f{i}", op, full_constants(op, dict(c)))
-               for i, (op, c) in enumerate(items)]
+    kernels = [variant_kernel(f"f{i}", op, dict(c)) for i, (op, c) in enumerate(items)]
     byid = {k.id: key for k, key in zip(kernels, items, strict=True)}
     compiled, failed = compile_each(kernels, "sm_90", workers)
     return ({byid[ck.kernel_id]: ck for ck in compiled},
@@ -173,7 +174,7 @@ def main() -> None:
     args = ap.parse_args()
     t_start = time.perf_counter()
     cells = [(name, N, K, op, T) for T in args.rows for name, N, K, op in MATRICES]
-    items = sorted({kernel_key(op, c) for _, _, K, op, T in cells for c in variants(T, K)})
+    items = sorted({kernel_key(op, K, c) for _, _, K, op, T in cells for c in variants(T, K)})
     print(f"{len(cells)} cells, {len(items)} distinct (op, constants)", flush=True)
     compiled, failed = compile_all(items, args.workers)
     for key, err in failed.items():
@@ -289,7 +290,7 @@ def main() -> None:
 
             base_us = None
             for i, c in enumerate(variants(T, K)):
-                key = kernel_key(op, c)
+                key = kernel_key(op, K, c)
                 if key not in fns:
                     continue
                 fn, count, ck = fns[key]

@@ -212,7 +212,8 @@ def check_fp8(rng) -> bool:
 
     ok = True
     cases = [(T, N, Kd, None) for T, N, Kd in
-             [(1, 40, 96), (1, 130, 64), (3, 70, 64), (20, 96, 160), (40, 130, 48)]]
+             [(1, 40, 96), (1, 130, 64), (3, 70, 64), (20, 96, 160), (40, 130, 48),
+              (1, 33, 100), (5, 40, 100), (70, 24, 256)]]
     for T, N, Kd, tiles in [*cases, *FP8_TILE_CASES]:
         saved = L._FP8_TILES
         if tiles is not None:

@@ -670,14 +670,18 @@ def _fp8_table() -> dict[tuple[int, int, int], dict[str, int]]:
 def fp8_default(T: int, N: int, K: int) -> dict[str, int]:
     """The unswept tiles (with ``WARPS`` / ``STAGES``) of a `T`-row FP8 product: one row on
     the FMA units (``MMA=0``: 8 weight rows a program, K steps of up to 1024), else
-    ``tl.dot`` on e4m3 operands (16 to 64 token rows; 64-wide K steps, which keep the f32
-    activation tile of the quantizing prologue within registers at 4 warps)."""
+    ``tl.dot`` on e4m3 operands: 16 or 32 token rows in 64 x 64 tiles at 4 warps, from
+    64 rows 64 x 128 tiles with 128-wide K steps at 8 warps (FP8 wgmma). Each compiles for
+    sm_90 without register spills at the 8B shapes (150-202 registers at 64 rows)."""
     if T == 1:
         return dict(MMA=0, BLOCK_T=1, BLOCK_N=8, BLOCK_K=min(_np2(K, 32), 1024),
                     BLOCK_KS=min(_np2(K, 32), 1024), WARPS=4)
-    bt = min(max(_np2(T), 16), 64)
-    return dict(MMA=1, BLOCK_T=bt, BLOCK_N=64, BLOCK_K=min(_np2(K, 32), 64),
-                BLOCK_KS=min(_np2(K, 32), 128), WARPS=4, STAGES=3)
+    if T < 64:
+        return dict(MMA=1, BLOCK_T=max(_np2(T), 16), BLOCK_N=64,
+                    BLOCK_K=min(_np2(K, 32), 64), BLOCK_KS=min(_np2(K, 32), 128), WARPS=4,
+                    STAGES=3)
+    return dict(MMA=1, BLOCK_T=64, BLOCK_N=128, BLOCK_K=min(_np2(K, 32), 128),
+                BLOCK_KS=min(_np2(K, 32), 128), WARPS=8, STAGES=3)
 
 
 def fp8_constants(T: int, N: int, K: int) -> dict[str, int]:
@@ -686,7 +690,14 @@ def fp8_constants(T: int, N: int, K: int) -> dict[str, int]:
     else ``fp8_default``. A GEMV pick (``MMA=0``) runs one program row per token row."""
     bucket = next((r for r in FP8_ROWS if r >= T), FP8_ROWS[-1])
     pick = _fp8_table().get((N, K, bucket))
-    return dict(pick) if pick else fp8_default(T, N, K)
+    return fp8_flags(K, dict(pick) if pick else fp8_default(T, N, K))
+
+
+def fp8_flags(K: int, c: dict[str, int]) -> dict[str, int]:
+    """Tiles `c` with the alignment constants of K: ``K16`` (K a multiple of 16: vector
+    loads) and ``EVEN_K`` (K a multiple of both K steps: masks constant along K)."""
+    even = K % c["BLOCK_K"] == 0 and K % c.get("BLOCK_KS", 512) == 0
+    return {**c, "K16": int(K % 16 == 0), "EVEN_K": int(even)}
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:

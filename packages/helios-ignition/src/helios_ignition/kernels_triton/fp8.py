@@ -38,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .dense import _silu
+from .dense import _kmask, _silu
 
 E4M3_MAX = tl.constexpr(448.0)
 
@@ -55,7 +55,7 @@ def _load_pro(rows, kk, mask, K, PRO: tl.constexpr):
 
 @triton.jit
 def _row_scales(rows, norm_weight, mt, K, eps, PRO: tl.constexpr, BLOCK_T: tl.constexpr,
-                BLOCK_KS: tl.constexpr):
+                BLOCK_KS: tl.constexpr, EVEN_K: tl.constexpr):
     """Per-row activation scale ``s`` and reciprocal RMS ``inv`` (1 unless PRO 1), each
     ``[BLOCK_T]``, of the ``[BLOCK_T, 1]`` row pointers `rows` (`mt`: live rows)."""
     ks = tl.arange(0, BLOCK_KS)
@@ -64,7 +64,7 @@ def _row_scales(rows, norm_weight, mt, K, eps, PRO: tl.constexpr, BLOCK_T: tl.co
     for k0 in range(0, K, BLOCK_KS):
         kk = k0 + ks
         mk = kk < K
-        a = _load_pro(rows, kk[None, :], mt[:, None] & mk[None, :], K, PRO)
+        a = _load_pro(rows, kk[None, :], _kmask(mt, kk, K, EVEN_K), K, PRO)
         if PRO == 1:
             ss += tl.sum(a * a, axis=1)
             a = a * tl.load(norm_weight + kk, mask=mk, other=0.0)[None, :]
@@ -87,7 +87,7 @@ def _quantize(a, s):
 @triton.jit
 def _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexpr,
           ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          BLOCK_KS: tl.constexpr, EVICT: tl.constexpr):
+          BLOCK_KS: tl.constexpr, EVICT: tl.constexpr, EVEN_K: tl.constexpr):
     """``MMA=0``: token row ``program_id(1)`` x ``BLOCK_N`` weight rows on the FMA units."""
     pn = tl.program_id(0)
     pt = tl.program_id(1).to(tl.int64)
@@ -98,7 +98,7 @@ def _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexp
     row = x + pt * stride
     one = tl.arange(0, 1)
     s1, inv1 = _row_scales(row + one[:, None], norm_weight, one >= 0, K, eps, PRO, 1,
-                           BLOCK_KS)
+                           BLOCK_KS, EVEN_K)
     s = tl.sum(s1, axis=0)
     inv = tl.sum(inv1, axis=0)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -106,11 +106,12 @@ def _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexp
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
         mk = kk < K
+        wmask = _kmask(mn, kk, K, EVEN_K)
         if EVICT:
-            codes = tl.load(wrows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0,
+            codes = tl.load(wrows + kk[None, :], mask=wmask, other=0,
                             eviction_policy="evict_first")
         else:
-            codes = tl.load(wrows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0)
+            codes = tl.load(wrows + kk[None, :], mask=wmask, other=0)
         a = _load_pro(row, kk, mk, K, PRO)
         if PRO == 1:
             a = a * inv * tl.load(norm_weight + kk, mask=mk, other=0.0)
@@ -127,7 +128,8 @@ def _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexp
 @triton.jit
 def _mma(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO: tl.constexpr,
          ACC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-         BLOCK_K: tl.constexpr, BLOCK_KS: tl.constexpr, IMPRECISE: tl.constexpr):
+         BLOCK_K: tl.constexpr, BLOCK_KS: tl.constexpr, IMPRECISE: tl.constexpr,
+         EVEN_K: tl.constexpr):
     """``MMA=1``: a ``BLOCK_T x BLOCK_N`` output tile, e4m3 x e4m3 ``tl.dot`` over K."""
     pn = tl.program_id(0)
     pt = tl.program_id(1)
@@ -138,17 +140,17 @@ def _mma(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO: tl.conste
     ks = tl.arange(0, BLOCK_K)
     stride = 2 * K if PRO == 2 else K
     rows = x + t.to(tl.int64)[:, None] * stride
-    s, inv = _row_scales(rows, norm_weight, mt, K, eps, PRO, BLOCK_T, BLOCK_KS)
+    s, inv = _row_scales(rows, norm_weight, mt, K, eps, PRO, BLOCK_T, BLOCK_KS, EVEN_K)
     wrows = weight + n.to(tl.int64)[:, None] * K
     acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
         mk = kk < K
-        a = _load_pro(rows, kk[None, :], mt[:, None] & mk[None, :], K, PRO)
+        a = _load_pro(rows, kk[None, :], _kmask(mt, kk, K, EVEN_K), K, PRO)
         if PRO == 1:
             a = a * inv[:, None] * tl.load(norm_weight + kk, mask=mk, other=0.0)[None, :]
         q = _quantize(a, s[:, None])
-        codes = tl.load(wrows + kk[None, :], mask=mn[:, None] & mk[None, :], other=0)
+        codes = tl.load(wrows + kk[None, :], mask=_kmask(mn, kk, K, EVEN_K), other=0)
         w = tl.trans(codes.to(tl.float8e4nv, bitcast=True))
         if IMPRECISE:
             acc = tl.dot(q, w, acc, max_num_imprecise_acc=IMPRECISE)
@@ -166,13 +168,20 @@ def _mma(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO: tl.conste
 def _fp8_body(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
               PRO: tl.constexpr, ACC: tl.constexpr, MMA: tl.constexpr,
               BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              BLOCK_KS: tl.constexpr, IMPRECISE: tl.constexpr, EVICT: tl.constexpr):
+              BLOCK_KS: tl.constexpr, IMPRECISE: tl.constexpr, EVICT: tl.constexpr,
+              K16: tl.constexpr, EVEN_K: tl.constexpr):
+    """K16=1: K is a multiple of 16, said in a form Triton's alignment analysis reads (as
+    mma.py's _splitk does), so code and activation loads vectorize (without it every byte
+    is its own load and the MMA tiles spill registers). EVEN_K=1: K is a multiple of both
+    K steps (BLOCK_K, BLOCK_KS), so tile masks are constant along K (dense._kmask)."""
+    if K16:
+        K = (K // 16) * 16
     if MMA:
         _mma(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO, ACC, BLOCK_T,
-             BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE)
+             BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVEN_K)
     else:
         _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO, ACC, BLOCK_N,
-              BLOCK_K, BLOCK_KS, EVICT)
+              BLOCK_K, BLOCK_KS, EVICT, EVEN_K)
 
 
 @triton.jit
@@ -180,11 +189,11 @@ def linear_fp8(x, weight, weight_scale, out, T, N, K, ACC: tl.constexpr = 0,
                PRO: tl.constexpr = 0, MMA: tl.constexpr = 1, BLOCK_T: tl.constexpr = 16,
                BLOCK_N: tl.constexpr = 64, BLOCK_K: tl.constexpr = 128,
                BLOCK_KS: tl.constexpr = 512, IMPRECISE: tl.constexpr = 0,
-               EVICT: tl.constexpr = 0):
+               EVICT: tl.constexpr = 0, K16: tl.constexpr = 0, EVEN_K: tl.constexpr = 0):
     """``linear_fp8`` / ``linear_add_fp8`` (ACC=1) / the SwiGLU forms (PRO=2); grid
     ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))`` (``BLOCK_T`` 1 with MMA=0)."""
     _fp8_body(x, x, weight, weight_scale, out, T, N, K, 0.0, PRO, ACC, MMA, BLOCK_T,
-              BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT)
+              BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K)
 
 
 @triton.jit
@@ -192,10 +201,11 @@ def rmsnorm_linear_fp8(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
                        ACC: tl.constexpr = 0, PRO: tl.constexpr = 1, MMA: tl.constexpr = 1,
                        BLOCK_T: tl.constexpr = 16, BLOCK_N: tl.constexpr = 64,
                        BLOCK_K: tl.constexpr = 128, BLOCK_KS: tl.constexpr = 512,
-                       IMPRECISE: tl.constexpr = 0, EVICT: tl.constexpr = 0):
+                       IMPRECISE: tl.constexpr = 0, EVICT: tl.constexpr = 0,
+                       K16: tl.constexpr = 0, EVEN_K: tl.constexpr = 0):
     """``rmsnorm_linear_fp8``: the RMS norm in the prologue (PRO=1)."""
     _fp8_body(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO, ACC, MMA,
-              BLOCK_T, BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT)
+              BLOCK_T, BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K)
 
 
 FP8_TRITON = {"linear_fp8": linear_fp8, "linear_add_fp8": linear_fp8,
