@@ -9,7 +9,7 @@ each row count of ``launch.FP8_ROWS``, times today's rule (``fp8_default``, the 
 of every ratio) and a grid of variants: at 1 and 8 rows the FMA-unit GEMV (``MMA=0``:
 weight rows a program, K step, warps, evict-first weight loads), from 8 rows on the
 e4m3 ``tl.dot`` tiles (token rows, output columns, K step, warps, stages, and
-``IMPRECISE`` 128, Triton's promotion of the MMA's partial sums). Each runs as a CUDA
+``IMPRECISE``: 0, or Triton's promotion of the MMA's partial sums once per K step). Each runs as a CUDA
 graph of launches over rotating weight copies that together exceed 192 MB (L2 is 50 MB:
 each launch reads its weights from HBM, as a decode step does), replayed 10 times, best
 of 2. In the same run: ``cuMemcpyDtoDAsync`` of the same weight bytes (``copy_TBps``,
@@ -55,12 +55,14 @@ LAUNCHES, REPLAYS, MAX_COPIES = 10, 10, 64
 REL_MAX = 2e-3
 
 
-def gemv_variants(K: int) -> list[dict[str, int]]:
-    """The swept ``MMA=0`` constants (with WARPS)."""
+def gemv_variants(K: int, T: int) -> list[dict[str, int]]:
+    """The swept ``MMA=0`` constants (with WARPS): 4-16 weight rows a program (8-16 above
+    one token row, where each program row re-reads its weights from L2), 1024- or
+    2048-wide K steps, 4 or 8 warps, evict-first weight loads or not."""
     out = []
-    for bn in (4, 8, 16, 32):
-        for bk in (512, 1024, 2048):
-            for warps in (2, 4, 8):
+    for bn in ((4, 8, 16) if T == 1 else (8, 16)):
+        for bk in (1024, 2048):
+            for warps in (4, 8):
                 if bn * bk > 16384 or bk > L._np2(K, 32):
                     continue
                 for evict in (0, 1):
@@ -71,23 +73,22 @@ def gemv_variants(K: int) -> list[dict[str, int]]:
 
 
 def mma_variants(T: int, K: int) -> list[dict[str, int]]:
-    """The swept ``MMA=1`` constants for `T` rows (with WARPS and STAGES)."""
+    """The swept ``MMA=1`` constants for `T` rows (with WARPS and STAGES): token tiles of
+    the row count's power of two and the one below (16 to 128), 64-256 columns, 64- or
+    128-wide K steps, 4 or 8 warps, 3 stages, promotion per K step or none; tiles whose
+    accumulator or f32 activation tile would pass ~64 registers a thread are left out."""
     out = []
-    for bt in (16, 32, 64, 128):
-        if bt > max(16, L._np2(T)) or (T >= 64 and bt < 32):
-            continue
-        for bn in (32, 64, 128, 256):
-            for bk in (32, 64, 128):
+    top = min(max(L._np2(T), 16), 128)
+    for bt in sorted({max(top // 2, 16), top}):
+        for bn in (64, 128, 256):
+            for bk in (64, 128):
                 for warps in (4, 8):
-                    if bt * bn > 64 * 64 * warps // 2 or bt * bk > 64 * 64 * warps // 4:
-                        continue  # accumulator or f32 activation tile beyond ~64 regs
-                    for stages in (2, 3, 4):
-                        for imprecise in (0, 128):
-                            if imprecise > bk:
-                                continue
-                            out.append(dict(MMA=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk,
-                                            BLOCK_KS=128, WARPS=warps, STAGES=stages,
-                                            IMPRECISE=imprecise))
+                    if bt * bn > 64 * 32 * warps or bt * bk > 64 * 32 * warps:
+                        continue
+                    for imprecise in (0, bk):
+                        out.append(dict(MMA=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk,
+                                        BLOCK_KS=128, WARPS=warps, STAGES=3,
+                                        IMPRECISE=imprecise))
     return out
 
 
@@ -95,7 +96,7 @@ def variants(T: int, K: int) -> list[dict[str, int]]:
     """Today's rule first, then the grid (GEMVs at 1 and 8 rows, tiles from 8 rows)."""
     out = [L.fp8_default(T, 0, K)]
     if T <= 8:
-        out += gemv_variants(K)
+        out += gemv_variants(K, T)
     if T >= 8:
         out += mma_variants(T, K)
     seen, uniq = set(), []
