@@ -56,26 +56,28 @@ REL_MAX = 2e-3
 
 
 def gemv_variants(K: int, T: int) -> list[dict[str, int]]:
-    """The swept ``MMA=0`` constants (with WARPS): 4-16 weight rows a program (8-16 above
-    one token row, where each program row re-reads its weights from L2), 1024- or
-    2048-wide K steps, 4 or 8 warps, evict-first weight loads or not."""
+    """The swept ``MMA=0`` constants (with WARPS): 4-16 weight rows a tile (8-16 above one
+    token row, where each program row re-reads its weights from L2), 1024- or 2048-wide
+    K steps, 4 or 8 warps, evict-first weight loads, or 4 row tiles a program (one
+    prologue pass over the activation row for all four)."""
     out = []
     for bn in ((4, 8, 16) if T == 1 else (8, 16)):
         for bk in (1024, 2048):
             for warps in (4, 8):
                 if bn * bk > 16384 or bk > L._np2(K, 32):
                     continue
-                for evict in (0, 1):
+                for evict, tiles in ((0, 1), (1, 1), (0, 4)):
                     out.append(dict(MMA=0, BLOCK_T=1, BLOCK_N=bn, BLOCK_K=bk,
                                     BLOCK_KS=min(L._np2(K, 32), 1024), WARPS=warps,
-                                    EVICT=evict))
+                                    EVICT=evict, TILES=tiles))
     return out
 
 
 def mma_variants(T: int, K: int) -> list[dict[str, int]]:
     """The swept ``MMA=1`` constants for `T` rows (with WARPS and STAGES): token tiles of
     the row count's power of two and the one below (16 to 128), 64-256 columns, 64- or
-    128-wide K steps, 4 or 8 warps, 3 stages, promotion per K step or none; tiles whose
+    128-wide K steps, 4 or 8 warps, 3 stages, promotion per K step or none, 1 or (up to
+    64 rows) 2 column tiles a program sharing one prologue pass; tiles whose
     accumulator or f32 activation tile would pass ~64 registers a thread are left out."""
     out = []
     top = min(max(L._np2(T), 16), 128)
@@ -86,9 +88,10 @@ def mma_variants(T: int, K: int) -> list[dict[str, int]]:
                     if bt * bn > 64 * 32 * warps or bt * bk > 64 * 32 * warps:
                         continue
                     for imprecise in (0, bk):
-                        out.append(dict(MMA=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk,
-                                        BLOCK_KS=128, WARPS=warps, STAGES=3,
-                                        IMPRECISE=imprecise))
+                        for tiles in ((1, 2) if T <= 64 else (1,)):
+                            out.append(dict(MMA=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk,
+                                            BLOCK_KS=128, WARPS=warps, STAGES=3,
+                                            IMPRECISE=imprecise, TILES=tiles))
     return out
 
 
@@ -284,7 +287,8 @@ def main() -> None:
                 vals = bufs + [("ptr", wp), ("ptr", sc), ("ptr", od)] + tail
                 a = drv.KernelArgs(vals + [("ptr", 0)] * (count - len(vals)))
                 gy = T if c["MMA"] == 0 else -(-T // c["BLOCK_T"])
-                drv.call("k", cu.cuLaunchKernel(fn, -(-N // c["BLOCK_N"]), gy, 1,
+                gx = -(-N // (c["BLOCK_N"] * c.get("TILES", 1)))
+                drv.call("k", cu.cuLaunchKernel(fn, gx, gy, 1,
                                                 32 * ck.num_warps, 1, 1, ck.shared_bytes,
                                                 stream, a.address, 0))
                 return a

@@ -189,13 +189,16 @@ def check_linear(rng) -> bool:
 # FP8 tile families of bench/gpu_fp8_sweep.py (launch._FP8_TILES cells): (T, N, K, tiles)
 # with K steps narrower than K and partial tiles, so each loop and mask runs: the GEMV at
 # several rows (one program row per token row), evict-first loads, the prologue pass
-# narrower than the product's K step, MMA tiles with IMPRECISE promotion.
+# narrower than the product's K step, several row tiles a program (TILES, the last
+# partial), MMA tiles with IMPRECISE promotion.
 FP8_TILE_CASES = (
     (4, 37, 160, dict(MMA=0, BLOCK_T=1, BLOCK_N=8, BLOCK_K=64, BLOCK_KS=32, WARPS=4,
                       EVICT=1)),
     (1, 70, 96, dict(MMA=0, BLOCK_T=1, BLOCK_N=32, BLOCK_K=32, BLOCK_KS=64, WARPS=2)),
+    (3, 37, 96, dict(MMA=0, BLOCK_T=1, BLOCK_N=4, BLOCK_K=32, BLOCK_KS=32, WARPS=2,
+                     TILES=4)),
     (9, 70, 160, dict(MMA=1, BLOCK_T=16, BLOCK_N=32, BLOCK_K=64, BLOCK_KS=32, WARPS=4,
-                      STAGES=3, IMPRECISE=32)),
+                      STAGES=3, IMPRECISE=32, TILES=2)),
     (33, 130, 96, dict(MMA=1, BLOCK_T=32, BLOCK_N=64, BLOCK_K=32, BLOCK_KS=128, WARPS=4,
                        STAGES=2)),
 )
@@ -234,7 +237,11 @@ def check_fp8(rng) -> bool:
             c = launch(op, xin, *pre, codes, scales, out, *tail)
             errs[op] = _rel(out - res, ref - res)
         L._FP8_TILES = saved
-        good = all(e < 1e-5 for e in errs.values())
+        # The RMS prologue's reciprocal RMS and max are summed in another order than
+        # NumPy's (last-bit differences in the scale), which can move one activation
+        # across an e4m3 rounding boundary: one code of K flipped is ~1e-3 here.
+        good = all(e < (5e-3 if op.startswith("rmsnorm") else 1e-5)
+                   for op, e in errs.items())
         ok &= good
         path = ("MMA" if c["MMA"] else "GEMV") + ("*" if tiles is not None else "")
         print(f"{'ok ' if good else 'BAD'} fp8 T={T:<3} N={N:<4} K={Kd:<4} {path:<5} "

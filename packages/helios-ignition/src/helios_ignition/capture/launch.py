@@ -751,7 +751,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, N, K = s[0], s[1], s[2]
         c = fp8_constants(T, N, K)
         rows = T if c["MMA"] == 0 else _cdiv(T, c["BLOCK_T"])
-        return _cfg((_cdiv(N, c["BLOCK_N"]), rows), c.pop("WARPS"), **c,
+        return _cfg((_cdiv(N, c["BLOCK_N"] * c.get("TILES", 1)), rows), c.pop("WARPS"), **c,
                     PRO=FP8_PROLOGUE[op], ACC=int(op in ("linear_add_fp8",
                                                          "swiglu_linear_add_fp8")))
     if op == "rope_kv_write":

@@ -28,6 +28,8 @@ Each program owns ``BLOCK_T`` token rows x ``BLOCK_N`` output features and reads
      sm_90's FP8 MMA keeps about 14 bits); 0 leaves Triton's sm_90 default (no promotion).
 
    The epilogue multiplies by ``s[t] * weight_scale[n]`` and stores (``ACC``: adds).
+   ``TILES`` > 1: a program computes that many consecutive column tiles after one
+   prologue pass (fewer passes over the activations, fewer programs).
 
 Prologues: ``PRO`` 0 (``linear_fp8``, ``linear_add_fp8``), 1 (``rmsnorm_linear_fp8``),
 2 (``swiglu_linear_fp8``, ``swiglu_linear_add_fp8``: x is ``[T, 2K]``).
@@ -87,12 +89,12 @@ def _quantize(a, s):
 @triton.jit
 def _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexpr,
           ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          BLOCK_KS: tl.constexpr, EVICT: tl.constexpr, EVEN_K: tl.constexpr):
-    """``MMA=0``: token row ``program_id(1)`` x ``BLOCK_N`` weight rows on the FMA units."""
+          BLOCK_KS: tl.constexpr, EVICT: tl.constexpr, EVEN_K: tl.constexpr,
+          TILES: tl.constexpr):
+    """``MMA=0``: token row ``program_id(1)`` x ``TILES`` consecutive tiles of ``BLOCK_N``
+    weight rows on the FMA units (the prologue pass once for all of them)."""
     pn = tl.program_id(0)
     pt = tl.program_id(1).to(tl.int64)
-    n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
-    mn = n < N
     ks = tl.arange(0, BLOCK_K)
     stride = 2 * K if PRO == 2 else K
     row = x + pt * stride
@@ -101,67 +103,72 @@ def _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexp
                            BLOCK_KS, EVEN_K)
     s = tl.sum(s1, axis=0)
     inv = tl.sum(inv1, axis=0)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    wrows = weight + n.to(tl.int64)[:, None] * K
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
-        mk = kk < K
-        wmask = _kmask(mn, kk, K, EVEN_K)
-        if EVICT:
-            codes = tl.load(wrows + kk[None, :], mask=wmask, other=0,
-                            eviction_policy="evict_first")
-        else:
-            codes = tl.load(wrows + kk[None, :], mask=wmask, other=0)
-        a = _load_pro(row, kk, mk, K, PRO)
-        if PRO == 1:
-            a = a * inv * tl.load(norm_weight + kk, mask=mk, other=0.0)
-        qa = _quantize(a, s).to(tl.float32)
-        w = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        acc += tl.sum(w * qa[None, :], axis=1)
-    res = acc * s * tl.load(weight_scale + n, mask=mn, other=0.0)
-    dst = out + pt * N + n
-    if ACC:
-        res = tl.load(dst, mask=mn, other=0.0) + res
-    tl.store(dst, res, mask=mn)
+    for i in range(0, TILES):
+        n = (pn * TILES + i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mn = n < N
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        wrows = weight + n.to(tl.int64)[:, None] * K
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            mk = kk < K
+            wmask = _kmask(mn, kk, K, EVEN_K)
+            if EVICT:
+                codes = tl.load(wrows + kk[None, :], mask=wmask, other=0,
+                                eviction_policy="evict_first")
+            else:
+                codes = tl.load(wrows + kk[None, :], mask=wmask, other=0)
+            a = _load_pro(row, kk, mk, K, PRO)
+            if PRO == 1:
+                a = a * inv * tl.load(norm_weight + kk, mask=mk, other=0.0)
+            qa = _quantize(a, s).to(tl.float32)
+            w = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            acc += tl.sum(w * qa[None, :], axis=1)
+        res = acc * s * tl.load(weight_scale + n, mask=mn, other=0.0)
+        dst = out + pt * N + n
+        if ACC:
+            res = tl.load(dst, mask=mn, other=0.0) + res
+        tl.store(dst, res, mask=mn)
 
 
 @triton.jit
 def _mma(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO: tl.constexpr,
          ACC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
          BLOCK_K: tl.constexpr, BLOCK_KS: tl.constexpr, IMPRECISE: tl.constexpr,
-         EVEN_K: tl.constexpr):
-    """``MMA=1``: a ``BLOCK_T x BLOCK_N`` output tile, e4m3 x e4m3 ``tl.dot`` over K."""
+         EVEN_K: tl.constexpr, TILES: tl.constexpr):
+    """``MMA=1``: ``TILES`` consecutive ``BLOCK_T x BLOCK_N`` output tiles of one token
+    tile (the prologue pass once for all of them), e4m3 x e4m3 ``tl.dot`` over K."""
     pn = tl.program_id(0)
     pt = tl.program_id(1)
     t = pt * BLOCK_T + tl.arange(0, BLOCK_T)
-    n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     mt = t < T
-    mn = n < N
     ks = tl.arange(0, BLOCK_K)
     stride = 2 * K if PRO == 2 else K
     rows = x + t.to(tl.int64)[:, None] * stride
     s, inv = _row_scales(rows, norm_weight, mt, K, eps, PRO, BLOCK_T, BLOCK_KS, EVEN_K)
-    wrows = weight + n.to(tl.int64)[:, None] * K
-    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
-        mk = kk < K
-        a = _load_pro(rows, kk[None, :], _kmask(mt, kk, K, EVEN_K), K, PRO)
-        if PRO == 1:
-            a = a * inv[:, None] * tl.load(norm_weight + kk, mask=mk, other=0.0)[None, :]
-        q = _quantize(a, s[:, None])
-        codes = tl.load(wrows + kk[None, :], mask=_kmask(mn, kk, K, EVEN_K), other=0)
-        w = tl.trans(codes.to(tl.float8e4nv, bitcast=True))
-        if IMPRECISE:
-            acc = tl.dot(q, w, acc, max_num_imprecise_acc=IMPRECISE)
-        else:
-            acc = tl.dot(q, w, acc)
-    res = acc * s[:, None] * tl.load(weight_scale + n, mask=mn, other=0.0)[None, :]
-    dst = out + t.to(tl.int64)[:, None] * N + n[None, :]
-    mask = mt[:, None] & mn[None, :]
-    if ACC:
-        res = tl.load(dst, mask=mask, other=0.0) + res
-    tl.store(dst, res, mask=mask)
+    for i in range(0, TILES):
+        n = (pn * TILES + i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mn = n < N
+        wrows = weight + n.to(tl.int64)[:, None] * K
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            mk = kk < K
+            a = _load_pro(rows, kk[None, :], _kmask(mt, kk, K, EVEN_K), K, PRO)
+            if PRO == 1:
+                a = a * inv[:, None] * tl.load(norm_weight + kk, mask=mk, other=0.0)[None, :]
+            q = _quantize(a, s[:, None])
+            codes = tl.load(wrows + kk[None, :], mask=_kmask(mn, kk, K, EVEN_K), other=0)
+            w = tl.trans(codes.to(tl.float8e4nv, bitcast=True))
+            if IMPRECISE:
+                acc = tl.dot(q, w, acc, max_num_imprecise_acc=IMPRECISE)
+            else:
+                acc = tl.dot(q, w, acc)
+        res = acc * s[:, None] * tl.load(weight_scale + n, mask=mn, other=0.0)[None, :]
+        dst = out + t.to(tl.int64)[:, None] * N + n[None, :]
+        mask = mt[:, None] & mn[None, :]
+        if ACC:
+            res = tl.load(dst, mask=mask, other=0.0) + res
+        tl.store(dst, res, mask=mask)
 
 
 @triton.jit
@@ -169,7 +176,7 @@ def _fp8_body(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
               PRO: tl.constexpr, ACC: tl.constexpr, MMA: tl.constexpr,
               BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               BLOCK_KS: tl.constexpr, IMPRECISE: tl.constexpr, EVICT: tl.constexpr,
-              K16: tl.constexpr, EVEN_K: tl.constexpr):
+              K16: tl.constexpr, EVEN_K: tl.constexpr, TILES: tl.constexpr):
     """K16=1: K is a multiple of 16, said in a form Triton's alignment analysis reads (as
     mma.py's _splitk does), so code and activation loads vectorize (without it every byte
     is its own load and the MMA tiles spill registers). EVEN_K=1: K is a multiple of both
@@ -178,10 +185,10 @@ def _fp8_body(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
         K = (K // 16) * 16
     if MMA:
         _mma(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO, ACC, BLOCK_T,
-             BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVEN_K)
+             BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVEN_K, TILES)
     else:
         _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO, ACC, BLOCK_N,
-              BLOCK_K, BLOCK_KS, EVICT, EVEN_K)
+              BLOCK_K, BLOCK_KS, EVICT, EVEN_K, TILES)
 
 
 @triton.jit
@@ -189,11 +196,12 @@ def linear_fp8(x, weight, weight_scale, out, T, N, K, ACC: tl.constexpr = 0,
                PRO: tl.constexpr = 0, MMA: tl.constexpr = 1, BLOCK_T: tl.constexpr = 16,
                BLOCK_N: tl.constexpr = 64, BLOCK_K: tl.constexpr = 128,
                BLOCK_KS: tl.constexpr = 512, IMPRECISE: tl.constexpr = 0,
-               EVICT: tl.constexpr = 0, K16: tl.constexpr = 0, EVEN_K: tl.constexpr = 0):
+               EVICT: tl.constexpr = 0, K16: tl.constexpr = 0, EVEN_K: tl.constexpr = 0,
+               TILES: tl.constexpr = 1):
     """``linear_fp8`` / ``linear_add_fp8`` (ACC=1) / the SwiGLU forms (PRO=2); grid
-    ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))`` (``BLOCK_T`` 1 with MMA=0)."""
+    ``(cdiv(N, BLOCK_N * TILES), cdiv(T, BLOCK_T))`` (``BLOCK_T`` 1 with MMA=0)."""
     _fp8_body(x, x, weight, weight_scale, out, T, N, K, 0.0, PRO, ACC, MMA, BLOCK_T,
-              BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K)
+              BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K, TILES)
 
 
 @triton.jit
@@ -202,10 +210,11 @@ def rmsnorm_linear_fp8(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
                        BLOCK_T: tl.constexpr = 16, BLOCK_N: tl.constexpr = 64,
                        BLOCK_K: tl.constexpr = 128, BLOCK_KS: tl.constexpr = 512,
                        IMPRECISE: tl.constexpr = 0, EVICT: tl.constexpr = 0,
-                       K16: tl.constexpr = 0, EVEN_K: tl.constexpr = 0):
+                       K16: tl.constexpr = 0, EVEN_K: tl.constexpr = 0,
+                       TILES: tl.constexpr = 1):
     """``rmsnorm_linear_fp8``: the RMS norm in the prologue (PRO=1)."""
     _fp8_body(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO, ACC, MMA,
-              BLOCK_T, BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K)
+              BLOCK_T, BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K, TILES)
 
 
 FP8_TRITON = {"linear_fp8": linear_fp8, "linear_add_fp8": linear_fp8,
