@@ -74,14 +74,18 @@ def gemv_variants(K: int, T: int) -> list[dict[str, int]]:
 
 def mma_variants(T: int, K: int) -> list[dict[str, int]]:
     """The swept ``MMA=1`` constants for `T` rows (with WARPS and STAGES): token tiles of
-    the row count's power of two and the one below (16 to 128), 64-256 columns, 64- or
+    the row count's power of two and the one below (16 to 128), 16-128 columns up to 16
+    rows, 32-128 up to 64, 64-256 above, 64- or
     128-wide K steps, 4 or 8 warps, 3 stages, promotion per K step or none, 1 or (up to
     64 rows) 2 column tiles a program sharing one prologue pass; tiles whose
     accumulator or f32 activation tile would pass ~64 registers a thread are left out."""
     out = []
     top = min(max(L._np2(T), 16), 128)
     for bt in sorted({max(top // 2, 16), top}):
-        for bn in (64, 128, 256):
+        # Narrow columns at decode sizes: no split-K here (it would need a reduce launch
+        # or atomics), so 16-32 column tiles are how the 4096-wide matrices fill 132 SMs.
+        for bn in ((16, 32, 64, 128) if T <= 16 else (32, 64, 128) if T <= 64
+                   else (64, 128, 256)):
             for bk in (64, 128):
                 for warps in (4, 8):
                     if bt * bn > 64 * 32 * warps or bt * bk > 64 * 32 * warps:
@@ -94,9 +98,9 @@ def mma_variants(T: int, K: int) -> list[dict[str, int]]:
     return out
 
 
-def variants(T: int, K: int) -> list[dict[str, int]]:
+def variants(T: int, N: int, K: int) -> list[dict[str, int]]:
     """Today's rule first, then the grid (GEMVs at 1 and 8 rows, tiles from 8 rows)."""
-    out = [L.fp8_default(T, 0, K)]
+    out = [L.fp8_default(T, N, K)]
     if T <= 8:
         out += gemv_variants(K, T)
     if T >= 8:
@@ -177,7 +181,8 @@ def main() -> None:
     args = ap.parse_args()
     t_start = time.perf_counter()
     cells = [(name, N, K, op, T) for T in args.rows for name, N, K, op in MATRICES]
-    items = sorted({kernel_key(op, K, c) for _, _, K, op, T in cells for c in variants(T, K)})
+    items = sorted({kernel_key(op, K, c) for _, N, K, op, T in cells
+                    for c in variants(T, N, K)})
     print(f"{len(cells)} cells, {len(items)} distinct (op, constants)", flush=True)
     compiled, failed = compile_all(items, args.workers)
     for key, err in failed.items():
@@ -302,7 +307,7 @@ def main() -> None:
                             cols)
             acc = op.endswith("_add_fp8")
             base_us = None
-            for i, c in enumerate(variants(T, K)):
+            for i, c in enumerate(variants(T, N, K)):
                 key = kernel_key(op, K, c)
                 if key not in fns:
                     continue

@@ -16,10 +16,11 @@ def test_defaults_gemv_at_one_row_tiles_above():
                                WARPS=4, K16=1, EVEN_K=1, PRO=0, ACC=0)
     assert c.grid == (768, 1, 1) and c.block == (128, 1, 1)
     c = launch.launch_config("swiglu_linear_add_fp8", [8, 4096, 14336])
-    assert c.constants == dict(MMA=1, BLOCK_T=16, BLOCK_N=64, BLOCK_K=64, BLOCK_KS=128,
+    assert c.constants == dict(MMA=1, BLOCK_T=16, BLOCK_N=32, BLOCK_K=64, BLOCK_KS=128,
                                WARPS=4, STAGES=3, IMPRECISE=64, K16=1, EVEN_K=1, PRO=2,
                                ACC=1)
-    assert c.grid == (64, 1, 1)
+    assert c.grid == (128, 1, 1)
+    assert launch.launch_config("linear_fp8", [8, 28672, 4096]).constants["BLOCK_N"] == 64
     c = launch.launch_config("rmsnorm_linear_fp8", [1024, 28672, 4096, 1e-5])
     assert c.constants["BLOCK_T"] == 64 and c.constants["BLOCK_N"] == 128
     assert c.grid == (224, 16, 1) and c.block == (256, 1, 1)

@@ -670,9 +670,11 @@ def _fp8_table() -> dict[tuple[int, int, int], dict[str, int]]:
 def fp8_default(T: int, N: int, K: int) -> dict[str, int]:
     """The unswept tiles (with ``WARPS`` / ``STAGES``) of a `T`-row FP8 product: one row on
     the FMA units (``MMA=0``: 8 weight rows a program, K steps of up to 1024), else
-    ``tl.dot`` on e4m3 operands: 16 or 32 token rows in 64 x 64 tiles at 4 warps, from
-    64 rows 64 x 128 tiles with 128-wide K steps at 8 warps (FP8 wgmma). Each compiles for
-    sm_90 without register spills at the 8B shapes (150-202 registers at 64 rows).
+    ``tl.dot`` on e4m3 operands: 16 or 32 token rows by 32 columns (64 where N > 8192:
+    without split-K, narrow tiles give the 4096-wide matrices 128 programs), 64-wide K
+    steps, 4 warps; from 64 rows 64 x 128 tiles with 128-wide K steps at 8 warps (FP8
+    wgmma). Each compiles for sm_90 without register spills at the 8B shapes (150-202
+    registers at 64 rows).
     ``IMPRECISE`` = the K step: the wgmma's partial sums are promoted to f32 once per K
     step (accuracy first; the sweep times IMPRECISE=0, no promotion, and picks it where
     it is faster and within the tests' bound)."""
@@ -681,8 +683,9 @@ def fp8_default(T: int, N: int, K: int) -> dict[str, int]:
                     BLOCK_KS=min(_np2(K, 32), 1024), WARPS=4)
     if T < 64:
         bk = min(_np2(K, 32), 64)
-        return dict(MMA=1, BLOCK_T=max(_np2(T), 16), BLOCK_N=64, BLOCK_K=bk,
-                    BLOCK_KS=min(_np2(K, 32), 128), WARPS=4, STAGES=3, IMPRECISE=bk)
+        return dict(MMA=1, BLOCK_T=max(_np2(T), 16), BLOCK_N=32 if N <= 8192 else 64,
+                    BLOCK_K=bk, BLOCK_KS=min(_np2(K, 32), 128), WARPS=4, STAGES=3,
+                    IMPRECISE=bk)
     bk = min(_np2(K, 32), 128)
     return dict(MMA=1, BLOCK_T=64, BLOCK_N=128, BLOCK_K=bk, BLOCK_KS=min(_np2(K, 32), 128),
                 WARPS=8, STAGES=3, IMPRECISE=bk)
