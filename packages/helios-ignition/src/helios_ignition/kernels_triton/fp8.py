@@ -18,8 +18,9 @@ Each program owns ``BLOCK_T`` token rows x ``BLOCK_N`` output features and reads
    to e4m3 round-to-nearest-even) and multiplied with the weight's e4m3 codes (one byte a
    weight: half the bf16 GEMV's bytes):
 
-   - ``MMA=0`` (one row, batch-1 decode): the GEMV on the FMA units, as dense.py's batch-1
-     GEMV (``BLOCK_N`` weight rows a program, wide K steps), the codes converted to f32 in
+   - ``MMA=0`` (batch-1 decode; a swept table may pick it up to 8 rows, one program row
+     per token row): the GEMV on the FMA units, as dense.py's batch-1 GEMV (``BLOCK_N``
+     weight rows a tile, wide K steps, no split-K), the codes converted to f32 in
      registers and the decoded activation codes broadcast over the rows;
    - ``MMA=1``: ``tl.dot`` of float8e4nv operands (FP8 wgmma on sm_90 at 64-row tiles,
      mma.sync below) with the f32 accumulator kept in the dot. ``IMPRECISE`` > 0 passes
