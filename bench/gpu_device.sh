@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -57,6 +57,21 @@ case $stage in
     # references, then Llama-3.1-8B-geometry decode b1/8/64/256, bf16 vs FP8, one process
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fp8.py tests/gpu/test_int4.py 2>&1 | tee "$OUTD/fp8_kernels.log" | tail -5
     python3 bench/gpu_fp8.py --json "$OUTD/fp8_8b.json" 2>&1 | tee "$OUTD/fp8_8b.log" ;;
+  fp8-tune|fp8-sweep|fp8-tests|fp8-bench)  # issue 31 item 3: the FP8 tile sweep, then the
+    # FP8 kernel tests and bf16-vs-FP8 decode under its picks. fp8-tune runs all three; the
+    # parts fit the 10-minute call limit one each. The picks persist in $FP8_TILES (default
+    # $HOME/fp8_sweep.json) between calls on a warm machine; copied under $OUT each time.
+    FP8_TILES=${FP8_TILES:-$HOME/fp8_sweep.json}
+    if [ "$stage" = fp8-tune ] || [ "$stage" = fp8-sweep ]; then
+      python3 bench/gpu_fp8_sweep.py --budget-s "${FP8_SWEEP_S:-300}" --json "$FP8_TILES" 2>&1 | tee "$OUTD/fp8_sweep.log" | tail -60
+    fi
+    [ -f "$FP8_TILES" ] && cp "$FP8_TILES" "$OUTD/fp8_sweep.json" && export HELIOS_FP8_TILES="$FP8_TILES"
+    if [ "$stage" = fp8-tune ] || [ "$stage" = fp8-tests ]; then
+      python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu/test_fp8.py 2>&1 | tee "$OUTD/fp8_tests.log" | tail -15
+    fi
+    if [ "$stage" = fp8-tune ] || [ "$stage" = fp8-bench ]; then
+      python3 bench/gpu_fp8.py --json "$OUTD/fp8_8b.json" 2>&1 | tee "$OUTD/fp8_8b.log" | tail -12
+    fi ;;
   fp8-acc)  # issue 31 (the SmolLM2 GGUF parked): FP8 vs bf16 accuracy on the cuda backend
     python3 bench/fp8_accuracy.py --backend cuda --out "$OUTD/fp8_accuracy_cuda.json" 2>&1 | tail -40 | tee "$OUTD/fp8_accuracy.log" ;;
   bench8b)

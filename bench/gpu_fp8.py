@@ -12,7 +12,9 @@ batch, then released before the next format loads. The FP8 core's embedding and 
 stay bf16 (as the export keeps them), and its capture has the packed bf16 path off (as
 the export does), so the bf16 core here is captured the default way (packed path on) —
 the baseline a bf16 export serves with. Roofline: the weight bytes one decode step reads
-over the measured device copy bandwidth. Writes JSON with the commit and the card.
+over the measured device copy bandwidth. Writes JSON with the commit and the card, and
+which FP8 tiles the capture used: ``HELIOS_FP8_TILES`` (a bench/gpu_fp8_sweep.py JSON:
+its picks) or the committed ``launch._FP8_TILES`` table with ``fp8_default`` elsewhere.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -124,7 +127,8 @@ def main() -> None:
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
     bf16 = random_bf16_weights(shapes, 0, ckpt.geometry.rope_scaling)
     result = {"commit": git_commit(), "geometry": "llama-3.1-8b", "target": target,
-              "steps": args.steps, "prompt": args.prompt, "formats": {}}
+              "steps": args.steps, "prompt": args.prompt, "formats": {},
+              "fp8_tiles": os.environ.get("HELIOS_FP8_TILES") or "launch._FP8_TILES"}
     greedy = SamplingParams()
     for fmt in args.formats:
         t0 = time.perf_counter()

@@ -188,15 +188,42 @@ def check_linear(rng) -> bool:
     return ok
 
 
+# FP8 tile families of bench/gpu_fp8_sweep.py (launch._FP8_TILES cells): (T, N, K, tiles)
+# with K steps narrower than K and partial tiles, so each loop and mask runs: the GEMV at
+# several rows (one program row per token row), evict-first loads, the prologue pass
+# narrower than the product's K step, several row tiles a program (TILES, the last
+# partial), MMA tiles with IMPRECISE promotion.
+FP8_TILE_CASES = (
+    (4, 37, 160, dict(MMA=0, BLOCK_T=1, BLOCK_N=8, BLOCK_K=64, BLOCK_KS=32, WARPS=4,
+                      EVICT=1)),
+    (1, 70, 96, dict(MMA=0, BLOCK_T=1, BLOCK_N=32, BLOCK_K=32, BLOCK_KS=64, WARPS=2)),
+    (3, 37, 96, dict(MMA=0, BLOCK_T=1, BLOCK_N=4, BLOCK_K=32, BLOCK_KS=32, WARPS=2,
+                     TILES=4)),
+    (9, 70, 160, dict(MMA=1, BLOCK_T=16, BLOCK_N=32, BLOCK_K=64, BLOCK_KS=32, WARPS=4,
+                      STAGES=3, IMPRECISE=32, TILES=2)),
+    (33, 130, 96, dict(MMA=1, BLOCK_T=32, BLOCK_N=64, BLOCK_K=32, BLOCK_KS=128, WARPS=4,
+                       STAGES=2)),
+)
+
+
 def check_fp8(rng) -> bool:
     """The FP8 W8A8 products (kernels_triton/fp8.py: the GEMV at one row, tl.dot on e4m3
     operands above) against kernels.fp8's references, with the interpreter's f32 -> e4m3
     conversion replaced by the exact one (``_fp_to_fp8``). Same codes, different f32
-    summation order: 1e-5 relative; tests/gpu/test_fp8.py is the verdict on hardware."""
+    summation order: 1e-5 relative; tests/gpu/test_fp8.py is the verdict on hardware.
+    The default rule's cases, then FP8_TILE_CASES through the swept-tile table."""
+    from helios_ignition.capture import launch as L
     from helios_tools.kernels.fp8 import quantize_rows
 
     ok = True
-    for T, N, Kd in [(1, 40, 96), (1, 130, 64), (3, 70, 64), (20, 96, 160), (40, 130, 48)]:
+    cases = [(T, N, Kd, None) for T, N, Kd in
+             [(1, 40, 96), (1, 130, 64), (3, 70, 64), (20, 96, 160), (40, 130, 48),
+              (1, 33, 100), (5, 40, 100), (70, 24, 256)]]
+    for T, N, Kd, tiles in [*cases, *FP8_TILE_CASES]:
+        saved = L._FP8_TILES
+        if tiles is not None:
+            bucket = next((r for r in L.FP8_ROWS if r >= T), L.FP8_ROWS[-1])
+            L._FP8_TILES = {(N, Kd, bucket): tiles}
         x = (rng.standard_normal((T, 2 * Kd)) * 3).astype(np.float32)
         g = (1 + 0.1 * rng.standard_normal(Kd)).astype(np.float32)
         codes, scales = quantize_rows(rng.standard_normal((N, Kd)).astype(np.float32))
@@ -211,10 +238,15 @@ def check_fp8(rng) -> bool:
             K.reference_op(op)(xin, *pre, codes, scales, ref, *tail)
             c = launch(op, xin, *pre, codes, scales, out, *tail)
             errs[op] = _rel(out - res, ref - res)
-        good = all(e < 1e-5 for e in errs.values())
+        L._FP8_TILES = saved
+        # The RMS prologue's reciprocal RMS and max are summed in another order than
+        # NumPy's (last-bit differences in the scale), which can move one activation
+        # across an e4m3 rounding boundary: one code of K flipped is ~1e-3 here.
+        good = all(e < (5e-3 if op.startswith("rmsnorm") else 1e-5)
+                   for op, e in errs.items())
         ok &= good
-        path = "MMA" if c["MMA"] else "GEMV"
-        print(f"{'ok ' if good else 'BAD'} fp8 T={T:<3} N={N:<4} K={Kd:<4} {path:<4} "
+        path = ("MMA" if c["MMA"] else "GEMV") + ("*" if tiles is not None else "")
+        print(f"{'ok ' if good else 'BAD'} fp8 T={T:<3} N={N:<4} K={Kd:<4} {path:<5} "
               + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     return ok
 

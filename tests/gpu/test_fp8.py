@@ -1,6 +1,8 @@
 """The FP8 W8A8 Triton products (kernels_triton/fp8.py) against their NumPy references
 (helios_tools/kernels/fp8.py) on the GPU, at SmolLM2 and Llama-3.1-8B shapes: batch 1
-(the GEMV), batched decode and prefill rows (tl.dot on e4m3 operands).
+(the GEMV), batched decode and prefill rows (tl.dot on e4m3 operands), and every op at
+the 8B matrices x 1, 8, 64, 256 and 1,024 rows (under the committed tile table, or the
+sweep's picks with ``HELIOS_FP8_TILES=<sweep JSON>``: bench/gpu_device.sh fp8-tune).
 
 The GPU converts activations to e4m3 with cvt.rn.satfinite (round to nearest even,
 saturating), the reference's rule, from the same f32 quotient ``a / s`` for ``linear_fp8``
@@ -14,6 +16,8 @@ inputs whose quotients are e4m3 values and ties.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from helios_tools import kernels as K
@@ -21,9 +25,13 @@ from helios_tools.kernels.fp8 import decode_e4m3, quantize_rows
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = [(1, 960, 576), (1, 6144, 4096), (1, 4096, 14336), (1, 28672, 4096),
-          (8, 6144, 4096), (64, 4096, 14336), (256, 28672, 4096), (300, 4096, 512),
-          (5, 1536, 576), (33, 576, 1536)]
+SHAPES = [(1, 960, 576), (5, 1536, 576), (33, 576, 1536), (300, 4096, 512), (3, 100, 100)]
+# The Llama-3.1-8B products (qkv, o, gate_up, down) at the row counts decode and prefill
+# launch: each row count takes its own path or tile (launch.fp8_constants).
+SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+ROWS_8B = [1, 8, 64, 256, 1024]
+OPS = ["linear_fp8", "linear_add_fp8", "rmsnorm_linear_fp8", "swiglu_linear_fp8",
+       "swiglu_linear_add_fp8"]
 
 
 def rel(a, b) -> float:
@@ -37,19 +45,33 @@ def rng(request):
     return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
 
 
-def _inputs(rng, T, N, K_):
+@functools.lru_cache(maxsize=2)
+def _weights(N: int, K_: int):
+    """Random finite e4m3 codes (either sign, never NaN) and per-row scales of an N x K
+    weight, drawn once per shape (quantizing 117M normal values per test would dominate):
+    each test draws fresh activations and residuals."""
+    rng = np.random.default_rng(N * 100003 + K_)
+    codes = (rng.integers(0, 0x7F, (N, K_), dtype=np.uint8)
+             | (rng.integers(0, 2, (N, K_), dtype=np.uint8) << 7))
+    scales = (1 / (448 * np.sqrt(K_)) * (1 + 0.1 * rng.random((N, 1)))).astype(np.float32)
+    return codes, scales
+
+
+def _inputs(rng, T, N, K_, weights=None):
     x = (rng.standard_normal((T, 2 * K_)) * 2).astype(np.float32)
     g = (1 + 0.1 * rng.standard_normal(K_)).astype(np.float32)
-    codes, scales = quantize_rows((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
+    if weights is None:
+        codes, scales = quantize_rows((rng.standard_normal((N, K_)) / np.sqrt(K_))
+                                      .astype(np.float32))
+    else:
+        codes, scales = weights
     res = rng.standard_normal((T, N)).astype(np.float32)
     return x, g, codes, scales, res
 
 
-@pytest.mark.parametrize("T,N,K_", SHAPES)
-@pytest.mark.parametrize("op", ["linear_fp8", "linear_add_fp8", "rmsnorm_linear_fp8",
-                                "swiglu_linear_fp8", "swiglu_linear_add_fp8"])
-def test_fp8_product(gpu, rng, op, T, N, K_):
-    x, g, codes, scales, res = _inputs(rng, T, N, K_)
+def _check(gpu, op, x, g, codes, scales, res, T, N, K_):
+    """The op on the GPU (outputs poisoned by the harness; the _add forms start from the
+    residual) against its NumPy reference: relative error of the product."""
     xin = x if op.startswith("swiglu") else np.ascontiguousarray(x[:, :K_])
     pre = (g,) if op.startswith("rmsnorm") else ()
     tail = (T, N, K_, 1e-5) if op.startswith("rmsnorm") else (T, N, K_)
@@ -60,7 +82,34 @@ def test_fp8_product(gpu, rng, op, T, N, K_):
                   *tail)["out"]
     if acc:
         out, ref = out - res, ref - res
-    assert rel(out, ref) < 2e-3
+    return rel(out, ref), out
+
+
+@pytest.mark.parametrize("T,N,K_", SHAPES)
+@pytest.mark.parametrize("op", OPS)
+def test_fp8_product(gpu, rng, op, T, N, K_):
+    err, _ = _check(gpu, op, *_inputs(rng, T, N, K_), T, N, K_)
+    assert err < 2e-3
+
+
+@pytest.mark.parametrize("T", ROWS_8B)
+@pytest.mark.parametrize("N,K_", SHAPES_8B)
+@pytest.mark.parametrize("op", OPS)
+def test_fp8_product_8b(gpu, rng, op, N, K_, T):
+    """Every op at every 8B matrix and row count (the GEMV at 1 row, the tiles above)."""
+    err, _ = _check(gpu, op, *_inputs(rng, T, N, K_, _weights(N, K_)), T, N, K_)
+    assert err < 2e-3
+
+
+@pytest.mark.parametrize("T", [1, 8, 64])
+def test_fp8_deterministic(gpu, rng, T):
+    """Two launches of one product on the same inputs agree bitwise (no atomics, no
+    split-K: greedy decode on FP8 cores repeats itself)."""
+    N, K_ = 4096, 14336
+    args = _inputs(rng, T, N, K_, _weights(N, K_))
+    _, a = _check(gpu, "swiglu_linear_add_fp8", *args, T, N, K_)
+    _, b = _check(gpu, "swiglu_linear_add_fp8", *args, T, N, K_)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("T", [1, 16, 64])

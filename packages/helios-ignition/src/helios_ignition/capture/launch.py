@@ -711,19 +711,74 @@ FP8_PROLOGUE = {"linear_fp8": 0, "linear_add_fp8": 0, "rmsnorm_linear_fp8": 1,
                 "swiglu_linear_fp8": 2, "swiglu_linear_add_fp8": 2}
 
 
+# FP8 product tiles per (N, K, rows bucket): the sweep's picks (bench/gpu_fp8_sweep.py
+# prints this table and writes it as "picks" in its JSON). Empty until a device run fills
+# it: every cell then takes fp8_default's guess, chosen only to compile without register
+# spills for sm_90. HELIOS_FP8_TILES=<sweep JSON> at capture reads the picks from a sweep's
+# output instead (the `fp8-tune` step of bench/gpu_device.sh captures that way).
+_FP8_TILES: dict[tuple[int, int, int], dict[str, int]] = {}
+# The row counts the sweep times; a launch of T rows takes the cell of the smallest >= T.
+FP8_ROWS = (1, 8, 16, 32, 64, 128, 256, 1024)
+FP8_TILES_FILE = os.environ.get("HELIOS_FP8_TILES", "")
+
+
+def _fp8_table() -> dict[tuple[int, int, int], dict[str, int]]:
+    """``_FP8_TILES``, or the picks of the sweep JSON named by HELIOS_FP8_TILES.
+
+    Raises:
+        ValueError: the file does not hold a sweep's picks.
+    """
+    if not FP8_TILES_FILE:
+        return _FP8_TILES
+    import json  # only when a sweep file is named (a sweep-time override)
+
+    try:
+        with open(FP8_TILES_FILE) as f:
+            picks = json.load(f)["picks"]
+        return {tuple(int(v) for v in key.split(",")): dict(c) for key, c in picks.items()}
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"HELIOS_FP8_TILES={FP8_TILES_FILE!r} is not a bench/gpu_fp8_sweep.py "
+                         f"JSON with picks: {exc}") from None
+
+
+def fp8_default(T: int, N: int, K: int) -> dict[str, int]:
+    """The unswept tiles (with ``WARPS`` / ``STAGES``) of a `T`-row FP8 product: one row on
+    the FMA units (``MMA=0``: 8 weight rows a program, K steps of up to 1024), else
+    ``tl.dot`` on e4m3 operands: 16 or 32 token rows by 32 columns (64 where N > 8192:
+    without split-K, narrow tiles give the 4096-wide matrices 128 programs), 64-wide K
+    steps, 4 warps; from 64 rows 64 x 128 tiles with 128-wide K steps at 8 warps (FP8
+    wgmma). Each compiles for sm_90 without register spills at the 8B shapes (150-202
+    registers at 64 rows).
+    ``IMPRECISE`` = the K step: the wgmma's partial sums are promoted to f32 once per K
+    step (accuracy first; the sweep times IMPRECISE=0, no promotion, and picks it where
+    it is faster and within the tests' bound)."""
+    if T == 1:
+        return dict(MMA=0, BLOCK_T=1, BLOCK_N=8, BLOCK_K=min(_np2(K, 32), 1024),
+                    BLOCK_KS=min(_np2(K, 32), 1024), WARPS=4)
+    if T < 64:
+        bk = min(_np2(K, 32), 64)
+        return dict(MMA=1, BLOCK_T=max(_np2(T), 16), BLOCK_N=32 if N <= 8192 else 64,
+                    BLOCK_K=bk, BLOCK_KS=min(_np2(K, 32), 128), WARPS=4, STAGES=3,
+                    IMPRECISE=bk)
+    bk = min(_np2(K, 32), 128)
+    return dict(MMA=1, BLOCK_T=64, BLOCK_N=128, BLOCK_K=bk, BLOCK_KS=min(_np2(K, 32), 128),
+                WARPS=8, STAGES=3, IMPRECISE=bk)
+
+
 def fp8_constants(T: int, N: int, K: int) -> dict[str, int]:
     """Tiles (with ``WARPS`` and ``STAGES``) of the FP8 products for `T` rows, `N` outputs
-    over `K`: one row on the FMA units (``MMA=0``, a GEMV of 16-row weight tiles, each
-    program its own amax pass over the row), else ``tl.dot`` on e4m3 operands with 16 to
-    64 token rows per program (the MMA's M; e4m3 needs K tiles of at least 32; 64 rows in
-    two stages keep the SwiGLU form's f32 gate and up tiles within sm_90's 227 KiB of
-    shared memory). Not yet swept on a GPU (bench/gpu_fp8.py times them)."""
-    bk = min(_np2(K, 32), 128)
-    if T == 1:
-        return dict(MMA=0, BLOCK_T=1, BLOCK_N=16, BLOCK_K=min(_np2(K, 32), 512), WARPS=4)
-    bt = min(max(_np2(T), 16), 64)
-    return dict(MMA=1, BLOCK_T=bt, BLOCK_N=64 if bt <= 32 else 128, BLOCK_K=bk,
-                WARPS=4 if bt <= 32 else 8, STAGES=3 if bt <= 32 else 2)
+    over `K`: the swept cell ``(N, K, smallest FP8_ROWS >= T)`` where the table has it,
+    else ``fp8_default``. A GEMV pick (``MMA=0``) runs one program row per token row."""
+    bucket = next((r for r in FP8_ROWS if r >= T), FP8_ROWS[-1])
+    pick = _fp8_table().get((N, K, bucket))
+    return fp8_flags(K, dict(pick) if pick else fp8_default(T, N, K))
+
+
+def fp8_flags(K: int, c: dict[str, int]) -> dict[str, int]:
+    """Tiles `c` with the alignment constants of K: ``K16`` (K a multiple of 16: vector
+    loads) and ``EVEN_K`` (K a multiple of both K steps: masks constant along K)."""
+    even = K % c["BLOCK_K"] == 0 and K % c.get("BLOCK_KS", 512) == 0
+    return {**c, "K16": int(K % 16 == 0), "EVEN_K": int(even)}
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
@@ -772,7 +827,8 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
         T, N, K = s[0], s[1], s[2]
         c = fp8_constants(T, N, K)
-        return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
+        rows = T if c["MMA"] == 0 else _cdiv(T, c["BLOCK_T"])
+        return _cfg((_cdiv(N, c["BLOCK_N"] * c.get("TILES", 1)), rows), c.pop("WARPS"), **c,
                     PRO=FP8_PROLOGUE[op], ACC=int(op in ("linear_add_fp8",
                                                          "swiglu_linear_add_fp8")))
     if op == "rope_kv_write":
