@@ -142,13 +142,15 @@ def served_run(threads: int, prompt: int, gen: int, concurrency: list[int],
     threads (HELIOS_CPU_THREADS for both):
 
         native    serve_load.native_loop in a child process: greedy decode at batch B for
-                  each of `native_batches` (aggregate tokens/s; rows at a PROMPT + GEN/2
-                  context, as a served request's mean)
+                  each of `native_batches` (aggregate tokens/s of the decode steps, rows
+                  at a PROMPT-token context; and request_tokens_per_s, timed from the
+                  PROMPT-token prefill's submit to the last token)
         served    helios-serve with the demo's settings (the recipe's max active rows, no
                   options) and ``serve_load.run_level``: at each of `concurrency`, C
                   streams of PROMPT-token chat prompts and GEN tokens (ignore_eos), after
-                  one unrecorded round; served/native = output tokens/s over the loop's at
-                  batch C
+                  one unrecorded round; served/native request (the target's ratio) =
+                  output tokens/s over the loop's request_tokens_per_s at batch C (both
+                  walls hold the prefill); served/native = over its decode-only rate
         rss       the server's VmHWM after startup and after the levels (KiB), against
                   1.5 x the GGUF's size + the KV cache it allocated (its startup log)
     """
