@@ -235,7 +235,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--gen", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="llama.cpp / Helios rounds (0: the served part alone)")
     ap.add_argument("--served-prompt", type=int, default=128,
                     help="prompt tokens of the served levels and the loop's context")
     ap.add_argument("--served-gen", type=int, default=64)
@@ -290,12 +291,12 @@ def main() -> int:
                          args.concurrency, args.native_batches,
                          Path(args.out).with_suffix(".server.log"))
               if args.served else None)
-    med = {name: {key: round(statistics.median(v), 1) for key, v in d.items()}
-           for name, d in runs.items()}
+    med = {name: {key: round(statistics.median(v), 1) if v else None
+                  for key, v in d.items()} for name, d in runs.items()}
     result = {
         "commit": git_commit(),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "cpu": info["llama.cpp"].get("cpu"), "python": sys.version.split()[0],
+                    "cpu": info.get("llama.cpp", {}).get("cpu"), "python": sys.version.split()[0],
                     "load_average": os.getloadavg(),
                     "shared": args.machine_note},
         "gguf": gguf.name, "threads": args.threads, "prompt_tokens": args.prompt,
@@ -304,8 +305,9 @@ def main() -> int:
         "setups": info,
         "tokens_per_s": med,
         "per_round": runs,
-        "ratio_to_llama_cpp": {name: {key: round(med[name][key] / med["llama.cpp"][key], 2)
-                                      for key in ("pp", "tg")} for name in variants},
+        "ratio_to_llama_cpp": ({name: {key: round(med[name][key] / med["llama.cpp"][key], 2)
+                                       for key in ("pp", "tg")} for name in variants}
+                               if args.rounds else None),
         "served": served,
     }
     print(f"median tokens/s {med}  ratio {result['ratio_to_llama_cpp']}")
