@@ -130,3 +130,19 @@ def test_thread_count_from_the_environment(monkeypatch):
     assert default_threads() == 3
     monkeypatch.delenv("HELIOS_CPU_THREADS")
     assert default_threads() == len(os.sched_getaffinity(0))
+
+
+def test_pool_parameters_match_the_library_and_do_not_poll():
+    """The threadpool parameters struct is the library's (ggml fills n_threads and its
+    default polling level 50 where this layout says), and the pool is made with poll 0
+    (ggml_lib.POOL_POLL: idle threads sleep after a graph instead of spinning)."""
+    import ctypes
+
+    from helios_serve.runtime.ggml_lib import POOL_POLL, _PoolParams, libraries
+
+    base, _ = libraries()
+    params = _PoolParams()
+    base.ggml_threadpool_params_init(ctypes.byref(params), 3)
+    assert (params.n_threads, params.poll, params.strict_cpu, params.paused) == (3, 50, False,
+                                                                                False)
+    assert POOL_POLL == 0

@@ -58,6 +58,22 @@ class _InitParams(ctypes.Structure):
                 ("no_alloc", ctypes.c_bool)]
 
 
+class _PoolParams(ctypes.Structure):  # struct ggml_threadpool_params (ggml.h)
+    _fields_ = [("cpumask", ctypes.c_bool * 512),  # GGML_MAX_N_THREADS
+                ("n_threads", ctypes.c_int), ("prio", ctypes.c_int),
+                ("poll", ctypes.c_uint32), ("strict_cpu", ctypes.c_bool),
+                ("paused", ctypes.c_bool)]
+
+
+# The pool's polling level after a graph: 0, its threads sleep on a condition variable
+# at once. ggml's default (50) spins each idle thread through 1024 * 128 * 50 pause
+# instructions (tens of ms) after every graph compute; a server's host work (sampling,
+# the scheduler, HTTP, detokenizing) then runs against spinning threads on the same
+# cores. Between nodes of one graph the threads still spin at ggml's barrier; waking a
+# sleeping pool costs once per graph compute (docs/cpu-kernels.md, Threads).
+POOL_POLL = 0
+
+
 class _CPlan(ctypes.Structure):  # struct ggml_cplan (ggml-cpu.h)
     _fields_ = [("work_size", ctypes.c_size_t), ("work_data", ctypes.c_void_p),
                 ("n_threads", ctypes.c_int), ("threadpool", ctypes.c_void_p),
@@ -236,9 +252,12 @@ class GgmlPrograms:
         self._meta_size = 1 << 16
         self.ctx = None
         self._ctx_for(0)
-        params = ctypes.create_string_buffer(8192)  # struct ggml_threadpool_params
-        base.ggml_threadpool_params_init(params, self.threads)
-        self.pool = cpu.ggml_threadpool_new(params)
+        params = _PoolParams()
+        base.ggml_threadpool_params_init(ctypes.byref(params), self.threads)
+        if params.n_threads != self.threads:  # the struct is not this library's
+            raise RuntimeLoadError("ggml_threadpool_params: unexpected layout")
+        params.poll = POOL_POLL
+        self.pool = cpu.ggml_threadpool_new(ctypes.byref(params))
         self._arena = np.zeros(0, np.uint8)
         self._work = np.zeros(0, np.uint8)
         self.sealed = False
