@@ -17,10 +17,10 @@ def test_linear_int4(gpu, T, N, K_):
     rng = np.random.default_rng(T * N + K_)
     group = 128 if K_ % 128 == 0 else 64
     x = rng.standard_normal((T, K_)).astype(np.float32)
-    packed, scales = quantize_int4((rng.standard_normal((N, K_)) / np.sqrt(K_))
+    packed, scales, zeros = quantize_int4((rng.standard_normal((N, K_)) / np.sqrt(K_))
                                    .astype(np.float32), group)
     ref = np.zeros((T, N), np.float32)
-    linear_int4(x, packed, scales, ref, T, N, K_)
-    out = gpu.run("linear_int4", x, packed, scales, np.zeros_like(ref), T, N, K_)["out"]
+    linear_int4(x, packed, scales, zeros, ref, T, N, K_)
+    out = gpu.run("linear_int4", x, packed, scales, zeros, np.zeros_like(ref), T, N, K_)["out"]
     assert np.isfinite(out).all()
     assert float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) < 1e-5
