@@ -636,6 +636,9 @@ def moe_constants(N: int, K: int) -> dict[str, int]:
 # RMS-norm form is its own kernel).
 INT4_PROLOGUE = {"linear_int4": 0, "linear_add_int4": 0, "rmsnorm_linear_int4": 0,
                  "swiglu_linear_int4": 2, "swiglu_linear_add_int4": 2}
+# From this many token rows the INT4 products compute output tiles with tl.dot (the GEMV
+# below it reads the weight once per row). Not yet swept on a GPU (bench/gpu_int4.py).
+INT4_MMA_ROWS = 32
 # The FP8 products' prologue constant PRO: 0 none, 1 the RMS norm, 2 SwiGLU.
 FP8_PROLOGUE = {"linear_fp8": 0, "linear_add_fp8": 0, "rmsnorm_linear_fp8": 1,
                 "swiglu_linear_fp8": 2, "swiglu_linear_add_fp8": 2}
@@ -694,13 +697,18 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, N, K = s[0], s[1], s[2]
         return _linear_config([T, N, K], (views[0], views[2], views[3])
                               if len(views) > 3 else (), tc=False)
-    if op in INT4_PROLOGUE:  # W4A16 GEMV per token row (kernels_triton/int4.py)
+    if op in INT4_PROLOGUE:  # W4A16 products (kernels_triton/int4.py)
         T, N, K = s[0], s[1], s[2]
         at = 3 if op == "rmsnorm_linear_int4" else 2  # the scales' view
         groups = int(views[at].shape[1]) if len(views) > at else K // 128
-        return _cfg((_cdiv(N, 16), T), 4, GROUP=K // groups, BLOCK_N=16,
-                    BLOCK_B=min(_np2(K // 2, 16), 256), PRO=INT4_PROLOGUE[op],
-                    ACC=int(op in ("linear_add_int4", "swiglu_linear_add_int4")))
+        common = dict(GROUP=K // groups, PRO=INT4_PROLOGUE[op],
+                      ACC=int(op in ("linear_add_int4", "swiglu_linear_add_int4")))
+        if T >= INT4_MMA_ROWS:  # output tiles on the tensor cores
+            bt = 32 if T <= 32 else 64
+            return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, **common, MMA=1, BLOCK_T=bt,
+                        BLOCK_N=64, BLOCK_B=16)
+        return _cfg((_cdiv(N, 16), T), 4, **common, MMA=0, BLOCK_T=32, BLOCK_N=16,
+                    BLOCK_B=min(_np2(K // 2, 16), 256))
     if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
         T, N, K = s[0], s[1], s[2]
         c = fp8_constants(T, N, K)
