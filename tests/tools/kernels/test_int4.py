@@ -24,19 +24,21 @@ def test_pack_puts_element_2i_in_the_low_nibble():
 
 def test_quantize_by_hand():
     """Group [7.5, -7.5, 0, 1.5] (group 4): scale (7.5 + 7.5) / 15 = 1, zero point
-    round(7.5) = 8 (ties to even), codes clip(round(w) + 8, 0, 15) = 15, 0, 8, 10; a zero
-    group: scale 1, zero point 0, codes 0. Dequantized: (code - zero) * scale."""
+    -round(-7.5) = 8 (ties to even), codes clip(round(w) + 8, 0, 15) = 15, 0, 8, 10; a zero
+    group: scale 1e-5 / 15 (AWQ's floor), zero point 0, codes 0. Dequantized:
+    (code - zero) * scale."""
     w = np.array([[7.5, -7.5, 0.0, 1.5, 0.0, 0.0, 0.0, 0.0]], np.float32)
     packed, scales, zeros = quantize_int4(w, group=4)
-    assert scales.tolist() == [[1.0, 1.0]] and zeros.tolist() == [[8.0, 0.0]]
+    assert scales.tolist() == [[1.0, np.float32(1e-5) / np.float32(15)]]
+    assert zeros.tolist() == [[8.0, 0.0]]
     assert unpack_int4(packed).tolist() == [[15, 0, 8, 10, 0, 0, 0, 0]]
     assert dequantize_int4(packed, scales, zeros).tolist() == [[7, -8, 0, 2, 0, 0, 0, 0]]
 
 
-def test_the_range_always_holds_zero():
-    """An all-positive group [1, 3]: min is taken as 0, so scale 3 / 15, zero point 0 and
-    codes 5, 15; zero itself is always exact (its code is the zero point)."""
-    packed, scales, zeros = quantize_int4(np.array([[1.0, 3.0]], np.float32), group=2)
+def test_an_all_positive_group_keeps_its_minimum():
+    """[1, 4] (AWQ does not widen the range to 0): scale 3 / 15 = 0.2, zero point
+    clip(-round(1 / 0.2), 0, 15) = 0 (-5 clipped), codes round(5) = 5 and round(20) -> 15."""
+    packed, scales, zeros = quantize_int4(np.array([[1.0, 4.0]], np.float32), group=2)
     assert scales.tolist() == [[np.float32(3) / np.float32(15)]] and zeros.tolist() == [[0.0]]
     assert unpack_int4(packed).tolist() == [[5, 15]]
 

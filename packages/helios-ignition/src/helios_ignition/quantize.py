@@ -36,6 +36,7 @@ from helios_tools.kernels.fp8 import FP8_FORMS, quantize_rows
 from helios_tools.kernels.int4 import INT4_FORMS, int4_group, quantize_int4
 
 from .capture import launch as launch_rules
+from .checkpoint.errors import UnsupportedTensorError
 from .capture.buffers import weight_resource_id
 from .capture.launch import launch_config
 
@@ -221,14 +222,14 @@ def int4_codes(checkpoint, sources: list[str]
     values.
 
     Raises:
-        ValueError: a stored source's group is not ``int4_group(K)``.
+        UnsupportedTensorError: a stored source's group is not ``int4_group(K)``.
     """
     stored = [checkpoint.int4(src) for src in sources] if hasattr(checkpoint, "int4") else []
     if stored and all(s is not None for s in stored):
         for src, (codes, scales, _) in zip(sources, stored, strict=True):
             k = codes.shape[1] * 2
             if k != scales.shape[1] * int4_group(k):
-                raise ValueError(f"{src}: INT4 groups of {k // scales.shape[1]} elements; "
+                raise UnsupportedTensorError(f"{src}: INT4 groups of {k // scales.shape[1]} elements; "
                                  f"the export declares groups of {int4_group(k)} at K = {k}")
         return tuple(np.ascontiguousarray(np.concatenate([s[i] for s in stored], axis=0))
                      for i in range(3))

@@ -45,11 +45,11 @@ def unpack_int4(packed: NDArray[np.uint8]) -> NDArray[np.uint8]:
 
 def quantize_int4(w: NDArray[np.floating], group: int = INT4_GROUP
                   ) -> tuple[NDArray[np.uint8], NDArray[np.float32], NDArray[np.float32]]:
-    """Asymmetric (min/max) group quantization of `w` [N, K] (K a multiple of `group`), as
-    AWQ's ``pseudo_quantize_tensor`` with ``zero_point=True``:
-    ``scale = (max - min) / 15`` over the group with min <= 0 <= max (1 for a zero group),
-    ``zero = clip(round(-min / scale), 0, 15)``, ``code = clip(round(w / scale) + zero,
-    0, 15)`` (round half to even). Zero stays exact: its code is the zero point.
+    """Asymmetric (min/max) group quantization of `w` [N, K] (K a multiple of `group`),
+    AWQ's ``pseudo_quantize_tensor`` with ``zero_point=True`` in f32:
+    ``scale = max(max - min, 1e-5) / 15`` over the group,
+    ``zero = clip(-round(min / scale), 0, 15)``, ``code = clip(round(w / scale) + zero,
+    0, 15)`` (round half to even, as torch.round).
 
     Returns:
         (packed codes [N, K / 2] uint8, scales [N, K / group] f32, zero points
@@ -58,10 +58,10 @@ def quantize_int4(w: NDArray[np.floating], group: int = INT4_GROUP
     w = np.asarray(w, dtype=np.float32)
     n, k = w.shape
     g = w.reshape(n, k // group, group)
-    hi = np.maximum(g.max(axis=-1, keepdims=True), 0)
-    lo = np.minimum(g.min(axis=-1, keepdims=True), 0)
-    scale = np.where(hi > lo, (hi - lo) / np.float32(15), 1).astype(np.float32)
-    zero = np.clip(np.rint(-lo / scale), 0, 15).astype(np.float32)
+    hi = g.max(axis=-1, keepdims=True)
+    lo = g.min(axis=-1, keepdims=True)
+    scale = (np.maximum(hi - lo, np.float32(1e-5)) / np.float32(15)).astype(np.float32)
+    zero = np.clip(-np.rint(lo / scale), 0, 15).astype(np.float32)
     codes = np.clip(np.rint(g / scale) + zero, 0, 15).astype(np.uint8)
     return (pack_int4(codes.reshape(n, k)), scale.reshape(n, k // group),
             zero.reshape(n, k // group))
