@@ -36,9 +36,9 @@ from helios_tools.kernels.fp8 import FP8_FORMS, quantize_rows
 from helios_tools.kernels.int4 import INT4_FORMS, int4_group, quantize_int4
 
 from .capture import launch as launch_rules
-from .checkpoint.errors import UnsupportedTensorError
 from .capture.buffers import weight_resource_id
 from .capture.launch import launch_config
+from .checkpoint.errors import UnsupportedTensorError
 
 QUANTIZE_CHOICES = ("fp8", "int4")
 # The buffer the LM head reads (families/llama.py; a tied head reads the embedding).
