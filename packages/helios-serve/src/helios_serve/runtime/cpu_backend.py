@@ -134,7 +134,7 @@ class CpuBackend:
         storage = {b.name: b.storage for b in manifest.buffers if b.HasField("storage")
                    and b.storage.type in STORAGE_BLOCKS}
         self._ggml = GgmlPrograms(storage) if storage else None
-        self._fp8_values: dict[str, np.ndarray] = {}
+        self._decoded: dict[str, np.ndarray] = {}
         tiers = tiers or TierRows()
         planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE
                   and b.name not in tiers.rows]
@@ -291,14 +291,14 @@ class CpuBackend:
                 args.append(float(arg.float_value))
         if kernel.reference_op in FP8_OPS:  # e4m3 codes decoded once, shared by launches
             at = [p.name for p in kernel_params(kernel.reference_op)].index("weight")
-            if names[at] not in self._fp8_values:
-                self._fp8_values[names[at]] = decode_e4m3(args[at])
-            args[at] = self._fp8_values[names[at]]
+            if names[at] not in self._decoded:
+                self._decoded[names[at]] = decode_e4m3(args[at])
+            args[at] = self._decoded[names[at]]
         if kernel.reference_op in INT4_OPS:  # codes dequantized once (scales, zeros follow)
             at = [p.name for p in kernel_params(kernel.reference_op)].index("weight")
-            if names[at] not in self._fp8_values:
-                self._fp8_values[names[at]] = dequantize_int4(*args[at:at + 3])
-            args[at] = self._fp8_values[names[at]]
+            if names[at] not in self._decoded:
+                self._decoded[names[at]] = dequantize_int4(*args[at:at + 3])
+            args[at] = self._decoded[names[at]]
         records.append((kernel.reference_op, names, tuple(args)))
         if kernel.reference_op in COLLECTIVE_OPS:  # joins the ranks: their peers run it
             return getattr(self._collectives, kernel.reference_op), tuple(args)
