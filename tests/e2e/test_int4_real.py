@@ -80,9 +80,15 @@ def test_stored_codes_are_the_reference_quantization(int4_core):
     assert np.array_equal(deq, dequantize_int4(codes, scales, zeros))
 
 
-def test_lint_passes_for_both_backends(int4_core):
-    _, _, core = int4_core
-    assert lint_capabilities(core.contract, core.manifest, ["cpu", "cuda"]) == []
+def test_lint_core_passes_for_both_backends(int4_core):
+    """`helios-tools lint-core` (every rule, the resources' bytes, both backends' tables)."""
+    from click.testing import CliRunner
+    from helios_tools.cli import main as tools_main
+
+    path, public, _ = int4_core
+    result = CliRunner().invoke(tools_main, ["lint-core", str(path), "--trust", str(public),
+                                             "--accept", NAMESPACE, "--format", "json"])
+    assert json.loads(result.stdout)["findings"] == [] and result.exit_code == 0
 
 
 def test_a_zero_point_argument_must_be_the_weights_own(int4_core):
