@@ -221,3 +221,42 @@ def test_quantize_int4_needs_a_group_that_divides_k(tmp_path, make_checkpoint,
              if b.HasField("storage")}
     assert sizes["L0.wqkv"] == 64 and sizes["L0.w_down"] == 128
     assert pack_int4  # the layout the codes are stored in (kernels.int4)
+
+
+def test_an_int4_weight_without_zero_points_is_refused_on_both_backends(awq_core):
+    """runtime.storage: the INT4 forms read zero points; storage declaring none (the
+    symmetric form of the schema) has no zero-point argument they could take."""
+    manifest = type(awq_core.manifest)()
+    manifest.CopyFrom(awq_core.manifest)
+    decl = next(b for b in manifest.buffers if b.name == "L0.wo")
+    decl.storage.ClearField("zero_points")
+    for backend in ("cpu", "cuda"):
+        found = [f for f in lint_capabilities(awq_core.contract, manifest, [backend])
+                 if f.rule == "runtime.storage"]
+        readers = sum(1 for g in manifest.graphs for x in g.launches
+                      if any(a.buffer.buffer == "L0.wo" for a in x.args))
+        assert len(found) == readers > 0, [str(f) for f in found]  # one per launch
+        assert all(f.value == "L0.wo.zero" and f.detail.endswith(
+            "must read 'L0.wo''s own zero points (it declares none)") for f in found)
+
+
+def test_a_checkpoint_group_other_than_the_exports_is_refused(tmp_path, smollm2_frontend,
+                                                              signing_key_pair):
+    """q_proj stored in groups of 32 (two per row of 64): the export declares 64 at K = 64
+    and stops, naming the tensor, instead of regrouping."""
+    folder = _awq_folder(tmp_path, smollm2_frontend)
+    tensors = load_file(str(folder / SHARD.name))
+    prefix = "model.layers.0.self_attn.q_proj"
+    tensors[f"{prefix}.scales"] = np.repeat(tensors[f"{prefix}.scales"], 2, axis=0)
+    tensors[f"{prefix}.qzeros"] = np.repeat(tensors[f"{prefix}.qzeros"], 2, axis=0)
+    save_file(tensors, str(folder / SHARD.name))
+    private, _ = signing_key_pair
+    out = tmp_path / "x.core"
+    result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
+                        "--namespace", NAMESPACE, "--out", out, "--quantize", "int4")
+    errors = [x for x in result.stderr.splitlines() if x.startswith("ignition: error")]
+    assert result.exit_code != 0 and "Traceback" not in result.stderr
+    assert len(errors) == 1 and errors[0].endswith(
+        f"{prefix}.weight: INT4 groups of 32 elements; the export declares groups of 64 "
+        "at K = 64"), errors
+    assert not out.exists()
