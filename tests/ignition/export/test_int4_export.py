@@ -20,7 +20,7 @@ import pytest
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_ignition.checkpoint import load_safetensors_dir
 from helios_ignition.checkpoint.errors import UnsupportedTensorError
-from helios_ignition.checkpoint.safetensors_loader import gptq_codes
+from helios_ignition.checkpoint.safetensors_loader import awq_codes, gptq_codes
 from helios_serve.runtime.driver import Driver
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
@@ -131,6 +131,36 @@ def _gptq_pack(codes: np.ndarray, zeros: np.ndarray) -> tuple[np.ndarray, np.nda
     for i in range(8):
         qzeros |= z[:, i::8].astype(np.uint32) << (4 * i)
     return qweight.view(np.int32), qzeros.view(np.int32)
+
+
+def test_awq_order_by_hand():
+    """Nibble i of an AWQ word holds column (0, 2, 4, 6, 1, 3, 5, 7)[i]: the word
+    0x76543210 (nibble i = i) unpacks to columns 0, 4, 1, 5, 2, 6, 3, 7; 0xF..F to 15s."""
+    q = np.array([[0x76543210], [-1]], np.int64).astype(np.int32)
+    codes, zeros = awq_codes(q, q[:1])
+    assert codes.tolist() == [[0, 4, 1, 5, 2, 6, 3, 7], [15] * 8]
+    assert zeros.tolist() == [[0, 4, 1, 5, 2, 6, 3, 7]]
+
+
+def test_gptq_v2_zero_points_are_stored_as_they_are():
+    codes = np.arange(16, dtype=np.uint8).reshape(16, 1).repeat(8, axis=1)
+    zeros = np.arange(8, dtype=np.uint8).reshape(1, 8)
+    qweight, _ = _gptq_pack(codes, zeros)
+    qzeros = np.array([[0x76543210]], np.int64).astype(np.int32)
+    got_codes, got_zeros = gptq_codes(qweight, qzeros, v2=True)
+    assert np.array_equal(got_codes, codes) and got_zeros.tolist() == [list(range(8))]
+
+
+def test_a_packed_tensor_of_another_dtype_is_refused(tmp_path, smollm2_frontend):
+    folder = _awq_folder(tmp_path, smollm2_frontend)
+    tensors = load_file(str(folder / SHARD.name))
+    name = "model.layers.0.mlp.up_proj.qweight"
+    tensors[name] = tensors[name].view(np.float32)
+    save_file(tensors, str(folder / SHARD.name))
+    ck = load_safetensors_dir(folder)
+    with pytest.raises(UnsupportedTensorError, match=f"{name!r} has dtype F32; packed 4-bit "
+                       "tensors are I32"):
+        ck.tensor("model.layers.0.mlp.up_proj.weight")
 
 
 def test_gptq_packing_by_hand():
