@@ -707,7 +707,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
             bt = 32 if T <= 32 else 64
             return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, **common, MMA=1, BLOCK_T=bt,
                         BLOCK_N=64, BLOCK_B=16)
-        return _cfg((_cdiv(N, 16), T), 4, **common, MMA=0, BLOCK_T=32, BLOCK_N=16,
+        return _cfg((T, _cdiv(N, 16)), 4, **common, MMA=0, BLOCK_T=32, BLOCK_N=16,
                     BLOCK_B=min(_np2(K // 2, 16), 256))
     if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
         T, N, K = s[0], s[1], s[2]

@@ -2,8 +2,8 @@
 4-bit weight codes dequantized in registers, ``(code - zero) * scale`` per group of
 ``GROUP`` elements along K, against f32 activations on the FMA units, one program per
 ``BLOCK_N`` output rows and token row (a GEMV per row: batch-1 decode reads each weight
-byte once; larger batches read the weight once per row, which the L2 absorbs at decode
-sizes). Byte j holds elements 2j (low nibble) and 2j + 1 (high), which share a group
+byte once). The token row is the grid's first axis, so the programs of one weight tile
+for every row run next to each other and the rows after the first read it from L2. Byte j holds elements 2j (low nibble) and 2j + 1 (high), which share a group
 (``GROUP`` is even), so the even and odd activation columns load as two vectors and no
 interleave is needed.
 
@@ -137,8 +137,8 @@ def linear_int4(x, weight, weight_scale, weight_zero, out, T, N, K,
         _w4a16_tile(x, x, weight, weight_scale, weight_zero, out, T, N, K, 0.0,
                     tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, PRO, 0, ACC)
     else:
-        _w4a16_row(x, x, weight, weight_scale, weight_zero, out, N, K, 0.0, tl.program_id(0),
-                   tl.program_id(1), GROUP, BLOCK_N, BLOCK_B, PRO, 0, ACC)
+        _w4a16_row(x, x, weight, weight_scale, weight_zero, out, N, K, 0.0, tl.program_id(1),
+                   tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, PRO, 0, ACC)
 
 
 @triton.jit
@@ -152,7 +152,7 @@ def rmsnorm_linear_int4(x, norm_weight, weight, weight_scale, weight_zero, out, 
                     tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, 0, 1, ACC)
     else:
         _w4a16_row(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps,
-                   tl.program_id(0), tl.program_id(1), GROUP, BLOCK_N, BLOCK_B, 0, 1, ACC)
+                   tl.program_id(1), tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, 0, 1, ACC)
 
 
 # Each INT4 form -> its kernel (the constants PRO and ACC select the variant).
