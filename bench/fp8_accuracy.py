@@ -1,19 +1,20 @@
-"""FP8 W8A8 accuracy of SmolLM2-135M-Instruct against its bf16 core (issue 31, "Accuracy,
-measured").
+"""FP8 W8A8 and INT4 W4A16 accuracy of SmolLM2-135M-Instruct against its bf16 core (issue
+31, "Accuracy, measured").
 
-Exports two cores of the same checkpoint (the embedded GGUF; its blocks dequantized at
-export): bf16 weights, and ``--quantize fp8`` (the products' matrices as e4m3 codes with
-per-output-channel scales, activations quantized per token when served). Then, on the
-chosen backend:
+Exports cores of the same checkpoint (the embedded GGUF; its blocks dequantized at
+export): bf16 weights, ``--quantize fp8`` (the products' matrices as e4m3 codes with
+per-output-channel scales, activations quantized per token when served) and ``--quantize
+int4`` (packed 4-bit codes, group 128 or 64 along K with scales and zero points, f32
+activations). Then, on the chosen backend, for each quantized format against bf16:
 
 - perplexity of each core on a fixed committed text (bench/prompts/fp8_accuracy_text.txt,
   teacher-forced: every position's logits predict the next token), and the mean per-token
-  KL divergence KL(bf16 || fp8) over the same positions (nats);
+  KL divergence KL(bf16 || format) over the same positions (nats);
 - greedy agreement on the golden prompts (tests/golden/smollm2_goldens.json) x 64 tokens:
-  the fraction of the 64 positions where the FP8 core's token equals the bf16 core's, and
+  the fraction of the 64 positions where the format's token equals the bf16 core's, and
   the first position where they differ (64: none).
 
-    OPENBLAS_NUM_THREADS=1 uv run python bench/fp8_accuracy.py   # cpu backend (~7 min)
+    OPENBLAS_NUM_THREADS=1 uv run python bench/fp8_accuracy.py   # cpu backend (~10 min)
     uv run python bench/fp8_accuracy.py --backend cuda        # on a GPU (kernels for --target)
 
 On a shared machine keep BLAS to one thread: OpenBLAS's spinning workers starved the
@@ -21,7 +22,8 @@ NumPy launch path here (a 45-minute run left unfinished; 7 minutes with one thre
 Greedy agreement counts equal tokens position by position, so after the first different
 token the two continuations rarely line up again: `first_difference` says where they part.
 
-Writes bench/results/fp8_accuracy_<backend>.json (commit, machine, backend, figures).
+Writes bench/results/quantized_accuracy_<backend>.json (commit, machine, backend, one row
+per format).
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ RECIPE = ROOT / "recipes" / "smollm2_135m_instruct.py"
 TEXT = ROOT / "bench" / "prompts" / "fp8_accuracy_text.txt"
 GOLDENS = ROOT / "tests" / "golden" / "smollm2_goldens.json"
 STEPS = 64
+FORMATS = {"fp8": "e4m3 per-channel weights, per-token dynamic e4m3 activations (W8A8); "
+                  "embedding and LM head bf16",
+           "int4": "4-bit codes, asymmetric groups (128 along K, 64 where 128 does not "
+                   "divide K) with f32 scales and zero points, f32 activations (W4A16); "
+                   "embedding and LM head bf16"}
 NAMESPACE = "bench"
 _KEYS: dict[Path, tuple[Path, Path]] = {}  # folder -> (private, public) key files
 
@@ -91,14 +98,18 @@ def main() -> int:
     parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--target", default="sm_90", help="with --backend cuda")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--formats", default="fp8,int4",
+                        help="comma-separated quantized formats to compare with bf16")
     args = parser.parse_args()
+    formats = args.formats.split(",")
     targets = (args.target,) if args.backend == "cuda" else ()
     goldens = json.loads(GOLDENS.read_text())
     prompts = [p["prompt_ids"] for p in goldens["prompts"]]
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        cores = {"bf16": _export(folder, None, targets), "fp8": _export(folder, "fp8", targets)}
+        cores = {"bf16": _export(folder, None, targets),
+                 **{f: _export(folder, f, targets) for f in formats}}
         tok = load_tokenizer(open_core(cores["bf16"], [load_public_key(_public(folder))])
                              .read_resource("tokenizer.json").decode())
         text_ids = tok.encode(TEXT.read_text(), add_special_tokens=False).ids
@@ -108,28 +119,31 @@ def main() -> int:
     rows = np.arange(len(targets_next))
     lp = {name: r[0] for name, r in results.items()}
     ppl = {name: float(np.exp(-lp[name][rows, targets_next].mean())) for name in lp}
-    kl = np.sum(np.exp(lp["bf16"]) * (lp["bf16"] - lp["fp8"]), axis=-1)
-    agree = []
-    for ref, got in zip(results["bf16"][1], results["fp8"][1], strict=True):
-        same = [a == b for a, b in zip(ref, got, strict=True)]
-        agree.append({"agreement": sum(same) / STEPS,
-                      "first_difference": same.index(False) if False in same else STEPS})
+    table = {}
+    for name in formats:
+        kl = np.sum(np.exp(lp["bf16"]) * (lp["bf16"] - lp[name]), axis=-1)
+        agree = []
+        for ref, got in zip(results["bf16"][1], results[name][1], strict=True):
+            same = [a == b for a, b in zip(ref, got, strict=True)]
+            agree.append({"agreement": sum(same) / STEPS,
+                          "first_difference": same.index(False) if False in same else STEPS})
+        table[name] = {
+            "format": FORMATS[name], "perplexity": ppl[name],
+            "mean_kl_vs_bf16_nats": float(kl.mean()), "max_kl_vs_bf16_nats": float(kl.max()),
+            "teacher_forced_top1_agreement": float(np.mean(lp["bf16"].argmax(-1)
+                                                           == lp[name].argmax(-1))),
+            "greedy": agree,
+            "greedy_agreement_mean": float(np.mean([a["agreement"] for a in agree])),
+        }
     result = {
         "commit": git_commit(), "machine": platform.node(), "backend": args.backend,
         "model": "SmolLM2-135M-Instruct (embedded GGUF, dequantized)",
-        "formats": {"bf16": "bf16 weights", "fp8": "e4m3 per-channel weights, "
-                    "per-token dynamic e4m3 activations (W8A8); embedding and LM head bf16"},
         "text": str(TEXT.relative_to(ROOT)), "text_tokens": len(text_ids),
-        "perplexity": ppl, "mean_kl_bf16_fp8_nats": float(kl.mean()),
-        "max_kl_bf16_fp8_nats": float(kl.max()),
-        "teacher_forced_top1_agreement": float(np.mean(lp["bf16"].argmax(-1)
-                                                       == lp["fp8"].argmax(-1))),
-        "greedy_steps": STEPS, "greedy": agree,
-        "greedy_agreement_mean": float(np.mean([a["agreement"] for a in agree])),
+        "bf16_perplexity": ppl["bf16"], "greedy_steps": STEPS, "formats": table,
         "seconds": round(time.time() - started, 1),
     }
     print(json.dumps(result, indent=1))
-    out = args.out or ROOT / "bench" / "results" / f"fp8_accuracy_{args.backend}.json"
+    out = args.out or ROOT / "bench" / "results" / f"quantized_accuracy_{args.backend}.json"
     write_json(out, result)
     return 0
 

@@ -252,22 +252,36 @@ def check_fp8(rng) -> bool:
 
 
 def check_int4(rng) -> bool:
-    """The W4A16 GEMV (kernels_triton/int4.py) against kernels.int4's reference."""
-    from helios_tools.kernels.int4 import linear_int4, quantize_int4
+    """The W4A16 products (kernels_triton/int4.py: every INT4 form, the row GEMV and the
+    tl.dot tiles from 32 rows) against kernels.int4's references: same dequantized values,
+    different f32 summation order (the interpreter's dot is f32; the GPU's is TF32:
+    tests/gpu/test_int4.py)."""
+    from helios_tools.kernels.int4 import INT4_FORMS, quantize_int4
 
     ok = True
     for T, N, Kd, group in [(1, 40, 256, 128), (1, 130, 512, 128), (3, 70, 1024, 128),
-                            (2, 33, 96, 32)]:
-        x = rng.standard_normal((T, Kd)).astype(np.float32)
-        packed, scales = quantize_int4(rng.standard_normal((N, Kd)).astype(np.float32), group)
-        ref = np.zeros((T, N), np.float32)
-        linear_int4(x, packed, scales, ref, T, N, Kd)
-        out = np.full((T, N), np.nan, np.float32)
-        launch("linear_int4", x, packed, scales, out, T, N, Kd)
-        err = _rel(out, ref)
-        good = err < 1e-6
+                            (2, 33, 96, 32), (8, 48, 256, 128), (32, 70, 256, 128),
+                            (40, 130, 192, 64), (64, 64, 128, 128)]:
+        x = rng.standard_normal((T, 2 * Kd)).astype(np.float32)
+        xk = np.ascontiguousarray(x[:, :Kd])
+        g = (1 + 0.1 * rng.standard_normal(Kd)).astype(np.float32)
+        packed, scales, zeros = quantize_int4(rng.standard_normal((N, Kd)).astype(np.float32),
+                                              group)
+        res = rng.standard_normal((T, N)).astype(np.float32)
+        errs = {}
+        for op in INT4_FORMS.values():
+            pre, xin = ((g,), xk) if op.startswith("rmsnorm") else ((), x if "swiglu" in op
+                                                                    else xk)
+            tail = (T, N, Kd, 1e-5) if op.startswith("rmsnorm") else (T, N, Kd)
+            ref, out = res.copy(), res.copy()
+            K.reference_op(op)(xin, *pre, packed, scales, zeros, ref, *tail)
+            c = launch(op, xin, *pre, packed, scales, zeros, out, *tail)
+            errs[op] = _rel(out - res, ref - res)
+        good = all(e < 1e-5 for e in errs.values())
         ok &= good
-        print(f"{'ok ' if good else 'BAD'} int4 T={T:<3} N={N:<4} K={Kd:<5} G={group:<4} {err:.1e}")
+        path = "MMA" if c["MMA"] else "GEMV"
+        print(f"{'ok ' if good else 'BAD'} int4 T={T:<3} N={N:<4} K={Kd:<5} G={group:<4} {path:<4} "
+              + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     return ok
 
 

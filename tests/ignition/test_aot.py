@@ -5,6 +5,8 @@ sm_90 with no GPU, the launch metadata lands in the manifest, and ``ignition exp
 
 from __future__ import annotations
 
+import types
+
 import pytest
 from helios_contract.schema import core_pb2
 from helios_ignition.capture.programs import capture
@@ -523,4 +525,26 @@ def test_prefill_tc_rule_and_compile_for_sm90(monkeypatch):
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC
         assert ck.global_scratch_bytes > 0  # device-side tensor descriptors
+        assert ck.shared_bytes <= 227 * 1024
+
+
+def test_int4_forms_compile_for_sm90():
+    """Each INT4 kernel and prologue (none, RMS norm, SwiGLU with the residual add) on
+    both of its paths (row GEMV below INT4_MMA_ROWS, tl.dot tiles from it) at SmolLM2
+    (group 64 and 128) and 8B shapes."""
+    from helios_ignition.capture.launch import launch_config
+    from helios_ignition.kernels_aot import compile_all
+    from helios_tools.kernels.int4 import int4_group
+
+    kernels = []
+    for op in ("linear_int4", "rmsnorm_linear_int4", "swiglu_linear_add_int4"):
+        for T, N, K in [(1, 960, 576), (64, 576, 1536), (256, 6144, 4096)]:
+            at = 3 if op.startswith("rmsnorm") else 2
+            views = [types.SimpleNamespace(shape=(N, K // int4_group(K)),
+                                           buffer=types.SimpleNamespace(dtype="f32"))] * 6
+            scalars = [T, N, K, 1e-5] if op.startswith("rmsnorm") else [T, N, K]
+            c = launch_config(op, scalars, views[:at + 1]).constants
+            kernels.append(variant_kernel(f"{op}{len(kernels)}", op, c))
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024

@@ -75,10 +75,11 @@ class RuntimeCapabilities:
         storage_forms: Per storage type, the ops of ``storage_ops`` with a form for that
             type (a GGUF block reader is no FP8 reader); a type absent here takes every
             op of ``storage_ops``.
-        storage_args: Ops that read a quantized weight's codes and scales as two
-            arguments (the FP8 products): op -> (index of the codes argument, index of
-            the scales argument). Such a launch must pass a weight of a storage type the
-            op is a form of, and that weight's own scale buffer.
+        storage_args: Ops that read a quantized weight's codes and scales as separate
+            arguments (the FP8 and INT4 products): op -> (index of the codes argument,
+            index of the scales argument[, index of the zero points argument]). Such a
+            launch must pass a weight of a storage type the op is a form of, and that
+            weight's own scale (and zero point) buffers.
     """
 
     backend: str
@@ -102,7 +103,7 @@ class RuntimeCapabilities:
     storage_types: frozenset[int] = frozenset()
     storage_ops: frozenset[str] = frozenset()
     storage_forms: Mapping[int, frozenset[str]] = field(default_factory=dict)
-    storage_args: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    storage_args: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def forms(self, storage_type: int) -> frozenset[str]:
         """The ops reading weights of `storage_type` the backend executes."""
@@ -350,11 +351,12 @@ def _storage_args(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) ->
                 op = kernels.get(launch.kernel, "")
                 if op not in caps.storage_args:
                     continue
-                w, s = caps.storage_args[op]
+                at = caps.storage_args[op]
                 args = launch.args
-                if max(w, s) >= len(args) or any(args[i].WhichOneof("value") != "buffer"
-                                                  for i in (w, s)):
+                if max(at) >= len(args) or any(args[i].WhichOneof("value") != "buffer"
+                                               for i in at):
                     continue  # the launch's arity and kinds: kernel.launch_args
+                w, s = at[0], at[1]
                 weight, scale = args[w].buffer.buffer, args[s].buffer.buffer
                 path = f"manifest.{kind}[{g}].launches[{j}].args"
                 st = storage.get(weight)
@@ -368,6 +370,13 @@ def _storage_args(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) ->
                                      f"{path}[{s}].buffer.buffer", scale,
                                      f"reference op {op!r} must read {weight!r}'s own scales "
                                      f"{st.scales.buffer!r}")
+                elif len(at) > 2 and args[at[2]].buffer.buffer != st.zero_points.buffer:
+                    zero = args[at[2]].buffer.buffer
+                    own = (f"zero points {st.zero_points.buffer!r}"
+                           if st.HasField("zero_points") else "zero points (it declares none)")
+                    yield Finding.of("runtime.storage", LaunchError,
+                                     f"{path}[{at[2]}].buffer.buffer", zero,
+                                     f"reference op {op!r} must read {weight!r}'s own {own}")
 
 
 def _frontend(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:

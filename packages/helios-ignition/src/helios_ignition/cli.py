@@ -96,11 +96,13 @@ def main() -> None:
 @click.option("--weight-dtype", type=click.Choice(["bf16", "f32", "gguf"]), default=None,
               help="Override the recipe's weight dtype (gguf: keep a GGUF checkpoint's "
                    "quantized blocks as they are; the cpu backend executes them).")
-@click.option("--quantize", type=click.Choice(["fp8"]), default=None,
+@click.option("--quantize", type=click.Choice(["fp8", "int4"]), default=None,
               help="fp8: store the products' weight matrices as FP8 e4m3 codes with one "
                    "scale per output channel (a checkpoint's own FP8 codes kept), served "
                    "W8A8 with activations quantized per token; embedding and LM head keep "
-                   "the weight dtype.")
+                   "the weight dtype. int4: W4A16, packed 4-bit codes in groups of 128 "
+                   "along K with f32 scales and zero points (AWQ's asymmetric scheme; an "
+                   "AWQ/GPTQ checkpoint's own codes repacked as stored).")
 @click.option("--target", "targets", multiple=True, callback=_targets,
               help="GPU target to compile kernels for (repeatable), e.g. sm_90.")
 @click.option("--carrier", type=click.Choice(["payload", "logical"]), default="payload",

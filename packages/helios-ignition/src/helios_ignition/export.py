@@ -51,7 +51,7 @@ from .checkpoint import (
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
 from .families import vision
 from .families.registry import FamilyMismatchError, family_shapes
-from .quantize import QUANTIZE_CHOICES, apply_fp8, fp8_weights, packed_path_off
+from .quantize import QUANTIZE_CHOICES, apply_quantize, packed_path_off, quantized_weights
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
     declare_storage,
@@ -457,10 +457,10 @@ def _check_quantize(quantize: str | None, recipe: Recipe, tensor_parallel: int) 
         raise ExportUsageError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, "
                                f"not {quantize!r}")
     if recipe.weight_dtype == "gguf":
-        raise ExportUsageError("--quantize fp8 and --weight-dtype gguf are exclusive (the "
-                               "gguf blocks are quantized already)")
+        raise ExportUsageError(f"--quantize {quantize} and --weight-dtype gguf are exclusive "
+                               "(the gguf blocks are quantized already)")
     if tensor_parallel > 1:
-        raise ExportUsageError("--quantize fp8 stores whole tensors: export without "
+        raise ExportUsageError(f"--quantize {quantize} stores whole tensors: export without "
                                "--tensor-parallel")
 
 
@@ -504,8 +504,9 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
             manifest's shapes become one rank's, split weights are stored once per rank
             with a per-rank weight catalog, and the programs carry the collectives.
         quantize: "fp8": store the products' weight matrices as FP8 e4m3 codes with
-            per-row scales, served W8A8 (helios_ignition.quantize); None: as the weight
-            dtype says.
+            per-row scales, served W8A8; "int4": as packed 4-bit codes with group-128
+            scales and zero points, served W4A16 (helios_ignition.quantize); None: as the
+            weight dtype says.
         progress: called as progress(step, done, total, unit) for the steps "kernels
             compiled" (kernel variants), "weights read" (weight tensors) and "bytes
             written" (decoded bytes stored in the core; unit "bytes"), as
@@ -585,11 +586,15 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                                    fold_layers=recipe.fold_layers,
                                    chunked_sampling=recipe.chunked_sampling)
     declare_storage(manifest, blocks)
-    fp8 = frozenset(fp8_weights(manifest)) if quantize == "fp8" else frozenset()
-    if quantize and not fp8:
+    chosen = frozenset(quantized_weights(manifest, quantize)) if quantize else frozenset()
+    if quantize and not chosen:
         raise ExportError(f"--quantize {quantize}: recipe {recipe.name}'s programs read no "
-                          "weight matrix through a product with an FP8 form")
-    apply_fp8(manifest, sorted(fp8, key=[b.name for b in manifest.buffers].index))
+                          f"weight matrix through a product with a {quantize} form")
+    if quantize:
+        apply_quantize(manifest, sorted(chosen, key=[b.name for b in manifest.buffers].index),
+                       quantize)
+    fp8 = chosen if quantize == "fp8" else frozenset()
+    int4 = chosen if quantize == "int4" else frozenset()
     blobs: dict[str, bytes] = {}
     if targets:
         from .kernels_aot import compile_targets  # imports Triton: only with --target
@@ -618,7 +623,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         written(len(tok) + len(tpl))
         stored = []
         for done, weight in enumerate(read_ahead(iter_stored_weights(
-                ckpt, shapes, recipe.weight_dtype, blocks, fp8))):
+                ckpt, shapes, recipe.weight_dtype, blocks, fp8, int4))):
             if progress:
                 progress("weights read", done + 1, weight_count, "")
             writer.add_resource(weight.resource_id, core_pb2.RESOURCE_KIND_WEIGHTS,

@@ -1,4 +1,13 @@
-"""``ignition export --quantize fp8``: FP8 (e4m3) W8A8 weights as manifest data.
+"""``ignition export --quantize fp8|int4``: quantized weights as manifest data.
+
+``int4`` (W4A16): the same matrices become ``STORAGE_TYPE_INT4`` storage (two codes a
+byte, groups of 128 along K, or 64/32 where 128 does not divide K: ``int4_group``) with
+``<name>.scale`` and ``<name>.zero`` ([rows, K / group] f32 each: AWQ's asymmetric
+scheme, helios_tools.kernels.int4) and each launch reading one
+becomes its INT4 form (``INT4_FORMS``: the scales, then the zero points, after the
+weight). A checkpoint's own AWQ/GPTQ codes are repacked as stored (``int4_codes``).
+
+``fp8``:
 
 After capture, every weight matrix whose every reader is a product with an FP8 form
 (``helios_tools.kernels.fp8.FP8_FORMS``: ``linear``, ``linear_add``, ``rmsnorm_linear``,
@@ -24,15 +33,20 @@ import numpy as np
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import kernel_params
 from helios_tools.kernels.fp8 import FP8_FORMS, quantize_rows
+from helios_tools.kernels.int4 import INT4_FORMS, int4_group, quantize_int4
 
 from .capture import launch as launch_rules
 from .capture.buffers import weight_resource_id
 from .capture.launch import launch_config
+from .checkpoint.errors import UnsupportedTensorError
 
-QUANTIZE_CHOICES = ("fp8",)
+QUANTIZE_CHOICES = ("fp8", "int4")
 # The buffer the LM head reads (families/llama.py; a tied head reads the embedding).
 LM_HEAD = "lm_head"
 SCALE_SUFFIX = ".scale"
+ZERO_SUFFIX = ".zero"
+# Each --quantize choice: the ops' forms for it and its storage type.
+FORMS = {"fp8": FP8_FORMS, "int4": INT4_FORMS}
 _DTYPE_NAMES = {mpb.D_TYPE_F32: "f32", mpb.D_TYPE_BF16: "bf16", mpb.D_TYPE_I32: "i32",
                 mpb.D_TYPE_U32: "u32"}
 _KINDS = {"buffer": mpb.PARAM_KIND_BUFFER, "i32": mpb.PARAM_KIND_I32, "f32": mpb.PARAM_KIND_F32}
@@ -55,8 +69,15 @@ def _programs(manifest: mpb.ExecutionManifest):
 
 
 def fp8_weights(manifest: mpb.ExecutionManifest) -> list[str]:
+    """``quantized_weights(manifest, "fp8")``."""
+    return quantized_weights(manifest, "fp8")
+
+
+def quantized_weights(manifest: mpb.ExecutionManifest, quantize: str) -> list[str]:
     """Weight matrices (2-D weight buffers, the LM head excepted) that every launch reads
-    as the ``weight`` parameter of an op with an FP8 form, in manifest order."""
+    as the ``weight`` parameter of an op with a form for `quantize` (``FORMS``), in
+    manifest order; for int4 also K divisible by a group (``int4_group``)."""
+    forms = FORMS[quantize]
     ops = {k.id: k.reference_op for k in manifest.kernels}
     matrices = {b.name for b in manifest.buffers
                 if b.role == mpb.BUFFER_ROLE_WEIGHT and len(b.shape) == 2 and b.name != LM_HEAD}
@@ -68,8 +89,9 @@ def fp8_weights(manifest: mpb.ExecutionManifest) -> list[str]:
             for spec, arg in zip(params, launch.args, strict=True):
                 name = arg.buffer.buffer if arg.WhichOneof("value") == "buffer" else None
                 if name in matrices:
-                    ok[name] = ok.get(name, True) and op in FP8_FORMS and spec.name == "weight"
-    return [b.name for b in manifest.buffers if ok.get(b.name)]
+                    ok[name] = ok.get(name, True) and op in forms and spec.name == "weight"
+    return [b.name for b in manifest.buffers if ok.get(b.name)
+            and (quantize != "int4" or int4_group(int(b.shape[1])) is not None)]
 
 
 class _ViewInfo:
@@ -81,53 +103,81 @@ class _ViewInfo:
 
 
 def apply_fp8(manifest: mpb.ExecutionManifest, names: list[str]) -> None:
-    """Declare `names` FP8 e4m3 storage with per-row scale buffers and rewrite every launch
-    reading one into the FP8 form of its op (in place; unused kernel variants dropped).
+    """``apply_quantize(manifest, names, "fp8")``."""
+    apply_quantize(manifest, names, "fp8")
+
+
+def _declare(manifest: mpb.ExecutionManifest, decl: mpb.Buffer, quantize: str) -> list[str]:
+    """Give `decl` the storage of `quantize` and add its side buffers; returns their names
+    in the order the forms read them."""
+    rows, k = (int(s) for s in decl.shape)
+    name = decl.name
+    if quantize == "fp8":
+        sides, cols = [name + SCALE_SUFFIX], 1
+        storage = mpb.TensorStorage(type=mpb.STORAGE_TYPE_FP8_E4M3, block_elements=k,
+                                    block_bytes=k,
+                                    scales=mpb.SideBuffer(buffer=sides[0], dtype=mpb.D_TYPE_F32))
+    else:
+        group = int4_group(k)
+        sides, cols = [name + SCALE_SUFFIX, name + ZERO_SUFFIX], k // group
+        storage = mpb.TensorStorage(
+            type=mpb.STORAGE_TYPE_INT4, block_elements=group, block_bytes=group // 2,
+            scales=mpb.SideBuffer(buffer=sides[0], dtype=mpb.D_TYPE_F32),
+            zero_points=mpb.SideBuffer(buffer=sides[1], dtype=mpb.D_TYPE_F32))
+    decl.dtype = mpb.D_TYPE_F32
+    decl.storage.CopyFrom(storage)
+    for side in sides:
+        manifest.buffers.add(name=side, dtype=mpb.D_TYPE_F32, shape=[rows, cols],
+                             role=mpb.BUFFER_ROLE_WEIGHT,
+                             weight_resource_id=weight_resource_id(side))
+    return sides
+
+
+def apply_quantize(manifest: mpb.ExecutionManifest, names: list[str], quantize: str) -> None:
+    """Declare `names` quantized storage of `quantize` (``fp8``: e4m3 codes with per-row
+    scales; ``int4``: packed codes with group-128 scales and zero points) and rewrite every
+    launch reading one into its op's form (in place; unused kernel variants dropped).
 
     Raises:
         ValueError: a name is not a 2-D weight of `manifest`.
     """
+    forms = FORMS[quantize]
     quantized = set(names)
+    sides: dict[str, list[str]] = {}
     decls = {b.name: b for b in manifest.buffers}
     for name in names:
         decl = decls.get(name)
         if decl is None or decl.role != mpb.BUFFER_ROLE_WEIGHT or len(decl.shape) != 2:
             raise ValueError(f"{name!r} is not a weight matrix of the manifest")
-        rows, k = (int(s) for s in decl.shape)
-        scale = name + SCALE_SUFFIX
-        decl.dtype = mpb.D_TYPE_F32
-        decl.storage.CopyFrom(mpb.TensorStorage(
-            type=mpb.STORAGE_TYPE_FP8_E4M3, block_elements=k, block_bytes=k,
-            scales=mpb.SideBuffer(buffer=scale, dtype=mpb.D_TYPE_F32)))
-        manifest.buffers.add(name=scale, dtype=mpb.D_TYPE_F32, shape=[rows, 1],
-                             role=mpb.BUFFER_ROLE_WEIGHT,
-                             weight_resource_id=weight_resource_id(scale))
+        sides[name] = _declare(manifest, decl, quantize)
     dtypes = {b.name: ("u8" if b.name in quantized else _DTYPE_NAMES.get(b.dtype, "f32"))
               for b in manifest.buffers}
     kernels = {k.id: k for k in manifest.kernels}
     for program in _programs(manifest):
         for launch in program.launches:
             op = kernels[launch.kernel].reference_op
-            if op not in FP8_FORMS:
+            if op not in forms:
                 continue
             names_ = [a.buffer.buffer if a.WhichOneof("value") == "buffer" else None
                       for a in launch.args]
             at = [spec.name for spec in kernel_params(op)].index("weight")
             if names_[at] not in quantized:
                 continue
-            _rewrite(launch, FP8_FORMS[op], at, names_[at], kernels, dtypes)
+            _rewrite(launch, forms[op], at, sides[names_[at]], kernels, dtypes)
     used = {launch.kernel for p in _programs(manifest) for launch in p.launches}
     keep = [k for k in kernels.values() if k.id in used]
     del manifest.kernels[:]
     manifest.kernels.extend(keep)
 
 
-def _rewrite(launch: mpb.Launch, op: str, at: int, weight: str,
+def _rewrite(launch: mpb.Launch, op: str, at: int, sides: list[str],
              kernels: dict[str, mpb.Kernel], dtypes: dict[str, str]) -> None:
-    rows = launch.args[at].buffer.shape[0]
+    rows, k = (int(s) for s in launch.args[at].buffer.shape)
+    cols = 1 if len(sides) == 1 else k // int4_group(k)
     args = list(launch.args)
-    scale = mpb.Argument(buffer=mpb.BufferView(buffer=weight + SCALE_SUFFIX, shape=[rows, 1]))
-    args.insert(at + 1, scale)
+    for i, side in enumerate(sides):
+        args.insert(at + 1 + i, mpb.Argument(buffer=mpb.BufferView(buffer=side,
+                                                                   shape=[rows, cols])))
     views = [_ViewInfo(a.buffer.shape, dtypes[a.buffer.buffer]) for a in args
              if a.WhichOneof("value") == "buffer"]
     scalars = [a.int_value if a.WhichOneof("value") == "int_value" else a.float_value
@@ -161,3 +211,27 @@ def fp8_codes(checkpoint, sources: list[str]) -> tuple[np.ndarray, np.ndarray]:
         scales = np.concatenate([s[1] for s in stored], axis=0)
         return np.ascontiguousarray(codes), np.ascontiguousarray(scales, dtype=np.float32)
     return quantize_rows(np.concatenate([checkpoint.tensor(src) for src in sources], axis=0))
+
+
+def int4_codes(checkpoint, sources: list[str]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The packed INT4 codes ([rows, K / 2] uint8), group scales and zero points
+    ([rows, K / group] f32 each, group ``int4_group(K)``) of the weight whose rows are `sources`' rows in order: the
+    checkpoint's own AWQ/GPTQ codes repacked where every source is stored in 4 bits
+    (``Checkpoint.int4``; never through floats), else ``quantize_int4`` of the sources'
+    values.
+
+    Raises:
+        UnsupportedTensorError: a stored source's group is not ``int4_group(K)``.
+    """
+    stored = [checkpoint.int4(src) for src in sources] if hasattr(checkpoint, "int4") else []
+    if stored and all(s is not None for s in stored):
+        for src, (codes, scales, _) in zip(sources, stored, strict=True):
+            k = codes.shape[1] * 2
+            if k != scales.shape[1] * int4_group(k):
+                raise UnsupportedTensorError(f"{src}: INT4 groups of {k // scales.shape[1]} elements; "
+                                 f"the export declares groups of {int4_group(k)} at K = {k}")
+        return tuple(np.ascontiguousarray(np.concatenate([s[i] for s in stored], axis=0))
+                     for i in range(3))
+    w = np.concatenate([checkpoint.tensor(src) for src in sources], axis=0)
+    return quantize_int4(w, int4_group(w.shape[1]))

@@ -17,7 +17,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 
 from .capture.buffers import rank_weight_resource_id, weight_resource_id
 from .families.llama import LlamaShapes, rope_inv_freq
-from .quantize import SCALE_SUFFIX, fp8_codes
+from .quantize import SCALE_SUFFIX, ZERO_SUFFIX, fp8_codes, int4_codes
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -128,7 +128,8 @@ def declare_storage(manifest, blocks: dict[str, str]) -> None:
 
 def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                         blocks: dict[str, str] | None = None,
-                        fp8: frozenset[str] = frozenset()) -> Iterator[StoredWeight]:
+                        fp8: frozenset[str] = frozenset(),
+                        int4: frozenset[str] = frozenset()) -> Iterator[StoredWeight]:
     """Yield every weight resource of a core with `shapes` (one rank's shapes when
     `shapes.ranks` > 1: each split weight yields one resource per rank), one at a time.
 
@@ -138,7 +139,9 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
     the core's weight catalog records. Matrices named in `fp8` (``quantize.fp8_weights``)
     are stored as e4m3 codes (uint8 [rows, K]), each followed by its per-row scales
     (``<name>.scale``, f32 [rows, 1]): the checkpoint's own FP8 codes where every source
-    has them, else quantized here (``quantize.fp8_codes``).
+    has them, else quantized here (``quantize.fp8_codes``). Matrices named in `int4` are
+    stored as packed 4-bit codes (uint8 [rows, K / 2]) followed by ``<name>.scale`` and
+    ``<name>.zero`` (f32 [rows, K / 128] each; ``quantize.int4_codes``).
     """
     blocks = blocks or {}
     head_source = shapes.checkpoint_tensors("lm_head")[0]
@@ -168,6 +171,17 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                 yield StoredWeight(name, weight_resource_id(name), None, sources, codes)
                 scale = name + SCALE_SUFFIX
                 yield StoredWeight(scale, weight_resource_id(scale), None, sources, scales)
+                continue
+            if rank is None and name in int4:  # packed codes, scales, zero points
+                names = shapes.checkpoint_tensors(name)
+                sources = tuple(Slice(src, 0, 0, checkpoint.expected_shape(src)[0])
+                                for src in names)
+                codes, scales, zeros = int4_codes(checkpoint, list(names))
+                assert codes.shape == (shape[0], shape[1] // 2), (name, codes.shape, shape)
+                yield StoredWeight(name, weight_resource_id(name), None, sources, codes)
+                for suffix, side in ((SCALE_SUFFIX, scales), (ZERO_SUFFIX, zeros)):
+                    yield StoredWeight(name + suffix, weight_resource_id(name + suffix), None,
+                                       sources, side)
                 continue
             if rank is None:  # whole tensors
                 names = shapes.checkpoint_tensors(name)

@@ -20,6 +20,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 
 from helios_tools.kernels.collective import COLLECTIVE_OPS
 from helios_tools.kernels.fp8 import FP8_FORMS
+from helios_tools.kernels.int4 import INT4_FORMS
 from helios_tools.kernels.registry import REFERENCE_OPS, kernel_params
 
 __all__ = ["BACKENDS", "CPU", "CUDA", "PACKED_BINDINGS"]
@@ -121,28 +122,42 @@ FP8_STORAGE_OPS = frozenset(FP8_FORMS.values())
 FP8_STORAGE_ARGS = {op: (names.index("weight"), names.index("weight_scale"))
                     for op in FP8_STORAGE_OPS
                     for names in [[p.name for p in kernel_params(op)]]}
+# INT4 (W4A16) weights: the ops of helios_tools.kernels.int4 (INT4_FORMS), which read the
+# codes, their group scales and zero points.
+INT4_STORAGE_OPS = frozenset(INT4_FORMS.values())
+INT4_STORAGE_ARGS = {op: (names.index("weight"), names.index("weight_scale"),
+                          names.index("weight_zero"))
+                     for op in INT4_STORAGE_OPS
+                     for names in [[p.name for p in kernel_params(op)]]}
 GGUF_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
                               "swiglu_linear_add", "embedding"})
 CPU_STORAGE_FORMS = {**{t: GGUF_STORAGE_OPS for t in CPU_STORAGE_TYPES},
-                     mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS}
-CPU_STORAGE_TYPES = CPU_STORAGE_TYPES | {mpb.STORAGE_TYPE_FP8_E4M3}
-CPU_STORAGE_OPS = GGUF_STORAGE_OPS | FP8_STORAGE_OPS
+                     mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS,
+                     mpb.STORAGE_TYPE_INT4: INT4_STORAGE_OPS}
+CPU_STORAGE_TYPES = CPU_STORAGE_TYPES | {mpb.STORAGE_TYPE_FP8_E4M3, mpb.STORAGE_TYPE_INT4}
+CPU_STORAGE_OPS = GGUF_STORAGE_OPS | FP8_STORAGE_OPS | INT4_STORAGE_OPS
 CPU = RuntimeCapabilities(backend="cpu",
                           reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
                           max_ranks=None, storage_types=CPU_STORAGE_TYPES,
                           storage_ops=CPU_STORAGE_OPS, storage_forms=CPU_STORAGE_FORMS,
-                          storage_args=FP8_STORAGE_ARGS, **_SERVING)
+                          storage_args={**FP8_STORAGE_ARGS, **INT4_STORAGE_ARGS},
+                          **_SERVING)
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.
 # One rank: collectives through NCCL inside the captured graph are not written yet
 # (issue 16; docs/tensor-parallel.md).
 # Quantized weights: FP8 e4m3 through the ``*_fp8`` Triton kernels
-# (helios_ignition/kernels_triton/fp8.py); the codes are uploaded as stored.
+# (helios_ignition/kernels_triton/fp8.py); the codes are uploaded as stored. INT4 through
+# the W4A16 kernels (kernels_triton/int4.py), codes, scales and zero points as stored.
 CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignment_bytes=16,
-                           max_ranks=1, storage_types=frozenset({mpb.STORAGE_TYPE_FP8_E4M3}),
-                           storage_ops=FP8_STORAGE_OPS,
-                           storage_forms={mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS},
-                           storage_args=FP8_STORAGE_ARGS, **_SERVING)
+                           max_ranks=1,
+                           storage_types=frozenset({mpb.STORAGE_TYPE_FP8_E4M3,
+                                                    mpb.STORAGE_TYPE_INT4}),
+                           storage_ops=FP8_STORAGE_OPS | INT4_STORAGE_OPS,
+                           storage_forms={mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS,
+                                          mpb.STORAGE_TYPE_INT4: INT4_STORAGE_OPS},
+                           storage_args={**FP8_STORAGE_ARGS, **INT4_STORAGE_ARGS},
+                           **_SERVING)
 
 BACKENDS = {"cpu": CPU, "cuda": CUDA}

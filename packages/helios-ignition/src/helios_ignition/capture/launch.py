@@ -706,6 +706,13 @@ def moe_constants(N: int, K: int) -> dict[str, int]:
             "BLOCK_K": 64 if K >= 64 else _np2(K, 16), "WARPS": 4}
 
 
+# The INT4 products' prologue constant PRO: 0 none, 2 SwiGLU (kernels_triton/int4.py; the
+# RMS-norm form is its own kernel).
+INT4_PROLOGUE = {"linear_int4": 0, "linear_add_int4": 0, "rmsnorm_linear_int4": 0,
+                 "swiglu_linear_int4": 2, "swiglu_linear_add_int4": 2}
+# From this many token rows the INT4 products compute output tiles with tl.dot (the GEMV
+# below it reads the weight once per row). Not yet swept on a GPU (bench/gpu_int4.py).
+INT4_MMA_ROWS = 32
 # The FP8 products' prologue constant PRO: 0 none, 1 the RMS norm, 2 SwiGLU.
 FP8_PROLOGUE = {"linear_fp8": 0, "linear_add_fp8": 0, "rmsnorm_linear_fp8": 1,
                 "swiglu_linear_fp8": 2, "swiglu_linear_add_fp8": 2}
@@ -819,10 +826,17 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, N, K = s[0], s[1], s[2]
         return _linear_config([T, N, K], (views[0], views[2], views[3])
                               if len(views) > 3 else (), tc=False)
-    if op == "linear_int4":  # W4A16 GEMV per token row (kernels_triton/int4.py)
-        T, N, K = s
-        groups = int(views[2].shape[1]) if len(views) > 2 else K // 128
-        return _cfg((_cdiv(N, 16), T), 4, GROUP=K // groups, BLOCK_N=16,
+    if op in INT4_PROLOGUE:  # W4A16 products (kernels_triton/int4.py)
+        T, N, K = s[0], s[1], s[2]
+        at = 3 if op == "rmsnorm_linear_int4" else 2  # the scales' view
+        groups = int(views[at].shape[1]) if len(views) > at else K // 128
+        common = dict(GROUP=K // groups, PRO=INT4_PROLOGUE[op],
+                      ACC=int(op in ("linear_add_int4", "swiglu_linear_add_int4")))
+        if T >= INT4_MMA_ROWS:  # output tiles on the tensor cores
+            bt = 32 if T <= 32 else 64
+            return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, **common, MMA=1, BLOCK_T=bt,
+                        BLOCK_N=64, BLOCK_B=16)
+        return _cfg((T, _cdiv(N, 16)), 4, **common, MMA=0, BLOCK_T=32, BLOCK_N=16,
                     BLOCK_B=min(_np2(K // 2, 16), 256))
     if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
         T, N, K = s[0], s[1], s[2]

@@ -25,6 +25,9 @@ BlockTypeReader = Callable[[str], "str | None"]
 # An FP8 checkpoint tensor's stored codes and per-row scales (uint8 e4m3 [rows, K], f32
 # [rows, 1]), or None for a tensor not stored in FP8.
 Fp8Reader = Callable[[str], "tuple[np.ndarray, np.ndarray] | None"]
+# A 4-bit (AWQ/GPTQ) checkpoint tensor's codes repacked into helios_tools.kernels.int4's
+# layout with its group scales and zero points, or None for a tensor not stored in 4 bits.
+Int4Reader = Callable[[str], "tuple[np.ndarray, np.ndarray, np.ndarray] | None"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Checkpoint:
     _read_blocks: BlockReader | None = field(default=None, repr=False, compare=False)
     _block_type: BlockTypeReader | None = field(default=None, repr=False, compare=False)
     _read_fp8: Fp8Reader | None = field(default=None, repr=False, compare=False)
+    _read_int4: Int4Reader | None = field(default=None, repr=False, compare=False)
 
     def fp8(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """`name`'s FP8 codes and per-row scales as stored (HF compressed-tensors / FBGEMM
@@ -67,6 +71,16 @@ class Checkpoint:
         """
         self.expected_shape(name)
         return self._read_fp8(name) if self._read_fp8 is not None else None
+
+    def int4(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """`name`'s 4-bit codes as an AWQ or GPTQ checkpoint stores them, repacked (no
+        float round trip) into ``(packed codes [out, in / 2] uint8, scales [out, in / G]
+        f32, zero points [out, in / G] f32)``; None for a tensor stored otherwise.
+
+        Raises:
+            UnsupportedTensorError: a GPTQ act-order (g_idx) permutation.
+        """
+        return self._read_int4(name) if self._read_int4 is not None else None
 
     def block_type(self, name: str) -> str | None:
         """The GGUF block type (ggml name, e.g. "Q4_1") `name` is stored in, read from the

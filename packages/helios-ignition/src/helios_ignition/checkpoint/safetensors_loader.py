@@ -8,7 +8,11 @@ BF16 has no NumPy dtype, so BF16 tensors are read as raw uint16 from the file (o
 the safetensors header) and widened exactly: float32 bits = bf16 bits << 16. FP8
 checkpoints (F8_E4M3 weights with their `weight_scale`, HF compressed-tensors / FBGEMM
 layouts) read as their codes times their scales; `Checkpoint.fp8` hands the codes and
-scales over as stored (`ignition export --quantize fp8` keeps them).
+scales over as stored (`ignition export --quantize fp8` keeps them). 4-bit AWQ and GPTQ
+checkpoints (`X.qweight`, `X.qzeros`, `X.scales`, GPTQ's `X.g_idx`; the format from
+config.json's `quantization_config.quant_method`) read as their dequantized weights;
+`Checkpoint.int4` hands the codes over repacked into helios_tools.kernels.int4's layout
+(`ignition export --quantize int4` keeps them, never through floats).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import numpy as np
 from helios_tools.kernels.fp8 import dequantize_rows
+from helios_tools.kernels.int4 import dequantize_int4, pack_int4
 from safetensors import safe_open
 
 from .checkpoint import Checkpoint
@@ -55,6 +60,43 @@ _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I1
 # `input_scale_ub`) are not read: activations are quantized per token when served.
 FP8_DTYPE = "F8_E4M3"
 FP8_SCALE_SUFFIX = "_scale"
+
+
+# 4-bit weight-only checkpoints: X.weight is stored as X.qweight (int32, eight codes each),
+# X.qzeros (int32, eight zero points each) and X.scales (F16 [in / group, out]).
+# AWQ (GEMM layout): qweight [in, out / 8], codes of eight output columns per int32 in the
+# order AWQ_ORDER (nibble i holds column 8c + AWQ_ORDER[i]); qzeros [in / group, out / 8]
+# the same way. GPTQ: qweight [in / 8, out], nibble i of row r holds input row 8r + i;
+# qzeros [in / group, out / 8] sequential along out, storing zero - 1 unless the
+# checkpoint_format is "gptq_v2"; g_idx [in] must be i // group (no act-order permutation).
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+INT4_PARTS = (".qweight", ".qzeros", ".scales")
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """int32 [..., C] -> uint8 [..., C, 8]: nibble i (bits 4i..4i+3) of each word."""
+    words = packed.astype(np.int64) & 0xFFFFFFFF
+    return ((words[..., None] >> (4 * np.arange(8))) & 0xF).astype(np.uint8)
+
+
+def awq_codes(qweight: np.ndarray, qzeros: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """AWQ GEMM qweight [in, out / 8] and qzeros [G, out / 8] (int32) -> codes [in, out]
+    and zero points [G, out] (uint8, 0..15) in column order."""
+    order = np.argsort(AWQ_ORDER)  # column 8c + j sits in nibble order[j]
+
+    def unpack(q):
+        return _nibbles(q)[..., order].reshape(q.shape[0], -1)
+
+    return unpack(qweight), unpack(qzeros)
+
+
+def gptq_codes(qweight: np.ndarray, qzeros: np.ndarray, v2: bool
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ qweight [in / 8, out] and qzeros [G, out / 8] (int32) -> codes [in, out] and
+    zero points [G, out] (0..15; v1 stores zero - 1, so 1 is added unless `v2`)."""
+    codes = np.moveaxis(_nibbles(qweight), -1, 1).reshape(-1, qweight.shape[1])
+    zeros = _nibbles(qzeros).reshape(qzeros.shape[0], -1).astype(np.int16)
+    return codes, (zeros if v2 else (zeros + 1) & 0xF).astype(np.uint8)
 
 
 def _read_json(path: Path) -> Any:
@@ -241,10 +283,26 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
             where[name] = (shard, info["dtype"], tuple(info["shape"]), data_start + begin,
                            end - begin)
     names = tuple(geometry.tensor_shapes())
+    quant = config.get("quantization_config") or {}
+    method = str(quant.get("quant_method", "")).lower()
+    int4_names: set[str] = set()
     for name in names:
         if geometry.vision is not None and name.startswith("model.") and \
                 not name.startswith((VISION_PREFIX, "model.connector.")):
             name = "model.text_model." + name[len("model."):]
+        prefix = name.removesuffix(".weight")
+        if name not in where and prefix + ".qweight" in where:
+            if method not in ("awq", "gptq") or int(quant.get("bits", 4)) != 4:
+                raise UnsupportedTensorError(
+                    f"{folder}: {prefix}.qweight is 4-bit packed but config.json's "
+                    f"quantization_config is {method or 'absent'!r} with bits "
+                    f"{quant.get('bits')}; only 4-bit awq and gptq are read")
+            for part in INT4_PARTS:
+                if prefix + part not in where:
+                    raise MissingTensorError(source, prefix + part,
+                                             f"(part of the {method} weight {name!r})")
+            int4_names.add(name)
+            continue
         if name not in where:
             raise MissingTensorError(source, name, f"in none of {[s.name for s in shards]}")
 
@@ -276,10 +334,12 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         return read_raw(name)
 
     def read_raw(name: str) -> np.ndarray:
-        entry = where.get(name)
+        entry = where.get(name) or where.get(name.removesuffix(".weight") + ".qweight")
         if entry is None:
             raise MissingTensorError(source, name)
         shard, dtype, shape, offset, nbytes = entry
+        if name in int4_names:  # the 4-bit checkpoint's weight, (code - zero) * scale
+            return dequantize_int4(*read_int4(name))
         if dtype == FP8_DTYPE:  # codes x their scales: the weight the FP8 checkpoint means
             codes, scales = read_fp8(name)
             return dequantize_rows(codes, scales).reshape(shape)
@@ -318,6 +378,41 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         codes = np.fromfile(shard, dtype=np.uint8, count=nbytes, offset=offset).reshape(shape)
         return codes, scale
 
+    def read_int_tensor(name: str) -> np.ndarray:
+        shard, dtype, shape, offset, nbytes = where[name]
+        if dtype != "I32":
+            raise UnsupportedTensorError(f"{shard}: {name!r} has dtype {dtype}; packed 4-bit "
+                                         "tensors are I32")
+        return np.fromfile(shard, dtype="<i4", count=nbytes // 4, offset=offset).reshape(shape)
+
+    def read_int4(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(packed codes [out, in / 2] uint8, scales, zero points [out, in / group] f32)."""
+        prefix = name.removesuffix(".weight")
+        qweight, qzeros = read_int_tensor(prefix + ".qweight"), read_int_tensor(prefix + ".qzeros")
+        scales = read_raw(prefix + ".scales").astype(np.float32)
+        if method == "awq":
+            codes, zeros = awq_codes(qweight, qzeros)
+        else:
+            codes, zeros = gptq_codes(qweight, qzeros,
+                                      quant.get("checkpoint_format") == "gptq_v2")
+        k, n = codes.shape
+        if scales.shape[1] != n or zeros.shape != scales.shape or k % scales.shape[0]:
+            raise CheckpointFormatError(
+                f"{source}: {prefix} has codes [{k}, {n}], scales {list(scales.shape)} and "
+                f"zero points {list(zeros.shape)}: not one group layout")
+        group = k // scales.shape[0]
+        if method == "gptq" and prefix + ".g_idx" in where:
+            g_idx = read_int_tensor(prefix + ".g_idx").reshape(-1)
+            if not np.array_equal(g_idx, np.arange(k) // group):
+                raise UnsupportedTensorError(
+                    f"{source}: {prefix}.g_idx permutes the groups (GPTQ act-order / "
+                    "desc_act); re-quantize with desc_act=False")
+        return (pack_int4(codes.T), np.ascontiguousarray(scales.T),
+                np.ascontiguousarray(zeros.T.astype(np.float32)))
+
+    def stored_int4(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        return read_int4(name) if name in int4_names else None
+
     def stored_fp8(name: str) -> tuple[np.ndarray, np.ndarray] | None:
         if geometry.vision is not None and name.startswith("model.") and \
                 not name.startswith((VISION_PREFIX, "model.connector.")):
@@ -336,6 +431,7 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         tensor_names=names,
         _read=read,
         _read_fp8=stored_fp8,
+        _read_int4=stored_int4,
     )
 
 

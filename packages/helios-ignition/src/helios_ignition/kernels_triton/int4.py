@@ -1,9 +1,23 @@
-"""W4A16 product ``linear_int4`` (NumPy reference: helios_tools/kernels/int4.py): packed
-4-bit weight codes dequantized in registers against f32 activations on the FMA units,
-one program per ``BLOCK_N`` output rows and token row (a GEMV per row: batch-1 decode
-reads each weight byte once). Byte j holds elements 2j (low nibble) and 2j + 1 (high),
-which share a group scale (``GROUP`` is even), so the even and odd activation columns
-load as two vectors and no interleave is needed."""
+"""W4A16 products ``*_int4`` (NumPy references: helios_tools/kernels/int4.py): packed
+4-bit weight codes dequantized in registers, ``(code - zero) * scale`` per group of
+``GROUP`` elements along K, against f32 activations on the FMA units, one program per
+``BLOCK_N`` output rows and token row (a GEMV per row: batch-1 decode reads each weight
+byte once). The token row is the grid's first axis, so the programs of one weight tile
+for every row run next to each other and the rows after the first read it from L2. Byte j holds elements 2j (low nibble) and 2j + 1 (high), which share a group
+(``GROUP`` is even), so the even and odd activation columns load as two vectors and no
+interleave is needed.
+
+From ``MMA_ROWS`` token rows (``MMA`` 1) a program computes a ``BLOCK_T`` x ``BLOCK_N``
+output tile instead: per group, the codes minus their zero point (small integers, exact
+in any float format) form the weight tile, ``tl.dot`` multiplies the even and odd
+activation columns by the low and high nibbles (TF32 tensor cores: the activations are
+rounded to TF32, the weight integers are exact), and the group's scale is applied to the
+f32 partial product. The weight is read once per ``BLOCK_T`` rows instead of once per row.
+
+``PRO`` selects the prologue applied to the activation row as it is loaded: 0 none,
+2 SwiGLU (``x`` is ``[T, 2K]``: gate columns, then up); ``rmsnorm_linear_int4`` scales
+the row by its RMS statistic (a first pass over the row) and the norm weight. ``ACC`` 1
+adds the product into ``out`` (the residual)."""
 
 from __future__ import annotations
 
@@ -12,28 +26,136 @@ import triton.language as tl
 
 
 @triton.jit
-def linear_int4(x, weight, weight_scale, out, T, N, K, GROUP: tl.constexpr = 128,
-                BLOCK_N: tl.constexpr = 16, BLOCK_B: tl.constexpr = 256):
-    pn = tl.program_id(0)
-    t = tl.program_id(1)
+def _w4a16_row(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps, pn, t,
+               GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+               PRO: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):
     n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     mn = n < N
     jb = tl.arange(0, BLOCK_B)  # byte index within the tile
     half = K // 2
     groups = K // GROUP
+    width = K * 2 if PRO == 2 else K  # the activation row's stride
+    xrow = x + t.to(tl.int64) * width
+    rstd = 1.0
+    if NORM:  # the RMS statistic of the whole row first
+        sq = tl.zeros((BLOCK_B,), dtype=tl.float32)
+        for b0 in range(0, half, BLOCK_B):
+            jj = b0 + jb
+            mj = jj < half
+            xe = tl.load(xrow + 2 * jj, mask=mj, other=0.0)
+            xo = tl.load(xrow + 2 * jj + 1, mask=mj, other=0.0)
+            sq += xe * xe + xo * xo
+        rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    xrow = x + t.to(tl.int64) * K
     wrow = weight + n.to(tl.int64)[:, None] * half
     srow = weight_scale + n.to(tl.int64)[:, None] * groups
+    zrow = weight_zero + n.to(tl.int64)[:, None] * groups
     for b0 in range(0, half, BLOCK_B):
         jj = b0 + jb
         mj = jj < half
         xe = tl.load(xrow + 2 * jj, mask=mj, other=0.0)
         xo = tl.load(xrow + 2 * jj + 1, mask=mj, other=0.0)
+        if PRO == 2:  # silu(gate) * up
+            ue = tl.load(xrow + K + 2 * jj, mask=mj, other=0.0)
+            uo = tl.load(xrow + K + 2 * jj + 1, mask=mj, other=0.0)
+            xe = xe / (1.0 + tl.exp(-xe)) * ue
+            xo = xo / (1.0 + tl.exp(-xo)) * uo
+        if NORM:
+            xe = xe * rstd * tl.load(norm_weight + 2 * jj, mask=mj, other=0.0)
+            xo = xo * rstd * tl.load(norm_weight + 2 * jj + 1, mask=mj, other=0.0)
         m2 = mn[:, None] & mj[None, :]
         byte = tl.load(wrow + jj[None, :], mask=m2, other=0)
-        s = tl.load(srow + (2 * jj // GROUP)[None, :], mask=m2, other=0.0)
-        lo = (byte & 0xF).to(tl.float32) - 8.0
-        hi = (byte >> 4).to(tl.float32) - 8.0
+        g = (2 * jj // GROUP)[None, :]
+        s = tl.load(srow + g, mask=m2, other=0.0)
+        z = tl.load(zrow + g, mask=m2, other=0.0)
+        lo = (byte & 0xF).to(tl.float32) - z
+        hi = (byte >> 4).to(tl.float32) - z
         acc += tl.sum((lo * xe[None, :] + hi * xo[None, :]) * s, axis=1)
-    tl.store(out + t.to(tl.int64) * N + n, acc, mask=mn)
+    optr = out + t.to(tl.int64) * N + n
+    if ACC:
+        acc += tl.load(optr, mask=mn, other=0.0)
+    tl.store(optr, acc, mask=mn)
+
+
+@triton.jit
+def _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps, pn, pt,
+                GROUP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                PRO: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):
+    HALF: tl.constexpr = GROUP // 2  # bytes of one group of a weight row
+    t = pt * BLOCK_T + tl.arange(0, BLOCK_T)
+    mt = t < T
+    n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = n < N
+    j = tl.arange(0, HALF)
+    half = K // 2
+    groups = K // GROUP
+    width = K * 2 if PRO == 2 else K
+    xrow = x + t.to(tl.int64)[:, None] * width
+    rstd = tl.full((BLOCK_T,), 1.0, tl.float32)
+    if NORM:  # each row's RMS statistic first
+        sq = tl.zeros((BLOCK_T, HALF), dtype=tl.float32)
+        for b0 in range(0, half, HALF):
+            jj = (b0 + j)[None, :]
+            xe = tl.load(xrow + 2 * jj, mask=mt[:, None], other=0.0)
+            xo = tl.load(xrow + 2 * jj + 1, mask=mt[:, None], other=0.0)
+            sq += xe * xe + xo * xo
+        rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps)
+    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    n64 = n.to(tl.int64)
+    for g in range(0, groups):
+        jj = g * HALF + j
+        xe = tl.load(xrow + 2 * jj[None, :], mask=mt[:, None], other=0.0)
+        xo = tl.load(xrow + 2 * jj[None, :] + 1, mask=mt[:, None], other=0.0)
+        if PRO == 2:  # silu(gate) * up
+            ue = tl.load(xrow + K + 2 * jj[None, :], mask=mt[:, None], other=0.0)
+            uo = tl.load(xrow + K + 2 * jj[None, :] + 1, mask=mt[:, None], other=0.0)
+            xe = xe / (1.0 + tl.exp(-xe)) * ue
+            xo = xo / (1.0 + tl.exp(-xo)) * uo
+        if NORM:
+            xe = xe * rstd[:, None] * tl.load(norm_weight + 2 * jj)[None, :]
+            xo = xo * rstd[:, None] * tl.load(norm_weight + 2 * jj + 1)[None, :]
+        byte = tl.load(weight + n64[:, None] * half + jj[None, :], mask=mn[:, None], other=0)
+        z = tl.load(weight_zero + n64 * groups + g, mask=mn, other=0.0)
+        s = tl.load(weight_scale + n64 * groups + g, mask=mn, other=0.0)
+        lo = (byte & 0xF).to(tl.float32) - z[:, None]
+        hi = (byte >> 4).to(tl.float32) - z[:, None]
+        part = tl.dot(xe, tl.trans(lo)) + tl.dot(xo, tl.trans(hi))
+        acc += part * s[None, :]
+    optr = out + t.to(tl.int64)[:, None] * N + n[None, :]
+    m2 = mt[:, None] & mn[None, :]
+    if ACC:
+        acc += tl.load(optr, mask=m2, other=0.0)
+    tl.store(optr, acc, mask=m2)
+
+
+@triton.jit
+def linear_int4(x, weight, weight_scale, weight_zero, out, T, N, K,
+                GROUP: tl.constexpr = 128, BLOCK_N: tl.constexpr = 16,
+                BLOCK_B: tl.constexpr = 256, PRO: tl.constexpr = 0, ACC: tl.constexpr = 0,
+                MMA: tl.constexpr = 0, BLOCK_T: tl.constexpr = 32):
+    if MMA:
+        _w4a16_tile(x, x, weight, weight_scale, weight_zero, out, T, N, K, 0.0,
+                    tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, PRO, 0, ACC)
+    else:
+        _w4a16_row(x, x, weight, weight_scale, weight_zero, out, N, K, 0.0, tl.program_id(1),
+                   tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, PRO, 0, ACC)
+
+
+@triton.jit
+def rmsnorm_linear_int4(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps,
+                        GROUP: tl.constexpr = 128, BLOCK_N: tl.constexpr = 16,
+                        BLOCK_B: tl.constexpr = 256, PRO: tl.constexpr = 0,
+                        ACC: tl.constexpr = 0, MMA: tl.constexpr = 0,
+                        BLOCK_T: tl.constexpr = 32):
+    if MMA:
+        _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps,
+                    tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, 0, 1, ACC)
+    else:
+        _w4a16_row(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps,
+                   tl.program_id(1), tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, 0, 1, ACC)
+
+
+# Each INT4 form -> its kernel (the constants PRO and ACC select the variant).
+INT4_TRITON = {"linear_int4": linear_int4, "linear_add_int4": linear_int4,
+               "swiglu_linear_int4": linear_int4, "swiglu_linear_add_int4": linear_int4,
+               "rmsnorm_linear_int4": rmsnorm_linear_int4}

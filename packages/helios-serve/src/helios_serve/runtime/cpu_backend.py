@@ -35,6 +35,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import kernel_params, reference_op
 from helios_tools.kernels.collective import COLLECTIVE_OPS
 from helios_tools.kernels.fp8 import FP8_FORMS, decode_e4m3
+from helios_tools.kernels.int4 import INT4_FORMS, dequantize_int4
 
 from ..config import format_bytes
 from ..startup import StartupLog
@@ -47,6 +48,7 @@ from .ggml_step import StepPrograms, step_graphs_enabled
 from .tiers import TierRows
 
 FP8_OPS = frozenset(FP8_FORMS.values())
+INT4_OPS = frozenset(INT4_FORMS.values())
 
 STORED_DTYPE = {
     mpb.D_TYPE_F32: np.dtype("<f4"),
@@ -127,11 +129,12 @@ class CpuBackend:
         self._decls = {b.name: b for b in manifest.buffers}
         # Quantized weights (Buffer.storage): kept as their blocks; the launches reading
         # them run as ggml graphs built below, once (runtime.ggml_lib).
-        # FP8 codes stay uint8 [rows, K] for the NumPy W8A8 ops (kernels.fp8) that name them.
+        # FP8 codes stay uint8 [rows, K] for the NumPy W8A8 ops (kernels.fp8) that name them;
+        # FP8 and INT4 codes are decoded to f32 once, at the first launch binding them.
         storage = {b.name: b.storage for b in manifest.buffers if b.HasField("storage")
                    and b.storage.type in STORAGE_BLOCKS}
         self._ggml = GgmlPrograms(storage) if storage else None
-        self._fp8_values: dict[str, np.ndarray] = {}
+        self._decoded: dict[str, np.ndarray] = {}
         tiers = tiers or TierRows()
         planes = [b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE
                   and b.name not in tiers.rows]
@@ -288,9 +291,14 @@ class CpuBackend:
                 args.append(float(arg.float_value))
         if kernel.reference_op in FP8_OPS:  # e4m3 codes decoded once, shared by launches
             at = [p.name for p in kernel_params(kernel.reference_op)].index("weight")
-            if names[at] not in self._fp8_values:
-                self._fp8_values[names[at]] = decode_e4m3(args[at])
-            args[at] = self._fp8_values[names[at]]
+            if names[at] not in self._decoded:
+                self._decoded[names[at]] = decode_e4m3(args[at])
+            args[at] = self._decoded[names[at]]
+        if kernel.reference_op in INT4_OPS:  # codes dequantized once (scales, zeros follow)
+            at = [p.name for p in kernel_params(kernel.reference_op)].index("weight")
+            if names[at] not in self._decoded:
+                self._decoded[names[at]] = dequantize_int4(*args[at:at + 3])
+            args[at] = self._decoded[names[at]]
         records.append((kernel.reference_op, names, tuple(args)))
         if kernel.reference_op in COLLECTIVE_OPS:  # joins the ranks: their peers run it
             return getattr(self._collectives, kernel.reference_op), tuple(args)

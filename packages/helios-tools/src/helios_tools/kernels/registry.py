@@ -44,7 +44,13 @@ from .fused import (
     swiglu_linear,
     swiglu_linear_add,
 )
-from .int4 import linear_int4
+from .int4 import (
+    linear_add_int4,
+    linear_int4,
+    rmsnorm_linear_int4,
+    swiglu_linear_add_int4,
+    swiglu_linear_int4,
+)
 from .linear import linear, linear_invariant
 from .linear_splitk import (
     linear_packed,
@@ -294,10 +300,27 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
         _b("out", "f32", "inout"), *_i("T", "N", "K"),
     ),
-    # W4A16 (kernels/int4.py): packed 4-bit codes [N, K/2], group scales [N, K/G] f32.
+    # W4A16 forms of the products (kernels/int4.py): packed 4-bit codes [N, K/2], then
+    # their group scales and zero points ([N, K/G] f32 each, Buffer.storage's side buffers).
     "linear_int4": (
-        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"), _b("out", "f32", "out"),
-        *_i("T", "N", "K"),
+        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
+        _b("weight_zero", "f32"), _b("out", "f32", "out"), *_i("T", "N", "K"),
+    ),
+    "linear_add_int4": (
+        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
+        _b("weight_zero", "f32"), _b("out", "f32", "inout"), *_i("T", "N", "K"),
+    ),
+    "rmsnorm_linear_int4": (
+        _b("x", "f32"), _b("norm_weight", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
+        _b("weight_zero", "f32"), _b("out", "f32", "out"), *_i("T", "N", "K"), *_f("eps"),
+    ),
+    "swiglu_linear_int4": (
+        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
+        _b("weight_zero", "f32"), _b("out", "f32", "out"), *_i("T", "N", "K"),
+    ),
+    "swiglu_linear_add_int4": (
+        _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
+        _b("weight_zero", "f32"), _b("out", "f32", "inout"), *_i("T", "N", "K"),
     ),
     # Batched-decode GEMM path (kernels/linear_splitk.py): packed bf16 terms, K-split
     # products, fixed-order reduction.
@@ -617,6 +640,10 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "swiglu_linear_add": swiglu_linear_add,
     "linear_fp8": linear_fp8,
     "linear_int4": linear_int4,
+    "linear_add_int4": linear_add_int4,
+    "rmsnorm_linear_int4": rmsnorm_linear_int4,
+    "swiglu_linear_int4": swiglu_linear_int4,
+    "swiglu_linear_add_int4": swiglu_linear_add_int4,
     "linear_add_fp8": linear_add_fp8,
     "rmsnorm_linear_fp8": rmsnorm_linear_fp8,
     "swiglu_linear_fp8": swiglu_linear_fp8,
