@@ -1,4 +1,4 @@
-"""Where a decode step of the ``gguf`` core goes, per operation, at batch 1 and batch 8.
+"""Where a decode step (or a prefill) of the ``gguf`` core goes, per operation.
 
 ggml times operations only in debug builds, so this script times the real step's pieces
 itself, on SmolLM2-135M-Instruct's ``--weight-dtype gguf`` core (exported into bench/out/
@@ -24,8 +24,14 @@ be shared: the JSON records the load average before and after; compare within on
 This reads the backend's private fields (`_step_programs`, `_programs`): a bench, not an
 interface. Figures only; never asserted on.
 
+With ``--prefill`` the same is done for the prefill program instead: one row of a
+PROMPT-token prompt (llama-bench's pp PROMPT), each call of the prefill program timed as
+above (its period is the program call: the driver's work around it is not a step), the
+last prefill graph profiled node by node, batch 1 only.
+
 Run: `HELIOS_CPU_THREADS=1 uv run python bench/cpu_step_breakdown.py [--batches 1 8]
-[--prompt 128] [--gen 32] [--repeats 5]` -> bench/results/cpu_step_breakdown_t1.json
+[--prompt 128] [--gen 32] [--repeats 5] [--prefill]` ->
+bench/results/cpu_step_breakdown_t1.json
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ class Instrumented:
     def __init__(self, steps, name: str):
         self.steps, self.plan = steps, steps._programs[name]
         self.times: dict[str, list[float]] = defaultdict(list)
-        self.last: tuple[int, object, int] | None = None
+        self.last: list[tuple[int, object, int]] = []  # the last call's graphs, in order
         self.started: list[float] = []
 
     def __call__(self) -> None:
@@ -77,6 +83,7 @@ class Instrumented:
         self.started.append(start)
         host = compute = after = 0.0
         seen_graph = False
+        graphs = []
         for item in self.plan:
             t0 = time.perf_counter()
             if not hasattr(item, "choose"):  # a launch without a graph form
@@ -101,7 +108,8 @@ class Instrumented:
             cpu.ggml_graph_compute(graph, plan_ptr)
             compute += time.perf_counter() - t1
             seen_graph = True
-            self.last = (graph, plan_ptr, bucket)
+            graphs.append((graph, plan_ptr, bucket))
+        self.last = graphs
         self.times["host_values"].append(host)
         self.times["graph_compute"].append(compute)
         self.times["after_graph_numpy"].append(after)
@@ -155,19 +163,27 @@ def node_profile(steps, graph: int, plan_ptr, repeats: int) -> tuple[dict, float
     return groups, statistics.median(whole)
 
 
-def measure(model, batch: int, prompt: int, gen: int, repeats: int) -> dict:
+def measure(model, batch: int, prompt: int, gen: int, repeats: int,
+            kind: str = "decode") -> dict:
+    """One row of the table: ``kind`` "decode" times GEN decode steps of B rows, "prefill"
+    the prefill program's calls for B rows of a PROMPT-token prompt."""
     from helios_serve.runtime.driver import Driver  # after HELIOS_CPU_THREADS is set
 
     backend = model.backend
     steps = backend._step_programs
-    decode = [name for name in steps.programs() if name.startswith("decode")]
+    decode = [name for name in steps.programs() if name.startswith(kind)]
     originals = dict(backend._steps)
     tools = {name: Instrumented(steps, name) for name in decode}
     prompts = [[1 + (7 * j + 13 * r) % 4000 for j in range(prompt)] for r in range(batch)]
     Driver(model).generate(prompts, 4)  # warm: graphs placed, pages touched
     backend._steps.update(tools)
     try:
-        Driver(model).generate(prompts, 1 + gen)
+        if kind == "decode":
+            Driver(model).generate(prompts, 1 + gen)
+        else:  # three prefills of different prompts (no prefix reuse between them)
+            for rep in range(3):
+                Driver(model).generate([[1 + (t + 101 * (rep + 1)) % 4000 for t in p]
+                                        for p in prompts], 1)
     finally:
         backend._steps.update(originals)
     used = [t for t in tools.values() if t.times["graph_compute"]]
@@ -175,14 +191,31 @@ def measure(model, batch: int, prompt: int, gen: int, repeats: int) -> dict:
     pieces = {k: statistics.median(v) * 1e3 for k, v in tool.times.items()}
     # a decode step's period: start to start of consecutive decode calls (the driver's
     # and NativeModel's host work between them included)
-    step_s = statistics.median(b - a for a, b in zip(tool.started, tool.started[1:],
-                                                                strict=False))
-    graph, plan_ptr, bucket = tool.last
-    groups, whole = node_profile(steps, graph, plan_ptr, repeats)
+    step_s = (statistics.median(b - a for a, b in zip(tool.started, tool.started[1:],
+                                                                 strict=False))
+              if kind == "decode" else pieces["program_call"] / 1e3)
+    tokens = batch if kind == "decode" else batch * prompt
+    # every graph of the program's last call (a program whose launches leave the graphs
+    # at some operation runs as several graphs), profiled node by node and summed
+    groups, whole = {}, 0.0
+    for graph, plan_ptr, _ in tool.last:
+        if steps._current != graph:
+            if not steps.lib.gallocr_alloc_graph(steps._galloc, graph):
+                raise RuntimeError("ggml-alloc could not place a step graph")
+            steps._current = graph
+        part, part_whole = node_profile(steps, graph, plan_ptr, repeats)
+        whole += part_whole
+        for key, entry in part.items():
+            total = groups.setdefault(key, {"nodes": 0, "ms": 0.0})
+            total["nodes"] += entry["nodes"]
+            total["ms"] += entry["ms"]
+    bucket = tool.last[-1][2]
     return {
-        "batch": batch, "decode_program": next(k for k, v in tools.items() if v is tool),
-        "context_bucket": bucket, "step_ms": round(step_s * 1e3, 2),
-        "tokens_per_s": round(batch / step_s, 1),
+        "batch": batch, "kind": kind,
+        "decode_program": next(k for k, v in tools.items() if v is tool),
+        "context_bucket": bucket, "graphs": len(tool.last),
+        "step_ms": round(step_s * 1e3, 2),
+        "tokens_per_s": round(tokens / step_s, 1),
         "pieces_ms": {k: round(v, 3) for k, v in pieces.items()},
         "graph_nodes": sum(g["nodes"] for g in groups.values()),
         "graph_whole_ms": round(whole * 1e3, 3),
@@ -217,7 +250,7 @@ def table(results: list[dict]) -> str:
     for piece in ("host_values", "graph_compute", "after_graph_numpy", "program_call"):
         lines.append(row(f"step: {piece}", [r["pieces_ms"][piece] for r in results],
                          ["" for _ in results]))
-    lines.append(row("step period (decode call to call)", [r["step_ms"] for r in results],
+    lines.append(row("step period (decode call to call; prefill: the call)", [r["step_ms"] for r in results],
                      ["" for _ in results]))
     return "\n".join(lines)
 
@@ -228,6 +261,8 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prefill", action="store_true",
+                    help="profile the prefill program (batch 1) instead of decode steps")
     ap.add_argument("--out", default=str(BENCH / "results" / "cpu_step_breakdown_t1.json"))
     a = ap.parse_args()
     os.environ.setdefault("HELIOS_CPU_THREADS", "1")
@@ -246,8 +281,9 @@ def main() -> int:
     load_before = os.getloadavg()
     model = load_native(core, "cpu")
     results = []
-    for b in a.batches:
-        r = measure(model, b, a.prompt, a.gen, a.repeats)
+    kind = "prefill" if a.prefill else "decode"
+    for b in ([1] if a.prefill else a.batches):
+        r = measure(model, b, a.prompt, a.gen, a.repeats, kind)
         results.append(r)
         print(f"batch {b}: {r['step_ms']} ms/step, {r['tokens_per_s']} tok/s", flush=True)
     model.close()
@@ -260,7 +296,7 @@ def main() -> int:
                     "load_average_after": [round(x, 2) for x in os.getloadavg()],
                     "note": "2-core machine shared with other agents' jobs"},
         "threads": int(os.environ["HELIOS_CPU_THREADS"]), "ggml_simd": simd_features(),
-        "workload": {"prompt_tokens": a.prompt, "decode_steps": a.gen,
+        "workload": {"kind": kind, "prompt_tokens": a.prompt, "decode_steps": a.gen,
                      "node_repeats": a.repeats},
         "results": results, "table": table(results).splitlines(),
     })
