@@ -71,7 +71,10 @@ def test_native_model_greedy_identity_with_mixed_steps(bootstrap):
         other = tok.encode("The three primary colors are").ids
         long = tok.encode(LONG[0]["content"]).ids
         assert len(long) > 300  # prefilled over several mixed steps of 256 tokens
-        requests = [(1, story, 24, 0), (2, other, 24, 0), (3, long, 6, 4)]
+        # 12 tokens: requests 1 and 2 have 1 (prefill) + 3 (decode) + 2 or 3 (mixed) when
+        # request 3's prompt is in, and decode 3 or more after it (the f32 model's cpu
+        # decode steps are most of this test's time: no more than that).
+        requests = [(1, story, 12, 0), (2, other, 12, 0), (3, long, 6, 4)]
         mixed, kinds = _run(model, model.manifests, requests)
         plain, plain_kinds = _run(model, dataclasses.replace(model.manifests,
                                                              mixed_capacities=()), requests)
@@ -96,7 +99,9 @@ def test_http_greedy_identity_while_a_long_prompt_joins(real_server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
                            timeout=600.0)
     name = server.settings.served_name
-    story = dict(model=name, messages=STORY, temperature=0, max_tokens=64)
+    # 24 tokens: the long prompt joins after the story's first token and is prefilled in
+    # 2 or 3 mixed steps; the story then decodes on beside the summary.
+    story = dict(model=name, messages=STORY, temperature=0, max_tokens=24)
     summary = dict(model=name, messages=LONG, temperature=0, max_tokens=8)
     alone = client.chat.completions.create(**story).choices[0].message.content
     alone_summary = client.chat.completions.create(**summary).choices[0].message.content
