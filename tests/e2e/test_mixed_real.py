@@ -1,5 +1,9 @@
 """Mixed generation programs on the real SmolLM2 (issue 27, item 2): greedy identity of
 mixed steps with the steps planned without them, through NativeModel and through HTTP.
+
+Both tests ride on the session's `real_server` (tests/e2e/conftest.py: the f32 core,
+max_active 4, queue 8): its bootstrap is only read here, and the HTTP test compares
+metric deltas, so a second bootstrap, model load and server would only repeat its work.
 """
 
 from __future__ import annotations
@@ -9,12 +13,9 @@ import threading
 
 import pytest
 from helios_serve.bootstrap import Bootstrap
-from helios_serve.clock import ObservationClock
-from helios_serve.config import ServeOptions, resolve
 from helios_serve.engine.plan import SamplingParams, StepKind
 from helios_serve.runtime.native_model import NativeModel
 from helios_serve.scheduler import FinishReason, SchedRequest, Scheduler
-from helios_serve.server import Server
 
 pytestmark = pytest.mark.slow
 
@@ -25,11 +26,9 @@ LONG = [{"role": "user", "content": "Summarize the following notes in one senten
 
 
 @pytest.fixture(scope="module")
-def bootstrap(smollm2_core_f32):
-    core = smollm2_core_f32
-    boot = Bootstrap.load(core.path, [core.public_key], core.namespace)
-    yield boot
-    boot.close()
+def bootstrap(real_server) -> Bootstrap:
+    """The session server's bootstrap (read only: prepared graphs, tokenizer, resources)."""
+    return real_server.bootstrap
 
 
 def test_the_smollm2_core_captures_mixed_programs(bootstrap):
@@ -72,7 +71,10 @@ def test_native_model_greedy_identity_with_mixed_steps(bootstrap):
         other = tok.encode("The three primary colors are").ids
         long = tok.encode(LONG[0]["content"]).ids
         assert len(long) > 300  # prefilled over several mixed steps of 256 tokens
-        requests = [(1, story, 24, 0), (2, other, 24, 0), (3, long, 6, 4)]
+        # 12 tokens: requests 1 and 2 have 1 (prefill) + 3 (decode) + 2 or 3 (mixed) when
+        # request 3's prompt is in, and decode 3 or more after it (the f32 model's cpu
+        # decode steps are most of this test's time: no more than that).
+        requests = [(1, story, 12, 0), (2, other, 12, 0), (3, long, 6, 4)]
         mixed, kinds = _run(model, model.manifests, requests)
         plain, plain_kinds = _run(model, dataclasses.replace(model.manifests,
                                                              mixed_capacities=()), requests)
@@ -89,45 +91,41 @@ def _metric(text: str, name: str) -> float:
                if line.startswith(name))
 
 
-def test_http_greedy_identity_while_a_long_prompt_joins(bootstrap):
+def test_http_greedy_identity_while_a_long_prompt_joins(real_server):
     import httpx
     import openai
 
-    settings = resolve(ServeOptions(port=0, max_active=4, queue_capacity=8), bootstrap.contract)
-    model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
-                             max_concurrency=settings.max_active)
-    server = Server.start(bootstrap, model, settings, ObservationClock())
-    try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                               timeout=600.0)
-        name = settings.served_name
-        story = dict(model=name, messages=STORY, temperature=0, max_tokens=64)
-        summary = dict(model=name, messages=LONG, temperature=0, max_tokens=8)
-        alone = client.chat.completions.create(**story).choices[0].message.content
-        alone_summary = client.chat.completions.create(**summary).choices[0].message.content
-        before = httpx.get(server.url + "/metrics").text
-        joined: dict[str, str] = {}
-        started = threading.Event()
+    server = real_server
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                           timeout=600.0)
+    name = server.settings.served_name
+    # 24 tokens: the long prompt joins after the story's first token and is prefilled in
+    # 2 or 3 mixed steps; the story then decodes on beside the summary.
+    story = dict(model=name, messages=STORY, temperature=0, max_tokens=24)
+    summary = dict(model=name, messages=LONG, temperature=0, max_tokens=8)
+    alone = client.chat.completions.create(**story).choices[0].message.content
+    alone_summary = client.chat.completions.create(**summary).choices[0].message.content
+    before = httpx.get(server.url + "/metrics").text
+    joined: dict[str, str] = {}
+    started = threading.Event()
 
-        def long_prompt() -> None:
-            started.wait(600)
-            joined["summary"] = client.chat.completions.create(
-                **summary).choices[0].message.content
+    def long_prompt() -> None:
+        started.wait(600)
+        joined["summary"] = client.chat.completions.create(
+            **summary).choices[0].message.content
 
-        thread = threading.Thread(target=long_prompt)
-        thread.start()
-        parts = []
-        for chunk in client.chat.completions.create(**story, stream=True):
-            if chunk.choices and chunk.choices[0].delta.content:
-                parts.append(chunk.choices[0].delta.content)
-                started.set()  # the story decodes: the long prompt joins it
-        thread.join(600)
-        after = httpx.get(server.url + "/metrics").text
-        assert "".join(parts) == alone
-        assert joined["summary"] == alone_summary
-        launches = 'helios_graph_launches_total{operation="mixed"}'
-        assert _metric(after, launches) > _metric(before, launches)
-        assert _metric(after, "helios_mixed_lanes_total") > _metric(
-            before, "helios_mixed_lanes_total")
-    finally:
-        server.stop()
+    thread = threading.Thread(target=long_prompt)
+    thread.start()
+    parts = []
+    for chunk in client.chat.completions.create(**story, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+            started.set()  # the story decodes: the long prompt joins it
+    thread.join(600)
+    after = httpx.get(server.url + "/metrics").text
+    assert "".join(parts) == alone
+    assert joined["summary"] == alone_summary
+    launches = 'helios_graph_launches_total{operation="mixed"}'
+    assert _metric(after, launches) > _metric(before, launches)
+    assert _metric(after, "helios_mixed_lanes_total") > _metric(
+        before, "helios_mixed_lanes_total")

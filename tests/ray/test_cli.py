@@ -54,15 +54,16 @@ def test_inconsistent_scaling_options_are_one_line(tmp_path, options, message):
 
 
 @pytest.mark.slow
-def test_two_replicas_serve_locally_and_stop_on_sigint(tiny_served):
-    """The command end to end: its own local Ray cluster, 2 replicas, one answer, SIGINT."""
+def test_two_replicas_serve_on_a_joined_cluster_and_stop_on_sigint(tiny_served, ray_cluster):
+    """The command end to end: it joins the session's Ray cluster (`--ray-address`), serves
+    2 replicas, answers, and stops on SIGINT; the banner is stdout's only line."""
     import httpx
 
     core = tiny_served.core
     proc = subprocess.Popen(
         [str(RAY_CLI), str(core.path), "--trust", str(core.public_key), "--accept",
          core.namespace, "--replicas", "2", "--replica-cpus", "0.5", "--port", "0",
-         "--", "--max-active", "2"],
+         "--ray-address", ray_cluster, "--", "--max-active", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"})  # fmt: skip
     try:
@@ -78,3 +79,4 @@ def test_two_replicas_serve_locally_and_stop_on_sigint(tiny_served):
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=120)
     assert code == 0
+    assert proc.stdout.read() == ""  # Ray's own lines went to stderr

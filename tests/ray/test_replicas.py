@@ -1,8 +1,8 @@
 """Helios replicas on a local Ray Serve cluster (helios_serve.ray, docs/deploy.md).
 
-One Ray cluster for the module (starting one takes ~20 s on the CI machine); the tiny
-core's application first (2 replicas), then the real SmolLM2 core's replaces it for the
-replica-failure test. Each replica is a full helios-serve process.
+The session's Ray cluster (tests/ray/conftest.py) with Serve started for the module; the
+tiny core's application first (2 replicas), then the real SmolLM2 core's replaces it for
+the replica-failure test. Each replica is a full helios-serve process.
 """
 
 from __future__ import annotations
@@ -35,15 +35,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A local Ray cluster with Serve's HTTP proxy on a free port; yields its URL."""
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING",
-             log_to_driver=False)
+def cluster(ray_cluster):
+    """Serve on the session's Ray cluster, its HTTP proxy on a free port; yields its URL."""
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
-    ray.shutdown()
 
 
 def _deploy(core, **options) -> None:

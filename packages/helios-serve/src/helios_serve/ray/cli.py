@@ -6,9 +6,10 @@
 The core is verified here first (a bad core, key or namespace is one line and exit 2
 before Ray starts); then a local Ray cluster is started (or `--ray-address` joined), the
 application deployed, and `Helios is serving N replicas of CORE at URL (Ray Serve)`
-printed to stdout once every replica's /health answers. SIGINT or SIGTERM shuts Serve and
-Ray down (exit 0). A replica that cannot start is one line and exit 2. Options after
-`--` go to every replica's helios-serve (`--backend cuda`, `--max-active 8`, ...).
+printed to stdout once every replica's /health answers (stdout's only line: Ray's own
+output goes to stderr). SIGINT or SIGTERM shuts Serve and Ray down (exit 0). A replica
+that cannot start is one line and exit 2. Options after `--` go to every replica's
+helios-serve (`--backend cuda`, `--max-active 8`, ...).
 """
 
 from __future__ import annotations
@@ -118,6 +119,11 @@ def main(core, serve_args, trust, accept, resource_key, host, port, replicas, mi
         health_check_timeout_s=health_check_timeout, resource_key=key,
     )  # fmt: skip
     port = port or _free_port(host)
+    # Ray's driver prints forwarded worker lines and the cluster's error messages (a
+    # raylet's warning, a worker that died: tagged as stdout) to whatever sys.stdout is at
+    # print time; joining a cluster that already ran jobs prints some at once. They go to
+    # stderr, so that stdout carries the banner line alone, first, as scripts read it.
+    banner_out, sys.stdout = sys.stdout, sys.stderr
     try:
         ray.init(address=ray_address, include_dashboard=False, logging_level="WARNING")
     except Exception as exc:  # Ray raises a plain Exception (or ConnectionError) here
@@ -130,8 +136,8 @@ def main(core, serve_args, trust, accept, resource_key, host, port, replicas, mi
         ray.shutdown()
         _fail(f"the replicas did not start: {str(exc).strip().splitlines()[-1]}")
     click.echo(f"Helios is serving {replicas} replicas of {core} at http://{host}:{port} "
-               "(Ray Serve)", nl=True)
-    sys.stdout.flush()
+               "(Ray Serve)", file=banner_out)
+    banner_out.flush()
     stop = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     signal.sigwait(stop)
