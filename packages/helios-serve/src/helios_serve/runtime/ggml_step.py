@@ -13,7 +13,8 @@ built for (a context longer than every variant, no live row) runs it instead.
 
 Graph forms (each the math of its NumPy reference op in helios_tools.kernels):
 ``embedding``, ``rmsnorm``, ``add_rmsnorm``, ``linear``, ``linear_add``,
-``swiglu_linear``, ``swiglu_linear_add``, ``silu_mul``, ``rope_kv_write`` (RoPE in
+``swiglu_linear``, ``swiglu_linear_add``, ``silu_mul``, ``gelu_mul``, ``scale``,
+``head_rmsnorm`` (= ``qk_rmsnorm``: ``rms_norm`` per head), ``rope_kv_write`` (RoPE in
 ggml's half-split layout, then the keys and values stored in the paged cache by row
 index), ``attention_decode_split`` followed by its ``attention_decode_merge`` (one
 attention over the gathered cache rows: the split is a GPU scheduling detail),
@@ -57,7 +58,8 @@ GRAPH_OPS = frozenset({"embedding", "rmsnorm", "add_rmsnorm", "linear", "linear_
                        "swiglu_linear", "swiglu_linear_add", "silu_mul", "rope_kv_write",
                        "attention_decode_split", "attention_decode_merge",
                        "attention_prefill", "attention_decode_window",
-                       "attention_prefill_window"})
+                       "attention_prefill_window", "head_rmsnorm", "qk_rmsnorm",
+                       "gelu_mul", "scale"})
 
 
 def step_graphs_enabled() -> bool:
@@ -120,6 +122,8 @@ class _Lib:
             "ggml_mul_mat": ([vp, vp, vp], vp),
             "ggml_out_prod": ([vp, vp, vp], vp),
             "ggml_swiglu": ([vp, vp], vp),
+            "ggml_geglu": ([vp, vp], vp),
+            "ggml_scale": ([vp, vp, f], vp),
             "ggml_get_rows": ([vp, vp, vp], vp),
             "ggml_set_rows": ([vp, vp, vp, vp], vp),
             "ggml_concat": ([vp, vp, vp, i32], vp),
@@ -544,6 +548,46 @@ def _silu_mul(b: _Builder, names, args, writers, hosts) -> None:
     b.write(names[1], out, b.g.swiglu(b.ctx, b.read(names[0], x, T, 2 * K)), T, K)
 
 
+def _gelu_mul(b: _Builder, names, args, writers, hosts) -> None:
+    """GeGLU: ``geglu`` (ggml's tanh GELU of the gate half times the up half, the kernel
+    llama.cpp runs for Gemma's feed-forward)."""
+    x, out, T, F = args
+    b.write(names[1], out, b.g.geglu(b.ctx, b.read(names[0], x, T, 2 * F)), T, F)
+
+
+def _scale(b: _Builder, names, args, writers, hosts) -> None:
+    """``x *= factor`` in place: ``scale`` by the factor rounded to f32, as the reference."""
+    x, T, D, factor = args
+    y = b.g.scale(b.ctx, b.read(names[0], x, T, D), float(np.float32(factor)))
+    b.write(names[0], x, y, T, D)
+
+
+def _head_rmsnorm(b: _Builder, names, args, writers, hosts) -> None:
+    """RMS norm of every query and key head of fused [q; k; v] rows, in place
+    (``head_rmsnorm`` / ``qk_rmsnorm``): the q and k columns viewed as [HD, H + KVH, T],
+    one ``rms_norm`` over each head, times a gain table [HD, H + KVH] (the query gain on
+    the query heads, the key gain on the key heads, built once at load), the values
+    appended unchanged."""
+    qkv, q_gain, k_gain, T, H, KVH, HD, eps = args
+    g, ctx = b.g, b.ctx
+    W = (H + 2 * KVH) * HD
+    x = b.read(names[0], qkv, T, qkv.shape[1])
+    if qkv.shape[1] != W:
+        raise Unfusable("qkv rows wider than q, k and v")
+    row = _nb1(x)
+    key = ("head gains", q_gain.ctypes.data, k_gain.ctypes.data, H, KVH, HD)
+    if key not in hosts:  # the gains are weights: constant after load
+        hosts[key] = np.concatenate([np.tile(q_gain[:HD], (H, 1)),
+                                     np.tile(k_gain[:HD], (KVH, 1))]).astype(np.float32)
+    gains = g.new_tensor_2d(ctx, GGML_F32, HD, H + KVH)
+    b.o.attach(gains, hosts[key])
+    heads = g.view_3d(ctx, x, HD, H + KVH, T, HD * 4, row, 0)
+    qk = g.mul(ctx, g.rms_norm(ctx, heads, float(eps)), gains)
+    v = g.cont(ctx, g.view_2d(ctx, x, KVH * HD, T, row, (H + KVH) * HD * 4))
+    y = g.concat(ctx, g.reshape_2d(ctx, qk, (H + KVH) * HD, T), v, 0)
+    b.write(names[0], qkv, y, T, W)
+
+
 def _rope_freqs(inv_freq: np.ndarray, HD: int) -> tuple[float, np.ndarray | None]:
     """(freq_base, freq factors or None) with ggml's theta_i = pos * base^(-2i/HD) / f_i
     equal to pos * inv_freq[i].
@@ -891,6 +935,10 @@ _FORMS: dict[str, Callable] = {
     "swiglu_linear": _swiglu_linear,
     "swiglu_linear_add": lambda *a: _swiglu_linear(*a, op="swiglu_linear_add"),
     "silu_mul": _silu_mul,
+    "gelu_mul": _gelu_mul,
+    "scale": _scale,
+    "head_rmsnorm": _head_rmsnorm,
+    "qk_rmsnorm": _head_rmsnorm,  # the same operation under Qwen3's name
     "rope_kv_write": _rope_kv_write,
     "attention_decode_split": _attention_split,
     "attention_decode_merge": _attention_merge,
