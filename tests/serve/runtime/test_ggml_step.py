@@ -405,3 +405,41 @@ def test_a_launch_without_a_graph_form_splits_the_graph():
     steps.runner("p")()
     assert steps.graph_count == 2
     np.testing.assert_array_equal(out, oracle[2][2][0])
+
+
+def test_window_and_whole_context_attentions_in_one_graph_share_a_long_enough_bucket():
+    """A run holding a window attention (W = 3) before a whole-context one (Gemma 3's
+    local and global layers as one graph): the bucket holds the whole 18-position
+    context, and the window attention still reads only its window (pages behind it are
+    NaN)."""
+    r = _rng(8)
+    mp, window, B = 5, 3, 2
+    lengths = [18, 9]
+    wtable, wk, wv = _windowed(r, lengths, window)
+    gk = r.standard_normal((16, PT, KVH, HD)).astype(np.float32)
+    gv = r.standard_normal((16, PT, KVH, HD)).astype(np.float32)
+    gtable = r.permutation(16)[:2 * mp].reshape(2, mp).astype(np.int32)
+    slot = np.array([0, 1], np.int32)
+    pos = np.array([n - 1 for n in lengths], np.int32)
+    qkv = r.standard_normal((B, W)).astype(np.float32)
+    wout, gout = (np.full((B, H * HD), 3.0, np.float32) for _ in range(2))
+    NS, SPLIT = 2, 16
+    ml = np.zeros((B, H, NS, 2), np.float32)
+    po = np.zeros((B, H, NS, HD), np.float32)
+    n = [None] * 8
+    records = [
+        ("attention_decode_window", ["qkv", "pos", "slot", "wpt", "wk", "wv", "wout", *n],
+         (qkv, pos, slot, wtable, wk, wv, wout, B, mp, PT, H, KVH, HD, window, HD ** -0.5)),
+        ("attention_decode_split", ["qkv", "pos", "slot", "gpt", "gk", "gv", "ml", "po", *n],
+         (qkv, pos, slot, gtable, gk, gv, ml, po, B, mp, PT, H, KVH, HD, NS, SPLIT,
+          HD ** -0.5)),
+        ("attention_decode_merge", ["ml", "po", "slot", "gout", *n[:4]],
+         (ml, po, slot, gout, B, H, HD, NS)),
+    ]
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    steps = _run(records, graphs_only=True)
+    assert steps.graph_count == 1  # one bucket (20 positions) holds both
+    assert np.isfinite(wout).all()
+    np.testing.assert_allclose(wout, oracle[0][2][6], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gout, oracle[2][2][3], rtol=1e-4, atol=1e-5)

@@ -361,32 +361,20 @@ class StepPrograms:
         return j
 
     def _build(self, run: _Run) -> None:
-        for op, _, args in run.launches:
-            if op == "attention_decode_split":
-                _, positions, slot, _, _, _, _, _, B, MP, PT, H, KVH, HD, NS, SPLIT, _ = args
-                if B > MAX_GRAPH_ROWS:
-                    raise Unfusable(f"{B} attention rows")
-                self._bucket(run, min(MP * PT, NS * SPLIT), B * (3 * KVH * HD + H),
-                             _decode_need(positions, slot, B))
-                break
-            if op == "attention_prefill":
-                _, positions, token_row, slot, _, _, _, _, T, R, MP, PT, H, KVH, HD, _ = args
-                self._bucket(run, R * MP * PT, 3 * KVH * HD + T * H,
-                             _prefill_need(positions, token_row, slot, T, R))
-                break
-            if op == "attention_decode_window":
-                _, positions, slot, _, _, _, _, B, MP, PT, H, KVH, HD, W, _ = args
-                if B > MAX_GRAPH_ROWS:
-                    raise Unfusable(f"{B} attention rows")
-                self._bucket(run, min(MP * PT, W), B * (3 * KVH * HD + H),
-                             _decode_need(positions, slot, B, W))
-                break
-            if op == "attention_prefill_window":
-                _, positions, token_row, slot, _, _, _, _, T, R, MP, PT, H, KVH, HD, W, _ = args
-                # a row gathers its tokens' span and the W - 1 positions before it
-                self._bucket(run, min(R * MP * PT, R * (W - 1) + T), 3 * KVH * HD + T * H,
-                             _prefill_need(positions, token_row, slot, T, R, W))
-                break
+        # One bucket list for every attention of the run: a run may hold window and
+        # whole-context attentions (Gemma 3's local and global layers in one graph), and
+        # its bucket must hold the longest context any of them gathers.
+        extents = [e for op, _, args in run.launches if (e := _attention_extent(op, args))]
+        if extents:
+            # layers of one kind share their host arrays: one need each
+            needs = list({key: need for _, _, key, need in extents}.values())
+
+            def longest() -> int | None:
+                got = [need() for need in needs]
+                return None if None in got else max(got)
+
+            self._bucket(run, max(e[0] for e in extents), max(e[1] for e in extents),
+                         longest)
         hosts: dict[tuple, tuple] = {}
         for bucket in run.buckets:
             ctx, nodes = self._new_ctx(len(run.launches))
@@ -484,6 +472,48 @@ class StepPrograms:
         for c in self._contexts:
             self.lib.free(c)
         self._contexts.clear()
+
+
+def _attention_extent(op: str, args: tuple) -> tuple[int, int, tuple, Callable] | None:
+    """An attention launch's (reach: the most positions it may gather, f32 values per
+    gathered position, a key equal for launches of equal needs, the step's need) for the
+    run's context buckets; None for any other launch.
+
+    Raises:
+        Unfusable: a decode attention of more than MAX_GRAPH_ROWS rows.
+    """
+    if op == "attention_decode_split":
+        _, positions, slot, _, _, _, _, _, B, MP, PT, H, KVH, HD, NS, SPLIT, _ = args
+        if B > MAX_GRAPH_ROWS:
+            raise Unfusable(f"{B} attention rows")
+        return (min(MP * PT, NS * SPLIT), B * (3 * KVH * HD + H),
+                ("decode", positions.ctypes.data, slot.ctypes.data, B, 0),
+                _decode_need(positions, slot, B))
+    if op == "attention_prefill":
+        _, positions, token_row, slot, _, _, _, _, T, R, MP, PT, H, KVH, HD, _ = args
+        return (R * MP * PT, 3 * KVH * HD + T * H,
+                ("prefill", positions.ctypes.data, token_row.ctypes.data, T, R, 0),
+                _prefill_need(positions, token_row, slot, T, R))
+    if op == "attention_decode_window":
+        _, positions, slot, _, _, _, _, B, MP, PT, H, KVH, HD, W, _ = args
+        if B > MAX_GRAPH_ROWS:
+            raise Unfusable(f"{B} attention rows")
+        return (min(MP * PT, W), B * (3 * KVH * HD + H),
+                ("decode", positions.ctypes.data, slot.ctypes.data, B, W),
+                _decode_need(positions, slot, B, W))
+    if op == "attention_prefill_window":
+        _, positions, token_row, slot, _, _, _, _, T, R, MP, PT, H, KVH, HD, W, _ = args
+        # a row gathers its tokens' span and the W - 1 positions before it
+        return (_window_prefill_reach(R, MP, PT, T, W), 3 * KVH * HD + T * H,
+                ("prefill", positions.ctypes.data, token_row.ctypes.data, T, R, W),
+                _prefill_need(positions, token_row, slot, T, R, W))
+    return None
+
+
+def _window_prefill_reach(R: int, MP: int, PT: int, T: int, W: int) -> int:
+    """The most positions a window prefill attention gathers: each live row its tokens'
+    span and the W - 1 positions before it, within the page tables' reach."""
+    return min(R * MP * PT, R * (W - 1) + T)
 
 
 # Graph nodes and tensors a launch adds at most (attention: about 20 of each).
@@ -790,7 +820,9 @@ def _decode_form(b: _Builder, names, args, writers, hosts) -> None:
     its window of W > 0 tokens); `names`: (qkv, k cache, v cache, out) buffers."""
     (qkv, positions, slot, page_table, k_cache, v_cache, out,
      B, MP, PT, H, KVH, HD, W, scale) = args
-    g, ctx, L = b.g, b.ctx, b.bucket
+    g, ctx = b.g, b.ctx
+    # a window row needs at most W positions, in a bucket sized for whole contexts too
+    L = min(b.bucket, W) if W else b.bucket
     x = b.read(names[0], qkv, B, qkv.shape[1])
     row = _nb1(x)
     q = g.view_4d(ctx, x, HD, 1, H, B, HD * 4, HD * 4, row, 0)
@@ -885,7 +917,8 @@ def _prefill_form(b: _Builder, names, args, writers, hosts) -> None:
     (``attention_prefill_window``'s arguments)."""
     (qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
      T, R, MP, PT, H, KVH, HD, W, scale) = args
-    g, ctx, L = b.g, b.ctx, b.bucket
+    g, ctx = b.g, b.ctx
+    L = min(b.bucket, _window_prefill_reach(R, MP, PT, T, W)) if W else b.bucket
     x = b.read(names[0], qkv, T, qkv.shape[1])
     row = _nb1(x)
     q = g.permute(ctx, g.view_3d(ctx, x, HD, H, T, HD * 4, row, 0), 0, 2, 1, 3)  # [HD,T,H]
