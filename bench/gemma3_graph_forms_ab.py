@@ -39,6 +39,7 @@ def main() -> int:
     args = ap.parse_args()
     load_at_start = os.getloadavg()
 
+    # the runtime after the arguments: --help does not load it
     import helios_serve.runtime.ggml_step as ggml_step
     from helios_serve.runtime.driver import Driver
     from helios_serve.testing.native import load_native
