@@ -76,7 +76,10 @@ def main() -> int:
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(BENCH / "results" / "gemma3_cpu_vs_llamacpp.json"))
+    ap.add_argument("--note", default="", help="free text kept in the JSON (e.g. which "
+                    "code state this run measures)")
     args = ap.parse_args()
+    load_at_start = os.getloadavg()
 
     from helios_ignition.checkpoint import gemma3_270m_gguf_path
     from helios_serve.runtime.driver import Driver
@@ -120,9 +123,11 @@ def main() -> int:
     result = {
         "commit": git_commit(),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "python": sys.version.split()[0], "load_average": os.getloadavg(),
+                    "python": sys.version.split()[0],
+                    "load_average_at_start": load_at_start,
+                    "load_average": os.getloadavg(),
                     "shared": "may be shared with other jobs: compare within this run"},
-        "model": gguf.name, "threads": threads,
+        "note": args.note, "model": gguf.name, "threads": threads,
         "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "llama_cpp": build, "prompt_tokens": args.prompt_tokens,
         "decode_steps": args.decode_steps, "rounds": args.rounds, "statistic": "median",

@@ -309,3 +309,137 @@ def test_prefill_attention_of_mixed_rows_gathers_lanes_and_chunks():
     np.testing.assert_allclose(k_cache, oracle[0][2][6], rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(out[:5], oracle[1][2][7][:5], rtol=1e-4, atol=1e-5)
     assert not out[5].any()
+
+
+def _gemma_block(seed=9, wide=2.0):
+    """A Gemma 3 trunk's start as launch records: embedding, scale by sqrt(D), rmsnorm,
+    the qkv product, per-head RMS norm of q and k, the gate/up product, GeGLU and the down
+    product (f32 weights, fresh random values; `wide` scales the gate so GELU's tails and
+    its tanh's bend are both reached)."""
+    r = _rng(seed)
+    F, V = 2 * D, 11
+    ids = np.array([3, 0, 10], np.int32)
+    table = r.standard_normal((V, D)).astype(np.float32)
+    gain = r.standard_normal(D).astype(np.float32)
+    w_qkv = r.standard_normal((W, D)).astype(np.float32)
+    q_gain = r.standard_normal(HD).astype(np.float32)
+    k_gain = r.standard_normal(HD).astype(np.float32)
+    w_gu = (wide * r.standard_normal((2 * F, D))).astype(np.float32)
+    w_down = r.standard_normal((D, F)).astype(np.float32)
+    res, h, y = (np.zeros((T, D), np.float32) for _ in range(3))
+    qkv = np.zeros((T, W), np.float32)
+    gu = np.zeros((T, 2 * F), np.float32)
+    act = np.zeros((T, F), np.float32)
+    n = [None] * 8
+    return [
+        ("embedding", ["ids", "table", "res", *n[:2]], (ids, table, res, T, D)),
+        ("scale", ["res", *n[:3]], (res, T, D, float(np.sqrt(D)))),
+        ("rmsnorm", ["res", "g", "h", *n[:3]], (res, gain, h, T, D, 1e-6)),
+        ("linear", ["h", "wqkv", "qkv", *n[:3]], (h, w_qkv, qkv, T, W, D)),
+        ("head_rmsnorm", ["qkv", "qg", "kg", *n[:5]], (qkv, q_gain, k_gain, T, H, KVH, HD,
+                                                        1e-6)),
+        ("linear", ["h", "wgu", "gu", *n[:3]], (h, w_gu, gu, T, 2 * F, D)),
+        ("gelu_mul", ["gu", "act", *n[:2]], (gu, act, T, F)),
+        ("linear", ["act", "wd", "y", *n[:3]], (act, w_down, y, T, D, F)),
+    ]
+
+
+def test_gemma_forms_equal_their_references_in_one_graph():
+    """scale, head_rmsnorm and gelu_mul have graph forms: a Gemma 3 block's launches are
+    one graph (no launch runs as NumPy), and each buffer equals the NumPy references'
+    (GeGLU: ggml's GELU reads a table at f16 inputs, as llama.cpp computes it)."""
+    records = _gemma_block()
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    steps = _run(records, graphs_only=True)
+    assert steps.graph_count == 1
+    names = ("res", "h", "qkv", "gu", "act", "y")
+    got = {n: records[i][2][j] for n, (i, j) in zip(names, ((1, 0), (2, 2), (4, 0), (5, 2),
+                                                            (6, 1), (7, 2)), strict=True)}
+    want = {n: oracle[i][2][j] for n, (i, j) in zip(names, ((1, 0), (2, 2), (4, 0), (5, 2),
+                                                            (6, 1), (7, 2)), strict=True)}
+    np.testing.assert_array_equal(got["res"], want["res"])  # one f32 multiply each
+    for n in ("h", "qkv", "gu"):
+        np.testing.assert_allclose(got[n], want[n], rtol=RTOL, atol=ATOL, err_msg=n)
+    gate = want["gu"][:, :got["act"].shape[1]]
+    assert gate.min() < -4 and gate.max() > 4  # both tails and the bend are exercised
+    # f16 table: the gate rounded to f16 and GELU's value stored in f16 (2^-11 each)
+    np.testing.assert_allclose(got["act"], want["act"], rtol=5e-3, atol=5e-3)
+    err = np.linalg.norm(got["y"] - want["y"]) / np.linalg.norm(want["y"])
+    assert err < 2e-3, err
+
+
+def test_qk_rmsnorm_is_the_head_rmsnorm_form():
+    """Qwen3's name for the same operation takes the same form (values untouched)."""
+    r = _rng(4)
+    qkv = r.standard_normal((T, W)).astype(np.float32)
+    q_gain, k_gain = (r.standard_normal(HD).astype(np.float32) for _ in range(2))
+    records = [("qk_rmsnorm", ["qkv", "qg", "kg", *[None] * 5],
+                (qkv, q_gain, k_gain, T, H, KVH, HD, 1e-6))]
+    values = qkv[:, (H + KVH) * HD:].copy()
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    _run(records, graphs_only=True)
+    np.testing.assert_allclose(qkv, oracle[0][2][0], rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(qkv[:, (H + KVH) * HD:], values)
+
+
+def test_a_launch_without_a_graph_form_splits_the_graph():
+    """An operation with no graph form ends the graph before it and runs as its bound
+    callable (the launch path's); the launches after it start a second graph."""
+    r = _rng(6)
+    x = r.standard_normal((T, D)).astype(np.float32)
+    b = r.standard_normal((T, D)).astype(np.float32)
+    out = np.zeros((T, D), np.float32)
+    records = [("scale", ["x", None, None, None], (x, T, D, 0.5)),
+               ("op_without_a_graph_form", ["x", "b", "out", None, None], (x, b, out, T, D)),
+               ("scale", ["out", None, None, None], (out, T, D, 3.0))]
+    oracle = _copy_args(records)
+    for op, _, args in oracle:
+        (reference_op("add") if op == "op_without_a_graph_form" else reference_op(op))(*args)
+    steps = StepPrograms(GgmlPrograms({}, threads=1))
+    bound = [(reference_op("add") if op == "op_without_a_graph_form" else _refuse, args)
+             for op, _, args in records]
+    assert steps.add_program("p", records, bound)
+    steps.seal()
+    steps.runner("p")()
+    assert steps.graph_count == 2
+    np.testing.assert_array_equal(out, oracle[2][2][0])
+
+
+def test_window_and_whole_context_attentions_in_one_graph_share_a_long_enough_bucket():
+    """A run holding a window attention (W = 3) before a whole-context one (Gemma 3's
+    local and global layers as one graph): the bucket holds the whole 18-position
+    context, and the window attention still reads only its window (pages behind it are
+    NaN)."""
+    r = _rng(8)
+    mp, window, B = 5, 3, 2
+    lengths = [18, 9]
+    wtable, wk, wv = _windowed(r, lengths, window)
+    gk = r.standard_normal((16, PT, KVH, HD)).astype(np.float32)
+    gv = r.standard_normal((16, PT, KVH, HD)).astype(np.float32)
+    gtable = r.permutation(16)[:2 * mp].reshape(2, mp).astype(np.int32)
+    slot = np.array([0, 1], np.int32)
+    pos = np.array([n - 1 for n in lengths], np.int32)
+    qkv = r.standard_normal((B, W)).astype(np.float32)
+    wout, gout = (np.full((B, H * HD), 3.0, np.float32) for _ in range(2))
+    NS, SPLIT = 2, 16
+    ml = np.zeros((B, H, NS, 2), np.float32)
+    po = np.zeros((B, H, NS, HD), np.float32)
+    n = [None] * 8
+    records = [
+        ("attention_decode_window", ["qkv", "pos", "slot", "wpt", "wk", "wv", "wout", *n],
+         (qkv, pos, slot, wtable, wk, wv, wout, B, mp, PT, H, KVH, HD, window, HD ** -0.5)),
+        ("attention_decode_split", ["qkv", "pos", "slot", "gpt", "gk", "gv", "ml", "po", *n],
+         (qkv, pos, slot, gtable, gk, gv, ml, po, B, mp, PT, H, KVH, HD, NS, SPLIT,
+          HD ** -0.5)),
+        ("attention_decode_merge", ["ml", "po", "slot", "gout", *n[:4]],
+         (ml, po, slot, gout, B, H, HD, NS)),
+    ]
+    oracle = _copy_args(records)
+    _oracle(oracle)
+    steps = _run(records, graphs_only=True)
+    assert steps.graph_count == 1  # one bucket (20 positions) holds both
+    assert np.isfinite(wout).all()
+    np.testing.assert_allclose(wout, oracle[0][2][6], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gout, oracle[2][2][3], rtol=1e-4, atol=1e-5)

@@ -13,7 +13,8 @@ built for (a context longer than every variant, no live row) runs it instead.
 
 Graph forms (each the math of its NumPy reference op in helios_tools.kernels):
 ``embedding``, ``rmsnorm``, ``add_rmsnorm``, ``linear``, ``linear_add``,
-``swiglu_linear``, ``swiglu_linear_add``, ``silu_mul``, ``rope_kv_write`` (RoPE in
+``swiglu_linear``, ``swiglu_linear_add``, ``silu_mul``, ``gelu_mul``, ``scale``,
+``head_rmsnorm`` (= ``qk_rmsnorm``: ``rms_norm`` per head), ``rope_kv_write`` (RoPE in
 ggml's half-split layout, then the keys and values stored in the paged cache by row
 index), ``attention_decode_split`` followed by its ``attention_decode_merge`` (one
 attention over the gathered cache rows: the split is a GPU scheduling detail),
@@ -57,7 +58,8 @@ GRAPH_OPS = frozenset({"embedding", "rmsnorm", "add_rmsnorm", "linear", "linear_
                        "swiglu_linear", "swiglu_linear_add", "silu_mul", "rope_kv_write",
                        "attention_decode_split", "attention_decode_merge",
                        "attention_prefill", "attention_decode_window",
-                       "attention_prefill_window"})
+                       "attention_prefill_window", "head_rmsnorm", "qk_rmsnorm",
+                       "gelu_mul", "scale"})
 
 
 def step_graphs_enabled() -> bool:
@@ -120,6 +122,8 @@ class _Lib:
             "ggml_mul_mat": ([vp, vp, vp], vp),
             "ggml_out_prod": ([vp, vp, vp], vp),
             "ggml_swiglu": ([vp, vp], vp),
+            "ggml_geglu": ([vp, vp], vp),
+            "ggml_scale": ([vp, vp, f], vp),
             "ggml_get_rows": ([vp, vp, vp], vp),
             "ggml_set_rows": ([vp, vp, vp, vp], vp),
             "ggml_concat": ([vp, vp, vp, i32], vp),
@@ -357,32 +361,20 @@ class StepPrograms:
         return j
 
     def _build(self, run: _Run) -> None:
-        for op, _, args in run.launches:
-            if op == "attention_decode_split":
-                _, positions, slot, _, _, _, _, _, B, MP, PT, H, KVH, HD, NS, SPLIT, _ = args
-                if B > MAX_GRAPH_ROWS:
-                    raise Unfusable(f"{B} attention rows")
-                self._bucket(run, min(MP * PT, NS * SPLIT), B * (3 * KVH * HD + H),
-                             _decode_need(positions, slot, B))
-                break
-            if op == "attention_prefill":
-                _, positions, token_row, slot, _, _, _, _, T, R, MP, PT, H, KVH, HD, _ = args
-                self._bucket(run, R * MP * PT, 3 * KVH * HD + T * H,
-                             _prefill_need(positions, token_row, slot, T, R))
-                break
-            if op == "attention_decode_window":
-                _, positions, slot, _, _, _, _, B, MP, PT, H, KVH, HD, W, _ = args
-                if B > MAX_GRAPH_ROWS:
-                    raise Unfusable(f"{B} attention rows")
-                self._bucket(run, min(MP * PT, W), B * (3 * KVH * HD + H),
-                             _decode_need(positions, slot, B, W))
-                break
-            if op == "attention_prefill_window":
-                _, positions, token_row, slot, _, _, _, _, T, R, MP, PT, H, KVH, HD, W, _ = args
-                # a row gathers its tokens' span and the W - 1 positions before it
-                self._bucket(run, min(R * MP * PT, R * (W - 1) + T), 3 * KVH * HD + T * H,
-                             _prefill_need(positions, token_row, slot, T, R, W))
-                break
+        # One bucket list for every attention of the run: a run may hold window and
+        # whole-context attentions (Gemma 3's local and global layers in one graph), and
+        # its bucket must hold the longest context any of them gathers.
+        extents = [e for op, _, args in run.launches if (e := _attention_extent(op, args))]
+        if extents:
+            # layers of one kind share their host arrays: one need each
+            needs = list({key: need for _, _, key, need in extents}.values())
+
+            def longest() -> int | None:
+                got = [need() for need in needs]
+                return None if None in got else max(got)
+
+            self._bucket(run, max(e[0] for e in extents), max(e[1] for e in extents),
+                         longest)
         hosts: dict[tuple, tuple] = {}
         for bucket in run.buckets:
             ctx, nodes = self._new_ctx(len(run.launches))
@@ -482,6 +474,48 @@ class StepPrograms:
         self._contexts.clear()
 
 
+def _attention_extent(op: str, args: tuple) -> tuple[int, int, tuple, Callable] | None:
+    """An attention launch's (reach: the most positions it may gather, f32 values per
+    gathered position, a key equal for launches of equal needs, the step's need) for the
+    run's context buckets; None for any other launch.
+
+    Raises:
+        Unfusable: a decode attention of more than MAX_GRAPH_ROWS rows.
+    """
+    if op == "attention_decode_split":
+        _, positions, slot, _, _, _, _, _, B, MP, PT, H, KVH, HD, NS, SPLIT, _ = args
+        if B > MAX_GRAPH_ROWS:
+            raise Unfusable(f"{B} attention rows")
+        return (min(MP * PT, NS * SPLIT), B * (3 * KVH * HD + H),
+                ("decode", positions.ctypes.data, slot.ctypes.data, B, 0),
+                _decode_need(positions, slot, B))
+    if op == "attention_prefill":
+        _, positions, token_row, slot, _, _, _, _, T, R, MP, PT, H, KVH, HD, _ = args
+        return (R * MP * PT, 3 * KVH * HD + T * H,
+                ("prefill", positions.ctypes.data, token_row.ctypes.data, T, R, 0),
+                _prefill_need(positions, token_row, slot, T, R))
+    if op == "attention_decode_window":
+        _, positions, slot, _, _, _, _, B, MP, PT, H, KVH, HD, W, _ = args
+        if B > MAX_GRAPH_ROWS:
+            raise Unfusable(f"{B} attention rows")
+        return (min(MP * PT, W), B * (3 * KVH * HD + H),
+                ("decode", positions.ctypes.data, slot.ctypes.data, B, W),
+                _decode_need(positions, slot, B, W))
+    if op == "attention_prefill_window":
+        _, positions, token_row, slot, _, _, _, _, T, R, MP, PT, H, KVH, HD, W, _ = args
+        # a row gathers its tokens' span and the W - 1 positions before it
+        return (_window_prefill_reach(R, MP, PT, T, W), 3 * KVH * HD + T * H,
+                ("prefill", positions.ctypes.data, token_row.ctypes.data, T, R, W),
+                _prefill_need(positions, token_row, slot, T, R, W))
+    return None
+
+
+def _window_prefill_reach(R: int, MP: int, PT: int, T: int, W: int) -> int:
+    """The most positions a window prefill attention gathers: each live row its tokens'
+    span and the W - 1 positions before it, within the page tables' reach."""
+    return min(R * MP * PT, R * (W - 1) + T)
+
+
 # Graph nodes and tensors a launch adds at most (attention: about 20 of each).
 _NODES_PER_LAUNCH = 24
 _TENSORS_PER_LAUNCH = 32
@@ -542,6 +576,46 @@ def _swiglu_linear(b: _Builder, names, args, writers, hosts, op="swiglu_linear")
 def _silu_mul(b: _Builder, names, args, writers, hosts) -> None:
     x, out, T, K = args
     b.write(names[1], out, b.g.swiglu(b.ctx, b.read(names[0], x, T, 2 * K)), T, K)
+
+
+def _gelu_mul(b: _Builder, names, args, writers, hosts) -> None:
+    """GeGLU: ``geglu`` (ggml's tanh GELU of the gate half times the up half, the kernel
+    llama.cpp runs for Gemma's feed-forward)."""
+    x, out, T, F = args
+    b.write(names[1], out, b.g.geglu(b.ctx, b.read(names[0], x, T, 2 * F)), T, F)
+
+
+def _scale(b: _Builder, names, args, writers, hosts) -> None:
+    """``x *= factor`` in place: ``scale`` by the factor rounded to f32, as the reference."""
+    x, T, D, factor = args
+    y = b.g.scale(b.ctx, b.read(names[0], x, T, D), float(np.float32(factor)))
+    b.write(names[0], x, y, T, D)
+
+
+def _head_rmsnorm(b: _Builder, names, args, writers, hosts) -> None:
+    """RMS norm of every query and key head of fused [q; k; v] rows, in place
+    (``head_rmsnorm`` / ``qk_rmsnorm``): the q and k columns viewed as [HD, H + KVH, T],
+    one ``rms_norm`` over each head, times a gain table [HD, H + KVH] (the query gain on
+    the query heads, the key gain on the key heads, built once at load), the values
+    appended unchanged."""
+    qkv, q_gain, k_gain, T, H, KVH, HD, eps = args
+    g, ctx = b.g, b.ctx
+    W = (H + 2 * KVH) * HD
+    x = b.read(names[0], qkv, T, qkv.shape[1])
+    if qkv.shape[1] != W:
+        raise Unfusable("qkv rows wider than q, k and v")
+    row = _nb1(x)
+    key = ("head gains", q_gain.ctypes.data, k_gain.ctypes.data, H, KVH, HD)
+    if key not in hosts:  # the gains are weights: constant after load
+        hosts[key] = np.concatenate([np.tile(q_gain[:HD], (H, 1)),
+                                     np.tile(k_gain[:HD], (KVH, 1))]).astype(np.float32)
+    gains = g.new_tensor_2d(ctx, GGML_F32, HD, H + KVH)
+    b.o.attach(gains, hosts[key])
+    heads = g.view_3d(ctx, x, HD, H + KVH, T, HD * 4, row, 0)
+    qk = g.mul(ctx, g.rms_norm(ctx, heads, float(eps)), gains)
+    v = g.cont(ctx, g.view_2d(ctx, x, KVH * HD, T, row, (H + KVH) * HD * 4))
+    y = g.concat(ctx, g.reshape_2d(ctx, qk, (H + KVH) * HD, T), v, 0)
+    b.write(names[0], qkv, y, T, W)
 
 
 def _rope_freqs(inv_freq: np.ndarray, HD: int) -> tuple[float, np.ndarray | None]:
@@ -746,7 +820,9 @@ def _decode_form(b: _Builder, names, args, writers, hosts) -> None:
     its window of W > 0 tokens); `names`: (qkv, k cache, v cache, out) buffers."""
     (qkv, positions, slot, page_table, k_cache, v_cache, out,
      B, MP, PT, H, KVH, HD, W, scale) = args
-    g, ctx, L = b.g, b.ctx, b.bucket
+    g, ctx = b.g, b.ctx
+    # a window row needs at most W positions, in a bucket sized for whole contexts too
+    L = min(b.bucket, W) if W else b.bucket
     x = b.read(names[0], qkv, B, qkv.shape[1])
     row = _nb1(x)
     q = g.view_4d(ctx, x, HD, 1, H, B, HD * 4, HD * 4, row, 0)
@@ -841,7 +917,8 @@ def _prefill_form(b: _Builder, names, args, writers, hosts) -> None:
     (``attention_prefill_window``'s arguments)."""
     (qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
      T, R, MP, PT, H, KVH, HD, W, scale) = args
-    g, ctx, L = b.g, b.ctx, b.bucket
+    g, ctx = b.g, b.ctx
+    L = min(b.bucket, _window_prefill_reach(R, MP, PT, T, W)) if W else b.bucket
     x = b.read(names[0], qkv, T, qkv.shape[1])
     row = _nb1(x)
     q = g.permute(ctx, g.view_3d(ctx, x, HD, H, T, HD * 4, row, 0), 0, 2, 1, 3)  # [HD,T,H]
@@ -891,6 +968,10 @@ _FORMS: dict[str, Callable] = {
     "swiglu_linear": _swiglu_linear,
     "swiglu_linear_add": lambda *a: _swiglu_linear(*a, op="swiglu_linear_add"),
     "silu_mul": _silu_mul,
+    "gelu_mul": _gelu_mul,
+    "scale": _scale,
+    "head_rmsnorm": _head_rmsnorm,
+    "qk_rmsnorm": _head_rmsnorm,  # the same operation under Qwen3's name
     "rope_kv_write": _rope_kv_write,
     "attention_decode_split": _attention_split,
     "attention_decode_merge": _attention_merge,
