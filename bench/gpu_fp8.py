@@ -96,12 +96,18 @@ def step_bytes(manifest: mpb.ExecutionManifest, tied: bool) -> int:
                if b.role == mpb.BUFFER_ROLE_WEIGHT and (tied or b.name != "embed"))
 
 
-def main() -> None:
+def compare(quant: str, quant_core, extra: dict | None = None,
+            batches: tuple[int, ...] = BATCHES) -> None:
+    """bf16 against the ``quant`` format ("fp8" or "int4") on the 8B geometry in one
+    process: parse the command line, build each format's core (``quant_core(recipe, ckpt,
+    caps, target, bf16) -> (MemoryCore, info)`` for the quantized one), time its decode,
+    print the table and write the JSON (``extra``'s keys added to it); ``batches`` is the
+    default of ``--batches``."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
-    ap.add_argument("--formats", nargs="+", choices=["bf16", "fp8"], default=["bf16", "fp8"])
+    ap.add_argument("--batches", type=int, nargs="+", default=list(batches))
+    ap.add_argument("--formats", nargs="+", choices=["bf16", quant], default=["bf16", quant])
     ap.add_argument("--json")
     args = ap.parse_args()
     from types import SimpleNamespace
@@ -127,15 +133,14 @@ def main() -> None:
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
     bf16 = random_bf16_weights(shapes, 0, ckpt.geometry.rope_scaling)
     result = {"commit": git_commit(), "geometry": "llama-3.1-8b", "target": target,
-              "steps": args.steps, "prompt": args.prompt, "formats": {},
-              "fp8_tiles": os.environ.get("HELIOS_FP8_TILES") or "launch._FP8_TILES"}
+              "steps": args.steps, "prompt": args.prompt, "formats": {}, **(extra or {})}
     greedy = SamplingParams()
     for fmt in args.formats:
         t0 = time.perf_counter()
         if fmt == "bf16":
             core, info = build_core(recipe, ckpt, caps, target, bf16)
         else:
-            core, info = fp8_core(recipe, ckpt, caps, target, bf16)
+            core, info = quant_core(recipe, ckpt, caps, target, bf16)
         model = load_native(core, "cuda")
         try:
             backend = model.backend
@@ -156,12 +161,12 @@ def main() -> None:
         finally:
             model.close()
             del core
-    if {"bf16", "fp8"} <= result["formats"].keys():
-        result["fp8_over_bf16"] = [
+    if {"bf16", quant} <= result["formats"].keys():
+        result[f"{quant}_over_bf16"] = [
             {"batch": a["batch"], "tokens_per_s": f["tokens_per_s"] / a["tokens_per_s"],
              "device": a["device_step_ms"] / f["device_step_ms"]}
             for a, f in zip(result["formats"]["bf16"]["decode"],
-                            result["formats"]["fp8"]["decode"], strict=True)]
+                            result["formats"][quant]["decode"], strict=True)]
     print(f"{'format':<6} {'batch':>5} {'tok/s':>10} {'step ms':>8} {'dev ms':>8} {'roof %':>7}")
     for fmt, entry in result["formats"].items():
         for r in entry["decode"]:
@@ -169,6 +174,11 @@ def main() -> None:
                   f"{r['device_step_ms']:>8.3f} {r['roofline_pct']:>7.1f}")
     if args.json:
         write_json(args.json, result)
+
+
+def main() -> None:
+    compare("fp8", fp8_core,
+            {"fp8_tiles": os.environ.get("HELIOS_FP8_TILES") or "launch._FP8_TILES"})
 
 
 if __name__ == "__main__":

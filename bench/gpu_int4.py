@@ -1,7 +1,7 @@
 """GPU benchmark: Llama-3.1-8B geometry decode, bf16 weights against INT4 W4A16 weights
 (``ignition export --quantize int4``: packed 4-bit codes, group 128, f32 scales and zero
 points; f32 activations), seeded random weights, one process, one card. The sibling of
-bench/gpu_fp8.py (same measurement, same JSON shape).
+bench/gpu_fp8.py: its `compare` (the same measurement and JSON) over this core.
 
     python bench/gpu_int4.py --json OUT.json                 # batches 1 8 64
     python bench/gpu_int4.py --batches 1 8 --steps 20 --json OUT.json
@@ -19,9 +19,7 @@ Writes JSON with the commit and the card.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import sys
 import time
 from dataclasses import replace
@@ -31,13 +29,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import git_commit, write_json  # bench/ is this script's folder
-from gpu_common import MemoryCore, build_core, copy_bandwidth, decode_bench, random_bf16_weights
+from gpu_common import MemoryCore
+from gpu_fp8 import compare
 from helios_contract import stored_nbytes
-from helios_contract.schema import manifest_pb2 as mpb
 from helios_ignition.capture.buffers import weight_resource_id
 from helios_ignition.capture.programs import capture
-from helios_ignition.export import build_contract, resolve_recipe
+from helios_ignition.export import build_contract
 from helios_ignition.families.llama import LlamaShapes
 from helios_ignition.kernels_aot import compile_targets
 from helios_ignition.quantize import (
@@ -48,10 +45,7 @@ from helios_ignition.quantize import (
     quantized_weights,
 )
 from helios_ignition.recipe import Capacities
-from helios_serve.engine.plan import SamplingParams
-from helios_serve.testing.native import load_native
 
-ROOT = Path(__file__).resolve().parents[1]
 BATCHES = (1, 8, 64)
 
 
@@ -95,85 +89,8 @@ def int4_core(recipe, ckpt, caps: Capacities, target: str, bf16: dict
     return MemoryCore(contract, manifest, resources), info
 
 
-def step_bytes(manifest: mpb.ExecutionManifest, tied: bool) -> int:
-    """Weight bytes one decode step reads: every weight as stored (INT4 codes, scales, bf16
-    or f32), an untied embedding's table excepted (decode reads its fed rows only)."""
-    return sum(stored_nbytes(b) for b in manifest.buffers
-               if b.role == mpb.BUFFER_ROLE_WEIGHT and (tied or b.name != "embed"))
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
-    ap.add_argument("--formats", nargs="+", choices=["bf16", "int4"], default=["bf16", "int4"])
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    from types import SimpleNamespace
-
-    from helios_ignition.checkpoint.synthetic import NAMED_GEOMETRIES
-    from helios_serve.runtime.cuda.driver import call, require_driver
-
-    cu = require_driver()
-    dev = call("dev", cu.cuDeviceGet(0))
-    major = call("a", cu.cuDeviceGetAttribute(
-        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-    minor = call("a", cu.cuDeviceGetAttribute(
-        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-    target = f"sm_{major}{minor}"
-    per_row = 128 if max(args.batches) <= 64 else 32
-    caps = Capacities(decode_batch=tuple(args.batches), prefill_tokens=(256, 1024),
-                      prefill_rows=8, context_tokens=2048, page_tokens=16,
-                      prepared_pages=max(args.batches) * per_row)
-    ckpt = SimpleNamespace(geometry=NAMED_GEOMETRIES["llama-3.1-8b"], tokenizer_json="{}",
-                           chat_template="", eos_token_ids=(2,), special_tokens={},
-                           source="synthetic:llama-3.1-8b:seed=0")
-    recipe = resolve_recipe(ROOT / "recipes/llama.py", ckpt)
-    shapes = LlamaShapes.from_geometry(ckpt.geometry)
-    bf16 = random_bf16_weights(shapes, 0, ckpt.geometry.rope_scaling)
-    result = {"commit": git_commit(), "geometry": "llama-3.1-8b", "target": target,
-              "steps": args.steps, "prompt": args.prompt, "formats": {}}
-    greedy = SamplingParams()
-    for fmt in args.formats:
-        t0 = time.perf_counter()
-        if fmt == "bf16":
-            core, info = build_core(recipe, ckpt, caps, target, bf16)
-        else:
-            core, info = int4_core(recipe, ckpt, caps, target, bf16)
-        model = load_native(core, "cuda")
-        try:
-            backend = model.backend
-            result["device"] = backend.device_name
-            if "copy_bw_Bps" not in result:  # once, with the first model's context current
-                result["copy_bw_Bps"] = copy_bandwidth(cu)
-            bw = result["copy_bw_Bps"]
-            nbytes = step_bytes(core.manifest, shapes.tied)
-            entry = {"setup_s": time.perf_counter() - t0, **info,
-                     "weight_bytes_per_step": nbytes, "roofline_step_ms": nbytes / bw * 1e3,
-                     "decode": []}
-            for b in args.batches:
-                r = decode_bench(model, b, args.prompt, args.steps, 1024, greedy)
-                r["roofline_pct"] = 100 * entry["roofline_step_ms"] / r["device_step_ms"]
-                entry["decode"].append(r)
-                print(json.dumps({"format": fmt, **r}), flush=True)
-            result["formats"][fmt] = entry
-        finally:
-            model.close()
-            del core
-    if {"bf16", "int4"} <= result["formats"].keys():
-        result["int4_over_bf16"] = [
-            {"batch": a["batch"], "tokens_per_s": f["tokens_per_s"] / a["tokens_per_s"],
-             "device": a["device_step_ms"] / f["device_step_ms"]}
-            for a, f in zip(result["formats"]["bf16"]["decode"],
-                            result["formats"]["int4"]["decode"], strict=True)]
-    print(f"{'format':<6} {'batch':>5} {'tok/s':>10} {'step ms':>8} {'dev ms':>8} {'roof %':>7}")
-    for fmt, entry in result["formats"].items():
-        for r in entry["decode"]:
-            print(f"{fmt:<6} {r['batch']:>5} {r['tokens_per_s']:>10.1f} {r['step_ms']:>8.3f} "
-                  f"{r['device_step_ms']:>8.3f} {r['roofline_pct']:>7.1f}")
-    if args.json:
-        write_json(args.json, result)
+    compare("int4", int4_core, batches=BATCHES)
 
 
 if __name__ == "__main__":
