@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helios_tools.kernels import grammar_mask_words, sample_biased
+from helios_tools.kernels.sampling import row_logits
 from helios_tools.kernels.sampling_chunks import (
     KEY_PAD,
     RACE_SLOTS,
@@ -442,9 +443,10 @@ def test_race_slots_are_monotone_and_share_ties():
 # sample_race_mass -> sample_race_pick (its sample_biased fallback included).
 
 
-def _race(c, R, V, M=4):
+def _race(c, R, V, M=4, parts=None):
     """The candidate race's references in order (outputs poisoned); returns (sampled,
-    histogram, after the merge, which rows ran sample_biased's row in the pick)."""
+    histogram, after the merge, which rows ran sample_biased's row in the pick); `parts`,
+    a dict, receives the race's top_score, top_id, top_zt and ahead."""
     W, P = grammar_mask_words(V), -(-V // C)
     hist = c["histogram"].copy()
     cm, ca = np.full((R, P), np.nan, np.float32), np.full((R, P), -7, np.int32)
@@ -480,6 +482,8 @@ def _race(c, R, V, M=4):
                 before = ahead[r].reshape(P, M).sum(axis=0, dtype=np.float32)
                 ok = np.isfinite(score) & ((before < c["top_p"][r]) | (before == 0))
                 fallback[r] = not ok.any()
+    if parts is not None:
+        parts.update(top_score=ts, top_id=tid, top_zt=tpr, ahead=ahead)
     sample_race_pick(*_biased(c, hist), ts, tid, tpr, ahead, out, R, V, W, P, M)
     return out, hist, merged, fallback
 
@@ -561,6 +565,49 @@ def test_race_nucleus_ending_in_a_tie_class():
         c = _one_row(z, 0.6)
         c["seed"][0] = (s, 99)
         _check_race(c, 1, V)
+
+
+def test_race_equals_sample_biased_up_to_the_f32_order_of_the_mass_sums():
+    """The documented tolerance, pinned: the race sums a candidate's mass ahead per chunk
+    and then over the chunks, sample_biased by one sequential f32 cumsum over the sorted
+    row; on a flat row of 49,152 ids the two sums differ in the sixth digit. A top_p
+    strictly between them puts the race's best candidate inside one nucleus and outside the
+    other, so the two tokens differ, and here the race's side is the exact one (the f64 sum
+    of the same f32 probabilities). Any top_p not between them gives the same token."""
+    rng = np.random.default_rng(21)
+    R, V, M = 1, 49152, 4
+    c = _flat(rng, R, V, 0.95, scale=0.9)
+    parts: dict = {}
+    _race(c, R, V, M, parts)
+    P = -(-V // C)
+    _, cid, _ = race_candidates(parts["top_score"][0], parts["top_id"][0],
+                                parts["top_zt"][0], P, M)
+    race_sum = parts["ahead"][0].reshape(P, M)[:, 0].sum(dtype=np.float32)
+    z = row_logits(c["logits"], c["slot"], c["presence"], c["frequency"], c["repetition"],
+                   c["histogram"], c["logit_bias"], c["use_bias"], c["grammar_mask"],
+                   c["use_mask"], 0, V, grammar_mask_words(V)) / np.float32(0.8)
+    e = np.exp(z - z.max())
+    p = e / e.sum(dtype=np.float32)                      # sample_biased's probabilities
+    order = np.argsort(-p, kind="stable")
+    ref_ahead = np.empty(V, np.float32)
+    ref_ahead[order] = np.concatenate([[np.float32(0)], np.cumsum(p[order],
+                                                                  dtype=np.float32)[:-1]])
+    ref_sum = ref_ahead[cid[0]]
+    exact = p[order[:np.flatnonzero(order == cid[0])[0]]].astype(np.float64).sum()
+    lo, hi = sorted((float(race_sum), float(ref_sum)))
+    assert hi - lo > 1e-7                                # the two orders' sums differ
+    tp = np.float32((lo + hi) / 2)
+    assert lo < tp < hi
+    c["top_p"][0] = tp
+    ref = np.zeros(R, np.int32)
+    sample_biased(*_biased(c, c["histogram"].copy()), ref, R, V, grammar_mask_words(V))
+    got = _race(c, R, V, M)[0]
+    assert (got[0] == cid[0]) == (race_sum < tp) and (ref[0] == cid[0]) == (ref_sum < tp)
+    assert got[0] != ref[0]
+    assert (exact < tp) == (race_sum < tp)               # the race's side is the exact one
+    for off in (np.float32(lo) - np.float32(1e-6), np.float32(hi) + np.float32(1e-6)):
+        c["top_p"][0] = off                              # outside the interval: one token
+        _check_race(c, R, V, M)
 
 
 def test_race_candidates_are_the_rows_best_scores_ties_to_lower_ids():
