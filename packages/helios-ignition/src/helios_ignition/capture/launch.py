@@ -438,9 +438,21 @@ DECODE_TC = os.environ.get("HELIOS_LINEAR_DECODE_TC", "table")
 DECODE_TERMS = int(os.environ.get("HELIOS_LINEAR_DECODE_TERMS", "2"))
 # TC=1 tiles at decode rows: (BLOCK_T, BLOCK_N, BLOCK_K, WARPS, STAGES) per (N, K, bucket
 # rows), the fastest verified hi/lo tile of bench/gpu_decode_gemm.py where it beat the
-# K-split sequence (split_bf16 counted on both sides). Empty until that device sweep runs,
-# so under "table" capture keeps the K-split path everywhere.
-_DECODE_TC_TILES: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {}
+# K-split sequence (split_bf16 counted on both sides). From the sweep on an H100 at main
+# dc8d9d8 (bench/results/h100_2026-12-06h/decode_gemm_dc8d9d8.json; per-cell ratio over the
+# K split): the 8B's LM head at every bucket of 64+ rows, gate_up at 160 and 192. Elsewhere
+# the K split stays (hi/lo doubles the tensor work: docs/gpu.md).
+_DECODE_TC_TILES: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
+    (28672, 4096, 160): (64, 256, 64, 4, 4),  # gate_up x1.03
+    (28672, 4096, 192): (64, 256, 64, 4, 4),  # gate_up x1.07
+    (128256, 4096, 64): (64, 128, 64, 4, 3),  # lm_head x1.39
+    (128256, 4096, 96): (128, 128, 64, 8, 4),  # lm_head x1.97
+    (128256, 4096, 128): (128, 128, 64, 8, 4),  # lm_head x2.02
+    (128256, 4096, 160): (64, 256, 64, 4, 4),  # lm_head x2.90
+    (128256, 4096, 192): (64, 256, 64, 4, 4),  # lm_head x3.05
+    (128256, 4096, 224): (128, 256, 64, 8, 3),  # lm_head x2.91
+    (128256, 4096, 256): (128, 256, 64, 8, 3),  # lm_head x2.88
+}
 # Candidates of _decode_tile (and the sweep's grid): 64-row tiles give a 128-row bucket
 # two token tiles, so narrow matrices still fill the SMs without a K split.
 DECODE_TILES = ((64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 128, 64, 8, 4),
