@@ -47,6 +47,15 @@ def _chat(model: str, max_tokens: int) -> dict:
             "messages": [{"role": "user", "content": "Tell me a story about a dragon."}]}
 
 
+def _exit_stderr(proc: subprocess.Popen) -> str:
+    """Its stderr once it exits; killed (and the test failed) if it does not in 60 s."""
+    try:
+        return proc.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
 def _ctrl_c(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: its whole foreground group
 
@@ -71,7 +80,7 @@ def test_one_ctrl_c_under_uv_run_drains_the_open_stream(tiny_served):
     except httpx.HTTPError as exc:
         failed = exc
     finally:
-        _, err = proc.communicate(timeout=60)
+        err = _exit_stderr(proc)
     assert failed is None and lines[-1] == "data: [DONE]", (failed, len(lines), err)
     chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
@@ -100,7 +109,7 @@ def test_a_second_ctrl_c_later_ends_the_drain_without_a_traceback(smollm2_core_f
                         time.sleep(1.5)
                         _ctrl_c(proc)
     finally:
-        _, err = proc.communicate(timeout=60)
+        err = _exit_stderr(proc)
     assert "data: [DONE]" not in lines
     assert proc.returncode == 0
     assert "Traceback" not in err, err
