@@ -75,3 +75,20 @@ def test_a_stop_on_a_hidden_id_still_stops(qwen3):
            *tok.encode("two", add_special_tokens=False).ids]
     result, _ = _run(frontend, ids, stops=StopSpec(token_ids=(ENDOFTEXT,)))
     assert (result.content, result.finish_reason) == ("one", "stop")
+
+
+def test_the_messages_stop_sequence_is_named_as_the_pipeline_matched_it(qwen3):
+    """A stop string spanning a hidden token: the pipeline matches it (no text between),
+    and Anthropic's `stop_sequence` names it from the same decoding."""
+    from helios_serve.events import Finished, FinishReason
+    from helios_serve.http.messages_shapes import stop_sequence
+    from helios_serve.http.responses import ChoiceRecord
+
+    frontend, tok = qwen3
+    ids = [*tok.encode("xa", add_special_tokens=False).ids, ENDOFTEXT,
+           *tok.encode("b", add_special_tokens=False).ids]
+    result, _ = _run(frontend, ids, stops=StopSpec(strings=("ab",)))
+    assert (result.content, result.finish_reason) == ("x", "stop")
+    record = ChoiceRecord(token_ids=ids, finished=Finished(FinishReason.STOP, 0, len(ids), 0))
+    assert stop_sequence(record, ("ab",), tok, (), (IM_END,), frontend.hidden_ids) == "ab"
+    assert stop_sequence(record, ("ab",), tok, (), (IM_END,)) is None  # decoding it as text
