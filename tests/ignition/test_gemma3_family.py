@@ -168,8 +168,9 @@ def test_a_recipe_of_another_family_is_refused(checkpoint):
     # tests/ignition/families/test_qwen3.py.
     with pytest.raises(FamilyMismatchError) as caught:
         family_shapes("llama", checkpoint.geometry)
-    assert str(caught.value) == ("the recipe's family 'llama' does not capture this "
-                                 "checkpoint, whose architecture is family 'gemma3'")
+    assert str(caught.value) == ("architecture 'gemma3' is family 'gemma3', not the "
+                                 "recipe's family 'llama'; supported families: gemma3, "
+                                 "llama, qwen3, qwen3_moe")
     assert type(family_shapes("gemma3", checkpoint.geometry)) is Gemma3Shapes
 
 

@@ -544,7 +544,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     try:
         shapes = family_shapes(recipe.family, ckpt.geometry)
     except FamilyMismatchError as exc:
-        raise ExportError(f"recipe {recipe.name}: {exc}") from None
+        # The checkpoint's: a generic recipe's name is the checkpoint's file name.
+        raise ExportError(f"checkpoint {ckpt.source}: {exc}") from None
     if not ckpt.tokenizer_json:
         raise MissingTokenizerError(f"{ckpt.source}: no tokenizer")
     chat_template = recipe.chat_template or ckpt.chat_template  # the recipe's wins
