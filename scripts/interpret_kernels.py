@@ -567,6 +567,8 @@ def check_attention(rng) -> bool:
         (9, 3, 64, 8, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=1, LIVE=1)),
         (9, 3, 64, 8, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=1, LIVE=8)),
         (6, 2, 40, 4, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=0, LIVE=2)),
+        (32, 8, 128, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=3, EVEN_HD=1, LIVE=3)),
+        (6, 2, 40, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=3, EVEN_HD=0, LIVE=1)),
     ]
     PT, B = 16, 4
     for H, KVH, HD, NS, SPLIT, c in cases:

@@ -51,7 +51,7 @@ def test_live_layout_programs(monkeypatch, rows, capacity, H, KVH, HD, live):
 
 def test_live_layout_knob(monkeypatch):
     """HELIOS_ATTN_LIVE_MIN_ROWS keeps smaller buckets on the old grid; the tuned kernel
-    and splits longer than a tile (capacities over 8,192: GROUPED=3) never take it."""
+    never takes it; splits longer than a tile (capacities over 8,192: GROUPED=3) do."""
     monkeypatch.setattr(launch, "ATTN_LIVE", 4096)
     monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 64)
     ns, split = decode_splits(8192)
@@ -62,4 +62,6 @@ def test_live_layout_knob(monkeypatch):
     ns, split = decode_splits(32768)
     assert split == 256
     c = launch.attention_split_constants(256, 32, 8, 128, ns, split)
-    assert c["GROUPED"] == 3 and "LIVE" not in c
+    assert c["GROUPED"] == 3 and c["LIVE"] == 2
+    monkeypatch.setattr(launch, "ATTN_LIVE", 0)
+    assert "LIVE" not in launch.attention_split_constants(256, 32, 8, 128, ns, split)

@@ -570,9 +570,9 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
     positions, b8 7.6-24.9 (20.9-57.1); Llama-3.1-8B b1 11.2-26.4 (37.2-62.6), b8
     23.6-128.0 (49.2-418.1). ``HELIOS_ATTN_FUSED=1`` records ``attention_decode_fused``
     instead (``fuse_decode_attention``): measured slower (SmolLM2 b1 8.3-11.2 us).
-    The one-tile layout runs over each row's live splits only (``LIVE``: about
-    ``HELIOS_ATTN_LIVE`` programs in all, ``_attention_live``) unless that knob is 0,
-    where it keeps a program per split (several per program: ``_attention_spp``).
+    Both run over each row's live splits only (``LIVE``: about ``HELIOS_ATTN_LIVE``
+    programs in all, ``_attention_live``) unless that knob is 0, where they keep a
+    program per split (several a program for one-tile splits: ``_attention_spp``).
 
     Raises:
         ValueError: an unknown rule.
@@ -590,12 +590,13 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
         # query head). The tuned kernel (`tuned`: no SPP) keeps GROUPED=2: one tile at
         # the tuner's largest count, the others are timed against it at startup.
         bn = min(_np2(SPLIT, 16), 64)
+        live = {} if tuned else _attention_live(B, KVH, NS)
         if bn < SPLIT and not tuned:
             return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=3,
-                        EVEN_HD=int(HD == bhd), WARPS=4)
-        if not tuned and (live := _attention_live(B, KVH, NS)):
+                        EVEN_HD=int(HD == bhd), WARPS=4, **live)
+        if live:
             return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
-                        EVEN_HD=int(HD == bhd), WARPS=4, LIVE=live)
+                        EVEN_HD=int(HD == bhd), WARPS=4, **live)
         spp = {} if tuned else _attention_spp(B, HD, NS)
         return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
                     EVEN_HD=int(HD == bhd), WARPS=4, **spp)
@@ -626,9 +627,10 @@ def _attention_spp(B: int, HD: int, NS: int) -> dict[str, int]:
     return {"SPP": 4 if HD <= 64 else 2}
 
 
-def _attention_live(B: int, KVH: int, NS: int) -> int:
-    """Programs per (row, kv head) of rule v3's live-split layout (``LIVE``; 0: not
-    used): about ``ATTN_LIVE`` programs in all, at most NS. The NS-programs-a-row grid
+def _attention_live(B: int, KVH: int, NS: int) -> dict[str, int]:
+    """Programs per (row, kv head) of rule v3's live-split layout (``{"LIVE": n}``; empty:
+    not used): about ``ATTN_LIVE`` programs in all, at most NS, for one-tile splits
+    (GROUPED=2) and longer ones (GROUPED=3) alike. The NS-programs-a-row grid
     costs a program per split whatever the context: at 256 rows of 32 splits the 8B
     geometry's 65,536 programs took ~400 us a layer on the H100 for ~3 live splits a row
     (bench/results/h100_2026-12-06h/decode_breakdown_dc8d9d8.json), where the live
@@ -636,8 +638,8 @@ def _attention_live(B: int, KVH: int, NS: int) -> int:
     for any LIVE (the partition is ``decode_splits``', by capacity), so a row's attention
     does not depend on the bucket it sits in."""
     if ATTN_LIVE <= 0 or B < ATTN_LIVE_MIN_ROWS:
-        return 0
-    return max(1, min(NS, _cdiv(ATTN_LIVE, B * KVH)))
+        return {}
+    return {"LIVE": max(1, min(NS, _cdiv(ATTN_LIVE, B * KVH)))}
 
 
 def attention_merge_constants(HD: int, NS: int, rule: str = "") -> dict[str, int]:
