@@ -847,27 +847,30 @@ def _split_merge(gpu, qkv, pos, slot, pages, kc, vc, B, MP, PT, H, KVH, HD, NS, 
     return got, out
 
 
-@pytest.mark.parametrize("B", [1, 8, 64, 256])
+@pytest.mark.parametrize("B,MP", [(1, 512), (8, 512), (64, 512), (256, 512), (8, 1024),
+                                  (256, 1024)])
 @pytest.mark.parametrize("H,KVH,HD", [(32, 8, 128), (9, 3, 64)])
-def test_attention_decode_live_splits(gpu, rng, monkeypatch, H, KVH, HD, B):
+def test_attention_decode_live_splits(gpu, rng, monkeypatch, H, KVH, HD, B, MP):
     """Rule v3's live-split layout (``LIVE``: programs over each row's live splits only,
-    empty splits' outputs unwritten) at 1, 8, 64 and 256 rows of 1 .. 8,192 positions,
-    against the NumPy reference row by row (poisoned outputs); and each row bitwise what
-    it gets alone in a batch of one (another LIVE), under other program counts, and
-    under the knob's 0 (a program per split, several per program at 64+ rows): the
-    results depend on neither the bucket nor the layout."""
+    empty splits' outputs unwritten) at 1, 8, 64 and 256 rows of 1 .. 8,192 positions
+    (one tile a split) and 8 and 256 rows of 1 .. 16,384 (128 splits of 128: GROUPED=3's
+    walk), against the NumPy reference row by row (poisoned outputs); and each row
+    bitwise what it gets alone in a batch of one (another LIVE), under other program
+    counts, and under the knob's 0 (a program per split, several per program at 64+ rows
+    of one-tile splits): the results depend on neither the bucket nor the layout."""
     from helios_ignition.capture import launch
     from helios_ignition.capture.buffers import decode_splits
 
     monkeypatch.setattr(launch, "ATTN_LIVE", 4096)  # the default, whatever the env says
     monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 1)
-    MP, PT = 512, 16
+    PT = 16
     NS, split = decode_splits(MP * PT)
-    pages, kc, vc, qkv, slot, pos = _live_case(rng, H, KVH, HD, B)
+    pages, kc, vc, qkv, slot, pos = _live_case(rng, H, KVH, HD, B, MP=MP)
     scale = HD ** -0.5
     args = (B, MP, PT, H, KVH, HD, NS, split, scale)
     c = launch.attention_split_constants(B, H, KVH, HD, NS, split)
     assert c["LIVE"] == min(NS, -(-launch.ATTN_LIVE // (B * KVH)))
+    assert c["GROUPED"] == (3 if split > 64 else 2)
     got, out = _split_merge(gpu, qkv, pos, slot, pages, kc, vc, *args)
     ref = np.zeros((B, H * HD), np.float32)
     ml = np.zeros((1, H, NS, 2), np.float32)

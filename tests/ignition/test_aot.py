@@ -330,6 +330,8 @@ def test_long_context_attention_compiles_for_sm90(monkeypatch):
     )
     from helios_ignition.kernels_aot import compile_all
 
+    monkeypatch.setattr(launch, "ATTN_LIVE", 4096)  # the default, whatever the env says
+    monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 1)
     variants = []
     for B, KVH, NS, live in [(256, 8, 32, 2), (64, 8, 128, 8), (1, 8, 32, 32),
                              (256, 3, 128, 6), (8, 3, 128, 128)]:
@@ -338,6 +340,10 @@ def test_long_context_attention_compiles_for_sm90(monkeypatch):
         assert launch.launch_config("attention_decode_split", [B, 0, 16, KVH * 4, KVH, 128,
                                                                NS, 64, 0.1]).grid == (B, KVH,
                                                                                       live)
+        variants.append(("attention_decode_split", c))
+    for H, KVH, HD in [(32, 8, 128), (6, 2, 40)]:  # splits of 2 tiles (GROUPED=3)
+        c = attention_split_constants(256, H, KVH, HD, 128, 128, "v3")
+        assert c["GROUPED"] == 3 and c["LIVE"] == -(-4096 // (256 * KVH))
         variants.append(("attention_decode_split", c))
     assert "LIVE" not in attention_split_constants(64, 32, 8, 128, 128, 64, "v3", tuned=True)
     monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 64)
