@@ -3,7 +3,7 @@
 each verified first.
 
     python bench/gpu_attention_live.py --json OUT.json [--budget-s 420] [--dry-run]
-        [--targets 1024 2048 4096 8192] [--rows 1 8 64 256]
+        [--targets 1024 2048 4096 8192] [--rows 1 8 64 256] [--capacities 2048 8192]
 
 At 256 rows of ~160 positions the 8B geometry's ``attention_decode_split`` took ~400 us a
 layer on the H100 (bench/results/h100_2026-12-06h/decode_breakdown_dc8d9d8.json: 32
@@ -86,11 +86,11 @@ def _grid_z(c: dict, ns: int) -> int:
     return c.get("LIVE") or -(-ns // c.get("SPP", 1))
 
 
-def variant_table(rows, targets):
+def variant_table(rows, targets, capacities):
     allv = {"attention_decode_split": {}, "attention_decode_merge": {}}
     for B in rows:
         for H, KVH, HD in GEOMS.values():
-            for cap in CAPACITIES:
+            for cap in capacities:
                 for _, _, _, s, m in variants(B, H, KVH, HD, cap, targets):
                     allv["attention_decode_split"].setdefault(_key(s), s)
                     allv["attention_decode_merge"].setdefault(_key(m), m)
@@ -104,10 +104,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--targets", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    ap.add_argument("--capacities", type=int, nargs="+", default=list(CAPACITIES),
+                    help="positions of capacity (over 8,192: splits of several tiles)")
     ap.add_argument("--dry-run", action="store_true", help="compile only (no GPU)")
     args = ap.parse_args()
     t_start = time.perf_counter()
-    allv = variant_table(args.rows, args.targets)
+    allv = variant_table(args.rows, args.targets, args.capacities)
     nv = sum(len(t) for t in allv.values())
     compiled, failed = compile_variants(allv, args.workers)
     print(f"compiled {len(compiled)}/{nv} variants for sm_90 in "
@@ -116,6 +118,7 @@ def main() -> None:
         print("compile failed:", key, err)
     if args.dry_run:
         return
+    from helios_ignition.capture.buffers import decode_splits
     from helios_serve.runtime.cuda import driver as drv
     from helios_tools import kernels as K
 
@@ -179,6 +182,7 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     rows, skipped = [], 0
+    max_ns = max(decode_splits(cap)[0] for cap in args.capacities)
     for model, (H, KVH, HD) in GEOMS.items():
         scale = HD ** -0.5
         page_elems = PT * KVH * HD
@@ -195,12 +199,12 @@ def main() -> None:
             qkv = rng.standard_normal((B, (H + 2 * KVH) * HD)).astype(np.float32)
             slot = np.arange(B, dtype=np.int32)
             d.update(qkv=alloc(qkv.nbytes), slot=alloc(slot.nbytes), pos=alloc(B * 4),
-                     out=alloc(B * H * HD * 4), ml=alloc(B * H * 128 * 2 * 4),
-                     po=alloc(B * H * 128 * HD * 4))
+                     out=alloc(B * H * HD * 4), ml=alloc(B * H * max_ns * 2 * 4),
+                     po=alloc(B * H * max_ns * HD * 4))
             h2d(d["qkv"], qkv)
             h2d(d["slot"], slot)
             out0 = np.zeros((B, H * HD), np.float32)
-            for cap in CAPACITIES:
+            for cap in args.capacities:
                 MP = cap // PT
                 for npos in POSITIONS:
                     if npos > cap:
@@ -295,7 +299,7 @@ def main() -> None:
     for model in GEOMS:
         print(f"\n{model}: us per layer (split + merge), fraction of the copy roofline, "
               "old / this (> 1 faster); '!' failed verification")
-        for cap in CAPACITIES:
+        for cap in args.capacities:
             for B in args.rows:
                 cell = [r for r in rows if (r["model"], r["capacity"], r["B"]) == (model, cap, B)]
                 for label in dict.fromkeys(r["label"] for r in cell):
