@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|attn-live|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -91,6 +91,10 @@ case $stage in
     python3 bench/gpu_linear_sweep.py --prefill --json "$OUTD/prefill_sweep.json" 2>&1 | tee "$OUTD/prefill_sweep.log" ;;
   attn)
     python3 bench/gpu_attention_sweep.py --json "$OUTD/attn_sweep.json" --budget-s 150 2>&1 | tee "$OUTD/attn_sweep.log" ;;
+  attn-live)  # issue 27, decode attention at many rows (no GGUF needed, ~4-6 min): rule
+    # v3's live-split layout against the old grid, then its GPU tests (at most 200 s)
+    python3 bench/gpu_attention_live.py --json "$OUTD/attn_live.json" --budget-s 240 2>&1 | tee "$OUTD/attn_live.log"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py -k "live or long" 2>&1 | tee "$OUTD/attn_live_tests.log" | tail -5 ;;
   attn2)  # issue 17, decode attention at long contexts (no GGUF needed, ~80 s): split +
     # merge variants and context partitions vs today's rule at an 8,192-position capacity,
     # SmolLM2 and 8B geometry, B 1/8/64, 130-4096 positions, each verified first

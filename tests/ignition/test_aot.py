@@ -317,18 +317,38 @@ def test_attention_rules_compile_for_sm90(rule):
         assert ck.shared_bytes <= 227 * 1024
 
 
-def test_long_context_attention_compiles_for_sm90():
-    """Rule v3's split layouts (one tile per 64-position split, several splits per
-    program at 64 rows; GROUPED=3 for longer splits; the tuned kernel without SPP) and
-    the one-launch ``attention_decode_fused`` (fenced, acquire-release split counters)
-    at the 8B, SmolLM2 and an odd-HD geometry."""
+def test_long_context_attention_compiles_for_sm90(monkeypatch):
+    """Rule v3's split layouts (one tile per 64-position split: over the live splits
+    (``LIVE``, about HELIOS_ATTN_LIVE programs) or, with that knob 0, several splits per
+    program at 64 rows; GROUPED=3 for longer splits; the tuned kernel without SPP or
+    LIVE) and the one-launch ``attention_decode_fused`` (fenced, acquire-release split
+    counters) at the 8B, SmolLM2 and an odd-HD geometry."""
+    from helios_ignition.capture import launch
     from helios_ignition.capture.launch import (
         attention_fused_constants,
         attention_split_constants,
     )
     from helios_ignition.kernels_aot import compile_all
 
+    monkeypatch.setattr(launch, "ATTN_LIVE", 4096)  # the default, whatever the env says
+    monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 1)
     variants = []
+    for B, KVH, NS, live in [(256, 8, 32, 2), (64, 8, 128, 8), (1, 8, 32, 32),
+                             (256, 3, 128, 6), (8, 3, 128, 128)]:
+        c = attention_split_constants(B, KVH * 4, KVH, 128, NS, 64, "v3")
+        assert c["GROUPED"] == 2 and c["LIVE"] == live and "SPP" not in c
+        assert launch.launch_config("attention_decode_split", [B, 0, 16, KVH * 4, KVH, 128,
+                                                               NS, 64, 0.1]).grid == (B, KVH,
+                                                                                      live)
+        variants.append(("attention_decode_split", c))
+    for H, KVH, HD in [(32, 8, 128), (6, 2, 40)]:  # splits of 2 tiles (GROUPED=3)
+        c = attention_split_constants(256, H, KVH, HD, 128, 128, "v3")
+        assert c["GROUPED"] == 3 and c["LIVE"] == -(-4096 // (256 * KVH))
+        variants.append(("attention_decode_split", c))
+    assert "LIVE" not in attention_split_constants(64, 32, 8, 128, 128, 64, "v3", tuned=True)
+    monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 64)
+    assert "LIVE" not in attention_split_constants(8, 32, 8, 128, 128, 64, "v3")
+    monkeypatch.setattr(launch, "ATTN_LIVE", 0)
     for H, KVH, HD, spp in [(32, 8, 128, 2), (9, 3, 64, 4), (6, 2, 40, 4)]:
         walk = attention_split_constants(8, H, KVH, HD, 128, 128, "v3")  # splits of 2 tiles
         assert walk["GROUPED"] == 3 and walk["BLOCK_N"] == 64

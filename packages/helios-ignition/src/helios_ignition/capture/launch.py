@@ -91,6 +91,12 @@ SMS = 132
 # slower than split + merge on the H200: off by default).
 ATTN_RULE = os.environ.get("HELIOS_ATTN_RULE", "v3")
 ATTN_FUSED = os.environ.get("HELIOS_ATTN_FUSED", "0") != "0"
+# Rule v3's live-split layout (HELIOS_ATTN_LIVE at capture: attention_split_constants,
+# _attention_live): the programs a (row, kv head) gets, aimed at this many programs in
+# all; "0" keeps the grid of NS splits a row (SPP). HELIOS_ATTN_LIVE_MIN_ROWS: from how
+# many rows the layout is used.
+ATTN_LIVE = int(os.environ.get("HELIOS_ATTN_LIVE", "4096"))
+ATTN_LIVE_MIN_ROWS = int(os.environ.get("HELIOS_ATTN_LIVE_MIN_ROWS", "1"))
 # Grouped expert product tiles at capture (HELIOS_MOE_TILES="BLOCK_N,BLOCK_K,WARPS";
 # empty: moe_constants' rule).
 MOE_TILES = os.environ.get("HELIOS_MOE_TILES", "")
@@ -576,6 +582,9 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
     positions, b8 7.6-24.9 (20.9-57.1); Llama-3.1-8B b1 11.2-26.4 (37.2-62.6), b8
     23.6-128.0 (49.2-418.1). ``HELIOS_ATTN_FUSED=1`` records ``attention_decode_fused``
     instead (``fuse_decode_attention``): measured slower (SmolLM2 b1 8.3-11.2 us).
+    Both run over each row's live splits only (``LIVE``: about ``HELIOS_ATTN_LIVE``
+    programs in all, ``_attention_live``) unless that knob is 0, where they keep a
+    program per split (several a program for one-tile splits: ``_attention_spp``).
 
     Raises:
         ValueError: an unknown rule.
@@ -593,9 +602,13 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
         # query head). The tuned kernel (`tuned`: no SPP) keeps GROUPED=2: one tile at
         # the tuner's largest count, the others are timed against it at startup.
         bn = min(_np2(SPLIT, 16), 64)
+        live = {} if tuned else _attention_live(B, KVH, NS)
         if bn < SPLIT and not tuned:
             return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=3,
-                        EVEN_HD=int(HD == bhd), WARPS=4)
+                        EVEN_HD=int(HD == bhd), WARPS=4, **live)
+        if live:
+            return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
+                        EVEN_HD=int(HD == bhd), WARPS=4, **live)
         spp = {} if tuned else _attention_spp(B, HD, NS)
         return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
                     EVEN_HD=int(HD == bhd), WARPS=4, **spp)
@@ -624,6 +637,21 @@ def _attention_spp(B: int, HD: int, NS: int) -> dict[str, int]:
     if B < 64 or NS < SPP_MIN_SPLITS:
         return {}
     return {"SPP": 4 if HD <= 64 else 2}
+
+
+def _attention_live(B: int, KVH: int, NS: int) -> dict[str, int]:
+    """Programs per (row, kv head) of rule v3's live-split layout (``{"LIVE": n}``; empty:
+    not used): about ``ATTN_LIVE`` programs in all, at most NS, for one-tile splits
+    (GROUPED=2) and longer ones (GROUPED=3) alike. The NS-programs-a-row grid
+    costs a program per split whatever the context: at 256 rows of 32 splits the 8B
+    geometry's 65,536 programs took ~400 us a layer on the H100 for ~3 live splits a row
+    (bench/results/h100_2026-12-06h/decode_breakdown_dc8d9d8.json), where the live
+    layout runs 256 x 8 x 2 programs over the live splits only. Bitwise the same results
+    for any LIVE (the partition is ``decode_splits``', by capacity), so a row's attention
+    does not depend on the bucket it sits in."""
+    if ATTN_LIVE <= 0 or B < ATTN_LIVE_MIN_ROWS:
+        return {}
+    return {"LIVE": max(1, min(NS, _cdiv(ATTN_LIVE, B * KVH)))}
 
 
 def attention_merge_constants(HD: int, NS: int, rule: str = "") -> dict[str, int]:
@@ -879,8 +907,8 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
         c = attention_split_constants(B, H, KVH, HD, NS, SPLIT,
                                       tuned=op == "attention_decode_split_tuned")
-        return _cfg((B, KVH if c["GROUPED"] else H, _cdiv(NS, c.get("SPP", 1))),
-                    c.pop("WARPS"), **c)
+        z = c["LIVE"] if c.get("LIVE") else _cdiv(NS, c.get("SPP", 1))
+        return _cfg((B, KVH if c["GROUPED"] else H, z), c.pop("WARPS"), **c)
     if op == "attention_decode_fused":
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
         c = attention_fused_constants(H, KVH, HD, NS, SPLIT)
