@@ -16,8 +16,9 @@ from helios_contract import STORAGE_BLOCKS
 from helios_contract.schema import manifest_pb2 as mpb
 
 from .capture.buffers import rank_weight_resource_id, weight_resource_id
+from .checkpoint.gguf_repack import repack
 from .families.llama import LlamaShapes, rope_inv_freq
-from .quantize import SCALE_SUFFIX, ZERO_SUFFIX, fp8_codes, int4_codes
+from .quantize import SCALE_SUFFIX, STORAGE_FORMS, ZERO_SUFFIX, fp8_codes, int4_codes
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -129,7 +130,8 @@ def declare_storage(manifest, blocks: dict[str, str]) -> None:
 def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                         blocks: dict[str, str] | None = None,
                         fp8: frozenset[str] = frozenset(),
-                        int4: frozenset[str] = frozenset()) -> Iterator[StoredWeight]:
+                        int4: frozenset[str] = frozenset(),
+                        repacked: dict[str, str] | None = None) -> Iterator[StoredWeight]:
     """Yield every weight resource of a core with `shapes` (one rank's shapes when
     `shapes.ranks` > 1: each split weight yields one resource per rank), one at a time.
 
@@ -141,9 +143,13 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
     (``<name>.scale``, f32 [rows, 1]): the checkpoint's own FP8 codes where every source
     has them, else quantized here (``quantize.fp8_codes``). Matrices named in `int4` are
     stored as packed 4-bit codes (uint8 [rows, K / 2]) followed by ``<name>.scale`` and
-    ``<name>.zero`` (f32 [rows, K / 128] each; ``quantize.int4_codes``).
+    ``<name>.zero`` (f32 [rows, K / 128] each; ``quantize.int4_codes``). Matrices named in
+    `repacked` (buffer -> ggml block type, ``quantize.repacked_weights``) are the
+    checkpoint's GGUF blocks repacked (``checkpoint.gguf_repack``): codes, then scales and
+    (INT4 / INT4_MIN) zero points or minimums.
     """
     blocks = blocks or {}
+    repacked = repacked or {}
     head_source = shapes.checkpoint_tensors("lm_head")[0]
     for name, shape in shapes.weight_layout().items():
         computed = _computed_weight(shapes, name, checkpoint)
@@ -161,6 +167,21 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                 assert array.shape[0] == shape[0], (name, array.shape, shape)
                 yield StoredWeight(name, weight_resource_id(name), None, sources,
                                    np.ascontiguousarray(array))
+                continue
+            if rank is None and name in repacked:  # GGUF blocks repacked, rows concatenated
+                names = shapes.checkpoint_tensors(name)
+                parts = [repack(repacked[name], checkpoint.blocks(src)[1]) for src in names]
+                sources = tuple(Slice(src, 0, 0, int(p.codes.shape[0]))
+                                for src, p in zip(names, parts, strict=True))
+                suffixes = STORAGE_FORMS[parts[0].storage_type][1]
+                arrays = [np.concatenate([getattr(p, f) for p in parts], axis=0)
+                          for f in ("codes", "scales", "third")[:len(suffixes) + 1]]
+                assert arrays[0].shape[0] == shape[0], (name, arrays[0].shape, shape)
+                yield StoredWeight(name, weight_resource_id(name), None, sources,
+                                   np.ascontiguousarray(arrays[0]))
+                for suffix, side in zip(suffixes, arrays[1:], strict=True):
+                    yield StoredWeight(name + suffix, weight_resource_id(name + suffix), None,
+                                       sources, np.ascontiguousarray(side))
                 continue
             if rank is None and name in fp8:  # e4m3 codes, then their per-row scales
                 names = shapes.checkpoint_tensors(name)
