@@ -49,7 +49,6 @@ from .checkpoint import (
     smollm2_gguf_path,
 )
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
-from .checkpoint.gguf_repack import REPACKED
 from .families import vision
 from .families.registry import FamilyMismatchError, family_shapes
 from .quantize import (
@@ -66,6 +65,7 @@ from .weights import (
     gguf_blocks,
     iter_drafter_buffers,
     iter_stored_weights,
+    repack_storage,
     weight_catalogs,
 )
 
@@ -596,9 +596,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                                    split_tuning=recipe.split_tuning,
                                    fold_layers=recipe.fold_layers,
                                    chunked_sampling=recipe.chunked_sampling)
-    repacked = repacked_weights(manifest, blocks) if repack_blocks else {}
+    repacked = repacked_weights(manifest, repack_storage(ckpt, shapes)) if repack_blocks \
+        else {}
     if repack_blocks:
-        apply_storage(manifest, {n: REPACKED[kind] for n, kind in repacked.items()})
+        apply_storage(manifest, repacked)
         blocks = {}  # the other block matrices (the embedding) are stored as f32
     declare_storage(manifest, blocks)
     chosen = frozenset(quantized_weights(manifest, quantize)) if quantize else frozenset()
@@ -638,7 +639,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         written(len(tok) + len(tpl))
         stored = []
         for done, weight in enumerate(read_ahead(iter_stored_weights(
-                ckpt, shapes, recipe.weight_dtype, blocks, fp8, int4, repacked))):
+                ckpt, shapes, recipe.weight_dtype, blocks, fp8, int4, frozenset(repacked)))):
             if progress:
                 progress("weights read", done + 1, weight_count, "")
             writer.add_resource(weight.resource_id, core_pb2.RESOURCE_KIND_WEIGHTS,

@@ -40,7 +40,6 @@ from .capture import launch as launch_rules
 from .capture.buffers import weight_resource_id
 from .capture.launch import launch_config
 from .checkpoint.errors import UnsupportedTensorError
-from .checkpoint.gguf_repack import REPACKED
 
 QUANTIZE_CHOICES = ("fp8", "int4")
 # The buffer the LM head reads (families/llama.py; a tied head reads the embedding).
@@ -112,16 +111,17 @@ def _readable(manifest: mpb.ExecutionManifest, forms: dict[str, str]) -> list[st
     return [b.name for b in manifest.buffers if ok.get(b.name)]
 
 
-def repacked_weights(manifest: mpb.ExecutionManifest, blocks: dict[str, str]
-                     ) -> dict[str, str]:
-    """Of the GGUF-block matrices `blocks` (buffer -> ggml type, ``weights.gguf_blocks``),
-    those a cuda core stores repacked (``checkpoint.gguf_repack``): every reader an op
-    with a form for the type's repacked storage; buffer -> ggml type, manifest order.
-    The others (the embedding, a tied LM head) are stored as f32."""
+def repacked_weights(manifest: mpb.ExecutionManifest, storage: dict[str, tuple[int, int]]
+                     ) -> dict[str, tuple[int, int]]:
+    """Of the GGUF-block matrices `storage` (buffer -> (repacked storage type, group),
+    ``weights.repack_storage``), those a core for a GPU target stores repacked: every
+    reader an op with a form for that storage type (manifest order). The others (the
+    embedding, a tied LM head) are stored as f32."""
     out = {}
-    for kind in sorted(set(blocks.values()) & set(REPACKED)):
-        forms = STORAGE_FORMS[REPACKED[kind][0]][0]
-        out.update({n: kind for n in _readable(manifest, forms) if blocks.get(n) == kind})
+    for storage_type in sorted({t for t, _ in storage.values()}):
+        forms = STORAGE_FORMS[storage_type][0]
+        out.update({n: storage[n] for n in _readable(manifest, forms)
+                    if n in storage and storage[n][0] == storage_type})
     order = [b.name for b in manifest.buffers]
     return dict(sorted(out.items(), key=lambda item: order.index(item[0])))
 

@@ -16,7 +16,7 @@ from helios_contract import STORAGE_BLOCKS
 from helios_contract.schema import manifest_pb2 as mpb
 
 from .capture.buffers import rank_weight_resource_id, weight_resource_id
-from .checkpoint.gguf_repack import repack
+from .checkpoint.gguf_repack import REPACKED, repack
 from .families.llama import LlamaShapes, rope_inv_freq
 from .quantize import SCALE_SUFFIX, STORAGE_FORMS, ZERO_SUFFIX, fp8_codes, int4_codes
 
@@ -113,6 +113,23 @@ def gguf_blocks(checkpoint, shapes: LlamaShapes) -> dict[str, str]:
     return out
 
 
+def repack_storage(checkpoint, shapes: LlamaShapes) -> dict[str, tuple[int, int]]:
+    """Weight matrices of a single-rank core whose GGUF blocks can be stored repacked
+    (``checkpoint.gguf_repack``): buffer name -> (storage type, group), for every matrix
+    whose source tensors are all stored in block types of one repacked form (a fused
+    buffer's rows concatenate: Gemma 3's Q5_0 query/key and Q8_0 value rows are all INT8
+    in groups of 32)."""
+    out = {}
+    for name, shape in shapes.weight_layout().items():
+        if len(shape) != 2 or name == "rope_inv_freq":
+            continue
+        kinds = {checkpoint.block_type(src) for src in shapes.checkpoint_tensors(name)}
+        forms = {REPACKED.get(k) for k in kinds}
+        if len(forms) == 1 and None not in forms:
+            out[name] = forms.pop()
+    return out
+
+
 def declare_storage(manifest, blocks: dict[str, str]) -> None:
     """Declare each buffer of `blocks` (``gguf_blocks``) as GGUF block storage of f32
     elements in `manifest` (Buffer.storage; geometry from helios_contract's table)."""
@@ -131,7 +148,7 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                         blocks: dict[str, str] | None = None,
                         fp8: frozenset[str] = frozenset(),
                         int4: frozenset[str] = frozenset(),
-                        repacked: dict[str, str] | None = None) -> Iterator[StoredWeight]:
+                        repacked: frozenset[str] = frozenset()) -> Iterator[StoredWeight]:
     """Yield every weight resource of a core with `shapes` (one rank's shapes when
     `shapes.ranks` > 1: each split weight yields one resource per rank), one at a time.
 
@@ -144,12 +161,11 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
     has them, else quantized here (``quantize.fp8_codes``). Matrices named in `int4` are
     stored as packed 4-bit codes (uint8 [rows, K / 2]) followed by ``<name>.scale`` and
     ``<name>.zero`` (f32 [rows, K / 128] each; ``quantize.int4_codes``). Matrices named in
-    `repacked` (buffer -> ggml block type, ``quantize.repacked_weights``) are the
-    checkpoint's GGUF blocks repacked (``checkpoint.gguf_repack``): codes, then scales and
-    (INT4 / INT4_MIN) zero points or minimums.
+    `repacked` (``quantize.repacked_weights``) are the checkpoint's GGUF blocks repacked
+    (``checkpoint.gguf_repack``, each source by its own block type): codes, then scales
+    and (INT4 / INT4_MIN) zero points or minimums.
     """
     blocks = blocks or {}
-    repacked = repacked or {}
     head_source = shapes.checkpoint_tensors("lm_head")[0]
     for name, shape in shapes.weight_layout().items():
         computed = _computed_weight(shapes, name, checkpoint)
@@ -170,7 +186,7 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                 continue
             if rank is None and name in repacked:  # GGUF blocks repacked, rows concatenated
                 names = shapes.checkpoint_tensors(name)
-                parts = [repack(repacked[name], checkpoint.blocks(src)[1]) for src in names]
+                parts = [repack(*checkpoint.blocks(src)) for src in names]
                 sources = tuple(Slice(src, 0, 0, int(p.codes.shape[0]))
                                 for src, p in zip(names, parts, strict=True))
                 suffixes = STORAGE_FORMS[parts[0].storage_type][1]
