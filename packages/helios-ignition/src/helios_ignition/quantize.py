@@ -47,6 +47,9 @@ LM_HEAD = "lm_head"
 SCALE_SUFFIX = ".scale"
 ZERO_SUFFIX = ".zero"
 MIN_SUFFIX = ".min"
+# The parameter through which an op reads the weight its forms take as codes (the
+# embedding's table; every product's weight).
+WEIGHT_PARAMS = ("weight", "table")
 # Each --quantize choice: the ops' forms for it and its storage type.
 FORMS = {"fp8": FP8_FORMS, "int4": INT4_FORMS}
 # Each element-wise code storage type: the ops' forms for it and the suffixes of its side
@@ -107,7 +110,7 @@ def _readable(manifest: mpb.ExecutionManifest, forms: dict[str, str]) -> list[st
             for spec, arg in zip(params, launch.args, strict=True):
                 name = arg.buffer.buffer if arg.WhichOneof("value") == "buffer" else None
                 if name in matrices:
-                    ok[name] = ok.get(name, True) and op in forms and spec.name == "weight"
+                    ok[name] = ok.get(name, True) and op in forms and spec.name in WEIGHT_PARAMS
     return [b.name for b in manifest.buffers if ok.get(b.name)]
 
 
@@ -211,9 +214,9 @@ def apply_storage(manifest: mpb.ExecutionManifest, storage: dict[str, tuple[int,
             names_ = [a.buffer.buffer if a.WhichOneof("value") == "buffer" else None
                       for a in launch.args]
             params = [spec.name for spec in kernel_params(op)]
-            if "weight" not in params:
+            at = next((i for i, p in enumerate(params) if p in WEIGHT_PARAMS), None)
+            if at is None:
                 continue
-            at = params.index("weight")
             weight = names_[at]
             if weight not in storage:
                 continue

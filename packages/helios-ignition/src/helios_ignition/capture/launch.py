@@ -831,6 +831,12 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, N, K = s[0], s[1], s[2]
         return _linear_config([T, N, K], (views[0], views[2], views[3])
                               if len(views) > 3 else (), tc=False)
+    if op == "embedding_int8":  # INT8 table rows (kernels_triton/int8.py)
+        T, D = s
+        vocab = int(views[1].shape[0]) if len(views) > 1 else 0
+        groups = int(views[2].shape[1]) if len(views) > 2 else D // 32
+        return _cfg((T,), 4 if D <= 1024 else 8, BLOCK_D=_np2(D, 16), VOCAB=vocab,
+                    GROUP=D // groups)
     if op in INT4_PROLOGUE or op in INT8_PROLOGUE:  # W4A16 / W8A16 (kernels_triton/int*.py)
         T, N, K = s[0], s[1], s[2]
         at = 3 if op.startswith("rmsnorm_") else 2  # the scales' view

@@ -7,7 +7,9 @@ columns a step); from it (``MMA`` 1) ``BLOCK_T`` x ``BLOCK_N`` output tiles, per
 codes (exact small integers) times the activations with ``tl.dot`` (TF32 tensor cores:
 the activations rounded to TF32) and the group's scale applied to the f32 partial
 product. ``PRO`` 2 is the SwiGLU prologue (``x`` is ``[T, 2K]``), ``NORM`` 1 the RMS-norm
-prologue (``rmsnorm_linear_int8``), ``ACC`` 1 adds into ``out`` (the residual)."""
+prologue (``rmsnorm_linear_int8``), ``ACC`` 1 adds into ``out`` (the residual).
+``embedding_int8`` gathers token rows of an INT8 table (the embedding, and a tied LM head's
+``linear_int8`` reads the same codes)."""
 
 from __future__ import annotations
 
@@ -124,7 +126,23 @@ def rmsnorm_linear_int8(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
                    tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, 0, 1, ACC)
 
 
+@triton.jit
+def embedding_int8(ids, weight, weight_scale, out, T, D, BLOCK_D: tl.constexpr,
+                   VOCAB: tl.constexpr, GROUP: tl.constexpr = 32):
+    """``out[t] = code[ids[t]] * scale`` (zeros for an id outside ``[0, VOCAB)``); grid
+    ``(T,)``: one program a token row."""
+    t = tl.program_id(0)
+    tok = tl.load(ids + t)
+    d = tl.arange(0, BLOCK_D)
+    md = d < D
+    ok = (tok >= 0) & (tok < VOCAB)
+    row = tl.where(ok, tok, 0).to(tl.int64)
+    code = tl.load(weight + row * D + d, mask=md & ok, other=0).to(tl.int8, bitcast=True)
+    s = tl.load(weight_scale + row * (D // GROUP) + d // GROUP, mask=md & ok, other=0.0)
+    tl.store(out + t.to(tl.int64) * D + d, code.to(tl.float32) * s, mask=md)
+
+
 # Each INT8 form -> its kernel (the constants PRO and ACC select the variant).
 INT8_TRITON = {"linear_int8": linear_int8, "linear_add_int8": linear_int8,
                "swiglu_linear_int8": linear_int8, "swiglu_linear_add_int8": linear_int8,
-               "rmsnorm_linear_int8": rmsnorm_linear_int8}
+               "rmsnorm_linear_int8": rmsnorm_linear_int8, "embedding_int8": embedding_int8}

@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .elementwise import silu_mul
+from .embedding import embedding
 from .int4 import unpack_int4
 from .norm import rmsnorm
 
@@ -167,12 +168,31 @@ def swiglu_linear_add_int8(x, weight, weight_scale, out, T: int, N: int, K: int)
     _product(_swiglu(x, T, K), _w8(weight, weight_scale, N), out, T, N, K, add=True)
 
 
+def embedding_int8(ids: NDArray[np.int32], weight: NDArray[np.uint8],
+                   weight_scale: NDArray[np.float32], out: NDArray[np.float32], T: int,
+                   D: int) -> None:
+    """``embedding`` of the INT8 table: ``out[t] = w[ids[t]]`` (``dequantize_int8``), zeros
+    for an id outside ``[0, V)``.
+
+    Args:
+        ids: ``[T]`` i32 token ids.
+        weight: ``[V, D]`` bytes, int8 codes (or their ``dequantize_int8`` as f32, the cpu
+            backend's binding).
+        weight_scale: ``[V, D / G]`` f32 group scales.
+        out: ``[T, D]`` f32, written.
+        T: token rows. D: hidden size.
+    """
+    table = weight if weight.dtype == np.float32 else dequantize_int8(weight, weight_scale)
+    embedding(ids, table, out, T, D)
+
+
 # Each op reading a weight -> its INT4_MIN form (scales, then minimums, after the weight).
 INT4_MIN_FORMS = {"linear": "linear_int4_min", "linear_add": "linear_add_int4_min",
                   "rmsnorm_linear": "rmsnorm_linear_int4_min",
                   "swiglu_linear": "swiglu_linear_int4_min",
                   "swiglu_linear_add": "swiglu_linear_add_int4_min"}
-# Each op reading a weight -> its INT8 form (the scales after the weight).
+# Each op reading a weight -> its INT8 form (the scales after the weight; the embedding's
+# table is its weight: a tied LM head and the embedding read one INT8 table).
 INT8_FORMS = {"linear": "linear_int8", "linear_add": "linear_add_int8",
               "rmsnorm_linear": "rmsnorm_linear_int8", "swiglu_linear": "swiglu_linear_int8",
-              "swiglu_linear_add": "swiglu_linear_add_int8"}
+              "swiglu_linear_add": "swiglu_linear_add_int8", "embedding": "embedding_int8"}

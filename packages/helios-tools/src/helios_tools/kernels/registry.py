@@ -52,6 +52,7 @@ from .int4 import (
     swiglu_linear_int4,
 )
 from .int8 import (
+    embedding_int8,
     linear_add_int4_min,
     linear_add_int8,
     linear_int4_min,
@@ -351,6 +352,10 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
         *(_f("eps") if op == "rmsnorm_linear" else ()),
     ) for op in ("linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
                  "swiglu_linear_add")},
+    "embedding_int8": (
+        _b("ids", "i32"), _b("weight", "u8"), _b("weight_scale", "f32"), _b("out", "f32", "out"),
+        *_i("T", "D"),
+    ),
     # Batched-decode GEMM path (kernels/linear_splitk.py): packed bf16 terms, K-split
     # products, fixed-order reduction.
     "split_bf16": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "K")),
@@ -679,6 +684,7 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "swiglu_linear_int4_min": swiglu_linear_int4_min,
     "swiglu_linear_add_int4_min": swiglu_linear_add_int4_min,
     "linear_int8": linear_int8,
+    "embedding_int8": embedding_int8,
     "linear_add_int8": linear_add_int8,
     "rmsnorm_linear_int8": rmsnorm_linear_int8,
     "swiglu_linear_int8": swiglu_linear_int8,
