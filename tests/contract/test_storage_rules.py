@@ -245,6 +245,21 @@ def test_a_storage_type_the_backend_lacks_fails_with_its_name():
     assert (finding.path, finding.value) == ("manifest.buffers[0].storage.type",
                                              "STORAGE_TYPE_GGUF_Q4_1")
     assert "it executes STORAGE_TYPE_GGUF_Q8_0" in finding.detail
+    assert "buffer 'token_embd' stored as STORAGE_TYPE_GGUF_Q4_1" in finding.detail
+
+
+def test_lint_names_the_tensor_and_type_the_cuda_backend_does_not_execute():
+    """A GGUF block type on cuda (which executes only element-wise code types): one line
+    naming the tensor and its type."""
+    from helios_tools.capabilities import CUDA
+
+    finding = _storage_findings(_prepared(_q4_1), CUDA)[0]
+    assert finding.path == "manifest.buffers[0].storage.type"
+    line = str(finding)
+    assert "\n" not in line
+    assert "buffer 'token_embd' stored as STORAGE_TYPE_GGUF_Q4_1 (it executes " \
+           "STORAGE_TYPE_FP8_E4M3, STORAGE_TYPE_INT4, STORAGE_TYPE_INT4_MIN, " \
+           "STORAGE_TYPE_INT8)" in line
 
 
 def test_an_op_without_a_quantized_form_fails_naming_the_op():
@@ -304,12 +319,13 @@ def test_repacked_storage_is_valid_and_sized_by_its_codes():
 
 def test_both_backends_execute_the_repacked_types_each_with_its_forms():
     """The one rule: INT4_MIN and INT8 are storage types of both tables; the example's
-    embedding launch, which has no form for either, fails naming the op and the forms."""
+    plain embedding launch (INT4_MIN has no embedding form; INT8's is embedding_int8, which
+    the export writes instead) fails naming the op and the forms."""
     from helios_tools.capabilities import CPU, CUDA
 
     for storage_type, third, forms in (
             (mpb.STORAGE_TYPE_INT4_MIN, "mins", "linear_add_int4_min, linear_int4_min"),
-            (mpb.STORAGE_TYPE_INT8, None, "linear_add_int8, linear_int8")):
+            (mpb.STORAGE_TYPE_INT8, None, "embedding_int8, linear_add_int8, linear_int8")):
         for caps in (CPU, CUDA):
             assert storage_type in caps.storage_types
             prepared = _prepared(lambda m, t=storage_type, s=third: _coded(

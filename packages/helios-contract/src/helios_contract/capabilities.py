@@ -313,8 +313,8 @@ def _storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Find
         if buffer.storage.type not in caps.storage_types:
             name = enum_name(mpb.StorageType, buffer.storage.type)
             yield _unsupported("runtime.storage", f"manifest.buffers[{i}].storage.type", name,
-                               caps, f"{name} weights (it executes "
-                               f"{_names(mpb.StorageType, caps.storage_types)})")
+                               caps, f"buffer {buffer.name!r} stored as {name} (it "
+                               f"executes {_names(mpb.StorageType, caps.storage_types)})")
     if not stored:
         return
     kernels = {k.id: k.reference_op for k in manifest.kernels}
