@@ -156,3 +156,38 @@ def test_cpu_greedy_ids_equal_the_hf_goldens_and_http_serves_them(gguf_core):
     assert got and got == golden["greedy_ids"][:len(got)]
     assert r.choices[0].message.content == golden["greedy_text"][:len(
         r.choices[0].message.content)]
+
+
+@pytest.mark.slow
+def test_gemma3_q4_k_m_repacks_every_projection_exactly(tmp_path, signing_key_pair,
+                                                       gemma3_checkpoint):
+    """Gemma 3 270M Q4_K_M for sm_90: the fused QKV of Q5_0 query/key and Q8_0 value rows
+    is INT8 in groups of 32 (one repacked form), the Q4_K output projections INT4_MIN, the
+    down projections INT8 in groups of 16 (Q6_K) or INT4_MIN (Q4_K), the Q8_0 embedding
+    INT8; lint clean for both backends; layer 0's QKV dequantizes to the checkpoint's f32
+    rows bit for bit."""
+    from helios_tools.lint import lint_core
+
+    private, public = signing_key_pair
+    out = tmp_path / "gemma3-sm90.core"
+    export_core(REPO / "recipes" / "gemma3_270m.py", checkpoint=gemma3_checkpoint,
+                key_path=private, namespace=NAMESPACE, out=out, targets=("sm_90",))
+    core = open_core(out, [load_public_key(public)])
+    assert lint_core(core, acceptance=NAMESPACE, require_targets=["sm_90"]) == []
+    stored = {b.name: b.storage for b in core.manifest.buffers if b.HasField("storage")}
+    layers = range(18)
+    kinds = {(n, mpb.StorageType.Name(s.type), s.block_elements) for n, s in stored.items()}
+    assert {(f"L{i}.wqkv", "STORAGE_TYPE_INT8", 32) for i in layers} <= kinds
+    assert {(f"L{i}.wo", "STORAGE_TYPE_INT4_MIN", 32) for i in layers} <= kinds
+    assert ("embed", "STORAGE_TYPE_INT8", 32) in kinds
+    downs = {(s.type, s.block_elements) for n, s in stored.items() if n.endswith("w_down")}
+    assert downs == {(mpb.STORAGE_TYPE_INT8, 16), (mpb.STORAGE_TYPE_INT4_MIN, 32)}
+    assert len(stored) == 4 * 18 + 1
+    rows = int(next(b for b in core.manifest.buffers if b.name == "L0.wqkv").shape[0])
+    codes = np.frombuffer(core.read_resource("weights/L0.wqkv"), np.uint8).reshape(rows, -1)
+    scales = np.frombuffer(core.read_resource("weights/L0.wqkv.scale"), "<f4").reshape(
+        rows, -1)
+    want = np.concatenate([gemma3_checkpoint.tensor(f"model.layers.0.self_attn.{p}_proj"
+                                                    ".weight") for p in "qkv"], axis=0)
+    got = dequantize_int8(codes, scales)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
