@@ -7,6 +7,11 @@ scheme, helios_tools.kernels.int4) and each launch reading one
 becomes its INT4 form (``INT4_FORMS``: the scales, then the zero points, after the
 weight). A checkpoint's own AWQ/GPTQ codes are repacked as stored (``int4_codes``).
 
+``--weight-dtype gguf`` with a GPU target: the GGUF block matrices become INT4 / INT4_MIN
+/ INT8 storage (``repacked_weights``, ``apply_storage``; the codes come from
+checkpoint/gguf_repack.py, docs/gguf-cuda.md) and their launches the forms of those types
+(``STORAGE_FORMS``).
+
 ``fp8``:
 
 After capture, every weight matrix whose every reader is a product with an FP8 form
