@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|attn-live|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|attn-live|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -77,6 +77,21 @@ case $stage in
     # decode b1/8/64, bf16 vs W4A16, one process
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_int4.py 2>&1 | tee "$OUTD/int4_kernels.log" | tail -5
     python3 bench/gpu_int4.py --json "$OUTD/int4_8b.json" 2>&1 | tee "$OUTD/int4_8b.log" ;;
+  gguf|gguf-tests|gguf-model|gguf-bench)  # issue 31 item 2(b) (the SmolLM2 GGUF parked for
+    # the model test): gguf-tests: every INT4_MIN / INT8 form and embedding_int8 against its
+    # NumPy reference at M 1/8/64/256 (4 workers: each variant compiles); gguf-model: the
+    # SmolLM2 gguf core (repacked for the card's target) cuda vs cpu; gguf-bench:
+    # Llama-3.1-8B-geometry decode b1/8/64, bf16 vs repacked Q4_1 (INT4_MIN) and Q8_0
+    # (INT8), one process; gguf: all three
+    if [ "$stage" = gguf ] || [ "$stage" = gguf-tests ]; then
+      python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu/test_repacked.py -k "not core" 2>&1 | tee "$OUTD/gguf_kernels.log" | tail -8
+    fi
+    if [ "$stage" = gguf ] || [ "$stage" = gguf-model ]; then
+      python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_repacked.py -k core 2>&1 | tee "$OUTD/gguf_model.log" | tail -12
+    fi
+    if [ "$stage" = gguf ] || [ "$stage" = gguf-bench ]; then
+      python3 bench/gpu_gguf.py --json "$OUTD/gguf_8b.json" 2>&1 | tee "$OUTD/gguf_8b.log" | tail -12
+    fi ;;
   fp8-acc)  # issue 31 (the SmolLM2 GGUF parked): FP8 vs bf16 accuracy on the cuda backend
     python3 bench/fp8_accuracy.py --backend cuda --out "$OUTD/fp8_accuracy_cuda.json" 2>&1 | tail -40 | tee "$OUTD/fp8_accuracy.log" ;;
   bench8b)

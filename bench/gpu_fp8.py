@@ -97,17 +97,21 @@ def step_bytes(manifest: mpb.ExecutionManifest, tied: bool) -> int:
 
 
 def compare(quant: str, quant_core, extra: dict | None = None,
-            batches: tuple[int, ...] = BATCHES) -> None:
+            batches: tuple[int, ...] = BATCHES, defaults: tuple[str, ...] | None = None
+            ) -> None:
     """bf16 against the ``quant`` format ("fp8" or "int4") on the 8B geometry in one
     process: parse the command line, build each format's core (``quant_core(recipe, ckpt,
     caps, target, bf16) -> (MemoryCore, info)`` for the quantized one), time its decode,
     print the table and write the JSON (``extra``'s keys added to it); ``batches`` is the
-    default of ``--batches``."""
+    default of ``--batches``. `quant_core` may instead map several format names to their
+    builders (bench/gpu_gguf.py); `defaults`: the formats run without ``--formats`` (all)."""
+    quants = quant_core if isinstance(quant_core, dict) else {quant: quant_core}
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--batches", type=int, nargs="+", default=list(batches))
-    ap.add_argument("--formats", nargs="+", choices=["bf16", quant], default=["bf16", quant])
+    ap.add_argument("--formats", nargs="+", choices=["bf16", *quants],
+                    default=list(defaults or ["bf16", *quants]))
     ap.add_argument("--json")
     args = ap.parse_args()
     from types import SimpleNamespace
@@ -140,7 +144,7 @@ def compare(quant: str, quant_core, extra: dict | None = None,
         if fmt == "bf16":
             core, info = build_core(recipe, ckpt, caps, target, bf16)
         else:
-            core, info = quant_core(recipe, ckpt, caps, target, bf16)
+            core, info = quants[fmt](recipe, ckpt, caps, target, bf16)
         model = load_native(core, "cuda")
         try:
             backend = model.backend
@@ -161,12 +165,13 @@ def compare(quant: str, quant_core, extra: dict | None = None,
         finally:
             model.close()
             del core
-    if {"bf16", quant} <= result["formats"].keys():
-        result[f"{quant}_over_bf16"] = [
-            {"batch": a["batch"], "tokens_per_s": f["tokens_per_s"] / a["tokens_per_s"],
-             "device": a["device_step_ms"] / f["device_step_ms"]}
-            for a, f in zip(result["formats"]["bf16"]["decode"],
-                            result["formats"][quant]["decode"], strict=True)]
+    for q in quants:
+        if {"bf16", q} <= result["formats"].keys():
+            result[f"{q}_over_bf16"] = [
+                {"batch": a["batch"], "tokens_per_s": f["tokens_per_s"] / a["tokens_per_s"],
+                 "device": a["device_step_ms"] / f["device_step_ms"]}
+                for a, f in zip(result["formats"]["bf16"]["decode"],
+                                result["formats"][q]["decode"], strict=True)]
     print(f"{'format':<6} {'batch':>5} {'tok/s':>10} {'step ms':>8} {'dev ms':>8} {'roof %':>7}")
     for fmt, entry in result["formats"].items():
         for r in entry["decode"]:

@@ -20,6 +20,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py vision        # the vision tower's kernels
     uv run python scripts/interpret_kernels.py fp8           # the FP8 W8A8 products
     uv run python scripts/interpret_kernels.py int4          # the W4A16 GEMV
+    uv run python scripts/interpret_kernels.py repacked      # repacked GGUF: INT4_MIN, INT8
     uv run python scripts/interpret_kernels.py mixed         # a MIXED program's packed rows
     uv run python scripts/interpret_kernels.py decodetc      # decode buckets on the TC tile
 
@@ -282,6 +283,71 @@ def check_int4(rng) -> bool:
         path = "MMA" if c["MMA"] else "GEMV"
         print(f"{'ok ' if good else 'BAD'} int4 T={T:<3} N={N:<4} K={Kd:<5} G={group:<4} {path:<4} "
               + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return ok
+
+
+def repacked_weights(rng, N: int, K: int, group: int, kind: str):
+    """Random repacked-GGUF storage of [N, K]: ("int4_min": packed 4-bit codes, f32 scales
+    and minimums; "int8": int8 codes as bytes and f32 scales), groups of `group`."""
+    from helios_tools.kernels.int4 import pack_int4
+
+    scales = (rng.random((N, K // group)) * 0.02 + 1e-3).astype(np.float32)
+    if kind == "int4_min":
+        codes = pack_int4(rng.integers(0, 16, (N, K)))
+        return codes, scales, (-rng.random((N, K // group)) * 0.1).astype(np.float32)
+    return rng.integers(-128, 128, (N, K)).astype(np.int8).view(np.uint8), scales
+
+
+def check_repacked(rng) -> bool:
+    """The repacked GGUF products (kernels_triton/int4.py's INT4_MIN kernels,
+    kernels_triton/int8.py): every form, the row GEMV and the tl.dot tiles from 32 rows,
+    against kernels.int8's references (f32 summation order only differs; the GPU's dot
+    is TF32: tests/gpu/test_repacked.py)."""
+    from helios_tools.kernels.int8 import INT4_MIN_FORMS, INT8_FORMS
+
+    ok = True
+    for T, N, Kd, group in [(1, 40, 256, 32), (1, 130, 512, 32), (3, 70, 96, 16),
+                            (2, 33, 96, 32), (8, 48, 256, 16), (32, 70, 256, 32),
+                            (40, 130, 192, 16), (64, 64, 128, 32)]:
+        x = rng.standard_normal((T, 2 * Kd)).astype(np.float32)
+        xk = np.ascontiguousarray(x[:, :Kd])
+        g = (1 + 0.1 * rng.standard_normal(Kd)).astype(np.float32)
+        res = rng.standard_normal((T, N)).astype(np.float32)
+        for kind, forms in (("int4_min", INT4_MIN_FORMS), ("int8", INT8_FORMS)):
+            sides = repacked_weights(rng, N, Kd, group, kind)
+            errs = {}
+            for op in forms.values():
+                if op == "embedding_int8":
+                    continue  # check_repacked_embedding
+                pre, xin = ((g,), xk) if op.startswith("rmsnorm") else \
+                    ((), x if "swiglu" in op else xk)
+                tail = (T, N, Kd, 1e-5) if op.startswith("rmsnorm") else (T, N, Kd)
+                ref, out = res.copy(), res.copy()
+                K.reference_op(op)(xin, *pre, *sides, ref, *tail)
+                c = launch(op, xin, *pre, *sides, out, *tail)
+                errs[op] = _rel(out - res, ref - res)
+            good = all(e < 1e-5 for e in errs.values())
+            ok &= good
+            path = "MMA" if c["MMA"] else "GEMV"
+            print(f"{'ok ' if good else 'BAD'} {kind:<8} T={T:<3} N={N:<4} K={Kd:<5} "
+                  f"G={group:<3} {path:<4} " + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return ok
+
+
+def check_repacked_embedding(rng) -> bool:
+    """``embedding_int8`` (kernels_triton/int8.py) against its reference: the same products
+    of one code and one scale, so equal bitwise; ids outside the table give zeros."""
+    ok = True
+    for V, D, G in [(50, 96, 32), (70, 640, 32), (33, 80, 16)]:
+        codes, scales = repacked_weights(rng, V, D, G, "int8")
+        ids = np.array([3, -1, V - 1, V, 0], np.int32)
+        ref = np.full((len(ids), D), 7, np.float32)
+        out = ref.copy()
+        K.reference_op("embedding_int8")(ids, codes, scales, ref, len(ids), D)
+        launch("embedding_int8", ids, codes, scales, out, len(ids), D)
+        good = bool(np.array_equal(ref, out))
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} embedding_int8 V={V} D={D} G={G}")
     return ok
 
 
@@ -1185,6 +1251,8 @@ def main() -> None:
         sys.exit(0 if check_fp8(rng) else 1)
     if sys.argv[1:] == ["int4"]:
         sys.exit(0 if check_int4(rng) else 1)
+    if sys.argv[1:] == ["repacked"]:
+        sys.exit(0 if check_repacked(rng) & check_repacked_embedding(rng) else 1)
     if sys.argv[1:] == ["decodetc"]:
         sys.exit(0 if check_decode_tc(rng) else 1)
     if sys.argv[1:] == ["mixed"]:

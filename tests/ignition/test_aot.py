@@ -568,3 +568,31 @@ def test_int4_forms_compile_for_sm90():
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+
+
+def test_repacked_gguf_forms_compile_for_sm90():
+    """Each INT4_MIN and INT8 kernel and prologue (none, RMS norm, SwiGLU with the residual
+    add) on both paths (row GEMV, tl.dot tiles) at SmolLM2 and 8B shapes, groups of 32 and
+    (INT8, Q6_K's) 16; and the INT8 embedding gather."""
+    from helios_ignition.capture.launch import launch_config
+    from helios_ignition.kernels_aot import compile_all
+
+    kernels = []
+    for op in ("linear_int4_min", "rmsnorm_linear_int4_min", "swiglu_linear_add_int4_min",
+               "linear_int8", "rmsnorm_linear_int8", "swiglu_linear_add_int8"):
+        for T, N, K in [(1, 960, 576), (64, 576, 1536), (256, 6144, 4096)]:
+            group = 16 if op.endswith("int8") and K == 4096 else 32
+            at = 3 if op.startswith("rmsnorm") else 2
+            views = [types.SimpleNamespace(shape=(N, K // group),
+                                           buffer=types.SimpleNamespace(dtype="f32"))] * 6
+            scalars = [T, N, K, 1e-5] if op.startswith("rmsnorm") else [T, N, K]
+            c = launch_config(op, scalars, views[:at + 1]).constants
+            assert c["GROUP"] == group
+            kernels.append(variant_kernel(f"{op}{len(kernels)}", op, c))
+    table = [types.SimpleNamespace(shape=s, buffer=types.SimpleNamespace(dtype="f32"))
+             for s in ((4,), (49152, 576), (49152, 18))]
+    c = launch_config("embedding_int8", [4, 576], table).constants
+    kernels.append(variant_kernel("embedding_int8", "embedding_int8", c))
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
+        assert ck.shared_bytes <= 227 * 1024

@@ -51,13 +51,21 @@ from .checkpoint import (
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
 from .families import vision
 from .families.registry import FamilyMismatchError, family_shapes
-from .quantize import QUANTIZE_CHOICES, apply_quantize, packed_path_off, quantized_weights
+from .quantize import (
+    QUANTIZE_CHOICES,
+    apply_quantize,
+    apply_storage,
+    packed_path_off,
+    quantized_weights,
+    repacked_weights,
+)
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
     declare_storage,
     gguf_blocks,
     iter_drafter_buffers,
     iter_stored_weights,
+    repack_storage,
     weight_catalogs,
 )
 
@@ -581,11 +589,19 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     blocks = _gguf_blocks(recipe, ckpt, shapes, tensor_parallel)
     # gguf: the programs see f32 elements (the blocks are declared storage of them).
     capture_dtype = "f32" if recipe.weight_dtype == "gguf" else recipe.weight_dtype
-    with packed_path_off() if quantize else nullcontext():
+    # A gguf core for a GPU target stores its blocks repacked into the element-wise code
+    # forms both backends execute (docs/gguf-cuda.md); without a target, as ggml blocks.
+    repack_blocks = bool(blocks) and bool(targets)
+    with packed_path_off() if quantize or repack_blocks else nullcontext():
         manifest, graphs = capture(shapes, caps, capture_dtype, spec=speculation,
                                    split_tuning=recipe.split_tuning,
                                    fold_layers=recipe.fold_layers,
                                    chunked_sampling=recipe.chunked_sampling)
+    repacked = repacked_weights(manifest, repack_storage(ckpt, shapes)) if repack_blocks \
+        else {}
+    if repack_blocks:
+        apply_storage(manifest, repacked)
+        blocks = {}  # the other block matrices (the embedding) are stored as f32
     declare_storage(manifest, blocks)
     chosen = frozenset(quantized_weights(manifest, quantize)) if quantize else frozenset()
     if quantize and not chosen:
@@ -624,7 +640,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         written(len(tok) + len(tpl))
         stored = []
         for done, weight in enumerate(read_ahead(iter_stored_weights(
-                ckpt, shapes, recipe.weight_dtype, blocks, fp8, int4))):
+                ckpt, shapes, recipe.weight_dtype, blocks, fp8, int4, frozenset(repacked)))):
             if progress:
                 progress("weights read", done + 1, weight_count, "")
             writer.add_resource(weight.resource_id, core_pb2.RESOURCE_KIND_WEIGHTS,

@@ -16,8 +16,9 @@ from helios_contract import STORAGE_BLOCKS
 from helios_contract.schema import manifest_pb2 as mpb
 
 from .capture.buffers import rank_weight_resource_id, weight_resource_id
+from .checkpoint.gguf_repack import REPACKED, repack
 from .families.llama import LlamaShapes, rope_inv_freq
-from .quantize import SCALE_SUFFIX, ZERO_SUFFIX, fp8_codes, int4_codes
+from .quantize import SCALE_SUFFIX, STORAGE_FORMS, ZERO_SUFFIX, fp8_codes, int4_codes
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -112,6 +113,23 @@ def gguf_blocks(checkpoint, shapes: LlamaShapes) -> dict[str, str]:
     return out
 
 
+def repack_storage(checkpoint, shapes: LlamaShapes) -> dict[str, tuple[int, int]]:
+    """Weight matrices of a single-rank core whose GGUF blocks can be stored repacked
+    (``checkpoint.gguf_repack``): buffer name -> (storage type, group), for every matrix
+    whose source tensors are all stored in block types of one repacked form (a fused
+    buffer's rows concatenate: Gemma 3's Q5_0 query/key and Q8_0 value rows are all INT8
+    in groups of 32)."""
+    out = {}
+    for name, shape in shapes.weight_layout().items():
+        if len(shape) != 2 or name == "rope_inv_freq":
+            continue
+        kinds = {checkpoint.block_type(src) for src in shapes.checkpoint_tensors(name)}
+        forms = {REPACKED.get(k) for k in kinds}
+        if len(forms) == 1 and None not in forms:
+            out[name] = forms.pop()
+    return out
+
+
 def declare_storage(manifest, blocks: dict[str, str]) -> None:
     """Declare each buffer of `blocks` (``gguf_blocks``) as GGUF block storage of f32
     elements in `manifest` (Buffer.storage; geometry from helios_contract's table)."""
@@ -129,7 +147,8 @@ def declare_storage(manifest, blocks: dict[str, str]) -> None:
 def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                         blocks: dict[str, str] | None = None,
                         fp8: frozenset[str] = frozenset(),
-                        int4: frozenset[str] = frozenset()) -> Iterator[StoredWeight]:
+                        int4: frozenset[str] = frozenset(),
+                        repacked: frozenset[str] = frozenset()) -> Iterator[StoredWeight]:
     """Yield every weight resource of a core with `shapes` (one rank's shapes when
     `shapes.ranks` > 1: each split weight yields one resource per rank), one at a time.
 
@@ -141,7 +160,10 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
     (``<name>.scale``, f32 [rows, 1]): the checkpoint's own FP8 codes where every source
     has them, else quantized here (``quantize.fp8_codes``). Matrices named in `int4` are
     stored as packed 4-bit codes (uint8 [rows, K / 2]) followed by ``<name>.scale`` and
-    ``<name>.zero`` (f32 [rows, K / 128] each; ``quantize.int4_codes``).
+    ``<name>.zero`` (f32 [rows, K / 128] each; ``quantize.int4_codes``). Matrices named in
+    `repacked` (``quantize.repacked_weights``) are the checkpoint's GGUF blocks repacked
+    (``checkpoint.gguf_repack``, each source by its own block type): codes, then scales
+    and (INT4 / INT4_MIN) zero points or minimums.
     """
     blocks = blocks or {}
     head_source = shapes.checkpoint_tensors("lm_head")[0]
@@ -161,6 +183,21 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                 assert array.shape[0] == shape[0], (name, array.shape, shape)
                 yield StoredWeight(name, weight_resource_id(name), None, sources,
                                    np.ascontiguousarray(array))
+                continue
+            if rank is None and name in repacked:  # GGUF blocks repacked, rows concatenated
+                names = shapes.checkpoint_tensors(name)
+                parts = [repack(*checkpoint.blocks(src)) for src in names]
+                sources = tuple(Slice(src, 0, 0, int(p.codes.shape[0]))
+                                for src, p in zip(names, parts, strict=True))
+                suffixes = STORAGE_FORMS[parts[0].storage_type][1]
+                arrays = [np.concatenate([getattr(p, f) for p in parts], axis=0)
+                          for f in ("codes", "scales", "third")[:len(suffixes) + 1]]
+                assert arrays[0].shape[0] == shape[0], (name, arrays[0].shape, shape)
+                yield StoredWeight(name, weight_resource_id(name), None, sources,
+                                   np.ascontiguousarray(arrays[0]))
+                for suffix, side in zip(suffixes, arrays[1:], strict=True):
+                    yield StoredWeight(name + suffix, weight_resource_id(name + suffix), None,
+                                       sources, np.ascontiguousarray(side))
                 continue
             if rank is None and name in fp8:  # e4m3 codes, then their per-row scales
                 names = shapes.checkpoint_tensors(name)

@@ -750,6 +750,11 @@ def moe_constants(N: int, K: int) -> dict[str, int]:
 # RMS-norm form is its own kernel).
 INT4_PROLOGUE = {"linear_int4": 0, "linear_add_int4": 0, "rmsnorm_linear_int4": 0,
                  "swiglu_linear_int4": 2, "swiglu_linear_add_int4": 2}
+# The repacked GGUF products (kernels_triton/int4.py's INT4_MIN kernels and
+# kernels_triton/int8.py) take the same constants and launch rule.
+INT4_PROLOGUE |= {f"{op}_min": pro for op, pro in INT4_PROLOGUE.items()}
+INT8_PROLOGUE = {op.replace("_int4", "_int8"): pro for op, pro in INT4_PROLOGUE.items()
+                 if not op.endswith("_min")}
 # From this many token rows the INT4 products compute output tiles with tl.dot (the GEMV
 # below it reads the weight once per row). Not yet swept on a GPU (bench/gpu_int4.py).
 INT4_MMA_ROWS = 32
@@ -866,18 +871,25 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, N, K = s[0], s[1], s[2]
         return _linear_config([T, N, K], (views[0], views[2], views[3])
                               if len(views) > 3 else (), tc=False)
-    if op in INT4_PROLOGUE:  # W4A16 products (kernels_triton/int4.py)
+    if op == "embedding_int8":  # INT8 table rows (kernels_triton/int8.py)
+        T, D = s
+        vocab = int(views[1].shape[0]) if len(views) > 1 else 0
+        groups = int(views[2].shape[1]) if len(views) > 2 else D // 32
+        return _cfg((T,), 4 if D <= 1024 else 8, BLOCK_D=_np2(D, 16), VOCAB=vocab,
+                    GROUP=D // groups)
+    if op in INT4_PROLOGUE or op in INT8_PROLOGUE:  # W4A16 / W8A16 (kernels_triton/int*.py)
         T, N, K = s[0], s[1], s[2]
-        at = 3 if op == "rmsnorm_linear_int4" else 2  # the scales' view
+        at = 3 if op.startswith("rmsnorm_") else 2  # the scales' view
         groups = int(views[at].shape[1]) if len(views) > at else K // 128
-        common = dict(GROUP=K // groups, PRO=INT4_PROLOGUE[op],
-                      ACC=int(op in ("linear_add_int4", "swiglu_linear_add_int4")))
+        common = dict(GROUP=K // groups, PRO={**INT4_PROLOGUE, **INT8_PROLOGUE}[op],
+                      ACC=int(op.startswith(("linear_add_", "swiglu_linear_add_"))))
         if T >= INT4_MMA_ROWS:  # output tiles on the tensor cores
             bt = 32 if T <= 32 else 64
             return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, **common, MMA=1, BLOCK_T=bt,
                         BLOCK_N=64, BLOCK_B=16)
+        per_row = K // 2 if op in INT4_PROLOGUE else K  # bytes of a weight row
         return _cfg((T, _cdiv(N, 16)), 4, **common, MMA=0, BLOCK_T=32, BLOCK_N=16,
-                    BLOCK_B=min(_np2(K // 2, 16), 256))
+                    BLOCK_B=min(_np2(per_row, 16), 256))
     if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
         T, N, K = s[0], s[1], s[2]
         c = fp8_constants(T, N, K)

@@ -17,7 +17,9 @@ f32 partial product. The weight is read once per ``BLOCK_T`` rows instead of onc
 ``PRO`` selects the prologue applied to the activation row as it is loaded: 0 none,
 2 SwiGLU (``x`` is ``[T, 2K]``: gate columns, then up); ``rmsnorm_linear_int4`` scales
 the row by its RMS statistic (a first pass over the row) and the norm weight. ``ACC`` 1
-adds the product into ``out`` (the residual)."""
+adds the product into ``out`` (the residual). The ``*_int4_min`` kernels are the INT4_MIN
+storage (repacked GGUF Q4_1 / Q4_K): the third side buffer holds minimums, ``w = code * scale + min``, and
+the minimum multiplies the group's activation sum."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ import triton.language as tl
 @triton.jit
 def _w4a16_row(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps, pn, t,
                GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-               PRO: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):
+               PRO: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr,
+               MIN: tl.constexpr):
     n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     mn = n < N
     jb = tl.arange(0, BLOCK_B)  # byte index within the tile
@@ -68,9 +71,15 @@ def _w4a16_row(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps
         g = (2 * jj // GROUP)[None, :]
         s = tl.load(srow + g, mask=m2, other=0.0)
         z = tl.load(zrow + g, mask=m2, other=0.0)
-        lo = (byte & 0xF).to(tl.float32) - z
-        hi = (byte >> 4).to(tl.float32) - z
-        acc += tl.sum((lo * xe[None, :] + hi * xo[None, :]) * s, axis=1)
+        if MIN:  # code * scale + min: the minimum meets the sum of the activations
+            lo = (byte & 0xF).to(tl.float32)
+            hi = (byte >> 4).to(tl.float32)
+            acc += tl.sum((lo * xe[None, :] + hi * xo[None, :]) * s
+                          + z * (xe + xo)[None, :], axis=1)
+        else:
+            lo = (byte & 0xF).to(tl.float32) - z
+            hi = (byte >> 4).to(tl.float32) - z
+            acc += tl.sum((lo * xe[None, :] + hi * xo[None, :]) * s, axis=1)
     optr = out + t.to(tl.int64) * N + n
     if ACC:
         acc += tl.load(optr, mask=mn, other=0.0)
@@ -80,7 +89,8 @@ def _w4a16_row(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps
 @triton.jit
 def _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps, pn, pt,
                 GROUP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                PRO: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):
+                PRO: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr,
+                MIN: tl.constexpr):
     HALF: tl.constexpr = GROUP // 2  # bytes of one group of a weight row
     t = pt * BLOCK_T + tl.arange(0, BLOCK_T)
     mt = t < T
@@ -117,10 +127,16 @@ def _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K,
         byte = tl.load(weight + n64[:, None] * half + jj[None, :], mask=mn[:, None], other=0)
         z = tl.load(weight_zero + n64 * groups + g, mask=mn, other=0.0)
         s = tl.load(weight_scale + n64 * groups + g, mask=mn, other=0.0)
-        lo = (byte & 0xF).to(tl.float32) - z[:, None]
-        hi = (byte >> 4).to(tl.float32) - z[:, None]
-        part = tl.dot(xe, tl.trans(lo)) + tl.dot(xo, tl.trans(hi))
-        acc += part * s[None, :]
+        if MIN:  # code * scale + min: the minimum times the group's activation sum
+            lo = (byte & 0xF).to(tl.float32)
+            hi = (byte >> 4).to(tl.float32)
+            part = tl.dot(xe, tl.trans(lo)) + tl.dot(xo, tl.trans(hi))
+            acc += part * s[None, :] + tl.sum(xe + xo, axis=1)[:, None] * z[None, :]
+        else:
+            lo = (byte & 0xF).to(tl.float32) - z[:, None]
+            hi = (byte >> 4).to(tl.float32) - z[:, None]
+            part = tl.dot(xe, tl.trans(lo)) + tl.dot(xo, tl.trans(hi))
+            acc += part * s[None, :]
     optr = out + t.to(tl.int64)[:, None] * N + n[None, :]
     m2 = mt[:, None] & mn[None, :]
     if ACC:
@@ -135,10 +151,11 @@ def linear_int4(x, weight, weight_scale, weight_zero, out, T, N, K,
                 MMA: tl.constexpr = 0, BLOCK_T: tl.constexpr = 32):
     if MMA:
         _w4a16_tile(x, x, weight, weight_scale, weight_zero, out, T, N, K, 0.0,
-                    tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, PRO, 0, ACC)
+                    tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, PRO, 0, ACC,
+                    0)
     else:
         _w4a16_row(x, x, weight, weight_scale, weight_zero, out, N, K, 0.0, tl.program_id(1),
-                   tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, PRO, 0, ACC)
+                   tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, PRO, 0, ACC, 0)
 
 
 @triton.jit
@@ -149,13 +166,48 @@ def rmsnorm_linear_int4(x, norm_weight, weight, weight_scale, weight_zero, out, 
                         BLOCK_T: tl.constexpr = 32):
     if MMA:
         _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps,
-                    tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, 0, 1, ACC)
+                    tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, 0, 1, ACC,
+                    0)
     else:
         _w4a16_row(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps,
-                   tl.program_id(1), tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, 0, 1, ACC)
+                   tl.program_id(1), tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, 0, 1, ACC, 0)
 
 
-# Each INT4 form -> its kernel (the constants PRO and ACC select the variant).
+@triton.jit
+def linear_int4_min(x, weight, weight_scale, weight_min, out, T, N, K,
+                    GROUP: tl.constexpr = 32, BLOCK_N: tl.constexpr = 16,
+                    BLOCK_B: tl.constexpr = 256, PRO: tl.constexpr = 0,
+                    ACC: tl.constexpr = 0, MMA: tl.constexpr = 0,
+                    BLOCK_T: tl.constexpr = 32):
+    if MMA:
+        _w4a16_tile(x, x, weight, weight_scale, weight_min, out, T, N, K, 0.0,
+                    tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, PRO, 0, ACC,
+                    1)
+    else:
+        _w4a16_row(x, x, weight, weight_scale, weight_min, out, N, K, 0.0, tl.program_id(1),
+                   tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, PRO, 0, ACC, 1)
+
+
+@triton.jit
+def rmsnorm_linear_int4_min(x, norm_weight, weight, weight_scale, weight_min, out, T, N, K,
+                            eps, GROUP: tl.constexpr = 32, BLOCK_N: tl.constexpr = 16,
+                            BLOCK_B: tl.constexpr = 256, PRO: tl.constexpr = 0,
+                            ACC: tl.constexpr = 0, MMA: tl.constexpr = 0,
+                            BLOCK_T: tl.constexpr = 32):
+    if MMA:
+        _w4a16_tile(x, norm_weight, weight, weight_scale, weight_min, out, T, N, K, eps,
+                    tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, 0, 1, ACC,
+                    1)
+    else:
+        _w4a16_row(x, norm_weight, weight, weight_scale, weight_min, out, N, K, eps,
+                   tl.program_id(1), tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, 0, 1, ACC, 1)
+
+
+# Each INT4 and INT4_MIN form -> its kernel (the constants PRO and ACC select the variant).
 INT4_TRITON = {"linear_int4": linear_int4, "linear_add_int4": linear_int4,
                "swiglu_linear_int4": linear_int4, "swiglu_linear_add_int4": linear_int4,
-               "rmsnorm_linear_int4": rmsnorm_linear_int4}
+               "rmsnorm_linear_int4": rmsnorm_linear_int4,
+               "linear_int4_min": linear_int4_min, "linear_add_int4_min": linear_int4_min,
+               "swiglu_linear_int4_min": linear_int4_min,
+               "swiglu_linear_add_int4_min": linear_int4_min,
+               "rmsnorm_linear_int4_min": rmsnorm_linear_int4_min}
