@@ -73,7 +73,9 @@ def with_columns(plan: StepPlan) -> StepPlan:
                          np.array([r.start_position for r in rows], np.int64),
                          np.array([-1 if r.sampling.logprobs is None else r.sampling.logprobs
                                    for r in rows], np.int64),
-                         tuple(r.sampling for r in rows))
+                         tuple(r.sampling for r in rows),
+                         request_ids=[r.request_id for r in rows],
+                         fed=np.array([r.tokens[0] for r in rows], np.int64))
     return StepPlan(plan.kind, rows, columns=columns)
 
 

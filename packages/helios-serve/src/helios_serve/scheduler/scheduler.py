@@ -547,19 +547,23 @@ class Scheduler:
         return self._build_plain(plain) or self._build_speculative(lanes)
 
     def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
-        """A DECODE row per ready request whose next page is available."""
+        """A DECODE row per ready request whose next page is available.
+
+        A plan of COLUMN_ROWS or more rows carries them as RowColumns (`_columns`); on a
+        core without a sliding-window region its RowPlans stay unbuilt (StepPlan.rows
+        builds them when read), so the steady decode step builds no object per row."""
         pt = self.geometry.page_tokens
         extra = self.geometry.extra_pages_per_request
         step = self._frames.step
-        rows: list[RowPlan] = []
         alloc = self.alloc
         windowed = alloc.window is not None
-        append = rows.append
         built: list[Sequence] = []  # the requests that got a row, row order
-        positions: list[int] = []
-        # Every decode row of every step runs this body: Sequence.page_prefix,
-        # SequencePages.window_prefix and Sequence.issue are spelled out (a call per row
-        # each costs more than their reads; bench/packing.py).
+        positions: list[int] = []  # each row's pending-token position
+        fed: list[int] = []  # each row's token (a placeholder while it is on the device)
+        pages: list[list[int]] = []  # each row's page list (its prefix is the row's pages)
+        windows: list[tuple[int, ...]] = []  # windowed cores: each row's window pages
+        # Every decode row of every step runs this body: Sequence.issue is spelled out (a
+        # call per row costs more than its writes; bench/packing.py).
         for seq in ready:
             pos = seq.num_scheduled  # the pending token's position
             page_ids = seq.page_ids
@@ -571,16 +575,10 @@ class Scheduler:
                 page_ids = seq.page_ids
             tokens = seq.tokens
             # The pending token, or a placeholder while it is still on the device.
-            fed = (tokens[pos],) if pos < len(tokens) else _PLACEHOLDER
-            # _row of a one-token sampling row: pages cover [0, pos + 1), plus the extra
-            # pages (Sequence.page_prefix: the cached prefix while the count holds).
-            count = pos // pt + 1
-            source, pages = seq._page_prefix
-            if source is not page_ids or len(pages) != count + extra:
-                pages = seq.page_prefix(count + extra)
-            append(RowPlan(seq.request_id, seq.slot, seq.generation, fed, pos, pages, True,
-                           seq.request.sampling, None, None, 0, None, None, (),
-                           tuple(seq.window_page_ids[:count]) if windowed else ()))
+            fed.append(tokens[pos] if pos < len(tokens) else PENDING_PLACEHOLDER)
+            pages.append(page_ids)
+            if windowed:  # entries behind the window change in place: the row's copy now
+                windows.append(tuple(seq.window_page_ids[:pos // pt + 1]))
             # Sequence.issue(pos + 1, sample=True, decode=True, step)
             seq.num_scheduled = pos + 1
             seq.inflight_rows += 1
@@ -590,17 +588,30 @@ class Scheduler:
             seq.last_step = step
             built.append(seq)
             positions.append(pos)
-        if not rows:
+        if not built:
             return None
+        if len(built) >= COLUMN_ROWS and not windowed:
+            return StepPlan(StepKind.DECODE, None,
+                            columns=self._columns(None, built, positions, fed, pages))
+        # _row of a one-token sampling row: pages cover [0, pos + 1), plus the extra pages
+        # (Sequence.page_prefix: the cached prefix while the count holds).
+        rows = tuple([
+            RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
+                    seq.page_prefix(pos // pt + 1 + extra), True, seq.request.sampling,
+                    None, None, 0, None, None, (), window)
+            for seq, pos, token, window in zip(built, positions, fed,
+                                               windows if windowed else [()] * len(built),
+                                               strict=True)])
         if len(rows) < COLUMN_ROWS:
-            return StepPlan(StepKind.DECODE, tuple(rows))
-        rows_ = tuple(rows)
-        return StepPlan(StepKind.DECODE, rows_, columns=self._columns(rows_, built, positions))
+            return StepPlan(StepKind.DECODE, rows)
+        return StepPlan(StepKind.DECODE, rows,
+                        columns=self._columns(rows, built, positions, fed, pages))
 
-    def _columns(self, rows: tuple[RowPlan, ...], built: list[Sequence],
-                 positions: list[int]) -> RowColumns:
-        """The plain DECODE rows' host values as arrays (engine.plan.RowColumns). The
-        slot, generation and sampling columns are the decode cohort's: kept while the same
+    def _columns(self, rows: tuple[RowPlan, ...] | None, built: list[Sequence],
+                 positions: list[int], fed: list[int], pages: list[list[int]]) -> RowColumns:
+        """The plain DECODE rows' host values as arrays (engine.plan.RowColumns; with
+        `rows` None, every row value: the plan's rows stay unbuilt). The request, slot,
+        generation and sampling columns are the decode cohort's: kept while the same
         requests get rows in the same order and no other plan is issued between (`_issue`
         drops them): a request's slot and generation change only by a release and a new
         allocation, whose prefill (or mixed) plan is issued before it decodes again."""
@@ -614,10 +625,20 @@ class Scheduler:
                 np.array([s.generation for s in cohort], np.int64),
                 np.array([-1 if h.logprobs is None else h.logprobs for h in holders],
                          np.int64),
-                holders)
-        _, slots, generations, logprobs, holders = kept
-        return RowColumns(rows, slots, generations, np.array(positions, np.int64), logprobs,
-                          holders)
+                holders,
+                [s.request_id for s in cohort])
+        _, slots, generations, logprobs, holders, request_ids = kept
+        position = np.array(positions, np.int64)
+        tokens = np.array(fed, np.int64)
+        if rows is not None:
+            return RowColumns(rows, slots, generations, position, logprobs, holders,
+                              request_ids=request_ids, fed=tokens)
+        g = self.geometry
+        return RowColumns(None, slots, generations, position, logprobs, holders,
+                          request_ids=request_ids, fed=tokens, pages=pages,
+                          page_counts=position // g.page_tokens
+                          + (1 + g.extra_pages_per_request),
+                          sequences=cohort)
 
     def _build_speculative(self, ready: list[Sequence]) -> StepPlan | None:
         """One SPECULATIVE lane per ready request (`lane_ceiling`), pages for all of it
