@@ -76,10 +76,10 @@ from helios_serve.scheduler import (
     CompletionError,
     FinishedRequest,
     RowResult,
+    RowResults,
     SchedRequest,
     Scheduler,
 )
-from helios_serve.scheduler.request import RowResults
 from helios_serve.scheduler.finish import Stop, StopRule, check_stop, ending_eos_ids
 from helios_serve.speculation import PROPOSERS
 

@@ -170,6 +170,9 @@ class Scheduler:
             rule: `host_tier_pays`, `_preempt_newest`).
         write_back: with a host tier, copy published pages and captured snapshots to free
             host rows while idle (CacheManager.queue_write_backs); False: only at eviction.
+        column_rows: plain DECODE plans of at least this many rows carry RowColumns
+            (`_build_plain`); None: COLUMN_ROWS. A count above every decode capacity plans
+            every row as a RowPlan (the per-row path tests compare the columns with).
 
     Raises:
         ValueError: an empty geometry, frames outside 1..MAX_FRAMES, or history drafting
@@ -181,7 +184,8 @@ class Scheduler:
                  history_index: Callable[[], HistoryIndex] = HistoryIndex,
                  width_policy: bool | WidthPolicy = False,
                  clock: Callable[[], float] = time.perf_counter,
-                 transfer_cost: TransferCost | None = None, write_back: bool = True) -> None:
+                 transfer_cost: TransferCost | None = None, write_back: bool = True,
+                 column_rows: int | None = None) -> None:
         g = geometry
         if not 1 <= frames <= MAX_FRAMES:
             raise ValueError(f"frames must be in 1..{MAX_FRAMES}, got {frames}")
@@ -221,6 +225,7 @@ class Scheduler:
         # The plain decode cohort (`_columns`): its requests in row order, and their slot,
         # generation and logprobs columns and SamplingParams; None after another step.
         self._cohort: tuple | None = None
+        self._column_rows = COLUMN_ROWS if column_rows is None else column_rows
 
     # -- admission --------------------------------------------------------------
 
@@ -590,7 +595,8 @@ class Scheduler:
             positions.append(pos)
         if not built:
             return None
-        if len(built) >= COLUMN_ROWS and not windowed:
+        columns = len(built) >= self._column_rows
+        if columns and not windowed:
             return StepPlan(StepKind.DECODE, None,
                             columns=self._columns(None, built, positions, fed, pages))
         # _row of a one-token sampling row: pages cover [0, pos + 1), plus the extra pages
@@ -602,7 +608,7 @@ class Scheduler:
             for seq, pos, token, window in zip(built, positions, fed,
                                                windows if windowed else [()] * len(built),
                                                strict=True)])
-        if len(rows) < COLUMN_ROWS:
+        if not columns:
             return StepPlan(StepKind.DECODE, rows)
         return StepPlan(StepKind.DECODE, rows,
                         columns=self._columns(rows, built, positions, fed, pages))
