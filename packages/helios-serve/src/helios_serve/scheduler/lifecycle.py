@@ -172,14 +172,22 @@ class Lifecycle:
         requests = self.requests
         generations = self.alloc.generations
         slots = columns.slots.tolist()
-        for i, (seq, slot, generation) in enumerate(zip(
-                seqs, slots, columns.generations.tolist(), strict=True)):
-            if seq.request_id not in requests or seq.slot != slot or seq.inflight_rows < 1:
-                raise CompletionError(f"row {i}: request {seq.request_id} not in flight")
-            if generations[slot] != generation:
-                raise CompletionError(f"row {i}: stale generation of slot {slot}")
-            if not in_vocab and not 0 <= tokens[i] < vocab:
-                raise CompletionError(f"row {i}: sampled id {tokens[i]} outside [0, {vocab})")
+        row_generations = columns.generations.tolist()
+        # Every row at once (one pass per test, no loop body per row); the rows one by one
+        # only to name the first error.
+        if not (in_vocab and all(map(requests.__contains__, columns.request_ids))
+                and [s.slot for s in seqs] == slots
+                and min([s.inflight_rows for s in seqs]) >= 1
+                and [generations[slot] for slot in slots] == row_generations):
+            for i, (seq, slot, generation) in enumerate(zip(
+                    seqs, slots, row_generations, strict=True)):
+                if seq.request_id not in requests or seq.slot != slot or seq.inflight_rows < 1:
+                    raise CompletionError(f"row {i}: request {seq.request_id} not in flight")
+                if generations[slot] != generation:
+                    raise CompletionError(f"row {i}: stale generation of slot {slot}")
+                if not 0 <= tokens[i] < vocab:
+                    raise CompletionError(f"row {i}: sampled id {tokens[i]} outside "
+                                          f"[0, {vocab})")
         self._frames.pop(plan)
         self._clock.complete()
         pt = self.geometry.page_tokens
