@@ -28,6 +28,7 @@ bindings write is not rewritten while its rows' SamplingParams stay the same.
 
 from __future__ import annotations
 
+import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -203,7 +204,10 @@ class _Step:
 
     def __init__(self, plan: StepPlan, row_capacity: int, token_capacity: int):
         self.plan = plan
-        self.count = plan.row_count  # rows of the step
+        rows = plan.__dict__.get("rows")  # None: unbuilt (the `rows` property builds them)
+        if rows is not None:
+            self.rows = rows
+        self.count = len(rows) if rows is not None else plan.row_count  # rows of the step
         self.row_capacity = row_capacity  # captured capacities of the graph
         self.token_capacity = token_capacity
         self.held = False  # every row's slot holds its SamplingParams' values (_hold)
@@ -213,8 +217,8 @@ class _Step:
 
     @_once
     def rows(self) -> tuple[RowPlan, ...]:
-        """The plan's rows (read only where the columns do not answer: a plan with
-        complete columns builds them on this first read)."""
+        """The plan's rows, where they were unbuilt (read only where the columns do not
+        answer: this first read builds them)."""
         return self.plan.rows
 
     @_once
@@ -327,9 +331,10 @@ class SharedPacking:
         self._page_offset = {v.buffer: v.page_offset for v in page_table_views}
         self._window_tables = {v.buffer for v in page_table_views if v.region in window_regions}
         self._extra = max((v.page_offset for v in page_table_views), default=0)
-        # page-table buffer -> per slot: (generation, page entries uploaded), int64 arrays
-        # as long as the buffer's rows; see the module docstring.
-        self._uploaded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # page-table buffer -> per slot: generation, page entries uploaded (see the module
+        # docstring): array.array for the row-by-row rule (its items read and write as
+        # fast as a list's), then NumPy views of the same memory for the array rule.
+        self._uploaded: dict[str, tuple[array.array, array.array, np.ndarray, np.ndarray]] = {}
         # The slots and holders objects of the last `_hold`.
         self._last_held: tuple = (None, None)
 
@@ -477,14 +482,19 @@ class SharedPacking:
         request's values (written only for slots whose SamplingParams object changed)."""
         if step.held:
             return self._tables
-        slots, held = step.slots, step.holders
-        last = self._last_held
-        if last[0] is slots and last[1] is held:
-            step.held = True  # the same rows' holders as the last hold: the tables hold them
-            return self._tables
+        columns = step.columns
+        if columns is not None:
+            slots, held = columns.slots, columns.holders
+            last = self._last_held
+            if last[0] is slots and last[1] is held:
+                step.held = True  # the last hold's slots and holders: the tables hold them
+                return self._tables
+            pairs = zip(slots.tolist(), held, strict=True)
+        else:
+            slots = held = None
+            pairs = ((r.slot, r.sampling) for r in step.rows)
         holders = self._holders
-        for slot, sampling in zip(slots.tolist() if isinstance(slots, np.ndarray) else slots,
-                                  held, strict=True):
+        for slot, sampling in pairs:
             if slot >= len(holders):
                 self._grow(slot + 1)
             if holders[slot] is not sampling:
@@ -513,14 +523,17 @@ class SharedPacking:
             window = b.destination in self._window_tables
             uploaded = self._uploaded.get(b.destination)
             if uploaded is None:
+                generations = array.array("q", [-1] * len(dest))
+                uploads = array.array("q", [0] * len(dest))
                 uploaded = self._uploaded[b.destination] = (
-                    np.full(len(dest), -1, np.int64), np.zeros(len(dest), np.int64))
-            generations, uploads = uploaded
+                    generations, uploads, np.frombuffer(generations, np.int64),
+                    np.frombuffer(uploads, np.int64))
+            generations, uploads, generations_view, uploads_view = uploaded
             columns = step.columns
             if columns is not None and columns.complete:
                 _page_tables(b.destination, dest, step.slot_index, columns.generations,
                              columns.page_counts - shift, columns.pages, shift,
-                             generations, uploads, dirty)
+                             generations_view, uploads_view, dirty)
                 return
             rows = step.rows
             if window:
@@ -530,18 +543,19 @@ class SharedPacking:
                             f"row of request {r.request_id}: a sliding-window view needs "
                             f"its window pages ({len(r.window_page_ids)} for "
                             f"{len(r.page_ids)} pages)")
-            pages = [r.window_page_ids if window else r.page_ids for r in rows]
             if len(rows) >= ARRAY_PAGE_ROWS:
+                pages = [r.window_page_ids if window else r.page_ids for r in rows]
                 _page_tables(b.destination, dest, step.slot_index,
                              np.array([r.generation for r in rows], np.int64),
                              np.array([len(p) - shift for p in pages], np.int64), pages,
-                             shift, generations, uploads, dirty)
+                             shift, generations_view, uploads_view, dirty)
                 return
-            for r, row_pages in zip(rows, pages, strict=True):
+            for r in rows:
                 slot = r.slot
+                row_pages = r.window_page_ids if window else r.page_ids
                 entries = len(row_pages) - shift  # view entry i = page i + shift
-                if generations.item(slot) == r.generation:
-                    done = uploads.item(slot)
+                if generations[slot] == r.generation:
+                    done = uploads[slot]
                 else:
                     done = 0
                     generations[slot] = r.generation

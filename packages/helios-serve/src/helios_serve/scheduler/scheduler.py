@@ -554,7 +554,7 @@ class Scheduler:
     def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
         """A DECODE row per ready request whose next page is available.
 
-        A plan of COLUMN_ROWS or more rows carries them as RowColumns (`_columns`); on a
+        A plan of `column_rows` or more rows carries them as RowColumns (`_columns`); on a
         core without a sliding-window region its RowPlans stay unbuilt (StepPlan.rows
         builds them when read), so the steady decode step builds no object per row."""
         pt = self.geometry.page_tokens
@@ -562,13 +562,18 @@ class Scheduler:
         step = self._frames.step
         alloc = self.alloc
         windowed = alloc.window is not None
+        # Rows left unbuilt: decided by the ready count (a plan that pages cut below
+        # column_rows gets its rows from the lists after all).
+        unbuilt = len(ready) >= self._column_rows and not windowed
+        rows: list[RowPlan] = []
+        append = rows.append
         built: list[Sequence] = []  # the requests that got a row, row order
         positions: list[int] = []  # each row's pending-token position
-        fed: list[int] = []  # each row's token (a placeholder while it is on the device)
-        pages: list[list[int]] = []  # each row's page list (its prefix is the row's pages)
-        windows: list[tuple[int, ...]] = []  # windowed cores: each row's window pages
-        # Every decode row of every step runs this body: Sequence.issue is spelled out (a
-        # call per row costs more than its writes; bench/packing.py).
+        fed: list[int] = []  # unbuilt: each row's token (a placeholder while on the device)
+        pages: list[list[int]] = []  # unbuilt: each row's page list (its prefix: the pages)
+        # Every decode row of every step runs this body: Sequence.page_prefix,
+        # SequencePages.window_prefix and Sequence.issue are spelled out (a call per row
+        # each costs more than their reads; bench/packing.py).
         for seq in ready:
             pos = seq.num_scheduled  # the pending token's position
             page_ids = seq.page_ids
@@ -580,10 +585,21 @@ class Scheduler:
                 page_ids = seq.page_ids
             tokens = seq.tokens
             # The pending token, or a placeholder while it is still on the device.
-            fed.append(tokens[pos] if pos < len(tokens) else PENDING_PLACEHOLDER)
-            pages.append(page_ids)
-            if windowed:  # entries behind the window change in place: the row's copy now
-                windows.append(tuple(seq.window_page_ids[:pos // pt + 1]))
+            token = tokens[pos] if pos < len(tokens) else PENDING_PLACEHOLDER
+            if unbuilt:
+                fed.append(token)
+                pages.append(page_ids)
+            else:
+                # _row of a one-token sampling row: pages cover [0, pos + 1), plus the
+                # extra pages (Sequence.page_prefix: the cached prefix while the count
+                # holds).
+                count = pos // pt + 1
+                source, prefix = seq._page_prefix
+                if source is not page_ids or len(prefix) != count + extra:
+                    prefix = seq.page_prefix(count + extra)
+                append(RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
+                               prefix, True, seq.request.sampling, None, None, 0, None, None,
+                               (), tuple(seq.window_page_ids[:count]) if windowed else ()))
             # Sequence.issue(pos + 1, sample=True, decode=True, step)
             seq.num_scheduled = pos + 1
             seq.inflight_rows += 1
@@ -595,23 +611,19 @@ class Scheduler:
             positions.append(pos)
         if not built:
             return None
-        columns = len(built) >= self._column_rows
-        if columns and not windowed:
-            return StepPlan(StepKind.DECODE, None,
-                            columns=self._columns(None, built, positions, fed, pages))
-        # _row of a one-token sampling row: pages cover [0, pos + 1), plus the extra pages
-        # (Sequence.page_prefix: the cached prefix while the count holds).
-        rows = tuple([
-            RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
-                    seq.page_prefix(pos // pt + 1 + extra), True, seq.request.sampling,
-                    None, None, 0, None, None, (), window)
-            for seq, pos, token, window in zip(built, positions, fed,
-                                               windows if windowed else [()] * len(built),
-                                               strict=True)])
-        if not columns:
-            return StepPlan(StepKind.DECODE, rows)
-        return StepPlan(StepKind.DECODE, rows,
-                        columns=self._columns(rows, built, positions, fed, pages))
+        if unbuilt:
+            if len(built) >= self._column_rows:
+                return StepPlan(StepKind.DECODE, None,
+                                columns=self._columns(None, built, positions, fed, pages))
+            rows = [RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
+                            tuple(page_ids[:pos // pt + 1 + extra]), True, seq.request.sampling)
+                    for seq, pos, token, page_ids in zip(built, positions, fed, pages,
+                                                         strict=True)]
+        if len(rows) < self._column_rows:
+            return StepPlan(StepKind.DECODE, tuple(rows))
+        rows_ = tuple(rows)
+        return StepPlan(StepKind.DECODE, rows_, columns=self._columns(
+            rows_, built, positions, [r.tokens[0] for r in rows_], pages))
 
     def _columns(self, rows: tuple[RowPlan, ...] | None, built: list[Sequence],
                  positions: list[int], fed: list[int], pages: list[list[int]]) -> RowColumns:
