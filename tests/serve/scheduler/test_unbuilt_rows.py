@@ -9,8 +9,8 @@ with decode planned ahead) drives two schedulers in lockstep, each over its own 
 model of one core: one with the columns, one planning every row as a RowPlan
 (`column_rows` above every decode capacity). After every call they must agree: the plans
 (rows built only after the step completed, to check nothing needed them), every staging
-buffer and the dirty ranges a device uploads (the reference packs page tables row by row),
-the sampled records, the results, every request's state and the statistics.
+buffer and the dirty ranges a device uploads (the reference packs page tables row by
+row), the sampled records, the results, every request's state and the statistics.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import pytest
 from helios_ignition.recipe import Capacities
 from helios_ignition.testing import tiny_core
 from helios_serve.engine.plan import SamplingParams, StepKind, StepPlan
-from helios_serve.runtime import packing
 from helios_serve.scheduler import (
     CompletionError,
     FinishReason,
@@ -78,17 +77,6 @@ def _pair(caps):
             return launch(graph, frame, dirty)
 
         model.backend.launch = recorded
-        if column_rows is not None:  # the per-row path packs page tables row by row too
-            submit = model.submit
-
-            def per_row(plan, submit=submit):
-                array_rows, packing.ARRAY_PAGE_ROWS = packing.ARRAY_PAGE_ROWS, 10**9
-                try:
-                    return submit(plan)
-                finally:
-                    packing.ARRAY_PAGE_ROWS = array_rows
-
-            model.submit = per_row
         models.append(model)
         scheds.append(Scheduler(model.manifests, frames=model.frames,
                                 device_pending=model.device_pending, column_rows=column_rows))

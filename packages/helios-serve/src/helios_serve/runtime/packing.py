@@ -543,13 +543,7 @@ class SharedPacking:
                             f"row of request {r.request_id}: a sliding-window view needs "
                             f"its window pages ({len(r.window_page_ids)} for "
                             f"{len(r.page_ids)} pages)")
-            if len(rows) >= ARRAY_PAGE_ROWS:
-                pages = [r.window_page_ids if window else r.page_ids for r in rows]
-                _page_tables(b.destination, dest, step.slot_index,
-                             np.array([r.generation for r in rows], np.int64),
-                             np.array([len(p) - shift for p in pages], np.int64), pages,
-                             shift, generations_view, uploads_view, dirty)
-                return
+            # Row by row: building the arrays from RowPlans costs more than this pass.
             for r in rows:
                 slot = r.slot
                 row_pages = r.window_page_ids if window else r.page_ids
@@ -597,10 +591,6 @@ class SharedPacking:
                     row[list(ids)] = values
                     dirty.append(DirtyRange(b.destination, r.slot, 0, dest.shape[1]))
 
-
-# Page-table updates of at least this many rows run as array operations (`_page_tables`):
-# below it a pass over the rows costs less than the arrays.
-ARRAY_PAGE_ROWS = 16
 
 # ROW_VALUES sources whose values are the rows' lane lengths (_Step.lanes).
 _LANE_SOURCES = frozenset({V.VALUE_SOURCE_QUERY_LENGTH, V.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT})
