@@ -759,9 +759,10 @@ class Scheduler:
     # -- completion and leaving (Lifecycle) --------------------------------------------
 
     def complete(self, plan: StepPlan, sampled: Seq[int],
-                 confidence: np.ndarray | None = None) -> list[RowResult]:
+                 confidence: np.ndarray | None = None) -> Seq[RowResult]:
         """Apply the completion record of the oldest outstanding plan (Lifecycle.complete
-        states the record and its validation)."""
+        states the record and its validation; a plan whose rows stayed unbuilt gets
+        RowResults)."""
         return self.live.complete(plan, sampled, confidence)
 
     def fail(self, plan: StepPlan) -> list[FinishedRequest]:
