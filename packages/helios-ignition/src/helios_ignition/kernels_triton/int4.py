@@ -24,6 +24,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .dense import _rms_inv_rows, _silu
+
+# 2**23 as f32 bits: ``bits(MAGIC | c)`` is the f32 ``2**23 + c`` for a code c < 2**23, so
+# a nibble becomes a float with one integer OR (no int-to-float conversion, which issues at
+# a quarter of the FMA rate); subtracting ``2**23 + zero`` then gives ``c - zero`` exactly.
+MAGIC = tl.constexpr(0x4B000000)
+MAGIC_F = tl.constexpr(8388608.0)
+
 
 @triton.jit
 def _w4a16_row(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps, pn, t,
@@ -75,6 +83,74 @@ def _w4a16_row(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps
     if ACC:
         acc += tl.load(optr, mask=mn, other=0.0)
     tl.store(optr, acc, mask=mn)
+
+
+@triton.jit
+def _w4a16_rows(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps, pn, pt,
+                GROUP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_G: tl.constexpr, PRO: tl.constexpr, NORM: tl.constexpr,
+                ACC: tl.constexpr):
+    """``ROWS=1`` (below MMA_ROWS token rows): ``BLOCK_T`` token rows x ``BLOCK_N`` output
+    rows per program on the FMA units, the weight read once for all of its token rows.
+    Each K step takes ``BLOCK_G`` whole groups: the codes as one ``[BLOCK_N, BLOCK_G,
+    GROUP / 2]`` byte tile (16-byte vector loads: K is a multiple of GROUP), one scale and
+    one zero point per (output row, group), both nibbles turned into ``code - zero``
+    (f32, exact) once; then per token row the activations of those groups (loaded once a
+    step, contiguous, split into even and odd columns), the group sums and the scales."""
+    HALF: tl.constexpr = GROUP // 2
+    groups = K // GROUP
+    K = groups * GROUP  # the same K, said as a multiple of GROUP (vector loads)
+    half = groups * HALF
+    n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = n < N
+    n64 = n.to(tl.int64)
+    rows = tl.arange(0, BLOCK_T)
+    t = pt * BLOCK_T + rows
+    mt = t < T
+    width = K * 2 if PRO == 2 else K  # the activation row's stride
+    if NORM:  # each row's reciprocal RMS first (the rmsnorm kernel's arithmetic)
+        rstd = _rms_inv_rows(x + t.to(tl.int64)[:, None] * width, mt, K, eps, BLOCK_T,
+                             HALF * 4)
+    else:
+        rstd = tl.full((BLOCK_T,), 1.0, tl.float32)
+    gi = tl.arange(0, BLOCK_G)
+    j = tl.arange(0, HALF)
+    kk = tl.arange(0, GROUP)
+    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    wrow = weight + n64[:, None, None] * half
+    for g0 in range(0, groups, BLOCK_G):
+        gg = g0 + gi
+        mg = gg < groups
+        byte = tl.load(wrow + (gg * HALF)[None, :, None] + j[None, None, :],
+                       mask=mn[:, None, None] & mg[None, :, None], other=0)
+        sz = n64[:, None] * groups + gg[None, :]
+        m2 = mn[:, None] & mg[None, :]
+        s = tl.load(weight_scale + sz, mask=m2, other=0.0)
+        z = (tl.load(weight_zero + sz, mask=m2, other=0.0) + MAGIC_F)[:, :, None]
+        b = byte.to(tl.int32)
+        lo = ((b & 0xF) | MAGIC).to(tl.float32, bitcast=True) - z
+        hi = ((b >> 4) | MAGIC).to(tl.float32, bitcast=True) - z
+        kcol = (gg * GROUP)[:, None] + kk[None, :]  # [BLOCK_G, GROUP]
+        mk = mg[:, None] & (kk >= 0)[None, :]
+        if NORM:
+            gain = tl.load(norm_weight + kcol, mask=mk, other=0.0)
+        for i in tl.static_range(BLOCK_T):
+            ti = pt * BLOCK_T + i
+            xrow = x + ti.to(tl.int64) * width
+            a = tl.load(xrow + kcol, mask=mk & (ti < T), other=0.0)
+            if PRO == 2:  # silu(gate) * up
+                a = _silu(a) * tl.load(xrow + K + kcol, mask=mk & (ti < T), other=0.0)
+            if NORM:
+                a = a * tl.sum(tl.where(rows == i, rstd, 0.0), axis=0) * gain
+            xe, xo = tl.split(tl.reshape(a, (BLOCK_G, HALF, 2)))
+            part = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)
+            r = tl.sum(part * s, axis=1)
+            acc = tl.where((rows == i)[:, None], acc + r[None, :], acc)
+    optr = out + t.to(tl.int64)[:, None] * N + n[None, :]
+    m = mt[:, None] & mn[None, :]
+    if ACC:
+        acc += tl.load(optr, mask=m, other=0.0)
+    tl.store(optr, acc, mask=m)
 
 
 @triton.jit
@@ -132,10 +208,17 @@ def _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K,
 def linear_int4(x, weight, weight_scale, weight_zero, out, T, N, K,
                 GROUP: tl.constexpr = 128, BLOCK_N: tl.constexpr = 16,
                 BLOCK_B: tl.constexpr = 256, PRO: tl.constexpr = 0, ACC: tl.constexpr = 0,
-                MMA: tl.constexpr = 0, BLOCK_T: tl.constexpr = 32):
+                MMA: tl.constexpr = 0, BLOCK_T: tl.constexpr = 32, ROWS: tl.constexpr = 0,
+                BLOCK_G: tl.constexpr = 1):
+    """Grid ``(cdiv(T, BLOCK_T), cdiv(N, BLOCK_N))`` with ROWS=1 or MMA=0 (``BLOCK_T`` 1
+    there), ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))`` with MMA=1."""
     if MMA:
         _w4a16_tile(x, x, weight, weight_scale, weight_zero, out, T, N, K, 0.0,
                     tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, PRO, 0, ACC)
+    elif ROWS:
+        _w4a16_rows(x, x, weight, weight_scale, weight_zero, out, T, N, K, 0.0,
+                    tl.program_id(1), tl.program_id(0), GROUP, BLOCK_T, BLOCK_N, BLOCK_G,
+                    PRO, 0, ACC)
     else:
         _w4a16_row(x, x, weight, weight_scale, weight_zero, out, N, K, 0.0, tl.program_id(1),
                    tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, PRO, 0, ACC)
@@ -146,10 +229,16 @@ def rmsnorm_linear_int4(x, norm_weight, weight, weight_scale, weight_zero, out, 
                         GROUP: tl.constexpr = 128, BLOCK_N: tl.constexpr = 16,
                         BLOCK_B: tl.constexpr = 256, PRO: tl.constexpr = 0,
                         ACC: tl.constexpr = 0, MMA: tl.constexpr = 0,
-                        BLOCK_T: tl.constexpr = 32):
+                        BLOCK_T: tl.constexpr = 32, ROWS: tl.constexpr = 0,
+                        BLOCK_G: tl.constexpr = 1):
+    """``linear_int4`` of ``rmsnorm(x)``; the same grids."""
     if MMA:
         _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps,
                     tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, 0, 1, ACC)
+    elif ROWS:
+        _w4a16_rows(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps,
+                    tl.program_id(1), tl.program_id(0), GROUP, BLOCK_T, BLOCK_N, BLOCK_G,
+                    0, 1, ACC)
     else:
         _w4a16_row(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps,
                    tl.program_id(1), tl.program_id(0), GROUP, BLOCK_N, BLOCK_B, 0, 1, ACC)
