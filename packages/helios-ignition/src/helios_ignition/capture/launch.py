@@ -809,10 +809,46 @@ def fp8_default(T: int, N: int, K: int) -> dict[str, int]:
                 WARPS=8, STAGES=3, IMPRECISE=bk)
 
 
+# Few-row FP8 products (2..FP8_FEW_ROWS rows) at capture (HELIOS_FP8_FEW): "rows"
+# (default: the GEMV with BLOCK_T = the power of two >= T token rows a program, so each
+# weight tile is read once for all of them; the bf16 path reads its weights once at 8
+# rows too), "table" (the swept table / fp8_default, as before: at 8 rows the H100 sweep
+# at dc8d9d8 picked one GEMV program row per token row or 16-row tl.dot tiles, and 8B
+# decode ran at 0.60x bf16: bench/results/h100_2026-12-06h/), or
+# "BLOCK_N,BLOCK_K,WARPS" (the rows form with these tiles).
+FP8_FEW = os.environ.get("HELIOS_FP8_FEW", "rows")
+FP8_FEW_ROWS = 16
+FP8_FEW_V1 = "16,256,4"
+
+
+def fp8_few(T: int, K: int, spec: str = "") -> dict[str, int] | None:
+    """The few-row GEMV tiles (with ``WARPS``) of a `T`-row FP8 product over `K` under
+    `spec` (default ``FP8_FEW``), or None (one row, more than FP8_FEW_ROWS rows, or
+    "table").
+
+    Raises:
+        ValueError: a spec that is neither "rows", "table" nor three integers.
+    """
+    spec = spec or FP8_FEW
+    if spec == "table" or not 2 <= T <= FP8_FEW_ROWS:
+        return None
+    try:
+        bn, bk, warps = (int(v) for v in (FP8_FEW_V1 if spec == "rows" else spec).split(","))
+    except ValueError:
+        raise ValueError("HELIOS_FP8_FEW must be 'rows', 'table' or 'BLOCK_N,BLOCK_K,WARPS', "
+                         f"got {spec!r}") from None
+    bk = min(_np2(K, 32), bk)
+    return dict(MMA=0, BLOCK_T=_np2(T), BLOCK_N=bn, BLOCK_K=bk, BLOCK_KS=bk, WARPS=warps)
+
+
 def fp8_constants(T: int, N: int, K: int) -> dict[str, int]:
     """Tiles (with ``WARPS`` and ``STAGES``) of the FP8 products for `T` rows, `N` outputs
-    over `K`: the swept cell ``(N, K, smallest FP8_ROWS >= T)`` where the table has it,
-    else ``fp8_default``. A GEMV pick (``MMA=0``) runs one program row per token row."""
+    over `K`: ``fp8_few`` for a few rows, else the swept cell ``(N, K, smallest FP8_ROWS
+    >= T)`` where the table has it, else ``fp8_default``. A GEMV (``MMA=0``) program
+    serves ``BLOCK_T`` token rows."""
+    few = fp8_few(T, K)
+    if few is not None:
+        return fp8_flags(K, few)
     bucket = next((r for r in FP8_ROWS if r >= T), FP8_ROWS[-1])
     pick = _fp8_table().get((N, K, bucket))
     return fp8_flags(K, dict(pick) if pick else fp8_default(T, N, K))
@@ -879,7 +915,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
         T, N, K = s[0], s[1], s[2]
         c = fp8_constants(T, N, K)
-        rows = T if c["MMA"] == 0 else _cdiv(T, c["BLOCK_T"])
+        rows = _cdiv(T, c["BLOCK_T"])
         return _cfg((_cdiv(N, c["BLOCK_N"] * c.get("TILES", 1)), rows), c.pop("WARPS"), **c,
                     PRO=FP8_PROLOGUE[op], ACC=int(op in ("linear_add_fp8",
                                                          "swiglu_linear_add_fp8")))

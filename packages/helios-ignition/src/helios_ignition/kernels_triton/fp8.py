@@ -18,10 +18,11 @@ Each program owns ``BLOCK_T`` token rows x ``BLOCK_N`` output features and reads
    to e4m3 round-to-nearest-even) and multiplied with the weight's e4m3 codes (one byte a
    weight: half the bf16 GEMV's bytes):
 
-   - ``MMA=0`` (batch-1 decode; a swept table may pick it up to 8 rows, one program row
-     per token row): the GEMV on the FMA units, as dense.py's batch-1 GEMV (``BLOCK_N``
-     weight rows a tile, wide K steps, no split-K), the codes converted to f32 in
-     registers and the decoded activation codes broadcast over the rows;
+   - ``MMA=0`` (batch-1 decode, and by default a few rows: ``BLOCK_T`` token rows a
+     program): the GEMV on the FMA units, as dense.py's batch-1 GEMV (``BLOCK_N`` weight
+     rows a tile, wide K steps, no split-K), the codes converted to f32 in registers once
+     a K step and applied to each token row in turn (the decoded activation codes
+     broadcast over the weight rows);
    - ``MMA=1``: ``tl.dot`` of float8e4nv operands (FP8 wgmma on sm_90 at 64-row tiles,
      mma.sync below) with the f32 accumulator kept in the dot. ``IMPRECISE`` > 0 passes
      ``max_num_imprecise_acc`` (Triton then adds the MMA's partial sums into a separate
@@ -88,26 +89,27 @@ def _quantize(a, s):
 
 
 @triton.jit
-def _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexpr,
-          ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-          BLOCK_KS: tl.constexpr, EVICT: tl.constexpr, EVEN_K: tl.constexpr,
-          TILES: tl.constexpr):
-    """``MMA=0``: token row ``program_id(1)`` x ``TILES`` consecutive tiles of ``BLOCK_N``
-    weight rows on the FMA units (the prologue pass once for all of them)."""
+def _gemv(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO: tl.constexpr,
+          ACC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr, BLOCK_KS: tl.constexpr, EVICT: tl.constexpr,
+          EVEN_K: tl.constexpr, TILES: tl.constexpr):
+    """``MMA=0``: ``BLOCK_T`` token rows (from ``program_id(1) * BLOCK_T``) x ``TILES``
+    consecutive tiles of ``BLOCK_N`` weight rows on the FMA units (the prologue pass once
+    for all of them). Each K step loads and converts the weight tile once and applies it
+    to every token row of the program (one at a time: the tile stays in registers), so a
+    few-row product reads the weight once, as the batch-1 GEMV does."""
     pn = tl.program_id(0)
-    pt = tl.program_id(1).to(tl.int64)
+    t0 = tl.program_id(1) * BLOCK_T
     ks = tl.arange(0, BLOCK_K)
+    rows = tl.arange(0, BLOCK_T)
+    mt = t0 + rows < T
     stride = 2 * K if PRO == 2 else K
-    row = x + pt * stride
-    one = tl.arange(0, 1)
-    s1, inv1 = _row_scales(row + one[:, None], norm_weight, one >= 0, K, eps, PRO, 1,
-                           BLOCK_KS, EVEN_K)
-    s = tl.sum(s1, axis=0)
-    inv = tl.sum(inv1, axis=0)
+    xrows = x + (t0 + rows).to(tl.int64)[:, None] * stride
+    s, inv = _row_scales(xrows, norm_weight, mt, K, eps, PRO, BLOCK_T, BLOCK_KS, EVEN_K)
     for i in range(0, TILES):
         n = (pn * TILES + i) * BLOCK_N + tl.arange(0, BLOCK_N)
         mn = n < N
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
         wrows = weight + n.to(tl.int64)[:, None] * K
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
@@ -118,17 +120,25 @@ def _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexp
                                 eviction_policy="evict_first")
             else:
                 codes = tl.load(wrows + kk[None, :], mask=wmask, other=0)
-            a = _load_pro(row, kk, mk, K, PRO)
-            if PRO == 1:
-                a = a * inv * tl.load(norm_weight + kk, mask=mk, other=0.0)
-            qa = _quantize(a, s).to(tl.float32)
             w = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            acc += tl.sum(w * qa[None, :], axis=1)
-        res = acc * s * tl.load(weight_scale + n, mask=mn, other=0.0)
-        dst = out + pt * N + n
+            if PRO == 1:
+                gain = tl.load(norm_weight + kk, mask=mk, other=0.0)
+            for r in tl.static_range(BLOCK_T):
+                live = t0 + r < T
+                row = x + (t0 + r).to(tl.int64) * stride
+                a = _load_pro(row, kk, mk & live, K, PRO)
+                pick = rows == r
+                if PRO == 1:
+                    a = a * tl.sum(tl.where(pick, inv, 0.0), axis=0) * gain
+                qa = _quantize(a, tl.sum(tl.where(pick, s, 0.0), axis=0)).to(tl.float32)
+                part = tl.sum(w * qa[None, :], axis=1)
+                acc = tl.where(pick[:, None], acc + part[None, :], acc)
+        res = acc * s[:, None] * tl.load(weight_scale + n, mask=mn, other=0.0)[None, :]
+        dst = out + (t0 + rows).to(tl.int64)[:, None] * N + n[None, :]
+        m = mt[:, None] & mn[None, :]
         if ACC:
-            res = tl.load(dst, mask=mn, other=0.0) + res
-        tl.store(dst, res, mask=mn)
+            res = tl.load(dst, mask=m, other=0.0) + res
+        tl.store(dst, res, mask=m)
 
 
 @triton.jit
@@ -188,8 +198,8 @@ def _fp8_body(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
         _mma(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO, ACC, BLOCK_T,
              BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVEN_K, TILES)
     else:
-        _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO, ACC, BLOCK_N,
-              BLOCK_K, BLOCK_KS, EVICT, EVEN_K, TILES)
+        _gemv(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO, ACC, BLOCK_T,
+              BLOCK_N, BLOCK_K, BLOCK_KS, EVICT, EVEN_K, TILES)
 
 
 @triton.jit
@@ -200,7 +210,7 @@ def linear_fp8(x, weight, weight_scale, out, T, N, K, ACC: tl.constexpr = 0,
                EVICT: tl.constexpr = 0, K16: tl.constexpr = 0, EVEN_K: tl.constexpr = 0,
                TILES: tl.constexpr = 1):
     """``linear_fp8`` / ``linear_add_fp8`` (ACC=1) / the SwiGLU forms (PRO=2); grid
-    ``(cdiv(N, BLOCK_N * TILES), cdiv(T, BLOCK_T))`` (``BLOCK_T`` 1 with MMA=0)."""
+    ``(cdiv(N, BLOCK_N * TILES), cdiv(T, BLOCK_T))``."""
     _fp8_body(x, x, weight, weight_scale, out, T, N, K, 0.0, PRO, ACC, MMA, BLOCK_T,
               BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K, TILES)
 
