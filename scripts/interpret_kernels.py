@@ -264,9 +264,8 @@ def check_int4(rng) -> bool:
     tl.dot tiles from 32 rows) against kernels.int4's references: same dequantized values,
     different f32 summation order (the interpreter's dot is f32; the GPU's is TF32:
     tests/gpu/test_int4.py)."""
-    from helios_tools.kernels.int4 import INT4_FORMS, quantize_int4
-
     from helios_ignition.capture import launch as L
+    from helios_tools.kernels.int4 import INT4_FORMS, quantize_int4
 
     ok = True
     # (T, N, K, group, HELIOS_INT4_ROWS spec): the v2 rows form by default (partial output
