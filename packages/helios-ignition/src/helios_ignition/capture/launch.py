@@ -715,13 +715,16 @@ INT4_PROLOGUE = {"linear_int4": 0, "linear_add_int4": 0, "rmsnorm_linear_int4": 
 INT4_MMA_ROWS = 32
 # Below INT4_MMA_ROWS, at capture (HELIOS_INT4_ROWS): "v2" (default: ``ROWS=1``, one
 # program per BLOCK_T token rows x BLOCK_N output rows, the weight read once for all of
-# its rows, byte tiles of whole groups) or "v1" (``_w4a16_row``: one program per token row
-# x 16 output rows, scales and zero points gathered per element; measured on an H100 at
-# dc8d9d8: 8B decode 53.8 tok/s at batch 1, 61.7 at batch 8, bench/results/
-# h100_2026-12-06h/), or "BLOCK_N,BLOCK_K,WARPS,BLOCK_N_ROWS,BLOCK_K_ROWS,WARPS_ROWS" (the
-# one-row tile, then the several-row tile: BLOCK_K elements a K step, whole groups).
+# its rows, whole groups a K step; one row takes the word form, WORDS=1), "v1"
+# (``_w4a16_row``: one program per token row x 16 output rows, scales and zero points
+# gathered per element; measured on an H100 at dc8d9d8: 8B decode 53.8 tok/s at batch 1,
+# 61.7 at batch 8, bench/results/h100_2026-12-06h/), or
+# "BLOCK_N,BLOCK_K,WARPS,WORDS,BLOCK_N_ROWS,BLOCK_K_ROWS,WARPS_ROWS" (the one-row tile
+# and its form, then the several-row tile; BLOCK_K elements a K step, whole groups).
+# v2's tiles compile for sm_90 without spills at the 8B shapes (72-96 registers at one
+# row, 72-141 at 4-16 rows); not yet timed on a GPU.
 INT4_ROWS = os.environ.get("HELIOS_INT4_ROWS", "v2")
-INT4_ROWS_V2 = "16,2048,4,16,512,4"
+INT4_ROWS_V2 = "8,2048,4,1,8,256,4"
 # The most token rows one ``ROWS=1`` program serves (the weight is read once per such
 # tile of rows; the products per weight element grow with it).
 INT4_ROWS_TILE = 16
@@ -730,26 +733,31 @@ INT4_ROWS_TILE = 16
 def int4_rows_constants(T: int, N: int, K: int, group: int, spec: str = "") -> dict[str, int]:
     """Constants (with ``WARPS``) of a `T`-row INT4 product below INT4_MMA_ROWS for `N`
     outputs over `K` in groups of `group`, under `spec` (default ``INT4_ROWS``): ``ROWS=1``
-    with ``BLOCK_T`` (1, else the power of two >= T up to INT4_ROWS_TILE), ``BLOCK_N`` and
-    ``BLOCK_G`` (groups a K step), or the v1 row GEMV (``MMA=0``, one program row per token
-    row; its ``BLOCK_T`` is the kernel's unused default, as cores before v2 record it).
+    with ``BLOCK_T`` (1, else the power of two >= T up to INT4_ROWS_TILE), ``BLOCK_N``,
+    ``BLOCK_G`` (groups a K step) and ``WORDS`` (one row only), or the v1 row GEMV
+    (``MMA=0``, one program row per token row; its ``BLOCK_T`` is the kernel's unused
+    default, as cores before v2 record it).
 
     Raises:
-        ValueError: a spec that is neither "v1", "v2" nor six integers.
+        ValueError: a spec that is neither "v1", "v2" nor seven integers.
     """
     spec = spec or INT4_ROWS
     if spec == "v1":
         return dict(MMA=0, BLOCK_T=32, BLOCK_N=16, BLOCK_B=min(_np2(K // 2, 16), 256), WARPS=4)
     try:
-        v = [int(p) for p in (INT4_ROWS_V2 if spec == "v2" else spec).split(",")]
-        bn1, bk1, w1, bnr, bkr, wr = v
+        bn1, bk1, w1, words, bnr, bkr, wr = (
+            int(p) for p in (INT4_ROWS_V2 if spec == "v2" else spec).split(","))
     except ValueError:
-        raise ValueError("HELIOS_INT4_ROWS must be 'v1', 'v2' or 'BLOCK_N,BLOCK_K,WARPS,"
+        raise ValueError("HELIOS_INT4_ROWS must be 'v1', 'v2' or 'BLOCK_N,BLOCK_K,WARPS,WORDS,"
                          f"BLOCK_N_ROWS,BLOCK_K_ROWS,WARPS_ROWS', got {spec!r}") from None
     bn, bk, warps = (bn1, bk1, w1) if T == 1 else (bnr, bkr, wr)
-    bg = min(_np2(max(bk // group, 1)), _np2(K // group))
-    return dict(MMA=0, ROWS=1, BLOCK_T=min(_np2(T), INT4_ROWS_TILE), BLOCK_N=bn,
-                BLOCK_G=bg, WARPS=warps)
+    c = dict(MMA=0, ROWS=1, BLOCK_T=min(_np2(T), INT4_ROWS_TILE), BLOCK_N=bn,
+             BLOCK_G=min(_np2(max(bk // group, 1)), _np2(K // group)), WARPS=warps)
+    if T == 1 and words:
+        c["WORDS"] = 1
+    return c
+
+
 # The FP8 products' prologue constant PRO: 0 none, 1 the RMS norm, 2 SwiGLU.
 FP8_PROLOGUE = {"linear_fp8": 0, "linear_add_fp8": 0, "rmsnorm_linear_fp8": 1,
                 "swiglu_linear_fp8": 2, "swiglu_linear_add_fp8": 2}

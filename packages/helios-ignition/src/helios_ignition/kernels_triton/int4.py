@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .dense import _rms_inv_rows, _silu
+from .dense import _rms_inv_row, _rms_inv_rows, _silu
 
 # 2**23 as f32 bits: ``bits(MAGIC | c)`` is the f32 ``2**23 + c`` for a code c < 2**23, so
 # a nibble becomes a float with one integer OR (no int-to-float conversion, which issues at
@@ -154,6 +154,62 @@ def _w4a16_rows(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K,
 
 
 @triton.jit
+def _w4a16_words(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps, pn, t,
+                 GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+                 PRO: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):
+    """``ROWS=1, WORDS=1`` (one token row): ``BLOCK_N`` output rows a program, K steps of
+    ``BLOCK_G`` whole groups loaded as one ``[BLOCK_N, BLOCK_G, GROUP / 8]`` tile of int32
+    words (8 codes each: nibble i of word w is element ``8w + i``), then taken apart one
+    nibble position at a time: ``code - zero`` of nibble i (exact in f32) times the
+    activations at columns ``8w + i``, accumulated per word position. Only the raw words
+    and one f32 value per word stay live (not the 8 dequantized values of each), so a
+    program keeps a wide weight step in flight in few registers; the scales apply once
+    per (output row, group) at the end of the step."""
+    WPG: tl.constexpr = GROUP // 8  # words of one group of a weight row
+    groups = K // GROUP
+    K = groups * GROUP  # the same K, said as a multiple of GROUP (vector loads)
+    words = groups * WPG
+    n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = n < N
+    n64 = n.to(tl.int64)
+    width = K * 2 if PRO == 2 else K  # the activation row's stride
+    xrow = x + t.to(tl.int64) * width
+    if NORM:  # the row's reciprocal RMS first (the rmsnorm kernel's arithmetic)
+        rstd = _rms_inv_row(xrow, K, eps, GROUP * 4)
+    else:
+        rstd = 1.0
+    gi = tl.arange(0, BLOCK_G)
+    wi = tl.arange(0, WPG)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    wrow = weight.to(tl.pointer_type(tl.int32)) + n64[:, None, None] * words
+    for g0 in range(0, groups, BLOCK_G):
+        gg = g0 + gi
+        mg = gg < groups
+        code = tl.load(wrow + (gg * WPG)[None, :, None] + wi[None, None, :],
+                       mask=mn[:, None, None] & mg[None, :, None], other=0)
+        sz = n64[:, None] * groups + gg[None, :]
+        m2 = mn[:, None] & mg[None, :]
+        s = tl.load(weight_scale + sz, mask=m2, other=0.0)
+        z = (tl.load(weight_zero + sz, mask=m2, other=0.0) + MAGIC_F)[:, :, None]
+        col = (gg * GROUP)[:, None] + 8 * wi[None, :]  # [BLOCK_G, WPG]: nibble 0's column
+        mk = mg[:, None] & (wi >= 0)[None, :]
+        part = tl.zeros((BLOCK_N, BLOCK_G, WPG), dtype=tl.float32)
+        for i in tl.static_range(8):
+            a = tl.load(xrow + col + i, mask=mk, other=0.0)
+            if PRO == 2:  # silu(gate) * up
+                a = _silu(a) * tl.load(xrow + K + col + i, mask=mk, other=0.0)
+            if NORM:
+                a = a * rstd * tl.load(norm_weight + col + i, mask=mk, other=0.0)
+            d = (((code >> (4 * i)) & 0xF) | MAGIC).to(tl.float32, bitcast=True) - z
+            part += d * a[None, :, :]
+        acc += tl.sum(tl.sum(part, axis=2) * s, axis=1)
+    optr = out + t.to(tl.int64) * N + n
+    if ACC:
+        acc += tl.load(optr, mask=mn, other=0.0)
+    tl.store(optr, acc, mask=mn)
+
+
+@triton.jit
 def _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps, pn, pt,
                 GROUP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                 PRO: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):
@@ -209,12 +265,15 @@ def linear_int4(x, weight, weight_scale, weight_zero, out, T, N, K,
                 GROUP: tl.constexpr = 128, BLOCK_N: tl.constexpr = 16,
                 BLOCK_B: tl.constexpr = 256, PRO: tl.constexpr = 0, ACC: tl.constexpr = 0,
                 MMA: tl.constexpr = 0, BLOCK_T: tl.constexpr = 32, ROWS: tl.constexpr = 0,
-                BLOCK_G: tl.constexpr = 1):
+                BLOCK_G: tl.constexpr = 1, WORDS: tl.constexpr = 0):
     """Grid ``(cdiv(T, BLOCK_T), cdiv(N, BLOCK_N))`` with ROWS=1 or MMA=0 (``BLOCK_T`` 1
     there), ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))`` with MMA=1."""
     if MMA:
         _w4a16_tile(x, x, weight, weight_scale, weight_zero, out, T, N, K, 0.0,
                     tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, PRO, 0, ACC)
+    elif ROWS and WORDS:
+        _w4a16_words(x, x, weight, weight_scale, weight_zero, out, N, K, 0.0,
+                     tl.program_id(1), tl.program_id(0), GROUP, BLOCK_N, BLOCK_G, PRO, 0, ACC)
     elif ROWS:
         _w4a16_rows(x, x, weight, weight_scale, weight_zero, out, T, N, K, 0.0,
                     tl.program_id(1), tl.program_id(0), GROUP, BLOCK_T, BLOCK_N, BLOCK_G,
@@ -230,11 +289,14 @@ def rmsnorm_linear_int4(x, norm_weight, weight, weight_scale, weight_zero, out, 
                         BLOCK_B: tl.constexpr = 256, PRO: tl.constexpr = 0,
                         ACC: tl.constexpr = 0, MMA: tl.constexpr = 0,
                         BLOCK_T: tl.constexpr = 32, ROWS: tl.constexpr = 0,
-                        BLOCK_G: tl.constexpr = 1):
+                        BLOCK_G: tl.constexpr = 1, WORDS: tl.constexpr = 0):
     """``linear_int4`` of ``rmsnorm(x)``; the same grids."""
     if MMA:
         _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps,
                     tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, 0, 1, ACC)
+    elif ROWS and WORDS:
+        _w4a16_words(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, eps,
+                     tl.program_id(1), tl.program_id(0), GROUP, BLOCK_N, BLOCK_G, 0, 1, ACC)
     elif ROWS:
         _w4a16_rows(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps,
                     tl.program_id(1), tl.program_id(0), GROUP, BLOCK_T, BLOCK_N, BLOCK_G,
