@@ -271,15 +271,22 @@ def check_int4(rng) -> bool:
     # (T, N, K, group, HELIOS_INT4_ROWS spec): the v2 rows form by default (partial output
     # and token tiles, 20 rows = two token tiles, K steps of several groups with a partial
     # last one: 9 groups of 64 in steps of 4; one row in the word form and in the byte
-    # form), then the v1 row GEMV
+    # form), then the v1 row GEMV; from 32 rows the tiles (MMA=2; a partial token tile of
+    # 70 rows in 32 x 16 tiles at group 32; the v1 MMA=1 tile)
     for T, N, Kd, group, spec in [
             (1, 40, 256, 128, ""), (1, 130, 512, 128, ""), (3, 70, 1024, 128, ""),
             (2, 33, 96, 32, ""), (8, 48, 256, 128, ""), (20, 37, 576, 64, ""),
             (5, 40, 576, 64, "8,256,2,1,8,256,2"), (1, 24, 576, 64, "8,256,2,0,8,256,2"),
             (1, 24, 576, 64, "8,256,2,1,8,256,2"), (1, 33, 96, 32, ""),
             (1, 40, 256, 128, "v1"), (8, 48, 256, 128, "v1"),
-            (32, 70, 256, 128, ""), (40, 130, 192, 64, ""), (64, 64, 128, 128, "")]:
-        saved, L.INT4_ROWS = L.INT4_ROWS, spec or "v2"
+            (32, 70, 256, 128, ""), (40, 130, 192, 64, ""), (64, 64, 128, 128, ""),
+            (70, 40, 256, 32, "tile 32,16,4"), (40, 130, 192, 64, "tile v1")]:
+        saved = L.INT4_ROWS, L.INT4_TILE
+        L.INT4_ROWS = L.INT4_TILE = "v2"
+        if spec.startswith("tile "):  # HELIOS_INT4_TILE from 32 rows
+            L.INT4_TILE = spec[5:]
+        elif spec:
+            L.INT4_ROWS = spec
         x = rng.standard_normal((T, 2 * Kd)).astype(np.float32)
         xk = np.ascontiguousarray(x[:, :Kd])
         g = (1 + 0.1 * rng.standard_normal(Kd)).astype(np.float32)
@@ -295,10 +302,10 @@ def check_int4(rng) -> bool:
             K.reference_op(op)(xin, *pre, packed, scales, zeros, ref, *tail)
             c = launch(op, xin, *pre, packed, scales, zeros, out, *tail)
             errs[op] = _rel(out - res, ref - res)
-        L.INT4_ROWS = saved
+        L.INT4_ROWS, L.INT4_TILE = saved
         good = all(e < 1e-5 for e in errs.values())
         ok &= good
-        path = ("MMA" if c["MMA"] else "words" if c.get("WORDS") else
+        path = (f"MMA{c['MMA']}" if c["MMA"] else "words" if c.get("WORDS") else
                 f"rows{c['BLOCK_T']}" if c.get("ROWS") else "v1")
         print(f"{'ok ' if good else 'BAD'} int4 T={T:<3} N={N:<4} K={Kd:<5} G={group:<4} {path:<6} "
               + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))

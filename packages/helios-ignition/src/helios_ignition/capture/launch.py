@@ -758,6 +758,36 @@ def int4_rows_constants(T: int, N: int, K: int, group: int, spec: str = "") -> d
     return c
 
 
+# INT4 output tiles from INT4_MMA_ROWS rows, at capture (HELIOS_INT4_TILE): "v2" (default:
+# MMA=2, 64 x 64 tiles at 8 warps, one TF32 dot a group over vector-loaded bytes), "v1"
+# (MMA=1: 64 x 64 tiles at 4 warps, bytes loaded one at a time, two half-group dots;
+# compiled for sm_90 it spills 472-1176 stack bytes at the 8B shapes, and 8B decode at 64
+# rows ran 738.9 tok/s on an H100 at dc8d9d8, 0.12x bf16: bench/results/h100_2026-12-06h/)
+# or "BLOCK_T,BLOCK_N,WARPS" (MMA=2 with these tiles; BLOCK_T is capped at the power of
+# two >= the rows, at least 16). v2 compiles without spills at the 8B shapes (128-254
+# registers); at 4 warps the SwiGLU form spills (104-464 bytes). Not yet timed on a GPU.
+INT4_TILE = os.environ.get("HELIOS_INT4_TILE", "v2")
+INT4_TILE_V2 = "64,64,8"
+
+
+def int4_tile_constants(T: int, spec: str = "") -> dict[str, int]:
+    """Tile constants (with ``WARPS``) of a `T`-row INT4 product from INT4_MMA_ROWS rows
+    under `spec` (default ``INT4_TILE``).
+
+    Raises:
+        ValueError: a spec that is neither "v1", "v2" nor three integers.
+    """
+    spec = spec or INT4_TILE
+    if spec == "v1":
+        return dict(MMA=1, BLOCK_T=32 if T <= 32 else 64, BLOCK_N=64, BLOCK_B=16, WARPS=4)
+    try:
+        bt, bn, warps = (int(v) for v in (INT4_TILE_V2 if spec == "v2" else spec).split(","))
+    except ValueError:
+        raise ValueError("HELIOS_INT4_TILE must be 'v1', 'v2' or 'BLOCK_T,BLOCK_N,WARPS', "
+                         f"got {spec!r}") from None
+    return dict(MMA=2, BLOCK_T=min(bt, _np2(T, 16)), BLOCK_N=bn, WARPS=warps)
+
+
 # The FP8 products' prologue constant PRO: 0 none, 1 the RMS norm, 2 SwiGLU.
 FP8_PROLOGUE = {"linear_fp8": 0, "linear_add_fp8": 0, "rmsnorm_linear_fp8": 1,
                 "swiglu_linear_fp8": 2, "swiglu_linear_add_fp8": 2}
@@ -914,9 +944,9 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         common = dict(GROUP=K // groups, PRO=INT4_PROLOGUE[op],
                       ACC=int(op in ("linear_add_int4", "swiglu_linear_add_int4")))
         if T >= INT4_MMA_ROWS:  # output tiles on the tensor cores
-            bt = 32 if T <= 32 else 64
-            return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, **common, MMA=1, BLOCK_T=bt,
-                        BLOCK_N=64, BLOCK_B=16)
+            c = int4_tile_constants(T)
+            return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"),
+                        **common, **c)
         c = int4_rows_constants(T, N, K, K // groups)
         return _cfg((_cdiv(T, c["BLOCK_T"]) if c.get("ROWS") else T,
                      _cdiv(N, c["BLOCK_N"])), c.pop("WARPS"), **common, **c)

@@ -261,14 +261,69 @@ def _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K,
 
 
 @triton.jit
+def _w4a16_group_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps,
+                      pn, pt, GROUP: tl.constexpr, BLOCK_T: tl.constexpr,
+                      BLOCK_N: tl.constexpr, PRO: tl.constexpr, NORM: tl.constexpr,
+                      ACC: tl.constexpr):
+    """``MMA=2``: a ``BLOCK_T x BLOCK_N`` output tile, one ``tl.dot`` a group: the group's
+    ``[BLOCK_N, GROUP / 2]`` byte tile (16-byte vector loads: K is said to be a multiple
+    of GROUP) becomes ``code - zero`` in element order (both nibbles interleaved with
+    ``tl.join``, exact in f32 and TF32), multiplied by the ``[BLOCK_T, GROUP]`` activation
+    tile (contiguous loads) on TF32 tensor cores; the group's scale multiplies the f32
+    partial product. (MMA=1, the older tile, loads bytes one at a time, even and odd
+    activation columns as two strided loads, and runs two half-group dots.)"""
+    HALF: tl.constexpr = GROUP // 2
+    groups = K // GROUP
+    K = groups * GROUP  # the same K, said as a multiple of GROUP (vector loads)
+    half = groups * HALF
+    t = pt * BLOCK_T + tl.arange(0, BLOCK_T)
+    mt = t < T
+    n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = n < N
+    n64 = n.to(tl.int64)
+    j = tl.arange(0, HALF)
+    kk = tl.arange(0, GROUP)
+    width = K * 2 if PRO == 2 else K
+    xrow = x + t.to(tl.int64)[:, None] * width
+    if NORM:  # each row's reciprocal RMS first (the rmsnorm kernel's arithmetic)
+        rstd = _rms_inv_rows(xrow, mt, K, eps, BLOCK_T, GROUP)
+    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    wrow = weight + n64[:, None] * half
+    for g in range(0, groups):
+        kcol = g * GROUP + kk
+        a = tl.load(xrow + kcol[None, :], mask=mt[:, None], other=0.0)
+        if PRO == 2:  # silu(gate) * up
+            a = _silu(a) * tl.load(xrow + K + kcol[None, :], mask=mt[:, None], other=0.0)
+        if NORM:
+            a = a * rstd[:, None] * tl.load(norm_weight + kcol)[None, :]
+        byte = tl.load(wrow + (g * HALF + j)[None, :], mask=mn[:, None], other=0)
+        z = (tl.load(weight_zero + n64 * groups + g, mask=mn, other=0.0) + MAGIC_F)[:, None]
+        s = tl.load(weight_scale + n64 * groups + g, mask=mn, other=0.0)
+        b = byte.to(tl.int32)
+        lo = ((b & 0xF) | MAGIC).to(tl.float32, bitcast=True) - z
+        hi = ((b >> 4) | MAGIC).to(tl.float32, bitcast=True) - z
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, GROUP))
+        acc += tl.dot(a, tl.trans(w)) * s[None, :]
+    optr = out + t.to(tl.int64)[:, None] * N + n[None, :]
+    m2 = mt[:, None] & mn[None, :]
+    if ACC:
+        acc += tl.load(optr, mask=m2, other=0.0)
+    tl.store(optr, acc, mask=m2)
+
+
+@triton.jit
 def linear_int4(x, weight, weight_scale, weight_zero, out, T, N, K,
                 GROUP: tl.constexpr = 128, BLOCK_N: tl.constexpr = 16,
                 BLOCK_B: tl.constexpr = 256, PRO: tl.constexpr = 0, ACC: tl.constexpr = 0,
                 MMA: tl.constexpr = 0, BLOCK_T: tl.constexpr = 32, ROWS: tl.constexpr = 0,
                 BLOCK_G: tl.constexpr = 1, WORDS: tl.constexpr = 0):
-    """Grid ``(cdiv(T, BLOCK_T), cdiv(N, BLOCK_N))`` with ROWS=1 or MMA=0 (``BLOCK_T`` 1
-    there), ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))`` with MMA=1."""
-    if MMA:
+    """Grid ``(cdiv(T, BLOCK_T), cdiv(N, BLOCK_N))`` with ROWS=1 (``(T, cdiv(N, BLOCK_N))``
+    for the v1 row GEMV, MMA=0), ``(cdiv(N, BLOCK_N), cdiv(T, BLOCK_T))`` with MMA=1/2."""
+    if MMA == 2:
+        _w4a16_group_tile(x, x, weight, weight_scale, weight_zero, out, T, N, K, 0.0,
+                          tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, PRO, 0,
+                          ACC)
+    elif MMA:
         _w4a16_tile(x, x, weight, weight_scale, weight_zero, out, T, N, K, 0.0,
                     tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, PRO, 0, ACC)
     elif ROWS and WORDS:
@@ -291,7 +346,11 @@ def rmsnorm_linear_int4(x, norm_weight, weight, weight_scale, weight_zero, out, 
                         BLOCK_T: tl.constexpr = 32, ROWS: tl.constexpr = 0,
                         BLOCK_G: tl.constexpr = 1, WORDS: tl.constexpr = 0):
     """``linear_int4`` of ``rmsnorm(x)``; the same grids."""
-    if MMA:
+    if MMA == 2:
+        _w4a16_group_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K,
+                          eps, tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N,
+                          0, 1, ACC)
+    elif MMA:
         _w4a16_tile(x, norm_weight, weight, weight_scale, weight_zero, out, T, N, K, eps,
                     tl.program_id(0), tl.program_id(1), GROUP, BLOCK_T, BLOCK_N, 0, 1, ACC)
     elif ROWS and WORDS:
