@@ -530,15 +530,16 @@ def test_prefill_tc_rule_and_compile_for_sm90(monkeypatch):
 
 def test_int4_forms_compile_for_sm90():
     """Each INT4 kernel and prologue (none, RMS norm, SwiGLU with the residual add) on
-    both of its paths (row GEMV below INT4_MMA_ROWS, tl.dot tiles from it) at SmolLM2
-    (group 64 and 128) and 8B shapes."""
+    each of its forms (one row: the word form; a few rows: the rows form; tl.dot tiles
+    from INT4_MMA_ROWS) at SmolLM2 (group 64 and 128) and 8B shapes."""
     from helios_ignition.capture.launch import launch_config
     from helios_ignition.kernels_aot import compile_all
     from helios_tools.kernels.int4 import int4_group
 
     kernels = []
     for op in ("linear_int4", "rmsnorm_linear_int4", "swiglu_linear_add_int4"):
-        for T, N, K in [(1, 960, 576), (64, 576, 1536), (256, 6144, 4096)]:
+        for T, N, K in [(1, 960, 576), (8, 4096, 4096), (64, 576, 1536),
+                        (256, 6144, 4096)]:
             at = 3 if op.startswith("rmsnorm") else 2
             views = [types.SimpleNamespace(shape=(N, K // int4_group(K)),
                                            buffer=types.SimpleNamespace(dtype="f32"))] * 6
