@@ -79,12 +79,13 @@ case $stage in
     python3 bench/gpu_int4.py --json "$OUTD/int4_8b.json" 2>&1 | tee "$OUTD/int4_8b.log" ;;
   quant-speed|quant-tests)  # issue 31 item 6 (no GGUF): quant-speed times 8B-geometry
     # decode b1/8/64/256, bf16 vs FP8 (the H100 sweep's picks; 2-16 rows on the few-row
-    # GEMV, and the old rule as format fp8:table) and bf16 vs W4A16 (the v2 forms, and
+    # GEMV; the old rule as format fp8:table; the GEMV's first codes loaded before its
+    # prologue pass as fp8:early) and bf16 vs W4A16 (the v2 forms, and
     # the v1 row GEMV below 32 rows as int4:v1rows), each script one process. quant-tests:
     # the new kernel forms and the knobs' older ones against their references.
     if [ "$stage" = quant-speed ]; then
       HELIOS_FP8_TILES=${FP8_TILES:-bench/results/h100_2026-12-06h/fp8_sweep_dc8d9d8.json} \
-        python3 bench/gpu_fp8.py --variant table FP8_FEW=table --json "$OUTD/fp8_8b.json" 2>&1 | tee "$OUTD/fp8_8b.log" | tail -14
+        python3 bench/gpu_fp8.py --variant table FP8_FEW=table --variant early FP8_EARLY=1 --json "$OUTD/fp8_8b.json" 2>&1 | tee "$OUTD/fp8_8b.log" | tail -18
       python3 bench/gpu_int4.py --variant v1rows INT4_ROWS=v1 --json "$OUTD/int4_8b.json" 2>&1 | tee "$OUTD/int4_8b.log" | tail -14
     else
       python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu/test_int4.py tests/gpu/test_fp8.py -k "product or knob" 2>&1 | tee "$OUTD/quant_tests.log" | tail -15

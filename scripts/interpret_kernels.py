@@ -221,12 +221,17 @@ def check_fp8(rng) -> bool:
               (1, 33, 100), (5, 40, 100), (70, 24, 256)]]
     # the few-row GEMV (HELIOS_FP8_FEW): its default tiles, K steps narrower than K with
     # a partial last one, a partial token tile (5 of 8 rows), 16 rows
+    # (with EARLY: the first K step's codes before the prologue pass, at several rows and
+    # at one through the several-row body)
     few = [(T, N, Kd, None, spec) for T, N, Kd, spec in
            [(2, 40, 96, ""), (5, 70, 160, "8,64,4"), (16, 37, 96, "4,32,2"),
-            (8, 130, 256, "")]]
+            (8, 130, 256, ""), (5, 70, 160, "8,64,4 early"), (1, 130, 64, "early")]]
+    few.append((*FP8_TILE_CASES[2], "table early"))  # one row a program, TILES=4
     for T, N, Kd, tiles, spec in [*[(*c, "table") for c in cases],
                                   *[(*c, "table") for c in FP8_TILE_CASES], *few]:
-        saved, saved_few = L._FP8_TILES, L.FP8_FEW
+        saved, saved_few, saved_early = L._FP8_TILES, L.FP8_FEW, L.FP8_EARLY
+        L.FP8_EARLY = "1" if spec.endswith("early") else "0"
+        spec = spec.removesuffix("early").strip()
         L.FP8_FEW = spec or "rows"
         if tiles is not None:
             bucket = next((r for r in L.FP8_ROWS if r >= T), L.FP8_ROWS[-1])
@@ -245,7 +250,7 @@ def check_fp8(rng) -> bool:
             K.reference_op(op)(xin, *pre, codes, scales, ref, *tail)
             c = launch(op, xin, *pre, codes, scales, out, *tail)
             errs[op] = _rel(out - res, ref - res)
-        L._FP8_TILES, L.FP8_FEW = saved, saved_few
+        L._FP8_TILES, L.FP8_FEW, L.FP8_EARLY = saved, saved_few, saved_early
         # The RMS prologue's reciprocal RMS and max are summed in another order than
         # NumPy's (last-bit differences in the scale), which can move one activation
         # across an e4m3 rounding boundary: one code of K flipped is ~1e-3 here.
@@ -254,6 +259,7 @@ def check_fp8(rng) -> bool:
         ok &= good
         path = ("MMA" if c["MMA"] else "GEMV") + ("*" if tiles is not None else "")
         path += "" if spec == "table" else f" rows{c['BLOCK_T']}"
+        path += " early" if c.get("EARLY") else ""
         print(f"{'ok ' if good else 'BAD'} fp8 T={T:<3} N={N:<4} K={Kd:<4} {path:<5} "
               + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     return ok

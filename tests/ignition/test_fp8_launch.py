@@ -16,6 +16,10 @@ def test_defaults_gemv_at_one_row_tiles_above(monkeypatch):
     assert c.constants == dict(MMA=0, BLOCK_T=1, BLOCK_N=8, BLOCK_K=1024, BLOCK_KS=1024,
                                WARPS=4, K16=1, EVEN_K=1, PRO=0, ACC=0)
     assert c.grid == (768, 1, 1) and c.block == (128, 1, 1)
+    monkeypatch.setattr(launch, "FP8_EARLY", "1")  # HELIOS_FP8_EARLY=1
+    assert launch.launch_config("linear_fp8", [1, 6144, 4096]).constants["EARLY"] == 1
+    assert "EARLY" not in launch.launch_config("linear_fp8", [64, 6144, 4096]).constants
+    monkeypatch.setattr(launch, "FP8_EARLY", "0")
     monkeypatch.setattr(launch, "FP8_FEW", "table")  # the tiles below 64 rows
     c = launch.launch_config("swiglu_linear_add_fp8", [8, 4096, 14336])
     assert c.constants == dict(MMA=1, BLOCK_T=16, BLOCK_N=32, BLOCK_K=64, BLOCK_KS=128,

@@ -892,11 +892,20 @@ def fp8_constants(T: int, N: int, K: int) -> dict[str, int]:
     return fp8_flags(K, dict(pick) if pick else fp8_default(T, N, K))
 
 
+# HELIOS_FP8_EARLY=1 at capture: the FP8 GEMV (MMA=0) loads its first K step of codes
+# before the prologue pass (``EARLY=1``, the same sums; at one row through the several-row
+# body, which compiles to more registers than the batch-1 body: 107 against 72 at the 8B
+# qkv pick). Off by default; not yet timed.
+FP8_EARLY = os.environ.get("HELIOS_FP8_EARLY", "0")
+
+
 def fp8_flags(K: int, c: dict[str, int]) -> dict[str, int]:
     """Tiles `c` with the alignment constants of K: ``K16`` (K a multiple of 16: vector
-    loads) and ``EVEN_K`` (K a multiple of both K steps: masks constant along K)."""
+    loads) and ``EVEN_K`` (K a multiple of both K steps: masks constant along K), and on
+    the GEMV ``EARLY`` (FP8_EARLY)."""
     even = K % c["BLOCK_K"] == 0 and K % c.get("BLOCK_KS", 512) == 0
-    return {**c, "K16": int(K % 16 == 0), "EVEN_K": int(even)}
+    early = {"EARLY": 1} if c.get("MMA") == 0 and FP8_EARLY != "0" else {}
+    return {**c, "K16": int(K % 16 == 0), "EVEN_K": int(even), **early}
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
