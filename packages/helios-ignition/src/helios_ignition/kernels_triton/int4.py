@@ -158,7 +158,7 @@ def _w4a16_words(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, e
                  GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
                  PRO: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr):
     """``ROWS=1, WORDS=1`` (one token row): ``BLOCK_N`` output rows a program, K steps of
-    ``BLOCK_G`` whole groups loaded as one ``[BLOCK_N, BLOCK_G, GROUP / 8]`` tile of int32
+    ``BLOCK_G`` whole groups loaded as one ``[BLOCK_N, BLOCK_G, GROUP / 8]`` tile of 32-bit
     words (8 codes each: nibble i of word w is element ``8w + i``), then taken apart one
     nibble position at a time: ``code - zero`` of nibble i (exact in f32) times the
     activations at columns ``8w + i``, accumulated per word position. Only the raw words
@@ -181,7 +181,7 @@ def _w4a16_words(x, norm_weight, weight, weight_scale, weight_zero, out, N, K, e
     gi = tl.arange(0, BLOCK_G)
     wi = tl.arange(0, WPG)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    wrow = weight.to(tl.pointer_type(tl.int32)) + n64[:, None, None] * words
+    wrow = weight.to(tl.pointer_type(tl.uint32)) + n64[:, None, None] * words
     for g0 in range(0, groups, BLOCK_G):
         gg = g0 + gi
         mg = gg < groups
