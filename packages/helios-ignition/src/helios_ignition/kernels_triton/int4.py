@@ -1,22 +1,25 @@
 """W4A16 products ``*_int4`` (NumPy references: helios_tools/kernels/int4.py): packed
 4-bit weight codes dequantized in registers, ``(code - zero) * scale`` per group of
-``GROUP`` elements along K, against f32 activations on the FMA units, one program per
-``BLOCK_N`` output rows and token row (a GEMV per row: batch-1 decode reads each weight
-byte once). The token row is the grid's first axis, so the programs of one weight tile
-for every row run next to each other and the rows after the first read it from L2. Byte j holds elements 2j (low nibble) and 2j + 1 (high), which share a group
-(``GROUP`` is even), so the even and odd activation columns load as two vectors and no
-interleave is needed.
+``GROUP`` elements along K, against f32 activations. Byte j of a weight row holds
+elements 2j (low nibble) and 2j + 1 (high), which share a group (``GROUP`` is even).
+Four bodies, chosen by the launch rule (capture/launch.py: ``int4_rows_constants``,
+``int4_tile_constants``):
 
-From ``MMA_ROWS`` token rows (``MMA`` 1) a program computes a ``BLOCK_T`` x ``BLOCK_N``
-output tile instead: per group, the codes minus their zero point (small integers, exact
-in any float format) form the weight tile, ``tl.dot`` multiplies the even and odd
-activation columns by the low and high nibbles (TF32 tensor cores: the activations are
-rounded to TF32, the weight integers are exact), and the group's scale is applied to the
-f32 partial product. The weight is read once per ``BLOCK_T`` rows instead of once per row.
+- ``ROWS=1, WORDS=1`` (one token row, ``_w4a16_words``): 32-bit words of 8 codes, taken
+  apart one nibble position at a time, so few registers hold a wide weight step;
+- ``ROWS=1`` (a few token rows, ``_w4a16_rows``): up to ``BLOCK_T`` rows a program, the
+  byte tile of a K step dequantized once and applied to each row (the weight is read
+  once for all of them);
+- ``MMA=2`` (from MMA_ROWS rows, ``_w4a16_group_tile``): a ``BLOCK_T x BLOCK_N`` output
+  tile, one TF32 ``tl.dot`` a group (the activations rounded to TF32; ``code - zero`` is
+  exact), the group's scale applied to the f32 partial product;
+- the older forms, still selectable at capture: ``MMA=0`` without ROWS (``_w4a16_row``,
+  one program per token row and ``BLOCK_N`` output rows, scales gathered per element)
+  and ``MMA=1`` (``_w4a16_tile``, two half-group dots over bytes loaded one at a time).
 
 ``PRO`` selects the prologue applied to the activation row as it is loaded: 0 none,
 2 SwiGLU (``x`` is ``[T, 2K]``: gate columns, then up); ``rmsnorm_linear_int4`` scales
-the row by its RMS statistic (a first pass over the row) and the norm weight. ``ACC`` 1
+the row by its reciprocal RMS (a first pass over the row) and the norm weight. ``ACC`` 1
 adds the product into ``out`` (the residual)."""
 
 from __future__ import annotations
