@@ -5,7 +5,10 @@ sm_90 with no GPU, the launch metadata lands in the manifest, and ``ignition exp
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 import types
+from pathlib import Path
 
 import pytest
 from helios_contract.schema import core_pb2
@@ -549,3 +552,35 @@ def test_int4_forms_compile_for_sm90():
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+
+
+def test_fp8_gemv_forms_compile_for_sm90_without_spills():
+    """The FP8 GEMV at a few rows (BLOCK_T token rows a program) and with EARLY (the first
+    codes before the prologue pass) for each prologue at the 8B shapes: cubins for sm_90
+    without a stack frame (register spills would cost the decode its bandwidth)."""
+    from helios_ignition.capture import launch
+    from helios_ignition.kernels_aot import compile_all
+
+    kernels = []
+    for op, N, K in [("linear_add_fp8", 4096, 4096), ("rmsnorm_linear_fp8", 6144, 4096),
+                     ("swiglu_linear_add_fp8", 4096, 14336)]:
+        for T in (8, 16):
+            scalars = [T, N, K, 1e-5] if op.startswith("rmsnorm") else [T, N, K]
+            c = launch.launch_config(op, scalars).constants
+            kernels.append(variant_kernel(f"{op}{len(kernels)}", op, {**c, "EARLY": 1}))
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id
+
+
+def _stack_bytes(cubin: bytes) -> int:
+    """The STACK of a cubin by Triton's bundled cuobjdump (the frame spills go to)."""
+    import triton  # optional (Linux x86-64), as in kernels_aot
+
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    return max(int(w[6:]) for w in text.split() if w.startswith("STACK:"))
