@@ -108,6 +108,7 @@ def test_linear_rules_compile_for_sm90(rule):
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id  # no register spills
 
 
 def test_unfused_capture_compiles_rope_and_kv_write(monkeypatch):
@@ -318,6 +319,7 @@ def test_attention_rules_compile_for_sm90(rule):
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id  # no register spills
 
 
 def test_long_context_attention_compiles_for_sm90():
@@ -349,6 +351,7 @@ def test_long_context_attention_compiles_for_sm90():
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id  # no register spills
 
 
 NEW_OPS = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks_mass",
@@ -398,6 +401,7 @@ def test_launch_choices_compile_for_sm90():
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id  # no register spills
 
 
 @pytest.mark.parametrize("coupled", [True, False], ids=["coupled", "standard"])
@@ -541,8 +545,8 @@ def test_int4_forms_compile_for_sm90():
 
     kernels = []
     for op in ("linear_int4", "rmsnorm_linear_int4", "swiglu_linear_add_int4"):
-        for T, N, K in [(1, 960, 576), (8, 4096, 4096), (64, 576, 1536),
-                        (256, 6144, 4096)]:
+        for T, N, K in [(1, 960, 576), (1, 4096, 14336), (8, 4096, 4096), (20, 6144, 4096),
+                        (64, 576, 1536), (256, 6144, 4096), (64, 4096, 14336)]:
             at = 3 if op.startswith("rmsnorm") else 2
             views = [types.SimpleNamespace(shape=(N, K // int4_group(K)),
                                            buffer=types.SimpleNamespace(dtype="f32"))] * 6
@@ -552,6 +556,7 @@ def test_int4_forms_compile_for_sm90():
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id  # no register spills
 
 
 def test_fp8_gemv_forms_compile_for_sm90_without_spills():

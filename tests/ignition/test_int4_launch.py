@@ -24,12 +24,12 @@ def test_one_row_words_few_rows_rows_form():
     assert c.grid == (1, 512, 1) and c.block == (128, 1, 1)
     c = _config("swiglu_linear_add_int4", 20, 4096, 14336)  # 16 rows a tile, two tiles
     assert c.constants == dict(GROUP=128, PRO=2, ACC=1, MMA=0, ROWS=1, BLOCK_T=16,
-                               BLOCK_N=8, BLOCK_G=2, WARPS=4)
-    assert c.grid == (2, 512, 1)
+                               BLOCK_N=16, BLOCK_G=2, WARPS=8)
+    assert c.grid == (2, 256, 1) and c.block == (256, 1, 1)
     c = _config("rmsnorm_linear_int4", 3, 960, 576, group=64)  # K steps of 256: 4 groups
     assert (c.constants["BLOCK_T"], c.constants["BLOCK_G"], c.constants["GROUP"]) == \
         (4, 4, 64)
-    assert c.grid == (1, 120, 1)
+    assert c.grid == (1, 60, 1)
 
 
 def test_tiles_from_mma_rows():

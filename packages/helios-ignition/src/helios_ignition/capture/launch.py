@@ -722,9 +722,9 @@ INT4_MMA_ROWS = 32
 # "BLOCK_N,BLOCK_K,WARPS,WORDS,BLOCK_N_ROWS,BLOCK_K_ROWS,WARPS_ROWS" (the one-row tile
 # and its form, then the several-row tile; BLOCK_K elements a K step, whole groups).
 # v2's tiles compile for sm_90 without spills at the 8B shapes (72-96 registers at one
-# row, 72-141 at 4-16 rows); not yet timed on a GPU.
+# row, 58-145 at 2-16 rows); not yet timed on a GPU.
 INT4_ROWS = os.environ.get("HELIOS_INT4_ROWS", "v2")
-INT4_ROWS_V2 = "8,2048,4,1,8,256,4"
+INT4_ROWS_V2 = "8,2048,4,1,16,256,8"
 # The most token rows one ``ROWS=1`` program serves (the weight is read once per such
 # tile of rows; the products per weight element grow with it).
 INT4_ROWS_TILE = 16
