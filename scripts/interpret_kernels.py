@@ -220,8 +220,20 @@ def check_fp8(rng) -> bool:
     cases = [(T, N, Kd, None) for T, N, Kd in
              [(1, 40, 96), (1, 130, 64), (3, 70, 64), (20, 96, 160), (40, 130, 48),
               (1, 33, 100), (5, 40, 100), (70, 24, 256)]]
-    for T, N, Kd, tiles in [*cases, *FP8_TILE_CASES]:
-        saved = L._FP8_TILES
+    # the few-row GEMV (HELIOS_FP8_FEW): its default tiles, K steps narrower than K with
+    # a partial last one, a partial token tile (5 of 8 rows), 16 rows
+    # (with EARLY: the first K step's codes before the prologue pass, at several rows and
+    # at one through the several-row body)
+    few = [(T, N, Kd, None, spec) for T, N, Kd, spec in
+           [(2, 40, 96, ""), (5, 70, 160, "8,64,4"), (16, 37, 96, "4,32,2"),
+            (8, 130, 256, ""), (5, 70, 160, "8,64,4 early"), (1, 130, 64, "early")]]
+    few.append((*FP8_TILE_CASES[2], "table early"))  # one row a program, TILES=4
+    for T, N, Kd, tiles, spec in [*[(*c, "table") for c in cases],
+                                  *[(*c, "table") for c in FP8_TILE_CASES], *few]:
+        saved, saved_few, saved_early = L._FP8_TILES, L.FP8_FEW, L.FP8_EARLY
+        L.FP8_EARLY = "1" if spec.endswith("early") else "0"
+        spec = spec.removesuffix("early").strip()
+        L.FP8_FEW = spec or "rows"
         if tiles is not None:
             bucket = next((r for r in L.FP8_ROWS if r >= T), L.FP8_ROWS[-1])
             L._FP8_TILES = {(N, Kd, bucket): tiles}
@@ -239,7 +251,7 @@ def check_fp8(rng) -> bool:
             K.reference_op(op)(xin, *pre, codes, scales, ref, *tail)
             c = launch(op, xin, *pre, codes, scales, out, *tail)
             errs[op] = _rel(out - res, ref - res)
-        L._FP8_TILES = saved
+        L._FP8_TILES, L.FP8_FEW, L.FP8_EARLY = saved, saved_few, saved_early
         # The RMS prologue's reciprocal RMS and max are summed in another order than
         # NumPy's (last-bit differences in the scale), which can move one activation
         # across an e4m3 rounding boundary: one code of K flipped is ~1e-3 here.
@@ -247,6 +259,8 @@ def check_fp8(rng) -> bool:
                    for op, e in errs.items())
         ok &= good
         path = ("MMA" if c["MMA"] else "GEMV") + ("*" if tiles is not None else "")
+        path += "" if spec == "table" else f" rows{c['BLOCK_T']}"
+        path += " early" if c.get("EARLY") else ""
         print(f"{'ok ' if good else 'BAD'} fp8 T={T:<3} N={N:<4} K={Kd:<4} {path:<5} "
               + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     return ok
@@ -257,12 +271,29 @@ def check_int4(rng) -> bool:
     tl.dot tiles from 32 rows) against kernels.int4's references: same dequantized values,
     different f32 summation order (the interpreter's dot is f32; the GPU's is TF32:
     tests/gpu/test_int4.py)."""
+    from helios_ignition.capture import launch as L
     from helios_tools.kernels.int4 import INT4_FORMS, quantize_int4
 
     ok = True
-    for T, N, Kd, group in [(1, 40, 256, 128), (1, 130, 512, 128), (3, 70, 1024, 128),
-                            (2, 33, 96, 32), (8, 48, 256, 128), (32, 70, 256, 128),
-                            (40, 130, 192, 64), (64, 64, 128, 128)]:
+    # (T, N, K, group, HELIOS_INT4_ROWS spec): the v2 rows form by default (partial output
+    # and token tiles, 20 rows = two token tiles, K steps of several groups with a partial
+    # last one: 9 groups of 64 in steps of 4; one row in the word form and in the byte
+    # form), then the v1 row GEMV; from 32 rows the tiles (MMA=2; a partial token tile of
+    # 70 rows in 32 x 16 tiles at group 32; the v1 MMA=1 tile)
+    for T, N, Kd, group, spec in [
+            (1, 40, 256, 128, ""), (1, 130, 512, 128, ""), (3, 70, 1024, 128, ""),
+            (2, 33, 96, 32, ""), (8, 48, 256, 128, ""), (20, 37, 576, 64, ""),
+            (5, 40, 576, 64, "8,256,2,1,8,256,2"), (1, 24, 576, 64, "8,256,2,0,8,256,2"),
+            (1, 24, 576, 64, "8,256,2,1,8,256,2"), (1, 33, 96, 32, ""),
+            (1, 40, 256, 128, "v1"), (8, 48, 256, 128, "v1"),
+            (32, 70, 256, 128, ""), (40, 130, 192, 64, ""), (64, 64, 128, 128, ""),
+            (70, 40, 256, 32, "tile 32,16,4"), (40, 130, 192, 64, "tile v1")]:
+        saved = L.INT4_ROWS, L.INT4_TILE
+        L.INT4_ROWS = L.INT4_TILE = "v2"
+        if spec.startswith("tile "):  # HELIOS_INT4_TILE from 32 rows
+            L.INT4_TILE = spec[5:]
+        elif spec:
+            L.INT4_ROWS = spec
         x = rng.standard_normal((T, 2 * Kd)).astype(np.float32)
         xk = np.ascontiguousarray(x[:, :Kd])
         g = (1 + 0.1 * rng.standard_normal(Kd)).astype(np.float32)
@@ -278,10 +309,12 @@ def check_int4(rng) -> bool:
             K.reference_op(op)(xin, *pre, packed, scales, zeros, ref, *tail)
             c = launch(op, xin, *pre, packed, scales, zeros, out, *tail)
             errs[op] = _rel(out - res, ref - res)
+        L.INT4_ROWS, L.INT4_TILE = saved
         good = all(e < 1e-5 for e in errs.values())
         ok &= good
-        path = "MMA" if c["MMA"] else "GEMV"
-        print(f"{'ok ' if good else 'BAD'} int4 T={T:<3} N={N:<4} K={Kd:<5} G={group:<4} {path:<4} "
+        path = (f"MMA{c['MMA']}" if c["MMA"] else "words" if c.get("WORDS") else
+                f"rows{c['BLOCK_T']}" if c.get("ROWS") else "v1")
+        print(f"{'ok ' if good else 'BAD'} int4 T={T:<3} N={N:<4} K={Kd:<5} G={group:<4} {path:<6} "
               + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     return ok
 

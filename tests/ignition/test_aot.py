@@ -5,7 +5,10 @@ sm_90 with no GPU, the launch metadata lands in the manifest, and ``ignition exp
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 import types
+from pathlib import Path
 
 import pytest
 from helios_contract.schema import core_pb2
@@ -105,6 +108,7 @@ def test_linear_rules_compile_for_sm90(rule):
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id  # no register spills
 
 
 def test_unfused_capture_compiles_rope_and_kv_write(monkeypatch):
@@ -315,6 +319,7 @@ def test_attention_rules_compile_for_sm90(rule):
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id  # no register spills
 
 
 def test_long_context_attention_compiles_for_sm90(monkeypatch):
@@ -366,6 +371,7 @@ def test_long_context_attention_compiles_for_sm90(monkeypatch):
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id  # no register spills
 
 
 NEW_OPS = {"rmsnorm_linear", "linear_add", "swiglu_linear_add", "sample_chunks_mass",
@@ -415,6 +421,7 @@ def test_launch_choices_compile_for_sm90():
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id  # no register spills
 
 
 @pytest.mark.parametrize("coupled", [True, False], ids=["coupled", "standard"])
@@ -550,15 +557,16 @@ def test_prefill_tc_rule_and_compile_for_sm90(monkeypatch):
 
 def test_int4_forms_compile_for_sm90():
     """Each INT4 kernel and prologue (none, RMS norm, SwiGLU with the residual add) on
-    both of its paths (row GEMV below INT4_MMA_ROWS, tl.dot tiles from it) at SmolLM2
-    (group 64 and 128) and 8B shapes."""
+    each of its forms (one row: the word form; a few rows: the rows form; tl.dot tiles
+    from INT4_MMA_ROWS) at SmolLM2 (group 64 and 128) and 8B shapes."""
     from helios_ignition.capture.launch import launch_config
     from helios_ignition.kernels_aot import compile_all
     from helios_tools.kernels.int4 import int4_group
 
     kernels = []
     for op in ("linear_int4", "rmsnorm_linear_int4", "swiglu_linear_add_int4"):
-        for T, N, K in [(1, 960, 576), (64, 576, 1536), (256, 6144, 4096)]:
+        for T, N, K in [(1, 960, 576), (1, 4096, 14336), (8, 4096, 4096), (20, 6144, 4096),
+                        (64, 576, 1536), (256, 6144, 4096), (64, 4096, 14336)]:
             at = 3 if op.startswith("rmsnorm") else 2
             views = [types.SimpleNamespace(shape=(N, K // int4_group(K)),
                                            buffer=types.SimpleNamespace(dtype="f32"))] * 6
@@ -596,3 +604,36 @@ def test_repacked_gguf_forms_compile_for_sm90():
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id  # no register spills
+
+
+def test_fp8_gemv_forms_compile_for_sm90_without_spills():
+    """The FP8 GEMV at a few rows (BLOCK_T token rows a program) and with EARLY (the first
+    codes before the prologue pass) for each prologue at the 8B shapes: cubins for sm_90
+    without a stack frame (register spills would cost the decode its bandwidth)."""
+    from helios_ignition.capture import launch
+    from helios_ignition.kernels_aot import compile_all
+
+    kernels = []
+    for op, N, K in [("linear_add_fp8", 4096, 4096), ("rmsnorm_linear_fp8", 6144, 4096),
+                     ("swiglu_linear_add_fp8", 4096, 14336)]:
+        for T in (8, 16):
+            scalars = [T, N, K, 1e-5] if op.startswith("rmsnorm") else [T, N, K]
+            c = launch.launch_config(op, scalars).constants
+            kernels.append(variant_kernel(f"{op}{len(kernels)}", op, {**c, "EARLY": 1}))
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id
+
+
+def _stack_bytes(cubin: bytes) -> int:
+    """The STACK of a cubin by Triton's bundled cuobjdump (the frame spills go to)."""
+    import triton  # optional (Linux x86-64), as in kernels_aot
+
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    return max(int(w[6:]) for w in text.split() if w.startswith("STACK:"))

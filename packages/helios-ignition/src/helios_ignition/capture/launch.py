@@ -751,13 +751,89 @@ def moe_constants(N: int, K: int) -> dict[str, int]:
 INT4_PROLOGUE = {"linear_int4": 0, "linear_add_int4": 0, "rmsnorm_linear_int4": 0,
                  "swiglu_linear_int4": 2, "swiglu_linear_add_int4": 2}
 # The repacked GGUF products (kernels_triton/int4.py's INT4_MIN kernels and
-# kernels_triton/int8.py) take the same constants and launch rule.
+# kernels_triton/int8.py) take the v1 constants of this rule (their kernels have the v1 row
+# GEMV and the MMA=1 tile only).
 INT4_PROLOGUE |= {f"{op}_min": pro for op, pro in INT4_PROLOGUE.items()}
 INT8_PROLOGUE = {op.replace("_int4", "_int8"): pro for op, pro in INT4_PROLOGUE.items()
                  if not op.endswith("_min")}
-# From this many token rows the INT4 products compute output tiles with tl.dot (the GEMV
-# below it reads the weight once per row). Not yet swept on a GPU (bench/gpu_int4.py).
+# From this many token rows the INT4 products compute output tiles with tl.dot. Not yet
+# swept on a GPU (bench/gpu_int4.py).
 INT4_MMA_ROWS = 32
+# Below INT4_MMA_ROWS, at capture (HELIOS_INT4_ROWS): "v2" (default: ``ROWS=1``, one
+# program per BLOCK_T token rows x BLOCK_N output rows, the weight read once for all of
+# its rows, whole groups a K step; one row takes the word form, WORDS=1), "v1"
+# (``_w4a16_row``: one program per token row x 16 output rows, scales and zero points
+# gathered per element; measured on an H100 at dc8d9d8: 8B decode 53.8 tok/s at batch 1,
+# 61.7 at batch 8, bench/results/h100_2026-12-06h/), or
+# "BLOCK_N,BLOCK_K,WARPS,WORDS,BLOCK_N_ROWS,BLOCK_K_ROWS,WARPS_ROWS" (the one-row tile
+# and its form, then the several-row tile; BLOCK_K elements a K step, whole groups).
+# v2's tiles compile for sm_90 without spills at the 8B shapes (72-96 registers at one
+# row, 58-145 at 2-16 rows); not yet timed on a GPU.
+INT4_ROWS = os.environ.get("HELIOS_INT4_ROWS", "v2")
+INT4_ROWS_V2 = "8,2048,4,1,16,256,8"
+# The most token rows one ``ROWS=1`` program serves (the weight is read once per such
+# tile of rows; the products per weight element grow with it).
+INT4_ROWS_TILE = 16
+
+
+def int4_rows_constants(T: int, N: int, K: int, group: int, spec: str = "") -> dict[str, int]:
+    """Constants (with ``WARPS``) of a `T`-row INT4 product below INT4_MMA_ROWS for `N`
+    outputs over `K` in groups of `group`, under `spec` (default ``INT4_ROWS``): ``ROWS=1``
+    with ``BLOCK_T`` (1, else the power of two >= T up to INT4_ROWS_TILE), ``BLOCK_N``,
+    ``BLOCK_G`` (groups a K step) and ``WORDS`` (one row only), or the v1 row GEMV
+    (``MMA=0``, one program row per token row; its ``BLOCK_T`` is the kernel's unused
+    default, as cores before v2 record it).
+
+    Raises:
+        ValueError: a spec that is neither "v1", "v2" nor seven integers.
+    """
+    spec = spec or INT4_ROWS
+    if spec == "v1":
+        return dict(MMA=0, BLOCK_T=32, BLOCK_N=16, BLOCK_B=min(_np2(K // 2, 16), 256), WARPS=4)
+    try:
+        bn1, bk1, w1, words, bnr, bkr, wr = (
+            int(p) for p in (INT4_ROWS_V2 if spec == "v2" else spec).split(","))
+    except ValueError:
+        raise ValueError("HELIOS_INT4_ROWS must be 'v1', 'v2' or 'BLOCK_N,BLOCK_K,WARPS,WORDS,"
+                         f"BLOCK_N_ROWS,BLOCK_K_ROWS,WARPS_ROWS', got {spec!r}") from None
+    bn, bk, warps = (bn1, bk1, w1) if T == 1 else (bnr, bkr, wr)
+    c = dict(MMA=0, ROWS=1, BLOCK_T=min(_np2(T), INT4_ROWS_TILE), BLOCK_N=bn,
+             BLOCK_G=min(_np2(max(bk // group, 1)), _np2(K // group)), WARPS=warps)
+    if T == 1 and words:
+        c["WORDS"] = 1
+    return c
+
+
+# INT4 output tiles from INT4_MMA_ROWS rows, at capture (HELIOS_INT4_TILE): "v2" (default:
+# MMA=2, 64 x 64 tiles at 8 warps, one TF32 dot a group over vector-loaded bytes), "v1"
+# (MMA=1: 64 x 64 tiles at 4 warps, bytes loaded one at a time, two half-group dots;
+# compiled for sm_90 it spills 472-1176 stack bytes at the 8B shapes, and 8B decode at 64
+# rows ran 738.9 tok/s on an H100 at dc8d9d8, 0.12x bf16: bench/results/h100_2026-12-06h/)
+# or "BLOCK_T,BLOCK_N,WARPS" (MMA=2 with these tiles; BLOCK_T is capped at the power of
+# two >= the rows, at least 16). v2 compiles without spills at the 8B shapes (128-254
+# registers); at 4 warps the SwiGLU form spills (104-464 bytes). Not yet timed on a GPU.
+INT4_TILE = os.environ.get("HELIOS_INT4_TILE", "v2")
+INT4_TILE_V2 = "64,64,8"
+
+
+def int4_tile_constants(T: int, spec: str = "") -> dict[str, int]:
+    """Tile constants (with ``WARPS``) of a `T`-row INT4 product from INT4_MMA_ROWS rows
+    under `spec` (default ``INT4_TILE``).
+
+    Raises:
+        ValueError: a spec that is neither "v1", "v2" nor three integers.
+    """
+    spec = spec or INT4_TILE
+    if spec == "v1":
+        return dict(MMA=1, BLOCK_T=32 if T <= 32 else 64, BLOCK_N=64, BLOCK_B=16, WARPS=4)
+    try:
+        bt, bn, warps = (int(v) for v in (INT4_TILE_V2 if spec == "v2" else spec).split(","))
+    except ValueError:
+        raise ValueError("HELIOS_INT4_TILE must be 'v1', 'v2' or 'BLOCK_T,BLOCK_N,WARPS', "
+                         f"got {spec!r}") from None
+    return dict(MMA=2, BLOCK_T=min(bt, _np2(T, 16)), BLOCK_N=bn, WARPS=warps)
+
+
 # The FP8 products' prologue constant PRO: 0 none, 1 the RMS norm, 2 SwiGLU.
 FP8_PROLOGUE = {"linear_fp8": 0, "linear_add_fp8": 0, "rmsnorm_linear_fp8": 1,
                 "swiglu_linear_fp8": 2, "swiglu_linear_add_fp8": 2}
@@ -817,20 +893,65 @@ def fp8_default(T: int, N: int, K: int) -> dict[str, int]:
                 WARPS=8, STAGES=3, IMPRECISE=bk)
 
 
+# Few-row FP8 products (2..FP8_FEW_ROWS rows) at capture (HELIOS_FP8_FEW): "rows"
+# (default: the GEMV with BLOCK_T = the power of two >= T token rows a program, so each
+# weight tile is read once for all of them; the bf16 path reads its weights once at 8
+# rows too), "table" (the swept table / fp8_default, as before: at 8 rows the H100 sweep
+# at dc8d9d8 picked one GEMV program row per token row or 16-row tl.dot tiles, and 8B
+# decode ran at 0.60x bf16: bench/results/h100_2026-12-06h/), or
+# "BLOCK_N,BLOCK_K,WARPS" (the rows form with these tiles).
+FP8_FEW = os.environ.get("HELIOS_FP8_FEW", "rows")
+FP8_FEW_ROWS = 16
+FP8_FEW_V1 = "16,256,4"
+
+
+def fp8_few(T: int, K: int, spec: str = "") -> dict[str, int] | None:
+    """The few-row GEMV tiles (with ``WARPS``) of a `T`-row FP8 product over `K` under
+    `spec` (default ``FP8_FEW``), or None (one row, more than FP8_FEW_ROWS rows, or
+    "table").
+
+    Raises:
+        ValueError: a spec that is neither "rows", "table" nor three integers.
+    """
+    spec = spec or FP8_FEW
+    if spec == "table" or not 2 <= T <= FP8_FEW_ROWS:
+        return None
+    try:
+        bn, bk, warps = (int(v) for v in (FP8_FEW_V1 if spec == "rows" else spec).split(","))
+    except ValueError:
+        raise ValueError("HELIOS_FP8_FEW must be 'rows', 'table' or 'BLOCK_N,BLOCK_K,WARPS', "
+                         f"got {spec!r}") from None
+    bk = min(_np2(K, 32), bk)
+    return dict(MMA=0, BLOCK_T=_np2(T), BLOCK_N=bn, BLOCK_K=bk, BLOCK_KS=bk, WARPS=warps)
+
+
 def fp8_constants(T: int, N: int, K: int) -> dict[str, int]:
     """Tiles (with ``WARPS`` and ``STAGES``) of the FP8 products for `T` rows, `N` outputs
-    over `K`: the swept cell ``(N, K, smallest FP8_ROWS >= T)`` where the table has it,
-    else ``fp8_default``. A GEMV pick (``MMA=0``) runs one program row per token row."""
+    over `K`: ``fp8_few`` for a few rows, else the swept cell ``(N, K, smallest FP8_ROWS
+    >= T)`` where the table has it, else ``fp8_default``. A GEMV (``MMA=0``) program
+    serves ``BLOCK_T`` token rows."""
+    few = fp8_few(T, K)
+    if few is not None:
+        return fp8_flags(K, few)
     bucket = next((r for r in FP8_ROWS if r >= T), FP8_ROWS[-1])
     pick = _fp8_table().get((N, K, bucket))
     return fp8_flags(K, dict(pick) if pick else fp8_default(T, N, K))
 
 
+# HELIOS_FP8_EARLY=1 at capture: the FP8 GEMV (MMA=0) loads its first K step of codes
+# before the prologue pass (``EARLY=1``, the same sums; at one row through the several-row
+# body, which compiles to more registers than the batch-1 body: 107 against 72 at the 8B
+# qkv pick). Off by default; not yet timed.
+FP8_EARLY = os.environ.get("HELIOS_FP8_EARLY", "0")
+
+
 def fp8_flags(K: int, c: dict[str, int]) -> dict[str, int]:
     """Tiles `c` with the alignment constants of K: ``K16`` (K a multiple of 16: vector
-    loads) and ``EVEN_K`` (K a multiple of both K steps: masks constant along K)."""
+    loads) and ``EVEN_K`` (K a multiple of both K steps: masks constant along K), and on
+    the GEMV ``EARLY`` (FP8_EARLY)."""
     even = K % c["BLOCK_K"] == 0 and K % c.get("BLOCK_KS", 512) == 0
-    return {**c, "K16": int(K % 16 == 0), "EVEN_K": int(even)}
+    early = {"EARLY": 1} if c.get("MMA") == 0 and FP8_EARLY != "0" else {}
+    return {**c, "K16": int(K % 16 == 0), "EVEN_K": int(even), **early}
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
@@ -883,7 +1004,15 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         groups = int(views[at].shape[1]) if len(views) > at else K // 128
         common = dict(GROUP=K // groups, PRO={**INT4_PROLOGUE, **INT8_PROLOGUE}[op],
                       ACC=int(op.startswith(("linear_add_", "swiglu_linear_add_"))))
-        if T >= INT4_MMA_ROWS:  # output tiles on the tensor cores
+        if op.endswith("_int4"):  # the plain INT4 storage: the v2 forms (or the knobs')
+            if T >= INT4_MMA_ROWS:  # output tiles on the tensor cores
+                c = int4_tile_constants(T)
+                return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"),
+                            **common, **c)
+            c = int4_rows_constants(T, N, K, K // groups)
+            return _cfg((_cdiv(T, c["BLOCK_T"]) if c.get("ROWS") else T,
+                         _cdiv(N, c["BLOCK_N"])), c.pop("WARPS"), **common, **c)
+        if T >= INT4_MMA_ROWS:  # INT4_MIN / INT8: the v1 forms
             bt = 32 if T <= 32 else 64
             return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, **common, MMA=1, BLOCK_T=bt,
                         BLOCK_N=64, BLOCK_B=16)
@@ -893,7 +1022,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
         T, N, K = s[0], s[1], s[2]
         c = fp8_constants(T, N, K)
-        rows = T if c["MMA"] == 0 else _cdiv(T, c["BLOCK_T"])
+        rows = _cdiv(T, c["BLOCK_T"])
         return _cfg((_cdiv(N, c["BLOCK_N"] * c.get("TILES", 1)), rows), c.pop("WARPS"), **c,
                     PRO=FP8_PROLOGUE[op], ACC=int(op in ("linear_add_fp8",
                                                          "swiglu_linear_add_fp8")))
