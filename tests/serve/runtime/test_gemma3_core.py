@@ -11,9 +11,10 @@ teacher forcing on the 5 golden prompts x 16 steps, the reference's top-5 logits
 by at most 0.97 (mean about 0.35; before: 1.64, mean about 0.45), 79 of 80 argmaxes are
 the reference's (before: 78) and 4 of the 5 free runs equal its 16 ids (before: 3). The
 argmax differs only at `france` step 7, where the reference's top two are 0.08 apart.
-What remains is not the QKV: every ggml kernel of the step run with llama.cpp's own build
-(HELIOS_GGML_LIB) and ggml's flash attention over f16 keys and values (llama.cpp's
-default on the cpu) still leave differences of 0.3 on average and `france` at step 7.
+What remains is not the QKV nor the ggml build nor the attention's precision (measured
+by hand, not a test: llama.cpp's own ggml libraries through HELIOS_GGML_LIB and ggml's
+flash attention over f16 keys and values, llama.cpp's cpu default, still leave
+differences of 0.3 on average and `france` parting at step 7).
 The test holds the logits to 1.0 and the argmax to every step whose reference margin is
 at least 0.5, and the free-running greedy ids to the reference up to the first step
 under that margin.
