@@ -95,13 +95,45 @@ def _read(checkpoint, sources: tuple[Slice, ...], shape: tuple[int, ...]) -> np.
     return array
 
 
+# Bytes of one 32-element block (an f16 scale d, then the quants) of the block types
+# whose every value is d * q with q an integer in -16..15: Q4_0 (q = nibble - 8) and Q5_0
+# (q = nibble + 16 * high bit - 16). Q8_0 holds the same d and q (int8) exactly.
+_BLOCK32_BYTES = {"Q4_0": 18, "Q5_0": 22, "Q8_0": 34}
+
+
+def as_q8_0_blocks(kind: str, blocks: np.ndarray) -> np.ndarray:
+    """`blocks` (uint8 [rows, row bytes] of ggml type `kind`: Q4_0, Q5_0 or Q8_0) as Q8_0
+    blocks (uint8 [rows, blocks * 34]) of exactly the same values: each block keeps its
+    f16 scale d, its quants become int8 (ggml's layouts: element j < 16 in the low nibble
+    of byte j, element j + 16 in its high nibble; Q5_0's fifth bit of element j is bit j
+    of the little-endian uint32 before them)."""
+    if kind == "Q8_0":
+        return blocks
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, _BLOCK32_BYTES[kind])
+    nibbles = b[..., -16:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.int16)  # [.., 32]
+    if kind == "Q4_0":
+        q -= 8
+    else:
+        high = b[..., 2:6].copy().view("<u4")  # [.., 1]
+        q += ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16) * 16 - 16
+    out = np.empty((*b.shape[:2], _BLOCK32_BYTES["Q8_0"]), np.uint8)
+    out[..., :2] = b[..., :2]
+    out[..., 2:] = q.astype(np.int8).view(np.uint8)
+    return out.reshape(rows, -1)
+
+
 def gguf_blocks(checkpoint, shapes: LlamaShapes) -> dict[str, str]:
     """Weight buffers of a single-rank core that keep the checkpoint's GGUF blocks (the
     ``gguf`` weight dtype): buffer name -> ggml block type ("Q4_1"), for every matrix whose
     source tensors are all stored in one block type (a fused buffer's rows are its sources'
-    rows, so their blocks concatenate). Other matrices are stored as float32, and so
-    are stacked expert matrices (`[experts, rows, columns]`: the expert operations have no
-    GGUF block form).
+    rows, so their blocks concatenate), or in Q4_0, Q5_0 and Q8_0 together: those are
+    stored as Q8_0, each value exactly as the checkpoint holds it (``as_q8_0_blocks``), so the
+    fused product still runs over 8-bit activation blocks, as separate products of the
+    sources would (Gemma 3 270M's [q; k; v] of Q5_0 and Q8_0 rows, where llama.cpp runs
+    three products). Other matrices are stored as float32, and so are stacked expert
+    matrices (`[experts, rows, columns]`: the expert operations have no GGUF block form).
     """
     out = {}
     for name, shape in shapes.weight_layout().items():
@@ -110,6 +142,8 @@ def gguf_blocks(checkpoint, shapes: LlamaShapes) -> dict[str, str]:
         kinds = {checkpoint.block_type(src) for src in shapes.checkpoint_tensors(name)}
         if len(kinds) == 1 and None not in kinds:
             out[name] = kinds.pop()
+        elif kinds <= set(_BLOCK32_BYTES):
+            out[name] = "Q8_0"
     return out
 
 
@@ -176,7 +210,11 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
         for rank in range(shapes.ranks) if split else (None,):
             if rank is None and name in blocks:  # GGUF blocks as they are, rows concatenated
                 names = shapes.checkpoint_tensors(name)
-                parts = [checkpoint.blocks(src)[1] for src in names]
+                parts = [checkpoint.blocks(src) for src in names]
+                if blocks[name] == "Q8_0":  # Q4_0 / Q5_0 sources re-encoded exactly
+                    parts = [("Q8_0", as_q8_0_blocks(kind, p)) for kind, p in parts]
+                assert all(kind == blocks[name] for kind, _ in parts), (name, parts)
+                parts = [p for _, p in parts]
                 sources = tuple(Slice(src, 0, 0, int(p.shape[0]))
                                 for src, p in zip(names, parts, strict=True))
                 array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
