@@ -3,14 +3,32 @@
 `ignition export` runs through its library entry point (the CLI is covered by its own
 tests); each core is signed with a key generated for the session. Use these fixtures
 instead of exporting again: an export takes about 10 s on the CI machine.
+
+The suite runs NumPy's OpenBLAS with one thread (OPENBLAS_NUM_THREADS=1 unless already
+set), set here before any test module imports NumPy, and inherited by every process the
+tests start (helios-serve, rank processes, Ray workers). OpenBLAS' threads spin after
+each call: on the 2-core CI machine they take the second core from the tests' servers,
+clients, rank threads and subprocesses, and ranks as threads (RankPeers::Threads) each
+calling a multi-threaded BLAS oversubscribe the cores. Measured on the shared 2-core
+machine (load 8-9, SmolLM2 f32, 3 prompts x 8 greedy tokens): 60 s with OpenBLAS' 2
+threads against 6.4-7.1 s with one; at three ranks 52-67 s against 4.4-7.1 s. At
+load 1-2 (2 threads -> 1): tests/e2e/test_speculative_real.py 165 -> 115 s (its batch
+of 8: 63 -> 24 s), tests/serve/runtime/test_ranks.py 42 -> 31 s, while one request's
+NumPy compute alone runs about 1.5x slower (tests/ignition/parity/
+test_launch_choices.py 30 -> 34 s). OPENBLAS_NUM_THREADS=2 in the environment runs
+the suite the other way. The tests and the servers they start compute with the same
+setting.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads: see above
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"

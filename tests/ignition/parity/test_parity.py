@@ -38,6 +38,30 @@ def bf16(smollm2_core_bf16):
     return _load(smollm2_core_bf16)
 
 
+@pytest.fixture(scope="module")
+def f32_greedy(f32) -> list[tuple[list[int], np.ndarray]]:
+    """Per golden prompt, alone: the f32 core's 32 greedy ids and the float32 logits
+    `[32, vocab]` of the steps that chose them (row i predicts id i). Where the ids equal
+    the goldens' these rows are the teacher-forced f32 logits at every position: the same
+    prefill and decode programs fed the same tokens."""
+    _, model = f32
+    out = []
+    for p in PROMPTS:
+        driver = Driver(model, collect_logits=True)
+        ids = driver.generate([p["prompt_ids"]], max_new_tokens=32)[0]
+        out.append((ids, np.stack([step[0] for step in driver.logits])))
+    return out
+
+
+@pytest.fixture(scope="module")
+def bf16_teacher_forced(bf16) -> list[np.ndarray]:
+    """Per golden prompt: the bf16 core's logits `[32, vocab]` teacher-forced on the
+    goldens' greedy ids (teacher_forcing_ids = prompt + greedy), computed once for the
+    agreement and the cosine tests."""
+    _, model = bf16
+    return [Driver(model).teacher_force(p["prompt_ids"], p["greedy_ids"]) for p in PROMPTS]
+
+
 def test_prompt_ids_from_core_tokenizer_and_template(f32):
     core, _ = f32
     tokenizer = load_tokenizer(core.read_resource("tokenizer.json").decode())
@@ -49,12 +73,10 @@ def test_prompt_ids_from_core_tokenizer_and_template(f32):
 
 
 @pytest.mark.parametrize("index", range(len(PROMPTS)))
-def test_f32_matches_golden_logits_and_greedy_tokens(f32, index):
-    _, model = f32
+def test_f32_matches_golden_logits_and_greedy_tokens(f32_greedy, index):
     p = PROMPTS[index]
-    driver = Driver(model, collect_logits=True)
-    out = driver.generate([p["prompt_ids"]], max_new_tokens=32)[0]
-    last = driver.logits[0][0]
+    out, logits = f32_greedy[index]
+    last = logits[0]
     np.testing.assert_allclose(last[p["last_top5_ids"]], p["last_top5_logits"], atol=1e-3, rtol=0)
     fixed = GOLDENS["fixed_token_ids"]
     np.testing.assert_allclose(last[fixed], p["last_fixed_logits"], atol=1e-3, rtol=0)
@@ -91,36 +113,34 @@ def test_f32_logprobs_are_the_log_softmax_of_the_step_logits_and_match_hf(f32):
         np.testing.assert_allclose(gaps, want, atol=2e-3, rtol=0)
 
 
-def test_bf16_teacher_forced_agreement(bf16):
-    _, model = bf16
+def test_bf16_teacher_forced_agreement(bf16_teacher_forced):
     agree, total = 0, 0
-    for p in PROMPTS:
+    for p, logits in zip(PROMPTS, bf16_teacher_forced, strict=True):
         targets = p["greedy_ids"]  # teacher_forcing_ids = prompt + greedy
-        logits = Driver(model).teacher_force(p["prompt_ids"], targets)
         assert logits.shape == (len(targets), 49152)
         agree += int((logits.argmax(-1) == np.asarray(targets)).sum())
         total += len(targets)
     assert agree / total >= 0.95, f"argmax agreement {agree}/{total}"
 
 
-def test_bf16_logit_cosine_against_f32(f32, bf16):
+def test_bf16_logit_cosine_against_f32(f32_greedy, bf16_teacher_forced):
     # The goldens keep only a few logits per step; the f32 core (which matches them to
-    # 1e-3) stands in for the full f32 logits at every teacher-forced position.
-    _, m32 = f32
-    _, m16 = bf16
-    for p in PROMPTS:
+    # 1e-3) stands in for the full f32 logits at every teacher-forced position: its greedy
+    # run fed exactly the goldens' ids (asserted), so its step logits are the
+    # teacher-forced ones.
+    for p, (ids, a), b in zip(PROMPTS, f32_greedy, bf16_teacher_forced, strict=True):
         targets = p["greedy_ids"]  # teacher_forcing_ids = prompt + greedy
-        a = Driver(m32).teacher_force(p["prompt_ids"], targets)
-        b = Driver(m16).teacher_force(p["prompt_ids"], targets)
+        assert ids == targets
+        assert a.shape == b.shape == (len(targets), 49152)
         cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
         assert cos.min() >= 0.999, f"min cosine {cos.min():.5f} at {int(cos.argmin())}"
 
 
-def test_batch_invariance_f32(f32):
+def test_batch_invariance_f32(f32, f32_greedy):
     _, model = f32
     target = PROMPTS[0]["prompt_ids"]
     others = [p["prompt_ids"] for p in PROMPTS[1:]]
-    alone = Driver(model).generate([target], max_new_tokens=12)[0]
+    alone = f32_greedy[0][0][:12]  # its first 12 greedy ids alone (generation is causal)
     neighbours = [others[i % len(others)][: 5 + 3 * i] for i in range(7)]
     batch = Driver(model).generate(neighbours[:3] + [target] + neighbours[3:], 12)
     assert batch[3] == alone
