@@ -36,6 +36,7 @@ from .experts import moe_align, moe_down, moe_gate_up, moe_route, moe_sum, qk_rm
 from .fp8 import FP8_TRITON
 from .int4 import INT4_TRITON
 from .invariant import linear_rows
+from .kv_fp8 import KV_FP8_TRITON
 from .mma import linear_splitk, split_bf16, splitk_reduce
 from .sampling import sample, sample_biased, score_tokens, token_logprobs
 from .sampling_chunks import (
@@ -82,6 +83,7 @@ TRITON_KERNELS = {
     # FP8 W8A8 products (kernels_triton/fp8.py)
     **FP8_TRITON,
     **INT4_TRITON,  # W4A16 products (kernels_triton/int4.py)
+    **KV_FP8_TRITON,  # e4m3 KV cache forms (kernels_triton/kv_fp8.py)
     "embedding": embedding,
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,
