@@ -23,6 +23,7 @@ from .attention import (
     _split_body,
     _split_tuned_body,
 )
+from .state import row_copy
 
 
 @triton.jit
@@ -120,4 +121,5 @@ KV_FP8_TRITON = {
     "attention_decode_split_fp8kv": attention_decode_split_fp8kv,
     "attention_decode_split_tuned_fp8kv": attention_decode_split_tuned_fp8kv,
     "attention_decode_fused_fp8kv": attention_decode_fused_fp8kv,
+    "row_copy_fp8kv": row_copy,  # the byte rows of e4m3 planes (its body is dtype-free)
 }

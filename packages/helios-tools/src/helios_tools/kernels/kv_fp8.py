@@ -14,7 +14,9 @@ weight of the core): the stored key of kv head ``h`` is ``decode(code) * scale[h
   Only the positions an attention reads are decoded (``E4m3Plane``), never a whole plane.
 
 Each form's parameters are its f32 op's with ``k_scale, v_scale`` (``[KVH]`` f32) right
-after ``v_cache``; ``k_cache``/``v_cache`` are the uint8 codes.
+after ``v_cache``; ``k_cache``/``v_cache`` are the uint8 codes. ``row_copy_fp8kv`` (the
+TRANSFER programs' row copy between an e4m3 plane and its continuation or host-tier
+plane) is ``row_copy`` over uint8 rows: codes move as bytes, the scales stay put.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ KV_FP8_FORMS = {
     "attention_decode_split": "attention_decode_split_fp8kv",
     "attention_decode_split_tuned": "attention_decode_split_tuned_fp8kv",
     "attention_decode_fused": "attention_decode_fused_fp8kv",
+    "row_copy": "row_copy_fp8kv",
 }
 KV_FP8_BASE = {form: op for op, form in KV_FP8_FORMS.items()}
 

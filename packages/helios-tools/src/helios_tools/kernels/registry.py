@@ -616,10 +616,10 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
 
 def _kv_fp8_params(op: str) -> tuple[ParamSpec, ...]:
     """The e4m3-cache form of `op` (kernels/kv_fp8.py): its planes u8 codes, followed by
-    their ``[KVH]`` f32 per-head scales."""
+    their ``[KVH]`` f32 per-head scales (``row_copy``: its rows u8, no scales)."""
     out: list[ParamSpec] = []
     for p in KERNEL_PARAMS[op]:
-        if p.name in ("k_cache", "v_cache"):
+        if p.name in ("k_cache", "v_cache", "src", "dst"):
             out.append(p._replace(dtype="u8"))
             if p.name == "v_cache":
                 out += [_b("k_scale", "f32"), _b("v_scale", "f32")]
@@ -726,6 +726,7 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "attention_decode_split_fp8kv": attention_decode_split_fp8kv,
     "attention_decode_split_tuned_fp8kv": attention_decode_split_tuned_fp8kv,
     "attention_decode_fused_fp8kv": attention_decode_fused_fp8kv,
+    "row_copy_fp8kv": row_copy,  # bytes: any dtype
     "patchify": patchify,
     "position_add": position_add,
     "layernorm": layernorm,
