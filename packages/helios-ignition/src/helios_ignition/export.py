@@ -51,6 +51,7 @@ from .checkpoint import (
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
 from .families import vision
 from .families.registry import FamilyMismatchError, family_shapes
+from .kv_cache import KV_CACHE_DTYPES, apply_kv_fp8, describe_kv_fp8, is_fp8
 from .quantize import QUANTIZE_CHOICES, apply_quantize, packed_path_off, quantized_weights
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
@@ -88,6 +89,8 @@ class ExportSummary:
     seconds: float
     carrier: str = "payload"
     protected_version: int | None = None
+    # The KV cache as stored, in words ("" for the recipe's f32 cache).
+    kv_cache: str = ""
 
     @property
     def format(self) -> str:
@@ -476,6 +479,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                 chunked_sampling: bool | None = None,
                 tensor_parallel: int = 1,
                 quantize: str | None = None,
+                kv_cache_dtype: str | None = None,
                 progress: Callable[[str, int, int, str], None] | None = None
                 ) -> ExportSummary:
     """Export a recipe and checkpoint to a signed core at `out` (atomic).
@@ -507,6 +511,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
             per-row scales, served W8A8; "int4": as packed 4-bit codes with group-128
             scales and zero points, served W4A16 (helios_ignition.quantize); None: as the
             weight dtype says.
+        kv_cache_dtype: "fp8" / "fp8_e4m3": store the KV cache planes as e4m3 codes with
+            per-(layer, kv head) scales (helios_ignition.kv_cache); "auto" or None: f32.
         progress: called as progress(step, done, total, unit) for the steps "kernels
             compiled" (kernel variants), "weights read" (weight tensors) and "bytes
             written" (decoded bytes stored in the core; unit "bytes"), as
@@ -541,6 +547,9 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         recipe = replace(recipe, chunked_sampling=chunked_sampling)
     validate_recipe(recipe)
     _check_quantize(quantize, recipe, tensor_parallel)
+    if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ExportUsageError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                               f"not {kv_cache_dtype!r}")
     try:
         shapes = family_shapes(recipe.family, ckpt.geometry)
     except FamilyMismatchError as exc:
@@ -593,6 +602,13 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if quantize:
         apply_quantize(manifest, sorted(chosen, key=[b.name for b in manifest.buffers].index),
                        quantize)
+    kv_scales = {}
+    if is_fp8(kv_cache_dtype):
+        try:
+            kv_scales = apply_kv_fp8(manifest)
+        except ValueError as exc:
+            raise ExportError(f"--kv-cache-dtype {kv_cache_dtype}: recipe {recipe.name}: "
+                              f"{exc}") from None
     fp8 = chosen if quantize == "fp8" else frozenset()
     int4 = chosen if quantize == "int4" else frozenset()
     blobs: dict[str, bytes] = {}
@@ -631,6 +647,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
             written(weight.array.nbytes)
             stored.append(replace(weight, array=weight.array[:0]))  # the catalog's facts
         manifest.weight_catalogs.extend(weight_catalogs(stored, shapes.ranks))
+        for name, array in kv_scales.items():  # the e4m3 KV cache's per-head scales
+            writer.add_resource(weight_resource_id(name), core_pb2.RESOURCE_KIND_WEIGHTS,
+                                memoryview(array).cast("B"))
+            written(array.nbytes)
         if drafter is not None:
             for name, array in iter_drafter_buffers(drafter, ckpt, shapes, recipe.weight_dtype):
                 writer.add_resource(weight_resource_id(name), core_pb2.RESOURCE_KIND_WEIGHTS,
@@ -646,4 +666,5 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                          resources=weight_count + 2, decoded_bytes=decoded,
                          core_bytes=out.stat().st_size,
                          seconds=time.perf_counter() - started, carrier=carried.name,
-                         protected_version=carried.protected_version)
+                         protected_version=carried.protected_version,
+                         kv_cache=describe_kv_fp8(kv_scales) if kv_scales else "")

@@ -1,0 +1,173 @@
+"""``ignition export --kv-cache-dtype fp8``: the KV cache stored as e4m3 codes.
+
+After capture, every cache plane whose every reader and writer is an op with an e4m3
+form (``helios_tools.kernels.kv_fp8.KV_FP8_FORMS``: the cache writes, every attention
+over the paged cache, the TRANSFER programs' ``row_copy``) is declared
+``STORAGE_TYPE_FP8_E4M3`` storage (Buffer.storage on the cache plane: one block per head
+row, one f32 scale per kv head in the weight ``<plane>.scale``, ``[KVH]``), with its
+continuation and host-tier planes (``capture.buffers.tier_plane``) stored the same way
+(they move rows as bytes), and each launch becomes its op's e4m3 form with the planes'
+scales after them. A plane one of whose readers has no form (the drafter's feature
+plane) keeps f32, and so do its tier planes.
+
+Scales: a checkpoint's own KV scales are not read yet (see docs/kv-cache.md); every
+scale is ``DEFAULT_KV_SCALE`` (1.0, what vLLM uses for an uncalibrated fp8 cache). e4m3
+is a float format, so the scale only places the range: with 1.0 values up to 448 are
+kept with 3 mantissa bits (the same relative error whatever their size) and values
+below 2**-6 lose precision as subnormals.
+
+Names follow vLLM's ``--kv-cache-dtype`` (``auto`` keeps the recipe's f32 cache;
+``fp8`` and ``fp8_e4m3`` are the same e4m3 cache).
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+from helios_contract.schema import manifest_pb2 as mpb
+from helios_tools.kernels import kernel_params
+from helios_tools.kernels.kv_fp8 import KV_FP8_FORMS
+
+from .capture.buffers import CONTINUATION, HOST, tier_plane, weight_resource_id
+from .capture.launch import launch_config
+
+SCALE_SUFFIX = ".scale"
+_KINDS = {"buffer": mpb.PARAM_KIND_BUFFER, "i32": mpb.PARAM_KIND_I32, "f32": mpb.PARAM_KIND_F32}
+
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+DEFAULT_KV_SCALE = 1.0
+# Parameters through which an op with an e4m3 form reads or writes a plane.
+_PLANE_PARAMS = {"k_cache", "v_cache", "src", "dst"}
+
+
+def is_fp8(kv_cache_dtype: str | None) -> bool:
+    """Whether `kv_cache_dtype` (one of ``KV_CACHE_DTYPES`` or None) asks for e4m3."""
+    return kv_cache_dtype in ("fp8", "fp8_e4m3")
+
+
+def describe_kv_fp8(scales: dict[str, np.ndarray]) -> str:
+    """One line for the export's report: the planes stored as e4m3 and where their
+    scales came from."""
+    heads = sum(int(v.size) for v in scales.values())
+    return (f"KV cache fp8 e4m3: {len(scales)} planes, {heads} per-head scales of "
+            f"{DEFAULT_KV_SCALE:g} (the uncalibrated default, as vLLM's; checkpoint KV "
+            "scales are not read)")
+
+
+def _programs(manifest: mpb.ExecutionManifest):
+    return [*manifest.graphs, *manifest.tuning.producers]
+
+
+def fp8_planes(manifest: mpb.ExecutionManifest) -> list[str]:
+    """Cache planes that take e4m3 storage, in manifest order: every launch naming the
+    plane (or any of its continuation / host-tier planes) passes it as a plane parameter
+    of an op with an e4m3 form."""
+    ops = {k.id: k.reference_op for k in manifest.kernels}
+    planes = {b.name for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE}
+    ok: dict[str, bool] = {}
+    for program in _programs(manifest):
+        for launch in program.launches:
+            op = ops[launch.kernel]
+            for spec, arg in zip(kernel_params(op), launch.args, strict=True):
+                name = arg.buffer.buffer if arg.WhichOneof("value") == "buffer" else None
+                if name in planes:
+                    ok[name] = ok.get(name, True) and op in KV_FP8_FORMS \
+                        and spec.name in _PLANE_PARAMS
+    tiers = {p: [t for tier in (CONTINUATION, HOST) if (t := tier_plane(p, tier)) in planes]
+             for p in planes}
+    paired = {t for ts in tiers.values() for t in ts}
+    return [b.name for b in manifest.buffers if b.name in planes and b.name not in paired
+            and ok.get(b.name, False) and all(ok.get(t, True) for t in tiers[b.name])]
+
+
+def apply_kv_fp8(manifest: mpb.ExecutionManifest) -> dict[str, np.ndarray]:
+    """Store the planes of ``fp8_planes`` (and their tier planes) as e4m3 codes and
+    rewrite every launch over them into its e4m3 form (in place; unused kernel variants
+    dropped).
+
+    Returns:
+        The scale weights declared: name -> ``[KVH]`` f32 values (``DEFAULT_KV_SCALE``),
+        to be written as the core's weight resources.
+
+    Raises:
+        ValueError: the programs read no cache plane through ops with e4m3 forms.
+    """
+    chosen = fp8_planes(manifest)
+    if not chosen:
+        raise ValueError("the programs read no KV cache plane through ops with e4m3 forms")
+    decls = {b.name: b for b in manifest.buffers}
+    scales: dict[str, np.ndarray] = {}
+    stored: dict[str, str] = {}  # plane (tier planes too) -> its scales buffer
+    for plane in chosen:
+        decl = decls[plane]
+        kvh, hd = int(decl.shape[-2]), int(decl.shape[-1])
+        name = plane + SCALE_SUFFIX
+        manifest.buffers.add(name=name, dtype=mpb.D_TYPE_F32, shape=[kvh],
+                             role=mpb.BUFFER_ROLE_WEIGHT,
+                             weight_resource_id=weight_resource_id(name))
+        scales[name] = np.full(kvh, DEFAULT_KV_SCALE, np.float32)
+        storage = mpb.TensorStorage(type=mpb.STORAGE_TYPE_FP8_E4M3, block_elements=hd,
+                                    block_bytes=hd,
+                                    scales=mpb.SideBuffer(buffer=name, dtype=mpb.D_TYPE_F32))
+        for member in [plane, *(tier_plane(plane, t) for t in (CONTINUATION, HOST))]:
+            if member in decls:
+                decls[member].storage.CopyFrom(storage)
+                stored[member] = name
+    dtypes = {b.name: ("u8" if b.name in stored else "f32") for b in manifest.buffers}
+    kernels = {k.id: k for k in manifest.kernels}
+    for program in _programs(manifest):
+        for launch in program.launches:
+            op = kernels[launch.kernel].reference_op
+            names = [a.buffer.buffer if a.WhichOneof("value") == "buffer" else None
+                     for a in launch.args]
+            if op not in KV_FP8_FORMS or not any(n in stored for n in names):
+                continue
+            params = [p.name for p in kernel_params(op)]
+            args = list(launch.args)
+            if "v_cache" in params:  # the planes' own scales right after them
+                at = params.index("v_cache") + 1
+                for i, plane in enumerate((names[params.index("k_cache")], names[at - 1])):
+                    side = stored[plane]
+                    args.insert(at + i, mpb.Argument(buffer=mpb.BufferView(
+                        buffer=side, shape=[int(scales[side].shape[0])])))
+            _relaunch(launch, KV_FP8_FORMS[op], args, kernels, dtypes)
+    used = {launch.kernel for p in _programs(manifest) for launch in p.launches}
+    keep = [k for k in kernels.values() if k.id in used]
+    del manifest.kernels[:]
+    manifest.kernels.extend(keep)
+    return scales
+
+
+class _ViewInfo:
+    """What ``launch_config`` reads of a view: its shape and its buffer's dtype name."""
+
+    def __init__(self, shape, dtype: str):
+        self.shape = tuple(int(s) for s in shape)
+        self.buffer = types.SimpleNamespace(dtype=dtype)
+
+
+def _relaunch(launch: mpb.Launch, op: str, args: list[mpb.Argument],
+              kernels: dict[str, mpb.Kernel], dtypes: dict[str, str]) -> None:
+    """Make `launch` a launch of `op` over `args` (its kernel variant added to `kernels`
+    where new; geometry from ``launch_config``, the f32 op's for an e4m3 form)."""
+    views = [_ViewInfo(a.buffer.shape, dtypes.get(a.buffer.buffer, "f32")) for a in args
+             if a.WhichOneof("value") == "buffer"]
+    scalars = [a.int_value if a.WhichOneof("value") == "int_value" else a.float_value
+               for a in args if a.WhichOneof("value") != "buffer"]
+    config = launch_config(op, scalars, views)
+    suffix = "_".join(f"{k}{v}" for k, v in sorted(config.constants.items()))
+    kernel_id = f"{op}__{suffix}" if suffix else op
+    if kernel_id not in kernels:
+        kernel = mpb.Kernel(id=kernel_id, reference_op=op)
+        for spec in kernel_params(op):
+            kernel.params.add(name=spec.name, kind=_KINDS[spec.kind])
+        for key, value in config.constants.items():
+            kernel.constants[key] = value
+        kernels[kernel_id] = kernel
+    launch.kernel = kernel_id
+    del launch.grid[:], launch.block[:], launch.args[:]
+    launch.grid.extend(config.grid)
+    launch.block.extend(config.block)
+    launch.shared_bytes = config.shared_bytes
+    launch.args.extend(args)
