@@ -1,11 +1,12 @@
-"""FP8 W8A8 and INT4 W4A16 accuracy of SmolLM2-135M-Instruct against its bf16 core (issue
-31, "Accuracy, measured").
+"""FP8 W8A8, INT4 W4A16 and FP8 KV cache accuracy of SmolLM2-135M-Instruct against its
+bf16 core (issue 31, "Accuracy, measured").
 
 Exports cores of the same checkpoint (the embedded GGUF; its blocks dequantized at
 export): bf16 weights, ``--quantize fp8`` (the products' matrices as e4m3 codes with
 per-output-channel scales, activations quantized per token when served) and ``--quantize
 int4`` (packed 4-bit codes, group 128 or 64 along K with scales and zero points, f32
-activations). Then, on the chosen backend, for each quantized format against bf16:
+activations) and ``--kv-cache-dtype fp8`` (bf16 weights, the KV cache as e4m3 codes with
+per-head scales: row "fp8kv"). Then, on the chosen backend, for each quantized format against bf16:
 
 - perplexity of each core on a fixed committed text (bench/prompts/fp8_accuracy_text.txt,
   teacher-forced: every position's logits predict the next token), and the mean per-token
@@ -53,18 +54,23 @@ FORMATS = {"fp8": "e4m3 per-channel weights, per-token dynamic e4m3 activations 
                   "embedding and LM head bf16",
            "int4": "4-bit codes, asymmetric groups (128 along K, 64 where 128 does not "
                    "divide K) with f32 scales and zero points, f32 activations (W4A16); "
-                   "embedding and LM head bf16"}
+                   "embedding and LM head bf16",
+           "fp8kv": "bf16 weights, KV cache as e4m3 codes with one f32 scale per layer and "
+                    "kv head (1.0: the uncalibrated default; --kv-cache-dtype fp8)"}
+# Export options of each format (--quantize, --kv-cache-dtype).
+EXPORT = {"bf16": {}, "fp8": {"quantize": "fp8"}, "int4": {"quantize": "int4"},
+          "fp8kv": {"kv_cache_dtype": "fp8"}}
 NAMESPACE = "bench"
 _KEYS: dict[Path, tuple[Path, Path]] = {}  # folder -> (private, public) key files
 
 
-def _export(folder: Path, quantize: str | None, targets: tuple[str, ...]) -> Path:
+def _export(folder: Path, name: str, targets: tuple[str, ...]) -> Path:
     if folder not in _KEYS:
         _KEYS[folder] = write_key_pair(generate_key(), folder / "publisher.key")
     private = _KEYS[folder][0]
-    out = folder / f"smollm2-{quantize or 'bf16'}.core"
+    out = folder / f"smollm2-{name}.core"
     export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
-                weight_dtype="bf16", quantize=quantize, targets=targets)
+                weight_dtype="bf16", targets=targets, **EXPORT[name])
     return out
 
 
@@ -98,7 +104,7 @@ def main() -> int:
     parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--target", default="sm_90", help="with --backend cuda")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--formats", default="fp8,int4",
+    parser.add_argument("--formats", default="fp8,int4,fp8kv",
                         help="comma-separated quantized formats to compare with bf16")
     args = parser.parse_args()
     formats = args.formats.split(",")
@@ -108,7 +114,7 @@ def main() -> int:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        cores = {"bf16": _export(folder, None, targets),
+        cores = {"bf16": _export(folder, "bf16", targets),
                  **{f: _export(folder, f, targets) for f in formats}}
         tok = load_tokenizer(open_core(cores["bf16"], [load_public_key(_public(folder))])
                              .read_resource("tokenizer.json").decode())
