@@ -150,19 +150,3 @@ attention_decode_split_tuned_fp8kv = _reader(attention_decode_split_tuned,
                                              "attention_decode_split_tuned_fp8kv")
 attention_decode_fused_fp8kv = _reader(attention_decode_fused, "attention_decode_fused_fp8kv")
 
-
-def calibrate_kv_scales(amax: NDArray[np.floating], margin: float = 1.25
-                        ) -> NDArray[np.float32]:
-    """Per-head scales from observed per-head absolute maxima: ``amax * margin / 448``
-    (the margin leaves room for values the calibration did not see before saturation);
-    a head never seen non-zero gets 1.0.
-
-    Args:
-        amax: ``[..., KVH]`` non-negative maxima.
-        margin: headroom factor >= 1.
-
-    Returns:
-        f32 scales, the shape of `amax`.
-    """
-    a = np.asarray(amax, np.float64) * margin / 448.0
-    return np.where(a > 0, a, 1.0).astype(np.float32)
