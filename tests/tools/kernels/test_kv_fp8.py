@@ -56,7 +56,7 @@ def test_kv_write_fp8kv_writes_quantized_rows_and_skips_padding():
     fk, fv = np.zeros((*kc.shape,), np.float32), np.zeros((*vc.shape,), np.float32)
     K.kv_write(qkv, pos, trow, slot, pages, fk, fv, T, R, MP, PT, H, KVH, HD)
     touched = np.zeros(kc.shape[:2], bool)
-    for t, (r, p) in enumerate(zip(trow, pos, strict=True)):
+    for r, p in zip(trow, pos, strict=True):
         if r >= 0 and slot[r] >= 0:
             touched[pages[slot[r], p // PT], p % PT] = True
     assert touched.sum() == 3  # token 2 is padding, token 3's row has no slot

@@ -1,0 +1,74 @@
+"""``ignition export --kv-cache-dtype fp8``: the tiny checkpoint's KV cache planes (and
+their tier planes) stored as e4m3 codes with per-head scales, the report line naming
+where the scales came from, a lint-clean core for both backends; vLLM's names for the
+option, and a refused value in one usage line (exit 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helios_contract.schema import manifest_pb2 as mpb
+from helios_tools.core import load_public_key, open_core
+from helios_tools.lint import lint_capabilities
+
+from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, assert_lint_clean, run_export
+
+
+@pytest.mark.parametrize("name", ["fp8", "fp8_e4m3"])
+def test_export_stores_the_kv_cache_as_e4m3(tmp_path, make_checkpoint, signing_key_pair,
+                                            name):
+    private, public = signing_key_pair
+    out = tmp_path / "kv8.core"
+    result = run_export(LLAMA_RECIPE, "--checkpoint", make_checkpoint(), "--key", private,
+                        "--namespace", NAMESPACE, "--out", out, "--kv-cache-dtype", name)
+    assert result.exit_code == 0, result.output
+    planes = [line for line in result.stdout.splitlines() if line.startswith("KV cache")]
+    core = open_core(out, [load_public_key(public)])
+    stored = [b for b in core.manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE]
+    assert stored and all(b.storage.type == mpb.STORAGE_TYPE_FP8_E4M3 for b in stored)
+    scales = {b.name: b for b in core.manifest.buffers if b.name.endswith("_cache.scale")}
+    layers = len({b.name.split(".")[0] for b in stored})
+    assert len(scales) == 2 * layers
+    kvh = int(stored[0].shape[-2])
+    for b in scales.values():
+        assert list(b.shape) == [kvh]
+        values = np.frombuffer(core.read_resource(b.weight_resource_id), np.float32)
+        assert values.tolist() == [1.0] * kvh
+    assert planes == [f"KV cache fp8 e4m3: {2 * layers} planes, {2 * layers * kvh} per-head "
+                      "scales of 1 (the uncalibrated default, as vLLM's; checkpoint KV "
+                      "scales are not read)"]
+    assert_lint_clean(core)
+    assert lint_capabilities(core.contract, core.manifest, ["cpu", "cuda"]) == []
+
+
+def test_auto_keeps_the_f32_cache(tmp_path, make_checkpoint, signing_key_pair):
+    private, public = signing_key_pair
+    out = tmp_path / "auto.core"
+    result = run_export(LLAMA_RECIPE, "--checkpoint", make_checkpoint(), "--key", private,
+                        "--namespace", NAMESPACE, "--out", out, "--kv-cache-dtype", "auto")
+    assert result.exit_code == 0, result.output
+    assert "KV cache" not in result.stdout
+    core = open_core(out, [load_public_key(public)])
+    assert not any(b.HasField("storage") for b in core.manifest.buffers)
+
+
+def test_an_unknown_kv_cache_dtype_is_a_usage_error(tmp_path, signing_key_pair):
+    private, _ = signing_key_pair
+    out = tmp_path / "x.core"
+    result = run_export(LLAMA_RECIPE, "--checkpoint", "smollm2", "--key", private,
+                        "--namespace", NAMESPACE, "--out", out, "--kv-cache-dtype", "fp8_e5m2")
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert "'fp8_e5m2' is not one of 'auto', 'fp8', 'fp8_e4m3'" in result.stderr
+    assert not out.exists()
+
+
+def test_export_core_refuses_an_unknown_kv_cache_dtype(tmp_path, signing_key_pair):
+    """The API's own check (the CLI's choice list aside), before anything is read."""
+    from helios_ignition.export import ExportUsageError, export_core
+
+    private, _ = signing_key_pair
+    with pytest.raises(ExportUsageError, match=r"--kv-cache-dtype must be one of auto, fp8, "
+                                               r"fp8_e4m3, not 'int8'"):
+        export_core(LLAMA_RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
+                    out=tmp_path / "x.core", kv_cache_dtype="int8")
+    assert not (tmp_path / "x.core").exists()
