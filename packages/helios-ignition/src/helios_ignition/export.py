@@ -528,6 +528,9 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if not namespace:
         raise ExportError("--namespace must be non-empty")
     carried = Carrier.choose(carrier, protected_version, resource_key_path)
+    if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ExportUsageError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                               f"not {kv_cache_dtype!r}")
     try:
         key = load_private_key(key_path)
     except FileNotFoundError:
@@ -547,9 +550,6 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         recipe = replace(recipe, chunked_sampling=chunked_sampling)
     validate_recipe(recipe)
     _check_quantize(quantize, recipe, tensor_parallel)
-    if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ExportUsageError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                               f"not {kv_cache_dtype!r}")
     try:
         shapes = family_shapes(recipe.family, ckpt.geometry)
     except FamilyMismatchError as exc:
