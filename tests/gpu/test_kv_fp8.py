@@ -10,6 +10,10 @@ compared byte for byte (the division is IEEE on both sides, the rounding
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helios_tools import kernels as K
@@ -19,6 +23,8 @@ from helios_tools.kernels.kv_fp8 import quantize_kv
 pytestmark = pytest.mark.gpu
 
 E4M3_NAN = 0x7F
+ROOT = Path(__file__).resolve().parents[2]
+GOLDENS = json.loads((ROOT / "tests/golden/smollm2_goldens.json").read_text())
 
 
 def rel(a, b) -> float:
@@ -194,3 +200,47 @@ def test_attention_prefill_and_window_fp8kv(gpu, rng, H, KVH, HD, W):
         got = gpu.run("attention_decode_window_fp8kv", qkv, pos, slot, pages, kn, vn, ks, vs,
                       np.zeros_like(dref), B, MP, PT, H, KVH, HD, W, scale)
         assert rel(got["out"], dref) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def models(gpu, tmp_path_factory):
+    from helios_ignition.export import export_core
+    from helios_serve.runtime.cache_sizing import CacheSizing
+    from helios_serve.testing.native import load_native
+    from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
+
+    d = tmp_path_factory.mktemp("kvfp8")
+    key = d / "key.pem"
+    write_key_pair(generate_key(), key)
+    out = d / "smollm2-kvfp8.core"
+    export_core(ROOT / "recipes/smollm2_135m_instruct.py",
+                checkpoint=os.environ.get("HELIOS_SMOLLM2_GGUF", "smollm2"), key_path=key,
+                namespace="gpu.test", out=out, weight_dtype="bf16", kv_cache_dtype="fp8",
+                targets=(gpu.target,))
+    core = open_core(out, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
+    cuda = load_native(core, "cuda", cache=CacheSizing(num_pages=1024))
+    cpu = load_native(core, "cpu")
+    yield cuda, cpu
+    cuda.close()
+
+
+def test_kv_fp8_core_greedy_and_logits_match_cpu_backend(models):
+    """The same e4m3 cache on both backends: greedy ids equal over 16 steps on the golden
+    prompts, teacher-forced logits within 0.1 (a key a rounding apart before the cache
+    write may land one e4m3 code apart)."""
+    from gpu_steps import Steps
+
+    cuda, cpu = models
+    prompts = [p["prompt_ids"] for p in GOLDENS["prompts"]]
+    got = Steps(cuda).generate(prompts, 16)
+    want = Steps(cpu).generate(prompts, 16)
+    for g, w, p in zip(got, want, GOLDENS["prompts"], strict=True):
+        assert g == w, p["name"]
+    for p in GOLDENS["prompts"]:
+        a = Steps(cuda, lambda n: cuda.backend.read_buffer("scratch.logits")[:n]
+                  ).teacher_force(p["prompt_ids"], p["greedy_ids"])
+        b = Steps(cpu, lambda n: cpu.backend.buffers["scratch.logits"][:n].copy()
+                  ).teacher_force(p["prompt_ids"], p["greedy_ids"])
+        err = float(np.abs(a - b).max())
+        print(p["name"], "kv fp8 max |logit diff| cuda vs cpu", err)
+        assert err < 0.1
