@@ -129,3 +129,21 @@ def test_a_backend_without_e4m3_planes_fails_startup_and_lint_by_one_rule(monkey
         load_native(fp8, "cpu")
     assert info.value.rule == "runtime.storage"
     assert str(info.value) == f"unsupported contract: {finding}"
+
+
+def test_speculative_generation_over_an_e4m3_cache_equals_greedy_decode():
+    """The drafter's K/V planes are e4m3 too (its feature plane stays f32); verification
+    rows read the e4m3 cache through the same split attention as decode, so speculative
+    greedy generation on the e4m3 core equals its plain greedy decode token for token."""
+    core = tiny_core(seed=1, speculative_widths=(1, 3), draft_copy=1.0)
+    scales = apply_kv_fp8(core.manifest)
+    core.weights.update({weight_resource_id(n): v for n, v in scales.items()})
+    stored = {b.name for b in core.manifest.buffers if b.HasField("storage")}
+    assert {"D.k_cache", "D.v_cache"} <= stored and "D.f_cache" not in stored
+    model = load_native(core, "cpu")
+    try:
+        spec, _ = Driver(model).generate_speculative([PROMPT[:6]], 12, 3)
+        plain = Driver(model).generate([PROMPT[:6]], 12)
+    finally:
+        model.close()
+    assert spec == plain
