@@ -21,8 +21,6 @@ plane) is ``row_copy`` over uint8 rows: codes move as bytes, the scales stay put
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 from numpy.typing import NDArray
 
@@ -121,32 +119,57 @@ def rope_kv_write_fp8kv(qkv, positions, inv_freq, token_row, slot, page_table, k
                    v_scale, T, R, MP, PT, H, KVH, HD)
 
 
-def _reader(op: Callable[..., None], name: str) -> Callable[..., None]:
-    """The e4m3 form of attention `op`: its arguments with the planes read through
-    ``E4m3Plane`` (``k_cache`` is argument 4 of the decode-style ops, 5 of the prefill
-    ones; ``k_scale, v_scale`` follow ``v_cache``)."""
-    at = 4 if "decode" in name else 5  # k_cache's position
-
-    def form(*args):
-        args = list(args)
-        k, v, ks, vs = args[at:at + 4]
-        op(*args[:at], E4m3Plane(k, ks), E4m3Plane(v, vs), *args[at + 4:])
-
-    form.__name__ = name
-    form.__doc__ = (f"``{op.__name__}`` over e4m3 planes: ``k_cache``/``v_cache`` are "
-                    "``[P, PT, KVH, HD]`` uint8 codes, followed by ``k_scale``/``v_scale`` "
-                    f"(``[KVH]`` f32); ``K[j] = decode(k_cache[j]) * k_scale[h]`` (V alike) "
-                    f"in ``{op.__name__}``'s reference loop. Other arguments and errors: "
-                    f"``{op.__name__}``'s.")
-    return form
+# The readers: each f32 reference over E4m3Plane views of the codes (``K[j] =
+# decode(k_cache[j]) * k_scale[h]``, V alike, in that op's reference loop). Arguments and
+# errors are the f32 op's, with ``k_cache``/``v_cache`` ``[P, PT, KVH, HD]`` uint8 codes and
+# ``k_scale``/``v_scale`` ``[KVH]`` f32 after them.
 
 
-attention_prefill_fp8kv = _reader(attention_prefill, "attention_prefill_fp8kv")
-attention_prefill_window_fp8kv = _reader(attention_prefill_window,
-                                         "attention_prefill_window_fp8kv")
-attention_decode_window_fp8kv = _reader(attention_decode_window, "attention_decode_window_fp8kv")
-attention_decode_split_fp8kv = _reader(attention_decode_split, "attention_decode_split_fp8kv")
-attention_decode_split_tuned_fp8kv = _reader(attention_decode_split_tuned,
-                                             "attention_decode_split_tuned_fp8kv")
-attention_decode_fused_fp8kv = _reader(attention_decode_fused, "attention_decode_fused_fp8kv")
+def attention_prefill_fp8kv(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
+                            k_scale, v_scale, out, T, R, MP, PT, H, KVH, HD, scale) -> None:
+    """``attention_prefill`` over e4m3 planes."""
+    attention_prefill(qkv, positions, token_row, slot, page_table, E4m3Plane(k_cache, k_scale),
+                      E4m3Plane(v_cache, v_scale), out, T, R, MP, PT, H, KVH, HD, scale)
 
+
+def attention_prefill_window_fp8kv(qkv, positions, token_row, slot, page_table, k_cache,
+                                   v_cache, k_scale, v_scale, out, T, R, MP, PT, H, KVH, HD,
+                                   W, scale) -> None:
+    """``attention_prefill_window`` over e4m3 planes."""
+    attention_prefill_window(qkv, positions, token_row, slot, page_table,
+                             E4m3Plane(k_cache, k_scale), E4m3Plane(v_cache, v_scale), out, T,
+                             R, MP, PT, H, KVH, HD, W, scale)
+
+
+def attention_decode_window_fp8kv(qkv, positions, slot, page_table, k_cache, v_cache, k_scale,
+                                  v_scale, out, B, MP, PT, H, KVH, HD, W, scale) -> None:
+    """``attention_decode_window`` over e4m3 planes."""
+    attention_decode_window(qkv, positions, slot, page_table, E4m3Plane(k_cache, k_scale),
+                            E4m3Plane(v_cache, v_scale), out, B, MP, PT, H, KVH, HD, W, scale)
+
+
+def attention_decode_split_fp8kv(qkv, positions, slot, page_table, k_cache, v_cache, k_scale,
+                                 v_scale, part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT,
+                                 scale) -> None:
+    """``attention_decode_split`` over e4m3 planes."""
+    attention_decode_split(qkv, positions, slot, page_table, E4m3Plane(k_cache, k_scale),
+                           E4m3Plane(v_cache, v_scale), part_ml, part_o, B, MP, PT, H, KVH, HD,
+                           NS, SPLIT, scale)
+
+
+def attention_decode_split_tuned_fp8kv(qkv, positions, slot, page_table, k_cache, v_cache,
+                                       k_scale, v_scale, part_ml, part_o, choice, B, MP, PT, H,
+                                       KVH, HD, NS, SPLIT, scale) -> None:
+    """``attention_decode_split_tuned`` over e4m3 planes."""
+    attention_decode_split_tuned(qkv, positions, slot, page_table, E4m3Plane(k_cache, k_scale),
+                                 E4m3Plane(v_cache, v_scale), part_ml, part_o, choice, B, MP,
+                                 PT, H, KVH, HD, NS, SPLIT, scale)
+
+
+def attention_decode_fused_fp8kv(qkv, positions, slot, page_table, k_cache, v_cache, k_scale,
+                                 v_scale, part_ml, part_o, arrivals, out, B, MP, PT, H, KVH, HD,
+                                 NS, SPLIT, scale) -> None:
+    """``attention_decode_fused`` over e4m3 planes."""
+    attention_decode_fused(qkv, positions, slot, page_table, E4m3Plane(k_cache, k_scale),
+                           E4m3Plane(v_cache, v_scale), part_ml, part_o, arrivals, out, B, MP,
+                           PT, H, KVH, HD, NS, SPLIT, scale)
