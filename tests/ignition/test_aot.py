@@ -577,7 +577,8 @@ def test_kv_fp8_forms_compile_for_sm90():
                             ("attention_prefill_fp8kv", [64, 2, 64, 16, H, KVH, HD, 0.1]),
                             ("attention_prefill_window_fp8kv",
                              [64, 2, 64, 16, H, KVH, HD, 512, 0.1]),
-                            ("attention_decode_window_fp8kv", [8, 64, 16, H, KVH, HD, 512, 0.1])]:
+                            ("attention_decode_window_fp8kv", [8, 64, 16, H, KVH, HD, 512, 0.1]),
+                            ("row_copy_fp8kv", [64, 16 * KVH * HD])]:
             variants.append((op, launch_config(op, scalars).constants))
     assert {op for op, _ in variants} == set(KV_FP8_FORMS.values())
     kernels = [variant_kernel(f"kv8_{i}", op, c) for i, (op, c) in enumerate(variants)]
