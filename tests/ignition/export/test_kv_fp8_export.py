@@ -1,6 +1,7 @@
 """``ignition export --kv-cache-dtype fp8``: the tiny checkpoint's KV cache planes (and
-their tier planes) stored as e4m3 codes with per-head scales, the report line naming
-where the scales came from, a lint-clean core for both backends; vLLM's names for the
+their tier planes) stored as e4m3 codes with per-head scales calibrated at export, the
+report line naming where the scales came from (the default 1.0 where calibration does
+not run: quantized weights), a lint-clean core for both backends; vLLM's names for the
 option, and a refused value in one usage line (exit 2)."""
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ def test_export_stores_the_kv_cache_as_e4m3(tmp_path, make_checkpoint, signing_k
     for b in scales.values():
         assert list(b.shape) == [kvh]
         values = np.frombuffer(core.read_resource(b.weight_resource_id), np.float32)
-        assert values.tolist() == [1.0] * kvh
-    assert planes == [f"KV cache fp8 e4m3: {2 * layers} planes, {2 * layers * kvh} per-head "
-                      "scales of 1 (the uncalibrated default, as vLLM's; checkpoint KV "
-                      "scales are not read)"]
+        assert (values > 0).all() and (values != 1.0).all()  # calibrated, not the default
+    assert len(planes) == 1 and planes[0].startswith(
+        f"KV cache fp8 e4m3: {2 * layers} planes, {2 * layers * kvh} per-head scales, "
+        "calibrated at export on a fixed calibration prompt through the captured prefill "
+        "(NumPy), amax x 1.25 / 448: ")
+    assert planes[0].endswith("; checkpoint KV scales are not read")
     assert_lint_clean(core)
     assert lint_capabilities(core.contract, core.manifest, ["cpu", "cuda"]) == []
 
@@ -72,3 +75,24 @@ def test_export_core_refuses_an_unknown_kv_cache_dtype(tmp_path, signing_key_pai
         export_core(LLAMA_RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
                     out=tmp_path / "x.core", kv_cache_dtype="int8")
     assert not (tmp_path / "x.core").exists()
+
+
+def test_quantized_weights_keep_the_default_scales(tmp_path, make_checkpoint,
+                                                   signing_key_pair):
+    """Calibration runs the f32 prefill over plain float weights only: with --quantize the
+    scales are the default 1.0, and the report says why."""
+    private, public = signing_key_pair
+    out = tmp_path / "q.core"
+    result = run_export(LLAMA_RECIPE, "--checkpoint", make_checkpoint(), "--key", private,
+                        "--namespace", NAMESPACE, "--out", out, "--kv-cache-dtype", "fp8",
+                        "--quantize", "fp8")
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("KV cache")]
+    assert line.endswith("per-head scales, 1, the uncalibrated default as vLLM's (quantized "
+                         "weights); checkpoint KV scales are not read")
+    core = open_core(out, [load_public_key(public)])
+    for b in core.manifest.buffers:
+        if b.name.endswith("_cache.scale"):
+            values = np.frombuffer(core.read_resource(b.weight_resource_id), np.float32)
+            assert values.tolist() == [1.0] * int(b.shape[0])
+    assert_lint_clean(core)

@@ -147,3 +147,27 @@ def test_speculative_generation_over_an_e4m3_cache_equals_greedy_decode():
     finally:
         model.close()
     assert spec == plain
+
+
+def test_calibrated_scales_are_the_prefills_per_head_amax():
+    """``calibrate_kv_scales`` runs the captured prefill with the NumPy references: its
+    scales are exactly ``amax x 1.25 / 448`` per head of the planes the cpu backend holds
+    after prefilling the same tokens on the f32 core."""
+    from helios_ignition.kv_cache import calibrate_kv_scales, fp8_planes
+
+    plain = tiny_core(seed=3)
+    weights = {b.name: plain.weights[b.weight_resource_id] for b in plain.manifest.buffers
+               if b.role == mpb.BUFFER_ROLE_WEIGHT}
+    planes = fp8_planes(plain.manifest)
+    scales = calibrate_kv_scales(plain.manifest, list(plain.contract.model.graphs), weights,
+                                 PROMPT, planes)
+    model = load_native(plain, "cpu")
+    try:
+        Driver(model).generate([PROMPT], 1)
+        for plane in planes:
+            x = np.abs(model.backend.read_buffer(plane))
+            amax = x.reshape(-1, 2, 8).max(axis=(0, 2)).astype(np.float64)
+            np.testing.assert_array_equal(scales[plane + ".scale"],
+                                          (amax * 1.25 / 448).astype(np.float32))
+    finally:
+        model.close()

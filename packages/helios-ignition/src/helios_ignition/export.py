@@ -51,7 +51,16 @@ from .checkpoint import (
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
 from .families import vision
 from .families.registry import FamilyMismatchError, family_shapes
-from .kv_cache import KV_CACHE_DTYPES, apply_kv_fp8, describe_kv_fp8, is_fp8
+from .kv_cache import (
+    CALIBRATION_MAX_BYTES,
+    CALIBRATION_TEXT,
+    KV_CACHE_DTYPES,
+    apply_kv_fp8,
+    calibrate_kv_scales,
+    describe_kv_fp8,
+    fp8_planes,
+    is_fp8,
+)
 from .quantize import QUANTIZE_CHOICES, apply_quantize, packed_path_off, quantized_weights
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
@@ -447,6 +456,22 @@ def _gguf_blocks(recipe: Recipe, ckpt, shapes, tensor_parallel: int) -> dict[str
     return blocks
 
 
+def _kv_calibration_refusal(manifest, blocks: dict[str, str], quantize: str | None,
+                            tensor_parallel: int, drafter) -> str:
+    """Why the e4m3 cache's scales are not calibrated at export ("" when they are): the
+    calibration runs the f32 prefill of one rank over plain float weights of at most
+    ``CALIBRATION_MAX_BYTES``."""
+    if blocks or quantize:
+        return "quantized weights"
+    if tensor_parallel > 1:
+        return "tensor-parallel ranks"
+    if drafter is not None:
+        return "a drafter"
+    if _weight_nbytes(manifest) > CALIBRATION_MAX_BYTES:
+        return f"weights above {CALIBRATION_MAX_BYTES >> 30} GiB"
+    return ""
+
+
 def _check_quantize(quantize: str | None, recipe: Recipe, tensor_parallel: int) -> None:
     """Refuse a ``--quantize`` the export cannot honour.
 
@@ -602,10 +627,20 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if quantize:
         apply_quantize(manifest, sorted(chosen, key=[b.name for b in manifest.buffers].index),
                        quantize)
-    kv_scales = {}
+    kv_scales, uncalibrated = {}, ""
     if is_fp8(kv_cache_dtype):
+        calibrated = None
+        uncalibrated = _kv_calibration_refusal(manifest, blocks, quantize, tensor_parallel,
+                                               drafter)
+        if not uncalibrated:
+            weights = {w.buffer: w.array for w in iter_stored_weights(
+                ckpt, shapes, recipe.weight_dtype, blocks)}
+            tokens = load_tokenizer(ckpt.tokenizer_json).encode(
+                CALIBRATION_TEXT, add_special_tokens=False).ids
+            calibrated = calibrate_kv_scales(manifest, graphs, weights, tokens,
+                                             fp8_planes(manifest))
         try:
-            kv_scales = apply_kv_fp8(manifest)
+            kv_scales = apply_kv_fp8(manifest, calibrated)
         except ValueError as exc:
             raise ExportError(f"--kv-cache-dtype {kv_cache_dtype}: recipe {recipe.name}: "
                               f"{exc}") from None
@@ -667,4 +702,5 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                          core_bytes=out.stat().st_size,
                          seconds=time.perf_counter() - started, carrier=carried.name,
                          protected_version=carried.protected_version,
-                         kv_cache=describe_kv_fp8(kv_scales) if kv_scales else "")
+                         kv_cache=describe_kv_fp8(kv_scales, uncalibrated) if kv_scales
+                         else "")

@@ -25,11 +25,20 @@ from __future__ import annotations
 import types
 
 import numpy as np
+from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
-from helios_tools.kernels import kernel_params
+from helios_tools.kernels import kernel_params, reference_op
+from helios_tools.kernels.fp8 import E4M3_MAX
 from helios_tools.kernels.kv_fp8 import KV_FP8_FORMS
 
-from .capture.buffers import CONTINUATION, HOST, tier_plane, weight_resource_id
+from .capture.buffers import (
+    CONTINUATION,
+    HOST,
+    INPUT_NAMES,
+    PAGE_TABLE,
+    tier_plane,
+    weight_resource_id,
+)
 from .capture.launch import launch_config
 
 SCALE_SUFFIX = ".scale"
@@ -46,13 +55,18 @@ def is_fp8(kv_cache_dtype: str | None) -> bool:
     return kv_cache_dtype in ("fp8", "fp8_e4m3")
 
 
-def describe_kv_fp8(scales: dict[str, np.ndarray]) -> str:
+def describe_kv_fp8(scales: dict[str, np.ndarray], calibrated: str) -> str:
     """One line for the export's report: the planes stored as e4m3 and where their
-    scales came from."""
+    scales came from (`calibrated`: why not calibrated, "" when they were)."""
     heads = sum(int(v.size) for v in scales.values())
-    return (f"KV cache fp8 e4m3: {len(scales)} planes, {heads} per-head scales of "
-            f"{DEFAULT_KV_SCALE:g} (the uncalibrated default, as vLLM's; checkpoint KV "
-            "scales are not read)")
+    values = np.concatenate(list(scales.values()))
+    if not calibrated:
+        how = (f"calibrated at export on a {CALIBRATION_NAME}, amax x {MARGIN:g} / 448: "
+               f"{values.min():.3g}..{values.max():.3g}")
+    else:
+        how = (f"{DEFAULT_KV_SCALE:g}, the uncalibrated default as vLLM's ({calibrated})")
+    return (f"KV cache fp8 e4m3: {len(scales)} planes, {heads} per-head scales, {how}; "
+            "checkpoint KV scales are not read")
 
 
 def _programs(manifest: mpb.ExecutionManifest):
@@ -81,14 +95,19 @@ def fp8_planes(manifest: mpb.ExecutionManifest) -> list[str]:
             and ok.get(b.name, False) and all(ok.get(t, True) for t in tiers[b.name])]
 
 
-def apply_kv_fp8(manifest: mpb.ExecutionManifest) -> dict[str, np.ndarray]:
+def apply_kv_fp8(manifest: mpb.ExecutionManifest,
+                 calibrated: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Store the planes of ``fp8_planes`` (and their tier planes) as e4m3 codes and
     rewrite every launch over them into its e4m3 form (in place; unused kernel variants
     dropped).
 
+    Args:
+        calibrated: ``calibrate_kv_scales``' scales by scale name; None (or a plane it
+            lacks): ``DEFAULT_KV_SCALE``.
+
     Returns:
-        The scale weights declared: name -> ``[KVH]`` f32 values (``DEFAULT_KV_SCALE``),
-        to be written as the core's weight resources.
+        The scale weights declared: name -> ``[KVH]`` f32 values, to be written as the
+        core's weight resources.
 
     Raises:
         ValueError: the programs read no cache plane through ops with e4m3 forms.
@@ -106,7 +125,8 @@ def apply_kv_fp8(manifest: mpb.ExecutionManifest) -> dict[str, np.ndarray]:
         manifest.buffers.add(name=name, dtype=mpb.D_TYPE_F32, shape=[kvh],
                              role=mpb.BUFFER_ROLE_WEIGHT,
                              weight_resource_id=weight_resource_id(name))
-        scales[name] = np.full(kvh, DEFAULT_KV_SCALE, np.float32)
+        scales[name] = (calibrated[name] if calibrated and name in calibrated
+                        else np.full(kvh, DEFAULT_KV_SCALE, np.float32))
         storage = mpb.TensorStorage(type=mpb.STORAGE_TYPE_FP8_E4M3, block_elements=hd,
                                     block_bytes=hd,
                                     scales=mpb.SideBuffer(buffer=name, dtype=mpb.D_TYPE_F32))
@@ -171,3 +191,96 @@ def _relaunch(launch: mpb.Launch, op: str, args: list[mpb.Argument],
     launch.block.extend(config.block)
     launch.shared_bytes = config.shared_bytes
     launch.args.extend(args)
+
+
+# Calibration: the prompt the export runs through the captured prefill program with the
+# NumPy references (f32), for cores whose weights are plain floats of at most
+# CALIBRATION_MAX_BYTES; each plane's scale per kv head is amax x MARGIN / 448 (the margin
+# leaves room past what the prompt showed before values saturate).
+CALIBRATION_TEXT = (
+    "The history of the printing press begins in the fifteenth century. Johannes "
+    "Gutenberg combined movable metal type, oil-based ink and a wooden press. def "
+    "fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
+    "Water boils at 100 degrees Celsius at sea level; 3 x 7 = 21. Bonjour, comment "
+    "allez-vous aujourd'hui? The quick brown fox jumps over the lazy dog.")
+CALIBRATION_NAME = "fixed calibration prompt through the captured prefill (NumPy)"
+CALIBRATION_MAX_BYTES = 2 << 30
+MARGIN = 1.25
+_NUMPY = {mpb.D_TYPE_F32: np.float32, mpb.D_TYPE_BF16: np.float32, mpb.D_TYPE_I32: np.int32,
+          mpb.D_TYPE_U32: np.uint32}
+_ITEMSIZE = {mpb.D_TYPE_F32: 4, mpb.D_TYPE_BF16: 2, mpb.D_TYPE_I32: 4, mpb.D_TYPE_U32: 4}
+
+
+def calibrate_kv_scales(manifest: mpb.ExecutionManifest, graphs: list[cpb.GraphContract],
+                        weights: dict[str, np.ndarray], tokens: list[int],
+                        planes: list[str]) -> dict[str, np.ndarray]:
+    """Per-head scales of `planes` from one prefill of `tokens` through the captured
+    program (before ``apply_kv_fp8``: f32 planes), run with the NumPy references up to its
+    last cache write.
+
+    Args:
+        manifest: the captured manifest (f32 planes, no storage on them).
+        graphs: its graph contracts (the PREFILL program with the most tokens runs).
+        weights: every weight buffer's values by buffer name (f32, or bf16 bit patterns
+            as uint16).
+        tokens: the prompt ids (at most the program's token capacity are used).
+        planes: the planes to calibrate (``fp8_planes``).
+
+    Returns:
+        ``<plane>.scale`` -> ``[KVH]`` f32: ``max |x| x MARGIN / 448`` over the written
+        positions of each head (``DEFAULT_KV_SCALE`` for a head the prompt left all zero).
+
+    Raises:
+        ValueError: no PREFILL program, or one that writes none of `planes`.
+    """
+    prefill = [g for g in graphs if g.operation == cpb.OPERATION_PREFILL]
+    if not prefill:
+        raise ValueError("no PREFILL program to calibrate with")
+    graph = max(prefill, key=lambda g: g.token_capacity)
+    program = next(p for p in manifest.graphs if p.name == graph.name)
+    decls = {b.name: b for b in manifest.buffers}
+    buffers = {}
+    for b in manifest.buffers:
+        if b.role == mpb.BUFFER_ROLE_WEIGHT:
+            w = weights[b.name]
+            buffers[b.name] = ((w.astype(np.uint32) << 16).view(np.float32) if w.dtype == np.uint16
+                               else w.astype(np.float32)).reshape([int(x) for x in b.shape])
+        else:
+            buffers[b.name] = np.zeros([int(x) for x in b.shape], _NUMPY[b.dtype])
+    T = min(len(tokens), int(graph.token_capacity))
+    pages = buffers[PAGE_TABLE]
+    pages[0] = np.arange(pages.shape[1]) % int(decls[planes[0]].shape[0])
+    for key, value in (("tokens", tokens[:T]), ("positions", range(T)), ("token_row", [0] * T)):
+        buffers[INPUT_NAMES[key]][:T] = value
+    buffers[INPUT_NAMES["token_row"]][T:] = -1
+    buffers[INPUT_NAMES["slot"]][:] = -1
+    buffers[INPUT_NAMES["slot"]][0] = 0
+    buffers[INPUT_NAMES["query_length"]][0] = T
+    kernels = {k.id: k.reference_op for k in manifest.kernels}
+    wanted = set(planes)
+    writes = [i for i, launch in enumerate(program.launches)
+              if any(a.buffer.buffer in wanted for a, p in zip(launch.args, kernel_params(
+                  kernels[launch.kernel]), strict=True) if p.direction != "in")]
+    if not writes:
+        raise ValueError(f"program {graph.name} writes none of the planes")
+    for launch in program.launches[:writes[-1] + 1]:
+        args = []
+        for a in launch.args:
+            kind = a.WhichOneof("value")
+            if kind == "buffer":
+                whole = buffers[a.buffer.buffer]
+                shape = [int(x) for x in a.buffer.shape]
+                start = a.buffer.byte_offset // _ITEMSIZE[decls[a.buffer.buffer].dtype]
+                args.append(whole if start == 0 and whole.size == np.prod(shape)
+                            else whole.reshape(-1)[start:start + int(np.prod(shape))]
+                            .reshape(shape))
+            else:
+                args.append(a.int_value if kind == "int_value" else a.float_value)
+        reference_op(kernels[launch.kernel])(*args)
+    scales = {}
+    for plane in planes:
+        x = np.abs(buffers[plane])  # [pages, page tokens, kv heads, head dim]
+        amax = x.reshape(-1, x.shape[-2], x.shape[-1]).max(axis=(0, 2)).astype(np.float64)
+        scales[plane + SCALE_SUFFIX] = np.where(amax > 0, amax * MARGIN / E4M3_MAX,
+                                                DEFAULT_KV_SCALE).astype(np.float32)
+    return scales
