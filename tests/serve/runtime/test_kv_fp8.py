@@ -149,13 +149,26 @@ def test_speculative_generation_over_an_e4m3_cache_equals_greedy_decode():
     assert spec == plain
 
 
-def test_calibrated_scales_are_the_prefills_per_head_amax():
+def _gemma3_tiny():
+    from helios_ignition.families.gemma3 import Gemma3Shapes
+
+    shapes = Gemma3Shapes(vocab=96, hidden=32, ffn=48, layers=4, heads=4, kv_heads=2,
+                          head_dim=8, rope_theta=1e6, rope_local_theta=1e4, rms_eps=1e-6,
+                          tied=True, windows=(16, 16, 0, 16), query_scale=8 ** -0.5)
+    caps = Capacities(decode_batch=(1, 2, 4), prefill_tokens=(8, 16), prefill_rows=4,
+                      context_tokens=128, page_tokens=4, prepared_pages=64)
+    return tiny_core(seed=4, shapes=shapes, caps=caps)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_calibrated_scales_are_the_prefills_per_head_amax(family):
     """``calibrate_kv_scales`` runs the captured prefill with the NumPy references: its
     scales are exactly ``amax x 1.25 / 448`` per head of the planes the cpu backend holds
-    after prefilling the same tokens on the f32 core."""
+    after prefilling the same tokens on the f32 core (gemma3: the sliding-window region's
+    planes through their own page table too)."""
     from helios_ignition.kv_cache import calibrate_kv_scales, fp8_planes
 
-    plain = tiny_core(seed=3)
+    plain = tiny_core(seed=3) if family == "llama" else _gemma3_tiny()
     weights = {b.name: plain.weights[b.weight_resource_id] for b in plain.manifest.buffers
                if b.role == mpb.BUFFER_ROLE_WEIGHT}
     planes = fp8_planes(plain.manifest)

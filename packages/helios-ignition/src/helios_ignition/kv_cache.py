@@ -36,6 +36,7 @@ from .capture.buffers import (
     HOST,
     INPUT_NAMES,
     PAGE_TABLE,
+    WINDOW_PAGE_TABLE,
     tier_plane,
     weight_resource_id,
 )
@@ -248,8 +249,10 @@ def calibrate_kv_scales(manifest: mpb.ExecutionManifest, graphs: list[cpb.GraphC
         else:
             buffers[b.name] = np.zeros([int(x) for x in b.shape], _NUMPY[b.dtype])
     T = min(len(tokens), int(graph.token_capacity))
-    pages = buffers[PAGE_TABLE]
-    pages[0] = np.arange(pages.shape[1]) % int(decls[planes[0]].shape[0])
+    pool = min(int(decls[p].shape[0]) for p in planes)  # the smallest plane's pages
+    for table in (PAGE_TABLE, WINDOW_PAGE_TABLE):  # request row 0: pages 0, 1, 2, ...
+        if table in buffers:
+            buffers[table][0] = np.arange(buffers[table].shape[1]) % pool
     for key, value in (("tokens", tokens[:T]), ("positions", range(T)), ("token_row", [0] * T)):
         buffers[INPUT_NAMES[key]][:T] = value
     buffers[INPUT_NAMES["token_row"]][T:] = -1
