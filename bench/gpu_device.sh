@@ -72,8 +72,9 @@ case $stage in
     if [ "$stage" = fp8-tune ] || [ "$stage" = fp8-bench ]; then
       python3 bench/gpu_fp8.py --json "$OUTD/fp8_8b.json" 2>&1 | tee "$OUTD/fp8_8b.log" | tail -12
     fi ;;
-  kvfp8)  # issue 31 item 4 (no GGUF needed): every e4m3 KV cache form against its NumPy
-    # reference, then decode attention f32 vs e4m3 cache at the 8B geometry, 1k-8k, B 1/64
+  kvfp8)  # issue 31 item 4 (the SmolLM2 GGUF for the model test only): every e4m3 KV cache
+    # form against its NumPy reference, the SmolLM2 fp8-KV core cuda vs cpu, then decode
+    # attention f32 vs e4m3 cache at the 8B geometry, 1k-8k positions, B 1/64
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kv_fp8.py 2>&1 | tee "$OUTD/kvfp8_kernels.log" | tail -5
     python3 bench/gpu_kv_fp8.py --json "$OUTD/kvfp8_8b.json" 2>&1 | tee "$OUTD/kvfp8_8b.log" ;;
   int4)  # issue 31 (the SmolLM2 GGUF for the model test): every W4A16 form against its NumPy
