@@ -10,11 +10,13 @@ continuation and host-tier planes (``capture.buffers.tier_plane``) stored the sa
 scales after them. A plane one of whose readers has no form (the drafter's feature
 plane) keeps f32, and so do its tier planes.
 
-Scales: a checkpoint's own KV scales are not read yet (see docs/kv-cache.md); every
-scale is ``DEFAULT_KV_SCALE`` (1.0, what vLLM uses for an uncalibrated fp8 cache). e4m3
-is a float format, so the scale only places the range: with 1.0 values up to 448 are
-kept with 3 mantissa bits (the same relative error whatever their size) and values
-below 2**-6 lose precision as subnormals.
+Scales (docs/kv-cache.md): a checkpoint's own KV scales are not read yet; for plain
+float weights of a small model the export calibrates them (``calibrate_kv_scales``: per
+kv head, amax x ``MARGIN`` / 448 over a fixed prompt's prefill); otherwise every scale
+is ``DEFAULT_KV_SCALE`` (1.0, what vLLM uses for an uncalibrated fp8 cache). e4m3 is a
+float format, so the scale only places the range: with 1.0 values up to 448 are kept
+with 3 mantissa bits (the same relative error whatever their size) and values below
+2**-6 lose precision as subnormals.
 
 Names follow vLLM's ``--kv-cache-dtype`` (``auto`` keeps the recipe's f32 cache;
 ``fp8`` and ``fp8_e4m3`` are the same e4m3 cache).
