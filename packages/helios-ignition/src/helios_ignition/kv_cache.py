@@ -58,16 +58,16 @@ def is_fp8(kv_cache_dtype: str | None) -> bool:
     return kv_cache_dtype in ("fp8", "fp8_e4m3")
 
 
-def describe_kv_fp8(scales: dict[str, np.ndarray], calibrated: str) -> str:
+def describe_kv_fp8(scales: dict[str, np.ndarray], not_calibrated: str) -> str:
     """One line for the export's report: the planes stored as e4m3 and where their
-    scales came from (`calibrated`: why not calibrated, "" when they were)."""
+    scales came from (`not_calibrated`: why calibration did not run, "" when it did)."""
     heads = sum(int(v.size) for v in scales.values())
     values = np.concatenate(list(scales.values()))
-    if not calibrated:
+    if not not_calibrated:
         how = (f"calibrated at export on a {CALIBRATION_NAME}, amax x {MARGIN:g} / 448: "
                f"{values.min():.3g}..{values.max():.3g}")
     else:
-        how = (f"{DEFAULT_KV_SCALE:g}, the uncalibrated default as vLLM's ({calibrated})")
+        how = f"{DEFAULT_KV_SCALE:g}, the uncalibrated default as vLLM's ({not_calibrated})"
     return (f"KV cache fp8 e4m3: {len(scales)} planes, {heads} per-head scales, {how}; "
             "checkpoint KV scales are not read")
 
