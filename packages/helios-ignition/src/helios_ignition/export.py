@@ -57,6 +57,7 @@ from .kv_cache import (
     KV_CACHE_DTYPES,
     apply_kv_fp8,
     calibrate_kv_scales,
+    checkpoint_kv_scales,
     describe_kv_fp8,
     fp8_planes,
     is_fp8,
@@ -627,18 +628,20 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if quantize:
         apply_quantize(manifest, sorted(chosen, key=[b.name for b in manifest.buffers].index),
                        quantize)
-    kv_scales, uncalibrated = {}, ""
+    kv_scales, uncalibrated, own_scales = {}, "", False
     if is_fp8(kv_cache_dtype):
-        calibrated = None
-        uncalibrated = _kv_calibration_refusal(manifest, blocks, quantize, tensor_parallel,
-                                               drafter)
-        if not uncalibrated:
+        planes = fp8_planes(manifest)
+        heads = {b.name: int(b.shape[-2]) for b in manifest.buffers if b.name in planes}
+        calibrated = checkpoint_kv_scales(ckpt.source, planes, heads)
+        own_scales = calibrated is not None
+        uncalibrated = "" if own_scales else _kv_calibration_refusal(
+            manifest, blocks, quantize, tensor_parallel, drafter)
+        if not own_scales and not uncalibrated:
             weights = {w.buffer: w.array for w in iter_stored_weights(
                 ckpt, shapes, recipe.weight_dtype, blocks)}
             tokens = load_tokenizer(ckpt.tokenizer_json).encode(
                 CALIBRATION_TEXT, add_special_tokens=False).ids
-            calibrated = calibrate_kv_scales(manifest, graphs, weights, tokens,
-                                             fp8_planes(manifest))
+            calibrated = calibrate_kv_scales(manifest, graphs, weights, tokens, planes)
         try:
             kv_scales = apply_kv_fp8(manifest, calibrated)
         except ValueError as exc:
@@ -702,5 +705,5 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                          core_bytes=out.stat().st_size,
                          seconds=time.perf_counter() - started, carrier=carried.name,
                          protected_version=carried.protected_version,
-                         kv_cache=describe_kv_fp8(kv_scales, uncalibrated) if kv_scales
-                         else "")
+                         kv_cache=describe_kv_fp8(kv_scales, uncalibrated, own_scales)
+                         if kv_scales else "")

@@ -10,8 +10,9 @@ continuation and host-tier planes (``capture.buffers.tier_plane``) stored the sa
 scales after them. A plane one of whose readers has no form (the drafter's feature
 plane) keeps f32, and so do its tier planes.
 
-Scales (docs/kv-cache.md): a checkpoint's own KV scales are not read yet; for plain
-float weights of a small model the export calibrates them (``calibrate_kv_scales``: per
+Scales (docs/kv-cache.md): a checkpoint's own per-layer KV scales where it carries them
+(``checkpoint_kv_scales``); else, for plain float weights of a small model, the export
+calibrates them (``calibrate_kv_scales``: per
 kv head, amax x ``MARGIN`` / 448 over a fixed prompt's prefill); otherwise every scale
 is ``DEFAULT_KV_SCALE`` (1.0, what vLLM uses for an uncalibrated fp8 cache). e4m3 is a
 float format, so the scale only places the range: with 1.0 values up to 448 are kept
@@ -24,7 +25,9 @@ Names follow vLLM's ``--kv-cache-dtype`` (``auto`` keeps the recipe's f32 cache;
 
 from __future__ import annotations
 
+import re
 import types
+from pathlib import Path
 
 import numpy as np
 from helios_contract.schema import contract_pb2 as cpb
@@ -32,6 +35,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import kernel_params, reference_op
 from helios_tools.kernels.fp8 import E4M3_MAX
 from helios_tools.kernels.kv_fp8 import KV_FP8_FORMS
+from safetensors import safe_open
 
 from .capture.buffers import (
     CONTINUATION,
@@ -43,6 +47,7 @@ from .capture.buffers import (
     weight_resource_id,
 )
 from .capture.launch import launch_config
+from .checkpoint.errors import UnsupportedTensorError
 
 SCALE_SUFFIX = ".scale"
 _KINDS = {"buffer": mpb.PARAM_KIND_BUFFER, "i32": mpb.PARAM_KIND_I32, "f32": mpb.PARAM_KIND_F32}
@@ -58,18 +63,23 @@ def is_fp8(kv_cache_dtype: str | None) -> bool:
     return kv_cache_dtype in ("fp8", "fp8_e4m3")
 
 
-def describe_kv_fp8(scales: dict[str, np.ndarray], not_calibrated: str) -> str:
+def describe_kv_fp8(scales: dict[str, np.ndarray], not_calibrated: str,
+                    from_checkpoint: bool = False) -> str:
     """One line for the export's report: the planes stored as e4m3 and where their
-    scales came from (`not_calibrated`: why calibration did not run, "" when it did)."""
+    scales came from (`from_checkpoint`: the checkpoint's own; else `not_calibrated`: why
+    calibration did not run, "" when it did)."""
     heads = sum(int(v.size) for v in scales.values())
     values = np.concatenate(list(scales.values()))
+    if from_checkpoint:
+        return (f"KV cache fp8 e4m3: {len(scales)} planes, {heads} per-head scales, the "
+                f"checkpoint's own per-layer KV scales: {values.min():.3g}..{values.max():.3g}")
     if not not_calibrated:
         how = (f"calibrated at export on a {CALIBRATION_NAME}, amax x {MARGIN:g} / 448: "
                f"{values.min():.3g}..{values.max():.3g}")
     else:
         how = f"{DEFAULT_KV_SCALE:g}, the uncalibrated default as vLLM's ({not_calibrated})"
     return (f"KV cache fp8 e4m3: {len(scales)} planes, {heads} per-head scales, {how}; "
-            "checkpoint KV scales are not read")
+            "the checkpoint carries no KV scales")
 
 
 def _programs(manifest: mpb.ExecutionManifest):
@@ -289,3 +299,45 @@ def calibrate_kv_scales(manifest: mpb.ExecutionManifest, graphs: list[cpb.GraphC
         scales[plane + SCALE_SUFFIX] = np.where(amax > 0, amax * MARGIN / E4M3_MAX,
                                                 DEFAULT_KV_SCALE).astype(np.float32)
     return scales
+
+
+# Per-layer KV scales of FP8 checkpoints (compressed-tensors' kv_cache_scheme and the
+# older `k_proj.k_scale` layout): one f32 per layer and plane, what the cache was
+# quantized with (`x / k_scale`, as ``quantize_kv``).
+_CHECKPOINT_SCALE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(?:[kv]_proj\.)?([kv])_scale$")
+
+
+def checkpoint_kv_scales(source: str, planes: list[str], kv_heads: dict[str, int]
+                         ) -> dict[str, np.ndarray] | None:
+    """The checkpoint's own KV scales for `planes` (``L{i}.k_cache`` / ``L{i}.v_cache``),
+    each broadcast to its ``kv_heads[plane]`` heads; None when `source` is no safetensors
+    folder or carries none.
+
+    Raises:
+        UnsupportedTensorError: the checkpoint carries KV scales, but not for every plane,
+            or one is not a single positive finite value.
+    """
+    folder = Path(source)
+    if not folder.is_dir():
+        return None
+    found: dict[str, float] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(shard), framework="numpy") as f:
+            for name in f.keys():
+                m = _CHECKPOINT_SCALE.match(name)
+                if m is None:
+                    continue
+                value = np.asarray(f.get_tensor(name), np.float32).reshape(-1)
+                if value.size != 1 or not np.isfinite(value[0]) or value[0] <= 0:
+                    raise UnsupportedTensorError(
+                        f"{name}: a KV scale is one positive finite value per layer, not "
+                        f"{value.tolist()[:4]}")
+                found[f"L{m.group(1)}.{m.group(2)}_cache"] = float(value[0])
+    if not found:
+        return None
+    missing = [p for p in planes if p not in found]
+    if missing:
+        raise UnsupportedTensorError(
+            f"{folder}: the checkpoint carries KV scales but none for {missing[0]} "
+            f"({len(missing)} of {len(planes)} planes)")
+    return {p + SCALE_SUFFIX: np.full(kv_heads[p], found[p], np.float32) for p in planes}
