@@ -164,7 +164,7 @@ def main() -> None:
         drv.call("c", cu.cuMemcpyDtoH(host.ctypes.data, ptr, host.nbytes))
         return host
 
-    def launch_pair(fs, fm, geo, d, kptr, vptr, spp=1):
+    def launch_pair(fs, fm, geo, d, kptr, vptr, z):
         (fn_s, ck_s, cnt_s), (fn_m, ck_m, cnt_m) = fs, fm
         B, H, KVH, HD, NS, SPLIT, scale = geo
         a1 = drv.KernelArgs(
@@ -173,7 +173,7 @@ def main() -> None:
              ("i32", B), ("i32", MP), ("i32", PT), ("i32", H), ("i32", KVH),
              ("i32", HD), ("i32", NS), ("i32", SPLIT), ("f32", scale)]
             + [("ptr", 0)] * (cnt_s - 17))
-        drv.call("k", cu.cuLaunchKernel(fn_s, B, KVH, -(-NS // spp), 32 * ck_s.num_warps,
+        drv.call("k", cu.cuLaunchKernel(fn_s, B, KVH, z, 32 * ck_s.num_warps,
                                         1, 1, ck_s.shared_bytes, stream, a1.address, 0))
         a2 = drv.KernelArgs(
             [("ptr", d["ml"]), ("ptr", d["po"]), ("ptr", d["slot"]), ("ptr", d["out"]),
@@ -282,12 +282,14 @@ def main() -> None:
                     fs, fm = (fn_s, ck_s, cnt_s), (fn_m, ck_m, cnt_m)
                     geo = (B, H, KVH, HD, NS, SPLIT, scale)
 
-                    spp = s_c.get("SPP", 1)
+                    # (the launch rule's grid: LIVE programs a (row, kv head), else
+                    # a program per SPP splits)
+                    z = s_c.get("LIVE") or -(-NS // s_c.get("SPP", 1))
 
-                    def one(d, kptr, vptr, fs=fs, fm=fm, geo=geo, fused=kM is None, spp=spp):
+                    def one(d, kptr, vptr, fs=fs, fm=fm, geo=geo, fused=kM is None, z=z):
                         if fused:
                             return launch_fused(fs, geo, d, kptr, vptr)
-                        return launch_pair(fs, fm, geo, d, kptr, vptr, spp)
+                        return launch_pair(fs, fm, geo, d, kptr, vptr, z)
                     outs = []
                     for _ in range(2):
                         for name, n in (("ml", B * H * NS * 2), ("po", B * H * NS * HD),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|attn-live|quant-speed|quant-tests|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -82,6 +82,34 @@ case $stage in
     # decode b1/8/64, bf16 vs W4A16, one process
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_int4.py 2>&1 | tee "$OUTD/int4_kernels.log" | tail -5
     python3 bench/gpu_int4.py --json "$OUTD/int4_8b.json" 2>&1 | tee "$OUTD/int4_8b.log" ;;
+  gguf|gguf-tests|gguf-model|gguf-bench)  # issue 31 item 2(b) (the SmolLM2 GGUF parked for
+    # the model test): gguf-tests: every INT4_MIN / INT8 form and embedding_int8 against its
+    # NumPy reference at M 1/8/64/256 (4 workers: each variant compiles); gguf-model: the
+    # SmolLM2 gguf core (repacked for the card's target) cuda vs cpu; gguf-bench:
+    # Llama-3.1-8B-geometry decode b1/8/64, bf16 vs repacked Q4_1 (INT4_MIN) and Q8_0
+    # (INT8), one process; gguf: all three
+    if [ "$stage" = gguf ] || [ "$stage" = gguf-tests ]; then
+      python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu/test_repacked.py -k "not core" 2>&1 | tee "$OUTD/gguf_kernels.log" | tail -8
+    fi
+    if [ "$stage" = gguf ] || [ "$stage" = gguf-model ]; then
+      python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_repacked.py -k core 2>&1 | tee "$OUTD/gguf_model.log" | tail -12
+    fi
+    if [ "$stage" = gguf ] || [ "$stage" = gguf-bench ]; then
+      python3 bench/gpu_gguf.py --json "$OUTD/gguf_8b.json" 2>&1 | tee "$OUTD/gguf_8b.log" | tail -12
+    fi ;;
+  quant-speed|quant-tests)  # issue 31 item 6 (no GGUF): quant-speed times 8B-geometry
+    # decode b1/8/64/256, bf16 vs FP8 (the H100 sweep's picks; 2-16 rows on the few-row
+    # GEMV; the old rule as format fp8:table; the GEMV's first codes loaded before its
+    # prologue pass as fp8:early) and bf16 vs W4A16 (the v2 forms, and
+    # the v1 row GEMV below 32 rows as int4:v1rows), each script one process. quant-tests:
+    # the new kernel forms and the knobs' older ones against their references.
+    if [ "$stage" = quant-speed ]; then
+      HELIOS_FP8_TILES=${FP8_TILES:-bench/results/h100_2026-12-06h/fp8_sweep_dc8d9d8.json} \
+        python3 bench/gpu_fp8.py --variant table FP8_FEW=table --variant early FP8_EARLY=1 --json "$OUTD/fp8_8b.json" 2>&1 | tee "$OUTD/fp8_8b.log" | tail -18
+      python3 bench/gpu_int4.py --variant v1rows INT4_ROWS=v1 --json "$OUTD/int4_8b.json" 2>&1 | tee "$OUTD/int4_8b.log" | tail -14
+    else
+      python3 -m pytest -q -n 4 -p no:cacheprovider tests/gpu/test_int4.py tests/gpu/test_fp8.py -k "product or knob" 2>&1 | tee "$OUTD/quant_tests.log" | tail -15
+    fi ;;
   fp8-acc)  # issue 31 (the SmolLM2 GGUF parked): FP8 vs bf16 accuracy on the cuda backend
     python3 bench/fp8_accuracy.py --backend cuda --out "$OUTD/fp8_accuracy_cuda.json" 2>&1 | tail -40 | tee "$OUTD/fp8_accuracy.log" ;;
   bench8b)
@@ -96,6 +124,10 @@ case $stage in
     python3 bench/gpu_linear_sweep.py --prefill --json "$OUTD/prefill_sweep.json" 2>&1 | tee "$OUTD/prefill_sweep.log" ;;
   attn)
     python3 bench/gpu_attention_sweep.py --json "$OUTD/attn_sweep.json" --budget-s 150 2>&1 | tee "$OUTD/attn_sweep.log" ;;
+  attn-live)  # issue 27, decode attention at many rows (no GGUF needed, ~4-6 min): rule
+    # v3's live-split layout against the old grid, then its GPU tests (at most 200 s)
+    python3 bench/gpu_attention_live.py --json "$OUTD/attn_live.json" --budget-s 240 2>&1 | tee "$OUTD/attn_live.log"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py -k "live or long" 2>&1 | tee "$OUTD/attn_live_tests.log" | tail -5 ;;
   attn2)  # issue 17, decode attention at long contexts (no GGUF needed, ~80 s): split +
     # merge variants and context partitions vs today's rule at an 8,192-position capacity,
     # SmolLM2 and 8B geometry, B 1/8/64, 130-4096 positions, each verified first

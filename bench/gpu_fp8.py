@@ -4,6 +4,7 @@ quantized per token inside the products), seeded random weights, one process, on
 
     python bench/gpu_fp8.py --json OUT.json                 # batches 1 8 64 256
     python bench/gpu_fp8.py --batches 1 8 --steps 20 --json OUT.json
+    python bench/gpu_fp8.py --variant table FP8_FEW=table --json OUT.json  # + the old rule
 
 Each format's core is built in memory (capture, AOT compile for the device's target,
 weights), loaded on the cuda backend, timed with gpu_common.decode_bench (greedy, median
@@ -15,6 +16,8 @@ the baseline a bf16 export serves with. Roofline: the weight bytes one decode st
 over the measured device copy bandwidth. Writes JSON with the commit and the card, and
 which FP8 tiles the capture used: ``HELIOS_FP8_TILES`` (a bench/gpu_fp8_sweep.py JSON:
 its picks) or the committed ``launch._FP8_TILES`` table with ``fp8_default`` elsewhere.
+``--variant NAME ATTR=VALUE ...`` (repeatable) adds the quantized core captured with
+those ``capture.launch`` knobs set (an A/B of launch rules in the same process and lease).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from _report import git_commit, write_json  # bench/ is this script's folder
 from gpu_common import MemoryCore, build_core, copy_bandwidth, decode_bench, random_bf16_weights
 from helios_contract import stored_nbytes
 from helios_contract.schema import manifest_pb2 as mpb
+from helios_ignition.capture import launch
 from helios_ignition.capture.buffers import weight_resource_id
 from helios_ignition.capture.programs import capture
 from helios_ignition.export import build_contract, resolve_recipe
@@ -97,19 +101,40 @@ def step_bytes(manifest: mpb.ExecutionManifest, tied: bool) -> int:
 
 
 def compare(quant: str, quant_core, extra: dict | None = None,
-            batches: tuple[int, ...] = BATCHES) -> None:
+            batches: tuple[int, ...] = BATCHES, defaults: tuple[str, ...] | None = None
+            ) -> None:
     """bf16 against the ``quant`` format ("fp8" or "int4") on the 8B geometry in one
     process: parse the command line, build each format's core (``quant_core(recipe, ckpt,
     caps, target, bf16) -> (MemoryCore, info)`` for the quantized one), time its decode,
     print the table and write the JSON (``extra``'s keys added to it); ``batches`` is the
-    default of ``--batches``."""
+    default of ``--batches``. `quant_core` may instead map several format names to their
+    builders (bench/gpu_gguf.py); `defaults`: the formats run without ``--formats`` (all)."""
+    quants = quant_core if isinstance(quant_core, dict) else {quant: quant_core}
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--batches", type=int, nargs="+", default=list(batches))
-    ap.add_argument("--formats", nargs="+", choices=["bf16", quant], default=["bf16", quant])
+    ap.add_argument("--formats", nargs="+", choices=["bf16", *quants],
+                    default=list(defaults or ["bf16", *quants]))
+    ap.add_argument("--variant", nargs="+", action="append", default=[],
+                    metavar=("NAME", "ATTR=VALUE"),
+                    help="also time each quantized format's core captured with these "
+                         "capture.launch attributes set (the capture knobs, e.g. "
+                         "FP8_FEW=table or INT4_ROWS=v1), reported as format '<quant>:<NAME>'")
     ap.add_argument("--json")
     args = ap.parse_args()
+    # format name -> (the quantized format whose builder makes it, capture.launch settings)
+    variants: dict[str, tuple[str, dict[str, str]]] = {q: (q, {}) for q in quants}
+    for name, *sets in args.variant:
+        try:
+            settings = dict(a.split("=", 1) for a in sets)
+        except ValueError:
+            ap.error(f"--variant {name}: each setting must be ATTR=VALUE, got {sets}")
+        for attr in settings:
+            if not hasattr(launch, attr):
+                ap.error(f"--variant {name}: capture.launch has no attribute {attr!r}")
+        for q in quants:
+            variants[f"{q}:{name}"] = (q, settings)
     from types import SimpleNamespace
 
     from helios_ignition.checkpoint.synthetic import NAMED_GEOMETRIES
@@ -135,12 +160,25 @@ def compare(quant: str, quant_core, extra: dict | None = None,
     result = {"commit": git_commit(), "geometry": "llama-3.1-8b", "target": target,
               "steps": args.steps, "prompt": args.prompt, "formats": {}, **(extra or {})}
     greedy = SamplingParams()
-    for fmt in args.formats:
+    formats = [f for fmt in args.formats
+               for f in ([fmt] if fmt == "bf16" else [v for v, (q, _) in variants.items()
+                                                     if q == fmt])]
+    for fmt in formats:
         t0 = time.perf_counter()
         if fmt == "bf16":
             core, info = build_core(recipe, ckpt, caps, target, bf16)
         else:
-            core, info = quant_core(recipe, ckpt, caps, target, bf16)
+            q, settings = variants[fmt]
+            saved = {attr: getattr(launch, attr) for attr in settings}
+            try:  # the knobs are read at capture, inside the builder
+                for attr, value in settings.items():
+                    setattr(launch, attr, value)
+                core, info = quants[q](recipe, ckpt, caps, target, bf16)
+            finally:
+                for attr, value in saved.items():
+                    setattr(launch, attr, value)
+            if settings:
+                info = {**info, "launch": settings}
         model = load_native(core, "cuda")
         try:
             backend = model.backend
@@ -161,17 +199,20 @@ def compare(quant: str, quant_core, extra: dict | None = None,
         finally:
             model.close()
             del core
-    if {"bf16", quant} <= result["formats"].keys():
-        result[f"{quant}_over_bf16"] = [
-            {"batch": a["batch"], "tokens_per_s": f["tokens_per_s"] / a["tokens_per_s"],
-             "device": a["device_step_ms"] / f["device_step_ms"]}
-            for a, f in zip(result["formats"]["bf16"]["decode"],
-                            result["formats"][quant]["decode"], strict=True)]
-    print(f"{'format':<6} {'batch':>5} {'tok/s':>10} {'step ms':>8} {'dev ms':>8} {'roof %':>7}")
+    base = result["formats"].get("bf16")
+    for fmt in variants:
+        if base and fmt in result["formats"]:
+            result[f"{fmt}_over_bf16"] = [
+                {"batch": a["batch"], "tokens_per_s": f["tokens_per_s"] / a["tokens_per_s"],
+                 "device": a["device_step_ms"] / f["device_step_ms"]}
+                for a, f in zip(base["decode"], result["formats"][fmt]["decode"], strict=True)]
+    print(f"{'format':<12} {'batch':>5} {'tok/s':>10} {'step ms':>8} {'dev ms':>8} "
+          f"{'roof %':>7} {'x bf16':>7}")
     for fmt, entry in result["formats"].items():
-        for r in entry["decode"]:
-            print(f"{fmt:<6} {r['batch']:>5} {r['tokens_per_s']:>10.1f} {r['step_ms']:>8.3f} "
-                  f"{r['device_step_ms']:>8.3f} {r['roofline_pct']:>7.1f}")
+        for i, r in enumerate(entry["decode"]):
+            x = r["tokens_per_s"] / base["decode"][i]["tokens_per_s"] if base else float("nan")
+            print(f"{fmt:<12} {r['batch']:>5} {r['tokens_per_s']:>10.1f} {r['step_ms']:>8.3f} "
+                  f"{r['device_step_ms']:>8.3f} {r['roofline_pct']:>7.1f} {x:>7.2f}")
     if args.json:
         write_json(args.json, result)
 

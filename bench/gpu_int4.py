@@ -3,8 +3,9 @@
 points; f32 activations), seeded random weights, one process, one card. The sibling of
 bench/gpu_fp8.py: its `compare` (the same measurement and JSON) over this core.
 
-    python bench/gpu_int4.py --json OUT.json                 # batches 1 8 64
+    python bench/gpu_int4.py --json OUT.json                 # batches 1 8 64 256
     python bench/gpu_int4.py --batches 1 8 --steps 20 --json OUT.json
+    python bench/gpu_int4.py --variant v1 INT4_ROWS=v1 INT4_TILE=v1 --json OUT.json
 
 Each format's core is built in memory (capture, AOT compile for the device's target,
 weights), loaded on the cuda backend, timed with gpu_common.decode_bench (greedy, median
@@ -14,7 +15,9 @@ stay bf16 (as the export keeps them), and its capture has the packed bf16 path o
 the export does), so the bf16 core here is captured the default way (packed path on) —
 the baseline a bf16 export serves with. Roofline: the weight bytes one decode step reads
 over the measured device copy bandwidth (the issue's W4A16 batch-1 target: 2.8x bf16).
-Writes JSON with the commit and the card.
+``--variant NAME ATTR=VALUE ...`` adds the INT4 core captured with those launch knobs
+(``INT4_ROWS``, ``INT4_TILE``: the older forms, or other tiles). Writes JSON with the
+commit and the card.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from helios_ignition.quantize import (
 )
 from helios_ignition.recipe import Capacities
 
-BATCHES = (1, 8, 64)
+BATCHES = (1, 8, 64, 256)
 
 
 def int4_core(recipe, ckpt, caps: Capacities, target: str, bf16: dict

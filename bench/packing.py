@@ -65,15 +65,28 @@ def decode_plan(rows: int) -> StepPlan:
                 sampling=SAMPLING) for s in range(rows)))
 
 
+def row_count(plan: StepPlan) -> int:
+    """Rows of `plan` without building the rows a plan of a newer tree leaves unbuilt
+    (StepPlan.row_count; an older tree has no such property)."""
+    return plan.row_count if hasattr(plan, "row_count") else len(plan.rows)
+
+
 def with_columns(plan: StepPlan) -> StepPlan:
-    """`plan` carrying its rows' RowColumns, as Scheduler._build_plain attaches them."""
+    """`plan` carrying its rows' RowColumns, as Scheduler._build_plain attaches them to a
+    windowed core's plans (rows built; the fed tokens where this tree's columns hold
+    them)."""
     rows = plan.rows
-    columns = RowColumns(rows, np.array([r.slot for r in rows], np.intp),
-                         np.array([r.generation for r in rows], np.int64),
-                         np.array([r.start_position for r in rows], np.int64),
-                         np.array([-1 if r.sampling.logprobs is None else r.sampling.logprobs
-                                   for r in rows], np.int64),
-                         tuple(r.sampling for r in rows))
+    values = (rows, np.array([r.slot for r in rows], np.intp),
+              np.array([r.generation for r in rows], np.int64),
+              np.array([r.start_position for r in rows], np.int64),
+              np.array([-1 if r.sampling.logprobs is None else r.sampling.logprobs
+                        for r in rows], np.int64),
+              tuple(r.sampling for r in rows))
+    try:
+        columns = RowColumns(*values, request_ids=[r.request_id for r in rows],
+                             fed=np.array([r.tokens[0] for r in rows], np.int64))
+    except TypeError:  # an older tree's RowColumns
+        columns = RowColumns(*values)
     return StepPlan(plan.kind, rows, columns=columns)
 
 
@@ -116,7 +129,7 @@ def host_steps(batch: int, steps: int) -> dict:
             if plan is not None:
                 inflight.append((plan, model.submit(plan)))
                 t2 = clock()
-                steady = plan.kind.value == "decode" and len(plan.rows) == batch
+                steady = plan.kind.value == "decode" and row_count(plan) == batch
                 if steady:
                     parts["schedule"].append(t1 - t0)
                     parts["submit"].append(t2 - t1)
@@ -128,7 +141,7 @@ def host_steps(batch: int, steps: int) -> dict:
         t1 = clock()
         sched.complete(plan, sampled)
         t2 = clock()
-        if plan.kind.value == "decode" and len(plan.rows) == batch:
+        if plan.kind.value == "decode" and row_count(plan) == batch:
             parts["wait"].append(t1 - t0)
             parts["complete"].append(t2 - t1)
         if sched.stats().running and all(  # restart before the output budget runs out

@@ -123,7 +123,9 @@ def measure(bootstrap, rows: int, steps: int, prompt_tokens: int) -> dict:
     submit = model.submit
 
     def watched(plan):
-        decode_rows.append(len(plan.rows) if plan.kind is StepKind.DECODE else 0)
+        # StepPlan.row_count where the tree has it: reading rows would build unbuilt ones
+        decode_rows.append((plan.row_count if hasattr(plan, "row_count") else len(plan.rows))
+                           if plan.kind is StepKind.DECODE else 0)
         return submit(plan)
 
     model.submit = watched

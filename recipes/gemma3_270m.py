@@ -10,8 +10,8 @@ a system message is prefixed to the first user turn). Generation ends at `<eos>`
 `<end_of_turn>`.
 
 Weights stay in their GGUF blocks (`--weight-dtype gguf`, the cpu backend's quantized
-products; matrices whose sources mix block types, such as the fused QKV of Q5_0 and Q8_0,
-are stored f32). A base model has no sampling card: greedy by default.
+products; the fused QKV of Q5_0 and Q8_0 rows is stored as Q8_0 blocks of exactly the
+same values, weights.gguf_blocks). A base model has no sampling card: greedy by default.
 """
 
 from helios_contract.schema import frontend_pb2 as fe

@@ -21,6 +21,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py fp8           # the FP8 W8A8 products
     uv run python scripts/interpret_kernels.py int4          # the W4A16 GEMV
     uv run python scripts/interpret_kernels.py kvfp8         # the e4m3 KV cache forms
+    uv run python scripts/interpret_kernels.py repacked      # repacked GGUF: INT4_MIN, INT8
     uv run python scripts/interpret_kernels.py mixed         # a MIXED program's packed rows
     uv run python scripts/interpret_kernels.py decodetc      # decode buckets on the TC tile
 
@@ -222,8 +223,20 @@ def check_fp8(rng) -> bool:
     cases = [(T, N, Kd, None) for T, N, Kd in
              [(1, 40, 96), (1, 130, 64), (3, 70, 64), (20, 96, 160), (40, 130, 48),
               (1, 33, 100), (5, 40, 100), (70, 24, 256)]]
-    for T, N, Kd, tiles in [*cases, *FP8_TILE_CASES]:
-        saved = L._FP8_TILES
+    # the few-row GEMV (HELIOS_FP8_FEW): its default tiles, K steps narrower than K with
+    # a partial last one, a partial token tile (5 of 8 rows), 16 rows
+    # (with EARLY: the first K step's codes before the prologue pass, at several rows and
+    # at one through the several-row body)
+    few = [(T, N, Kd, None, spec) for T, N, Kd, spec in
+           [(2, 40, 96, ""), (5, 70, 160, "8,64,4"), (16, 37, 96, "4,32,2"),
+            (8, 130, 256, ""), (5, 70, 160, "8,64,4 early"), (1, 130, 64, "early")]]
+    few.append((*FP8_TILE_CASES[2], "table early"))  # one row a program, TILES=4
+    for T, N, Kd, tiles, spec in [*[(*c, "table") for c in cases],
+                                  *[(*c, "table") for c in FP8_TILE_CASES], *few]:
+        saved, saved_few, saved_early = L._FP8_TILES, L.FP8_FEW, L.FP8_EARLY
+        L.FP8_EARLY = "1" if spec.endswith("early") else "0"
+        spec = spec.removesuffix("early").strip()
+        L.FP8_FEW = spec or "rows"
         if tiles is not None:
             bucket = next((r for r in L.FP8_ROWS if r >= T), L.FP8_ROWS[-1])
             L._FP8_TILES = {(N, Kd, bucket): tiles}
@@ -241,7 +254,7 @@ def check_fp8(rng) -> bool:
             K.reference_op(op)(xin, *pre, codes, scales, ref, *tail)
             c = launch(op, xin, *pre, codes, scales, out, *tail)
             errs[op] = _rel(out - res, ref - res)
-        L._FP8_TILES = saved
+        L._FP8_TILES, L.FP8_FEW, L.FP8_EARLY = saved, saved_few, saved_early
         # The RMS prologue's reciprocal RMS and max are summed in another order than
         # NumPy's (last-bit differences in the scale), which can move one activation
         # across an e4m3 rounding boundary: one code of K flipped is ~1e-3 here.
@@ -249,6 +262,8 @@ def check_fp8(rng) -> bool:
                    for op, e in errs.items())
         ok &= good
         path = ("MMA" if c["MMA"] else "GEMV") + ("*" if tiles is not None else "")
+        path += "" if spec == "table" else f" rows{c['BLOCK_T']}"
+        path += " early" if c.get("EARLY") else ""
         print(f"{'ok ' if good else 'BAD'} fp8 T={T:<3} N={N:<4} K={Kd:<4} {path:<5} "
               + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     return ok
@@ -259,12 +274,29 @@ def check_int4(rng) -> bool:
     tl.dot tiles from 32 rows) against kernels.int4's references: same dequantized values,
     different f32 summation order (the interpreter's dot is f32; the GPU's is TF32:
     tests/gpu/test_int4.py)."""
+    from helios_ignition.capture import launch as L
     from helios_tools.kernels.int4 import INT4_FORMS, quantize_int4
 
     ok = True
-    for T, N, Kd, group in [(1, 40, 256, 128), (1, 130, 512, 128), (3, 70, 1024, 128),
-                            (2, 33, 96, 32), (8, 48, 256, 128), (32, 70, 256, 128),
-                            (40, 130, 192, 64), (64, 64, 128, 128)]:
+    # (T, N, K, group, HELIOS_INT4_ROWS spec): the v2 rows form by default (partial output
+    # and token tiles, 20 rows = two token tiles, K steps of several groups with a partial
+    # last one: 9 groups of 64 in steps of 4; one row in the word form and in the byte
+    # form), then the v1 row GEMV; from 32 rows the tiles (MMA=2; a partial token tile of
+    # 70 rows in 32 x 16 tiles at group 32; the v1 MMA=1 tile)
+    for T, N, Kd, group, spec in [
+            (1, 40, 256, 128, ""), (1, 130, 512, 128, ""), (3, 70, 1024, 128, ""),
+            (2, 33, 96, 32, ""), (8, 48, 256, 128, ""), (20, 37, 576, 64, ""),
+            (5, 40, 576, 64, "8,256,2,1,8,256,2"), (1, 24, 576, 64, "8,256,2,0,8,256,2"),
+            (1, 24, 576, 64, "8,256,2,1,8,256,2"), (1, 33, 96, 32, ""),
+            (1, 40, 256, 128, "v1"), (8, 48, 256, 128, "v1"),
+            (32, 70, 256, 128, ""), (40, 130, 192, 64, ""), (64, 64, 128, 128, ""),
+            (70, 40, 256, 32, "tile 32,16,4"), (40, 130, 192, 64, "tile v1")]:
+        saved = L.INT4_ROWS, L.INT4_TILE
+        L.INT4_ROWS = L.INT4_TILE = "v2"
+        if spec.startswith("tile "):  # HELIOS_INT4_TILE from 32 rows
+            L.INT4_TILE = spec[5:]
+        elif spec:
+            L.INT4_ROWS = spec
         x = rng.standard_normal((T, 2 * Kd)).astype(np.float32)
         xk = np.ascontiguousarray(x[:, :Kd])
         g = (1 + 0.1 * rng.standard_normal(Kd)).astype(np.float32)
@@ -280,11 +312,78 @@ def check_int4(rng) -> bool:
             K.reference_op(op)(xin, *pre, packed, scales, zeros, ref, *tail)
             c = launch(op, xin, *pre, packed, scales, zeros, out, *tail)
             errs[op] = _rel(out - res, ref - res)
+        L.INT4_ROWS, L.INT4_TILE = saved
         good = all(e < 1e-5 for e in errs.values())
         ok &= good
-        path = "MMA" if c["MMA"] else "GEMV"
-        print(f"{'ok ' if good else 'BAD'} int4 T={T:<3} N={N:<4} K={Kd:<5} G={group:<4} {path:<4} "
+        path = (f"MMA{c['MMA']}" if c["MMA"] else "words" if c.get("WORDS") else
+                f"rows{c['BLOCK_T']}" if c.get("ROWS") else "v1")
+        print(f"{'ok ' if good else 'BAD'} int4 T={T:<3} N={N:<4} K={Kd:<5} G={group:<4} {path:<6} "
               + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return ok
+
+
+def repacked_weights(rng, N: int, K: int, group: int, kind: str):
+    """Random repacked-GGUF storage of [N, K]: ("int4_min": packed 4-bit codes, f32 scales
+    and minimums; "int8": int8 codes as bytes and f32 scales), groups of `group`."""
+    from helios_tools.kernels.int4 import pack_int4
+
+    scales = (rng.random((N, K // group)) * 0.02 + 1e-3).astype(np.float32)
+    if kind == "int4_min":
+        codes = pack_int4(rng.integers(0, 16, (N, K)))
+        return codes, scales, (-rng.random((N, K // group)) * 0.1).astype(np.float32)
+    return rng.integers(-128, 128, (N, K)).astype(np.int8).view(np.uint8), scales
+
+
+def check_repacked(rng) -> bool:
+    """The repacked GGUF products (kernels_triton/int4.py's INT4_MIN kernels,
+    kernels_triton/int8.py): every form, the row GEMV and the tl.dot tiles from 32 rows,
+    against kernels.int8's references (f32 summation order only differs; the GPU's dot
+    is TF32: tests/gpu/test_repacked.py)."""
+    from helios_tools.kernels.int8 import INT4_MIN_FORMS, INT8_FORMS
+
+    ok = True
+    for T, N, Kd, group in [(1, 40, 256, 32), (1, 130, 512, 32), (3, 70, 96, 16),
+                            (2, 33, 96, 32), (8, 48, 256, 16), (32, 70, 256, 32),
+                            (40, 130, 192, 16), (64, 64, 128, 32)]:
+        x = rng.standard_normal((T, 2 * Kd)).astype(np.float32)
+        xk = np.ascontiguousarray(x[:, :Kd])
+        g = (1 + 0.1 * rng.standard_normal(Kd)).astype(np.float32)
+        res = rng.standard_normal((T, N)).astype(np.float32)
+        for kind, forms in (("int4_min", INT4_MIN_FORMS), ("int8", INT8_FORMS)):
+            sides = repacked_weights(rng, N, Kd, group, kind)
+            errs = {}
+            for op in forms.values():
+                if op == "embedding_int8":
+                    continue  # check_repacked_embedding
+                pre, xin = ((g,), xk) if op.startswith("rmsnorm") else \
+                    ((), x if "swiglu" in op else xk)
+                tail = (T, N, Kd, 1e-5) if op.startswith("rmsnorm") else (T, N, Kd)
+                ref, out = res.copy(), res.copy()
+                K.reference_op(op)(xin, *pre, *sides, ref, *tail)
+                c = launch(op, xin, *pre, *sides, out, *tail)
+                errs[op] = _rel(out - res, ref - res)
+            good = all(e < 1e-5 for e in errs.values())
+            ok &= good
+            path = "MMA" if c["MMA"] else "GEMV"
+            print(f"{'ok ' if good else 'BAD'} {kind:<8} T={T:<3} N={N:<4} K={Kd:<5} "
+                  f"G={group:<3} {path:<4} " + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    return ok
+
+
+def check_repacked_embedding(rng) -> bool:
+    """``embedding_int8`` (kernels_triton/int8.py) against its reference: the same products
+    of one code and one scale, so equal bitwise; ids outside the table give zeros."""
+    ok = True
+    for V, D, G in [(50, 96, 32), (70, 640, 32), (33, 80, 16)]:
+        codes, scales = repacked_weights(rng, V, D, G, "int8")
+        ids = np.array([3, -1, V - 1, V, 0], np.int32)
+        ref = np.full((len(ids), D), 7, np.float32)
+        out = ref.copy()
+        K.reference_op("embedding_int8")(ids, codes, scales, ref, len(ids), D)
+        launch("embedding_int8", ids, codes, scales, out, len(ids), D)
+        good = bool(np.array_equal(ref, out))
+        ok &= good
+        print(f"{'ok ' if good else 'BAD'} embedding_int8 V={V} D={D} G={G}")
     return ok
 
 
@@ -564,6 +663,14 @@ def check_attention(rng) -> bool:
         (32, 8, 128, 8, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=1, SPP=3)),
         (9, 3, 64, 4, 128, dict(BLOCK_N=128, BLOCK_G=4, GROUPED=2, EVEN_HD=1, SPP=4)),
         (6, 2, 40, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=3, EVEN_HD=0)),
+        # the live-split layout: programs over live splits only, part_o of empty splits
+        # left unwritten (checked on live splits; the merge must not read the rest)
+        (32, 8, 128, 8, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=1, LIVE=3)),
+        (9, 3, 64, 8, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=1, LIVE=1)),
+        (9, 3, 64, 8, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=1, LIVE=8)),
+        (6, 2, 40, 4, 64, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=0, LIVE=2)),
+        (32, 8, 128, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=3, EVEN_HD=1, LIVE=3)),
+        (6, 2, 40, 4, 128, dict(BLOCK_N=64, BLOCK_G=4, GROUPED=3, EVEN_HD=0, LIVE=1)),
     ]
     PT, B = 16, 4
     for H, KVH, HD, NS, SPLIT, c in cases:
@@ -603,9 +710,9 @@ def check_attention(rng) -> bool:
                 gpo[:, :, tuned:] = rpo[:, :, tuned:]
                 args.append(np.array([tuned], np.int32))
             op = "attention_decode_split_tuned" if tuned else "attention_decode_split"
-            if tuned and c.get("SPP", 1) > 1:  # (the tuned kernel has no SPP)
-                continue
-            grid = (B, KVH, -(-NS // c.get("SPP", 1)))
+            if tuned and (c.get("SPP", 1) > 1 or c.get("LIVE")):  # (the tuned kernel has
+                continue                                             # neither)
+            grid = (B, KVH, c.get("LIVE") or -(-NS // c.get("SPP", 1)))
             TRITON_KERNELS[op][grid](*[_Arr(a) for a in args], B, MP, PT, H, KVH, HD, NS,
                                      SPLIT, scale, BLOCK_HD=L._np2(HD, 16), **c)
             out = np.full_like(ref, np.nan)
@@ -617,14 +724,20 @@ def check_attention(rng) -> bool:
                 _Arr(gml), _Arr(gpo), _Arr(slot), _Arr(out), B, H, HD, NS, **mc)
             want = np.zeros_like(ref)
             K.attention_decode_merge(rml, rpo, slot, want, B, H, HD, NS)
-            errs = (_rel(gml[..., 1], rml[..., 1]), _rel(gpo, rpo), _rel(out, want))
+            written = np.ones(rml.shape[:3], bool)  # [B, H, NS]: part_o written
+            if c.get("LIVE"):
+                written = (slot >= 0)[:, None, None] & (rml[..., 1] != 0)
+                # statistics of a padding row's splits: unwritten (the merge skips it)
+                gml[slot < 0], gpo[~written] = rml[slot < 0], rpo[~written]
+            errs = (_rel(gml[..., 1], rml[..., 1]), _rel(gml[..., 0], rml[..., 0]),
+                    _rel(gpo, rpo), _rel(out, want))
             good = bool(np.isfinite(gpo).all() and np.isfinite(out).all()
                         and max(errs) < 1e-5 and (tuned or _rel(out, ref) < 1e-5))
             ok &= good
             print(f"{'ok ' if good else 'BAD'} attention_decode_split{'_tuned' if tuned else ''}"
                   f" H={H} KVH={KVH} HD={HD} NS={NS} SPLIT={SPLIT} {c}: rel "
                   f"{max(errs):.1e}")
-        if (c["BLOCK_N"] == 128 and HD == 64) or c.get("SPP", 1) > 1:  # (fused: done)
+        if (c["BLOCK_N"] == 128 and HD == 64) or c.get("SPP", 1) > 1 or c.get("LIVE"):
             continue
         # The one-launch form at the same partition (its launch rule's constants: one tile
         # per split where SPLIT <= BLOCK_N, else the walk), with rows of one split
@@ -1034,8 +1147,9 @@ def check_kvfp8(rng) -> bool:
     """The e4m3 KV cache forms (kernels_triton/kv_fp8.py) against kernels/kv_fp8.py: the
     writes byte for byte (``kv_write_fp8kv``, ``rope_kv_write_fp8kv``, values past +-448
     times the scale saturating), every reader over the written codes (prefill, windowed
-    prefill and decode, split decode in each GROUPED layout, tuned, fused) with NaN codes
-    (0x7F) past each row's context and unmapped pages past its last page."""
+    prefill and decode, split decode in each GROUPED layout and the live-split layout, tuned,
+    fused) with NaN codes (0x7F) past each row's context and unmapped pages past its last
+    page."""
     from helios_ignition.capture import launch as L
     from helios_tools.kernels.kv_fp8 import quantize_kv
 
@@ -1093,16 +1207,34 @@ def check_kvfp8(rng) -> bool:
         layouts = [dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=even),
                    dict(BLOCK_N=32, BLOCK_G=4, GROUPED=3, EVEN_HD=even),
                    dict(BLOCK_N=32, BLOCK_G=4, GROUPED=1),
-                   dict(BLOCK_N=32, GROUPED=0, BLOCK_G=1)]
+                   dict(BLOCK_N=32, GROUPED=0, BLOCK_G=1),
+                   # the live-split layout (_split_fma_live): programs over live splits
+                   # only, part_o of empty splits and a padding row's statistics unwritten
+                   dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=even, LIVE=3),
+                   dict(BLOCK_N=32, BLOCK_G=4, GROUPED=3, EVEN_HD=even, LIVE=1)]
         for c in layouts:
             gml, gpo = np.full_like(ml, np.nan), np.full_like(po, np.nan)
-            grid = (B, KVH if c["GROUPED"] else H, NS)
+            grid = (B, KVH if c["GROUPED"] else H, c.get("LIVE") or NS)
             TRITON_KERNELS["attention_decode_split_fp8kv"][grid](
                 *[_Arr(a) for a in (qd, pos, slot, pn, kn, vn, ks, vs, gml, gpo)], B, MP, PT, H,
                 KVH, HD, NS, SPLIT, scale, BLOCK_HD=L._np2(HD, 16), **c)
             if c["GROUPED"] == 1:
                 continue  # (tl.dot tiles: the interpreter's f32 dot is not 3xTF32's; GPU only)
-            errs[f"split G{c['GROUPED']}"] = max(_rel(gml[..., 1], ml[..., 1]), _rel(gpo, po))
+            name = f"split G{c['GROUPED']}"
+            if c.get("LIVE"):
+                name += f" LIVE={c['LIVE']}"
+                written = (slot >= 0)[:, None, None] & (ml[..., 1] != 0)
+                gml[slot < 0], gpo[~written] = ml[slot < 0], po[~written]
+                out = np.full_like(ref, np.nan)
+                mc = {k: v for k, v in L.attention_merge_constants(HD, NS, "v2").items()
+                      if k != "WARPS"}
+                mc["EVEN_HD"] = even
+                TRITON_KERNELS["attention_decode_merge"][(B, H)](
+                    _Arr(gml), _Arr(gpo), _Arr(slot), _Arr(out), B, H, HD, NS, **mc)
+                errs[name + " merged"] = (_rel(out, ref) if np.isfinite(out).all()
+                                          else np.inf)
+            errs[name] = (max(_rel(gml[..., 1], ml[..., 1]), _rel(gpo, po))
+                          if np.isfinite(gpo).all() else np.inf)
         tml, tpo = np.zeros_like(ml), np.zeros_like(po)
         K.reference_op("attention_decode_split_tuned_fp8kv")(
             qd, pos, slot, pages, kc, vc, ks, vs, tml, tpo, np.array([2], np.int32), B, MP, PT,
@@ -1291,6 +1423,8 @@ def main() -> None:
         sys.exit(0 if check_fp8(rng) else 1)
     if sys.argv[1:] == ["int4"]:
         sys.exit(0 if check_int4(rng) else 1)
+    if sys.argv[1:] == ["repacked"]:
+        sys.exit(0 if check_repacked(rng) & check_repacked_embedding(rng) else 1)
     if sys.argv[1:] == ["decodetc"]:
         sys.exit(0 if check_decode_tc(rng) else 1)
     if sys.argv[1:] == ["kvfp8"]:

@@ -113,7 +113,60 @@ def _fp8_wrong_bytes(m):
     _fp8(m).storage.block_bytes = HIDDEN // 2
 
 
+def _coded(m, storage_type, group=32, third=None, declare=("token_embd.scale",)):
+    """token_embd as element-wise codes of `storage_type` in groups of `group` (bits from
+    the type), its scales in `token_embd.scale` and `third` ("zero_points" or "mins") in
+    `token_embd.side`; `declare`: the side buffers declared ([VOCAB, HIDDEN / group])."""
+    bits = 8 if storage_type == mpb.STORAGE_TYPE_INT8 else 4
+    b = _buffer(m, "token_embd")
+    b.storage.CopyFrom(mpb.TensorStorage(
+        type=storage_type, block_elements=group, block_bytes=group * bits // 8,
+        scales=mpb.SideBuffer(buffer="token_embd.scale", dtype=mpb.D_TYPE_F32)))
+    if third:
+        getattr(b.storage, third).CopyFrom(mpb.SideBuffer(buffer="token_embd.side",
+                                                          dtype=mpb.D_TYPE_F32))
+    for name in declare:
+        m.buffers.add(name=name, dtype=mpb.D_TYPE_F32, shape=[VOCAB, HIDDEN // group],
+                      role=mpb.BUFFER_ROLE_WEIGHT, weight_resource_id=f"weights/{name}")
+    return b
+
+
+def _int4_min_without_mins(m):
+    _coded(m, mpb.STORAGE_TYPE_INT4_MIN)
+
+
+def _int4_min_mins_undeclared(m):
+    _coded(m, mpb.STORAGE_TYPE_INT4_MIN, third="mins")
+
+
+def _int4_min_zero_points(m):
+    _coded(m, mpb.STORAGE_TYPE_INT4_MIN, third="zero_points",
+           declare=("token_embd.scale", "token_embd.side"))
+
+
+def _int4_mins(m):
+    _coded(m, mpb.STORAGE_TYPE_INT4, third="mins", declare=("token_embd.scale",
+                                                            "token_embd.side"))
+
+
+def _int8_mins(m):
+    _coded(m, mpb.STORAGE_TYPE_INT8, third="mins", declare=("token_embd.scale",
+                                                            "token_embd.side"))
+
+
+def _int8_wrong_bytes(m):
+    _coded(m, mpb.STORAGE_TYPE_INT8).storage.block_bytes = 16
+
+
 FAILING = [
+    ("int4-min-without-mins", _int4_min_without_mins, MissingFieldError,
+     ".storage.mins.buffer"),
+    ("int4-min-mins-undeclared", _int4_min_mins_undeclared, UnknownIdentifierError,
+     ".storage.mins.buffer"),
+    ("int4-min-zero-points", _int4_min_zero_points, BufferRoleError, ".storage.zero_points"),
+    ("int4-mins", _int4_mins, BufferRoleError, ".storage.mins"),
+    ("int8-mins", _int8_mins, BufferRoleError, ".storage.mins"),
+    ("int8-wrong-bytes", _int8_wrong_bytes, ExtentError, ".storage.block_bytes"),
     ("fp8-scales-undeclared", _fp8_scales_undeclared, UnknownIdentifierError,
      ".storage.scales.buffer"),
     ("fp8-scales-wrong-shape", _fp8_scales_wrong_shape, ExtentError, ".storage.scales.buffer"),
@@ -192,6 +245,21 @@ def test_a_storage_type_the_backend_lacks_fails_with_its_name():
     assert (finding.path, finding.value) == ("manifest.buffers[0].storage.type",
                                              "STORAGE_TYPE_GGUF_Q4_1")
     assert "it executes STORAGE_TYPE_GGUF_Q8_0" in finding.detail
+    assert "buffer 'token_embd' stored as STORAGE_TYPE_GGUF_Q4_1" in finding.detail
+
+
+def test_lint_names_the_tensor_and_type_the_cuda_backend_does_not_execute():
+    """A GGUF block type on cuda (which executes only element-wise code types): one line
+    naming the tensor and its type."""
+    from helios_tools.capabilities import CUDA
+
+    finding = _storage_findings(_prepared(_q4_1), CUDA)[0]
+    assert finding.path == "manifest.buffers[0].storage.type"
+    line = str(finding)
+    assert "\n" not in line
+    assert "buffer 'token_embd' stored as STORAGE_TYPE_GGUF_Q4_1 (it executes " \
+           "STORAGE_TYPE_FP8_E4M3, STORAGE_TYPE_INT4, STORAGE_TYPE_INT4_MIN, " \
+           "STORAGE_TYPE_INT8)" in line
 
 
 def test_an_op_without_a_quantized_form_fails_naming_the_op():
@@ -235,3 +303,36 @@ def test_fp8_weights_need_the_fp8_form_of_each_reader_on_both_backends():
         assert "reference op 'embedding' over quantized weights" in finding.detail
         assert "it has a STORAGE_TYPE_FP8_E4M3 form of linear_add_fp8, linear_fp8" in \
             finding.detail
+
+
+def test_repacked_storage_is_valid_and_sized_by_its_codes():
+    """INT4_MIN (4-bit codes, scales and minimums) and INT8 (one byte a code, scales): the
+    forms a GGUF core for a GPU target stores its blocks in."""
+    for storage_type, third, nbytes in ((mpb.STORAGE_TYPE_INT4_MIN, "mins", HIDDEN // 2),
+                                        (mpb.STORAGE_TYPE_INT8, None, HIDDEN)):
+        serving, manifest = example_contract(), example_manifest()
+        b = _coded(manifest, storage_type, third=third,
+                   declare=("token_embd.scale",) + (("token_embd.side",) if third else ()))
+        assert list(contract_findings(serving, manifest)) == []
+        assert stored_nbytes(b) == VOCAB * nbytes
+
+
+def test_both_backends_execute_the_repacked_types_each_with_its_forms():
+    """The one rule: INT4_MIN and INT8 are storage types of both tables; the example's
+    plain embedding launch (INT4_MIN has no embedding form; INT8's is embedding_int8, which
+    the export writes instead) fails naming the op and the forms."""
+    from helios_tools.capabilities import CPU, CUDA
+
+    for storage_type, third, forms in (
+            (mpb.STORAGE_TYPE_INT4_MIN, "mins", "linear_add_int4_min, linear_int4_min"),
+            (mpb.STORAGE_TYPE_INT8, None, "embedding_int8, linear_add_int8, linear_int8")):
+        for caps in (CPU, CUDA):
+            assert storage_type in caps.storage_types
+            prepared = _prepared(lambda m, t=storage_type, s=third: _coded(
+                m, t, third=s, declare=("token_embd.scale",) + (("token_embd.side",)
+                                                                 if s else ())))
+            (finding,) = _storage_findings(prepared, caps)
+            assert finding.value == "token_embd"
+            name = mpb.StorageType.Name(storage_type)
+            assert f"reference op 'embedding' over quantized weights (it has a {name} form " \
+                   f"of {forms}" in finding.detail

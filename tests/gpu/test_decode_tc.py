@@ -69,13 +69,15 @@ def test_decode_tc_against_reference(gpu, rng, monkeypatch, terms, T, N, K_):
 
 
 @pytest.mark.parametrize("tile", [(64, 128, 64, 4, 4), (64, 256, 64, 8, 3),
-                                  (128, 128, 64, 8, 4), (128, 256, 64, 8, 3)])
+                                  (128, 128, 64, 8, 4), (128, 256, 64, 8, 3),
+                                  (64, 128, 64, 4, 3), (64, 256, 64, 4, 4)])
 def test_decode_tc_tiles(gpu, rng, monkeypatch, tile):
-    """Each DECODE_TILES candidate as a measured cell's tile (_DECODE_TC_TILES, the default
-    "table" rule) at a ragged bucket: near-f32 products, repeatable, every row written."""
+    """Each DECODE_TILES candidate and each tile of the measured table (_DECODE_TC_TILES,
+    the default "table" rule) at a ragged bucket: near-f32 products, repeatable, every row
+    written."""
     from helios_ignition.capture import launch
 
-    assert tile in launch.DECODE_TILES
+    assert tile in launch.DECODE_TILES or tile in launch._DECODE_TC_TILES.values()
     T, N, K_ = 160, 4096, 4096
     monkeypatch.setattr(launch, "DECODE_TC", "table")
     monkeypatch.setattr(launch, "_DECODE_TC_TILES", {(N, K_, T): tile})

@@ -1,7 +1,8 @@
 """The FP8 W8A8 Triton products (kernels_triton/fp8.py) against their NumPy references
 (helios_tools/kernels/fp8.py) on the GPU, at SmolLM2 and Llama-3.1-8B shapes: batch 1
-(the GEMV), batched decode and prefill rows (tl.dot on e4m3 operands), and every op at
-the 8B matrices x 1, 8, 64, 256 and 1,024 rows (under the committed tile table, or the
+(the GEMV), a few rows (the GEMV with several token rows a program), batched decode and
+prefill rows (tl.dot on e4m3 operands), and every op at the 8B matrices x 1, 2, 8, 16,
+64, 256 and 1,024 rows (under the committed tile table, or the
 sweep's picks with ``HELIOS_FP8_TILES=<sweep JSON>``: bench/gpu_device.sh fp8-tune).
 
 The GPU converts activations to e4m3 with cvt.rn.satfinite (round to nearest even,
@@ -20,6 +21,7 @@ import functools
 
 import numpy as np
 import pytest
+from helios_ignition.capture import launch
 from helios_tools import kernels as K
 from helios_tools.kernels.fp8 import decode_e4m3, quantize_rows
 
@@ -29,7 +31,7 @@ SHAPES = [(1, 960, 576), (5, 1536, 576), (33, 576, 1536), (300, 4096, 512), (3, 
 # The Llama-3.1-8B products (qkv, o, gate_up, down) at the row counts decode and prefill
 # launch: each row count takes its own path or tile (launch.fp8_constants).
 SHAPES_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
-ROWS_8B = [1, 8, 64, 256, 1024]
+ROWS_8B = [1, 2, 8, 16, 64, 256, 1024]
 OPS = ["linear_fp8", "linear_add_fp8", "rmsnorm_linear_fp8", "swiglu_linear_fp8",
        "swiglu_linear_add_fp8"]
 
@@ -97,6 +99,18 @@ def test_fp8_product(gpu, rng, op, T, N, K_):
 @pytest.mark.parametrize("op", OPS)
 def test_fp8_product_8b(gpu, rng, op, N, K_, T):
     """Every op at every 8B matrix and row count (the GEMV at 1 row, the tiles above)."""
+    err, _ = _check(gpu, op, *_inputs(rng, T, N, K_, _weights(N, K_)), T, N, K_)
+    assert err < 2e-3
+
+
+@pytest.mark.parametrize("T", [5, 8, 16])
+@pytest.mark.parametrize("few", ["table", "8,512,4"])
+@pytest.mark.parametrize("op", OPS)
+def test_fp8_few_rows_knob(gpu, rng, monkeypatch, op, few, T):
+    """The few-row rule's alternatives (HELIOS_FP8_FEW): the table / default tiles as
+    before the rows form, and the rows form with other tiles, at the 8B qkv shape."""
+    monkeypatch.setattr(launch, "FP8_FEW", few)
+    N, K_ = 6144, 4096
     err, _ = _check(gpu, op, *_inputs(rng, T, N, K_, _weights(N, K_)), T, N, K_)
     assert err < 2e-3
 

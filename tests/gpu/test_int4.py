@@ -1,6 +1,7 @@
 """The W4A16 Triton products (kernels_triton/int4.py, every INT4 form) against their NumPy
-references (helios_tools/kernels/int4.py) at M = 1, 8, 64, 256 token rows, SmolLM2 and
-Llama-3.1-8B shapes, group 128 (64 at K = 576); then the real SmolLM2 exported with
+references (helios_tools/kernels/int4.py) at M = 1, 3, 8, 16, 20, 64, 256 token rows,
+SmolLM2 and Llama-3.1-8B shapes, group 128 (64 at K = 576), under the default launch
+rules and the older forms their knobs keep (HELIOS_INT4_ROWS, HELIOS_INT4_TILE); then the real SmolLM2 exported with
 ``--quantize int4`` served on the cuda backend against the cpu backend of the same core.
 
 Below 32 rows the GEMV multiplies in f32 on the FMA units: the same dequantized values as
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helios_ignition.capture import launch
 from helios_ignition.capture.launch import INT4_MMA_ROWS
 from helios_tools import kernels as K
 from helios_tools.kernels.int4 import INT4_FORMS, int4_group, quantize_int4
@@ -27,7 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDENS = json.loads((ROOT / "tests/golden/smollm2_goldens.json").read_text())
 SHAPES = [(m, n, k) for m in (1, 8, 64, 256)
           for n, k in ((960, 576), (6144, 4096), (4096, 14336))] + [
-          (1, 28672, 4096), (1, 128256, 4096), (33, 576, 1536)]
+          (1, 28672, 4096), (1, 128256, 4096), (33, 576, 1536),
+          # partial token tiles of the rows form (3 of 4, 20 = 16 + 4) and 16 rows
+          (3, 960, 576), (16, 4096, 14336), (20, 6144, 4096)]
+# The launch rules' older forms, still selectable at capture (HELIOS_INT4_ROWS=v1,
+# HELIOS_INT4_TILE=v1), and the byte form at one row: (T, rows spec, tile spec).
+KNOBS = [(1, "v1", "v2"), (8, "v1", "v2"), (1, "8,512,4,0,8,256,4", "v2"),
+         (64, "v2", "v1"), (256, "v2", "v1")]
 
 
 def rel(a, b) -> float:
@@ -39,6 +47,21 @@ def rel(a, b) -> float:
 @pytest.mark.parametrize("T,N,K_", SHAPES)
 @pytest.mark.parametrize("op", sorted(INT4_FORMS.values()))
 def test_int4_product(gpu, op, T, N, K_):
+    _check(gpu, op, T, N, K_)
+
+
+@pytest.mark.parametrize("T,rows,tile", KNOBS)
+@pytest.mark.parametrize("op", sorted(INT4_FORMS.values()))
+def test_int4_product_knobs(gpu, monkeypatch, op, T, rows, tile):
+    """The forms the knobs keep selectable, at the 8B down projection's shape."""
+    monkeypatch.setattr(launch, "INT4_ROWS", rows)
+    monkeypatch.setattr(launch, "INT4_TILE", tile)
+    _check(gpu, op, T, 4096, 14336)
+
+
+def _check(gpu, op, T, N, K_):
+    """`op` on the GPU against its reference: relative 1e-5 on the FMA forms, 2e-3 on the
+    TF32 tiles (from INT4_MMA_ROWS rows)."""
     rng = np.random.default_rng(T * N + K_)
     x = rng.standard_normal((T, 2 * K_)).astype(np.float32)
     g = (1 + 0.1 * rng.standard_normal(K_)).astype(np.float32)

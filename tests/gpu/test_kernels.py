@@ -568,6 +568,16 @@ def _long_case(rng, H, KVH, HD, B, ctx, PT=16, MP=512):
     return pages, kc, vc, kn, vn, qkv, slot, pos
 
 
+def _assert_parts(got, ml, po, slot):
+    """The split kernel's partials against the reference's, on what the merge reads: the
+    statistics of every split of a live row, the outputs of its live splits (the live-split
+    layout leaves the rest unwritten: poisoned)."""
+    live = slot >= 0
+    written = live[:, None, None] & (ml[..., 1] != 0)
+    assert rel(got["part_ml"][live], ml[live]) < 1e-5
+    assert rel(got["part_o"][written], po[written]) < 1e-5
+
+
 # (H, KVH, HD, B, ctx): small NumPy references (the device time of these tests is mostly
 # the host's reference), every launch-rule branch: one tile per split at HD 64 and 128,
 # several splits per program at 64 rows, an odd head dim.
@@ -598,7 +608,7 @@ def test_attention_decode_split_merge_long(gpu, rng, monkeypatch, rule, H, KVH, 
                              NS, split, scale)
     got = gpu.run("attention_decode_split", qkv, pos, slot, pages, kn, vn, np.zeros_like(ml),
                   np.zeros_like(po), B, MP, PT, H, KVH, HD, NS, split, scale)
-    assert rel(got["part_ml"], ml) < 1e-5 and rel(got["part_o"], po) < 1e-5
+    _assert_parts(got, ml, po, slot)
     out = gpu.run("attention_decode_merge", got["part_ml"], got["part_o"], slot,
                   np.zeros_like(ref), B, H, HD, NS)["out"]
     assert rel(out, ref) < 1e-5
@@ -799,3 +809,86 @@ def test_linear_prefill_tc_folded(gpu, rng, T, N, K_):
     K.linear_add(x, w, ref, T, N, K_)
     out = gpu.run("linear_add", x, bits, res, T, N, K_, bf16=("weight",))["out"]
     assert rel(out - res, ref - res) < 5e-5
+
+
+def _live_case(rng, H, KVH, HD, B, MP=512, PT=16):
+    """Rows of every length 1 .. MP * PT (the recipes' 8,192-position capacity): row 0 at
+    position 0, row 1 (B > 1) at the last position, the rest mostly short with a few long
+    ones, one padding row (B > 2). Page-table rows index a shared 640-page pool (reads
+    only; keeps the 8B geometry's cache at 42 MB) and hold unmapped ids past each row's
+    last page."""
+    P = 640
+    kc = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    vc = rng.standard_normal((P, PT, KVH, HD)).astype(np.float32)
+    qkv = rng.standard_normal((B, (H + 2 * KVH) * HD)).astype(np.float32)
+    pos = rng.integers(0, 300, B)
+    long = rng.random(B) < 0.05
+    pos[long] = rng.integers(300, MP * PT, int(long.sum()))
+    pos[0] = 0
+    if B > 1:
+        pos[1] = MP * PT - 1
+    pos = pos.astype(np.int32)
+    slot = np.arange(B, dtype=np.int32)
+    if B > 2:
+        slot[2] = -1
+    pages = rng.integers(0, P, (B, MP)).astype(np.int32)
+    for b in range(B):
+        pages[b, int(pos[b]) // PT + 1:] = 1 << 30
+    return pages, kc, vc, qkv, slot, pos
+
+
+def _split_merge(gpu, qkv, pos, slot, pages, kc, vc, B, MP, PT, H, KVH, HD, NS, split, scale):
+    ml = np.zeros((B, H, NS, 2), np.float32)
+    got = gpu.run("attention_decode_split", qkv, pos, slot, pages, kc, vc, ml,
+                  np.zeros((B, H, NS, HD), np.float32), B, MP, PT, H, KVH, HD, NS, split,
+                  scale)
+    out = gpu.run("attention_decode_merge", got["part_ml"], got["part_o"], slot,
+                  np.zeros((B, H * HD), np.float32), B, H, HD, NS)["out"]
+    return got, out
+
+
+@pytest.mark.parametrize("B,MP", [(1, 512), (8, 512), (64, 512), (256, 512), (8, 1024),
+                                  (256, 1024)])
+@pytest.mark.parametrize("H,KVH,HD", [(32, 8, 128), (9, 3, 64)])
+def test_attention_decode_live_splits(gpu, rng, monkeypatch, H, KVH, HD, B, MP):
+    """Rule v3's live-split layout (``LIVE``: programs over each row's live splits only,
+    empty splits' outputs unwritten) at 1, 8, 64 and 256 rows of 1 .. 8,192 positions
+    (one tile a split) and 8 and 256 rows of 1 .. 16,384 (128 splits of 128: GROUPED=3's
+    walk), against the NumPy reference row by row (poisoned outputs); and each row
+    bitwise what it gets alone in a batch of one (another LIVE), under other program
+    counts, and under the knob's 0 (a program per split, several per program at 64+ rows
+    of one-tile splits): the results depend on neither the bucket nor the layout."""
+    from helios_ignition.capture import launch
+    from helios_ignition.capture.buffers import decode_splits
+
+    monkeypatch.setattr(launch, "ATTN_LIVE", 4096)  # the default, whatever the env says
+    monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 1)
+    PT = 16
+    NS, split = decode_splits(MP * PT)
+    pages, kc, vc, qkv, slot, pos = _live_case(rng, H, KVH, HD, B, MP=MP)
+    scale = HD ** -0.5
+    args = (B, MP, PT, H, KVH, HD, NS, split, scale)
+    c = launch.attention_split_constants(B, H, KVH, HD, NS, split)
+    assert c["LIVE"] == min(NS, -(-launch.ATTN_LIVE // (B * KVH)))
+    assert c["GROUPED"] == (3 if split > 64 else 2)
+    got, out = _split_merge(gpu, qkv, pos, slot, pages, kc, vc, *args)
+    ref = np.zeros((B, H * HD), np.float32)
+    ml = np.zeros((1, H, NS, 2), np.float32)
+    po = np.zeros((1, H, NS, HD), np.float32)
+    for b in np.flatnonzero(slot >= 0):  # row by row: the reference pads to the longest
+        one = (qkv[b:b + 1], pos[b:b + 1], slot[b:b + 1], pages, kc, vc)
+        K.attention_decode(*one, ref[b:b + 1], 1, MP, PT, H, KVH, HD, scale)
+        K.attention_decode_split(*one, ml, po, 1, MP, PT, H, KVH, HD, NS, split, scale)
+        _assert_parts({"part_ml": got["part_ml"][b:b + 1], "part_o": got["part_o"][b:b + 1]},
+                      ml, po, slot[b:b + 1])
+    assert rel(out, ref) < 1e-5
+    assert (out[slot < 0] == 0).all()
+    bits = out.view(np.uint32)
+    for b in {0, B - 1, 1 % B}:
+        alone = _split_merge(gpu, qkv[b:b + 1], pos[b:b + 1], slot[b:b + 1], pages, kc, vc,
+                             1, *args[1:])[1]
+        assert np.array_equal(alone.view(np.uint32), bits[b:b + 1]), b
+    for target in (1, 3 * B * KVH, 0):  # one program a (row, kv head); 3; the old grid
+        monkeypatch.setattr(launch, "ATTN_LIVE", target)
+        again = _split_merge(gpu, qkv, pos, slot, pages, kc, vc, *args)[1]
+        assert np.array_equal(again.view(np.uint32), bits), target

@@ -5,7 +5,10 @@ sm_90 with no GPU, the launch metadata lands in the manifest, and ``ignition exp
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 import types
+from pathlib import Path
 
 import pytest
 from helios_contract.schema import core_pb2
@@ -317,18 +320,38 @@ def test_attention_rules_compile_for_sm90(rule):
         assert ck.shared_bytes <= 227 * 1024
 
 
-def test_long_context_attention_compiles_for_sm90():
-    """Rule v3's split layouts (one tile per 64-position split, several splits per
-    program at 64 rows; GROUPED=3 for longer splits; the tuned kernel without SPP) and
-    the one-launch ``attention_decode_fused`` (fenced, acquire-release split counters)
-    at the 8B, SmolLM2 and an odd-HD geometry."""
+def test_long_context_attention_compiles_for_sm90(monkeypatch):
+    """Rule v3's split layouts (one tile per 64-position split: over the live splits
+    (``LIVE``, about HELIOS_ATTN_LIVE programs) or, with that knob 0, several splits per
+    program at 64 rows; GROUPED=3 for longer splits; the tuned kernel without SPP or
+    LIVE) and the one-launch ``attention_decode_fused`` (fenced, acquire-release split
+    counters) at the 8B, SmolLM2 and an odd-HD geometry."""
+    from helios_ignition.capture import launch
     from helios_ignition.capture.launch import (
         attention_fused_constants,
         attention_split_constants,
     )
     from helios_ignition.kernels_aot import compile_all
 
+    monkeypatch.setattr(launch, "ATTN_LIVE", 4096)  # the default, whatever the env says
+    monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 1)
     variants = []
+    for B, KVH, NS, live in [(256, 8, 32, 2), (64, 8, 128, 8), (1, 8, 32, 32),
+                             (256, 3, 128, 6), (8, 3, 128, 128)]:
+        c = attention_split_constants(B, KVH * 4, KVH, 128, NS, 64, "v3")
+        assert c["GROUPED"] == 2 and c["LIVE"] == live and "SPP" not in c
+        assert launch.launch_config("attention_decode_split", [B, 0, 16, KVH * 4, KVH, 128,
+                                                               NS, 64, 0.1]).grid == (B, KVH,
+                                                                                      live)
+        variants.append(("attention_decode_split", c))
+    for H, KVH, HD in [(32, 8, 128), (6, 2, 40)]:  # splits of 2 tiles (GROUPED=3)
+        c = attention_split_constants(256, H, KVH, HD, 128, 128, "v3")
+        assert c["GROUPED"] == 3 and c["LIVE"] == -(-4096 // (256 * KVH))
+        variants.append(("attention_decode_split", c))
+    assert "LIVE" not in attention_split_constants(64, 32, 8, 128, 128, 64, "v3", tuned=True)
+    monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 64)
+    assert "LIVE" not in attention_split_constants(8, 32, 8, 128, 128, 64, "v3")
+    monkeypatch.setattr(launch, "ATTN_LIVE", 0)
     for H, KVH, HD, spp in [(32, 8, 128, 2), (9, 3, 64, 4), (6, 2, 40, 4)]:
         walk = attention_split_constants(8, H, KVH, HD, 128, 128, "v3")  # splits of 2 tiles
         assert walk["GROUPED"] == 3 and walk["BLOCK_N"] == 64
@@ -530,15 +553,16 @@ def test_prefill_tc_rule_and_compile_for_sm90(monkeypatch):
 
 def test_int4_forms_compile_for_sm90():
     """Each INT4 kernel and prologue (none, RMS norm, SwiGLU with the residual add) on
-    both of its paths (row GEMV below INT4_MMA_ROWS, tl.dot tiles from it) at SmolLM2
-    (group 64 and 128) and 8B shapes."""
+    each of its forms (one row: the word form; a few rows: the rows form; tl.dot tiles
+    from INT4_MMA_ROWS) at SmolLM2 (group 64 and 128) and 8B shapes."""
     from helios_ignition.capture.launch import launch_config
     from helios_ignition.kernels_aot import compile_all
     from helios_tools.kernels.int4 import int4_group
 
     kernels = []
     for op in ("linear_int4", "rmsnorm_linear_int4", "swiglu_linear_add_int4"):
-        for T, N, K in [(1, 960, 576), (64, 576, 1536), (256, 6144, 4096)]:
+        for T, N, K in [(1, 960, 576), (1, 4096, 14336), (8, 4096, 4096), (20, 6144, 4096),
+                        (64, 576, 1536), (256, 6144, 4096), (64, 4096, 14336)]:
             at = 3 if op.startswith("rmsnorm") else 2
             views = [types.SimpleNamespace(shape=(N, K // int4_group(K)),
                                            buffer=types.SimpleNamespace(dtype="f32"))] * 6
@@ -553,8 +577,9 @@ def test_int4_forms_compile_for_sm90():
 def test_kv_fp8_forms_compile_for_sm90():
     """Every e4m3 KV cache form (kernels_triton/kv_fp8.py: uint8 planes decoded through
     ``tl.float8e4nv``, the write's ``cvt.rn.satfinite``) at its f32 op's launch constants:
-    each split layout (GROUPED 0-3, several splits per program), the fused and tuned
-    decode, prefill and the windowed forms, at the 8B and SmolLM2 geometries."""
+    each split layout (GROUPED 0-3, the live-split layout, several splits per program), the
+    fused and tuned decode, prefill and the windowed forms, at the 8B and SmolLM2
+    geometries."""
     from helios_ignition.capture.launch import (
         attention_fused_constants,
         attention_split_constants,
@@ -568,6 +593,11 @@ def test_kv_fp8_forms_compile_for_sm90():
                                    (8, 128, 64, "v1"), (64, 128, 64, "v1")]:
             variants.append(("attention_decode_split_fp8kv",
                              attention_split_constants(B, H, KVH, HD, NS, split, rule)))
+        # rule v3 without the live-split layout (HELIOS_ATTN_LIVE=0): several splits a program
+        live = attention_split_constants(64, H, KVH, HD, 128, 64, "v3")
+        assert live.get("LIVE")
+        variants.append(("attention_decode_split_fp8kv",
+                         {**{k: v for k, v in live.items() if k != "LIVE"}, "SPP": 4}))
         variants.append(("attention_decode_split_tuned_fp8kv",
                          attention_split_constants(64, H, KVH, HD, 128, 64, "v3", tuned=True)))
         variants.append(("attention_decode_fused_fp8kv",
@@ -585,3 +615,61 @@ def test_kv_fp8_forms_compile_for_sm90():
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+def test_repacked_gguf_forms_compile_for_sm90():
+    """Each INT4_MIN and INT8 kernel and prologue (none, RMS norm, SwiGLU with the residual
+    add) on both paths (row GEMV, tl.dot tiles) at SmolLM2 and 8B shapes, groups of 32 and
+    (INT8, Q6_K's) 16; and the INT8 embedding gather."""
+    from helios_ignition.capture.launch import launch_config
+    from helios_ignition.kernels_aot import compile_all
+
+    kernels = []
+    for op in ("linear_int4_min", "rmsnorm_linear_int4_min", "swiglu_linear_add_int4_min",
+               "linear_int8", "rmsnorm_linear_int8", "swiglu_linear_add_int8"):
+        for T, N, K in [(1, 960, 576), (64, 576, 1536), (256, 6144, 4096)]:
+            group = 16 if op.endswith("int8") and K == 4096 else 32
+            at = 3 if op.startswith("rmsnorm") else 2
+            views = [types.SimpleNamespace(shape=(N, K // group),
+                                           buffer=types.SimpleNamespace(dtype="f32"))] * 6
+            scalars = [T, N, K, 1e-5] if op.startswith("rmsnorm") else [T, N, K]
+            c = launch_config(op, scalars, views[:at + 1]).constants
+            assert c["GROUP"] == group
+            kernels.append(variant_kernel(f"{op}{len(kernels)}", op, c))
+    table = [types.SimpleNamespace(shape=s, buffer=types.SimpleNamespace(dtype="f32"))
+             for s in ((4,), (49152, 576), (49152, 18))]
+    c = launch_config("embedding_int8", [4, 576], table).constants
+    kernels.append(variant_kernel("embedding_int8", "embedding_int8", c))
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
+        assert ck.shared_bytes <= 227 * 1024
+
+
+def test_fp8_gemv_forms_compile_for_sm90_without_spills():
+    """The FP8 GEMV at a few rows (BLOCK_T token rows a program) and with EARLY (the first
+    codes before the prologue pass) for each prologue at the 8B shapes: cubins for sm_90
+    without a stack frame (register spills would cost the decode its bandwidth)."""
+    from helios_ignition.capture import launch
+    from helios_ignition.kernels_aot import compile_all
+
+    kernels = []
+    for op, N, K in [("linear_add_fp8", 4096, 4096), ("rmsnorm_linear_fp8", 6144, 4096),
+                     ("swiglu_linear_add_fp8", 4096, 14336)]:
+        for T in (8, 16):
+            scalars = [T, N, K, 1e-5] if op.startswith("rmsnorm") else [T, N, K]
+            c = launch.launch_config(op, scalars).constants
+            kernels.append(variant_kernel(f"{op}{len(kernels)}", op, {**c, "EARLY": 1}))
+    for ck in compile_all(kernels, ("sm_90",), workers=2):
+        assert ck.binary[:4] == ELF_MAGIC
+        assert _stack_bytes(ck.binary) == 0, ck.kernel_id
+
+
+def _stack_bytes(cubin: bytes) -> int:
+    """The STACK of a cubin by Triton's bundled cuobjdump (the frame spills go to)."""
+    import triton  # optional (Linux x86-64), as in kernels_aot
+
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    return max(int(w[6:]) for w in text.split() if w.startswith("STACK:"))

@@ -136,3 +136,40 @@ def test_an_interrupt_is_one_line_exit_130(key, tmp_path, monkeypatch):
     result = CliRunner().invoke(cli.main, [str(a) for a in _export(key, tmp_path / "x.core")])
     assert result.exit_code == 130
     assert result.stderr.strip().splitlines() == ["ignition: error: interrupted"]
+
+
+FAMILIES = "supported families: gemma3, llama, qwen3, qwen3_moe"  # families/registry.py
+
+
+@pytest.mark.parametrize(("recipe", "checkpoint", "found"), [
+    ("llama", "qwen3_gguf/dense_tied.f32.gguf", "architecture 'Qwen3ForCausalLM' is family "
+     "'qwen3', not the recipe's family 'llama'"),
+    ("gemma3_270m", "qwen3/moe", "architecture 'Qwen3MoeForCausalLM' is family 'qwen3_moe', "
+     "not the recipe's family 'gemma3'"),
+])  # fmt: skip
+def test_a_checkpoint_of_another_family_is_one_line_naming_its_architecture(
+        key, tmp_path, recipe, checkpoint, found):
+    """A GGUF and a safetensors checkpoint. It said "recipe dense-tied.f32.gguf: the
+    recipe's family 'llama' does not capture this checkpoint" (the llama recipe's name is
+    the checkpoint's) and named no supported family."""
+    path = REPO / "tests" / "fixtures" / checkpoint
+    proc = _ignition("export", REPO / "recipes" / f"{recipe}.py", "--checkpoint", path,
+                     "--key", key, "--namespace", "a.example/m", "--out", tmp_path / "x.core")
+    assert proc.returncode == 1
+    assert _one_line(proc) == f"ignition: error: checkpoint {path}: {found}; {FAMILIES}"
+    assert not (tmp_path / "x.core").exists()
+
+
+def test_a_safetensors_checkpoint_of_an_unsupported_architecture_is_one_line(key, tmp_path):
+    """The GGUF case (`general.architecture`): tests/ignition/test_gemma3_family.py."""
+    folder = tmp_path / "mamba"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"architectures": ["MambaForCausalLM"]}')
+    proc = _ignition("export", REPO / "recipes" / "llama.py", "--checkpoint", folder, "--key",
+                     key, "--namespace", "a.example/m", "--out", tmp_path / "x.core")
+    assert proc.returncode == 1
+    assert _one_line(proc) == (
+        f"ignition: error: {folder}: architecture 'MambaForCausalLM' is not supported; "
+        "supported: LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+        "Gemma3ForCausalLM")
+    assert not (tmp_path / "x.core").exists()

@@ -25,7 +25,7 @@ from helios_ignition.checkpoint.gemma3 import layer_windows
 from helios_ignition.families.gemma3 import Gemma3Shapes
 from helios_ignition.families.registry import FamilyMismatchError, family_shapes
 from helios_ignition.recipe import load_recipe_module
-from helios_ignition.weights import iter_stored_weights
+from helios_ignition.weights import as_q8_0_blocks, gguf_blocks, iter_stored_weights
 from helios_tools.frontend_assets import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,6 +85,47 @@ def test_norms_are_hf_values_and_stored_as_one_plus_w(checkpoint):
                                [1.0, 1e6 ** (-2 / 256), 1e6 ** (-254 / 256)], rtol=1e-6)
     np.testing.assert_allclose(stored["rope_inv_freq_local"][[0, 1, 127]],
                                [1.0, 1e4 ** (-2 / 256), 1e4 ** (-254 / 256)], rtol=1e-6)
+
+
+QKV_BUFFERS = ("L0.wqkv", "L2.wqkv")
+
+
+@dataclass(frozen=True)
+class QkvOnly(Gemma3Shapes):
+    """Gemma 3's shapes storing only `QKV_BUFFERS`: layer 0's [q; k; v] of Q5_0 and Q8_0
+    rows, layer 2's all Q5_0."""
+
+    def weight_layout(self) -> dict[str, tuple[int, ...]]:
+        return {n: s for n, s in super().weight_layout().items() if n in QKV_BUFFERS}
+
+
+def test_a_qkv_of_q5_0_and_q8_0_rows_is_stored_as_exact_q8_0_blocks(checkpoint):
+    """llama.cpp runs Gemma 3's q, k and v as three products over 8-bit activation blocks;
+    the fused buffer keeps that by storing the Q5_0 rows as the Q8_0 blocks of the same
+    values (one f16 scale and 32 integers a block), not as f32."""
+    shapes = QkvOnly.from_geometry(checkpoint.geometry)
+    sources = shapes.checkpoint_tensors("L0.wqkv")
+    assert [checkpoint.block_type(n) for n in sources] == ["Q5_0", "Q5_0", "Q8_0"]
+    assert gguf_blocks(checkpoint, shapes) == {"L0.wqkv": "Q8_0", "L2.wqkv": "Q5_0"}
+    stored = {w.buffer: w.array for w in iter_stored_weights(
+        checkpoint, shapes, "gguf", blocks=gguf_blocks(checkpoint, shapes))}
+    assert stored["L0.wqkv"].shape == (1536, 640 // 32 * 34)
+    values = gguf.quants.dequantize(stored["L0.wqkv"], gguf.GGMLQuantizationType.Q8_0)
+    np.testing.assert_array_equal(values, np.concatenate([checkpoint.tensor(n)
+                                                          for n in sources]))
+    assert stored["L2.wqkv"].shape == (1536, 640 // 32 * 22)  # one type: blocks as stored
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_0"])
+def test_q4_0_and_q5_0_blocks_reencode_exactlyas_q8_0_blocks(kind):
+    x = np.random.default_rng(3).standard_normal((3, 96)).astype(np.float32) * 4
+    x[0, :32] = 0.0  # a block of zeros: scale 0
+    quant = getattr(gguf.GGMLQuantizationType, kind)
+    blocks = gguf.quants.quantize(x, quant)
+    q8 = as_q8_0_blocks(kind, blocks)
+    assert q8.shape == (3, 3 * 34)
+    np.testing.assert_array_equal(gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0),
+                                  gguf.quants.dequantize(blocks, quant))
 
 
 def test_the_sentencepiece_vocabulary_converts(checkpoint):
@@ -168,8 +209,9 @@ def test_a_recipe_of_another_family_is_refused(checkpoint):
     # tests/ignition/families/test_qwen3.py.
     with pytest.raises(FamilyMismatchError) as caught:
         family_shapes("llama", checkpoint.geometry)
-    assert str(caught.value) == ("the recipe's family 'llama' does not capture this "
-                                 "checkpoint, whose architecture is family 'gemma3'")
+    assert str(caught.value) == ("architecture 'gemma3' is family 'gemma3', not the "
+                                 "recipe's family 'llama'; supported families: gemma3, "
+                                 "llama, qwen3, qwen3_moe")
     assert type(family_shapes("gemma3", checkpoint.geometry)) is Gemma3Shapes
 
 

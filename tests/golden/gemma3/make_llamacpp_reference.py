@@ -14,6 +14,14 @@ template (recipes/gemma3_270m.py; `<bos>` comes from the template) or takes it a
 text, and records per prompt: the text, llama.cpp's token ids for it (special tokens
 parsed, nothing added), and STEPS greedy steps (EOS does not stop the loop), each with
 the chosen id and the top TOP_K (id, logit) pairs of the logits that chose it.
+
+llama.cpp's context defaults are kept (flash attention `auto`, K and V cache f16). On the
+cpu `auto` turns flash attention on, and its graph casts f32 keys and values to f16 for
+it, so `type_k = type_v = f32` wrote the same logits bit for bit (measured on this build):
+an f32 cache does not make this reference more exact. Flash attention off (f32 softmax
+and products) moves llama.cpp's own top-5 logits by up to 1.2 and its own greedy ids
+(`long_text` parts from the default at step 6, `france` at 7, `multiturn_code` at 0): the
+free-running ids past a near-tie are as much the attention path's as the model's.
 """
 
 from __future__ import annotations

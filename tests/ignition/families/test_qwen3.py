@@ -110,8 +110,10 @@ def test_recipe_family_must_match_the_checkpoint(tmp_path, signing_key_pair):
                         "--key", signing_key_pair[0], "--namespace", NAMESPACE, "--out",
                         tmp_path / "x.core")
     assert result.exit_code != 0
-    assert "the recipe's family 'llama' does not capture this checkpoint, whose " \
-        "architecture is family 'qwen3_moe'" in result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"ignition: error: checkpoint {FIXTURES / 'moe'}: architecture "
+        "'Qwen3MoeForCausalLM' is family 'qwen3_moe', not the recipe's family 'llama'; "
+        "supported families: gemma3, llama, qwen3, qwen3_moe")
     assert list(tmp_path.iterdir()) == []
 
 

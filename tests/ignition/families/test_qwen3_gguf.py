@@ -279,4 +279,35 @@ def test_a_gguf_core_serves_llama_cpps_greedy_text_over_http(tmp_path, signing_k
     assert 2 not in want  # <|im_end|> would stop the completion early
     assert served.model_name == "qwen3-dense-untied.f32"
     assert r.usage.prompt_tokens == len(LLAMA_CPP["dense_untied.f32/p2/ids"])
-    assert r.choices[0].text == bootstrap.tokenizer.decode(want, skip_special_tokens=False)
+    assert r.choices[0].text == bootstrap.tokenizer.decode(want, skip_special_tokens=True)
+
+
+def test_a_control_token_is_no_text_in_served_output(tmp_path, signing_key_pair):
+    """The Q8_0 dense core's greedy continuation of prompt 0 (llama.cpp's ids) holds
+    `<|endoftext|>` (id 0, a CONTROL token, exported special) twice: it used to appear in
+    the text; the text is now the ids decoded skipping special tokens (HF's
+    `skip_special_tokens=True`, vLLM's default), and every id is still counted."""
+    from helios_serve.bootstrap import Bootstrap
+
+    from tests.ignition.families.test_qwen3_http import Served
+
+    out = tmp_path / "q8.core"
+    result = run_export(QWEN3_RECIPE, "--checkpoint", FIXTURES / "dense_untied.q8_0.gguf",
+                        "--key", signing_key_pair[0], "--namespace", NAMESPACE, "--out", out,
+                        "--weight-dtype", "gguf")
+    assert result.exit_code == 0, result.output
+    bootstrap = Bootstrap.load(out, [signing_key_pair[1]], NAMESPACE)
+    served = Served(bootstrap, load_native(bootstrap.core, "cpu"))
+    try:
+        r = served.openai().completions.create(
+            model=served.model_name, prompt=LLAMA_CPP["dense_untied.q8_0/p0/ids"].tolist(),
+            max_tokens=GREEDY, temperature=0.0, logprobs=0)
+    finally:
+        served.server.stop()
+    want = LLAMA_CPP["dense_untied.q8_0/p0/greedy"].tolist()
+    assert want.count(0) == 2 and 2 not in want
+    choice = r.choices[0]
+    assert choice.logprobs.tokens[3] == "<|endoftext|>"  # the sampled ids: llama.cpp's
+    assert r.usage.completion_tokens == GREEDY
+    assert choice.text == bootstrap.tokenizer.decode(want, skip_special_tokens=True)
+    assert "<|endoftext|>" not in choice.text

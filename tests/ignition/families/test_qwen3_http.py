@@ -200,4 +200,4 @@ def test_the_cores_weights_serve_greedy_ids(tmp_path, keys):
     finally:
         served.server.stop()
     assert r.usage.completion_tokens == len(want) == 6
-    assert r.choices[0].text == bootstrap.tokenizer.decode(want, skip_special_tokens=False)
+    assert r.choices[0].text == bootstrap.tokenizer.decode(want, skip_special_tokens=True)

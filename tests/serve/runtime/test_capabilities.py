@@ -200,16 +200,22 @@ def test_both_backends_share_the_scheduler_packing_and_frontend():
     differ = {f for f in CPU.__dataclass_fields__ if getattr(CPU, f) != getattr(CUDA, f)}
     assert differ == {"backend", "reference_ops", "argument_alignment_bytes", "max_ranks",
                       "storage_types", "storage_ops", "storage_forms"}
-    # quantized weights: GGUF blocks on cpu only, FP8 and INT4 on both through the same ops
+    # quantized weights: GGUF blocks on cpu only; FP8, INT4 and the repacked GGUF forms
+    # (INT4_MIN, INT8) on both through the same ops
     fp8, int4 = mpb.STORAGE_TYPE_FP8_E4M3, mpb.STORAGE_TYPE_INT4
-    assert CUDA.storage_types == {fp8, int4} and {fp8, int4} <= CPU.storage_types
+    int4_min, int8 = mpb.STORAGE_TYPE_INT4_MIN, mpb.STORAGE_TYPE_INT8
+    assert CUDA.storage_types == {fp8, int4, int4_min, int8} <= CPU.storage_types
     assert CPU.forms(fp8) == CUDA.forms(fp8) == {
         "linear_fp8", "linear_add_fp8", "rmsnorm_linear_fp8", "swiglu_linear_fp8",
         "swiglu_linear_add_fp8"}
     assert CPU.forms(int4) == CUDA.forms(int4) == {
         "linear_int4", "linear_add_int4", "rmsnorm_linear_int4", "swiglu_linear_int4",
         "swiglu_linear_add_int4"}
-    assert CUDA.storage_ops == CUDA.forms(fp8) | CUDA.forms(int4)
+    assert CPU.forms(int4_min) == CUDA.forms(int4_min) == {f"{op}_min" for op in CUDA.forms(int4)}
+    assert CPU.forms(int8) == CUDA.forms(int8) == {
+        op.replace("_int4", "_int8") for op in CUDA.forms(int4)} | {"embedding_int8"}
+    assert CUDA.storage_ops == (CUDA.forms(fp8) | CUDA.forms(int4) | CUDA.forms(int4_min)
+                                | CUDA.forms(int8))
     assert CPU.storage_args == CUDA.storage_args
     assert CPU.reference_ops == frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS)
     assert CUDA.reference_ops is None

@@ -3,14 +3,21 @@ llama.cpp on the same file (tests/golden/gemma3/llamacpp_reference.json, written
 make_llamacpp_reference.py beside it).
 
 Tolerance: the core keeps the GGUF's blocks and runs its quantized products through ggml,
-as llama.cpp does, but not every product alike: the fused QKV matrix mixes Q5_0 (q, k)
-and Q8_0 (v) rows, so the core stores it as f32 and its activations are not quantized.
-Measured (when the GeGLU, norms and attention still ran as NumPy) with teacher forcing on the
-golden prompts: the reference's top-5 logits differ by at most 1.63 (mean about 0.4), and
-the argmax differs only where the reference's top two are within 0.42 of each other
-(system_haiku step 3: 0.41; france step 7: 0.08). The test holds the logits to 2.0 and the
-argmax to every step whose reference margin is at least 0.5, and the free-running greedy
-ids to the reference up to the first step under that margin.
+as llama.cpp does. The fused QKV matrix mixes Q5_0 (q, k) and Q8_0 (v) rows in half the
+layers; it was stored f32, its activations then not quantized (llama.cpp runs three
+products over 8-bit activation blocks). It is now stored as Q8_0 blocks of exactly the
+same values (weights.gguf_blocks), which computes llama.cpp's products: measured with
+teacher forcing on the 5 golden prompts x 16 steps, the reference's top-5 logits differ
+by at most 0.97 (mean about 0.35; before: 1.64, mean about 0.45), 79 of 80 argmaxes are
+the reference's (before: 78) and 4 of the 5 free runs equal its 16 ids (before: 3). The
+argmax differs only at `france` step 7, where the reference's top two are 0.08 apart.
+What remains is not the QKV nor the ggml build nor the attention's precision (measured
+by hand, not a test: llama.cpp's own ggml libraries through HELIOS_GGML_LIB and ggml's
+flash attention over f16 keys and values, llama.cpp's cpu default, still leave
+differences of 0.3 on average and `france` parting at step 7).
+The test holds the logits to 1.0 and the argmax to every step whose reference margin is
+at least 0.5, and the free-running greedy ids to the reference up to the first step
+under that margin.
 
 The window matters: `long_text` is 982 tokens, past the local layers' 512-token window.
 Against llama.cpp its teacher-forced logits differ by at most 0.7 with every argmax
@@ -41,7 +48,7 @@ from helios_tools.frontend_assets import load_tokenizer, render_chat
 
 REFERENCE = json.loads((Path(__file__).parents[2] / "golden" / "gemma3" /
                         "llamacpp_reference.json").read_text())
-LOGIT_TOLERANCE = 2.0
+LOGIT_TOLERANCE = 1.0
 DECIDED_MARGIN = 0.5
 
 pytestmark = pytest.mark.timeout(900)
@@ -113,8 +120,7 @@ def test_cpu_backend_matches_llama_cpp(gemma3_core):
                     assert int(np.argmax(forced[k])) == step["id"], (prompt["name"], k)
     finally:
         model.close()
-    # Two of the five prompts agree for all 16 steps (three before the quantized products
-    # ran as whole ggml graphs: runtime/ggml_step.py); the others part only at near-ties,
-    # which the checks above bound.
-    assert sum(ids == [s["id"] for s in p["steps"]]
-               for p, ids in zip(REFERENCE["prompts"], free, strict=True)) >= 2
+    # Four of the five prompts agree for all 16 steps; `france` parts at step 7, a
+    # near-tie (margin 0.08), which the checks above bound.
+    assert [p["name"] for p, ids in zip(REFERENCE["prompts"], free, strict=True)
+            if ids != [s["id"] for s in p["steps"]]] == ["france"]

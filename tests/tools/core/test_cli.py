@@ -15,6 +15,11 @@ from helios_tools.cli import main
 from helios_tools.core import load_private_key
 from helios_tools.core.sample import SAMPLE_BACKENDS, SAMPLE_NAMESPACE, write_sample_core
 
+UNSIGNED_NOTE = ("signature not checked (no --trust): the core's structure was linted, not "
+                 "who signed it")
+INTEGRITY_SUMMARY = ("INTEGRITY FAILURE in 1 (listed first): the core is not what its "
+                     "publisher signed for this namespace; do not serve it")
+
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory) -> tuple[Path, Path, Path]:
@@ -140,6 +145,67 @@ def test_lint_core_signature_failure_is_a_finding(keyed, tmp_path):
     assert _run("lint-core", core, "--accept", "x").exit_code == 2  # --accept needs --trust
 
 
+def _tampered(core: Path, out: Path) -> Path:
+    data = bytearray(core.read_bytes())
+    data[-100] ^= 1  # inside the last frame: a resource fails its signed digest
+    out.write_bytes(data)
+    return out
+
+
+def test_lint_core_lists_an_integrity_failure_first_and_says_so_last(keyed, tmp_path):
+    """A tampered core's digest finding was one line among the others, under a plain
+    "N finding(s)"; it now leads, marked, and the summary says not to serve the core."""
+    _, pub, core = keyed
+    path = _tampered(core, tmp_path / "t.core")
+    text = _run("lint-core", path, "--trust", pub)  # every backend: the cpu finding too
+    assert text.exit_code == 1
+    lines = text.output.strip().splitlines()
+    assert lines[0].startswith("INTEGRITY FAILURE resource.integrity: resources[")
+    assert "ChunkDigestMismatch" in lines[0]
+    assert lines[1].startswith("runtime.reference_op: manifest.kernels[1].reference_op")
+    assert lines[-1] == f"{path}: 2 finding(s), {INTEGRITY_SUMMARY}"
+    data = json.loads(_run("lint-core", path, "--trust", pub, "--format", "json").output)
+    assert [f["rule"] for f in data["findings"]] == ["resource.integrity",
+                                                     "runtime.reference_op"]
+    assert (data["integrity_findings"], data["signature_checked"]) == (1, True)
+
+
+def test_integrity_findings_come_first_in_their_own_order():
+    from helios_contract import ContractError
+    from helios_tools.lint import Finding, integrity_first
+
+    found = [Finding.of(rule, ContractError, path) for rule, path in (
+        ("runtime.storage", "a"), ("resource.integrity", "b"), ("graph.missing", "c"),
+        ("core.UntrustedKey", "d"))]  # fmt: skip
+    assert [f.path for f in integrity_first(found)] == ["b", "d", "a", "c"]
+
+
+def test_lint_core_without_trust_says_the_signature_was_not_checked(keyed):
+    _, pub, core = keyed
+    unsigned = _run("lint-core", core, "--backend", *SAMPLE_BACKENDS)
+    assert unsigned.exit_code == 0
+    assert unsigned.output.strip().splitlines() == [f"note: {UNSIGNED_NOTE}",
+                                                    f"{core}: 0 finding(s)"]
+    data = json.loads(_run("lint-core", core, "--format", "json", "--backend",
+                           *SAMPLE_BACKENDS).output)
+    assert (data["signature_checked"], data["notes"]) == (False, [UNSIGNED_NOTE])
+    trusted = _run("lint-core", core, "--trust", pub, "--backend", *SAMPLE_BACKENDS)
+    assert trusted.output.strip().splitlines() == [f"{core}: 0 finding(s)"]
+
+
+def test_lint_core_names_the_backend_a_core_does_not_fit_and_the_option(keyed):
+    """The sample's kernel runs on cuda only: a default (every backend) lint says so and
+    names `--backend cuda`; a gguf-weights core's mirror image (cpu only):
+    tests/ignition/export/test_lint.py."""
+    _, pub, core = keyed
+    every = _run("lint-core", core, "--trust", pub)
+    assert every.exit_code == 1
+    assert every.output.strip().splitlines()[-2:] == [
+        "note: the cpu backend cannot execute this core (1 finding(s)): `--backend cuda` "
+        "lints it for the cuda backend alone", f"{core}: 1 finding(s)"]
+    assert _run("lint-core", core, "--trust", pub, "--backend", "cuda").exit_code == 0
+
+
 def _console_script() -> str:
     found = shutil.which("helios-tools", path=str(Path(sys.executable).parent))
     assert found, "the helios-tools console script is not installed in this environment"
@@ -243,12 +309,13 @@ def test_location_length_mismatch_is_one_line_everywhere(keyed, wrong_location_l
     assert inspect.exit_code == 2, inspect.output
     assert inspect.output.strip().splitlines()[-1].startswith(f"Error: {path}: {why}")
     assert f"resource {rid!r}" in inspect.output
-    for args in ([], ["--trust", pub]):
+    for args, notes in (([], [f"note: {UNSIGNED_NOTE}"]), (["--trust", pub], [])):
         lint = _run("lint-core", path, *args, "--backend", *SAMPLE_BACKENDS)
         assert lint.exit_code == 1, lint.output
         lines = lint.output.strip().splitlines()
-        assert lines[0].startswith(f"core.LengthMismatch: locations = {rid}: {why}"), lines
-        assert lines[1:] == [f"{path}: 1 finding(s)"]
+        assert lines[0].startswith("INTEGRITY FAILURE core.LengthMismatch: locations = "
+                                   f"{rid}: {why}"), lines
+        assert lines[1:] == [*notes, f"{path}: 1 finding(s), {INTEGRITY_SUMMARY}"]
     data = json.loads(_run("lint-core", path, "--format", "json", "--backend",
                            *SAMPLE_BACKENDS).output)
     assert [(f["rule"], f["value"]) for f in data["findings"]] == [("core.LengthMismatch", rid)]

@@ -46,6 +46,28 @@ def test_split_merge_equals_decode(split):
     assert (out[2] == 0).all()  # padding row
 
 
+def test_merge_reads_no_output_of_an_empty_split():
+    """The GPU's live-split layout leaves an empty split's ``part_o`` unwritten: the merge
+    gives the same bits whatever that buffer holds (NaN here)."""
+    rng = np.random.default_rng(3)
+    B, H, KVH, HD, PT, MP, split = 5, 6, 2, 16, 4, 16, 8
+    qkv, pos, slot, pages, kc, vc = _case(rng)
+    pos[1] = 9  # 2 live splits of 8
+    NS = PT * MP // split
+    ml = np.zeros((B, H, NS, 2), np.float32)
+    po = np.zeros((B, H, NS, HD), np.float32)
+    attention_decode_split(qkv, pos, slot, pages, kc, vc, ml, po, B, MP, PT, H, KVH, HD, NS,
+                           split, HD ** -0.5)
+    want = np.zeros((B, H * HD), np.float32)
+    attention_decode_merge(ml, po, slot, want, B, H, HD, NS)
+    empty = ml[..., 1] == 0
+    assert empty[1, :, 2:].all() and not empty[1, :, :2].any()
+    po[empty] = np.nan
+    got = np.zeros_like(want)
+    attention_decode_merge(ml, po, slot, got, B, H, HD, NS)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_split_rejects_positions_past_the_splits():
     rng = np.random.default_rng(0)
     B, H, KVH, HD, PT, MP = 5, 6, 2, 16, 4, 16

@@ -82,7 +82,11 @@ STORAGE_BLOCKS = {
     mpb.STORAGE_TYPE_GGUF_Q6_K: (256, 210),
 }
 # Element-wise codes whose scales lie in another buffer: bits per element.
-STORAGE_CODE_BITS = {mpb.STORAGE_TYPE_FP8_E4M3: 8, mpb.STORAGE_TYPE_INT4: 4}
+STORAGE_CODE_BITS = {mpb.STORAGE_TYPE_FP8_E4M3: 8, mpb.STORAGE_TYPE_INT4: 4,
+                     mpb.STORAGE_TYPE_INT4_MIN: 4, mpb.STORAGE_TYPE_INT8: 8}
+# The optional third side buffer each element-wise code type may (INT4) or must
+# (INT4_MIN) declare: TensorStorage field name; a type absent here declares none.
+STORAGE_THIRD_SIDE = {mpb.STORAGE_TYPE_INT4: "zero_points", mpb.STORAGE_TYPE_INT4_MIN: "mins"}
 
 
 def stored_nbytes(buffer: mpb.Buffer, leading: int | None = None) -> int:
@@ -308,16 +312,24 @@ def _plane_storage(b: mpb.Buffer, path: str, by_name: dict[str, mpb.Buffer]) -> 
 
 
 def _side_buffers(b: mpb.Buffer, path: str, by_name: dict[str, mpb.Buffer]) -> Findings:
-    """The scales (and INT4 zero points) of element-wise codes: F32 weights of their own
-    (plain storage) of shape [rows, K / block_elements]; FP8 has no zero points."""
+    """The scales (and the third side buffer of ``STORAGE_THIRD_SIDE``: INT4's optional
+    zero points, INT4_MIN's required minimums) of element-wise codes: F32 weights of their
+    own (plain storage) of shape [rows, K / block_elements]; other types declare neither."""
     st = b.storage
     kind = enum_name(mpb.StorageType, st.type)
-    if st.type == mpb.STORAGE_TYPE_FP8_E4M3 and st.HasField("zero_points"):
-        yield F("buffer.storage", BufferRoleError, f"{path}.storage.zero_points",
-                st.zero_points.buffer, f"buffer {b.name!r}: {kind} codes have no zero points")
+    third = STORAGE_THIRD_SIDE.get(st.type)
+    for field in ("zero_points", "mins"):
+        if field != third and st.HasField(field):
+            yield F("buffer.storage", BufferRoleError, f"{path}.storage.{field}",
+                    getattr(st, field).buffer, f"buffer {b.name!r}: {kind} codes have no "
+                    f"{field.replace('_', ' ')}")
+    if third == "mins" and not st.mins.buffer:
+        yield F("buffer.storage", MissingFieldError, f"{path}.storage.mins.buffer", "",
+                f"buffer {b.name!r}: {kind} storage names no mins buffer")
+        return
     want = [*b.shape[:-1], b.shape[-1] // st.block_elements]
-    sides = [("scales", st.scales)] + ([("zero_points", st.zero_points)]
-                                       if st.HasField("zero_points") else [])
+    sides = [("scales", st.scales)] + ([(third, getattr(st, third))]
+                                       if third and st.HasField(third) else [])
     for field, side in sides:
         other = by_name.get(side.buffer)
         where = f"{path}.storage.{field}"

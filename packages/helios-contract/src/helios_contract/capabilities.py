@@ -23,7 +23,7 @@ from helios_contract._gen.helios.v1 import contract_pb2 as pb
 from helios_contract._gen.helios.v1 import frontend_pb2 as fpb
 from helios_contract._gen.helios.v1 import manifest_pb2 as mpb
 from helios_contract._rules_contract import enum_name
-from helios_contract._rules_manifest import rank_count
+from helios_contract._rules_manifest import STORAGE_THIRD_SIDE, rank_count
 from helios_contract.errors import LaunchError, UnsupportedFeatureError
 from helios_contract.findings import Finding
 
@@ -77,7 +77,8 @@ class RuntimeCapabilities:
             op of ``storage_ops``.
         storage_args: Ops that read a quantized weight's codes and scales as separate
             arguments (the FP8 and INT4 products): op -> (index of the codes argument,
-            index of the scales argument[, index of the zero points argument]). Such a
+            index of the scales argument[, index of the zero points or, for INT4_MIN,
+            the minimums argument]). Such a
             launch must pass a weight of a storage type the op is a form of, and that
             weight's own scale (and zero point) buffers.
         cache_storage_forms: Per ``StorageType`` of cache planes (``Buffer.storage`` on a
@@ -322,8 +323,8 @@ def _storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Find
         if buffer.storage.type not in caps.storage_types:
             name = enum_name(mpb.StorageType, buffer.storage.type)
             yield _unsupported("runtime.storage", f"manifest.buffers[{i}].storage.type", name,
-                               caps, f"{name} weights (it executes "
-                               f"{_names(mpb.StorageType, caps.storage_types)})")
+                               caps, f"buffer {buffer.name!r} stored as {name} (it "
+                               f"executes {_names(mpb.StorageType, caps.storage_types)})")
     if not stored:
         return
     kernels = {k.id: k.reference_op for k in manifest.kernels}
@@ -431,13 +432,21 @@ def _storage_args(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) ->
                                      f"{path}[{s}].buffer.buffer", scale,
                                      f"reference op {op!r} must read {weight!r}'s own scales "
                                      f"{st.scales.buffer!r}")
-                elif len(at) > 2 and args[at[2]].buffer.buffer != st.zero_points.buffer:
-                    zero = args[at[2]].buffer.buffer
-                    own = (f"zero points {st.zero_points.buffer!r}"
-                           if st.HasField("zero_points") else "zero points (it declares none)")
+                elif len(at) > 2 and args[at[2]].buffer.buffer != _third(st).buffer:
+                    side = args[at[2]].buffer.buffer
+                    named = STORAGE_THIRD_SIDE.get(st.type, "zero_points")
+                    words = named.replace("_", " ")
+                    own = (f"{words} {_third(st).buffer!r}" if st.HasField(named)
+                           else f"{words} (it declares none)")
                     yield Finding.of("runtime.storage", LaunchError,
-                                     f"{path}[{at[2]}].buffer.buffer", zero,
+                                     f"{path}[{at[2]}].buffer.buffer", side,
                                      f"reference op {op!r} must read {weight!r}'s own {own}")
+
+
+def _third(st: mpb.TensorStorage) -> mpb.SideBuffer:
+    """The side buffer after the scales a form reads (``STORAGE_THIRD_SIDE``: INT4's zero
+    points, INT4_MIN's minimums)."""
+    return getattr(st, STORAGE_THIRD_SIDE.get(st.type, "zero_points"))
 
 
 def _frontend(serving: pb.ServingContract, caps: RuntimeCapabilities) -> Findings:

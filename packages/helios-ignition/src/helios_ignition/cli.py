@@ -95,7 +95,9 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Overwrite an existing --out.")
 @click.option("--weight-dtype", type=click.Choice(["bf16", "f32", "gguf"]), default=None,
               help="Override the recipe's weight dtype (gguf: keep a GGUF checkpoint's "
-                   "quantized blocks as they are; the cpu backend executes them).")
+                   "quantized blocks: as they are for the cpu backend's ggml without "
+                   "--target; with --target, repacked exactly into INT4/INT8 codes both "
+                   "backends execute, docs/gguf-cuda.md).")
 @click.option("--quantize", type=click.Choice(["fp8", "int4"]), default=None,
               help="fp8: store the products' weight matrices as FP8 e4m3 codes with one "
                    "scale per output channel (a checkpoint's own FP8 codes kept), served "

@@ -62,13 +62,21 @@ from .kv_cache import (
     fp8_planes,
     is_fp8,
 )
-from .quantize import QUANTIZE_CHOICES, apply_quantize, packed_path_off, quantized_weights
+from .quantize import (
+    QUANTIZE_CHOICES,
+    apply_quantize,
+    apply_storage,
+    packed_path_off,
+    quantized_weights,
+    repacked_weights,
+)
 from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
 from .weights import (
     declare_storage,
     gguf_blocks,
     iter_drafter_buffers,
     iter_stored_weights,
+    repack_storage,
     weight_catalogs,
 )
 
@@ -457,12 +465,12 @@ def _gguf_blocks(recipe: Recipe, ckpt, shapes, tensor_parallel: int) -> dict[str
     return blocks
 
 
-def _kv_calibration_refusal(manifest, blocks: dict[str, str], quantize: str | None,
-                            tensor_parallel: int, drafter) -> str:
+def _kv_calibration_refusal(manifest, quantized: bool, tensor_parallel: int, drafter) -> str:
     """Why the e4m3 cache's scales are not calibrated at export ("" when they are): the
     calibration runs the f32 prefill of one rank over plain float weights of at most
-    ``CALIBRATION_MAX_BYTES``."""
-    if blocks or quantize:
+    ``CALIBRATION_MAX_BYTES`` (`quantized`: GGUF blocks, repacked or not, or
+    ``--quantize``)."""
+    if quantized:
         return "quantized weights"
     if tensor_parallel > 1:
         return "tensor-parallel ranks"
@@ -579,7 +587,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     try:
         shapes = family_shapes(recipe.family, ckpt.geometry)
     except FamilyMismatchError as exc:
-        raise ExportError(f"recipe {recipe.name}: {exc}") from None
+        # The checkpoint's: a generic recipe's name is the checkpoint's file name.
+        raise ExportError(f"checkpoint {ckpt.source}: {exc}") from None
     if not ckpt.tokenizer_json:
         raise MissingTokenizerError(f"{ckpt.source}: no tokenizer")
     chat_template = recipe.chat_template or ckpt.chat_template  # the recipe's wins
@@ -615,11 +624,19 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     blocks = _gguf_blocks(recipe, ckpt, shapes, tensor_parallel)
     # gguf: the programs see f32 elements (the blocks are declared storage of them).
     capture_dtype = "f32" if recipe.weight_dtype == "gguf" else recipe.weight_dtype
-    with packed_path_off() if quantize else nullcontext():
+    # A gguf core for a GPU target stores its blocks repacked into the element-wise code
+    # forms both backends execute (docs/gguf-cuda.md); without a target, as ggml blocks.
+    repack_blocks = bool(blocks) and bool(targets)
+    with packed_path_off() if quantize or repack_blocks else nullcontext():
         manifest, graphs = capture(shapes, caps, capture_dtype, spec=speculation,
                                    split_tuning=recipe.split_tuning,
                                    fold_layers=recipe.fold_layers,
                                    chunked_sampling=recipe.chunked_sampling)
+    repacked = repacked_weights(manifest, repack_storage(ckpt, shapes)) if repack_blocks \
+        else {}
+    if repack_blocks:
+        apply_storage(manifest, repacked)
+        blocks = {}  # the other block matrices (the embedding) are stored as f32
     declare_storage(manifest, blocks)
     chosen = frozenset(quantized_weights(manifest, quantize)) if quantize else frozenset()
     if quantize and not chosen:
@@ -635,7 +652,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         calibrated = checkpoint_kv_scales(ckpt.source, planes, heads)
         own_scales = calibrated is not None
         uncalibrated = "" if own_scales else _kv_calibration_refusal(
-            manifest, blocks, quantize, tensor_parallel, drafter)
+            manifest, bool(blocks or repacked or quantize), tensor_parallel, drafter)
         if not own_scales and not uncalibrated:
             weights = {w.buffer: w.array for w in iter_stored_weights(
                 ckpt, shapes, recipe.weight_dtype, blocks)}
@@ -677,7 +694,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         written(len(tok) + len(tpl))
         stored = []
         for done, weight in enumerate(read_ahead(iter_stored_weights(
-                ckpt, shapes, recipe.weight_dtype, blocks, fp8, int4))):
+                ckpt, shapes, recipe.weight_dtype, blocks, fp8, int4, frozenset(repacked)))):
             if progress:
                 progress("weights read", done + 1, weight_count, "")
             writer.add_resource(weight.resource_id, core_pb2.RESOURCE_KIND_WEIGHTS,

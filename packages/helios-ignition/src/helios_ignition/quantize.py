@@ -7,6 +7,11 @@ scheme, helios_tools.kernels.int4) and each launch reading one
 becomes its INT4 form (``INT4_FORMS``: the scales, then the zero points, after the
 weight). A checkpoint's own AWQ/GPTQ codes are repacked as stored (``int4_codes``).
 
+``--weight-dtype gguf`` with a GPU target: the GGUF block matrices become INT4 / INT4_MIN
+/ INT8 storage (``repacked_weights``, ``apply_storage``; the codes come from
+checkpoint/gguf_repack.py, docs/gguf-cuda.md) and their launches the forms of those types
+(``STORAGE_FORMS``).
+
 ``fp8``:
 
 After capture, every weight matrix whose every reader is a product with an FP8 form
@@ -34,6 +39,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import kernel_params
 from helios_tools.kernels.fp8 import FP8_FORMS, quantize_rows
 from helios_tools.kernels.int4 import INT4_FORMS, int4_group, quantize_int4
+from helios_tools.kernels.int8 import INT4_MIN_FORMS, INT8_FORMS
 
 from .capture import launch as launch_rules
 from .capture.buffers import weight_resource_id
@@ -45,8 +51,18 @@ QUANTIZE_CHOICES = ("fp8", "int4")
 LM_HEAD = "lm_head"
 SCALE_SUFFIX = ".scale"
 ZERO_SUFFIX = ".zero"
+MIN_SUFFIX = ".min"
+# The parameter through which an op reads the weight its forms take as codes (the
+# embedding's table; every product's weight).
+WEIGHT_PARAMS = ("weight", "table")
 # Each --quantize choice: the ops' forms for it and its storage type.
 FORMS = {"fp8": FP8_FORMS, "int4": INT4_FORMS}
+# Each element-wise code storage type: the ops' forms for it and the suffixes of its side
+# buffers (in the order the forms read them).
+STORAGE_FORMS = {mpb.STORAGE_TYPE_FP8_E4M3: (FP8_FORMS, (SCALE_SUFFIX,)),
+                 mpb.STORAGE_TYPE_INT4: (INT4_FORMS, (SCALE_SUFFIX, ZERO_SUFFIX)),
+                 mpb.STORAGE_TYPE_INT4_MIN: (INT4_MIN_FORMS, (SCALE_SUFFIX, MIN_SUFFIX)),
+                 mpb.STORAGE_TYPE_INT8: (INT8_FORMS, (SCALE_SUFFIX,))}
 _DTYPE_NAMES = {mpb.D_TYPE_F32: "f32", mpb.D_TYPE_BF16: "bf16", mpb.D_TYPE_I32: "i32",
                 mpb.D_TYPE_U32: "u32"}
 _KINDS = {"buffer": mpb.PARAM_KIND_BUFFER, "i32": mpb.PARAM_KIND_I32, "f32": mpb.PARAM_KIND_F32}
@@ -77,7 +93,17 @@ def quantized_weights(manifest: mpb.ExecutionManifest, quantize: str) -> list[st
     """Weight matrices (2-D weight buffers, the LM head excepted) that every launch reads
     as the ``weight`` parameter of an op with a form for `quantize` (``FORMS``), in
     manifest order; for int4 also K divisible by a group (``int4_group``)."""
-    forms = FORMS[quantize]
+    return [name for name in _readable(manifest, FORMS[quantize])
+            if quantize != "int4" or int4_group(int(_decl(manifest, name).shape[1]))]
+
+
+def _decl(manifest: mpb.ExecutionManifest, name: str) -> mpb.Buffer:
+    return next(b for b in manifest.buffers if b.name == name)
+
+
+def _readable(manifest: mpb.ExecutionManifest, forms: dict[str, str]) -> list[str]:
+    """Weight matrices (the LM head excepted) every launch reads as the ``weight`` of an
+    op with a form in `forms`, in manifest order."""
     ops = {k.id: k.reference_op for k in manifest.kernels}
     matrices = {b.name for b in manifest.buffers
                 if b.role == mpb.BUFFER_ROLE_WEIGHT and len(b.shape) == 2 and b.name != LM_HEAD}
@@ -89,9 +115,23 @@ def quantized_weights(manifest: mpb.ExecutionManifest, quantize: str) -> list[st
             for spec, arg in zip(params, launch.args, strict=True):
                 name = arg.buffer.buffer if arg.WhichOneof("value") == "buffer" else None
                 if name in matrices:
-                    ok[name] = ok.get(name, True) and op in forms and spec.name == "weight"
-    return [b.name for b in manifest.buffers if ok.get(b.name)
-            and (quantize != "int4" or int4_group(int(b.shape[1])) is not None)]
+                    ok[name] = ok.get(name, True) and op in forms and spec.name in WEIGHT_PARAMS
+    return [b.name for b in manifest.buffers if ok.get(b.name)]
+
+
+def repacked_weights(manifest: mpb.ExecutionManifest, storage: dict[str, tuple[int, int]]
+                     ) -> dict[str, tuple[int, int]]:
+    """Of the GGUF-block matrices `storage` (buffer -> (repacked storage type, group),
+    ``weights.repack_storage``), those a core for a GPU target stores repacked: every
+    reader an op with a form for that storage type (manifest order). The others (the
+    embedding, a tied LM head) are stored as f32."""
+    out = {}
+    for storage_type in sorted({t for t, _ in storage.values()}):
+        forms = STORAGE_FORMS[storage_type][0]
+        out.update({n: storage[n] for n in _readable(manifest, forms)
+                    if n in storage and storage[n][0] == storage_type})
+    order = [b.name for b in manifest.buffers]
+    return dict(sorted(out.items(), key=lambda item: order.index(item[0])))
 
 
 class _ViewInfo:
@@ -107,30 +147,30 @@ def apply_fp8(manifest: mpb.ExecutionManifest, names: list[str]) -> None:
     apply_quantize(manifest, names, "fp8")
 
 
-def _declare(manifest: mpb.ExecutionManifest, decl: mpb.Buffer, quantize: str) -> list[str]:
-    """Give `decl` the storage of `quantize` and add its side buffers; returns their names
-    in the order the forms read them."""
+def _declare(manifest: mpb.ExecutionManifest, decl: mpb.Buffer, storage_type: int,
+             group: int) -> list[str]:
+    """Give `decl` element-wise code storage of `storage_type` in groups of `group` and add
+    its side buffers; returns their names in the order the forms read them."""
     rows, k = (int(s) for s in decl.shape)
     name = decl.name
-    if quantize == "fp8":
-        sides, cols = [name + SCALE_SUFFIX], 1
-        storage = mpb.TensorStorage(type=mpb.STORAGE_TYPE_FP8_E4M3, block_elements=k,
-                                    block_bytes=k,
-                                    scales=mpb.SideBuffer(buffer=sides[0], dtype=mpb.D_TYPE_F32))
-    else:
-        group = int4_group(k)
-        sides, cols = [name + SCALE_SUFFIX, name + ZERO_SUFFIX], k // group
-        storage = mpb.TensorStorage(
-            type=mpb.STORAGE_TYPE_INT4, block_elements=group, block_bytes=group // 2,
-            scales=mpb.SideBuffer(buffer=sides[0], dtype=mpb.D_TYPE_F32),
-            zero_points=mpb.SideBuffer(buffer=sides[1], dtype=mpb.D_TYPE_F32))
+    sides = [name + suffix for suffix in STORAGE_FORMS[storage_type][1]]
+    side = [mpb.SideBuffer(buffer=b, dtype=mpb.D_TYPE_F32) for b in sides]
+    bits = 4 if storage_type in (mpb.STORAGE_TYPE_INT4, mpb.STORAGE_TYPE_INT4_MIN) else 8
+    storage = mpb.TensorStorage(type=storage_type, block_elements=group,
+                                block_bytes=group * bits // 8, scales=side[0])
+    if storage_type == mpb.STORAGE_TYPE_INT4:
+        storage.zero_points.CopyFrom(side[1])
+    elif storage_type == mpb.STORAGE_TYPE_INT4_MIN:
+        storage.mins.CopyFrom(side[1])
     decl.dtype = mpb.D_TYPE_F32
     decl.storage.CopyFrom(storage)
-    for side in sides:
-        manifest.buffers.add(name=side, dtype=mpb.D_TYPE_F32, shape=[rows, cols],
-                             role=mpb.BUFFER_ROLE_WEIGHT,
-                             weight_resource_id=weight_resource_id(side))
+    for b in sides:
+        manifest.buffers.add(name=b, dtype=mpb.D_TYPE_F32, shape=[rows, k // group],
+                             role=mpb.BUFFER_ROLE_WEIGHT, weight_resource_id=weight_resource_id(b))
     return sides
+
+
+_QUANTIZE_TYPES = {"fp8": mpb.STORAGE_TYPE_FP8_E4M3, "int4": mpb.STORAGE_TYPE_INT4}
 
 
 def apply_quantize(manifest: mpb.ExecutionManifest, names: list[str], quantize: str) -> None:
@@ -141,39 +181,65 @@ def apply_quantize(manifest: mpb.ExecutionManifest, names: list[str], quantize: 
     Raises:
         ValueError: a name is not a 2-D weight of `manifest`.
     """
-    forms = FORMS[quantize]
-    quantized = set(names)
+    storage_type = _QUANTIZE_TYPES[quantize]
+    decls = {b.name: b for b in manifest.buffers}
+    apply_storage(manifest, {n: (storage_type, _group(quantize, decls.get(n))) for n in names})
+
+
+def _group(quantize: str, decl: mpb.Buffer | None) -> int:
+    if decl is None or len(decl.shape) != 2:
+        return 0  # apply_storage names it
+    k = int(decl.shape[1])
+    return k if quantize == "fp8" else int4_group(k)
+
+
+def apply_storage(manifest: mpb.ExecutionManifest, storage: dict[str, tuple[int, int]]
+                  ) -> None:
+    """Declare each weight of `storage` (name -> (element-wise code storage type, group
+    elements)) that storage with its side buffers, and rewrite every launch reading one
+    into its op's form for the type (``STORAGE_FORMS``; the side buffers after the
+    weight), in place; unused kernel variants dropped.
+
+    Raises:
+        ValueError: a name is not a 2-D weight of `manifest`.
+    """
     sides: dict[str, list[str]] = {}
     decls = {b.name: b for b in manifest.buffers}
-    for name in names:
+    for name, (storage_type, group) in storage.items():
         decl = decls.get(name)
         if decl is None or decl.role != mpb.BUFFER_ROLE_WEIGHT or len(decl.shape) != 2:
             raise ValueError(f"{name!r} is not a weight matrix of the manifest")
-        sides[name] = _declare(manifest, decl, quantize)
-    dtypes = {b.name: ("u8" if b.name in quantized else _DTYPE_NAMES.get(b.dtype, "f32"))
+        sides[name] = _declare(manifest, decl, storage_type, group)
+    dtypes = {b.name: ("u8" if b.name in storage else _DTYPE_NAMES.get(b.dtype, "f32"))
               for b in manifest.buffers}
     kernels = {k.id: k for k in manifest.kernels}
     for program in _programs(manifest):
         for launch in program.launches:
             op = kernels[launch.kernel].reference_op
-            if op not in forms:
-                continue
             names_ = [a.buffer.buffer if a.WhichOneof("value") == "buffer" else None
                       for a in launch.args]
-            at = [spec.name for spec in kernel_params(op)].index("weight")
-            if names_[at] not in quantized:
+            params = [spec.name for spec in kernel_params(op)]
+            at = next((i for i, p in enumerate(params) if p in WEIGHT_PARAMS), None)
+            if at is None:
                 continue
-            _rewrite(launch, forms[op], at, sides[names_[at]], kernels, dtypes)
+            weight = names_[at]
+            if weight not in storage:
+                continue
+            storage_type, group = storage[weight]
+            forms = STORAGE_FORMS[storage_type][0]
+            if op not in forms:
+                continue
+            _rewrite(launch, forms[op], at, sides[weight], group, kernels, dtypes)
     used = {launch.kernel for p in _programs(manifest) for launch in p.launches}
     keep = [k for k in kernels.values() if k.id in used]
     del manifest.kernels[:]
     manifest.kernels.extend(keep)
 
 
-def _rewrite(launch: mpb.Launch, op: str, at: int, sides: list[str],
+def _rewrite(launch: mpb.Launch, op: str, at: int, sides: list[str], group: int,
              kernels: dict[str, mpb.Kernel], dtypes: dict[str, str]) -> None:
     rows, k = (int(s) for s in launch.args[at].buffer.shape)
-    cols = 1 if len(sides) == 1 else k // int4_group(k)
+    cols = k // group
     args = list(launch.args)
     for i, side in enumerate(sides):
         args.insert(at + 1 + i, mpb.Argument(buffer=mpb.BufferView(buffer=side,

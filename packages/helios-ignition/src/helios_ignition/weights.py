@@ -16,8 +16,9 @@ from helios_contract import STORAGE_BLOCKS
 from helios_contract.schema import manifest_pb2 as mpb
 
 from .capture.buffers import rank_weight_resource_id, weight_resource_id
+from .checkpoint.gguf_repack import REPACKED, repack
 from .families.llama import LlamaShapes, rope_inv_freq
-from .quantize import SCALE_SUFFIX, ZERO_SUFFIX, fp8_codes, int4_codes
+from .quantize import SCALE_SUFFIX, STORAGE_FORMS, ZERO_SUFFIX, fp8_codes, int4_codes
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -94,13 +95,45 @@ def _read(checkpoint, sources: tuple[Slice, ...], shape: tuple[int, ...]) -> np.
     return array
 
 
+# Bytes of one 32-element block (an f16 scale d, then the quants) of the block types
+# whose every value is d * q with q an integer in -16..15: Q4_0 (q = nibble - 8) and Q5_0
+# (q = nibble + 16 * high bit - 16). Q8_0 holds the same d and q (int8) exactly.
+_BLOCK32_BYTES = {"Q4_0": 18, "Q5_0": 22, "Q8_0": 34}
+
+
+def as_q8_0_blocks(kind: str, blocks: np.ndarray) -> np.ndarray:
+    """`blocks` (uint8 [rows, row bytes] of ggml type `kind`: Q4_0, Q5_0 or Q8_0) as Q8_0
+    blocks (uint8 [rows, blocks * 34]) of exactly the same values: each block keeps its
+    f16 scale d, its quants become int8 (ggml's layouts: element j < 16 in the low nibble
+    of byte j, element j + 16 in its high nibble; Q5_0's fifth bit of element j is bit j
+    of the little-endian uint32 before them)."""
+    if kind == "Q8_0":
+        return blocks
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, _BLOCK32_BYTES[kind])
+    nibbles = b[..., -16:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).astype(np.int16)  # [.., 32]
+    if kind == "Q4_0":
+        q -= 8
+    else:
+        high = b[..., 2:6].copy().view("<u4")  # [.., 1]
+        q += ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16) * 16 - 16
+    out = np.empty((*b.shape[:2], _BLOCK32_BYTES["Q8_0"]), np.uint8)
+    out[..., :2] = b[..., :2]
+    out[..., 2:] = q.astype(np.int8).view(np.uint8)
+    return out.reshape(rows, -1)
+
+
 def gguf_blocks(checkpoint, shapes: LlamaShapes) -> dict[str, str]:
     """Weight buffers of a single-rank core that keep the checkpoint's GGUF blocks (the
     ``gguf`` weight dtype): buffer name -> ggml block type ("Q4_1"), for every matrix whose
     source tensors are all stored in one block type (a fused buffer's rows are its sources'
-    rows, so their blocks concatenate). Other matrices are stored as float32, and so
-    are stacked expert matrices (`[experts, rows, columns]`: the expert operations have no
-    GGUF block form).
+    rows, so their blocks concatenate), or in Q4_0, Q5_0 and Q8_0 together: those are
+    stored as Q8_0, each value exactly as the checkpoint holds it (``as_q8_0_blocks``), so the
+    fused product still runs over 8-bit activation blocks, as separate products of the
+    sources would (Gemma 3 270M's [q; k; v] of Q5_0 and Q8_0 rows, where llama.cpp runs
+    three products). Other matrices are stored as float32, and so are stacked expert
+    matrices (`[experts, rows, columns]`: the expert operations have no GGUF block form).
     """
     out = {}
     for name, shape in shapes.weight_layout().items():
@@ -109,6 +142,25 @@ def gguf_blocks(checkpoint, shapes: LlamaShapes) -> dict[str, str]:
         kinds = {checkpoint.block_type(src) for src in shapes.checkpoint_tensors(name)}
         if len(kinds) == 1 and None not in kinds:
             out[name] = kinds.pop()
+        elif kinds <= set(_BLOCK32_BYTES):
+            out[name] = "Q8_0"
+    return out
+
+
+def repack_storage(checkpoint, shapes: LlamaShapes) -> dict[str, tuple[int, int]]:
+    """Weight matrices of a single-rank core whose GGUF blocks can be stored repacked
+    (``checkpoint.gguf_repack``): buffer name -> (storage type, group), for every matrix
+    whose source tensors are all stored in block types of one repacked form (a fused
+    buffer's rows concatenate: Gemma 3's Q5_0 query/key and Q8_0 value rows are all INT8
+    in groups of 32)."""
+    out = {}
+    for name, shape in shapes.weight_layout().items():
+        if len(shape) != 2 or name == "rope_inv_freq":
+            continue
+        kinds = {checkpoint.block_type(src) for src in shapes.checkpoint_tensors(name)}
+        forms = {REPACKED.get(k) for k in kinds}
+        if len(forms) == 1 and None not in forms:
+            out[name] = forms.pop()
     return out
 
 
@@ -129,7 +181,8 @@ def declare_storage(manifest, blocks: dict[str, str]) -> None:
 def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
                         blocks: dict[str, str] | None = None,
                         fp8: frozenset[str] = frozenset(),
-                        int4: frozenset[str] = frozenset()) -> Iterator[StoredWeight]:
+                        int4: frozenset[str] = frozenset(),
+                        repacked: frozenset[str] = frozenset()) -> Iterator[StoredWeight]:
     """Yield every weight resource of a core with `shapes` (one rank's shapes when
     `shapes.ranks` > 1: each split weight yields one resource per rank), one at a time.
 
@@ -141,7 +194,10 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
     (``<name>.scale``, f32 [rows, 1]): the checkpoint's own FP8 codes where every source
     has them, else quantized here (``quantize.fp8_codes``). Matrices named in `int4` are
     stored as packed 4-bit codes (uint8 [rows, K / 2]) followed by ``<name>.scale`` and
-    ``<name>.zero`` (f32 [rows, K / 128] each; ``quantize.int4_codes``).
+    ``<name>.zero`` (f32 [rows, K / 128] each; ``quantize.int4_codes``). Matrices named in
+    `repacked` (``quantize.repacked_weights``) are the checkpoint's GGUF blocks repacked
+    (``checkpoint.gguf_repack``, each source by its own block type): codes, then scales
+    and (INT4 / INT4_MIN) zero points or minimums.
     """
     blocks = blocks or {}
     head_source = shapes.checkpoint_tensors("lm_head")[0]
@@ -154,13 +210,32 @@ def iter_stored_weights(checkpoint, shapes: LlamaShapes, weight_dtype: str,
         for rank in range(shapes.ranks) if split else (None,):
             if rank is None and name in blocks:  # GGUF blocks as they are, rows concatenated
                 names = shapes.checkpoint_tensors(name)
-                parts = [checkpoint.blocks(src)[1] for src in names]
+                parts = [checkpoint.blocks(src) for src in names]
+                if blocks[name] == "Q8_0":  # Q4_0 / Q5_0 sources re-encoded exactly
+                    parts = [("Q8_0", as_q8_0_blocks(kind, p)) for kind, p in parts]
+                assert all(kind == blocks[name] for kind, _ in parts), (name, parts)
+                parts = [p for _, p in parts]
                 sources = tuple(Slice(src, 0, 0, int(p.shape[0]))
                                 for src, p in zip(names, parts, strict=True))
                 array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
                 assert array.shape[0] == shape[0], (name, array.shape, shape)
                 yield StoredWeight(name, weight_resource_id(name), None, sources,
                                    np.ascontiguousarray(array))
+                continue
+            if rank is None and name in repacked:  # GGUF blocks repacked, rows concatenated
+                names = shapes.checkpoint_tensors(name)
+                parts = [repack(*checkpoint.blocks(src)) for src in names]
+                sources = tuple(Slice(src, 0, 0, int(p.codes.shape[0]))
+                                for src, p in zip(names, parts, strict=True))
+                suffixes = STORAGE_FORMS[parts[0].storage_type][1]
+                arrays = [np.concatenate([getattr(p, f) for p in parts], axis=0)
+                          for f in ("codes", "scales", "third")[:len(suffixes) + 1]]
+                assert arrays[0].shape[0] == shape[0], (name, arrays[0].shape, shape)
+                yield StoredWeight(name, weight_resource_id(name), None, sources,
+                                   np.ascontiguousarray(arrays[0]))
+                for suffix, side in zip(suffixes, arrays[1:], strict=True):
+                    yield StoredWeight(name + suffix, weight_resource_id(name + suffix), None,
+                                       sources, np.ascontiguousarray(side))
                 continue
             if rank is None and name in fp8:  # e4m3 codes, then their per-row scales
                 names = shapes.checkpoint_tensors(name)

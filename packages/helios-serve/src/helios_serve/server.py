@@ -8,6 +8,12 @@ backend closes. On SIGTERM or SIGINT new connections are refused at once, reques
 flight may finish within the five seconds, and a stream still open then is dropped: its
 client sees the connection close without [DONE] (an incomplete chunked body), its
 request is cancelled, and the log carries one line per dropped connection.
+
+One Ctrl-C may arrive as two SIGINTs: a terminal signals its whole foreground process
+group, and `uv run` (scripts/demo.sh) forwards the SIGINT it got to helios-serve as well. A
+repeat within DUPLICATE_SIGNAL_S of the first signal is that duplicate and is ignored; a
+later SIGINT (a second, deliberate Ctrl-C) ends the drain at once, dropping the streams
+still open. Either way the process exits 0 without a traceback.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ from helios_serve.worker import ModelBackend, ModelWorker
 from helios_serve.worker_host import WorkerHost, build_worker
 
 SHUTDOWN_DRAIN_S = 5.0
+# `uv run` forwards a terminal's SIGINT within milliseconds; a person's second Ctrl-C
+# comes later than this.
+DUPLICATE_SIGNAL_S = 1.0
 
 log = logging.getLogger(__name__)
 _uvicorn_log = logging.getLogger("uvicorn.error")
@@ -59,6 +68,35 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+class _Listener(uvicorn.Server):
+    """uvicorn's server with Helios's stop signals (the module docstring): the first
+    SIGINT or SIGTERM starts the drain; a repeat within DUPLICATE_SIGNAL_S is ignored; a
+    later SIGINT ends the drain at once, and the application's lifespan still shuts down.
+
+    uvicorn's own handler makes any second SIGINT a force quit that skips the lifespan
+    shutdown and re-raises every SIGINT it saw once serving ends: the second one
+    interrupted the event loop's teardown, whose cancelled lifespan task printed a
+    CancelledError traceback, and one Ctrl-C through `uv run` dropped every open stream.
+    """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._first_signal_s: float | None = None  # time.monotonic() of the first signal
+
+    def handle_exit(self, sig: int, frame) -> None:
+        now = time.monotonic()
+        if self._first_signal_s is None:
+            self._first_signal_s = now
+            super().handle_exit(sig, frame)  # starts the drain; re-raised once serving ends
+        elif sig == signal.SIGINT and now - self._first_signal_s >= DUPLICATE_SIGNAL_S:
+            self.force_exit = True  # ends the drain; not recorded, so raised once in all
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        if self.force_exit:  # uvicorn skips the lifespan shutdown on a force quit
+            await self.lifespan.shutdown()
 
 
 class Server:
@@ -114,7 +152,7 @@ class Server:
             timeout_graceful_shutdown=int(SHUTDOWN_DRAIN_S),
             lifespan="on",
         )
-        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn = _Listener(config)
         self._thread: threading.Thread | None = None
 
     @property

@@ -76,6 +76,7 @@ from helios_serve.scheduler import (
     CompletionError,
     FinishedRequest,
     RowResult,
+    RowResults,
     SchedRequest,
     Scheduler,
 )
@@ -174,6 +175,15 @@ class _Submitted:
 
 class OutputError(RuntimeError):
     """A request's output cannot continue (a grammar rejected a sampled token)."""
+
+
+def _request_ids(plan: StepPlan) -> list[int] | list:
+    """Each row's request id, in row order, without building a plan's unbuilt rows
+    (engine.plan.RowColumns)."""
+    columns = plan.columns
+    if columns is not None and columns.complete and columns.describes(plan):
+        return columns.request_ids
+    return [r.request_id for r in plan.rows]
 
 
 def serving_geometry(geometry: ModelGeometry, max_active: int) -> ModelGeometry:
@@ -465,8 +475,8 @@ class ModelWorker:
         submitted = self._with_masks(plan)
         now_s = self.clock.now_ns() / 1e9
         constrained = []
-        for r in plan.rows:
-            live = self._live.get(r.request_id)
+        for request_id in _request_ids(plan):
+            live = self._live.get(request_id)
             constrained.append(live is not None and live.constrained)
             if live is not None and live.scheduled_s is None:
                 live.scheduled_s = now_s
@@ -481,7 +491,7 @@ class ModelWorker:
         self._inflight.append(_Submitted(plan, ticket))
         self.metrics.graph_launches.labels(plan.kind.value).inc()
         if plan.kind is StepKind.DECODE:
-            rows = len(plan.rows)
+            rows = plan.row_count
             self.metrics.decode_rows.inc(rows)
             self.metrics.decode_padded_rows.inc(self._decode_bucket(rows) - rows)
         elif plan.kind is StepKind.MIXED:
@@ -549,6 +559,11 @@ class ModelWorker:
         those pay for reading the record)."""
         if completion.logprobs is None:
             return {}
+        columns = plan.columns
+        if columns is not None and columns.complete and columns.describes(plan):
+            # Rows unbuilt (every row samples): the asks are the logprobs column.
+            return {columns.request_ids[i]: completion.token_logprob(i, int(columns.logprobs[i]))
+                    for i in np.flatnonzero(columns.logprobs >= 0).tolist()}
         return {row.request_id: completion.token_logprob(i, row.sampling.logprobs)
                 for i, row in enumerate(plan.rows)
                 if row.sample and row.sampling.logprobs is not None}
@@ -564,6 +579,11 @@ class ModelWorker:
         an output error of that request alone: it fails now, and its row runs
         unconstrained with the result discarded at completion.
         """
+        live_of = self._live.get
+        if not any((live := live_of(request_id)) is not None
+                   and (live.constrained or live.ban is not None)
+                   for request_id in _request_ids(plan)):
+            return plan  # no row can get a mask (its rows stay unbuilt where they are)
         rows = []
         changed = False
         for row in plan.rows:
@@ -620,7 +640,7 @@ class ModelWorker:
             if live is not None:
                 self._fail_request(live, message)
 
-    def _validate(self, results: list[RowResult],
+    def _validate(self, results: list[RowResult] | RowResults,
                   logprobs: dict[int, TokenLogprob] | None = None) -> None:
         """Per-request validation of one completed step, in submission-row order;
         `logprobs` holds the TokenLogprob of each sampled row that asked for one.
@@ -632,7 +652,9 @@ class ModelWorker:
         submission (`_step`).
         """
         logprobs = logprobs or {}
-        sampled = [r for r in results if r.token_id is not None and r.request_id in self._live]
+        live_of = self._live.get
+        triples = (results.columns() if isinstance(results, RowResults)
+                   else ((r.request_id, r.token_id, r.output_tokens) for r in results))
         # the specification, "Token and timing observation": stamp validated completions
         # right after scheduler.complete, before grammar, stops or parsing. The clock is
         # read once per step (never per token), and that one reading is the observation
@@ -641,26 +663,28 @@ class ModelWorker:
         now_s = now_ns / 1e9
         feedback = False
         tokens = 0
-        for result in sampled:
-            live = self._live.get(result.request_id)
+        for request_id, token_id, output_tokens in triples:
+            if token_id is None:
+                continue
+            live = live_of(request_id)
             if live is None or live.ended is not None:
                 continue  # ended by an earlier token of its speculative run
             prepared = live.request.prepared
-            token = int(result.token_id)  # type: ignore[arg-type]
+            token = int(token_id)
             self._observe_latency(live, now_s)
             stamp_ns = now_ns if prepared.observe_timestamps else None
-            out = _Output(live, token, result.output_tokens, stamp_ns, now_s,
-                          logprobs.get(result.request_id) if logprobs else None)
+            out = _Output(live, token, output_tokens, stamp_ns, now_s,
+                          logprobs.get(request_id) if logprobs else None)
             self._outputs.append(out)
             tokens += 1
             if live.feedback:
                 feedback = True
             else:
-                stop = out.stop = check_stop(live.stop, token, result.output_tokens)
+                stop = out.stop = check_stop(live.stop, token, output_tokens)
                 out.stop_checked = True
                 if stop is not None:
                     live.ended = self.scheduler.finish(live.sched_id, stop.reason,
-                                                       result.output_tokens,
+                                                       output_tokens,
                                                        publish=stop.publish)
         self.metrics.generation_tokens.inc(tokens)
         self._itl.flush()

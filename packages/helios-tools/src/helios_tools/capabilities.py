@@ -21,6 +21,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels.collective import COLLECTIVE_OPS
 from helios_tools.kernels.fp8 import FP8_FORMS
 from helios_tools.kernels.int4 import INT4_FORMS
+from helios_tools.kernels.int8 import INT4_MIN_FORMS, INT8_FORMS
 from helios_tools.kernels.kv_fp8 import KV_FP8_FORMS
 from helios_tools.kernels.registry import REFERENCE_OPS, kernel_params
 
@@ -130,13 +131,26 @@ INT4_STORAGE_ARGS = {op: (names.index("weight"), names.index("weight_scale"),
                           names.index("weight_zero"))
                      for op in INT4_STORAGE_OPS
                      for names in [[p.name for p in kernel_params(op)]]}
+# Repacked GGUF weights (helios_tools.kernels.int8): INT4_MIN (codes, scales, minimums)
+# and INT8 (codes, scales) products.
+INT4_MIN_STORAGE_OPS = frozenset(INT4_MIN_FORMS.values())
+INT8_STORAGE_OPS = frozenset(INT8_FORMS.values())
+REPACKED_STORAGE_ARGS = {op: tuple(names.index(p) for p in
+                                   ("weight", "weight_scale", "weight_min") if p in names)
+                         for op in INT4_MIN_STORAGE_OPS | INT8_STORAGE_OPS
+                         for names in [[p.name for p in kernel_params(op)]]}
+# The element-wise code types both backends execute, each with its forms.
+CODE_STORAGE_FORMS = {mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS,
+                      mpb.STORAGE_TYPE_INT4: INT4_STORAGE_OPS,
+                      mpb.STORAGE_TYPE_INT4_MIN: INT4_MIN_STORAGE_OPS,
+                      mpb.STORAGE_TYPE_INT8: INT8_STORAGE_OPS}
+CODE_STORAGE_ARGS = {**FP8_STORAGE_ARGS, **INT4_STORAGE_ARGS, **REPACKED_STORAGE_ARGS}
+CODE_STORAGE_OPS = frozenset().union(*CODE_STORAGE_FORMS.values())
 GGUF_STORAGE_OPS = frozenset({"linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
                               "swiglu_linear_add", "embedding"})
-CPU_STORAGE_FORMS = {**{t: GGUF_STORAGE_OPS for t in CPU_STORAGE_TYPES},
-                     mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS,
-                     mpb.STORAGE_TYPE_INT4: INT4_STORAGE_OPS}
-CPU_STORAGE_TYPES = CPU_STORAGE_TYPES | {mpb.STORAGE_TYPE_FP8_E4M3, mpb.STORAGE_TYPE_INT4}
-CPU_STORAGE_OPS = GGUF_STORAGE_OPS | FP8_STORAGE_OPS | INT4_STORAGE_OPS
+CPU_STORAGE_FORMS = {**{t: GGUF_STORAGE_OPS for t in CPU_STORAGE_TYPES}, **CODE_STORAGE_FORMS}
+CPU_STORAGE_TYPES = CPU_STORAGE_TYPES | frozenset(CODE_STORAGE_FORMS)
+CPU_STORAGE_OPS = GGUF_STORAGE_OPS | CODE_STORAGE_OPS
 # e4m3 KV cache planes: the *_fp8kv forms (helios_tools.kernels.kv_fp8; both backends: the
 # NumPy references on cpu, kernels_triton/kv_fp8.py on cuda), each plane's own scales.
 KV_FP8_OPS = frozenset(KV_FP8_FORMS.values())
@@ -152,8 +166,7 @@ CPU = RuntimeCapabilities(backend="cpu",
                           reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
                           max_ranks=None, storage_types=CPU_STORAGE_TYPES,
                           storage_ops=CPU_STORAGE_OPS, storage_forms=CPU_STORAGE_FORMS,
-                          storage_args={**FP8_STORAGE_ARGS, **INT4_STORAGE_ARGS},
-                          **KV_FP8_CACHE, **_SERVING)
+                          storage_args=CODE_STORAGE_ARGS, **KV_FP8_CACHE, **_SERVING)
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.
@@ -161,15 +174,12 @@ CPU = RuntimeCapabilities(backend="cpu",
 # (issue 16; docs/tensor-parallel.md).
 # Quantized weights: FP8 e4m3 through the ``*_fp8`` Triton kernels
 # (helios_ignition/kernels_triton/fp8.py); the codes are uploaded as stored. INT4 through
-# the W4A16 kernels (kernels_triton/int4.py), codes, scales and zero points as stored.
+# the W4A16 kernels (kernels_triton/int4.py), codes, scales and zero points as stored;
+# INT4_MIN and INT8 (repacked GGUF blocks) through the same kernels' minimum and 8-bit
+# variants. GGUF blocks as such are not executed: a cuda export repacks them.
 CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignment_bytes=16,
-                           max_ranks=1,
-                           storage_types=frozenset({mpb.STORAGE_TYPE_FP8_E4M3,
-                                                    mpb.STORAGE_TYPE_INT4}),
-                           storage_ops=FP8_STORAGE_OPS | INT4_STORAGE_OPS,
-                           storage_forms={mpb.STORAGE_TYPE_FP8_E4M3: FP8_STORAGE_OPS,
-                                          mpb.STORAGE_TYPE_INT4: INT4_STORAGE_OPS},
-                           storage_args={**FP8_STORAGE_ARGS, **INT4_STORAGE_ARGS},
-                           **KV_FP8_CACHE, **_SERVING)
+                           max_ranks=1, storage_types=frozenset(CODE_STORAGE_FORMS),
+                           storage_ops=CODE_STORAGE_OPS, storage_forms=CODE_STORAGE_FORMS,
+                           storage_args=CODE_STORAGE_ARGS, **KV_FP8_CACHE, **_SERVING)
 
 BACKENDS = {"cpu": CPU, "cuda": CUDA}

@@ -35,10 +35,14 @@ from helios_tools.core import (
     write_key_pair,
 )
 from helios_tools.core.protected import load_resource_key, write_resource_key
-from helios_tools.lint import Finding, lint_core
+from helios_tools.lint import INTEGRITY_RULES, Finding, backend_note, integrity_first, lint_core
 from helios_tools.progress import StepProgress
 
 EXIT_OK, EXIT_FINDINGS, EXIT_UNREADABLE = 0, 1, 2
+# lint-core's text output: an integrity finding's line starts with it (lint.INTEGRITY_RULES).
+INTEGRITY_MARK = "INTEGRITY FAILURE "
+UNSIGNED_NOTE = ("signature not checked (no --trust): the core's structure was linted, not "
+                 "who signed it")
 _PROGRESS_MIN_NBYTES = 64 << 20  # show a progress bar from this stored size
 
 
@@ -352,17 +356,32 @@ def _lint(core: Path, trust: tuple[Path, ...], accept: str | None, fmt: str,
         raise click.UsageError("--accept needs --trust")
     rkey = _read_resource_key(resource_key)
     findings: list[Finding] = []
+    notes: list[str] = []
+    if keys is None:
+        notes.append(UNSIGNED_NOTE)
     opened = _open_for_lint(core, keys, rkey, findings)
     if opened is not None:
         with opened as c, _verifying(c) as checked:
             findings += lint_core(c, acceptance=accept if c.verified else None,
                                   progress=checked, require_targets=require_targets,
                                   backends=backends)
+            note = backend_note(c.contract, c.manifest, backends)
+            if note is not None:
+                notes.append(note)
+    findings = integrity_first(findings)
+    broken = sum(f.rule in INTEGRITY_RULES for f in findings)
     if fmt == "json":
-        click.echo(json.dumps({"core": str(core), "findings": [f.to_dict() for f in findings]},
-                              indent=2))
+        click.echo(json.dumps({"core": str(core), "signature_checked": keys is not None,
+                               "integrity_findings": broken, "notes": notes,
+                               "findings": [f.to_dict() for f in findings]}, indent=2))
     else:
         for f in findings:
-            click.echo(str(f))
-        click.echo(f"{core}: {len(findings)} finding(s)")
+            click.echo(f"{INTEGRITY_MARK}{f}" if f.rule in INTEGRITY_RULES else str(f))
+        for line in notes:
+            click.echo(f"note: {line}")
+        summary = f"{core}: {len(findings)} finding(s)"
+        if broken:
+            summary += (f", {INTEGRITY_MARK}in {broken} (listed first): the core is not what "
+                        "its publisher signed for this namespace; do not serve it")
+        click.echo(summary)
     sys.exit(EXIT_FINDINGS if findings else EXIT_OK)

@@ -52,10 +52,15 @@ from helios_tools.frontend_assets import (
 )
 from helios_tools.token_rules import token_findings
 
-__all__ = ["Finding", "chat_template_findings", "lint_capabilities", "lint_contract",
-           "lint_core", "resource_findings", "tokenizer_findings"]
+__all__ = ["INTEGRITY_RULES", "Finding", "backend_note", "chat_template_findings",
+           "integrity_first", "lint_capabilities", "lint_contract", "lint_core",
+           "resource_findings", "tokenizer_findings"]
 
 F = Finding.of
+# Findings that say the core is not what its publisher signed (or not for this namespace):
+# whatever else lint finds, such a core must not be served.
+INTEGRITY_RULES = frozenset({"core.SignatureError", "core.UntrustedKey", "core.LengthMismatch",
+                             "resource.integrity", "core.authorize"})
 # Bootstrap loads exactly one of each from the core.
 FRONTEND_ASSETS = (core_pb2.RESOURCE_KIND_TOKENIZER, core_pb2.RESOURCE_KIND_CHAT_TEMPLATE)
 
@@ -142,6 +147,38 @@ def lint_capabilities(contract: pb.ServingContract, manifest: mpb.ExecutionManif
             f = replace(f, detail=f.detail.replace(backend_phrase(names[0]), both))
         out.append(f)
     return out
+
+
+def integrity_first(findings: Iterable[Finding]) -> list[Finding]:
+    """`findings` with those of INTEGRITY_RULES first, each group in its own order."""
+    findings = list(findings)
+    return ([f for f in findings if f.rule in INTEGRITY_RULES]
+            + [f for f in findings if f.rule not in INTEGRITY_RULES])
+
+
+def backend_note(contract: pb.ServingContract, manifest: mpb.ExecutionManifest,
+                 backends: Sequence[str]) -> str | None:
+    """One line for a core that some of the linted `backends` execute and others do not
+    (a `--weight-dtype gguf` core: cpu only): it names the backends that cannot execute
+    it and the `--backend` option that lints it for one that can. None when every backend
+    or none executes the core, or for a contract without a version 3 view.
+
+    Raises:
+        KeyError: a backend without a capability table.
+    """
+    try:
+        upgraded = upgrade_to_current(contract)
+    except ContractError:
+        return None
+    counts = {b: sum(1 for _ in capability_findings(upgraded, manifest, BACKENDS[b]))
+              for b in backends}
+    fit = [b for b, n in counts.items() if n == 0]
+    unfit = [b for b, n in counts.items() if n]
+    if not fit or not unfit:
+        return None
+    cannot = "; ".join(f"the {b} backend cannot execute this core ({counts[b]} finding(s))"
+                       for b in unfit)
+    return f"{cannot}: `--backend {fit[0]}` lints it for the {fit[0]} backend alone"
 
 
 def _resource(resources: dict[str, core_pb2.ExecutableResource], rid: str, path: str,

@@ -93,6 +93,12 @@ SMS = 132
 # slower than split + merge on the H200: off by default).
 ATTN_RULE = os.environ.get("HELIOS_ATTN_RULE", "v3")
 ATTN_FUSED = os.environ.get("HELIOS_ATTN_FUSED", "0") != "0"
+# Rule v3's live-split layout (HELIOS_ATTN_LIVE at capture: attention_split_constants,
+# _attention_live): the programs a (row, kv head) gets, aimed at this many programs in
+# all; "0" keeps the grid of NS splits a row (SPP). HELIOS_ATTN_LIVE_MIN_ROWS: from how
+# many rows the layout is used.
+ATTN_LIVE = int(os.environ.get("HELIOS_ATTN_LIVE", "4096"))
+ATTN_LIVE_MIN_ROWS = int(os.environ.get("HELIOS_ATTN_LIVE_MIN_ROWS", "1"))
 # Grouped expert product tiles at capture (HELIOS_MOE_TILES="BLOCK_N,BLOCK_K,WARPS";
 # empty: moe_constants' rule).
 MOE_TILES = os.environ.get("HELIOS_MOE_TILES", "")
@@ -440,9 +446,21 @@ DECODE_TC = os.environ.get("HELIOS_LINEAR_DECODE_TC", "table")
 DECODE_TERMS = int(os.environ.get("HELIOS_LINEAR_DECODE_TERMS", "2"))
 # TC=1 tiles at decode rows: (BLOCK_T, BLOCK_N, BLOCK_K, WARPS, STAGES) per (N, K, bucket
 # rows), the fastest verified hi/lo tile of bench/gpu_decode_gemm.py where it beat the
-# K-split sequence (split_bf16 counted on both sides). Empty until that device sweep runs,
-# so under "table" capture keeps the K-split path everywhere.
-_DECODE_TC_TILES: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {}
+# K-split sequence (split_bf16 counted on both sides). From the sweep on an H100 at main
+# dc8d9d8 (bench/results/h100_2026-12-06h/decode_gemm_dc8d9d8.json; per-cell ratio over the
+# K split): the 8B's LM head at every bucket of 64+ rows, gate_up at 160 and 192. Elsewhere
+# the K split stays (hi/lo doubles the tensor work: docs/gpu.md).
+_DECODE_TC_TILES: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
+    (28672, 4096, 160): (64, 256, 64, 4, 4),  # gate_up x1.03
+    (28672, 4096, 192): (64, 256, 64, 4, 4),  # gate_up x1.07
+    (128256, 4096, 64): (64, 128, 64, 4, 3),  # lm_head x1.39
+    (128256, 4096, 96): (128, 128, 64, 8, 4),  # lm_head x1.97
+    (128256, 4096, 128): (128, 128, 64, 8, 4),  # lm_head x2.02
+    (128256, 4096, 160): (64, 256, 64, 4, 4),  # lm_head x2.90
+    (128256, 4096, 192): (64, 256, 64, 4, 4),  # lm_head x3.05
+    (128256, 4096, 224): (128, 256, 64, 8, 3),  # lm_head x2.91
+    (128256, 4096, 256): (128, 256, 64, 8, 3),  # lm_head x2.88
+}
 # Candidates of _decode_tile (and the sweep's grid): 64-row tiles give a 128-row bucket
 # two token tiles, so narrow matrices still fill the SMs without a K split.
 DECODE_TILES = ((64, 128, 64, 4, 4), (64, 256, 64, 8, 3), (128, 128, 64, 8, 4),
@@ -566,6 +584,9 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
     positions, b8 7.6-24.9 (20.9-57.1); Llama-3.1-8B b1 11.2-26.4 (37.2-62.6), b8
     23.6-128.0 (49.2-418.1). ``HELIOS_ATTN_FUSED=1`` records ``attention_decode_fused``
     instead (``fuse_decode_attention``): measured slower (SmolLM2 b1 8.3-11.2 us).
+    Both run over each row's live splits only (``LIVE``: about ``HELIOS_ATTN_LIVE``
+    programs in all, ``_attention_live``) unless that knob is 0, where they keep a
+    program per split (several a program for one-tile splits: ``_attention_spp``).
 
     Raises:
         ValueError: an unknown rule.
@@ -583,9 +604,13 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
         # query head). The tuned kernel (`tuned`: no SPP) keeps GROUPED=2: one tile at
         # the tuner's largest count, the others are timed against it at startup.
         bn = min(_np2(SPLIT, 16), 64)
+        live = {} if tuned else _attention_live(B, KVH, NS)
         if bn < SPLIT and not tuned:
             return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=3,
-                        EVEN_HD=int(HD == bhd), WARPS=4)
+                        EVEN_HD=int(HD == bhd), WARPS=4, **live)
+        if live:
+            return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
+                        EVEN_HD=int(HD == bhd), WARPS=4, **live)
         spp = {} if tuned else _attention_spp(B, HD, NS)
         return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
                     EVEN_HD=int(HD == bhd), WARPS=4, **spp)
@@ -614,6 +639,21 @@ def _attention_spp(B: int, HD: int, NS: int) -> dict[str, int]:
     if B < 64 or NS < SPP_MIN_SPLITS:
         return {}
     return {"SPP": 4 if HD <= 64 else 2}
+
+
+def _attention_live(B: int, KVH: int, NS: int) -> dict[str, int]:
+    """Programs per (row, kv head) of rule v3's live-split layout (``{"LIVE": n}``; empty:
+    not used): about ``ATTN_LIVE`` programs in all, at most NS, for one-tile splits
+    (GROUPED=2) and longer ones (GROUPED=3) alike. The NS-programs-a-row grid
+    costs a program per split whatever the context: at 256 rows of 32 splits the 8B
+    geometry's 65,536 programs took ~400 us a layer on the H100 for ~3 live splits a row
+    (bench/results/h100_2026-12-06h/decode_breakdown_dc8d9d8.json), where the live
+    layout runs 256 x 8 x 2 programs over the live splits only. Bitwise the same results
+    for any LIVE (the partition is ``decode_splits``', by capacity), so a row's attention
+    does not depend on the bucket it sits in."""
+    if ATTN_LIVE <= 0 or B < ATTN_LIVE_MIN_ROWS:
+        return {}
+    return {"LIVE": max(1, min(NS, _cdiv(ATTN_LIVE, B * KVH)))}
 
 
 def attention_merge_constants(HD: int, NS: int, rule: str = "") -> dict[str, int]:
@@ -712,9 +752,90 @@ def moe_constants(N: int, K: int) -> dict[str, int]:
 # RMS-norm form is its own kernel).
 INT4_PROLOGUE = {"linear_int4": 0, "linear_add_int4": 0, "rmsnorm_linear_int4": 0,
                  "swiglu_linear_int4": 2, "swiglu_linear_add_int4": 2}
-# From this many token rows the INT4 products compute output tiles with tl.dot (the GEMV
-# below it reads the weight once per row). Not yet swept on a GPU (bench/gpu_int4.py).
+# The repacked GGUF products (kernels_triton/int4.py's INT4_MIN kernels and
+# kernels_triton/int8.py) take the v1 constants of this rule (their kernels have the v1 row
+# GEMV and the MMA=1 tile only).
+INT4_PROLOGUE |= {f"{op}_min": pro for op, pro in INT4_PROLOGUE.items()}
+INT8_PROLOGUE = {op.replace("_int4", "_int8"): pro for op, pro in INT4_PROLOGUE.items()
+                 if not op.endswith("_min")}
+# From this many token rows the INT4 products compute output tiles with tl.dot. Not yet
+# swept on a GPU (bench/gpu_int4.py).
 INT4_MMA_ROWS = 32
+# Below INT4_MMA_ROWS, at capture (HELIOS_INT4_ROWS): "v2" (default: ``ROWS=1``, one
+# program per BLOCK_T token rows x BLOCK_N output rows, the weight read once for all of
+# its rows, whole groups a K step; one row takes the word form, WORDS=1), "v1"
+# (``_w4a16_row``: one program per token row x 16 output rows, scales and zero points
+# gathered per element; measured on an H100 at dc8d9d8: 8B decode 53.8 tok/s at batch 1,
+# 61.7 at batch 8, bench/results/h100_2026-12-06h/), or
+# "BLOCK_N,BLOCK_K,WARPS,WORDS,BLOCK_N_ROWS,BLOCK_K_ROWS,WARPS_ROWS" (the one-row tile
+# and its form, then the several-row tile; BLOCK_K elements a K step, whole groups).
+# v2's tiles compile for sm_90 without spills at the 8B shapes (72-96 registers at one
+# row, 58-145 at 2-16 rows); not yet timed on a GPU.
+INT4_ROWS = os.environ.get("HELIOS_INT4_ROWS", "v2")
+INT4_ROWS_V2 = "8,2048,4,1,16,256,8"
+# The most token rows one ``ROWS=1`` program serves (the weight is read once per such
+# tile of rows; the products per weight element grow with it).
+INT4_ROWS_TILE = 16
+
+
+def int4_rows_constants(T: int, N: int, K: int, group: int, spec: str = "") -> dict[str, int]:
+    """Constants (with ``WARPS``) of a `T`-row INT4 product below INT4_MMA_ROWS for `N`
+    outputs over `K` in groups of `group`, under `spec` (default ``INT4_ROWS``): ``ROWS=1``
+    with ``BLOCK_T`` (1, else the power of two >= T up to INT4_ROWS_TILE), ``BLOCK_N``,
+    ``BLOCK_G`` (groups a K step) and ``WORDS`` (one row only), or the v1 row GEMV
+    (``MMA=0``, one program row per token row; its ``BLOCK_T`` is the kernel's unused
+    default, as cores before v2 record it).
+
+    Raises:
+        ValueError: a spec that is neither "v1", "v2" nor seven integers.
+    """
+    spec = spec or INT4_ROWS
+    if spec == "v1":
+        return dict(MMA=0, BLOCK_T=32, BLOCK_N=16, BLOCK_B=min(_np2(K // 2, 16), 256), WARPS=4)
+    try:
+        bn1, bk1, w1, words, bnr, bkr, wr = (
+            int(p) for p in (INT4_ROWS_V2 if spec == "v2" else spec).split(","))
+    except ValueError:
+        raise ValueError("HELIOS_INT4_ROWS must be 'v1', 'v2' or 'BLOCK_N,BLOCK_K,WARPS,WORDS,"
+                         f"BLOCK_N_ROWS,BLOCK_K_ROWS,WARPS_ROWS', got {spec!r}") from None
+    bn, bk, warps = (bn1, bk1, w1) if T == 1 else (bnr, bkr, wr)
+    c = dict(MMA=0, ROWS=1, BLOCK_T=min(_np2(T), INT4_ROWS_TILE), BLOCK_N=bn,
+             BLOCK_G=min(_np2(max(bk // group, 1)), _np2(K // group)), WARPS=warps)
+    if T == 1 and words:
+        c["WORDS"] = 1
+    return c
+
+
+# INT4 output tiles from INT4_MMA_ROWS rows, at capture (HELIOS_INT4_TILE): "v2" (default:
+# MMA=2, 64 x 64 tiles at 8 warps, one TF32 dot a group over vector-loaded bytes), "v1"
+# (MMA=1: 64 x 64 tiles at 4 warps, bytes loaded one at a time, two half-group dots;
+# compiled for sm_90 it spills 472-1176 stack bytes at the 8B shapes, and 8B decode at 64
+# rows ran 738.9 tok/s on an H100 at dc8d9d8, 0.12x bf16: bench/results/h100_2026-12-06h/)
+# or "BLOCK_T,BLOCK_N,WARPS" (MMA=2 with these tiles; BLOCK_T is capped at the power of
+# two >= the rows, at least 16). v2 compiles without spills at the 8B shapes (128-254
+# registers); at 4 warps the SwiGLU form spills (104-464 bytes). Not yet timed on a GPU.
+INT4_TILE = os.environ.get("HELIOS_INT4_TILE", "v2")
+INT4_TILE_V2 = "64,64,8"
+
+
+def int4_tile_constants(T: int, spec: str = "") -> dict[str, int]:
+    """Tile constants (with ``WARPS``) of a `T`-row INT4 product from INT4_MMA_ROWS rows
+    under `spec` (default ``INT4_TILE``).
+
+    Raises:
+        ValueError: a spec that is neither "v1", "v2" nor three integers.
+    """
+    spec = spec or INT4_TILE
+    if spec == "v1":
+        return dict(MMA=1, BLOCK_T=32 if T <= 32 else 64, BLOCK_N=64, BLOCK_B=16, WARPS=4)
+    try:
+        bt, bn, warps = (int(v) for v in (INT4_TILE_V2 if spec == "v2" else spec).split(","))
+    except ValueError:
+        raise ValueError("HELIOS_INT4_TILE must be 'v1', 'v2' or 'BLOCK_T,BLOCK_N,WARPS', "
+                         f"got {spec!r}") from None
+    return dict(MMA=2, BLOCK_T=min(bt, _np2(T, 16)), BLOCK_N=bn, WARPS=warps)
+
+
 # The FP8 products' prologue constant PRO: 0 none, 1 the RMS norm, 2 SwiGLU.
 FP8_PROLOGUE = {"linear_fp8": 0, "linear_add_fp8": 0, "rmsnorm_linear_fp8": 1,
                 "swiglu_linear_fp8": 2, "swiglu_linear_add_fp8": 2}
@@ -774,20 +895,65 @@ def fp8_default(T: int, N: int, K: int) -> dict[str, int]:
                 WARPS=8, STAGES=3, IMPRECISE=bk)
 
 
+# Few-row FP8 products (2..FP8_FEW_ROWS rows) at capture (HELIOS_FP8_FEW): "rows"
+# (default: the GEMV with BLOCK_T = the power of two >= T token rows a program, so each
+# weight tile is read once for all of them; the bf16 path reads its weights once at 8
+# rows too), "table" (the swept table / fp8_default, as before: at 8 rows the H100 sweep
+# at dc8d9d8 picked one GEMV program row per token row or 16-row tl.dot tiles, and 8B
+# decode ran at 0.60x bf16: bench/results/h100_2026-12-06h/), or
+# "BLOCK_N,BLOCK_K,WARPS" (the rows form with these tiles).
+FP8_FEW = os.environ.get("HELIOS_FP8_FEW", "rows")
+FP8_FEW_ROWS = 16
+FP8_FEW_V1 = "16,256,4"
+
+
+def fp8_few(T: int, K: int, spec: str = "") -> dict[str, int] | None:
+    """The few-row GEMV tiles (with ``WARPS``) of a `T`-row FP8 product over `K` under
+    `spec` (default ``FP8_FEW``), or None (one row, more than FP8_FEW_ROWS rows, or
+    "table").
+
+    Raises:
+        ValueError: a spec that is neither "rows", "table" nor three integers.
+    """
+    spec = spec or FP8_FEW
+    if spec == "table" or not 2 <= T <= FP8_FEW_ROWS:
+        return None
+    try:
+        bn, bk, warps = (int(v) for v in (FP8_FEW_V1 if spec == "rows" else spec).split(","))
+    except ValueError:
+        raise ValueError("HELIOS_FP8_FEW must be 'rows', 'table' or 'BLOCK_N,BLOCK_K,WARPS', "
+                         f"got {spec!r}") from None
+    bk = min(_np2(K, 32), bk)
+    return dict(MMA=0, BLOCK_T=_np2(T), BLOCK_N=bn, BLOCK_K=bk, BLOCK_KS=bk, WARPS=warps)
+
+
 def fp8_constants(T: int, N: int, K: int) -> dict[str, int]:
     """Tiles (with ``WARPS`` and ``STAGES``) of the FP8 products for `T` rows, `N` outputs
-    over `K`: the swept cell ``(N, K, smallest FP8_ROWS >= T)`` where the table has it,
-    else ``fp8_default``. A GEMV pick (``MMA=0``) runs one program row per token row."""
+    over `K`: ``fp8_few`` for a few rows, else the swept cell ``(N, K, smallest FP8_ROWS
+    >= T)`` where the table has it, else ``fp8_default``. A GEMV (``MMA=0``) program
+    serves ``BLOCK_T`` token rows."""
+    few = fp8_few(T, K)
+    if few is not None:
+        return fp8_flags(K, few)
     bucket = next((r for r in FP8_ROWS if r >= T), FP8_ROWS[-1])
     pick = _fp8_table().get((N, K, bucket))
     return fp8_flags(K, dict(pick) if pick else fp8_default(T, N, K))
 
 
+# HELIOS_FP8_EARLY=1 at capture: the FP8 GEMV (MMA=0) loads its first K step of codes
+# before the prologue pass (``EARLY=1``, the same sums; at one row through the several-row
+# body, which compiles to more registers than the batch-1 body: 107 against 72 at the 8B
+# qkv pick). Off by default; not yet timed.
+FP8_EARLY = os.environ.get("HELIOS_FP8_EARLY", "0")
+
+
 def fp8_flags(K: int, c: dict[str, int]) -> dict[str, int]:
     """Tiles `c` with the alignment constants of K: ``K16`` (K a multiple of 16: vector
-    loads) and ``EVEN_K`` (K a multiple of both K steps: masks constant along K)."""
+    loads) and ``EVEN_K`` (K a multiple of both K steps: masks constant along K), and on
+    the GEMV ``EARLY`` (FP8_EARLY)."""
     even = K % c["BLOCK_K"] == 0 and K % c.get("BLOCK_KS", 512) == 0
-    return {**c, "K16": int(K % 16 == 0), "EVEN_K": int(even)}
+    early = {"EARLY": 1} if c.get("MMA") == 0 and FP8_EARLY != "0" else {}
+    return {**c, "K16": int(K % 16 == 0), "EVEN_K": int(even), **early}
 
 
 def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
@@ -830,22 +996,37 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         T, N, K = s[0], s[1], s[2]
         return _linear_config([T, N, K], (views[0], views[2], views[3])
                               if len(views) > 3 else (), tc=False)
-    if op in INT4_PROLOGUE:  # W4A16 products (kernels_triton/int4.py)
+    if op == "embedding_int8":  # INT8 table rows (kernels_triton/int8.py)
+        T, D = s
+        vocab = int(views[1].shape[0]) if len(views) > 1 else 0
+        groups = int(views[2].shape[1]) if len(views) > 2 else D // 32
+        return _cfg((T,), 4 if D <= 1024 else 8, BLOCK_D=_np2(D, 16), VOCAB=vocab,
+                    GROUP=D // groups)
+    if op in INT4_PROLOGUE or op in INT8_PROLOGUE:  # W4A16 / W8A16 (kernels_triton/int*.py)
         T, N, K = s[0], s[1], s[2]
-        at = 3 if op == "rmsnorm_linear_int4" else 2  # the scales' view
+        at = 3 if op.startswith("rmsnorm_") else 2  # the scales' view
         groups = int(views[at].shape[1]) if len(views) > at else K // 128
-        common = dict(GROUP=K // groups, PRO=INT4_PROLOGUE[op],
-                      ACC=int(op in ("linear_add_int4", "swiglu_linear_add_int4")))
-        if T >= INT4_MMA_ROWS:  # output tiles on the tensor cores
+        common = dict(GROUP=K // groups, PRO={**INT4_PROLOGUE, **INT8_PROLOGUE}[op],
+                      ACC=int(op.startswith(("linear_add_", "swiglu_linear_add_"))))
+        if op.endswith("_int4"):  # the plain INT4 storage: the v2 forms (or the knobs')
+            if T >= INT4_MMA_ROWS:  # output tiles on the tensor cores
+                c = int4_tile_constants(T)
+                return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"),
+                            **common, **c)
+            c = int4_rows_constants(T, N, K, K // groups)
+            return _cfg((_cdiv(T, c["BLOCK_T"]) if c.get("ROWS") else T,
+                         _cdiv(N, c["BLOCK_N"])), c.pop("WARPS"), **common, **c)
+        if T >= INT4_MMA_ROWS:  # INT4_MIN / INT8: the v1 forms
             bt = 32 if T <= 32 else 64
             return _cfg((_cdiv(N, 64), _cdiv(T, bt)), 4, **common, MMA=1, BLOCK_T=bt,
                         BLOCK_N=64, BLOCK_B=16)
+        per_row = K // 2 if op in INT4_PROLOGUE else K  # bytes of a weight row
         return _cfg((T, _cdiv(N, 16)), 4, **common, MMA=0, BLOCK_T=32, BLOCK_N=16,
-                    BLOCK_B=min(_np2(K // 2, 16), 256))
+                    BLOCK_B=min(_np2(per_row, 16), 256))
     if op in FP8_PROLOGUE:  # the W8A8 products (kernels_triton/fp8.py)
         T, N, K = s[0], s[1], s[2]
         c = fp8_constants(T, N, K)
-        rows = T if c["MMA"] == 0 else _cdiv(T, c["BLOCK_T"])
+        rows = _cdiv(T, c["BLOCK_T"])
         return _cfg((_cdiv(N, c["BLOCK_N"] * c.get("TILES", 1)), rows), c.pop("WARPS"), **c,
                     PRO=FP8_PROLOGUE[op], ACC=int(op in ("linear_add_fp8",
                                                          "swiglu_linear_add_fp8")))
@@ -871,8 +1052,8 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
         c = attention_split_constants(B, H, KVH, HD, NS, SPLIT,
                                       tuned=op == "attention_decode_split_tuned")
-        return _cfg((B, KVH if c["GROUPED"] else H, _cdiv(NS, c.get("SPP", 1))),
-                    c.pop("WARPS"), **c)
+        z = c["LIVE"] if c.get("LIVE") else _cdiv(NS, c.get("SPP", 1))
+        return _cfg((B, KVH if c["GROUPED"] else H, z), c.pop("WARPS"), **c)
     if op == "attention_decode_fused":
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
         c = attention_fused_constants(H, KVH, HD, NS, SPLIT)

@@ -25,14 +25,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .errors import GeometryError, MissingTokenizerError
-from .gguf_read import (
-    hf_name,
-    require_tensors,
-    rms_eps,
-    special_tokens,
-    tensor_access,
-    tensors_by_hf,
-)
+from .gguf_read import gguf_checkpoint, hf_name, require_tensors, rms_eps, tensors_by_hf
 from .sentencepiece import spm_tokenizer_json
 
 ARCHITECTURE = "gemma3"
@@ -313,24 +306,10 @@ def read_gemma3_gguf(reader: Any, source: str, field_of, block_types: tuple[str,
             bool(field_of("tokenizer.ggml.add_space_prefix")))
     except MissingTokenizerError as exc:
         raise MissingTokenizerError(f"{source}: {exc}") from exc
-    bos, eos_ids, special = special_tokens(field_of, tokens)
 
     def hf_norms(name: str, w: np.ndarray) -> np.ndarray:
         """HF's norm weight w from the GGUF's 1 + w."""
         return w - _GGUF_NORM_SHIFT if name.endswith("norm.weight") else w
 
-    read, block_type, read_blocks = tensor_access(by_hf, source, block_types,
-                                                  values=hf_norms)
-    return Checkpoint(
-        source=source,
-        geometry=geometry,
-        tokenizer_json=tokenizer_json,
-        chat_template=field_of("tokenizer.chat_template") or "",
-        bos_token_id=bos,
-        eos_token_ids=eos_ids,
-        special_tokens=special,
-        tensor_names=names,
-        _read=read,
-        _read_blocks=read_blocks,
-        _block_type=block_type,
-    )
+    return gguf_checkpoint(by_hf, source, field_of, geometry, tokenizer_json, block_types,
+                           values=hf_norms)

@@ -27,12 +27,11 @@ from .gemma3 import read_gemma3_gguf
 from .geometry import LlamaGeometry
 from .gguf_read import (
     field_value,
+    gguf_checkpoint,
     gpt2_tokenizer_json,
     hf_name,
     require_tensors,
     rms_eps,
-    special_tokens,
-    tensor_access,
     tensors_by_hf,
 )
 from .qwen3 import QWEN3_GGUF_ARCHITECTURES, read_qwen3_gguf
@@ -166,21 +165,20 @@ def load_gguf(path: str | Path) -> Checkpoint:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, IndexError, OSError, struct.error) as exc:
         raise CheckpointFormatError(f"{source}: not a readable GGUF file: {exc}") from exc
-    other = GGUF_READERS.get(_field(reader, "general.architecture"))
+
+    def field_of(key: str) -> Any:
+        return _field(reader, key)
+
+    other = GGUF_READERS.get(field_of("general.architecture"))
     if other is not None:
-        return other(reader, source, lambda key: _field(reader, key), GGUF_BLOCK_TYPES)
+        return other(reader, source, field_of, GGUF_BLOCK_TYPES)
     by_hf = tensors_by_hf(reader, gguf_to_hf_name)
     geometry = _geometry(reader, source, {t.name for t in reader.tensors})
-    names = tuple(geometry.tensor_shapes())
-    require_tensors(by_hf, names, source)
-
-    tokenizer_json = gpt2_tokenizer_json(lambda key: _field(reader, key), source)
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-
-    template = _field(reader, "tokenizer.chat_template")
+    require_tensors(by_hf, geometry.tensor_shapes(), source)
+    tokenizer_json = gpt2_tokenizer_json(field_of, source)
+    template = field_of("tokenizer.chat_template")
     if not template:
         raise MissingChatTemplateError(f"{source}: no tokenizer.chat_template")
-    bos, eos_ids, special = special_tokens(lambda key: _field(reader, key), tokens)
 
     def hf_rows(name: str, w: np.ndarray) -> np.ndarray:
         """Q/K rows in HF's half-split order (whole rows move: blocks stay blocks)."""
@@ -192,18 +190,6 @@ def load_gguf(path: str | Path) -> Checkpoint:
             return unpermute_qk(w, geometry.num_kv_heads)
         return w
 
-    read, block_type, read_blocks = tensor_access(by_hf, source, GGUF_BLOCK_TYPES,
-                                                  values=hf_rows, rows=hf_rows)
-    return Checkpoint(
-        source=source,
-        geometry=geometry,
-        tokenizer_json=tokenizer_json,
-        chat_template=template,
-        bos_token_id=bos,
-        eos_token_ids=eos_ids,
-        special_tokens=special,
-        tensor_names=names,
-        _read=read,
-        _read_blocks=read_blocks,
-        _block_type=block_type,
-    )
+    return gguf_checkpoint(by_hf, source, field_of, geometry, tokenizer_json,
+                           GGUF_BLOCK_TYPES, chat_template=template, values=hf_rows,
+                           rows=hf_rows)

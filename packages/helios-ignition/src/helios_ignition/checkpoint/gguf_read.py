@@ -1,5 +1,6 @@
-"""What every GGUF reader shares (gguf_loader.py's llama, gemma3.py's): metadata values,
-HF tensor names, the special tokens and lazy access to a tensor's values or blocks.
+"""What every GGUF reader shares (gguf_loader.py's llama, gemma3.py's, qwen3.py's):
+metadata values, HF tensor names, the special tokens, lazy access to a tensor's values or
+blocks, and the `Checkpoint` built from them (`gguf_checkpoint`).
 
 An architecture's reader keeps only what differs: its name maps, geometry keys,
 tokenizer and the adjustment of a tensor as stored (llama: the Q/K row permutation
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint import Checkpoint
 from .errors import MissingTensorError, MissingTokenizerError, UnsupportedTensorError
 from .tokenizer_build import bpe_tokenizer_json
 
@@ -172,3 +174,42 @@ def tensor_access(by_hf: Mapping[str, Any], source: str, block_types: tuple[str,
         return kind, np.ascontiguousarray(raw)
 
     return read, block_type, read_blocks
+
+
+def gguf_checkpoint(by_hf: Mapping[str, Any], source: str, field_of: Callable[[str], Any],
+                    geometry: Any, tokenizer_json: str, block_types: tuple[str, ...], *,
+                    chat_template: str | None = None, values: Adjust | None = None,
+                    rows: Adjust | None = None) -> Checkpoint:
+    """The `Checkpoint` of an opened GGUF, once its reader has the architecture's parts.
+
+    Args:
+        by_hf: HF name -> the reader's tensor (``tensors_by_hf``; every name of the
+            geometry's ``tensor_shapes`` present: see ``require_tensors``).
+        source: the file's path, for messages.
+        field_of: metadata key -> value (None when absent).
+        geometry: the architecture's geometry (its ``tensor_shapes`` order is the
+            checkpoint's ``tensor_names``).
+        tokenizer_json: the vocabulary as HF `tokenizers` JSON.
+        block_types: the ggml block types a core may keep as they are.
+        chat_template: the template, or None for the file's ``tokenizer.chat_template``
+            ("" when absent).
+        values, rows: the architecture's adjustments (``tensor_access``).
+    """
+    bos, eos_ids, special = special_tokens(field_of, field_of("tokenizer.ggml.tokens") or [])
+    read, block_type, read_blocks = tensor_access(by_hf, source, block_types, values=values,
+                                                  rows=rows)
+    if chat_template is None:
+        chat_template = field_of("tokenizer.chat_template") or ""
+    return Checkpoint(
+        source=source,
+        geometry=geometry,
+        tokenizer_json=tokenizer_json,
+        chat_template=chat_template,
+        bos_token_id=bos,
+        eos_token_ids=eos_ids,
+        special_tokens=special,
+        tensor_names=tuple(geometry.tensor_shapes()),
+        _read=read,
+        _read_blocks=read_blocks,
+        _block_type=block_type,
+    )

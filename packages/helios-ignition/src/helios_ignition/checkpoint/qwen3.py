@@ -33,12 +33,11 @@ from .errors import GeometryError
 from .geometry import LlamaGeometry
 from .gguf_read import (
     LAYER_RE,
+    gguf_checkpoint,
     gpt2_tokenizer_json,
     hf_name,
     require_tensors,
     rms_eps,
-    special_tokens,
-    tensor_access,
     tensors_by_hf,
 )
 
@@ -289,19 +288,5 @@ def read_qwen3_gguf(reader: Any, source: str, field_of, block_types: tuple[str, 
     geometry = _gguf_geometry(field_of, source, arch, {t.name for t in reader.tensors})
     names = tuple(geometry.tensor_shapes())
     require_tensors(by_hf, names, source)
-    tokenizer_json = gpt2_tokenizer_json(field_of, source)
-    bos, eos_ids, special = special_tokens(field_of, field_of("tokenizer.ggml.tokens"))
-    read, block_type, read_blocks = tensor_access(by_hf, source, block_types)
-    return Checkpoint(
-        source=source,
-        geometry=geometry,
-        tokenizer_json=tokenizer_json,
-        chat_template=field_of("tokenizer.chat_template") or "",
-        bos_token_id=bos,
-        eos_token_ids=eos_ids,
-        special_tokens=special,
-        tensor_names=names,
-        _read=read,
-        _read_blocks=read_blocks,
-        _block_type=block_type,
-    )
+    return gguf_checkpoint(by_hf, source, field_of, geometry,
+                           gpt2_tokenizer_json(field_of, source), block_types)

@@ -24,13 +24,17 @@ def family_shapes(family: str, geometry):
     """The shapes of `family` for a checkpoint `geometry` (one rank's: `.shard(n)` splits).
 
     Raises:
-        FamilyMismatchError: `family` is unknown or not the checkpoint's (names both).
+        FamilyMismatchError: `family` is unknown, or not the checkpoint's: one line naming
+            the checkpoint's architecture, its family, `family` and the supported ones.
     """
     found = getattr(geometry, "family", "llama")
     if family not in FAMILIES:
         raise FamilyMismatchError(f"unknown family {family!r}; supported: "
                                   f"{', '.join(FAMILIES)}")
     if family != found:
-        raise FamilyMismatchError(f"the recipe's family {family!r} does not capture this "
-                                  f"checkpoint, whose architecture is family {found!r}")
+        # The name its reader recorded; a Llama geometry records none.
+        architecture = getattr(geometry, "architecture", "LlamaForCausalLM")
+        raise FamilyMismatchError(f"architecture {architecture!r} is family {found!r}, not "
+                                  f"the recipe's family {family!r}; supported families: "
+                                  f"{', '.join(FAMILIES)}")
     return FAMILIES[family].from_geometry(geometry)

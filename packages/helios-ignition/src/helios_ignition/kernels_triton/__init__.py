@@ -35,6 +35,7 @@ from .dense import (
 from .experts import moe_align, moe_down, moe_gate_up, moe_route, moe_sum, qk_rmsnorm
 from .fp8 import FP8_TRITON
 from .int4 import INT4_TRITON
+from .int8 import INT8_TRITON
 from .invariant import linear_rows
 from .kv_fp8 import KV_FP8_TRITON
 from .mma import linear_splitk, split_bf16, splitk_reduce
@@ -84,6 +85,7 @@ TRITON_KERNELS = {
     **FP8_TRITON,
     **INT4_TRITON,  # W4A16 products (kernels_triton/int4.py)
     **KV_FP8_TRITON,  # e4m3 KV cache forms (kernels_triton/kv_fp8.py)
+    **INT8_TRITON,  # W8A16 products of repacked GGUF weights (kernels_triton/int8.py)
     "embedding": embedding,
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,

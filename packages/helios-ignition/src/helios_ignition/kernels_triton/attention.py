@@ -493,6 +493,53 @@ def _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v
 
 
 @triton.jit
+def _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale,
+                    part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
+                    BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr,
+                    GROUPED: tl.constexpr, LIVE: tl.constexpr):
+    """GROUPED=2 or 3 over a row's live splits only; grid ``(B, KVH, LIVE)``.
+
+    Row ``b`` has ``n = min(ceil(ctx / SPLIT), NS)`` live splits (none for a padding
+    row). Program ``z`` computes splits ``z, z + LIVE, z + 2 LIVE, .. < n`` one after the
+    other (``_split_fma_at``, or ``_split_fma_online_at`` for GROUPED=3: the partition
+    and every split's arithmetic are those of the grid of NS programs a row, so the
+    results do not depend on LIVE or on the bucket), then
+    stores only ``part_ml = (-1e30, 0)`` for its splits ``n .. NS-1``: the merge
+    (SKIP_EMPTY=1) reads their statistics and skips their outputs, so ``part_o`` of an
+    empty split is left unwritten and a padding row writes nothing (the merge gives it
+    zeros without reading). The grid scales with the rows, not with the capacity: a
+    short context at a large capacity costs its live tiles, not ``NS`` programs a row.
+    """
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    z = tl.program_id(2)
+    s = tl.load(slot + b)
+    if s >= 0:
+        ctx = tl.load(positions + b) + 1
+        n = tl.minimum((ctx + SPLIT - 1) // SPLIT, NS)
+        for sp in range(z, n, LIVE):
+            if GROUPED == 3:
+                _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache,
+                                     k_scale, v_scale, part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
+                                     sp, BLOCK_N, BLOCK_HD, BLOCK_G, EVEN_HD)
+            else:
+                _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, k_scale,
+                              v_scale, part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N,
+                              BLOCK_HD, BLOCK_G, EVEN_HD)
+        G = H // KVH
+        g = tl.arange(0, BLOCK_G)
+        mg = g < G
+        hd0 = b * H + kvh * G  # first (b, h) of this kv head
+        empty_max = tl.zeros((BLOCK_G,), tl.float32) + NEG_BIG
+        # this program's first split at or past n (z itself when z >= n)
+        first = z + tl.maximum(n - z + LIVE - 1, 0) // LIVE * LIVE
+        for sp in range(first, NS, LIVE):
+            base = (hd0 + g) * NS + sp
+            tl.store(part_ml + base * 2, empty_max, mask=mg)
+            tl.store(part_ml + base * 2 + 1, tl.zeros((BLOCK_G,), tl.float32), mask=mg)
+
+
+@triton.jit
 def _group_online(q, row, lo, hi, k_cache, v_cache, k_scale, v_scale, kvh, d, md, g, PT, KVH, HD,
                   BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr):
     """Online softmax of the ``[BLOCK_G, BLOCK_HD]`` (scaled) queries `q` of one kv head
@@ -547,9 +594,20 @@ def _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, k_scal
     tile, not one per tile and head as GROUPED=2's walk. An empty split (or padding row)
     runs no tile and stores ``(-1e30, 0)`` and zeros.
     """
+    _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale,
+                         part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
+                         tl.program_id(2), BLOCK_N, BLOCK_HD, BLOCK_G, EVEN_HD)
+
+
+@triton.jit
+def _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache, k_scale,
+                         v_scale, part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N: tl.constexpr,
+                         BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr,
+                         EVEN_HD: tl.constexpr):
+    """GROUPED=3's split ``sp`` of row ``b`` (program ids 0 and 1) for every query head of
+    kv head ``kvh`` (``_split_fma_online``)."""
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
-    sp = tl.program_id(2)
     G = H // KVH
     if EVEN_HD:  # HD == BLOCK_HD: offsets are visibly multiples of a power of two >= 16
         HD = BLOCK_HD
@@ -581,19 +639,20 @@ def _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, k_scal
 def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                            B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                            BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
-                           EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1):
+                           EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1,
+                           LIVE: tl.constexpr = 0):
     """Per-split softmax statistics (``attention_decode_split``) over f32 planes:
     ``_split_body``."""
     _split_body(qkv, positions, slot, page_table, k_cache, v_cache, k_cache, v_cache, part_ml,
                 part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
-                GROUPED, EVEN_HD, SPP)  # f32 planes: no scales
+                GROUPED, EVEN_HD, SPP, LIVE)  # f32 planes: no scales
 
 
 @triton.jit
 def _split_body(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
                 part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                 BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
-                EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1):
+                EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1, LIVE: tl.constexpr = 0):
     """Per-split softmax statistics (``attention_decode_split``), four layouts:
 
     GROUPED=1, grid ``(B, KVH, NS)``: the query heads of a kv head form one MMA tile, so
@@ -607,10 +666,17 @@ def _split_body(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_s
     EVEN_HD=1 (HD == BLOCK_HD only) drops the head-dim masks and computes offsets with the
     constant BLOCK_HD, which Triton sees divides them, so cache loads are 128-bit
     (GROUPED=2 and 3 only). SPP (GROUPED=2 only): splits per program, grid
-    ``(B, KVH, cdiv(NS, SPP))``; the same results for any SPP. Swept by
-    bench/gpu_attention_sweep.py.
+    ``(B, KVH, cdiv(NS, SPP))``; the same results for any SPP. LIVE > 0 (GROUPED 2 without
+    SPP, or 3): grid ``(B, KVH, LIVE)``, each program strides over its row's live splits
+    only and leaves the outputs of empty splits unwritten (``_split_fma_live``); the same
+    results for any LIVE. Swept by bench/gpu_attention_sweep.py, gpu_attention_long.py
+    and gpu_attention_live.py.
     """
-    if GROUPED == 3:
+    if LIVE > 0:
+        _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale,
+                        part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N,
+                        BLOCK_HD, BLOCK_G, EVEN_HD, GROUPED, LIVE)
+    elif GROUPED == 3:
         _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
                           part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD,
                           BLOCK_G, EVEN_HD)

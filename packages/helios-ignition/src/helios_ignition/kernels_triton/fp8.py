@@ -18,15 +18,18 @@ Each program owns ``BLOCK_T`` token rows x ``BLOCK_N`` output features and reads
    to e4m3 round-to-nearest-even) and multiplied with the weight's e4m3 codes (one byte a
    weight: half the bf16 GEMV's bytes):
 
-   - ``MMA=0`` (batch-1 decode; a swept table may pick it up to 8 rows, one program row
-     per token row): the GEMV on the FMA units, as dense.py's batch-1 GEMV (``BLOCK_N``
-     weight rows a tile, wide K steps, no split-K), the codes converted to f32 in
-     registers and the decoded activation codes broadcast over the rows;
+   - ``MMA=0`` (batch-1 decode, and by default a few rows: ``BLOCK_T`` token rows a
+     program): the GEMV on the FMA units, as dense.py's batch-1 GEMV (``BLOCK_N`` weight
+     rows a tile, wide K steps, no split-K), the codes converted to f32 in registers once
+     a K step and applied to each token row in turn (the decoded activation codes
+     broadcast over the weight rows);
    - ``MMA=1``: ``tl.dot`` of float8e4nv operands (FP8 wgmma on sm_90 at 64-row tiles,
      mma.sync below) with the f32 accumulator kept in the dot. ``IMPRECISE`` > 0 passes
      ``max_num_imprecise_acc`` (Triton then adds the MMA's partial sums into a separate
      f32 accumulator every IMPRECISE products along K, the DeepSeek-V3 promotion, since
      sm_90's FP8 MMA keeps about 14 bits); 0 leaves Triton's sm_90 default (no promotion).
+
+   ``EARLY=1`` (the GEMV): the first K step's codes are loaded before the prologue pass.
 
    The epilogue multiplies by ``s[t] * weight_scale[n]`` and stores (``ACC``: adds).
    ``TILES`` > 1: a program computes that many consecutive column tiles after one
@@ -88,12 +91,15 @@ def _quantize(a, s):
 
 
 @triton.jit
-def _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexpr,
+def _gemv_row(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexpr,
           ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           BLOCK_KS: tl.constexpr, EVICT: tl.constexpr, EVEN_K: tl.constexpr,
           TILES: tl.constexpr):
-    """``MMA=0``: token row ``program_id(1)`` x ``TILES`` consecutive tiles of ``BLOCK_N``
-    weight rows on the FMA units (the prologue pass once for all of them)."""
+    """``MMA=0`` at ``BLOCK_T`` 1 without EARLY: token row ``program_id(1)`` x ``TILES``
+    consecutive tiles of ``BLOCK_N`` weight rows on the FMA units (the prologue pass once
+    for all of them). The batch-1 body the H100 sweep at dc8d9d8 timed, kept as it was:
+    ``_gemv``'s one-row form compiles to more registers (107 against 72 at the 8B qkv
+    pick)."""
     pn = tl.program_id(0)
     pt = tl.program_id(1).to(tl.int64)
     ks = tl.arange(0, BLOCK_K)
@@ -129,6 +135,108 @@ def _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO: tl.constexp
         if ACC:
             res = tl.load(dst, mask=mn, other=0.0) + res
         tl.store(dst, res, mask=mn)
+
+
+@triton.jit
+def _gemv_codes(weight, n, mn, k0, ks, K, EVICT: tl.constexpr, EVEN_K: tl.constexpr):
+    """The e4m3 codes of weight rows `n` at columns ``k0 + ks``."""
+    kk = k0 + ks
+    ptrs = weight + n.to(tl.int64)[:, None] * K + kk[None, :]
+    if EVICT:
+        codes = tl.load(ptrs, mask=_kmask(mn, kk, K, EVEN_K), other=0,
+                        eviction_policy="evict_first")
+    else:
+        codes = tl.load(ptrs, mask=_kmask(mn, kk, K, EVEN_K), other=0)
+    return codes
+
+
+@triton.jit
+def _gemv_step(acc, codes, x, norm_weight, s, inv, t0, T, k0, ks, K, stride,
+               PRO: tl.constexpr, BLOCK_T: tl.constexpr):
+    """`acc` [BLOCK_T, BLOCK_N] plus one K step: the codes converted once, then each token
+    row's activations quantized and reduced against them."""
+    kk = k0 + ks
+    mk = kk < K
+    rows = tl.arange(0, BLOCK_T)
+    w = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    if PRO == 1:
+        gain = tl.load(norm_weight + kk, mask=mk, other=0.0)
+    if BLOCK_T == 1:  # batch 1: `acc` [BLOCK_N], `s` and `inv` scalars (fewer registers)
+        a = _load_pro(x + t0.to(tl.int64) * stride, kk, mk, K, PRO)
+        if PRO == 1:
+            a = a * inv * gain
+        acc += tl.sum(w * _quantize(a, s).to(tl.float32)[None, :], axis=1)
+    else:
+        for r in tl.static_range(BLOCK_T):
+            row = x + (t0 + r).to(tl.int64) * stride
+            a = _load_pro(row, kk, mk & (t0 + r < T), K, PRO)
+            pick = rows == r
+            if PRO == 1:
+                a = a * tl.sum(tl.where(pick, inv, 0.0), axis=0) * gain
+            qa = _quantize(a, tl.sum(tl.where(pick, s, 0.0), axis=0)).to(tl.float32)
+            part = tl.sum(w * qa[None, :], axis=1)
+            acc = tl.where(pick[:, None], acc + part[None, :], acc)
+    return acc
+
+
+@triton.jit
+def _gemv(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO: tl.constexpr,
+          ACC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr, BLOCK_KS: tl.constexpr, EVICT: tl.constexpr,
+          EVEN_K: tl.constexpr, TILES: tl.constexpr, EARLY: tl.constexpr):
+    """``MMA=0``: ``BLOCK_T`` token rows (from ``program_id(1) * BLOCK_T``) x ``TILES``
+    consecutive tiles of ``BLOCK_N`` weight rows on the FMA units (the prologue pass once
+    for all of them). Each K step loads and converts the weight tile once and applies it
+    to every token row of the program (one at a time: the tile stays in registers), so a
+    few-row product reads the weight once, as the batch-1 GEMV does. EARLY=1 issues the
+    first tile's first K step of codes before the prologue pass, so the weight stream
+    starts while the activation rows are scanned (the same sums in the same order)."""
+    pn = tl.program_id(0)
+    t0 = tl.program_id(1) * BLOCK_T
+    ks = tl.arange(0, BLOCK_K)
+    rows = tl.arange(0, BLOCK_T)
+    mt = t0 + rows < T
+    stride = 2 * K if PRO == 2 else K
+    if EARLY:
+        n0 = pn * TILES * BLOCK_N + tl.arange(0, BLOCK_N)
+        first = _gemv_codes(weight, n0, n0 < N, 0, ks, K, EVICT, EVEN_K)
+    xrows = x + (t0 + rows).to(tl.int64)[:, None] * stride
+    s, inv = _row_scales(xrows, norm_weight, mt, K, eps, PRO, BLOCK_T, BLOCK_KS, EVEN_K)
+    if BLOCK_T == 1:
+        s = tl.sum(s, axis=0)
+        inv = tl.sum(inv, axis=0)
+    for i in range(0, TILES):
+        n = (pn * TILES + i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mn = n < N
+        if BLOCK_T == 1:
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        if EARLY:
+            if i == 0:
+                codes = first
+            else:
+                codes = _gemv_codes(weight, n, mn, 0, ks, K, EVICT, EVEN_K)
+            acc = _gemv_step(acc, codes, x, norm_weight, s, inv, t0, T, 0, ks, K, stride,
+                             PRO, BLOCK_T)
+            kstart = BLOCK_K
+        else:
+            kstart = 0
+        for k0 in range(kstart, K, BLOCK_K):
+            codes = _gemv_codes(weight, n, mn, k0, ks, K, EVICT, EVEN_K)
+            acc = _gemv_step(acc, codes, x, norm_weight, s, inv, t0, T, k0, ks, K, stride,
+                             PRO, BLOCK_T)
+        if BLOCK_T == 1:
+            res = acc * s * tl.load(weight_scale + n, mask=mn, other=0.0)
+            dst = out + t0.to(tl.int64) * N + n
+            m = mn
+        else:
+            res = acc * s[:, None] * tl.load(weight_scale + n, mask=mn, other=0.0)[None, :]
+            dst = out + (t0 + rows).to(tl.int64)[:, None] * N + n[None, :]
+            m = mt[:, None] & mn[None, :]
+        if ACC:
+            res = tl.load(dst, mask=m, other=0.0) + res
+        tl.store(dst, res, mask=m)
 
 
 @triton.jit
@@ -177,7 +285,8 @@ def _fp8_body(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
               PRO: tl.constexpr, ACC: tl.constexpr, MMA: tl.constexpr,
               BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               BLOCK_KS: tl.constexpr, IMPRECISE: tl.constexpr, EVICT: tl.constexpr,
-              K16: tl.constexpr, EVEN_K: tl.constexpr, TILES: tl.constexpr):
+              K16: tl.constexpr, EVEN_K: tl.constexpr, TILES: tl.constexpr,
+              EARLY: tl.constexpr):
     """K16=1: K is a multiple of 16, said in a form Triton's alignment analysis reads (as
     mma.py's _splitk does), so code and activation loads vectorize (without it every byte
     is its own load and the MMA tiles spill registers). EVEN_K=1: K is a multiple of both
@@ -187,9 +296,12 @@ def _fp8_body(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
     if MMA:
         _mma(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO, ACC, BLOCK_T,
              BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVEN_K, TILES)
+    elif BLOCK_T == 1 and not EARLY:
+        _gemv_row(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO, ACC, BLOCK_N,
+                  BLOCK_K, BLOCK_KS, EVICT, EVEN_K, TILES)
     else:
-        _gemv(x, norm_weight, weight, weight_scale, out, N, K, eps, PRO, ACC, BLOCK_N,
-              BLOCK_K, BLOCK_KS, EVICT, EVEN_K, TILES)
+        _gemv(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO, ACC, BLOCK_T,
+              BLOCK_N, BLOCK_K, BLOCK_KS, EVICT, EVEN_K, TILES, EARLY)
 
 
 @triton.jit
@@ -198,11 +310,11 @@ def linear_fp8(x, weight, weight_scale, out, T, N, K, ACC: tl.constexpr = 0,
                BLOCK_N: tl.constexpr = 64, BLOCK_K: tl.constexpr = 128,
                BLOCK_KS: tl.constexpr = 512, IMPRECISE: tl.constexpr = 0,
                EVICT: tl.constexpr = 0, K16: tl.constexpr = 0, EVEN_K: tl.constexpr = 0,
-               TILES: tl.constexpr = 1):
+               TILES: tl.constexpr = 1, EARLY: tl.constexpr = 0):
     """``linear_fp8`` / ``linear_add_fp8`` (ACC=1) / the SwiGLU forms (PRO=2); grid
-    ``(cdiv(N, BLOCK_N * TILES), cdiv(T, BLOCK_T))`` (``BLOCK_T`` 1 with MMA=0)."""
+    ``(cdiv(N, BLOCK_N * TILES), cdiv(T, BLOCK_T))``."""
     _fp8_body(x, x, weight, weight_scale, out, T, N, K, 0.0, PRO, ACC, MMA, BLOCK_T,
-              BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K, TILES)
+              BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K, TILES, EARLY)
 
 
 @triton.jit
@@ -212,10 +324,11 @@ def rmsnorm_linear_fp8(x, norm_weight, weight, weight_scale, out, T, N, K, eps,
                        BLOCK_K: tl.constexpr = 128, BLOCK_KS: tl.constexpr = 512,
                        IMPRECISE: tl.constexpr = 0, EVICT: tl.constexpr = 0,
                        K16: tl.constexpr = 0, EVEN_K: tl.constexpr = 0,
-                       TILES: tl.constexpr = 1):
+                       TILES: tl.constexpr = 1, EARLY: tl.constexpr = 0):
     """``rmsnorm_linear_fp8``: the RMS norm in the prologue (PRO=1)."""
     _fp8_body(x, norm_weight, weight, weight_scale, out, T, N, K, eps, PRO, ACC, MMA,
-              BLOCK_T, BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K, TILES)
+              BLOCK_T, BLOCK_N, BLOCK_K, BLOCK_KS, IMPRECISE, EVICT, K16, EVEN_K, TILES,
+              EARLY)
 
 
 FP8_TRITON = {"linear_fp8": linear_fp8, "linear_add_fp8": linear_fp8,

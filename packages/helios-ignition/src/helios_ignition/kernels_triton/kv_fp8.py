@@ -81,11 +81,13 @@ def attention_decode_split_fp8kv(qkv, positions, slot, page_table, k_cache, v_ca
                                  v_scale, part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT,
                                  scale, BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr,
                                  BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
-                                 EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1):
-    """``attention_decode_split`` over e4m3 planes (every GROUPED layout)."""
+                                 EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1,
+                                 LIVE: tl.constexpr = 0):
+    """``attention_decode_split`` over e4m3 planes (every GROUPED layout, and the live-split
+    layout LIVE > 0)."""
     _split_body(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
                 part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
-                GROUPED, EVEN_HD, SPP)
+                GROUPED, EVEN_HD, SPP, LIVE)
 
 
 @triton.jit

@@ -254,30 +254,78 @@ class RowColumns:
     longer applies. Every row they describe feeds one token, samples, and carries no
     grammar mask, histogram, candidates, score targets or images.
 
+    Columns that carry every row value (`complete`: built with `request_ids`, `fed` and
+    `pages`) let a plan leave its RowPlans unbuilt until something reads `StepPlan.rows`
+    (`rows` None until then; `materialize` builds them, equal to the rows the scheduler
+    would have built): the steady decode step's scheduling, packing and completion read
+    the columns alone.
+
     Attributes:
-        rows: the plan rows the columns were built from (compared by identity).
+        rows: the plan rows the columns were built from (compared by identity), or None
+            while they are unbuilt.
         slots: intp [rows] RowPlan.slot.
         generations: int64 [rows] RowPlan.generation.
         positions: int64 [rows] RowPlan.start_position.
         logprobs: int64 [rows] RowPlan.sampling.logprobs, -1 where None.
         holders: RowPlan.sampling of each row.
+        request_ids: RowPlan.request_id of each row (list of int), or None.
+        fed: int64 [rows] each row's one token (RowPlan.tokens[0]: PENDING_PLACEHOLDER
+            while it is on the device), or None.
+        pages: each row's page list (RowPlan.page_ids is `tuple(pages[i][:page_counts[i]])`;
+            the scheduler's lists are only appended to or replaced, so the prefix holds),
+            or None.
+        page_counts: int64 [rows] len(RowPlan.page_ids), or None.
+        sequences: the scheduler's per-row request state (opaque here: Lifecycle.complete
+            reads it), or None.
     """
 
-    __slots__ = ("rows", "slots", "generations", "positions", "logprobs", "holders")
+    __slots__ = ("rows", "slots", "generations", "positions", "logprobs", "holders",
+                 "request_ids", "fed", "pages", "page_counts", "sequences")
 
-    def __init__(self, rows: tuple[RowPlan, ...], slots: np.ndarray, generations: np.ndarray,
-                 positions: np.ndarray, logprobs: np.ndarray,
-                 holders: tuple[SamplingParams, ...]) -> None:
+    def __init__(self, rows: tuple[RowPlan, ...] | None, slots: np.ndarray,
+                 generations: np.ndarray, positions: np.ndarray, logprobs: np.ndarray,
+                 holders: tuple[SamplingParams, ...], *, request_ids: list[int] | None = None,
+                 fed: np.ndarray | None = None, pages: list[list[int]] | None = None,
+                 page_counts: np.ndarray | None = None, sequences: tuple | None = None) -> None:
         self.rows = rows
         self.slots = slots
         self.generations = generations
         self.positions = positions
         self.logprobs = logprobs
         self.holders = holders
+        self.request_ids = request_ids
+        self.fed = fed
+        self.pages = pages
+        self.page_counts = page_counts
+        self.sequences = sequences
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def complete(self) -> bool:
+        """Whether these columns carry every row value (the plan's rows may be unbuilt)."""
+        return self.pages is not None
 
     def describes(self, plan: StepPlan) -> bool:
         """Whether these columns are `plan`'s rows' values."""
-        return self.rows is plan.rows
+        rows = plan.__dict__.get("rows")
+        if rows is None:  # unbuilt: the plan's rows are these columns' (StepPlan.rows)
+            return plan.columns is self
+        return self.rows is rows
+
+    def materialize(self) -> tuple[RowPlan, ...]:
+        """The RowPlans these columns describe (built once; `rows` holds them after)."""
+        if self.rows is None:
+            assert self.pages is not None, "columns without row values need their rows"
+            self.rows = tuple([
+                RowPlan(request_id, slot, generation, (fed,), position,
+                        tuple(pages[:count]), True, holder)
+                for request_id, slot, generation, fed, position, pages, count, holder in zip(
+                    self.request_ids, self.slots.tolist(), self.generations.tolist(),
+                    self.fed.tolist(), self.positions.tolist(), self.pages,
+                    self.page_counts.tolist(), self.holders, strict=True)])
+        return self.rows
 
 
 @dataclass(frozen=True, init=False)
@@ -317,17 +365,51 @@ class StepPlan:
     columns: RowColumns | None = field(default=None, kw_only=True, compare=False, repr=False)
 
     # One per step: fills the instance dict (see RowPlan.__init__). Same signature.
-    def __init__(self, kind: StepKind, rows: tuple[RowPlan, ...], packed_rows: int = 0, *,
+    # rows=None with complete columns (RowColumns.complete): the rows are built on first
+    # read (`__getattr__`), which the steady decode step never does.
+    def __init__(self, kind: StepKind, rows: tuple[RowPlan, ...] | None,
+                 packed_rows: int = 0, *,
                  copies: tuple[RowCopy, ...] = (), route: Route | None = None,
                  lanes: int = 0, columns: RowColumns | None = None) -> None:
         d = self.__dict__
         d["kind"] = kind
-        d["rows"] = rows
+        if rows is not None:
+            d["rows"] = rows
+        elif columns is None or not columns.complete:
+            raise ValueError("a plan without rows needs columns that carry them")
         d["packed_rows"] = packed_rows
         d["copies"] = copies
         d["route"] = route
         d["lanes"] = lanes
         d["columns"] = columns
+
+    def __getattr__(self, name: str):
+        # Only reached for an attribute the instance dict lacks: the unbuilt rows of a
+        # plan whose complete columns carry them.
+        if name == "rows":
+            columns = self.__dict__.get("columns")
+            if columns is not None and columns.complete:
+                rows = self.__dict__["rows"] = columns.materialize()
+                return rows
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        # The dataclass comparison (columns not compared), with identity first: the
+        # scheduler checks each completion against the plan it issued, which is the same
+        # object in the steady step (and whose rows it then leaves unbuilt).
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return ((self.kind, self.rows, self.packed_rows, self.copies, self.route, self.lanes)
+                == (other.kind, other.rows, other.packed_rows, other.copies, other.route,
+                    other.lanes))
+
+    @property
+    def row_count(self) -> int:
+        """Rows of the step (`len(rows)`, without building unbuilt rows)."""
+        rows = self.__dict__.get("rows")
+        return len(rows) if rows is not None else len(self.columns)
 
     @property
     def token_count(self) -> int:

@@ -3,6 +3,11 @@
     token id -> EOS check -> token stops -> detokenizer -> string stops
              -> reasoning parser -> tool parser -> coalesced presentation deltas
 
+A special token (an added token the tokenizer marks special: a GGUF's CONTROL tokens, HF's
+`special: true`) that is no syntax marker has no text: it reaches the stops and parsers
+with none, as HF's `skip_special_tokens=True` and vLLM's default decode it. Syntax markers
+stay, whether special or not: the parsers consume them.
+
 Parsers are chosen from tables keyed by the contract's `ReasoningParser` and `ToolParser`
 enums, never by model name; an unknown or UNSPECIFIED selector fails startup listing the
 known ones. The final message is the accumulation of exactly the deltas that were
@@ -239,6 +244,10 @@ class Frontend:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.marks: TokenMarks = resolve_marks(tokenizer, *_markers(syntax))
+        # Rendered as no text (the module docstring): special, and no syntax marker.
+        self.hidden_ids = frozenset(
+            i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special
+        ) - set(self.marks.by_id)
         # Byte-level tokenizers: the detokenizers decode bytes, not ids (shared cache).
         self.pieces = ByteLevelPieces.of(tokenizer)
 
@@ -308,6 +317,7 @@ class Frontend:
             reasoning=reasoning,
             tools=tool_parser,
             eos_token_ids=self.eos_token_ids,
+            hidden_ids=self.hidden_ids,
             stops=stops or StopSpec(),
             parallel_tool_calls=parallel_tool_calls,
             ignore_eos=ignore_eos,
@@ -334,8 +344,10 @@ class OutputPipeline:
         parallel_tool_calls: bool = True,
         ignore_eos: bool = False,
         named_call: bool = False,
+        hidden_ids: frozenset[int] = frozenset(),
     ) -> None:
         self._detok = detokenizer
+        self._hidden = hidden_ids  # special tokens that are no marker: no text
         self._reasoning = reasoning
         self._tools = tools
         self._eos = ending_eos_ids(eos_token_ids, ignore_eos)
@@ -382,7 +394,7 @@ class OutputPipeline:
         if token_id in self._omitted:  # an ignored EOS: no text, generation goes on
             return []
         if self._plain:
-            text = self._detok.push(token_id)
+            text = self._push(token_id)
             if not text:
                 return []
             delta = ContentDelta(text)
@@ -392,12 +404,12 @@ class OutputPipeline:
         if self._token_stops is not None:
             ids, stopped = self._token_stops.feed(token_id)
             for tid in ids:
-                self._text(tid, self._detok.push(tid), out)
+                self._text(tid, self._push(tid), out)
             if stopped:
                 self._text(-1, self._detok.flush(), out)
                 return self._end(FinishReason.STOP, out)
             return self._publish(out)
-        text = self._detok.push(token_id)
+        text = self._push(token_id)
         if self._string_stops is not None:
             pieces, stopped = self._string_stops.feed(token_id, text)
             for tid, piece in pieces:
@@ -426,6 +438,11 @@ class OutputPipeline:
 
     # ---- internals ----
 
+    def _push(self, token_id: int) -> str:
+        """The text `token_id` completes; none for a hidden special token, which never
+        enters the detokenizer's window (as a decode that skips special tokens)."""
+        return "" if token_id in self._hidden else self._detok.push(token_id)
+
     def _text(self, token_id: int, text: str, out: list[Delta]) -> None:
         if self._string_stops is not None:  # not combinable with token stops; kept general
             for tid, piece in self._string_stops.feed(token_id, text)[0]:
@@ -450,7 +467,7 @@ class OutputPipeline:
         if flush_text:
             if self._token_stops is not None:
                 for tid in self._token_stops.flush():
-                    self._text(tid, self._detok.push(tid), out)
+                    self._text(tid, self._push(tid), out)
             self._text(-1, self._detok.flush(), out)
             if self._string_stops is not None:
                 for tid, piece in self._string_stops.flush():

@@ -118,7 +118,8 @@ async def create_message(request: Request) -> Response:
         choices=1, ingress_ns=generation.ingress_ns, enqueue_ns=generation.enqueue_ns,
     )  # fmt: skip
     shapes = MessagesShapes(ctx, prepared.stops.strings, service.preparer.tokenizer,
-                            service.engine.geometry.eos_token_ids)  # fmt: skip
+                            service.engine.geometry.eos_token_ids,
+                            service.preparer.frontend.hidden_ids)  # fmt: skip
     return await _deliver(request, generation, shapes, bool(parsed.stream))
 
 

@@ -140,17 +140,19 @@ def reassemble(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def stop_sequence(record: ChoiceRecord, stops: Sequence[str], tokenizer,
-                  prompt_ids: Sequence[int], eos_ids: Sequence[int]) -> str | None:  # fmt: skip
+                  prompt_ids: Sequence[int], eos_ids: Sequence[int],
+                  hidden_ids: frozenset[int] = frozenset()) -> str | None:  # fmt: skip
     """The stop string that ended a choice finished with `stop`, from its observed raw
     ids decoded as the output pipeline decodes them (the matcher's rule,
-    `frontend.stops.first_stop`); None when EOS ended it."""
+    `frontend.stops.first_stop`; `hidden_ids`, the frontend's special tokens without
+    text, are skipped); None when EOS ended it."""
     if not stops or record.finished is None or record.finished.reason is not FinishReason.STOP:
         return None
     ids = record.token_ids
     if ids and ids[-1] in eos_ids:  # EOS ended it: no stop string matched
         return None
     detok = IncrementalDetokenizer(tokenizer, prompt_ids)
-    text = "".join(detok.push(i) for i in ids) + detok.flush()
+    text = "".join(detok.push(i) for i in ids if i not in hidden_ids) + detok.flush()
     best = first_stop(text, stops)
     return stops[best[1]] if best is not None else None
 
@@ -162,15 +164,18 @@ class MessagesShapes:
     Args:
         ctx: the response constants (id, model, prompt ids).
         stops: the request's stop strings.
-        tokenizer / eos_ids: to name the stop string that ended the response.
+        tokenizer / eos_ids / hidden_ids: to name the stop string that ended the response
+            (hidden_ids: `Frontend.hidden_ids`).
     """
 
     def __init__(self, ctx: ResponseContext, stops: Sequence[str], tokenizer,
-                 eos_ids: Sequence[int]) -> None:  # fmt: skip
+                 eos_ids: Sequence[int], hidden_ids: frozenset[int] = frozenset()
+                 ) -> None:  # fmt: skip
         self.ctx = ctx
         self.stops = tuple(stops)
         self.tokenizer = tokenizer
         self.eos_ids = tuple(eos_ids)
+        self.hidden_ids = hidden_ids
         self.blocks = BlockEvents()
 
     def usage(self, records: Sequence[ChoiceRecord]) -> dict[str, Any]:
@@ -190,7 +195,7 @@ class MessagesShapes:
         if record.finished.reason is FinishReason.LENGTH:
             return "max_tokens", None
         matched = stop_sequence(record, self.stops, self.tokenizer, self.ctx.prompts[0],
-                                self.eos_ids)  # fmt: skip
+                                self.eos_ids, self.hidden_ids)  # fmt: skip
         if matched is not None:
             return "stop_sequence", matched
         if calls or record.finished.reason is FinishReason.TOOL_CALLS:

@@ -36,6 +36,12 @@ from helios_tools.kernels import kernel_params, reference_op
 from helios_tools.kernels.collective import COLLECTIVE_OPS
 from helios_tools.kernels.fp8 import FP8_FORMS, decode_e4m3
 from helios_tools.kernels.int4 import INT4_FORMS, dequantize_int4
+from helios_tools.kernels.int8 import (
+    INT4_MIN_FORMS,
+    INT8_FORMS,
+    dequantize_int4_min,
+    dequantize_int8,
+)
 
 from ..config import format_bytes
 from ..startup import StartupLog
@@ -49,6 +55,11 @@ from .tiers import TierRows
 
 FP8_OPS = frozenset(FP8_FORMS.values())
 INT4_OPS = frozenset(INT4_FORMS.values())
+# Each element-wise code form -> the dequantization of its weight and side buffers (the
+# arguments from the weight on: codes, scales[, zero points or minimums]).
+DEQUANTIZE = {**{op: (dequantize_int4, 3) for op in INT4_OPS},
+              **{op: (dequantize_int4_min, 3) for op in INT4_MIN_FORMS.values()},
+              **{op: (dequantize_int8, 2) for op in INT8_FORMS.values()}}
 
 STORED_DTYPE = {
     mpb.D_TYPE_F32: np.dtype("<f4"),
@@ -136,7 +147,8 @@ class CpuBackend:
         # Quantized weights (Buffer.storage): kept as their blocks; the launches reading
         # them run as ggml graphs built below, once (runtime.ggml_lib).
         # FP8 codes stay uint8 [rows, K] for the NumPy W8A8 ops (kernels.fp8) that name them;
-        # FP8 and INT4 codes are decoded to f32 once, at the first launch binding them.
+        # FP8, INT4, INT4_MIN and INT8 codes are decoded to f32 once, at the first launch
+        # binding them.
         storage = {b.name: b.storage for b in manifest.buffers if b.HasField("storage")
                    and b.storage.type in STORAGE_BLOCKS}
         self._ggml = GgmlPrograms(storage) if storage else None
@@ -300,10 +312,11 @@ class CpuBackend:
             if names[at] not in self._decoded:
                 self._decoded[names[at]] = decode_e4m3(args[at])
             args[at] = self._decoded[names[at]]
-        if kernel.reference_op in INT4_OPS:  # codes dequantized once (scales, zeros follow)
+        if kernel.reference_op in DEQUANTIZE:  # codes dequantized once (their sides follow)
+            dequantize, count = DEQUANTIZE[kernel.reference_op]
             at = [p.name for p in kernel_params(kernel.reference_op)].index("weight")
             if names[at] not in self._decoded:
-                self._decoded[names[at]] = dequantize_int4(*args[at:at + 3])
+                self._decoded[names[at]] = dequantize(*args[at:at + count])
             args[at] = self._decoded[names[at]]
         records.append((kernel.reference_op, names, tuple(args)))
         if kernel.reference_op in COLLECTIVE_OPS:  # joins the ranks: their peers run it

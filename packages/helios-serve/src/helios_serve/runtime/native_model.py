@@ -261,7 +261,7 @@ class NativeModel:
                     return name
             raise ValueError(f"no captured mixed variant holds {rows} rows of {need} tokens")
         if plan.kind is StepKind.DECODE:
-            need, table = len(plan.rows), self._decode
+            need, table = plan.row_count, self._decode
         else:  # a scoring row: a SCORED_PREFILL program; rows with images: an image prefill
             need, table = plan.token_count, self._prefill
             imaged = any(r.images for r in plan.rows)
@@ -319,7 +319,7 @@ class NativeModel:
             logprobs = self._completion.top_logprobs is not None and any(
                 [r.sampling.logprobs is not None for r in plan.rows]) and any(
                 r.sample and r.sampling.logprobs is not None for r in plan.rows)
-        ticket = Ticket(frame, name, len(plan.rows), logprobs,
+        ticket = Ticket(frame, name, plan.row_count, logprobs,
                         plan.token_count if plan.scored else 0)
         self._inflight.append(ticket)
         self.launches[plan.kind.value] += 1

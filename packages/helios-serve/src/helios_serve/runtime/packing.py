@@ -28,6 +28,7 @@ bindings write is not rewritten while its rows' SamplingParams stay the same.
 
 from __future__ import annotations
 
+import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -125,8 +126,14 @@ ONE_TOKEN_VALUES: dict[int, Callable[[Rows], list | np.ndarray]] = {
 
 # ROW_VALUES and ONE_TOKEN_VALUES sources of a plan whose rows are described by
 # RowColumns (a plain DECODE: one token per row, every row samples, no grammar mask).
+# Every source of a plain decode graph is here, so packing such a plan never builds the
+# rows a plan with complete columns leaves unbuilt (engine.plan.RowColumns).
 COLUMN_ROW_VALUES: dict[int, Callable[[RowColumns], np.ndarray]] = {
     V.VALUE_SOURCE_GENERATION: lambda c: c.generations,
+    V.VALUE_SOURCE_PENDING_TOKEN: lambda c: c.fed,
+    V.VALUE_SOURCE_CANDIDATE_COUNT: lambda c: np.zeros(len(c.slots), np.int64),
+    V.VALUE_SOURCE_CANDIDATE_GENERATION: lambda c: np.full(len(c.slots), -1, np.int64),
+    V.VALUE_SOURCE_CANDIDATE_CONSUMED_ENDPOINT: lambda c: np.full(len(c.slots), -1, np.int64),
     V.VALUE_SOURCE_QUERY_LENGTH: lambda c: np.ones(len(c.slots), np.int64),
     V.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT: lambda c: np.ones(len(c.slots), np.int64),
     V.VALUE_SOURCE_SAMPLING_DECISION: lambda c: np.ones(len(c.slots), np.int64),
@@ -135,6 +142,9 @@ COLUMN_ROW_VALUES: dict[int, Callable[[RowColumns], np.ndarray]] = {
     V.VALUE_SOURCE_LOGPROBS: lambda c: c.logprobs,
 }
 COLUMN_TOKEN_VALUES: dict[int, Callable[[RowColumns], np.ndarray]] = {
+    V.VALUE_SOURCE_PROMPT_TOKENS: lambda c: c.fed,
+    V.VALUE_SOURCE_PENDING_TOKEN: lambda c: c.fed,
+    V.VALUE_SOURCE_SCORED_TARGET_TOKENS: lambda c: np.full(len(c.slots), -1, np.int64),
     V.VALUE_SOURCE_PROMPT_POSITIONS: lambda c: c.positions,
     V.VALUE_SOURCE_MIXED_PREFILL_ROW: lambda c: np.arange(len(c.slots)),
 }
@@ -194,13 +204,22 @@ class _Step:
 
     def __init__(self, plan: StepPlan, row_capacity: int, token_capacity: int):
         self.plan = plan
-        self.rows = plan.rows
+        rows = plan.__dict__.get("rows")  # None: unbuilt (the `rows` property builds them)
+        if rows is not None:
+            self.rows = rows
+        self.count = len(rows) if rows is not None else plan.row_count  # rows of the step
         self.row_capacity = row_capacity  # captured capacities of the graph
         self.token_capacity = token_capacity
         self.held = False  # every row's slot holds its SamplingParams' values (_hold)
         # The rows' values as arrays (engine.plan.RowColumns), where the plan carries them.
         columns = plan.columns
         self.columns = columns if columns is not None and columns.describes(plan) else None
+
+    @_once
+    def rows(self) -> tuple[RowPlan, ...]:
+        """The plan's rows, where they were unbuilt (read only where the columns do not
+        answer: this first read builds them)."""
+        return self.plan.rows
 
     @_once
     def lanes(self) -> list[int]:
@@ -312,9 +331,12 @@ class SharedPacking:
         self._page_offset = {v.buffer: v.page_offset for v in page_table_views}
         self._window_tables = {v.buffer for v in page_table_views if v.region in window_regions}
         self._extra = max((v.page_offset for v in page_table_views), default=0)
-        # page-table buffer -> per slot: [generation, page entries uploaded] (lists grown
-        # on demand); see the module docstring.
-        self._uploaded: dict[str, tuple[list[int], list[int]]] = {}
+        # page-table buffer -> per slot: generation, page entries uploaded (see the module
+        # docstring): array.array for the row-by-row rule (its items read and write as
+        # fast as a list's), then NumPy views of the same memory for the array rule.
+        self._uploaded: dict[str, tuple[array.array, array.array, np.ndarray, np.ndarray]] = {}
+        # The slots and holders objects of the last `_hold`.
+        self._last_held: tuple = (None, None)
 
     def pack(self, graph: str, plan: StepPlan, rows: int, tokens: int,
              frame: int = 0) -> list[DirtyRange]:
@@ -341,10 +363,9 @@ class SharedPacking:
 
     def _pack_tokens(self, item: _Resolved, dest: np.ndarray, step: _Step,
                      dirty: list[DirtyRange]) -> None:
-        rows = step.rows
         capacity = step.token_capacity
-        if len(rows) == 1 and step.one_token:  # batch 1: a scalar store (as _pack_rows)
-            dest[0] = ONE_TOKEN_VALUES[item.source](rows)[0] + item.offset
+        if step.count == 1 and step.one_token:  # batch 1: a scalar store (as _pack_rows)
+            dest[0] = ONE_TOKEN_VALUES[item.source](step.rows)[0] + item.offset
             if capacity > 1:
                 dest[1:capacity] = item.padding
             return
@@ -353,9 +374,9 @@ class SharedPacking:
         elif step.columns is not None and item.source in COLUMN_TOKEN_VALUES:
             values = COLUMN_TOKEN_VALUES[item.source](step.columns).astype(dest.dtype)
         elif step.one_token:
-            values = np.asarray(ONE_TOKEN_VALUES[item.source](rows), dtype=dest.dtype)
+            values = np.asarray(ONE_TOKEN_VALUES[item.source](step.rows), dtype=dest.dtype)
         else:
-            values = TOKEN_VALUES[item.source](rows)
+            values = TOKEN_VALUES[item.source](step.rows)
         n = len(values)
         dest[:n] = values + dest.dtype.type(item.offset) if item.offset else values
         if capacity > n:
@@ -397,8 +418,7 @@ class SharedPacking:
         """A SAMPLING_VALUES source: gathered from its per-slot table, unless `dest` holds
         those values already (the same holders' values, padded alike, written last into
         this array: the values are a function of the SamplingParams alone)."""
-        rows = step.rows
-        n = len(rows)
+        n = step.count
         pad_to = step.row_capacity if item.indexing == V.INDEXING_SUBMISSION_ROW else n
         if item.sole:
             written = self._written.get(id(dest))
@@ -407,7 +427,7 @@ class SharedPacking:
             self._written.pop(id(dest), None)  # set again once written
         table = self._hold(step)[item.table][1]
         if n == 1:  # batch 1: a scalar store is several times cheaper than a slice
-            dest[0] = table[rows[0].slot]
+            dest[0] = table[step.slots[0]]
         else:
             dest[:n] = table[step.slot_index]
         if item.offset:
@@ -420,28 +440,29 @@ class SharedPacking:
     def _pack_rows(self, item: _Resolved, dest: np.ndarray, step: _Step,
                    dirty: list[DirtyRange]) -> None:
         plan = step.plan
-        rows = step.rows
-        n = len(plan.copies) if plan.kind is StepKind.TRANSFER else len(rows)
+        n = len(plan.copies) if plan.kind is StepKind.TRANSFER else step.count
         pad_to = step.row_capacity if item.indexing == V.INDEXING_SUBMISSION_ROW else n
         source = item.source
         if source in COPY_VALUES:
             dest[:n] = COPY_VALUES[source](plan.copies)
         elif source == V.VALUE_SOURCE_CANDIDATE_IDS:
             dest[:pad_to] = item.padding
-            for i, r in enumerate(rows):
+            if step.columns is not None:
+                return  # column rows carry no candidates
+            for i, r in enumerate(step.rows):
                 if r.candidates:
                     ids = r.candidates.ids[:dest.shape[1]]
                     dest[i, :len(ids)] = ids
             return
         elif source == V.VALUE_SOURCE_GRAMMAR_MASK:
             for i in step.masked:
-                dest[i] = rows[i].grammar_mask
+                dest[i] = step.rows[i].grammar_mask
             return  # rows without a mask are ignored by GRAMMAR_MASK_ENABLED = 0
         elif source == V.VALUE_SOURCE_CONSTANT:
             dest[:pad_to] = item.binding.constant_value
             return
         elif n == 1:  # batch 1: a scalar store is several times cheaper than a slice
-            dest[0] = ROW_VALUES[source](rows)[0] + item.offset
+            dest[0] = ROW_VALUES[source](step.rows)[0] + item.offset
         else:
             if source == V.VALUE_SOURCE_SLOT:
                 values = step.slots
@@ -450,7 +471,7 @@ class SharedPacking:
             elif source in _LANE_SOURCES:
                 values = step.lanes
             else:
-                values = ROW_VALUES[source](rows)
+                values = ROW_VALUES[source](step.rows)
             values = np.asarray(values, dtype=dest.dtype)
             dest[:n] = values + dest.dtype.type(item.offset) if item.offset else values
         if pad_to > n:
@@ -461,16 +482,29 @@ class SharedPacking:
         request's values (written only for slots whose SamplingParams object changed)."""
         if step.held:
             return self._tables
+        columns = step.columns
+        if columns is not None:
+            slots, held = columns.slots, columns.holders
+            last = self._last_held
+            if last[0] is slots and last[1] is held:
+                step.held = True  # the last hold's slots and holders: the tables hold them
+                return self._tables
+            pairs = zip(slots.tolist(), held, strict=True)
+        else:
+            slots = held = None
+            pairs = ((r.slot, r.sampling) for r in step.rows)
         holders = self._holders
-        for r in step.rows:
-            slot = r.slot
+        for slot, sampling in pairs:
             if slot >= len(holders):
                 self._grow(slot + 1)
-            if holders[slot] is not r.sampling:
+            if holders[slot] is not sampling:
                 for source, table in self._tables.values():
-                    table[slot] = SAMPLING_VALUES[source](r.sampling)
-                holders[slot] = r.sampling  # held: no other object can take its id
+                    table[slot] = SAMPLING_VALUES[source](sampling)
+                holders[slot] = sampling  # held: no other object can take its id
         step.held = True
+        # Only this method writes the tables: while the next hold is for the same slot
+        # and holder objects (a kept decode cohort's columns), they hold its values.
+        self._last_held = (slots, held)
         return self._tables
 
     def _grow(self, slots: int) -> None:
@@ -484,32 +518,47 @@ class SharedPacking:
     def _pack_physical(self, item: _Resolved, dest: np.ndarray, step: _Step,
                        dirty: list[DirtyRange]) -> None:
         b = item.binding
-        rows = step.rows
         if b.source == V.VALUE_SOURCE_PAGE_TABLE:
             shift = self._page_offset.get(b.destination, 0)
             window = b.destination in self._window_tables
             uploaded = self._uploaded.get(b.destination)
             if uploaded is None:
-                uploaded = self._uploaded[b.destination] = ([-1] * len(dest), [0] * len(dest))
-            generations, uploads = uploaded
+                generations = array.array("q", [-1] * len(dest))
+                uploads = array.array("q", [0] * len(dest))
+                uploaded = self._uploaded[b.destination] = (
+                    generations, uploads, np.frombuffer(generations, np.int64),
+                    np.frombuffer(uploads, np.int64))
+            generations, uploads, generations_view, uploads_view = uploaded
+            columns = step.columns
+            if columns is not None and columns.complete:
+                _page_tables(b.destination, dest, step.slot_index, columns.generations,
+                             columns.page_counts - shift, columns.pages, shift,
+                             generations_view, uploads_view, dirty)
+                return
+            rows = step.rows
+            if window:
+                for r in rows:
+                    if len(r.window_page_ids) + self._extra != len(r.page_ids):
+                        raise ValueError(
+                            f"row of request {r.request_id}: a sliding-window view needs "
+                            f"its window pages ({len(r.window_page_ids)} for "
+                            f"{len(r.page_ids)} pages)")
+            # Row by row: building the arrays from RowPlans costs more than this pass.
             for r in rows:
                 slot = r.slot
-                pages = r.window_page_ids if window else r.page_ids
-                if window and len(pages) + self._extra != len(r.page_ids):
-                    raise ValueError(f"row of request {r.request_id}: a sliding-window view "
-                                     f"needs its window pages ({len(pages)} for "
-                                     f"{len(r.page_ids)} pages)")
-                entries = len(pages) - shift  # view entry i = page i + shift
+                row_pages = r.window_page_ids if window else r.page_ids
+                entries = len(row_pages) - shift  # view entry i = page i + shift
                 if generations[slot] == r.generation:
                     done = uploads[slot]
                 else:
                     done = 0
                     generations[slot] = r.generation
                 if entries > done:
-                    dest[slot, done:entries] = pages[shift + done:]
+                    dest[slot, done:entries] = row_pages[shift + done:]
                     dirty.append(DirtyRange(b.destination, slot, done, entries))
                 uploads[slot] = entries if entries > 0 else 0
-        elif b.source == V.VALUE_SOURCE_PROMPT_HISTOGRAM:
+            return
+        if b.source == V.VALUE_SOURCE_PROMPT_HISTOGRAM:
             for r in step.placed:
                 width = dest.shape[1]
                 dest[r.slot] = np.bincount(np.asarray(r.histogram_tokens, dtype=np.int64),
@@ -520,7 +569,7 @@ class SharedPacking:
             # constrained lane with candidates must carry their masks; only those slots'
             # rows are written (and uploaded).
             for i in step.masked:
-                r = rows[i]
+                r = step.rows[i]
                 if r.candidates:
                     masks = r.candidates.grammar_masks
                     k = min(len(r.candidates.ids), dest.shape[1])
@@ -547,9 +596,36 @@ class SharedPacking:
 _LANE_SOURCES = frozenset({V.VALUE_SOURCE_QUERY_LENGTH, V.VALUE_SOURCE_SPECULATIVE_PREFIX_LIMIT})
 
 
+def _page_tables(destination: str, dest: np.ndarray, slots: np.ndarray,
+                 row_generations: np.ndarray, entries: np.ndarray, pages: Sequence,
+                 shift: int, generations: np.ndarray, uploads: np.ndarray,
+                 dirty: list[DirtyRange]) -> None:
+    """The page-table rule of `SharedPacking._pack_physical` as array operations over the
+    rows (their slots are distinct): each slot's view entries [done, entries) past those
+    uploaded for its generation (all of them after a new generation) are written from the
+    row's pages (`pages[i][shift + e]` is view entry e) and reported dirty, in row order;
+    then every slot's uploaded count is its row's entries (0 when negative).
+
+    Args:
+        slots: intp [rows]; row_generations, entries: int64 [rows] (entries: view
+            entries the row's pages cover); generations, uploads: int64 [buffer rows],
+            the per-slot state, updated in place.
+    """
+    done = np.where(generations[slots] == row_generations, uploads[slots], 0)
+    generations[slots] = row_generations
+    grown = np.flatnonzero(entries > done)
+    if len(grown):
+        for i, slot, start, end in zip(grown.tolist(), slots[grown].tolist(),
+                                       done[grown].tolist(), entries[grown].tolist(),
+                                       strict=True):
+            dest[slot, start:end] = pages[i][shift + start:shift + end]
+            dirty.append(DirtyRange(destination, slot, start, end))
+    uploads[slots] = np.maximum(entries, 0)
+
+
 def _scalar(b: cpb.ValueBinding, plan: StepPlan) -> int:
     if b.source == V.VALUE_SOURCE_LIVE_ROW_COUNT:
-        return len(plan.rows) + b.offset
+        return plan.row_count + b.offset
     if b.source == V.VALUE_SOURCE_CONSTANT:
         return b.constant_value
     raise AssertionError("checked at load")

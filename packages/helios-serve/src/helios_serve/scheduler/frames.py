@@ -53,8 +53,10 @@ class Frames:
         if len(self._outstanding) >= self.frames or feedback:
             return False
         newest = self._outstanding[-1]
-        if self.device_pending and newest.kind is StepKind.DECODE:
-            return True  # whether its rows sample or not (checked first: no row scan)
+        if newest.kind is StepKind.DECODE:
+            # Every decode row samples: ahead only from the device (no row scan, so a plan
+            # whose rows stay unbuilt keeps them so).
+            return self.device_pending
         return not any(r.sample for r in newest.rows)
 
     def hold(self, plans: list[StepPlan]) -> None:

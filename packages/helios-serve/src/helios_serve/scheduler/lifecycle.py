@@ -22,7 +22,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 from helios_tools.kernels.speculative import RECORD_FIELDS
 
-from helios_serve.engine.plan import ModelGeometry, RowPlan, StepKind, StepPlan
+from helios_serve.engine.plan import ModelGeometry, RowColumns, RowPlan, StepKind, StepPlan
 from helios_serve.scheduler.allocation import SequencePages
 from helios_serve.scheduler.frames import Frames
 from helios_serve.scheduler.lanes import SpeculativeLanes
@@ -32,6 +32,7 @@ from helios_serve.scheduler.request import (
     FinishedRequest,
     FinishReason,
     RowResult,
+    RowResults,
 )
 from helios_serve.scheduler.sequence import Sequence
 from helios_serve.scheduler.step_clock import StepClock
@@ -79,7 +80,7 @@ class Lifecycle:
     # -- completion -----------------------------------------------------------------------
 
     def complete(self, plan: StepPlan, sampled: Seq[int],
-                 confidence: np.ndarray | None = None) -> list[RowResult]:
+                 confidence: np.ndarray | None = None) -> Seq[RowResult]:
         """Apply the completion record of the oldest outstanding plan.
 
         Args:
@@ -95,7 +96,8 @@ class Lifecycle:
 
         Returns:
             One RowResult per row of a live request, in submission-row order;
-            rows of cancelled, failed or finished requests produce none.
+            rows of cancelled, failed or finished requests produce none (a list, or for
+            a plan whose rows stayed unbuilt RowResults: the same results as columns).
 
         Raises:
             CompletionError: not the oldest outstanding plan, wrong length, a
@@ -108,6 +110,9 @@ class Lifecycle:
             for copy in self._pop_transfer(plan):
                 copy.done()
             return []
+        columns = plan.columns
+        if columns is not None and columns.sequences is not None and columns.describes(plan):
+            return self._complete_columns(plan, columns, sampled)
         tokens = self._check_completion(plan, sampled)
         self._frames.pop(plan)
         self._clock.complete()
@@ -145,6 +150,74 @@ class Lifecycle:
             results.append(RowResult(row.request_id, token,
                                      len(seq.tokens) - seq.num_prompt_tokens))
         return results
+
+    def _complete_columns(self, plan: StepPlan, columns: RowColumns,
+                          sampled: Seq[int]) -> RowResults | list[RowResult]:
+        """`complete` of a plain decode plan whose rows are its columns (RowColumns with
+        the requests' state: Scheduler._build_plain): the same validation and the same
+        state changes, read from the columns instead of RowPlans (every row feeds one
+        token at its position and samples; no window pages). Returns RowResults."""
+        seqs = columns.sequences
+        n = len(seqs)
+        self._frames.check_oldest(plan)
+        if len(sampled) != n:
+            raise CompletionError(f"{len(sampled)} sampled ids for {n} rows")
+        vocab = self.geometry.vocab_size
+        if isinstance(sampled, np.ndarray) and sampled.ndim == 1 and sampled.dtype.kind in "iu":
+            tokens = sampled.tolist()
+            in_vocab = int(sampled.min()) >= 0 and int(sampled.max()) < vocab
+        else:
+            tokens = [int(t) for t in sampled]
+            in_vocab = all(0 <= t < vocab for t in tokens)
+        requests = self.requests
+        generations = self.alloc.generations
+        slots = columns.slots.tolist()
+        row_generations = columns.generations.tolist()
+        # Every row at once (one pass per test, no loop body per row); the rows one by one
+        # only to name the first error.
+        if not (in_vocab and all(map(requests.__contains__, columns.request_ids))
+                and [s.slot for s in seqs] == slots
+                and min([s.inflight_rows for s in seqs]) >= 1
+                and [generations[slot] for slot in slots] == row_generations):
+            for i, (seq, slot, generation) in enumerate(zip(
+                    seqs, slots, row_generations, strict=True)):
+                if seq.request_id not in requests or seq.slot != slot or seq.inflight_rows < 1:
+                    raise CompletionError(f"row {i}: request {seq.request_id} not in flight")
+                if generations[slot] != generation:
+                    raise CompletionError(f"row {i}: stale generation of slot {slot}")
+                if not 0 <= tokens[i] < vocab:
+                    raise CompletionError(f"row {i}: sampled id {tokens[i]} outside "
+                                          f"[0, {vocab})")
+        self._frames.pop(plan)
+        self._clock.complete()
+        pt = self.geometry.page_tokens
+        publisher = self.publisher
+        shared = publisher.shared  # else it publishes no page
+        outputs: list[int] = []
+        skipped: list[int] = []  # rows of retiring requests: no result
+        for i, (seq, end, token) in enumerate(zip(
+                seqs, (columns.positions + 1).tolist(), tokens, strict=True)):
+            seq.inflight_rows -= 1
+            if end > seq.num_computed:
+                seq.num_computed = end
+            seq.inflight_samples -= 1
+            if seq.cancelled or seq.failed or seq.finish_reason is not None:  # retiring
+                if seq.inflight_rows == 0:
+                    self._retire(seq)
+                skipped.append(i)
+                continue
+            if shared and seq.num_published < seq.num_computed // pt:
+                publisher.pages(seq)
+            if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
+                publisher.endpoints(seq)
+            seq.tokens.append(token)
+            outputs.append(len(seq.tokens) - seq.num_prompt_tokens)
+        request_ids = columns.request_ids
+        if skipped:
+            kept = sorted(set(range(n)).difference(skipped))
+            request_ids = [request_ids[i] for i in kept]
+            tokens = [tokens[i] for i in kept]
+        return RowResults(request_ids, tokens, outputs)
 
     def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> list[int]:
         """Validate a completion record against its plan before any state changes.

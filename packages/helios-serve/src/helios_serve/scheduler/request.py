@@ -130,6 +130,49 @@ class RowResult:
         d["output_tokens"] = output_tokens
 
 
+class RowResults:
+    """The RowResults of a completed plain decode step as three lists (Lifecycle.complete
+    returns it for a plan whose rows stayed unbuilt): a sequence of RowResult, each built
+    when read, so the steady step builds none; `columns` gives the lists themselves.
+
+    Attributes:
+        request_ids: int per result.
+        token_ids: the sampled id per result (int: every row of such a step samples).
+        output_tokens: output length after the row, per result.
+    """
+
+    __slots__ = ("request_ids", "token_ids", "output_tokens")
+
+    def __init__(self, request_ids: list[int], token_ids: list[int],
+                 output_tokens: list[int]) -> None:
+        self.request_ids = request_ids
+        self.token_ids = token_ids
+        self.output_tokens = output_tokens
+
+    def columns(self) -> zip:
+        """(request_id, token_id, output_tokens) per result, in order."""
+        return zip(self.request_ids, self.token_ids, self.output_tokens, strict=True)
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def __getitem__(self, i: int) -> RowResult:
+        return RowResult(self.request_ids[i], self.token_ids[i], self.output_tokens[i])
+
+    def __iter__(self):
+        return (RowResult(*r) for r in self.columns())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RowResults | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # mutable lists: unhashable, as a list of results is
+
+    def __repr__(self) -> str:
+        return f"RowResults({list(self)!r})"
+
+
 @dataclass(frozen=True)
 class FinishedRequest:
     """Summary returned by `Scheduler.finish` / `Scheduler.cancel`.

@@ -170,6 +170,9 @@ class Scheduler:
             rule: `host_tier_pays`, `_preempt_newest`).
         write_back: with a host tier, copy published pages and captured snapshots to free
             host rows while idle (CacheManager.queue_write_backs); False: only at eviction.
+        column_rows: plain DECODE plans of at least this many rows carry RowColumns
+            (`_build_plain`); None: COLUMN_ROWS. A count above every decode capacity plans
+            every row as a RowPlan (the per-row path tests compare the columns with).
 
     Raises:
         ValueError: an empty geometry, frames outside 1..MAX_FRAMES, or history drafting
@@ -181,7 +184,8 @@ class Scheduler:
                  history_index: Callable[[], HistoryIndex] = HistoryIndex,
                  width_policy: bool | WidthPolicy = False,
                  clock: Callable[[], float] = time.perf_counter,
-                 transfer_cost: TransferCost | None = None, write_back: bool = True) -> None:
+                 transfer_cost: TransferCost | None = None, write_back: bool = True,
+                 column_rows: int | None = None) -> None:
         g = geometry
         if not 1 <= frames <= MAX_FRAMES:
             raise ValueError(f"frames must be in 1..{MAX_FRAMES}, got {frames}")
@@ -221,6 +225,7 @@ class Scheduler:
         # The plain decode cohort (`_columns`): its requests in row order, and their slot,
         # generation and logprobs columns and SamplingParams; None after another step.
         self._cohort: tuple | None = None
+        self._column_rows = COLUMN_ROWS if column_rows is None else column_rows
 
     # -- admission --------------------------------------------------------------
 
@@ -547,16 +552,25 @@ class Scheduler:
         return self._build_plain(plain) or self._build_speculative(lanes)
 
     def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
-        """A DECODE row per ready request whose next page is available."""
+        """A DECODE row per ready request whose next page is available.
+
+        A plan of `column_rows` or more rows carries them as RowColumns (`_columns`); on a
+        core without a sliding-window region its RowPlans stay unbuilt (StepPlan.rows
+        builds them when read), so the steady decode step builds no object per row."""
         pt = self.geometry.page_tokens
         extra = self.geometry.extra_pages_per_request
         step = self._frames.step
-        rows: list[RowPlan] = []
         alloc = self.alloc
         windowed = alloc.window is not None
+        # Rows left unbuilt: decided by the ready count (a plan that pages cut below
+        # column_rows gets its rows from the lists after all).
+        unbuilt = len(ready) >= self._column_rows and not windowed
+        rows: list[RowPlan] = []
         append = rows.append
         built: list[Sequence] = []  # the requests that got a row, row order
-        positions: list[int] = []
+        positions: list[int] = []  # each row's pending-token position
+        fed: list[int] = []  # unbuilt: each row's token (a placeholder while on the device)
+        pages: list[list[int]] = []  # unbuilt: each row's page list (its prefix: the pages)
         # Every decode row of every step runs this body: Sequence.page_prefix,
         # SequencePages.window_prefix and Sequence.issue are spelled out (a call per row
         # each costs more than their reads; bench/packing.py).
@@ -571,16 +585,21 @@ class Scheduler:
                 page_ids = seq.page_ids
             tokens = seq.tokens
             # The pending token, or a placeholder while it is still on the device.
-            fed = (tokens[pos],) if pos < len(tokens) else _PLACEHOLDER
-            # _row of a one-token sampling row: pages cover [0, pos + 1), plus the extra
-            # pages (Sequence.page_prefix: the cached prefix while the count holds).
-            count = pos // pt + 1
-            source, pages = seq._page_prefix
-            if source is not page_ids or len(pages) != count + extra:
-                pages = seq.page_prefix(count + extra)
-            append(RowPlan(seq.request_id, seq.slot, seq.generation, fed, pos, pages, True,
-                           seq.request.sampling, None, None, 0, None, None, (),
-                           tuple(seq.window_page_ids[:count]) if windowed else ()))
+            token = tokens[pos] if pos < len(tokens) else PENDING_PLACEHOLDER
+            if unbuilt:
+                fed.append(token)
+                pages.append(page_ids)
+            else:
+                # _row of a one-token sampling row: pages cover [0, pos + 1), plus the
+                # extra pages (Sequence.page_prefix: the cached prefix while the count
+                # holds).
+                count = pos // pt + 1
+                source, prefix = seq._page_prefix
+                if source is not page_ids or len(prefix) != count + extra:
+                    prefix = seq.page_prefix(count + extra)
+                append(RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
+                               prefix, True, seq.request.sampling, None, None, 0, None, None,
+                               (), tuple(seq.window_page_ids[:count]) if windowed else ()))
             # Sequence.issue(pos + 1, sample=True, decode=True, step)
             seq.num_scheduled = pos + 1
             seq.inflight_rows += 1
@@ -590,17 +609,27 @@ class Scheduler:
             seq.last_step = step
             built.append(seq)
             positions.append(pos)
-        if not rows:
+        if not built:
             return None
-        if len(rows) < COLUMN_ROWS:
+        if unbuilt:
+            if len(built) >= self._column_rows:
+                return StepPlan(StepKind.DECODE, None,
+                                columns=self._columns(None, built, positions, fed, pages))
+            rows = [RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
+                            tuple(page_ids[:pos // pt + 1 + extra]), True, seq.request.sampling)
+                    for seq, pos, token, page_ids in zip(built, positions, fed, pages,
+                                                         strict=True)]
+        if len(rows) < self._column_rows:
             return StepPlan(StepKind.DECODE, tuple(rows))
         rows_ = tuple(rows)
-        return StepPlan(StepKind.DECODE, rows_, columns=self._columns(rows_, built, positions))
+        return StepPlan(StepKind.DECODE, rows_, columns=self._columns(
+            rows_, built, positions, [r.tokens[0] for r in rows_], pages))
 
-    def _columns(self, rows: tuple[RowPlan, ...], built: list[Sequence],
-                 positions: list[int]) -> RowColumns:
-        """The plain DECODE rows' host values as arrays (engine.plan.RowColumns). The
-        slot, generation and sampling columns are the decode cohort's: kept while the same
+    def _columns(self, rows: tuple[RowPlan, ...] | None, built: list[Sequence],
+                 positions: list[int], fed: list[int], pages: list[list[int]]) -> RowColumns:
+        """The plain DECODE rows' host values as arrays (engine.plan.RowColumns; with
+        `rows` None, every row value: the plan's rows stay unbuilt). The request, slot,
+        generation and sampling columns are the decode cohort's: kept while the same
         requests get rows in the same order and no other plan is issued between (`_issue`
         drops them): a request's slot and generation change only by a release and a new
         allocation, whose prefill (or mixed) plan is issued before it decodes again."""
@@ -614,10 +643,20 @@ class Scheduler:
                 np.array([s.generation for s in cohort], np.int64),
                 np.array([-1 if h.logprobs is None else h.logprobs for h in holders],
                          np.int64),
-                holders)
-        _, slots, generations, logprobs, holders = kept
-        return RowColumns(rows, slots, generations, np.array(positions, np.int64), logprobs,
-                          holders)
+                holders,
+                [s.request_id for s in cohort])
+        _, slots, generations, logprobs, holders, request_ids = kept
+        position = np.array(positions, np.int64)
+        tokens = np.array(fed, np.int64)
+        if rows is not None:
+            return RowColumns(rows, slots, generations, position, logprobs, holders,
+                              request_ids=request_ids, fed=tokens)
+        g = self.geometry
+        return RowColumns(None, slots, generations, position, logprobs, holders,
+                          request_ids=request_ids, fed=tokens, pages=pages,
+                          page_counts=position // g.page_tokens
+                          + (1 + g.extra_pages_per_request),
+                          sequences=cohort)
 
     def _build_speculative(self, ready: list[Sequence]) -> StepPlan | None:
         """One SPECULATIVE lane per ready request (`lane_ceiling`), pages for all of it
@@ -720,9 +759,10 @@ class Scheduler:
     # -- completion and leaving (Lifecycle) --------------------------------------------
 
     def complete(self, plan: StepPlan, sampled: Seq[int],
-                 confidence: np.ndarray | None = None) -> list[RowResult]:
+                 confidence: np.ndarray | None = None) -> Seq[RowResult]:
         """Apply the completion record of the oldest outstanding plan (Lifecycle.complete
-        states the record and its validation)."""
+        states the record and its validation; a plan whose rows stayed unbuilt gets
+        RowResults)."""
         return self.live.complete(plan, sampled, confidence)
 
     def fail(self, plan: StepPlan) -> list[FinishedRequest]:

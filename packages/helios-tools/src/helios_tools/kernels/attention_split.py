@@ -56,7 +56,9 @@ def attention_decode_split(
         k_cache: ``[P, PT, KVH, HD]`` f32.
         v_cache: ``[P, PT, KVH, HD]`` f32.
         part_ml: ``[B, H, NS, 2]`` f32 (split max, split sum of exponentials), written.
-        part_o: ``[B, H, NS, HD]`` f32 unnormalized split outputs, written.
+        part_o: ``[B, H, NS, HD]`` f32 unnormalized split outputs, written (zeros for
+            an empty split here; the GPU's live-split layout leaves those unwritten, as
+            ``attention_decode_merge`` never reads them).
         B: rows. MP: page-table width. PT: tokens per page.
         H: query heads. KVH: key/value heads. HD: head dim.
         NS: splits per row. SPLIT: context positions per split.
@@ -130,11 +132,13 @@ def attention_decode_merge(
         for b, h in product(range(B), range(H)):
             if slot[b] < 0: out[b, h] = 0; continue
             M = max(part_ml[b, h, :, 0]); w_s = exp(part_ml[b, h, s, 0] - M)
-            out[b, h] = sum(w_s * part_o[b, h, s]) / sum(w_s * part_ml[b, h, s, 1])
+            out[b, h] = sum(w_s * part_o[b, h, s]    for s with part_ml[b, h, s, 1] != 0)
+                        / sum(w_s * part_ml[b, h, s, 1])
 
     Args:
         part_ml: ``[B, H, NS, 2]`` f32.
-        part_o: ``[B, H, NS, HD]`` f32.
+        part_o: ``[B, H, NS, HD]`` f32; an empty split's (sum of exponentials 0) is not
+            read (its contribution is zero by contract, whatever the buffer holds).
         slot: ``[B]`` i32, < 0 for padding.
         out: ``[B, H * HD]`` f32, written (zeros for padding rows).
         B: rows. H: query heads. HD: head dim. NS: splits per row.
@@ -146,7 +150,8 @@ def attention_decode_merge(
         return
     m = part_ml[rows, :H, :NS, 0]  # [n, H, NS]
     w = np.exp(m - m.max(axis=-1, keepdims=True))
-    num = np.einsum("nhs,nhsd->nhd", w, part_o[rows, :H, :NS])
+    live = part_ml[rows, :H, :NS, 1] != 0
+    num = np.einsum("nhs,nhsd->nhd", w, np.where(live[..., None], part_o[rows, :H, :NS], 0))
     den = np.einsum("nhs,nhs->nh", w, part_ml[rows, :H, :NS, 1])
     o[rows] = (num / den[..., None]).reshape(rows.size, H * HD)
 

@@ -51,6 +51,19 @@ from .int4 import (
     swiglu_linear_add_int4,
     swiglu_linear_int4,
 )
+from .int8 import (
+    embedding_int8,
+    linear_add_int4_min,
+    linear_add_int8,
+    linear_int4_min,
+    linear_int8,
+    rmsnorm_linear_int4_min,
+    rmsnorm_linear_int8,
+    swiglu_linear_add_int4_min,
+    swiglu_linear_add_int8,
+    swiglu_linear_int4_min,
+    swiglu_linear_int8,
+)
 from .kv_fp8 import (
     KV_FP8_FORMS,
     attention_decode_fused_fp8kv,
@@ -332,6 +345,27 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     "swiglu_linear_add_int4": (
         _b("x", "f32"), _b("weight", "u8"), _b("weight_scale", "f32"),
         _b("weight_zero", "f32"), _b("out", "f32", "inout"), *_i("T", "N", "K"),
+    ),
+    # Repacked GGUF weights (kernels/int8.py). INT4_MIN: packed 4-bit codes [N, K/2], then
+    # their group scales and minimums ([N, K/G] f32 each); INT8: int8 codes [N, K] (bytes),
+    # then their group scales.
+    **{f"{op}_int4_min": (
+        *([_b("x", "f32")] + ([_b("norm_weight", "f32")] if op == "rmsnorm_linear" else [])),
+        _b("weight", "u8"), _b("weight_scale", "f32"), _b("weight_min", "f32"),
+        _b("out", "f32", "inout" if op.endswith("_add") else "out"), *_i("T", "N", "K"),
+        *(_f("eps") if op == "rmsnorm_linear" else ()),
+    ) for op in ("linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
+                 "swiglu_linear_add")},
+    **{f"{op}_int8": (
+        *([_b("x", "f32")] + ([_b("norm_weight", "f32")] if op == "rmsnorm_linear" else [])),
+        _b("weight", "u8"), _b("weight_scale", "f32"),
+        _b("out", "f32", "inout" if op.endswith("_add") else "out"), *_i("T", "N", "K"),
+        *(_f("eps") if op == "rmsnorm_linear" else ()),
+    ) for op in ("linear", "linear_add", "rmsnorm_linear", "swiglu_linear",
+                 "swiglu_linear_add")},
+    "embedding_int8": (
+        _b("ids", "i32"), _b("weight", "u8"), _b("weight_scale", "f32"), _b("out", "f32", "out"),
+        *_i("T", "D"),
     ),
     # Batched-decode GEMM path (kernels/linear_splitk.py): packed bf16 terms, K-split
     # products, fixed-order reduction.
@@ -672,6 +706,17 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "rmsnorm_linear_int4": rmsnorm_linear_int4,
     "swiglu_linear_int4": swiglu_linear_int4,
     "swiglu_linear_add_int4": swiglu_linear_add_int4,
+    "linear_int4_min": linear_int4_min,
+    "linear_add_int4_min": linear_add_int4_min,
+    "rmsnorm_linear_int4_min": rmsnorm_linear_int4_min,
+    "swiglu_linear_int4_min": swiglu_linear_int4_min,
+    "swiglu_linear_add_int4_min": swiglu_linear_add_int4_min,
+    "linear_int8": linear_int8,
+    "embedding_int8": embedding_int8,
+    "linear_add_int8": linear_add_int8,
+    "rmsnorm_linear_int8": rmsnorm_linear_int8,
+    "swiglu_linear_int8": swiglu_linear_int8,
+    "swiglu_linear_add_int8": swiglu_linear_add_int8,
     "linear_add_fp8": linear_add_fp8,
     "rmsnorm_linear_fp8": rmsnorm_linear_fp8,
     "swiglu_linear_fp8": swiglu_linear_fp8,

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from helios_contract._gen.helios.v1 import contract_pb2 as helios_dot_v1_dot_contract__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18helios/v1/manifest.proto\x12\thelios.v1\x1a\x18helios/v1/contract.proto\"\xc7\x02\n\x11\x45xecutionManifest\x12\x0b\n\x03\x61\x62i\x18\x01 \x01(\t\x12\"\n\x07\x62uffers\x18\x02 \x03(\x0b\x32\x11.helios.v1.Buffer\x12\"\n\x07kernels\x18\x03 \x03(\x0b\x32\x11.helios.v1.Kernel\x12\'\n\x06graphs\x18\x04 \x03(\x0b\x32\x17.helios.v1.GraphProgram\x12(\n\x06tuning\x18\x05 \x01(\x0b\x32\x18.helios.v1.TuningCatalog\x12\x0f\n\x07targets\x18\x06 \x03(\t\x12\x12\n\nrank_count\x18\x07 \x01(\r\x12\x31\n\x0fweight_catalogs\x18\x08 \x03(\x0b\x32\x18.helios.v1.WeightCatalog\x12\x32\n\x0f\x65xpert_geometry\x18\t \x01(\x0b\x32\x19.helios.v1.ExpertGeometry\"\x8f\x01\n\x0e\x45xpertGeometry\x12\x0f\n\x07\x65xperts\x18\x01 \x01(\r\x12\x19\n\x11\x65xperts_per_token\x18\x02 \x01(\r\x12\x0e\n\x06hidden\x18\x03 \x01(\r\x12\x14\n\x0c\x65xpert_width\x18\x04 \x01(\r\x12\x17\n\x0fnormalize_top_k\x18\x05 \x01(\x08\x12\x12\n\nblock_rows\x18\x06 \x01(\r\"X\n\rWeightCatalog\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12(\n\x07weights\x18\x03 \x03(\x0b\x32\x17.helios.v1.StoredWeight\"\\\n\x0cStoredWeight\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x13\n\x0bresource_id\x18\x02 \x01(\t\x12\'\n\x07sources\x18\x03 \x03(\x0b\x32\x16.helios.v1.TensorSlice\"H\n\x0bTensorSlice\x12\x0e\n\x06tensor\x18\x01 \x01(\t\x12\x0c\n\x04\x61xis\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0c\n\x04stop\x18\x04 \x01(\x04\"\xd4\x01\n\x06\x42uffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.helios.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x04\x12#\n\x04role\x18\x04 \x01(\x0e\x32\x15.helios.v1.BufferRole\x12\x1a\n\x12weight_resource_id\x18\x05 \x01(\t\x12 \n\x18rank_weight_resource_ids\x18\x06 \x03(\t\x12)\n\x07storage\x18\x07 \x01(\x0b\x32\x18.helios.v1.TensorStorage\"=\n\nSideBuffer\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.helios.v1.DType\"\xb5\x01\n\rTensorStorage\x12$\n\x04type\x18\x01 \x01(\x0e\x32\x16.helios.v1.StorageType\x12\x16\n\x0e\x62lock_elements\x18\x02 \x01(\r\x12\x13\n\x0b\x62lock_bytes\x18\x03 \x01(\r\x12%\n\x06scales\x18\x04 \x01(\x0b\x32\x15.helios.v1.SideBuffer\x12*\n\x0bzero_points\x18\x05 \x01(\x0b\x32\x15.helios.v1.SideBuffer\"?\n\x0bKernelParam\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.helios.v1.ParamKind\"\xad\x01\n\x0cKernelBinary\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x13\n\x0bresource_id\x18\x02 \x01(\t\x12\x12\n\nentry_name\x18\x03 \x01(\t\x12\x14\n\x0cshared_bytes\x18\x04 \x01(\r\x12\x11\n\tnum_warps\x18\x05 \x01(\r\x12\x1c\n\x14global_scratch_bytes\x18\x06 \x01(\x04\x12\x1d\n\x15profile_scratch_bytes\x18\x07 \x01(\x04\"\xe4\x01\n\x06Kernel\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0creference_op\x18\x02 \x01(\t\x12&\n\x06params\x18\x03 \x03(\x0b\x32\x16.helios.v1.KernelParam\x12\x33\n\tconstants\x18\x04 \x03(\x0b\x32 .helios.v1.Kernel.ConstantsEntry\x12)\n\x08\x62inaries\x18\x05 \x03(\x0b\x32\x17.helios.v1.KernelBinary\x1a\x30\n\x0e\x43onstantsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"@\n\nBufferView\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x13\n\x0b\x62yte_offset\x18\x02 \x01(\x04\x12\r\n\x05shape\x18\x03 \x03(\x04\"h\n\x08\x41rgument\x12\'\n\x06\x62uffer\x18\x01 \x01(\x0b\x32\x15.helios.v1.BufferViewH\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x03 \x01(\x01H\x00\x42\x07\n\x05value\"n\n\x06Launch\x12\x0e\n\x06kernel\x18\x01 \x01(\t\x12\x0c\n\x04grid\x18\x02 \x03(\r\x12\r\n\x05\x62lock\x18\x03 \x03(\r\x12\x14\n\x0cshared_bytes\x18\x04 \x01(\r\x12!\n\x04\x61rgs\x18\x05 \x03(\x0b\x32\x13.helios.v1.Argument\"0\n\tTransport\x12\x13\n\x0b\x64\x65stination\x18\x01 \x01(\t\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"\xfa\x01\n\x10\x43ompletionLayout\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x17\n\x0flogprobs_buffer\x18\x03 \x01(\t\x12\x16\n\x0etop_ids_buffer\x18\x04 \x01(\t\x12\x14\n\x0ctop_logprobs\x18\x05 \x01(\r\x12\x35\n\x0bspeculative\x18\x06 \x01(\x0b\x32 .helios.v1.SpeculativeCompletion\x12\x19\n\x11\x63onfidence_buffer\x18\x07 \x01(\t\x12\x15\n\rscores_buffer\x18\x08 \x01(\t\x12\x18\n\x10score_ids_buffer\x18\t \x01(\t\",\n\x15SpeculativeCompletion\x12\x13\n\x0btoken_width\x18\x01 \x01(\r\"\x8f\x02\n\x0cGraphProgram\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\toperation\x18\x02 \x01(\x0e\x32\x14.helios.v1.Operation\x12\x16\n\x0e\x62\x61tch_capacity\x18\x03 \x01(\r\x12\x16\n\x0etoken_capacity\x18\x04 \x01(\r\x12#\n\x08launches\x18\x05 \x03(\x0b\x32\x11.helios.v1.Launch\x12(\n\ntransports\x18\x06 \x03(\x0b\x32\x14.helios.v1.Transport\x12/\n\ncompletion\x18\x07 \x01(\x0b\x32\x1b.helios.v1.CompletionLayout\x12\x18\n\x10tuning_producers\x18\x08 \x03(\t\";\n\rTuningCatalog\x12*\n\tproducers\x18\x01 \x03(\x0b\x32\x17.helios.v1.GraphProgram*\x8f\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x0e\n\nD_TYPE_F32\x10\x01\x12\x0f\n\x0b\x44_TYPE_BF16\x10\x02\x12\x0e\n\nD_TYPE_F16\x10\x03\x12\x0e\n\nD_TYPE_I32\x10\x04\x12\x0e\n\nD_TYPE_U32\x10\x05\x12\x0e\n\nD_TYPE_I64\x10\x06\x12\r\n\tD_TYPE_U8\x10\x07*\xe7\x01\n\nBufferRole\x12\x1b\n\x17\x42UFFER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42UFFER_ROLE_WEIGHT\x10\x01\x12 \n\x1c\x42UFFER_ROLE_PERSISTENT_STATE\x10\x02\x12\x1b\n\x17\x42UFFER_ROLE_CACHE_PLANE\x10\x03\x12\x1d\n\x19\x42UFFER_ROLE_REQUEST_INPUT\x10\x04\x12\x16\n\x12\x42UFFER_ROLE_OUTPUT\x10\x05\x12\x17\n\x13\x42UFFER_ROLE_SCRATCH\x10\x06\x12\x15\n\x11\x42UFFER_ROLE_TUNED\x10\x07*\x85\x02\n\x0bStorageType\x12\x1c\n\x18STORAGE_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q4_0\x10\x01\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q4_1\x10\x02\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q5_0\x10\x03\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q8_0\x10\x04\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q4_K\x10\x05\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q6_K\x10\x06\x12\x19\n\x15STORAGE_TYPE_FP8_E4M3\x10\x07\x12\x15\n\x11STORAGE_TYPE_INT4\x10\x08*z\n\tParamKind\x12\x1a\n\x16PARAM_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11PARAM_KIND_BUFFER\x10\x01\x12\x12\n\x0ePARAM_KIND_I32\x10\x02\x12\x12\n\x0ePARAM_KIND_F32\x10\x03\x12\x12\n\x0ePARAM_KIND_I64\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18helios/v1/manifest.proto\x12\thelios.v1\x1a\x18helios/v1/contract.proto\"\xc7\x02\n\x11\x45xecutionManifest\x12\x0b\n\x03\x61\x62i\x18\x01 \x01(\t\x12\"\n\x07\x62uffers\x18\x02 \x03(\x0b\x32\x11.helios.v1.Buffer\x12\"\n\x07kernels\x18\x03 \x03(\x0b\x32\x11.helios.v1.Kernel\x12\'\n\x06graphs\x18\x04 \x03(\x0b\x32\x17.helios.v1.GraphProgram\x12(\n\x06tuning\x18\x05 \x01(\x0b\x32\x18.helios.v1.TuningCatalog\x12\x0f\n\x07targets\x18\x06 \x03(\t\x12\x12\n\nrank_count\x18\x07 \x01(\r\x12\x31\n\x0fweight_catalogs\x18\x08 \x03(\x0b\x32\x18.helios.v1.WeightCatalog\x12\x32\n\x0f\x65xpert_geometry\x18\t \x01(\x0b\x32\x19.helios.v1.ExpertGeometry\"\x8f\x01\n\x0e\x45xpertGeometry\x12\x0f\n\x07\x65xperts\x18\x01 \x01(\r\x12\x19\n\x11\x65xperts_per_token\x18\x02 \x01(\r\x12\x0e\n\x06hidden\x18\x03 \x01(\r\x12\x14\n\x0c\x65xpert_width\x18\x04 \x01(\r\x12\x17\n\x0fnormalize_top_k\x18\x05 \x01(\x08\x12\x12\n\nblock_rows\x18\x06 \x01(\r\"X\n\rWeightCatalog\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12(\n\x07weights\x18\x03 \x03(\x0b\x32\x17.helios.v1.StoredWeight\"\\\n\x0cStoredWeight\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x13\n\x0bresource_id\x18\x02 \x01(\t\x12\'\n\x07sources\x18\x03 \x03(\x0b\x32\x16.helios.v1.TensorSlice\"H\n\x0bTensorSlice\x12\x0e\n\x06tensor\x18\x01 \x01(\t\x12\x0c\n\x04\x61xis\x18\x02 \x01(\r\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0c\n\x04stop\x18\x04 \x01(\x04\"\xd4\x01\n\x06\x42uffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.helios.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x04\x12#\n\x04role\x18\x04 \x01(\x0e\x32\x15.helios.v1.BufferRole\x12\x1a\n\x12weight_resource_id\x18\x05 \x01(\t\x12 \n\x18rank_weight_resource_ids\x18\x06 \x03(\t\x12)\n\x07storage\x18\x07 \x01(\x0b\x32\x18.helios.v1.TensorStorage\"=\n\nSideBuffer\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.helios.v1.DType\"\xda\x01\n\rTensorStorage\x12$\n\x04type\x18\x01 \x01(\x0e\x32\x16.helios.v1.StorageType\x12\x16\n\x0e\x62lock_elements\x18\x02 \x01(\r\x12\x13\n\x0b\x62lock_bytes\x18\x03 \x01(\r\x12%\n\x06scales\x18\x04 \x01(\x0b\x32\x15.helios.v1.SideBuffer\x12*\n\x0bzero_points\x18\x05 \x01(\x0b\x32\x15.helios.v1.SideBuffer\x12#\n\x04mins\x18\x06 \x01(\x0b\x32\x15.helios.v1.SideBuffer\"?\n\x0bKernelParam\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.helios.v1.ParamKind\"\xad\x01\n\x0cKernelBinary\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x13\n\x0bresource_id\x18\x02 \x01(\t\x12\x12\n\nentry_name\x18\x03 \x01(\t\x12\x14\n\x0cshared_bytes\x18\x04 \x01(\r\x12\x11\n\tnum_warps\x18\x05 \x01(\r\x12\x1c\n\x14global_scratch_bytes\x18\x06 \x01(\x04\x12\x1d\n\x15profile_scratch_bytes\x18\x07 \x01(\x04\"\xe4\x01\n\x06Kernel\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0creference_op\x18\x02 \x01(\t\x12&\n\x06params\x18\x03 \x03(\x0b\x32\x16.helios.v1.KernelParam\x12\x33\n\tconstants\x18\x04 \x03(\x0b\x32 .helios.v1.Kernel.ConstantsEntry\x12)\n\x08\x62inaries\x18\x05 \x03(\x0b\x32\x17.helios.v1.KernelBinary\x1a\x30\n\x0e\x43onstantsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"@\n\nBufferView\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x13\n\x0b\x62yte_offset\x18\x02 \x01(\x04\x12\r\n\x05shape\x18\x03 \x03(\x04\"h\n\x08\x41rgument\x12\'\n\x06\x62uffer\x18\x01 \x01(\x0b\x32\x15.helios.v1.BufferViewH\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x03 \x01(\x01H\x00\x42\x07\n\x05value\"n\n\x06Launch\x12\x0e\n\x06kernel\x18\x01 \x01(\t\x12\x0c\n\x04grid\x18\x02 \x03(\r\x12\r\n\x05\x62lock\x18\x03 \x03(\r\x12\x14\n\x0cshared_bytes\x18\x04 \x01(\r\x12!\n\x04\x61rgs\x18\x05 \x03(\x0b\x32\x13.helios.v1.Argument\"0\n\tTransport\x12\x13\n\x0b\x64\x65stination\x18\x01 \x01(\t\x12\x0e\n\x06nbytes\x18\x02 \x01(\x04\"\xfa\x01\n\x10\x43ompletionLayout\x12\x0e\n\x06\x62uffer\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x17\n\x0flogprobs_buffer\x18\x03 \x01(\t\x12\x16\n\x0etop_ids_buffer\x18\x04 \x01(\t\x12\x14\n\x0ctop_logprobs\x18\x05 \x01(\r\x12\x35\n\x0bspeculative\x18\x06 \x01(\x0b\x32 .helios.v1.SpeculativeCompletion\x12\x19\n\x11\x63onfidence_buffer\x18\x07 \x01(\t\x12\x15\n\rscores_buffer\x18\x08 \x01(\t\x12\x18\n\x10score_ids_buffer\x18\t \x01(\t\",\n\x15SpeculativeCompletion\x12\x13\n\x0btoken_width\x18\x01 \x01(\r\"\x8f\x02\n\x0cGraphProgram\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\toperation\x18\x02 \x01(\x0e\x32\x14.helios.v1.Operation\x12\x16\n\x0e\x62\x61tch_capacity\x18\x03 \x01(\r\x12\x16\n\x0etoken_capacity\x18\x04 \x01(\r\x12#\n\x08launches\x18\x05 \x03(\x0b\x32\x11.helios.v1.Launch\x12(\n\ntransports\x18\x06 \x03(\x0b\x32\x14.helios.v1.Transport\x12/\n\ncompletion\x18\x07 \x01(\x0b\x32\x1b.helios.v1.CompletionLayout\x12\x18\n\x10tuning_producers\x18\x08 \x03(\t\";\n\rTuningCatalog\x12*\n\tproducers\x18\x01 \x03(\x0b\x32\x17.helios.v1.GraphProgram*\x8f\x01\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x0e\n\nD_TYPE_F32\x10\x01\x12\x0f\n\x0b\x44_TYPE_BF16\x10\x02\x12\x0e\n\nD_TYPE_F16\x10\x03\x12\x0e\n\nD_TYPE_I32\x10\x04\x12\x0e\n\nD_TYPE_U32\x10\x05\x12\x0e\n\nD_TYPE_I64\x10\x06\x12\r\n\tD_TYPE_U8\x10\x07*\xe7\x01\n\nBufferRole\x12\x1b\n\x17\x42UFFER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42UFFER_ROLE_WEIGHT\x10\x01\x12 \n\x1c\x42UFFER_ROLE_PERSISTENT_STATE\x10\x02\x12\x1b\n\x17\x42UFFER_ROLE_CACHE_PLANE\x10\x03\x12\x1d\n\x19\x42UFFER_ROLE_REQUEST_INPUT\x10\x04\x12\x16\n\x12\x42UFFER_ROLE_OUTPUT\x10\x05\x12\x17\n\x13\x42UFFER_ROLE_SCRATCH\x10\x06\x12\x15\n\x11\x42UFFER_ROLE_TUNED\x10\x07*\xb7\x02\n\x0bStorageType\x12\x1c\n\x18STORAGE_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q4_0\x10\x01\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q4_1\x10\x02\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q5_0\x10\x03\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q8_0\x10\x04\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q4_K\x10\x05\x12\x1a\n\x16STORAGE_TYPE_GGUF_Q6_K\x10\x06\x12\x19\n\x15STORAGE_TYPE_FP8_E4M3\x10\x07\x12\x15\n\x11STORAGE_TYPE_INT4\x10\x08\x12\x19\n\x15STORAGE_TYPE_INT4_MIN\x10\t\x12\x15\n\x11STORAGE_TYPE_INT8\x10\n*z\n\tParamKind\x12\x1a\n\x16PARAM_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11PARAM_KIND_BUFFER\x10\x01\x12\x12\n\x0ePARAM_KIND_I32\x10\x02\x12\x12\n\x0ePARAM_KIND_F32\x10\x03\x12\x12\n\x0ePARAM_KIND_I64\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,14 +35,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_KERNEL_CONSTANTSENTRY']._loaded_options = None
   _globals['_KERNEL_CONSTANTSENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=2702
-  _globals['_DTYPE']._serialized_end=2845
-  _globals['_BUFFERROLE']._serialized_start=2848
-  _globals['_BUFFERROLE']._serialized_end=3079
-  _globals['_STORAGETYPE']._serialized_start=3082
-  _globals['_STORAGETYPE']._serialized_end=3343
-  _globals['_PARAMKIND']._serialized_start=3345
-  _globals['_PARAMKIND']._serialized_end=3467
+  _globals['_DTYPE']._serialized_start=2739
+  _globals['_DTYPE']._serialized_end=2882
+  _globals['_BUFFERROLE']._serialized_start=2885
+  _globals['_BUFFERROLE']._serialized_end=3116
+  _globals['_STORAGETYPE']._serialized_start=3119
+  _globals['_STORAGETYPE']._serialized_end=3430
+  _globals['_PARAMKIND']._serialized_start=3432
+  _globals['_PARAMKIND']._serialized_end=3554
   _globals['_EXECUTIONMANIFEST']._serialized_start=66
   _globals['_EXECUTIONMANIFEST']._serialized_end=393
   _globals['_EXPERTGEOMETRY']._serialized_start=396
@@ -58,29 +58,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SIDEBUFFER']._serialized_start=1014
   _globals['_SIDEBUFFER']._serialized_end=1075
   _globals['_TENSORSTORAGE']._serialized_start=1078
-  _globals['_TENSORSTORAGE']._serialized_end=1259
-  _globals['_KERNELPARAM']._serialized_start=1261
-  _globals['_KERNELPARAM']._serialized_end=1324
-  _globals['_KERNELBINARY']._serialized_start=1327
-  _globals['_KERNELBINARY']._serialized_end=1500
-  _globals['_KERNEL']._serialized_start=1503
-  _globals['_KERNEL']._serialized_end=1731
-  _globals['_KERNEL_CONSTANTSENTRY']._serialized_start=1683
-  _globals['_KERNEL_CONSTANTSENTRY']._serialized_end=1731
-  _globals['_BUFFERVIEW']._serialized_start=1733
-  _globals['_BUFFERVIEW']._serialized_end=1797
-  _globals['_ARGUMENT']._serialized_start=1799
-  _globals['_ARGUMENT']._serialized_end=1903
-  _globals['_LAUNCH']._serialized_start=1905
-  _globals['_LAUNCH']._serialized_end=2015
-  _globals['_TRANSPORT']._serialized_start=2017
-  _globals['_TRANSPORT']._serialized_end=2065
-  _globals['_COMPLETIONLAYOUT']._serialized_start=2068
-  _globals['_COMPLETIONLAYOUT']._serialized_end=2318
-  _globals['_SPECULATIVECOMPLETION']._serialized_start=2320
-  _globals['_SPECULATIVECOMPLETION']._serialized_end=2364
-  _globals['_GRAPHPROGRAM']._serialized_start=2367
-  _globals['_GRAPHPROGRAM']._serialized_end=2638
-  _globals['_TUNINGCATALOG']._serialized_start=2640
-  _globals['_TUNINGCATALOG']._serialized_end=2699
+  _globals['_TENSORSTORAGE']._serialized_end=1296
+  _globals['_KERNELPARAM']._serialized_start=1298
+  _globals['_KERNELPARAM']._serialized_end=1361
+  _globals['_KERNELBINARY']._serialized_start=1364
+  _globals['_KERNELBINARY']._serialized_end=1537
+  _globals['_KERNEL']._serialized_start=1540
+  _globals['_KERNEL']._serialized_end=1768
+  _globals['_KERNEL_CONSTANTSENTRY']._serialized_start=1720
+  _globals['_KERNEL_CONSTANTSENTRY']._serialized_end=1768
+  _globals['_BUFFERVIEW']._serialized_start=1770
+  _globals['_BUFFERVIEW']._serialized_end=1834
+  _globals['_ARGUMENT']._serialized_start=1836
+  _globals['_ARGUMENT']._serialized_end=1940
+  _globals['_LAUNCH']._serialized_start=1942
+  _globals['_LAUNCH']._serialized_end=2052
+  _globals['_TRANSPORT']._serialized_start=2054
+  _globals['_TRANSPORT']._serialized_end=2102
+  _globals['_COMPLETIONLAYOUT']._serialized_start=2105
+  _globals['_COMPLETIONLAYOUT']._serialized_end=2355
+  _globals['_SPECULATIVECOMPLETION']._serialized_start=2357
+  _globals['_SPECULATIVECOMPLETION']._serialized_end=2401
+  _globals['_GRAPHPROGRAM']._serialized_start=2404
+  _globals['_GRAPHPROGRAM']._serialized_end=2675
+  _globals['_TUNINGCATALOG']._serialized_start=2677
+  _globals['_TUNINGCATALOG']._serialized_end=2736
 # @@protoc_insertion_point(module_scope)

@@ -42,6 +42,8 @@ class StorageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STORAGE_TYPE_GGUF_Q6_K: _ClassVar[StorageType]
     STORAGE_TYPE_FP8_E4M3: _ClassVar[StorageType]
     STORAGE_TYPE_INT4: _ClassVar[StorageType]
+    STORAGE_TYPE_INT4_MIN: _ClassVar[StorageType]
+    STORAGE_TYPE_INT8: _ClassVar[StorageType]
 
 class ParamKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -75,6 +77,8 @@ STORAGE_TYPE_GGUF_Q4_K: StorageType
 STORAGE_TYPE_GGUF_Q6_K: StorageType
 STORAGE_TYPE_FP8_E4M3: StorageType
 STORAGE_TYPE_INT4: StorageType
+STORAGE_TYPE_INT4_MIN: StorageType
+STORAGE_TYPE_INT8: StorageType
 PARAM_KIND_UNSPECIFIED: ParamKind
 PARAM_KIND_BUFFER: ParamKind
 PARAM_KIND_I32: ParamKind
@@ -178,18 +182,20 @@ class SideBuffer(_message.Message):
     def __init__(self, buffer: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ...) -> None: ...
 
 class TensorStorage(_message.Message):
-    __slots__ = ("type", "block_elements", "block_bytes", "scales", "zero_points")
+    __slots__ = ("type", "block_elements", "block_bytes", "scales", "zero_points", "mins")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
     SCALES_FIELD_NUMBER: _ClassVar[int]
     ZERO_POINTS_FIELD_NUMBER: _ClassVar[int]
+    MINS_FIELD_NUMBER: _ClassVar[int]
     type: StorageType
     block_elements: int
     block_bytes: int
     scales: SideBuffer
     zero_points: SideBuffer
-    def __init__(self, type: _Optional[_Union[StorageType, str]] = ..., block_elements: _Optional[int] = ..., block_bytes: _Optional[int] = ..., scales: _Optional[_Union[SideBuffer, _Mapping]] = ..., zero_points: _Optional[_Union[SideBuffer, _Mapping]] = ...) -> None: ...
+    mins: SideBuffer
+    def __init__(self, type: _Optional[_Union[StorageType, str]] = ..., block_elements: _Optional[int] = ..., block_bytes: _Optional[int] = ..., scales: _Optional[_Union[SideBuffer, _Mapping]] = ..., zero_points: _Optional[_Union[SideBuffer, _Mapping]] = ..., mins: _Optional[_Union[SideBuffer, _Mapping]] = ...) -> None: ...
 
 class KernelParam(_message.Message):
     __slots__ = ("name", "kind")
