@@ -109,15 +109,18 @@ LONG_CASES = [(9, 3, 64, 1, 4096), (9, 3, 64, 64, 130), (32, 8, 128, 1, 2048),
               (32, 8, 128, 64, 200), (6, 2, 40, 5, 700)]
 
 
-@pytest.mark.parametrize("rule", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("rule", ["v1", "v2", "v3", "v3-spp"])
 @pytest.mark.parametrize("H,KVH,HD,B,ctx", LONG_CASES)
 def test_attention_decode_split_fp8kv(gpu, rng, monkeypatch, rule, H, KVH, HD, B, ctx):
-    """Split + merge under every launch rule (each GROUPED layout), and the tuned kernel at
+    """Split + merge under every launch rule (each GROUPED layout; v3: the live-split
+    layout at the default HELIOS_ATTN_LIVE, v3-spp: without it), and the tuned kernel at
     16 splits, at the recipes' 8,192-position capacity."""
     from helios_ignition.capture import launch
     from helios_ignition.capture.buffers import decode_splits
 
-    monkeypatch.setattr(launch, "ATTN_RULE", rule)
+    monkeypatch.setattr(launch, "ATTN_RULE", rule.removesuffix("-spp"))
+    monkeypatch.setattr(launch, "ATTN_LIVE", 0 if rule.endswith("-spp") else 4096)
+    monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 1)
     MP, PT = 512, 16
     NS, split = decode_splits(MP * PT)
     pages, kc, vc, kn, vn, ks, vs, qkv, slot, pos = _case(rng, H, KVH, HD, B, ctx)
@@ -131,7 +134,12 @@ def test_attention_decode_split_fp8kv(gpu, rng, monkeypatch, rule, H, KVH, HD, B
                                                    po, B, MP, PT, H, KVH, HD, NS, split, scale)
     got = gpu.run("attention_decode_split_fp8kv", qkv, pos, slot, pages, kn, vn, ks, vs,
                   np.zeros_like(ml), np.zeros_like(po), B, MP, PT, H, KVH, HD, NS, split, scale)
-    assert rel(got["part_ml"], ml) < 1e-5 and rel(got["part_o"], po) < 1e-5
+    # what the merge reads: every split's statistics of a live row, the outputs of its live
+    # splits (the live-split layout leaves the rest unwritten: poisoned)
+    live = slot >= 0
+    written = live[:, None, None] & (ml[..., 1] != 0)
+    assert rel(got["part_ml"][live], ml[live]) < 1e-5
+    assert rel(got["part_o"][written], po[written]) < 1e-5
     out = gpu.run("attention_decode_merge", got["part_ml"], got["part_o"], slot,
                   np.zeros_like(ref), B, H, HD, NS)["out"]
     assert rel(out, ref) < 1e-5
