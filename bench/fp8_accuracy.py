@@ -1,14 +1,16 @@
-"""FP8 W8A8, INT4 W4A16 and repacked-GGUF accuracy of SmolLM2-135M-Instruct against its
-bf16 core (issue 31, "Accuracy, measured").
+"""FP8 W8A8, INT4 W4A16, repacked-GGUF and FP8 KV cache accuracy of SmolLM2-135M-Instruct
+against its bf16 core (issue 31, "Accuracy, measured").
 
 Exports cores of the same checkpoint (the embedded GGUF; its blocks dequantized at
 export): bf16 weights, ``--quantize fp8`` (the products' matrices as e4m3 codes with
-per-output-channel scales, activations quantized per token when served) and ``--quantize
+per-output-channel scales, activations quantized per token when served), ``--quantize
 int4`` (packed 4-bit codes, group 128 or 64 along K with scales and zero points, f32
-activations) and ``gguf`` (``--weight-dtype gguf`` with a GPU target: the GGUF's own Q4_1
+activations), ``gguf`` (``--weight-dtype gguf`` with a GPU target: the GGUF's own Q4_1
 and Q8_0 blocks repacked exactly into INT4_MIN / INT8 storage, docs/gguf-cuda.md; on the
 cpu backend too, so its rows measure the repacked form through the NumPy references, not
-ggml's blocks). Then, on the chosen backend, for each quantized format against bf16:
+ggml's blocks) and ``--kv-cache-dtype fp8`` (bf16 weights, the KV cache as e4m3 codes with
+per-head scales: row "fp8kv"). Then, on the chosen backend, for each quantized format
+against bf16:
 
 - perplexity of each core on a fixed committed text (bench/prompts/fp8_accuracy_text.txt,
   teacher-forced: every position's logits predict the next token), and the mean per-token
@@ -62,25 +64,31 @@ FORMATS = {"fp8": "e4m3 per-channel weights, per-token dynamic e4m3 activations 
            "gguf": "the GGUF's own blocks repacked exactly (never through floats): Q4_1 "
                    "projections as 4-bit codes in groups of 32 with f32 scale and minimum "
                    "(INT4_MIN), the Q8_0 embedding / tied LM head as int8 codes with f32 "
-                   "scales (INT8); f32 activations (W4A16 / W8A16)"}
+                   "scales (INT8); f32 activations (W4A16 / W8A16)",
+           "fp8kv": "bf16 weights, KV cache as e4m3 codes with one f32 scale per layer and "
+                    "kv head, calibrated at export (amax x 1.25 / 448 on a fixed prompt; "
+                    "--kv-cache-dtype fp8)"}
+# Export options of each format but gguf (--quantize, --kv-cache-dtype).
+EXPORT = {"bf16": {}, "fp8": {"quantize": "fp8"}, "int4": {"quantize": "int4"},
+          "fp8kv": {"kv_cache_dtype": "fp8"}}
 NAMESPACE = "bench"
 _KEYS: dict[Path, tuple[Path, Path]] = {}  # folder -> (private, public) key files
 
 
-def _export(folder: Path, quantize: str | None, targets: tuple[str, ...],
+def _export(folder: Path, name: str, targets: tuple[str, ...],
             target: str = "sm_90") -> Path:
-    """The core of format `quantize` (None: bf16). ``gguf`` is always exported for
-    `target`: only a core for a GPU target stores the repacked form."""
+    """The core of format `name` (a FORMATS key or "bf16"). ``gguf`` is always exported
+    for `target`: only a core for a GPU target stores the repacked form."""
     if folder not in _KEYS:
         _KEYS[folder] = write_key_pair(generate_key(), folder / "publisher.key")
     private = _KEYS[folder][0]
-    out = folder / f"smollm2-{quantize or 'bf16'}.core"
-    if quantize == "gguf":
+    out = folder / f"smollm2-{name}.core"
+    if name == "gguf":
         export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
                     out=out, weight_dtype="gguf", targets=(target,))
         return out
     export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
-                weight_dtype="bf16", quantize=quantize, targets=targets)
+                weight_dtype="bf16", targets=targets, **EXPORT[name])
     return out
 
 
@@ -114,7 +122,7 @@ def main() -> int:
     parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--target", default="sm_90", help="with --backend cuda")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--formats", default="fp8,int4",
+    parser.add_argument("--formats", default="fp8,int4,fp8kv",
                         help="comma-separated quantized formats to compare with bf16")
     args = parser.parse_args()
     formats = args.formats.split(",")
@@ -124,7 +132,7 @@ def main() -> int:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        cores = {"bf16": _export(folder, None, targets),
+        cores = {"bf16": _export(folder, "bf16", targets),
                  **{f: _export(folder, f, targets, args.target) for f in formats}}
         tok = load_tokenizer(open_core(cores["bf16"], [load_public_key(_public(folder))])
                              .read_resource("tokenizer.json").decode())

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|attn-live|quant-speed|quant-tests|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|attn-live|quant-speed|quant-tests|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -72,6 +72,11 @@ case $stage in
     if [ "$stage" = fp8-tune ] || [ "$stage" = fp8-bench ]; then
       python3 bench/gpu_fp8.py --json "$OUTD/fp8_8b.json" 2>&1 | tee "$OUTD/fp8_8b.log" | tail -12
     fi ;;
+  kvfp8)  # issue 31 item 4 (the SmolLM2 GGUF for the model test only): every e4m3 KV cache
+    # form against its NumPy reference, the SmolLM2 fp8-KV core cuda vs cpu, then decode
+    # attention f32 vs e4m3 cache at the 8B geometry, 1k-8k positions, B 1/64
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kv_fp8.py 2>&1 | tee "$OUTD/kvfp8_kernels.log" | tail -5
+    python3 bench/gpu_kv_fp8.py --json "$OUTD/kvfp8_8b.json" 2>&1 | tee "$OUTD/kvfp8_8b.log" ;;
   int4)  # issue 31 (the SmolLM2 GGUF for the model test): every W4A16 form against its NumPy
     # reference at M 1/8/64/256, the SmolLM2 int4 core cuda vs cpu, then Llama-3.1-8B-geometry
     # decode b1/8/64, bf16 vs W4A16, one process

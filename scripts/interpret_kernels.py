@@ -20,6 +20,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py vision        # the vision tower's kernels
     uv run python scripts/interpret_kernels.py fp8           # the FP8 W8A8 products
     uv run python scripts/interpret_kernels.py int4          # the W4A16 GEMV
+    uv run python scripts/interpret_kernels.py kvfp8         # the e4m3 KV cache forms
     uv run python scripts/interpret_kernels.py repacked      # repacked GGUF: INT4_MIN, INT8
     uv run python scripts/interpret_kernels.py mixed         # a MIXED program's packed rows
     uv run python scripts/interpret_kernels.py decodetc      # decode buckets on the TC tile
@@ -48,6 +49,8 @@ interp.GridExecutor._restore_args_dev = lambda self, *a, **k: None
 libdevice.exp = lambda x, **k: tl.exp(x)
 libdevice.log = lambda x, **k: tl.log(x)
 libdevice.ceil = lambda x, **k: tl.ceil(x)
+libdevice.cos = lambda x, **k: tl.cos(x)
+libdevice.sin = lambda x, **k: tl.sin(x)
 # The fused attention's per-thread memory fence (PTX) has no meaning in the sequential
 # interpreter: a no-op.
 tl.inline_asm_elementwise = lambda asm, constraints, args, dtype, is_pure, pack: args[0]
@@ -1140,6 +1143,142 @@ def check_window(rng) -> bool:
     return ok and not bad
 
 
+def check_kvfp8(rng) -> bool:
+    """The e4m3 KV cache forms (kernels_triton/kv_fp8.py) against kernels/kv_fp8.py: the
+    writes byte for byte (``kv_write_fp8kv``, ``rope_kv_write_fp8kv``, values past +-448
+    times the scale saturating), every reader over the written codes (prefill, windowed
+    prefill and decode, split decode in each GROUPED layout and the live-split layout, tuned,
+    fused) with NaN codes (0x7F) past each row's context and unmapped pages past its last
+    page."""
+    from helios_ignition.capture import launch as L
+    from helios_tools.kernels.kv_fp8 import quantize_kv
+
+    ok = True
+    PT, B = 16, 4
+    for H, KVH, HD, NS, SPLIT in ((9, 3, 64, 4, 64), (32, 8, 128, 4, 64), (6, 2, 40, 2, 128)):
+        MP = NS * SPLIT // PT
+        S = B + 1
+        P = S * MP
+        width = (H + 2 * KVH) * HD
+        ks = (0.02 + rng.random(KVH)).astype(np.float32)
+        vs = (0.02 + rng.random(KVH)).astype(np.float32)
+        pages = rng.permutation(P).astype(np.int32).reshape(S, MP)
+        kc = quantize_kv(rng.standard_normal((P, PT, KVH, HD)) * 3, ks)
+        vc = quantize_kv(rng.standard_normal((P, PT, KVH, HD)) * 3, vs)
+        # the writes: T tokens of 3 rows (one padding token), some values beyond 448 * scale
+        T = 7
+        qkv = (rng.standard_normal((T, width)) * 40).astype(np.float32)
+        trow = np.array([0, 0, 1, -1, 2, 2, 2], np.int32)
+        wslot = np.array([3, 0, 4], np.int32)
+        wpos = np.array([5, 6, 0, 0, 17, 18, 19], np.int32)
+        inv = (1.0 / 10000 ** (np.arange(HD // 2) / (HD // 2))).astype(np.float32)
+        errs = {}
+        for op, extra in (("kv_write_fp8kv", ()), ("rope_kv_write_fp8kv", (inv,))):
+            rk, rv, rq = kc.copy(), vc.copy(), qkv.copy()
+            args = (rq, wpos, *extra, trow, wslot, pages, rk, rv, ks, vs, T, 3, MP, PT, H, KVH,
+                    HD)
+            K.reference_op(op)(*args)
+            got = _Interpreted().run(op, qkv, wpos, *extra, trow, wslot, pages, kc, vc, ks, vs,
+                                     T, 3, MP, PT, H, KVH, HD)
+            errs[op] = int((got["k_cache"] != rk).sum() + (got["v_cache"] != rv).sum())
+            errs[op + " qkv"] = _rel(got["qkv"], rq)
+        # the readers
+        qd = rng.standard_normal((B, width)).astype(np.float32)
+        slot = rng.permutation(S)[:B].astype(np.int32)
+        slot[2] = -1
+        pos = rng.integers(0, NS * SPLIT, B).astype(np.int32)
+        pos[0], pos[3] = 0, NS * SPLIT - 1
+        kn, vn, pn = kc.copy(), vc.copy(), pages.copy()
+        for b in np.flatnonzero(slot >= 0):
+            n = int(pos[b]) + 1
+            last = (n - 1) // PT
+            kn[pn[slot[b], last], (n - 1) % PT + 1:] = 0x7F  # e4m3 NaN
+            vn[pn[slot[b], last], (n - 1) % PT + 1:] = 0x7F
+            pn[slot[b], last + 1:] = 1 << 30
+        scale = HD ** -0.5
+        ml = np.zeros((B, H, NS, 2), np.float32)
+        po = np.zeros((B, H, NS, HD), np.float32)
+        K.reference_op("attention_decode_split_fp8kv")(qd, pos, slot, pages, kc, vc, ks, vs,
+                                                       ml, po, B, MP, PT, H, KVH, HD, NS,
+                                                       SPLIT, scale)
+        ref = np.zeros((B, H * HD), np.float32)
+        K.attention_decode_merge(ml, po, slot, ref, B, H, HD, NS)
+        even = int(HD == L._np2(HD, 16))
+        layouts = [dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=even),
+                   dict(BLOCK_N=32, BLOCK_G=4, GROUPED=3, EVEN_HD=even),
+                   dict(BLOCK_N=32, BLOCK_G=4, GROUPED=1),
+                   dict(BLOCK_N=32, GROUPED=0, BLOCK_G=1),
+                   # the live-split layout (_split_fma_live): programs over live splits
+                   # only, part_o of empty splits and a padding row's statistics unwritten
+                   dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=even, LIVE=3),
+                   dict(BLOCK_N=32, BLOCK_G=4, GROUPED=3, EVEN_HD=even, LIVE=1)]
+        for c in layouts:
+            gml, gpo = np.full_like(ml, np.nan), np.full_like(po, np.nan)
+            grid = (B, KVH if c["GROUPED"] else H, c.get("LIVE") or NS)
+            TRITON_KERNELS["attention_decode_split_fp8kv"][grid](
+                *[_Arr(a) for a in (qd, pos, slot, pn, kn, vn, ks, vs, gml, gpo)], B, MP, PT, H,
+                KVH, HD, NS, SPLIT, scale, BLOCK_HD=L._np2(HD, 16), **c)
+            if c["GROUPED"] == 1:
+                continue  # (tl.dot tiles: the interpreter's f32 dot is not 3xTF32's; GPU only)
+            name = f"split G{c['GROUPED']}"
+            if c.get("LIVE"):
+                name += f" LIVE={c['LIVE']}"
+                written = (slot >= 0)[:, None, None] & (ml[..., 1] != 0)
+                gml[slot < 0], gpo[~written] = ml[slot < 0], po[~written]
+                out = np.full_like(ref, np.nan)
+                mc = {k: v for k, v in L.attention_merge_constants(HD, NS, "v2").items()
+                      if k != "WARPS"}
+                mc["EVEN_HD"] = even
+                TRITON_KERNELS["attention_decode_merge"][(B, H)](
+                    _Arr(gml), _Arr(gpo), _Arr(slot), _Arr(out), B, H, HD, NS, **mc)
+                errs[name + " merged"] = (_rel(out, ref) if np.isfinite(out).all()
+                                          else np.inf)
+            errs[name] = (max(_rel(gml[..., 1], ml[..., 1]), _rel(gpo, po))
+                          if np.isfinite(gpo).all() else np.inf)
+        tml, tpo = np.zeros_like(ml), np.zeros_like(po)
+        K.reference_op("attention_decode_split_tuned_fp8kv")(
+            qd, pos, slot, pages, kc, vc, ks, vs, tml, tpo, np.array([2], np.int32), B, MP, PT,
+            H, KVH, HD, NS, SPLIT, scale)
+        got = _Interpreted().run("attention_decode_split_tuned_fp8kv", qd, pos, slot, pn, kn,
+                                 vn, ks, vs, ml, po, np.array([2], np.int32), B, MP, PT, H, KVH,
+                                 HD, NS, SPLIT, scale)
+        errs["split tuned"] = _rel(got["part_o"][:, :, :2], tpo[:, :, :2])
+        got = _Interpreted().run("attention_decode_fused_fp8kv", qd, pos, slot, pn, kn, vn, ks,
+                                 vs, ml, po, np.zeros((B, KVH), np.int32), np.zeros_like(ref),
+                                 B, MP, PT, H, KVH, HD, NS, SPLIT, scale)
+        errs["fused"] = _rel(got["out"], ref) if np.isfinite(got["out"]).all() else np.inf
+        # windowed decode (one body with attention_decode) and prefill over the same codes
+        W = 20
+        wref = np.zeros((B, H * HD), np.float32)
+        K.reference_op("attention_decode_window_fp8kv")(qd, pos, slot, pages, kc, vc, ks, vs,
+                                                        wref, B, MP, PT, H, KVH, HD, W, scale)
+        got = _Interpreted().run("attention_decode_window_fp8kv", qd, pos, slot, pn, kn, vn, ks,
+                                 vs, wref, B, MP, PT, H, KVH, HD, W, scale)
+        errs["decode window"] = _rel(got["out"], wref)
+        rows = np.array([0, 0, 0, 1, -1, 3, 3], np.int32)
+        ppos = np.array([int(pos[0]), 0, 0, int(pos[1]), 0, int(pos[3]) - 1, int(pos[3])],
+                        np.int32)
+        ppos[1] = ppos[2] = 0
+        rows[1] = rows[2] = -1  # padding inside the chunk
+        Tp = len(rows)
+        pq = rng.standard_normal((Tp, width)).astype(np.float32)
+        for op, wa in (("attention_prefill_fp8kv", ()), ("attention_prefill_window_fp8kv",
+                                                         (W,))):
+            pref = np.zeros((Tp, H * HD), np.float32)
+            K.reference_op(op)(pq, ppos, rows, slot, pages, kc, vc, ks, vs, pref, Tp, B, MP, PT,
+                               H, KVH, HD, *wa, scale)
+            got = _Interpreted().run(op, pq, ppos, rows, slot, pn, kn, vn, ks, vs, pref, Tp, B,
+                                     MP, PT, H, KVH, HD, *wa, scale)
+            errs[op.replace("attention_", "").replace("_fp8kv", "")] = (
+                _rel(got["out"], pref) if np.isfinite(got["out"]).all() else np.inf)
+        bad = {k: e for k, e in errs.items() if not e < (1e-5 if isinstance(e, float) else 1)}
+        print(f"{'ok ' if not bad else 'BAD'} kv fp8 H={H} KVH={KVH} HD={HD} NS={NS} "
+              f"SPLIT={SPLIT}: " + ", ".join(f"{k} {e:.1e}" if isinstance(e, float) else
+                                             f"{k} {e} bytes differ" for k, e in errs.items()))
+        ok &= not bad
+    return ok
+
+
 def check_mixed(rng) -> bool:
     """A MIXED program's packed rows (issue 27): one-token decode lanes at long positions
     beside prefill chunks that start mid-context, then padding rows and tokens, through
@@ -1288,6 +1427,8 @@ def main() -> None:
         sys.exit(0 if check_repacked(rng) & check_repacked_embedding(rng) else 1)
     if sys.argv[1:] == ["decodetc"]:
         sys.exit(0 if check_decode_tc(rng) else 1)
+    if sys.argv[1:] == ["kvfp8"]:
+        sys.exit(0 if check_kvfp8(rng) else 1)
     if sys.argv[1:] == ["mixed"]:
         sys.exit(0 if check_mixed(rng) else 1)
     if sys.argv[1:] != ["speculative"]:

@@ -191,3 +191,35 @@ def test_gemma3_q4_k_m_repacks_every_projection_exactly(tmp_path, signing_key_pa
                                                     ".weight") for p in "qkv"], axis=0)
     got = dequantize_int8(codes, scales)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_an_e4m3_kv_cache_beside_repacked_weights_keeps_the_default_scales(
+        tmp_path, signing_key_pair, monkeypatch):
+    """``--kv-cache-dtype fp8`` on the repacked export: the repacked launches read codes
+    the f32 calibration prefill does not run, so the scales are vLLM's default 1.0 and the
+    report says why; both storages in one core, lint-clean for both backends. (The cubins
+    are not what this checks: compile_targets is stubbed, the fixture compiles them.)"""
+    import helios_ignition.kernels_aot as aot
+
+    monkeypatch.setattr(aot, "compile_targets", lambda manifest, targets, progress=None: {})
+    private, public = signing_key_pair
+    out = tmp_path / "smollm2-gguf-kv8.core"
+    summary = export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
+                          out=out, weight_dtype="gguf", targets=("sm_90",),
+                          kv_cache_dtype="fp8")
+    assert summary.kv_cache.endswith(
+        "per-head scales, 1, the uncalibrated default as vLLM's (quantized weights); the "
+        "checkpoint carries no KV scales")
+    core = open_core(out, [load_public_key(public)])
+    buffers = {b.name: b for b in core.manifest.buffers}
+    assert buffers["L0.w_down"].storage.type == mpb.STORAGE_TYPE_INT4_MIN
+    assert buffers["embed"].storage.type == mpb.STORAGE_TYPE_INT8
+    planes = [b for b in buffers.values() if b.role == mpb.BUFFER_ROLE_CACHE_PLANE]
+    assert planes and all(b.storage.type == mpb.STORAGE_TYPE_FP8_E4M3 for b in planes)
+    for name in ("L0.k_cache.scale", "L29.v_cache.scale"):
+        values = np.frombuffer(core.read_resource(buffers[name].weight_resource_id),
+                               np.float32)
+        assert values.tolist() == [1.0, 1.0, 1.0]
+    ops = {k.reference_op for k in core.manifest.kernels}
+    assert {"linear_int4_min", "rope_kv_write_fp8kv", "attention_decode_split_fp8kv"} <= ops
+    assert lint_capabilities(core.contract, core.manifest, ["cpu", "cuda"]) == []

@@ -134,3 +134,30 @@ def test_a_window_region_asks_its_pool_apart_from_the_kv_cache():
     assert asks[4] == MemoryAsk("--num-pages 50", "the KV cache",
                                 50 * sum(_nbytes(d) // int(d.shape[0]) for d in planes),
                                 "50 pages")
+
+
+def test_an_e4m3_cache_asks_a_quarter_of_the_bytes_per_page_and_row(core):
+    """--kv-cache-dtype fp8 (helios_ignition.kv_cache): pages and snapshot rows are sized
+    from the planes' stored bytes, one byte an element: a quarter of the f32 cache's, so a
+    --kv-cache-memory budget holds four times the pages on cuda too."""
+    from helios_ignition.capture.buffers import weight_resource_id
+    from helios_ignition.kv_cache import apply_kv_fp8
+
+    fp8 = dataclasses.replace(core, manifest=type(core.manifest)(), weights=dict(core.weights))
+    fp8.manifest.CopyFrom(core.manifest)
+    scales = apply_kv_fp8(fp8.manifest)
+    fp8.weights.update({weight_resource_id(n): v for n, v in scales.items()})
+    for kernel in fp8.manifest.kernels:  # the rewritten launches' new variants
+        if not kernel.binaries:
+            kernel.binaries.append(mpb.KernelBinary(target="sm_90", resource_id="k",
+                                                    entry_name=kernel.id,
+                                                    global_scratch_bytes=SCRATCH))
+    plain, _, _, _, _ = _asks(core, 1000, CacheSizing(num_pages=50))
+    coded, _, _, _, _ = _asks(fp8, 1000, CacheSizing(num_pages=50))
+    assert coded[3].nbytes * 4 == plain[3].nbytes  # the KV cache: 50 pages
+    assert coded[2].nbytes * 4 == plain[2].nbytes  # snapshot storage: 1000 rows
+    assert coded[0].nbytes == plain[0].nbytes + sum(v.nbytes for v in scales.values())
+    budget = CacheSizing(memory_bytes=2**20)
+    page = plain[3].nbytes // 50
+    assert budget._choose("cuda", page // 4, 32, 0).num_pages == \
+        4 * budget._choose("cuda", page, 32, 0).num_pages

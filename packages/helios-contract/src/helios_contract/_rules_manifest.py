@@ -89,18 +89,26 @@ STORAGE_CODE_BITS = {mpb.STORAGE_TYPE_FP8_E4M3: 8, mpb.STORAGE_TYPE_INT4: 4,
 STORAGE_THIRD_SIDE = {mpb.STORAGE_TYPE_INT4: "zero_points", mpb.STORAGE_TYPE_INT4_MIN: "mins"}
 
 
-def stored_nbytes(buffer: mpb.Buffer) -> int:
-    """Bytes a weight resource holds for `buffer`: ``buffer_nbytes`` for plain storage;
-    for quantized storage, rows x (K / block_elements) x block_bytes (K = the last axis).
+def stored_nbytes(buffer: mpb.Buffer, leading: int | None = None) -> int:
+    """Bytes `buffer` occupies as stored: ``buffer_nbytes`` for plain storage; for
+    quantized storage (a weight's resource, an e4m3 cache plane), rows x (K /
+    block_elements) x block_bytes (K = the last axis, rows = the product of the others).
+
+    Args:
+        leading: count this leading extent instead of the declared one (a cache plane's
+            physical page count; 1: the bytes of one page or row).
 
     Raises:
         KeyError: ``buffer.dtype`` is UNSPECIFIED (plain storage).
         ZeroDivisionError: quantized storage with block_elements 0 (a ``buffers`` finding).
     """
+    shape = [int(s) for s in buffer.shape]
+    if leading is not None and shape:
+        shape[0] = leading
     if not buffer.HasField("storage"):
-        return buffer_nbytes(buffer)
-    rows = math.prod(buffer.shape[:-1])
-    k = buffer.shape[-1] if buffer.shape else 1
+        return math.prod(shape) * DTYPE_BYTES[buffer.dtype]
+    rows = math.prod(shape[:-1])
+    k = shape[-1] if shape else 1
     return rows * (k // buffer.storage.block_elements) * buffer.storage.block_bytes
 
 
@@ -217,9 +225,13 @@ def _storage(b: mpb.Buffer, path: str, by_name: dict[str, mpb.Buffer]) -> Findin
     (``_side_buffers``)."""
     st = b.storage
     kind = enum_name(mpb.StorageType, st.type)
+    if b.role == mpb.BUFFER_ROLE_CACHE_PLANE and b.dtype == mpb.D_TYPE_F32:
+        yield from _plane_storage(b, path, by_name)
+        return
     if b.role != mpb.BUFFER_ROLE_WEIGHT or b.dtype != mpb.D_TYPE_F32 or not b.shape:
         yield F("buffer.storage", BufferRoleError, f"{path}.storage", kind,
-                f"buffer {b.name!r}: quantized storage is for weights of D_TYPE_F32 elements "
+                f"buffer {b.name!r}: quantized storage is for weights and cache planes of "
+                f"D_TYPE_F32 elements "
                 f"with a shape (it is {enum_name(mpb.BufferRole, b.role)}, "
                 f"{enum_name(mpb.DType, b.dtype)}, shape {list(b.shape)})")
         return
@@ -253,6 +265,50 @@ def _storage(b: mpb.Buffer, path: str, by_name: dict[str, mpb.Buffer]) -> Findin
         return
     if st.type in STORAGE_CODE_BITS:
         yield from _side_buffers(b, path, by_name)
+
+
+def _plane_storage(b: mpb.Buffer, path: str, by_name: dict[str, mpb.Buffer]) -> Findings:
+    """An e4m3 KV cache plane (``[pages, page_tokens, kv_heads, head_dim]`` and the like):
+    FP8_E4M3 codes, one block per head row (block_elements = block_bytes = the last
+    axis), no zero points, and one F32 scale per head: ``scales`` a plain F32 weight of
+    shape ``[kv_heads]`` (the plane's second-to-last axis)."""
+    st = b.storage
+    kind = enum_name(mpb.StorageType, st.type)
+    if st.type != mpb.STORAGE_TYPE_FP8_E4M3 or len(b.shape) < 3:
+        yield F("buffer.storage", BufferRoleError, f"{path}.storage.type", kind,
+                f"cache plane {b.name!r}: a cache plane is stored as STORAGE_TYPE_FP8_E4M3 "
+                f"codes over at least [rows, heads, head_dim] (it is {kind}, shape "
+                f"{list(b.shape)})")
+        return
+    if st.block_elements != b.shape[-1] or st.block_bytes != b.shape[-1]:
+        yield F("buffer.storage", ExtentError, f"{path}.storage.block_bytes",
+                [st.block_elements, st.block_bytes],
+                f"cache plane {b.name!r}: e4m3 blocks are one head row, {b.shape[-1]} "
+                f"elements in {b.shape[-1]} bytes")
+        return
+    if st.HasField("zero_points"):
+        yield F("buffer.storage", BufferRoleError, f"{path}.storage.zero_points",
+                st.zero_points.buffer, f"cache plane {b.name!r}: {kind} codes have no zero "
+                "points")
+    other = by_name.get(st.scales.buffer)
+    want = [b.shape[-2]]
+    where = f"{path}.storage.scales.buffer"
+    if not st.scales.buffer:
+        yield F("buffer.storage", MissingFieldError, where, "",
+                f"cache plane {b.name!r}: {kind} storage names no scale buffer")
+    elif other is None:
+        yield F("buffer.storage", UnknownIdentifierError, where, st.scales.buffer,
+                f"cache plane {b.name!r}: its scales buffer {st.scales.buffer!r} is not "
+                "declared")
+    elif (other.role != mpb.BUFFER_ROLE_WEIGHT or other.dtype != mpb.D_TYPE_F32
+          or st.scales.dtype != mpb.D_TYPE_F32 or other.HasField("storage")):
+        yield F("buffer.storage", BufferRoleError, where, st.scales.buffer,
+                f"cache plane {b.name!r}: its scales {st.scales.buffer!r} must be a D_TYPE_F32 "
+                "weight stored as plain elements (SideBuffer.dtype D_TYPE_F32)")
+    elif list(other.shape) != want:
+        yield F("buffer.storage", ExtentError, where, list(other.shape),
+                f"cache plane {b.name!r}: its scales {st.scales.buffer!r} must have shape "
+                f"{want} (one per kv head), not {list(other.shape)}")
 
 
 def _side_buffers(b: mpb.Buffer, path: str, by_name: dict[str, mpb.Buffer]) -> Findings:

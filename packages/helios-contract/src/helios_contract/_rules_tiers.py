@@ -178,6 +178,11 @@ def _tier_plane(serving: pb.ServingContract, buffers: dict[str, mpb.Buffer], pat
                 f"{enum_name(mpb.DType, buffer.dtype)}{list(buffer.shape)}",
                 f"{tier} rows must match {paired!r} "
                 f"({enum_name(mpb.DType, base.dtype)}{list(base.shape[1:])})")
+    elif buffer.storage != base.storage:  # e4m3 rows move as bytes with the plane's scales
+        yield F("cache.tier_row_shape", ExtentError, f"{path}.storage",
+                enum_name(mpb.StorageType, buffer.storage.type),
+                f"{tier} rows must be stored as {paired!r} is "
+                f"({enum_name(mpb.StorageType, base.storage.type)}, the same scales)")
     elif tier == CONTINUATION and (not buffer.shape or
                                    buffer.shape[0] != serving.prepared_snapshots):
         yield F("capacity.snapshots", ExtentError, path, list(buffer.shape),

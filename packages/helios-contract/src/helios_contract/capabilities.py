@@ -81,6 +81,13 @@ class RuntimeCapabilities:
             the minimums argument]). Such a
             launch must pass a weight of a storage type the op is a form of, and that
             weight's own scale (and zero point) buffers.
+        cache_storage_forms: Per ``StorageType`` of cache planes (``Buffer.storage`` on a
+            BUFFER_ROLE_CACHE_PLANE: the e4m3 KV cache), the ops that read or write such a
+            plane; a type absent here is not executed. Every launch passing a stored plane
+            runs one of them, and no such op is passed a plane of another storage.
+        cache_storage_args: Ops of ``cache_storage_forms`` and, per plane argument, where
+            its scales are among the arguments: op -> ((plane index, scale index), ...);
+            each must be that plane's own scales.
     """
 
     backend: str
@@ -105,6 +112,8 @@ class RuntimeCapabilities:
     storage_ops: frozenset[str] = frozenset()
     storage_forms: Mapping[int, frozenset[str]] = field(default_factory=dict)
     storage_args: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    cache_storage_forms: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    cache_storage_args: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     def forms(self, storage_type: int) -> frozenset[str]:
         """The ops reading weights of `storage_type` the backend executes."""
@@ -305,9 +314,10 @@ def _storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Find
     every op reading codes and scales (``storage_args``) passes a quantized weight and its
     own scales."""
     yield from _storage_args(manifest, caps)
+    yield from _cache_storage(manifest, caps)
     stored = {}
     for i, buffer in enumerate(manifest.buffers):
-        if not buffer.HasField("storage"):
+        if not buffer.HasField("storage") or buffer.role == mpb.BUFFER_ROLE_CACHE_PLANE:
             continue
         stored[buffer.name] = buffer.storage.type
         if buffer.storage.type not in caps.storage_types:
@@ -338,6 +348,57 @@ def _storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Find
                         arg.buffer.buffer, caps,
                         f"reference op {op!r} over quantized weights (it has a {name} form "
                         f"of {', '.join(sorted(forms)) or 'no op'})")
+
+
+def _launches(manifest: mpb.ExecutionManifest):
+    """(path of a launch's args, its reference op, the launch) of every program."""
+    kernels = {k.id: k.reference_op for k in manifest.kernels}
+    for kind, programs in (("graphs", manifest.graphs),
+                           ("tuning.producers", manifest.tuning.producers)):
+        for g, program in enumerate(programs):
+            for j, launch in enumerate(program.launches):
+                yield (f"manifest.{kind}[{g}].launches[{j}].args",
+                       kernels.get(launch.kernel, ""), launch)
+
+
+def _cache_storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:
+    """Stored cache planes (the e4m3 KV cache): their storage type executed, every launch
+    passing one an op of that type's forms with the plane's own scales, and no such op
+    passed a plane stored otherwise (an f32 plane)."""
+    planes = {b.name: b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE}
+    stored = {n: b.storage for n, b in planes.items() if b.HasField("storage")}
+    for i, buffer in enumerate(manifest.buffers):
+        if buffer.name in stored and buffer.storage.type not in caps.cache_storage_forms:
+            name = enum_name(mpb.StorageType, buffer.storage.type)
+            yield _unsupported("runtime.storage", f"manifest.buffers[{i}].storage.type", name,
+                               caps, f"{name} cache planes (it stores them as "
+                               f"{_names(mpb.DType, caps.dtypes)} elements only)")
+            return  # one line: the type, not each launch reading it
+    cache_ops = frozenset().union(*caps.cache_storage_forms.values())
+    for path, op, launch in _launches(manifest):
+        args = launch.args
+        for a, arg in enumerate(args):
+            name = arg.buffer.buffer if arg.WhichOneof("value") == "buffer" else ""
+            if name in stored:
+                forms = caps.cache_storage_forms.get(stored[name].type, frozenset())
+                if op not in forms:
+                    kind = enum_name(mpb.StorageType, stored[name].type)
+                    yield Finding.of("runtime.storage", LaunchError, f"{path}[{a}].buffer.buffer",
+                                     name, f"reference op {op!r} reads cache plane {name!r} "
+                                     f"as f32 elements; it is stored as {kind} (its forms: "
+                                     f"{', '.join(sorted(forms)) or 'none'})")
+            elif name in planes and op in cache_ops:
+                yield Finding.of("runtime.storage", LaunchError, f"{path}[{a}].buffer.buffer",
+                                 name, f"reference op {op!r} reads e4m3 codes; cache plane "
+                                 f"{name!r} holds f32 elements")
+        for at, sat in caps.cache_storage_args.get(op, ()):
+            if max(at, sat) >= len(args):
+                continue  # the launch's arity: kernel.launch_args
+            plane, scale = args[at].buffer.buffer, args[sat].buffer.buffer
+            if plane in stored and scale != stored[plane].scales.buffer:
+                yield Finding.of("runtime.storage", LaunchError, f"{path}[{sat}].buffer.buffer",
+                                 scale, f"reference op {op!r} must read cache plane {plane!r}'s "
+                                 f"own scales {stored[plane].scales.buffer!r}")
 
 
 def _storage_args(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:

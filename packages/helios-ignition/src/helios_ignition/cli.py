@@ -105,6 +105,11 @@ def main() -> None:
                    "the weight dtype. int4: W4A16, packed 4-bit codes in groups of 128 "
                    "along K with f32 scales and zero points (AWQ's asymmetric scheme; an "
                    "AWQ/GPTQ checkpoint's own codes repacked as stored).")
+@click.option("--kv-cache-dtype", "kv_cache_dtype",
+              type=click.Choice(["auto", "fp8", "fp8_e4m3"]), default="auto", show_default=True,
+              help="auto: the recipe's f32 KV cache. fp8 (= fp8_e4m3, vLLM's names): store "
+                   "the KV cache as e4m3 codes with one f32 scale per layer and kv head; "
+                   "attention reads them directly (docs/kv-cache.md).")
 @click.option("--target", "targets", multiple=True, callback=_targets,
               help="GPU target to compile kernels for (repeatable), e.g. sm_90.")
 @click.option("--carrier", type=click.Choice(["payload", "logical"]), default="payload",
@@ -136,7 +141,7 @@ def main() -> None:
                    "collectives in one core; the query heads, key/value heads and FFN width "
                    "must divide by N). docs/tensor-parallel.md.")
 def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, force,
-           weight_dtype, quantize, targets, carrier, protected_version, resource_key, tune_splits,
+           weight_dtype, quantize, kv_cache_dtype, targets, carrier, protected_version, resource_key, tune_splits,
            fold_layers, chunked_sampling, tensor_parallel) -> None:
     """Export RECIPE with a checkpoint to a signed core.
 
@@ -159,7 +164,7 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
                                   fold_layers=True if fold_layers else None,
                                   chunked_sampling=chunked_sampling,
                                   tensor_parallel=tensor_parallel,
-                                  quantize=quantize,
+                                  quantize=quantize, kv_cache_dtype=kv_cache_dtype,
                                   progress=progress.update)
     except ExportUsageError as exc:  # options that do not go together: nothing was read
         raise click.UsageError(str(exc)) from None
@@ -169,3 +174,5 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
                f"{len(summary.graphs)} graphs ({', '.join(summary.graphs)}), "
                f"{summary.resources} resources, {summary.decoded_bytes / 2**20:.1f} MiB decoded, "
                f"{summary.core_bytes / 2**20:.1f} MiB stored, {summary.seconds:.1f} s")
+    if summary.kv_cache:
+        click.echo(summary.kv_cache)

@@ -51,6 +51,17 @@ from .checkpoint import (
 from .checkpoint.drafter import Drafter, DrafterGeometry, random_drafter, read_drafter
 from .families import vision
 from .families.registry import FamilyMismatchError, family_shapes
+from .kv_cache import (
+    CALIBRATION_MAX_BYTES,
+    CALIBRATION_TEXT,
+    KV_CACHE_DTYPES,
+    apply_kv_fp8,
+    calibrate_kv_scales,
+    checkpoint_kv_scales,
+    describe_kv_fp8,
+    fp8_planes,
+    is_fp8,
+)
 from .quantize import (
     QUANTIZE_CHOICES,
     apply_quantize,
@@ -96,6 +107,8 @@ class ExportSummary:
     seconds: float
     carrier: str = "payload"
     protected_version: int | None = None
+    # The KV cache as stored, in words ("" for the recipe's f32 cache).
+    kv_cache: str = ""
 
     @property
     def format(self) -> str:
@@ -452,6 +465,22 @@ def _gguf_blocks(recipe: Recipe, ckpt, shapes, tensor_parallel: int) -> dict[str
     return blocks
 
 
+def _kv_calibration_refusal(manifest, quantized: bool, tensor_parallel: int, drafter) -> str:
+    """Why the e4m3 cache's scales are not calibrated at export ("" when they are): the
+    calibration runs the f32 prefill of one rank over plain float weights of at most
+    ``CALIBRATION_MAX_BYTES`` (`quantized`: GGUF blocks, repacked or not, or
+    ``--quantize``)."""
+    if quantized:
+        return "quantized weights"
+    if tensor_parallel > 1:
+        return "tensor-parallel ranks"
+    if drafter is not None:
+        return "a drafter"
+    if _weight_nbytes(manifest) > CALIBRATION_MAX_BYTES:
+        return f"weights above {CALIBRATION_MAX_BYTES >> 30} GiB"
+    return ""
+
+
 def _check_quantize(quantize: str | None, recipe: Recipe, tensor_parallel: int) -> None:
     """Refuse a ``--quantize`` the export cannot honour.
 
@@ -484,6 +513,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                 chunked_sampling: bool | None = None,
                 tensor_parallel: int = 1,
                 quantize: str | None = None,
+                kv_cache_dtype: str | None = None,
                 progress: Callable[[str, int, int, str], None] | None = None
                 ) -> ExportSummary:
     """Export a recipe and checkpoint to a signed core at `out` (atomic).
@@ -515,6 +545,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
             per-row scales, served W8A8; "int4": as packed 4-bit codes with group-128
             scales and zero points, served W4A16 (helios_ignition.quantize); None: as the
             weight dtype says.
+        kv_cache_dtype: "fp8" / "fp8_e4m3": store the KV cache planes as e4m3 codes with
+            per-(layer, kv head) scales (helios_ignition.kv_cache); "auto" or None: f32.
         progress: called as progress(step, done, total, unit) for the steps "kernels
             compiled" (kernel variants), "weights read" (weight tensors) and "bytes
             written" (decoded bytes stored in the core; unit "bytes"), as
@@ -530,6 +562,9 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if not namespace:
         raise ExportError("--namespace must be non-empty")
     carried = Carrier.choose(carrier, protected_version, resource_key_path)
+    if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ExportUsageError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                               f"not {kv_cache_dtype!r}")
     try:
         key = load_private_key(key_path)
     except FileNotFoundError:
@@ -610,6 +645,25 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if quantize:
         apply_quantize(manifest, sorted(chosen, key=[b.name for b in manifest.buffers].index),
                        quantize)
+    kv_scales, uncalibrated, own_scales = {}, "", False
+    if is_fp8(kv_cache_dtype):
+        planes = fp8_planes(manifest)
+        heads = {b.name: int(b.shape[-2]) for b in manifest.buffers if b.name in planes}
+        calibrated = checkpoint_kv_scales(ckpt.source, planes, heads)
+        own_scales = calibrated is not None
+        uncalibrated = "" if own_scales else _kv_calibration_refusal(
+            manifest, bool(blocks or repacked or quantize), tensor_parallel, drafter)
+        if not own_scales and not uncalibrated:
+            weights = {w.buffer: w.array for w in iter_stored_weights(
+                ckpt, shapes, recipe.weight_dtype, blocks)}
+            tokens = load_tokenizer(ckpt.tokenizer_json).encode(
+                CALIBRATION_TEXT, add_special_tokens=False).ids
+            calibrated = calibrate_kv_scales(manifest, graphs, weights, tokens, planes)
+        try:
+            kv_scales = apply_kv_fp8(manifest, calibrated)
+        except ValueError as exc:
+            raise ExportError(f"--kv-cache-dtype {kv_cache_dtype}: recipe {recipe.name}: "
+                              f"{exc}") from None
     fp8 = chosen if quantize == "fp8" else frozenset()
     int4 = chosen if quantize == "int4" else frozenset()
     blobs: dict[str, bytes] = {}
@@ -648,6 +702,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
             written(weight.array.nbytes)
             stored.append(replace(weight, array=weight.array[:0]))  # the catalog's facts
         manifest.weight_catalogs.extend(weight_catalogs(stored, shapes.ranks))
+        for name, array in kv_scales.items():  # the e4m3 KV cache's per-head scales
+            writer.add_resource(weight_resource_id(name), core_pb2.RESOURCE_KIND_WEIGHTS,
+                                memoryview(array).cast("B"))
+            written(array.nbytes)
         if drafter is not None:
             for name, array in iter_drafter_buffers(drafter, ckpt, shapes, recipe.weight_dtype):
                 writer.add_resource(weight_resource_id(name), core_pb2.RESOURCE_KIND_WEIGHTS,
@@ -663,4 +721,6 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                          resources=weight_count + 2, decoded_bytes=decoded,
                          core_bytes=out.stat().st_size,
                          seconds=time.perf_counter() - started, carrier=carried.name,
-                         protected_version=carried.protected_version)
+                         protected_version=carried.protected_version,
+                         kv_cache=describe_kv_fp8(kv_scales, uncalibrated, own_scales)
+                         if kv_scales else "")

@@ -3,6 +3,11 @@
 Same parameters and semantics as ``helios_tools.kernels`` (rope, kv_write,
 attention_decode, attention_prefill). Caches are f32 ``[P, PT, KVH, HD]``; a request's
 position ``j`` lives at ``page_table[slot, j // PT]``, offset ``j % PT``.
+
+Every body that reads or writes a cache plane takes ``k_scale, v_scale`` after the
+planes and goes through ``_kv_load`` / ``_kv_store``: with uint8 planes (an e4m3 cache,
+kernels_triton/kv_fp8.py's entry points) they decode and encode in registers; the f32
+entry points here pass the planes themselves as the (never read) scales.
 """
 
 from __future__ import annotations
@@ -12,6 +17,30 @@ import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
 NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" for running maxima
+E4M3_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn value
+
+
+@triton.jit
+def _kv_load(plane, idx, mask, scales, kvh):
+    """Cache elements ``plane[idx]`` (masked to 0) as f32: an f32 plane as stored; an
+    e4m3 plane (uint8 codes, kernels/kv_fp8.py) decoded in registers and multiplied by
+    kv head `kvh`'s scale ``scales[kvh]`` (f32 planes pass any pointer: never read)."""
+    x = tl.load(plane + idx, mask=mask, other=0)
+    if plane.dtype.element_ty == tl.uint8:
+        x = x.to(tl.float8e4nv, bitcast=True).to(tl.float32) * tl.load(scales + kvh)
+    return x
+
+
+@triton.jit
+def _kv_store(plane, idx, x, mask, scales, kvh):
+    """Store f32 `x` at ``plane[idx]``: as is into an f32 plane; into an e4m3 plane as
+    ``x / scales[kvh]`` (IEEE division) clamped to +-448 and rounded to nearest even
+    (``cvt.rn.satfinite``: kernels/kv_fp8.py's ``quantize_kv``)."""
+    if plane.dtype.element_ty == tl.uint8:
+        y = tl.math.div_rn(x, tl.load(scales + kvh, mask=mask, other=1.0))
+        y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
+        x = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    tl.store(plane + idx, x, mask=mask)
 
 
 @triton.jit
@@ -36,7 +65,7 @@ def _rope_token(qkv, positions, inv_freq, t, H, KVH, HD, BLOCK_H: tl.constexpr,
 
 
 @triton.jit
-def _kv_write_token(qkv, positions, token_row, slot, page_table, k_cache, v_cache, t,
+def _kv_write_token(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale, v_scale, t,
                     MP, PT, H, KVH, HD, BLOCK: tl.constexpr):
     r = tl.load(token_row + t)
     s = tl.load(slot + tl.maximum(r, 0), mask=r >= 0, other=-1)
@@ -48,8 +77,9 @@ def _kv_write_token(qkv, positions, token_row, slot, page_table, k_cache, v_cach
         width = (H + 2 * KVH) * HD
         src = qkv + t * width + H * HD + e
         dst = (page * PT + pos % PT) * (KVH * HD) + e
-        tl.store(k_cache + dst, tl.load(src, mask=m, other=0.0), mask=m)
-        tl.store(v_cache + dst, tl.load(src + KVH * HD, mask=m, other=0.0), mask=m)
+        kvh = e // HD
+        _kv_store(k_cache, dst, tl.load(src, mask=m, other=0.0), m, k_scale, kvh)
+        _kv_store(v_cache, dst, tl.load(src + KVH * HD, mask=m, other=0.0), m, v_scale, kvh)
 
 
 @triton.jit
@@ -72,8 +102,8 @@ def kv_write(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
     Padding (``token_row < 0`` or ``slot < 0``) writes nothing.
     """
     t = tl.program_id(0).to(tl.int64)
-    _kv_write_token(qkv, positions, token_row, slot, page_table, k_cache, v_cache, t,
-                    MP, PT, H, KVH, HD, BLOCK)
+    _kv_write_token(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
+                    k_cache, v_cache, t, MP, PT, H, KVH, HD, BLOCK)  # f32 planes: no scales
 
 
 @triton.jit
@@ -88,8 +118,8 @@ def rope_kv_write(qkv, positions, inv_freq, token_row, slot, page_table, k_cache
     t = tl.program_id(0).to(tl.int64)
     _rope_token(qkv, positions, inv_freq, t, H, KVH, HD, BLOCK_H, BLOCK_HALF)
     tl.debug_barrier()
-    _kv_write_token(qkv, positions, token_row, slot, page_table, k_cache, v_cache, t,
-                    MP, PT, H, KVH, HD, BLOCK)
+    _kv_write_token(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
+                    k_cache, v_cache, t, MP, PT, H, KVH, HD, BLOCK)  # f32 planes: no scales
 
 
 # A window of W > 0 tokens: a query at position p sees positions p - W + 1 .. p; W = 0:
@@ -112,12 +142,12 @@ def attention_decode(qkv, positions, slot, page_table, k_cache, v_cache, out,
     Online softmax (running max / sum / weighted value) over ``BLOCK_N``-token context
     blocks, f32 throughout; ``q`` is scaled before the dot as the reference does.
     """
-    _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, out, MP, PT, H, KVH, HD,
-                 0, scale, BLOCK_N, BLOCK_HD)
+    _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, k_cache, v_cache, out,
+                 MP, PT, H, KVH, HD, 0, scale, BLOCK_N, BLOCK_HD)  # f32 planes: no scales
 
 
 @triton.jit
-def _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, out, MP, PT, H, KVH, HD,
+def _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, out, MP, PT, H, KVH, HD,
                  W, scale, BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr):
     """``attention_decode`` (W = 0) and ``attention_decode_window`` (kernels_triton/
     window.py): the row at position p reads positions ``max(0, p - W + 1)..p`` only, so
@@ -146,13 +176,13 @@ def _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, out, MP, PT
             page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
             off = ((page * PT + j % PT) * KVH + kvh) * HD
             mkv = mj[:, None] & md[None, :]
-            k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            k = _kv_load(k_cache, off[:, None] + d[None, :], mkv, k_scale, kvh)
             sc = tl.sum(q[None, :] * k, axis=1)
             sc = tl.where(mj, sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, axis=0))
             alpha = libdevice.exp(m_i - m_new)
             p = libdevice.exp(sc - m_new)
-            v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            v = _kv_load(v_cache, off[:, None] + d[None, :], mkv, v_scale, kvh)
             acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
             l_i = l_i * alpha + tl.sum(p, axis=0)
             m_i = m_new
@@ -171,12 +201,13 @@ def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_ca
     token to its own row and to ``j <= position`` (flash attention with an online
     softmax; dots in 3xTF32, near f32). Padding tokens and rows get zeros.
     """
-    _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out, T, MP,
-                   PT, H, KVH, HD, 0, scale, BLOCK_M, BLOCK_N, BLOCK_HD)
+    _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_cache,
+                   v_cache, out, T, MP, PT, H, KVH, HD, 0, scale, BLOCK_M, BLOCK_N,
+                   BLOCK_HD)  # f32 planes: no scales
 
 
 @triton.jit
-def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out, T, MP,
+def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale, v_scale, out, T, MP,
                    PT, H, KVH, HD, W, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_HD: tl.constexpr):
     """``attention_prefill`` (W = 0) and ``attention_prefill_window`` (kernels_triton/
@@ -216,7 +247,7 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
             page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
             off = ((page * PT + j % PT) * KVH + kvh) * HD
             mkv = mj[:, None] & md[None, :]
-            k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            k = _kv_load(k_cache, off[:, None] + d[None, :], mkv, k_scale, kvh)
             sc = tl.dot(q, tl.trans(k), input_precision="tf32x3")
             vis = (mine[:, None] & (j[None, :] <= pos[:, None])
                    & (j[None, :] > pos[:, None] - span) & mj[None, :])
@@ -224,7 +255,7 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
             alpha = libdevice.exp(m_i - m_new)
             p = libdevice.exp(sc - m_new[:, None])
-            v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            v = _kv_load(v_cache, off[:, None] + d[None, :], mkv, v_scale, kvh)
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32x3")
             l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
@@ -234,7 +265,7 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
 
 
 @triton.jit
-def _head_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, PT, KVH, HD,
+def _head_online(q, row, lo, hi, k_cache, v_cache, k_scale, v_scale, kvh, d, md, PT, KVH, HD,
                  BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr):
     """Online softmax of one (scaled) query head over cache positions ``[lo, hi)`` of the
     page-table row `row`, in BLOCK_N-position blocks, f32 FMA dots.
@@ -252,8 +283,8 @@ def _head_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, PT, KVH, HD,
         page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
         off = ((page * PT + j % PT) * KVH + kvh) * HD
         mkv = mj[:, None] & md[None, :]
-        k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-        v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        k = _kv_load(k_cache, off[:, None] + d[None, :], mkv, k_scale, kvh)
+        v = _kv_load(v_cache, off[:, None] + d[None, :], mkv, v_scale, kvh)
         sc = tl.where(mj, tl.sum(q[None, :] * k, axis=1), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=0))
         alpha = libdevice.exp(m_i - m_new)
@@ -265,7 +296,7 @@ def _head_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, PT, KVH, HD,
 
 
 @triton.jit
-def _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+def _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml, part_o,
                     B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                     BLOCK_HD: tl.constexpr):
     """Softmax statistics of context split ``sp`` for row ``b``, head ``h``; grid ``(B, H, NS)``.
@@ -287,7 +318,7 @@ def _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
     width = (H + 2 * KVH) * HD
     q = tl.load(qkv + b * width + h * HD + d, mask=md, other=0.0) * scale
     row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
-    m_i, l_i, acc = _head_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, PT, KVH, HD,
+    m_i, l_i, acc = _head_online(q, row, lo, hi, k_cache, v_cache, k_scale, v_scale, kvh, d, md, PT, KVH, HD,
                                  BLOCK_N, BLOCK_HD)
     base = (b * H + h) * NS + sp
     tl.store(part_ml + base * 2, m_i)
@@ -296,7 +327,7 @@ def _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
 
 
 @triton.jit
-def _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+def _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml, part_o,
                    B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                    BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr):
     """Softmax statistics of context split ``sp`` for row ``b`` and every query head of kv
@@ -335,8 +366,8 @@ def _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, 
         page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
         off = ((page * PT + j % PT) * KVH + kvh) * HD
         mkv = mj[:, None] & md[None, :]
-        k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-        v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        k = _kv_load(k_cache, off[:, None] + d[None, :], mkv, k_scale, kvh)
+        v = _kv_load(v_cache, off[:, None] + d[None, :], mkv, v_scale, kvh)
         sc = tl.dot(q, tl.trans(k), input_precision="tf32x3")
         sc = tl.where(mj[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
@@ -366,7 +397,7 @@ def _fma_head(qkv, k, v, mj, q_off, d, md, scale, EVEN_HD: tl.constexpr):
 
 
 @triton.jit
-def _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+def _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml, part_o,
                B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr,
                SPP: tl.constexpr = 1):
@@ -378,13 +409,13 @@ def _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part
     for i in tl.static_range(SPP):
         sp = tl.program_id(2) * SPP + i
         if sp < NS:
-            _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+            _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml, part_o,
                           B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N, BLOCK_HD,
                           BLOCK_G, EVEN_HD)
 
 
 @triton.jit
-def _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+def _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml, part_o,
                   B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N: tl.constexpr,
                   BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr):
     """GROUPED=2: split ``sp`` of row ``b`` for every query head of kv head ``kvh`` with
@@ -430,12 +461,12 @@ def _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, p
             page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
             off = ((page * PT + j % PT) * KVH + kvh) * HD
             if EVEN_HD:
-                k = tl.load(k_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
-                v = tl.load(v_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
+                k = _kv_load(k_cache, off[:, None] + d[None, :], mj[:, None], k_scale, kvh)
+                v = _kv_load(v_cache, off[:, None] + d[None, :], mj[:, None], v_scale, kvh)
             else:
                 mkv = mj[:, None] & md[None, :]
-                k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-                v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+                k = _kv_load(k_cache, off[:, None] + d[None, :], mkv, k_scale, kvh)
+                v = _kv_load(v_cache, off[:, None] + d[None, :], mkv, v_scale, kvh)
             for gi in tl.static_range(BLOCK_G):
                 if gi < G:
                     m, lsum, o = _fma_head(qkv, k, v, mj, qb + gi * HD, d, md, scale,
@@ -453,7 +484,7 @@ def _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, p
                     q = tl.load(qkv + qb + g * HD + d) * scale
                 else:
                     q = tl.load(qkv + qb + g * HD + d, mask=md, other=0.0) * scale
-                m_i, l_i, acc = _head_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, PT,
+                m_i, l_i, acc = _head_online(q, row, lo, hi, k_cache, v_cache, k_scale, v_scale, kvh, d, md, PT,
                                              KVH, HD, BLOCK_N, BLOCK_HD)
                 base = (hd0 + g) * NS + sp
                 tl.store(part_ml + base * 2, m_i)
@@ -462,8 +493,8 @@ def _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, p
 
 
 @triton.jit
-def _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
-                    B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
+def _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale,
+                    part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                     BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr,
                     GROUPED: tl.constexpr, LIVE: tl.constexpr):
     """GROUPED=2 or 3 over a row's live splits only; grid ``(B, KVH, LIVE)``.
@@ -489,11 +520,11 @@ def _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
         for sp in range(z, n, LIVE):
             if GROUPED == 3:
                 _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache,
-                                     part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
+                                     k_scale, v_scale, part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
                                      sp, BLOCK_N, BLOCK_HD, BLOCK_G, EVEN_HD)
             else:
-                _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
-                              part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N,
+                _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, k_scale,
+                              v_scale, part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N,
                               BLOCK_HD, BLOCK_G, EVEN_HD)
         G = H // KVH
         g = tl.arange(0, BLOCK_G)
@@ -509,7 +540,7 @@ def _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
 
 
 @triton.jit
-def _group_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, g, PT, KVH, HD,
+def _group_online(q, row, lo, hi, k_cache, v_cache, k_scale, v_scale, kvh, d, md, g, PT, KVH, HD,
                   BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr):
     """Online softmax of the ``[BLOCK_G, BLOCK_HD]`` (scaled) queries `q` of one kv head
     over cache positions ``[lo, hi)`` of page-table row `row`, in BLOCK_N-position tiles,
@@ -528,12 +559,12 @@ def _group_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, g, PT, KVH, HD,
         page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
         off = ((page * PT + j % PT) * KVH + kvh) * HD
         if EVEN_HD:
-            k = tl.load(k_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
-            v = tl.load(v_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
+            k = _kv_load(k_cache, off[:, None] + d[None, :], mj[:, None], k_scale, kvh)
+            v = _kv_load(v_cache, off[:, None] + d[None, :], mj[:, None], v_scale, kvh)
         else:
             mkv = mj[:, None] & md[None, :]
-            k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-            v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+            k = _kv_load(k_cache, off[:, None] + d[None, :], mkv, k_scale, kvh)
+            v = _kv_load(v_cache, off[:, None] + d[None, :], mkv, v_scale, kvh)
         for gi in tl.static_range(BLOCK_G):
             sel = g == gi
             qg = tl.sum(tl.where(sel[:, None], q, 0.0), axis=0)
@@ -550,7 +581,7 @@ def _group_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, g, PT, KVH, HD,
 
 
 @triton.jit
-def _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+def _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml, part_o,
                       B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                       BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr):
     """GROUPED=3: split ``sp`` of row ``b`` for every query head of kv head ``kvh``, any
@@ -563,14 +594,14 @@ def _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, part_m
     tile, not one per tile and head as GROUPED=2's walk. An empty split (or padding row)
     runs no tile and stores ``(-1e30, 0)`` and zeros.
     """
-    _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
-                         B, MP, PT, H, KVH, HD, NS, SPLIT, scale, tl.program_id(2), BLOCK_N,
-                         BLOCK_HD, BLOCK_G, EVEN_HD)
+    _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale,
+                         part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
+                         tl.program_id(2), BLOCK_N, BLOCK_HD, BLOCK_G, EVEN_HD)
 
 
 @triton.jit
-def _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
-                         B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N: tl.constexpr,
+def _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache, k_scale,
+                         v_scale, part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N: tl.constexpr,
                          BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr,
                          EVEN_HD: tl.constexpr):
     """GROUPED=3's split ``sp`` of row ``b`` (program ids 0 and 1) for every query head of
@@ -593,7 +624,7 @@ def _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache, par
     q = tl.load(qkv + b * width + (kvh * G + g[:, None]) * HD + d[None, :],
                 mask=mg[:, None] & md[None, :], other=0.0) * scale
     row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
-    m_i, l_i, acc = _group_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, g, PT, KVH,
+    m_i, l_i, acc = _group_online(q, row, lo, hi, k_cache, v_cache, k_scale, v_scale, kvh, d, md, g, PT, KVH,
                                   HD, BLOCK_N, BLOCK_G, EVEN_HD)
     base = (hd0 + g) * NS + sp
     tl.store(part_ml + base * 2, m_i, mask=mg)
@@ -610,6 +641,18 @@ def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, p
                            BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
                            EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1,
                            LIVE: tl.constexpr = 0):
+    """Per-split softmax statistics (``attention_decode_split``) over f32 planes:
+    ``_split_body``."""
+    _split_body(qkv, positions, slot, page_table, k_cache, v_cache, k_cache, v_cache, part_ml,
+                part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
+                GROUPED, EVEN_HD, SPP, LIVE)  # f32 planes: no scales
+
+
+@triton.jit
+def _split_body(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
+                part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
+                BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
+                EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1, LIVE: tl.constexpr = 0):
     """Per-split softmax statistics (``attention_decode_split``), four layouts:
 
     GROUPED=1, grid ``(B, KVH, NS)``: the query heads of a kv head form one MMA tile, so
@@ -630,22 +673,22 @@ def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, p
     and gpu_attention_live.py.
     """
     if LIVE > 0:
-        _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
-                        B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
-                        EVEN_HD, GROUPED, LIVE)
+        _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale,
+                        part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N,
+                        BLOCK_HD, BLOCK_G, EVEN_HD, GROUPED, LIVE)
     elif GROUPED == 3:
-        _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
+        _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
                           part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD,
                           BLOCK_G, EVEN_HD)
     elif GROUPED == 2:
-        _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+        _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml, part_o,
                    B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
                    EVEN_HD, SPP)
     elif GROUPED == 1:
-        _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+        _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml, part_o,
                        B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G)
     else:
-        _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+        _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml, part_o,
                         B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD)
 
 
@@ -710,6 +753,18 @@ def attention_decode_split_tuned(qkv, positions, slot, page_table, k_cache, v_ca
                                  BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr,
                                  BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
                                  EVEN_HD: tl.constexpr = 0):
+    """``attention_decode_split_tuned`` over f32 planes: ``_split_tuned_body``."""
+    _split_tuned_body(qkv, positions, slot, page_table, k_cache, v_cache, k_cache, v_cache,
+                      part_ml, part_o, choice, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
+                      BLOCK_N, BLOCK_HD, BLOCK_G, GROUPED, EVEN_HD)  # f32 planes: no scales
+
+
+@triton.jit
+def _split_tuned_body(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale,
+                      part_ml, part_o, choice, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
+                      BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr,
+                      BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
+                      EVEN_HD: tl.constexpr = 0):
     """``attention_decode_split`` with the split count ``ns = choice[0]`` from the tuned
     buffer: the grid is captured at ``NS`` splits; split ``sp < ns`` covers
     ``ceil(NS * SPLIT / ns)`` positions and programs ``sp >= ns`` exit at once. The layout
@@ -718,19 +773,19 @@ def attention_decode_split_tuned(qkv, positions, slot, page_table, k_cache, v_ca
     if tl.program_id(2) < ns:
         split = (NS * SPLIT + ns - 1) // ns
         if GROUPED == 3:
-            _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
+            _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
                               part_o, B, MP, PT, H, KVH, HD, NS, split, scale, BLOCK_N,
                               BLOCK_HD, BLOCK_G, EVEN_HD)
         elif GROUPED == 2:
-            _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
+            _split_fma(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml, part_o,
                        B, MP, PT, H, KVH, HD, NS, split, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
                        EVEN_HD)
         elif GROUPED == 1:
-            _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
+            _split_grouped(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
                            part_o, B, MP, PT, H, KVH, HD, NS, split, scale, BLOCK_N,
                            BLOCK_HD, BLOCK_G)
         else:
-            _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
+            _split_per_head(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
                             part_o, B, MP, PT, H, KVH, HD, NS, split, scale, BLOCK_N,
                             BLOCK_HD)
 
@@ -751,6 +806,17 @@ def attention_decode_fused(qkv, positions, slot, page_table, k_cache, v_cache, p
                            arrivals, out, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
                            BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr,
                            BLOCK_S: tl.constexpr, EVEN_HD: tl.constexpr):
+    """``attention_decode_fused`` over f32 planes: ``_fused_body``."""
+    _fused_body(qkv, positions, slot, page_table, k_cache, v_cache, k_cache, v_cache, part_ml,
+                part_o, arrivals, out, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N,
+                BLOCK_HD, BLOCK_G, BLOCK_S, EVEN_HD)  # f32 planes: no scales
+
+
+@triton.jit
+def _fused_body(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
+                part_o, arrivals, out, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
+                BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr,
+                BLOCK_S: tl.constexpr, EVEN_HD: tl.constexpr):
     """``attention_decode_split`` + ``attention_decode_merge`` in one launch; grid
     ``(B, KVH, NS)``, one program per (row, kv head, split) as GROUPED=3.
 
@@ -799,12 +865,12 @@ def attention_decode_fused(qkv, positions, slot, page_table, k_cache, v_cache, p
             page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
             off = ((page * PT + j % PT) * KVH + kvh) * HD
             if EVEN_HD:
-                k = tl.load(k_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
-                v = tl.load(v_cache + off[:, None] + d[None, :], mask=mj[:, None], other=0.0)
+                k = _kv_load(k_cache, off[:, None] + d[None, :], mj[:, None], k_scale, kvh)
+                v = _kv_load(v_cache, off[:, None] + d[None, :], mj[:, None], v_scale, kvh)
             else:
                 mkv = mj[:, None] & md[None, :]
-                k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-                v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+                k = _kv_load(k_cache, off[:, None] + d[None, :], mkv, k_scale, kvh)
+                v = _kv_load(v_cache, off[:, None] + d[None, :], mkv, v_scale, kvh)
             for gi in tl.static_range(BLOCK_G):
                 if gi < G:
                     m, lsum, o = _fma_head(qkv, k, v, mj, qb + gi * HD, d, md, scale,
@@ -819,7 +885,7 @@ def attention_decode_fused(qkv, positions, slot, page_table, k_cache, v_cache, p
                         tl.store(part_o + hb * HD + d, o, mask=md)
         else:  # a longer split: GROUPED=3's walk
             q = tl.load(qkv + qb + g[:, None] * HD + d[None, :], mask=mo, other=0.0) * scale
-            m_i, l_i, acc = _group_online(q, row, lo, hi, k_cache, v_cache, kvh, d, md, g, PT,
+            m_i, l_i, acc = _group_online(q, row, lo, hi, k_cache, v_cache, k_scale, v_scale, kvh, d, md, g, PT,
                                           KVH, HD, BLOCK_N, BLOCK_G, EVEN_HD)
             if n == 1:
                 tl.store(dst, acc / tl.where(mg, l_i, 1.0)[:, None], mask=mo)

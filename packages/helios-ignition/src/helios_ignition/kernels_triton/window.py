@@ -25,8 +25,8 @@ def attention_decode_window(qkv, positions, slot, page_table, k_cache, v_cache, 
                             BLOCK_HD: tl.constexpr):
     """One query token per row over its cache positions ``max(0, p - W + 1)..p``; grid
     ``(B, H)``: ``attention_decode``'s body (attention.py) with the window."""
-    _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, out, MP, PT, H, KVH, HD,
-                 W, scale, BLOCK_N, BLOCK_HD)
+    _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, k_cache, v_cache, out,
+                 MP, PT, H, KVH, HD, W, scale, BLOCK_N, BLOCK_HD)  # f32 planes: no scales
 
 
 @triton.jit
@@ -36,8 +36,9 @@ def attention_prefill_window(qkv, positions, token_row, slot, page_table, k_cach
     """Causal windowed GQA attention of a block of packed tokens for one query head; grid
     ``(cdiv(T, BLOCK_M), H)``: ``attention_prefill``'s body (attention.py) with the
     window, masked to ``p - W < j <= p``."""
-    _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out, T, MP,
-                   PT, H, KVH, HD, W, scale, BLOCK_M, BLOCK_N, BLOCK_HD)
+    _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_cache,
+                   v_cache, out, T, MP, PT, H, KVH, HD, W, scale, BLOCK_M, BLOCK_N,
+                   BLOCK_HD)  # f32 planes: no scales
 
 
 @triton.jit

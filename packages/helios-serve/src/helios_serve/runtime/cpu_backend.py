@@ -76,11 +76,14 @@ COMPUTE_DTYPE = {
 
 
 def _compute_dtype(decl: mpb.Buffer) -> type:
-    """The NumPy dtype `decl` is held in (bf16 as float32).
+    """The NumPy dtype `decl` is held in (bf16 as float32; an e4m3 cache plane's codes
+    as uint8, read by the ``*_fp8kv`` references).
 
     Raises:
         RuntimeLoadError: a dtype the cpu backend does not execute.
     """
+    if decl.role == mpb.BUFFER_ROLE_CACHE_PLANE and decl.HasField("storage"):
+        return np.uint8
     if decl.dtype not in COMPUTE_DTYPE:
         raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
                                "is not supported by the cpu backend")
@@ -88,7 +91,10 @@ def _compute_dtype(decl: mpb.Buffer) -> type:
 
 
 def _row_bytes(decl: mpb.Buffer) -> int:
-    """Host bytes of one leading row of `decl` (a page of a cache plane)."""
+    """Host bytes of one leading row of `decl` (a page of a cache plane, as stored: an
+    e4m3 plane's codes take a byte an element)."""
+    if decl.HasField("storage"):
+        return stored_nbytes(decl, leading=1)
     itemsize = np.dtype(_compute_dtype(decl)).itemsize
     return math.prod(int(s) for s in decl.shape[1:]) * itemsize
 
@@ -274,7 +280,7 @@ class CpuBackend:
         decl = self._decls[view.buffer]
         array = self.buffers[view.buffer]
         shape = tuple(int(s) for s in view.shape)
-        if decl.HasField("storage"):  # a quantized weight is read whole, as its blocks
+        if decl.HasField("storage"):  # a quantized weight or e4m3 plane is read whole
             if view.byte_offset or shape != tuple(int(s) for s in decl.shape):
                 raise RuntimeLoadError(f"a view of quantized weight {decl.name} must be the "
                                        f"whole buffer {list(decl.shape)}, not {list(shape)} at "

@@ -52,9 +52,9 @@ MAX_DEFAULT_SHARED = 48 * 1024
 
 
 def _page_bytes(planes: list[mpb.Buffer]) -> int:
-    """Bytes of one page across the paged cache planes (stored dtypes)."""
-    return sum(math.prod(int(x) for x in d.shape[1:]) * STORED_DTYPE[d.dtype].itemsize
-               for d in planes)
+    """Bytes of one page across the paged cache planes, as stored (an e4m3 plane: a byte
+    an element)."""
+    return sum(stored_nbytes(d, leading=1) for d in planes)
 
 
 def _scratch_sizes(binary: mpb.KernelBinary, extras: int) -> list[int]:
@@ -201,8 +201,8 @@ class CudaBackend:
                 f"`ignition export ... --target {self.target}`")
 
     def _nbytes(self, decl: mpb.Buffer) -> int:
-        if decl.HasField("storage"):  # a quantized weight: its codes as stored (FP8 e4m3)
-            return stored_nbytes(decl)
+        if decl.HasField("storage"):  # a quantized weight or e4m3 plane: codes as stored
+            return stored_nbytes(decl, leading=self._shapes[decl.name][0])
         return math.prod(self._shapes[decl.name]) * STORED_DTYPE[decl.dtype].itemsize
 
     def _check_memory(self, others: list[mpb.Buffer], planes: list[mpb.Buffer],
@@ -332,8 +332,8 @@ class CudaBackend:
             raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
                                    "is not supported by the cuda backend")
         try:
-            pinned = drv.PinnedArray(self._shapes[decl.name], STORED_DTYPE[decl.dtype],
-                                     mapped=True)
+            pinned = drv.PinnedArray(self._shapes[decl.name], np.uint8 if decl.HasField(
+                "storage") else STORED_DTYPE[decl.dtype], mapped=True)  # e4m3: a byte each
         except drv.CudaError as exc:
             raise RuntimeLoadError(f"cuda backend: pinned host memory for the host tier plane "
                                    f"{decl.name} ({self._shapes[decl.name][0]} rows, "

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from helios_contract import stored_nbytes
 from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_contract.tiers import storage_tiers, transfer_route
@@ -186,4 +187,6 @@ _ITEMSIZE = {mpb.D_TYPE_F32: 4, mpb.D_TYPE_BF16: 2, mpb.D_TYPE_I32: 4, mpb.D_TYP
 
 
 def _row_bytes(buffer: mpb.Buffer) -> int:
+    if buffer.HasField("storage"):  # an e4m3 plane's row: a byte an element
+        return stored_nbytes(buffer, leading=1)
     return math.prod(int(s) for s in buffer.shape[1:]) * _ITEMSIZE.get(buffer.dtype, 4)

@@ -57,22 +57,36 @@ def kv_write(
     Raises:
         IndexError: if a real token's position is negative or beyond its page table.
     """
+    t_idx, page, off = kv_destinations(positions, token_row, slot, page_table, T, R, MP, PT)
+    k0, v0 = H * HD, (H + KVH) * HD
+    k_cache[page, off] = qkv[t_idx, k0:v0].reshape(-1, KVH, HD)
+    v_cache[page, off] = qkv[t_idx, v0 : v0 + KVH * HD].reshape(-1, KVH, HD)
+
+
+def kv_destinations(positions: NDArray[np.int32], token_row: NDArray[np.int32],
+                    slot: NDArray[np.int32], page_table: NDArray[np.int32], T: int, R: int,
+                    MP: int, PT: int
+                    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """The real tokens of a cache write and where each lands: ``(packed token index,
+    page id, offset in the page)``, three ``[n]`` int64 arrays (n = 0 when every token is
+    padding). ``kv_write``'s index rule, shared by its e4m3 form (kernels/kv_fp8.py).
+
+    Raises:
+        IndexError: if a real token's position is negative or beyond its page table.
+    """
     rows = token_row[:T]
     t_idx = np.flatnonzero(rows >= 0)
     s = slot[:R][rows[t_idx]]
     keep = s >= 0
     t_idx, s = t_idx[keep], s[keep]
     if t_idx.size == 0:
-        return
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
     pos = positions[t_idx].astype(np.int64)
     page_col = pos // PT
     if pos.min() < 0 or page_col.max() >= MP:
         raise IndexError(f"positions {int(pos.min())}..{int(pos.max())} outside MP={MP} pages")
-    page = page_table[s, page_col]
-    off = pos % PT
-    k0, v0 = H * HD, (H + KVH) * HD
-    k_cache[page, off] = qkv[t_idx, k0:v0].reshape(-1, KVH, HD)
-    v_cache[page, off] = qkv[t_idx, v0 : v0 + KVH * HD].reshape(-1, KVH, HD)
+    return t_idx.astype(np.int64), page_table[s, page_col].astype(np.int64), pos % PT
 
 
 def row_copy(

@@ -64,6 +64,17 @@ from .int8 import (
     swiglu_linear_int4_min,
     swiglu_linear_int8,
 )
+from .kv_fp8 import (
+    KV_FP8_FORMS,
+    attention_decode_fused_fp8kv,
+    attention_decode_split_fp8kv,
+    attention_decode_split_tuned_fp8kv,
+    attention_decode_window_fp8kv,
+    attention_prefill_fp8kv,
+    attention_prefill_window_fp8kv,
+    kv_write_fp8kv,
+    rope_kv_write_fp8kv,
+)
 from .linear import linear, linear_invariant
 from .linear_splitk import (
     linear_packed,
@@ -636,6 +647,23 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     ),
 }  # fmt: skip
 
+
+def _kv_fp8_params(op: str) -> tuple[ParamSpec, ...]:
+    """The e4m3-cache form of `op` (kernels/kv_fp8.py): its planes u8 codes, followed by
+    their ``[KVH]`` f32 per-head scales (``row_copy``: its rows u8, no scales)."""
+    out: list[ParamSpec] = []
+    for p in KERNEL_PARAMS[op]:
+        if p.name in ("k_cache", "v_cache", "src", "dst"):
+            out.append(p._replace(dtype="u8"))
+            if p.name == "v_cache":
+                out += [_b("k_scale", "f32"), _b("v_scale", "f32")]
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+KERNEL_PARAMS.update({form: _kv_fp8_params(op) for op, form in KV_FP8_FORMS.items()})
+
 REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "embedding": embedding,
     "rmsnorm": rmsnorm,
@@ -734,6 +762,16 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "sample_race": sample_race,
     "sample_pick": sample_pick,
     "row_copy": row_copy,
+    # e4m3 KV cache forms (kernels/kv_fp8.py)
+    "kv_write_fp8kv": kv_write_fp8kv,
+    "rope_kv_write_fp8kv": rope_kv_write_fp8kv,
+    "attention_prefill_fp8kv": attention_prefill_fp8kv,
+    "attention_prefill_window_fp8kv": attention_prefill_window_fp8kv,
+    "attention_decode_window_fp8kv": attention_decode_window_fp8kv,
+    "attention_decode_split_fp8kv": attention_decode_split_fp8kv,
+    "attention_decode_split_tuned_fp8kv": attention_decode_split_tuned_fp8kv,
+    "attention_decode_fused_fp8kv": attention_decode_fused_fp8kv,
+    "row_copy_fp8kv": row_copy,  # bytes: any dtype
     "patchify": patchify,
     "position_add": position_add,
     "layernorm": layernorm,
