@@ -39,9 +39,11 @@ def test_alignment_flags_follow_k():
     assert (c["K16"], c["EVEN_K"]) == (1, 0)
 
 
-def test_few_rows_gemv_serves_every_row_of_a_tile():
-    """2-16 rows: the GEMV with BLOCK_T = the power of two >= T token rows a program (one
-    program row), whatever the table says; 17 rows take the table / default tiles."""
+def test_few_rows_gemv_serves_every_row_of_a_tile(monkeypatch):
+    """Under "rows", 2-16 rows: the GEMV with BLOCK_T = the power of two >= T token rows a
+    program (one program row), whatever the table says; 17 rows take the table / default
+    tiles."""
+    monkeypatch.setattr(launch, "FP8_FEW", "rows")
     c = launch.launch_config("rmsnorm_linear_fp8", [8, 6144, 4096, 1e-5])
     assert c.constants == dict(MMA=0, BLOCK_T=8, BLOCK_N=16, BLOCK_K=256, BLOCK_KS=256,
                                WARPS=4, K16=1, EVEN_K=1, PRO=1, ACC=0)

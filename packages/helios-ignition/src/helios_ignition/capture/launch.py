@@ -895,14 +895,15 @@ def fp8_default(T: int, N: int, K: int) -> dict[str, int]:
                 WARPS=8, STAGES=3, IMPRECISE=bk)
 
 
-# Few-row FP8 products (2..FP8_FEW_ROWS rows) at capture (HELIOS_FP8_FEW): "rows"
-# (default: the GEMV with BLOCK_T = the power of two >= T token rows a program, so each
-# weight tile is read once for all of them; the bf16 path reads its weights once at 8
-# rows too), "table" (the swept table / fp8_default, as before: at 8 rows the H100 sweep
-# at dc8d9d8 picked one GEMV program row per token row or 16-row tl.dot tiles, and 8B
-# decode ran at 0.60x bf16: bench/results/h100_2026-12-06h/), or
-# "BLOCK_N,BLOCK_K,WARPS" (the rows form with these tiles).
-FP8_FEW = os.environ.get("HELIOS_FP8_FEW", "rows")
+# Few-row FP8 products (2..FP8_FEW_ROWS rows) at capture (HELIOS_FP8_FEW): "table"
+# (default: the swept table / fp8_default: at 8 rows the H100 sweep at dc8d9d8 picked one
+# GEMV program row per token row or 16-row tl.dot tiles; 8B decode 0.60x bf16), "rows"
+# (the GEMV with BLOCK_T = the power of two >= T token rows a program, so each weight tile
+# is read once for all of them; measured slower on an H100 at 94c9904: 8B decode at batch
+# 8 408.3 tok/s against the table's 700.7 in one process,
+# bench/results/h100_2026-12-06i/fp8_b8_few_94c9904.json), or "BLOCK_N,BLOCK_K,WARPS"
+# (the rows form with these tiles).
+FP8_FEW = os.environ.get("HELIOS_FP8_FEW", "table")
 FP8_FEW_ROWS = 16
 FP8_FEW_V1 = "16,256,4"
 
