@@ -26,7 +26,6 @@ Names follow vLLM's ``--kv-cache-dtype`` (``auto`` keeps the recipe's f32 cache;
 from __future__ import annotations
 
 import re
-import types
 from pathlib import Path
 
 import numpy as np
@@ -46,11 +45,10 @@ from .capture.buffers import (
     tier_plane,
     weight_resource_id,
 )
-from .capture.launch import launch_config
 from .checkpoint.errors import UnsupportedTensorError
+from .quantize import relaunch
 
 SCALE_SUFFIX = ".scale"
-_KINDS = {"buffer": mpb.PARAM_KIND_BUFFER, "i32": mpb.PARAM_KIND_I32, "f32": mpb.PARAM_KIND_F32}
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 DEFAULT_KV_SCALE = 1.0
@@ -164,46 +162,12 @@ def apply_kv_fp8(manifest: mpb.ExecutionManifest,
                     side = stored[plane]
                     args.insert(at + i, mpb.Argument(buffer=mpb.BufferView(
                         buffer=side, shape=[int(scales[side].shape[0])])))
-            _relaunch(launch, KV_FP8_FORMS[op], args, kernels, dtypes)
+            relaunch(launch, KV_FP8_FORMS[op], args, kernels, dtypes, "f32")
     used = {launch.kernel for p in _programs(manifest) for launch in p.launches}
     keep = [k for k in kernels.values() if k.id in used]
     del manifest.kernels[:]
     manifest.kernels.extend(keep)
     return scales
-
-
-class _ViewInfo:
-    """What ``launch_config`` reads of a view: its shape and its buffer's dtype name."""
-
-    def __init__(self, shape, dtype: str):
-        self.shape = tuple(int(s) for s in shape)
-        self.buffer = types.SimpleNamespace(dtype=dtype)
-
-
-def _relaunch(launch: mpb.Launch, op: str, args: list[mpb.Argument],
-              kernels: dict[str, mpb.Kernel], dtypes: dict[str, str]) -> None:
-    """Make `launch` a launch of `op` over `args` (its kernel variant added to `kernels`
-    where new; geometry from ``launch_config``, the f32 op's for an e4m3 form)."""
-    views = [_ViewInfo(a.buffer.shape, dtypes.get(a.buffer.buffer, "f32")) for a in args
-             if a.WhichOneof("value") == "buffer"]
-    scalars = [a.int_value if a.WhichOneof("value") == "int_value" else a.float_value
-               for a in args if a.WhichOneof("value") != "buffer"]
-    config = launch_config(op, scalars, views)
-    suffix = "_".join(f"{k}{v}" for k, v in sorted(config.constants.items()))
-    kernel_id = f"{op}__{suffix}" if suffix else op
-    if kernel_id not in kernels:
-        kernel = mpb.Kernel(id=kernel_id, reference_op=op)
-        for spec in kernel_params(op):
-            kernel.params.add(name=spec.name, kind=_KINDS[spec.kind])
-        for key, value in config.constants.items():
-            kernel.constants[key] = value
-        kernels[kernel_id] = kernel
-    launch.kernel = kernel_id
-    del launch.grid[:], launch.block[:], launch.args[:]
-    launch.grid.extend(config.grid)
-    launch.block.extend(config.block)
-    launch.shared_bytes = config.shared_bytes
-    launch.args.extend(args)
 
 
 # Calibration: the prompt the export runs through the captured prefill program with the

@@ -244,26 +244,7 @@ def _rewrite(launch: mpb.Launch, op: str, at: int, sides: list[str], group: int,
     for i, side in enumerate(sides):
         args.insert(at + 1 + i, mpb.Argument(buffer=mpb.BufferView(buffer=side,
                                                                    shape=[rows, cols])))
-    views = [_ViewInfo(a.buffer.shape, dtypes[a.buffer.buffer]) for a in args
-             if a.WhichOneof("value") == "buffer"]
-    scalars = [a.int_value if a.WhichOneof("value") == "int_value" else a.float_value
-               for a in args if a.WhichOneof("value") != "buffer"]
-    config = launch_config(op, scalars, views)
-    suffix = "_".join(f"{k}{v}" for k, v in sorted(config.constants.items()))
-    kernel_id = f"{op}__{suffix}" if suffix else op
-    if kernel_id not in kernels:
-        kernel = mpb.Kernel(id=kernel_id, reference_op=op)
-        for spec in kernel_params(op):
-            kernel.params.add(name=spec.name, kind=_KINDS[spec.kind])
-        for key, value in config.constants.items():
-            kernel.constants[key] = value
-        kernels[kernel_id] = kernel
-    launch.kernel = kernel_id
-    del launch.grid[:], launch.block[:], launch.args[:]
-    launch.grid.extend(config.grid)
-    launch.block.extend(config.block)
-    launch.shared_bytes = config.shared_bytes
-    launch.args.extend(args)
+    relaunch(launch, op, args, kernels, dtypes)
 
 
 def fp8_codes(checkpoint, sources: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -301,3 +282,33 @@ def int4_codes(checkpoint, sources: list[str]
                      for i in range(3))
     w = np.concatenate([checkpoint.tensor(src) for src in sources], axis=0)
     return quantize_int4(w, int4_group(w.shape[1]))
+
+
+def relaunch(launch: mpb.Launch, op: str, args: list[mpb.Argument],
+             kernels: dict[str, mpb.Kernel], dtypes: dict[str, str],
+             default_dtype: str | None = None) -> None:
+    """Make `launch` a launch of `op` over `args`: its kernel variant (geometry and
+    constants from ``launch_config``) added to `kernels` where new, grid, block and shared
+    bytes replaced. `dtypes` names each argument buffer's dtype; a buffer missing from it
+    takes `default_dtype`, or raises KeyError where that is None."""
+    views = [_ViewInfo(a.buffer.shape, dtypes[a.buffer.buffer] if default_dtype is None
+                       else dtypes.get(a.buffer.buffer, default_dtype))
+             for a in args if a.WhichOneof("value") == "buffer"]
+    scalars = [a.int_value if a.WhichOneof("value") == "int_value" else a.float_value
+               for a in args if a.WhichOneof("value") != "buffer"]
+    config = launch_config(op, scalars, views)
+    suffix = "_".join(f"{k}{v}" for k, v in sorted(config.constants.items()))
+    kernel_id = f"{op}__{suffix}" if suffix else op
+    if kernel_id not in kernels:
+        kernel = mpb.Kernel(id=kernel_id, reference_op=op)
+        for spec in kernel_params(op):
+            kernel.params.add(name=spec.name, kind=_KINDS[spec.kind])
+        for key, value in config.constants.items():
+            kernel.constants[key] = value
+        kernels[kernel_id] = kernel
+    launch.kernel = kernel_id
+    del launch.grid[:], launch.block[:], launch.args[:]
+    launch.grid.extend(config.grid)
+    launch.block.extend(config.block)
+    launch.shared_bytes = config.shared_bytes
+    launch.args.extend(args)
