@@ -339,3 +339,14 @@ def test_keygen_aes_writes_a_resource_key_once(tmp_path):
         out.write_bytes(bad)
         with pytest.raises(ValueError, match="a resource key is 32 raw bytes or 64 hex digits"):
             load_resource_key(out)
+
+
+def test_a_usage_error_is_one_line_with_status_2(tmp_path):
+    """A bad option value is one ``Error:`` line (not click's Usage / Try block), exit 2."""
+    result = subprocess.run([_console_script(), "lint-core", str(tmp_path / "x.core"),
+                             "--backend", "gpu"], capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "Error: Invalid value for '--backend': 'gpu' is not one of 'cpu', 'cuda'."]
+    assert result.stdout == ""

@@ -173,7 +173,28 @@ def _print_summary(s: dict[str, Any]) -> None:
              f"{r['stored_nbytes']:>12} {r['decoded_nbytes']:>12} {r['ratio']:>6}")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineUsage(click.Group):
+    """click's usage errors as one ``Error: ...`` line with exit status 2 (the module
+    docstring), like every other failure here, instead of click's ``Usage:`` / ``Try``
+    block."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             **extra):  # fmt: skip
+        try:
+            super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            click.echo(f"Error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(0)
+
+
+@click.group(cls=_OneLineUsage, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Helios core tools: make signing keys, inspect, verify and lint cores.
 
