@@ -319,12 +319,14 @@ def _storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Find
     for i, buffer in enumerate(manifest.buffers):
         if not buffer.HasField("storage") or buffer.role == mpb.BUFFER_ROLE_CACHE_PLANE:
             continue
-        stored[buffer.name] = buffer.storage.type
         if buffer.storage.type not in caps.storage_types:
+            # One finding per buffer: the launches reading it are not listed again.
             name = enum_name(mpb.StorageType, buffer.storage.type)
             yield _unsupported("runtime.storage", f"manifest.buffers[{i}].storage.type", name,
                                caps, f"buffer {buffer.name!r} stored as {name} (it "
                                f"executes {_names(mpb.StorageType, caps.storage_types)})")
+            continue
+        stored[buffer.name] = buffer.storage.type
     if not stored:
         return
     kernels = {k.id: k.reference_op for k in manifest.kernels}
