@@ -46,14 +46,16 @@ def rel(a, b) -> float:
 def weights(rng, N: int, K_: int, op: str):
     """Random storage of `op`'s type at [N, K]: INT4_MIN in groups of 32 (codes 0..15,
     scale ~ 1 / (8 sqrt K), minimum ~ -8 scale, as Q4_1 stores); INT8 in groups of 16
-    (Q6_K's) where 1024 divides K, else 32 (Q8_0's)."""
+    (Q6_K's) where 1024 divides K, else 32 (Q8_0's). Scales and minimums are f32 arrays
+    (the cast comes last: NumPy 2 promotes an f32 array divided by an np.float64 scalar
+    to f64, whose bytes the kernels would read as f32 garbage)."""
     if op.endswith("_int4_min"):
         group = 32
-        scales = (rng.random((N, K_ // group)) + 0.5).astype(np.float32) / (8 * np.sqrt(K_))
+        scales = ((rng.random((N, K_ // group)) + 0.5) / (8 * np.sqrt(K_))).astype(np.float32)
         mins = (-8 * scales * (rng.random(scales.shape) + 0.5)).astype(np.float32)
         return pack_int4(rng.integers(0, 16, (N, K_))), scales, mins
     group = 16 if K_ % 1024 == 0 else 32
-    scales = (rng.random((N, K_ // group)) + 0.5).astype(np.float32) / (64 * np.sqrt(K_))
+    scales = ((rng.random((N, K_ // group)) + 0.5) / (64 * np.sqrt(K_))).astype(np.float32)
     return rng.integers(-128, 128, (N, K_)).astype(np.int8).view(np.uint8), scales
 
 
