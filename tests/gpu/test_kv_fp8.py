@@ -82,12 +82,19 @@ def test_kv_write_fp8kv(gpu, rng, H, KVH, HD):
     pos = np.array([5, 6, 0, 0, 17, 18, 19, 1, 2], np.int32)
     pages = rng.permutation(P)[:5 * MP].reshape(5, MP).astype(np.int32)
     ks, vs = _scales(rng, KVH), _scales(rng, KVH)
+    # Token 0 (a written row) carries a key and a value element of every kv head far
+    # beyond 448 x its scale, so both caches must saturate (random data need not).
+    for h in range(KVH):
+        qkv[0, (H + h) * HD] = 1000 * ks[h]
+        qkv[0, (H + KVH + h) * HD + 1] = -1000 * vs[h]
     kc = rng.integers(0, 126, (P, PT, KVH, HD)).astype(np.uint8)
     vc = rng.integers(0, 126, (P, PT, KVH, HD)).astype(np.uint8)
     rk, rv = kc.copy(), vc.copy()
     K.reference_op("kv_write_fp8kv")(qkv, pos, trow, slot, pages, rk, rv, ks, vs, T, R, MP, PT,
                                      H, KVH, HD)
-    assert (rk != kc).any() and (np.abs(decode_e4m3(rk)) == 448).any()  # saturated somewhere
+    at = pages[slot[trow[0]], pos[0] // PT], pos[0] % PT, np.arange(KVH)
+    assert (decode_e4m3(rk[at][:, 0]) == 448).all()
+    assert (decode_e4m3(rv[at][:, 1]) == -448).all()
     got = gpu.run("kv_write_fp8kv", qkv, pos, trow, slot, pages, kc, vc, ks, vs, T, R, MP, PT,
                   H, KVH, HD)
     assert np.array_equal(got["k_cache"], rk) and np.array_equal(got["v_cache"], rv)
