@@ -8,8 +8,9 @@ the cpu backend of the same core.
 
 Below 32 rows the GEMV multiplies in f32 on the FMA units: the same dequantized values as
 the reference, only the summation order differs (relative 1e-5). From 32 rows the tiles
-run ``tl.dot`` on TF32 operands: the codes are exact, the activations rounded to TF32, so
-the bound is relative 2e-3 (the INT4_MIN minimum multiplies an f32 activation sum); a
+run ``tl.dot`` on TF32 operands: the codes are exact, the activations rounded to TF32 (the INT4_MIN tile
+rounds them itself, so its dot and the minimum's activation sum see the same values), so
+the bound is relative 2e-3; a
 wrong nibble, byte sign, scale, minimum or layout errs by 1e-1 or more. The embedding is
 one product of a code and a scale per element on both sides: equal bitwise.
 """
@@ -119,7 +120,14 @@ def models(gpu, tmp_path_factory):
 def test_gguf_core_greedy_and_logits_match_cpu_backend(models):
     """Same codes on both backends (the cpu backend dequantizes them once and runs the
     NumPy references); the cuda prefill (>= 32 rows) rounds activations to TF32 inside its
-    products: greedy ids equal over 16 steps, logits within 0.05."""
+    products: greedy ids equal over 16 steps, logits within 0.05.
+
+    The cpu backend emulating the tiles' arithmetic (prompt "france") puts the bound's
+    reason in numbers: TF32 activations, both terms of INT4_MIN's ``code * scale + min``
+    rounded alike (as the tile now does): logits 0.022 off; the dot's activations
+    rounded (to nearest 0.058, truncated 0.154) but the minimum's f32 sum not (the tile
+    at 94c9904; the H100 gave 0.125): the rounding of the uncentred codes' dot left
+    uncancelled."""
     from gpu_steps import Steps
 
     cuda, cpu = models
