@@ -334,11 +334,18 @@ def repacked_weights(rng, N: int, K: int, group: int, kind: str):
     return rng.integers(-128, 128, (N, K)).astype(np.int8).view(np.uint8), scales
 
 
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """f32 `x` rounded to TF32 as kernels_triton/int4.py's ``_tf32`` (ties away)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
 def check_repacked(rng) -> bool:
     """The repacked GGUF products (kernels_triton/int4.py's INT4_MIN kernels,
     kernels_triton/int8.py): every form, the row GEMV and the tl.dot tiles from 32 rows,
     against kernels.int8's references (f32 summation order only differs; the GPU's dot
     is TF32: tests/gpu/test_repacked.py)."""
+    from helios_ignition.capture.launch import INT4_MMA_ROWS
     from helios_tools.kernels.int8 import INT4_MIN_FORMS, INT8_FORMS
 
     ok = True
@@ -351,7 +358,7 @@ def check_repacked(rng) -> bool:
         res = rng.standard_normal((T, N)).astype(np.float32)
         for kind, forms in (("int4_min", INT4_MIN_FORMS), ("int8", INT8_FORMS)):
             sides = repacked_weights(rng, N, Kd, group, kind)
-            errs = {}
+            errs, tol = {}, {}
             for op in forms.values():
                 if op == "embedding_int8":
                     continue  # check_repacked_embedding
@@ -359,10 +366,15 @@ def check_repacked(rng) -> bool:
                     ((), x if "swiglu" in op else xk)
                 tail = (T, N, Kd, 1e-5) if op.startswith("rmsnorm") else (T, N, Kd)
                 ref, out = res.copy(), res.copy()
-                K.reference_op(op)(xin, *pre, *sides, ref, *tail)
+                # The INT4_MIN tile rounds its activations to TF32 before the dot and the
+                # minimum's sum: exact against TF32 inputs where no prologue comes first
+                tf = kind == "int4_min" and T >= INT4_MMA_ROWS
+                K.reference_op(op)(_tf32(xin) if tf and not pre and "swiglu" not in op
+                                   else xin, *pre, *sides, ref, *tail)
                 c = launch(op, xin, *pre, *sides, out, *tail)
                 errs[op] = _rel(out - res, ref - res)
-            good = all(e < 1e-5 for e in errs.values())
+                tol[op] = 2e-3 if tf and (pre or "swiglu" in op) else 1e-5
+            good = all(e < tol[op] for op, e in errs.items())
             ok &= good
             path = "MMA" if c["MMA"] else "GEMV"
             print(f"{'ok ' if good else 'BAD'} {kind:<8} T={T:<3} N={N:<4} K={Kd:<5} "

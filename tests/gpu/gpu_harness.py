@@ -31,6 +31,10 @@ class _Decl:
     dtype: str
 
 
+# Bytes of an element of each declared buffer dtype (kernel_params, plus bf16 bits).
+_ITEMSIZE = {"f32": 4, "i32": 4, "u32": 4, "u8": 1, "bf16": 2}
+
+
 def bf16_round(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(bf16 bits as uint16, the same values widened to f32), round to nearest even."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
@@ -72,6 +76,9 @@ class Gpu:
 
         Returns:
             Every buffer param's contents after the kernel, by name (bf16 as bits).
+
+        Raises:
+            TypeError: a floating array whose element size is not its param's dtype's.
         """
         cu = self.cu
         params = kernel_params(op)
@@ -80,6 +87,10 @@ class Gpu:
             if spec.kind == "buffer":
                 arr = np.ascontiguousarray(arg)
                 dtype = "bf16" if spec.name in bf16 else spec.dtype
+                if arr.dtype.kind == "f" and arr.dtype.itemsize != _ITEMSIZE[dtype]:
+                    # the kernel reads raw bytes: an f64 array would arrive as garbage
+                    raise TypeError(f"{op}: buffer {spec.name!r} is {arr.dtype}, the kernel "
+                                    f"reads {dtype}")
                 views.append(_View(arr.shape, _Decl(dtype)))
                 n = max(arr.nbytes, 256)
                 ptr = int(drv.call("alloc", cu.cuMemAlloc(n)))

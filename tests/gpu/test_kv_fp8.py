@@ -82,12 +82,19 @@ def test_kv_write_fp8kv(gpu, rng, H, KVH, HD):
     pos = np.array([5, 6, 0, 0, 17, 18, 19, 1, 2], np.int32)
     pages = rng.permutation(P)[:5 * MP].reshape(5, MP).astype(np.int32)
     ks, vs = _scales(rng, KVH), _scales(rng, KVH)
+    # Token 0 (a written row) carries a key and a value element of every kv head far
+    # beyond 448 x its scale, so both caches must saturate (random data need not).
+    for h in range(KVH):
+        qkv[0, (H + h) * HD] = 1000 * ks[h]
+        qkv[0, (H + KVH + h) * HD + 1] = -1000 * vs[h]
     kc = rng.integers(0, 126, (P, PT, KVH, HD)).astype(np.uint8)
     vc = rng.integers(0, 126, (P, PT, KVH, HD)).astype(np.uint8)
     rk, rv = kc.copy(), vc.copy()
     K.reference_op("kv_write_fp8kv")(qkv, pos, trow, slot, pages, rk, rv, ks, vs, T, R, MP, PT,
                                      H, KVH, HD)
-    assert (rk != kc).any() and (np.abs(decode_e4m3(rk)) == 448).any()  # saturated somewhere
+    at = pages[slot[trow[0]], pos[0] // PT], pos[0] % PT, np.arange(KVH)
+    assert (decode_e4m3(rk[at][:, 0]) == 448).all()
+    assert (decode_e4m3(rv[at][:, 1]) == -448).all()
     got = gpu.run("kv_write_fp8kv", qkv, pos, trow, slot, pages, kc, vc, ks, vs, T, R, MP, PT,
                   H, KVH, HD)
     assert np.array_equal(got["k_cache"], rk) and np.array_equal(got["v_cache"], rv)
@@ -234,8 +241,19 @@ def models(gpu, tmp_path_factory):
 
 def test_kv_fp8_core_greedy_and_logits_match_cpu_backend(models):
     """The same e4m3 cache on both backends: greedy ids equal over 16 steps on the golden
-    prompts, teacher-forced logits within 0.1 (a key a rounding apart before the cache
-    write may land one e4m3 code apart)."""
+    prompts; after each teacher-forced run the layer-0 keys and values (the embedding
+    through one layer: f32 products that differ only in summation order, RoPE's cos/sin
+    by an ulp) hold the same codes but for at most 1 % of them, each one code step apart
+    (a value on a rounding boundary); a wrong scale, head order, K/V swap or rounding
+    rule changes most codes. On the cpu backend, relative 1e-6 noise before quantization
+    changed none of layer 0's 13,056 codes on "france" (2 % at layer 10, 16 % at 29).
+
+    The logits are compared loosely (within 6): one code step is 6-12 % of a key, so a
+    flip early in the stack moves every later layer and the flips cascade. Measured on
+    the cpu backend alone (this core, prompt "france", at this commit's parent): keys and
+    values perturbed by relative 1e-6 before quantization move the teacher-forced logits
+    by up to 1.1, by 1e-4 up to 3.6, argmax unchanged; the H100 run at 94c9904 gave 3.14
+    cuda against cpu."""
     from gpu_steps import Steps
 
     cuda, cpu = models
@@ -245,10 +263,28 @@ def test_kv_fp8_core_greedy_and_logits_match_cpu_backend(models):
     for g, w, p in zip(got, want, GOLDENS["prompts"], strict=True):
         assert g == w, p["name"]
     for p in GOLDENS["prompts"]:
-        a = Steps(cuda, lambda n: cuda.backend.read_buffer("scratch.logits")[:n]
-                  ).teacher_force(p["prompt_ids"], p["greedy_ids"])
-        b = Steps(cpu, lambda n: cpu.backend.buffers["scratch.logits"][:n].copy()
-                  ).teacher_force(p["prompt_ids"], p["greedy_ids"])
-        err = float(np.abs(a - b).max())
+        steps = {"cuda": Steps(cuda, lambda n: cuda.backend.read_buffer("scratch.logits")[:n]),
+                 "cpu": Steps(cpu, lambda n: cpu.backend.buffers["scratch.logits"][:n].copy())}
+        logits = {k: s.teacher_force(p["prompt_ids"], p["greedy_ids"])
+                  for k, s in steps.items()}
+        n = len(p["prompt_ids"]) + len(p["greedy_ids"]) - 1  # positions written
+        for plane in ("L0.k_cache", "L0.v_cache"):
+            codes = {k: _written(m, steps[k], plane, n) for k, m in
+                     (("cuda", cuda), ("cpu", cpu))}
+            differ = codes["cuda"] != codes["cpu"]
+            print(p["name"], plane, "codes differing cuda vs cpu", int(differ.sum()), "of",
+                  differ.size)
+            assert differ.mean() <= 1e-2, (p["name"], plane)
+            step = np.abs(codes["cuda"][differ].astype(int) - codes["cpu"][differ].astype(int))
+            assert (step == 1).all(), (p["name"], plane)
+        err = float(np.abs(logits["cuda"] - logits["cpu"]).max())
         print(p["name"], "kv fp8 max |logit diff| cuda vs cpu", err)
-        assert err < 0.1
+        assert err < 6
+
+
+def _written(model, steps, plane: str, n: int) -> np.ndarray:
+    """Slot 0's e4m3 codes of `plane` at positions ``0..n-1``: ``[n, KVH, HD]`` uint8."""
+    codes = model.backend.read_buffer(plane)
+    assert codes.dtype == np.uint8, codes.dtype
+    rows = codes[list(steps.pages(0, n))]
+    return rows.reshape(-1, *codes.shape[2:])[:n]

@@ -8,8 +8,9 @@ the cpu backend of the same core.
 
 Below 32 rows the GEMV multiplies in f32 on the FMA units: the same dequantized values as
 the reference, only the summation order differs (relative 1e-5). From 32 rows the tiles
-run ``tl.dot`` on TF32 operands: the codes are exact, the activations rounded to TF32, so
-the bound is relative 2e-3 (the INT4_MIN minimum multiplies an f32 activation sum); a
+run ``tl.dot`` on TF32 operands: the codes are exact, the activations rounded to TF32 (the INT4_MIN tile
+rounds them itself, so its dot and the minimum's activation sum see the same values), so
+the bound is relative 2e-3; a
 wrong nibble, byte sign, scale, minimum or layout errs by 1e-1 or more. The embedding is
 one product of a code and a scale per element on both sides: equal bitwise.
 """
@@ -46,14 +47,16 @@ def rel(a, b) -> float:
 def weights(rng, N: int, K_: int, op: str):
     """Random storage of `op`'s type at [N, K]: INT4_MIN in groups of 32 (codes 0..15,
     scale ~ 1 / (8 sqrt K), minimum ~ -8 scale, as Q4_1 stores); INT8 in groups of 16
-    (Q6_K's) where 1024 divides K, else 32 (Q8_0's)."""
+    (Q6_K's) where 1024 divides K, else 32 (Q8_0's). Scales and minimums are f32 arrays
+    (the cast comes last: NumPy 2 promotes an f32 array divided by an np.float64 scalar
+    to f64, whose bytes the kernels would read as f32 garbage)."""
     if op.endswith("_int4_min"):
         group = 32
-        scales = (rng.random((N, K_ // group)) + 0.5).astype(np.float32) / (8 * np.sqrt(K_))
+        scales = ((rng.random((N, K_ // group)) + 0.5) / (8 * np.sqrt(K_))).astype(np.float32)
         mins = (-8 * scales * (rng.random(scales.shape) + 0.5)).astype(np.float32)
         return pack_int4(rng.integers(0, 16, (N, K_))), scales, mins
     group = 16 if K_ % 1024 == 0 else 32
-    scales = (rng.random((N, K_ // group)) + 0.5).astype(np.float32) / (64 * np.sqrt(K_))
+    scales = ((rng.random((N, K_ // group)) + 0.5) / (64 * np.sqrt(K_))).astype(np.float32)
     return rng.integers(-128, 128, (N, K_)).astype(np.int8).view(np.uint8), scales
 
 
@@ -117,7 +120,14 @@ def models(gpu, tmp_path_factory):
 def test_gguf_core_greedy_and_logits_match_cpu_backend(models):
     """Same codes on both backends (the cpu backend dequantizes them once and runs the
     NumPy references); the cuda prefill (>= 32 rows) rounds activations to TF32 inside its
-    products: greedy ids equal over 16 steps, logits within 0.05."""
+    products: greedy ids equal over 16 steps, logits within 0.05.
+
+    The cpu backend emulating the tiles' arithmetic (prompt "france") puts the bound's
+    reason in numbers: TF32 activations, both terms of INT4_MIN's ``code * scale + min``
+    rounded alike (as the tile now does): logits 0.022 off; the dot's activations
+    rounded (to nearest 0.058, truncated 0.154) but the minimum's f32 sum not (the tile
+    at 94c9904; the H100 gave 0.125): the rounding of the uncentred codes' dot left
+    uncancelled."""
     from gpu_steps import Steps
 
     cuda, cpu = models

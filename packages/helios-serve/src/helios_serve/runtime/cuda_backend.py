@@ -529,8 +529,16 @@ class CudaBackend:
     # ---------------------------------------------------------------------------- tests
 
     def read_buffer(self, name: str) -> np.ndarray:
-        """Copy device buffer `name` to a new host array (tests; bf16 widened to f32)."""
+        """Copy device buffer `name` to a new host array (tests; bf16 widened to f32). A
+        buffer with storage comes back as its stored bytes (uint8): an e4m3 cache plane in
+        its shape (one code an element), a quantized weight flat."""
         decl = self._decls[name]
+        if decl.HasField("storage"):  # codes as stored: _nbytes, not shape x dtype
+            out = np.empty(self._dev_bytes[name], np.uint8)
+            drv.call("cuMemcpyDtoH", self._cu.cuMemcpyDtoH(out.ctypes.data,
+                                                            self._dev_ptrs[name], out.nbytes))
+            shape = self._shapes[name]
+            return out.reshape(shape) if out.size == math.prod(shape) else out
         stored = STORED_DTYPE[decl.dtype]
         out = np.empty(self._shapes[name], stored)
         drv.call("cuMemcpyDtoH", self._cu.cuMemcpyDtoH(out.ctypes.data, self._dev_ptrs[name],
