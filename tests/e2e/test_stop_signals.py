@@ -85,7 +85,9 @@ def test_one_ctrl_c_under_uv_run_drains_the_open_stream(tiny_served):
     chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
     assert chunks[-1]["usage"]["completion_tokens"] == TOKENS  # all made after the Ctrl-C
-    assert proc.returncode == 0
+    # The status is uv's: 0 when helios-serve exits first, 130 when uv reports the SIGINT
+    # it got itself (both seen in CI). helios-serve's own 0 is asserted without uv below.
+    assert proc.returncode in (0, 130), proc.returncode
     assert "Traceback" not in err and "dropped" not in err, err
 
 
