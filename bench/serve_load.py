@@ -440,7 +440,7 @@ def metrics_snapshot(url: str) -> dict:
     out: dict = {}
     for family in text_string_to_metric_families(_get(url + "/metrics").decode()):
         if any(k in family.name for k in ("preemption", "graph_launch", "generation_tokens",
-                                           "prompt_tokens", "requests_finished",
+                                           "prompt_tokens", "requests_finished", "mixed_lanes",
                                            "decode_rows", "decode_padded_rows")):
             for s in family.samples:
                 label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
@@ -513,7 +513,9 @@ def main() -> None:
                     "url_given": bool(args.url),
                     "server_startup_s": served.startup_s if served else None,
                     "template_tokens": prompts.overhead, "native_loop": native,
-                    "workloads": []}
+                    "workloads": [], "commit": git_commit(REPO),
+                    "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                             "python": platform.python_version()}}
     try:
         ignore_eos, note = (False, "disabled by --no-ignore-eos") if args.no_ignore_eos \
             else probe_ignore_eos(url, model)
@@ -524,7 +526,9 @@ def main() -> None:
             print(f"{'conc':>5}{'reqs':>6}{'out tok/s':>11}{'req/s':>8}{'TTFT p50':>10}"
                   f"{'p99':>9}{'TPOT p50':>10}{'p99':>8}{'ITL p50':>9}{'p99':>8}{'tok/chunk':>10}"
                   "  (ms)", flush=True)
-            levels = []
+            levels: list = []
+            result["workloads"].append({"input_tokens": n_in, "output_tokens": n_out,
+                                        "levels": levels})
             for c in args.concurrency:
                 count = max(args.min_requests, args.rounds * c)
                 batch = [prompts.make(n_in) for _ in range(count)]
@@ -558,6 +562,7 @@ def main() -> None:
                             and (n["input_tokens"], n["output_tokens"]) == (n_in, n_out)), None)
                 level.update(ratios(level, ref))
                 levels.append(level)
+                write_json(args.json, result)  # each level kept if a later one is cut off
                 t, p, i = level["ttft_ms"], level["tpot_ms"], level["itl_ms"]
 
                 def f(v, w=9):
@@ -572,15 +577,11 @@ def main() -> None:
                       + (f"  errors: {level['errors']}" if level["errors"] else "")
                       + (f"  decode padding {level['decode_padding_fraction']:.3f}"
                          if level["decode_padding_fraction"] is not None else ""), flush=True)
-            result["workloads"].append({"input_tokens": n_in, "output_tokens": n_out,
-                                        "levels": levels})
     finally:
         if served is not None:
             served.stop()
         bootstrap.close()
-    result["commit"] = git_commit(REPO)
-    result["host"] = {"machine": platform.machine(), "cpus": os.cpu_count(),
-                      "python": platform.python_version(), "loadavg_1m": os.getloadavg()[0]}
+    result["host"]["loadavg_1m"] = os.getloadavg()[0]
     print(f"wrote {write_json(args.json, result)}")
 
 
