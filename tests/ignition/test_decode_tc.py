@@ -57,9 +57,10 @@ def test_decode_tc_rule(monkeypatch):
     assert launch.tc_constants(128, 4096, 14336)["BLOCK_T"] == 128
     monkeypatch.setattr(launch, "DECODE_TC", "table")
     assert launch.decode_tc(128, 4096, 14336) and not launch.decode_tc(256, 4096, 14336)
-    monkeypatch.setattr(launch, "DECODE_TERMS", 1)  # HELIOS_LINEAR_DECODE_TERMS=1: hi only
-    assert launch.tc_constants(128, 4096, 14336)["XSPLIT"] == 0
-    assert launch.tc_constants(1024, 4096, 14336)["XSPLIT"] == 1  # prefill keeps its terms
+    # one term only over a rounded input (round_bf16's hi | 0: bf16-activation cores)
+    assert launch.tc_constants(128, 4096, 14336)["XSPLIT"] == 1
+    assert launch.tc_constants(128, 4096, 14336, rounded=True)["XSPLIT"] == 0
+    assert launch.tc_constants(1024, 4096, 14336, rounded=True)["XSPLIT"] == 0
     # the row-invariant products keep their own path (linear_packed_rows / linear_rows)
     assert launch.invariant_splits(4096, 14336) is None
 
