@@ -71,7 +71,14 @@ from .quantize import (
     quantized_weights,
     repacked_weights,
 )
-from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
+from .recipe import (
+    SUPPORTED_ACTIVATION_DTYPES,
+    Recipe,
+    RecipeError,
+    SplitTuning,
+    load_recipe_module,
+    validate_recipe,
+)
 from .weights import (
     declare_storage,
     gguf_blocks,
@@ -570,6 +577,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ExportUsageError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                                f"not {kv_cache_dtype!r}")
+    if activation_dtype is not None and activation_dtype not in SUPPORTED_ACTIVATION_DTYPES:
+        raise ExportUsageError(f"--activation-dtype must be one of "
+                               f"{', '.join(SUPPORTED_ACTIVATION_DTYPES)}, not "
+                               f"{activation_dtype!r}")
     try:
         key = load_private_key(key_path)
     except FileNotFoundError:
