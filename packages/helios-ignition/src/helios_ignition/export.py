@@ -558,7 +558,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
             per-(layer, kv head) scales (helios_ignition.kv_cache); "auto" or None: f32.
         activation_dtype: "bf16": the packed products' activations rounded to bf16
             (``round_bf16``; one tensor-core term), "f32": two terms; None: the recipe's
-            ``activation_dtype``. bf16 with no packed product in the programs is refused.
+            ``activation_dtype``. bf16 given here with no packed product in the programs
+            is refused.
         progress: called as progress(step, done, total, unit) for the steps "kernels
             compiled" (kernel variants), "weights read" (weight tensors) and "bytes
             written" (decoded bytes stored in the core; unit "bytes"), as
@@ -651,7 +652,9 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                                    fold_layers=recipe.fold_layers,
                                    chunked_sampling=recipe.chunked_sampling,
                                    activations=recipe.activation_dtype)
-    if recipe.activation_dtype == "bf16" and not any(
+    # Asked for on the command line, bf16 activations that round nothing are refused; a
+    # recipe's choice holds for whichever checkpoints it takes (Recipe.activation_dtype).
+    if activation_dtype == "bf16" and not any(
             k.reference_op in ROUNDED_PRODUCERS for k in manifest.kernels):
         raise ExportError(
             f"--activation-dtype bf16: recipe {recipe.name}'s programs record no packed bf16 "

@@ -183,7 +183,9 @@ class Recipe:
             matrices' tensor-core path): "f32" (two bf16 terms, near-f32 products) or
             "bf16" (rounded to bf16, one term: half the tensor work; both backends
             execute the rounding, docs/gpu.md "bf16 activations"). Products off the
-            packed path keep f32 activations.
+            packed path keep f32 activations, so for a checkpoint with none (SmolLM2 under
+            the default rule) "bf16" changes nothing; ``--activation-dtype bf16`` on the
+            command line refuses such an export instead.
     """
 
     name: str
