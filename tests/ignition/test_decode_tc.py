@@ -96,6 +96,21 @@ def test_capture_records_one_slice_tc_products(monkeypatch):
         assert ("linear" in ops) == (B < 4), g.name
         seen.add(B >= 4)
     assert seen == {True, False}
+    # bf16 activations: the same launches over round_bf16, every one XSPLIT=0 (the LM
+    # head's TC sequence and the K split included)
+    rounded, _ = capture(SHAPES, TINY_CAPACITIES, "bf16", activations="bf16")
+    kernels = {k.id: k for k in rounded.kernels}
+    for g, f32 in zip(rounded.graphs, manifest.graphs, strict=True):
+        ops = [kernels[x.kernel].reference_op for x in g.launches]
+        assert len(ops) == len(f32.launches) and "split_bf16" not in ops, g.name
+        for x in g.launches:
+            k = kernels[x.kernel]
+            if k.reference_op == "linear_packed":
+                assert k.constants["XSPLIT"] == 0, g.name
+        if g.name.startswith("decode_b") and int(g.name.removeprefix("decode_b")) >= 4:
+            head = [x for x in g.launches if kernels[x.kernel].reference_op == "linear_packed"
+                    and any(a.int_value == SHAPES.vocab for a in x.args)]
+            assert len(head) == 1 and kernels[head[0].kernel].constants["TC"] == 1, g.name
 
 
 def _args_of(graph, kernel):
