@@ -58,8 +58,8 @@ def test_bf16_without_a_packed_product_is_refused(tmp_path, make_checkpoint,
     assert result.exit_code == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         "ignition: error: --activation-dtype bf16: recipe ckpt's programs record no packed "
-        "bf16 product to round (it applies to bf16 matrices of at least 2^24 weights at 8+ "
-        "rows, without --quantize or GGUF blocks; the others keep f32 activations)"]
+        "bf16 product to round (it applies to bf16 matrices of at least 16,777,216 weights "
+        "at 8+ rows, without --quantize or GGUF blocks; the others keep f32 activations)"]
     assert not out.exists()
 
 

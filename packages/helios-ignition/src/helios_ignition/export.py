@@ -35,6 +35,7 @@ from helios_tools.frontend_assets import (
 from helios_tools.kernels import grammar_mask_words
 from helios_tools.kernels.linear_splitk import ROUNDED_PRODUCERS
 
+from .capture import launch as launch_rules
 from .capture.buffers import Speculation, cache_contract, weight_resource_id
 from .capture.family import TensorParallelError
 from .capture.programs import capture
@@ -658,8 +659,9 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
             k.reference_op in ROUNDED_PRODUCERS for k in manifest.kernels):
         raise ExportError(
             f"--activation-dtype bf16: recipe {recipe.name}'s programs record no packed bf16 "
-            "product to round (it applies to bf16 matrices of at least 2^24 weights at 8+ "
-            "rows, without --quantize or GGUF blocks; the others keep f32 activations)")
+            f"product to round (it applies to bf16 matrices of at least "
+            f"{launch_rules.MMA_MIN_WEIGHTS:,} weights at {launch_rules.MMA_ROWS[0]}+ rows, "
+            "without --quantize or GGUF blocks; the others keep f32 activations)")
     repacked = repacked_weights(manifest, repack_storage(ckpt, shapes)) if repack_blocks \
         else {}
     if repack_blocks:
