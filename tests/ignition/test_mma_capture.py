@@ -177,3 +177,46 @@ def test_bf16_activations_on_the_cpu_backend(monkeypatch):
     monkeypatch.setitem(BACKENDS, "cpu", old)  # a runtime built before the ops
     with pytest.raises(RuntimeLoadError, match="round_bf16"):
         load_native(core, "cpu")
+
+
+def test_one_term_launches_must_read_a_rounded_producer(monkeypatch):
+    """runtime.one_term_input (cuda): a bf16-activation core passes; the same core whose
+    producer writes hi | lo (split_bf16), or whose one-term launch reads another view,
+    is refused, for the cuda backend only (the cpu backend runs the references)."""
+    from helios_contract.capabilities import capability_findings
+    from helios_ignition.testing import tiny_core
+    from helios_tools.capabilities import CPU, CUDA
+
+    _force_packed(monkeypatch)
+    core = tiny_core(seed=5, activations="bf16")
+    assert list(capability_findings(core.contract, core.manifest, CUDA)) == []
+
+    def findings(edit, caps=CUDA):
+        manifest = type(core.manifest)()
+        manifest.CopyFrom(core.manifest)
+        edit(manifest)
+        return [f for f in capability_findings(core.contract, manifest, caps)
+                if f.rule == "runtime.one_term_input"]
+
+    def two_terms(m):
+        for k in m.kernels:
+            if k.reference_op == "round_bf16":
+                k.reference_op = "split_bf16"
+
+    found = findings(two_terms)
+    rounded = sum(1 for g in core.manifest.graphs for x in g.launches
+                  if x.kernel.startswith("round_bf16"))
+    assert len(found) == rounded  # every product whose producer was round_bf16
+    assert found[0].value == "scratch.xsplit"
+    assert found[0].path.endswith(".args[0].buffer.buffer")
+    assert "runs XSPLIT=0 (one term) over a view no rounded producer (round_bf16, " \
+           "swiglu_round_bf16) wrote just before" in found[0].detail
+    assert findings(two_terms, CPU) == []
+
+    def moved(m):
+        g = next(g for g in m.graphs if any(x.kernel.startswith("linear_packed")
+                                            for x in g.launches))
+        x = next(x for x in g.launches if x.kernel.startswith("linear_packed"))
+        x.args[0].buffer.byte_offset += 4
+
+    assert len(findings(moved)) == 1
