@@ -39,19 +39,21 @@ def build_core(recipe, ckpt, caps: Capacities, target: str, weights,
                split_tuning=None, fold_layers: bool = False,
                chunked_sampling: bool = True,
                wide_sampling: bool = True,
-               race_sampling: bool = True) -> tuple[MemoryCore, dict]:
+               race_sampling: bool = True,
+               activations: str = "f32") -> tuple[MemoryCore, dict]:
     """Capture (with the decode-split tuning producer when `split_tuning` is a
     recipe.SplitTuning; decode layers folded with `fold_layers`; the chunked sampler with
     `chunked_sampling`, its wide form with `wide_sampling`, its candidate race with
-    `race_sampling` as well), compile for `target`
-    and wrap with `weights` (resource id -> bytes|callable)."""
+    `race_sampling` as well; the packed products' `activations`, "f32" or "bf16"),
+    compile for `target` and wrap with `weights` (resource id -> bytes|callable)."""
     recipe = replace(recipe, capacities=caps, fold_layers=fold_layers,
-                     chunked_sampling=chunked_sampling)
+                     chunked_sampling=chunked_sampling, activation_dtype=activations)
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
     t0 = time.perf_counter()
     manifest, graphs = capture(shapes, caps, recipe.weight_dtype, split_tuning=split_tuning,
                                fold_layers=fold_layers, chunked_sampling=chunked_sampling,
-                               wide_sampling=wide_sampling, race_sampling=race_sampling)
+                               wide_sampling=wide_sampling, race_sampling=race_sampling,
+                               activations=activations)
     t1 = time.perf_counter()
     blobs = compile_targets(manifest, (target,))
     t2 = time.perf_counter()

@@ -1,20 +1,22 @@
 """Where a many-row decode step of the Llama-3.1-8B geometry spends its device time
-(issue 27, items 3 and 7), and the decode products' launch rule old against new in one
-process: for each capture variant (``HELIOS_LINEAR_DECODE_TC`` / ``_TERMS`` values, set
-on ``capture.launch`` before each capture), decode tokens/s at each batch and a per-op
-breakdown of the largest batch's graph by op class (products, lm_head, attention, norms,
-sampling, other) and by launch group (op and its integer scalars, e.g. linear_packed's
-T, N, K, S).
+(issue 27, items 3 and 7), and the decode products' launch rule and activation dtype old
+against new in one process: for each capture variant (``HELIOS_LINEAR_DECODE_TC``'s value
+set on ``capture.launch`` before each capture, and capture's ``activations``: the export
+option ``--activation-dtype``), decode tokens/s at each batch, the TTFT of a
+``--ttft``-token prompt (one chunk and 256-token chunks), and a per-op breakdown of the
+largest batch's graph by op class (products, lm_head, attention, norms, sampling, other)
+and by launch group (op and its integer scalars, e.g. linear_packed's T, N, K, S).
 
-    python bench/gpu_decode_breakdown.py --variants off 128 128:1 --batches 64 128 256 \\
-        --json OUT.json
+    python bench/gpu_decode_breakdown.py --variants table:f32 table:bf16 \\
+        --batches 1 8 64 128 256 --json OUT.json
 
-A variant is ``RULE[:TERMS]``: RULE is HELIOS_LINEAR_DECODE_TC's value ("table", "off" or a
-row threshold), TERMS HELIOS_LINEAR_DECODE_TERMS's (2, the default: hi/lo; 1: activations
-rounded to bf16, timing only). Seeded random bf16 weights (bench/gpu_common.py), 128-token
-random prompts, greedy; every variant's core is captured, compiled for this GPU, loaded,
-measured and closed before the next. Needs a GPU (about 18 GB of weights and 32 GiB of
-KV cache at 256 rows).
+A variant is ``RULE[:ACT]``: RULE is HELIOS_LINEAR_DECODE_TC's value ("table", "off" or a
+row threshold), ACT the packed products' activations ("f32", the default: hi | lo terms;
+"bf16": rounded by ``round_bf16``, one tensor-core term, executed the same way by the cpu
+backend). Seeded random bf16 weights (bench/gpu_common.py), 128-token random prompts,
+greedy; every variant's core is captured, compiled for this GPU, loaded, measured and
+closed before the next. Needs a GPU (about 18 GB of weights and 32 GiB of KV cache at
+256 rows).
 
 Breakdown: for each launch group a throwaway CUDA graph of just its launches (the same
 arguments) is captured and replayed (``gpu_common.profile_ops``' method at a finer key);
@@ -109,16 +111,46 @@ def profile_groups(backend, graph: str, vocab: int, reps: int = 20) -> list[dict
     return out
 
 
-def parse_variant(v: str) -> tuple[str, int]:
-    rule_, _, terms = v.partition(":")
+def parse_variant(v: str) -> tuple[str, str]:
+    rule_, _, act = v.partition(":")
     rule.decode_tc(128, 4096, 4096, rule_)  # ValueError on a bad rule
-    return rule_, int(terms or 2)
+    if act not in ("", "f32", "bf16"):
+        raise ValueError(f"variant {v!r}: the activations are f32 or bf16")
+    return rule_, act or "f32"
+
+
+def ttft(model, tokens: int, chunk: int, reps: int = 3) -> float:
+    """Median seconds to the first token of a `tokens`-token prompt prefilled in `chunk`
+    token chunks into row 0, on pages 0.. (the decode rows' page split aside: the prompt
+    needs more pages than one of them holds; the decode runs are over by then)."""
+    import numpy as np
+    from helios_serve.engine.plan import RowPlan, StepKind, StepPlan
+
+    prompt = np.random.default_rng(7).integers(3, 40000, tokens).tolist()
+    page = model.manifests.page_tokens
+
+    def once(generation: int) -> float:
+        t0 = time.perf_counter()
+        for start in range(0, tokens, chunk):
+            piece = tuple(prompt[start:start + chunk])
+            end = start + len(piece)
+            row = RowPlan(request_id=0, slot=0, generation=generation, tokens=piece,
+                          start_position=start, page_ids=tuple(range(-(-end // page))),
+                          sample=end == tokens, sampling=SamplingParams(),
+                          histogram_tokens=tuple(prompt) if start == 0 else None)
+            model.execute(StepPlan(StepKind.PREFILL, (row,)))
+        return time.perf_counter() - t0
+
+    once(100)  # warm
+    return sorted(once(101 + i) for i in range(reps))[reps // 2]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", nargs="+", default=["off", "128"],
-                    help="RULE[:TERMS] per capture (module docstring)")
+    ap.add_argument("--variants", nargs="+", default=["table:f32", "table:bf16"],
+                    help="RULE[:ACT] per capture (module docstring)")
+    ap.add_argument("--ttft", type=int, default=1024,
+                    help="prompt tokens of the TTFT measurement (0: none)")
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompt", type=int, default=128)
@@ -141,27 +173,33 @@ def main() -> None:
     recipe = resolve_recipe(ROOT / "recipes/llama.py", ckpt)
     shapes = LlamaShapes.from_geometry(geometry)
     weights = random_bf16_weights(shapes, 0, geometry.rope_scaling)
-    caps = Capacities(decode_batch=tuple(args.batches), prefill_tokens=(256,),
+    caps = Capacities(decode_batch=tuple(args.batches),
+                      prefill_tokens=(256, args.ttft) if args.ttft > 256 else (256,),
                       prefill_rows=8, context_tokens=2048, page_tokens=16,
                       prepared_pages=max(args.batches) * 32)
     greedy = SamplingParams()
     result = dict(commit=git_commit(), batches=args.batches, steps=args.steps,
-                  prompt_tokens=args.prompt, target=target, variants=[])
-    for dtc, terms in variants:
-        rule.DECODE_TC, rule.DECODE_TERMS = dtc, terms
+                  prompt_tokens=args.prompt, target=target, ttft_tokens=args.ttft,
+                  variants=[])
+    for dtc, act in variants:
+        rule.DECODE_TC = dtc
         t0 = time.perf_counter()
-        core, info = build_core(recipe, ckpt, caps, target, weights)
+        core, info = build_core(recipe, ckpt, caps, target, weights, activations=act)
         model = load_native(core, "cuda")
         backend = model.backend
         result["device"] = backend.device_name
-        entry = dict(decode_tc=dtc, terms=terms, setup_s=time.perf_counter() - t0,
-                     kernels=info["kernels"], decode=[])
+        entry = dict(decode_tc=dtc, activations=act, setup_s=time.perf_counter() - t0,
+                     kernels=info["kernels"], decode=[], ttft_ms={})
         for b in args.batches:
-            r = decode_bench(model, b, args.prompt, args.steps, 1024, greedy)
+            r = decode_bench(model, b, args.prompt, args.steps, 256, greedy)
             entry["decode"].append({k: r[k] for k in ("batch", "graph", "tokens_per_s",
                                                       "step_ms", "device_step_ms", "host_us")})
-            print(f"{dtc}:{terms} b{b}: {r['tokens_per_s']:.1f} tok/s, step {r['step_ms']:.2f} "
+            print(f"{dtc}:{act} b{b}: {r['tokens_per_s']:.1f} tok/s, step {r['step_ms']:.2f} "
                   f"ms, device {r['device_step_ms']:.2f} ms", flush=True)
+        for chunk in sorted({args.ttft, 256}, reverse=True) if args.ttft else ():
+            entry["ttft_ms"][f"chunk{chunk}"] = ttft(model, args.ttft, chunk) * 1e3
+            print(f"{dtc}:{act} TTFT {args.ttft} tokens in {chunk}-token chunks: "
+                  f"{entry['ttft_ms'][f'chunk{chunk}']:.1f} ms", flush=True)
         last = entry["decode"][-1]
         groups = profile_groups(backend, last["graph"], shapes.vocab)
         classes: dict[str, float] = {}
@@ -180,15 +218,16 @@ def main() -> None:
     print(f"{'variant':>10} " + " ".join(f"{'b' + str(b) + ' tok/s':>12} {'dev ms':>7}"
                                          for b in args.batches))
     for e in result["variants"]:
-        print(f"{e['decode_tc'] + ':' + str(e['terms']):>10} " + " ".join(
+        print(f"{e['decode_tc'] + ':' + e['activations']:>10} " + " ".join(
             f"{d['tokens_per_s']:>12.1f} {d['device_step_ms']:>7.2f}" for d in e["decode"]))
     for e in result["variants"][1:]:
-        print(f"{e['decode_tc']}:{e['terms']} over {base['decode_tc']}:{base['terms']}: " + ", ".join(
+        print(f"{e['decode_tc']}:{e['activations']} over {base['decode_tc']}:"
+              f"{base['activations']}: " + ", ".join(
             f"b{d['batch']} x{d['tokens_per_s'] / o['tokens_per_s']:.3f}"
             for d, o in zip(e["decode"], base["decode"], strict=True)))
     for e in result["variants"]:
         bd = e["breakdown"]
-        print(f"\n{e['decode_tc']}:{e['terms']} decode_b{bd['batch']} device step "
+        print(f"\n{e['decode_tc']}:{e['activations']} decode_b{bd['batch']} device step "
               f"{bd['device_step_ms']:.2f} ms (groups timed apart: {bd['sum_ms']:.2f} ms)")
         for cls, ms in sorted(bd["classes"].items(), key=lambda kv: -kv[1]):
             print(f"  {cls:10} {ms:8.3f} ms  {100 * ms / bd['sum_ms']:5.1f} %")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|attn-live|quant-speed|quant-tests|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|bf16-act|attn-live|quant-speed|quant-tests|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -534,7 +534,7 @@ case $stage in
     # sweep at 64-256 rows (K split vs TC tiles vs torch), the TC tile's tests (the SmolLM2
     # 128-row identity needs the GGUF parked), the 8B decode b64/128/256 old vs new with the
     # per-op-class breakdown, one process. DECODE_TC_PARTS picks parts (default all three),
-    # DECODE_TC_VARIANTS the captures (RULE[:TERMS], default "off 128").
+    # DECODE_TC_VARIANTS the captures (RULE[:ACT], default "off 128").
     for part in ${DECODE_TC_PARTS:-sweep tests 8b}; do case $part in
       sweep) python3 bench/gpu_decode_gemm.py --budget-s 300 --json "$OUTD/decode_gemm.json" \
         2>&1 | tee "$OUTD/decode_gemm.log" | tail -45 ;;
@@ -543,6 +543,26 @@ case $stage in
       8b) python3 bench/gpu_decode_breakdown.py --variants ${DECODE_TC_VARIANTS:-off 128} \
         --batches 64 128 256 --json "$OUTD/decode_breakdown.json" 2>&1 \
         | tee "$OUTD/decode_breakdown.log" | tail -60 ;;
+    esac; done ;;
+  bf16-act)  # issue 27 items 1, 3, 6 (docs/gpu.md, "bf16 activations"; the SmolLM2 identity
+    # test needs the GGUF parked). BF16ACT_PARTS picks parts (default all three, ~10 min
+    # each at most): tests (the rounded producers bitwise, XSPLIT=0 == XSPLIT=1 over hi | 0,
+    # SmolLM2 cuda greedy == cpu on an --activation-dtype bf16 core, the one-term cases of
+    # the prefill and decode TC tests), gemm (the prefill GEMM rule against torch.matmul at
+    # M = 512/1024/4096, both activation forms: the packed-rule-bf16 rows), 8b (the 8B
+    # decode at b1/8/64/128/256 and a 1,024-token prompt's TTFT with f32 and bf16
+    # activations, one process).
+    for part in ${BF16ACT_PARTS:-tests gemm 8b}; do case $part in
+      tests) python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_bf16_activations.py \
+        tests/gpu/test_kernels.py::test_linear_packed_prefill_tc \
+        tests/gpu/test_decode_tc.py::test_decode_tc_against_reference 2>&1 \
+        | tee "$OUTD/bf16act_tests.log" | tail -12 ;;
+      gemm) python3 bench/gpu_prefill_gemm.py --mode rule --rows 512,1024,4096 --budget-s 420 \
+        --json "$OUTD/prefill_rule_bf16act.json" 2>&1 | tee "$OUTD/prefill_rule_bf16act.log" \
+        | tail -70 ;;
+      8b) python3 bench/gpu_decode_breakdown.py --variants table:f32 table:bf16 \
+        --batches 1 8 64 128 256 --ttft 1024 --json "$OUTD/decode_bf16act.json" 2>&1 \
+        | tee "$OUTD/decode_bf16act.log" | tail -70 ;;
     esac; done ;;
   *) echo "unknown step $stage"; exit 2 ;;
 esac

@@ -16,7 +16,11 @@ columns against a float64 product, ``rel_bf16x`` against the float64 product of 
 activations rounded to bf16 (what a one-term ``XSPLIT=0`` product computes). The float64
 product is itself checked against ``helios_tools.kernels.linear`` (NumPy) on 64 rows.
 ``--mode rule`` also checks the folded forms (``rmsnorm_linear``, ``linear_add``) of the
-launch rule's choice against their NumPy references.
+launch rule's choice against their NumPy references, and times both activation forms of
+the packed path as capture records them: ``packed-rule`` (f32 activations: ``split_bf16``
+then two terms) and ``packed-rule-bf16`` (``--activation-dtype bf16``: ``round_bf16``
+then one term, ``XSPLIT=0``); every one-term variant runs over ``round_bf16``'s
+``hi | 0`` buffer, and its ``+split`` time adds that pass.
 
 Modes: ``sweep`` times a grid of tiles (both one-term and hi/lo activations, cp.async or
 TMA loads, one program per tile or a persistent grid) plus HEAD's prefill tile
@@ -237,17 +241,19 @@ def main() -> None:
                 if c.get("TC"):  # the other activation form of the same tile
                     other = dict(c, XSPLIT=1 - c.get("XSPLIT", 1))
                     cell.append(("linear-other " + _label(other, 0), other, 0))
-                pick = rule.launch_config("linear_packed", [T, N, Kd, 1],
-                                          [None, _View((N, Kd), "bf16")]).constants
+                picks = {rounded: rule.launch_config(
+                    "linear_packed", [T, N, Kd, 1], [None, _View((N, Kd), "bf16")],
+                    rounded=rounded).constants for rounded in (False, True)}
                 for tile in PACKED_TILES:
                     for xsplit in (1, 0):
                         pc = dict(TC=1, BLOCK_T=tile[0], BLOCK_N=tile[1], BLOCK_K=tile[2],
                                   WARPS=tile[3], STAGES=tile[4], GROUP_T=8, XSPLIT=xsplit,
                                   EVEN_K=1, WBF16=1, K16=1, PACKED=1)
-                        tag = "packed-rule " if pc == {**pick, "XSPLIT": xsplit} else "packed "
+                        tag = ("packed " if pc != picks[not xsplit] else
+                               "packed-rule " if xsplit else "packed-rule-bf16 ")
                         cell.append((tag + _label(pc, 0), pc, 0))
-                items.append(("split_bf16", dict(rule.launch_config(
-                    "split_bf16", [T, Kd], []).constants)))
+                for op in ("split_bf16", "round_bf16"):
+                    items.append((op, dict(rule.launch_config(op, [T, Kd], []).constants)))
             plan[(name, T)] = cell
             items += [("linear_packed" if c.get("PACKED") else "linear", c) for _, c, _ in cell]
     if args.mode == "rule":  # the folded forms of the rule's choices
@@ -276,6 +282,7 @@ def main() -> None:
         ref_np = np.zeros((64, CHECK_COLS), np.float32)
         K.linear(xs, wn, ref_np, 64, CHECK_COLS, Kd)
         xs = torch.empty(tmax, Kd, device="cuda")  # packed hi|lo terms (split_bf16)
+        xr = torch.empty(tmax, Kd, device="cuda")  # rounded hi|0 (round_bf16)
         for T in rows_list:
             ref = x[:T].double() @ wc64.T
             ref_b = xb[:T].double() @ wc64.T
@@ -286,12 +293,14 @@ def main() -> None:
                        reps=10 if T < 1024 else 5)
             row = dict(shape=name, N=N, K=Kd, T=T, torch_us=tm, torch_tflops=flop / tm / 1e6,
                        ref_vs_numpy_rel=np_rel, variants=[])
-            if args.mode == "rule":  # the split pass the packed path adds (one launch)
-                sc = rule.launch_config("split_bf16", [T, Kd], [])
-                sa = [x, xs, T, Kd]
-                L.launch("split_bf16", dict(sc.constants), sc.grid, sa)
-                row["split_us"] = timed(lambda keep, sc=sc, sa=sa: keep.extend(L.launch(
-                    "split_bf16", dict(sc.constants), sc.grid, sa)), reps=10)
+            if args.mode == "rule":  # the producer pass the packed path adds (one launch)
+                for op, dst, key in (("split_bf16", xs, "split_us"),
+                                     ("round_bf16", xr, "round_us")):
+                    sc = rule.launch_config(op, [T, Kd], [])
+                    sa = [x, dst, T, Kd]
+                    L.launch(op, dict(sc.constants), sc.grid, sa)
+                    row[key] = timed(lambda keep, op=op, sc=sc, sa=sa: keep.extend(L.launch(
+                        op, dict(sc.constants), sc.grid, sa)), reps=10)
             for label, c, persist in plan[(name, T)]:
                 op = "linear_packed" if c.get("PACKED") else "linear"
                 key = (op, tuple(sorted(c.items())))
@@ -301,7 +310,9 @@ def main() -> None:
                     row["variants"].append(dict(label=label, skipped="budget"))
                     continue
                 grid = _grid(c, persist, T, N)
-                fa = [xs, w, out, T, N, Kd, 1] if op == "linear_packed" else [x, w, out, T, N, Kd]
+                one_term = not c.get("XSPLIT", 1) and "round_us" in row
+                fa = ([xr if one_term else xs, w, out, T, N, Kd, 1] if op == "linear_packed"
+                      else [x, w, out, T, N, Kd])
                 out.view(-1)[: T * N].fill_(float("nan"))
                 L.launch(op, c, grid, fa)
                 got = out[:T].clone()
@@ -313,8 +324,8 @@ def main() -> None:
                 rel_b = float((g64 - ref_b).norm() / ref_b.norm())
                 us = timed(lambda keep, op=op, c=c, grid=grid, fa=fa: keep.extend(
                     L.launch(op, c, grid, fa)), reps=10 if T < 1024 else 5)
-                if op == "linear_packed":  # with the split pass it needs
-                    us_split = us + row["split_us"]
+                if op == "linear_packed":  # with the producer pass it needs
+                    us_split = us + row["round_us" if one_term else "split_us"]
                 _, ck, _, regs, local = L.fns[key]
                 row["variants"].append(dict(
                     label=label, op=op, constants=c, persist=persist, grid=grid, us=us,
@@ -365,7 +376,7 @@ def main() -> None:
 
     # Summary table: per cell, torch and the best verified variant of each kind
     print(f"\n{card}  commit {commit}  (us per product; xT = torch.matmul time / this; "
-          f"packed rows add the split_bf16 pass in '+split')")
+          f"packed rows add their producer pass, split_bf16 or round_bf16, in '+split')")
     summary = []
     for row in results:
         ok = [v for v in row["variants"] if "us" in v and v["finite"] and v["deterministic"]
@@ -382,12 +393,15 @@ def main() -> None:
             "packed bf16": [v for v in ok if v["op"] == "linear_packed"
                             and not v["constants"]["XSPLIT"]],
             "rule": [v for v in ok if "rule " in v["label"]],
+            "rule bf16 act": [v for v in ok if "rule-bf16 " in v["label"]],
         }
         s_row = dict(shape=row["shape"], T=row["T"], torch_us=row["torch_us"],
-                     torch_tflops=row["torch_tflops"], split_us=row.get("split_us"))
+                     torch_tflops=row["torch_tflops"], split_us=row.get("split_us"),
+                     round_us=row.get("round_us"))
         print(f"{row['shape']:8} T={row['T']:5} torch {row['torch_us']:8.1f} us "
               f"({row['torch_tflops']:.0f} TFLOP/s)"
-              + (f"  split_bf16 {row['split_us']:.1f} us" if row.get("split_us") else ""))
+              + (f"  split_bf16 {row['split_us']:.1f} us" if row.get("split_us") else "")
+              + (f"  round_bf16 {row['round_us']:.1f} us" if row.get("round_us") else ""))
         for kind, vs in kinds.items():
             for v in sorted(vs, key=lambda v: v["us"])[: (2 if kind == "rule" else 1)]:
                 s_row.setdefault(kind, []).append(v)

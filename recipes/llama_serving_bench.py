@@ -21,6 +21,14 @@ activation and logits buffers. For the 8B geometry the cap applies: 28,672 pages
 tokens = 458,752 tokens, i.e. 224 such requests at full length at once (at concurrency
 256 the scheduler queues or preempts the rest); SmolLM2 gets all 65,536 pages 512 requests
 need (45 GiB).
+
+Activations: bf16 (``Recipe.activation_dtype``, docs/gpu.md "bf16 activations"): the
+packed tensor-core products (the 8B geometry's matrices) multiply activations rounded to
+bf16 by ``round_bf16``, one MMA term instead of two. Greedy identity with the cpu backend
+holds by construction: the core declares the rounding as an op both backends execute
+(the cpu backend's NumPy reference rounds exactly as the kernel does), so cuda and cpu
+multiply the same values. Checkpoints whose matrices stay off the packed path (SmolLM2)
+keep f32 activations everywhere.
 """
 
 import re
@@ -70,4 +78,5 @@ def make_recipe(checkpoint) -> Recipe:
         serving=ServingDefaults(max_active=rows, queue_capacity=rows,
                                 frontend_workers=4, event_capacity=256),
         weight_dtype="bf16",
+        activation_dtype="bf16",
     )

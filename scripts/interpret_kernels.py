@@ -24,6 +24,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py repacked      # repacked GGUF: INT4_MIN, INT8
     uv run python scripts/interpret_kernels.py mixed         # a MIXED program's packed rows
     uv run python scripts/interpret_kernels.py decodetc      # decode buckets on the TC tile
+    uv run python scripts/interpret_kernels.py bf16act       # round_bf16, one-term products
 
 Runs on NumPy arrays without torch by adapting the interpreter's argument handling (its
 internals as of Triton 3.9); libdevice's exp/log/ceil run as NumPy's. The interpreter
@@ -135,10 +136,11 @@ class _View:  # what capture passes launch_config: a shape and a buffer dtype
                                             {"f": "f32", "i": "i32", "u": "u32"}[a.dtype.kind])
 
 
-def launch(op: str, *args, bf16: tuple[int, ...] = ()) -> dict:
+def launch(op: str, *args, bf16: tuple[int, ...] = (), rounded: bool = False) -> dict:
     arrays = [a for a in args if isinstance(a, np.ndarray)]
     views = [_View(a, i in bf16) for i, a in enumerate(arrays)]
-    cfg = launch_config(op, [a for a in args if not isinstance(a, np.ndarray)], views)
+    cfg = launch_config(op, [a for a in args if not isinstance(a, np.ndarray)], views,
+                        rounded=rounded)
     constants = {k: v for k, v in cfg.constants.items() if k not in ("WARPS", "STAGES")}
     TRITON_KERNELS[op][cfg.grid](*[_Arr(a) if isinstance(a, np.ndarray) else a for a in args],
                                  **constants)
@@ -969,8 +971,9 @@ def check_decode_tc(rng) -> bool:
         cases += [(160, 320, 128, tile) for tile in rule.DECODE_TILES]
         for T, N, Kd, tile in cases:
             x = (rng.standard_normal((T, Kd)) * 3).astype(np.float32)
-            xs = np.zeros_like(x)
+            xs, xr = np.zeros_like(x), np.zeros_like(x)
             K.split_bf16(x, xs, T, Kd)
+            K.round_bf16(x, xr, T, Kd)  # a bf16-activation core's input: hi | 0
             bits, wv = _bf16((rng.standard_normal((N, Kd)) / np.sqrt(Kd)).astype(np.float32))
             ref = np.zeros((T, N), np.float32)
             K.linear(x, wv, ref, T, N, Kd)
@@ -979,16 +982,16 @@ def check_decode_tc(rng) -> bool:
             errs = {}
             for xsplit in (1, 0):
                 out = np.full((T, N), np.nan, np.float32)
+                xin = xs if xsplit else xr
                 if tile is None:
-                    rule.DECODE_TERMS = 2 if xsplit else 1
-                    c = launch("linear_packed", xs, bits, out, T, N, Kd, 1, bf16=(1,))
-                    rule.DECODE_TERMS = 2
+                    c = launch("linear_packed", xin, bits, out, T, N, Kd, 1, bf16=(1,),
+                               rounded=not xsplit)
                 else:
                     bt, bn, bk, _, _ = tile
                     c = dict(TC=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, GROUP_T=8,
                              XSPLIT=xsplit, EVEN_K=1, WBF16=1, K16=1, PACKED=1)
                     TRITON_KERNELS["linear_packed"][(-(-T // bt) * -(-N // bn), 1, 1)](
-                        _Arr(xs), _Arr(bits), _Arr(out), T, N, Kd, 1, **c)
+                        _Arr(xin), _Arr(bits), _Arr(out), T, N, Kd, 1, **c)
                 assert c["TC"] == 1 and c["XSPLIT"] == xsplit
                 errs["hilo" if xsplit else "hi"] = (
                     _rel(out, ref if xsplit else ref_b) if np.isfinite(out).all() else np.inf)
@@ -999,7 +1002,67 @@ def check_decode_tc(rng) -> bool:
             ok &= not bad
     finally:
         rule.DECODE_TC, rule.PREFILL_TC_MIN_N = saved
-        rule.DECODE_TERMS = 2
+        interp.InterpreterBuilder.create_dot = dot
+    return ok
+
+
+def check_bf16_activations(rng) -> bool:
+    """bf16 activations (``round_bf16`` / ``swiglu_round_bf16`` and ``linear_packed``
+    ``XSPLIT=0``): the producers write zeros for every lo term and hi within the
+    interpreter's bf16 conversion (it truncates; the GPU rounds to nearest even, which
+    tests/gpu/test_bf16_activations.py checks bitwise); linear_packed over the reference's
+    ``hi | 0`` under the launch rule's ``rounded`` constants, on the K split (f32 weights:
+    IEEE dots; bf16 weights: dots widened) and the TC=1 tile (the N floor lowered), equal
+    to ``XSPLIT=1`` over the same buffer bit for bit and to the reference within 1e-6."""
+    from helios_ignition.capture import launch as rule
+    from helios_tools.kernels.linear_splitk import unpack_terms
+
+    ok = True
+    for T, Kd in ((5, 1000), (8, 384), (3, 40)):
+        x = (rng.standard_normal((T, Kd)) * 3).astype(np.float32)
+        gu = (rng.standard_normal((T, 2 * Kd)) * 3).astype(np.float32)
+        errs = {}
+        for op, xin in (("round_bf16", x), ("swiglu_round_bf16", gu)):
+            ref, out = np.zeros_like(x), np.full_like(x, np.nan)
+            getattr(K, op)(xin, ref, T, Kd)
+            c = launch(op, xin, out, T, Kd)
+            assert c["LO"] == 0
+            bits = out.view(np.uint16).reshape(T, 2 * Kd)
+            errs[f"{op}_lo"] = int(bits[:, Kd:].any())
+            errs[op] = _rel(unpack_terms(out, T, Kd), unpack_terms(ref, T, Kd))
+        bad = {k: v for k, v in errs.items() if not v < (1 if k.endswith("_lo") else 2 ** -7)}
+        print(f"{'ok ' if not bad else 'BAD'} round T={T} K={Kd}: "
+              + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+        ok &= not bad
+    dot = _bf16_dots()
+    saved = rule.DECODE_TC, rule.PREFILL_TC_MIN_N
+    rule.DECODE_TC, rule.PREFILL_TC_MIN_N = "96", 0
+    try:
+        for T, N, Kd, S, wb in ((8, 200, 384, 3, False), (5, 130, 1000, 2, True),
+                                (40, 96, 512, 1, True), (96, 320, 256, 1, True),
+                                (300, 192, 128, 1, True)):
+            x = (rng.standard_normal((T, Kd)) * 3).astype(np.float32)
+            xr = np.zeros_like(x)
+            K.round_bf16(x, xr, T, Kd)
+            bits, wv = _bf16((rng.standard_normal((N, Kd)) / np.sqrt(Kd)).astype(np.float32))
+            ref = np.zeros((S * T, N), np.float32)
+            K.linear_packed(xr, wv, ref, T, N, Kd, S)
+            outs = {}
+            for rounded in (True, False):
+                out = np.full_like(ref, np.nan)
+                c = launch("linear_packed", xr, bits if wb else wv, out, T, N, Kd, S,
+                           bf16=(1,) if wb else (), rounded=rounded)
+                assert c.get("XSPLIT", 1) == int(not rounded)
+                outs[rounded] = out
+            same = np.array_equal(outs[True].view(np.uint32), outs[False].view(np.uint32))
+            err = _rel(outs[True], ref) if np.isfinite(outs[True]).all() else np.inf
+            good = same and err < 1e-6
+            print(f"{'ok ' if good else 'BAD'} one term T={T} N={N} K={Kd} S={S} "
+                  f"{'TC' if c.get('TC') else 'K split'} {'bf16' if wb else 'f32'} weights: "
+                  f"rel {err:.1e}, XSPLIT=0 {'==' if same else '!='} XSPLIT=1")
+            ok &= good
+    finally:
+        rule.DECODE_TC, rule.PREFILL_TC_MIN_N = saved
         interp.InterpreterBuilder.create_dot = dot
     return ok
 
@@ -1439,6 +1502,8 @@ def main() -> None:
         sys.exit(0 if check_repacked(rng) & check_repacked_embedding(rng) else 1)
     if sys.argv[1:] == ["decodetc"]:
         sys.exit(0 if check_decode_tc(rng) else 1)
+    if sys.argv[1:] == ["bf16act"]:
+        sys.exit(0 if check_bf16_activations(rng) else 1)
     if sys.argv[1:] == ["kvfp8"]:
         sys.exit(0 if check_kvfp8(rng) else 1)
     if sys.argv[1:] == ["mixed"]:

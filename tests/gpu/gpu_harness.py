@@ -68,11 +68,14 @@ class Gpu:
                 ck.shared_bytes))
         return fn, ck, drv.param_count(fn)
 
-    def run(self, op: str, *args, bf16: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    def run(self, op: str, *args, bf16: tuple[str, ...] = (),
+            rounded: bool = False) -> dict[str, np.ndarray]:
         """Launch `op` over `args` (arrays and scalars in KERNEL_PARAMS order).
 
         Args:
             bf16: names of buffer params passed as bf16 bits (uint16 arrays).
+            rounded: a packed product over ``round_bf16``'s output (launch_config's
+                `rounded`: ``XSPLIT=0``).
 
         Returns:
             Every buffer param's contents after the kernel, by name (bf16 as bits).
@@ -105,7 +108,7 @@ class Gpu:
             else:
                 scalars.append(arg)
                 values.append((spec.kind, arg))
-        config = launch_config(op, list(scalars), views)
+        config = launch_config(op, list(scalars), views, rounded=rounded)
         fn, ck, count = self.function(op, tuple(sorted(config.constants.items())))
         g = config.grid
         scratch = []  # global / profile scratch, per program (TMA descriptors live there)

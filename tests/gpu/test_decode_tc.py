@@ -38,26 +38,26 @@ def rng(request):  # fresh inputs each run (str hashes are salted per process)
     return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
 
 
-def _packed_tc(gpu, x, bits, T, N, K_):
+def _packed_tc(gpu, x, bits, T, N, K_, rounded=False):
     xs = np.zeros_like(x)
-    K.split_bf16(x, xs, T, K_)
+    (K.round_bf16 if rounded else K.split_bf16)(x, xs, T, K_)
     return gpu.run("linear_packed", xs, bits, np.zeros((T, N), np.float32), T, N, K_, 1,
-                   bf16=("weight",))["partial"]
+                   bf16=("weight",), rounded=rounded)["partial"]
 
 
 @pytest.mark.parametrize("terms", [2, 1])
 @pytest.mark.parametrize("T,N,K_", BUCKETS)
 def test_decode_tc_against_reference(gpu, rng, monkeypatch, terms, T, N, K_):
-    """hi/lo against linear's reference (near f32); one term (HELIOS_LINEAR_DECODE_TERMS=1)
-    against the reference over activations rounded to bf16; every element written."""
+    """hi/lo against linear's reference (near f32); one term (a bf16-activation core:
+    round_bf16's hi | 0, XSPLIT=0) against the reference over activations rounded to
+    bf16; every element written."""
     from helios_ignition.capture import launch
 
     monkeypatch.setattr(launch, "DECODE_TC", "96")
-    monkeypatch.setattr(launch, "DECODE_TERMS", terms)
     assert launch.mma_plan(T, N, K_) == 1 and launch.tc_constants(T, N, K_)["TC"] == 1
     x = (rng.standard_normal((T, K_)) * 3).astype(np.float32)
     bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
-    runs = [_packed_tc(gpu, x, bits, T, N, K_) for _ in range(2)]
+    runs = [_packed_tc(gpu, x, bits, T, N, K_, rounded=terms == 1) for _ in range(2)]
     assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
     ref = np.zeros((T, N), np.float32)
     if terms == 2:

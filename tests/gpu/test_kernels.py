@@ -755,19 +755,19 @@ PREFILL_CASES = [(300, 6144, 4096), (520, 4096, 4096), (1030, 28672, 4096), (257
 @pytest.mark.parametrize("T,N,K_", PREFILL_CASES)
 def test_linear_packed_prefill_tc(gpu, rng, monkeypatch, terms, T, N, K_):
     """split_bf16 + linear_packed (one slice, TC=1): hi/lo against linear's reference
-    (near f32), one term against the reference over activations rounded to bf16; every
-    element written (poisoned output), a second launch bitwise equal."""
+    (near f32), one term (round_bf16's hi | 0, XSPLIT=0) against the reference over
+    activations rounded to bf16; every element written (poisoned output), a second
+    launch bitwise equal."""
     from helios_ignition.capture import launch
 
-    monkeypatch.setattr(launch, "PREFILL_TERMS", terms)
     monkeypatch.setattr(launch, "PREFILL_PACKED", True)  # the default (HELIOS_LINEAR_PREFILL_PACKED)
     assert launch.mma_plan(T, N, K_) == 1
     x = rng.standard_normal((T, K_)).astype(np.float32)
     bits, w = bf16_round((rng.standard_normal((N, K_)) / np.sqrt(K_)).astype(np.float32))
     xs = np.zeros_like(x)
-    K.split_bf16(x, xs, T, K_)
+    (K.split_bf16 if terms == 2 else K.round_bf16)(x, xs, T, K_)
     runs = [gpu.run("linear_packed", xs, bits, np.zeros((T, N), np.float32), T, N, K_, 1,
-                    bf16=("weight",))["partial"] for _ in range(2)]
+                    bf16=("weight",), rounded=terms == 1)["partial"] for _ in range(2)]
     assert np.array_equal(runs[0].view(np.uint32), runs[1].view(np.uint32))
     ref = np.zeros((T, N), np.float32)
     if terms == 2:

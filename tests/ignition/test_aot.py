@@ -477,8 +477,8 @@ def test_mma_rule_compiles_for_sm90():
 
     variants = {}
 
-    def add(op, scalars, views=()):
-        c = launch_config(op, scalars, views)
+    def add(op, scalars, views=(), rounded=False):
+        c = launch_config(op, scalars, views, rounded=rounded)
         variants[(op, tuple(sorted(c.constants.items())))] = c.constants
         return c
 
@@ -490,14 +490,20 @@ def test_mma_rule_compiles_for_sm90():
             assert c.grid[2] == S and c.constants["PACKED"] == 1 and c.constants["EVEN_K"] == 1
             add("splitk_reduce", [T, N, S])
         add("split_bf16", [T, 4096])
+        # bf16 activations: the K split over round_bf16's hi | 0, one term (XSPLIT=0)
+        c = add("linear_packed", [T, 4096, 14336, mma_plan(T, 4096, 14336)],
+                [None, View("bf16")], rounded=True)
+        assert c.constants["XSPLIT"] == 0
     add("swiglu_split_bf16", [8, 14336])
+    assert add("round_bf16", [8, 4096]).constants["LO"] == 0
+    assert add("swiglu_round_bf16", [8, 14336]).constants["SWIGLU"] == 1
     add("splitk_reduce_add", [8, 4096, 4])
     for op, dtype in (("linear_packed", "f32"), ("linear_partial", "bf16"),
                       ("linear_partial", "f32")):  # unmeasured shape: the default tile
         c = add(op, [24, 1000, 1000, 2], [None, View(dtype)])
         assert c.constants["EVEN_K"] == 0 and c.constants["K16"] == 0
     kernels = [variant_kernel(f"mma{i}", op, c) for i, ((op, _), c) in enumerate(variants.items())]
-    assert len([k for k in kernels if k.reference_op == "linear_packed"]) == 12 + 1
+    assert len([k for k in kernels if k.reference_op == "linear_packed"]) == 12 + 4 + 1
     compiled, failed = compile_each(kernels, "sm_90")
     assert failed == {} and len(compiled) == len(kernels)
 
@@ -532,8 +538,9 @@ def test_prefill_tc_rule_and_compile_for_sm90(monkeypatch):
     packed = cfg("linear_packed", [1024, 6144, 4096, 1])
     assert packed.constants["TC"] == 1 and packed.constants["PACKED"] == 1
     assert packed.grid == (8 * 6144 // packed.constants["BLOCK_N"], 1, 1)
-    monkeypatch.setattr(launch, "PREFILL_TERMS", 1)
-    assert cfg("linear", [1024, 6144, 4096]).constants["XSPLIT"] == 0
+    rounded = launch.launch_config("linear_packed", [1024, 6144, 4096, 1], [None, _W],
+                                   rounded=True)
+    assert rounded.constants == {**packed.constants, "XSPLIT": 0}
 
     base = dict(WBF16=1, K16=1, GROUP_T=8, EVEN_K=1, TC=1)
     variants = [("linear", dict(lin.constants, XSPLIT=x)) for x in (0, 1)]

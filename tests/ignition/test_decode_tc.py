@@ -57,9 +57,10 @@ def test_decode_tc_rule(monkeypatch):
     assert launch.tc_constants(128, 4096, 14336)["BLOCK_T"] == 128
     monkeypatch.setattr(launch, "DECODE_TC", "table")
     assert launch.decode_tc(128, 4096, 14336) and not launch.decode_tc(256, 4096, 14336)
-    monkeypatch.setattr(launch, "DECODE_TERMS", 1)  # HELIOS_LINEAR_DECODE_TERMS=1: hi only
-    assert launch.tc_constants(128, 4096, 14336)["XSPLIT"] == 0
-    assert launch.tc_constants(1024, 4096, 14336)["XSPLIT"] == 1  # prefill keeps its terms
+    # one term only over a rounded input (round_bf16's hi | 0: bf16-activation cores)
+    assert launch.tc_constants(128, 4096, 14336)["XSPLIT"] == 1
+    assert launch.tc_constants(128, 4096, 14336, rounded=True)["XSPLIT"] == 0
+    assert launch.tc_constants(1024, 4096, 14336, rounded=True)["XSPLIT"] == 0
     # the row-invariant products keep their own path (linear_packed_rows / linear_rows)
     assert launch.invariant_splits(4096, 14336) is None
 
@@ -95,6 +96,21 @@ def test_capture_records_one_slice_tc_products(monkeypatch):
         assert ("linear" in ops) == (B < 4), g.name
         seen.add(B >= 4)
     assert seen == {True, False}
+    # bf16 activations: the same launches over round_bf16, every one XSPLIT=0 (the LM
+    # head's TC sequence and the K split included)
+    rounded, _ = capture(SHAPES, TINY_CAPACITIES, "bf16", activations="bf16")
+    kernels = {k.id: k for k in rounded.kernels}
+    for g, f32 in zip(rounded.graphs, manifest.graphs, strict=True):
+        ops = [kernels[x.kernel].reference_op for x in g.launches]
+        assert len(ops) == len(f32.launches) and "split_bf16" not in ops, g.name
+        for x in g.launches:
+            k = kernels[x.kernel]
+            if k.reference_op == "linear_packed":
+                assert k.constants["XSPLIT"] == 0, g.name
+        if g.name.startswith("decode_b") and int(g.name.removeprefix("decode_b")) >= 4:
+            head = [x for x in g.launches if kernels[x.kernel].reference_op == "linear_packed"
+                    and any(a.int_value == SHAPES.vocab for a in x.args)]
+            assert len(head) == 1 and kernels[head[0].kernel].constants["TC"] == 1, g.name
 
 
 def _args_of(graph, kernel):

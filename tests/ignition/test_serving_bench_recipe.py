@@ -21,6 +21,7 @@ def test_llama_8b_geometry_fills_the_kv_budget():
     assert recipe.serving.max_active == 256
     # MIXED steps of 512 tokens: 64 lanes leave 448 prompt tokens per step.
     assert caps.mixed_tokens == (512,)
+    assert recipe.activation_dtype == "bf16"  # the packed products' activations rounded
 
 
 def test_smollm2_geometry_decodes_512_rows_with_every_page_they_need():

@@ -199,7 +199,14 @@ def test_the_cuda_table_declares_what_the_cuda_backend_allocates():
 def test_both_backends_share_the_scheduler_packing_and_frontend():
     differ = {f for f in CPU.__dataclass_fields__ if getattr(CPU, f) != getattr(CUDA, f)}
     assert differ == {"backend", "reference_ops", "argument_alignment_bytes", "max_ranks",
-                      "storage_types", "storage_ops", "storage_forms"}
+                      "storage_types", "storage_ops", "storage_forms", "one_term_inputs",
+                      "rounded_outputs"}
+    # one-term packed products (XSPLIT=0) skip lo terms on cuda only: the cpu backend runs
+    # the references, so only cuda needs their inputs rounded (runtime.one_term_input)
+    assert CUDA.one_term_inputs == {"linear_packed": ("XSPLIT", 0),
+                                    "linear_packed_rows": ("XSPLIT", 0)}
+    assert CUDA.rounded_outputs == {"round_bf16": 1, "swiglu_round_bf16": 1}
+    assert not CPU.one_term_inputs
     # quantized weights: GGUF blocks on cpu only; FP8, INT4 and the repacked GGUF forms
     # (INT4_MIN, INT8) on both through the same ops
     fp8, int4 = mpb.STORAGE_TYPE_FP8_E4M3, mpb.STORAGE_TYPE_INT4

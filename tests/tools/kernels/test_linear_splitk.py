@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helios_tools import kernels as K
@@ -67,3 +68,51 @@ def test_swiglu_split_is_split_of_silu_mul():
     K.swiglu_split_bf16(gu, a, T, F)
     K.split_bf16(act, b, T, F)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_round_bf16_is_ml_dtypes_bfloat16_with_zero_lo():
+    """bf16 activations: hi is ml_dtypes' round-to-nearest-even bfloat16 of x (ties,
+    values next to a tie, subnormals, negative zero), the lo half all zero bits, and the
+    packed product multiplies exactly hi."""
+    rng = np.random.default_rng(27)
+    T, K_ = 4, 130
+    x = (rng.standard_normal((T, K_)) * 5).astype(np.float32)
+    tie = np.float32(1 + 2 ** -8)  # halfway between two bf16 values: rounds to even (1.0)
+    x[0, :6] = [tie, -3 * tie, np.nextafter(tie, np.float32(2)), -0.0, 1e-40, 3.0e30]
+    out = np.full((T, K_), np.nan, np.float32)
+    K.round_bf16(x, out, T, K_)
+    bits = out.view(np.uint16).reshape(T, 2 * K_)
+    want = x.astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert np.array_equal(bits[:, :K_], want)
+    assert bits[0, 0] == 0x3F80 and bits[0, 3] == 0x8000  # the tie to even, -0 kept
+    assert not bits[:, K_:].any()
+    hi = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert np.array_equal(unpack_terms(out, T, K_), hi)
+    w = rng.standard_normal((8, K_)).astype(np.float32)
+    part = np.full((T, 8), np.nan, np.float32)
+    K.linear_packed(out, w, part, T, 8, K_, 1)
+    assert np.array_equal(part, hi @ w.T)
+
+
+def test_swiglu_round_is_round_of_silu_mul():
+    rng = np.random.default_rng(28)
+    T, F = 3, 70
+    x = rng.standard_normal((T, 2 * F)).astype(np.float32)
+    act = np.zeros((T, F), np.float32)
+    K.silu_mul(x, act, T, F)
+    want = np.zeros_like(act)
+    K.round_bf16(act, want, T, F)
+    got = np.full_like(act, np.nan)
+    K.swiglu_round_bf16(x, got, T, F)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_cpu_backend_runs_the_references():
+    """The cpu backend executes REFERENCE_OPS as they are: the rounded producers are the
+    functions tested above, with split_bf16's parameter list."""
+    from helios_tools.kernels import REFERENCE_OPS, kernel_params
+
+    assert REFERENCE_OPS["round_bf16"] is K.round_bf16
+    assert REFERENCE_OPS["swiglu_round_bf16"] is K.swiglu_round_bf16
+    for op in ("round_bf16", "swiglu_round_bf16"):
+        assert kernel_params(op) == kernel_params("split_bf16")

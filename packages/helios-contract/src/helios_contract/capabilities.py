@@ -88,6 +88,14 @@ class RuntimeCapabilities:
         cache_storage_args: Ops of ``cache_storage_forms`` and, per plane argument, where
             its scales are among the arguments: op -> ((plane index, scale index), ...);
             each must be that plane's own scales.
+        one_term_inputs: Ops whose compiled kernel skips the second term of a packed
+            input when a variant constant is 0: op -> (constant, input argument index).
+            The skipped terms are zero only where ``rounded_outputs`` wrote the input, so
+            such a launch must read the view the last rounded producer before it in its
+            program wrote (no other launch touching that buffer in between); elsewhere
+            the backend's result would not be the op's reference.
+        rounded_outputs: The producers of ``one_term_inputs``' inputs: op -> index of
+            the argument they write (``hi | 0`` packed terms).
     """
 
     backend: str
@@ -114,6 +122,8 @@ class RuntimeCapabilities:
     storage_args: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     cache_storage_forms: Mapping[int, frozenset[str]] = field(default_factory=dict)
     cache_storage_args: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    one_term_inputs: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    rounded_outputs: Mapping[str, int] = field(default_factory=dict)
 
     def forms(self, storage_type: int) -> frozenset[str]:
         """The ops reading weights of `storage_type` the backend executes."""
@@ -282,6 +292,7 @@ def _manifest(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Fin
                                f"{enum_name(mpb.DType, buffer.dtype)} buffers (it allocates "
                                f"{_names(mpb.DType, caps.dtypes)})")
     yield from _storage(manifest, caps)
+    yield from _one_term_inputs(manifest, caps)
     if caps.reference_ops is not None:
         for i, kernel in enumerate(manifest.kernels):
             if kernel.reference_op not in caps.reference_ops:
@@ -307,6 +318,46 @@ def _manifest(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Fin
         yield _unsupported("runtime.tuning", "manifest.tuning.producers",
                            [g.name for g in manifest.tuning.producers], caps,
                            "startup tuning producers (the manifest's tuning catalog)")
+
+
+def _one_term_inputs(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:
+    """Launches running one term of a packed input (``one_term_inputs``' constant 0) read
+    what a rounded producer (``rounded_outputs``) last wrote, at the same byte offset,
+    with no other launch touching that buffer in between (any may write it)."""
+    if not caps.one_term_inputs:
+        return
+    kernels = {k.id: k for k in manifest.kernels}
+    for kind, programs in (("graphs", manifest.graphs),
+                           ("tuning.producers", manifest.tuning.producers)):
+        for g, program in enumerate(programs):
+            rounded: dict[str, int] = {}  # buffer -> byte offset of the rounded view
+            for j, launch in enumerate(program.launches):
+                kernel = kernels.get(launch.kernel)
+                if kernel is None:
+                    continue  # kernel.missing
+                op, args = kernel.reference_op, launch.args
+                if op in caps.one_term_inputs:
+                    const, at = caps.one_term_inputs[op]
+                    if (kernel.constants.get(const, 1) == 0 and at < len(args)
+                            and args[at].WhichOneof("value") == "buffer"
+                            and rounded.get(args[at].buffer.buffer)
+                            != args[at].buffer.byte_offset):
+                        yield Finding.of(
+                            "runtime.one_term_input", LaunchError,
+                            f"manifest.{kind}[{g}].launches[{j}].args[{at}].buffer.buffer",
+                            args[at].buffer.buffer,
+                            f"not executed by {backend_phrase(caps.backend)}: kernel "
+                            f"{kernel.id!r} runs {const}=0 (one term) over a view no "
+                            f"rounded producer ({', '.join(sorted(caps.rounded_outputs))}) "
+                            "wrote just before: it would drop terms its reference adds")
+                    continue  # reads its input, writes partial products elsewhere
+                for arg in args:
+                    if arg.WhichOneof("value") == "buffer":
+                        rounded.pop(arg.buffer.buffer, None)
+                out = caps.rounded_outputs.get(op)
+                if out is not None and out < len(args) and \
+                        args[out].WhichOneof("value") == "buffer":
+                    rounded[args[out].buffer.buffer] = args[out].buffer.byte_offset
 
 
 def _storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:

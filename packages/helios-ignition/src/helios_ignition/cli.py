@@ -110,6 +110,12 @@ def main() -> None:
               help="auto: the recipe's f32 KV cache. fp8 (= fp8_e4m3, vLLM's names): store "
                    "the KV cache as e4m3 codes with one f32 scale per layer and kv head; "
                    "attention reads them directly (docs/kv-cache.md).")
+@click.option("--activation-dtype", "activation_dtype", type=click.Choice(["f32", "bf16"]),
+              default=None,
+              help="The activations of the packed bf16 products (8B-class matrices on the "
+                   "tensor cores): f32 (two bf16 terms, near-f32 products) or bf16 (rounded "
+                   "to bf16 by both backends, one term: half the tensor work; "
+                   "docs/gpu.md) [default: the recipe's Recipe.activation_dtype, f32].")
 @click.option("--target", "targets", multiple=True, callback=_targets,
               help="GPU target to compile kernels for (repeatable), e.g. sm_90.")
 @click.option("--carrier", type=click.Choice(["payload", "logical"]), default="payload",
@@ -141,7 +147,7 @@ def main() -> None:
                    "collectives in one core; the query heads, key/value heads and FFN width "
                    "must divide by N). docs/tensor-parallel.md.")
 def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, force,
-           weight_dtype, quantize, kv_cache_dtype, targets, carrier, protected_version, resource_key, tune_splits,
+           weight_dtype, quantize, kv_cache_dtype, activation_dtype, targets, carrier, protected_version, resource_key, tune_splits,
            fold_layers, chunked_sampling, tensor_parallel) -> None:
     """Export RECIPE with a checkpoint to a signed core.
 
@@ -165,6 +171,7 @@ def export(recipe, checkpoint, random_seed, geometry, key_path, namespace, out, 
                                   chunked_sampling=chunked_sampling,
                                   tensor_parallel=tensor_parallel,
                                   quantize=quantize, kv_cache_dtype=kv_cache_dtype,
+                                  activation_dtype=activation_dtype,
                                   progress=progress.update)
     except ExportUsageError as exc:  # options that do not go together: nothing was read
         raise click.UsageError(str(exc)) from None

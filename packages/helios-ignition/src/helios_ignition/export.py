@@ -33,7 +33,9 @@ from helios_tools.frontend_assets import (
     render_chat,
 )
 from helios_tools.kernels import grammar_mask_words
+from helios_tools.kernels.linear_splitk import ROUNDED_PRODUCERS
 
+from .capture import launch as launch_rules
 from .capture.buffers import Speculation, cache_contract, weight_resource_id
 from .capture.family import TensorParallelError
 from .capture.programs import capture
@@ -70,7 +72,14 @@ from .quantize import (
     quantized_weights,
     repacked_weights,
 )
-from .recipe import Recipe, RecipeError, SplitTuning, load_recipe_module, validate_recipe
+from .recipe import (
+    SUPPORTED_ACTIVATION_DTYPES,
+    Recipe,
+    RecipeError,
+    SplitTuning,
+    load_recipe_module,
+    validate_recipe,
+)
 from .weights import (
     declare_storage,
     gguf_blocks,
@@ -514,6 +523,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                 tensor_parallel: int = 1,
                 quantize: str | None = None,
                 kv_cache_dtype: str | None = None,
+                activation_dtype: str | None = None,
                 progress: Callable[[str, int, int, str], None] | None = None
                 ) -> ExportSummary:
     """Export a recipe and checkpoint to a signed core at `out` (atomic).
@@ -547,6 +557,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
             weight dtype says.
         kv_cache_dtype: "fp8" / "fp8_e4m3": store the KV cache planes as e4m3 codes with
             per-(layer, kv head) scales (helios_ignition.kv_cache); "auto" or None: f32.
+        activation_dtype: "bf16": the packed products' activations rounded to bf16
+            (``round_bf16``; one tensor-core term), "f32": two terms; None: the recipe's
+            ``activation_dtype``. bf16 given here with no packed product in the programs
+            is refused.
         progress: called as progress(step, done, total, unit) for the steps "kernels
             compiled" (kernel variants), "weights read" (weight tensors) and "bytes
             written" (decoded bytes stored in the core; unit "bytes"), as
@@ -565,6 +579,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ExportUsageError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                                f"not {kv_cache_dtype!r}")
+    if activation_dtype is not None and activation_dtype not in SUPPORTED_ACTIVATION_DTYPES:
+        raise ExportUsageError(f"--activation-dtype must be one of "
+                               f"{', '.join(SUPPORTED_ACTIVATION_DTYPES)}, not "
+                               f"{activation_dtype!r}")
     try:
         key = load_private_key(key_path)
     except FileNotFoundError:
@@ -582,6 +600,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         recipe = replace(recipe, fold_layers=fold_layers)
     if chunked_sampling is not None:
         recipe = replace(recipe, chunked_sampling=chunked_sampling)
+    if activation_dtype is not None:
+        recipe = replace(recipe, activation_dtype=activation_dtype)
     validate_recipe(recipe)
     _check_quantize(quantize, recipe, tensor_parallel)
     try:
@@ -631,7 +651,17 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         manifest, graphs = capture(shapes, caps, capture_dtype, spec=speculation,
                                    split_tuning=recipe.split_tuning,
                                    fold_layers=recipe.fold_layers,
-                                   chunked_sampling=recipe.chunked_sampling)
+                                   chunked_sampling=recipe.chunked_sampling,
+                                   activations=recipe.activation_dtype)
+    # Asked for on the command line, bf16 activations that round nothing are refused; a
+    # recipe's choice holds for whichever checkpoints it takes (Recipe.activation_dtype).
+    if activation_dtype == "bf16" and not any(
+            k.reference_op in ROUNDED_PRODUCERS for k in manifest.kernels):
+        raise ExportError(
+            f"--activation-dtype bf16: recipe {recipe.name}'s programs record no packed bf16 "
+            f"product to round (it applies to bf16 matrices of at least "
+            f"{launch_rules.MMA_MIN_WEIGHTS:,} weights at {launch_rules.MMA_ROWS[0]}+ rows, "
+            "without --quantize or GGUF blocks; the others keep f32 activations)")
     repacked = repacked_weights(manifest, repack_storage(ckpt, shapes)) if repack_blocks \
         else {}
     if repack_blocks:

@@ -179,6 +179,13 @@ class Recipe:
             ``sample_biased``, the vocabulary split over many programs per row; the
             default; capture/sampling.py). False: the one-launch bisection sampler
             ``sample_biased``.
+        activation_dtype: the activations of the packed bf16 products (the 8B-class
+            matrices' tensor-core path): "f32" (two bf16 terms, near-f32 products) or
+            "bf16" (rounded to bf16, one term: half the tensor work; both backends
+            execute the rounding, docs/gpu.md "bf16 activations"). Products off the
+            packed path keep f32 activations, so for a checkpoint with none (SmolLM2 under
+            the default rule) "bf16" changes nothing; ``--activation-dtype bf16`` on the
+            command line refuses such an export instead.
     """
 
     name: str
@@ -196,10 +203,12 @@ class Recipe:
     split_tuning: SplitTuning | None = None
     fold_layers: bool = False
     chunked_sampling: bool = True
+    activation_dtype: str = "f32"
 
 
 SUPPORTED_FAMILIES = ("gemma3", "llama", "qwen3", "qwen3_moe")  # families.registry.FAMILIES
 SUPPORTED_WEIGHT_DTYPES = ("bf16", "f32", "gguf")
+SUPPORTED_ACTIVATION_DTYPES = ("f32", "bf16")  # Recipe.activation_dtype
 
 
 def load_recipe_module(path: str | Path) -> ModuleType:
@@ -237,6 +246,9 @@ def validate_recipe(recipe: Recipe) -> None:
     if recipe.weight_dtype not in SUPPORTED_WEIGHT_DTYPES:
         raise RecipeError(f"recipe {recipe.name}: unsupported weight dtype "
                           f"{recipe.weight_dtype!r}; supported: bf16, f32, gguf")
+    if recipe.activation_dtype not in SUPPORTED_ACTIVATION_DTYPES:
+        raise RecipeError(f"recipe {recipe.name}: unsupported activation dtype "
+                          f"{recipe.activation_dtype!r}; supported: f32, bf16")
     caps = recipe.capacities
     for label, values in (("decode_batch", caps.decode_batch),
                           ("prefill_tokens", caps.prefill_tokens)):

@@ -92,7 +92,8 @@ def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
               draft_copy: float = 0.0, split_tuning: SplitTuning | None = None,
               fold_layers: bool = False, chunked_sampling: bool = True,
               coupled_verification: bool = True, nucleus_sampling: bool = True,
-              wide_sampling: bool = True, race_sampling: bool = True) -> TinyCore:
+              wide_sampling: bool = True, race_sampling: bool = True,
+              activations: str = "f32") -> TinyCore:
     """Capture the tiny model and wrap it with seeded f32 weights and a full contract
     (`device_pending`: the pending token is device-owned, else host-bound;
     `speculative_widths`: add a seeded random draft head over `draft_vocab` ids and one
@@ -104,7 +105,8 @@ def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
     `nucleus_sampling`: False records the chunked sampler of cores exported before its
     nucleus form; `wide_sampling`: False records the nucleus form of cores exported before
     the wide form; `race_sampling`: False records the wide form of cores exported before
-    the candidate race)."""
+    the candidate race; `activations`: the packed products' activation dtype, capture's
+    argument)."""
     raw = tiny_weights(shapes, seed)
     spec = None
     if speculative_widths:
@@ -116,7 +118,7 @@ def tiny_core(seed: int = 0, shapes: LlamaShapes = TINY_SHAPES,
                                chunked_sampling=chunked_sampling,
                                nucleus_sampling=nucleus_sampling,
                                wide_sampling=wide_sampling,
-                               race_sampling=race_sampling)
+                               race_sampling=race_sampling, activations=activations)
     frontend = fe.FrontendContract(tool_parser=fe.TOOL_PARSER_NONE,
                                    reasoning_parser=fe.REASONING_PARSER_NONE,
                                    image_preparation=fe.IMAGE_PREPARATION_NONE,

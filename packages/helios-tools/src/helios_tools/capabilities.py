@@ -23,6 +23,7 @@ from helios_tools.kernels.fp8 import FP8_FORMS
 from helios_tools.kernels.int4 import INT4_FORMS
 from helios_tools.kernels.int8 import INT4_MIN_FORMS, INT8_FORMS
 from helios_tools.kernels.kv_fp8 import KV_FP8_FORMS
+from helios_tools.kernels.linear_splitk import ROUNDED_PRODUCERS
 from helios_tools.kernels.registry import REFERENCE_OPS, kernel_params
 
 __all__ = ["BACKENDS", "CPU", "CUDA", "PACKED_BINDINGS"]
@@ -177,9 +178,17 @@ CPU = RuntimeCapabilities(backend="cpu",
 # the W4A16 kernels (kernels_triton/int4.py), codes, scales and zero points as stored;
 # INT4_MIN and INT8 (repacked GGUF blocks) through the same kernels' minimum and 8-bit
 # variants. GGUF blocks as such are not executed: a cuda export repacks them.
+# The packed bf16 products' one-term kernels (XSPLIT=0, kernels_triton/mma.py) skip the lo
+# terms of their input: the reference's value only over a rounded producer's hi | 0
+# (bf16 activations; the cpu backend runs the references, which add whatever lo holds).
+ONE_TERM = dict(one_term_inputs={op: ("XSPLIT", 0)
+                                 for op in ("linear_packed", "linear_packed_rows")},
+                rounded_outputs={op: [p.name for p in kernel_params(op)].index("out")
+                                 for op in ROUNDED_PRODUCERS})
 CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignment_bytes=16,
                            max_ranks=1, storage_types=frozenset(CODE_STORAGE_FORMS),
                            storage_ops=CODE_STORAGE_OPS, storage_forms=CODE_STORAGE_FORMS,
-                           storage_args=CODE_STORAGE_ARGS, **KV_FP8_CACHE, **_SERVING)
+                           storage_args=CODE_STORAGE_ARGS, **KV_FP8_CACHE, **ONE_TERM,
+                           **_SERVING)
 
 BACKENDS = {"cpu": CPU, "cuda": CUDA}

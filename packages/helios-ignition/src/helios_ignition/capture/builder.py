@@ -17,6 +17,7 @@ import numpy as np
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import check_launch, kernel_params
 
+from ..recipe import SUPPORTED_ACTIVATION_DTYPES as ACTIVATION_DTYPES
 from .launch import launch_config
 
 DTYPE_ENUM = {
@@ -121,22 +122,31 @@ class ProgramBuilder:
     Args:
         table: the buffer table every launch argument must come from.
         kernels: shared kernel-variant table (id -> Kernel), filled as ops are launched.
+        activations: the packed products' activation dtype, ACTIVATION_DTYPES ("f32":
+            hi | lo terms; "bf16": rounded, hi | 0; capture.layers.product).
     """
 
-    def __init__(self, table: BufferTable, kernels: dict[str, mpb.Kernel]):
+    def __init__(self, table: BufferTable, kernels: dict[str, mpb.Kernel],
+                 activations: str = "f32"):
+        if activations not in ACTIVATION_DTYPES:
+            raise CaptureError(f"activation dtype must be one of "
+                               f"{', '.join(ACTIVATION_DTYPES)}, not {activations!r}")
         self.table = table
         self.kernels = kernels
+        self.activations = activations
         self.launches: list[mpb.Launch] = []
 
-    def launch(self, op: str, *args: View | int | float) -> None:
-        """Record one launch of `op` with arguments in KERNEL_PARAMS order.
+    def launch(self, op: str, *args: View | int | float, rounded: bool = False) -> None:
+        """Record one launch of `op` with arguments in KERNEL_PARAMS order (`rounded`: a
+        packed product over a ``round_bf16`` output: ``launch.launch_config``).
 
         Raises:
             TypeError/KeyError: the arguments do not match the op's parameter list.
         """
         check_launch(op, args)
         scalars = [a for a in args if not isinstance(a, View)]
-        config = launch_config(op, scalars, [a for a in args if isinstance(a, View)])
+        config = launch_config(op, scalars, [a for a in args if isinstance(a, View)],
+                               rounded=rounded)
         kernel_id = self._kernel_variant(op, config.constants)
         record = mpb.Launch(kernel=kernel_id, grid=list(config.grid), block=list(config.block),
                             shared_bytes=config.shared_bytes)

@@ -61,10 +61,9 @@ PREFILL_WIDE = "128,128,32,8,4,0,0"
 # against 84.5 ms (bench/results/h100_2026-12-06b/). HELIOS_LINEAR_PREFILL_PACKED=0 keeps
 # the plain linear op (``linear``, ``linear_invariant``) on the linear kernel's TC=1 tile
 # over f32 activations (LINEAR_TC); the folded ops (rmsnorm_linear, linear_add) keep the
-# tiles above. HELIOS_LINEAR_PREFILL_TERMS at capture: 2 (default: hi and lo, near-f32
-# products) or 1 (activations rounded to bf16, about 3 significant digits, half the
-# tensor work; breaks greedy identity with the f32 cpu backend on 2 of 6 long prompts).
-PREFILL_TERMS = int(os.environ.get("HELIOS_LINEAR_PREFILL_TERMS", "2"))
+# tiles above. One activation term (XSPLIT=0: half the tensor work) is recorded only over
+# the rounded producers of a bf16-activation core (export --activation-dtype bf16:
+# round_bf16 writes hi | 0, so both backends multiply the same bf16 activations).
 PREFILL_PACKED = os.environ.get("HELIOS_LINEAR_PREFILL_PACKED", "1") == "1"
 PREFILL_TC_MIN_N = 4096
 # The linear kernel's TC=1 tile over f32 activations: (BLOCK_T, BLOCK_N, BLOCK_K, WARPS,
@@ -422,14 +421,15 @@ def _prefill_tile(T: int, N: int) -> tuple[int, int, int, int, int]:
     return min(PREFILL_TILES, key=cost)
 
 
-def prefill_tc_constants(T: int, N: int, K: int) -> dict[str, int]:
+def prefill_tc_constants(T: int, N: int, K: int, rounded: bool = False) -> dict[str, int]:
     """Variant constants (with ``WARPS``/``STAGES``, without ``WBF16``/``K16``/``PACKED``)
     of ``linear_packed``'s TC=1 tile for a `T`-row product (``prefill_tc`` holds): the
-    measured cell's tile, else ``_prefill_tile``; ``XSPLIT`` from PREFILL_TERMS."""
+    measured cell's tile, else ``_prefill_tile``; ``XSPLIT=0`` over a `rounded` input
+    (``round_bf16``'s ``hi | 0``), else 1."""
     tile = _PREFILL_TC_TILES.get((N, K, _np2(T))) or _prefill_tile(T, N)
     bt, bn, bk, warps, stages = tile
     return dict(TC=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, STAGES=stages,
-                GROUP_T=8, XSPLIT=int(PREFILL_TERMS != 1), EVEN_K=1)
+                GROUP_T=8, XSPLIT=int(not rounded), EVEN_K=1)
 
 
 # Batched decode on the tensor-core tile (issue 27): decode buckets of many rows take
@@ -439,11 +439,9 @@ def prefill_tc_constants(T: int, N: int, K: int) -> dict[str, int]:
 # _DECODE_TC_TILES, where a device sweep measured the TC tile faster than the K-split
 # sequence; bench/gpu_decode_gemm.py prints them), "off", or ROWS (an integer: every
 # bucket of ROWS..MMA_ROWS[1] rows, the table's tile else _decode_tile; for timing
-# thresholds 96..256). HELIOS_LINEAR_DECODE_TERMS=1 at capture rounds these products'
-# activations to bf16 (hi terms only, half the tensor work; timing only: greedy identity
-# with the f32 cpu backend is not shown for it).
+# thresholds 96..256). In a bf16-activation core these tiles run XSPLIT=0 over
+# round_bf16's hi | 0 (tc_constants' `rounded`).
 DECODE_TC = os.environ.get("HELIOS_LINEAR_DECODE_TC", "table")
-DECODE_TERMS = int(os.environ.get("HELIOS_LINEAR_DECODE_TERMS", "2"))
 # TC=1 tiles at decode rows: (BLOCK_T, BLOCK_N, BLOCK_K, WARPS, STAGES) per (N, K, bucket
 # rows), the fastest verified hi/lo tile of bench/gpu_decode_gemm.py where it beat the
 # K-split sequence (split_bf16 counted on both sides). From the sweep on an H100 at main
@@ -500,15 +498,15 @@ def _decode_tile(T: int, N: int) -> tuple[int, int, int, int, int]:
     return min(DECODE_TILES, key=cost)
 
 
-def tc_constants(T: int, N: int, K: int) -> dict[str, int]:
+def tc_constants(T: int, N: int, K: int, rounded: bool = False) -> dict[str, int]:
     """``linear_packed``'s TC=1 constants for a `T`-row product: decode buckets
-    (``decode_tc``) from _DECODE_TC_TILES / _decode_tile with DECODE_TERMS, prefill rows
-    from ``prefill_tc_constants``."""
+    (``decode_tc``) from _DECODE_TC_TILES / _decode_tile, prefill rows from
+    ``prefill_tc_constants``; ``XSPLIT=0`` over a `rounded` input (``hi | 0``)."""
     if T > MMA_ROWS[1]:
-        return prefill_tc_constants(T, N, K)
+        return prefill_tc_constants(T, N, K, rounded)
     bt, bn, bk, warps, stages = _DECODE_TC_TILES.get((N, K, T)) or _decode_tile(T, N)
     return dict(TC=1, BLOCK_T=bt, BLOCK_N=bn, BLOCK_K=bk, WARPS=warps, STAGES=stages,
-                GROUP_T=8, XSPLIT=int(DECODE_TERMS != 1), EVEN_K=1)
+                GROUP_T=8, XSPLIT=int(not rounded), EVEN_K=1)
 
 
 def _mma_cell(T: int, N: int, K: int) -> tuple[int, int, int]:
@@ -727,7 +725,7 @@ def _linear_config(s: list, views: Sequence, tc: bool) -> LaunchConfig:
         bt, bn, bk, warps, stages = LINEAR_TC
         return _cfg((_cdiv(T, bt) * _cdiv(N, bn),), warps, TC=1, BLOCK_T=bt, BLOCK_N=bn,
                     BLOCK_K=bk, STAGES=stages, GROUP_T=8, TMA=1, EVEN_K=1,
-                    XSPLIT=int(PREFILL_TERMS != 1), WBF16=1, K16=1)
+                    XSPLIT=1, WBF16=1, K16=1)
     c = linear_constants(T, N, K)
     return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"])), c.pop("WARPS"), **c,
                 WBF16=wbf16, K16=int(K % 16 == 0))
@@ -957,9 +955,14 @@ def fp8_flags(K: int, c: dict[str, int]) -> dict[str, int]:
     return {**c, "K16": int(K % 16 == 0), "EVEN_K": int(even), **early}
 
 
-def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> LaunchConfig:
+def launch_config(op: str, scalars: list[int | float], views: Sequence = (),
+                  rounded: bool = False) -> LaunchConfig:
     """The launch geometry of `op` given its scalar arguments (in parameter order) and
     its buffer views (in parameter order; their buffer dtypes select weight variants).
+    `rounded` (``linear_packed`` / ``linear_packed_rows`` only): the packed input was
+    written by ``round_bf16`` / ``swiglu_round_bf16`` (``hi | 0``), so the kernel runs
+    ``XSPLIT=0`` and skips the zero lo terms; capture says so where it records the pair
+    (capture.layers.product).
 
     Raises:
         KeyError: an op without a launch rule.
@@ -1162,23 +1165,30 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = ()) -> 
     if op in ("split_bf16", "swiglu_split_bf16"):
         T, K = s
         return _cfg((T, _cdiv(K, 1024)), 4, BLOCK=1024, SWIGLU=int(op == "swiglu_split_bf16"))
+    if op in ("round_bf16", "swiglu_round_bf16"):  # split_bf16's kernel, zeros for lo
+        T, K = s
+        return _cfg((T, _cdiv(K, 1024)), 4, BLOCK=1024, SWIGLU=int(op == "swiglu_round_bf16"),
+                    LO=0)
+    # One term over a rounded input; cores with two terms keep their constants (and ids).
+    terms = {"XSPLIT": 0} if rounded else {}
     if op in ("linear_packed", "linear_partial"):  # grid z: the S K slices
         T, N, K, S = s
         wbf16 = _is_bf16(views[1]) if len(views) > 1 else 0
         if op == "linear_packed" and wbf16 and S == 1 and (prefill_tc(T, N, K)
                                                             or decode_tc(T, N, K)):
-            c = tc_constants(T, N, K)
+            c = tc_constants(T, N, K, rounded)
             tiles = _cdiv(T, c["BLOCK_T"]) * _cdiv(N, c["BLOCK_N"])
             return _cfg((tiles,), c.pop("WARPS"), **c, WBF16=1, K16=1, PACKED=1)
         c = mma_constants(T, N, K)
         return _cfg((_cdiv(N, c["BLOCK_N"]), _cdiv(T, c["BLOCK_T"]), S), c.pop("WARPS"), **c,
-                    WBF16=wbf16, K16=int(K % 16 == 0), PACKED=int(op == "linear_packed"))
+                    WBF16=wbf16, K16=int(K % 16 == 0), PACKED=int(op == "linear_packed"),
+                    **terms)
     if op == "linear_packed_rows":  # one tile per matrix whatever T: invariant_splits
         T, N, K, S = s
         c = mma_constants(INVARIANT_PACKED_ROWS, N, K)
         return _cfg((_cdiv(T, c["BLOCK_T"]), _cdiv(N, c["BLOCK_N"]), S), c.pop("WARPS"), **c,
                     WBF16=_is_bf16(views[1]) if len(views) > 1 else 0, K16=int(K % 16 == 0),
-                    PACKED=1, ROWS_FIRST=1)
+                    PACKED=1, ROWS_FIRST=1, **terms)
     if op in ("splitk_reduce", "splitk_reduce_add"):
         T, N = s[0], s[1]
         return _cfg((T, _cdiv(N, 1024)), 4, BLOCK=1024, ACC=int(op == "splitk_reduce_add"))

@@ -58,6 +58,12 @@ def product(b: ProgramBuilder, lin: str, x: View, w: View, out: View, T: int, N:
     or with HELIOS_LINEAR_INVARIANT=packed (``launch.invariant_splits``) the same
     sequence with ``linear_packed_rows``: one tile and K split per matrix at every row
     count, so a row's result does not depend on T.
+
+    In a bf16-activation core (``b.activations == "bf16"``) the producer is
+    ``round_bf16`` (``swiglu_round_bf16``): ``hi | 0``, the activations rounded to bf16,
+    and the product is recorded ``rounded`` (``XSPLIT=0`` on the GPU: one MMA term; the
+    cpu backend's reference multiplies ``hi + 0``), so both backends compute the same
+    values. Products off the packed path keep f32 activations.
     """
     t = b.table
     packed = _packed_weights(w.buffer.dtype) and "scratch.xsplit" in t.buffers
@@ -75,12 +81,14 @@ def product(b: ProgramBuilder, lin: str, x: View, w: View, out: View, T: int, N:
         b.launch(lin, x, w, out, T, N, K)
         return
     xs = t.view("scratch.xsplit", (T, K))
-    b.launch("swiglu_split_bf16" if swiglu else "split_bf16", x, xs, T, K)
+    rounded = b.activations == "bf16"
+    producer = "round_bf16" if rounded else "split_bf16"
+    b.launch(f"swiglu_{producer}" if swiglu else producer, x, xs, T, K)
     if S == 1:
-        b.launch(rows_op, xs, w, out, T, N, K, 1)
+        b.launch(rows_op, xs, w, out, T, N, K, 1, rounded=rounded)
         return
     part = t.view("scratch.mma_partial", (S * T, N))
-    b.launch(rows_op, xs, w, part, T, N, K, S)
+    b.launch(rows_op, xs, w, part, T, N, K, S, rounded=rounded)
     b.launch("splitk_reduce", part, out, T, N, S)
 
 

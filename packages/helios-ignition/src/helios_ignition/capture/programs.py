@@ -64,7 +64,7 @@ from .tuning import split_producer
 def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: bool = True,
             spec: Speculation | None = None, split_tuning: SplitTuning | None = None,
             fold_layers: bool = False, chunked_sampling: bool = True,
-            nucleus_sampling: bool = True,
+            activations: str = "f32", nucleus_sampling: bool = True,
             wide_sampling: bool = True,
             race_sampling: bool = True) -> tuple[mpb.ExecutionManifest, list[cpb.GraphContract]]:
     """Capture every graph variant and declare their contracts.
@@ -86,6 +86,10 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
             capture/sampling.py); the default since the H200 run (bench/results/
             gpu_kern_llama8b_chunked.json). False records ``sample_biased``, as cores
             exported before it do (they keep loading).
+        activations: the packed products' activation dtype: "f32" (``split_bf16``'s
+            hi | lo terms, near-f32 products) or "bf16" (``round_bf16``'s hi | 0: the
+            activations rounded to bf16, one MMA term on the GPU; capture.layers.product).
+            Products off the packed path keep f32 activations either way.
         nucleus_sampling: with `chunked_sampling`, record ``sample_chunks_nucleus`` +
             ``sample_merge_nucleus`` (top-p rows with no top-k resolved in the merge when
             their nucleus lies inside the NUCLEUS most probable candidates; same outputs).
@@ -139,7 +143,7 @@ def capture(s: Family, caps: Capacities, weight_dtype: str, *, device_pending: b
             variants += [("prefix", b * PREFIX_ROWS_PER_LANE, b, spec.max_width)
                          for b in caps.decode_batch if b >= 2]
     for kind, tokens, nrows, width in variants:
-        builder = ProgramBuilder(table, kernels)
+        builder = ProgramBuilder(table, kernels, activations)
         if kind in ("speculative", "prefix"):
             assert spec is not None
             prefix = kind == "prefix"

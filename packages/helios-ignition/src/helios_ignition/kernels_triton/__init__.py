@@ -152,6 +152,8 @@ TRITON_KERNELS = {
     "row_copy": row_copy,
     "split_bf16": split_bf16,
     "swiglu_split_bf16": split_bf16,  # SWIGLU=1 (see launch_config)
+    "round_bf16": split_bf16,  # LO=0: hi | 0 (bf16 activations)
+    "swiglu_round_bf16": split_bf16,  # SWIGLU=1, LO=0
     "linear_packed": linear_splitk,  # PACKED=1
     "linear_partial": linear_splitk,  # PACKED=0
     "linear_packed_rows": linear_splitk,  # PACKED=1, one tile per matrix at every row count

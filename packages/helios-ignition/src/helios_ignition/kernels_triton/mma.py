@@ -16,6 +16,9 @@ Ops (NumPy references in ``helios_tools.kernels.linear_splitk``):
   ``TC=1`` (prefill rows, one slice): the packed row as a ``2K``-long bf16 operand of a
   plain GEMM against the weight tile repeated, both operands by tensor-memory copies
   (``_packed_tc``).
+- ``round_bf16`` / ``swiglu_round_bf16`` (the bf16-activation forms, ``LO=0``): ``hi``
+  as above and zeros in place of ``lo``. ``linear_packed`` over them runs ``XSPLIT=0``
+  (the hi terms only): the lo terms it skips are zero, so no value changes.
 - ``linear_partial``: the same K split over f32 activations split in registers (the
   ``linear`` kernel's MMA body).
 - ``splitk_reduce`` / ``splitk_reduce_add``: ``out = sum_s partial[s]`` in the order
@@ -35,7 +38,7 @@ from .dense import _kmask, _load_act, _split_bf16, _store_out, _tc_tile
 
 
 @triton.jit
-def _split_store(x, out, T, K, BLOCK: tl.constexpr, SWIGLU: tl.constexpr):
+def _split_store(x, out, T, K, BLOCK: tl.constexpr, SWIGLU: tl.constexpr, LO: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = k < K
@@ -46,15 +49,20 @@ def _split_store(x, out, T, K, BLOCK: tl.constexpr, SWIGLU: tl.constexpr):
     hi, lo = _split_bf16(_load_act(row + k, m, K, SWIGLU))
     o = out.to(tl.pointer_type(tl.bfloat16), bitcast=True) + t * 2 * K
     tl.store(o + k, hi, mask=m)
-    tl.store(o + K + k, lo, mask=m)
+    if LO:
+        tl.store(o + K + k, lo, mask=m)
+    else:
+        tl.store(o + K + k, tl.zeros_like(hi), mask=m)
 
 
 @triton.jit
-def split_bf16(x, out, T, K, BLOCK: tl.constexpr, SWIGLU: tl.constexpr = 0):
+def split_bf16(x, out, T, K, BLOCK: tl.constexpr, SWIGLU: tl.constexpr = 0,
+               LO: tl.constexpr = 1):
     """``out[t] = hi(x[t]) | lo(x[t])`` as 2K packed bf16; grid ``(T, cdiv(K, BLOCK))``.
     ``SWIGLU=1`` is op ``swiglu_split_bf16``: ``x`` is ``[T, 2K]`` gate|up and the split
-    value is ``silu(gate) * up`` (the ``silu_mul`` arithmetic)."""
-    _split_store(x, out, T, K, BLOCK, SWIGLU)
+    value is ``silu(gate) * up`` (the ``silu_mul`` arithmetic). ``LO=0`` is op
+    ``round_bf16`` (``swiglu_round_bf16`` with ``SWIGLU=1``): zeros in place of ``lo``."""
+    _split_store(x, out, T, K, BLOCK, SWIGLU, LO)
 
 
 @triton.jit
@@ -106,6 +114,9 @@ def linear_splitk(x, weight, partial, T, N, K, S, BLOCK_T: tl.constexpr,
     each K step is one MMA of the stacked ``[2*BLOCK_T, BLOCK_K]`` hi/lo tile. ``PACKED=0``
     (op ``linear_partial``): ``x`` is f32, split in registers into two MMAs on the same
     weight tile (``XSPLIT=0``: ``hi`` only, about 3 significant digits; sweeps only).
+    ``PACKED=1, XSPLIT=0``: ``x`` holds ``round_bf16``'s ``hi | 0`` rows and each K step
+    multiplies the hi rows only (``BLOCK_T`` MMA rows; the result equals ``XSPLIT=1``'s
+    over the same buffer, whose lo terms add zeros).
     ``TC=1`` (``PACKED=1``, bf16 weights, ``S = 1``; prefill rows): ``_packed_tc`` on a
     1-D grid of at most one program per output tile. ``ROWS_FIRST=1`` (op
     ``linear_packed_rows``) swaps the first two grid axes, ``(cdiv(T, BLOCK_T),
@@ -143,7 +154,21 @@ def _splitk(x, weight, partial, T, N, K, S, BLOCK_T: tl.constexpr, BLOCK_N: tl.c
     w_rows = weight + offs_n[:, None].to(tl.int64) * K
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     mt = offs_t < T
-    if PACKED:
+    if PACKED and not XSPLIT:
+        # Rounded input (round_bf16: hi | 0): the hi rows alone, one BLOCK_T-row MMA per
+        # K step; the zero lo terms would add exact zeros.
+        xb = x.to(tl.pointer_type(tl.bfloat16), bitcast=True)
+        a_rows = xb + offs_t[:, None].to(tl.int64) * (2 * K)
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk = k0 + offs_k
+            a = tl.load(a_rows + kk[None, :], mask=_kmask(mt, kk, K, EVEN_K), other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=_kmask(mn, kk, K, EVEN_K), other=0.0)
+            if WBF16:
+                acc = tl.dot(a, tl.trans(w), acc)
+            else:
+                acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+    elif PACKED:
         # Rows 0..BLOCK_T-1 of the operand are the tile's hi terms, the next BLOCK_T its lo.
         r = tl.arange(0, 2 * BLOCK_T)
         rt = pid_t * BLOCK_T + r % BLOCK_T

@@ -36,9 +36,11 @@ from .linear_splitk import (
     linear_packed,
     linear_packed_rows,
     linear_partial,
+    round_bf16,
     split_bf16,
     splitk_reduce,
     splitk_reduce_add,
+    swiglu_round_bf16,
     swiglu_split_bf16,
 )
 from .norm import add_rmsnorm, head_rmsnorm, qk_rmsnorm, rmsnorm
@@ -182,6 +184,7 @@ __all__ = [
     "spec_pack_tokens",
     "spec_verify",
     "spec_verify_coupled",
+    "round_bf16",
     "split_bf16",
     "split_tuning_select",
     "split_tuning_setup",
@@ -190,6 +193,7 @@ __all__ = [
     "splitk_reduce_add",
     "swiglu_linear",
     "swiglu_linear_add",
+    "swiglu_round_bf16",
     "swiglu_split_bf16",
     "timer_mark",
     "token_logprobs",

@@ -5,6 +5,11 @@ Packed layout: a ``[T, K]`` f32 buffer whose row ``t`` holds, as ``2K`` little-e
 bf16 values, ``hi[t, 0:K]`` then ``lo[t, 0:K]`` with ``hi = bf16(a)`` and
 ``lo = bf16(a - hi)`` (round to nearest even, the ``.to(bfloat16)`` of the kernels);
 ``hi + lo`` is exact in f32 and keeps about 16 mantissa bits of ``a``.
+
+Rounded layout (bf16 activations, ``ignition export --activation-dtype bf16``): the same
+buffer with ``lo = 0``, written by ``round_bf16`` / ``swiglu_round_bf16``: the consumer
+multiplies ``hi = bf16(a)`` alone, and the GPU's ``linear_packed`` skips the zero terms
+(``XSPLIT=0``) without changing a value.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from numpy.typing import NDArray
 from .elementwise import silu_mul
 
 SLICE_ALIGN = 128  # K slices start at multiples of this (every BLOCK_K divides it)
+# The ops writing the rounded layout (hi | 0): a bf16-activation core's producers.
+ROUNDED_PRODUCERS = ("round_bf16", "swiglu_round_bf16")
 
 
 def _bf16(a: NDArray[np.float32]) -> NDArray[np.uint16]:
@@ -32,6 +39,13 @@ def pack_terms(a: NDArray[np.float32]) -> NDArray[np.float32]:
     hi = _bf16(a)
     lo = _bf16(a - _widen(hi))
     return np.ascontiguousarray(np.concatenate([hi, lo], axis=1)).view(np.float32)
+
+
+def round_terms(a: NDArray[np.float32]) -> NDArray[np.float32]:
+    """The rounded ``[T, K]`` buffer (f32 view of ``hi | 0`` bf16 rows) of f32 `a`."""
+    hi = _bf16(a)
+    return np.ascontiguousarray(np.concatenate([hi, np.zeros_like(hi)], axis=1)
+                                ).view(np.float32)
 
 
 def unpack_terms(packed: NDArray[np.float32], T: int, K: int) -> NDArray[np.float32]:
@@ -67,6 +81,29 @@ def swiglu_split_bf16(x: NDArray[np.float32], out: NDArray[np.float32], T: int,
     act = np.zeros((T, K), np.float32)
     silu_mul(x, act, T, K)
     out[:T, :K] = pack_terms(act)
+
+
+def round_bf16(x: NDArray[np.float32], out: NDArray[np.float32], T: int, K: int) -> None:
+    """``out[t]`` = ``bf16(x[t]) | 0``: the activation rounded to bf16 (round to nearest
+    even) in the packed layout, its lo terms zero (``split_bf16``'s bf16-activation form).
+
+    Args:
+        x: ``[T, K]`` f32 activations (finite).
+        out: ``[T, K]`` f32 storage, written with ``2K`` bf16 values a row (the last
+            ``K`` zero).
+        T: token rows.
+        K: features.
+    """
+    out[:T, :K] = round_terms(x[:T, :K])
+
+
+def swiglu_round_bf16(x: NDArray[np.float32], out: NDArray[np.float32], T: int,
+                      K: int) -> None:
+    """``round_bf16`` of ``silu_mul(x)``: ``x`` is ``[T, 2K]`` gate|up, ``out``
+    ``[T, K]`` rounded (the down projection's input)."""
+    act = np.zeros((T, K), np.float32)
+    silu_mul(x, act, T, K)
+    out[:T, :K] = round_terms(act)
 
 
 def _partials(a: NDArray[np.float32], weight: NDArray[np.float32],

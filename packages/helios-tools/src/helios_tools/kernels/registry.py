@@ -80,9 +80,11 @@ from .linear_splitk import (
     linear_packed,
     linear_packed_rows,
     linear_partial,
+    round_bf16,
     split_bf16,
     splitk_reduce,
     splitk_reduce_add,
+    swiglu_round_bf16,
     swiglu_split_bf16,
 )
 from .norm import add_rmsnorm, head_rmsnorm, qk_rmsnorm, rmsnorm
@@ -371,6 +373,9 @@ KERNEL_PARAMS: dict[str, tuple[ParamSpec, ...]] = {
     # products, fixed-order reduction.
     "split_bf16": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "K")),
     "swiglu_split_bf16": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "K")),
+    # Their bf16-activation forms: hi | 0 (activations rounded to bf16).
+    "round_bf16": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "K")),
+    "swiglu_round_bf16": (_b("x", "f32"), _b("out", "f32", "out"), *_i("T", "K")),
     "linear_packed": (
         _b("x", "f32"), _b("weight", "f32"), _b("partial", "f32", "out"),
         *_i("T", "N", "K", "S"),
@@ -723,6 +728,8 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "swiglu_linear_add_fp8": swiglu_linear_add_fp8,
     "split_bf16": split_bf16,
     "swiglu_split_bf16": swiglu_split_bf16,
+    "round_bf16": round_bf16,
+    "swiglu_round_bf16": swiglu_round_bf16,
     "linear_packed": linear_packed,
     "linear_partial": linear_partial,
     "linear_packed_rows": linear_packed_rows,
