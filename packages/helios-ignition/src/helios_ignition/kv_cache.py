@@ -92,9 +92,10 @@ _F32_PER_BF16 = 2  # bytes of an f32 element over a bf16 element's
 
 
 def describe_kv_bf16(planes: list[str]) -> str:
-    """One line for the export's report: the planes stored as bf16."""
-    return (f"KV cache bf16: {len(planes)} planes of bfloat16 elements (2 bytes an element, "
-            "half the f32 cache's), each write rounded to nearest even")
+    """One line for the export's report: the planes stored as bf16 (tier planes
+    included)."""
+    return (f"KV cache bf16: {len(planes)} cache planes of bfloat16 elements (2 bytes an "
+            "element, half the f32 cache's), each write rounded to nearest even")
 
 
 def _programs(manifest: mpb.ExecutionManifest):
@@ -212,7 +213,7 @@ def apply_kv_bf16(manifest: mpb.ExecutionManifest, graphs: Sequence[cpb.GraphCon
         graphs: its graph contracts, rewritten in place.
 
     Returns:
-        The paged planes declared bf16, in manifest order (tier planes not repeated).
+        Every plane declared bf16 (tier planes included), in manifest order.
 
     Raises:
         ValueError: the programs read no cache plane through ops with bf16 forms.
@@ -249,7 +250,7 @@ def apply_kv_bf16(manifest: mpb.ExecutionManifest, graphs: Sequence[cpb.GraphCon
     keep = [k for k in kernels.values() if k.id in used]
     del manifest.kernels[:]
     manifest.kernels.extend(keep)
-    return chosen
+    return [b.name for b in manifest.buffers if b.name in stored]
 
 
 # Calibration: the prompt the export runs through the captured prefill program with the
