@@ -18,10 +18,13 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_ignition.kv_cache import apply_kv_bf16
 from helios_ignition.recipe import Capacities
 from helios_ignition.testing import TINY_CAPACITIES, tiny_core
+from helios_serve.engine.plan import Route, RowCopy, StepKind, StepPlan, Tier
 from helios_serve.runtime.cache_sizing import CacheSizing
 from helios_serve.runtime.driver import Driver
 from helios_serve.runtime.errors import UnsupportedContract
+from helios_serve.scheduler import TransferCost
 from helios_serve.testing.native import load_native
+from helios_serve.testing.serial import Serial
 from helios_tools.capabilities import CPU, CUDA
 from helios_tools.kernels.kv_bf16 import encode_bf16
 
@@ -74,10 +77,9 @@ def test_layer0_planes_are_the_f32_cache_rounded():
         np.testing.assert_array_equal(bits, encode_bf16(f32))
 
 
-def test_bf16_cache_generates_through_decode_prefill_and_transfers():
-    """Greedy generation on the bf16 core runs every program kind (prefill chunks,
-    decode, RESTORE copies of bf16 rows) and stays close to the f32 core: the tiny
-    model's greedy tokens agree."""
+def test_bf16_cache_generates_close_to_the_f32_cache():
+    """Greedy generation on the bf16 core (prefill chunks, decode) stays close to the f32
+    core: the tiny model's first greedy tokens agree."""
     plain, bf16 = _cores(CAPS)
     out = {}
     for name, core in (("f32", plain), ("bf16", bf16)):
@@ -170,3 +172,58 @@ def test_sliding_window_forms_generate_as_the_launch_path(monkeypatch):
         finally:
             model.close()
     assert got["1"] == got["0"] and len(got["1"][0]) == 10
+
+
+CHEAP = TransferCost(transfer_step_s=1e-9, page_copy_s=1e-9, prefill_tokens_per_s=1.0)
+
+
+def test_a_restored_snapshot_of_bf16_rows_continues_as_a_fresh_prefill():
+    """A snapshot (PAGES -> CONTINUATION copy of bf16 rows) restored for a follow-up
+    request (CONTINUATION -> PAGES) gives the tokens and, within f32 rounding, the logits
+    of prefilling the whole follow-up prompt without a snapshot."""
+    core = _bf16(tiny_core(seed=3, caps=dataclasses.replace(CAPS, prepared_snapshots=4)))
+    prompt = [5, 9, 11, 3, 7, 21, 40, 2, 17]
+    run = Serial(load_native(core, "cpu"), CHEAP)
+    run.add(1, prompt, 3)
+    run.run()
+    assert run.copies(Route(Tier.PAGES, Tier.CONTINUATION)) == 1
+    follow = prompt + run.out[1] + [44, 45, 46]
+    run.add(2, follow, 4)
+    run.run()
+    assert run.reused[2] == 11 and run.copies(Route(Tier.CONTINUATION, Tier.PAGES)) == 1
+    fresh = Serial(load_native(core, "cpu", snapshots=0), CHEAP)
+    fresh.add(2, follow, 4)
+    fresh.run()
+    assert fresh.reused[2] == 0 and run.out[2] == fresh.out[2]
+    for k in range(4):
+        np.testing.assert_allclose(run.logits[2][k], fresh.logits[2][k], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("route", [Route(Tier.PAGES, Tier.CONTINUATION),
+                                   Route(Tier.CONTINUATION, Tier.PAGES),
+                                   Route(Tier.PAGES, Tier.HOST), Route(Tier.HOST, Tier.PAGES)],
+                         ids=str)
+def test_each_route_copies_whole_bf16_rows_of_every_plane(route):
+    core = _bf16(tiny_core(seed=3, caps=dataclasses.replace(CAPS, prepared_snapshots=4)))
+    row = 4 * 2 * 8 * 2  # page tokens x kv heads x head dim x 2 bytes, one plane
+    model = load_native(core, "cpu", host_cache_bytes=4 * row * 2 * 2)
+    try:
+        buffers = model.backend.buffers
+        suffix = {Tier.PAGES: "", Tier.CONTINUATION: ".continuation", Tier.HOST: ".host"}
+        planes = [f"L{i}.{p}_cache" for i in range(2) for p in "kv"]
+        rng = np.random.default_rng(0)
+        for name in (p + t for p in planes for t in suffix.values()):
+            assert buffers[name].dtype == np.uint16, name
+            buffers[name][...] = rng.integers(0, 1 << 16, buffers[name].shape)
+        before = {name: array.copy() for name, array in buffers.items()}
+        copies = (RowCopy(2, 1), RowCopy(0, 3))
+        model.execute(StepPlan(StepKind.TRANSFER, (), copies=copies, route=route))
+        for plane in planes:
+            src, dst = plane + suffix[route.source], plane + suffix[route.destination]
+            want = before[dst].copy()
+            for c in copies:
+                want[c.destination] = before[src][c.source]
+            np.testing.assert_array_equal(buffers[dst], want)
+            np.testing.assert_array_equal(buffers[src], before[src])
+    finally:
+        model.close()
