@@ -78,8 +78,10 @@ case $stage in
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kv_fp8.py 2>&1 | tee "$OUTD/kvfp8_kernels.log" | tail -5
     python3 bench/gpu_kv_fp8.py --json "$OUTD/kvfp8_8b.json" 2>&1 | tee "$OUTD/kvfp8_8b.log" ;;
   kvbf16)  # issue 27 (the SmolLM2 GGUF for the model test only): every bf16 KV cache form
-    # against its NumPy reference (writes bit for bit), the SmolLM2 bf16-KV core cuda vs cpu
-    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kv_bf16.py 2>&1 | tee "$OUTD/kvbf16_kernels.log" | tail -8 ;;
+    # against its NumPy reference (writes bit for bit), the SmolLM2 bf16-KV core cuda vs cpu,
+    # then decode attention f32 vs bf16 cache at the 8B geometry, B 1/64 to 8k, B 256 to 2k
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kv_bf16.py 2>&1 | tee "$OUTD/kvbf16_kernels.log" | tail -8
+    python3 bench/gpu_kv_fp8.py --forms f32,bf16 --json "$OUTD/kvbf16_8b.json" 2>&1 | tee "$OUTD/kvbf16_8b.log" ;;
   int4)  # issue 31 (the SmolLM2 GGUF for the model test): every W4A16 form against its NumPy
     # reference at M 1/8/64/256, the SmolLM2 int4 core cuda vs cpu, then Llama-3.1-8B-geometry
     # decode b1/8/64, bf16 vs W4A16, one process
