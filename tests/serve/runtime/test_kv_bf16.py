@@ -148,6 +148,22 @@ def test_speculative_generation_over_a_bf16_cache_equals_greedy_decode():
     assert spec == plain
 
 
+def test_whole_program_graphs_on_or_off_give_the_same_tokens(monkeypatch):
+    """The bf16 forms run as references between the cpu backend's ggml graphs (a
+    ``attention_decode_merge`` left alone after its split form runs as its reference):
+    graphs on or off, the same greedy tokens."""
+    _, bf16 = _cores()
+    got = {}
+    for graphs in ("1", "0"):
+        monkeypatch.setenv("HELIOS_CPU_STEP_GRAPHS", graphs)
+        model = load_native(bf16, "cpu")
+        try:
+            got[graphs] = Driver(model).generate([PROMPT, PROMPT[:4]], 8)
+        finally:
+            model.close()
+    assert got["1"] == got["0"]
+
+
 def test_sliding_window_forms_generate_as_the_launch_path(monkeypatch):
     """A tiny gemma3 core (sliding-window region, its own pool) with bf16 planes: the
     windowed prefill and decode forms run, and whole-program graphs on or off give the
