@@ -148,26 +148,10 @@ def test_speculative_generation_over_a_bf16_cache_equals_greedy_decode():
     assert spec == plain
 
 
-def test_whole_program_graphs_on_or_off_give_the_same_tokens(monkeypatch):
-    """The bf16 forms run as references between the cpu backend's ggml graphs (a
-    ``attention_decode_merge`` left alone after its split form runs as its reference):
-    graphs on or off, the same greedy tokens."""
-    _, bf16 = _cores()
-    got = {}
-    for graphs in ("1", "0"):
-        monkeypatch.setenv("HELIOS_CPU_STEP_GRAPHS", graphs)
-        model = load_native(bf16, "cpu")
-        try:
-            got[graphs] = Driver(model).generate([PROMPT, PROMPT[:4]], 8)
-        finally:
-            model.close()
-    assert got["1"] == got["0"]
-
-
-def test_sliding_window_forms_generate_as_the_launch_path(monkeypatch):
+def test_sliding_window_forms_generate_close_to_the_f32_cache():
     """A tiny gemma3 core (sliding-window region, its own pool) with bf16 planes: the
-    windowed prefill and decode forms run, and whole-program graphs on or off give the
-    same tokens (the bf16 forms run as references between the graphs)."""
+    windowed prefill and decode forms run, and greedy generation (past the 16-token
+    window) stays close to the same core's with an f32 cache."""
     from helios_ignition.families.gemma3 import Gemma3Shapes
 
     shapes = Gemma3Shapes(vocab=96, hidden=32, ffn=48, layers=4, heads=4, kv_heads=2,
@@ -175,19 +159,19 @@ def test_sliding_window_forms_generate_as_the_launch_path(monkeypatch):
                           tied=True, windows=(16, 16, 0, 16), query_scale=8 ** -0.5)
     caps = Capacities(decode_batch=(1, 2, 4), prefill_tokens=(8, 16), prefill_rows=4,
                       context_tokens=128, page_tokens=4, prepared_pages=64)
-    core = _bf16(tiny_core(seed=4, shapes=shapes, caps=caps))
-    ops = {k.reference_op for k in core.manifest.kernels}
+    plain = tiny_core(seed=4, shapes=shapes, caps=caps)
+    bf16 = _bf16(tiny_core(seed=4, shapes=shapes, caps=caps))
+    ops = {k.reference_op for k in bf16.manifest.kernels}
     assert {"attention_prefill_window_bf16kv", "attention_decode_window_bf16kv"} <= ops
     prompt = [(7 * i + 3) % 90 for i in range(30)]
     got = {}
-    for graphs in ("1", "0"):
-        monkeypatch.setenv("HELIOS_CPU_STEP_GRAPHS", graphs)
+    for name, core in (("f32", plain), ("bf16", bf16)):
         model = load_native(core, "cpu")
         try:
-            got[graphs] = Driver(model).generate([prompt, prompt[:9]], 10)
+            got[name] = Driver(model).generate([prompt, prompt[:9]], 10)
         finally:
             model.close()
-    assert got["1"] == got["0"] and len(got["1"][0]) == 10
+    assert [g[:3] for g in got["bf16"]] == [g[:3] for g in got["f32"]]
 
 
 CHEAP = TransferCost(transfer_step_s=1e-9, page_copy_s=1e-9, prefill_tokens_per_s=1.0)
