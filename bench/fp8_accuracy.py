@@ -8,8 +8,10 @@ int4`` (packed 4-bit codes, group 128 or 64 along K with scales and zero points,
 activations), ``gguf`` (``--weight-dtype gguf`` with a GPU target: the GGUF's own Q4_1
 and Q8_0 blocks repacked exactly into INT4_MIN / INT8 storage, docs/gguf-cuda.md; on the
 cpu backend too, so its rows measure the repacked form through the NumPy references, not
-ggml's blocks) and ``--kv-cache-dtype fp8`` (bf16 weights, the KV cache as e4m3 codes with
-per-head scales: row "fp8kv"). Then, on the chosen backend, for each quantized format
+ggml's blocks), ``--kv-cache-dtype fp8`` (bf16 weights, the KV cache as e4m3 codes with
+per-head scales: row "fp8kv") and ``--kv-cache-dtype bf16`` (bf16 weights, the KV cache
+as bfloat16, each write rounded to nearest even: row "bf16kv"; against the bf16 core,
+whose cache is f32). Then, on the chosen backend, for each quantized format
 against bf16:
 
 - perplexity of each core on a fixed committed text (bench/prompts/fp8_accuracy_text.txt,
@@ -21,6 +23,7 @@ against bf16:
 
     OPENBLAS_NUM_THREADS=1 uv run python bench/fp8_accuracy.py   # cpu backend (~10 min)
     OPENBLAS_NUM_THREADS=1 uv run python bench/fp8_accuracy.py --formats gguf  # one row
+    OPENBLAS_NUM_THREADS=1 uv run python bench/fp8_accuracy.py --formats bf16kv
     uv run python bench/fp8_accuracy.py --backend cuda        # on a GPU (kernels for --target)
 
 On a shared machine keep BLAS to one thread: OpenBLAS's spinning workers starved the
@@ -67,10 +70,12 @@ FORMATS = {"fp8": "e4m3 per-channel weights, per-token dynamic e4m3 activations 
                    "scales (INT8); f32 activations (W4A16 / W8A16)",
            "fp8kv": "bf16 weights, KV cache as e4m3 codes with one f32 scale per layer and "
                     "kv head, calibrated at export (amax x 1.25 / 448 on a fixed prompt; "
-                    "--kv-cache-dtype fp8)"}
+                    "--kv-cache-dtype fp8)",
+           "bf16kv": "bf16 weights, KV cache as bfloat16 (each write rounded to nearest "
+                     "even; --kv-cache-dtype bf16)"}
 # Export options of each format but gguf (--quantize, --kv-cache-dtype).
 EXPORT = {"bf16": {}, "fp8": {"quantize": "fp8"}, "int4": {"quantize": "int4"},
-          "fp8kv": {"kv_cache_dtype": "fp8"}}
+          "fp8kv": {"kv_cache_dtype": "fp8"}, "bf16kv": {"kv_cache_dtype": "bf16"}}
 NAMESPACE = "bench"
 _KEYS: dict[Path, tuple[Path, Path]] = {}  # folder -> (private, public) key files
 

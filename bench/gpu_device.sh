@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|bf16-act|attn-live|quant-speed|quant-tests|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|kvbf16|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|bf16-act|attn-live|quant-speed|quant-tests|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -77,6 +77,11 @@ case $stage in
     # attention f32 vs e4m3 cache at the 8B geometry, 1k-8k positions, B 1/64
     python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kv_fp8.py 2>&1 | tee "$OUTD/kvfp8_kernels.log" | tail -5
     python3 bench/gpu_kv_fp8.py --json "$OUTD/kvfp8_8b.json" 2>&1 | tee "$OUTD/kvfp8_8b.log" ;;
+  kvbf16)  # issue 27 (the SmolLM2 GGUF for the model test only): every bf16 KV cache form
+    # against its NumPy reference (writes bit for bit), the SmolLM2 bf16-KV core cuda vs cpu,
+    # then decode attention f32 vs bf16 cache at the 8B geometry, B 1/64 to 8k, B 256 to 2k
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kv_bf16.py 2>&1 | tee "$OUTD/kvbf16_kernels.log" | tail -8
+    python3 bench/gpu_kv_fp8.py --forms f32,bf16 --json "$OUTD/kvbf16_8b.json" 2>&1 | tee "$OUTD/kvbf16_8b.log" ;;
   int4)  # issue 31 (the SmolLM2 GGUF for the model test): every W4A16 form against its NumPy
     # reference at M 1/8/64/256, the SmolLM2 int4 core cuda vs cpu, then Llama-3.1-8B-geometry
     # decode b1/8/64, bf16 vs W4A16, one process
@@ -436,13 +441,14 @@ case $stage in
       2>&1 | tee "$OUTD/startup_memory.log" ;;
   export-8b)
     # Issue 17 served throughput (b), part 1: a Llama-3.1-8B-geometry core with seeded random
-    # bf16 weights (16 GB) written to $HOME (kept while the machine is warm: run load-8b next).
+    # bf16 weights (16 GB) and a bf16 KV cache (issue 27: twice the f32 cache's pages, half
+    # its attention bytes) written to $HOME (kept while the machine is warm: run load-8b next).
     ensure_key
     rm -f "$HOME/cores/llama8b.core"
     t0=$(date +%s)
     ign export recipes/llama_serving_bench.py --random-weights 0 --geometry llama-3.1-8b \
-      --key "$K" --namespace $NS --out "$HOME/cores/llama8b.core" --target sm_90 2>&1 \
-      | tail -2 | tee "$OUTD/export_llama8b.log"
+      --kv-cache-dtype bf16 --key "$K" --namespace $NS --out "$HOME/cores/llama8b.core" \
+      --target sm_90 2>&1 | tail -3 | tee "$OUTD/export_llama8b.log"
     echo "export took $(( $(date +%s) - t0 )) s" | tee -a "$OUTD/export_llama8b.log"
     df -h "$HOME" | tail -1 ;;
   load-8b)

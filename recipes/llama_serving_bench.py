@@ -13,14 +13,18 @@ powers of two to 64, then every 32 rows to 256 and every 64 rows to 512, so a st
 fraction is /metrics' helios_decode_padded_rows over helios_decode_rows plus it
 (bench/serve_load.py reports it per level).
 
-KV pages: the cache planes are float32 (`capture/buffers.py`), so a token costs
-layers x 2 x kv_heads x head_dim x 4 bytes (Llama-3.1-8B: 256 KiB; SmolLM2-135M: 45 KiB).
+KV pages: exported with `--kv-cache-dtype bf16` (bench/gpu_device.sh export-8b; as every
+serving engine stores a bf16 model's cache: docs/kv-cache.md), the cache planes hold
+bfloat16, so a token costs layers x 2 x kv_heads x head_dim x 2 bytes (Llama-3.1-8B:
+128 KiB; SmolLM2-135M: 22.5 KiB); exported without it (f32 planes) a token costs twice
+that, and the physical page count chosen at startup from the memory left is half.
 The prepared pages are what the running requests at 2,048 tokens each (1k in + 1k out)
-need, capped at KV_BUDGET_BYTES: 112 GiB of the H200's ~139 GiB, after 15 GiB of 8B bf16 weights and the
-activation and logits buffers. For the 8B geometry the cap applies: 28,672 pages of 16
-tokens = 458,752 tokens, i.e. 224 such requests at full length at once (at concurrency
-256 the scheduler queues or preempts the rest); SmolLM2 gets all 65,536 pages 512 requests
-need (45 GiB).
+need, capped at KV_BUDGET_BYTES: 112 GiB of the H200's ~139 GiB, after 15 GiB of 8B bf16
+weights and the activation and logits buffers. For the 8B geometry 256 requests fit
+(512 would need 128 GiB): 32,768 pages of 16 tokens = 524,288 tokens, all 256 requests
+at full length at once (64 GiB; on an H100, whose ~56 GiB left after loading hold about
+459k bf16 tokens, 224 such requests, the scheduler queues or preempts the rest); SmolLM2 gets
+all 65,536 pages 512 requests need (22.5 GiB).
 
 Activations: bf16 (``Recipe.activation_dtype``, docs/gpu.md "bf16 activations"): the
 packed tensor-core products (the 8B geometry's matrices) multiply activations rounded to
@@ -43,7 +47,7 @@ MAX_CONCURRENCY = 512
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 REQUEST_TOKENS = 2048  # 1,024 prompt + 1,024 output tokens
 KV_BUDGET_BYTES = 112 * 2**30
-KV_BYTES = 4  # float32 cache planes
+KV_BYTES = 2  # bfloat16 cache planes (--kv-cache-dtype bf16)
 # MIXED steps (docs/mixed.md): decode lanes first, then prompt chunks, 512 tokens per step
 # in all (64 lanes leave 448 prompt tokens: a 1k prompt joins over 3 steps).
 MIXED_TOKENS = (512,)

@@ -581,10 +581,12 @@ def test_int4_forms_compile_for_sm90():
         assert ck.shared_bytes <= 227 * 1024
 
 
-def test_kv_fp8_forms_compile_for_sm90():
+@pytest.mark.parametrize("suffix", ["fp8kv", "bf16kv"])
+def test_kv_cache_forms_compile_for_sm90(suffix):
     """Every e4m3 KV cache form (kernels_triton/kv_fp8.py: uint8 planes decoded through
-    ``tl.float8e4nv``, the write's ``cvt.rn.satfinite``) at its f32 op's launch constants:
-    each split layout (GROUPED 0-3, the live-split layout, several splits per program), the
+    ``tl.float8e4nv``, the write's ``cvt.rn.satfinite``) and every bf16 form (the f32
+    entry points over ``*bf16`` planes: widened loads, ``cvt.rn.bf16.f32`` stores) at its
+    f32 op's launch constants: each split layout (GROUPED 0-3, the live-split layout, several splits per program), the
     fused and tuned decode, prefill and the windowed forms, at the 8B and SmolLM2
     geometries."""
     from helios_ignition.capture.launch import (
@@ -592,36 +594,41 @@ def test_kv_fp8_forms_compile_for_sm90():
         attention_split_constants,
         launch_config,
     )
+    from helios_tools.kernels.kv_bf16 import KV_BF16_FORMS
     from helios_tools.kernels.kv_fp8 import KV_FP8_FORMS
 
+    forms = {"fp8kv": KV_FP8_FORMS, "bf16kv": KV_BF16_FORMS}[suffix]
     variants = []
     for H, KVH, HD in [(32, 8, 128), (9, 3, 64)]:
         for B, NS, split, rule in [(1, 128, 64, "v3"), (64, 128, 64, "v3"), (8, 128, 128, "v3"),
                                    (8, 128, 64, "v1"), (64, 128, 64, "v1")]:
-            variants.append(("attention_decode_split_fp8kv",
+            variants.append(("attention_decode_split_" + suffix,
                              attention_split_constants(B, H, KVH, HD, NS, split, rule)))
         # rule v3 without the live-split layout (HELIOS_ATTN_LIVE=0): several splits a program
         live = attention_split_constants(64, H, KVH, HD, 128, 64, "v3")
         assert live.get("LIVE")
-        variants.append(("attention_decode_split_fp8kv",
+        variants.append(("attention_decode_split_" + suffix,
                          {**{k: v for k, v in live.items() if k != "LIVE"}, "SPP": 4}))
-        variants.append(("attention_decode_split_tuned_fp8kv",
+        variants.append(("attention_decode_split_tuned_" + suffix,
                          attention_split_constants(64, H, KVH, HD, 128, 64, "v3", tuned=True)))
-        variants.append(("attention_decode_fused_fp8kv",
+        variants.append(("attention_decode_fused_" + suffix,
                          attention_fused_constants(H, KVH, HD, 128, 64)))
-        for op, scalars in [("kv_write_fp8kv", [8, 2, 64, 16, H, KVH, HD]),
-                            ("rope_kv_write_fp8kv", [8, 2, 64, 16, H, KVH, HD]),
-                            ("attention_prefill_fp8kv", [64, 2, 64, 16, H, KVH, HD, 0.1]),
-                            ("attention_prefill_window_fp8kv",
+        for op, scalars in [("kv_write_" + suffix, [8, 2, 64, 16, H, KVH, HD]),
+                            ("rope_kv_write_" + suffix, [8, 2, 64, 16, H, KVH, HD]),
+                            ("attention_prefill_" + suffix, [64, 2, 64, 16, H, KVH, HD, 0.1]),
+                            ("attention_prefill_window_" + suffix,
                              [64, 2, 64, 16, H, KVH, HD, 512, 0.1]),
-                            ("attention_decode_window_fp8kv", [8, 64, 16, H, KVH, HD, 512, 0.1]),
-                            ("row_copy_fp8kv", [64, 16 * KVH * HD])]:
+                            ("attention_decode_window_" + suffix,
+                             [8, 64, 16, H, KVH, HD, 512, 0.1]),
+                            ("row_copy_" + suffix, [64, 16 * KVH * HD])]:
             variants.append((op, launch_config(op, scalars).constants))
-    assert {op for op, _ in variants} == set(KV_FP8_FORMS.values())
-    kernels = [variant_kernel(f"kv8_{i}", op, c) for i, (op, c) in enumerate(variants)]
+    assert {op for op, _ in variants} == set(forms.values())
+    kernels = [variant_kernel(f"{suffix}_{i}", op, c) for i, (op, c) in enumerate(variants)]
     for ck in compile_all(kernels, ("sm_90",), workers=2):
         assert ck.binary[:4] == ELF_MAGIC and ck.global_scratch_bytes == 0
         assert ck.shared_bytes <= 227 * 1024
+
+
 def test_repacked_gguf_forms_compile_for_sm90():
     """Each INT4_MIN and INT8 kernel and prologue (none, RMS norm, SwiGLU with the residual
     add) on both paths (row GEMV, tl.dot tiles) at SmolLM2 and 8B shapes, groups of 32 and

@@ -61,7 +61,7 @@ def test_an_unknown_kv_cache_dtype_is_a_usage_error(tmp_path, signing_key_pair):
     result = run_export(LLAMA_RECIPE, "--checkpoint", "smollm2", "--key", private,
                         "--namespace", NAMESPACE, "--out", out, "--kv-cache-dtype", "fp8_e5m2")
     assert result.exit_code == 2 and "Traceback" not in result.stderr
-    assert "'fp8_e5m2' is not one of 'auto', 'fp8', 'fp8_e4m3'" in result.stderr
+    assert "'fp8_e5m2' is not one of 'auto', 'fp8', 'fp8_e4m3', 'bf16'" in result.stderr
     assert not out.exists()
 
 
@@ -71,7 +71,7 @@ def test_export_core_refuses_an_unknown_kv_cache_dtype(tmp_path, signing_key_pai
 
     private, _ = signing_key_pair
     with pytest.raises(ExportUsageError, match=r"--kv-cache-dtype must be one of auto, fp8, "
-                                               r"fp8_e4m3, not 'int8'"):
+                                               r"fp8_e4m3, bf16, not 'int8'"):
         export_core(LLAMA_RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
                     out=tmp_path / "x.core", kv_cache_dtype="int8")
     assert not (tmp_path / "x.core").exists()

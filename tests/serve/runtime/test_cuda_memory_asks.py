@@ -161,3 +161,30 @@ def test_an_e4m3_cache_asks_a_quarter_of_the_bytes_per_page_and_row(core):
     page = plain[3].nbytes // 50
     assert budget._choose("cuda", page // 4, 32, 0).num_pages == \
         4 * budget._choose("cuda", page, 32, 0).num_pages
+
+
+def test_a_bf16_cache_asks_half_the_bytes_per_page_and_row(core):
+    """--kv-cache-dtype bf16 (helios_ignition.kv_cache.apply_kv_bf16): pages and snapshot
+    rows of D_TYPE_BF16 planes take two bytes an element, half the f32 cache's, so a
+    --kv-cache-memory budget (or fraction) holds twice the pages on cuda."""
+    from helios_contract.schema import contract_pb2 as cpb
+    from helios_ignition.kv_cache import apply_kv_bf16
+
+    contract = cpb.ServingContract()
+    contract.CopyFrom(core.contract)
+    bf16 = dataclasses.replace(core, contract=contract, manifest=type(core.manifest)())
+    bf16.manifest.CopyFrom(core.manifest)
+    apply_kv_bf16(bf16.manifest, bf16.contract.model.graphs)
+    for kernel in bf16.manifest.kernels:  # the rewritten launches' new variants
+        if not kernel.binaries:
+            kernel.binaries.append(mpb.KernelBinary(target="sm_90", resource_id="k",
+                                                    entry_name=kernel.id,
+                                                    global_scratch_bytes=SCRATCH))
+    plain, _, _, _, _ = _asks(core, 1000, CacheSizing(num_pages=50))
+    halved, _, _, _, _ = _asks(bf16, 1000, CacheSizing(num_pages=50))
+    assert halved[3].nbytes * 2 == plain[3].nbytes  # the KV cache: 50 pages
+    assert halved[2].nbytes * 2 == plain[2].nbytes  # snapshot storage: 1000 rows
+    assert halved[0].nbytes == plain[0].nbytes  # the model: no side buffers
+    budget = CacheSizing(memory_bytes=2**20)
+    assert budget._choose("cuda", halved[3].nbytes // 50, 32, 0).num_pages == \
+        2 * budget._choose("cuda", plain[3].nbytes // 50, 32, 0).num_pages

@@ -200,3 +200,35 @@ def test_gguf_core_agrees_with_llamacpp(gguf_core):
                     assert int(np.argmax(row)) == step["id"], ref["name"]
     finally:
         model.close()
+
+
+def test_a_bf16_kv_cache_runs_its_forms_between_the_ggml_graphs(gguf_core, monkeypatch):
+    """The gguf core with its KV cache made bf16 (helios_ignition.kv_cache.apply_kv_bf16,
+    what ``--kv-cache-dtype bf16`` does at export): the whole-program ggml graphs stop at
+    each ``*_bf16kv`` launch, which runs its NumPy reference over the uint16 planes, so
+    graphs on or off give the same greedy ids on the golden prompt."""
+    import types
+
+    from helios_contract.schema import contract_pb2 as cpb
+    from helios_ignition.kv_cache import apply_kv_bf16
+
+    core = _open(gguf_core)
+    contract, manifest = cpb.ServingContract(), mpb.ExecutionManifest()
+    contract.CopyFrom(core.contract)
+    manifest.CopyFrom(core.manifest)
+    apply_kv_bf16(manifest, contract.model.graphs)
+    bf16 = types.SimpleNamespace(contract=contract, manifest=manifest,
+                                 read_resource=core.read_resource)
+    prompt = GOLDENS["prompts"][0]["prompt_ids"]
+    got = {}
+    for graphs in ("1", "0"):
+        monkeypatch.setenv("HELIOS_CPU_STEP_GRAPHS", graphs)
+        model = load_native(bf16, "cpu")
+        try:
+            assert model.backend.buffers["L0.k_cache"].dtype == np.uint16
+            steps = model.backend.counters.get("ggml_step_programs", 0)
+            assert steps > 0 if graphs == "1" else steps == 0
+            got[graphs] = Driver(model).generate([prompt], 6)
+        finally:
+            model.close()
+    assert got["1"] == got["0"]

@@ -96,6 +96,11 @@ class RuntimeCapabilities:
             the backend's result would not be the op's reference.
         rounded_outputs: The producers of ``one_term_inputs``' inputs: op -> index of
             the argument they write (``hi | 0`` packed terms).
+        cache_dtype_forms: Per ``DType`` of cache planes other than D_TYPE_F32 (a bf16 KV
+            cache: the plane's elements themselves, no storage), the ops that read or
+            write such a plane; a dtype absent here is not executed on a cache plane. The
+            same rule as ``cache_storage_forms``: every launch passing such a plane runs
+            one of them, and no such op is passed a plane of another kind.
     """
 
     backend: str
@@ -124,6 +129,7 @@ class RuntimeCapabilities:
     cache_storage_args: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     one_term_inputs: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     rounded_outputs: Mapping[str, int] = field(default_factory=dict)
+    cache_dtype_forms: Mapping[int, frozenset[str]] = field(default_factory=dict)
 
     def forms(self, storage_type: int) -> frozenset[str]:
         """The ops reading weights of `storage_type` the backend executes."""
@@ -414,44 +420,72 @@ def _launches(manifest: mpb.ExecutionManifest):
                        kernels.get(launch.kernel, ""), launch)
 
 
+def _plane_kind(buffer: mpb.Buffer) -> str:
+    """How a cache plane holds its elements, as messages name it: its storage type
+    (e4m3 codes), else its dtype (``D_TYPE_F32`` for the plain f32 plane)."""
+    if buffer.HasField("storage"):
+        return enum_name(mpb.StorageType, buffer.storage.type)
+    return enum_name(mpb.DType, buffer.dtype)
+
+
+# What each kind of plane holds, as the launch findings say it.
+_HOLDS = {"STORAGE_TYPE_FP8_E4M3": "e4m3 codes", "D_TYPE_BF16": "bf16 elements",
+          "D_TYPE_F32": "f32 elements"}
+
+
+def _holds(kind: str) -> str:
+    return _HOLDS.get(kind, kind)
+
+
 def _cache_storage(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:
-    """Stored cache planes (the e4m3 KV cache): their storage type executed, every launch
-    passing one an op of that type's forms with the plane's own scales, and no such op
-    passed a plane stored otherwise (an f32 plane)."""
+    """Cache planes held otherwise than as f32 elements (an e4m3 cache: ``Buffer.storage``
+    on the plane; a bf16 cache: D_TYPE_BF16 elements): that kind executed, every launch
+    passing such a plane an op of that kind's forms (reading the plane's own scales where
+    it has them), and no such op passed a plane of another kind (an f32 plane)."""
     planes = {b.name: b for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE}
-    stored = {n: b.storage for n, b in planes.items() if b.HasField("storage")}
+    forms_of: dict[str, frozenset[str]] = {}  # kind -> the ops reading or writing it
+    for kind, forms in caps.cache_storage_forms.items():
+        forms_of[enum_name(mpb.StorageType, kind)] = forms
+    for kind, forms in caps.cache_dtype_forms.items():
+        forms_of[enum_name(mpb.DType, kind)] = forms
+    kinds = {n: _plane_kind(b) for n, b in planes.items()
+             if b.HasField("storage") or b.dtype != mpb.D_TYPE_F32}
     for i, buffer in enumerate(manifest.buffers):
-        if buffer.name in stored and buffer.storage.type not in caps.cache_storage_forms:
-            name = enum_name(mpb.StorageType, buffer.storage.type)
-            yield _unsupported("runtime.storage", f"manifest.buffers[{i}].storage.type", name,
-                               caps, f"{name} cache planes (it stores them as "
-                               f"{_names(mpb.DType, caps.dtypes)} elements only)")
-            return  # one line: the type, not each launch reading it
-    cache_ops = frozenset().union(*caps.cache_storage_forms.values())
+        kind = kinds.get(buffer.name)
+        if kind is not None and kind not in forms_of:
+            field_ = "storage.type" if buffer.HasField("storage") else "dtype"
+            yield _unsupported("runtime.storage", f"manifest.buffers[{i}].{field_}", kind,
+                               caps, f"{kind} cache planes (it executes cache planes of "
+                               f"D_TYPE_F32 elements and "
+                               f"{', '.join(sorted(forms_of)) or 'nothing else'})")
+            return  # one line: the kind, not each launch reading it
+    op_kind = {op: kind for kind, forms in forms_of.items() for op in forms}
     for path, op, launch in _launches(manifest):
         args = launch.args
         for a, arg in enumerate(args):
             name = arg.buffer.buffer if arg.WhichOneof("value") == "buffer" else ""
-            if name in stored:
-                forms = caps.cache_storage_forms.get(stored[name].type, frozenset())
+            if name in kinds:
+                forms = forms_of[kinds[name]]
                 if op not in forms:
-                    kind = enum_name(mpb.StorageType, stored[name].type)
+                    reads = _holds(op_kind.get(op, "D_TYPE_F32"))
                     yield Finding.of("runtime.storage", LaunchError, f"{path}[{a}].buffer.buffer",
                                      name, f"reference op {op!r} reads cache plane {name!r} "
-                                     f"as f32 elements; it is stored as {kind} (its forms: "
+                                     f"as {reads}; it is stored as {kinds[name]} (its forms: "
                                      f"{', '.join(sorted(forms)) or 'none'})")
-            elif name in planes and op in cache_ops:
+            elif name in planes and op in op_kind:
                 yield Finding.of("runtime.storage", LaunchError, f"{path}[{a}].buffer.buffer",
-                                 name, f"reference op {op!r} reads e4m3 codes; cache plane "
-                                 f"{name!r} holds f32 elements")
+                                 name, f"reference op {op!r} reads {_holds(op_kind[op])}; "
+                                 f"cache plane {name!r} holds f32 elements")
         for at, sat in caps.cache_storage_args.get(op, ()):
             if max(at, sat) >= len(args):
                 continue  # the launch's arity: kernel.launch_args
             plane, scale = args[at].buffer.buffer, args[sat].buffer.buffer
-            if plane in stored and scale != stored[plane].scales.buffer:
+            stored = planes.get(plane)
+            if stored is not None and stored.HasField("storage") and \
+                    scale != stored.storage.scales.buffer:
                 yield Finding.of("runtime.storage", LaunchError, f"{path}[{sat}].buffer.buffer",
                                  scale, f"reference op {op!r} must read cache plane {plane!r}'s "
-                                 f"own scales {stored[plane].scales.buffer!r}")
+                                 f"own scales {stored.storage.scales.buffer!r}")
 
 
 def _storage_args(manifest: mpb.ExecutionManifest, caps: RuntimeCapabilities) -> Findings:

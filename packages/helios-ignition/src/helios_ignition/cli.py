@@ -106,10 +106,12 @@ def main() -> None:
                    "along K with f32 scales and zero points (AWQ's asymmetric scheme; an "
                    "AWQ/GPTQ checkpoint's own codes repacked as stored).")
 @click.option("--kv-cache-dtype", "kv_cache_dtype",
-              type=click.Choice(["auto", "fp8", "fp8_e4m3"]), default="auto", show_default=True,
+              type=click.Choice(["auto", "fp8", "fp8_e4m3", "bf16"]), default="auto",
+              show_default=True,
               help="auto: the recipe's f32 KV cache. fp8 (= fp8_e4m3, vLLM's names): store "
                    "the KV cache as e4m3 codes with one f32 scale per layer and kv head; "
-                   "attention reads them directly (docs/kv-cache.md).")
+                   "attention reads them directly. bf16: bfloat16 planes, half the bytes "
+                   "of f32, each write rounded to nearest even (docs/kv-cache.md).")
 @click.option("--activation-dtype", "activation_dtype", type=click.Choice(["f32", "bf16"]),
               default=None,
               help="The activations of the packed bf16 products (8B-class matrices on the "

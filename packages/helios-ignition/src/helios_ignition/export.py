@@ -57,9 +57,11 @@ from .kv_cache import (
     CALIBRATION_MAX_BYTES,
     CALIBRATION_TEXT,
     KV_CACHE_DTYPES,
+    apply_kv_bf16,
     apply_kv_fp8,
     calibrate_kv_scales,
     checkpoint_kv_scales,
+    describe_kv_bf16,
     describe_kv_fp8,
     fp8_planes,
     is_fp8,
@@ -556,7 +558,8 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
             scales and zero points, served W4A16 (helios_ignition.quantize); None: as the
             weight dtype says.
         kv_cache_dtype: "fp8" / "fp8_e4m3": store the KV cache planes as e4m3 codes with
-            per-(layer, kv head) scales (helios_ignition.kv_cache); "auto" or None: f32.
+            per-(layer, kv head) scales (helios_ignition.kv_cache); "bf16": bfloat16
+            planes, each write rounded (``apply_kv_bf16``); "auto" or None: f32.
         activation_dtype: "bf16": the packed products' activations rounded to bf16
             (``round_bf16``; one tensor-core term), "f32": two terms; None: the recipe's
             ``activation_dtype``. bf16 given here with no packed product in the programs
@@ -694,6 +697,12 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         except ValueError as exc:
             raise ExportError(f"--kv-cache-dtype {kv_cache_dtype}: recipe {recipe.name}: "
                               f"{exc}") from None
+    kv_report = describe_kv_fp8(kv_scales, uncalibrated, own_scales) if kv_scales else ""
+    if kv_cache_dtype == "bf16":
+        try:
+            kv_report = describe_kv_bf16(apply_kv_bf16(manifest, graphs))
+        except ValueError as exc:
+            raise ExportError(f"--kv-cache-dtype bf16: recipe {recipe.name}: {exc}") from None
     fp8 = chosen if quantize == "fp8" else frozenset()
     int4 = chosen if quantize == "int4" else frozenset()
     blobs: dict[str, bytes] = {}
@@ -752,5 +761,4 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
                          core_bytes=out.stat().st_size,
                          seconds=time.perf_counter() - started, carrier=carried.name,
                          protected_version=carried.protected_version,
-                         kv_cache=describe_kv_fp8(kv_scales, uncalibrated, own_scales)
-                         if kv_scales else "")
+                         kv_cache=kv_report)

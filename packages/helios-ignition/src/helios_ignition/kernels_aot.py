@@ -28,7 +28,7 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import kernel_params
 from helios_tools.kernels.collective import COLLECTIVE_OPS
 
-POINTER_TYPES = {"f32": "*fp32", "i32": "*i32", "u32": "*u32", "u8": "*u8"}
+POINTER_TYPES = {"f32": "*fp32", "i32": "*i32", "u32": "*u32", "u8": "*u8", "bf16": "*bf16"}
 SCALAR_TYPES = {"i32": "i32", "f32": "fp32"}
 OPTION_CONSTANTS = {"WARPS": "num_warps", "STAGES": "num_stages"}
 DEFAULT_STAGES = 3

@@ -19,13 +19,20 @@ float format, so the scale only places the range: with 1.0 values up to 448 are 
 with 3 mantissa bits (the same relative error whatever their size) and values below
 2**-6 lose precision as subnormals.
 
+``bf16`` (``apply_kv_bf16``) declares the same planes ``D_TYPE_BF16`` (the planes'
+element type, two bytes an element: no storage, no scales) and rewrites each launch into
+its op's bf16 form (``helios_tools.kernels.kv_bf16.KV_BF16_FORMS``): every write rounds
+its f32 keys and values to bfloat16 (nearest, ties to even), every reader widens them.
+
 Names follow vLLM's ``--kv-cache-dtype`` (``auto`` keeps the recipe's f32 cache;
-``fp8`` and ``fp8_e4m3`` are the same e4m3 cache).
+``fp8`` and ``fp8_e4m3`` are the same e4m3 cache; ``bf16`` the bfloat16 cache every
+engine gives a bf16 model by default).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +40,7 @@ from helios_contract.schema import contract_pb2 as cpb
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.kernels import kernel_params, reference_op
 from helios_tools.kernels.fp8 import E4M3_MAX
+from helios_tools.kernels.kv_bf16 import KV_BF16_FORMS
 from helios_tools.kernels.kv_fp8 import KV_FP8_FORMS
 from safetensors import safe_open
 
@@ -50,7 +58,7 @@ from .quantize import relaunch
 
 SCALE_SUFFIX = ".scale"
 
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "bf16")
 DEFAULT_KV_SCALE = 1.0
 # Parameters through which an op with an e4m3 form reads or writes a plane.
 _PLANE_PARAMS = {"k_cache", "v_cache", "src", "dst"}
@@ -80,6 +88,16 @@ def describe_kv_fp8(scales: dict[str, np.ndarray], not_calibrated: str,
             "the checkpoint carries no KV scales")
 
 
+_F32_PER_BF16 = 2  # bytes of an f32 element over a bf16 element's
+
+
+def describe_kv_bf16(planes: list[str]) -> str:
+    """One line for the export's report: the planes stored as bf16 (tier planes
+    included)."""
+    return (f"KV cache bf16: {len(planes)} cache planes of bfloat16 elements (2 bytes an "
+            "element, half the f32 cache's), each write rounded to nearest even")
+
+
 def _programs(manifest: mpb.ExecutionManifest):
     return [*manifest.graphs, *manifest.tuning.producers]
 
@@ -88,6 +106,18 @@ def fp8_planes(manifest: mpb.ExecutionManifest) -> list[str]:
     """Cache planes that take e4m3 storage, in manifest order: every launch naming the
     plane (or any of its continuation / host-tier planes) passes it as a plane parameter
     of an op with an e4m3 form."""
+    return _form_planes(manifest, KV_FP8_FORMS)
+
+
+def bf16_planes(manifest: mpb.ExecutionManifest) -> list[str]:
+    """Cache planes that take bf16 elements (``fp8_planes``' rule with the bf16 forms:
+    every launch naming the plane or its tier planes is an op with a bf16 form)."""
+    return _form_planes(manifest, KV_BF16_FORMS)
+
+
+def _form_planes(manifest: mpb.ExecutionManifest, forms: dict[str, str]) -> list[str]:
+    """F32 cache planes every launch naming which (or one of its tier planes) passes it
+    as a plane parameter of an op of `forms`, in manifest order."""
     ops = {k.id: k.reference_op for k in manifest.kernels}
     planes = {b.name for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE}
     ok: dict[str, bool] = {}
@@ -97,7 +127,7 @@ def fp8_planes(manifest: mpb.ExecutionManifest) -> list[str]:
             for spec, arg in zip(kernel_params(op), launch.args, strict=True):
                 name = arg.buffer.buffer if arg.WhichOneof("value") == "buffer" else None
                 if name in planes:
-                    ok[name] = ok.get(name, True) and op in KV_FP8_FORMS \
+                    ok[name] = ok.get(name, True) and op in forms \
                         and spec.name in _PLANE_PARAMS
     tiers = {p: [t for tier in (CONTINUATION, HOST) if (t := tier_plane(p, tier)) in planes]
              for p in planes}
@@ -168,6 +198,59 @@ def apply_kv_fp8(manifest: mpb.ExecutionManifest,
     del manifest.kernels[:]
     manifest.kernels.extend(keep)
     return scales
+
+
+def apply_kv_bf16(manifest: mpb.ExecutionManifest, graphs: Sequence[cpb.GraphContract]
+                  ) -> list[str]:
+    """Declare the planes of ``bf16_planes`` (and their tier planes) D_TYPE_BF16 and
+    rewrite every launch over them into its bf16 form (in place; unused kernel variants
+    dropped). The arguments are the f32 op's (a bf16 plane has no side buffers); byte
+    offsets into a plane, in the launches' views and in `graphs`' state views (the
+    RESTORE programs' row accesses), become those of 2-byte elements.
+
+    Args:
+        manifest: the captured manifest (f32 planes).
+        graphs: its graph contracts, rewritten in place.
+
+    Returns:
+        Every plane declared bf16 (tier planes included), in manifest order.
+
+    Raises:
+        ValueError: the programs read no cache plane through ops with bf16 forms.
+    """
+    chosen = bf16_planes(manifest)
+    if not chosen:
+        raise ValueError("the programs read no KV cache plane through ops with bf16 forms")
+    decls = {b.name: b for b in manifest.buffers}
+    stored = set()
+    for plane in chosen:
+        for member in [plane, *(tier_plane(plane, t) for t in (CONTINUATION, HOST))]:
+            if member in decls:
+                decls[member].dtype = mpb.D_TYPE_BF16
+                stored.add(member)
+    dtypes = {b.name: ("bf16" if b.name in stored else "f32") for b in manifest.buffers}
+    kernels = {k.id: k for k in manifest.kernels}
+    for program in _programs(manifest):
+        for launch in program.launches:
+            op = kernels[launch.kernel].reference_op
+            views = [a.buffer for a in launch.args if a.WhichOneof("value") == "buffer"
+                     and a.buffer.buffer in stored]
+            for view in views:
+                view.byte_offset = view.byte_offset // _F32_PER_BF16
+            if op in KV_BF16_FORMS and views:
+                relaunch(launch, KV_BF16_FORMS[op], list(launch.args), kernels, dtypes, "f32")
+    for graph in graphs:
+        for access in graph.state_accesses:
+            if access.view.buffer in stored:
+                view = access.view
+                view.byte_offset //= _F32_PER_BF16
+                view.row_stride //= _F32_PER_BF16
+                view.byte_extent //= _F32_PER_BF16
+    used = {launch.kernel for p in _programs(manifest) for launch in p.launches}
+    keep = [k for k in kernels.values() if k.id in used]
+    del manifest.kernels[:]
+    manifest.kernels.extend(keep)
+    return [b.name for b in manifest.buffers if b.name in stored]
 
 
 # Calibration: the prompt the export runs through the captured prefill program with the

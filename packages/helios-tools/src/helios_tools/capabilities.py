@@ -22,6 +22,7 @@ from helios_tools.kernels.collective import COLLECTIVE_OPS
 from helios_tools.kernels.fp8 import FP8_FORMS
 from helios_tools.kernels.int4 import INT4_FORMS
 from helios_tools.kernels.int8 import INT4_MIN_FORMS, INT8_FORMS
+from helios_tools.kernels.kv_bf16 import KV_BF16_FORMS
 from helios_tools.kernels.kv_fp8 import KV_FP8_FORMS
 from helios_tools.kernels.linear_splitk import ROUNDED_PRODUCERS
 from helios_tools.kernels.registry import REFERENCE_OPS, kernel_params
@@ -155,19 +156,23 @@ CPU_STORAGE_OPS = GGUF_STORAGE_OPS | CODE_STORAGE_OPS
 # e4m3 KV cache planes: the *_fp8kv forms (helios_tools.kernels.kv_fp8; both backends: the
 # NumPy references on cpu, kernels_triton/kv_fp8.py on cuda), each plane's own scales.
 KV_FP8_OPS = frozenset(KV_FP8_FORMS.values())
-KV_FP8_CACHE = dict(
+KV_CACHE_KINDS = dict(
     cache_storage_forms={mpb.STORAGE_TYPE_FP8_E4M3: KV_FP8_OPS},
     cache_storage_args={op: tuple((names.index(plane), names.index(scale))
                                   for plane, scale in (("k_cache", "k_scale"),
                                                        ("v_cache", "v_scale"))
                                   if plane in names)
                         for op in KV_FP8_OPS
-                        for names in [[p.name for p in kernel_params(op)]]})
+                        for names in [[p.name for p in kernel_params(op)]]},
+    # bf16 KV cache planes (D_TYPE_BF16 elements): the *_bf16kv forms
+    # (helios_tools.kernels.kv_bf16; the NumPy references over uint16 planes on cpu, the
+    # f32 ops' Triton bodies over bf16 pointers on cuda).
+    cache_dtype_forms={mpb.D_TYPE_BF16: frozenset(KV_BF16_FORMS.values())})
 CPU = RuntimeCapabilities(backend="cpu",
                           reference_ops=frozenset(REFERENCE_OPS) | frozenset(COLLECTIVE_OPS),
                           max_ranks=None, storage_types=CPU_STORAGE_TYPES,
                           storage_ops=CPU_STORAGE_OPS, storage_forms=CPU_STORAGE_FORMS,
-                          storage_args=CODE_STORAGE_ARGS, **KV_FP8_CACHE, **_SERVING)
+                          storage_args=CODE_STORAGE_ARGS, **KV_CACHE_KINDS, **_SERVING)
 # AOT cubins through the driver API; a binary per GPU target is checked at load (and by
 # `lint-core --require-target`), not here.
 # Triton compiles every kernel assuming 16-byte aligned buffer arguments.
@@ -188,7 +193,7 @@ ONE_TERM = dict(one_term_inputs={op: ("XSPLIT", 0)
 CUDA = RuntimeCapabilities(backend="cuda", reference_ops=None, argument_alignment_bytes=16,
                            max_ranks=1, storage_types=frozenset(CODE_STORAGE_FORMS),
                            storage_ops=CODE_STORAGE_OPS, storage_forms=CODE_STORAGE_FORMS,
-                           storage_args=CODE_STORAGE_ARGS, **KV_FP8_CACHE, **ONE_TERM,
+                           storage_args=CODE_STORAGE_ARGS, **KV_CACHE_KINDS, **ONE_TERM,
                            **_SERVING)
 
 BACKENDS = {"cpu": CPU, "cuda": CUDA}

@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from helios_tools.kernels.kv_bf16 import KV_BF16_BASE
 from helios_tools.kernels.kv_fp8 import KV_FP8_BASE
 
 # H200: 132 SMs. Decode GEMVs want at least two programs per SM so the weight stream has
@@ -968,8 +969,9 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = (),
         KeyError: an op without a launch rule.
     """
     s = [int(x) if not isinstance(x, float) else x for x in scalars]
-    # An e4m3-cache form (kernels/kv_fp8.py) has its f32 op's scalars and geometry.
-    op = KV_FP8_BASE.get(op, op)
+    # An e4m3- or bf16-cache form (kernels/kv_fp8.py, kv_bf16.py) has its f32 op's
+    # scalars and geometry.
+    op = KV_FP8_BASE.get(op, KV_BF16_BASE.get(op, op))
     if op == "embedding":
         T, D = s
         vocab = int(views[1].shape[0]) if len(views) > 1 else 0

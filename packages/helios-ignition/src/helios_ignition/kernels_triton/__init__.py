@@ -37,6 +37,7 @@ from .fp8 import FP8_TRITON
 from .int4 import INT4_TRITON
 from .int8 import INT8_TRITON
 from .invariant import linear_rows
+from .kv_bf16 import KV_BF16_TRITON
 from .kv_fp8 import KV_FP8_TRITON
 from .mma import linear_splitk, split_bf16, splitk_reduce
 from .sampling import sample, sample_biased, score_tokens, token_logprobs
@@ -85,6 +86,7 @@ TRITON_KERNELS = {
     **FP8_TRITON,
     **INT4_TRITON,  # W4A16 products (kernels_triton/int4.py)
     **KV_FP8_TRITON,  # e4m3 KV cache forms (kernels_triton/kv_fp8.py)
+    **KV_BF16_TRITON,  # bf16 KV cache forms (kernels_triton/kv_bf16.py)
     **INT8_TRITON,  # W8A16 products of repacked GGUF weights (kernels_triton/int8.py)
     "embedding": embedding,
     "rmsnorm": rmsnorm,

@@ -6,8 +6,11 @@ position ``j`` lives at ``page_table[slot, j // PT]``, offset ``j % PT``.
 
 Every body that reads or writes a cache plane takes ``k_scale, v_scale`` after the
 planes and goes through ``_kv_load`` / ``_kv_store``: with uint8 planes (an e4m3 cache,
-kernels_triton/kv_fp8.py's entry points) they decode and encode in registers; the f32
-entry points here pass the planes themselves as the (never read) scales.
+kernels_triton/kv_fp8.py's entry points) they decode and encode in registers; with bf16
+planes (a bf16 cache: the ``*_bf16kv`` ops are these entry points compiled with bf16
+plane pointers, kernels_triton/kv_bf16.py) they widen on load and round to nearest even
+on store; the f32 entry points here pass the planes themselves as the (never read)
+scales.
 """
 
 from __future__ import annotations
@@ -22,24 +25,30 @@ E4M3_MAX = tl.constexpr(448.0)  # the largest finite float8_e4m3fn value
 
 @triton.jit
 def _kv_load(plane, idx, mask, scales, kvh):
-    """Cache elements ``plane[idx]`` (masked to 0) as f32: an f32 plane as stored; an
-    e4m3 plane (uint8 codes, kernels/kv_fp8.py) decoded in registers and multiplied by
-    kv head `kvh`'s scale ``scales[kvh]`` (f32 planes pass any pointer: never read)."""
+    """Cache elements ``plane[idx]`` (masked to 0) as f32: an f32 plane as stored; a bf16
+    plane widened (exact); an e4m3 plane (uint8 codes, kernels/kv_fp8.py) decoded in
+    registers and multiplied by kv head `kvh`'s scale ``scales[kvh]`` (f32 and bf16
+    planes pass any pointer: never read)."""
     x = tl.load(plane + idx, mask=mask, other=0)
     if plane.dtype.element_ty == tl.uint8:
         x = x.to(tl.float8e4nv, bitcast=True).to(tl.float32) * tl.load(scales + kvh)
+    elif plane.dtype.element_ty == tl.bfloat16:
+        x = x.to(tl.float32)
     return x
 
 
 @triton.jit
 def _kv_store(plane, idx, x, mask, scales, kvh):
-    """Store f32 `x` at ``plane[idx]``: as is into an f32 plane; into an e4m3 plane as
-    ``x / scales[kvh]`` (IEEE division) clamped to +-448 and rounded to nearest even
-    (``cvt.rn.satfinite``: kernels/kv_fp8.py's ``quantize_kv``)."""
+    """Store f32 `x` at ``plane[idx]``: as is into an f32 plane; into a bf16 plane
+    rounded to nearest even (``cvt.rn.bf16.f32``: kernels/kv_bf16.py's ``encode_bf16``);
+    into an e4m3 plane as ``x / scales[kvh]`` (IEEE division) clamped to +-448 and
+    rounded to nearest even (``cvt.rn.satfinite``: kernels/kv_fp8.py's ``quantize_kv``)."""
     if plane.dtype.element_ty == tl.uint8:
         y = tl.math.div_rn(x, tl.load(scales + kvh, mask=mask, other=1.0))
         y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
         x = y.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    elif plane.dtype.element_ty == tl.bfloat16:
+        x = x.to(tl.bfloat16, fp_downcast_rounding="rtne")
     tl.store(plane + idx, x, mask=mask)
 
 

@@ -77,13 +77,17 @@ COMPUTE_DTYPE = {
 
 def _compute_dtype(decl: mpb.Buffer) -> type:
     """The NumPy dtype `decl` is held in (bf16 as float32; an e4m3 cache plane's codes
-    as uint8, read by the ``*_fp8kv`` references).
+    as uint8, read by the ``*_fp8kv`` references; a bf16 cache plane as its uint16 bit
+    patterns, two bytes an element as on the GPU, read and written by the ``*_bf16kv``
+    references, which widen and round exactly as the cuda kernels do).
 
     Raises:
         RuntimeLoadError: a dtype the cpu backend does not execute.
     """
     if decl.role == mpb.BUFFER_ROLE_CACHE_PLANE and decl.HasField("storage"):
         return np.uint8
+    if decl.role == mpb.BUFFER_ROLE_CACHE_PLANE and decl.dtype == mpb.D_TYPE_BF16:
+        return np.uint16
     if decl.dtype not in COMPUTE_DTYPE:
         raise RuntimeLoadError(f"buffer {decl.name}: dtype {mpb.DType.Name(decl.dtype)} "
                                "is not supported by the cpu backend")
@@ -364,7 +368,10 @@ class CpuBackend:
 
     def read_buffer(self, name: str) -> np.ndarray:
         """A copy of buffer `name` (tests, the startup log; bf16 widened to f32)."""
-        return self.buffers[name].copy()
+        array = self.buffers[name]
+        if array.dtype == np.uint16:  # a bf16 cache plane's bit patterns
+            return bf16_bits_to_f32(array)
+        return array.copy()
 
     def write_state(self, name: str, byte_offset: int, values: np.ndarray) -> None:
         """Overwrite elements of persistent buffer `name` starting at `byte_offset`

@@ -64,6 +64,18 @@ from .int8 import (
     swiglu_linear_int4_min,
     swiglu_linear_int8,
 )
+from .kv_bf16 import (
+    BF16_PLANE_PARAMS,
+    KV_BF16_FORMS,
+    attention_decode_fused_bf16kv,
+    attention_decode_split_bf16kv,
+    attention_decode_split_tuned_bf16kv,
+    attention_decode_window_bf16kv,
+    attention_prefill_bf16kv,
+    attention_prefill_window_bf16kv,
+    kv_write_bf16kv,
+    rope_kv_write_bf16kv,
+)
 from .kv_fp8 import (
     KV_FP8_FORMS,
     attention_decode_fused_fp8kv,
@@ -144,7 +156,8 @@ class ParamSpec(NamedTuple):
         name: parameter name, as in the reference function.
         kind: ``"buffer"`` (array / device pointer) or a scalar kind ``"i32"`` / ``"f32"``.
         dtype: element dtype of a buffer (``"f32"``, ``"i32"``, ``"u32"``; ``"u8"``: the
-            e4m3 codes of an FP8-stored weight); None for scalars.
+            e4m3 codes of an FP8-stored weight; ``"bf16"``: a bf16 cache plane's bit
+            patterns, uint16 on the host); None for scalars.
         direction: ``"in"``, ``"out"`` or ``"inout"`` (scalars are always ``"in"``).
     """
 
@@ -159,6 +172,7 @@ DTYPES: dict[str, np.dtype] = {
     "i32": np.dtype(np.int32),
     "u32": np.dtype(np.uint32),
     "u8": np.dtype(np.uint8),
+    "bf16": np.dtype(np.uint16),
 }
 
 
@@ -669,6 +683,15 @@ def _kv_fp8_params(op: str) -> tuple[ParamSpec, ...]:
 
 KERNEL_PARAMS.update({form: _kv_fp8_params(op) for op, form in KV_FP8_FORMS.items()})
 
+
+def _kv_bf16_params(op: str) -> tuple[ParamSpec, ...]:
+    """The bf16-cache form of `op` (kernels/kv_bf16.py): its planes bf16, nothing added."""
+    return tuple(p._replace(dtype="bf16") if p.name in BF16_PLANE_PARAMS else p
+                 for p in KERNEL_PARAMS[op])
+
+
+KERNEL_PARAMS.update({form: _kv_bf16_params(op) for op, form in KV_BF16_FORMS.items()})
+
 REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "embedding": embedding,
     "rmsnorm": rmsnorm,
@@ -779,6 +802,16 @@ REFERENCE_OPS: dict[str, Callable[..., None]] = {
     "attention_decode_split_tuned_fp8kv": attention_decode_split_tuned_fp8kv,
     "attention_decode_fused_fp8kv": attention_decode_fused_fp8kv,
     "row_copy_fp8kv": row_copy,  # bytes: any dtype
+    # bf16 KV cache forms (kernels/kv_bf16.py)
+    "kv_write_bf16kv": kv_write_bf16kv,
+    "rope_kv_write_bf16kv": rope_kv_write_bf16kv,
+    "attention_prefill_bf16kv": attention_prefill_bf16kv,
+    "attention_prefill_window_bf16kv": attention_prefill_window_bf16kv,
+    "attention_decode_window_bf16kv": attention_decode_window_bf16kv,
+    "attention_decode_split_bf16kv": attention_decode_split_bf16kv,
+    "attention_decode_split_tuned_bf16kv": attention_decode_split_tuned_bf16kv,
+    "attention_decode_fused_bf16kv": attention_decode_fused_bf16kv,
+    "row_copy_bf16kv": row_copy,  # uint16 rows: any dtype
     "patchify": patchify,
     "position_add": position_add,
     "layernorm": layernorm,
