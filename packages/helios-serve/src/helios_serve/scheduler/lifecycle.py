@@ -143,7 +143,7 @@ class Lifecycle:
             if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
                 publisher.endpoints(seq)
             if sample:
-                seq.tokens.append(token)
+                seq.append_token(token)
             else:
                 token = None
             # Sequence.num_output_tokens, spelled out
@@ -210,7 +210,7 @@ class Lifecycle:
                 publisher.pages(seq)
             if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
                 publisher.endpoints(seq)
-            seq.tokens.append(token)
+            seq.append_token(token)
             outputs.append(len(seq.tokens) - seq.num_prompt_tokens)
         request_ids = columns.request_ids
         if skipped:
@@ -273,7 +273,7 @@ class Lifecycle:
                 continue
             self.publisher.pages(seq, row.start_position + 1)  # the run: next completion
             for token in lane[RECORD_FIELDS:RECORD_FIELDS + emitted]:
-                seq.tokens.append(int(token))
+                seq.append_token(int(token))
                 results.append(RowResult(row.request_id, int(token), seq.num_output_tokens))
         return results
 
@@ -355,7 +355,7 @@ class Lifecycle:
         """
         seq = self.requests[request_id]
         if output_tokens is not None and not seq.retiring and output_tokens < seq.num_output_tokens:
-            del seq.tokens[seq.num_prompt_tokens + output_tokens:]
+            seq.cut_output(output_tokens)
         if publish and not seq.retiring and seq.slot is not None:
             self.publisher.end(seq)
         if not seq.retiring:
