@@ -106,6 +106,7 @@ class SequencePages:
         self._free_slots = list(range(geometry.slots))  # min-heap: lowest slot first
         self._generations = [0] * geometry.slots  # per physical request row
         self.state = SlotState(geometry.slots)  # the slot holders' state rows
+        self.changes = 0  # allocations and releases so far (a slot changed holder)
         self.reused_tokens = 0  # prompt tokens reused over every allocation
         self.window = (WindowPages(geometry.window_pages, geometry.page_tokens,
                                    geometry.window_tokens)
@@ -169,6 +170,7 @@ class SequencePages:
         slot = heapq.heappop(self._free_slots)
         self._generations[slot] += 1
         self.state.adopt(seq, slot)
+        self.changes += 1
         seq.slot = slot
         seq.generation = self._generations[slot]
         seq.prefill_tokens = len(seq.tokens)
@@ -270,3 +272,4 @@ class SequencePages:
         seq.page_hashes = []
         seq.num_published = seq.num_scheduled = seq.num_computed = 0
         self.state.detach(seq)
+        self.changes += 1

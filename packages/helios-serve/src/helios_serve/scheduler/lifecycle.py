@@ -34,7 +34,20 @@ from helios_serve.scheduler.request import (
     RowResult,
     RowResults,
 )
-from helios_serve.scheduler.sequence import Sequence
+from helios_serve.scheduler.sequence import (
+    COMPUTED,
+    ENDPOINTS,
+    FORK,
+    KNOWN,
+    LAST_TOKEN,
+    MARKS,
+    PROMPT,
+    PUBLISHED,
+    RETIRING,
+    ROWS,
+    SAMPLES,
+    Sequence,
+)
 from helios_serve.scheduler.step_clock import StepClock
 from helios_serve.scheduler.transfers import PendingCopy, TransferQueue
 
@@ -171,13 +184,15 @@ class Lifecycle:
             in_vocab = all(0 <= t < vocab for t in tokens)
         requests = self.requests
         generations = self.alloc.generations
-        slots = columns.slots.tolist()
+        grid = self.alloc.state.grid
+        slot_column = columns.slots
+        slots = slot_column.tolist()
         row_generations = columns.generations.tolist()
         # Every row at once (one pass per test, no loop body per row); the rows one by one
         # only to name the first error.
         if not (in_vocab and all(map(requests.__contains__, columns.request_ids))
                 and [s.slot for s in seqs] == slots
-                and min([s.inflight_rows for s in seqs]) >= 1
+                and int(grid[slot_column, ROWS].min()) >= 1
                 and [generations[slot] for slot in slots] == row_generations):
             for i, (seq, slot, generation) in enumerate(zip(
                     seqs, slots, row_generations, strict=True)):
@@ -192,32 +207,49 @@ class Lifecycle:
         self._clock.complete()
         pt = self.geometry.page_tokens
         publisher = self.publisher
-        shared = publisher.shared  # else it publishes no page
-        outputs: list[int] = []
-        skipped: list[int] = []  # rows of retiring requests: no result
-        for i, (seq, end, token) in enumerate(zip(
-                seqs, (columns.positions + 1).tolist(), tokens, strict=True)):
-            seq.inflight_rows -= 1
-            if end > seq.num_computed:
-                seq.num_computed = end
-            seq.inflight_samples -= 1
-            if seq.cancelled or seq.failed or seq.finish_reason is not None:  # retiring
+        # The state advance of every row over the cohort's state rows (SlotState): one
+        # row in flight less, computed up to its position, its sample known.
+        v = grid[slot_column]
+        v[:, ROWS] -= 1
+        np.maximum(v[:, COMPUTED], columns.positions + 1, out=v[:, COMPUTED])
+        v[:, SAMPLES] -= 1
+        grid[slot_column] = v
+        # Per row in Python only the rows with work beyond that, in row order (the cache
+        # sees retirements and publications in the per-row path's order): retiring rows,
+        # rows whose computed pages are not all published, rows with an endpoint to
+        # capture (Publisher.endpoints; fork_endpoint truthy).
+        retiring = v[:, RETIRING] != 0
+        work = retiring | (v[:, ENDPOINTS] < v[:, MARKS]) | (v[:, FORK] > 0)
+        if publisher.shared:  # else it publishes no page
+            work |= v[:, PUBLISHED] < v[:, COMPUTED] // pt
+        for i in np.flatnonzero(work).tolist():
+            seq = seqs[i]
+            if retiring[i]:
                 if seq.inflight_rows == 0:
                     self._retire(seq)
-                skipped.append(i)
                 continue
-            if shared and seq.num_published < seq.num_computed // pt:
+            if publisher.shared and seq.num_published < seq.num_computed // pt:
                 publisher.pages(seq)
             if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
                 publisher.endpoints(seq)
-            seq.append_token(token)
-            outputs.append(len(seq.tokens) - seq.num_prompt_tokens)
+        # Sequence.append_token of every live row's sample.
         request_ids = columns.request_ids
-        if skipped:
-            kept = sorted(set(range(n)).difference(skipped))
-            request_ids = [request_ids[i] for i in kept]
-            tokens = [tokens[i] for i in kept]
-        return RowResults(request_ids, tokens, outputs)
+        if retiring.any():
+            live = np.flatnonzero(~retiring)
+            request_ids = [request_ids[i] for i in live.tolist()]
+            tokens = [tokens[i] for i in live.tolist()]
+            seqs = [seqs[i] for i in live.tolist()]
+            slot_column = slot_column[live]
+            known = v[live, KNOWN] + 1
+            prompt = v[live, PROMPT]
+        else:
+            known = v[:, KNOWN] + 1
+            prompt = v[:, PROMPT]
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.tokens.append(token)
+        grid[slot_column, KNOWN] = known
+        grid[slot_column, LAST_TOKEN] = tokens
+        return RowResults(request_ids, tokens, (known - prompt).tolist())
 
     def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> list[int]:
         """Validate a completion record against its plan before any state changes.
