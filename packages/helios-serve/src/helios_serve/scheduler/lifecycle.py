@@ -136,32 +136,34 @@ class Lifecycle:
         shared = publisher.shared  # else it publishes no page
         for row, token in zip(plan.rows, tokens, strict=True):
             seq = requests[row.request_id]
-            seq.inflight_rows -= 1
+            t, b = seq._t, seq._b  # the state row (Sequence's properties, read directly)
+            t[b + ROWS] -= 1
             end = row.start_position + len(row.tokens)
-            if end > seq.num_computed:
-                seq.num_computed = end
+            if end > t[b + COMPUTED]:
+                t[b + COMPUTED] = end
                 if row.window_page_ids:  # pages now behind the window go back at once
                     self.alloc.trim_window(seq)
             sample = row.sample
             if sample:
-                seq.inflight_samples -= 1
-            if seq.cancelled or seq.failed or seq.finish_reason is not None:  # retiring
-                if seq.inflight_rows == 0:
+                t[b + SAMPLES] -= 1
+            if t[b + RETIRING]:
+                if t[b + ROWS] == 0:
                     self._retire(seq)
                 continue
             # The calls only where they have work: a decode row completes a page once in
             # page_tokens steps, and requests rarely mark prompt-turn ends.
-            if shared and seq.num_published < seq.num_computed // pt:
+            if shared and t[b + PUBLISHED] < t[b + COMPUTED] // pt:
                 publisher.pages(seq)
-            if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
+            if t[b + ENDPOINTS] < t[b + MARKS] or t[b + FORK] > 0:
                 publisher.endpoints(seq)
             if sample:
-                seq.append_token(token)
+                seq.tokens.append(token)  # Sequence.append_token, spelled out
+                t[b + KNOWN] += 1
+                t[b + LAST_TOKEN] = token
             else:
                 token = None
             # Sequence.num_output_tokens, spelled out
-            results.append(RowResult(row.request_id, token,
-                                     len(seq.tokens) - seq.num_prompt_tokens))
+            results.append(RowResult(row.request_id, token, t[b + KNOWN] - t[b + PROMPT]))
         return results
 
     def _complete_columns(self, plan: StepPlan, columns: RowColumns,
@@ -276,7 +278,7 @@ class Lifecycle:
         generations = self.alloc.generations
         for i, (row, token) in enumerate(zip(plan.rows, tokens, strict=True)):
             seq = requests.get(row.request_id)
-            if seq is None or seq.slot != row.slot or seq.inflight_rows < 1:
+            if seq is None or seq.slot != row.slot or seq._t[seq._b + ROWS] < 1:
                 raise CompletionError(f"row {i}: request {row.request_id} not in flight")
             if generations[row.slot] != row.generation:
                 raise CompletionError(f"row {i}: stale generation of slot {row.slot}")

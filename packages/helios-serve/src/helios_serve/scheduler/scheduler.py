@@ -449,7 +449,7 @@ class Scheduler:
 
         # Sequence.in_prefill as one filter first: in steady decode no running request is.
         windows = 0 if mixed else g.image_windows  # image windows the step may still encode
-        for seq in [s for s in self.live.running if s.num_scheduled < s.prefill_tokens]:
+        for seq in self._prefilling():
             if budget == 0 or len(rows) == max_rows:
                 break
             if seq.can_prefill and room(seq):
@@ -575,12 +575,7 @@ class Scheduler:
         running = self.live.running
         if len(running) < self._column_rows:
             return [s for s in running if s.decode_ready(ahead)]
-        key = tuple(running)
-        changes = self.alloc.changes
-        kept = self._running
-        if kept is None or kept[1] != changes or kept[0] != key:
-            kept = self._running = (key, changes, np.array([s.slot for s in key], np.intp))
-        v = self.alloc.state.grid[kept[2]]
+        v = self.alloc.state.grid[self._running_slots()]
         scheduled, known, budget, samples = (v[:, SCHEDULED], v[:, KNOWN], v[:, BUDGET],
                                              v[:, SAMPLES])
         # Sequence.decode_ready's two cases, column by column.
@@ -591,9 +586,31 @@ class Scheduler:
                       & (scheduled == known) & (known + 1 < budget) & (v[:, FEEDBACK] == 0))
         ready &= v[:, RETIRING] == 0
         picked = np.flatnonzero(ready)
-        if len(picked) == len(key):
-            return list(key)
-        return [key[i] for i in picked.tolist()]
+        if len(picked) == len(running):
+            return list(running)
+        return [running[i] for i in picked.tolist()]
+
+    def _running_slots(self) -> np.ndarray:
+        """The running requests' slots, running order (intp [running]; kept while the
+        running list and every slot's holder are unchanged)."""
+        key = tuple(self.live.running)
+        changes = self.alloc.changes
+        kept = self._running
+        if kept is None or kept[1] != changes or kept[0] != key:
+            kept = self._running = (key, changes, np.array([s.slot for s in key], np.intp))
+        return kept[2]
+
+    def _prefilling(self) -> list[Sequence]:
+        """The running requests with prompt (or recompute) tokens left to schedule
+        (Sequence.in_prefill), running order: one array test from `column_rows` running
+        requests on (in steady decode none is)."""
+        running = self.live.running
+        if len(running) < self._column_rows:
+            return [s for s in running if s._t[s._b + SCHEDULED] < s._t[s._b + PREFILL]]
+        grid = self.alloc.state.grid
+        slots = self._running_slots()
+        return [running[i] for i in np.flatnonzero(
+            grid[slots, SCHEDULED] < grid[slots, PREFILL]).tolist()]
 
     def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
         """A DECODE row per ready request whose next page is available.
@@ -619,7 +636,8 @@ class Scheduler:
         # SequencePages.window_prefix and Sequence.issue are spelled out (a call per row
         # each costs more than their reads; bench/packing.py).
         for seq in ready:
-            pos = seq.num_scheduled  # the pending token's position
+            t, b = seq._t, seq._b  # the state row (Sequence's properties, read directly)
+            pos = t[b + SCHEDULED]  # the pending token's position
             page_ids = seq.page_ids
             # The pending token opens a page: a page for it, or it waits for reclamation
             # (or preemption).
@@ -639,7 +657,13 @@ class Scheduler:
             append(RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
                            prefix, True, seq.request.sampling, None, None, 0, None, None,
                            (), tuple(seq.window_page_ids[:count]) if windowed else ()))
-            seq.issue(pos + 1, True, True, step)
+            # Sequence.issue(pos + 1, sample=True, decode=True, step)
+            t[b + SCHEDULED] = pos + 1
+            t[b + ROWS] += 1
+            t[b + SAMPLES] += 1
+            t[b + LAST_DECODE] = 1
+            t[b + HISTOGRAM] = 0
+            t[b + LAST_STEP] = step
             built.append(seq)
             positions.append(pos)
         if not rows:
