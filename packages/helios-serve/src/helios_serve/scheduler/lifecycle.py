@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence as Seq
+from operator import attrgetter
 
 import numpy as np
 from helios_tools.kernels.speculative import RECORD_FIELDS
@@ -46,11 +47,13 @@ from helios_serve.scheduler.sequence import (
     RETIRING,
     ROWS,
     SAMPLES,
+    WATCH,
     Sequence,
 )
 from helios_serve.scheduler.step_clock import StepClock
 from helios_serve.scheduler.transfers import PendingCopy, TransferQueue
 
+_SLOT = attrgetter("slot")
 # Completion records of at least this many rows have their ids tested as one array.
 ARRAY_CHECK_ROWS = 16
 
@@ -189,15 +192,15 @@ class Lifecycle:
         grid = self.alloc.state.grid
         slot_column = columns.slots
         slots = slot_column.tolist()
-        row_generations = columns.generations.tolist()
+        v = grid[slot_column]  # the cohort's state rows (SlotState), row order
         # Every row at once (one pass per test, no loop body per row); the rows one by one
         # only to name the first error.
         if not (in_vocab and all(map(requests.__contains__, columns.request_ids))
-                and [s.slot for s in seqs] == slots
-                and int(grid[slot_column, ROWS].min()) >= 1
-                and [generations[slot] for slot in slots] == row_generations):
+                and list(map(_SLOT, seqs)) == slots
+                and int(v[:, ROWS].min()) >= 1
+                and list(map(generations.__getitem__, slots)) == columns.generations.tolist()):
             for i, (seq, slot, generation) in enumerate(zip(
-                    seqs, slots, row_generations, strict=True)):
+                    seqs, slots, columns.generations.tolist(), strict=True)):
                 if seq.request_id not in requests or seq.slot != slot or seq.inflight_rows < 1:
                     raise CompletionError(f"row {i}: request {seq.request_id} not in flight")
                 if generations[slot] != generation:
@@ -209,22 +212,30 @@ class Lifecycle:
         self._clock.complete()
         pt = self.geometry.page_tokens
         publisher = self.publisher
-        # The state advance of every row over the cohort's state rows (SlotState): one
-        # row in flight less, computed up to its position, its sample known.
-        v = grid[slot_column]
-        v[:, ROWS] -= 1
+        # The state advance of every row as array operations: one row and one sample in
+        # flight less, computed up to its position; a live row's sample is known
+        # (Sequence.append_token: KNOWN and LAST_TOKEN here, the token list below).
+        v[:, ROWS:SAMPLES + 1] -= 1
         np.maximum(v[:, COMPUTED], columns.positions + 1, out=v[:, COMPUTED])
-        v[:, SAMPLES] -= 1
-        grid[slot_column] = v
         # Per row in Python only the rows with work beyond that, in row order (the cache
-        # sees retirements and publications in the per-row path's order): retiring rows,
-        # rows whose computed pages are not all published, rows with an endpoint to
-        # capture (Publisher.endpoints; fork_endpoint truthy).
-        retiring = v[:, RETIRING] != 0
-        work = retiring | (v[:, ENDPOINTS] < v[:, MARKS]) | (v[:, FORK] > 0)
+        # sees retirements and publications in the per-row path's order): retiring rows
+        # and rows with an endpoint to capture (WATCH), rows whose computed pages are not
+        # all published.
+        work = v[:, WATCH] != 0
         if publisher.shared:  # else it publishes no page
             work |= v[:, PUBLISHED] < v[:, COMPUTED] // pt
-        for i in np.flatnonzero(work).tolist():
+        visit = np.flatnonzero(work).tolist()
+        retiring = v[:, RETIRING] != 0 if visit else None
+        if retiring is None or not retiring.any():
+            v[:, KNOWN] += 1
+            v[:, LAST_TOKEN] = sampled if isinstance(sampled, np.ndarray) else tokens
+            live = None
+        else:
+            live = np.flatnonzero(~retiring)
+            v[live, KNOWN] += 1
+            v[live, LAST_TOKEN] = [tokens[i] for i in live.tolist()]
+        grid[slot_column] = v
+        for i in visit:
             seq = seqs[i]
             if retiring[i]:
                 if seq.inflight_rows == 0:
@@ -234,24 +245,18 @@ class Lifecycle:
                 publisher.pages(seq)
             if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
                 publisher.endpoints(seq)
-        # Sequence.append_token of every live row's sample.
         request_ids = columns.request_ids
-        if retiring.any():
-            live = np.flatnonzero(~retiring)
-            request_ids = [request_ids[i] for i in live.tolist()]
-            tokens = [tokens[i] for i in live.tolist()]
-            seqs = [seqs[i] for i in live.tolist()]
-            slot_column = slot_column[live]
-            known = v[live, KNOWN] + 1
-            prompt = v[live, PROMPT]
+        if live is None:
+            outputs = (v[:, KNOWN] - v[:, PROMPT]).tolist()
         else:
-            known = v[:, KNOWN] + 1
-            prompt = v[:, PROMPT]
+            kept = live.tolist()
+            request_ids = [request_ids[i] for i in kept]
+            tokens = [tokens[i] for i in kept]
+            seqs = [seqs[i] for i in kept]
+            outputs = (v[live, KNOWN] - v[live, PROMPT]).tolist()
         for seq, token in zip(seqs, tokens, strict=True):
             seq.tokens.append(token)
-        grid[slot_column, KNOWN] = known
-        grid[slot_column, LAST_TOKEN] = tokens
-        return RowResults(request_ids, tokens, (known - prompt).tolist())
+        return RowResults(request_ids, tokens, outputs)
 
     def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> list[int]:
         """Validate a completion record against its plan before any state changes.

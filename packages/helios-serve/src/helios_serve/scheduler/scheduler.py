@@ -576,14 +576,15 @@ class Scheduler:
         if len(running) < self._column_rows:
             return [s for s in running if s.decode_ready(ahead)]
         v = self.alloc.state.grid[self._running_slots()]
-        scheduled, known, budget, samples = (v[:, SCHEDULED], v[:, KNOWN], v[:, BUDGET],
-                                             v[:, SAMPLES])
-        # Sequence.decode_ready's two cases, column by column.
-        ready = ((samples == 0) & (scheduled >= v[:, PREFILL]) & (scheduled == known - 1)
-                 & (known < budget))
+        scheduled, samples = v[:, SCHEDULED], v[:, SAMPLES]
+        # Sequence.decode_ready's two cases, column by column: `unknown` tokens scheduled
+        # past the known ones (-1: one pending token known), `room` tokens of budget left.
+        unknown = scheduled - v[:, KNOWN]
+        room = v[:, BUDGET] - v[:, KNOWN]
+        ready = (unknown == -1) & (samples == 0) & (room > 0) & (scheduled >= v[:, PREFILL])
         if ahead:
-            ready |= ((samples == 1) & (v[:, ROWS] == 1) & (v[:, LAST_DECODE] != 0)
-                      & (scheduled == known) & (known + 1 < budget) & (v[:, FEEDBACK] == 0))
+            ready |= ((unknown == 0) & (samples == 1) & (room > 1) & (v[:, ROWS] == 1)
+                      & (v[:, LAST_DECODE] != 0) & (v[:, FEEDBACK] == 0))
         ready &= v[:, RETIRING] == 0
         picked = np.flatnonzero(ready)
         if len(picked) == len(running):
@@ -686,7 +687,8 @@ class Scheduler:
         pt, extra = g.page_tokens, g.extra_pages_per_request
         grid = self.alloc.state.grid
         kept = self._kept_cohort(tuple(ready))
-        positions = grid[kept[1], SCHEDULED]  # each pending token's position
+        v = grid[kept[1]]  # the cohort's state rows, row order
+        positions = v[:, SCHEDULED].copy()  # each pending token's position
         # Pages cover [0, position): only a position on a page boundary can open one.
         dropped: list[int] = []
         for i in np.flatnonzero(positions % pt == 0).tolist():
@@ -701,19 +703,14 @@ class Scheduler:
                 return None
             keep = np.ones(len(positions), bool)
             keep[dropped] = False
-            positions = positions[keep]
+            positions, v = positions[keep], v[keep]
             kept = self._kept_cohort(tuple(s for s, k in zip(kept[0], keep.tolist(),
                                                              strict=True) if k))
         cohort, slots = kept[0], kept[1]
         # Sequence.issue(position + 1, sample=True, decode=True, step) of every row.
-        v = grid[slots]
         fed = np.where(positions < v[:, KNOWN], v[:, LAST_TOKEN], PENDING_PLACEHOLDER)
-        v[:, SCHEDULED] = positions + 1
-        v[:, ROWS] += 1
-        v[:, SAMPLES] += 1
-        v[:, LAST_DECODE] = 1
-        v[:, HISTOGRAM] = 0
-        v[:, LAST_STEP] = self._frames.step
+        v[:, SCHEDULED:SAMPLES + 1] += 1  # scheduled, rows and samples in flight
+        v[:, LAST_DECODE:HISTOGRAM + 1] = (1, self._frames.step, 0)  # and no histogram
         grid[slots] = v
         if len(cohort) < self._column_rows:  # pages cut it: RowPlans after all
             return StepPlan(StepKind.DECODE, tuple(

@@ -17,10 +17,12 @@ from helios_serve.scheduler.request import FinishReason, SchedRequest
 
 # A request's fields in its state row (SlotState.grid columns). The first ten are
 # Sequence's properties of the same meaning; the rest are kept for the array tests only.
+# SCHEDULED to SAMPLES, LAST_DECODE to HISTOGRAM, and KNOWN and LAST_TOKEN are adjacent:
+# the decode step writes each group as one slice.
 SCHEDULED = 0  # num_scheduled
-COMPUTED = 1  # num_computed
-ROWS = 2  # inflight_rows
-SAMPLES = 3  # inflight_samples
+ROWS = 1  # inflight_rows
+SAMPLES = 2  # inflight_samples
+COMPUTED = 3  # num_computed
 PUBLISHED = 4  # num_published
 PREFILL = 5  # prefill_tokens
 LAST_DECODE = 6  # last_row_decode (0 / 1)
@@ -35,7 +37,9 @@ PROMPT = 14  # num_prompt_tokens (fixed)
 BUDGET = 15  # num_prompt_tokens + request.max_output_tokens (fixed): len(tokens) bound
 MARKS = 16  # len(request.publish_endpoints) (fixed)
 FEEDBACK = 17  # request.needs_feedback (fixed, 0 / 1)
-FIELDS = 18
+WATCH = 18  # 1 while a completion must visit the request's row: retiring, an endpoint to
+#             capture (endpoints_done < MARKS, or fork_endpoint truthy)
+FIELDS = 19
 
 
 class SlotState:
@@ -98,7 +102,6 @@ class Sequence:
     last_row_decode = _flag(LAST_DECODE, "The latest issued row was a decode row.")
     last_step = _field(LAST_STEP, "Step index of the latest row issued (-1: none).")
     needs_histogram = _flag(HISTOGRAM, "The next row carries histogram_tokens.")
-    endpoints_done = _field(ENDPOINTS, "Leading request.publish_endpoints already handled.")
 
     def __init__(self, request: SchedRequest, order: int) -> None:
         self.request = request
@@ -117,6 +120,7 @@ class Sequence:
         t[FEEDBACK] = 1 if request.needs_feedback else 0
         t[FORK] = -1
         t[LAST_STEP] = -1
+        t[WATCH] = 1 if t[MARKS] else 0
         self._cancelled = self._failed = False
         self._finish_reason: FinishReason | None = None
         # Cache fields: set by SequencePages.allocate at (re)admission and reset by its
@@ -148,6 +152,16 @@ class Sequence:
         self.constrained_candidates: tuple[tuple[int, int], tuple[int, ...]] | None = None
 
     @property
+    def endpoints_done(self) -> int:
+        """Leading request.publish_endpoints already handled."""
+        return self._t[self._b + ENDPOINTS]
+
+    @endpoints_done.setter
+    def endpoints_done(self, value: int) -> None:
+        self._t[self._b + ENDPOINTS] = value
+        self._mark_watch()
+
+    @property
     def fork_endpoint(self) -> int | None:
         """n > 1: the endpoint len(prompt) - 1 published for the choices forking from this
         one (None: none asked; 0: done)."""
@@ -157,6 +171,7 @@ class Sequence:
     @fork_endpoint.setter
     def fork_endpoint(self, value: int | None) -> None:
         self._t[self._b + FORK] = -1 if value is None else value
+        self._mark_watch()
 
     @property
     def cancelled(self) -> bool:
@@ -188,6 +203,12 @@ class Sequence:
     def _mark_retiring(self) -> None:
         self._t[self._b + RETIRING] = 1 if (
             self._cancelled or self._failed or self._finish_reason is not None) else 0
+        self._mark_watch()
+
+    def _mark_watch(self) -> None:
+        t, b = self._t, self._b
+        t[b + WATCH] = 1 if (t[b + RETIRING] or t[b + ENDPOINTS] < t[b + MARKS]
+                             or t[b + FORK] > 0) else 0
 
     def append_token(self, token: int) -> None:
         """A sampled token is known: appended to `tokens`."""
