@@ -85,8 +85,13 @@ def _request(seq: Sequence) -> dict:
 
 def _rows_hold(sched: Scheduler) -> None:
     """Every live request's state row says what its Sequence says, and is its slot's row
-    exactly while it holds one."""
+    exactly while it holds one; every slot holder is running; a free slot's row is
+    zero."""
     table = sched.alloc.state.values
+    held = {s.slot for s in sched.live.running}
+    assert held == {s.slot for s in sched.live.requests.values() if s.slot is not None}
+    for slot, row in enumerate(sched.alloc.state.grid.tolist()):
+        assert slot in held or not any(row), slot  # a free slot's row is zero
     for seq in sched.live.requests.values():
         if seq.slot is None:
             assert seq._t is not table and seq._b == 0

@@ -603,15 +603,15 @@ class Scheduler:
 
     def _prefilling(self) -> list[Sequence]:
         """The running requests with prompt (or recompute) tokens left to schedule
-        (Sequence.in_prefill), running order: one array test from `column_rows` running
-        requests on (in steady decode none is)."""
+        (Sequence.in_prefill), running order. From `column_rows` running requests on, one
+        array test over every slot's state row first (a free slot's row is zero; every
+        slot holder is running): in steady decode none is."""
         running = self.live.running
-        if len(running) < self._column_rows:
-            return [s for s in running if s._t[s._b + SCHEDULED] < s._t[s._b + PREFILL]]
-        grid = self.alloc.state.grid
-        slots = self._running_slots()
-        return [running[i] for i in np.flatnonzero(
-            grid[slots, SCHEDULED] < grid[slots, PREFILL]).tolist()]
+        if len(running) >= self._column_rows:
+            grid = self.alloc.state.grid
+            if not (grid[:, SCHEDULED] < grid[:, PREFILL]).any():
+                return []
+        return [s for s in running if s._t[s._b + SCHEDULED] < s._t[s._b + PREFILL]]
 
     def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
         """A DECODE row per ready request whose next page is available.

@@ -45,7 +45,8 @@ FIELDS = 19
 class SlotState:
     """The running requests' state rows, one per slot: int64 [slots, FIELDS] (`grid`,
     a NumPy view of `values`, an array.array whose items read as Python ints at list
-    speed). A row holds a request's values only while it owns the slot."""
+    speed). A row holds a request's values only while it owns the slot; a free slot's
+    row is zero."""
 
     def __init__(self, slots: int) -> None:
         self.values = array("q", bytes(8 * FIELDS * slots))
@@ -57,10 +58,13 @@ class SlotState:
         self.values[base:base + FIELDS] = seq._t[seq._b:seq._b + FIELDS]
         seq._t, seq._b = self.values, base
 
-    @staticmethod
-    def detach(seq: Sequence) -> None:
-        """`seq` gave its slot back: its row moves to a private one (values unchanged)."""
-        seq._t, seq._b = seq._t[seq._b:seq._b + FIELDS], 0
+    def detach(self, seq: Sequence) -> None:
+        """`seq` gave its slot back: its row moves to a private one (values unchanged) and
+        the slot's row is zeroed (a free slot's row reads as no request: not prefilling,
+        nothing in flight)."""
+        base = seq._b
+        seq._t, seq._b = self.values[base:base + FIELDS], 0
+        self.grid[base // FIELDS] = 0
 
 
 def _field(index: int, doc: str) -> property:
