@@ -319,3 +319,22 @@ def test_a_stale_generation_fails_an_unbuilt_plan_at_its_row():
     sched.alloc.generations[slot] += 1
     with pytest.raises(CompletionError, match=f"row 5: stale generation of slot {slot}"):
         sched.complete(plan, sampled)
+
+
+def test_a_slot_holder_change_since_the_plan_makes_completion_test_each_row():
+    """With no allocation or release since the plan was built its requests are live in
+    its slots (RowColumns.holders_at); after one, every row is tested again (here a
+    request moved off its slot behind the scheduler's back: its row fails)."""
+    model = paced_model(tiny_core(caps=CAPS), lambda graph: 0.0, range(3, 90))
+    sched = Scheduler(model.manifests, frames=1, device_pending=model.device_pending)
+    for i in range(COLUMN_ROWS):
+        sched.add(SchedRequest(request_id=i, prompt_tokens=(5, 6, 7), max_output_tokens=8))
+    plan = _steady(sched, model, COLUMN_ROWS)
+    assert plan.columns.holders_at == sched.alloc.changes == COLUMN_ROWS
+    sampled = model.wait(model.submit(plan))
+    seq = plan.columns.sequences[6]
+    seq.slot, sched.alloc.changes = COLUMN_ROWS + 1, sched.alloc.changes + 1
+    with pytest.raises(CompletionError, match="row 6: request 6 not in flight"):
+        sched.complete(plan, sampled)
+    seq.slot = int(plan.columns.slots[6])
+    assert len(sched.complete(plan, sampled)) == COLUMN_ROWS

@@ -194,9 +194,14 @@ class Lifecycle:
         slots = slot_column.tolist()
         v = grid[slot_column]  # the cohort's state rows (SlotState), row order
         # Every row at once (one pass per test, no loop body per row); the rows one by one
-        # only to name the first error.
-        if not (in_vocab and all(map(requests.__contains__, columns.request_ids))
-                and list(map(_SLOT, seqs)) == slots
+        # only to name the first error. The plan's requests were running in its slots
+        # when it was built (Scheduler._build_cohort); a request leaves or changes slot
+        # only by SequencePages.release / allocate, so with no holder change since, each
+        # is still live in its slot.
+        held = columns.holders_at == self.alloc.changes or (
+            all(map(requests.__contains__, columns.request_ids))
+            and list(map(_SLOT, seqs)) == slots)
+        if not (in_vocab and held
                 and int(v[:, ROWS].min()) >= 1
                 and list(map(generations.__getitem__, slots)) == columns.generations.tolist()):
             for i, (seq, slot, generation) in enumerate(zip(

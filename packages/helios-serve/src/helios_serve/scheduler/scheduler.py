@@ -720,7 +720,8 @@ class Scheduler:
                                            strict=True)))
         return StepPlan(StepKind.DECODE, None, columns=RowColumns(
             None, slots, kept[2], positions, kept[3], kept[4], request_ids=kept[5], fed=fed,
-            pages=kept[6], page_counts=positions // pt + (1 + extra), sequences=cohort))
+            pages=kept[6], page_counts=positions // pt + (1 + extra), sequences=cohort,
+            holders_at=self.alloc.changes))
 
     def _kept_cohort(self, cohort: tuple[Sequence, ...]) -> tuple:
         """The plain decode cohort's row values: (requests, slots intp, generations int64,
