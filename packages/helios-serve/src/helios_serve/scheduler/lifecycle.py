@@ -149,7 +149,8 @@ class Lifecycle:
             sample = row.sample
             if sample:
                 t[b + SAMPLES] -= 1
-            if t[b + RETIRING]:
+            watch = t[b + WATCH]  # retiring, or an endpoint to capture
+            if watch and t[b + RETIRING]:
                 if t[b + ROWS] == 0:
                     self._retire(seq)
                 continue
@@ -157,7 +158,7 @@ class Lifecycle:
             # page_tokens steps, and requests rarely mark prompt-turn ends.
             if shared and t[b + PUBLISHED] < t[b + COMPUTED] // pt:
                 publisher.pages(seq)
-            if t[b + ENDPOINTS] < t[b + MARKS] or t[b + FORK] > 0:
+            if watch and (t[b + ENDPOINTS] < t[b + MARKS] or t[b + FORK] > 0):
                 publisher.endpoints(seq)
             if sample:
                 seq.tokens.append(token)  # Sequence.append_token, spelled out
