@@ -236,8 +236,9 @@ class Scheduler:
         self._mixed_rows = max((b for b, t in g.mixed_capacities if t == self._mixed_budget),
                                default=0)
         self._mix_blocked = False  # the last mixed attempt placed no chunk
-        # The plain decode cohort (`_columns`): its requests in row order, and their slot,
-        # generation and logprobs columns and SamplingParams; None after another step.
+        # The plain decode cohort (`_kept_cohort`): its requests in row order, their slot,
+        # generation and logprobs columns, SamplingParams, request ids and page lists;
+        # None after another step.
         self._cohort: tuple | None = None
         # The running list's slots as an array (`_ready`): (the running tuple, the slot
         # changes counted then, slots); rebuilt when either changed.
@@ -803,7 +804,7 @@ class Scheduler:
         return row
 
     def _issue(self, plan: StepPlan) -> StepPlan:
-        if plan.columns is None:  # another kind of step may move slots (`_columns`)
+        if plan.columns is None:  # another kind of step may move slots (`_kept_cohort`)
             self._cohort = None
         self._clock.issue(plan)
         return self._frames.issue(plan)
