@@ -3,8 +3,9 @@
 A request's progress counters live in one row of int64 fields (`FIELDS`): a private row
 while it waits, the row of its slot in `SlotState` while it runs (SequencePages.allocate
 moves it in, SequencePages.release back out), so that the steady decode step reads and
-advances the running cohort as arrays (Scheduler._build_plain, Lifecycle.complete) while
-every other reader sees the same values through `Sequence`'s properties.
+advances the running cohort as arrays (Scheduler._ready, Scheduler._build_cohort,
+Lifecycle._complete_columns) while every other reader sees the same values through
+`Sequence`'s properties.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import numpy as np
 
 from helios_serve.scheduler.request import FinishReason, SchedRequest
 
-# A request's fields in its state row (SlotState.grid columns). The first ten are
-# Sequence's properties of the same meaning; the rest are kept for the array tests only.
+# A request's fields in its state row (SlotState.grid columns). SCHEDULED to FORK hold
+# Sequence's properties of the same meaning; RETIRING and WATCH follow its finish flags
+# and endpoint fields; KNOWN and LAST_TOKEN follow `tokens`; PROMPT to FEEDBACK are fixed
+# copies of the request's (what the array tests read without a Sequence).
 # SCHEDULED to SAMPLES, LAST_DECODE to HISTOGRAM, and KNOWN and LAST_TOKEN are adjacent:
 # the decode step writes each group as one slice.
 SCHEDULED = 0  # num_scheduled
