@@ -54,6 +54,7 @@ from helios_serve.scheduler.step_clock import StepClock
 from helios_serve.scheduler.transfers import PendingCopy, TransferQueue
 
 _SLOT = attrgetter("slot")
+_TOKENS = attrgetter("tokens")
 # Completion records of at least this many rows have their ids tested as one array.
 ARRAY_CHECK_ROWS = 16
 
@@ -260,8 +261,8 @@ class Lifecycle:
             tokens = [tokens[i] for i in kept]
             seqs = [seqs[i] for i in kept]
             outputs = (v[live, KNOWN] - v[live, PROMPT]).tolist()
-        for seq, token in zip(seqs, tokens, strict=True):
-            seq.tokens.append(token)
+        # Each live row's token appended to its request's list (one C-level pass).
+        deque(map(list.append, map(_TOKENS, seqs), tokens), 0)
         return RowResults(request_ids, tokens, outputs)
 
     def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> list[int]:
