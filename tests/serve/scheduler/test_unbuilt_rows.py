@@ -338,3 +338,23 @@ def test_a_slot_holder_change_since_the_plan_makes_completion_test_each_row():
         sched.complete(plan, sampled)
     seq.slot = int(plan.columns.slots[6])
     assert len(sched.complete(plan, sampled)) == COLUMN_ROWS
+
+
+def test_an_unbuilt_plan_completes_a_list_record_as_an_array_one():
+    """A record of Python ints (a caller without NumPy) advances the state rows exactly as
+    the device's integer array does."""
+    models, scheds = [], []
+    for _ in range(2):
+        model = paced_model(tiny_core(caps=CAPS), lambda graph: 0.0, range(3, 90))
+        sched = Scheduler(model.manifests, frames=1, device_pending=model.device_pending)
+        for i in range(COLUMN_ROWS):
+            sched.add(SchedRequest(request_id=i, prompt_tokens=(5, 6, 7), max_output_tokens=8))
+        models.append(model)
+        scheds.append(sched)
+    plans = [_steady(s, m, COLUMN_ROWS) for s, m in zip(scheds, models, strict=True)]
+    sampled = [m.wait(m.submit(p)) for m, p in zip(models, plans, strict=True)]
+    assert np.array_equal(sampled[0], sampled[1])
+    results = (scheds[0].complete(plans[0], sampled[0]),
+               scheds[1].complete(plans[1], [int(t) for t in sampled[1]]))
+    assert list(results[0].columns()) == list(results[1].columns())
+    assert _state(scheds[0]) == _state(scheds[1])

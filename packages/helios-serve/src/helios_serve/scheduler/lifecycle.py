@@ -186,9 +186,11 @@ class Lifecycle:
         if isinstance(sampled, np.ndarray) and sampled.ndim == 1 and sampled.dtype.kind in "iu":
             tokens = sampled.tolist()
             in_vocab = int(sampled.min()) >= 0 and int(sampled.max()) < vocab
+            known = sampled  # the ids as a column (the state rows' last tokens)
         else:
             tokens = [int(t) for t in sampled]
             in_vocab = all(0 <= t < vocab for t in tokens)
+            known = tokens
         requests = self.requests
         generations = self.alloc.generations
         grid = self.alloc.state.grid
@@ -235,7 +237,7 @@ class Lifecycle:
         retiring = v[:, RETIRING] != 0 if visit else None
         if retiring is None or not retiring.any():
             v[:, KNOWN] += 1
-            v[:, LAST_TOKEN] = sampled if isinstance(sampled, np.ndarray) else tokens
+            v[:, LAST_TOKEN] = known
             live = None
         else:
             live = np.flatnonzero(~retiring)
