@@ -243,6 +243,9 @@ class Scheduler:
         # The running list's slots as an array (`_ready`): (the running tuple, the slot
         # changes counted then, slots); rebuilt when either changed.
         self._running: tuple | None = None
+        # `_ready`'s list of every running request and their state rows, for the
+        # `_build_cohort` of the same list; None otherwise.
+        self._ready_rows: tuple | None = None
         self._column_rows = COLUMN_ROWS if column_rows is None else column_rows
 
     # -- admission --------------------------------------------------------------
@@ -574,6 +577,7 @@ class Scheduler:
         running order: from `column_rows` running requests on, one array test over their
         state rows (SlotState) instead of a test per request."""
         running = self.live.running
+        self._ready_rows = None
         if len(running) < self._column_rows:
             return [s for s in running if s.decode_ready(ahead)]
         v = self.alloc.state.grid[self._running_slots()]
@@ -589,7 +593,10 @@ class Scheduler:
         ready &= v[:, RETIRING] == 0
         picked = np.flatnonzero(ready)
         if len(picked) == len(running):
-            return list(running)
+            # Every running request: `_build_cohort` of this list reuses these rows.
+            everyone = list(running)
+            self._ready_rows = (everyone, v)
+            return everyone
         return [running[i] for i in picked.tolist()]
 
     def _running_slots(self) -> np.ndarray:
@@ -688,7 +695,10 @@ class Scheduler:
         pt, extra = g.page_tokens, g.extra_pages_per_request
         grid = self.alloc.state.grid
         kept = self._kept_cohort(tuple(ready))
-        v = grid[kept[1]]  # the cohort's state rows, row order
+        # The cohort's state rows, row order: `_ready`'s when `ready` is its list of every
+        # running request (nothing changed a row since: the same step's build).
+        stash, self._ready_rows = self._ready_rows, None
+        v = stash[1] if stash is not None and stash[0] is ready else grid[kept[1]]
         positions = v[:, SCHEDULED].copy()  # each pending token's position
         # Pages cover [0, position): only a position on a page boundary can open one.
         dropped: list[int] = []
