@@ -277,16 +277,19 @@ class RowColumns:
         page_counts: int64 [rows] len(RowPlan.page_ids), or None.
         sequences: the scheduler's per-row request state (opaque here: Lifecycle.complete
             reads it), or None.
+        holders_at: with `sequences`, the scheduler's count of slot holder changes when
+            the plan was built (opaque here: Lifecycle.complete reads it), else None.
     """
 
     __slots__ = ("rows", "slots", "generations", "positions", "logprobs", "holders",
-                 "request_ids", "fed", "pages", "page_counts", "sequences")
+                 "request_ids", "fed", "pages", "page_counts", "sequences", "holders_at")
 
     def __init__(self, rows: tuple[RowPlan, ...] | None, slots: np.ndarray,
                  generations: np.ndarray, positions: np.ndarray, logprobs: np.ndarray,
                  holders: tuple[SamplingParams, ...], *, request_ids: list[int] | None = None,
                  fed: np.ndarray | None = None, pages: list[list[int]] | None = None,
-                 page_counts: np.ndarray | None = None, sequences: tuple | None = None) -> None:
+                 page_counts: np.ndarray | None = None, sequences: tuple | None = None,
+                 holders_at: int | None = None) -> None:
         self.rows = rows
         self.slots = slots
         self.generations = generations
@@ -298,6 +301,7 @@ class RowColumns:
         self.pages = pages
         self.page_counts = page_counts
         self.sequences = sequences
+        self.holders_at = holders_at
 
     def __len__(self) -> int:
         return len(self.slots)

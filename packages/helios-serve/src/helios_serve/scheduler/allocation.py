@@ -39,7 +39,7 @@ from collections import deque
 from helios_serve.engine.plan import ModelGeometry
 from helios_serve.scheduler.cache import CacheManager
 from helios_serve.scheduler.capacity import ceil_div
-from helios_serve.scheduler.sequence import Sequence
+from helios_serve.scheduler.sequence import Sequence, SlotState
 from helios_serve.scheduler.transfers import Failed
 
 
@@ -105,6 +105,8 @@ class SequencePages:
         self.cache = cache
         self._free_slots = list(range(geometry.slots))  # min-heap: lowest slot first
         self._generations = [0] * geometry.slots  # per physical request row
+        self.state = SlotState(geometry.slots)  # the slot holders' state rows
+        self.changes = 0  # allocations and releases so far (a slot changed holder)
         self.reused_tokens = 0  # prompt tokens reused over every allocation
         self.window = (WindowPages(geometry.window_pages, geometry.page_tokens,
                                    geometry.window_tokens)
@@ -167,6 +169,8 @@ class SequencePages:
             seq.window_released = 0
         slot = heapq.heappop(self._free_slots)
         self._generations[slot] += 1
+        self.state.adopt(seq, slot)
+        self.changes += 1
         seq.slot = slot
         seq.generation = self._generations[slot]
         seq.prefill_tokens = len(seq.tokens)
@@ -267,3 +271,5 @@ class SequencePages:
         seq.page_ids = []
         seq.page_hashes = []
         seq.num_published = seq.num_scheduled = seq.num_computed = 0
+        self.state.detach(seq)
+        self.changes += 1

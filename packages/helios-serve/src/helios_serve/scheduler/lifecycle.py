@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence as Seq
+from operator import attrgetter
 
 import numpy as np
 from helios_tools.kernels.speculative import RECORD_FIELDS
@@ -34,10 +35,26 @@ from helios_serve.scheduler.request import (
     RowResult,
     RowResults,
 )
-from helios_serve.scheduler.sequence import Sequence
+from helios_serve.scheduler.sequence import (
+    COMPUTED,
+    ENDPOINTS,
+    FORK,
+    KNOWN,
+    LAST_TOKEN,
+    MARKS,
+    PROMPT,
+    PUBLISHED,
+    RETIRING,
+    ROWS,
+    SAMPLES,
+    WATCH,
+    Sequence,
+)
 from helios_serve.scheduler.step_clock import StepClock
 from helios_serve.scheduler.transfers import PendingCopy, TransferQueue
 
+_SLOT = attrgetter("slot")
+_TOKENS = attrgetter("tokens")
 # Completion records of at least this many rows have their ids tested as one array.
 ARRAY_CHECK_ROWS = 16
 
@@ -123,32 +140,35 @@ class Lifecycle:
         shared = publisher.shared  # else it publishes no page
         for row, token in zip(plan.rows, tokens, strict=True):
             seq = requests[row.request_id]
-            seq.inflight_rows -= 1
+            t, b = seq._t, seq._b  # the state row (Sequence's properties, read directly)
+            t[b + ROWS] -= 1
             end = row.start_position + len(row.tokens)
-            if end > seq.num_computed:
-                seq.num_computed = end
+            if end > t[b + COMPUTED]:
+                t[b + COMPUTED] = end
                 if row.window_page_ids:  # pages now behind the window go back at once
                     self.alloc.trim_window(seq)
             sample = row.sample
             if sample:
-                seq.inflight_samples -= 1
-            if seq.cancelled or seq.failed or seq.finish_reason is not None:  # retiring
-                if seq.inflight_rows == 0:
+                t[b + SAMPLES] -= 1
+            watch = t[b + WATCH]  # retiring, or an endpoint to capture
+            if watch and t[b + RETIRING]:
+                if t[b + ROWS] == 0:
                     self._retire(seq)
                 continue
             # The calls only where they have work: a decode row completes a page once in
             # page_tokens steps, and requests rarely mark prompt-turn ends.
-            if shared and seq.num_published < seq.num_computed // pt:
+            if shared and t[b + PUBLISHED] < t[b + COMPUTED] // pt:
                 publisher.pages(seq)
-            if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
+            if watch and (t[b + ENDPOINTS] < t[b + MARKS] or t[b + FORK] > 0):
                 publisher.endpoints(seq)
             if sample:
-                seq.tokens.append(token)
+                seq.tokens.append(token)  # Sequence.append_token, spelled out
+                t[b + KNOWN] += 1
+                t[b + LAST_TOKEN] = token
             else:
                 token = None
             # Sequence.num_output_tokens, spelled out
-            results.append(RowResult(row.request_id, token,
-                                     len(seq.tokens) - seq.num_prompt_tokens))
+            results.append(RowResult(row.request_id, token, t[b + KNOWN] - t[b + PROMPT]))
         return results
 
     def _complete_columns(self, plan: StepPlan, columns: RowColumns,
@@ -166,21 +186,30 @@ class Lifecycle:
         if isinstance(sampled, np.ndarray) and sampled.ndim == 1 and sampled.dtype.kind in "iu":
             tokens = sampled.tolist()
             in_vocab = int(sampled.min()) >= 0 and int(sampled.max()) < vocab
+            known = sampled  # the ids as a column (the state rows' last tokens)
         else:
             tokens = [int(t) for t in sampled]
             in_vocab = all(0 <= t < vocab for t in tokens)
+            known = tokens
         requests = self.requests
         generations = self.alloc.generations
-        slots = columns.slots.tolist()
-        row_generations = columns.generations.tolist()
+        grid = self.alloc.state.grid
+        slot_column = columns.slots
+        slots = slot_column.tolist()
+        v = grid[slot_column]  # the cohort's state rows (SlotState), row order
         # Every row at once (one pass per test, no loop body per row); the rows one by one
-        # only to name the first error.
-        if not (in_vocab and all(map(requests.__contains__, columns.request_ids))
-                and [s.slot for s in seqs] == slots
-                and min([s.inflight_rows for s in seqs]) >= 1
-                and [generations[slot] for slot in slots] == row_generations):
+        # only to name the first error. The plan's requests were running in its slots
+        # when it was built (Scheduler._build_cohort); a request leaves or changes slot
+        # only by SequencePages.release / allocate, so with no holder change since, each
+        # is still live in its slot.
+        held = columns.holders_at == self.alloc.changes or (
+            all(map(requests.__contains__, columns.request_ids))
+            and list(map(_SLOT, seqs)) == slots)
+        if not (in_vocab and held
+                and int(v[:, ROWS].min()) >= 1
+                and list(map(generations.__getitem__, slots)) == columns.generations.tolist()):
             for i, (seq, slot, generation) in enumerate(zip(
-                    seqs, slots, row_generations, strict=True)):
+                    seqs, slots, columns.generations.tolist(), strict=True)):
                 if seq.request_id not in requests or seq.slot != slot or seq.inflight_rows < 1:
                     raise CompletionError(f"row {i}: request {seq.request_id} not in flight")
                 if generations[slot] != generation:
@@ -192,31 +221,50 @@ class Lifecycle:
         self._clock.complete()
         pt = self.geometry.page_tokens
         publisher = self.publisher
-        shared = publisher.shared  # else it publishes no page
-        outputs: list[int] = []
-        skipped: list[int] = []  # rows of retiring requests: no result
-        for i, (seq, end, token) in enumerate(zip(
-                seqs, (columns.positions + 1).tolist(), tokens, strict=True)):
-            seq.inflight_rows -= 1
-            if end > seq.num_computed:
-                seq.num_computed = end
-            seq.inflight_samples -= 1
-            if seq.cancelled or seq.failed or seq.finish_reason is not None:  # retiring
+        # The state advance of every row as array operations: one row and one sample in
+        # flight less, computed up to its position; a live row's sample is known
+        # (Sequence.append_token: KNOWN and LAST_TOKEN here, the token list below).
+        v[:, ROWS:SAMPLES + 1] -= 1
+        np.maximum(v[:, COMPUTED], columns.positions + 1, out=v[:, COMPUTED])
+        # Per row in Python only the rows with work beyond that, in row order (the cache
+        # sees retirements and publications in the per-row path's order): retiring rows
+        # and rows with an endpoint to capture (WATCH), rows whose computed pages are not
+        # all published.
+        work = v[:, WATCH] != 0
+        if publisher.shared:  # else it publishes no page
+            work |= v[:, PUBLISHED] < v[:, COMPUTED] // pt
+        visit = np.flatnonzero(work).tolist()
+        retiring = v[:, RETIRING] != 0 if visit else None
+        if retiring is None or not retiring.any():
+            v[:, KNOWN] += 1
+            v[:, LAST_TOKEN] = known
+            live = None
+        else:
+            live = np.flatnonzero(~retiring)
+            v[live, KNOWN] += 1
+            v[live, LAST_TOKEN] = [tokens[i] for i in live.tolist()]
+        grid[slot_column] = v
+        for i in visit:
+            seq = seqs[i]
+            if retiring[i]:
                 if seq.inflight_rows == 0:
                     self._retire(seq)
-                skipped.append(i)
                 continue
-            if shared and seq.num_published < seq.num_computed // pt:
+            if publisher.shared and seq.num_published < seq.num_computed // pt:
                 publisher.pages(seq)
             if seq.endpoints_done < len(seq.request.publish_endpoints) or seq.fork_endpoint:
                 publisher.endpoints(seq)
-            seq.tokens.append(token)
-            outputs.append(len(seq.tokens) - seq.num_prompt_tokens)
         request_ids = columns.request_ids
-        if skipped:
-            kept = sorted(set(range(n)).difference(skipped))
+        if live is None:
+            outputs = (v[:, KNOWN] - v[:, PROMPT]).tolist()
+        else:
+            kept = live.tolist()
             request_ids = [request_ids[i] for i in kept]
             tokens = [tokens[i] for i in kept]
+            seqs = [seqs[i] for i in kept]
+            outputs = (v[live, KNOWN] - v[live, PROMPT]).tolist()
+        # Each live row's token appended to its request's list (one C-level pass).
+        deque(map(list.append, map(_TOKENS, seqs), tokens), 0)
         return RowResults(request_ids, tokens, outputs)
 
     def _check_completion(self, plan: StepPlan, sampled: Seq[int]) -> list[int]:
@@ -244,7 +292,7 @@ class Lifecycle:
         generations = self.alloc.generations
         for i, (row, token) in enumerate(zip(plan.rows, tokens, strict=True)):
             seq = requests.get(row.request_id)
-            if seq is None or seq.slot != row.slot or seq.inflight_rows < 1:
+            if seq is None or seq.slot != row.slot or seq._t[seq._b + ROWS] < 1:
                 raise CompletionError(f"row {i}: request {row.request_id} not in flight")
             if generations[row.slot] != row.generation:
                 raise CompletionError(f"row {i}: stale generation of slot {row.slot}")
@@ -273,7 +321,7 @@ class Lifecycle:
                 continue
             self.publisher.pages(seq, row.start_position + 1)  # the run: next completion
             for token in lane[RECORD_FIELDS:RECORD_FIELDS + emitted]:
-                seq.tokens.append(int(token))
+                seq.append_token(int(token))
                 results.append(RowResult(row.request_id, int(token), seq.num_output_tokens))
         return results
 
@@ -355,7 +403,7 @@ class Lifecycle:
         """
         seq = self.requests[request_id]
         if output_tokens is not None and not seq.retiring and output_tokens < seq.num_output_tokens:
-            del seq.tokens[seq.num_prompt_tokens + output_tokens:]
+            seq.cut_output(output_tokens)
         if publish and not seq.retiring and seq.slot is not None:
             self.publisher.end(seq)
         if not seq.retiring:

@@ -119,7 +119,21 @@ from helios_serve.scheduler.request import (
     SchedulerStats,
     TransferCost,
 )
-from helios_serve.scheduler.sequence import Sequence
+from helios_serve.scheduler.sequence import (
+    BUDGET,
+    FEEDBACK,
+    HISTOGRAM,
+    KNOWN,
+    LAST_DECODE,
+    LAST_STEP,
+    LAST_TOKEN,
+    PREFILL,
+    RETIRING,
+    ROWS,
+    SAMPLES,
+    SCHEDULED,
+    Sequence,
+)
 from helios_serve.scheduler.step_clock import StepClock
 from helios_serve.scheduler.transfers import TransferQueue
 from helios_serve.speculation import HistoryIndex, WidthPolicy
@@ -222,9 +236,16 @@ class Scheduler:
         self._mixed_rows = max((b for b, t in g.mixed_capacities if t == self._mixed_budget),
                                default=0)
         self._mix_blocked = False  # the last mixed attempt placed no chunk
-        # The plain decode cohort (`_columns`): its requests in row order, and their slot,
-        # generation and logprobs columns and SamplingParams; None after another step.
+        # The plain decode cohort (`_kept_cohort`): its requests in row order, their slot,
+        # generation and logprobs columns, SamplingParams, request ids and page lists;
+        # None after another step.
         self._cohort: tuple | None = None
+        # The running list's slots as an array (`_ready`): (the running tuple, the slot
+        # changes counted then, slots); rebuilt when either changed.
+        self._running: tuple | None = None
+        # `_ready`'s list of every running request and their state rows, for the
+        # `_build_cohort` of the same list; None otherwise.
+        self._ready_rows: tuple | None = None
         self._column_rows = COLUMN_ROWS if column_rows is None else column_rows
 
     # -- admission --------------------------------------------------------------
@@ -372,7 +393,7 @@ class Scheduler:
             decoding = any(not s.retiring and s.num_scheduled >= s.prefill_tokens
                            for s in live.running)
             return None if decoding else _NO_MIX
-        ready = [s for s in live.running if s.decode_ready(False)]
+        ready = self._ready(False)
         if not ready:
             return _NO_MIX
         g = self.geometry
@@ -432,7 +453,7 @@ class Scheduler:
 
         # Sequence.in_prefill as one filter first: in steady decode no running request is.
         windows = 0 if mixed else g.image_windows  # image windows the step may still encode
-        for seq in [s for s in self.live.running if s.num_scheduled < s.prefill_tokens]:
+        for seq in self._prefilling():
             if budget == 0 or len(rows) == max_rows:
                 break
             if seq.can_prefill and room(seq):
@@ -539,7 +560,7 @@ class Scheduler:
         lanes_of = self.lanes
         ahead = bool(self._frames.outstanding) and self.device_pending and (
             not lanes_of.widths or lanes_of.policy is not None)
-        ready = [s for s in self.live.running if s.decode_ready(ahead)]
+        ready = self._ready(ahead)
         cap = self.geometry.decode_capacities[-1]
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
@@ -550,6 +571,55 @@ class Scheduler:
         if speculates(min(ready, key=lambda s: (s.last_step, s.order)).request):
             return self._build_speculative(lanes) or self._build_plain(plain)
         return self._build_plain(plain) or self._build_speculative(lanes)
+
+    def _ready(self, ahead: bool) -> list[Sequence]:
+        """The running requests that may decode now (Sequence.decode_ready(ahead)), in
+        running order: from `column_rows` running requests on, one array test over their
+        state rows (SlotState) instead of a test per request."""
+        running = self.live.running
+        self._ready_rows = None
+        if len(running) < self._column_rows:
+            return [s for s in running if s.decode_ready(ahead)]
+        v = self.alloc.state.grid[self._running_slots()]
+        scheduled, samples = v[:, SCHEDULED], v[:, SAMPLES]
+        # Sequence.decode_ready's two cases, column by column: `unknown` tokens scheduled
+        # past the known ones (-1: one pending token known), `room` tokens of budget left.
+        unknown = scheduled - v[:, KNOWN]
+        room = v[:, BUDGET] - v[:, KNOWN]
+        ready = (unknown == -1) & (samples == 0) & (room > 0) & (scheduled >= v[:, PREFILL])
+        if ahead:
+            ready |= ((unknown == 0) & (samples == 1) & (room > 1) & (v[:, ROWS] == 1)
+                      & (v[:, LAST_DECODE] != 0) & (v[:, FEEDBACK] == 0))
+        ready &= v[:, RETIRING] == 0
+        picked = np.flatnonzero(ready)
+        if len(picked) == len(running):
+            # Every running request: `_build_cohort` of this list reuses these rows.
+            everyone = list(running)
+            self._ready_rows = (everyone, v)
+            return everyone
+        return [running[i] for i in picked.tolist()]
+
+    def _running_slots(self) -> np.ndarray:
+        """The running requests' slots, running order (intp [running]; kept while the
+        running list and every slot's holder are unchanged)."""
+        key = tuple(self.live.running)
+        changes = self.alloc.changes
+        kept = self._running
+        if kept is None or kept[1] != changes or kept[0] != key:
+            kept = self._running = (key, changes, np.array([s.slot for s in key], np.intp))
+        return kept[2]
+
+    def _prefilling(self) -> list[Sequence]:
+        """The running requests with prompt (or recompute) tokens left to schedule
+        (Sequence.in_prefill), running order. From `column_rows` running requests on, one
+        array test over every slot's state row first (a free slot's row is zero; every
+        slot holder is running): in steady decode none is."""
+        running = self.live.running
+        if len(running) >= self._column_rows:
+            grid = self.alloc.state.grid
+            if not (grid[:, SCHEDULED] < grid[:, PREFILL]).any():
+                return []
+        return [s for s in running if s._t[s._b + SCHEDULED] < s._t[s._b + PREFILL]]
 
     def _build_plain(self, ready: list[Sequence]) -> StepPlan | None:
         """A DECODE row per ready request whose next page is available.
@@ -565,17 +635,18 @@ class Scheduler:
         # Rows left unbuilt: decided by the ready count (a plan that pages cut below
         # column_rows gets its rows from the lists after all).
         unbuilt = len(ready) >= self._column_rows and not windowed
+        if unbuilt:
+            return self._build_cohort(ready)
         rows: list[RowPlan] = []
         append = rows.append
         built: list[Sequence] = []  # the requests that got a row, row order
         positions: list[int] = []  # each row's pending-token position
-        fed: list[int] = []  # unbuilt: each row's token (a placeholder while on the device)
-        pages: list[list[int]] = []  # unbuilt: each row's page list (its prefix: the pages)
-        # Every decode row of every step runs this body: Sequence.page_prefix,
+        # Every decode row of a small step runs this body: Sequence.page_prefix,
         # SequencePages.window_prefix and Sequence.issue are spelled out (a call per row
         # each costs more than their reads; bench/packing.py).
         for seq in ready:
-            pos = seq.num_scheduled  # the pending token's position
+            t, b = seq._t, seq._b  # the state row (Sequence's properties, read directly)
+            pos = t[b + SCHEDULED]  # the pending token's position
             page_ids = seq.page_ids
             # The pending token opens a page: a page for it, or it waits for reclamation
             # (or preemption).
@@ -586,54 +657,90 @@ class Scheduler:
             tokens = seq.tokens
             # The pending token, or a placeholder while it is still on the device.
             token = tokens[pos] if pos < len(tokens) else PENDING_PLACEHOLDER
-            if unbuilt:
-                fed.append(token)
-                pages.append(page_ids)
-            else:
-                # _row of a one-token sampling row: pages cover [0, pos + 1), plus the
-                # extra pages (Sequence.page_prefix: the cached prefix while the count
-                # holds).
-                count = pos // pt + 1
-                source, prefix = seq._page_prefix
-                if source is not page_ids or len(prefix) != count + extra:
-                    prefix = seq.page_prefix(count + extra)
-                append(RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
-                               prefix, True, seq.request.sampling, None, None, 0, None, None,
-                               (), tuple(seq.window_page_ids[:count]) if windowed else ()))
+            # _row of a one-token sampling row: pages cover [0, pos + 1), plus the extra
+            # pages (Sequence.page_prefix: the cached prefix while the count holds).
+            count = pos // pt + 1
+            source, prefix = seq._page_prefix
+            if source is not page_ids or len(prefix) != count + extra:
+                prefix = seq.page_prefix(count + extra)
+            append(RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
+                           prefix, True, seq.request.sampling, None, None, 0, None, None,
+                           (), tuple(seq.window_page_ids[:count]) if windowed else ()))
             # Sequence.issue(pos + 1, sample=True, decode=True, step)
-            seq.num_scheduled = pos + 1
-            seq.inflight_rows += 1
-            seq.inflight_samples += 1
-            seq.last_row_decode = True
-            seq.needs_histogram = False
-            seq.last_step = step
+            t[b + SCHEDULED] = pos + 1
+            t[b + ROWS] += 1
+            t[b + SAMPLES] += 1
+            t[b + LAST_DECODE] = 1
+            t[b + HISTOGRAM] = 0
+            t[b + LAST_STEP] = step
             built.append(seq)
             positions.append(pos)
-        if not built:
+        if not rows:
             return None
-        if unbuilt:
-            if len(built) >= self._column_rows:
-                return StepPlan(StepKind.DECODE, None,
-                                columns=self._columns(None, built, positions, fed, pages))
-            rows = [RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
-                            tuple(page_ids[:pos // pt + 1 + extra]), True, seq.request.sampling)
-                    for seq, pos, token, page_ids in zip(built, positions, fed, pages,
-                                                         strict=True)]
         if len(rows) < self._column_rows:
             return StepPlan(StepKind.DECODE, tuple(rows))
         rows_ = tuple(rows)
-        return StepPlan(StepKind.DECODE, rows_, columns=self._columns(
-            rows_, built, positions, [r.tokens[0] for r in rows_], pages))
+        kept = self._kept_cohort(tuple(built))
+        return StepPlan(StepKind.DECODE, rows_, columns=RowColumns(
+            rows_, kept[1], kept[2], np.array(positions, np.int64), kept[3], kept[4],
+            request_ids=kept[5], fed=np.array([r.tokens[0] for r in rows_], np.int64)))
 
-    def _columns(self, rows: tuple[RowPlan, ...] | None, built: list[Sequence],
-                 positions: list[int], fed: list[int], pages: list[list[int]]) -> RowColumns:
-        """The plain DECODE rows' host values as arrays (engine.plan.RowColumns; with
-        `rows` None, every row value: the plan's rows stay unbuilt). The request, slot,
-        generation and sampling columns are the decode cohort's: kept while the same
-        requests get rows in the same order and no other plan is issued between (`_issue`
-        drops them): a request's slot and generation change only by a release and a new
-        allocation, whose prefill (or mixed) plan is issued before it decodes again."""
-        cohort = tuple(built)
+    def _build_cohort(self, ready: list[Sequence]) -> StepPlan | None:
+        """`_build_plain` of `column_rows` or more requests on a core without a
+        sliding-window region, over the cohort's state rows (SlotState): positions, fed
+        tokens and the scheduled-state advance as array operations; per row in Python
+        only the rows whose pending token opens a page (1 in page_tokens steps). The
+        plan's RowPlans stay unbuilt (RowColumns carry every row value)."""
+        g = self.geometry
+        pt, extra = g.page_tokens, g.extra_pages_per_request
+        grid = self.alloc.state.grid
+        kept = self._kept_cohort(tuple(ready))
+        # The cohort's state rows, row order: `_ready`'s when `ready` is its list of every
+        # running request (nothing changed a row since: the same step's build).
+        stash, self._ready_rows = self._ready_rows, None
+        v = stash[1] if stash is not None and stash[0] is ready else grid[kept[1]]
+        positions = v[:, SCHEDULED].copy()  # each pending token's position
+        # Pages cover [0, position): only a position on a page boundary can open one.
+        dropped: list[int] = []
+        for i in np.flatnonzero(positions % pt == 0).tolist():
+            seq = kept[0][i]
+            pos = int(positions[i])
+            # The pending token opens a page: a page for it, or it waits for reclamation
+            # (or preemption).
+            if pos == (len(seq.page_ids) - extra) * pt and not self.alloc.extend(seq, pos + 1):
+                dropped.append(i)
+        if dropped:
+            if len(dropped) == len(positions):
+                return None
+            keep = np.ones(len(positions), bool)
+            keep[dropped] = False
+            positions, v = positions[keep], v[keep]
+            kept = self._kept_cohort(tuple(s for s, k in zip(kept[0], keep.tolist(),
+                                                             strict=True) if k))
+        cohort, slots = kept[0], kept[1]
+        # Sequence.issue(position + 1, sample=True, decode=True, step) of every row.
+        fed = np.where(positions < v[:, KNOWN], v[:, LAST_TOKEN], PENDING_PLACEHOLDER)
+        v[:, SCHEDULED:SAMPLES + 1] += 1  # scheduled, rows and samples in flight
+        v[:, LAST_DECODE:HISTOGRAM + 1] = (1, self._frames.step, 0)  # and no histogram
+        grid[slots] = v
+        if len(cohort) < self._column_rows:  # pages cut it: RowPlans after all
+            return StepPlan(StepKind.DECODE, tuple(
+                RowPlan(seq.request_id, seq.slot, seq.generation, (token,), pos,
+                        tuple(seq.page_ids[:pos // pt + 1 + extra]), True, seq.request.sampling)
+                for seq, pos, token in zip(cohort, positions.tolist(), fed.tolist(),
+                                           strict=True)))
+        return StepPlan(StepKind.DECODE, None, columns=RowColumns(
+            None, slots, kept[2], positions, kept[3], kept[4], request_ids=kept[5], fed=fed,
+            pages=kept[6], page_counts=positions // pt + (1 + extra), sequences=cohort,
+            holders_at=self.alloc.changes))
+
+    def _kept_cohort(self, cohort: tuple[Sequence, ...]) -> tuple:
+        """The plain decode cohort's row values: (requests, slots intp, generations int64,
+        logprobs asks int64 (-1: none), SamplingParams, request ids, page lists). Kept
+        while the same requests get rows in the same order and no other plan is issued
+        between (`_issue` drops them): a request's slot, generation and page list change
+        only by a release and a new allocation, whose prefill (or mixed) plan is issued
+        before it decodes again (its page list is only appended to meanwhile)."""
         kept = self._cohort
         if kept is None or kept[0] != cohort:  # Sequence has no __eq__: identity per item
             holders = tuple([s.request.sampling for s in cohort])
@@ -644,19 +751,9 @@ class Scheduler:
                 np.array([-1 if h.logprobs is None else h.logprobs for h in holders],
                          np.int64),
                 holders,
-                [s.request_id for s in cohort])
-        _, slots, generations, logprobs, holders, request_ids = kept
-        position = np.array(positions, np.int64)
-        tokens = np.array(fed, np.int64)
-        if rows is not None:
-            return RowColumns(rows, slots, generations, position, logprobs, holders,
-                              request_ids=request_ids, fed=tokens)
-        g = self.geometry
-        return RowColumns(None, slots, generations, position, logprobs, holders,
-                          request_ids=request_ids, fed=tokens, pages=pages,
-                          page_counts=position // g.page_tokens
-                          + (1 + g.extra_pages_per_request),
-                          sequences=cohort)
+                [s.request_id for s in cohort],
+                [s.page_ids for s in cohort])
+        return kept
 
     def _build_speculative(self, ready: list[Sequence]) -> StepPlan | None:
         """One SPECULATIVE lane per ready request (`lane_ceiling`), pages for all of it
@@ -717,7 +814,7 @@ class Scheduler:
         return row
 
     def _issue(self, plan: StepPlan) -> StepPlan:
-        if plan.columns is None:  # another kind of step may move slots (`_columns`)
+        if plan.columns is None:  # another kind of step may move slots (`_kept_cohort`)
             self._cohort = None
         self._clock.issue(plan)
         return self._frames.issue(plan)
