@@ -80,6 +80,31 @@ def _once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
         return paths
 
 
+# Folders whose test files share one costly per-process resource, so xdist hands each
+# folder to a single worker: tests/ray's files share the session's local Ray cluster
+# (`ray_cluster`: about 20 s to start, 4 CPUs claimed), which a second worker would start
+# again beside the first.
+ONE_WORKER_FOLDERS = ("tests/ray/",)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: `-p no:xdist` leaves it unused
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with every file of a `ONE_WORKER_FOLDERS` folder in one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    # Imported here: xdist is the caller, so it is installed whenever this runs.
+    from xdist.scheduler import LoadFileScheduling
+
+    class FolderOrFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            for folder in ONE_WORKER_FOLDERS:
+                if nodeid.startswith(folder):
+                    return folder
+            return super()._split_scope(nodeid)
+
+    return FolderOrFileScheduling(config, log)
+
+
 @dataclass(frozen=True)
 class ExportedCore:
     """A core on disk with what it takes to open it."""
