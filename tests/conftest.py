@@ -87,7 +87,7 @@ def _once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
 ONE_WORKER_FOLDERS = ("tests/ray/",)
 
 
-@pytest.hookimpl(optionalhook=True)  # an xdist hook: `-p no:xdist` leaves it unused
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without xdist ignores it
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` with every file of a `ONE_WORKER_FOLDERS` folder in one unit."""
     if config.getvalue("dist") != "loadfile":
