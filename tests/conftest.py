@@ -1,8 +1,15 @@
-"""Shared fixtures: real cores (SmolLM2, Gemma 3) exported once per test session.
+"""Shared fixtures: real cores (SmolLM2, Gemma 3) exported once per test run.
 
 `ignition export` runs through its library entry point (the CLI is covered by its own
-tests); each core is signed with a key generated for the session. Use these fixtures
+tests); each core is signed with a key generated for the run. Use these fixtures
 instead of exporting again: an export takes about 10 s on the CI machine.
+
+The suite runs on two pytest-xdist workers (pyproject.toml's addopts: `-n 2 --dist
+loadfile`; docs/testing.md). Session fixtures run once per worker process, so the files
+these fixtures write (the signing keys, the exported cores, the tiny checkpoint) are
+built once per run by `_once_per_run`: the first worker to ask builds them under a file
+lock in the run's shared temporary folder, and the other finds them there. Objects in
+memory (a loaded checkpoint, a running server) stay per worker.
 
 The suite runs NumPy's OpenBLAS with one thread (OPENBLAS_NUM_THREADS=1 unless already
 set), set here before any test module imports NumPy, and inherited by every process the
@@ -15,24 +22,87 @@ threads against 6.4-7.1 s with one; at three ranks 52-67 s against 4.4-7.1 s. At
 load 1-2 (2 threads -> 1): tests/e2e/test_speculative_real.py 165 -> 115 s (its batch
 of 8: 63 -> 24 s), tests/serve/runtime/test_ranks.py 42 -> 31 s, while one request's
 NumPy compute alone runs about 1.5x slower (tests/ignition/parity/
-test_launch_choices.py 30 -> 34 s). OPENBLAS_NUM_THREADS=2 in the environment runs
-the suite the other way. The tests and the servers they start compute with the same
-setting.
+test_launch_choices.py 30 -> 34 s). With two workers, each one BLAS thread, the two
+cores are already both busy with tests: a second BLAS thread per worker would only
+oversubscribe them further. OPENBLAS_NUM_THREADS=2 in the environment runs the suite
+the other way. The tests and the servers they start compute with the same setting.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads: see above
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
 NAMESPACE = "helios.test/models"
+
+
+def _once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
+                  build: Callable[[Path], tuple[Path, ...]]) -> tuple[Path, ...]:
+    """The files `build(folder)` wrote into a fresh folder, built once in this pytest run.
+
+    Args:
+        name: the folder's name; one name, one build.
+        build: writes its files into the folder it is given and returns their paths
+            (inside that folder).
+
+    Returns:
+        `build`'s paths. Serially (no xdist worker), `build` runs in a fresh
+        `tmp_path_factory` folder. Under xdist, in `name` under the run's shared
+        temporary folder (the parent of every worker's base temp): the first worker
+        builds it while holding `name.lock`; a later one waits for the lock and gets
+        the same paths without building. A build that raised left no record: the next
+        worker to ask builds again from an empty folder.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return build(tmp_path_factory.mktemp(name))
+    root = tmp_path_factory.getbasetemp().parent / "once-per-run"
+    root.mkdir(exist_ok=True)
+    folder = root / name
+    record = root / f"{name}.json"
+    with FileLock(root / f"{name}.lock"):
+        if record.exists():
+            return tuple(folder / relative for relative in json.loads(record.read_text()))
+        shutil.rmtree(folder, ignore_errors=True)  # what a build that raised left behind
+        folder.mkdir()
+        paths = build(folder)
+        record.write_text(json.dumps([str(path.relative_to(folder)) for path in paths]))
+        return paths
+
+
+# Folders whose test files share one costly per-process resource, so xdist hands each
+# folder to a single worker: tests/ray's files share the session's local Ray cluster
+# (`ray_cluster`: about 20 s to start, 4 CPUs claimed), which a second worker would start
+# again beside the first.
+ONE_WORKER_FOLDERS = ("tests/ray/",)
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without xdist ignores it
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with every file of a `ONE_WORKER_FOLDERS` folder in one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    # Imported here: xdist is the caller, so it is installed whenever this runs.
+    from xdist.scheduler import LoadFileScheduling
+
+    class FolderOrFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            for folder in ONE_WORKER_FOLDERS:
+                if nodeid.startswith(folder):
+                    return folder
+            return super()._split_scope(nodeid)
+
+    return FolderOrFileScheduling(config, log)
 
 
 @dataclass(frozen=True)
@@ -47,54 +117,70 @@ class ExportedCore:
 
 @pytest.fixture(scope="session")
 def signing_key_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """(private key, public key): the run's publisher key pair, PEM files."""
     from helios_tools.core import generate_key, write_key_pair
 
-    folder = tmp_path_factory.mktemp("keys")
-    private, public = write_key_pair(generate_key(), folder / "publisher.key")
+    private, public = _once_per_run(
+        tmp_path_factory, "keys",
+        lambda folder: write_key_pair(generate_key(), folder / "publisher.key"))
     return private, public
 
 
-def _export(tmp_path_factory, keys, weight_dtype: str) -> ExportedCore:
+def _export(tmp_path_factory, keys, name: str, weight_dtype: str, **options) -> ExportedCore:
+    """SmolLM2 from `RECIPE` exported once per run into `{name}.core` with `weight_dtype`
+    and `options` (export_core's keywords), signed with `keys`."""
     from helios_ignition.export import export_core
 
     private, public = keys
-    out = tmp_path_factory.mktemp(f"core-{weight_dtype}") / f"smollm2-{weight_dtype}.core"
-    export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
-                weight_dtype=weight_dtype)
+
+    def build(folder: Path) -> tuple[Path]:
+        out = folder / f"{name}.core"
+        export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
+                    out=out, weight_dtype=weight_dtype, **options)
+        return (out,)
+
+    (out,) = _once_per_run(tmp_path_factory, f"core-{name}", build)
     return ExportedCore(out, public, private, NAMESPACE)
 
 
 @pytest.fixture(scope="session")
 def smollm2_core_f32(tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with float32 weights."""
-    return _export(tmp_path_factory, signing_key_pair, "f32")
+    return _export(tmp_path_factory, signing_key_pair, "smollm2-f32", "f32")
 
 
 @pytest.fixture(scope="session")
 def smollm2_core_bf16(tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with bf16 weights (the recipe's default)."""
-    return _export(tmp_path_factory, signing_key_pair, "bf16")
+    return _export(tmp_path_factory, signing_key_pair, "smollm2-bf16", "bf16")
 
 
 @pytest.fixture(scope="session")
 def gemma3_checkpoint():
-    """Gemma 3 270M's Q4_K_M GGUF from the development group's package, opened once (its
-    262,144-piece vocabulary takes most of the load): the reader tests and `gemma3_core`
-    share it."""
+    """Gemma 3 270M's Q4_K_M GGUF from the development group's package, opened once per
+    worker (its 262,144-piece vocabulary takes most of the load): the reader tests and
+    `gemma3_core` share it."""
     from helios_ignition.checkpoint import gemma3_270m_gguf_path, load_gguf
 
     return load_gguf(gemma3_270m_gguf_path())
 
 
 @pytest.fixture(scope="session")
-def gemma3_core(tmp_path_factory, signing_key_pair, gemma3_checkpoint) -> ExportedCore:
-    """Gemma 3 270M (recipes/gemma3_270m.py: GGUF blocks) from `gemma3_checkpoint`."""
+def gemma3_core(request, tmp_path_factory, signing_key_pair) -> ExportedCore:
+    """Gemma 3 270M (recipes/gemma3_270m.py: GGUF blocks) from `gemma3_checkpoint`, which
+    only the worker that exports it opens."""
     from helios_ignition.export import export_core
 
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("core-gemma3") / "gemma3-270m.core"
-    export_core(REPO / "recipes" / "gemma3_270m.py", checkpoint=gemma3_checkpoint,
-                key_path=private, namespace=NAMESPACE, out=out)
+
+    def build(folder: Path) -> tuple[Path]:
+        out = folder / "gemma3-270m.core"
+        export_core(REPO / "recipes" / "gemma3_270m.py",
+                    checkpoint=request.getfixturevalue("gemma3_checkpoint"),
+                    key_path=private, namespace=NAMESPACE, out=out)
+        return (out,)
+
+    (out,) = _once_per_run(tmp_path_factory, "core-gemma3", build)
     return ExportedCore(out, public, private, NAMESPACE)
 
 
@@ -112,9 +198,12 @@ def tiny_served(tmp_path_factory, signing_key_pair) -> TinyServed:
     from tests.tiny_model import NAMESPACE, export_tiny, write_tiny_checkpoint
 
     private, public = signing_key_pair
-    folder = tmp_path_factory.mktemp("tiny-served")
-    checkpoint = write_tiny_checkpoint(folder)
-    out = export_tiny(checkpoint, private, folder / "tiny.core")
+
+    def build(folder: Path) -> tuple[Path, Path]:
+        checkpoint = write_tiny_checkpoint(folder)
+        return checkpoint, export_tiny(checkpoint, private, folder / "tiny.core")
+
+    checkpoint, out = _once_per_run(tmp_path_factory, "tiny-served", build)
     return TinyServed(checkpoint, ExportedCore(out, public, private, NAMESPACE))
 
 
@@ -124,8 +213,12 @@ def tiny_tp2(tmp_path_factory, tiny_served) -> ExportedCore:
     from tests.tiny_model import export_tiny
 
     core = tiny_served.core
-    out = tmp_path_factory.mktemp("tiny-tp2") / "tiny-tp2.core"
-    export_tiny(tiny_served.checkpoint, core.private_key, out, tensor_parallel=2)
+
+    def build(folder: Path) -> tuple[Path]:
+        return (export_tiny(tiny_served.checkpoint, core.private_key, folder / "tiny-tp2.core",
+                            tensor_parallel=2),)
+
+    (out,) = _once_per_run(tmp_path_factory, "tiny-tp2", build)
     return ExportedCore(out, core.public_key, core.private_key, core.namespace)
 
 
@@ -133,10 +226,5 @@ def tiny_tp2(tmp_path_factory, tiny_served) -> ExportedCore:
 def smollm2_tp3_f32(tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with float32 weights and `--tensor-parallel 3` (its 9 query
     and 3 key/value heads, FFN 1536 and vocabulary 49152 divide by 3)."""
-    from helios_ignition.export import export_core
-
-    private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("core-tp3") / "smollm2-f32-tp3.core"
-    export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
-                weight_dtype="f32", tensor_parallel=3)
-    return ExportedCore(out, public, private, NAMESPACE)
+    return _export(tmp_path_factory, signing_key_pair, "smollm2-f32-tp3", "f32",
+                   tensor_parallel=3)

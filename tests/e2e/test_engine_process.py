@@ -27,6 +27,7 @@ from tests.tiny_model import serve_error_line
 
 SERVE = os.path.join(os.path.dirname(sys.executable), "helios-serve")
 MODEL = "tiny-served"
+REAL = "smollm2"  # the real SmolLM2 core's alias (recipes/smollm2_135m_instruct.py)
 HELLO = [{"role": "user", "content": "hello"}]
 
 
@@ -367,26 +368,37 @@ def _value(samples: dict, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))][1]
 
 
+def _load(samples: dict[tuple[str, tuple], float]) -> tuple[float, float]:
+    """(requests running, requests waiting) in `_samples`' output."""
+    return samples[("helios_requests_running", ())], samples[("helios_requests_waiting", ())]
+
+
 @pytest.fixture(scope="module")
-def engine_death(tiny_served):
+def engine_death(smollm2_core_f32):
     """One engine-process server (two slots, a queue of one) through its engine's death,
     recorded: a finished request, then a stream of n=2 on both slots and a JSON request
     waiting in the engine's queue, a 503 from that full queue, /metrics (`before`), the
     engine's SIGKILL, /metrics once the frontend saw it (`after_kill`), a request
-    refused, /metrics again (`after_refusal`)."""
+    refused, /metrics again (`after_refusal`).
+
+    The real SmolLM2 (not the tiny model): the stream must still hold both slots through
+    the requests and scrapes that follow its first event. The tiny model's 220 tokens
+    (its context is 256) took well under a second, and on a busy machine the stream had
+    finished before the queue-full request, which then got a 200. SmolLM2's 2,000-token
+    stream runs for tens of seconds; the engine's SIGKILL ends it long before."""
     from helios_serve.cli import start
     from helios_serve.config import ServeOptions
 
-    core = tiny_served.core
+    core = smollm2_core_f32
     server = start(core.path, [str(core.public_key)], core.namespace,
                    ServeOptions(port=0, max_active=2, queue_capacity=1, engine_process=True))
     server.serve_in_background()
     out = {"health_before": httpx.get(server.url + "/health").status_code}
     try:
         out["finished"] = _post(server, "/v1/chat/completions",
-                                _chat(max_tokens=12, ignore_eos=True))
-        body = _chat(max_tokens=220, ignore_eos=True, stream=True, n=2, temperature=0.8,
-                     seed=1)
+                                _chat(model=REAL, max_tokens=12, ignore_eos=True))
+        body = _chat(model=REAL, max_tokens=2000, ignore_eos=True, stream=True, n=2,
+                     temperature=0.8, seed=1)
         with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
                           timeout=60) as r:
             assert r.status_code == 200, r.read()
@@ -396,15 +408,15 @@ def engine_death(tiny_served):
             # Both slots run; a JSON request waits in the engine's queue (of one).
             waiting: list = []
             queued = threading.Thread(target=lambda: waiting.append(
-                _post(server, "/v1/chat/completions", _chat())))
+                _post(server, "/v1/chat/completions", _chat(model=REAL))))
             queued.start()
             deadline = time.monotonic() + 30
-            while _samples(server)[("helios_requests_waiting", ())] != 1:
-                assert time.monotonic() < deadline
+            while _load(_samples(server)) != (2, 1):  # the second choice may start later
+                assert time.monotonic() < deadline, _load(_samples(server))
                 time.sleep(0.01)
             # The queue cannot take two more choices: the engine's Rejected is a 503.
             out["queue_full"] = _post(server, "/v1/chat/completions",
-                                      _chat(n=2, temperature=0.8, seed=2))
+                                      _chat(model=REAL, n=2, temperature=0.8, seed=2))
             out["before"] = _typed_samples(server)  # the engine's last scrape
             os.kill(server.engine.pid, signal.SIGKILL)
             out["rest"] = [line for line in lines if line.startswith("data: ")]
@@ -413,7 +425,7 @@ def engine_death(tiny_served):
         health = httpx.get(server.url + "/health")
         out["health_after"] = (health.status_code, health.json())
         out["after_kill"] = _typed_samples(server)
-        out["refused"] = _post(server, "/v1/chat/completions", _chat())
+        out["refused"] = _post(server, "/v1/chat/completions", _chat(model=REAL))
         out["after_refusal"] = _typed_samples(server)
         out["metrics_status"] = httpx.get(server.url + "/metrics").status_code
     finally:
