@@ -3,12 +3,36 @@ around the SmolLM2 core exported once per session (tests/conftest.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 import pytest
 from helios_serve.bootstrap import Bootstrap
 from helios_serve.clock import ObservationClock
 from helios_serve.config import ServeOptions, resolve
 from helios_serve.runtime.native_model import NativeModel
 from helios_serve.server import Server
+
+
+@contextmanager
+def served_on_cpu(path: Path, public: Path, namespace: str) -> Iterator[tuple]:
+    """`path` served on the cpu backend (2 running requests, a queue of 4) for the
+    block: yields (bootstrap, settings, an openai client of its /v1); stops the server
+    and closes the core after it."""
+    import openai
+
+    bootstrap = Bootstrap.load(path, [public], namespace)
+    settings = resolve(ServeOptions(port=0, max_active=2, queue_capacity=4), bootstrap.contract)
+    model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
+                             max_concurrency=settings.max_active)
+    server = Server.start(bootstrap, model, settings, ObservationClock())
+    try:
+        yield bootstrap, settings, openai.OpenAI(base_url=server.url + "/v1", api_key="unused",
+                                                 max_retries=0, timeout=600.0)
+    finally:
+        server.stop()
+        bootstrap.close()
 
 
 @pytest.fixture(scope="session")

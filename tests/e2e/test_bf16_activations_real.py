@@ -13,17 +13,13 @@ from pathlib import Path
 import pytest
 from helios_ignition.capture import launch
 from helios_ignition.export import export_core
-from helios_serve.bootstrap import Bootstrap
-from helios_serve.clock import ObservationClock
-from helios_serve.config import ServeOptions, resolve
 from helios_serve.runtime.driver import Driver
-from helios_serve.runtime.native_model import NativeModel
-from helios_serve.server import Server
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
 from helios_tools.lint import lint_capabilities, lint_core
 
 from tests.conftest import NAMESPACE, RECIPE
+from tests.e2e.conftest import served_on_cpu
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDENS = json.loads((REPO / "tests" / "golden" / "smollm2_goldens.json").read_text())
@@ -56,7 +52,6 @@ def test_rounded_products_and_lint_clean(bf16_core):
 
 
 def test_http_greedy_equals_the_native_model_run(bf16_core):
-    import openai
 
     path, public, core = bf16_core
     goldens = [p for p in GOLDENS["prompts"] if p["name"] in PROMPTS]
@@ -66,21 +61,11 @@ def test_http_greedy_equals_the_native_model_run(bf16_core):
         direct = Driver(model).generate([p["prompt_ids"] for p in goldens], STEPS)
     finally:
         model.close()
-    bootstrap = Bootstrap.load(path, [public], NAMESPACE)
-    settings = resolve(ServeOptions(port=0, max_active=2, queue_capacity=4), bootstrap.contract)
-    model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
-                             max_concurrency=settings.max_active)
-    server = Server.start(bootstrap, model, settings, ObservationClock())
-    try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                               timeout=600.0)
+    with served_on_cpu(path, public, NAMESPACE) as (bootstrap, settings, client):
         served = [client.chat.completions.create(
             model=settings.served_name, messages=p["messages"], temperature=0,
             max_tokens=STEPS, extra_body={"return_token_ids": True}) for p in goldens]
         tokenizer = bootstrap.tokenizer
-    finally:
-        server.stop()
-        bootstrap.close()
     for r, ids, p in zip(served, direct, goldens, strict=True):
         got = r.choices[0].token_ids
         assert got == ids[:len(got)] and (len(got) == STEPS or r.choices[0].finish_reason

@@ -18,18 +18,14 @@ import numpy as np
 import pytest
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_ignition.export import export_core, open_checkpoint
-from helios_serve.bootstrap import Bootstrap
-from helios_serve.clock import ObservationClock
-from helios_serve.config import ServeOptions, resolve
 from helios_serve.runtime.driver import Driver
-from helios_serve.runtime.native_model import NativeModel
-from helios_serve.server import Server
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
 from helios_tools.kernels.int8 import dequantize_int4_min, dequantize_int8
 from helios_tools.lint import lint_capabilities
 
 from tests.conftest import NAMESPACE, RECIPE
+from tests.e2e.conftest import served_on_cpu
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDENS = json.loads((REPO / "tests" / "golden" / "smollm2_goldens.json").read_text())
@@ -127,8 +123,6 @@ def test_a_minimum_argument_must_be_the_weights_own(gguf_core):
 def test_cpu_greedy_ids_equal_the_hf_goldens_and_http_serves_them(gguf_core):
     """Driver: 16 greedy ids of every golden prompt equal HF float32's on the same weights;
     HTTP: the "france" chat answer's ids (temperature 0, up to its EOS) are their prefix."""
-    import openai
-
     path, public, core = gguf_core
     prompts = GOLDENS["prompts"]
     model = load_native(core, "cpu")
@@ -138,20 +132,10 @@ def test_cpu_greedy_ids_equal_the_hf_goldens_and_http_serves_them(gguf_core):
         model.close()
     assert ids == [p["greedy_ids"][:STEPS] for p in prompts]
     golden = next(p for p in prompts if p["name"] == "france")
-    bootstrap = Bootstrap.load(path, [public], NAMESPACE)
-    settings = resolve(ServeOptions(port=0, max_active=2, queue_capacity=4), bootstrap.contract)
-    model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
-                             max_concurrency=settings.max_active)
-    server = Server.start(bootstrap, model, settings, ObservationClock())
-    try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                               timeout=600.0)
+    with served_on_cpu(path, public, NAMESPACE) as (bootstrap, settings, client):
         r = client.chat.completions.create(
             model=settings.served_name, messages=golden["messages"], temperature=0,
             max_tokens=STEPS, extra_body={"return_token_ids": True})
-    finally:
-        server.stop()
-        bootstrap.close()
     got = r.choices[0].token_ids
     assert got and got == golden["greedy_ids"][:len(got)]
     assert r.choices[0].message.content == golden["greedy_text"][:len(

@@ -18,18 +18,14 @@ import numpy as np
 import pytest
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_ignition.export import export_core, open_checkpoint
-from helios_serve.bootstrap import Bootstrap
-from helios_serve.clock import ObservationClock
-from helios_serve.config import ServeOptions, resolve
 from helios_serve.runtime.driver import Driver
-from helios_serve.runtime.native_model import NativeModel
-from helios_serve.server import Server
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
 from helios_tools.kernels.int4 import dequantize_int4, quantize_int4
 from helios_tools.lint import lint_capabilities
 
 from tests.conftest import NAMESPACE, RECIPE
+from tests.e2e.conftest import served_on_cpu
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = REPO / "tests" / "golden" / "smollm2_int4_greedy.json"
@@ -110,8 +106,6 @@ def test_a_zero_point_argument_must_be_the_weights_own(int4_core):
 def test_cpu_serves_it_over_http_with_the_expected_greedy_ids(int4_core):
     """The golden "france" prompt: the Driver's 16 greedy ids equal the committed ones, and
     the HTTP chat answer's ids (temperature 0, up to its EOS) are their prefix."""
-    import openai
-
     path, public, core = int4_core
     expected = json.loads(EXPECTED.read_text())
     golden = next(p for p in json.loads(GOLDENS.read_text())["prompts"]
@@ -122,20 +116,10 @@ def test_cpu_serves_it_over_http_with_the_expected_greedy_ids(int4_core):
     finally:
         model.close()
     assert direct == expected["ids"]
-    bootstrap = Bootstrap.load(path, [public], NAMESPACE)
-    settings = resolve(ServeOptions(port=0, max_active=2, queue_capacity=4), bootstrap.contract)
-    model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
-                             max_concurrency=settings.max_active)
-    server = Server.start(bootstrap, model, settings, ObservationClock())
-    try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                               timeout=600.0)
+    with served_on_cpu(path, public, NAMESPACE) as (bootstrap, settings, client):
         r = client.chat.completions.create(
             model=settings.served_name, messages=golden["messages"], temperature=0,
             max_tokens=len(expected["ids"]), extra_body={"return_token_ids": True})
-    finally:
-        server.stop()
-        bootstrap.close()
     got = r.choices[0].token_ids
     assert got == expected["http_ids"] == direct[:len(got)]
     assert r.choices[0].message.content == expected["http_text"]

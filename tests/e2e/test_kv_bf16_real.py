@@ -17,16 +17,12 @@ from pathlib import Path
 import pytest
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_ignition.export import export_core
-from helios_serve.bootstrap import Bootstrap
-from helios_serve.clock import ObservationClock
-from helios_serve.config import ServeOptions, resolve
 from helios_serve.runtime.driver import Driver
-from helios_serve.runtime.native_model import NativeModel
-from helios_serve.server import Server
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
 
 from tests.conftest import NAMESPACE, RECIPE
+from tests.e2e.conftest import served_on_cpu
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = REPO / "tests" / "golden" / "smollm2_kvbf16_greedy.json"
@@ -83,17 +79,8 @@ def greedy_ids(core) -> list[list[int]]:
 def http_answers(path: Path, public: Path) -> list[tuple[list[int], str]]:
     """(token ids, text) of each golden prompt's chat answer from a real helios-serve on
     the cpu backend (temperature 0, at most STEPS tokens)."""
-    import openai
-
     prompts = json.loads(GOLDENS.read_text())["prompts"]
-    bootstrap = Bootstrap.load(path, [public], NAMESPACE)
-    settings = resolve(ServeOptions(port=0, max_active=2, queue_capacity=4), bootstrap.contract)
-    model = NativeModel.load(bootstrap.prepared, bootstrap.core.read_resource, "cpu",
-                             max_concurrency=settings.max_active)
-    server = Server.start(bootstrap, model, settings, ObservationClock())
-    try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                               timeout=600.0)
+    with served_on_cpu(path, public, NAMESPACE) as (bootstrap, settings, client):
         answers = []
         for prompt in prompts:
             r = client.chat.completions.create(
@@ -101,9 +88,6 @@ def http_answers(path: Path, public: Path) -> list[tuple[list[int], str]]:
                 max_tokens=STEPS, extra_body={"return_token_ids": True})
             answers.append((r.choices[0].token_ids, r.choices[0].message.content))
         return answers
-    finally:
-        server.stop()
-        bootstrap.close()
 
 
 def test_cpu_serves_it_over_http_with_the_expected_greedy_text(kv16_core):
