@@ -54,7 +54,7 @@ from .capture.buffers import (
     weight_resource_id,
 )
 from .checkpoint.errors import UnsupportedTensorError
-from .quantize import relaunch
+from .quantize import keep_used_kernels, programs, relaunch
 
 SCALE_SUFFIX = ".scale"
 
@@ -98,10 +98,6 @@ def describe_kv_bf16(planes: list[str]) -> str:
             "element, half the f32 cache's), each write rounded to nearest even")
 
 
-def _programs(manifest: mpb.ExecutionManifest):
-    return [*manifest.graphs, *manifest.tuning.producers]
-
-
 def fp8_planes(manifest: mpb.ExecutionManifest) -> list[str]:
     """Cache planes that take e4m3 storage, in manifest order: every launch naming the
     plane (or any of its continuation / host-tier planes) passes it as a plane parameter
@@ -121,7 +117,7 @@ def _form_planes(manifest: mpb.ExecutionManifest, forms: dict[str, str]) -> list
     ops = {k.id: k.reference_op for k in manifest.kernels}
     planes = {b.name for b in manifest.buffers if b.role == mpb.BUFFER_ROLE_CACHE_PLANE}
     ok: dict[str, bool] = {}
-    for program in _programs(manifest):
+    for program in programs(manifest):
         for launch in program.launches:
             op = ops[launch.kernel]
             for spec, arg in zip(kernel_params(op), launch.args, strict=True):
@@ -177,7 +173,7 @@ def apply_kv_fp8(manifest: mpb.ExecutionManifest,
                 stored[member] = name
     dtypes = {b.name: ("u8" if b.name in stored else "f32") for b in manifest.buffers}
     kernels = {k.id: k for k in manifest.kernels}
-    for program in _programs(manifest):
+    for program in programs(manifest):
         for launch in program.launches:
             op = kernels[launch.kernel].reference_op
             names = [a.buffer.buffer if a.WhichOneof("value") == "buffer" else None
@@ -193,10 +189,7 @@ def apply_kv_fp8(manifest: mpb.ExecutionManifest,
                     args.insert(at + i, mpb.Argument(buffer=mpb.BufferView(
                         buffer=side, shape=[int(scales[side].shape[0])])))
             relaunch(launch, KV_FP8_FORMS[op], args, kernels, dtypes, "f32")
-    used = {launch.kernel for p in _programs(manifest) for launch in p.launches}
-    keep = [k for k in kernels.values() if k.id in used]
-    del manifest.kernels[:]
-    manifest.kernels.extend(keep)
+    keep_used_kernels(manifest, kernels)
     return scales
 
 
@@ -230,7 +223,7 @@ def apply_kv_bf16(manifest: mpb.ExecutionManifest, graphs: Sequence[cpb.GraphCon
                 stored.add(member)
     dtypes = {b.name: ("bf16" if b.name in stored else "f32") for b in manifest.buffers}
     kernels = {k.id: k for k in manifest.kernels}
-    for program in _programs(manifest):
+    for program in programs(manifest):
         for launch in program.launches:
             op = kernels[launch.kernel].reference_op
             views = [a.buffer for a in launch.args if a.WhichOneof("value") == "buffer"
@@ -246,10 +239,7 @@ def apply_kv_bf16(manifest: mpb.ExecutionManifest, graphs: Sequence[cpb.GraphCon
                 view.byte_offset //= _F32_PER_BF16
                 view.row_stride //= _F32_PER_BF16
                 view.byte_extent //= _F32_PER_BF16
-    used = {launch.kernel for p in _programs(manifest) for launch in p.launches}
-    keep = [k for k in kernels.values() if k.id in used]
-    del manifest.kernels[:]
-    manifest.kernels.extend(keep)
+    keep_used_kernels(manifest, kernels)
     return [b.name for b in manifest.buffers if b.name in stored]
 
 

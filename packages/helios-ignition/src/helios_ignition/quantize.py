@@ -80,8 +80,18 @@ def packed_path_off() -> Iterator[None]:
         launch_rules.LINEAR_MMA = saved
 
 
-def _programs(manifest: mpb.ExecutionManifest):
+def programs(manifest: mpb.ExecutionManifest) -> list:
+    """Every program whose launches a rewrite visits: the graphs and the tuning producers."""
     return [*manifest.graphs, *manifest.tuning.producers]
+
+
+def keep_used_kernels(manifest: mpb.ExecutionManifest, kernels: dict[str, mpb.Kernel]) -> None:
+    """Replace `manifest`'s kernels with those of `kernels` (a rewrite's variants, old and
+    new) that some launch still names: rewritten launches leave their old variants unused."""
+    used = {launch.kernel for p in programs(manifest) for launch in p.launches}
+    keep = [k for k in kernels.values() if k.id in used]
+    del manifest.kernels[:]
+    manifest.kernels.extend(keep)
 
 
 def fp8_weights(manifest: mpb.ExecutionManifest) -> list[str]:
@@ -108,7 +118,7 @@ def _readable(manifest: mpb.ExecutionManifest, forms: dict[str, str]) -> list[st
     matrices = {b.name for b in manifest.buffers
                 if b.role == mpb.BUFFER_ROLE_WEIGHT and len(b.shape) == 2 and b.name != LM_HEAD}
     ok: dict[str, bool] = {}
-    for program in _programs(manifest):
+    for program in programs(manifest):
         for launch in program.launches:
             op = ops[launch.kernel]
             params = kernel_params(op)
@@ -213,7 +223,7 @@ def apply_storage(manifest: mpb.ExecutionManifest, storage: dict[str, tuple[int,
     dtypes = {b.name: ("u8" if b.name in storage else _DTYPE_NAMES.get(b.dtype, "f32"))
               for b in manifest.buffers}
     kernels = {k.id: k for k in manifest.kernels}
-    for program in _programs(manifest):
+    for program in programs(manifest):
         for launch in program.launches:
             op = kernels[launch.kernel].reference_op
             names_ = [a.buffer.buffer if a.WhichOneof("value") == "buffer" else None
@@ -230,10 +240,7 @@ def apply_storage(manifest: mpb.ExecutionManifest, storage: dict[str, tuple[int,
             if op not in forms:
                 continue
             _rewrite(launch, forms[op], at, sides[weight], group, kernels, dtypes)
-    used = {launch.kernel for p in _programs(manifest) for launch in p.launches}
-    keep = [k for k in kernels.values() if k.id in used]
-    del manifest.kernels[:]
-    manifest.kernels.extend(keep)
+    keep_used_kernels(manifest, kernels)
 
 
 def _rewrite(launch: mpb.Launch, op: str, at: int, sides: list[str], group: int,
