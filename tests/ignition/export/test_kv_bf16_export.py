@@ -13,7 +13,8 @@ from helios_tools.core import load_public_key, open_core
 from helios_tools.kernels.kv_bf16 import KV_BF16_FORMS
 from helios_tools.lint import lint_capabilities
 
-from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, assert_lint_clean, run_export
+from tests.ignition.export.tiny import (LLAMA_RECIPE, NAMESPACE, assert_lint_clean, inspect_kv_cache,
+                                       kv_cache_line, run_export)
 
 
 def test_export_stores_the_kv_cache_as_bf16(tmp_path, make_checkpoint, signing_key_pair):
@@ -33,6 +34,10 @@ def test_export_stores_the_kv_cache_as_bf16(tmp_path, make_checkpoint, signing_k
     lines = [line for line in result.stdout.splitlines() if line.startswith("KV cache")]
     assert lines == [f"KV cache bf16: {len(planes)} cache planes of bfloat16 elements (2 bytes "
                      "an element, half the f32 cache's), each write rounded to nearest even"]
+    line, regions = inspect_kv_cache(out)  # helios-tools inspect names the element type
+    assert line == kv_cache_line("bf16")
+    assert {(p["element"], p["element_bytes"]) for r in regions for p in r["planes"]} == {
+        ("bf16", 2)}
     assert_lint_clean(core)
     assert lint_capabilities(core.contract, core.manifest, ["cpu", "cuda"]) == []
 

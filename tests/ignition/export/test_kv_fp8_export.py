@@ -12,7 +12,8 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.core import load_public_key, open_core
 from helios_tools.lint import lint_capabilities
 
-from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, assert_lint_clean, run_export
+from tests.ignition.export.tiny import (LLAMA_RECIPE, NAMESPACE, assert_lint_clean, inspect_kv_cache,
+                                       kv_cache_line, run_export)
 
 
 @pytest.mark.parametrize("name", ["fp8", "fp8_e4m3"])
@@ -40,6 +41,10 @@ def test_export_stores_the_kv_cache_as_e4m3(tmp_path, make_checkpoint, signing_k
         "calibrated at export on a fixed calibration prompt through the captured prefill "
         "(NumPy), amax x 1.25 / 448: ")
     assert planes[0].endswith("; the checkpoint carries no KV scales")
+    line, regions = inspect_kv_cache(out)  # helios-tools inspect names the storage type
+    assert line == kv_cache_line("fp8_e4m3")
+    assert {(p["element"], p["element_bytes"]) for r in regions for p in r["planes"]} == {
+        ("fp8_e4m3", 1)}
     assert_lint_clean(core)
     assert lint_capabilities(core.contract, core.manifest, ["cpu", "cuda"]) == []
 
@@ -53,6 +58,7 @@ def test_auto_keeps_the_f32_cache(tmp_path, make_checkpoint, signing_key_pair):
     assert "KV cache" not in result.stdout
     core = open_core(out, [load_public_key(public)])
     assert not any(b.HasField("storage") for b in core.manifest.buffers)
+    assert inspect_kv_cache(out)[0] == kv_cache_line("f32")
 
 
 def test_an_unknown_kv_cache_dtype_is_a_usage_error(tmp_path, signing_key_pair):

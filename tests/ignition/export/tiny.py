@@ -111,3 +111,21 @@ def assert_lint_clean(core, acceptance: str = NAMESPACE) -> None:
 
     findings = lint_core(core, acceptance=acceptance)
     assert findings == [], [str(f) for f in findings]
+
+
+def inspect_kv_cache(core_path: Path) -> tuple[str, list[dict]]:
+    """`helios-tools inspect CORE`'s ``kv cache`` line and ``--json``'s ``kv_cache``."""
+    from helios_tools.cli import main
+
+    text = CliRunner().invoke(main, ["inspect", str(core_path)])
+    data = CliRunner().invoke(main, ["inspect", str(core_path), "--json"])
+    assert text.exit_code == 0 and data.exit_code == 0, (text.output, data.output)
+    line = [x for x in text.output.splitlines() if x.startswith("kv cache")]
+    assert len(line) == 1, text.output
+    return line[0], json.loads(data.output)["kv_cache"]
+
+
+def kv_cache_line(element: str) -> str:
+    """The inspect line of the tiny recipe's core whose 4 planes a region hold `element`."""
+    return (f"kv cache     kv (paged_kv, 4 planes: {element}); "
+            f"continuation (continuation, 4 planes: {element})")

@@ -18,6 +18,7 @@ import click
 from helios_contract.prepared import default_max_active, request_slots
 from helios_contract.schema import contract_pb2 as pb
 from helios_contract.schema import core_pb2
+from helios_contract.schema import manifest_pb2 as mpb
 
 from helios_tools.capabilities import BACKENDS
 from helios_tools.core import (
@@ -110,6 +111,7 @@ def _summary(core: Core) -> dict[str, Any]:
         "selected_concurrency": c.selected_concurrency,
         **_concurrency(core),
         "speculative_widths": list(c.speculative_widths),
+        "kv_cache": _kv_cache(core),
         "graphs": [{"name": g.name,
                     "operation": pb.Operation.Name(g.operation),
                     "batch_capacity": g.batch_capacity,
@@ -121,6 +123,46 @@ def _summary(core: Core) -> dict[str, Any]:
                        "ratio": round(r.decoded_nbytes / r.stored_nbytes, 3)
                        if r.stored_nbytes else None} for r in core.resources.values()],
     }
+
+
+def _kv_cache(core: Core) -> list[dict[str, Any]]:
+    """Each history region's planes and how their elements are stored: ``element`` is
+    the plane's storage type when it declares one (``fp8_e4m3``: an e4m3 cache with
+    per-head scales), else its dtype (``f32``, ``bf16``); ``element_bytes`` what one
+    element costs in the cache (0 where the manifest names no such buffer: lint-core
+    reports it)."""
+    buffers = {b.name: b for b in core.manifest.buffers}
+    regions = []
+    for region in core.contract.model.cache.regions:
+        planes = []
+        for name in region.planes:
+            b = buffers.get(name)
+            if b is None:
+                element, nbytes = "missing", 0
+            elif b.HasField("storage"):
+                element = mpb.StorageType.Name(b.storage.type).removeprefix("STORAGE_TYPE_")
+                nbytes = 1 if b.storage.type == mpb.STORAGE_TYPE_FP8_E4M3 else 0
+            else:
+                element = mpb.DType.Name(b.dtype).removeprefix("D_TYPE_")
+                nbytes = _DTYPE_BYTES.get(b.dtype, 0)
+            planes.append({"plane": name, "element": element.lower(), "element_bytes": nbytes})
+        regions.append({"region": region.name,
+                        "kind": pb.HistoryKind.Name(region.kind).removeprefix("HISTORY_KIND_"),
+                        "planes": planes})
+    return regions
+
+
+_DTYPE_BYTES = {mpb.D_TYPE_F32: 4, mpb.D_TYPE_BF16: 2, mpb.D_TYPE_F16: 2}
+
+
+def _kv_cache_line(regions: list[dict[str, Any]]) -> str:
+    """One line: each region's kind and its planes' element types (distinct, in order)."""
+    parts = []
+    for r in regions:
+        kinds = list(dict.fromkeys(p["element"] for p in r["planes"]))
+        parts.append(f"{r['region']} ({r['kind'].lower()}, {len(r['planes'])} planes: "
+                     f"{'/'.join(kinds) or '-'})")
+    return "; ".join(parts) or "-"
 
 
 def _concurrency(core: Core) -> dict[str, Any]:
@@ -162,6 +204,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     echo(f"context      {s['context_tokens']} tokens; speculative widths "
          f"{s['speculative_widths'] or '-'}")
     echo(f"concurrency  {_concurrency_line(s)}")
+    echo(f"kv cache     {_kv_cache_line(s['kv_cache'])}")
     echo(f"graphs       {len(s['graphs'])}")
     for g in s["graphs"]:
         echo(f"  {g['name']:<32} {g['operation'].removeprefix('OPERATION_'):<15} "
