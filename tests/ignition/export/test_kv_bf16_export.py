@@ -13,8 +13,14 @@ from helios_tools.core import load_public_key, open_core
 from helios_tools.kernels.kv_bf16 import KV_BF16_FORMS
 from helios_tools.lint import lint_capabilities
 
-from tests.ignition.export.tiny import (LLAMA_RECIPE, NAMESPACE, assert_lint_clean, inspect_kv_cache,
-                                       kv_cache_line, run_export)
+from tests.ignition.export.tiny import (
+    LLAMA_RECIPE,
+    NAMESPACE,
+    assert_lint_clean,
+    inspect_kv_cache,
+    kv_cache_line,
+    run_export,
+)
 
 
 def test_export_stores_the_kv_cache_as_bf16(tmp_path, make_checkpoint, signing_key_pair):

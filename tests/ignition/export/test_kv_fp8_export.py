@@ -12,8 +12,14 @@ from helios_contract.schema import manifest_pb2 as mpb
 from helios_tools.core import load_public_key, open_core
 from helios_tools.lint import lint_capabilities
 
-from tests.ignition.export.tiny import (LLAMA_RECIPE, NAMESPACE, assert_lint_clean, inspect_kv_cache,
-                                       kv_cache_line, run_export)
+from tests.ignition.export.tiny import (
+    LLAMA_RECIPE,
+    NAMESPACE,
+    assert_lint_clean,
+    inspect_kv_cache,
+    kv_cache_line,
+    run_export,
+)
 
 
 @pytest.mark.parametrize("name", ["fp8", "fp8_e4m3"])
