@@ -97,7 +97,7 @@ def test_a_mixed_plan_outside_every_variant_is_rejected(core):
 
 def _serve(core, requests, *, steps=400):
     """Scheduler + NativeModel, one step at a time: greedy outputs per request and the
-    plans issued (kind, lanes, row request ids)."""
+    plans issued (kind, lanes, token budget, row request ids)."""
     model = load_native(core)
     sched = Scheduler(model.manifests, frames=1, device_pending=model.device_pending)
     outputs = {rid: [] for rid, _, _, _ in requests}
@@ -111,7 +111,8 @@ def _serve(core, requests, *, steps=400):
             if not pending and not sched.has_work():
                 return outputs, plans, sched
             continue
-        plans.append((plan.kind, plan.lanes, [r.request_id for r in plan.rows]))
+        plans.append((plan.kind, plan.lanes, plan.token_budget,
+                      [r.request_id for r in plan.rows]))
         for r in sched.complete(plan, model.execute(plan)):
             if r.token_id is not None:
                 outputs[r.request_id].append(r.token_id)
@@ -122,20 +123,35 @@ def _serve(core, requests, *, steps=400):
 
 REQUESTS = [(1, [5, 17, 3, 88, 41], 12, 0), (2, [9, 12, 60, 2], 12, 0),
             (3, list(range(20, 50)), 4, 3)]  # a 30-token prompt arrives at step 3
+# One running stream, then two prompts at once (a burst), the second a step later.
+BURST = [(1, [5, 17, 3, 88, 41], 12, 0), (2, list(range(20, 38)), 4, 2),
+         (3, list(range(40, 58)), 4, 2)]
 
 
 def test_running_streams_get_a_token_every_step_while_a_long_prompt_prefills(core):
     outputs, plans, sched = _serve(core, REQUESTS)
     plain, plain_plans, _ = _serve(tiny_core(seed=3), REQUESTS)
     assert outputs == plain  # greedy identity with alternating PREFILL and DECODE steps
-    # Request 3's 30 prompt tokens go in mixed steps of up to 16 tokens: 2 lanes + 14,
-    # then 14, then 2; requests 1 and 2 get a token in each of those steps.
+    # Request 3's 30 prompt tokens go in mixed steps of the small budget (one prompt owing
+    # tokens, two lanes): 2 lanes + 6 tokens, five times; requests 1 and 2 get a token in
+    # each of those steps.
     mixed = [p for p in plans if p[0] is StepKind.MIXED]
-    assert mixed == [(StepKind.MIXED, 2, [1, 2, 3])] * 3
-    assert sched.stats().mixed_steps == 3
+    assert mixed == [(StepKind.MIXED, 2, 8, [1, 2, 3])] * 5
+    assert sched.stats().mixed_steps == 5
     assert sched.stats().prompt_tokens_computed == 5 + 4 + 30
     # Without mixed programs, the prefill steps of request 3 are steps without lanes.
     assert [p[0] for p in plain_plans].count(StepKind.PREFILL) >= 3
+
+
+def test_greedy_identity_with_both_budgets(core):
+    """A burst takes the large budget, then the small one once the lanes outnumber the
+    prompts owing tokens; the output equals the core's without mixed programs."""
+    outputs, plans, _ = _serve(core, BURST)
+    plain, _, _ = _serve(tiny_core(seed=3), BURST)
+    assert outputs == plain
+    mixed = [p for p in plans if p[0] is StepKind.MIXED]
+    assert mixed == [(StepKind.MIXED, 1, 16, [1, 2]), (StepKind.MIXED, 1, 16, [1, 2, 3]),
+                     (StepKind.MIXED, 2, 8, [1, 2, 3])]
 
 
 def test_a_recipe_cannot_mix_with_a_drafter():

@@ -1,6 +1,7 @@
 """MIXED steps on the tiny geometry with mixed capacities: decode lanes first, prefill
-chunks filling the token budget, completion feedback before a mixed step, and chunks a
-mixed program cannot run (prompt scoring) still progressing."""
+chunks filling the token budget chosen per step (`mixed_budget`), completion feedback
+before a mixed step, and chunks a mixed program cannot run (prompt scoring) still
+progressing."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import replace
 
 from helios_serve.engine.plan import StepKind
 from helios_serve.scheduler import SchedRequest, Scheduler
+from helios_serve.scheduler.capacity import mixed_budget, widest_mixed
 
 from tests.serve.scheduler.conftest import TINY, FakeLoop
 
@@ -19,21 +21,62 @@ def _rows(plan):
     return [(r.request_id, len(r.tokens), r.start_position, r.sample) for r in plan.rows]
 
 
-def test_lanes_first_then_chunks_fill_the_budget_across_steps():
+def test_the_budget_rule_picks_the_exact_capacity():
+    widest = widest_mixed(MIXED.mixed_capacities)
+    assert widest == ((8, 4), (16, 4))
+    # W >= L: the largest capacity (as many first tokens delayed as next tokens, or more).
+    assert mixed_budget(widest, 3, 1) == (16, 4)
+    assert mixed_budget(widest, 2, 2) == (16, 4)
+    # W < L: the smallest capacity with room for the lanes and one prompt token.
+    assert mixed_budget(widest, 1, 2) == (8, 4)
+    # Lanes filling the small capacity's tokens (4 tokens: 3 lanes + 1) or its rows (t8
+    # holds 4 rows: 3 lanes + 1 chunk), then the next capacity.
+    tokens = widest_mixed(((2, 4), (4, 4), (2, 16), (4, 16), (8, 16)))
+    assert tokens == ((4, 4), (16, 8))
+    assert mixed_budget(tokens, 1, 3) == (4, 4)
+    assert mixed_budget(tokens, 1, 4) == (16, 8)
+    rows = widest_mixed(((2, 8), (4, 8), (2, 16), (4, 16), (8, 16)))
+    assert rows == ((8, 4), (16, 8))
+    assert mixed_budget(rows, 1, 3) == (8, 4)
+    assert mixed_budget(rows, 2, 4) == (16, 8)
+    # One capacity: always it; no capacity with room: the largest.
+    assert mixed_budget(((8, 2),), 1, 1) == (8, 2)
+    assert mixed_budget(((8, 2),), 1, 5) == (8, 2)
+    assert mixed_budget(tokens, 1, 9) == (16, 8)
+
+
+def test_a_steady_arrival_is_prefilled_in_the_small_budget():
     loop = FakeLoop(Scheduler(MIXED))
     loop.add(1, (1, 2, 3), 10)
     loop.add(2, (4, 5), 10)
     assert loop.step().kind is StepKind.PREFILL
     loop.add(3, tuple(range(10, 40)), 2)  # 30 prompt tokens
-    plans = [loop.step() for _ in range(3)]
-    assert [(p.kind, p.lanes, _rows(p)) for p in plans] == [
-        (StepKind.MIXED, 2, [(1, 1, 3, True), (2, 1, 2, True), (3, 14, 0, False)]),
-        (StepKind.MIXED, 2, [(1, 1, 4, True), (2, 1, 3, True), (3, 14, 14, False)]),
-        (StepKind.MIXED, 2, [(1, 1, 5, True), (2, 1, 4, True), (3, 2, 28, True)]),
-    ]
+    plans = [loop.step() for _ in range(5)]
+    # W = 1 < L = 2: 8 tokens a step (2 lanes + 6), the t8 variant's 4 rows.
+    assert [(p.kind, p.lanes, p.token_budget, _rows(p)) for p in plans] == [
+        (StepKind.MIXED, 2, 8, [(1, 1, 3 + i, True), (2, 1, 2 + i, True),
+                                (3, 6, 6 * i, i == 4)])
+        for i in range(5)]
     assert loop.step().kind is StepKind.DECODE  # no prefill left: plain decode
     stats = loop.sched.stats()
-    assert stats.mixed_steps == 3 and stats.prompt_tokens_computed == 3 + 2 + 30
+    assert stats.mixed_steps == 5 and stats.prompt_tokens_computed == 3 + 2 + 30
+
+
+def test_a_burst_is_prefilled_in_the_large_budget():
+    loop = FakeLoop(Scheduler(MIXED))
+    loop.add(1, (1, 2, 3), 10)
+    assert loop.step().kind is StepKind.PREFILL
+    loop.add(2, tuple(range(10, 28)), 2)  # two 18-token prompts at once
+    loop.add(3, tuple(range(30, 48)), 2)
+    plans = [loop.step() for _ in range(3)]
+    assert [(p.kind, p.lanes, p.token_budget, _rows(p)) for p in plans] == [
+        # W = 2 >= L = 1: 16 tokens (a lane + 15).
+        (StepKind.MIXED, 1, 16, [(1, 1, 3, True), (2, 15, 0, False)]),
+        (StepKind.MIXED, 1, 16, [(1, 1, 4, True), (2, 3, 15, True), (3, 12, 0, False)]),
+        # Request 2 decodes: W = 1 < L = 2: 8 tokens (2 lanes + 6).
+        (StepKind.MIXED, 2, 8, [(1, 1, 5, True), (2, 1, 18, True), (3, 6, 12, True)]),
+    ]
+    assert loop.step().kind is StepKind.DECODE
 
 
 def test_without_mixed_capacities_prefill_and_decode_alternate():

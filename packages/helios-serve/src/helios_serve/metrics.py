@@ -248,6 +248,16 @@ class Metrics:
             "step that also prefilled prompt chunks).",
             registry=r,
         )
+        # The per-step budget rule (docs/mixed.md, "Token budget"): how often each
+        # captured mixed token capacity was the budget. Summed over the label, it is
+        # helios_graph_launches_total{operation="mixed"}.
+        self.mixed_steps = Counter(
+            "helios_mixed_steps",
+            "Submitted MIXED steps, by the token budget the scheduler chose for the step "
+            "(a captured mixed token capacity; the variant run may be a smaller one).",
+            ["token_capacity"],
+            registry=r,
+        )
         self.decode_padded_rows = Counter(
             "helios_decode_padded_rows",
             "Captured rows of submitted DECODE steps' graph variants past their live rows.",

@@ -263,6 +263,8 @@ class ModelWorker:
                                          str(self.geometry.num_pages)).set(1)
         metrics.lora_requests_info.labels("0", "", "").set(time.time())
         metrics.kv_cache_usage.set(0.0)
+        for tokens in sorted({t for _, t in self.geometry.mixed_capacities}):
+            metrics.mixed_steps.labels(str(tokens))  # each budget shown from 0
         self.crashed: BaseException | None = None
         # Liveness (liveness.StallWatch, read by any thread): one per turn of the loop, so
         # a step stuck in the model (a hung device call) stops it while work waits.
@@ -496,6 +498,7 @@ class ModelWorker:
             self.metrics.decode_padded_rows.inc(self._decode_bucket(rows) - rows)
         elif plan.kind is StepKind.MIXED:
             self.metrics.mixed_lanes.inc(plan.lanes)
+            self.metrics.mixed_steps.labels(str(plan.token_budget)).inc()
         if any(constrained):
             # Frames outstanding right after a constrained submission (the scheduler keeps
             # it at one); the gauge records the maximum ever seen.

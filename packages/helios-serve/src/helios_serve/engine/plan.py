@@ -354,6 +354,10 @@ class StepPlan:
             programs): P, the verification rows the program shares among the lanes,
             whose `query_length` are then ceilings that may sum to more; 0 otherwise.
         lanes: MIXED steps: the leading rows that are decode lanes; 0 otherwise.
+        token_budget: MIXED steps: the packed tokens the scheduler allowed the step (a
+            captured mixed token capacity, scheduler/capacity.py `mixed_budget`; the
+            runtime runs the smallest variant that holds the rows, which may be a smaller
+            capacity); 0 otherwise.
         columns: DECODE steps the scheduler built from an unchanged decode cohort: the
             rows' host values as arrays (RowColumns; packing reads them where
             `columns.describes(plan)`), else None. Not compared.
@@ -366,6 +370,7 @@ class StepPlan:
     copies: tuple[RowCopy, ...] = field(default=(), kw_only=True)
     route: Route | None = field(default=None, kw_only=True)
     lanes: int = field(default=0, kw_only=True)
+    token_budget: int = field(default=0, kw_only=True)
     columns: RowColumns | None = field(default=None, kw_only=True, compare=False, repr=False)
 
     # One per step: fills the instance dict (see RowPlan.__init__). Same signature.
@@ -374,7 +379,8 @@ class StepPlan:
     def __init__(self, kind: StepKind, rows: tuple[RowPlan, ...] | None,
                  packed_rows: int = 0, *,
                  copies: tuple[RowCopy, ...] = (), route: Route | None = None,
-                 lanes: int = 0, columns: RowColumns | None = None) -> None:
+                 lanes: int = 0, token_budget: int = 0,
+                 columns: RowColumns | None = None) -> None:
         d = self.__dict__
         d["kind"] = kind
         if rows is not None:
@@ -385,6 +391,7 @@ class StepPlan:
         d["copies"] = copies
         d["route"] = route
         d["lanes"] = lanes
+        d["token_budget"] = token_budget
         d["columns"] = columns
 
     def __getattr__(self, name: str):
@@ -405,9 +412,10 @@ class StepPlan:
             return True
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return ((self.kind, self.rows, self.packed_rows, self.copies, self.route, self.lanes)
+        return ((self.kind, self.rows, self.packed_rows, self.copies, self.route, self.lanes,
+                 self.token_budget)
                 == (other.kind, other.rows, other.packed_rows, other.copies, other.route,
-                    other.lanes))
+                    other.lanes, other.token_budget))
 
     @property
     def row_count(self) -> int:
@@ -492,8 +500,9 @@ class ModelGeometry:
             reuse is then off (a cached prefix holds no window pages).
         window_pages: pages of the sliding-window region's pool (its planes' extent).
         mixed_capacities: captured MIXED variants as (rows, packed tokens), ascending
-            (empty: no mixed steps; PREFILL and DECODE steps alternate). The largest token
-            capacity is the per-step token budget of a mixed step.
+            (empty: no mixed steps; PREFILL and DECODE steps alternate). A mixed step's
+            token budget is one of the token capacities, chosen per step
+            (scheduler/capacity.py `mixed_budget`).
     """
 
     page_tokens: int

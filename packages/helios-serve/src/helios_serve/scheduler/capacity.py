@@ -1,5 +1,6 @@
 """The capacity rules: whether a request fits the prepared capacities at all, which
-captured capacity a step pads to, and whether evicted pages go to the host tier.
+captured capacity a step pads to, a MIXED step's token budget, and whether evicted pages
+go to the host tier.
 
 Plain functions over ModelGeometry; preparation and the scheduler both call them, so each
 rule is written only here.
@@ -24,6 +25,53 @@ def smallest_capacity(capacities: Seq[int], n: int) -> int | None:
         if c >= n:
             return c
     return None
+
+
+def widest_mixed(capacities: Seq[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Each captured MIXED token capacity with the rows of its widest variant.
+
+    Args:
+        capacities: geometry.mixed_capacities, (rows, packed tokens) pairs.
+
+    Returns:
+        (packed tokens, rows) pairs, token capacity ascending, one per token capacity.
+    """
+    rows: dict[int, int] = {}
+    for b, t in capacities:
+        rows[t] = max(rows.get(t, 0), b)
+    return tuple(sorted(rows.items()))
+
+
+def mixed_budget(widest: Seq[tuple[int, int]], owing: int, lanes: int) -> tuple[int, int]:
+    """The token budget of one MIXED step and the rows its plan may take (the rule of
+    docs/mixed.md, "Token budget"; Scheduler._build_mixed calls it once per mixed step).
+
+    The step delays the first tokens of the `owing` requests (W) and the next tokens of
+    its `lanes` decode lanes (L). When W >= L, it delays at least as many first tokens as
+    next tokens: the largest capacity, so prompts finish in the fewest steps. When W < L,
+    the smallest capacity that holds the lanes and at least one prompt token in both its
+    packed tokens and its widest variant's rows, so the running streams' step stays
+    short; the largest when none does. Sarathi-Serve (Agrawal et al., OSDI 2024) sizes
+    one budget per deployment from a time-between-tokens target (its strict and relaxed
+    targets: 512 and 2,048 tokens), as vLLM V1 (max_num_batched_tokens) and SGLang
+    (chunked_prefill_size) take one fixed budget; this rule picks per step among the
+    captured capacities by who waits, with no timing input, so it is deterministic.
+
+    Args:
+        widest: `widest_mixed(geometry.mixed_capacities)`; nonempty.
+        owing: W, requests owing prompt tokens that the step could advance (running
+            requests mid-prompt and admissible waiting requests).
+        lanes: L, decode lanes the step takes (each one packed token and one row).
+
+    Returns:
+        (packed tokens, rows): the budget, a captured token capacity, and the rows of
+        its widest variant (lanes and prefill chunks together).
+    """
+    if owing < lanes:
+        for tokens, rows in widest:
+            if tokens > lanes and rows > lanes:
+                return tokens, rows
+    return widest[-1]
 
 
 def ceil_div(a: int, b: int) -> int:

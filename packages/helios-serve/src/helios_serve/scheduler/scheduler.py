@@ -24,7 +24,9 @@ Policy (exact, deterministic):
 - After a PREFILL, a DECODE goes first whenever a request has a pending token.
 - MIXED (geometry.mixed_capacities, not on a speculative core): when decode lanes and
   prefill work meet, one step holds both, decode lanes first and prefill chunks filling
-  the rest of the largest mixed token capacity (`_build_mixed`; docs/mixed.md).
+  the rest of a token budget chosen per step among the captured mixed token capacities
+  (`capacity.mixed_budget`: the largest when as many requests owe prompt tokens as the
+  step has lanes, else the smallest with room; `_build_mixed`; docs/mixed.md).
 - Page shortage: a request without pages waits while others progress or
   frames are in flight; with no progress possible, the newest running request
   is preempted (recompute) and readmitted later from the front of the queue.
@@ -104,6 +106,8 @@ from helios_serve.scheduler.capacity import (
     ceil_div,
     check_capacity,
     host_tier_pays,
+    mixed_budget,
+    widest_mixed,
 )
 from helios_serve.scheduler.frames import Frames
 from helios_serve.scheduler.lanes import SpeculativeLanes, speculates
@@ -228,13 +232,10 @@ class Scheduler:
         self.live = Lifecycle(g, self.alloc, self.publisher, self.lanes, self._frames,
                               self._clock, self._transfers)
         # MIXED steps (`_build_mixed`): not on a speculative core, whose lanes the width
-        # policy plans. Rows of the largest mixed token capacity's widest variant.
+        # policy plans. Each mixed token capacity with its widest variant's rows: a plan
+        # within both of the budget `mixed_budget` picks fits that variant.
         self._mixes = bool(g.mixed_capacities) and not self.lanes.widths
-        # The token budget (the largest mixed token capacity) and the rows of its widest
-        # variant: a plan within both fits that variant.
-        self._mixed_budget = max((t for _, t in g.mixed_capacities), default=0)
-        self._mixed_rows = max((b for b, t in g.mixed_capacities if t == self._mixed_budget),
-                               default=0)
+        self._mixed_widest = widest_mixed(g.mixed_capacities)
         self._mix_blocked = False  # the last mixed attempt placed no chunk
         # The plain decode cohort (`_kept_cohort`): its requests in row order, their slot,
         # generation and logprobs columns, SamplingParams, request ids and page lists;
@@ -363,11 +364,15 @@ class Scheduler:
 
     def _build_mixed(self, admit: bool) -> StepPlan | None | object:
         """A MIXED step when decode lanes and prefill work meet (geometry.mixed_capacities):
-        the token budget is the largest mixed token capacity; the decode lanes take one
-        token each first (least recently served first when over the largest mixed row
-        capacity less one, or the budget less one), then prefill chunks fill the rest
-        (`_prefill_rows`, at most the prefill row capacity). Running streams so get a
-        token every step while a long prompt is prefilled across steps.
+        the decode lanes take one token each first (least recently served first when over
+        the largest mixed token capacity's widest rows less one, or that capacity less
+        one); the step's token budget is then `mixed_budget` of the W requests owing
+        prompt tokens that the step could advance (running requests mid-prompt, waiting
+        requests up to the free slots) and its L lanes: the largest capacity when W >= L,
+        else the smallest that holds the lanes and a prompt token. Prefill chunks fill the
+        rest (`_prefill_rows`, at most the budget's widest rows less the lanes and the
+        prefill row capacity). Running streams so get a token every step while a long
+        prompt is prefilled across steps.
 
         A mixed step feeds its lanes' completed pending tokens and changes phases, so it
         waits for completion feedback: with a plan outstanding and prefill work meeting
@@ -384,9 +389,10 @@ class Scheduler:
             self._mix_blocked = False
             return _NO_MIX
         live = self.live
-        prefill = (admit and live.waiting and self.alloc.free_slots) or any(
-            s.num_scheduled < s.prefill_tokens and s.can_prefill for s in live.running)
-        if not prefill:
+        owing = sum(1 for s in self._prefilling() if s.can_prefill)
+        if admit:
+            owing += min(len(live.waiting), self.alloc.free_slots)
+        if not owing:
             return _NO_MIX
         if self._frames.outstanding:
             # Requests past their prompts would be lanes of the mixed step once it completes.
@@ -397,8 +403,8 @@ class Scheduler:
         if not ready:
             return _NO_MIX
         g = self.geometry
-        budget = self._mixed_budget
-        cap = min(self._mixed_rows - 1, budget - 1, g.decode_capacities[-1])
+        largest, widest = self._mixed_widest[-1]
+        cap = min(widest - 1, largest - 1, g.decode_capacities[-1])
         if len(ready) > cap:
             keep = {id(s) for s in sorted(ready, key=lambda s: (s.last_step, s.order))[:cap]}
             ready = [s for s in ready if id(s) in keep]
@@ -406,13 +412,15 @@ class Scheduler:
         lanes = plan.rows if plan is not None else ()
         if not lanes:
             return _NO_MIX
+        budget, rows = mixed_budget(self._mixed_widest, owing, len(lanes))
         chunks = self._prefill_rows(admit, budget - len(lanes),
-                                    min(self._mixed_rows - len(lanes), g.prefill_row_capacity),
+                                    min(rows - len(lanes), g.prefill_row_capacity),
                                     mixed=True)
         if not chunks:
             self._mix_blocked = True
             return plan
-        return StepPlan(StepKind.MIXED, lanes + tuple(chunks), lanes=len(lanes))
+        return StepPlan(StepKind.MIXED, lanes + tuple(chunks), lanes=len(lanes),
+                        token_budget=budget)
 
     def _build_prefill(self, admit: bool) -> StepPlan | None:
         """Pack chunks up to the largest prefill token capacity and row capacity:

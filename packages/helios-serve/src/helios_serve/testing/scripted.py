@@ -319,6 +319,10 @@ class ScriptedModel:
                 # As the real programs: a lane applies no logit bias, records no logprobs.
                 assert not any(r.sampling.logit_bias or r.sampling.logprobs is not None
                                for r in plan.rows), "a logprobs/logit_bias request in a lane"
+        elif plan.kind is StepKind.MIXED:  # one captured variant holds its rows and tokens
+            assert any(b >= len(plan.rows) and t >= plan.token_count
+                       for b, t in g.mixed_capacities), "mixed plan outside every variant"
+            assert plan.token_count <= plan.token_budget, "mixed plan over its token budget"
         else:
             assert plan.token_count <= max(g.prefill_token_capacities), "prefill over capacity"
             assert len(plan.rows) <= g.prefill_row_capacity, "prefill rows over capacity"
