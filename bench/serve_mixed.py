@@ -2,8 +2,9 @@
 prompts arrive (issue 27, item 2: with 1k prompts arriving into 64 running streams,
 ITL p99 <= 2x ITL p50).
 
-One core is captured with MIXED programs (`--mixed-tokens`, the per-step token budget)
-and loaded once; the same workload runs twice through the real scheduler and
+One core is captured with MIXED programs (`--mixed-tokens`: the token capacities, among
+which the scheduler picks each mixed step's budget: docs/mixed.md, "Token budget") and
+loaded once; the same workload runs twice through the real scheduler and
 NativeModel, as the model worker drives them (a plan submitted ahead whenever the
 scheduler allows it, the oldest completed otherwise; no HTTP):
 
@@ -13,14 +14,17 @@ scheduler allows it, the oldest completed otherwise; no HTTP):
           prompt chunk of up to the largest prefill capacity per PREFILL step
 
 Workload: `--streams` requests with `--stream-prompt`-token prompts decode throughout;
-after every `--every` tokens of stream 0, one request with a `--prompt-tokens`-token
-prompt (seeded random ids) arrives, asking for `--arrival-output` tokens; `--arrivals` of
-them. Greedy sampling. Measured per mode, from the host's completion times:
+after every `--every` tokens of stream 0, `--group` requests with `--prompt-tokens`-token
+prompts (seeded random ids) arrive together, asking for `--arrival-output` tokens each;
+`--arrivals` such groups. Greedy sampling. A group of one into more running streams gets
+the smallest budget with room; a group at least as large as the running streams (a
+burst) the largest. Measured per mode, from the host's completion times:
 
     ITL        gaps between consecutive tokens of each running stream, p50 / p99 / max
                (ms), over the stretch from the first arrival to the last arrival's end
     TTFT       arrival -> first token of each long prompt, p50 / max (ms)
-    steps      plans issued by kind; stream tokens/s over the stretch
+    steps      plans issued by kind, and MIXED steps by the token budget chosen
+               (`mixed_budgets`); stream tokens/s over the stretch
 
 Run (GPU, the issue's figure):
     uv run python bench/serve_mixed.py --backend cuda --model llama-3.1-8b --streams 64 \
@@ -28,6 +32,11 @@ Run (GPU, the issue's figure):
 CPU (SmolLM2, small):
     uv run python bench/serve_mixed.py --backend cpu --model smollm2 --streams 8 \
         --prompt-tokens 256 --mixed-tokens 64 --arrivals 3 --every 8 --json OUT.json
+Two budgets, steady arrivals then bursts (GPU; docs/mixed.md, "Measuring"):
+    uv run python bench/serve_mixed.py --backend cuda --model llama-3.1-8b --streams 64 \
+        --prompt-tokens 1024 --mixed-tokens 512 2048 --json OUT.json
+    uv run python bench/serve_mixed.py --backend cuda --model llama-3.1-8b --streams 8 \
+        --prompt-tokens 1024 --mixed-tokens 512 2048 --group 16 --arrivals 2 --json OUT.json
 
 Writes JSON with the commit, machine and device. Figures only; never asserted on.
 """
@@ -78,11 +87,12 @@ class MemoryCore:
 
 def build(args) -> MemoryCore:
     """The model captured with MIXED programs, for `args.backend`."""
-    streams = args.streams + args.arrivals
+    streams = args.streams + args.arrivals * args.group
     batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256)
                     if b < streams) + (streams,)
     pages = args.streams * -(-(args.stream_prompt + stream_output(args)) // 16) \
-        + args.arrivals * -(-(args.prompt_tokens + args.arrival_output) // 16) + streams
+        + args.arrivals * args.group * -(-(args.prompt_tokens + args.arrival_output) // 16) \
+        + streams
     caps = Capacities(decode_batch=tuple(sorted(set(batches))), prefill_tokens=(256, 1024),
                       prefill_rows=8, context_tokens=2048, page_tokens=16,
                       prepared_pages=pages, mixed_tokens=tuple(args.mixed_tokens))
@@ -151,7 +161,7 @@ def run(model, geometry, args, vocab: int) -> dict:
         prompt = tuple(int(t) for t in rng.integers(10, vocab - 10, args.stream_prompt))
         assert sched.add(SchedRequest(rid, prompt, long_output)) is None
     arrivals = [tuple(int(t) for t in rng.integers(10, vocab - 10, args.prompt_tokens))
-                for _ in range(args.arrivals)]
+                for _ in range(args.arrivals * args.group)]
     limits = dict.fromkeys(range(args.streams), long_output)
     counts = dict.fromkeys(range(args.streams), 0)
     stamps: dict[int, list[float]] = {rid: [] for rid in range(args.streams)}
@@ -159,15 +169,16 @@ def run(model, geometry, args, vocab: int) -> dict:
     first: dict[int, float] = {}
     done: dict[int, float] = {}
     kinds = dict.fromkeys([k.value for k in StepKind], 0)
+    budgets: dict[str, int] = {}  # MIXED steps by StepPlan.token_budget
     inflight: deque = deque()
     next_arrival, t0 = 0, time.perf_counter()
-    while len(done) < args.arrivals:
+    while len(done) < len(arrivals):
         if next_arrival < args.arrivals and counts[0] >= args.every * (next_arrival + 1):
-            rid = args.streams + next_arrival
-            assert sched.add(SchedRequest(rid, arrivals[next_arrival],
-                                          args.arrival_output)) is None
-            limits[rid], counts[rid] = args.arrival_output, 0
-            arrived[rid] = time.perf_counter()
+            for i in range(next_arrival * args.group, (next_arrival + 1) * args.group):
+                rid = args.streams + i
+                assert sched.add(SchedRequest(rid, arrivals[i], args.arrival_output)) is None
+                limits[rid], counts[rid] = args.arrival_output, 0
+                arrived[rid] = time.perf_counter()
             next_arrival += 1
         submitted = False
         if sched.can_schedule_ahead():
@@ -175,6 +186,9 @@ def run(model, geometry, args, vocab: int) -> dict:
             if plan is not None:
                 inflight.append((plan, model.submit(plan)))
                 kinds[plan.kind.value] += 1
+                if plan.kind is StepKind.MIXED:
+                    key = str(plan.token_budget)
+                    budgets[key] = budgets.get(key, 0) + 1
                 submitted = True
         if inflight and not (submitted and sched.can_schedule_ahead()):
             plan, ticket = inflight.popleft()
@@ -209,7 +223,7 @@ def run(model, geometry, args, vocab: int) -> dict:
             "ttft_ms": {"p50": float(np.percentile(ttft, 50) * 1e3),
                         "max": float(max(ttft) * 1e3)},
             "stream_tokens_per_s": tokens / (end - start), "stretch_s": end - start,
-            "steps": kinds}
+            "steps": kinds, "mixed_budgets": dict(sorted(budgets.items(), key=lambda kv: int(kv[0])))}
 
 
 def main() -> None:
@@ -220,11 +234,12 @@ def main() -> None:
     ap.add_argument("--stream-prompt", type=int, default=32, help="their prompt tokens")
     ap.add_argument("--prompt-tokens", type=int, default=1024, help="each arrival's prompt")
     ap.add_argument("--arrival-output", type=int, default=4, help="each arrival's output")
-    ap.add_argument("--arrivals", type=int, default=8)
+    ap.add_argument("--arrivals", type=int, default=8, help="arrival groups")
+    ap.add_argument("--group", type=int, default=1, help="requests arriving together")
     ap.add_argument("--every", type=int, default=16,
                     help="stream 0's tokens between arrivals")
     ap.add_argument("--mixed-tokens", type=int, nargs="+", default=[512],
-                    help="MIXED token capacities (the largest is the step's token budget)")
+                    help="MIXED token capacities (each mixed step's budget is one of them)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout-s", type=float, default=500.0, help="per mode")
     ap.add_argument("--json")
@@ -246,7 +261,8 @@ def main() -> None:
         print(f"mixed {mode:3}: ITL p50 {r['itl_ms']['p50']:7.2f} ms  p99 "
               f"{r['itl_ms']['p99']:7.2f} ms  max {r['itl_ms']['max']:7.2f} ms  "
               f"p99/p50 {r['itl_p99_over_p50']:5.2f}  TTFT p50 {r['ttft_ms']['p50']:8.1f} ms  "
-              f"stream tok/s {r['stream_tokens_per_s']:8.1f}  steps {r['steps']}", flush=True)
+              f"stream tok/s {r['stream_tokens_per_s']:8.1f}  steps {r['steps']}  "
+              f"mixed budgets {r['mixed_budgets']}", flush=True)
     model.close()
     if args.json:
         write_json(args.json, result)

@@ -26,6 +26,20 @@ at full length at once (64 GiB; on an H100, whose ~56 GiB left after loading hol
 459k bf16 tokens, 224 such requests, the scheduler queues or preempts the rest); SmolLM2 gets
 all 65,536 pages 512 requests need (22.5 GiB).
 
+MIXED steps (docs/mixed.md): two token budgets, 512 and 2,048 packed tokens (Sarathi-Serve's
+strict and relaxed time-between-tokens budgets). The scheduler picks one per step
+("Token budget"): a burst, where at least as many prompts owe tokens as streams decode,
+gets 2,048 (64 clients sending 1k prompts at once are prefilled 2,047 tokens a step
+instead of 511, for time to first token); prompts arriving into more running streams
+than themselves get 512 (64 lanes leave 448 prompt tokens, so a 1k prompt joins over 3
+steps and the streams' step stays short, for inter-token latency). One MIXED program per
+decode batch and budget (12 more for the 8B geometry, 16 for SmolLM2); the activation
+buffers are sized by 2,048 tokens instead of the 1,024-token prefill capacity: 8B
+1,021 MiB of scratch instead of 709 (+312 MiB: the FFN's gate/up, act and packed-product
+terms double), SmolLM2 233 MiB instead of 202. On an H100, whose pages come from the
+memory left after loading, that is about 2,500 bf16 8B tokens (156 pages) fewer; on an
+H200 the prepared pages still fit.
+
 Activations: bf16 (``Recipe.activation_dtype``, docs/gpu.md "bf16 activations"): the
 packed tensor-core products (the 8B geometry's matrices) multiply activations rounded to
 bf16 by ``round_bf16``, one MMA term instead of two. Greedy identity with the cpu backend
@@ -48,9 +62,9 @@ DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256, 320, 384,
 REQUEST_TOKENS = 2048  # 1,024 prompt + 1,024 output tokens
 KV_BUDGET_BYTES = 112 * 2**30
 KV_BYTES = 2  # bfloat16 cache planes (--kv-cache-dtype bf16)
-# MIXED steps (docs/mixed.md): decode lanes first, then prompt chunks, 512 tokens per step
-# in all (64 lanes leave 448 prompt tokens: a 1k prompt joins over 3 steps).
-MIXED_TOKENS = (512,)
+# MIXED steps (docs/mixed.md): decode lanes first, then prompt chunks; 2,048 tokens a step
+# while prompts owing tokens are at least as many as the lanes, else 512 (module docstring).
+MIXED_TOKENS = (512, 2048)
 
 
 def make_recipe(checkpoint) -> Recipe:

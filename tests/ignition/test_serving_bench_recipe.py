@@ -21,8 +21,9 @@ def test_llama_8b_geometry_holds_256_full_length_requests():
     # requests of 128 pages take 64 GiB of the 112 (512 would take 128).
     assert caps.prepared_pages == 256 * 2048 // 16 == 32768
     assert recipe.serving.max_active == 256
-    # MIXED steps of 512 tokens: 64 lanes leave 448 prompt tokens per step.
-    assert caps.mixed_tokens == (512,)
+    # MIXED budgets of 512 tokens (64 lanes leave 448 prompt tokens per step) and 2,048
+    # (a burst of prompts).
+    assert caps.mixed_tokens == (512, 2048)
     assert recipe.activation_dtype == "bf16"  # the packed products' activations rounded
 
 

@@ -55,9 +55,13 @@ class Capacities:
         image_feature_slots: image features one request may hold (0: one program's,
             image_windows x features per window).
         mixed_tokens: MIXED packed-token capacities, ascending (empty: no mixed programs;
-            the scheduler then alternates PREFILL and DECODE steps). The largest is the
-            per-step token budget of a mixed step: its decode lanes (one token each)
-            first, then prefill chunks fill the rest. One MIXED program is captured per
+            the scheduler then alternates PREFILL and DECODE steps). Each is a token
+            budget the scheduler may give a mixed step, chosen per step (the largest
+            while as many requests owe prompt tokens as the step has decode lanes, else
+            the smallest with room; docs/mixed.md, "Token budget"): its decode lanes (one
+            token each) first, then prefill chunks fill the rest. Activation buffers are
+            sized by the largest of these and the prefill token capacities (one token's
+            activations per packed token). One MIXED program is captured per
             (decode batch capacity B <= T, T): B rows in all, decode lanes and prefill
             chunks, packed as a PREFILL program packs them. Not captured with a drafter
             (a drafter core's decode rows are row-invariant with verification).
