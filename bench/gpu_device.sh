@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|kvbf16|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|bf16-act|attn-live|quant-speed|quant-tests|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|kvbf16|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|mixed-budget|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|bf16-act|attn-live|quant-speed|quant-tests|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -464,6 +464,19 @@ case $stage in
       --backend cuda --max-active 256 --workload ${LOAD_WORKLOAD:-128/128 1024/1024} \
       --concurrency ${LOAD_C:-1 16 64 256} --rounds ${LOAD_ROUNDS:-1} ${LOAD_ARGS:-} \
       --json "$OUTD/serve_load_llama8b.json" 2>&1 | tee "$OUTD/serve_load_llama8b.log" ;;
+  mixed-budget)
+    # Issue 27 item 2/6, the per-step MIXED token budget (docs/mixed.md, "Token budget"): the
+    # 8B geometry captured with budgets 512 and 2048 (seeded random weights, in memory),
+    # mixed on and off, through the scheduler and NativeModel: 1k prompts arriving one at a
+    # time into 64 running streams (ITL p99 / p50: the 512 budget), then MIXED_GROUP (16)
+    # 1k prompts at once into 8 streams (TTFT: the 2048 budget while they outnumber them).
+    python3 bench/serve_mixed.py --backend cuda --model llama-3.1-8b --streams 64 \
+      --prompt-tokens 1024 --mixed-tokens 512 2048 --json "$OUTD/serve_mixed_llama8b.json" \
+      2>&1 | tail -4 | tee "$OUTD/serve_mixed_llama8b.log"
+    python3 bench/serve_mixed.py --backend cuda --model llama-3.1-8b --streams 8 \
+      --group "${MIXED_GROUP:-16}" --arrivals 2 --prompt-tokens 1024 --mixed-tokens 512 2048 \
+      --json "$OUTD/serve_mixed_llama8b_burst.json" 2>&1 | tail -4 \
+      | tee "$OUTD/serve_mixed_llama8b_burst.log" ;;
   sh)  # one command line in this environment (staged wheels, PYTHONPATH): DEV_SH='...'
     eval "$DEV_SH" ;;
   mma2)

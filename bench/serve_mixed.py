@@ -216,6 +216,9 @@ def run(model, geometry, args, vocab: int) -> dict:
     ttft = [first[rid] - arrived[rid] for rid in arrived]
     while inflight:  # the streams still decode: their last steps are not measured
         model.wait(inflight.popleft()[1])
+    if not gaps:
+        raise SystemExit("no running stream's token gap lies inside the measured stretch: "
+                         "raise --arrival-output or --prompt-tokens")
     ms = np.asarray(gaps) * 1e3
     return {"itl_ms": {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)),
                        "max": float(ms.max()), "count": len(gaps)},
