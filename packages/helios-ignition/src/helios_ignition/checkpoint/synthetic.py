@@ -11,6 +11,13 @@ When the geometry's vocab exceeds SmolLM2's 49152 ids (llama-3.1-8b: 128256), th
 is extended with filler tokens `<|filler_{id}|>` for ids 49152..vocab-1. No merge produces
 them, so encoding text gives exactly SmolLM2's ids; they exist so every id of the embedding
 and LM head decodes and vocab-sized tables line up.
+
+Where the 98 MB GGUF cannot travel (a lent GPU machine takes at most 64 MiB a call, with
+the repository), the environment variable ``HELIOS_SYNTHETIC_FRONTEND`` may name the
+frontend alone: a JSON file of `frontend_json()`'s bytes, written where the verified
+GGUF is (`bench/gpu_device.sh` says how). Its sha256
+must equal ``SMOLLM2_FRONTEND_SHA256`` (`ChecksumMismatchError` otherwise), so the
+tokenizer and template are the GGUF's byte for byte and the core is the same.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from .checkpoint import Checkpoint
 from .errors import CheckpointError
 from .geometry import NAMED_GEOMETRIES, LlamaGeometry
 from .gguf_loader import load_gguf
-from .locate import smollm2_gguf_path
+from .locate import smollm2_gguf_path, verify_sha256
 from .qwen3 import QWEN3_GEOMETRIES
 
 # Every named geometry random weights can take (Llama's and Qwen3's).
@@ -40,11 +47,38 @@ NORM_NOISE_STD = 0.02
 READ_AHEAD = 6
 
 
-@lru_cache(maxsize=1)
-def _smollm2_frontend() -> tuple[str, str, int | None, tuple[int, ...], tuple[tuple[str, str], ...]]:
+FRONTEND_ENV = "HELIOS_SYNTHETIC_FRONTEND"
+# sha256 of `frontend_json()` (the verified SmolLM2 GGUF's tokenizer, template, BOS, EOS
+# and special tokens).
+SMOLLM2_FRONTEND_SHA256 = "df9028f30167ffb124900da82ab4d5e64e381298e9ff81e00b401a8cf45887dc"
+
+_Frontend = tuple[str, str, int | None, tuple[int, ...], tuple[tuple[str, str], ...]]
+
+
+def frontend_json() -> bytes:
+    """The SmolLM2 frontend random checkpoints reuse, from the verified GGUF, as canonical
+    JSON bytes (sorted keys, UTF-8): ``tokenizer_json``, ``chat_template``,
+    ``bos_token_id``, ``eos_token_ids``, ``special_tokens``.
+
+    Raises:
+        CheckpointNotFoundError / ChecksumMismatchError: the GGUF is missing or altered.
+    """
     ck = load_gguf(smollm2_gguf_path())
-    return (ck.tokenizer_json, ck.chat_template, ck.bos_token_id, ck.eos_token_ids,
-            tuple(ck.special_tokens.items()))
+    doc = {"tokenizer_json": ck.tokenizer_json, "chat_template": ck.chat_template,
+           "bos_token_id": ck.bos_token_id, "eos_token_ids": list(ck.eos_token_ids),
+           "special_tokens": sorted(ck.special_tokens.items())}
+    return json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8")
+
+
+@lru_cache(maxsize=1)
+def _smollm2_frontend() -> _Frontend:
+    path = os.environ.get(FRONTEND_ENV)
+    if path:
+        doc = json.loads(verify_sha256(path, SMOLLM2_FRONTEND_SHA256).read_bytes())
+    else:
+        doc = json.loads(frontend_json())
+    return (doc["tokenizer_json"], doc["chat_template"], doc["bos_token_id"],
+            tuple(doc["eos_token_ids"]), tuple((k, v) for k, v in doc["special_tokens"]))
 
 
 def extend_vocab_with_fillers(tokenizer_json: str, vocab_size: int) -> str:
@@ -143,3 +177,4 @@ class _ReadAhead:
             self._pending.pop(stale).cancel()
         future = self._pending.pop(index, None)
         return future.result() if future is not None else self._draw(index)
+
