@@ -1,0 +1,87 @@
+"""The two stored KV caches the tests run side by side (docs/kv-cache.md):
+``--kv-cache-dtype fp8`` (e4m3 codes, one byte an element: ``Buffer.storage`` on an f32
+plane, one scale per kv head) and ``bf16`` (the plane's own dtype, two bytes an element,
+no storage). ``with_kv_cache`` applies one to a tiny core as ``ignition export`` does
+(helios_ignition.kv_cache); ``Kind`` holds what the runtime and contract tests expect of
+each, so a check both kinds share is written once and parametrized with ``each_kind``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import pytest
+from helios_contract.schema import manifest_pb2 as mpb
+from helios_ignition.capture.buffers import weight_resource_id
+from helios_ignition.kv_cache import apply_kv_bf16, apply_kv_fp8, bf16_planes, fp8_planes
+from helios_ignition.testing import TINY_CAPACITIES, TinyCore
+from helios_tools.kernels.kv_bf16 import encode_bf16
+from helios_tools.kernels.kv_fp8 import quantize_kv
+
+# The tiny core with both tiers (continuation snapshots and the host tier), so every plane
+# has its two tier planes stored as itself.
+TIER_CAPS = dataclasses.replace(TINY_CAPACITIES, prepared_snapshots=8, host_tier=True,
+                                transfer_rows=4)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # compared by identity: `bare` holds dicts
+class Kind:
+    """One stored KV cache, as the tests see it.
+
+    Attributes:
+        name: the ``--kv-cache-dtype`` value; its forms are ``<op>_<name>kv``.
+        element_bytes: stored bytes per cache element (f32: 4).
+        held: the NumPy dtype the cpu backend holds a plane in (e4m3 codes, bf16 bits).
+        read: the dtype of ``read_buffer`` on a plane (bf16 widened, e4m3 codes as held).
+        type_name: how ``runtime.storage`` names the cache a backend lacks.
+        declared: a stored plane's ``(dtype, HasField("storage"))``.
+        elements: how ``runtime.storage`` names what the kind's forms read.
+        bare: the capability fields that, emptied, leave a backend without the kind.
+        planes: the planes the export would store (helios_ignition.kv_cache).
+        store: f32 ``[..., kv_heads, head_dim]`` elements as the kind stores them at scale
+            1.0 (fp8's scale when not calibrated): a ``held`` array of the same shape.
+    """
+
+    name: str
+    element_bytes: int
+    held: type
+    read: type
+    type_name: str
+    declared: tuple[int, bool]
+    elements: str
+    bare: Mapping[str, Mapping]
+    planes: Callable[[mpb.ExecutionManifest], list[str]]
+    store: Callable[[np.ndarray], np.ndarray]
+
+    def __str__(self) -> str:  # the test ids
+        return self.name
+
+    def form(self, op: str) -> str:
+        return f"{op}_{self.name}kv"
+
+    def stores(self, buffer: mpb.Buffer) -> bool:
+        """Whether `buffer` is declared as one of this kind's planes."""
+        return (buffer.dtype, buffer.HasField("storage")) == self.declared
+
+
+FP8 = Kind("fp8", 1, np.uint8, np.uint8, "STORAGE_TYPE_FP8_E4M3", (mpb.D_TYPE_F32, True),
+           "e4m3 codes", {"cache_storage_forms": {}, "cache_storage_args": {}}, fp8_planes,
+           lambda x: quantize_kv(x, np.ones(x.shape[-2], np.float32)))
+BF16 = Kind("bf16", 2, np.uint16, np.float32, "D_TYPE_BF16", (mpb.D_TYPE_BF16, False),
+            "bf16 elements", {"cache_dtype_forms": {}}, bf16_planes, encode_bf16)
+KINDS = (FP8, BF16)
+each_kind = pytest.mark.parametrize("kind", KINDS, ids=str)
+
+
+def with_kv_cache(core: TinyCore, kind: Kind) -> TinyCore:
+    """`core` (in place) with its KV cache stored as `kind`, as ``ignition export
+    --kv-cache-dtype`` stores it: fp8 with every scale 1.0 (its scale weights added to
+    ``core.weights``), bf16 with the RESTORE programs' state views in bf16 rows."""
+    if kind is FP8:
+        scales = apply_kv_fp8(core.manifest)
+        core.weights.update({weight_resource_id(n): v for n, v in scales.items()})
+    else:
+        apply_kv_bf16(core.manifest, core.contract.model.graphs)
+    return core
