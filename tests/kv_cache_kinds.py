@@ -37,6 +37,7 @@ class Kind:
         read: the dtype of ``read_buffer`` on a plane (bf16 widened, e4m3 codes as held).
         type_name: how ``runtime.storage`` names the cache a backend lacks.
         declared: a stored plane's ``(dtype, HasField("storage"))``.
+        field: the plane's field that declares the kind (where a finding points).
         elements: how ``runtime.storage`` names what the kind's forms read.
         bare: the capability fields that, emptied, leave a backend without the kind.
         planes: the planes the export would store (helios_ignition.kv_cache).
@@ -50,6 +51,7 @@ class Kind:
     read: type
     type_name: str
     declared: tuple[int, bool]
+    field: str
     elements: str
     bare: Mapping[str, Mapping]
     planes: Callable[[mpb.ExecutionManifest], list[str]]
@@ -66,11 +68,15 @@ class Kind:
         return (buffer.dtype, buffer.HasField("storage")) == self.declared
 
 
-FP8 = Kind("fp8", 1, np.uint8, np.uint8, "STORAGE_TYPE_FP8_E4M3", (mpb.D_TYPE_F32, True),
-           "e4m3 codes", {"cache_storage_forms": {}, "cache_storage_args": {}}, fp8_planes,
-           lambda x: quantize_kv(x, np.ones(x.shape[-2], np.float32)))
-BF16 = Kind("bf16", 2, np.uint16, np.float32, "D_TYPE_BF16", (mpb.D_TYPE_BF16, False),
-            "bf16 elements", {"cache_dtype_forms": {}}, bf16_planes, encode_bf16)
+FP8 = Kind(name="fp8", element_bytes=1, held=np.uint8, read=np.uint8,
+           type_name="STORAGE_TYPE_FP8_E4M3", declared=(mpb.D_TYPE_F32, True),
+           field="storage.type", elements="e4m3 codes",
+           bare={"cache_storage_forms": {}, "cache_storage_args": {}}, planes=fp8_planes,
+           store=lambda x: quantize_kv(x, np.ones(x.shape[-2], np.float32)))
+BF16 = Kind(name="bf16", element_bytes=2, held=np.uint16, read=np.float32,
+            type_name="D_TYPE_BF16", declared=(mpb.D_TYPE_BF16, False),
+            field="dtype", elements="bf16 elements",
+            bare={"cache_dtype_forms": {}}, planes=bf16_planes, store=encode_bf16)
 KINDS = (FP8, BF16)
 each_kind = pytest.mark.parametrize("kind", KINDS, ids=str)
 
