@@ -88,7 +88,7 @@ def test_the_stored_core_is_clean_and_sized_by_its_element_bytes(cores, kind):
 def test_an_f32_reader_of_a_stored_plane_fails_naming_the_op(cores, kind):
     """A launch of the f32 op over stored elements (its kernel's reference op changed)."""
     serving, manifest = _copy(cores[kind])
-    g, j, launch = _launch_of(manifest, kind.form("attention_prefill"))
+    g, j, launch = _launch_of(manifest, kind.forms["attention_prefill"])
     next(k for k in manifest.kernels if k.id == launch.kernel).reference_op = \
         "attention_prefill"
     for caps in (CPU, CUDA):

@@ -179,7 +179,7 @@ def test_sliding_window_forms_generate_close_to_the_f32_cache(kind):
     window) stays close to the same core's with an f32 cache."""
     plain, stored = _gemma3_tiny(), with_kv_cache(_gemma3_tiny(), kind)
     ops = {k.reference_op for k in stored.manifest.kernels}
-    assert {kind.form("attention_prefill_window"), kind.form("attention_decode_window")} <= ops
+    assert {kind.forms["attention_prefill_window"], kind.forms["attention_decode_window"]} <= ops
     prompt = [(7 * i + 3) % 90 for i in range(30)]
     got = _generate({"f32": plain, "stored": stored}, [prompt, prompt[:9]], 10)
     assert [g[:3] for g in got["stored"]] == [g[:3] for g in got["f32"]]

@@ -10,57 +10,24 @@ ties to even).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-
 import ml_dtypes
 import numpy as np
 import pytest
 from helios_tools import kernels as K
 from helios_tools.kernels.fp8 import decode_e4m3
-from helios_tools.kernels.kv_bf16 import KV_BF16_FORMS, Bf16Plane, decode_bf16, encode_bf16
-from helios_tools.kernels.kv_fp8 import KV_FP8_FORMS, E4m3Plane, dequantize_kv, quantize_kv
+from helios_tools.kernels.kv_bf16 import Bf16Plane, decode_bf16, encode_bf16
+from helios_tools.kernels.kv_fp8 import dequantize_kv, quantize_kv
+
+from tests.kv_cache_kinds import each_kind
 
 H, KVH, HD, PT, MP = 6, 2, 8, 4, 8
 PLANE_PARAMS = ("k_cache", "v_cache", "src", "dst")
+# The per-head k and v scales of the e4m3 planes drawn here, passed after the planes.
+SCALES = (np.array([0.01, 0.03], np.float32), np.array([0.02, 0.005], np.float32))
 
 
-@dataclasses.dataclass(frozen=True, eq=False)  # compared by identity: it holds arrays
-class Codec:
-    """How one kind's forms take a cache plane.
-
-    Attributes:
-        name: the ``--kv-cache-dtype`` value (the test ids).
-        forms: f32 op -> its form over this kind's planes.
-        held: a plane's NumPy dtype (e4m3 codes, bf16 bits).
-        dtype: a plane parameter's dtype in the forms' ``kernel_params``.
-        scales: the ``[KVH]`` f32 k and v scales passed after the planes (bf16: none).
-        encode: ``(x [..., KVH, HD] f32, scale [KVH] or None)`` -> held elements.
-        decode: ``(held, scale)`` -> f32: what the readers see.
-        plane: held elements -> the read-only view the references index.
-    """
-
-    name: str
-    forms: dict[str, str]
-    held: type
-    dtype: str
-    scales: tuple[np.ndarray, ...]
-    encode: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
-    decode: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
-    plane: Callable[[np.ndarray], object]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-FP8 = Codec(name="fp8", forms=KV_FP8_FORMS, held=np.uint8, dtype="u8",
-            scales=(np.array([0.01, 0.03], np.float32), np.array([0.02, 0.005], np.float32)),
-            encode=quantize_kv, decode=dequantize_kv,
-            plane=lambda codes: E4m3Plane(codes, np.ones(KVH, np.float32)))
-BF16 = Codec(name="bf16", forms=KV_BF16_FORMS, held=np.uint16, dtype="bf16", scales=(),
-             encode=lambda x, _: encode_bf16(x), decode=lambda bits, _: decode_bf16(bits),
-             plane=Bf16Plane)
-each_kind = pytest.mark.parametrize("kind", [FP8, BF16], ids=str)
+def _scales(kind) -> tuple[np.ndarray, ...]:
+    return SCALES if kind.scaled else ()
 
 
 def _setup(kind, rng, B=3):
@@ -68,10 +35,10 @@ def _setup(kind, rng, B=3):
     decoded planes as the f32 ops take them); planes ``[B * MP + 1, PT, KVH, HD]``."""
     P = B * MP + 1
     pages = rng.permutation(P - 1)[:B * MP].reshape(B, MP).astype(np.int32)
-    ks, vs = kind.scales or (None, None)
+    ks, vs = _scales(kind) or (None, None)
     kc = kind.encode(rng.standard_normal((P, PT, KVH, HD)), ks)
     vc = kind.encode(rng.standard_normal((P, PT, KVH, HD)), vs)
-    return pages, (kc, vc, *kind.scales), (kind.decode(kc, ks), kind.decode(vc, vs))
+    return pages, (kc, vc, *_scales(kind)), (kind.decode(kc, ks), kind.decode(vc, vs))
 
 
 @each_kind
@@ -147,7 +114,7 @@ def test_readers_equal_their_f32_op_over_the_decoded_planes(kind):
         outs = [i for i, p in enumerate(K.kernel_params(op)) if p.direction != "in"]
         assert outs, op
         for i in outs:
-            j = i + len(kind.scales)  # the scales shift every later argument
+            j = i + len(_scales(kind))  # the scales shift every later argument
             np.testing.assert_array_equal(coded[j], plain[i], err_msg=op)
             assert plain[i].dtype != np.float32 or np.abs(plain[i]).sum() > 0, op
 
@@ -155,7 +122,7 @@ def test_readers_equal_their_f32_op_over_the_decoded_planes(kind):
 @each_kind
 def test_row_copy_moves_stored_rows_as_they_are(kind):
     rng = np.random.default_rng(3)
-    src = kind.encode(rng.standard_normal((5, PT, KVH, HD)), np.ones(KVH, np.float32))
+    src = kind.store(rng.standard_normal((5, PT, KVH, HD)))
     dst = np.zeros((3, PT, KVH, HD), kind.held)
     K.reference_op(kind.forms["row_copy"])(src, dst, np.array([4, -1, 1], np.int32),
                                            np.array([0, 2, 2], np.int32), 3, PT * KVH * HD)
@@ -166,7 +133,7 @@ def test_row_copy_moves_stored_rows_as_they_are(kind):
 
 @each_kind
 def test_a_plane_is_read_only_as_flat_token_rows(kind):
-    plane = kind.plane(np.zeros((3, PT, KVH, HD), kind.held))
+    plane = kind.plane(np.zeros((3, PT, KVH, HD), kind.held), np.ones(KVH, np.float32))
     rows = plane.reshape(-1, KVH, HD)[np.array([0, 5])]
     assert (rows.shape, rows.dtype) == ((2, KVH, HD), np.float32)
     with pytest.raises(ValueError, match=r"read as \(-1, 2, 8\)"):
@@ -179,10 +146,10 @@ def test_every_form_has_its_op_params_with_stored_planes(kind):
     (f32 inputs) right after ``v_cache``."""
     scale_params = [K.ParamSpec(n, "buffer", "f32", "in") for n in ("k_scale", "v_scale")]
     for op, form in kind.forms.items():
-        want = [p._replace(dtype=kind.dtype) if p.name in PLANE_PARAMS else p
+        want = [p._replace(dtype=kind.param_dtype) if p.name in PLANE_PARAMS else p
                 for p in K.kernel_params(op)]
         names = [p.name for p in want]
-        if kind.scales and "v_cache" in names:  # row_copy moves rows, scales untouched
+        if kind.scaled and "v_cache" in names:  # row_copy moves rows, scales untouched
             at = names.index("v_cache") + 1
             want[at:at] = scale_params
         assert list(K.kernel_params(form)) == want, form
