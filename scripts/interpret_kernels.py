@@ -1237,16 +1237,23 @@ def check_window(rng) -> bool:
     return ok and not bad
 
 
-def check_kvfp8(rng) -> bool:
-    """The e4m3 KV cache forms (kernels_triton/kv_fp8.py) against kernels/kv_fp8.py: the
-    writes byte for byte (``kv_write_fp8kv``, ``rope_kv_write_fp8kv``, values past +-448
-    times the scale saturating), every reader over the written codes (prefill, windowed
-    prefill and decode, split decode in each GROUPED layout and the live-split layout, tuned,
-    fused) with NaN codes (0x7F) past each row's context and unmapped pages past its last
-    page."""
+def check_kv(rng, kind: str) -> bool:
+    """The stored KV cache forms of `kind` against their references: "fp8", e4m3 codes with
+    per-head scales after the planes (kernels_triton/kv_fp8.py against kernels/kv_fp8.py),
+    or "bf16", the f32 entry points over bf16 planes (kernels_triton/kv_bf16.py against
+    kernels/kv_bf16.py). The writes element for element (``kv_write_<kind>kv``,
+    ``rope_kv_write_<kind>kv``: values past +-448 times the scale saturating to e4m3, exact
+    ties rounding to even in bf16), ``row_copy_<kind>kv`` element for element, and every
+    reader over random planes (prefill, windowed prefill and decode, split decode in each
+    GROUPED layout and the live-split layout, merged, tuned, fused) with NaN elements past
+    each row's context and unmapped pages past its last page."""
     from helios_ignition.capture import launch as L
+    from helios_tools.kernels.kv_bf16 import encode_bf16
     from helios_tools.kernels.kv_fp8 import quantize_kv
 
+    form = f"_{kind}kv"
+    encode = quantize_kv if kind == "fp8" else (lambda x, scale: encode_bf16(x))
+    nan = {"fp8": 0x7F, "bf16": 0x7FC0}[kind]  # the e4m3 NaN code, a quiet bf16 NaN
     ok = True
     PT, B = 16, 4
     for H, KVH, HD, NS, SPLIT in ((9, 3, 64, 4, 64), (32, 8, 128, 4, 64), (6, 2, 40, 2, 128)):
@@ -1254,28 +1261,40 @@ def check_kvfp8(rng) -> bool:
         S = B + 1
         P = S * MP
         width = (H + 2 * KVH) * HD
-        ks = (0.02 + rng.random(KVH)).astype(np.float32)
-        vs = (0.02 + rng.random(KVH)).astype(np.float32)
+        # e4m3's per-head k and v scales, passed after the planes (bf16 planes have none)
+        scales = tuple((0.02 + rng.random(KVH)).astype(np.float32) for _ in "kv") \
+            if kind == "fp8" else ()
+        ks, vs = scales or (None, None)
         pages = rng.permutation(P).astype(np.int32).reshape(S, MP)
-        kc = quantize_kv(rng.standard_normal((P, PT, KVH, HD)) * 3, ks)
-        vc = quantize_kv(rng.standard_normal((P, PT, KVH, HD)) * 3, vs)
-        # the writes: T tokens of 3 rows (one padding token), some values beyond 448 * scale
+        kc = encode(rng.standard_normal((P, PT, KVH, HD)) * 3, ks)
+        vc = encode(rng.standard_normal((P, PT, KVH, HD)) * 3, vs)
+        # the writes: T tokens of 3 rows (one padding token), some values beyond 448 * scale,
+        # exact ties (low 16 bits 0x8000) in both parities: rounding to even is visible
         T = 7
         qkv = (rng.standard_normal((T, width)) * 40).astype(np.float32)
+        ties = qkv.view(np.uint32)
+        ties[:, H * HD::7] = (ties[:, H * HD::7] & 0xFFFF0000) | 0x8000
         trow = np.array([0, 0, 1, -1, 2, 2, 2], np.int32)
         wslot = np.array([3, 0, 4], np.int32)
         wpos = np.array([5, 6, 0, 0, 17, 18, 19], np.int32)
         inv = (1.0 / 10000 ** (np.arange(HD // 2) / (HD // 2))).astype(np.float32)
         errs = {}
-        for op, extra in (("kv_write_fp8kv", ()), ("rope_kv_write_fp8kv", (inv,))):
+        for op, extra in (("kv_write" + form, ()), ("rope_kv_write" + form, (inv,))):
             rk, rv, rq = kc.copy(), vc.copy(), qkv.copy()
-            args = (rq, wpos, *extra, trow, wslot, pages, rk, rv, ks, vs, T, 3, MP, PT, H, KVH,
-                    HD)
-            K.reference_op(op)(*args)
-            got = _Interpreted().run(op, qkv, wpos, *extra, trow, wslot, pages, kc, vc, ks, vs,
-                                     T, 3, MP, PT, H, KVH, HD)
+            K.reference_op(op)(rq, wpos, *extra, trow, wslot, pages, rk, rv, *scales, T, 3, MP,
+                               PT, H, KVH, HD)
+            got = _Interpreted().run(op, qkv, wpos, *extra, trow, wslot, pages, kc, vc,
+                                     *scales, T, 3, MP, PT, H, KVH, HD)
             errs[op] = int((got["k_cache"] != rk).sum() + (got["v_cache"] != rv).sum())
             errs[op + " qkv"] = _rel(got["qkv"], rq)
+        rows = np.array([2, -1, 0, 7], np.int32)
+        dst = np.array([1, 0, -1, 3], np.int32)
+        plane = kc.reshape(P, -1)
+        rdst = encode(rng.standard_normal(kc.shape), ks).reshape(P, -1)
+        ref = rdst.copy()
+        K.reference_op("row_copy" + form)(plane, ref, rows, dst, 4, plane.shape[1])
+        got = _Interpreted().run("row_copy" + form, plane, rdst, rows, dst, 4, plane.shape[1])
+        errs["row_copy"] = int((got["dst"] != ref).sum())
         # the readers
         qd = rng.standard_normal((B, width)).astype(np.float32)
         slot = rng.permutation(S)[:B].astype(np.int32)
@@ -1286,15 +1305,15 @@ def check_kvfp8(rng) -> bool:
         for b in np.flatnonzero(slot >= 0):
             n = int(pos[b]) + 1
             last = (n - 1) // PT
-            kn[pn[slot[b], last], (n - 1) % PT + 1:] = 0x7F  # e4m3 NaN
-            vn[pn[slot[b], last], (n - 1) % PT + 1:] = 0x7F
+            kn[pn[slot[b], last], (n - 1) % PT + 1:] = nan
+            vn[pn[slot[b], last], (n - 1) % PT + 1:] = nan
             pn[slot[b], last + 1:] = 1 << 30
         scale = HD ** -0.5
         ml = np.zeros((B, H, NS, 2), np.float32)
         po = np.zeros((B, H, NS, HD), np.float32)
-        K.reference_op("attention_decode_split_fp8kv")(qd, pos, slot, pages, kc, vc, ks, vs,
-                                                       ml, po, B, MP, PT, H, KVH, HD, NS,
-                                                       SPLIT, scale)
+        K.reference_op("attention_decode_split" + form)(qd, pos, slot, pages, kc, vc, *scales,
+                                                        ml, po, B, MP, PT, H, KVH, HD, NS,
+                                                        SPLIT, scale)
         ref = np.zeros((B, H * HD), np.float32)
         K.attention_decode_merge(ml, po, slot, ref, B, H, HD, NS)
         even = int(HD == L._np2(HD, 16))
@@ -1309,9 +1328,9 @@ def check_kvfp8(rng) -> bool:
         for c in layouts:
             gml, gpo = np.full_like(ml, np.nan), np.full_like(po, np.nan)
             grid = (B, KVH if c["GROUPED"] else H, c.get("LIVE") or NS)
-            TRITON_KERNELS["attention_decode_split_fp8kv"][grid](
-                *[_Arr(a) for a in (qd, pos, slot, pn, kn, vn, ks, vs, gml, gpo)], B, MP, PT, H,
-                KVH, HD, NS, SPLIT, scale, BLOCK_HD=L._np2(HD, 16), **c)
+            TRITON_KERNELS["attention_decode_split" + form][grid](
+                *[_Arr(a) for a in (qd, pos, slot, pn, kn, vn, *scales, gml, gpo)], B, MP, PT,
+                H, KVH, HD, NS, SPLIT, scale, BLOCK_HD=L._np2(HD, 16), **c)
             if c["GROUPED"] == 1:
                 continue  # (tl.dot tiles: the interpreter's f32 dot is not 3xTF32's; GPU only)
             name = f"split G{c['GROUPED']}"
@@ -1330,169 +1349,41 @@ def check_kvfp8(rng) -> bool:
             errs[name] = (max(_rel(gml[..., 1], ml[..., 1]), _rel(gpo, po))
                           if np.isfinite(gpo).all() else np.inf)
         tml, tpo = np.zeros_like(ml), np.zeros_like(po)
-        K.reference_op("attention_decode_split_tuned_fp8kv")(
-            qd, pos, slot, pages, kc, vc, ks, vs, tml, tpo, np.array([2], np.int32), B, MP, PT,
-            H, KVH, HD, NS, SPLIT, scale)
-        got = _Interpreted().run("attention_decode_split_tuned_fp8kv", qd, pos, slot, pn, kn,
-                                 vn, ks, vs, ml, po, np.array([2], np.int32), B, MP, PT, H, KVH,
-                                 HD, NS, SPLIT, scale)
+        K.reference_op("attention_decode_split_tuned" + form)(
+            qd, pos, slot, pages, kc, vc, *scales, tml, tpo, np.array([2], np.int32), B, MP,
+            PT, H, KVH, HD, NS, SPLIT, scale)
+        got = _Interpreted().run("attention_decode_split_tuned" + form, qd, pos, slot, pn, kn,
+                                 vn, *scales, ml, po, np.array([2], np.int32), B, MP, PT, H,
+                                 KVH, HD, NS, SPLIT, scale)
         errs["split tuned"] = _rel(got["part_o"][:, :, :2], tpo[:, :, :2])
-        got = _Interpreted().run("attention_decode_fused_fp8kv", qd, pos, slot, pn, kn, vn, ks,
-                                 vs, ml, po, np.zeros((B, KVH), np.int32), np.zeros_like(ref),
-                                 B, MP, PT, H, KVH, HD, NS, SPLIT, scale)
+        got = _Interpreted().run("attention_decode_fused" + form, qd, pos, slot, pn, kn, vn,
+                                 *scales, ml, po, np.zeros((B, KVH), np.int32),
+                                 np.zeros_like(ref), B, MP, PT, H, KVH, HD, NS, SPLIT, scale)
         errs["fused"] = _rel(got["out"], ref) if np.isfinite(got["out"]).all() else np.inf
-        # windowed decode (one body with attention_decode) and prefill over the same codes
+        # windowed decode (one body with attention_decode) and prefill over the same planes
         W = 20
         wref = np.zeros((B, H * HD), np.float32)
-        K.reference_op("attention_decode_window_fp8kv")(qd, pos, slot, pages, kc, vc, ks, vs,
-                                                        wref, B, MP, PT, H, KVH, HD, W, scale)
-        got = _Interpreted().run("attention_decode_window_fp8kv", qd, pos, slot, pn, kn, vn, ks,
-                                 vs, wref, B, MP, PT, H, KVH, HD, W, scale)
+        K.reference_op("attention_decode_window" + form)(qd, pos, slot, pages, kc, vc, *scales,
+                                                         wref, B, MP, PT, H, KVH, HD, W, scale)
+        got = _Interpreted().run("attention_decode_window" + form, qd, pos, slot, pn, kn, vn,
+                                 *scales, wref, B, MP, PT, H, KVH, HD, W, scale)
         errs["decode window"] = _rel(got["out"], wref)
-        rows = np.array([0, 0, 0, 1, -1, 3, 3], np.int32)
-        ppos = np.array([int(pos[0]), 0, 0, int(pos[1]), 0, int(pos[3]) - 1, int(pos[3])],
-                        np.int32)
-        ppos[1] = ppos[2] = 0
-        rows[1] = rows[2] = -1  # padding inside the chunk
-        Tp = len(rows)
-        pq = rng.standard_normal((Tp, width)).astype(np.float32)
-        for op, wa in (("attention_prefill_fp8kv", ()), ("attention_prefill_window_fp8kv",
-                                                         (W,))):
-            pref = np.zeros((Tp, H * HD), np.float32)
-            K.reference_op(op)(pq, ppos, rows, slot, pages, kc, vc, ks, vs, pref, Tp, B, MP, PT,
-                               H, KVH, HD, *wa, scale)
-            got = _Interpreted().run(op, pq, ppos, rows, slot, pn, kn, vn, ks, vs, pref, Tp, B,
-                                     MP, PT, H, KVH, HD, *wa, scale)
-            errs[op.replace("attention_", "").replace("_fp8kv", "")] = (
-                _rel(got["out"], pref) if np.isfinite(got["out"]).all() else np.inf)
-        bad = {k: e for k, e in errs.items() if not e < (1e-5 if isinstance(e, float) else 1)}
-        print(f"{'ok ' if not bad else 'BAD'} kv fp8 H={H} KVH={KVH} HD={HD} NS={NS} "
-              f"SPLIT={SPLIT}: " + ", ".join(f"{k} {e:.1e}" if isinstance(e, float) else
-                                             f"{k} {e} bytes differ" for k, e in errs.items()))
-        ok &= not bad
-    return ok
-
-
-def check_kvbf16(rng) -> bool:
-    """The bf16 KV cache forms (the f32 entry points over bf16 planes, kernels_triton/
-    kv_bf16.py) against kernels/kv_bf16.py: the writes bit for bit (``kv_write_bf16kv``,
-    ``rope_kv_write_bf16kv``: round to nearest even, ties included), every reader over
-    random bf16 planes (prefill, windowed prefill and decode, split decode in each GROUPED
-    layout and the live-split layout, tuned, fused) with NaN bits past each row's context
-    and unmapped pages past its last page, and ``row_copy_bf16kv`` bit for bit."""
-    from helios_ignition.capture import launch as L
-    from helios_tools.kernels.kv_bf16 import encode_bf16
-
-    ok = True
-    PT, B = 16, 4
-    for H, KVH, HD, NS, SPLIT in ((9, 3, 64, 4, 64), (32, 8, 128, 4, 64), (6, 2, 40, 2, 128)):
-        MP = NS * SPLIT // PT
-        S = B + 1
-        P = S * MP
-        width = (H + 2 * KVH) * HD
-        pages = rng.permutation(P).astype(np.int32).reshape(S, MP)
-        kc = encode_bf16(rng.standard_normal((P, PT, KVH, HD)) * 3)
-        vc = encode_bf16(rng.standard_normal((P, PT, KVH, HD)) * 3)
-        T = 7
-        qkv = (rng.standard_normal((T, width)) * 40).astype(np.float32)
-        # exact ties (low 16 bits 0x8000) in both parities: rounding to even is visible
-        ties = qkv.view(np.uint32)
-        ties[:, H * HD::7] = (ties[:, H * HD::7] & 0xFFFF0000) | 0x8000
-        trow = np.array([0, 0, 1, -1, 2, 2, 2], np.int32)
-        wslot = np.array([3, 0, 4], np.int32)
-        wpos = np.array([5, 6, 0, 0, 17, 18, 19], np.int32)
-        inv = (1.0 / 10000 ** (np.arange(HD // 2) / (HD // 2))).astype(np.float32)
-        errs = {}
-        for op, extra in (("kv_write_bf16kv", ()), ("rope_kv_write_bf16kv", (inv,))):
-            rk, rv, rq = kc.copy(), vc.copy(), qkv.copy()
-            K.reference_op(op)(rq, wpos, *extra, trow, wslot, pages, rk, rv, T, 3, MP, PT, H,
-                               KVH, HD)
-            got = _Interpreted().run(op, qkv, wpos, *extra, trow, wslot, pages, kc, vc, T, 3,
-                                     MP, PT, H, KVH, HD)
-            errs[op] = int((got["k_cache"] != rk).sum() + (got["v_cache"] != rv).sum())
-            errs[op + " qkv"] = _rel(got["qkv"], rq)
-        rows = np.array([2, -1, 0, 7], np.int32)
-        dst = np.array([1, 0, -1, 3], np.int32)
-        plane = kc.reshape(P, -1)
-        rdst = encode_bf16(rng.standard_normal(plane.shape))
-        ref = rdst.copy()
-        K.reference_op("row_copy_bf16kv")(plane, ref, rows, dst, 4, plane.shape[1])
-        got = _Interpreted().run("row_copy_bf16kv", plane, rdst, rows, dst, 4, plane.shape[1])
-        errs["row_copy"] = int((got["dst"] != ref).sum())
-        qd = rng.standard_normal((B, width)).astype(np.float32)
-        slot = rng.permutation(S)[:B].astype(np.int32)
-        slot[2] = -1
-        pos = rng.integers(0, NS * SPLIT, B).astype(np.int32)
-        pos[0], pos[3] = 0, NS * SPLIT - 1
-        kn, vn, pn = kc.copy(), vc.copy(), pages.copy()
-        for b in np.flatnonzero(slot >= 0):
-            n = int(pos[b]) + 1
-            last = (n - 1) // PT
-            kn[pn[slot[b], last], (n - 1) % PT + 1:] = 0x7FC0  # bf16 NaN
-            vn[pn[slot[b], last], (n - 1) % PT + 1:] = 0x7FC0
-            pn[slot[b], last + 1:] = 1 << 30
-        scale = HD ** -0.5
-        ml = np.zeros((B, H, NS, 2), np.float32)
-        po = np.zeros((B, H, NS, HD), np.float32)
-        K.reference_op("attention_decode_split_bf16kv")(qd, pos, slot, pages, kc, vc, ml, po,
-                                                        B, MP, PT, H, KVH, HD, NS, SPLIT,
-                                                        scale)
-        ref = np.zeros((B, H * HD), np.float32)
-        K.attention_decode_merge(ml, po, slot, ref, B, H, HD, NS)
-        even = int(HD == L._np2(HD, 16))
-        layouts = [dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=even),
-                   dict(BLOCK_N=32, BLOCK_G=4, GROUPED=3, EVEN_HD=even),
-                   dict(BLOCK_N=32, GROUPED=0, BLOCK_G=1),
-                   dict(BLOCK_N=64, BLOCK_G=4, GROUPED=2, EVEN_HD=even, LIVE=3),
-                   dict(BLOCK_N=32, BLOCK_G=4, GROUPED=3, EVEN_HD=even, LIVE=1)]
-        for c in layouts:  # (GROUPED=1's tl.dot tiles: the GPU tests only, as for e4m3)
-            gml, gpo = np.full_like(ml, np.nan), np.full_like(po, np.nan)
-            grid = (B, KVH if c["GROUPED"] else H, c.get("LIVE") or NS)
-            TRITON_KERNELS["attention_decode_split_bf16kv"][grid](
-                *[_Arr(a) for a in (qd, pos, slot, pn, kn, vn, gml, gpo)], B, MP, PT, H, KVH,
-                HD, NS, SPLIT, scale, BLOCK_HD=L._np2(HD, 16), **c)
-            name = f"split G{c['GROUPED']}"
-            if c.get("LIVE"):
-                name += f" LIVE={c['LIVE']}"
-                written = (slot >= 0)[:, None, None] & (ml[..., 1] != 0)
-                gml[slot < 0], gpo[~written] = ml[slot < 0], po[~written]
-            errs[name] = (max(_rel(gml[..., 1], ml[..., 1]), _rel(gpo, po))
-                          if np.isfinite(gpo).all() else np.inf)
-        tml, tpo = np.zeros_like(ml), np.zeros_like(po)
-        K.reference_op("attention_decode_split_tuned_bf16kv")(
-            qd, pos, slot, pages, kc, vc, tml, tpo, np.array([2], np.int32), B, MP, PT, H, KVH,
-            HD, NS, SPLIT, scale)
-        got = _Interpreted().run("attention_decode_split_tuned_bf16kv", qd, pos, slot, pn, kn,
-                                 vn, ml, po, np.array([2], np.int32), B, MP, PT, H, KVH, HD,
-                                 NS, SPLIT, scale)
-        errs["split tuned"] = _rel(got["part_o"][:, :, :2], tpo[:, :, :2])
-        got = _Interpreted().run("attention_decode_fused_bf16kv", qd, pos, slot, pn, kn, vn, ml,
-                                 po, np.zeros((B, KVH), np.int32), np.zeros_like(ref), B, MP,
-                                 PT, H, KVH, HD, NS, SPLIT, scale)
-        errs["fused"] = _rel(got["out"], ref) if np.isfinite(got["out"]).all() else np.inf
-        W = 20
-        wref = np.zeros((B, H * HD), np.float32)
-        K.reference_op("attention_decode_window_bf16kv")(qd, pos, slot, pages, kc, vc, wref, B,
-                                                         MP, PT, H, KVH, HD, W, scale)
-        got = _Interpreted().run("attention_decode_window_bf16kv", qd, pos, slot, pn, kn, vn,
-                                 wref, B, MP, PT, H, KVH, HD, W, scale)
-        errs["decode window"] = _rel(got["out"], wref)
-        prow = np.array([0, -1, -1, 1, -1, 3, 3], np.int32)
+        prow = np.array([0, -1, -1, 1, -1, 3, 3], np.int32)  # padding inside the chunk
         ppos = np.array([int(pos[0]), 0, 0, int(pos[1]), 0, int(pos[3]) - 1, int(pos[3])],
                         np.int32)
         Tp = len(prow)
         pq = rng.standard_normal((Tp, width)).astype(np.float32)
-        for op, wa in (("attention_prefill_bf16kv", ()), ("attention_prefill_window_bf16kv",
-                                                          (W,))):
+        for op, wa in (("attention_prefill" + form, ()),
+                       ("attention_prefill_window" + form, (W,))):
             pref = np.zeros((Tp, H * HD), np.float32)
-            K.reference_op(op)(pq, ppos, prow, slot, pages, kc, vc, pref, Tp, B, MP, PT, H, KVH,
-                               HD, *wa, scale)
-            got = _Interpreted().run(op, pq, ppos, prow, slot, pn, kn, vn, pref, Tp, B, MP, PT,
-                                     H, KVH, HD, *wa, scale)
-            errs[op.replace("attention_", "").replace("_bf16kv", "")] = (
+            K.reference_op(op)(pq, ppos, prow, slot, pages, kc, vc, *scales, pref, Tp, B, MP,
+                               PT, H, KVH, HD, *wa, scale)
+            got = _Interpreted().run(op, pq, ppos, prow, slot, pn, kn, vn, *scales, pref, Tp, B,
+                                     MP, PT, H, KVH, HD, *wa, scale)
+            errs[op.replace("attention_", "").replace(form, "")] = (
                 _rel(got["out"], pref) if np.isfinite(got["out"]).all() else np.inf)
         bad = {k: e for k, e in errs.items() if not e < (1e-5 if isinstance(e, float) else 1)}
-        print(f"{'ok ' if not bad else 'BAD'} kv bf16 H={H} KVH={KVH} HD={HD} NS={NS} "
+        print(f"{'ok ' if not bad else 'BAD'} kv {kind} H={H} KVH={KVH} HD={HD} NS={NS} "
               f"SPLIT={SPLIT}: " + ", ".join(f"{k} {e:.1e}" if isinstance(e, float) else
                                              f"{k} {e} differ" for k, e in errs.items()))
         ok &= not bad
@@ -1650,9 +1541,9 @@ def main() -> None:
     if sys.argv[1:] == ["bf16act"]:
         sys.exit(0 if check_bf16_activations(rng) else 1)
     if sys.argv[1:] == ["kvfp8"]:
-        sys.exit(0 if check_kvfp8(rng) else 1)
+        sys.exit(0 if check_kv(rng, "fp8") else 1)
     if sys.argv[1:] == ["kvbf16"]:
-        sys.exit(0 if check_kvbf16(rng) else 1)
+        sys.exit(0 if check_kv(rng, "bf16") else 1)
     if sys.argv[1:] == ["mixed"]:
         sys.exit(0 if check_mixed(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
