@@ -356,6 +356,9 @@ def run_level(url: str, model: str, prompts: list[list[dict]], concurrency: int,
         "cached_fraction": cached / prompt if cached is not None and prompt else None,
         "requests_cached": (sum(1 for r in ok if r["cached_tokens"]) if cached is not None
                             else None),
+        # Each completed request's, in send order: who missed, who reused what.
+        "cached_tokens_by_send": ([r["cached_tokens"] for r in sorted(ok, key=lambda r: r["sent"])]
+                                  if cached is not None else None),
         "completion_tokens_min_max": ([min(r["completion_tokens"] for r in ok),
                                        max(r["completion_tokens"] for r in ok)] if ok else None),
         "ttft_ms": pct([r["first"] - r["sent"] for r in ok]),
