@@ -6,8 +6,8 @@ then trimmed until the chat-templated prompt tokenizes to the target length with
 core's own tokenizer and template) and asks for OUTPUT tokens with `ignore_eos` (vLLM's
 field), at each concurrency C (1, 16, 64, 256 by default): C requests are always in
 flight until the level's requests are done (closed loop, `--rounds` x C requests, at
-least --min-requests). Clients are `openai.AsyncOpenAI` streams spread over several processes
-so the client side is not the bottleneck.
+least --min-requests). Clients are `openai.AsyncOpenAI` streams spread over several
+processes so the client side is not the bottleneck.
 
 Per level (vLLM's benchmark_serving definitions):
     output tok/s   completion tokens (usage) / wall time of the level
@@ -239,8 +239,9 @@ async def _client_main(url: str, model: str, prompts: list[list[dict]], concurre
             for attempt in range(3):
                 try:
                     stream = await client.chat.completions.create(
-                        model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
-                        stream_options={"include_usage": True}, extra_body=extra)
+                        model=model, messages=messages, max_tokens=max_tokens,
+                        temperature=0, stream=True, stream_options={"include_usage": True},
+                        extra_body=extra)
                     break
                 except openai.APIConnectionError:  # before any response byte: resend
                     if attempt == 2:
@@ -357,7 +358,8 @@ def run_level(url: str, model: str, prompts: list[list[dict]], concurrency: int,
         "requests_cached": (sum(1 for r in ok if r["cached_tokens"]) if cached is not None
                             else None),
         # Each completed request's, in send order: who missed, who reused what.
-        "cached_tokens_by_send": ([r["cached_tokens"] for r in sorted(ok, key=lambda r: r["sent"])]
+        "cached_tokens_by_send": ([r["cached_tokens"]
+                                   for r in sorted(ok, key=lambda r: r["sent"])]
                                   if cached is not None else None),
         "completion_tokens_min_max": ([min(r["completion_tokens"] for r in ok),
                                        max(r["completion_tokens"] for r in ok)] if ok else None),
@@ -845,6 +847,12 @@ def main() -> None:
                     "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                              "python": platform.python_version()}}
     prefix = args.shared_prefix
+
+    def unshared(tokens: int) -> list[dict]:
+        """A `tokens`-token conversation behind a `prefix`-token system turn of its own."""
+        own = prompts.system(prefix)
+        return conversation(prompts.make(tokens, own), own)
+
     try:
         ignore_eos, note = (False, "disabled by --no-ignore-eos") if args.no_ignore_eos \
             else probe_ignore_eos(url, model)
@@ -861,11 +869,6 @@ def main() -> None:
             result["workloads"].append(workload)
             for c in args.concurrency:
                 count = max(args.min_requests, args.rounds * c)
-
-                def unshared(tokens: int) -> list[dict]:  # a system turn of its own
-                    own = prompts.system(prefix)
-                    return conversation(prompts.make(tokens, own), own)
-
                 if prefix is None:
                     runs = [(None, [conversation(prompts.make(n_in)) for _ in range(count)])]
                     warm = [conversation(prompts.make(n_in)) for _ in range(c)]
