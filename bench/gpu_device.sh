@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|kvbf16|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|mixed-budget|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|packing|topp|decode-tc|bf16-act|attn-live|quant-speed|quant-tests|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|kvbf16|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|mixed-budget|export-8b|load-8b|prefix-8b|packing|topp|decode-tc|bf16-act|attn-live|quant-speed|quant-tests|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -485,6 +485,23 @@ case $stage in
       --group "${MIXED_GROUP:-16}" --arrivals 2 --prompt-tokens 1024 --mixed-tokens 512 2048 \
       --json "$OUTD/serve_mixed_llama8b_burst.json" 2>&1 | tail -4 \
       | tee "$OUTD/serve_mixed_llama8b_burst.log" ;;
+  prefix-8b)
+    # Issue 27 item 6, the prefix-heavy run on the core export-8b wrote (run export-8b first
+    # on the same warm machine): 64 users whose prompts open with one shared 2,048-token
+    # system turn (2,304 input tokens: 2,048 shared + 256 of each user's own; 256 output
+    # tokens, so the prefill saved stays a visible part of the wall, in a 2,560-token
+    # context within the core's 4,096), then the same lengths with a system turn of each
+    # request's own (--prefix-baseline): hit rate (/metrics and usage cached_tokens, beside
+    # the page-aligned maximum) and shared/unshared throughput. Two rounds (128 requests per
+    # run): the first wave of 64 arrives together, before the prefix's pages are published;
+    # the second arrives as streams finish and finds it cached. No NativeModel loop (not the
+    # question here). PREFIX_WORKLOAD / PREFIX_TOKENS / PREFIX_C / PREFIX_ROUNDS / PREFIX_ARGS
+    # narrow it to what a call has time for.
+    python3 bench/serve_load.py --core "$HOME/cores/llama8b.core" --trust "$K.pub" --accept $NS \
+      --backend cuda --max-active 256 --workload ${PREFIX_WORKLOAD:-2304/256} \
+      --shared-prefix ${PREFIX_TOKENS:-2048} --concurrency ${PREFIX_C:-64} \
+      --rounds ${PREFIX_ROUNDS:-2} --prefix-baseline --no-native ${PREFIX_ARGS:-} \
+      --json "$OUTD/serve_prefix_llama8b.json" 2>&1 | tee "$OUTD/serve_prefix_llama8b.log" ;;
   sh)  # one command line in this environment (staged wheels, PYTHONPATH): DEV_SH='...'
     eval "$DEV_SH" ;;
   mma2)

@@ -1,13 +1,13 @@
 """Served throughput through HTTP: a load generator for OpenAI-compatible chat completions.
 
-Sends streaming chat requests whose rendered prompts are exactly --input-tokens tokens of
-random text (seeded: random ordinary-vocabulary ids decoded to text, then trimmed until
-the chat-templated prompt tokenizes to the target length with the core's own tokenizer
-and template) and asks for --output-tokens tokens with `ignore_eos` (vLLM's field), at
-each concurrency C (1, 16, 64, 256 by default): C requests are always in flight until
-the level's requests are done (closed loop, `--rounds` x C requests, at least
---min-requests). Clients are `openai.AsyncOpenAI` streams spread over several processes
-so the client side is not the bottleneck.
+Sends streaming chat requests whose rendered prompts are exactly INPUT tokens of random
+text (`--workload INPUT/OUTPUT`; seeded: random ordinary-vocabulary ids decoded to text,
+then trimmed until the chat-templated prompt tokenizes to the target length with the
+core's own tokenizer and template) and asks for OUTPUT tokens with `ignore_eos` (vLLM's
+field), at each concurrency C (1, 16, 64, 256 by default): C requests are always in
+flight until the level's requests are done (closed loop, `--rounds` x C requests, at
+least --min-requests). Clients are `openai.AsyncOpenAI` streams spread over several
+processes so the client side is not the bottleneck.
 
 Per level (vLLM's benchmark_serving definitions):
     output tok/s   completion tokens (usage) / wall time of the level
@@ -27,6 +27,33 @@ level uses has run once; --no-warmup skips it), and each client process sends on
 1-token request per stream it will run before the level's timed start (its connections
 open, the openai streaming path run once: a new process's first request paid ~100 ms).
 
+Prefix-heavy runs (issue 27 item 6: many users sharing one long system prompt):
+`--shared-prefix TOKENS` opens every request of a level with the same system message,
+whose rendered turn (template markers included) is exactly TOKENS tokens and whose tokens
+are checked to be a prefix of every prompt's, then a user message of its own filling the
+rest of the input tokens (`--workload 2304/256 --shared-prefix 2048`: 2,048 shared + 256
+of its own, template included). Each level draws a new shared turn, so its first request
+finds it in no cache; the warm-up round uses unshared turns. `--prefix-baseline` runs each
+level again with a system turn of each request's own (same lengths) and reports
+shared/unshared: output tok/s, req/s, TTFT p50, TPOT p50. A TOKENS that leaves no room for
+a user message, or a level of one request, is refused (one line, exit 2).
+
+Prefix reuse per level (every run, shared or not; JSON `prefix_reuse` and the table):
+    hit%       /metrics: helios_prefix_cache_hit_tokens over helios_prompt_tokens between
+               a snapshot taken once every client process has sent its warm-up requests
+               and one taken once the counters settle after the level (reused prompt
+               tokens: complete pages and exact-endpoint snapshots; a preempted request's
+               readmission counts again)
+    cached%    usage.prompt_tokens_details.cached_tokens (OpenAI's field; Helios fills it
+               with the request's reused prompt tokens) over usage.prompt_tokens
+    max%       with --shared-prefix: the most a request can reuse, of its input tokens:
+               floor(common prefix / page_tokens) complete pages (the hash chain), or the
+               whole system turn where the core declares a prefix boundary after system
+               messages and snapshot rows (an exact-endpoint snapshot there; only requests
+               admitted after its capture use it: requests arriving together get the pages).
+               JSON `expected` adds first_miss_fraction: the level's first request
+               computing the prefix and every other reusing the most it can.
+
 Either serve a core (`--core C --trust PUB --accept NS [--backend cuda] [--max-active M]`:
 `helios-serve` as a child process on 127.0.0.1, stopped at the end) or load an already
 running server (`--url URL --core C --trust PUB --accept NS`: the core gives the tokenizer
@@ -37,6 +64,11 @@ the tokens actually generated are what is counted.
 Run: `uv run python bench/serve_load.py --core X.core --trust X.pub --accept NS
       --workload 128/128 1024/1024 --concurrency 1 16 64 256 --json bench/out/serve_load.json`
 -> prints a table per workload and writes JSON. Figures only; never asserted on.
+Prefix-heavy (GPU: bench/gpu_device.sh prefix-8b): `... --workload 2304/256 --shared-prefix
+2048 --concurrency 64 --rounds 2 --prefix-baseline`. On the CPU (SmolLM2) the same run at
+small settings (`--workload 320/16 --shared-prefix 256 --concurrency 4 --rounds 1
+--prefix-baseline --no-native`) is a smoke check of the hit rate only: its timings claim
+nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +86,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 from _report import git_commit, write_json  # bench/ is this script's folder
@@ -69,56 +102,121 @@ KEEPALIVE_S = 2.0
 
 
 class PromptMaker:
-    """Chat prompts whose templated form is exactly `tokens` tokens long (the server's
-    tokenizer and chat template, read from the core)."""
+    """Chat conversations whose templated form is exactly `tokens` tokens long (the server's
+    tokenizer and chat template, read from the core), optionally behind a system message.
+
+    Text is random ordinary-vocabulary ids (seeded) decoded, then trimmed by ids until the
+    rendered prompt tokenizes to the target length.
+    """
 
     def __init__(self, bootstrap, seed: int):
         from helios_tools.frontend_assets import render_chat
 
-        self._render = lambda content: render_chat(
-            bootstrap.chat_template, [{"role": "user", "content": content}],
-            add_generation_prompt=True, **bootstrap.template_variables)
+        self._render = lambda messages, generation: render_chat(
+            bootstrap.chat_template, messages, add_generation_prompt=generation,
+            **bootstrap.template_variables)
         self._tok = bootstrap.tokenizer
         vocab = self._tok.get_vocab()
         # Ordinary ids only: no special or filler tokens (their text re-tokenizes apart).
         self._ids = sorted(i for t, i in vocab.items() if not (t.startswith("<") and
                                                                  t.endswith(">")))
         self._rng = random.Random(seed)
+        self._turns: dict[str, list[int]] = {}  # system content -> its system turn's ids
         self.overhead = self._count("")
 
-    def _count(self, content: str) -> int:
-        return len(self._tok.encode(self._render(content), add_special_tokens=False).ids)
+    def _encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
 
-    def make(self, tokens: int) -> str:
-        """Content of a user message whose rendered prompt has `tokens` tokens.
+    def _count(self, content: str, system: str | None = None) -> int:
+        return len(self.prompt_ids(conversation(content, system)))
 
-        Raises:
-            ValueError: no such content found (target shorter than the template).
-        """
-        if tokens <= self.overhead:
-            raise ValueError(f"--input-tokens {tokens} <= the chat template's {self.overhead}")
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Token ids of `messages` rendered with the generation prompt (what the server
+        tokenizes)."""
+        return self._encode(self._render(messages, True))
+
+    def system_turn(self, content: str) -> list[int]:
+        """Token ids of the system message `content` rendered alone (its turn, no
+        generation prompt): the part of a conversation it opens that does not depend on
+        what follows (checked by `make`)."""
+        if content not in self._turns:
+            self._turns[content] = self._encode(self._render(
+                [{"role": "system", "content": content}], False))
+        return self._turns[content]
+
+    def _fit(self, tokens: int, overhead: int, count) -> str | None:
+        """Random text whose `count(text)` is exactly `tokens`, or None (20 draws)."""
         for _ in range(20):
             ids = [self._rng.choice(self._ids) for _ in range(tokens)]
             text = self._tok.decode(ids, skip_special_tokens=True)
             # Re-encoding decoded random ids merges some; trim by ids until it fits.
-            ids = self._tok.encode(text, add_special_tokens=False).ids
-            n = tokens - self.overhead
+            ids = self._encode(text)
+            n = tokens - overhead
             for _ in range(40):
                 content = self._tok.decode(ids[:n], skip_special_tokens=True)
-                got = self._count(content)
+                got = count(content)
                 if got == tokens:
                     return content
                 n += tokens - got
                 if n <= 0 or n > len(ids):
                     break
-        raise ValueError(f"could not build a prompt of exactly {tokens} tokens")
+        return None
+
+    def system(self, tokens: int) -> str:
+        """Content of a system message whose rendered turn (template markers included) is
+        exactly `tokens` tokens.
+
+        Raises:
+            ValueError: `tokens` <= the empty system turn's length, or no such content
+                found.
+        """
+        overhead = len(self.system_turn(""))
+        if tokens <= overhead:
+            raise ValueError(f"a {tokens}-token system turn: the template's empty system "
+                             f"turn alone is {overhead} tokens")
+        content = self._fit(tokens, overhead, lambda c: len(self.system_turn(c)))
+        if content is None:
+            raise ValueError(f"could not build a system turn of exactly {tokens} tokens")
+        return content
+
+    def make(self, tokens: int, system: str | None = None) -> str:
+        """Content of a user message whose rendered prompt (behind the system message
+        `system`, when given) has `tokens` tokens; with `system`, the prompt's ids start
+        with `system_turn(system)`.
+
+        Raises:
+            ValueError: no such content found (target not longer than the template and
+                the system turn), or the system turn does not tokenize apart from the
+                user turn.
+        """
+        overhead = self._count("", system)
+        if tokens <= overhead:
+            part = f" and a {len(self.system_turn(system))}-token system turn" \
+                if system is not None else ""
+            raise ValueError(f"{tokens} input tokens <= the {overhead} tokens of the chat "
+                             f"template{part} with an empty user message")
+        content = self._fit(tokens, overhead, lambda c: self._count(c, system))
+        if content is None:
+            raise ValueError(f"could not build a prompt of exactly {tokens} tokens")
+        if system is not None:
+            turn = self.system_turn(system)
+            if self.prompt_ids(conversation(content, system))[:len(turn)] != turn:
+                raise ValueError("the system turn's tokens are not a prefix of the prompt's")
+        return content
+
+
+def conversation(user: str, system: str | None = None) -> list[dict]:
+    """Chat messages: the system message (when given), then the user message."""
+    head = [{"role": "system", "content": system}] if system is not None else []
+    return head + [{"role": "user", "content": user}]
 
 
 # -- clients ----------------------------------------------------------------------------------
 
 
-async def _client_main(url: str, model: str, prompts: list[str], concurrency: int,
-                       max_tokens: int, ignore_eos: bool, start_at: float) -> list[dict]:
+async def _client_main(url: str, model: str, prompts: list[list[dict]], concurrency: int,
+                       max_tokens: int, ignore_eos: bool, start_at: float,
+                       ready: mp.Queue) -> list[dict]:
     import httpx
     import openai
 
@@ -127,22 +225,23 @@ async def _client_main(url: str, model: str, prompts: list[str], concurrency: in
         http_client=httpx.AsyncClient(timeout=3600.0, trust_env=False,
                                       limits=httpx.Limits(max_connections=concurrency + 4,
                                                           keepalive_expiry=KEEPALIVE_S)))
-    queue: asyncio.Queue[str] = asyncio.Queue()
+    queue: asyncio.Queue[list[dict]] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
     records: list[dict] = []
     extra = {"ignore_eos": True} if ignore_eos else None
 
-    async def one(prompt: str) -> dict:
+    async def one(messages: list[dict]) -> dict:
         rec = {"sent": time.time(), "first": None, "end": None, "gaps": [], "chunks": 0,
-               "completion_tokens": 0, "prompt_tokens": 0, "error": None, "retries": 0}
+               "completion_tokens": 0, "prompt_tokens": 0, "cached_tokens": None,
+               "error": None, "retries": 0}
         try:
             for attempt in range(3):
                 try:
                     stream = await client.chat.completions.create(
-                        model=model, messages=[{"role": "user", "content": prompt}],
-                        max_tokens=max_tokens, temperature=0, stream=True,
-                        stream_options={"include_usage": True}, extra_body=extra)
+                        model=model, messages=messages, max_tokens=max_tokens,
+                        temperature=0, stream=True, stream_options={"include_usage": True},
+                        extra_body=extra)
                     break
                 except openai.APIConnectionError:  # before any response byte: resend
                     if attempt == 2:
@@ -154,6 +253,9 @@ async def _client_main(url: str, model: str, prompts: list[str], concurrency: in
                 if chunk.usage is not None:
                     rec["completion_tokens"] = chunk.usage.completion_tokens
                     rec["prompt_tokens"] = chunk.usage.prompt_tokens
+                    details = chunk.usage.prompt_tokens_details  # None where not reported
+                    if details is not None and details.cached_tokens is not None:
+                        rec["cached_tokens"] = details.cached_tokens
                 if chunk.choices and chunk.choices[0].delta.content:
                     rec["chunks"] += 1
                     if rec["first"] is None:
@@ -182,36 +284,49 @@ async def _client_main(url: str, model: str, prompts: list[str], concurrency: in
         async for _ in stream:
             pass
 
-    await asyncio.gather(*(warm() for _ in range(concurrency)))
+    try:
+        await asyncio.gather(*(warm() for _ in range(concurrency)))
+    finally:  # the caller's metrics snapshot waits for every process's warm-up
+        ready.put(None)
     await asyncio.sleep(max(0.0, start_at - time.time()))
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     await client.close()
     return records
 
 
-def _client_proc(args: tuple, out: mp.Queue) -> None:
-    out.put(asyncio.run(_client_main(*args)))
+def _client_proc(args: tuple, out: mp.Queue, ready: mp.Queue) -> None:
+    out.put(asyncio.run(_client_main(*args, ready)))
 
 
-def run_level(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
-              ignore_eos: bool, procs: int) -> dict:
-    """`concurrency` streams in flight over `procs` client processes until `prompts` are
-    done; returns the level's figures."""
+def run_level(url: str, model: str, prompts: list[list[dict]], concurrency: int,
+              max_tokens: int, ignore_eos: bool, procs: int) -> dict:
+    """`concurrency` streams in flight over `procs` client processes until `prompts` (chat
+    messages) are done; returns the level's figures, with /metrics' selection once every
+    client process has sent its warm-up requests (`metrics_before`: the warm-ups are not the
+    level's) and once the level's counters have settled (`metrics_after`)."""
     procs = max(1, min(procs, concurrency))
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out, ready = ctx.Queue(), ctx.Queue()
     start_at = time.time() + 2.0 + 0.3 * procs  # every process started and connected
     workers = []
     for k in range(procs):
         share = concurrency // procs + (k < concurrency % procs)
         mine = prompts[k::procs]
         p = ctx.Process(target=_client_proc,
-                        args=((url, model, mine, share, max_tokens, ignore_eos, start_at), out))
+                        args=((url, model, mine, share, max_tokens, ignore_eos, start_at), out,
+                              ready))
         p.start()
         workers.append(p)
+    for _ in workers:
+        ready.get()
+    before = metrics_snapshot(url)
+    # A process whose warm-up outlasted start_at has begun the level: the snapshot may
+    # then hold some of its requests (recorded, not hidden).
+    before_late = time.time() > start_at
     records = [r for _ in workers for r in out.get()]
     for p in workers:
         p.join()
+    after = settled_metrics(url)
     ok = [r for r in records if r["error"] is None and r["first"] is not None]
     wall = max(r["end"] for r in records) - start_at
     tokens = sum(r["completion_tokens"] for r in ok)
@@ -226,12 +341,26 @@ def run_level(url: str, model: str, prompts: list[str], concurrency: int, max_to
 
     tpot = [(r["end"] - r["first"]) / (r["completion_tokens"] - 1)
             for r in ok if r["completion_tokens"] > 1]
+    prompt = sum(r["prompt_tokens"] for r in ok)
+    reported = [r["cached_tokens"] for r in ok if r["cached_tokens"] is not None]
+    cached = sum(reported) if reported else None
     return {
         "concurrency": concurrency, "requests": len(records), "completed": len(ok),
         "errors": sorted({r["error"] for r in records if r["error"]})[:5],
         "wall_s": wall, "output_tokens": tokens, "output_tokens_per_s": tokens / wall,
         "requests_per_s": len(ok) / wall,
         "prompt_tokens_mean": float(np.mean([r["prompt_tokens"] for r in ok])) if ok else None,
+        "prompt_tokens": prompt,
+        # usage.prompt_tokens_details.cached_tokens (OpenAI's field): None where the server
+        # left it out of every response.
+        "cached_tokens": cached,
+        "cached_fraction": cached / prompt if cached is not None and prompt else None,
+        "requests_cached": (sum(1 for r in ok if r["cached_tokens"]) if cached is not None
+                            else None),
+        # Each completed request's, in send order: who missed, who reused what.
+        "cached_tokens_by_send": ([r["cached_tokens"]
+                                   for r in sorted(ok, key=lambda r: r["sent"])]
+                                  if cached is not None else None),
         "completion_tokens_min_max": ([min(r["completion_tokens"] for r in ok),
                                        max(r["completion_tokens"] for r in ok)] if ok else None),
         "ttft_ms": pct([r["first"] - r["sent"] for r in ok]),
@@ -240,6 +369,7 @@ def run_level(url: str, model: str, prompts: list[str], concurrency: int, max_to
         "tokens_per_chunk": tokens / chunks if chunks else None,
         "connection_retries": sum(r["retries"] for r in records),
         "client_processes": procs,
+        "metrics_before": before, "metrics_before_late": before_late, "metrics_after": after,
     }
 
 
@@ -433,19 +563,102 @@ def probe_ignore_eos(url: str, model: str) -> tuple[bool, str]:
 
 
 def metrics_snapshot(url: str) -> dict:
-    """Selected counters of /metrics (preemptions, prefix hits, launches, decode rows and
-    their padding)."""
+    """Selected counters of /metrics (preemptions, prefix-cache queries and hit tokens,
+    prompt and prefill tokens, pages published and evicted, snapshot hits, launches,
+    decode rows and their padding)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict = {}
     for family in text_string_to_metric_families(_get(url + "/metrics").decode()):
         if any(k in family.name for k in ("preemption", "graph_launch", "generation_tokens",
                                            "prompt_tokens", "requests_finished", "mixed_lanes",
-                                           "decode_rows", "decode_padded_rows")):
+                                           "decode_rows", "decode_padded_rows", "prefix_cache",
+                                           "prefill_tokens", "cache_page", "snapshot_hits")):
             for s in family.samples:
+                if s.name.endswith("_created"):  # creation times, not counts
+                    continue
                 label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
                 out[s.name + (f"{{{label}}}" if label else "")] = s.value
     return out
+
+
+def settled_metrics(url: str, period_s: float = 0.1, limit_s: float = 5.0) -> dict:
+    """`metrics_snapshot` once two in a row agree: the server publishes its cache counters
+    (prefix hits among them) from the model worker every 20 ms while busy and at once when
+    it goes idle, which can come just after the level's last response reached its client.
+    After `limit_s` the last snapshot is returned."""
+    snap = metrics_snapshot(url)
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        time.sleep(period_s)
+        again = metrics_snapshot(url)
+        if again == snap:
+            break
+        snap = again
+    return snap
+
+
+def prefix_reuse(before: dict, after: dict) -> dict:
+    """The prefix cache between two snapshots: prompt tokens of admitted requests
+    (helios_prompt_tokens), those served from the cache instead of computed
+    (helios_prefix_cache_hit_tokens: complete pages and exact-endpoint snapshots; a
+    preempted request's readmission counts again), lookups, and hit_rate = reused / prompt
+    (None when no prompt was admitted or the server lacks the counters)."""
+    names = {"prompt_tokens": "helios_prompt_tokens_total",
+             "reused_prompt_tokens": "helios_prefix_cache_hit_tokens_total",
+             "prefix_queries": "helios_prefix_cache_queries_total"}
+    out: dict = {k: (after[n] - before[n] if n in before and n in after else None)
+                 for k, n in names.items()}
+    prompt, reused = out["prompt_tokens"], out["reused_prompt_tokens"]
+    out["hit_rate"] = reused / prompt if prompt and reused is not None else None
+    return out
+
+
+def common_prefix(prompts: list[list[int]]) -> int:
+    """Leading token ids every prompt of `prompts` (token id lists, two at least) has in
+    common."""
+    first, n = prompts[0], min(len(p) for p in prompts)
+    for i in range(n):
+        if any(p[i] != first[i] for p in prompts):
+            return i
+    return n
+
+
+def expected_reuse(bootstrap, common_tokens: int, system_tokens: int | None,
+                   input_tokens: int, requests: int) -> dict:
+    """What a level's prompts can reuse at most, per request, from the cache.
+
+    Args:
+        common_tokens: leading tokens all the level's prompts share (`common_prefix`: a
+            shared system turn, then the user turn's opening markers).
+        system_tokens: the shared system turn's length, or None (no shared turn).
+        input_tokens: each prompt's length.
+        requests: the level's requests.
+
+    Complete pages are shared through the hash chain: floor(common / page_tokens) pages.
+    A core that declares a prefix boundary after system messages and prepares snapshot
+    rows also publishes an exact-endpoint snapshot at the system turn's end (the
+    specification, "Attention histories and cache policy"): a request admitted once that
+    snapshot is captured (a copy queued when the turn's prefill completes) restores the
+    whole turn, unless the server runs with --snapshots 0; requests admitted together
+    before it get the pages only. Fractions are of the input tokens: `max_hit_fraction`
+    when every request reuses the most it can, `first_miss_fraction` when the level's
+    first request computes it and the other `requests - 1` reuse it.
+    """
+    from helios_serve.frontend.syntax import FrontendMessageRole
+
+    page = bootstrap.contract.model.cache.page_tokens
+    aligned = common_tokens // page * page
+    snapshot = system_tokens is not None and bootstrap.contract.prepared_snapshots > 0 and any(
+        r.role == FrontendMessageRole.SYSTEM
+        for r in bootstrap.frontend.syntax.prefix_boundary_rules)
+    reusable = max(aligned, system_tokens if snapshot else 0)
+    return {"system_turn_tokens": system_tokens, "common_prefix_tokens": common_tokens,
+            "page_tokens": page, "page_aligned_tokens": aligned,
+            "page_aligned_fraction": aligned / input_tokens,
+            "system_turn_snapshot": snapshot, "reusable_tokens": reusable,
+            "max_hit_fraction": reusable / input_tokens,
+            "first_miss_fraction": reusable * (requests - 1) / (requests * input_tokens)}
 
 
 def padding_fraction(before: dict, after: dict) -> float | None:
@@ -456,6 +669,95 @@ def padding_fraction(before: dict, after: dict) -> float | None:
         return None
     rows, padded = (after[k] - before[k] for k in keys)
     return padded / (rows + padded) if rows + padded else None
+
+
+def timed_level(args, url: str, model: str, served, batch: list[list[dict]], c: int,
+                n_in: int, n_out: int, ignore_eos: bool, sharing: str | None) -> dict:
+    """One recorded run of a level (profiled when asked), with its decode padding and
+    prefix reuse between the snapshots `run_level` took."""
+    spy = None
+    if args.profile and served is not None:
+        from serve_overhead import Profiler  # bench/ is this script's folder
+
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        name = f"serve_{n_in}_{n_out}_c{c}" + (f"_{sharing}" if sharing else "")
+        try:
+            spy = Profiler(served.proc.pid, Path(args.profile) / f"{name}.folded")
+        except SystemExit as exc:  # no py-spy: the figures still count
+            print(f"no profile: {exc}", flush=True)
+            args.profile = None
+    try:
+        level = run_level(url, model, batch, c, n_out, ignore_eos, args.client_procs)
+    finally:
+        if spy is not None:
+            level_profile = spy.stop()
+    if spy is not None:
+        level["profile"] = level_profile
+    before = level.pop("metrics_before")
+    level["decode_padding_fraction"] = padding_fraction(before, level["metrics_after"])
+    level["prefix_reuse"] = prefix_reuse(before, level["metrics_after"])
+    return level
+
+
+def shared_over_unshared(shared: dict, unshared: dict) -> dict:
+    """A level's shared run over its unshared run (same lengths, same concurrency)."""
+
+    def over(a, b):
+        return a / b if a is not None and b else None
+
+    return {"concurrency": shared["concurrency"],
+            "output_tokens_per_s": over(shared["output_tokens_per_s"],
+                                        unshared["output_tokens_per_s"]),
+            "requests_per_s": over(shared["requests_per_s"], unshared["requests_per_s"]),
+            "ttft_p50": over(shared["ttft_ms"]["p50"], unshared["ttft_ms"]["p50"]),
+            "tpot_p50": over(shared["tpot_ms"]["p50"], unshared["tpot_ms"]["p50"]),
+            "hit_rate_shared": shared["prefix_reuse"]["hit_rate"],
+            "hit_rate_unshared": unshared["prefix_reuse"]["hit_rate"]}
+
+
+def _fmt(value, spec: str, width: int = 0) -> str:
+    return f"{value:>{width}{spec}}" if value is not None else f"{'-':>{width}}"
+
+
+def print_header(prefix: bool) -> None:
+    print((f"{'run':>9}" if prefix else "")
+          + f"{'conc':>5}{'reqs':>6}{'out tok/s':>11}{'req/s':>8}{'TTFT p50':>10}"
+          f"{'p99':>9}{'TPOT p50':>10}{'p99':>8}{'ITL p50':>9}{'p99':>8}{'tok/chunk':>10}"
+          f"{'hit%':>7}{'cached%':>8}" + (f"{'max%':>7}" if prefix else "") + "  (ms)",
+          flush=True)
+
+
+def print_row(level: dict, sharing: str | None, native: bool) -> None:
+    """One table row: the level's figures; hit% is /metrics' reused / prompt tokens,
+    cached% usage's cached_tokens / prompt_tokens, max% what the shared prefix allows."""
+    t, p, i = level["ttft_ms"], level["tpot_ms"], level["itl_ms"]
+    reuse = level["prefix_reuse"]
+    hit, cached = reuse["hit_rate"], level["cached_fraction"]
+    row = ((f"{sharing:>9}" if sharing else "")
+           + f"{level['concurrency']:>5}{level['completed']:>6}"
+           f"{level['output_tokens_per_s']:>11.1f}{level['requests_per_s']:>8.2f}"
+           f"{_fmt(t['p50'], '.1f', 10)}{_fmt(t['p99'], '.1f', 9)}"
+           f"{_fmt(p['p50'], '.1f', 10)}{_fmt(p['p99'], '.1f', 8)}"
+           f"{_fmt(i['p50'], '.1f', 9)}{_fmt(i['p99'], '.1f', 8)}"
+           f"{_fmt(level['tokens_per_chunk'], '.1f', 10)}"
+           f"{_fmt(hit * 100 if hit is not None else None, '.1f', 7)}"
+           f"{_fmt(cached * 100 if cached is not None else None, '.1f', 8)}")
+    if sharing:
+        row += _fmt(reuse["expected"]["max_hit_fraction"] * 100, ".1f", 7)
+    if native:
+        row += (f"   served/native {level['served_over_native']:.2f}, decode/native "
+                f"{level['decode_over_native']:.2f}")
+    if level["errors"]:
+        row += f"  errors: {level['errors']}"
+    if level["decode_padding_fraction"] is not None:
+        row += f"  decode padding {level['decode_padding_fraction']:.3f}"
+    print(row, flush=True)
+
+
+def refuse(message: str) -> NoReturn:
+    """One line on stderr, exit status 2 (a usage error: nothing was started)."""
+    print(f"serve_load: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def main() -> None:
@@ -489,6 +791,13 @@ def main() -> None:
                     help="decode steps of the NativeModel loop per level")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="skip the unrecorded round (C requests of 8 tokens) before a level")
+    ap.add_argument("--shared-prefix", type=int, metavar="TOKENS",
+                    help="every request of a level opens with the same system message whose "
+                         "rendered turn is TOKENS tokens (a new one per level); the user "
+                         "message fills the rest of the workload's input tokens")
+    ap.add_argument("--prefix-baseline", action="store_true",
+                    help="with --shared-prefix: run each level again with a system message "
+                         "of its own per request (same lengths) and report shared/unshared")
     ap.add_argument("--native-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", default=str(REPO / "bench" / "out" / "serve_load.json"))
     args = ap.parse_args()
@@ -498,13 +807,32 @@ def main() -> None:
                                      workloads, args.concurrency, args.native_steps,
                                      args.seed)))
         return
-    native = native_in_child(args, workloads) if args.native and not args.url else []
+    if args.shared_prefix is not None and args.shared_prefix < 1:
+        refuse(f"--shared-prefix {args.shared_prefix}: must be a positive token count")
+    if args.prefix_baseline and args.shared_prefix is None:
+        refuse("--prefix-baseline compares against --shared-prefix TOKENS: give both")
+    if args.shared_prefix is not None and min(
+            max(args.min_requests, args.rounds * c) for c in args.concurrency) < 2:
+        refuse("--shared-prefix needs 2 requests per level at least (--rounds, "
+               "--min-requests): one request shares its prefix with nobody")
 
     from helios_serve.bootstrap import Bootstrap
 
     bootstrap = Bootstrap.load(args.core, [args.trust], args.accept)
     model = bootstrap.contract.served_id
     prompts = PromptMaker(bootstrap, args.seed)
+    if args.shared_prefix is not None:  # refused before anything starts
+        try:
+            system = prompts.system(args.shared_prefix)
+        except ValueError as exc:
+            refuse(f"--shared-prefix {args.shared_prefix}: {exc}")
+        for spec, (n_in, _) in zip(args.workload, workloads, strict=True):
+            try:
+                prompts.make(n_in, system)
+            except ValueError as exc:
+                refuse(f"--shared-prefix {args.shared_prefix} leaves no room for a user "
+                       f"message in --workload {spec}: {exc}")
+    native = native_in_child(args, workloads) if args.native and not args.url else []
     served = None if args.url else start_server(args, Path(args.json).with_suffix(".server.log"))
     url = args.url or served.url
     result: dict = {"core": str(args.core), "served_id": model, "backend": args.backend,
@@ -513,70 +841,74 @@ def main() -> None:
                     "url_given": bool(args.url),
                     "server_startup_s": served.startup_s if served else None,
                     "template_tokens": prompts.overhead, "native_loop": native,
+                    "shared_prefix": args.shared_prefix,
+                    "prefix_baseline": args.prefix_baseline,
                     "workloads": [], "commit": git_commit(REPO),
                     "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
                              "python": platform.python_version()}}
+    prefix = args.shared_prefix
+
+    def unshared(tokens: int) -> list[dict]:
+        """A `tokens`-token conversation behind a `prefix`-token system turn of its own."""
+        own = prompts.system(prefix)
+        return conversation(prompts.make(tokens, own), own)
+
     try:
         ignore_eos, note = (False, "disabled by --no-ignore-eos") if args.no_ignore_eos \
             else probe_ignore_eos(url, model)
         result["ignore_eos"], result["ignore_eos_probe"] = ignore_eos, note
         for spec in args.workload:
             n_in, n_out = (int(x) for x in spec.split("/"))
-            print(f"\n{spec} (input/output tokens), ignore_eos {ignore_eos}", flush=True)
-            print(f"{'conc':>5}{'reqs':>6}{'out tok/s':>11}{'req/s':>8}{'TTFT p50':>10}"
-                  f"{'p99':>9}{'TPOT p50':>10}{'p99':>8}{'ITL p50':>9}{'p99':>8}{'tok/chunk':>10}"
-                  "  (ms)", flush=True)
+            print(f"\n{spec} (input/output tokens), ignore_eos {ignore_eos}"
+                  + (f", {prefix}-token shared system turn" if prefix else ""), flush=True)
+            print_header(prefix is not None)
             levels: list = []
-            result["workloads"].append({"input_tokens": n_in, "output_tokens": n_out,
-                                        "levels": levels})
+            workload = {"input_tokens": n_in, "output_tokens": n_out, "levels": levels}
+            if args.prefix_baseline:
+                workload["shared_over_unshared"] = []
+            result["workloads"].append(workload)
             for c in args.concurrency:
                 count = max(args.min_requests, args.rounds * c)
-                batch = [prompts.make(n_in) for _ in range(count)]
+                if prefix is None:
+                    runs = [(None, [conversation(prompts.make(n_in)) for _ in range(count)])]
+                    warm = [conversation(prompts.make(n_in)) for _ in range(c)]
+                else:
+                    # A new shared system turn per level: the level's first request finds
+                    # it in no cache (nor does the warm-up round, whose turns are unshared).
+                    shared = prompts.system(prefix)
+                    runs = [("shared", [conversation(prompts.make(n_in, shared), shared)
+                                        for _ in range(count)])]
+                    if args.prefix_baseline:
+                        runs.append(("unshared", [unshared(n_in) for _ in range(count)]))
+                    warm = [unshared(n_in) for _ in range(c)]
                 if args.warmup:  # every graph of the level used once, connections opened
-                    run_level(url, model, [prompts.make(n_in) for _ in range(c)], c, 8,
-                              ignore_eos, args.client_procs)
-                spy = None
-                if args.profile and served is not None:
-                    from serve_overhead import Profiler  # bench/ is this script's folder
-
-                    Path(args.profile).mkdir(parents=True, exist_ok=True)
-                    try:
-                        spy = Profiler(served.proc.pid,
-                                       Path(args.profile) / f"serve_{n_in}_{n_out}_c{c}.folded")
-                    except SystemExit as exc:  # no py-spy: the figures still count
-                        print(f"no profile: {exc}", flush=True)
-                        args.profile = None
-                before = metrics_snapshot(url)
-                try:
-                    level = run_level(url, model, batch, c, n_out, ignore_eos,
-                                      args.client_procs)
-                finally:
-                    if spy is not None:
-                        level_profile = spy.stop()
-                if spy is not None:
-                    level["profile"] = level_profile
-                level["metrics_after"] = metrics_snapshot(url)
-                level["decode_padding_fraction"] = padding_fraction(before,
-                                                                    level["metrics_after"])
-                ref = next((n for n in native if n["concurrency"] == c
-                            and (n["input_tokens"], n["output_tokens"]) == (n_in, n_out)), None)
-                level.update(ratios(level, ref))
-                levels.append(level)
-                write_json(args.json, result)  # each level kept if a later one is cut off
-                t, p, i = level["ttft_ms"], level["tpot_ms"], level["itl_ms"]
-
-                def f(v, w=9):
-                    return f"{v:>{w}.1f}" if v is not None else f"{'-':>{w}}"
-
-                print(f"{c:>5}{level['completed']:>6}{level['output_tokens_per_s']:>11.1f}"
-                      f"{level['requests_per_s']:>8.2f}{f(t['p50'], 10)}{f(t['p99'])}"
-                      f"{f(p['p50'], 10)}{f(p['p99'], 8)}{f(i['p50'])}{f(i['p99'], 8)}"
-                      f"{f(level['tokens_per_chunk'], 10)}"
-                      + (f"   served/native {level['served_over_native']:.2f}, decode/native "
-                         f"{level['decode_over_native']:.2f}" if ref else "")
-                      + (f"  errors: {level['errors']}" if level["errors"] else "")
-                      + (f"  decode padding {level['decode_padding_fraction']:.3f}"
-                         if level["decode_padding_fraction"] is not None else ""), flush=True)
+                    run_level(url, model, warm, c, 8, ignore_eos, args.client_procs)
+                by_sharing = {}
+                for sharing, batch in runs:
+                    level = timed_level(args, url, model, served, batch, c, n_in, n_out,
+                                        ignore_eos, sharing)
+                    if sharing is not None:
+                        level["sharing"] = sharing
+                        level["prefix_reuse"]["expected"] = expected_reuse(
+                            bootstrap, common_prefix([prompts.prompt_ids(m) for m in batch]),
+                            prefix if sharing == "shared" else None, n_in, count)
+                    ref = next((n for n in native if n["concurrency"] == c and
+                                (n["input_tokens"], n["output_tokens"]) == (n_in, n_out)),
+                               None)
+                    level.update(ratios(level, ref))
+                    levels.append(level)
+                    by_sharing[sharing] = level
+                    write_json(args.json, result)  # each level kept if a later one is cut off
+                    print_row(level, sharing, ref is not None)
+                if args.prefix_baseline:
+                    ratio = shared_over_unshared(by_sharing["shared"], by_sharing["unshared"])
+                    workload["shared_over_unshared"].append(ratio)
+                    write_json(args.json, result)
+                    print(f"{'':>14}shared/unshared: out tok/s x"
+                          f"{_fmt(ratio['output_tokens_per_s'], '.2f')}, req/s x"
+                          f"{_fmt(ratio['requests_per_s'], '.2f')}, TTFT p50 x"
+                          f"{_fmt(ratio['ttft_p50'], '.2f')}, TPOT p50 x"
+                          f"{_fmt(ratio['tpot_p50'], '.2f')}", flush=True)
     finally:
         if served is not None:
             served.stop()
