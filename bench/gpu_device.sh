@@ -611,7 +611,7 @@ case $stage in
         tests/gpu/test_kernels.py::test_linear_packed_prefill_tc \
         tests/gpu/test_decode_tc.py::test_decode_tc_against_reference 2>&1 \
         | tee "$OUTD/bf16act_tests.log" | tail -12 ;;
-      gemm) python3 bench/gpu_prefill_gemm.py --mode rule --rows 512,1024,4096 --budget-s 420 \
+      gemm) python3 bench/gpu_prefill_gemm.py --mode rule --rows 512,1024,4096 --budget-s ${GEMM_BUDGET_S:-420} \
         --json "$OUTD/prefill_rule_bf16act.json" 2>&1 | tee "$OUTD/prefill_rule_bf16act.log" \
         | tail -70 ;;
       8b) python3 bench/gpu_decode_breakdown.py --variants table:f32 table:bf16 \
