@@ -1047,8 +1047,11 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = (),
         T, KVH, HD = s[0], s[5], s[6]
         return _cfg((T,), 4, BLOCK=_np2(KVH * HD, 32))
     if op in ("attention_prefill", "attention_prefill_window"):
-        T, H, HD = s[0], s[4], s[6]
-        return _cfg((_cdiv(T, 32), H), 4, BLOCK_M=32, BLOCK_N=32, BLOCK_HD=_np2(HD, 16))
+        # Block programs, then one lane program per possible leading single-token row (a
+        # MIXED step's decode lanes: kernels_triton/attention.py `_prefill_block`).
+        T, R, H, HD = s[0], s[1], s[4], s[6]
+        return _cfg((_cdiv(T, 32) + min(R, T), H), 4, BLOCK_M=32, BLOCK_N=32,
+                    BLOCK_HD=_np2(HD, 16))
     if op in ("attention_decode", "attention_decode_window"):
         B, H, HD = s[0], s[3], s[5]
         return _cfg((B, H), 8, BLOCK_N=128, BLOCK_HD=_np2(HD, 16))

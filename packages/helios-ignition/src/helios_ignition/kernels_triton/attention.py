@@ -202,13 +202,14 @@ def _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_
 def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
                       T, R, MP, PT, H, KVH, HD, scale, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr):
-    """Causal GQA attention of a block of packed tokens for one query head.
+    """Causal GQA attention of packed tokens for one query head.
 
-    Grid ``(cdiv(T, BLOCK_M), H)``. Packed tokens of a request row are contiguous, but a
-    block may span rows: the kernel walks the rows present in the block, and for each
-    streams that row's cache positions ``0..max position`` with a mask that keeps each
-    token to its own row and to ``j <= position`` (flash attention with an online
-    softmax; dots in 3xTF32, near f32). Padding tokens and rows get zeros.
+    Grid ``(cdiv(T, BLOCK_M) + min(R, T), H)`` (``_prefill_block``): block programs, then
+    one lane program per leading single-token row. Packed tokens of a request row are
+    contiguous, but a block may span rows: a block program walks the rows present in its
+    block, and for each streams that row's cache positions ``0..max position`` with a
+    mask that keeps each token to its own row and to ``j <= position`` (flash attention
+    with an online softmax; dots in 3xTF32, near f32). Padding tokens and rows get zeros.
     """
     _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_cache,
                    v_cache, out, T, MP, PT, H, KVH, HD, 0, scale, BLOCK_M, BLOCK_N,
@@ -220,22 +221,74 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
                    PT, H, KVH, HD, W, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_HD: tl.constexpr):
     """``attention_prefill`` (W = 0) and ``attention_prefill_window`` (kernels_triton/
-    window.py): each row present in the block streams its cache positions from the first
-    its earliest token still sees (``min position - W + 1``; 0 without a window) to its
-    latest, masked to ``p - W < j <= p``."""
+    window.py), grid ``(cdiv(T, BLOCK_M) + min(R, T), H)``.
+
+    Block programs (``pid < cdiv(T, BLOCK_M)``): each row present in the block streams
+    its cache positions from the first its earliest token still sees (``min position -
+    W + 1``; 0 without a window) to its latest, masked to ``p - W < j <= p``.
+
+    Lane programs (``pid = cdiv(T, BLOCK_M) + r``): a MIXED step packs its decode lanes
+    first, one token a row, so token ``r`` is row ``r``'s only token for every ``r`` of
+    that prefix (``_lane_token``: ``token_row[r] == r`` implies rows ``0..r-1`` hold one
+    token each). Walked by a block program, such rows run one after another (32 lanes of
+    a block streamed serially, each a 32-row tile with one live row); here each is its
+    own program, an online softmax of one query over its positions (``_head_online``,
+    f32 FMA dots as the decode programs'), and block programs leave those tokens alone.
+    A program with no such row exits after three loads.
+    """
     pid = tl.program_id(0)
     h = tl.program_id(1)
+    blocks = tl.cdiv(T, BLOCK_M)
+    if pid >= blocks:
+        _prefill_lane(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
+                      v_scale, out, T, MP, PT, H, KVH, HD, W, scale, pid - blocks, h,
+                      BLOCK_N, BLOCK_HD)
+    else:
+        _prefill_tile(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
+                      v_scale, out, T, MP, PT, H, KVH, HD, W, scale, pid, h, BLOCK_M, BLOCK_N,
+                      BLOCK_HD)
+
+
+@triton.jit
+def _prefill_lane(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
+                  v_scale, out, T, MP, PT, H, KVH, HD, W, scale, r, h, BLOCK_N: tl.constexpr,
+                  BLOCK_HD: tl.constexpr):
+    """``_prefill_block``'s lane program for token ``r`` (row ``r``), head ``h``: nothing
+    unless ``_lane_token``."""
+    s = tl.load(slot + r, mask=r < T, other=-1)
+    if _lane_token(token_row, r, s, T):
+        kvh = h // (H // KVH)
+        d = tl.arange(0, BLOCK_HD)
+        md = d < HD
+        p = tl.load(positions + r)
+        lo = tl.maximum(p - _window_span(W) + 1, 0)
+        t = r.to(tl.int64)
+        q = tl.load(qkv + t * (H + 2 * KVH) * HD + h * HD + d, mask=md, other=0.0) * scale
+        row = page_table + s.to(tl.int64) * MP
+        m_i, l_i, acc = _head_online(q, row, lo, p + 1, k_cache, v_cache, k_scale, v_scale,
+                                     kvh, d, md, PT, KVH, HD, BLOCK_N, BLOCK_HD)
+        res = tl.where(l_i > 0, acc / l_i, 0.0)
+        tl.store(out + t * (H * HD) + h * HD + d, res, mask=md)
+
+
+@triton.jit
+def _prefill_tile(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
+                  v_scale, out, T, MP, PT, H, KVH, HD, W, scale, pid, h, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr):
+    """``_prefill_block``'s block program ``pid``, head ``h``: the rows of tokens
+    ``pid * BLOCK_M ..`` but the lane programs' tokens."""
     kvh = h // (H // KVH)
     span = _window_span(W)
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    mm = offs_m < T
     d = tl.arange(0, BLOCK_HD)
     md = d < HD
+    width = (H + 2 * KVH) * HD
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mm = offs_m < T
     trow = tl.load(token_row + offs_m, mask=mm, other=-1)
     srow = tl.load(slot + tl.maximum(trow, 0), mask=trow >= 0, other=-1)
-    live = (trow >= 0) & (srow >= 0)
+    lane = _lane_token(token_row, offs_m, srow, T)  # a lane program's token: not ours
+    live = (trow >= 0) & (srow >= 0) & ~lane
     pos = tl.load(positions + offs_m, mask=mm, other=0)
-    width = (H + 2 * KVH) * HD
     q = tl.load(qkv + offs_m[:, None].to(tl.int64) * width + h * HD + d[None, :],
                 mask=mm[:, None] & md[None, :], other=0.0) * scale
     m_i = tl.full((BLOCK_M,), NEG_BIG, tl.float32)
@@ -270,7 +323,18 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
             m_i = m_new
     res = tl.where(live[:, None] & (l_i[:, None] > 0), acc / l_i[:, None], 0.0)
     dst = out + offs_m[:, None].to(tl.int64) * (H * HD) + h * HD + d[None, :]
-    tl.store(dst, res, mask=mm[:, None] & md[None, :])
+    tl.store(dst, res, mask=(mm & ~lane)[:, None] & md[None, :])
+
+
+@triton.jit
+def _lane_token(token_row, t, s, T):
+    """Whether packed token `t` (scalar or block) is the only token of row ``t`` (a
+    leading single-token row: ``token_row[t] == t`` and token ``t + 1`` another row's),
+    that row a live one (its slot `s` >= 0): what ``_prefill_block``'s lane programs
+    compute and its block programs skip. Both evaluate it from the same loads."""
+    mine = tl.load(token_row + t, mask=t < T, other=-1)
+    after = tl.load(token_row + t + 1, mask=t + 1 < T, other=-1)
+    return (mine == t) & (after != t) & (s >= 0)
 
 
 @triton.jit
