@@ -92,7 +92,7 @@ def test_mixed_programs_on_cuda_equal_the_cpu_backend(gpu):
     try:
         (cuda_out, cuda_kinds), (cpu_out, cpu_kinds) = _serve(cuda), _serve(cpu)
         assert cuda_out == cpu_out
-        assert cuda_kinds == cpu_kinds and cuda_kinds.count(StepKind.MIXED) == 3
+        assert cuda_kinds == cpu_kinds and cuda_kinds.count(StepKind.MIXED) == 5
     finally:
         cuda.close()
         cpu.close()
