@@ -1049,9 +1049,9 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = (),
     if op in ("attention_prefill", "attention_prefill_window"):
         # Block programs, then one lane program per possible leading single-token row (a
         # MIXED step's decode lanes: kernels_triton/attention.py `_prefill_block`).
-        T, R, H, HD = s[0], s[1], s[4], s[6]
+        T, R, H, KVH, HD = s[0], s[1], s[4], s[5], s[6]
         return _cfg((_cdiv(T, 32) + min(R, T), H), 4, BLOCK_M=32, BLOCK_N=32,
-                    BLOCK_HD=_np2(HD, 16))
+                    BLOCK_HD=_np2(HD, 16), BLOCK_G=_np2(H // KVH))
     if op in ("attention_decode", "attention_decode_window"):
         B, H, HD = s[0], s[3], s[5]
         return _cfg((B, H), 8, BLOCK_N=128, BLOCK_HD=_np2(HD, 16))

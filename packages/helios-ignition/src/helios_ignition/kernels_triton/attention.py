@@ -201,7 +201,7 @@ def _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_
 @triton.jit
 def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
                       T, R, MP, PT, H, KVH, HD, scale, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr):
     """Causal GQA attention of packed tokens for one query head.
 
     Grid ``(cdiv(T, BLOCK_M) + min(R, T), H)`` (``_prefill_block``): block programs, then
@@ -213,13 +213,13 @@ def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_ca
     """
     _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_cache,
                    v_cache, out, T, MP, PT, H, KVH, HD, 0, scale, BLOCK_M, BLOCK_N,
-                   BLOCK_HD)  # f32 planes: no scales
+                   BLOCK_HD, BLOCK_G)  # f32 planes: no scales
 
 
 @triton.jit
 def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale, v_scale, out, T, MP,
                    PT, H, KVH, HD, W, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_HD: tl.constexpr):
+                   BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr):
     """``attention_prefill`` (W = 0) and ``attention_prefill_window`` (kernels_triton/
     window.py), grid ``(cdiv(T, BLOCK_M) + min(R, T), H)``.
 
@@ -232,9 +232,11 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
     that prefix (``_lane_token``: ``token_row[r] == r`` implies rows ``0..r-1`` hold one
     token each). Walked by a block program, such rows run one after another (32 lanes of
     a block streamed serially, each a 32-row tile with one live row); here each is its
-    own program, an online softmax of one query over its positions (``_head_online``,
-    f32 FMA dots as the decode programs'), and block programs leave those tokens alone.
-    A program with no such row exits after three loads.
+    own program, an online softmax over its positions with f32 FMA dots as the decode
+    programs', and block programs leave those tokens alone. The lane programs of heads
+    ``h < KVH`` each take every query head of kv head ``h`` (``_group_online``, ``BLOCK_G
+    = next_pow2(H / KVH)``: a key/value tile loaded once for the group, as the decode
+    programs'); the others, and those with no such row, exit after at most three loads.
     """
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -242,7 +244,7 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
     if pid >= blocks:
         _prefill_lane(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
                       v_scale, out, T, MP, PT, H, KVH, HD, W, scale, pid - blocks, h,
-                      BLOCK_N, BLOCK_HD)
+                      BLOCK_N, BLOCK_HD, BLOCK_G)
     else:
         _prefill_tile(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
                       v_scale, out, T, MP, PT, H, KVH, HD, W, scale, pid, h, BLOCK_M, BLOCK_N,
@@ -252,23 +254,29 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
 @triton.jit
 def _prefill_lane(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
                   v_scale, out, T, MP, PT, H, KVH, HD, W, scale, r, h, BLOCK_N: tl.constexpr,
-                  BLOCK_HD: tl.constexpr):
-    """``_prefill_block``'s lane program for token ``r`` (row ``r``), head ``h``: nothing
-    unless ``_lane_token``."""
-    s = tl.load(slot + r, mask=r < T, other=-1)
+                  BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr):
+    """``_prefill_block``'s lane program for token ``r`` (row ``r``) and kv head ``h``:
+    nothing unless ``h < KVH`` and ``_lane_token``."""
+    d = tl.arange(0, BLOCK_HD)
+    md = d < HD
+    t = r.to(tl.int64)
+    width = (H + 2 * KVH) * HD
+    s = tl.load(slot + r, mask=(r < T) & (h < KVH), other=-1)
     if _lane_token(token_row, r, s, T):
-        kvh = h // (H // KVH)
-        d = tl.arange(0, BLOCK_HD)
-        md = d < HD
+        G = H // KVH
+        g = tl.arange(0, BLOCK_G)
+        mg = g < G
         p = tl.load(positions + r)
         lo = tl.maximum(p - _window_span(W) + 1, 0)
-        t = r.to(tl.int64)
-        q = tl.load(qkv + t * (H + 2 * KVH) * HD + h * HD + d, mask=md, other=0.0) * scale
+        heads = (h * G + g[:, None]) * HD + d[None, :]
+        m2 = mg[:, None] & md[None, :]
+        q = tl.load(qkv + t * width + heads, mask=m2, other=0.0) * scale
         row = page_table + s.to(tl.int64) * MP
-        m_i, l_i, acc = _head_online(q, row, lo, p + 1, k_cache, v_cache, k_scale, v_scale,
-                                     kvh, d, md, PT, KVH, HD, BLOCK_N, BLOCK_HD)
-        res = tl.where(l_i > 0, acc / l_i, 0.0)
-        tl.store(out + t * (H * HD) + h * HD + d, res, mask=md)
+        m_i, l_i, acc = _group_online(q, row, lo, p + 1, k_cache, v_cache, k_scale,
+                                      v_scale, h, d, md, g, PT, KVH, HD, BLOCK_N,
+                                      BLOCK_G, 0)
+        res = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
+        tl.store(out + t * (H * HD) + heads, res, mask=m2)
 
 
 @triton.jit

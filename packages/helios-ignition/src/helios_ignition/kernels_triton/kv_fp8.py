@@ -51,20 +51,22 @@ def rope_kv_write_fp8kv(qkv, positions, inv_freq, token_row, slot, page_table, k
 def attention_prefill_fp8kv(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
                             k_scale, v_scale, out, T, R, MP, PT, H, KVH, HD, scale,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_HD: tl.constexpr):
+                            BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr):
     """``attention_prefill`` over e4m3 planes; grid ``(cdiv(T, BLOCK_M), H)``."""
     _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
-                   v_scale, out, T, MP, PT, H, KVH, HD, 0, scale, BLOCK_M, BLOCK_N, BLOCK_HD)
+                   v_scale, out, T, MP, PT, H, KVH, HD, 0, scale, BLOCK_M, BLOCK_N, BLOCK_HD,
+                   BLOCK_G)
 
 
 @triton.jit
 def attention_prefill_window_fp8kv(qkv, positions, token_row, slot, page_table, k_cache,
                                    v_cache, k_scale, v_scale, out, T, R, MP, PT, H, KVH, HD,
                                    W, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                   BLOCK_HD: tl.constexpr):
+                                   BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr):
     """``attention_prefill_window`` over e4m3 planes; grid ``(cdiv(T, BLOCK_M), H)``."""
     _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
-                   v_scale, out, T, MP, PT, H, KVH, HD, W, scale, BLOCK_M, BLOCK_N, BLOCK_HD)
+                   v_scale, out, T, MP, PT, H, KVH, HD, W, scale, BLOCK_M, BLOCK_N, BLOCK_HD,
+                   BLOCK_G)
 
 
 @triton.jit
