@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from helios_serve.engine.plan import StepKind
 from helios_serve.scheduler import SchedRequest, Scheduler
-from helios_serve.scheduler.capacity import mixed_budget, widest_mixed
+from helios_serve.scheduler.capacity import DRAIN_STEPS, mixed_budget, widest_mixed
 
 from tests.serve.scheduler.conftest import TINY, FakeLoop
 
@@ -25,24 +25,34 @@ def test_the_budget_rule_picks_the_exact_capacity():
     widest = widest_mixed(MIXED.mixed_capacities)
     assert widest == ((8, 4), (16, 4))
     # W >= L: the largest capacity (as many first tokens delayed as next tokens, or more).
-    assert mixed_budget(widest, 3, 1) == (16, 4)
-    assert mixed_budget(widest, 2, 2) == (16, 4)
+    assert mixed_budget(widest, 3, 1, 0) == (16, 4)
+    assert mixed_budget(widest, 2, 2, 0) == (16, 4)
     # W < L: the smallest capacity with room for the lanes and one prompt token.
-    assert mixed_budget(widest, 1, 2) == (8, 4)
+    assert mixed_budget(widest, 1, 2, 0) == (8, 4)
     # Lanes filling the small capacity's tokens (4 tokens: 3 lanes + 1) or its rows (t8
     # holds 4 rows: 3 lanes + 1 chunk), then the next capacity.
     tokens = widest_mixed(((2, 4), (4, 4), (2, 16), (4, 16), (8, 16)))
     assert tokens == ((4, 4), (16, 8))
-    assert mixed_budget(tokens, 1, 3) == (4, 4)
-    assert mixed_budget(tokens, 1, 4) == (16, 8)
+    assert mixed_budget(tokens, 1, 3, 0) == (4, 4)
+    assert mixed_budget(tokens, 1, 4, 0) == (16, 8)
     rows = widest_mixed(((2, 8), (4, 8), (2, 16), (4, 16), (8, 16)))
     assert rows == ((8, 4), (16, 8))
-    assert mixed_budget(rows, 1, 3) == (8, 4)
-    assert mixed_budget(rows, 2, 4) == (16, 8)
+    assert mixed_budget(rows, 1, 3, 0) == (8, 4)
+    assert mixed_budget(rows, 2, 4, 0) == (16, 8)
     # One capacity: always it; no capacity with room: the largest.
-    assert mixed_budget(((8, 2),), 1, 1) == (8, 2)
-    assert mixed_budget(((8, 2),), 1, 5) == (8, 2)
-    assert mixed_budget(tokens, 1, 9) == (16, 8)
+    assert mixed_budget(((8, 2),), 1, 1, 0) == (8, 2)
+    assert mixed_budget(((8, 2),), 1, 5, 0) == (8, 2)
+    assert mixed_budget(tokens, 1, 9, 0) == (16, 8)
+    # W < L with a backlog: the small capacity only if its prompt share (tokens - L)
+    # clears the owed prompt tokens within DRAIN_STEPS steps, else the next, else the
+    # largest (a burst does not trickle in beside many lanes).
+    assert DRAIN_STEPS == 8
+    assert mixed_budget(widest, 1, 2, 8 * 6) == (8, 4)  # 6 prompt tokens a step: 8 steps
+    assert mixed_budget(widest, 1, 2, 8 * 6 + 1) == (16, 4)
+    three = widest_mixed(((4, 8), (4, 16), (4, 32)))
+    assert mixed_budget(three, 1, 3, 8 * 13) == (16, 4)  # t8 drains 40, t16 104
+    assert mixed_budget(three, 1, 3, 8 * 13 + 1) == (32, 4)
+    assert mixed_budget(three, 3, 3, 0) == (32, 4)  # W >= L: the largest, whatever owed
 
 
 def test_a_steady_arrival_is_prefilled_in_the_small_budget():

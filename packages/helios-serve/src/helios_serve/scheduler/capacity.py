@@ -42,7 +42,13 @@ def widest_mixed(capacities: Seq[tuple[int, int]]) -> tuple[tuple[int, int], ...
     return tuple(sorted(rows.items()))
 
 
-def mixed_budget(widest: Seq[tuple[int, int]], owing: int, lanes: int) -> tuple[int, int]:
+# A MIXED step's small budget must clear the owed prompt tokens within this many steps;
+# a larger backlog takes the largest budget (mixed_budget).
+DRAIN_STEPS = 8
+
+
+def mixed_budget(widest: Seq[tuple[int, int]], owing: int, lanes: int,
+                 owed: int) -> tuple[int, int]:
     """The token budget of one MIXED step and the rows its plan may take (the rule of
     docs/mixed.md, "Token budget"; Scheduler._build_mixed calls it once per mixed step).
 
@@ -50,18 +56,25 @@ def mixed_budget(widest: Seq[tuple[int, int]], owing: int, lanes: int) -> tuple[
     its `lanes` decode lanes (L). When W >= L, it delays at least as many first tokens as
     next tokens: the largest capacity, so prompts finish in the fewest steps. When W < L,
     the smallest capacity that holds the lanes and at least one prompt token in both its
-    packed tokens and its widest variant's rows, so the running streams' step stays
-    short; the largest when none does. Sarathi-Serve (Agrawal et al., OSDI 2024) sizes
-    one budget per deployment from a time-between-tokens target (its strict and relaxed
-    targets: 512 and 2,048 tokens), as vLLM V1 (max_num_batched_tokens) and SGLang
-    (chunked_prefill_size) take one fixed budget; this rule picks per step among the
-    captured capacities by who waits, with no timing input, so it is deterministic.
+    packed tokens and its widest variant's rows, and whose prompt share (tokens - L) clears
+    the `owed` prompt tokens within DRAIN_STEPS steps, so the running streams' step stays
+    short while a few prompts arrive; the largest when none does. The drain condition is
+    what keeps a burst from trickling in beside many lanes: on the H100 at dab75f2, 256
+    requests of 1,024 prompt tokens under the W rule alone ran 679 MIXED steps of ~140
+    lanes with at most ~370 prompt tokens each (885 output tokens/s; 2,052 with plain
+    prefill steps at cc2503e; bench/results/h100_2026-12-06k/). Sarathi-Serve (Agrawal et
+    al., OSDI 2024) sizes one budget per deployment from a time-between-tokens target (its
+    strict and relaxed targets: 512 and 2,048 tokens), as vLLM V1
+    (max_num_batched_tokens) and SGLang (chunked_prefill_size) take one fixed budget; this
+    rule picks per step among the captured capacities by who waits and how much, with no
+    timing input, so it is deterministic.
 
     Args:
         widest: `widest_mixed(geometry.mixed_capacities)`; nonempty.
         owing: W, requests owing prompt tokens that the step could advance (running
             requests mid-prompt and admissible waiting requests).
         lanes: L, decode lanes the step takes (each one packed token and one row).
+        owed: the prompt tokens those W requests still owe (before prefix reuse).
 
     Returns:
         (packed tokens, rows): the budget, a captured token capacity, and the rows of
@@ -69,7 +82,7 @@ def mixed_budget(widest: Seq[tuple[int, int]], owing: int, lanes: int) -> tuple[
     """
     if owing < lanes:
         for tokens, rows in widest:
-            if tokens > lanes and rows > lanes:
+            if tokens > lanes and rows > lanes and owed <= DRAIN_STEPS * (tokens - lanes):
                 return tokens, rows
     return widest[-1]
 

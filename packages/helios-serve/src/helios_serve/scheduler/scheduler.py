@@ -26,7 +26,8 @@ Policy (exact, deterministic):
   prefill work meet, one step holds both, decode lanes first and prefill chunks filling
   the rest of a token budget chosen per step among the captured mixed token capacities
   (`capacity.mixed_budget`: the largest when as many requests owe prompt tokens as the
-  step has lanes, else the smallest with room; `_build_mixed`; docs/mixed.md).
+  step has lanes, else the smallest with room whose prompt share clears the owed prompt
+  tokens within DRAIN_STEPS steps; `_build_mixed`; docs/mixed.md).
 - Page shortage: a request without pages waits while others progress or
   frames are in flight; with no progress possible, the newest running request
   is preempted (recompute) and readmitted later from the front of the queue.
@@ -88,6 +89,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 
@@ -368,8 +370,9 @@ class Scheduler:
         the largest mixed token capacity's widest rows less one, or that capacity less
         one); the step's token budget is then `mixed_budget` of the W requests owing
         prompt tokens that the step could advance (running requests mid-prompt, waiting
-        requests up to the free slots) and its L lanes: the largest capacity when W >= L,
-        else the smallest that holds the lanes and a prompt token. Prefill chunks fill the
+        requests up to the free slots), the prompt tokens they owe, and its L lanes: the
+        largest capacity when W >= L, else the smallest that holds the lanes and a prompt
+        token and clears the owed tokens within DRAIN_STEPS steps. Prefill chunks fill the
         rest (`_prefill_rows`, at most the budget's widest rows less the lanes and the
         prefill row capacity). Running streams so get a token every step while a long
         prompt is prefilled across steps.
@@ -389,9 +392,13 @@ class Scheduler:
             self._mix_blocked = False
             return _NO_MIX
         live = self.live
-        owing = sum(1 for s in self._prefilling() if s.can_prefill)
+        prefilling = [s for s in self._prefilling() if s.can_prefill]
+        owing = len(prefilling)
+        owed = sum(s.prefill_tokens - s.num_scheduled for s in prefilling)
         if admit:
-            owing += min(len(live.waiting), self.alloc.free_slots)
+            admissible = min(len(live.waiting), self.alloc.free_slots)
+            owing += admissible
+            owed += sum(len(s.tokens) for s in islice(live.waiting, admissible))
         if not owing:
             return _NO_MIX
         if self._frames.outstanding:
@@ -412,7 +419,7 @@ class Scheduler:
         lanes = plan.rows if plan is not None else ()
         if not lanes:
             return _NO_MIX
-        budget, rows = mixed_budget(self._mixed_widest, owing, len(lanes))
+        budget, rows = mixed_budget(self._mixed_widest, owing, len(lanes), owed)
         chunks = self._prefill_rows(admit, budget - len(lanes),
                                     min(rows - len(lanes), g.prefill_row_capacity),
                                     mixed=True)
