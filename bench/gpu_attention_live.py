@@ -21,7 +21,7 @@ contexts of about P positions (each row 0-15 shorter), this times
 Triton body compiled with bf16 plane pointers) + ``attention_decode_merge`` per layer (a
 CUDA graph of both launches over NL layers whose page tables point at separate pages of
 one pool, at least ~256 MB of KV a replay where the rows allow, so L2 does not serve
-repeats; 5 replays) for:
+repeats; replayed for at least 30 ms, 5 to 200 times) for:
 
 - ``old``: rule v3 with ``HELIOS_ATTN_LIVE=0`` (a program per split; 2 or 4 splits a
   program at 64+ rows of 128 splits);
@@ -79,6 +79,7 @@ REPLAY_BYTES = 256 << 20  # KV bytes a replay should stream at least (H100 L2: 5
 MAX_LAYERS = 64
 BLOCK_PAGES = 1024  # the pool repeats this many random pages
 REF_REL = 1e-5
+TIMED_S = 0.03  # seconds of replays a row is timed over, at least
 # One device call (<= 10 minutes, ~6 of them timed): the serving bench recipe's 4,096
 # positions (decode_splits: 64 splits of 64), where the 8B decode step is attention-bound.
 QUICK = dict(models=["llama8b"], rows=[64, 256], positions=[1024, 2048], capacities=[4096],
@@ -393,9 +394,13 @@ def main() -> None:
                                                         planes[p]))
                             graph = drv.call("e", cu.cuStreamEndCapture(stream))
                             exe = drv.call("i", cu.cuGraphInstantiate(graph, 0))
+                            t0 = time.perf_counter()
                             drv.call("g", cu.cuGraphLaunch(exe, stream))
                             drv.call("s", cu.cuStreamSynchronize(stream))
-                            reps = 5
+                            # at least TIMED_S of replays (5 to 200): a one-layer graph of
+                            # ~300 MB takes ~0.1 ms, where 5 replays would be mostly noise
+                            reps = int(min(200, max(5, TIMED_S // max(
+                                time.perf_counter() - t0, 1e-6))))
                             t0 = time.perf_counter()
                             for _ in range(reps):
                                 drv.call("g", cu.cuGraphLaunch(exe, stream))
@@ -414,6 +419,7 @@ def main() -> None:
                                 "bitwise_old": same_as_old, "reorders": v.reorders, "ok": ok,
                                 "regs": [fns[kS][3], fns[kM][3]],
                                 "local_bytes": [fns[kS][4], fns[kM][4]], "layers": nl,
+                                "replays": reps,
                                 "split": v.split, "merge": v.merge,
                                 "row_s": time.perf_counter() - t_row})
                         cu.cuMemFree(d.pop("pt"))
