@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|kvbf16|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|mixed-budget|export-8b|load-8b|prefix-8b|packing|topp|decode-tc|bf16-act|attn-live|quant-speed|quant-tests|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|kvbf16|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|mixed-budget|export-8b|load-8b|prefix-8b|packing|topp|decode-tc|bf16-act|attn-live|attn-many|quant-speed|quant-tests|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -147,6 +147,15 @@ case $stage in
     # v3's live-split layout against the old grid, then its GPU tests (at most 200 s)
     python3 bench/gpu_attention_live.py --json "$OUTD/attn_live.json" --budget-s 240 2>&1 | tee "$OUTD/attn_live.log"
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py -k "live or long" 2>&1 | tee "$OUTD/attn_live_tests.log" | tail -5 ;;
+  attn-many)  # issue 27, decode attention at many rows and long contexts (no GGUF needed;
+    # 51 kernels, 136 timed rows: ~2 min estimated, timing stops at 330 s): 8B geometry, 64 and 256
+    # rows of ~1k and ~2k positions at a 4,096-position capacity, f32 and bf16 planes; the
+    # old grid against the live layout at LIVE targets 2k-16k x WARPS 4/8 x BLOCK_N 64/32,
+    # each verified first (bench/results/h100_2026-12-06k/README.md section 5 says why).
+    # ATTN_MANY_ARGS adds flags that override the preset's (e.g. "--warps 2 4 8").
+    # shellcheck disable=SC2086
+    python3 bench/gpu_attention_live.py --quick ${ATTN_MANY_ARGS:-} --json "$OUTD/attn_many.json" \
+      2>&1 | tee "$OUTD/attn_many.log" | tail -90 ;;
   attn2)  # issue 17, decode attention at long contexts (no GGUF needed, ~80 s): split +
     # merge variants and context partitions vs today's rule at an 8,192-position capacity,
     # SmolLM2 and 8B geometry, B 1/8/64, 130-4096 positions, each verified first
