@@ -92,9 +92,9 @@ from helios_serve.scheduler import (  # noqa: E402
     RowResults,
     SchedRequest,
     Scheduler,
+    capacity,
     smallest_capacity,
 )
-from helios_serve.scheduler import capacity  # noqa: E402
 
 # The module whose `mixed_budget` name Scheduler._build_mixed calls (imported by name
 # there, so a rule is patched on this module, not on capacity).
@@ -117,6 +117,32 @@ C_CONTEXT_S = ATTENTION_F32_S / (ATTENTION_ROWS * ATTENTION_POSITIONS) / 2
 # README section 5: "TTFT 1,024 tokens, one chunk ... bf16 ... 55.0 ms"
 TTFT_1024_S = 55.0e-3
 P_TOKEN_S = (TTFT_1024_S - A_WEIGHTS_S) / 1024
+# Llama-3.1-8B: 32 query heads share 8 kv heads (a group of 4).
+GQA_GROUP = 4
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One cost model's terms (module docstring): seconds per step, per padded row, per
+    lane and context token, per packed prompt token; `lane_attention` multiplies the
+    MIXED lanes' attention (1: as decode attention)."""
+
+    name: str
+    a_s: float = A_WEIGHTS_S
+    b_s: float = B_ROW_S
+    c_s: float = C_CONTEXT_S
+    p_s: float = P_TOKEN_S
+    lane_attention: float = 1.0
+
+
+# The model the figures use, then two sensitivities (H100 only), neither fitted:
+# - attention at the f32 cache's rate: the bf16 cache read no faster (the native loop's
+#   23.08 ms step is 0.72x the base model and 1.18x this one);
+# - MIXED lanes' attention 4x decode's: dab75f2's lane programs ran one program per lane
+#   and query head (h100_2026-12-06k/README.md, "the first form"), so each kv head's
+#   keys and values were read once per query head of its group.
+COSTS = (Cost("base"), Cost("attention f32 rate", c_s=2 * C_CONTEXT_S),
+         Cost("lanes x4", lane_attention=GQA_GROUP))
 
 # -- the measured points the model is checked against (README) -------------------------
 # Section 4: the native loop "23.08 ms a step at 64 rows of 1-2k positions": its rows
@@ -157,9 +183,9 @@ def geometry(pages: int, mixed_tokens: tuple[int, ...] = MIXED_TOKENS) -> ModelG
                                       for b in DECODE_BUCKETS if 2 <= b <= t)))
 
 
-def step_cost_s(plan: StepPlan, g: ModelGeometry) -> tuple[float, int]:
-    """Modeled duration of one plan (module docstring) and, for a MIXED plan, the token
-    capacity of the variant that runs it (0 otherwise).
+def step_cost_s(plan: StepPlan, g: ModelGeometry, cost: Cost) -> tuple[float, int]:
+    """Modeled duration of one plan under `cost` (module docstring) and, for a MIXED plan,
+    the token capacity of the variant that runs it (0 otherwise).
 
     Raises:
         ValueError: a plan no captured capacity holds (the scheduler's bug), or a kind
@@ -175,12 +201,12 @@ def step_cost_s(plan: StepPlan, g: ModelGeometry) -> tuple[float, int]:
             context = sum(r.start_position + 1 for r in plan.rows)
         if padded is None:
             raise ValueError(f"no decode capacity holds {rows} rows")
-        return A_WEIGHTS_S + B_ROW_S * padded + C_CONTEXT_S * context, 0
+        return cost.a_s + cost.b_s * padded + cost.c_s * context, 0
     if plan.kind is StepKind.PREFILL:
         padded = smallest_capacity(g.prefill_token_capacities, plan.token_count)
         if padded is None:
             raise ValueError(f"no prefill capacity holds {plan.token_count} tokens")
-        return A_WEIGHTS_S + P_TOKEN_S * padded, 0
+        return cost.a_s + cost.p_s * padded, 0
     if plan.kind is StepKind.MIXED:
         rows, need = len(plan.rows), plan.token_count
         variant = min((t for b, t in g.mixed_capacities if t >= need and b >= rows),
@@ -189,8 +215,9 @@ def step_cost_s(plan: StepPlan, g: ModelGeometry) -> tuple[float, int]:
             raise ValueError(f"no MIXED variant holds {rows} rows of {need} tokens")
         lanes = plan.rows[:plan.lanes]
         context = sum(r.start_position + 1 for r in lanes)
-        return (A_WEIGHTS_S + B_ROW_S * len(lanes) + C_CONTEXT_S * context
-                + P_TOKEN_S * (variant - len(lanes))), variant
+        return (cost.a_s + cost.b_s * len(lanes)
+                + cost.c_s * cost.lane_attention * context
+                + cost.p_s * (variant - len(lanes))), variant
     raise ValueError(f"the model has no cost for a {plan.kind.value} step")
 
 
@@ -252,8 +279,8 @@ def applied(rule: Rule) -> Iterator[None]:
 class Sim:
     """The scheduler, a simulated clock (seconds) and per-request token stamps."""
 
-    def __init__(self, g: ModelGeometry) -> None:
-        self.g = g
+    def __init__(self, g: ModelGeometry, cost: Cost) -> None:
+        self.g, self.cost = g, cost
         self.sched = Scheduler(g, frames=1)
         self.clock = 0.0
         self.limits: dict[int, int] = {}
@@ -267,6 +294,7 @@ class Sim:
         self.budgets: dict[int, int] = {}
         self.variants: dict[int, int] = {}
         self.mixed_lanes = 0
+        self.mixed_s = 0.0  # modeled time in MIXED steps
         self.rng = np.random.default_rng(0)
 
     def send(self, rid: int, prompt_tokens: int, output_tokens: int) -> None:
@@ -284,7 +312,7 @@ class Sim:
         plan = self.sched.schedule()
         if plan is None:
             return None
-        cost, variant = step_cost_s(plan, self.g)
+        cost, variant = step_cost_s(plan, self.g, self.cost)
         self.clock += cost
         now = self.clock
         self.kinds[plan.kind.value] += 1
@@ -292,6 +320,7 @@ class Sim:
             self.budgets[plan.token_budget] = self.budgets.get(plan.token_budget, 0) + 1
             self.variants[variant] = self.variants.get(variant, 0) + 1
             self.mixed_lanes += plan.lanes
+            self.mixed_s += cost
         n = plan.row_count
         results = self.sched.complete(plan, np.full(n, SAMPLED_ID, np.int64))
         if isinstance(results, RowResults):
@@ -338,7 +367,10 @@ class Sim:
                 "tpot_p50_ms": pct(tpot, 50), "steps": dict(self.kinds),
                 "mixed_budgets": {str(k): v for k, v in sorted(self.budgets.items())},
                 "mixed_variants": {str(k): v for k, v in sorted(self.variants.items())},
-                "mixed_lanes": self.mixed_lanes, "preemptions": stats.preemptions}
+                "mixed_lanes": self.mixed_lanes,
+                "mixed_ms_mean": (round(self.mixed_s / self.kinds["mixed"] * 1e3, 2)
+                                  if self.kinds["mixed"] else None),
+                "preemptions": stats.preemptions}
 
 
 @dataclass(frozen=True)
@@ -355,8 +387,8 @@ class Burst:
         rounds = "" if self.rounds == 1 else f" x{self.rounds}"
         return f"{self.input_tokens}/{self.output_tokens} C{self.clients}{rounds}"
 
-    def run(self, g: ModelGeometry) -> dict:
-        sim = Sim(g)
+    def run(self, g: ModelGeometry, cost: Cost) -> dict:
+        sim = Sim(g, cost)
         total = self.clients * self.rounds
         for rid in range(self.clients):
             sim.send(rid, self.input_tokens, self.output_tokens)
@@ -388,8 +420,8 @@ class Arrivals:
     def name(self) -> str:
         return f"arrivals 1k into {self.streams}"
 
-    def run(self, g: ModelGeometry) -> dict:
-        sim = Sim(g)
+    def run(self, g: ModelGeometry, cost: Cost) -> dict:
+        sim = Sim(g, cost)
         # serve_mixed.stream_output: the streams decode past the last arrival's end.
         stream_output = self.every * (self.arrivals + 2) + self.arrival_output + 64
         for rid in range(self.streams):
@@ -423,16 +455,16 @@ WORKLOADS = (Burst(1024, 1024, 64), Burst(1024, 1024, 64, rounds=2),
 QUICK = (Burst(1024, 1024, 64), Arrivals())
 
 
-def sanity(results: dict) -> dict:
+def sanity(results: dict, cost: Cost) -> dict:
     """The model against the measured H100 points (README sections 3 and 4): modeled,
-    measured and modeled / measured; nothing is fitted to them."""
+    measured and modeled / measured; nothing is fitted to them. `results` is one cost
+    model's (workload -> rule -> card)."""
     lo, hi = NATIVE_POSITIONS
     g = geometry(CARDS["H100"])
     rows = NATIVE_ROWS
-    native = (A_WEIGHTS_S + B_ROW_S * rows
-              + C_CONTEXT_S * rows * ((lo + hi) / 2 + 1))
-    prefill_steps = -(-NATIVE_PREFILL_TOKENS // g.prefill_token_capacities[-1])
-    prefill_row = prefill_steps * (A_WEIGHTS_S + P_TOKEN_S * g.prefill_token_capacities[-1])
+    native = cost.a_s + cost.b_s * rows + cost.c_s * rows * ((lo + hi) / 2 + 1)
+    chunk = g.prefill_token_capacities[-1]
+    prefill_row = -(-NATIVE_PREFILL_TOKENS // chunk) * (cost.a_s + cost.p_s * chunk)
     out = {"native_step_64_rows_ms": _versus(native * 1e3, NATIVE_STEP_S * 1e3),
            "native_prefill_row_ms": _versus(prefill_row * 1e3, NATIVE_PREFILL_ROW_S * 1e3)}
     for workload, measured in SERVED.items():
@@ -451,6 +483,26 @@ def _versus(modeled: float, measured: float) -> dict:
             "ratio": round(modeled / measured, 3) if measured else None}
 
 
+# README section 3 (1024/1024 at C256, dab75f2): the level's wall time and /metrics step
+# counts; with the ITL p50 taken as its DECODE step, the mean MIXED step they imply.
+C256_WALL_S, C256_MIXED, C256_DECODE = 296.302, 679, 1117
+C256_IMPLIED_MIXED_MS = (C256_WALL_S - C256_DECODE * 75.3e-3) / C256_MIXED * 1e3
+
+
+def table(results: dict, cost: str) -> None:
+    """Print one cost model's figures, a row per (workload, rule, card)."""
+    print(f"\n{cost} (MODELED): workload / rule / card: out tok/s, TTFT p50/p99 ms, "
+          f"ITL p50/p99 ms, MIXED steps by budget, mean MIXED step ms, preemptions")
+    for workload, by_rule in results.items():
+        for rule, by_card in by_rule.items():
+            for card, r in by_card.items():
+                print(f"{workload:20} {rule:11} {card}  {r['out_tok_s']:7.0f}"
+                      f"  {r['ttft_p50_ms']:8.0f} {r['ttft_p99_ms']:8.0f}"
+                      f"  {r['itl_p50_ms']:6.1f} {r['itl_p99_ms']:6.1f}"
+                      f"  {str(r['mixed_budgets']):26} {r['mixed_ms_mean'] or 0:6.1f}"
+                      f"  {r['preemptions']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the C64 burst and arrivals only")
@@ -461,34 +513,41 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     rules = [r for r in RULES if r.name in args.rules]
-    results: dict[str, dict[str, dict[str, dict]]] = {}
-    for workload in QUICK if args.quick else WORKLOADS:
-        by_rule = results.setdefault(workload.name, {})
-        for rule in rules:
-            for card in args.cards:
-                with applied(rule):
-                    r = workload.run(geometry(CARDS[card], rule.mixed_tokens))
-                by_rule.setdefault(rule.name, {})[card] = r
-                print(f"{workload.name:22} {rule.name:11} {card}  {r['out_tok_s']:8.1f} tok/s"
-                      f"  TTFT p50/p99 {r['ttft_p50_ms']:9.1f} / {r['ttft_p99_ms']:9.1f} ms"
-                      f"  ITL p50/p99 {r['itl_p50_ms']:6.1f} / {r['itl_p99_ms']:6.1f} ms"
-                      f"  mixed {r['mixed_budgets']}  preempt {r['preemptions']}",
-                      flush=True)
-    checks = sanity(results)
-    for name, value in checks.items():
-        print(f"sanity {name}: {value}")
+    results: dict[str, dict[str, dict[str, dict[str, dict]]]] = {}
+    for cost in COSTS:
+        # The base model on every card asked for; the sensitivities on the H100 (the
+        # card of the measured points) only.
+        cards = args.cards if cost is COSTS[0] else [c for c in args.cards if c == "H100"]
+        for workload in QUICK if args.quick else WORKLOADS:
+            by_rule = results.setdefault(cost.name, {}).setdefault(workload.name, {})
+            for rule in rules:
+                for card in cards:
+                    with applied(rule):
+                        r = workload.run(geometry(CARDS[card], rule.mixed_tokens), cost)
+                    by_rule.setdefault(rule.name, {})[card] = r
+        table(results[cost.name], cost.name)
+    checks = {cost.name: sanity(results[cost.name], cost) for cost in COSTS}
+    print(f"\nmeasured C256 1024/1024 at dab75f2 implies a mean MIXED step of "
+          f"{C256_IMPLIED_MIXED_MS:.0f} ms (README section 3: wall, steps, ITL p50)")
+    for cost, by_check in checks.items():
+        for name, value in by_check.items():
+            print(f"sanity [{cost}] {name}: {value}")
     report = {
         "modeled": True, "note": MODELED, "commit": git_commit(),
         "host": {"machine": platform.machine(), "python": platform.python_version()},
         "run_s": round(time.perf_counter() - t0, 1),
-        "cost_model": {"A_weights_ms": A_WEIGHTS_S * 1e3, "B_row_us": B_ROW_S * 1e6,
-                       "C_context_ns": C_CONTEXT_S * 1e9, "P_token_us": P_TOKEN_S * 1e6,
-                       "decode": "A + B*padded_rows + C*sum(position+1)",
+        "cost_model": {"decode": "A + B*padded_rows + C*sum(position+1)",
                        "prefill": "A + P*padded_tokens",
-                       "mixed": "A + B*lanes + C*sum(lane position+1) + P*(T - lanes)"},
-        "cards_pages": CARDS, "rules": [dataclasses.asdict(r) | {"budget": (
-            r.budget.__name__ if r.budget else None)} for r in rules],
-        "results": results, "sanity": checks}
+                       "mixed": "A + B*lanes + lane_attention*C*sum(lane position+1) "
+                                "+ P*(T - lanes)",
+                       "models": [{"name": c.name, "A_ms": c.a_s * 1e3, "B_us": c.b_s * 1e6,
+                                   "C_ns": c.c_s * 1e9, "P_us": c.p_s * 1e6,
+                                   "lane_attention": c.lane_attention} for c in COSTS]},
+        "cards_pages": CARDS,
+        "rules": [dataclasses.asdict(r) | {"budget": r.budget.__name__ if r.budget else None}
+                  for r in rules],
+        "results": results, "sanity": checks,
+        "measured_c256_implied_mixed_step_ms": round(C256_IMPLIED_MIXED_MS, 1)}
     if args.json:
         write_json(args.json, report)
 
