@@ -59,7 +59,8 @@ Workloads:
                  the last one's end
 
 Figures per (workload, rule, card): output tok/s (output tokens / simulated time; for
-arrivals the streams' tokens over the stretch), TTFT p50/p99 (send -> first token), ITL
+arrivals the streams' tokens over the stretch), TTFT p50/p99 (send -> first token; with
+ROUNDS > 1 also of the requests sent after the t = 0 burst: `ttft_later_*`), ITL
 p50/p99 (gaps between one request's consecutive tokens; for arrivals the streams'), TPOT
 p50, steps by kind, MIXED steps by budget (StepPlan.token_budget), preemptions, and the
 sanity checks against the measured H100 points (`sanity`).
@@ -402,7 +403,14 @@ class Burst:
                     sim.send(sent, self.input_tokens, self.output_tokens)
                     sent += 1
         rids = range(total)
-        return sim.figures(rids, sum(sim.counts[r] for r in rids), sim.clock)
+        result = sim.figures(rids, sum(sim.counts[r] for r in rids), sim.clock)
+        if self.rounds > 1:
+            # The requests sent as others finished (not in the t = 0 burst): the steady
+            # loop's TTFT, which the level's p50 straddles.
+            later = np.array([sim.first[r] - sim.sent[r] for r in rids[self.clients:]]) * 1e3
+            result["ttft_later_p50_ms"] = round(float(np.percentile(later, 50)), 2)
+            result["ttft_later_p99_ms"] = round(float(np.percentile(later, 99)), 2)
+        return result
 
 
 @dataclass(frozen=True)
