@@ -159,7 +159,7 @@ SERVED = {
                       "mixed_steps": 134},
     "1024/1024 C256": {"out_tok_s": 884.7, "ttft_p50_ms": 13039, "ttft_p99_ms": 190229,
                        "tpot_p50_ms": 249.9, "itl_p50_ms": 75.3, "itl_p99_ms": 814.8,
-                       "mixed_steps": 679, "preemptions": 5},
+                       "mixed_steps": 679, "decode_steps": 1117, "preemptions": 5},
     "128/128 C256": {"out_tok_s": 4236.2, "ttft_p50_ms": 1721, "ttft_p99_ms": 4925,
                      "tpot_p50_ms": 42.4, "itl_p50_ms": 24.3, "itl_p99_ms": 136.2},
 }
@@ -480,8 +480,8 @@ def sanity(results: dict, cost: Cost) -> dict:
         if modeled is None:
             continue
         out[f"served {workload} (W alone, H100)"] = {
-            key: _versus(modeled["steps"]["mixed"] if key == "mixed_steps"
-                         else modeled[key], value)
+            key: _versus(modeled["steps"][key.removesuffix("_steps")]
+                         if key.endswith("_steps") else modeled[key], value)
             for key, value in measured.items()}
     return out
 
@@ -551,7 +551,7 @@ def main() -> None:
                        "models": [{"name": c.name, "A_ms": c.a_s * 1e3, "B_us": c.b_s * 1e6,
                                    "C_ns": c.c_s * 1e9, "P_us": c.p_s * 1e6,
                                    "lane_attention": c.lane_attention} for c in COSTS]},
-        "cards_pages": CARDS,
+        "cards_pages": CARDS, "shipped_drain_steps": capacity.DRAIN_STEPS,
         "rules": [dataclasses.asdict(r) | {"budget": r.budget.__name__ if r.budget else None}
                   for r in rules],
         "results": results, "sanity": checks,
