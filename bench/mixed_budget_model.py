@@ -43,6 +43,10 @@ Cost model (seconds per step; constants below, each with its source):
     MIXED lanes' attention costs as decode attention (the lane programs); the rest of
     the variant's packed tokens (prompt chunks and padding) cost P each.
 
+    Two sensitivities run beside it on the H100 (`COSTS`; neither is fitted): C at the
+    f32 cache's rate (the bf16 cache read no faster), and MIXED lanes' attention at 4x
+    decode's (dab75f2's lane programs, one per lane and query head).
+
 Rules compared (patched in this process only, `applied`; the product code is not
 changed): the W rule alone (no drain condition: `mixed_budget` called with nothing
 owed), drain 4 / 8 / 16 (capacity.DRAIN_STEPS; 8 is the shipped rule), always the
@@ -66,7 +70,7 @@ p50, steps by kind, MIXED steps by budget (StepPlan.token_budget), preemptions, 
 sanity checks against the measured H100 points (`sanity`).
 
 Run: uv run python bench/mixed_budget_model.py --json bench/results/mixed_budget_model.json
-(~3-4 minutes on the 2-core dev machine; --quick: the C64 burst and arrivals only).
+(~2 minutes on the 2-core dev machine; --quick: the C64 burst and arrivals only).
 """
 
 from __future__ import annotations
@@ -147,7 +151,8 @@ COSTS = (Cost("base"), Cost("attention f32 rate", c_s=2 * C_CONTEXT_S),
 
 # -- the measured points the model is checked against (README) -------------------------
 # Section 4: the native loop "23.08 ms a step at 64 rows of 1-2k positions": its rows
-# decode positions 1,472..2,496 (1,024 prompt + the half of the output it prefills).
+# decode positions 1,472..2,496 after a 1,472-token prefill (1,024 prompt tokens plus the
+# 448 output tokens it does not decode).
 NATIVE_STEP_S, NATIVE_ROWS, NATIVE_POSITIONS = 23.08e-3, 64, (1472, 2496)
 # Section 4: "prefill took 7,260 ms for 64 rows of 1,472 tokens ... 113 ms a row".
 NATIVE_PREFILL_ROW_S, NATIVE_PREFILL_TOKENS = 7.260 / 64, 1472
