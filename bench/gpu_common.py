@@ -19,6 +19,7 @@ from helios_ignition.capture.programs import capture
 from helios_ignition.export import build_contract
 from helios_ignition.families.llama import LlamaShapes, rope_inv_freq
 from helios_ignition.kernels_aot import compile_targets
+from helios_ignition.kv_cache import apply_kv_bf16
 from helios_ignition.recipe import Capacities
 from helios_ignition.weights import iter_weight_buffers
 from helios_serve.engine.plan import RowPlan, SamplingParams, StepKind, StepPlan
@@ -40,12 +41,17 @@ def build_core(recipe, ckpt, caps: Capacities, target: str, weights,
                chunked_sampling: bool = True,
                wide_sampling: bool = True,
                race_sampling: bool = True,
-               activations: str = "f32") -> tuple[MemoryCore, dict]:
+               activations: str = "f32",
+               kv_cache: str = "f32") -> tuple[MemoryCore, dict]:
     """Capture (with the decode-split tuning producer when `split_tuning` is a
     recipe.SplitTuning; decode layers folded with `fold_layers`; the chunked sampler with
     `chunked_sampling`, its wide form with `wide_sampling`, its candidate race with
-    `race_sampling` as well; the packed products' `activations`, "f32" or "bf16"),
-    compile for `target` and wrap with `weights` (resource id -> bytes|callable)."""
+    `race_sampling` as well; the packed products' `activations`, "f32" or "bf16"; the KV
+    cache planes f32 or, with `kv_cache` "bf16", bfloat16 as ``ignition export
+    --kv-cache-dtype bf16`` declares them), compile for `target` and wrap with `weights`
+    (resource id -> bytes|callable). `target` None skips the compile (cpu backend)."""
+    if kv_cache not in ("f32", "bf16"):
+        raise ValueError(f"kv_cache is f32 or bf16, not {kv_cache!r}")
     recipe = replace(recipe, capacities=caps, fold_layers=fold_layers,
                      chunked_sampling=chunked_sampling, activation_dtype=activations)
     shapes = LlamaShapes.from_geometry(ckpt.geometry)
@@ -54,8 +60,10 @@ def build_core(recipe, ckpt, caps: Capacities, target: str, weights,
                                fold_layers=fold_layers, chunked_sampling=chunked_sampling,
                                wide_sampling=wide_sampling, race_sampling=race_sampling,
                                activations=activations)
+    if kv_cache == "bf16":
+        apply_kv_bf16(manifest, graphs)
     t1 = time.perf_counter()
-    blobs = compile_targets(manifest, (target,))
+    blobs = compile_targets(manifest, (target,)) if target else {}
     t2 = time.perf_counter()
     contract = build_contract(recipe, ckpt, shapes, graphs, manifest)
     resources = dict(weights)
