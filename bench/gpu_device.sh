@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-side steps for the lent GPU machine (see docs/gpu.md). Run from the repo root:
-#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|kvbf16|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|mixed-budget|export-8b|load-8b|prefix-8b|packing|topp|decode-tc|bf16-act|attn-live|attn-many|quant-speed|quant-tests|...)
+#   bench/gpu_device.sh STEP [STEP ...]   (STEP: stage1|stage2|tests|model|bench8b|fp8|int4|kvfp8|kvbf16|gguf|gguf-tests|gguf-model|gguf-bench|fp8-tune|fp8-sweep|fp8-tests|fp8-bench|fp8-acc|peers|drafter|spec|tuning|kern-kernels|kern-8b|kern-model|wide-tests|wide-smollm2|wide-8b|race-tests|race-sweep|race-8b|race-smollm2|vision|snap|snap-bench|startup-memory|spec-identity|spec-8b|serve-spec|spec-structured|serve-smollm2|serve-smollm2-load|serve-engproc|serve-host|serve-keepup|serve-keepup-engproc|serve-keepup-host|mixed-budget|mixed-step|export-8b|load-8b|prefix-8b|packing|topp|decode-tc|bf16-act|attn-live|attn-many|quant-speed|quant-tests|...)
 # stage1/stage2 park the carried wheels and GGUF parts under $HOME (kept while the
 # machine is warm); later stages install nothing new.
 # Results name their commit: the device copy has no .git, so start the command with
@@ -494,6 +494,15 @@ case $stage in
       --group "${MIXED_GROUP:-16}" --arrivals 2 --prompt-tokens 1024 --mixed-tokens 512 2048 \
       --json "$OUTD/serve_mixed_llama8b_burst.json" 2>&1 | tail -4 \
       | tee "$OUTD/serve_mixed_llama8b_burst.log" ;;
+  mixed-step)
+    # Issue 27 (docs/mixed.md, "One MIXED step, per op"): the 8B geometry with the
+    # serving-bench recipe's options (bf16 activations and KV cache, MIXED budgets 512 and
+    # 2048), seeded random weights, in memory; DECODE b64/224/256, MIXED b64/224 x t512/
+    # t2048, the lanes alone, PREFILL t512/t2048, lanes at 1,500 positions, each timed
+    # alone and per launch group. No GGUF. MIXED_STEP_ARGS adds options (--context,
+    # --batches, --only).
+    python3 bench/gpu_mixed_step.py ${MIXED_STEP_ARGS:-} --json "$OUTD/mixed_step.json" \
+      2>&1 | tee "$OUTD/mixed_step.log" | tail -90 ;;
   prefix-8b)
     # Issue 27 item 6, the prefix-heavy run on the core export-8b wrote (run export-8b first
     # on the same warm machine): 64 users whose prompts open with one shared 2,048-token
