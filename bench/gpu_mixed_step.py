@@ -241,17 +241,18 @@ def main() -> None:
     plans = cases(steps, args.batches, budgets, rc.decode_batch)
     if args.only:
         plans = [(n, p) for n, p in plans if n in args.only]
-    # Only the decode buckets the steps run are captured: each program's launches are
-    # those of the recipe's full core (compared launch by launch at the 8B geometry), with
-    # fewer graphs to compile and load. The prefill capacities add the budgets, so a
+    # Only the decode buckets the steps run and the largest (the page table's rows, so
+    # the slot count) are captured: each program's launches are those of the recipe's
+    # full core (compared launch by launch at the 8B geometry), with fewer graphs to
+    # compile and load. The prefill capacities add the budgets, so a
     # PREFILL step of T tokens runs a T-token program as the MIXED one does. The prepared
     # pages stay the recipe's (the cache planes' declared shape); the load sizes the cache
     # to `pages`.
-    used = sorted({bucket(rc.decode_batch, len(p.rows)) for _, p in plans
-                   if p.kind is not StepKind.PREFILL})
+    used = sorted({max(rc.decode_batch)} | {bucket(rc.decode_batch, len(p.rows))
+                                            for _, p in plans if p.kind is not StepKind.PREFILL})
     slots = max(p.rows[-1].slot for _, p in plans) + 1
     pages = slots * steps.per
-    caps = replace(rc, decode_batch=tuple(used) or rc.decode_batch[:1],
+    caps = replace(rc, decode_batch=tuple(used),
                    prefill_tokens=tuple(sorted({*rc.prefill_tokens, *budgets})),
                    mixed_tokens=tuple(budgets))
     shapes = LlamaShapes.from_geometry(geometry)
