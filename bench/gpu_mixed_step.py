@@ -122,9 +122,9 @@ class Steps:
     def decode(self, b: int) -> StepPlan:
         return StepPlan(StepKind.DECODE, tuple(self.lanes(b, -1)))
 
-    def mixed(self, b: int, budget: int) -> StepPlan:
-        """B lanes plus chunks of `budget - b` tokens (none when budget == b)."""
-        rows = self.lanes(b, LANE_TOKEN) + self.chunk_rows(b, budget - b)
+    def mixed(self, b: int, budget: int, fill: bool = True) -> StepPlan:
+        """B lanes plus chunks of `budget - b` tokens (with `fill`; else the lanes alone)."""
+        rows = self.lanes(b, LANE_TOKEN) + (self.chunk_rows(b, budget - b) if fill else [])
         return StepPlan(StepKind.MIXED, tuple(rows), lanes=b, token_budget=budget)
 
     def prefill(self, budget: int) -> StepPlan:
@@ -148,8 +148,9 @@ def cases(steps: Steps, batches: list[int], budgets: list[int], buckets: tuple[i
                       "left out", flush=True)
                 continue
             out.append((f"mixed_b{b}_t{t}", plan))
-        if b <= max(budgets):
-            out.append((f"lanes_b{b}", steps.mixed(b, b)))
+        holding = [t for t in budgets if t >= b]
+        if holding:
+            out.append((f"lanes_b{b}", steps.mixed(b, holding[0], fill=False)))
     for t in budgets:
         out.append((f"prefill_t{t}", steps.prefill(t)))
     return out

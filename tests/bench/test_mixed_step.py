@@ -61,6 +61,8 @@ def test_steps_rows_tokens_and_pages(ms):
     assert (chunk.slot, chunk.start_position, len(chunk.tokens)) == (224, 512, 288)
     assert chunk.page_ids == tuple(range(224 * 94, 224 * 94 + 50))  # ceil(800 / 16)
     assert chunk.sample is False and chunk.histogram_tokens is None
+    assert plans["lanes_b256"].token_budget == 512
+    assert plans["mixed_b224_t2048"].token_budget == 2048
     assert plans["decode_b64"].rows[0].tokens == (-1,)  # the device-owned pending token
     last = plans["prefill_t2048"].rows[2]
     assert (last.start_position, len(last.tokens), last.sample) == (0, 512, False)
