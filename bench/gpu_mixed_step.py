@@ -7,15 +7,17 @@ The served 1024/1024 run at C256 on the H100 (bench/results/h100_2026-12-06k) im
 MIXED step of ~313 ms at ~140-220 decode lanes and a 512-token budget, where a DECODE
 step at 256 rows took ~44-75 ms. This script times each step kind alone, with the
 serving-bench recipe's options (recipes/llama_serving_bench.py: bf16 activations; the
-bf16 KV cache of ``ignition export --kv-cache-dtype bf16``; its decode buckets, prefill
-row capacity, context and MIXED token budgets), seeded random bf16 weights
+bf16 KV cache of ``ignition export --kv-cache-dtype bf16``; its prefill row capacity,
+context and MIXED token budgets; of its decode buckets, those the steps run and the
+largest; its prefill capacities plus the budgets), seeded random bf16 weights
 (bench/gpu_common.py), the core built in memory and compiled for this GPU:
 
 - ``decode_bB``: a DECODE step of B rows, every row at ``--context`` positions;
 - ``mixed_bB_tT``: a MIXED step of the same B decode lanes (one token each at
   ``--context`` positions) plus prompt chunks filling the budget T (T - B tokens);
-- ``lanes_bB``: a MIXED step of the B lanes alone (its attention is the lane programs
-  only: the difference to ``mixed_bB_tT`` is the chunks' share);
+- ``lanes_bB``: a MIXED step of the B lanes alone, in the smallest budget's program
+  holding B rows (its attention is the lane programs only: the difference to
+  ``mixed_bB_tT`` is the chunks' share; its program may be a smaller bucket's);
 - ``prefill_tT``: a PREFILL step of the same chunks as ``mixed_b0_tT``, T tokens alone.
 
 Prompt chunks (``chunks``): prompts of ``--prompt`` tokens (the served workload's 1,024);
@@ -44,6 +46,10 @@ programs (prompt chunks) then one lane program per decode lane
 against ``mixed_bB_tT`` splits it. On the cpu backend (``--backend cpu``, a smoke test
 of the plans: ``--geometry smollm2-135m`` and small numbers) only ``execute_ms`` is
 measured. ``--dry-run``: capture and compile for ``--target`` only (no GPU).
+
+Run time (estimated, not yet run on a GPU): ~1 min to build and load (34 kernels compile
+in ~20 s cold on 2 CPU cores; 15 GiB of weights uploaded), then at most ~6 s a step
+(replays capped at ~1.5 s, groups at ~3-20 replays): ~3 min for the twelve default steps.
 """
 
 from __future__ import annotations
