@@ -12,6 +12,7 @@ import hashlib
 import statistics
 import time
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import numpy as np
 from helios_ignition.capture.buffers import weight_resource_id
@@ -34,6 +35,31 @@ class MemoryCore:
     def read_resource(self, rid: str) -> bytes:
         value = self.resources[rid]
         return value() if callable(value) else value
+
+
+def device_target() -> str:
+    """``sm_XY`` of device 0 (its compute capability), for compiling kernels on the GPU
+    machine.
+
+    Raises:
+        whatever ``require_driver`` raises without a GPU driver.
+    """
+    from helios_serve.runtime.cuda.driver import call, require_driver  # needs a GPU
+
+    cu = require_driver()
+    dev = call("dev", cu.cuDeviceGet(0))
+    major, minor = (call("a", cu.cuDeviceGetAttribute(a, dev)) for a in (
+        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+    return f"sm_{major}{minor}"
+
+
+def geometry_checkpoint(geometry, name: str) -> SimpleNamespace:
+    """What ``resolve_recipe`` reads of a checkpoint, for a core built in memory from a
+    named `geometry` with no tokenizer (an empty one, EOS id 2)."""
+    return SimpleNamespace(geometry=geometry, tokenizer_json="{}", chat_template="",
+                           eos_token_ids=(2,), special_tokens={},
+                           source=f"synthetic:{name}:seed=0")
 
 
 def build_core(recipe, ckpt, caps: Capacities, target: str, weights,

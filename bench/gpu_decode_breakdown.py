@@ -30,12 +30,17 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import git_commit, write_json  # bench/ is this script's folder
-from gpu_common import build_core, decode_bench, random_bf16_weights  # noqa: E402
+from gpu_common import (  # noqa: E402
+    build_core,
+    decode_bench,
+    device_target,
+    geometry_checkpoint,
+    random_bf16_weights,
+)
 from helios_ignition.capture import launch as rule  # noqa: E402
 from helios_ignition.checkpoint.synthetic import NAMED_GEOMETRIES  # noqa: E402
 from helios_ignition.export import resolve_recipe  # noqa: E402
@@ -158,18 +163,9 @@ def main() -> None:
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variants]
     t_start = time.perf_counter()
-    from helios_serve.runtime.cuda.driver import call, require_driver
-
-    cu = require_driver()
-    dev = call("dev", cu.cuDeviceGet(0))
-    cc = [call("a", cu.cuDeviceGetAttribute(a, dev)) for a in (
-        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)]
-    target = f"sm_{cc[0]}{cc[1]}"
+    target = device_target()
     geometry = NAMED_GEOMETRIES["llama-3.1-8b"]
-    ckpt = SimpleNamespace(geometry=geometry, tokenizer_json="{}", chat_template="",
-                           eos_token_ids=(2,), special_tokens={},
-                           source="synthetic:llama-3.1-8b:seed=0")
+    ckpt = geometry_checkpoint(geometry, "llama-3.1-8b")
     recipe = resolve_recipe(ROOT / "recipes/llama.py", ckpt)
     shapes = LlamaShapes.from_geometry(geometry)
     weights = random_bf16_weights(shapes, 0, geometry.rope_scaling)

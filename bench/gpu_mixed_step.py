@@ -60,12 +60,16 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import git_commit, write_json  # bench/ is this script's folder
-from gpu_common import build_core, random_bf16_weights  # noqa: E402
+from gpu_common import (  # noqa: E402
+    build_core,
+    device_target,
+    geometry_checkpoint,
+    random_bf16_weights,
+)
 from gpu_decode_breakdown import profile_groups  # noqa: E402
 from helios_ignition.checkpoint.synthetic import NAMED_GEOMETRIES  # noqa: E402
 from helios_ignition.export import resolve_recipe  # noqa: E402
@@ -226,18 +230,9 @@ def main() -> None:
     if args.dry_run:
         target = target or "sm_90"
     elif cuda and target is None:
-        from helios_serve.runtime.cuda.driver import call, require_driver  # needs a GPU
-
-        cu = require_driver()
-        dev = call("dev", cu.cuDeviceGet(0))
-        cc = [call("a", cu.cuDeviceGetAttribute(a, dev)) for a in (
-            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)]
-        target = f"sm_{cc[0]}{cc[1]}"
+        target = device_target()
     geometry = NAMED_GEOMETRIES[args.geometry]
-    ckpt = SimpleNamespace(geometry=geometry, tokenizer_json="{}", chat_template="",
-                           eos_token_ids=(2,), special_tokens={},
-                           source=f"synthetic:{args.geometry}:seed=0")
+    ckpt = geometry_checkpoint(geometry, args.geometry)
     recipe = resolve_recipe(RECIPE, ckpt)
     rc = recipe.capacities
     budgets = sorted(args.budgets or rc.mixed_tokens)
