@@ -393,12 +393,8 @@ class Scheduler:
             return _NO_MIX
         live = self.live
         prefilling = [s for s in self._prefilling() if s.can_prefill]
-        owing = len(prefilling)
-        owed = sum(s.prefill_tokens - s.num_scheduled for s in prefilling)
-        if admit:
-            admissible = min(len(live.waiting), self.alloc.free_slots)
-            owing += admissible
-            owed += sum(len(s.tokens) for s in islice(live.waiting, admissible))
+        admissible = min(len(live.waiting), self.alloc.free_slots) if admit else 0
+        owing = len(prefilling) + admissible
         if not owing:
             return _NO_MIX
         if self._frames.outstanding:
@@ -419,6 +415,9 @@ class Scheduler:
         lanes = plan.rows if plan is not None else ()
         if not lanes:
             return _NO_MIX
+        # The prompt tokens the W requests owe, only for a step that mixes.
+        owed = (sum(s.prefill_tokens - s.num_scheduled for s in prefilling)
+                + sum(len(s.tokens) for s in islice(live.waiting, admissible)))
         budget, rows = mixed_budget(self._mixed_widest, owing, len(lanes), owed)
         chunks = self._prefill_rows(admit, budget - len(lanes),
                                     min(rows - len(lanes), g.prefill_row_capacity),
