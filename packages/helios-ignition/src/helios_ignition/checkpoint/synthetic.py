@@ -15,9 +15,9 @@ and LM head decodes and vocab-sized tables line up.
 Where the 98 MB GGUF cannot travel (a lent GPU machine takes at most 64 MiB a call, with
 the repository), the environment variable ``HELIOS_SYNTHETIC_FRONTEND`` may name the
 frontend alone: a JSON file of `frontend_json()`'s bytes, written where the verified
-GGUF is (`bench/gpu_device.sh` says how). Its sha256
-must equal ``SMOLLM2_FRONTEND_SHA256`` (`ChecksumMismatchError` otherwise), so the
-tokenizer and template are the GGUF's byte for byte and the core is the same.
+GGUF is (`bench/gpu_device.sh` says how). Its sha256 must equal
+``SMOLLM2_FRONTEND_SHA256`` (`ChecksumMismatchError` otherwise), so the tokenizer and
+template are the GGUF's byte for byte and the core is the same.
 """
 
 from __future__ import annotations
@@ -177,4 +177,3 @@ class _ReadAhead:
             self._pending.pop(stale).cancel()
         future = self._pending.pop(index, None)
         return future.result() if future is not None else self._draw(index)
-

@@ -62,7 +62,8 @@ def mixed_budget(widest: Seq[tuple[int, int]], owing: int, lanes: int,
     what keeps a burst from trickling in beside many lanes: on the H100 at dab75f2, 256
     requests of 1,024 prompt tokens under the W rule alone ran 679 MIXED steps of ~140
     lanes with at most ~370 prompt tokens each (885 output tokens/s; 2,052 with plain
-    prefill steps at cc2503e; bench/results/h100_2026-12-06k/). Sarathi-Serve (Agrawal et
+    prefill steps at cc2503e; bench/results/h100_2026-12-06k/; the steps themselves were
+    slow too: docs/mixed.md, "A model of the rule"). Sarathi-Serve (Agrawal et
     al., OSDI 2024) sizes one budget per deployment from a time-between-tokens target (its
     strict and relaxed targets: 512 and 2,048 tokens), as vLLM V1
     (max_num_batched_tokens) and SGLang (chunked_prefill_size) take one fixed budget; this
