@@ -12,6 +12,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py gemv          # the batch-1 GEMV variants only
     uv run python scripts/interpret_kernels.py invariant     # linear_invariant: rows bitwise alone
     uv run python scripts/interpret_kernels.py attention     # split decode attention layouts
+    uv run python scripts/interpret_kernels.py attnmma       # its tensor-core body (bf16 KV)
     uv run python scripts/interpret_kernels.py mma           # packed terms, K split, reduce
     uv run python scripts/interpret_kernels.py scores        # score_tokens (scored prefill)
     uv run python scripts/interpret_kernels.py experts       # QK-norm and the MoE ops
@@ -135,6 +136,12 @@ from helios_tools import kernels as K  # noqa: E402
 from helios_tools.kernels.sampling_chunks import CANDIDATES, CHUNK  # noqa: E402
 from helios_tools.kernels.speculative import RECORD_FIELDS  # noqa: E402
 
+# Bounds of the tensor-core decode body (GROUPED=4) against the float64 evaluation, by
+# TERMS, on each of check_attention_mma's errors (merged output over max |output|, split
+# maxima in logit units, sums of exponentials and outputs relative): the worst measured
+# under the interpreter is 1.8e-5 (TERMS=2; the f32 reference's own 4e-6) and 1.2e-2
+# (TERMS=1), about 3x and 4x below.
+MMA_TOL = {2: 5e-5, 1: 5e-2}
 _DTYPES = {np.dtype(np.float32): tl.float32, np.dtype(np.int32): tl.int32,
            np.dtype(np.uint32): tl.uint32, np.dtype(np.uint16): tl.bfloat16,
            np.dtype(np.uint8): tl.uint8}
@@ -785,6 +792,203 @@ def check_attention(rng) -> bool:
         ok &= good
         print(f"{'ok ' if good else 'BAD'} attention_decode_fused H={H} KVH={KVH} HD={HD} "
               f"NS={NS} SPLIT={SPLIT}: rel {err:.1e}, counters {got['arrivals'].sum()}")
+    return ok
+
+
+def _split_f64(qkv, pos, slot, pages, kf, vf, B, MP, PT, H, KVH, HD, NS, SPLIT, scale):
+    """Split-decode statistics in float64 (``attention_decode_split``'s contract: max, sum
+    of exponentials and the unnormalized output per (row, head, split); an empty split
+    (-1e30, 0, 0)) over f32 key/value planes `kf`, `vf`, and the merged output: the
+    float64 evaluation the tensor-core body's error is measured against."""
+    G = H // KVH
+    ml = np.zeros((B, H, NS, 2))
+    ml[..., 0] = -1.0e30
+    po = np.zeros((B, H, NS, HD))
+    out = np.zeros((B, H, HD))
+    q = qkv[:, :H * HD].astype(np.float64).reshape(B, H, HD) * np.float64(np.float32(scale))
+    for b in np.flatnonzero(slot >= 0):
+        ctx = int(pos[b]) + 1
+        j = np.arange(ctx)
+        rows = pages[slot[b], j // PT].astype(np.int64) * PT + j % PT
+        k = kf.reshape(-1, KVH, HD)[rows].astype(np.float64)  # [ctx, KVH, HD]
+        v = vf.reshape(-1, KVH, HD)[rows].astype(np.float64)
+        sc = np.einsum("hd,jhd->hj", q[b], np.repeat(k, G, axis=1))
+        vv = np.repeat(v, G, axis=1)
+        for sp in range(-(-ctx // SPLIT)):
+            lo, hi = sp * SPLIT, min(sp * SPLIT + SPLIT, ctx)
+            m = sc[:, lo:hi].max(axis=1)
+            p = np.exp(sc[:, lo:hi] - m[:, None])
+            ml[b, :, sp] = np.stack([m, p.sum(axis=1)], axis=1)
+            po[b, :, sp] = np.einsum("hj,jhd->hd", p, vv[lo:hi])
+        m = sc.max(axis=1)
+        p = np.exp(sc - m[:, None])
+        out[b] = np.einsum("hj,jhd->hd", p, vv) / p.sum(axis=1)[:, None]
+    return ml, po, out.reshape(B, H * HD)
+
+
+def _bf16_split_merge(inputs, args, consts):
+    """``attention_decode_split_bf16kv`` with variant `consts` (grid by their LIVE), then
+    ``attention_decode_merge``, interpreted over `inputs` (qkv, positions, slot, page
+    table, k and v planes as bf16 bits) and scalars `args` (B .. scale), outputs poisoned:
+    ``(part_ml, part_o, out)``."""
+    from helios_ignition.capture import launch as L
+
+    B, _, _, H, KVH, HD, NS = args[:7]
+    bhd = L._np2(HD, 16)
+    gml = np.full((B, H, NS, 2), np.nan, np.float32)
+    gpo = np.full((B, H, NS, HD), np.nan, np.float32)
+    TRITON_KERNELS["attention_decode_split_bf16kv"][(B, KVH, consts.get("LIVE") or NS)](
+        *[_Arr(a) for a in (*inputs, gml, gpo)], *args, BLOCK_HD=bhd,
+        EVEN_HD=int(HD == bhd), **consts)
+    mc = {k: v for k, v in L.attention_merge_constants(HD, NS, "v3").items() if k != "WARPS"}
+    out = np.full((B, H * HD), np.nan, np.float32)
+    TRITON_KERNELS["attention_decode_merge"][(B, H)](_Arr(gml), _Arr(gpo), _Arr(inputs[2]),
+                                                     _Arr(out), B, H, HD, NS, **mc)
+    return gml, gpo, out
+
+
+def check_attention_mma(rng) -> bool:
+    """The tensor-core decode body (GROUPED=4, ``_split_mma_at``) over bf16 planes, bf16
+    dots widened exactly (``_bf16_dots``: the stock interpreter multiplies bf16 operands as
+    their uint16 bits), at the 8B geometry (H 32, KVH 8, HD 128: G = 4 padded to 16 MMA
+    rows), SmolLM2's (H 9, KVH 3, HD 64: G = 3) and HD 40 (masked head dims): one-tile and
+    multi-tile splits, BLOCK_N 32 / 64 / 128, the live-split and the NS grids, TERMS 1 and
+    2; a padding row, a row at position 0, a row at the last position, empty splits; NaN
+    bits past each row's context and unmapped pages past its last page; poisoned outputs.
+    Against (a) the float64 evaluation (``_split_f64``): max abs error of the merged output
+    and of the live splits' statistics, relative to max |ref|; (b) the f32 reference of
+    ``attention_decode_split_bf16kv`` (NumPy) and (c) the f32 FMA body (GROUPED=2 or 3,
+    interpreted, same planes): max abs error of the merged output. Bounds: TERMS=2 within
+    MMA_TOL[2] of (a), TERMS=1 within MMA_TOL[1]; empty splits exactly (-1e30, 0) (and
+    zeros in the NS grid). Then the launch rule's constants (HELIOS_ATTN_MMA=2, bf16
+    planes) through ``launch``, and its refusal of f32 planes."""
+    from helios_ignition.capture import launch as L
+    from helios_tools.kernels.kv_bf16 import decode_bf16, encode_bf16
+
+    dot = _bf16_dots()
+    ok = True
+    worst = {1: 0.0, 2: 0.0}
+    try:
+        PT, B = 16, 4
+        cases = [  # (H, KVH, HD, NS, SPLIT, constants)
+            (32, 8, 128, 8, 64, dict(BLOCK_N=64, LIVE=3)),
+            (32, 8, 128, 8, 64, dict(BLOCK_N=64, LIVE=0)),
+            (32, 8, 128, 8, 64, dict(BLOCK_N=32, LIVE=2)),
+            (32, 8, 128, 4, 128, dict(BLOCK_N=128, LIVE=1)),
+            (32, 8, 128, 4, 128, dict(BLOCK_N=64, LIVE=4)),
+            (9, 3, 64, 8, 64, dict(BLOCK_N=64, LIVE=3)),
+            (9, 3, 64, 8, 64, dict(BLOCK_N=32, LIVE=0)),
+            (9, 3, 64, 4, 128, dict(BLOCK_N=128, LIVE=2)),
+            (9, 3, 64, 4, 128, dict(BLOCK_N=32, LIVE=8)),
+            (6, 2, 40, 4, 64, dict(BLOCK_N=64, LIVE=2)),
+            (6, 2, 40, 2, 128, dict(BLOCK_N=32, LIVE=0)),
+        ]
+        for H, KVH, HD, NS, SPLIT, c in cases:
+            MP = NS * SPLIT // PT
+            S = B + 1
+            pages = rng.permutation(S * MP).astype(np.int32).reshape(S, MP)
+            kc = encode_bf16(rng.standard_normal((S * MP, PT, KVH, HD)) * 2)
+            vc = encode_bf16(rng.standard_normal((S * MP, PT, KVH, HD)) * 2)
+            qkv = rng.standard_normal((B, (H + 2 * KVH) * HD)).astype(np.float32)
+            slot = rng.permutation(S)[:B].astype(np.int32)
+            slot[2] = -1
+            pos = rng.integers(0, NS * SPLIT // 2, B).astype(np.int32)  # empty splits
+            pos[0], pos[3] = 0, NS * SPLIT - 1
+            scale = HD ** -0.5
+            kn, vn, pn = kc.copy(), vc.copy(), pages.copy()
+            for b in np.flatnonzero(slot >= 0):
+                n = int(pos[b]) + 1
+                last = (n - 1) // PT
+                kn[pn[slot[b], last], (n - 1) % PT + 1:] = 0x7FC0
+                vn[pn[slot[b], last], (n - 1) % PT + 1:] = 0x7FC0
+                pn[slot[b], last + 1:] = 1 << 30
+            args = (B, MP, PT, H, KVH, HD, NS, SPLIT, scale)
+            xml, xpo, xout = _split_f64(qkv, pos, slot, pages, decode_bf16(kc), decode_bf16(vc),
+                                        *args)
+            rml = np.zeros((B, H, NS, 2), np.float32)
+            rpo = np.zeros((B, H, NS, HD), np.float32)
+            K.reference_op("attention_decode_split_bf16kv")(qkv, pos, slot, pages, kc, vc, rml,
+                                                            rpo, *args)
+            inputs = (qkv, pos, slot, pn, kn, vn)
+            ref = np.zeros((B, H * HD), np.float32)
+            K.attention_decode_merge(rml, rpo, slot, ref, B, H, HD, NS)
+            bn_fma = min(SPLIT, 64)
+            _, _, fma = _bf16_split_merge(inputs, args, dict(
+                BLOCK_N=bn_fma, BLOCK_G=L._np2(H // KVH), GROUPED=2 if bn_fma == SPLIT else 3))
+            live = slot >= 0
+            written = live[:, None, None] & (xml[..., 1] != 0)
+            empty = live[:, None, None] & (xml[..., 1] == 0)
+            scale_o = np.abs(xout).max()
+            f32_own = max(float(np.abs(ref - xout).max() / scale_o),
+                          float(np.abs(rml[..., 0][written] - xml[..., 0][written]).max()))
+            for terms in (2, 1):
+                gml, gpo, out = _bf16_split_merge(inputs, args, dict(
+                    c, GROUPED=4, TERMS=terms, BLOCK_G=L._np2(H // KVH, 16)))
+                finite = bool(np.isfinite(out).all() and np.isfinite(gml[live]).all()
+                              and np.isfinite(gpo[written]).all())
+                errs = {
+                    "out": np.abs(out - xout).max() / scale_o,
+                    "max": np.abs(gml[..., 0][written] - xml[..., 0][written]).max(),
+                    "sum": (np.abs(gml[..., 1][written] - xml[..., 1][written])
+                            / xml[..., 1][written]).max(),
+                    "o": (np.abs(gpo[written] - xpo[written]).max()
+                          / np.abs(xpo[written]).max()),
+                } if finite else {"out": np.inf}
+                # empty splits of live rows: (-1e30, 0); their outputs zeros in the NS grid
+                # (the live layout leaves them unwritten: the merge skips them)
+                exact = bool(np.array_equal(gml[empty], xml[empty].astype(np.float32))
+                             and (c["LIVE"] or (gpo[empty] == 0).all()))
+                vs_f32 = float(np.abs(out - ref).max())
+                vs_fma = float(np.abs(out - fma).max())
+                worst[terms] = max(worst[terms], max(errs.values()))
+                good = finite and exact and max(errs.values()) < MMA_TOL[terms]
+                ok &= good
+                print(f"{'ok ' if good else 'BAD'} GROUPED=4 TERMS={terms} H={H} KVH={KVH} "
+                      f"HD={HD} NS={NS} SPLIT={SPLIT} {c}: vs f64 "
+                      + " ".join(f"{k} {e:.1e}" for k, e in errs.items())
+                      + f"; max abs vs f32 ref {vs_f32:.1e}, vs FMA body {vs_fma:.1e} "
+                        f"(|ref| <= {scale_o:.2f}; the f32 reference's own out/max error "
+                        f"{f32_own:.1e}); empty splits "
+                      + ("exact" if exact else "WRONG"))
+        # the launch rule, opted in: the constants it picks, through launch_config
+        H, KVH, HD, NS, SPLIT, MP = 9, 3, 64, 8, 64, 32
+        saved = L.ATTN_MMA
+        try:
+            L.ATTN_MMA = "2"
+            pages = rng.permutation(5 * MP).astype(np.int32).reshape(5, MP)
+            kc = encode_bf16(rng.standard_normal((5 * MP, PT, KVH, HD)))
+            vc = encode_bf16(rng.standard_normal((5 * MP, PT, KVH, HD)))
+            qkv = rng.standard_normal((B, (H + 2 * KVH) * HD)).astype(np.float32)
+            slot = np.array([0, 3, -1, 1], np.int32)
+            pos = np.array([0, 300, 5, 511], np.int32)
+            args = (B, MP, PT, H, KVH, HD, NS, SPLIT, HD ** -0.5)
+            xml, _, xout = _split_f64(qkv, pos, slot, pages, decode_bf16(kc), decode_bf16(vc),
+                                      *args)
+            gml = np.full((B, H, NS, 2), np.nan, np.float32)
+            gpo = np.full((B, H, NS, HD), np.nan, np.float32)
+            got = launch("attention_decode_split_bf16kv", qkv, pos, slot, pages, kc, vc, gml,
+                         gpo, *args, bf16=(4, 5))
+            out = np.full((B, H * HD), np.nan, np.float32)
+            launch("attention_decode_merge", gml, gpo, slot, out, B, H, HD, NS)
+            err = float(np.abs(out - xout).max() / np.abs(xout).max())
+            good = (got["GROUPED"] == 4 and got["TERMS"] == 2 and got["BLOCK_G"] == 16
+                    and np.isfinite(out).all() and err < MMA_TOL[2])
+            try:
+                launch("attention_decode_split", qkv, pos, slot, pages, decode_bf16(kc),
+                       decode_bf16(vc), gml, gpo, *args)
+                refused = "not refused"
+            except ValueError as exc:
+                refused = str(exc)
+            good &= "bf16 KV planes only" in refused
+            ok &= good
+            print(f"{'ok ' if good else 'BAD'} HELIOS_ATTN_MMA=2 rule: {got}: vs f64 out "
+                  f"{err:.1e}; f32 planes: {refused}")
+        finally:
+            L.ATTN_MMA = saved
+    finally:
+        interp.InterpreterBuilder.create_dot = dot
+    print(f"GROUPED=4 worst error vs float64 over the cases: TERMS=2 {worst[2]:.1e}, "
+          f"TERMS=1 {worst[1]:.1e}")
     return ok
 
 
@@ -1520,6 +1724,8 @@ def main() -> None:
         sys.exit(0 if check_invariant(rng) and check_packed_rows(rng) else 1)
     if sys.argv[1:] == ["attention"]:
         sys.exit(0 if check_attention(rng) else 1)
+    if sys.argv[1:] == ["attnmma"]:
+        sys.exit(0 if check_attention_mma(rng) else 1)
     if sys.argv[1:] == ["mma"]:
         sys.exit(0 if check_mma(rng) else 1)
     if sys.argv[1:] == ["scores"]:

@@ -99,6 +99,14 @@ ATTN_FUSED = os.environ.get("HELIOS_ATTN_FUSED", "0") != "0"
 # many rows the layout is used.
 ATTN_LIVE = int(os.environ.get("HELIOS_ATTN_LIVE", "4096"))
 ATTN_LIVE_MIN_ROWS = int(os.environ.get("HELIOS_ATTN_LIVE_MIN_ROWS", "1"))
+# Rule v3's decode attention on the tensor cores (GROUPED=4, kernels_triton/attention.py
+# `_split_mma_at`), opt-in at capture with HELIOS_ATTN_MMA: "off" (the default: not yet
+# timed against the FMA bodies, bench/gpu_attention_live.py), "2" (queries and
+# probabilities in two bf16 terms each, near f32) or "1" (one term: for sweeps, to measure
+# what the second costs). bf16 KV planes only: attention_split_constants refuses f32 and
+# e4m3 planes while it is on.
+ATTN_MMA = os.environ.get("HELIOS_ATTN_MMA", "off")
+ATTN_MMA_TERMS = {"off": 0, "1": 1, "2": 2}
 # Grouped expert product tiles at capture (HELIOS_MOE_TILES="BLOCK_N,BLOCK_K,WARPS";
 # empty: moe_constants' rule).
 MOE_TILES = os.environ.get("HELIOS_MOE_TILES", "")
@@ -561,7 +569,8 @@ def mma_plan(T: int, N: int, K: int, rule: str = "") -> int | None:
 
 
 def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT: int,
-                              rule: str = "", tuned: bool = False) -> dict[str, int]:
+                              rule: str = "", tuned: bool = False, plane: str = "f32",
+                              mma: str = "") -> dict[str, int]:
     """Variant constants (with ``WARPS``) of ``attention_decode_split`` under `rule`; the
     grid is ``(B, KVH if GROUPED else H, NS)``.
 
@@ -587,11 +596,17 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
     programs in all, ``_attention_live``) unless that knob is 0, where they keep a
     program per split (several a program for one-tile splits: ``_attention_spp``).
 
+    `mma` (default ``ATTN_MMA``, ``HELIOS_ATTN_MMA``) other than "off", rule v3 and not
+    `tuned`: ``GROUPED=4``, the tensor-core body with ``TERMS`` = `mma` (``_attention_mma``),
+    on the same grids; `plane` ("f32", "bf16" or "e4m3": the cache planes' dtype) must be
+    "bf16". The tuned kernel and rules v1 / v2 keep their FMA bodies whatever `mma` says.
+
     Raises:
-        ValueError: an unknown rule.
+        ValueError: an unknown rule or `mma` value; `mma` on with planes other than bf16.
     """
     rule = rule or ATTN_RULE
     bhd = _np2(HD, 16)
+    mma = _attention_mma(mma, plane)
     if rule == "v1":
         grouped = int(B <= 8 and HD <= 64)  # measured on the H200, see the kernel
         return dict(BLOCK_N=64, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH, 16), GROUPED=grouped,
@@ -604,6 +619,9 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
         # the tuner's largest count, the others are timed against it at startup.
         bn = min(_np2(SPLIT, 16), 64)
         live = {} if tuned else _attention_live(B, KVH, NS)
+        if mma and not tuned:  # any SPLIT: one tile, or the online walk over BLOCK_N tiles
+            return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH, 16), GROUPED=4,
+                        TERMS=mma, EVEN_HD=int(HD == bhd), WARPS=4, **live)
         if bn < SPLIT and not tuned:
             return dict(BLOCK_N=bn, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=3,
                         EVEN_HD=int(HD == bhd), WARPS=4, **live)
@@ -617,6 +635,27 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
         raise ValueError(f"unknown attention rule {rule!r}; known: v1, v2, v3")
     return dict(BLOCK_N=64, BLOCK_HD=bhd, BLOCK_G=_np2(H // KVH), GROUPED=2,
                 EVEN_HD=int(HD == bhd), WARPS=4)
+
+
+def _attention_mma(mma: str, plane: str) -> int:
+    """TERMS of the tensor-core decode body asked for by `mma` ("" reads ``ATTN_MMA``),
+    0 for "off", over planes of dtype `plane`.
+
+    Raises:
+        ValueError: `mma` not "off", "1" or "2"; or on with `plane` other than "bf16" (the
+            body feeds bf16 keys and values to the MMA as stored: f32 planes would be
+            rounded, e4m3 codes need their scales).
+    """
+    mma = mma or ATTN_MMA
+    if mma not in ATTN_MMA_TERMS:
+        raise ValueError(f"HELIOS_ATTN_MMA must be 'off', '1' or '2', got {mma!r}")
+    terms = ATTN_MMA_TERMS[mma]
+    if terms and plane != "bf16":
+        raise ValueError(f"HELIOS_ATTN_MMA={mma} (tensor-core decode attention, GROUPED=4) "
+                         f"reads bf16 KV planes only; this cache's planes are {plane}: "
+                         "export with --kv-cache-dtype bf16 or capture with "
+                         "HELIOS_ATTN_MMA=off")
+    return terms
 
 
 # Rule v3 runs several splits per program only from this many splits (8,192-position
@@ -970,7 +1009,8 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = (),
     """
     s = [int(x) if not isinstance(x, float) else x for x in scalars]
     # An e4m3- or bf16-cache form (kernels/kv_fp8.py, kv_bf16.py) has its f32 op's
-    # scalars and geometry.
+    # scalars and geometry (the cache planes' dtype chooses the decode attention body).
+    plane = "e4m3" if op in KV_FP8_BASE else "bf16" if op in KV_BF16_BASE else "f32"
     op = KV_FP8_BASE.get(op, KV_BF16_BASE.get(op, op))
     if op == "embedding":
         T, D = s
@@ -1060,7 +1100,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = (),
         # the tuned count exit at once): the same grid and constants.
         B, H, KVH, HD, NS, SPLIT = s[0], s[3], s[4], s[5], s[6], s[7]
         c = attention_split_constants(B, H, KVH, HD, NS, SPLIT,
-                                      tuned=op == "attention_decode_split_tuned")
+                                      tuned=op == "attention_decode_split_tuned", plane=plane)
         z = c["LIVE"] if c.get("LIVE") else _cdiv(NS, c.get("SPP", 1))
         return _cfg((B, KVH if c["GROUPED"] else H, z), c.pop("WARPS"), **c)
     if op == "attention_decode_fused":

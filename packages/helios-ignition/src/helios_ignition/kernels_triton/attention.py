@@ -577,12 +577,13 @@ def _split_fma_at(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v
 def _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale,
                     part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                     BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr,
-                    GROUPED: tl.constexpr, LIVE: tl.constexpr):
-    """GROUPED=2 or 3 over a row's live splits only; grid ``(B, KVH, LIVE)``.
+                    GROUPED: tl.constexpr, LIVE: tl.constexpr, TERMS: tl.constexpr = 2):
+    """GROUPED=2, 3 or 4 over a row's live splits only; grid ``(B, KVH, LIVE)``.
 
     Row ``b`` has ``n = min(ceil(ctx / SPLIT), NS)`` live splits (none for a padding
     row). Program ``z`` computes splits ``z, z + LIVE, z + 2 LIVE, .. < n`` one after the
-    other (``_split_fma_at``, or ``_split_fma_online_at`` for GROUPED=3: the partition
+    other (``_split_fma_at``, ``_split_fma_online_at`` for GROUPED=3 or ``_split_mma_at``
+    for GROUPED=4 with its TERMS: the partition
     and every split's arithmetic are those of the grid of NS programs a row, so the
     results do not depend on LIVE or on the bucket), then
     stores only ``part_ml = (-1e30, 0)`` for its splits ``n .. NS-1``: the merge
@@ -599,7 +600,11 @@ def _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, k_scale,
         ctx = tl.load(positions + b) + 1
         n = tl.minimum((ctx + SPLIT - 1) // SPLIT, NS)
         for sp in range(z, n, LIVE):
-            if GROUPED == 3:
+            if GROUPED == 4:
+                _split_mma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml,
+                              part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N,
+                              BLOCK_HD, BLOCK_G, EVEN_HD, TERMS)
+            elif GROUPED == 3:
                 _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache,
                                      k_scale, v_scale, part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale,
                                      sp, BLOCK_N, BLOCK_HD, BLOCK_G, EVEN_HD)
@@ -717,24 +722,128 @@ def _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache, k_s
 
 
 @triton.jit
+def _split_mma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o, B, MP, PT,
+                  H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N: tl.constexpr,
+                  BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr,
+                  TERMS: tl.constexpr):
+    """GROUPED=4: split ``sp`` of row ``b`` (program ids 0 and 1) for every query head of
+    kv head ``kvh``, the dots on the tensor cores; bf16 planes only.
+
+    The split-K partition, outputs and empty-split contract are ``_split_fma_at``'s:
+    positions ``[sp * SPLIT, min(sp * SPLIT + SPLIT, ctx))``; ``part_ml[b, h, sp] =
+    (max, sum exp)`` (f32) and the unnormalized ``part_o[b, h, sp, :HD]`` (f32); an empty
+    split (or padding row) runs no tile and stores ``(-1e30, 0)`` and zeros. So the merge
+    and the partial buffers are unchanged.
+
+    The ``G = H / KVH`` scaled queries of the kv head are the M side of the MMA (FlashInfer's
+    GQA tensor-core decode; FlashDecoding's split-K): a ``[BLOCK_G >= 16, BLOCK_HD]`` f32
+    tile, rows ``G..`` zero (not stored). Each ``[BLOCK_N, BLOCK_HD]`` key and value tile
+    is loaded from its pages as bf16 (no widening) and feeds ``tl.dot`` directly with f32
+    accumulation; the split is walked in BLOCK_N-position tiles with an online softmax
+    (one pass when SPLIT <= BLOCK_N). Keys and values are exact bf16 values, but the
+    queries and the probabilities are f32: TERMS=2 (the default) splits each into two bf16
+    terms, ``q = q_hi + q_lo`` with ``q_hi = bf16(q)``, ``q_lo = bf16(q - q_hi)`` (both
+    round to nearest even), scores ``= q_lo K^T + q_hi K^T``, and likewise ``p = p_hi +
+    p_lo`` for ``P V``; the sum of exponentials is taken from the f32 ``p``. What the two
+    terms leave out is ``q - q_hi - q_lo`` (at most 2**-17 of |q| an element: about 16
+    bits of mantissa against f32's 24), so the dots are near, not equal to, the f32 FMA
+    bodies'. TERMS=1 keeps ``q_hi`` and ``p_hi`` only (2**-9 of an element: for the
+    sweep, to measure what the second term costs; not for serving).
+
+    Measured error against the float64 NumPy evaluation of the same splits over the same
+    bf16 keys/values and f32 queries (scripts/interpret_kernels.py ``attnmma``: Triton's
+    interpreter, bf16 operands widened exactly, f32 accumulation; standard-normal queries,
+    keys/values 2x standard normal rounded to bf16, scale HD**-0.5; H/KVH/HD 32/8/128,
+    9/3/64, 6/2/40; one- to four-tile splits): TERMS=2, split maxima within 1.8e-5 (logit
+    units; the f32 FMA reference's 9e-7), sums of exponentials and split outputs within
+    1.3e-5 relative, the merged output within 3.9e-6 of max |output| (the f32 reference's
+    9e-7); TERMS=1: 1.2e-2, 8.6e-3 and 2.6e-3. The tensor cores' own accumulation order
+    is not the interpreter's: tests/gpu/test_kv_bf16.py holds the device's bound.
+    """
+    tl.static_assert(k_cache.dtype.element_ty == tl.bfloat16,
+                     "GROUPED=4 (tensor-core decode attention) reads bf16 KV planes only")
+    tl.static_assert(BLOCK_G >= 16, "GROUPED=4 pads the query heads to 16 MMA rows at least")
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    G = H // KVH
+    if EVEN_HD:  # HD == BLOCK_HD: offsets are visibly multiples of a power of two >= 16
+        HD = BLOCK_HD
+    d = tl.arange(0, BLOCK_HD)
+    md = d < HD
+    g = tl.arange(0, BLOCK_G)
+    mg = g < G
+    if EVEN_HD:
+        mo = mg[:, None]
+    else:
+        mo = mg[:, None] & md[None, :]
+    s = tl.load(slot + b)
+    ctx = tl.load(positions + b) + 1
+    lo = sp * SPLIT
+    hi = tl.where(s >= 0, tl.minimum(lo + SPLIT, ctx), lo)
+    width = (H + 2 * KVH) * HD
+    q = tl.load(qkv + b * width + (kvh * G + g[:, None]) * HD + d[None, :], mask=mo,
+                other=0.0) * scale
+    q_hi = q.to(tl.bfloat16, fp_downcast_rounding="rtne")
+    q_lo = (q - q_hi.to(tl.float32)).to(tl.bfloat16, fp_downcast_rounding="rtne")
+    m_i = tl.zeros((BLOCK_G,), tl.float32) + NEG_BIG
+    l_i = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_HD), tl.float32)
+    row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
+    for j0 in range(lo, hi, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        mj = j < hi
+        page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+        off = ((page * PT + j % PT) * KVH + kvh) * HD
+        if EVEN_HD:
+            mkv = mj[:, None]
+        else:
+            mkv = mj[:, None] & md[None, :]
+        k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        kt = tl.trans(k)
+        if TERMS == 2:  # the small term first: it is added to the large one's products
+            sc = tl.dot(q_hi, kt, tl.dot(q_lo, kt))
+        else:
+            sc = tl.dot(q_hi, kt)
+        sc = tl.where(mj[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = libdevice.exp(m_i - m_new)
+        p = libdevice.exp(sc - m_new[:, None])
+        p_hi = p.to(tl.bfloat16, fp_downcast_rounding="rtne")
+        if TERMS == 2:
+            p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16, fp_downcast_rounding="rtne")
+            o = tl.dot(p_hi, v, tl.dot(p_lo, v))
+        else:
+            o = tl.dot(p_hi, v)
+        acc = acc * alpha[:, None] + o
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    base = (b * H + kvh * G + g) * NS + sp
+    tl.store(part_ml + base * 2, m_i, mask=mg)
+    tl.store(part_ml + base * 2 + 1, l_i, mask=mg)
+    tl.store(part_o + base[:, None] * HD + d[None, :], acc, mask=mo)
+
+
+@triton.jit
 def attention_decode_split(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o,
                            B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                            BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
                            EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1,
-                           LIVE: tl.constexpr = 0):
+                           LIVE: tl.constexpr = 0, TERMS: tl.constexpr = 2):
     """Per-split softmax statistics (``attention_decode_split``) over f32 planes:
     ``_split_body``."""
     _split_body(qkv, positions, slot, page_table, k_cache, v_cache, k_cache, v_cache, part_ml,
                 part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD, BLOCK_G,
-                GROUPED, EVEN_HD, SPP, LIVE)  # f32 planes: no scales
+                GROUPED, EVEN_HD, SPP, LIVE, TERMS)  # f32 planes: no scales
 
 
 @triton.jit
 def _split_body(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
                 part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N: tl.constexpr,
                 BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, GROUPED: tl.constexpr,
-                EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1, LIVE: tl.constexpr = 0):
-    """Per-split softmax statistics (``attention_decode_split``), four layouts:
+                EVEN_HD: tl.constexpr = 0, SPP: tl.constexpr = 1, LIVE: tl.constexpr = 0,
+                TERMS: tl.constexpr = 2):
+    """Per-split softmax statistics (``attention_decode_split``), five layouts:
 
     GROUPED=1, grid ``(B, KVH, NS)``: the query heads of a kv head form one MMA tile, so
     each cached key/value is read once per kv head (rule v1 for SmolLM2 batch <= 8).
@@ -744,11 +853,14 @@ def _split_body(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_s
     empty splits exit after their stores (rule v2; see ``_split_fma``). GROUPED=3, grid
     ``(B, KVH, NS)``: GROUPED=2's tile reuse for splits of any length, the online state
     of every query head of the kv head in registers (see ``_split_fma_online``).
+    GROUPED=4, grid ``(B, KVH, NS)`` (bf16 planes only; opt-in, HELIOS_ATTN_MMA): the
+    query heads of a kv head padded to BLOCK_G >= 16 rows as the M side of bf16 tensor-core
+    dots, queries and probabilities in TERMS bf16 terms (``_split_mma_at``).
     EVEN_HD=1 (HD == BLOCK_HD only) drops the head-dim masks and computes offsets with the
     constant BLOCK_HD, which Triton sees divides them, so cache loads are 128-bit
-    (GROUPED=2 and 3 only). SPP (GROUPED=2 only): splits per program, grid
+    (GROUPED=2, 3 and 4 only). SPP (GROUPED=2 only): splits per program, grid
     ``(B, KVH, cdiv(NS, SPP))``; the same results for any SPP. LIVE > 0 (GROUPED 2 without
-    SPP, or 3): grid ``(B, KVH, LIVE)``, each program strides over its row's live splits
+    SPP, 3 or 4): grid ``(B, KVH, LIVE)``, each program strides over its row's live splits
     only and leaves the outputs of empty splits unwritten (``_split_fma_live``); the same
     results for any LIVE. Swept by bench/gpu_attention_sweep.py, gpu_attention_long.py
     and gpu_attention_live.py.
@@ -756,7 +868,11 @@ def _split_body(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_s
     if LIVE > 0:
         _split_fma_live(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale,
                         part_ml, part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N,
-                        BLOCK_HD, BLOCK_G, EVEN_HD, GROUPED, LIVE)
+                        BLOCK_HD, BLOCK_G, EVEN_HD, GROUPED, LIVE, TERMS)
+    elif GROUPED == 4:
+        _split_mma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o, B,
+                      MP, PT, H, KVH, HD, NS, SPLIT, scale, tl.program_id(2), BLOCK_N,
+                      BLOCK_HD, BLOCK_G, EVEN_HD, TERMS)
     elif GROUPED == 3:
         _split_fma_online(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_scale, part_ml,
                           part_o, B, MP, PT, H, KVH, HD, NS, SPLIT, scale, BLOCK_N, BLOCK_HD,
