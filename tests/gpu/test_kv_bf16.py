@@ -167,6 +167,72 @@ def test_attention_decode_split_bf16kv(gpu, rng, monkeypatch, rule, H, KVH, HD, 
     assert rel(got["part_o"][:, :, :16], tpo[:, :, :16]) < 1e-5
 
 
+# The tensor-core body's bounds by TERMS (scripts/interpret_kernels.py MMA_TOL, measured
+# there against float64: worst 1.8e-5 with two terms, 1.2e-2 with one), on the merged
+# output's max |error| over max |output|, the split maxima's max |error| (logit units)
+# and the sums' and split outputs' max relative errors, against the f32 reference (whose
+# own error is ~1e-6).
+MMA_TOL = {2: 5e-5, 1: 5e-2}
+
+
+@pytest.mark.parametrize("terms", [2, 1])
+@pytest.mark.parametrize("layout", ["live", "grid"])
+@pytest.mark.parametrize("H,KVH,HD,B,ctx,capacity", [
+    (32, 8, 128, 256, 780, 4096), (32, 8, 128, 64, 1100, 8192), (32, 8, 128, 2, 2000, 2048),
+    (9, 3, 64, 64, 130, 8192), (9, 3, 64, 8, 4000, 4096), (6, 2, 40, 5, 700, 8192),
+    (32, 8, 128, 8, 3000, 32768), (9, 3, 64, 5, 3000, 32768)])  # fmt: skip
+def test_attention_decode_split_mma_bf16kv(gpu, rng, monkeypatch, terms, layout, H, KVH, HD,
+                                           B, ctx, capacity):
+    """The opt-in tensor-core body (HELIOS_ATTN_MMA, GROUPED=4: query heads padded to 16
+    MMA rows, bf16 K/V tiles into ``tl.dot``) over the live layout and the grid of NS
+    splits, one-tile splits (capacities to 8,192) and walks of 4 tiles (32,768: splits of
+    256), against the f32 NumPy reference within MMA_TOL[terms]; outputs NaN-poisoned,
+    NaN bits past each row's context and unmapped pages past its last page; empty splits
+    exactly (-1e30, 0) (and zero outputs on the NS grid); a padding row zeros."""
+    from helios_ignition.capture import launch
+    from helios_ignition.capture.buffers import decode_splits
+
+    monkeypatch.setattr(launch, "ATTN_RULE", "v3")
+    monkeypatch.setattr(launch, "ATTN_MMA", str(terms))
+    monkeypatch.setattr(launch, "ATTN_LIVE", 4096 if layout == "live" else 0)
+    monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 1)
+    PT = 16
+    MP = capacity // PT
+    NS, split = decode_splits(capacity)
+    pages, kc, vc, kn, vn, qkv, slot, pos = _case(rng, H, KVH, HD, B, ctx, MP=MP)
+    scale = HD ** -0.5
+    args = (B, MP, PT, H, KVH, HD, NS, split, scale)
+    c = launch.attention_split_constants(B, H, KVH, HD, NS, split, plane="bf16")
+    assert c["GROUPED"] == 4 and c["TERMS"] == terms and c["BLOCK_G"] == 16
+    ml = np.zeros((B, H, NS, 2), np.float32)
+    po = np.zeros((B, H, NS, HD), np.float32)
+    K.reference_op("attention_decode_split_bf16kv")(qkv, pos, slot, pages, kc, vc, ml, po,
+                                                    *args)
+    ref = np.zeros((B, H * HD), np.float32)
+    K.attention_decode_merge(ml, po, slot, ref, B, H, HD, NS)
+    got = gpu.run("attention_decode_split_bf16kv", qkv, pos, slot, pages, kn, vn,
+                  np.zeros_like(ml), np.zeros_like(po), *args)
+    out = gpu.run("attention_decode_merge", got["part_ml"], got["part_o"], slot,
+                  np.zeros_like(ref), B, H, HD, NS)["out"]
+    live = slot >= 0
+    written = live[:, None, None] & (ml[..., 1] != 0)
+    empty = live[:, None, None] & (ml[..., 1] == 0)
+    gml, gpo = got["part_ml"], got["part_o"]
+    assert np.isfinite(out).all() and np.isfinite(gml[live]).all()
+    assert np.isfinite(gpo[written]).all()
+    assert np.array_equal(gml[empty], ml[empty])  # (-1e30, 0)
+    if layout == "grid":
+        assert (gpo[empty] == 0).all()
+    assert (out[~live] == 0).all()
+    errs = {"out": float(np.abs(out - ref).max() / np.abs(ref).max()),
+            "max": float(np.abs(gml[..., 0][written] - ml[..., 0][written]).max()),
+            "sum": float((np.abs(gml[..., 1][written] - ml[..., 1][written])
+                          / ml[..., 1][written]).max()),
+            "o": float(np.abs(gpo[written] - po[written]).max() / np.abs(po[written]).max())}
+    print(f"GROUPED=4 TERMS={terms} {layout} H={H} B={B} ctx={ctx} cap={capacity}:", errs)
+    assert max(errs.values()) < MMA_TOL[terms], errs
+
+
 @pytest.mark.parametrize("H,KVH,HD,B,ctx", [(9, 3, 64, 8, 60), (32, 8, 128, 1, 2048),
                                              (32, 8, 128, 64, 700), (6, 2, 40, 5, 700)])
 def test_attention_decode_fused_bf16kv(gpu, rng, H, KVH, HD, B, ctx):
