@@ -1,11 +1,13 @@
 """Decode attention at many rows (issue 27): rule v3's live-split layout (``LIVE``,
 ``HELIOS_ATTN_LIVE``) against the NS-programs-a-row grid it replaces, over f32 and bf16
-KV planes, with the live layout's warps and tile length as further axes; on the device,
+KV planes, with the live layout's warps and tile length as further axes, and over bf16
+planes the opt-in tensor-core body (``GROUPED=4``, ``HELIOS_ATTN_MMA``); on the device,
 each variant verified first.
 
     python bench/gpu_attention_live.py --json OUT.json [--quick] [--budget-s 420]
         [--dry-run] [--models llama8b smollm2] [--planes f32 bf16]
         [--targets 1024 2048 4096 8192] [--warps 4] [--block-n 64]
+        [--mma-terms 2] [--mma-targets 4096]
         [--rows 1 8 64 256] [--positions 160 1024 2048 4096] [--capacities 2048 8192]
 
 At 256 rows of ~160 positions the 8B geometry's ``attention_decode_split`` took ~400 us a
@@ -32,6 +34,12 @@ repeats; replayed for at least 30 ms, 5 to 200 times) for:
   every query head's online state (``GROUPED=3``, the rule's body for longer splits); a b
   longer than SPLIT or not dividing it is skipped with its reason printed. A variant whose
   constants equal an earlier one's is not repeated.
+- ``mmaK T Ln Ww Nb`` (bf16 planes only): the tensor-core body (``GROUPED=4``,
+  kernels_triton/attention.py ``_split_mma_at``: the query heads of a kv head padded to
+  16 MMA rows, bf16 K/V tiles fed to ``tl.dot`` as stored) with K bf16 terms of the
+  queries and probabilities (``--mma-terms``: 2 is the servable form, 1 measures what the
+  second term costs) in the live layout at the targets ``--mma-targets``, x WARPS x
+  BLOCK_N as above (a b shorter than SPLIT walks the split's tiles in the same body).
 
 Every variant runs once first with NaN-poisoned outputs: the merged output of up to 6
 rows must match the NumPy reference of its plane dtype (``attention_decode_split`` or
@@ -40,7 +48,11 @@ rows must match the NumPy reference of its plane dtype (``attention_decode_split
 must be bitwise ``old``'s of the same planes where the variant keeps old's split
 arithmetic (same BLOCK_N and body: speculative verification rows and decode rows sit in
 different buckets). A variant with another BLOCK_N or body reduces in another order
-(``reorders`` in the JSON): only the reference applies to it. Prints per geometry and
+(``reorders`` in the JSON): only the reference applies to it. The tensor-core body
+always reorders and is held to its own bound instead of 1e-5 (``rel`` below
+``launch.ATTN_MMA_BOUND[K]``: 5e-5 with two terms, 5e-2 with one; ``tol`` in the JSON);
+one-term rows are timed and tabled but never picked as a cell's fastest (``serving``
+false: not for serving). Prints per geometry and
 plane dtype a table of us per layer, the fraction of the copy roofline and old's time over
 this one; then the fastest verified variant of each cell. The roofline: the live KV bytes
 (K and V, 4 bytes an element in f32 planes, 2 in bf16) over the time, against the bytes a
@@ -51,9 +63,14 @@ local (spill) bytes, the commit and the card.
 
 ``--quick`` is the preset one device call holds (about 6 minutes of a warm H100 with
 compiles): the 8B geometry, 64 and 256 rows, 1,024 and 2,048 positions at a 4,096-position
-capacity, both planes, LIVE targets 2,048-16,384, WARPS 4 and 8, BLOCK_N 64 and 32 (flags
-given beside it override its values). ``--dry-run`` (no GPU) compiles every variant for
-sm_90 and prints how many rows a run would time.
+capacity, both planes, LIVE targets 2,048-16,384, WARPS 4 and 8, BLOCK_N 64 and 32, and
+the tensor-core body with 2 and 1 terms at LIVE targets 4,096 and 16,384 (flags given
+beside it override its values): 200 timed rows, 75 kernels. Left out of it to stay
+within the call: the tensor-core body at the 2,048 and 8,192 targets, and BLOCK_N 128
+(the preset's splits are 64 positions: a 128 tile would be half masked; ``--capacities
+16384 --block-n 128`` times it on 128-position splits; it compiles at 204-255 registers
+without spills). ``--dry-run`` (no GPU) compiles every variant for sm_90 and prints how
+many rows a run would time.
 """
 
 from __future__ import annotations
@@ -84,7 +101,7 @@ TIMED_S = 0.03  # seconds of replays a row is timed over, at least
 # positions (decode_splits: 64 splits of 64), where the 8B decode step is attention-bound.
 QUICK = dict(models=["llama8b"], rows=[64, 256], positions=[1024, 2048], capacities=[4096],
              planes=["f32", "bf16"], targets=[2048, 4096, 8192, 16384], warps=[4, 8],
-             block_n=[64, 32], budget_s=330)
+             block_n=[64, 32], mma_terms=[2, 1], mma_targets=[4096, 16384], budget_s=330)
 
 
 def _key(c: dict) -> tuple:
@@ -96,7 +113,9 @@ class Variant:
     """One split + merge layout: ``split`` and ``merge`` are the constants (with WARPS) of
     ``attention_decode_split`` (or its bf16 form) and ``attention_decode_merge``;
     ``reorders``: its split arithmetic is not old's (another BLOCK_N or body), so its
-    results need not be bitwise old's."""
+    results need not be bitwise old's; ``planes``: the plane dtypes it runs over; ``tol``:
+    its bound on ``rel`` against the reference; ``serving``: a form that may be picked as
+    a cell's fastest (the tensor-core body's one-term form is for measuring only)."""
 
     label: str
     ns: int
@@ -104,13 +123,19 @@ class Variant:
     split: dict
     merge: dict
     reorders: bool
+    planes: tuple[str, ...] = tuple(PLANES)
+    tol: float = REF_REL
+    serving: bool = True
 
 
 def variants(B: int, H: int, KVH: int, HD: int, cap: int, targets: list[int],
-             warps: list[int] = (4,), block_ns: list[int] = (64,)
+             warps: list[int] = (4,), block_ns: list[int] = (64,),
+             mma_terms: list[int] = (), mma_targets: list[int] = ()
              ) -> tuple[list[Variant], list[str]]:
-    """``old`` first, then one per distinct live layout x WARPS x BLOCK_N; and the reasons
-    of the combinations skipped (a BLOCK_N longer than SPLIT, or not dividing it)."""
+    """``old`` first, then one per distinct live layout x WARPS x BLOCK_N, each target's
+    tensor-core variants (bf16 planes: `mma_targets` x BLOCK_N x WARPS x `mma_terms`)
+    after its FMA ones; and the reasons of the combinations skipped (a BLOCK_N longer than
+    SPLIT, or not dividing it)."""
     from helios_ignition.capture import launch
     from helios_ignition.capture.buffers import decode_splits
 
@@ -124,28 +149,43 @@ def variants(B: int, H: int, KVH: int, HD: int, cap: int, targets: list[int],
         old = launch.attention_split_constants(B, H, KVH, HD, ns, split, "v3")
         out.append(Variant("old", ns, split, old, merge, False))
         seen.add(_key(old))
-        for t in dict.fromkeys([saved[0], *targets]):  # the default's label first
+        fma_targets = dict.fromkeys([saved[0], *targets])
+        for t in dict.fromkeys([*fma_targets, *mma_targets]):  # the default's label first
             if t <= 0:
                 continue
             launch.ATTN_LIVE = t
             c = launch.attention_split_constants(B, H, KVH, HD, ns, split, "v3")
+            mark = "*" if t == saved[0] else ""
             for bn in block_ns:
                 if bn > split or split % bn:
                     skipped.append(f"BLOCK_N {bn} at SPLIT {split}: "
                                    + ("longer than a split" if bn > split
                                       else "does not divide a split"))
                     continue
-                for w in warps:
+                for w in warps if t in fma_targets else ():
                     # one tile a split (GROUPED=2) or the online walk over its tiles
                     # (GROUPED=3): launch.attention_split_constants' own choice by length
                     v = dict(c, WARPS=w, BLOCK_N=bn, GROUPED=2 if bn >= split else 3)
                     if _key(v) in seen:
                         continue
                     seen.add(_key(v))
-                    mark = "*" if t == saved[0] else ""
                     reorders = (bn, v["GROUPED"]) != (old["BLOCK_N"], old["GROUPED"])
                     out.append(Variant(f"live {t}{mark} L{c['LIVE']} W{w} N{bn}", ns, split,
                                        v, merge, reorders))
+            for bn in block_ns if t in mma_targets else ():
+                if bn > split or split % bn:
+                    continue  # (named above)
+                for w in warps:
+                    for terms in mma_terms:
+                        m = launch.attention_split_constants(B, H, KVH, HD, ns, split, "v3",
+                                                             plane="bf16", mma=str(terms))
+                        v = dict(m, WARPS=w, BLOCK_N=bn)
+                        if _key(v) in seen:
+                            continue
+                        seen.add(_key(v))
+                        out.append(Variant(f"mma{terms} {t}{mark} L{m['LIVE']} W{w} N{bn}",
+                                           ns, split, v, merge, True, ("bf16",),
+                                           launch.ATTN_MMA_BOUND[terms], terms == 2))
     finally:
         launch.ATTN_LIVE, launch.ATTN_LIVE_MIN_ROWS = saved
     return out, list(dict.fromkeys(skipped))
@@ -164,11 +204,13 @@ def variant_table(args) -> tuple[dict, int, list[str]]:
         for model in args.models:
             H, KVH, HD = GEOMS[model]
             for cap in args.capacities:
-                vs, why = variants(B, H, KVH, HD, cap, args.targets, args.warps, args.block_n)
+                vs, why = variants(B, H, KVH, HD, cap, args.targets, args.warps, args.block_n,
+                                   args.mma_terms, args.mma_targets)
                 skipped += why
-                timed += len(vs) * len(args.planes) * sum(p <= cap for p in args.positions)
+                timed += (sum(len(set(v.planes) & set(args.planes)) for v in vs)
+                          * sum(p <= cap for p in args.positions))
                 for v in vs:
-                    for p in args.planes:
+                    for p in set(v.planes) & set(args.planes):
                         allv[PLANES[p][0]].setdefault(_key(v.split), v.split)
                     allv[MERGE].setdefault(_key(v.merge), v.merge)
     return allv, timed, list(dict.fromkeys(skipped))
@@ -192,13 +234,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="WARPS of the live layouts' split kernel (the rule's: 4)")
     ap.add_argument("--block-n", type=int, nargs="+", default=[64],
                     help="BLOCK_N of the live layouts' split kernel (the rule's: 64)")
+    ap.add_argument("--mma-terms", type=int, nargs="*", choices=[1, 2], default=[2],
+                    help="bf16 terms of the tensor-core body's variants (bf16 planes; "
+                         "none: no such variants)")
+    ap.add_argument("--mma-targets", type=int, nargs="+", default=[4096],
+                    help="HELIOS_ATTN_LIVE values of the tensor-core body's variants")
     ap.add_argument("--capacities", type=int, nargs="+", default=list(CAPACITIES),
                     help="positions of capacity (over 8,192: splits of several tiles)")
     ap.add_argument("--dry-run", action="store_true", help="compile only (no GPU)")
     if "--quick" in (sys.argv[1:] if argv is None else argv):
         ap.set_defaults(**QUICK)
     args = ap.parse_args(argv)
-    for name in ("rows", "positions", "targets", "warps", "block_n", "capacities"):
+    for name in ("rows", "positions", "targets", "warps", "block_n", "capacities",
+                 "mma_targets"):
         if min(getattr(args, name)) <= 0:
             ap.error(f"--{name.replace('_', '-')} takes positive integers")
     return args
@@ -323,7 +371,8 @@ def main() -> None:
             out0 = np.zeros((B, H * HD), np.float32)
             for cap in args.capacities:
                 MP = cap // PT
-                vlist, _ = variants(B, H, KVH, HD, cap, args.targets, args.warps, args.block_n)
+                vlist, _ = variants(B, H, KVH, HD, cap, args.targets, args.warps, args.block_n,
+                                    args.mma_terms, args.mma_targets)
                 for npos in args.positions:
                     if npos > cap:
                         continue
@@ -358,7 +407,7 @@ def main() -> None:
                         old_out = None
                         for v in vlist:
                             kS, kM = (op, _key(v.split)), (MERGE, _key(v.merge))
-                            if kS not in fns or kM not in fns:
+                            if p not in v.planes or kS not in fns or kM not in fns:
                                 continue
                             if time.perf_counter() - t_start > args.budget_s - 5:
                                 skipped += 1
@@ -383,7 +432,7 @@ def main() -> None:
                                 old_out = got
                             same_as_old = (None if old_out is None else bool(
                                 np.array_equal(got.view(np.uint32), old_out.view(np.uint32))))
-                            ref_ok = finite and rel < REF_REL
+                            ref_ok = finite and rel < v.tol
                             ok = ref_ok and (v.reorders or same_as_old is True)
                             keep = []
                             drv.call("b", cu.cuStreamBeginCapture(
@@ -415,7 +464,8 @@ def main() -> None:
                                 "SPLIT": SPLIT, "grid": [B, KVH, z], "us": us, "GBps": gbps,
                                 "roofline_fraction": gbps / copy_gbps,
                                 "copy_read_fraction": gbps / copy_read_gbps,
-                                "kv_bytes": kv_bytes, "rel": rel, "finite": finite,
+                                "kv_bytes": kv_bytes, "rel": rel, "tol": v.tol,
+                                "serving": v.serving, "finite": finite,
                                 "bitwise_old": same_as_old, "reorders": v.reorders,
                                 "ref_ok": ref_ok, "ok": ok,
                                 "regs": [fns[kS][3], fns[kM][3]],
@@ -444,21 +494,24 @@ def main() -> None:
 
 def report(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
     """Print the failures, a table per (geometry, plane dtype) and the fastest verified
-    variant of each cell (and the fastest within the reference where that one is not
-    bitwise old's: a WARPS change may reorder a reduction too); returns the summary rows
-    and the best ones (JSON)."""
+    serving variant of each cell (and the fastest within the reference where that one is
+    not bitwise old's: a WARPS change may reorder a reduction too; and the tensor-core
+    body's fastest one-term row, which measures what its second term costs); returns the
+    summary rows and the best ones (JSON)."""
     bad = [r for r in rows if not r["ok"]]
     print(f"{len(bad)} of {len(rows)} rows failed verification")
     for r in bad:
         print("  FAIL", r["model"], r["planes"], r["B"], r["capacity"], r["positions"],
-              r["label"], "rel", r["rel"], "finite", r["finite"], "bitwise_old",
+              r["label"], "rel", r["rel"], "tol", r["tol"], "finite", r["finite"],
+              "bitwise_old",
               r["bitwise_old"], "reorders", r["reorders"])
     summary, best = [], []
     for model in args.models:
         for p in args.planes:
             print(f"\n{model}, {p} planes: us per layer (split + merge), fraction of the copy "
                   "roofline, old / this (> 1 faster); '!' off the reference, 'b' within it "
-                  "but not bitwise old's, '~' reorders (reference only)")
+                  "but not bitwise old's, '~' reorders (reference only), '1' one-term "
+                  "tensor-core form (within its bound; not for serving)")
             for cap in args.capacities:
                 for B in args.rows:
                     cell = [r for r in rows if (r["model"], r["planes"], r["capacity"], r["B"])
@@ -475,6 +528,7 @@ def report(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
                                 continue
                             x = o["us"] / r["us"] if o else float("nan")
                             flag = ("!" if not r["ref_ok"] else "b" if not r["ok"]
+                                    else "1" if not r["serving"]
                                     else "~" if r["reorders"] else "")
                             line += (f" @{pos:<5}{r['us']:8.1f} {r['roofline_fraction']:4.2f} "
                                      f"{x:5.2f}x{flag}")
@@ -492,8 +546,11 @@ def report(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
     for cell in cells:
         mine = [r for r in rows
                 if (r["model"], r["planes"], r["capacity"], r["B"], r["positions"]) == cell]
-        ok = [r for r in mine if r["ok"]]
-        near = min((r for r in mine if r["ref_ok"]), key=lambda r: r["us"], default=None)
+        ok = [r for r in mine if r["ok"] and r["serving"]]
+        near = min((r for r in mine if r["ref_ok"] and r["serving"]), key=lambda r: r["us"],
+                   default=None)
+        one = min((r for r in mine if r["ok"] and not r["serving"]), key=lambda r: r["us"],
+                  default=None)
         if not ok:
             print("  ", *cell, "no verified variant")
             continue
@@ -506,12 +563,16 @@ def report(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
                      "old_us": o["us"] if o else None,
                      "fastest_within_reference": None if alt is None else {
                          "label": alt["label"], "us": alt["us"],
-                         "roofline_fraction": alt["roofline_fraction"]}})
+                         "roofline_fraction": alt["roofline_fraction"]},
+                     "fastest_one_term": None if one is None else {
+                         "label": one["label"], "us": one["us"],
+                         "roofline_fraction": one["roofline_fraction"]}})
         print(f"  {cell[0]} {cell[1]:4} cap {cell[2]} B{cell[3]:<4} @{cell[4]:<5} "
               f"{r['label']:28} {r['us']:8.1f} {r['roofline_fraction']:4.2f}"
               + (f" (old {o['us']:.1f})" if o else "")
               + (f"; not bitwise old's: {alt['label']} {alt['us']:.1f} "
-                 f"{alt['roofline_fraction']:.2f}" if alt else ""))
+                 f"{alt['roofline_fraction']:.2f}" if alt else "")
+              + (f"; one term: {one['label']} {one['us']:.1f}" if one else ""))
     return summary, best
 
 
