@@ -183,7 +183,9 @@ def test_attention_decode_split_mma_bf16kv(gpu, rng, monkeypatch, terms, layout,
     output's max |error| over max |output|, the split maxima's max |error| (logit units)
     and the sums' and split outputs' max relative errors; outputs NaN-poisoned,
     NaN bits past each row's context and unmapped pages past its last page; empty splits
-    exactly (-1e30, 0) (and zero outputs on the NS grid); a padding row zeros."""
+    exactly (-1e30, 0) (and zero outputs on the NS grid); a padding row zeros. The live
+    layout's merged output is bitwise the NS grid's: a split's arithmetic does not depend
+    on which program computes it."""
     from helios_ignition.capture import launch
     from helios_ignition.capture.buffers import decode_splits
 
@@ -226,6 +228,13 @@ def test_attention_decode_split_mma_bf16kv(gpu, rng, monkeypatch, terms, layout,
             "o": float(np.abs(gpo[written] - po[written]).max() / np.abs(po[written]).max())}
     print(f"GROUPED=4 TERMS={terms} {layout} H={H} B={B} ctx={ctx} cap={capacity}:", errs)
     assert max(errs.values()) < launch.ATTN_MMA_BOUND[terms], errs
+    if layout == "live":
+        monkeypatch.setattr(launch, "ATTN_LIVE", 0)
+        again = gpu.run("attention_decode_split_bf16kv", qkv, pos, slot, pages, kn, vn,
+                        np.zeros_like(ml), np.zeros_like(po), *args)
+        grid = gpu.run("attention_decode_merge", again["part_ml"], again["part_o"], slot,
+                       np.zeros_like(ref), B, H, HD, NS)["out"]
+        assert np.array_equal(grid.view(np.uint32), out.view(np.uint32))
 
 
 @pytest.mark.parametrize("H,KVH,HD,B,ctx", [(9, 3, 64, 8, 60), (32, 8, 128, 1, 2048),
