@@ -146,7 +146,8 @@ def variants(B: int, H: int, KVH: int, HD: int, cap: int, targets: list[int],
     try:
         launch.ATTN_LIVE_MIN_ROWS = 1
         launch.ATTN_LIVE = 0
-        old = launch.attention_split_constants(B, H, KVH, HD, ns, split, "v3")
+        # the FMA layouts whatever HELIOS_ATTN_MMA says (it would refuse f32 planes)
+        old = launch.attention_split_constants(B, H, KVH, HD, ns, split, "v3", mma="off")
         out.append(Variant("old", ns, split, old, merge, False))
         seen.add(_key(old))
         fma_targets = dict.fromkeys([saved[0], *targets])
@@ -154,7 +155,7 @@ def variants(B: int, H: int, KVH: int, HD: int, cap: int, targets: list[int],
             if t <= 0:
                 continue
             launch.ATTN_LIVE = t
-            c = launch.attention_split_constants(B, H, KVH, HD, ns, split, "v3")
+            c = launch.attention_split_constants(B, H, KVH, HD, ns, split, "v3", mma="off")
             mark = "*" if t == saved[0] else ""
             for bn in block_ns:
                 if bn > split or split % bn:

@@ -106,8 +106,10 @@ def test_quick_preset_tensor_core_variants_at_256_rows(live):
     """Each target's tensor-core variants follow its FMA ones; bf16 planes only, always
     reordering, held to the body's bound by terms, the one-term form not servable."""
     args = live.parse_args(["--quick"])
+    before = launch.ATTN_MMA, launch.ATTN_LIVE
     vs, _ = live.variants(256, 32, 8, 128, 4096, args.targets, args.warps, args.block_n,
                           args.mma_terms, args.mma_targets)
+    assert (launch.ATTN_MMA, launch.ATTN_LIVE) == before  # restored
     labels = [v.label for v in vs]
     mma = [v for v in vs if v.label.startswith("mma")]
     assert [v.label for v in mma] == [
@@ -122,7 +124,6 @@ def test_quick_preset_tensor_core_variants_at_256_rows(live):
     assert [(v.tol, v.serving) for v in mma[:2]] == [(5e-5, True), (5e-2, False)]
     assert all(v.planes == ("f32", "bf16") and v.tol == 1e-5 and v.serving
                for v in vs if v not in mma)
-    assert launch.ATTN_MMA == "off" and launch.ATTN_LIVE == 4096  # restored
 
 
 def test_tensor_core_variants_default_and_off(live):
