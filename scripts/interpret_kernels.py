@@ -854,8 +854,9 @@ def check_attention_mma(rng) -> bool:
     outputs' max relative errors; (b) the f32 reference of ``attention_decode_split_bf16kv``
     (NumPy) and (c) the f32 FMA body (GROUPED=2 or 3, interpreted, same planes): max abs
     error of the merged output. Bound: (a)'s errors within ``launch.ATTN_MMA_BOUND`` of
-    the TERMS; empty splits exactly (-1e30, 0) (and zeros in the NS grid). Then the launch rule's constants (HELIOS_ATTN_MMA=2, bf16
-    planes) through ``launch``, and its refusal of f32 planes."""
+    the TERMS; empty splits exactly (-1e30, 0) (and zeros in the NS grid). Then the
+    launch rule's constants (HELIOS_ATTN_MMA=2, bf16 planes) through ``launch``; f32
+    planes keeping the FMA body; e4m3 planes refused."""
     from helios_ignition.capture import launch as L
     from helios_tools.kernels.kv_bf16 import decode_bf16, encode_bf16
 
@@ -967,16 +968,19 @@ def check_attention_mma(rng) -> bool:
             err = float(np.abs(out - xout).max() / np.abs(xout).max())
             good = (got["GROUPED"] == 4 and got["TERMS"] == 2 and got["BLOCK_G"] == 16
                     and np.isfinite(out).all() and err < L.ATTN_MMA_BOUND[2])
+            # f32 planes (what capture records before the bf16 rewrite): the FMA body
+            f32 = launch("attention_decode_split", qkv, pos, slot, pages, decode_bf16(kc),
+                         decode_bf16(vc), gml, gpo, *args)
+            good &= f32["GROUPED"] == 2 and "TERMS" not in f32
             try:
-                launch("attention_decode_split", qkv, pos, slot, pages, decode_bf16(kc),
-                       decode_bf16(vc), gml, gpo, *args)
+                L.launch_config("attention_decode_split_fp8kv", list(args))
                 refused = "not refused"
             except ValueError as exc:
                 refused = str(exc)
-            good &= "bf16 KV planes only" in refused
+            good &= "bf16 KV planes only, not e4m3 planes" in refused
             ok &= good
             print(f"{'ok ' if good else 'BAD'} HELIOS_ATTN_MMA=2 rule: {got}: vs f64 out "
-                  f"{err:.1e}; f32 planes: {refused}")
+                  f"{err:.1e}; f32 planes: GROUPED={f32['GROUPED']}; e4m3 planes: {refused}")
         finally:
             L.ATTN_MMA = saved
     finally:
@@ -1757,6 +1761,7 @@ def main() -> None:
         ok &= check_wide(full=False)
         ok &= check_race(full=False)
         ok &= check_attention(rng)
+        ok &= check_attention_mma(rng)
         ok &= check_scores(rng, 4097)
         ok &= check_window(rng)
         ok &= check_mixed(rng)

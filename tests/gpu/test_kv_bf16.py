@@ -364,3 +364,59 @@ def _written(model, steps, plane: str, n: int) -> np.ndarray:
     bits = encode_bf16(rows.reshape(-1, *values.shape[2:])[:n])
     assert np.array_equal(decode_bf16(bits), rows.reshape(-1, *values.shape[2:])[:n])
     return bits
+
+
+@pytest.fixture(scope="module")
+def mma_model(gpu, tmp_path_factory):
+    """SmolLM2 with a bf16 cache exported with HELIOS_ATTN_MMA=2: its decode attention on
+    the tensor-core body (the `models` fixture's export otherwise)."""
+    from helios_ignition.capture import launch
+    from helios_ignition.export import export_core
+    from helios_serve.runtime.cache_sizing import CacheSizing
+    from helios_serve.testing.native import load_native
+    from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
+
+    d = tmp_path_factory.mktemp("kvbf16mma")
+    key = d / "key.pem"
+    write_key_pair(generate_key(), key)
+    out = d / "smollm2-kvbf16-mma.core"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launch, "ATTN_MMA", "2")
+        mp.setattr(launch, "ATTN_RULE", "v3")
+        export_core(ROOT / "recipes/smollm2_135m_instruct.py",
+                    checkpoint=os.environ.get("HELIOS_SMOLLM2_GGUF", "smollm2"), key_path=key,
+                    namespace="gpu.test", out=out, weight_dtype="bf16", kv_cache_dtype="bf16",
+                    targets=(gpu.target,))
+    core = open_core(out, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
+    cuda = load_native(core, "cuda", cache=CacheSizing(num_pages=1024))
+    yield cuda
+    cuda.close()
+
+
+def test_kv_bf16_core_on_the_tensor_core_body_matches_cpu_backend(mma_model, models):
+    """An opted-in core records every split decode attention kernel as GROUPED=4 with two
+    terms (the tuned and fused ones excepted: none here). Its greedy ids equal the cpu
+    backend's over 16 steps on the golden prompts and its logits are within 1.0 of cpu's
+    after teacher forcing: the bounds of the FMA body's core above (the attention differs
+    by ~1e-5, below the bf16 cache's own rounding flips)."""
+    from gpu_steps import Steps
+
+    _, cpu = models
+    kernels = [k for k in mma_model.prepared.manifest.kernels
+               if k.reference_op == "attention_decode_split_bf16kv"]
+    assert kernels and all(k.constants["GROUPED"] == 4 and k.constants["TERMS"] == 2
+                           and k.constants["BLOCK_G"] == 16 for k in kernels)
+    prompts = [p["prompt_ids"] for p in GOLDENS["prompts"]]
+    got = Steps(mma_model).generate(prompts, 16)
+    expected = json.loads((ROOT / "tests/golden/smollm2_kvbf16_greedy.json").read_text())
+    for g, w, p in zip(got, expected["prompts"], GOLDENS["prompts"], strict=True):
+        assert g == w["ids"], p["name"]
+    for p in GOLDENS["prompts"]:
+        logits = {k: Steps(m, read).teacher_force(p["prompt_ids"], p["greedy_ids"])
+                  for k, m, read in (
+                      ("cuda", mma_model,
+                       lambda n: mma_model.backend.read_buffer("scratch.logits")[:n]),
+                      ("cpu", cpu, lambda n: cpu.backend.buffers["scratch.logits"][:n].copy()))}
+        err = float(np.abs(logits["cuda"] - logits["cpu"]).max())
+        print(p["name"], "kv bf16, tensor-core attention: max |logit diff| cuda vs cpu", err)
+        assert err < 1.0

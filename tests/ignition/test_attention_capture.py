@@ -5,12 +5,15 @@ tensor-core body over bf16 planes (``HELIOS_ATTN_MMA``) and its refusals."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helios_ignition.capture import launch
 from helios_ignition.capture.buffers import decode_splits
 from helios_ignition.kernels_aot import KernelCompileError, compile_variant
 
 ELF_MAGIC = b"\x7fELF"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("rows", "capacity", "H", "KVH", "HD", "grid", "spp"), [
@@ -119,19 +122,68 @@ def test_mma_body_opt_in(monkeypatch, rows, capacity, H, KVH, HD, live, block_n,
     assert launch.launch_config("attention_decode_merge", [rows, H, HD, ns]) == merge
 
 
-@pytest.mark.parametrize(("op", "plane"), [
-    ("attention_decode_split", "f32"), ("attention_decode_split_fp8kv", "e4m3"),
-    ("attention_decode_split_tuned", "f32")])
-def test_mma_body_refuses_other_planes(monkeypatch, op, plane):
-    """The knob on over f32 or e4m3 planes is refused when the constants are chosen (at
-    capture), naming the planes and both ways out."""
+def test_mma_body_refuses_e4m3_planes_and_keeps_f32_launches(monkeypatch):
+    """The knob on: launches over e4m3 planes are refused when their constants are chosen;
+    launches over f32 planes keep the FMA body (capture records every launch over f32
+    planes before the bf16 rewrite: an export whose cache stays f32 is refused before
+    capture, test_mma_export_refusals)."""
+    monkeypatch.setattr(launch, "ATTN_LIVE", 4096)
+    monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 1)
     monkeypatch.setattr(launch, "ATTN_MMA", "2")
     with pytest.raises(ValueError) as exc:
-        _split(op, 64, 4096, 32, 8, 128)
+        _split("attention_decode_split_fp8kv", 64, 4096, 32, 8, 128)
     assert str(exc.value) == (
         "HELIOS_ATTN_MMA=2 (tensor-core decode attention, GROUPED=4) reads bf16 KV planes "
-        f"only; this cache's planes are {plane}: export with --kv-cache-dtype bf16 or "
-        "capture with HELIOS_ATTN_MMA=off")
+        "only, not e4m3 planes: export with --kv-cache-dtype bf16 or with "
+        "HELIOS_ATTN_MMA=off")
+    mma = _split("attention_decode_split", 64, 4096, 32, 8, 128)
+    monkeypatch.setattr(launch, "ATTN_MMA", "off")
+    assert mma == _split("attention_decode_split", 64, 4096, 32, 8, 128)
+    assert mma.constants["GROUPED"] == 2
+
+
+@pytest.mark.parametrize(("kv", "what"), [
+    (None, r"the recipe's f32 cache \(--kv-cache-dtype auto\)"),
+    ("auto", r"the recipe's f32 cache \(--kv-cache-dtype auto\)"),
+    ("fp8", "--kv-cache-dtype fp8")])
+def test_mma_export_refusals(monkeypatch, kv, what):
+    """``check_attention_mma``, what export_core calls before reading anything
+    (tests/ignition/export/test_rejections.py: the export's and the CLI's refusals)."""
+    monkeypatch.setattr(launch, "ATTN_MMA", "1")
+    with pytest.raises(ValueError, match=rf"^HELIOS_ATTN_MMA=1 .* not {what}: export with "):
+        launch.check_attention_mma(kv)
+    launch.check_attention_mma("bf16")
+    monkeypatch.setattr(launch, "ATTN_MMA", "off")
+    launch.check_attention_mma(kv)
+
+
+def test_mma_export_records_the_body(monkeypatch, tmp_path):
+    """SmolLM2 exported with a bf16 cache and HELIOS_ATTN_MMA=2 (no kernels compiled):
+    capture records the f32 ops, the bf16 rewrite relaunches them, and every split decode
+    attention kernel the core keeps is the tensor-core body (one per bucket's LIVE), no
+    f32 or FMA variant left; the merge and the prefill attention are unchanged."""
+    from helios_ignition.export import export_core
+    from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
+
+    key = tmp_path / "key.pem"
+    write_key_pair(generate_key(), key)
+    monkeypatch.setattr(launch, "ATTN_MMA", "2")
+    monkeypatch.setattr(launch, "ATTN_RULE", "v3")
+    monkeypatch.setattr(launch, "ATTN_LIVE", 4096)
+    monkeypatch.setattr(launch, "ATTN_LIVE_MIN_ROWS", 1)
+    out = tmp_path / "smollm2-mma.core"
+    export_core(ROOT / "recipes/smollm2_135m_instruct.py", checkpoint="smollm2", key_path=key,
+                namespace="test.mma", out=out, weight_dtype="bf16", kv_cache_dtype="bf16",
+                targets=())
+    core = open_core(out, trusted_keys=[load_public_key(Path(str(key) + ".pub"))])
+    kernels = [k for k in core.manifest.kernels if "attention" in k.reference_op]
+    split = [dict(k.constants) for k in kernels
+             if k.reference_op == "attention_decode_split_bf16kv"]
+    assert sorted(k.reference_op for k in kernels if k.reference_op not in (
+        "attention_decode_split_bf16kv",)) == ["attention_decode_merge",
+                                               "attention_prefill_bf16kv"]
+    assert split and all(c == dict(BLOCK_N=64, BLOCK_HD=64, BLOCK_G=16, GROUPED=4, TERMS=2,
+                                   EVEN_HD=1, WARPS=4, LIVE=c["LIVE"]) for c in split)
 
 
 @pytest.mark.parametrize("value", ["on", "3", "0", " "])

@@ -295,6 +295,24 @@ def _no_checkpoint(env: Env) -> tuple[str, ...]:
     return ("no checkpoint", "--checkpoint", "--random-weights")
 
 
+def _mma_without_bf16_cache(env: Env) -> tuple[str, ...]:
+    from helios_ignition.capture import launch
+
+    env.monkeypatch.setattr(launch, "ATTN_MMA", "2")  # HELIOS_ATTN_MMA=2 at import
+    return ("HELIOS_ATTN_MMA=2 (tensor-core decode attention, GROUPED=4) reads bf16 KV "
+            "planes only, not the recipe's f32 cache (--kv-cache-dtype auto): export with "
+            "--kv-cache-dtype bf16 or with HELIOS_ATTN_MMA=off",)
+
+
+def _mma_with_fp8_cache(env: Env) -> tuple[str, ...]:
+    from helios_ignition.capture import launch
+
+    env.monkeypatch.setattr(launch, "ATTN_MMA", "1")
+    env.kwargs["kv_cache_dtype"] = "fp8"
+    return ("HELIOS_ATTN_MMA=1 (tensor-core decode attention, GROUPED=4) reads bf16 KV "
+            "planes only, not --kv-cache-dtype fp8",)
+
+
 def _unknown_geometry(env: Env) -> tuple[str, ...]:
     env.kwargs.update(checkpoint=None, random_seed=7, geometry="llama-9000")
     return ("unknown geometry 'llama-9000'",
@@ -358,6 +376,10 @@ CASES = [
     Case("geometry without random weights", _geometry_without_random, ExportUsageError,
          status=2),
     Case("no checkpoint", _no_checkpoint, ExportUsageError, status=2),
+    Case("tensor-core attention without a bf16 cache", _mma_without_bf16_cache,
+         ExportUsageError, status=2),
+    Case("tensor-core attention with an fp8 cache", _mma_with_fp8_cache, ExportUsageError,
+         status=2),
     Case("scored capacity beyond the prefill chunk", _scored_beyond_prefill, RecipeError),
     Case("geometry unknown", _unknown_geometry, CheckpointError),
     Case("checkpoint path missing", _checkpoint_path_missing, CheckpointNotFoundError),
@@ -389,7 +411,8 @@ def cli_args(kwargs: dict) -> list[str]:
     args = [str(kwargs["recipe_path"]), "--key", str(kwargs["key_path"]),
             "--namespace", kwargs["namespace"], "--out", str(kwargs["out"])]
     for key, flag in (("checkpoint", "--checkpoint"), ("weight_dtype", "--weight-dtype"),
-                      ("random_seed", "--random-weights"), ("geometry", "--geometry")):
+                      ("random_seed", "--random-weights"), ("geometry", "--geometry"),
+                      ("kv_cache_dtype", "--kv-cache-dtype")):
         if kwargs.get(key) is not None:
             args += [flag, str(kwargs[key])]
     if Path(kwargs["out"]).is_file():  # an earlier core: the CLI overwrites only with --force

@@ -586,6 +586,10 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
         raise ExportUsageError(f"--activation-dtype must be one of "
                                f"{', '.join(SUPPORTED_ACTIVATION_DTYPES)}, not "
                                f"{activation_dtype!r}")
+    try:  # HELIOS_ATTN_MMA reads bf16 cache planes only
+        launch_rules.check_attention_mma(kv_cache_dtype)
+    except ValueError as exc:
+        raise ExportUsageError(str(exc)) from None
     try:
         key = load_private_key(key_path)
     except FileNotFoundError:

@@ -103,8 +103,9 @@ ATTN_LIVE_MIN_ROWS = int(os.environ.get("HELIOS_ATTN_LIVE_MIN_ROWS", "1"))
 # `_split_mma_at`), opt-in at capture with HELIOS_ATTN_MMA: "off" (the default: not yet
 # timed against the FMA bodies, bench/gpu_attention_live.py), "2" (queries and
 # probabilities in two bf16 terms each, near f32) or "1" (one term: for sweeps, to measure
-# what the second costs). bf16 KV planes only: attention_split_constants refuses f32 and
-# e4m3 planes while it is on.
+# what the second costs). bf16 KV planes only: an export whose cache is not bf16 is
+# refused before capture (check_attention_mma), launches over e4m3 planes when their
+# constants are chosen (attention_split_constants).
 ATTN_MMA = os.environ.get("HELIOS_ATTN_MMA", "off")
 ATTN_MMA_TERMS = {"off": 0, "1": 1, "2": 2}
 # Its error bound by TERMS, on each of: the merged output's max |error| over max |output|,
@@ -604,13 +605,14 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
     programs in all, ``_attention_live``) unless that knob is 0, where they keep a
     program per split (several a program for one-tile splits: ``_attention_spp``).
 
-    `mma` (default ``ATTN_MMA``, ``HELIOS_ATTN_MMA``) other than "off", rule v3 and not
-    `tuned`: ``GROUPED=4``, the tensor-core body with ``TERMS`` = `mma` (``_attention_mma``),
-    on the same grids; `plane` ("f32", "bf16" or "e4m3": the cache planes' dtype) must be
-    "bf16". The tuned kernel and rules v1 / v2 keep their FMA bodies whatever `mma` says.
+    `mma` (default ``ATTN_MMA``, ``HELIOS_ATTN_MMA``) other than "off", rule v3, not
+    `tuned` and `plane` (the cache planes' dtype: "f32", "bf16" or "e4m3") "bf16":
+    ``GROUPED=4``, the tensor-core body with ``TERMS`` = `mma`, on the same grids
+    (``_attention_mma``: f32 planes keep the FMA bodies, e4m3 planes are refused). The
+    tuned kernel and rules v1 / v2 keep their FMA bodies whatever `mma` says.
 
     Raises:
-        ValueError: an unknown rule or `mma` value; `mma` on with planes other than bf16.
+        ValueError: an unknown rule or `mma` value; `mma` on over e4m3 planes.
     """
     rule = rule or ATTN_RULE
     bhd = _np2(HD, 16)
@@ -647,23 +649,43 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
 
 def _attention_mma(mma: str, plane: str) -> int:
     """TERMS of the tensor-core decode body asked for by `mma` ("" reads ``ATTN_MMA``),
-    0 for "off", over planes of dtype `plane`.
+    0 for "off", over planes of dtype `plane`: 0 for f32 planes too, because capture
+    records every launch over f32 planes first and ``kv_cache.apply_kv_bf16`` then
+    rewrites those over bf16 planes into bf16 forms, whose constants carry the body; a
+    cache that stays f32 is refused before capture (``check_attention_mma``).
 
     Raises:
-        ValueError: `mma` not "off", "1" or "2"; or on with `plane` other than "bf16" (the
-            body feeds bf16 keys and values to the MMA as stored: f32 planes would be
-            rounded, e4m3 codes need their scales).
+        ValueError: `mma` not "off", "1" or "2"; or on over e4m3 planes (their codes
+            need scales: the body feeds keys and values to the MMA as stored).
     """
     mma = mma or ATTN_MMA
     if mma not in ATTN_MMA_TERMS:
         raise ValueError(f"HELIOS_ATTN_MMA must be 'off', '1' or '2', got {mma!r}")
     terms = ATTN_MMA_TERMS[mma]
-    if terms and plane != "bf16":
-        raise ValueError(f"HELIOS_ATTN_MMA={mma} (tensor-core decode attention, GROUPED=4) "
-                         f"reads bf16 KV planes only; this cache's planes are {plane}: "
-                         "export with --kv-cache-dtype bf16 or capture with "
-                         "HELIOS_ATTN_MMA=off")
-    return terms
+    if terms and plane == "e4m3":
+        raise ValueError(_mma_refusal(mma, "e4m3 planes"))
+    return terms if plane == "bf16" else 0
+
+
+def _mma_refusal(mma: str, what: str) -> str:
+    return (f"HELIOS_ATTN_MMA={mma} (tensor-core decode attention, GROUPED=4) reads bf16 KV "
+            f"planes only, not {what}: export with --kv-cache-dtype bf16 or with "
+            "HELIOS_ATTN_MMA=off")
+
+
+def check_attention_mma(kv_cache_dtype: str | None) -> None:
+    """Refuse ``ATTN_MMA`` (HELIOS_ATTN_MMA) before an export whose cache is not bf16
+    (`kv_cache_dtype`: the export's ``--kv-cache-dtype``, None for the recipe's f32):
+    the tensor-core body reads bf16 planes only, and the launches over f32 planes would
+    silently keep the FMA bodies (``_attention_mma``).
+
+    Raises:
+        ValueError: an unknown HELIOS_ATTN_MMA value, or the knob on with another cache.
+    """
+    if _attention_mma("", "bf16") and kv_cache_dtype != "bf16":
+        raise ValueError(_mma_refusal(ATTN_MMA, f"--kv-cache-dtype {kv_cache_dtype}"
+                                      if kv_cache_dtype not in (None, "auto") else
+                                      "the recipe's f32 cache (--kv-cache-dtype auto)"))
 
 
 # Rule v3 runs several splits per program only from this many splits (8,192-position
