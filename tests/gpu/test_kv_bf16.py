@@ -395,7 +395,7 @@ def mma_model(gpu, tmp_path_factory):
 
 def test_kv_bf16_core_on_the_tensor_core_body_matches_cpu_backend(mma_model, models):
     """An opted-in core records every split decode attention kernel as GROUPED=4 with two
-    terms (the tuned and fused ones excepted: none here). Its greedy ids equal the cpu
+    terms (SmolLM2's recipe has no tuned or fused attention). Its greedy ids equal the cpu
     backend's over 16 steps on the golden prompts and its logits are within 1.0 of cpu's
     after teacher forcing: the bounds of the FMA body's core above (the attention differs
     by ~1e-5, below the bf16 cache's own rounding flips)."""
