@@ -62,7 +62,7 @@ bandwidth a copy reaches). The JSON holds every row with its constants, grid, re
 local (spill) bytes, the commit and the card.
 
 ``--quick`` is the preset one device call holds (about 6 minutes of a warm H100 with
-compiles): the 8B geometry, 64 and 256 rows, 1,024 and 2,048 positions at a 4,096-position
+compiles): the 8B geometry, 256 and 64 rows, 1,024 and 2,048 positions at a 4,096-position
 capacity, both planes, LIVE targets 2,048-16,384, WARPS 4 and 8, BLOCK_N 64 and 32, and
 the tensor-core body with 2 and 1 terms at LIVE targets 4,096 and 16,384 (flags given
 beside it override its values): 200 timed rows, 75 kernels. Left out of it to stay
@@ -98,8 +98,9 @@ BLOCK_PAGES = 1024  # the pool repeats this many random pages
 REF_REL = 1e-5
 TIMED_S = 0.03  # seconds of replays a row is timed over, at least
 # One device call (<= 10 minutes, ~6 of them timed): the serving bench recipe's 4,096
-# positions (decode_splits: 64 splits of 64), where the 8B decode step is attention-bound.
-QUICK = dict(models=["llama8b"], rows=[64, 256], positions=[1024, 2048], capacities=[4096],
+# positions (decode_splits: 64 splits of 64), where the 8B decode step is attention-bound;
+# 256 rows first, so the budget cuts the 64-row cells if anything.
+QUICK = dict(models=["llama8b"], rows=[256, 64], positions=[1024, 2048], capacities=[4096],
              planes=["f32", "bf16"], targets=[2048, 4096, 8192, 16384], warps=[4, 8],
              block_n=[64, 32], mma_terms=[2, 1], mma_targets=[4096, 16384], budget_s=330)
 

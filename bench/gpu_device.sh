@@ -148,10 +148,11 @@ case $stage in
     python3 bench/gpu_attention_live.py --json "$OUTD/attn_live.json" --budget-s 240 2>&1 | tee "$OUTD/attn_live.log"
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py -k "live or long" 2>&1 | tee "$OUTD/attn_live_tests.log" | tail -5 ;;
   attn-many)  # issue 27, decode attention at many rows and long contexts (no GGUF needed;
-    # 51 kernels, 136 timed rows: ~2 min estimated, timing stops at 330 s): 8B geometry, 64 and 256
+    # 75 kernels, 200 timed rows: ~3 min estimated, timing stops at 330 s): 8B geometry, 256 and 64
     # rows of ~1k and ~2k positions at a 4,096-position capacity, f32 and bf16 planes; the
     # old grid against the live layout at LIVE targets 2k-16k x WARPS 4/8 x BLOCK_N 64/32,
-    # each verified first (bench/results/h100_2026-12-06k/README.md section 5 says why).
+    # and over bf16 planes the tensor-core body (GROUPED=4, 2 and 1 terms) at targets 4k
+    # and 16k, each verified first (bench/results/h100_2026-12-06k/README.md section 5).
     # ATTN_MANY_ARGS adds flags that override the preset's (e.g. "--warps 2 4 8").
     # shellcheck disable=SC2086
     python3 bench/gpu_attention_live.py --quick ${ATTN_MANY_ARGS:-} --json "$OUTD/attn_many.json" \
