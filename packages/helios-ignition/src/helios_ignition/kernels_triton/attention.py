@@ -745,9 +745,9 @@ def _split_mma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, p
     terms, ``q = q_hi + q_lo`` with ``q_hi = bf16(q)``, ``q_lo = bf16(q - q_hi)`` (both
     round to nearest even), scores ``= q_lo K^T + q_hi K^T``, and likewise ``p = p_hi +
     p_lo`` for ``P V``; the sum of exponentials is taken from the f32 ``p``. What the two
-    terms leave out is ``q - q_hi - q_lo`` (at most 2**-17 of |q| an element: about 16
+    terms leave out is ``q - q_hi - q_lo`` (at most 2**-16 of |q| an element: about 16
     bits of mantissa against f32's 24), so the dots are near, not equal to, the f32 FMA
-    bodies'. TERMS=1 keeps ``q_hi`` and ``p_hi`` only (2**-9 of an element: for the
+    bodies'. TERMS=1 keeps ``q_hi`` and ``p_hi`` only (2**-8 of an element: for the
     sweep, to measure what the second term costs; not for serving).
 
     Measured error against the float64 NumPy evaluation of the same splits over the same
