@@ -103,9 +103,11 @@ ATTN_LIVE_MIN_ROWS = int(os.environ.get("HELIOS_ATTN_LIVE_MIN_ROWS", "1"))
 # `_split_mma_at`), opt-in at capture with HELIOS_ATTN_MMA: "off" (the default: not yet
 # timed against the FMA bodies, bench/gpu_attention_live.py), "2" (queries and
 # probabilities in two bf16 terms each, near f32) or "1" (one term: for sweeps, to measure
-# what the second costs). bf16 KV planes only: an export whose cache is not bf16 is
+# what the second costs). The same knob puts the MIXED steps' decode lanes
+# (attention_prefill's lane programs, `_prefill_lane`) on that body too
+# (prefill_lane_constants). bf16 KV planes only: an export whose cache is not bf16 is
 # refused before capture (check_attention_mma), launches over e4m3 planes when their
-# constants are chosen (attention_split_constants).
+# constants are chosen (attention_split_constants, prefill_lane_constants).
 ATTN_MMA = os.environ.get("HELIOS_ATTN_MMA", "off")
 ATTN_MMA_TERMS = {"off": 0, "1": 1, "2": 2}
 # Its error bound by TERMS, on each of: the merged output's max |error| over max |output|,
@@ -647,6 +649,32 @@ def attention_split_constants(B: int, H: int, KVH: int, HD: int, NS: int, SPLIT:
                 EVEN_HD=int(HD == bhd), WARPS=4)
 
 
+def prefill_lane_constants(H: int, KVH: int, HD: int, plane: str = "f32",
+                           mma: str = "") -> dict[str, int]:
+    """The lane programs' constants of ``attention_prefill`` / ``attention_prefill_window``
+    (a MIXED step's decode lanes, kernels_triton/attention.py ``_prefill_lane``) over
+    planes of dtype `plane` ("f32", "bf16" or "e4m3").
+
+    `mma` ("" reads ``ATTN_MMA``, HELIOS_ATTN_MMA) "off", or f32 planes: ``BLOCK_G =
+    next_pow2(H / KVH)``, the f32 FMA lanes (the constants of every core before the
+    knob). On over bf16 planes: the decode programs' tensor-core body (GROUPED=4's
+    ``_group_mma_online``) with ``LANE_TERMS`` = `mma`, the query heads padded to
+    ``BLOCK_G >= 16`` MMA rows, and ``EVEN_HD`` (HD a power of two >= 16: no head-dim
+    masks); windowed launches take the same body (a window is the range the lane walks).
+    The lanes walk the launch's BLOCK_N (32) positions a tile: with 64, as the decode
+    programs, the 8B geometry's kernel spills 560 bytes on sm_90 against 60 (the block
+    programs share the kernel's registers).
+
+    Raises:
+        ValueError: `mma` unknown, or on over e4m3 planes (``_attention_mma``).
+    """
+    terms = _attention_mma(mma, plane)
+    if not terms:
+        return dict(BLOCK_G=_np2(H // KVH))
+    bhd = _np2(HD, 16)
+    return dict(BLOCK_G=_np2(H // KVH, 16), LANE_TERMS=terms, EVEN_HD=int(HD == bhd))
+
+
 def _attention_mma(mma: str, plane: str) -> int:
     """TERMS of the tensor-core decode body asked for by `mma` ("" reads ``ATTN_MMA``),
     0 for "off", over planes of dtype `plane`: 0 for f32 planes too, because capture
@@ -1121,7 +1149,7 @@ def launch_config(op: str, scalars: list[int | float], views: Sequence = (),
         # MIXED step's decode lanes: kernels_triton/attention.py `_prefill_block`).
         T, R, H, KVH, HD = s[0], s[1], s[4], s[5], s[6]
         return _cfg((_cdiv(T, 32) + min(R, T), H), 4, BLOCK_M=32, BLOCK_N=32,
-                    BLOCK_HD=_np2(HD, 16), BLOCK_G=_np2(H // KVH))
+                    BLOCK_HD=_np2(HD, 16), **prefill_lane_constants(H, KVH, HD, plane))
     if op in ("attention_decode", "attention_decode_window"):
         B, H, HD = s[0], s[3], s[5]
         return _cfg((B, H), 8, BLOCK_N=128, BLOCK_HD=_np2(HD, 16))

@@ -201,7 +201,8 @@ def _decode_rows(qkv, positions, slot, page_table, k_cache, v_cache, k_scale, v_
 @triton.jit
 def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_cache, out,
                       T, R, MP, PT, H, KVH, HD, scale, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr):
+                      BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr,
+                      LANE_TERMS: tl.constexpr = 0, EVEN_HD: tl.constexpr = 0):
     """Causal GQA attention of packed tokens for one query head.
 
     Grid ``(cdiv(T, BLOCK_M) + min(R, T), H)`` (``_prefill_block``): block programs, then
@@ -210,16 +211,19 @@ def attention_prefill(qkv, positions, token_row, slot, page_table, k_cache, v_ca
     block, and for each streams that row's cache positions ``0..max position`` with a
     mask that keeps each token to its own row and to ``j <= position`` (flash attention
     with an online softmax; dots in 3xTF32, near f32). Padding tokens and rows get zeros.
+    LANE_TERMS > 0 (bf16 planes only: the ``attention_prefill_bf16kv`` form): the lane
+    programs' dots on the tensor cores (``_prefill_lane``).
     """
     _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_cache,
                    v_cache, out, T, MP, PT, H, KVH, HD, 0, scale, BLOCK_M, BLOCK_N,
-                   BLOCK_HD, BLOCK_G)  # f32 planes: no scales
+                   BLOCK_HD, BLOCK_G, LANE_TERMS, EVEN_HD)  # f32 planes: no scales
 
 
 @triton.jit
 def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale, v_scale, out, T, MP,
                    PT, H, KVH, HD, W, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr):
+                   BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, LANE_TERMS: tl.constexpr = 0,
+                   EVEN_HD: tl.constexpr = 0):
     """``attention_prefill`` (W = 0) and ``attention_prefill_window`` (kernels_triton/
     window.py), grid ``(cdiv(T, BLOCK_M) + min(R, T), H)``.
 
@@ -237,6 +241,9 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
     ``h < KVH`` each take every query head of kv head ``h`` (``_group_online``, ``BLOCK_G
     = next_pow2(H / KVH)``: a key/value tile loaded once for the group, as the decode
     programs'); the others, and those with no such row, exit after at most three loads.
+    LANE_TERMS > 0 (HELIOS_ATTN_MMA, bf16 planes only; with EVEN_HD): the lane
+    programs run the tensor-core body of the GROUPED=4 decode programs instead
+    (``_prefill_lane``); the block programs are the same for any LANE_TERMS.
     """
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -244,7 +251,7 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
     if pid >= blocks:
         _prefill_lane(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
                       v_scale, out, T, MP, PT, H, KVH, HD, W, scale, pid - blocks, h,
-                      BLOCK_N, BLOCK_HD, BLOCK_G)
+                      BLOCK_N, BLOCK_HD, BLOCK_G, LANE_TERMS, EVEN_HD)
     else:
         _prefill_tile(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
                       v_scale, out, T, MP, PT, H, KVH, HD, W, scale, pid, h, BLOCK_M, BLOCK_N,
@@ -254,9 +261,27 @@ def _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache
 @triton.jit
 def _prefill_lane(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_scale,
                   v_scale, out, T, MP, PT, H, KVH, HD, W, scale, r, h, BLOCK_N: tl.constexpr,
-                  BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr):
+                  BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, LANE_TERMS: tl.constexpr,
+                  EVEN_HD: tl.constexpr):
     """``_prefill_block``'s lane program for token ``r`` (row ``r``) and kv head ``h``:
-    nothing unless ``h < KVH`` and ``_lane_token``."""
+    nothing unless ``h < KVH`` and ``_lane_token``.
+
+    LANE_TERMS=0: the kv head's query heads (``BLOCK_G = next_pow2(G)``) over the lane's
+    positions in BLOCK_N-position tiles with f32 FMA dots (``_group_online``). LANE_TERMS 1
+    or 2 (bf16 planes only): the GROUPED=4 decode body's online softmax
+    (``_group_mma_online``): the query heads padded to ``BLOCK_G >= 16`` rows as the M
+    side of bf16 tensor-core dots, BLOCK_N-position key/value tiles fed as stored, queries
+    and probabilities in LANE_TERMS bf16 terms, so its error is ``_split_mma_at``'s
+    (within ``capture.launch.ATTN_MMA_BOUND``), near the FMA lanes', not bitwise theirs.
+    The same over a window (``lo`` = its first position: any ``[lo, hi)`` range).
+    EVEN_HD=1 (LANE_TERMS > 0 and HD == BLOCK_HD only): no head-dim masks on the tiles.
+    """
+    if LANE_TERMS > 0:
+        tl.static_assert(k_cache.dtype.element_ty == tl.bfloat16,
+                         "LANE_TERMS > 0 (tensor-core MIXED lanes) reads bf16 KV planes only")
+        tl.static_assert(BLOCK_G >= 16, "LANE_TERMS > 0 pads the query heads to 16 MMA rows")
+        if EVEN_HD:  # HD == BLOCK_HD: offsets are visibly multiples of a power of two >= 16
+            HD = BLOCK_HD
     d = tl.arange(0, BLOCK_HD)
     md = d < HD
     t = r.to(tl.int64)
@@ -272,9 +297,15 @@ def _prefill_lane(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
         m2 = mg[:, None] & md[None, :]
         q = tl.load(qkv + t * width + heads, mask=m2, other=0.0) * scale
         row = page_table + s.to(tl.int64) * MP
-        m_i, l_i, acc = _group_online(q, row, lo, p + 1, k_cache, v_cache, k_scale,
-                                      v_scale, h, d, md, g, PT, KVH, HD, BLOCK_N,
-                                      BLOCK_G, 0)
+        if LANE_TERMS > 0:
+            q_hi, q_lo = _bf16_terms(q)
+            m_i, l_i, acc = _group_mma_online(q_hi, q_lo, row, lo, p + 1, k_cache, v_cache, h,
+                                              d, md, PT, KVH, HD, BLOCK_N, BLOCK_HD, BLOCK_G,
+                                              EVEN_HD, LANE_TERMS)
+        else:
+            m_i, l_i, acc = _group_online(q, row, lo, p + 1, k_cache, v_cache, k_scale,
+                                          v_scale, h, d, md, g, PT, KVH, HD, BLOCK_N,
+                                          BLOCK_G, 0)
         res = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)
         tl.store(out + t * (H * HD) + heads, res, mask=m2)
 
@@ -722,6 +753,66 @@ def _split_fma_online_at(qkv, positions, slot, page_table, k_cache, v_cache, k_s
 
 
 @triton.jit
+def _bf16_terms(x):
+    """f32 `x` as two bf16 terms ``(hi, lo)``: ``hi = bf16(x)``, ``lo = bf16(x - hi)``,
+    both rounded to nearest even (``_split_mma_at``: the queries and probabilities of the
+    tensor-core attention bodies)."""
+    hi = x.to(tl.bfloat16, fp_downcast_rounding="rtne")
+    return hi, (x - hi.to(tl.float32)).to(tl.bfloat16, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def _group_mma_online(q_hi, q_lo, row, lo, hi, k_cache, v_cache, kvh, d, md, PT, KVH, HD,
+                      BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr,
+                      EVEN_HD: tl.constexpr, TERMS: tl.constexpr):
+    """Online softmax of the ``[BLOCK_G >= 16, BLOCK_HD]`` scaled queries of kv head
+    `kvh`, given as their bf16 terms `q_hi`, `q_lo` (``_bf16_terms``; rows past the group
+    zero), over cache positions ``[lo, hi)`` of page-table row `row`, in BLOCK_N-position
+    tiles, the dots on the tensor cores: bf16 key/value tiles as stored, queries and
+    probabilities in TERMS bf16 terms (``_split_mma_at`` gives the arithmetic and its
+    error). The decode body (``_split_mma_at``, GROUPED=4) and the MIXED lane programs
+    (``_prefill_lane``, LANE_TERMS > 0) share it. EVEN_HD=1: HD is BLOCK_HD (no head-dim
+    masks).
+
+    Returns:
+        (``[BLOCK_G]`` running max, ``[BLOCK_G]`` sum of exp, ``[BLOCK_G, BLOCK_HD]``
+        unnormalized output), f32; ``(-1e30, 0, 0)`` rows for an empty range.
+    """
+    m_i = tl.zeros((BLOCK_G,), tl.float32) + NEG_BIG
+    l_i = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_HD), tl.float32)
+    for j0 in range(lo, hi, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        mj = j < hi
+        page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
+        off = ((page * PT + j % PT) * KVH + kvh) * HD
+        if EVEN_HD:
+            mkv = mj[:, None]
+        else:
+            mkv = mj[:, None] & md[None, :]
+        k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
+        kt = tl.trans(k)
+        if TERMS == 2:  # the small term first: it is added to the large one's products
+            sc = tl.dot(q_hi, kt, tl.dot(q_lo, kt))
+        else:
+            sc = tl.dot(q_hi, kt)
+        sc = tl.where(mj[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = libdevice.exp(m_i - m_new)
+        p = libdevice.exp(sc - m_new[:, None])
+        p_hi, p_lo = _bf16_terms(p)  # one term: p_lo is dead code
+        if TERMS == 2:
+            o = tl.dot(p_hi, v, tl.dot(p_lo, v))
+        else:
+            o = tl.dot(p_hi, v)
+        acc = acc * alpha[:, None] + o
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _split_mma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, part_o, B, MP, PT,
                   H, KVH, HD, NS, SPLIT, scale, sp, BLOCK_N: tl.constexpr,
                   BLOCK_HD: tl.constexpr, BLOCK_G: tl.constexpr, EVEN_HD: tl.constexpr,
@@ -783,41 +874,10 @@ def _split_mma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, p
     width = (H + 2 * KVH) * HD
     q = tl.load(qkv + b * width + (kvh * G + g[:, None]) * HD + d[None, :], mask=mo,
                 other=0.0) * scale
-    q_hi = q.to(tl.bfloat16, fp_downcast_rounding="rtne")
-    q_lo = (q - q_hi.to(tl.float32)).to(tl.bfloat16, fp_downcast_rounding="rtne")
-    m_i = tl.zeros((BLOCK_G,), tl.float32) + NEG_BIG
-    l_i = tl.zeros((BLOCK_G,), tl.float32)
-    acc = tl.zeros((BLOCK_G, BLOCK_HD), tl.float32)
+    q_hi, q_lo = _bf16_terms(q)
     row = page_table + tl.maximum(s, 0).to(tl.int64) * MP
-    for j0 in range(lo, hi, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        mj = j < hi
-        page = tl.load(row + j // PT, mask=mj, other=0).to(tl.int64)
-        off = ((page * PT + j % PT) * KVH + kvh) * HD
-        if EVEN_HD:
-            mkv = mj[:, None]
-        else:
-            mkv = mj[:, None] & md[None, :]
-        k = tl.load(k_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-        v = tl.load(v_cache + off[:, None] + d[None, :], mask=mkv, other=0.0)
-        kt = tl.trans(k)
-        if TERMS == 2:  # the small term first: it is added to the large one's products
-            sc = tl.dot(q_hi, kt, tl.dot(q_lo, kt))
-        else:
-            sc = tl.dot(q_hi, kt)
-        sc = tl.where(mj[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = libdevice.exp(m_i - m_new)
-        p = libdevice.exp(sc - m_new[:, None])
-        p_hi = p.to(tl.bfloat16, fp_downcast_rounding="rtne")
-        if TERMS == 2:
-            p_lo = (p - p_hi.to(tl.float32)).to(tl.bfloat16, fp_downcast_rounding="rtne")
-            o = tl.dot(p_hi, v, tl.dot(p_lo, v))
-        else:
-            o = tl.dot(p_hi, v)
-        acc = acc * alpha[:, None] + o
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
+    m_i, l_i, acc = _group_mma_online(q_hi, q_lo, row, lo, hi, k_cache, v_cache, kvh, d, md,
+                                      PT, KVH, HD, BLOCK_N, BLOCK_HD, BLOCK_G, EVEN_HD, TERMS)
     base = (b * H + kvh * G + g) * NS + sp
     tl.store(part_ml + base * 2, m_i, mask=mg)
     tl.store(part_ml + base * 2 + 1, l_i, mask=mg)

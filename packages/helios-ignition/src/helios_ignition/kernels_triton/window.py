@@ -33,13 +33,14 @@ def attention_decode_window(qkv, positions, slot, page_table, k_cache, v_cache, 
 def attention_prefill_window(qkv, positions, token_row, slot, page_table, k_cache, v_cache,
                              out, T, R, MP, PT, H, KVH, HD, W, scale, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, BLOCK_HD: tl.constexpr,
-                             BLOCK_G: tl.constexpr):
+                             BLOCK_G: tl.constexpr, LANE_TERMS: tl.constexpr = 0,
+                             EVEN_HD: tl.constexpr = 0):
     """Causal windowed GQA attention of a block of packed tokens for one query head; grid
-    ``(cdiv(T, BLOCK_M), H)``: ``attention_prefill``'s body (attention.py) with the
-    window, masked to ``p - W < j <= p``."""
+    ``(cdiv(T, BLOCK_M) + min(R, T), H)``: ``attention_prefill``'s body (attention.py)
+    with the window, masked to ``p - W < j <= p`` (LANE_TERMS as there)."""
     _prefill_block(qkv, positions, token_row, slot, page_table, k_cache, v_cache, k_cache,
                    v_cache, out, T, MP, PT, H, KVH, HD, W, scale, BLOCK_M, BLOCK_N,
-                   BLOCK_HD, BLOCK_G)  # f32 planes: no scales
+                   BLOCK_HD, BLOCK_G, LANE_TERMS, EVEN_HD)  # f32 planes: no scales
 
 
 @triton.jit
