@@ -25,6 +25,7 @@ tests (tests/gpu/test_kernels.py, test_sampling_chunks.py) remain the verdict.
     uv run python scripts/interpret_kernels.py kvbf16        # the bf16 KV cache forms
     uv run python scripts/interpret_kernels.py repacked      # repacked GGUF: INT4_MIN, INT8
     uv run python scripts/interpret_kernels.py mixed         # a MIXED program's packed rows
+    uv run python scripts/interpret_kernels.py mixedmma      # its lanes on the tensor cores
     uv run python scripts/interpret_kernels.py decodetc      # decode buckets on the TC tile
     uv run python scripts/interpret_kernels.py bf16act       # round_bf16, one-term products
 
@@ -1645,6 +1646,134 @@ def check_mixed(rng) -> bool:
     return ok
 
 
+def _prefill_f64(q, pos, token_row, slot, table, kf, vf, T, PT, H, KVH, HD, W, scale):
+    """Packed-token attention in float64 over f32 key/value planes `kf`, `vf`
+    (``attention_prefill``'s contract: a token of row ``r`` at position ``p`` sees positions
+    ``max(0, p - W + 1)..p`` of its row, all of ``0..p`` for W = 0; padding tokens and
+    rows zeros): what the tensor-core lanes' error is measured against."""
+    G = H // KVH
+    out = np.zeros((T, H * HD))
+    for t in range(T):
+        r = int(token_row[t])
+        if r < 0 or slot[r] < 0:
+            continue
+        p = int(pos[t])
+        j = np.arange(max(0, p - W + 1) if W else 0, p + 1)
+        rows = table[slot[r], j // PT].astype(np.int64) * PT + j % PT
+        k = np.repeat(kf.reshape(-1, KVH, HD)[rows].astype(np.float64), G, axis=1)
+        v = np.repeat(vf.reshape(-1, KVH, HD)[rows].astype(np.float64), G, axis=1)
+        qt = q[t, :H * HD].astype(np.float64).reshape(H, HD) * np.float64(np.float32(scale))
+        sc = np.einsum("hd,jhd->hj", qt, k)
+        e = np.exp(sc - sc.max(axis=1, keepdims=True))
+        out[t] = (np.einsum("hj,jhd->hd", e, v) / e.sum(axis=1)[:, None]).reshape(-1)
+    return out
+
+
+def check_mixed_mma(rng) -> bool:
+    """A MIXED step's decode lanes on the tensor cores (``_prefill_lane`` with LANE_TERMS,
+    HELIOS_ATTN_MMA=2 and 1) beside prefill chunks in one ``attention_prefill_bf16kv`` /
+    ``attention_prefill_window_bf16kv`` launch through the launch rule, bf16 dots widened
+    exactly (``_bf16_dots``), at the 8B geometry (H 32, KVH 8, HD 128: G = 4 padded to 16
+    MMA rows), SmolLM2's (9, 3, 64: G = 3) and HD 40 (masked head dims), without a window
+    and with windows of 24 and 100 positions. Rows: five lanes (positions 0, 37, 300, 129,
+    64: one to ten 32-position tiles, not tile-aligned) with a padding row's token among
+    them (slot -1: not a lane), two chunks starting mid-context, a single-token row after
+    them (a block program's, not a lane), three padding tokens; NaN bits past each row's
+    last position and behind the first window of its first token, unmapped pages past its
+    last page and wholly behind that window; outputs poisoned. Against (a) the float64
+    evaluation (``_prefill_f64``): the lanes' max abs error over their max |output| within
+    ``launch.ATTN_MMA_BOUND[terms]``; (b) the knob off (the FMA lanes): every other token
+    bitwise equal (the block programs do not depend on LANE_TERMS), padding tokens zeros
+    in every launch, and the whole output within 1e-5 of the f32 NumPy reference; the
+    recorded constants (``BLOCK_G`` 16, ``LANE_TERMS``, ``EVEN_HD``) and, knob off, none
+    of them."""
+    from helios_ignition.capture import launch as L
+    from helios_tools.kernels.kv_bf16 import decode_bf16, encode_bf16
+
+    dot = _bf16_dots()
+    saved = L.ATTN_MMA
+    ok = True
+    worst = {1: 0.0, 2: 0.0}
+    PT, MP = 16, 32
+    # (context before the step, tokens this step); row 2 is padding (slot -1)
+    spec = [(0, 1), (37, 1), (50, 1), (300, 1), (129, 1), (64, 1), (70, 20), (5, 40), (13, 1)]
+    lanes = np.array([0, 1, 3, 4, 5])  # the live leading single-token rows' tokens
+    try:
+        for H, KVH, HD, windows in ((32, 8, 128, (0, 24)), (9, 3, 64, (0, 24, 100)),
+                                    (6, 2, 40, (0, 100))):
+            for W in windows:
+                R = len(spec)
+                S = R + 1
+                table = rng.permutation(S * MP).astype(np.int32).reshape(S, MP)
+                kc = encode_bf16(rng.standard_normal((S * MP, PT, KVH, HD)) * 2)
+                vc = encode_bf16(rng.standard_normal((S * MP, PT, KVH, HD)) * 2)
+                slot = rng.permutation(S)[:R].astype(np.int32)
+                slot[2] = -1
+                trow = np.array([r for r, (_, n) in enumerate(spec) for _ in range(n)]
+                                + [-1] * 3, np.int32)
+                pos = np.array([p for c, n in spec for p in range(c, c + n)] + [0] * 3,
+                               np.int32)
+                T = len(trow)
+                kn, vn, tn = kc.copy(), vc.copy(), table.copy()
+                for r, (c, n) in enumerate(spec):
+                    if slot[r] < 0:
+                        continue
+                    end = c + n - 1
+                    kn[tn[slot[r], end // PT], end % PT + 1:] = 0x7FC0
+                    vn[tn[slot[r], end // PT], end % PT + 1:] = 0x7FC0
+                    tn[slot[r], end // PT + 1:] = 1 << 30
+                    for j in range(max(0, c - W + 1) // PT if W else 0):
+                        kn[tn[slot[r], j]] = vn[tn[slot[r], j]] = 0x7FC0
+                        tn[slot[r], j] = 1 << 30
+                q = rng.standard_normal((T, (H + 2 * KVH) * HD)).astype(np.float32)
+                scale = HD ** -0.5
+                op = "attention_prefill_window_bf16kv" if W else "attention_prefill_bf16kv"
+                args = (T, R, MP, PT, H, KVH, HD, *((W,) if W else ()), scale)
+                ref = np.zeros((T, H * HD), np.float32)
+                K.reference_op(op)(q, pos, trow, slot, table, kc, vc, ref, *args)
+                x = _prefill_f64(q, pos, trow, slot, table, decode_bf16(kc), decode_bf16(vc),
+                                 T, PT, H, KVH, HD, W, scale)
+                outs, consts = {}, {}
+                for mode in ("off", "2", "1"):
+                    L.ATTN_MMA = mode
+                    outs[mode] = np.full((T, H * HD), np.nan, np.float32)
+                    consts[mode] = launch(op, q, pos, trow, slot, tn, kn, vn, outs[mode], *args,
+                                          bf16=(5, 6))
+                off = outs["off"]
+                pad = (trow < 0) | (slot[trow] < 0)
+                zeros = all((o[pad] == 0).all() for o in outs.values())
+                scale_o = np.abs(x[lanes]).max()
+                fma = float(np.abs(off[lanes] - x[lanes]).max() / scale_o)
+                good_off = (zeros and np.isfinite(off).all() and _rel(off, ref) < 1e-5
+                            and "LANE_TERMS" not in consts["off"]
+                            and consts["off"]["BLOCK_G"] == L._np2(H // KVH))
+                ok &= good_off
+                for terms in (2, 1):
+                    out, c = outs[str(terms)], consts[str(terms)]
+                    rest = np.ones(T, bool)
+                    rest[lanes] = False
+                    err = (float(np.abs(out[lanes] - x[lanes]).max() / scale_o)
+                           if np.isfinite(out).all() else np.inf)
+                    same = np.array_equal(out[rest], off[rest])
+                    want = dict(BLOCK_G=16, LANE_TERMS=terms, EVEN_HD=int(HD in (64, 128)))
+                    good = (err < L.ATTN_MMA_BOUND[terms] and same and good_off
+                            and all(c.get(k) == v for k, v in want.items()))
+                    worst[terms] = max(worst[terms], err)
+                    ok &= good
+                    print(f"{'ok ' if good else 'BAD'} MIXED lanes LANE_TERMS={terms} H={H} "
+                          f"KVH={KVH} HD={HD} W={W}: lanes vs f64 {err:.1e} (bound "
+                          f"{L.ATTN_MMA_BOUND[terms]:.0e}; FMA lanes {fma:.1e}), max abs vs "
+                          f"FMA lanes {float(np.abs(out[lanes] - off[lanes]).max()):.1e}; "
+                          f"other tokens {'bitwise the FMA launch' if same else 'DIFFER'}; "
+                          f"knob off vs f32 ref {_rel(off, ref):.1e}; padding tokens "
+                          f"{'zeros' if zeros else 'NOT ZERO'}; {c}")
+    finally:
+        L.ATTN_MMA = saved
+        interp.InterpreterBuilder.create_dot = dot
+    print(f"MIXED tensor-core lanes, worst error vs float64: LANE_TERMS=2 {worst[2]:.1e}, "
+          f"LANE_TERMS=1 {worst[1]:.1e}")
+    return ok
+
 def check_vision(rng) -> bool:
     """The vision tower's kernels (kernels_triton/vision.py) against their references,
     with fewer live windows than captured (dead rows zero) and bf16 positions."""
@@ -1750,6 +1879,8 @@ def main() -> None:
         sys.exit(0 if check_kv(rng, "bf16") else 1)
     if sys.argv[1:] == ["mixed"]:
         sys.exit(0 if check_mixed(rng) else 1)
+    if sys.argv[1:] == ["mixedmma"]:
+        sys.exit(0 if check_mixed_mma(rng) else 1)
     if sys.argv[1:] != ["speculative"]:
         ok = check_linear(rng)
         ok &= check_gemv(rng)
@@ -1765,6 +1896,7 @@ def main() -> None:
         ok &= check_scores(rng, 4097)
         ok &= check_window(rng)
         ok &= check_mixed(rng)
+        ok &= check_mixed_mma(rng)
     for V in (4100, 300):
         ok &= check_candidate_masks(rng, V)
     ok &= check_verify_cut(rng, 300)
