@@ -161,7 +161,8 @@ def test_mma_export_records_the_body(monkeypatch, tmp_path):
     """SmolLM2 exported with a bf16 cache and HELIOS_ATTN_MMA=2 (no kernels compiled):
     capture records the f32 ops, the bf16 rewrite relaunches them, and every split decode
     attention kernel the core keeps is the tensor-core body (one per bucket's LIVE), no
-    f32 or FMA variant left; the merge and the prefill attention are unchanged."""
+    f32 or FMA variant left, and so are the prefill attention's lane programs (one
+    variant: the block programs' constants unchanged); the merge is unchanged."""
     from helios_ignition.export import export_core
     from helios_tools.core import generate_key, load_public_key, open_core, write_key_pair
 
@@ -184,6 +185,10 @@ def test_mma_export_records_the_body(monkeypatch, tmp_path):
                                                "attention_prefill_bf16kv"]
     assert split and all(c == dict(BLOCK_N=64, BLOCK_HD=64, BLOCK_G=16, GROUPED=4, TERMS=2,
                                    EVEN_HD=1, WARPS=4, LIVE=c["LIVE"]) for c in split)
+    assert [dict(k.constants) for k in kernels
+            if k.reference_op == "attention_prefill_bf16kv"] == [
+        dict(BLOCK_M=32, BLOCK_N=32, BLOCK_HD=64, BLOCK_G=16, LANE_TERMS=2, EVEN_HD=1,
+             WARPS=4)]
 
 
 @pytest.mark.parametrize("value", ["on", "3", "0", " "])
@@ -191,6 +196,69 @@ def test_mma_body_unknown_value(monkeypatch, value):
     monkeypatch.setattr(launch, "ATTN_MMA", value)
     with pytest.raises(ValueError, match=r"^HELIOS_ATTN_MMA must be 'off', '1' or '2', got "):
         _split("attention_decode_split_bf16kv", 8, 2048, 9, 3, 64)
+    with pytest.raises(ValueError, match=r"^HELIOS_ATTN_MMA must be 'off', '1' or '2', got "):
+        _prefill("attention_prefill_bf16kv", 64, 8, 9, 3, 64)
+
+
+def _prefill(op: str, T: int, R: int, H: int, KVH: int, HD: int, W: int = 0):
+    window = [W] if "window" in op else []
+    return launch.launch_config(op, [T, R, 256, 16, H, KVH, HD, *window, 0.125])
+
+
+PREFILL_OPS = ["attention_prefill", "attention_prefill_window"]
+PREFILL_CASES = [
+    (64, 8, 32, 8, 128, (10, 32, 1), 128, 4),   # the 8B: G = 4
+    (512, 256, 9, 3, 64, (272, 9, 1), 64, 4),   # SmolLM2 at 256 lanes: G = 3
+    (5, 2, 6, 2, 40, (3, 6, 1), 64, 4),         # an odd head dim
+    (40, 40, 4, 1, 64, (42, 4, 1), 64, 4),      # G = 4 of one kv head, as many rows as tokens
+]  # (T, R, H, KVH, HD, grid, BLOCK_HD, BLOCK_G off)  fmt: skip
+
+
+@pytest.mark.parametrize("op", PREFILL_OPS)
+@pytest.mark.parametrize(("T", "R", "H", "KVH", "HD", "grid", "bhd", "bg"), PREFILL_CASES)
+def test_prefill_lanes_fma_by_default(monkeypatch, op, T, R, H, KVH, HD, grid, bhd, bg):
+    """Without HELIOS_ATTN_MMA every plane's prefill attention keeps the FMA lanes: the
+    constants of every core before the knob (no LANE_TERMS, BLOCK_G = next_pow2(G))."""
+    assert launch.ATTN_MMA == "off"
+    for form in ("", "_bf16kv", "_fp8kv"):
+        c = _prefill(op + form, T, R, H, KVH, HD, W=37)
+        assert c.grid == grid and c.block == (128, 1, 1)
+        assert c.constants == dict(BLOCK_M=32, BLOCK_N=32, BLOCK_HD=bhd, BLOCK_G=bg, WARPS=4)
+
+
+@pytest.mark.parametrize("terms", ["2", "1"])
+@pytest.mark.parametrize("op", PREFILL_OPS)
+@pytest.mark.parametrize(("T", "R", "H", "KVH", "HD", "grid", "bhd", "bg"), PREFILL_CASES)
+def test_prefill_lanes_mma_opt_in(monkeypatch, terms, op, T, R, H, KVH, HD, grid, bhd, bg):
+    """HELIOS_ATTN_MMA=2 (or 1): the bf16 forms' lane programs take the tensor-core body
+    (LANE_TERMS, BLOCK_G 16, EVEN_HD for a power-of-two head dim) on the same grid, block
+    programs' constants unchanged; the f32 forms (capture's first recording, before the
+    bf16 rewrite) keep the constants of the knob off; e4m3 forms are refused."""
+    monkeypatch.setattr(launch, "ATTN_MMA", terms)
+    c = _prefill(op + "_bf16kv", T, R, H, KVH, HD, W=37)
+    assert c.grid == grid and c.block == (128, 1, 1)
+    assert c.constants == dict(BLOCK_M=32, BLOCK_N=32, BLOCK_HD=bhd, BLOCK_G=16,
+                               LANE_TERMS=int(terms), EVEN_HD=int(HD == bhd), WARPS=4)
+    f32 = _prefill(op, T, R, H, KVH, HD, W=37)
+    assert f32.constants == dict(BLOCK_M=32, BLOCK_N=32, BLOCK_HD=bhd, BLOCK_G=bg, WARPS=4)
+    assert f32.grid == grid
+    with pytest.raises(ValueError) as exc:
+        _prefill(op + "_fp8kv", T, R, H, KVH, HD, W=37)
+    assert str(exc.value) == (
+        f"HELIOS_ATTN_MMA={terms} (tensor-core decode attention, GROUPED=4) reads bf16 KV "
+        "planes only, not e4m3 planes: export with --kv-cache-dtype bf16 or with "
+        "HELIOS_ATTN_MMA=off")
+
+
+def test_prefill_lane_constants_arguments():
+    """`mma` given explicitly overrides ATTN_MMA; f32 planes keep the FMA lanes."""
+    assert launch.prefill_lane_constants(32, 8, 128, "bf16", "2") == dict(
+        BLOCK_G=16, LANE_TERMS=2, EVEN_HD=1)
+    assert launch.prefill_lane_constants(6, 2, 40, "bf16", "1") == dict(
+        BLOCK_G=16, LANE_TERMS=1, EVEN_HD=0)
+    assert launch.prefill_lane_constants(32, 8, 128, "f32", "2") == dict(BLOCK_G=4)
+    assert launch.prefill_lane_constants(32, 8, 128, "bf16", "off") == dict(BLOCK_G=4)
+    assert launch.prefill_lane_constants(9, 3, 64) == dict(BLOCK_G=4)
 
 
 def test_mma_body_compiles_for_sm90_over_bf16_planes_only(monkeypatch):
@@ -206,3 +274,18 @@ def test_mma_body_compiles_for_sm90_over_bf16_planes_only(monkeypatch):
         assert ck.binary[:4] == ELF_MAGIC and ck.num_warps == 4
     with pytest.raises(KernelCompileError, match="attention_decode_split for sm_90 failed"):
         compile_variant("attention_decode_split", c, "sm_90")
+
+
+def test_mma_lanes_compile_for_sm90_over_bf16_planes_only(monkeypatch):
+    """The opted-in prefill attention (tensor-core lanes) compiles for sm_90, windowed and
+    not, at the 8B and SmolLM2 geometries; the lane body's assertion rejects the f32 entry
+    point even where the launch rule is bypassed."""
+    monkeypatch.setattr(launch, "ATTN_MMA", "2")
+    for H, KVH, HD in [(32, 8, 128), (9, 3, 64)]:
+        for op in ("attention_prefill_bf16kv", "attention_prefill_window_bf16kv"):
+            c = _prefill(op, 512, 256, H, KVH, HD, W=4096).constants
+            assert c["LANE_TERMS"] == 2
+            ck = compile_variant(op, c, "sm_90")
+            assert ck.binary[:4] == ELF_MAGIC and ck.num_warps == 4
+    with pytest.raises(KernelCompileError, match="attention_prefill for sm_90 failed"):
+        compile_variant("attention_prefill", c, "sm_90")
