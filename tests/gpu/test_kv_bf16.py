@@ -294,6 +294,99 @@ def test_attention_prefill_and_window_bf16kv(gpu, rng, H, KVH, HD, W):
         assert rel(got["out"], dref) < 1e-5
 
 
+def _mixed_case(rng, H, KVH, HD, n_lanes, ctx, W, PT=16, MP=256):
+    """A MIXED step's packed rows over a bf16 cache: `n_lanes` decode lanes first (row 0
+    at position 0, row 1 padding: slot -1), the others at up to 200 positions below
+    `ctx`; then chunks of 40 and 9 tokens starting mid-context, a single-token row after
+    them (a block program's, not a lane) and three padding tokens. Past each row's last
+    position its last page holds NaN bits and its page table unmapped ids, and so do the
+    pages wholly behind the `W`-position window of its first token (W > 0).
+
+    Returns:
+        (page table, k and v bits of the reference, the page table and bits the kernel
+        gets, q, token_row, slot, positions, the live lanes' token indices).
+    """
+    spec = [(int(c), 1) for c in ctx - rng.integers(0, 200, n_lanes)]
+    spec[0] = (0, 1)
+    spec += [(ctx - 60, 40), (ctx // 3, 9), (17, 1)]  # (context before the step, tokens)
+    R = len(spec)
+    S = R + 1
+    used = -(-ctx // PT) + 1
+    pages = np.full((S, MP), 1 << 30, np.int32)
+    pages[:, :used] = rng.permutation(S * used).reshape(S, used)
+    kc = encode_bf16(rng.standard_normal((S * used, PT, KVH, HD)) * 2)
+    vc = encode_bf16(rng.standard_normal((S * used, PT, KVH, HD)) * 2)
+    slot = rng.permutation(S)[:R].astype(np.int32)
+    slot[1] = -1
+    trow = np.array([r for r, (_, n) in enumerate(spec) for _ in range(n)] + [-1] * 3,
+                    np.int32)
+    pos = np.array([p for c, n in spec for p in range(c, c + n)] + [0] * 3, np.int32)
+    kn, vn, pn = kc.copy(), vc.copy(), pages.copy()
+    for r, (c, n) in enumerate(spec):
+        if slot[r] < 0:
+            continue
+        end = c + n - 1
+        kn[pn[slot[r], end // PT], end % PT + 1:] = BF16_NAN
+        vn[pn[slot[r], end // PT], end % PT + 1:] = BF16_NAN
+        pn[slot[r], end // PT + 1:] = 1 << 30
+        for j in range(max(0, c - W + 1) // PT if W else 0):
+            kn[pn[slot[r], j]] = vn[pn[slot[r], j]] = BF16_NAN
+            pn[slot[r], j] = 1 << 30
+    q = rng.standard_normal((len(trow), (H + 2 * KVH) * HD)).astype(np.float32)
+    lanes = np.array([r for r in range(n_lanes) if slot[r] >= 0])
+    return pages, kc, vc, pn, kn, vn, q, trow, slot, pos, lanes
+
+
+@pytest.mark.parametrize("terms", [2, 1])
+@pytest.mark.parametrize("H,KVH,HD,W,n_lanes,ctx", [
+    (32, 8, 128, 0, 200, 1100),  # the 8B: ~200 lanes, as the slow H100 MIXED steps
+    (32, 8, 128, 512, 16, 2000),
+    (9, 3, 64, 0, 64, 700), (9, 3, 64, 300, 16, 2000),
+    (6, 2, 40, 0, 8, 500)])  # fmt: skip
+def test_attention_prefill_mma_lanes_bf16kv(gpu, rng, monkeypatch, terms, H, KVH, HD, W,
+                                            n_lanes, ctx):
+    """A MIXED step's decode lanes on the tensor cores (HELIOS_ATTN_MMA: ``_prefill_lane``
+    with LANE_TERMS, the GROUPED=4 decode body's online softmax) beside prefill chunks in
+    one ``attention_prefill_bf16kv`` (``_window_bf16kv`` with `W`) launch, against the f32
+    NumPy reference: the lanes' max |error| over their max |output| within
+    ``launch.ATTN_MMA_BOUND[terms]`` (5e-5 with two terms, 5e-2 with one; the
+    interpreter's worst against float64 4.2e-6 and 3.9e-3: scripts/interpret_kernels.py
+    mixedmma); every other token bitwise what the knob-off launch (the FMA lanes, within
+    1e-5 of the reference) gives, the block programs being the same code; padding tokens
+    (the padding lane row's included) zeros; outputs NaN-poisoned, NaN bits and unmapped
+    pages past each row's context and behind its window."""
+    from helios_ignition.capture import launch
+
+    PT, MP = 16, 256
+    pages, kc, vc, pn, kn, vn, q, trow, slot, pos, lanes = _mixed_case(
+        rng, H, KVH, HD, n_lanes, ctx, W, PT, MP)
+    T, R = len(trow), len(slot)
+    window = (W,) if W else ()
+    op = "attention_prefill_window_bf16kv" if W else "attention_prefill_bf16kv"
+    args = (T, R, MP, PT, H, KVH, HD, *window, HD ** -0.5)
+    ref = np.zeros((T, H * HD), np.float32)
+    K.reference_op(op)(q, pos, trow, slot, pages, kc, vc, ref, *args)
+    out = {}
+    for mode in ("off", str(terms)):
+        monkeypatch.setattr(launch, "ATTN_MMA", mode)
+        c = launch.launch_config(op, list(args)).constants
+        assert c.get("LANE_TERMS", 0) == (terms if mode != "off" else 0)
+        out[mode] = gpu.run(op, q, pos, trow, slot, pn, kn, vn, np.zeros_like(ref),
+                            *args)["out"]
+    on, off = out[str(terms)], out["off"]
+    pad = (trow < 0) | (slot[trow] < 0)
+    rest = ~pad
+    rest[lanes] = False
+    assert np.isfinite(on).all() and np.isfinite(off).all()
+    assert (on[pad] == 0).all() and (off[pad] == 0).all()
+    assert rel(off, ref) < 1e-5
+    assert np.array_equal(on[rest].view(np.uint32), off[rest].view(np.uint32))
+    err = float(np.abs(on[lanes] - ref[lanes]).max() / np.abs(ref[lanes]).max())
+    fma = float(np.abs(off[lanes] - ref[lanes]).max() / np.abs(ref[lanes]).max())
+    print(f"MIXED lanes LANE_TERMS={terms} H={H} HD={HD} W={W} lanes={len(lanes)} "
+          f"ctx={ctx}: {err:.1e} (FMA lanes {fma:.1e})")
+    assert err < launch.ATTN_MMA_BOUND[terms]
+
 @pytest.fixture(scope="module")
 def models(gpu, tmp_path_factory):
     from helios_ignition.export import export_core
