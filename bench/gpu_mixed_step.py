@@ -46,6 +46,9 @@ programs (prompt chunks) then one lane program per decode lane
 against ``mixed_bB_tT`` splits it. On the cpu backend (``--backend cpu``, a smoke test
 of the plans: ``--geometry smollm2-135m`` and small numbers) only ``execute_ms`` is
 measured. ``--dry-run``: capture and compile for ``--target`` only (no GPU).
+``HELIOS_ATTN_MMA=2`` in the environment puts the decode steps' split attention and the
+MIXED steps' lane programs on the tensor-core body (docs/gpu.md); ``attn_mma`` in the JSON
+says which ran.
 
 Run time (estimated, not yet run on a GPU): ~1 min to build and load (34 kernels compile
 in ~20 s cold on 2 CPU cores; 15 GiB of weights uploaded), then at most ~6 s a step
@@ -71,6 +74,7 @@ from gpu_common import (  # noqa: E402
     random_bf16_weights,
 )
 from gpu_decode_breakdown import profile_groups  # noqa: E402
+from helios_ignition.capture import launch  # noqa: E402
 from helios_ignition.checkpoint.synthetic import NAMED_GEOMETRIES  # noqa: E402
 from helios_ignition.export import resolve_recipe  # noqa: E402
 from helios_ignition.families.llama import LlamaShapes  # noqa: E402
@@ -267,7 +271,8 @@ def main() -> None:
                                   prefill_rows=caps.prefill_rows,
                                   context_tokens=caps.context_tokens,
                                   mixed_tokens=list(caps.mixed_tokens)),
-                  activations=recipe.activation_dtype, kv_cache="bf16", steps=[])
+                  activations=recipe.activation_dtype, kv_cache="bf16",
+                  attn_mma=launch.ATTN_MMA, steps=[])
     print(f"{args.geometry}: {len(plans)} steps, decode buckets {list(caps.decode_batch)}, "
           f"{pages} pages ({steps.per} a row, {slots} rows)", flush=True)
     weights = random_bf16_weights(shapes, 0, geometry.rope_scaling)

@@ -80,6 +80,7 @@ def test_cpu_backend_runs_every_step(ms, tmp_path, monkeypatch):
     assert got["pages_per_row"] == 3 and got["num_pages"] == 18  # 6 rows: 4 + 2 chunks
     assert got["capacities"]["decode_batch"] == [2, 4, 8, 512]  # 512: the slots
     assert got["capacities"]["mixed_tokens"] == [16, 32]
+    assert got["attn_mma"] == "off"  # HELIOS_ATTN_MMA unset: the FMA attention bodies
     assert [(s["name"], s["graph"], s["rows"], s["tokens"]) for s in got["steps"]] == [
         ("decode_b2", "decode_b2", 2, 2), ("decode_b4", "decode_b4", 4, 4),
         ("mixed_b2_t16", "mixed_b4_t16", 4, 16), ("mixed_b2_t32", "mixed_b4_t32", 4, 32),
