@@ -831,7 +831,8 @@ def _split_mma_at(qkv, positions, slot, page_table, k_cache, v_cache, part_ml, p
     tile, rows ``G..`` zero (not stored). Each ``[BLOCK_N, BLOCK_HD]`` key and value tile
     is loaded from its pages as bf16 (no widening) and feeds ``tl.dot`` directly with f32
     accumulation; the split is walked in BLOCK_N-position tiles with an online softmax
-    (one pass when SPLIT <= BLOCK_N). Keys and values are exact bf16 values, but the
+    (one pass when SPLIT <= BLOCK_N; ``_group_mma_online``, which the MIXED lane programs
+    share). Keys and values are exact bf16 values, but the
     queries and the probabilities are f32: TERMS=2 (the default) splits each into two bf16
     terms, ``q = q_hi + q_lo`` with ``q_hi = bf16(q)``, ``q_lo = bf16(q - q_hi)`` (both
     round to nearest even), scores ``= q_lo K^T + q_hi K^T``, and likewise ``p = p_hi +
