@@ -366,7 +366,9 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
         rows = shape[0]
         if scale.size == 1:  # per tensor
             scale = np.full((rows, 1), scale.reshape(()), np.float32)
-        elif scale.size == rows:  # per output channel
+        elif scale.shape in ((rows,), (rows, 1)):  # per output channel
+            # by shape, not size: a block-wise scale [rows / b, K / b] can hold `rows`
+            # values too (K = b * b), and read per channel it would be silently wrong
             scale = scale.reshape(rows, 1)
         else:
             raise UnsupportedTensorError(
