@@ -1,16 +1,20 @@
-"""``ignition export --quantize fp8`` of a tiny checkpoint whose projections are an HF
-compressed-tensors FP8 shard (tests/fixtures/fp8_tiny, written by its make_fixture.py):
-the loader reads the codes and scales as stored, the export keeps them exactly (FP8
-storage with [rows, 1] scale weights), lint passes for both backends, and the cpu backend
-serves the core: its greedy tokens and logits are those of the plain NumPy forward
-(bench/numpy_forward.py) with each projection's input rows quantized to e4m3 per token.
-Then every rejection of the option."""
+"""``ignition export --quantize fp8`` of a tiny checkpoint whose projections are an FP8
+shard written by HF compressed-tensors itself (tests/fixtures/fp8_tiny, made by its
+make_fixture.py in a throwaway torch + compressed-tensors environment): layer 0 in the
+FP8_DYNAMIC scheme (bf16 scales per output channel), layer 1 in the FP8 scheme (one bf16
+scale per tensor, a static input_scale), config.json's quantization_config as the library
+writes it. The loader's weights equal compressed-tensors' own dequantization bitwise, the
+export keeps the codes and scales exactly (FP8 storage with [rows, 1] scale weights), lint
+passes for both backends, and the cpu backend serves the core: its greedy tokens and
+logits are those of the plain NumPy forward (bench/numpy_forward.py) with each
+projection's input rows quantized to e4m3 per token. Then every rejection of the option
+and of the layouts the loader does not read."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -18,54 +22,99 @@ import pytest
 from helios_contract.schema import manifest_pb2 as mpb
 from helios_ignition.checkpoint import load_safetensors_dir
 from helios_ignition.checkpoint.errors import UnsupportedTensorError
+from helios_ignition.checkpoint.safetensors_loader import bf16_to_float32
 from helios_serve.runtime.driver import Driver
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
 from helios_tools.kernels.fp8 import decode_e4m3, quantize_rows
 from helios_tools.lint import lint_capabilities
+from safetensors.numpy import load_file
 
 from tests.ignition.export.test_tiny_export import plain_llama_class
 from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, REPO, TINY, run_export
 
-SHARD = REPO / "tests" / "fixtures" / "fp8_tiny" / "model-fp8.safetensors"
+FIXTURE = REPO / "tests" / "fixtures" / "fp8_tiny"
+SHARD = FIXTURE / "model-fp8.safetensors"
+REFERENCE = load_file(str(FIXTURE / "reference-dequantized.safetensors"))
+QUANT_CONFIG = json.loads((FIXTURE / "config.json").read_text())["quantization_config"]
 PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 FP8_NAMES = tuple(f"model.layers.{i}.{p}.weight" for i in range(2) for p in PROJ)
 
 
-def _header(path: Path) -> dict:
+def _read(path: Path) -> tuple[dict, dict[str, bytes]]:
+    """A safetensors file's header entries (no __metadata__) and each tensor's bytes."""
     raw = path.read_bytes()
     n = int.from_bytes(raw[:8], "little")
-    return json.loads(raw[8:8 + n]), 8 + n, raw
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    data = {k: raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in header.items()}
+    return header, data
+
+
+def _write(path: Path, header: dict, data: dict[str, bytes]) -> None:
+    """Write entries back (dtype and shape from `header`, bytes from `data`)."""
+    entries, blob = {}, bytearray()
+    for name, info in header.items():
+        entries[name] = {"dtype": info["dtype"], "shape": info["shape"],
+                         "data_offsets": [len(blob), len(blob) + len(data[name])]}
+        blob += data[name]
+    text = json.dumps(entries).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(blob))
 
 
 def _stored(name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, scales [rows, 1]) of `name` read straight from the fixture's bytes."""
-    header, start, raw = _header(SHARD)
-    w, s = header[name], header[name + "_scale"]
-    codes = np.frombuffer(raw[start + w["data_offsets"][0]:start + w["data_offsets"][1]],
-                          np.uint8).reshape(w["shape"])
-    scale = np.frombuffer(raw[start + s["data_offsets"][0]:start + s["data_offsets"][1]], "<f4")
+    """(codes, scales [rows, 1] f32) of `name` read straight from the fixture's bytes."""
+    header, data = _read(SHARD)
+    assert header[name]["dtype"] == "F8_E4M3" and header[name + "_scale"]["dtype"] == "BF16"
+    codes = np.frombuffer(data[name], np.uint8).reshape(header[name]["shape"])
+    scale = bf16_to_float32(np.frombuffer(data[name + "_scale"], "<u2"))
     return codes, np.broadcast_to(scale.reshape(-1, 1), (codes.shape[0], 1))
+
+
+def _fp8_folder(folder: Path, frontend, quant: dict | None = None) -> Path:
+    """The tiny checkpoint with the fixture's shard and its quantization_config."""
+    from tests.ignition.export.tiny import write_checkpoint
+
+    write_checkpoint(folder, frontend, drop=FP8_NAMES)
+    shutil.copy(SHARD, folder / SHARD.name)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = QUANT_CONFIG if quant is None else quant
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
 
 
 @pytest.fixture(scope="module")
 def fp8_checkpoint(tmp_path_factory, smollm2_frontend) -> Path:
-    from tests.ignition.export.tiny import write_checkpoint
-
-    folder = write_checkpoint(tmp_path_factory.mktemp("fp8") / "tiny-fp8", smollm2_frontend,
-                              drop=FP8_NAMES)
-    shutil.copy(SHARD, folder / SHARD.name)
-    return folder
+    return _fp8_folder(tmp_path_factory.mktemp("fp8") / "tiny-fp8", smollm2_frontend)
 
 
-def test_loader_reads_codes_and_scales_as_stored(fp8_checkpoint):
+def test_the_fixture_is_what_compressed_tensors_writes():
+    groups = QUANT_CONFIG["config_groups"]
+    assert QUANT_CONFIG["quant_method"] == "compressed-tensors"
+    assert QUANT_CONFIG["format"] == "float-quantized"
+    assert [(g["weights"]["strategy"], g["input_activations"]["strategy"],
+             g["input_activations"]["dynamic"]) for g in groups.values()] == [
+        ("channel", "token", True), ("tensor", "tensor", False)]
+    header, _ = _read(SHARD)
+    assert header["model.layers.0.mlp.up_proj.weight_scale"]["shape"] == [128, 1]
+    assert "model.layers.0.mlp.up_proj.input_scale" not in header  # dynamic: none stored
+    assert header["model.layers.1.mlp.up_proj.weight_scale"]["shape"] == [1]
+    scale = header["model.layers.1.mlp.up_proj.input_scale"]
+    assert (scale["dtype"], scale["shape"]) == ("BF16", [1])  # static: stored, not read
+
+
+def test_loader_reads_compressed_tensors_weights_exactly(fp8_checkpoint):
+    """Bitwise: an e4m3 code times a bf16 scale is exact in f32, on both sides."""
     ck = load_safetensors_dir(fp8_checkpoint)
-    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+    for name in FP8_NAMES:
+        np.testing.assert_array_equal(ck.tensor(name), REFERENCE[name])
         codes, scales = ck.fp8(name)
         want_codes, want_scales = _stored(name)
         assert np.array_equal(codes, want_codes) and np.array_equal(scales, want_scales)
-        assert np.array_equal(ck.tensor(name), decode_e4m3(want_codes) * want_scales)
+        assert np.array_equal(decode_e4m3(codes) * scales, REFERENCE[name])
     assert ck.fp8("model.norm.weight") is None
 
 
@@ -204,20 +253,22 @@ def test_rejections_are_usage_errors(tmp_path, tiny_checkpoint, signing_key_pair
     assert not out.exists()
 
 
-def test_fp8_scale_of_another_shape_is_refused(tmp_path, fp8_checkpoint):
-    """A scale that is neither one per output channel nor one per tensor (here 32 values
-    for 64 rows, as a block-wise layout has) is refused, naming the tensor."""
-    folder = tmp_path / "blocky"
-    shutil.copytree(fp8_checkpoint, folder)
-    spec = importlib.util.spec_from_file_location("fp8_fixture", SHARD.with_name("make_fixture.py"))
-    fixture = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fixture)
-    entries = fixture.tensors()
+@pytest.mark.parametrize(("shape", "layout"), [
+    ([64, 2], "compressed-tensors' group strategy, groups of 64 along K = 128"),
+    ([32, 2], "a block-wise layout: as many values as rows, not one per row"),
+])
+def test_fp8_scale_of_another_shape_is_refused(tmp_path, smollm2_frontend, shape, layout):
+    """A scale that is neither one per output channel ([rows, 1] or [rows]) nor one per
+    tensor is refused, naming the tensor (`layout` says which checkpoint writes it)."""
+    folder = _fp8_folder(tmp_path / "grouped", smollm2_frontend)
+    header, data = _read(folder / SHARD.name)
     name = "model.layers.0.mlp.down_proj.weight_scale"
-    entries[name] = ("F32", (32, 1), np.full(32, 1e-4, "<f4").tobytes())  # 64 rows want 64
-    fixture.write(folder / SHARD.name, entries)
+    header[name]["shape"] = shape
+    data[name] = np.full(shape[0] * shape[1], 0x3C00, "<u2").tobytes()  # bf16 2**-7
+    _write(folder / SHARD.name, header, data)
     ck = load_safetensors_dir(folder)
-    with pytest.raises(UnsupportedTensorError, match=f"{name!r} has shape \\[32, 1\\]; FP8 "
-                       "scales are one per tensor or one per output channel \\(64\\)"):
+    with pytest.raises(UnsupportedTensorError, match=f"{name!r} has shape "
+                       f"\\[{shape[0]}, {shape[1]}\\]; FP8 scales are one per tensor or one "
+                       "per output channel \\(64\\), not per block"):
         ck.tensor("model.layers.0.mlp.down_proj.weight")
     assert TINY.hidden_size == 64
