@@ -71,6 +71,11 @@ FP8_SCALE_SUFFIX = "_scale"
 # checkpoint_format is "gptq_v2"; g_idx [in] must be i // group (no act-order permutation).
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 INT4_PARTS = (".qweight", ".qzeros", ".scales")
+# The packed layouts read, by the quantization_config key that names them (its value when
+# the key is absent first): AutoAWQ's GEMM (its GEMV layouts pack along the other axis),
+# GPTQ's continuous v1 and v2 (GPTQModel's planar "gptq_p", "marlin", "bitblas", ... use
+# the same tensor names with other bit layouts, so the key is checked, not the names).
+INT4_LAYOUTS = {"awq": ("version", ("gemm",)), "gptq": ("checkpoint_format", ("gptq", "gptq_v2"))}
 
 
 def _nibbles(packed: np.ndarray) -> np.ndarray:
@@ -297,6 +302,12 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
                     f"{folder}: {prefix}.qweight is 4-bit packed but config.json's "
                     f"quantization_config is {method or 'absent'!r} with bits "
                     f"{quant.get('bits')}; only 4-bit awq and gptq are read")
+            key, layouts = INT4_LAYOUTS[method]
+            layout = str(quant.get(key, layouts[0])).lower()
+            if layout not in layouts:
+                raise UnsupportedTensorError(
+                    f"{folder}: config.json's quantization_config {key} is {layout!r}; the "
+                    f"{method} layouts read are {', '.join(repr(x) for x in layouts)}")
             for part in INT4_PARTS:
                 if prefix + part not in where:
                     raise MissingTensorError(source, prefix + part,
@@ -396,7 +407,7 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
             codes, zeros = awq_codes(qweight, qzeros)
         else:
             codes, zeros = gptq_codes(qweight, qzeros,
-                                      quant.get("checkpoint_format") == "gptq_v2")
+                                      str(quant.get("checkpoint_format")).lower() == "gptq_v2")
         k, n = codes.shape
         if scales.shape[1] != n or zeros.shape != scales.shape or k % scales.shape[0]:
             raise CheckpointFormatError(
