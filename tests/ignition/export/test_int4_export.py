@@ -6,8 +6,11 @@ loader's weights equal AutoAWQ's dequantize_gemm bitwise, the export repacks the
 without floats (INT4 storage, group 64 at K = 64, 128 at K = 128, scales and zero points
 as the checkpoint has them), lint passes for both backends, and the cpu backend's greedy
 tokens and logits are those of the plain NumPy forward over AutoAWQ's dequantized weights.
-GPTQ: the packing by hand (no GPTQ implementation installs here), v1 zero points, and the
-act-order refusal. Then the option's rejections."""
+GPTQ: tiny checkpoints quantized and packed by GPTQModel (tests/fixtures/gptq_tiny, its
+make_fixture.py: the GPTQ algorithm, TorchLinear.pack, the v1 zero points it saves), sym
+True and False: the loader's weights equal GPTQModel's dequantize_weight bitwise, the
+export stores those codes; GPTQModel's act-order output and the layouts not read are
+refused in one line. Then the packing rules by hand and the option's rejections."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from tests.ignition.export.test_tiny_export import plain_llama_class
 from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, REPO, run_export
 
 FIXTURE = REPO / "tests" / "fixtures" / "awq_tiny"
+GPTQ_FIXTURE = REPO / "tests" / "fixtures" / "gptq_tiny"
 SHARD = FIXTURE / "model-awq.safetensors"
 REFERENCE = load_file(str(FIXTURE / "reference-dequantized.safetensors"))
 PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -172,29 +176,6 @@ def test_gptq_packing_by_hand():
     assert np.array_equal(got_codes, codes) and np.array_equal(got_zeros, zeros)
 
 
-@pytest.fixture
-def gptq_checkpoint(tmp_path, smollm2_frontend):
-    """The AWQ fixture's codes re-packed by hand in GPTQ's layout (v1 zero points)."""
-    from tests.ignition.export.tiny import write_checkpoint
-
-    folder = write_checkpoint(tmp_path / "tiny-gptq", smollm2_frontend, drop=NAMES)
-    awq = load_safetensors_dir(_awq_folder(tmp_path, smollm2_frontend))
-    shard = {}
-    for name in NAMES:
-        packed, scales, zeros = awq.int4(name)
-        codes = np.empty((packed.shape[0], packed.shape[1] * 2), np.uint8)
-        codes[:, 0::2], codes[:, 1::2] = packed & 0xF, packed >> 4
-        prefix = name.removesuffix(".weight")
-        qweight, qzeros = _gptq_pack(codes.T, zeros.T.astype(np.uint8))
-        group = codes.shape[1] // scales.shape[1]
-        shard |= {f"{prefix}.qweight": qweight, f"{prefix}.qzeros": qzeros,
-                  f"{prefix}.scales": scales.T.astype(np.float16),
-                  f"{prefix}.g_idx": (np.arange(codes.shape[1]) // group).astype(np.int32)}
-    save_file(shard, str(folder / "model-gptq.safetensors"))
-    _with_quant_config(folder, quant_method="gptq", bits=4, desc_act=False, sym=False)
-    return folder
-
-
 def _awq_folder(tmp_path, frontend) -> Path:
     from tests.ignition.export.tiny import write_checkpoint
 
@@ -204,31 +185,132 @@ def _awq_folder(tmp_path, frontend) -> Path:
     return folder
 
 
-def test_gptq_reads_the_same_weights(gptq_checkpoint):
-    ck = load_safetensors_dir(gptq_checkpoint)
+def _gptq_folder(folder: Path, frontend, tag: str) -> Path:
+    """The tiny checkpoint with GPTQModel's shard and quantization_config (`tag`: sym or
+    asym)."""
+    from tests.ignition.export.tiny import write_checkpoint
+
+    write_checkpoint(folder, frontend, drop=NAMES)
+    shutil.copy(GPTQ_FIXTURE / f"model-gptq-{tag}.safetensors", folder / "model-gptq.safetensors")
+    quant = json.loads((GPTQ_FIXTURE / f"config-{tag}.json").read_text())
+    _with_quant_config(folder, **quant["quantization_config"])
+    return folder
+
+
+def test_the_gptq_fixture_is_what_gptqmodel_writes():
+    for tag, sym in (("sym", True), ("asym", False)):
+        quant = json.loads((GPTQ_FIXTURE / f"config-{tag}.json").read_text())
+        assert quant["quantization_config"] == {
+            "bits": 4, "checkpoint_format": "gptq", "desc_act": False, "format": "gptq",
+            "group_size": 128, "lm_head": False, "method": "gptq", "pack_dtype": "int32",
+            "quant_method": "gptq", "sym": sym}
+        shard = load_file(str(GPTQ_FIXTURE / f"model-gptq-{tag}.safetensors"))
+        prefix = "model.layers.1.mlp.down_proj"
+        assert {k.removeprefix(prefix): (v.dtype, v.shape) for k, v in shard.items()
+                if k.startswith(prefix)} == {
+            ".qweight": (np.int32, (16, 64)), ".qzeros": (np.int32, (1, 8)),
+            ".scales": (np.float16, (1, 64)), ".g_idx": (np.int32, (128,))}
+    # sym: every zero point is 8, stored v1 as 7 in each nibble
+    sym = load_file(str(GPTQ_FIXTURE / "model-gptq-sym.safetensors"))
+    assert all(np.all(v == 0x77777777) for k, v in sym.items() if k.endswith(".qzeros"))
+
+
+@pytest.mark.parametrize("tag", ["sym", "asym"])
+def test_loader_reads_gptqmodel_weights_exactly(tmp_path, smollm2_frontend, tag):
+    """Bitwise: (code - zero) * f16 scale is exact in f32, here and in the reference."""
+    reference = load_file(str(GPTQ_FIXTURE / f"reference-{tag}.safetensors"))
+    ck = load_safetensors_dir(_gptq_folder(tmp_path / tag, smollm2_frontend, tag))
     for name in NAMES:
-        np.testing.assert_array_equal(ck.tensor(name), REFERENCE[name])
+        np.testing.assert_array_equal(ck.tensor(name), reference[name])
+        codes, scales, zeros = ck.int4(name)
+        assert np.array_equal(dequantize_int4(codes, scales, zeros), reference[name])
+    # group_size 128 covers K = 64 in one group: the export's 64 there
+    assert ck.int4("model.layers.0.self_attn.q_proj.weight")[1].shape == (64, 1)
+    assert ck.int4("model.layers.0.mlp.down_proj.weight")[1].shape == (64, 1)
 
 
-def test_gptq_act_order_is_refused_in_one_line(gptq_checkpoint, tmp_path, signing_key_pair):
-    shard = gptq_checkpoint / "model-gptq.safetensors"
-    tensors = load_file(str(shard))
-    # act-order: input row i belongs to group g_idx[i], not i // group (here the tiny
-    # K = 64 has one group; its second half is sent to a second group)
-    name = "model.layers.0.mlp.up_proj.g_idx"
-    tensors[name] = (np.arange(64) >= 32).astype(np.int32)
+@pytest.mark.parametrize("tag", ["sym", "asym"])
+def test_gptq_export_stores_gptqmodels_codes(tmp_path, smollm2_frontend, signing_key_pair,
+                                             tag):
+    folder = _gptq_folder(tmp_path / tag, smollm2_frontend, tag)
+    private, public = signing_key_pair
+    out = tmp_path / "gptq.core"
+    result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
+                        "--namespace", NAMESPACE, "--out", out, "--weight-dtype", "f32",
+                        "--quantize", "int4")
+    assert result.exit_code == 0, result.output
+    core = open_core(out, [load_public_key(public)])
+    reference = load_file(str(GPTQ_FIXTURE / f"reference-{tag}.safetensors"))
+    sizes = {"wo": ("o_proj", 64), "w_down": ("down_proj", 128)}
+    for key, (proj, block) in sizes.items():
+        decl = next(b for b in core.manifest.buffers if b.name == f"L1.{key}")
+        assert decl.storage.block_elements == block
+        codes = np.frombuffer(core.read_resource(f"weights/L1.{key}"), np.uint8)
+        scales = np.frombuffer(core.read_resource(f"weights/L1.{key}.scale"), "<f4")
+        zeros = np.frombuffer(core.read_resource(f"weights/L1.{key}.zero"), "<f4")
+        want = reference[f"model.layers.1.{'mlp' if key == 'w_down' else 'self_attn'}."
+                         f"{proj}.weight"]
+        rows = want.shape[0]
+        got = dequantize_int4(codes.reshape(rows, -1), scales.reshape(rows, -1),
+                              zeros.reshape(rows, -1))
+        assert np.array_equal(got, want), key
+    assert lint_capabilities(core.contract, core.manifest, ["cpu", "cuda"]) == []
+
+
+def test_gptq_act_order_is_refused_in_one_line(tmp_path, smollm2_frontend, signing_key_pair):
+    """GPTQModel's desc_act=True output (act-order.safetensors: down_proj of layer 0, groups
+    of 32 along K = 128): input row i belongs to group g_idx[i], not i // 32."""
+    folder = _gptq_folder(tmp_path / "act", smollm2_frontend, "asym")
+    shard = folder / "model-gptq.safetensors"
+    tensors = load_file(str(shard)) | load_file(str(GPTQ_FIXTURE / "act-order.safetensors"))
     save_file(tensors, str(shard))
-    with pytest.raises(UnsupportedTensorError, match="act-order"):
-        load_safetensors_dir(gptq_checkpoint).int4("model.layers.0.mlp.up_proj.weight")
+    _with_quant_config(folder, **json.loads((GPTQ_FIXTURE / "config-asym.json").read_text())[
+        "quantization_config"] | {"desc_act": True, "group_size": 32})
+    prefix = "model.layers.0.mlp.down_proj"
+    message = (f"{folder}: {prefix}.g_idx permutes the groups (GPTQ act-order / desc_act); "
+               "re-quantize with desc_act=False")
+    with pytest.raises(UnsupportedTensorError) as info:
+        load_safetensors_dir(folder).int4(f"{prefix}.weight")
+    assert str(info.value) == message
     private, _ = signing_key_pair
     out = tmp_path / "x.core"
-    result = run_export(LLAMA_RECIPE, "--checkpoint", gptq_checkpoint, "--key", private,
+    result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
                         "--namespace", NAMESPACE, "--out", out, "--quantize", "int4")
-    assert result.exit_code != 0 and "Traceback" not in result.stderr
-    assert "g_idx permutes the groups (GPTQ act-order / desc_act)" in result.stderr
     errors = [x for x in result.stderr.splitlines() if x.startswith("ignition: error")]
-    assert len(errors) == 1 and errors[0].endswith("re-quantize with desc_act=False")
+    assert result.exit_code != 0 and "Traceback" not in result.stderr
+    assert len(errors) == 1 and errors[0].endswith(message), errors
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("method", "key", "value", "read"), [
+    ("gptq", "checkpoint_format", "gptq_p", "'gptq', 'gptq_v2'"),
+    ("gptq", "checkpoint_format", "marlin", "'gptq', 'gptq_v2'"),
+    ("awq", "version", "gemv", "'gemm'"),
+])
+def test_a_packed_layout_not_read_is_refused(tmp_path, smollm2_frontend, signing_key_pair,
+                                            method, key, value, read):
+    """Same tensor names, other bit layouts: the config's layout key is refused in one
+    line instead of misreading the words."""
+    if method == "gptq":
+        folder = _gptq_folder(tmp_path / "g", smollm2_frontend, "asym")
+        quant = json.loads((GPTQ_FIXTURE / "config-asym.json").read_text())[
+            "quantization_config"]
+    else:
+        folder = _awq_folder(tmp_path, smollm2_frontend)
+        quant = {"quant_method": "awq", "bits": 4, "zero_point": True}
+    _with_quant_config(folder, **quant | {key: value})
+    message = (f"{folder}: config.json's quantization_config {key} is {value!r}; the "
+               f"{method} layouts read are {read}")
+    with pytest.raises(UnsupportedTensorError) as info:
+        load_safetensors_dir(folder)
+    assert str(info.value) == message
+    private, _ = signing_key_pair
+    result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
+                        "--namespace", NAMESPACE, "--out", tmp_path / "x.core",
+                        "--quantize", "int4")
+    errors = [x for x in result.stderr.splitlines() if x.startswith("ignition: error")]
+    assert result.exit_code != 0 and "Traceback" not in result.stderr
+    assert len(errors) == 1 and errors[0].endswith(message), errors
 
 
 def test_packed_weights_without_a_4_bit_config_are_refused(tmp_path, smollm2_frontend):
