@@ -272,3 +272,34 @@ def test_fp8_scale_of_another_shape_is_refused(tmp_path, smollm2_frontend, shape
                        "per output channel \\(64\\), not per block"):
         ck.tensor("model.layers.0.mlp.down_proj.weight")
     assert TINY.hidden_size == 64
+
+
+OTHER_SCHEMES = json.loads((FIXTURE / "other-schemes.json").read_text())
+
+
+@pytest.mark.parametrize(("scheme", "described"), [
+    ("W4A16", "pack-quantized int4 weights by group"),
+    ("W8A8", "int-quantized int8 weights by channel"),
+    ("FP8_BLOCK", "float-quantized float8 weights by block"),
+])
+def test_a_compressed_tensors_scheme_not_read_is_refused(tmp_path, smollm2_frontend,
+                                                         signing_key_pair, scheme, described):
+    """The quantization_config compressed-tensors writes for that preset (the fixture's
+    other-schemes.json) is refused by its config group, in one line, before any tensor
+    is read: a block-wise scale on these small matrices is a single value that would
+    pass for one per tensor."""
+    folder = _fp8_folder(tmp_path / scheme, smollm2_frontend, OTHER_SCHEMES[scheme])
+    message = (f"{folder}: config.json's quantization_config group 'group_0' is {described}; "
+               "the compressed-tensors scheme read is float8 weights by channel or tensor "
+               "(float-quantized)")
+    with pytest.raises(UnsupportedTensorError) as info:
+        load_safetensors_dir(folder)
+    assert str(info.value) == message
+    private, _ = signing_key_pair
+    out = tmp_path / "x.core"
+    result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
+                        "--namespace", NAMESPACE, "--out", out, "--quantize", "fp8")
+    errors = [x for x in result.stderr.splitlines() if x.startswith("ignition: error")]
+    assert result.exit_code != 0 and "Traceback" not in result.stderr
+    assert len(errors) == 1 and errors[0].endswith(message), errors
+    assert not out.exists()

@@ -60,6 +60,30 @@ _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I1
 # `input_scale_ub`) are not read: activations are quantized per token when served.
 FP8_DTYPE = "F8_E4M3"
 FP8_SCALE_SUFFIX = "_scale"
+# The compressed-tensors schemes read: 8-bit float weights ("float-quantized", or
+# "naive-quantized", which stores the same codes) per output channel or per tensor. Its
+# other schemes (int4 "pack-quantized", int8 "int-quantized", block- or group-wise FP8,
+# FP4) store other tensors or other scales: refused by their config group.
+CT_FORMATS = ("float-quantized", "naive-quantized")
+CT_STRATEGIES = ("channel", "tensor")
+
+
+def _check_compressed_tensors(quant: dict[str, Any], source: str) -> None:
+    """Raise UnsupportedTensorError for a compressed-tensors config group whose weights
+    are not FP8 per channel or per tensor."""
+    for name, group in (quant.get("config_groups") or {}).items():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if not weights:  # activations only: the weights stay float
+            continue
+        fmt = group.get("format") or quant.get("format")
+        kind, bits, strategy = weights.get("type"), weights.get("num_bits"), \
+            weights.get("strategy")
+        if fmt not in CT_FORMATS or (kind, bits) != ("float", 8) or \
+                strategy not in CT_STRATEGIES:
+            raise UnsupportedTensorError(
+                f"{source}: config.json's quantization_config group {name!r} is {fmt} "
+                f"{kind}{bits} weights by {strategy}; the compressed-tensors scheme read is "
+                "float8 weights by channel or tensor (float-quantized)")
 
 
 # 4-bit weight-only checkpoints: X.weight is stored as X.qweight (int32, eight codes each),
@@ -290,6 +314,8 @@ def load_safetensors_dir(folder: str | Path) -> Checkpoint:
     names = tuple(geometry.tensor_shapes())
     quant = config.get("quantization_config") or {}
     method = str(quant.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        _check_compressed_tensors(quant, source)
     int4_names: set[str] = set()
     for name in names:
         if geometry.vision is not None and name.startswith("model.") and \
