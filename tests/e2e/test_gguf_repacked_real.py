@@ -33,11 +33,11 @@ STEPS = 16
 
 
 @pytest.fixture(scope="module")
-def gguf_core(tmp_path_factory, signing_key_pair):
+def gguf_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
     private, public = signing_key_pair
     out = tmp_path_factory.mktemp("gguf-cuda") / "smollm2-gguf-sm90.core"
-    export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
-                weight_dtype="gguf", targets=("sm_90",))
+    export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private, namespace=NAMESPACE,
+                out=out, weight_dtype="gguf", targets=("sm_90",))
     core = open_core(out, [load_public_key(public)])
     authorize(core, NAMESPACE)
     return out, public, core
@@ -178,7 +178,7 @@ def test_gemma3_q4_k_m_repacks_every_projection_exactly(tmp_path, signing_key_pa
 
 
 def test_an_e4m3_kv_cache_beside_repacked_weights_keeps_the_default_scales(
-        tmp_path, signing_key_pair, monkeypatch):
+        tmp_path, signing_key_pair, smollm2_checkpoint, monkeypatch):
     """``--kv-cache-dtype fp8`` on the repacked export: the repacked launches read codes
     the f32 calibration prefill does not run, so the scales are vLLM's default 1.0 and the
     report says why; both storages in one core, lint-clean for both backends. (The cubins
@@ -188,8 +188,8 @@ def test_an_e4m3_kv_cache_beside_repacked_weights_keeps_the_default_scales(
     monkeypatch.setattr(aot, "compile_targets", lambda manifest, targets, progress=None: {})
     private, public = signing_key_pair
     out = tmp_path / "smollm2-gguf-kv8.core"
-    summary = export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
-                          out=out, weight_dtype="gguf", targets=("sm_90",),
+    summary = export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private,
+                          namespace=NAMESPACE, out=out, weight_dtype="gguf", targets=("sm_90",),
                           kv_cache_dtype="fp8")
     assert summary.kv_cache.endswith(
         "per-head scales, 1, the uncalibrated default as vLLM's (quantized weights); the "

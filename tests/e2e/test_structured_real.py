@@ -159,7 +159,7 @@ def test_recipe_declares_the_frontend_presets():
 
 
 @pytest.fixture(scope="module")
-def tools_core(tmp_path_factory, signing_key_pair) -> tuple[Path, Path]:
+def tools_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint) -> tuple[Path, Path]:
     """(core, public key): the tools recipe exported once (float32 weights)."""
     from helios_ignition.export import export_core
 
@@ -167,7 +167,7 @@ def tools_core(tmp_path_factory, signing_key_pair) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("core-tools") / "smollm2-tools-f32.core"
     export_core(
         TOOLS_RECIPE,
-        checkpoint="smollm2",
+        checkpoint=smollm2_checkpoint,
         key_path=private,
         namespace=NAMESPACE,
         out=out,
@@ -205,6 +205,20 @@ def tools_url(tools_core, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def tools_tokenizer(tools_core):
+    """The served core's tokenizer (the one helios-serve decodes with)."""
+    from helios_serve.bootstrap import Bootstrap
+    from tokenizers import Tokenizer
+
+    core, public = tools_core
+    bootstrap = Bootstrap.load(core, [public], NAMESPACE)
+    try:
+        return Tokenizer.from_str(bootstrap.tokenizer_json)
+    finally:
+        bootstrap.close()
 
 
 @pytest.fixture(scope="module")
@@ -380,23 +394,22 @@ def test_required_tool_choice_with_parallel_calls_finishes_within_the_call_limit
 @pytest.mark.slow
 @pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
 def test_a_call_cut_inside_its_arguments_is_no_tool_call_streaming_and_not(tools_client,
-                                                                          tools_url, choice):
+                                                                          tools_url,
+                                                                          tools_tokenizer,
+                                                                          choice):
     """Cut by max_tokens one token after the argument key: finish "length" and no
     tool_calls entry (its arguments would not be JSON; the clients json.loads them), no
     markup as content, streaming and not (docs/api.md, "Tool calls cut by max_tokens");
     litellm and langchain-openai read it without error."""
     import litellm
-    from helios_ignition.export import open_checkpoint
     from langchain_openai import ChatOpenAI
-    from tokenizers import Tokenizer
 
     ask = dict(messages=PARIS_WEATHER, tools=[OPEN_WEATHER_TOOL], tool_choice=choice,
                parallel_tool_calls=False)
     full = _create(tools_client, max_tokens=96, extra_body={"return_token_ids": True}, **ask)
     assert full.choices[0].finish_reason == ("stop" if choice == NAMED else "tool_calls")
     ids = full.choices[0].model_extra["token_ids"]
-    tok = Tokenizer.from_str(open_checkpoint("smollm2", None, None).tokenizer_json)
-    cut = next(k for k in range(len(ids)) if '"city"' in tok.decode(ids[:k]))
+    cut = next(k for k in range(len(ids)) if '"city"' in tools_tokenizer.decode(ids[:k]))
     r = _create(tools_client, max_tokens=cut + 1, **ask)
     assert r.choices[0].finish_reason == "length"
     assert r.choices[0].message.content == ""  # an empty message, as without tools
