@@ -13,16 +13,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from click.testing import CliRunner
 from helios_serve.bootstrap import StartupError
-from helios_serve.cli import (
-    CHECKPOINT_NAMESPACE,
-    checkpoint_fingerprint,
-    main,
-    prepare_checkpoint,
-)
+from helios_serve.cli import CHECKPOINT_NAMESPACE, checkpoint_fingerprint, prepare_checkpoint
 
-from tests.tiny_model import LLAMA_RECIPE, SERVED_ID, serve_error_line, write_tiny_checkpoint
+from tests.tiny_model import (
+    LLAMA_RECIPE,
+    SERVED_ID,
+    serve_error_line,
+    serve_fails,
+    write_tiny_checkpoint,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -142,11 +142,9 @@ def test_checkpoint_fingerprint_covers_content_name_recipe_and_options(tmp_path)
 
 
 def _fails(env: dict[str, str], *args: str | Path) -> str:
-    """helios-serve ARGS run in this process (click's runner: the option checks fail
-    before anything loads or starts) exits 2 with one error line."""
-    result = CliRunner().invoke(main, list(map(str, args)), env=env)
-    assert result.exit_code == 2, result.output
-    return serve_error_line(result.stderr)
+    """helios-serve ARGS (in this process, `env` over os.environ) exits 2 with one error
+    line: the option checks fail before anything loads or starts."""
+    return serve_fails(*args, env=env)
 
 
 def test_recipe_checkpoint_failures_are_one_line_exit_2(tmp_path):
