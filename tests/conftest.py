@@ -96,16 +96,23 @@ def _once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
         return paths
 
 
-# Folders whose test files share one costly per-process resource, so xdist hands each
-# folder to a single worker: tests/ray's files share the session's local Ray cluster
-# (`ray_cluster`: about 20 s to start, 4 CPUs claimed), which a second worker would start
-# again beside the first.
-ONE_WORKER_FOLDERS = ("tests/ray/",)
+# Test files that share one costly per-process resource, so xdist hands each group (its
+# files and folders, by path prefix) to a single worker, which would otherwise build the
+# resource again beside the first: tests/ray's files share the session's local Ray cluster
+# (`ray_cluster`: about 20 s to start, 4 CPUs claimed); the Gemma 3 files share
+# `gemma3_checkpoint` and `gemma3_gguf_reader` (Gemma 3's GGUF opened: about 17 s of CPU
+# each, most of it the `gguf` reader parsing the metadata of its 262,144-piece vocabulary).
+ONE_WORKER_GROUPS: dict[str, tuple[str, ...]] = {
+    "tests/ray/": ("tests/ray/",),
+    "gemma3": ("tests/ignition/test_gemma3_family.py", "tests/ignition/test_gguf_repack.py",
+               "tests/e2e/test_gemma3_http.py", "tests/e2e/test_gguf_repacked_real.py",
+               "tests/serve/runtime/test_gemma3_core.py"),
+}
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without xdist ignores it
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` with every file of a `ONE_WORKER_FOLDERS` folder in one unit."""
+    """`--dist loadfile` with the files of each `ONE_WORKER_GROUPS` group in one unit."""
     if config.getvalue("dist") != "loadfile":
         return None
     # Imported here: xdist is the caller, so it is installed whenever this runs.
@@ -113,9 +120,9 @@ def pytest_xdist_make_scheduler(config, log):
 
     class FolderOrFileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            for folder in ONE_WORKER_FOLDERS:
-                if nodeid.startswith(folder):
-                    return folder
+            for group, prefixes in ONE_WORKER_GROUPS.items():
+                if nodeid.startswith(prefixes):
+                    return group
             return super()._split_scope(nodeid)
 
     return FolderOrFileScheduling(config, log)
@@ -193,6 +200,17 @@ def gemma3_checkpoint():
     from helios_ignition.checkpoint import gemma3_270m_gguf_path, load_gguf
 
     return load_gguf(gemma3_270m_gguf_path())
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf_reader():
+    """Gemma 3 270M's GGUF as the `gguf` package reads it (`gguf.GGUFReader`: the tensors
+    as stored, GGUF names), opened once per worker, for the tests that compare against the
+    raw file."""
+    import gguf  # start-up time: imported by the few tests that read a GGUF raw
+    from helios_ignition.checkpoint import gemma3_270m_gguf_path
+
+    return gguf.GGUFReader(str(gemma3_270m_gguf_path()))
 
 
 @pytest.fixture(scope="session")
