@@ -61,6 +61,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
 NAMESPACE = "helios.test/models"
+TOOLS_RECIPE = REPO / "recipes" / "smollm2_135m_instruct_tools.py"
+TOOLS_NAMESPACE = "helios.test/tools"
 
 
 def _once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
@@ -190,6 +192,26 @@ def smollm2_core_f32(request, tmp_path_factory, signing_key_pair) -> ExportedCor
 def smollm2_core_bf16(request, tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with bf16 weights (the recipe's default)."""
     return _export(request, tmp_path_factory, signing_key_pair, "smollm2-bf16", "bf16")
+
+
+@pytest.fixture(scope="session")
+def tools_core(request, tmp_path_factory, signing_key_pair) -> tuple[Path, Path]:
+    """(core, public key): SmolLM2 from `TOOLS_RECIPE` (ChatML that renders tools,
+    JSON_IN_TAGS) exported once per run with float32 weights, signed for
+    `TOOLS_NAMESPACE`; tests/e2e/test_structured_real.py and test_messages_clients.py
+    each serve it."""
+    from helios_ignition.export import export_core
+
+    private, public = signing_key_pair
+
+    def build(folder: Path) -> tuple[Path]:
+        out = folder / "smollm2-tools-f32.core"
+        export_core(TOOLS_RECIPE, checkpoint=request.getfixturevalue("smollm2_checkpoint"),
+                    key_path=private, namespace=TOOLS_NAMESPACE, out=out, weight_dtype="f32")
+        return (out,)
+
+    (out,) = _once_per_run(tmp_path_factory, "core-tools", build)
+    return out, public
 
 
 @pytest.fixture(scope="session")

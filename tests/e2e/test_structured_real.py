@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-TOOLS_RECIPE = REPO / "recipes" / "smollm2_135m_instruct_tools.py"
-NAMESPACE = "helios.test/tools"
+from tests.conftest import TOOLS_NAMESPACE as NAMESPACE
+from tests.conftest import TOOLS_RECIPE
+
 SERVE = str(Path(sys.executable).parent / "helios-serve")
 
 CITY_SCHEMA = {
@@ -159,26 +159,9 @@ def test_recipe_declares_the_frontend_presets():
 
 
 @pytest.fixture(scope="module")
-def tools_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint) -> tuple[Path, Path]:
-    """(core, public key): the tools recipe exported once (float32 weights)."""
-    from helios_ignition.export import export_core
-
-    private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("core-tools") / "smollm2-tools-f32.core"
-    export_core(
-        TOOLS_RECIPE,
-        checkpoint=smollm2_checkpoint,
-        key_path=private,
-        namespace=NAMESPACE,
-        out=out,
-        weight_dtype="f32",
-    )
-    return out, public
-
-
-@pytest.fixture(scope="module")
 def tools_url(tools_core, tmp_path_factory):
-    """Base URL of `helios-serve CORE --trust PUB --accept NS --port 0` on 127.0.0.1."""
+    """Base URL of `helios-serve CORE --trust PUB --accept NS --port 0` on 127.0.0.1, CORE
+    tests/conftest.py's `tools_core` (exported once per run)."""
     core, public = tools_core
     logs = tmp_path_factory.mktemp("serve-tools")
     stdout, stderr = logs / "stdout.txt", logs / "stderr.txt"
