@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helios_contract.schema import manifest_pb2 as mpb
-from helios_ignition.export import export_core, open_checkpoint
+from helios_ignition.export import export_core
 from helios_serve.runtime.driver import Driver
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
@@ -65,11 +65,11 @@ def test_every_block_matrix_is_repacked_and_none_is_a_gguf_block(gguf_core):
     assert not ops & {"linear", "swiglu_linear", "embedding"}
 
 
-def test_stored_weights_dequantize_to_the_checkpoint_bit_for_bit(gguf_core):
+def test_stored_weights_dequantize_to_the_checkpoint_bit_for_bit(gguf_core, smollm2_checkpoint):
     """The fused QKV of layer 0 (q and k rows permuted back from llama.cpp's order, on whole
     block rows) and the embedding, against the checkpoint's f32 tensors."""
     _, _, core = gguf_core
-    ckpt = open_checkpoint("smollm2", None, None)
+    ckpt = smollm2_checkpoint
 
     def read(name, shape, dtype):
         return np.frombuffer(core.read_resource(f"weights/{name}"), dtype).reshape(shape)

@@ -121,11 +121,10 @@ def test_template_renders_tools_calls_and_responses_exactly():
     assert with_system.count("<|im_start|>system") == 1
 
 
-def test_template_without_tools_is_the_checkpoint_template():
-    from helios_ignition.export import open_checkpoint
+def test_template_without_tools_is_the_checkpoint_template(smollm2_checkpoint):
     from helios_tools.frontend_assets import render_chat
 
-    original = open_checkpoint("smollm2", None, None).chat_template
+    original = smollm2_checkpoint.chat_template
     template = _recipe_module().CHAT_TEMPLATE
     conversations = [
         FRANCE_JSON,
