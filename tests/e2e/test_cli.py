@@ -1,4 +1,8 @@
-"""The helios-serve command: startup errors are one line and exit 2; a real core serves."""
+"""The helios-serve command: startup errors are one line and exit 2; a real core serves.
+
+The startup errors run `main` in this process (click's runner), as the installed command
+would, except test_usage_errors, which runs the command itself: the failures are the
+same code either way, and a process start costs seconds of imports per case."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.tiny_model import serve_error_line
+from tests.tiny_model import serve_error_line, serve_fails
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +31,13 @@ DEMO_REFERENCE = next(p for p in _LLAMACPP["runs"]["f32_cache"]["prompts"]
 
 
 def _fails(*args) -> str:
-    """helios-serve ARGS exits 2 with one error line (after any startup phase lines)."""
+    """helios-serve ARGS (in this process) exits 2 with one error line (after any startup
+    phase lines); test_usage_errors runs the installed command."""
+    return serve_fails("--port", "0", *args)
+
+
+def _command_fails(*args) -> str:
+    """`_fails` through the installed `helios-serve` command, in its own process."""
     proc = subprocess.run([SERVE, "--port", "0", *map(str, args)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
@@ -85,8 +95,8 @@ def test_missing_graph_variant(smollm2_core_f32, tmp_path):
 
 
 def test_usage_errors():
-    assert "missing CORE" in _fails()
-    assert "--trust" in _fails("x.core", "--accept", "ns")
+    assert "missing CORE" in _command_fails()
+    assert "--trust" in _command_fails("x.core", "--accept", "ns")
 
 
 def test_serves_a_core_and_startup_options_beat_defaults(smollm2_core_f32):

@@ -16,7 +16,13 @@ import pytest
 from helios_serve.bootstrap import StartupError
 from helios_serve.cli import CHECKPOINT_NAMESPACE, checkpoint_fingerprint, prepare_checkpoint
 
-from tests.tiny_model import LLAMA_RECIPE, SERVED_ID, serve_error_line, write_tiny_checkpoint
+from tests.tiny_model import (
+    LLAMA_RECIPE,
+    SERVED_ID,
+    serve_error_line,
+    serve_fails,
+    write_tiny_checkpoint,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -136,14 +142,15 @@ def test_checkpoint_fingerprint_covers_content_name_recipe_and_options(tmp_path)
 
 
 def _fails(env: dict[str, str], *args: str | Path) -> str:
-    proc = subprocess.run([SERVE, *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert proc.returncode == 2, proc.stderr
-    return serve_error_line(proc.stderr)
+    """helios-serve ARGS (in this process, `env` over os.environ) exits 2 with one error
+    line: the option checks fail before anything loads or starts."""
+    return serve_fails(*args, env=env)
 
 
 def test_recipe_checkpoint_failures_are_one_line_exit_2(tmp_path):
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    """The option checks in this process; the failed export through the command's own
+    process (it runs `ignition export` as a child)."""
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     checkpoint = write_tiny_checkpoint(tmp_path)
     assert _fails(env, "--recipe", tmp_path / "absent.py", "--checkpoint", checkpoint) == (
         f"helios-serve: error: --recipe {tmp_path / 'absent.py'}: no such file")
@@ -163,7 +170,8 @@ def test_recipe_checkpoint_failures_are_one_line_exit_2(tmp_path):
     bad = tmp_path / "bad"  # a directory without safetensors: ignition export fails
     bad.mkdir()
     proc = subprocess.run([SERVE, "--recipe", str(LLAMA_RECIPE), "--checkpoint", str(bad)],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
     folder = tmp_path / "cache" / "helios" / "checkpoints"
     progress, line = proc.stderr.splitlines()  # the export's progress line, then the error
     assert proc.returncode == 2 and progress == f"preparing the llama-bad core once, into {folder} ..."

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helios_contract.schema import manifest_pb2 as mpb
-from helios_ignition.export import export_core, open_checkpoint
+from helios_ignition.export import export_core
 from helios_serve.runtime.driver import Driver
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
@@ -33,11 +33,11 @@ STEPS = 16
 
 
 @pytest.fixture(scope="module")
-def gguf_core(tmp_path_factory, signing_key_pair):
+def gguf_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
     private, public = signing_key_pair
     out = tmp_path_factory.mktemp("gguf-cuda") / "smollm2-gguf-sm90.core"
-    export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
-                weight_dtype="gguf", targets=("sm_90",))
+    export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private, namespace=NAMESPACE,
+                out=out, weight_dtype="gguf", targets=("sm_90",))
     core = open_core(out, [load_public_key(public)])
     authorize(core, NAMESPACE)
     return out, public, core
@@ -65,11 +65,11 @@ def test_every_block_matrix_is_repacked_and_none_is_a_gguf_block(gguf_core):
     assert not ops & {"linear", "swiglu_linear", "embedding"}
 
 
-def test_stored_weights_dequantize_to_the_checkpoint_bit_for_bit(gguf_core):
+def test_stored_weights_dequantize_to_the_checkpoint_bit_for_bit(gguf_core, smollm2_checkpoint):
     """The fused QKV of layer 0 (q and k rows permuted back from llama.cpp's order, on whole
     block rows) and the embedding, against the checkpoint's f32 tensors."""
     _, _, core = gguf_core
-    ckpt = open_checkpoint("smollm2", None, None)
+    ckpt = smollm2_checkpoint
 
     def read(name, shape, dtype):
         return np.frombuffer(core.read_resource(f"weights/{name}"), dtype).reshape(shape)
@@ -178,7 +178,7 @@ def test_gemma3_q4_k_m_repacks_every_projection_exactly(tmp_path, signing_key_pa
 
 
 def test_an_e4m3_kv_cache_beside_repacked_weights_keeps_the_default_scales(
-        tmp_path, signing_key_pair, monkeypatch):
+        tmp_path, signing_key_pair, smollm2_checkpoint, monkeypatch):
     """``--kv-cache-dtype fp8`` on the repacked export: the repacked launches read codes
     the f32 calibration prefill does not run, so the scales are vLLM's default 1.0 and the
     report says why; both storages in one core, lint-clean for both backends. (The cubins
@@ -188,8 +188,8 @@ def test_an_e4m3_kv_cache_beside_repacked_weights_keeps_the_default_scales(
     monkeypatch.setattr(aot, "compile_targets", lambda manifest, targets, progress=None: {})
     private, public = signing_key_pair
     out = tmp_path / "smollm2-gguf-kv8.core"
-    summary = export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE,
-                          out=out, weight_dtype="gguf", targets=("sm_90",),
+    summary = export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private,
+                          namespace=NAMESPACE, out=out, weight_dtype="gguf", targets=("sm_90",),
                           kv_cache_dtype="fp8")
     assert summary.kv_cache.endswith(
         "per-head scales, 1, the uncalibrated default as vLLM's (quantized weights); the "

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helios_contract.schema import manifest_pb2 as mpb
-from helios_ignition.export import export_core, open_checkpoint
+from helios_ignition.export import export_core
 from helios_serve.runtime.driver import Driver
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, load_public_key, open_core
@@ -33,11 +33,11 @@ GOLDENS = REPO / "tests" / "golden" / "smollm2_goldens.json"
 
 
 @pytest.fixture(scope="module")
-def int4_core(tmp_path_factory, signing_key_pair):
+def int4_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
     private, public = signing_key_pair
     out = tmp_path_factory.mktemp("int4") / "smollm2-int4.core"
-    export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
-                weight_dtype="bf16", quantize="int4")
+    export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private, namespace=NAMESPACE,
+                out=out, weight_dtype="bf16", quantize="int4")
     core = open_core(out, [load_public_key(public)])
     authorize(core, NAMESPACE)
     return out, public, core
@@ -60,9 +60,9 @@ def test_every_product_weight_is_int4_with_its_scales_and_zero_points(int4_core)
     assert not buffers["embed"].HasField("storage")
 
 
-def test_stored_codes_are_the_reference_quantization(int4_core):
+def test_stored_codes_are_the_reference_quantization(int4_core, smollm2_checkpoint):
     _, _, core = int4_core
-    ckpt = open_checkpoint("smollm2", None, None)
+    ckpt = smollm2_checkpoint
     w = ckpt.tensor("model.layers.3.mlp.down_proj.weight")
     # quantized from the checkpoint's own values (f32), not from the recipe's bf16
     codes, scales, zeros = quantize_int4(w, 128)

@@ -5,8 +5,6 @@ greedy ids, which are the plain NumPy forward's."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +20,11 @@ from tests.tiny_model import (
     ServeProcess,
     plain_greedy,
     prompt_ids,
-    serve_error_line,
+    serve_fails,
     until_eos,
 )
 
 STEPS = 12
-SERVE = str(Path(sys.executable).parent / "helios-serve")
 
 
 @pytest.fixture(scope="module")
@@ -120,10 +117,7 @@ def test_logical_cores_serve_the_payload_cores_greedy_ids(tiny_served, logical, 
 
 def _fails(*args) -> str:
     """helios-serve ARGS exits 2 with one error line (after any startup phase lines)."""
-    proc = subprocess.run([SERVE, "--port", "0", *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    return serve_error_line(proc.stderr)
+    return serve_fails("--port", "0", *args)
 
 
 def test_a_missing_or_wrong_key_is_one_line(tiny_served, logical, tmp_path):

@@ -16,7 +16,6 @@ from tests.e2e.test_structured_real import (  # noqa: F401 (fixtures)
     CITY_SCHEMA,
     PARIS_WEATHER,
     _assert_city_object,
-    tools_core,
     tools_url,
 )
 

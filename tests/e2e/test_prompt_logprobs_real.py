@@ -12,7 +12,6 @@ import sys
 import httpx
 import numpy as np
 import pytest
-from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
 
 from tests.conftest import REPO
 
@@ -20,25 +19,25 @@ pytestmark = pytest.mark.slow
 TEXT = "The capital of France is Paris. The capital of Italy is"
 
 
-def _plain_logprobs(ids: list[int]) -> np.ndarray:
+def _plain_logprobs(checkpoint, ids: list[int]) -> np.ndarray:
     spec = importlib.util.spec_from_file_location("helios_bench_numpy_forward",
                                                   REPO / "bench" / "numpy_forward.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve string annotations through it
     spec.loader.exec_module(module)
-    plain = module.PlainLlama(load_gguf(smollm2_gguf_path()), max_context=len(ids) + 8)
+    plain = module.PlainLlama(checkpoint, max_context=len(ids) + 8)
     logits = plain.forward(np.asarray([ids]), plain.new_cache(1, len(ids)),
                            last_only=False)[0].astype(np.float64)
     z = logits - logits.max(axis=-1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def test_echo_logprobs_of_the_real_model(client, real_server):
+def test_echo_logprobs_of_the_real_model(client, real_server, smollm2_checkpoint):
     r = client.completions.create(model="smollm2-135m-instruct", prompt=TEXT, max_tokens=0,
                                   echo=True, logprobs=5, temperature=0)
     ids = httpx.post(real_server.url + "/tokenize",
                      json={"prompt": TEXT, "add_special_tokens": False}).json()["tokens"]
-    ref = _plain_logprobs(ids)
+    ref = _plain_logprobs(smollm2_checkpoint, ids)
     lp = r.choices[0].logprobs
     assert r.choices[0].text == TEXT and len(lp.tokens) == len(ids)
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None

@@ -39,7 +39,7 @@ RECIPE = replace(base.RECIPE, drafter=DrafterDecl({drafter!r}, widths=(1, 2, 3, 
 
 
 @pytest.fixture(scope="module")
-def spec_core(tmp_path_factory, signing_key_pair):
+def spec_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
     """The real model exported with the drafter (widths 1..4): (path, public key)."""
     from helios_ignition.export import export_core
 
@@ -50,8 +50,8 @@ def spec_core(tmp_path_factory, signing_key_pair):
                                     drafter=drafter))
     private, public = signing_key_pair
     out = folder / "spec.core"
-    export_core(recipe, checkpoint="smollm2", key_path=private, namespace="helios.test/models",
-                out=out, weight_dtype="f32")
+    export_core(recipe, checkpoint=smollm2_checkpoint, key_path=private,
+                namespace="helios.test/models", out=out, weight_dtype="f32")
     return out, public
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-TOOLS_RECIPE = REPO / "recipes" / "smollm2_135m_instruct_tools.py"
-NAMESPACE = "helios.test/tools"
+from tests.conftest import TOOLS_NAMESPACE as NAMESPACE
+from tests.conftest import TOOLS_RECIPE
+
 SERVE = str(Path(sys.executable).parent / "helios-serve")
 
 CITY_SCHEMA = {
@@ -121,11 +121,10 @@ def test_template_renders_tools_calls_and_responses_exactly():
     assert with_system.count("<|im_start|>system") == 1
 
 
-def test_template_without_tools_is_the_checkpoint_template():
-    from helios_ignition.export import open_checkpoint
+def test_template_without_tools_is_the_checkpoint_template(smollm2_checkpoint):
     from helios_tools.frontend_assets import render_chat
 
-    original = open_checkpoint("smollm2", None, None).chat_template
+    original = smollm2_checkpoint.chat_template
     template = _recipe_module().CHAT_TEMPLATE
     conversations = [
         FRANCE_JSON,
@@ -159,26 +158,9 @@ def test_recipe_declares_the_frontend_presets():
 
 
 @pytest.fixture(scope="module")
-def tools_core(tmp_path_factory, signing_key_pair) -> tuple[Path, Path]:
-    """(core, public key): the tools recipe exported once (float32 weights)."""
-    from helios_ignition.export import export_core
-
-    private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("core-tools") / "smollm2-tools-f32.core"
-    export_core(
-        TOOLS_RECIPE,
-        checkpoint="smollm2",
-        key_path=private,
-        namespace=NAMESPACE,
-        out=out,
-        weight_dtype="f32",
-    )
-    return out, public
-
-
-@pytest.fixture(scope="module")
 def tools_url(tools_core, tmp_path_factory):
-    """Base URL of `helios-serve CORE --trust PUB --accept NS --port 0` on 127.0.0.1."""
+    """Base URL of `helios-serve CORE --trust PUB --accept NS --port 0` on 127.0.0.1, CORE
+    tests/conftest.py's `tools_core` (exported once per run)."""
     core, public = tools_core
     logs = tmp_path_factory.mktemp("serve-tools")
     stdout, stderr = logs / "stdout.txt", logs / "stderr.txt"
@@ -205,6 +187,20 @@ def tools_url(tools_core, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def tools_tokenizer(tools_core):
+    """The served core's tokenizer (the one helios-serve decodes with)."""
+    from helios_serve.bootstrap import Bootstrap
+    from tokenizers import Tokenizer
+
+    core, public = tools_core
+    bootstrap = Bootstrap.load(core, [public], NAMESPACE)
+    try:
+        return Tokenizer.from_str(bootstrap.tokenizer_json)
+    finally:
+        bootstrap.close()
 
 
 @pytest.fixture(scope="module")
@@ -380,23 +376,22 @@ def test_required_tool_choice_with_parallel_calls_finishes_within_the_call_limit
 @pytest.mark.slow
 @pytest.mark.parametrize("choice", ["required", NAMED], ids=["required", "named"])
 def test_a_call_cut_inside_its_arguments_is_no_tool_call_streaming_and_not(tools_client,
-                                                                          tools_url, choice):
+                                                                          tools_url,
+                                                                          tools_tokenizer,
+                                                                          choice):
     """Cut by max_tokens one token after the argument key: finish "length" and no
     tool_calls entry (its arguments would not be JSON; the clients json.loads them), no
     markup as content, streaming and not (docs/api.md, "Tool calls cut by max_tokens");
     litellm and langchain-openai read it without error."""
     import litellm
-    from helios_ignition.export import open_checkpoint
     from langchain_openai import ChatOpenAI
-    from tokenizers import Tokenizer
 
     ask = dict(messages=PARIS_WEATHER, tools=[OPEN_WEATHER_TOOL], tool_choice=choice,
                parallel_tool_calls=False)
     full = _create(tools_client, max_tokens=96, extra_body={"return_token_ids": True}, **ask)
     assert full.choices[0].finish_reason == ("stop" if choice == NAMED else "tool_calls")
     ids = full.choices[0].model_extra["token_ids"]
-    tok = Tokenizer.from_str(open_checkpoint("smollm2", None, None).tokenizer_json)
-    cut = next(k for k in range(len(ids)) if '"city"' in tok.decode(ids[:k]))
+    cut = next(k for k in range(len(ids)) if '"city"' in tools_tokenizer.decode(ids[:k]))
     r = _create(tools_client, max_tokens=cut + 1, **ask)
     assert r.choices[0].finish_reason == "length"
     assert r.choices[0].message.content == ""  # an empty message, as without tools

@@ -250,12 +250,11 @@ def test_bad_target_is_rejected():
     assert issubclass(KernelCompileError, RuntimeError)
 
 
-def test_export_with_target_writes_binaries(tmp_path, signing_key_pair):
-    from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
+def test_export_with_target_writes_binaries(tmp_path, signing_key_pair, smollm2_checkpoint):
     from helios_tools.core import authorize, load_public_key, open_core
     from helios_tools.lint import lint_core
 
-    ck = load_gguf(smollm2_gguf_path())
+    ck = smollm2_checkpoint
     ckpt = write_checkpoint(tmp_path / "tiny-llama", Frontend(ck.tokenizer_json,
                                                               ck.chat_template))
     private, public = signing_key_pair

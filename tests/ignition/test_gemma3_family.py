@@ -68,9 +68,8 @@ class NormsOnly(Gemma3Shapes):
         return {n: s for n, s in super().weight_layout().items() if n in NORM_BUFFERS}
 
 
-def test_norms_are_hf_values_and_stored_as_one_plus_w(checkpoint):
-    reader = gguf.GGUFReader(str(gemma3_270m_gguf_path()))
-    raw = {t.name: np.asarray(t.data, dtype=np.float32) for t in reader.tensors
+def test_norms_are_hf_values_and_stored_as_one_plus_w(checkpoint, gemma3_gguf_reader):
+    raw = {t.name: np.asarray(t.data, dtype=np.float32) for t in gemma3_gguf_reader.tensors
            if t.name in ("blk.0.attn_q_norm.weight", "output_norm.weight")}
     q_norm = checkpoint.tensor("model.layers.0.self_attn.q_norm.weight")
     np.testing.assert_array_equal(q_norm, raw["blk.0.attn_q_norm.weight"] - 1)

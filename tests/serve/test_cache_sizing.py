@@ -4,9 +4,6 @@ admission, /metrics helios_cache_pages_capacity and the startup log."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,9 +18,8 @@ from helios_serve.runtime.cache_sizing import (
     check_fits,
 )
 
-from tests.tiny_model import NAMESPACE, SERVED_ID, ServeProcess, prompt_ids, serve_error_line
+from tests.tiny_model import NAMESPACE, SERVED_ID, ServeProcess, prompt_ids, serve_fails
 
-SERVE = str(Path(sys.executable).parent / "helios-serve")
 # The tiny model: 2 layers x (K, V) planes x 16 tokens x 2 kv heads x head dim 8 x 4 bytes.
 PAGE_BYTES = 2 * 2 * 16 * 2 * 8 * 4
 PAGE_TOKENS = 16
@@ -220,10 +216,7 @@ def test_admission_the_gauge_and_the_log_follow_the_chosen_count(tiny_served, op
 
 
 def _fails(*args) -> str:
-    proc = subprocess.run([SERVE, "--port", "0", *map(str, args)], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    return serve_error_line(proc.stderr)
+    return serve_fails("--port", "0", *args)
 
 
 def test_conflicting_or_impossible_sizes_are_one_line(tiny_served, tmp_path):

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from helios_serve.config import format_bytes, parse_bytes
@@ -21,18 +18,13 @@ from helios_serve.runtime.cache_sizing import (
 )
 from helios_serve.runtime.tiers import TierChoice, TierRows
 
-from tests.tiny_model import serve_error_line
-
-SERVE = str(Path(sys.executable).parent / "helios-serve")
+from tests.tiny_model import serve_fails
 
 
 def _fails(core, *more) -> str:
     """helios-serve CORE ... MORE exits 2 with one error line (after startup phase lines)."""
-    proc = subprocess.run([SERVE, str(core.path), "--trust", str(core.public_key), "--accept",
-                           core.namespace, "--port", "0", *map(str, more)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    return serve_error_line(proc.stderr)
+    return serve_fails(core.path, "--trust", core.public_key, "--accept", core.namespace,
+                       "--port", "0", *more)
 
 
 @pytest.mark.parametrize(("option", "value"), [

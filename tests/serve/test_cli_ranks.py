@@ -8,6 +8,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,23 +133,54 @@ def _pair(rank0_core, rank1_core, key0: Path, key1: Path):
     return rank0, rank1.returncode, err1
 
 
+# Rank 1's --rank-timeout in the different-keys test: after it drops rank 0's call it
+# waits out this timeout, so the test costs at least this long. Rank 1 starts only once
+# rank 0 is calling (below), so these seconds cover a loopback call from a process that
+# retries every 0.2 s (rank_control.dial), not rank 0's start-up.
+RANK1_TIMEOUT_S = 8
+
+
+def _calling_rank0(core, peers: str, key: Path, err: Path) -> subprocess.Popen:
+    """Rank 0 started with its stderr in `err`, returned once it dials rank 1: its last
+    phase line before the ranks phase ("cache tiers") is written."""
+    with err.open("w") as sink:
+        rank0 = subprocess.Popen(
+            [SERVE, str(core.path), "--trust", str(core.public_key), "--accept", NAMESPACE,
+             "--port", "0", "--world", "2", "--peers", peers, "--rank-timeout", "120",
+             "--rank", "0", "--rank-key", str(key)],
+            stdout=subprocess.DEVNULL, stderr=sink, text=True)
+    deadline = time.monotonic() + 120
+    while "helios-serve: cache tiers" not in err.read_text():
+        assert rank0.poll() is None, err.read_text()
+        assert time.monotonic() < deadline, err.read_text()
+        time.sleep(0.05)
+    return rank0
+
+
 def test_ranks_with_different_keys_refuse_each_other(tiny_tp2, key, tmp_path):
     other = tmp_path / "other.key"
     other.write_bytes(secrets.token_bytes(32))
-    rank0, code1, err1 = _pair(tiny_tp2, tiny_tp2, key, other)
-    assert rank0.returncode == 2 and code1 == 2
-    assert serve_error_line(rank0.stderr).startswith("helios-serve: error: rank 1 at 127.0.0.1:")
-    assert serve_error_line(rank0.stderr).endswith(
-        " failed authentication (another --rank-key)")
+    peers = f"127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}"
+    rank0 = _calling_rank0(tiny_tp2, peers, key, tmp_path / "rank0.err")
+    rank1 = subprocess.run(
+        [SERVE, str(tiny_tp2.path), "--trust", str(tiny_tp2.public_key), "--accept",
+         NAMESPACE, "--world", "2", "--peers", peers, "--rank-timeout",
+         str(RANK1_TIMEOUT_S), "--rank", "1", "--rank-key", str(other)],
+        capture_output=True, text=True, timeout=120)
+    assert rank0.wait(timeout=60) == 2 and rank1.returncode == 2
+    err0 = (tmp_path / "rank0.err").read_text()
+    assert serve_error_line(err0).startswith("helios-serve: error: rank 1 at 127.0.0.1:")
+    assert serve_error_line(err0).endswith(" failed authentication (another --rank-key)")
     # Rank 1 drops the caller (one warning line) and waits on for the real rank 0 until
     # its timeout.
+    err1 = rank1.stderr
     *_, dropped, line = err1.strip().splitlines()
     assert re.fullmatch(r"control port 127\.0\.0\.1:\d+ dropped 127\.0\.0\.1:\d+: failed "
                         r"authentication \(another --rank-key, or not a rank\)", dropped), err1
     assert "Traceback" not in err1, err1
-    assert re.fullmatch(r"helios-serve: error: rank 0 did not call 127\.0\.0\.1:\d+ within "
-                        r"20 s; dropped 127\.0\.0\.1:\d+: failed authentication \(another "
-                        r"--rank-key, or not a rank\)", line), line
+    assert re.fullmatch(rf"helios-serve: error: rank 0 did not call 127\.0\.0\.1:\d+ within "
+                        rf"{RANK1_TIMEOUT_S} s; dropped 127\.0\.0\.1:\d+: failed "
+                        r"authentication \(another --rank-key, or not a rank\)", line), line
 
 
 def test_a_rank_serving_another_core_is_refused(tiny_tp2, tiny_served, key, tmp_path):

@@ -4,24 +4,17 @@ checked without loading the model (core path, port) is checked before loading it
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from helios_tools.core import load_public_key, open_core
 
-from tests.tiny_model import serve_error_line
-
-SERVE = str(Path(sys.executable).parent / "helios-serve")
+from tests.tiny_model import serve_fails
 
 
 def _fails(*args) -> str:
     """helios-serve ARGS exits 2 with one error line (after any startup phase lines)."""
-    proc = subprocess.run([SERVE, "--port", "0", *map(str, args)], capture_output=True,
-                          text=True, timeout=300)  # (a later --port wins)
-    assert proc.returncode == 2, proc.stderr
-    return serve_error_line(proc.stderr)
+    return serve_fails("--port", "0", *args)  # (a later --port wins)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
+from helios_ignition.checkpoint import smollm2_gguf_path
 from helios_tools.frontend_assets import load_tokenizer
 
 GOLDENS = Path(__file__).resolve().parents[2] / "golden" / "smollm2_goldens.json"
@@ -23,8 +23,9 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2(smollm2_path):
-    return load_gguf(smollm2_path)
+def smollm2(smollm2_checkpoint):
+    """`smollm2_path` opened: tests/conftest.py's `smollm2_checkpoint`."""
+    return smollm2_checkpoint
 
 
 @pytest.fixture(scope="session")

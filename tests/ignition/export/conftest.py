@@ -11,11 +11,8 @@ from tests.ignition.export.tiny import Frontend, write_checkpoint
 
 
 @pytest.fixture(scope="session")
-def smollm2_frontend() -> Frontend:
-    from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
-
-    ck = load_gguf(smollm2_gguf_path())
-    return Frontend(ck.tokenizer_json, ck.chat_template)
+def smollm2_frontend(smollm2_checkpoint) -> Frontend:
+    return Frontend(smollm2_checkpoint.tokenizer_json, smollm2_checkpoint.chat_template)
 
 
 @pytest.fixture

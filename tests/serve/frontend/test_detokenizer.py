@@ -57,11 +57,10 @@ def test_a_tokenizer_whose_decoder_is_not_byte_level_has_no_pieces():
 
 
 @pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    from helios_ignition.checkpoint import load_gguf, smollm2_gguf_path
+def smollm2_tokenizer(smollm2_checkpoint):
     from helios_tools.frontend_assets import load_tokenizer
 
-    return load_tokenizer(load_gguf(smollm2_gguf_path()).tokenizer_json)
+    return load_tokenizer(smollm2_checkpoint.tokenizer_json)
 
 
 def test_smollm2_random_and_text_sequences_match_the_tokenizer(smollm2_tokenizer):

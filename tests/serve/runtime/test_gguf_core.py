@@ -32,22 +32,14 @@ from tests.conftest import NAMESPACE, RECIPE, ExportedCore
 GOLDENS = json.loads((Path(__file__).parents[2] / "golden" / "smollm2_goldens.json").read_text())
 
 
-@pytest.fixture(autouse=True)
-def _one_ggml_thread(monkeypatch):
-    """The results are the same for any thread count (ggml splits rows between threads,
-    never a sum), and one thread keeps every graph node's barrier from waiting on a
-    descheduled thread where the machine is shared (CI's is)."""
-    monkeypatch.setenv("HELIOS_CPU_THREADS", "1")
-
-
 @pytest.fixture(scope="module")
-def gguf_core(tmp_path_factory, signing_key_pair) -> ExportedCore:
+def gguf_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint) -> ExportedCore:
     from helios_ignition.export import export_core
 
     private, public = signing_key_pair
     out = tmp_path_factory.mktemp("core-gguf") / "smollm2-gguf.core"
-    export_core(RECIPE, checkpoint="smollm2", key_path=private, namespace=NAMESPACE, out=out,
-                weight_dtype="gguf")
+    export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private, namespace=NAMESPACE,
+                out=out, weight_dtype="gguf")
     return ExportedCore(out, public, private, NAMESPACE)
 
 
