@@ -31,7 +31,14 @@ from helios_tools.lint import lint_capabilities
 from safetensors.numpy import load_file
 
 from tests.ignition.export.test_tiny_export import plain_llama_class
-from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, REPO, TINY, run_export
+from tests.ignition.export.tiny import (
+    LLAMA_RECIPE,
+    NAMESPACE,
+    REPO,
+    TINY,
+    export_error,
+    run_export,
+)
 
 FIXTURE = REPO / "tests" / "fixtures" / "fp8_tiny"
 SHARD = FIXTURE / "model-fp8.safetensors"
@@ -299,7 +306,5 @@ def test_a_compressed_tensors_scheme_not_read_is_refused(tmp_path, smollm2_front
     out = tmp_path / "x.core"
     result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
                         "--namespace", NAMESPACE, "--out", out, "--quantize", "fp8")
-    errors = [x for x in result.stderr.splitlines() if x.startswith("ignition: error")]
-    assert result.exit_code != 0 and "Traceback" not in result.stderr
-    assert len(errors) == 1 and errors[0].endswith(message), errors
+    assert export_error(result).endswith(message)
     assert not out.exists()

@@ -32,7 +32,7 @@ from helios_tools.lint import lint_capabilities
 from safetensors.numpy import load_file, save_file
 
 from tests.ignition.export.test_tiny_export import plain_llama_class
-from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, REPO, run_export
+from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, REPO, export_error, run_export
 
 FIXTURE = REPO / "tests" / "fixtures" / "awq_tiny"
 GPTQ_FIXTURE = REPO / "tests" / "fixtures" / "gptq_tiny"
@@ -276,9 +276,7 @@ def test_gptq_act_order_is_refused_in_one_line(tmp_path, smollm2_frontend, signi
     out = tmp_path / "x.core"
     result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
                         "--namespace", NAMESPACE, "--out", out, "--quantize", "int4")
-    errors = [x for x in result.stderr.splitlines() if x.startswith("ignition: error")]
-    assert result.exit_code != 0 and "Traceback" not in result.stderr
-    assert len(errors) == 1 and errors[0].endswith(message), errors
+    assert export_error(result).endswith(message)
     assert not out.exists()
 
 
@@ -308,9 +306,7 @@ def test_a_packed_layout_not_read_is_refused(tmp_path, smollm2_frontend, signing
     result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
                         "--namespace", NAMESPACE, "--out", tmp_path / "x.core",
                         "--quantize", "int4")
-    errors = [x for x in result.stderr.splitlines() if x.startswith("ignition: error")]
-    assert result.exit_code != 0 and "Traceback" not in result.stderr
-    assert len(errors) == 1 and errors[0].endswith(message), errors
+    assert export_error(result).endswith(message)
 
 
 def test_packed_weights_without_a_4_bit_config_are_refused(tmp_path, smollm2_frontend):
@@ -366,9 +362,7 @@ def test_a_checkpoint_group_other_than_the_exports_is_refused(tmp_path, smollm2_
     out = tmp_path / "x.core"
     result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
                         "--namespace", NAMESPACE, "--out", out, "--quantize", "int4")
-    errors = [x for x in result.stderr.splitlines() if x.startswith("ignition: error")]
-    assert result.exit_code != 0 and "Traceback" not in result.stderr
-    assert len(errors) == 1 and errors[0].endswith(
+    assert export_error(result).endswith(
         f"{prefix}.weight: INT4 groups of 32 elements; the export declares groups of 64 "
-        "at K = 64"), errors
+        "at K = 64")
     assert not out.exists()

@@ -105,6 +105,15 @@ def run_export(*args: str | Path) -> Result:
     return CliRunner().invoke(main, ["export", *map(str, args)])
 
 
+def export_error(result: Result) -> str:
+    """The one ``ignition: error`` line of a failed `run_export`, asserting the export
+    failed (nonzero exit) with exactly one such line and no traceback."""
+    errors = [x for x in result.stderr.splitlines() if x.startswith("ignition: error")]
+    assert result.exit_code != 0 and "Traceback" not in result.stderr, result.stderr
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
 def assert_lint_clean(core, acceptance: str = NAMESPACE) -> None:
     """`lint_core` (verify + contract validation + manifest consistency) finds nothing."""
     from helios_tools.lint import lint_core
