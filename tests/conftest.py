@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +63,25 @@ RECIPE = REPO / "recipes" / "smollm2_135m_instruct.py"
 NAMESPACE = "helios.test/models"
 TOOLS_RECIPE = REPO / "recipes" / "smollm2_135m_instruct_tools.py"
 TOOLS_NAMESPACE = "helios.test/tools"
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Path]]:
+    """`tmp_path_factory.mktemp` for one test module's fixtures: every folder it made is
+    removed once the module's tests (and the fixtures that use it) are done.
+
+    pytest keeps `mktemp` folders to the end of the run, and the cores a module exports
+    (up to ~300 MB each) would otherwise pile up to ~3 GB by the last module.
+    """
+    made: list[Path] = []
+
+    def mktemp(name: str) -> Path:
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+
+    yield mktemp
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,

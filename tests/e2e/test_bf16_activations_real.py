@@ -28,9 +28,9 @@ PROMPTS = ("france", "system_haiku")
 
 
 @pytest.fixture(scope="module")
-def bf16_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
+def bf16_core(module_tmp, signing_key_pair, smollm2_checkpoint):
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("bf16act") / "smollm2-bf16act.core"
+    out = module_tmp("bf16act") / "smollm2-bf16act.core"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(launch, "LINEAR_MMA", "on")
         mp.setattr(launch, "MMA_MIN_WEIGHTS", 0)

@@ -33,9 +33,9 @@ STEPS = 16
 
 
 @pytest.fixture(scope="module")
-def gguf_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
+def gguf_core(module_tmp, signing_key_pair, smollm2_checkpoint):
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("gguf-cuda") / "smollm2-gguf-sm90.core"
+    out = module_tmp("gguf-cuda") / "smollm2-gguf-sm90.core"
     export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private, namespace=NAMESPACE,
                 out=out, weight_dtype="gguf", targets=("sm_90",))
     core = open_core(out, [load_public_key(public)])

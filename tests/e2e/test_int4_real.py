@@ -33,9 +33,9 @@ GOLDENS = REPO / "tests" / "golden" / "smollm2_goldens.json"
 
 
 @pytest.fixture(scope="module")
-def int4_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
+def int4_core(module_tmp, signing_key_pair, smollm2_checkpoint):
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("int4") / "smollm2-int4.core"
+    out = module_tmp("int4") / "smollm2-int4.core"
     export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private, namespace=NAMESPACE,
                 out=out, weight_dtype="bf16", quantize="int4")
     core = open_core(out, [load_public_key(public)])

@@ -31,9 +31,9 @@ STEPS = 16
 
 
 @pytest.fixture(scope="module")
-def kv16_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
+def kv16_core(module_tmp, signing_key_pair, smollm2_checkpoint):
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("kvbf16") / "smollm2-kvbf16.core"
+    out = module_tmp("kvbf16") / "smollm2-kvbf16.core"
     summary = export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private,
                           namespace=NAMESPACE, out=out, weight_dtype="bf16", kv_cache_dtype="bf16")
     core = open_core(out, [load_public_key(public)])

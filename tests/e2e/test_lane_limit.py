@@ -45,12 +45,12 @@ RULE = "speculative.lane_limit_consistency"
 
 
 @pytest.fixture(scope="module")
-def cores(tmp_path_factory, tiny_served):
+def cores(module_tmp, tiny_served):
     """(unlimited core, lane-limited core, inconsistent core, public key)."""
     from helios_ignition.export import export_core
 
     core = tiny_served.core
-    folder = tmp_path_factory.mktemp("tiny-lane-limit")
+    folder = module_tmp("tiny-lane-limit")
     recipe = folder / "tiny_spec.py"
     recipe.write_text(RECIPE.format(base=str(LLAMA_RECIPE)))
     unlimited = folder / "tiny-spec.core"

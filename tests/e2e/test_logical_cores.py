@@ -28,8 +28,8 @@ STEPS = 12
 
 
 @pytest.fixture(scope="module")
-def resource_key(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("aes") / "resource.key"
+def resource_key(module_tmp) -> Path:
+    out = module_tmp("aes") / "resource.key"
     result = CliRunner().invoke(tools_main, ["keygen", "--aes", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert result.output == f"wrote {out} (AES-256 resource key, 32 bytes, 0600)\n"
@@ -37,9 +37,9 @@ def resource_key(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def logical(tiny_served, resource_key, tmp_path_factory) -> dict[int, Path]:
+def logical(tiny_served, resource_key, module_tmp) -> dict[int, Path]:
     """The tiny checkpoint exported as ProtectedIndex version 6 and 4 cores (CLI)."""
-    folder = tmp_path_factory.mktemp("logical")
+    folder = module_tmp("logical")
     private = tiny_served.core.private_key
     cores = {}
     for version, extra in ((6, ()), (4, ("--resource-key", resource_key))):

@@ -18,8 +18,8 @@ FIXTURES = REPO / "tests" / "fixtures" / "qwen3"
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory, signing_key_pair):
-    out = tmp_path_factory.mktemp("qwen3-moe") / "moe.core"
+def core(module_tmp, signing_key_pair):
+    out = module_tmp("qwen3-moe") / "moe.core"
     result = run_export(REPO / "recipes" / "qwen3.py", "--checkpoint", FIXTURES / "moe",
                         "--key", signing_key_pair[0], "--namespace", NAMESPACE, "--out", out,
                         "--weight-dtype", "f32")

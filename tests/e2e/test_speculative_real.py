@@ -39,11 +39,11 @@ RECIPE = replace(base.RECIPE, drafter=DrafterDecl({drafter!r}, widths=(1, 2, 3, 
 
 
 @pytest.fixture(scope="module")
-def spec_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
+def spec_core(module_tmp, signing_key_pair, smollm2_checkpoint):
     """The real model exported with the drafter (widths 1..4): (path, public key)."""
     from helios_ignition.export import export_core
 
-    folder = tmp_path_factory.mktemp("spec-core")
+    folder = module_tmp("spec-core")
     drafter = str(TRAINED) if TRAINED.is_file() else "random:7:8192"
     recipe = folder / "smollm2_spec.py"
     recipe.write_text(RECIPE.format(base=str(REPO / "recipes" / "smollm2_135m_instruct.py"),

@@ -50,11 +50,11 @@ class _Core:
 
 
 @pytest.fixture(scope="module")
-def spec_tp2(tmp_path_factory, tiny_served) -> _Core:
+def spec_tp2(module_tmp, tiny_served) -> _Core:
     from helios_ignition.export import export_core
 
     core = tiny_served.core
-    folder = tmp_path_factory.mktemp("tiny-spec-tp2")
+    folder = module_tmp("tiny-spec-tp2")
     recipe = folder / "tiny_spec.py"
     recipe.write_text(RECIPE.format(base=str(LLAMA_RECIPE)))
     out = folder / "tiny-spec-tp2.core"

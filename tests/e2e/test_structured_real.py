@@ -158,11 +158,11 @@ def test_recipe_declares_the_frontend_presets():
 
 
 @pytest.fixture(scope="module")
-def tools_url(tools_core, tmp_path_factory):
+def tools_url(tools_core, module_tmp):
     """Base URL of `helios-serve CORE --trust PUB --accept NS --port 0` on 127.0.0.1, CORE
     tests/conftest.py's `tools_core` (exported once per run)."""
     core, public = tools_core
-    logs = tmp_path_factory.mktemp("serve-tools")
+    logs = module_tmp("serve-tools")
     stdout, stderr = logs / "stdout.txt", logs / "stderr.txt"
     with stdout.open("w") as out, stderr.open("w") as err:
         proc = subprocess.Popen(

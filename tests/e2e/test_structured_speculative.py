@@ -47,10 +47,10 @@ PROMPTS = ["Name three colours.", "What is the capital of France?"]
 
 
 @pytest.fixture(scope="module")
-def spec_tiny(tmp_path_factory, tiny_served):
+def spec_tiny(module_tmp, tiny_served):
     """The tiny checkpoint exported with a seeded random drafter (widths 1, 2, 4)."""
     core = tiny_served.core
-    folder = tmp_path_factory.mktemp("tiny-spec")
+    folder = module_tmp("tiny-spec")
     recipe = folder / "tiny_spec.py"
     recipe.write_text(RECIPE.format(base=str(LLAMA_RECIPE)))
     out = folder / "tiny-spec.core"

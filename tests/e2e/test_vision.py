@@ -30,11 +30,11 @@ def data_url(name: str, mime: str = "image/png") -> str:
 
 
 @pytest.fixture(scope="module")
-def vision_core(tmp_path_factory, signing_key_pair):
+def vision_core(module_tmp, signing_key_pair):
     from helios_ignition.export import export_core
 
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("vision") / "idefics3-tiny.core"
+    out = module_tmp("vision") / "idefics3-tiny.core"
     # f32 storage of the bf16 checkpoint (exact): the products run in float32 as the
     # reference does (bf16 cores may round prefill activations: docs/cpu-kernels.md)
     export_core(FIXTURE / "recipe.py", checkpoint=str(FIXTURE / "checkpoint"),
@@ -415,12 +415,12 @@ SCORED_RECIPE = CHUNKED_RECIPE.replace("prefill_tokens=(40,), image_windows=5",
 
 
 @pytest.fixture(scope="module")
-def scored_server(tmp_path_factory, signing_key_pair):
+def scored_server(module_tmp, signing_key_pair):
     """The tiny Idefics3 core with a SCORED_PREFILL program beside its image prefills."""
     from helios_ignition.export import export_core
 
     private, public = signing_key_pair
-    folder = tmp_path_factory.mktemp("scored-vision")
+    folder = module_tmp("scored-vision")
     (folder / "scored.py").write_text(SCORED_RECIPE.format(path=str(FIXTURE / "recipe.py")))
     out = folder / "scored.core"
     export_core(folder / "scored.py", checkpoint=str(FIXTURE / "checkpoint"), key_path=private,

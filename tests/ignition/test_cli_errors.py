@@ -19,10 +19,10 @@ IGNITION = str(Path(sys.executable).parent / "ignition")
 
 
 @pytest.fixture(scope="module")
-def key(tmp_path_factory) -> Path:
+def key(module_tmp) -> Path:
     from helios_tools.core import generate_key, write_key_pair
 
-    private, _ = write_key_pair(generate_key(), tmp_path_factory.mktemp("k") / "p.key")
+    private, _ = write_key_pair(generate_key(), module_tmp("k") / "p.key")
     return private
 
 

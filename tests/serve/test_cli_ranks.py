@@ -27,8 +27,8 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def key(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("rank-key") / "rank.key"
+def key(module_tmp) -> Path:
+    path = module_tmp("rank-key") / "rank.key"
     path.write_bytes(secrets.token_bytes(32))
     return path
 

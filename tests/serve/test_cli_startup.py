@@ -18,7 +18,7 @@ def _fails(*args) -> str:
 
 
 @pytest.fixture(scope="module")
-def corrupt_weights(tiny_served, tmp_path_factory) -> tuple[Path, str]:
+def corrupt_weights(tiny_served, module_tmp) -> tuple[Path, str]:
     """A copy of the tiny core with one byte of a weight's stored frame flipped (the
     signed envelope and the tokenizer are intact: only loading the weights fails)."""
     core = tiny_served.core
@@ -27,7 +27,7 @@ def corrupt_weights(tiny_served, tmp_path_factory) -> tuple[Path, str]:
         offset, length = opened.locations[rid]
     data = bytearray(core.path.read_bytes())
     data[offset + length // 2] ^= 0x40
-    out = tmp_path_factory.mktemp("corrupt") / "corrupt.core"
+    out = module_tmp("corrupt") / "corrupt.core"
     out.write_bytes(bytes(data))
     return out, rid
 
@@ -91,13 +91,13 @@ def make_recipe(checkpoint):
 
 
 @pytest.fixture(scope="module")
-def speculative_core(tiny_served, tmp_path_factory) -> Path:
+def speculative_core(tiny_served, module_tmp) -> Path:
     """The tiny checkpoint exported with a seeded random drafter (widths 1, 2, 4)."""
     from helios_ignition.export import export_core
 
     from tests.tiny_model import LLAMA_RECIPE, NAMESPACE
 
-    folder = tmp_path_factory.mktemp("tiny-spec")
+    folder = module_tmp("tiny-spec")
     recipe = folder / "tiny_spec.py"
     recipe.write_text(SPECULATIVE_RECIPE.format(base=str(LLAMA_RECIPE)))
     out = folder / "tiny-spec.core"

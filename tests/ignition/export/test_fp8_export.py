@@ -94,8 +94,8 @@ def _fp8_folder(folder: Path, frontend, quant: dict | None = None) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fp8_checkpoint(tmp_path_factory, smollm2_frontend) -> Path:
-    return _fp8_folder(tmp_path_factory.mktemp("fp8") / "tiny-fp8", smollm2_frontend)
+def fp8_checkpoint(module_tmp, smollm2_frontend) -> Path:
+    return _fp8_folder(module_tmp("fp8") / "tiny-fp8", smollm2_frontend)
 
 
 def test_the_fixture_is_what_compressed_tensors_writes():
@@ -126,9 +126,9 @@ def test_loader_reads_compressed_tensors_weights_exactly(fp8_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def fp8_core(tmp_path_factory, fp8_checkpoint, signing_key_pair):
+def fp8_core(module_tmp, fp8_checkpoint, signing_key_pair):
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("fp8-core") / "tiny-fp8.core"
+    out = module_tmp("fp8-core") / "tiny-fp8.core"
     result = run_export(LLAMA_RECIPE, "--checkpoint", fp8_checkpoint, "--key", private,
                         "--namespace", NAMESPACE, "--out", out, "--weight-dtype", "f32",
                         "--quantize", "fp8")

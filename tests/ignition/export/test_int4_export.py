@@ -50,10 +50,10 @@ def _with_quant_config(folder: Path, **quant) -> None:
 
 
 @pytest.fixture(scope="module")
-def awq_checkpoint(tmp_path_factory, smollm2_frontend) -> Path:
+def awq_checkpoint(module_tmp, smollm2_frontend) -> Path:
     from tests.ignition.export.tiny import write_checkpoint
 
-    folder = write_checkpoint(tmp_path_factory.mktemp("awq") / "tiny-awq", smollm2_frontend,
+    folder = write_checkpoint(module_tmp("awq") / "tiny-awq", smollm2_frontend,
                               drop=NAMES)
     shutil.copy(SHARD, folder / SHARD.name)
     _with_quant_config(folder, quant_method="awq", bits=4, zero_point=True, version="gemm")
@@ -73,9 +73,9 @@ def test_loader_reads_autoawq_weights_exactly(awq_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def awq_core(tmp_path_factory, awq_checkpoint, signing_key_pair):
+def awq_core(module_tmp, awq_checkpoint, signing_key_pair):
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("awq-core") / "tiny-awq.core"
+    out = module_tmp("awq-core") / "tiny-awq.core"
     result = run_export(LLAMA_RECIPE, "--checkpoint", awq_checkpoint, "--key", private,
                         "--namespace", NAMESPACE, "--out", out, "--weight-dtype", "f32",
                         "--quantize", "int4")

@@ -34,9 +34,9 @@ def drawn_bf16(seed: int, buffer: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, signing_key_pair):
+def exported(module_tmp, signing_key_pair):
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("random") / "random-7.core"
+    out = module_tmp("random") / "random-7.core"
     result = run_export(LLAMA_RECIPE, "--random-weights", SEED, "--geometry", "smollm2-135m",
                         "--key", private, "--namespace", NAMESPACE, "--out", out)
     assert result.exit_code == 0, result.output

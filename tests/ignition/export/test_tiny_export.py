@@ -47,10 +47,10 @@ def plain_llama_class():
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, tiny_checkpoint, signing_key_pair):
+def exported(module_tmp, tiny_checkpoint, signing_key_pair):
     """(CliRunner result, core path) of the tiny checkpoint exported with f32 weights."""
     private, _ = signing_key_pair
-    out = tmp_path_factory.mktemp("tiny-core") / "tiny.core"
+    out = module_tmp("tiny-core") / "tiny.core"
     result = run_export(LLAMA_RECIPE, "--checkpoint", tiny_checkpoint, "--key", private,
                         "--namespace", NAMESPACE, "--out", out, "--weight-dtype", "f32")
     return result, out

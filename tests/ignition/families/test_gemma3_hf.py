@@ -40,9 +40,9 @@ IGNITION = Path(sys.executable).parent / "ignition"
 
 
 @pytest.fixture(scope="module")
-def opened(tmp_path_factory, signing_key_pair):
+def opened(module_tmp, signing_key_pair):
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("gemma3hf") / "gemma3.core"
+    out = module_tmp("gemma3hf") / "gemma3.core"
     result = run_export(RECIPE, "--checkpoint", CHECKPOINT, "--key", private,
                         "--namespace", NAMESPACE, "--out", out, "--weight-dtype", "f32")
     assert result.exit_code == 0, result.output

@@ -42,8 +42,8 @@ def export(tmp: Path, keys, model: str, *extra: str) -> Path:
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def core(request, tmp_path_factory, signing_key_pair):
-    out = export(tmp_path_factory.mktemp("qwen3"), signing_key_pair, request.param)
+def core(request, module_tmp, signing_key_pair):
+    out = export(module_tmp("qwen3"), signing_key_pair, request.param)
     opened = open_core(out, [load_public_key(signing_key_pair[1])])
     authorize(opened, NAMESPACE)
     return request.param, opened

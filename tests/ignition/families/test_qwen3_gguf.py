@@ -94,9 +94,9 @@ def teacher_forced(core) -> list[np.ndarray]:
 
 
 @pytest.fixture(scope="module", params=list(GGUFS))
-def gguf_core(request, tmp_path_factory, signing_key_pair):
+def gguf_core(request, module_tmp, signing_key_pair):
     key = request.param
-    core = export(tmp_path_factory.mktemp("qwen3_gguf"), signing_key_pair,
+    core = export(module_tmp("qwen3_gguf"), signing_key_pair,
                   FIXTURES / f"{key}.gguf", GGUFS[key][0])
     return key, core
 

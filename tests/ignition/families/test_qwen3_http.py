@@ -79,23 +79,23 @@ def scripted(bootstrap: Bootstrap, scripts: dict[str, str]) -> Served:
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
+def keys(module_tmp):
     from helios_tools.core import generate_key, write_key_pair
 
-    return write_key_pair(generate_key(), tmp_path_factory.mktemp("keys") / "publisher.key")
+    return write_key_pair(generate_key(), module_tmp("keys") / "publisher.key")
 
 
 @pytest.fixture(scope="module")
-def hermes(tmp_path_factory, keys):
-    bootstrap = _export(tmp_path_factory.mktemp("qwen3"), keys, "qwen3")
+def hermes(module_tmp, keys):
+    bootstrap = _export(module_tmp("qwen3"), keys, "qwen3")
     served = scripted(bootstrap, {"weather": HERMES_OUT, "brief": THINK_OUT})
     yield served
     served.server.stop()
 
 
 @pytest.fixture(scope="module")
-def coder(tmp_path_factory, keys):
-    bootstrap = _export(tmp_path_factory.mktemp("coder"), keys, "qwen3_coder")
+def coder(module_tmp, keys):
+    bootstrap = _export(module_tmp("coder"), keys, "qwen3_coder")
     served = scripted(bootstrap, {"weather": CODER_OUT})
     yield served
     served.server.stop()

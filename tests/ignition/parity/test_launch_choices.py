@@ -32,11 +32,11 @@ def _open(path, public):
 
 
 @pytest.fixture(scope="module")
-def folded(tmp_path_factory, signing_key_pair, smollm2_checkpoint):
+def folded(module_tmp, signing_key_pair, smollm2_checkpoint):
     from helios_ignition.export import export_core
 
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("core-folded") / "smollm2-f32-folded.core"
+    out = module_tmp("core-folded") / "smollm2-f32-folded.core"
     export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private, namespace=NAMESPACE,
                 out=out, weight_dtype="f32", fold_layers=True, chunked_sampling=False)
     core = _open(out, public)

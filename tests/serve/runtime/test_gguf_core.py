@@ -33,11 +33,11 @@ GOLDENS = json.loads((Path(__file__).parents[2] / "golden" / "smollm2_goldens.js
 
 
 @pytest.fixture(scope="module")
-def gguf_core(tmp_path_factory, signing_key_pair, smollm2_checkpoint) -> ExportedCore:
+def gguf_core(module_tmp, signing_key_pair, smollm2_checkpoint) -> ExportedCore:
     from helios_ignition.export import export_core
 
     private, public = signing_key_pair
-    out = tmp_path_factory.mktemp("core-gguf") / "smollm2-gguf.core"
+    out = module_tmp("core-gguf") / "smollm2-gguf.core"
     export_core(RECIPE, checkpoint=smollm2_checkpoint, key_path=private, namespace=NAMESPACE,
                 out=out, weight_dtype="gguf")
     return ExportedCore(out, public, private, NAMESPACE)

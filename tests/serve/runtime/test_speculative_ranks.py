@@ -49,11 +49,11 @@ class Cores:
 
 
 @pytest.fixture(scope="module")
-def cores(tmp_path_factory, tiny_served) -> Cores:
+def cores(module_tmp, tiny_served) -> Cores:
     from helios_ignition.export import export_core
 
     core = tiny_served.core
-    folder = tmp_path_factory.mktemp("tiny-spec-tp")
+    folder = module_tmp("tiny-spec-tp")
     recipe = folder / "tiny_spec.py"
     recipe.write_text(RECIPE.format(base=str(LLAMA_RECIPE)))
     out = {}

@@ -26,8 +26,8 @@ CANDIDATES = [4, 2, 1]  # 256 positions in 4 captured splits of 64: 4, 2, 1
 
 
 @pytest.fixture(scope="module")
-def tuned_core(tiny_served, tmp_path_factory):
-    out = tmp_path_factory.mktemp("tuned") / "tiny-tuned.core"
+def tuned_core(tiny_served, module_tmp):
+    out = module_tmp("tuned") / "tiny-tuned.core"
     export_tiny(tiny_served.checkpoint, tiny_served.core.private_key, out,
                 split_tuning=SplitTuning(repeats=1))
     with open_core(out, [load_public_key(tiny_served.core.public_key)]) as core:

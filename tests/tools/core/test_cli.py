@@ -22,9 +22,9 @@ INTEGRITY_SUMMARY = ("INTEGRITY FAILURE in 1 (listed first): the core is not wha
 
 
 @pytest.fixture(scope="module")
-def keyed(tmp_path_factory) -> tuple[Path, Path, Path]:
+def keyed(module_tmp) -> tuple[Path, Path, Path]:
     """(private key, public key, sample core signed by it), made through `keygen`."""
-    d = tmp_path_factory.mktemp("cli")
+    d = module_tmp("cli")
     result = CliRunner().invoke(main, ["keygen", "--out", str(d / "k")])
     assert result.exit_code == 0, result.output
     write_sample_core(d / "s.core", load_private_key(d / "k"))
