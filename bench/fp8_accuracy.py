@@ -202,10 +202,14 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def measure(core_path: Path, backend: str, text_ids: list[int], prompts: list[list[int]]
             ) -> tuple[np.ndarray, list[list[int]]]:
-    """(teacher-forced log-probabilities [len(text) - 1, vocab], greedy ids per prompt)."""
+    """(teacher-forced log-probabilities [len(text) - 1, vocab], greedy ids per prompt).
+
+    One lane at a time, so the model is loaded for one decode row: the cache's pages are
+    one slot's, which holds Gemma's 982-token window prompt and its 64 tokens (eight
+    slots of its recipe's 512 pages hold 1,024 tokens each)."""
     core = open_core(core_path, [load_public_key(_public(core_path.parent))])
     authorize(core, NAMESPACE)
-    model = load_native(core, backend)
+    model = load_native(core, backend, max_concurrency=1)
     try:
         driver = Driver(model)
         logprobs = _log_softmax(driver.teacher_force(text_ids[:1], text_ids[1:]))
@@ -251,9 +255,31 @@ def merged(before: dict | None, table: dict) -> dict:
     return {**kept, **table}
 
 
+def format_row(model: Model, name: str, folder: Path, args: argparse.Namespace,
+               reference: tuple[np.ndarray, list[list[int]]], text_ids: list[int],
+               prompts: list[list[int]]) -> dict:
+    """Export format `name` into `folder`, measure it on `args.backend` and compare it with
+    bf16's `reference`; a refused export is a row holding the refusal's one line."""
+    row = {"format": describe(model, name), "commit": git_commit()}
+    targets = (args.target,) if args.backend == "cuda" else ()
+    try:
+        core = _export(model, folder, name, targets, args.target)
+    except REFUSALS as exc:
+        row["refused"] = str(exc)
+        print(f"{name}: refused: {exc}", flush=True)
+        return row
+    row.update(compare(reference, measure(core, args.backend, text_ids, prompts), text_ids))
+    core.unlink()  # one core on disk at a time (Gemma's bf16 core is 0.5 GB)
+    print(f"{name}: perplexity {row['perplexity']:.3f} (bf16 {row['bf16_perplexity']:.3f}), "
+          f"mean KL {row['mean_kl_vs_bf16_nats']:.5f}, greedy "
+          f"{row['greedy_agreement_mean']:.3f}", flush=True)
+    return row
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; a bad choice exits with argparse's one line and status 2."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="fp8_accuracy.py",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="smollm2")
     parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--target", default="sm_90", help="with --backend cuda")
@@ -292,22 +318,9 @@ def main() -> int:
         prefix = [tok.token_to_id(model.text_prefix)] if model.text_prefix else []
         text_ids = prefix + tok.encode(TEXT.read_text(), add_special_tokens=False).ids
         reference = measure(core, args.backend, text_ids, prompts)
-        core.unlink()  # one core on disk at a time (Gemma's bf16 core is 0.5 GB)
+        core.unlink()
         for name in args.formats:
-            row = {"format": describe(model, name), "commit": git_commit()}
-            try:
-                core = _export(model, folder, name, targets, args.target)
-            except REFUSALS as exc:
-                row["refused"] = str(exc)
-                print(f"{name}: refused: {exc}", flush=True)
-            else:
-                row.update(compare(reference, measure(core, args.backend, text_ids, prompts),
-                                   text_ids))
-                core.unlink()
-                print(f"{name}: perplexity {row['perplexity']:.3f} (bf16 "
-                      f"{row['bf16_perplexity']:.3f}), mean KL {row['mean_kl_vs_bf16_nats']:.5f}, "
-                      f"greedy {row['greedy_agreement_mean']:.3f}", flush=True)
-            table[name] = row
+            table[name] = format_row(model, name, folder, args, reference, text_ids, prompts)
             result = {  # rewritten after every row: an interrupted run keeps its rows
                 "commit": git_commit(), "machine": platform.node(), "backend": args.backend,
                 "model": model.title, "text": str(TEXT.relative_to(ROOT)),
