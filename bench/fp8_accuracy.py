@@ -67,6 +67,7 @@ from helios_ignition.checkpoint import CheckpointError
 from helios_ignition.export import ExportError, export_core
 from helios_ignition.kernels_aot import KernelCompileError
 from helios_ignition.recipe import RecipeError
+from helios_serve.runtime.cache_sizing import CacheSizing
 from helios_serve.runtime.driver import Driver
 from helios_serve.testing.native import load_native
 from helios_tools.core import authorize, generate_key, load_public_key, open_core, write_key_pair
@@ -91,6 +92,8 @@ class Model:
         gguf: the ``gguf`` row's description (the repacked forms of this GGUF's blocks).
         gguf_blocks: the ``gguf_blocks`` row's description (its blocks kept for ggml).
         default_formats: ``--formats`` when not given.
+        num_pages: KV cache pages to load each core with (None: the recipe's prepared
+            count), enough for the longest golden prompt and STEPS tokens in one slot.
     """
 
     title: str
@@ -102,6 +105,7 @@ class Model:
     gguf: str
     gguf_blocks: str
     default_formats: str
+    num_pages: int | None = None
 
 
 MODELS = {
@@ -136,7 +140,10 @@ MODELS = {
                     "the recipe's default): Q4_K, Q6_K, Q5_0 and Q8_0 (the fused QKV as "
                     "Q8_0 blocks of the same values), run by ggml's quantized products "
                     "(activation rows quantized to Q8_K / Q8_0 blocks)",
-        default_formats="fp8,int4,gguf,gguf_blocks,fp8kv,bf16kv"),
+        default_formats="fp8,int4,gguf,gguf_blocks,fp8kv,bf16kv",
+        # The 982-token window prompt and 64 tokens need 1,046 tokens in a slot; the
+        # recipe's 512 pages over 8 slots give 1,024, twice as many give 2,048.
+        num_pages=1024),
 }
 FORMATS = {"fp8": "e4m3 per-channel weights, per-token dynamic e4m3 activations (W8A8); "
                   "embedding and LM head bf16",
@@ -200,16 +207,14 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def measure(core_path: Path, backend: str, text_ids: list[int], prompts: list[list[int]]
-            ) -> tuple[np.ndarray, list[list[int]]]:
-    """(teacher-forced log-probabilities [len(text) - 1, vocab], greedy ids per prompt).
-
-    One lane at a time, so the model is loaded for one decode row: the cache's pages are
-    one slot's, which holds Gemma's 982-token window prompt and its 64 tokens (eight
-    slots of its recipe's 512 pages hold 1,024 tokens each)."""
+def measure(core_path: Path, backend: str, text_ids: list[int], prompts: list[list[int]],
+            num_pages: int | None = None) -> tuple[np.ndarray, list[list[int]]]:
+    """(teacher-forced log-probabilities [len(text) - 1, vocab], greedy ids per prompt),
+    with `num_pages` KV cache pages (None: the core's prepared count)."""
     core = open_core(core_path, [load_public_key(_public(core_path.parent))])
     authorize(core, NAMESPACE)
-    model = load_native(core, backend, max_concurrency=1)
+    model = load_native(core, backend,
+                        cache=CacheSizing(num_pages=num_pages) if num_pages else None)
     try:
         driver = Driver(model)
         logprobs = _log_softmax(driver.teacher_force(text_ids[:1], text_ids[1:]))
@@ -268,7 +273,8 @@ def format_row(model: Model, name: str, folder: Path, args: argparse.Namespace,
         row["refused"] = str(exc)
         print(f"{name}: refused: {exc}", flush=True)
         return row
-    row.update(compare(reference, measure(core, args.backend, text_ids, prompts), text_ids))
+    measured = measure(core, args.backend, text_ids, prompts, model.num_pages)
+    row.update(compare(reference, measured, text_ids))
     core.unlink()  # one core on disk at a time (Gemma's bf16 core is 0.5 GB)
     print(f"{name}: perplexity {row['perplexity']:.3f} (bf16 {row['bf16_perplexity']:.3f}), "
           f"mean KL {row['mean_kl_vs_bf16_nats']:.5f}, greedy "
@@ -317,7 +323,7 @@ def main() -> int:
                              .read_resource("tokenizer.json").decode())
         prefix = [tok.token_to_id(model.text_prefix)] if model.text_prefix else []
         text_ids = prefix + tok.encode(TEXT.read_text(), add_special_tokens=False).ids
-        reference = measure(core, args.backend, text_ids, prompts)
+        reference = measure(core, args.backend, text_ids, prompts, model.num_pages)
         core.unlink()
         for name in args.formats:
             table[name] = format_row(model, name, folder, args, reference, text_ids, prompts)
