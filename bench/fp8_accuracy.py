@@ -35,7 +35,7 @@ refusal (`refused`) instead of figures.
     OPENBLAS_NUM_THREADS=1 uv run python bench/fp8_accuracy.py --formats gguf  # one row
     OPENBLAS_NUM_THREADS=1 uv run python bench/fp8_accuracy.py --formats bf16kv
     OPENBLAS_NUM_THREADS=1 HELIOS_CPU_THREADS=1 uv run python bench/fp8_accuracy.py \\
-        --model gemma3                                        # every format (~1 h)
+        --model gemma3                                        # every format (~10 min)
     uv run python bench/fp8_accuracy.py --backend cuda        # on a GPU (kernels for --target)
 
 On a shared machine keep BLAS to one thread: OpenBLAS's spinning workers starved the
