@@ -7,29 +7,15 @@ refusals of non-positive values, unknown plane dtypes and term counts."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 from helios_ignition.capture import launch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def live():
-    # The script imports its neighbours (_report, gpu_attention_sweep) as top-level modules.
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("helios_bench_attention_live",
-                                                      BENCH / "gpu_attention_live.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses resolve its annotations there
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return load_script("gpu_attention_live.py")
 
 
 def test_quick_preset_variants_at_256_rows(live):

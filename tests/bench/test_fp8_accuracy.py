@@ -6,30 +6,17 @@ export becomes, and the merge that keeps the rows of formats not run."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from helios_ignition.export import ExportUsageError
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def fa():
-    # The script imports its neighbour _report as a top-level module.
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("helios_bench_fp8_accuracy",
-                                                      BENCH / "fp8_accuracy.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return load_script("fp8_accuracy.py")
 
 
 def refusal(fa, capsys, argv: list[str]) -> str:

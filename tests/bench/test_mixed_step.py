@@ -5,31 +5,19 @@ expected programs, and the refusal of a context the recipe's page table cannot h
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench.scripts import load_script
+
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256)
 
 
 @pytest.fixture(scope="module")
 def ms():
-    # The script imports its neighbours (_report, gpu_common, gpu_decode_breakdown) as
-    # top-level modules.
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("helios_bench_mixed_step",
-                                                      BENCH / "gpu_mixed_step.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return load_script("gpu_mixed_step.py")
 
 
 def test_chunks_fill_the_budget_from_mid_prompt(ms):

@@ -4,17 +4,15 @@ newline, parent folders created -- and git_commit, the commit a result names."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-_spec = importlib.util.spec_from_file_location("helios_bench_report", BENCH / "_report.py")
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
+from tests.bench.scripts import BENCH, load_script
+
+report = load_script("_report.py")
 
 RESULT = {"zeta": 1, "alpha": [1.5, {"b": None, "a": True}], "name": "SmolLM2 µs",
           "empty": {}, "rows": [[1, 2], []]}

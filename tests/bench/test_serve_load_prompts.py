@@ -6,29 +6,18 @@ refusals (exit status 2) of a prefix run it cannot make."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from helios_serve.bootstrap import Bootstrap
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench.scripts import BENCH, load_script
 
 
 @pytest.fixture(scope="module")
 def serve_load():
-    # The script imports its neighbours (_report, server) as top-level modules.
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("helios_bench_serve_load",
-                                                      BENCH / "serve_load.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return load_script("serve_load.py")
 
 
 @pytest.fixture(scope="module")
