@@ -169,8 +169,8 @@ def test_recipe_checkpoint_failures_are_one_line_exit_2(tmp_path):
     assert "--demo takes no" in _fails(env, "--demo", "--recipe", LLAMA_RECIPE)
     bad = tmp_path / "bad"  # a directory without safetensors: ignition export fails
     bad.mkdir()
-    proc = subprocess.run([SERVE, "--recipe", str(LLAMA_RECIPE), "--checkpoint", str(bad)],
-                          capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([SERVE, "--recipe", str(LLAMA_RECIPE), "--checkpoint", str(bad),
+                           "--port", "0"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, **env})
     folder = tmp_path / "cache" / "helios" / "checkpoints"
     progress, line = proc.stderr.splitlines()  # the export's progress line, then the error
@@ -181,13 +181,21 @@ def test_recipe_checkpoint_failures_are_one_line_exit_2(tmp_path):
 
 
 def test_a_busy_port_is_reported_before_the_export(tmp_path):
-    """It was reported after the whole export (minutes for a large checkpoint)."""
+    """It was reported after the whole export (minutes for a large checkpoint); a wrong
+    --recipe or --checkpoint path is still reported first (with the demo serving on the
+    default port, a missing recipe was reported as the busy port)."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     checkpoint = write_tiny_checkpoint(tmp_path)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        assert serve_fails("--recipe", tmp_path / "absent.py", "--checkpoint", checkpoint,
+                           "--port", str(port), env={"XDG_CACHE_HOME": env["XDG_CACHE_HOME"]}) == (
+            f"helios-serve: error: --recipe {tmp_path / 'absent.py'}: no such file")
+        assert serve_fails("--recipe", LLAMA_RECIPE, "--checkpoint", tmp_path / "absent",
+                           "--port", str(port), env={"XDG_CACHE_HOME": env["XDG_CACHE_HOME"]}) == (
+            f"helios-serve: error: --checkpoint {tmp_path / 'absent'}: no such file or directory")
         proc = subprocess.run([SERVE, "--recipe", str(LLAMA_RECIPE), "--checkpoint",
                                str(checkpoint), "--port", str(port)],
                               capture_output=True, text=True, timeout=300, env=env)

@@ -243,6 +243,23 @@ def checkpoint_fingerprint(recipe: Path, checkpoint: Path, options: list[str],
     return digest.hexdigest()[:16]
 
 
+def checkpoint_sources(recipe: str, checkpoint: str) -> tuple[Path, Path]:
+    """(recipe, checkpoint) as paths, once each exists: the recipe a file, the checkpoint a
+    file or directory.
+
+    Raises:
+        StartupError: one line naming the option and what is wrong with its path.
+    """
+    recipe_path, source = Path(recipe), Path(checkpoint)
+    if not recipe_path.is_file():
+        why = "is a directory" if recipe_path.is_dir() else "no such file"
+        raise StartupError(f"--recipe {recipe}: {why}")
+    if not source.exists():
+        hint = " (the embedded SmolLM2: use --demo)" if checkpoint == "smollm2" else ""
+        raise StartupError(f"--checkpoint {checkpoint}: no such file or directory{hint}")
+    return recipe_path, source
+
+
 def prepare_checkpoint(recipe: str, checkpoint: str, echo=click.echo) -> tuple[Path, Path, str]:
     """Export RECIPE with CHECKPOINT (a .gguf file or a safetensors directory) once per
     content (`checkpoint_fingerprint`) into checkpoints_dir(), signed by a local key under
@@ -252,13 +269,7 @@ def prepare_checkpoint(recipe: str, checkpoint: str, echo=click.echo) -> tuple[P
         StartupError: the recipe or checkpoint is missing or unreadable, ignition is not
             installed, or the export failed (its last output line is included).
     """
-    recipe_path, source = Path(recipe), Path(checkpoint)
-    if not recipe_path.is_file():
-        why = "is a directory" if recipe_path.is_dir() else "no such file"
-        raise StartupError(f"--recipe {recipe}: {why}")
-    if not source.exists():
-        hint = " (the embedded SmolLM2: use --demo)" if checkpoint == "smollm2" else ""
-        raise StartupError(f"--checkpoint {checkpoint}: no such file or directory{hint}")
+    recipe_path, source = checkpoint_sources(recipe, checkpoint)
     _tool("ignition", "--recipe")  # a missing ignition fails before the checkpoint is read
     # The checkpoint's own name counts: a recipe may derive the served id from it.
     options = ["--checkpoint-name", source.resolve().name]
@@ -573,6 +584,8 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
                                    "safetensors directory)")
             if not recipe:
                 raise StartupError("--checkpoint needs --recipe RECIPE")
+            # A wrong path is the user's first mistake to hear of, before a busy port.
+            checkpoint_sources(recipe, checkpoint)
             _check_port(options)
             core_path, public, accept = prepare_checkpoint(recipe, checkpoint)
             trust = (str(public),)
