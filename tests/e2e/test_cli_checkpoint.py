@@ -167,6 +167,14 @@ def test_recipe_checkpoint_failures_are_one_line_exit_2(tmp_path):
         "helios-serve: error: --recipe and --checkpoint take no CORE, --trust or --accept "
         "(the core they export is signed by a local key)")
     assert "--demo takes no" in _fails(env, "--demo", "--recipe", LLAMA_RECIPE)
+    # Options that need no core are refused before any export (a first --demo takes a minute).
+    for first in (("--demo",), ("--recipe", LLAMA_RECIPE, "--checkpoint", checkpoint)):
+        assert _fails(env, *first, "--engine-process", "--world", "2") == (
+            "helios-serve: error: --engine-process does not serve process ranks (--world) yet")
+        assert _fails(env, *first, "--resource-key", tmp_path / "absent.key") == (
+            f"helios-serve: error: cannot read resource key {tmp_path / 'absent.key'}: "
+            "No such file or directory")
+    assert not (tmp_path / "cache").exists()
     bad = tmp_path / "bad"  # a directory without safetensors: ignition export fails
     bad.mkdir()
     proc = subprocess.run([SERVE, "--recipe", str(LLAMA_RECIPE), "--checkpoint", str(bad),

@@ -568,6 +568,11 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             engine_stall_timeout=engine_stall_timeout, allow_image_urls=allow_image_urls,
             max_images_per_request=max_images_per_request, max_image_pixels=max_image_pixels,
         )  # fmt: skip
+        # What needs no core is checked before the port and any export (a first --demo
+        # exports for about a minute).
+        if engine_process and world is not None:
+            raise StartupError("--engine-process does not serve process ranks (--world) yet")
+        key = read_resource_key(resource_key)
         if demo:
             if core or trust or accept or recipe or checkpoint:
                 raise StartupError("--demo takes no CORE, --trust, --accept, --recipe or "
@@ -598,15 +603,11 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             if accept is None:
                 raise StartupError("missing --accept NAMESPACE (the publisher namespace)")
             core_path = core
-        if engine_process and world is not None:
-            raise StartupError("--engine-process does not serve process ranks (--world) yet")
         ranks = _process_ranks(world, rank, peers, rank_key, backend, rank_timeout)
         if ranks is not None and ranks.rank > 0:
-            serve_rank_process(core_path, list(trust), accept, options, ranks,
-                               read_resource_key(resource_key))
+            serve_rank_process(core_path, list(trust), accept, options, ranks, key)
             return
-        server = start(core_path, list(trust), accept, options, read_resource_key(resource_key),
-                       ranks)
+        server = start(core_path, list(trust), accept, options, key, ranks)
     except StartupError as exc:
         click.echo(f"helios-serve: error: {exc}", err=True)
         sys.exit(2)
