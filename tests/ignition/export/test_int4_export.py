@@ -32,7 +32,7 @@ from helios_tools.lint import lint_capabilities
 from safetensors.numpy import load_file, save_file
 
 from tests.ignition.export.test_tiny_export import plain_llama_class
-from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, REPO, export_error, run_export
+from tests.ignition.export.tiny import LLAMA_RECIPE, NAMESPACE, REPO, refused_export, run_export
 
 FIXTURE = REPO / "tests" / "fixtures" / "awq_tiny"
 GPTQ_FIXTURE = REPO / "tests" / "fixtures" / "gptq_tiny"
@@ -273,11 +273,8 @@ def test_gptq_act_order_is_refused_in_one_line(tmp_path, smollm2_frontend, signi
         load_safetensors_dir(folder).int4(f"{prefix}.weight")
     assert str(info.value) == message
     private, _ = signing_key_pair
-    out = tmp_path / "x.core"
-    result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
-                        "--namespace", NAMESPACE, "--out", out, "--quantize", "int4")
-    assert export_error(result).endswith(message)
-    assert not out.exists()
+    assert refused_export(folder, private, tmp_path / "x.core", "--quantize", "int4").endswith(
+        message)
 
 
 @pytest.mark.parametrize(("method", "key", "value", "read"), [
@@ -303,10 +300,8 @@ def test_a_packed_layout_not_read_is_refused(tmp_path, smollm2_frontend, signing
         load_safetensors_dir(folder)
     assert str(info.value) == message
     private, _ = signing_key_pair
-    result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
-                        "--namespace", NAMESPACE, "--out", tmp_path / "x.core",
-                        "--quantize", "int4")
-    assert export_error(result).endswith(message)
+    assert refused_export(folder, private, tmp_path / "x.core", "--quantize", "int4").endswith(
+        message)
 
 
 def test_packed_weights_without_a_4_bit_config_are_refused(tmp_path, smollm2_frontend):
@@ -359,10 +354,6 @@ def test_a_checkpoint_group_other_than_the_exports_is_refused(tmp_path, smollm2_
     tensors[f"{prefix}.qzeros"] = np.repeat(tensors[f"{prefix}.qzeros"], 2, axis=0)
     save_file(tensors, str(folder / SHARD.name))
     private, _ = signing_key_pair
-    out = tmp_path / "x.core"
-    result = run_export(LLAMA_RECIPE, "--checkpoint", folder, "--key", private,
-                        "--namespace", NAMESPACE, "--out", out, "--quantize", "int4")
-    assert export_error(result).endswith(
+    assert refused_export(folder, private, tmp_path / "x.core", "--quantize", "int4").endswith(
         f"{prefix}.weight: INT4 groups of 32 elements; the export declares groups of 64 "
         "at K = 64")
-    assert not out.exists()

@@ -16,9 +16,9 @@ from tests.ignition.export.tiny import (
     LLAMA_RECIPE,
     NAMESPACE,
     assert_lint_clean,
-    export_error,
     inspect_kv_cache,
     kv_cache_line,
+    refused_export,
     run_export,
 )
 
@@ -150,13 +150,9 @@ def test_partial_checkpoint_kv_scales_are_refused_in_one_line(tmp_path, make_che
     scales = _scales(2, "compressed")
     del scales["model.layers.1.self_attn.v_scale"]
     private, _ = signing_key_pair
-    out = tmp_path / "x.core"
-    result = run_export(LLAMA_RECIPE, "--checkpoint", make_checkpoint(arrays=scales), "--key",
-                        private, "--namespace", NAMESPACE, "--out", out, "--kv-cache-dtype",
-                        "fp8")
-    assert export_error(result).endswith(
+    assert refused_export(make_checkpoint(arrays=scales), private, tmp_path / "x.core",
+                          "--kv-cache-dtype", "fp8").endswith(
         "the checkpoint carries KV scales but none for L1.v_cache (1 of 4 planes)")
-    assert not out.exists()
 
 
 def test_a_checkpoint_kv_scale_that_is_not_one_positive_value_is_refused(
@@ -164,11 +160,7 @@ def test_a_checkpoint_kv_scale_that_is_not_one_positive_value_is_refused(
     scales = _scales(2, "compressed")
     scales["model.layers.0.self_attn.k_scale"] = np.array([0.0], np.float32)
     private, _ = signing_key_pair
-    out = tmp_path / "x.core"
-    result = run_export(LLAMA_RECIPE, "--checkpoint", make_checkpoint(arrays=scales), "--key",
-                        private, "--namespace", NAMESPACE, "--out", out, "--kv-cache-dtype",
-                        "fp8")
-    assert export_error(result).endswith(
+    assert refused_export(make_checkpoint(arrays=scales), private, tmp_path / "x.core",
+                          "--kv-cache-dtype", "fp8").endswith(
         "model.layers.0.self_attn.k_scale: a KV scale is one positive finite value per "
         "layer, not [0.0]")
-    assert not out.exists()

@@ -114,6 +114,17 @@ def export_error(result: Result) -> str:
     return errors[0]
 
 
+def refused_export(checkpoint: str | Path, key: Path, out: Path, *options: str | Path) -> str:
+    """The one error line of `ignition export` of LLAMA_RECIPE with `checkpoint`, signed
+    by `key`, into `out`, with `options`; asserts `export_error`'s checks and that no core
+    was left at `out`."""
+    result = run_export(LLAMA_RECIPE, "--checkpoint", checkpoint, "--key", key,
+                        "--namespace", NAMESPACE, "--out", out, *options)
+    line = export_error(result)
+    assert not out.exists()
+    return line
+
+
 def assert_lint_clean(core, acceptance: str = NAMESPACE) -> None:
     """`lint_core` (verify + contract validation + manifest consistency) finds nothing."""
     from helios_tools.lint import lint_core
