@@ -55,7 +55,7 @@ from helios_tools.core.protected import load_resource_key
 
 from helios_serve.bootstrap import Bootstrap, StartupError
 from helios_serve.clock import ObservationClock
-from helios_serve.config import ServeOptions, parse_bytes
+from helios_serve.config import ServeOptions, check_positive, parse_bytes
 from helios_serve.engine_client import EngineClient
 from helios_serve.liveness import DEFAULT_STALL_TIMEOUT_S
 from helios_serve.loading import (
@@ -570,8 +570,14 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
         )  # fmt: skip
         # What needs no core is checked before the port and any export (a first --demo
         # exports for about a minute).
+        try:
+            check_positive(options)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        cache_sizing(options)
         if engine_process and world is not None:
             raise StartupError("--engine-process does not serve process ranks (--world) yet")
+        ranks = _process_ranks(world, rank, peers, rank_key, backend, rank_timeout)
         key = read_resource_key(resource_key)
         if demo:
             if core or trust or accept or recipe or checkpoint:
@@ -603,7 +609,8 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             if accept is None:
                 raise StartupError("missing --accept NAMESPACE (the publisher namespace)")
             core_path = core
-        ranks = _process_ranks(world, rank, peers, rank_key, backend, rank_timeout)
+        if ranks is not None:
+            _under_mpi_launcher()
         if ranks is not None and ranks.rank > 0:
             serve_rank_process(core_path, list(trust), accept, options, ranks, key)
             return
@@ -624,8 +631,8 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
 
 
 def _process_ranks(world, rank, peers, rank_key, backend, timeout_s=120.0):
-    """The process-rank options checked together (None without --world); re-executes
-    this process under the MPI wheel's `mpiexec -n 1` when no MPI launcher started it.
+    """The process-rank options checked together (None without --world), before any
+    export or load.
 
     Raises:
         StartupError: one line naming the option at fault.
@@ -638,11 +645,22 @@ def _process_ranks(world, rank, peers, rank_key, backend, timeout_s=120.0):
         if backend != "cpu":
             raise StartupError(f"--world: process ranks run on the cpu backend; the {backend} "
                                "backend executes one rank")
-        setup = ProcessRanks.parse(rank, world, peers or "", rank_key, timeout_s)
+        return ProcessRanks.parse(rank, world, peers or "", rank_key, timeout_s)
+    except RuntimeLoadError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def _under_mpi_launcher() -> None:
+    """Re-execute this process under the MPI wheel's `mpiexec -n 1` when no MPI launcher
+    started it (process ranks; the re-executed process checks its options again).
+
+    Raises:
+        StartupError: no MPI launcher is installed.
+    """
+    try:
         reexec_under_mpiexec(sys.argv[1:])
     except RuntimeLoadError as exc:
         raise StartupError(str(exc)) from None
-    return setup
 
 
 def serve_rank_process(core, trust: list[str], accept: str, options: ServeOptions, ranks,
