@@ -492,8 +492,13 @@ def _kv_calibration_refusal(manifest, quantized: bool, tensor_parallel: int, dra
     return ""
 
 
-def _check_quantize(quantize: str | None, recipe: Recipe, tensor_parallel: int) -> None:
+def _check_quantize(quantize: str | None, recipe: Recipe, tensor_parallel: int,
+                    weight_dtype: str | None = None) -> None:
     """Refuse a ``--quantize`` the export cannot honour.
+
+    Args:
+        weight_dtype: the ``--weight-dtype`` given (None: the recipe's), to name where
+            ``gguf`` weights came from.
 
     Raises:
         ExportUsageError: an unknown choice, or one with ``gguf`` weights (already
@@ -505,8 +510,13 @@ def _check_quantize(quantize: str | None, recipe: Recipe, tensor_parallel: int) 
         raise ExportUsageError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, "
                                f"not {quantize!r}")
     if recipe.weight_dtype == "gguf":
-        raise ExportUsageError(f"--quantize {quantize} and --weight-dtype gguf are exclusive "
-                               "(the gguf blocks are quantized already)")
+        # A recipe may keep GGUF blocks by default (gemma3_270m.py): name the recipe, or
+        # the refusal names an option the operator never passed.
+        which = ("--weight-dtype gguf" if weight_dtype else
+                 f"recipe {recipe.name}'s weight dtype gguf (pass --weight-dtype bf16 or f32 "
+                 "to quantize float weights)")
+        raise ExportUsageError(f"--quantize {quantize} and {which} are exclusive (the gguf "
+                               "blocks are quantized already)")
     if tensor_parallel > 1:
         raise ExportUsageError(f"--quantize {quantize} stores whole tensors: export without "
                                "--tensor-parallel")
@@ -610,7 +620,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if activation_dtype is not None:
         recipe = replace(recipe, activation_dtype=activation_dtype)
     validate_recipe(recipe)
-    _check_quantize(quantize, recipe, tensor_parallel)
+    _check_quantize(quantize, recipe, tensor_parallel, weight_dtype)
     try:
         shapes = family_shapes(recipe.family, ckpt.geometry)
     except FamilyMismatchError as exc:
