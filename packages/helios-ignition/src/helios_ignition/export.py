@@ -223,8 +223,11 @@ class Carrier:
             key = load_resource_key(resource_key_path)
         except FileNotFoundError:
             raise ExportError(f"resource key not found: {resource_key_path}") from None
-        except (OSError, ValueError) as exc:
-            raise ExportError(f"resource key {resource_key_path}: {exc}") from None
+        except OSError as exc:
+            raise ExportError(f"resource key {resource_key_path}: "
+                              f"{exc.strerror or exc}") from None
+        except ValueError as exc:  # its message names the file already
+            raise ExportError(f"cannot read resource key: {exc}") from None
         return cls("logical", 4, key)
 
     def writer(self, out: Path, key, namespace: str):
