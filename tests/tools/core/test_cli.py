@@ -48,6 +48,15 @@ def test_keygen_modes_and_refuses_overwrite(keyed):
     assert _run("keygen", "--out", priv).exit_code == 2
 
 
+@pytest.mark.parametrize("aes", [[], ["--aes"]])
+def test_keygen_into_a_missing_folder_is_one_clear_line(tmp_path, aes):
+    out = tmp_path / "absent" / "k"
+    result = _run("keygen", *aes, "--out", out)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"helios-tools: error: cannot write {out}: No such file or directory"]
+
+
 def test_inspect_text_and_json(keyed):
     _, _, core = keyed
     text = _run("inspect", core)

@@ -259,8 +259,8 @@ def keygen(out: Path, aes: bool) -> None:
             priv, pub = write_key_pair(generate_key(), out)
     except FileExistsError as e:
         raise _Unreadable(f"refusing to overwrite {e.filename or e}") from None
-    except OSError as e:
-        raise _Unreadable(str(e)) from None
+    except OSError as e:  # a missing or read-only folder: "[Errno 2] ..." said nothing more
+        raise _Unreadable(f"cannot write {e.filename or out}: {_why(e)}") from None
     if aes:
         click.echo(f"wrote {out} (AES-256 resource key, 32 bytes, 0600)")
     else:
