@@ -184,6 +184,9 @@ def test_recipe_checkpoint_failures_are_one_line_exit_2(tmp_path):
             "helios-serve: error: --rank, --peers and --rank-key need --world N")
         assert _fails(env, *first, "--world", "2", "--rank", "5") == (
             "helios-serve: error: --rank 5 is outside [0, 2) for --world 2")
+        assert _fails(env, *first, "--responses-db", tmp_path / "absent" / "r.db") == (
+            f"helios-serve: error: {tmp_path / 'absent' / 'r.db'}: unable to open database "
+            "file")
     assert not (tmp_path / "cache").exists()
     bad = tmp_path / "bad"  # a directory without safetensors: ignition export fails
     bad.mkdir()

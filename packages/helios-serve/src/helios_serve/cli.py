@@ -66,6 +66,7 @@ from helios_serve.loading import (
     resolve_settings,
     startup_log,
 )
+from helios_serve.responses.store import ResponseStore
 from helios_serve.runtime.errors import RuntimeLoadError
 from helios_serve.runtime.rank_processes import ProcessRanks, reexec_under_mpiexec, serve_rank
 from helios_serve.wire import EngineSpec
@@ -579,6 +580,8 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             raise StartupError("--engine-process does not serve process ranks (--world) yet")
         ranks = _process_ranks(world, rank, peers, rank_key, backend, rank_timeout)
         key = read_resource_key(resource_key)
+        if responses_db is not None:  # a missing folder or a foreign file, before any load
+            ResponseStore(responses_db).close()
         if demo:
             if core or trust or accept or recipe or checkpoint:
                 raise StartupError("--demo takes no CORE, --trust, --accept, --recipe or "
