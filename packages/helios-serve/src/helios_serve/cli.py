@@ -5,7 +5,9 @@
     helios-serve --recipe RECIPE --checkpoint PATH [options]
 
 Startup is Bootstrap.load -> NativeModel.load -> Server.start. Any startup failure
-prints one line (`helios-serve: error: ...`) without a traceback and exits 2.
+prints one line (`helios-serve: error: ...`) without a traceback and exits 2; a SIGINT
+(Ctrl-C) before serving starts prints `helios-serve: error: interrupted` and exits 130,
+as `ignition export` does (a running export child is killed with it).
 
 `--demo` prepares the embedded default once: it generates a local key with
 `helios-tools keygen` and exports the real SmolLM2 core with `ignition export` (both as
@@ -304,6 +306,7 @@ def _run(argv: list[str], what: str) -> None:
 
 
 API_KEY_ENV = "HELIOS_API_KEY"
+EXIT_INTERRUPTED = 130  # a SIGINT before serving starts (128 + SIGINT, ignition's too)
 
 
 def _curl_example(url: str, model: str, api_key: bool = False) -> str:
@@ -621,6 +624,9 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
     except StartupError as exc:
         click.echo(f"helios-serve: error: {exc}", err=True)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C during an export or a load: click said "Aborted!", 1
+        click.echo("helios-serve: error: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = server.settings.served_name
     click.echo(f"Helios is serving {name} at {server.url} (backend {backend})")
