@@ -161,8 +161,24 @@ def open_checkpoint(spec: str | Checkpoint | None, random_seed: int | None,
 
 
 def resolve_recipe(recipe_path: str | Path, checkpoint) -> Recipe:
+    """The recipe file's RECIPE, or what its make_recipe(checkpoint) returns.
+
+    Raises:
+        RecipeError: the file does not load, its make_recipe raises (a recipe that refuses
+            the checkpoint: SmolVLM's on a vocabulary without its image tokens), or it
+            yields no Recipe.
+    """
     module = load_recipe_module(recipe_path)
-    recipe = module.RECIPE if hasattr(module, "RECIPE") else module.make_recipe(checkpoint)
+    if hasattr(module, "RECIPE"):
+        recipe = module.RECIPE
+    else:
+        try:
+            recipe = module.make_recipe(checkpoint)
+        except RecipeError:
+            raise
+        except Exception as exc:  # a recipe is user code: report, don't crash
+            raise RecipeError(f"recipe {recipe_path}: make_recipe failed for checkpoint "
+                              f"{checkpoint.source}: {' '.join(str(exc).split())}") from exc
     if not isinstance(recipe, Recipe):
         raise RecipeError(f"recipe {recipe_path}: RECIPE is a {type(recipe).__name__}, "
                           "not a helios_ignition.recipe.Recipe")
