@@ -15,6 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
+from helios_serve import cli
+from helios_tools.core import generate_key, write_key_pair
 
 from tests.tiny_model import serve_error_line, serve_fails
 
@@ -92,6 +95,34 @@ def test_missing_graph_variant(smollm2_core_f32, tmp_path):
     src.close()
     line = _fails(str(out), "--trust", str(core.public_key), "--accept", core.namespace)
     assert "missing graph variant" in line and dropped in line
+
+
+def test_an_unreadable_trusted_key_names_its_file_once(tmp_path):
+    """Was "cannot read trusted key K: [Errno 2] No such file or directory: 'K'", and
+    for a private key "cannot read trusted key K: K: Valid PEM ..."."""
+    core = tmp_path / "x.core"
+    core.write_bytes(b"keys are read before the core")
+    missing = tmp_path / "absent.pub"
+    assert _fails(str(core), "--trust", str(missing), "--accept", "ns") == (
+        f"helios-serve: error: cannot read trusted key {missing}: No such file or directory")
+    private = tmp_path / "k"
+    write_key_pair(generate_key(), private)
+    line = _fails(str(core), "--trust", str(private), "--accept", "ns")
+    assert line.startswith(f"helios-serve: error: cannot read trusted key: {private}: "), line
+    assert line.count(str(private)) == 1, line
+
+
+def test_an_interrupt_during_startup_is_one_line_exit_130(monkeypatch):
+    """Ctrl-C during an export or a load printed click's "Aborted!" and exited 1."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "start", interrupted)
+    result = CliRunner().invoke(cli.main, ["x.core", "--trust", "k.pub", "--accept", "ns",
+                                           "--port", "0"])
+    assert (result.exit_code, result.stderr) == (130, "helios-serve: error: interrupted\n")
+    assert result.stdout == ""
 
 
 def test_usage_errors():

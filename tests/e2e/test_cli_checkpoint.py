@@ -174,6 +174,19 @@ def test_recipe_checkpoint_failures_are_one_line_exit_2(tmp_path):
         assert _fails(env, *first, "--resource-key", tmp_path / "absent.key") == (
             f"helios-serve: error: cannot read resource key {tmp_path / 'absent.key'}: "
             "No such file or directory")
+        # These were refused only once the exported core loaded.
+        assert _fails(env, *first, "--max-active", "0") == (
+            "helios-serve: error: --max-active must be at least 1")
+        assert _fails(env, *first, "--num-pages", "8", "--kv-cache-memory", "1GiB") == (
+            "helios-serve: error: --num-pages and --kv-cache-memory are exclusive: choose "
+            "one way to size the KV cache")
+        assert _fails(env, *first, "--rank", "1") == (
+            "helios-serve: error: --rank, --peers and --rank-key need --world N")
+        assert _fails(env, *first, "--world", "2", "--rank", "5") == (
+            "helios-serve: error: --rank 5 is outside [0, 2) for --world 2")
+        assert _fails(env, *first, "--responses-db", tmp_path / "absent" / "r.db") == (
+            f"helios-serve: error: {tmp_path / 'absent' / 'r.db'}: unable to open database "
+            "file")
     assert not (tmp_path / "cache").exists()
     bad = tmp_path / "bad"  # a directory without safetensors: ignition export fails
     bad.mkdir()

@@ -31,7 +31,7 @@ def test_an_unreadable_key_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
         f"helios-serve-ray: error: cannot read trusted key {tmp_path / 'k.pub'}: "
-        f"[Errno 2] No such file or directory: '{tmp_path / 'k.pub'}'"]
+        "No such file or directory"]
 
 
 def test_a_wrong_namespace_is_one_line(tiny_served):

@@ -297,6 +297,24 @@ def test_completions_rejections_name_the_field(scripted, patch, param):
     scripted.wait_idle()
 
 
+@pytest.mark.parametrize(("prompts", "n"), [(13, 1), (7, 2)])
+def test_a_prompt_list_beyond_what_the_server_holds_is_a_400(scripted, prompts, n):
+    """More choices than max_active (4) + queue_capacity (8) once reached the worker, which
+    refused the prompts beyond its queue as a full queue: a 503 to retry, on an idle
+    server, every time."""
+    r = _post(scripted, {"model": scripted.model_name, "prompt": ["x"] * prompts, "n": n,
+                         "max_tokens": 1}, "/v1/completions")
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {
+        "message": f"{prompts} prompts of n {n} make {prompts * n} requests; this server "
+                   "holds 12 at once (4 running, 8 queued)",
+        "type": "invalid_request_error", "param": "prompt", "code": None}
+    scripted.wait_idle()
+    held = _post(scripted, {"model": scripted.model_name, "prompt": ["x"] * 6, "n": 2,
+                            "max_tokens": 1}, "/v1/completions")
+    assert held.status_code == 200 and len(held.json()["choices"]) == 12, held.text
+
+
 # -- models, tokenize, version ------------------------------------------------------------
 
 

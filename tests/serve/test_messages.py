@@ -194,6 +194,30 @@ def test_invalid_requests_are_400_invalid_request_error(scripted, patch, message
     scripted.wait_idle()
 
 
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": "AAAA"}}
+
+
+@pytest.mark.parametrize(("patch", "where"), [
+    ({"system": "be brief", "messages": [{"role": "user", "content": [IMAGE]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": [
+                       {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                   {"role": "user", "content": [
+                       {"type": "tool_result", "tool_use_id": "t1", "content": "4"},
+                       {"type": "text", "text": "and this:"}, IMAGE]}]},
+     "messages[2].content[2]"),
+])  # fmt: skip
+def test_a_rejected_block_is_named_by_its_place_in_the_request(scripted, patch, where):
+    """The chat path's index was named: the system text is chat message 0 and a
+    tool_result block a chat message of its own ("messages[1].content[0]" for the only
+    message's only block)."""
+    r = _post(scripted, {**_body(scripted), **patch})
+    assert _error(r) == (400, "invalid_request_error", f"{where}: this model accepts no images")
+    scripted.wait_idle()
+
+
 def test_malformed_bodies_are_400(scripted):
     for raw in (b"{", b"[]", b'"x"'):
         r = httpx.post(scripted.url + "/v1/messages", content=raw,

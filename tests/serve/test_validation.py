@@ -126,6 +126,25 @@ def test_text_parts_and_roles(scripted):
     assert r.json()["model"] == scripted.model_name  # an alias resolves to the served name
 
 
+@pytest.mark.parametrize(("content", "param", "message"), [
+    ([{"type": "text"}], "messages[0].content[0].text", "Field required"),
+    ([{"type": "text", "text": 5}], "messages[0].content[0].text",
+     "Input should be a valid string"),
+    ([{"type": "txt", "text": "hi"}], "messages[0].content[0].type", "Input should be 'text'"),
+    (5, "messages[0].content", "Input should be a valid string"),
+])
+def test_a_bad_content_part_is_named(scripted, content, param, message):
+    """A list of parts is named down to the part: the first of pydantic's union errors
+    was the string branch's ("messages[0].content: Input should be a valid string" for a
+    text part without its text)."""
+    r = httpx.post(scripted.url + "/v1/chat/completions", json={
+        **_base(scripted), "messages": [{"role": "user", "content": content}]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {"message": f"invalid field {param!r}: {message}",
+                                 "type": "invalid_request_error", "param": param,
+                                 "code": "invalid_value"}
+
+
 @pytest.mark.parametrize("body", [b"[1, 2]", b'"hi"', b"42", b"null"])
 def test_body_that_is_not_an_object_is_a_clear_400(scripted, body):
     r = httpx.post(scripted.url + "/v1/chat/completions", content=body,

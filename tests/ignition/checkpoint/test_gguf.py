@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from helios_ignition.checkpoint import (
     SMOLLM2_135M,
+    CheckpointFormatError,
     MissingTensorError,
+    load_gguf,
     render_chat,
     unpermute_qk,
 )
@@ -47,6 +49,19 @@ def test_unknown_tensor_names_file_and_tensor(smollm2):
         smollm2.tensor("model.layers.30.mlp.up_proj.weight")
     assert info.value.tensor == "model.layers.30.mlp.up_proj.weight"
     assert smollm2.source in str(info.value)
+
+
+@pytest.mark.parametrize("keep", [100, 1 << 20])
+def test_a_cut_gguf_is_named_truncated_or_corrupt(smollm2, tmp_path, keep):
+    """The reader's own error ("cannot reshape array of size 66784 into shape (576,360)")
+    named no cause."""
+    cut = tmp_path / "cut.gguf"
+    with open(smollm2.source, "rb") as f:
+        cut.write_bytes(f.read(keep))
+    with pytest.raises(CheckpointFormatError) as info:
+        load_gguf(cut)
+    assert str(info.value).startswith(f"{cut}: not a readable GGUF file (truncated or "
+                                      "corrupt): "), str(info.value)
 
 
 def test_qk_are_unpermuted(smollm2):

@@ -195,6 +195,32 @@ def test_bad_directories(tmp_path, smollm2, reference):
         load_checkpoint(tmp_path / "model.bin")
 
 
+@pytest.mark.parametrize(("change", "message"), [
+    # a string where a list is expected once read as its characters ("architecture 'Q'")
+    ({"architectures": "Qwen3ForCausalLM"},
+     "architectures must be a list of strings, not 'Qwen3ForCausalLM'"),
+    ({"architectures": [7]}, r"architectures must be a list of strings, not \[7\]"),
+    # once int("576") and int(4.5) == 4: coerced, not refused
+    ({"hidden_size": "576"}, "hidden_size must be a positive integer, not '576'"),
+    ({"num_attention_heads": 4.5}, "num_attention_heads must be a positive integer, not 4.5"),
+    ({"num_hidden_layers": True}, "num_hidden_layers must be a positive integer, not True"),
+    ({"vocab_size": -1}, "vocab_size must be a positive integer, not -1"),
+    # once an internal error (exit 3): float("x") raised past the loader
+    ({"rms_norm_eps": "x"}, "rms_norm_eps must be a positive number, not 'x'"),
+    ({"rope_theta": 0}, "rope_theta must be a positive number, not 0"),
+    ({"intermediate_size": None}, "a value is not a number: int.. argument must be"),
+])
+def test_config_values_of_the_wrong_type_are_named(tmp_path, smollm2, reference, change,
+                                                    message):
+    folder = make_dir(tmp_path / "m", smollm2, reference)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(change)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(GeometryError, match=message) as caught:
+        load_safetensors_dir(folder)
+    assert str(caught.value).startswith(f"{folder}/config.json: ")
+
+
 @pytest.mark.parametrize("broken", ["config.json", "tokenizer.json", "tokenizer_config.json"])
 def test_malformed_json_names_the_file(tmp_path, smollm2, reference, broken):
     folder = make_dir(tmp_path / "m", smollm2, reference)

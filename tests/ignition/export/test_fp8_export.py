@@ -260,6 +260,31 @@ def test_rejections_are_usage_errors(tmp_path, tiny_checkpoint, signing_key_pair
     assert not out.exists()
 
 
+def test_a_recipe_keeping_gguf_blocks_is_named_in_the_refusal(tmp_path, tiny_checkpoint,
+                                                               signing_key_pair):
+    """Without --weight-dtype the gguf weights are the recipe's (as gemma3_270m.py's): the
+    refusal named `--weight-dtype gguf`, an option the operator never passed."""
+    private, _ = signing_key_pair
+    recipe = tmp_path / "gguf_recipe.py"
+    recipe.write_text(
+        "from dataclasses import replace\n"
+        "from helios_ignition.recipe import load_recipe_module\n"
+        f"_LLAMA = load_recipe_module({str(LLAMA_RECIPE)!r})\n\n\n"
+        "def make_recipe(checkpoint):\n"
+        "    return replace(_LLAMA.make_recipe(checkpoint), name='tiny-gguf', "
+        "weight_dtype='gguf')\n")
+    out = tmp_path / "x.core"
+    for quantize in ("fp8", "int4"):
+        result = run_export(recipe, "--checkpoint", tiny_checkpoint, "--key", private,
+                            "--namespace", NAMESPACE, "--out", out, "--quantize", quantize)
+        assert result.exit_code == 2, result.output
+        assert export_error(result) == (
+            f"ignition: error: --quantize {quantize} and recipe tiny-gguf's weight dtype gguf "
+            "(pass --weight-dtype bf16 or f32 to quantize float weights) are exclusive (the "
+            "gguf blocks are quantized already)")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("shape", "layout"), [
     ([64, 2], "compressed-tensors' group strategy, groups of 64 along K = 128"),
     ([32, 2], "a block-wise layout: as many values as rows, not one per row"),

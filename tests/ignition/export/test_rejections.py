@@ -214,6 +214,16 @@ def _recipe_fails_to_import(env: Env) -> tuple[str, ...]:
     return ("failed to import", "helios_no_such_module")
 
 
+def _make_recipe_raises(env: Env) -> tuple[str, ...]:
+    # As the SmolVLM recipe does on a checkpoint without its image tokens: an internal
+    # error (exit 3) before, for a recipe's own refusal of the checkpoint.
+    env.kwargs["recipe_path"] = path = env.tmp / "picky_recipe.py"
+    path.write_text("def make_recipe(checkpoint):\n"
+                    "    raise ValueError('no <image> token in this vocabulary')\n")
+    return (f"recipe {path}: make_recipe failed for checkpoint {env.checkpoint}: no <image> "
+            "token in this vocabulary",)
+
+
 def _context_shorter_than_prefill(env: Env) -> tuple[str, ...]:
     from dataclasses import replace
 
@@ -359,6 +369,7 @@ CASES = [
     Case("recipe missing", _recipe_missing, RecipeError),
     Case("recipe declares nothing", _recipe_declares_nothing, RecipeError),
     Case("recipe fails to import", _recipe_fails_to_import, RecipeError),
+    Case("recipe's make_recipe raises", _make_recipe_raises, RecipeError),
     Case("context shorter than every prefill chunk", _context_shorter_than_prefill,
          ExportError),
     Case("output dir missing", _missing_output_dir, ExportError),

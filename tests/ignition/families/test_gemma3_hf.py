@@ -123,7 +123,7 @@ def test_norms_are_stored_as_one_plus_w(opened):
     ({"layer_types": ["sliding_attention"]}, "layer_types must be 4 entries"),
     ({"sliding_window": None}, "sliding_window must be a positive number of tokens, not None"),
     ({"num_hidden_layers": None}, "a value is not a number: int.. argument must be"),
-    ({"hidden_size": "sixty"}, "a value is not a number: invalid literal"),
+    ({"hidden_size": "sixty"}, "hidden_size must be a positive integer, not 'sixty'"),
 ])
 def test_unsupported_declarations_are_refused(tmp_path, change, message):
     folder = tmp_path / "ckpt"

@@ -48,6 +48,15 @@ def test_keygen_modes_and_refuses_overwrite(keyed):
     assert _run("keygen", "--out", priv).exit_code == 2
 
 
+@pytest.mark.parametrize("aes", [[], ["--aes"]])
+def test_keygen_into_a_missing_folder_is_one_clear_line(tmp_path, aes):
+    out = tmp_path / "absent" / "k"
+    result = _run("keygen", *aes, "--out", out)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"helios-tools: error: cannot write {out}: No such file or directory"]
+
+
 def test_inspect_text_and_json(keyed):
     _, _, core = keyed
     text = _run("inspect", core)
@@ -265,7 +274,7 @@ def test_unreadable_core_names_its_path_once(tmp_path, command):
         result = _run(command, path)
         assert result.exit_code == 2, result.output
         line = result.output.strip().splitlines()[-1]
-        assert line.startswith(f"Error: {path}: {why}"), line
+        assert line.startswith(f"helios-tools: error: {path}: {why}"), line
         assert line.count(str(path)) == 1, line
 
 
@@ -307,7 +316,8 @@ def test_location_length_mismatch_is_one_line_everywhere(keyed, wrong_location_l
     assert verify.output.startswith(f"FAIL {path}: LengthMismatch: {why}")
     inspect = _run("inspect", path)
     assert inspect.exit_code == 2, inspect.output
-    assert inspect.output.strip().splitlines()[-1].startswith(f"Error: {path}: {why}")
+    assert inspect.output.strip().splitlines()[-1].startswith(
+        f"helios-tools: error: {path}: {why}")
     assert f"resource {rid!r}" in inspect.output
     for args, notes in (([], [f"note: {UNSIGNED_NOTE}"]), (["--trust", pub], [])):
         lint = _run("lint-core", path, *args, "--backend", *SAMPLE_BACKENDS)
@@ -342,11 +352,13 @@ def test_keygen_aes_writes_a_resource_key_once(tmp_path):
 
 
 def test_a_usage_error_is_one_line_with_status_2(tmp_path):
-    """A bad option value is one ``Error:`` line (not click's Usage / Try block), exit 2."""
+    """A bad option value is one ``helios-tools: error:`` line (not click's Usage / Try
+    block), exit 2, as ignition and helios-serve print theirs."""
     result = subprocess.run([_console_script(), "lint-core", str(tmp_path / "x.core"),
                              "--backend", "gpu"], capture_output=True, text=True, timeout=60,
                             check=False)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "Error: Invalid value for '--backend': 'gpu' is not one of 'cpu', 'cuda'."]
+        "helios-tools: error: Invalid value for '--backend': 'gpu' is not one of 'cpu', "
+        "'cuda'."]
     assert result.stdout == ""

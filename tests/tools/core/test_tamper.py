@@ -148,6 +148,20 @@ def test_truncation_at_many_offsets(sample_core, signing_key, tmp_path):
         assert _attempt(target, signing_key) is CoreFormatError, n
 
 
+def test_a_cut_in_the_frames_is_named_truncated(sample_core, signing_key, tmp_path):
+    """A copy cut short (a partial download) once read as "location [a, b) lies outside
+    the frames region" of the last resource it cut into."""
+    src = sample_core.read_bytes()
+    frames_start, _ = _body(src)
+    target = tmp_path / "t.core"
+    for n in (frames_start, (frames_start + len(src)) // 2, len(src) - 1):
+        target.write_bytes(src[:n])
+        with pytest.raises(CoreFormatError) as exc:
+            open_core(target, [signing_key.public_key()])
+        assert str(exc.value) == (f"file is {n} bytes; header, body and frames make "
+                                  f"{len(src)} (truncated) (offset {n})")
+
+
 @pytest.mark.parametrize("extra", [b"\x00", b"garbage", bytes(4096),
                                    zstandard.ZstdCompressor().compress(b"second frame")])
 def test_appended_bytes(sample_core, signing_key, tmp_path, extra):

@@ -161,8 +161,24 @@ def open_checkpoint(spec: str | Checkpoint | None, random_seed: int | None,
 
 
 def resolve_recipe(recipe_path: str | Path, checkpoint) -> Recipe:
+    """The recipe file's RECIPE, or what its make_recipe(checkpoint) returns.
+
+    Raises:
+        RecipeError: the file does not load, its make_recipe raises (a recipe that refuses
+            the checkpoint: SmolVLM's on a vocabulary without its image tokens), or it
+            yields no Recipe.
+    """
     module = load_recipe_module(recipe_path)
-    recipe = module.RECIPE if hasattr(module, "RECIPE") else module.make_recipe(checkpoint)
+    if hasattr(module, "RECIPE"):
+        recipe = module.RECIPE
+    else:
+        try:
+            recipe = module.make_recipe(checkpoint)
+        except RecipeError:
+            raise
+        except Exception as exc:  # a recipe is user code: report, don't crash
+            raise RecipeError(f"recipe {recipe_path}: make_recipe failed for checkpoint "
+                              f"{checkpoint.source}: {' '.join(str(exc).split())}") from exc
     if not isinstance(recipe, Recipe):
         raise RecipeError(f"recipe {recipe_path}: RECIPE is a {type(recipe).__name__}, "
                           "not a helios_ignition.recipe.Recipe")
@@ -223,8 +239,11 @@ class Carrier:
             key = load_resource_key(resource_key_path)
         except FileNotFoundError:
             raise ExportError(f"resource key not found: {resource_key_path}") from None
-        except (OSError, ValueError) as exc:
-            raise ExportError(f"resource key {resource_key_path}: {exc}") from None
+        except OSError as exc:
+            raise ExportError(f"resource key {resource_key_path}: "
+                              f"{exc.strerror or exc}") from None
+        except ValueError as exc:  # its message names the file already
+            raise ExportError(f"cannot read resource key: {exc}") from None
         return cls("logical", 4, key)
 
     def writer(self, out: Path, key, namespace: str):
@@ -492,8 +511,13 @@ def _kv_calibration_refusal(manifest, quantized: bool, tensor_parallel: int, dra
     return ""
 
 
-def _check_quantize(quantize: str | None, recipe: Recipe, tensor_parallel: int) -> None:
+def _check_quantize(quantize: str | None, recipe: Recipe, tensor_parallel: int,
+                    weight_dtype: str | None = None) -> None:
     """Refuse a ``--quantize`` the export cannot honour.
+
+    Args:
+        weight_dtype: the ``--weight-dtype`` given (None: the recipe's), to name where
+            ``gguf`` weights came from.
 
     Raises:
         ExportUsageError: an unknown choice, or one with ``gguf`` weights (already
@@ -505,8 +529,13 @@ def _check_quantize(quantize: str | None, recipe: Recipe, tensor_parallel: int) 
         raise ExportUsageError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, "
                                f"not {quantize!r}")
     if recipe.weight_dtype == "gguf":
-        raise ExportUsageError(f"--quantize {quantize} and --weight-dtype gguf are exclusive "
-                               "(the gguf blocks are quantized already)")
+        # A recipe may keep GGUF blocks by default (gemma3_270m.py): name the recipe, or
+        # the refusal names an option the operator never passed.
+        which = ("--weight-dtype gguf" if weight_dtype else
+                 f"recipe {recipe.name}'s weight dtype gguf (pass --weight-dtype bf16 or f32 "
+                 "to quantize float weights)")
+        raise ExportUsageError(f"--quantize {quantize} and {which} are exclusive (the gguf "
+                               "blocks are quantized already)")
     if tensor_parallel > 1:
         raise ExportUsageError(f"--quantize {quantize} stores whole tensors: export without "
                                "--tensor-parallel")
@@ -610,7 +639,7 @@ def export_core(recipe_path: str | Path, *, checkpoint: str | Checkpoint | None,
     if activation_dtype is not None:
         recipe = replace(recipe, activation_dtype=activation_dtype)
     validate_recipe(recipe)
-    _check_quantize(quantize, recipe, tensor_parallel)
+    _check_quantize(quantize, recipe, tensor_parallel, weight_dtype)
     try:
         shapes = family_shapes(recipe.family, ckpt.geometry)
     except FamilyMismatchError as exc:

@@ -98,8 +98,11 @@ class Bootstrap:
             if isinstance(key, str | os.PathLike):
                 try:
                     keys.append(load_public_key(key))
-                except (OSError, ValueError) as exc:
-                    raise StartupError(f"cannot read trusted key {key}: {_line(exc)}") from None
+                except OSError as exc:
+                    raise StartupError(f"cannot read trusted key {key}: "
+                                       f"{exc.strerror or _line(exc)}") from None
+                except ValueError as exc:  # its message names the file already
+                    raise StartupError(f"cannot read trusted key: {_line(exc)}") from None
             else:
                 keys.append(key)
         try:

@@ -5,7 +5,9 @@
     helios-serve --recipe RECIPE --checkpoint PATH [options]
 
 Startup is Bootstrap.load -> NativeModel.load -> Server.start. Any startup failure
-prints one line (`helios-serve: error: ...`) without a traceback and exits 2.
+prints one line (`helios-serve: error: ...`) without a traceback and exits 2; a SIGINT
+(Ctrl-C) before serving starts prints `helios-serve: error: interrupted` and exits 130,
+as `ignition export` does (a running export child is killed with it).
 
 `--demo` prepares the embedded default once: it generates a local key with
 `helios-tools keygen` and exports the real SmolLM2 core with `ignition export` (both as
@@ -55,7 +57,7 @@ from helios_tools.core.protected import load_resource_key
 
 from helios_serve.bootstrap import Bootstrap, StartupError
 from helios_serve.clock import ObservationClock
-from helios_serve.config import ServeOptions, parse_bytes
+from helios_serve.config import ServeOptions, check_positive, parse_bytes
 from helios_serve.engine_client import EngineClient
 from helios_serve.liveness import DEFAULT_STALL_TIMEOUT_S
 from helios_serve.loading import (
@@ -66,6 +68,7 @@ from helios_serve.loading import (
     resolve_settings,
     startup_log,
 )
+from helios_serve.responses.store import ResponseStore
 from helios_serve.runtime.errors import RuntimeLoadError
 from helios_serve.runtime.rank_processes import ProcessRanks, reexec_under_mpiexec, serve_rank
 from helios_serve.wire import EngineSpec
@@ -303,6 +306,7 @@ def _run(argv: list[str], what: str) -> None:
 
 
 API_KEY_ENV = "HELIOS_API_KEY"
+EXIT_INTERRUPTED = 130  # a SIGINT before serving starts (128 + SIGINT, ignition's too)
 
 
 def _curl_example(url: str, model: str, api_key: bool = False) -> str:
@@ -570,9 +574,17 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
         )  # fmt: skip
         # What needs no core is checked before the port and any export (a first --demo
         # exports for about a minute).
+        try:
+            check_positive(options)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        cache_sizing(options)
         if engine_process and world is not None:
             raise StartupError("--engine-process does not serve process ranks (--world) yet")
+        ranks = _process_ranks(world, rank, peers, rank_key, backend, rank_timeout)
         key = read_resource_key(resource_key)
+        if responses_db is not None:  # a missing folder or a foreign file, before any load
+            ResponseStore(responses_db).close()
         if demo:
             if core or trust or accept or recipe or checkpoint:
                 raise StartupError("--demo takes no CORE, --trust, --accept, --recipe or "
@@ -603,7 +615,8 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
             if accept is None:
                 raise StartupError("missing --accept NAMESPACE (the publisher namespace)")
             core_path = core
-        ranks = _process_ranks(world, rank, peers, rank_key, backend, rank_timeout)
+        if ranks is not None:
+            _under_mpi_launcher()
         if ranks is not None and ranks.rank > 0:
             serve_rank_process(core_path, list(trust), accept, options, ranks, key)
             return
@@ -611,6 +624,9 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
     except StartupError as exc:
         click.echo(f"helios-serve: error: {exc}", err=True)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C during an export or a load: click said "Aborted!", 1
+        click.echo("helios-serve: error: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = server.settings.served_name
     click.echo(f"Helios is serving {name} at {server.url} (backend {backend})")
@@ -624,8 +640,8 @@ def main(core, trust, accept, host, port, backend, max_active, queue_capacity, f
 
 
 def _process_ranks(world, rank, peers, rank_key, backend, timeout_s=120.0):
-    """The process-rank options checked together (None without --world); re-executes
-    this process under the MPI wheel's `mpiexec -n 1` when no MPI launcher started it.
+    """The process-rank options checked together (None without --world), before any
+    export or load.
 
     Raises:
         StartupError: one line naming the option at fault.
@@ -638,11 +654,22 @@ def _process_ranks(world, rank, peers, rank_key, backend, timeout_s=120.0):
         if backend != "cpu":
             raise StartupError(f"--world: process ranks run on the cpu backend; the {backend} "
                                "backend executes one rank")
-        setup = ProcessRanks.parse(rank, world, peers or "", rank_key, timeout_s)
+        return ProcessRanks.parse(rank, world, peers or "", rank_key, timeout_s)
+    except RuntimeLoadError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def _under_mpi_launcher() -> None:
+    """Re-execute this process under the MPI wheel's `mpiexec -n 1` when no MPI launcher
+    started it (process ranks; the re-executed process checks its options again).
+
+    Raises:
+        StartupError: no MPI launcher is installed.
+    """
+    try:
         reexec_under_mpiexec(sys.argv[1:])
     except RuntimeLoadError as exc:
         raise StartupError(str(exc)) from None
-    return setup
 
 
 def serve_rank_process(core, trust: list[str], accept: str, options: ServeOptions, ranks,

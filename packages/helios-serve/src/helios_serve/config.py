@@ -108,6 +108,24 @@ class ServeSettings:
         return self.queue_capacity + self.max_active
 
 
+# Settings (ServeOptions and ServeSettings fields alike) that must be at least 1.
+POSITIVE_SETTINGS = ("max_active", "queue_capacity", "frontend_workers", "event_capacity",
+                     "stream_interval", "max_images_per_request", "max_image_pixels")
+
+
+def check_positive(values: ServeOptions | ServeSettings) -> None:
+    """Refuse a POSITIVE_SETTINGS value below 1: on the options before any core is read
+    (None: not given, the core's default decides), on the resolved settings after.
+
+    Raises:
+        ValueError: "--NAME must be at least 1" for the first one below 1.
+    """
+    for name in POSITIVE_SETTINGS:
+        value = getattr(values, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+
+
 def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> ServeSettings:
     """Options beat core defaults; core defaults (nonzero) fill missing options.
 
@@ -148,10 +166,7 @@ def resolve(options: ServeOptions, contract: contract_pb2.ServingContract) -> Se
         max_images_per_request=options.max_images_per_request,
         max_image_pixels=options.max_image_pixels,
     )
-    for name in ("max_active", "queue_capacity", "frontend_workers", "event_capacity",
-                 "stream_interval", "max_images_per_request", "max_image_pixels"):
-        if getattr(settings, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    check_positive(settings)
     if not settings.engine_stall_timeout_s > 0:
         raise ValueError("--engine-stall-timeout must be positive (seconds)")
     if not settings.served_name:

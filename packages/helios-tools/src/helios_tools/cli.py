@@ -217,19 +217,16 @@ def _print_summary(s: dict[str, Any]) -> None:
 
 
 class _OneLineUsage(click.Group):
-    """click's usage errors as one ``Error: ...`` line with exit status 2 (the module
-    docstring), like every other failure here, instead of click's ``Usage:`` / ``Try``
-    block."""
+    """Every failure as one ``helios-tools: error: ...`` line (the form ignition and
+    helios-serve print) with its exit status (the module docstring); usage errors too,
+    instead of click's ``Usage:`` / ``Try`` block."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
              **extra):  # fmt: skip
         try:
             super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.UsageError as exc:
-            click.echo(f"Error: {exc.format_message()}", err=True)
-            sys.exit(exc.exit_code)
-        except click.ClickException as exc:
-            exc.show()
+        except click.ClickException as exc:  # click.UsageError included
+            click.echo(f"helios-tools: error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
             click.echo("Aborted!", err=True)
@@ -262,8 +259,8 @@ def keygen(out: Path, aes: bool) -> None:
             priv, pub = write_key_pair(generate_key(), out)
     except FileExistsError as e:
         raise _Unreadable(f"refusing to overwrite {e.filename or e}") from None
-    except OSError as e:
-        raise _Unreadable(str(e)) from None
+    except OSError as e:  # a missing or read-only folder: "[Errno 2] ..." said nothing more
+        raise _Unreadable(f"cannot write {e.filename or out}: {_why(e)}") from None
     if aes:
         click.echo(f"wrote {out} (AES-256 resource key, 32 bytes, 0600)")
     else:

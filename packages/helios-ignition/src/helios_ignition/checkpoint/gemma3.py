@@ -167,8 +167,11 @@ def gemma3_hf_geometry(config: dict[str, Any], source: str) -> Gemma3Geometry:
     `sliding_window_pattern` (every n-th layer global; HF's default 6); the attention scale
     `query_pre_attn_scalar ** -0.5`.
 
+    A value of the wrong type (a string or null where a number is needed) is refused by the
+    safetensors loader, which reads every family's config.json.
+
     Raises:
-        GeometryError: a required key is missing or not a number, or the config declares what the family
+        GeometryError: a required key is missing, or the config declares what the family
             does not capture: logit soft-capping (final or attention), bidirectional
             attention, attention biases, RoPE scaling, an activation other than the tanh
             GELU, a `layer_types` entry other than sliding_attention / full_attention, or
@@ -230,8 +233,6 @@ def gemma3_hf_geometry(config: dict[str, Any], source: str) -> Gemma3Geometry:
             query_scale=float(config.get("query_pre_attn_scalar", head_dim)) ** -0.5)
     except KeyError as exc:
         raise GeometryError(f"{where}: missing key {exc.args[0]!r}") from exc
-    except (TypeError, ValueError) as exc:  # a value of the wrong type, e.g. null
-        raise GeometryError(f"{where}: a value is not a number: {exc}") from exc
 
 
 def gguf_to_hf_name(name: str) -> str | None:

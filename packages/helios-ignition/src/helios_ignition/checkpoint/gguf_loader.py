@@ -164,7 +164,9 @@ def load_gguf(path: str | Path) -> Checkpoint:
     try:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, IndexError, OSError, struct.error) as exc:
-        raise CheckpointFormatError(f"{source}: not a readable GGUF file: {exc}") from exc
+        # The gguf reader's own words ("cannot reshape array ...") name no cause.
+        raise CheckpointFormatError(f"{source}: not a readable GGUF file (truncated or "
+                                    f"corrupt): {exc}") from exc
 
     def field_of(key: str) -> Any:
         return _field(reader, key)

@@ -18,6 +18,7 @@ config.json's `quantization_config.quant_method`) read as their dequantized weig
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -207,7 +208,57 @@ def _vision_geometry(config: dict[str, Any], text: LlamaGeometry, source: str
         raise GeometryError(f"{source}/config.json: vision_config lacks {exc.args[0]!r}") from exc
 
 
+# config.json keys the families read as counts and as positive reals: a value of another
+# JSON type would otherwise be coerced (int("64"), int(4.5) == 4) or fail deep in a reader.
+# Absent or null keys are the readers' business (defaults, or "missing key").
+_COUNT_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "head_dim",
+               "max_position_embeddings", "num_experts", "num_local_experts",
+               "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+               "sliding_window_pattern", "scale_factor")
+_REAL_KEYS = ("rope_theta", "rms_norm_eps", "query_pre_attn_scalar", "rope_local_base_freq")
+
+
+def _check_config_types(config: dict[str, Any], where: str) -> None:
+    """Refuse a config.json value of the wrong JSON type, naming its key.
+
+    Raises:
+        GeometryError: `architectures` is not a list of strings, a count key
+            (`_COUNT_KEYS`) is not a positive JSON integer, or a real key (`_REAL_KEYS`) is
+            not a positive finite JSON number.
+    """
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list)
+                                  and all(isinstance(a, str) for a in archs)):
+        raise GeometryError(f"{where}: architectures must be a list of strings, not {archs!r}")
+    for key in _COUNT_KEYS:
+        value = config.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            raise GeometryError(f"{where}: {key} must be a positive integer, not {value!r}")
+    for key in _REAL_KEYS:
+        value = config.get(key)
+        if value is not None and (type(value) not in (int, float) or not math.isfinite(value)
+                                  or value <= 0):
+            raise GeometryError(f"{where}: {key} must be a positive number, not {value!r}")
+
+
 def _geometry(config: dict[str, Any], source: str) -> LlamaGeometry | Gemma3Geometry:
+    """The geometry config.json declares, read by its architecture's reader.
+
+    Raises:
+        GeometryError: a value of the wrong type (`_check_config_types`; a null where a
+            number is needed), a missing key, an unsupported architecture, or what the
+            family's reader refuses.
+    """
+    where = f"{source}/config.json"
+    _check_config_types(config, where)
+    try:
+        return _read_geometry(config, source)
+    except (TypeError, ValueError) as exc:  # a null or nested value of the wrong type
+        raise GeometryError(f"{where}: a value is not a number: {exc}") from exc
+
+
+def _read_geometry(config: dict[str, Any], source: str) -> LlamaGeometry | Gemma3Geometry:
     if config.get("model_type") == "idefics3":  # a Llama text model beside a vision tower
         text_config = config.get("text_config")
         if not isinstance(text_config, dict):

@@ -30,8 +30,8 @@ from helios_serve.http.messages_schema import (
     CountTokensRequest,
     MessagesRequest,
     conversation_input,
-    messages_field,
     messages_input,
+    messages_param,
 )
 from helios_serve.http.messages_shapes import MessagesShapes
 from helios_serve.http.responses import ResponseContext
@@ -66,9 +66,9 @@ ERROR_HANDLERS: dict[Any, Any] = {
 }
 
 
-def _messages_names(exc: InvalidRequest) -> InvalidRequest:
-    """A chat-path rejection naming the Messages request's field."""
-    exc.param = messages_field(exc.param)
+def _messages_names(exc: ApiError, parsed) -> ApiError:
+    """A chat-path rejection naming the Messages request's field (`messages_param`)."""
+    exc.param = messages_param(parsed, exc.param)
     return exc
 
 
@@ -107,10 +107,9 @@ async def create_message(request: Request) -> Response:
         generation = await service.generate(service.preparer.chat, [chat], id_prefix="msg",
                                             ingress_ns=ingress_ns)  # fmt: skip
     except InvalidRequest as exc:
-        raise _messages_names(service.invalid(exc)) from None
+        raise _messages_names(service.invalid(exc), parsed) from None
     except ApiError as exc:
-        exc.param = messages_field(exc.param)
-        raise
+        raise _messages_names(exc, parsed) from None
     prepared = generation.prepared[0]
     ctx = ResponseContext(
         id="msg_" + generation.id.partition("-")[2], created=generation.created,
@@ -165,7 +164,7 @@ async def count_tokens(request: Request) -> dict[str, int]:
         chat = conversation_input(parsed)
         _, ids = await service.prepare_only(service.preparer.encode_chat, chat)
     except InvalidRequest as exc:
-        raise _messages_names(service.invalid(exc)) from None
+        raise _messages_names(service.invalid(exc), parsed) from None
     return {"input_tokens": len(ids)}
 
 

@@ -19,6 +19,7 @@ fields.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -257,7 +258,17 @@ def _text_of(blocks: str | list[TextBlock] | list[TextBlock | ImageBlock] | None
 
 
 def _chat_messages(r: _Conversation) -> list[dict[str, Any]]:
-    """The chat messages a Messages conversation means.
+    """The chat messages a Messages conversation means (`_chat_messages_from`)."""
+    return _chat_messages_from(r)[0]
+
+
+# Where a chat message came from: the Messages path of the message (or "system", or a
+# tool_result block) and those of its content parts, in order.
+Origin = tuple[str, tuple[str, ...]]
+
+
+def _chat_messages_from(r: _Conversation) -> tuple[list[dict[str, Any]], list[Origin]]:
+    """The chat messages a Messages conversation means, and the origin of each.
 
     A user turn's tool_result blocks become `tool` messages (in their order, before the
     turn's other content); an assistant turn's thinking becomes `reasoning_content`, its
@@ -267,12 +278,15 @@ def _chat_messages(r: _Conversation) -> list[dict[str, Any]]:
         InvalidRequest: a block where its role cannot carry it (named by its index).
     """
     out: list[dict[str, Any]] = []
+    origins: list[Origin] = []
     if r.system is not None:
         system = r.system if isinstance(r.system, str) else "".join(b.text for b in r.system)
         out.append({"role": "system", "content": system})
+        origins.append(("system", ()))
     for i, m in enumerate(r.messages):
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
+            origins.append((f"messages[{i}]", ()))
             continue
         if m.role == "assistant":
             texts, thinking, calls = [], [], []
@@ -297,23 +311,54 @@ def _chat_messages(r: _Conversation) -> list[dict[str, Any]]:
             if calls:
                 message["tool_calls"] = calls
             out.append(message)
+            origins.append((f"messages[{i}]", ()))
             continue
         parts: list[dict[str, Any]] = []
+        part_origins: list[str] = []
         for j, block in enumerate(m.content):
             where = f"messages[{i}].content[{j}]"
             if isinstance(block, ToolResultBlock):
                 out.append({"role": "tool", "tool_call_id": block.tool_use_id,
                             "content": _text_of(block.content, where)})  # fmt: skip
+                origins.append((where, ()))
             elif isinstance(block, TextBlock):
                 parts.append({"type": "text", "text": block.text})
+                part_origins.append(where)
             elif isinstance(block, ImageBlock):
                 parts.append(_image_part(block))
+                part_origins.append(where)
             else:
                 raise InvalidRequest(f"a user message cannot carry a {block.type} block",
                                      param=f"{where}.type")  # fmt: skip
         if parts or not any(isinstance(b, ToolResultBlock) for b in m.content):
             out.append({"role": "user", "content": parts})
-    return out
+            origins.append((f"messages[{i}]", tuple(part_origins)))
+    return out, origins
+
+
+_CHAT_PATH = re.compile(r"messages\[(\d+)\](?:\.content\[(\d+)\])?(.*)", re.DOTALL)
+
+
+def messages_param(r: _Conversation, param: str | None) -> str | None:
+    """The Messages request's name for a chat-path rejection's field: MESSAGES_FIELDS, and
+    a chat message's path as the Messages block it came from (the system text is chat
+    message 0; a user turn's tool_result blocks are chat messages of their own, so chat
+    indexes differ from the request's)."""
+    if param is None:
+        return None
+    match = _CHAT_PATH.fullmatch(param)
+    if match is None:
+        return messages_field(param)
+    k, j, rest = int(match[1]), match[2], match[3]
+    origins = _chat_messages_from(r)[1]
+    if k >= len(origins):
+        return param
+    where, parts = origins[k]
+    if where == "system":
+        return "system"
+    if j is not None:
+        return parts[int(j)] + rest if int(j) < len(parts) else f"{where}.content[{j}]{rest}"
+    return where + rest
 
 
 def _tools(r: _Conversation) -> tuple[dict[str, Any], ...] | None:

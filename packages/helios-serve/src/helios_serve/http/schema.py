@@ -217,18 +217,37 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
 }
 
 
+def _is_branch(item: Any) -> bool:
+    """Whether a pydantic error location item names a union branch, not a field."""
+    return not isinstance(item, int) and (
+        item in ("str", "int", "float", "bool", "none") or "[" in str(item)
+        or str(item) in ("TextPart", "ImagePart")
+        or str(item).startswith(("function-", "literal", "json-or-python")))
+
+
 def _field_name(loc: tuple[Any, ...]) -> str:
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif item in ("str", "int", "float", "bool", "none") or "[" in str(item) \
-                or str(item) in ("TextPart", "ImagePart") or str(item).startswith(
-                    ("function-", "literal", "json-or-python")):
+        elif _is_branch(item):
             continue  # union branch names, not fields
         else:
             parts.append(("." if parts else "") + str(item))
     return "".join(parts)
+
+
+def _reported(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The error a 400 names: the first, or where it is one branch of a union (a message's
+    content: a string or a list of parts), the deepest error of that union's branches:
+    the branch the input took (`[{"type": "text"}]` lacks its text; "Input should be a
+    valid string" named the branch it did not take)."""
+    first = errors[0]
+    loc = tuple(first["loc"])
+    cut = next((i for i, item in enumerate(loc) if _is_branch(item)), len(loc))
+    union = loc[:cut]
+    return max((e for e in errors if tuple(e["loc"])[:cut] == union),
+               key=lambda e: len(e["loc"]), default=first)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -247,6 +266,7 @@ def parse(model: type[M], body: bytes) -> M:
         first = exc.errors()[0]
         if first["type"] == "json_invalid":
             raise InvalidRequest(f"request body is not valid JSON: {first['msg']}") from None
+        first = _reported(exc.errors())
         name = _field_name(tuple(first["loc"]))
         if not name:  # the body itself: an array, a string, a number or null
             raise InvalidRequest("the request body must be a JSON object") from None

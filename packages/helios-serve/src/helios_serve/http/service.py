@@ -187,6 +187,7 @@ class ApiService:
             raise AdmissionRejected(self.unhealthy_reason())
         with await self.admission.acquire() as permit:
             prepared = [await self._prepared(fn, x) for x in inputs]
+            self._check_held(prepared)
             sink = EventSink(asyncio.get_running_loop(), choices=sum(p.n for p in prepared))
             enqueue_ns = self.clock.now_ns()  # immediately before submission
             requests, first = [], 0
@@ -219,6 +220,24 @@ class ApiService:
             ingress_ns=ingress_ns,
             enqueue_ns=enqueue_ns,
         )
+
+    def _check_held(self, prepared: list[PreparedRequest]) -> None:
+        """Refuse a request whose choices (a prompt list's prompts times n) outnumber the
+        running slots and the admission queue together: the worker would take the first
+        prompts and refuse the rest as a full queue (a 503 to retry) even on an idle
+        server, every time. (One prompt's n is checked at preparation, against the slots.)
+
+        Raises:
+            InvalidRequest: 400 naming `prompt`.
+        """
+        choices = sum(p.n for p in prepared)
+        held = self.settings.max_active + self.settings.queue_capacity
+        if choices > held:
+            self.metrics.requests_rejected.labels(REJECT_INVALID).inc()
+            raise InvalidRequest(
+                f"{len(prepared)} prompts of n {prepared[0].n} make {choices} requests; this "
+                f"server holds {held} at once ({self.settings.max_active} running, "
+                f"{self.settings.queue_capacity} queued)", param="prompt")
 
     def worker_running(self) -> bool:
         """The model worker (or the engine process) runs: /health's 200, and admission."""

@@ -353,7 +353,14 @@ def _check_locations(location_set: core_pb2.LocationSet,
                      size: int) -> dict[str, tuple[int, int]]:
     """One location per resource, inside the frames region, of the signed length; the file
     holds exactly the header, the body and the frames. Where each location points is not
-    trusted: the bytes found there are checked against the signed digests when read."""
+    trusted: the bytes found there are checked against the signed digests when read.
+    The file's size is checked first: a cut copy is "truncated", not a location outside
+    the frames region."""
+    expected = frames_start + sum(r.stored_nbytes for r in resources.values())
+    if size != expected:
+        what = "trailing bytes" if size > expected else "truncated"
+        raise CoreFormatError(f"file is {size} bytes; header, body and frames make "
+                              f"{expected} ({what})", offset=min(size, expected))
     locations: dict[str, tuple[int, int]] = {}
     for loc in location_set.locations:
         rid = loc.resource_id
@@ -375,9 +382,4 @@ def _check_locations(location_set: core_pb2.LocationSet,
     missing = [rid for rid in resources if rid not in locations]
     if missing:
         raise CoreFormatError(f"LocationSet has no location for {missing}")
-    expected = frames_start + sum(r.stored_nbytes for r in resources.values())
-    if size != expected:
-        what = "trailing bytes" if size > expected else "truncated"
-        raise CoreFormatError(f"file is {size} bytes; header, body and frames make "
-                              f"{expected} ({what})", offset=min(size, expected))
     return locations
