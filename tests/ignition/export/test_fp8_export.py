@@ -36,6 +36,7 @@ from tests.ignition.export.tiny import (
     NAMESPACE,
     REPO,
     TINY,
+    export_error,
     refused_export,
     run_export,
 )
