@@ -299,10 +299,19 @@ def _slug(text: str) -> str:
 
 
 def _run(argv: list[str], what: str) -> None:
+    """Run a Helios command (`argv[0]`: ignition or helios-tools) to completion.
+
+    Raises:
+        StartupError: ``WHAT failed: `` and the command's last output line, less its own
+            ``<tool>: error: `` prefix (ours comes first), or its exit status if it printed
+            nothing.
+    """
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
-        raise StartupError(f"{what} failed: {lines[-1] if lines else f'exit {proc.returncode}'}")
+        last = lines[-1].removeprefix(f"{Path(argv[0]).name}: error: ") if lines else \
+            f"exit {proc.returncode}"
+        raise StartupError(f"{what} failed: {last}")
 
 
 API_KEY_ENV = "HELIOS_API_KEY"
