@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner, Result
 from helios_ignition.checkpoint import LlamaGeometry
 
@@ -123,6 +124,20 @@ def refused_export(checkpoint: str | Path, key: Path, out: Path, *options: str |
     line = export_error(result)
     assert not out.exists()
     return line
+
+
+def refused_on_load_and_export(folder: Path, key: Path, out: Path, quantize: str,
+                               message: str) -> None:
+    """The safetensors loader refuses `folder` with exactly `message`, and `ignition export
+    --quantize QUANTIZE` refuses it with the same words ending its one error line, leaving
+    no core at `out` (one rule: the loader's, reported by both)."""
+    from helios_ignition.checkpoint import load_safetensors_dir
+    from helios_ignition.checkpoint.errors import UnsupportedTensorError
+
+    with pytest.raises(UnsupportedTensorError) as info:
+        load_safetensors_dir(folder)
+    assert str(info.value) == message
+    assert refused_export(folder, key, out, "--quantize", quantize).endswith(message)
 
 
 def assert_lint_clean(core, acceptance: str = NAMESPACE) -> None:
